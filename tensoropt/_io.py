@@ -1,0 +1,47 @@
+"""Small file helpers shared by every writer: atomic writes and JSON loading with clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import GraphFormatError
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never half.
+
+    The text goes to a temporary file in the same folder, is flushed to disk, then renamed over
+    ``path`` (rename is atomic on POSIX within one file system).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
+    return write_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
+
+
+def read_json(path: str | os.PathLike, what: str) -> Any:
+    """Load a JSON file, turning a missing file or bad JSON into a :class:`GraphFormatError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise GraphFormatError(f"{what} file not found: {path}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise GraphFormatError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None

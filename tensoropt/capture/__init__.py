@@ -1,0 +1,158 @@
+"""Capture an ``nn.Module`` as an :class:`~tensoropt.graph.OpGraph`.
+
+:func:`capture` tries ``torch.export.export`` (non-strict, batch dimension dynamic) first, then
+``torch.fx.symbolic_trace`` + ShapeProp; :func:`load_onnx` reads ONNX files (analysis only).
+When every door fails the error names the first unsupported op or Python construct, the module
+path it came from and what to try.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+
+from ..errors import CaptureError
+from ..graph import OpGraph
+from .build import PlaceholderInfo, build_opgraph, flatten_nodes
+from .diagnose import describe_failure, first_line, inputs_run_model
+from .symbolic import capture_fx
+from .onnx import load_onnx
+
+__all__ = ["capture", "capture_export", "capture_fx", "load_onnx"]
+
+
+def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, name: str | None = None,
+            method: str = "auto") -> OpGraph:
+    """Capture ``model`` called on ``example_inputs`` as an OpGraph.
+
+    ``example_inputs`` is a tuple of positional arguments (a single tensor is accepted too).
+    ``batch_dim`` is the batch dimension of the inputs.  ``method`` is ``"auto"`` (torch.export,
+    then torch.fx), ``"export"`` or ``"fx"``.  The returned graph keeps the captured
+    ``GraphModule`` in ``.module`` (and the ``ExportedProgram`` in ``.exported``), and
+    ``graph.notes`` records the door it came through and anything it had to assume.
+
+    Raises :class:`~tensoropt.errors.CaptureError` explaining the first failure.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise CaptureError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    name = name or type(model).__name__
+    if method not in ("auto", "export", "fx"):
+        raise CaptureError(f"method must be 'auto', 'export' or 'fx', got {method!r}")
+    errors: list[tuple[str, BaseException]] = []
+    if method in ("auto", "export"):
+        try:
+            return capture_export(model, args, batch_dim=batch_dim, name=name)
+        except Exception as e:  # noqa: BLE001 - any failure moves on to the next door
+            errors.append(("torch.export", e))
+    if method in ("auto", "fx"):
+        try:
+            g = capture_fx(model, args, batch_dim=batch_dim, name=name)
+            if errors:
+                g.notes.insert(0, f"torch.export failed ({first_line(errors[0][1])}); captured with torch.fx")
+            return g
+        except Exception as e:  # noqa: BLE001
+            errors.append(("torch.fx", e))
+    bad_inputs = inputs_run_model(model, args)
+    raise CaptureError(describe_failure(model, errors, bad_inputs)) from errors[0][1]
+
+
+def _batch_size(args: Sequence[Any], batch_dim: int) -> int | None:
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dim() > batch_dim:
+            return int(a.shape[batch_dim])
+    return None
+
+
+def capture_export(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, name: str = "model") -> OpGraph:
+    """The torch.export door: non-strict export with the batch dimension marked ``Dim.AUTO``.
+
+    The symbolic batch size lets every tensor's batch dimension be read from its shape
+    expression (``32*s0`` is a batch dimension, ``32`` is not).  If the model specialises the
+    batch size, the export still succeeds and the graph's notes say batch splits are unknown.
+    """
+    from torch.export import Dim, export
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    batch = _batch_size(args, batch_dim)
+    dynamic = tuple({batch_dim: Dim.AUTO} if isinstance(a, torch.Tensor) and a.dim() > batch_dim
+                    and a.shape[batch_dim] >= 2 else None for a in args)
+    t0 = time.perf_counter()
+    ep = export(model, args, dynamic_shapes=dynamic, strict=False)
+    export_s = time.perf_counter() - t0
+    sig = ep.graph_signature
+
+    placeholders: dict[str, PlaceholderInfo] = {}
+    # tied weights (an embedding shared with the LM head) may come as two placeholders of one
+    # tensor: give both the first name, so the parameter is one ParamInfo with one owner
+    canonical: dict[int, str] = {}
+    for spec in sig.input_specs:
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in ep.state_dict:
+            canonical.setdefault(id(ep.state_dict[spec.target]), spec.target)
+    for spec in sig.input_specs:
+        arg_name = getattr(spec.arg, "name", None)
+        if arg_name is None:
+            continue
+        if spec.kind == InputKind.USER_INPUT:
+            placeholders[arg_name] = PlaceholderInfo("input", arg_name)
+        elif spec.kind == InputKind.PARAMETER:
+            t = ep.state_dict[spec.target]
+            placeholders[arg_name] = PlaceholderInfo("parameter", canonical[id(t)], bool(t.requires_grad))
+        elif spec.kind == InputKind.BUFFER:
+            t = ep.state_dict.get(spec.target)
+            placeholders[arg_name] = PlaceholderInfo("buffer", canonical[id(t)] if t is not None else spec.target)
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            placeholders[arg_name] = PlaceholderInfo("constant", spec.target)
+        else:  # tokens and script objects carry no tensor data
+            placeholders[arg_name] = PlaceholderInfo("constant", spec.target or arg_name)
+
+    gm = ep.graph_module
+    nodes = {n.name: n for n in gm.graph.nodes}
+    batch_syms: set = set()
+    for ph, info in placeholders.items():
+        val = nodes[ph].meta.get("val")
+        if info.kind == "input" and isinstance(val, torch.Tensor) and val.dim() > batch_dim:
+            s = val.shape[batch_dim]
+            if isinstance(s, torch.SymInt):
+                batch_syms |= s.node.expr.free_symbols
+
+    def tensor_meta(t: torch.Tensor) -> tuple[tuple[int, ...], int | None]:
+        shape, bdim = [], None
+        for i, s in enumerate(t.shape):
+            if isinstance(s, torch.SymInt):
+                if bdim is None and s.node.expr.free_symbols & batch_syms:
+                    bdim = i
+                hint = s.node.hint
+                if hint is None:
+                    raise CaptureError(f"a tensor has a data-dependent size ({s}); tensoropt needs static shapes")
+                shape.append(int(hint))
+            else:
+                shape.append(int(s))
+        return tuple(shape), bdim
+
+    def module_of(n: fx.Node) -> tuple[str, str]:
+        stack = n.meta.get("nn_module_stack")
+        if not stack:
+            return "", type(model).__qualname__
+        path, mtype = list(stack.values())[-1]
+        if path.startswith("_empty_nn_module_stack"):  # export's placeholder for ops outside modules
+            return "", type(model).__qualname__
+        mtype = mtype if isinstance(mtype, str) else f"{mtype.__module__}.{mtype.__qualname__}"
+        return path, mtype
+
+    user_out_names = {getattr(s.arg, "name", None) for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT}
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    user_outputs = [a for a in flatten_nodes(out_node.args) if a.name in user_out_names]
+
+    notes = [f"captured with torch.export (non-strict) in {export_s:.2f} s"]
+    if batch is not None and not batch_syms:
+        notes.append("the model specialised the batch size during export: batch dimensions are unknown, "
+                     "so no operator may be split along the batch")
+    return build_opgraph(gm, placeholders, tensor_meta=tensor_meta, module_of=module_of,
+                         user_outputs=user_outputs, name=name, source="torch.export",
+                         batch_size=batch, batch_dim=batch_dim, notes=notes, exported=ep)
+
+

@@ -1,0 +1,227 @@
+"""The ONNX door: read an ``.onnx`` file into an OpGraph for analysis (no executor).
+
+Initializers become parameters (float tensors; BatchNormalization's mean / var inputs are
+buffers) or constants (integer tensors such as Reshape shapes).  Shapes come from
+``onnx.shape_inference``; the batch dimension is read from symbolic dimension names
+(``dim_param``) shared with the graph inputs' first dimension, so a model exported with a
+dynamic batch axis gets batch dimensions and one exported with fixed sizes gets none (the
+graph's notes say so).  ONNX op types are mapped to the ATen op with the same semantics where
+one exists, so split rules are shared with the torch captures.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CaptureError
+from ..graph import OpGraph, OpNode, ParamInfo, TensorMeta
+from . import semantics
+
+aten = torch.ops.aten
+
+_ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+                9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}
+_FLOAT = {"float32", "float16", "float64", "bfloat16"}
+
+_POINTWISE = {"Add", "Sub", "Mul", "Div", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Pow",
+              "Exp", "Log", "Neg", "Abs", "Clip", "Where", "Gelu", "HardSigmoid", "HardSwish", "Mish",
+              "Elu", "Selu", "Softplus", "Cast", "Identity", "Dropout", "Not", "Equal", "Less",
+              "Greater", "And", "Or", "Reciprocal", "Min", "Max", "Sum", "Mean", "PRelu"}
+_AS_ATEN = {
+    "Conv": aten.conv2d.default, "ConvTranspose": aten.conv_transpose2d.input,
+    "Gemm": aten.addmm.default, "MatMul": aten.matmul.default, "Gather": aten.embedding.default,
+    "BatchNormalization": aten.batch_norm.default, "InstanceNormalization": aten.instance_norm.default,
+    "LayerNormalization": aten.layer_norm.default, "GroupNormalization": aten.group_norm.default,
+    "MaxPool": aten.max_pool2d.default, "AveragePool": aten.avg_pool2d.default,
+    "GlobalAveragePool": aten.adaptive_avg_pool2d.default, "GlobalMaxPool": aten.adaptive_max_pool2d.default,
+    "Resize": aten.upsample_nearest2d.vec, "Upsample": aten.upsample_nearest2d.vec,
+    "Reshape": aten.view.default, "Flatten": aten.view.default, "Squeeze": aten.view.default,
+    "Unsqueeze": aten.view.default, "Transpose": aten.permute.default, "Concat": aten.cat.default,
+    "Softmax": aten.softmax.int, "LogSoftmax": aten.log_softmax.int, "ReduceMean": aten.mean.dim,
+    "ReduceSum": aten.sum.dim_IntList, "ReduceMax": aten.amax.default, "Split": aten.split_with_sizes.default,
+    "Slice": aten.slice.Tensor, "LSTM": aten.lstm.input, "Expand": aten.expand.default,
+    "Shape": aten.sym_size.int,
+}
+_METADATA = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "Shape", "Expand",
+             "Slice", "Split"}
+_GENERATORS = {"Constant", "ConstantOfShape", "Range", "RandomNormal", "RandomUniform", "EyeLike"}
+
+
+def load_onnx(path: str | os.PathLike, *, batch_dim: int = 0, batch_size: int | None = None) -> OpGraph:
+    """Read an ONNX model file as an OpGraph (analysis only: ``graph.module`` is ``None``).
+
+    ``batch_size`` gives the size of a symbolic batch axis (default 1); fixed sizes are read
+    from the file.
+
+    Raises :class:`~tensoropt.errors.CaptureError` for a missing or malformed file.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    path = Path(path)
+    if not path.is_file():
+        raise CaptureError(f"ONNX file not found: {path}")
+    try:
+        model = onnx.load(str(path))
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception as e:  # noqa: BLE001 - protobuf raises many kinds
+        raise CaptureError(f"{path} is not a readable ONNX model ({type(e).__name__}: {e}); "
+                           "re-export it with torch.onnx.export or check the file") from None
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    value_info = {v.name: v for v in (*g.input, *g.value_info, *g.output)}
+    for n in g.node:  # Constant nodes hold small tensors (shapes, scalars)
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    value_info.setdefault(n.output[0], None)
+
+    batch_syms: set[str] = set()
+    for v in g.input:
+        if v.name in inits:
+            continue
+        dims = v.type.tensor_type.shape.dim
+        if len(dims) > batch_dim and dims[batch_dim].dim_param:
+            batch_syms.add(dims[batch_dim].dim_param)
+
+    def meta(name: str, channel: int | None = None) -> TensorMeta | None:
+        v = value_info.get(name)
+        if v is None or not v.type.HasField("tensor_type"):
+            return None
+        tt = v.type.tensor_type
+        dims = tt.shape.dim
+        shape, bdim = [], None
+        for i, d in enumerate(dims):
+            if d.dim_param:
+                if bdim is None and d.dim_param in batch_syms:
+                    bdim = i
+                shape.append(1 if d.dim_param not in batch_syms else batch_size)
+            else:
+                shape.append(int(d.dim_value))
+        dtype = _ONNX_DTYPES.get(tt.elem_type, "float32")
+        return TensorMeta(tuple(shape), dtype, bdim, channel)
+
+    requested_batch = batch_size
+    batch_size = requested_batch or 1
+    fixed_sizes = not batch_syms
+    for v in g.input:
+        dims = v.type.tensor_type.shape.dim
+        if fixed_sizes and v.name not in inits and len(dims) > batch_dim and dims[batch_dim].dim_value:
+            batch_size = int(dims[batch_dim].dim_value)
+            break
+
+    nodes: list[OpNode] = []
+    produced: dict[str, str] = {}          # tensor name -> node name
+    out_meta: dict[str, TensorMeta] = {}   # tensor name -> meta
+    for v in g.input:
+        if v.name in inits:
+            continue
+        m = meta(v.name)
+        nodes.append(OpNode(name=v.name, op="input", kind="input", outputs=(m,) if m else ()))
+        produced[v.name] = v.name
+        if m:
+            out_meta[v.name] = m
+
+    param_users: dict[str, list[str]] = {}
+    pending = []
+    used_names: set[str] = set(produced)
+    for i, n in enumerate(g.node):
+        name = n.name or f"{n.op_type}_{i}"
+        while name in used_names:
+            name = f"{name}_"
+        used_names.add(name)
+        producers, params = [], []
+        for pos, t in enumerate(n.input):
+            if not t:
+                continue
+            if t in inits:
+                params.append(t)
+                param_users.setdefault(t, []).append(name)
+            elif t in produced and produced[t] not in producers:
+                producers.append(produced[t])
+        in_metas = [out_meta[t] for t in n.input if t in out_meta and t not in inits]
+        target = _AS_ATEN.get(n.op_type)
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        args, kwargs = _aten_args(n.op_type, attrs, in_metas)
+        first = meta(n.output[0]) if n.output else None
+        channel = None
+        if first is not None:
+            if n.op_type in _POINTWISE:
+                same = [m for m in in_metas if len(m.shape) == len(first.shape) and m.channel_dim is not None]
+                channel = same[0].channel_dim if same else None
+            elif target is not None:
+                channel = semantics.output_channel_dim(target, args, kwargs, in_metas, first)
+        outs = tuple(m for m in (meta(o, channel) for o in n.output if o) if m is not None)
+        for o, m in zip([o for o in n.output if o and meta(o) is not None], outs):
+            out_meta[o] = m
+        for o in n.output:
+            if o:
+                produced[o] = name
+        split = semantics.split_dims(target if target is not None else n.op_type, args, kwargs,
+                                     in_metas, outs[0] if outs else None)
+        in_bytes = tuple(sum(out_meta[t].nbytes for t in n.input if t in out_meta and produced.get(t) == p
+                             and t not in inits) for p in producers)
+        pending.append(dict(name=name, op=f"onnx.{n.op_type}", kind="op", inputs=tuple(producers),
+                            input_bytes=in_bytes, outputs=outs, split=split,
+                            metadata_only=n.op_type in _METADATA,
+                            generator=n.op_type in _GENERATORS or (not producers and not params),
+                            module_path=_module_path(n.name), module_type=n.op_type, _params=params))
+
+    owners = {p: users[0] for p, users in param_users.items()}
+    for d in pending:
+        ps = d.pop("_params")
+        nodes.append(OpNode(**d, params=tuple(dict.fromkeys(p for p in ps if owners[p] == d["name"])),
+                            param_reads=tuple(dict.fromkeys(p for p in ps if owners[p] != d["name"]))))
+    outs = [produced[o.name] for o in g.output if o.name in produced]
+    nodes.append(OpNode(name="output", op="output", kind="output", inputs=tuple(dict.fromkeys(outs)),
+                        input_bytes=tuple(out_meta[o.name].nbytes if o.name in out_meta else 0
+                                          for o in g.output if o.name in produced)[:len(dict.fromkeys(outs))]))
+
+    bn_stats = {n.input[k] for n in g.node if n.op_type == "BatchNormalization" for k in (3, 4) if len(n.input) > k}
+    params: dict[str, ParamInfo] = {}
+    for name, t in inits.items():
+        arr = numpy_helper.to_array(t)
+        dtype = _ONNX_DTYPES.get(t.data_type, "float32")
+        kind = "buffer" if name in bn_stats else ("parameter" if dtype in _FLOAT else "constant")
+        users = param_users.get(name, [])
+        params[name] = ParamInfo(name=name, shape=tuple(int(s) for s in arr.shape), dtype=dtype, kind=kind,
+                                 requires_grad=kind == "parameter", owner=users[0] if users else None,
+                                 readers=tuple(dict.fromkeys(users[1:])))
+    notes = [f"read from ONNX file {path.name} (opset {model.opset_import[0].version if model.opset_import else '?'}); "
+             "analysis only: no executor"]
+    if batch_syms and requested_batch is None:
+        notes.append("the ONNX batch axis is symbolic; sizes are shown for batch 1 (pass batch_size)")
+    if fixed_sizes:
+        notes.append("the ONNX graph has fixed sizes: batch dimensions are unknown, export with a dynamic "
+                     "batch axis to allow batch splits")
+    return OpGraph(nodes, params, name=path.stem, source="onnx",
+                   batch_size=batch_size, batch_dim=batch_dim, notes=notes)
+
+
+def _aten_args(op_type: str, attrs: dict[str, Any], in_metas: list[TensorMeta]) -> tuple[tuple, dict]:
+    """Positional args shaped like the ATen op's, from ONNX attributes (only what semantics reads)."""
+    if op_type == "Transpose":
+        rank = len(in_metas[0].shape) if in_metas else 0
+        return (None, list(attrs.get("perm", list(range(rank))[::-1]))), {}
+    if op_type in ("Concat", "Softmax", "LogSoftmax"):
+        return (None, attrs.get("axis", -1 if op_type != "Concat" else 0)), {}
+    if op_type in ("ReduceMean", "ReduceSum", "ReduceMax"):
+        return (None, list(attrs.get("axes", [])) or None, bool(attrs.get("keepdims", 1))), {}
+    if op_type == "LayerNormalization":
+        rank = len(in_metas[0].shape) if in_metas else 1
+        axis = attrs.get("axis", -1) % max(rank, 1)
+        return (None, [0] * (rank - axis)), {}
+    if op_type == "BatchNormalization":
+        return (), {"training": bool(attrs.get("training_mode", 0))}
+    return (), {}
+
+
+def _module_path(onnx_name: str) -> str:
+    """torch's exporter names nodes ``/layer1/layer1.0/conv1/Conv``: the module path is the part
+    before the op, in dotted form."""
+    parts = [p for p in onnx_name.split("/") if p]
+    return parts[-2] if len(parts) >= 2 else ""

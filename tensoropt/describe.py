@@ -1,0 +1,120 @@
+"""Human-readable summaries of an OpGraph (what ``tensoropt graph`` prints)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from .graph import OpGraph
+
+
+def fmt_bytes(n: float) -> str:
+    """``1536`` → ``1.5 KiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n:,}"
+
+
+@dataclass(frozen=True)
+class GraphSummary:
+    ops: int
+    metadata_only: int
+    generators: int
+    edges: int
+    params: int              # number of parameter elements
+    param_bytes: int
+    buffer_bytes: int
+    constant_bytes: int
+    activation_bytes: int    # sum of output bytes of non-metadata ops (upper bound on what backward saves)
+    batch_splittable: int
+    channel_splittable: int
+
+
+def summarize(g: OpGraph) -> GraphSummary:
+    """Counts and byte totals of a graph, O(V + E)."""
+    ops = g.ops
+    return GraphSummary(
+        ops=len(ops),
+        metadata_only=sum(n.metadata_only for n in ops),
+        generators=sum(n.generator for n in ops),
+        edges=len(g.edges),
+        params=sum(_numel(p.shape) for p in g.params.values() if p.kind == "parameter"),
+        param_bytes=g.param_bytes("parameter"),
+        buffer_bytes=g.param_bytes("buffer"),
+        constant_bytes=g.param_bytes("constant"),
+        activation_bytes=sum(n.output_bytes for n in ops if not n.metadata_only),
+        batch_splittable=sum(n.split.batch is not None for n in ops if not n.metadata_only),
+        channel_splittable=sum(n.split.channel is not None for n in ops if not n.metadata_only),
+    )
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def print_graph(g: OpGraph, console: Console, *, top: int = 10, limit: int = 40) -> None:
+    """Print the summary, op histogram, largest tensors, largest parameters and the node table."""
+    s = summarize(g)
+    console.print(f"[bold]{g.name}[/bold]  ({g.source}, batch {g.batch_size}, fingerprint {g.fingerprint[:16]})")
+    for note in g.notes:
+        console.print(f"  note: {note}")
+    console.print(
+        f"  {s.ops} ops ({s.metadata_only} metadata-only, {s.generators} generators), {s.edges} edges\n"
+        f"  parameters: {fmt_count(s.params)} ({fmt_bytes(s.param_bytes)}), buffers {fmt_bytes(s.buffer_bytes)}, "
+        f"constants {fmt_bytes(s.constant_bytes)}\n"
+        f"  activations (sum of op outputs): {fmt_bytes(s.activation_bytes)}\n"
+        f"  splittable ops: {s.batch_splittable} along the batch, {s.channel_splittable} along channels")
+
+    hist = Table(title="op histogram", title_justify="left")
+    hist.add_column("op")
+    hist.add_column("count", justify="right")
+    hist.add_column("output bytes", justify="right")
+    out_bytes: dict[str, int] = {}
+    for n in g.ops:
+        out_bytes[n.op] = out_bytes.get(n.op, 0) + n.output_bytes
+    for op, count in g.op_histogram().most_common(top):
+        hist.add_row(op, str(count), fmt_bytes(out_bytes[op]))
+    console.print(hist)
+
+    big = Table(title=f"largest tensors (top {top})", title_justify="left")
+    for col in ("node", "op", "shape", "dtype", "bytes", "module"):
+        big.add_column(col, justify="right" if col == "bytes" else "left")
+    tensors = [(t.nbytes, n, t) for n in g if n.kind != "output" and not n.metadata_only for t in n.outputs]
+    for nbytes, n, t in sorted(tensors, key=lambda x: -x[0])[:top]:
+        big.add_row(n.name, n.op, str(list(t.shape)), t.dtype, fmt_bytes(nbytes), n.module_path)
+    console.print(big)
+
+    pt = Table(title=f"largest parameters (top {top} of {len(g.params)})", title_justify="left")
+    for col in ("name", "kind", "shape", "bytes", "owner", "also read by"):
+        pt.add_column(col, justify="right" if col == "bytes" else "left")
+    for p in sorted(g.params.values(), key=lambda p: -p.nbytes)[:top]:
+        pt.add_row(p.name, p.kind, str(list(p.shape)), fmt_bytes(p.nbytes), p.owner or "-", ", ".join(p.readers) or "-")
+    console.print(pt)
+
+    nt = Table(title="nodes" + (f" (first {limit} of {len(g)}; --all for every node)" if 0 < limit < len(g) else ""),
+               title_justify="left")
+    for col in ("name", "op", "output", "batch", "channel", "flags", "params", "module"):
+        nt.add_column(col)
+    shown = list(g)[:limit] if limit > 0 else list(g)
+    for n in shown:
+        flags = ",".join(f for f, on in (("meta", n.metadata_only), ("gen", n.generator),
+                                         ("inexact-batch", not n.split.batch_exact)) if on)
+        out = "; ".join(f"{list(t.shape)}" for t in n.outputs)
+        nt.add_row(n.name, n.op, out, _dim(n.split.batch), _dim(n.split.channel), flags,
+                   str(len(n.params)) if n.params else "", n.module_path)
+    console.print(nt)
+
+
+def _dim(d: int | None) -> str:
+    return "-" if d is None else str(d)

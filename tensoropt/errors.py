@@ -1,0 +1,26 @@
+"""Errors tensoropt raises for bad input.
+
+Every error a user can cause derives from :class:`TensorOptError`; its message names the cause
+and the fix.  The CLI prints the message alone (no traceback unless ``--debug``) and exits with
+:attr:`TensorOptError.exit_code`.
+"""
+
+from __future__ import annotations
+
+
+class TensorOptError(Exception):
+    """A problem with the user's input, explained in the message."""
+
+    exit_code = 2
+
+
+class ModelSpecError(TensorOptError):
+    """A model spec (``zoo:NAME?k=v``, ``file.py:factory``, ``model.onnx``) cannot be resolved."""
+
+
+class CaptureError(TensorOptError):
+    """Neither torch.export nor torch.fx could turn the model into an operator graph."""
+
+
+class GraphFormatError(TensorOptError):
+    """A saved graph / profile / plan file is malformed; the message names the field."""

@@ -1,0 +1,375 @@
+"""The operator graph: what every later stage (profiler, frontier tracking, placers, executor) reads.
+
+An :class:`OpGraph` is a DAG of :class:`OpNode` in topological order.  Nodes are the model's
+inputs (``kind="input"``), its operators (``kind="op"``, one ATen op each) and one
+``kind="output"`` node that reads what the model returns.  Parameters, buffers and lifted
+constants are not nodes: each is a :class:`ParamInfo` in :attr:`OpGraph.params`, *owned* by the
+first operator that computes with it and *read* by the others (a tied embedding is owned by the
+embedding and read by the LM head), so memory counts it once.
+
+Everything here is a plain value that round-trips through JSON losslessly
+(:meth:`OpGraph.save` / :meth:`OpGraph.load`).  The captured ``torch.fx.GraphModule`` (and the
+``ExportedProgram`` when torch.export made it) rides along in :attr:`OpGraph.module` /
+:attr:`OpGraph.exported` for the executor; it is not serialised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import Any, Iterator, Mapping
+
+import networkx as nx
+
+from ._io import read_json, write_json_atomic
+from .errors import GraphFormatError
+
+GRAPH_FORMAT = "tensoropt.graph/1"
+
+DTYPE_BYTES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8,
+    "bool": 1, "complex64": 8, "complex128": 16,
+}
+
+NODE_KINDS = ("input", "op", "output")
+PARAM_KINDS = ("parameter", "buffer", "constant")
+
+
+def dtype_bytes(dtype: str) -> int:
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise GraphFormatError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}") from None
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape and dtype of one tensor, and which of its dimensions are the batch / channel ones.
+
+    ``batch_dim`` is the dimension whose size scales with the batch (found from torch.export's
+    symbolic shapes, not from sizes); ``channel_dim`` the feature / channel dimension as the
+    producing operator defines it (conv: 1, linear: last).  Either is ``None`` when absent.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    batch_dim: int | None = None
+    channel_dim: int | None = None
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * dtype_bytes(self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "dtype": self.dtype,
+                "batch_dim": self.batch_dim, "channel_dim": self.channel_dim}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> TensorMeta:
+        shape = _field(d, "shape", list, where)
+        if not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise GraphFormatError(f"{where}.shape must be a list of non-negative integers, got {shape!r}")
+        dtype = _field(d, "dtype", str, where)
+        dtype_bytes(dtype)
+        bd, cd = d.get("batch_dim"), d.get("channel_dim")
+        for key, v in (("batch_dim", bd), ("channel_dim", cd)):
+            if v is not None and not (isinstance(v, int) and 0 <= v < max(len(shape), 1)):
+                raise GraphFormatError(f"{where}.{key} must be null or a dimension of shape {shape}, got {v!r}")
+        return cls(tuple(shape), dtype, bd, cd)
+
+
+@dataclass(frozen=True)
+class SplitDims:
+    """How an operator may be split across devices (design §2, layouts S(batch) / S(channel)).
+
+    ``batch``: the output dimension that may be split so that every shard computes the same op
+    on a slice of the batch (``None`` if the op mixes samples, e.g. a reduction over the batch).
+    ``batch_exact`` is ``False`` when shards give a different result than the whole (batch norm
+    in training computes statistics per shard, as unsynchronised data parallel does).
+    ``channel``: the output dimension that may be split by splitting the operator's weights or
+    features (conv output channels, linear output features, attention heads), or ``None``.
+    """
+
+    batch: int | None = None
+    channel: int | None = None
+    batch_exact: bool = True
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """A parameter, buffer or lifted constant tensor, and which nodes use it."""
+
+    name: str                      # the module's own name, e.g. "transformer.h.0.attn.c_attn.weight"
+    shape: tuple[int, ...]
+    dtype: str
+    kind: str                      # "parameter" | "buffer" | "constant"
+    requires_grad: bool
+    owner: str | None              # node that owns it; None when no operator uses it
+    readers: tuple[str, ...] = ()  # other nodes that read it
+
+    @property
+    def nbytes(self) -> int:
+        return TensorMeta(self.shape, self.dtype).nbytes
+
+
+@dataclass(frozen=True)
+class OpNode:
+    """One node of the graph.
+
+    ``inputs`` are the producer nodes in argument order (each once) and ``input_bytes`` the bytes
+    each edge carries.  ``params`` are the parameters this node owns, ``param_reads`` those it
+    reads but another node owns.  ``module_path`` is the ``nn.Module`` the op came from
+    (``""`` for the root).
+    """
+
+    name: str
+    op: str
+    kind: str = "op"
+    inputs: tuple[str, ...] = ()
+    input_bytes: tuple[int, ...] = ()
+    outputs: tuple[TensorMeta, ...] = ()
+    params: tuple[str, ...] = ()
+    param_reads: tuple[str, ...] = ()
+    split: SplitDims = field(default_factory=SplitDims)
+    metadata_only: bool = False
+    generator: bool = False
+    module_path: str = ""
+    module_type: str = ""
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(t.nbytes for t in self.outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["outputs"] = [t.to_dict() for t in self.outputs]
+        d["split"] = asdict(self.split)
+        for k in ("inputs", "input_bytes", "params", "param_reads"):
+            d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> OpNode:
+        name = _field(d, "name", str, where)
+        where = f"{where} ({name})"
+        kind = _field(d, "kind", str, where)
+        if kind not in NODE_KINDS:
+            raise GraphFormatError(f"{where}.kind must be one of {NODE_KINDS}, got {kind!r}")
+        inputs = _str_list(d, "inputs", where)
+        input_bytes = _field(d, "input_bytes", list, where)
+        if len(input_bytes) != len(inputs) or not all(isinstance(b, int) and b >= 0 for b in input_bytes):
+            raise GraphFormatError(f"{where}.input_bytes must hold one non-negative integer per input")
+        outputs = tuple(TensorMeta.from_dict(t, f"{where}.outputs[{i}]")
+                        for i, t in enumerate(_field(d, "outputs", list, where)))
+        split = _field(d, "split", dict, where)
+        try:
+            split_dims = SplitDims(**split)
+        except TypeError:
+            raise GraphFormatError(f"{where}.split must have keys batch, channel, batch_exact, got {sorted(split)}") from None
+        return cls(
+            name=name, op=_field(d, "op", str, where), kind=kind,
+            inputs=inputs, input_bytes=tuple(input_bytes), outputs=outputs,
+            params=_str_list(d, "params", where), param_reads=_str_list(d, "param_reads", where),
+            split=split_dims,
+            metadata_only=_field(d, "metadata_only", bool, where),
+            generator=_field(d, "generator", bool, where),
+            module_path=_field(d, "module_path", str, where),
+            module_type=_field(d, "module_type", str, where),
+        )
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str
+    dst: str
+    nbytes: int
+
+
+class OpGraph:
+    """An operator DAG with parameters, in topological order.  See the module docstring.
+
+    Build one with :func:`tensoropt.capture`, :func:`tensoropt.load_onnx` or :meth:`OpGraph.load`.
+    The constructor checks that node names are unique, that every input names an earlier node
+    and that every parameter reference resolves.
+    """
+
+    def __init__(self, nodes: list[OpNode], params: Mapping[str, ParamInfo], *, name: str = "model",
+                 source: str = "", batch_size: int | None = None, batch_dim: int = 0,
+                 notes: list[str] | None = None, module: Any = None, exported: Any = None):
+        self.name = name
+        self.source = source            # "torch.export", "torch.fx" or "onnx"
+        self.batch_size = batch_size
+        self.batch_dim = batch_dim
+        self.notes = list(notes or [])  # what capture had to assume, shown to the user
+        self.nodes: dict[str, OpNode] = {}
+        for n in nodes:
+            if n.name in self.nodes:
+                raise GraphFormatError(f"duplicate node name {n.name!r}")
+            for i in n.inputs:
+                if i not in self.nodes:
+                    raise GraphFormatError(f"node {n.name!r} reads {i!r}, which is not an earlier node")
+            self.nodes[n.name] = n
+        self.params: dict[str, ParamInfo] = dict(params)
+        for p in self.params.values():
+            for user in (p.owner, *p.readers):
+                if user is not None and user not in self.nodes:
+                    raise GraphFormatError(f"parameter {p.name!r} names node {user!r}, which does not exist")
+        for n in self.nodes.values():
+            for p in (*n.params, *n.param_reads):
+                if p not in self.params:
+                    raise GraphFormatError(f"node {n.name!r} uses parameter {p!r}, which is not in params")
+        self.module = module        # torch.fx.GraphModule for the executor (not serialised)
+        self.exported = exported    # torch.export.ExportedProgram when torch.export captured it
+
+    # ---- views -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[OpNode]:
+        return iter(self.nodes.values())
+
+    def __getitem__(self, name: str) -> OpNode:
+        return self.nodes[name]
+
+    @property
+    def ops(self) -> list[OpNode]:
+        """The operator nodes (not the inputs or the output), in topological order."""
+        return [n for n in self.nodes.values() if n.kind == "op"]
+
+    @property
+    def inputs(self) -> list[OpNode]:
+        return [n for n in self.nodes.values() if n.kind == "input"]
+
+    @property
+    def edges(self) -> list[Edge]:
+        return [Edge(src, n.name, b) for n in self.nodes.values() for src, b in zip(n.inputs, n.input_bytes)]
+
+    @cached_property
+    def nx(self) -> nx.DiGraph:
+        """The graph as a ``networkx.DiGraph``; node attribute ``node`` holds the :class:`OpNode`,
+        edge attribute ``nbytes`` the bytes carried.  Built once, O(V + E)."""
+        g = nx.DiGraph()
+        for n in self.nodes.values():
+            g.add_node(n.name, node=n)
+        for e in self.edges:
+            g.add_edge(e.src, e.dst, nbytes=e.nbytes)
+        return g
+
+    def successors(self, name: str) -> list[str]:
+        return list(self.nx.successors(name))
+
+    def param_bytes(self, kind: str = "parameter") -> int:
+        """Total bytes of the parameters (or buffers / constants) of the given kind, each counted once."""
+        return sum(p.nbytes for p in self.params.values() if p.kind == kind)
+
+    def op_histogram(self) -> Counter:
+        return Counter(n.op for n in self.ops)
+
+    # ---- identity ----------------------------------------------------------------------------
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 over structure, shapes and dtypes (not names of modules, not notes).
+
+        Two captures of the same model at the same batch size have the same fingerprint; any
+        change of batch size, shape, dtype, operator or wiring changes it.  Plans and profiles
+        carry it so they are never applied to another graph.
+        """
+        canon = {
+            "nodes": [[n.name, n.op, n.kind, list(n.inputs),
+                       [[list(t.shape), t.dtype] for t in n.outputs], list(n.params), list(n.param_reads)]
+                      for n in self.nodes.values()],
+            "params": [[p.name, list(p.shape), p.dtype, p.kind] for p in self.params.values()],
+        }
+        return hashlib.sha256(json.dumps(canon, separators=(",", ":")).encode()).hexdigest()
+
+    # ---- JSON --------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": GRAPH_FORMAT,
+            "name": self.name,
+            "source": self.source,
+            "fingerprint": self.fingerprint,
+            "batch_size": self.batch_size,
+            "batch_dim": self.batch_dim,
+            "notes": self.notes,
+            "nodes": [n.to_dict() for n in self.nodes.values()],
+            "params": [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "kind": p.kind,
+                        "requires_grad": p.requires_grad, "owner": p.owner, "readers": list(p.readers)}
+                       for p in self.params.values()],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "graph") -> OpGraph:
+        if not isinstance(d, Mapping):
+            raise GraphFormatError(f"{where} must be a JSON object")
+        fmt = d.get("format")
+        if fmt != GRAPH_FORMAT:
+            raise GraphFormatError(f"{where}.format must be {GRAPH_FORMAT!r}, got {fmt!r}")
+        nodes = [OpNode.from_dict(n, f"{where}.nodes[{i}]") for i, n in enumerate(_field(d, "nodes", list, where))]
+        params = {}
+        for i, p in enumerate(_field(d, "params", list, where)):
+            pw = f"{where}.params[{i}]"
+            kind = _field(p, "kind", str, pw)
+            if kind not in PARAM_KINDS:
+                raise GraphFormatError(f"{pw}.kind must be one of {PARAM_KINDS}, got {kind!r}")
+            owner = p.get("owner")
+            if owner is not None and not isinstance(owner, str):
+                raise GraphFormatError(f"{pw}.owner must be a node name or null")
+            info = ParamInfo(name=_field(p, "name", str, pw), shape=tuple(_field(p, "shape", list, pw)),
+                             dtype=_field(p, "dtype", str, pw), kind=kind,
+                             requires_grad=_field(p, "requires_grad", bool, pw), owner=owner,
+                             readers=_str_list(p, "readers", pw))
+            dtype_bytes(info.dtype)
+            params[info.name] = info
+        g = cls(nodes, params, name=_field(d, "name", str, where), source=_field(d, "source", str, where),
+                batch_size=d.get("batch_size"), batch_dim=d.get("batch_dim", 0), notes=d.get("notes") or [])
+        stored = d.get("fingerprint")
+        if stored is not None and stored != g.fingerprint:
+            raise GraphFormatError(f"{where}.fingerprint {stored[:12]}… does not match the graph's content "
+                                   f"({g.fingerprint[:12]}…): the file was edited or is corrupt")
+        return g
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the graph as JSON, atomically."""
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> OpGraph:
+        """Read a graph written by :meth:`save`; a malformed file raises :class:`GraphFormatError`
+        naming the field."""
+        return cls.from_dict(read_json(path, "graph"), where=str(path))
+
+    def __repr__(self) -> str:
+        return (f"OpGraph({self.name!r}, {len(self.ops)} ops, {len(self.params)} params, "
+                f"source={self.source!r}, fingerprint={self.fingerprint[:12]})")
+
+
+def _field(d: Mapping[str, Any], key: str, typ: type, where: str) -> Any:
+    if not isinstance(d, Mapping):
+        raise GraphFormatError(f"{where} must be a JSON object")
+    if key not in d:
+        raise GraphFormatError(f"{where} is missing field {key!r}")
+    v = d[key]
+    if typ is int and isinstance(v, bool) or not isinstance(v, typ):
+        raise GraphFormatError(f"{where}.{key} must be {typ.__name__}, got {type(v).__name__}")
+    return v
+
+
+def _str_list(d: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    v = _field(d, key, list, where)
+    if not all(isinstance(s, str) for s in v):
+        raise GraphFormatError(f"{where}.{key} must be a list of strings")
+    return tuple(v)

@@ -1,0 +1,174 @@
+"""Model specs: the one way every surface (CLI, API, dashboard) names a model.
+
+- ``zoo:NAME`` with optional ``?key=value&…`` (``zoo:gpt2?layers=12&batch=8``, ``zoo:vgg16?tiny=1``);
+- ``path/to/file.py:factory`` where ``factory()`` returns ``(model, example_inputs)``
+  (a ``batch`` keyword is passed when the factory takes one and a batch is asked for);
+- ``path/to/model.onnx`` (analysis only);
+- ``path/to/graph.json``, an OpGraph saved by ``tensoropt graph --json``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+import torch
+
+from .errors import ModelSpecError, TensorOptError
+from .graph import OpGraph
+
+
+@dataclass
+class LoadedModel:
+    """A resolved spec: a torch model with example inputs, or a file to read a graph from."""
+
+    spec: str
+    name: str
+    model: torch.nn.Module | None = None
+    example_inputs: tuple = ()
+    path: Path | None = None             # ONNX or graph JSON
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def capture(self, *, batch_dim: int = 0, method: str = "auto") -> OpGraph:
+        """The model's OpGraph (captured, or read from the ONNX / JSON file)."""
+        from .capture import capture, load_onnx
+
+        if self.model is not None:
+            return capture(self.model, self.example_inputs, batch_dim=batch_dim, name=self.name, method=method)
+        assert self.path is not None
+        if self.path.suffix == ".onnx":
+            return load_onnx(self.path, batch_dim=batch_dim, batch_size=self.params.get("batch"))
+        return OpGraph.load(self.path)
+
+
+def load_model(spec: str, *, batch: int | None = None) -> LoadedModel:
+    """Resolve a model spec (see the module docstring); ``batch`` overrides the batch size.
+
+    Raises :class:`~tensoropt.errors.ModelSpecError` with the cause and the fix.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelSpecError("empty model spec; use zoo:NAME, path/to/file.py:factory or path/to/model.onnx")
+    spec = spec.strip()
+    if batch is not None and (not isinstance(batch, int) or batch < 1):
+        raise ModelSpecError(f"batch must be a positive integer, got {batch!r}")
+    if spec.startswith("zoo:"):
+        return _load_zoo(spec, batch)
+    if spec.endswith(".onnx"):
+        path = _existing(spec)
+        return LoadedModel(spec, path.stem, path=path, params={"batch": batch} if batch else {})
+    if spec.endswith(".json"):
+        if batch is not None:
+            raise ModelSpecError(f"{spec} is a saved graph with a fixed batch size; --batch cannot change it")
+        path = _existing(spec)
+        return LoadedModel(spec, path.stem, path=path)
+    if ".py:" in spec or spec.endswith(".py"):
+        return _load_factory(spec, batch)
+    raise ModelSpecError(f"cannot read model spec {spec!r}: use zoo:NAME (see `tensoropt zoo`), "
+                         "path/to/file.py:factory, path/to/model.onnx or path/to/graph.json")
+
+
+def load_graph(spec: str, *, batch: int | None = None, batch_dim: int = 0) -> OpGraph:
+    """``load_model(spec, batch=batch).capture()``."""
+    return load_model(spec, batch=batch).capture(batch_dim=batch_dim)
+
+
+def _existing(p: str) -> Path:
+    path = Path(p)
+    if not path.is_file():
+        raise ModelSpecError(f"file not found: {path}")
+    return path
+
+
+def _load_zoo(spec: str, batch: int | None) -> LoadedModel:
+    from . import zoo
+
+    body = spec[len("zoo:"):]
+    name, _, query = body.partition("?")
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise ModelSpecError(f"cannot parse the parameters of {spec!r}: write zoo:NAME?key=value&key=value") from None
+    params: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in params:
+            raise ModelSpecError(f"parameter {k!r} given twice in {spec!r}")
+        params[k] = v
+    tiny = _truthy(params.pop("tiny", "0"), "tiny", spec)
+    if batch is not None:
+        params["batch"] = batch
+    try:
+        entry = zoo.get(name)
+        model, inputs = zoo.build(name, params, tiny=tiny)
+    except (ValueError, ImportError) as e:
+        raise ModelSpecError(str(e)) from None
+    merged = {**entry.params(), **(dict(entry.tiny) if tiny else {}), **params}
+    return LoadedModel(spec, name + ("-tiny" if tiny else ""), model=model, example_inputs=_as_tuple(inputs),
+                       params=merged)
+
+
+def _truthy(v: str, key: str, spec: str) -> bool:
+    s = str(v).strip().lower()
+    if s in ("", "1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise ModelSpecError(f"{key}={v!r} in {spec!r} must be 1/0/true/false")
+
+
+def _as_tuple(x: Any) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _load_factory(spec: str, batch: int | None) -> LoadedModel:
+    file, _, func = spec.rpartition(":") if not spec.endswith(".py") else (spec, ":", "")
+    if not func:
+        raise ModelSpecError(f"{spec!r} names no factory: write {file}:FUNCTION, where FUNCTION() "
+                             "returns (model, example_inputs)")
+    path = _existing(file)
+    mod_name = f"_tensoropt_factory_{abs(hash(str(path.resolve())))}"
+    try:
+        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[mod_name] = module
+        loader_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's file failed to import
+        sys.modules.pop(mod_name, None)
+        raise ModelSpecError(f"importing {path} failed: {type(e).__name__}: {e}") from e
+    factory = getattr(module, func, None)
+    if not callable(factory):
+        names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                 and getattr(v, "__module__", None) == mod_name]
+        raise ModelSpecError(f"{path} has no function {func!r}; functions defined there: "
+                             f"{', '.join(names) or 'none'}")
+    kwargs = {}
+    if batch is not None:
+        try:
+            takes_batch = "batch" in inspect.signature(factory).parameters
+        except (TypeError, ValueError):
+            takes_batch = False
+        if not takes_batch:
+            raise ModelSpecError(f"{spec}: --batch was given but {func}() takes no `batch` parameter; "
+                                 f"add `def {func}(batch=...)` or drop --batch")
+        kwargs["batch"] = batch
+    try:
+        result = factory(**kwargs)
+    except TensorOptError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ModelSpecError(f"{spec}: {func}() raised {type(e).__name__}: {e}") from e
+    if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
+        got = type(result).__name__ if not isinstance(result, (tuple, list)) else \
+            f"a {type(result).__name__} of {len(result)} ({', '.join(type(r).__name__ for r in result)})"
+        raise ModelSpecError(f"{spec}: {func}() must return (model, example_inputs) with model an nn.Module; "
+                             f"it returned {got}")
+    model, inputs = result
+    inputs = _as_tuple(inputs)
+    if not inputs or not all(isinstance(a, torch.Tensor) for a in inputs):
+        raise ModelSpecError(f"{spec}: example_inputs must be a tensor or a tuple of tensors, got "
+                             f"({', '.join(type(a).__name__ for a in inputs) or 'nothing'})")
+    return LoadedModel(spec, func, model=model, example_inputs=inputs, params=kwargs)
