@@ -8,8 +8,10 @@ path it came from and what to try.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.fx as fx
@@ -42,6 +44,30 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
     name = name or type(model).__name__
     if method not in ("auto", "export", "fx"):
         raise CaptureError(f"method must be 'auto', 'export' or 'fx', got {method!r}")
+    with _quiet_torch_logs():
+        return _capture(model, args, batch_dim, name, method)
+
+
+# torch logs a failing fake-tensor op with its traceback at ERROR level before raising;
+# the exception itself reaches the user as a CaptureError, so the log is only noise
+_NOISY_LOGGERS = ("torch._subclasses.fake_tensor", "torch.export", "torch._export",
+                  "torch.fx.experimental.symbolic_shapes", "torch._dynamo")
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    loggers = [logging.getLogger(n) for n in _NOISY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _capture(model: torch.nn.Module, args: tuple, batch_dim: int, name: str, method: str) -> OpGraph:
     errors: list[tuple[str, BaseException]] = []
     if method in ("auto", "export"):
         try:

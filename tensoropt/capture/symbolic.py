@@ -9,6 +9,8 @@ FakeTensors, so no real activation memory is used.
 
 from __future__ import annotations
 
+import contextlib
+import io
 from typing import Any
 
 import torch
@@ -67,7 +69,9 @@ class _RecordingShapeProp(ShapeProp):
 
 def _propagate(gm: fx.GraphModule, args: tuple) -> dict[str, Any]:
     """Run ShapeProp on fake copies of ``args``; return node name -> output value (fake)."""
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+    # ShapeProp prints the traceback of a failing node before re-raising; the error itself
+    # reaches the user as a CaptureError
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, contextlib.redirect_stderr(io.StringIO()):
         fake = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
         prop = _RecordingShapeProp(gm)
         prop.propagate(*fake)

@@ -1,0 +1,141 @@
+"""capture(): torch.export first, torch.fx as fallback; split rules from op semantics."""
+
+import pytest
+import torch
+
+from tensoropt import CaptureError, capture
+from tests.conftest import model_param_bytes
+
+
+def node_by_op(g, op):
+    return next(n for n in g.ops if n.op == op)
+
+
+@pytest.mark.parametrize("method", ["export", "fx"])
+def test_small_cnn_graph(small_cnn, method):
+    model, inputs = small_cnn
+    g = capture(model, inputs, method=method)
+    assert g.source == ("torch.export" if method == "export" else "torch.fx")
+    assert g.batch_size == 4
+    conv = node_by_op(g, "aten.conv2d.default")
+    assert conv.outputs[0].shape == (4, 8, 14, 14)
+    assert (conv.split.batch, conv.split.channel) == (0, 1)
+    assert set(conv.params) == {"conv.weight", "conv.bias"}
+    assert conv.module_path == "conv"
+    bn = node_by_op(g, "aten.batch_norm.default")
+    assert bn.split.batch == 0 and not bn.split.batch_exact   # per-shard statistics
+    head = node_by_op(g, "aten.linear.default")
+    assert head.outputs[0].shape == (4, 4) and head.split.channel == 1
+    # every parameter counted once, the unused one too
+    assert g.param_bytes() == model_param_bytes(model)
+    assert g.params["unused.weight"].owner is None
+    assert g.params["bn.running_mean"].kind == "buffer"
+    # edge bytes are the tensor the consumer reads
+    e = next(e for e in g.edges if e.src == conv.name)
+    assert e.nbytes == 4 * 8 * 14 * 14 * 4
+
+
+def test_tied_parameter_owned_once(tied_lm):
+    model, inputs = tied_lm
+    g = capture(model, inputs)
+    assert g.param_bytes() == model_param_bytes(model)
+    (p,) = [p for p in g.params.values() if p.kind == "parameter"]
+    assert g[p.owner].op == "aten.embedding.default"
+    assert [g[r].op for r in p.readers] == ["aten.linear.default"]
+    assert p.name in g[p.readers[0]].param_reads
+
+
+class Mixer(torch.nn.Module):
+    """Ops that mix samples along the batch and so must not be batch-split."""
+
+    def forward(self, x):                       # x: (B, T, C)
+        a = torch.softmax(x, dim=0)             # across samples
+        b = torch.softmax(x, dim=-1)            # within a sample
+        c = torch.cat([x, x], dim=0)            # stacks batches
+        d = x.transpose(0, 1).reshape(x.shape[1] * x.shape[0], x.shape[2])  # batch behind time
+        e = x.reshape(x.shape[0] * x.shape[1], x.shape[2])                  # batch in front
+        return a.sum() + b.sum() + c.sum() + d.sum() + e.sum()
+
+
+def test_batch_mixing_ops_are_not_batch_split():
+    g = capture(Mixer(), (torch.randn(4, 3, 5),))
+    softmaxes = [n for n in g.ops if "softmax" in n.op]
+    assert [n.split.batch for n in softmaxes] == [None, 0]
+    assert [n.split.channel for n in softmaxes] == [None, None]
+    assert node_by_op(g, "aten.cat.default").split.batch is None
+    reshapes = [n for n in g.ops if n.op in ("aten.reshape.default", "aten.view.default")]
+    assert [n.split.batch for n in reshapes][-2:] == [None, 0]
+    # a sum over everything leaves no batch dimension
+    assert all(n.split.batch is None for n in g.ops if n.op == "aten.sum.default")
+
+
+def test_batch_dims_are_symbolic_not_size_based():
+    """A dimension that happens to equal the batch size is not the batch dimension."""
+
+    class Square(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):           # x: (4, 4): batch 4, features 4
+            return self.lin(x).t()      # (features, batch)
+
+    g = capture(Square(), (torch.randn(4, 4),))
+    t = node_by_op(g, "aten.t.default")
+    assert t.outputs[0].batch_dim == 1 and t.outputs[0].channel_dim == 0
+
+
+class Gate(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:           # Python branch on a tensor value
+            return x * 2
+        return x
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.gate = Gate()
+
+    def forward(self, x):
+        return self.gate(self.lin(x))
+
+
+def test_data_dependent_branch_names_module_and_fix():
+    with pytest.raises(CaptureError) as e:
+        capture(Net(), (torch.randn(2, 8),))
+    msg = str(e.value)
+    assert "torch.export" in msg and "torch.fx" in msg
+    assert "'gate'" in msg                      # the module path
+    assert "torch.where" in msg                 # what to try
+    assert "if x.sum() > 0" in msg              # the construct, with its source line
+
+
+def test_inputs_that_do_not_run_the_model():
+    with pytest.raises(CaptureError) as e:
+        capture(Net(), (torch.randn(2, 5),))
+    msg = str(e.value)
+    assert "example inputs do not run Net" in msg
+    assert "'lin'" in msg and "shapes" in msg
+
+
+def test_unsupported_custom_op_is_named():
+    @torch.library.custom_op("tensoropt_test::mystery", mutates_args=())
+    def mystery(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    class UsesMystery(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.tensoropt_test.mystery(x) + 1
+
+    with pytest.raises(CaptureError) as e:
+        capture(UsesMystery(), (torch.randn(2, 3),), method="export")
+    msg = str(e.value)
+    assert "tensoropt_test::mystery" in msg
+    assert "register_fake" in msg
+
+
+def test_not_a_module():
+    with pytest.raises(CaptureError, match="needs a torch.nn.Module"):
+        capture(lambda x: x, (torch.randn(2),))

@@ -1,0 +1,50 @@
+"""Shared small models for the tests: plain torch, built in milliseconds."""
+
+import pytest
+import torch
+
+
+class SmallCNN(torch.nn.Module):
+    """conv → batch norm → relu → pool → mean → linear: one of each kind of split rule."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.head = torch.nn.Linear(8, 4)
+        self.unused = torch.nn.Linear(4, 4)   # never called: still part of the model's memory
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        y = torch.nn.functional.max_pool2d(y, 2).mean((2, 3))
+        return self.head(y)
+
+
+class TiedLM(torch.nn.Module):
+    """Embedding whose weight the output projection reuses (as GPT-2 ties wte and lm_head)."""
+
+    def __init__(self, vocab=50, dim=16):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.proj = torch.nn.Linear(dim, vocab, bias=False)
+        self.proj.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.proj(torch.tanh(self.embed(ids)))
+
+
+@pytest.fixture
+def small_cnn():
+    torch.manual_seed(0)
+    return SmallCNN(), (torch.randn(4, 3, 16, 16),)
+
+
+@pytest.fixture
+def tied_lm():
+    torch.manual_seed(0)
+    return TiedLM(), (torch.randint(0, 50, (4, 7)),)
+
+
+def model_param_bytes(model: torch.nn.Module) -> int:
+    """What the model itself holds in parameters (shared ones once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())

@@ -1,0 +1,66 @@
+"""The tensoropt command line: output, JSON, exit codes, no tracebacks for bad input."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tensoropt import OpGraph
+from tensoropt.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_zoo_lists_models(capsys):
+    code, out, _ = run(capsys, "zoo")
+    assert code == 0
+    for name in ("vgg16", "wide_resnet152", "unet", "inception_v3", "deeplab_v3", "amoebanet_d",
+                 "rnnlm", "transformer", "gpt2", "bert"):
+        assert name in out
+
+
+def test_graph_prints_and_writes_json(capsys, tmp_path):
+    out_json = tmp_path / "g.json"
+    code, out, _ = run(capsys, "graph", "zoo:vgg16?tiny=1", "--batch", "3", "--json", str(out_json))
+    assert code == 0
+    for section in ("op histogram", "largest tensors", "largest parameters", "nodes", "aten.conv2d.default"):
+        assert section in out
+    g = OpGraph.load(out_json)
+    assert g.batch_size == 3 and g.source == "torch.export"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["graph", "zoo:nosuchmodel"], "vgg16"),
+    (["graph", "missing_file.py:make"], "file not found"),
+    (["graph", "zoo:vgg16?depth=3"], "has no parameter 'depth'"),
+    (["graph", "zoo:vgg16?tiny=1", "--batch", "0"], "batch must be a positive integer"),
+])
+def test_bad_input_exits_2_without_traceback(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err + out
+
+
+def test_inputs_that_do_not_run(capsys, tmp_path):
+    f = tmp_path / "f.py"
+    f.write_text("import torch\ndef make():\n    return torch.nn.Linear(8, 2), (torch.randn(4, 3),)\n")
+    code, _, err = run(capsys, "graph", f"{f}:make")
+    assert code == 2 and "example inputs do not run Linear" in err and "Traceback" not in err
+    code, _, err = run(capsys, "--debug", "graph", f"{f}:make")
+    assert code == 2 and "Traceback" in err
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("tensoropt")
+    cmd = [exe] if exe else [sys.executable, "-m", "tensoropt.cli"]
+    r = subprocess.run([*cmd, "graph", "zoo:transformer?tiny=1", "--limit", "3"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "aten.scaled_dot_product_attention" in r.stdout or "aten.linear.default" in r.stdout
