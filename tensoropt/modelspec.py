@@ -102,11 +102,10 @@ def _load_zoo(spec: str, batch: int | None) -> LoadedModel:
     if batch is not None:
         params["batch"] = batch
     try:
-        entry = zoo.get(name)
+        merged = zoo.resolve_params(name, params, tiny=tiny)
         model, inputs = zoo.build(name, params, tiny=tiny)
     except (ValueError, ImportError) as e:
         raise ModelSpecError(str(e)) from None
-    merged = {**entry.params(), **(dict(entry.tiny) if tiny else {}), **params}
     return LoadedModel(spec, name + ("-tiny" if tiny else ""), model=model, example_inputs=_as_tuple(inputs),
                        params=merged)
 
