@@ -46,7 +46,7 @@ def summarize(g: OpGraph) -> GraphSummary:
         metadata_only=sum(n.metadata_only for n in ops),
         generators=sum(n.generator for n in ops),
         edges=len(g.edges),
-        params=sum(_numel(p.shape) for p in g.params.values() if p.kind == "parameter"),
+        params=sum(p.numel for p in g.params.values() if p.kind == "parameter"),
         param_bytes=g.param_bytes("parameter"),
         buffer_bytes=g.param_bytes("buffer"),
         constant_bytes=g.param_bytes("constant"),
@@ -54,13 +54,6 @@ def summarize(g: OpGraph) -> GraphSummary:
         batch_splittable=sum(n.split.batch is not None for n in ops if not n.metadata_only),
         channel_splittable=sum(n.split.channel is not None for n in ops if not n.metadata_only),
     )
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def print_graph(g: OpGraph, console: Console, *, top: int = 10, limit: int = 40) -> None:

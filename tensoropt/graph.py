@@ -121,6 +121,10 @@ class ParamInfo:
     readers: tuple[str, ...] = ()  # other nodes that read it
 
     @property
+    def numel(self) -> int:
+        return TensorMeta(self.shape, self.dtype).numel
+
+    @property
     def nbytes(self) -> int:
         return TensorMeta(self.shape, self.dtype).nbytes
 

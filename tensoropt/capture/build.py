@@ -186,10 +186,11 @@ def _placeholder_tensor(gm: fx.GraphModule, name: str) -> torch.Tensor:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         return val
-    return _getattr_path(gm, node.target)
+    return getattr_path(gm, node.target)
 
 
-def _getattr_path(obj: Any, path: str) -> Any:
+def getattr_path(obj: Any, path: str) -> Any:
+    """``getattr_path(m, 'layer1.0.conv')`` follows the dotted path."""
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj

@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
 from ..graph import OpGraph
-from .build import PlaceholderInfo, build_opgraph, tensors_of
+from .build import PlaceholderInfo, build_opgraph, getattr_path, tensors_of
 
 aten = torch.ops.aten
 
@@ -105,7 +105,7 @@ def capture_fx(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, name:
     named_params = dict(model.named_parameters())
     for n in gm.graph.nodes:
         if n.op == "get_attr":
-            t = _get(gm, n.target)
+            t = getattr_path(gm, n.target)
             if isinstance(t, torch.Tensor):
                 kind = "parameter" if n.target in named_params else (
                     "buffer" if n.target in dict(model.named_buffers()) else "constant")
@@ -149,9 +149,3 @@ def capture_fx(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, name:
             t = named_params[p]
             g.params[p] = ParamInfo(p, tuple(t.shape), dtype_name(t.dtype), "parameter", t.requires_grad, None)
     return g
-
-
-def _get(obj: Any, path: str) -> Any:
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj

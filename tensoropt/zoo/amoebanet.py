@@ -160,7 +160,7 @@ def build_amoebanet_d(*, batch: int = 64, image_size: int = 224, num_classes: in
 ENTRIES = (
     ZooModel(
         name="amoebanet_d",
-        description="AmoebaNet-D (18, 256) NAS-cell image classifier, 224x224 ImageNet",
+        description="AmoebaNet-D (18, 256) NAS-cell classifier (122M params), 224x224 ImageNet",
         build=build_amoebanet_d,
         tiny={"batch": 2, "image_size": 32, "num_classes": 10, "num_layers": 3,
               "num_filters": 16},

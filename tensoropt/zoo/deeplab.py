@@ -85,7 +85,7 @@ def build_deeplab_v3(*, batch: int = 48, image_size: int = 224, num_classes: int
 ENTRIES = (
     ZooModel(
         name="deeplab_v3",
-        description="DeepLab-V3 (ASPP) segmentation on a WRN-152-2 encoder, VOC2012 21 classes",
+        description="DeepLab-V3 (ASPP) on a WRN-152-2 encoder (189M params), VOC2012 21 classes",
         build=build_deeplab_v3,
         tiny={"batch": 2, "image_size": 32, "num_classes": 3, "backbone_depth": 50,
               "base_channels": 4},

@@ -89,7 +89,7 @@ def build_gnmt(*, batch: int = 128, seq_len: int = 50, vocab: int = 32000, hidde
 ENTRIES = (
     ZooModel(
         name="gnmt",
-        description="GNMT-8 LSTM encoder-decoder with attention, 32k vocab, 50-token sentences",
+        description="GNMT-8 LSTM encoder-decoder with attention (277M params), 32k vocab, 50 tokens",
         build=build_gnmt,
         tiny={"batch": 2, "seq_len": 6, "vocab": 50, "hidden": 16, "layers": 3},
         source="Wu et al. 2016 (GNMT: 8+8 layers, 1024 units) in NVIDIA GNMT v2 / MLPerf form; "

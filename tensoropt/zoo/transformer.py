@@ -86,7 +86,7 @@ def build_transformer(*, batch: int = 256, seq_len: int = 128, vocab: int = 3200
 ENTRIES = (
     ZooModel(
         name="transformer",
-        description="Transformer-base encoder (6x512, 8 heads) with LM head, 32k vocab",
+        description="Transformer-base encoder (6x512, 8 heads, 52M params) with LM head, 32k vocab",
         build=build_transformer,
         tiny={"batch": 2, "seq_len": 8, "vocab": 50, "layers": 2, "d_model": 16, "heads": 2,
               "ffn": 32},

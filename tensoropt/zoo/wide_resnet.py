@@ -9,7 +9,6 @@ is why :class:`ResNetBackbone` supports dilation.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ._base import ZooModel, check, images
@@ -139,7 +138,7 @@ ENTRIES = (
     ),
     ZooModel(
         name="wide_resnet152",
-        description="WRN-152-2 image classifier, 224x224 ImageNet",
+        description="WRN-152-2 image classifier (175M params), 224x224 ImageNet",
         build=build_wide_resnet152,
         tiny={"batch": 2, "image_size": 32, "num_classes": 10, "base_channels": 4},
         source="NetSplit thesis §6.2.1: WRN-152-2, ImageNet 224x224, batch 64",
