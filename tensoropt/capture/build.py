@@ -90,7 +90,7 @@ def build_opgraph(gm: fx.GraphModule, placeholders: Mapping[str, PlaceholderInfo
         if n.op not in ("call_function", "call_module", "call_method", "get_attr"):
             continue
         target = target_of(n)
-        data_nodes = [a for a in flatten_nodes((n.args, n.kwargs))]
+        data_nodes = flatten_nodes((n.args, n.kwargs))
         producers: list[str] = []
         used_params: list[str] = []
         for a in data_nodes:

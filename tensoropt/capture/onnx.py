@@ -74,11 +74,6 @@ def load_onnx(path: str | os.PathLike, *, batch_dim: int = 0, batch_size: int | 
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     value_info = {v.name: v for v in (*g.input, *g.value_info, *g.output)}
-    for n in g.node:  # Constant nodes hold small tensors (shapes, scalars)
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value":
-                    value_info.setdefault(n.output[0], None)
 
     batch_syms: set[str] = set()
     for v in g.input:
@@ -155,9 +150,9 @@ def load_onnx(path: str | os.PathLike, *, batch_dim: int = 0, batch_size: int | 
                 channel = same[0].channel_dim if same else None
             elif target is not None:
                 channel = semantics.output_channel_dim(target, args, kwargs, in_metas, first)
-        outs = tuple(m for m in (meta(o, channel) for o in n.output if o) if m is not None)
-        for o, m in zip([o for o in n.output if o and meta(o) is not None], outs):
-            out_meta[o] = m
+        typed = [(o, m) for o, m in ((o, meta(o, channel)) for o in n.output if o) if m is not None]
+        outs = tuple(m for _, m in typed)
+        out_meta.update(typed)
         for o in n.output:
             if o:
                 produced[o] = name
