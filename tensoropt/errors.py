@@ -24,3 +24,13 @@ class CaptureError(TensorOptError):
 
 class GraphFormatError(TensorOptError):
     """A saved graph / profile / plan file is malformed; the message names the field."""
+
+
+class ClusterSpecError(TensorOptError):
+    """A cluster spec (``preset:NAME``, YAML / JSON file) is malformed; the message names the file
+    and the field."""
+
+
+class ProfileError(TensorOptError):
+    """A profile cannot be made or used (e.g. it belongs to another graph: both fingerprints are
+    named, with the command that re-profiles)."""

@@ -1,0 +1,65 @@
+"""The ``tensoropt`` command line.
+
+Commands that read a model take a model spec (``zoo:NAME?k=v``, ``file.py:factory``,
+``model.onnx``, ``graph.json``); commands that read a cluster take ``preset:NAME`` or a YAML
+file.  Bad input prints one line-or-few message and exits 2; ``--debug`` shows the traceback
+instead.  Each command group lives in its own module with a ``register(subparsers)`` function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+from typing import Sequence
+
+from rich.console import Console
+from rich.markup import escape
+
+from ..errors import TensorOptError
+
+
+# one module per command group, each with ``register(subparsers)``; listed in help order
+COMMAND_MODULES = ("zoo", "graph", "profile", "cluster", "bench_links")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tensoropt", description="Pareto-optimal multi-GPU training plans "
+                                "for PyTorch models.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # wide tables when piped (rich assumes 80 columns without a terminal)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+    try:
+        return args.func(args, console)
+    except TensorOptError as e:
+        if args.debug:
+            traceback.print_exc()
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        return e.exit_code
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
+    except Exception as e:  # noqa: BLE001 - a bug of ours: say so, briefly, unless --debug
+        if args.debug:
+            traceback.print_exc()
+        else:
+            err.print(f"[red]internal error:[/red] {type(e).__name__}: {escape(str(e))}\n"
+                      "rerun with --debug for the traceback and report it", highlight=False, soft_wrap=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

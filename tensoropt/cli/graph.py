@@ -1,0 +1,40 @@
+"""``tensoropt graph``: capture a model and describe its operator graph."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rich.console import Console
+
+
+def _cmd_graph(args: argparse.Namespace, console: Console) -> int:
+    from ..describe import print_graph
+    from ..modelspec import load_model
+
+    t0 = time.perf_counter()
+    loaded = load_model(args.model, batch=args.batch)
+    t1 = time.perf_counter()
+    with console.status(f"capturing {args.model} …"):
+        graph = loaded.capture(batch_dim=args.batch_dim, method=args.method)
+    t2 = time.perf_counter()
+    print_graph(graph, console, top=args.top, limit=0 if args.all else args.limit)
+    console.print(f"built in {t1 - t0:.2f} s, captured in {t2 - t1:.2f} s")
+    if args.json:
+        graph.save(args.json)
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("graph", help="capture a model and describe its operator graph")
+    g.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory, model.onnx or graph.json")
+    g.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
+    g.add_argument("--batch-dim", type=int, default=0, help="batch dimension of the inputs (default 0)")
+    g.add_argument("--method", choices=("auto", "export", "fx"), default="auto",
+                   help="capture door: torch.export then torch.fx (auto), or one of them")
+    g.add_argument("--json", metavar="OUT", help="write the OpGraph as JSON")
+    g.add_argument("--top", type=int, default=10, help="rows in the histogram / largest-tensor tables")
+    g.add_argument("--limit", type=int, default=40, help="nodes to list (default 40)")
+    g.add_argument("--all", action="store_true", help="list every node")
+    g.set_defaults(func=_cmd_graph)
