@@ -10,7 +10,8 @@ embedding and read by the LM head), so memory counts it once.
 Everything here is a plain value that round-trips through JSON losslessly
 (:meth:`OpGraph.save` / :meth:`OpGraph.load`).  The captured ``torch.fx.GraphModule`` (and the
 ``ExportedProgram`` when torch.export made it) rides along in :attr:`OpGraph.module` /
-:attr:`OpGraph.exported` for the executor; it is not serialised.
+:attr:`OpGraph.exported` for the profiler and the executor, with the example inputs in
+:attr:`OpGraph.example_inputs`; they are not serialised.
 """
 
 from __future__ import annotations
@@ -212,7 +213,8 @@ class OpGraph:
 
     def __init__(self, nodes: list[OpNode], params: Mapping[str, ParamInfo], *, name: str = "model",
                  source: str = "", batch_size: int | None = None, batch_dim: int = 0,
-                 notes: list[str] | None = None, module: Any = None, exported: Any = None):
+                 notes: list[str] | None = None, module: Any = None, exported: Any = None,
+                 example_inputs: tuple | None = None):
         self.name = name
         self.source = source            # "torch.export", "torch.fx" or "onnx"
         self.batch_size = batch_size
@@ -237,6 +239,7 @@ class OpGraph:
                     raise GraphFormatError(f"node {n.name!r} uses parameter {p!r}, which is not in params")
         self.module = module        # torch.fx.GraphModule for the executor (not serialised)
         self.exported = exported    # torch.export.ExportedProgram when torch.export captured it
+        self.example_inputs = example_inputs  # the inputs it was captured with (the profiler runs them)
 
     # ---- views -------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -45,7 +45,9 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
     if method not in ("auto", "export", "fx"):
         raise CaptureError(f"method must be 'auto', 'export' or 'fx', got {method!r}")
     with _quiet_torch_logs():
-        return _capture(model, args, batch_dim, name, method)
+        graph = _capture(model, args, batch_dim, name, method)
+    graph.example_inputs = args
+    return graph
 
 
 # torch logs a failing fake-tensor op with its traceback at ERROR level before raising;

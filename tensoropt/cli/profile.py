@@ -1,9 +1,78 @@
-"""Placeholder while the command is written (issue 3); replaced in this change."""
+"""``tensoropt profile``: measure every operator of a model and write the profile JSON."""
 
 from __future__ import annotations
 
 import argparse
+import time
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..errors import ProfileError
+
+
+def _degrees(text: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(int(k) for k in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--degrees must be comma-separated integers, got {text!r}") from None
+    if not ks or any(k < 1 for k in ks):
+        raise argparse.ArgumentTypeError("--degrees must be positive integers")
+    return ks
+
+
+def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
+    from ..costs import profile
+    from ..describe import fmt_bytes
+    from ..modelspec import load_model
+
+    if args.repeats < 1 or args.warmup < 0:
+        raise ProfileError("--repeats must be ≥ 1 and --warmup ≥ 0")
+    loaded = load_model(args.model, batch=args.batch)
+    with console.status(f"capturing {args.model} …"):
+        graph = loaded.capture(batch_dim=args.batch_dim)
+    t0 = time.perf_counter()
+    costs = profile(graph, device=args.device, shard_degrees=args.degrees, repeats=args.repeats,
+                    warmup=args.warmup, cache=not args.no_cache, progress=True)
+    took = time.perf_counter() - t0
+
+    t = Table(title=f"{escape(graph.name)} (batch {graph.batch_size}) on {escape(costs.device['name'])}, "
+                    f"{costs.device['threads']} threads — top {args.top} ops by forward + backward time",
+              title_justify="left")
+    for col in ("node", "op", "forward", "backward", "share", "saved", "how", "module"):
+        t.add_column(col, justify="right" if col in ("forward", "backward", "share", "saved") else "left")
+    total = costs.total_fp_s + costs.total_bp_s
+    for n in costs.top(args.top):
+        t.add_row(escape(n.name), escape(n.op), f"{n.fp_s * 1e3:.3f} ms", f"{n.bp_s * 1e3:.3f} ms",
+                  f"{(n.fp_s + n.bp_s) / total:.1%}" if total else "-", fmt_bytes(n.saved_bytes), n.method,
+                  escape(graph.nodes[n.name].module_path))
+    console.print(t)
+    m = {k: costs.count(k) for k in ("measured", "cached", "free", "roofline")}
+    shards = [s for n in costs.nodes.values() for s in n.shards.values()]
+    scaled = sum(1 for s in shards if s.method == "scaled")
+    console.print(f"Σ forward {costs.total_fp_s * 1e3:.2f} ms, Σ backward {costs.total_bp_s * 1e3:.2f} ms over "
+                  f"{len(costs)} ops ({m['measured']} measured, {m['cached']} identical to one measured, "
+                  f"{m['free']} metadata-only, {m['roofline']} roofline estimates); {len(shards)} shard costs "
+                  f"({scaled} scaled from the full shape); {costs.settings['measured_calls']} calls measured, "
+                  f"{costs.settings['cached_calls']} from cache; profiled in {took:.1f} s")
+    if args.output:
+        costs.save(args.output)
+        console.print(f"wrote {args.output}")
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    return None
+    p = sub.add_parser("profile", help="measure every operator (forward, backward, memory) at every shard shape")
+    p.add_argument("model", help="zoo:NAME[?k=v&…] or path/to/file.py:factory")
+    p.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
+    p.add_argument("--batch-dim", type=int, default=0, help="batch dimension of the inputs (default 0)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--degrees", type=_degrees, default=(1, 2, 4, 8),
+                   help="shard degrees to measure, comma-separated (default 1,2,4,8)")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per op call (median; default 5)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls first (default 1)")
+    p.add_argument("--no-cache", action="store_true", help="measure everything again (ignore the on-disk cache)")
+    p.add_argument("--top", type=int, default=15, help="rows in the top-ops table (default 15)")
+    p.add_argument("-o", "--output", metavar="PROFILE_JSON", help="write the profile as JSON")
+    p.set_defaults(func=_cmd_profile)

@@ -1,0 +1,230 @@
+"""The CostModel: what every operator of one graph costs on one device kind, as a JSON value.
+
+A :class:`CostModel` is what :func:`tensoropt.profile` returns and what frontier tracking, the
+placers and the simulator read.  Per node (:class:`NodeCost`) it holds the forward and backward
+time at the full shape on one device, and per *shard* (:class:`ShardCost`, keyed by layout and
+degree) the same at the shape a configuration gives the node:
+
+- ``("batch", k)``: the node's batch-carrying inputs cut into ``k`` (``S(batch)``);
+- ``("channel", k)``: its output channels / features cut into ``k`` (weights cut too, ``S(channel)``);
+- ``("reduce", k)``: its reduction (input-feature) dimension cut into ``k`` — the partial-sum
+  layout ``P`` of a linear / convolution / matmul, whose output is full-sized and needs a sum.
+
+``R`` (replicate) runs the full shape on every device: the degree-1 figures.  Memory figures are
+bytes per device: the output, what autograd saves for backward (split into the node's inputs it
+saves, whether it saves its output, and extra tensors such as dropout masks), and the transient
+workspace where it can be measured (CUDA).  ``method`` says where a time came from:
+``measured`` (run alone, median of repeats), ``cached`` (an identical op measured before),
+``scaled`` (a shard that cannot run alone: the full time scaled by its FLOP or size share) and
+``roofline`` (FLOPs / device peak, bytes / memory bandwidth), ``free`` (metadata-only: 0).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from .._io import read_json, write_json_atomic
+from ..errors import GraphFormatError, ProfileError
+
+PROFILE_FORMAT = "tensoropt.profile/1"
+LAYOUTS = ("batch", "channel", "reduce")
+METHODS = ("measured", "cached", "scaled", "roofline", "free")
+ESTIMATED = frozenset({"scaled", "roofline"})
+
+
+@dataclass(frozen=True)
+class ShardCost:
+    """Cost of a node at one shard shape, per device."""
+
+    fp_s: float
+    bp_s: float
+    output_bytes: int
+    saved_bytes: int          # everything autograd keeps for backward (inputs, output, extras), deduplicated
+    extra_saved_bytes: int    # saved tensors that are neither an input nor the output (masks, statistics)
+    method: str = "measured"
+
+    @property
+    def estimated(self) -> bool:
+        return self.method in ESTIMATED
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """Cost of one node at its full shape on one device, and at every shard shape measured."""
+
+    name: str
+    op: str
+    fp_s: float
+    bp_s: float
+    method: str
+    param_bytes: int = 0              # parameters this node owns (gradients and optimizer state follow them)
+    output_bytes: int = 0
+    saved_inputs: tuple[str, ...] = ()  # producers whose output this node saves for backward
+    saves_output: bool = False
+    saved_bytes: int = 0              # all tensors saved for backward, deduplicated (inputs, output, extras)
+    extra_saved_bytes: int = 0
+    workspace_bytes: int = 0          # transient memory beyond inputs and outputs (measured on CUDA only)
+    flops: int = 0                    # forward FLOPs where FlopCounterMode knows a formula
+    shards: Mapping[tuple[str, int], ShardCost] = field(default_factory=dict)
+
+    @property
+    def estimated(self) -> bool:
+        return self.method in ESTIMATED
+
+    def at(self, layout: str = "R", degree: int = 1) -> ShardCost:
+        """The cost at a layout and degree; ``R`` or degree 1 is the full shape.  KeyError if that
+        shard is not legal for the node (see :meth:`CostModel.legal`)."""
+        if layout == "R" or degree == 1:
+            return ShardCost(self.fp_s, self.bp_s, self.output_bytes, self.saved_bytes, self.extra_saved_bytes, self.method)
+        return self.shards[(layout, degree)]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["saved_inputs"] = list(self.saved_inputs)
+        d["shards"] = [{"layout": lay, "degree": k, **asdict(s)} for (lay, k), s in self.shards.items()]
+        d["estimated"] = self.estimated
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> NodeCost:
+        def num(key: str, src: Mapping[str, Any] = d, at: str = where, typ: type = float) -> Any:
+            if key not in src:
+                raise GraphFormatError(f"{at} is missing field {key!r}")
+            v = src[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise GraphFormatError(f"{at}.{key} must be a non-negative number, got {v!r}")
+            return typ(v)
+
+        if not isinstance(d, Mapping) or not isinstance(d.get("name"), str):
+            raise GraphFormatError(f"{where} must be an object with a string field 'name'")
+        where = f"{where} ({d['name']})"
+        method = d.get("method")
+        if method not in METHODS:
+            raise GraphFormatError(f"{where}.method must be one of {METHODS}, got {method!r}")
+        shards = {}
+        for i, s in enumerate(d.get("shards", [])):
+            sw = f"{where}.shards[{i}]"
+            if not isinstance(s, Mapping) or s.get("layout") not in LAYOUTS:
+                raise GraphFormatError(f"{sw}.layout must be one of {LAYOUTS}")
+            k = s.get("degree")
+            if not isinstance(k, int) or k < 2:
+                raise GraphFormatError(f"{sw}.degree must be an integer ≥ 2, got {k!r}")
+            if s.get("method") not in METHODS:
+                raise GraphFormatError(f"{sw}.method must be one of {METHODS}")
+            shards[(s["layout"], k)] = ShardCost(
+                num("fp_s", s, sw), num("bp_s", s, sw), num("output_bytes", s, sw, int),
+                num("saved_bytes", s, sw, int), num("extra_saved_bytes", s, sw, int), s["method"])
+        return cls(name=d["name"], op=str(d.get("op", "")), fp_s=num("fp_s"), bp_s=num("bp_s"), method=method,
+                   param_bytes=num("param_bytes", typ=int), output_bytes=num("output_bytes", typ=int),
+                   saved_inputs=tuple(d.get("saved_inputs", ())), saves_output=bool(d.get("saves_output", False)),
+                   saved_bytes=num("saved_bytes", typ=int), extra_saved_bytes=num("extra_saved_bytes", typ=int),
+                   workspace_bytes=num("workspace_bytes", typ=int), flops=num("flops", typ=int), shards=shards)
+
+
+class CostModel:
+    """Per-node costs of one graph (by fingerprint) on one device kind.  See the module docstring.
+
+    ``device`` describes where the costs were measured (type, name, threads, torch version, the
+    measured peak FLOP/s and memory bandwidth used for roofline estimates); ``settings`` how
+    (repeats, warm-up, shard degrees).
+    """
+
+    def __init__(self, nodes: Mapping[str, NodeCost], *, graph_fingerprint: str, graph_name: str = "",
+                 batch_size: int | None = None, device: Mapping[str, Any] | None = None,
+                 settings: Mapping[str, Any] | None = None, profile_s: float = 0.0):
+        self.nodes: dict[str, NodeCost] = dict(nodes)
+        self.graph_fingerprint = graph_fingerprint
+        self.graph_name = graph_name
+        self.batch_size = batch_size
+        self.device = dict(device or {})
+        self.settings = dict(settings or {})
+        self.profile_s = profile_s
+
+    def __getitem__(self, name: str) -> NodeCost:
+        return self.nodes[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.nodes
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def legal(self, name: str) -> list[tuple[str, int]]:
+        """The (layout, degree) shards measured or estimated for a node (``R`` is always legal)."""
+        return sorted(self.nodes[name].shards)
+
+    def time(self, name: str, layout: str = "R", degree: int = 1) -> tuple[float, float]:
+        """(forward, backward) seconds of a node at a layout and degree; (0, 0) for nodes without
+        a cost (inputs, the output)."""
+        n = self.nodes.get(name)
+        if n is None:
+            return 0.0, 0.0
+        s = n.at(layout, degree)
+        return s.fp_s, s.bp_s
+
+    @property
+    def total_fp_s(self) -> float:
+        return sum(n.fp_s for n in self.nodes.values())
+
+    @property
+    def total_bp_s(self) -> float:
+        return sum(n.bp_s for n in self.nodes.values())
+
+    def count(self, method: str) -> int:
+        return sum(1 for n in self.nodes.values() if n.method == method)
+
+    def top(self, k: int = 10) -> list[NodeCost]:
+        """The ``k`` nodes with the largest forward + backward time."""
+        return sorted(self.nodes.values(), key=lambda n: -(n.fp_s + n.bp_s))[:k]
+
+    def check_graph(self, graph: Any) -> None:
+        """Refuse a graph this profile was not made for, naming both fingerprints and the fix."""
+        fp = graph.fingerprint
+        if fp != self.graph_fingerprint:
+            raise ProfileError(
+                f"the profile was made for graph {self.graph_name!r} (fingerprint {self.graph_fingerprint[:12]}…, "
+                f"batch {self.batch_size}), not for {graph.name!r} (fingerprint {fp[:12]}…, batch "
+                f"{graph.batch_size}); re-profile it: tensoropt profile MODEL --batch {graph.batch_size} -o profile.json")
+
+    # ---- JSON --------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": PROFILE_FORMAT, "graph_name": self.graph_name, "graph_fingerprint": self.graph_fingerprint,
+                "batch_size": self.batch_size, "device": self.device, "settings": self.settings,
+                "profile_s": self.profile_s,
+                "summary": {m: self.count(m) for m in METHODS},
+                "nodes": [n.to_dict() for n in self.nodes.values()]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "profile") -> CostModel:
+        if not isinstance(d, Mapping):
+            raise GraphFormatError(f"{where} must be a JSON object")
+        if d.get("format") != PROFILE_FORMAT:
+            raise GraphFormatError(f"{where}.format must be {PROFILE_FORMAT!r}, got {d.get('format')!r}")
+        fp = d.get("graph_fingerprint")
+        if not isinstance(fp, str) or len(fp) != 64:
+            raise GraphFormatError(f"{where}.graph_fingerprint must be the graph's 64-hex-digit SHA-256")
+        nodes_in = d.get("nodes")
+        if not isinstance(nodes_in, list):
+            raise GraphFormatError(f"{where}.nodes must be a list")
+        nodes = [NodeCost.from_dict(n, f"{where}.nodes[{i}]") for i, n in enumerate(nodes_in)]
+        return cls({n.name: n for n in nodes}, graph_fingerprint=fp, graph_name=str(d.get("graph_name", "")),
+                   batch_size=d.get("batch_size"), device=d.get("device") or {}, settings=d.get("settings") or {},
+                   profile_s=float(d.get("profile_s", 0.0)))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the profile as JSON, atomically."""
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, graph: Any = None) -> CostModel:
+        """Read a profile; with ``graph``, also refuse it if it was made for another graph."""
+        cm = cls.from_dict(read_json(path, "profile"), where=str(path))
+        if graph is not None:
+            cm.check_graph(graph)
+        return cm
+
+    def __repr__(self) -> str:
+        return (f"CostModel({self.graph_name!r}, {len(self.nodes)} nodes, device={self.device.get('name', '?')!r}, "
+                f"fp={self.total_fp_s * 1e3:.2f} ms, bp={self.total_bp_s * 1e3:.2f} ms)")

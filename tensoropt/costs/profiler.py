@@ -1,0 +1,561 @@
+"""The profiler: run every operator of a captured graph alone, forward and backward, at every
+shard shape a configuration may give it, and return a :class:`~tensoropt.costs.model.CostModel`.
+
+How (seed 003 §4.4, FastT's profiled op times, design §2 "CostModel"):
+
+1. The captured ``GraphModule`` runs once on the example inputs under a ``torch.fx.Interpreter``
+   (no autograd, values freed after their last use), so every node sees *real* argument values
+   — token ids that index an embedding, masks, statistics — not random stand-ins.
+2. At each node the op is called alone on copies of those arguments: inputs that carry a
+   gradient in training (anything downstream of a trainable parameter, and the trainable
+   parameters themselves) are autograd leaves, so the backward measured is the one training
+   runs (the first convolution computes no input gradient).  Forward = the call with grad
+   enabled; backward = ``torch.autograd.grad`` of the outputs with a random output gradient
+   (``retain_graph`` so it can be repeated).  Median of repeats, CUDA events on GPU.
+3. Saved-tensor hooks record what autograd keeps for backward, split into the node's inputs,
+   its output and extra tensors (dropout masks, batch-norm statistics): the memory model's
+   activation figures.
+4. Shards: the same at the largest shard of every legal layout (``batch`` / ``channel`` /
+   ``reduce``) and degree (:mod:`tensoropt.costs.shards`); a shard whose rule does not give the
+   expected shape, or that raises, is the full cost scaled by ``1/k`` and marked ``scaled``.
+5. Measurements are cached by (op, argument shapes / dtypes / gradient flags, other arguments)
+   within the run — identical layers are measured once — and on disk per device kind
+   (``~/.cache/tensoropt`` or ``$TENSOROPT_CACHE_DIR``), so profiling the same model again is
+   nearly free.  A node that cannot run alone gets a roofline estimate (FLOPs from
+   ``FlopCounterMode`` over the measured peak FLOP/s, bytes over the measured memory bandwidth)
+   marked ``roofline``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten
+
+from .._io import write_json_atomic
+from ..errors import ProfileError
+from ..graph import OpGraph, OpNode, TensorMeta
+from .memory import grad_nodes
+from .model import CostModel, NodeCost, ShardCost
+from .shards import TensorArg, shard_args, shard_size
+from .timing import device_info, device_key, time_callable
+
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One op call measured alone (what the cache stores)."""
+
+    fp_s: float
+    bp_s: float
+    output_bytes: int
+    saved_bytes: int
+    extra_saved_bytes: int
+    saved_args: tuple[int, ...]   # positions (among the call's tensor arguments) of saved inputs
+    saves_output: bool
+    workspace_bytes: int
+    flops: int
+    out_shape: tuple[int, ...]    # first output's shape, to check a shard rule
+    method: str = "measured"
+
+
+def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int] = (1, 2, 4, 8),
+            repeats: int = 5, warmup: int = 1, cache: bool | str | os.PathLike = True,
+            progress: bool | Callable[[int, int, str], None] = False, inputs: tuple | None = None) -> CostModel:
+    """Measure every node of ``graph`` alone; see the module docstring.
+
+    ``graph`` must come from :func:`tensoropt.capture` (it needs the captured module);
+    ``inputs`` overrides the example inputs it was captured with.  ``shard_degrees``: the
+    degrees ``k > 1`` measured per legal layout.  ``cache``: ``True`` for the default folder, a
+    path, or ``False``.  ``progress``: ``True`` for a progress bar on stderr, or a callback
+    ``(done, total, node_name)``.  Runs the model's forward once plus, per distinct op call,
+    ``warmup + repeats`` forward and backward calls.
+    """
+    if graph.module is None:
+        raise ProfileError(f"graph {graph.name!r} has no captured module (it was loaded from "
+                           f"{graph.source or 'a file'}); profile the model itself, e.g. "
+                           "tensoropt profile zoo:NAME or tensoropt.profile(tensoropt.capture(model, inputs))")
+    dev = _device(device)
+    degrees = sorted({int(k) for k in shard_degrees if int(k) > 1})
+    t0 = time.perf_counter()
+    info = device_info(dev)
+    store = _DiskCache(cache, device_key(info))
+    runner = _Runner(graph, dev, degrees, repeats, warmup, store, info)
+    total = len(graph.ops)
+    report = _progress_callback(progress, total)
+    try:
+        runner.run(inputs if inputs is not None else graph.example_inputs, report)
+    finally:
+        report(None, total, "")
+    store.save()
+    settings = {"repeats": repeats, "warmup": warmup, "shard_degrees": [1, *degrees],
+                "measured_calls": runner.measured_calls, "cached_calls": runner.cached_calls}
+    return CostModel(runner.costs, graph_fingerprint=graph.fingerprint, graph_name=graph.name,
+                     batch_size=graph.batch_size, device=info, settings=settings,
+                     profile_s=time.perf_counter() - t0)
+
+
+def _device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ProfileError(f"unknown device {device!r}; use cpu or cuda[:N]") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ProfileError(f"device {device!r} asked for, but torch sees no CUDA GPU here; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ProfileError(f"device {device!r} does not exist: torch sees {torch.cuda.device_count()} GPU(s)")
+    elif dev.type != "cpu":
+        raise ProfileError(f"device type {dev.type!r} is not supported; use cpu or cuda[:N]")
+    return dev
+
+
+def _progress_callback(progress: bool | Callable, total: int) -> Callable[[str | None, int, str], None]:
+    if callable(progress):
+        return lambda done, _total, name: progress(done, total, name) if done is not None else None
+    if not progress:
+        return lambda *a: None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), transient=True)
+    task = bar.add_task("", total=total)
+    bar.start()
+
+    def report(done: int | None, _total: int, name: str) -> None:
+        if done is None:
+            bar.stop()
+        else:
+            bar.update(task, completed=done, description=name)
+    return report
+
+
+class _DiskCache:
+    """Measurements by call key, persisted per device kind as one JSON file."""
+
+    def __init__(self, cache: bool | str | os.PathLike, key: str):
+        self.entries: dict[str, Measurement] = {}
+        self.path: Path | None = None
+        self.dirty = False
+        if cache is False:
+            return
+        folder = Path(cache) if not isinstance(cache, bool) else \
+            Path(os.environ.get("TENSOROPT_CACHE_DIR") or Path.home() / ".cache" / "tensoropt")
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", key).strip("-")[:120]
+        self.path = folder / f"profile-cache-{slug}.json"
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if data.get("version") == CACHE_VERSION and data.get("device") == key:
+                for k, v in data["entries"].items():
+                    self.entries[k] = Measurement(**{**v, "saved_args": tuple(v["saved_args"]),
+                                                     "out_shape": tuple(v["out_shape"])})
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # no cache yet, or one from another version: measure afresh and overwrite it
+        self.key = key
+
+    def get(self, key: str) -> Measurement | None:
+        return self.entries.get(key)
+
+    def put(self, key: str, m: Measurement) -> None:
+        self.entries[key] = m
+        self.dirty = True
+
+    def save(self) -> None:
+        if self.path is None or not self.dirty:
+            return
+        try:
+            write_json_atomic(self.path, {"version": CACHE_VERSION, "device": self.key,
+                                          "entries": {k: asdict(m) for k, m in self.entries.items()}})
+        except OSError:
+            pass  # a read-only home must not fail a profile; the next run measures again
+
+
+class _Runner(fx.Interpreter):
+    """Runs the captured module once, measuring each node alone as it goes."""
+
+    def __init__(self, graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
+                 store: _DiskCache, info: dict[str, Any]):
+        gm = graph.module
+        self.exported = graph.exported
+        if self.exported is None:  # torch.fx capture: the module holds the user's own parameters and
+            gm = copy.deepcopy(gm)  # buffers; batch norm would update their running statistics
+        super().__init__(gm.to(dev), garbage_collect_values=True)
+        self.graph_ = graph
+        self.dev = dev
+        self.degrees = degrees
+        self.repeats, self.warmup = repeats, warmup
+        self.store = store
+        self.info = info
+        self.needs_grad = grad_nodes(graph)
+        self.param_of_placeholder: dict[str, str] = {}
+        self.trainable: set[str] = {p.name for p in graph.params.values() if p.requires_grad and p.kind == "parameter"}
+        self.costs: dict[str, NodeCost] = {}
+        self.seen: dict[str, Measurement] = {}
+        self.measured_calls = self.cached_calls = 0
+        self.report: Callable = lambda *a: None
+
+    # ---- driving -----------------------------------------------------------------------------
+    def run(self, inputs: tuple | None, report: Callable) -> None:  # type: ignore[override]
+        self.report = report
+        args = self._placeholder_values(inputs)
+        with torch.no_grad():
+            super().run(*args)
+
+    def _placeholder_values(self, inputs: tuple | None) -> list[Any]:
+        user = list(tree_flatten(tuple(inputs))[0]) if inputs is not None else None
+        phs = [n for n in self.module.graph.nodes if n.op == "placeholder"]
+        if self.exported is None:
+            if user is None:
+                user = [self._synthesize(n.name) for n in phs]
+            return [_to(v, self.dev) for v in user]
+        from torch.export.graph_signature import InputKind
+
+        ep = self.exported
+        values, user_iter = [], iter(user or [])
+        for spec, ph in zip(ep.graph_signature.input_specs, phs):
+            if spec.kind == InputKind.USER_INPUT:
+                v = next(user_iter, None) if user is not None else self._synthesize(ph.name)
+                if v is None:
+                    raise ProfileError("fewer example inputs than the captured graph takes; pass the inputs the "
+                                       "model was captured with")
+            elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+                v = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
+                if spec.kind == InputKind.BUFFER:
+                    v = v.clone()  # batch norm updates running statistics in place
+                self.param_of_placeholder[ph.name] = spec.target
+            elif spec.kind == InputKind.CONSTANT_TENSOR:
+                v = ep.constants[spec.target]
+                self.param_of_placeholder[ph.name] = spec.target
+            else:
+                v = None
+            values.append(_to(v, self.dev))
+        return values
+
+    def _synthesize(self, name: str) -> torch.Tensor:
+        """A stand-in input from the graph's meta: floats ~ N(0, 1), integers 0 (a valid index)."""
+        node = self.graph_.nodes.get(name)
+        if node is None or not node.outputs:
+            raise ProfileError(f"no example value for graph input {name!r}; pass inputs=")
+        m = node.outputs[0]
+        dtype = getattr(torch, m.dtype)
+        if dtype.is_floating_point:
+            return torch.randn(m.shape, dtype=dtype)
+        return torch.zeros(m.shape, dtype=dtype)
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        op = self.graph_.nodes.get(n.name)
+        if op is not None and op.kind == "op":
+            self.costs[n.name] = self._cost(n, op)
+            self.report(len(self.costs), len(self.graph_.ops), n.name)
+        return result
+
+    # ---- one node ----------------------------------------------------------------------------
+    def _cost(self, n: fx.Node, op: OpNode) -> NodeCost:
+        param_bytes = sum(self.graph_.params[p].nbytes for p in op.params)
+        free_shards = {}
+        if op.metadata_only:
+            for layout, ok in (("batch", op.split.batch is not None), ("channel", op.split.channel is not None)):
+                if ok:
+                    free_shards.update({(layout, k): ShardCost(0.0, 0.0, 0, 0, 0, "free") for k in self.degrees})
+            return NodeCost(op.name, op.op, 0.0, 0.0, "free", param_bytes=param_bytes, shards=free_shards)
+        fn, args, kwargs, extra_params = self._callable(n)
+        tinfo, producers = self._tensor_args(n, args, kwargs)
+        grad = self.needs_grad.get(op.name, False) and not _in_place(op.op)
+        full = self._measure(op.op, fn, args, kwargs, tinfo, extra_params, grad)
+        saved_inputs = tuple(dict.fromkeys(producers[i] for i in full.saved_args if producers.get(i)))
+        shards: dict[tuple[str, int], ShardCost] = {}
+        out0 = op.outputs[0] if op.outputs else None
+        base = _basename(op.op)
+        for layout in ("batch", "channel", "reduce"):
+            legal = {"batch": op.split.batch is not None, "channel": op.split.channel is not None,
+                     "reduce": True}[layout]
+            if not legal or out0 is None:
+                continue
+            for k in self.degrees:
+                sc = self._shard(n, op, base, fn, args, kwargs, tinfo, extra_params, grad, full, layout, k, out0)
+                if sc is not None:
+                    shards[(layout, k)] = sc
+        return NodeCost(op.name, op.op, full.fp_s, full.bp_s, full.method, param_bytes=param_bytes,
+                        output_bytes=full.output_bytes, saved_inputs=saved_inputs, saves_output=full.saves_output,
+                        saved_bytes=full.saved_bytes, extra_saved_bytes=full.extra_saved_bytes,
+                        workspace_bytes=full.workspace_bytes, flops=full.flops, shards=shards)
+
+    def _shard(self, n, op, base, fn, args, kwargs, tinfo, extra_params, grad, full: Measurement,
+               layout: str, k: int, out0: TensorMeta) -> ShardCost | None:
+        expected = list(out0.shape)
+        if layout == "batch":
+            d = op.split.batch
+            if d is None or d >= len(expected) or expected[d] < k:
+                return None
+            expected[d] = shard_size(expected[d], k)
+        elif layout == "channel":
+            d = op.split.channel
+            if d is None or d >= len(expected) or expected[d] < k:
+                return None
+            expected[d] = shard_size(expected[d], k)
+        cut = None
+        if n.op == "call_function":
+            try:
+                cut = shard_args(base, args, kwargs, tinfo, layout, k, out0)
+            except (IndexError, RuntimeError, TypeError, ValueError):
+                cut = None
+        if cut is None:
+            if layout == "reduce":
+                return None  # partial sums exist only for the ops shard_args knows
+            return _scaled(full, k)
+        cargs, ckwargs = cut
+        ctinfo = {}
+        for old, new in zip(_tensors((args, kwargs)), _tensors((cargs, ckwargs))):
+            if id(old) in tinfo:
+                ctinfo[id(new)] = tinfo[id(old)]
+        try:
+            m = self._measure(op.op, fn, cargs, ckwargs, ctinfo, extra_params, grad)
+        except Exception:  # noqa: BLE001 - a shard rule that does not fit this op: fall back, marked
+            return _scaled(full, k)
+        if list(m.out_shape) != expected:
+            return None if layout == "reduce" else _scaled(full, k)
+        return ShardCost(m.fp_s, m.bp_s, m.output_bytes, m.saved_bytes, m.extra_saved_bytes, m.method)
+
+    def _callable(self, n: fx.Node) -> tuple[Callable, tuple, dict, list[torch.Tensor]]:
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        if n.op == "call_module":
+            mod = self.fetch_attr(n.target)
+            return mod, args, kwargs, [p for p in mod.parameters() if p.requires_grad]
+        if n.op == "call_method":
+            return (lambda self_, *a, _m=n.target, **kw: getattr(self_, _m)(*a, **kw)), args, kwargs, []
+        if n.op == "get_attr":
+            return (lambda _v=self.fetch_attr(n.target): _v), (), {}, []
+        return n.target, args, kwargs, []
+
+    def _tensor_args(self, n: fx.Node, args: tuple, kwargs: dict) -> tuple[dict[int, TensorArg], dict[int, str]]:
+        """What each tensor argument is, and the producer node of each (by tensor position)."""
+        arg_nodes = [a for a in tree_flatten((n.args, n.kwargs))[0]]
+        vals = tree_flatten((args, kwargs))[0]
+        info: dict[int, TensorArg] = {}
+        producers: dict[int, str] = {}
+        pos = 0
+        for a, v in zip(arg_nodes, vals):
+            if not isinstance(v, torch.Tensor):
+                continue
+            if isinstance(a, fx.Node) and a.name in self.param_of_placeholder:
+                info[id(v)] = TensorArg("param", None)
+            elif isinstance(a, fx.Node) and a.name in self.graph_.nodes:
+                src = self.graph_.nodes[a.name]
+                info[id(v)] = TensorArg("activation", src.outputs[0] if len(src.outputs) == 1 else None)
+                producers[pos] = a.name
+            elif isinstance(a, fx.Node) and a.op == "get_attr":
+                info[id(v)] = TensorArg("param", None)
+            pos += 1
+        return info, producers
+
+    def _measure(self, opname: str, fn: Callable, args: tuple, kwargs: dict, tinfo: dict[int, TensorArg],
+                 extra_params: list[torch.Tensor], grad: bool) -> Measurement:
+        grad_flags = self._grad_flags(args, kwargs, tinfo, grad)
+        key = _call_key(opname, fn, args, kwargs, grad_flags, extra_params)
+        hit = self.seen.get(key) or self.store.get(key)
+        if hit is not None:
+            self.seen[key] = hit
+            self.cached_calls += 1
+            return Measurement(**{**asdict(hit), "method": "cached" if hit.method == "measured" else hit.method})
+        try:
+            param_flags = [tinfo.get(id(v), TensorArg("param")).kind == "param" for v in _tensors((args, kwargs))]
+            m = _measure_call(fn, args, kwargs, grad_flags, param_flags, extra_params if grad else [], self.dev,
+                              self.repeats, self.warmup)
+        except Exception:  # noqa: BLE001 - an op that cannot run alone: a roofline estimate
+            m = _roofline(fn, args, kwargs, grad_flags, self.info)
+        self.measured_calls += 1
+        self.seen[key] = m
+        self.store.put(key, m)
+        return m
+
+    def _grad_flags(self, args: tuple, kwargs: dict, tinfo: dict[int, TensorArg], grad: bool) -> list[bool]:
+        """Per tensor argument: is it an autograd leaf that needs a gradient in training?"""
+        flags = []
+        for v in _tensors((args, kwargs)):
+            a = tinfo.get(id(v))
+            ok = grad and v.is_floating_point() and a is not None and (
+                (a.kind == "param" and self._is_trainable(v)) or a.kind == "activation")
+            flags.append(bool(ok))
+        return flags
+
+    def _is_trainable(self, v: torch.Tensor) -> bool:
+        return bool(getattr(v, "requires_grad", False)) or isinstance(v, torch.nn.Parameter)
+
+
+def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool], param_flags: list[bool],
+                  extra_params: list[torch.Tensor], dev: torch.device, repeats: int, warmup: int) -> Measurement:
+    """Time one call alone, forward and backward; record what autograd saves.
+
+    ``grad_flags`` / ``param_flags``: per tensor argument, whether it is a leaf needing a
+    gradient and whether it is a parameter / buffer (not an activation);  ``extra_params``: the
+    parameters of a called module (torch.fx capture).
+    """
+    flat, spec = tree_flatten((args, kwargs))
+    tensors = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+    leaves = list(flat)
+    for j, i in enumerate(tensors):
+        v = flat[i]
+        leaves[i] = v.detach().requires_grad_(True) if grad_flags[j] else v.detach()
+    from torch.utils._pytree import tree_unflatten
+
+    cargs, ckwargs = tree_unflatten(leaves, spec)
+    in_tensors = [leaves[i] for i in tensors]
+    grad_inputs = [t for t, f in zip(in_tensors, grad_flags) if f] + list(extra_params)
+    param_ptrs = {_ptr(p) for p in extra_params}
+    in_ptrs = {_ptr(t): j for j, t in enumerate(in_tensors)}
+    enable = bool(grad_inputs)
+
+    def forward() -> Any:
+        with torch.enable_grad() if enable else torch.no_grad():
+            return fn(*cargs, **ckwargs)
+
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        outs = forward()
+    out_tensors = [t for t in tree_flatten(outs)[0] if isinstance(t, torch.Tensor)]
+    out_ptrs = {_ptr(t) for t in out_tensors}
+    out_bytes = _unique_bytes(t for t in out_tensors if _ptr(t) not in in_ptrs)
+    saved_args, saves_output, extra, saved_total = set(), False, {}, {}
+    for t in saved:
+        p = _ptr(t)
+        if p in param_ptrs or (p in in_ptrs and param_flags[in_ptrs[p]]):
+            continue  # parameters are counted as parameters, not as activations
+        if p in in_ptrs:
+            saved_args.add(in_ptrs[p])
+        elif p in out_ptrs:
+            saves_output = True
+        else:
+            extra[p] = t.untyped_storage().nbytes()
+        saved_total[p] = t.untyped_storage().nbytes()
+    fp_s, _ = time_callable(forward, device=dev, repeats=repeats, warmup=warmup)
+
+    bp_s, workspace = 0.0, 0
+    diff = [t for t in out_tensors if t.requires_grad and t.grad_fn is not None]
+    if enable and diff:
+        gouts = [torch.randn_like(t) for t in diff]
+
+        def backward() -> Any:
+            return torch.autograd.grad(diff, grad_inputs, gouts, retain_graph=True, allow_unused=True)
+        bp_s, _ = time_callable(backward, device=dev, repeats=repeats, warmup=warmup)
+        if dev.type == "cuda":
+            workspace = _cuda_workspace(forward, backward, dev, out_bytes)
+    flops = _flops(fn, cargs, ckwargs)
+    shape = tuple(out_tensors[0].shape) if out_tensors else ()
+    return Measurement(fp_s, bp_s, out_bytes, sum(saved_total.values()), sum(extra.values()),
+                       tuple(sorted(saved_args)), saves_output, workspace, flops, shape)
+
+
+def _cuda_workspace(forward: Callable, backward: Callable, dev: torch.device, out_bytes: int) -> int:
+    """Peak memory of one forward + backward beyond what was allocated before and the output."""
+    torch.cuda.synchronize(dev)
+    before = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    forward()
+    backward()
+    torch.cuda.synchronize(dev)
+    return max(0, torch.cuda.max_memory_allocated(dev) - before - out_bytes)
+
+
+def _flops(fn: Callable, args: tuple, kwargs: dict) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as fc:
+            fn(*args, **kwargs)
+        return int(fc.get_total_flops())
+    except Exception:  # noqa: BLE001 - FLOPs are informative only
+        return 0
+
+
+def _roofline(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool], info: dict[str, Any]) -> Measurement:
+    """Estimate a call that cannot run alone: max(FLOPs / peak FLOP/s, bytes / memory bandwidth)
+    forward, twice that backward (two products per forward product: the input and weight
+    gradients)."""
+    in_bytes = _unique_bytes(_tensors((args, kwargs)))
+    flops = 0
+    out_bytes = 0
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fargs, fkwargs = _map(lambda t: mode.from_tensor(t), (args, kwargs))
+            with FlopCounterMode(display=False) as fc:
+                out = fn(*fargs, **fkwargs)
+            flops = int(fc.get_total_flops())
+            out_bytes = sum(t.numel() * t.element_size() for t in _tensors(out))
+    except Exception:  # noqa: BLE001 - bytes alone then
+        pass
+    peak, bw = info.get("peak_flops") or 1e11, info.get("memory_Bps") or 1e10
+    fp = max(flops / peak, (in_bytes + out_bytes) / bw)
+    bp = 2 * fp if any(grad_flags) else 0.0
+    return Measurement(fp, bp, out_bytes, 0, 0, (), False, 0, flops, (), "roofline")
+
+
+def _scaled(full: Measurement, k: int) -> ShardCost:
+    return ShardCost(full.fp_s / k, full.bp_s / k, full.output_bytes // k, full.saved_bytes // k,
+                     full.extra_saved_bytes // k, "scaled")
+
+
+def _call_key(opname: str, fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool],
+              extra_params: list[torch.Tensor]) -> str:
+    flags = iter(grad_flags)
+
+    def enc(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return f"T{tuple(v.shape)}:{str(v.dtype)[6:]}:{'g' if next(flags) else '-'}:{'c' if v.is_contiguous() else 's'}"
+        if isinstance(v, (list, tuple)):
+            return [enc(x) for x in v]
+        if isinstance(v, dict):
+            return {k: enc(x) for k, x in v.items()}
+        return repr(v)
+    target = opname
+    if isinstance(fn, torch.nn.Module):
+        target += ":" + repr(fn) + str([tuple(p.shape) for p in extra_params])
+    return json.dumps([target, enc(list(args)), enc(kwargs)], separators=(",", ":"))
+
+
+def _in_place(opname: str) -> bool:
+    return _basename(opname).endswith("_") and not _basename(opname).startswith("_")
+
+
+def _basename(opname: str) -> str:
+    """``aten.conv2d.default`` → ``conv2d``."""
+    parts = opname.split(".")
+    return parts[1] if len(parts) >= 3 and parts[0] == "aten" else parts[-1]
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _unique_bytes(ts: Iterable[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in ts:
+        seen[_ptr(t)] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    return [v for v in tree_flatten(obj)[0] if isinstance(v, torch.Tensor)]
+
+
+def _map(fn: Callable, obj: Any) -> Any:
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda v: fn(v) if isinstance(v, torch.Tensor) else v, obj)
+
+
+def _to(v: Any, dev: torch.device) -> Any:
+    return v.to(dev) if isinstance(v, torch.Tensor) and v.device != dev else v

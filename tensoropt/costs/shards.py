@@ -1,0 +1,220 @@
+"""The arguments one device sees when a node is split k ways: the shapes the profiler measures.
+
+Given a node's real arguments (tensors and the rest, as the captured graph calls the op), a
+layout and a degree ``k``, :func:`shard_args` returns the arguments of the largest shard, or
+``None`` when the layout does not apply to the op:
+
+- ``batch``: every activation with a batch dimension is cut along it (parameters stay whole);
+- ``channel``: the op's output channels / features are cut — for a weighted op the weight's
+  output dimension (conv ``weight[0]``, linear ``weight[0]``, ``addmm``/``mm`` second operand's
+  last dim, embedding ``weight[1]``, attention heads of q / k / v); for any other op every
+  activation or parameter whose aligned dimension carries the output channels;
+- ``reduce``: the reduction dimension of a linear / convolution / matmul (input features of
+  both operands) — the partial-sum layout.
+
+Shards are contiguous copies (a real device holds its shard densely).  The caller checks the
+shard's output shape; a rule that does not produce the expected shape is not trusted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from ..graph import TensorMeta
+
+_CONV = {"conv1d", "conv2d", "conv3d", "convolution"}
+_LINEAR = {"linear"}
+_MM_SECOND = {"addmm": (1, 2), "mm": (0, 1), "bmm": (0, 1), "matmul": (0, 1), "baddbmm": (1, 2)}
+_ATTENTION = {"scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
+              "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention"}
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """What a tensor argument of a node is: an activation (with its graph meta) or a parameter."""
+
+    kind: str                       # "activation" | "param"
+    meta: TensorMeta | None = None  # for activations: batch / channel dims
+
+
+def shard_size(n: int, k: int) -> int:
+    """Size of the largest of ``k`` shards of a dimension of size ``n`` (ceil)."""
+    return math.ceil(n / k)
+
+
+def _cut(t: torch.Tensor, dim: int, k: int) -> torch.Tensor:
+    dim = dim % t.dim()
+    return t.narrow(dim, 0, shard_size(t.shape[dim], k)).contiguous()
+
+
+def legal_degree(size: int | None, k: int) -> bool:
+    return size is not None and size >= k
+
+
+def shard_args(base: str, args: Sequence[Any], kwargs: dict, info: dict[int, TensorArg], layout: str, k: int,
+               out: TensorMeta) -> tuple[tuple, dict] | None:
+    """The arguments of the largest shard of a node split ``k`` ways in ``layout``.
+
+    ``base`` is the op's base name (``conv2d``), ``info`` maps ``id(tensor)`` of every tensor
+    argument to what it is, ``out`` is the node's first output meta.  Returns ``None`` when the
+    layout does not apply.  O(number of arguments).
+    """
+    args, kwargs = list(args), dict(kwargs)
+    if layout == "batch":
+        return _batch(args, kwargs, info, k)
+    if layout == "channel":
+        return _channel(base, args, kwargs, info, k, out)
+    if layout == "reduce":
+        return _reduce(base, args, kwargs, k)
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+def _map_tensors(obj: Any, fn) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(o, fn) for o in obj)
+    return obj
+
+
+def _batch(args: list, kwargs: dict, info: dict[int, TensorArg], k: int) -> tuple[tuple, dict] | None:
+    touched = []
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        a = info.get(id(t))
+        if a is None or a.kind != "activation" or a.meta is None or a.meta.batch_dim is None:
+            return t
+        if not legal_degree(t.shape[a.meta.batch_dim], k):
+            raise _Illegal
+        touched.append(t)
+        return _cut(t, a.meta.batch_dim, k)
+
+    try:
+        new_args, new_kwargs = _map_tensors(tuple(args), cut), {key: _map_tensors(v, cut) for key, v in kwargs.items()}
+    except _Illegal:
+        return None
+    return (new_args, new_kwargs) if touched else None
+
+
+class _Illegal(Exception):
+    pass
+
+
+def _channel(base: str, args: list, kwargs: dict, info: dict[int, TensorArg], k: int,
+             out: TensorMeta) -> tuple[tuple, dict] | None:
+    c = out.channel_dim
+    if c is None or not legal_degree(out.shape[c], k):
+        return None
+    size = out.shape[c]
+    if base in _CONV:
+        groups = _conv_groups(base, args, kwargs)
+        transposed = base == "convolution" and bool(args[6] if len(args) > 6 else kwargs.get("transposed", False))
+        if transposed:
+            return None
+        args[1] = _cut(args[1], 0, k)
+        if len(args) > 2 and isinstance(args[2], torch.Tensor):
+            args[2] = _cut(args[2], 0, k)
+        if groups > 1:  # depthwise / grouped: input channels and groups are cut with the output
+            if groups % k:
+                return None
+            args[0] = _cut(args[0], 1, k)
+            _set_conv_groups(base, args, kwargs, groups // k)
+        return tuple(args), kwargs
+    if base in _LINEAR:
+        args[1] = _cut(args[1], 0, k)
+        if len(args) > 2 and isinstance(args[2], torch.Tensor):
+            args[2] = _cut(args[2], 0, k)
+        return tuple(args), kwargs
+    if base in _MM_SECOND:
+        _, second = _MM_SECOND[base]
+        if args[second].dim() < 2:
+            return None
+        args[second] = _cut(args[second], -1, k)
+        if base in ("addmm", "baddbmm") and isinstance(args[0], torch.Tensor) and args[0].dim() >= 1 \
+                and args[0].shape[-1] == size:
+            args[0] = _cut(args[0], -1, k)
+        return tuple(args), kwargs
+    if base == "embedding":
+        args[0] = _cut(args[0], 1, k)
+        return tuple(args), kwargs
+    if base in _ATTENTION:
+        for i in range(3):
+            args[i] = _cut(args[i], 1, k)
+        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[1] == size:
+            mask = _cut(mask, 1, k)
+            if len(args) > 3:
+                args[3] = mask
+            else:
+                kwargs["attn_mask"] = mask
+        return tuple(args), kwargs
+    return _channel_generic(args, kwargs, info, k, out)
+
+
+def _channel_generic(args: list, kwargs: dict, info: dict[int, TensorArg], k: int,
+                     out: TensorMeta) -> tuple[tuple, dict] | None:
+    """Pointwise ops, norms, pooling, dropout …: cut every tensor whose aligned dimension holds
+    the output channels (activations by their own channel dim, parameters aligned from the
+    right, or 1-D per-channel parameters such as batch-norm weights and running statistics)."""
+    c, size, rank = out.channel_dim, out.shape[out.channel_dim], len(out.shape)
+    touched = []
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        a = info.get(id(t))
+        if a is None or t.dim() == 0:
+            return t
+        if a.kind == "activation":
+            d = a.meta.channel_dim if a.meta is not None else None
+            if d is None or d >= t.dim() or t.shape[d] != size:
+                return t
+        else:
+            d = t.dim() - (rank - c)
+            if not (0 <= d < t.dim() and t.shape[d] == size):
+                d = 0 if t.dim() == 1 and t.shape[0] == size else None
+            if d is None:
+                return t
+        touched.append(t)
+        return _cut(t, d, k)
+
+    new_args = _map_tensors(tuple(args), cut)
+    new_kwargs = {key: _map_tensors(v, cut) for key, v in kwargs.items()}
+    return (new_args, new_kwargs) if touched else None
+
+
+def _reduce(base: str, args: list, kwargs: dict, k: int) -> tuple[tuple, dict] | None:
+    if base in _CONV:
+        if _conv_groups(base, args, kwargs) != 1 or (base == "convolution" and len(args) > 6 and args[6]):
+            return None
+        if not legal_degree(args[1].shape[1], k):
+            return None
+        args[0], args[1] = _cut(args[0], 1, k), _cut(args[1], 1, k)
+        return tuple(args), kwargs
+    if base in _LINEAR:
+        if not legal_degree(args[1].shape[1], k):
+            return None
+        args[0], args[1] = _cut(args[0], -1, k), _cut(args[1], 1, k)
+        return tuple(args), kwargs
+    if base in _MM_SECOND:
+        first, second = _MM_SECOND[base]
+        if args[second].dim() < 2 or not legal_degree(args[first].shape[-1], k):
+            return None
+        args[first], args[second] = _cut(args[first], -1, k), _cut(args[second], -2, k)
+        return tuple(args), kwargs
+    return None
+
+
+def _conv_groups(base: str, args: Sequence[Any], kwargs: dict) -> int:
+    pos = 8 if base == "convolution" else 6
+    return int(args[pos]) if len(args) > pos else int(kwargs.get("groups", 1))
+
+
+def _set_conv_groups(base: str, args: list, kwargs: dict, groups: int) -> None:
+    pos = 8 if base == "convolution" else 6
+    if len(args) > pos:
+        args[pos] = groups
+    else:
+        kwargs["groups"] = groups
