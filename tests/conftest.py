@@ -48,3 +48,17 @@ def tied_lm():
 def model_param_bytes(model: torch.nn.Module) -> int:
     """What the model itself holds in parameters (shared ones once)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _profile_cache_in_tmp(tmp_path_factory):
+    """Profiles measured by the tests go to a fresh cache folder, never the user's home."""
+    import os
+
+    old = os.environ.get("TENSOROPT_CACHE_DIR")
+    os.environ["TENSOROPT_CACHE_DIR"] = str(tmp_path_factory.mktemp("profile-cache"))
+    yield
+    if old is None:
+        os.environ.pop("TENSOROPT_CACHE_DIR", None)
+    else:
+        os.environ["TENSOROPT_CACHE_DIR"] = old

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tensoropt import OpGraph
 from tensoropt.cli import main
@@ -64,3 +65,18 @@ def test_console_script_is_installed():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "aten.scaled_dot_product_attention" in r.stdout or "aten.linear.default" in r.stdout
+
+
+def test_profile_prints_top_ops_and_writes_a_profile(capsys, tmp_path):
+    from tensoropt.costs import CostModel
+
+    out_json = tmp_path / "p.json"
+    code, out, _ = run(capsys, "profile", "zoo:vgg16?tiny=1", "--batch", "2", "--degrees", "1,2",
+                       "--repeats", "2", "--top", "5", "-o", str(out_json))
+    assert code == 0
+    assert "aten.conv2d.default" in out and "Σ forward" in out
+    costs = CostModel.load(out_json)
+    assert costs.batch_size == 2 and costs.settings["shard_degrees"] == [1, 2]
+    code, _, err = run(capsys, "profile", "zoo:vgg16?tiny=1", "--device", "cuda:7")
+    if not torch.cuda.is_available():
+        assert code == 2 and "no CUDA GPU" in err and "Traceback" not in err

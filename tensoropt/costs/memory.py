@@ -149,6 +149,10 @@ def step_memory(graph: OpGraph, costs: CostModel, *, placement: Mapping[str, str
         missing = [n.name for n in ops if n.name not in placement]
         if missing:
             raise ProfileError(f"placement has no device for {len(missing)} node(s), e.g. {missing[0]!r}")
+        for n in graph:  # the batch starts where its first consumer runs
+            if n.kind == "input" and n.name not in placement:
+                first = next((c for c in graph.successors(n.name) if c in placement), None)
+                place[n.name] = placement[first] if first else placement[ops[0].name]
     devices = sorted(set(place[n.name] for n in ops) | ({device} if not placement else set()))
     mem = {d: StepMemory() for d in devices}
     needs_grad = grad_nodes(graph)

@@ -1,0 +1,93 @@
+"""How true is the cost model?  Profiling time (cold / cached), sum of parts, memory-model error.
+
+For each model: capture; profile with an empty cache (cold), then again (cached); measure real
+training steps of the unmodified model (median of repeats) and compare
+
+- Σ over nodes of the profiled forward / backward times with the measured forward / backward /
+  whole step ("sum of parts");
+- the memory model's whole-step peak (:func:`tensoropt.costs.step_memory`) with the peak
+  MemTracker measures, for SGD and Adam.
+
+    python benchmarks/costs.py                                   # the README's table
+    python benchmarks/costs.py --models "zoo:gpt2?layers=12" --degrees 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import tensoropt
+from tensoropt.costs import profile, step_memory
+from tensoropt.costs.step import measure_step
+from tensoropt.describe import fmt_bytes
+
+DEFAULT_MODELS = ["zoo:wide_resnet152?batch=8", "zoo:gpt2?layers=12&batch=4&seq_len=256", "zoo:vgg16?batch=8",
+                  "zoo:unet?batch=4&image_size=128", "zoo:transformer?batch=16"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
+    ap.add_argument("--degrees", default="1,2,4,8", help="shard degrees profiled (default 1,2,4,8)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=5, help="timed training steps (median)")
+    args = ap.parse_args(argv)
+    degrees = tuple(int(k) for k in args.degrees.split(","))
+    console = Console(width=200)
+    times = Table(title=f"profiling and sum of parts on {torch.get_num_threads()} CPU threads "
+                        f"(degrees {args.degrees}, repeats {args.repeats})", title_justify="left")
+    for col in ("model", "ops", "profile cold", "profile cached", "Σ fp", "step fp", "fp err", "Σ bp", "step bp",
+                "bp err", "Σ fp+bp", "step", "step err"):
+        times.add_column(col, justify="left" if col == "model" else "right")
+    mem = Table(title="memory model vs MemTracker (whole-step peak, one device)", title_justify="left")
+    for col in ("model", "optimizer", "estimated", "measured", "error", "estimated peak at"):
+        mem.add_column(col, justify="left" if col in ("model", "optimizer", "estimated peak at") else "right")
+
+    for spec in args.models:
+        loaded = tensoropt.load_model(spec)
+        graph = loaded.capture()
+        with tempfile.TemporaryDirectory() as cache:
+            t0 = time.perf_counter()
+            costs = profile(graph, shard_degrees=degrees, repeats=args.repeats, cache=cache, progress=True)
+            cold = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            profile(graph, shard_degrees=degrees, repeats=args.repeats, cache=cache)
+            cached = time.perf_counter() - t0
+        step = measure_step(loaded.model, loaded.example_inputs, optimizer="sgd", repeats=args.steps, warmup=1,
+                            memory=True)
+        fp, bp = costs.total_fp_s, costs.total_bp_s
+        times.add_row(spec, str(len(graph.ops)), f"{cold:.1f} s", f"{cached:.1f} s",
+                      _ms(fp), _ms(step.forward_s), _err(fp, step.forward_s),
+                      _ms(bp), _ms(step.backward_s), _err(bp, step.backward_s),
+                      _ms(fp + bp), _ms(step.time_s), _err(fp + bp, step.time_s))
+        for optimizer in ("sgd", "adam"):
+            real = step if optimizer == "sgd" else measure_step(loaded.model, loaded.example_inputs,
+                                                                optimizer=optimizer, repeats=1, warmup=1)
+            est = step_memory(graph, costs, optimizer=optimizer)["dev0"]
+            mem.add_row(spec, optimizer, fmt_bytes(est.peak), fmt_bytes(real.peak_bytes),
+                        _err(est.peak, real.peak_bytes), f"{est.peak_phase} ({est.peak_at})")
+        console.print(times)
+        console.print(mem)
+        del loaded, graph, costs
+    return 0
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.1f} ms"
+
+
+def _err(est: float, real: float) -> str:
+    return f"{(est - real) / real:+.1%}" if real else "-"
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The memory model: per-node figures and the whole-step peak, checked against a real step."""
+
+import pytest
+import torch
+from torch.distributed._tools import MemTracker
+
+import tensoropt
+from tensoropt.costs import node_memory, optimizer_alpha, optimizer_temp_bytes, profile, step_memory
+from tensoropt.errors import ProfileError
+
+
+def measured_peak(model, inputs, optimizer):
+    """Peak bytes of one training step (after a warm-up step) by MemTracker, inputs included."""
+    model.train()
+    opt = {"sgd": lambda p: torch.optim.SGD(p, lr=1e-3),
+           "adam": lambda p: torch.optim.Adam(p, lr=1e-3)}[optimizer](model.parameters())
+
+    def step(batch):
+        out = model(*batch)
+        out.float().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step(inputs)
+    tracker = MemTracker()
+    tracker.track_external(model, opt)
+    with tracker:
+        step(tuple(t.clone() for t in inputs))  # a batch made inside the tracker is counted
+    return sum(v for dev in tracker.get_tracker_snapshot("peak").values() for k, v in dev.items()
+               if str(k).endswith("Total"))
+
+
+@pytest.mark.parametrize("spec", ["zoo:vgg16?tiny=1", "zoo:wide_resnet?tiny=1"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_whole_step_peak_is_within_10_percent_of_a_measured_step(spec, optimizer):
+    loaded = tensoropt.load_model(spec)
+    graph = loaded.capture()
+    costs = profile(graph, shard_degrees=(1,), repeats=1)
+    est = step_memory(graph, costs, optimizer=optimizer)["dev0"]
+    real = measured_peak(loaded.model, loaded.example_inputs, optimizer)
+    assert est.peak == pytest.approx(real, rel=0.10), (est, real)
+    assert est.params == sum(p.numel() * 4 for p in loaded.model.parameters())
+
+
+def test_node_memory_splits_weights_and_trades_activations_for_recompute(small_cnn):
+    model, inputs = small_cnn
+    graph = tensoropt.capture(model, inputs)
+    costs = profile(graph, shard_degrees=(1, 2), repeats=1, cache=False)
+    conv = next(n.name for n in graph.ops if n.op == "aten.conv2d.default")
+    relu = next(n.name for n in graph.ops if n.op == "aten.relu.default")
+    weight = (8 * 3 * 3 * 3 + 8) * 4
+    full = node_memory(graph, costs, conv, alpha=2)
+    assert (full.params, full.grads, full.optimizer) == (weight, weight, 2 * weight)
+    half = node_memory(graph, costs, conv, layout="channel", degree=2, alpha=2)
+    assert (half.params, half.optimizer) == (weight // 2, weight)
+    batch = node_memory(graph, costs, conv, layout="batch", degree=2)
+    assert batch.params == weight                          # data parallel replicates the weights
+    kept = node_memory(graph, costs, relu)
+    assert kept.activations == costs[relu].output_bytes      # relu keeps its output for backward
+    again = node_memory(graph, costs, relu, recompute=True)
+    assert again.activations == 0 and again.transient == kept.transient + kept.activations
+
+
+def test_step_memory_with_a_placement_counts_each_device(small_cnn):
+    model, inputs = small_cnn
+    graph = tensoropt.capture(model, inputs)
+    costs = profile(graph, shard_degrees=(1,), repeats=1, cache=False)
+    ops = [n.name for n in graph.ops]
+    half = len(ops) // 2
+    placement = {n: ("a" if i < half else "b") for i, n in enumerate(ops)}
+    per = step_memory(graph, costs, placement=placement)
+    whole = step_memory(graph, costs)["dev0"]
+    assert set(per) == {"a", "b"}
+    assert per["a"].params + per["b"].params == whole.params   # each parameter lives where it is used
+    assert max(p.peak for p in per.values()) < whole.peak
+    with pytest.raises(ProfileError, match="no device for"):
+        step_memory(graph, costs, placement={ops[0]: "a"})
+
+
+def test_optimizer_settings():
+    assert [optimizer_alpha(o) for o in ("sgd", "momentum", "adam", 3)] == [0, 1, 2, 3]
+    with pytest.raises(ProfileError, match="unknown optimizer 'lamb'"):
+        optimizer_alpha("lamb")
+    assert optimizer_temp_bytes("adam", [10, 30]) == 60
+    assert optimizer_temp_bytes("adam", [10, 30], foreach=True) == 40
+    assert optimizer_temp_bytes("momentum", [10, 30]) == 0

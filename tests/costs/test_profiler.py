@@ -1,0 +1,144 @@
+"""tensoropt.profile: every op measured alone, forward and backward, at every shard shape."""
+
+import json
+
+import pytest
+import torch
+
+import tensoropt
+from tensoropt.costs import CostModel, profile
+from tensoropt.errors import GraphFormatError, ProfileError
+
+
+@pytest.fixture
+def cnn_profile(small_cnn):
+    model, inputs = small_cnn
+    graph = tensoropt.capture(model, inputs)
+    return graph, profile(graph, shard_degrees=(1, 2, 4), repeats=2, cache=False)
+
+
+def by_op(graph, costs, op):
+    return [costs[n.name] for n in graph.ops if n.op == op]
+
+
+def test_every_op_has_a_cost_and_views_are_free(cnn_profile):
+    graph, costs = cnn_profile
+    assert set(costs.nodes) == {n.name for n in graph.ops}
+    for n in graph.ops:
+        c = costs[n.name]
+        if n.metadata_only:
+            assert c.method == "free" and c.fp_s == 0 and c.bp_s == 0
+        else:
+            assert c.method in ("measured", "cached") and c.fp_s > 0
+    conv, = by_op(graph, costs, "aten.conv2d.default")
+    assert conv.bp_s > 0 and conv.flops == 2 * 4 * 8 * 14 * 14 * 3 * 3 * 3  # + bias adds are not counted
+
+
+def test_saved_tensors_are_attributed(cnn_profile):
+    graph, costs = cnn_profile
+    conv, = by_op(graph, costs, "aten.conv2d.default")
+    relu, = by_op(graph, costs, "aten.relu.default")
+    bn, = by_op(graph, costs, "aten.batch_norm.default")
+    assert conv.saved_inputs == ("x",)             # the weight gradient needs the input image
+    assert relu.saves_output and not relu.saved_inputs
+    assert bn.extra_saved_bytes >= 2 * 8 * 4        # per-channel mean and inverse std
+    assert conv.output_bytes == 4 * 8 * 14 * 14 * 4
+
+
+def test_shards_are_measured_at_their_shapes(cnn_profile):
+    graph, costs = cnn_profile
+    conv, = by_op(graph, costs, "aten.conv2d.default")
+    head = costs[[n.name for n in graph.ops if n.op == "aten.linear.default"][0]]
+    for layout in ("batch", "channel", "reduce"):
+        assert conv.shards[(layout, 2)].method in ("measured", "cached")
+    assert conv.shards[("batch", 2)].output_bytes == conv.output_bytes // 2
+    assert conv.shards[("channel", 4)].output_bytes == conv.output_bytes // 4
+    assert conv.shards[("reduce", 2)].output_bytes == conv.output_bytes     # partial sums are full-sized
+    assert head.shards[("channel", 2)].output_bytes == head.output_bytes // 2
+    # a batch-norm keeps exact per-channel semantics when its channels are cut
+    bn, = by_op(graph, costs, "aten.batch_norm.default")
+    assert bn.shards[("channel", 2)].method in ("measured", "cached")
+    assert ("reduce", 2) not in bn.shards               # no partial-sum layout for a norm
+    assert costs.legal(conv.name) == sorted(conv.shards)
+
+
+def test_identical_calls_are_measured_once_and_cached_on_disk(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), torch.nn.ReLU())
+    graph = tensoropt.capture(model, (torch.randn(8, 16),))
+    first = profile(graph, shard_degrees=(1, 2), repeats=2, cache=tmp_path)
+    lin = [first[n.name] for n in graph.ops if n.op == "aten.linear.default"]
+    assert [c.method for c in lin] == ["measured", "cached"]
+    assert lin[0].fp_s == lin[1].fp_s
+    again = profile(graph, shard_degrees=(1, 2), repeats=2, cache=tmp_path)
+    assert again.settings["measured_calls"] == 0 and again.settings["cached_calls"] > 0
+    assert all(c.method in ("cached", "free") for c in again.nodes.values())
+    fresh = profile(graph, shard_degrees=(1, 2), repeats=2, cache=False)
+    assert fresh.settings["measured_calls"] > 0
+
+
+def test_profile_json_round_trip_and_fingerprint(cnn_profile, tmp_path, tied_lm):
+    graph, costs = cnn_profile
+    path = tmp_path / "profile.json"
+    costs.save(path)
+    data = json.loads(path.read_text())
+    assert data["format"] == "tensoropt.profile/1" and data["graph_fingerprint"] == graph.fingerprint
+    for node in data["nodes"]:
+        assert {"name", "op", "fp_s", "bp_s", "output_bytes", "saved_bytes", "param_bytes"} <= set(node)
+    back = CostModel.load(path, graph)
+    assert back.to_dict() == costs.to_dict()
+    other = tensoropt.capture(*tied_lm)
+    with pytest.raises(ProfileError) as e:
+        CostModel.load(path, other)
+    assert graph.fingerprint[:12] in str(e.value) and other.fingerprint[:12] in str(e.value)
+    assert "tensoropt profile" in str(e.value)
+
+
+def test_malformed_profile_names_the_field(cnn_profile, tmp_path):
+    _, costs = cnn_profile
+    d = costs.to_dict()
+    d["nodes"][0]["fp_s"] = -1
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(GraphFormatError, match=r"nodes\[0\].*fp_s must be a non-negative number"):
+        CostModel.load(path)
+
+
+def test_a_graph_without_its_module_cannot_be_profiled(cnn_profile, tmp_path):
+    graph, _ = cnn_profile
+    graph.save(tmp_path / "g.json")
+    with pytest.raises(ProfileError, match="no captured module"):
+        profile(tensoropt.OpGraph.load(tmp_path / "g.json"))
+    with pytest.raises(ProfileError, match="no CUDA GPU"):
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present: the no-GPU message cannot be checked here")
+        profile(graph, device="cuda")
+
+
+def test_fx_captured_modules_are_profiled_with_their_parameters(small_cnn):
+    model, inputs = small_cnn
+    graph = tensoropt.capture(model, inputs, method="fx")
+    before = model.bn.running_mean.clone()
+    costs = profile(graph, shard_degrees=(1, 2), repeats=2, cache=False)
+    conv = costs[[n.name for n in graph.ops if n.module_type.endswith("Conv2d") or "conv" in n.name][0]]
+    assert conv.fp_s > 0 and conv.bp_s > 0          # backward computes the module's weight gradient
+    assert torch.equal(model.bn.running_mean, before)  # profiling does not touch the user's buffers
+
+
+def test_profiling_leaves_the_model_untouched(small_cnn):
+    model, inputs = small_cnn
+    graph = tensoropt.capture(model, inputs)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    profile(graph, shard_degrees=(1, 2), repeats=1, cache=False)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+
+
+def test_roofline_estimate_uses_flops_and_bandwidth():
+    from tensoropt.costs.profiler import _roofline
+
+    x, w = torch.randn(64, 128), torch.randn(256, 128)
+    m = _roofline(torch.ops.aten.linear.default, (x, w), {}, [True, True], {"peak_flops": 1e9, "memory_Bps": 1e12})
+    assert m.method == "roofline" and m.flops == 2 * 64 * 128 * 256
+    assert m.fp_s == pytest.approx(m.flops / 1e9) and m.bp_s == pytest.approx(2 * m.fp_s)
+    slow_memory = _roofline(torch.ops.aten.linear.default, (x, w), {}, [False, False], {"peak_flops": 1e15, "memory_Bps": 1e6})
+    assert slow_memory.fp_s == pytest.approx((x.nbytes + w.nbytes + 64 * 256 * 4) / 1e6) and slow_memory.bp_s == 0
