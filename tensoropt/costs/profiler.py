@@ -450,7 +450,7 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
         bp_s, _ = time_callable(backward, device=dev, repeats=repeats, warmup=warmup)
         if dev.type == "cuda":
             workspace = _cuda_workspace(forward, backward, dev, out_bytes)
-    flops = _flops(fn, cargs, ckwargs)
+    flops, _ = _fake_run(fn, cargs, ckwargs)
     shape = tuple(out_tensors[0].shape) if out_tensors else ()
     return Measurement(fp_s, bp_s, out_bytes, sum(saved_total.values()), sum(extra.values()),
                        tuple(sorted(saved_args)), saves_output, workspace, flops, shape)
@@ -467,15 +467,23 @@ def _cuda_workspace(forward: Callable, backward: Callable, dev: torch.device, ou
     return max(0, torch.cuda.max_memory_allocated(dev) - before - out_bytes)
 
 
-def _flops(fn: Callable, args: tuple, kwargs: dict) -> int:
+def _fake_run(fn: Callable, args: tuple, kwargs: dict) -> tuple[int, int]:
+    """Forward FLOPs and output bytes of one call, on FakeTensors (no real compute); (0, 0)
+    when the op has no fake implementation."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
+    if isinstance(fn, torch.nn.Module):
+        return 0, 0  # a module's own parameters are real tensors; FLOPs are informative only
     try:
-        with torch.no_grad(), FlopCounterMode(display=False) as fc:
-            fn(*args, **kwargs)
-        return int(fc.get_total_flops())
-    except Exception:  # noqa: BLE001 - FLOPs are informative only
-        return 0
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fargs, fkwargs = _map(lambda t: mode.from_tensor(t), (args, kwargs))
+            with torch.no_grad(), FlopCounterMode(display=False) as fc:
+                out = fn(*fargs, **fkwargs)
+            out_bytes = sum(t.numel() * t.element_size() for t in _tensors(out))
+        return int(fc.get_total_flops()), out_bytes
+    except Exception:  # noqa: BLE001
+        return 0, 0
 
 
 def _roofline(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool], info: dict[str, Any]) -> Measurement:
@@ -483,20 +491,7 @@ def _roofline(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool], i
     forward, twice that backward (two products per forward product: the input and weight
     gradients)."""
     in_bytes = _unique_bytes(_tensors((args, kwargs)))
-    flops = 0
-    out_bytes = 0
-    try:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.utils.flop_counter import FlopCounterMode
-
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            fargs, fkwargs = _map(lambda t: mode.from_tensor(t), (args, kwargs))
-            with FlopCounterMode(display=False) as fc:
-                out = fn(*fargs, **fkwargs)
-            flops = int(fc.get_total_flops())
-            out_bytes = sum(t.numel() * t.element_size() for t in _tensors(out))
-    except Exception:  # noqa: BLE001 - bytes alone then
-        pass
+    flops, out_bytes = _fake_run(fn, args, kwargs)
     peak, bw = info.get("peak_flops") or 1e11, info.get("memory_Bps") or 1e10
     fp = max(flops / peak, (in_bytes + out_bytes) / bw)
     bp = 2 * fp if any(grad_flags) else 0.0
