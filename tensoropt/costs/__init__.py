@@ -12,6 +12,7 @@ from .memory import (OPTIMIZER_ALPHA, NodeMemory, StepMemory, node_memory, optim
                      optimizer_temp_bytes, step_memory)
 from .model import CostModel, NodeCost, ShardCost
 from .profiler import profile
+from .step import StepMeasurement, measure_step, training_loss
 
 __all__ = ["profile", "CostModel", "NodeCost", "ShardCost", "node_memory", "step_memory", "NodeMemory",
-           "StepMemory", "optimizer_alpha", "optimizer_temp_bytes", "OPTIMIZER_ALPHA"]
+           "StepMemory", "measure_step", "StepMeasurement", "training_loss", "optimizer_alpha", "optimizer_temp_bytes", "OPTIMIZER_ALPHA"]

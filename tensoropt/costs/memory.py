@@ -138,8 +138,8 @@ def step_memory(graph: OpGraph, costs: CostModel, *, placement: Mapping[str, str
     each node's output (views allocate nothing) and extra saved tensors, and frees a tensor after
     its last forward consumer unless a backward needs it; backward, in reverse order, allocates
     the gradients of the node's inputs and parameters and frees its saved tensors and its
-    output's gradient once no later backward needs them; the optimizer step adds nothing to the
-    peak beyond parameters + gradients + state.  O(V + E).
+    output's gradient once no later backward needs them; the optimizer step holds parameters +
+    gradients + state + its temporaries (:func:`optimizer_temp_bytes`).  O(V + E).
     """
     costs.check_graph(graph)
     alpha = optimizer_alpha(optimizer)

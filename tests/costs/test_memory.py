@@ -2,32 +2,11 @@
 
 import pytest
 import torch
-from torch.distributed._tools import MemTracker
 
 import tensoropt
-from tensoropt.costs import node_memory, optimizer_alpha, optimizer_temp_bytes, profile, step_memory
+from tensoropt.costs import (measure_step, node_memory, optimizer_alpha, optimizer_temp_bytes, profile,
+                             step_memory)
 from tensoropt.errors import ProfileError
-
-
-def measured_peak(model, inputs, optimizer):
-    """Peak bytes of one training step (after a warm-up step) by MemTracker, inputs included."""
-    model.train()
-    opt = {"sgd": lambda p: torch.optim.SGD(p, lr=1e-3),
-           "adam": lambda p: torch.optim.Adam(p, lr=1e-3)}[optimizer](model.parameters())
-
-    def step(batch):
-        out = model(*batch)
-        out.float().mean().backward()
-        opt.step()
-        opt.zero_grad()
-
-    step(inputs)
-    tracker = MemTracker()
-    tracker.track_external(model, opt)
-    with tracker:
-        step(tuple(t.clone() for t in inputs))  # a batch made inside the tracker is counted
-    return sum(v for dev in tracker.get_tracker_snapshot("peak").values() for k, v in dev.items()
-               if str(k).endswith("Total"))
 
 
 @pytest.mark.parametrize("spec", ["zoo:vgg16?tiny=1", "zoo:wide_resnet?tiny=1"])
@@ -37,7 +16,7 @@ def test_whole_step_peak_is_within_10_percent_of_a_measured_step(spec, optimizer
     graph = loaded.capture()
     costs = profile(graph, shard_degrees=(1,), repeats=1)
     est = step_memory(graph, costs, optimizer=optimizer)["dev0"]
-    real = measured_peak(loaded.model, loaded.example_inputs, optimizer)
+    real = measure_step(loaded.model, loaded.example_inputs, optimizer=optimizer, repeats=1, warmup=1).peak_bytes
     assert est.peak == pytest.approx(real, rel=0.10), (est, real)
     assert est.params == sum(p.numel() * 4 for p in loaded.model.parameters())
 
