@@ -6,15 +6,19 @@ Stages (one module each): :mod:`tensoropt.capture` (model → :class:`OpGraph`),
 """
 
 from .capture import capture, load_onnx
+from .cluster import Cluster, Device, LinkModel, detect_cluster, list_presets, load_cluster
 from .costs import CostModel, NodeCost, ShardCost, node_memory, profile, step_memory
-from .errors import CaptureError, GraphFormatError, ModelSpecError, TensorOptError
+from .errors import (CaptureError, ClusterSpecError, GraphFormatError, ModelSpecError, ProfileError,
+                     TensorOptError)
 from .graph import Edge, OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
 from .modelspec import LoadedModel, load_graph, load_model
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "capture", "load_onnx", "profile", "CostModel", "NodeCost", "ShardCost", "node_memory", "step_memory", "load_model", "load_graph", "LoadedModel",
+    "capture", "load_onnx", "load_model", "load_graph", "LoadedModel",
+    "profile", "CostModel", "NodeCost", "ShardCost", "node_memory", "step_memory",
     "OpGraph", "OpNode", "ParamInfo", "SplitDims", "TensorMeta", "Edge",
-    "TensorOptError", "CaptureError", "GraphFormatError", "ModelSpecError",
+    "Cluster", "Device", "LinkModel", "load_cluster", "detect_cluster", "list_presets",
+    "TensorOptError", "CaptureError", "GraphFormatError", "ModelSpecError", "ClusterSpecError", "ProfileError",
 ]

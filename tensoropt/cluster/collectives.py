@@ -1,0 +1,135 @@
+"""Collective communication costs derived from the pair links of the devices involved.
+
+Every function takes a :class:`~tensoropt.cluster.spec.Cluster`, an ordered group of device names
+and a byte count, and returns seconds.  Shared assumptions (design §2):
+
+- links are full duplex: ``a → b`` and ``b → a`` carry traffic at the same time without slowing
+  each other, and a device can send on one link while it receives on another;
+- a step in which several links carry a message each ends when the slowest of them finishes, so
+  the slowest link of a ring bounds the whole ring;
+- no contention with computation and no sharing of a physical link between two logical pairs
+  (PCIe switches and NICs shared by several GPUs make real collectives slower: measure with
+  ``tensoropt bench-links``);
+- a group of one device, or zero bytes, costs 0.
+
+Chunks are ``nbytes / n`` (not rounded to whole bytes or elements).  Ring-based functions are
+O(n); :func:`all_to_all_time` is O(n²).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .spec import Cluster, LinkModel
+
+
+def _group(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> list[str]:
+    devices = list(devices)
+    if not devices:
+        raise ValueError("a collective needs at least one device")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"a collective's devices must be distinct, got {devices}")
+    for d in devices:
+        cluster.device(d)  # unknown names → ClusterSpecError naming the cluster's devices
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    return devices
+
+
+def _ring_links(cluster: Cluster, devices: Sequence[str]) -> list[LinkModel]:
+    """The n links of the ring ``d0 → d1 → … → d(n-1) → d0``."""
+    n = len(devices)
+    return [cluster.link(devices[i], devices[(i + 1) % n]) for i in range(n)]
+
+
+def _ring_step(links: Sequence[LinkModel], chunk: float) -> float:
+    """One ring step: every link moves ``chunk`` bytes at once; the slowest finishes last."""
+    return max(link.time(chunk) for link in links)
+
+
+def p2p_time(cluster: Cluster, src: str, dst: str, nbytes: int | float) -> float:
+    """Seconds to send ``nbytes`` from ``src`` to ``dst``: ``latency + nbytes / bandwidth`` of that
+    directed link (0 when ``src == dst`` or ``nbytes == 0``)."""
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    return cluster.link(src, dst).time(nbytes)
+
+
+def ring_allreduce_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> float:
+    """Ring all-reduce of a tensor of ``nbytes`` held (in full) by each of the n devices.
+
+    ``2 (n-1)`` steps (n-1 of reduce-scatter, n-1 of all-gather), each moving ``nbytes / n`` over
+    every link of the ring in the given order at once::
+
+        T = 2 (n-1) · max over ring links (latency + (nbytes / n) / bandwidth)
+
+    Equals ``reduce_scatter_time + allgather_time`` of the same tensor.
+    """
+    devices = _group(cluster, devices, nbytes)
+    n = len(devices)
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) * _ring_step(_ring_links(cluster, devices), nbytes / n)
+
+
+def allgather_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> float:
+    """Ring all-gather; ``nbytes`` is the size of the FULL gathered tensor (each device starts with
+    ``nbytes / n``)::
+
+        T = (n-1) · max over ring links (latency + (nbytes / n) / bandwidth)
+    """
+    devices = _group(cluster, devices, nbytes)
+    n = len(devices)
+    if n == 1:
+        return 0.0
+    return (n - 1) * _ring_step(_ring_links(cluster, devices), nbytes / n)
+
+
+def reduce_scatter_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> float:
+    """Ring reduce-scatter; ``nbytes`` is the size of the full input on each device (each ends with
+    a reduced ``nbytes / n`` shard).  Same traffic as :func:`allgather_time`, in reverse::
+
+        T = (n-1) · max over ring links (latency + (nbytes / n) / bandwidth)
+
+    (The reduction's arithmetic is not counted: it is memory-bound and overlaps the transfers.)
+    """
+    return allgather_time(cluster, devices, nbytes)
+
+
+def all_to_all_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> float:
+    """All-to-all; ``nbytes`` is each device's buffer, of which it sends ``nbytes / n`` to every other
+    device (``nbytes (n-1) / n`` in all) and keeps its own share.
+
+    Pairwise schedule: ``n-1`` rounds; in round r (1 ≤ r < n) device i sends to device
+    ``(i + r) mod n`` while it receives from ``(i - r) mod n``, and a round ends with its slowest
+    transfer::
+
+        T = Σ_{r=1}^{n-1} max_i (latency(i → i+r) + (nbytes / n) / bandwidth(i → i+r))
+    """
+    devices = _group(cluster, devices, nbytes)
+    n = len(devices)
+    if n == 1:
+        return 0.0
+    chunk = nbytes / n
+    return sum(max(cluster.link(devices[i], devices[(i + r) % n]).time(chunk) for i in range(n))
+               for r in range(1, n))
+
+
+def broadcast_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> float:
+    """Broadcast ``nbytes`` from ``devices[0]`` to the others, pipelined along the chain
+    ``d0 → d1 → … → d(n-1)`` (NCCL's ring broadcast, without the closing link).
+
+    With fine-grained pipelining the data streams at the slowest chain link's bandwidth and the
+    chain's latencies add up once::
+
+        T = Σ chain latencies + nbytes / min over chain links (bandwidth)
+
+    For two devices this is :func:`p2p_time`.  Chunking overhead is ignored, so this is a lower
+    bound for small messages on long chains.
+    """
+    devices = _group(cluster, devices, nbytes)
+    n = len(devices)
+    if n == 1 or nbytes == 0:
+        return 0.0
+    chain = [cluster.link(devices[i], devices[i + 1]) for i in range(n - 1)]
+    return sum(link.latency_s for link in chain) + nbytes / min(link.bandwidth_Bps for link in chain)
