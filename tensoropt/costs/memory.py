@@ -247,6 +247,12 @@ def step_memory(graph: OpGraph, costs: CostModel, *, placement: Mapping[str, str
     # ---- backward ----
     grad_live: dict[tuple[str, str], int] = {}
     param_grad_done: set[tuple[str, str]] = set()
+    if out_node is not None:  # the loss's gradient reaches every output that carries one
+        for p in out_node.inputs:
+            if needs_grad.get(p):
+                d = place[p]
+                grad_live[(owner[p], d)] = size[owner[p]]
+                live[d][(f"{owner[p]}#grad", d)] = size[owner[p]]
     for n in reversed(ops):
         if not needs_grad.get(n.name):
             continue
@@ -257,15 +263,22 @@ def step_memory(graph: OpGraph, costs: CostModel, *, placement: Mapping[str, str
                 g = size[owner[p]] if owner[p] == p else 0  # a view's gradient is a view of its base's
                 grad_live[(owner[p], d)] = g
                 live[d][(f"{owner[p]}#grad", d)] = g
+        accumulating = 0
         for p in (*n.params, *n.param_reads):
             info = graph.params[p]
-            if info.kind == "parameter" and info.requires_grad and (p, d) not in param_grad_done:
-                param_grad_done.add((p, d))
-                grads_now[d] += info.nbytes
+            if info.kind == "parameter" and info.requires_grad:
+                if (p, d) not in param_grad_done:
+                    param_grad_done.add((p, d))
+                    grads_now[d] += info.nbytes
+                else:  # a second user's contribution: AccumulateGrad adds it out of place, so the
+                    accumulating += 2 * info.nbytes  # new gradient and the sum exist beside .grad
+        if accumulating:
+            live[d][("#accumulate", d)] = accumulating
         if c is not None and c.workspace_bytes:
             live[d][("#workspace", d)] = c.workspace_bytes
         note(d, "backward", n.name)
         live[d].pop(("#workspace", d), None)
+        live[d].pop(("#accumulate", d), None)
         live[d].pop((f"{owner[n.name]}#grad", d), None) if owner[n.name] == n.name else None
         for key in [k for k, s in savers.items() if n.name in s]:
             s = savers[key]

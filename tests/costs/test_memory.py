@@ -9,7 +9,7 @@ from tensoropt.costs import (measure_step, node_memory, optimizer_alpha, optimiz
 from tensoropt.errors import ProfileError
 
 
-@pytest.mark.parametrize("spec", ["zoo:vgg16?tiny=1", "zoo:wide_resnet?tiny=1"])
+@pytest.mark.parametrize("spec", ["zoo:vgg16?tiny=1", "zoo:wide_resnet?tiny=1", "zoo:gpt2?tiny=1"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_whole_step_peak_is_within_10_percent_of_a_measured_step(spec, optimizer):
     loaded = tensoropt.load_model(spec)
@@ -17,7 +17,7 @@ def test_whole_step_peak_is_within_10_percent_of_a_measured_step(spec, optimizer
     costs = profile(graph, shard_degrees=(1,), repeats=1)
     est = step_memory(graph, costs, optimizer=optimizer)["dev0"]
     real = measure_step(loaded.model, loaded.example_inputs, optimizer=optimizer, repeats=1, warmup=1).peak_bytes
-    assert est.peak == pytest.approx(real, rel=0.10), (est, real)
+    assert est.peak == pytest.approx(real, rel=0.05), (est, real)
     assert est.params == sum(p.numel() * 4 for p in loaded.model.parameters())
 
 
