@@ -1,9 +1,104 @@
-"""Placeholder while the command is written (issue 3); replaced in this change."""
+"""``tensoropt bench-links``: time real transfers between devices, fit a link per pair, write a cluster."""
 
 from __future__ import annotations
 
 import argparse
 
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _size(text: str) -> int:
+    from ..cluster.units import parse_size
+    from ..errors import ClusterSpecError
+
+    try:
+        return parse_size(text, "size")
+    except ClusterSpecError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("size: ")) from None
+
+
+def _sizes(min_size: int, max_size: int) -> list[int]:
+    """``min_size``, ×4, ×4 … up to ``max_size`` (included even when it is not on the ladder)."""
+    out, s = [], min_size
+    while s < max_size:
+        out.append(s)
+        s *= 4
+    out.append(max_size)
+    return out
+
+
+def _cmd_bench_links(args: argparse.Namespace, console: Console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..cluster.bench import BenchError, bench_links
+    from ..cluster.units import fmt_size
+
+    if args.min_size > args.max_size:
+        raise BenchError(f"--min-size {fmt_size(args.min_size)} is larger than --max-size {fmt_size(args.max_size)}")
+    if args.min_size == args.max_size:
+        raise BenchError("a line needs at least two sizes: make --min-size smaller than --max-size")
+    sizes = _sizes(args.min_size, args.max_size)
+    # a live bar only on a terminal (piped, rich would leave an empty line behind)
+    bar = Progress(TextColumn("measuring links"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), console=console, transient=True,
+                   disable=not console.is_terminal)
+    task = bar.add_task("starting worker processes …", total=None)
+    with bar:
+        result = bench_links(backend=args.backend, sizes=sizes, repeats=args.repeats, warmup=args.warmup,
+                             world_size=args.world_size, devices=args.gpus, timeout_s=args.timeout,
+                             progress=lambda done, total, what: bar.update(task, completed=done, total=total,
+                                                                           description=what))
+
+    t = Table(title=f"links measured on {escape(result.host)} ({result.backend}, {len(sizes)} sizes "
+                    f"{fmt_size(sizes[0])} … {fmt_size(sizes[-1])}, median of {args.repeats})",
+              title_justify="left")
+    for col in ("src", "dst", "latency", "bandwidth", "R²", "points", "max error"):
+        t.add_column(col, justify="left" if col in ("src", "dst") else "right")
+    for (src, dst), f in result.fits.items():
+        t.add_row(src, dst, f"{f.latency_s * 1e6:.1f} µs", f"{f.bandwidth_Bps / 1e9:.3f} GB/s", f"{f.r2:.4f}",
+                  str(f.n), f"{result.max_rel_error((src, dst)):.0%}")
+    console.print(t)
+    if args.samples:
+        s = Table(title="median one-way time per size (fit in brackets)", title_justify="left")
+        s.add_column("size", justify="right")
+        for src, dst in result.fits:
+            s.add_column(f"{src} → {dst}", justify="right")
+        for size in result.sizes:
+            s.add_row(fmt_size(size), *(f"{result.samples[p][size] * 1e3:.3f} ms "
+                                        f"({result.fits[p].time(size) * 1e3:.3f})" for p in result.fits))
+        console.print(s)
+    console.print(f"{escape(result.method)}; {len(result.fits)} ordered pairs measured in {result.elapsed_s:.1f} s "
+                  f"(torch {result.extra.get('torch', '?')}).  max error: the largest |fit − median| / median "
+                  "over the sizes")
+    if args.output:
+        cluster = result.cluster(name=args.name)
+        cluster.save(args.output)
+        console.print(f"wrote {escape(str(args.output))}")
+    return 0
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    return None
+    p = sub.add_parser("bench-links", help="measure the links between devices and write a cluster YAML",
+                       description="Time point-to-point transfers for every ordered pair of devices over a "
+                                   "sweep of sizes (powers of 4 from --min-size to --max-size), fit "
+                                   "time = latency + bytes / bandwidth per pair by least squares, and "
+                                   "print / save the result.  With two or more GPUs: CUDA device-to-device "
+                                   "copies; otherwise --world-size gloo processes on 127.0.0.1.")
+    p.add_argument("-o", "--output", metavar="CLUSTER_YAML", help="write the measured cluster as YAML")
+    p.add_argument("--name", help="cluster name in the YAML (default bench-BACKEND-HOST)")
+    p.add_argument("--backend", choices=("auto", "gloo", "cuda"), default="auto",
+                   help="cuda: copies between GPUs; gloo: processes on this host; auto (default): cuda when "
+                        "torch sees ≥ 2 GPUs")
+    p.add_argument("--world-size", type=int, default=2, help="gloo processes (default 2)")
+    p.add_argument("--gpus", nargs="+", metavar="GPU", help="CUDA only: which GPUs (indices; default all)")
+    p.add_argument("--min-size", type=_size, default=4 << 10, metavar="SIZE", help="smallest transfer (default 4KiB)")
+    p.add_argument("--max-size", type=_size, default=64 << 20, metavar="SIZE",
+                   help="largest transfer (default 64MiB)")
+    p.add_argument("--repeats", type=int, default=10, help="timed transfers per size (median; default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed transfers first (default 2)")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="gloo's timeout for one transfer; a worker silent for longer is an error (default 120)")
+    p.add_argument("--samples", action="store_true", help="also print the median time per size and pair")
+    p.set_defaults(func=_cmd_bench_links)

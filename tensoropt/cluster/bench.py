@@ -1,0 +1,817 @@
+"""Link benchmark: time real point-to-point transfers and fit ``time = latency + bytes / bandwidth``.
+
+Two ways to measure, chosen by ``backend``:
+
+- ``cuda`` (default when torch sees two or more GPUs): for every ordered pair of GPUs, a
+  device-to-device copy ``dst.copy_(src, non_blocking=True)`` timed with CUDA events on the
+  source GPU's current stream (PyTorch runs a cross-device copy there);
+- ``gloo`` (otherwise): ``world_size`` processes on 127.0.0.1 talking through
+  ``torch.distributed`` with the gloo backend, one thread each; for every ordered pair of ranks
+  the first sends to the second (see :func:`_p2p_job` for how a one-way time is obtained).
+
+Each size of the sweep (default 4 KiB … 64 MiB, powers of 4) is repeated; the median per size
+is kept, and a line is fitted per ordered pair by least squares (:func:`fit_link`).  The result
+becomes a :class:`tensoropt.cluster.Cluster` with :meth:`BenchResult.cluster`.
+
+:func:`measure_collectives` times the gloo collectives (all-reduce, all-gather, reduce-scatter,
+all-to-all, broadcast) the same way, so the collective formulas of
+:mod:`tensoropt.cluster.collectives` can be checked against what really happens.
+
+Worker processes never hang the caller: gloo gets ``timeout=timeout_s`` (a worker waiting for a
+silent peer raises, and its error is passed on), the parent gives up as soon as a worker dies, or
+when none has reported anything for ``1.25 × timeout_s + 5`` s (plus a start-up allowance), and
+it always ends every worker it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import os
+import queue as queue_mod
+import socket
+import statistics
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import ClusterSpecError
+
+KiB = 1 << 10
+MiB = 1 << 20
+#: 4 KiB, 16 KiB, … 64 MiB
+DEFAULT_SIZES: tuple[int, ...] = tuple(4 * KiB * 4 ** k for k in range(8))
+COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+Pair = tuple[str, str]
+Progress = Callable[[int, int, str], None]
+
+
+class BenchError(ClusterSpecError):
+    """A link benchmark could not produce a cluster spec (a worker failed or hung, a fit is
+    degenerate, an option is out of range); the message says which pair / rank and what to change."""
+
+
+# --------------------------------------------------------------------------------------------- fit
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """A fitted link: ``time(bytes) = latency_s + bytes / bandwidth_Bps``.
+
+    ``r2`` is the coefficient of determination of the fit in the metric it minimised (relative
+    residuals by default, see :func:`fit_link`); ``n`` the number of (size, time) points.
+    """
+
+    latency_s: float
+    bandwidth_Bps: float
+    r2: float
+    n: int
+
+    def time(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+    @property
+    def link(self):
+        """The :class:`tensoropt.cluster.LinkModel` of this fit."""
+        from . import LinkModel
+
+        return LinkModel(latency_s=self.latency_s, bandwidth_Bps=self.bandwidth_Bps)
+
+
+def _pair_label(pair: Any) -> str:
+    if pair is None:
+        return "the link"
+    if isinstance(pair, tuple) and len(pair) == 2:
+        return f"link {pair[0]} → {pair[1]}"
+    return f"link {pair}"
+
+
+def fit_link(sizes_bytes: Sequence[float], times_s: Sequence[float], *, pair: Any = None,
+             weighting: str = "relative") -> LinkFit:
+    """Least-squares line ``time = latency + bytes / bandwidth`` through measured points.
+
+    ``weighting="relative"`` (default) minimises the relative residuals ``(fit − t) / t``: a
+    sweep spans four orders of magnitude of size, and plain least squares would let the noise of
+    the largest transfer (a few % of tens of ms) decide the latency (under a ms).
+    ``weighting="none"`` is the plain fit.  Both recover an exact line exactly.  A negative
+    intercept is not a latency: the fit is then constrained to latency 0 (the constrained
+    least-squares optimum lies on that boundary).  ``pair`` (e.g. ``("cpu0", "cpu1")``) only
+    names the link in error messages.
+
+    Raises :class:`BenchError` when there are fewer than two distinct sizes, a time is not
+    positive and finite, or the slope is not positive (bandwidth undefined).
+    """
+    what = _pair_label(pair)
+    x = np.asarray(sizes_bytes, dtype=np.float64).ravel()
+    y = np.asarray(times_s, dtype=np.float64).ravel()
+    if x.shape != y.shape:
+        raise BenchError(f"{what}: {x.size} sizes but {y.size} times")
+    if not (np.all(np.isfinite(x)) and np.all(x >= 0)):
+        raise BenchError(f"{what}: sizes must be finite and ≥ 0 bytes")
+    if not (np.all(np.isfinite(y)) and np.all(y > 0)):
+        raise BenchError(f"{what}: times must be finite and > 0 s, got {y.tolist()}")
+    if np.unique(x).size < 2:
+        raise BenchError(f"{what}: a line needs at least two distinct sizes, got {np.unique(x).tolist()}")
+    if weighting == "relative":
+        w = 1.0 / y
+    elif weighting == "none":
+        w = np.ones_like(y)
+    else:
+        raise ValueError(f"weighting must be 'relative' or 'none', not {weighting!r}")
+
+    scale = float(x.max())                       # fit in units of the largest size: well conditioned
+    xs = x / scale
+    a = np.stack([np.ones_like(xs), xs], axis=1) * w[:, None]
+    (latency, slope), *_ = np.linalg.lstsq(a, y * w, rcond=None)
+    if latency < 0:                              # constrained optimum: the line through the origin
+        latency = 0.0
+        slope = float(np.sum(w * w * xs * y) / np.sum(w * w * xs * xs))
+    # flat within rounding (the size explains < 1e-6 of the largest time) is no bandwidth either
+    flat = not (math.isfinite(slope) and slope > 1e-6 * float(y.max()))   # slope: s per largest size, here
+    slope = float(slope) / scale                 # seconds per byte
+    if flat:
+        raise BenchError(
+            f"{what}: the measured times do not grow with the size (fitted slope {slope:.3g} s/B), so "
+            f"the bandwidth is undefined; sizes {_fmt_size(x.min())} … {_fmt_size(x.max())} were too small "
+            "or the measurements too noisy — use larger sizes (e.g. --max-size 256MiB) and more --repeats")
+    fit = latency + slope * x
+    wm = np.sum(w * w * y) / np.sum(w * w)       # weighted mean of the data
+    ss_res = float(np.sum((w * (y - fit)) ** 2))
+    ss_tot = float(np.sum((w * (y - wm)) ** 2))
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
+    return LinkFit(latency_s=float(latency), bandwidth_Bps=1.0 / slope, r2=float(r2), n=int(x.size))
+
+
+# ------------------------------------------------------------------------------------------ result
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """What :func:`bench_links` measured.
+
+    ``samples[(src, dst)][size]`` is the median one-way time in seconds over ``repeats``
+    (``raw`` keeps every repeat); ``fits[(src, dst)]`` the fitted link.
+    """
+
+    backend: str                                  # "gloo" or "cuda"
+    devices: tuple[str, ...]
+    sizes: tuple[int, ...]
+    repeats: int
+    samples: dict[Pair, dict[int, float]]
+    raw: dict[Pair, dict[int, tuple[float, ...]]]
+    fits: dict[Pair, LinkFit]
+    memory_bytes: dict[str, int]
+    kinds: dict[str, str]
+    host: str
+    method: str
+    elapsed_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def r2(self) -> dict[Pair, float]:
+        return {p: f.r2 for p, f in self.fits.items()}
+
+    @property
+    def pairs(self) -> list[Pair]:
+        return list(self.fits)
+
+    def max_rel_error(self, pair: Pair) -> float:
+        """Largest ``|fit − median| / median`` over the sizes of ``pair``."""
+        f = self.fits[pair]
+        return max(abs(f.time(s) - t) / t for s, t in self.samples[pair].items())
+
+    def cluster(self, name: str | None = None, memory_bytes: int | Mapping[str, int] | None = None):
+        """A :class:`tensoropt.cluster.Cluster` with the measured devices and one fitted link per
+        ordered pair.  ``memory_bytes`` overrides every device's memory (an int) or some of them (a
+        mapping); by default a GPU's total memory, or the host's RAM / number of gloo ranks."""
+        from . import Cluster, Device
+
+        mem = dict(self.memory_bytes)
+        if isinstance(memory_bytes, Mapping):
+            mem.update({k: int(v) for k, v in memory_bytes.items()})
+        elif memory_bytes is not None:
+            mem = {d: int(memory_bytes) for d in self.devices}
+        unknown = [d for d in self.devices if mem.get(d, 0) <= 0]
+        if unknown:
+            raise BenchError(f"the memory of {', '.join(unknown)} is unknown (os.sysconf could not tell this "
+                             "host's RAM); pass memory_bytes=")
+        devices = [Device(name=d, memory_bytes=mem[d], kind=self.kinds.get(d, ""), host=self.host)
+                   for d in self.devices]
+        links = {pair: fit.link for pair, fit in self.fits.items()}
+        source = (f"tensoropt bench-links on {self.host}: {self.backend}, {self.method}, "
+                  f"{len(self.sizes)} sizes {_fmt_size(min(self.sizes))} … {_fmt_size(max(self.sizes))}, "
+                  f"median of {self.repeats}")
+        return Cluster(name or f"bench-{self.backend}-{self.host}", devices, links, source=source)
+
+
+# ------------------------------------------------------------------------------------------- bench
+
+
+def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, repeats: int = 10,
+                warmup: int = 2, world_size: int = 2, devices: Sequence[int | str] | None = None,
+                timeout_s: float = 120.0, progress: bool | Progress = False) -> BenchResult:
+    """Time point-to-point transfers over a sweep of sizes and fit a link per ordered pair.
+
+    ``backend``: ``"auto"`` (CUDA when torch sees ≥ 2 GPUs, else gloo), ``"cuda"`` or ``"gloo"``.
+    ``sizes``: bytes per transfer (default :data:`DEFAULT_SIZES`); ``repeats`` timed transfers per
+    size (median kept) after ``warmup`` untimed ones.  gloo: ``world_size`` processes named
+    ``cpu0`` …; CUDA: the GPUs ``devices`` (indices, ``"cuda:N"`` or ``"gpuN"``; default all),
+    named ``gpuN``.  ``timeout_s``: gloo's per-operation timeout, and how long the caller waits
+    for a sign of life from the workers.  ``progress``: ``True`` for a progress bar on stderr, or
+    a callback ``(done, total, what)``.
+
+    gloo workers are started with the ``spawn`` method (a fresh interpreter each): a script that
+    calls this must do so under ``if __name__ == "__main__":``.
+    """
+    sizes = _check_sizes(sizes)
+    if repeats < 1 or warmup < 0:
+        raise BenchError(f"repeats must be ≥ 1 and warmup ≥ 0, got repeats={repeats}, warmup={warmup}")
+    if timeout_s <= 0:
+        raise BenchError(f"timeout must be > 0 s, got {timeout_s}")
+    backend = _resolve_backend(backend)
+    t0 = time.perf_counter()
+    with _progress(progress, "measuring links") as report:
+        if backend == "cuda":
+            idx = _gpu_indices(devices)
+            raw_idx = _bench_cuda(idx, sizes, repeats, warmup, report)
+            names = {i: f"gpu{i}" for i in idx}
+            mem, kinds = _gpu_memory(idx)
+            method = "CUDA device-to-device copy, CUDA events on the source stream"
+        else:
+            if devices is not None:
+                raise BenchError("devices= selects GPUs for the CUDA backend; the gloo backend measures "
+                                 "world_size processes on this host (use world_size=N)")
+            if world_size < 2:
+                raise BenchError(f"the gloo benchmark needs world_size ≥ 2 processes, got {world_size}")
+            idx = list(range(world_size))
+            total = world_size * (world_size - 1) * repeats
+            per_rank = _run_gloo(world_size, "p2p", {"sizes": sizes, "repeats": repeats, "warmup": warmup},
+                                 timeout_s=timeout_s, total=total, report=report, what="link benchmark")
+            raw_idx = {}
+            for r in per_rank:
+                raw_idx.update(r)
+            names = {i: f"cpu{i}" for i in idx}
+            ram = _host_memory()
+            mem = {i: ram // world_size // MiB * MiB for i in idx}   # whole MiB: a tidy YAML
+            kinds = {i: "cpu" for i in idx}
+            method = "gloo send/recv on 127.0.0.1, half the ping-pong round trip, 1 thread per process"
+
+    samples: dict[Pair, dict[int, float]] = {}
+    raw: dict[Pair, dict[int, tuple[float, ...]]] = {}
+    fits: dict[Pair, LinkFit] = {}
+    for (a, b, size), ts in sorted(raw_idx.items()):
+        pair = (names[a], names[b])
+        raw.setdefault(pair, {})[size] = tuple(ts)
+        samples.setdefault(pair, {})[size] = statistics.median(ts)
+    for pair, by_size in samples.items():
+        fits[pair] = fit_link(list(by_size), list(by_size.values()), pair=pair)
+    return BenchResult(backend=backend, devices=tuple(names[i] for i in idx), sizes=tuple(sizes), repeats=repeats,
+                       samples=samples, raw=raw, fits=fits, memory_bytes={names[i]: mem[i] for i in idx},
+                       kinds={names[i]: kinds[i] for i in idx}, host=socket.gethostname(), method=method,
+                       elapsed_s=time.perf_counter() - t0,
+                       extra={"warmup": warmup, "world_size": len(idx), "torch": _torch_version()})
+
+
+def _check_sizes(sizes: Sequence[int] | None) -> list[int]:
+    if sizes is None:
+        return list(DEFAULT_SIZES)
+    out = sorted({int(s) for s in sizes})
+    if any(s < 1 for s in out):
+        raise BenchError(f"transfer sizes must be ≥ 1 byte, got {list(sizes)}")
+    if len(out) < 2:
+        raise BenchError(f"a link fit needs at least two distinct sizes, got {list(sizes)}")
+    return out
+
+
+def _resolve_backend(backend: str) -> str:
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "cuda" if n >= 2 else "gloo"
+    if backend == "cuda":
+        if n < 2:
+            raise BenchError(f"--backend cuda needs at least 2 GPUs; torch sees {n}. "
+                             "Use --backend gloo to measure processes on this host")
+        return "cuda"
+    if backend == "gloo":
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_gloo_available()):
+            raise BenchError("this torch build has no gloo backend (torch.distributed.is_gloo_available() "
+                             "is False); install a torch wheel with distributed support")
+        return "gloo"
+    raise BenchError(f"unknown backend {backend!r}; use auto, gloo or cuda")
+
+
+def _gpu_indices(devices: Sequence[int | str] | None) -> list[int]:
+    import torch
+
+    n = torch.cuda.device_count()
+    if devices is None:
+        return list(range(n))
+    out = []
+    for d in devices:
+        s = str(d)
+        for prefix in ("cuda:", "gpu"):
+            if s.startswith(prefix):
+                s = s[len(prefix):]
+        try:
+            i = int(s)
+        except ValueError:
+            raise BenchError(f"GPU {d!r} not understood; use an index, cuda:N or gpuN") from None
+        if not 0 <= i < n:
+            raise BenchError(f"GPU {d!r} does not exist: torch sees {n} GPU(s)")
+        out.append(i)
+    out = sorted(set(out))
+    if len(out) < 2:
+        raise BenchError(f"a link benchmark needs at least 2 GPUs, got {list(devices)}")
+    return out
+
+
+def _gpu_memory(idx: Sequence[int]) -> tuple[dict[int, int], dict[int, str]]:
+    import torch
+
+    props = {i: torch.cuda.get_device_properties(i) for i in idx}
+    return {i: int(p.total_memory) for i, p in props.items()}, {i: str(p.name) for i, p in props.items()}
+
+
+def _host_memory() -> int:
+    """Total RAM of this host in bytes (POSIX sysconf; no psutil)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # not POSIX: say nothing rather than guess wrong
+        return 0
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _bench_cuda(idx: Sequence[int], sizes: Sequence[int], repeats: int, warmup: int,
+                report: Callable[[int, int, str], None]) -> dict[tuple[int, int, int], list[float]]:
+    """Every ordered pair (a, b): ``dst.copy_(src, non_blocking=True)`` from GPU a to GPU b.
+
+    PyTorch enqueues a cross-device copy on the *source* device's current stream (after making it
+    wait for the destination's stream), so a pair of CUDA events recorded on that stream brackets
+    exactly the copy; each repeat is timed alone and waited for, so copies never overlap.
+    """
+    import torch
+
+    big = max(sizes)
+    bufs = {i: torch.empty(big, dtype=torch.uint8, device=f"cuda:{i}") for i in idx}
+    out: dict[tuple[int, int, int], list[float]] = {}
+    pairs = [(a, b) for a in idx for b in idx if a != b]
+    total, done = len(pairs) * len(sizes), 0
+    for a, b in pairs:
+        stream = torch.cuda.current_stream(a)
+        for size in sizes:
+            src, dst = bufs[a][:size], bufs[b][:size]
+            with torch.cuda.device(a):
+                for _ in range(warmup):
+                    dst.copy_(src, non_blocking=True)
+                torch.cuda.synchronize(a)
+                torch.cuda.synchronize(b)
+                ts = []
+                for _ in range(repeats):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record(stream)
+                    dst.copy_(src, non_blocking=True)
+                    end.record(stream)
+                    end.synchronize()
+                    ts.append(start.elapsed_time(end) / 1e3)   # ms → s
+            out[(a, b, size)] = ts
+            done += 1
+            report(done, total, f"gpu{a} → gpu{b} {_fmt_size(size)}")
+    del bufs
+    return out
+
+
+# ------------------------------------------------------------------------------------- collectives
+
+
+@dataclass(frozen=True)
+class CollectiveSample:
+    """One collective at one size on ``world_size`` gloo processes.
+
+    ``nbytes`` follows :mod:`tensoropt.cluster.collectives`: all_reduce / broadcast: the tensor on
+    each device; all_gather: the full gathered tensor; reduce_scatter: the full input;
+    all_to_all: the per-device buffer.  ``median_s`` is the median over repeats of the slowest
+    rank's time (NaN when the collective is not supported: ``note`` says why); ``api`` is the
+    torch call used.
+    """
+
+    collective: str
+    world_size: int
+    nbytes: int
+    median_s: float
+    samples: tuple[float, ...]
+    api: str
+    note: str = ""
+
+    @property
+    def supported(self) -> bool:
+        return math.isfinite(self.median_s)
+
+
+def measure_collectives(*, world_size: int, sizes: Sequence[int], repeats: int = 10, warmup: int = 2,
+                        collectives: Sequence[str] = COLLECTIVES, timeout_s: float = 120.0,
+                        progress: bool | Progress = False) -> list[CollectiveSample]:
+    """Time gloo collectives on ``world_size`` processes (one thread each) on 127.0.0.1.
+
+    Every collective is called on every rank.  Per sample: a barrier, then ``k`` back-to-back calls
+    (``k`` = 16 for tensors up to 64 KiB down to 1 from 1 MiB on, so the barrier's exit skew is
+    spread over several calls), each rank's elapsed time / ``k``; the slowest rank's time is the
+    sample.  Each round takes one sample of every (collective, size), in a shuffled order, so load
+    from other processes spreads evenly.  Sizes are rounded down to whole float32 elements
+    divisible by ``world_size`` (``nbytes`` says what was really moved).
+    """
+    unknown = [c for c in collectives if c not in COLLECTIVES]
+    if unknown:
+        raise BenchError(f"unknown collective(s) {unknown}; known: {', '.join(COLLECTIVES)}")
+    if world_size < 2:
+        raise BenchError(f"collectives need world_size ≥ 2 processes, got {world_size}")
+    if repeats < 1 or warmup < 0:
+        raise BenchError(f"repeats must be ≥ 1 and warmup ≥ 0, got repeats={repeats}, warmup={warmup}")
+    sizes = sorted({int(s) for s in sizes})
+    if not sizes or sizes[0] < 4 * world_size:
+        raise BenchError(f"collective sizes must be ≥ 4 × world_size = {4 * world_size} bytes, got {sizes}")
+    _resolve_backend("gloo")
+    total = len(collectives) * len(sizes) * repeats
+    with _progress(progress, f"collectives on {world_size} processes") as report:
+        per_rank = _run_gloo(world_size, "collectives",
+                             {"sizes": sizes, "repeats": repeats, "warmup": warmup, "collectives": list(collectives)},
+                             timeout_s=timeout_s, total=total, report=report, what="collective benchmark")
+    out = []
+    for key, info in per_rank[0].items():
+        name, nbytes = key
+        if info["error"]:
+            out.append(CollectiveSample(name, world_size, nbytes, float("nan"), (), info["api"], info["error"]))
+            continue
+        slowest = [max(r[key]["times"][i] for r in per_rank) for i in range(repeats)]
+        out.append(CollectiveSample(name, world_size, nbytes, statistics.median(slowest), tuple(slowest),
+                                    info["api"], info["note"]))
+    return out
+
+
+# ------------------------------------------------------------------------------------ gloo workers
+
+
+def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, sizes: Sequence[int],
+             repeats: int, warmup: int) -> dict[tuple[int, int, int], list[float]]:
+    """Every ordered pair (a, b) in turn: rank a sends each size to rank b, b sends it back.
+
+    One-way time = half the round trip (ping-pong, as OSU's osu_latency and most MPI benchmarks
+    do).  It needs one clock only (rank a's), so no barrier skew or clock offset enters the
+    number; the price is that it averages the a → b and b → a directions, which is exact for
+    symmetric links (loopback, PCIe, NVLink, Ethernet are all symmetric).  Measuring the pair
+    (b, a) too still tells us whether which side starts matters.
+
+    The sizes are interleaved: each round sends every size once, in an order shuffled from round
+    to round (:func:`_round_order`), ``warmup + repeats`` rounds, so a burst of load from other
+    processes on a shared machine spreads over all sizes instead of spoiling the median of one,
+    and no size always follows the same one (a small transfer right after a large one is slower).  The other ranks wait
+    in a barrier each round, so only one transfer is in flight at a time.
+    """
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.zeros(max(sizes), dtype=torch.uint8)
+    out: dict[tuple[int, int, int], list[float]] = {}
+    pairs = [(a, b) for a in range(world_size) for b in range(world_size) if a != b]
+    step = 0
+    for a, b in pairs:
+        for rnd in range(warmup + repeats):
+            dist.barrier()
+            order = _round_order(list(sizes), rnd)
+            if rank == a:
+                for size in order:
+                    v = buf[:size]
+                    t0 = time.perf_counter()
+                    dist.send(v, b)
+                    dist.recv(v, b)
+                    dt = time.perf_counter() - t0
+                    if rnd >= warmup:
+                        out.setdefault((a, b, size), []).append(dt / 2)
+            elif rank == b:
+                for size in order:
+                    v = buf[:size]
+                    dist.recv(v, a)
+                    dist.send(v, a)
+            if rnd >= warmup:
+                step += 1
+                if rank == a:
+                    report(step, f"cpu{a} → cpu{b}, round {rnd - warmup + 1} of {repeats}")
+    return out
+
+
+def _collective_calls(world_size: int, nbytes: int):
+    """``name → (nbytes, [(api, make_buffers, call), …])``: the byte count rounded to whole float32
+    elements divisible by ``world_size`` (in the :mod:`~tensoropt.cluster.collectives` convention)
+    and the torch calls that do it, in order of preference."""
+    import torch
+    import torch.distributed as dist
+
+    chunk = max(1, nbytes // (4 * world_size))   # float32 elements per rank's share
+    full = chunk * world_size
+    ws = world_size
+
+    def all_gather_single(bufs):
+        fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        fn(bufs["out"], bufs["in"])
+
+    def reduce_scatter_single(bufs):
+        fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        fn(bufs["out"], bufs["in"])
+
+    options = {
+        "all_reduce": (full * 4, [
+            ("all_reduce", lambda: {"t": torch.ones(full)}, lambda b: dist.all_reduce(b["t"]))]),
+        "broadcast": (full * 4, [
+            ("broadcast", lambda: {"t": torch.ones(full)}, lambda b: dist.broadcast(b["t"], 0))]),
+        "all_gather": (full * 4, [
+            ("all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor",
+             lambda: {"out": torch.empty(full), "in": torch.ones(chunk)}, all_gather_single),
+            ("all_gather (tensor list)",
+             lambda: {"out": [torch.empty(chunk) for _ in range(ws)], "in": torch.ones(chunk)},
+             lambda b: dist.all_gather(b["out"], b["in"]))]),
+        "reduce_scatter": (full * 4, [
+            ("reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor",
+             lambda: {"out": torch.empty(chunk), "in": torch.ones(full)}, reduce_scatter_single),
+            ("reduce_scatter (tensor list)",
+             lambda: {"out": torch.empty(chunk), "in": [torch.ones(chunk) for _ in range(ws)]},
+             lambda b: dist.reduce_scatter(b["out"], b["in"]))]),
+        "all_to_all": (full * 4, [
+            ("all_to_all_single", lambda: {"out": torch.empty(full), "in": torch.ones(full)},
+             lambda b: dist.all_to_all_single(b["out"], b["in"])),
+            ("all_to_all (tensor list)",
+             lambda: {"out": [torch.empty(chunk) for _ in range(ws)], "in": [torch.ones(chunk) for _ in range(ws)]},
+             lambda b: dist.all_to_all(b["out"], b["in"]))]),
+    }
+    return options
+
+
+# how torch's ProcessGroupGloo runs a call, where that changes what it costs (read in the torch
+# sources, ProcessGroupGloo.cpp, and consistent with what measure_collectives sees)
+_API_NOTES = {
+    "reduce_scatter_single": "gloo runs it as a full all_reduce of a clone of the input, then copies its "
+                             "chunk (ProcessGroupGloo::reduce_scatter_tensor_coalesced): it costs an all_reduce",
+    "reduce_scatter_tensor": "gloo runs it as a full all_reduce of a clone of the input, then copies its "
+                             "chunk (ProcessGroupGloo::reduce_scatter_tensor_coalesced): it costs an all_reduce",
+    "all_gather_single": "gloo gathers into a flat temporary, then copies into the output chunks",
+    "all_gather_into_tensor": "gloo gathers into a flat temporary, then copies into the output chunks",
+}
+
+
+def _collectives_job(rank: int, world_size: int, report: Callable[[int, str], None], *, sizes: Sequence[int],
+                     repeats: int, warmup: int, collectives: Sequence[str]) -> dict:
+    """Each collective at each size, called on every rank; see :func:`measure_collectives`.
+
+    First every (collective, size) is set up and warmed up; an API gloo rejects (it raises on every
+    rank before any communication) falls back to the next one of the same collective (e.g. the
+    tensor-list form); when none works, the error is kept.  Then ``repeats`` rounds time every
+    (collective, size) once each, in an order shuffled from round to round (as in :func:`_p2p_job`).
+    """
+    import torch.distributed as dist
+
+    out: dict = {}
+    plans = []                                    # (key, call, buffers, inner)
+    for name in collectives:
+        for size in sizes:
+            nbytes, options = _collective_calls(world_size, size)[name]
+            entry = {"api": "", "note": "", "error": "", "times": []}
+            out[(name, nbytes)] = entry
+            tried = []
+            for api, make, call in options:
+                bufs = make()
+                try:
+                    for _ in range(max(1, warmup)):
+                        call(bufs)
+                except (RuntimeError, ValueError, NotImplementedError) as e:
+                    tried.append(f"{api}: {str(e).splitlines()[0][:160]}")
+                    dist.barrier()
+                    continue
+                entry["api"] = api
+                entry["note"] = _API_NOTES.get(api, "")
+                if tried:
+                    entry["note"] = ("fallback; not supported by gloo here: " + "; ".join(tried)
+                                     + (f". {entry['note']}" if entry["note"] else ""))
+                plans.append(((name, nbytes), call, bufs, max(1, min(16, round(MiB / nbytes)))))
+                break
+            else:
+                entry["error"] = "not supported by gloo here: " + "; ".join(tried)
+    step = 0
+    for rnd in range(repeats):
+        for key, call, bufs, inner in _round_order(plans, rnd):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                call(bufs)
+            out[key]["times"].append((time.perf_counter() - t0) / inner)
+            step += 1
+            if rank == 0:
+                report(step, f"{key[0]} {_fmt_size(key[1])}, round {rnd + 1} of {repeats}")
+    return out
+
+
+def _selftest_job(rank: int, world_size: int, report: Callable[[int, str], None], *, mode: str) -> None:
+    """Misbehaving workers, for the tests of :func:`_run_gloo`: ``exit``: the last rank vanishes
+    without a word (as if killed); ``hang``: the last rank never joins the barrier the others wait in."""
+    import torch.distributed as dist
+
+    if rank == world_size - 1:
+        if mode == "exit":
+            os._exit(3)
+        if mode == "hang":
+            time.sleep(3600)
+    dist.barrier()
+
+
+def _round_order(items: list, rnd: int) -> list:
+    """``items`` in the order of round ``rnd``: a shuffle seeded by the round, so every rank (each
+    with its own copy of ``items``) gets the same order without talking."""
+    import random
+
+    out = list(items)
+    random.Random(rnd).shuffle(out)
+    return out
+
+
+_JOBS = {"p2p": _p2p_job, "collectives": _collectives_job, "selftest": _selftest_job}
+
+
+def _gloo_entry(rank: int, world_size: int, port: int, q, job: str, kwargs: dict, timeout_s: float) -> None:
+    """Body of one spawned gloo worker: join the group, run ``job``, put the result on ``q``."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        td = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=td)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=td)
+        q.put(("ready", rank, None))
+        result = _JOBS[job](rank, world_size, lambda done, what: q.put(("progress", rank, (done, what))), **kwargs)
+        dist.barrier()
+        dist.destroy_process_group()
+        q.put(("done", rank, result))
+    except BaseException:  # noqa: BLE001 - everything goes to the parent, which raises it
+        q.put(("error", rank, traceback.format_exc()))
+        raise SystemExit(1) from None
+
+
+@contextlib.contextmanager
+def _single_threaded_env() -> Iterator[None]:
+    """Spawned workers inherit the environment at start: one OpenMP / MKL thread each."""
+    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    old = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: "1" for k in keys})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_gloo(world_size: int, job: str, kwargs: dict, *, timeout_s: float, total: int,
+              report: Callable[[int, int, str], None], what: str) -> list[Any]:
+    """Spawn ``world_size`` gloo workers running ``job``; return their results by rank.
+
+    The parent holds the rendezvous store (port chosen by the OS, so no race for a free port) and
+    waits for messages; it raises :class:`BenchError` as soon as a worker reports an error or dies,
+    or when none has said anything for ``1.25 × timeout_s + 5`` s (plus a start-up allowance for
+    importing torch: longer than gloo's own timeout, so a worker's error, which names the cause,
+    comes first), and always ends every worker it started.
+    """
+    import multiprocessing as mp
+
+    import torch.distributed as dist
+
+    td = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=td, wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_gloo_entry, args=(r, world_size, store.port, q, job, kwargs, timeout_s),
+                         name=f"tensoropt-gloo-{r}", daemon=True) for r in range(world_size)]
+    results: dict[int, Any] = {}
+    ready: set[int] = set()
+    startup_s = max(60.0, 10.0 * world_size)   # importing torch in each process, on a busy machine
+    try:
+        with _single_threaded_env():
+            for p in procs:
+                p.start()
+        last = time.monotonic()
+        done = 0
+        while len(results) < world_size:
+            try:
+                kind, rank, payload = q.get(timeout=0.2)
+            except queue_mod.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
+                if dead:
+                    try:      # its error message may still be on the way
+                        kind, rank, payload = q.get(timeout=1.0)
+                    except queue_mod.Empty:
+                        r = dead[0]
+                        raise BenchError(f"{what}: gloo worker rank {r} of {world_size} died with exit code "
+                                         f"{procs[r].exitcode} without a message (killed? out of memory?)") from None
+                else:
+                    # past gloo's own timeout, so that a worker's error (which names the cause) comes first
+                    limit = 1.25 * timeout_s + 5.0 + (startup_s if len(ready) < world_size else 0.0)
+                    if time.monotonic() - last > limit:
+                        stuck = [r for r in range(world_size) if r not in results]
+                        raise BenchError(f"{what}: no word from the gloo workers for {limit:.0f} s "
+                                         f"(rank(s) {stuck} of {world_size} unfinished); the machine may be "
+                                         "overloaded: retry with a larger --timeout, fewer processes or smaller sizes")
+                    continue
+            last = time.monotonic()
+            if kind == "ready":
+                ready.add(rank)
+            elif kind == "progress":
+                n, label = payload
+                done = max(done, n)
+                report(done, total, label)
+            elif kind == "done":
+                results[rank] = payload
+            elif kind == "error":
+                raise BenchError(_worker_failure(what, world_size, procs, q, rank, payload))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            if p.pid is not None:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
+        q.close()
+        q.cancel_join_thread()
+        del store
+    return [results[r] for r in range(world_size)]
+
+
+def _worker_failure(what: str, world_size: int, procs: list, q, rank: int, tb: str) -> str:
+    """The message for a failed worker.  When one rank dies, its peers fail too ("connection reset
+    by peer"), often first: wait a moment and name a rank that died silently (killed, out of
+    memory) as the cause, else the first error, with the tail of its traceback."""
+    errors = {rank: tb}
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        try:
+            kind, r, payload = q.get(timeout=0.1)
+        except queue_mod.Empty:
+            continue
+        if kind == "error":
+            errors.setdefault(r, payload)
+    silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
+    tail = tb.strip().splitlines()
+    first = f"gloo worker rank {rank} of {world_size} failed: {tail[-1]}"
+    if silent:
+        r = silent[0]
+        return (f"{what}: gloo worker rank {r} of {world_size} died with exit code {procs[r].exitcode} without a "
+                f"message (killed? out of memory?); then {first}")
+    others = sorted(set(errors) - {rank})
+    also = f" (rank(s) {others} failed too)" if others else ""
+    if "timed out" in tail[-1].lower():
+        also += ("; a peer stopped answering within the timeout: the machine may be overloaded, retry with a "
+                 "larger --timeout, fewer processes or smaller sizes")
+    return f"{what}: {first}{also}\n" + "\n".join("  " + line for line in tail[-9:-1])
+
+
+# -------------------------------------------------------------------------------------- small bits
+
+
+@contextlib.contextmanager
+def _progress(progress: bool | Progress, label: str) -> Iterator[Callable[[int, int, str], None]]:
+    if callable(progress):
+        yield progress
+        return
+    if not progress:
+        yield lambda *a: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), transient=True, console=Console(stderr=True))
+    task = bar.add_task("starting …", total=None)
+    with bar:
+        yield lambda done, total, what: bar.update(task, completed=done, total=total, description=what)
+
+
+def _fmt_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" or float(n).is_integer() else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
