@@ -24,6 +24,7 @@ def _degrees(text: str) -> tuple[int, ...]:
 
 def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from ..costs import profile
+    from ..costs.profiler import busy_warning
     from ..describe import fmt_bytes
     from ..modelspec import load_model
 
@@ -56,6 +57,9 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
                   f"{m['free']} metadata-only, {m['roofline']} roofline estimates); {len(shards)} shard costs "
                   f"({scaled} scaled from the full shape); {costs.settings['measured_calls']} calls measured, "
                   f"{costs.settings['cached_calls']} from cache; profiled in {took:.1f} s")
+    warning = busy_warning(costs)
+    if warning:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     if args.output:
         costs.save(args.output)
         console.print(f"wrote {args.output}")

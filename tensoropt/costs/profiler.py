@@ -88,6 +88,7 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     dev = _device(device)
     degrees = sorted({int(k) for k in shard_degrees if int(k) > 1})
     t0 = time.perf_counter()
+    load0 = _loadavg()
     info = device_info(dev)
     store = _DiskCache(cache, device_key(info))
     runner = _Runner(graph, dev, degrees, repeats, warmup, store, info)
@@ -99,10 +100,30 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
         report(None, total, "")
     store.save()
     settings = {"repeats": repeats, "warmup": warmup, "shard_degrees": [1, *degrees],
-                "measured_calls": runner.measured_calls, "cached_calls": runner.cached_calls}
+                "measured_calls": runner.measured_calls, "cached_calls": runner.cached_calls,
+                # other work on the machine inflates every time (an OpenMP region waits for a
+                # descheduled thread): keep the load seen, so a busy profile can be told apart
+                "load_average": [round(x, 2) for x in (load0, _loadavg())], "cpu_count": os.cpu_count()}
     return CostModel(runner.costs, graph_fingerprint=graph.fingerprint, graph_name=graph.name,
                      batch_size=graph.batch_size, device=info, settings=settings,
                      profile_s=time.perf_counter() - t0)
+
+
+def _loadavg() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
+def busy_warning(costs: CostModel) -> str | None:
+    """A warning when the machine was busy while profiling (1-minute load above the core count
+    plus our own process), else ``None``."""
+    load, cpus = costs.settings.get("load_average"), costs.settings.get("cpu_count")
+    if not load or not cpus or max(load) <= cpus + 0.5:
+        return None
+    return (f"the machine was busy while profiling (load average up to {max(load):.1f} on {cpus} cores): "
+            "times may be inflated; profile again on a quiet machine (cached ops are not re-measured: use --no-cache)")
 
 
 def _device(device: str) -> torch.device:

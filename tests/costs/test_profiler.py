@@ -142,3 +142,12 @@ def test_roofline_estimate_uses_flops_and_bandwidth():
     assert m.fp_s == pytest.approx(m.flops / 1e9) and m.bp_s == pytest.approx(2 * m.fp_s)
     slow_memory = _roofline(torch.ops.aten.linear.default, (x, w), {}, [False, False], {"peak_flops": 1e15, "memory_Bps": 1e6})
     assert slow_memory.fp_s == pytest.approx((x.nbytes + w.nbytes + 64 * 256 * 4) / 1e6) and slow_memory.bp_s == 0
+
+
+def test_a_busy_machine_is_reported():
+    from tensoropt.costs.profiler import busy_warning
+
+    quiet = CostModel({}, graph_fingerprint="0" * 64, settings={"load_average": [1.1, 1.3], "cpu_count": 2})
+    busy = CostModel({}, graph_fingerprint="0" * 64, settings={"load_average": [1.0, 4.2], "cpu_count": 2})
+    assert busy_warning(quiet) is None
+    assert "load average up to 4.2 on 2 cores" in busy_warning(busy)
