@@ -23,7 +23,7 @@ from .diagnose import describe_failure, first_line, inputs_run_model
 from .symbolic import capture_fx
 from .onnx import load_onnx
 
-__all__ = ["capture", "capture_export", "capture_fx", "load_onnx"]
+__all__ = ["capture", "capture_export", "capture_fx", "load_onnx", "quiet_torch_logs"]
 
 
 def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, name: str | None = None,
@@ -44,7 +44,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
     name = name or type(model).__name__
     if method not in ("auto", "export", "fx"):
         raise CaptureError(f"method must be 'auto', 'export' or 'fx', got {method!r}")
-    with _quiet_torch_logs():
+    with quiet_torch_logs():
         graph = _capture(model, args, batch_dim, name, method)
     graph.example_inputs = args
     return graph
@@ -57,7 +57,7 @@ _NOISY_LOGGERS = ("torch._subclasses.fake_tensor", "torch.export", "torch._expor
 
 
 @contextlib.contextmanager
-def _quiet_torch_logs() -> Iterator[None]:
+def quiet_torch_logs() -> Iterator[None]:
     loggers = [logging.getLogger(n) for n in _NOISY_LOGGERS]
     levels = [lg.level for lg in loggers]
     for lg in loggers:

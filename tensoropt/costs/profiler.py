@@ -42,6 +42,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
 from .._io import write_json_atomic
+from ..capture import quiet_torch_logs
 from ..errors import ProfileError
 from ..graph import OpGraph, OpNode, TensorMeta
 from .memory import grad_nodes
@@ -95,7 +96,8 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     total = len(graph.ops)
     report = _progress_callback(progress, total)
     try:
-        runner.run(inputs if inputs is not None else graph.example_inputs, report)
+        with quiet_torch_logs():  # a failing fake-tensor op logs its traceback before we handle it
+            runner.run(inputs if inputs is not None else graph.example_inputs, report)
     finally:
         report(None, total, "")
     store.save()
@@ -341,7 +343,7 @@ class _Runner(fx.Interpreter):
             if id(old) in tinfo:
                 ctinfo[id(new)] = tinfo[id(old)]
         try:
-            m = self._measure(op.op, fn, cargs, ckwargs, ctinfo, extra_params, grad)
+            m = self._measure(op.op, fn, cargs, ckwargs, ctinfo, extra_params, grad, estimate=False)
         except Exception:  # noqa: BLE001 - a shard rule that does not fit this op: fall back, marked
             return _scaled(full, k)
         if list(m.out_shape) != expected:
@@ -381,7 +383,10 @@ class _Runner(fx.Interpreter):
         return info, producers
 
     def _measure(self, opname: str, fn: Callable, args: tuple, kwargs: dict, tinfo: dict[int, TensorArg],
-                 extra_params: list[torch.Tensor], grad: bool) -> Measurement:
+                 extra_params: list[torch.Tensor], grad: bool, estimate: bool = True) -> Measurement:
+        """Measure one call (or reuse an identical one).  A call that fails gets a roofline
+        estimate when ``estimate``, else the exception propagates (a shard rule that does not
+        fit the op is the caller's to handle)."""
         grad_flags = self._grad_flags(args, kwargs, tinfo, grad)
         key = _call_key(opname, fn, args, kwargs, grad_flags, extra_params)
         hit = self.seen.get(key) or self.store.get(key)
@@ -394,6 +399,8 @@ class _Runner(fx.Interpreter):
             m = _measure_call(fn, args, kwargs, grad_flags, param_flags, extra_params if grad else [], self.dev,
                               self.repeats, self.warmup)
         except Exception:  # noqa: BLE001 - an op that cannot run alone: a roofline estimate
+            if not estimate:
+                raise
             m = _roofline(fn, args, kwargs, grad_flags, self.info)
         self.measured_calls += 1
         self.seen[key] = m

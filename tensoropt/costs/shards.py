@@ -158,8 +158,9 @@ def _channel(base: str, args: list, kwargs: dict, info: dict[int, TensorArg], k:
 def _channel_generic(args: list, kwargs: dict, info: dict[int, TensorArg], k: int,
                      out: TensorMeta) -> tuple[tuple, dict] | None:
     """Pointwise ops, norms, pooling, dropout …: cut every tensor whose aligned dimension holds
-    the output channels (activations by their own channel dim, parameters aligned from the
-    right, or 1-D per-channel parameters such as batch-norm weights and running statistics)."""
+    the output channels (an activation's own channel dim, else the dimension broadcasting aligns
+    with the output's from the right; 1-D per-channel parameters such as batch-norm weights and
+    running statistics)."""
     c, size, rank = out.channel_dim, out.shape[out.channel_dim], len(out.shape)
     touched = []
 
@@ -167,16 +168,13 @@ def _channel_generic(args: list, kwargs: dict, info: dict[int, TensorArg], k: in
         a = info.get(id(t))
         if a is None or t.dim() == 0:
             return t
-        if a.kind == "activation":
-            d = a.meta.channel_dim if a.meta is not None else None
-            if d is None or d >= t.dim() or t.shape[d] != size:
-                return t
-        else:
-            d = t.dim() - (rank - c)
+        d = a.meta.channel_dim if a.kind == "activation" and a.meta is not None else None
+        if d is None or d >= t.dim() or t.shape[d] != size:
+            d = t.dim() - (rank - c)  # broadcasting aligns dimensions from the right
             if not (0 <= d < t.dim() and t.shape[d] == size):
-                d = 0 if t.dim() == 1 and t.shape[0] == size else None
-            if d is None:
-                return t
+                d = 0 if a.kind == "param" and t.dim() == 1 and t.shape[0] == size else None
+        if d is None:
+            return t
         touched.append(t)
         return _cut(t, d, k)
 
