@@ -12,6 +12,7 @@ from .errors import (CaptureError, ClusterSpecError, GraphFormatError, ModelSpec
                      TensorOptError)
 from .graph import Edge, OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
 from .modelspec import LoadedModel, load_graph, load_model
+from .plan import Estimate, NodeConfig, Plan, PlanError
 
 __version__ = "0.1.0"
 
@@ -19,6 +20,7 @@ __all__ = [
     "capture", "load_onnx", "load_model", "load_graph", "LoadedModel",
     "profile", "CostModel", "NodeCost", "ShardCost", "node_memory", "step_memory",
     "OpGraph", "OpNode", "ParamInfo", "SplitDims", "TensorMeta", "Edge",
+    "Plan", "NodeConfig", "Estimate", "PlanError",
     "Cluster", "Device", "LinkModel", "load_cluster", "detect_cluster", "list_presets",
     "TensorOptError", "CaptureError", "GraphFormatError", "ModelSpecError", "ClusterSpecError", "ProfileError",
 ]

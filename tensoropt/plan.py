@@ -1,0 +1,243 @@
+"""Plan: how to run one training step of one graph on a cluster — what every producer of plans
+(frontier tracking, every baseline placer) returns and every consumer (simulator, executor,
+dashboard, CSV) takes.
+
+A plan gives every operator node a :class:`NodeConfig` — the ordered group of devices it runs
+on (its *mesh*; one device = plain placement), its layout on that mesh and whether its
+activations are recomputed — plus an execution order and the estimates made of it
+(:class:`Estimate`: iteration time and per-device peak memory, and which model made them).
+It is a JSON value (``"format": "tensoropt.plan/1"``) that carries the fingerprint of the graph
+it belongs to, so a plan is never applied to another model (nnScaler #28: a plan silently reused
+after the batch size changed).
+
+Layouts (design §2): ``R`` replicate (every device runs the whole op), ``batch`` (``S(batch)``:
+each device a slice of the batch), ``channel`` (``S(channel)``: each device a slice of the output
+channels, weights split too), ``reduce`` (``P``: each device a slice of the input features,
+partial sums added afterwards).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from ._io import read_json, write_json_atomic
+from .errors import GraphFormatError, TensorOptError
+
+PLAN_FORMAT = "tensoropt.plan/1"
+LAYOUTS = ("R", "batch", "channel", "reduce")
+
+
+class PlanError(TensorOptError):
+    """A plan does not fit the graph or cluster it is used with; the message says which node and why."""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """How one node runs: on which devices (in mesh order), in which layout, recomputed or not."""
+
+    devices: tuple[str, ...]
+    layout: str = "R"
+    recompute: bool = False
+
+    @property
+    def degree(self) -> int:
+        return len(self.devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"devices": list(self.devices), "layout": self.layout, "recompute": self.recompute}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> NodeConfig:
+        if not isinstance(d, Mapping):
+            raise GraphFormatError(f"{where} must be an object with devices, layout, recompute")
+        devices = d.get("devices")
+        if not isinstance(devices, list) or not devices or not all(isinstance(x, str) for x in devices):
+            raise GraphFormatError(f"{where}.devices must be a non-empty list of device names")
+        if len(set(devices)) != len(devices):
+            raise GraphFormatError(f"{where}.devices names a device twice: {devices}")
+        layout = d.get("layout", "R")
+        if layout not in LAYOUTS:
+            raise GraphFormatError(f"{where}.layout must be one of {LAYOUTS}, got {layout!r}")
+        recompute = d.get("recompute", False)
+        if not isinstance(recompute, bool):
+            raise GraphFormatError(f"{where}.recompute must be true or false")
+        return cls(tuple(devices), layout, recompute)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a model predicts for a plan: iteration time and per-device peak memory.
+
+    ``source`` names the model: ``"frontier"`` (TensorOpt's additive cost, design §3),
+    ``"simulator"`` (event-driven, design §5), or a placer's own objective.
+    """
+
+    source: str
+    time_s: float
+    memory_bytes: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def max_memory_bytes(self) -> int:
+        return max(self.memory_bytes.values(), default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "time_s": self.time_s, "memory_bytes": dict(self.memory_bytes)}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> Estimate:
+        if not isinstance(d, Mapping) or not isinstance(d.get("source"), str):
+            raise GraphFormatError(f"{where} must be an object with a string field 'source'")
+        t = d.get("time_s")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
+            raise GraphFormatError(f"{where}.time_s must be a non-negative number, got {t!r}")
+        mem = d.get("memory_bytes", {})
+        if not isinstance(mem, Mapping) or not all(isinstance(v, int) and v >= 0 for v in mem.values()):
+            raise GraphFormatError(f"{where}.memory_bytes must map device names to non-negative integers")
+        return cls(d["source"], float(t), dict(mem))
+
+
+class Plan:
+    """A configuration for every operator node, an execution order, and estimates.
+
+    ``configs`` maps every ``kind="op"`` node of the graph to its :class:`NodeConfig`;
+    ``order`` is the execution order (a topological order of those nodes; graph order when
+    omitted).  ``algorithm`` and ``options`` say what made the plan.
+    """
+
+    def __init__(self, configs: Mapping[str, NodeConfig], *, graph_fingerprint: str, graph_name: str = "",
+                 batch_size: int | None = None, cluster_name: str = "", cluster_fingerprint: str = "",
+                 algorithm: str = "", options: Mapping[str, Any] | None = None, order: Iterable[str] | None = None,
+                 estimates: Iterable[Estimate] = (), plan_id: str = "", notes: Iterable[str] = ()):
+        self.configs: dict[str, NodeConfig] = dict(configs)
+        self.graph_fingerprint = graph_fingerprint
+        self.graph_name = graph_name
+        self.batch_size = batch_size
+        self.cluster_name = cluster_name
+        self.cluster_fingerprint = cluster_fingerprint
+        self.algorithm = algorithm
+        self.options = dict(options or {})
+        self.order: list[str] = list(order) if order is not None else list(self.configs)
+        self.estimates: list[Estimate] = list(estimates)
+        self.plan_id = plan_id
+        self.notes = list(notes)
+
+    # ---- views -------------------------------------------------------------------------------
+    @property
+    def devices(self) -> list[str]:
+        """Every device the plan uses, in order of first appearance along the execution order."""
+        seen: dict[str, None] = {}
+        for name in self.order:
+            for d in self.configs[name].devices:
+                seen.setdefault(d, None)
+        return list(seen)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    def estimate(self, source: str) -> Estimate | None:
+        """The latest estimate from ``source`` (``"frontier"``, ``"simulator"``, …), if any."""
+        return next((e for e in reversed(self.estimates) if e.source == source), None)
+
+    def with_estimate(self, est: Estimate) -> Plan:
+        """A copy with ``est`` replacing any earlier estimate from the same source."""
+        d = self.to_dict()
+        d["estimates"] = [e for e in d["estimates"] if e["source"] != est.source] + [est.to_dict()]
+        return Plan.from_dict(d)
+
+    # ---- checks ------------------------------------------------------------------------------
+    def check(self, graph: Any, cluster: Any = None) -> None:
+        """Refuse a plan that does not fit ``graph`` (and ``cluster``): another graph's
+        fingerprint, an operator without a configuration or a configuration for an unknown
+        node, a layout the op cannot take, an order that is not a topological order of the
+        operators, a device the cluster does not have.  Raises :class:`PlanError`."""
+        if graph.fingerprint != self.graph_fingerprint:
+            raise PlanError(f"the plan was made for graph {self.graph_name!r} (fingerprint {self.graph_fingerprint[:12]}…, "
+                            f"batch {self.batch_size}), not for {graph.name!r} (fingerprint {graph.fingerprint[:12]}…, "
+                            f"batch {graph.batch_size}); make a new plan for this model and batch size")
+        ops = {n.name: n for n in graph.ops}
+        missing = [n for n in ops if n not in self.configs]
+        if missing:
+            raise PlanError(f"the plan has no configuration for {len(missing)} operator(s), e.g. {missing[0]!r}")
+        unknown = [n for n in self.configs if n not in ops]
+        if unknown:
+            raise PlanError(f"the plan configures {unknown[0]!r}, which is not an operator of graph {graph.name!r}")
+        for name, cfg in self.configs.items():
+            node = ops[name]
+            if cfg.degree == 1 and cfg.layout != "R":
+                raise PlanError(f"node {name!r} runs on one device but has layout {cfg.layout!r}; use 'R'")
+            if cfg.layout == "batch" and node.split.batch is None:
+                raise PlanError(f"node {name!r} ({node.op}) cannot be split along the batch")
+            if cfg.layout == "channel" and node.split.channel is None:
+                raise PlanError(f"node {name!r} ({node.op}) has no channel dimension to split")
+        if sorted(self.order) != sorted(ops):
+            raise PlanError("the plan's order must list every operator exactly once")
+        pos = {n: i for i, n in enumerate(self.order)}
+        for n in graph.ops:
+            for p in n.inputs:
+                if p in pos and pos[p] > pos[n.name]:
+                    raise PlanError(f"the plan's order runs {n.name!r} before its input {p!r}")
+        if cluster is not None:
+            names = set(cluster.names)
+            for name, cfg in self.configs.items():
+                bad = [d for d in cfg.devices if d not in names]
+                if bad:
+                    raise PlanError(f"node {name!r} is placed on {bad[0]!r}, which cluster {cluster.name!r} does not have "
+                                    f"(it has {', '.join(cluster.names)})")
+
+    # ---- JSON --------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": PLAN_FORMAT, "plan_id": self.plan_id, "graph_name": self.graph_name,
+                "graph_fingerprint": self.graph_fingerprint, "batch_size": self.batch_size,
+                "cluster_name": self.cluster_name, "cluster_fingerprint": self.cluster_fingerprint,
+                "algorithm": self.algorithm, "options": self.options, "devices": self.devices,
+                "estimates": [e.to_dict() for e in self.estimates], "notes": self.notes,
+                "order": self.order, "configs": {n: c.to_dict() for n, c in self.configs.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "plan") -> Plan:
+        if not isinstance(d, Mapping):
+            raise GraphFormatError(f"{where} must be a JSON object")
+        if d.get("format") != PLAN_FORMAT:
+            raise GraphFormatError(f"{where}.format must be {PLAN_FORMAT!r}, got {d.get('format')!r}")
+        fp = d.get("graph_fingerprint")
+        if not isinstance(fp, str) or len(fp) != 64:
+            raise GraphFormatError(f"{where}.graph_fingerprint must be the graph's 64-hex-digit SHA-256")
+        configs_in = d.get("configs")
+        if not isinstance(configs_in, Mapping):
+            raise GraphFormatError(f"{where}.configs must map node names to configurations")
+        configs = {n: NodeConfig.from_dict(c, f"{where}.configs[{n!r}]") for n, c in configs_in.items()}
+        order = d.get("order", list(configs))
+        if not isinstance(order, list) or not all(isinstance(x, str) for x in order):
+            raise GraphFormatError(f"{where}.order must be a list of node names")
+        unknown = [x for x in order if x not in configs]
+        if unknown:
+            raise GraphFormatError(f"{where}.order names {unknown[0]!r}, which has no configuration")
+        est_in = d.get("estimates", [])
+        if not isinstance(est_in, list):
+            raise GraphFormatError(f"{where}.estimates must be a list")
+        return cls(configs, graph_fingerprint=fp, graph_name=str(d.get("graph_name", "")),
+                   batch_size=d.get("batch_size"), cluster_name=str(d.get("cluster_name", "")),
+                   cluster_fingerprint=str(d.get("cluster_fingerprint", "")), algorithm=str(d.get("algorithm", "")),
+                   options=d.get("options") or {}, order=order,
+                   estimates=[Estimate.from_dict(e, f"{where}.estimates[{i}]") for i, e in enumerate(est_in)],
+                   plan_id=str(d.get("plan_id", "")), notes=d.get("notes") or [])
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the plan as JSON, atomically."""
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, graph: Any = None, cluster: Any = None) -> Plan:
+        """Read a plan; with ``graph`` (and ``cluster``), also refuse one that does not fit them."""
+        plan = cls.from_dict(read_json(path, "plan"), where=str(path))
+        if graph is not None:
+            plan.check(graph, cluster)
+        return plan
+
+    def __repr__(self) -> str:
+        est = ", ".join(f"{e.source}: {e.time_s * 1e3:.2f} ms / {e.max_memory_bytes / 2**30:.2f} GiB" for e in self.estimates)
+        return f"Plan({self.plan_id or self.algorithm!r}, {len(self.configs)} nodes on {self.devices}{', ' + est if est else ''})"
+

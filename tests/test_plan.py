@@ -1,0 +1,83 @@
+"""Plan: one configuration per operator, an order, estimates; JSON that refuses other graphs."""
+
+import json
+
+import pytest
+
+import tensoropt
+from tensoropt import Estimate, NodeConfig, Plan, PlanError
+from tensoropt.errors import GraphFormatError
+
+
+@pytest.fixture
+def graph(small_cnn):
+    return tensoropt.capture(*small_cnn)
+
+
+def split_plan(graph):
+    """Conv and batch norm data-parallel over two devices, the rest on gpu1."""
+    configs = {}
+    for n in graph.ops:
+        if n.op in ("aten.conv2d.default", "aten.batch_norm.default"):
+            configs[n.name] = NodeConfig(("gpu0", "gpu1"), "batch")
+        else:
+            configs[n.name] = NodeConfig(("gpu1",))
+    return Plan(configs, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
+                algorithm="hand", estimates=[Estimate("frontier", 0.01, {"gpu0": 10, "gpu1": 20})])
+
+
+def test_round_trip_and_views(graph, tmp_path):
+    plan = split_plan(graph)
+    plan.check(graph, tensoropt.load_cluster("preset:titan-rtx-5"))
+    assert plan.devices == ["gpu0", "gpu1"] and plan.num_devices == 2
+    assert plan.estimate("frontier").max_memory_bytes == 20 and plan.estimate("simulator") is None
+    plan.save(tmp_path / "p.json")
+    back = Plan.load(tmp_path / "p.json", graph)
+    assert back.to_dict() == plan.to_dict()
+    sim = back.with_estimate(Estimate("simulator", 0.02, {"gpu0": 11, "gpu1": 22}))
+    assert [e.source for e in sim.estimates] == ["frontier", "simulator"]
+    assert json.loads((tmp_path / "p.json").read_text())["format"] == "tensoropt.plan/1"
+
+
+def test_a_plan_for_another_graph_is_refused(graph, tied_lm, tmp_path):
+    split_plan(graph).save(tmp_path / "p.json")
+    other = tensoropt.capture(*tied_lm)
+    with pytest.raises(PlanError, match="fingerprint") as e:
+        Plan.load(tmp_path / "p.json", other)
+    assert graph.fingerprint[:12] in str(e.value) and other.fingerprint[:12] in str(e.value)
+
+
+def test_bad_plans_name_the_node_and_the_cause(graph):
+    plan = split_plan(graph)
+    relu = next(n.name for n in graph.ops if n.op == "aten.relu.default")
+    mean = next(n for n in graph.ops if n.op == "aten.mean.dim")
+    cases = [
+        ({relu: NodeConfig(("gpu0",), "batch")}, "runs on one device but has layout 'batch'"),
+        ({relu: NodeConfig(("gpu0", "gpu9"), "batch")}, "'gpu9', which cluster 'titan-rtx-5' does not have"),
+    ]
+    if mean.split.channel is None:
+        cases.append(({mean.name: NodeConfig(("gpu0", "gpu1"), "channel")}, "no channel dimension"))
+    for change, message in cases:
+        bad = Plan({**plan.configs, **change}, graph_fingerprint=graph.fingerprint)
+        with pytest.raises(PlanError, match=message):
+            bad.check(graph, tensoropt.load_cluster("preset:titan-rtx-5"))
+    missing = Plan({k: v for k, v in plan.configs.items() if k != relu}, graph_fingerprint=graph.fingerprint)
+    with pytest.raises(PlanError, match=f"no configuration for 1 operator.*{relu}"):
+        missing.check(graph)
+    backwards = Plan(plan.configs, graph_fingerprint=graph.fingerprint, order=list(reversed(plan.order)))
+    with pytest.raises(PlanError, match="before its input"):
+        backwards.check(graph)
+
+
+def test_malformed_files_name_the_field(graph, tmp_path):
+    d = split_plan(graph).to_dict()
+    first = next(iter(d["configs"]))
+    d["configs"][first]["layout"] = "diagonal"
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(GraphFormatError, match=rf"configs\['{first}'\]\.layout must be one of"):
+        Plan.load(tmp_path / "bad.json")
+    d = split_plan(graph).to_dict()
+    d["estimates"][0]["time_s"] = "fast"
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(GraphFormatError, match=r"estimates\[0\]\.time_s must be a non-negative number"):
+        Plan.load(tmp_path / "bad.json")
