@@ -54,10 +54,11 @@ def _cmd_bench_links(args: argparse.Namespace, console: Console) -> int:
     t = Table(title=f"links measured on {escape(result.host)} ({result.backend}, {len(sizes)} sizes "
                     f"{fmt_size(sizes[0])} … {fmt_size(sizes[-1])}, median of {args.repeats})",
               title_justify="left")
-    for col in ("src", "dst", "latency", "bandwidth", "R²", "points", "max error"):
+    for col in ("src", "dst", "latency", "bandwidth", "duplex", "R²", "points", "max error"):
         t.add_column(col, justify="left" if col in ("src", "dst") else "right")
     for (src, dst), f in result.fits.items():
-        t.add_row(src, dst, f"{f.latency_s * 1e6:.1f} µs", f"{f.bandwidth_Bps / 1e9:.3f} GB/s", f"{f.r2:.4f}",
+        t.add_row(src, dst, f"{f.latency_s * 1e6:.1f} µs", f"{f.bandwidth_Bps / 1e9:.3f} GB/s",
+                  f"{f.duplex:.2f}" if result.exchange else "1 (not measured)", f"{f.r2:.4f}",
                   str(f.n), f"{result.max_rel_error((src, dst)):.0%}")
     console.print(t)
     if args.samples:
@@ -69,6 +70,27 @@ def _cmd_bench_links(args: argparse.Namespace, console: Console) -> int:
             s.add_row(fmt_size(size), *(f"{result.samples[p][size] * 1e3:.3f} ms "
                                         f"({result.fits[p].time(size) * 1e3:.3f})" for p in result.fits))
         console.print(s)
+        if result.exchange:
+            # one column per exchanged pair (both orders share one exchange), brackets: the src → dst fit
+            order = {d: i for i, d in enumerate(result.devices)}
+            xpairs = [p for p in result.exchange if order[p[0]] < order[p[1]]]
+            x = Table(title="median simultaneous-exchange time per size, the same bytes both ways at once "
+                            "\\[fit one way / fit both ways (with duplex)]", title_justify="left")
+            x.add_column("size", justify="right")
+            for src, dst in xpairs:
+                x.add_column(f"{src} ⇄ {dst}", justify="right")
+            for size in result.exchange_sizes:
+                x.add_row(fmt_size(size), *(f"{result.exchange[p][size] * 1e3:.3f} ms "
+                                            f"\\[{result.fits[p].time(size) * 1e3:.3f} / "
+                                            f"{result.fits[p].time_both_ways(size) * 1e3:.3f}]" for p in xpairs))
+            console.print(x)
+    if result.exchange:
+        console.print("duplex: the fraction of the one-way bandwidth each direction keeps when both ranks send "
+                      "at once, from a simultaneous exchange at "
+                      f"{', '.join(fmt_size(s) for s in result.exchange_sizes)}: Σ bytes / bandwidth ÷ "
+                      "Σ (exchange time − latency), clamped to ≤ 1 (1 = full duplex)")
+    else:
+        console.print("duplex: not measured on the CUDA backend (GPU copy engines are full duplex); written as 1")
     console.print(f"{escape(result.method)}; {len(result.fits)} ordered pairs measured in {result.elapsed_s:.1f} s "
                   f"(torch {result.extra.get('torch', '?')}).  max error: the largest |fit − median| / median "
                   "over the sizes")
@@ -85,7 +107,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "sweep of sizes (powers of 4 from --min-size to --max-size), fit "
                                    "time = latency + bytes / bandwidth per pair by least squares, and "
                                    "print / save the result.  With two or more GPUs: CUDA device-to-device "
-                                   "copies; otherwise --world-size gloo processes on 127.0.0.1.")
+                                   "copies; otherwise --world-size gloo processes on 127.0.0.1, which also "
+                                   "time a simultaneous exchange per pair at the three largest sizes to "
+                                   "measure the link's duplex (the fraction of the one-way bandwidth each "
+                                   "direction keeps when both carry traffic).")
     p.add_argument("-o", "--output", metavar="CLUSTER_YAML", help="write the measured cluster as YAML")
     p.add_argument("--name", help="cluster name in the YAML (default bench-BACKEND-HOST)")
     p.add_argument("--backend", choices=("auto", "gloo", "cuda"), default="auto",

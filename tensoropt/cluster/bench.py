@@ -13,6 +13,13 @@ Each size of the sweep (default 4 KiB … 64 MiB, powers of 4) is repeated; the 
 is kept, and a line is fitted per ordered pair by least squares (:func:`fit_link`).  The result
 becomes a :class:`tensoropt.cluster.Cluster` with :meth:`BenchResult.cluster`.
 
+gloo also times a simultaneous exchange (both ranks of a pair send the same size to each other
+at once) at the largest three sizes of the sweep, and :func:`fit_duplex` turns it into the link's
+``duplex``: the fraction of the one-way bandwidth each direction keeps when both carry traffic
+(:class:`tensoropt.cluster.LinkModel`).  Over loopback it is well below 1: both directions are
+copies made by the same CPU cores.  The CUDA backend does not measure it (duplex 1.0, see
+:func:`_bench_cuda`).
+
 :func:`measure_collectives` times the gloo collectives (all-reduce, all-gather, reduce-scatter,
 all-to-all, broadcast) the same way, so the collective formulas of
 :mod:`tensoropt.cluster.collectives` can be checked against what really happens.
@@ -26,6 +33,7 @@ it always ends every worker it started.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import math
 import os
@@ -45,6 +53,8 @@ KiB = 1 << 10
 MiB = 1 << 20
 #: 4 KiB, 16 KiB, … 64 MiB
 DEFAULT_SIZES: tuple[int, ...] = tuple(4 * KiB * 4 ** k for k in range(8))
+#: the simultaneous exchange (duplex) is timed at this many of the largest sizes of the sweep
+EXCHANGE_SIZES = 3
 COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 Pair = tuple[str, str]
@@ -65,22 +75,29 @@ class LinkFit:
 
     ``r2`` is the coefficient of determination of the fit in the metric it minimised (relative
     residuals by default, see :func:`fit_link`); ``n`` the number of (size, time) points.
+    ``duplex`` is the fraction of the bandwidth each direction keeps when both carry traffic at
+    once (:func:`fit_duplex`; 1.0 when not measured).
     """
 
     latency_s: float
     bandwidth_Bps: float
     r2: float
     n: int
+    duplex: float = 1.0
 
     def time(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bandwidth_Bps
+
+    def time_both_ways(self, nbytes: float) -> float:
+        """The modelled time of a simultaneous exchange of ``nbytes`` each way."""
+        return self.latency_s + nbytes / (self.bandwidth_Bps * self.duplex)
 
     @property
     def link(self):
         """The :class:`tensoropt.cluster.LinkModel` of this fit."""
         from . import LinkModel
 
-        return LinkModel(latency_s=self.latency_s, bandwidth_Bps=self.bandwidth_Bps)
+        return LinkModel(latency_s=self.latency_s, bandwidth_Bps=self.bandwidth_Bps, duplex=self.duplex)
 
 
 def _pair_label(pair: Any) -> str:
@@ -147,6 +164,39 @@ def fit_link(sizes_bytes: Sequence[float], times_s: Sequence[float], *, pair: An
     return LinkFit(latency_s=float(latency), bandwidth_Bps=1.0 / slope, r2=float(r2), n=int(x.size))
 
 
+#: smallest duplex fit_duplex reports: below it, the "link" is not carrying data both ways at all
+MIN_DUPLEX = 0.01
+
+
+def fit_duplex(latency_s: float, bandwidth_Bps: float, sizes_bytes: Sequence[float],
+               exchange_times_s: Sequence[float]) -> float:
+    """The ``duplex`` of a link from simultaneous-exchange times (both ends send ``size`` bytes to
+    each other at once, timed until both have received).
+
+    Estimator: the bytes-dominated part of the time (the time minus the link's latency) of the
+    one-way model over that of the exchange, pooled over the sizes as a ratio of sums::
+
+        duplex = Σ size / bandwidth  ÷  Σ (exchange time − latency)
+
+    i.e. the factor for which the model ``latency + size / (bandwidth · duplex)``
+    (:meth:`tensoropt.cluster.LinkModel.time_both_ways`) matches the summed measured exchange
+    times; the largest transfer, which has the least noise for its length, weighs most.  Use it
+    at sizes where the bytes dominate the latency (the top of a sweep).  The result is clamped to
+    ``[MIN_DUPLEX, 1]``: an exchange as fast as one way, or faster (noise), is full duplex (1.0).
+    """
+    x = np.asarray(sizes_bytes, dtype=np.float64).ravel()
+    y = np.asarray(exchange_times_s, dtype=np.float64).ravel()
+    if x.shape != y.shape or x.size == 0:
+        raise BenchError(f"duplex: needs as many exchange times as sizes (≥ 1), got {x.size} sizes, {y.size} times")
+    if not (np.all(np.isfinite(y)) and np.all(y > 0)):
+        raise BenchError(f"duplex: exchange times must be finite and > 0 s, got {y.tolist()}")
+    one_way = float(np.sum(x)) / bandwidth_Bps
+    both = float(np.sum(y - latency_s))
+    if both <= one_way:
+        return 1.0
+    return max(MIN_DUPLEX, one_way / both)
+
+
 # ------------------------------------------------------------------------------------------ result
 
 
@@ -155,7 +205,10 @@ class BenchResult:
     """What :func:`bench_links` measured.
 
     ``samples[(src, dst)][size]`` is the median one-way time in seconds over ``repeats``
-    (``raw`` keeps every repeat); ``fits[(src, dst)]`` the fitted link.
+    (``raw`` keeps every repeat); ``fits[(src, dst)]`` the fitted link, its ``duplex`` included.
+    ``exchange[(src, dst)][size]`` is the median time of a simultaneous exchange of ``size`` bytes
+    each way between the two (the slower rank's time; the same for both orders of a pair;
+    ``exchange_raw`` every repeat); empty where it was not measured (CUDA).
     """
 
     backend: str                                  # "gloo" or "cuda"
@@ -171,6 +224,8 @@ class BenchResult:
     method: str
     elapsed_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    exchange: dict[Pair, dict[int, float]] = field(default_factory=dict)
+    exchange_raw: dict[Pair, dict[int, tuple[float, ...]]] = field(default_factory=dict)
 
     @property
     def r2(self) -> dict[Pair, float]:
@@ -179,6 +234,11 @@ class BenchResult:
     @property
     def pairs(self) -> list[Pair]:
         return list(self.fits)
+
+    @property
+    def exchange_sizes(self) -> list[int]:
+        """The sizes the simultaneous exchange was timed at (empty when it was not)."""
+        return sorted({s for by_size in self.exchange.values() for s in by_size})
 
     def max_rel_error(self, pair: Pair) -> float:
         """Largest ``|fit − median| / median`` over the sizes of ``pair``."""
@@ -205,7 +265,9 @@ class BenchResult:
         links = {pair: fit.link for pair, fit in self.fits.items()}
         source = (f"tensoropt bench-links on {self.host}: {self.backend}, {self.method}, "
                   f"{len(self.sizes)} sizes {_fmt_size(min(self.sizes))} … {_fmt_size(max(self.sizes))}, "
-                  f"median of {self.repeats}")
+                  f"median of {self.repeats}"
+                  + (f"; duplex from simultaneous exchanges of {', '.join(_fmt_size(s) for s in self.exchange_sizes)}"
+                     if self.exchange else ""))
         return Cluster(name or f"bench-{self.backend}-{self.host}", devices, links, source=source)
 
 
@@ -225,6 +287,10 @@ def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, re
     for a sign of life from the workers.  ``progress``: ``True`` for a progress bar on stderr, or
     a callback ``(done, total, what)``.
 
+    gloo also times a simultaneous exchange per pair at the largest three sizes (``repeats``
+    times each, median kept; see :func:`_p2p_job`) and sets each fit's ``duplex`` with
+    :func:`fit_duplex`; the CUDA backend leaves duplex at 1.0.
+
     gloo workers are started with the ``spawn`` method (a fresh interpreter each): a script that
     calls this must do so under ``if __name__ == "__main__":``.
     """
@@ -239,6 +305,7 @@ def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, re
         if backend == "cuda":
             idx = _gpu_indices(devices)
             raw_idx = _bench_cuda(idx, sizes, repeats, warmup, report)
+            raw_x: dict[tuple[int, int, int], list[float]] = {}       # duplex not measured: 1.0
             names = {i: f"gpu{i}" for i in idx}
             mem, kinds = _gpu_memory(idx)
             method = "CUDA device-to-device copy, CUDA events on the source stream"
@@ -249,17 +316,26 @@ def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, re
             if world_size < 2:
                 raise BenchError(f"the gloo benchmark needs world_size ≥ 2 processes, got {world_size}")
             idx = list(range(world_size))
-            total = world_size * (world_size - 1) * repeats
-            per_rank = _run_gloo(world_size, "p2p", {"sizes": sizes, "repeats": repeats, "warmup": warmup},
+            x_sizes = sizes[-EXCHANGE_SIZES:]
+            total = world_size * (world_size - 1) * repeats + world_size * (world_size - 1) // 2 * repeats
+            per_rank = _run_gloo(world_size, "p2p", {"sizes": sizes, "repeats": repeats, "warmup": warmup,
+                                                     "exchange_sizes": x_sizes},
                                  timeout_s=timeout_s, total=total, report=report, what="link benchmark")
             raw_idx = {}
             for r in per_rank:
-                raw_idx.update(r)
+                raw_idx.update(r["p2p"])
+            # the exchange's time per repeat: the slower of the two ranks (each timed its own side)
+            raw_x = {}
+            for key in sorted({k for r in per_rank for k in r["exchange"]}):
+                a, b, _ = key
+                raw_x[key] = [max(ta, tb) for ta, tb in zip(per_rank[a]["exchange"][key],
+                                                             per_rank[b]["exchange"][key])]
             names = {i: f"cpu{i}" for i in idx}
             ram = _host_memory()
             mem = {i: ram // world_size // MiB * MiB for i in idx}   # whole MiB: a tidy YAML
             kinds = {i: "cpu" for i in idx}
-            method = "gloo send/recv on 127.0.0.1, half the ping-pong round trip, 1 thread per process"
+            method = ("gloo send/recv on 127.0.0.1, half the ping-pong round trip, 1 thread per process; "
+                      "duplex: simultaneous isend/irecv exchange, slower rank")
 
     samples: dict[Pair, dict[int, float]] = {}
     raw: dict[Pair, dict[int, tuple[float, ...]]] = {}
@@ -270,11 +346,22 @@ def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, re
         samples.setdefault(pair, {})[size] = statistics.median(ts)
     for pair, by_size in samples.items():
         fits[pair] = fit_link(list(by_size), list(by_size.values()), pair=pair)
+    exchange: dict[Pair, dict[int, float]] = {}
+    exchange_raw: dict[Pair, dict[int, tuple[float, ...]]] = {}
+    for (a, b, size), ts in sorted(raw_x.items()):
+        for pair in ((names[a], names[b]), (names[b], names[a])):      # one exchange serves both directions
+            exchange_raw.setdefault(pair, {})[size] = tuple(ts)
+            exchange.setdefault(pair, {})[size] = statistics.median(ts)
+    for pair, by_size in exchange.items():
+        f = fits[pair]
+        fits[pair] = dataclasses.replace(f, duplex=fit_duplex(f.latency_s, f.bandwidth_Bps, list(by_size),
+                                                               list(by_size.values())))
     return BenchResult(backend=backend, devices=tuple(names[i] for i in idx), sizes=tuple(sizes), repeats=repeats,
                        samples=samples, raw=raw, fits=fits, memory_bytes={names[i]: mem[i] for i in idx},
                        kinds={names[i]: kinds[i] for i in idx}, host=socket.gethostname(), method=method,
                        elapsed_s=time.perf_counter() - t0,
-                       extra={"warmup": warmup, "world_size": len(idx), "torch": _torch_version()})
+                       extra={"warmup": warmup, "world_size": len(idx), "torch": _torch_version()},
+                       exchange=exchange, exchange_raw=exchange_raw)
 
 
 def _check_sizes(sizes: Sequence[int] | None) -> list[int]:
@@ -362,6 +449,13 @@ def _bench_cuda(idx: Sequence[int], sizes: Sequence[int], repeats: int, warmup: 
     PyTorch enqueues a cross-device copy on the *source* device's current stream (after making it
     wait for the destination's stream), so a pair of CUDA events recorded on that stream brackets
     exactly the copy; each repeat is timed alone and waited for, so copies never overlap.
+
+    Duplex is not measured here: the links keep duplex 1.0 (GPU copy engines move data both ways
+    at once over NVLink and PCIe, which are full duplex).  Measuring it would take two concurrent
+    copies a → b and b → a, and PyTorch makes the destination's current stream wait for a
+    cross-device copy, so copies issued on the default streams serialise: it needs a separate
+    pair of current streams per direction, and events recorded on one device — not written
+    here because it could not be tried on a machine with two GPUs.
     """
     import torch
 
@@ -465,7 +559,7 @@ def measure_collectives(*, world_size: int, sizes: Sequence[int], repeats: int =
 
 
 def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, sizes: Sequence[int],
-             repeats: int, warmup: int) -> dict[tuple[int, int, int], list[float]]:
+             repeats: int, warmup: int, exchange_sizes: Sequence[int] = ()) -> dict[str, dict]:
     """Every ordered pair (a, b) in turn: rank a sends each size to rank b, b sends it back.
 
     One-way time = half the round trip (ping-pong, as OSU's osu_latency and most MPI benchmarks
@@ -479,6 +573,16 @@ def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, 
     processes on a shared machine spreads over all sizes instead of spoiling the median of one,
     and no size always follows the same one (a small transfer right after a large one is slower).  The other ranks wait
     in a barrier each round, so only one transfer is in flight at a time.
+
+    Then every unordered pair (a, b), a < b, exchanges each of ``exchange_sizes``: both ranks
+    ``isend`` the size to the other and ``irecv`` the same size from it at once, and each times
+    its own side until both its transfers are done (``warmup + repeats`` rounds, sizes shuffled
+    per round, the other ranks in a barrier).  Both ranks start right after the round's barrier;
+    the parent keeps the slower rank's time per repeat, which includes that barrier's exit skew
+    (tens of µs, against milliseconds for the large sizes this is run at).
+
+    Returns ``{"p2p": {(a, b, size): [one-way s, …]}, "exchange": {(a, b, size): [this rank's s, …]}}``
+    (p2p: filled by the sending rank; exchange: by both ranks of the pair).
     """
     import torch
     import torch.distributed as dist
@@ -509,7 +613,27 @@ def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, 
                 step += 1
                 if rank == a:
                     report(step, f"cpu{a} → cpu{b}, round {rnd - warmup + 1} of {repeats}")
-    return out
+    exchange: dict[tuple[int, int, int], list[float]] = {}
+    if exchange_sizes:
+        rbuf = torch.zeros(max(exchange_sizes), dtype=torch.uint8)
+        for a, b in [(a, b) for a in range(world_size) for b in range(a + 1, world_size)]:
+            for rnd in range(warmup + repeats):
+                dist.barrier()
+                if rank in (a, b):
+                    peer = b if rank == a else a
+                    for size in _round_order(list(exchange_sizes), rnd):
+                        t0 = time.perf_counter()
+                        works = [dist.isend(buf[:size], peer), dist.irecv(rbuf[:size], peer)]
+                        for w in works:
+                            w.wait()
+                        dt = time.perf_counter() - t0
+                        if rnd >= warmup:
+                            exchange.setdefault((a, b, size), []).append(dt)
+                if rnd >= warmup:
+                    step += 1
+                    if rank == a:
+                        report(step, f"cpu{a} ⇄ cpu{b} exchange, round {rnd - warmup + 1} of {repeats}")
+    return {"p2p": out, "exchange": exchange}
 
 
 def _collective_calls(world_size: int, nbytes: int):

@@ -3,7 +3,9 @@
 A cluster is an ordered tuple of :class:`Device` and a :class:`LinkModel` for every ordered pair of
 distinct devices: sending ``b`` bytes from ``src`` to ``dst`` takes ``latency + b / bandwidth``
 (design §2, the model NetSplit §4.2 and FastT fit from point-to-point benchmarks).  Links are
-directed, so a measured asymmetric pair can be written as it is.
+directed, so a measured asymmetric pair can be written as it is.  A link's optional ``duplex``
+(default 1 = full duplex) is the fraction of that bandwidth it keeps while traffic also flows the
+other way at the same time: ``latency + b / (bandwidth · duplex)`` (:meth:`LinkModel.time_both_ways`).
 
 The file format (YAML or JSON, same keys)::
 
@@ -16,6 +18,7 @@ The file format (YAML or JSON, same keys)::
         - {devices: [gpu0, gpu1], latency: 5us, bandwidth: 20GB/s}
       pairs:                                   # directed overrides, applied last
         - {src: gpu0, dst: gpu2, latency: 15us, bandwidth: 8GB/s}
+        # any link entry may add duplex: 0.5 (a number in (0, 1]; left out = 1.0, full duplex)
 
 A pair that no group / pair names takes ``links.default``; without one it takes
 :data:`SAME_HOST_DEFAULT` when both devices have the same ``host`` and :data:`CROSS_HOST_DEFAULT`
@@ -54,47 +57,82 @@ def _real(x: Any) -> bool:
 class LinkModel:
     """Time to move bytes from one device to another: ``latency_s + nbytes / bandwidth_Bps``.
 
-    ``bandwidth_Bps`` is bytes per second in one direction (links are full duplex: the reverse
-    direction is a separate :class:`LinkModel`).  ``inf`` bandwidth with zero latency is the
-    "link" from a device to itself.
+    ``bandwidth_Bps`` is bytes per second in one direction; the reverse direction is a separate
+    :class:`LinkModel`.  ``duplex`` (0 < duplex ≤ 1, default 1.0) is the fraction of that
+    one-way bandwidth each direction keeps when the link carries traffic both ways at once:
+    1.0 = full duplex (NVLink, PCIe DMA, a switched Ethernet port), 0.5 = both directions share
+    one bandwidth.  The collective formulas apply it whenever the ends of the link also move data
+    the other way at the same time (an exchange, a ring step; see
+    :mod:`tensoropt.cluster.collectives`): ``tensoropt bench-links`` measures it as one-way time ÷
+    simultaneous-exchange time, e.g. ≈ 0.4–0.6 for gloo on 127.0.0.1, where both directions are
+    copies by the same CPU cores.  ``inf`` bandwidth with zero latency is the "link" from a device
+    to itself.
+
+    ``LinkModel(latency_s, bandwidth_Bps)`` (positional, as before) is a full-duplex link.
     """
 
     latency_s: float
     bandwidth_Bps: float
+    duplex: float = 1.0
 
     def __post_init__(self) -> None:
-        lat, bw = self.latency_s, self.bandwidth_Bps
+        lat, bw, dx = self.latency_s, self.bandwidth_Bps, self.duplex
         if not _real(lat) or not (math.isfinite(lat) and lat >= 0):
             raise ClusterSpecError(f"link latency must be a finite number of seconds >= 0, got {lat!r}")
         if not _real(bw) or math.isnan(bw) or bw <= 0:
             raise ClusterSpecError(f"link bandwidth must be a positive number of bytes/s, got {bw!r}")
+        if not _real(dx) or not (0 < dx <= 1):
+            raise ClusterSpecError(f"link duplex must be a number in (0, 1] (the fraction of the one-way "
+                                   f"bandwidth each direction keeps when both carry traffic; 1 = full duplex), "
+                                   f"got {dx!r}")
         # store plain floats so equality / fingerprints do not depend on int-vs-float spelling
         object.__setattr__(self, "latency_s", float(lat))
         object.__setattr__(self, "bandwidth_Bps", float(bw))
+        object.__setattr__(self, "duplex", float(dx))
 
     def time(self, nbytes: int | float) -> float:
-        """Seconds to send ``nbytes``; 0.0 when there is nothing to send (no message, no latency)."""
+        """Seconds to send ``nbytes`` one way; 0.0 when there is nothing to send (no message, no latency)."""
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         if nbytes == 0:
             return 0.0
         return self.latency_s + nbytes / self.bandwidth_Bps
 
-    def to_dict(self) -> dict[str, str]:
-        """``{"latency": "5us", "bandwidth": "13GB/s"}``: exact, parses back to an equal link."""
-        return {"latency": fmt_time(self.latency_s), "bandwidth": fmt_rate(self.bandwidth_Bps)}
+    def time_both_ways(self, nbytes: int | float) -> float:
+        """Seconds to send ``nbytes`` while traffic flows the other way at the same time:
+        ``latency + nbytes / (bandwidth · duplex)``; equals :meth:`time` for a full-duplex link."""
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        if nbytes == 0:
+            return 0.0
+        return self.latency_s + nbytes / (self.bandwidth_Bps * self.duplex)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"latency": "5us", "bandwidth": "13GB/s"}`` plus ``"duplex": 0.4`` when it is not 1:
+        exact, parses back to an equal link."""
+        d: dict[str, Any] = {"latency": fmt_time(self.latency_s), "bandwidth": fmt_rate(self.bandwidth_Bps)}
+        if self.duplex != 1.0:
+            d["duplex"] = self.duplex
+        return d
 
     @classmethod
     def from_dict(cls, d: Any, where: str, extra: Iterable[str] = ()) -> LinkModel:
-        """Parse ``{latency, bandwidth}`` (both required); ``extra`` are further keys the caller
-        handles (e.g. ``devices`` of a group).  ``where`` is ``"file: field.path"``."""
-        _check_keys(d, ("latency", "bandwidth", *extra), where)
+        """Parse ``{latency, bandwidth}`` (both required) and ``duplex`` (optional, default 1);
+        ``extra`` are further keys the caller handles (e.g. ``devices`` of a group).  ``where`` is
+        ``"file: field.path"``."""
+        _check_keys(d, ("latency", "bandwidth", "duplex", *extra), where)
         lat = parse_time(_require(d, "latency", where), f"{where}.latency")
         bw = parse_rate(_require(d, "bandwidth", where), f"{where}.bandwidth")
-        return cls(lat, bw)
+        dx = d.get("duplex", 1.0)
+        if not _real(dx) or not (0 < dx <= 1):
+            raise ClusterSpecError(f"{where}.duplex: must be a number in (0, 1]: the fraction of the one-way "
+                                   "bandwidth each direction keeps when the link carries traffic both ways at "
+                                   f"once (1 = full duplex, 0.5 = shared), got {dx!r}")
+        return cls(lat, bw, float(dx))
 
     def __str__(self) -> str:
-        return f"{fmt_time(self.latency_s)} + bytes / {fmt_rate(self.bandwidth_Bps)}"
+        both = f", duplex {self.duplex:g}" if self.duplex != 1.0 else ""
+        return f"{fmt_time(self.latency_s)} + bytes / {fmt_rate(self.bandwidth_Bps)}{both}"
 
 
 LOCAL_LINK = LinkModel(0.0, math.inf)
@@ -302,12 +340,15 @@ class Cluster:
     def _canonical(self) -> dict[str, Any]:
         return {
             "devices": [[d.name, d.memory_bytes, d.kind, d.host, d.speed] for d in self.devices],
-            "links": [[a, b, ln.latency_s, ln.bandwidth_Bps] for (a, b), ln in self._links.items()],
+            # duplex only where it is not 1, so clusters without it keep the fingerprints they had
+            "links": [[a, b, ln.latency_s, ln.bandwidth_Bps, *([ln.duplex] if ln.duplex != 1.0 else [])]
+                      for (a, b), ln in self._links.items()],
         }
 
     @property
     def fingerprint(self) -> str:
-        """SHA-256 over the devices (in order) and every link, not the name or source: two files
+        """SHA-256 over the devices (in order) and every link (its duplex only when it is not 1, so
+        files written before duplex existed keep their fingerprint), not the name or source: two files
         describing the same hardware the same way have the same fingerprint, however compactly
         each was written.  Plans carry it so they are not applied to other hardware."""
         return hashlib.sha256(json.dumps(self._canonical(), separators=(",", ":")).encode()).hexdigest()

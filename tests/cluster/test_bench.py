@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from tensoropt.cluster.bench import (BenchError, CollectiveSample, LinkFit, _run_gloo, bench_links, fit_link,
-                                     measure_collectives)
+from tensoropt.cluster.bench import (MIN_DUPLEX, BenchError, CollectiveSample, LinkFit, _run_gloo, bench_links,
+                                     fit_duplex, fit_link, measure_collectives)
 from tensoropt.errors import ClusterSpecError, TensorOptError
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -75,6 +75,29 @@ def test_linkfit_is_a_link_model():
     link = f.link
     assert isinstance(link, LinkModel)
     assert link.time(1e6) == pytest.approx(f.time(1e6))
+    assert f.duplex == 1.0 and link.duplex == 1.0
+    half = LinkFit(latency_s=1e-5, bandwidth_Bps=1e10, r2=1.0, n=2, duplex=0.5)
+    assert half.link == LinkModel(1e-5, 1e10, 0.5)
+    assert half.link.time_both_ways(1e6) == pytest.approx(half.time_both_ways(1e6)) == pytest.approx(1e-5 + 2e-4)
+
+
+def test_fit_duplex_recovers_the_model_and_clamps():
+    latency, bandwidth = 50e-6, 2e9
+    sizes = [MiB, 4 * MiB, 16 * MiB]
+    for duplex in (1.0, 0.5, 0.37):
+        exchange = [latency + s / (bandwidth * duplex) for s in sizes]
+        assert fit_duplex(latency, bandwidth, sizes, exchange) == pytest.approx(duplex, rel=1e-12)
+    # ratio of sums: the largest size weighs most
+    exchange = [latency + s / bandwidth * k for s, k in zip(sizes, (10, 2, 2))]
+    assert fit_duplex(latency, bandwidth, sizes, exchange) == pytest.approx(21 / (10 + 8 + 32))
+    # an exchange as fast as one way (or faster: noise) is full duplex; absurdly slow is clamped
+    assert fit_duplex(latency, bandwidth, sizes, [latency + s / bandwidth * 0.9 for s in sizes]) == 1.0
+    assert fit_duplex(latency, bandwidth, [MiB], [latency / 2]) == 1.0
+    assert fit_duplex(latency, bandwidth, [MiB], [1e3]) == MIN_DUPLEX
+    with pytest.raises(BenchError, match="as many exchange times as sizes"):
+        fit_duplex(latency, bandwidth, [MiB, 2 * MiB], [1e-3])
+    with pytest.raises(BenchError, match="finite"):
+        fit_duplex(latency, bandwidth, [MiB], [float("inf")])
 
 
 # ------------------------------------------------------------------------------------ real gloo
@@ -118,6 +141,15 @@ def test_gloo_sweep_fits_every_ordered_pair(gloo_result):
         assert set(r.samples[pair]) == {64 * KiB, 256 * KiB, MiB, 4 * MiB}     # 64 KiB, ×4 … 4 MiB
         assert all(t > 0 for t in r.samples[pair].values())
         assert all(len(ts) == 5 for ts in r.raw[pair].values())
+        # the simultaneous exchange at the three largest sizes gives the duplex
+        assert set(r.exchange[pair]) == {256 * KiB, MiB, 4 * MiB}
+        assert all(t > 0 for t in r.exchange[pair].values())
+        assert all(len(ts) == 5 for ts in r.exchange_raw[pair].values())
+        assert MIN_DUPLEX <= f.duplex <= 1.0
+        assert f.duplex == fit_duplex(f.latency_s, f.bandwidth_Bps, list(r.exchange[pair]),
+                                      list(r.exchange[pair].values()))
+    assert r.exchange[("cpu0", "cpu1")] == r.exchange[("cpu1", "cpu0")]     # one exchange, both directions
+    assert r.exchange_sizes == [256 * KiB, MiB, 4 * MiB]
     assert r.memory_bytes["cpu0"] > 0
 
 
@@ -134,6 +166,8 @@ def test_gloo_result_round_trips_through_yaml(gloo_result, tmp_path):
         link = back.link(src, dst)
         assert link.latency_s == f.latency_s          # exact: the YAML units round-trip floats
         assert link.bandwidth_Bps == f.bandwidth_Bps
+        assert link.duplex == f.duplex
+    assert "duplex from simultaneous exchanges of 256 KiB, 1 MiB, 4 MiB" in c.source
     one = gloo_result.cluster(memory_bytes=8 << 30)
     assert all(d.memory_bytes == 8 << 30 for d in one.devices)
 
@@ -180,6 +214,7 @@ def test_cli_bench_links_writes_a_loadable_cluster(gloo_run):
     assert rc == 0, text
     assert "cpu0" in text and "GB/s" in text and "R²" in text and f"wrote {out}" in text
     assert "64KiB" in text and "4MiB" in text           # --samples: one row per size
+    assert "duplex" in text and "cpu0 ⇄ cpu1" in text and "cpu1 ⇄ cpu0" not in text   # duplex, exchange table
     c = Cluster.load(out)
     assert c.name == "loopback" and set(c.names) == {"cpu0", "cpu1"}
     assert c.link("cpu0", "cpu1").bandwidth_Bps > 0

@@ -42,6 +42,33 @@ def test_hand_computed_values_on_three_devices():
     assert broadcast_time(c, ["a", "c", "b"], N) == pytest.approx(1e-5 + 1e-6 + N / 1e9)
 
 
+def test_hand_computed_values_with_duplex():
+    # every link: 100 us, 2 GB/s one way, 0.4 of that each way when both directions carry traffic
+    shared = LinkModel(1e-4, 2e9, 0.4)
+    c = Cluster("loop", [Device(n, 2**30) for n in "abc"], {}, default=shared)
+    both = lambda b: 1e-4 + b / 0.8e9                                      # noqa: E731  2 GB/s × 0.4
+    one = lambda b: 1e-4 + b / 2e9                                         # noqa: E731
+    pair, ring = ["a", "b"], ["a", "b", "c"]
+    assert p2p_time(c, "a", "b", N) == pytest.approx(one(N))                # one direction: no sharing
+    # two devices: every step is an exchange of half the tensor
+    assert all_to_all_time(c, pair, N) == pytest.approx(both(N / 2))
+    assert allgather_time(c, pair, N) == pytest.approx(both(N / 2))
+    assert reduce_scatter_time(c, pair, N) == pytest.approx(both(N / 2))
+    assert ring_allreduce_time(c, pair, N) == pytest.approx(2 * both(N / 2))
+    assert broadcast_time(c, pair, N) == pytest.approx(one(N))              # nobody sends back
+    # three devices: each device sends to its successor while it receives from its predecessor
+    assert ring_allreduce_time(c, ring, N) == pytest.approx(4 * both(N / 3))
+    assert allgather_time(c, ring, N) == pytest.approx(2 * both(N / 3))
+    assert all_to_all_time(c, ring, N) == pytest.approx(2 * both(N / 3))
+    # the chain a → b → c: b relays (receives and sends at once), so the stream runs at 0.8 GB/s
+    assert broadcast_time(c, ring, N) == pytest.approx(2e-4 + N / 0.8e9)
+    # a full-duplex link in the ring does not help: the slowest (shared) link bounds each step
+    mixed = c.with_links({("a", "b"): FAST, ("b", "c"): FAST})
+    assert allgather_time(mixed, ring, N) == pytest.approx(2 * both(N / 3))
+    full = Cluster("full", c.devices, {}, default=LinkModel(1e-4, 2e9))
+    assert allgather_time(full, ring, N) == pytest.approx(2 * one(N / 3))
+
+
 def test_ring_direction_matters_on_an_asymmetric_link():
     c = tri(symmetric=False)                                        # only c → a is slow
     assert ring_allreduce_time(c, ["a", "b", "c"], N) == pytest.approx(4 * SLOW_CHUNK)
@@ -77,7 +104,7 @@ def test_bad_groups():
 
 # ---- properties over random clusters --------------------------------------------------------------
 
-_link = st.builds(LinkModel, st.floats(0, 1e-4), st.floats(1e8, 1e11))
+_link = st.builds(LinkModel, st.floats(0, 1e-4), st.floats(1e8, 1e11), st.sampled_from([1.0, 1.0, 0.5, 0.3]))
 
 
 @st.composite
@@ -131,3 +158,7 @@ def test_a_collective_is_at_least_its_slowest_chunk_transfer(cg, nbytes):
         assert allgather_time(c, order, nbytes) >= max(ring) * (n - 1) * (1 - 1e-12)
         slowest_any = max(c.link(a, b).time(nbytes / n) for a, b in itertools.permutations(order, 2))
         assert all_to_all_time(c, order, nbytes) >= slowest_any * (1 - 1e-12)
+        # sharing the bandwidth never makes a collective faster than its full-duplex twin
+        full = c.with_links({p: LinkModel(ln.latency_s, ln.bandwidth_Bps) for p, ln in c.links.items()})
+        for fn in COLLECTIVES:
+            assert fn(c, order, nbytes) >= fn(full, order, nbytes) * (1 - 1e-12)

@@ -52,6 +52,85 @@ def test_link_model_time():
         LinkModel(-1e-6, 1e9)
 
 
+def test_link_model_duplex():
+    full = LinkModel(1e-5, 1e9)                          # positional construction: full duplex
+    assert full.duplex == 1.0 and full.time_both_ways(1e6) == full.time(1e6)
+    half = LinkModel(1e-5, 1e9, 0.5)
+    assert half.time(1e6) == pytest.approx(1e-5 + 1e-3)  # one way: the duplex does not matter
+    assert half.time_both_ways(1e6) == pytest.approx(1e-5 + 2e-3)
+    assert half.time_both_ways(0) == 0.0
+    assert LinkModel(latency_s=1e-5, bandwidth_Bps=1e9, duplex=1) == full           # stored as float
+    assert half != full and hash(half) != hash(full)
+    assert "duplex 0.5" in str(half) and "duplex" not in str(full)
+    with pytest.raises(ValueError):
+        half.time_both_ways(-1)
+    for bad in (0, 0.0, -0.5, 1.01, float("nan"), float("inf"), True, "0.5", None):
+        with pytest.raises(ClusterSpecError, match=r"duplex must be a number in \(0, 1\]"):
+            LinkModel(1e-5, 1e9, bad)
+    assert LinkModel(0.0, math.inf, 0.5).time_both_ways(1e12) == 0.0
+
+
+DUPLEX_YAML = """\
+name: loop
+devices:
+  - {name: a, memory: 1GiB}
+  - {name: b, memory: 1GiB}
+  - {name: c, memory: 1GiB}
+links:
+  default: {latency: 100us, bandwidth: 2GB/s, duplex: 0.4}
+  groups:
+    - {devices: [a, b], latency: 5us, bandwidth: 20GB/s, duplex: 1}
+  pairs:
+    - {src: a, dst: c, latency: 100us, bandwidth: 2GB/s, duplex: 0.35}
+"""
+
+
+def test_duplex_in_yaml_default_groups_and_pairs(tmp_path):
+    c = Cluster.load(write(tmp_path, DUPLEX_YAML))
+    assert c.link("b", "c") == c.link("c", "a") == LinkModel(1e-4, 2e9, 0.4)
+    assert c.link("a", "b") == c.link("b", "a") == LinkModel(5e-6, 20e9)             # duplex 1 = left out
+    assert c.link("a", "c") == LinkModel(1e-4, 2e9, 0.35)
+    d = c.to_dict()
+    assert d["links"]["default"] == {"latency": "100us", "bandwidth": "2GB/s", "duplex": 0.4}
+    assert "duplex" not in d["links"]["groups"][0]                                 # written only when ≠ 1
+    assert d["links"]["pairs"] == [{"src": "a", "dst": "c", "latency": "100us", "bandwidth": "2GB/s",
+                                    "duplex": 0.35}]
+    odd = LinkModel(1e-4, 2e9, 1 / 3)                                               # no short decimal form
+    c = c.with_links({("b", "a"): odd})
+    for name in ("c.yaml", "c.json"):
+        c.save(tmp_path / name)
+        back = Cluster.load(tmp_path / name)
+        assert back == c and back.fingerprint == c.fingerprint
+        assert back.link("b", "a").duplex == 1 / 3                                  # exact
+    assert "duplex: 0.3333333333333333" in (tmp_path / "c.yaml").read_text()
+
+
+@pytest.mark.parametrize("value, shown", [("0", "0"), ("1.5", "1.5"), ("-0.2", "-0.2"), ("'half'", "'half'"),
+                                          ("true", "True"), (".nan", "nan")])
+def test_bad_duplex_in_a_file_names_the_field(tmp_path, value, shown):
+    body = ("devices: [{name: a, memory: 1GiB}, {name: b, memory: 1GiB}]\n"
+            f"links: {{pairs: [{{src: a, dst: b, latency: 1us, bandwidth: 1GB/s, duplex: {value}}}]}}\n")
+    with pytest.raises(ClusterSpecError) as e:
+        Cluster.load(write(tmp_path, body))
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path / 'c.yaml'}: links.pairs[0].duplex: must be a number in (0, 1]"), msg
+    assert msg.endswith(f"got {shown}"), msg
+
+
+def test_duplex_one_keeps_old_fingerprints_and_files():
+    import hashlib
+
+    c = three()
+    # the canonical form before duplex existed: [src, dst, latency, bandwidth] per link
+    old = {"devices": [[d.name, d.memory_bytes, d.kind, d.host, d.speed] for d in c.devices],
+           "links": [[a, b, ln.latency_s, ln.bandwidth_Bps] for (a, b), ln in c.links.items()]}
+    assert c.fingerprint == hashlib.sha256(json.dumps(old, separators=(",", ":")).encode()).hexdigest()
+    assert "duplex" not in c.to_yaml()
+    assert load_cluster("preset:titan-rtx-5").fingerprint.startswith("b7aaf85b42df36d0")   # as before duplex
+    shared = c.with_links({("a", "b"): LinkModel(1e-6, 10e9, 0.5)})               # a's default, but shared
+    assert shared != c and shared.fingerprint != c.fingerprint
+
+
 def test_issue_example_groups_pairs_and_default(tmp_path):
     c = Cluster.load(write(tmp_path, ISSUE_YAML))
     assert c.name == "two-hosts" and c.names == ["gpu0", "gpu1", "gpu2", "gpu3"]
@@ -243,7 +322,7 @@ def test_load_cluster_resolves_presets_paths_and_values(tmp_path):
 # ---- property: any cluster survives to_dict / YAML exactly ------------------------------------
 
 _links = st.builds(LinkModel, st.sampled_from([0.0, 1e-6, 5e-6, 1 / 3 * 1e-5]),
-                   st.sampled_from([1e9, 12.5e9, 25e9 / 8, 1e10 / 3]))
+                   st.sampled_from([1e9, 12.5e9, 25e9 / 8, 1e10 / 3]), st.sampled_from([1.0, 1.0, 0.5, 1 / 3]))
 
 
 @st.composite
