@@ -20,8 +20,8 @@ How (seed 003 §4.4, FastT's profiled op times, design §2 "CostModel"):
    expected shape, or that raises, is the full cost scaled by ``1/k`` and marked ``scaled``.
 5. Measurements are cached by (op, argument shapes / dtypes / gradient flags, other arguments)
    within the run — identical layers are measured once — and on disk per device kind
-   (``~/.cache/tensoropt`` or ``$TENSOROPT_CACHE_DIR``), so profiling the same model again is
-   nearly free.  A node that cannot run alone gets a roofline estimate (FLOPs from
+   (``~/.cache/tensoropt`` or ``$TENSOROPT_CACHE_DIR``).  Profiling a model whose calls are all
+   cached walks the graph on FakeTensors only (no compute): nearly free.  A node that cannot run alone gets a roofline estimate (FLOPs from
    ``FlopCounterMode`` over the measured peak FLOP/s, bytes over the measured memory bandwidth)
    marked ``roofline``.
 """
@@ -90,19 +90,29 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     degrees = sorted({int(k) for k in shard_degrees if int(k) > 1})
     t0 = time.perf_counter()
     load0 = _loadavg()
-    info = device_info(dev)
-    store = _DiskCache(cache, device_key(info))
-    runner = _Runner(graph, dev, degrees, repeats, warmup, store, info)
+    basic = device_info(dev, measure=False)
+    store = _DiskCache(cache, device_key(basic))
     total = len(graph.ops)
     report = _progress_callback(progress, total)
+    runner = None
     try:
         with quiet_torch_logs():  # a failing fake-tensor op logs its traceback before we handle it
-            runner.run(inputs if inputs is not None else graph.example_inputs, report)
+            if store.entries and store.info:  # everything cached? find out on FakeTensors, no compute
+                runner = _Runner(graph, dev, degrees, repeats, warmup, store, store.info, dry=True)
+                if not runner.run_dry(inputs if inputs is not None else graph.example_inputs, report):
+                    runner = None
+            if runner is None:
+                info = device_info(dev)
+                store.info, store.dirty = info, True
+                runner = _Runner(graph, dev, degrees, repeats, warmup, store, info)
+                runner.run(inputs if inputs is not None else graph.example_inputs, report)
     finally:
         report(None, total, "")
+    info = runner.info
     store.save()
     settings = {"repeats": repeats, "warmup": warmup, "shard_degrees": [1, *degrees],
                 "measured_calls": runner.measured_calls, "cached_calls": runner.cached_calls,
+                "from_cache_only": runner.dry,   # every call was cached: nothing ran on real tensors
                 # other work on the machine inflates every time (an OpenMP region waits for a
                 # descheduled thread): keep the load seen, so a busy profile can be told apart
                 "load_average": [round(x, 2) for x in (load0, _loadavg())], "cpu_count": os.cpu_count()}
@@ -168,8 +178,10 @@ class _DiskCache:
 
     def __init__(self, cache: bool | str | os.PathLike, key: str):
         self.entries: dict[str, Measurement] = {}
+        self.info: dict[str, Any] = {}   # the device description (measured peaks) of the entries
         self.path: Path | None = None
         self.dirty = False
+        self.key = key
         if cache is False:
             return
         folder = Path(cache) if not isinstance(cache, bool) else \
@@ -179,12 +191,12 @@ class _DiskCache:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
             if data.get("version") == CACHE_VERSION and data.get("device") == key:
+                self.info = data.get("info") or {}
                 for k, v in data["entries"].items():
                     self.entries[k] = Measurement(**{**v, "saved_args": tuple(v["saved_args"]),
                                                      "out_shape": tuple(v["out_shape"])})
         except (OSError, ValueError, KeyError, TypeError):
             pass  # no cache yet, or one from another version: measure afresh and overwrite it
-        self.key = key
 
     def get(self, key: str) -> Measurement | None:
         return self.entries.get(key)
@@ -197,7 +209,7 @@ class _DiskCache:
         if self.path is None or not self.dirty:
             return
         try:
-            write_json_atomic(self.path, {"version": CACHE_VERSION, "device": self.key,
+            write_json_atomic(self.path, {"version": CACHE_VERSION, "device": self.key, "info": self.info,
                                           "entries": {k: asdict(m) for k, m in self.entries.items()}})
         except OSError:
             pass  # a read-only home must not fail a profile; the next run measures again
@@ -207,7 +219,7 @@ class _Runner(fx.Interpreter):
     """Runs the captured module once, measuring each node alone as it goes."""
 
     def __init__(self, graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
-                 store: _DiskCache, info: dict[str, Any]):
+                 store: _DiskCache, info: dict[str, Any], dry: bool = False):
         gm = graph.module
         self.exported = graph.exported
         if self.exported is None:  # torch.fx capture: the module holds the user's own parameters and
@@ -226,6 +238,7 @@ class _Runner(fx.Interpreter):
         self.seen: dict[str, Measurement] = {}
         self.measured_calls = self.cached_calls = 0
         self.report: Callable = lambda *a: None
+        self.dry = dry  # only look calls up in the cache, on FakeTensors (raises _CacheMiss)
 
     # ---- driving -----------------------------------------------------------------------------
     def run(self, inputs: tuple | None, report: Callable) -> None:  # type: ignore[override]
@@ -233,6 +246,24 @@ class _Runner(fx.Interpreter):
         args = self._placeholder_values(inputs)
         with torch.no_grad():
             super().run(*args)
+
+    def run_dry(self, inputs: tuple | None, report: Callable) -> bool:
+        """Walk the graph on FakeTensors, taking every call from the cache; ``False`` (and no
+        costs) as soon as one call is missing or anything cannot run on FakeTensors."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.report = report
+        try:
+            args = self._placeholder_values(inputs)
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+                with torch.no_grad():
+                    super().run(*fake)
+            return True
+        except Exception:  # noqa: BLE001 - a miss, or an op FakeTensors cannot run: measure for real
+            self.costs.clear()
+            self.cached_calls = 0
+            return False
 
     def _placeholder_values(self, inputs: tuple | None) -> list[Any]:
         user = list(tree_flatten(tuple(inputs))[0]) if inputs is not None else None
@@ -390,6 +421,8 @@ class _Runner(fx.Interpreter):
         grad_flags = self._grad_flags(args, kwargs, tinfo, grad)
         key = _call_key(opname, fn, args, kwargs, grad_flags, extra_params)
         hit = self.seen.get(key) or self.store.get(key)
+        if hit is None and self.dry:
+            raise _CacheMiss(key)
         if hit is not None:
             self.seen[key] = hit
             self.cached_calls += 1
@@ -419,6 +452,10 @@ class _Runner(fx.Interpreter):
 
     def _is_trainable(self, v: torch.Tensor) -> bool:
         return bool(getattr(v, "requires_grad", False)) or isinstance(v, torch.nn.Parameter)
+
+
+class _CacheMiss(Exception):
+    pass
 
 
 def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool], param_flags: list[bool],

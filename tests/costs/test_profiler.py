@@ -71,6 +71,9 @@ def test_identical_calls_are_measured_once_and_cached_on_disk(tmp_path):
     assert lin[0].fp_s == lin[1].fp_s
     again = profile(graph, shard_degrees=(1, 2), repeats=2, cache=tmp_path)
     assert again.settings["measured_calls"] == 0 and again.settings["cached_calls"] > 0
+    assert again.settings["from_cache_only"] and not first.settings["from_cache_only"]
+    assert again.device["peak_flops"] == first.device["peak_flops"]   # the device as measured then
+    assert {n: c.fp_s for n, c in again.nodes.items()} == {n: c.fp_s for n, c in first.nodes.items()}
     assert all(c.method in ("cached", "free") for c in again.nodes.values())
     fresh = profile(graph, shard_degrees=(1, 2), repeats=2, cache=False)
     assert fresh.settings["measured_calls"] > 0
