@@ -29,8 +29,8 @@ from tensoropt.costs import profile, step_memory
 from tensoropt.costs.step import measure_step
 from tensoropt.describe import fmt_bytes
 
-DEFAULT_MODELS = ["zoo:wide_resnet152?batch=8", "zoo:gpt2?layers=12&batch=4&seq_len=256", "zoo:vgg16?batch=8",
-                  "zoo:unet?batch=4&image_size=128", "zoo:transformer?batch=16"]
+DEFAULT_MODELS = ["zoo:wide_resnet?batch=8&image_size=112", "zoo:gpt2?layers=2&batch=2&seq_len=128",
+                  "zoo:vgg16?batch=4", "zoo:unet?batch=2&image_size=128", "zoo:transformer?batch=8&seq_len=64"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--degrees", default="1,2,4,8", help="shard degrees profiled (default 1,2,4,8)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=5, help="timed training steps (median)")
+    ap.add_argument("--cache", help="reuse this profile cache folder (cold profiling is then not timed)")
     args = ap.parse_args(argv)
     degrees = tuple(int(k) for k in args.degrees.split(","))
     console = Console(width=200)
@@ -54,10 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.models:
         loaded = tensoropt.load_model(spec)
         graph = loaded.capture()
-        with tempfile.TemporaryDirectory() as cache:
+        with tempfile.TemporaryDirectory() as tmp:
+            cache = args.cache or tmp
             t0 = time.perf_counter()
             costs = profile(graph, shard_degrees=degrees, repeats=args.repeats, cache=cache, progress=True)
-            cold = time.perf_counter() - t0
+            cold = time.perf_counter() - t0 if not args.cache else float("nan")
             t0 = time.perf_counter()
             profile(graph, shard_degrees=degrees, repeats=args.repeats, cache=cache)
             cached = time.perf_counter() - t0
@@ -74,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             est = step_memory(graph, costs, optimizer=optimizer)["dev0"]
             mem.add_row(spec, optimizer, fmt_bytes(est.peak), fmt_bytes(real.peak_bytes),
                         _err(est.peak, real.peak_bytes), f"{est.peak_phase} ({est.peak_at})")
-        console.print(times)
-        console.print(mem)
         del loaded, graph, costs
+    console.print(times)
+    console.print(mem)
+    console.print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     return 0
 
 

@@ -29,8 +29,11 @@ def print_cluster(cluster, console: Console) -> None:
                         _num(d.speed))
     console.print(devices)
     if len(cluster.devices) > 1:
-        for title, cell in (("link bandwidth, GB/s (row → column)", lambda ln: _num(ln.bandwidth_Bps / 1e9)),
-                            ("link latency, us (row → column)", lambda ln: _num(ln.latency_s * 1e6))):
+        matrices = [("link bandwidth, GB/s (row → column)", lambda ln: _num(ln.bandwidth_Bps / 1e9)),
+                    ("link latency, us (row → column)", lambda ln: _num(ln.latency_s * 1e6))]
+        if any(ln.duplex != 1.0 for ln in cluster.links.values()):
+            matrices.append(("link duplex (row → column)", lambda ln: _num(ln.duplex)))
+        for title, cell in matrices:
             m = Table(title=title, title_justify="left")
             m.add_column("from \\ to")
             for n in cluster.names:

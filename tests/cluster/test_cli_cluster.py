@@ -85,3 +85,15 @@ def test_detect_writes_the_cluster(capsys, tmp_path, monkeypatch):
     code, out, _ = run(capsys, "cluster", "detect", "-o", str(out_file))
     assert code == 0 and "bench-links" in out and f"wrote {out_file}" in out
     assert Cluster.load(out_file) == fake
+
+
+def test_show_prints_duplex_only_when_a_link_has_one(tmp_path, capsys):
+    from tensoropt.cli import main
+    from tensoropt.cluster import Cluster, Device, LinkModel
+
+    half = LinkModel(1e-4, 1e9, 0.5)
+    Cluster("loop", [Device("a", 2**30), Device("b", 2**30)], {("a", "b"): half, ("b", "a"): half}).save(tmp_path / "c.yaml")
+    assert main(["cluster", "show", str(tmp_path / "c.yaml")]) == 0
+    assert "link duplex" in capsys.readouterr().out
+    assert main(["cluster", "show", "preset:a100-4-nvlink"]) == 0
+    assert "link duplex" not in capsys.readouterr().out
