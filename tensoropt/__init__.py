@@ -13,6 +13,8 @@ from .errors import (CaptureError, ClusterSpecError, GraphFormatError, ModelSpec
 from .graph import Edge, OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
 from .modelspec import LoadedModel, load_graph, load_model
 from .plan import Estimate, NodeConfig, Plan, PlanError
+from .reshard import Reshard, edge_reshard, param_sync, reshard
+from .simulate import SimResult, TimelineEvent, plan_memory, simulate
 
 __version__ = "0.1.0"
 
@@ -21,6 +23,7 @@ __all__ = [
     "profile", "CostModel", "NodeCost", "ShardCost", "node_memory", "step_memory",
     "OpGraph", "OpNode", "ParamInfo", "SplitDims", "TensorMeta", "Edge",
     "Plan", "NodeConfig", "Estimate", "PlanError",
+    "simulate", "SimResult", "TimelineEvent", "plan_memory", "reshard", "edge_reshard", "param_sync", "Reshard",
     "Cluster", "Device", "LinkModel", "load_cluster", "detect_cluster", "list_presets",
     "TensorOptError", "CaptureError", "GraphFormatError", "ModelSpecError", "ClusterSpecError", "ProfileError",
 ]

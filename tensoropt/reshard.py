@@ -1,0 +1,436 @@
+"""What moving one tensor between two node configurations costs: the edge cost of design §3.
+
+Frontier tracking (edge frontiers) and the simulator (link timelines) both call :func:`reshard`
+— through :func:`edge_reshard` for a graph edge — so the two can never disagree about a
+transfer: an edge ``i → j`` under configurations ``(s_i, s_j)`` costs
+``edge_reshard(graph, i, j, s_i, s_j, cluster)``'s ``time_s + backward_time_s``, and a node's
+gradient synchronisation ``param_sync(graph, node, s, cluster).time_s`` (``None``: nothing).
+
+Tensor layouts on a mesh of ``n`` devices (design §2), as strings:
+
+- ``"R"``           every device holds the whole tensor;
+- ``"S(batch)"``    device ``i`` holds the ``i``-th ``1/n`` slice along the batch dimension;
+- ``"S(channel)"``  device ``i`` holds the ``i``-th ``1/n`` slice along the channel / feature
+                    dimension;
+- ``"P"``           every device holds a full-sized tensor of partial sums; the value is their sum.
+
+A mesh of one device is always ``R``.  What a node *writes* under its configuration is
+:func:`output_layout` (``R`` → R, ``batch`` → S(batch), ``channel`` → S(channel), ``reduce`` → P);
+what it *reads* is :func:`input_layout` (depends on the op: see there).  In backward the
+consumer hands back the gradient of what it read in :func:`grad_layout` (a channel-split
+convolution reading its whole input produces *partial* input gradients) and the producer needs
+the gradient of its output in :func:`needed_grad_layout` (its output layout; ``R`` for a ``P``
+output, since every partial sum gets the whole gradient).  The backward of an edge is the same
+resharding machinery run from the consumer's mesh to the producer's, so the duals come out by
+themselves (Megatron's f / g, DTensor's redistribute backward):
+
+=====================  =========================  =====================================
+forward                 consumer                    backward
+=====================  =========================  =====================================
+S → R  all-gather       R (replicated compute)      R → S: free (local slice)
+S → R  all-gather       channel-split conv/linear   P → S: reduce-scatter
+P → R  all-reduce       R                           R → R: free
+P → R  all-reduce       channel-split conv/linear   P → R: all-reduce
+R → S  free             S(batch) / S(channel)       S → R: all-gather
+=====================  =========================  =====================================
+
+**Same mesh** (the same devices in the same order, ``n`` devices, ``N`` = full tensor bytes),
+costs from :mod:`tensoropt.cluster.collectives` over the mesh in its order:
+
+- same layout: nothing;
+- ``S(a) → R``: ring all-gather, :func:`allgather_time` ``(mesh, N)``;
+- ``S(a) → S(b)``, ``a ≠ b``: pairwise all-to-all of each device's ``N/n`` buffer,
+  :func:`all_to_all_time` ``(mesh, N/n)``;
+- ``P → R``: ring all-reduce, :func:`ring_allreduce_time` ``(mesh, N)``;
+- ``P → S(x)``: ring reduce-scatter, :func:`reduce_scatter_time` ``(mesh, N)``;
+- ``R → S(x)``: free (a local slice).  Nothing is ever moved *into* ``P``.
+
+**Different meshes** (``src`` on ``Ms`` with ``n`` devices, ``dst`` on ``Md`` with ``m``; this
+includes plain placement, one device → another device):
+
+1. a ``P`` source is first reduce-scattered on ``Ms`` (:func:`reduce_scatter_time` ``(Ms, N)``),
+   leaving ``S`` slices (along the dimension ``dst`` reads, when it reads a slice);
+2. then one point-to-point stage over the pair links: every ``dst`` device receives the bytes of
+   its piece (all of ``N`` for ``R``, its ``1/m`` slice for ``S``) that it does not already hold:
+
+   - from an ``R`` source: the whole piece from one ``src`` device — itself if it is in ``Ms``
+     (free), else the ``src`` device whose link finishes first, counting what that device already
+     sends in this stage (ties: ``src`` device ``j mod n`` for destination ``j``, then the next);
+   - from an ``S(a)`` source, ``dst`` reading ``S(a)``: from ``src`` device ``i`` the overlap of
+     slice ``[i/n, (i+1)/n)`` with ``[j/m, (j+1)/m)`` times ``N`` (same sizes: pairwise ``N/n``);
+   - from ``S(a)``, ``dst`` reading ``R``: ``N/n`` from every ``src`` device;
+   - from ``S(a)``, ``dst`` reading ``S(b)``, ``b ≠ a``: ``N/(n m)`` from every ``src`` device.
+
+   A device sends one message at a time and receives one at a time, so the stage takes the
+   open-shop bound ``max over devices (Σ its send times, Σ its receive times)``; a message runs
+   at ``LinkModel.time_both_ways`` when its sender also receives, or its receiver also sends, in
+   the same stage (duplex, as in :mod:`tensoropt.cluster.collectives`), else ``LinkModel.time``.
+   One transfer ``a → b`` is exactly ``cluster.link(a, b).time(N)``.
+
+Stages run one after the other: ``time_s = Σ stage times``.  Chunks are not rounded (as in the
+collectives); :attr:`Reshard.recv_bytes` (memory) rounds up.
+
+Not modelled: the reduction arithmetic, staging buffers of a collective, contention with other
+transfers (the simulator adds that: a stage occupies its links), 2-D meshes.  The ``reduce``
+layout's second operand of ``mm`` / ``bmm`` / ``matmul`` is split along its rows, not its channel
+dimension; it is counted as ``S(channel)`` here (same bytes, possibly a missed all-to-all).  A
+channel-split ``bmm`` / ``matmul`` of two activations really needs only its first operand whole;
+both are read ``R`` here (an over-estimate).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+
+from .cluster.collectives import all_to_all_time, allgather_time, reduce_scatter_time, ring_allreduce_time
+from .plan import NodeConfig
+
+R, SB, SC, P = "R", "S(batch)", "S(channel)", "P"
+TENSOR_LAYOUTS = (R, SB, SC, P)
+
+# ops whose channel split cuts a weight and needs the WHOLE input (matrix products, convolutions,
+# embeddings); other ops split along channels read their input split the same way (pointwise,
+# pooling, normalisation per channel, attention heads)
+WEIGHTED_OPS = frozenset({
+    "conv1d", "conv2d", "conv3d", "convolution", "_convolution", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "cudnn_convolution", "mkldnn_convolution",
+    "linear", "addmm", "mm", "bmm", "matmul", "baddbmm", "addbmm", "einsum",
+    "embedding", "embedding_bag",
+    "conv", "convtranspose", "gemm",  # ONNX spellings (lower-cased)
+})
+
+
+def op_basename(op: str) -> str:
+    """``aten.conv2d.default`` → ``conv2d``; ``torch.nn.functional.linear`` → ``linear``;
+    ``onnx.Conv`` → ``conv`` (lower-cased)."""
+    parts = op.split(".")
+    base = parts[1] if len(parts) >= 3 and parts[0] == "aten" else parts[-1]
+    return base.lower()
+
+
+def is_weighted(node: Any) -> bool:
+    """Whether a channel split of ``node`` (an :class:`~tensoropt.graph.OpNode` or an op name)
+    cuts a weight and therefore reads its whole input (see :data:`WEIGHTED_OPS`)."""
+    op = node if isinstance(node, str) else node.op
+    return op_basename(op) in WEIGHTED_OPS
+
+
+def output_layout(config: NodeConfig) -> str:
+    """The layout a node writes its output in: ``R`` → R, ``batch`` → S(batch), ``channel`` →
+    S(channel), ``reduce`` → P (partial sums); a mesh of one device → R."""
+    if config.degree == 1:
+        return R
+    return {"R": R, "batch": SB, "channel": SC, "reduce": P}[config.layout]
+
+
+def input_layout(node: Any, config: NodeConfig, *, batch_ok: bool = True, channel_ok: bool = True) -> str:
+    """The layout in which ``node`` (run as ``config``) reads each of its activation inputs.
+
+    - one device, or ``R``: ``R`` (the whole input on every device);
+    - ``batch``: ``S(batch)`` — each device its slice of the batch;
+    - ``reduce`` (``P``, the input-feature split of a linear / conv / matmul): ``S(channel)``, the
+      input cut along its channel / feature dimension, which is the reduction dimension;
+    - ``channel``: ``R`` for a weighted op (:func:`is_weighted`: conv*, linear, addmm, mm, bmm,
+      matmul, embedding — every output channel needs the whole input), ``S(channel)`` for any
+      other op (pointwise, pooling, per-channel normalisation: channel ``c`` of the output needs
+      channel ``c`` of the input only).
+
+    ``node`` is an :class:`~tensoropt.graph.OpNode` or an op name (only its op matters), or
+    ``None`` (treated as weighted: the conservative choice).  ``batch_ok`` / ``channel_ok`` are
+    ``False`` when the input tensor has no batch / channel dimension (a mask, a scale): such an
+    input is read whole (``R``) and its gradient comes back as partial sums.
+    """
+    if config.degree == 1 or config.layout == "R":
+        return R
+    if config.layout == "batch":
+        return SB if batch_ok else R
+    if config.layout == "reduce":
+        return SC if channel_ok else R
+    if config.layout == "channel":
+        if node is None or is_weighted(node):
+            return R
+        return SC if channel_ok else R
+    raise ValueError(f"unknown layout {config.layout!r}")
+
+
+def grad_layout(config: NodeConfig, read: str) -> str:
+    """The layout of the gradient a consumer run as ``config`` hands back for an input it read in
+    ``read``: the same layout, except that an input read whole (``R``) by a node that is split
+    (``batch`` / ``channel`` / ``reduce`` over several devices) gets partial gradients ``P`` from
+    every device (each shard of the computation contributes to every element)."""
+    if config.degree == 1:
+        return R
+    if read == R and config.layout != "R":
+        return P
+    return read
+
+
+def needed_grad_layout(config: NodeConfig) -> str:
+    """The layout in which a producer run as ``config`` needs the gradient of its output: its
+    output layout, except ``R`` for partial sums (every partial gets the whole gradient)."""
+    lay = output_layout(config)
+    return R if lay == P else lay
+
+
+class Step(NamedTuple):
+    """One communication of a reshard: ``kind`` (``p2p``, ``allgather``, ``all_to_all``,
+    ``allreduce``, ``reduce_scatter``), the ``devices`` involved (``(src, dst)`` for ``p2p``, the
+    mesh in ring order for a collective), ``nbytes`` as the collective's function takes it (the
+    full tensor for all-gather / all-reduce / reduce-scatter, each device's buffer for all-to-all,
+    the bytes sent for p2p) and its own ``time_s``."""
+
+    kind: str
+    devices: tuple[str, ...]
+    nbytes: float
+    time_s: float
+
+
+def step_links(step: Step) -> list[tuple[str, str]]:
+    """The directed links a step occupies: its pair for ``p2p``; the ring ``d0 → d1 → … → d0``
+    for all-gather / all-reduce / reduce-scatter; every ordered pair for all-to-all."""
+    d = step.devices
+    if step.kind == "p2p":
+        return [(d[0], d[1])] if d[0] != d[1] else []
+    n = len(d)
+    if n < 2:
+        return []
+    if step.kind == "all_to_all":
+        return [(a, b) for a in d for b in d if a != b]
+    return list(dict.fromkeys((d[i], d[(i + 1) % n]) for i in range(n)))
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Steps that run at the same time; the stage ends after ``time_s``."""
+
+    steps: tuple[Step, ...]
+    time_s: float
+
+    @property
+    def links(self) -> list[tuple[str, str]]:
+        """Every directed link the stage occupies (for the simulator's link timelines)."""
+        return list(dict.fromkeys(link for s in self.steps for link in step_links(s)))
+
+
+@dataclass(frozen=True)
+class Reshard:
+    """The cost of moving one tensor from a producer's configuration to a consumer's.
+
+    ``forward`` / ``backward`` are the stages (run in sequence) of the tensor going forward and
+    of its gradient coming back; ``recv_bytes`` is, per consumer device, the new memory the
+    received tensor occupies there (0 where the consumer reads what the device already holds, or a
+    local slice of it), ``backward_recv_bytes`` the same for the gradient on the producer's
+    devices.  ``src_layout`` → ``dst_layout`` forward, ``grad_layout`` → ``needed_grad_layout``
+    backward.
+    """
+
+    src_layout: str
+    dst_layout: str
+    grad_layout: str
+    needed_grad_layout: str
+    forward: tuple[Stage, ...] = ()
+    backward: tuple[Stage, ...] = ()
+    recv_bytes: Mapping[str, int] = field(default_factory=dict)
+    backward_recv_bytes: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def time_s(self) -> float:
+        """Forward seconds: the stage times added."""
+        return sum(s.time_s for s in self.forward)
+
+    @property
+    def backward_time_s(self) -> float:
+        """Seconds for the gradient to come back."""
+        return sum(s.time_s for s in self.backward)
+
+    @property
+    def steps(self) -> list[Step]:
+        """The forward steps, stage after stage (each a ``(kind, devices, nbytes, time_s)`` tuple)."""
+        return [st for s in self.forward for st in s.steps]
+
+    @property
+    def backward_steps(self) -> list[Step]:
+        return [st for s in self.backward for st in s.steps]
+
+    @property
+    def free(self) -> bool:
+        """True when nothing moves in either direction."""
+        return not self.forward and not self.backward
+
+    def to_dict(self) -> dict[str, Any]:
+        def stages(ss: Iterable[Stage]) -> list[dict[str, Any]]:
+            return [{"time_s": s.time_s, "steps": [st._asdict() | {"devices": list(st.devices)} for st in s.steps]}
+                    for s in ss]
+        return {"src_layout": self.src_layout, "dst_layout": self.dst_layout, "grad_layout": self.grad_layout,
+                "needed_grad_layout": self.needed_grad_layout, "time_s": self.time_s,
+                "backward_time_s": self.backward_time_s, "forward": stages(self.forward),
+                "backward": stages(self.backward), "recv_bytes": dict(self.recv_bytes),
+                "backward_recv_bytes": dict(self.backward_recv_bytes)}
+
+
+def reshard(src: NodeConfig, dst: NodeConfig, nbytes: int | float, cluster: Any, *, consumer: Any = None,
+            reads: str | None = None, batch_ok: bool = True, channel_ok: bool = True) -> Reshard:
+    """What it costs to bring a tensor of ``nbytes`` (its FULL size) from its producer, run as
+    ``src``, to a consumer run as ``dst``, and its gradient back.  See the module docstring for
+    the layouts and the formula of every case.
+
+    The consumer's read layout is ``reads`` when given, else :func:`input_layout` of ``consumer``
+    (an :class:`~tensoropt.graph.OpNode` or op name; ``None`` = a weighted op) under ``dst`` with
+    ``batch_ok`` / ``channel_ok`` (``False`` when the tensor has no batch / channel dimension).
+    O(n·m) in the two mesh sizes (O(n²) for an all-to-all).
+    """
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    read = reads if reads is not None else input_layout(consumer, dst, batch_ok=batch_ok, channel_ok=channel_ok)
+    if read not in TENSOR_LAYOUTS or read == P:
+        raise ValueError(f"a consumer reads R, S(batch) or S(channel), not {read!r}")
+    if dst.degree == 1:
+        read = R
+    out = output_layout(src)
+    g, need = grad_layout(dst, read), needed_grad_layout(src)
+    fwd, recv = move(out, tuple(src.devices), read, tuple(dst.devices), nbytes, cluster)
+    bwd, brecv = move(g, tuple(dst.devices), need, tuple(src.devices), nbytes, cluster)
+    return Reshard(out, read, g, need, fwd, bwd, recv, brecv)
+
+
+def edge_reshard(graph: Any, producer: str, consumer: str, src: NodeConfig, dst: NodeConfig,
+                 cluster: Any) -> Reshard:
+    """:func:`reshard` for the graph edge ``producer → consumer`` with the producer run as
+    ``src`` and the consumer as ``dst``: the edge's bytes, the consumer's op (weighted or not)
+    and whether the producer's output has a batch / channel dimension all come from ``graph``.
+    Frontier tracking and the simulator both cost edges through this function."""
+    node = graph.nodes[consumer]
+    try:
+        nbytes = node.input_bytes[node.inputs.index(producer)]
+    except ValueError:
+        raise ValueError(f"{consumer!r} does not read {producer!r}") from None
+    prod = graph.nodes[producer]
+    return reshard(src, dst, nbytes, cluster, consumer=node, batch_ok=has_dim(prod, "batch_dim"),
+                   channel_ok=has_dim(prod, "channel_dim"))
+
+
+def has_dim(node: Any, which: str) -> bool:
+    """Whether an :class:`~tensoropt.graph.OpNode`'s output has a ``batch_dim`` / ``channel_dim``
+    (``True`` when the graph does not say: nodes without output metadata)."""
+    if not node.outputs:
+        return True
+    return any(getattr(t, which) is not None for t in node.outputs)
+
+
+def param_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any) -> Step | None:
+    """The gradient all-reduce a node needs after its backward, or ``None``.
+
+    A node whose parameters are replicated over its mesh (layout ``R`` or ``batch``, degree > 1)
+    holds a whole gradient of each on every device, computed from its part of the work; they are
+    summed by one ring all-reduce of the trainable parameters it owns and reads
+    (:func:`ring_allreduce_time` over the mesh in its order, no bucketing).  ``channel`` /
+    ``reduce`` nodes hold a slice of each parameter and its gradient: nothing to sum.
+    ``node`` is the :class:`~tensoropt.graph.OpNode` (or its name) in ``graph``.
+    """
+    if config.degree < 2 or config.layout not in ("R", "batch"):
+        return None
+    node = graph.nodes[node] if isinstance(node, str) else node
+    nbytes = sum(graph.params[p].nbytes for p in (*node.params, *node.param_reads)
+                 if graph.params[p].kind == "parameter" and graph.params[p].requires_grad)
+    if nbytes == 0:
+        return None
+    mesh = tuple(config.devices)
+    return Step("allreduce", mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes))
+
+
+def piece_bytes(layout: str, degree: int, nbytes: int | float) -> int:
+    """Bytes one device holds of a tensor of ``nbytes`` in ``layout`` over ``degree`` devices
+    (a slice rounds up)."""
+    if layout.startswith("S") and degree > 1:
+        return int(math.ceil(nbytes / degree))
+    return int(math.ceil(nbytes))
+
+
+def move(src_layout: str, src_devices: Sequence[str], dst_layout: str, dst_devices: Sequence[str],
+         nbytes: int | float, cluster: Any) -> tuple[tuple[Stage, ...], dict[str, int]]:
+    """The stages that turn a tensor of ``nbytes`` held as ``src_layout`` on ``src_devices`` into
+    ``dst_layout`` on ``dst_devices``, and the new bytes each destination device holds.  The
+    general form of :func:`reshard` (it is used for gradients too: a ``P`` source is allowed, a
+    ``P`` destination is not)."""
+    ms, md = tuple(src_devices), tuple(dst_devices)
+    n, m = len(ms), len(md)
+    if n == 1:
+        src_layout = R
+    if m == 1:
+        dst_layout = R
+    if dst_layout == P:
+        if src_layout == P and ms == md:
+            return (), {}
+        raise ValueError("a tensor is never moved into partial sums")
+    if nbytes == 0:
+        return (), {}
+    piece = piece_bytes(dst_layout, m, nbytes)
+    if ms == md:
+        if src_layout == dst_layout or src_layout == R:
+            return (), {}
+        if src_layout == P:
+            if dst_layout == R:
+                st = Step("allreduce", ms, nbytes, ring_allreduce_time(cluster, ms, nbytes))
+            else:
+                st = Step("reduce_scatter", ms, nbytes, reduce_scatter_time(cluster, ms, nbytes))
+        elif dst_layout == R:
+            st = Step("allgather", ms, nbytes, allgather_time(cluster, ms, nbytes))
+        else:
+            st = Step("all_to_all", ms, nbytes / n, all_to_all_time(cluster, ms, nbytes / n))
+        return (Stage((st,), st.time_s),), {d: piece for d in md}
+
+    stages: list[Stage] = []
+    if src_layout == P:
+        slice_dim = dst_layout if dst_layout != R else SB
+        st = Step("reduce_scatter", ms, nbytes, reduce_scatter_time(cluster, ms, nbytes))
+        stages.append(Stage((st,), st.time_s))
+        src_layout = slice_dim
+    sends: list[tuple[str, str, float]] = []
+    recv: dict[str, int] = {}
+    if src_layout == R:
+        load = {d: 0.0 for d in ms}
+        for j, d in enumerate(md):
+            if d in ms:
+                continue  # it holds the whole tensor already: a local slice at most
+            need = nbytes if dst_layout == R else nbytes / m
+            best = min(range(n), key=lambda i: (load[ms[i]] + cluster.link(ms[i], d).time(need), (i - j) % n))
+            load[ms[best]] += cluster.link(ms[best], d).time(need)
+            sends.append((ms[best], d, need))
+            recv[d] = piece
+    else:
+        for j, d in enumerate(md):
+            got_elsewhere = False
+            for i, s in enumerate(ms):
+                if dst_layout == R:
+                    b = nbytes / n
+                elif dst_layout == src_layout:
+                    b = max(0.0, min((i + 1) / n, (j + 1) / m) - max(i / n, j / m)) * nbytes
+                else:
+                    b = nbytes / (n * m)
+                if b <= 0 or s == d:
+                    continue
+                sends.append((s, d, b))
+                got_elsewhere = True
+            if got_elsewhere:
+                recv[d] = piece
+    if sends:
+        stages.append(_p2p_stage(sends, cluster))
+    return tuple(stages), recv
+
+
+def _p2p_stage(sends: list[tuple[str, str, float]], cluster: Any) -> Stage:
+    senders = {s for s, _, _ in sends}
+    receivers = {d for _, d, _ in sends}
+    out_t: dict[str, float] = {}
+    in_t: dict[str, float] = {}
+    steps = []
+    for s, d, b in sends:
+        link = cluster.link(s, d)
+        both = s in receivers or d in senders
+        t = getattr(link, "time_both_ways", link.time)(b) if both else link.time(b)
+        steps.append(Step("p2p", (s, d), b, t))
+        out_t[s] = out_t.get(s, 0.0) + t
+        in_t[d] = in_t.get(d, 0.0) + t
+    return Stage(tuple(steps), max(max(out_t.values()), max(in_t.values())))

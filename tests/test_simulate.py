@@ -1,0 +1,267 @@
+"""The simulator on hand-built graphs whose times and memory can be computed by hand, and on a
+captured CNN against the CostModel and step_memory."""
+
+import json
+
+import pytest
+import torch
+from conftest import SmallCNN
+
+import tensoropt
+from tensoropt.cluster import Cluster, Device, LinkModel, ring_allreduce_time
+from tensoropt.costs import CostModel, NodeCost, ShardCost, step_memory
+from tensoropt.graph import OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
+from tensoropt.plan import NodeConfig, Plan, PlanError
+from tensoropt.simulate import SimResult, plan_memory, simulate
+
+# every link: 0.5 s + bytes / (1000 B/s): 1000 bytes take exactly 1.5 s; all numbers below are exact in binary
+LINK = LinkModel(0.5, 1000.0)
+
+
+def two(link=LINK, names=("g0", "g1")):
+    return Cluster("two", [Device(n, 2**30) for n in names], {}, default=link)
+
+
+def meta(nbytes):
+    assert nbytes % 8 == 0
+    return TensorMeta((2, nbytes // 8), "float32", 0, 1)
+
+
+def build(ops, outputs, inputs=(("x", 400),)):
+    """``ops``: dicts with name, inputs, out (bytes), fp, bp and optionally op, params (bytes of one
+    trainable parameter), extra (extra saved bytes), saves (saved inputs), saves_output, shards."""
+    nodes = [OpNode(name, "input", kind="input", outputs=(meta(b),)) for name, b in inputs]
+    out_bytes = dict(inputs)
+    params, costs = {}, {}
+    for o in ops:
+        out_bytes[o["name"]] = o["out"]
+        pnames = ()
+        if o.get("params"):
+            pnames = (f"{o['name']}.w",)
+            params[pnames[0]] = ParamInfo(pnames[0], (o["params"] // 4,), "float32", "parameter", True, o["name"])
+        op = o.get("op", "aten.relu.default")
+        nodes.append(OpNode(o["name"], op, inputs=tuple(o["inputs"]),
+                            input_bytes=tuple(out_bytes[i] for i in o["inputs"]), outputs=(meta(o["out"]),),
+                            params=pnames, split=SplitDims(batch=0, channel=1)))
+        saved = sum(out_bytes[i] for i in o.get("saves", ())) + o.get("extra", 0)
+        costs[o["name"]] = NodeCost(o["name"], op, o["fp"], o["bp"], "measured", param_bytes=o.get("params", 0),
+                                    output_bytes=o["out"], saved_inputs=tuple(o.get("saves", ())),
+                                    saves_output=o.get("saves_output", False), saved_bytes=saved,
+                                    extra_saved_bytes=o.get("extra", 0), shards=o.get("shards", {}))
+    nodes.append(OpNode("output", "output", kind="output", inputs=tuple(outputs),
+                        input_bytes=tuple(out_bytes[o] for o in outputs)))
+    g = OpGraph(nodes, params, name="hand")
+    return g, CostModel(costs, graph_fingerprint=g.fingerprint, graph_name="hand")
+
+
+def plan_of(g, configs, order=None):
+    return Plan({n: (c if isinstance(c, NodeConfig) else NodeConfig((c,))) for n, c in configs.items()},
+                graph_fingerprint=g.fingerprint, order=order or [n.name for n in g.ops])
+
+
+def events(res, phase):
+    return sorted((e.resource, e.node, e.start, e.end) for e in res.timeline if e.phase == phase)
+
+
+# ---- (a) independent chains run concurrently ------------------------------------------------------
+
+
+def test_two_independent_chains_on_two_devices_run_concurrently():
+    g, costs = build([
+        dict(name="a1", inputs=["x1"], out=400, fp=1.0, bp=2.0, params=8),
+        dict(name="a2", inputs=["a1"], out=400, fp=2.0, bp=4.0),
+        dict(name="b1", inputs=["x2"], out=400, fp=1.0, bp=1.0, params=8),
+        dict(name="b2", inputs=["b1"], out=400, fp=1.0, bp=1.0),
+    ], outputs=["a2", "b2"], inputs=(("x1", 400), ("x2", 400)))
+    split = simulate(plan_of(g, {"a1": "g0", "a2": "g0", "b1": "g1", "b2": "g1"}), g, costs, two())
+    assert split.time_s == 9.0                      # chain a: 1 + 2 + 4 + 2; chain b (4 s) runs beside it
+    assert split.compute_s == {"g0": 9.0, "g1": 4.0}
+    assert split.link_s == {}
+    fast = Cluster("two", [Device("g0", 2**30), Device("g1", 2**30, speed=2.0)], {}, default=LINK)
+    assert simulate(plan_of(g, {"a1": "g0", "a2": "g0", "b1": "g1", "b2": "g1"}), g, costs, fast).compute_s == {
+        "g0": 9.0, "g1": 2.0}                         # a device twice as fast as the profiled one
+    one = simulate(plan_of(g, {n: "g0" for n in ("a1", "a2", "b1", "b2")}), g, costs, two())
+    assert one.time_s == 13.0 == costs.total_fp_s + costs.total_bp_s
+    # the loss needs both outputs: backward starts when the slower forward ends
+    g2, costs2 = build([
+        dict(name="a1", inputs=["x1"], out=400, fp=1.0, bp=2.0, params=8),
+        dict(name="b1", inputs=["x2"], out=400, fp=5.0, bp=1.0, params=8),
+    ], outputs=["a1", "b1"], inputs=(("x1", 400), ("x2", 400)))
+    res = simulate(plan_of(g2, {"a1": "g0", "b1": "g1"}), g2, costs2, two())
+    assert res.time_s == 5.0 + 2.0                  # not max(1 + 2, 5 + 1)
+    assert events(res, "bp") == [("g0", "a1", 5.0, 7.0), ("g1", "b1", 5.0, 6.0)]
+
+
+# ---- (b) a diamond with one branch on the other device ----------------------------------------------
+
+
+def diamond(b_fp, b_bp):
+    return build([
+        dict(name="a", inputs=["x"], out=1000, fp=1.0, bp=1.0, params=8),
+        dict(name="b", inputs=["a"], out=1000, fp=b_fp, bp=b_bp),
+        dict(name="c", inputs=["a"], out=1000, fp=1.0, bp=1.0),
+        dict(name="d", inputs=["b", "c"], out=1000, fp=1.0, bp=1.0, op="aten.add.Tensor"),
+    ], outputs=["d"])
+
+
+def test_diamond_transfers_count_where_they_are_on_the_critical_path():
+    g, costs = diamond(3.0, 2.0)
+    res = simulate(plan_of(g, {"a": "g0", "b": "g0", "c": "g1", "d": "g0"}), g, costs, two())
+    # forward: a [0,1]; a→c [1,2.5]; c [2.5,3.5]; c→d [3.5,5] (b [1,4] waits); d [5,6]
+    # backward: d [6,7]; grad d→c [7,8.5]; b [7,9]; c [8.5,9.5]; grad c→a [9.5,11]; a [11,12]
+    assert res.time_s == 12.0
+    assert events(res, "transfer") == [("g0->g1", "a", 1.0, 2.5), ("g0->g1", "c", 7.0, 8.5),
+                                       ("g1->g0", "a", 9.5, 11.0), ("g1->g0", "c", 3.5, 5.0)]
+    assert res.link_s == {"g0->g1": 3.0, "g1->g0": 3.0}
+    assert simulate(plan_of(g, {n: "g0" for n in "abcd"}), g, costs, two()).time_s == 11.0
+    # a slow b hides every transfer: only c's compute leaves the critical path
+    g, costs = diamond(10.0, 6.0)
+    res = simulate(plan_of(g, {"a": "g0", "b": "g0", "c": "g1", "d": "g0"}), g, costs, two())
+    assert res.time_s == 1 + 10 + 1 + 1 + 6 + 1 == 20.0
+    assert simulate(plan_of(g, {n: "g0" for n in "abcd"}), g, costs, two()).time_s == 22.0
+
+
+# ---- (c) a transfer-bound edge ----------------------------------------------------------------------
+
+
+def test_a_huge_tensor_over_a_slow_link_dominates():
+    g, costs = build([
+        dict(name="a", inputs=["x"], out=1_000_000, fp=1.0, bp=1.0, params=8),
+        dict(name="b", inputs=["a"], out=400, fp=1.0, bp=1.0),
+    ], outputs=["b"])
+    res = simulate(plan_of(g, {"a": "g0", "b": "g1"}), g, costs, two())
+    hop = 0.5 + 1_000_000 / 1000.0
+    assert res.time_s == 4 * 1.0 + 2 * hop == 2005.0
+    assert res.link_s == {"g0->g1": hop, "g1->g0": hop}
+    # the received tensor is counted on the receiver: g1 holds a's output and b's (forward), then their
+    # gradients (backward); g0 drops a's output once sent and holds its gradient when it comes back
+    assert res.memory_bytes == {"g0": 8 + 8 + 400 + 1_000_000, "g1": 1_000_000 + 400}
+
+
+# ---- (d) data parallel ------------------------------------------------------------------------------
+
+
+def linear(name, inp, fp=4.0, bp=8.0):
+    return dict(name=name, inputs=[inp], out=64, fp=fp, bp=bp, params=40, op="aten.linear.default", saves=[inp],
+                shards={("batch", 2): ShardCost(fp / 2, bp / 2, 32, 64, 0)})
+
+
+def test_data_parallel_linear_halves_compute_and_all_reduces_the_weight():
+    g, costs = build([linear("lin", "x")], outputs=["lin"], inputs=(("x", 128),))
+    c = two()
+    dp = simulate(plan_of(g, {"lin": NodeConfig(("g0", "g1"), "batch")}), g, costs, c)
+    ar = ring_allreduce_time(c, ["g0", "g1"], 40)
+    assert ar == pytest.approx(2 * (0.5 + 20 / 1000))
+    assert dp.time_s == 2.0 + 4.0 + ar
+    assert dp.compute_s == {"g0": 6.0, "g1": 6.0}
+    assert events(dp, "allreduce") == [("g0->g1", "lin", 6.0, 6.0 + ar), ("g1->g0", "lin", 6.0, 6.0 + ar)]
+    # memory per device: weights 40 + their gradients 40, half the batch 64, the output's half 32 and
+    # its gradient 32 in backward: 40 + 40 + 64 + 32 = 176 (one device: 40 + 40 + 128 + 64 = 272)
+    assert dp.memory_bytes == {"g0": 176, "g1": 176}
+    one = simulate(plan_of(g, {"lin": "g0"}), g, costs, c)
+    assert one.time_s == 12.0 and one.memory_bytes == {"g0": 272}
+    assert one.memory_bytes["g0"] == step_memory(g, costs)["dev0"].peak
+
+
+def test_gradient_all_reduce_overlaps_the_rest_of_backward():
+    g, costs = build([linear("l1", "x"), linear("l2", "l1")], outputs=["l2"], inputs=(("x", 128),))
+    c = two()
+    plan = plan_of(g, {n: NodeConfig(("g0", "g1"), "batch") for n in ("l1", "l2")})
+    ar = ring_allreduce_time(c, ["g0", "g1"], 40)
+    # forward 2 + 2; l2 backward [4, 8]; its all-reduce [8, 8 + ar] beside l1's backward [8, 12]; then l1's
+    assert simulate(plan, g, costs, c).time_s == 12.0 + ar
+    assert simulate(plan, g, costs, c, overlap=False).time_s == pytest.approx(12.0 + 2 * ar, rel=1e-15)
+
+
+# ---- (e) recompute ----------------------------------------------------------------------------------
+
+
+def test_recompute_runs_the_forward_again_before_the_backward():
+    g, costs = build([
+        dict(name="a", inputs=["x"], out=400, fp=1.0, bp=1.0, params=4),
+        dict(name="b", inputs=["a"], out=400, fp=2.0, bp=1.0, extra=1000),
+        dict(name="c", inputs=["b"], out=400, fp=1.0, bp=1.0, extra=1000),
+    ], outputs=["c"])
+    keep = simulate(plan_of(g, {n: "g0" for n in "abc"}), g, costs, two())
+    again = simulate(plan_of(g, {"a": "g0", "b": NodeConfig(("g0",), recompute=True), "c": "g0"}), g, costs, two())
+    assert keep.time_s == 7.0 and again.time_s == 7.0 + 2.0
+    assert [(e.node, e.phase) for e in again.timeline if e.phase != "fp"] == [
+        ("c", "bp"), ("b", "recompute"), ("b", "bp"), ("a", "bp")]
+    # kept: the peak is the forward of c: x, b, c (400 each) + both masks (2000) + parameter 4
+    assert keep.memory_bytes["g0"] == 3204 == step_memory(g, costs)["dev0"].peak
+    # recomputed: b's mask is gone in forward (a's output stays: b runs again from it), and comes back
+    # with b's output in b's backward: x + a + grad(b) + grad(a) + mask + b's output = 3000, + 4
+    assert again.memory_bytes["g0"] == 3004
+    assert again.memory["g0"].peak_phase == "backward" and again.memory["g0"].peak_at == "b"
+
+
+# ---- errors and outputs -----------------------------------------------------------------------------
+
+
+def test_result_is_json_and_becomes_the_plans_simulator_estimate():
+    g, costs = diamond(3.0, 2.0)
+    plan = plan_of(g, {"a": "g0", "b": "g0", "c": "g1", "d": "g0"})
+    res = simulate(plan, g, costs, two())
+    assert isinstance(res, SimResult)
+    d = json.loads(json.dumps(res.to_dict()))
+    assert d["time_s"] == 12.0 and {e["phase"] for e in d["timeline"]} == {"fp", "bp", "transfer"}
+    est = res.annotate(plan).estimate("simulator")
+    assert est.time_s == 12.0 and est.memory_bytes == res.memory_bytes
+    assert plan_memory(plan, g, costs, two()) == res.memory
+
+
+def test_a_shard_the_profile_lacks_is_refused():
+    g, costs = build([linear("lin", "x")], outputs=["lin"], inputs=(("x", 128),))
+    with pytest.raises(PlanError, match=r"'lin'.*batch over 3 devices.*batch×2"):
+        simulate(plan_of(g, {"lin": NodeConfig(("g0", "g1", "g2"), "batch")}), g, costs,
+                 two(names=("g0", "g1", "g2")))
+    with pytest.raises(PlanError, match="cluster 'two' does not have"):
+        simulate(plan_of(g, {"lin": "g7"}), g, costs, two())
+
+
+# ---- a captured model -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    torch.manual_seed(0)
+    graph = tensoropt.capture(SmallCNN(), (torch.randn(4, 3, 16, 16),))
+    return graph, tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_small_cnn_on_one_device_is_the_sum_of_its_costs_and_step_memory(cnn, optimizer):
+    graph, costs = cnn
+    cl = tensoropt.load_cluster("preset:titan-rtx-5")
+    res = simulate(plan_of(graph, {n.name: "gpu0" for n in graph.ops}), graph, costs, cl, optimizer=optimizer)
+    assert res.time_s == pytest.approx(costs.total_fp_s + costs.total_bp_s, rel=1e-12)
+    assert res.memory_bytes["gpu0"] == step_memory(graph, costs, optimizer=optimizer)["dev0"].peak
+
+
+def test_small_cnn_split_over_devices(cnn):
+    graph, costs = cnn
+    cl = tensoropt.load_cluster("preset:titan-rtx-5")
+    one = simulate(plan_of(graph, {n.name: "gpu0" for n in graph.ops}), graph, costs, cl)
+    # data parallel: every device runs every node's batch shard, weights all-reduced
+    mesh = ("gpu0", "gpu1")
+    dp = plan_of(graph, {n.name: NodeConfig(mesh, "batch" if n.split.batch is not None else "R") for n in graph.ops})
+    res = simulate(dp, graph, costs, cl)
+    shard_s = sum(sum(costs.time(n, *(("batch", 2) if c.layout == "batch" else ("R", 1))))
+                  for n, c in dp.configs.items())
+    assert res.compute_s == {d: pytest.approx(shard_s) for d in mesh}
+    assert {e.node for e in res.timeline if e.phase == "allreduce"} == {"conv2d", "batch_norm", "linear"}
+    assert res.time_s >= shard_s
+    assert max(res.memory_bytes.values()) < one.memory_bytes["gpu0"]
+    # half the nodes on each of two devices (graph order): per device, no more than step_memory says
+    ops = [n.name for n in graph.ops]
+    place = {n: ("gpu0" if i < len(ops) // 2 else "gpu1") for i, n in enumerate(ops)}
+    res = simulate(plan_of(graph, place), graph, costs, cl)
+    ref = step_memory(graph, costs, placement=place)
+    assert res.link_s and all(res.memory_bytes[d] <= ref[d].peak for d in ("gpu0", "gpu1"))
+    assert res.memory_bytes["gpu1"] == pytest.approx(ref["gpu1"].peak, rel=0.05)
+    # model parallel inside ops: conv split along channels, the head along its input features
+    mp = {n.name: NodeConfig(mesh, "channel" if n.split.channel is not None else "R") for n in graph.ops}
+    mp[next(n.name for n in graph.ops if n.op == "aten.linear.default")] = NodeConfig(mesh, "reduce")
+    res = simulate(plan_of(graph, mp), graph, costs, cl)
+    kinds = {e.detail.split(": ")[-1] for e in res.timeline if e.phase == "transfer"}
+    assert "allreduce" in kinds and res.time_s > 0
