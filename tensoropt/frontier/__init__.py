@@ -1,0 +1,26 @@
+"""Frontier tracking: the whole Pareto set of (per-device memory, iteration time) plans
+(TensorOpt's FT, seed 001; design §3), on an abstract cost problem.
+
+* :mod:`.kernels` — frontiers as NumPy arrays and the hot loops on them (numba-compiled, with an
+  identical pure-NumPy path): :func:`reduce` (seed 001 Algorithm 1), :func:`product`,
+  :func:`union`, and the batched product-union the tracker uses; an explicit memory
+  ``resolution`` bounds frontier sizes and reports what it merged.
+* :mod:`.problem` — :class:`Problem`: a DAG whose nodes have per-configuration costs and whose
+  edges have per-configuration-pair costs, all (mem, time), summed over the graph;
+  :func:`brute_force` and :func:`min_scalarized` reference solvers.
+* :mod:`.ft` — :func:`track` (initialise, exact eliminations, heuristic branching, linear DP,
+  unroll) returning a :class:`FrontierResult` whose every point unrolls to a full assignment.
+
+The concrete problem (configurations from the cost model and the cluster's meshes, edge costs
+from resharding collectives) is built on top of this package.
+"""
+
+from .ft import BRANCH_RULE, FIX_RULE, FixedChoice, FrontierResult, track
+from .kernels import batched_product, bucket_key, is_frontier, product, reduce, union
+from .problem import EdgeCosts, NodeCosts, Problem, ProblemError, brute_force, min_scalarized
+
+__all__ = [
+    "track", "FrontierResult", "FixedChoice", "BRANCH_RULE", "FIX_RULE",
+    "reduce", "product", "union", "batched_product", "bucket_key", "is_frontier",
+    "Problem", "NodeCosts", "EdgeCosts", "ProblemError", "brute_force", "min_scalarized",
+]

@@ -1,0 +1,753 @@
+"""Frontier tracking (TensorOpt's FT, seed 001 Algorithm 2; design §3) on an abstract
+:class:`~.problem.Problem`.
+
+:func:`track` returns the Pareto set of (memory, time) over all assignments of configurations
+to nodes, with every point's full assignment recoverable (:meth:`FrontierResult.assignment`).
+
+Steps
+-----
+1. **Initialise.**  Node ``v`` gets one frontier per configuration ``s`` (one point, its cost;
+   none if infeasible); edge ``u–v`` one per configuration pair.  Parallel edges of the input are
+   merged at once (edge elimination).
+2. **Exact eliminations**, one connected component at a time, until the component is a simple
+   path (no node of degree ≥ 3, no cycle).  The cost is a sum of per-node and per-edge terms, so
+   edge *direction* only fixes how a cost matrix is indexed: the eliminations look at the graph
+   as undirected (a node with two in-edges is eliminated like one with an in- and an out-edge).
+   Parallel edges are always merged as soon as they appear.  Which node goes next, first rule
+   that applies, ties to the node first in problem order:
+
+   0. *node elimination* of a degree-2 node both of whose neighbours have degree ≥ 3 (the
+      branches of a series-parallel block, e.g. the two sides of a residual/diamond): new edge
+      ``i–k`` with ``F(s_i, s_k) = reduce(∪_{s_j} F(e_ij, s_i, s_j) ⊗ F(j, s_j) ⊗ F(e_jk, s_j, s_k))``;
+      if ``i–k`` already exists the two are merged by *edge elimination*
+      (``F(s_i, s_k) = reduce(F ⊗ F')``);
+   1. *leaf elimination* of a degree-1 node whose neighbour has degree ≥ 3 (a side branch folded
+      into the node it hangs from): ``F(n, s_n) ← reduce(F(n, s_n) ⊗ reduce(∪_{s_l}
+      F(e, s_l, s_n) ⊗ F(l, s_l)))`` — exactly one LDP step;
+   2. leaf elimination of any other leaf (a tail of a tree folded LDP-style);
+   3. node elimination of any degree-2 node (cycles with no node of degree ≥ 3).
+
+   Each elimination is exact.  Rules 0–1 remove side structure and keep the component's
+   backbone for the LDP; rule 2 folds tails (LDP work: k² frontier products per node, where a
+   node elimination costs k³); rule 3 series-reduces what is left (a segment of degree-2 nodes
+   between two nodes of degree ≥ 3, or a plain cycle).
+3. **Heuristic elimination** when no exact one applies (every node has degree ≥ 3 — the
+   component is not series-parallel, e.g. contains a K4): pick the node with the most edges
+   (then fewest configurations, then first in problem order) — removing it removes the most
+   edges — and *branch*: for each of its feasible configurations ``s``, fix it (its edges fold
+   into its neighbours' node frontiers), solve the rest (which may split into components and
+   branch again), multiply by ``F(c, s)``, and union the branches.  Branching on every
+   configuration is still exact.  ``max_branches`` bounds the product of branching factors along
+   any chain of nested branchings (hence the number of branch leaves): a node whose
+   configurations do not fit the budget left is instead *fixed* to its locally best-time
+   configuration (``argmin_s min F(c, s).time + Σ_{edges c–n} min_{s_n} [min F(e, s, s_n).time +
+   min F(n, s_n).time]``, ties to the lowest index), recorded in :attr:`FrontierResult.fixed`
+   (one entry per fix; the same node may be fixed in several branches); the result is then no
+   longer guaranteed to be the exact frontier (:attr:`FrontierResult.exact` is False) but every
+   point is still a real plan with its true costs.  A node with a single feasible configuration
+   is conditioned on it (exact, counted as a branch).  Fixing happens in place, in a loop.
+4. **Linear DP** on each remaining path ``o_1 … o_n`` (starting from the end first in problem
+   order): ``CF(o_1, s) = F(o_1, s)``, ``CF(o_i, s_i) = reduce(F(o_i, s_i) ⊗ reduce(∪_{s_{i-1}}
+   F(e, s_{i-1}, s_i) ⊗ CF(o_{i-1}, s_{i-1})))``; the component's frontier is
+   ``reduce(∪_s CF(o_n, s))``; components multiply.
+5. **Unroll.**  Every frontier point stores, in integer arrays, which point of which parent
+   frontiers it was built from; :meth:`FrontierResult.assignment` walks these back-pointers down
+   to the initial node frontiers (undoing the LDP, then the eliminations in reverse) and checks
+   that every node gets exactly one configuration.
+
+Memory: back-pointers are int32 arrays, two per point (one per parent).  Intermediate frontiers
+keep only the points their consumer refers to; a frontier no working graph refers to any more
+loses its costs; at the end only the back-pointers the final frontier can reach are kept
+(``stats["points_retained"]`` against ``stats["points_created"]``).  ``stats["candidates"]``
+counts the pairs summed before reducing — the measure of work.
+
+Resolution and determinism: every reduce uses the same ``resolution`` (see :mod:`.kernels`; the
+memory reported is always the true memory of the plan), the points dropped by bucketing are
+counted in :attr:`FrontierResult.merged_by_resolution`, and :attr:`FrontierResult.mem_slack`
+bounds what bucketing can cost: every point of the exact frontier ``(m, t)`` is matched by a
+reported point with time ``<= t`` and memory ``< m + mem_slack``.  The same problem always gives
+the same result: every choice above is broken by problem order, and the kernels break exact
+ties by candidate order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time as _time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import kernels
+from .problem import Problem
+
+__all__ = ["track", "FrontierResult", "FixedChoice", "BRANCH_RULE", "FIX_RULE"]
+
+BRANCH_RULE = "most edges, then fewest configurations, then first in problem order"
+FIX_RULE = "min-time (local): own min time + sum over edges of min (edge + neighbour) time"
+
+
+# --------------------------------------------------------------------------------------------
+# storage of frontiers and back-pointers
+
+@dataclass
+class _Group:
+    """Many frontiers back to back (frontier f = points start[f]:start[f+1]) plus, per point,
+    where it came from: ``ref_idx[i, slot]`` is a point of group ``ref_gid[slot]`` (or of
+    ``ref_gid[i, slot]`` when ``ref_gid`` is 2-d).  Leaf node groups set ``node`` and ``cfg``."""
+
+    mem: np.ndarray
+    time: np.ndarray
+    start: np.ndarray
+    ref_gid: np.ndarray
+    ref_idx: np.ndarray
+    node: int = -1
+    cfg: np.ndarray | None = None
+    nred: int = 0  # reduces along a derivation (upper bound), for mem_slack
+
+    def min_time(self) -> np.ndarray:
+        """Lowest time of each frontier (the last point: time decreases), +inf if empty."""
+        out = np.full(self.start.size - 1, np.inf)
+        nonempty = self.start[1:] > self.start[:-1]
+        out[nonempty] = self.time[self.start[1:][nonempty] - 1]
+        return out
+
+    def size(self, f: int) -> int:
+        return int(self.start[f + 1] - self.start[f])
+
+    def strip(self) -> None:
+        """Drop the costs once no frontier operation will read this group again."""
+        self.mem = self.time = self.start = None  # type: ignore[assignment]
+
+
+class _Store:
+    def __init__(self, resolution: float, backend: str):
+        self.resolution = resolution
+        self.backend = backend
+        self.groups: list[_Group] = []
+        self.refs: list[int] = []
+        self.merged = 0
+        self.max_frontier = 0
+        self.points = 0
+        self.candidates = 0  # pairs summed before reducing: the measure of work
+        self.unit = self._add(_Group(np.zeros(1), np.zeros(1), np.array([0, 1], np.int64),
+                                     np.empty(0, np.int32), np.empty((1, 0), np.int32)))
+
+    def ref(self, gid: int, delta: int) -> None:
+        """Graphs refer to group ``gid`` ``delta`` more times; at zero its costs are dropped."""
+        self.refs[gid] += delta
+        assert self.refs[gid] >= 0
+        if self.refs[gid] == 0:
+            self.groups[gid].strip()
+
+    def _add(self, g: _Group) -> int:
+        self.groups.append(g)
+        self.refs.append(0)
+        self.points += g.mem.size
+        if g.start.size > 1:
+            self.max_frontier = max(self.max_frontier, int(np.diff(g.start).max()))
+        return len(self.groups) - 1
+
+    def leaf(self, mem: np.ndarray, time: np.ndarray, node: int = -1) -> int:
+        """One single-point frontier per entry of ``mem`` / ``time`` (flattened); infeasible
+        entries (+inf) give an empty frontier."""
+        m, t = mem.reshape(-1), time.reshape(-1)
+        ok = ~(np.isinf(m) | np.isinf(t))
+        start = np.concatenate(([0], np.cumsum(ok))).astype(np.int64)
+        cfg = np.flatnonzero(ok).astype(np.int64) if node >= 0 else None
+        return self._add(_Group(m[ok].copy(), t[ok].copy(), start, np.empty(0, np.int32),
+                                np.empty((int(ok.sum()), 0), np.int32), node, cfg))
+
+    def bprod(self, ga: int, gb: int, out_ptr, pa, pb) -> int:
+        """Output frontier o = reduce(∪_q A[pa_q] ⊗ B[pb_q]) over q in out_ptr[o]:out_ptr[o+1]."""
+        A, B = self.groups[ga], self.groups[gb]
+        pa, pb = np.asarray(pa, np.int64), np.asarray(pb, np.int64)
+        self.candidates += int(np.dot(A.start[pa + 1] - A.start[pa], B.start[pb + 1] - B.start[pb]))
+        mem, time, ia, ib, start, merged = kernels.batched_product(
+            A.mem, A.time, A.start, B.mem, B.time, B.start, out_ptr, pa, pb, self.resolution,
+            backend=self.backend)
+        self.merged += merged
+        return self._add(_Group(mem, time, start, np.array([ga, gb], np.int32),
+                                np.stack([ia, ib], axis=1).astype(np.int32), nred=1 + A.nred + B.nred))
+
+    def union(self, parts: list[tuple[int, int]]) -> int:
+        """One frontier: reduce(∪ frontier f of group g for (g, f) in parts)."""
+        if not parts:
+            return self._add(_Group(np.empty(0), np.empty(0), np.array([0, 0], np.int64),
+                                    np.empty(0, np.int32), np.empty((0, 0), np.int32)))
+        mems, times, gids, idxs = [], [], [], []
+        for g, f in parts:
+            G = self.groups[g]
+            lo, hi = int(G.start[f]), int(G.start[f + 1])
+            mems.append(G.mem[lo:hi]); times.append(G.time[lo:hi])
+            gids.append(np.full(hi - lo, g, np.int32)); idxs.append(np.arange(lo, hi, dtype=np.int32))
+        m, t = np.concatenate(mems), np.concatenate(times)
+        keep, merged = kernels.reduce(m, t, self.resolution, backend=self.backend, return_merged=True)
+        self.merged += merged
+        nred = 1 + max(self.groups[g].nred for g, _ in parts)
+        return self._add(_Group(m[keep], t[keep], np.array([0, keep.size], np.int64),
+                                np.concatenate(gids)[keep][:, None], np.concatenate(idxs)[keep][:, None],
+                                nred=nred))
+
+    def consumed(self, gx: int, gy: int, slot: int) -> None:
+        """Intermediate group ``gx`` is read by group ``gy`` (its parent in ``slot``) and nothing
+        else: keep only the points ``gy`` refers to, and drop its costs (the unroll needs only
+        back-pointers).  Keeps the memory of back-pointers to what the frontier can reach."""
+        X, Y = self.groups[gx], self.groups[gy]
+        col = Y.ref_idx[:, slot]
+        used = np.unique(col)
+        remap = np.zeros(X.ref_idx.shape[0], np.int32)
+        remap[used] = np.arange(used.size, dtype=np.int32)
+        Y.ref_idx[:, slot] = remap[col]
+        X.ref_idx = X.ref_idx[used]
+        if X.ref_gid.ndim == 2:
+            X.ref_gid = X.ref_gid[used]
+        if X.cfg is not None:
+            X.cfg = X.cfg[used]
+        X.strip()
+
+    def compact(self, final: int) -> None:
+        """Keep only what the unroll of group ``final`` can reach: every other group shrinks to the
+        points some reachable point refers to (back-pointers renumbered) and loses its costs.
+        Groups only refer to earlier groups, so one sweep from ``final`` down suffices."""
+        n = len(self.groups)
+        masks: list[np.ndarray | None] = [None] * n
+        masks[final] = np.ones(self.groups[final].ref_idx.shape[0], bool)
+
+        def parents(G: _Group, m: np.ndarray):
+            """(slot, parent gid, rows of the kept points that refer to it) per parent."""
+            if G.ref_gid.ndim == 1:
+                for slot, pg in enumerate(G.ref_gid.tolist()):
+                    yield slot, pg, None
+            else:
+                P = G.ref_gid if m is None else G.ref_gid[m]
+                for slot in range(P.shape[1]):
+                    for pg in np.unique(P[:, slot]).tolist():
+                        yield slot, pg, P[:, slot] == pg
+
+        for gid in range(final, -1, -1):
+            m = masks[gid]
+            if m is None:
+                continue
+            G = self.groups[gid]
+            R = G.ref_idx[m]
+            for slot, pg, rows in parents(G, m):
+                if masks[pg] is None:
+                    masks[pg] = np.zeros(self.groups[pg].ref_idx.shape[0], bool)
+                masks[pg][R[:, slot] if rows is None else R[rows, slot]] = True
+        remap = [None if m is None else (np.cumsum(m) - 1).astype(np.int32) for m in masks]
+        for gid, G in enumerate(self.groups):
+            m = masks[gid]
+            if m is None:
+                G.ref_idx = np.empty((0, G.ref_idx.shape[1]), np.int32)
+                G.ref_gid = np.empty((0,) + G.ref_gid.shape[1:], np.int32) if G.ref_gid.ndim == 2 else G.ref_gid
+                G.cfg = None if G.cfg is None else G.cfg[:0]
+                G.strip()
+                continue
+            refs = G.ref_idx[m]
+            for slot, pg, rows in parents(G, m):
+                if rows is None:
+                    refs[:, slot] = remap[pg][refs[:, slot]]
+                else:
+                    refs[rows, slot] = remap[pg][refs[rows, slot]]
+            G.ref_idx = refs
+            if G.ref_gid.ndim == 2:
+                G.ref_gid = G.ref_gid[m]
+            if G.cfg is not None:
+                G.cfg = G.cfg[m]
+            if gid != final:
+                G.strip()
+
+    def product_all(self, parts: list[tuple[int, int]]) -> tuple[int, int]:
+        """reduce(⊗ of the frontiers ``parts``) as (group, 0); the unit frontier {(0, 0)} if none."""
+        if not parts:
+            return self.unit, 0
+        acc = parts[0]
+        for nxt in parts[1:]:
+            acc = (self.bprod(acc[0], nxt[0], [0, 1], [acc[1]], [nxt[1]]), 0)
+        return acc
+
+    def unroll(self, gid: int, i: int, n_nodes: int) -> np.ndarray:
+        cfg = np.full(n_nodes, -1, np.int64)
+        stack = [(gid, i)]
+        while stack:
+            g, i = stack.pop()
+            G = self.groups[g]
+            if G.node >= 0:
+                if cfg[G.node] >= 0:
+                    raise RuntimeError(f"frontier unroll reached node {G.node} twice (internal error)")
+                cfg[G.node] = G.cfg[i]
+            if G.ref_gid.ndim == 1:
+                for slot in range(G.ref_gid.size):
+                    stack.append((int(G.ref_gid[slot]), int(G.ref_idx[i, slot])))
+            else:
+                for slot in range(G.ref_gid.shape[1]):
+                    stack.append((int(G.ref_gid[i, slot]), int(G.ref_idx[i, slot])))
+        if (cfg < 0).any():
+            raise RuntimeError(f"frontier unroll left nodes {np.flatnonzero(cfg < 0)[:5].tolist()} "
+                               "without a configuration (internal error)")
+        return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# the working graph
+
+@dataclass(frozen=True)
+class _Edge:
+    a: int     # the group's frontiers are indexed s_a * k_b + s_b
+    b: int
+    gid: int
+
+
+class _Graph:
+    """The graph being eliminated: per live node its node-frontier group, per edge its group.
+
+    Every group a graph refers to is reference-counted in the store (graphs are copied when the
+    heuristic elimination branches); a group no graph refers to any more is *stripped* — its
+    costs dropped, its back-pointers kept for the unroll."""
+
+    def __init__(self, k: list[int], store: "_Store"):
+        self.k = k
+        self.store = store
+        self.ngid: dict[int, int] = {}
+        self.adj: dict[int, dict[int, _Edge]] = {}
+        self.hubs = 0
+        self.n_edges = 0
+
+    # ---- bookkeeping
+    def deg(self, v: int) -> int:
+        return len(self.adj[v])
+
+    def add_node(self, v: int, gid: int) -> None:
+        self.store.ref(gid, +1)
+        self.ngid[v] = gid
+        self.adj[v] = {}
+
+    def set_node(self, v: int, gid: int) -> None:
+        self.store.ref(gid, +1)
+        self.store.ref(self.ngid[v], -1)
+        self.ngid[v] = gid
+
+    def _link(self, e: _Edge) -> None:
+        self.store.ref(e.gid, +1)
+        for x, y in ((e.a, e.b), (e.b, e.a)):
+            d = len(self.adj[x])
+            self.adj[x][y] = e
+            self.hubs += (d + 1 >= 3) - (d >= 3)
+        self.n_edges += 1
+
+    def unlink(self, x: int, y: int) -> None:
+        gid = self.adj[x][y].gid
+        for p, q in ((x, y), (y, x)):
+            d = len(self.adj[p])
+            del self.adj[p][q]
+            self.hubs += (d - 1 >= 3) - (d >= 3)
+        self.n_edges -= 1
+        self.store.ref(gid, -1)
+
+    def remove_node(self, v: int) -> None:
+        assert not self.adj[v]
+        del self.adj[v]
+        self.store.ref(self.ngid.pop(v), -1)
+
+    def _edges(self):
+        for v, nb in self.adj.items():
+            for w, e in nb.items():
+                if v == e.a:
+                    yield e
+
+    def release(self) -> None:
+        """The graph is done with: drop its references."""
+        for e in list(self._edges()):
+            self.store.ref(e.gid, -1)
+        for gid in self.ngid.values():
+            self.store.ref(gid, -1)
+        self.ngid, self.adj, self.hubs, self.n_edges = {}, {}, 0, 0
+
+    def is_path(self) -> bool:
+        """For a connected graph: a simple path (or a single node)."""
+        return self.hubs == 0 and self.n_edges == len(self.ngid) - 1
+
+    def copy(self) -> "_Graph":
+        return self.subgraph(list(self.ngid))
+
+    def components(self) -> list[list[int]]:
+        seen: set[int] = set()
+        out = []
+        for v in sorted(self.ngid):
+            if v in seen:
+                continue
+            comp, todo = [], [v]
+            seen.add(v)
+            while todo:
+                x = todo.pop()
+                comp.append(x)
+                for y in sorted(self.adj[x]):
+                    if y not in seen:
+                        seen.add(y)
+                        todo.append(y)
+            out.append(sorted(comp))
+        return out
+
+    def subgraph(self, nodes: list[int]) -> "_Graph":
+        """A new graph on ``nodes`` (all their neighbours must be among them)."""
+        h = _Graph(self.k, self.store)
+        for v in nodes:
+            h.ngid[v] = self.ngid[v]
+            h.adj[v] = dict(self.adj[v])
+            self.store.ref(h.ngid[v], +1)
+        for e in h._edges():
+            self.store.ref(e.gid, +1)
+        h.hubs = sum(len(h.adj[v]) >= 3 for v in nodes)
+        h.n_edges = sum(len(h.adj[v]) for v in nodes) // 2
+        return h
+
+    def eidx(self, e: _Edge, x: int, sx, y: int, sy) -> np.ndarray:
+        """Frontier index in e's group of (node x in config sx, node y in config sy)."""
+        sx, sy = np.asarray(sx, np.int64), np.asarray(sy, np.int64)
+        if e.a == x:
+            return sx * self.k[y] + sy
+        return sy * self.k[x] + sx
+
+
+# --------------------------------------------------------------------------------------------
+# result
+
+@dataclass(frozen=True)
+class FixedChoice:
+    """A node the heuristic elimination fixed to one configuration instead of branching on all."""
+
+    node: str
+    config: int
+    rule: str = FIX_RULE
+    budget_left: int = 0  # the branch budget that was too small for the node's configurations
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "config": self.config, "rule": self.rule, "budget_left": self.budget_left}
+
+
+@dataclass(frozen=True, eq=False)
+class FrontierResult:
+    """The frontier and how it was found.
+
+    ``mem`` / ``time``: the frontier, memory ascending, time strictly descending (read-only
+    arrays); point ``i`` is the plan :meth:`assignment` ``(i)``, and its values are that plan's
+    true costs (``problem.cost_of(assignment(i))`` up to float rounding of the sum order).
+    ``resolution``, ``merged_by_resolution``, ``mem_slack``: see the module docstring.
+    ``fixed``: nodes the heuristic elimination fixed instead of branching on (empty = exact
+    search); ``branched``: nodes it branched on, one entry per branching.
+    ``stats``: ``eliminations`` (counts of ``edge``, ``node``, ``leaf`` eliminations, ``ldp``
+    steps, ``branch`` and ``fix`` heuristic steps), ``max_frontier`` (largest single frontier
+    made), ``candidates``, ``points_created``, ``points_retained``, ``groups``, ``backend``,
+    ``branch_rule``, ``seconds``.
+    """
+
+    problem: Problem
+    mem: np.ndarray
+    time: np.ndarray
+    resolution: float
+    merged_by_resolution: int
+    mem_slack: float
+    fixed: tuple[FixedChoice, ...]
+    branched: tuple[str, ...]
+    stats: Mapping[str, Any]
+    _store: _Store = field(repr=False)
+    _gid: int = field(repr=False)
+
+    def __len__(self) -> int:
+        return int(self.mem.size)
+
+    @property
+    def exact(self) -> bool:
+        """True when the frontier is provably the exact Pareto set (no node fixed, nothing merged)."""
+        return not self.fixed and self.merged_by_resolution == 0
+
+    def assignment_vector(self, i: int) -> np.ndarray:
+        """Configuration index of every node (problem order) for frontier point ``i``."""
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"frontier point {i} out of range (the frontier has {n} points)")
+        i %= n
+        return self._store.unroll(self._gid, i, len(self.problem.nodes))
+
+    def assignment(self, i: int) -> dict[str, int]:
+        """Node name → configuration index for frontier point ``i``."""
+        vec = self.assignment_vector(i)
+        return {n.name: int(s) for n, s in zip(self.problem.nodes, vec)}
+
+    def assignments(self) -> list[dict[str, int]]:
+        return [self.assignment(i) for i in range(len(self))]
+
+    def points(self) -> list[tuple[float, float]]:
+        return list(zip(self.mem.tolist(), self.time.tolist()))
+
+    def to_dict(self, with_assignments: bool = True) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "mem": self.mem.tolist(), "time": self.time.tolist(),
+            "resolution": self.resolution, "merged_by_resolution": self.merged_by_resolution,
+            "mem_slack": self.mem_slack, "exact": self.exact,
+            "fixed": [f.to_dict() for f in self.fixed], "branched": list(self.branched),
+            "stats": dict(self.stats),
+        }
+        if with_assignments:
+            d["assignments"] = [self.assignment_vector(i).tolist() for i in range(len(self))]
+            d["nodes"] = list(self.problem.node_names)
+        return d
+
+
+# --------------------------------------------------------------------------------------------
+# the algorithm
+
+class _Tracker:
+    def __init__(self, problem: Problem, store: _Store):
+        self.p = problem
+        self.s = store
+        self.count = {"edge": 0, "node": 0, "leaf": 0, "ldp": 0, "branch": 0, "fix": 0}
+        self.fixed: list[FixedChoice] = []
+        self.branched: list[str] = []
+        self.k = [n.k for n in problem.nodes]
+
+    # ---- initialisation
+    def initial_graph(self) -> _Graph:
+        g = _Graph(self.k, self.s)
+        for v, n in enumerate(self.p.nodes):
+            g.add_node(v, self.s.leaf(n.mem, n.time, node=v))
+        for e in self.p.edges:
+            a, b = self.p.index(e.src), self.p.index(e.dst)
+            self.add_edge(g, _Edge(a, b, self.s.leaf(e.mem, e.time)))
+        return g
+
+    def add_edge(self, g: _Graph, e: _Edge) -> None:
+        old = g.adj[e.a].get(e.b)
+        if old is None:
+            g._link(e)
+            return
+        # edge elimination: parallel edges merge by product per configuration pair
+        ka, kb = self.k[e.a], self.k[e.b]
+        sa, sb = np.divmod(np.arange(ka * kb, dtype=np.int64), kb)
+        gid = self.s.bprod(old.gid, e.gid, np.arange(ka * kb + 1), g.eidx(old, e.a, sa, e.b, sb),
+                           sa * kb + sb)
+        g.unlink(e.a, e.b)
+        g._link(_Edge(e.a, e.b, gid))
+        self.s.groups[e.gid].strip()  # the merged-in edge was never linked: nothing reads it again
+        self.count["edge"] += 1
+
+    # ---- exact eliminations
+    def fold_leaf(self, g: _Graph, l: int) -> int:
+        """Fold leaf l into its neighbour n (one LDP step); returns n."""
+        (n, e), = g.adj[l].items()
+        kl, kn = self.k[l], self.k[n]
+        sn, sl = np.divmod(np.arange(kn * kl, dtype=np.int64), kl)   # outputs s_n, pairs over s_l
+        t = self.s.bprod(e.gid, g.ngid[l], np.arange(0, kn * kl + 1, kl), g.eidx(e, l, sl, n, sn), sl)
+        ar = np.arange(kn, dtype=np.int64)
+        g.set_node(n, self.s.bprod(g.ngid[n], t, np.arange(kn + 1), ar, ar))
+        self.s.consumed(t, g.ngid[n], 1)
+        g.unlink(l, n)
+        g.remove_node(l)
+        return n
+
+    def eliminate_node(self, g: _Graph, j: int) -> tuple[int, int]:
+        """Replace degree-2 node j (neighbours i < k) by an edge i–k; returns (i, k)."""
+        i, k = sorted(g.adj[j])
+        e1, e2 = g.adj[j][i], g.adj[j][k]
+        ki, kj, kk = self.k[i], self.k[j], self.k[k]
+        si, sj = np.divmod(np.arange(ki * kj, dtype=np.int64), kj)
+        ab = self.s.bprod(e1.gid, g.ngid[j], np.arange(ki * kj + 1), g.eidx(e1, i, si, j, sj), sj)
+        # outputs (s_i, s_k), pairs over s_j
+        grid = np.arange(ki * kk * kj, dtype=np.int64)
+        oi, rest = np.divmod(grid, kk * kj)
+        ok, oj = np.divmod(rest, kj)
+        new = self.s.bprod(ab, e2.gid, np.arange(0, ki * kk * kj + 1, kj), oi * kj + oj,
+                           g.eidx(e2, j, oj, k, ok))
+        self.s.consumed(ab, new, 0)
+        g.unlink(j, i)
+        g.unlink(j, k)
+        g.remove_node(j)
+        self.add_edge(g, _Edge(i, k, new))
+        self.count["node"] += 1
+        return i, k
+
+    def eliminate(self, g: _Graph) -> None:
+        """Exact eliminations (rules 0–3 of the module docstring) until g is a path or none applies."""
+        def prio(v):
+            nb = g.adj[v]
+            if len(nb) == 1:
+                (n,) = nb
+                return 1 if len(g.adj[n]) >= 3 else 2
+            if len(nb) == 2:
+                a, b = nb
+                return 0 if len(g.adj[a]) >= 3 and len(g.adj[b]) >= 3 else 3
+            return None
+
+        heap = [(p, v) for v in sorted(g.ngid) if (p := prio(v)) is not None]
+        heapq.heapify(heap)
+
+        def push(v):
+            if v in g.adj and (p := prio(v)) is not None:
+                heapq.heappush(heap, (p, v))
+
+        while not g.is_path():
+            while heap:
+                p, v = heapq.heappop(heap)
+                if v in g.adj and prio(v) == p:
+                    break
+            else:
+                return  # no exact elimination applies
+            around = list(g.adj[v])
+            hub_before = {x: len(g.adj[x]) >= 3 for x in around}
+            if len(around) == 1:
+                self.fold_leaf(g, v)
+                self.count["leaf"] += 1
+            else:
+                self.eliminate_node(g, v)
+            # a node's rule depends on its own neighbours and on whether they have degree >= 3:
+            # only v's neighbours changed adjacency; their neighbours care if they became / stopped
+            # being hubs
+            for x in around:
+                push(x)
+                if (len(g.adj[x]) >= 3) != hub_before[x]:
+                    for y in g.adj[x]:
+                        push(y)
+
+    # ---- linear DP
+    def ldp(self, g: _Graph) -> tuple[int, int]:
+        if len(g.ngid) == 1:
+            (v,) = g.ngid
+            order = [v]
+        else:
+            ends = sorted(v for v in g.ngid if len(g.adj[v]) == 1)
+            order = [ends[0]]
+            prev = None
+            while len(order) < len(g.ngid):
+                nxt = [y for y in g.adj[order[-1]] if y != prev]
+                prev = order[-1]
+                order.append(nxt[0])
+        for v in order[:-1]:
+            self.fold_leaf(g, v)
+            self.count["ldp"] += 1
+        last = order[-1]
+        out = self.s.union([(g.ngid[last], s) for s in range(self.k[last])])
+        g.release()
+        return out, 0
+
+    # ---- heuristic elimination
+    def best_time_config(self, g: _Graph, c: int) -> int:
+        score = self.s.groups[g.ngid[c]].min_time().copy()
+        sc = np.arange(self.k[c], dtype=np.int64)
+        for n in sorted(g.adj[c]):
+            e = g.adj[c][n]
+            kn = self.k[n]
+            et = self.s.groups[e.gid].min_time()
+            nt = self.s.groups[g.ngid[n]].min_time()
+            sn = np.arange(kn, dtype=np.int64)
+            tab = et[g.eidx(e, c, sc[:, None], n, sn[None, :])] + nt[None, :]
+            score = score + tab.min(axis=1)
+        return int(np.argmin(score))
+
+    def condition(self, g: _Graph, c: int, s: int) -> tuple[int, int]:
+        """Fix node c to configuration s: its edges fold into the neighbours' node frontiers and c
+        leaves the graph.  Returns F(c, s), whose group the caller must :meth:`_Store.ref` ``-1``
+        once it has used it."""
+        for n in sorted(g.adj[c]):
+            e = g.adj[c][n]
+            ar = np.arange(self.k[n], dtype=np.int64)
+            g.set_node(n, self.s.bprod(g.ngid[n], e.gid, np.arange(self.k[n] + 1), ar,
+                                       g.eidx(e, c, np.full_like(ar, s), n, ar)))
+            g.unlink(c, n)
+        const = (g.ngid[c], s)
+        self.s.ref(const[0], +1)
+        g.remove_node(c)
+        return const
+
+    def solve(self, g: _Graph, budget: int) -> tuple[int, int]:
+        """Frontier of g (consumed): its components solved one by one, then multiplied."""
+        subs = [g.subgraph(c) for c in g.components()]
+        g.release()
+        return self.s.product_all([self.solve_connected(h, budget) for h in subs])
+
+    def solve_connected(self, g: _Graph, budget: int) -> tuple[int, int]:
+        """Frontier of the connected graph g (consumed).  Fixing a node (one configuration: the
+        node has only one feasible, or the branch budget is spent) is done in place, in a loop, so
+        a long run of fixes does not nest calls."""
+        consts: list[tuple[int, int]] = []
+        while True:
+            self.eliminate(g)
+            if g.is_path():
+                result = self.ldp(g)
+                break
+            c = min(g.ngid, key=lambda v: (-len(g.adj[v]), self.k[v], v))
+            name = self.p.nodes[c].name
+            node_group = self.s.groups[g.ngid[c]]
+            feasible = [s for s in range(self.k[c]) if node_group.size(s) > 0]
+            if 1 < len(feasible) <= budget:  # branch on every configuration: exact
+                self.count["branch"] += 1
+                self.branched.append(name)
+                child = budget // len(feasible)
+                results = []
+                for s in feasible:
+                    h = g.copy()
+                    const = self.condition(h, c, s)
+                    results.append(self.s.product_all([const, self.solve(h, child)]))
+                    self.s.ref(const[0], -1)
+                g.release()
+                result = self.s.union(results), 0
+                break
+            if len(feasible) <= 1:          # nothing to choose (no feasible config: empty result)
+                self.count["branch"] += 1
+                self.branched.append(name)
+                s = feasible[0] if feasible else 0
+            else:                            # budget spent: fix to the locally best-time config
+                s = self.best_time_config(g, c)
+                self.count["fix"] += 1
+                self.fixed.append(FixedChoice(name, s, FIX_RULE, budget))
+            consts.append(self.condition(g, c, s))
+            if len(g.components()) > 1:
+                result = self.solve(g, budget)
+                break
+        out = self.s.product_all(consts + [result])
+        for gid, _ in consts:
+            self.s.ref(gid, -1)
+        return out
+
+
+def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024,
+          backend: str | None = None) -> FrontierResult:
+    """The (memory, time) Pareto frontier of ``problem`` by frontier tracking (module docstring).
+
+    ``resolution``: bytes (0 = exact) — memory is compared in buckets of this size at every
+    reduce (:mod:`.kernels`), bounding frontier sizes; what it merged is reported.
+    ``max_branches``: bound on nested branching of the heuristic elimination (≥ 1; see the module
+    docstring); nodes it could not branch on are listed in ``result.fixed``.
+    ``backend``: ``"numba"`` (default) or ``"numpy"``; both give identical results.
+    """
+    if not isinstance(problem, Problem):
+        raise TypeError(f"track() needs a Problem, got {type(problem).__name__}")
+    if int(max_branches) != max_branches or max_branches < 1:
+        raise ValueError(f"max_branches must be an integer >= 1, got {max_branches!r}")
+    res = kernels._resolution(resolution)
+    t0 = _time.perf_counter()
+    store = _Store(res, kernels._backend(backend))
+    tr = _Tracker(problem, store)
+    g = tr.initial_graph()
+    gid, f = tr.solve(g, int(max_branches))
+    if f != 0 or store.groups[gid].start.size != 2:
+        gid, f = store.union([(gid, f)]), 0
+    store.compact(gid)
+    G = store.groups[gid]
+    mem, time = G.mem.copy(), G.time.copy()
+    mem.setflags(write=False)
+    time.setflags(write=False)
+    stats = {
+        "eliminations": dict(tr.count),
+        "max_frontier": store.max_frontier,
+        "groups": len(store.groups),
+        "candidates": store.candidates,
+        "points_created": store.points,
+        "points_retained": sum(x.ref_idx.shape[0] for x in store.groups),
+        "branch_rule": BRANCH_RULE,
+        "backend": store.backend,
+        "seconds": _time.perf_counter() - t0,
+    }
+    return FrontierResult(problem, mem, time, res, store.merged,
+                          G.nred * res, tuple(tr.fixed), tuple(tr.branched), stats, store, gid)

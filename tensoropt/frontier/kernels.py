@@ -1,0 +1,436 @@
+"""Frontier kernels: reduce, product and union of (memory, time) point sets (seed 001 §FT).
+
+A *frontier* here is a pair of float64 arrays ``(mem, time)`` of equal length, sorted by memory
+ascending with time strictly decreasing: every point is Pareto-minimal (no other point has less
+or equal memory *and* less or equal time).  The kernels never carry payloads themselves; they
+return integer indices into their inputs, so that callers (frontier tracking, :mod:`.ft`) keep
+back-pointers as plain integer arrays.
+
+Rules every kernel follows (and the tests check):
+
+* **Reduce** (seed 001 Algorithm 1): sort the points by memory ascending — a *stable* sort, so
+  points of equal memory stay in input order — and keep each point whose time is strictly below
+  the time of every point before it.  Equal memory keeps the lowest time; exact duplicates
+  ``(m, t)`` keep the first in input order.  (Among points of equal memory the scan picks the
+  minimum time, first in input order on a tie; the result is the same as sorting by
+  ``(memory, time, input position)`` and scanning.)
+* **Infeasible points**: a point with time ``+inf`` is never kept (nothing is strictly below
+  ``+inf``).  NaN is rejected.
+* **Resolution** (bytes; ``0`` = exact): frontier sizes are bounded explicitly, never by silent
+  truncation.  The memory used for *comparison* is rounded **up** to a multiple of the
+  resolution, ``bucket = ceil(mem / resolution)``; within one bucket only the lowest-time point
+  survives (on a tie the one of least true memory, then the first in input order), and a bucket
+  survives only if its time is below every lower bucket's.  The point kept keeps its **true**
+  memory and time — the values reported are the exact costs of a real point, never rounded
+  down nor up — so a frontier has at most one point per bucket, i.e. at most
+  ``(max mem - min mem) / resolution + 1`` points.  The kept points are always a subset of the
+  exact frontier (they are Pareto-minimal for the true costs too), and the number of exact
+  frontier points dropped because they shared a bucket with a better one is counted and returned
+  as ``merged``.  What the merge can cost: a dropped point ``(m, t)`` is replaced by a kept one
+  ``(m', t')`` with ``t' <= t`` and ``m' < m + resolution``.
+* **Determinism**: the output depends only on the input arrays and their order.
+
+Complexity: reduce is O(n log n) (one stable sort by memory, then one linear scan); product of
+frontiers of sizes ``|a|`` and ``|b|`` is O(|a| |b| log(|a| |b|)) (all pair sums, then reduce);
+union of frontiers with ``n`` points in all is O(n log n).
+
+Two interchangeable back ends compute the same results bit for bit: ``"numba"`` (compiled with
+``@njit(cache=True)``; the default) and ``"numpy"`` (vectorised NumPy, the reference).  Both sort
+with a stable sort (NumPy's ``kind="stable"``; in numba a natural merge sort, fast on the
+unions of already sorted frontiers the tracker makes) and add costs in the same order, so their
+outputs are identical.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+try:  # numba is a dependency, but a broken install should degrade to NumPy, not fail imports
+    from numba import njit
+
+    HAVE_NUMBA = True
+except Exception:  # pragma: no cover - exercised only without numba
+    HAVE_NUMBA = False
+
+BACKENDS = ("numba", "numpy")
+DEFAULT_BACKEND = "numba" if HAVE_NUMBA else "numpy"
+
+__all__ = [
+    "BACKENDS", "DEFAULT_BACKEND", "HAVE_NUMBA", "as_frontier", "bucket_key", "is_frontier",
+    "reduce", "product", "union", "batched_product",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# validation helpers
+
+def _backend(backend: str | None) -> str:
+    b = DEFAULT_BACKEND if backend is None else backend
+    if b not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if b == "numba" and not HAVE_NUMBA:  # pragma: no cover
+        return "numpy"
+    return b
+
+
+def _resolution(resolution: float) -> float:
+    r = float(resolution)
+    if not np.isfinite(r) or r < 0:
+        raise ValueError(f"resolution must be a finite number >= 0 (bytes; 0 = exact), got {resolution!r}")
+    return r
+
+
+def _costs(mem, time, what: str = "points") -> tuple[np.ndarray, np.ndarray]:
+    m = np.ascontiguousarray(mem, dtype=np.float64).reshape(-1)
+    t = np.ascontiguousarray(time, dtype=np.float64).reshape(-1)
+    if m.shape != t.shape:
+        raise ValueError(f"{what}: mem and time must have the same length, got {m.size} and {t.size}")
+    if np.isnan(m).any() or np.isnan(t).any():
+        raise ValueError(f"{what}: NaN in mem or time")
+    return m, t
+
+
+def as_frontier(f) -> tuple[np.ndarray, np.ndarray]:
+    """``(mem, time)`` (any array-likes) as two contiguous float64 arrays; NaN is rejected."""
+    try:
+        mem, time = f
+    except (TypeError, ValueError):
+        raise ValueError("a frontier is a pair (mem, time) of equal-length arrays") from None
+    return _costs(mem, time, "frontier")
+
+
+def bucket_key(mem, resolution: float) -> np.ndarray:
+    """The memory used to compare points: ``mem`` itself at resolution 0, else the bucket number
+    ``ceil(mem / resolution)`` (memory rounded up to a multiple of the resolution, in units of
+    the resolution).  Monotone in ``mem``, so sorting by ``mem`` also sorts by bucket."""
+    m = np.asarray(mem, dtype=np.float64)
+    r = _resolution(resolution)
+    return m.copy() if r == 0.0 else np.ceil(m / r)
+
+
+def is_frontier(mem, time) -> bool:
+    """True when ``(mem, time)`` is sorted by memory ascending with time strictly decreasing."""
+    m, t = _costs(mem, time)
+    if m.size <= 1:
+        return bool(m.size == 0 or np.isfinite(t[0]))
+    return bool(np.all(np.diff(m) > 0) and np.all(np.diff(t) < 0) and np.isfinite(t[-1]))
+
+
+# --------------------------------------------------------------------------------------------
+# the reduce scan: NumPy reference
+
+def _scan_np(m: np.ndarray, t: np.ndarray, key: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, int]:
+    """Indices (into m/t) of the reduced points, and how many exact-frontier points were merged.
+
+    ``order`` sorts ``m`` ascending (stably); ``key`` is the bucket key (``m`` at resolution 0).
+    """
+    n = order.size
+    if n == 0:
+        return np.empty(0, np.int64), 0
+    ms, ts, ks = m[order], t[order], key[order]
+
+    def groups(x):
+        starts = np.flatnonzero(np.concatenate(([True], x[1:] != x[:-1])))
+        gmin = np.minimum.reduceat(ts, starts)
+        prev = np.concatenate(([np.inf], np.minimum.accumulate(gmin)[:-1]))
+        return starts, gmin, gmin < prev
+
+    # exact frontier size: groups of equal true memory whose best time beats all lower memory
+    _, _, ekeep = groups(ms)
+    starts, gmin, gkeep = groups(ks)
+    gid = np.cumsum(np.concatenate(([True], ks[1:] != ks[:-1]))) - 1
+    hit = np.flatnonzero(ts == gmin[gid])             # positions achieving their group's min time
+    _, first = np.unique(gid[hit], return_index=True)  # first such position in every group
+    best_pos = hit[first]                             # one per group, groups in order
+    kept = order[best_pos[gkeep]].astype(np.int64)
+    return kept, int(ekeep.sum()) - int(kept.size)
+
+
+# --------------------------------------------------------------------------------------------
+# the reduce scan: numba
+
+if HAVE_NUMBA:
+
+    @njit(cache=True)
+    def _scan_nb(m, t, key, order):  # pragma: no cover - compiled; covered via equality tests
+        n = order.size
+        keep = np.empty(n, np.int64)
+        nk = 0
+        best_prev = np.inf    # min time over all points in lower buckets
+        exact_prev = np.inf   # min time over all points of lower true memory
+        exact_count = 0
+        i = 0
+        while i < n:
+            kk = key[order[i]]
+            gmin = np.inf
+            gbest = -1
+            j = i
+            while j < n and key[order[j]] == kk:
+                mm = m[order[j]]
+                emin = np.inf
+                l = j
+                while l < n and m[order[l]] == mm:
+                    tt = t[order[l]]
+                    if tt < emin:
+                        emin = tt
+                    if tt < gmin:
+                        gmin = tt
+                        gbest = order[l]
+                    l += 1
+                if emin < exact_prev:
+                    exact_count += 1
+                    exact_prev = emin
+                j = l
+            if gmin < best_prev:
+                keep[nk] = gbest
+                nk += 1
+                best_prev = gmin
+            i = j
+        return keep[:nk].copy(), exact_count - nk
+
+    @njit(cache=True)
+    def _stable_argsort_nb(x):  # pragma: no cover - compiled
+        """Stable argsort (equal keys keep input order, as NumPy's ``kind="stable"``) by natural
+        merge sort: split into maximal non-decreasing runs, merge neighbouring runs until one is
+        left.  Candidates in the tracker are unions of a few sorted frontiers, so this costs
+        O(n log runs) instead of O(n log n)."""
+        n = x.size
+        idx = np.arange(n)
+        if n < 2:
+            return idx
+        bounds = np.empty(n + 1, np.int64)
+        nb = 1
+        bounds[0] = 0
+        for i in range(1, n):
+            if x[i] < x[i - 1]:
+                bounds[nb] = i
+                nb += 1
+        bounds[nb] = n
+        nruns = nb
+        v = x.copy()
+        tmp = np.empty(n, np.int64)
+        tv = np.empty(n, np.float64)
+        while nruns > 1:
+            newb = 0
+            r = 0
+            while r < nruns:
+                lo = bounds[r]
+                if r + 1 < nruns:
+                    mid = bounds[r + 1]
+                    hi = bounds[r + 2]
+                    i, j, o = lo, mid, lo
+                    while i < mid and j < hi:  # branch-free: take j only if strictly smaller
+                        vi = v[i]
+                        vj = v[j]
+                        c = vj < vi
+                        tv[o] = vj if c else vi
+                        tmp[o] = idx[j] if c else idx[i]
+                        j += c
+                        i += 1 - c
+                        o += 1
+                    while i < mid:
+                        tv[o] = v[i]
+                        tmp[o] = idx[i]
+                        i += 1
+                        o += 1
+                    while j < hi:
+                        tv[o] = v[j]
+                        tmp[o] = idx[j]
+                        j += 1
+                        o += 1
+                else:
+                    hi = bounds[r + 1]
+                    for o in range(lo, hi):
+                        tmp[o] = idx[o]
+                        tv[o] = v[o]
+                bounds[newb] = lo
+                newb += 1
+                r += 2
+            bounds[newb] = n
+            nruns = newb
+            idx, tmp = tmp, idx
+            v, tv = tv, v
+        return idx
+
+    @njit(cache=True)
+    def _batched_nb(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, res):  # pragma: no cover
+        n_out = out_ptr.size - 1
+        cap = 16
+        om = np.empty(cap, np.float64)
+        ot = np.empty(cap, np.float64)
+        oia = np.empty(cap, np.int64)
+        oib = np.empty(cap, np.int64)
+        ostart = np.zeros(n_out + 1, np.int64)
+        n = 0
+        merged = 0
+        for o in range(n_out):
+            c = 0
+            for q in range(out_ptr[o], out_ptr[o + 1]):
+                c += (astart[pa[q] + 1] - astart[pa[q]]) * (bstart[pb[q] + 1] - bstart[pb[q]])
+            cm = np.empty(c, np.float64)
+            ct = np.empty(c, np.float64)
+            cia = np.empty(c, np.int64)
+            cib = np.empty(c, np.int64)
+            c = 0
+            for q in range(out_ptr[o], out_ptr[o + 1]):
+                for i in range(astart[pa[q]], astart[pa[q] + 1]):
+                    for j in range(bstart[pb[q]], bstart[pb[q] + 1]):
+                        cm[c] = am[i] + bm[j]
+                        ct[c] = at[i] + bt[j]
+                        cia[c] = i
+                        cib[c] = j
+                        c += 1
+            order = _stable_argsort_nb(cm)
+            if res > 0.0:
+                key = np.ceil(cm / res)
+            else:
+                key = cm
+            keep, mg = _scan_nb(cm, ct, key, order)
+            merged += mg
+            nk = keep.size
+            if n + nk > cap:
+                while n + nk > cap:
+                    cap *= 2
+                om2 = np.empty(cap, np.float64)
+                ot2 = np.empty(cap, np.float64)
+                oia2 = np.empty(cap, np.int64)
+                oib2 = np.empty(cap, np.int64)
+                om2[:n] = om[:n]
+                ot2[:n] = ot[:n]
+                oia2[:n] = oia[:n]
+                oib2[:n] = oib[:n]
+                om, ot, oia, oib = om2, ot2, oia2, oib2
+            for x in range(nk):
+                om[n + x] = cm[keep[x]]
+                ot[n + x] = ct[keep[x]]
+                oia[n + x] = cia[keep[x]]
+                oib[n + x] = cib[keep[x]]
+            n += nk
+            ostart[o + 1] = n
+        return om[:n].copy(), ot[:n].copy(), oia[:n].copy(), oib[:n].copy(), ostart, merged
+
+
+def _batched_np(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, res):
+    n_out = out_ptr.size - 1
+    oms, ots, oias, oibs = [], [], [], []
+    ostart = np.zeros(n_out + 1, np.int64)
+    merged = 0
+    n = 0
+    for o in range(n_out):
+        cms, cts, cias, cibs = [], [], [], []
+        for q in range(out_ptr[o], out_ptr[o + 1]):
+            ia = np.arange(astart[pa[q]], astart[pa[q] + 1], dtype=np.int64)
+            ib = np.arange(bstart[pb[q]], bstart[pb[q] + 1], dtype=np.int64)
+            cms.append((am[ia][:, None] + bm[ib][None, :]).ravel())
+            cts.append((at[ia][:, None] + bt[ib][None, :]).ravel())
+            cias.append(np.repeat(ia, ib.size))
+            cibs.append(np.tile(ib, ia.size))
+        if cms:
+            cm, ct = np.concatenate(cms), np.concatenate(cts)
+            cia, cib = np.concatenate(cias), np.concatenate(cibs)
+        else:
+            cm = ct = np.empty(0)
+            cia = cib = np.empty(0, np.int64)
+        order = np.argsort(cm, kind="stable")
+        key = np.ceil(cm / res) if res > 0.0 else cm
+        keep, mg = _scan_np(cm, ct, key, order)
+        merged += mg
+        oms.append(cm[keep]); ots.append(ct[keep]); oias.append(cia[keep]); oibs.append(cib[keep])
+        n += keep.size
+        ostart[o + 1] = n
+    cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.empty(0, dt)  # noqa: E731
+    return (cat(oms, np.float64), cat(ots, np.float64), cat(oias, np.int64), cat(oibs, np.int64),
+            ostart, merged)
+
+
+# --------------------------------------------------------------------------------------------
+# public kernels
+
+def _reduce_impl(m: np.ndarray, t: np.ndarray, r: float, backend: str) -> tuple[np.ndarray, int]:
+    order = np.argsort(m, kind="stable")
+    key = np.ceil(m / r) if r > 0.0 else m
+    if backend == "numba":
+        keep, merged = _scan_nb(m, t, key, order.astype(np.int64))  # sort: NumPy's (timsort)
+        return keep, int(merged)
+    return _scan_np(m, t, key, order)
+
+
+def reduce(mem, time, resolution: float = 0.0, *, backend: str | None = None,
+           return_merged: bool = False):
+    """Indices of the Pareto-minimal points of ``(mem, time)`` (seed 001 Algorithm 1), ordered by
+    memory ascending (so ``mem[idx]`` increases and ``time[idx]`` strictly decreases).
+
+    ``resolution`` (bytes, 0 = exact) buckets memory as the module docstring says; with
+    ``return_merged=True`` the result is ``(idx, merged)``, ``merged`` the number of exact-frontier
+    points dropped by the bucketing (0 at resolution 0).  O(n log n).
+    """
+    m, t = _costs(mem, time)
+    idx, merged = _reduce_impl(m, t, _resolution(resolution), _backend(backend))
+    return (idx, merged) if return_merged else idx
+
+
+def batched_product(a_mem, a_time, a_start, b_mem, b_time, b_start, out_ptr, pa, pb,
+                    resolution: float = 0.0, *, backend: str | None = None):
+    """Many products-with-union at once: the workhorse of frontier tracking.
+
+    ``a_*`` hold many frontiers back to back: frontier ``f`` of A is
+    ``a_mem[a_start[f]:a_start[f+1]]`` (likewise B).  Output frontier ``o`` is
+    ``reduce(∪_{q in [out_ptr[o], out_ptr[o+1])} A[pa[q]] ⊗ B[pb[q]])``.
+    Returns ``(mem, time, ia, ib, start, merged)``: output frontier ``o`` is
+    ``mem[start[o]:start[o+1]]``; ``ia`` / ``ib`` are the flat indices (into ``a_mem`` /
+    ``b_mem``) of each point's two parents.  Candidate order, which breaks exact ties, is
+    ``q`` ascending, then A's point, then B's point.
+    """
+    am, at = _costs(a_mem, a_time, "A")
+    bm, bt = _costs(b_mem, b_time, "B")
+    astart = np.ascontiguousarray(a_start, np.int64)
+    bstart = np.ascontiguousarray(b_start, np.int64)
+    out_ptr = np.ascontiguousarray(out_ptr, np.int64)
+    pa = np.ascontiguousarray(pa, np.int64)
+    pb = np.ascontiguousarray(pb, np.int64)
+    r = _resolution(resolution)
+    if out_ptr.size == 0 or out_ptr[0] != 0 or np.any(np.diff(out_ptr) < 0) or out_ptr[-1] != pa.size \
+            or pa.size != pb.size:
+        raise ValueError("out_ptr must start at 0, not decrease, and end at len(pa) == len(pb)")
+    if pa.size and (pa.min() < 0 or pa.max() >= astart.size - 1 or pb.min() < 0 or pb.max() >= bstart.size - 1):
+        raise ValueError("pa / pb name a frontier that A / B does not have")
+    if _backend(backend) == "numba":
+        res = _batched_nb(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, r)
+        return res[:5] + (int(res[5]),)
+    return _batched_np(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, r)
+
+
+def product(a, b, resolution: float = 0.0, *, backend: str | None = None, return_merged: bool = False):
+    """``reduce(a ⊗ b)``: every pair of a point of ``a`` and a point of ``b``, costs added.
+
+    ``a`` and ``b`` are ``(mem, time)`` pairs (frontiers or any point sets).  Returns
+    ``(mem, time, ia, ib)`` — ``ia[i]`` / ``ib[i]`` index the parents of point ``i`` in ``a`` /
+    ``b`` — plus ``merged`` last with ``return_merged=True``.  O(|a| |b| log(|a| |b|)).
+    """
+    am, at = as_frontier(a)
+    bm, bt = as_frontier(b)
+    mem, time, ia, ib, _, merged = batched_product(
+        am, at, [0, am.size], bm, bt, [0, bm.size], [0, 1], [0], [0], resolution, backend=backend)
+    return (mem, time, ia, ib, merged) if return_merged else (mem, time, ia, ib)
+
+
+def union(frontiers: Sequence, resolution: float = 0.0, *, backend: str | None = None,
+          return_merged: bool = False):
+    """``reduce(F_0 ∪ F_1 ∪ …)``.  Returns ``(mem, time, which, idx)``: point ``i`` is point
+    ``idx[i]`` of ``frontiers[which[i]]`` (plus ``merged`` with ``return_merged=True``).
+    Ties between frontiers go to the earlier one in the list.  O(n log n), n the points in all.
+    """
+    fs = [as_frontier(f) for f in frontiers]
+    if fs:
+        m = np.concatenate([f[0] for f in fs])
+        t = np.concatenate([f[1] for f in fs])
+        which_all = np.repeat(np.arange(len(fs), dtype=np.int64), [f[0].size for f in fs])
+        idx_all = np.concatenate([np.arange(f[0].size, dtype=np.int64) for f in fs])
+    else:
+        m = t = np.empty(0)
+        which_all = idx_all = np.empty(0, np.int64)
+    keep, merged = _reduce_impl(m, t, _resolution(resolution), _backend(backend))
+    out = (m[keep], t[keep], which_all[keep], idx_all[keep])
+    return out + (merged,) if return_merged else out

@@ -1,0 +1,369 @@
+"""The abstract cost problem frontier tracking solves (design §3), independent of torch.
+
+A :class:`Problem` is a DAG.  Node ``v`` has ``k_v >= 1`` configurations, each with a cost
+``(mem, time)``; edge ``u → v`` has a cost ``(mem, time)`` for every pair
+``(config of u, config of v)`` (a ``k_u × k_v`` matrix of each).  An *assignment* picks one
+configuration per node; its cost is the sum over all nodes and all edges of the chosen costs —
+memory is additive per device (design §3: within one mesh every device holds the same shard
+sizes), time is additive.  The task is the Pareto set of (mem, time) over all assignments.
+
+Infeasible choices are allowed: a configuration or a configuration pair whose ``mem`` or
+``time`` is ``+inf`` can never be part of a plan (tracking drops it; :func:`brute_force`
+skips assignments that use it).  NaN and ``-inf`` are rejected.
+
+Parallel edges (two edges ``u → v``) are allowed: their costs add.  Self loops and cycles are
+rejected.  Node names are strings; configuration labels (``"batch@mesh4"``…) are optional and
+only carried along.
+
+Also here: :func:`brute_force` (the exact Pareto set by enumeration, for tests — exponential)
+and :func:`min_scalarized` (the single-objective optimum of ``w_mem·mem + w_time·time`` by
+variable elimination — OptCNN's objective with ``w_mem = 0`` — exact on any graph, exponential
+only in the graph's treewidth).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import GraphFormatError
+from . import kernels
+
+PROBLEM_FORMAT = "tensoropt.frontier.problem/1"
+
+__all__ = ["PROBLEM_FORMAT", "ProblemError", "NodeCosts", "EdgeCosts", "Problem", "brute_force",
+           "min_scalarized"]
+
+
+class ProblemError(GraphFormatError, ValueError):
+    """A frontier problem is malformed (bad shape, NaN, unknown node, cycle…); the message says where."""
+
+
+def _frozen_array(x, shape_what: str, ndim: int) -> np.ndarray:
+    try:
+        a = np.array(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ProblemError(f"{shape_what} must be numbers") from None
+    if a.ndim != ndim:
+        raise ProblemError(f"{shape_what} must be a {ndim}-d array of numbers, got shape {a.shape}")
+    if np.isnan(a).any() or np.isneginf(a).any():
+        raise ProblemError(f"{shape_what} holds NaN or -inf (use +inf for an infeasible choice)")
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class NodeCosts:
+    """One node: the cost of each of its configurations (``mem[s]``, ``time[s]``)."""
+
+    name: str
+    mem: np.ndarray
+    time: np.ndarray
+    labels: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ProblemError(f"node name must be a non-empty string, got {self.name!r}")
+        m = _frozen_array(self.mem, f"node {self.name!r} mem", 1)
+        t = _frozen_array(self.time, f"node {self.name!r} time", 1)
+        if m.shape != t.shape or m.size == 0:
+            raise ProblemError(f"node {self.name!r}: mem and time must list the same number (>= 1) of "
+                               f"configurations, got {m.size} and {t.size}")
+        labels = tuple(self.labels)
+        if labels and (len(labels) != m.size or not all(isinstance(x, str) for x in labels)):
+            raise ProblemError(f"node {self.name!r}: labels must be {m.size} strings (one per configuration)")
+        object.__setattr__(self, "mem", m)
+        object.__setattr__(self, "time", t)
+        object.__setattr__(self, "labels", labels)
+
+    @property
+    def k(self) -> int:
+        """Number of configurations."""
+        return int(self.mem.size)
+
+
+@dataclass(frozen=True, eq=False)
+class EdgeCosts:
+    """One edge ``src → dst``: ``mem[s_src, s_dst]``, ``time[s_src, s_dst]`` per configuration pair."""
+
+    src: str
+    dst: str
+    mem: np.ndarray
+    time: np.ndarray
+
+    def __post_init__(self):
+        where = f"edge {self.src!r} -> {self.dst!r}"
+        m = _frozen_array(self.mem, f"{where} mem", 2)
+        t = _frozen_array(self.time, f"{where} time", 2)
+        if m.shape != t.shape:
+            raise ProblemError(f"{where}: mem and time matrices differ in shape: {m.shape} vs {t.shape}")
+        object.__setattr__(self, "mem", m)
+        object.__setattr__(self, "time", t)
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """Nodes (in a fixed order: the order of tie-breaks and of assignments) and edges."""
+
+    nodes: tuple[NodeCosts, ...]
+    edges: tuple[EdgeCosts, ...] = ()
+
+    def __post_init__(self):
+        nodes = tuple(self.nodes)
+        edges = tuple(self.edges)
+        object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "edges", edges)
+        index: dict[str, int] = {}
+        for i, n in enumerate(nodes):
+            if not isinstance(n, NodeCosts):
+                raise ProblemError(f"nodes[{i}] must be a NodeCosts, got {type(n).__name__}")
+            if n.name in index:
+                raise ProblemError(f"node {n.name!r} is listed twice")
+            index[n.name] = i
+        for i, e in enumerate(edges):
+            if not isinstance(e, EdgeCosts):
+                raise ProblemError(f"edges[{i}] must be an EdgeCosts, got {type(e).__name__}")
+            for end in (e.src, e.dst):
+                if end not in index:
+                    raise ProblemError(f"edge {e.src!r} -> {e.dst!r} names an unknown node {end!r}")
+            if e.src == e.dst:
+                raise ProblemError(f"edge {e.src!r} -> {e.dst!r} is a self loop")
+            want = (nodes[index[e.src]].k, nodes[index[e.dst]].k)
+            if e.mem.shape != want:
+                raise ProblemError(f"edge {e.src!r} -> {e.dst!r}: cost matrices must be {want[0]}x{want[1]} "
+                                   f"(configs of {e.src!r} x configs of {e.dst!r}), got {e.mem.shape}")
+        object.__setattr__(self, "_index", index)
+        # acyclic (Kahn)
+        indeg = [0] * len(nodes)
+        out: list[list[int]] = [[] for _ in nodes]
+        for e in edges:
+            out[index[e.src]].append(index[e.dst])
+            indeg[index[e.dst]] += 1
+        ready = [i for i, d in enumerate(indeg) if d == 0]
+        seen = 0
+        while ready:
+            v = ready.pop()
+            seen += 1
+            for w in out[v]:
+                indeg[w] -= 1
+                if indeg[w] == 0:
+                    ready.append(w)
+        if seen != len(nodes):
+            cyc = sorted(nodes[i].name for i, d in enumerate(indeg) if d > 0)
+            raise ProblemError(f"the problem graph has a cycle through {cyc[:5]}{'…' if len(cyc) > 5 else ''}")
+
+    # ---- construction helpers -----------------------------------------------------------
+    @classmethod
+    def build(cls, nodes: Mapping[str, Sequence[Sequence[float]]] | Sequence[tuple[str, Sequence]],
+              edges: Iterable[tuple[str, str, Any, Any]] = ()) -> "Problem":
+        """``nodes``: name → ``[(mem, time), …]`` per configuration (or a list of such pairs);
+        ``edges``: ``(src, dst, mem_matrix, time_matrix)`` tuples."""
+        items = nodes.items() if isinstance(nodes, Mapping) else nodes
+        ns = []
+        for name, confs in items:
+            c = np.asarray(confs, dtype=np.float64)
+            if c.ndim != 2 or c.shape[1] != 2:
+                raise ProblemError(f"node {name!r}: configurations must be (mem, time) pairs")
+            ns.append(NodeCosts(name, c[:, 0], c[:, 1]))
+        es = [EdgeCosts(s, d, m, t) for s, d, m, t in edges]
+        return cls(tuple(ns), tuple(es))
+
+    @classmethod
+    def from_networkx(cls, g) -> "Problem":
+        """A ``networkx.DiGraph`` whose nodes carry ``mem`` and ``time`` sequences (and optionally
+        ``labels``) and whose edges carry ``mem`` and ``time`` matrices.  Node names become
+        ``str(node)``; node order is the graph's node order."""
+        ns = [NodeCosts(str(v), d["mem"], d["time"], tuple(d.get("labels", ()))) for v, d in g.nodes(data=True)]
+        es = [EdgeCosts(str(u), str(v), d["mem"], d["time"]) for u, v, d in g.edges(data=True)]
+        return cls(tuple(ns), tuple(es))
+
+    def to_networkx(self):
+        import networkx as nx
+
+        if len({(e.src, e.dst) for e in self.edges}) != len(self.edges):
+            raise ProblemError("a DiGraph cannot hold parallel edges; use to_dict()")
+        g = nx.DiGraph()
+        for n in self.nodes:
+            g.add_node(n.name, mem=n.mem, time=n.time, labels=n.labels)
+        for e in self.edges:
+            g.add_edge(e.src, e.dst, mem=e.mem, time=e.time)
+        return g
+
+    # ---- basic queries --------------------------------------------------------------------
+    def index(self, name: str) -> int:
+        """Position of node ``name`` in :attr:`nodes`."""
+        try:
+            return self._index[name]  # type: ignore[attr-defined]
+        except KeyError:
+            raise KeyError(f"no node named {name!r}") from None
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(n.name for n in self.nodes)
+
+    @property
+    def n_assignments(self) -> int:
+        return math.prod(n.k for n in self.nodes)
+
+    def _as_vector(self, assignment: Mapping[str, int] | Sequence[int]) -> list[int]:
+        if isinstance(assignment, Mapping):
+            missing = [n.name for n in self.nodes if n.name not in assignment]
+            extra = [k for k in assignment if k not in self._index]  # type: ignore[attr-defined]
+            if missing or extra:
+                raise ProblemError(f"assignment must give every node a configuration; missing {missing[:5]}, "
+                                   f"unknown {extra[:5]}")
+            vec = [int(assignment[n.name]) for n in self.nodes]
+        else:
+            vec = [int(x) for x in assignment]
+            if len(vec) != len(self.nodes):
+                raise ProblemError(f"assignment has {len(vec)} entries for {len(self.nodes)} nodes")
+        for n, s in zip(self.nodes, vec):
+            if not 0 <= s < n.k:
+                raise ProblemError(f"node {n.name!r} has configurations 0..{n.k - 1}, got {s}")
+        return vec
+
+    def cost_of(self, assignment: Mapping[str, int] | Sequence[int]) -> tuple[float, float]:
+        """(mem, time) of an assignment (node name → configuration index, or a list in node
+        order): the sum over nodes, then edges (``math.fsum``, so the value is the correctly
+        rounded sum, independent of order)."""
+        vec = self._as_vector(assignment)
+        mems = [n.mem[s] for n, s in zip(self.nodes, vec)]
+        times = [n.time[s] for n, s in zip(self.nodes, vec)]
+        for e in self.edges:
+            a, b = vec[self.index(e.src)], vec[self.index(e.dst)]
+            mems.append(e.mem[a, b])
+            times.append(e.time[a, b])
+        if any(math.isinf(x) for x in mems + times):
+            return math.inf, math.inf
+        return math.fsum(mems), math.fsum(times)
+
+    # ---- JSON ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON value (``+inf`` is written as ``Infinity``, which Python's json reads back)."""
+        def node(n: NodeCosts):
+            d = {"name": n.name, "mem": n.mem.tolist(), "time": n.time.tolist()}
+            if n.labels:
+                d["labels"] = list(n.labels)
+            return d
+
+        return {"format": PROBLEM_FORMAT,
+                "nodes": [node(n) for n in self.nodes],
+                "edges": [{"src": e.src, "dst": e.dst, "mem": e.mem.tolist(), "time": e.time.tolist()}
+                          for e in self.edges]}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Problem":
+        if not isinstance(d, Mapping) or d.get("format") != PROBLEM_FORMAT:
+            raise ProblemError(f"not a frontier problem: expected an object with format {PROBLEM_FORMAT!r}")
+        nodes, edges = d.get("nodes"), d.get("edges", [])
+        if not isinstance(nodes, list) or not isinstance(edges, list):
+            raise ProblemError("problem.nodes and problem.edges must be lists")
+        try:
+            ns = tuple(NodeCosts(x["name"], x["mem"], x["time"], tuple(x.get("labels", ()))) for x in nodes)
+            es = tuple(EdgeCosts(x["src"], x["dst"], x["mem"], x["time"]) for x in edges)
+        except (KeyError, TypeError) as exc:
+            raise ProblemError(f"problem node / edge entry lacks a field or is not an object: {exc}") from None
+        return cls(ns, es)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Problem):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+# --------------------------------------------------------------------------------------------
+# reference solvers
+
+def brute_force(problem: Problem, *, limit: int = 2_000_000) -> list[tuple[float, float, dict[str, int]]]:
+    """The exact Pareto set by enumerating all assignments: ``[(mem, time, assignment), …]`` by
+    memory ascending.  Among assignments of equal (mem, time) the first in lexicographic order
+    (node order, configurations ascending) is returned.  Exponential: refuses more than
+    ``limit`` assignments.  Costs are summed in node-then-edge order, as in :meth:`Problem.cost_of`
+    up to rounding."""
+    total = problem.n_assignments
+    if total > limit:
+        raise ValueError(f"brute force over {total} assignments exceeds the limit of {limit}")
+    ks = [n.k for n in problem.nodes]
+    cfg = np.indices(ks).reshape(len(ks), -1) if ks else np.zeros((0, 1), np.int64)
+    mem = np.zeros(cfg.shape[1])
+    time = np.zeros(cfg.shape[1])
+    for v, n in enumerate(problem.nodes):
+        mem += n.mem[cfg[v]]
+        time += n.time[cfg[v]]
+    for e in problem.edges:
+        a, b = cfg[problem.index(e.src)], cfg[problem.index(e.dst)]
+        mem += e.mem[a, b]
+        time += e.time[a, b]
+    bad = np.isinf(mem) | np.isinf(time)
+    mem[bad] = np.inf
+    time[bad] = np.inf
+    idx = kernels.reduce(mem, time, backend="numpy")
+    names = problem.node_names
+    return [(float(mem[i]), float(time[i]), {names[v]: int(cfg[v, i]) for v in range(len(names))})
+            for i in idx]
+
+
+def min_scalarized(problem: Problem, w_mem: float = 0.0, w_time: float = 1.0) -> tuple[float, dict[str, int]]:
+    """``min over assignments of w_mem·mem + w_time·time`` and one minimising assignment, by
+    variable elimination (min-sum; greedy min-degree order, ties to the first node).
+
+    With ``w_mem = 0, w_time = 1`` this is OptCNN's single objective (iteration time only).  Every
+    minimiser with positive weights lies on the Pareto frontier, so it checks frontier tracking
+    on graphs too big for :func:`brute_force`.  Exact on any graph; cost exponential in the
+    treewidth only.  Returns ``(inf, {})`` when no assignment is feasible.
+    """
+    if w_mem < 0 or w_time < 0 or (w_mem == 0 and w_time == 0):
+        raise ValueError("weights must be >= 0 and not both 0")
+
+    def scal(m, t):
+        m, t = np.asarray(m, float), np.asarray(t, float)
+        out = w_mem * np.where(np.isinf(m), 0.0, m) + w_time * np.where(np.isinf(t), 0.0, t)
+        return np.where(np.isinf(m) | np.isinf(t), np.inf, out)
+
+    n = len(problem.nodes)
+    ks = [nd.k for nd in problem.nodes]
+    factors: list[tuple[tuple[int, ...], np.ndarray]] = [((v,), scal(nd.mem, nd.time))
+                                                         for v, nd in enumerate(problem.nodes)]
+    for e in problem.edges:
+        a, b = problem.index(e.src), problem.index(e.dst)
+        tab = scal(e.mem, e.time)
+        factors.append(((a, b), tab) if a < b else ((b, a), tab.T))
+
+    def expand(scope, tab, full):  # broadcast a factor to the (sorted) scope `full`
+        shape = [ks[x] if x in scope else 1 for x in full]
+        return tab.reshape(shape)
+
+    alive = set(range(n))
+    trace = []  # (var, scope of the rest, argmin table)
+    while alive:
+        def width(v):
+            sc = set()
+            for s, _ in factors:
+                if v in s:
+                    sc.update(s)
+            return len(sc)
+        v = min(sorted(alive), key=width)
+        mine = [f for f in factors if v in f[0]]
+        factors = [f for f in factors if v not in f[0]]
+        full = tuple(sorted({x for s, _ in mine for x in s} | {v}))
+        total = np.zeros([ks[x] for x in full])
+        for s, tab in mine:
+            total = total + expand(s, tab, full)
+        ax = full.index(v)
+        rest = tuple(x for x in full if x != v)
+        trace.append((v, rest, np.argmin(total, axis=ax)))
+        factors.append((rest, np.min(total, axis=ax)))
+        alive.discard(v)
+    value = float(sum(float(tab) for s, tab in factors))  # all remaining factors have empty scope
+    if math.isinf(value):
+        return math.inf, {}
+    choice: dict[int, int] = {}
+    for v, rest, arg in reversed(trace):
+        choice[v] = int(arg[tuple(choice[x] for x in rest)]) if rest else int(arg)
+    names = problem.node_names
+    return value, {names[v]: choice[v] for v in range(n)}

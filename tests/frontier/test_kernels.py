@@ -1,0 +1,201 @@
+"""Frontier kernels: reduce / product / union against brute-force Pareto filters, the numba path
+against the NumPy path, and the resolution's rounding and merge count."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensoropt.frontier import kernels as K
+from tensoropt.frontier.kernels import batched_product, bucket_key, is_frontier, product, reduce, union
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+# small integer costs make ties and duplicates common; floats the general case
+ints = st.integers(0, 6).map(float)
+floats = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def point_sets(draw, max_n=25, allow_inf=True):
+    elem = draw(st.sampled_from([ints, floats]))
+    n = draw(st.integers(0, max_n))
+    m = [draw(elem) for _ in range(n)]
+    t = [draw(st.one_of(elem, st.just(math.inf)) if allow_inf else elem) for _ in range(n)]
+    return np.array(m, float), np.array(t, float)
+
+
+def pareto_brute(m, t):
+    """Indices of the Pareto-minimal points by definition, O(n²): not dominated by a point with
+    (<=, <=) and a difference; of exact duplicates the first; +inf time never kept.  Ordered by
+    memory ascending."""
+    keep = []
+    for i in range(len(m)):
+        if math.isinf(t[i]):
+            continue
+        dominated = any((m[j] <= m[i] and t[j] <= t[i]) and ((m[j], t[j]) != (m[i], t[i]) or j < i)
+                        for j in range(len(m)) if j != i)
+        if not dominated:
+            keep.append(i)
+    return sorted(keep, key=lambda i: m[i])
+
+
+@SETTINGS
+@given(point_sets())
+def test_reduce_equals_brute_force_pareto_filter(pts):
+    m, t = pts
+    for backend in ("numba", "numpy"):
+        idx = reduce(m, t, backend=backend)
+        assert idx.tolist() == pareto_brute(m, t)
+        assert is_frontier(m[idx], t[idx])
+
+
+def test_reduce_tie_rules():
+    # equal memory keeps the lower time; exact duplicates keep the first in input order
+    m = np.array([2.0, 1.0, 1.0, 2.0, 1.0, 3.0])
+    t = np.array([1.0, 5.0, 4.0, 1.0, 4.0, 1.0])
+    assert reduce(m, t).tolist() == [2, 0]
+    assert reduce(m, t, backend="numpy").tolist() == [2, 0]
+    # seed 001 Algorithm 1 on a hand example
+    m = np.array([4.0, 1.0, 3.0, 2.0])
+    t = np.array([1.0, 9.0, 2.0, 9.5])
+    assert reduce(m, t).tolist() == [1, 2, 0]
+
+
+def test_reduce_rejects_nan_and_bad_resolution():
+    with pytest.raises(ValueError):
+        reduce([1.0, np.nan], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        reduce([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        reduce([1.0], [1.0], resolution=-1)
+    with pytest.raises(ValueError):
+        reduce([1.0], [1.0], backend="cuda")
+    assert reduce([], []).tolist() == []
+    assert reduce([1.0], [math.inf]).tolist() == []
+
+
+@SETTINGS
+@given(point_sets(12, allow_inf=False), point_sets(12, allow_inf=False))
+def test_product_equals_brute_force(a, b):
+    mem, time, ia, ib = product(a, b)
+    am, at = a
+    bm, bt = b
+    pm = np.add.outer(am, bm).ravel()
+    pt = np.add.outer(at, bt).ravel()
+    want = pareto_brute(pm, pt)
+    assert list(zip(mem.tolist(), time.tolist())) == [(pm[i], pt[i]) for i in want]
+    # back-pointers name the parents whose costs add up to the point
+    assert np.array_equal(mem, am[ia] + bm[ib]) and np.array_equal(time, at[ia] + bt[ib])
+    # the candidate order (a's point, then b's) breaks exact ties
+    assert (ia * len(bm) + ib).tolist() == want
+
+
+@SETTINGS
+@given(st.lists(point_sets(10), min_size=0, max_size=4))
+def test_union_equals_brute_force(fs):
+    mem, time, which, idx = union(fs)
+    allm = np.concatenate([f[0] for f in fs]) if fs else np.empty(0)
+    allt = np.concatenate([f[1] for f in fs]) if fs else np.empty(0)
+    want = pareto_brute(allm, allt)
+    assert list(zip(mem.tolist(), time.tolist())) == [(allm[i], allt[i]) for i in want]
+    for i in range(mem.size):
+        assert fs[which[i]][0][idx[i]] == mem[i] and fs[which[i]][1][idx[i]] == time[i]
+
+
+@SETTINGS
+@given(point_sets(30), st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0]))
+def test_numba_and_numpy_paths_identical(pts, res):
+    m, t = pts
+    a = reduce(m, t, res, backend="numba", return_merged=True)
+    b = reduce(m, t, res, backend="numpy", return_merged=True)
+    assert np.array_equal(a[0], b[0]) and a[1] == b[1]
+    x = np.sort(m)
+    assert np.array_equal(K._stable_argsort_nb(m), np.argsort(m, kind="stable"))
+    assert np.array_equal(K._stable_argsort_nb(x), np.argsort(x, kind="stable"))
+
+
+@SETTINGS
+@given(st.lists(point_sets(8, allow_inf=False), min_size=1, max_size=4),
+       st.lists(point_sets(5, allow_inf=False), min_size=1, max_size=3),
+       st.integers(0, 2**31 - 1), st.sampled_from([0.0, 1.0, 3.0]))
+def test_batched_product_paths_identical_and_match_unions(A, B, seed, res):
+    rng = np.random.default_rng(seed)
+    pack = lambda fs: (np.concatenate([f[0] for f in fs]), np.concatenate([f[1] for f in fs]),  # noqa: E731
+                       np.concatenate(([0], np.cumsum([f[0].size for f in fs]))))
+    am, at, ast = pack(A)
+    bm, bt, bst = pack(B)
+    n_out = int(rng.integers(0, 4))
+    counts = rng.integers(0, 4, n_out)
+    out_ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    pa = rng.integers(0, len(A), out_ptr[-1])
+    pb = rng.integers(0, len(B), out_ptr[-1])
+    r1 = batched_product(am, at, ast, bm, bt, bst, out_ptr, pa, pb, res, backend="numba")
+    r2 = batched_product(am, at, ast, bm, bt, bst, out_ptr, pa, pb, res, backend="numpy")
+    for x, y in zip(r1[:5], r2[:5]):
+        assert np.array_equal(x, y)
+    assert r1[5] == r2[5]
+    mem, time, ia, ib, start, merged = r1
+    total_merged = 0
+    for o in range(n_out):
+        # output o = reduce of the union of its products, done one kernel at a time
+        parts = [product(A[pa[q]], B[pb[q]]) for q in range(out_ptr[o], out_ptr[o + 1])]
+        um, ut, _, _, mg = union([(p[0], p[1]) for p in parts], res, return_merged=True) if parts else \
+            (np.empty(0), np.empty(0), None, None, 0)
+        sl = slice(start[o], start[o + 1])
+        if res == 0.0:
+            assert np.array_equal(mem[sl], um) and np.array_equal(time[sl], ut)
+        else:  # bucketing twice may drop different points; the one-pass result is a frontier
+            assert is_frontier(mem[sl], time[sl])
+        total_merged += mg
+        assert np.array_equal(mem[sl], am[ia[sl]] + bm[ib[sl]])
+        assert np.array_equal(time[sl], at[ia[sl]] + bt[ib[sl]])
+    if res == 0.0:
+        assert merged == 0
+
+
+@SETTINGS
+@given(point_sets(30), st.sampled_from([0.5, 1.0, 2.0, 4.0, 10.0]))
+def test_resolution_rounds_up_and_reports_merges(pts, res):
+    m, t = pts
+    exact = reduce(m, t)
+    idx, merged = reduce(m, t, res, return_merged=True)
+    key = bucket_key(m, res)
+    assert np.all(key * res >= m)                # memory rounded UP to a multiple of the resolution
+    assert np.all((key - 1) * res < m)
+    assert set(idx.tolist()) <= set(exact.tolist())   # kept points are real Pareto points, true costs
+    assert merged == exact.size - idx.size >= 0       # every dropped frontier point is counted
+    assert is_frontier(m[idx], t[idx])
+    assert np.unique(key[idx]).size == idx.size      # at most one point per bucket
+    # nothing is lost but memory within one bucket: every exact point is matched
+    for i in exact:
+        assert np.any((t[idx] <= t[i]) & (m[idx] < m[i] + res))
+    # it is exactly the exact reduce of the bucketed memory, with true memory breaking ties
+    order = np.lexsort((np.arange(m.size), m, t, key))
+    best = []
+    low = math.inf
+    for i in order:
+        if t[i] < low and (not best or key[best[-1]] != key[i]):
+            best.append(i)
+            low = t[i]
+    assert idx.tolist() == best
+
+
+def test_resolution_merge_count_example():
+    # buckets of 1.0: 1.0 → 1, 1.4 → 2, {2.5, 2.6, 2.9} → 3; all five points are exact Pareto points
+    m = np.array([1.0, 1.4, 2.5, 2.6, 2.9])
+    t = np.array([5.0, 4.0, 3.0, 2.0, 1.0])
+    for backend in ("numba", "numpy"):
+        idx, merged = reduce(m, t, 1.0, backend=backend, return_merged=True)
+        assert idx.tolist() == [0, 1, 4] and merged == 2
+    mem, time, _, _, merged = product((m, t), ([0.0], [0.0]), 1.0, return_merged=True)
+    assert mem.tolist() == [1.0, 1.4, 2.9] and merged == 2   # true memory kept, not rounded
+
+
+def test_is_frontier():
+    assert is_frontier([1, 2, 3], [3, 2, 1])
+    assert not is_frontier([1, 1, 3], [3, 2, 1])
+    assert not is_frontier([1, 2, 3], [3, 3, 1])
+    assert is_frontier([], [])
