@@ -12,6 +12,7 @@ from .errors import (CaptureError, ClusterSpecError, GraphFormatError, ModelSpec
                      TensorOptError)
 from .graph import Edge, OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
 from .modelspec import LoadedModel, load_graph, load_model
+from .placers import PLACERS, place
 from .plan import Estimate, NodeConfig, Plan, PlanError
 from .reshard import Reshard, edge_reshard, param_sync, reshard
 from .simulate import SimResult, TimelineEvent, plan_memory, simulate
@@ -22,7 +23,7 @@ __all__ = [
     "capture", "load_onnx", "load_model", "load_graph", "LoadedModel",
     "profile", "CostModel", "NodeCost", "ShardCost", "node_memory", "step_memory",
     "OpGraph", "OpNode", "ParamInfo", "SplitDims", "TensorMeta", "Edge",
-    "Plan", "NodeConfig", "Estimate", "PlanError",
+    "Plan", "NodeConfig", "Estimate", "PlanError", "place", "PLACERS",
     "simulate", "SimResult", "TimelineEvent", "plan_memory", "reshard", "edge_reshard", "param_sync", "Reshard",
     "Cluster", "Device", "LinkModel", "load_cluster", "detect_cluster", "list_presets",
     "TensorOptError", "CaptureError", "GraphFormatError", "ModelSpecError", "ClusterSpecError", "ProfileError",

@@ -1,0 +1,57 @@
+"""Baseline placers (design §4): the classic anchors the frontier is compared against.
+
+Every placer is ``place(graph, costs, cluster, *, devices=None, optimizer="sgd", **options) -> Plan``
+and returns a :class:`~tensoropt.plan.Plan` for the same simulator as everything else:
+
+- ``dp`` (:mod:`.dp`): data parallel, every operator ``S(batch)`` over all devices where it can be;
+- ``m-topo`` (:mod:`.m_topo`): Baechi's memory-constrained topological-order fill;
+- ``m-etf`` (:mod:`.m_etf`): Baechi's memory-constrained earliest-time-first list scheduling;
+- ``m-sct`` (:mod:`.m_sct`): Baechi's favourite-child LP + ETF scheduling.
+
+m-topo / m-etf / m-sct place operators whole on one device each, with TensorFlow Placer's
+colocation groups (heuristics A, B, C; :mod:`.coarsen`) by default, and respect every device's
+memory (seed 003 eq. 6-1): a placer that cannot fit raises :class:`~tensoropt.plan.PlanError`
+naming the memory needed and the largest device.  :mod:`.coarsen` also has NetSplit's
+heavy-edge grouping.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any, Callable
+
+from ..costs.model import CostModel
+from ..errors import TensorOptError
+from ..graph import OpGraph
+from ..plan import Plan
+from . import dp, m_etf, m_sct, m_topo
+from .coarsen import Grouping, UnionFind, colocate, group_memory, heavy_edge_groups
+
+PLACERS: dict[str, Callable[..., Plan]] = {
+    "dp": dp.place,
+    "m-topo": m_topo.place,
+    "m-etf": m_etf.place,
+    "m-sct": m_sct.place,
+}
+
+
+def place(graph: OpGraph, costs: CostModel, cluster: Any, algo: str, **options: Any) -> Plan:
+    """Place ``graph`` with the placer named ``algo`` (a key of :data:`PLACERS`); ``options`` go
+    to it (``devices``, ``optimizer``, and the placer's own).  The plan's notes say how long
+    placing took.  An unknown placer or option is a :class:`~tensoropt.errors.TensorOptError`."""
+    fn = PLACERS.get(algo)
+    if fn is None:
+        raise TensorOptError(f"unknown placer {algo!r}; known: {', '.join(PLACERS)}")
+    params = inspect.signature(fn).parameters
+    bad = [k for k in options if k not in params]
+    if bad:
+        accepted = [k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        raise TensorOptError(f"placer {algo!r} has no option {bad[0]!r}; its options: {', '.join(accepted)}")
+    t0 = time.perf_counter()
+    plan = fn(graph, costs, cluster, **options)
+    plan.notes.append(f"placed in {time.perf_counter() - t0:.3f} s")
+    return plan
+
+
+__all__ = ["PLACERS", "place", "Grouping", "UnionFind", "colocate", "heavy_edge_groups", "group_memory"]

@@ -1,0 +1,196 @@
+"""What every placer shares: the devices it may use, each operator's weight and memory, the
+placement units (colocation groups), the memory checks, and turning a placement into a Plan."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ..costs.memory import node_memory, optimizer_alpha
+from ..costs.model import CostModel
+from ..describe import fmt_bytes
+from ..errors import TensorOptError
+from ..graph import OpGraph
+from ..plan import Estimate, NodeConfig, Plan, PlanError
+from .coarsen import Grouping, colocate, group_memory, heavy_edge_groups, parse_rules
+
+
+def resolve_devices(cluster: Any, devices: Sequence[str] | str | None) -> list[str]:
+    """``None`` → every device of the cluster in its order; a list or ``"gpu0,gpu1"`` → those,
+    checked to exist and to be distinct."""
+    if devices is None:
+        return list(cluster.names)
+    if isinstance(devices, str):
+        devices = [d.strip() for d in devices.split(",") if d.strip()]
+    names = list(devices)
+    if not names:
+        raise TensorOptError("devices must name at least one device of the cluster")
+    for d in names:
+        cluster.device(d)  # ClusterSpecError naming the cluster's devices
+    dup = sorted({d for d in names if names.count(d) > 1})
+    if dup:
+        raise TensorOptError(f"devices name {', '.join(dup)} more than once")
+    return names
+
+
+def kahn_order(graph: OpGraph) -> list[str]:
+    """The operators in Kahn's topological order (Baechi's ``assign_topo_order``): start from the
+    operators with no operator input, in graph order; repeatedly take the oldest ready one (FIFO)
+    and release its consumers once all their operator inputs are taken.  O(V + E)."""
+    ops = [n.name for n in graph.ops]
+    opset = set(ops)
+    indeg = {n: sum(1 for p in graph.nodes[n].inputs if p in opset) for n in ops}
+    queue = deque(n for n in ops if indeg[n] == 0)
+    order: list[str] = []
+    while queue:
+        n = queue.popleft()
+        order.append(n)
+        for c in graph.successors(n):
+            if c in indeg:
+                indeg[c] -= 1
+                if indeg[c] == 0:
+                    queue.append(c)
+    if len(order) != len(ops):  # pragma: no cover - an OpGraph is a DAG by construction
+        raise PlanError(f"graph {graph.name!r} has a cycle among its operators")
+    return order
+
+
+@dataclass
+class Problem:
+    """One placement problem: the graph's operators as the placers see them.
+
+    ``weight[n]``: forward + backward seconds on the profiled device (placement covers the whole
+    training step; a device runs it in ``weight / speed``); ``memory[n]``: the node's resident
+    bytes (:func:`~tensoropt.costs.node_memory`: parameters, gradients, α × optimizer state, kept
+    activations — seed 003 eq. 6-1); ``preds[n]``: ``(producer, bytes)`` of its operator inputs
+    (graph inputs, the batch, are on every device from the start and cost nothing);
+    ``group_bytes[g]``: what colocation group ``g`` holds (:func:`~.coarsen.group_memory`).
+    """
+
+    graph: OpGraph
+    costs: CostModel
+    cluster: Any
+    devices: list[str]
+    alpha: int
+    grouping: Grouping
+    order: list[str]                      # Kahn topological order
+    topo: dict[str, int]                  # node -> position in ``order``
+    weight: dict[str, float]
+    memory: dict[str, int]
+    preds: dict[str, list[tuple[str, int]]]
+    succs: dict[str, list[str]]
+    group_bytes: list[int]
+    capacity: dict[str, int]
+    speed: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def group_of(self) -> Mapping[str, int]:
+        return self.grouping.group_of
+
+    def link_time(self, src: str, dst: str, nbytes: int) -> float:
+        return 0.0 if src == dst else self.cluster.link(src, dst).time(nbytes)
+
+
+def setup(graph: OpGraph, costs: CostModel, cluster: Any, algo: str, *, devices: Any = None,
+          optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups_target: int | None = None,
+          grouping: Grouping | None = None) -> Problem:
+    """Build the :class:`Problem` and check that every placement unit can fit some device."""
+    costs.check_graph(graph)
+    names = resolve_devices(cluster, devices)
+    alpha = optimizer_alpha(optimizer)
+    if grouping is None:
+        grouping = colocate(graph, parse_rules(colocation))
+        if heavy_edge_groups_target is not None:
+            grouping = heavy_edge_groups(graph, costs, cluster, devices=names, target=heavy_edge_groups_target,
+                                         optimizer=optimizer, base=grouping)
+    else:
+        missing = [n.name for n in graph.ops if n.name not in grouping.group_of]
+        if missing:
+            raise TensorOptError(f"the grouping has no group for operator {missing[0]!r}")
+    order = kahn_order(graph)
+    opset = set(order)
+    weight, memory, preds, succs = {}, {}, {}, {}
+    for name in order:
+        node = graph.nodes[name]
+        fp, bp = costs.time(name)
+        weight[name] = fp + bp
+        memory[name] = node_memory(graph, costs, name, alpha=alpha).resident
+        preds[name] = [(p, b) for p, b in zip(node.inputs, node.input_bytes) if p in opset]
+        succs[name] = [c for c in graph.successors(name) if c in opset]
+    group_bytes = [group_memory(graph, costs, m, alpha=alpha, node_bytes=memory) for m in grouping.members]
+    prob = Problem(graph, costs, cluster, names, alpha, grouping, order, {n: i for i, n in enumerate(order)},
+                   weight, memory, preds, succs, group_bytes,
+                   {d: cluster.device(d).memory_bytes for d in names}, {d: cluster.device(d).speed for d in names})
+    if len(grouping) < len(order):
+        prob.notes.append(f"{grouping.method}: {len(order)} operators in {len(grouping)} groups")
+    check_fits(prob, algo)
+    return prob
+
+
+def check_fits(prob: Problem, algo: str) -> None:
+    """Refuse a problem no placement can fit: the largest unit above the largest device, or
+    everything above all devices together (seed 003 Algorithm 3, line 7)."""
+    if not prob.group_bytes:
+        return
+    g = max(range(len(prob.group_bytes)), key=lambda i: prob.group_bytes[i])
+    need = prob.group_bytes[g]
+    big = max(prob.devices, key=lambda d: prob.capacity[d])
+    if need > prob.capacity[big]:
+        members = prob.grouping.members[g]
+        what = (f"operator {members[0]!r}" if len(members) == 1 else
+                f"colocation group of {len(members)} operators ({', '.join(repr(m) for m in members[:3])}"
+                f"{', …' if len(members) > 3 else ''})")
+        raise PlanError(f"{algo}: {what} needs {fmt_bytes(need)} ({need} bytes: parameters, gradients, optimizer "
+                        f"state, kept activations) but the largest device, {big}, has {fmt_bytes(prob.capacity[big])} "
+                        f"({prob.capacity[big]} bytes); use devices with more memory, a smaller batch, "
+                        "a lighter optimizer, or a plan that splits the operator (frontier tracking)")
+    total = sum(prob.group_bytes)
+    room = sum(prob.capacity.values())
+    if total > room:
+        raise PlanError(f"{algo}: graph {prob.graph.name!r} needs {fmt_bytes(total)} ({total} bytes) in all but "
+                        f"devices {', '.join(prob.devices)} have {fmt_bytes(room)} ({room} bytes) together; use more "
+                        "devices or devices with more memory, or a smaller batch")
+
+
+def not_placed_error(algo: str, prob: Problem, left: Sequence[str], used: Mapping[str, int]) -> PlanError:
+    """The error for operators that found no device with room left."""
+    g = prob.group_of[left[0]]
+    need = prob.group_bytes[g]
+    free = {d: prob.capacity[d] - used.get(d, 0) for d in prob.devices}
+    best = max(free, key=lambda d: free[d])
+    return PlanError(f"{algo}: {len(left)} operator(s) could not be placed, e.g. {left[0]!r} (its group needs "
+                     f"{fmt_bytes(need)}, {need} bytes), but the most any device has left is {fmt_bytes(free[best])} "
+                     f"on {best} (largest device: {fmt_bytes(max(prob.capacity.values()))}); "
+                     "use more devices or devices with more memory")
+
+
+def device_bytes(prob: Problem, group_device: Mapping[int, str]) -> dict[str, int]:
+    """Per-device bytes of a group placement (the placers' own memory accounting)."""
+    used = {d: 0 for d in prob.devices}
+    for g, d in group_device.items():
+        used[d] += prob.group_bytes[g]
+    return used
+
+
+def make_plan(prob: Problem, algo: str, placement: Mapping[str, str], order: Sequence[str], options: Mapping[str, Any],
+              *, estimate_time: float | None = None, notes: Sequence[str] = ()) -> Plan:
+    """A Plan placing every operator on one device; with ``estimate_time`` it carries the
+    placer's own Estimate (``source=algo``; memory: the placer's per-device accounting)."""
+    graph = prob.graph
+    configs = {n.name: NodeConfig((placement[n.name],)) for n in graph.ops}
+    estimates = []
+    if estimate_time is not None:
+        used = {d: 0 for d in prob.devices}
+        seen: set[int] = set()
+        for n in graph.ops:
+            g = prob.group_of[n.name]
+            if g not in seen:
+                seen.add(g)
+                used[placement[n.name]] += prob.group_bytes[g]
+        estimates.append(Estimate(algo, float(estimate_time), {d: b for d, b in used.items() if b}))
+    return Plan(configs, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
+                cluster_name=prob.cluster.name, cluster_fingerprint=prob.cluster.fingerprint, algorithm=algo,
+                options=dict(options), order=list(order), estimates=estimates, plan_id=algo,
+                notes=[*prob.notes, *notes])

@@ -1,0 +1,92 @@
+"""Data parallel: every operator ``S(batch)`` over all devices — the default anyone would use (design §4).
+
+Each operator whose batch dimension may be split (``OpNode.split.batch`` is set) and whose
+profile has the shard ``("batch", n)`` for ``n`` devices runs as ``NodeConfig(devices, "batch")``:
+every device computes a slice of the batch with the whole weights, and the simulator all-reduces
+the parameter gradients.  An operator that cannot be split along the batch (it mixes samples,
+e.g. a reduction over the batch, or has no batch dimension: positions, masks) is replicated
+(``R`` over all devices: every device computes it whole); the plan's notes count them.
+
+The profile must have measured degree ``n`` (``tensoropt profile --degrees 1,n``,
+``profile(graph, shard_degrees=(1, n))``); when no operator has a batch shard of degree ``n``
+(not measured, or the batch is smaller than ``n``; views, which cost nothing, do not count)
+this is an error that says so.  Memory: each
+device holds every operator's parameters, gradients and optimizer state and its slice of the
+kept activations (:func:`~tensoropt.costs.node_memory` at the node's layout); the largest
+total must fit the smallest device.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..costs.memory import node_memory, optimizer_alpha
+from ..costs.model import CostModel
+from ..describe import fmt_bytes
+from ..graph import OpGraph
+from ..plan import NodeConfig, Plan, PlanError
+from ._common import resolve_devices
+from .coarsen import param_held_bytes
+
+NAME = "dp"
+
+
+def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
+          optimizer: str | int = "sgd") -> Plan:
+    """Data parallel over ``devices`` (default: all of the cluster's).  Raises
+    :class:`~tensoropt.plan.PlanError` when the profile lacks the batch shard for that many
+    devices or when a device cannot hold the replicated model.  O(V + E)."""
+    costs.check_graph(graph)
+    names = resolve_devices(cluster, devices)
+    n = len(names)
+    alpha = optimizer_alpha(optimizer)
+    configs: dict[str, NodeConfig] = {}
+    replicated: list[str] = []
+    unmeasured: set[str] = set()
+    for node in graph.ops:
+        if n == 1:
+            configs[node.name] = NodeConfig(tuple(names))
+            continue
+        cost = costs[node.name] if node.name in costs else None
+        has = cost is None or ("batch", n) in cost.shards
+        if node.split.batch is not None and has:
+            configs[node.name] = NodeConfig(tuple(names), "batch")
+        else:
+            configs[node.name] = NodeConfig(tuple(names), "R")
+            replicated.append(node.name)
+            if node.split.batch is not None:
+                unmeasured.add(node.name)
+    # views are free and get a batch shard whatever the batch size: judge by the operators that compute
+    computing = [nd for nd in graph.ops if nd.name not in costs or costs[nd.name].method != "free"]
+    if n > 1 and any(nd.name in unmeasured for nd in computing) and \
+            not any(configs[nd.name].layout == "batch" for nd in computing):
+        degrees = costs.settings.get("shard_degrees")
+        why = (f"the profile measured shard degrees {degrees}, not {n}" if degrees and n not in degrees else
+               f"the batch ({graph.batch_size}) is smaller than {n} or no operator could be measured at that shard")
+        raise PlanError(f"dp: no computing operator has a batch shard of degree {n} in the profile ({why}); "
+                        f"profile with that shard degree (tensoropt profile MODEL --degrees 1,{n}, or "
+                        f"profile(graph, shard_degrees=(1, {n}))) and a batch of at least {n}")
+
+    # memory per device: every node's resident bytes at its layout; read parameters held once
+    per_device = 0
+    owned = {p for node in graph.ops for p in node.params}
+    for node in graph.ops:
+        cfg = configs[node.name]
+        per_device += node_memory(graph, costs, node.name, layout=cfg.layout, degree=cfg.degree, alpha=alpha).resident
+    per_device += sum(param_held_bytes(graph, p, alpha) for node in graph.ops for p in node.param_reads
+                      if p not in owned)
+    small = min(names, key=lambda d: cluster.device(d).memory_bytes)
+    cap = cluster.device(small).memory_bytes
+    if per_device > cap:
+        raise PlanError(f"dp: every device needs {fmt_bytes(per_device)} ({per_device} bytes: the whole model's "
+                        f"parameters, gradients and optimizer state plus 1/{n} of the kept activations) but {small} "
+                        f"has {fmt_bytes(cap)} ({cap} bytes); use devices with more memory, a smaller batch, or a "
+                        "plan that splits the model (m-topo, m-etf, m-sct, frontier tracking)")
+    notes = [f"{len(graph.ops) - len(replicated)} operators split along the batch over {n} devices, "
+             f"{len(replicated)} replicated (R: no batch split"
+             + (f"; {len(unmeasured)} of them lack a ('batch', {n}) shard in the profile" if unmeasured else "") + ")",
+             f"bytes per device: {per_device}"]
+    return Plan(configs, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
+                cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=NAME,
+                options={"devices": names, "optimizer": optimizer}, order=[n.name for n in graph.ops],
+                plan_id=NAME, notes=notes)
