@@ -7,6 +7,7 @@ Stages (one module each): :mod:`tensoropt.capture` (model → :class:`OpGraph`),
 
 from .capture import capture, load_onnx
 from .cluster import Cluster, Device, LinkModel, detect_cluster, list_presets, load_cluster
+from .frontier import BudgetError, Frontier, FrontierPoint, candidate_meshes, track_frontier
 from .costs import CostModel, NodeCost, ShardCost, node_memory, profile, step_memory
 from .errors import (CaptureError, ClusterSpecError, GraphFormatError, ModelSpecError, ProfileError,
                      TensorOptError)
@@ -23,6 +24,7 @@ __all__ = [
     "capture", "load_onnx", "load_model", "load_graph", "LoadedModel",
     "profile", "CostModel", "NodeCost", "ShardCost", "node_memory", "step_memory",
     "OpGraph", "OpNode", "ParamInfo", "SplitDims", "TensorMeta", "Edge",
+    "track_frontier", "Frontier", "FrontierPoint", "BudgetError", "candidate_meshes",
     "Plan", "NodeConfig", "Estimate", "PlanError", "place", "PLACERS",
     "simulate", "SimResult", "TimelineEvent", "plan_memory", "reshard", "edge_reshard", "param_sync", "Reshard",
     "Cluster", "Device", "LinkModel", "load_cluster", "detect_cluster", "list_presets",

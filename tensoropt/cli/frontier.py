@@ -1,9 +1,137 @@
-"""Placeholder while the command is written; replaced in this change."""
+"""``tensoropt frontier``: the Pareto set of (per-device memory, iteration time) plans of a model
+on a cluster, as a table, a CSV and one plan JSON per point.
+
+``tensoropt frontier MODEL --cluster CLUSTER`` captures MODEL (a model spec: ``zoo:NAME?k=v``,
+``file.py:factory``, or a saved ``graph.json``) and profiles it (progress bar) at the shard
+degrees the meshes need.  ``--profile P`` reuses a saved profile instead: a profile has no graph,
+so MODEL is still needed (a ``graph.json`` saved by ``tensoropt graph --json`` avoids capturing
+again), and the profile must belong to that graph (same fingerprint: same model and batch size),
+else the command stops and says how to re-profile.
+"""
 
 from __future__ import annotations
 
 import argparse
+import time
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _degrees(text: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(int(k) for k in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--degrees must be comma-separated integers, got {text!r}") from None
+    if not ks or any(k < 1 for k in ks):
+        raise argparse.ArgumentTypeError("--degrees must be positive integers")
+    return ks
+
+
+def _rows_to_show(n: int, limit: int) -> list[int]:
+    if limit <= 0 or n <= limit:
+        return list(range(n))
+    step = (n - 1) / (limit - 1)
+    return sorted({round(i * step) for i in range(limit)})
+
+
+def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
+    from ..cluster import load_cluster
+    from ..cluster.units import parse_size
+    from ..costs import CostModel, profile
+    from ..describe import fmt_bytes
+    from ..errors import ProfileError
+    from ..frontier.api import check_devices, track_frontier
+    from ..frontier.build import candidate_meshes
+    from ..modelspec import load_model
+
+    # cheap checks first: a typo in the cluster, devices or sizes must not cost a capture
+    cluster = load_cluster(args.cluster)
+    devices = check_devices(cluster, args.devices.split(",")) if args.devices is not None else None
+    budget = parse_size(args.budget, "--budget") if args.budget is not None else None
+    resolution = parse_size(args.resolution, "--resolution", allow_zero=True) if args.resolution is not None else None
+    if args.repeats < 1 or args.warmup < 0:
+        raise ProfileError("--repeats must be ≥ 1 and --warmup ≥ 0")
+    meshes = candidate_meshes(cluster, devices=devices)
+
+    loaded = load_model(args.model, batch=args.batch)
+    with console.status(f"capturing {escape(args.model)} …"):
+        graph = loaded.capture()
+    if args.profile:
+        costs = CostModel.load(args.profile, graph)
+    else:
+        degrees = args.degrees or tuple(sorted({len(m) for m in meshes}))
+        costs = profile(graph, shard_degrees=degrees, repeats=args.repeats, warmup=args.warmup, progress=True)
+
+    t0 = time.perf_counter()
+    with console.status("tracking the frontier …") as status:
+        frontier = track_frontier(graph, costs, cluster, meshes=meshes, budget=budget, resolution=resolution,
+                                  optimizer=args.optimizer, progress=lambda msg: status.update(escape(msg)))
+    took = time.perf_counter() - t0
+
+    pts = frontier.points
+    title = (f"{escape(graph.name)} (batch {graph.batch_size}) on {escape(cluster.name)}: {len(pts)} Pareto-optimal "
+             f"plans over {len(frontier.meshes)} meshes ({', '.join(str(len(m.mesh)) for m in frontier.meshes)} "
+             f"devices), optimizer {args.optimizer}")
+    t = Table(title=title, title_justify="left")
+    for col, just in (("plan", "left"), ("devices", "left"), ("memory / device", "right"), ("time", "right"),
+                      ("samples/s", "right"), ("fits", "left")):
+        t.add_column(col, justify=just)
+    show = _rows_to_show(len(pts), args.rows)
+    for i in show:
+        p = pts[i]
+        sps = p.samples_per_s(graph.batch_size)
+        t.add_row(p.plan_id, escape(",".join(p.devices)), fmt_bytes(p.memory_bytes), f"{p.time_s * 1e3:.3f} ms",
+                  "-" if sps is None else f"{sps:.1f}", "yes" if p.fits_budget else "[red]no[/red]")
+    console.print(t)
+    if len(show) < len(pts):
+        console.print(f"(showing {len(show)} of {len(pts)} points; --rows 0 or --csv for all)")
+    fits = frontier.under(budget) if budget is not None else [p for p in pts if p.fits_budget]
+    what = f"budget {fmt_bytes(budget)}" if budget is not None else "the devices' memory"
+    if fits:
+        best = fits[-1]
+        console.print(f"fastest plan within {what}: {best.plan_id} — {fmt_bytes(best.memory_bytes)} per device, "
+                      f"{best.time_s * 1e3:.3f} ms on {', '.join(best.devices)}", highlight=False)
+    else:
+        console.print(f"[yellow]no plan fits {what}[/yellow]")
+    console.print(f"tracked in {took:.2f} s; resolution {fmt_bytes(frontier.resolution)}, "
+                  f"{frontier.merged_by_resolution} plan(s) merged; {'exact' if frontier.exact else 'not exact'}",
+                  highlight=False)
+    for n in frontier.notes:
+        console.print(f"[dim]note: {escape(n)}[/dim]", highlight=False)
+    if args.csv:
+        frontier.to_csv(args.csv)
+        console.print(f"wrote {escape(str(args.csv))}")
+    if args.plans:
+        paths = frontier.save_plans(args.plans)
+        console.print(f"wrote {len(paths)} plan(s) to {escape(str(args.plans))}")
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    return None
+    p = sub.add_parser("frontier", help="the Pareto set of (per-device memory, iteration time) plans",
+                       description="Track the whole Pareto frontier of (per-device memory, iteration time) plans "
+                                   "of MODEL on CLUSTER; with --profile, reuse a saved profile of MODEL.")
+    p.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory, or a graph.json "
+                                 "(needed with --profile too: a profile has no graph)")
+    p.add_argument("--cluster", required=True, help="preset:NAME or a cluster YAML / JSON file")
+    p.add_argument("--profile", metavar="PROFILE_JSON",
+                   help="reuse this profile of MODEL (made by `tensoropt profile MODEL -o P`) instead of profiling")
+    p.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
+    p.add_argument("--budget", metavar="SIZE", help="memory per device, e.g. 16GiB: plans above it do not fit; "
+                                                    "a budget below every plan is an error")
+    p.add_argument("--devices", metavar="NAMES", help="comma-separated devices the meshes may use (default: all)")
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="sgd",
+                   help="sizes optimizer state: 0, 1 or 2 × parameters (default sgd)")
+    p.add_argument("--resolution", metavar="SIZE",
+                   help="memory resolution of the frontier (0 = exact; default: 1/1000 of min(smallest device "
+                        "memory, the largest memory a plan can need))")
+    p.add_argument("--csv", metavar="PATH", help="write the frontier as CSV (one row per plan, by memory)")
+    p.add_argument("--plans", metavar="DIR", help="write one plan JSON per point, DIR/<plan_id>.json")
+    p.add_argument("--degrees", type=_degrees,
+                   help="shard degrees to profile (default: the mesh sizes); ignored with --profile")
+    p.add_argument("--repeats", type=int, default=5, help="profiling: timed repeats per op call (default 5)")
+    p.add_argument("--warmup", type=int, default=1, help="profiling: untimed calls first (default 1)")
+    p.add_argument("--rows", type=int, default=40, help="table rows to print, evenly spread (0 = all; default 40)")
+    p.set_defaults(func=_cmd_frontier)

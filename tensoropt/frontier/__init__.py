@@ -11,15 +11,24 @@
 * :mod:`.ft` — :func:`track` (initialise, exact eliminations, heuristic branching, linear DP,
   unroll) returning a :class:`FrontierResult` whose every point unrolls to a full assignment.
 
-The concrete problem (configurations from the cost model and the cluster's meshes, edge costs
-from resharding collectives) is built on top of this package.
+* :mod:`.build` — the concrete problem of a graph on one mesh: configurations (layouts ×
+  recompute) and their costs from the CostModel, edge costs from the resharding collectives,
+  :func:`candidate_meshes` (link-aware device groups in ring order).
+* :mod:`.api` — :func:`track_frontier`: per mesh, frontier tracking with the non-additive peak
+  (``Σ resident + max transient``) handled exactly by τ runs, then the union across meshes, as a
+  :class:`Frontier` of plans (CSV, plan JSON, budget queries).
 """
 
+from .api import (BudgetError, Frontier, FrontierPoint, MeshResult, default_resolution,
+                  track_frontier)
+from .build import MeshProblem, build_problem, candidate_meshes, node_configs, ring_bottleneck
 from .ft import BRANCH_RULE, FIX_RULE, FixedChoice, FrontierResult, track
 from .kernels import batched_product, bucket_key, is_frontier, product, reduce, union
 from .problem import EdgeCosts, NodeCosts, Problem, ProblemError, brute_force, min_scalarized
 
 __all__ = [
+    "track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "default_resolution",
+    "candidate_meshes", "ring_bottleneck", "node_configs", "build_problem", "MeshProblem",
     "track", "FrontierResult", "FixedChoice", "BRANCH_RULE", "FIX_RULE",
     "reduce", "product", "union", "batched_product", "bucket_key", "is_frontier",
     "Problem", "NodeCosts", "EdgeCosts", "ProblemError", "brute_force", "min_scalarized",

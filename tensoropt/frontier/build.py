@@ -1,0 +1,453 @@
+"""The concrete frontier problem of one graph on one mesh (design §2–§3): configurations from the
+cost model, edge costs from the resharding collectives, candidate meshes from the cluster's links.
+
+Configurations
+--------------
+On a mesh of ``k`` devices every operator node gets these configurations (:func:`node_configs`),
+in this order:
+
+- ``R`` (replicated: every device runs the whole op), then ``batch`` (``S(batch)``), ``channel``
+  (``S(channel)``) and ``reduce`` (``P``) — each shard layout only where the CostModel has a cost
+  for it at degree ``k`` (:meth:`CostModel.legal`) and the graph allows it (``batch`` needs the
+  node's ``split.batch``, ``channel`` its ``split.channel``: what :meth:`Plan.check` demands).  A
+  mesh of one device has ``R`` only;
+- each of these without and with ``recompute`` — the recomputing variant only where it frees
+  something (the node keeps activations in that layout: :func:`~tensoropt.costs.node_memory`'s
+  ``activations > 0``).
+
+Every operator node is a node of the problem, metadata-only ("free") nodes included, each with
+its own legal layouts: a view costs no time, and an edge costs exactly what the simulator charges
+for it, so nothing is folded and every op node of the final plan is configured by the search.
+
+Costs of a node configuration (per device; within one mesh every device holds the same shard)
+---------------------------------------------------------------------------------------------
+- **time** = ``(fp + bp [+ fp again when recomputed])`` of one shard (:meth:`NodeCost.at`; ``R``
+  with ``k > 1`` runs the full op on every device) divided by the slowest mesh device's
+  ``speed`` (the mesh runs the node in lockstep), + the gradient all-reduce of parameters
+  replicated over the mesh (:func:`~tensoropt.reshard.param_sync`), + for a model output written
+  as partial sums (``reduce``) the all-reduce that adds them up before the loss — the same rules
+  the simulator applies.
+- **resident memory** (what adds up over nodes, design §3) =
+  ``params + grads + optimizer + activations`` of :func:`~tensoropt.costs.node_memory` at the
+  shard (parameters split by ``channel`` / ``reduce``; optimizer state = α × trainable
+  parameters, α from ``optimizer``: ``sgd`` 0, ``momentum`` 1, ``adam`` 2 — default ``sgd``, as
+  :func:`~tensoropt.costs.step_memory` and the simulator default to) + the bytes of the graph's
+  inputs (the batch) this node reads, in the layout it reads them (every reader is charged its
+  piece: an over-estimate when several nodes read one input).
+- **transient memory** = node_memory's ``transient`` (the node's output, its input gradients,
+  measured workspace; plus its saved tensors when recomputed): live only while the node runs, so
+  it does **not** add up: the peak is ``Σ resident + max transient`` (see :mod:`.api` for how the
+  max is handled exactly: τ runs).
+
+Costs of an edge ``producer → consumer`` between two op nodes
+-------------------------------------------------------------
+- **time** = :func:`~tensoropt.reshard.edge_reshard` ``.time_s`` + ``.backward_time_s`` (the
+  backward only where a gradient flows along the edge, as in the simulator); within one mesh only
+  the layouts differ.
+- **memory**, when the consumer keeps that input until its backward (it saves it, or it
+  recomputes: a recomputed node needs its inputs again): the bytes each consumer device receives
+  (``Reshard.recv_bytes``), or — when nothing is received (the consumer reads the producer's own
+  shard) — the producer's output shard if the producer's node memory does not already count it
+  (the producer recomputes, or no consumer saves it and it does not save it itself); else 0 (a
+  received copy only read in forward is freed right after: transient, not counted).  A producer
+  output kept for several consumers is counted once per such edge (an over-estimate), and so is
+  the producer's own copy when the consumer keeps a received one instead.
+
+Edges from graph inputs cost nothing (the batch is on every device that reads it at time 0, as in
+the simulator); the model's output node is not configurable.
+
+Not modelled here (the simulator measures the true peak and time; the gap is reported): overlap of
+computation with communication and with other devices (times add up, TensorOpt's model); one
+tensor resharded once for several consumers that read it the same way (each edge pays); the
+non-saved forward temporaries alive beside the transient of the running node.
+
+Tied parameters (owned by one node, read by others, e.g. GPT-2's ``wte`` read by the LM head): a
+device holds the larger of the owner's and the reader's piece, a pairwise cost carried by a
+zero-time *tie edge* owner–reader whose memory is the parameter + gradient + optimizer bytes of
+``max(0, reader's piece − owner's piece)`` (exact for one reader; with several readers the extras
+add up, an over-estimate).  In backward every user of a trainable parameter but the last in graph
+order adds its gradient out of place (2 × its piece, as the simulator counts): part of that node's
+transient.  Tie edges make the graph non-series-parallel; frontier tracking branches on them
+exactly.
+
+Candidate meshes
+----------------
+:func:`candidate_meshes`: for each size (default 1, 2, 4, … below the device count, and all
+devices), the group of devices — and its ring order — whose **slowest ring link is fastest**:
+a ring collective moves one chunk over every ring link per step and the step ends with the
+slowest link, so that link bounds every all-reduce / all-gather / reduce-scatter on the mesh.
+A link's speed is its ``time_both_ways`` for a chunk of :data:`REFERENCE_BYTES` / size (ring steps
+run both ways).  Ties: the smaller sum of ring link times, then the faster slowest device, then
+the larger smallest memory, then the earliest devices in cluster order (and the ring order
+beginning with the earliest device).  Exact (every subset, every ring order) while that is at most
+:data:`EXACT_MESH_LIMIT` candidates per size; beyond, a greedy ring grown from the best pair.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..costs.memory import grad_nodes, node_memory, optimizer_alpha
+from ..errors import ClusterSpecError, TensorOptError
+from ..plan import NodeConfig
+from ..reshard import P, edge_reshard, has_dim, input_layout, output_layout, param_sync, piece_bytes
+from ..cluster.collectives import ring_allreduce_time
+from .problem import EdgeCosts, NodeCosts, Problem
+
+__all__ = ["REFERENCE_BYTES", "EXACT_MESH_LIMIT", "LAYOUT_ORDER", "candidate_meshes", "ring_bottleneck",
+           "node_configs", "MeshProblem", "build_problem", "default_sizes"]
+
+#: the message size at which link speeds are compared when choosing meshes (64 MiB: a large
+#: gradient bucket, where bandwidth rather than latency decides)
+REFERENCE_BYTES = 2**26
+#: subsets × ring orders examined exactly per mesh size before the greedy fallback
+EXACT_MESH_LIMIT = 200_000
+#: configuration order on a mesh (then recompute off, on)
+LAYOUT_ORDER = ("R", "batch", "channel", "reduce")
+
+
+# --------------------------------------------------------------------------------------------
+# meshes
+
+def default_sizes(n: int) -> list[int]:
+    """1, 2, 4, … below ``n``, and ``n``."""
+    out, k = [], 1
+    while k < n:
+        out.append(k)
+        k *= 2
+    out.append(n)
+    return out
+
+
+def ring_bottleneck(cluster: Any, ring: Sequence[str], nbytes: float = REFERENCE_BYTES) -> float:
+    """Seconds of the slowest link of the ring ``d0 → d1 → … → d0`` for one ring step of a
+    tensor of ``nbytes`` (chunk ``nbytes / n``, both directions busy); 0 for one device."""
+    n = len(ring)
+    if n < 2:
+        return 0.0
+    return max(cluster.link(ring[i], ring[(i + 1) % n]).time_both_ways(nbytes / n) for i in range(n))
+
+
+def _ring_key(cluster: Any, ring: Sequence[str], pos: Mapping[str, int]) -> tuple:
+    n = len(ring)
+    times = [cluster.link(ring[i], ring[(i + 1) % n]).time_both_ways(REFERENCE_BYTES / n) for i in range(n)] \
+        if n > 1 else [0.0]
+    devs = [cluster.device(d) for d in ring]
+    return (max(times), math.fsum(times), -min(d.speed for d in devs), -min(d.memory_bytes for d in devs),
+            sorted(pos[d] for d in ring), [pos[d] for d in ring])
+
+
+def _best_ring(cluster: Any, group: Sequence[str], pos: Mapping[str, int]) -> tuple[tuple, tuple[str, ...]]:
+    group = sorted(group, key=pos.__getitem__)
+    if len(group) <= 2:
+        return _ring_key(cluster, group, pos), tuple(group)
+    first, rest = group[0], group[1:]
+    best = None
+    for perm in itertools.permutations(rest):
+        ring = (first, *perm)
+        key = _ring_key(cluster, ring, pos)
+        if best is None or key < best[0]:
+            best = (key, ring)
+    return best
+
+
+def _greedy_ring(cluster: Any, names: Sequence[str], k: int, pos: Mapping[str, int]) -> tuple[str, ...]:
+    """Heuristic for big clusters: start from the fastest pair, repeatedly insert the device (at
+    the ring position) that keeps the slowest ring link fastest."""
+    best = None
+    for a, b in itertools.combinations(names, 2):
+        key = _ring_key(cluster, (a, b), pos)
+        if best is None or key < best[0]:
+            best = (key, [a, b])
+    ring = best[1]
+    while len(ring) < k:
+        cand = None
+        for d in names:
+            if d in ring:
+                continue
+            for i in range(1, len(ring) + 1):
+                r = ring[:i] + [d] + ring[i:]
+                key = _ring_key(cluster, r, pos)
+                if cand is None or key < cand[0]:
+                    cand = (key, r)
+        ring = cand[1]
+    return tuple(ring)
+
+
+def candidate_meshes(cluster: Any, sizes: Iterable[int] | None = None, *,
+                     devices: Sequence[str] | None = None) -> list[tuple[str, ...]]:
+    """One mesh (an ordered device group, in ring order) per size; see the module docstring for
+    the rule.  ``sizes`` default to 1, 2, 4, … and the number of devices; ``devices`` restricts
+    the choice to those devices (default: all of the cluster's).  On ``preset:titan-rtx-5`` the
+    2-device mesh is a PIX pair (``gpu0, gpu1``), never a NODE pair."""
+    names = list(cluster.names if devices is None else devices)
+    for d in names:
+        cluster.device(d)  # unknown name → ClusterSpecError naming the cluster's devices
+    if len(set(names)) != len(names):
+        raise ClusterSpecError(f"devices name a device twice: {names}")
+    if not names:
+        raise ClusterSpecError("no devices to build meshes from")
+    pos = {d: i for i, d in enumerate(cluster.names)}
+    n = len(names)
+    sizes = default_sizes(n) if sizes is None else sorted({int(s) for s in sizes})
+    bad = [s for s in sizes if not 1 <= s <= n]
+    if bad:
+        raise ClusterSpecError(f"mesh sizes must be between 1 and {n} (the devices available), got {bad}")
+    out = []
+    for k in sizes:
+        work = math.comb(n, k) * math.factorial(max(k - 1, 1))
+        if k == 1:
+            best = min(names, key=lambda d: _ring_key(cluster, (d,), pos))
+            out.append((best,))
+        elif work <= EXACT_MESH_LIMIT:
+            best = min((_best_ring(cluster, g, pos) for g in itertools.combinations(names, k)), key=lambda x: x[0])
+            out.append(best[1])
+        else:
+            out.append(_greedy_ring(cluster, names, k, pos))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# configurations
+
+def node_configs(graph: Any, costs: Any, name: str, mesh: Sequence[str], *, alpha: int = 0) -> list[NodeConfig]:
+    """The configurations of op node ``name`` on ``mesh`` (module docstring): layouts in
+    :data:`LAYOUT_ORDER` where legal, each without then with recompute (the latter only where it
+    frees activations)."""
+    mesh = tuple(mesh)
+    k = len(mesh)
+    node = graph.nodes[name]
+    layouts = ["R"]
+    if k > 1 and name in costs:
+        legal = {lay for lay, d in costs.legal(name) if d == k}
+        for lay in LAYOUT_ORDER[1:]:
+            if lay not in legal:
+                continue
+            if lay == "batch" and node.split.batch is None:
+                continue
+            if lay == "channel" and node.split.channel is None:
+                continue
+            layouts.append(lay)
+    out = []
+    for lay in layouts:
+        out.append(NodeConfig(mesh, lay, False))
+        if name in costs and node_memory(graph, costs, name, layout=lay, degree=k, alpha=alpha).activations > 0:
+            out.append(NodeConfig(mesh, lay, True))
+    return out
+
+
+def config_label(cfg: NodeConfig) -> str:
+    return cfg.layout + ("+recompute" if cfg.recompute else "")
+
+
+@dataclass(frozen=True, eq=False)
+class MeshProblem:
+    """The frontier problem of one graph on one mesh.
+
+    ``problem``: nodes = the graph's op nodes (graph order), node cost = (resident bytes, seconds)
+    per configuration, edge cost = (persisting received bytes, reshard seconds) per configuration
+    pair.  ``configs[name][s]`` is the :class:`NodeConfig` of configuration ``s``;
+    ``transient[name][s]`` its transient bytes (not additive: the peak adds their max).
+    """
+
+    mesh: tuple[str, ...]
+    problem: Problem
+    configs: Mapping[str, tuple[NodeConfig, ...]]
+    transient: Mapping[str, np.ndarray]
+    optimizer: str | int = "sgd"
+    notes: tuple[str, ...] = ()
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.mesh)
+
+    def plan_configs(self, assignment: Mapping[str, int] | Sequence[int]) -> dict[str, NodeConfig]:
+        """Node name → :class:`NodeConfig` for an assignment (name → index, or a list in node order)."""
+        vec = self.problem._as_vector(assignment)
+        return {n.name: self.configs[n.name][s] for n, s in zip(self.problem.nodes, vec)}
+
+    def max_transient(self, assignment: Mapping[str, int] | Sequence[int]) -> float:
+        vec = self.problem._as_vector(assignment)
+        return max((float(self.transient[n.name][s]) for n, s in zip(self.problem.nodes, vec)), default=0.0)
+
+    def resident(self, assignment: Mapping[str, int] | Sequence[int]) -> tuple[float, float]:
+        """(Σ resident bytes, Σ seconds): :meth:`Problem.cost_of`."""
+        return self.problem.cost_of(assignment)
+
+    def cost(self, assignment: Mapping[str, int] | Sequence[int]) -> tuple[float, float]:
+        """(per-device peak bytes, seconds) of an assignment: ``Σ resident + max transient``, ``Σ time``."""
+        m, t = self.problem.cost_of(assignment)
+        if math.isinf(m):
+            return m, t
+        return m + self.max_transient(assignment), t
+
+    def transient_levels(self) -> np.ndarray:
+        """The distinct transient values a plan's max transient can take, ascending: every
+        configuration's transient that is at least ``max over nodes of min over configurations``
+        (no plan's max is below that)."""
+        floor = max((float(np.min(t)) for t in self.transient.values()), default=0.0)
+        vals = {float(x) for t in self.transient.values() for x in t if x >= floor}
+        return np.array(sorted(vals) or [0.0])
+
+    def masked(self, level: float) -> Problem:
+        """The problem with every configuration whose transient exceeds ``level`` infeasible."""
+        nodes = []
+        for n in self.problem.nodes:
+            bad = self.transient[n.name] > level
+            if bad.any():
+                n = NodeCosts(n.name, np.where(bad, np.inf, n.mem), np.where(bad, np.inf, n.time), n.labels)
+            nodes.append(n)
+        return Problem(tuple(nodes), self.problem.edges)
+
+
+def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
+                  optimizer: str | int = "sgd") -> MeshProblem:
+    """The :class:`MeshProblem` of ``graph`` on ``mesh`` (module docstring for every cost).
+    O(V·c + E·c²) reshard evaluations for c configurations per node."""
+    mesh = tuple(mesh)
+    if not mesh:
+        raise TensorOptError("a mesh needs at least one device")
+    for d in mesh:
+        cluster.device(d)
+    if len(set(mesh)) != len(mesh):
+        raise ClusterSpecError(f"mesh {list(mesh)} names a device twice")
+    alpha = optimizer_alpha(optimizer)
+    k = len(mesh)
+    speed = min(cluster.device(d).speed for d in mesh)
+    needs_grad = grad_nodes(graph)
+    out_node = next((n for n in graph if n.kind == "output"), None)
+    outputs = dict(zip(out_node.inputs, out_node.input_bytes)) if out_node is not None else {}
+    ops = graph.ops
+    op_names = {n.name for n in ops}
+    pos = {n.name: i for i, n in enumerate(ops)}
+
+    # parameters used by several nodes (tied weights): every user but the last in graph order adds
+    # its gradient into .grad out of place in backward (2 × its piece, transient: as the simulator)
+    users: dict[str, list[str]] = {}
+    for node in ops:
+        for q in (*node.params, *node.param_reads):
+            users.setdefault(q, []).append(node.name)
+    not_last: dict[str, list[str]] = {}
+    for q, us in users.items():
+        info = graph.params[q]
+        if info.kind == "parameter" and info.requires_grad:
+            for u in us[:-1]:
+                not_last.setdefault(u, []).append(q)
+
+    configs: dict[str, tuple[NodeConfig, ...]] = {}
+    transient: dict[str, np.ndarray] = {}
+    nodes: list[NodeCosts] = []
+    for node in ops:
+        name = node.name
+        cfgs = tuple(node_configs(graph, costs, name, mesh, alpha=alpha))
+        configs[name] = cfgs
+        mem, tim, tr = [], [], []
+        for cfg in cfgs:
+            lay = cfg.layout if k > 1 else "R"
+            nm = node_memory(graph, costs, name, layout=lay, degree=k, alpha=alpha, recompute=cfg.recompute)
+            resident = nm.resident
+            for p, nbytes in zip(node.inputs, node.input_bytes):
+                prod = graph.nodes[p]
+                if prod.kind != "op":  # the batch, in the layout this node reads it
+                    read = input_layout(node, cfg, batch_ok=has_dim(prod, "batch_dim"),
+                                        channel_ok=has_dim(prod, "channel_dim"))
+                    resident += piece_bytes(read, k, nbytes)
+            if name in costs:
+                sh = costs[name].at(lay, k)
+                compute = sh.fp_s + sh.bp_s + (sh.fp_s if cfg.recompute else 0.0)
+            else:
+                compute = 0.0
+            t = compute / speed
+            st = param_sync(graph, node, cfg, cluster)
+            if st is not None:
+                t += st.time_s
+            if name in outputs and output_layout(cfg) == P:
+                t += ring_allreduce_time(cluster, mesh, outputs[name])
+            split = k if cfg.layout in ("channel", "reduce") and k > 1 else 1
+            accumulate = sum(2 * -(-graph.params[q].nbytes // split) for q in not_last.get(name, ()))
+            mem.append(float(resident))
+            tim.append(t)
+            tr.append(float(nm.transient + accumulate))
+        transient[name] = np.array(tr, dtype=np.float64)
+        nodes.append(NodeCosts(name, mem, tim, tuple(config_label(c) for c in cfgs)))
+
+    def out_kept(p: str) -> bool:  # node_memory's rule: p counts its own output as kept
+        return p in costs and (costs[p].saves_output or any(p in costs[x].saved_inputs
+                                                            for x in graph.successors(p) if x in costs))
+
+    edges: list[EdgeCosts] = []
+    n_reshard = 0
+    for node in ops:
+        c = node.name
+        saved = set(costs[c].saved_inputs) if c in costs else set()
+        for p in node.inputs:
+            if p not in op_names:
+                continue
+            cp, cc = configs[p], configs[c]
+            grad = bool(needs_grad.get(p)) and bool(needs_grad.get(c))
+            p_kept = out_kept(p)
+            memo: dict[tuple[str, str], tuple[float, float]] = {}
+            M = np.zeros((len(cp), len(cc)))
+            T = np.zeros((len(cp), len(cc)))
+            for i, a in enumerate(cp):
+                for j, b in enumerate(cc):
+                    key = (a.layout, b.layout)
+                    if key not in memo:
+                        rs = edge_reshard(graph, p, c, NodeConfig(mesh, a.layout), NodeConfig(mesh, b.layout), cluster)
+                        n_reshard += 1
+                        recv = float(max(rs.recv_bytes.values(), default=0))
+                        memo[key] = (recv, rs.time_s + (rs.backward_time_s if grad else 0.0))
+                    recv, t = memo[key]
+                    if b.recompute or p in saved:   # the consumer keeps this input until its backward
+                        if recv:
+                            M[i, j] = recv          # the copy it received
+                        elif a.recompute or not p_kept:
+                            # p's own output, which p's node memory does not count as kept
+                            M[i, j] = float(costs[p].at(a.layout if k > 1 else "R", k).output_bytes) \
+                                if p in costs else 0.0
+                    T[i, j] = t
+            edges.append(EdgeCosts(p, c, M, T))
+
+    # a parameter read by a node that does not own it is held on the mesh in the larger of the two
+    # pieces (owner's and reader's layout): a pairwise cost, carried by a zero-time edge owner–reader
+    # (extra bytes = parameter + gradient + optimizer state of the difference)
+    n_tie = 0
+    for q, us in users.items():
+        info = graph.params[q]
+        owner = info.owner if info.owner in configs else us[0]
+        per_byte = 1 + ((1 + alpha) if info.kind == "parameter" and info.requires_grad else 0)
+        for r in us:
+            if r == owner:
+                continue
+            a, b = sorted((owner, r), key=pos.__getitem__)
+            ca, cb = configs[a], configs[b]
+
+            def piece(cfg: NodeConfig) -> int:
+                split = k if cfg.layout in ("channel", "reduce") and k > 1 else 1
+                return -(-info.nbytes // split)
+
+            M = np.zeros((len(ca), len(cb)))
+            for i, x in enumerate(ca):
+                for j, y in enumerate(cb):
+                    po, pr = (piece(x), piece(y)) if a == owner else (piece(y), piece(x))
+                    M[i, j] = per_byte * max(0, pr - po)
+            if M.any():
+                edges.append(EdgeCosts(a, b, M, np.zeros_like(M)))
+                n_tie += 1
+
+    notes = []
+    if k > 1:
+        shard_nodes = sum(1 for n in ops if any(cfg.layout != "R" for cfg in configs[n.name]))
+        if shard_nodes == 0:
+            notes.append(f"mesh {','.join(mesh)}: the profile has no shard costs at degree {k} (every node "
+                         f"is replicated here); profile with shard degrees including {k}")
+    stats = {"nodes": len(nodes), "edges": len(edges), "configs": sum(len(c) for c in configs.values()),
+             "max_configs": max((len(c) for c in configs.values()), default=0), "reshards": n_reshard,
+             "tie_edges": n_tie}
+    return MeshProblem(mesh, Problem(tuple(nodes), tuple(edges)), configs, transient, optimizer, tuple(notes), stats)

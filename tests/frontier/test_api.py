@@ -1,0 +1,238 @@
+"""track_frontier on real captured graphs: plans check, costs re-add, τ runs are exact against brute
+force, the min-time point is the single-objective optimum, budgets, CSV, plan files."""
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+from conftest import SmallCNN, TiedLM
+
+import tensoropt
+from tensoropt.cluster import load_cluster
+from tensoropt.errors import ClusterSpecError, ProfileError, TensorOptError
+from tensoropt.frontier import (BudgetError, Frontier, default_resolution, kernels, min_scalarized,
+                                track_frontier)
+from tensoropt.frontier.api import CSV_COLUMNS
+from tensoropt.plan import Plan
+
+TITAN = load_cluster("preset:titan-rtx-5")
+FOUR = ["gpu0", "gpu1", "gpu2", "gpu3"]
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    torch.manual_seed(0)
+    g = tensoropt.capture(SmallCNN(), (torch.randn(4, 3, 16, 16),))
+    return g, tensoropt.profile(g, shard_degrees=(1, 2, 4), repeats=1)
+
+
+@pytest.fixture(scope="module")
+def tied():
+    torch.manual_seed(0)
+    g = tensoropt.capture(TiedLM(), (torch.randint(0, 50, (4, 7)),))
+    return g, tensoropt.profile(g, shard_degrees=(1, 2, 4), repeats=1)
+
+
+@pytest.fixture(scope="module")
+def exact(cnn):
+    g, costs = cnn
+    return track_frontier(g, costs, TITAN, devices=FOUR, resolution=0)
+
+
+@pytest.fixture(scope="module")
+def default(cnn):
+    g, costs = cnn
+    return track_frontier(g, costs, TITAN, devices=FOUR)
+
+
+def brute(mp):
+    """The exact Pareto set of (Σ resident + max transient, Σ time) by enumeration."""
+    ks = [n.k for n in mp.problem.nodes]
+    cfg = np.indices(ks).reshape(len(ks), -1)
+    mem, tim, tr = np.zeros(cfg.shape[1]), np.zeros(cfg.shape[1]), np.zeros(cfg.shape[1])
+    for v, n in enumerate(mp.problem.nodes):
+        mem += n.mem[cfg[v]]
+        tim += n.time[cfg[v]]
+        tr = np.maximum(tr, mp.transient[n.name][cfg[v]])
+    for e in mp.problem.edges:
+        a, b = cfg[mp.problem.index(e.src)], cfg[mp.problem.index(e.dst)]
+        mem += e.mem[a, b]
+        tim += e.time[a, b]
+    mem += tr
+    idx = kernels.reduce(mem, tim)
+    return mem[idx], tim[idx]
+
+
+def test_frontier_shape_and_plans(default, cnn):
+    g, _ = cnn
+    fr = default
+    assert isinstance(fr, Frontier) and len(fr) >= 2
+    mems = [p.memory_bytes for p in fr]
+    times = [p.time_s for p in fr]
+    assert all(a < b for a, b in zip(mems, mems[1:]))
+    assert all(a > b for a, b in zip(times, times[1:]))           # strictly faster as memory grows
+    assert {len(m.mesh) for m in fr.meshes} == {1, 2, 4}
+    assert fr.meshes[1].mesh == ("gpu0", "gpu1")
+    for i, p in enumerate(fr):
+        p.plan.check(g, TITAN)
+        assert p.plan_id == f"p{i:03d}-{p.num_devices}dev" == p.plan.plan_id
+        assert p.plan.algorithm == "frontier"
+        assert p.plan.options["mesh"] == list(p.devices) and p.plan.options["optimizer"] == "sgd"
+        assert p.plan.options["resolution"] == fr.resolution
+        est = p.plan.estimate("frontier")
+        assert est.time_s == p.time_s and est.memory_bytes == {d: p.memory_bytes for d in p.devices}
+        assert set(p.plan.configs) == {n.name for n in g.ops}
+        assert all(c.devices == p.devices for c in p.plan.configs.values())
+        assert p.num_devices == len(p.devices) == p.plan.num_devices
+        assert p.memory_bytes == p.resident_bytes + p.transient_bytes
+    assert fr.min_memory() is fr[0] and fr.min_time() is fr[-1]
+
+
+def test_recosting_every_point_reproduces_it(default):
+    for p in default:
+        mp = default.meshes[p.mesh_index].problem
+        m, t = mp.cost(p.assignment)
+        assert m == p.memory_bytes                               # integers: exact
+        assert t == pytest.approx(p.time_s, rel=1e-12, abs=0)    # float sums, another order
+        assert mp.plan_configs(p.assignment) == p.plan.configs
+        assert mp.max_transient(p.assignment) == p.transient_bytes
+
+
+def test_tau_runs_give_the_exact_frontier_of_sum_plus_max(exact):
+    assert exact.exact and exact.merged_by_resolution == 0
+    for r in exact.meshes:
+        bm, bt = brute(r.problem)
+        np.testing.assert_array_equal(r.mem, bm)
+        np.testing.assert_allclose(r.time, bt, rtol=1e-12)
+    # the union across meshes is the reduce of the meshes' frontiers
+    um, ut, _, _ = kernels.union([(r.mem, r.time) for r in exact.meshes])
+    assert [p.memory_bytes for p in exact] == um.tolist()
+    np.testing.assert_array_equal([p.time_s for p in exact], ut)
+
+
+def test_tau_runs_are_exact_with_a_tied_weight(tied):
+    g, costs = tied
+    fr = track_frontier(g, costs, TITAN, devices=FOUR, resolution=0)
+    assert fr.exact
+    for r in fr.meshes:
+        bm, bt = brute(r.problem)
+        np.testing.assert_array_equal(r.mem, bm)
+        np.testing.assert_allclose(r.time, bt, rtol=1e-12)
+
+
+def test_min_time_point_is_the_single_objective_optimum(default, exact):
+    best = min(min_scalarized(r.problem.problem)[0] for r in default.meshes)
+    assert default.min_time().time_s == pytest.approx(best, rel=1e-12)
+    assert exact.min_time().time_s == pytest.approx(best, rel=1e-12)
+    # and the least-memory point: no plan of any mesh has less
+    least = min(float(brute(r.problem)[0][0]) for r in exact.meshes)
+    assert exact.min_memory().memory_bytes == least
+
+
+def test_same_inputs_same_frontier(cnn, default):
+    g, costs = cnn
+    again = track_frontier(g, costs, TITAN, devices=FOUR)
+    assert [(p.plan_id, p.memory_bytes, p.time_s) for p in again] == \
+           [(p.plan_id, p.memory_bytes, p.time_s) for p in default]
+    assert [p.plan.to_dict() for p in again] == [p.plan.to_dict() for p in default]
+
+
+def test_default_resolution_is_the_documented_rule(default, exact):
+    problems = [r.problem for r in default.meshes]
+    assert default.resolution == default_resolution(problems, TITAN)
+    most = max(sum(float(n.mem.max()) for n in mp.problem.nodes) + sum(float(e.mem.max()) for e in mp.problem.edges)
+               + max(float(t.max()) for t in mp.transient.values()) for mp in problems)
+    assert default.resolution == pytest.approx(min(24 * 2**30, most) / 1000)
+    assert len(default) <= len(exact)
+    assert any("resolution" in n for n in default.notes)
+    # every exact point is matched by a reported one with no more time and a little more memory at most
+    for p in exact:
+        q = default.best_under(p.memory_bytes + default.meshes[0].mem_slack * 10 + 1)
+        assert q is not None and q.time_s <= p.time_s * (1 + 1e-12)
+
+
+def test_budget_marks_points_and_too_small_a_budget_is_an_error(cnn, default):
+    g, costs = cnn
+    mid = default[len(default) // 2].memory_bytes
+    fr = track_frontier(g, costs, TITAN, devices=FOUR, budget=mid)
+    assert [p.fits_budget for p in fr] == [p.memory_bytes <= mid for p in fr]
+    assert fr.under(mid) == [p for p in fr if p.fits_budget]
+    assert fr.best_under(mid).memory_bytes <= mid
+    assert all(p.fits_budget for p in default)                  # no budget: the devices' 24 GiB
+    with pytest.raises(BudgetError) as info:
+        track_frontier(g, costs, TITAN, devices=FOUR, budget="1KiB")
+    msg = str(info.value)
+    least = default.min_memory()
+    assert "below the smallest memory" in msg and str(least.memory_bytes) in msg
+    assert f"fewest devices that reach it: {least.num_devices}" in msg
+    assert isinstance(info.value, TensorOptError) and info.value.exit_code == 2
+    assert len(info.value.frontier) == len(default)
+
+
+def test_csv_columns_and_order(default, tmp_path):
+    path = default.to_csv(tmp_path / "f.csv")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == CSV_COLUMNS
+    assert [r["plan_id"] for r in rows] == [p.plan_id for p in default]
+    mems = [int(r["memory_bytes"]) for r in rows]
+    assert mems == sorted(mems)
+    for r, p in zip(rows, default):
+        assert float(r["time_s"]) == p.time_s and r["devices"].split(";") == list(p.devices)
+        assert int(r["num_devices"]) == p.num_devices and r["fits_budget"] == "true"
+        assert float(r["samples_per_s"]) == pytest.approx(4 / p.time_s)
+
+
+def test_save_plans_writes_loadable_plans(default, cnn, tmp_path):
+    g, _ = cnn
+    paths = default.save_plans(tmp_path / "plans")
+    assert sorted(x.name for x in paths) == sorted(f"{p.plan_id}.json" for p in default)
+    for p, path in zip(default, paths):
+        loaded = Plan.load(path, g, TITAN)
+        assert loaded.to_dict() == p.plan.to_dict()
+
+
+def test_simulator_runs_the_plans(default, cnn):
+    g, costs = cnn
+    for p in (default.min_time(), default.min_memory()):
+        sim = tensoropt.simulate(p.plan, g, costs, TITAN)
+        assert sim.time_s > 0 and sim.max_memory_bytes > 0
+
+
+def test_explicit_meshes_and_optimizer(cnn):
+    g, costs = cnn
+    sgd = track_frontier(g, costs, TITAN, meshes=[["gpu2", "gpu3"]], resolution=0)
+    adam = track_frontier(g, costs, TITAN, meshes=["gpu2,gpu3"], resolution=0, optimizer="adam")
+    assert {p.devices for p in sgd} == {("gpu2", "gpu3")}
+    assert adam.min_memory().memory_bytes > sgd.min_memory().memory_bytes
+    assert adam[0].plan.options["optimizer"] == "adam"
+    with pytest.raises(ClusterSpecError, match="gpu9"):
+        track_frontier(g, costs, TITAN, meshes=[["gpu0", "gpu9"]])
+    with pytest.raises(ClusterSpecError, match="not among the devices"):
+        track_frontier(g, costs, TITAN, meshes=[["gpu0", "gpu4"]], devices=FOUR)
+    with pytest.raises(ClusterSpecError, match="unknown devices gpu7, gpu8"):
+        track_frontier(g, costs, TITAN, devices=["gpu0", "gpu7", "gpu8"])
+    with pytest.raises(ProfileError, match="unknown optimizer"):
+        track_frontier(g, costs, TITAN, optimizer="lion")
+
+
+def test_a_profile_of_another_graph_is_refused(cnn, tied):
+    g, _ = cnn
+    _, other = tied
+    with pytest.raises(ProfileError, match="re-profile"):
+        track_frontier(g, other, TITAN)
+
+
+def test_thinned_levels_are_stated_and_costs_stay_exact(tied):
+    g, costs = tied
+    full = track_frontier(g, costs, TITAN, devices=FOUR, resolution=0)
+    if max(r.all_levels for r in full.meshes) < 2:
+        pytest.skip("one transient level only")
+    thin = track_frontier(g, costs, TITAN, devices=FOUR, resolution=0, max_levels=1)
+    assert not thin.exact and any("thinned" in n for n in thin.notes)
+    assert thin.min_time().time_s == pytest.approx(full.min_time().time_s, rel=1e-12)
+    for p in thin:
+        assert thin.meshes[p.mesh_index].problem.cost(p.assignment)[0] == p.memory_bytes
+        # every thinned point is a real plan: the exact frontier has one at least as good
+        assert any(q.memory_bytes <= p.memory_bytes and q.time_s <= p.time_s * (1 + 1e-12) for q in full)

@@ -1,0 +1,201 @@
+"""The concrete frontier problem: link-aware meshes, configurations, node / edge / tie costs."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from conftest import SmallCNN, TiedLM
+
+import tensoropt
+from tensoropt.cluster import Cluster, Device, LinkModel, load_cluster
+from tensoropt.costs import node_memory
+from tensoropt.errors import ClusterSpecError
+from tensoropt.frontier import build_problem, candidate_meshes, node_configs, ring_bottleneck
+from tensoropt.frontier.build import REFERENCE_BYTES, default_sizes
+from tensoropt.plan import NodeConfig
+from tensoropt.reshard import edge_reshard, param_sync
+
+TITAN = load_cluster("preset:titan-rtx-5")
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    torch.manual_seed(0)
+    g = tensoropt.capture(SmallCNN(), (torch.randn(4, 3, 16, 16),))
+    return g, tensoropt.profile(g, shard_degrees=(1, 2, 4), repeats=1)
+
+
+@pytest.fixture(scope="module")
+def tied():
+    torch.manual_seed(0)
+    g = tensoropt.capture(TiedLM(), (torch.randint(0, 50, (4, 7)),))
+    return g, tensoropt.profile(g, shard_degrees=(1, 2, 4), repeats=1)
+
+
+# ---- meshes ------------------------------------------------------------------------------------
+
+
+def test_default_sizes_are_powers_of_two_and_all():
+    assert default_sizes(1) == [1]
+    assert default_sizes(5) == [1, 2, 4, 5]
+    assert default_sizes(8) == [1, 2, 4, 8]
+
+
+def test_titan_two_device_mesh_is_a_pix_pair():
+    meshes = candidate_meshes(TITAN)
+    assert [len(m) for m in meshes] == [1, 2, 4, 5]
+    pair = meshes[1]
+    assert set(pair) in ({"gpu0", "gpu1"}, {"gpu2", "gpu3"}, {"gpu2", "gpu4"}, {"gpu3", "gpu4"})
+    assert pair == ("gpu0", "gpu1")                     # ties: the earliest devices
+    assert TITAN.link(*pair).bandwidth_Bps == 13e9       # PIX, not NODE (9 GB/s)
+    # without gpu0 the best pair is inside {2, 3, 4}, not the NODE pair gpu1 + gpu2
+    assert candidate_meshes(TITAN, [2], devices=["gpu1", "gpu2", "gpu3"]) == [("gpu2", "gpu3")]
+    # a 3-device mesh: the PIX triple, every ring link PIX
+    (tri,) = candidate_meshes(TITAN, [3])
+    assert set(tri) == {"gpu2", "gpu3", "gpu4"}
+
+
+def test_mesh_has_the_fastest_slowest_ring_link_over_every_group_and_order():
+    for k in (2, 3, 4, 5):
+        (mesh,) = candidate_meshes(TITAN, [k])
+        best = min(ring_bottleneck(TITAN, (g[0],) + p)
+                   for g in itertools.combinations(TITAN.names, k) for p in itertools.permutations(g[1:]))
+        assert ring_bottleneck(TITAN, mesh) == best
+
+
+def test_ring_order_maximises_the_slowest_link():
+    fast, slow = LinkModel(1e-6, 100e9), LinkModel(1e-6, 1e9)
+    names = ["a", "b", "c", "d"]
+    fast_pairs = {("a", "c"), ("c", "b"), ("b", "d"), ("d", "a")}   # the only all-fast ring: a c b d
+    links = {(x, y): fast if (x, y) in fast_pairs or (y, x) in fast_pairs else slow
+             for x in names for y in names if x != y}
+    cl = Cluster("square", [Device(n, 2**30) for n in names], links)
+    (mesh,) = candidate_meshes(cl, [4])
+    assert mesh in (("a", "c", "b", "d"), ("a", "d", "b", "c"))
+    assert ring_bottleneck(cl, mesh) == fast.time_both_ways(REFERENCE_BYTES / 4)
+    assert ring_bottleneck(cl, names) == slow.time_both_ways(REFERENCE_BYTES / 4)
+
+
+def test_nvlink_box_pairs_the_double_nvlink():
+    cl = load_cluster("preset:v100-8-nvlink")
+    pair = candidate_meshes(cl, [2])[0]
+    assert cl.link(*pair).bandwidth_Bps == max(ln.bandwidth_Bps for ln in cl.links.values())
+
+
+def test_single_device_mesh_prefers_the_fastest_device():
+    cl = Cluster("mixed", [Device("slow", 2**30), Device("fast", 2**30, speed=2.0)], {},
+                 default=LinkModel(1e-6, 1e9))
+    assert candidate_meshes(cl, [1]) == [("fast",)]
+
+
+def test_bad_mesh_requests_are_named():
+    with pytest.raises(ClusterSpecError, match="gpu9"):
+        candidate_meshes(TITAN, devices=["gpu0", "gpu9"])
+    with pytest.raises(ClusterSpecError, match="between 1 and 2"):
+        candidate_meshes(TITAN, [4], devices=["gpu0", "gpu1"])
+
+
+# ---- configurations ----------------------------------------------------------------------------
+
+
+def test_configs_follow_the_profile_and_recompute_only_where_it_frees(cnn):
+    g, costs = cnn
+    for node in g.ops:
+        one = node_configs(g, costs, node.name, ("gpu0",))
+        assert {c.layout for c in one} == {"R"}
+        keeps = node_memory(g, costs, node.name).activations > 0
+        assert len(one) == (2 if keeps else 1)
+        four = node_configs(g, costs, node.name, ("gpu0", "gpu1", "gpu2", "gpu3"))
+        legal = {lay for lay, k in costs.legal(node.name) if k == 4}
+        assert {c.layout for c in four} - {"R"} <= legal
+        for c in four:
+            if c.recompute:
+                assert node_memory(g, costs, node.name, layout=c.layout, degree=4).activations > 0
+    conv4 = node_configs(g, costs, "conv2d", ("gpu0", "gpu1", "gpu2", "gpu3"))
+    assert [c.layout for c in conv4 if not c.recompute] == ["R", "batch", "channel"]   # reduce only at 2
+
+
+def test_node_and_edge_costs_are_the_cost_model_and_reshard(cnn):
+    g, costs = cnn
+    mesh = ("gpu0", "gpu1")
+    mp = build_problem(g, costs, TITAN, mesh, optimizer="adam")
+    n = mp.problem.nodes[mp.problem.index("linear")]
+    for s, cfg in enumerate(mp.configs["linear"]):
+        sh = costs["linear"].at(cfg.layout, 2)
+        sync = param_sync(g, "linear", cfg, TITAN)
+        want_t = sh.fp_s + sh.bp_s + (sh.fp_s if cfg.recompute else 0) + (sync.time_s if sync else 0.0)
+        if cfg.layout == "reduce":   # the model output as partial sums: all-reduced before the loss
+            want_t += tensoropt.cluster.ring_allreduce_time(TITAN, mesh, g.nodes["linear"].output_bytes)
+        assert n.time[s] == pytest.approx(want_t, rel=1e-12)
+        nm = node_memory(g, costs, "linear", layout=cfg.layout, degree=2, alpha=2, recompute=cfg.recompute)
+        assert n.mem[s] == nm.resident
+        assert mp.transient["linear"][s] == nm.transient
+    # adam's state is 2 × the (split) parameters
+    r = mp.configs["linear"].index(NodeConfig(mesh, "R"))
+    c = mp.configs["linear"].index(NodeConfig(mesh, "channel"))
+    assert n.mem[r] - n.mem[c] >= 4 * (g.params["head.weight"].nbytes // 2)
+    e = next(e for e in mp.problem.edges if (e.src, e.dst) == ("relu", "max_pool2d"))
+    cp, cc = mp.configs["relu"], mp.configs["max_pool2d"]
+    for i, a in enumerate(cp):
+        for j, b in enumerate(cc):
+            rs = edge_reshard(g, "relu", "max_pool2d", a, b, TITAN)
+            assert e.time[i, j] == rs.time_s + rs.backward_time_s
+            kept = b.recompute or "relu" in costs["max_pool2d"].saved_inputs
+            recv = max(rs.recv_bytes.values(), default=0)
+            own = costs["relu"].at(a.layout, 2).output_bytes if a.recompute else 0   # relu keeps its output
+            assert e.mem[i, j] == ((recv or own) if kept else 0)
+    assert costs["relu"].saves_output
+    assert e.time.max() > 0                                       # S(batch) → S(channel) costs an all-to-all
+    # one device: no edge takes time, and only recomputation makes an edge hold memory
+    mp1 = build_problem(g, costs, TITAN, ("gpu0",))
+    for e in mp1.problem.edges:
+        assert not e.time.any()
+        for i, a in enumerate(mp1.configs[e.src]):
+            for j, b in enumerate(mp1.configs[e.dst]):
+                if not (a.recompute or b.recompute):
+                    assert e.mem[i, j] == 0
+
+
+def test_node_time_is_divided_by_the_slowest_mesh_device(cnn):
+    g, costs = cnn
+    cl = Cluster("speeds", [Device("a", 2**30, speed=2.0), Device("b", 2**30, speed=4.0)], {},
+                 default=LinkModel(1e-6, 1e9))
+    mp = build_problem(g, costs, cl, ("a",))
+    relu = mp.problem.nodes[mp.problem.index("relu")]
+    assert relu.time[0] == pytest.approx((costs["relu"].fp_s + costs["relu"].bp_s) / 2.0)
+
+
+def test_tied_weight_is_held_in_its_larger_piece(tied):
+    g, costs = tied
+    mesh = ("gpu0", "gpu1")
+    mp = build_problem(g, costs, TITAN, mesh)
+    assert mp.stats["tie_edges"] == 1
+    tie = [e for e in mp.problem.edges if (e.src, e.dst) == ("embedding", "linear") and not e.time.any()]
+    assert len(tie) == 1
+    ce, cl_ = mp.configs["embedding"], mp.configs["linear"]
+    w = g.params["embed.weight"].nbytes
+    i = ce.index(NodeConfig(mesh, "channel"))
+    j = cl_.index(NodeConfig(mesh, "R"))
+    assert tie[0].mem[i, j] == 2 * (w - w // 2)          # parameter + gradient of the missing half (sgd)
+    assert tie[0].mem[ce.index(NodeConfig(mesh, "R")), j] == 0
+    # the embedding's backward adds its gradient to the LM head's: 2 × its piece, transient
+    nm = node_memory(g, costs, "embedding", layout="channel", degree=2)
+    assert mp.transient["embedding"][i] == nm.transient + 2 * (w // 2)
+
+
+def test_cost_is_resident_sum_plus_max_transient(cnn):
+    g, costs = cnn
+    mp = build_problem(g, costs, TITAN, ("gpu0", "gpu1"))
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a = {n.name: int(rng.integers(n.k)) for n in mp.problem.nodes}
+        m, t = mp.problem.cost_of(a)
+        assert mp.cost(a) == (m + max(mp.transient[x][s] for x, s in a.items()), t)
+        assert set(mp.plan_configs(a)) == {n.name for n in g.ops}
+    lv = mp.transient_levels()
+    assert lv[0] == max(t.min() for t in mp.transient.values())
+    assert all(np.isfinite(n.mem).any() for n in mp.masked(lv[0]).nodes)
+    assert not all(np.isfinite(n.mem).any() for n in mp.masked(lv[0] - 1).nodes)   # no plan below the floor
+    top = mp.masked(lv[-1])
+    assert all(np.array_equal(a.mem, b.mem) for a, b in zip(top.nodes, mp.problem.nodes))
