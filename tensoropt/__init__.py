@@ -7,10 +7,10 @@ Stages (one module each): :mod:`tensoropt.capture` (model → :class:`OpGraph`),
 
 from .capture import capture, load_onnx
 from .cluster import Cluster, Device, LinkModel, detect_cluster, list_presets, load_cluster
-from .frontier import BudgetError, Frontier, FrontierPoint, candidate_meshes, track_frontier
 from .costs import CostModel, NodeCost, ShardCost, node_memory, profile, step_memory
 from .errors import (CaptureError, ClusterSpecError, GraphFormatError, ModelSpecError, ProfileError,
                      TensorOptError)
+from .frontier import BudgetError, Frontier, FrontierPoint, candidate_meshes, track_frontier
 from .graph import Edge, OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
 from .modelspec import LoadedModel, load_graph, load_model
 from .placers import PLACERS, place
