@@ -1,6 +1,5 @@
 """The tensoropt command line: output, JSON, exit codes, no tracebacks for bad input."""
 
-import json
 import shutil
 import subprocess
 import sys

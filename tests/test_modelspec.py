@@ -3,7 +3,6 @@
 import textwrap
 
 import pytest
-import torch
 
 from tensoropt import ModelSpecError, load_model
 

@@ -18,15 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-
-def _degrees(text: str) -> tuple[int, ...]:
-    try:
-        ks = tuple(int(k) for k in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--degrees must be comma-separated integers, got {text!r}") from None
-    if not ks or any(k < 1 for k in ks):
-        raise argparse.ArgumentTypeError("--degrees must be positive integers")
-    return ks
+from ._args import degrees as degrees_arg
 
 
 def _rows_to_show(n: int, limit: int) -> list[int]:
@@ -129,7 +121,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "memory, the largest memory a plan can need))")
     p.add_argument("--csv", metavar="PATH", help="write the frontier as CSV (one row per plan, by memory)")
     p.add_argument("--plans", metavar="DIR", help="write one plan JSON per point, DIR/<plan_id>.json")
-    p.add_argument("--degrees", type=_degrees,
+    p.add_argument("--degrees", type=degrees_arg,
                    help="shard degrees to profile (default: the mesh sizes); ignored with --profile")
     p.add_argument("--repeats", type=int, default=5, help="profiling: timed repeats per op call (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="profiling: untimed calls first (default 1)")

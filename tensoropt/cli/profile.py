@@ -9,17 +9,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ._args import degrees as degrees_arg
+
 from ..errors import ProfileError
-
-
-def _degrees(text: str) -> tuple[int, ...]:
-    try:
-        ks = tuple(int(k) for k in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--degrees must be comma-separated integers, got {text!r}") from None
-    if not ks or any(k < 1 for k in ks):
-        raise argparse.ArgumentTypeError("--degrees must be positive integers")
-    return ks
 
 
 def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
@@ -72,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
     p.add_argument("--batch-dim", type=int, default=0, help="batch dimension of the inputs (default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
-    p.add_argument("--degrees", type=_degrees, default=(1, 2, 4, 8),
+    p.add_argument("--degrees", type=degrees_arg, default=(1, 2, 4, 8),
                    help="shard degrees to measure, comma-separated (default 1,2,4,8)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per op call (median; default 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls first (default 1)")

@@ -107,7 +107,12 @@ def bucket_key(mem, resolution: float) -> np.ndarray:
     the resolution).  Monotone in ``mem``, so sorting by ``mem`` also sorts by bucket."""
     m = np.asarray(mem, dtype=np.float64)
     r = _resolution(resolution)
-    return m.copy() if r == 0.0 else np.ceil(m / r)
+    if r == 0.0:
+        return m.copy()
+    key = np.ceil(m / r)
+    # m / r can round (or underflow, for subnormal m) below the true quotient: keep the key an
+    # upper bound, key * r >= m, so bucketing never under-states memory
+    return key + (key * r < m)
 
 
 def is_frontier(mem, time) -> bool:
@@ -285,6 +290,9 @@ if HAVE_NUMBA:
             order = _stable_argsort_nb(cm)
             if res > 0.0:
                 key = np.ceil(cm / res)
+                for q in range(key.size):  # the same upper-bound rule as bucket_key
+                    if key[q] * res < cm[q]:
+                        key[q] += 1.0
             else:
                 key = cm
             keep, mg = _scan_nb(cm, ct, key, order)
@@ -334,7 +342,7 @@ def _batched_np(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, res):
             cm = ct = np.empty(0)
             cia = cib = np.empty(0, np.int64)
         order = np.argsort(cm, kind="stable")
-        key = np.ceil(cm / res) if res > 0.0 else cm
+        key = bucket_key(cm, res)
         keep, mg = _scan_np(cm, ct, key, order)
         merged += mg
         oms.append(cm[keep]); ots.append(ct[keep]); oias.append(cia[keep]); oibs.append(cib[keep])
@@ -350,7 +358,7 @@ def _batched_np(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, res):
 
 def _reduce_impl(m: np.ndarray, t: np.ndarray, r: float, backend: str) -> tuple[np.ndarray, int]:
     order = np.argsort(m, kind="stable")
-    key = np.ceil(m / r) if r > 0.0 else m
+    key = bucket_key(m, r)
     if backend == "numba":
         keep, merged = _scan_nb(m, t, key, order.astype(np.int64))  # sort: NumPy's (timsort)
         return keep, int(merged)

@@ -3,7 +3,6 @@
 import importlib.util
 
 import pytest
-import torch
 
 from tensoropt import capture, zoo
 from tests.conftest import model_param_bytes

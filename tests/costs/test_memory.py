@@ -1,7 +1,6 @@
 """The memory model: per-node figures and the whole-step peak, checked against a real step."""
 
 import pytest
-import torch
 
 import tensoropt
 from tensoropt.costs import (measure_step, node_memory, optimizer_alpha, optimizer_temp_bytes, profile,

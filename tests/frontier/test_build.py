@@ -4,8 +4,6 @@ import itertools
 
 import numpy as np
 import pytest
-import torch
-from conftest import SmallCNN, TiedLM
 
 import tensoropt
 from tensoropt.cluster import Cluster, Device, LinkModel, load_cluster
@@ -19,18 +17,6 @@ from tensoropt.reshard import edge_reshard, param_sync
 TITAN = load_cluster("preset:titan-rtx-5")
 
 
-@pytest.fixture(scope="module")
-def cnn():
-    torch.manual_seed(0)
-    g = tensoropt.capture(SmallCNN(), (torch.randn(4, 3, 16, 16),))
-    return g, tensoropt.profile(g, shard_degrees=(1, 2, 4), repeats=1)
-
-
-@pytest.fixture(scope="module")
-def tied():
-    torch.manual_seed(0)
-    g = tensoropt.capture(TiedLM(), (torch.randint(0, 50, (4, 7)),))
-    return g, tensoropt.profile(g, shard_degrees=(1, 2, 4), repeats=1)
 
 
 # ---- meshes ------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from tensoropt.placers._common import setup
 from tensoropt.plan import PlanError
 from tensoropt.simulate import simulate
 
-from . import build, cluster, on, placement
+from . import build, cluster, placement
 
 
 def diamond(skip=False):
