@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from ._io import read_json, write_json_atomic
+from ._io import graph_file_header, read_json, write_json_atomic
 from .errors import GraphFormatError, TensorOptError
 
 PLAN_FORMAT = "tensoropt.plan/1"
@@ -198,13 +198,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "plan") -> Plan:
-        if not isinstance(d, Mapping):
-            raise GraphFormatError(f"{where} must be a JSON object")
-        if d.get("format") != PLAN_FORMAT:
-            raise GraphFormatError(f"{where}.format must be {PLAN_FORMAT!r}, got {d.get('format')!r}")
-        fp = d.get("graph_fingerprint")
-        if not isinstance(fp, str) or len(fp) != 64:
-            raise GraphFormatError(f"{where}.graph_fingerprint must be the graph's 64-hex-digit SHA-256")
+        fp = graph_file_header(d, PLAN_FORMAT, where)
         configs_in = d.get("configs")
         if not isinstance(configs_in, Mapping):
             raise GraphFormatError(f"{where}.configs must map node names to configurations")

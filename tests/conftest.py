@@ -45,6 +45,15 @@ def tied_lm():
     return TiedLM(), (torch.randint(0, 50, (4, 7)),)
 
 
+def run_cli(capsys, *argv):
+    """Run ``tensoropt ARGV…`` in-process: (exit code, stdout, stderr)."""
+    from tensoropt.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def model_param_bytes(model: torch.nn.Module) -> int:
     """What the model itself holds in parameters (shared ones once)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())

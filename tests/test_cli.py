@@ -6,15 +6,9 @@ import sys
 
 import pytest
 import torch
+from conftest import run_cli as run
 
 from tensoropt import OpGraph
-from tensoropt.cli import main
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_zoo_lists_models(capsys):

@@ -7,18 +7,12 @@ import textwrap
 import pytest
 import torch
 from conftest import SmallCNN
+from conftest import run_cli as run
 
 import tensoropt
-from tensoropt.cli import main
 from tensoropt.plan import Plan
 
 FOUR = "gpu0,gpu1,gpu2,gpu3"
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

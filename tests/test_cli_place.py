@@ -1,18 +1,12 @@
 """``tensoropt place`` and ``tensoropt simulate``: plans written, read back, simulated, refused."""
 
 import pytest
+from conftest import run_cli as run
 
 import tensoropt
 from tensoropt import Plan
-from tensoropt.cli import main
 
 CLUSTER = ("--cluster", "preset:titan-rtx-5")
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._args import degrees as degrees_arg
+from ._common import capture_spec, costs_for
+from ._common import degrees as degrees_arg
 
 
 def _rows_to_show(n: int, limit: int) -> list[int]:
@@ -31,12 +32,10 @@ def _rows_to_show(n: int, limit: int) -> list[int]:
 def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
     from ..cluster import load_cluster
     from ..cluster.units import parse_size
-    from ..costs import CostModel, profile
     from ..describe import fmt_bytes
     from ..errors import ProfileError
     from ..frontier.api import check_devices, track_frontier
     from ..frontier.build import candidate_meshes
-    from ..modelspec import load_model
 
     # cheap checks first: a typo in the cluster, devices or sizes must not cost a capture
     cluster = load_cluster(args.cluster)
@@ -47,14 +46,8 @@ def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
         raise ProfileError("--repeats must be ≥ 1 and --warmup ≥ 0")
     meshes = candidate_meshes(cluster, devices=devices)
 
-    loaded = load_model(args.model, batch=args.batch)
-    with console.status(f"capturing {escape(args.model)} …"):
-        graph = loaded.capture()
-    if args.profile:
-        costs = CostModel.load(args.profile, graph)
-    else:
-        degrees = args.degrees or tuple(sorted({len(m) for m in meshes}))
-        costs = profile(graph, shard_degrees=degrees, repeats=args.repeats, warmup=args.warmup, progress=True)
+    graph = capture_spec(args.model, console, batch=args.batch)
+    costs = costs_for(graph, args.degrees or {len(m) for m in meshes}, args)
 
     t0 = time.perf_counter()
     with console.status("tracking the frontier …") as status:

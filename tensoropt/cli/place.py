@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import TensorOptError
+from ._common import capture_spec, costs_for
 
 
 def _devices(text: str) -> list[str]:
@@ -17,15 +18,6 @@ def _devices(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError("--devices must name devices, e.g. gpu0,gpu1")
     return names
-
-
-def profile_for(graph, degrees, args, console: Console):
-    """The CostModel: ``--profile`` checked against the graph, else measured at ``degrees``."""
-    from ..costs import CostModel, profile
-
-    if getattr(args, "profile", None):
-        return CostModel.load(args.profile, graph)
-    return profile(graph, shard_degrees=tuple(sorted(set(degrees))), repeats=args.repeats, progress=True)
 
 
 def print_simulation(console: Console, res, plan, graph, cluster, *, title: str) -> bool:
@@ -59,7 +51,6 @@ def print_simulation(console: Console, res, plan, graph, cluster, *, title: str)
 
 def _cmd_place(args: argparse.Namespace, console: Console) -> int:
     from ..cluster import load_cluster
-    from ..modelspec import load_model
     from ..placers import PLACERS, place
     from ..placers._common import resolve_devices
     from ..simulate import simulate
@@ -70,12 +61,10 @@ def _cmd_place(args: argparse.Namespace, console: Console) -> int:
         raise TensorOptError("--repeats must be ≥ 1")
     cluster = load_cluster(args.cluster)
     devices = resolve_devices(cluster, args.devices)
-    loaded = load_model(args.model, batch=args.batch)
-    with console.status(f"capturing {args.model} …"):
-        graph = loaded.capture()
+    graph = capture_spec(args.model, console, batch=args.batch)
     # data parallel reads the batch shard of degree len(devices); placement needs only whole ops
     degrees = (1, len(devices)) if args.algo == "dp" else (1,)
-    costs = profile_for(graph, degrees, args, console)
+    costs = costs_for(graph, degrees, args)
     options = {"devices": devices, "optimizer": args.optimizer}
     if args.algo != "dp":
         options["colocation"] = args.colocation

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._args import degrees as degrees_arg
+from ._common import capture_spec
+from ._common import degrees as degrees_arg
 
 from ..errors import ProfileError
 
@@ -18,13 +19,10 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from ..costs import profile
     from ..costs.profiler import busy_warning
     from ..describe import fmt_bytes
-    from ..modelspec import load_model
 
     if args.repeats < 1 or args.warmup < 0:
         raise ProfileError("--repeats must be ≥ 1 and --warmup ≥ 0")
-    loaded = load_model(args.model, batch=args.batch)
-    with console.status(f"capturing {args.model} …"):
-        graph = loaded.capture(batch_dim=args.batch_dim)
+    graph = capture_spec(args.model, console, batch=args.batch, batch_dim=args.batch_dim)
     t0 = time.perf_counter()
     costs = profile(graph, device=args.device, shard_degrees=args.degrees, repeats=args.repeats,
                     warmup=args.warmup, cache=not args.no_cache, progress=True)

@@ -13,10 +13,10 @@ from ..errors import TensorOptError
 def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     from ..cluster import load_cluster
     from ..describe import fmt_bytes
-    from ..modelspec import load_model
     from ..plan import Plan
     from ..simulate import simulate
-    from .place import print_simulation, profile_for
+    from ._common import capture_spec, costs_for
+    from .place import print_simulation
 
     if args.repeats < 1:
         raise TensorOptError("--repeats must be ≥ 1")
@@ -25,15 +25,13 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     batch = args.batch
     if batch is None and args.model.startswith("zoo:") and plan.batch_size:
         batch = plan.batch_size  # capture the model at the batch size the plan was made for
-    loaded = load_model(args.model, batch=batch)
-    with console.status(f"capturing {args.model} …"):
-        graph = loaded.capture()
+    graph = capture_spec(args.model, console, batch=batch)
     plan = Plan.load(args.plan, graph, cluster)   # refuses another graph's plan, or unknown devices
     if plan.cluster_fingerprint and plan.cluster_fingerprint != cluster.fingerprint:
         console.print(f"[yellow]warning:[/yellow] the plan was made for cluster {escape(plan.cluster_name)!s} "
                       f"(fingerprint {plan.cluster_fingerprint[:12]}…), not this one ({cluster.fingerprint[:12]}…)")
     degrees = {1} | {cfg.degree for cfg in plan.configs.values()}
-    costs = profile_for(graph, degrees, args, console)
+    costs = costs_for(graph, degrees, args)
     res = simulate(plan, graph, costs, cluster, optimizer=args.optimizer, overlap=not args.no_overlap)
     fits = print_simulation(console, res, plan, graph, cluster,
                             title=f"plan {escape(plan.plan_id or plan.algorithm)} for {escape(graph.name)} "

@@ -25,7 +25,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from .._io import read_json, write_json_atomic
+from .._io import graph_file_header, read_json, write_json_atomic
 from ..errors import GraphFormatError, ProfileError
 
 PROFILE_FORMAT = "tensoropt.profile/1"
@@ -198,13 +198,7 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "profile") -> CostModel:
-        if not isinstance(d, Mapping):
-            raise GraphFormatError(f"{where} must be a JSON object")
-        if d.get("format") != PROFILE_FORMAT:
-            raise GraphFormatError(f"{where}.format must be {PROFILE_FORMAT!r}, got {d.get('format')!r}")
-        fp = d.get("graph_fingerprint")
-        if not isinstance(fp, str) or len(fp) != 64:
-            raise GraphFormatError(f"{where}.graph_fingerprint must be the graph's 64-hex-digit SHA-256")
+        fp = graph_file_header(d, PROFILE_FORMAT, where)
         nodes_in = d.get("nodes")
         if not isinstance(nodes_in, list):
             raise GraphFormatError(f"{where}.nodes must be a list")

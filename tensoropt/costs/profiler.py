@@ -233,7 +233,6 @@ class _Runner(fx.Interpreter):
         self.info = info
         self.needs_grad = grad_nodes(graph)
         self.param_of_placeholder: dict[str, str] = {}
-        self.trainable: set[str] = {p.name for p in graph.params.values() if p.requires_grad and p.kind == "parameter"}
         self.costs: dict[str, NodeCost] = {}
         self.seen: dict[str, Measurement] = {}
         self.measured_calls = self.cached_calls = 0

@@ -2,17 +2,11 @@
 
 import pytest
 import yaml
+from conftest import run_cli as run
 
-from tensoropt.cli import main
 from tensoropt.cluster import Cluster, Device, LinkModel, load_cluster
 
 from .test_detect import _has_gpu
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_show_preset_prints_devices_matrices_and_fingerprint(capsys):
@@ -88,12 +82,9 @@ def test_detect_writes_the_cluster(capsys, tmp_path, monkeypatch):
 
 
 def test_show_prints_duplex_only_when_a_link_has_one(tmp_path, capsys):
-    from tensoropt.cli import main
-    from tensoropt.cluster import Cluster, Device, LinkModel
-
     half = LinkModel(1e-4, 1e9, 0.5)
     Cluster("loop", [Device("a", 2**30), Device("b", 2**30)], {("a", "b"): half, ("b", "a"): half}).save(tmp_path / "c.yaml")
-    assert main(["cluster", "show", str(tmp_path / "c.yaml")]) == 0
-    assert "link duplex" in capsys.readouterr().out
-    assert main(["cluster", "show", "preset:a100-4-nvlink"]) == 0
-    assert "link duplex" not in capsys.readouterr().out
+    code, out, _ = run(capsys, "cluster", "show", str(tmp_path / "c.yaml"))
+    assert code == 0 and "link duplex" in out
+    code, out, _ = run(capsys, "cluster", "show", "preset:a100-4-nvlink")
+    assert code == 0 and "link duplex" not in out
