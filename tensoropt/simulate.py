@@ -71,7 +71,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .costs.memory import StepMemory, grad_nodes, optimizer_alpha, optimizer_temp_bytes
+from .costs.memory import StepMemory, aliases_input, grad_nodes, optimizer_alpha, optimizer_temp_bytes
 from .costs.model import CostModel, ShardCost
 from .graph import OpGraph, OpNode
 from .plan import Estimate, NodeConfig, Plan, PlanError
@@ -501,7 +501,7 @@ def _memory(plan: Plan, graph: OpGraph, costs: CostModel, edges: _Edges, needs_g
     for name in plan.order:
         node, cfg = graph.nodes[name], configs[name]
         c = costs[name] if name in costs else None
-        alias = bool(node.inputs) and (node.metadata_only or (c is not None and c.output_bytes == 0))
+        alias = aliases_input(node, costs)
         sh = shard[name]
         out_bytes = sh.output_bytes if sh is not None else piece_bytes(
             output_layout(cfg), cfg.degree, sum(t.nbytes for t in node.outputs))

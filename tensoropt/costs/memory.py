@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Mapping
 
 from ..errors import ProfileError
-from ..graph import OpGraph
+from ..graph import OpGraph, OpNode
 from .model import CostModel
 
 OPTIMIZER_ALPHA = {"sgd": 0, "momentum": 1, "adam": 2}
@@ -294,6 +294,13 @@ def step_memory(graph: OpGraph, costs: CostModel, *, placement: Mapping[str, str
     return mem
 
 
+def aliases_input(node: OpNode, costs: CostModel) -> bool:
+    """Whether an operator's output lives in its first input's storage: a view, or an op the
+    profiler saw return its input (no new output bytes)."""
+    c = costs[node.name] if node.name in costs else None
+    return node.kind == "op" and bool(node.inputs) and (node.metadata_only or (c is not None and c.output_bytes == 0))
+
+
 def _storage_owners(graph: OpGraph, costs: CostModel) -> dict[str, str]:
     """The node whose allocation each node's output lives in: itself, or (views, ops that return
     their input) the owner of its first input."""
@@ -301,9 +308,7 @@ def _storage_owners(graph: OpGraph, costs: CostModel) -> dict[str, str]:
     for n in graph:
         if n.kind == "output":
             continue
-        c = costs[n.name] if n.name in costs else None
-        alias = n.kind == "op" and n.inputs and (n.metadata_only or (c is not None and c.output_bytes == 0))
-        owner[n.name] = owner[n.inputs[0]] if alias else n.name
+        owner[n.name] = owner[n.inputs[0]] if aliases_input(n, costs) else n.name
     return owner
 
 
