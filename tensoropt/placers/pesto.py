@@ -1,0 +1,58 @@
+"""Pesto's MILP placer (Hafeez et al., Middleware 2021; as extended to many devices in seed 003
+§6.2.1, eqs. 6-2…6-7; public code ``PACELab/TF-Pesto``).
+
+Forward only, as published: every operator is one task of its forward time::
+
+    minimise Makespan                                                     (6-2)
+    S_i ≥ 0                                                              (6-3)
+    C_i = S_i + p_i / speed,  Makespan ≥ C_i                              (6-4)
+    Σ_p X_g,p = 1,  X_g,p ∈ {0, 1}                                        (6-5)
+    Commu_ij = Σ_{p≠q} X_g(i),p · X_g(j),q · link(p → q).time(bytes_ij)   (6-6)
+    S_j ≥ C_i + Commu_ij                                                  (6-7)
+
+plus what TF-Pesto adds: a device runs one operator at a time (big-M disjunctions, only for
+pairs of operators no path joins, both taking time), the memory constraint
+``Σ_g bytes_g X_g,p ≤ Cap_p`` (``bytes_g`` with α × optimizer state), and coarsening of large
+graphs to at most ``max_groups`` units (700 as published) by merging along the heaviest edges.
+TF-Pesto also keeps transfers on one link from overlapping; that is left out here (transfers do
+not contend, as in NetSplit's model).  The makespan ignores the backward pass — Pesto's
+weakness the thesis points out; compare plans with the simulator.
+
+Solved with HiGHS (:mod:`._milp`) with a time limit, a gap, and a warm start from the best of
+m-ETF / m-SCT / m-TOPO under this model.  The Plan carries ``Estimate(source="pesto")``: the
+forward makespan.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..costs.model import CostModel
+from ..graph import OpGraph
+from ..plan import Plan
+from ._common import setup
+from ._milp import coarsened_grouping, forward_tasks, milp_plan, solve
+from .coarsen import Grouping
+
+NAME = "pesto"
+MAX_GROUPS = 700
+
+
+def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
+          optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+          grouping: Grouping | None = None, max_groups: int | None = MAX_GROUPS, time_limit: float = 30.0,
+          mip_gap: float = 1e-3, warm_start: bool = True) -> Plan:
+    """Place ``graph`` with Pesto's MILP (see the module docstring).  Options as
+    :func:`~.netsplit.place` (``max_groups`` defaults to Pesto's 700).  Raises
+    :class:`~tensoropt.plan.PlanError` when no placement fits the devices' memory."""
+    given, notes = coarsened_grouping(graph, costs, cluster, devices=devices, optimizer=optimizer,
+                                      colocation=colocation, heavy_edge_groups_target=heavy_edge_groups,
+                                      max_groups=max_groups, grouping=grouping)
+    prob = setup(graph, costs, cluster, NAME, devices=devices, optimizer=optimizer, colocation=colocation,
+                 heavy_edge_groups_target=heavy_edge_groups, grouping=given)
+    tg = forward_tasks(prob)
+    res = solve(prob, tg, NAME, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start)
+    opts = {"devices": prob.devices, "optimizer": optimizer, "colocation": colocation or "none",
+            "heavy_edge_groups": heavy_edge_groups, "grouping": grouping.method if grouping is not None else None,
+            "max_groups": max_groups, "time_limit": time_limit, "mip_gap": mip_gap, "warm_start": warm_start}
+    return milp_plan(prob, NAME, tg, res, opts, [*notes, "makespan: forward pass only (Pesto)"])
