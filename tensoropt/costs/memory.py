@@ -19,8 +19,10 @@ Categories (seed 003 §4.3 Table 4-2, design §2):
 :func:`node_memory` gives the per-node, per-configuration figures frontier tracking adds up;
 :func:`step_memory` walks one step (forward in graph order, backward in reverse) tracking live
 tensors on each device and returns the peak — the figure checked against a real training step
-(:func:`tensoropt.costs.step.measure_step`).  Views share their base's storage; a tensor copied
-to another device counts on both.
+(:func:`tensoropt.costs.step.measure_step`).  The walk itself is :mod:`tensoropt.costs.walk`,
+which the simulator uses for any plan (meshes, shards, recomputation); step_memory is its case
+of whole operators on single devices.  Views share their base's storage; a tensor copied to
+another device counts on both.
 """
 
 from __future__ import annotations
@@ -132,166 +134,38 @@ def step_memory(graph: OpGraph, costs: CostModel, *, placement: Mapping[str, str
                 optimizer: int | str = "sgd", foreach: bool = False, device: str = "dev0") -> dict[str, StepMemory]:
     """Peak memory per device over one training step (forward, backward, optimizer step).
 
-    ``placement`` maps node names to device names (default: every node on ``device``);
-    ``optimizer`` is ``sgd`` / ``momentum`` / ``adam`` or α (:func:`optimizer_alpha`).  The
-    walk: parameters, buffers and optimizer state are resident from the start; forward allocates
+    ``placement`` maps operator names to device names (default: every node on ``device``; names
+    of graph inputs are ignored: the batch is on every device that reads it); ``optimizer`` is
+    ``sgd`` / ``momentum`` / ``adam`` or α (:func:`optimizer_alpha`).  This is the walk of
+    :mod:`tensoropt.costs.walk` for the plan that runs every operator whole on its device in graph
+    order: parameters, buffers and optimizer state are resident from the start; forward allocates
     each node's output (views allocate nothing) and extra saved tensors, and frees a tensor after
-    its last forward consumer unless a backward needs it; backward, in reverse order, allocates
-    the gradients of the node's inputs and parameters and frees its saved tensors and its
-    output's gradient once no later backward needs them; the optimizer step holds parameters +
-    gradients + state + its temporaries (:func:`optimizer_temp_bytes`).  O(V + E).
+    its last forward consumer on the device unless a backward needs it; backward, in reverse
+    order, allocates the gradients of the node's inputs and parameters and frees its saved tensors
+    and its output's gradient once no later backward needs them; the optimizer step holds
+    parameters + gradients + state + its temporaries (:func:`optimizer_temp_bytes`).  O(V + E).
     """
+    from ..cluster import Cluster, Device, LinkModel
+    from ..plan import NodeConfig, Plan
+    from .walk import plan_memory
+
     costs.check_graph(graph)
-    alpha = optimizer_alpha(optimizer)
-    ops = [n for n in graph if n.kind == "op"]
-    place = {n.name: (placement or {}).get(n.name, device) for n in graph}
+    optimizer_alpha(optimizer)  # an unknown optimizer is a ProfileError before any work
+    ops = [n.name for n in graph.ops]
     if placement:
-        missing = [n.name for n in ops if n.name not in placement]
+        missing = [n for n in ops if n not in placement]
         if missing:
             raise ProfileError(f"placement has no device for {len(missing)} node(s), e.g. {missing[0]!r}")
-        for n in graph:  # the batch starts where its first consumer runs
-            if n.kind == "input" and n.name not in placement:
-                first = next((c for c in graph.successors(n.name) if c in placement), None)
-                place[n.name] = placement[first] if first else placement[ops[0].name]
-    devices = sorted(set(place[n.name] for n in ops) | ({device} if not placement else set()))
-    mem = {d: StepMemory() for d in devices}
-    needs_grad = grad_nodes(graph)
-
-    # parameters live on every device that runs a node using them
-    held: dict[str, set[str]] = {}
-    trainable_sizes: dict[str, list[int]] = {d: [] for d in devices}
-    for n in ops:
-        for p in (*n.params, *n.param_reads):
-            held.setdefault(p, set()).add(place[n.name])
-    for p, devs in held.items():
-        info = graph.params[p]
-        for d in devs:
-            if info.kind == "parameter":
-                mem[d].params += info.nbytes
-                if info.requires_grad:
-                    mem[d].grads += info.nbytes
-                    mem[d].optimizer += alpha * info.nbytes
-                    trainable_sizes[d].append(info.nbytes)
-            else:
-                mem[d].buffers += info.nbytes
-
-    owner = _storage_owners(graph, costs)
-    size = {n.name: (costs[n.name].output_bytes if n.name in costs else sum(t.nbytes for t in n.outputs))
-            for n in graph if n.kind != "output"}
-    # who needs each (owner, device) tensor in backward, and its last forward use per device
-    savers: dict[tuple[str, str], set[str]] = {}
-    last_use: dict[tuple[str, str], int] = {}
-    pos = {n.name: i for i, n in enumerate(graph)}
-    for n in ops:
-        c = costs[n.name] if n.name in costs else None
-        d = place[n.name]
-        for p in n.inputs:
-            key = (owner[p], d)
-            last_use[key] = max(last_use.get(key, -1), pos[n.name])
-            if c is not None and p in c.saved_inputs:
-                savers.setdefault(key, set()).add(n.name)
-        if c is not None and c.saves_output:
-            savers.setdefault((owner[n.name], d), set()).add(n.name)
-    out_node = next((n for n in graph if n.kind == "output"), None)
-    if out_node is not None:
-        for p in out_node.inputs:  # the model's outputs live until the loss is computed
-            key = (owner[p], place[p])
-            last_use[key] = max(last_use.get(key, -1), len(pos))
-
-    live: dict[str, dict[tuple[str, str], int]] = {d: {} for d in devices}
-    base = {d: m.params + m.buffers + m.optimizer for d, m in mem.items()}
-    grads_now = {d: 0 for d in devices}
-
-    def total(d: str) -> int:
-        return base[d] + grads_now[d] + sum(live[d].values())
-
-    def note(d: str, phase: str, at: str) -> None:
-        t = total(d)
-        if t > mem[d].peak:
-            mem[d].peak, mem[d].peak_phase, mem[d].peak_at = t, phase, at
-            mem[d].activations_at_peak = sum(live[d].values())
-
-    for n in graph:  # the batch
-        if n.kind == "input":
-            live[place[n.name]][(n.name, place[n.name])] = size[n.name]
-            mem[place[n.name]].inputs += size[n.name]
-    for d in devices:
-        note(d, "forward", "inputs")
-
-    # ---- forward ----
-    for n in ops:
-        d = place[n.name]
-        c = costs[n.name] if n.name in costs else None
-        for p in n.inputs:  # a tensor from another device arrives as a copy here
-            if (owner[p], d) not in live[d]:
-                live[d][(owner[p], d)] = size[owner[p]]
-        if owner[n.name] == n.name:
-            live[d][(n.name, d)] = size[n.name]
-        if c is not None and c.extra_saved_bytes:
-            live[d][(f"{n.name}#saved", d)] = c.extra_saved_bytes
-            savers[(f"{n.name}#saved", d)] = {n.name}
-        if c is not None and c.workspace_bytes:
-            live[d][("#workspace", d)] = c.workspace_bytes
-        note(d, "forward", n.name)
-        live[d].pop(("#workspace", d), None)
-        for key in [k for k in live[d] if last_use.get(k, 10**9) <= pos[n.name] and not savers.get(k)]:
-            if key[0] in graph.nodes and graph.nodes[key[0]].kind == "input" and key[1] == place[key[0]]:
-                continue  # the batch stays alive for the whole step (the caller holds it)
-            del live[d][key]
-
-    # outputs no one saved are dropped once the loss exists
-    for d in devices:
-        for key in [k for k in live[d] if last_use.get(k, -1) >= len(pos) and not savers.get(k)]:
-            del live[d][key]
-
-    # ---- backward ----
-    grad_live: dict[tuple[str, str], int] = {}
-    param_grad_done: set[tuple[str, str]] = set()
-    if out_node is not None:  # the loss's gradient reaches every output that carries one
-        for p in out_node.inputs:
-            if needs_grad.get(p):
-                d = place[p]
-                grad_live[(owner[p], d)] = size[owner[p]]
-                live[d][(f"{owner[p]}#grad", d)] = size[owner[p]]
-    for n in reversed(ops):
-        if not needs_grad.get(n.name):
-            continue
-        d = place[n.name]
-        c = costs[n.name] if n.name in costs else None
-        for p in n.inputs:
-            if needs_grad.get(p) and (owner[p], d) not in grad_live:
-                g = size[owner[p]] if owner[p] == p else 0  # a view's gradient is a view of its base's
-                grad_live[(owner[p], d)] = g
-                live[d][(f"{owner[p]}#grad", d)] = g
-        accumulating = 0
-        for p in (*n.params, *n.param_reads):
-            info = graph.params[p]
-            if info.kind == "parameter" and info.requires_grad:
-                if (p, d) not in param_grad_done:
-                    param_grad_done.add((p, d))
-                    grads_now[d] += info.nbytes
-                else:  # a second user's contribution: AccumulateGrad adds it out of place, so the
-                    accumulating += 2 * info.nbytes  # new gradient and the sum exist beside .grad
-        if accumulating:
-            live[d][("#accumulate", d)] = accumulating
-        if c is not None and c.workspace_bytes:
-            live[d][("#workspace", d)] = c.workspace_bytes
-        note(d, "backward", n.name)
-        live[d].pop(("#workspace", d), None)
-        live[d].pop(("#accumulate", d), None)
-        live[d].pop((f"{owner[n.name]}#grad", d), None) if owner[n.name] == n.name else None
-        for key in [k for k, s in savers.items() if n.name in s]:
-            s = savers[key]
-            s.discard(n.name)
-            if not s and key[1] in live:
-                live[key[1]].pop(key, None)
-    for d in devices:
-        live[d] = {k: v for k, v in live[d].items() if k[0] in graph.nodes and graph.nodes[k[0]].kind == "input"}
-        grads_now[d] = mem[d].grads
-        mem[d].optimizer_temp = optimizer_temp_bytes(optimizer, trainable_sizes[d], foreach=foreach)
-        live[d][("#optimizer", d)] = mem[d].optimizer_temp
-        note(d, "optimizer", "step")
-    return mem
+        where = {n: placement[n] for n in ops}
+    else:
+        where = dict.fromkeys(ops, device)
+    devices = sorted(set(where.values())) or [device]
+    # only the bytes a reshard delivers matter to memory, not how long the links take
+    cluster = Cluster("step_memory", [Device(d, 2**62) for d in devices], {}, default=LinkModel(0.0, 1e12))
+    plan = Plan({n: NodeConfig((d,)) for n, d in where.items()}, graph_fingerprint=graph.fingerprint,
+                graph_name=graph.name, order=ops)
+    mem = plan_memory(plan, graph, costs, cluster, optimizer=optimizer, foreach=foreach)
+    return {d: mem.get(d, StepMemory()) for d in devices}
 
 
 def aliases_input(node: OpNode, costs: CostModel) -> bool:
@@ -299,17 +173,6 @@ def aliases_input(node: OpNode, costs: CostModel) -> bool:
     profiler saw return its input (no new output bytes)."""
     c = costs[node.name] if node.name in costs else None
     return node.kind == "op" and bool(node.inputs) and (node.metadata_only or (c is not None and c.output_bytes == 0))
-
-
-def _storage_owners(graph: OpGraph, costs: CostModel) -> dict[str, str]:
-    """The node whose allocation each node's output lives in: itself, or (views, ops that return
-    their input) the owner of its first input."""
-    owner: dict[str, str] = {}
-    for n in graph:
-        if n.kind == "output":
-            continue
-        owner[n.name] = owner[n.inputs[0]] if aliases_input(n, costs) else n.name
-    return owner
 
 
 def grad_nodes(graph: OpGraph) -> dict[str, bool]:

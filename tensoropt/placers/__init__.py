@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..costs.model import CostModel
 from ..errors import TensorOptError
@@ -36,10 +36,9 @@ PLACERS: dict[str, Callable[..., Plan]] = {
 }
 
 
-def place(graph: OpGraph, costs: CostModel, cluster: Any, algo: str, **options: Any) -> Plan:
-    """Place ``graph`` with the placer named ``algo`` (a key of :data:`PLACERS`); ``options`` go
-    to it (``devices``, ``optimizer``, and the placer's own).  The plan's notes say how long
-    placing took.  An unknown placer or option is a :class:`~tensoropt.errors.TensorOptError`."""
+def check_options(algo: str, options: Mapping[str, Any]) -> Callable[..., Plan]:
+    """The placer named ``algo``, after checking it takes every key of ``options``; an unknown
+    placer or option is a :class:`~tensoropt.errors.TensorOptError` naming what it accepts."""
     fn = PLACERS.get(algo)
     if fn is None:
         raise TensorOptError(f"unknown placer {algo!r}; known: {', '.join(PLACERS)}")
@@ -48,10 +47,18 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, algo: str, **options: 
     if bad:
         accepted = [k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
         raise TensorOptError(f"placer {algo!r} has no option {bad[0]!r}; its options: {', '.join(accepted)}")
+    return fn
+
+
+def place(graph: OpGraph, costs: CostModel, cluster: Any, algo: str, **options: Any) -> Plan:
+    """Place ``graph`` with the placer named ``algo`` (a key of :data:`PLACERS`); ``options`` go
+    to it (``devices``, ``optimizer``, and the placer's own).  The plan's notes say how long
+    placing took.  An unknown placer or option is a :class:`~tensoropt.errors.TensorOptError`."""
+    fn = check_options(algo, options)
     t0 = time.perf_counter()
     plan = fn(graph, costs, cluster, **options)
     plan.notes.append(f"placed in {time.perf_counter() - t0:.3f} s")
     return plan
 
 
-__all__ = ["PLACERS", "place", "Grouping", "UnionFind", "colocate", "heavy_edge_groups", "group_memory"]
+__all__ = ["PLACERS", "place", "check_options", "Grouping", "UnionFind", "colocate", "heavy_edge_groups", "group_memory"]

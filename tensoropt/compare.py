@@ -1,0 +1,167 @@
+"""One comparison of every way to place a model: the baseline placers and the frontier's
+extreme points, all evaluated by the same simulator (seed 003 Table 6-4, design §4–5).
+
+:func:`compare` runs each placer of :data:`~tensoropt.placers.PLACERS` (or those named), and
+optionally tracks the frontier and takes its min-time and min-memory points; every plan is then
+simulated with the same :class:`~tensoropt.costs.CostModel` and cluster, so the rows differ only
+in the plan.  A placer that cannot place the model (no device has room, a solver failure) gives a
+row with its ``error`` instead of stopping the comparison.
+
+Rows (:class:`CompareRow`) carry the simulated iteration time, samples per second, the largest
+per-device simulated peak, whether every device's peak fits its memory, the time the algorithm
+took to make the plan, and the algorithm's own estimate where it makes one (the placers' list
+schedules and MILPs, the frontier's additive model).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from .errors import TensorOptError
+from .plan import Plan
+from .simulate import simulate
+
+#: the names the frontier's rows carry
+FRONTIER_MIN_TIME = "frontier min-time"
+FRONTIER_MIN_MEMORY = "frontier min-memory"
+
+
+@dataclass
+class CompareRow:
+    """One algorithm's plan as the simulator sees it.
+
+    ``time_s`` / ``samples_per_s`` / ``peak_memory_bytes`` come from :func:`~tensoropt.simulate`;
+    ``fits``: every device's simulated peak is within its memory; ``place_s``: seconds the
+    algorithm took (for the frontier's rows: tracking the whole frontier); ``own_time_s`` /
+    ``own_memory_bytes``: the algorithm's own estimate of its plan, where it has one;
+    ``devices``: the devices the plan uses; ``error``: why there is no plan (then the numbers are
+    ``None`` and ``fits`` is false).  ``plan`` is the plan with the simulator's estimate added.
+    """
+
+    algo: str
+    time_s: float | None
+    samples_per_s: float | None
+    peak_memory_bytes: int | None
+    fits: bool
+    place_s: float
+    devices: tuple[str, ...] = ()
+    own_time_s: float | None = None
+    own_memory_bytes: int | None = None
+    memory_bytes: Mapping[str, int] = field(default_factory=dict)
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    plan: Plan | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON row of ``tensoropt compare --json`` (no plan: save plans separately)."""
+        return {"algo": self.algo, "time_s": self.time_s, "samples_per_s": self.samples_per_s,
+                "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits, "place_s": self.place_s,
+                "devices": list(self.devices), "own_time_s": self.own_time_s,
+                "own_memory_bytes": self.own_memory_bytes, "memory_bytes": dict(self.memory_bytes),
+                "error": self.error, "notes": list(self.notes)}
+
+
+def evaluate(plan: Plan, graph: Any, costs: Any, cluster: Any, *, algo: str, place_s: float,
+             optimizer: str | int = "sgd", own: str | None = None) -> CompareRow:
+    """The :class:`CompareRow` of one plan: simulate it and read the algorithm's own estimate
+    (the plan's estimate whose source is ``own``, default ``plan.algorithm``).  O(simulate)."""
+    res = simulate(plan, graph, costs, cluster, optimizer=optimizer)
+    plan = res.annotate(plan)
+    est = plan.estimate(own or plan.algorithm)
+    fits = all(res.memory_bytes.get(d, 0) <= cluster.device(d).memory_bytes for d in plan.devices)
+    sps = graph.batch_size / res.time_s if graph.batch_size and res.time_s > 0 else None
+    return CompareRow(algo, res.time_s, sps, res.max_memory_bytes, fits, place_s, tuple(plan.devices),
+                      est.time_s if est is not None else None,
+                      est.max_memory_bytes if est is not None and est.memory_bytes else None,
+                      dict(res.memory_bytes), None, [n for n in plan.notes if not n.startswith("placed in")], plan)
+
+
+def failed(algo: str, place_s: float, error: BaseException) -> CompareRow:
+    """The row of an algorithm that made no plan."""
+    return CompareRow(algo, None, None, None, False, place_s, error=str(error))
+
+
+def compare(graph: Any, costs: Any, cluster: Any, *, algos: Iterable[str] | None = None,
+            devices: Sequence[str] | str | None = None, optimizer: str | int = "sgd",
+            frontier: Any = True, placer_options: Mapping[str, Mapping[str, Any]] | None = None,
+            progress: Callable[[str], None] | None = None) -> list[CompareRow]:
+    """Place ``graph`` with every algorithm and simulate each plan on ``cluster``.
+
+    ``algos``: placer names (default: all of :data:`~tensoropt.placers.PLACERS`, in its order);
+    ``devices``: the devices every algorithm may use (default: all of the cluster's);
+    ``optimizer`` sizes optimizer state for the placers' memory limits and the simulator;
+    ``frontier``: ``True`` tracks the frontier over the same devices and adds its min-time and
+    min-memory points as two rows, a :class:`~tensoropt.frontier.Frontier` already tracked is used
+    as it is, ``False`` / ``None`` adds no frontier rows; ``placer_options``: extra options per
+    placer name (e.g. ``{"netsplit": {"time_limit": 10}}``); ``progress(msg)`` is told what runs.
+
+    Returns one :class:`CompareRow` per algorithm, in order, then the frontier's rows.  A placer
+    that fails with a :class:`~tensoropt.errors.TensorOptError` (e.g. no device has room) gives a
+    row with ``error`` set; an unknown placer name or option is raised at once.
+    Cost: the sum of the placers' and the frontier's costs, plus one simulation per plan.
+    """
+    from .frontier import track_frontier
+    from .placers import PLACERS, check_options, place
+    from .placers._common import resolve_devices
+
+    report = progress or (lambda msg: None)
+    names = list(PLACERS) if algos is None else list(algos)
+    unknown = [a for a in names if a not in PLACERS]
+    if unknown:
+        raise TensorOptError(f"unknown placer {unknown[0]!r}; known: {', '.join(PLACERS)}")
+    extra = dict(placer_options or {})
+    stray = [a for a in extra if a not in PLACERS]
+    if stray:
+        raise TensorOptError(f"placer_options names {stray[0]!r}, which is not a placer; known: {', '.join(PLACERS)}")
+    costs.check_graph(graph)
+    used = resolve_devices(cluster, devices)
+    options = {algo: {"devices": used, "optimizer": optimizer, **extra.get(algo, {})} for algo in names}
+    for algo in names:  # a misspelt option stops the comparison before any placer runs
+        check_options(algo, options[algo])
+
+    rows: list[CompareRow] = []
+    for algo in names:
+        report(f"placing with {algo}")
+        t0 = time.perf_counter()
+        try:
+            plan = place(graph, costs, cluster, algo, **options[algo])
+        except TensorOptError as e:
+            rows.append(failed(algo, time.perf_counter() - t0, e))
+            continue
+        took = time.perf_counter() - t0
+        report(f"simulating {algo}'s plan")
+        rows.append(evaluate(plan, graph, costs, cluster, algo=algo, place_s=took, optimizer=optimizer))
+
+    if frontier is True:
+        report("tracking the frontier")
+        t0 = time.perf_counter()
+        try:
+            fr = track_frontier(graph, costs, cluster, devices=used, optimizer=optimizer,
+                                progress=lambda msg: report(f"frontier: {msg}"))
+        except TensorOptError as e:
+            took = time.perf_counter() - t0
+            rows += [failed(FRONTIER_MIN_TIME, took, e), failed(FRONTIER_MIN_MEMORY, took, e)]
+            return rows
+        took = time.perf_counter() - t0
+    elif frontier:
+        fr, took = frontier, float(getattr(frontier, "seconds", 0.0))
+    else:
+        return rows
+    if not len(fr):
+        err = TensorOptError("the frontier has no feasible plan")
+        return rows + [failed(FRONTIER_MIN_TIME, took, err), failed(FRONTIER_MIN_MEMORY, took, err)]
+    for algo, point in ((FRONTIER_MIN_TIME, fr.min_time()), (FRONTIER_MIN_MEMORY, fr.min_memory())):
+        report(f"simulating the {algo} plan")
+        rows.append(evaluate(point.plan, graph, costs, cluster, algo=algo, place_s=took, optimizer=optimizer,
+                             own="frontier"))
+    return rows
+
+
+def rows_json(rows: Sequence[CompareRow]) -> list[dict[str, Any]]:
+    """The rows as JSON values (``tensoropt compare --json``)."""
+    return [r.to_dict() for r in rows]
+
+
+__all__ = ["CompareRow", "compare", "evaluate", "failed", "rows_json", "FRONTIER_MIN_TIME", "FRONTIER_MIN_MEMORY"]
