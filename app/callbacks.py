@@ -1,0 +1,226 @@
+"""The dashboard's callbacks: :func:`register_callbacks` wires the layout of :mod:`app.layout` to
+the work of :mod:`app.pipeline` and the figures of :mod:`app.figures`.
+
+Long work (capture, profiling, frontier tracking, baselines) runs as a Dash *background* callback
+(its own process, a progress bar); it receives and returns JSON values only (the request as a
+dict, the result's key), never torch objects.  Every callback turns bad input into a message on
+the page (a :class:`~tensoropt.errors.TensorOptError`'s text) and leaves the rest of the page
+working.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from typing import Any
+
+import dash
+from dash import Input, Output, State, ctx, html, no_update
+
+from tensoropt.describe import fmt_bytes
+from tensoropt.errors import TensorOptError
+
+from . import figures
+from .layout import zoo_default_params, zoo_spec
+from .pipeline import DETECTED, Request, ResultStore, load_request_cluster, run_request
+from .uploads import accept_upload
+
+
+def _explain(e: BaseException) -> str:
+    if isinstance(e, TensorOptError):
+        return f"error: {e}"
+    return f"internal error: {type(e).__name__}: {e} (a bug in tensoropt; please report it)"
+
+
+def cluster_spec(source: str, preset: str | None, uploaded: str | None) -> str:
+    """The request's cluster string for the cluster controls' state."""
+    if source == "detected":
+        return DETECTED
+    if source == "upload":
+        if not uploaded:
+            raise TensorOptError("upload a cluster YAML first, or choose a preset")
+        return uploaded
+    if not preset:
+        raise TensorOptError("choose a cluster preset")
+    return f"preset:{preset}"
+
+
+def model_spec(source: str, zoo_name: str | None, zoo_params: str | None, spec: str | None,
+               onnx_path: str | None) -> str:
+    """The request's model spec for the model controls' state."""
+    if source == "onnx":
+        if not onnx_path:
+            raise TensorOptError("upload an ONNX file first, or choose a zoo model")
+        return onnx_path
+    if source == "spec":
+        if not (spec or "").strip():
+            raise TensorOptError("write a model spec (zoo:NAME?k=v or file.py:factory)")
+        return spec.strip()
+    if not zoo_name:
+        raise TensorOptError("choose a zoo model")
+    return zoo_spec(zoo_name, zoo_params)
+
+
+def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, ...] | None = None) -> None:
+    """Attach every callback of the page to ``app``; results live in ``store``; ``algos``: the
+    baseline placers to run (default: all)."""
+
+    @app.callback(Output("zoo-params", "value"), Input("zoo-name", "value"), prevent_initial_call=True)
+    def _zoo_defaults(name: str) -> str:
+        return zoo_default_params(name) if name else ""
+
+    @app.callback(Output("model-source", "value"), Input("onnx-path", "data"), prevent_initial_call=True)
+    def _onnx_chosen(path: str | None) -> Any:
+        return "onnx" if path else no_update
+
+    @app.callback(Output("cluster-source", "value"), Input("cluster-path", "data"), prevent_initial_call=True)
+    def _cluster_chosen(path: str | None) -> Any:
+        return "upload" if path else no_update
+
+    @app.callback(Output("onnx-path", "data"), Output("profile-path", "data"), Output("cluster-path", "data"),
+                  Output("upload-message", "children"),
+                  Input("onnx-upload", "contents"), Input("profile-upload", "contents"),
+                  Input("cluster-upload", "contents"),
+                  State("onnx-upload", "filename"), State("profile-upload", "filename"),
+                  State("cluster-upload", "filename"), prevent_initial_call=True)
+    def _upload(onnx_c: Any, prof_c: Any, clus_c: Any, onnx_n: Any, prof_n: Any, clus_n: Any) -> tuple:
+        which = ctx.triggered_id
+        kind, contents, name, slot = {"onnx-upload": ("onnx", onnx_c, onnx_n, 0),
+                                      "profile-upload": ("profile", prof_c, prof_n, 1),
+                                      "cluster-upload": ("cluster", clus_c, clus_n, 2)}[which]
+        out: list[Any] = [no_update, no_update, no_update]
+        try:
+            accepted = accept_upload(store, contents, name, kind)
+        except Exception as e:  # noqa: BLE001 - a malformed upload is a message, the page keeps working
+            out[slot] = None
+            return (*out, html.Div(f"{_explain(e)}", className="upload-error", style={"color": "#a00"}))
+        out[slot] = str(accepted.path)
+        return (*out, html.Div(accepted.message, className="upload-ok", style={"color": "#060"}))
+
+    @app.callback(Output("devices", "options"), Output("devices", "value"), Output("run-message", "children",
+                                                                                    allow_duplicate=True),
+                  Input("cluster-source", "value"), Input("cluster-preset", "value"), Input("cluster-path", "data"),
+                  prevent_initial_call="initial_duplicate")
+    def _devices(source: str, preset: str, uploaded: str | None) -> tuple:
+        try:
+            cluster = load_request_cluster(cluster_spec(source, preset, uploaded))
+        except Exception as e:  # noqa: BLE001
+            return [], [], _explain(e)
+        opts = [{"label": f"{d.name} ({fmt_bytes(d.memory_bytes)})", "value": d.name}
+                for d in (cluster.device(n) for n in cluster.names)]
+        return opts, list(cluster.names), ""
+
+    @app.callback(Output("budget", "value"),
+                  *[Input(f"budget-{g}", "n_clicks") for g in figures.GPU_PRESETS_GIB], Input("budget-none", "n_clicks"),
+                  prevent_initial_call=True)
+    def _budget_preset(*_clicks: Any) -> Any:
+        which = ctx.triggered_id
+        return None if which == "budget-none" else float(which.split("-")[1])
+
+    @app.callback(
+        Output("result-key", "data"), Output("run-message", "children"),
+        Input("run", "n_clicks"),
+        State("model-source", "value"), State("zoo-name", "value"), State("zoo-params", "value"),
+        State("model-spec", "value"), State("onnx-path", "data"), State("profile-path", "data"),
+        State("batch", "value"), State("cluster-source", "value"), State("cluster-preset", "value"),
+        State("cluster-path", "data"), State("devices", "value"), State("optimizer", "value"),
+        State("repeats", "value"), State("warmup", "data"),
+        background=True,
+        progress=[Output("progress", "value"), Output("progress", "max"), Output("progress-text", "children")],
+        running=[(Output("run", "disabled"), True, False)],
+    )
+    def _run(set_progress: Any, _n: int, source: str, zoo_name: str, zoo_params: str, spec: str,
+             onnx_path: str | None, profile_path: str | None, batch: Any, csource: str, preset: str,
+             cpath: str | None, devices: list[str] | None, optimizer: str, repeats: Any, warmup: int) -> tuple:
+        try:
+            cluster = cluster_spec(csource, preset, cpath)
+            if not devices:
+                # the device list is filled from the cluster after the page loads: all of them
+                devices = list(load_request_cluster(cluster).names)
+            req = Request(model=model_spec(source, zoo_name, zoo_params, spec, onnx_path), cluster=cluster,
+                          batch=int(batch) if batch not in (None, "") else None, devices=tuple(devices),
+                          optimizer=optimizer or "sgd", profile=profile_path,
+                          repeats=int(repeats) if repeats else 5, warmup=int(warmup or 0), algos=algos)
+
+            def progress(done: int, total: int, msg: str) -> None:
+                set_progress((str(done), str(max(total, 1)), msg))
+
+            key = run_request(req, store, progress)
+        except Exception as e:  # noqa: BLE001 - shown on the page; the app keeps working
+            if not isinstance(e, TensorOptError):
+                traceback.print_exc()
+            return no_update, _explain(e)
+        return key, ""
+
+    @app.callback(Output("frontier-graph", "figure"), Output("result-summary", "children"),
+                  Input("result-key", "data"), Input("budget", "value"), Input("selected-plan", "data"))
+    def _frontier(key: str | None, budget_gib: Any, selected: str | None) -> tuple:
+        if not key or not store.complete(key):
+            return figures.frontier_figure([], title="no result yet: run profiling + frontier"), ""
+        s = store.summary(key)
+        budget = float(budget_gib) * figures.GiB if budget_gib not in (None, "") and float(budget_gib) > 0 else None
+        if budget is None:   # without a budget: the smallest memory of the devices used
+            budget = float(min(s["device_memory"].values()))
+        rows = store.frontier_rows(key)
+        base = store.baselines(key)
+        title = (f"{s['graph_name']} (batch {s['batch_size']}) on {s['cluster_name']}: "
+                 f"{s['points']} Pareto-optimal plans")
+        fig = figures.frontier_figure(rows, base, budget_bytes=budget, selected=selected, title=title)
+        fits = [r for r in rows if float(r["memory_bytes"]) <= budget]
+        failed = [b for b in base if b.get("error")]
+        lines = [f"{s['ops']} operators; devices {', '.join(s['devices'])}; profiled/captured in "
+                 f"{s['profile_s']:.1f} s, tracked in {s['tracking_s']:.1f} s; "
+                 f"{'exact' if s['exact'] else 'not exact (see the frontier notes)'}; "
+                 f"{len(fits)} of {len(rows)} plans fit {fmt_bytes(int(budget))}"]
+        lines += [f"{b['algo']}: {b['error']}" for b in failed]
+        return fig, html.Ul([html.Li(x) for x in lines], style={"margin": "2px 0"})
+
+    @app.callback(Output("selected-plan", "data"), Input("frontier-graph", "clickData"), prevent_initial_call=True)
+    def _select(click: Any) -> Any:
+        try:
+            return str(click["points"][0]["customdata"])
+        except (TypeError, KeyError, IndexError):
+            return no_update
+
+    @app.callback(Output("selected-plan", "data", allow_duplicate=True), Input("result-key", "data"),
+                  prevent_initial_call=True)
+    def _new_result(_key: Any) -> None:
+        return None   # a new result: the old selection is not one of its plans
+
+    @app.callback(Output("plan-panel", "style"), Output("plan-title", "children"), Output("plan-summary", "children"),
+                  Output("memory-graph", "figure"), Output("gantt-graph", "figure"), Output("graph-graph", "figure"),
+                  Output("plan-table", "data"),
+                  Input("selected-plan", "data"), State("result-key", "data"), prevent_initial_call=True)
+    def _plan(plan_id: str | None, key: str | None) -> tuple:
+        hidden = ({"display": "none"}, "", [], no_update, no_update, no_update, [])
+        if not plan_id or not key:
+            return hidden
+        try:
+            plan = store.plan(key, plan_id)
+            graph = store.graph(key)
+            sim = store.simulation(key, plan_id)
+        except Exception as e:  # noqa: BLE001
+            return ({"display": "block"}, _explain(e), [], no_update, no_update, no_update, [])
+        summary = [html.Li(x) for x in figures.plan_summary(plan, sim)]
+        return ({"display": "block"}, f"plan {plan_id}", summary,
+                figures.memory_figure(sim), figures.gantt_figure(sim), figures.graph_figure(plan, graph),
+                figures.plan_table_rows(plan, graph))
+
+    @app.callback(Output("download-plan", "data"), Input("download-plan-button", "n_clicks"),
+                  State("selected-plan", "data"), State("result-key", "data"), prevent_initial_call=True)
+    def _download_plan(_n: int, plan_id: str | None, key: str | None) -> Any:
+        if not plan_id or not key:
+            return no_update
+        plan = store.plan(key, plan_id)
+        return {"content": json.dumps(plan.to_dict(), indent=1), "filename": f"{plan_id}.json"}
+
+    @app.callback(Output("download-csv", "data"), Input("download-csv-button", "n_clicks"),
+                  State("result-key", "data"), prevent_initial_call=True)
+    def _download_csv(_n: int, key: str | None) -> Any:
+        if not key or not store.complete(key):
+            return no_update
+        s = store.summary(key)
+        return {"content": store.frontier_csv(key), "filename": f"frontier-{s['graph_name']}.csv"}
+
+
+__all__ = ["register_callbacks", "cluster_spec", "model_spec"]

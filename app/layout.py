@@ -1,0 +1,135 @@
+"""The page: controls on the left (model, cluster, devices, batch, run with a progress bar, the
+memory budget), the frontier and the chosen plan on the right.  Component ids are the contract
+with :mod:`app.callbacks` and the browser tests."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl
+
+from dash import dash_table, dcc, html
+
+from .figures import GPU_PRESETS_GIB
+
+_BOX = {"border": "1px solid #ddd", "borderRadius": "6px", "padding": "8px", "marginBottom": "8px"}
+_LABEL = {"fontWeight": "bold", "marginTop": "6px", "display": "block"}
+_UPLOAD = {"border": "1px dashed #999", "borderRadius": "4px", "padding": "6px", "textAlign": "center",
+           "cursor": "pointer", "fontSize": "90%", "marginTop": "4px"}
+
+
+def split_zoo_spec(spec: str) -> tuple[str, str]:
+    """``"zoo:gpt2?layers=2&batch=2"`` → ``("gpt2", "layers=2&batch=2")``."""
+    body = spec[len("zoo:"):] if spec.startswith("zoo:") else spec
+    name, _, query = body.partition("?")
+    return name, query
+
+
+def zoo_default_params(name: str) -> str:
+    """The zoo model's default parameters as ``k=v&…`` (what the parameters box shows)."""
+    from tensoropt import zoo
+
+    try:
+        params = zoo.get(name).params()
+    except ValueError:
+        return ""
+    return "&".join(f"{k}={v}" for k, v in params.items())
+
+
+def zoo_spec(name: str, params: str | None) -> str:
+    """The model spec of a zoo name and a ``k=v&…`` string (blank parts dropped)."""
+    pairs = parse_qsl((params or "").strip(), keep_blank_values=True)
+    query = "&".join(f"{k}={v}" for k, v in pairs if k)
+    return f"zoo:{name}" + (f"?{query}" if query else "")
+
+
+def build_layout(*, default_model: str, default_cluster: str, repeats: int, warmup: int) -> Any:
+    from tensoropt import list_presets, zoo
+
+    zoo_name, zoo_params = split_zoo_spec(default_model) if default_model.startswith("zoo:") else ("gpt2", "")
+    preset = default_cluster[len("preset:"):] if default_cluster.startswith("preset:") else list_presets()[0]
+    controls = html.Div(style={"width": "330px", "flex": "0 0 330px", "fontSize": "14px"}, children=[
+        html.H3("tensoropt", style={"margin": "4px 0"}),
+        html.Div(style=_BOX, children=[
+            html.Span("Model", style=_LABEL),
+            dcc.RadioItems(id="model-source", value="zoo" if default_model.startswith("zoo:") else "spec",
+                           options=[{"label": " zoo", "value": "zoo"}, {"label": " uploaded ONNX", "value": "onnx"},
+                                    {"label": " spec", "value": "spec"}],
+                           inline=True),
+            dcc.Dropdown(id="zoo-name", options=list(zoo.ZOO), value=zoo_name, clearable=False),
+            dcc.Input(id="zoo-params", value=zoo_params, debounce=True, style={"width": "100%"},
+                      placeholder="parameters, e.g. layers=2&seq_len=128 (tiny=1 for the test size)"),
+            dcc.Input(id="model-spec", value="" if default_model.startswith("zoo:") else default_model,
+                      debounce=True, style={"width": "100%", "marginTop": "4px"},
+                      placeholder="or a spec: zoo:NAME?k=v, file.py:factory"),
+            dcc.Upload(id="onnx-upload", children=html.Div("drop or click: an ONNX file"), style=_UPLOAD,
+                       accept=".onnx"),
+            dcc.Upload(id="profile-upload", children=html.Div("optional: a saved profile JSON of this model"),
+                       style=_UPLOAD, accept=".json"),
+            html.Span("Batch size", style=_LABEL),
+            dcc.Input(id="batch", type="number", min=1, step=1, placeholder="the model's own",
+                      style={"width": "100%"}),
+        ]),
+        html.Div(style=_BOX, children=[
+            html.Span("Cluster", style=_LABEL),
+            dcc.RadioItems(id="cluster-source", value="preset", inline=True,
+                           options=[{"label": " preset", "value": "preset"},
+                                    {"label": " uploaded YAML", "value": "upload"},
+                                    {"label": " this machine's GPUs", "value": "detected"}]),
+            dcc.Dropdown(id="cluster-preset", options=list_presets(), value=preset, clearable=False),
+            dcc.Upload(id="cluster-upload", children=html.Div("drop or click: a cluster YAML"), style=_UPLOAD,
+                       accept=".yaml,.yml,.json"),
+            html.Span("Devices to use", style=_LABEL),
+            dcc.Checklist(id="devices", options=[], value=[], inline=True,
+                          inputStyle={"marginRight": "3px", "marginLeft": "8px"}),
+            html.Span("Optimizer", style=_LABEL),
+            dcc.Dropdown(id="optimizer", options=["sgd", "momentum", "adam"], value="sgd", clearable=False),
+            html.Span("Profiling repeats", style=_LABEL),
+            dcc.Input(id="repeats", type="number", min=1, step=1, value=repeats, style={"width": "100%"}),
+            dcc.Store(id="warmup", data=warmup),
+        ]),
+        html.Button("Run profiling + frontier", id="run", n_clicks=0,
+                    style={"width": "100%", "padding": "8px", "fontWeight": "bold"}),
+        html.Progress(id="progress", value="0", max="1", style={"width": "100%", "marginTop": "6px"}),
+        html.Div(id="progress-text", style={"fontSize": "85%", "color": "#555", "minHeight": "1.2em"}),
+        html.Div(id="upload-message", style={"fontSize": "90%", "whiteSpace": "pre-wrap"}),
+        html.Div(id="run-message", style={"fontSize": "90%", "whiteSpace": "pre-wrap", "color": "#a00"}),
+        html.Div(style=_BOX, children=[
+            html.Span("Memory budget per device (GiB)", style=_LABEL),
+            dcc.Input(id="budget", type="number", min=0, step="any", placeholder="none: each device's own",
+                      debounce=True, style={"width": "100%"}),
+            html.Div([html.Button(f"{g} GiB", id=f"budget-{g}", n_clicks=0, style={"marginRight": "4px"})
+                      for g in GPU_PRESETS_GIB] + [html.Button("none", id="budget-none", n_clicks=0)],
+                     style={"marginTop": "4px"}),
+        ]),
+        dcc.Store(id="onnx-path"), dcc.Store(id="profile-path"), dcc.Store(id="cluster-path"),
+        dcc.Store(id="result-key"), dcc.Store(id="selected-plan"),
+    ])
+    plan_panel = html.Div(id="plan-panel", style={"display": "none"}, children=[
+        html.H4(id="plan-title", style={"margin": "6px 0"}),
+        html.Ul(id="plan-summary", style={"fontSize": "90%"}),
+        html.Div([html.Button("Download plan JSON", id="download-plan-button", n_clicks=0),
+                  dcc.Download(id="download-plan")], style={"margin": "4px 0"}),
+        html.Div(style={"display": "flex", "gap": "8px"}, children=[
+            html.Div(dcc.Graph(id="memory-graph"), style={"flex": "1"}),
+            html.Div(dcc.Graph(id="graph-graph"), style={"flex": "1"}),
+        ]),
+        dcc.Graph(id="gantt-graph"),
+        dash_table.DataTable(id="plan-table", page_size=15, sort_action="native", filter_action="native",
+                             style_cell={"fontSize": "12px", "textAlign": "left", "maxWidth": "320px",
+                                         "overflow": "hidden", "textOverflow": "ellipsis"},
+                             columns=[{"name": c, "id": c} for c in
+                                      ("node", "op", "module", "devices", "layout", "recompute")]),
+    ])
+    main = html.Div(style={"flex": "1", "minWidth": "0"}, children=[
+        html.Div(id="result-summary", style={"fontSize": "90%"}),
+        dcc.Graph(id="frontier-graph", style={"height": "480px"}, config={"displaylogo": False}),
+        html.Div([html.Button("Download frontier CSV", id="download-csv-button", n_clicks=0),
+                  dcc.Download(id="download-csv"),
+                  html.Span(" click a point to see its plan", style={"color": "#555", "fontSize": "90%"})]),
+        plan_panel,
+    ])
+    return html.Div(style={"display": "flex", "gap": "16px", "padding": "8px", "fontFamily": "sans-serif"},
+                    children=[controls, main])
+
+
+__all__ = ["build_layout", "split_zoo_spec", "zoo_default_params", "zoo_spec"]

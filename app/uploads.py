@@ -1,0 +1,94 @@
+"""Uploaded files, checked as data: an ONNX model, a saved profile JSON, a cluster YAML / JSON.
+
+:func:`accept_upload` decodes what ``dcc.Upload`` sends (``data:…;base64,…``), refuses it when it
+is too large or of the wrong kind, saves it under the store's ``uploads/`` folder named by its
+content hash, and reads it once with the library's own reader (``onnx.load``, JSON,
+``yaml.safe_load``) so that a malformed file is reported at once, with the reader's message.
+Nothing uploaded is executed or unpickled.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tensoropt.describe import fmt_bytes
+from tensoropt.errors import TensorOptError
+
+from .pipeline import ResultStore, save_upload
+
+#: kind → (accepted file suffixes, size limit in bytes)
+UPLOAD_KINDS = {
+    "onnx": ((".onnx",), 256 * 2 ** 20),
+    "profile": ((".json",), 64 * 2 ** 20),
+    "cluster": ((".yaml", ".yml", ".json"), 1 * 2 ** 20),
+}
+
+
+class UploadError(TensorOptError):
+    """An upload is too large, of the wrong kind, or malformed; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """An accepted upload: where it was saved and a line describing what it holds."""
+
+    path: Path
+    message: str
+
+
+def decode(contents: str, filename: str, kind: str) -> tuple[bytes, str]:
+    """``(bytes, suffix)`` of a ``dcc.Upload`` payload of ``kind`` (a key of
+    :data:`UPLOAD_KINDS`), after the name and size checks.  O(size)."""
+    suffixes, limit = UPLOAD_KINDS[kind]
+    name = filename or "upload"
+    suffix = Path(name).suffix.lower()
+    if suffix not in suffixes:
+        raise UploadError(f"{name}: expected a {' / '.join(suffixes)} file for the {kind}")
+    if not isinstance(contents, str) or "," not in contents:
+        raise UploadError(f"{name}: the upload arrived empty or garbled; try again")
+    b64 = contents.split(",", 1)[1]
+    if len(b64) * 3 // 4 > limit:   # before decoding: do not allocate a huge buffer to refuse it
+        raise UploadError(f"{name}: larger than the {fmt_bytes(limit)} allowed for a {kind} upload")
+    try:
+        data = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise UploadError(f"{name}: the upload is not valid base64 data; try again") from None
+    if not data:
+        raise UploadError(f"{name}: the file is empty")
+    return data, suffix
+
+
+def accept_upload(store: ResultStore, contents: str, filename: str, kind: str) -> Accepted:
+    """Decode, save and read an upload (module docstring); :class:`UploadError` or the reader's
+    :class:`~tensoropt.errors.TensorOptError` when it is not usable."""
+    data, suffix = decode(contents, filename, kind)
+    path = save_upload(store, data, suffix)
+    name = filename
+    if kind == "onnx":
+        from tensoropt import load_onnx
+
+        graph = load_onnx(path)
+        return Accepted(path, f"{name}: ONNX graph {graph.name!r}, {len(graph.ops)} operators")
+    if kind == "profile":
+        from tensoropt import CostModel
+
+        try:
+            d = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UploadError(f"{name}: not a JSON file ({e})") from None
+        costs = CostModel.from_dict(d, where=name)
+        return Accepted(path, f"{name}: profile of {costs.graph_name!r} with {len(costs)} nodes "
+                              "(used instead of profiling when it belongs to the chosen model)")
+    if kind == "cluster":
+        from tensoropt import Cluster
+
+        cluster = Cluster.load(path)
+        return Accepted(path, f"{name}: cluster {cluster.name!r} with {len(cluster)} devices")
+    raise UploadError(f"unknown upload kind {kind!r}")
+
+
+__all__ = ["accept_upload", "decode", "Accepted", "UploadError", "UPLOAD_KINDS"]

@@ -1,0 +1,57 @@
+"""``tensoropt app``: the dashboard (``app/``) on http://127.0.0.1:8050.
+
+Binds 127.0.0.1 unless ``--host`` says otherwise (the page runs models and reads uploads: do not
+expose it to a network you do not trust).  ``--model`` / ``--cluster`` set what the page computes
+when it opens (default: the README's main command, no GPU needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.markup import escape
+
+
+def _cmd_app(args: argparse.Namespace, console: Console) -> int:
+    from ..errors import TensorOptError
+
+    if not 0 < args.port < 65536:
+        raise TensorOptError(f"--port must be between 1 and 65535, got {args.port}")
+    if args.repeats < 1:
+        raise TensorOptError("--repeats must be ≥ 1")
+    try:
+        from app import create_app
+        from app.pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL
+    except ImportError as e:
+        raise TensorOptError(f"the dashboard cannot start: {e}; install the project with "
+                             "`pip install -e .` from the repository (it ships the app/ package)") from None
+
+    dash_app = create_app(cache_dir=args.cache_dir, default_model=args.model or DEFAULT_MODEL,
+                          default_cluster=args.cluster or DEFAULT_CLUSTER,
+                          repeats=args.repeats, algos=args.algos.split(",") if args.algos else None)
+    url = f"http://{'127.0.0.1' if args.host in ('127.0.0.1', 'localhost') else args.host}:{args.port}/"
+    console.print(f"tensoropt dashboard on {escape(url)} (Ctrl+C to stop)", highlight=False)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[yellow]listening on {escape(args.host)}: anyone who can reach it can run models and "
+                      "upload files[/yellow]")
+    dash_app.run(host=args.host, port=args.port, debug=args.debug_app, use_reloader=False)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("app", help="the web dashboard (Plotly Dash)",
+                       description="Open the dashboard: choose a model and a cluster, track the frontier, compare "
+                                   "with the baseline placers, inspect and download plans.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8050, help="port (default 8050)")
+    # defaults live in app.pipeline; importing it here would load Dash for every command
+    p.add_argument("--model", help="model computed when the page opens (default "
+                                   "zoo:gpt2?layers=2&batch=2&seq_len=128)")
+    p.add_argument("--cluster", help="cluster of that first run (default preset:titan-rtx-5)")
+    p.add_argument("--repeats", type=int, default=5, help="profiling: timed repeats per op call (default 5)")
+    p.add_argument("--algos", help="comma-separated baseline placers to compare (default: all)")
+    p.add_argument("--cache-dir", help="results, uploads and job state (default: ~/.cache/tensoropt/app, or "
+                                       "$TENSOROPT_APP_CACHE_DIR)")
+    p.add_argument("--debug-app", action="store_true", help="Dash debug mode (dev tools, reloader off)")
+    p.set_defaults(func=_cmd_app)
