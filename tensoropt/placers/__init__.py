@@ -6,7 +6,9 @@ and returns a :class:`~tensoropt.plan.Plan` for the same simulator as everything
 - ``dp`` (:mod:`.dp`): data parallel, every operator ``S(batch)`` over all devices where it can be;
 - ``m-topo`` (:mod:`.m_topo`): Baechi's memory-constrained topological-order fill;
 - ``m-etf`` (:mod:`.m_etf`): Baechi's memory-constrained earliest-time-first list scheduling;
-- ``m-sct`` (:mod:`.m_sct`): Baechi's favourite-child LP + ETF scheduling.
+- ``m-sct`` (:mod:`.m_sct`): Baechi's favourite-child LP + ETF scheduling;
+- ``netsplit`` (:mod:`.netsplit`): NetSplit's MILP (forward and backward, heterogeneous links, memory), HiGHS;
+- ``pesto`` (:mod:`.pesto`): Pesto's MILP (forward only), HiGHS.
 
 m-topo / m-etf / m-sct place operators whole on one device each, with TensorFlow Placer's
 colocation groups (heuristics A, B, C; :mod:`.coarsen`) by default, and respect every device's
@@ -25,7 +27,7 @@ from ..costs.model import CostModel
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..plan import Plan
-from . import dp, m_etf, m_sct, m_topo
+from . import dp, m_etf, m_sct, m_topo, netsplit, pesto
 from .coarsen import Grouping, UnionFind, colocate, group_memory, heavy_edge_groups
 
 PLACERS: dict[str, Callable[..., Plan]] = {
@@ -33,6 +35,8 @@ PLACERS: dict[str, Callable[..., Plan]] = {
     "m-topo": m_topo.place,
     "m-etf": m_etf.place,
     "m-sct": m_sct.place,
+    "netsplit": netsplit.place,
+    "pesto": pesto.place,
 }
 
 

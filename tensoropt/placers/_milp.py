@@ -499,9 +499,11 @@ def solve(prob: Problem, tg: TaskGraph, algo: str, *, time_limit: float, mip_gap
     solved = [vals[k] for k in lay.start]
     sched = list_schedule(prob, tg, group_device, _task_order(tg, solved))
     obj = sched.makespan
-    if dual is not None:
-        dual = min(dual, obj)
-    gap = (obj - dual) / obj if dual is not None and obj > 0 else (0.0 if dual is not None else None)
+    # HiGHS may stop before it has a bound of its own: the critical path at the fastest speed is one
+    floor = m.lb[lay.makespan] * unit
+    dual = floor if dual is None else max(dual, floor)
+    dual = min(dual, obj)
+    gap = (obj - dual) / obj if obj > 0 else 0.0
     report.update({"objective_s": obj, "best_bound_s": dual, "gap": gap})
     return MilpResult(group_device, sched.start, obj, report)
 
