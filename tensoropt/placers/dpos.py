@@ -15,8 +15,10 @@ A HEFT-style list scheduler of the whole training step, one task per operator wi
 3. **Critical-path device** (line 5): for each device, take as many of the remaining
    critical-path operators, in path order, as fit in its memory, and average their execution
    time there; the device with the smallest average (ties: the one taking more operators, then
-   the one listed first) takes them.  When it is full the next device is chosen the same way for
-   the rest of the path.  Their memory is reserved there before anything else is placed, so later
+   the one listed first) takes them.  The averages are compared over the same operators — the
+   shortest of those prefixes — or a device with room for only the path's cheap first operators
+   would look fastest (the paper does not say).  When it is full the next device is chosen the
+   same way for the rest of the path.  Their memory is reserved there before anything else is placed, so later
    operators cannot crowd the critical path out.
 4. **Device selection** (lines 7-22): a critical-path operator runs on its critical-path device;
    any other on the device with the earliest finish time ``EFT = EST + w_ij``, where
@@ -312,7 +314,7 @@ class _Run:
                 dcp[cp[i]] = self.group_device[g]
                 i += 1
                 continue
-            best: tuple[tuple[float, int, int], str, list[str]] | None = None
+            takes: dict[str, list[str]] = {}
             for d in self.devices:
                 taken, used, seen = [], self.used[d], set()
                 for op in cp[i:]:
@@ -324,15 +326,16 @@ class _Run:
                     used += self.unit_bytes[h]
                     seen.add(h)
                     taken.append(op)
-                if not taken:
-                    continue
-                avg = sum(self.duration(op, d) for op in taken) / len(taken)
-                key = (avg, -len(taken), self.index[d])
-                if best is None or key < best[0]:
-                    best = (key, d, taken)
-            if best is None:
+                if taken:
+                    takes[d] = taken
+            if not takes:
                 raise self.overflow_error(cp[i], self.unit_bytes[g], "critical-path operator")
-            _, d, taken = best
+            # averages over the same operators (the shortest prefix any device takes): else a device
+            # with room for only the path's cheap first operators would look fastest
+            k = min(len(t) for t in takes.values())
+            d = min(takes, key=lambda d: (sum(self.duration(op, d) for op in takes[d][:k]) / k, -len(takes[d]),
+                                          self.index[d]))
+            taken = takes[d]
             for op in taken:
                 h = self.group_of[op]
                 self.group_device[h] = d

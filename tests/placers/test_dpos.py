@@ -60,6 +60,12 @@ def test_critical_path_goes_to_the_device_that_runs_it_fastest():
     assert s.makespan == 5.5
     # equal devices: the one listed first
     assert set(dpos.schedule(g, costs, cluster(3)).cp_device.values()) == {"g0"}
+    # memory: g0 has room for a only (b holds 80 bytes), g1 for the whole path; the averages are
+    # compared over a alone (equal), so the device taking more of the path wins
+    chain, ccosts = build([dict(name="a", inputs=["x"]), dict(name="b", inputs=["a"], fp=12.0, params=40),
+                           dict(name="c", inputs=["b"])])
+    s = dpos.schedule(chain, ccosts, cluster(2, memory=[50, 1000]))
+    assert s.cp_device == {"a": "g1", "b": "g1", "c": "g1"} and s.makespan == 14.0
 
 
 def test_an_operator_is_inserted_into_an_idle_gap():
