@@ -7,6 +7,8 @@ and returns a :class:`~tensoropt.plan.Plan` for the same simulator as everything
 - ``m-topo`` (:mod:`.m_topo`): Baechi's memory-constrained topological-order fill;
 - ``m-etf`` (:mod:`.m_etf`): Baechi's memory-constrained earliest-time-first list scheduling;
 - ``m-sct`` (:mod:`.m_sct`): Baechi's favourite-child LP + ETF scheduling;
+- ``dpos`` (:mod:`.dpos`): FastT's rank_u list scheduling with a critical-path device and insertion-based EFT;
+- ``os-dpos`` (:mod:`.os_dpos`): FastT's DPOS plus splitting critical-path operators along batch / channel;
 - ``netsplit`` (:mod:`.netsplit`): NetSplit's MILP (forward and backward, heterogeneous links, memory), HiGHS;
 - ``pesto`` (:mod:`.pesto`): Pesto's MILP (forward only), HiGHS.
 
@@ -27,7 +29,7 @@ from ..costs.model import CostModel
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..plan import Plan
-from . import dp, m_etf, m_sct, m_topo, netsplit, pesto
+from . import dp, dpos, m_etf, m_sct, m_topo, netsplit, os_dpos, pesto
 from .coarsen import Grouping, UnionFind, colocate, group_memory, heavy_edge_groups
 
 PLACERS: dict[str, Callable[..., Plan]] = {
@@ -35,6 +37,8 @@ PLACERS: dict[str, Callable[..., Plan]] = {
     "m-topo": m_topo.place,
     "m-etf": m_etf.place,
     "m-sct": m_sct.place,
+    "dpos": dpos.place,
+    "os-dpos": os_dpos.place,
     "netsplit": netsplit.place,
     "pesto": pesto.place,
 }
