@@ -1,0 +1,120 @@
+"""Seed 003's comparison (NetSplit thesis, Table 6-4): every placer and the frontier on the same
+models, devices and simulator.
+
+Setting (seed 003 §6.2.1): three GPUs of ``preset:titan-rtx-5`` — GPU-0 joined by NODE links to
+a PIX pair (here ``gpu0`` with ``gpu2, gpu3``); AmoebaNet-D-18 b64, WRN-152 b64, U-Net b128 and
+DeepLab-V3 b48.  Each model is captured, profiled (on the machine this runs on: CPU here, a
+CUDA device with ``--device cuda``) at shard degrees 1, 2 and 3, and compared with
+:func:`tensoropt.compare.compare`: one row per algorithm with the simulated iteration time,
+samples/s, the largest per-device peak, whether it fits 24 GiB, and the time to place.
+
+    python benchmarks/compare.py                                  # the README's table (long on a CPU)
+    python benchmarks/compare.py --profiles out/profiles          # reuse DIR/<model>.json where present
+    python benchmarks/compare.py --models "zoo:unet?tiny=1" --repeats 1 --time-limit 5   # a quick look
+
+Absolute times are those of the profiling device; the comparison between algorithms is the
+point (every row uses the same costs and the same simulator).  ``--json`` keeps every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+import tensoropt
+from tensoropt._io import write_json_atomic
+from tensoropt.compare import compare
+from tensoropt.describe import fmt_bytes
+from tensoropt.placers import PLACERS
+
+SEED_003 = {"amoebanet_d": "zoo:amoebanet_d?num_layers=18&batch=64", "wide_resnet152": "zoo:wide_resnet152?batch=64",
+            "unet": "zoo:unet?batch=128", "deeplab_v3": "zoo:deeplab_v3?batch=48"}
+DEVICES = ["gpu0", "gpu2", "gpu3"]
+
+
+def _profile(name: str, spec: str, graph, args, console: Console):
+    path = Path(args.profiles) / f"{name}.json" if args.profiles else None
+    if path is not None and path.exists():
+        try:
+            costs = tensoropt.CostModel.load(path, graph)
+            console.print(f"{name}: profile {path}")
+            return costs, 0.0
+        except tensoropt.TensorOptError as e:
+            console.print(f"[yellow]{name}: {path} not usable ({e}); profiling again[/yellow]")
+    t0 = time.perf_counter()
+    costs = tensoropt.profile(graph, shard_degrees=(1, 2, 3), repeats=args.repeats, device=args.device,
+                              progress=True)
+    took = time.perf_counter() - t0
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        costs.save(path)
+    return costs, took
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=list(SEED_003.values()),
+                    help="model specs (default: seed 003's four)")
+    ap.add_argument("--cluster", default="preset:titan-rtx-5")
+    ap.add_argument("--devices", default=",".join(DEVICES))
+    ap.add_argument("--algos", default=",".join(PLACERS), help="placers (default: all)")
+    ap.add_argument("--device", default="cpu", help="profile on cpu (default) or cuda[:N]")
+    ap.add_argument("--repeats", type=int, default=3, help="profiling repeats per op (median)")
+    ap.add_argument("--time-limit", type=float, default=60.0, help="each MILP's solver time limit (s)")
+    ap.add_argument("--profiles", help="folder of saved profiles <name>.json: used when they match, "
+                                       "written when profiled")
+    ap.add_argument("--json", help="write every row of every model here")
+    args = ap.parse_args(argv)
+    console = Console(width=220)
+    cluster = tensoropt.load_cluster(args.cluster)
+    devices = [d.strip() for d in args.devices.split(",")]
+    algos = [a.strip() for a in args.algos.split(",")]
+    limits = {a: {"time_limit": args.time_limit} for a in algos if a in ("netsplit", "pesto")}
+
+    everything = []
+    for spec in args.models:
+        loaded = tensoropt.load_model(spec)
+        name = loaded.name
+        graph = loaded.capture()
+        key = next((k for k, v in SEED_003.items() if v == spec), name.replace("/", "_"))
+        costs, prof_s = _profile(key, spec, graph, args, console)
+        t0 = time.perf_counter()
+        rows = compare(graph, costs, cluster, algos=algos, devices=devices, placer_options=limits,
+                       progress=lambda msg: console.print(f"[dim]{name}: {msg}[/dim]"))
+        took = time.perf_counter() - t0
+        load = costs.device.get("load_average")
+        t = Table(title=f"{name} (batch {graph.batch_size}, {len(graph.ops)} ops) on {cluster.name} "
+                        f"{','.join(devices)}; profiled on {costs.device.get('name', args.device)}"
+                        f"{f' in {prof_s:.0f} s' if prof_s else ''}; compared in {took:.1f} s",
+                  title_justify="left")
+        for col in ("algo", "devices", "iteration time", "samples/s", "vs dp", "max peak / device", "fits",
+                    "time to place", "note"):
+            t.add_column(col, justify="left" if col in ("algo", "note") else "right")
+        dp = next((r.time_s for r in rows if r.algo == "dp" and r.time_s), None)
+        for r in rows:
+            if r.error is not None:
+                t.add_row(r.algo, "-", "-", "-", "-", "-", "no plan", f"{r.place_s:.2f} s", r.error[:80])
+                continue
+            note = next((n for n in r.notes if "gap" in n or "time limit" in n), "")
+            t.add_row(r.algo, str(len(r.devices)), f"{r.time_s:.3f} s", f"{r.samples_per_s:.2f}",
+                      f"{dp / r.time_s:.2f}×" if dp else "-", fmt_bytes(r.peak_memory_bytes),
+                      "yes" if r.fits else "no", f"{r.place_s:.2f} s", note[:80])
+        console.print(t)
+        everything.append({"model": spec, "name": name, "batch": graph.batch_size, "ops": len(graph.ops),
+                           "profile_s": prof_s, "load_average": load, "rows": [r.to_dict() for r in rows]})
+    if args.json:
+        write_json_atomic(args.json, {"host": platform.node(), "cpus": os.cpu_count(), "cluster": cluster.name,
+                                      "devices": devices, "models": everything})
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
