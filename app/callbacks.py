@@ -172,7 +172,8 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
                  f"{s['profile_s']:.1f} s, tracked in {s['tracking_s']:.1f} s; "
                  f"{'exact' if s['exact'] else 'not exact (see the frontier notes)'}; "
                  f"{len(fits)} of {len(rows)} plans fit {fmt_bytes(int(budget))}"]
-        lines += [f"{b['algo']}: {b['error']}" for b in failed]
+        # the placers' messages already name the placer
+        lines += [b["error"] if b["error"].startswith(b["algo"]) else f"{b['algo']}: {b['error']}" for b in failed]
         return fig, html.Ul([html.Li(x) for x in lines], style={"margin": "2px 0"})
 
     @app.callback(Output("selected-plan", "data"), Input("frontier-graph", "clickData"), prevent_initial_call=True)

@@ -110,8 +110,8 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
         html.Div([html.Button("Download plan JSON", id="download-plan-button", n_clicks=0),
                   dcc.Download(id="download-plan")], style={"margin": "4px 0"}),
         html.Div(style={"display": "flex", "gap": "8px"}, children=[
-            html.Div(dcc.Graph(id="memory-graph"), style={"flex": "1"}),
-            html.Div(dcc.Graph(id="graph-graph"), style={"flex": "1"}),
+            html.Div(dcc.Graph(id="memory-graph"), style={"flex": "1 1 0", "minWidth": "0"}),
+            html.Div(dcc.Graph(id="graph-graph"), style={"flex": "1 1 0", "minWidth": "0"}),
         ]),
         dcc.Graph(id="gantt-graph"),
         dash_table.DataTable(id="plan-table", page_size=15, sort_action="native", filter_action="native",

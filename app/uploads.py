@@ -67,7 +67,13 @@ def accept_upload(store: ResultStore, contents: str, filename: str, kind: str) -
     :class:`~tensoropt.errors.TensorOptError` when it is not usable."""
     data, suffix = decode(contents, filename, kind)
     path = save_upload(store, data, suffix)
-    name = filename
+    try:
+        return _read(path, data, filename, kind)
+    except TensorOptError as e:   # the readers name the saved file: name the user's file instead
+        raise type(e)(str(e).replace(str(path), filename)) from None
+
+
+def _read(path: Path, data: bytes, name: str, kind: str) -> Accepted:
     if kind == "onnx":
         from tensoropt import load_onnx
 

@@ -1,0 +1,126 @@
+"""The dashboard's work without a browser: a request computed into the result store, read back,
+and uploads checked as data."""
+
+import base64
+import csv
+import io
+import time
+
+import pytest
+
+from app.pipeline import Request, run_request
+from app.uploads import UploadError, accept_upload, decode
+from tensoropt import Cluster, CostModel, Plan, load_cluster
+from tensoropt.errors import ClusterSpecError, TensorOptError
+from tensoropt.frontier.api import CSV_COLUMNS
+
+
+def _payload(data: bytes) -> str:
+    return "data:application/octet-stream;base64," + base64.b64encode(data).decode()
+
+
+def test_result_matches_the_library_and_is_reused(tiny_result):
+    from tensoropt import simulate, track_frontier
+    from tensoropt.frontier.build import candidate_meshes
+
+    store, req, key, seen = tiny_result
+    assert seen[-1][2] == "done" and any(m.startswith("profiling") for _, _, m in seen)
+    # the stored CSV is Frontier.to_csv of the same graph, costs and meshes: same rows, same columns
+    graph, costs, cluster = store.graph(key), store.costs(key), store.cluster(key)
+    fr = track_frontier(graph, costs, cluster, meshes=candidate_meshes(cluster, devices=["gpu0", "gpu1"]))
+    rows = store.frontier_rows(key)
+    assert list(rows[0]) == list(CSV_COLUMNS)
+    assert [(r["plan_id"], int(r["memory_bytes"]), float(r["time_s"])) for r in rows] == \
+        [(p.plan_id, p.memory_bytes, p.time_s) for p in fr.points]
+    # every baseline row is its stored plan simulated again
+    base = {b["algo"]: b for b in store.baselines(key)}
+    assert {"dp", "m-etf"} <= set(base)
+    for algo in ("dp", "m-etf"):
+        plan = store.plan(key, base[algo]["plan_id"])
+        sim = simulate(plan, graph, costs, cluster)
+        assert sim.time_s == pytest.approx(base[algo]["time_s"])
+        assert sim.max_memory_bytes == base[algo]["peak_memory_bytes"]
+    # a second run of the same request reads the folder back: no profiling, no tracking
+    again = []
+    t0 = time.perf_counter()
+    assert run_request(req, store, lambda d, t, m: again.append(m)) == key
+    assert time.perf_counter() - t0 < 0.5 and again == ["cached result"]
+
+
+def test_request_key_covers_every_field():
+    a = Request(model="zoo:gpt2?tiny=1")
+    assert a.key == Request.from_dict(a.to_dict()).key
+    assert a.key != Request(model="zoo:gpt2?tiny=1", batch=4).key
+    assert a.key != Request(model="zoo:gpt2?tiny=1", devices=("gpu0",)).key
+    with pytest.raises(TensorOptError, match="batch size"):
+        Request(batch=0)
+    with pytest.raises(TensorOptError, match="at least one device"):
+        Request(devices=())
+
+
+def test_bad_request_is_an_error_and_leaves_no_result(tiny_result):
+    store = tiny_result[0]
+    req = Request(model="zoo:no_such_model", cluster="preset:titan-rtx-5", repeats=1)
+    with pytest.raises(TensorOptError, match="unknown zoo model"):
+        run_request(req, store)
+    assert not store.complete(req.key)
+    with pytest.raises(TensorOptError, match="gpu9"):
+        run_request(Request(model="zoo:gpt2?tiny=1", devices=("gpu9",)), store)
+
+
+def test_plan_ids_cannot_leave_the_result_folder(tiny_result):
+    store, _, key, _ = tiny_result
+    for bad in ("../summary", "", ".hidden", "a/b"):
+        with pytest.raises(TensorOptError):
+            store.plan_path(key, bad)
+    with pytest.raises(TensorOptError):
+        store.folder("../../etc")
+
+
+def test_cluster_upload_round_trip_and_errors(tiny_result, tmp_path):
+    store = tiny_result[0]
+    preset = load_cluster("preset:titan-rtx-5")
+    preset.save(tmp_path / "c.yaml")
+    ok = accept_upload(store, _payload((tmp_path / "c.yaml").read_bytes()), "c.yaml", "cluster")
+    assert "5 devices" in ok.message and Cluster.load(ok.path).names == preset.names
+    with pytest.raises(ClusterSpecError, match="^bad.yaml: not valid YAML"):   # the user's name, not the saved path
+        accept_upload(store, _payload(b"devices: [unclosed"), "bad.yaml", "cluster")
+    with pytest.raises(ClusterSpecError):
+        accept_upload(store, _payload(b"just a string"), "bad.yaml", "cluster")
+    with pytest.raises(UploadError, match="expected a .yaml"):
+        decode(_payload(b"x"), "cluster.pkl", "cluster")
+    with pytest.raises(UploadError, match="larger than"):
+        decode(_payload(b"x" * (2 * 2 ** 20)), "big.yaml", "cluster")
+    with pytest.raises(UploadError, match="base64"):
+        decode("data:;base64,@@@@", "c.yaml", "cluster")
+    with pytest.raises(UploadError, match="empty"):
+        decode("data:;base64,", "c.yaml", "cluster")
+
+
+def test_profile_and_onnx_uploads(tiny_result, tmp_path):
+    store, _, key, _ = tiny_result
+    prof = (store.folder(key) / "profile.json").read_bytes()
+    ok = accept_upload(store, _payload(prof), "p.json", "profile")
+    assert CostModel.load(ok.path, store.graph(key)).graph_fingerprint == store.graph(key).fingerprint
+    with pytest.raises(UploadError, match="not a JSON"):
+        accept_upload(store, _payload(b"{nope"), "p.json", "profile")
+    with pytest.raises(TensorOptError):
+        accept_upload(store, _payload(b'{"format": "something else"}'), "p.json", "profile")
+    with pytest.raises(TensorOptError):   # bytes that are not an ONNX model: onnx.load's error, as a message
+        accept_upload(store, _payload(b"\x00\x01garbage"), "m.onnx", "onnx")
+
+
+def test_uploaded_profile_is_used_instead_of_profiling(tiny_result):
+    store, req, key, _ = tiny_result
+    prof = accept_upload(store, _payload((store.folder(key) / "profile.json").read_bytes()), "p.json", "profile")
+    seen = []
+    req2 = Request(**{**req.to_dict(), "devices": tuple(req.devices), "algos": tuple(req.algos),
+                      "profile": str(prof.path)})
+    key2 = run_request(req2, store, lambda d, t, m: seen.append(m))
+    assert not any(m.startswith("profiling") for m in seen)
+    assert [r["plan_id"] for r in store.frontier_rows(key2)] == [r["plan_id"] for r in store.frontier_rows(key)]
+    with io.StringIO(store.frontier_csv(key2)) as f:
+        assert next(csv.reader(f)) == list(CSV_COLUMNS)
+    # the downloaded plan loads for the graph it belongs to
+    first = store.frontier_rows(key2)[0]["plan_id"]
+    assert Plan.load(store.plan_path(key2, first), store.graph(key2)).plan_id == first
