@@ -40,7 +40,7 @@ import numpy as np
 from ..describe import fmt_bytes
 from ..errors import TensorOptError
 from ..plan import Plan, PlanError
-from ._common import Problem, make_plan, resolve_devices
+from ._common import Problem, device_bytes, make_plan, resolve_devices
 from .coarsen import Grouping, colocate, heavy_edge_groups, parse_rules
 
 SCALE = 1000.0   # the horizon in model units
@@ -482,18 +482,25 @@ def solve(prob: Problem, tg: TaskGraph, algo: str, *, time_limit: float, mip_gap
     }
     if status == highspy.HighsModelStatus.kInfeasible:
         raise _overflow_error(algo, prob)
-    if has_sol:
-        vals = list(h.getSolution().col_value)
-        obj = vals[lay.makespan] * unit
-        dual = info.mip_dual_bound * unit if np.isfinite(info.mip_dual_bound) else None
-    elif best is not None:  # stopped before HiGHS took up the warm start: return it
-        vals, obj = warm_vals, best.schedule.makespan
-        dual = info.mip_dual_bound * unit if np.isfinite(info.mip_dual_bound) else None
-    else:
-        raise PlanError(f"{algo}: HiGHS found no placement within {time_limit:g} s (status "
-                        f"{report['status']}); raise time_limit, or keep warm_start=True so that the best "
-                        "heuristic placement is a fallback")
-    group_device = [max(prob.devices, key=lambda d: vals[lay.x[g, d]]) for g in range(len(prob.grouping))]
+    dual = info.mip_dual_bound * unit if np.isfinite(info.mip_dual_bound) else None
+    vals = list(h.getSolution().col_value) if has_sol else None
+    group_device = None
+    if vals is not None:
+        group_device = [max(prob.devices, key=lambda d: vals[lay.x[g, d]]) for g in range(len(prob.grouping))]
+        # the memory rows hold within HiGHS's tolerance (1e-6 of a device): check them exactly
+        used = device_bytes(prob, dict(enumerate(group_device)))
+        over = [d for d in prob.devices if used[d] > prob.capacity[d]]
+        if over:
+            report["overflow_rejected"] = f"{over[0]} by {used[over[0]] - prob.capacity[over[0]]} bytes"
+            group_device = None
+    if group_device is None:
+        if best is None:
+            if "overflow_rejected" in report:
+                raise _overflow_error(algo, prob)
+            raise PlanError(f"{algo}: HiGHS found no placement within {time_limit:g} s (status "
+                            f"{report['status']}); raise time_limit, or keep warm_start=True so that the best "
+                            "heuristic placement is a fallback")
+        vals, group_device = warm_vals, best.group_device  # the search ended before it beat the warm start
     # re-time the solution's task order exactly: the solver's times carry its tolerances (1e-6 of
     # the horizon); the list schedule of that order is a schedule of the model no later than it
     solved = [vals[k] for k in lay.start]
