@@ -4,6 +4,7 @@ memory limits, split operators on meshes, the tiny zoo models."""
 import pytest
 
 from tensoropt.cluster import Cluster, Device
+from tensoropt.costs import ShardCost
 from tensoropt.errors import TensorOptError
 from tensoropt.placers import dpos, place
 from tensoropt.placers._common import setup
@@ -139,6 +140,19 @@ def test_a_split_operator_runs_on_a_mesh_and_its_edges_cost_the_reshard():
     gm, cm = build([dict(name="a", inputs=["x"], params=8), dict(name="b", inputs=["a"], params=40, shards=batch2())])
     sm = dpos.schedule(gm, cm, cluster(2), splits=[dpos.Split("b", "batch", 2)])
     assert sm.memory == {"g0": 16 + 80, "g1": 80}
+
+
+def test_many_meshes_try_only_the_devices_where_a_shard_alone_finishes_first():
+    # C(9, 4) = 126 > MAX_MESHES meshes: the shard alone finishes first on g0 (a's device), then on the
+    # others in listing order.  a -> b: g0 sends a quarter (250 bytes: 0.75 s) to each of 3 devices
+    # one after the other (2.25 s) and takes the gradients back (2.25 s): 1 + 4.5 + 3 + 4.5 + 1
+    shards = {("batch", 4): ShardCost(3.0, 0.0, 250, 0, 0)}
+    g, costs = build([dict(name="a", inputs=["x"], fp=1.0, params=8),
+                      dict(name="b", inputs=["a"], fp=12.0, shards=shards), dict(name="c", inputs=["b"], fp=1.0)])
+    s = dpos.schedule(g, costs, cluster(9), splits=[dpos.Split("b", "batch", 4)])
+    assert s.config["b"] == NodeConfig(("g0", "g1", "g2", "g3"), "batch") and s.makespan == 14.0
+    plan = dpos.plan_from_schedule(setup(g, costs, cluster(9), "dpos"), "dpos", s, {})
+    assert simulate(plan, g, costs, cluster(9)).time_s == 14.0
 
 
 def test_bad_splits_are_refused():

@@ -62,8 +62,10 @@ def test_no_split_when_transfers_dominate():
     assert found.stopped == "pass 1 kept no split"
     plan = os_dpos.place(g, costs, cluster(2))
     assert all(c.degree == 1 for c in plan.configs.values()) and plan.estimate("os-dpos").time_s == 14.0
-    # one device: nothing to split over
+    # one device: nothing to split over, and the plan says why
     assert os_dpos.search(setup(g, costs, cluster(1), "os-dpos")).trials == 0
+    assert any("nothing could be split; profile with shard_degrees" in n for n in os_dpos.place(g, costs, cluster(1)).notes)
+    assert not any("nothing could be split" in n for n in plan.notes)
 
 
 def test_splits_accumulate_along_the_critical_path():
