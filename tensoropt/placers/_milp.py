@@ -44,6 +44,7 @@ from ._common import Problem, device_bytes, make_plan, resolve_devices
 from .coarsen import Grouping, colocate, heavy_edge_groups, parse_rules
 
 SCALE = 1000.0   # the horizon in model units
+MAX_DISJUNCTIONS = 20000   # past this many unordered task pairs the MILP drops no-overlap (see solve)
 
 
 @dataclass(frozen=True)
@@ -401,7 +402,7 @@ def serial_bound(prob: Problem, tg: TaskGraph) -> float:
 
 
 def solve(prob: Problem, tg: TaskGraph, algo: str, *, time_limit: float, mip_gap: float,
-          warm_start: bool) -> MilpResult:
+          warm_start: bool, max_disjunctions: int | None = MAX_DISJUNCTIONS) -> MilpResult:
     """Solve the placement MILP of ``tg`` (module docstring) with HiGHS.
 
     With ``warm_start`` the best heuristic placement under this model (:func:`heuristic_starts`)
@@ -410,7 +411,12 @@ def solve(prob: Problem, tg: TaskGraph, algo: str, *, time_limit: float, mip_gap
     problem no placement fits raises :class:`PlanError` naming a device and its overflow.
     Size: G·D binaries x, one binary per disjunctive pair, D(D−1) delays per ordered group pair
     joined by an arc; HiGHS's branch and bound is exponential in the worst case, bounded by
-    ``time_limit``."""
+    ``time_limit``.
+
+    Past ``max_disjunctions`` unordered task pairs (``None``: no limit) the no-overlap
+    disjunctions are left out — NetSplit's model as published — and the MILP is a relaxation:
+    its bound stays a bound, its placement is re-timed with no overlap (:func:`list_schedule`),
+    and the better of it and the warm start is returned; the report says so."""
     try:
         import highspy
     except ImportError as e:  # pragma: no cover - highspy is a dependency
@@ -427,6 +433,9 @@ def solve(prob: Problem, tg: TaskGraph, algo: str, *, time_limit: float, mip_gap
     if horizon <= 0:
         horizon = 1.0  # nothing takes time: any placement that fits is optimal
     pairs = disjunctive_pairs(tg)
+    unordered = len(pairs)
+    if max_disjunctions is not None and unordered > max_disjunctions:
+        pairs = []
     m, lay, unit = _build(prob, tg, pairs, horizon, prob.group_bytes)
 
     h = highspy.Highs()
@@ -476,7 +485,7 @@ def solve(prob: Problem, tg: TaskGraph, algo: str, *, time_limit: float, mip_gap
         "warm_start_candidates": {w.source: w.schedule.makespan for w in starts},
         "warm_start_failed": failed,
         "model": {"groups": len(prob.grouping), "devices": len(prob.devices), "tasks": len(tg.tasks),
-                  "arcs": len(tg.arcs), "disjunctions": len(pairs), "columns": n, "rows": len(m.rows),
+                  "arcs": len(tg.arcs), "disjunctions": len(pairs), "unordered_pairs": unordered, "columns": n, "rows": len(m.rows),
                   "binaries": int(len(ints))},
         "build_s": round(build_s, 4), "solve_s": round(solve_s, 4),
     }
@@ -505,6 +514,10 @@ def solve(prob: Problem, tg: TaskGraph, algo: str, *, time_limit: float, mip_gap
     # the horizon); the list schedule of that order is a schedule of the model no later than it
     solved = [vals[k] for k in lay.start]
     sched = list_schedule(prob, tg, group_device, _task_order(tg, solved))
+    if best is not None and best.schedule.makespan < sched.makespan:
+        # only a relaxation (no disjunctions) can re-time worse than its warm start
+        report["relaxation_worse_than_warm_start"] = sched.makespan
+        group_device, sched = best.group_device, best.schedule
     obj = sched.makespan
     # HiGHS may stop before it has a bound of its own: the critical path at the fastest speed is one
     floor = m.lb[lay.makespan] * unit
@@ -592,6 +605,12 @@ def milp_plan(prob: Problem, algo: str, tg: TaskGraph, res: MilpResult, options:
              ("warm start: none" if ws is None else
               f"warm start: {ws['source']} placement, makespan {ws['objective_s']:.6g} s under this model"),
              "model: " + ", ".join(f"{k} {v}" for k, v in r["model"].items())]
+    if r["model"]["disjunctions"] < r["model"]["unordered_pairs"]:
+        lines.append(f"no-overlap left out: {r['model']['unordered_pairs']} unordered task pairs > max_disjunctions "
+                     "(NetSplit's model as published; the placement re-timed with no overlap)")
+    if "relaxation_worse_than_warm_start" in r:
+        lines.append(f"the relaxation's placement re-timed to {r['relaxation_worse_than_warm_start']:.6g} s: "
+                     "the warm start is returned")
     lines += [f"warm start skipped {f}" for f in r["warm_start_failed"]]
     return make_plan(prob, algo, placement, order, {**options, "milp": r}, estimate_time=res.makespan,
                      notes=[*notes, *lines])

@@ -37,7 +37,7 @@ from ..costs.model import CostModel
 from ..graph import OpGraph
 from ..plan import Plan
 from ._common import setup
-from ._milp import coarsened_grouping, milp_plan, solve, training_tasks
+from ._milp import MAX_DISJUNCTIONS, coarsened_grouping, milp_plan, solve, training_tasks
 from .coarsen import Grouping
 
 NAME = "netsplit"
@@ -47,14 +47,15 @@ MAX_GROUPS = 60
 def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
           optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None, max_groups: int | None = MAX_GROUPS, time_limit: float = 30.0,
-          mip_gap: float = 1e-3, warm_start: bool = True) -> Plan:
+          mip_gap: float = 1e-3, warm_start: bool = True, max_disjunctions: int | None = MAX_DISJUNCTIONS) -> Plan:
     """Place ``graph`` with NetSplit's MILP (see the module docstring).
 
     ``devices``, ``optimizer``, ``colocation``, ``heavy_edge_groups``, ``grouping``: as for
     :func:`~.m_etf.place`; ``max_groups``: without ``heavy_edge_groups`` / ``grouping``, merge
     colocation groups along the heaviest edges down to this many when there are more (``None``:
     never); ``time_limit`` (seconds) and ``mip_gap`` (relative) stop HiGHS; ``warm_start``: start
-    from the best heuristic placement.  Raises :class:`~tensoropt.plan.PlanError` when no
+    from the best heuristic placement; ``max_disjunctions``: past this many unordered task pairs,
+    leave no-overlap out (the thesis's model; the placement is re-timed with it).  Raises :class:`~tensoropt.plan.PlanError` when no
     placement fits the devices' memory (naming a device and its overflow).  Cost: the MILP has
     groups × devices binaries plus one per disjunctive task pair; bounded by ``time_limit``.
     """
@@ -64,8 +65,10 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[s
     prob = setup(graph, costs, cluster, NAME, devices=devices, optimizer=optimizer, colocation=colocation,
                  heavy_edge_groups_target=heavy_edge_groups, grouping=given)
     tg = training_tasks(prob)
-    res = solve(prob, tg, NAME, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start)
+    res = solve(prob, tg, NAME, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start,
+                max_disjunctions=max_disjunctions)
     opts = {"devices": prob.devices, "optimizer": optimizer, "colocation": colocation or "none",
             "heavy_edge_groups": heavy_edge_groups, "grouping": grouping.method if grouping is not None else None,
-            "max_groups": max_groups, "time_limit": time_limit, "mip_gap": mip_gap, "warm_start": warm_start}
+            "max_groups": max_groups, "time_limit": time_limit, "mip_gap": mip_gap, "warm_start": warm_start,
+            "max_disjunctions": max_disjunctions}
     return milp_plan(prob, NAME, tg, res, opts, [*notes, "makespan: forward and backward of every operator"])

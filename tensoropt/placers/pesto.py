@@ -31,7 +31,7 @@ from ..costs.model import CostModel
 from ..graph import OpGraph
 from ..plan import Plan
 from ._common import setup
-from ._milp import coarsened_grouping, forward_tasks, milp_plan, solve
+from ._milp import MAX_DISJUNCTIONS, coarsened_grouping, forward_tasks, milp_plan, solve
 from .coarsen import Grouping
 
 NAME = "pesto"
@@ -41,7 +41,7 @@ MAX_GROUPS = 700
 def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
           optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None, max_groups: int | None = MAX_GROUPS, time_limit: float = 30.0,
-          mip_gap: float = 1e-3, warm_start: bool = True) -> Plan:
+          mip_gap: float = 1e-3, warm_start: bool = True, max_disjunctions: int | None = MAX_DISJUNCTIONS) -> Plan:
     """Place ``graph`` with Pesto's MILP (see the module docstring).  Options as
     :func:`~.netsplit.place` (``max_groups`` defaults to Pesto's 700).  Raises
     :class:`~tensoropt.plan.PlanError` when no placement fits the devices' memory."""
@@ -51,8 +51,10 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[s
     prob = setup(graph, costs, cluster, NAME, devices=devices, optimizer=optimizer, colocation=colocation,
                  heavy_edge_groups_target=heavy_edge_groups, grouping=given)
     tg = forward_tasks(prob)
-    res = solve(prob, tg, NAME, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start)
+    res = solve(prob, tg, NAME, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start,
+                max_disjunctions=max_disjunctions)
     opts = {"devices": prob.devices, "optimizer": optimizer, "colocation": colocation or "none",
             "heavy_edge_groups": heavy_edge_groups, "grouping": grouping.method if grouping is not None else None,
-            "max_groups": max_groups, "time_limit": time_limit, "mip_gap": mip_gap, "warm_start": warm_start}
+            "max_groups": max_groups, "time_limit": time_limit, "mip_gap": mip_gap, "warm_start": warm_start,
+            "max_disjunctions": max_disjunctions}
     return milp_plan(prob, NAME, tg, res, opts, [*notes, "makespan: forward pass only (Pesto)"])

@@ -310,3 +310,17 @@ def test_every_heuristic_warm_start_is_a_feasible_point_of_the_model(name):
         m, lay, unit = _milp._build(prob, tg, disjunctive_pairs(tg), ws.schedule.makespan * (1 + 1e-9),
                                     prob.group_bytes)
         assert m.violation(_milp._warm_values(prob, tg, lay, m, unit, ws)) < 1e-6
+
+
+def test_past_max_disjunctions_the_relaxation_is_re_timed_and_never_worse_than_the_warm_start():
+    g, costs = GRAPHS["six ops, two joins"]()
+    cl = hetero(2)
+    plan = netsplit.place(g, costs, cl, colocation="none", max_disjunctions=0, mip_gap=0.0)
+    milp = plan.options["milp"]
+    assert milp["model"]["disjunctions"] == 0 < milp["model"]["unordered_pairs"] == 6
+    assert any("no-overlap left out" in n for n in plan.notes)
+    # the estimate is a real (no-overlap) schedule of the placement; the bound is still a bound
+    dur, arcs = tasks_of(g, costs)
+    assert plan.estimate("netsplit").time_s >= best_schedule(dur, arcs, placement(plan), cl) - 1e-9
+    assert milp["best_bound_s"] <= brute_force(g, costs, cl) + 1e-9 <= milp["objective_s"] + 2e-9
+    assert milp["objective_s"] <= milp["warm_start"]["objective_s"] + 1e-9
