@@ -8,8 +8,9 @@ Stages (one module each): :mod:`tensoropt.capture` (model → :class:`OpGraph`),
 from .capture import capture, load_onnx
 from .cluster import Cluster, Device, LinkModel, detect_cluster, list_presets, load_cluster
 from .costs import CostModel, NodeCost, ShardCost, node_memory, profile, step_memory
-from .errors import (CaptureError, ClusterSpecError, GraphFormatError, ModelSpecError, ProfileError,
+from .errors import (CaptureError, ClusterSpecError, ExecutionError, GraphFormatError, ModelSpecError, ProfileError,
                      TensorOptError)
+from .execute import PlannedModule, apply_plan
 from .frontier import BudgetError, Frontier, FrontierPoint, candidate_meshes, track_frontier
 from .graph import Edge, OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
 from .modelspec import LoadedModel, load_graph, load_model
@@ -28,5 +29,6 @@ __all__ = [
     "Plan", "NodeConfig", "Estimate", "PlanError", "place", "PLACERS",
     "simulate", "SimResult", "TimelineEvent", "plan_memory", "reshard", "edge_reshard", "param_sync", "Reshard",
     "Cluster", "Device", "LinkModel", "load_cluster", "detect_cluster", "list_presets",
+    "apply_plan", "PlannedModule", "ExecutionError",
     "TensorOptError", "CaptureError", "GraphFormatError", "ModelSpecError", "ClusterSpecError", "ProfileError",
 ]

@@ -34,3 +34,9 @@ class ClusterSpecError(TensorOptError):
 class ProfileError(TensorOptError):
     """A profile cannot be made or used (e.g. it belongs to another graph: both fingerprints are
     named, with the command that re-profiles)."""
+
+
+class ExecutionError(TensorOptError):
+    """A plan cannot be executed as asked (a device map that misses a plan device or names a CUDA
+    device that does not exist, a plan larger than the real devices' memory, an operator split the
+    executor cannot run); the message names the device or node and the fix."""

@@ -1,0 +1,276 @@
+"""Run a plan: rewrite the captured graph so every operator runs where the plan says, and train.
+
+:func:`apply_plan` returns a :class:`PlannedModule` — an ``nn.Module`` that owns the user's own
+parameter and buffer objects (its ``parameters()`` are the model's, its ``state_dict`` keys are
+the model's) and whose ``forward`` runs the rewritten ``torch.fx.GraphModule``
+(:attr:`PlannedModule.graph_module`; ``print(m.graph_module.code)`` shows the ``.to(…)`` moves,
+``tensor_split`` / ``cat`` / sum nodes).  How the graph is rewritten: :mod:`.rewrite`; how a value
+moves between devices and layouts: :mod:`.layouts`.  :func:`compare_with_model` checks a plan:
+the same loss, gradients and buffer updates as the unmodified model.
+
+The graph is the one captured in training mode: batch norm uses batch statistics and dropout
+draws masks even after ``.eval()``.  Random ops (dropout) draw their own masks per shard, so a
+split plan gives a different (equally distributed) mask than the original; the check turns
+dropout off in both.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from ..errors import ExecutionError
+from ..graph import OpGraph
+from ..plan import Plan
+from .layouts import Placed, Transport
+from .rewrite import Rewritten, rewrite
+
+__all__ = ["apply_plan", "PlannedModule", "default_device_map", "parse_device_map", "resolve_device_map",
+           "compare_with_model", "Comparison", "disable_dropout", "Placed", "Transport", "rewrite"]
+
+
+def default_device_map(plan: Plan) -> dict[str, str]:
+    """``cuda:i`` for the ``i``-th plan device (in ``plan.devices`` order) when torch sees that
+    many GPUs, else ``cpu`` for every plan device."""
+    devices = plan.devices
+    if torch.cuda.is_available() and torch.cuda.device_count() >= len(devices):
+        return {d: f"cuda:{i}" for i, d in enumerate(devices)}
+    return {d: "cpu" for d in devices}
+
+
+def parse_device_map(text: str) -> dict[str, str]:
+    """``"gpu0=cuda:0,gpu1=cuda:1"`` → ``{"gpu0": "cuda:0", "gpu1": "cuda:1"}``."""
+    out: dict[str, str] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name, sep, dev = item.partition("=")
+        if not sep or not name.strip() or not dev.strip():
+            raise ExecutionError(f"cannot read device map entry {item!r}: write PLAN_DEVICE=TORCH_DEVICE, "
+                                 "e.g. gpu0=cuda:0,gpu1=cuda:1")
+        out[name.strip()] = dev.strip()
+    return out
+
+
+def resolve_device_map(plan: Plan, device_map: Mapping[str, Any] | None) -> dict[str, str]:
+    """Check ``device_map`` against the plan and this machine; returns plan device → torch device
+    string.  A missing plan device, an unreadable device or a CUDA device that does not exist is an
+    :class:`ExecutionError` naming it."""
+    if device_map is None:
+        return default_device_map(plan)
+    missing = [d for d in plan.devices if d not in device_map]
+    if missing:
+        raise ExecutionError(f"the device map has no entry for plan device(s) {', '.join(missing)} "
+                             f"(the plan uses {', '.join(plan.devices)}); map every one, e.g. "
+                             f"{','.join(f'{d}=cpu' for d in plan.devices)}")
+    out = {}
+    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for d in plan.devices:
+        try:
+            dev = torch.device(device_map[d])
+        except (RuntimeError, TypeError) as e:
+            raise ExecutionError(f"plan device {d!r} maps to {device_map[d]!r}, which is not a torch device "
+                                 f"({e}); use cpu or cuda:N") from None
+        if dev.type == "cuda":
+            index = dev.index if dev.index is not None else 0
+            if index >= n_cuda:
+                raise ExecutionError(f"plan device {d!r} maps to cuda:{index}, which does not exist: this machine "
+                                     f"has {n_cuda} CUDA device(s); map it to an existing one or to cpu")
+            dev = torch.device("cuda", index)
+        elif dev.type != "cpu":
+            raise ExecutionError(f"plan device {d!r} maps to {dev}; the executor runs on cpu and cuda devices")
+        out[d] = str(dev)
+    return out
+
+
+def check_memory(plan: Plan, device_map: Mapping[str, str]) -> None:
+    """Refuse a plan whose estimated per-device peak (simulator's, else the frontier's, else any
+    estimate) exceeds a mapped CUDA device's memory; plan devices mapped to one GPU add up.
+    Nothing to check on the CPU or without an estimate."""
+    est = plan.estimate("simulator") or plan.estimate("frontier") or (plan.estimates[-1] if plan.estimates else None)
+    if est is None:
+        return
+    need: dict[str, int] = {}
+    for d, b in est.memory_bytes.items():
+        dev = device_map.get(d)
+        if dev is not None and dev.startswith("cuda"):
+            need[dev] = need.get(dev, 0) + int(b)
+    for dev, b in need.items():
+        have = torch.cuda.get_device_properties(torch.device(dev)).total_memory
+        if b > have:
+            raise ExecutionError(f"the plan needs {b / 2**30:.2f} GiB on {dev} ({est.source} estimate) but it has "
+                                 f"{have / 2**30:.2f} GiB; pick a plan under that budget "
+                                 f"(tensoropt frontier --budget) or map its devices to more GPUs")
+
+
+class PlannedModule(nn.Module):
+    """The model run by a plan.  Holds the model's own submodules, parameters and buffers (the
+    same objects: an optimizer over ``model.parameters()`` or this module's parameters trains
+    both); ``forward(*inputs)`` runs :attr:`graph_module` and returns what the model returns."""
+
+    def __init__(self, model: nn.Module, rewritten: Rewritten, plan: Plan, device_map: Mapping[str, str],
+                 out_spec: Any):
+        super().__init__()
+        # share, don't copy: state_dict keys and parameter objects stay the model's
+        self._modules.update(model._modules)
+        self._parameters.update(model._parameters)
+        self._buffers.update(model._buffers)
+        self._non_persistent_buffers_set = set(model._non_persistent_buffers_set)
+        object.__setattr__(self, "graph_module", rewritten.module)  # not a submodule: no extra state
+        self.sources = rewritten.sources
+        self.fallbacks = list(rewritten.fallbacks)
+        self.plan = plan
+        self.device_map = dict(device_map)
+        self._out_spec = out_spec
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils._pytree import tree_unflatten
+
+        leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+        params = dict(self.named_parameters(remove_duplicate=False))
+        buffers = dict(self.named_buffers(remove_duplicate=False))
+        feed = []
+        for kind, what in self.sources:
+            if kind == "parameter":
+                feed.append(params[what])
+            elif kind == "buffer":
+                feed.append(buffers[what])
+            elif kind == "constant":
+                feed.append(what)
+            else:
+                if what >= len(leaves):
+                    raise ExecutionError(f"the planned model takes {sum(k == 'input' for k, _ in self.sources)} "
+                                         f"tensor input(s), got {len(leaves)}: pass the inputs it was captured with")
+                feed.append(leaves[what])
+        outs = self.graph_module(*feed)
+        return tree_unflatten(list(outs), self._out_spec)
+
+
+def apply_plan(model: nn.Module, example_inputs: Any, plan: Plan, *, device_map: Mapping[str, Any] | None = None,
+               graph: OpGraph | None = None) -> PlannedModule:
+    """``model`` rewritten to run as ``plan`` says (design §6; see :mod:`.rewrite`).
+
+    ``example_inputs``: the inputs (a tuple, or one tensor) the plan's graph was captured with —
+    captured again here unless ``graph`` (a torch.export capture of this model with these inputs)
+    is given.  ``device_map``: plan device name → torch device (``"cuda:0"``, ``"cpu"``; several
+    plan devices may share one); default :func:`default_device_map`.  Checked before anything runs:
+    the plan's fingerprint against the graph (:class:`~tensoropt.plan.PlanError`), the device map
+    and, on CUDA, the plan's estimated memory against each GPU's (:class:`ExecutionError`).
+    Parameters and buffers are moved to the first device of the operator that owns them (same
+    objects, ``.data`` replaced on CUDA; nothing moves on the CPU).  O(V + E) graph nodes times
+    the mesh sizes.
+    """
+    if not isinstance(model, nn.Module):
+        raise ExecutionError(f"apply_plan needs a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(plan, Plan):
+        raise ExecutionError(f"apply_plan needs a tensoropt.Plan, got {type(plan).__name__} (load one with Plan.load)")
+    if graph is None:
+        from ..capture import capture
+
+        graph = capture(model, example_inputs, method="export")
+    plan.check(graph)
+    dmap = resolve_device_map(plan, device_map)
+    check_memory(plan, dmap)
+    rewritten = rewrite(graph, plan, dmap.__getitem__)
+    _move_to_owners(model, graph, plan, dmap)
+    return PlannedModule(model, rewritten, plan, dmap, graph.exported.call_spec.out_spec)
+
+
+def _move_to_owners(model: nn.Module, graph: OpGraph, plan: Plan, dmap: Mapping[str, str]) -> None:
+    for name, info in graph.params.items():
+        if info.owner is None or info.kind == "constant":
+            continue
+        dev = torch.device(dmap[plan.configs[info.owner].devices[0]])
+        mod_path, _, attr = name.rpartition(".")
+        mod = model.get_submodule(mod_path)
+        t = getattr(mod, attr)
+        if t.device == dev:
+            continue
+        if isinstance(t, nn.Parameter):
+            t.data = t.data.to(dev)
+        else:
+            mod._buffers[attr] = t.to(dev)
+
+
+# ------------------------------------------------------------------------------------ checking
+
+@dataclass(frozen=True)
+class Comparison:
+    """How far a planned step is from the model's own: relative differences (``max|a−b| /
+    max|b|`` per tensor; for gradients ``max|b|`` is at least 1e-6 × the largest gradient entry) of the loss, of every parameter gradient and of every floating buffer
+    after the step (running statistics); ``worst`` names the largest."""
+
+    loss: float
+    grads: dict[str, float]
+    buffers: dict[str, float]
+
+    @property
+    def max_rel_diff(self) -> float:
+        return max([self.loss, *self.grads.values(), *self.buffers.values()])
+
+    @property
+    def worst(self) -> str:
+        items = {"loss": self.loss, **{f"grad {k}": v for k, v in self.grads.items()},
+                 **{f"buffer {k}": v for k, v in self.buffers.items()}}
+        return max(items, key=items.get)
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
+    """``max|a − b| / max(max|b|, floor)`` (absolute when both are 0)."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    scale = max(b.abs().max().item() if b.numel() else 0.0, floor)
+    err = (a - b).abs().max().item() if b.numel() else 0.0
+    return err / scale if scale > 0 else err
+
+
+def disable_dropout(model: nn.Module) -> nn.Module:
+    """Set every dropout probability in ``model`` to 0 (``nn.Dropout*`` modules and ``dropout``
+    attributes of RNNs / attention); returns ``model``.  Random masks cannot be matched between a
+    split plan and the original, so checks run without them."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+        elif isinstance(getattr(m, "dropout", None), float):
+            m.dropout = 0.0
+    return model
+
+
+def compare_with_model(model: nn.Module, planned: nn.Module, example_inputs: Any) -> Comparison:
+    """One forward + :func:`~tensoropt.costs.step.training_loss` + backward of ``model`` and of
+    ``planned`` (which shares its parameters) on the same inputs and starting buffers; the
+    parameters' ``.grad`` and the buffers are left as the planned step made them.  Run with dropout off (:func:`disable_dropout`) for an exact comparison."""
+    from ..costs.step import training_loss
+
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    params = dict(model.named_parameters())
+    start = {k: v.detach().clone() for k, v in model.named_buffers()}
+
+    model.zero_grad(set_to_none=True)
+    ref_loss = training_loss(model(*args))
+    ref_loss.backward()
+    ref_grads = {k: p.grad.detach().clone() for k, p in params.items() if p.grad is not None}
+    ref_buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+
+    with torch.no_grad():
+        for k, v in model.named_buffers():
+            v.copy_(start[k].to(v.device))
+    model.zero_grad(set_to_none=True)
+    loss = training_loss(planned(*args))
+    loss.backward()
+    # a gradient that is zero up to rounding (a conv bias before batch norm) is compared with
+    # the gradients' overall scale, not with its own rounding noise
+    floor = 1e-6 * max((g.abs().max().item() for g in ref_grads.values() if g.numel()), default=0.0)
+    grads = {}
+    for k, p in params.items():
+        if k in ref_grads or p.grad is not None:
+            if (p.grad is None) != (k not in ref_grads):
+                grads[k] = float("inf")
+            else:
+                grads[k] = rel_diff(p.grad, ref_grads[k], floor)
+    bufs = {k: rel_diff(v, ref_buffers[k]) for k, v in model.named_buffers() if v.is_floating_point()}
+    return Comparison(rel_diff(loss, ref_loss), grads, bufs)

@@ -1,0 +1,124 @@
+"""How a value of the rewritten graph lies on the devices, and how it moves: the one place that
+turns a producer's layout into the piece a consumer reads.
+
+A :class:`Placed` value is one fx value of the original graph as the rewritten graph holds it:
+
+- ``R``: every device of ``devices`` holds the whole tensor (``parts[i]`` on ``devices[i]``);
+- ``S``: ``parts[i]`` is piece ``i`` of ``len(devices)`` along dimension ``dim``, cut the way
+  :func:`torch.tensor_split` cuts (the first pieces one element larger when the size does not
+  divide) — the ``S(batch)`` / ``S(channel)`` layouts of :mod:`tensoropt.reshard`, the dimension
+  being the tensor's batch or channel dimension;
+- ``P``: every part is a whole-sized tensor of partial sums; the value is their sum.
+
+A device ``None`` means "wherever the caller put it" (the user's inputs, the parameters).
+
+:class:`Transport` answers one question — *the piece of this value that this device needs, in
+this layout* — by emitting graph nodes: a ``.to(device, non_blocking=True)`` for a move,
+``torch.cat`` to gather ``S`` pieces, a sum to reduce ``P`` parts, ``torch.tensor_split`` +
+getitem to cut a local slice.  Every answer is cached, so a tensor already on a device is not
+sent there again (Baechi's transfer model) and one slice is cut once.  It is the seam the
+``torch.distributed`` backend (issue 8) replaces: there, a move becomes a p2p send / receive and
+a gather / reduce a DTensor collective.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
+
+import torch
+import torch.fx as fx
+
+R, S, P = "R", "S", "P"
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One value of the original graph in the rewritten one: ``kind`` R / S / P, the plan devices
+    that hold its ``parts`` (in mesh order) and, for ``S``, the dimension it is cut along (a tuple,
+    one per element, when the value is a tuple of tensors, e.g. an LSTM's outputs)."""
+
+    kind: str
+    devices: tuple[str | None, ...]
+    parts: tuple[fx.Node, ...]
+    dim: int | tuple[int | None, ...] | None = None
+
+    def element(self, index: int, node_of: Callable[[fx.Node, int], fx.Node]) -> Placed:
+        """The ``index``-th element of a tuple-valued value, with the same placement
+        (``node_of(part, index)`` emits the getitem)."""
+        dim = self.dim[index] if isinstance(self.dim, tuple) else self.dim
+        kind = self.kind if not (self.kind == S and dim is None) else R
+        return Placed(kind, self.devices, tuple(node_of(p, index) for p in self.parts), dim)
+
+
+class Transport:
+    """Emits the nodes that bring values to devices and layouts, into ``graph``; ``device_of``
+    maps a plan device name to the torch device string the move targets.  O(1) per cached
+    request, O(parts) per new one."""
+
+    def __init__(self, graph: fx.Graph, device_of: Callable[[str], str]):
+        self.graph = graph
+        self.device_of = device_of
+        self._cache: dict[Hashable, fx.Node] = {}
+
+    # ---- primitives (what a distributed backend would replace) -------------------------------
+    def move(self, node: fx.Node, device: str) -> fx.Node:
+        """``node`` on plan device ``device``: ``node.to(device, non_blocking=True)`` (autograd
+        sends the gradient back the same way)."""
+        key = ("to", node, device)
+        if key not in self._cache:
+            self._cache[key] = self.graph.call_method("to", (node, self.device_of(device)), {"non_blocking": True})
+        return self._cache[key]
+
+    def gather(self, nodes: tuple[fx.Node, ...], dim: int) -> fx.Node:
+        """The ``S`` pieces ``nodes`` (already on one device) joined along ``dim``."""
+        key = ("cat", nodes, dim)
+        if key not in self._cache:
+            self._cache[key] = self.graph.call_function(torch.cat, (list(nodes), dim))
+        return self._cache[key]
+
+    def reduce(self, nodes: tuple[fx.Node, ...]) -> fx.Node:
+        """The sum of the ``P`` parts ``nodes`` (already on one device)."""
+        key = ("sum", nodes)
+        if key not in self._cache:
+            total = nodes[0]
+            for n in nodes[1:]:
+                total = self.graph.call_function(operator.add, (total, n))
+            self._cache[key] = total
+        return self._cache[key]
+
+    def piece(self, node: fx.Node, dim: int, k: int, index: int) -> fx.Node:
+        """Piece ``index`` of ``k`` of ``node`` along ``dim`` (a view, on ``node``'s device)."""
+        key = ("split", node, dim, k)
+        if key not in self._cache:
+            self._cache[key] = self.graph.call_function(torch.tensor_split, (node, k, dim))
+        key_i = ("item", self._cache[key], index)
+        if key_i not in self._cache:
+            self._cache[key_i] = self.graph.call_function(operator.getitem, (self._cache[key], index))
+        return self._cache[key_i]
+
+    # ---- the question ------------------------------------------------------------------------
+    def whole(self, value: Placed, device: str) -> fx.Node:
+        """The whole tensor on ``device``: its own replica if it has one there, else moved there;
+        ``S`` pieces moved and concatenated, ``P`` parts moved and summed."""
+        if value.kind == R:
+            if device in value.devices:
+                return value.parts[value.devices.index(device)]
+            return self.move(value.parts[0], device)
+        moved = tuple(p if d == device else self.move(p, device) for p, d in zip(value.parts, value.devices))
+        if value.kind == S:
+            return self.gather(moved, value.dim)
+        return self.reduce(moved)
+
+    def read(self, value: Placed, device: str, dim: int | None = None, k: int = 1, index: int = 0) -> fx.Node:
+        """What a consumer on ``device`` reads of ``value``: the whole tensor (``dim`` None), or
+        piece ``index`` of ``k`` along ``dim``.  A piece the value already holds (same dimension,
+        same number of pieces) is only moved; anything else is gathered whole on ``device`` and
+        cut there."""
+        if dim is None:
+            return self.whole(value, device)
+        if value.kind == S and value.dim == dim and len(value.parts) == k:
+            part, at = value.parts[index], value.devices[index]
+            return part if at == device else self.move(part, device)
+        return self.piece(self.whole(value, device), dim, k, index)

@@ -1,0 +1,373 @@
+"""Rewrite a captured graph by a plan: every operator on its devices, split, moved, in the plan's
+order (design §6, NetSplit §4.5, FastT's SplitOperation).
+
+Input: the :class:`~tensoropt.graph.OpGraph` of a ``torch.export`` capture (its ``module`` holds
+the ATen graph with parameters and buffers lifted to placeholders), a :class:`~tensoropt.plan.Plan`
+checked against it, and ``device_of`` (plan device name → torch device string).  Output: a
+:class:`Rewritten` — a new ``torch.fx.GraphModule`` with the same placeholders, and what each
+placeholder stands for.  O(V + E) nodes emitted, times the mesh sizes.
+
+Per operator, in ``plan.order``, under its :class:`~tensoropt.plan.NodeConfig`:
+
+- ``R`` (or one device): the whole op on every device of the mesh, each reading the whole inputs;
+- ``batch`` / ``channel`` / ``reduce`` over ``k`` devices: which argument is cut along which
+  dimension is what :func:`tensoropt.costs.shards.shard_args` (the profiler's rule) cuts —
+  asked once per node with meta tensors of the real shapes; shard ``i`` reads piece ``i`` of
+  each cut argument (activations moved and resliced by :class:`~.layouts.Transport` as needed,
+  parameters copied to the shard's device inside the graph and sliced there, so autograd sums
+  their gradients back); the output is ``S`` along the output's batch / channel dimension, or
+  ``P`` for ``reduce`` (whose bias is added by shard 0 only);
+- sizes that depend on the batch (``sym_size`` and arithmetic on it) become constants: the
+  shard's own batch in a batch split, the whole batch elsewhere;
+- views and getitem of a tuple follow their producer's placement; ``_assert_tensor_metadata``
+  (a check of the capture device) is dropped; a ``device=`` argument names the shard's device;
+- **batch norm in training under a batch split** is run whole on the mesh's first device (its
+  input gathered there) and its output cut again by the consumers: the statistics are those of
+  the whole batch and the running statistics are updated once, exactly as in the original
+  (the simple, exact choice; a sum / sum-of-squares all-reduce would move less);
+- buffers an op writes in place (running statistics, ``num_batches_tracked``) are given a copy
+  and written back to the original buffer (the slice of it a channel shard owns) after the op,
+  once — replicas other than the first write to their own copy;
+- a split whose shard rule is missing or whose largest shard, run on meta tensors, does not give
+  the promised shape (a view with fixed sizes split by channel) runs whole on the mesh's first
+  device instead, and is listed in :attr:`Rewritten.fallbacks`;
+- ``recompute``: the op runs inside ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import sympy
+import torch
+import torch.fx as fx
+from torch.utils.checkpoint import checkpoint
+
+from ..costs.shards import TensorArg, shard_args
+from ..errors import ExecutionError
+from ..graph import OpGraph
+from ..plan import Plan
+from ..reshard import op_basename
+from .layouts import P, Placed, R, S, Transport
+
+_BATCH_NORMS = {"batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional"}
+_BIAS_AT_2 = {"linear", "conv1d", "conv2d", "conv3d", "convolution"}
+_BETA = {"addmm", "baddbmm", "addbmm"}
+
+
+@dataclass
+class Rewritten:
+    """The rewritten graph and what its placeholders are: ``sources[i]`` is ``("parameter" |
+    "buffer", qualified name)``, ``("constant", tensor)`` or ``("input", index among the user's
+    flattened inputs)``; ``fallbacks`` says which nodes ran whole because no shard rule runs them
+    in the plan's layout (a note for the user, not an error: the values are the same)."""
+
+    module: fx.GraphModule
+    sources: list[tuple[str, Any]]
+    fallbacks: list[str]
+
+
+def run_checkpointed(op: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``op(*args, **kwargs)`` with its activations dropped and recomputed in backward."""
+    return checkpoint(lambda *a: op(*a, **kwargs), *args, use_reentrant=False)
+
+
+@torch.no_grad()
+def write_back(buffer: torch.Tensor, value: torch.Tensor, dim: int | None, k: int, index: int) -> None:
+    """Copy ``value`` (an op's in-place update of a copy) into ``buffer`` — into its piece
+    ``index`` of ``k`` along ``dim`` when the op saw a piece."""
+    target = buffer if dim is None else torch.tensor_split(buffer, k, dim)[index]
+    target.copy_(value.to(target.device))
+
+
+def _sym_value(val: Any, batch_syms: set, batch: int | None) -> Any:
+    """The concrete value of a SymInt-valued node: its hint, or the expression at ``batch``."""
+    expr = sympy.sympify(val.node.expr)
+    if batch is not None and batch_syms:
+        expr = expr.xreplace({s: batch for s in batch_syms})
+    env = val.node.shape_env
+    expr = expr.xreplace({s: env.var_to_val[s] for s in expr.free_symbols if s in env.var_to_val})
+    return int(expr) if isinstance(val, torch.SymInt) else bool(expr) if isinstance(val, torch.SymBool) else float(expr)
+
+
+def _shape(val: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(s.node.hint) if isinstance(s, torch.SymInt) else int(s) for s in val.shape)
+
+
+def _has_tensor(val: Any) -> bool:
+    if isinstance(val, torch.Tensor):
+        return True
+    return isinstance(val, (list, tuple)) and any(_has_tensor(v) for v in val)
+
+
+class _Cut:
+    """Marks a tensor argument in a shard template: ``node`` read whole (``dim`` None) or cut."""
+
+    def __init__(self, node: fx.Node, dim: int | None):
+        self.node, self.dim = node, dim
+
+
+def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str]) -> Rewritten:
+    """See the module docstring.  Raises :class:`ExecutionError` for a graph not captured with
+    torch.export or a split the shard rules cannot express."""
+    ep, gm = graph.exported, graph.module
+    if ep is None or gm is None:
+        raise ExecutionError(f"graph {graph.name!r} was not captured with torch.export (source {graph.source!r}); "
+                             "the executor rewrites torch.export graphs: capture with method='export'")
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    new = fx.Graph()
+    transport = Transport(new, device_of)
+    values: dict[str, Placed] = {}
+    sources: list[tuple[str, Any]] = []
+    lifted: set[str] = set()   # placeholders of parameters / buffers / constants
+    specs = {getattr(s.arg, "name", None): s for s in ep.graph_signature.input_specs}
+    batch_syms: set = set()
+    n_inputs = 0
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        ph = new.placeholder(n.name)
+        ph.meta = dict(n.meta)
+        values[n.name] = Placed(R, (None,), (ph,))
+        spec = specs[n.name]
+        if spec.kind == InputKind.USER_INPUT:
+            sources.append(("input", n_inputs))
+            n_inputs += 1
+            val = n.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.dim() > graph.batch_dim \
+                    and isinstance(val.shape[graph.batch_dim], torch.SymInt):
+                batch_syms |= val.shape[graph.batch_dim].node.expr.free_symbols
+        else:
+            lifted.add(n.name)
+            if spec.kind == InputKind.PARAMETER:
+                sources.append(("parameter", spec.target))
+            elif spec.kind == InputKind.BUFFER:
+                sources.append(("buffer", spec.target))
+            else:
+                sources.append(("constant", ep.constants[spec.target]))
+
+    src = {n.name: n for n in gm.graph.nodes}
+    ctx = _Emitter(graph, plan, new, transport, values, lifted, batch_syms, device_of)
+    for name in plan.order:
+        n = src[name]
+        if not _has_tensor(n.meta.get("val")):
+            continue  # sizes become constants where used; metadata asserts name the capture device
+        if n.target is operator.getitem and isinstance(n.args[0], fx.Node) \
+                and isinstance(n.args[0].meta.get("val"), (list, tuple)):
+            values[name] = values[n.args[0].name].element(
+                n.args[1], lambda part, i: new.call_function(operator.getitem, (part, i)))
+            continue
+        values[name] = ctx.emit(n)
+
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = []
+    for a, spec in zip(out_node.args[0], ep.graph_signature.output_specs):
+        if spec.kind != OutputKind.USER_OUTPUT:
+            raise ExecutionError(f"the captured graph returns a {spec.kind.name} output; the executor runs graphs "
+                                 "whose only outputs are the model's (capture in training IR, non-strict)")
+        if isinstance(a, fx.Node):
+            v = values[a.name]
+            outs.append(transport.whole(v, v.devices[0]))
+        else:
+            outs.append(a)
+    new.output(tuple(outs))
+    module = fx.GraphModule(torch.nn.Module(), new, class_name="PlannedGraph")
+    return Rewritten(module, sources, ctx.fallbacks)
+
+
+class _Emitter:
+    """Emits one operator node at a time (state shared along the plan's order)."""
+
+    def __init__(self, graph: OpGraph, plan: Plan, new: fx.Graph, transport: Transport, values: dict[str, Placed],
+                 lifted: set[str], batch_syms: set, device_of: Callable[[str], str]):
+        self.graph, self.plan, self.new, self.tr, self.values = graph, plan, new, transport, values
+        self.lifted, self.batch_syms, self.device_of = lifted, batch_syms, device_of
+        self.fallbacks: list[str] = []
+
+    # ---- one node ----------------------------------------------------------------------------
+    def emit(self, n: fx.Node) -> Placed:
+        op, cfg = self.graph.nodes[n.name], self.plan.configs[n.name]
+        devices, k = cfg.devices, cfg.degree
+        layout = cfg.layout if k > 1 else "R"
+        base = op_basename(op.op)
+        if layout == "batch" and base in _BATCH_NORMS and not op.split.batch_exact:
+            # exact statistics over the whole batch: run it whole once (see the module docstring)
+            devices, layout = devices[:1], "R"
+        if layout == "R":
+            return self._whole(n, op, devices, cfg.recompute)
+        if layout == "batch" and self.graph.batch_size is not None and self.graph.batch_size < k:
+            raise ExecutionError(f"node {n.name!r} is split {k} ways along a batch of {self.graph.batch_size}; "
+                                 "use at most as many devices as samples")
+        template = self._template(n, layout, op, k)
+        if template is None:
+            # no shard rule runs this op in this layout: compute it whole on the mesh's first
+            # device (the same values; the consumers cut what they read)
+            self.fallbacks.append(f"{n.name} ({op.op}): {layout} over {k} devices has no working shard rule; "
+                                  f"run whole on {devices[0]}")
+            return self._whole(n, op, devices[:1], cfg.recompute)
+        batch = self.graph.batch_size
+        parts = []
+        for i, d in enumerate(devices):
+            local = (batch // k + (1 if i < batch % k else 0)) if layout == "batch" and batch else None
+            parts.append(self._call(n, template, d, k, i, local, cfg.recompute, writes_back=True,
+                                    drop_bias=(layout == "reduce" and i > 0), base=base))
+        if layout == "reduce":
+            return Placed(P, tuple(devices), tuple(parts))
+        which = "batch_dim" if layout == "batch" else "channel_dim"
+        dims = tuple(getattr(t, which) for t in op.outputs)
+        val = n.meta.get("val")
+        dim = dims if isinstance(val, (list, tuple)) else dims[0]
+        return Placed(S, tuple(devices), tuple(parts), dim)
+
+    def _whole(self, n: fx.Node, op: Any, devices: tuple[str, ...], recompute: bool) -> Placed:
+        template = self._template(n, None, op, 1)
+        parts = tuple(self._call(n, template, d, 1, i, None, recompute, writes_back=(i == 0))
+                      for i, d in enumerate(devices))
+        return Placed(R, tuple(devices), parts)
+
+    # ---- which argument is cut along which dimension -----------------------------------------
+    def _template(self, n: fx.Node, layout: str | None, op: Any, k: int) -> tuple[Any, dict]:
+        """``(args, kwargs)`` of one shard with every tensor argument a :class:`_Cut` and the
+        other arguments as the shard rule sets them (e.g. a grouped conv's groups)."""
+        info: dict[int, TensorArg] = {}
+        shapes: dict[int, tuple[int, ...]] = {}
+
+        def to_meta(a: fx.Node) -> Any:
+            val = a.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                return a  # a size, kept as its node: resolved per shard
+            t = torch.empty(_shape(val), dtype=val.dtype, device="meta")
+            meta = None
+            if a.name not in self.lifted and a.name in self.graph.nodes:
+                outs = self.graph.nodes[a.name].outputs
+                meta = outs[0] if outs else None
+            info[id(t)] = TensorArg("param" if a.name in self.lifted else "activation", meta)
+            shapes[id(t)] = t.shape
+            return t
+
+        args_m = fx.node.map_arg(n.args, to_meta)
+        kwargs_m = dict(fx.node.map_arg(n.kwargs, to_meta))
+        result = None
+        if layout is not None:
+            result = shard_args(op_basename(op.op), args_m, kwargs_m, info, layout, k, op.outputs[0])
+            if result is None and layout != "batch":
+                return None
+        new_args, new_kwargs = result if result is not None else (args_m, kwargs_m)
+        if layout is not None and not self._shard_runs(n, op, layout, k, new_args, new_kwargs):
+            return None
+
+        def pair(orig: Any, old: Any, cut: Any) -> Any:
+            if isinstance(orig, fx.Node):
+                if not isinstance(old, torch.Tensor):
+                    return orig
+                diff = [d for d, (a, b) in enumerate(zip(shapes[id(old)], cut.shape)) if a != b]
+                if len(diff) > 1:
+                    raise ExecutionError(f"node {n.name!r}: the {layout} shard rule cuts {orig.name!r} along "
+                                         f"several dimensions {diff}; give the node layout 'R'")
+                return _Cut(orig, diff[0] if diff else None)
+            if isinstance(orig, (list, tuple)):
+                items = [pair(a, b, c) for a, b, c in zip(orig, old, cut)]
+                return items if isinstance(orig, list) else tuple(items)
+            return cut
+
+        args = tuple(pair(a, b, c) for a, b, c in zip(n.args, args_m, new_args))
+        kwargs = {key: pair(n.kwargs[key], kwargs_m[key], new_kwargs.get(key, kwargs_m[key])) for key in n.kwargs}
+        for key in new_kwargs.keys() - n.kwargs.keys():
+            kwargs[key] = new_kwargs[key]
+        return args, kwargs
+
+    def _shard_runs(self, n: fx.Node, op: Any, layout: str, k: int, args: Any, kwargs: dict) -> bool:
+        """Whether the largest shard, run on meta tensors, gives the shape the layout promises
+        (the profiler's test of a shard rule, :mod:`tensoropt.costs.shards`)."""
+        batch = -(-self.graph.batch_size // k) if layout == "batch" and self.graph.batch_size else None
+
+        def concrete(obj: Any) -> Any:
+            if isinstance(obj, fx.Node):
+                return _sym_value(obj.meta["val"], self.batch_syms, batch)
+            if isinstance(obj, torch.device):
+                return torch.device("meta")
+            if isinstance(obj, (list, tuple)):
+                return type(obj)(concrete(o) for o in obj)
+            return obj
+
+        try:
+            out = n.target(*concrete(tuple(args)), **{key: concrete(v) for key, v in kwargs.items()})
+        except Exception:  # noqa: BLE001 - any failure means the rule does not apply to this op
+            return False
+        got = [tuple(t.shape) for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
+        want = []
+        for t in op.outputs:
+            shape = list(t.shape)
+            d = t.batch_dim if layout == "batch" else t.channel_dim if layout == "channel" else None
+            if d is not None:
+                shape[d] = -(-shape[d] // k)
+            elif layout != "reduce":
+                return False  # an output that is not cut would differ between shards
+            want.append(tuple(shape))
+        return got == want
+
+    # ---- one shard ---------------------------------------------------------------------------
+    def _call(self, n: fx.Node, template: tuple[Any, dict], device: str, k: int, index: int, batch: int | None,
+              recompute: bool, *, writes_back: bool, drop_bias: bool = False, base: str = "") -> fx.Node:
+        written = _written_args(n)
+        backs: list[tuple[fx.Node, fx.Node, int | None]] = []
+
+        def fill(obj: Any, pos: Any) -> Any:
+            if isinstance(obj, _Cut):
+                v = self.values[obj.node.name]
+                piece = self.tr.read(v, device, obj.dim, k, index) if obj.dim is not None else self.tr.whole(v, device)
+                if pos in written:
+                    if obj.node.name not in self.lifted:
+                        raise ExecutionError(f"node {n.name!r} ({n.target}) writes into its input {obj.node.name!r} in "
+                                             "place; the executor only supports in-place updates of buffers")
+                    piece = self.new.call_method("clone", (piece,))
+                    backs.append((self.values[obj.node.name].parts[0], piece, obj.dim))
+                return piece
+            if isinstance(obj, fx.Node):  # a size that depends on the batch
+                return _sym_value(obj.meta["val"], self.batch_syms, batch)
+            if isinstance(obj, (list, tuple)):
+                return type(obj)(fill(o, pos) for o in obj)
+            if isinstance(obj, torch.device):
+                return torch.device(self.device_of(device))
+            return obj
+
+        args_t, kwargs_t = template
+        args = [fill(a, i) for i, a in enumerate(args_t)]
+        kwargs = {key: fill(v, key) for key, v in kwargs_t.items()}
+        if drop_bias:
+            if base in _BIAS_AT_2:
+                if len(args) > 2:
+                    args[2] = None
+                elif "bias" in kwargs:
+                    kwargs["bias"] = None
+            elif base in _BETA:
+                kwargs["beta"] = 0
+        if recompute:
+            out = self.new.call_function(run_checkpointed, (n.target, *args), kwargs)
+        else:
+            out = self.new.call_function(n.target, tuple(args), kwargs)
+        if writes_back:
+            for buffer, piece, dim in backs:
+                self.new.call_function(write_back, (buffer, piece, dim, k, index))
+        return out
+
+
+# composite ops whose schema does not declare that they update their running statistics in place
+_IMPLICIT_WRITES = {"batch_norm": ("running_mean", "running_var"), "instance_norm": ("running_mean", "running_var")}
+
+
+def _written_args(n: fx.Node) -> set:
+    """Positions (ints) and keyword names of the arguments an ATen op writes in place."""
+    schema = getattr(n.target, "_schema", None)
+    if schema is None:
+        return set()
+    out: set = set()
+    implicit = _IMPLICIT_WRITES.get(op_basename(str(n.target)), ())
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write or a.name in implicit:
+            out.add(i if not a.kwarg_only else a.name)
+            out.add(a.name)
+    return out
