@@ -1,5 +1,5 @@
-"""DPOS: FastT's Device Placement and Operation Sequencing (Yi et al., "Optimizing distributed
-training deployment in heterogeneous GPU clusters", CoNEXT 2020; seed 000 §5.1, Algorithm 1).
+"""DPOS: FastT's Device Placement and Operation Sequencing ("Fast Training of Deep Learning Models
+over Multiple GPUs", Middleware 2020; seed 000 §5.1, Algorithm 1).
 
 A HEFT-style list scheduler of the whole training step, one task per operator with duration
 ``(forward + backward) / device speed``:
@@ -298,9 +298,10 @@ class _Run:
         left = {d: self.prob.capacity[d] - self.used[d] for d in self.devices}
         best = max(self.devices, key=lambda d: (left[d], -self.index[d]))
         return PlanError(f"{self.algo}: {what} {op!r} needs {fmt_bytes(need)} ({need} bytes: parameters, gradients, "
-                         f"optimizer state and kept activations of its colocation group) but the device with the most room left, {best}, has {fmt_bytes(left[best])} "
-                         f"({left[best]} bytes) left: it would overflow by {need - left[best]} bytes; use more devices, "
-                         "devices with more memory, a smaller batch or a lighter optimizer")
+                         "optimizer state and kept activations of its colocation group) but the device with the most "
+                         f"room left, {best}, has {fmt_bytes(left[best])} ({left[best]} bytes) left: it would overflow "
+                         f"by {need - left[best]} bytes; use more devices, devices with more memory, a smaller batch "
+                         "or a lighter optimizer")
 
     # ---- step 3: critical-path devices ------------------------------------------------------------
     def critical_path_devices(self, cp: Sequence[str]) -> dict[str, str]:
@@ -443,7 +444,8 @@ def check_splits(prob: Problem, splits: Iterable[Split]) -> list[Split]:
             raise TensorOptError(f"operator {s.op!r} is split twice")
         seen.add(s.op)
         if s.layout not in SPLIT_LAYOUTS:
-            raise TensorOptError(f"split of {s.op!r}: layout must be one of {', '.join(SPLIT_LAYOUTS)}, got {s.layout!r}")
+            raise TensorOptError(f"split of {s.op!r}: layout must be one of {', '.join(SPLIT_LAYOUTS)}, "
+                                 f"got {s.layout!r}")
         if getattr(prob.graph.nodes[s.op].split, s.layout) is None:
             raise TensorOptError(f"operator {s.op!r} ({prob.graph.nodes[s.op].op}) cannot be split along {s.layout}")
         if not 2 <= s.degree <= len(prob.devices):

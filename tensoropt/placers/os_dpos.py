@@ -1,4 +1,5 @@
-"""OS-DPOS: FastT's Operation-Splitting DPOS (Yi et al., CoNEXT 2020; seed 000 §5.2, Algorithm 2).
+"""OS-DPOS: FastT's Operation-Splitting DPOS ("Fast Training of Deep Learning Models over Multiple
+GPUs", Middleware 2020; seed 000 §5.2, Algorithm 2).
 
 Starting from :mod:`.dpos`'s schedule, split operators on the critical path to run their parts
 in parallel:
@@ -168,8 +169,8 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[s
     notes = [f"os-dpos splits kept: {kept}; makespan {found.initial:.6g} s (DPOS) -> {found.schedule.makespan:.6g} s",
              f"os-dpos: {found.passes} pass(es), {found.trials} DPOS run(s) tried; {found.stopped}"]
     if not any(split_candidates(prob, op, layouts) for op in prob.order):
-        notes.append(f"os-dpos: no operator has a {' / '.join(layouts)} shard of degree 2 … {len(prob.devices)} in the "
-                     "profile, so nothing could be split; profile with shard_degrees such as 1,2,4")
+        notes.append(f"os-dpos: no operator has a {' / '.join(layouts)} shard of degree 2 … {len(prob.devices)} "
+                     "in the profile, so nothing could be split; profile with shard_degrees such as 1,2,4")
     opts = {**options(prob, optimizer, colocation, heavy_edge_groups, grouping, rank_cost),
             "max_passes": max_passes, "layouts": list(layouts)}
     return plan_from_schedule(prob, NAME, found.schedule, opts, notes)
