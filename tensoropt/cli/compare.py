@@ -4,7 +4,6 @@ cluster, all simulated the same way — one table like seed 003's Table 6-4."""
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 
@@ -13,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import TensorOptError
-from ._common import capture_spec, costs_for
+from ._common import capture_spec, costs_for, solver_options
 from .place import _devices
 
 
@@ -39,11 +38,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
         raise TensorOptError(f"--algos names {unknown[0]!r}, which is not a placer; known: {', '.join(PLACERS)}")
     if args.repeats < 1:
         raise TensorOptError("--repeats must be ≥ 1")
-    if args.time_limit is not None and not args.time_limit > 0:
-        raise TensorOptError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
-    # the solvers' time limit goes to every placer that has one
-    extra = {a: {"time_limit": args.time_limit} for a in algos
-             if args.time_limit is not None and "time_limit" in inspect.signature(PLACERS[a]).parameters}
+    extra = solver_options(algos, args.time_limit)
 
     graph = capture_spec(args.model, console, batch=args.batch)
     # data parallel and OS-DPOS split over all the devices, the frontier over its meshes

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import TensorOptError
-from ._common import capture_spec, costs_for
+from ._common import capture_spec, costs_for, solver_options
 
 
 def _devices(text: str) -> list[str]:
@@ -61,11 +61,13 @@ def _cmd_place(args: argparse.Namespace, console: Console) -> int:
         raise TensorOptError("--repeats must be ≥ 1")
     cluster = load_cluster(args.cluster)
     devices = resolve_devices(cluster, args.devices)
+    solver = solver_options([args.algo], args.time_limit).get(args.algo, {})
     graph = capture_spec(args.model, console, batch=args.batch)
-    # data parallel reads the batch shard of degree len(devices); placement needs only whole ops
-    degrees = (1, len(devices)) if args.algo == "dp" else (1,)
+    # data parallel reads the batch shard of degree len(devices), OS-DPOS tries every degree up to
+    # it; the other placers place whole ops only
+    degrees = {"dp": (1, len(devices)), "os-dpos": tuple(range(1, len(devices) + 1))}.get(args.algo, (1,))
     costs = costs_for(graph, degrees, args)
-    options = {"devices": devices, "optimizer": args.optimizer}
+    options = {"devices": devices, "optimizer": args.optimizer, **solver}
     if args.algo != "dp":
         options["colocation"] = args.colocation
         if args.heavy_edge_groups is not None:
@@ -101,10 +103,10 @@ def _cmd_place(args: argparse.Namespace, console: Console) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("place", help="place a model with a baseline placer (dp, m-topo, m-etf, m-sct) and simulate it")
+    p = sub.add_parser("place", help="place a model with a baseline placer (dp, m-topo, m-etf, m-sct, dpos, os-dpos, netsplit, pesto) and simulate it")
     p.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory or graph.json (with --profile)")
     p.add_argument("--cluster", required=True, help="preset:NAME or a cluster YAML / JSON file")
-    p.add_argument("--algo", required=True, help="dp, m-topo, m-etf or m-sct")
+    p.add_argument("--algo", required=True, help="dp, m-topo, m-etf, m-sct, dpos, os-dpos, netsplit or pesto")
     p.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
     p.add_argument("--devices", type=_devices, help="devices to use, comma-separated (default: all of the cluster's)")
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"),
@@ -113,6 +115,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="TF Placer colocation rules for m-topo / m-etf / m-sct: any of A, B, C, or none (default ABC)")
     p.add_argument("--heavy-edge-groups", type=int, metavar="K",
                    help="also merge groups along the heaviest edges down to K groups (NetSplit Alg. 3)")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="solver time limit of the MILP placers (netsplit, pesto; default: the placer's own)")
     p.add_argument("--profile", metavar="PROFILE_JSON", help="use this profile instead of measuring")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per op when profiling (default 3)")
     p.add_argument("-o", "--output", metavar="PLAN_JSON", help="write the plan (with the simulator's estimate)")
