@@ -614,3 +614,27 @@ def milp_plan(prob: Problem, algo: str, tg: TaskGraph, res: MilpResult, options:
     lines += [f"warm start skipped {f}" for f in r["warm_start_failed"]]
     return make_plan(prob, algo, placement, order, {**options, "milp": r}, estimate_time=res.makespan,
                      notes=[*notes, *lines])
+
+
+def place_milp(graph: Any, costs: Any, cluster: Any, algo: str, tasks: Callable[[Problem], TaskGraph], note: str, *,
+               devices: Any, optimizer: str | int, colocation: str | None, heavy_edge_groups: int | None,
+               grouping: Grouping | None, max_groups: int | None, time_limit: float, mip_gap: float,
+               warm_start: bool, max_disjunctions: int | None) -> Plan:
+    """What both MILP placers do with their own task graph (``tasks``: :func:`training_tasks` for
+    NetSplit, :func:`forward_tasks` for Pesto): coarsen, set up, solve, make the Plan (with
+    ``note`` saying what the makespan covers).  Options as :func:`~.netsplit.place`."""
+    from ._common import setup
+
+    given, notes = coarsened_grouping(graph, costs, cluster, devices=devices, optimizer=optimizer,
+                                      colocation=colocation, heavy_edge_groups_target=heavy_edge_groups,
+                                      max_groups=max_groups, grouping=grouping)
+    prob = setup(graph, costs, cluster, algo, devices=devices, optimizer=optimizer, colocation=colocation,
+                 heavy_edge_groups_target=heavy_edge_groups, grouping=given)
+    tg = tasks(prob)
+    res = solve(prob, tg, algo, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start,
+                max_disjunctions=max_disjunctions)
+    opts = {"devices": prob.devices, "optimizer": optimizer, "colocation": colocation or "none",
+            "heavy_edge_groups": heavy_edge_groups, "grouping": grouping.method if grouping is not None else None,
+            "max_groups": max_groups, "time_limit": time_limit, "mip_gap": mip_gap, "warm_start": warm_start,
+            "max_disjunctions": max_disjunctions}
+    return milp_plan(prob, algo, tg, res, opts, [*notes, note])

@@ -36,8 +36,7 @@ from typing import Any, Sequence
 from ..costs.model import CostModel
 from ..graph import OpGraph
 from ..plan import Plan
-from ._common import setup
-from ._milp import MAX_DISJUNCTIONS, coarsened_grouping, milp_plan, solve, training_tasks
+from ._milp import MAX_DISJUNCTIONS, place_milp, training_tasks
 from .coarsen import Grouping
 
 NAME = "netsplit"
@@ -59,16 +58,7 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[s
     placement fits the devices' memory (naming a device and its overflow).  Cost: the MILP has
     groups × devices binaries plus one per disjunctive task pair; bounded by ``time_limit``.
     """
-    given, notes = coarsened_grouping(graph, costs, cluster, devices=devices, optimizer=optimizer,
-                                      colocation=colocation, heavy_edge_groups_target=heavy_edge_groups,
-                                      max_groups=max_groups, grouping=grouping)
-    prob = setup(graph, costs, cluster, NAME, devices=devices, optimizer=optimizer, colocation=colocation,
-                 heavy_edge_groups_target=heavy_edge_groups, grouping=given)
-    tg = training_tasks(prob)
-    res = solve(prob, tg, NAME, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start,
-                max_disjunctions=max_disjunctions)
-    opts = {"devices": prob.devices, "optimizer": optimizer, "colocation": colocation or "none",
-            "heavy_edge_groups": heavy_edge_groups, "grouping": grouping.method if grouping is not None else None,
-            "max_groups": max_groups, "time_limit": time_limit, "mip_gap": mip_gap, "warm_start": warm_start,
-            "max_disjunctions": max_disjunctions}
-    return milp_plan(prob, NAME, tg, res, opts, [*notes, "makespan: forward and backward of every operator"])
+    return place_milp(graph, costs, cluster, NAME, training_tasks, "makespan: forward and backward of every operator", devices=devices, optimizer=optimizer,
+                      colocation=colocation, heavy_edge_groups=heavy_edge_groups, grouping=grouping,
+                      max_groups=max_groups, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start,
+                      max_disjunctions=max_disjunctions)

@@ -30,8 +30,7 @@ from typing import Any, Sequence
 from ..costs.model import CostModel
 from ..graph import OpGraph
 from ..plan import Plan
-from ._common import setup
-from ._milp import MAX_DISJUNCTIONS, coarsened_grouping, forward_tasks, milp_plan, solve
+from ._milp import MAX_DISJUNCTIONS, place_milp, forward_tasks
 from .coarsen import Grouping
 
 NAME = "pesto"
@@ -45,16 +44,7 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[s
     """Place ``graph`` with Pesto's MILP (see the module docstring).  Options as
     :func:`~.netsplit.place` (``max_groups`` defaults to Pesto's 700).  Raises
     :class:`~tensoropt.plan.PlanError` when no placement fits the devices' memory."""
-    given, notes = coarsened_grouping(graph, costs, cluster, devices=devices, optimizer=optimizer,
-                                      colocation=colocation, heavy_edge_groups_target=heavy_edge_groups,
-                                      max_groups=max_groups, grouping=grouping)
-    prob = setup(graph, costs, cluster, NAME, devices=devices, optimizer=optimizer, colocation=colocation,
-                 heavy_edge_groups_target=heavy_edge_groups, grouping=given)
-    tg = forward_tasks(prob)
-    res = solve(prob, tg, NAME, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start,
-                max_disjunctions=max_disjunctions)
-    opts = {"devices": prob.devices, "optimizer": optimizer, "colocation": colocation or "none",
-            "heavy_edge_groups": heavy_edge_groups, "grouping": grouping.method if grouping is not None else None,
-            "max_groups": max_groups, "time_limit": time_limit, "mip_gap": mip_gap, "warm_start": warm_start,
-            "max_disjunctions": max_disjunctions}
-    return milp_plan(prob, NAME, tg, res, opts, [*notes, "makespan: forward pass only (Pesto)"])
+    return place_milp(graph, costs, cluster, NAME, forward_tasks, "makespan: forward pass only (Pesto)", devices=devices, optimizer=optimizer,
+                      colocation=colocation, heavy_edge_groups=heavy_edge_groups, grouping=grouping,
+                      max_groups=max_groups, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start,
+                      max_disjunctions=max_disjunctions)
