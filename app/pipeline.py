@@ -136,53 +136,32 @@ def baseline_plan_id(algo: str) -> str:
     return "baseline-" + "".join(c if c.isalnum() else "-" for c in algo)
 
 
+#: the MILP placers' solver time limit in the dashboard: a page should not wait minutes for them
+MILP_TIME_LIMIT_S = 10.0
+
+
 def run_baselines(graph: Any, costs: Any, cluster: Any, *, devices: Any, optimizer: str, algos: Any = None,
                   frontier: Any = None, progress: Callable[[str], None] | None = None) -> list[tuple[BaselineRow, Any]]:
     """Every baseline placer (or those in ``algos``) on the same graph, costs and cluster,
     simulated: ``(row, plan or None)`` per placer, then the frontier's min-time and min-memory
-    points as the simulator sees them when ``frontier`` is given.  These are the rows of
-    ``tensoropt compare`` (``tensoropt.compare.compare``) when the library has it, else
-    :data:`tensoropt.placers.PLACERS` + :func:`tensoropt.simulate`.  A placer that fails on
-    bad input gives a row with its message, not an exception."""
+    points as the simulator sees them when ``frontier`` is given — the rows of
+    ``tensoropt compare`` (:func:`tensoropt.compare.compare`), the MILPs limited to
+    :data:`MILP_TIME_LIMIT_S`.  A placer that fails on bad input gives a row with its message,
+    not an exception."""
     from tensoropt import Plan
+    from tensoropt.compare import compare, solver_options
+    from tensoropt.placers import PLACERS
 
-    try:
-        from tensoropt.compare import compare
-    except ImportError:
-        compare = None
-    if compare is not None:
-        raw = [(r.algo, r.time_s, r.peak_memory_bytes, r.fits, r.error, r.place_s, r.plan)
-               for r in compare(graph, costs, cluster, algos=algos, devices=devices, optimizer=optimizer,
-                                frontier=frontier if frontier is not None else False, progress=progress)]
-    else:
-        raw = _simulated_placers(graph, costs, cluster, devices=devices, optimizer=optimizer, algos=algos)
+    names = list(PLACERS) if algos is None else list(algos)
     out = []
-    for algo, t, mem, fits, error, place_s, plan in raw:
-        pid = None
+    for r in compare(graph, costs, cluster, algos=names, devices=devices, optimizer=optimizer,
+                     frontier=frontier if frontier is not None else False,
+                     placer_options=solver_options(names, MILP_TIME_LIMIT_S), progress=progress):
+        pid, plan = None, r.plan
         if plan is not None:   # a copy: the frontier's rows share their plan with a frontier point
-            pid = baseline_plan_id(algo)
+            pid = baseline_plan_id(r.algo)
             plan = Plan.from_dict({**plan.to_dict(), "plan_id": pid})
-        out.append((BaselineRow(algo, t, mem, fits, pid, error, place_s), plan))
-    return out
-
-
-def _simulated_placers(graph: Any, costs: Any, cluster: Any, *, devices: Any, optimizer: str,
-                       algos: Any) -> list[tuple]:
-    from tensoropt import simulate
-    from tensoropt.placers import PLACERS, place
-
-    out = []
-    for algo in (list(PLACERS) if algos is None else list(algos)):
-        t0 = time.perf_counter()
-        try:
-            plan = place(graph, costs, cluster, algo, devices=devices, optimizer=optimizer)
-        except TensorOptError as e:
-            out.append((algo, None, None, False, str(e), time.perf_counter() - t0, None))
-            continue
-        took = time.perf_counter() - t0
-        sim = simulate(plan, graph, costs, cluster, optimizer=optimizer)
-        fits = all(m <= cluster.device(d).memory_bytes for d, m in sim.memory_bytes.items())
-        out.append((algo, sim.time_s, sim.max_memory_bytes, fits, None, took, sim.annotate(plan)))
+        out.append((BaselineRow(r.algo, r.time_s, r.peak_memory_bytes, r.fits, pid, r.error, r.place_s), plan))
     return out
 
 

@@ -159,9 +159,25 @@ def compare(graph: Any, costs: Any, cluster: Any, *, algos: Iterable[str] | None
     return rows
 
 
+def solver_options(algos: Iterable[str], time_limit: float | None) -> dict[str, dict[str, Any]]:
+    """``{algo: {"time_limit": t}}`` for the placers among ``algos`` that take a solver time limit
+    (the MILPs: netsplit, pesto), to pass as :func:`compare`'s ``placer_options``; empty when
+    ``time_limit`` is ``None``.  A non-positive limit is a :class:`TensorOptError`."""
+    import inspect
+
+    from .placers import PLACERS
+
+    if time_limit is None:
+        return {}
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
+        raise TensorOptError(f"the solver time limit must be a positive number of seconds, got {time_limit!r}")
+    return {a: {"time_limit": float(time_limit)} for a in algos
+            if a in PLACERS and "time_limit" in inspect.signature(PLACERS[a]).parameters}
+
+
 def rows_json(rows: Sequence[CompareRow]) -> list[dict[str, Any]]:
     """The rows as JSON values (``tensoropt compare --json``)."""
     return [r.to_dict() for r in rows]
 
 
-__all__ = ["CompareRow", "compare", "evaluate", "failed", "rows_json", "FRONTIER_MIN_TIME", "FRONTIER_MIN_MEMORY"]
+__all__ = ["CompareRow", "compare", "evaluate", "failed", "rows_json", "solver_options", "FRONTIER_MIN_TIME", "FRONTIER_MIN_MEMORY"]

@@ -39,18 +39,3 @@ def costs_for(graph: Any, shard_degrees: Iterable[int], args: argparse.Namespace
     return profile(graph, shard_degrees=tuple(sorted(set(shard_degrees))), repeats=args.repeats,
                    warmup=getattr(args, "warmup", 1), progress=True)
 
-
-def solver_options(algos: Iterable[str], time_limit: float | None) -> dict[str, dict[str, Any]]:
-    """``{algo: {"time_limit": t}}`` for the placers among ``algos`` that take a solver time limit
-    (the MILPs); empty without ``--time-limit``.  A non-positive limit is an error."""
-    import inspect
-
-    from ..errors import TensorOptError
-    from ..placers import PLACERS
-
-    if time_limit is None:
-        return {}
-    if not time_limit > 0:
-        raise TensorOptError(f"--time-limit must be a positive number of seconds, got {time_limit}")
-    return {a: {"time_limit": time_limit} for a in algos
-            if a in PLACERS and "time_limit" in inspect.signature(PLACERS[a]).parameters}

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import TensorOptError
-from ._common import capture_spec, costs_for, solver_options
+from ._common import capture_spec, costs_for
 from .place import _devices
 
 
@@ -23,7 +23,7 @@ def _ms(t: float | None) -> str:
 def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     from .._io import write_json_atomic
     from ..cluster import load_cluster
-    from ..compare import compare, rows_json
+    from ..compare import compare, rows_json, solver_options
     from ..describe import fmt_bytes
     from ..frontier.build import candidate_meshes
     from ..placers import PLACERS

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import TensorOptError
-from ._common import capture_spec, costs_for, solver_options
+from ._common import capture_spec, costs_for
 
 
 def _devices(text: str) -> list[str]:
@@ -51,6 +51,7 @@ def print_simulation(console: Console, res, plan, graph, cluster, *, title: str)
 
 def _cmd_place(args: argparse.Namespace, console: Console) -> int:
     from ..cluster import load_cluster
+    from ..compare import solver_options
     from ..placers import PLACERS, place
     from ..placers._common import resolve_devices
     from ..simulate import simulate
