@@ -40,3 +40,9 @@ class ExecutionError(TensorOptError):
     """A plan cannot be executed as asked (a device map that misses a plan device or names a CUDA
     device that does not exist, a plan larger than the real devices' memory, an operator split the
     executor cannot run); the message names the device or node and the fix."""
+
+
+class DistributedError(TensorOptError):
+    """A plan cannot run across processes: a world size that does not match the plan's device map,
+    a rendezvous port already in use, a rank that died or stopped answering within the timeout;
+    the message names the rank or port and the fix."""
