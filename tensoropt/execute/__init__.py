@@ -240,37 +240,33 @@ def disable_dropout(model: nn.Module) -> nn.Module:
     return model
 
 
-def compare_with_model(model: nn.Module, planned: nn.Module, example_inputs: Any) -> Comparison:
-    """One forward + :func:`~tensoropt.costs.step.training_loss` + backward of ``model`` and of
-    ``planned`` (which shares its parameters) on the same inputs and starting buffers; the
-    parameters' ``.grad`` and the buffers are left as the planned step made them.  Run with dropout off (:func:`disable_dropout`) for an exact comparison."""
+def compare_with_model(reference: nn.Module, planned: PlannedModule, example_inputs: Any) -> Comparison:
+    """One forward + :func:`~tensoropt.costs.step.training_loss` + backward of ``reference`` (an
+    unmodified copy of the model, e.g. ``copy.deepcopy(model)`` taken before :func:`apply_plan`)
+    and of ``planned`` on the same inputs; gradients and buffers are matched by name.  Both are
+    left with their gradients and updated buffers.  Run with dropout off
+    (:func:`disable_dropout`) for an exact comparison."""
     from ..costs.step import training_loss
 
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    params = dict(model.named_parameters())
-    start = {k: v.detach().clone() for k, v in model.named_buffers()}
-
-    model.zero_grad(set_to_none=True)
-    ref_loss = training_loss(model(*args))
+    reference.zero_grad(set_to_none=True)
+    ref_loss = training_loss(reference(*args))
     ref_loss.backward()
-    ref_grads = {k: p.grad.detach().clone() for k, p in params.items() if p.grad is not None}
-    ref_buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    ref_grads = {k: p.grad for k, p in reference.named_parameters() if p.grad is not None}
+    ref_buffers = dict(reference.named_buffers())
 
-    with torch.no_grad():
-        for k, v in model.named_buffers():
-            v.copy_(start[k].to(v.device))
-    model.zero_grad(set_to_none=True)
+    planned.zero_grad(set_to_none=True)
     loss = training_loss(planned(*args))
     loss.backward()
     # a gradient that is zero up to rounding (a conv bias before batch norm) is compared with
     # the gradients' overall scale, not with its own rounding noise
     floor = 1e-6 * max((g.abs().max().item() for g in ref_grads.values() if g.numel()), default=0.0)
     grads = {}
-    for k, p in params.items():
+    for k, p in planned.named_parameters():
         if k in ref_grads or p.grad is not None:
             if (p.grad is None) != (k not in ref_grads):
                 grads[k] = float("inf")
             else:
                 grads[k] = rel_diff(p.grad, ref_grads[k], floor)
-    bufs = {k: rel_diff(v, ref_buffers[k]) for k, v in model.named_buffers() if v.is_floating_point()}
+    bufs = {k: rel_diff(v, ref_buffers[k]) for k, v in planned.named_buffers() if v.is_floating_point()}
     return Comparison(rel_diff(loss, ref_loss), grads, bufs)

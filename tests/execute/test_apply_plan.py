@@ -1,0 +1,144 @@
+"""apply_plan: every plan trains the model exactly as the model itself does (float64)."""
+
+import copy
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tensoropt
+from tensoropt import ExecutionError, NodeConfig, Plan, PlanError, apply_plan
+from tensoropt.execute import compare_with_model, parse_device_map
+
+from .conftest import fresh
+
+TOL = 1e-5
+
+
+def check_plan(case, plan):
+    """Loss, gradients and buffers equal the model's; one SGD step leaves the same parameters."""
+    model, inputs = fresh(case)
+    reference = copy.deepcopy(model)
+    planned = apply_plan(model, inputs, plan, graph=case[2])
+    cmp = compare_with_model(reference, planned, inputs)
+    assert cmp.max_rel_diff < TOL, (cmp.worst, cmp.max_rel_diff)
+    for m in (reference, planned):
+        torch.optim.SGD(m.parameters(), lr=0.1).step()
+    ref = dict(reference.named_parameters())
+    for name, p in planned.named_parameters():
+        assert torch.allclose(p, ref[name], rtol=TOL, atol=1e-12), name
+    return planned
+
+
+@pytest.mark.parametrize("name", ["cnn", "tied", "vgg16", "gpt2"])
+@pytest.mark.parametrize("algo", ["dp", "m-topo", "m-etf", "m-sct"])
+def test_baseline_plans_train_like_the_model(cases, titan, name, algo):
+    _, _, graph, costs = cases[name]
+    plan = tensoropt.place(graph, costs, titan, algo, devices=["gpu0", "gpu1"])
+    check_plan(cases[name], plan)
+
+
+@pytest.mark.parametrize("name", ["cnn", "vgg16", "gpt2"])
+def test_frontier_extremes_train_like_the_model(cases, titan, name):
+    _, _, graph, costs = cases[name]
+    fr = tensoropt.track_frontier(graph, costs, titan)
+    for point in (fr.min_time(), fr.min_memory()):
+        check_plan(cases[name], point.plan)
+
+
+def test_every_split_kind_on_a_cnn_is_exact_and_visible_in_the_code(cases):
+    """Batch split (batch norm exact over the whole batch), channel split, partial sums, recompute."""
+    model, inputs, graph, _ = cases["cnn"]
+    mesh = ("gpu0", "gpu1")
+    layouts = {"conv2d": "reduce", "batch_norm": "batch", "relu": "channel", "max_pool2d": "batch",
+               "linear": "channel"}
+    configs = {n.name: NodeConfig(mesh, layouts.get(n.name, "R"), recompute=n.name == "relu") for n in graph.ops}
+    plan = Plan(configs, graph_fingerprint=graph.fingerprint, order=[n.name for n in graph.ops])
+    planned = check_plan(cases["cnn"], plan)
+    code = planned.graph_module.code
+    for piece in (".to(", "tensor_split", "torch.cat", "run_checkpointed", "add"):
+        assert piece in code, piece
+    assert planned.fallbacks == []
+
+
+def test_a_parameter_used_on_two_devices_gets_both_gradients(cases):
+    """The tied embedding / projection weight is read on gpu0 and gpu1: autograd sums both."""
+    _, _, graph, _ = cases["tied"]
+    configs = {n.name: NodeConfig(("gpu1",) if n.op.endswith("linear.default") else ("gpu0",)) for n in graph.ops}
+    readers = {graph.params["embed.weight"].owner, *graph.params["embed.weight"].readers}
+    assert {configs[r].devices for r in readers} == {("gpu0",), ("gpu1",)}
+    check_plan(cases["tied"], Plan(configs, graph_fingerprint=graph.fingerprint))
+
+
+def test_the_planned_module_owns_the_model_parameters(cases):
+    model, inputs = fresh(cases["cnn"])
+    graph = cases["cnn"][2]
+    plan = Plan({n.name: NodeConfig(("gpu0",)) for n in graph.ops}, graph_fingerprint=graph.fingerprint)
+    planned = apply_plan(model, inputs, plan, graph=graph)
+    assert [id(p) for p in planned.parameters()] == [id(p) for p in model.parameters()]
+    assert list(planned.state_dict()) == list(model.state_dict())
+    before = model.bn.num_batches_tracked.item()
+    planned(*inputs)
+    assert model.bn.num_batches_tracked.item() == before + 1   # running statistics updated once
+
+
+@st.composite
+def random_plan(draw, graph, costs, devices=("gpu0", "gpu1", "gpu2", "gpu3")):
+    configs = {}
+    for n in graph.ops:
+        layout, k = draw(st.sampled_from(sorted({("R", 1), *costs.legal(n.name)})))
+        mesh = draw(st.permutations(devices))[:k]
+        configs[n.name] = NodeConfig(tuple(mesh), layout if k > 1 else "R", draw(st.booleans()))
+    return Plan(configs, graph_fingerprint=graph.fingerprint)
+
+
+@pytest.mark.parametrize("name", ["cnn", "tied"])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_valid_plans_train_like_the_model(cases, name, data):
+    _, _, graph, costs = cases[name]
+    check_plan(cases[name], data.draw(random_plan(graph, costs)))
+
+
+# ---- bad input: a clear error before any step ----------------------------------------------
+
+def _one_device_plan(graph, device="gpu0"):
+    return Plan({n.name: NodeConfig((device,)) for n in graph.ops}, graph_fingerprint=graph.fingerprint)
+
+
+def test_another_models_plan_is_refused(cases):
+    model, inputs = fresh(cases["cnn"])
+    with pytest.raises(PlanError, match="fingerprint"):
+        apply_plan(model, inputs, _one_device_plan(cases["tied"][2]), graph=cases["cnn"][2])
+
+
+def test_a_device_map_missing_a_plan_device_is_refused(cases):
+    model, inputs = fresh(cases["cnn"])
+    with pytest.raises(ExecutionError, match="no entry for plan device.*gpu0"):
+        apply_plan(model, inputs, _one_device_plan(cases["cnn"][2]), device_map={"gpu1": "cpu"}, graph=cases["cnn"][2])
+    with pytest.raises(ExecutionError, match="PLAN_DEVICE=TORCH_DEVICE"):
+        parse_device_map("gpu0:cuda0")
+
+
+def test_a_cuda_device_that_does_not_exist_is_refused(cases, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    model, inputs = fresh(cases["cnn"])
+    with pytest.raises(ExecutionError, match="cuda:3, which does not exist.*1 CUDA device"):
+        apply_plan(model, inputs, _one_device_plan(cases["cnn"][2]), device_map={"gpu0": "cuda:3"},
+                   graph=cases["cnn"][2])
+
+
+def test_a_plan_larger_than_the_gpu_is_refused(cases, monkeypatch):
+    class Props:
+        total_memory = 2**20
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: Props)
+    model, inputs = fresh(cases["cnn"])
+    plan = _one_device_plan(cases["cnn"][2]).with_estimate(
+        tensoropt.Estimate("simulator", 0.1, {"gpu0": 3 * 2**20}))
+    with pytest.raises(ExecutionError, match="needs 0.00 GiB on cuda:0.*has 0.00 GiB"):
+        apply_plan(model, inputs, plan, device_map={"gpu0": "cuda:0"}, graph=cases["cnn"][2])
