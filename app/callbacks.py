@@ -126,7 +126,9 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
         State("cluster-path", "data"), State("devices", "value"), State("optimizer", "value"),
         State("repeats", "value"), State("warmup", "data"),
         background=True,
-        progress=[Output("progress", "value"), Output("progress", "max"), Output("progress-text", "children")],
+        # the frontier's key arrives as progress, before the baselines are done: the page shows it
+        progress=[Output("progress", "value"), Output("progress", "max"), Output("progress-text", "children"),
+                  Output("partial-key", "data")],
         running=[(Output("run", "disabled"), True, False)],
     )
     def _run(set_progress: Any, _n: int, source: str, zoo_name: str, zoo_params: str, spec: str,
@@ -142,10 +144,16 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
                           optimizer=optimizer or "sgd", profile=profile_path,
                           repeats=int(repeats) if repeats else 5, warmup=int(warmup or 0), algos=algos)
 
-            def progress(done: int, total: int, msg: str) -> None:
-                set_progress((str(done), str(max(total, 1)), msg))
+            partial: list[str | None] = [None]
 
-            key = run_request(req, store, progress)
+            def progress(done: int, total: int, msg: str) -> None:
+                set_progress((str(done), str(max(total, 1)), msg, partial[0]))
+
+            def frontier_ready(key: str) -> None:
+                partial[0] = key
+                set_progress(("1", "1", "frontier ready; running the baseline placers", key))
+
+            key = run_request(req, store, progress, on_frontier=frontier_ready)
         except Exception as e:  # noqa: BLE001 - shown on the page; the app keeps working
             if not isinstance(e, TensorOptError):
                 traceback.print_exc()
@@ -153,9 +161,12 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
         return key, ""
 
     @app.callback(Output("frontier-graph", "figure"), Output("result-summary", "children"),
-                  Input("result-key", "data"), Input("budget", "value"), Input("selected-plan", "data"))
-    def _frontier(key: str | None, budget_gib: Any, selected: str | None) -> tuple:
-        if not key or not store.complete(key):
+                  Input("result-key", "data"), Input("partial-key", "data"), Input("budget", "value"),
+                  Input("selected-plan", "data"))
+    def _frontier(done_key: str | None, partial_key: str | None, budget_gib: Any, selected: str | None) -> tuple:
+        # the finished result when there is one, else the frontier whose baselines still run
+        key = done_key if done_key and store.complete(done_key) else partial_key
+        if not key or not store.frontier_ready(key):
             return figures.frontier_figure([], title="no result yet: run profiling + frontier"), ""
         s = store.summary(key)
         budget = float(budget_gib) * figures.GiB if budget_gib not in (None, "") and float(budget_gib) > 0 else None
@@ -172,6 +183,8 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
                  f"{s['profile_s']:.1f} s, tracked in {s['tracking_s']:.1f} s; "
                  f"{'exact' if s['exact'] else 'not exact (see the frontier notes)'}; "
                  f"{len(fits)} of {len(rows)} plans fit {fmt_bytes(int(budget))}"]
+        if not store.complete(key):
+            lines.append("the baseline placers are still running: their markers appear when they are done")
         # the placers' messages already name the placer
         lines += [b["error"] if b["error"].startswith(b["algo"]) else f"{b['algo']}: {b['error']}" for b in failed]
         return fig, html.Ul([html.Li(x) for x in lines], style={"margin": "2px 0"})
@@ -184,15 +197,19 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
             return no_update
 
     @app.callback(Output("selected-plan", "data", allow_duplicate=True), Input("result-key", "data"),
-                  prevent_initial_call=True)
-    def _new_result(_key: Any) -> None:
+                  Input("partial-key", "data"), prevent_initial_call=True)
+    def _new_result(done_key: str | None, partial_key: str | None) -> Any:
+        if ctx.triggered_id == "result-key" and done_key == partial_key:
+            return no_update   # the baselines of the frontier on show are done: keep the selection
         return None   # a new result: the old selection is not one of its plans
 
     @app.callback(Output("plan-panel", "style"), Output("plan-title", "children"), Output("plan-summary", "children"),
                   Output("memory-graph", "figure"), Output("gantt-graph", "figure"), Output("graph-graph", "figure"),
                   Output("plan-table", "data"),
-                  Input("selected-plan", "data"), State("result-key", "data"), prevent_initial_call=True)
-    def _plan(plan_id: str | None, key: str | None) -> tuple:
+                  Input("selected-plan", "data"), State("result-key", "data"), State("partial-key", "data"),
+                  prevent_initial_call=True)
+    def _plan(plan_id: str | None, done_key: str | None, partial_key: str | None) -> tuple:
+        key = done_key if done_key and store.complete(done_key) else partial_key
         hidden = ({"display": "none"}, "", [], no_update, no_update, no_update, [])
         if not plan_id or not key:
             return hidden
@@ -208,17 +225,20 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
                 figures.plan_table_rows(plan, graph))
 
     @app.callback(Output("download-plan", "data"), Input("download-plan-button", "n_clicks"),
-                  State("selected-plan", "data"), State("result-key", "data"), prevent_initial_call=True)
-    def _download_plan(_n: int, plan_id: str | None, key: str | None) -> Any:
+                  State("selected-plan", "data"), State("result-key", "data"), State("partial-key", "data"),
+                  prevent_initial_call=True)
+    def _download_plan(_n: int, plan_id: str | None, done_key: str | None, partial_key: str | None) -> Any:
+        key = done_key if done_key and store.complete(done_key) else partial_key
         if not plan_id or not key:
             return no_update
         plan = store.plan(key, plan_id)
         return {"content": json.dumps(plan.to_dict(), indent=1), "filename": f"{plan_id}.json"}
 
     @app.callback(Output("download-csv", "data"), Input("download-csv-button", "n_clicks"),
-                  State("result-key", "data"), prevent_initial_call=True)
-    def _download_csv(_n: int, key: str | None) -> Any:
-        if not key or not store.complete(key):
+                  State("result-key", "data"), State("partial-key", "data"), prevent_initial_call=True)
+    def _download_csv(_n: int, done_key: str | None, partial_key: str | None) -> Any:
+        key = done_key if done_key and store.complete(done_key) else partial_key
+        if not key or not store.frontier_ready(key):
             return no_update
         s = store.summary(key)
         return {"content": store.frontier_csv(key), "filename": f"frontier-{s['graph_name']}.csv"}

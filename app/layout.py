@@ -102,7 +102,7 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
                      style={"marginTop": "4px"}),
         ]),
         dcc.Store(id="onnx-path"), dcc.Store(id="profile-path"), dcc.Store(id="cluster-path"),
-        dcc.Store(id="result-key"), dcc.Store(id="selected-plan"),
+        dcc.Store(id="result-key"), dcc.Store(id="partial-key"), dcc.Store(id="selected-plan"),
     ])
     plan_panel = html.Div(id="plan-panel", style={"display": "none"}, children=[
         html.H4(id="plan-title", style={"margin": "6px 0"}),

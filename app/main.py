@@ -18,7 +18,7 @@ from .uploads import UPLOAD_KINDS
 
 
 def create_app(*, cache_dir: str | os.PathLike | None = None, default_model: str = DEFAULT_MODEL,
-               default_cluster: str = DEFAULT_CLUSTER, repeats: int = 5, warmup: int = 1,
+               default_cluster: str = DEFAULT_CLUSTER, repeats: int = 3, warmup: int = 1,
                algos: Sequence[str] | None = None) -> dash.Dash:
     """The dashboard.  ``cache_dir``: where results, uploads and the background-job cache live
     (default :func:`~app.pipeline.default_cache_dir`, per user); ``default_model`` /

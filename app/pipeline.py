@@ -18,6 +18,8 @@ Folder layout (``<cache_dir>/results/<key>/``)::
     frontier.csv   Frontier.to_csv
     frontier.json  Frontier.to_dict (points, notes)
     plans/<id>.json  a plan per frontier point and per baseline (``baseline-<algo>``)
+    frontier-summary.json  written once the frontier's files are: the page can show it while
+                   the baselines still run
     baselines.json   one row per baseline placer (time, peak memory, fits, error)
     summary.json   written last: its presence marks a complete result
 """
@@ -165,10 +167,12 @@ def run_baselines(graph: Any, costs: Any, cluster: Any, *, devices: Any, optimiz
     return out
 
 
-def run_request(req: Request, store: ResultStore, progress: Progress | None = None) -> str:
+def run_request(req: Request, store: ResultStore, progress: Progress | None = None,
+                on_frontier: Callable[[str], None] | None = None) -> str:
     """Compute everything for ``req`` into its folder of ``store`` and return the key; a
     complete folder is reused as is.  ``progress(done, total, message)`` is called as work
-    proceeds (profiling by node, then tracking and baselines).  Bad input raises
+    proceeds (profiling by node, then tracking and baselines); ``on_frontier(key)`` once the
+    frontier's files are written, before the baselines run (the page shows it then).  Bad input raises
     :class:`~tensoropt.errors.TensorOptError`; the folder is then left without ``summary.json``
     (incomplete, recomputed next time), never half-read.
 
@@ -203,10 +207,6 @@ def run_request(req: Request, store: ResultStore, progress: Progress | None = No
     report(n_ops, n_ops, "tracking the frontier")
     frontier = track_frontier(graph, costs, cluster, meshes=meshes, optimizer=req.optimizer,
                               progress=lambda msg: report(n_ops, n_ops, msg))
-    report(n_ops, n_ops, "running the baseline placers")
-    baselines = run_baselines(graph, costs, cluster, devices=devices, optimizer=req.optimizer, algos=req.algos,
-                              frontier=frontier, progress=lambda msg: report(n_ops, n_ops, msg))
-
     write_json_atomic(folder / "request.json", req.to_dict())
     graph.save(folder / "graph.json")
     costs.save(folder / "profile.json")
@@ -214,15 +214,23 @@ def run_request(req: Request, store: ResultStore, progress: Progress | None = No
     frontier.to_csv(folder / "frontier.csv")
     write_json_atomic(folder / "frontier.json", frontier.to_dict())
     frontier.save_plans(folder / "plans")
-    for _row, plan in baselines:
-        if plan is not None:
-            plan.save(folder / "plans" / f"{plan.plan_id}.json")
-    write_json_atomic(folder / "baselines.json", [row.to_dict() for row, _ in baselines])
     summary = {"key": key, "graph_name": graph.name, "batch_size": graph.batch_size, "ops": n_ops,
                "cluster_name": cluster.name, "devices": list(devices or cluster.names),
                "device_memory": {d: cluster.device(d).memory_bytes for d in (devices or cluster.names)},
                "points": len(frontier), "exact": frontier.exact, "profile_s": t_profile,
                "tracking_s": frontier.seconds, "total_s": time.perf_counter() - t0, "optimizer": req.optimizer}
+    write_json_atomic(folder / "frontier-summary.json", summary)
+    if on_frontier is not None:
+        on_frontier(key)
+
+    report(n_ops, n_ops, "running the baseline placers")
+    baselines = run_baselines(graph, costs, cluster, devices=devices, optimizer=req.optimizer, algos=req.algos,
+                              frontier=frontier, progress=lambda msg: report(n_ops, n_ops, msg))
+    for _row, plan in baselines:
+        if plan is not None:
+            plan.save(folder / "plans" / f"{plan.plan_id}.json")
+    write_json_atomic(folder / "baselines.json", [row.to_dict() for row, _ in baselines])
+    summary["total_s"] = time.perf_counter() - t0
     write_json_atomic(folder / "summary.json", summary)   # last: marks the folder complete
     report(1, 1, "done")
     return key
@@ -252,7 +260,12 @@ class ResultStore:
         return d
 
     def complete(self, key: str) -> bool:
+        """Everything of the result is there (frontier and baselines)."""
         return (self.root / "results" / key / "summary.json").is_file()
+
+    def frontier_ready(self, key: str) -> bool:
+        """The frontier's files are there (the baselines may still be running)."""
+        return self.complete(key) or (self.root / "results" / key / "frontier-summary.json").is_file()
 
     def _cached(self, what: tuple, load: Callable[[], Any]) -> Any:
         if what in self._memo:
@@ -268,7 +281,11 @@ class ResultStore:
         return json.loads((self.folder(key) / name).read_text(encoding="utf-8"))
 
     def summary(self, key: str) -> dict[str, Any]:
-        return self._cached((key, "summary"), lambda: self._json(key, "summary.json"))
+        """The complete result's summary, else the frontier's (not cached: it is replaced once
+        the baselines are done)."""
+        if self.complete(key):
+            return self._cached((key, "summary"), lambda: self._json(key, "summary.json"))
+        return self._json(key, "frontier-summary.json")
 
     def frontier_rows(self, key: str) -> list[dict[str, Any]]:
         """The rows of ``frontier.csv`` (strings, as written)."""
@@ -286,6 +303,9 @@ class ResultStore:
         return self._cached((key, "frontier"), lambda: self._json(key, "frontier.json"))
 
     def baselines(self, key: str) -> list[dict[str, Any]]:
+        """The baselines' rows; none while they still run."""
+        if not self.complete(key):
+            return []
         return self._cached((key, "baselines"), lambda: self._json(key, "baselines.json"))
 
     def graph(self, key: str) -> Any:

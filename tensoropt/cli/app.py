@@ -27,6 +27,7 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
         raise TensorOptError(f"the dashboard cannot start: {e}; install the project with "
                              "`pip install -e .` from the repository (it ships the app/ package)") from None
 
+    _check_port_free(args.host, args.port)
     dash_app = create_app(cache_dir=args.cache_dir, default_model=args.model or DEFAULT_MODEL,
                           default_cluster=args.cluster or DEFAULT_CLUSTER,
                           repeats=args.repeats, algos=args.algos.split(",") if args.algos else None)
@@ -39,6 +40,23 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse a port something else listens on, before the server starts (werkzeug would exit
+    with an OSError deep inside)."""
+    import socket
+
+    from ..errors import TensorOptError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise TensorOptError(f"cannot listen on {host}:{port} ({e.strerror or e}); another program (or another "
+                                 f"tensoropt app) uses it: stop it, or pass --port with a free port, e.g. "
+                                 f"--port {port + 1}") from None
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("app", help="the web dashboard (Plotly Dash)",
                        description="Open the dashboard: choose a model and a cluster, track the frontier, compare "
@@ -49,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="model computed when the page opens (default "
                                    "zoo:gpt2?layers=2&batch=2&seq_len=128)")
     p.add_argument("--cluster", help="cluster of that first run (default preset:titan-rtx-5)")
-    p.add_argument("--repeats", type=int, default=5, help="profiling: timed repeats per op call (default 5)")
+    p.add_argument("--repeats", type=int, default=3, help="profiling: timed repeats per op call (default 3)")
     p.add_argument("--algos", help="comma-separated baseline placers to compare (default: all)")
     p.add_argument("--cache-dir", help="results, uploads and job state (default: ~/.cache/tensoropt/app, or "
                                        "$TENSOROPT_APP_CACHE_DIR)")

@@ -24,7 +24,13 @@ def test_result_matches_the_library_and_is_reused(tiny_result):
     from tensoropt.frontier.build import candidate_meshes
 
     store, req, key, seen = tiny_result
-    assert seen[-1][2] == "done" and any(m.startswith("profiling") for _, _, m in seen)
+    assert seen[-1][2] == "done" and any(m.startswith("profiling") for *_, m in seen if isinstance(m, str))
+    # the frontier was ready (its rows readable, no baselines yet) before the baselines ran
+    ready = [i for i, s in enumerate(seen) if s[0] == "frontier"]
+    assert len(ready) == 1
+    _, ready_key, is_ready, complete, n_rows, baselines = seen[ready[0]]
+    assert (ready_key, is_ready, complete, baselines) == (key, True, False, []) and n_rows > 0
+    assert ready[0] < next(i for i, s in enumerate(seen) if s[2] == "running the baseline placers")
     # the stored CSV is Frontier.to_csv of the same graph, costs and meshes: same rows, same columns
     graph, costs, cluster = store.graph(key), store.costs(key), store.cluster(key)
     fr = track_frontier(graph, costs, cluster, meshes=candidate_meshes(cluster, devices=["gpu0", "gpu1"]))
