@@ -1,0 +1,148 @@
+"""Jobs every rank runs: check plans against the unmodified model, time a plan.
+
+Each job takes the :class:`~.runtime.Runtime` first (what :func:`~.launch.launch` passes) and
+plain values after it (model specs, plan dicts), so the same job runs under ``launch`` and under
+``torchrun``; it returns plain values (the same on every rank where it gathers them).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..plan import Plan
+from .run import apply_plan_distributed, compare_distributed
+from .runtime import Runtime
+
+
+def load_case(model_spec: str, *, float64: bool = False, dropout: bool = True) -> tuple[Any, tuple, Any]:
+    """(model, inputs, graph): ``model_spec`` built (same weights on every rank: the zoo seeds
+    them), optionally in float64 and without dropout, and captured with torch.export."""
+    from ..capture import capture
+    from ..execute import disable_dropout
+    from ..modelspec import load_model
+
+    loaded = load_model(model_spec)
+    model, inputs = loaded.model, tuple(loaded.example_inputs)
+    if not dropout:
+        disable_dropout(model)
+    if float64:
+        model = model.double()
+        inputs = tuple(t.double() if t.is_floating_point() else t for t in inputs)
+    return model, inputs, capture(model, inputs, name=loaded.name, method="export")
+
+
+def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1) -> list[dict[str, Any]]:
+    """For each case ``{"model": spec, "plan": plan dict, "rank_map": … (optional)}``, in float64
+    with dropout off: one distributed step against the unmodified model (loss, every gradient,
+    written buffers: :func:`compare_distributed`), then one SGD step of ``lr`` on both — the
+    largest relative difference of any parameter any rank holds (replicas included).  Returns per
+    case ``loss``, ``max_rel_diff``, ``worst``, ``params_rel_diff``, ``moves``, ``loss_rank``."""
+    out = []
+    for case in cases:
+        model, inputs, graph = load_case(case["model"], float64=True, dropout=False)
+        plan = Plan.from_dict(case["plan"])
+        reference = copy.deepcopy(model)
+        ex = apply_plan_distributed(model, inputs, plan, rt, rank_map=case.get("rank_map"), graph=graph)
+        cmp = compare_distributed(ex, reference, inputs)
+        torch.optim.SGD(reference.parameters(), lr=lr).step()
+        if ex.local_parameters:
+            torch.optim.SGD(list(ex.local_parameters.values()), lr=lr).step()
+        ref = dict(reference.named_parameters())
+        worst = 0.0
+        for name, p in ex.local_parameters.items():
+            diff = (p.detach() - ref[name].detach()).abs().max().item()
+            worst = max(worst, diff / max(ref[name].abs().max().item(), 1e-12))
+        every: list[Any] = [None] * rt.world_size
+        dist.all_gather_object(every, worst)
+        out.append({"loss": cmp.loss, "max_rel_diff": cmp.max_rel_diff, "worst": cmp.worst,
+                    "grads": len(cmp.grads), "params_rel_diff": max(every), "moves": len(ex.program.moves),
+                    "loss_rank": ex.program.loss_rank, "fallbacks": ex.fallbacks})
+    return out
+
+
+def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps: int = 5, warmup: int = 2,
+                 memory: bool = True, optimizer: str = "sgd", rank_map: Mapping[str, int] | None = None,
+                 fail_rank: int | None = None) -> dict[str, Any]:
+    """Time ``steps`` distributed steps of ``plan`` after ``warmup`` (every rank starts each step
+    at a barrier; a step = forward + loss + backward + gradient sums; the optimizer step is timed
+    apart, the simulator has no cost for it) and, with ``memory``, one more step under
+    ``MemTracker`` per rank (on CUDA ``torch.cuda.max_memory_allocated`` too).  Returns
+    ``step_s`` (median over steps of the slowest rank's step), ``optimizer_s``, ``rank_step_s``
+    (per rank, medians), ``peak_bytes`` (per rank), ``moves``.  ``fail_rank``: that rank exits
+    abruptly in the middle of the first step (to test what its peers do)."""
+    from ..costs.step import make_optimizer
+
+    model, inputs, graph = load_case(model_spec)
+    ex = apply_plan_distributed(model, inputs, Plan.from_dict(plan), rt, rank_map=rank_map, graph=graph)
+    params = list(ex.local_parameters.values())
+    opt = make_optimizer(optimizer, params) if params else None
+    dev = torch.device(rt.device)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    step_times, opt_times = [], []
+    for i in range(warmup + steps):
+        ex.link.barrier()
+        sync()
+        t0 = time.perf_counter()
+        loss = ex.forward(*inputs)
+        if fail_rank == rt.rank:
+            import os
+
+            os._exit(3)   # die mid-step, without a word (what a crash or an OOM kill looks like)
+        ex.backward(loss)
+        sync()
+        t1 = time.perf_counter()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync()
+        if i >= warmup:
+            step_times.append(t1 - t0)
+            opt_times.append(time.perf_counter() - t1)
+    peak = None
+    if memory:
+        peak = _tracked_peak(ex, model, opt, inputs, dev)
+    every: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(every, {"steps": step_times, "opt": opt_times, "peak": peak})
+    slowest = [max(r["steps"][i] for r in every) for i in range(steps)]
+    return {"step_s": statistics.median(slowest), "optimizer_s": statistics.median(max(r["opt"][i] for r in every)
+                                                                                  for i in range(steps)),
+            "rank_step_s": [statistics.median(r["steps"]) for r in every],
+            "peak_bytes": [r["peak"] for r in every], "moves": len(ex.program.moves),
+            "loss_rank": ex.program.loss_rank}
+
+
+def _tracked_peak(ex: Any, model: Any, opt: Any, inputs: tuple, dev: torch.device) -> int:
+    """Peak bytes of one step (forward, backward, gradient sums, optimizer) on this rank: MemTracker
+    on the CPU (parameters, buffers, optimizer state and inputs registered as held from the
+    start), the CUDA allocator's ``max_memory_allocated`` on a GPU."""
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+        _one_step(ex, opt, inputs)
+        torch.cuda.synchronize(dev)
+        return int(torch.cuda.max_memory_allocated(dev))
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model, *([opt] if opt is not None else []), *[t for t in inputs if isinstance(t, torch.Tensor)])
+    ex.link.barrier()
+    with tracker:
+        _one_step(ex, opt, inputs)
+    return int(tracker.get_tracker_snapshot("peak").get(dev, {}).get("Total", 0))
+
+
+def _one_step(ex: Any, opt: Any, inputs: tuple) -> None:
+    loss = ex.forward(*inputs)
+    ex.backward(loss)
+    if opt is not None:
+        opt.step()
+        opt.zero_grad(set_to_none=True)

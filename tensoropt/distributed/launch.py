@@ -1,0 +1,115 @@
+"""Start ``world_size`` local processes that each join a gloo (or NCCL) group and run one job:
+what the tests and ``benchmarks/truth.py`` use instead of ``torchrun`` on one machine.
+
+:func:`launch` spawns fresh interpreters (``spawn``: a script that calls it needs
+``if __name__ == "__main__":``), one OpenMP thread each; the parent hosts the rendezvous store on
+a port the OS picks (no race for a free port), like ``tensoropt bench-links``
+(:mod:`tensoropt.cluster.bench`).  A job is a module-level function ``job(runtime, **kwargs)``
+whose return value is pickled back; results come back by rank.  A worker that raises, dies or
+says nothing past the timeout ends the launch with a :class:`~tensoropt.errors.DistributedError`
+naming the rank (every worker is ended either way).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import queue as queue_mod
+import time
+import traceback
+from typing import Any, Callable
+
+from ..cluster.bench import _single_threaded_env
+from ..errors import DistributedError, TensorOptError
+from .runtime import DEFAULT_TIMEOUT_S, init_runtime, shutdown
+
+
+def _entry(rank: int, world_size: int, port: int, q: Any, job: str, kwargs: dict, timeout_s: float,
+           backend: str) -> None:
+    """Body of one worker: join the group, run ``job`` (``module:function``), report to ``q``."""
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        module, _, name = job.partition(":")
+        fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
+        rt = init_runtime(rank=rank, world_size=world_size, master_addr="127.0.0.1", master_port=port,
+                          backend=backend, timeout_s=timeout_s, host_store=False, local_rank=rank)
+        result = fn(rt, **kwargs)
+        shutdown()
+        q.put(("done", rank, result))
+    except TensorOptError as e:
+        q.put(("error", rank, str(e)))
+        raise SystemExit(1) from None
+    except BaseException:  # noqa: BLE001 - everything goes to the parent, which raises it
+        q.put(("error", rank, traceback.format_exc()))
+        raise SystemExit(1) from None
+
+
+def launch(job: str | Callable[..., Any], world_size: int, kwargs: dict | None = None, *,
+           timeout_s: float = DEFAULT_TIMEOUT_S, backend: str = "gloo", startup_s: float = 90.0) -> list[Any]:
+    """Run ``job(runtime, **kwargs)`` on ranks ``0 … world_size − 1``; return the results by rank.
+
+    ``job``: a module-level function or ``"module:function"``.  ``timeout_s``: the group's timeout
+    (every wait inside the job); the parent gives up after ``1.25 × timeout_s + 5`` s without a
+    result once the workers are up (``startup_s`` to import torch and build the model).
+    """
+    import multiprocessing as mp
+
+    import torch.distributed as dist
+
+    if callable(job):
+        job = f"{job.__module__}:{job.__name__}"
+    if world_size < 1:
+        raise DistributedError(f"world size must be at least 1, got {world_size}")
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_entry, args=(r, world_size, store.port, q, job, kwargs or {}, timeout_s, backend),
+                         name=f"tensoropt-dist-{r}", daemon=True) for r in range(world_size)]
+    results: dict[int, Any] = {}
+    start = time.monotonic()
+    try:
+        with _single_threaded_env():
+            for p in procs:
+                p.start()
+        while len(results) < world_size:
+            try:
+                kind, rank, payload = q.get(timeout=0.2)
+            except queue_mod.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
+                if dead:
+                    try:   # its own message, or a peer's, may still be on the way
+                        kind, rank, payload = q.get(timeout=1.0 + min(timeout_s, 5.0))
+                    except queue_mod.Empty:
+                        raise DistributedError(f"rank {dead[0]} of {world_size} died with exit code "
+                                               f"{procs[dead[0]].exitcode} without a message (killed? out of "
+                                               "memory?)") from None
+                elif time.monotonic() - start > startup_s + 1.25 * timeout_s + 5.0:
+                    stuck = [r for r in range(world_size) if r not in results]
+                    raise DistributedError(f"rank(s) {stuck} of {world_size} did not finish within "
+                                           f"{startup_s + 1.25 * timeout_s + 5.0:.0f} s; raise the timeout") from None
+                else:
+                    continue
+            if kind == "done":
+                results[rank] = payload
+            else:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r != rank]
+                died = "; ".join(f"rank {r} exited with code {procs[r].exitcode}" for r in dead)
+                raise DistributedError(f"rank {rank} of {world_size} failed: {payload.strip()}"
+                                       + (f" ({died})" if died else ""))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            if p.pid is not None:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
+        q.close()
+        q.cancel_join_thread()
+        del store
+    return [results[r] for r in range(world_size)]

@@ -1,0 +1,371 @@
+"""Run a plan across processes: each rank executes the nodes of its own plan devices.
+
+:func:`apply_plan_distributed` rewrites the captured graph exactly as the single-process executor
+does (:func:`tensoropt.execute.rewrite`, with every plan device given a distinct marker device,
+:mod:`.program`) and returns a :class:`DistributedExecutor`.  Its :meth:`~DistributedExecutor.step`
+runs one forward + :func:`~tensoropt.costs.step.training_loss` + backward on this rank:
+
+- nodes of other ranks are skipped; a value that crosses ranks is sent point-to-point in forward
+  and its gradient sent back in backward (:mod:`.transport`; the backward order is
+  :func:`.program.backward_schedule`); splits, gathers, partial sums and slices are the
+  executor's own nodes, run on the rank that holds their pieces;
+- after backward, a parameter read on several ranks (replicated / batch-split nodes, tied
+  weights) has its gradient summed over those ranks (one flat all-reduce per group of ranks),
+  so every rank holding it sees the single-process gradient and an optimizer step leaves
+  identical replicas;
+- a rank keeps only the parameters and buffers its nodes read (the others are emptied), so its
+  memory is what the plan gives its devices.
+
+The model is built on every rank with the same weights (the zoo seeds them); the example inputs
+are on every rank.  O(V + E) per step, plus the transfers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..errors import DistributedError
+from ..execute import Comparison, rel_diff
+from ..execute.rewrite import rewrite, write_back
+from ..graph import OpGraph
+from ..plan import Plan
+from .program import LOSS, Flush, Program, backward_schedule, build_program, marker, plan_flushes
+from .runtime import Runtime, resolve_rank_map
+from .transport import HEADER_LEN, PeerLink, decode_header, encode_header
+
+_GRAD_TAG = 1 << 20  # backward messages' tags, apart from the forward ones
+
+
+class DistributedExecutor:
+    """One rank's part of a plan (see the module docstring).  ``local_parameters`` are the
+    parameters this rank holds (give them to the optimizer); ``program`` the static plan across
+    ranks."""
+
+    def __init__(self, model: nn.Module, graph: OpGraph, plan: Plan, runtime: Runtime,
+                 rank_map: Mapping[str, int] | None = None, *, release_unused: bool = True):
+        self.rt = runtime
+        self.plan = plan
+        self.rank_of = resolve_rank_map(plan.devices, runtime.world_size, rank_map)
+        self.model = model
+        plan.check(graph)
+        index = {d: i for i, d in enumerate(plan.devices)}
+        rewritten = rewrite(graph, plan, lambda d: marker(index[d]))
+        self.graph_module = rewritten.module
+        self.fallbacks = list(rewritten.fallbacks)
+        self.out_spec = graph.exported.call_spec.out_spec
+        fx_graph = rewritten.module.graph
+        self.program: Program = build_program(fx_graph, plan.devices, self.rank_of, runtime.world_size)
+        me = runtime.rank
+        self.backward_steps = plan_flushes(fx_graph, self.program, me, backward_schedule(self.program, me))
+        self.link = PeerLink(runtime)
+        self._headers: dict[int, tuple[tuple[int, ...], torch.dtype, bool]] = {}
+        self._nodes = list(fx_graph.nodes)
+        self._sources = rewritten.sources
+        self._prepare_state(release_unused)
+        self._plan_frees()
+        self._make_groups()
+
+    # ---- set-up ------------------------------------------------------------------------------
+    def _prepare_state(self, release_unused: bool) -> None:
+        me, dev = self.rt.rank, torch.device(self.rt.device)
+        placeholders = [n for n in self._nodes if n.op == "placeholder"]
+        self.parameter_ranks: dict[str, frozenset[int]] = {}
+        self.local_parameters: dict[str, nn.Parameter] = {}
+        self.written_buffers: set[str] = set()
+        by_ph = {}
+        for ph, (kind, what) in zip(placeholders, self._sources):
+            by_ph[ph.name] = (kind, what)
+            if kind not in ("parameter", "buffer"):
+                continue
+            ranks = self.program.placeholder_ranks.get(ph.name, frozenset())
+            mod_path, _, attr = what.rpartition(".")
+            mod = self.model.get_submodule(mod_path)
+            t = getattr(mod, attr)
+            if kind == "parameter":
+                self.parameter_ranks[what] = ranks
+            if me in ranks or not release_unused:
+                if t.device != dev:
+                    if isinstance(t, nn.Parameter):
+                        t.data = t.data.to(dev)
+                    else:
+                        mod._buffers[attr] = t.to(dev)
+                if kind == "parameter" and me in ranks:
+                    self.local_parameters[what] = getattr(mod, attr)
+            else:  # another rank's: free its memory here
+                if isinstance(t, nn.Parameter):
+                    t.data = torch.empty(0, dtype=t.dtype, device=dev)
+                else:
+                    mod._buffers[attr] = torch.empty(0, dtype=t.dtype, device=dev)
+        for n in self._nodes:
+            if n.op == "call_function" and n.target is write_back and self._runs_here(n):
+                kind, what = by_ph.get(n.args[0].name, (None, None))
+                if kind == "buffer":
+                    self.written_buffers.add(what)
+
+    def _runs_here(self, n: fx.Node) -> bool:
+        r = self.program.rank_of_node.get(n.name)
+        return r is None or r == self.rt.rank
+
+    def _plan_frees(self) -> None:
+        """After which node each local value is dead (as fx's generated code deletes it)."""
+        last: dict[str, str] = {}
+        for n in self._nodes:
+            mv = self.program.moves_by_node.get(n.name)
+            if mv is not None:
+                if mv.src == self.rt.rank:
+                    last[mv.source] = n.name
+                continue
+            if n.op == "output" or self._runs_here(n):
+                for a in n.all_input_nodes:
+                    last[a.name] = n.name
+        for mv in self.program.moves:
+            if mv.node.startswith("__output") and mv.src == self.rt.rank:
+                last[mv.source] = "output"
+        self._free_after: dict[str, list[str]] = {}
+        for value, user in last.items():
+            self._free_after.setdefault(user, []).append(value)
+
+    def _make_groups(self) -> None:
+        """One process group per set of ranks that share parameters (every rank creates every
+        group, in the same order, as torch.distributed requires)."""
+        world = frozenset(range(self.rt.world_size))
+        sets = sorted({r for r in self.parameter_ranks.values() if len(r) > 1}, key=lambda s: sorted(s))
+        self._groups: list[tuple[frozenset[int], Any, list[str]]] = []
+        for ranks in sets:
+            group = None if ranks == world else dist.new_group(sorted(ranks))
+            names = [k for k, v in self.parameter_ranks.items() if v == ranks]
+            if self.rt.rank in ranks:
+                self._groups.append((ranks, group, names))
+
+    # ---- one step ----------------------------------------------------------------------------
+    def forward(self, *inputs: Any) -> torch.Tensor | None:
+        """The forward pass and the loss: the loss on :attr:`Program.loss_rank`, None elsewhere."""
+        me, dev = self.rt.rank, torch.device(self.rt.device)
+        leaves = [x for x in tree_flatten(inputs)[0] if isinstance(x, torch.Tensor)]
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        buffers = dict(self.model.named_buffers(remove_duplicate=False))
+        env: dict[str, Any] = {}
+        self._sent: dict[int, torch.Tensor] = {}
+        self._received: dict[int, torch.Tensor] = {}
+        ph_index = 0
+        out_values: list[Any] = []
+        for n in self._nodes:
+            if n.op == "placeholder":
+                kind, what = self._sources[ph_index]
+                ph_index += 1
+                if kind == "parameter":
+                    env[n.name] = params[what]
+                elif kind == "buffer":
+                    env[n.name] = buffers[what]
+                elif kind == "constant":
+                    env[n.name] = what.to(dev)
+                else:
+                    if what >= len(leaves):
+                        raise DistributedError(f"the planned model takes more tensor inputs than the {len(leaves)} "
+                                               "given: pass the inputs it was captured with")
+                    env[n.name] = leaves[what].to(dev)
+                continue
+            if n.op == "output":
+                out_values = self._outputs(n, env)
+                break
+            mv = self.program.moves_by_node.get(n.name)
+            if mv is not None:
+                if me == mv.src:
+                    self._send(mv, env[mv.source])
+                elif me == mv.dst:
+                    env[n.name] = self._recv(mv)
+            elif self._runs_here(n):
+                env[n.name] = self._call(n, env, dev)
+            for dead in self._free_after.get(n.name, ()):
+                env.pop(dead, None)
+        self.link.wait_sends()
+        if me != self.program.loss_rank:
+            return None
+        from ..costs.step import training_loss
+
+        return training_loss(tree_unflatten(out_values, self.out_spec))
+
+    def _call(self, n: fx.Node, env: dict[str, Any], dev: torch.device) -> Any:
+        def value(a: fx.Node) -> Any:
+            return env[a.name]
+
+        args = fx.node.map_arg(n.args, value)
+        kwargs = fx.node.map_arg(n.kwargs, value)
+        if n.op == "call_method":
+            if n.target == "to":
+                return args[0].to(dev, **kwargs)
+            return getattr(args[0], n.target)(*args[1:], **kwargs)
+        if "device" in kwargs and isinstance(kwargs["device"], torch.device):
+            kwargs = dict(kwargs, device=dev)
+        return n.target(*args, **kwargs)
+
+    def _outputs(self, n: fx.Node, env: dict[str, Any]) -> list[Any]:
+        me = self.rt.rank
+        outs = []
+        i = 0   # the index among node outputs, as build_program counts them
+        for a in n.args[0]:
+            if not isinstance(a, fx.Node):
+                outs.append(a)
+                continue
+            mv = self.program.moves_by_node.get(f"__output{i}")
+            i += 1
+            if mv is None:
+                outs.append(env.get(a.name))
+            elif me == mv.src:
+                self._send(mv, env[a.name])
+                outs.append(None)
+            elif me == mv.dst:
+                outs.append(self._recv(mv))
+            else:
+                outs.append(None)
+        return outs
+
+    def _send(self, mv: Any, t: torch.Tensor) -> None:
+        if mv.index not in self._headers:
+            self.link.send(encode_header(t).to(self.rt.device), mv.dst, mv.index, f"the header of {mv.source}")
+            self._headers[mv.index] = (tuple(t.shape), t.dtype, t.requires_grad)
+        self.link.send(t, mv.dst, mv.index, mv.source)
+        self._sent[mv.index] = t
+
+    def _recv(self, mv: Any) -> torch.Tensor:
+        if mv.index not in self._headers:
+            h = self.link.recv((HEADER_LEN,), torch.int64, mv.src, mv.index, f"the header of {mv.source}")
+            self._headers[mv.index] = decode_header(h.cpu())
+        shape, dtype, grad = self._headers[mv.index]
+        buf = self.link.recv(shape, dtype, mv.src, mv.index, mv.source)
+        if grad:
+            buf.requires_grad_(True)
+        self._received[mv.index] = buf
+        return buf
+
+    def backward(self, loss: torch.Tensor | None) -> None:
+        """Back-propagate ``loss`` (on the loss rank; None elsewhere) through every rank, then sum
+        the gradients of shared parameters (see the module docstring)."""
+        me = self.rt.rank
+        if me == self.program.loss_rank and loss is None:
+            raise DistributedError(f"rank {me} computes the loss: pass the loss forward() returned")
+        pending: dict[int | str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        for kind, what in self.backward_steps:
+            if kind == "grad_in":
+                shape, dtype, grad = self._headers[what.index]
+                if grad:
+                    buf = self._received.pop(what.index)
+                    g = buf.grad if buf.grad is not None else torch.zeros_like(buf)
+                    self.link.send(g, what.src, _GRAD_TAG + what.index, f"the gradient of {what.source}")
+            elif kind == "grad_out":
+                shape, dtype, grad = self._headers[what.index]
+                if grad:
+                    g = self.link.recv(shape, dtype, what.dst, _GRAD_TAG + what.index,
+                                       f"the gradient of {what.source}")
+                    pending[what.index] = (self._sent[what.index], g)
+            else:
+                self._flush(what, pending, loss)
+        self.link.wait_sends()
+        self._sent, self._received = {}, {}
+        self.sync_gradients()
+
+    def _flush(self, flush: Flush, pending: dict, loss: torch.Tensor | None) -> None:
+        tensors, grads = [], []
+        for root in flush.roots:
+            if root == LOSS:
+                tensors.append(loss)
+                grads.append(None)
+            elif root in pending:
+                t, g = pending.pop(root)
+                tensors.append(t)
+                grads.append(g)
+        if tensors:
+            torch.autograd.backward(tensors, grads, retain_graph=flush.retain)
+
+    def sync_gradients(self) -> None:
+        """Sum the gradients of parameters read on several ranks over those ranks."""
+        for ranks, group, names in self._groups:
+            params = [self.local_parameters[k] for k in names if k in self.local_parameters]
+            params = [p for p in params if p.requires_grad]
+            if not params:
+                continue
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+            self.link.all_reduce(flat, group, f"summing the gradients shared by ranks {sorted(ranks)}")
+            at = 0
+            for p in params:
+                piece = flat[at:at + p.numel()].view_as(p)
+                at += p.numel()
+                if p.grad is None:
+                    p.grad = piece.clone()
+                else:
+                    p.grad.copy_(piece)
+
+    def step(self, *inputs: Any) -> torch.Tensor | None:
+        """forward + backward (+ gradient sums); returns the loss (detached) on the loss rank."""
+        loss = self.forward(*inputs)
+        self.backward(loss)
+        return None if loss is None else loss.detach()
+
+
+def apply_plan_distributed(model: nn.Module, example_inputs: Any, plan: Plan, runtime: Runtime, *,
+                           rank_map: Mapping[str, int] | None = None, graph: OpGraph | None = None,
+                           release_unused: bool = True) -> DistributedExecutor:
+    """This rank's :class:`DistributedExecutor` for ``plan`` (checked against the graph: a plan made
+    for another model is a :class:`~tensoropt.plan.PlanError`; a world size that does not match
+    the rank map a :class:`DistributedError`, both before anything runs).  ``graph``: a
+    torch.export capture of ``model`` with ``example_inputs`` (captured here otherwise)."""
+    if not isinstance(plan, Plan):
+        raise DistributedError(f"apply_plan_distributed needs a tensoropt.Plan, got {type(plan).__name__}")
+    resolve_rank_map(plan.devices, runtime.world_size, rank_map)   # refuse before the capture
+    if graph is None:
+        from ..capture import capture
+
+        graph = capture(model, example_inputs, method="export")
+    return DistributedExecutor(model, graph, plan, runtime, rank_map, release_unused=release_unused)
+
+
+def compare_distributed(executor: DistributedExecutor, reference: nn.Module, example_inputs: Any) -> Comparison:
+    """:func:`tensoropt.execute.compare_with_model` across ranks: ``reference`` (the unmodified
+    model, on every rank) runs one step here; the executor one distributed step; each rank
+    compares the loss (loss rank), the gradients of the parameters it holds and the buffers it
+    writes; the union (worst per name) is returned on every rank.  Run with dropout off."""
+    from ..costs.step import training_loss
+
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    reference.zero_grad(set_to_none=True)
+    ref_loss = training_loss(reference(*args))
+    ref_loss.backward()
+    ref_grads = {k: p.grad.detach() for k, p in reference.named_parameters() if p.grad is not None}
+    ref_buffers = dict(reference.named_buffers())
+    for p in executor.local_parameters.values():
+        p.grad = None
+    loss = executor.step(*args)
+    mine: dict[str, Any] = {"loss": None, "grads": {}, "buffers": {}}
+    if loss is not None:
+        mine["loss"] = rel_diff(loss, ref_loss)
+    floor = 1e-6 * max((g.abs().max().item() for g in ref_grads.values() if g.numel()), default=0.0)
+    for k, p in executor.local_parameters.items():
+        if (p.grad is None) != (k not in ref_grads):
+            mine["grads"][k] = float("inf")
+        elif p.grad is not None:
+            mine["grads"][k] = rel_diff(p.grad, ref_grads[k], floor)
+    own_buffers = dict(executor.model.named_buffers())
+    for k in executor.written_buffers:
+        if own_buffers[k].is_floating_point():
+            mine["buffers"][k] = rel_diff(own_buffers[k], ref_buffers[k])
+    every: list[Any] = [None] * executor.rt.world_size
+    with executor.link.guard("gathering the check's results", None):
+        dist.all_gather_object(every, mine)
+    grads: dict[str, float] = {}
+    bufs: dict[str, float] = {}
+    for part in every:
+        for k, v in part["grads"].items():
+            grads[k] = max(grads.get(k, 0.0), v)
+        for k, v in part["buffers"].items():
+            bufs[k] = max(bufs.get(k, 0.0), v)
+    missing = sorted(set(ref_grads) - set(grads))
+    for k in missing:   # a gradient no rank holds
+        grads[k] = float("inf")
+    return Comparison(next(p["loss"] for p in every if p["loss"] is not None), grads, bufs)

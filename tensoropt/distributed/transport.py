@@ -1,0 +1,101 @@
+"""Moving tensors between ranks: point-to-point sends / receives and gradient all-reduces, every
+wait bounded by the process group's timeout and every failure turned into a
+:class:`~tensoropt.errors.DistributedError` that names the peer rank.
+
+This is the cross-rank half of :class:`tensoropt.execute.layouts.Transport`: where the
+single-process executor emits ``.to(device)``, a move between plan devices on different ranks
+becomes :meth:`PeerLink.send` on the producer's rank and :meth:`PeerLink.recv` on the consumer's
+(gradients go back the same way in backward); gathers, reduces and slices stay local operations
+on the rank that holds the pieces.  A receiver must know the shape, dtype and whether autograd
+wants a gradient before the data arrives: the first time a move happens a small header is sent
+ahead of it (:func:`encode_header`), and it is reused on later steps (shapes do not change
+between steps of one plan).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import DistributedError
+from .runtime import Runtime
+
+#: dtypes a header can name (its index is the code sent)
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+          torch.int8, torch.uint8, torch.bool)
+HEADER_LEN = 12  # ndim, dtype code, requires grad, up to 9 sizes
+
+
+def encode_header(t: torch.Tensor) -> torch.Tensor:
+    """``[ndim, dtype code, requires_grad, *shape]`` padded to :data:`HEADER_LEN` int64s."""
+    if t.dim() > HEADER_LEN - 3:
+        raise DistributedError(f"cannot send a {t.dim()}-dimensional tensor between ranks (at most {HEADER_LEN - 3})")
+    if t.dtype not in DTYPES:
+        raise DistributedError(f"cannot send a tensor of dtype {t.dtype} between ranks")
+    vals = [t.dim(), DTYPES.index(t.dtype), int(t.requires_grad), *t.shape]
+    return torch.tensor(vals + [0] * (HEADER_LEN - len(vals)), dtype=torch.int64)
+
+
+def decode_header(h: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, bool]:
+    """(shape, dtype, requires_grad) from :func:`encode_header`'s tensor."""
+    v = h.tolist()
+    return tuple(v[3:3 + v[0]]), DTYPES[v[1]], bool(v[2])
+
+
+class PeerLink:
+    """Point-to-point and collective operations of one rank.  Sends are asynchronous
+    (``isend``); :meth:`wait_sends` waits for all of them (the step does so before it ends)."""
+
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+        self._pending: list[tuple[int, object, torch.Tensor]] = []
+
+    @contextlib.contextmanager
+    def guard(self, what: str, peer: int | None) -> Iterator[None]:
+        """Turn a failed wait into a :class:`DistributedError` naming ``peer`` (None: a
+        collective, any rank of the group)."""
+        try:
+            yield
+        except DistributedError:
+            raise
+        except (RuntimeError, dist.DistError) as e:
+            text = str(e).strip().splitlines()
+            first = text[0] if text else type(e).__name__
+            who = f"rank {peer}" if peer is not None else "a peer rank"
+            timed_out = "timeout" in first.lower() or "timed out" in first.lower()
+            why = (f"{who} did not answer within the timeout of {self.rt.timeout_s:g} s (hung or overloaded: "
+                   "raise --timeout)" if timed_out else f"{who} failed or died (its own error says why)")
+            raise DistributedError(f"rank {self.rt.rank} of {self.rt.world_size}: {what} with "
+                                   f"{who} failed: {why} [{first}]") from None
+
+    def send(self, t: torch.Tensor, dst: int, tag: int, what: str) -> None:
+        t = t.detach().contiguous()
+        with self.guard(f"sending {what}", dst):
+            work = dist.isend(t, dst, tag=tag)
+        self._pending.append((dst, work, t))  # keep the tensor alive until the send completes
+
+    def recv(self, shape: Sequence[int], dtype: torch.dtype, src: int, tag: int, what: str) -> torch.Tensor:
+        buf = torch.empty(tuple(shape), dtype=dtype, device=self.rt.device)
+        with self.guard(f"receiving {what}", src):
+            dist.recv(buf, src, tag=tag)
+        return buf
+
+    def wait_sends(self) -> None:
+        pending, self._pending = self._pending, []
+        for dst, work, _ in pending:
+            with self.guard("finishing a send", dst):
+                work.wait()
+
+    def all_reduce(self, t: torch.Tensor, group: object | None, what: str) -> None:
+        with self.guard(what, None):
+            dist.all_reduce(t, group=group)
+
+    def barrier(self, what: str = "waiting for every rank") -> None:
+        with self.guard(what, None):
+            if self.rt.backend == "nccl":
+                dist.barrier(device_ids=[torch.device(self.rt.device).index])
+            else:
+                dist.barrier()
