@@ -67,11 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--algos", default=",".join(PLACERS), help="placers (default: all)")
     ap.add_argument("--device", default="cpu", help="profile on cpu (default) or cuda[:N]")
     ap.add_argument("--repeats", type=int, default=3, help="profiling repeats per op (median)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads while profiling (default 1: on a shared CPU, multi-threaded tiny ops "
+                         "wait for descheduled threads and read milliseconds)")
     ap.add_argument("--time-limit", type=float, default=60.0, help="each MILP's solver time limit (s)")
     ap.add_argument("--profiles", help="folder of saved profiles <name>.json: used when they match, "
                                        "written when profiled")
     ap.add_argument("--json", help="write every row of every model here")
     args = ap.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     console = Console(width=220)
     cluster = tensoropt.load_cluster(args.cluster)
     devices = [d.strip() for d in args.devices.split(",")]
