@@ -88,7 +88,8 @@ def _sym_value(val: Any, batch_syms: set, batch: int | None) -> Any:
     if batch is not None and batch_syms:
         expr = expr.xreplace({s: batch for s in batch_syms})
     env = val.node.shape_env
-    expr = expr.xreplace({s: env.var_to_val[s] for s in expr.free_symbols if s in env.var_to_val})
+    known = getattr(env, "backed_var_to_val", None) or env.var_to_val
+    expr = expr.xreplace({s: known[s] for s in expr.free_symbols if s in known})
     return int(expr) if isinstance(val, torch.SymInt) else bool(expr) if isinstance(val, torch.SymBool) else float(expr)
 
 
