@@ -86,7 +86,8 @@ def _sym_value(val: Any, batch_syms: set, batch: int | None) -> Any:
     """The concrete value of a SymInt-valued node: its hint, or the expression at ``batch``."""
     expr = sympy.sympify(val.node.expr)
     if batch is not None and batch_syms:
-        expr = expr.xreplace({s: batch for s in batch_syms})
+        # sympify again: xreplace of a bare symbol returns the Python int it was given
+        expr = sympy.sympify(expr.xreplace({s: sympy.Integer(batch) for s in batch_syms}))
     env = val.node.shape_env
     known = getattr(env, "backed_var_to_val", None) or env.var_to_val
     expr = expr.xreplace({s: known[s] for s in expr.free_symbols if s in known})
