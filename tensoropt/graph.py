@@ -98,8 +98,10 @@ class SplitDims:
 
     ``batch``: the output dimension that may be split so that every shard computes the same op
     on a slice of the batch (``None`` if the op mixes samples, e.g. a reduction over the batch).
-    ``batch_exact`` is ``False`` when shards give a different result than the whole (batch norm
-    in training computes statistics per shard, as unsynchronised data parallel does).
+    ``batch_exact`` is ``False`` when independent shards would give a different result than the
+    whole (batch norm in training needs statistics over the whole batch); the executor keeps such
+    an op exact by running it whole on its mesh's first device, which the cost model does not
+    charge yet.
     ``channel``: the output dimension that may be split by splitting the operator's weights or
     features (conv output channels, linear output features, attention heads), or ``None``.
     """
