@@ -79,3 +79,20 @@ def placement(plan):
 
 def on(plan, device):
     return sorted(n for n, c in plan.configs.items() if c.devices == (device,))
+
+
+def spread_on_small_devices(graph, costs, algo, devices):
+    """Place with ``algo`` on devices that hold about half of what the model needs each: every
+    device must stay within its memory and everything must be placed, on at least two devices.
+    Returns the small cluster and the plan."""
+    from tensoropt.placers import place
+    from tensoropt.placers._common import setup
+
+    prob = setup(graph, costs, cluster(len(devices), names=devices), algo, devices=devices)
+    need = sum(prob.group_bytes)
+    small = cluster(len(devices), memory=max(max(prob.group_bytes), need // 2), names=devices)
+    plan = place(graph, costs, small, algo)
+    mem = plan.estimate(algo).memory_bytes
+    assert len(mem) >= 2 and all(b <= small.device(d).memory_bytes for d, b in mem.items())
+    assert sum(mem.values()) == need
+    return small, plan

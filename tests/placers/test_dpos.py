@@ -11,7 +11,7 @@ from tensoropt.placers._common import setup
 from tensoropt.plan import NodeConfig, PlanError
 from tensoropt.simulate import simulate
 
-from . import GiB, LINK, batch2, build, cluster, placement
+from . import GiB, LINK, batch2, build, cluster, placement, spread_on_small_devices
 
 
 def fork(z_params=0, p_params=0, q_params=0):
@@ -175,12 +175,5 @@ def test_tiny_models(tiny, titan, model):
     assert est.time_s > 0 and simulate(plan, graph, costs, titan).time_s > 0
     again = place(graph, costs, titan, "dpos", devices=devices)
     assert again.configs == plan.configs and again.order == plan.order and again.estimates == plan.estimates
-    # squeezed memory: every device stays within its capacity, everything is placed
-    prob = setup(graph, costs, titan, "dpos", devices=devices)
-    need = sum(prob.group_bytes)
-    small = cluster(3, memory=max(max(prob.group_bytes), need // 2), names=devices)
-    spread = place(graph, costs, small, "dpos")
-    mem = spread.estimate("dpos").memory_bytes
-    assert len(mem) >= 2 and all(b <= small.device(d).memory_bytes for d, b in mem.items())
-    assert sum(mem.values()) == need
+    small, spread = spread_on_small_devices(graph, costs, "dpos", devices)
     simulate(spread, graph, costs, small)
