@@ -95,6 +95,11 @@ def launch(job: str | Callable[..., Any], world_size: int, kwargs: dict | None =
             if kind == "done":
                 results[rank] = payload
             else:
+                # a peer's death is usually why this rank failed: give its exit code a moment to show
+                deadline = time.monotonic() + 1.0
+                while time.monotonic() < deadline and not any(
+                        p.exitcode not in (None, 0) for r, p in enumerate(procs) if r != rank):
+                    time.sleep(0.05)
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r != rank]
                 died = "; ".join(f"rank {r} exited with code {procs[r].exitcode}" for r in dead)
                 raise DistributedError(f"rank {rank} of {world_size} failed: {payload.strip()}"

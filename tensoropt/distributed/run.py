@@ -74,22 +74,35 @@ class DistributedExecutor:
 
     # ---- set-up ------------------------------------------------------------------------------
     def _prepare_state(self, release_unused: bool) -> None:
+        """Which ranks read each parameter / buffer (by object: a tied weight may have two
+        placeholders), keep this rank's on its device, empty the others."""
         me, dev = self.rt.rank, torch.device(self.rt.device)
         placeholders = [n for n in self._nodes if n.op == "placeholder"]
-        self.parameter_ranks: dict[str, frozenset[int]] = {}
-        self.local_parameters: dict[str, nn.Parameter] = {}
-        self.written_buffers: set[str] = set()
-        by_ph = {}
+        by_ph: dict[str, tuple[str, Any]] = {}
+        readers: dict[int, set[int]] = {}     # id(tensor) -> ranks
+        names: dict[int, list[str]] = {}
         for ph, (kind, what) in zip(placeholders, self._sources):
             by_ph[ph.name] = (kind, what)
+            if kind in ("parameter", "buffer"):
+                t = self.model.get_parameter(what) if kind == "parameter" else self.model.get_buffer(what)
+                readers.setdefault(id(t), set()).update(self.program.placeholder_ranks.get(ph.name, frozenset()))
+                names.setdefault(id(t), []).append(what)
+        canonical = {id(p): name for name, p in self.model.named_parameters()}   # tied: the first name
+        self.parameter_ranks: dict[str, frozenset[int]] = {}
+        self.local_parameters: dict[str, nn.Parameter] = {}
+        for kind, what in self._sources:
             if kind not in ("parameter", "buffer"):
                 continue
-            ranks = self.program.placeholder_ranks.get(ph.name, frozenset())
             mod_path, _, attr = what.rpartition(".")
             mod = self.model.get_submodule(mod_path)
             t = getattr(mod, attr)
+            key = id(t)
+            if key not in readers:
+                continue   # already handled under another name
+            ranks = frozenset(readers.pop(key))
+            first = canonical.get(key, names[key][0])
             if kind == "parameter":
-                self.parameter_ranks[what] = ranks
+                self.parameter_ranks[first] = ranks
             if me in ranks or not release_unused:
                 if t.device != dev:
                     if isinstance(t, nn.Parameter):
@@ -97,17 +110,20 @@ class DistributedExecutor:
                     else:
                         mod._buffers[attr] = t.to(dev)
                 if kind == "parameter" and me in ranks:
-                    self.local_parameters[what] = getattr(mod, attr)
-            else:  # another rank's: free its memory here
-                if isinstance(t, nn.Parameter):
-                    t.data = torch.empty(0, dtype=t.dtype, device=dev)
-                else:
-                    mod._buffers[attr] = torch.empty(0, dtype=t.dtype, device=dev)
+                    self.local_parameters[first] = t
+            elif isinstance(t, nn.Parameter):   # another rank's: free its memory here
+                t.data = torch.empty(0, dtype=t.dtype, device=dev)
+            else:
+                for other in names[key]:
+                    path, _, name = other.rpartition(".")
+                    self.model.get_submodule(path)._buffers[name] = torch.empty(0, dtype=t.dtype, device=dev)
+        #: buffer name -> the (dim, k, index) pieces this rank writes (dim None: all of it)
+        self.written_buffers: dict[str, list[tuple[int | None, int, int]]] = {}
         for n in self._nodes:
             if n.op == "call_function" and n.target is write_back and self._runs_here(n):
                 kind, what = by_ph.get(n.args[0].name, (None, None))
                 if kind == "buffer":
-                    self.written_buffers.add(what)
+                    self.written_buffers.setdefault(what, []).append(tuple(n.args[2:5]))
 
     def _runs_here(self, n: fx.Node) -> bool:
         r = self.program.rank_of_node.get(n.name)
@@ -352,9 +368,13 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
         elif p.grad is not None:
             mine["grads"][k] = rel_diff(p.grad, ref_grads[k], floor)
     own_buffers = dict(executor.model.named_buffers())
-    for k in executor.written_buffers:
+    for k, pieces in executor.written_buffers.items():
         if own_buffers[k].is_floating_point():
-            mine["buffers"][k] = rel_diff(own_buffers[k], ref_buffers[k])
+            for dim, parts, index in pieces:   # a channel shard writes only its slice
+                a, b = own_buffers[k], ref_buffers[k]
+                if dim is not None:
+                    a, b = torch.tensor_split(a, parts, dim)[index], torch.tensor_split(b, parts, dim)[index]
+                mine["buffers"][k] = max(mine["buffers"].get(k, 0.0), rel_diff(a, b))
     every: list[Any] = [None] * executor.rt.world_size
     with executor.link.guard("gathering the check's results", None):
         dist.all_gather_object(every, mine)

@@ -1,0 +1,36 @@
+"""Plans for the distributed tests, made once in the parent process (float64, dropout off, as
+the workers build the models): tiny vgg16, gpt2 and wide_resnet on two plan devices."""
+
+import pytest
+
+import tensoropt
+from tensoropt import NodeConfig, Plan
+from tensoropt.distributed.jobs import load_case
+
+MESH = ("gpu0", "gpu1")
+MODELS = ("zoo:vgg16?tiny=1", "zoo:gpt2?tiny=1", "zoo:wide_resnet?tiny=1")
+
+
+def zigzag(graph, every=3):
+    """A placement that hops between the two devices every ``every`` operators (many moves both ways)."""
+    ops = [n.name for n in graph.ops]
+    return Plan({n: NodeConfig((MESH[(i // every) % 2],)) for i, n in enumerate(ops)},
+                graph_fingerprint=graph.fingerprint, order=ops, algorithm="zigzag")
+
+
+@pytest.fixture(scope="package")
+def plans():
+    """model spec -> {kind: Plan}: dp, a two-device placement (m-etf where it uses both devices,
+    else the zigzag), and the frontier's min-time plan on the two devices (batch / channel /
+    reduce splits)."""
+    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
+    out = {}
+    for spec in MODELS:
+        _, _, graph = load_case(spec, float64=True, dropout=False)
+        costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1)
+        etf = tensoropt.place(graph, costs, cluster, "m-etf", devices=list(MESH))
+        split = tensoropt.track_frontier(graph, costs, cluster, meshes=[MESH]).min_time().plan
+        out[spec] = {"dp": tensoropt.place(graph, costs, cluster, "dp", devices=list(MESH)),
+                     "placement": etf if len(etf.devices) == 2 else zigzag(graph),
+                     "split": split, "graph": graph}
+    return out
