@@ -33,7 +33,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import DistributedError
 from ..execute import Comparison, rel_diff
-from ..execute.rewrite import rewrite, write_back
+from ..execute.rewrite import rewrite, run_checkpointed, write_back
+from ..reshard import op_basename
 from ..graph import OpGraph
 from ..plan import Plan
 from .program import LOSS, Flush, Program, backward_schedule, build_program, marker, plan_flushes
@@ -52,6 +53,9 @@ class DistributedExecutor:
                  rank_map: Mapping[str, int] | None = None, *, release_unused: bool = True):
         self.rt = runtime
         self.plan = plan
+        #: False: dropout nodes run as the identity (for checks against a model with dropout off:
+        #: a split plan's masks cannot match the model's)
+        self.dropout = True
         self.rank_of = resolve_rank_map(plan.devices, runtime.world_size, rank_map)
         self.model = model
         plan.check(graph)
@@ -220,6 +224,19 @@ class DistributedExecutor:
             return getattr(args[0], n.target)(*args[1:], **kwargs)
         if "device" in kwargs and isinstance(kwargs["device"], torch.device):
             kwargs = dict(kwargs, device=dev)
+        if not self.dropout:
+            op = args[0] if n.target is run_checkpointed else n.target
+            base = op_basename(str(op))
+            if base == "dropout":
+                return args[-3] if n.target is run_checkpointed else args[0]
+            if base == "native_dropout":
+                x = args[1] if n.target is run_checkpointed else args[0]
+                return x.clone(), torch.ones_like(x, dtype=torch.bool)
+            if "dropout_p" in kwargs:
+                kwargs = dict(kwargs, dropout_p=0.0)
+            at = 4 + (n.target is run_checkpointed)   # attention's dropout_p, passed by position
+            if base.startswith("scaled_dot_product") and len(args) > at:
+                args = (*args[:at], 0.0, *args[at + 1:])
         return n.target(*args, **kwargs)
 
     def _outputs(self, n: fx.Node, env: dict[str, Any]) -> list[Any]:
@@ -357,7 +374,11 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
     ref_buffers = dict(reference.named_buffers())
     for p in executor.local_parameters.values():
         p.grad = None
-    loss = executor.step(*args)
+    keep, executor.dropout = executor.dropout, False
+    try:
+        loss = executor.step(*args)
+    finally:
+        executor.dropout = keep
     mine: dict[str, Any] = {"loss": None, "grads": {}, "buffers": {}}
     if loss is not None:
         mine["loss"] = rel_diff(loss, ref_loss)

@@ -1,0 +1,136 @@
+"""``tensoropt run MODEL --plan P --backend dist`` (to be wired into ``tensoropt run``) and
+``python -m tensoropt.distributed MODEL --plan P`` — one process per rank, started by torchrun.
+
+Single host, K ranks (plan device ``i`` on rank ``i`` unless ``--device-map`` says otherwise)::
+
+    torchrun --nproc-per-node K -m tensoropt.distributed MODEL --plan plan.json --check
+
+Two hosts (run on each, ``--node-rank`` 0 and 1; HOST0 reachable from both)::
+
+    torchrun --nnodes 2 --nproc-per-node K --node-rank N --rdzv-backend c10d \\
+        --rdzv-endpoint HOST0:29500 -m tensoropt.distributed MODEL --plan plan.json
+
+Without torchrun, start each rank yourself with ``--rank R --world-size W --master-addr HOST0
+--master-port PORT``.  Rank 0 prints; every rank exits 2 with one line naming the cause on bad
+input or when a peer fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from typing import Any
+
+from ..errors import TensorOptError
+from .runtime import DEFAULT_TIMEOUT_S
+
+
+def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: bool = False,
+                    device_map: str | dict[str, int] | None = None, master_addr: str | None = None,
+                    master_port: int | None = None, timeout: float = DEFAULT_TIMEOUT_S, backend: str = "auto",
+                    rank: int | None = None, world_size: int | None = None, lr: float = 1e-3,
+                    batch: int | None = None, out: Any = None) -> int:
+    """Run ``steps`` SGD steps of ``plan_path`` on this rank (rank / world size from the torchrun
+    environment unless given), after ``check`` (loss and every gradient against the unmodified
+    model, dropout off).  Prints on rank 0 to ``out`` (stdout); returns the exit code: 0, or 2
+    with the error's message on bad input or a failed peer."""
+    import torch
+    import torch.distributed as dist
+
+    from ..capture import capture
+    from ..execute import disable_dropout
+    from ..modelspec import load_model
+    from ..plan import Plan
+    from .run import apply_plan_distributed, compare_distributed
+    from .runtime import init_runtime, parse_rank_map, shutdown
+
+    out = out or sys.stdout
+    rt = None
+    try:
+        if steps < 0:
+            raise TensorOptError("--steps must be ≥ 0")
+        rank_map = parse_rank_map(device_map) if isinstance(device_map, str) else device_map
+        rt = init_runtime(rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port,
+                          backend=backend, timeout_s=timeout)
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+        say = (lambda text: print(text, file=out, flush=True)) if rt.rank == 0 else (lambda text: None)
+        loaded = load_model(model_spec, batch=batch)
+        if loaded.model is None:
+            raise TensorOptError(f"{model_spec} is a saved graph or ONNX file: the executor needs the torch model "
+                                 "(zoo:NAME or file.py:factory)")
+        model, inputs = loaded.model, tuple(loaded.example_inputs)
+        graph = capture(model, inputs, name=loaded.name, method="export")
+        plan = Plan.load(plan_path, graph)
+        # the check runs the plan's dropout nodes as the identity, against the model with dropout off
+        reference = disable_dropout(copy.deepcopy(model)) if check else None
+        ex = apply_plan_distributed(model, inputs, plan, rt, rank_map=rank_map, graph=graph)
+        say(f"plan {plan.plan_id or plan.algorithm or plan_path}: {len(plan.configs)} operators on "
+            f"{len(plan.devices)} device(s) over {rt.world_size} rank(s) ({rt.backend}): "
+            + ", ".join(f"{d}→rank {r}" for d, r in ex.rank_of.items())
+            + f"; {len(ex.program.moves)} cross-rank moves, loss on rank {ex.program.loss_rank}")
+        if check:
+            cmp = compare_distributed(ex, reference, inputs)
+            say(f"check against the unmodified model (dropout off): loss rel. diff {cmp.loss:.3g}; largest relative "
+                f"difference {cmp.max_rel_diff:.3g} ({cmp.worst}) over the loss, {len(cmp.grads)} gradients and "
+                f"{len(cmp.buffers)} buffers")
+        params = list(ex.local_parameters.values())
+        opt = torch.optim.SGD(params, lr=lr) if params else None
+        times, loss = [], None
+        for _ in range(steps):
+            ex.link.barrier()
+            t0 = time.perf_counter()
+            loss = ex.step(*inputs)
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if rt.device.startswith("cuda"):
+                torch.cuda.synchronize(rt.device)
+            times.append(time.perf_counter() - t0)
+        if times:
+            every: list[Any] = [None] * rt.world_size
+            with ex.link.guard("gathering step times", None):
+                dist.all_gather_object(every, (times, None if loss is None else loss.item()))
+            slowest = [max(r[0][i] for r in every) for i in range(len(times))]
+            last = next(r[1] for r in every if r[1] is not None)
+            say(f"{len(times)} training steps (SGD, lr {lr}): median step of the slowest rank "
+                f"{statistics.median(slowest) * 1e3:.3f} ms (min {min(slowest) * 1e3:.3f}, max "
+                f"{max(slowest) * 1e3:.3f}); last loss {last:.6g}")
+        return 0
+    except TensorOptError as e:
+        where = f"rank {rt.rank}: " if rt is not None and not str(e).startswith("rank ") else ""
+        print(f"error: {where}{e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    finally:
+        shutdown()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tensoropt.distributed",
+                                description="train a model for a few steps with a plan across processes "
+                                            "(start under torchrun; see tensoropt/distributed/cli.py)")
+    p.add_argument("model", help="zoo:NAME[?k=v&…] or path/to/file.py:factory (the model the plan was made for)")
+    p.add_argument("--plan", required=True, metavar="PLAN_JSON")
+    p.add_argument("--steps", type=int, default=5, help="training steps to time (default 5)")
+    p.add_argument("--check", action="store_true", help="compare loss and every gradient with the model first")
+    p.add_argument("--device-map", metavar="MAP", help="plan device → rank, e.g. gpu0=0,gpu1=1 (default: "
+                                                       "the i-th plan device on rank i)")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help=f"seconds any rank waits for another (default {DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--master-addr", help="rendezvous host without torchrun (default MASTER_ADDR or 127.0.0.1)")
+    p.add_argument("--master-port", type=int, help="rendezvous port without torchrun (default MASTER_PORT)")
+    p.add_argument("--rank", type=int, help="this process's rank without torchrun (default RANK)")
+    p.add_argument("--world-size", type=int, help="number of ranks without torchrun (default WORLD_SIZE)")
+    p.add_argument("--batch", type=int, help="batch size (must be the plan's)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    return run_distributed(a.model, a.plan, steps=a.steps, check=a.check, device_map=a.device_map,
+                           master_addr=a.master_addr, master_port=a.master_port, timeout=a.timeout,
+                           backend=a.backend, rank=a.rank, world_size=a.world_size, lr=a.lr, batch=a.batch)
