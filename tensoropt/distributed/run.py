@@ -22,7 +22,6 @@ are on every rank.  O(V + E) per step, plus the transfers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -33,8 +32,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import DistributedError
 from ..execute import Comparison, rel_diff
-from ..execute.rewrite import rewrite, run_checkpointed, write_back
-from ..reshard import op_basename
+from ..execute.dropout import dropout_off
+from ..execute.rewrite import rewrite, write_back
 from ..graph import OpGraph
 from ..plan import Plan
 from .program import LOSS, Flush, Program, backward_schedule, build_program, marker, plan_flushes
@@ -71,6 +70,9 @@ class DistributedExecutor:
         self.link = PeerLink(runtime)
         self._headers: dict[int, tuple[tuple[int, ...], torch.dtype, bool]] = {}
         self._nodes = list(fx_graph.nodes)
+        # the same graph with every dropout off, node for node (same names): what runs when
+        # ``dropout`` is False
+        self._quiet = {n.name: n for n in dropout_off(rewritten.module).graph.nodes}
         self._sources = rewritten.sources
         self._prepare_state(release_unused)
         self._plan_frees()
@@ -213,6 +215,9 @@ class DistributedExecutor:
         return training_loss(tree_unflatten(out_values, self.out_spec))
 
     def _call(self, n: fx.Node, env: dict[str, Any], dev: torch.device) -> Any:
+        if not self.dropout:
+            n = self._quiet[n.name]
+
         def value(a: fx.Node) -> Any:
             return env[a.name]
 
@@ -224,19 +229,6 @@ class DistributedExecutor:
             return getattr(args[0], n.target)(*args[1:], **kwargs)
         if "device" in kwargs and isinstance(kwargs["device"], torch.device):
             kwargs = dict(kwargs, device=dev)
-        if not self.dropout:
-            op = args[0] if n.target is run_checkpointed else n.target
-            base = op_basename(str(op))
-            if base == "dropout":
-                return args[-3] if n.target is run_checkpointed else args[0]
-            if base == "native_dropout":
-                x = args[1] if n.target is run_checkpointed else args[0]
-                return x.clone(), torch.ones_like(x, dtype=torch.bool)
-            if "dropout_p" in kwargs:
-                kwargs = dict(kwargs, dropout_p=0.0)
-            at = 4 + (n.target is run_checkpointed)   # attention's dropout_p, passed by position
-            if base.startswith("scaled_dot_product") and len(args) > at:
-                args = (*args[:at], 0.0, *args[at + 1:])
         return n.target(*args, **kwargs)
 
     def _outputs(self, n: fx.Node, env: dict[str, Any]) -> list[Any]:

@@ -128,6 +128,16 @@ class PlannedModule(nn.Module):
         self.device_map = dict(device_map)
         self._out_spec = out_spec
 
+    def without_dropout(self) -> PlannedModule:
+        """The same planned module (same parameters, buffers, plan) with every dropout of the
+        rewritten graph off (:func:`~.dropout.dropout_off`): what a check compares against the
+        model with dropout off (:func:`disable_dropout`)."""
+        from .dropout import dropout_off
+
+        twin = copy.copy(self)   # shares the parameter / buffer dicts: the same tensors
+        object.__setattr__(twin, "graph_module", dropout_off(self.graph_module))
+        return twin
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         from torch.utils._pytree import tree_unflatten
 

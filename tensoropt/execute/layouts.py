@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import Callable, Hashable
 
 import torch
 import torch.fx as fx

@@ -21,3 +21,16 @@ def test_run_checks_and_trains(capsys, tmp_path):
     assert code == 2 and "no entry for plan device(s) gpu1" in err
     code, out, err = run_cli(capsys, "run", "zoo:gpt2?tiny=1", "--plan", str(path))
     assert code == 2 and "fingerprint" in err
+
+
+def test_check_works_on_a_model_with_dropout(capsys, tmp_path):
+    # the check turns dropout off in the plan's graph, not in the model before capture (which
+    # would change the graph and refuse the plan)
+    graph = tensoropt.load_model("zoo:gpt2?tiny=1").capture()
+    costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1)
+    plan = tensoropt.place(graph, costs, tensoropt.load_cluster("preset:titan-rtx-5"), "dp", devices=["gpu0", "gpu1"])
+    path = tmp_path / "dp.json"
+    plan.save(path)
+    code, out, err = run_cli(capsys, "run", "zoo:gpt2?tiny=1", "--plan", str(path), "--steps", "1", "--check")
+    assert code == 0, err
+    assert float(out.split("largest relative difference ")[1].split()[0]) < 1e-4

@@ -1,0 +1,68 @@
+"""Dropout off in a rewritten graph: the pass behind exact checks of a plan.
+
+A split plan draws its own random masks per shard, so its dropout cannot match the model's; a
+check therefore compares the plan with dropout off against the model with dropout off.  Turning
+dropout off in the *model* before capture would change the graph (Hugging Face models skip a
+``p = 0`` dropout, so the plan's fingerprint no longer matches); :func:`dropout_off` instead
+sets the probability of every dropout op of the *rewritten* graph to 0, which makes it the
+identity exactly (``aten.dropout`` / ``native_dropout`` with ``p = 0`` scale by 1 and keep every
+element; attention with ``dropout_p = 0`` draws no mask).  O(nodes).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch.fx as fx
+
+from ..reshard import op_basename
+from .rewrite import run_checkpointed
+
+#: op base name -> (position of the probability among the op's arguments, its keyword)
+DROPOUT_P = {"dropout": (1, "p"), "native_dropout": (1, "p"), "feature_dropout": (1, "p"),
+             "alpha_dropout": (1, "p"), "feature_alpha_dropout": (1, "p"),
+             "scaled_dot_product_attention": (4, "dropout_p"),
+             "_scaled_dot_product_flash_attention_for_cpu": (2, "dropout_p"),
+             "_scaled_dot_product_efficient_attention": (5, "dropout_p"),
+             "_scaled_dot_product_flash_attention": (3, "dropout_p")}
+
+
+def dropout_off(graph_module: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``graph_module`` whose dropout ops (also inside ``run_checkpointed``) have
+    probability 0; returns the copy, counts nothing else.  The original is left as it is."""
+    gm = copy.deepcopy(graph_module)
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        checkpointed = n.target is run_checkpointed
+        op = n.args[0] if checkpointed else n.target
+        spec = DROPOUT_P.get(op_basename(str(op)))
+        if spec is None:
+            continue
+        pos, key = spec
+        pos += 1 if checkpointed else 0
+        if key in n.kwargs:
+            n.kwargs = {**n.kwargs, key: 0.0}
+        elif len(n.args) > pos:
+            n.args = (*n.args[:pos], 0.0, *n.args[pos + 1:])
+    gm.recompile()
+    return gm
+
+
+def count_dropout(graph_module: fx.GraphModule) -> int:
+    """How many dropout ops with a non-zero probability ``graph_module`` has (for messages)."""
+    total = 0
+    for n in graph_module.graph.nodes:
+        if n.op != "call_function":
+            continue
+        checkpointed = n.target is run_checkpointed
+        op = n.args[0] if checkpointed else n.target
+        spec = DROPOUT_P.get(op_basename(str(op)))
+        if spec is None:
+            continue
+        pos, key = spec
+        pos += 1 if checkpointed else 0
+        p: Any = n.kwargs.get(key, n.args[pos] if len(n.args) > pos else 0.0)
+        total += bool(p)
+    return total
