@@ -114,11 +114,19 @@ class Transport:
     def read(self, value: Placed, device: str, dim: int | None = None, k: int = 1, index: int = 0) -> fx.Node:
         """What a consumer on ``device`` reads of ``value``: the whole tensor (``dim`` None), or
         piece ``index`` of ``k`` along ``dim``.  A piece the value already holds (same dimension,
-        same number of pieces) is only moved; anything else is gathered whole on ``device`` and
-        cut there."""
+        same number of pieces) is only moved; from ``S`` pieces along another dimension, or ``P``
+        parts, each part's block of that piece is cut where the part lies and moved (then
+        concatenated / added); anything else is gathered whole on ``device`` and cut there."""
         if dim is None:
             return self.whole(value, device)
         if value.kind == S and value.dim == dim and len(value.parts) == k:
             part, at = value.parts[index], value.devices[index]
             return part if at == device else self.move(part, device)
+        if (value.kind == P or (value.kind == S and value.dim != dim)) and isinstance(value.dim, (int, type(None))):
+            # each part gives only the block this piece needs (all-to-all / reduce-scatter volume,
+            # what tensoropt.reshard charges), not its whole self: cut where it lies, then move
+            blocks = tuple(block if at == device else self.move(block, device)
+                           for block, at in ((self.piece(part, dim, k, index), at)
+                                             for part, at in zip(value.parts, value.devices)))
+            return self.gather(blocks, value.dim) if value.kind == S else self.reduce(blocks)
         return self.piece(self.whole(value, device), dim, k, index)

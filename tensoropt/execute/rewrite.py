@@ -21,10 +21,14 @@ Per operator, in ``plan.order``, under its :class:`~tensoropt.plan.NodeConfig`:
   shard's own batch in a batch split, the whole batch elsewhere;
 - views and getitem of a tuple follow their producer's placement; ``_assert_tensor_metadata``
   (a check of the capture device) is dropped; a ``device=`` argument names the shard's device;
-- **batch norm in training under a batch split** is run whole on the mesh's first device (its
-  input gathered there) and its output cut again by the consumers: the statistics are those of
-  the whole batch and the running statistics are updated once, exactly as in the original
-  (the simple, exact choice; a sum / sum-of-squares all-reduce would move less);
+- **batch norm in training under a batch split** (``aten.batch_norm``) is synchronised, as
+  ``SyncBatchNorm`` does: every shard sums its slice and its squares per channel, the sums are
+  added up across the mesh (two vectors of the channel count moved, not the activations), and
+  every shard normalises its slice with the whole batch's mean and (biased) variance; autograd
+  carries the gradient back through the same sums, and the running statistics are updated once
+  (unbiased variance, the op's momentum), as the original does.  The other batch-norm forms
+  (and a ``None`` momentum) run whole on the mesh's first device instead, their input gathered
+  there;
 - buffers an op writes in place (running statistics, ``num_batches_tracked``) are given a copy
   and written back to the original buffer (the slice of it a channel shard owns) after the op,
   once — replicas other than the first write to their own copy;
@@ -75,6 +79,18 @@ def run_checkpointed(op: Callable, *args: Any, **kwargs: Any) -> Any:
 
 
 @torch.no_grad()
+def update_running_stats(running_mean: torch.Tensor | None, running_var: torch.Tensor | None, mean: torch.Tensor,
+                         var: torch.Tensor, count: int, momentum: float) -> None:
+    """What ``batch_norm`` in training does to its running statistics, from a synchronised
+    batch's ``mean`` and biased ``var`` over ``count`` values per channel."""
+    with torch.no_grad():
+        if running_mean is not None:
+            running_mean.mul_(1 - momentum).add_(mean.detach().to(running_mean.device), alpha=momentum)
+        if running_var is not None:
+            unbiased = var.detach().to(running_var.device) * (count / max(count - 1, 1))
+            running_var.mul_(1 - momentum).add_(unbiased, alpha=momentum)
+
+
 def write_back(buffer: torch.Tensor, value: torch.Tensor, dim: int | None, k: int, index: int) -> None:
     """Copy ``value`` (an op's in-place update of a copy) into ``buffer`` — into its piece
     ``index`` of ``k`` along ``dim`` when the op saw a piece."""
@@ -111,9 +127,11 @@ class _Cut:
         self.node, self.dim = node, dim
 
 
-def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str]) -> Rewritten:
-    """See the module docstring.  Raises :class:`ExecutionError` for a graph not captured with
-    torch.export or a split the shard rules cannot express."""
+def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *, sync_batch_norm: bool = True) -> Rewritten:
+    """See the module docstring.  ``sync_batch_norm=False`` runs a batch-split training batch
+    norm whole on its mesh's first device instead of synchronising its statistics.  Raises
+    :class:`ExecutionError` for a graph not captured with torch.export or a split the shard rules
+    cannot express."""
     ep, gm = graph.exported, graph.module
     if ep is None or gm is None:
         raise ExecutionError(f"graph {graph.name!r} was not captured with torch.export (source {graph.source!r}); "
@@ -153,6 +171,7 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str]) -> Rewr
 
     src = {n.name: n for n in gm.graph.nodes}
     ctx = _Emitter(graph, plan, new, transport, values, lifted, batch_syms, device_of)
+    ctx.sync_batch_norm = sync_batch_norm
     for name in plan.order:
         n = src[name]
         if not _has_tensor(n.meta.get("val")):
@@ -188,6 +207,7 @@ class _Emitter:
         self.graph, self.plan, self.new, self.tr, self.values = graph, plan, new, transport, values
         self.lifted, self.batch_syms, self.device_of = lifted, batch_syms, device_of
         self.fallbacks: list[str] = []
+        self.sync_batch_norm = True
 
     # ---- one node ----------------------------------------------------------------------------
     def emit(self, n: fx.Node) -> Placed:
@@ -196,7 +216,10 @@ class _Emitter:
         layout = cfg.layout if k > 1 else "R"
         base = op_basename(op.op)
         if layout == "batch" and base in _BATCH_NORMS and not op.split.batch_exact:
-            # exact statistics over the whole batch: run it whole once (see the module docstring)
+            # exact statistics over the whole batch (see the module docstring)
+            synced = self._sync_batch_norm(n, op, devices) if base == "batch_norm" and self.sync_batch_norm else None
+            if synced is not None:
+                return synced
             devices, layout = devices[:1], "R"
         if layout == "R":
             return self._whole(n, op, devices, cfg.recompute)
@@ -223,6 +246,47 @@ class _Emitter:
         val = n.meta.get("val")
         dim = dims if isinstance(val, (list, tuple)) else dims[0]
         return Placed(S, tuple(devices), tuple(parts), dim)
+
+    def _sync_batch_norm(self, n: fx.Node, op: Any, devices: tuple[str, ...]) -> Placed | None:
+        """``aten.batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps,
+        cudnn)`` in training, split along the batch with statistics summed across the mesh
+        (module docstring); ``None`` when this form cannot be synchronised here."""
+        x, weight, bias, rmean, rvar, training, momentum, eps = (list(n.args) + [None] * 9)[:8]
+        xin = self.graph.nodes.get(getattr(x, "name", None))
+        if not training or momentum is None or xin is None or not xin.outputs or xin.outputs[0].batch_dim is None:
+            return None
+        shape, bdim = xin.outputs[0].shape, xin.outputs[0].batch_dim
+        if len(shape) < 2 or bdim == 1:
+            return None
+        k, g, tr = len(devices), self.new, self.tr
+        dims = [d for d in range(len(shape)) if d != 1]
+        count = 1
+        for d in dims:
+            count *= shape[d]
+        view = [1, shape[1]] + [1] * (len(shape) - 2)
+        xs = [tr.read(self.values[x.name], d, bdim, k, i) for i, d in enumerate(devices)]
+        s1 = tuple(g.call_function(torch.sum, (xi, dims)) for xi in xs)
+        s2 = tuple(g.call_function(torch.sum, (g.call_function(torch.mul, (xi, xi)), dims)) for xi in xs)
+        # the sums are partial (P) values on the mesh: reading them whole on a device adds them up
+        total1, total2 = Placed(P, tuple(devices), s1), Placed(P, tuple(devices), s2)
+        parts, first = [], None
+        for i, d in enumerate(devices):
+            mean = g.call_function(operator.truediv, (tr.whole(total1, d), count))
+            var = g.call_function(operator.sub, (g.call_function(operator.truediv, (tr.whole(total2, d), count)),
+                                                 g.call_function(torch.mul, (mean, mean))))
+            if first is None:
+                first = (mean, var)
+            inv = g.call_function(torch.rsqrt, (g.call_function(operator.add, (var, eps)),))
+            y = g.call_function(torch.mul, (g.call_function(operator.sub, (xs[i], g.call_method("view", (mean, view)))),
+                                            g.call_method("view", (inv, view))))
+            if weight is not None:
+                y = g.call_function(torch.mul, (y, g.call_method("view", (tr.whole(self.values[weight.name], d), view))))
+            if bias is not None:
+                y = g.call_function(torch.add, (y, g.call_method("view", (tr.whole(self.values[bias.name], d), view))))
+            parts.append(y)
+        buffers = [self.values[b.name].parts[0] if isinstance(b, fx.Node) else None for b in (rmean, rvar)]
+        g.call_function(update_running_stats, (*buffers, *first, count, momentum))
+        return Placed(S, tuple(devices), tuple(parts), op.outputs[0].batch_dim)
 
     def _whole(self, n: fx.Node, op: Any, devices: tuple[str, ...], recompute: bool) -> Placed:
         template = self._template(n, None, op, 1)
