@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from .._procs import stop_workers
 from ..errors import ClusterSpecError
 
 KiB = 1 << 10
@@ -869,17 +870,7 @@ def _run_gloo(world_size: int, job: str, kwargs: dict, *, timeout_s: float, tota
             elif kind == "error":
                 raise BenchError(_worker_failure(what, world_size, procs, q, rank, payload))
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            if p.pid is not None:
-                p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
-                    p.join(timeout=5)
-        q.close()
-        q.cancel_join_thread()
+        stop_workers(procs, q)
         del store
     return [results[r] for r in range(world_size)]
 

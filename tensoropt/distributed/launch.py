@@ -19,6 +19,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from .._procs import stop_workers
 from ..cluster.bench import _single_threaded_env
 from ..errors import DistributedError, TensorOptError
 from .runtime import DEFAULT_TIMEOUT_S, init_runtime, shutdown
@@ -105,16 +106,6 @@ def launch(job: str | Callable[..., Any], world_size: int, kwargs: dict | None =
                 raise DistributedError(f"rank {rank} of {world_size} failed: {payload.strip()}"
                                        + (f" ({died})" if died else ""))
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            if p.pid is not None:
-                p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
-                    p.join(timeout=5)
-        q.close()
-        q.cancel_join_thread()
+        stop_workers(procs, q)
         del store
     return [results[r] for r in range(world_size)]
