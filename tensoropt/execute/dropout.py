@@ -12,7 +12,7 @@ element; attention with ``dropout_p = 0`` draws no mask).  O(nodes).
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Iterator
 
 import torch.fx as fx
 
@@ -28,20 +28,24 @@ DROPOUT_P = {"dropout": (1, "p"), "native_dropout": (1, "p"), "feature_dropout":
              "_scaled_dot_product_flash_attention": (3, "dropout_p")}
 
 
-def dropout_off(graph_module: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``graph_module`` whose dropout ops (also inside ``run_checkpointed``) have
-    probability 0; returns the copy, counts nothing else.  The original is left as it is."""
-    gm = copy.deepcopy(graph_module)
-    for n in gm.graph.nodes:
+def dropout_sites(graph_module: fx.GraphModule) -> Iterator[tuple[fx.Node, int, str]]:
+    """Every dropout op of ``graph_module`` (also inside ``run_checkpointed``): ``(node, position
+    of its probability among the node's arguments, its keyword)``.  O(nodes)."""
+    for n in graph_module.graph.nodes:
         if n.op != "call_function":
             continue
         checkpointed = n.target is run_checkpointed
-        op = n.args[0] if checkpointed else n.target
-        spec = DROPOUT_P.get(op_basename(str(op)))
-        if spec is None:
-            continue
-        pos, key = spec
-        pos += 1 if checkpointed else 0
+        spec = DROPOUT_P.get(op_basename(str(n.args[0] if checkpointed else n.target)))
+        if spec is not None:
+            pos, key = spec
+            yield n, pos + (1 if checkpointed else 0), key
+
+
+def dropout_off(graph_module: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``graph_module`` whose dropout ops have probability 0; the original is left as
+    it is."""
+    gm = copy.deepcopy(graph_module)
+    for n, pos, key in list(dropout_sites(gm)):
         if key in n.kwargs:
             n.kwargs = {**n.kwargs, key: 0.0}
         elif len(n.args) > pos:
@@ -51,18 +55,6 @@ def dropout_off(graph_module: fx.GraphModule) -> fx.GraphModule:
 
 
 def count_dropout(graph_module: fx.GraphModule) -> int:
-    """How many dropout ops with a non-zero probability ``graph_module`` has (for messages)."""
-    total = 0
-    for n in graph_module.graph.nodes:
-        if n.op != "call_function":
-            continue
-        checkpointed = n.target is run_checkpointed
-        op = n.args[0] if checkpointed else n.target
-        spec = DROPOUT_P.get(op_basename(str(op)))
-        if spec is None:
-            continue
-        pos, key = spec
-        pos += 1 if checkpointed else 0
-        p: Any = n.kwargs.get(key, n.args[pos] if len(n.args) > pos else 0.0)
-        total += bool(p)
-    return total
+    """How many dropout ops with a non-zero probability ``graph_module`` has."""
+    return sum(bool(n.kwargs.get(key, n.args[pos] if len(n.args) > pos else 0.0))
+               for n, pos, key in dropout_sites(graph_module))
