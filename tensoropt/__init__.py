@@ -2,7 +2,12 @@
 model on several GPUs.  See README.md and the design notes.
 
 Stages (one module each): :mod:`tensoropt.capture` (model → :class:`OpGraph`),
-:mod:`tensoropt.costs` (OpGraph → :class:`CostModel`), :mod:`tensoropt.cluster` (devices and links), …
+:mod:`tensoropt.costs` (OpGraph → :class:`CostModel`; the memory walk of a plan),
+:mod:`tensoropt.cluster` (devices and links), :mod:`tensoropt.frontier` (the Pareto set of
+:class:`Plan` s), :mod:`tensoropt.placers` (the baselines), :mod:`tensoropt.simulate` (a plan's
+time, memory and timeline), :mod:`tensoropt.compare` (every algorithm simulated alike),
+:mod:`tensoropt.execute` (a plan run by rewriting the captured torch.fx graph) and
+:mod:`tensoropt.distributed` (the same on torch.distributed, one process per rank).
 """
 
 from .capture import capture, load_onnx
