@@ -41,19 +41,9 @@ class Runtime:
 
 def parse_rank_map(text: str) -> dict[str, int]:
     """``"gpu0=0,gpu1=1"`` → ``{"gpu0": 0, "gpu1": 1}`` (plan device → rank)."""
-    out: dict[str, int] = {}
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
-        name, sep, rank = item.partition("=")
-        try:
-            out[name.strip()] = int(rank)
-        except ValueError:
-            sep = ""
-        if not sep or not name.strip():
-            raise DistributedError(f"cannot read device map entry {item!r}: write PLAN_DEVICE=RANK, e.g. "
-                                   "gpu0=0,gpu1=1")
-    return out
+    from ..execute import parse_mapping
+
+    return parse_mapping(text, value="RANK", example="gpu0=0,gpu1=1", error=DistributedError, convert=int)
 
 
 def resolve_rank_map(devices: list[str] | tuple[str, ...], world_size: int,

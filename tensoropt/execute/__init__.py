@@ -30,7 +30,7 @@ from ..plan import Plan
 from .layouts import Placed, Transport
 from .rewrite import Rewritten, rewrite
 
-__all__ = ["apply_plan", "PlannedModule", "default_device_map", "parse_device_map", "resolve_device_map",
+__all__ = ["apply_plan", "PlannedModule", "default_device_map", "parse_device_map", "parse_mapping", "resolve_device_map",
            "compare_with_model", "Comparison", "disable_dropout", "Placed", "Transport", "rewrite"]
 
 
@@ -43,18 +43,29 @@ def default_device_map(plan: Plan) -> dict[str, str]:
     return {d: "cpu" for d in devices}
 
 
-def parse_device_map(text: str) -> dict[str, str]:
-    """``"gpu0=cuda:0,gpu1=cuda:1"`` → ``{"gpu0": "cuda:0", "gpu1": "cuda:1"}``."""
-    out: dict[str, str] = {}
+def parse_mapping(text: str, *, value: str, example: str, error: type[Exception] = ExecutionError,
+                  convert: Any = str) -> dict[str, Any]:
+    """``"a=x,b=y"`` → ``{"a": convert("x"), "b": convert("y")}``; an entry without a name, an
+    ``=`` or a value ``convert`` accepts raises ``error`` saying to write ``PLAN_DEVICE=<value>``
+    as in ``example``."""
+    out: dict[str, Any] = {}
     for item in (x.strip() for x in text.split(",")):
         if not item:
             continue
-        name, sep, dev = item.partition("=")
-        if not sep or not name.strip() or not dev.strip():
-            raise ExecutionError(f"cannot read device map entry {item!r}: write PLAN_DEVICE=TORCH_DEVICE, "
-                                 "e.g. gpu0=cuda:0,gpu1=cuda:1")
-        out[name.strip()] = dev.strip()
+        name, sep, raw = item.partition("=")
+        try:
+            converted = convert(raw.strip()) if sep and name.strip() and raw.strip() else None
+        except ValueError:
+            converted = None
+        if converted is None:
+            raise error(f"cannot read device map entry {item!r}: write PLAN_DEVICE={value}, e.g. {example}")
+        out[name.strip()] = converted
     return out
+
+
+def parse_device_map(text: str) -> dict[str, str]:
+    """``"gpu0=cuda:0,gpu1=cuda:1"`` → ``{"gpu0": "cuda:0", "gpu1": "cuda:1"}``."""
+    return parse_mapping(text, value="TORCH_DEVICE", example="gpu0=cuda:0,gpu1=cuda:1")
 
 
 def resolve_device_map(plan: Plan, device_map: Mapping[str, Any] | None) -> dict[str, str]:
