@@ -2,8 +2,6 @@
 loss and every gradient within 1e-5 relative (float64), and one SGD step leaves every replica
 equal to the reference's parameters."""
 
-import pytest
-
 from tensoropt.distributed import launch
 from tensoropt.distributed.jobs import check_plans
 
