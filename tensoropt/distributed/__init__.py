@@ -5,8 +5,8 @@ processes started by ``torchrun`` (``python -m tensoropt.distributed MODEL --pla
 :func:`launch` on one machine.
 
 - :mod:`.runtime` — the process group (:func:`init_runtime`, :class:`Runtime`) and the rank map;
-- :mod:`.program` — which rank runs which node, which values cross ranks, the backward order;
-- :mod:`.transport` — sends, receives and all-reduces with timeouts and clear errors;
+- :mod:`.program` — which rank runs which node, which values cross ranks, in which order;
+- :mod:`.transport` — sends, receives (also as autograd nodes) and all-reduces with timeouts and clear errors;
 - :mod:`.run` — :func:`apply_plan_distributed` / :class:`DistributedExecutor`, :func:`compare_distributed`;
 - :mod:`.jobs` — checking and timing a plan on every rank (tests, ``--check``, ``benchmarks/truth.py``);
 - :mod:`.launch` — :func:`launch`: local processes without torchrun;

@@ -4,7 +4,8 @@ Input: the :class:`torch.fx.Graph` that :func:`tensoropt.execute.rewrite` emits 
 every plan device ``i`` is given the distinct torch device string :func:`marker` ``(i)``
 (``"cpu:i"``: a valid device on every machine, so the graph is an ordinary one), the plan's
 devices and the rank map.  Output: a :class:`Program` — the same on every rank — with each node's
-rank, the cross-rank :class:`Move` list in execution order and, per rank, the backward schedule.
+rank and the cross-rank :class:`Move` list in execution order (the order that also makes the
+backward's gradient messages deadlock-free: :mod:`.transport`).
 
 How a node's plan device is read back: a ``.to(marker)`` move runs on its target; a node with a
 ``device=`` marker (generators) on that device; every other node on the device of its tensor
@@ -12,16 +13,6 @@ inputs (the executor moves every input to the node's device first); a node fed o
 placeholders (none in practice) runs on every rank.  A ``.to`` whose input lives on another
 rank is a :class:`Move`.  The model's outputs are gathered on the rank of the first one, which
 computes the loss (:attr:`Program.loss_rank`).  O(V + E).
-
-Backward (:func:`backward_schedule`): the moves are replayed in reverse order.  The receiver of a
-move first back-propagates every root it has pending (its loss, the values it sent later), so
-that the received buffer's gradient is complete, and sends that gradient back; the sender
-receives it and adds (sent value, gradient) to its pending roots.  Every rank walks the same
-global order, so the blocking receives can never wait on each other in a cycle (no deadlock),
-and consecutive moves from one sender are back-propagated in one ``torch.autograd.backward``.
-A flush keeps its autograd graph (``retain_graph``) only when a later flush on the same rank
-goes through one of its nodes (:attr:`RankSchedule.retain`), so saved activations are freed as
-early as the single-process backward frees them whenever the plan allows.
 """
 
 from __future__ import annotations
@@ -33,8 +24,6 @@ import torch
 import torch.fx as fx
 
 from ..errors import DistributedError
-
-LOSS = "__loss__"
 
 
 def marker(index: int) -> str:
@@ -60,15 +49,6 @@ class Move:
     source: str
     src: int
     dst: int
-
-
-@dataclass(frozen=True)
-class Flush:
-    """One ``torch.autograd.backward`` over the roots ``moves`` (indices of moves this rank sent,
-    and :data:`LOSS`); ``retain``: keep the graph, a later flush goes through it."""
-
-    roots: tuple[int | str, ...]
-    retain: bool
 
 
 @dataclass
@@ -139,64 +119,3 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
             moves.append(Move(len(moves), f"__output{i}", a.name, r, loss_rank))
     return Program(rank, moves, loss_rank, output_ranks, {k: frozenset(v) for k, v in placeholders.items()},
                    world_size)
-
-
-def backward_schedule(program: Program, me: int) -> list[tuple[str, Any]]:
-    """Rank ``me``'s backward as steps: ``("flush", roots)``, ``("grad_in", move)`` (send the
-    gradient of what it received) and ``("grad_out", move)`` (receive the gradient of what it
-    sent).  O(moves)."""
-    steps: list[tuple[str, Any]] = []
-    pending: list[int | str] = [LOSS] if me == program.loss_rank else []
-    for mv in reversed(program.moves):
-        if me == mv.dst:
-            if pending:
-                steps.append(("flush", tuple(pending)))
-                pending = []
-            steps.append(("grad_in", mv))
-        elif me == mv.src:
-            steps.append(("grad_out", mv))
-            pending.append(mv.index)
-    if pending:
-        steps.append(("flush", tuple(pending)))
-    return steps
-
-
-def plan_flushes(graph: fx.Graph, program: Program, me: int, steps: list[tuple[str, Any]]) -> list[Any]:
-    """``steps`` with every flush's roots turned into a :class:`Flush` whose ``retain`` says whether a
-    later flush on rank ``me`` back-propagates through one of the same nodes.  Moves (``.to``)
-    are walked through but not counted: their backward saves no tensor.  O(flushes × V)."""
-    nodes = {n.name: n for n in graph.nodes}
-    received = {m.node for m in program.moves if m.dst == me}
-    by_index = {m.index: m for m in program.moves}
-    out_node = next(n for n in graph.nodes if n.op == "output")
-    local_outputs = [a.name for a in out_node.args[0] if isinstance(a, fx.Node)
-                     and program.rank_of_node[a.name] in (me, None)]
-
-    def ancestors(roots: list[str]) -> set[str]:
-        seen: set[str] = set()
-        stack = list(roots)
-        while stack:
-            name = stack.pop()
-            if name in seen or name in received or name.startswith("__output"):
-                continue
-            n = nodes[name]
-            if n.op == "placeholder":
-                continue
-            seen.add(name)
-            stack.extend(a.name for a in n.all_input_nodes)
-        return {s for s in seen if not (nodes[s].op == "call_method" and nodes[s].target == "to")}
-
-    sets = []
-    for kind, what in steps:
-        if kind == "flush":
-            roots = [r for x in what for r in (local_outputs if x == LOSS else [by_index[x].source])]
-            sets.append(ancestors(roots))
-    out, k = [], 0
-    for kind, what in steps:
-        if kind == "flush":
-            later = set().union(*sets[k + 1:]) if k + 1 < len(sets) else set()
-            out.append(("flush", Flush(tuple(what), bool(sets[k] & later))))
-            k += 1
-        else:
-            out.append((kind, what))
-    return out

@@ -6,8 +6,8 @@ does (:func:`tensoropt.execute.rewrite`, with every plan device given a distinct
 runs one forward + :func:`~tensoropt.costs.step.training_loss` + backward on this rank:
 
 - nodes of other ranks are skipped; a value that crosses ranks is sent point-to-point in forward
-  and its gradient sent back in backward (:mod:`.transport`; the backward order is
-  :func:`.program.backward_schedule`); splits, gathers, partial sums and slices are the
+  and its gradient sent back in backward, from inside this rank's one autograd pass
+  (:mod:`.transport`); splits, gathers, partial sums and slices are the
   executor's own nodes, run on the rank that holds their pieces;
 - after backward, a parameter read on several ranks (replicated / batch-split nodes, tied
   weights) has its gradient summed over those ranks (one flat all-reduce per group of ranks),
@@ -36,9 +36,9 @@ from ..execute.dropout import dropout_off
 from ..execute.rewrite import rewrite, write_back
 from ..graph import OpGraph
 from ..plan import Plan
-from .program import LOSS, Flush, Program, backward_schedule, build_program, marker, plan_flushes
+from .program import Program, build_program, marker
 from .runtime import Runtime, resolve_rank_map
-from .transport import HEADER_LEN, PeerLink, decode_header, encode_header
+from .transport import HEADER_LEN, PeerLink, decode_header, encode_header, recv_with_grad, send_with_grad
 
 _GRAD_TAG = 1 << 20  # backward messages' tags, apart from the forward ones
 
@@ -68,8 +68,6 @@ class DistributedExecutor:
         self.out_spec = graph.exported.call_spec.out_spec
         fx_graph = rewritten.module.graph
         self.program: Program = build_program(fx_graph, plan.devices, self.rank_of, runtime.world_size)
-        me = runtime.rank
-        self.backward_steps = plan_flushes(fx_graph, self.program, me, backward_schedule(self.program, me))
         self.link = PeerLink(runtime)
         self._headers: dict[int, tuple[tuple[int, ...], torch.dtype, bool]] = {}
         self._nodes = list(fx_graph.nodes)
@@ -177,8 +175,9 @@ class DistributedExecutor:
         params = dict(self.model.named_parameters(remove_duplicate=False))
         buffers = dict(self.model.named_buffers(remove_duplicate=False))
         env: dict[str, Any] = {}
-        self._sent: dict[int, torch.Tensor] = {}
-        self._received: dict[int, torch.Tensor] = {}
+        #: the message roots of this step's backward (see :meth:`backward`)
+        self._roots: list[torch.Tensor] = []
+        self._anchor = torch.empty(0, device=dev, requires_grad=True)
         ph_index = 0
         out_values: list[Any] = []
         for n in self._nodes:
@@ -259,58 +258,38 @@ class DistributedExecutor:
         if mv.index not in self._headers:
             self.link.send(encode_header(t).to(self.rt.device), mv.dst, mv.index, f"the header of {mv.source}")
             self._headers[mv.index] = (tuple(t.shape), t.dtype, t.requires_grad)
-        self.link.send(t, mv.dst, mv.index, mv.source)
-        self._sent[mv.index] = t
+        if t.requires_grad and torch.is_grad_enabled():
+            self._roots.append(send_with_grad(self.link, t, mv.dst, mv.index, _GRAD_TAG + mv.index, mv.source))
+        else:
+            self.link.send(t, mv.dst, mv.index, mv.source)
 
     def _recv(self, mv: Any) -> torch.Tensor:
         if mv.index not in self._headers:
             h = self.link.recv((HEADER_LEN,), torch.int64, mv.src, mv.index, f"the header of {mv.source}")
             self._headers[mv.index] = decode_header(h.cpu())
         shape, dtype, grad = self._headers[mv.index]
-        buf = self.link.recv(shape, dtype, mv.src, mv.index, mv.source)
-        if grad:
-            buf.requires_grad_(True)
-        self._received[mv.index] = buf
-        return buf
+        if grad and torch.is_grad_enabled():
+            buf, root = recv_with_grad(self.link, self._anchor, shape, dtype, mv.src, mv.index,
+                                       _GRAD_TAG + mv.index, mv.source)
+            self._roots.append(root)
+            return buf
+        return self.link.recv(shape, dtype, mv.src, mv.index, mv.source)
 
     def backward(self, loss: torch.Tensor | None) -> None:
-        """Back-propagate ``loss`` (on the loss rank; None elsewhere) through every rank, then sum
-        the gradients of shared parameters (see the module docstring)."""
+        """Back-propagate ``loss`` (on the loss rank; None elsewhere) through every rank — one
+        ``torch.autograd.backward`` per rank whose messages exchange the gradients of the values
+        that crossed ranks (:mod:`.transport`) — then sum the gradients of shared parameters
+        (see the module docstring)."""
         me = self.rt.rank
         if me == self.program.loss_rank and loss is None:
             raise DistributedError(f"rank {me} computes the loss: pass the loss forward() returned")
-        pending: dict[int | str, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        for kind, what in self.backward_steps:
-            if kind == "grad_in":
-                shape, dtype, grad = self._headers[what.index]
-                if grad:
-                    buf = self._received.pop(what.index)
-                    g = buf.grad if buf.grad is not None else torch.zeros_like(buf)
-                    self.link.send(g, what.src, _GRAD_TAG + what.index, f"the gradient of {what.source}")
-            elif kind == "grad_out":
-                shape, dtype, grad = self._headers[what.index]
-                if grad:
-                    g = self.link.recv(shape, dtype, what.dst, _GRAD_TAG + what.index,
-                                       f"the gradient of {what.source}")
-                    pending[what.index] = (self._sent[what.index], g)
-            else:
-                self._flush(what, pending, loss)
-        self.link.wait_sends()
-        self._sent, self._received = {}, {}
-        self.sync_gradients()
-
-    def _flush(self, flush: Flush, pending: dict, loss: torch.Tensor | None) -> None:
-        tensors, grads = [], []
-        for root in flush.roots:
-            if root == LOSS:
-                tensors.append(loss)
-                grads.append(None)
-            elif root in pending:
-                t, g = pending.pop(root)
-                tensors.append(t)
-                grads.append(g)
+        roots, self._roots = self._roots, []
+        tensors = ([loss] if loss is not None else []) + roots
+        grads = ([None] if loss is not None else []) + [torch.empty(0, device=r.device) for r in roots]
         if tensors:
-            torch.autograd.backward(tensors, grads, retain_graph=flush.retain)
+            torch.autograd.backward(tensors, grads)
+        self.link.wait_sends()
+        self.sync_gradients()
 
     def sync_gradients(self) -> None:
         """Sum the gradients of parameters read on several ranks over those ranks."""

@@ -15,7 +15,7 @@ between steps of one plan).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -99,3 +99,63 @@ class PeerLink:
                 dist.barrier(device_ids=[torch.device(self.rt.device).index])
             else:
                 dist.barrier()
+
+
+# ---- messages inside autograd ----------------------------------------------------------------
+# A send and a receive are autograd nodes, so that one ``torch.autograd.backward`` per rank runs
+# the whole backward, every operator's backward once, with the gradient messages inside it.
+# Why this never deadlocks: on one thread the engine runs the reachable nodes in decreasing
+# sequence number, i.e. in exactly the reverse of their creation order, and every rank creates
+# its messages in the same global order; so when a send's backward blocks on the gradient of
+# move k, the peer has already run every node it created after move k — which includes the
+# receive-backwards of the later moves this rank waits on — and reaches move k next.
+
+
+class _Send(torch.autograd.Function):
+    """Forward: send ``x`` (asynchronously).  Returns an empty tensor, a root of this rank's
+    backward; its backward receives the gradient of ``x`` from the receiver."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, link: "PeerLink", dst: int, tag: int, grad_tag: int,
+                what: str) -> torch.Tensor:
+        link.send(x, dst, tag, what)
+        ctx.link, ctx.dst, ctx.grad_tag, ctx.what = link, dst, grad_tag, what
+        ctx.shape, ctx.dtype = tuple(x.shape), x.dtype
+        return x.new_empty(0)
+
+    @staticmethod
+    def backward(ctx: Any, _: torch.Tensor) -> tuple:
+        g = ctx.link.recv(ctx.shape, ctx.dtype, ctx.dst, ctx.grad_tag, f"the gradient of {ctx.what}")
+        return g, None, None, None, None, None
+
+
+class _Recv(torch.autograd.Function):
+    """Forward: receive a tensor (and an empty one, a root of this rank's backward, so that the
+    gradient is sent back even where nothing here used the value: zeros then).  Backward: send
+    the gradient to the sender."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, link: "PeerLink", shape: tuple, dtype: torch.dtype, src: int,
+                tag: int, grad_tag: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+        buf = link.recv(shape, dtype, src, tag, what)
+        ctx.link, ctx.src, ctx.grad_tag, ctx.what = link, src, grad_tag, what
+        return buf, anchor.new_empty(0)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor, _: torch.Tensor) -> tuple:
+        ctx.link.send(g, ctx.src, ctx.grad_tag, f"the gradient of {ctx.what}")
+        return (None,) * 8
+
+
+def send_with_grad(link: PeerLink, x: torch.Tensor, dst: int, tag: int, grad_tag: int, what: str) -> torch.Tensor:
+    """Send ``x`` to ``dst``; returns the root (an empty tensor) whose backward receives ``x``'s
+    gradient (tag ``grad_tag``) and back-propagates it here."""
+    return _Send.apply(x, link, dst, tag, grad_tag, what)
+
+
+def recv_with_grad(link: PeerLink, anchor: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, src: int,
+                   tag: int, grad_tag: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Receive a tensor from ``src``; returns it and the root whose backward sends its gradient
+    back (tag ``grad_tag``).  ``anchor``: any empty tensor that requires grad (it makes autograd
+    record the receive; it gets no gradient)."""
+    return _Recv.apply(anchor, link, tuple(shape), dtype, src, tag, grad_tag, what)
