@@ -59,10 +59,7 @@ class DistributedExecutor:
         self.model = model
         plan.check(graph)
         index = {d: i for i, d in enumerate(plan.devices)}
-        # batch norm's synchronised statistics cross ranks in both directions within one
-        # operator, which this backend's backward schedule does not replay correctly yet: run
-        # such a batch norm whole on its mesh's first rank (exact; moves the activations)
-        rewritten = rewrite(graph, plan, lambda d: marker(index[d]), sync_batch_norm=False)
+        rewritten = rewrite(graph, plan, lambda d: marker(index[d]))
         self.graph_module = rewritten.module
         self.fallbacks = list(rewritten.fallbacks)
         self.out_spec = graph.exported.call_spec.out_spec

@@ -265,15 +265,20 @@ class _Emitter:
             count *= shape[d]
         view = [1, shape[1]] + [1] * (len(shape) - 2)
         xs = [tr.read(self.values[x.name], d, bdim, k, i) for i, d in enumerate(devices)]
-        s1 = tuple(g.call_function(torch.sum, (xi, dims)) for xi in xs)
-        s2 = tuple(g.call_function(torch.sum, (g.call_function(torch.mul, (xi, xi)), dims)) for xi in xs)
+        # (sum x, sum x²) per channel, stacked: one message per pair of devices, not two
+        sums = tuple(g.call_function(torch.stack, ([g.call_function(torch.sum, (xi, dims)),
+                                                    g.call_function(torch.sum, (g.call_function(torch.mul, (xi, xi)),
+                                                                                dims))],))
+                     for xi in xs)
         # the sums are partial (P) values on the mesh: reading them whole on a device adds them up
-        total1, total2 = Placed(P, tuple(devices), s1), Placed(P, tuple(devices), s2)
+        total = Placed(P, tuple(devices), sums)
         parts, first = [], None
         for i, d in enumerate(devices):
-            mean = g.call_function(operator.truediv, (tr.whole(total1, d), count))
-            var = g.call_function(operator.sub, (g.call_function(operator.truediv, (tr.whole(total2, d), count)),
-                                                 g.call_function(torch.mul, (mean, mean))))
+            both = tr.whole(total, d)
+            mean = g.call_function(operator.truediv, (g.call_function(operator.getitem, (both, 0)), count))
+            var = g.call_function(operator.sub, (
+                g.call_function(operator.truediv, (g.call_function(operator.getitem, (both, 1)), count)),
+                g.call_function(torch.mul, (mean, mean))))
             if first is None:
                 first = (mean, var)
             inv = g.call_function(torch.rsqrt, (g.call_function(operator.add, (var, eps)),))

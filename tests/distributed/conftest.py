@@ -22,7 +22,7 @@ def zigzag(graph, every=3):
 def plans():
     """model spec -> {kind: Plan}: dp, a two-device placement (m-etf where it uses both devices,
     else the zigzag), and the frontier's min-time plan on the two devices (batch / channel /
-    reduce splits)."""
+    reduce splits) and the zigzag."""
     cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
     out = {}
     for spec in MODELS:
@@ -32,5 +32,5 @@ def plans():
         split = tensoropt.track_frontier(graph, costs, cluster, meshes=[MESH]).min_time().plan
         out[spec] = {"dp": tensoropt.place(graph, costs, cluster, "dp", devices=list(MESH)),
                      "placement": etf if len(etf.devices) == 2 else zigzag(graph),
-                     "split": split, "graph": graph}
+                     "split": split, "zigzag": zigzag(graph), "graph": graph}
     return out
