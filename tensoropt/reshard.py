@@ -340,6 +340,61 @@ def param_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any) -> Step 
     return Step("allreduce", mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes))
 
 
+def gradient_syncs(graph: Any, plan: Any, cluster: Any) -> list[tuple[tuple[str, ...], Step]]:
+    """The gradient all-reduces of a whole plan as the executors run them: ``[(readers, step)]``.
+
+    A trainable parameter read on several devices (by nodes replicated or split over a mesh, or
+    tied weights read on different devices) ends the backward with a partial gradient on each;
+    the executors hold the whole parameter on every such device and sum its gradient there.
+    Parameters read by the same set of devices are summed together — one flat ring all-reduce
+    per device set (over the devices in plan order), as one bucket — after the backward of the
+    last node that reads them (``readers``: those nodes).  Unlike the per-node
+    :func:`param_sync` (frontier tracking's additive form) this pays each ring's latency once
+    per device set, and counts the parameters of ``channel`` / ``reduce`` nodes too (their
+    devices each compute a slice of the gradient; the sum assembles it).  O(V + parameters).
+    """
+    order = {d: i for i, d in enumerate(plan.devices)}
+    where: dict[str, set[str]] = {}
+    readers: dict[str, list[str]] = {}
+    for name, cfg in plan.configs.items():
+        node = graph.nodes[name]
+        for q in (*node.params, *node.param_reads):
+            info = graph.params[q]
+            if info.kind == "parameter" and info.requires_grad:
+                where.setdefault(q, set()).update(cfg.devices)
+                readers.setdefault(q, []).append(name)
+    groups: dict[tuple[str, ...], tuple[list[str], int]] = {}
+    for q, devs in where.items():
+        if len(devs) < 2:
+            continue
+        mesh = tuple(sorted(devs, key=order.__getitem__))
+        nodes, nbytes = groups.get(mesh, ([], 0))
+        groups[mesh] = (nodes + readers[q], nbytes + graph.params[q].nbytes)
+    return [(tuple(dict.fromkeys(nodes)), Step("allreduce", mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes)))
+            for mesh, (nodes, nbytes) in groups.items()]
+
+
+def stat_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any) -> Stage | None:
+    """The exchange of a batch-split batch norm's statistics, or ``None``.
+
+    A training batch norm split along the batch over a mesh must normalise with the statistics
+    of the whole batch (the executor's synchronised batch norm): each device sums ``x`` and
+    ``x²`` per channel over its part, the two sums (``2 × channels`` values) are added up across
+    the mesh, and in backward their gradients are exchanged the same way.  This is the stage of
+    one direction (the step pays it once in forward and once in backward).  Every
+    ``batch_norm`` op is taken to be in training (a capture is of a training step).
+    """
+    if config.degree < 2 or config.layout != "batch":
+        return None
+    node = graph.nodes[node] if isinstance(node, str) else node
+    if op_basename(node.op) != "batch_norm" or not node.outputs or len(node.outputs[0].shape) < 2:
+        return None
+    out = node.outputs[0]
+    nbytes = 2 * out.shape[1] * (out.nbytes // max(out.numel, 1))
+    stages, _ = move(P, config.devices, R, config.devices, nbytes, cluster)
+    return stages[0] if stages else None
+
+
 def piece_bytes(layout: str, degree: int, nbytes: int | float) -> int:
     """Bytes one device holds of a tensor of ``nbytes`` in ``layout`` over ``degree`` devices
     (a slice rounds up)."""

@@ -24,12 +24,14 @@ peak memory of every device and a timeline (for a Gantt chart).
   time 0 (data loading is outside the step).  *Outputs*: the loss needs every model output (a
   partial-sum output is all-reduced first); the backward of the output producers starts when the
   last one exists, with the loss's gradient on their devices (no transfer).
-- *Gradient synchronisation.*  A node whose parameters are replicated over its mesh (layout
-  ``R`` or ``batch``, degree > 1) all-reduces their gradients (:func:`tensoropt.reshard.param_sync`:
-  one ring all-reduce per node of the parameters it owns and reads, no bucketing) on the mesh's
-  ring links: launched when the node's backward ends with ``overlap=True``, after the last
-  backward computation otherwise.  ``channel`` / ``reduce``
-  nodes hold a slice of their parameters each and need no all-reduce.
+- *Batch norm split along the batch* exchanges its per-channel sums across its mesh after its
+  forward and after its backward (:func:`tensoropt.reshard.stat_sync`); its consumers (its
+  producers' gradients) wait for them.
+- *Gradient synchronisation.*  Parameters read on several devices (replicated or split nodes,
+  tied weights) have their gradients summed by one flat ring all-reduce per set of devices that
+  reads them (:func:`tensoropt.reshard.gradient_syncs`, what the executors do) on that set's ring
+  links: launched when the last backward reading them ends with ``overlap=True``, after the
+  last backward computation otherwise.
 - The optimizer step's time is not modelled (the CostModel has none).  The iteration time is
   when the last device or link finishes.
 
@@ -51,7 +53,7 @@ from .costs.model import CostModel
 from .costs.walk import plan_edges, plan_memory, shard_cost, walk
 from .graph import OpGraph
 from .plan import Estimate, Plan, PlanError
-from .reshard import P, R, Stage, move, output_layout, param_sync
+from .reshard import P, R, Stage, gradient_syncs, move, output_layout, stat_sync
 
 # plan_memory is the simulator's memory model without the timing; it lives with the cost model
 __all__ = ["simulate", "SimResult", "TimelineEvent", "plan_memory", "PHASES"]
@@ -270,6 +272,7 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, opti
         return sched.add("compute", name, phase, deps, devices=tuple(cfg.devices),
                          dur={d: seconds / speed[d] for d in cfg.devices})
 
+    position = {name: i for i, name in enumerate(plan.order)}
     times = {}
     for name in plan.order:
         sh = shard_cost(costs, graph.nodes[name], plan.configs[name])
@@ -291,6 +294,10 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, opti
                 arrived[key] = sched.chain(rs.forward, p, "transfer", [fwd_task[p]], detail)
             deps.append(arrived[key])
         fwd_task[name] = compute(name, "fp", times[name][0], deps)
+        stats = stat_sync(graph, node, cfg, cluster)
+        if stats is not None:   # its consumers wait for the whole batch's statistics
+            fwd_task[name] = sched.chain((stats,), name, "transfer", [fwd_task[name]],
+                                         f"forward batch-norm statistics on {','.join(cfg.devices)}")
 
     # ---- the loss ----
     out_node = next((n for n in graph if n.kind == "output"), None)
@@ -324,6 +331,10 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, opti
             rc = compute(name, "recompute", times[name][0], deps)
             first = [rc]
         bwd_task[name] = compute(name, "bp", times[name][1], first)
+        stats = stat_sync(graph, node, cfg, cluster) if needs_grad.get(name) else None
+        if stats is not None:
+            bwd_task[name] = sched.chain((stats,), name, "transfer", [bwd_task[name]],
+                                         f"backward batch-norm statistics on {','.join(cfg.devices)}")
         # the gradients this node sends back to its producers
         for p in node.inputs:
             key = edges.key_of.get((name, p))
@@ -338,13 +349,12 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, opti
             detail = _describe((rs.grad_layout, rs.needed_grad_layout), key[1], plan.configs[p].devices, "backward")
             grads_back.setdefault(p, []).append(sched.chain(rs.backward, p, "transfer", deps_b, detail))
 
-    # ---- gradient all-reduce of replicated parameters ----
+    # ---- gradient all-reduce of parameters read on several devices ----
     sync = None if overlap else sched.add("sync", "backward", "sync", list(bwd_task.values()))
-    for name in reversed(plan.order):
-        st = param_sync(graph, graph.nodes[name], plan.configs[name], cluster)
-        if st is not None:
-            sched.chain((Stage((st,), st.time_s),), name, "allreduce", [bwd_task[name] if overlap else sync],
-                        f"parameter gradients on {','.join(st.devices)}")
+    for readers, st in gradient_syncs(graph, plan, cluster):
+        last = min(readers, key=position.__getitem__)   # the last of their backwards to run
+        sched.chain((Stage((st,), st.time_s),), last, "allreduce", [bwd_task[last] if overlap else sync],
+                    f"parameter gradients on {','.join(st.devices)}")
 
     total = sched.run()
 

@@ -172,3 +172,39 @@ def test_graph_edges_and_parameter_sync():
     assert st.kind == "allreduce" and st.nbytes == 256 and st.time_s == ring_allreduce_time(c, AB, 256)
     assert param_sync(g, "fc", ch, c) is None and param_sync(g, "fc", C("a"), c) is None
     assert param_sync(g, "act", dp, c) is None                           # no parameters
+
+
+def test_gradient_syncs_sum_each_device_set_once_and_batch_norm_exchanges_its_statistics():
+    from tensoropt.plan import Plan
+    from tensoropt.reshard import gradient_syncs, stat_sync
+
+    act = TensorMeta((4, 8, 3, 3), "float32", 0, 1)
+    split = SplitDims(batch=0, channel=1)
+    g = OpGraph([
+        OpNode("x", "input", kind="input", outputs=(act,)),
+        OpNode("conv", "aten.conv2d.default", inputs=("x",), input_bytes=(act.nbytes,), outputs=(act,),
+               params=("w",), split=split),
+        OpNode("bn", "aten.batch_norm.default", inputs=("conv",), input_bytes=(act.nbytes,), outputs=(act,),
+               params=("g", "b"), split=split),
+        OpNode("conv2", "aten.conv2d.default", inputs=("bn",), input_bytes=(act.nbytes,), outputs=(act,),
+               params=("w2",), param_reads=("w",), split=split),
+    ], {"w": ParamInfo("w", (8, 8, 1, 1), "float32", "parameter", True, "conv"),
+        "g": ParamInfo("g", (8,), "float32", "parameter", True, "bn"),
+        "b": ParamInfo("b", (8,), "float32", "parameter", True, "bn"),
+        "w2": ParamInfo("w2", (8, 8, 1, 1), "float32", "parameter", True, "conv2")})
+    c = cluster("abc")
+    dp = C(AB, "batch")
+    # every weight on a and b: one all-reduce of all four (256 + 32 + 32 + 256 bytes)
+    plan = Plan({n: dp for n in ("conv", "bn", "conv2")}, graph_fingerprint=g.fingerprint)
+    [(readers, st)] = gradient_syncs(g, plan, c)
+    assert st.devices == AB and st.nbytes == 576 and st.time_s == ring_allreduce_time(c, AB, 576)
+    assert set(readers) == {"conv", "bn", "conv2"}
+    # conv2 alone on c: its own weight needs no sum; the tied w is read on a, b and c
+    plan = Plan({"conv": dp, "bn": dp, "conv2": C("c")}, graph_fingerprint=g.fingerprint)
+    syncs = {st.devices: (set(readers), st.nbytes) for readers, st in gradient_syncs(g, plan, c)}
+    assert syncs == {AB: ({"bn"}, 64), ("a", "b", "c"): ({"conv", "conv2"}, 256)}
+    # batch norm split along the batch: (sum x, sum x²) per channel, 2 × 8 floats, added up across the mesh
+    stage = stat_sync(g, "bn", dp, c)
+    assert stage.steps[0].kind == "allreduce" and stage.time_s == ring_allreduce_time(c, AB, 64)
+    assert stat_sync(g, "bn", C(AB, "channel"), c) is None and stat_sync(g, "bn", C("a"), c) is None
+    assert stat_sync(g, "conv", dp, c) is None

@@ -163,14 +163,27 @@ def test_data_parallel_linear_halves_compute_and_all_reduces_the_weight():
     assert one.memory_bytes["g0"] == step_memory(g, costs)["dev0"].peak
 
 
-def test_gradient_all_reduce_overlaps_the_rest_of_backward():
+def test_parameters_read_by_the_same_devices_are_summed_in_one_all_reduce():
     g, costs = build([linear("l1", "x"), linear("l2", "l1")], outputs=["l2"], inputs=(("x", 128),))
     c = two()
     plan = plan_of(g, {n: NodeConfig(("g0", "g1"), "batch") for n in ("l1", "l2")})
-    ar = ring_allreduce_time(c, ["g0", "g1"], 40)
-    # forward 2 + 2; l2 backward [4, 8]; its all-reduce [8, 8 + ar] beside l1's backward [8, 12]; then l1's
-    assert simulate(plan, g, costs, c).time_s == 12.0 + ar
-    assert simulate(plan, g, costs, c, overlap=False).time_s == pytest.approx(12.0 + 2 * ar, rel=1e-15)
+    # forward 2 + 2, backward 4 + 4; then one all-reduce of both weights (40 + 40 bytes), not two
+    ar = ring_allreduce_time(c, ["g0", "g1"], 80)
+    sim = simulate(plan, g, costs, c)
+    assert sim.time_s == 12.0 + ar
+    assert events(sim, "allreduce") == [("g0->g1", "l1", 12.0, 12.0 + ar), ("g1->g0", "l1", 12.0, 12.0 + ar)]
+    assert simulate(plan, g, costs, c, overlap=False).time_s == 12.0 + ar
+
+
+def test_an_all_reduce_overlaps_the_backward_of_other_devices():
+    g, costs = build([linear("l1", "x"), linear("l2", "l1")], outputs=["l2"], inputs=(("x", 128),))
+    c = two()
+    # l2's weight is summed over g0, g1 while l1 (on g0 alone, nothing to sum) runs its backward
+    plan = plan_of(g, {"l1": "g0", "l2": NodeConfig(("g0", "g1"), "batch")})
+    overlapped, after = simulate(plan, g, costs, c), simulate(plan, g, costs, c, overlap=False)
+    (_, node, start, _), *_ = events(overlapped, "allreduce")
+    assert node == "l2" and start < overlapped.time_s - ring_allreduce_time(c, ["g0", "g1"], 40)
+    assert overlapped.time_s < after.time_s
 
 
 # ---- (e) recompute ----------------------------------------------------------------------------------
@@ -249,7 +262,11 @@ def test_small_cnn_split_over_devices(cnn):
     shard_s = sum(sum(costs.time(n, *(("batch", 2) if c.layout == "batch" else ("R", 1))))
                   for n, c in dp.configs.items())
     assert res.compute_s == {d: pytest.approx(shard_s) for d in mesh}
-    assert {e.node for e in res.timeline if e.phase == "allreduce"} == {"conv2d", "batch_norm", "linear"}
+    # every weight is summed in one all-reduce, after the first node's (the last) backward; the
+    # batch norm exchanges its statistics forward and backward
+    assert {e.node for e in res.timeline if e.phase == "allreduce"} == {"conv2d"}
+    stats = [e for e in res.timeline if f"batch-norm statistics on {','.join(mesh)}" in e.detail]
+    assert {e.node for e in stats} == {"batch_norm"} and len(stats) == 4   # 2 links × (forward, backward)
     assert res.time_s >= shard_s
     assert max(res.memory_bytes.values()) < one.memory_bytes["gpu0"]
     # half the nodes on each of two devices (graph order): per device, no more than step_memory says

@@ -24,9 +24,10 @@ Costs of a node configuration (per device; within one mesh every device holds th
 - **time** = ``(fp + bp [+ fp again when recomputed])`` of one shard (:meth:`NodeCost.at`; ``R``
   with ``k > 1`` runs the full op on every device) divided by the slowest mesh device's
   ``speed`` (the mesh runs the node in lockstep), + the gradient all-reduce of parameters
-  replicated over the mesh (:func:`~tensoropt.reshard.param_sync`), + for a model output written
-  as partial sums (``reduce``) the all-reduce that adds them up before the loss — the same rules
-  the simulator applies.
+  replicated over the mesh (:func:`~tensoropt.reshard.param_sync`), + a batch-split batch
+  norm's statistics exchange, forward and backward (:func:`~tensoropt.reshard.stat_sync`), + for
+  a model output written as partial sums (``reduce``) the all-reduce that adds them up before
+  the loss — the same rules the simulator applies.
 - **resident memory** (what adds up over nodes, design §3) =
   ``params + grads + optimizer + activations`` of :func:`~tensoropt.costs.node_memory` at the
   shard (parameters split by ``channel`` / ``reduce``; optimizer state = α × trainable
@@ -95,7 +96,7 @@ import numpy as np
 from ..costs.memory import grad_nodes, node_memory, optimizer_alpha
 from ..errors import ClusterSpecError, TensorOptError
 from ..plan import NodeConfig
-from ..reshard import P, edge_reshard, has_dim, input_layout, output_layout, param_sync, piece_bytes
+from ..reshard import P, edge_reshard, has_dim, input_layout, output_layout, param_sync, piece_bytes, stat_sync
 from ..cluster.collectives import ring_allreduce_time
 from .problem import EdgeCosts, NodeCosts, Problem
 
@@ -367,6 +368,9 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
             st = param_sync(graph, node, cfg, cluster)
             if st is not None:
                 t += st.time_s
+            stats = stat_sync(graph, node, cfg, cluster)
+            if stats is not None:   # forward and backward
+                t += stats.time_s * (2 if needs_grad.get(name) else 1)
             if name in outputs and output_layout(cfg) == P:
                 t += ring_allreduce_time(cluster, mesh, outputs[name])
             split = k if cfg.layout in ("channel", "reduce") and k > 1 else 1
