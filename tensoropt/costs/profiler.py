@@ -17,7 +17,10 @@ How (seed 003 §4.4, FastT's profiled op times, design §2 "CostModel"):
    activation figures.
 4. Shards: the same at the largest shard of every legal layout (``batch`` / ``channel`` /
    ``reduce``) and degree (:mod:`tensoropt.costs.shards`); a shard whose rule does not give the
-   expected shape, or that raises, is the full cost scaled by ``1/k`` and marked ``scaled``.
+   expected shape, or that raises, is the full cost scaled by ``1/k`` and marked ``scaled``.  A
+   training batch norm's batch shard is timed as what the executors run there: its share of a
+   synchronised batch norm (:func:`tensoropt.syncbn.local_step`; the exchange of statistics is a
+   transfer, :func:`tensoropt.reshard.stat_sync`).
 5. Measurements are cached by (op, argument shapes / dtypes / gradient flags, other arguments)
    within the run — identical layers are measured once — and on disk per device kind
    (``~/.cache/tensoropt`` or ``$TENSOROPT_CACHE_DIR``).  Profiling a model whose calls are all
@@ -41,6 +44,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
+from .. import syncbn
 from .._io import write_json_atomic
 from ..capture import quiet_torch_logs
 from ..errors import ProfileError
@@ -372,8 +376,12 @@ class _Runner(fx.Interpreter):
         for old, new in zip(_tensors((args, kwargs)), _tensors((cargs, ckwargs))):
             if id(old) in tinfo:
                 ctinfo[id(new)] = tinfo[id(old)]
+        opname = op.op
+        if base == "batch_norm" and layout == "batch" and k > 1 and len(cargs) > 5 and cargs[5]:
+            # the executors synchronise a batch-split training batch norm: time their share of it
+            fn, opname = syncbn.local_step, "tensoropt.syncbn.local_step"
         try:
-            m = self._measure(op.op, fn, cargs, ckwargs, ctinfo, extra_params, grad, estimate=False)
+            m = self._measure(opname, fn, cargs, ckwargs, ctinfo, extra_params, grad, estimate=False)
         except Exception:  # noqa: BLE001 - a shard rule that does not fit this op: fall back, marked
             return _scaled(full, k)
         if list(m.out_shape) != expected:

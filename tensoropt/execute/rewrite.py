@@ -49,6 +49,7 @@ import torch
 import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
+from .. import syncbn
 from ..costs.shards import TensorArg, shard_args
 from ..errors import ExecutionError
 from ..graph import OpGraph
@@ -79,18 +80,6 @@ def run_checkpointed(op: Callable, *args: Any, **kwargs: Any) -> Any:
 
 
 @torch.no_grad()
-def update_running_stats(running_mean: torch.Tensor | None, running_var: torch.Tensor | None, mean: torch.Tensor,
-                         var: torch.Tensor, count: int, momentum: float) -> None:
-    """What ``batch_norm`` in training does to its running statistics, from a synchronised
-    batch's ``mean`` and biased ``var`` over ``count`` values per channel."""
-    with torch.no_grad():
-        if running_mean is not None:
-            running_mean.mul_(1 - momentum).add_(mean.detach().to(running_mean.device), alpha=momentum)
-        if running_var is not None:
-            unbiased = var.detach().to(running_var.device) * (count / max(count - 1, 1))
-            running_var.mul_(1 - momentum).add_(unbiased, alpha=momentum)
-
-
 def write_back(buffer: torch.Tensor, value: torch.Tensor, dim: int | None, k: int, index: int) -> None:
     """Copy ``value`` (an op's in-place update of a copy) into ``buffer`` — into its piece
     ``index`` of ``k`` along ``dim`` when the op saw a piece."""
@@ -259,38 +248,24 @@ class _Emitter:
         if len(shape) < 2 or bdim == 1:
             return None
         k, g, tr = len(devices), self.new, self.tr
-        dims = [d for d in range(len(shape)) if d != 1]
+        dims = syncbn.reduce_dims(len(shape))
         count = 1
         for d in dims:
             count *= shape[d]
-        view = [1, shape[1]] + [1] * (len(shape) - 2)
         xs = [tr.read(self.values[x.name], d, bdim, k, i) for i, d in enumerate(devices)]
-        # (sum x, sum x²) per channel, stacked: one message per pair of devices, not two
-        sums = tuple(g.call_function(torch.stack, ([g.call_function(torch.sum, (xi, dims)),
-                                                    g.call_function(torch.sum, (g.call_function(torch.mul, (xi, xi)),
-                                                                                dims))],))
-                     for xi in xs)
-        # the sums are partial (P) values on the mesh: reading them whole on a device adds them up
+        # (Σx, Σx²) per channel, one (2, C) tensor: one message per pair of devices
+        sums = tuple(g.call_function(syncbn.partial_sums, (xi, dims)) for xi in xs)
+        # partial (P) values on the mesh: reading them whole on a device adds them up
         total = Placed(P, tuple(devices), sums)
         parts, first = [], None
         for i, d in enumerate(devices):
             both = tr.whole(total, d)
-            mean = g.call_function(operator.truediv, (g.call_function(operator.getitem, (both, 0)), count))
-            var = g.call_function(operator.sub, (
-                g.call_function(operator.truediv, (g.call_function(operator.getitem, (both, 1)), count)),
-                g.call_function(torch.mul, (mean, mean))))
-            if first is None:
-                first = (mean, var)
-            inv = g.call_function(torch.rsqrt, (g.call_function(operator.add, (var, eps)),))
-            y = g.call_function(torch.mul, (g.call_function(operator.sub, (xs[i], g.call_method("view", (mean, view)))),
-                                            g.call_method("view", (inv, view))))
-            if weight is not None:
-                y = g.call_function(torch.mul, (y, g.call_method("view", (tr.whole(self.values[weight.name], d), view))))
-            if bias is not None:
-                y = g.call_function(torch.add, (y, g.call_method("view", (tr.whole(self.values[bias.name], d), view))))
-            parts.append(y)
+            first = both if first is None else first
+            w = tr.whole(self.values[weight.name], d) if weight is not None else None
+            b = tr.whole(self.values[bias.name], d) if bias is not None else None
+            parts.append(g.call_function(syncbn.normalize, (xs[i], both, count, w, b, eps)))
         buffers = [self.values[b.name].parts[0] if isinstance(b, fx.Node) else None for b in (rmean, rvar)]
-        g.call_function(update_running_stats, (*buffers, *first, count, momentum))
+        g.call_function(syncbn.update_running_stats, (*buffers, first, count, momentum))
         return Placed(S, tuple(devices), tuple(parts), op.outputs[0].batch_dim)
 
     def _whole(self, n: fx.Node, op: Any, devices: tuple[str, ...], recompute: bool) -> Placed:
