@@ -60,6 +60,21 @@ def test_shards_are_measured_at_their_shapes(cnn_profile):
     assert bn.shards[("channel", 2)].method in ("measured", "cached")
     assert ("reduce", 2) not in bn.shards               # no partial-sum layout for a norm
     assert costs.legal(conv.name) == sorted(conv.shards)
+    # its batch shard is timed as the executors run it: a synchronised batch norm's share
+    # (statistics of its part, normalise with the whole batch's), more than the fused op's half
+    assert bn.shards[("batch", 2)].method in ("measured", "cached")
+    assert bn.shards[("batch", 2)].fp_s > bn.fp_s / 2
+
+
+def test_a_shard_the_cache_lacks_is_measured_not_scaled(small_cnn, tmp_path):
+    model, inputs = small_cnn
+    graph = tensoropt.capture(model, inputs)
+    profile(graph, shard_degrees=(1,), repeats=1, cache=tmp_path)
+    # every degree-1 call is cached now; degree 2 is not: the cache-only walk misses and the
+    # profiler measures (it once fell back to 1/2 of the whole op, marked "scaled")
+    costs = profile(graph, shard_degrees=(1, 2), repeats=1, cache=tmp_path)
+    assert not costs.settings["from_cache_only"]
+    assert all(sc.method == "measured" for c in costs.nodes.values() for (_, k), sc in c.shards.items() if k == 2)
 
 
 def test_identical_calls_are_measured_once_and_cached_on_disk(tmp_path):
