@@ -1,13 +1,17 @@
 """How true are the estimates?  Measured distributed steps vs the simulator and the frontier.
 
 One gloo process per plan device on this machine (one thread each): the links are fitted with
-``tensoropt bench-links`` (gloo on loopback), the operators profiled with one thread, then for each
+``tensoropt bench-links`` (gloo on loopback) and their latencies raised to what a message costs
+the distributed backend (:mod:`tensoropt.distributed.calibrate`: a one-way message and an
+exchange, measured on a calibration model, not on the models below), the operators profiled with
+one thread, then for each
 model × {data parallel, m-ETF, frontier min-time, frontier min-memory} the plan runs on
 ``tensoropt.distributed`` and its measured step time (median over steps of the slowest rank's
 forward + loss + backward + gradient sums; the optimizer step is timed apart: the simulator has
 no cost for it) and per-rank peak memory (MemTracker: every tensor storage, parameters, buffers,
 optimizer state and inputs included) are compared with the simulator's and the frontier's
-estimates.  error = (estimate − measured) / measured.
+estimates.  error = (estimate − measured) / measured.  The "ping-pong" column is the simulator
+with the idle ping-pong's links, before that calibration.
 
     python benchmarks/truth.py [--models zoo:vgg16?tiny=1,…] [--steps 7] [--json truth.json]
 """
@@ -23,6 +27,7 @@ import torch
 import tensoropt
 from tensoropt.cluster.bench import bench_links
 from tensoropt.distributed import launch
+from tensoropt.distributed.calibrate import calibrate_links, message_cost
 from tensoropt.distributed.jobs import measure_plan
 
 DEFAULT_MODELS = "zoo:vgg16?tiny=1,zoo:gpt2?tiny=1,zoo:wide_resnet?tiny=1"
@@ -44,10 +49,14 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.time()
     links = bench_links(backend="gloo", world_size=2, repeats=5)
-    cluster = links.cluster("loopback-2", memory_bytes=8 * 2**30)
+    pingpong = links.cluster("loopback-2", memory_bytes=8 * 2**30)
     fit = next(iter(links.fits.values()))
-    print(f"links: {fit.latency_s * 1e6:.0f} us + bytes / {fit.bandwidth_Bps / 1e9:.2f} GB/s "
+    print(f"links (ping-pong): {fit.latency_s * 1e6:.0f} us + bytes / {fit.bandwidth_Bps / 1e9:.2f} GB/s "
           f"(duplex {fit.duplex:.2f}), {time.time() - t0:.0f} s", flush=True)
+    cost = message_cost()
+    cluster = calibrate_links(pingpong, cost)
+    print(f"the backend's cost per message: {cost.hop_s * 1e6:.0f} us one way, {cost.exchange_s * 1e6:.0f} us "
+          f"in an exchange ({time.time() - t0:.0f} s)", flush=True)
     devices = list(cluster.device_names) if hasattr(cluster, "device_names") else [d.name for d in cluster.devices]
     rows = []
     for spec in a.models.split(","):
@@ -60,6 +69,7 @@ def main() -> None:
                  "frontier min-time": fr.min_time().plan, "frontier min-memory": fr.min_memory().plan}
         for kind, plan in plans.items():
             sim = tensoropt.simulate(plan, graph, costs, cluster)
+            sim_pp = tensoropt.simulate(plan, graph, costs, pingpong)
             front = plan.estimate("frontier")
             n = len(plan.devices)
             meas = launch(measure_plan, n, {"model_spec": spec, "plan": plan.to_dict(), "steps": a.steps,
@@ -68,6 +78,7 @@ def main() -> None:
             row = {"model": spec, "plan": kind, "devices": n, "moves": meas["moves"],
                    "measured_s": meas["step_s"], "optimizer_s": meas["optimizer_s"],
                    "rank_step_s": meas["rank_step_s"], "simulated_s": sim.time_s,
+                   "simulated_pingpong_s": sim_pp.time_s,
                    "frontier_s": front.time_s if front else None,
                    "measured_peak_bytes": peak, "rank_peak_bytes": meas["peak_bytes"],
                    "simulated_peak_bytes": sim.max_memory_bytes,
@@ -78,20 +89,22 @@ def main() -> None:
                   f"peak {peak / 2**20:.2f} MiB vs {sim.max_memory_bytes / 2**20:.2f} MiB "
                   f"({time.time() - t0:.0f} s)", flush=True)
     print()
-    print("| model | plan | dev | moves | measured ms | simulated ms (err) | frontier ms (err) | measured MiB | "
-          "simulated MiB (err) | frontier MiB (err) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | plan | dev | moves | measured ms | simulated ms (err) | frontier ms (err) | ping-pong ms (err) "
+          "| measured MiB | simulated MiB (err) | frontier MiB (err) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     mib = 2 ** 20
     for r in rows:
         f_s, f_m = r["frontier_s"], r["frontier_peak_bytes"]
         print(f"| {r['model']} | {r['plan']} | {r['devices']} | {r['moves']} | {r['measured_s'] * 1e3:.2f} | "
               f"{r['simulated_s'] * 1e3:.2f} ({err(r['simulated_s'], r['measured_s'])}) | "
               + (f"{f_s * 1e3:.2f} ({err(f_s, r['measured_s'])})" if f_s else "—") + " | "
+              f"{r['simulated_pingpong_s'] * 1e3:.2f} ({err(r['simulated_pingpong_s'], r['measured_s'])}) | "
               f"{r['measured_peak_bytes'] / mib:.2f} | {r['simulated_peak_bytes'] / mib:.2f} "
               f"({err(r['simulated_peak_bytes'], r['measured_peak_bytes'])}) | "
               + (f"{f_m / mib:.2f} ({err(f_m, r['measured_peak_bytes'])})" if f_m else "—") + " |")
     with open(a.json, "w") as fh:
         json.dump({"links": {"latency_s": fit.latency_s, "bandwidth_Bps": fit.bandwidth_Bps, "duplex": fit.duplex},
+                   "message_cost": cost.to_dict(),
                    "rows": rows}, fh, indent=1)
     print(f"\nwrote {a.json}; {time.time() - t0:.0f} s in all")
 

@@ -204,7 +204,8 @@ def test_gradient_syncs_sum_each_device_set_once_and_batch_norm_exchanges_its_st
     syncs = {st.devices: (set(readers), st.nbytes) for readers, st in gradient_syncs(g, plan, c)}
     assert syncs == {AB: ({"bn"}, 64), ("a", "b", "c"): ({"conv", "conv2"}, 256)}
     # batch norm split along the batch: (sum x, sum x²) per channel, 2 × 8 floats, added up across the mesh
-    stage = stat_sync(g, "bn", dp, c)
-    assert stage.steps[0].kind == "allreduce" and stage.time_s == ring_allreduce_time(c, AB, 64)
+    stage = stat_sync(g, "bn", dp, c)   # one message each way at once
+    assert [(st.kind, st.devices, st.nbytes) for st in stage.steps] == [("p2p", AB, 64), ("p2p", ("b", "a"), 64)]
+    assert stage.time_s == LINK.time_both_ways(64) < ring_allreduce_time(c, AB, 64)
     assert stat_sync(g, "bn", C(AB, "channel"), c) is None and stat_sync(g, "bn", C("a"), c) is None
     assert stat_sync(g, "conv", dp, c) is None

@@ -48,7 +48,7 @@ def _cmd_bench_links(args: argparse.Namespace, console: Console) -> int:
     with bar:
         result = bench_links(backend=args.backend, sizes=sizes, repeats=args.repeats, warmup=args.warmup,
                              world_size=args.world_size, devices=args.gpus, timeout_s=args.timeout,
-                             progress=lambda done, total, what: bar.update(task, completed=done, total=total,
+                             busy_s=args.busy_ms / 1e3, progress=lambda done, total, what: bar.update(task, completed=done, total=total,
                                                                            description=what))
 
     t = Table(title=f"links measured on {escape(result.host)} ({result.backend}, {len(sizes)} sizes "
@@ -122,6 +122,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-size", type=_size, default=64 << 20, metavar="SIZE",
                    help="largest transfer (default 64MiB)")
     p.add_argument("--repeats", type=int, default=10, help="timed transfers per size (median; default 10)")
+    p.add_argument("--busy-ms", type=float, default=0.0, metavar="MS",
+                   help="gloo: both ranks compute MS ms before each round trip, as in a training step (the "
+                        "latency then includes waking a busy rank; default 0: idle ranks)")
     p.add_argument("--warmup", type=int, default=2, help="untimed transfers first (default 2)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
                    help="gloo's timeout for one transfer; a worker silent for longer is an error (default 120)")

@@ -277,7 +277,7 @@ class BenchResult:
 
 def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, repeats: int = 10,
                 warmup: int = 2, world_size: int = 2, devices: Sequence[int | str] | None = None,
-                timeout_s: float = 120.0, progress: bool | Progress = False) -> BenchResult:
+                timeout_s: float = 120.0, progress: bool | Progress = False, busy_s: float = 0.0) -> BenchResult:
     """Time point-to-point transfers over a sweep of sizes and fit a link per ordered pair.
 
     ``backend``: ``"auto"`` (CUDA when torch sees ≥ 2 GPUs, else gloo), ``"cuda"`` or ``"gloo"``.
@@ -292,6 +292,12 @@ def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, re
     times each, median kept; see :func:`_p2p_job`) and sets each fit's ``duplex`` with
     :func:`fit_duplex`; the CUDA backend leaves duplex at 1.0.
 
+    ``busy_s`` (gloo only): both ranks of the pair compute for that long before every round
+    trip, as ranks do between the messages of a training step.  A message then also pays for
+    waking a rank that was busy (and its communication thread), which on an oversubscribed or
+    virtualised host is far more than the idle ping-pong's latency (this 2-core VM: ~0.15 ms
+    idle, ~0.4–1.3 ms after 1 ms of work).  0 (default): idle ranks, the OSU-style number.
+
     gloo workers are started with the ``spawn`` method (a fresh interpreter each): a script that
     calls this must do so under ``if __name__ == "__main__":``.
     """
@@ -300,7 +306,11 @@ def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, re
         raise BenchError(f"repeats must be ≥ 1 and warmup ≥ 0, got repeats={repeats}, warmup={warmup}")
     if timeout_s <= 0:
         raise BenchError(f"timeout must be > 0 s, got {timeout_s}")
+    if busy_s < 0:
+        raise BenchError(f"busy time must be ≥ 0 s, got {busy_s}")
     backend = _resolve_backend(backend)
+    if busy_s and backend == "cuda":
+        raise BenchError("busy_s applies to the gloo backend (CPU processes); CUDA copies are timed on streams")
     t0 = time.perf_counter()
     with _progress(progress, "measuring links") as report:
         if backend == "cuda":
@@ -320,7 +330,7 @@ def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, re
             x_sizes = sizes[-EXCHANGE_SIZES:]
             total = world_size * (world_size - 1) * repeats + world_size * (world_size - 1) // 2 * repeats
             per_rank = _run_gloo(world_size, "p2p", {"sizes": sizes, "repeats": repeats, "warmup": warmup,
-                                                     "exchange_sizes": x_sizes},
+                                                     "exchange_sizes": x_sizes, "busy_s": busy_s},
                                  timeout_s=timeout_s, total=total, report=report, what="link benchmark")
             raw_idx = {}
             for r in per_rank:
@@ -335,8 +345,9 @@ def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, re
             ram = _host_memory()
             mem = {i: ram // world_size // MiB * MiB for i in idx}   # whole MiB: a tidy YAML
             kinds = {i: "cpu" for i in idx}
-            method = ("gloo send/recv on 127.0.0.1, half the ping-pong round trip, 1 thread per process; "
-                      "duplex: simultaneous isend/irecv exchange, slower rank")
+            method = ("gloo send/recv on 127.0.0.1, half the ping-pong round trip, 1 thread per process"
+                      + (f", both ranks busy {busy_s * 1e3:g} ms before each round trip" if busy_s else "")
+                      + "; duplex: simultaneous isend/irecv exchange, slower rank")
 
     samples: dict[Pair, dict[int, float]] = {}
     raw: dict[Pair, dict[int, tuple[float, ...]]] = {}
@@ -361,7 +372,8 @@ def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, re
                        samples=samples, raw=raw, fits=fits, memory_bytes={names[i]: mem[i] for i in idx},
                        kinds={names[i]: kinds[i] for i in idx}, host=socket.gethostname(), method=method,
                        elapsed_s=time.perf_counter() - t0,
-                       extra={"warmup": warmup, "world_size": len(idx), "torch": _torch_version()},
+                       extra={"warmup": warmup, "world_size": len(idx), "torch": _torch_version(),
+                              "busy_s": busy_s},
                        exchange=exchange, exchange_raw=exchange_raw)
 
 
@@ -559,8 +571,20 @@ def measure_collectives(*, world_size: int, sizes: Sequence[int], repeats: int =
 # ------------------------------------------------------------------------------------ gloo workers
 
 
+def _busy(seconds: float) -> None:
+    """Compute (small matrix products, one thread) for ``seconds`` of wall time."""
+    if seconds <= 0:
+        return
+    import torch
+
+    a = torch.full((48, 48), 0.01)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = torch.tanh(a @ a)
+
+
 def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, sizes: Sequence[int],
-             repeats: int, warmup: int, exchange_sizes: Sequence[int] = ()) -> dict[str, dict]:
+             repeats: int, warmup: int, exchange_sizes: Sequence[int] = (), busy_s: float = 0.0) -> dict[str, dict]:
     """Every ordered pair (a, b) in turn: rank a sends each size to rank b, b sends it back.
 
     One-way time = half the round trip (ping-pong, as OSU's osu_latency and most MPI benchmarks
@@ -582,6 +606,8 @@ def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, 
     the parent keeps the slower rank's time per repeat, which includes that barrier's exit skew
     (tens of µs, against milliseconds for the large sizes this is run at).
 
+    ``busy_s``: both ranks of the pair compute that long before each round trip (not timed).
+
     Returns ``{"p2p": {(a, b, size): [one-way s, …]}, "exchange": {(a, b, size): [this rank's s, …]}}``
     (p2p: filled by the sending rank; exchange: by both ranks of the pair).
     """
@@ -599,6 +625,7 @@ def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, 
             if rank == a:
                 for size in order:
                     v = buf[:size]
+                    _busy(busy_s)
                     t0 = time.perf_counter()
                     dist.send(v, b)
                     dist.recv(v, b)
@@ -608,6 +635,7 @@ def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, 
             elif rank == b:
                 for size in order:
                     v = buf[:size]
+                    _busy(busy_s)
                     dist.recv(v, a)
                     dist.send(v, a)
             if rnd >= warmup:

@@ -5,7 +5,8 @@ distinct devices: sending ``b`` bytes from ``src`` to ``dst`` takes ``latency + 
 (design §2, the model NetSplit §4.2 and FastT fit from point-to-point benchmarks).  Links are
 directed, so a measured asymmetric pair can be written as it is.  A link's optional ``duplex``
 (default 1 = full duplex) is the fraction of that bandwidth it keeps while traffic also flows the
-other way at the same time: ``latency + b / (bandwidth · duplex)`` (:meth:`LinkModel.time_both_ways`).
+other way at the same time: ``latency + b / (bandwidth · duplex)`` (:meth:`LinkModel.time_both_ways`),
+with the link's ``exchange_latency`` in place of its latency when it has one.
 
 The file format (YAML or JSON, same keys)::
 
@@ -19,6 +20,8 @@ The file format (YAML or JSON, same keys)::
       pairs:                                   # directed overrides, applied last
         - {src: gpu0, dst: gpu2, latency: 15us, bandwidth: 8GB/s}
         # any link entry may add duplex: 0.5 (a number in (0, 1]; left out = 1.0, full duplex)
+        # and exchange_latency: 600us (a message while the pair also sends the other way; left
+        # out = latency)
 
 A pair that no group / pair names takes ``links.default``; without one it takes
 :data:`SAME_HOST_DEFAULT` when both devices have the same ``host`` and :data:`CROSS_HOST_DEFAULT`
@@ -68,12 +71,19 @@ class LinkModel:
     copies by the same CPU cores.  ``inf`` bandwidth with zero latency is the "link" from a device
     to itself.
 
+    ``exchange_latency_s`` (optional; ``None`` = ``latency_s``) is the latency of a message sent
+    while the same pair also sends the other way at once (an exchange, a ring step, what
+    :meth:`time_both_ways` costs).  Where ranks share few CPU cores, an exchange between two
+    ranks that were computing costs several times an idle ping-pong's latency; the distributed
+    backend measures both (:mod:`tensoropt.distributed.calibrate`).
+
     ``LinkModel(latency_s, bandwidth_Bps)`` (positional, as before) is a full-duplex link.
     """
 
     latency_s: float
     bandwidth_Bps: float
     duplex: float = 1.0
+    exchange_latency_s: float | None = None
 
     def __post_init__(self) -> None:
         lat, bw, dx = self.latency_s, self.bandwidth_Bps, self.duplex
@@ -85,6 +95,11 @@ class LinkModel:
             raise ClusterSpecError(f"link duplex must be a number in (0, 1] (the fraction of the one-way "
                                    f"bandwidth each direction keeps when both carry traffic; 1 = full duplex), "
                                    f"got {dx!r}")
+        xl = self.exchange_latency_s
+        if xl is not None:
+            if not _real(xl) or not (math.isfinite(xl) and xl >= 0):
+                raise ClusterSpecError(f"link exchange latency must be a finite number of seconds >= 0, got {xl!r}")
+            object.__setattr__(self, "exchange_latency_s", float(xl))
         # store plain floats so equality / fingerprints do not depend on int-vs-float spelling
         object.__setattr__(self, "latency_s", float(lat))
         object.__setattr__(self, "bandwidth_Bps", float(bw))
@@ -100,12 +115,14 @@ class LinkModel:
 
     def time_both_ways(self, nbytes: int | float) -> float:
         """Seconds to send ``nbytes`` while traffic flows the other way at the same time:
-        ``latency + nbytes / (bandwidth · duplex)``; equals :meth:`time` for a full-duplex link."""
+        ``exchange latency + nbytes / (bandwidth · duplex)``; equals :meth:`time` for a
+        full-duplex link without its own exchange latency."""
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         if nbytes == 0:
             return 0.0
-        return self.latency_s + nbytes / (self.bandwidth_Bps * self.duplex)
+        latency = self.latency_s if self.exchange_latency_s is None else self.exchange_latency_s
+        return latency + nbytes / (self.bandwidth_Bps * self.duplex)
 
     def to_dict(self) -> dict[str, Any]:
         """``{"latency": "5us", "bandwidth": "13GB/s"}`` plus ``"duplex": 0.4`` when it is not 1:
@@ -113,6 +130,8 @@ class LinkModel:
         d: dict[str, Any] = {"latency": fmt_time(self.latency_s), "bandwidth": fmt_rate(self.bandwidth_Bps)}
         if self.duplex != 1.0:
             d["duplex"] = self.duplex
+        if self.exchange_latency_s is not None:
+            d["exchange_latency"] = fmt_time(self.exchange_latency_s)
         return d
 
     @classmethod
@@ -120,18 +139,22 @@ class LinkModel:
         """Parse ``{latency, bandwidth}`` (both required) and ``duplex`` (optional, default 1);
         ``extra`` are further keys the caller handles (e.g. ``devices`` of a group).  ``where`` is
         ``"file: field.path"``."""
-        _check_keys(d, ("latency", "bandwidth", "duplex", *extra), where)
+        _check_keys(d, ("latency", "bandwidth", "duplex", "exchange_latency", *extra), where)
         lat = parse_time(_require(d, "latency", where), f"{where}.latency")
+        xl = d.get("exchange_latency")
+        xl = None if xl is None else parse_time(xl, f"{where}.exchange_latency")
         bw = parse_rate(_require(d, "bandwidth", where), f"{where}.bandwidth")
         dx = d.get("duplex", 1.0)
         if not _real(dx) or not (0 < dx <= 1):
             raise ClusterSpecError(f"{where}.duplex: must be a number in (0, 1]: the fraction of the one-way "
                                    "bandwidth each direction keeps when the link carries traffic both ways at "
                                    f"once (1 = full duplex, 0.5 = shared), got {dx!r}")
-        return cls(lat, bw, float(dx))
+        return cls(lat, bw, float(dx), xl)
 
     def __str__(self) -> str:
         both = f", duplex {self.duplex:g}" if self.duplex != 1.0 else ""
+        if self.exchange_latency_s is not None:
+            both += f", exchange latency {fmt_time(self.exchange_latency_s)}"
         return f"{fmt_time(self.latency_s)} + bytes / {fmt_rate(self.bandwidth_Bps)}{both}"
 
 
@@ -341,7 +364,8 @@ class Cluster:
         return {
             "devices": [[d.name, d.memory_bytes, d.kind, d.host, d.speed] for d in self.devices],
             # duplex only where it is not 1, so clusters without it keep the fingerprints they had
-            "links": [[a, b, ln.latency_s, ln.bandwidth_Bps, *([ln.duplex] if ln.duplex != 1.0 else [])]
+            "links": [[a, b, ln.latency_s, ln.bandwidth_Bps, *([ln.duplex] if ln.duplex != 1.0 else []),
+                       *([{"exchange_latency": ln.exchange_latency_s}] if ln.exchange_latency_s is not None else [])]
                       for (a, b), ln in self._links.items()],
         }
 
