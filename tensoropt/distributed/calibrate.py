@@ -25,6 +25,7 @@ are started with :func:`~tensoropt.distributed.launch` (``spawn``: call it under
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,21 +90,30 @@ def exchange_plan(graph: Any) -> Any:
                 order=[n.name for n in graph.ops], algorithm="exchanges")
 
 
-def message_cost(*, steps: int = 15, warmup: int = 3, timeout_s: float = 120.0) -> MessageCost:
+def message_cost(*, steps: int = 15, warmup: int = 3, rounds: int = 3, timeout_s: float = 120.0) -> MessageCost:
     """Measure what a cross-rank message costs the distributed backend (module docstring).
-    Four launches; about half a minute on a 2-core machine.  O(steps × LAYERS)."""
+    ``rounds`` × 4 launches (each pattern on two ranks then one, the median step of each kept
+    over the rounds: one launch disturbed by other work on the machine does not decide it);
+    about a minute and a half on a 2-core machine.  O(rounds × steps × LAYERS)."""
     from ..capture import capture
     from .jobs import measure_plan
     from .launch import launch
 
     model, inputs = chain_model()
     graph = capture(model, inputs, method="export")
-    out: dict[str, dict[str, float]] = {}
-    for name, plan in (("hops", hop_plan(graph)), ("exchanges", exchange_plan(graph))):
-        job = {"model_spec": _spec(), "plan": plan.to_dict(), "steps": steps, "warmup": warmup, "memory": False}
-        two = launch(measure_plan, 2, dict(job, rank_map={"cpu0": 0, "cpu1": 1}), timeout_s=timeout_s)[0]
-        one = launch(measure_plan, 1, dict(job, rank_map={"cpu0": 0, "cpu1": 0}), timeout_s=timeout_s)[0]
-        out[name] = {"two_rank_s": two["step_s"], "one_rank_s": one["step_s"], "moves": two["moves"]}
+    if rounds < 1:
+        raise DistributedError(f"rounds must be at least 1, got {rounds}")
+    runs: dict[str, dict[str, list]] = {}
+    for _ in range(rounds):
+        for name, plan in (("hops", hop_plan(graph)), ("exchanges", exchange_plan(graph))):
+            job = {"model_spec": _spec(), "plan": plan.to_dict(), "steps": steps, "warmup": warmup, "memory": False}
+            two = launch(measure_plan, 2, dict(job, rank_map={"cpu0": 0, "cpu1": 1}), timeout_s=timeout_s)[0]
+            one = launch(measure_plan, 1, dict(job, rank_map={"cpu0": 0, "cpu1": 0}), timeout_s=timeout_s)[0]
+            r = runs.setdefault(name, {"two": [], "one": [], "moves": two["moves"]})
+            r["two"].append(two["step_s"])
+            r["one"].append(one["step_s"])
+    out = {name: {"two_rank_s": statistics.median(r["two"]), "one_rank_s": statistics.median(r["one"]),
+                  "moves": r["moves"]} for name, r in runs.items()}
     # hops: every move is a message forward and its gradient back, the receiver waiting
     hop = out["hops"]
     hop["messages"] = 2 * hop["moves"]

@@ -75,6 +75,7 @@ class DistributedExecutor:
         self._prepare_state(release_unused)
         self._plan_frees()
         self._make_groups()
+        self._buckets: list[tuple] = []
 
     # ---- set-up ------------------------------------------------------------------------------
     def _prepare_state(self, release_unused: bool) -> None:
@@ -281,6 +282,7 @@ class DistributedExecutor:
         if me == self.program.loss_rank and loss is None:
             raise DistributedError(f"rank {me} computes the loss: pass the loss forward() returned")
         roots, self._roots = self._roots, []
+        self._attach_buckets()
         tensors = ([loss] if loss is not None else []) + roots
         grads = ([None] if loss is not None else []) + [torch.empty(0, device=r.device) for r in roots]
         if tensors:
@@ -288,23 +290,43 @@ class DistributedExecutor:
         self.link.wait_sends()
         self.sync_gradients()
 
-    def sync_gradients(self) -> None:
-        """Sum the gradients of parameters read on several ranks over those ranks."""
+    def _attach_buckets(self) -> None:
+        """Give every shared parameter a ``.grad`` that is a view into a flat buffer of its group
+        (zeroed), so backward accumulates there in place and :meth:`sync_gradients` all-reduces
+        the buffer itself — no second copy of the gradients (DDP's ``gradient_as_bucket_view``).
+        A ``.grad`` already there (accumulation over steps) is copied in."""
+        self._buckets = []
         for ranks, group, names in self._groups:
             params = [self.local_parameters[k] for k in names if k in self.local_parameters]
-            params = [p for p in params if p.requires_grad]
-            if not params:
-                continue
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-            self.link.all_reduce(flat, group, f"summing the gradients shared by ranks {sorted(ranks)}")
-            at = 0
+            by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
             for p in params:
-                piece = flat[at:at + p.numel()].view_as(p)
-                at += p.numel()
-                if p.grad is None:
-                    p.grad = piece.clone()
-                else:
-                    p.grad.copy_(piece)
+                if p.requires_grad:
+                    by_dtype.setdefault(p.dtype, []).append(p)
+            for dtype, ps in by_dtype.items():
+                flat = torch.zeros(sum(p.numel() for p in ps), dtype=dtype, device=ps[0].device)
+                views, at = [], 0
+                for p in ps:
+                    view = flat[at:at + p.numel()].view_as(p)
+                    at += p.numel()
+                    if p.grad is not None:
+                        view.copy_(p.grad)
+                    p.grad = view
+                    views.append(view)
+                self._buckets.append((ranks, group, flat, list(zip(ps, views))))
+
+    def sync_gradients(self) -> None:
+        """Sum the gradients of parameters read on several ranks over those ranks: one in-place
+        all-reduce of each group's flat buffer (set up by :meth:`backward`; here, by copying,
+        when called after a backward of the caller's own)."""
+        if not self._buckets:
+            self._attach_buckets()
+        buckets, self._buckets = self._buckets, []
+        for ranks, group, flat, pairs in buckets:
+            for p, view in pairs:
+                if p.grad is not view:   # replaced since (by hand): fold it into the buffer
+                    view.copy_(p.grad) if p.grad is not None else view.zero_()
+                    p.grad = view
+            self.link.all_reduce(flat, group, f"summing the gradients shared by ranks {sorted(ranks)}")
 
     def step(self, *inputs: Any) -> torch.Tensor | None:
         """forward + backward (+ gradient sums); returns the loss (detached) on the loss rank."""

@@ -70,6 +70,24 @@ def test_link_model_duplex():
     assert LinkModel(0.0, math.inf, 0.5).time_both_ways(1e12) == 0.0
 
 
+def test_link_model_exchange_latency():
+    link = LinkModel(1e-4, 1e9, 0.5, exchange_latency_s=6e-4)
+    assert link.time(1e6) == pytest.approx(1e-4 + 1e-3)              # one way: the latency
+    assert link.time_both_ways(1e6) == pytest.approx(6e-4 + 2e-3)     # both ways at once: the exchange latency
+    assert "exchange latency" in str(link) and "exchange" not in str(LinkModel(1e-4, 1e9))
+    back = LinkModel.from_dict(link.to_dict(), "f: links.default")
+    assert back == link and link.to_dict()["exchange_latency"]
+    assert LinkModel(1e-4, 1e9).to_dict().get("exchange_latency") is None
+    with pytest.raises(ClusterSpecError, match="exchange latency"):
+        LinkModel(1e-4, 1e9, exchange_latency_s=-1.0)
+    # a cluster whose links have none keeps the fingerprint it had; one with it differs
+    plain = Cluster("x", [Device("a", 2**30), Device("b", 2**30)], {}, default=LinkModel(1e-4, 1e9))
+    slow = plain.with_links({("a", "b"): link})
+    assert plain.fingerprint != slow.fingerprint
+    assert plain.fingerprint == Cluster("y", [Device("a", 2**30), Device("b", 2**30)], {},
+                                        default=LinkModel(1e-4, 1e9)).fingerprint
+
+
 DUPLEX_YAML = """\
 name: loop
 devices:
