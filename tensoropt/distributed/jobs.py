@@ -56,13 +56,15 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
         ref = dict(reference.named_parameters())
         worst = 0.0
         for name, p in ex.local_parameters.items():
-            diff = (p.detach() - ref[name].detach()).abs().max().item()
-            worst = max(worst, diff / max(ref[name].abs().max().item(), 1e-12))
+            want = ex.piece_of(name, ref[name].detach())    # a parameter kept in pieces: this rank's
+            diff = (p.detach() - want).abs().max().item()
+            worst = max(worst, diff / max(want.abs().max().item(), 1e-12))
         every: list[Any] = [None] * rt.world_size
         dist.all_gather_object(every, worst)
         out.append({"loss": cmp.loss, "max_rel_diff": cmp.max_rel_diff, "worst": cmp.worst,
                     "grads": len(cmp.grads), "params_rel_diff": max(every), "moves": len(ex.program.moves),
-                    "loss_rank": ex.program.loss_rank, "fallbacks": ex.fallbacks})
+                    "loss_rank": ex.program.loss_rank, "fallbacks": ex.fallbacks,
+                    "pieces": sorted(ex.parameter_pieces)})
     return out
 
 

@@ -119,3 +119,68 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
             moves.append(Move(len(moves), f"__output{i}", a.name, r, loss_rank))
     return Program(rank, moves, loss_rank, output_ranks, {k: frozenset(v) for k, v in placeholders.items()},
                    world_size)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The one piece of a parameter a rank reads: piece ``index`` of ``k`` along ``dim``;
+    ``values`` are the graph nodes that yield it (``getitem`` of a ``tensor_split``), ``cut``
+    the nodes between the parameter and them (``.to`` moves, ``tensor_split``)."""
+
+    dim: int
+    k: int
+    index: int
+    values: tuple[str, ...]
+    cut: tuple[str, ...]
+
+
+def parameter_pieces(graph: fx.Graph, program: Program, placeholder: str) -> dict[int, Piece] | None:
+    """Rank → the piece of the parameter ``placeholder`` it reads, when every rank that reads it
+    reads exactly one piece of one common cut (``tensor_split(p, k, dim)[i]``, possibly after a
+    ``.to``) and no two ranks the same piece: then each rank can hold only its piece (a channel /
+    reduce split's slice of a weight) and their gradients need no sum.  ``None`` otherwise (the
+    parameter is read whole somewhere, or cut two ways).  O(uses)."""
+    nodes = {n.name: n for n in graph.nodes}
+    ph = nodes[placeholder]
+    found: dict[int, dict[str, Any]] = {}
+    cuts: set[tuple[int, int]] = set()
+
+    def rank_of(n: fx.Node) -> int | None:
+        r = program.rank_of_node.get(n.name)
+        if r is not None:
+            return r
+        users = {rank_of(u) for u in n.users}
+        return users.pop() if len(users) == 1 else None
+
+    frontier = [(u, ()) for u in ph.users]
+    while frontier:
+        n, chain = frontier.pop()
+        if n.op == "call_method" and n.target == "to" and _marker_index(n.args[1]) is not None:
+            if n.name in program.moves_by_node:
+                return None
+            frontier.extend((u, chain + (n.name,)) for u in n.users)
+            continue
+        if not (n.op == "call_function" and n.target is torch.tensor_split and len(n.args) == 3
+                and isinstance(n.args[1], int) and isinstance(n.args[2], int)):
+            return None
+        k, dim = n.args[1], n.args[2]
+        cuts.add((dim, k))
+        for u in n.users:
+            if not (u.op == "call_function" and u.target.__name__ == "getitem" and isinstance(u.args[1], int)):
+                return None
+            r = rank_of(u)
+            if r is None:
+                return None
+            entry = found.setdefault(r, {"index": u.args[1], "values": [], "cut": []})
+            if entry["index"] != u.args[1]:
+                return None
+            entry["values"].append(u.name)
+            entry["cut"].extend(chain + (n.name,))
+    if len(cuts) != 1 or not found:
+        return None
+    indices = [e["index"] for e in found.values()]
+    if len(set(indices)) != len(indices):
+        return None
+    (dim, k), = cuts
+    return {r: Piece(dim, k, e["index"], tuple(dict.fromkeys(e["values"])), tuple(dict.fromkeys(e["cut"])))
+            for r, e in found.items()}

@@ -36,7 +36,7 @@ from ..execute.dropout import dropout_off
 from ..execute.rewrite import rewrite, write_back
 from ..graph import OpGraph
 from ..plan import Plan
-from .program import Program, build_program, marker
+from .program import Piece, Program, build_program, marker, parameter_pieces
 from .runtime import Runtime, resolve_rank_map
 from .transport import HEADER_LEN, PeerLink, decode_header, encode_header, recv_with_grad, send_with_grad
 
@@ -86,15 +86,22 @@ class DistributedExecutor:
         by_ph: dict[str, tuple[str, Any]] = {}
         readers: dict[int, set[int]] = {}     # id(tensor) -> ranks
         names: dict[int, list[str]] = {}
+        phs: dict[int, list[str]] = {}
         for ph, (kind, what) in zip(placeholders, self._sources):
             by_ph[ph.name] = (kind, what)
             if kind in ("parameter", "buffer"):
                 t = self.model.get_parameter(what) if kind == "parameter" else self.model.get_buffer(what)
                 readers.setdefault(id(t), set()).update(self.program.placeholder_ranks.get(ph.name, frozenset()))
                 names.setdefault(id(t), []).append(what)
+                phs.setdefault(id(t), []).append(ph.name)
         canonical = {id(p): name for name, p in self.model.named_parameters()}   # tied: the first name
         self.parameter_ranks: dict[str, frozenset[int]] = {}
         self.local_parameters: dict[str, nn.Parameter] = {}
+        #: parameter name -> rank -> the piece that rank holds (channel / reduce splits: each rank
+        #: keeps only its slice, and no gradient sum is needed); the same on every rank
+        self.parameter_pieces: dict[str, dict[int, Piece]] = {}
+        self._piece_values: dict[str, str] = {}    # graph node yielding this rank's piece -> parameter
+        self._skip: set[str] = set()                # the cut of a piece this rank holds as is
         for kind, what in self._sources:
             if kind not in ("parameter", "buffer"):
                 continue
@@ -108,6 +115,19 @@ class DistributedExecutor:
             first = canonical.get(key, names[key][0])
             if kind == "parameter":
                 self.parameter_ranks[first] = ranks
+                pieces = (parameter_pieces(self.graph_module.graph, self.program, phs[key][0])
+                          if len(phs[key]) == 1 and len(ranks) > 1 and t.requires_grad else None)
+                if pieces is not None and set(pieces) == ranks:
+                    self.parameter_pieces[first] = pieces
+                    if me in pieces:
+                        piece = pieces[me]
+                        t.data = torch.tensor_split(t.data, piece.k, piece.dim)[piece.index].to(dev).clone()
+                        self.local_parameters[first] = t
+                        self._piece_values.update({v: first for v in piece.values})
+                        self._skip.update(piece.cut)
+                    else:
+                        t.data = torch.empty(0, dtype=t.dtype, device=dev)
+                    continue
             if me in ranks or not release_unused:
                 if t.device != dev:
                     if isinstance(t, nn.Parameter):
@@ -129,6 +149,12 @@ class DistributedExecutor:
                 kind, what = by_ph.get(n.args[0].name, (None, None))
                 if kind == "buffer":
                     self.written_buffers.setdefault(what, []).append(tuple(n.args[2:5]))
+
+    def piece_of(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        """What this rank holds of parameter ``name`` when ``full`` is the whole of it (its piece
+        for a parameter kept in pieces, else ``full``): to compare with a reference model."""
+        piece = self.parameter_pieces.get(name, {}).get(self.rt.rank)
+        return full if piece is None else torch.tensor_split(full, piece.k, piece.dim)[piece.index]
 
     def _runs_here(self, n: fx.Node) -> bool:
         r = self.program.rank_of_node.get(n.name)
@@ -157,11 +183,12 @@ class DistributedExecutor:
         """One process group per set of ranks that share parameters (every rank creates every
         group, in the same order, as torch.distributed requires)."""
         world = frozenset(range(self.rt.world_size))
-        sets = sorted({r for r in self.parameter_ranks.values() if len(r) > 1}, key=lambda s: sorted(s))
+        shared = {k: r for k, r in self.parameter_ranks.items() if k not in self.parameter_pieces}
+        sets = sorted({r for r in shared.values() if len(r) > 1}, key=lambda s: sorted(s))
         self._groups: list[tuple[frozenset[int], Any, list[str]]] = []
         for ranks in sets:
             group = None if ranks == world else dist.new_group(sorted(ranks))
-            names = [k for k, v in self.parameter_ranks.items() if v == ranks]
+            names = [k for k, v in shared.items() if v == ranks]
             if self.rt.rank in ranks:
                 self._groups.append((ranks, group, names))
 
@@ -203,6 +230,10 @@ class DistributedExecutor:
                     self._send(mv, env[mv.source])
                 elif me == mv.dst:
                     env[n.name] = self._recv(mv)
+            elif n.name in self._piece_values:
+                env[n.name] = params[self._piece_values[n.name]]
+            elif n.name in self._skip:
+                continue
             elif self._runs_here(n):
                 env[n.name] = self._call(n, env, dev)
             for dead in self._free_after.get(n.name, ()):
@@ -380,7 +411,7 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
         if (p.grad is None) != (k not in ref_grads):
             mine["grads"][k] = float("inf")
         elif p.grad is not None:
-            mine["grads"][k] = rel_diff(p.grad, ref_grads[k], floor)
+            mine["grads"][k] = rel_diff(p.grad, executor.piece_of(k, ref_grads[k]), floor)
     own_buffers = dict(executor.model.named_buffers())
     for k, pieces in executor.written_buffers.items():
         if own_buffers[k].is_floating_point():

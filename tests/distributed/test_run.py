@@ -25,3 +25,5 @@ def test_dp_placement_and_split_plans_match_the_model_on_three_zoo_models(plans)
     # and splits move activations, the zigzag hops back and forth every three operators
     assert all(r["moves"] >= 1 for rs in by_kind.values() for r in rs)
     assert all(r["moves"] >= 10 for r in by_kind["zigzag"] + by_kind["split"])
+    # channel / reduce splits keep each rank's slice of their weights only (exact all the same)
+    assert all(r["pieces"] for r in by_kind["split"]) and not any(r["pieces"] for r in by_kind["dp"])
