@@ -340,34 +340,51 @@ def param_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any) -> Step 
     return Step("allreduce", mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes))
 
 
-def gradient_syncs(graph: Any, plan: Any, cluster: Any) -> list[tuple[tuple[str, ...], Step]]:
-    """The gradient all-reduces of a whole plan as the executors run them: ``[(readers, step)]``.
+def synced_parameters(graph: Any, plan: Any) -> dict[str, tuple[str, ...]]:
+    """Trainable parameter → the devices (in plan order) whose gradients of it the executors sum.
 
-    A trainable parameter read on several devices (by nodes replicated or split over a mesh, or
-    tied weights read on different devices) ends the backward with a partial gradient on each;
-    the executors hold the whole parameter on every such device and sum its gradient there.
-    Parameters read by the same set of devices are summed together — one flat ring all-reduce
-    per device set (over the devices in plan order), as one bucket — after the backward of the
-    last node that reads them (``readers``: those nodes).  Unlike the per-node
-    :func:`param_sync` (frontier tracking's additive form) this pays each ring's latency once
-    per device set, and counts the parameters of ``channel`` / ``reduce`` nodes too (their
-    devices each compute a slice of the gradient; the sum assembles it).  O(V + parameters).
-    """
+    A parameter read on several devices ends the backward with a gradient on each; the executors
+    hold it whole on every such device and sum the gradients there — unless every node reading
+    it is split the same way (``channel`` or ``reduce``, one mesh): then each device holds only
+    its piece of the parameter, its gradient is that piece's, and nothing is summed.  O(V +
+    parameters)."""
     order = {d: i for i, d in enumerate(plan.devices)}
     where: dict[str, set[str]] = {}
-    readers: dict[str, list[str]] = {}
+    configs: dict[str, set[tuple]] = {}
     for name, cfg in plan.configs.items():
         node = graph.nodes[name]
         for q in (*node.params, *node.param_reads):
             info = graph.params[q]
             if info.kind == "parameter" and info.requires_grad:
                 where.setdefault(q, set()).update(cfg.devices)
+                configs.setdefault(q, set()).add((cfg.layout, tuple(cfg.devices)))
+    out = {}
+    for q, devs in where.items():
+        (layout, mesh), *others = configs[q]
+        if len(devs) < 2 or (not others and layout in ("channel", "reduce") and len(mesh) > 1):
+            continue
+        out[q] = tuple(sorted(devs, key=order.__getitem__))
+    return out
+
+
+def gradient_syncs(graph: Any, plan: Any, cluster: Any) -> list[tuple[tuple[str, ...], Step]]:
+    """The gradient all-reduces of a whole plan as the executors run them: ``[(readers, step)]``.
+
+    The :func:`synced_parameters` read by the same set of devices are summed together — one flat
+    ring all-reduce per device set (over the devices in plan order), as one bucket — after the
+    backward of the last node that reads them (``readers``: those nodes).  Unlike the per-node
+    :func:`param_sync` (frontier tracking's additive form) this pays each ring's latency once
+    per device set.  O(V + parameters).
+    """
+    synced = synced_parameters(graph, plan)
+    readers: dict[str, list[str]] = {}
+    for name in plan.configs:
+        node = graph.nodes[name]
+        for q in (*node.params, *node.param_reads):
+            if q in synced:
                 readers.setdefault(q, []).append(name)
     groups: dict[tuple[str, ...], tuple[list[str], int]] = {}
-    for q, devs in where.items():
-        if len(devs) < 2:
-            continue
-        mesh = tuple(sorted(devs, key=order.__getitem__))
+    for q, mesh in synced.items():
         nodes, nbytes = groups.get(mesh, ([], 0))
         groups[mesh] = (nodes + readers[q], nbytes + graph.params[q].nbytes)
     return [(tuple(dict.fromkeys(nodes)), Step("allreduce", mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes)))

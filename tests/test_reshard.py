@@ -176,7 +176,7 @@ def test_graph_edges_and_parameter_sync():
 
 def test_gradient_syncs_sum_each_device_set_once_and_batch_norm_exchanges_its_statistics():
     from tensoropt.plan import Plan
-    from tensoropt.reshard import gradient_syncs, stat_sync
+    from tensoropt.reshard import gradient_syncs, stat_sync, synced_parameters
 
     act = TensorMeta((4, 8, 3, 3), "float32", 0, 1)
     split = SplitDims(batch=0, channel=1)
@@ -203,6 +203,9 @@ def test_gradient_syncs_sum_each_device_set_once_and_batch_norm_exchanges_its_st
     plan = Plan({"conv": dp, "bn": dp, "conv2": C("c")}, graph_fingerprint=g.fingerprint)
     syncs = {st.devices: (set(readers), st.nbytes) for readers, st in gradient_syncs(g, plan, c)}
     assert syncs == {AB: ({"bn"}, 64), ("a", "b", "c"): ({"conv", "conv2"}, 256)}
+    # every reader split along channels on one mesh: each device holds its piece, nothing is summed
+    plan = Plan({n: C(AB, "channel") for n in ("conv", "bn", "conv2")}, graph_fingerprint=g.fingerprint)
+    assert gradient_syncs(g, plan, c) == [] and synced_parameters(g, plan) == {}
     # batch norm split along the batch: (sum x, sum x²) per channel, 2 × 8 floats, added up across the mesh
     stage = stat_sync(g, "bn", dp, c)   # one message each way at once
     assert [(st.kind, st.devices, st.nbytes) for st in stage.steps] == [("p2p", AB, 64), ("p2p", ("b", "a"), 64)]

@@ -8,6 +8,9 @@ Every device walks its own program (its forward in plan order, its backward in r
   device runs: whole under ``R`` / ``batch``, ``1/degree`` (rounded up) under ``channel`` /
   ``reduce``; gradients appear at the first backward that computes them
   (a second user's contribution is accumulated out of place: 2 × the parameter transiently);
+  gradients the executors sum across devices (:func:`~tensoropt.reshard.synced_parameters`) live
+  in one flat buffer from the start of the backward, each contribution added in place (1 × the
+  parameter transiently);
 - activations at shard size (:meth:`NodeCost.at` output and extra saved bytes): a node's output
   from when it runs until its last consumer on the device, or until the last backward that saved
   it; what a node receives from another configuration (:attr:`Reshard.recv_bytes`) from its first
@@ -35,7 +38,7 @@ from typing import Any, Mapping
 
 from ..graph import OpGraph, OpNode
 from ..plan import NodeConfig, Plan, PlanError
-from ..reshard import Reshard, edge_reshard, has_dim, input_layout, output_layout, piece_bytes
+from ..reshard import Reshard, edge_reshard, has_dim, input_layout, output_layout, piece_bytes, synced_parameters
 from .memory import StepMemory, aliases_input, grad_nodes, optimizer_alpha, optimizer_temp_bytes
 from .model import CostModel, ShardCost
 
@@ -119,6 +122,7 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     END = len(plan.order) + 1
     configs = plan.configs
 
+    synced = synced_parameters(graph, plan)
     # parameters: a slice under channel / reduce, whole otherwise; once per device
     held: dict[tuple[str, str], int] = {}
     piece_of: dict[tuple[str, str], int] = {}   # (node, param) -> bytes on each of its devices
@@ -271,6 +275,12 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
                 grad_keys[k] = size.get(k, 0)
                 live[(k, "#grad")] = grad_keys[k]
         param_done: set[str] = set()
+        # gradients the executors sum across devices live in one flat buffer per group, there
+        # from the start of the backward; each contribution is computed, then added in place
+        summed = [q for q, devs in synced.items() if d in devs]
+        if summed:
+            grads_now += sum(held[(q, d)] for q in summed)
+            param_done.update(summed)
         for name in reversed(prog):
             if not needs_grad.get(name):
                 continue
@@ -300,6 +310,8 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
                     if p not in param_done:
                         param_done.add(p)
                         grads_now += b
+                    elif p in synced:
+                        accumulating += piece_of[(name, p)]
                     else:
                         accumulating += 2 * piece_of[(name, p)]
             if accumulating:
