@@ -38,6 +38,11 @@ def _marker_index(value: Any) -> int | None:
     return None
 
 
+def is_marker(value: Any) -> bool:
+    """Whether ``value`` is a plan-device marker (:func:`marker`)."""
+    return _marker_index(value) is not None
+
+
 @dataclass(frozen=True)
 class Move:
     """The value of node ``source`` (on rank ``src``) needed on rank ``dst`` as node ``node`` (a

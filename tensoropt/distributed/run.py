@@ -36,7 +36,7 @@ from ..execute.dropout import dropout_off
 from ..execute.rewrite import rewrite, write_back
 from ..graph import OpGraph
 from ..plan import Plan
-from .program import Piece, Program, build_program, marker, parameter_pieces
+from .program import Piece, Program, build_program, is_marker, marker, parameter_pieces
 from .runtime import Runtime, resolve_rank_map
 from .transport import HEADER_LEN, PeerLink, decode_header, encode_header, recv_with_grad, send_with_grad
 
@@ -73,6 +73,7 @@ class DistributedExecutor:
         self._quiet = {n.name: n for n in dropout_off(rewritten.module).graph.nodes}
         self._sources = rewritten.sources
         self._prepare_state(release_unused)
+        self._plan_shortcuts()
         self._plan_frees()
         self._make_groups()
         self._buckets: list[tuple] = []
@@ -160,6 +161,31 @@ class DistributedExecutor:
         r = self.program.rank_of_node.get(n.name)
         return r is None or r == self.rt.rank
 
+    def _plan_shortcuts(self) -> None:
+        """Nodes of this rank that need not run as calls: a ``.to`` between two plan devices of
+        this rank is the value itself (one torch device per rank); a whole buffer cloned for an
+        op that updates it in place and then copied back (``write_back``, dim None) can be
+        updated in place — the op is its only writer here.  Replicas' clones (no write-back)
+        stay clones."""
+        self._aliases: dict[str, str] = {}
+        self._skip_here: set[str] = set()
+        for n in self._nodes:
+            if (n.op == "call_method" and n.target == "to" and n.name not in self.program.moves_by_node
+                    and self._runs_here(n) and isinstance(n.args[0], fx.Node) and len(n.args) == 2
+                    and is_marker(n.args[1]) and set(n.kwargs) <= {"non_blocking"}):
+                self._aliases[n.name] = n.args[0].name
+        for n in self._nodes:
+            if not (n.op == "call_function" and n.target is write_back and self._runs_here(n)):
+                continue
+            buffer, value, dim = n.args[0], n.args[1], n.args[2]
+            if dim is None and value.op == "call_method" and value.target == "clone" and len(value.users) == 2:
+                src = value.args[0]
+                while src.name in self._aliases:
+                    src = next(m for m in self._nodes if m.name == self._aliases[src.name])
+                if src is buffer:
+                    self._aliases[value.name] = buffer.name
+                    self._skip_here.add(n.name)
+
     def _plan_frees(self) -> None:
         """After which node each local value is dead (as fx's generated code deletes it)."""
         last: dict[str, str] = {}
@@ -233,6 +259,10 @@ class DistributedExecutor:
             elif n.name in self._piece_values:
                 env[n.name] = params[self._piece_values[n.name]]
             elif n.name in self._skip:
+                continue
+            elif n.name in self._aliases:
+                env[n.name] = env[self._aliases[n.name]]
+            elif n.name in self._skip_here:
                 continue
             elif self._runs_here(n):
                 env[n.name] = self._call(n, env, dev)
