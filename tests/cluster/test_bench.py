@@ -172,6 +172,12 @@ def test_gloo_result_round_trips_through_yaml(gloo_result, tmp_path):
     assert all(d.memory_bytes == 8 << 30 for d in one.devices)
 
 
+def test_busy_ranks_before_each_round_trip_are_recorded():
+    r = bench_links(backend="gloo", world_size=2, sizes=[256 * KiB, 8 * MiB], repeats=5, warmup=1, busy_s=0.001)
+    assert r.extra["busy_s"] == 0.001 and "busy 1 ms before each round trip" in r.method
+    assert set(r.fits) == {("cpu0", "cpu1"), ("cpu1", "cpu0")}
+
+
 def test_collectives_on_two_processes():
     samples = measure_collectives(world_size=2, sizes=[64 * KiB], repeats=3, warmup=1, timeout_s=60)
     assert {s.collective for s in samples} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
@@ -190,6 +196,8 @@ def test_bad_options_are_clear_errors():
         bench_links(backend="gloo", sizes=[4096])
     with pytest.raises(BenchError, match="unknown backend"):
         bench_links(backend="nccl")
+    with pytest.raises(BenchError, match="busy time"):
+        bench_links(backend="gloo", busy_s=-1)
     if torch.cuda.device_count() < 2:
         with pytest.raises(BenchError, match="at least 2 GPUs"):
             bench_links(backend="cuda")

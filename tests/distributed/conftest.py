@@ -34,3 +34,24 @@ def plans():
                      "placement": etf if len(etf.devices) == 2 else zigzag(graph),
                      "split": split, "zigzag": zigzag(graph), "graph": graph}
     return out
+
+
+@pytest.fixture(scope="module")
+def chain():
+    """The calibration chain (tensoropt.distributed.calibrate), captured."""
+    from tensoropt.capture import capture
+    from tensoropt.distributed.calibrate import chain_model
+
+    model, inputs = chain_model()
+    return capture(model, inputs, method="export")
+
+
+def program_of(graph, plan):
+    """(rewritten fx graph, Program) of ``plan``: plan device i on rank i."""
+    from tensoropt.distributed import build_program
+    from tensoropt.distributed.program import marker
+    from tensoropt.execute.rewrite import rewrite
+
+    index = {d: i for i, d in enumerate(plan.devices)}
+    fx_graph = rewrite(graph, plan, lambda d: marker(index[d])).module.graph
+    return fx_graph, build_program(fx_graph, plan.devices, index, len(plan.devices))

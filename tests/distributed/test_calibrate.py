@@ -3,25 +3,14 @@ charge a message what the backend was measured to pay for it."""
 
 import pytest
 
-from tensoropt.capture import capture
 from tensoropt.cluster import Cluster, Device, LinkModel
-from tensoropt.distributed import build_program
-from tensoropt.distributed.calibrate import (DEVICES, LAYERS, MessageCost, calibrate_links, chain_model,
-                                             exchange_plan, hop_plan)
-from tensoropt.distributed.program import marker
-from tensoropt.execute.rewrite import rewrite
+from tensoropt.distributed.calibrate import DEVICES, LAYERS, MessageCost, calibrate_links, exchange_plan, hop_plan
 
-
-@pytest.fixture(scope="module")
-def chain():
-    model, inputs = chain_model()
-    return capture(model, inputs, method="export")
+from .conftest import program_of
 
 
 def moves(graph, plan):
-    index = {d: i for i, d in enumerate(plan.devices)}
-    fx_graph = rewrite(graph, plan, lambda d: marker(index[d])).module.graph
-    return build_program(fx_graph, plan.devices, {d: i for i, d in enumerate(plan.devices)}, 2).moves
+    return program_of(graph, plan)[1].moves
 
 
 def test_hops_move_one_activation_per_layer_boundary(chain):

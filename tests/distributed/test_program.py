@@ -1,26 +1,11 @@
 """Static facts of a plan across ranks: which rank runs what, which values cross, and which
 weights each rank can keep in pieces."""
 
-import pytest
-
-from tensoropt.capture import capture
-from tensoropt.distributed import build_program
-from tensoropt.distributed.calibrate import LAYERS, chain_model, exchange_plan, hop_plan
-from tensoropt.distributed.program import marker, parameter_pieces
-from tensoropt.execute.rewrite import rewrite
+from tensoropt.distributed.calibrate import LAYERS, exchange_plan, hop_plan
+from tensoropt.distributed.program import parameter_pieces
 from tensoropt.plan import NodeConfig, Plan
 
-
-@pytest.fixture(scope="module")
-def chain():
-    model, inputs = chain_model()
-    return capture(model, inputs, method="export")
-
-
-def program_of(graph, plan):
-    index = {d: i for i, d in enumerate(plan.devices)}
-    fx_graph = rewrite(graph, plan, lambda d: marker(index[d])).module.graph
-    return fx_graph, build_program(fx_graph, plan.devices, index, len(plan.devices))
+from .conftest import program_of
 
 
 def weight_placeholders(fx_graph):
