@@ -10,6 +10,7 @@ processes started by ``torchrun`` (``python -m tensoropt.distributed MODEL --pla
 - :mod:`.run` — :func:`apply_plan_distributed` / :class:`DistributedExecutor`, :func:`compare_distributed`;
 - :mod:`.jobs` — checking and timing a plan on every rank (tests, ``--check``, ``benchmarks/truth.py``);
 - :mod:`.launch` — :func:`launch`: local processes without torchrun;
+- :mod:`.calibrate` — what a cross-rank message costs this backend, and links that charge it;
 - :mod:`.cli` — :func:`run_distributed`, the body of ``tensoropt run … --backend dist``.
 """
 
