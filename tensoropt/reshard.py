@@ -84,7 +84,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
-from .cluster.collectives import all_to_all_time, allgather_time, reduce_scatter_time, ring_allreduce_time
+from .cluster.collectives import (all_to_all_time, allgather_time, reduce_scatter_time, ring_allreduce_bytes_time,
+                                  ring_allreduce_time)
 from .plan import NodeConfig
 
 R, SB, SC, P = "R", "S(batch)", "S(channel)", "P"
@@ -319,8 +320,13 @@ def has_dim(node: Any, which: str) -> bool:
     return any(getattr(t, which) is not None for t in node.outputs)
 
 
-def param_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any) -> Step | None:
+def param_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any, *, bucketed: bool = False) -> Step | None:
     """The gradient all-reduce a node needs after its backward, or ``None``.
+
+    ``bucketed``: the node's share of an all-reduce that carries the gradients of many nodes at
+    once, as the executors run it (:func:`gradient_syncs`): the bytes' time only, no latencies
+    (:func:`~tensoropt.cluster.collectives.ring_allreduce_bytes_time`) — frontier tracking adds
+    node costs, and a latency per node would count a bucket's latency once per node in it.
 
     A node whose parameters are replicated over its mesh (layout ``R`` or ``batch``, degree > 1)
     holds a whole gradient of each on every device, computed from its part of the work; they are
@@ -337,7 +343,8 @@ def param_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any) -> Step 
     if nbytes == 0:
         return None
     mesh = tuple(config.devices)
-    return Step("allreduce", mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes))
+    time_of = ring_allreduce_bytes_time if bucketed else ring_allreduce_time
+    return Step("allreduce", mesh, nbytes, time_of(cluster, mesh, nbytes))
 
 
 def synced_parameters(graph: Any, plan: Any) -> dict[str, tuple[str, ...]]:

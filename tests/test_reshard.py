@@ -171,6 +171,9 @@ def test_graph_edges_and_parameter_sync():
     st = param_sync(g, "fc", dp, c)
     assert st.kind == "allreduce" and st.nbytes == 256 and st.time_s == ring_allreduce_time(c, AB, 256)
     assert param_sync(g, "fc", ch, c) is None and param_sync(g, "fc", C("a"), c) is None
+    # bucketed (frontier tracking's share of one all-reduce): the bytes' time, no latency
+    share = param_sync(g, "fc", dp, c, bucketed=True)
+    assert share.time_s == pytest.approx(st.time_s - 2 * LINK.latency_s) and share.nbytes == 256
     assert param_sync(g, "act", dp, c) is None                           # no parameters
 
 

@@ -15,7 +15,7 @@ Measured links come from ``tensoropt bench-links`` (:mod:`.bench`).
 """
 
 from .collectives import (all_to_all_time, allgather_time, broadcast_time, p2p_time, reduce_scatter_time,
-                          ring_allreduce_time)
+                          ring_allreduce_bytes_time, ring_allreduce_time)
 from .detect import cluster_from_topology, detect_cluster
 from .presets import PRESETS, get_preset, list_presets
 from .spec import Cluster, Device, LinkModel, load_cluster
@@ -24,6 +24,6 @@ from .units import fmt_rate, fmt_size, fmt_time, parse_rate, parse_size, parse_t
 __all__ = [
     "Device", "LinkModel", "Cluster", "load_cluster", "detect_cluster", "cluster_from_topology",
     "list_presets", "get_preset", "PRESETS",
-    "p2p_time", "ring_allreduce_time", "allgather_time", "reduce_scatter_time", "all_to_all_time", "broadcast_time",
+    "p2p_time", "ring_allreduce_time", "ring_allreduce_bytes_time", "allgather_time", "reduce_scatter_time", "all_to_all_time", "broadcast_time",
     "parse_size", "parse_time", "parse_rate", "fmt_size", "fmt_time", "fmt_rate",
 ]

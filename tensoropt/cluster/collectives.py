@@ -65,6 +65,21 @@ def p2p_time(cluster: Cluster, src: str, dst: str, nbytes: int | float) -> float
     return cluster.link(src, dst).time(nbytes)
 
 
+def ring_allreduce_bytes_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> float:
+    """The bandwidth part of :func:`ring_allreduce_time` alone, no latencies::
+
+        T = 2 (n-1) · max over ring links ((nbytes / n) / (bandwidth · duplex))
+
+    What one tensor adds to an all-reduce that carries many in one bucket (the bucket pays the
+    latencies once)."""
+    devices = _group(cluster, devices, nbytes)
+    n = len(devices)
+    if n == 1 or nbytes == 0:
+        return 0.0
+    return 2 * (n - 1) * max((nbytes / n) / (link.bandwidth_Bps * link.duplex)
+                             for link in _ring_links(cluster, devices))
+
+
 def ring_allreduce_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> float:
     """Ring all-reduce of a tensor of ``nbytes`` held (in full) by each of the n devices.
 

@@ -23,8 +23,10 @@ Costs of a node configuration (per device; within one mesh every device holds th
 ---------------------------------------------------------------------------------------------
 - **time** = ``(fp + bp [+ fp again when recomputed])`` of one shard (:meth:`NodeCost.at`; ``R``
   with ``k > 1`` runs the full op on every device) divided by the slowest mesh device's
-  ``speed`` (the mesh runs the node in lockstep), + the gradient all-reduce of parameters
-  replicated over the mesh (:func:`~tensoropt.reshard.param_sync`), + a batch-split batch
+  ``speed`` (the mesh runs the node in lockstep), + its share of the gradient all-reduce of
+  parameters replicated over the mesh (:func:`~tensoropt.reshard.param_sync`, bucketed: the
+  bytes' time — the executors sum all of a mesh's gradients in one all-reduce, whose few
+  latencies the simulator counts and this sum leaves out), + a batch-split batch
   norm's statistics exchange, forward and backward (:func:`~tensoropt.reshard.stat_sync`), + for
   a model output written as partial sums (``reduce``) the all-reduce that adds them up before
   the loss — the same rules the simulator applies.
@@ -365,7 +367,7 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
             else:
                 compute = 0.0
             t = compute / speed
-            st = param_sync(graph, node, cfg, cluster)
+            st = param_sync(graph, node, cfg, cluster, bucketed=True)
             if st is not None:
                 t += st.time_s
             stats = stat_sync(graph, node, cfg, cluster)
