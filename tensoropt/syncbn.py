@@ -36,7 +36,8 @@ def normalize(x: torch.Tensor, sums: torch.Tensor, count: int, weight: torch.Ten
     """``batch_norm`` of ``x`` with the statistics of ``count`` values per channel whose
     :func:`partial_sums` add up to ``sums`` (biased variance, as training uses)."""
     mean = sums[0] / count
-    var = sums[1] / count - mean * mean
+    # E[x²] − E[x]² can come out a hair below 0 in float32 (cancellation): never a NaN from rsqrt
+    var = (sums[1] / count - mean * mean).clamp_min(0)
     scale = torch.rsqrt(var + eps)
     if weight is not None:
         scale = scale * weight
@@ -56,7 +57,7 @@ def update_running_stats(running_mean: torch.Tensor | None, running_var: torch.T
         if running_mean is not None:
             running_mean.lerp_(stats[0].to(running_mean.device), momentum)
         if running_var is not None:
-            var = torch.addcmul(stats[1], stats[0], stats[0], value=-1) * (count / max(count - 1, 1))
+            var = torch.addcmul(stats[1], stats[0], stats[0], value=-1).clamp_min(0) * (count / max(count - 1, 1))
             running_var.lerp_(var.to(running_var.device), momentum)
 
 
