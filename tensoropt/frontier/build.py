@@ -38,7 +38,9 @@ Costs of a node configuration (per device; within one mesh every device holds th
   inputs (the batch) this node reads, in the layout it reads them (every reader is charged its
   piece: an over-estimate when several nodes read one input).
 - **transient memory** = node_memory's ``transient`` (the node's output, its input gradients,
-  measured workspace; plus its saved tensors when recomputed): live only while the node runs, so
+  measured workspace; plus its saved tensors when recomputed; plus, for parameters summed across
+  the mesh, their gradients before they are added into the summed buffer, as the simulator's
+  walk): live only while the node runs, so
   it does **not** add up: the peak is ``Σ resident + max transient`` (see :mod:`.api` for how the
   max is handled exactly: τ runs).
 
@@ -377,6 +379,8 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
                 t += ring_allreduce_time(cluster, mesh, outputs[name])
             split = k if cfg.layout in ("channel", "reduce") and k > 1 else 1
             accumulate = sum(2 * -(-graph.params[q].nbytes // split) for q in not_last.get(name, ()))
+            if st is not None:   # summed across the mesh: each gradient is made, then added into the buffer
+                accumulate += st.nbytes
             mem.append(float(resident))
             tim.append(t)
             tr.append(float(nm.transient + accumulate))
