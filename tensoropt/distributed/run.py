@@ -10,9 +10,12 @@ runs one forward + :func:`~tensoropt.costs.step.training_loss` + backward on thi
   (:mod:`.transport`); splits, gathers, partial sums and slices are the
   executor's own nodes, run on the rank that holds their pieces;
 - after backward, a parameter read on several ranks (replicated / batch-split nodes, tied
-  weights) has its gradient summed over those ranks (one flat all-reduce per group of ranks),
-  so every rank holding it sees the single-process gradient and an optimizer step leaves
-  identical replicas;
+  weights) has its gradient summed over those ranks (one in-place all-reduce of a flat buffer
+  per group of ranks, the ``.grad`` being views into it), so every rank holding it sees the
+  single-process gradient and an optimizer step leaves identical replicas;
+- a weight every reader cuts the same way (channel / reduce splits) is kept in pieces: each
+  rank holds only its slice (:func:`.program.parameter_pieces`), its gradient is that slice's
+  and nothing is summed;
 - a rank keeps only the parameters and buffers its nodes read (the others are emptied), so its
   memory is what the plan gives its devices.
 
