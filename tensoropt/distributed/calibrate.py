@@ -99,10 +99,10 @@ def message_cost(*, steps: int = 15, warmup: int = 3, rounds: int = 3, timeout_s
     from .jobs import measure_plan
     from .launch import launch
 
-    model, inputs = chain_model()
-    graph = capture(model, inputs, method="export")
     if rounds < 1:
         raise DistributedError(f"rounds must be at least 1, got {rounds}")
+    model, inputs = chain_model()
+    graph = capture(model, inputs, method="export")
     runs: dict[str, dict[str, list]] = {}
     for _ in range(rounds):
         for name, plan in (("hops", hop_plan(graph)), ("exchanges", exchange_plan(graph))):
