@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .._procs import stop_workers
+from .._procs import WorkerDied, next_message, single_threaded_env, stop_workers
 from ..errors import ClusterSpecError
 
 KiB = 1 << 10
@@ -820,22 +820,6 @@ def _gloo_entry(rank: int, world_size: int, port: int, q, job: str, kwargs: dict
         raise SystemExit(1) from None
 
 
-@contextlib.contextmanager
-def _single_threaded_env() -> Iterator[None]:
-    """Spawned workers inherit the environment at start: one OpenMP / MKL thread each."""
-    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-    old = {k: os.environ.get(k) for k in keys}
-    os.environ.update({k: "1" for k in keys})
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _run_gloo(world_size: int, job: str, kwargs: dict, *, timeout_s: float, total: int,
               report: Callable[[int, int, str], None], what: str) -> list[Any]:
     """Spawn ``world_size`` gloo workers running ``job``; return their results by rank.
@@ -860,32 +844,27 @@ def _run_gloo(world_size: int, job: str, kwargs: dict, *, timeout_s: float, tota
     ready: set[int] = set()
     startup_s = max(60.0, 10.0 * world_size)   # importing torch in each process, on a busy machine
     try:
-        with _single_threaded_env():
+        with single_threaded_env():
             for p in procs:
                 p.start()
         last = time.monotonic()
         done = 0
         while len(results) < world_size:
             try:
-                kind, rank, payload = q.get(timeout=0.2)
-            except queue_mod.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
-                if dead:
-                    try:      # its error message may still be on the way
-                        kind, rank, payload = q.get(timeout=1.0)
-                    except queue_mod.Empty:
-                        r = dead[0]
-                        raise BenchError(f"{what}: gloo worker rank {r} of {world_size} died with exit code "
-                                         f"{procs[r].exitcode} without a message (killed? out of memory?)") from None
-                else:
-                    # past gloo's own timeout, so that a worker's error (which names the cause) comes first
-                    limit = 1.25 * timeout_s + 5.0 + (startup_s if len(ready) < world_size else 0.0)
-                    if time.monotonic() - last > limit:
-                        stuck = [r for r in range(world_size) if r not in results]
-                        raise BenchError(f"{what}: no word from the gloo workers for {limit:.0f} s "
-                                         f"(rank(s) {stuck} of {world_size} unfinished); the machine may be "
-                                         "overloaded: retry with a larger --timeout, fewer processes or smaller sizes")
-                    continue
+                msg = next_message(procs, q, results, grace_s=1.0)
+            except WorkerDied as e:
+                raise BenchError(f"{what}: gloo worker rank {e.rank} of {world_size} died with exit code "
+                                 f"{e.exitcode} without a message (killed? out of memory?)") from None
+            if msg is None:
+                # past gloo's own timeout, so that a worker's error (which names the cause) comes first
+                limit = 1.25 * timeout_s + 5.0 + (startup_s if len(ready) < world_size else 0.0)
+                if time.monotonic() - last > limit:
+                    stuck = [r for r in range(world_size) if r not in results]
+                    raise BenchError(f"{what}: no word from the gloo workers for {limit:.0f} s "
+                                     f"(rank(s) {stuck} of {world_size} unfinished); the machine may be "
+                                     "overloaded: retry with a larger --timeout, fewer processes or smaller sizes")
+                continue
+            kind, rank, payload = msg
             last = time.monotonic()
             if kind == "ready":
                 ready.add(rank)

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import datetime
 import importlib
-import queue as queue_mod
 import time
 import traceback
 from typing import Any, Callable
 
-from .._procs import stop_workers
-from ..cluster.bench import _single_threaded_env
+from .._procs import WorkerDied, next_message, single_threaded_env, stop_workers
 from ..errors import DistributedError, TensorOptError
 from .runtime import DEFAULT_TIMEOUT_S, init_runtime, shutdown
 
@@ -72,27 +70,22 @@ def launch(job: str | Callable[..., Any], world_size: int, kwargs: dict | None =
     results: dict[int, Any] = {}
     start = time.monotonic()
     try:
-        with _single_threaded_env():
+        with single_threaded_env():
             for p in procs:
                 p.start()
         while len(results) < world_size:
             try:
-                kind, rank, payload = q.get(timeout=0.2)
-            except queue_mod.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
-                if dead:
-                    try:   # its own message, or a peer's, may still be on the way
-                        kind, rank, payload = q.get(timeout=1.0 + min(timeout_s, 5.0))
-                    except queue_mod.Empty:
-                        raise DistributedError(f"rank {dead[0]} of {world_size} died with exit code "
-                                               f"{procs[dead[0]].exitcode} without a message (killed? out of "
-                                               "memory?)") from None
-                elif time.monotonic() - start > startup_s + 1.25 * timeout_s + 5.0:
+                msg = next_message(procs, q, results, grace_s=1.0 + min(timeout_s, 5.0))
+            except WorkerDied as e:
+                raise DistributedError(f"rank {e.rank} of {world_size} died with exit code {e.exitcode} without a "
+                                       "message (killed? out of memory?)") from None
+            if msg is None:
+                if time.monotonic() - start > startup_s + 1.25 * timeout_s + 5.0:
                     stuck = [r for r in range(world_size) if r not in results]
                     raise DistributedError(f"rank(s) {stuck} of {world_size} did not finish within "
-                                           f"{startup_s + 1.25 * timeout_s + 5.0:.0f} s; raise the timeout") from None
-                else:
-                    continue
+                                           f"{startup_s + 1.25 * timeout_s + 5.0:.0f} s; raise the timeout")
+                continue
+            kind, rank, payload = msg
             if kind == "done":
                 results[rank] = payload
             else:
