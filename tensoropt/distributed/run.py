@@ -182,10 +182,10 @@ class DistributedExecutor:
                 continue
             buffer, value, dim = n.args[0], n.args[1], n.args[2]
             if dim is None and value.op == "call_method" and value.target == "clone" and len(value.users) == 2:
-                src = value.args[0]
-                while src.name in self._aliases:
-                    src = next(m for m in self._nodes if m.name == self._aliases[src.name])
-                if src is buffer:
+                src = value.args[0].name
+                while src in self._aliases:
+                    src = self._aliases[src]
+                if src == buffer.name:
                     self._aliases[value.name] = buffer.name
                     self._skip_here.add(n.name)
 
