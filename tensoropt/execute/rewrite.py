@@ -116,11 +116,9 @@ class _Cut:
         self.node, self.dim = node, dim
 
 
-def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *, sync_batch_norm: bool = True) -> Rewritten:
-    """See the module docstring.  ``sync_batch_norm=False`` runs a batch-split training batch
-    norm whole on its mesh's first device instead of synchronising its statistics.  Raises
-    :class:`ExecutionError` for a graph not captured with torch.export or a split the shard rules
-    cannot express."""
+def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str]) -> Rewritten:
+    """See the module docstring.  Raises :class:`ExecutionError` for a graph not captured with
+    torch.export or a split the shard rules cannot express."""
     ep, gm = graph.exported, graph.module
     if ep is None or gm is None:
         raise ExecutionError(f"graph {graph.name!r} was not captured with torch.export (source {graph.source!r}); "
@@ -160,7 +158,6 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *, sync
 
     src = {n.name: n for n in gm.graph.nodes}
     ctx = _Emitter(graph, plan, new, transport, values, lifted, batch_syms, device_of)
-    ctx.sync_batch_norm = sync_batch_norm
     for name in plan.order:
         n = src[name]
         if not _has_tensor(n.meta.get("val")):
@@ -196,7 +193,6 @@ class _Emitter:
         self.graph, self.plan, self.new, self.tr, self.values = graph, plan, new, transport, values
         self.lifted, self.batch_syms, self.device_of = lifted, batch_syms, device_of
         self.fallbacks: list[str] = []
-        self.sync_batch_norm = True
 
     # ---- one node ----------------------------------------------------------------------------
     def emit(self, n: fx.Node) -> Placed:
@@ -206,7 +202,7 @@ class _Emitter:
         base = op_basename(op.op)
         if layout == "batch" and base in _BATCH_NORMS and not op.split.batch_exact:
             # exact statistics over the whole batch (see the module docstring)
-            synced = self._sync_batch_norm(n, op, devices) if base == "batch_norm" and self.sync_batch_norm else None
+            synced = self._sync_batch_norm(n, op, devices) if base == "batch_norm" else None
             if synced is not None:
                 return synced
             devices, layout = devices[:1], "R"
