@@ -11,7 +11,8 @@ both on one rank (the same operators either way):
   gradient back at every hop while the receiver waits; ``(two-rank − one-rank step) /
   messages`` is what a one-way message adds to a step;
 - *exchanges*: every layer split along its channels over both devices — the ranks compute
-  their halves at once, then swap them (an all-gather forward, a reduce-scatter backward);
+  their halves at once, then swap them (an all-gather forward, a reduce-scatter backward:
+  :class:`~.program.Collective`);
   ``(two-rank step − one-rank step / 2) / exchanges`` is what an exchange adds.
 
 :func:`calibrate_links` makes a cluster's links pay them: a link's latency becomes the hop cost
@@ -109,21 +110,22 @@ def message_cost(*, steps: int = 15, warmup: int = 3, rounds: int = 3, timeout_s
             job = {"model_spec": _spec(), "plan": plan.to_dict(), "steps": steps, "warmup": warmup, "memory": False}
             two = launch(measure_plan, 2, dict(job, rank_map={"cpu0": 0, "cpu1": 1}), timeout_s=timeout_s)[0]
             one = launch(measure_plan, 1, dict(job, rank_map={"cpu0": 0, "cpu1": 0}), timeout_s=timeout_s)[0]
-            r = runs.setdefault(name, {"two": [], "one": [], "moves": two["moves"]})
+            r = runs.setdefault(name, {"two": [], "one": [], "moves": two["moves"], "collectives": two["collectives"]})
             r["two"].append(two["step_s"])
             r["one"].append(one["step_s"])
     out = {name: {"two_rank_s": statistics.median(r["two"]), "one_rank_s": statistics.median(r["one"]),
-                  "moves": r["moves"]} for name, r in runs.items()}
+                  "moves": r["moves"], "collectives": r["collectives"]} for name, r in runs.items()}
     # hops: every move is a message forward and its gradient back, the receiver waiting
     hop = out["hops"]
     hop["messages"] = 2 * hop["moves"]
-    # exchanges: LAYERS - 1 all-gathers (two moves each) and the output to the loss rank; each
-    # all-gather and its reduce-scatter in backward is one exchange on the critical path
+    # exchanges: LAYERS - 1 all-gathers and the output to the loss rank; each all-gather and its
+    # reduce-scatter in backward is one exchange on the critical path
     ex = out["exchanges"]
     ex["messages"] = 2 * (LAYERS - 1)
-    if hop["moves"] != LAYERS - 1 or ex["moves"] != 2 * (LAYERS - 1) + 1:   # pragma: no cover - by construction
-        raise DistributedError(f"the calibration plans moved {hop['moves']} / {ex['moves']} values between "
-                               f"ranks, not {LAYERS - 1} / {2 * (LAYERS - 1) + 1}: an executor change?")
+    if hop["moves"] != LAYERS - 1 or ex["moves"] != 1 or ex["collectives"] != {"all_gather": LAYERS - 1}:  # pragma: no cover
+        raise DistributedError(f"the calibration plans moved {hop['moves']} / {ex['moves']} values between ranks "
+                               f"and ran collectives {ex['collectives']}, not {LAYERS - 1} / 1 and {LAYERS - 1} all-gathers: "
+                               "an executor change?")
     hop_s = max(hop["two_rank_s"] - hop["one_rank_s"], 0.0) / hop["messages"]
     exchange_s = max(ex["two_rank_s"] - ex["one_rank_s"] / 2, 0.0) / ex["messages"]
     return MessageCost(hop_s, exchange_s, BATCH * WIDTH * 4, out)

@@ -42,7 +42,8 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
     with dropout off: one distributed step against the unmodified model (loss, every gradient,
     written buffers: :func:`compare_distributed`), then one SGD step of ``lr`` on both — the
     largest relative difference of any parameter any rank holds (replicas included).  Returns per
-    case ``loss``, ``max_rel_diff``, ``worst``, ``params_rel_diff``, ``moves``, ``loss_rank``."""
+    case ``loss``, ``max_rel_diff``, ``worst``, ``params_rel_diff``, ``moves``, ``collectives``
+    (kind → count), ``loss_rank``."""
     out = []
     for case in cases:
         model, inputs, graph = load_case(case["model"], float64=True, dropout=False)
@@ -63,6 +64,7 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
         dist.all_gather_object(every, worst)
         out.append({"loss": cmp.loss, "max_rel_diff": cmp.max_rel_diff, "worst": cmp.worst,
                     "grads": len(cmp.grads), "params_rel_diff": max(every), "moves": len(ex.program.moves),
+                    "collectives": ex.program.collective_counts(),
                     "loss_rank": ex.program.loss_rank, "fallbacks": ex.fallbacks,
                     "pieces": sorted(ex.parameter_pieces)})
     return out
@@ -76,7 +78,7 @@ def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps
     apart, the simulator has no cost for it) and, with ``memory``, one more step under
     ``MemTracker`` per rank (on CUDA ``torch.cuda.max_memory_allocated`` too).  Returns
     ``step_s`` (median over steps of the slowest rank's step), ``optimizer_s``, ``rank_step_s``
-    (per rank, medians), ``peak_bytes`` (per rank), ``moves``.  ``fail_rank``: that rank exits
+    (per rank, medians), ``peak_bytes`` (per rank), ``moves``, ``collectives`` (kind → count).  ``fail_rank``: that rank exits
     abruptly in the middle of the first step (to test what its peers do)."""
     from ..costs.step import make_optimizer
 
@@ -120,6 +122,7 @@ def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps
                                                                                   for i in range(steps)),
             "rank_step_s": [statistics.median(r["steps"]) for r in every],
             "peak_bytes": [r["peak"] for r in every], "moves": len(ex.program.moves),
+            "collectives": ex.program.collective_counts(),
             "loss_rank": ex.program.loss_rank}
 
 

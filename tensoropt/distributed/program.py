@@ -12,11 +12,23 @@ How a node's plan device is read back: a ``.to(marker)`` move runs on its target
 inputs (the executor moves every input to the node's device first); a node fed only by
 placeholders (none in practice) runs on every rank.  A ``.to`` whose input lives on another
 rank is a :class:`Move`.  The model's outputs are gathered on the rank of the first one, which
-computes the loss (:attr:`Program.loss_rank`).  O(V + E).
+computes the loss (:attr:`Program.loss_rank`).
+
+Where every device of a split node's mesh (one per rank) needs the whole of a value split over
+that same mesh — moves + ``torch.cat`` (``S`` → ``R``) or moves + sum (``P`` → ``R``) on each
+device — or its own block of a partial value (``P`` → ``S``: each part cut where it lies, the
+blocks moved and summed), those moves and gathers are one collective instead
+(:class:`Collective`: an all-gather, all-reduce or reduce-scatter over those ranks, as
+:mod:`tensoropt.reshard` costs them and as DTensor's ``Shard → Replicate``,
+``Partial → Replicate`` and ``Partial → Shard`` redistributions do): those moves are not
+messages and no rank runs those gathers.  A gather wanted on only some of the mesh's ranks (or
+in another order), or a moved piece something else also reads, stays point-to-point.
+O(V + E).
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -56,6 +68,29 @@ class Move:
     dst: int
 
 
+@dataclass(frozen=True)
+class Collective:
+    """One collective over ``ranks`` (mesh order; ``ranks[i]`` holds node ``sources[i]``):
+    ``kind`` ``"all_gather"`` (the pieces joined along ``dim``), ``"all_reduce"`` (the partial
+    sums added) or ``"reduce_scatter"`` (the partial sums added, rank ``ranks[j]`` getting block
+    ``j`` of ``len(ranks)`` along ``dim``); rank ``r`` gets the result as node ``results[r]``.  Every rank of ``ranks``
+    runs it where node ``at`` (the first result in the graph's order) is, so all of them call
+    their collectives in the same order; ``absorbed`` are the moves and partial sums it replaces
+    (run by no rank).  ``index``: its place among the step's collectives."""
+
+    index: int
+    kind: str
+    ranks: tuple[int, ...]
+    sources: tuple[str, ...]
+    results: tuple[tuple[int, str], ...]
+    dim: int | None
+    at: str
+    absorbed: tuple[str, ...]
+
+    def result_of(self, rank: int) -> str:
+        return dict(self.results)[rank]
+
+
 @dataclass
 class Program:
     """Static facts about a plan graph across ranks (see the module docstring)."""
@@ -66,13 +101,29 @@ class Program:
     output_ranks: list[int | None]
     placeholder_ranks: dict[str, frozenset[int]]
     world_size: int
+    collectives: list[Collective] = field(default_factory=list)
     moves_by_node: dict[str, Move] = field(default_factory=dict)
+    #: node -> the collective that runs at its place
+    collective_at: dict[str, Collective] = field(default_factory=dict)
+    #: nodes a collective stands for: no rank runs them
+    absorbed: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.moves_by_node = {m.node: m for m in self.moves}
+        self.collective_at = {c.at: c for c in self.collectives}
+        self.absorbed = frozenset(a for c in self.collectives for a in c.absorbed)
+
+    def collective_counts(self) -> dict[str, int]:
+        """Collective kind → how many a step runs (forward; as many again in backward)."""
+        out: dict[str, int] = {}
+        for c in self.collectives:
+            out[c.kind] = out.get(c.kind, 0) + 1
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {"loss_rank": self.loss_rank, "moves": [m.__dict__ for m in self.moves],
+                "collectives": [{"kind": c.kind, "ranks": list(c.ranks), "sources": list(c.sources)}
+                                for c in self.collectives],
                 "nodes_per_rank": {r: sum(v == r for v in self.rank_of_node.values()) for r in range(self.world_size)}}
 
 
@@ -82,7 +133,7 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
     ranks (a rewrite the backend does not understand)."""
     rank_by_marker = {i: rank_of[d] for i, d in enumerate(devices)}
     rank: dict[str, int | None] = {}
-    moves: list[Move] = []
+    moves: list[tuple[str, str, int, int]] = []   # (node, source, src, dst)
     placeholders: dict[str, set[int]] = {}
     everyone = frozenset(range(world_size))
     output_ranks: list[int | None] = []
@@ -100,7 +151,7 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
             r = rank_by_marker[_marker_index(n.args[1])]
             src = rank[n.args[0].name]
             if src is not None and src != r:
-                moves.append(Move(len(moves), n.name, n.args[0].name, src, r))
+                moves.append((n.name, n.args[0].name, src, r))
         else:
             device = _marker_index(n.kwargs.get("device"))
             if device is not None:
@@ -121,9 +172,108 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
     loss_rank = next((r for r in output_ranks if r is not None), 0)
     for i, (a, r) in enumerate(zip(outs, output_ranks)):
         if r is not None and r != loss_rank:
-            moves.append(Move(len(moves), f"__output{i}", a.name, r, loss_rank))
-    return Program(rank, moves, loss_rank, output_ranks, {k: frozenset(v) for k, v in placeholders.items()},
-                   world_size)
+            moves.append((f"__output{i}", a.name, r, loss_rank))
+    collectives = find_collectives(graph, rank, {m[0] for m in moves})
+    absorbed = {a for c in collectives for a in c.absorbed}
+    kept = [Move(i, *m) for i, m in enumerate(m for m in moves if m[0] not in absorbed)]
+    return Program(rank, kept, loss_rank, output_ranks, {k: frozenset(v) for k, v in placeholders.items()},
+                   world_size, collectives)
+
+
+def _is_move(n: fx.Node) -> bool:
+    return n.op == "call_method" and n.target == "to" and len(n.args) == 2 and _marker_index(n.args[1]) is not None
+
+
+def _origin(n: fx.Node) -> fx.Node:
+    """The value a chain of plan-device moves starts from."""
+    while _is_move(n) and isinstance(n.args[0], fx.Node):
+        n = n.args[0]
+    return n
+
+
+def _gathered(n: fx.Node) -> tuple[str, list[fx.Node], int | None, list[fx.Node]] | None:
+    """``(kind, items, dim, partial sums)`` when ``n`` is the executor's gather of ``S`` pieces
+    (``torch.cat(list, dim)``) or the last of its sums of ``P`` parts (``operator.add`` chains,
+    :class:`tensoropt.execute.layouts.Transport`); else ``None``."""
+    if n.op != "call_function":
+        return None
+    if n.target is torch.cat and len(n.args) == 2 and isinstance(n.args[0], (list, tuple)) \
+            and isinstance(n.args[1], int) and not n.kwargs and all(isinstance(a, fx.Node) for a in n.args[0]):
+        return "all_gather", list(n.args[0]), n.args[1], []
+    if n.target is operator.add and all(isinstance(a, fx.Node) for a in n.args):
+        if len(n.users) == 1 and next(iter(n.users)).target is operator.add and next(iter(n.users)).args[0] is n:
+            return None   # inside a chain: the last add stands for it
+        items, inner, left = [n.args[1]], [], n.args[0]
+        while left.op == "call_function" and left.target is operator.add and len(left.users) == 1:
+            inner.append(left)
+            items.append(left.args[1])
+            left = left.args[0]
+        items.append(left)
+        return "all_reduce", items[::-1], None, inner
+    return None
+
+
+def _block_of(n: fx.Node) -> tuple[fx.Node, int, int, int] | None:
+    """``(value, k, dim, j)`` when ``n`` is block ``j`` of ``tensor_split(value, k, dim)``."""
+    if not (n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[1], int)):
+        return None
+    split = n.args[0]
+    if not (isinstance(split, fx.Node) and split.op == "call_function" and split.target is torch.tensor_split
+            and len(split.args) == 3 and isinstance(split.args[1], int) and isinstance(split.args[2], int)):
+        return None
+    return split.args[0], split.args[1], split.args[2], n.args[1]
+
+
+def find_collectives(graph: fx.Graph, rank: Mapping[str, int | None], moved: set[str]) -> list[Collective]:
+    """The gathers of a rewritten plan graph that are collectives (see the module docstring):
+    groups of gathers (or sums) of the same pieces along the same dimension, one on each rank
+    that holds a piece, each reading its own piece where it lies and the others through moves
+    (``moved``: the ``.to`` nodes that cross ranks) nothing else reads.  O(V + E)."""
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    groups: dict[tuple, list[tuple[fx.Node, list[str], int | None]]] = {}
+    for n in graph.nodes:
+        found = _gathered(n)
+        if found is None:
+            continue
+        kind, items, dim, inner = found
+        here = rank.get(n.name)
+        moved_from = tuple(_origin(a) for a in items)
+        blocks = [_block_of(b) for b in moved_from]
+        block = None
+        if kind == "all_reduce" and all(b is not None for b in blocks) and len({b[1:] for b in blocks}) == 1:
+            # the same block of every partial sum: this device's share of a reduce-scatter
+            kind, dim, block = "reduce_scatter", blocks[0][2], blocks[0][3]
+            if blocks[0][1] != len(items):
+                continue
+            sources = tuple(b[0] for b in blocks)
+        else:
+            sources = moved_from
+        ranks = tuple(rank.get(s.name) for s in sources)
+        if here is None or None in ranks or len(set(ranks)) != len(ranks) or here not in ranks:
+            continue
+        absorbed = [a.name for a in inner]
+        ok = True
+        for item, src in zip(items, moved_from):
+            if rank[src.name] == here:
+                continue
+            if not (item.name in moved and len(item.users) == 1 and item.args[0] is src):
+                ok = False   # a piece moved in more steps, or read by another node too: point-to-point
+                break
+            absorbed.append(item.name)
+        if ok:
+            groups.setdefault((kind, tuple(s.name for s in sources), dim), []).append((n, absorbed, block))
+    out: list[Collective] = []
+    for (kind, sources, dim), members in sorted(groups.items(), key=lambda kv: order[kv[1][0][0].name]):
+        ranks = tuple(rank[s] for s in sources)
+        by_rank = {rank[n.name]: n for n, _, _ in members}
+        if len(by_rank) != len(members) or set(by_rank) != set(ranks):
+            continue   # not every rank of the mesh wants it whole: the moves stay
+        if kind == "reduce_scatter" and any(rank[n.name] != ranks[b] for n, _, b in members):
+            continue   # block j wanted elsewhere than on the rank of piece j (meshes in another order)
+        first = min((n for n, _, _ in members), key=lambda n: order[n.name])
+        out.append(Collective(len(out), kind, ranks, sources, tuple((r, by_rank[r].name) for r in ranks), dim,
+                              first.name, tuple(a for _, ab, _ in members for a in ab)))
+    return out
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ runs one forward + :func:`~tensoropt.costs.step.training_loss` + backward on thi
 - nodes of other ranks are skipped; a value that crosses ranks is sent point-to-point in forward
   and its gradient sent back in backward, from inside this rank's one autograd pass
   (:mod:`.transport`); splits, gathers, partial sums and slices are the
-  executor's own nodes, run on the rank that holds their pieces;
+  executor's own nodes, run on the rank that holds their pieces — except a value split over a
+  mesh that every rank of the mesh needs whole: one all-gather (``S``) or all-reduce (``P``)
+  over those ranks, or its own block of (``P`` → ``S``): one reduce-scatter; their backward
+  is a reduce-scatter / all-reduce / all-gather of the gradients (:class:`.program.Collective`);
 - after backward, a parameter read on several ranks (replicated / batch-split nodes, tied
   weights) has its gradient summed over those ranks (one in-place all-reduce of a flat buffer
   per group of ranks, the ``.grad`` being views into it), so every rank holding it sees the
@@ -41,7 +44,8 @@ from ..graph import OpGraph
 from ..plan import Plan
 from .program import Piece, Program, build_program, is_marker, marker, parameter_pieces
 from .runtime import Runtime, resolve_rank_map
-from .transport import HEADER_LEN, PeerLink, decode_header, encode_header, recv_with_grad, send_with_grad
+from .transport import (HEADER_LEN, PeerLink, all_gather_with_grad, all_reduce_with_grad, decode_header,
+                        encode_header, recv_with_grad, reduce_scatter_with_grad, send_with_grad)
 
 _GRAD_TAG = 1 << 20  # backward messages' tags, apart from the forward ones
 
@@ -70,6 +74,8 @@ class DistributedExecutor:
         self.program: Program = build_program(fx_graph, plan.devices, self.rank_of, runtime.world_size)
         self.link = PeerLink(runtime)
         self._headers: dict[int, tuple[tuple[int, ...], torch.dtype, bool]] = {}
+        #: collective index -> (sizes along its dimension per mesh piece, whether any piece needs a gradient)
+        self._collective_headers: dict[int, tuple[tuple[int, ...], bool]] = {}
         self._nodes = list(fx_graph.nodes)
         # the same graph with every dropout off, node for node (same names): what runs when
         # ``dropout`` is False
@@ -192,7 +198,12 @@ class DistributedExecutor:
     def _plan_frees(self) -> None:
         """After which node each local value is dead (as fx's generated code deletes it)."""
         last: dict[str, str] = {}
+        me = self.rt.rank
+        #: the results of collectives this rank takes part in (set where the collective runs)
+        self._collected = {c.result_of(me) for c in self.program.collectives if me in c.ranks}
         for n in self._nodes:
+            if n.name in self.program.absorbed or n.name in self._collected:
+                continue
             mv = self.program.moves_by_node.get(n.name)
             if mv is not None:
                 if mv.src == self.rt.rank:
@@ -204,22 +215,30 @@ class DistributedExecutor:
         for mv in self.program.moves:
             if mv.node.startswith("__output") and mv.src == self.rt.rank:
                 last[mv.source] = "output"
+        position = {n.name: i for i, n in enumerate(self._nodes)}
+        for c in self.program.collectives:   # a piece lives at least until its collective runs
+            if me in c.ranks:
+                src = c.sources[c.ranks.index(me)]
+                if last.get(src) != "output" and position.get(last.get(src), -1) < position[c.at]:
+                    last[src] = c.at
         self._free_after: dict[str, list[str]] = {}
         for value, user in last.items():
             self._free_after.setdefault(user, []).append(value)
 
     def _make_groups(self) -> None:
-        """One process group per set of ranks that share parameters (every rank creates every
-        group, in the same order, as torch.distributed requires)."""
+        """One process group per set of ranks that share parameters or run a collective (every
+        rank creates every group, in the same order, as torch.distributed requires)."""
         world = frozenset(range(self.rt.world_size))
         shared = {k: r for k, r in self.parameter_ranks.items() if k not in self.parameter_pieces}
-        sets = sorted({r for r in shared.values() if len(r) > 1}, key=lambda s: sorted(s))
+        wanted = {r for r in shared.values() if len(r) > 1} | {frozenset(c.ranks) for c in self.program.collectives}
+        self._process_groups: dict[frozenset[int], Any] = {}
+        for ranks in sorted(wanted, key=lambda s: sorted(s)):
+            self._process_groups[ranks] = None if ranks == world else dist.new_group(sorted(ranks))
         self._groups: list[tuple[frozenset[int], Any, list[str]]] = []
-        for ranks in sets:
-            group = None if ranks == world else dist.new_group(sorted(ranks))
+        for ranks in sorted({r for r in shared.values() if len(r) > 1}, key=lambda s: sorted(s)):
             names = [k for k, v in shared.items() if v == ranks]
             if self.rt.rank in ranks:
-                self._groups.append((ranks, group, names))
+                self._groups.append((ranks, self._process_groups[ranks], names))
 
     # ---- one step ----------------------------------------------------------------------------
     def forward(self, *inputs: Any) -> torch.Tensor | None:
@@ -253,12 +272,17 @@ class DistributedExecutor:
             if n.op == "output":
                 out_values = self._outputs(n, env)
                 break
+            coll = self.program.collective_at.get(n.name)
+            if coll is not None and me in coll.ranks:
+                env[coll.result_of(me)] = self._collective(coll, env[coll.sources[coll.ranks.index(me)]])
             mv = self.program.moves_by_node.get(n.name)
             if mv is not None:
                 if me == mv.src:
                     self._send(mv, env[mv.source])
                 elif me == mv.dst:
                     env[n.name] = self._recv(mv)
+            elif n.name in self.program.absorbed or n.name in self._collected:
+                pass   # a collective stands for it
             elif n.name in self._piece_values:
                 env[n.name] = params[self._piece_values[n.name]]
             elif n.name in self._skip:
@@ -294,6 +318,37 @@ class DistributedExecutor:
         if "device" in kwargs and isinstance(kwargs["device"], torch.device):
             kwargs = dict(kwargs, device=dev)
         return n.target(*args, **kwargs)
+
+    def _collective(self, coll: Any, x: torch.Tensor) -> torch.Tensor:
+        """Run collective ``coll`` with this rank's piece ``x``; returns the whole value."""
+        group = self._process_groups[frozenset(coll.ranks)]
+        at = coll.ranks.index(self.rt.rank)
+        what = f"{coll.sources[0]} and its {len(coll.ranks) - 1} other pieces over ranks {list(coll.ranks)}"
+        if coll.index not in self._collective_headers:
+            # the pieces' sizes and whether any needs a gradient: every rank must agree on both
+            k = len(coll.ranks)
+            heads = torch.empty(k * HEADER_LEN, dtype=torch.int64, device=self.rt.device)
+            self.link.all_gather_flat(heads, encode_header(x).to(self.rt.device), group, f"the header of {what}")
+            slots = sorted(coll.ranks)
+            decoded = [decode_header(h) for h in heads.view(k, HEADER_LEN).cpu()]
+            mesh = [decoded[slots.index(r)] for r in coll.ranks]
+            if coll.kind == "reduce_scatter":   # whole-sized parts, cut as the executor cuts them
+                sizes = tuple(b.shape[coll.dim] for b in torch.tensor_split(x, k, coll.dim))
+            else:
+                sizes = tuple(shape[coll.dim] for shape, _, _ in mesh) if coll.dim is not None else ()
+            self._collective_headers[coll.index] = (sizes, any(grad for _, _, grad in mesh))
+        sizes, grad = self._collective_headers[coll.index]
+        anchor = self._anchor if grad and torch.is_grad_enabled() else None
+        slots = [sorted(coll.ranks).index(r) for r in coll.ranks]
+        if coll.kind == "all_gather":
+            out, root = all_gather_with_grad(self.link, anchor, x, group, coll.dim, sizes, slots, at, what)
+        elif coll.kind == "reduce_scatter":
+            out, root = reduce_scatter_with_grad(self.link, anchor, x, group, coll.dim, sizes, slots, at, what)
+        else:
+            out, root = all_reduce_with_grad(self.link, anchor, x, group, what)
+        if root is not None:
+            self._roots.append(root)
+        return out
 
     def _outputs(self, n: fx.Node, env: dict[str, Any]) -> list[Any]:
         me = self.rt.rank

@@ -6,7 +6,10 @@ This is the cross-rank half of :class:`tensoropt.execute.layouts.Transport`: whe
 single-process executor emits ``.to(device)``, a move between plan devices on different ranks
 becomes :meth:`PeerLink.send` on the producer's rank and :meth:`PeerLink.recv` on the consumer's
 (gradients go back the same way in backward); gathers, reduces and slices stay local operations
-on the rank that holds the pieces.  A receiver must know the shape, dtype and whether autograd
+on the rank that holds the pieces — except where every rank of a mesh gathers the same pieces,
+or each rank its block of the same partial sums, which is one all-gather / all-reduce /
+reduce-scatter (:func:`all_gather_with_grad`, :func:`all_reduce_with_grad`,
+:func:`reduce_scatter_with_grad`; :class:`~.program.Collective`).  A receiver must know the shape, dtype and whether autograd
 wants a gradient before the data arrives: the first time a move happens a small header is sent
 ahead of it (:func:`encode_header`), and it is reused on later steps (shapes do not change
 between steps of one plan).
@@ -93,6 +96,14 @@ class PeerLink:
         with self.guard(what, None):
             dist.all_reduce(t, group=group)
 
+    def all_gather_flat(self, out: torch.Tensor, t: torch.Tensor, group: object | None, what: str) -> None:
+        with self.guard(what, None):
+            dist.all_gather_into_tensor(out, t.contiguous(), group=group)
+
+    def reduce_scatter_flat(self, out: torch.Tensor, t: torch.Tensor, group: object | None, what: str) -> None:
+        with self.guard(what, None):
+            dist.reduce_scatter_tensor(out, t.contiguous(), group=group)
+
     def barrier(self, what: str = "waiting for every rank") -> None:
         with self.guard(what, None):
             if self.rt.backend == "nccl":
@@ -159,3 +170,127 @@ def recv_with_grad(link: PeerLink, anchor: torch.Tensor, shape: Sequence[int], d
     back (tag ``grad_tag``).  ``anchor``: any empty tensor that requires grad (it makes autograd
     record the receive; it gets no gradient)."""
     return _Recv.apply(anchor, link, tuple(shape), dtype, src, tag, grad_tag, what)
+
+
+# ---- collectives inside autograd -------------------------------------------------------------
+# Like a receive, each returns an empty root so that every rank of the group runs the backward
+# collective (with zeros where nothing here used the result): a collective must be called by all.
+# Pieces are padded to the largest along the gathered dimension (torch.tensor_split makes the
+# first pieces one larger), as gloo and NCCL gather equal sizes.
+
+
+def _padded(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    if t.shape[dim] == size:
+        return t
+    pad = list(t.shape)
+    pad[dim] = size - t.shape[dim]
+    return torch.cat([t, t.new_zeros(pad)], dim)
+
+
+class _AllGather(torch.autograd.Function):
+    """Forward: the pieces of every rank of ``group`` joined along ``dim`` in mesh order
+    (``slots[i]``: the group rank of mesh piece ``i``; ``sizes[i]``: its size along ``dim``).
+    Backward: each rank gets the sum over ranks of the gradient of its piece (a reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: "PeerLink", group: object | None,
+                dim: int, sizes: tuple[int, ...], slots: tuple[int, ...], me: int,
+                what: str) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.link, ctx.group, ctx.dim, ctx.sizes, ctx.slots, ctx.me, ctx.what = link, group, dim, sizes, slots, me, what
+        return _gather(x, link, group, dim, sizes, slots, what), anchor.new_empty(0)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor, _: torch.Tensor) -> tuple:
+        mine = _scatter(g, ctx.link, ctx.group, ctx.dim, ctx.sizes, ctx.slots, ctx.me,
+                        f"summing the gradient of {ctx.what}")
+        return (mine,) + (None,) * 8
+
+
+class _ReduceScatter(torch.autograd.Function):
+    """Forward: block ``me`` (of ``len(sizes)`` along ``dim``) of the sum of every rank's ``x``.
+    Backward: the blocks' gradients gathered (each part feeds every block)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: "PeerLink", group: object | None,
+                dim: int, sizes: tuple[int, ...], slots: tuple[int, ...], me: int,
+                what: str) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.link, ctx.group, ctx.dim, ctx.sizes, ctx.slots, ctx.what = link, group, dim, sizes, slots, what
+        return _scatter(x.detach(), link, group, dim, sizes, slots, me, f"summing {what}"), anchor.new_empty(0)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor, _: torch.Tensor) -> tuple:
+        whole = _gather(g, ctx.link, ctx.group, ctx.dim, ctx.sizes, ctx.slots, f"the gradient of {ctx.what}")
+        return (whole,) + (None,) * 8
+
+
+def _scatter(x: torch.Tensor, link: "PeerLink", group: object | None, dim: int, sizes: tuple[int, ...],
+             slots: tuple[int, ...], me: int, what: str) -> torch.Tensor:
+    """Block ``me`` of the sum over the group of the whole-sized ``x`` (blocks of ``sizes`` along
+    ``dim`` in mesh order; ``slots[j]``: the group rank that gets block ``j``)."""
+    k, biggest = len(sizes), max(sizes)
+    blocks = [_padded(b, dim, biggest) for b in torch.split(x.contiguous(), list(sizes), dim)]
+    stacked = torch.stack([blocks[slots.index(s)] for s in range(k)]).reshape(-1)
+    out = x.new_empty(stacked.numel() // k)
+    link.reduce_scatter_flat(out, stacked, group, what)
+    return out.view(blocks[0].shape).narrow(dim, 0, sizes[me])
+
+
+def _gather(x: torch.Tensor, link: "PeerLink", group: object | None, dim: int, sizes: tuple[int, ...],
+            slots: tuple[int, ...], what: str) -> torch.Tensor:
+    k, biggest = len(sizes), max(sizes)
+    mine = _padded(x.detach(), dim, biggest).contiguous()
+    out = mine.new_empty(k * mine.numel())
+    link.all_gather_flat(out, mine.reshape(-1), group, f"gathering {what}")
+    chunks = out.view(k, *mine.shape)
+    return torch.cat([chunks[slots[i]].narrow(dim, 0, sizes[i]) for i in range(k)], dim)
+
+
+class _AllReduce(torch.autograd.Function):
+    """Forward: the sum of every rank's ``x`` over ``group``.  Backward: the same sum of the
+    gradients (each part feeds every rank's total)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: "PeerLink", group: object | None,
+                what: str) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.link, ctx.group, ctx.what = link, group, what
+        total = x.detach().clone(memory_format=torch.contiguous_format)
+        link.all_reduce(total, group, f"summing {what}")
+        return total, anchor.new_empty(0)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor, _: torch.Tensor) -> tuple:
+        total = g.clone(memory_format=torch.contiguous_format)
+        ctx.link.all_reduce(total, ctx.group, f"summing the gradient of {ctx.what}")
+        return (total,) + (None,) * 4
+
+
+def all_gather_with_grad(link: PeerLink, anchor: torch.Tensor | None, x: torch.Tensor, group: object | None,
+                         dim: int, sizes: Sequence[int], slots: Sequence[int], me: int,
+                         what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The mesh's pieces (this rank's: ``x``, mesh piece ``me``) joined along ``dim``, and the
+    root whose backward sums the gradient of this rank's piece over the group (``None`` and no
+    backward when ``anchor`` is ``None``: no rank's piece needs a gradient)."""
+    if anchor is None:
+        return _gather(x, link, group, dim, tuple(sizes), tuple(slots), what), None
+    return _AllGather.apply(x, anchor, link, group, dim, tuple(sizes), tuple(slots), me, what)
+
+
+def reduce_scatter_with_grad(link: PeerLink, anchor: torch.Tensor | None, x: torch.Tensor, group: object | None,
+                             dim: int, sizes: Sequence[int], slots: Sequence[int], me: int,
+                             what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Block ``me`` (of ``sizes`` along ``dim``) of the sum of the group's partial ``x``, and the
+    root whose backward gathers the blocks' gradients (see :func:`all_gather_with_grad`)."""
+    if anchor is None:
+        return _scatter(x.detach(), link, group, dim, tuple(sizes), tuple(slots), me, f"summing {what}"), None
+    return _ReduceScatter.apply(x, anchor, link, group, dim, tuple(sizes), tuple(slots), me, what)
+
+
+def all_reduce_with_grad(link: PeerLink, anchor: torch.Tensor | None, x: torch.Tensor, group: object | None,
+                         what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The sum of the group's partial ``x``, and the root whose backward sums its gradient (see
+    :func:`all_gather_with_grad`)."""
+    if anchor is None:
+        total = x.detach().clone(memory_format=torch.contiguous_format)
+        link.all_reduce(total, group, f"summing {what}")
+        return total, None
+    return _AllReduce.apply(x, anchor, link, group, what)

@@ -20,8 +20,11 @@ def test_hops_move_one_activation_per_layer_boundary(chain):
 
 
 def test_exchanges_swap_halves_at_every_layer(chain):
-    ms = moves(chain, exchange_plan(chain))
-    assert len(ms) == 2 * (LAYERS - 1) + 1          # an all-gather per later layer, the output to the loss
+    program = program_of(chain, exchange_plan(chain))[1]
+    # an all-gather of the halves per later layer (both ranks need the whole input), and the
+    # output sent to the loss rank
+    assert [(c.kind, c.ranks) for c in program.collectives] == [("all_gather", (0, 1))] * (LAYERS - 1)
+    assert len(program.moves) == 1 and program.moves[0].dst == program.loss_rank
     assert set(exchange_plan(chain).devices) == set(DEVICES)
 
 
