@@ -26,13 +26,14 @@ from typing import Any
 
 from ..errors import TensorOptError
 from .runtime import DEFAULT_TIMEOUT_S
+from .transport import COLLECTIVES
 
 
 def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: bool = False,
                     device_map: str | dict[str, int] | None = None, master_addr: str | None = None,
                     master_port: int | None = None, timeout: float = DEFAULT_TIMEOUT_S, backend: str = "auto",
                     rank: int | None = None, world_size: int | None = None, lr: float = 1e-3,
-                    batch: int | None = None, out: Any = None) -> int:
+                    batch: int | None = None, collectives: str = "auto", out: Any = None) -> int:
     """Run ``steps`` SGD steps of ``plan_path`` on this rank (rank / world size from the torchrun
     environment unless given), after ``check`` (loss and every gradient against the unmodified
     model, dropout off).  Prints on rank 0 to ``out`` (stdout); returns the exit code: 0, or 2
@@ -66,7 +67,7 @@ def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: b
         plan = Plan.load(plan_path, graph)
         # the check runs the plan's dropout nodes as the identity, against the model with dropout off
         reference = disable_dropout(copy.deepcopy(model)) if check else None
-        ex = apply_plan_distributed(model, inputs, plan, rt, rank_map=rank_map, graph=graph)
+        ex = apply_plan_distributed(model, inputs, plan, rt, rank_map=rank_map, graph=graph, collectives=collectives)
         say(f"plan {plan.plan_id or plan.algorithm or plan_path}: {len(plan.configs)} operators on "
             f"{len(plan.devices)} device(s) over {rt.world_size} rank(s) ({rt.backend}): "
             + ", ".join(f"{d}→rank {r}" for d, r in ex.rank_of.items())
@@ -119,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device-map", metavar="MAP", help="plan device → rank, e.g. gpu0=0,gpu1=1 (default: "
                                                        "the i-th plan device on rank i)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    p.add_argument("--collectives", choices=COLLECTIVES, default="auto",
+                   help="all-gathers / reduce-scatters / all-reduces as torch.distributed collectives (native) or "
+                        "as messages between the ranks (p2p); auto: native on nccl, p2p on gloo (faster there)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help=f"seconds any rank waits for another (default {DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--master-addr", help="rendezvous host without torchrun (default MASTER_ADDR or 127.0.0.1)")
@@ -134,4 +138,5 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     return run_distributed(a.model, a.plan, steps=a.steps, check=a.check, device_map=a.device_map,
                            master_addr=a.master_addr, master_port=a.master_port, timeout=a.timeout,
-                           backend=a.backend, rank=a.rank, world_size=a.world_size, lr=a.lr, batch=a.batch)
+                           backend=a.backend, rank=a.rank, world_size=a.world_size, lr=a.lr, batch=a.batch,
+                           collectives=a.collectives)

@@ -38,7 +38,8 @@ def load_case(model_spec: str, *, float64: bool = False, dropout: bool = True) -
 
 
 def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1) -> list[dict[str, Any]]:
-    """For each case ``{"model": spec, "plan": plan dict, "rank_map": … (optional)}``, in float64
+    """For each case ``{"model": spec, "plan": plan dict, "rank_map": …, "collectives": …}`` (the
+    last two optional: :func:`apply_plan_distributed`), in float64
     with dropout off: one distributed step against the unmodified model (loss, every gradient,
     written buffers: :func:`compare_distributed`), then one SGD step of ``lr`` on both — the
     largest relative difference of any parameter any rank holds (replicas included).  Returns per
@@ -49,7 +50,8 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
         model, inputs, graph = load_case(case["model"], float64=True, dropout=False)
         plan = Plan.from_dict(case["plan"])
         reference = copy.deepcopy(model)
-        ex = apply_plan_distributed(model, inputs, plan, rt, rank_map=case.get("rank_map"), graph=graph)
+        ex = apply_plan_distributed(model, inputs, plan, rt, rank_map=case.get("rank_map"), graph=graph,
+                                    collectives=case.get("collectives", "auto"))
         cmp = compare_distributed(ex, reference, inputs)
         torch.optim.SGD(reference.parameters(), lr=lr).step()
         if ex.local_parameters:
@@ -72,7 +74,7 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
 
 def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps: int = 5, warmup: int = 2,
                  memory: bool = True, optimizer: str = "sgd", rank_map: Mapping[str, int] | None = None,
-                 fail_rank: int | None = None) -> dict[str, Any]:
+                 fail_rank: int | None = None, collectives: str = "auto") -> dict[str, Any]:
     """Time ``steps`` distributed steps of ``plan`` after ``warmup`` (every rank starts each step
     at a barrier; a step = forward + loss + backward + gradient sums; the optimizer step is timed
     apart, the simulator has no cost for it) and, with ``memory``, one more step under
@@ -83,7 +85,8 @@ def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps
     from ..costs.step import make_optimizer
 
     model, inputs, graph = load_case(model_spec)
-    ex = apply_plan_distributed(model, inputs, Plan.from_dict(plan), rt, rank_map=rank_map, graph=graph)
+    ex = apply_plan_distributed(model, inputs, Plan.from_dict(plan), rt, rank_map=rank_map, graph=graph,
+                                collectives=collectives)
     params = list(ex.local_parameters.values())
     opt = make_optimizer(optimizer, params) if params else None
     dev = torch.device(rt.device)

@@ -44,10 +44,12 @@ from ..graph import OpGraph
 from ..plan import Plan
 from .program import Piece, Program, build_program, is_marker, marker, parameter_pieces
 from .runtime import Runtime, resolve_rank_map
-from .transport import (HEADER_LEN, PeerLink, all_gather_with_grad, all_reduce_with_grad, decode_header,
+from .transport import (DTYPES, HEADER_LEN, Channel, PeerLink, all_gather_with_grad, all_reduce_with_grad, decode_header,
                         encode_header, recv_with_grad, reduce_scatter_with_grad, send_with_grad)
 
 _GRAD_TAG = 1 << 20  # backward messages' tags, apart from the forward ones
+_COLLECTIVE_TAG = 1 << 21   # collectives run as messages: 4 tags each (forward, backward, header)
+_SYNC_TAG = 1 << 24         # the gradient all-reduces, one tag per flat buffer
 
 
 class DistributedExecutor:
@@ -56,7 +58,8 @@ class DistributedExecutor:
     ranks."""
 
     def __init__(self, model: nn.Module, graph: OpGraph, plan: Plan, runtime: Runtime,
-                 rank_map: Mapping[str, int] | None = None, *, release_unused: bool = True):
+                 rank_map: Mapping[str, int] | None = None, *, release_unused: bool = True,
+                 collectives: str = "auto"):
         self.rt = runtime
         self.plan = plan
         #: False: dropout nodes run as the identity (for checks against a model with dropout off:
@@ -72,7 +75,7 @@ class DistributedExecutor:
         self.out_spec = graph.exported.call_spec.out_spec
         fx_graph = rewritten.module.graph
         self.program: Program = build_program(fx_graph, plan.devices, self.rank_of, runtime.world_size)
-        self.link = PeerLink(runtime)
+        self.link = PeerLink(runtime, collectives)
         self._headers: dict[int, tuple[tuple[int, ...], torch.dtype, bool]] = {}
         #: collective index -> (sizes along its dimension per mesh piece, whether any piece needs a gradient)
         self._collective_headers: dict[int, tuple[tuple[int, ...], bool]] = {}
@@ -234,11 +237,13 @@ class DistributedExecutor:
         self._process_groups: dict[frozenset[int], Any] = {}
         for ranks in sorted(wanted, key=lambda s: sorted(s)):
             self._process_groups[ranks] = None if ranks == world else dist.new_group(sorted(ranks))
-        self._groups: list[tuple[frozenset[int], Any, list[str]]] = []
-        for ranks in sorted({r for r in shared.values() if len(r) > 1}, key=lambda s: sorted(s)):
+        self._groups: list[tuple[frozenset[int], Channel, list[str]]] = []
+        for i, ranks in enumerate(sorted({r for r in shared.values() if len(r) > 1}, key=lambda s: sorted(s))):
             names = [k for k, v in shared.items() if v == ranks]
             if self.rt.rank in ranks:
-                self._groups.append((ranks, self._process_groups[ranks], names))
+                # the same tag on every rank of the group: its place among all groups
+                chan = Channel(self._process_groups[ranks], tuple(sorted(ranks)), _SYNC_TAG + len(DTYPES) * i)
+                self._groups.append((ranks, chan, names))
 
     # ---- one step ----------------------------------------------------------------------------
     def forward(self, *inputs: Any) -> torch.Tensor | None:
@@ -321,14 +326,16 @@ class DistributedExecutor:
 
     def _collective(self, coll: Any, x: torch.Tensor) -> torch.Tensor:
         """Run collective ``coll`` with this rank's piece ``x``; returns the whole value."""
-        group = self._process_groups[frozenset(coll.ranks)]
+        group = Channel(self._process_groups[frozenset(coll.ranks)], tuple(sorted(coll.ranks)),
+                        _COLLECTIVE_TAG + 4 * coll.index)
         at = coll.ranks.index(self.rt.rank)
         what = f"{coll.sources[0]} and its {len(coll.ranks) - 1} other pieces over ranks {list(coll.ranks)}"
         if coll.index not in self._collective_headers:
             # the pieces' sizes and whether any needs a gradient: every rank must agree on both
             k = len(coll.ranks)
             heads = torch.empty(k * HEADER_LEN, dtype=torch.int64, device=self.rt.device)
-            self.link.all_gather_flat(heads, encode_header(x).to(self.rt.device), group, f"the header of {what}")
+            self.link.all_gather_flat(heads, encode_header(x).to(self.rt.device),
+                                      Channel(group.handle, group.members, group.tag + 2), f"the header of {what}")
             slots = sorted(coll.ranks)
             decoded = [decode_header(h) for h in heads.view(k, HEADER_LEN).cpu()]
             mesh = [decoded[slots.index(r)] for r in coll.ranks]
@@ -431,7 +438,8 @@ class DistributedExecutor:
                         view.copy_(p.grad)
                     p.grad = view
                     views.append(view)
-                self._buckets.append((ranks, group, flat, list(zip(ps, views))))
+                bucket = Channel(group.handle, group.members, group.tag + DTYPES.index(dtype))
+                self._buckets.append((ranks, bucket, flat, list(zip(ps, views))))
 
     def sync_gradients(self) -> None:
         """Sum the gradients of parameters read on several ranks over those ranks: one in-place
@@ -456,11 +464,13 @@ class DistributedExecutor:
 
 def apply_plan_distributed(model: nn.Module, example_inputs: Any, plan: Plan, runtime: Runtime, *,
                            rank_map: Mapping[str, int] | None = None, graph: OpGraph | None = None,
-                           release_unused: bool = True) -> DistributedExecutor:
+                           release_unused: bool = True, collectives: str = "auto") -> DistributedExecutor:
     """This rank's :class:`DistributedExecutor` for ``plan`` (checked against the graph: a plan made
     for another model is a :class:`~tensoropt.plan.PlanError`; a world size that does not match
     the rank map a :class:`DistributedError`, both before anything runs).  ``graph``: a
-    torch.export capture of ``model`` with ``example_inputs`` (captured here otherwise)."""
+    torch.export capture of ``model`` with ``example_inputs`` (captured here otherwise).
+    ``collectives``: how all-gathers, reduce-scatters and all-reduces run (``auto`` / ``native``
+    / ``p2p``: :class:`~.transport.PeerLink`)."""
     if not isinstance(plan, Plan):
         raise DistributedError(f"apply_plan_distributed needs a tensoropt.Plan, got {type(plan).__name__}")
     resolve_rank_map(plan.devices, runtime.world_size, rank_map)   # refuse before the capture
@@ -468,7 +478,8 @@ def apply_plan_distributed(model: nn.Module, example_inputs: Any, plan: Plan, ru
         from ..capture import capture
 
         graph = capture(model, example_inputs, method="export")
-    return DistributedExecutor(model, graph, plan, runtime, rank_map, release_unused=release_unused)
+    return DistributedExecutor(model, graph, plan, runtime, rank_map, release_unused=release_unused,
+                               collectives=collectives)
 
 
 def compare_distributed(executor: DistributedExecutor, reference: nn.Module, example_inputs: Any) -> Comparison:

@@ -18,6 +18,7 @@ between steps of one plan).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -48,12 +49,40 @@ def decode_header(h: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, bool]:
     return tuple(v[3:3 + v[0]]), DTYPES[v[1]], bool(v[2])
 
 
+@dataclass(frozen=True)
+class Channel:
+    """The ranks of one collective: ``members`` (global ranks, in the process group's order),
+    ``handle`` (the process group; ``None``: the world) and ``tag`` (the point-to-point tag of its
+    messages when it runs as such, :class:`PeerLink`; its backward uses ``tag + 1``)."""
+
+    handle: object | None
+    members: tuple[int, ...]
+    tag: int
+
+    def backward(self) -> "Channel":
+        return Channel(self.handle, self.members, self.tag + 1)
+
+
+#: how collectives run: torch.distributed's own, or as point-to-point messages between the members
+COLLECTIVES = ("auto", "native", "p2p")
+
+
 class PeerLink:
     """Point-to-point and collective operations of one rank.  Sends are asynchronous
-    (``isend``); :meth:`wait_sends` waits for all of them (the step does so before it ends)."""
+    (``isend``); :meth:`wait_sends` waits for all of them (the step does so before it ends).
 
-    def __init__(self, runtime: Runtime):
+    ``collectives``: ``"native"`` runs all-gather / reduce-scatter / all-reduce as
+    torch.distributed collectives; ``"p2p"`` as one message from every member to every other
+    and a sum in group order (the same on every rank, so replicas stay bitwise equal); ``"auto"``
+    (default) is native on NCCL and p2p on gloo — on gloo's CPU collectives a two-rank
+    all-gather costs 2–3×, an all-reduce or reduce-scatter 3–5× an exchange of the same bytes
+    (16 KiB–1 MiB, measured on a 2-core VM: see the README)."""
+
+    def __init__(self, runtime: Runtime, collectives: str = "auto"):
+        if collectives not in COLLECTIVES:
+            raise DistributedError(f"collectives must be one of {', '.join(COLLECTIVES)}, got {collectives!r}")
         self.rt = runtime
+        self.native = collectives == "native" or (collectives == "auto" and runtime.backend == "nccl")
         self._pending: list[tuple[int, object, torch.Tensor]] = []
 
     @contextlib.contextmanager
@@ -92,17 +121,60 @@ class PeerLink:
             with self.guard("finishing a send", dst):
                 work.wait()
 
-    def all_reduce(self, t: torch.Tensor, group: object | None, what: str) -> None:
-        with self.guard(what, None):
-            dist.all_reduce(t, group=group)
+    # ---- collectives over a Channel ----------------------------------------------------------
+    def _exchange(self, chunks: Sequence[torch.Tensor], chan: Channel, what: str) -> list[torch.Tensor]:
+        """Send ``chunks[g]`` to member ``g`` and return what every member sent here (this
+        rank's own chunk in its place)."""
+        me = chan.members.index(self.rt.rank)
+        sends = []
+        for g, r in enumerate(chan.members):
+            if g != me:
+                chunk = chunks[g].detach().contiguous()
+                with self.guard(f"sending {what}", r):
+                    sends.append((r, dist.isend(chunk, r, tag=chan.tag), chunk))
+        got = [chunks[me] if g == me else self.recv(chunks[me].shape, chunks[me].dtype, r, chan.tag, what)
+               for g, r in enumerate(chan.members)]
+        for r, work, _ in sends:
+            with self.guard(f"sending {what}", r):
+                work.wait()
+        return got
 
-    def all_gather_flat(self, out: torch.Tensor, t: torch.Tensor, group: object | None, what: str) -> None:
-        with self.guard(what, None):
-            dist.all_gather_into_tensor(out, t.contiguous(), group=group)
+    def all_gather_flat(self, out: torch.Tensor, t: torch.Tensor, chan: Channel, what: str) -> None:
+        """``out`` (``len(members)`` × ``t``'s size, flat) := every member's ``t`` in group order."""
+        t = t.contiguous()
+        if self.native:
+            with self.guard(what, None):
+                dist.all_gather_single(out, t, group=chan.handle)
+            return
+        got = self._exchange([t] * len(chan.members), chan, what)
+        torch.cat([g.reshape(-1) for g in got], out=out)
 
-    def reduce_scatter_flat(self, out: torch.Tensor, t: torch.Tensor, group: object | None, what: str) -> None:
-        with self.guard(what, None):
-            dist.reduce_scatter_tensor(out, t.contiguous(), group=group)
+    def reduce_scatter_flat(self, out: torch.Tensor, t: torch.Tensor, chan: Channel, what: str) -> None:
+        """``out`` := the sum over members of chunk ``g`` of their flat ``t`` (``g``: this rank's
+        place in the group)."""
+        t = t.contiguous()
+        if self.native:
+            with self.guard(what, None):
+                dist.reduce_scatter_single(out, t, group=chan.handle)
+            return
+        got = self._exchange(list(t.chunk(len(chan.members))), chan, what)
+        total = got[0].clone()
+        for g in got[1:]:
+            total += g
+        out.copy_(total)
+
+    def all_reduce(self, t: torch.Tensor, chan: Channel, what: str) -> None:
+        """``t`` := the sum over members of their ``t``, in place (summed in group order on every
+        rank: the same bits everywhere)."""
+        if self.native:
+            with self.guard(what, None):
+                dist.all_reduce(t, group=chan.handle)
+            return
+        got = self._exchange([t.detach().contiguous()] * len(chan.members), chan, what)
+        total = got[0].clone()
+        for g in got[1:]:
+            total += g
+        t.copy_(total)
 
     def barrier(self, what: str = "waiting for every rank") -> None:
         with self.guard(what, None):
@@ -193,15 +265,15 @@ class _AllGather(torch.autograd.Function):
     Backward: each rank gets the sum over ranks of the gradient of its piece (a reduce-scatter)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: "PeerLink", group: object | None,
+    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: "PeerLink", chan: Channel,
                 dim: int, sizes: tuple[int, ...], slots: tuple[int, ...], me: int,
                 what: str) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx.link, ctx.group, ctx.dim, ctx.sizes, ctx.slots, ctx.me, ctx.what = link, group, dim, sizes, slots, me, what
-        return _gather(x, link, group, dim, sizes, slots, what), anchor.new_empty(0)
+        ctx.link, ctx.chan, ctx.dim, ctx.sizes, ctx.slots, ctx.me, ctx.what = link, chan, dim, sizes, slots, me, what
+        return _gather(x, link, chan, dim, sizes, slots, what), anchor.new_empty(0)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor, _: torch.Tensor) -> tuple:
-        mine = _scatter(g, ctx.link, ctx.group, ctx.dim, ctx.sizes, ctx.slots, ctx.me,
+        mine = _scatter(g, ctx.link, ctx.chan.backward(), ctx.dim, ctx.sizes, ctx.slots, ctx.me,
                         f"summing the gradient of {ctx.what}")
         return (mine,) + (None,) * 8
 
@@ -211,19 +283,19 @@ class _ReduceScatter(torch.autograd.Function):
     Backward: the blocks' gradients gathered (each part feeds every block)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: "PeerLink", group: object | None,
+    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: "PeerLink", chan: Channel,
                 dim: int, sizes: tuple[int, ...], slots: tuple[int, ...], me: int,
                 what: str) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx.link, ctx.group, ctx.dim, ctx.sizes, ctx.slots, ctx.what = link, group, dim, sizes, slots, what
-        return _scatter(x.detach(), link, group, dim, sizes, slots, me, f"summing {what}"), anchor.new_empty(0)
+        ctx.link, ctx.chan, ctx.dim, ctx.sizes, ctx.slots, ctx.what = link, chan, dim, sizes, slots, what
+        return _scatter(x.detach(), link, chan, dim, sizes, slots, me, f"summing {what}"), anchor.new_empty(0)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor, _: torch.Tensor) -> tuple:
-        whole = _gather(g, ctx.link, ctx.group, ctx.dim, ctx.sizes, ctx.slots, f"the gradient of {ctx.what}")
+        whole = _gather(g, ctx.link, ctx.chan.backward(), ctx.dim, ctx.sizes, ctx.slots, f"the gradient of {ctx.what}")
         return (whole,) + (None,) * 8
 
 
-def _scatter(x: torch.Tensor, link: "PeerLink", group: object | None, dim: int, sizes: tuple[int, ...],
+def _scatter(x: torch.Tensor, link: "PeerLink", chan: Channel, dim: int, sizes: tuple[int, ...],
              slots: tuple[int, ...], me: int, what: str) -> torch.Tensor:
     """Block ``me`` of the sum over the group of the whole-sized ``x`` (blocks of ``sizes`` along
     ``dim`` in mesh order; ``slots[j]``: the group rank that gets block ``j``)."""
@@ -231,16 +303,16 @@ def _scatter(x: torch.Tensor, link: "PeerLink", group: object | None, dim: int, 
     blocks = [_padded(b, dim, biggest) for b in torch.split(x.contiguous(), list(sizes), dim)]
     stacked = torch.stack([blocks[slots.index(s)] for s in range(k)]).reshape(-1)
     out = x.new_empty(stacked.numel() // k)
-    link.reduce_scatter_flat(out, stacked, group, what)
+    link.reduce_scatter_flat(out, stacked, chan, what)
     return out.view(blocks[0].shape).narrow(dim, 0, sizes[me])
 
 
-def _gather(x: torch.Tensor, link: "PeerLink", group: object | None, dim: int, sizes: tuple[int, ...],
+def _gather(x: torch.Tensor, link: "PeerLink", chan: Channel, dim: int, sizes: tuple[int, ...],
             slots: tuple[int, ...], what: str) -> torch.Tensor:
     k, biggest = len(sizes), max(sizes)
     mine = _padded(x.detach(), dim, biggest).contiguous()
     out = mine.new_empty(k * mine.numel())
-    link.all_gather_flat(out, mine.reshape(-1), group, f"gathering {what}")
+    link.all_gather_flat(out, mine.reshape(-1), chan, f"gathering {what}")
     chunks = out.view(k, *mine.shape)
     return torch.cat([chunks[slots[i]].narrow(dim, 0, sizes[i]) for i in range(k)], dim)
 
@@ -250,47 +322,47 @@ class _AllReduce(torch.autograd.Function):
     gradients (each part feeds every rank's total)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: "PeerLink", group: object | None,
+    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: "PeerLink", chan: Channel,
                 what: str) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx.link, ctx.group, ctx.what = link, group, what
+        ctx.link, ctx.chan, ctx.what = link, chan, what
         total = x.detach().clone(memory_format=torch.contiguous_format)
-        link.all_reduce(total, group, f"summing {what}")
+        link.all_reduce(total, chan, f"summing {what}")
         return total, anchor.new_empty(0)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor, _: torch.Tensor) -> tuple:
         total = g.clone(memory_format=torch.contiguous_format)
-        ctx.link.all_reduce(total, ctx.group, f"summing the gradient of {ctx.what}")
+        ctx.link.all_reduce(total, ctx.chan.backward(), f"summing the gradient of {ctx.what}")
         return (total,) + (None,) * 4
 
 
-def all_gather_with_grad(link: PeerLink, anchor: torch.Tensor | None, x: torch.Tensor, group: object | None,
+def all_gather_with_grad(link: PeerLink, anchor: torch.Tensor | None, x: torch.Tensor, chan: Channel,
                          dim: int, sizes: Sequence[int], slots: Sequence[int], me: int,
                          what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The mesh's pieces (this rank's: ``x``, mesh piece ``me``) joined along ``dim``, and the
     root whose backward sums the gradient of this rank's piece over the group (``None`` and no
     backward when ``anchor`` is ``None``: no rank's piece needs a gradient)."""
     if anchor is None:
-        return _gather(x, link, group, dim, tuple(sizes), tuple(slots), what), None
-    return _AllGather.apply(x, anchor, link, group, dim, tuple(sizes), tuple(slots), me, what)
+        return _gather(x, link, chan, dim, tuple(sizes), tuple(slots), what), None
+    return _AllGather.apply(x, anchor, link, chan, dim, tuple(sizes), tuple(slots), me, what)
 
 
-def reduce_scatter_with_grad(link: PeerLink, anchor: torch.Tensor | None, x: torch.Tensor, group: object | None,
+def reduce_scatter_with_grad(link: PeerLink, anchor: torch.Tensor | None, x: torch.Tensor, chan: Channel,
                              dim: int, sizes: Sequence[int], slots: Sequence[int], me: int,
                              what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Block ``me`` (of ``sizes`` along ``dim``) of the sum of the group's partial ``x``, and the
     root whose backward gathers the blocks' gradients (see :func:`all_gather_with_grad`)."""
     if anchor is None:
-        return _scatter(x.detach(), link, group, dim, tuple(sizes), tuple(slots), me, f"summing {what}"), None
-    return _ReduceScatter.apply(x, anchor, link, group, dim, tuple(sizes), tuple(slots), me, what)
+        return _scatter(x.detach(), link, chan, dim, tuple(sizes), tuple(slots), me, f"summing {what}"), None
+    return _ReduceScatter.apply(x, anchor, link, chan, dim, tuple(sizes), tuple(slots), me, what)
 
 
-def all_reduce_with_grad(link: PeerLink, anchor: torch.Tensor | None, x: torch.Tensor, group: object | None,
+def all_reduce_with_grad(link: PeerLink, anchor: torch.Tensor | None, x: torch.Tensor, chan: Channel,
                          what: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The sum of the group's partial ``x``, and the root whose backward sums its gradient (see
     :func:`all_gather_with_grad`)."""
     if anchor is None:
         total = x.detach().clone(memory_format=torch.contiguous_format)
-        link.all_reduce(total, group, f"summing {what}")
+        link.all_reduce(total, chan, f"summing {what}")
         return total, None
-    return _AllReduce.apply(x, anchor, link, group, what)
+    return _AllReduce.apply(x, anchor, link, chan, what)

@@ -1,6 +1,7 @@
 """Values split over both ranks that both ranks need whole, or each its block of, move as one
 collective (all-gather, reduce-scatter), exact in forward and backward — with uneven pieces
-(sizes that do not divide by two) and with the mesh's devices on the ranks in reverse order."""
+(sizes that do not divide by two), with the mesh's devices on the ranks in reverse order, run as
+torch.distributed's collectives (native) and as messages between the ranks (p2p, gloo's default)."""
 
 from pathlib import Path
 
@@ -38,10 +39,20 @@ def test_uneven_splits_become_collectives_in_the_program():
 
 def test_collectives_are_exact_with_uneven_pieces_and_reversed_ranks():
     _, plans = odd_plans()
-    cases = [{"model": SPEC, "plan": p.to_dict(), "rank_map": rank_map}
-             for p in plans for rank_map in ({"gpu0": 0, "gpu1": 1}, {"gpu0": 1, "gpu1": 0})]
+    cases = [{"model": SPEC, "plan": p.to_dict(), "rank_map": rank_map, "collectives": how}
+             for p in plans for rank_map in ({"gpu0": 0, "gpu1": 1}, {"gpu0": 1, "gpu1": 0})
+             for how in ("native", "p2p")]
     results = launch(check_plans, 2, {"cases": cases}, timeout_s=60)[0]
     for case, r in zip(cases, results):
-        label = (case["plan"]["algorithm"], case["rank_map"])
+        label = (case["plan"]["algorithm"], case["rank_map"], case["collectives"])
         assert r["collectives"], label
         assert r["max_rel_diff"] < 1e-9 and r["params_rel_diff"] < 1e-9, (label, r["worst"], r["max_rel_diff"])
+
+
+def test_data_parallel_gradients_sum_the_same_either_way(plans):
+    """The gradient all-reduce of data parallelism, and WRN's batch-norm statistics, as both."""
+    spec = "zoo:wide_resnet?tiny=1"
+    cases = [{"model": spec, "plan": plans[spec]["dp"].to_dict(), "collectives": how} for how in ("native", "p2p")]
+    for case, r in zip(cases, launch(check_plans, 2, {"cases": cases}, timeout_s=60)[0]):
+        assert r["collectives"]["all_reduce"] >= 10, case["collectives"]
+        assert r["max_rel_diff"] < 1e-5 and r["params_rel_diff"] < 1e-5, (case["collectives"], r["worst"])
