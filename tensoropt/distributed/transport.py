@@ -122,21 +122,25 @@ class PeerLink:
                 work.wait()
 
     # ---- collectives over a Channel ----------------------------------------------------------
-    def _exchange(self, chunks: Sequence[torch.Tensor], chan: Channel, what: str) -> list[torch.Tensor]:
-        """Send ``chunks[g]`` to member ``g`` and return what every member sent here (this
-        rank's own chunk in its place)."""
+    def _exchange(self, chunks: Sequence[torch.Tensor], chan: Channel, what: str,
+                  into: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Send ``chunks[g]`` to member ``g`` (asynchronously: the chunks must not change until
+        :meth:`wait_sends`) and return what every member sent here — received into ``into[g]``
+        when given (else new buffers shaped like this rank's chunk), this rank's own chunk in its
+        place."""
         me = chan.members.index(self.rt.rank)
-        sends = []
         for g, r in enumerate(chan.members):
             if g != me:
-                chunk = chunks[g].detach().contiguous()
-                with self.guard(f"sending {what}", r):
-                    sends.append((r, dist.isend(chunk, r, tag=chan.tag), chunk))
-        got = [chunks[me] if g == me else self.recv(chunks[me].shape, chunks[me].dtype, r, chan.tag, what)
-               for g, r in enumerate(chan.members)]
-        for r, work, _ in sends:
-            with self.guard(f"sending {what}", r):
-                work.wait()
+                self.send(chunks[g], r, chan.tag, what)
+        got = []
+        for g, r in enumerate(chan.members):
+            if g == me:
+                got.append(chunks[me])
+                continue
+            buf = into[g] if into is not None else torch.empty_like(chunks[me], memory_format=torch.contiguous_format)
+            with self.guard(f"receiving {what}", r):
+                dist.recv(buf, r, tag=chan.tag)
+            got.append(buf)
         return got
 
     def all_gather_flat(self, out: torch.Tensor, t: torch.Tensor, chan: Channel, what: str) -> None:
@@ -146,35 +150,52 @@ class PeerLink:
             with self.guard(what, None):
                 dist.all_gather_single(out, t, group=chan.handle)
             return
-        got = self._exchange([t] * len(chan.members), chan, what)
-        torch.cat([g.reshape(-1) for g in got], out=out)
+        slots = list(out.view(len(chan.members), -1))
+        slots[chan.members.index(self.rt.rank)].copy_(t.reshape(-1))
+        self._exchange([t.reshape(-1)] * len(chan.members), chan, what, into=slots)
 
     def reduce_scatter_flat(self, out: torch.Tensor, t: torch.Tensor, chan: Channel, what: str) -> None:
         """``out`` := the sum over members of chunk ``g`` of their flat ``t`` (``g``: this rank's
-        place in the group)."""
+        place in the group), added in group order."""
         t = t.contiguous()
         if self.native:
             with self.guard(what, None):
                 dist.reduce_scatter_single(out, t, group=chan.handle)
             return
         got = self._exchange(list(t.chunk(len(chan.members))), chan, what)
-        total = got[0].clone()
+        out.copy_(got[0])
         for g in got[1:]:
-            total += g
-        out.copy_(total)
+            out += g
 
     def all_reduce(self, t: torch.Tensor, chan: Channel, what: str) -> None:
-        """``t`` := the sum over members of their ``t``, in place (summed in group order on every
-        rank: the same bits everywhere)."""
+        """``t`` := the sum over members of their ``t``, in place, added in group order on every
+        rank (the same bits everywhere: replicas stay equal)."""
         if self.native:
             with self.guard(what, None):
                 dist.all_reduce(t, group=chan.handle)
             return
-        got = self._exchange([t.detach().contiguous()] * len(chan.members), chan, what)
-        total = got[0].clone()
-        for g in got[1:]:
-            total += g
-        t.copy_(total)
+        k, me = len(chan.members), chan.members.index(self.rt.rank)
+        mine = t.detach() if t.is_contiguous() else t.detach().contiguous()
+        first = len(self._pending)
+        got = self._exchange([mine] * k, chan, what)
+        # ``t`` is written next: its own messages must have left (not other pending sends)
+        mine_sent, self._pending = self._pending[first:], self._pending[:first]
+        for dst, work, _ in mine_sent:
+            with self.guard("finishing a send", dst):
+                work.wait()
+        if me <= 1:
+            # c0 + c1 == c1 + c0 exactly, so the first two members add into their own buffer
+            t += got[1 - me]
+            start = 2
+        else:
+            acc = got[0]
+            acc += got[1]
+            for g in got[2:me]:
+                acc += g
+            t.copy_(acc.add_(t))
+            start = me + 1
+        for g in got[start:]:
+            t += g
 
     def barrier(self, what: str = "waiting for every rank") -> None:
         with self.guard(what, None):

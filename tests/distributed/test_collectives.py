@@ -56,3 +56,12 @@ def test_data_parallel_gradients_sum_the_same_either_way(plans):
     for case, r in zip(cases, launch(check_plans, 2, {"cases": cases}, timeout_s=60)[0]):
         assert r["collectives"]["all_reduce"] >= 10, case["collectives"]
         assert r["max_rel_diff"] < 1e-5 and r["params_rel_diff"] < 1e-5, (case["collectives"], r["worst"])
+
+
+def test_p2p_collectives_equal_torch_distributed_ones_on_three_ranks():
+    from tensoropt.distributed.jobs import compare_collectives
+
+    for r in launch(compare_collectives, 3, {"numel": 101}, timeout_s=60):
+        assert r["all_gather"] == 0.0                       # the same bytes, in the same places
+        assert r["reduce_scatter"] < 1e-12 and r["all_reduce"] < 1e-12   # sums, possibly in another order
+        assert r["all_reduce_same_bits"]                    # every rank's sum is bit for bit the same
