@@ -6,7 +6,8 @@ gloo), and a plain exchange of the same bytes for scale.
 
 Two processes, one thread each (tensoropt.distributed.launch), through
 :class:`tensoropt.distributed.transport.PeerLink` — the calls the executor makes: all-gather
-(each rank's buffer of SIZE), reduce-scatter and all-reduce (a SIZE buffer).  Each call is timed
+(each rank's buffer of SIZE), reduce-scatter and all-reduce (a SIZE buffer; "in place": the
+gradient buffers' two-round form).  Each call is timed
 once right after a barrier ("idle") and once after ``--busy-ms`` of matrix products ("busy": how a
 step calls them, after compute); median of ``--repeats`` (the first 10 dropped), rank 0's clock.
 """
@@ -42,6 +43,7 @@ def _job(rt, sizes, repeats, busy_ms):
     for nbytes in sizes:
         n = max(2, nbytes // 4)
         x = torch.randn(n)
+        y = torch.randn(n)
         links = {how: PeerLink(rt, how) for how in ("native", "p2p")}
 
         def exchange(link):
@@ -52,9 +54,10 @@ def _job(rt, sizes, repeats, busy_ms):
 
         calls = {
             "exchange": lambda link: exchange(link),
-            "all-gather": lambda link: link.all_gather_flat(torch.empty(2 * n), x, chan, "x"),
-            "reduce-scatter": lambda link: link.reduce_scatter_flat(torch.empty(n // 2), x[: n // 2 * 2], chan, "x"),
-            "all-reduce": lambda link: link.all_reduce(x.clone(), chan, "x"),
+            "all-gather": lambda link: link.gather_pieces(x, 0, [n, n], chan, "x"),
+            "reduce-scatter": lambda link: link.scatter_blocks(list(x.chunk(2)), 0, chan, "x"),
+            "all-reduce": lambda link: link.all_reduce_out(x, chan, "x"),
+            "all-reduce in place": lambda link: link.all_reduce(y, chan, "x"),
         }
         for name, call in calls.items():
             for how in (("p2p",) if name == "exchange" else ("native", "p2p")):
@@ -67,6 +70,7 @@ def _job(rt, sizes, repeats, busy_ms):
                                 a @ a
                         t0 = time.perf_counter()
                         call(links[how])
+                        links[how].wait_sends()
                         times.append(time.perf_counter() - t0)
                     rows.append((nbytes, name, "—" if name == "exchange" else how, busy,
                                  statistics.median(times[10:])))
@@ -86,7 +90,7 @@ def main() -> None:
     for col in ("size", "call", "native idle", "p2p idle", "native busy", "p2p busy", "native / p2p (busy)"):
         table.add_column(col, justify="right")
     for nbytes in sizes:
-        for call in ("exchange", "all-gather", "reduce-scatter", "all-reduce"):
+        for call in ("exchange", "all-gather", "reduce-scatter", "all-reduce", "all-reduce in place"):
             how = ("—",) if call == "exchange" else ("native", "p2p")
             cell = {(h, b): got[(nbytes, call, h, b)] * 1e6 for h in how for b in (False, True)}
             if call == "exchange":

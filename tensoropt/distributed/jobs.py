@@ -171,17 +171,17 @@ def compare_collectives(rt: Runtime, numel: int = 1000) -> dict[str, Any]:
     results = {}
     for how in ("native", "p2p"):
         link = PeerLink(rt, how)
-        gathered = torch.empty(k * x.numel(), dtype=x.dtype)
-        link.all_gather_flat(gathered, x, chan, "x")
-        scattered = torch.empty(numel, dtype=x.dtype)
-        link.reduce_scatter_flat(scattered, x, chan, "x")
+        pieces = link.gather_pieces(x[: numel + rt.rank], 0, [numel + g for g in range(k)], chan, "x")  # uneven
+        gathered = torch.cat(pieces)
+        scattered = link.scatter_blocks(list(torch.tensor_split(x, k)), 0, chan, "x")
         summed = x.clone()
         link.all_reduce(summed, chan, "x")
+        summed_out = link.all_reduce_out(x, chan, "x")
         link.wait_sends()
-        results[how] = (gathered, scattered, summed)
-    for i, name in enumerate(("all_gather", "reduce_scatter", "all_reduce")):
+        results[how] = (gathered, scattered, summed, summed_out)
+    for i, name in enumerate(("all_gather", "reduce_scatter", "all_reduce", "all_reduce_out")):
         out[name] = (results["native"][i] - results["p2p"][i]).abs().max().item()
     every: list[Any] = [None] * k
-    dist.all_gather_object(every, results["p2p"][2].tolist())
+    dist.all_gather_object(every, [results["p2p"][2].tolist(), results["p2p"][3].tolist()])
     out["all_reduce_same_bits"] = all(e == every[0] for e in every)
     return out

@@ -242,7 +242,7 @@ class DistributedExecutor:
             names = [k for k, v in shared.items() if v == ranks]
             if self.rt.rank in ranks:
                 # the same tag on every rank of the group: its place among all groups
-                chan = Channel(self._process_groups[ranks], tuple(sorted(ranks)), _SYNC_TAG + len(DTYPES) * i)
+                chan = Channel(self._process_groups[ranks], tuple(sorted(ranks)), _SYNC_TAG + 2 * len(DTYPES) * i)
                 self._groups.append((ranks, chan, names))
 
     # ---- one step ----------------------------------------------------------------------------
@@ -333,11 +333,11 @@ class DistributedExecutor:
         if coll.index not in self._collective_headers:
             # the pieces' sizes and whether any needs a gradient: every rank must agree on both
             k = len(coll.ranks)
-            heads = torch.empty(k * HEADER_LEN, dtype=torch.int64, device=self.rt.device)
-            self.link.all_gather_flat(heads, encode_header(x).to(self.rt.device),
-                                      Channel(group.handle, group.members, group.tag + 2), f"the header of {what}")
+            header = encode_header(x).to(self.rt.device).view(1, HEADER_LEN)
+            heads = self.link.gather_pieces(header, 0, [1] * k, Channel(group.handle, group.members, group.tag + 2),
+                                            f"the header of {what}")
             slots = sorted(coll.ranks)
-            decoded = [decode_header(h) for h in heads.view(k, HEADER_LEN).cpu()]
+            decoded = [decode_header(h.view(-1).cpu()) for h in heads]
             mesh = [decoded[slots.index(r)] for r in coll.ranks]
             if coll.kind == "reduce_scatter":   # whole-sized parts, cut as the executor cuts them
                 sizes = tuple(b.shape[coll.dim] for b in torch.tensor_split(x, k, coll.dim))
@@ -438,7 +438,8 @@ class DistributedExecutor:
                         view.copy_(p.grad)
                     p.grad = view
                     views.append(view)
-                bucket = Channel(group.handle, group.members, group.tag + DTYPES.index(dtype))
+                # two tags a buffer: an all-reduce as messages is two rounds
+                bucket = Channel(group.handle, group.members, group.tag + 2 * DTYPES.index(dtype))
                 self._buckets.append((ranks, bucket, flat, list(zip(ps, views))))
 
     def sync_gradients(self) -> None:

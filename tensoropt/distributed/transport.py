@@ -122,80 +122,104 @@ class PeerLink:
                 work.wait()
 
     # ---- collectives over a Channel ----------------------------------------------------------
-    def _exchange(self, chunks: Sequence[torch.Tensor], chan: Channel, what: str,
-                  into: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        """Send ``chunks[g]`` to member ``g`` (asynchronously: the chunks must not change until
-        :meth:`wait_sends`) and return what every member sent here — received into ``into[g]``
-        when given (else new buffers shaped like this rank's chunk), this rank's own chunk in its
-        place."""
+    def _exchange(self, chunks: Sequence[torch.Tensor | None], chan: Channel, what: str,
+                  shapes: Sequence[Sequence[int]], dtype: torch.dtype) -> list[torch.Tensor | None]:
+        """Send ``chunks[g]`` to member ``g`` (asynchronously: a chunk must not change until
+        :meth:`wait_sends`) and receive from every other member ``g`` a tensor of ``shapes[g]``;
+        returns them by member (``None`` in this rank's place)."""
         me = chan.members.index(self.rt.rank)
         for g, r in enumerate(chan.members):
             if g != me:
                 self.send(chunks[g], r, chan.tag, what)
-        got = []
-        for g, r in enumerate(chan.members):
-            if g == me:
-                got.append(chunks[me])
-                continue
-            buf = into[g] if into is not None else torch.empty_like(chunks[me], memory_format=torch.contiguous_format)
-            with self.guard(f"receiving {what}", r):
-                dist.recv(buf, r, tag=chan.tag)
-            got.append(buf)
+        return [None if g == me else self.recv(shapes[g], dtype, r, chan.tag, what) for g, r in enumerate(chan.members)]
+
+    def gather_pieces(self, x: torch.Tensor, dim: int, sizes: Sequence[int], chan: Channel,
+                      what: str) -> list[torch.Tensor]:
+        """Every member's piece (``sizes[g]`` along ``dim``, the rest as ``x``, this rank's
+        being ``x``), by member: an all-gather."""
+        me = chan.members.index(self.rt.rank)
+        if self.native:
+            biggest = max(sizes)
+            mine = _padded(x.detach(), dim, biggest).contiguous()
+            out = mine.new_empty(len(sizes) * mine.numel())
+            with self.guard(what, None):
+                dist.all_gather_single(out, mine.reshape(-1), group=chan.handle)
+            chunks = out.view(len(sizes), *mine.shape)
+            return [chunks[g].narrow(dim, 0, sizes[g]) for g in range(len(sizes))]
+        shapes = [[*x.shape[:dim], n, *x.shape[dim + 1:]] for n in sizes]
+        got = self._exchange([x] * len(sizes), chan, what, shapes, x.dtype)
+        got[me] = x.detach()
         return got
 
-    def all_gather_flat(self, out: torch.Tensor, t: torch.Tensor, chan: Channel, what: str) -> None:
-        """``out`` (``len(members)`` × ``t``'s size, flat) := every member's ``t`` in group order."""
-        t = t.contiguous()
+    def scatter_blocks(self, blocks: Sequence[torch.Tensor], dim: int, chan: Channel, what: str) -> torch.Tensor:
+        """The sum over members of their ``blocks[g]`` for this rank's place ``g``, added in
+        group order: a reduce-scatter (blocks may differ in size along ``dim``)."""
+        me = chan.members.index(self.rt.rank)
         if self.native:
+            biggest = max(b.shape[dim] for b in blocks)
+            stacked = torch.stack([_padded(b, dim, biggest) for b in blocks]).reshape(-1)
+            out = stacked.new_empty(stacked.numel() // len(blocks))
             with self.guard(what, None):
-                dist.all_gather_single(out, t, group=chan.handle)
-            return
-        slots = list(out.view(len(chan.members), -1))
-        slots[chan.members.index(self.rt.rank)].copy_(t.reshape(-1))
-        self._exchange([t.reshape(-1)] * len(chan.members), chan, what, into=slots)
+                dist.reduce_scatter_single(out, stacked, group=chan.handle)
+            return out.view(_padded(blocks[me], dim, biggest).shape).narrow(dim, 0, blocks[me].shape[dim])
+        got = self._exchange(blocks, chan, what, [blocks[me].shape] * len(blocks), blocks[me].dtype)
+        got[me] = blocks[me]
+        total = got[0] + got[1]
+        for g in got[2:]:
+            total += g
+        return total
 
-    def reduce_scatter_flat(self, out: torch.Tensor, t: torch.Tensor, chan: Channel, what: str) -> None:
-        """``out`` := the sum over members of chunk ``g`` of their flat ``t`` (``g``: this rank's
-        place in the group), added in group order."""
-        t = t.contiguous()
+    def all_reduce_out(self, x: torch.Tensor, chan: Channel, what: str) -> torch.Tensor:
+        """A new tensor: the sum over members of their ``x`` (``x`` unchanged), added in group
+        order on every rank (the same bits everywhere)."""
         if self.native:
+            total = x.detach().clone(memory_format=torch.contiguous_format)
             with self.guard(what, None):
-                dist.reduce_scatter_single(out, t, group=chan.handle)
-            return
-        got = self._exchange(list(t.chunk(len(chan.members))), chan, what)
-        out.copy_(got[0])
-        for g in got[1:]:
-            out += g
+                dist.all_reduce(total, group=chan.handle)
+            return total
+        me = chan.members.index(self.rt.rank)
+        got = self._exchange([x] * len(chan.members), chan, what, [x.shape] * len(chan.members), x.dtype)
+        got[me] = x.detach()
+        total = got[0] + got[1]
+        for g in got[2:]:
+            total += g
+        return total
 
     def all_reduce(self, t: torch.Tensor, chan: Channel, what: str) -> None:
-        """``t`` := the sum over members of their ``t``, in place, added in group order on every
-        rank (the same bits everywhere: replicas stay equal)."""
+        """``t`` := the sum over members of their ``t``, in place.  As messages: a ring's two
+        halves — each member sums its chunk (a reduce-scatter) and sends it to the others (an
+        all-gather into ``t``) — so each rank sends and receives ``(k-1)/k`` of ``t`` twice and
+        holds ``(k-1)/k`` of it extra, and every rank gets the same bits."""
         if self.native:
             with self.guard(what, None):
                 dist.all_reduce(t, group=chan.handle)
             return
         k, me = len(chan.members), chan.members.index(self.rt.rank)
-        mine = t.detach() if t.is_contiguous() else t.detach().contiguous()
+        flat = t.view(-1) if t.is_contiguous() else None
+        if flat is None:
+            raise DistributedError("all_reduce needs a contiguous tensor (the executor's flat gradient buffers are)")
+        chunks = list(torch.tensor_split(flat, k))
         first = len(self._pending)
-        got = self._exchange([mine] * k, chan, what)
-        # ``t`` is written next: its own messages must have left (not other pending sends)
-        mine_sent, self._pending = self._pending[first:], self._pending[:first]
-        for dst, work, _ in mine_sent:
+        got = self._exchange(chunks, chan, what, [chunks[me].shape] * k, t.dtype)
+        got[me] = chunks[me]
+        total = got[0] + got[1]
+        for g in got[2:]:
+            total += g
+        chunks[me].copy_(total)
+        # the chunks sent in the first half are written next: their messages must have left
+        sent, self._pending = self._pending[first:], self._pending[:first]
+        for dst, work, _ in sent:
             with self.guard("finishing a send", dst):
                 work.wait()
-        if me <= 1:
-            # c0 + c1 == c1 + c0 exactly, so the first two members add into their own buffer
-            t += got[1 - me]
-            start = 2
-        else:
-            acc = got[0]
-            acc += got[1]
-            for g in got[2:me]:
-                acc += g
-            t.copy_(acc.add_(t))
-            start = me + 1
-        for g in got[start:]:
-            t += g
+        back = chan.backward()
+        for g, r in enumerate(chan.members):
+            if g != me:
+                self.send(chunks[me], r, back.tag, what)
+        for g, r in enumerate(chan.members):
+            if g != me:
+                with self.guard(f"receiving {what}", r):
+                    dist.recv(chunks[g], r, tag=back.tag)
+        self.wait_sends()
 
     def barrier(self, what: str = "waiting for every rank") -> None:
         with self.guard(what, None):
@@ -320,22 +344,16 @@ def _scatter(x: torch.Tensor, link: "PeerLink", chan: Channel, dim: int, sizes: 
              slots: tuple[int, ...], me: int, what: str) -> torch.Tensor:
     """Block ``me`` of the sum over the group of the whole-sized ``x`` (blocks of ``sizes`` along
     ``dim`` in mesh order; ``slots[j]``: the group rank that gets block ``j``)."""
-    k, biggest = len(sizes), max(sizes)
-    blocks = [_padded(b, dim, biggest) for b in torch.split(x.contiguous(), list(sizes), dim)]
-    stacked = torch.stack([blocks[slots.index(s)] for s in range(k)]).reshape(-1)
-    out = x.new_empty(stacked.numel() // k)
-    link.reduce_scatter_flat(out, stacked, chan, what)
-    return out.view(blocks[0].shape).narrow(dim, 0, sizes[me])
+    blocks = torch.split(x, list(sizes), dim)
+    by_slot = [blocks[slots.index(s)] for s in range(len(sizes))]
+    return link.scatter_blocks(by_slot, dim, chan, what)
 
 
 def _gather(x: torch.Tensor, link: "PeerLink", chan: Channel, dim: int, sizes: tuple[int, ...],
             slots: tuple[int, ...], what: str) -> torch.Tensor:
-    k, biggest = len(sizes), max(sizes)
-    mine = _padded(x.detach(), dim, biggest).contiguous()
-    out = mine.new_empty(k * mine.numel())
-    link.all_gather_flat(out, mine.reshape(-1), chan, f"gathering {what}")
-    chunks = out.view(k, *mine.shape)
-    return torch.cat([chunks[slots[i]].narrow(dim, 0, sizes[i]) for i in range(k)], dim)
+    by_slot = link.gather_pieces(x.detach(), dim, [sizes[slots.index(s)] for s in range(len(sizes))], chan,
+                                 f"gathering {what}")
+    return torch.cat([by_slot[slots[i]] for i in range(len(sizes))], dim)
 
 
 class _AllReduce(torch.autograd.Function):
@@ -346,15 +364,11 @@ class _AllReduce(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: "PeerLink", chan: Channel,
                 what: str) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.link, ctx.chan, ctx.what = link, chan, what
-        total = x.detach().clone(memory_format=torch.contiguous_format)
-        link.all_reduce(total, chan, f"summing {what}")
-        return total, anchor.new_empty(0)
+        return link.all_reduce_out(x, chan, f"summing {what}"), anchor.new_empty(0)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor, _: torch.Tensor) -> tuple:
-        total = g.clone(memory_format=torch.contiguous_format)
-        ctx.link.all_reduce(total, ctx.chan.backward(), f"summing the gradient of {ctx.what}")
-        return (total,) + (None,) * 4
+        return (ctx.link.all_reduce_out(g, ctx.chan.backward(), f"summing the gradient of {ctx.what}"),) + (None,) * 4
 
 
 def all_gather_with_grad(link: PeerLink, anchor: torch.Tensor | None, x: torch.Tensor, chan: Channel,
@@ -383,7 +397,5 @@ def all_reduce_with_grad(link: PeerLink, anchor: torch.Tensor | None, x: torch.T
     """The sum of the group's partial ``x``, and the root whose backward sums its gradient (see
     :func:`all_gather_with_grad`)."""
     if anchor is None:
-        total = x.detach().clone(memory_format=torch.contiguous_format)
-        link.all_reduce(total, chan, f"summing {what}")
-        return total, None
+        return link.all_reduce_out(x, chan, f"summing {what}"), None
     return _AllReduce.apply(x, anchor, link, chan, what)
