@@ -10,7 +10,8 @@ Every device walks its own program (its forward in plan order, its backward in r
   (a second user's contribution is accumulated out of place: 2 × the parameter transiently);
   gradients the executors sum across devices (:func:`~tensoropt.reshard.synced_parameters`) live
   in one flat buffer from the start of the backward, each contribution added in place (1 × the
-  parameter transiently);
+  parameter transiently), and after the backward each group's buffer is summed, ``(k-1)/k`` of it
+  received at once over ``k`` devices (the distributed backend's all-reduce);
 - activations at shard size (:meth:`NodeCost.at` output and extra saved bytes): a node's output
   from when it runs until its last consumer on the device, or until the last backward that saved
   it; what a node receives from another configuration (:attr:`Reshard.recv_bytes`) from its first
@@ -28,7 +29,7 @@ Every device walks its own program (its forward in plan order, its backward in r
 :func:`~tensoropt.costs.step_memory` is this walk for a plan that puts every node whole on one
 device, in graph order (a memory-only cluster stands in for the links: only the bytes a reshard
 delivers matter here, not its time).  Not counted: communication buffers (collectives' staging,
-gradient all-reduce buckets), the loss's own memory.
+activations' collectives), the loss's own memory.
 """
 
 from __future__ import annotations
@@ -335,6 +336,15 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
                     users.discard(name)
                     if not users:
                         live.pop((k, "#grad"), None)   # summed here, sent back
+        # summing them: each group's flat buffer in turn, (k-1)/k of it received at once (the
+        # distributed backend's all-reduce as messages, transport.PeerLink.all_reduce)
+        groups: dict[tuple[str, ...], int] = {}
+        for q in summed:
+            groups[synced[q]] = groups.get(synced[q], 0) + held[(q, d)]
+        if groups:
+            live[("#sync",)] = max(-(-b * (len(g) - 1) // len(g)) for g, b in groups.items())
+            note("backward", "gradient sync")
+            live.pop(("#sync",), None)
         live = {k: v for k, v in live.items() if k in batch_keys}
         grads_now = m.grads
         m.optimizer_temp = optimizer_temp_bytes(optimizer, trainable_sizes[d], foreach=foreach)

@@ -164,10 +164,7 @@ class PeerLink:
             return out.view(_padded(blocks[me], dim, biggest).shape).narrow(dim, 0, blocks[me].shape[dim])
         got = self._exchange(blocks, chan, what, [blocks[me].shape] * len(blocks), blocks[me].dtype)
         got[me] = blocks[me]
-        total = got[0] + got[1]
-        for g in got[2:]:
-            total += g
-        return total
+        return _sum_in_order(got, me)
 
     def all_reduce_out(self, x: torch.Tensor, chan: Channel, what: str) -> torch.Tensor:
         """A new tensor: the sum over members of their ``x`` (``x`` unchanged), added in group
@@ -180,16 +177,14 @@ class PeerLink:
         me = chan.members.index(self.rt.rank)
         got = self._exchange([x] * len(chan.members), chan, what, [x.shape] * len(chan.members), x.dtype)
         got[me] = x.detach()
-        total = got[0] + got[1]
-        for g in got[2:]:
-            total += g
-        return total
+        return _sum_in_order(got, me)
 
     def all_reduce(self, t: torch.Tensor, chan: Channel, what: str) -> None:
         """``t`` := the sum over members of their ``t``, in place.  As messages: a ring's two
         halves — each member sums its chunk (a reduce-scatter) and sends it to the others (an
         all-gather into ``t``) — so each rank sends and receives ``(k-1)/k`` of ``t`` twice and
-        holds ``(k-1)/k`` of it extra, and every rank gets the same bits."""
+        holds ``(k-1)/k`` of it extra (what :mod:`tensoropt.costs.walk` charges), and every rank
+        gets the same bits."""
         if self.native:
             with self.guard(what, None):
                 dist.all_reduce(t, group=chan.handle)
@@ -202,10 +197,7 @@ class PeerLink:
         first = len(self._pending)
         got = self._exchange(chunks, chan, what, [chunks[me].shape] * k, t.dtype)
         got[me] = chunks[me]
-        total = got[0] + got[1]
-        for g in got[2:]:
-            total += g
-        chunks[me].copy_(total)
+        chunks[me].copy_(_sum_in_order(got, me))
         # the chunks sent in the first half are written next: their messages must have left
         sent, self._pending = self._pending[first:], self._pending[:first]
         for dst, work, _ in sent:
@@ -294,6 +286,17 @@ def recv_with_grad(link: PeerLink, anchor: torch.Tensor, shape: Sequence[int], d
 # collective (with zeros where nothing here used the result): a collective must be called by all.
 # Pieces are padded to the largest along the gathered dimension (torch.tensor_split makes the
 # first pieces one larger), as gloo and NCCL gather equal sizes.
+
+
+def _sum_in_order(got: list[torch.Tensor], me: int) -> torch.Tensor:
+    """``((got[0] + got[1]) + got[2]) + …``, added into a received buffer (``got[j]``, ``j ≠ me``,
+    are this rank's to overwrite; ``got[me]`` is not): no new memory, and the same bits on every
+    rank (``a + b == b + a`` exactly, so where the buffer starts does not matter)."""
+    acc = got[1] if me == 0 else got[0]
+    acc += got[0] if me == 0 else got[1]
+    for g in got[2:]:
+        acc += g
+    return acc
 
 
 def _padded(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
