@@ -1,12 +1,14 @@
 """Plans on ``torch.distributed`` (issue 8, design §6): each process (rank) runs the plan devices
 mapped to it; values that cross ranks are point-to-point sends (their gradients sent back in
-backward), replicated parameters get their gradients all-reduced.  gloo on CPU, NCCL on CUDA,
+backward) or, where a whole mesh redistributes a split value, all-gathers / all-reduces /
+reduce-scatters; replicated parameters get their gradients all-reduced.  gloo on CPU, NCCL on CUDA,
 processes started by ``torchrun`` (``python -m tensoropt.distributed MODEL --plan P``) or by
 :func:`launch` on one machine.
 
 - :mod:`.runtime` — the process group (:func:`init_runtime`, :class:`Runtime`) and the rank map;
-- :mod:`.program` — which rank runs which node, which values cross ranks, in which order;
-- :mod:`.transport` — sends, receives (also as autograd nodes) and all-reduces with timeouts and clear errors;
+- :mod:`.program` — which rank runs which node, which values cross ranks (moves, collectives), in which order;
+- :mod:`.transport` — sends, receives and collectives (also as autograd nodes; collectives native or as
+  messages) with timeouts and clear errors;
 - :mod:`.run` — :func:`apply_plan_distributed` / :class:`DistributedExecutor`, :func:`compare_distributed`;
 - :mod:`.jobs` — checking and timing a plan on every rank (tests, ``--check``, ``benchmarks/truth.py``);
 - :mod:`.launch` — :func:`launch`: local processes without torchrun;
@@ -15,10 +17,10 @@ processes started by ``torchrun`` (``python -m tensoropt.distributed MODEL --pla
 """
 
 from .launch import launch
-from .program import Move, Program, build_program
+from .program import Collective, Move, Program, build_program
 from .run import DistributedExecutor, apply_plan_distributed, compare_distributed
 from .runtime import DEFAULT_TIMEOUT_S, Runtime, init_runtime, parse_rank_map, resolve_rank_map, shutdown
 
-__all__ = ["launch", "Move", "Program", "build_program", "DistributedExecutor", "apply_plan_distributed",
+__all__ = ["launch", "Collective", "Move", "Program", "build_program", "DistributedExecutor", "apply_plan_distributed",
            "compare_distributed", "DEFAULT_TIMEOUT_S", "Runtime", "init_runtime", "parse_rank_map",
            "resolve_rank_map", "shutdown"]
