@@ -10,7 +10,9 @@ model × {data parallel, m-ETF, frontier min-time, frontier min-memory} the plan
 forward + loss + backward + gradient sums, the median of ``--rounds`` launches; the optimizer
 step is timed apart: the simulator has no cost for it) and per-rank peak memory (MemTracker: every tensor storage, parameters, buffers,
 optimizer state and inputs included) are compared with the simulator's and the frontier's
-estimates.  error = (estimate − measured) / measured.  The "ping-pong" column is the simulator
+estimates.  error = (estimate − measured) / measured.  "moves": values sent point-to-point;
+"collectives": AG all-gathers, AR all-reduces, RS reduce-scatters per step (forward; as many in
+backward; the gradient sums not counted).  The "ping-pong" column is the simulator
 with the idle ping-pong's links, before that calibration.
 
     python benchmarks/truth.py [--models zoo:vgg16?tiny=1,…] [--steps 7] [--json truth.json]
@@ -89,7 +91,7 @@ def main() -> None:
                           timeout_s=120)[0]
             row["round_step_s"].append(meas["step_s"])
             if rnd == 0:
-                row.update(moves=meas["moves"], optimizer_s=meas["optimizer_s"], rank_step_s=meas["rank_step_s"],
+                row.update(moves=meas["moves"], collectives=meas["collectives"], optimizer_s=meas["optimizer_s"], rank_step_s=meas["rank_step_s"],
                            measured_peak_bytes=max(meas["peak_bytes"]), rank_peak_bytes=meas["peak_bytes"])
             print(f"round {rnd + 1}: {row['model']} {row['plan']}: {meas['step_s'] * 1e3:.2f} ms "
                   f"(simulated {row['simulated_s'] * 1e3:.2f} ms) ({time.time() - t0:.0f} s)", flush=True)
@@ -97,13 +99,15 @@ def main() -> None:
         row["measured_s"] = statistics.median(row["round_step_s"])
         del row["plan_dict"]
     print()
-    print("| model | plan | dev | moves | measured ms | simulated ms (err) | frontier ms (err) | ping-pong ms (err) "
+    print("| model | plan | dev | moves | collectives | measured ms | simulated ms (err) | frontier ms (err) | ping-pong ms (err) "
           "| measured MiB | simulated MiB (err) | frontier MiB (err) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    short = {"all_gather": "AG", "all_reduce": "AR", "reduce_scatter": "RS"}
     mib = 2 ** 20
     for r in rows:
         f_s, f_m = r["frontier_s"], r["frontier_peak_bytes"]
-        print(f"| {r['model']} | {r['plan']} | {r['devices']} | {r['moves']} | {r['measured_s'] * 1e3:.2f} | "
+        coll = " ".join(f"{n} {short.get(k, k)}" for k, n in sorted(r["collectives"].items())) or "—"
+        print(f"| {r['model']} | {r['plan']} | {r['devices']} | {r['moves']} | {coll} | {r['measured_s'] * 1e3:.2f} | "
               f"{r['simulated_s'] * 1e3:.2f} ({err(r['simulated_s'], r['measured_s'])}) | "
               + (f"{f_s * 1e3:.2f} ({err(f_s, r['measured_s'])})" if f_s else "—") + " | "
               f"{r['simulated_pingpong_s'] * 1e3:.2f} ({err(r['simulated_pingpong_s'], r['measured_s'])}) | "
