@@ -133,13 +133,14 @@ def message_cost(*, steps: int = 15, warmup: int = 3, rounds: int = 3, timeout_s
 
 def calibrate_links(cluster: Any, cost: MessageCost) -> Any:
     """``cluster`` with every link's latency raised to what a one-way message costs the backend
-    and its exchange latency to what an exchange costs (each less ``cost.nbytes`` at the link's
+    and its exchange latency to what an exchange costs (each less its message at the link's
     bandwidth), where those are more; bandwidth and duplex are kept.  The cluster's source says
     so."""
     links = {}
     for (a, b), link in cluster.links.items():
         latency = max(link.latency_s, cost.hop_s - cost.nbytes / link.bandwidth_Bps)
-        both = max(latency, cost.exchange_s - cost.nbytes / (link.bandwidth_Bps * link.duplex))
+        # an exchange swaps halves: each message is nbytes / 2 (what the all-gather's formula sends)
+        both = max(latency, cost.exchange_s - cost.nbytes / 2 / (link.bandwidth_Bps * link.duplex))
         links[(a, b)] = dataclasses.replace(link, latency_s=latency, exchange_latency_s=both)
     return cluster.with_links(links, source=f"{cluster.source}; latencies raised to the distributed backend's "
                                             f"measured cost per message ({cost.hop_s * 1e3:.3f} ms one way, "

@@ -35,7 +35,7 @@ def test_calibrated_links_charge_the_measured_costs():
     cal = calibrate_links(pingpong, cost)
     link = cal.link("cpu0", "cpu1")
     assert link.time(16384) == pytest.approx(3e-4)              # a one-way message: the hop cost
-    assert link.time_both_ways(16384) == pytest.approx(8e-4)    # an exchange: its own cost
+    assert link.time_both_ways(8192) == pytest.approx(8e-4)     # an exchange of halves: its own cost
     assert link.bandwidth_Bps == 1e9 and link.duplex == 0.5
     assert "per message" in cal.source
     # never below what the ping-pong measured
