@@ -72,11 +72,12 @@ class PeerLink:
     (``isend``); :meth:`wait_sends` waits for all of them (the step does so before it ends).
 
     ``collectives``: ``"native"`` runs all-gather / reduce-scatter / all-reduce as
-    torch.distributed collectives; ``"p2p"`` as one message from every member to every other
-    and a sum in group order (the same on every rank, so replicas stay bitwise equal); ``"auto"``
-    (default) is native on NCCL and p2p on gloo — on gloo's CPU collectives a two-rank
-    all-gather costs 2–3×, an all-reduce or reduce-scatter 3–5× an exchange of the same bytes
-    (16 KiB–1 MiB, measured on a 2-core VM: see the README)."""
+    torch.distributed collectives; ``"p2p"`` as point-to-point messages between the members (one
+    round; the in-place all-reduce of gradient buffers two, :meth:`all_reduce`) with sums in group
+    order (the same bits on every rank, so replicas stay equal); ``"auto"`` (default) is native
+    on NCCL and p2p on gloo, whose CPU collectives measured 1.2–2.7× slower than the same
+    collective as messages after a millisecond of compute (2 ranks, 256 B–1 MiB:
+    ``benchmarks/collectives.py``, README)."""
 
     def __init__(self, runtime: Runtime, collectives: str = "auto"):
         if collectives not in COLLECTIVES:
