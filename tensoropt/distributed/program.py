@@ -50,9 +50,9 @@ def _marker_index(value: Any) -> int | None:
     return None
 
 
-def is_marker(value: Any) -> bool:
-    """Whether ``value`` is a plan-device marker (:func:`marker`)."""
-    return _marker_index(value) is not None
+def is_move(n: fx.Node) -> bool:
+    """Whether ``n`` is the executor's move of a value to a plan device (``.to(marker)``)."""
+    return n.op == "call_method" and n.target == "to" and len(n.args) == 2 and _marker_index(n.args[1]) is not None
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
             out_node = n
             continue
         inputs = n.all_input_nodes
-        if n.op == "call_method" and n.target == "to" and _marker_index(n.args[1]) is not None:
+        if is_move(n):
             r = rank_by_marker[_marker_index(n.args[1])]
             src = rank[n.args[0].name]
             if src is not None and src != r:
@@ -180,13 +180,9 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
                    world_size, collectives)
 
 
-def _is_move(n: fx.Node) -> bool:
-    return n.op == "call_method" and n.target == "to" and len(n.args) == 2 and _marker_index(n.args[1]) is not None
-
-
 def _origin(n: fx.Node) -> fx.Node:
     """The value a chain of plan-device moves starts from."""
-    while _is_move(n) and isinstance(n.args[0], fx.Node):
+    while is_move(n) and isinstance(n.args[0], fx.Node):
         n = n.args[0]
     return n
 
@@ -310,7 +306,7 @@ def parameter_pieces(graph: fx.Graph, program: Program, placeholder: str) -> dic
     frontier = [(u, ()) for u in ph.users]
     while frontier:
         n, chain = frontier.pop()
-        if n.op == "call_method" and n.target == "to" and _marker_index(n.args[1]) is not None:
+        if is_move(n):
             if n.name in program.moves_by_node:
                 return None
             frontier.extend((u, chain + (n.name,)) for u in n.users)

@@ -42,7 +42,7 @@ from ..execute.dropout import dropout_off
 from ..execute.rewrite import rewrite, write_back
 from ..graph import OpGraph
 from ..plan import Plan
-from .program import Piece, Program, build_program, is_marker, marker, parameter_pieces
+from .program import Piece, Program, build_program, is_move, marker, parameter_pieces
 from .runtime import Runtime, resolve_rank_map
 from .transport import (DTYPES, HEADER_LEN, Channel, PeerLink, all_gather_with_grad, all_reduce_with_grad, decode_header,
                         encode_header, recv_with_grad, reduce_scatter_with_grad, send_with_grad)
@@ -182,9 +182,8 @@ class DistributedExecutor:
         self._aliases: dict[str, str] = {}
         self._skip_here: set[str] = set()
         for n in self._nodes:
-            if (n.op == "call_method" and n.target == "to" and n.name not in self.program.moves_by_node
-                    and self._runs_here(n) and isinstance(n.args[0], fx.Node) and len(n.args) == 2
-                    and is_marker(n.args[1]) and set(n.kwargs) <= {"non_blocking"}):
+            if (is_move(n) and n.name not in self.program.moves_by_node and self._runs_here(n)
+                    and isinstance(n.args[0], fx.Node) and set(n.kwargs) <= {"non_blocking"}):
                 self._aliases[n.name] = n.args[0].name
         for n in self._nodes:
             if not (n.op == "call_function" and n.target is write_back and self._runs_here(n)):
@@ -326,19 +325,18 @@ class DistributedExecutor:
 
     def _collective(self, coll: Any, x: torch.Tensor) -> torch.Tensor:
         """Run collective ``coll`` with this rank's piece ``x``; returns the whole value."""
-        group = Channel(self._process_groups[frozenset(coll.ranks)], tuple(sorted(coll.ranks)),
-                        _COLLECTIVE_TAG + 4 * coll.index)
+        members = tuple(sorted(coll.ranks))
+        group = Channel(self._process_groups[frozenset(coll.ranks)], members, _COLLECTIVE_TAG + 4 * coll.index)
         at = coll.ranks.index(self.rt.rank)
+        slots = [members.index(r) for r in coll.ranks]   # mesh piece i -> its rank's place in the group
         what = f"{coll.sources[0]} and its {len(coll.ranks) - 1} other pieces over ranks {list(coll.ranks)}"
         if coll.index not in self._collective_headers:
             # the pieces' sizes and whether any needs a gradient: every rank must agree on both
             k = len(coll.ranks)
             header = encode_header(x).to(self.rt.device).view(1, HEADER_LEN)
-            heads = self.link.gather_pieces(header, 0, [1] * k, Channel(group.handle, group.members, group.tag + 2),
+            heads = self.link.gather_pieces(header, 0, [1] * k, Channel(group.handle, members, group.tag + 2),
                                             f"the header of {what}")
-            slots = sorted(coll.ranks)
-            decoded = [decode_header(h.view(-1).cpu()) for h in heads]
-            mesh = [decoded[slots.index(r)] for r in coll.ranks]
+            mesh = [decode_header(heads[s].view(-1).cpu()) for s in slots]
             if coll.kind == "reduce_scatter":   # whole-sized parts, cut as the executor cuts them
                 sizes = tuple(b.shape[coll.dim] for b in torch.tensor_split(x, k, coll.dim))
             else:
@@ -346,7 +344,6 @@ class DistributedExecutor:
             self._collective_headers[coll.index] = (sizes, any(grad for _, _, grad in mesh))
         sizes, grad = self._collective_headers[coll.index]
         anchor = self._anchor if grad and torch.is_grad_enabled() else None
-        slots = [sorted(coll.ranks).index(r) for r in coll.ranks]
         if coll.kind == "all_gather":
             out, root = all_gather_with_grad(self.link, anchor, x, group, coll.dim, sizes, slots, at, what)
         elif coll.kind == "reduce_scatter":

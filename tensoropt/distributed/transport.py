@@ -123,16 +123,25 @@ class PeerLink:
                 work.wait()
 
     # ---- collectives over a Channel ----------------------------------------------------------
-    def _exchange(self, chunks: Sequence[torch.Tensor | None], chan: Channel, what: str,
-                  shapes: Sequence[Sequence[int]], dtype: torch.dtype) -> list[torch.Tensor | None]:
+    def _exchange(self, chunks: Sequence[torch.Tensor], chan: Channel, what: str,
+                  into: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
         """Send ``chunks[g]`` to member ``g`` (asynchronously: a chunk must not change until
-        :meth:`wait_sends`) and receive from every other member ``g`` a tensor of ``shapes[g]``;
-        returns them by member (``None`` in this rank's place)."""
+        :meth:`wait_sends`) and receive from every other member ``g`` into ``into[g]``; returns
+        them by member, this rank's own chunk in its place."""
         me = chan.members.index(self.rt.rank)
         for g, r in enumerate(chan.members):
             if g != me:
                 self.send(chunks[g], r, chan.tag, what)
-        return [None if g == me else self.recv(shapes[g], dtype, r, chan.tag, what) for g, r in enumerate(chan.members)]
+        for g, r in enumerate(chan.members):
+            if g != me:
+                with self.guard(f"receiving {what}", r):
+                    dist.recv(into[g], r, tag=chan.tag)
+        return [chunks[me] if g == me else into[g] for g in range(len(chan.members))]
+
+    def _buffers(self, shapes: Sequence[Sequence[int]], dtype: torch.dtype, me: int) -> list[torch.Tensor | None]:
+        """Receive buffers of ``shapes`` (none for this rank's place ``me``)."""
+        return [None if g == me else torch.empty(tuple(s), dtype=dtype, device=self.rt.device)
+                for g, s in enumerate(shapes)]
 
     def gather_pieces(self, x: torch.Tensor, dim: int, sizes: Sequence[int], chan: Channel,
                       what: str) -> list[torch.Tensor]:
@@ -148,9 +157,7 @@ class PeerLink:
             chunks = out.view(len(sizes), *mine.shape)
             return [chunks[g].narrow(dim, 0, sizes[g]) for g in range(len(sizes))]
         shapes = [[*x.shape[:dim], n, *x.shape[dim + 1:]] for n in sizes]
-        got = self._exchange([x] * len(sizes), chan, what, shapes, x.dtype)
-        got[me] = x.detach()
-        return got
+        return self._exchange([x.detach()] * len(sizes), chan, what, self._buffers(shapes, x.dtype, me))
 
     def scatter_blocks(self, blocks: Sequence[torch.Tensor], dim: int, chan: Channel, what: str) -> torch.Tensor:
         """The sum over members of their ``blocks[g]`` for this rank's place ``g``, added in
@@ -163,8 +170,7 @@ class PeerLink:
             with self.guard(what, None):
                 dist.reduce_scatter_single(out, stacked, group=chan.handle)
             return out.view(_padded(blocks[me], dim, biggest).shape).narrow(dim, 0, blocks[me].shape[dim])
-        got = self._exchange(blocks, chan, what, [blocks[me].shape] * len(blocks), blocks[me].dtype)
-        got[me] = blocks[me]
+        got = self._exchange(blocks, chan, what, self._buffers([blocks[me].shape] * len(blocks), blocks[me].dtype, me))
         return _sum_in_order(got, me)
 
     def all_reduce_out(self, x: torch.Tensor, chan: Channel, what: str) -> torch.Tensor:
@@ -175,9 +181,8 @@ class PeerLink:
             with self.guard(what, None):
                 dist.all_reduce(total, group=chan.handle)
             return total
-        me = chan.members.index(self.rt.rank)
-        got = self._exchange([x] * len(chan.members), chan, what, [x.shape] * len(chan.members), x.dtype)
-        got[me] = x.detach()
+        k, me = len(chan.members), chan.members.index(self.rt.rank)
+        got = self._exchange([x.detach()] * k, chan, what, self._buffers([x.shape] * k, x.dtype, me))
         return _sum_in_order(got, me)
 
     def all_reduce(self, t: torch.Tensor, chan: Channel, what: str) -> None:
@@ -190,29 +195,20 @@ class PeerLink:
             with self.guard(what, None):
                 dist.all_reduce(t, group=chan.handle)
             return
-        k, me = len(chan.members), chan.members.index(self.rt.rank)
-        flat = t.view(-1) if t.is_contiguous() else None
-        if flat is None:
+        if not t.is_contiguous():
             raise DistributedError("all_reduce needs a contiguous tensor (the executor's flat gradient buffers are)")
-        chunks = list(torch.tensor_split(flat, k))
+        k, me = len(chan.members), chan.members.index(self.rt.rank)
+        chunks = list(torch.tensor_split(t.view(-1), k))
         first = len(self._pending)
-        got = self._exchange(chunks, chan, what, [chunks[me].shape] * k, t.dtype)
-        got[me] = chunks[me]
+        got = self._exchange(chunks, chan, what, self._buffers([chunks[me].shape] * k, t.dtype, me))
         chunks[me].copy_(_sum_in_order(got, me))
         # the chunks sent in the first half are written next: their messages must have left
         sent, self._pending = self._pending[first:], self._pending[:first]
         for dst, work, _ in sent:
             with self.guard("finishing a send", dst):
                 work.wait()
-        back = chan.backward()
-        for g, r in enumerate(chan.members):
-            if g != me:
-                self.send(chunks[me], r, back.tag, what)
-        for g, r in enumerate(chan.members):
-            if g != me:
-                with self.guard(f"receiving {what}", r):
-                    dist.recv(chunks[g], r, tag=back.tag)
-        self.wait_sends()
+        self._exchange([chunks[me]] * k, chan.backward(), what, chunks)   # every member's sum, in place
+        self.wait_sends()   # ``t`` is the caller's to change once this returns
 
     def barrier(self, what: str = "waiting for every rank") -> None:
         with self.guard(what, None):
@@ -285,8 +281,8 @@ def recv_with_grad(link: PeerLink, anchor: torch.Tensor, shape: Sequence[int], d
 # ---- collectives inside autograd -------------------------------------------------------------
 # Like a receive, each returns an empty root so that every rank of the group runs the backward
 # collective (with zeros where nothing here used the result): a collective must be called by all.
-# Pieces are padded to the largest along the gathered dimension (torch.tensor_split makes the
-# first pieces one larger), as gloo and NCCL gather equal sizes.
+# Pieces may differ in size (torch.tensor_split makes the first pieces one larger): native
+# collectives pad them to the largest, as gloo and NCCL gather equal sizes.
 
 
 def _sum_in_order(got: list[torch.Tensor], me: int) -> torch.Tensor:
