@@ -174,7 +174,7 @@ def compare_collectives(rt: Runtime, numel: int = 1000) -> dict[str, Any]:
         pieces = link.gather_pieces(x[: numel + rt.rank], 0, [numel + g for g in range(k)], chan, "x")  # uneven
         gathered = torch.cat(pieces)
         scattered = link.scatter_blocks(list(torch.tensor_split(x, k)), 0, chan, "x")
-        summed = x.clone()
+        summed = x[:-1].clone()          # chunks of unequal size in the in-place form
         link.all_reduce(summed, chan, "x")
         summed_out = link.all_reduce_out(x, chan, "x")
         link.wait_sends()

@@ -29,6 +29,7 @@ O(V + E).
 from __future__ import annotations
 
 import operator
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -115,10 +116,7 @@ class Program:
 
     def collective_counts(self) -> dict[str, int]:
         """Collective kind → how many a step runs (forward; as many again in backward)."""
-        out: dict[str, int] = {}
-        for c in self.collectives:
-            out[c.kind] = out.get(c.kind, 0) + 1
-        return out
+        return dict(Counter(c.kind for c in self.collectives))
 
     def to_dict(self) -> dict[str, Any]:
         return {"loss_rank": self.loss_rank, "moves": [m.__dict__ for m in self.moves],
