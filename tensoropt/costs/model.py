@@ -16,7 +16,9 @@ saves, whether it saves its output, and extra tensors such as dropout masks), an
 workspace where it can be measured (CUDA).  ``method`` says where a time came from:
 ``measured`` (run alone, median of repeats), ``cached`` (an identical op measured before),
 ``scaled`` (a shard that cannot run alone: the full time scaled by its FLOP or size share) and
-``roofline`` (FLOPs / device peak, bytes / memory bandwidth), ``free`` (metadata-only: 0).
+``roofline`` (FLOPs / device peak, bytes / memory bandwidth), ``free`` (metadata-only: 0),
+``sequence`` (timed inside whole training steps, :mod:`.sequence`) and ``adjusted`` (a shard
+timed alone, times the node's in-sequence / alone ratio).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..errors import GraphFormatError, ProfileError
 
 PROFILE_FORMAT = "tensoropt.profile/1"
 LAYOUTS = ("batch", "channel", "reduce")
-METHODS = ("measured", "cached", "scaled", "roofline", "free")
+METHODS = ("measured", "cached", "scaled", "roofline", "free", "sequence", "adjusted")
 ESTIMATED = frozenset({"scaled", "roofline"})
 
 

@@ -49,7 +49,9 @@ from .._io import write_json_atomic
 from ..capture import quiet_torch_logs
 from ..errors import ProfileError
 from ..graph import OpGraph, OpNode, TensorMeta
+from .feed import placeholder_values
 from .memory import grad_nodes
+from .sequence import SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
 from .model import CostModel, NodeCost, ShardCost
 from .shards import TensorArg, shard_args, shard_size
 from .timing import device_info, device_key, time_callable
@@ -76,15 +78,20 @@ class Measurement:
 
 def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int] = (1, 2, 4, 8),
             repeats: int = 5, warmup: int = 1, cache: bool | str | os.PathLike = True,
-            progress: bool | Callable[[int, int, str], None] = False, inputs: tuple | None = None) -> CostModel:
-    """Measure every node of ``graph`` alone; see the module docstring.
+            progress: bool | Callable[[int, int, str], None] = False, inputs: tuple | None = None,
+            in_sequence: bool = True) -> CostModel:
+    """Measure every node of ``graph`` alone, then (``in_sequence``) inside whole training steps;
+    see the module docstring.
 
     ``graph`` must come from :func:`tensoropt.capture` (it needs the captured module);
     ``inputs`` overrides the example inputs it was captured with.  ``shard_degrees``: the
     degrees ``k > 1`` measured per legal layout.  ``cache``: ``True`` for the default folder, a
     path, or ``False``.  ``progress``: ``True`` for a progress bar on stderr, or a callback
-    ``(done, total, node_name)``.  Runs the model's forward once plus, per distinct op call,
-    ``warmup + repeats`` forward and backward calls.
+    ``(done, total, node_name)``.  ``in_sequence``: replace the isolated times by what each
+    node costs inside a training step (:mod:`.sequence`; off, or when a whole step does not fit
+    in memory, the isolated times stay and ``settings["in_sequence"]`` says why).  Runs the
+    model's forward once plus, per distinct op call, ``warmup + repeats`` forward and backward
+    calls, plus ``2 + repeats`` training steps at the full batch and at each batch shard.
     """
     if graph.module is None:
         raise ProfileError(f"graph {graph.name!r} has no captured module (it was loaded from "
@@ -113,16 +120,60 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     finally:
         report(None, total, "")
     info = runner.info
+    costs = runner.costs
+    sequence: dict[str, Any] = {"used": False}
+    if in_sequence:
+        costs, sequence = _in_sequence(graph, costs, dev, inputs, degrees, repeats, store)
     store.save()
-    settings = {"repeats": repeats, "warmup": warmup, "shard_degrees": [1, *degrees],
+    settings = {"repeats": repeats, "warmup": warmup, "shard_degrees": [1, *degrees], "in_sequence": sequence,
                 "measured_calls": runner.measured_calls, "cached_calls": runner.cached_calls,
                 "from_cache_only": runner.dry,   # every call was cached: nothing ran on real tensors
                 # other work on the machine inflates every time (an OpenMP region waits for a
                 # descheduled thread): keep the load seen, so a busy profile can be told apart
                 "load_average": [round(x, 2) for x in (load0, _loadavg())], "cpu_count": os.cpu_count()}
-    return CostModel(runner.costs, graph_fingerprint=graph.fingerprint, graph_name=graph.name,
+    return CostModel(costs, graph_fingerprint=graph.fingerprint, graph_name=graph.name,
                      batch_size=graph.batch_size, device=info, settings=settings,
                      profile_s=time.perf_counter() - t0)
+
+
+def _in_sequence(graph: OpGraph, costs: dict[str, NodeCost], dev: torch.device, inputs: tuple | None,
+                 degrees: list[int], repeats: int, store: _DiskCache) -> tuple[dict[str, NodeCost], dict[str, Any]]:
+    """``costs`` with in-sequence times (:func:`.sequence.in_sequence_costs`) from whole steps at
+    the full batch and at every batch shard's batch (cached with the measurements), and what
+    was done for the settings.  A full-batch step that fails (out of memory) leaves ``costs``;
+    a shard batch the graph cannot run at leaves those shards to the ratio."""
+    def run(batch: int | None) -> SequenceTimes:
+        key = f"{graph.fingerprint}|batch={batch}"
+        hit = store.sequences.get(key)
+        if hit is None:
+            hit = time_in_sequence(graph, device=dev, inputs=inputs, batch=batch, repeats=repeats)
+            store.sequences[key] = hit
+            store.dirty = True
+        return hit
+
+    try:
+        with quiet_torch_logs():
+            full = run(None)
+    except (RuntimeError, ProfileError, torch.cuda.OutOfMemoryError) as e:   # a whole step does not fit, or will not run
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return costs, {"used": False, "why": f"a whole training step failed ({first[:200]}): isolated times kept"}
+    by_batch: dict[int, SequenceTimes] = {}
+    skipped: dict[int, str] = {}
+    for k in degrees:
+        b = shard_batch(graph, k)
+        if b is None:
+            continue
+        try:
+            with quiet_torch_logs():
+                by_batch[k] = run(b)
+        except Exception as e:  # noqa: BLE001 - sizes fixed in the graph: these shards take the ratio
+            skipped[k] = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    adjusted = in_sequence_costs(costs, graph, full, by_batch)
+    isolated = sum(c.fp_s + c.bp_s for c in costs.values())
+    timed = sum(c.fp_s + c.bp_s for c in adjusted.values())
+    return adjusted, {"used": True, "step_s": full.step_s, "isolated_sum_s": isolated, "in_sequence_sum_s": timed,
+                      "batch_runs": {str(k): t.batch for k, t in by_batch.items()},
+                      **({"batch_runs_failed": {str(k): why for k, why in skipped.items()}} if skipped else {})}
 
 
 def _loadavg() -> float:
@@ -182,6 +233,8 @@ class _DiskCache:
 
     def __init__(self, cache: bool | str | os.PathLike, key: str):
         self.entries: dict[str, Measurement] = {}
+        #: in-sequence runs by graph fingerprint and batch (:mod:`.sequence`)
+        self.sequences: dict[str, SequenceTimes] = {}
         self.info: dict[str, Any] = {}   # the device description (measured peaks) of the entries
         self.path: Path | None = None
         self.dirty = False
@@ -199,6 +252,8 @@ class _DiskCache:
                 for k, v in data["entries"].items():
                     self.entries[k] = Measurement(**{**v, "saved_args": tuple(v["saved_args"]),
                                                      "out_shape": tuple(v["out_shape"])})
+                for k, v in (data.get("sequences") or {}).items():
+                    self.sequences[k] = SequenceTimes.from_dict(v)
         except (OSError, ValueError, KeyError, TypeError):
             pass  # no cache yet, or one from another version: measure afresh and overwrite it
 
@@ -214,7 +269,8 @@ class _DiskCache:
             return
         try:
             write_json_atomic(self.path, {"version": CACHE_VERSION, "device": self.key, "info": self.info,
-                                          "entries": {k: asdict(m) for k, m in self.entries.items()}})
+                                          "entries": {k: asdict(m) for k, m in self.entries.items()},
+                                          "sequences": {k: t.to_dict() for k, t in self.sequences.items()}})
         except OSError:
             pass  # a read-only home must not fail a profile; the next run measures again
 
@@ -269,45 +325,9 @@ class _Runner(fx.Interpreter):
             return False
 
     def _placeholder_values(self, inputs: tuple | None) -> list[Any]:
-        user = list(tree_flatten(tuple(inputs))[0]) if inputs is not None else None
-        phs = [n for n in self.module.graph.nodes if n.op == "placeholder"]
-        if self.exported is None:
-            if user is None:
-                user = [self._synthesize(n.name) for n in phs]
-            return [_to(v, self.dev) for v in user]
-        from torch.export.graph_signature import InputKind
-
-        ep = self.exported
-        values, user_iter = [], iter(user or [])
-        for spec, ph in zip(ep.graph_signature.input_specs, phs):
-            if spec.kind == InputKind.USER_INPUT:
-                v = next(user_iter, None) if user is not None else self._synthesize(ph.name)
-                if v is None:
-                    raise ProfileError("fewer example inputs than the captured graph takes; pass the inputs the "
-                                       "model was captured with")
-            elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
-                v = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
-                if spec.kind == InputKind.BUFFER:
-                    v = v.clone()  # batch norm updates running statistics in place
-                self.param_of_placeholder[ph.name] = spec.target
-            elif spec.kind == InputKind.CONSTANT_TENSOR:
-                v = ep.constants[spec.target]
-                self.param_of_placeholder[ph.name] = spec.target
-            else:
-                v = None
-            values.append(_to(v, self.dev))
+        values, owners = placeholder_values(self.graph_, self.module, self.dev, inputs)
+        self.param_of_placeholder.update(owners)
         return values
-
-    def _synthesize(self, name: str) -> torch.Tensor:
-        """A stand-in input from the graph's meta: floats ~ N(0, 1), integers 0 (a valid index)."""
-        node = self.graph_.nodes.get(name)
-        if node is None or not node.outputs:
-            raise ProfileError(f"no example value for graph input {name!r}; pass inputs=")
-        m = node.outputs[0]
-        dtype = getattr(torch, m.dtype)
-        if dtype.is_floating_point:
-            return torch.randn(m.shape, dtype=dtype)
-        return torch.zeros(m.shape, dtype=dtype)
 
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
@@ -624,7 +644,3 @@ def _map(fn: Callable, obj: Any) -> Any:
     from torch.utils._pytree import tree_map
 
     return tree_map(lambda v: fn(v) if isinstance(v, torch.Tensor) else v, obj)
-
-
-def _to(v: Any, dev: torch.device) -> Any:
-    return v.to(dev) if isinstance(v, torch.Tensor) and v.device != dev else v

@@ -1,4 +1,5 @@
-"""tensoropt.profile: every op measured alone, forward and backward, at every shard shape."""
+"""tensoropt.profile: every op measured alone, forward and backward, at every shard shape (the
+isolated figures: ``in_sequence=False``; the in-sequence ones are tests/costs/test_sequence.py)."""
 
 import json
 
@@ -14,7 +15,7 @@ from tensoropt.errors import GraphFormatError, ProfileError
 def cnn_profile(small_cnn):
     model, inputs = small_cnn
     graph = tensoropt.capture(model, inputs)
-    return graph, profile(graph, shard_degrees=(1, 2, 4), repeats=2, cache=False)
+    return graph, profile(graph, shard_degrees=(1, 2, 4), repeats=2, cache=False, in_sequence=False)
 
 
 def by_op(graph, costs, op):
@@ -69,10 +70,10 @@ def test_shards_are_measured_at_their_shapes(cnn_profile):
 def test_a_shard_the_cache_lacks_is_measured_not_scaled(small_cnn, tmp_path):
     model, inputs = small_cnn
     graph = tensoropt.capture(model, inputs)
-    profile(graph, shard_degrees=(1,), repeats=1, cache=tmp_path)
+    profile(graph, shard_degrees=(1,), repeats=1, cache=tmp_path, in_sequence=False)
     # every degree-1 call is cached now; degree 2 is not: the cache-only walk misses and the
     # profiler measures (it once fell back to 1/2 of the whole op, marked "scaled")
-    costs = profile(graph, shard_degrees=(1, 2), repeats=1, cache=tmp_path)
+    costs = profile(graph, shard_degrees=(1, 2), repeats=1, cache=tmp_path, in_sequence=False)
     assert not costs.settings["from_cache_only"]
     assert all(sc.method == "measured" for c in costs.nodes.values() for (_, k), sc in c.shards.items() if k == 2)
 
@@ -80,11 +81,11 @@ def test_a_shard_the_cache_lacks_is_measured_not_scaled(small_cnn, tmp_path):
 def test_identical_calls_are_measured_once_and_cached_on_disk(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), torch.nn.ReLU())
     graph = tensoropt.capture(model, (torch.randn(8, 16),))
-    first = profile(graph, shard_degrees=(1, 2), repeats=2, cache=tmp_path)
+    first = profile(graph, shard_degrees=(1, 2), repeats=2, cache=tmp_path, in_sequence=False)
     lin = [first[n.name] for n in graph.ops if n.op == "aten.linear.default"]
     assert [c.method for c in lin] == ["measured", "cached"]
     assert lin[0].fp_s == lin[1].fp_s
-    again = profile(graph, shard_degrees=(1, 2), repeats=2, cache=tmp_path)
+    again = profile(graph, shard_degrees=(1, 2), repeats=2, cache=tmp_path, in_sequence=False)
     assert again.settings["measured_calls"] == 0 and again.settings["cached_calls"] > 0
     assert again.settings["from_cache_only"] and not first.settings["from_cache_only"]
     assert again.device["peak_flops"] == first.device["peak_flops"]   # the device as measured then

@@ -1,0 +1,75 @@
+"""What the captured module's placeholders take: the example inputs, parameters, buffers and
+lifted constants, in placeholder order — shared by the profiler's walk (:mod:`.profiler`) and the
+in-sequence timing of a whole step (:mod:`.sequence`).
+
+Input: an :class:`~tensoropt.graph.OpGraph` with its captured module, a device and (optionally)
+the user inputs.  Output: the placeholder values and which placeholder is which parameter /
+buffer / constant.  Buffers are cloned (batch norm updates running statistics in place; the
+captured program's own must not change).  O(placeholders).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten
+
+from ..errors import ProfileError
+from ..graph import OpGraph
+
+
+def placeholder_values(graph: OpGraph, module: fx.GraphModule, dev: torch.device,
+                       inputs: tuple | None) -> tuple[list[Any], dict[str, str]]:
+    """(values by placeholder, placeholder name → parameter / buffer / constant name).
+
+    A torch.export capture's placeholders are its lifted parameters, buffers and constants and
+    the user inputs; a torch.fx capture's are the user inputs only (its module holds the rest).
+    Missing user inputs (``inputs=None``) are synthesized from the graph's metadata
+    (:func:`synthesize_input`); too few given is a :class:`ProfileError`."""
+    user = list(tree_flatten(tuple(inputs))[0]) if inputs is not None else None
+    phs = [n for n in module.graph.nodes if n.op == "placeholder"]
+    ep = graph.exported
+    if ep is None:
+        if user is None:
+            user = [synthesize_input(graph, n.name) for n in phs]
+        return [_to(v, dev) for v in user], {}
+    from torch.export.graph_signature import InputKind
+
+    values, owners, user_iter = [], {}, iter(user or [])
+    for spec, ph in zip(ep.graph_signature.input_specs, phs):
+        if spec.kind == InputKind.USER_INPUT:
+            v = next(user_iter, None) if user is not None else synthesize_input(graph, ph.name)
+            if v is None:
+                raise ProfileError("fewer example inputs than the captured graph takes; pass the inputs the "
+                                   "model was captured with")
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            v = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
+            if spec.kind == InputKind.BUFFER:
+                v = v.clone()  # batch norm updates running statistics in place
+            owners[ph.name] = spec.target
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            v = ep.constants[spec.target]
+            owners[ph.name] = spec.target
+        else:
+            v = None
+        values.append(_to(v, dev))
+    return values, owners
+
+
+def synthesize_input(graph: OpGraph, name: str) -> torch.Tensor:
+    """A stand-in for graph input ``name`` from the graph's meta: floats ~ N(0, 1), integers 0
+    (a valid index)."""
+    node = graph.nodes.get(name)
+    if node is None or not node.outputs:
+        raise ProfileError(f"no example value for graph input {name!r}; pass inputs=")
+    m = node.outputs[0]
+    dtype = getattr(torch, m.dtype)
+    if dtype.is_floating_point:
+        return torch.randn(m.shape, dtype=dtype)
+    return torch.zeros(m.shape, dtype=dtype)
+
+
+def _to(v: Any, dev: torch.device) -> Any:
+    return v.to(dev) if isinstance(v, torch.Tensor) and v.device != dev else v

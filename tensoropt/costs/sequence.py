@@ -1,0 +1,279 @@
+"""Operator times in sequence: what every node costs inside a whole training step.
+
+The profiler (:mod:`.profiler`) times each operator *alone*, the same call repeated on the same
+tensors — a short op even in an inner loop.  A training step runs each operator once, after a
+different one, on weights and activations that have left the caches, through the dispatcher
+whose own costs a hot loop hides.  Measured here (``python benchmarks/profile_truth.py``, one
+CPU thread): the isolated sums miss GPT-2 (2 layers, 256 wide) by −12 % and over-count a medium
+VGG-16's classifier backward 2.6× (15.0 vs 5.9 ms), while the in-sequence sums come within a
+few per cent of the whole step.  So frontier tracking and the simulator should see the
+in-sequence figures.
+
+:func:`time_in_sequence` runs the captured graph forward (an :class:`torch.fx.Interpreter`
+that times each operator call) and backward (one ``torch.autograd.backward`` of
+:func:`~tensoropt.costs.step.training_loss`, every autograd node a node created timed by a pre-
+and a post-hook), ``warmup + repeats`` steps, and returns each node's median forward and backward
+seconds.  At a smaller ``batch`` (the user inputs cut along their batch dimension) the same run
+gives every batch-split node its shard's in-sequence time directly.
+
+:func:`in_sequence_costs` turns a profile's isolated figures into in-sequence ones: a node's
+full shape takes the in-sequence time; a batch shard the in-sequence time of the run at that
+shard's batch where there is one; any other shard (channel, reduce, a synchronised batch norm's
+share, a batch the graph cannot run at) its isolated time times the node's in-sequence /
+isolated ratio at full shape (method ``adjusted``).  Memory figures are untouched.
+
+CPU: ``time.perf_counter``; CUDA: ``torch.cuda.Event`` pairs resolved after each step.  A step
+of the whole model at the captured batch must fit in memory (the isolated profiler needs one
+operator at a time): :func:`tensoropt.profile` falls back to the isolated figures, saying so in
+its settings, when it does not.  O((warmup + repeats) × a training step).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten
+
+from ..errors import ProfileError
+from ..graph import OpGraph
+from .feed import placeholder_values
+from .model import NodeCost
+
+#: how many steps are run before the timed ones (allocator and oneDNN caches warm up)
+WARMUP = 2
+
+
+@dataclass(frozen=True)
+class SequenceTimes:
+    """Per-node median seconds in a whole training step at ``batch`` (``None``: the captured
+    batch): ``fp_s`` forward, ``bp_s`` backward (nodes with no autograd node are absent), and
+    ``step_s`` the median step (forward, loss, backward, with the timing hooks)."""
+
+    batch: int | None
+    fp_s: Mapping[str, float]
+    bp_s: Mapping[str, float]
+    step_s: float
+    repeats: int = 0
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "fp_s": dict(self.fp_s), "bp_s": dict(self.bp_s), "step_s": self.step_s,
+                "repeats": self.repeats, "notes": list(self.notes)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SequenceTimes:
+        return cls(d.get("batch"), {k: float(v) for k, v in d["fp_s"].items()},
+                   {k: float(v) for k, v in d["bp_s"].items()}, float(d["step_s"]), int(d.get("repeats", 0)),
+                   tuple(d.get("notes", ())))
+
+
+class _Clock:
+    """Time stamps on the device's own clock: ``mark()`` a stamp, ``seconds(a, b)`` between two
+    (CUDA events are only read after :meth:`settle`)."""
+
+    def __init__(self, dev: torch.device):
+        self.cuda = dev.type == "cuda"
+
+    def mark(self) -> Any:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def settle(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def seconds(self, a: Any, b: Any) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+
+class _TimedRun(fx.Interpreter):
+    """Runs the captured graph with autograd on, stamping each timed node's call and claiming
+    the autograd nodes it creates (for the backward's hooks)."""
+
+    def __init__(self, module: fx.GraphModule, timed: frozenset[str], clock: _Clock):
+        super().__init__(module, garbage_collect_values=True)
+        self.timed, self.clock = timed, clock
+        self.forward: dict[str, tuple[Any, Any]] = {}
+        self.owner: dict[Any, str] = {}     # autograd node -> the graph node that created it
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op != "call_function" or n.name not in self.timed:
+            return super().run_node(n)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        start = self.clock.mark()
+        out = n.target(*args, **kwargs)
+        self.forward[n.name] = (start, self.clock.mark())
+        self._claim(out, n.name)
+        return out
+
+    def _claim(self, out: Any, name: str) -> None:
+        """Every autograd node reachable from ``out`` not claimed yet is ``name``'s (a composite
+        op such as ``linear`` creates several; gradient accumulators belong to no node)."""
+        stack = [t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        while stack:
+            fn = stack.pop()
+            if fn is None or fn in self.owner or type(fn).__name__ == "AccumulateGrad":
+                continue
+            self.owner[fn] = name
+            stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
+
+
+def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inputs: tuple | None = None,
+                     batch: int | None = None, repeats: int = 5, warmup: int = WARMUP) -> SequenceTimes:
+    """Each operator's forward and backward seconds inside ``warmup + repeats`` whole training
+    steps of ``graph``'s captured module (medians over the ``repeats``), at the captured batch or,
+    with ``batch``, at that many samples (the user inputs cut along their batch dimension).
+
+    ``graph`` must have its captured module (a :class:`ProfileError` otherwise); a graph that
+    cannot run at ``batch`` (sizes fixed in a view, an export guard) raises what it raised.
+    O((warmup + repeats) × one training step)."""
+    from .step import training_loss
+
+    if graph.module is None:
+        raise ProfileError(f"graph {graph.name!r} has no captured module: time the model itself")
+    if repeats < 1:
+        raise ProfileError(f"repeats must be at least 1, got {repeats}")
+    dev = torch.device(device)
+    module = graph.module if graph.exported is not None else copy.deepcopy(graph.module)
+    module = module.to(dev)
+    values, owners = placeholder_values(graph, module, dev, inputs)
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    trainable = {name for name, p in graph.params.items() if p.requires_grad and p.kind == "parameter"}
+    feed = []
+    for ph, v in zip(placeholders, values):
+        if ph.name in owners:      # a lifted parameter: a leaf, as in training
+            if owners[ph.name] in trainable and isinstance(v, torch.Tensor) and v.is_floating_point():
+                v = v.detach().requires_grad_(True)
+        elif batch is not None and isinstance(v, torch.Tensor):
+            v = _cut_batch(graph, ph.name, v, batch)
+        feed.append(v)
+    user_outputs = _user_outputs(graph)
+    timed = frozenset(n.name for n in graph.ops)
+    clock = _Clock(dev)
+    fwd: dict[str, list[float]] = {}
+    bwd: dict[str, list[float]] = {}
+    steps: list[float] = []
+    for i in range(warmup + repeats):
+        run = _TimedRun(module, timed, clock)
+        t0 = clock.mark()
+        out = run.run(*feed)
+        loss = training_loss(user_outputs(out))
+        spans = _hook_backward(run.owner, clock)
+        loss.backward()
+        t1 = clock.mark()
+        clock.settle()
+        if i < warmup:
+            continue
+        steps.append(clock.seconds(t0, t1))
+        for name, (a, b) in run.forward.items():
+            fwd.setdefault(name, []).append(clock.seconds(a, b))
+        per_node: dict[str, float] = {}
+        for name, a, b in spans:
+            per_node[name] = per_node.get(name, 0.0) + clock.seconds(a, b)
+        for name, s in per_node.items():
+            bwd.setdefault(name, []).append(s)
+        del run, out, loss, spans
+    # a node whose backward ran in only some steps counts 0 in the others
+    return SequenceTimes(batch, {k: statistics.median(v) for k, v in fwd.items()},
+                         {k: statistics.median(v + [0.0] * (repeats - len(v))) for k, v in bwd.items()},
+                         statistics.median(steps), repeats)
+
+
+def _hook_backward(owner: Mapping[Any, str], clock: _Clock) -> list[tuple[str, Any, Any]]:
+    """Pre- and post-hooks on every claimed autograd node; the list fills with (node, start, end)
+    as the backward runs."""
+    spans: list[tuple[str, Any, Any]] = []
+    started: dict[int, Any] = {}
+
+    # the hooks hold the node's id, not the node: no reference cycle through the autograd graph
+    def pre(key: int) -> Callable:
+        return lambda grad_outputs: started.__setitem__(key, clock.mark())
+
+    def post(key: int, name: str) -> Callable:
+        return lambda grad_inputs, grad_outputs: spans.append((name, started.pop(key), clock.mark()))
+
+    for fn, name in owner.items():
+        fn.register_prehook(pre(id(fn)))
+        fn.register_hook(post(id(fn), name))
+    return spans
+
+
+def _cut_batch(graph: OpGraph, name: str, v: torch.Tensor, batch: int) -> torch.Tensor:
+    node = graph.nodes.get(name)
+    meta = node.outputs[0] if node is not None and node.kind == "input" and node.outputs else None
+    if meta is None or meta.batch_dim is None:
+        return v
+    if batch > v.shape[meta.batch_dim]:
+        raise ProfileError(f"cannot run {graph.name!r} at batch {batch}: input {name!r} holds "
+                           f"{v.shape[meta.batch_dim]} samples")
+    return v.narrow(meta.batch_dim, 0, batch)
+
+
+def _user_outputs(graph: OpGraph) -> Callable[[Any], Any]:
+    """What of the captured module's outputs the model returns (an exported program's lifted
+    graph also returns its buffer updates)."""
+    ep = graph.exported
+    if ep is None:
+        return lambda out: out
+    from torch.export.graph_signature import OutputKind
+
+    keep = [i for i, spec in enumerate(ep.graph_signature.output_specs)
+            if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT)]
+    return lambda out: [out[i] for i in keep]
+
+
+def in_sequence_costs(nodes: Mapping[str, NodeCost], graph: OpGraph, full: SequenceTimes,
+                      by_batch: Mapping[int, SequenceTimes] | None = None) -> dict[str, NodeCost]:
+    """``nodes`` (isolated figures) with in-sequence times (module docstring): the full shape
+    from ``full``; a ``("batch", k)`` shard from ``by_batch[k]`` (a run at that shard's batch)
+    where given and the node is batch-exact (a training batch norm's shard is its share of a
+    synchronised one, which no whole run at a smaller batch shows); other shards scaled by the
+    node's in-sequence / isolated ratio.  Nodes the runs did not time (free ones, metadata
+    views) are kept as they are.  O(nodes × shards)."""
+    by_batch = by_batch or {}
+    out: dict[str, NodeCost] = {}
+    for name, cost in nodes.items():
+        if cost.method == "free" or name not in full.fp_s:
+            out[name] = cost
+            continue
+        fp, bp = full.fp_s[name], full.bp_s.get(name, 0.0)
+        if bp == 0.0 and cost.bp_s > 0.0:
+            bp = cost.bp_s * (fp / cost.fp_s if cost.fp_s > 0 else 1.0)   # no autograd node seen: keep its shape
+        exact = graph.nodes[name].split.batch_exact if name in graph.nodes else True
+        shards = {}
+        for (layout, k), sc in cost.shards.items():
+            run = by_batch.get(k) if layout == "batch" and exact else None
+            if sc.method == "free":
+                shards[(layout, k)] = sc
+            elif run is not None and name in run.fp_s:
+                shards[(layout, k)] = dataclasses.replace(sc, fp_s=run.fp_s[name], bp_s=run.bp_s.get(name, 0.0),
+                                                          method="sequence")
+            else:
+                share = sc.fp_s / cost.fp_s if cost.fp_s > 0 else 1.0 / k
+                shard_bp = sc.bp_s * bp / cost.bp_s if cost.bp_s > 0 else bp * share
+                shards[(layout, k)] = dataclasses.replace(sc, fp_s=fp * share, bp_s=shard_bp, method="adjusted")
+        out[name] = dataclasses.replace(cost, fp_s=fp, bp_s=bp, method="sequence", shards=shards)
+    return out
+
+
+def shard_batch(graph: OpGraph, k: int) -> int | None:
+    """The batch of the largest of ``k`` batch shards (what the executors cut the inputs to), or
+    ``None`` where the graph has no batch size or fewer than ``k`` samples."""
+    from .shards import shard_size
+
+    if not graph.batch_size or graph.batch_size < k:
+        return None
+    return shard_size(graph.batch_size, k)
+
+
+__all__ = ["SequenceTimes", "time_in_sequence", "in_sequence_costs", "shard_batch"]

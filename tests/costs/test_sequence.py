@@ -1,0 +1,104 @@
+"""In-sequence operator times: each node timed inside whole training steps, and a profile's
+isolated figures turned into them (tensoropt.costs.sequence, tensoropt.profile(in_sequence=True))."""
+
+import pytest
+import torch
+
+import tensoropt
+from tensoropt.costs import NodeCost, ShardCost, profile
+from tensoropt.costs.sequence import SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
+
+
+@pytest.fixture
+def cnn_graph(small_cnn):
+    model, inputs = small_cnn
+    return tensoropt.capture(model, inputs)
+
+
+def test_every_computing_node_is_timed_forward_and_backward(cnn_graph):
+    t = time_in_sequence(cnn_graph, repeats=2, warmup=1)
+    computing = [n.name for n in cnn_graph.ops if not n.metadata_only]
+    assert set(computing) <= set(t.fp_s) and all(t.fp_s[n] > 0 for n in computing)
+    conv = next(n.name for n in cnn_graph.ops if n.op == "aten.conv2d.default")
+    head = next(n.name for n in cnn_graph.ops if n.op == "aten.linear.default")
+    assert t.bp_s[conv] > 0 and t.bp_s[head] > 0     # weight gradients, in the step's one backward
+    # the spans are disjoint parts of one step on one thread: together no longer than the step
+    assert sum(t.fp_s.values()) + sum(t.bp_s.values()) <= t.step_s
+    assert SequenceTimes.from_dict(t.to_dict()) == t
+
+
+def test_a_smaller_batch_runs_the_same_graph_on_cut_inputs(cnn_graph):
+    assert shard_batch(cnn_graph, 2) == 2 and shard_batch(cnn_graph, 3) == 2 and shard_batch(cnn_graph, 8) is None
+    half = time_in_sequence(cnn_graph, batch=2, repeats=1, warmup=1)
+    assert half.batch == 2 and set(half.fp_s) == set(time_in_sequence(cnn_graph, repeats=1, warmup=1).fp_s)
+    with pytest.raises(tensoropt.ProfileError, match="holds 4 samples"):
+        time_in_sequence(cnn_graph, batch=5, repeats=1)
+
+
+def test_the_captured_model_and_program_are_left_as_they_were(small_cnn):
+    model, inputs = small_cnn
+    graph = tensoropt.capture(model, inputs)
+    before = {k: v.clone() for k, v in graph.exported.state_dict.items()}
+    time_in_sequence(graph, repeats=1, warmup=1)       # batch norm in training mode: running stats move
+    assert all(torch.equal(v, before[k]) for k, v in graph.exported.state_dict.items())
+    fx_graph = tensoropt.capture(model, inputs, method="fx")
+    mean = model.bn.running_mean.clone()
+    time_in_sequence(fx_graph, repeats=1, warmup=1)
+    assert torch.equal(model.bn.running_mean, mean) and model.conv.weight.grad is None
+
+
+def isolated(name, fp, bp, shards):
+    return NodeCost(name, "aten.linear.default", fp, bp, "measured", output_bytes=100, saved_bytes=40,
+                    shards={key: ShardCost(f, b, 50, 20, 0) for key, (f, b) in shards.items()})
+
+
+def test_in_sequence_costs_take_full_and_batch_runs_and_scale_the_rest(cnn_graph):
+    conv = next(n.name for n in cnn_graph.ops if n.op == "aten.conv2d.default")
+    bn = next(n.name for n in cnn_graph.ops if n.op == "aten.batch_norm.default")
+    nodes = {conv: isolated(conv, 2.0, 4.0, {("batch", 2): (1.0, 2.0), ("channel", 2): (1.5, 1.0)}),
+             bn: isolated(bn, 1.0, 1.0, {("batch", 2): (0.8, 0.6), ("channel", 2): (0.5, 0.5)}),
+             "untimed": isolated("untimed", 1.0, 1.0, {})}
+    full = SequenceTimes(None, {conv: 3.0, bn: 2.0}, {conv: 2.0, bn: 3.0}, 20.0)
+    half = SequenceTimes(2, {conv: 1.25, bn: 1.1}, {conv: 0.75, bn: 1.2}, 10.0)
+    out = in_sequence_costs(nodes, cnn_graph, full, {2: half})
+    c = out[conv]
+    assert (c.fp_s, c.bp_s, c.method) == (3.0, 2.0, "sequence")
+    assert (c.shards[("batch", 2)].fp_s, c.shards[("batch", 2)].bp_s) == (1.25, 0.75)     # timed at batch 2
+    assert c.shards[("batch", 2)].method == "sequence"
+    ch = c.shards[("channel", 2)]       # alone 1.5 / 1.0, times the node's ratios 3/2 and 2/4
+    assert (ch.fp_s, ch.bp_s, ch.method) == (2.25, 0.5, "adjusted")
+    assert (ch.output_bytes, ch.saved_bytes) == (50, 20) and c.output_bytes == 100     # memory untouched
+    # a training batch norm's batch shard is its share of a synchronised one: scaled, not the batch-2 run
+    b = out[bn].shards[("batch", 2)]
+    assert (b.fp_s, b.bp_s, b.method) == (pytest.approx(1.6), pytest.approx(1.8), "adjusted")
+    assert out["untimed"] is nodes["untimed"]
+
+
+def test_profile_uses_in_sequence_times_and_caches_them(cnn_graph, tmp_path):
+    costs = profile(cnn_graph, shard_degrees=(1, 2), repeats=2, cache=tmp_path)
+    seq = costs.settings["in_sequence"]
+    assert seq["used"] and seq["batch_runs"] == {"2": 2} and seq["step_s"] > 0
+    for n in cnn_graph.ops:
+        c = costs[n.name]
+        assert c.method == ("free" if n.metadata_only else "sequence")
+    conv = next(costs[n.name] for n in cnn_graph.ops if n.op == "aten.conv2d.default")
+    assert conv.shards[("batch", 2)].method == "sequence" and conv.shards[("channel", 2)].method == "adjusted"
+    alone = profile(cnn_graph, shard_degrees=(1, 2), repeats=2, cache=tmp_path, in_sequence=False)
+    assert alone.settings["in_sequence"] == {"used": False}
+    assert all(alone[k].saved_bytes == c.saved_bytes and alone[k].output_bytes == c.output_bytes
+               for k, c in costs.nodes.items())
+    again = profile(cnn_graph, shard_degrees=(1, 2), repeats=2, cache=tmp_path)     # nothing runs
+    assert again.settings["from_cache_only"] and again.settings["in_sequence"]["step_s"] == seq["step_s"]
+    assert again.to_dict()["nodes"] == costs.to_dict()["nodes"]
+
+
+def test_a_step_that_does_not_fit_keeps_the_isolated_times(cnn_graph, monkeypatch):
+    import tensoropt.costs.profiler as profiler
+
+    def no_memory(*a, **k):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory")
+    monkeypatch.setattr(profiler, "time_in_sequence", no_memory)
+    costs = profile(cnn_graph, shard_degrees=(1, 2), repeats=1, cache=False)
+    assert not costs.settings["in_sequence"]["used"]
+    assert "not enough memory" in costs.settings["in_sequence"]["why"]
+    assert all(c.method in ("measured", "cached", "free") for c in costs.nodes.values())
