@@ -100,11 +100,14 @@ class _TimedRun(fx.Interpreter):
     """Runs the captured graph with autograd on, stamping each timed node's call and claiming
     the autograd nodes it creates (for the backward's hooks)."""
 
-    def __init__(self, module: fx.GraphModule, timed: frozenset[str], clock: _Clock):
+    def __init__(self, module: fx.GraphModule, timed: frozenset[str], clock: _Clock,
+                 param_owner: Mapping[int, str]):
         super().__init__(module, garbage_collect_values=True)
         self.timed, self.clock = timed, clock
+        self.param_owner = param_owner       # id(leaf parameter) -> the graph node that owns it
         self.forward: dict[str, tuple[Any, Any]] = {}
         self.owner: dict[Any, str] = {}     # autograd node -> the graph node that created it
+        self.seen: set[int] = set()
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op != "call_function" or n.name not in self.timed:
@@ -117,12 +120,19 @@ class _TimedRun(fx.Interpreter):
         return out
 
     def _claim(self, out: Any, name: str) -> None:
-        """Every autograd node reachable from ``out`` not claimed yet is ``name``'s (a composite
-        op such as ``linear`` creates several; gradient accumulators belong to no node)."""
+        """Every autograd node reachable from ``out`` not seen yet is ``name``'s (a composite op
+        such as ``linear`` creates several), except a parameter's gradient accumulator, which is
+        the parameter owner's (adding or copying a large weight's gradient is that node's cost)."""
         stack = [t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         while stack:
             fn = stack.pop()
-            if fn is None or fn in self.owner or type(fn).__name__ == "AccumulateGrad":
+            if fn is None or id(fn) in self.seen:
+                continue
+            self.seen.add(id(fn))
+            if type(fn).__name__ == "AccumulateGrad":
+                owner = self.param_owner.get(id(fn.variable))
+                if owner is not None:
+                    self.owner[fn] = owner
                 continue
             self.owner[fn] = name
             stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
@@ -146,17 +156,7 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
     dev = torch.device(device)
     module = graph.module if graph.exported is not None else copy.deepcopy(graph.module)
     module = module.to(dev)
-    values, owners = placeholder_values(graph, module, dev, inputs)
-    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
-    trainable = {name for name, p in graph.params.items() if p.requires_grad and p.kind == "parameter"}
-    feed = []
-    for ph, v in zip(placeholders, values):
-        if ph.name in owners:      # a lifted parameter: a leaf, as in training
-            if owners[ph.name] in trainable and isinstance(v, torch.Tensor) and v.is_floating_point():
-                v = v.detach().requires_grad_(True)
-        elif batch is not None and isinstance(v, torch.Tensor):
-            v = _cut_batch(graph, ph.name, v, batch)
-        feed.append(v)
+    feed, param_owner = training_feed(graph, module, dev, inputs, batch)
     user_outputs = _user_outputs(graph)
     timed = frozenset(n.name for n in graph.ops)
     clock = _Clock(dev)
@@ -164,10 +164,11 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
     bwd: dict[str, list[float]] = {}
     steps: list[float] = []
     for i in range(warmup + repeats):
-        run = _TimedRun(module, timed, clock)
+        run = _TimedRun(module, timed, clock, param_owner)
         t0 = clock.mark()
         out = run.run(*feed)
         loss = training_loss(user_outputs(out))
+        _claim_loss(loss, run.owner)
         spans = _hook_backward(run.owner, clock)
         loss.backward()
         t1 = clock.mark()
@@ -189,6 +190,53 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
                          statistics.median(steps), repeats)
 
 
+def training_feed(graph: OpGraph, module: fx.GraphModule, dev: torch.device, inputs: tuple | None,
+                  batch: int | None = None) -> tuple[list[Any], dict[int, str]]:
+    """The captured module's placeholder values for a training step — trainable parameters as
+    autograd leaves (one per tensor: a tied weight's placeholders share it), the user inputs cut
+    to ``batch`` samples — and ``id(leaf) → the graph node that owns it``.  O(placeholders)."""
+    values, owners = placeholder_values(graph, module, dev, inputs)
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    trainable = {name for name, p in graph.params.items() if p.requires_grad and p.kind == "parameter"}
+    param_owner = {id(p): graph.params[name].owner for name, p in module.named_parameters()
+                   if name in graph.params and graph.params[name].owner}     # a torch.fx capture's own
+    canonical = _canonical_names(graph)
+    leaves: dict[int, torch.Tensor] = {}     # one leaf per tensor: a tied weight's placeholders share it
+    feed = []
+    for ph, v in zip(placeholders, values):
+        if ph.name in owners:      # a lifted parameter: a leaf, as in training
+            name = canonical.get(owners[ph.name], owners[ph.name])
+            if name in trainable and isinstance(v, torch.Tensor) and v.is_floating_point():
+                if id(v) not in leaves:
+                    leaves[id(v)] = v.detach().requires_grad_(True)
+                v = leaves[id(v)]
+                if graph.params[name].owner:
+                    param_owner[id(v)] = graph.params[name].owner
+        elif batch is not None and isinstance(v, torch.Tensor):
+            v = _cut_batch(graph, ph.name, v, batch)
+        feed.append(v)
+    return feed, param_owner
+
+
+def _claim_loss(loss: torch.Tensor, owner: dict[Any, str]) -> None:
+    """The loss's own autograd nodes (the mean that seeds every output element's gradient: a
+    whole output-sized tensor) belong to the node whose output they read — a cost of the step
+    the executors pay on that node's devices, which no graph node would otherwise carry."""
+    def resolve(fn: Any) -> str | None:
+        if fn in owner:
+            return owner[fn]
+        for nxt, _ in fn.next_functions:
+            if nxt is not None and type(nxt).__name__ != "AccumulateGrad":
+                found = resolve(nxt)
+                if found is not None:
+                    owner[fn] = found
+                    return found
+        return None
+
+    if loss.grad_fn is not None:
+        resolve(loss.grad_fn)
+
+
 def _hook_backward(owner: Mapping[Any, str], clock: _Clock) -> list[tuple[str, Any, Any]]:
     """Pre- and post-hooks on every claimed autograd node; the list fills with (node, start, end)
     as the backward runs."""
@@ -206,6 +254,19 @@ def _hook_backward(owner: Mapping[Any, str], clock: _Clock) -> list[tuple[str, A
         fn.register_prehook(pre(id(fn)))
         fn.register_hook(post(id(fn), name))
     return spans
+
+
+def _canonical_names(graph: OpGraph) -> dict[str, str]:
+    """Lifted state name → the graph's name for that tensor (a tied weight is lifted once per
+    module that holds it, e.g. ``proj.weight`` and ``embed.weight``, and listed once)."""
+    ep = graph.exported
+    if ep is None:
+        return {}
+    first: dict[int, str] = {}
+    for name, t in ep.state_dict.items():
+        if name in graph.params:
+            first.setdefault(id(t), name)
+    return {name: first[id(t)] for name, t in ep.state_dict.items() if id(t) in first}
 
 
 def _cut_batch(graph: OpGraph, name: str, v: torch.Tensor, batch: int) -> torch.Tensor:

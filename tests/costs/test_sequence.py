@@ -102,3 +102,21 @@ def test_a_step_that_does_not_fit_keeps_the_isolated_times(cnn_graph, monkeypatc
     assert not costs.settings["in_sequence"]["used"]
     assert "not enough memory" in costs.settings["in_sequence"]["why"]
     assert all(c.method in ("measured", "cached", "free") for c in costs.nodes.values())
+
+
+def test_a_parameters_gradient_accumulation_is_its_owners(tied_lm):
+    # the tied weight is read by the embedding (its owner) and the projection: its accumulator —
+    # where a large weight's gradient is copied or added — is charged to the embedding
+    from tensoropt.costs.sequence import _Clock, _TimedRun, training_feed
+
+    graph = tensoropt.capture(*tied_lm)
+    (info,) = [p for p in graph.params.values() if p.kind == "parameter"]
+    feed, owner_of = training_feed(graph, graph.module, torch.device("cpu"), tied_lm[1])
+    leaves = [v for v in feed if isinstance(v, torch.Tensor) and v.requires_grad]
+    # torch.export lifts the tied weight twice (embed.weight, proj.weight): one leaf serves both
+    assert len(leaves) == 2 and leaves[0] is leaves[1] and owner_of == {id(leaves[0]): info.owner}
+    run = _TimedRun(graph.module, frozenset(n.name for n in graph.ops), _Clock(torch.device("cpu")), owner_of)
+    run.run(*feed)
+    accumulators = [n for fn, n in run.owner.items() if type(fn).__name__ == "AccumulateGrad"]
+    assert accumulators == [info.owner] and graph.nodes[info.owner].op == "aten.embedding.default"
+    assert set(run.owner.values()) <= {n.name for n in graph.ops}
