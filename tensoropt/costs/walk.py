@@ -9,7 +9,8 @@ Every device walks its own program (its forward in plan order, its backward in r
   ``reduce``; gradients appear at the first backward that computes them
   (a second user's contribution is accumulated out of place: 2 × the parameter transiently);
   gradients the executors sum across devices (:func:`~tensoropt.reshard.synced_parameters`) live
-  in one flat buffer from the start of the backward, each contribution added in place (1 × the
+  in one flat buffer for the whole step (the distributed backend keeps it between steps, as
+  DDP's buckets), each contribution computed apart and then copied or added in (1 × the
   parameter transiently), and after the backward each group's buffer is summed, ``(k-1)/k`` of it
   received at once over ``k`` devices (the distributed backend's all-reduce);
 - activations at shard size (:meth:`NodeCost.at` output and extra saved bytes): a node's output
@@ -219,7 +220,10 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
             if k is not None:
                 last_use[k] = END
         base = m.params + m.buffers + m.optimizer + context_bytes
-        grads_now = 0
+        # gradients the executors sum across devices live in one flat buffer per group, kept
+        # between steps; each contribution is computed, then copied or added in
+        summed = [q for q, devs in synced.items() if d in devs]
+        grads_now = sum(held[(q, d)] for q in summed)
 
         def note(phase: str, at: str) -> None:
             t = base + grads_now + sum(live.values())
@@ -275,13 +279,7 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
             if needs_grad.get(p) and k is not None:
                 grad_keys[k] = size.get(k, 0)
                 live[(k, "#grad")] = grad_keys[k]
-        param_done: set[str] = set()
-        # gradients the executors sum across devices live in one flat buffer per group, there
-        # from the start of the backward; each contribution is computed, then added in place
-        summed = [q for q, devs in synced.items() if d in devs]
-        if summed:
-            grads_now += sum(held[(q, d)] for q in summed)
-            param_done.update(summed)
+        param_done: set[str] = set(summed)
         for name in reversed(prog):
             if not needs_grad.get(name):
                 continue

@@ -141,7 +141,8 @@ def _tracked_peak(ex: Any, model: Any, opt: Any, inputs: tuple, dev: torch.devic
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
-    tracker.track_external(model, *([opt] if opt is not None else []), *[t for t in inputs if isinstance(t, torch.Tensor)])
+    tracker.track_external(model, *([opt] if opt is not None else []), *[t for t in inputs if isinstance(t, torch.Tensor)],
+                           *ex.gradient_buffers)
     ex.link.barrier()
     with tracker:
         _one_step(ex, opt, inputs)
