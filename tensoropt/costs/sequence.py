@@ -3,11 +3,12 @@
 The profiler (:mod:`.profiler`) times each operator *alone*, the same call repeated on the same
 tensors — a short op even in an inner loop.  A training step runs each operator once, after a
 different one, on weights and activations that have left the caches, through the dispatcher
-whose own costs a hot loop hides.  Measured here (``python benchmarks/profile_truth.py``, one
-CPU thread): the isolated sums miss GPT-2 (2 layers, 256 wide) by −12 % and over-count a medium
-VGG-16's classifier backward 2.6× (15.0 vs 5.9 ms), while the in-sequence sums come within a
-few per cent of the whole step.  So frontier tracking and the simulator should see the
-in-sequence figures.
+whose own costs a hot loop hides, and it pays for what no operator call shows: a large weight's
+gradient copied into ``.grad``, the loss's output-sized gradient.  Measured here (one CPU
+thread, ``python benchmarks/costs.py``): the isolated sums miss a 2-layer, 256-wide GPT-2 by
+−12 % and count a medium VGG-16's classifier backward 2.6× (15.0 vs 5.9 ms), while the
+in-sequence sums come within a few per cent of the whole step.  So frontier tracking and the
+simulator see the in-sequence figures.
 
 :func:`time_in_sequence` runs the captured graph forward (an :class:`torch.fx.Interpreter`
 that times each operator call) and backward (one ``torch.autograd.backward`` of
