@@ -118,13 +118,14 @@ def message_cost(*, steps: int = 15, warmup: int = 3, rounds: int = 3, timeout_s
     # hops: every move is a message forward and its gradient back, the receiver waiting
     hop = out["hops"]
     hop["messages"] = 2 * hop["moves"]
-    # exchanges: LAYERS - 1 all-gathers and the output to the loss rank; each all-gather and its
-    # reduce-scatter in backward is one exchange on the critical path
+    # exchanges: LAYERS - 1 all-gathers (each rank computes its part of the loss where its output
+    # piece lies); each all-gather and its reduce-scatter in backward is one exchange on the
+    # critical path
     ex = out["exchanges"]
     ex["messages"] = 2 * (LAYERS - 1)
-    if hop["moves"] != LAYERS - 1 or ex["moves"] != 1 or ex["collectives"] != {"all_gather": LAYERS - 1}:  # pragma: no cover
+    if hop["moves"] != LAYERS - 1 or ex["moves"] != 0 or ex["collectives"] != {"all_gather": LAYERS - 1}:  # pragma: no cover
         raise DistributedError(f"the calibration plans moved {hop['moves']} / {ex['moves']} values between ranks "
-                               f"and ran collectives {ex['collectives']}, not {LAYERS - 1} / 1 and {LAYERS - 1} all-gathers: "
+                               f"and ran collectives {ex['collectives']}, not {LAYERS - 1} / 0 and {LAYERS - 1} all-gathers: "
                                "an executor change?")
     hop_s = max(hop["two_rank_s"] - hop["one_rank_s"], 0.0) / hop["messages"]
     exchange_s = max(ex["two_rank_s"] - ex["one_rank_s"] / 2, 0.0) / ex["messages"]

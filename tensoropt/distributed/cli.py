@@ -72,7 +72,7 @@ def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: b
             f"{len(plan.devices)} device(s) over {rt.world_size} rank(s) ({rt.backend}): "
             + ", ".join(f"{d}→rank {r}" for d, r in ex.rank_of.items())
             + f"; {len(ex.program.moves)} cross-rank moves, {len(ex.program.collectives)} collectives, "
-              f"loss on rank {ex.program.loss_rank}")
+              f"loss computed on rank(s) {', '.join(map(str, sorted(ex.program.loss_ranks)))}")
         if check:
             cmp = compare_distributed(ex, reference, inputs)
             say(f"check against the unmodified model (dropout off): loss rel. diff {cmp.loss:.3g}; largest relative "

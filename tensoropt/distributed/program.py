@@ -12,7 +12,9 @@ How a node's plan device is read back: a ``.to(marker)`` move runs on its target
 inputs (the executor moves every input to the node's device first); a node fed only by
 placeholders (none in practice) runs on every rank.  A ``.to`` whose input lives on another
 rank is a :class:`Move`.  The model's outputs are gathered on the rank of the first one, which
-computes the loss (:attr:`Program.loss_rank`).
+computes the loss (:attr:`Program.loss_rank`) — unless the graph returns the loss as terms
+where the outputs lie (``rewrite(..., loss_terms=True)``, what the distributed backend runs):
+then nothing moves for the loss and each rank sums its own terms (:attr:`Program.loss_ranks`).
 
 Where every device of a split node's mesh (one per rank) needs the whole of a value split over
 that same mesh — moves + ``torch.cat`` (``S`` → ``R``) or moves + sum (``P`` → ``R``) on each
@@ -114,6 +116,11 @@ class Program:
         self.collective_at = {c.at: c for c in self.collectives}
         self.absorbed = frozenset(a for c in self.collectives for a in c.absorbed)
 
+    @property
+    def loss_ranks(self) -> frozenset[int]:
+        """The ranks that hold a model output (or a loss term): each computes its part of the loss."""
+        return frozenset(range(self.world_size)) if None in self.output_ranks else frozenset(self.output_ranks)
+
     def collective_counts(self) -> dict[str, int]:
         """Collective kind → how many a step runs (forward; as many again in backward)."""
         return dict(Counter(c.kind for c in self.collectives))
@@ -126,8 +133,9 @@ class Program:
 
 
 def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of: Mapping[str, int],
-                  world_size: int) -> Program:
-    """See the module docstring.  Raises :class:`DistributedError` if a node reads tensors from two
+                  world_size: int, *, gather_outputs: bool = True) -> Program:
+    """See the module docstring.  ``gather_outputs=False`` for a graph whose outputs are loss
+    terms (no output moves).  Raises :class:`DistributedError` if a node reads tensors from two
     ranks (a rewrite the backend does not understand)."""
     rank_by_marker = {i: rank_of[d] for i, d in enumerate(devices)}
     rank: dict[str, int | None] = {}
@@ -169,7 +177,7 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
     output_ranks = [rank[a.name] for a in outs]
     loss_rank = next((r for r in output_ranks if r is not None), 0)
     for i, (a, r) in enumerate(zip(outs, output_ranks)):
-        if r is not None and r != loss_rank:
+        if gather_outputs and r is not None and r != loss_rank:
             moves.append((f"__output{i}", a.name, r, loss_rank))
     collectives = find_collectives(graph, rank, {m[0] for m in moves})
     absorbed = {a for c in collectives for a in c.absorbed}

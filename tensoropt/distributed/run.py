@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten
 
 from ..errors import DistributedError
 from ..execute import Comparison, rel_diff
@@ -50,6 +50,7 @@ from .transport import (DTYPES, HEADER_LEN, Channel, PeerLink, all_gather_with_g
 _GRAD_TAG = 1 << 20  # backward messages' tags, apart from the forward ones
 _COLLECTIVE_TAG = 1 << 21   # collectives run as messages: 4 tags each (forward, backward, header)
 _SYNC_TAG = 1 << 24         # the gradient all-reduces, one tag per flat buffer
+_LOSS_TAG = (1 << 24) - 8   # the loss's parts summed for the report
 
 
 class DistributedExecutor:
@@ -69,12 +70,14 @@ class DistributedExecutor:
         self.model = model
         plan.check(graph)
         index = {d: i for i, d in enumerate(plan.devices)}
-        rewritten = rewrite(graph, plan, lambda d: marker(index[d]))
+        # the loss as terms where the outputs lie: no output is gathered anywhere (as DDP, and as
+        # the simulator assumes); a GPT-2's logits sent whole to one rank cost 2 x 8 MiB a step
+        rewritten = rewrite(graph, plan, lambda d: marker(index[d]), loss_terms=True)
         self.graph_module = rewritten.module
         self.fallbacks = list(rewritten.fallbacks)
-        self.out_spec = graph.exported.call_spec.out_spec
         fx_graph = rewritten.module.graph
-        self.program: Program = build_program(fx_graph, plan.devices, self.rank_of, runtime.world_size)
+        self.program: Program = build_program(fx_graph, plan.devices, self.rank_of, runtime.world_size,
+                                              gather_outputs=False)
         self.link = PeerLink(runtime, collectives)
         self._headers: dict[int, tuple[tuple[int, ...], torch.dtype, bool]] = {}
         #: collective index -> (sizes along its dimension per mesh piece, whether any piece needs a gradient)
@@ -251,7 +254,9 @@ class DistributedExecutor:
 
     # ---- one step ----------------------------------------------------------------------------
     def forward(self, *inputs: Any) -> torch.Tensor | None:
-        """The forward pass and the loss: the loss on :attr:`Program.loss_rank`, None elsewhere."""
+        """The forward pass and this rank's part of the loss (the training loss is the sum of the
+        parts over :attr:`Program.loss_ranks`; each is computed where the outputs lie); None on a
+        rank that holds no model output."""
         me, dev = self.rt.rank, torch.device(self.rt.device)
         leaves = [x for x in tree_flatten(inputs)[0] if isinstance(x, torch.Tensor)]
         params = dict(self.model.named_parameters(remove_duplicate=False))
@@ -305,11 +310,13 @@ class DistributedExecutor:
             for dead in self._free_after.get(n.name, ()):
                 env.pop(dead, None)
         self.link.wait_sends()
-        if me != self.program.loss_rank:
+        terms = [t for t in out_values if isinstance(t, torch.Tensor)]
+        if not terms:
             return None
-        from ..costs.step import training_loss
-
-        return training_loss(tree_unflatten(out_values, self.out_spec))
+        part = terms[0]
+        for t in terms[1:]:
+            part = part + t
+        return part
 
     def _call(self, n: fx.Node, env: dict[str, Any], dev: torch.device) -> Any:
         if not self.dropout:
@@ -402,13 +409,13 @@ class DistributedExecutor:
         return self.link.recv(shape, dtype, mv.src, mv.index, mv.source)
 
     def backward(self, loss: torch.Tensor | None) -> None:
-        """Back-propagate ``loss`` (on the loss rank; None elsewhere) through every rank — one
-        ``torch.autograd.backward`` per rank whose messages exchange the gradients of the values
-        that crossed ranks (:mod:`.transport`) — then sum the gradients of shared parameters
-        (see the module docstring)."""
+        """Back-propagate ``loss`` (this rank's part, what :meth:`forward` returned; None where
+        it returned None) through every rank — one ``torch.autograd.backward`` per rank whose
+        messages exchange the gradients of the values that crossed ranks (:mod:`.transport`) —
+        then sum the gradients of shared parameters (see the module docstring)."""
         me = self.rt.rank
-        if me == self.program.loss_rank and loss is None:
-            raise DistributedError(f"rank {me} computes the loss: pass the loss forward() returned")
+        if me in self.program.loss_ranks and loss is None:
+            raise DistributedError(f"rank {me} computes part of the loss: pass the loss forward() returned")
         roots, self._roots = self._roots, []
         self._attach_buckets()
         tensors = ([loss] if loss is not None else []) + roots
@@ -487,11 +494,20 @@ class DistributedExecutor:
         for ranks, group, flat in self._buckets:
             self.link.all_reduce(flat, group, f"summing the gradients shared by ranks {sorted(ranks)}")
 
-    def step(self, *inputs: Any) -> torch.Tensor | None:
-        """forward + backward (+ gradient sums); returns the loss (detached) on the loss rank."""
+    def step(self, *inputs: Any) -> torch.Tensor:
+        """forward + backward (+ gradient sums); returns the whole loss (detached) on every rank:
+        the parts summed over the ranks (one scalar all-reduce, for the report)."""
         loss = self.forward(*inputs)
         self.backward(loss)
-        return None if loss is None else loss.detach()
+        return self.total_loss(loss)
+
+    def total_loss(self, part: torch.Tensor | None) -> torch.Tensor:
+        """The training loss from every rank's part (:meth:`forward`), on every rank (detached,
+        float32: what :func:`~tensoropt.costs.step.training_loss` gives)."""
+        mine = torch.zeros((), dtype=torch.float32, device=self.rt.device) if part is None else \
+            part.detach().to(torch.float32).reshape(())
+        return self.link.all_reduce_out(mine.reshape(1), Channel(None, tuple(range(self.rt.world_size)), _LOSS_TAG),
+                                        "summing the loss's parts").reshape(())
 
 
 def apply_plan_distributed(model: nn.Module, example_inputs: Any, plan: Plan, runtime: Runtime, *,

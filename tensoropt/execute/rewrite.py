@@ -116,9 +116,16 @@ class _Cut:
         self.node, self.dim = node, dim
 
 
-def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str]) -> Rewritten:
+def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *, loss_terms: bool = False) -> Rewritten:
     """See the module docstring.  Raises :class:`ExecutionError` for a graph not captured with
-    torch.export or a split the shard rules cannot express."""
+    torch.export or a split the shard rules cannot express.
+
+    ``loss_terms``: instead of the model's outputs (each gathered whole on its first device),
+    the graph returns the training loss (:func:`tensoropt.costs.step.training_loss`, Σ over
+    floating-point outputs of their mean) as one term per part, computed where the part lies
+    — ``part.float().sum() / numel`` for every ``S`` piece and ``P`` part, the first replica of
+    an ``R`` output — so no output moves anywhere (what the simulator assumes; the distributed
+    backend sums the terms of each rank)."""
     ep, gm = graph.exported, graph.module
     if ep is None or gm is None:
         raise ExecutionError(f"graph {graph.name!r} was not captured with torch.export (source {graph.source!r}); "
@@ -175,7 +182,9 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str]) -> Rewr
         if spec.kind != OutputKind.USER_OUTPUT:
             raise ExecutionError(f"the captured graph returns a {spec.kind.name} output; the executor runs graphs "
                                  "whose only outputs are the model's (capture in training IR, non-strict)")
-        if isinstance(a, fx.Node):
+        if loss_terms:
+            outs.extend(_loss_terms(new, graph, a, values))
+        elif isinstance(a, fx.Node):
             v = values[a.name]
             outs.append(transport.whole(v, v.devices[0]))
         else:
@@ -183,6 +192,22 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str]) -> Rewr
     new.output(tuple(outs))
     module = fx.GraphModule(torch.nn.Module(), new, class_name="PlannedGraph")
     return Rewritten(module, sources, ctx.fallbacks)
+
+
+def _loss_terms(new: fx.Graph, graph: OpGraph, a: Any, values: dict[str, Placed]) -> list[fx.Node]:
+    """Output ``a``'s share of the training loss, one term per part where it lies (see
+    :func:`rewrite`); none for a non-tensor or non-floating-point output.  The element count is
+    the captured one (the meta's may be symbolic in the batch)."""
+    node = graph.nodes.get(a.name) if isinstance(a, fx.Node) else None
+    meta = node.outputs[0] if node is not None and len(node.outputs) == 1 else None
+    if meta is None or not meta.dtype.startswith(("float", "bfloat")):
+        return []
+    v = values[a.name]
+    terms = []
+    for part in (v.parts[:1] if v.kind == R else v.parts):
+        total = new.call_function(torch.sum, (new.call_method("float", (part,)),))
+        terms.append(new.call_function(operator.truediv, (total, max(meta.numel, 1))))
+    return terms
 
 
 class _Emitter:

@@ -46,7 +46,10 @@ def test_collectives_are_exact_with_uneven_pieces_and_reversed_ranks():
     for case, r in zip(cases, results):
         label = (case["plan"]["algorithm"], case["rank_map"], case["collectives"])
         assert r["collectives"], label
-        assert r["max_rel_diff"] < 1e-9 and r["params_rel_diff"] < 1e-9, (label, r["worst"], r["max_rel_diff"])
+        # the loss is float32 by definition (training_loss), summed from the ranks' parts in another
+        # order than the reference's mean; the gradients and parameters are exact in float64
+        assert r["loss"] < 1e-6, label
+        assert r["grads_rel_diff"] < 1e-9 and r["params_rel_diff"] < 1e-9, (label, r["worst"], r["grads_rel_diff"])
 
 
 def test_data_parallel_gradients_sum_the_same_either_way(plans):
