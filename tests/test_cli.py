@@ -67,9 +67,14 @@ def test_profile_prints_top_ops_and_writes_a_profile(capsys, tmp_path):
     code, out, _ = run(capsys, "profile", "zoo:vgg16?tiny=1", "--batch", "2", "--degrees", "1,2",
                        "--repeats", "2", "--top", "5", "-o", str(out_json))
     assert code == 0
-    assert "aten.conv2d.default" in out and "Σ forward" in out
+    assert "aten.conv2d.default" in out and "Σ forward" in out and "in sequence: a whole step" in out
     costs = CostModel.load(out_json)
     assert costs.batch_size == 2 and costs.settings["shard_degrees"] == [1, 2]
+    assert costs.settings["in_sequence"]["used"] and costs.count("sequence") > 0
+    code, out, _ = run(capsys, "profile", "zoo:vgg16?tiny=1", "--batch", "2", "--degrees", "1,2",
+                       "--repeats", "2", "--isolated", "-o", str(out_json))
+    assert code == 0 and "in sequence" not in out.replace("timed in sequence", "")
+    assert CostModel.load(out_json).count("sequence") == 0
     code, _, err = run(capsys, "profile", "zoo:vgg16?tiny=1", "--device", "cuda:7")
     if not torch.cuda.is_available():
         assert code == 2 and "no CUDA GPU" in err and "Traceback" not in err

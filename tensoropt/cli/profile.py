@@ -25,7 +25,7 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     graph = capture_spec(args.model, console, batch=args.batch, batch_dim=args.batch_dim)
     t0 = time.perf_counter()
     costs = profile(graph, device=args.device, shard_degrees=args.degrees, repeats=args.repeats,
-                    warmup=args.warmup, cache=not args.no_cache, progress=True)
+                    warmup=args.warmup, cache=not args.no_cache, progress=True, in_sequence=not args.isolated)
     took = time.perf_counter() - t0
 
     t = Table(title=f"{escape(graph.name)} (batch {graph.batch_size}) on {escape(costs.device['name'])}, "
@@ -39,14 +39,22 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
                   f"{(n.fp_s + n.bp_s) / total:.1%}" if total else "-", fmt_bytes(n.saved_bytes), n.method,
                   escape(graph.nodes[n.name].module_path))
     console.print(t)
-    m = {k: costs.count(k) for k in ("measured", "cached", "free", "roofline")}
+    m = {k: costs.count(k) for k in ("measured", "cached", "free", "roofline", "sequence")}
     shards = [s for n in costs.nodes.values() for s in n.shards.values()]
     scaled = sum(1 for s in shards if s.method == "scaled")
     console.print(f"Σ forward {costs.total_fp_s * 1e3:.2f} ms, Σ backward {costs.total_bp_s * 1e3:.2f} ms over "
-                  f"{len(costs)} ops ({m['measured']} measured, {m['cached']} identical to one measured, "
-                  f"{m['free']} metadata-only, {m['roofline']} roofline estimates); {len(shards)} shard costs "
-                  f"({scaled} scaled from the full shape); {costs.settings['measured_calls']} calls measured, "
-                  f"{costs.settings['cached_calls']} from cache; profiled in {took:.1f} s")
+                  f"{len(costs)} ops ({m['measured']} measured alone, {m['cached']} identical to one measured, "
+                  f"{m['sequence']} timed in sequence, {m['free']} metadata-only, {m['roofline']} roofline "
+                  f"estimates); {len(shards)} shard costs ({scaled} scaled from the full shape); "
+                  f"{costs.settings['measured_calls']} calls measured, {costs.settings['cached_calls']} from cache; "
+                  f"profiled in {took:.1f} s")
+    seq = costs.settings.get("in_sequence", {})
+    if seq.get("used"):
+        console.print(f"in sequence: a whole step {seq['step_s'] * 1e3:.2f} ms; Σ forward + backward "
+                      f"{seq['in_sequence_sum_s'] * 1e3:.2f} ms in sequence vs {seq['isolated_sum_s'] * 1e3:.2f} ms "
+                      "with every operator timed alone")
+    elif seq.get("why"):
+        console.print(f"[yellow]in sequence: {escape(seq['why'])}[/yellow]")
     warning = busy_warning(costs)
     if warning:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
@@ -67,6 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per op call (median; default 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls first (default 1)")
     p.add_argument("--no-cache", action="store_true", help="measure everything again (ignore the on-disk cache)")
+    p.add_argument("--isolated", action="store_true",
+                   help="keep every operator's time alone (skip timing them inside whole training steps)")
     p.add_argument("--top", type=int, default=15, help="rows in the top-ops table (default 15)")
     p.add_argument("-o", "--output", metavar="PROFILE_JSON", help="write the profile as JSON")
     p.set_defaults(func=_cmd_profile)
