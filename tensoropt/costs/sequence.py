@@ -49,6 +49,9 @@ from .model import NodeCost
 
 #: how many steps are run before the timed ones (allocator and oneDNN caches warm up)
 WARMUP = 2
+#: seconds of steps one run aims at: a long step is run fewer times (never fewer than one
+#: warm-up and one timed step), so a model whose step takes minutes on a CPU is not profiled for hours
+BUDGET_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -140,10 +143,13 @@ class _TimedRun(fx.Interpreter):
 
 
 def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inputs: tuple | None = None,
-                     batch: int | None = None, repeats: int = 5, warmup: int = WARMUP) -> SequenceTimes:
+                     batch: int | None = None, repeats: int = 5, warmup: int = WARMUP,
+                     budget_s: float = BUDGET_S) -> SequenceTimes:
     """Each operator's forward and backward seconds inside ``warmup + repeats`` whole training
     steps of ``graph``'s captured module (medians over the ``repeats``), at the captured batch or,
     with ``batch``, at that many samples (the user inputs cut along their batch dimension).
+    When the first step shows that they would take longer than ``budget_s``, fewer: one warm-up
+    and as many timed steps as fit (at least one).
 
     ``graph`` must have its captured module (a :class:`ProfileError` otherwise); a graph that
     cannot run at ``batch`` (sizes fixed in a view, an export guard) raises what it raised.
@@ -164,7 +170,8 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
     fwd: dict[str, list[float]] = {}
     bwd: dict[str, list[float]] = {}
     steps: list[float] = []
-    for i in range(warmup + repeats):
+    i = 0
+    while i < warmup + repeats:
         run = _TimedRun(module, timed, clock, param_owner)
         t0 = clock.mark()
         out = run.run(*feed)
@@ -174,7 +181,12 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
         loss.backward()
         t1 = clock.mark()
         clock.settle()
-        if i < warmup:
+        i += 1
+        if i == 1 and clock.seconds(t0, t1) * (warmup + repeats) > budget_s:
+            first = clock.seconds(t0, t1)
+            warmup, repeats = 1, max(1, min(repeats, int((budget_s - first) / first)))
+        if i <= warmup:
+            del run, out, loss, spans
             continue
         steps.append(clock.seconds(t0, t1))
         for name, (a, b) in run.forward.items():
@@ -186,6 +198,7 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
             bwd.setdefault(name, []).append(s)
         del run, out, loss, spans
     # a node whose backward ran in only some steps counts 0 in the others
+    repeats = len(steps)
     return SequenceTimes(batch, {k: statistics.median(v) for k, v in fwd.items()},
                          {k: statistics.median(v + [0.0] * (repeats - len(v))) for k, v in bwd.items()},
                          statistics.median(steps), repeats)

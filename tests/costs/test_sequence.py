@@ -27,6 +27,13 @@ def test_every_computing_node_is_timed_forward_and_backward(cnn_graph):
     assert SequenceTimes.from_dict(t.to_dict()) == t
 
 
+def test_a_long_step_runs_fewer_times(cnn_graph):
+    # nothing fits a zero budget: one warm-up and one timed step instead of 2 + 5
+    t = time_in_sequence(cnn_graph, repeats=5, warmup=2, budget_s=0.0)
+    assert t.repeats == 1 and all(v > 0 for v in t.fp_s.values())
+    assert time_in_sequence(cnn_graph, repeats=3, warmup=1).repeats == 3
+
+
 def test_a_smaller_batch_runs_the_same_graph_on_cut_inputs(cnn_graph):
     assert shard_batch(cnn_graph, 2) == 2 and shard_batch(cnn_graph, 3) == 2 and shard_batch(cnn_graph, 8) is None
     half = time_in_sequence(cnn_graph, batch=2, repeats=1, warmup=1)
