@@ -1,7 +1,8 @@
 """The cost-model stage: OpGraph → CostModel (measured per-node times and memory figures).
 
 - :func:`profile` (:mod:`.profiler`): run every operator alone, forward and backward, at every
-  shard shape; cached; roofline estimates where an op cannot run alone.
+  shard shape; cached; roofline estimates where an op cannot run alone; then (default) the
+  times each operator takes inside whole training steps (:mod:`.sequence`).
 - :class:`CostModel` / :class:`NodeCost` / :class:`ShardCost` (:mod:`.model`): the profile as a
   JSON value tied to the graph's fingerprint.
 - :func:`node_memory`, :func:`step_memory` (:mod:`.memory`): per-node and whole-step memory.

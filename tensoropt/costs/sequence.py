@@ -35,7 +35,7 @@ import copy
 import dataclasses
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
@@ -65,17 +65,15 @@ class SequenceTimes:
     bp_s: Mapping[str, float]
     step_s: float
     repeats: int = 0
-    notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
         return {"batch": self.batch, "fp_s": dict(self.fp_s), "bp_s": dict(self.bp_s), "step_s": self.step_s,
-                "repeats": self.repeats, "notes": list(self.notes)}
+                "repeats": self.repeats}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SequenceTimes:
         return cls(d.get("batch"), {k: float(v) for k, v in d["fp_s"].items()},
-                   {k: float(v) for k, v in d["bp_s"].items()}, float(d["step_s"]), int(d.get("repeats", 0)),
-                   tuple(d.get("notes", ())))
+                   {k: float(v) for k, v in d["bp_s"].items()}, float(d["step_s"]), int(d.get("repeats", 0)))
 
 
 class _Clock:
@@ -111,7 +109,7 @@ class _TimedRun(fx.Interpreter):
         self.param_owner = param_owner       # id(leaf parameter) -> the graph node that owns it
         self.forward: dict[str, tuple[Any, Any]] = {}
         self.owner: dict[Any, str] = {}     # autograd node -> the graph node that created it
-        self.seen: set[int] = set()
+        self.seen: dict[int, Any] = {}      # id -> autograd node walked (held, so no id is reused)
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op != "call_function" or n.name not in self.timed:
@@ -132,7 +130,7 @@ class _TimedRun(fx.Interpreter):
             fn = stack.pop()
             if fn is None or id(fn) in self.seen:
                 continue
-            self.seen.add(id(fn))
+            self.seen[id(fn)] = fn
             if type(fn).__name__ == "AccumulateGrad":
                 owner = self.param_owner.get(id(fn.variable))
                 if owner is not None:
