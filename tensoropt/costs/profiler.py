@@ -46,7 +46,7 @@ from torch.utils._pytree import tree_flatten
 
 from .. import syncbn
 from .._io import write_json_atomic
-from ..capture import quiet_torch_logs
+from ..capture import first_line, quiet_torch_logs
 from ..errors import ProfileError
 from ..graph import OpGraph, OpNode, TensorMeta
 from .feed import placeholder_values
@@ -155,8 +155,7 @@ def _in_sequence(graph: OpGraph, costs: dict[str, NodeCost], dev: torch.device, 
         with quiet_torch_logs():
             full = run(None)
     except (RuntimeError, ProfileError, torch.cuda.OutOfMemoryError) as e:   # a whole step does not fit, or will not run
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return costs, {"used": False, "why": f"a whole training step failed ({first[:200]}): isolated times kept"}
+        return costs, {"used": False, "why": f"a whole training step failed ({first_line(e)}): isolated times kept"}
     by_batch: dict[int, SequenceTimes] = {}
     skipped: dict[int, str] = {}
     for k in degrees:
@@ -167,7 +166,7 @@ def _in_sequence(graph: OpGraph, costs: dict[str, NodeCost], dev: torch.device, 
             with quiet_torch_logs():
                 by_batch[k] = run(b)
         except Exception as e:  # noqa: BLE001 - sizes fixed in the graph: these shards take the ratio
-            skipped[k] = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            skipped[k] = first_line(e)
     adjusted = in_sequence_costs(costs, graph, full, by_batch)
     isolated = sum(c.fp_s + c.bp_s for c in costs.values())
     timed = sum(c.fp_s + c.bp_s for c in adjusted.values())
