@@ -319,9 +319,8 @@ def in_sequence_costs(nodes: Mapping[str, NodeCost], graph: OpGraph, full: Seque
         if cost.method == "free" or name not in full.fp_s:
             out[name] = cost
             continue
-        fp, bp = full.fp_s[name], full.bp_s.get(name, 0.0)
-        if bp == 0.0 and cost.bp_s > 0.0:
-            bp = cost.bp_s * (fp / cost.fp_s if cost.fp_s > 0 else 1.0)   # no autograd node seen: keep its shape
+        fp = full.fp_s[name]
+        bp = _backward(full, name, cost.fp_s, cost.bp_s)
         exact = graph.nodes[name].split.batch_exact if name in graph.nodes else True
         shards = {}
         for (layout, k), sc in cost.shards.items():
@@ -329,14 +328,24 @@ def in_sequence_costs(nodes: Mapping[str, NodeCost], graph: OpGraph, full: Seque
             if sc.method == "free":
                 shards[(layout, k)] = sc
             elif run is not None and name in run.fp_s:
-                shards[(layout, k)] = dataclasses.replace(sc, fp_s=run.fp_s[name], bp_s=run.bp_s.get(name, 0.0),
-                                                          method="sequence")
+                shards[(layout, k)] = dataclasses.replace(sc, fp_s=run.fp_s[name],
+                                                          bp_s=_backward(run, name, sc.fp_s, sc.bp_s), method="sequence")
             else:
                 share = sc.fp_s / cost.fp_s if cost.fp_s > 0 else 1.0 / k
                 shard_bp = sc.bp_s * bp / cost.bp_s if cost.bp_s > 0 else bp * share
                 shards[(layout, k)] = dataclasses.replace(sc, fp_s=fp * share, bp_s=shard_bp, method="adjusted")
         out[name] = dataclasses.replace(cost, fp_s=fp, bp_s=bp, method="sequence", shards=shards)
     return out
+
+
+def _backward(run: SequenceTimes, name: str, fp_alone: float, bp_alone: float) -> float:
+    """``name``'s backward in ``run``; where the run saw no autograd node of it but the node
+    has a backward alone, that backward scaled as its forward was (the same rule for the full
+    shape and for a batch shard)."""
+    bp = run.bp_s.get(name, 0.0)
+    if bp == 0.0 and bp_alone > 0.0:
+        bp = bp_alone * (run.fp_s[name] / fp_alone if fp_alone > 0 else 1.0)
+    return bp
 
 
 def shard_batch(graph: OpGraph, k: int) -> int | None:
