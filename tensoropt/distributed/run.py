@@ -504,10 +504,10 @@ class DistributedExecutor:
     def total_loss(self, part: torch.Tensor | None) -> torch.Tensor:
         """The training loss from every rank's part (:meth:`forward`), on every rank (detached,
         float32: what :func:`~tensoropt.costs.step.training_loss` gives)."""
-        mine = torch.zeros((), dtype=torch.float32, device=self.rt.device) if part is None else \
-            part.detach().to(torch.float32).reshape(())
-        return self.link.all_reduce_out(mine.reshape(1), Channel(None, tuple(range(self.rt.world_size)), _LOSS_TAG),
-                                        "summing the loss's parts").reshape(())
+        mine = torch.zeros(1, dtype=torch.float32, device=self.rt.device) if part is None else \
+            part.detach().to(torch.float32).reshape(1)
+        world = Channel(None, tuple(range(self.rt.world_size)), _LOSS_TAG)
+        return self.link.all_reduce_out(mine, world, "summing the loss's parts").reshape(())
 
 
 def apply_plan_distributed(model: nn.Module, example_inputs: Any, plan: Plan, runtime: Runtime, *,
