@@ -177,15 +177,17 @@ def test_parameters_read_by_the_same_devices_are_summed_in_one_all_reduce():
     assert simulate(plan, g, costs, c, overlap=False).time_s == 12.0 + ar
 
 
-def test_summing_the_gradient_buffer_holds_half_of_it_more_on_two_devices():
-    # three layers of 400-byte weights, data parallel: after the backward the flat buffer of their
-    # gradients (1200 bytes) is summed, half of it received at once — the step's peak:
-    # weights 1200 + gradient buffer 1200 + 600 received (the batch, saved by l0, went with
-    # l0's backward); during the backward at most one weight's gradient (400) was extra
+def test_the_gradient_buffer_is_summed_in_place():
+    # three layers of 400-byte weights, data parallel: the flat buffer of their gradients (1200
+    # bytes) lives the whole step and is all-reduced in place (its staging is bounded, not
+    # counted), so the peak is l2's backward: weights 1200 + buffer 1200 + l2's weight gradient
+    # before it is added into the buffer 400 + the batch piece 64 + three saved outputs 3 × 32 +
+    # the gradient of l2's output 32
     layers = [dict(linear(f"l{i}", "x" if i == 0 else f"l{i - 1}"), params=400) for i in range(3)]
     g, costs = build(layers, outputs=["l2"], inputs=(("x", 128),))
     mem = plan_memory(plan_of(g, {f"l{i}": NodeConfig(("g0", "g1"), "batch") for i in range(3)}), g, costs, two())
-    assert {d: (m.peak, m.peak_at) for d, m in mem.items()} == {d: (3000, "gradient sync") for d in ("g0", "g1")}
+    assert {d: (m.peak, m.peak_phase, m.peak_at, m.grads) for d, m in mem.items()} == \
+        {d: (2992, "backward", "l2", 1200) for d in ("g0", "g1")}
 
 
 def test_an_all_reduce_overlaps_the_backward_of_other_devices():

@@ -11,8 +11,8 @@ Every device walks its own program (its forward in plan order, its backward in r
   gradients the executors sum across devices (:func:`~tensoropt.reshard.synced_parameters`) live
   in one flat buffer for the whole step (the distributed backend keeps it between steps, as
   DDP's buckets), each contribution computed apart and then copied or added in (1 × the
-  parameter transiently), and after the backward each group's buffer is summed, ``(k-1)/k`` of it
-  received at once over ``k`` devices (the distributed backend's all-reduce);
+  parameter transiently), and after the backward each group's buffer is summed in place (the
+  all-reduce's staging, a few MiB in gloo's ring or in segments as messages, is not counted);
 - activations at shard size (:meth:`NodeCost.at` output and extra saved bytes): a node's output
   from when it runs until its last consumer on the device, or until the last backward that saved
   it; what a node receives from another configuration (:attr:`Reshard.recv_bytes`) from its first
@@ -334,15 +334,9 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
                     users.discard(name)
                     if not users:
                         live.pop((k, "#grad"), None)   # summed here, sent back
-        # summing them: each group's flat buffer in turn, (k-1)/k of it received at once (the
-        # distributed backend's all-reduce as messages, transport.PeerLink.all_reduce)
-        groups: dict[tuple[str, ...], int] = {}
-        for q in summed:
-            groups[synced[q]] = groups.get(synced[q], 0) + held[(q, d)]
-        if groups:
-            live[("#sync",)] = max(-(-b * (len(g) - 1) // len(g)) for g, b in groups.items())
+        if summed:
+            # summed in place; the all-reduce's staging is bounded (transport.PeerLink.all_reduce)
             note("backward", "gradient sync")
-            live.pop(("#sync",), None)
         live = {k: v for k, v in live.items() if k in batch_keys}
         grads_now = m.grads
         m.optimizer_temp = optimizer_temp_bytes(optimizer, trainable_sizes[d], foreach=foreach)

@@ -65,6 +65,8 @@ class Channel:
 
 #: how collectives run: torch.distributed's own, or as point-to-point messages between the members
 COLLECTIVES = ("auto", "native", "p2p")
+#: the in-place all-reduce as messages sums this many bytes at a time (its extra memory is bounded)
+SEGMENT_BYTES = 4 << 20
 
 
 class PeerLink:
@@ -75,21 +77,23 @@ class PeerLink:
     torch.distributed collectives; ``"p2p"`` as point-to-point messages between the members (one
     round; the in-place all-reduce of gradient buffers two, :meth:`all_reduce`) with sums in group
     order (the same bits on every rank, so replicas stay equal); ``"auto"`` (default) is native
-    on NCCL and p2p on gloo, whose CPU collectives measured 1.2–2.7× slower than the same
-    collective as messages after a millisecond of compute (2 ranks, 256 B–1 MiB:
-    ``benchmarks/collectives.py``, README)."""
+    on NCCL; on gloo it is p2p for the collectives of activations, which gloo ran 1.2–3.5× slower
+    than the same collective as messages after a millisecond of compute, and native for the
+    in-place all-reduce of gradient buffers, which gloo ran faster at every size (0.3–0.8× of the
+    messages, 256 B–32 MiB, 2 ranks: ``benchmarks/collectives.py``, README)."""
 
     def __init__(self, runtime: Runtime, collectives: str = "auto"):
         if collectives not in COLLECTIVES:
             raise DistributedError(f"collectives must be one of {', '.join(COLLECTIVES)}, got {collectives!r}")
         self.rt = runtime
         self.native = collectives == "native" or (collectives == "auto" and runtime.backend == "nccl")
+        self.native_in_place = collectives != "p2p"
         self._pending: list[tuple[int, object, torch.Tensor]] = []
 
     @contextlib.contextmanager
-    def guard(self, what: str, peer: int | None) -> Iterator[None]:
-        """Turn a failed wait into a :class:`DistributedError` naming ``peer`` (None: a
-        collective, any rank of the group)."""
+    def guard(self, what: str, peer: int | Channel | None) -> Iterator[None]:
+        """Turn a failed wait into a :class:`DistributedError` naming ``peer``: a rank, or the
+        other members of a collective's channel (None: the world)."""
         try:
             yield
         except DistributedError:
@@ -97,7 +101,12 @@ class PeerLink:
         except (RuntimeError, dist.DistError) as e:
             text = str(e).strip().splitlines()
             first = text[0] if text else type(e).__name__
-            who = f"rank {peer}" if peer is not None else "a peer rank"
+            if isinstance(peer, Channel):
+                others = [r for r in peer.members if r != self.rt.rank]
+                peer = others[0] if len(others) == 1 else None
+                who = f"rank {peer}" if peer is not None else f"one of ranks {others}"
+            else:
+                who = f"rank {peer}" if peer is not None else "a peer rank"
             timed_out = "timeout" in first.lower() or "timed out" in first.lower()
             why = (f"{who} did not answer within the timeout of {self.rt.timeout_s:g} s (hung or overloaded: "
                    "raise --timeout)" if timed_out else f"{who} failed or died (its own error says why)")
@@ -152,7 +161,7 @@ class PeerLink:
             biggest = max(sizes)
             mine = _padded(x.detach(), dim, biggest).contiguous()
             out = mine.new_empty(len(sizes) * mine.numel())
-            with self.guard(what, None):
+            with self.guard(what, chan):
                 dist.all_gather_single(out, mine.reshape(-1), group=chan.handle)
             chunks = out.view(len(sizes), *mine.shape)
             return [chunks[g].narrow(dim, 0, sizes[g]) for g in range(len(sizes))]
@@ -167,7 +176,7 @@ class PeerLink:
             biggest = max(b.shape[dim] for b in blocks)
             stacked = torch.stack([_padded(b, dim, biggest) for b in blocks]).reshape(-1)
             out = stacked.new_empty(stacked.numel() // len(blocks))
-            with self.guard(what, None):
+            with self.guard(what, chan):
                 dist.reduce_scatter_single(out, stacked, group=chan.handle)
             return out.view(_padded(blocks[me], dim, biggest).shape).narrow(dim, 0, blocks[me].shape[dim])
         got = self._exchange(blocks, chan, what, self._buffers([blocks[me].shape] * len(blocks), blocks[me].dtype, me))
@@ -178,7 +187,7 @@ class PeerLink:
         order on every rank (the same bits everywhere)."""
         if self.native:
             total = x.detach().clone(memory_format=torch.contiguous_format)
-            with self.guard(what, None):
+            with self.guard(what, chan):
                 dist.all_reduce(total, group=chan.handle)
             return total
         k, me = len(chan.members), chan.members.index(self.rt.rank)
@@ -186,19 +195,26 @@ class PeerLink:
         return _sum_in_order(got, me)
 
     def all_reduce(self, t: torch.Tensor, chan: Channel, what: str) -> None:
-        """``t`` := the sum over members of their ``t``, in place.  As messages: a ring's two
-        halves — each member sums its chunk (a reduce-scatter) and sends it to the others (an
-        all-gather into ``t``) — so each rank sends and receives ``(k-1)/k`` of ``t`` twice and
-        holds ``(k-1)/k`` of it extra (what :mod:`tensoropt.costs.walk` charges), and every rank
-        gets the same bits."""
-        if self.native:
-            with self.guard(what, None):
+        """``t`` := the sum over members of their ``t``, in place; every rank gets the same bits.
+        Natively (gloo's ring stages a few MiB outside torch's allocator, whatever the size), or
+        as messages, :data:`SEGMENT_BYTES` of ``t`` at a time, each segment a ring's two halves —
+        each member sums its chunk (a reduce-scatter) and sends it to the others (an all-gather
+        into ``t``) — so each rank sends and receives ``(k-1)/k`` of ``t`` twice and holds at most
+        ``(k-1)/k`` of a segment extra (like gloo's staging: not in :mod:`tensoropt.costs.walk`)."""
+        if self.native_in_place:
+            with self.guard(what, chan):
                 dist.all_reduce(t, group=chan.handle)
             return
         if not t.is_contiguous():
             raise DistributedError("all_reduce needs a contiguous tensor (the executor's flat gradient buffers are)")
+        flat = t.view(-1)
+        step = max(1, SEGMENT_BYTES // t.element_size())
+        for at in range(0, flat.numel(), step):
+            self._all_reduce_segment(flat[at:at + step], chan, what)
+
+    def _all_reduce_segment(self, t: torch.Tensor, chan: Channel, what: str) -> None:
         k, me = len(chan.members), chan.members.index(self.rt.rank)
-        chunks = list(torch.tensor_split(t.view(-1), k))
+        chunks = list(torch.tensor_split(t, k))
         first = len(self._pending)
         got = self._exchange(chunks, chan, what, self._buffers([chunks[me].shape] * k, t.dtype, me))
         chunks[me].copy_(_sum_in_order(got, me))
@@ -211,7 +227,7 @@ class PeerLink:
         self.wait_sends()   # ``t`` is the caller's to change once this returns
 
     def barrier(self, what: str = "waiting for every rank") -> None:
-        with self.guard(what, None):
+        with self.guard(what, Channel(None, tuple(range(self.rt.world_size)), 0)):
             if self.rt.backend == "nccl":
                 dist.barrier(device_ids=[torch.device(self.rt.device).index])
             else:
