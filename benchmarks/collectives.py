@@ -8,13 +8,19 @@ Two processes, one thread each (tensoropt.distributed.launch), through
 :class:`tensoropt.distributed.transport.PeerLink` — the calls the executor makes: all-gather
 (each rank's buffer of SIZE), reduce-scatter and all-reduce (a SIZE buffer; "in place": the
 gradient buffers' two-round form).  Each call is timed
-once right after a barrier ("idle") and once after ``--busy-ms`` of matrix products ("busy": how a
-step calls them, after compute); median of ``--repeats`` (the first 10 dropped), rank 0's clock.
+once right after a barrier ("idle") and once after ``--busy-ms`` of matrix products ("busy"):
+median of ``--repeats`` (the first 10 dropped), rank 0's clock.  "chain" is what a step pays:
+``--repeats`` calls in a row, each after ``--busy-ms`` of compute, no barrier between them; per call,
+(the chain's time − the same compute's alone) / calls — the mean, so rank skew and a
+communication thread that competes with compute for the cores count (on gloo, a point-to-point
+message waiting for its receiver keeps gloo's ``gloo_tcp_loop`` thread busy: "loop CPU" is that
+thread's CPU time per call, from ``/proc/self/task/*/schedstat``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -25,6 +31,16 @@ from rich.table import Table
 from tensoropt.cluster import fmt_size, parse_size
 from tensoropt.distributed import launch
 from tensoropt.distributed.transport import Channel, PeerLink
+
+
+def _comm_cpu_s() -> float:
+    """CPU seconds of this process's threads other than the main one (gloo's loops)."""
+    me, total = str(os.getpid()), 0
+    for tid in os.listdir("/proc/self/task"):
+        if tid != me:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+    return total * 1e-9
 
 
 def _job(rt, sizes, repeats, busy_ms):
@@ -74,7 +90,29 @@ def _job(rt, sizes, repeats, busy_ms):
                         times.append(time.perf_counter() - t0)
                     rows.append((nbytes, name, "—" if name == "exchange" else how, busy,
                                  statistics.median(times[10:])))
+                rows.append((nbytes, name, "—" if name == "exchange" else how, "chain",
+                             _chain(lambda: call(links[how]), links[how], a, n_mm, repeats)))
     return rows
+
+
+def _chain(call, link, a, n_mm, repeats):
+    """(added seconds per call, loop-thread CPU seconds per call) of ``repeats`` calls in a row,
+    each after ``n_mm`` products of ``a``."""
+    def run(with_call):
+        link.barrier()
+        c0, t0 = _comm_cpu_s(), time.perf_counter()
+        for _ in range(repeats):
+            for _ in range(n_mm):
+                a @ a
+            if with_call:
+                call()
+        link.wait_sends()
+        link.barrier()
+        return time.perf_counter() - t0, _comm_cpu_s() - c0
+    run(True)   # warm-up
+    compute, _ = run(False)
+    both, cpu = run(True)
+    return (both - compute) / repeats, cpu / repeats
 
 
 def main() -> None:
@@ -86,19 +124,16 @@ def main() -> None:
     sizes = [int(parse_size(s, "--sizes")) for s in a.sizes.split(",")]
     rows = launch(_job, 2, {"sizes": sizes, "repeats": a.repeats, "busy_ms": a.busy_ms}, timeout_s=600)[0]
     got = {(r[0], r[1], r[2], r[3]): r[4] for r in rows}
-    table = Table(title=f"gloo, 2 ranks, 1 thread each: median µs (busy = after {a.busy_ms:g} ms of compute)")
-    for col in ("size", "call", "native idle", "p2p idle", "native busy", "p2p busy", "native / p2p (busy)"):
+    table = Table(title=f"gloo, 2 ranks, 1 thread each: µs per call (idle / busy: median, after a barrier and "
+                        f"after {a.busy_ms:g} ms of compute; chain: added per call in a row, loop CPU per call)")
+    for col in ("size", "call", "how", "idle", "busy", "chain", "loop CPU"):
         table.add_column(col, justify="right")
     for nbytes in sizes:
         for call in ("exchange", "all-gather", "reduce-scatter", "all-reduce", "all-reduce in place"):
-            how = ("—",) if call == "exchange" else ("native", "p2p")
-            cell = {(h, b): got[(nbytes, call, h, b)] * 1e6 for h in how for b in (False, True)}
-            if call == "exchange":
-                table.add_row(fmt_size(nbytes), call, "", f"{cell['—', False]:.0f}", "", f"{cell['—', True]:.0f}", "")
-            else:
-                table.add_row(fmt_size(nbytes), call, f"{cell['native', False]:.0f}", f"{cell['p2p', False]:.0f}",
-                              f"{cell['native', True]:.0f}", f"{cell['p2p', True]:.0f}",
-                              f"{cell['native', True] / cell['p2p', True]:.1f}×")
+            for how in (("—",) if call == "exchange" else ("native", "p2p")):
+                chain, cpu = got[(nbytes, call, how, "chain")]
+                table.add_row(fmt_size(nbytes), call, how, f"{got[(nbytes, call, how, False)] * 1e6:.0f}",
+                              f"{got[(nbytes, call, how, True)] * 1e6:.0f}", f"{chain * 1e6:.0f}", f"{cpu * 1e6:.0f}")
     Console(width=140).print(table)
 
 

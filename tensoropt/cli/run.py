@@ -80,6 +80,8 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from ..distributed.transport import COLLECTIVES, COLLECTIVES_HELP   # loads torch.distributed: not at start-up
+
     p = sub.add_parser("run", help="train a model for a few steps with a plan; --check compares with the model")
     p.add_argument("model", help="zoo:NAME[?k=v&…] or path/to/file.py:factory (the model the plan was made for)")
     p.add_argument("--plan", required=True, metavar="PLAN_JSON", help="a plan written by place / frontier --plans")
@@ -95,10 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "per rank on torch.distributed, under torchrun --nproc-per-node K (tensoropt.distributed)")
     p.add_argument("--dist-backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="with --backend dist: the process group backend (auto: nccl on CUDA, else gloo)")
-    p.add_argument("--collectives", choices=("auto", "native", "p2p"), default="auto",
-                   help="with --backend dist: all-gathers / reduce-scatters / all-reduces as torch.distributed "
-                        "collectives (native) or as messages between the ranks (p2p); auto: native on nccl, p2p "
-                        "on gloo, where it is 2-5x faster")
+    p.add_argument("--collectives", choices=COLLECTIVES, default="auto", help=f"with --backend dist: {COLLECTIVES_HELP}")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="with --backend dist: seconds any rank waits for another before giving up (default 60)")
     p.add_argument("--master-addr", help="with --backend dist, without torchrun: the rendezvous host")

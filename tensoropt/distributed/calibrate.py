@@ -35,9 +35,12 @@ from torch import nn
 
 from tensoropt.errors import DistributedError   # absolute: workers load this file by path (its factory)
 
-#: the calibration model's shape: wide enough that an operator is not pure Python overhead,
-#: small enough that a message is mostly its fixed cost
-LAYERS, WIDTH, BATCH = 24, 128, 32
+#: the calibration model's shape: each layer's forward about a millisecond on one CPU core, as
+#: the operators of a model worth splitting (0.1–10 ms).  Why not smaller: on a small or
+#: virtualised host a message costs more the longer its ranks computed before it (waking an
+#: idle core, gloo's loop thread competing with compute; ``benchmarks/collectives.py`` "chain"),
+#: so a chain of 20 µs layers measured 0.4 ms per exchange where a model's steps paid 1–2 ms
+LAYERS, WIDTH, BATCH = 24, 512, 256
 DEVICES = ("cpu0", "cpu1")
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import TensorOptError
 from .runtime import DEFAULT_TIMEOUT_S
-from .transport import COLLECTIVES
+from .transport import COLLECTIVES, COLLECTIVES_HELP
 
 
 def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: bool = False,
@@ -121,8 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "the i-th plan device on rank i)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     p.add_argument("--collectives", choices=COLLECTIVES, default="auto",
-                   help="all-gathers / reduce-scatters / all-reduces as torch.distributed collectives (native) or "
-                        "as messages between the ranks (p2p); auto: native on nccl, p2p on gloo (faster there)")
+                   help=COLLECTIVES_HELP)
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help=f"seconds any rank waits for another (default {DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--master-addr", help="rendezvous host without torchrun (default MASTER_ADDR or 127.0.0.1)")

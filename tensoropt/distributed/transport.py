@@ -65,6 +65,9 @@ class Channel:
 
 #: how collectives run: torch.distributed's own, or as point-to-point messages between the members
 COLLECTIVES = ("auto", "native", "p2p")
+COLLECTIVES_HELP = ("all-gathers / reduce-scatters / all-reduces as torch.distributed collectives (native) or as "
+                    "messages between the ranks (p2p); auto: native on nccl; on gloo all-reduces native, all-gathers "
+                    "and reduce-scatters p2p (the faster of each there)")
 #: the in-place all-reduce as messages sums this many bytes at a time (its extra memory is bounded)
 SEGMENT_BYTES = 4 << 20
 
@@ -77,17 +80,17 @@ class PeerLink:
     torch.distributed collectives; ``"p2p"`` as point-to-point messages between the members (one
     round; the in-place all-reduce of gradient buffers two, :meth:`all_reduce`) with sums in group
     order (the same bits on every rank, so replicas stay equal); ``"auto"`` (default) is native
-    on NCCL; on gloo it is p2p for the collectives of activations, which gloo ran 1.2–3.5× slower
-    than the same collective as messages after a millisecond of compute, and native for the
-    in-place all-reduce of gradient buffers, which gloo ran faster at every size (0.3–0.8× of the
-    messages, 256 B–32 MiB, 2 ranks: ``benchmarks/collectives.py``, README)."""
+    on NCCL; on gloo all-gathers and reduce-scatters go as messages and all-reduces natively
+    (:attr:`native_sums`) — the faster of each there, called in a row after compute as a step
+    calls them (2 ranks, ``benchmarks/collectives.py`` "chain", README): a message that waits
+    for its receiver keeps gloo's loop thread busy, which native all-reduces avoid."""
 
     def __init__(self, runtime: Runtime, collectives: str = "auto"):
         if collectives not in COLLECTIVES:
             raise DistributedError(f"collectives must be one of {', '.join(COLLECTIVES)}, got {collectives!r}")
         self.rt = runtime
         self.native = collectives == "native" or (collectives == "auto" and runtime.backend == "nccl")
-        self.native_in_place = collectives != "p2p"
+        self.native_sums = collectives != "p2p"
         self._pending: list[tuple[int, object, torch.Tensor]] = []
 
     @contextlib.contextmanager
@@ -185,7 +188,7 @@ class PeerLink:
     def all_reduce_out(self, x: torch.Tensor, chan: Channel, what: str) -> torch.Tensor:
         """A new tensor: the sum over members of their ``x`` (``x`` unchanged), added in group
         order on every rank (the same bits everywhere)."""
-        if self.native:
+        if self.native_sums:
             total = x.detach().clone(memory_format=torch.contiguous_format)
             with self.guard(what, chan):
                 dist.all_reduce(total, group=chan.handle)
@@ -201,7 +204,7 @@ class PeerLink:
         each member sums its chunk (a reduce-scatter) and sends it to the others (an all-gather
         into ``t``) — so each rank sends and receives ``(k-1)/k`` of ``t`` twice and holds at most
         ``(k-1)/k`` of a segment extra (like gloo's staging: not in :mod:`tensoropt.costs.walk`)."""
-        if self.native_in_place:
+        if self.native_sums:
             with self.guard(what, chan):
                 dist.all_reduce(t, group=chan.handle)
             return
