@@ -143,7 +143,7 @@ def _in_sequence(graph: OpGraph, costs: dict[str, NodeCost], dev: torch.device, 
     was done for the settings.  A full-batch step that fails (out of memory) leaves ``costs``;
     a shard batch the graph cannot run at leaves those shards to the ratio."""
     def run(batch: int | None) -> SequenceTimes:
-        key = f"{graph.fingerprint}|batch={batch}"
+        key = f"{graph.fingerprint}|batch={batch}|passes"   # |passes: runs that timed the passes as wholes
         hit = store.sequences.get(key)
         if hit is None:
             hit = time_in_sequence(graph, device=dev, inputs=inputs, batch=batch, repeats=repeats)

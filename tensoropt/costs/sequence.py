@@ -21,7 +21,11 @@ gives every batch-split node its shard's in-sequence time directly.
 full shape takes the in-sequence time; a batch shard the in-sequence time of the run at that
 shard's batch where there is one; any other shard (channel, reduce, a synchronised batch norm's
 share, a batch the graph cannot run at) its isolated time times the node's in-sequence /
-isolated ratio at full shape (method ``adjusted``).  Memory figures are untouched.
+isolated ratio at full shape (method ``adjusted``).  Each call, whole or shard, also carries
+the time a pass spends between its calls (the interpreter's and the autograd engine's work per
+node: 20–60 µs a call on one CPU core, 5–10 % of the passes of the benchmark models), which a
+program running the graph node by node pays per call whatever the shard.  Memory figures are
+untouched.
 
 CPU: ``time.perf_counter``; CUDA: ``torch.cuda.Event`` pairs resolved after each step.  A step
 of the whole model at the captured batch must fit in memory (the isolated profiler needs one
@@ -57,23 +61,37 @@ BUDGET_S = 20.0
 @dataclass(frozen=True)
 class SequenceTimes:
     """Per-node median seconds in a whole training step at ``batch`` (``None``: the captured
-    batch): ``fp_s`` forward, ``bp_s`` backward (nodes with no autograd node are absent), and
-    ``step_s`` the median step (forward, loss, backward, with the timing hooks)."""
+    batch): ``fp_s`` forward, ``bp_s`` backward (nodes with no autograd node are absent),
+    ``step_s`` the median step (forward, loss, backward, with the timing hooks), and the median
+    forward pass (``forward_s``, the graph run) and backward pass (``backward_s``) as wholes: what
+    they take beyond the nodes' sums is time between the calls (:meth:`between_calls`)."""
 
     batch: int | None
     fp_s: Mapping[str, float]
     bp_s: Mapping[str, float]
     step_s: float
     repeats: int = 0
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+
+    def between_calls(self) -> tuple[float, float]:
+        """(forward, backward) seconds per call spent between the timed calls — the
+        interpreter's and the autograd engine's own work for each node, which no call's stamps
+        contain and every program running the graph node by node pays: the pass's time less its
+        nodes' sum, over the nodes timed in it (0 where not measured)."""
+        fwd = max(self.forward_s - sum(self.fp_s.values()), 0.0) / max(len(self.fp_s), 1)
+        bwd = max(self.backward_s - sum(self.bp_s.values()), 0.0) / max(len(self.bp_s), 1)
+        return fwd, bwd
 
     def to_dict(self) -> dict[str, Any]:
         return {"batch": self.batch, "fp_s": dict(self.fp_s), "bp_s": dict(self.bp_s), "step_s": self.step_s,
-                "repeats": self.repeats}
+                "repeats": self.repeats, "forward_s": self.forward_s, "backward_s": self.backward_s}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SequenceTimes:
         return cls(d.get("batch"), {k: float(v) for k, v in d["fp_s"].items()},
-                   {k: float(v) for k, v in d["bp_s"].items()}, float(d["step_s"]), int(d.get("repeats", 0)))
+                   {k: float(v) for k, v in d["bp_s"].items()}, float(d["step_s"]), int(d.get("repeats", 0)),
+                   float(d.get("forward_s", 0.0)), float(d.get("backward_s", 0.0)))
 
 
 class _Clock:
@@ -168,14 +186,17 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
     fwd: dict[str, list[float]] = {}
     bwd: dict[str, list[float]] = {}
     steps: list[float] = []
+    passes: list[tuple[float, float]] = []
     i = 0
     while i < warmup + repeats:
         run = _TimedRun(module, timed, clock, param_owner)
         t0 = clock.mark()
         out = run.run(*feed)
+        tf = clock.mark()
         loss = training_loss(user_outputs(out))
         _claim_loss(loss, run.owner)
         spans = _hook_backward(run.owner, clock)
+        tb = clock.mark()
         loss.backward()
         t1 = clock.mark()
         clock.settle()
@@ -187,6 +208,7 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
             del run, out, loss, spans
             continue
         steps.append(clock.seconds(t0, t1))
+        passes.append((clock.seconds(t0, tf), clock.seconds(tb, t1)))
         for name, (a, b) in run.forward.items():
             fwd.setdefault(name, []).append(clock.seconds(a, b))
         per_node: dict[str, float] = {}
@@ -199,7 +221,8 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
     repeats = len(steps)
     return SequenceTimes(batch, {k: statistics.median(v) for k, v in fwd.items()},
                          {k: statistics.median(v + [0.0] * (repeats - len(v))) for k, v in bwd.items()},
-                         statistics.median(steps), repeats)
+                         statistics.median(steps), repeats, statistics.median(f for f, _ in passes),
+                         statistics.median(b for _, b in passes))
 
 
 def training_feed(graph: OpGraph, module: fx.GraphModule, dev: torch.device, inputs: tuple | None,
@@ -311,9 +334,13 @@ def in_sequence_costs(nodes: Mapping[str, NodeCost], graph: OpGraph, full: Seque
     from ``full``; a ``("batch", k)`` shard from ``by_batch[k]`` (a run at that shard's batch)
     where given and the node is batch-exact (a training batch norm's shard is its share of a
     synchronised one, which no whole run at a smaller batch shows); other shards scaled by the
-    node's in-sequence / isolated ratio.  Nodes the runs did not time (free ones, metadata
-    views) are kept as they are.  O(nodes × shards)."""
+    node's in-sequence / isolated ratio.  Every timed call, whole or shard, also carries its
+    run's time between calls (:meth:`SequenceTimes.between_calls`: a shard runs as one call
+    too).  Nodes the runs did not time (free ones, metadata views) are kept as they are.
+    O(nodes × shards)."""
     by_batch = by_batch or {}
+    full_gap = full.between_calls()
+    gaps = {id(run): run.between_calls() for run in by_batch.values()}
     out: dict[str, NodeCost] = {}
     for name, cost in nodes.items():
         if cost.method == "free" or name not in full.fp_s:
@@ -328,13 +355,20 @@ def in_sequence_costs(nodes: Mapping[str, NodeCost], graph: OpGraph, full: Seque
             if sc.method == "free":
                 shards[(layout, k)] = sc
             elif run is not None and name in run.fp_s:
-                shards[(layout, k)] = dataclasses.replace(sc, fp_s=run.fp_s[name],
-                                                          bp_s=_backward(run, name, sc.fp_s, sc.bp_s), method="sequence")
+                f_gap, b_gap = gaps[id(run)]
+                shard_bp = _backward(run, name, sc.fp_s, sc.bp_s)
+                shards[(layout, k)] = dataclasses.replace(sc, fp_s=run.fp_s[name] + f_gap,
+                                                          bp_s=shard_bp + (b_gap if shard_bp > 0 else 0.0),
+                                                          method="sequence")
             else:
+                # the call's own time scales with the shard; the time between calls does not
                 share = sc.fp_s / cost.fp_s if cost.fp_s > 0 else 1.0 / k
                 shard_bp = sc.bp_s * bp / cost.bp_s if cost.bp_s > 0 else bp * share
-                shards[(layout, k)] = dataclasses.replace(sc, fp_s=fp * share, bp_s=shard_bp, method="adjusted")
-        out[name] = dataclasses.replace(cost, fp_s=fp, bp_s=bp, method="sequence", shards=shards)
+                shards[(layout, k)] = dataclasses.replace(sc, fp_s=fp * share + full_gap[0],
+                                                          bp_s=shard_bp + (full_gap[1] if shard_bp > 0 else 0.0),
+                                                          method="adjusted")
+        out[name] = dataclasses.replace(cost, fp_s=fp + full_gap[0], bp_s=bp + (full_gap[1] if bp > 0 else 0.0),
+                                        method="sequence", shards=shards)
     return out
 
 

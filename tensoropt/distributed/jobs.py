@@ -162,9 +162,10 @@ def _one_step(ex: Any, opt: Any, inputs: tuple) -> None:
 def compare_collectives(rt: Runtime, numel: int = 1000) -> dict[str, Any]:
     """Every collective of :class:`~.transport.PeerLink` over the whole world, run natively and as
     point-to-point messages on the same per-rank data (float64, seeded by rank): the largest
-    difference between the two per collective, and whether every rank got the same all-reduce
-    bits.  A check of the p2p implementation for any world size."""
-    from .transport import Channel, PeerLink
+    difference between the two per collective (``all_reduce_segments``: an in-place buffer
+    longer than one p2p segment), and whether every rank got the same all-reduce bits, each way
+    (``same_bits``).  A check of the p2p implementation for any world size."""
+    from .transport import SEGMENT_BYTES, Channel, PeerLink
 
     k = rt.world_size
     gen = torch.Generator().manual_seed(rt.rank)
@@ -180,11 +181,17 @@ def compare_collectives(rt: Runtime, numel: int = 1000) -> dict[str, Any]:
         summed = x[:-1].clone()          # chunks of unequal size in the in-place form
         link.all_reduce(summed, chan, "x")
         summed_out = link.all_reduce_out(x, chan, "x")
+        long = torch.randn(SEGMENT_BYTES // 8 + 3 * k + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(rt.rank))
+        link.all_reduce(long, chan, "x")
         link.wait_sends()
-        results[how] = (gathered, scattered, summed, summed_out)
-    for i, name in enumerate(("all_gather", "reduce_scatter", "all_reduce", "all_reduce_out")):
+        results[how] = (gathered, scattered, summed, summed_out, long)
+    names = ("all_gather", "reduce_scatter", "all_reduce", "all_reduce_out", "all_reduce_segments")
+    for i, name in enumerate(names):
         out[name] = (results["native"][i] - results["p2p"][i]).abs().max().item()
-    every: list[Any] = [None] * k
-    dist.all_gather_object(every, [results["p2p"][2].tolist(), results["p2p"][3].tolist()])
-    out["all_reduce_same_bits"] = all(e == every[0] for e in every)
+    out["same_bits"] = {}
+    for how in ("native", "p2p"):
+        sums = [t.numpy().tobytes() for t in results[how][2:]]
+        every: list[Any] = [None] * k
+        dist.all_gather_object(every, sums)
+        out["same_bits"][how] = all(e == every[0] for e in every)
     return out

@@ -22,8 +22,10 @@ def test_every_computing_node_is_timed_forward_and_backward(cnn_graph):
     conv = next(n.name for n in cnn_graph.ops if n.op == "aten.conv2d.default")
     head = next(n.name for n in cnn_graph.ops if n.op == "aten.linear.default")
     assert t.bp_s[conv] > 0 and t.bp_s[head] > 0     # weight gradients, in the step's one backward
-    # the spans are disjoint parts of one step on one thread: together no longer than the step
-    assert sum(t.fp_s.values()) + sum(t.bp_s.values()) <= t.step_s
+    # the spans are disjoint parts of one step on one thread: together no longer than the step,
+    # each pass's no longer than the pass
+    assert sum(t.fp_s.values()) + sum(t.bp_s.values()) <= t.forward_s + t.backward_s <= t.step_s
+    assert sum(t.fp_s.values()) <= t.forward_s and sum(t.bp_s.values()) <= t.backward_s
     assert SequenceTimes.from_dict(t.to_dict()) == t
 
 
@@ -79,6 +81,28 @@ def test_in_sequence_costs_take_full_and_batch_runs_and_scale_the_rest(cnn_graph
     b = out[bn].shards[("batch", 2)]
     assert (b.fp_s, b.bp_s, b.method) == (pytest.approx(1.6), pytest.approx(1.8), "adjusted")
     assert out["untimed"] is nodes["untimed"]
+
+
+def test_the_time_between_calls_goes_to_every_call_whole_or_shard(cnn_graph):
+    conv = next(n.name for n in cnn_graph.ops if n.op == "aten.conv2d.default")
+    nodes = {conv: isolated(conv, 2.0, 4.0, {("batch", 2): (1.0, 2.0), ("channel", 2): (1.5, 1.0)}),
+             "relu": isolated("relu", 1.0, 1.0, {("batch", 2): (0.5, 0.5)})}
+    # forward pass 6 for calls summing 5: 0.5 between each of the two calls; backward 5 for 4: 1.0
+    # (relu's backward only); at batch 2: forward 3.5 for 2.5, backward 3 for 2
+    full = SequenceTimes(None, {conv: 3.0, "relu": 2.0}, {"relu": 4.0}, 12.0, forward_s=6.0, backward_s=5.0)
+    half = SequenceTimes(2, {conv: 1.5, "relu": 1.0}, {"relu": 2.0}, 7.0, forward_s=3.5, backward_s=3.0)
+    assert full.between_calls() == (0.5, 1.0) and half.between_calls() == (0.5, 1.0)
+    out = in_sequence_costs(nodes, cnn_graph, full, {2: half})
+    c, r = out[conv], out["relu"]
+    assert (r.fp_s, r.bp_s) == (2.5, 5.0) and (r.shards[("batch", 2)].fp_s, r.shards[("batch", 2)].bp_s) == (1.5, 3.0)
+    # the conv's backward ran in neither run: scaled from alone as its forward (4 × 3/2), and a
+    # call like the others where a plan runs it
+    assert (c.fp_s, c.bp_s) == (3.5, pytest.approx(7.0)) and c.shards[("batch", 2)].fp_s == 2.0
+    # a channel shard: the call scales with the shard (1.5 × 3/2), the time between calls does not
+    assert c.shards[("channel", 2)].fp_s == pytest.approx(2.25 + 0.5)
+    # runs cached before the passes were timed add nothing
+    old = SequenceTimes.from_dict({k: v for k, v in full.to_dict().items() if k not in ("forward_s", "backward_s")})
+    assert old.between_calls() == (0.0, 0.0)
 
 
 def test_profile_uses_in_sequence_times_and_caches_them(cnn_graph, tmp_path):

@@ -1,7 +1,8 @@
 """Values split over both ranks that both ranks need whole, or each its block of, move as one
 collective (all-gather, reduce-scatter), exact in forward and backward — with uneven pieces
 (sizes that do not divide by two), with the mesh's devices on the ranks in reverse order, run as
-torch.distributed's collectives (native) and as messages between the ranks (p2p, gloo's default)."""
+torch.distributed's collectives (native) and as messages between the ranks (p2p, gloo's default for
+all-gathers and reduce-scatters)."""
 
 from pathlib import Path
 
@@ -66,5 +67,6 @@ def test_p2p_collectives_equal_torch_distributed_ones_on_three_ranks():
 
     for r in launch(compare_collectives, 3, {"numel": 101}, timeout_s=60):
         assert r["all_gather"] == 0.0                       # the same bytes, in the same places
-        assert r["reduce_scatter"] < 1e-12 and r["all_reduce"] < 1e-12 and r["all_reduce_out"] < 1e-12  # sums
-        assert r["all_reduce_same_bits"]                    # every rank's sum is bit for bit the same
+        assert max(r[k] for k in ("reduce_scatter", "all_reduce", "all_reduce_out", "all_reduce_segments")) < 1e-12
+        # every rank's sums bit for bit the same, either way (replicas must not drift apart)
+        assert r["same_bits"] == {"native": True, "p2p": True}
