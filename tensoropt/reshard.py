@@ -352,9 +352,11 @@ def synced_parameters(graph: Any, plan: Any) -> dict[str, tuple[str, ...]]:
 
     A parameter read on several devices ends the backward with a gradient on each; the executors
     hold it whole on every such device and sum the gradients there — unless every node reading
-    it is split the same way (``channel`` or ``reduce``, one mesh): then each device holds only
-    its piece of the parameter, its gradient is that piece's, and nothing is summed.  O(V +
-    parameters)."""
+    it cuts it the same way (the same op split the same way, ``channel`` or ``reduce``, on one
+    mesh): then each device holds only its piece of the parameter, its gradient is that piece's,
+    and nothing is summed.  A weight tied between two ops (GPT-2's embedding and output layer)
+    split along their channels is cut along different dimensions by each (the embedding's
+    columns, the output layer's rows): held whole and summed.  O(V + parameters)."""
     order = {d: i for i, d in enumerate(plan.devices)}
     where: dict[str, set[str]] = {}
     configs: dict[str, set[tuple]] = {}
@@ -364,10 +366,10 @@ def synced_parameters(graph: Any, plan: Any) -> dict[str, tuple[str, ...]]:
             info = graph.params[q]
             if info.kind == "parameter" and info.requires_grad:
                 where.setdefault(q, set()).update(cfg.devices)
-                configs.setdefault(q, set()).add((cfg.layout, tuple(cfg.devices)))
+                configs.setdefault(q, set()).add((cfg.layout, tuple(cfg.devices), op_basename(node.op)))
     out = {}
     for q, devs in where.items():
-        (layout, mesh), *others = configs[q]
+        (layout, mesh, _), *others = configs[q]
         if len(devs) < 2 or (not others and layout in ("channel", "reduce") and len(mesh) > 1):
             continue
         out[q] = tuple(sorted(devs, key=order.__getitem__))

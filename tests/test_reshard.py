@@ -215,3 +215,44 @@ def test_gradient_syncs_sum_each_device_set_once_and_batch_norm_exchanges_its_st
     assert stage.time_s == LINK.time_both_ways(64) < ring_allreduce_time(c, AB, 64)
     assert stat_sync(g, "bn", C(AB, "channel"), c) is None and stat_sync(g, "bn", C("a"), c) is None
     assert stat_sync(g, "conv", dp, c) is None
+
+
+def test_a_weight_tied_between_two_ops_split_along_their_channels_is_held_whole_and_summed():
+    # GPT-2's tied embedding / output layer: the embedding's channel split cuts the weight's
+    # columns, the linear's its rows — no device holds one piece of both, so the executors keep
+    # the weight whole and sum its gradient; the same op twice cuts it one way (ALBERT's layers)
+    from tensoropt.costs import CostModel, NodeCost, ShardCost
+    from tensoropt.costs.walk import plan_memory
+    from tensoropt.plan import Plan
+    from tensoropt.reshard import gradient_syncs, synced_parameters
+
+    ids, hid, logits = (TensorMeta((4, 16), "int64", 0, None), TensorMeta((4, 16, 8), "float32", 0, 2),
+                        TensorMeta((4, 16, 32), "float32", 0, 2))
+    split = SplitDims(batch=0, channel=2)
+
+    def graph(second_op):
+        return OpGraph([
+            OpNode("ids", "input", kind="input", outputs=(ids,)),
+            OpNode("embed", "aten.embedding.default", inputs=("ids",), input_bytes=(ids.nbytes,), outputs=(hid,),
+                   params=("wte",), split=split),
+            OpNode("head", second_op, inputs=("embed",), input_bytes=(hid.nbytes,),
+                   outputs=(logits if second_op == "aten.linear.default" else hid,), param_reads=("wte",),
+                   split=split),
+        ], {"wte": ParamInfo("wte", (32, 8), "float32", "parameter", True, "embed")})
+
+    def costs_of(g):
+        shard = ShardCost(5e-4, 5e-4, 0, 0, 0)
+        return CostModel({n.name: NodeCost(n.name, n.op, 1e-3, 1e-3, "measured", shards={("channel", 2): shard})
+                          for n in g.ops}, graph_fingerprint=g.fingerprint)
+
+    c = cluster("ab")
+    tied = graph("aten.linear.default")
+    plan = Plan({n: C(AB, "channel") for n in ("embed", "head")}, graph_fingerprint=tied.fingerprint)
+    assert synced_parameters(tied, plan) == {"wte": AB}
+    [(readers, st)] = gradient_syncs(tied, plan, c)
+    assert set(readers) == {"embed", "head"} and st.nbytes == 32 * 8 * 4
+    assert {d: m.params for d, m in plan_memory(plan, tied, costs_of(tied), c).items()} == {"a": 1024, "b": 1024}
+    same = graph("aten.embedding.default")
+    plan = Plan({n: C(AB, "channel") for n in ("embed", "head")}, graph_fingerprint=same.fingerprint)
+    assert synced_parameters(same, plan) == {}
+    assert {d: m.params for d, m in plan_memory(plan, same, costs_of(same), c).items()} == {"a": 512, "b": 512}

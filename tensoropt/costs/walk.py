@@ -125,15 +125,17 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     configs = plan.configs
 
     synced = synced_parameters(graph, plan)
-    # parameters: a slice under channel / reduce, whole otherwise; once per device
+    # parameters: a slice under channel / reduce, whole otherwise (and whole wherever the
+    # executors sum its gradients: read whole somewhere, or cut two ways); once per device
     held: dict[tuple[str, str], int] = {}
     piece_of: dict[tuple[str, str], int] = {}   # (node, param) -> bytes on each of its devices
     for name in plan.order:
         node, cfg = graph.nodes[name], configs[name]
         split = cfg.degree if cfg.layout in ("channel", "reduce") and cfg.degree > 1 else 1
         for p in (*node.params, *node.param_reads):
-            b = -(-graph.params[p].nbytes // split)
-            piece_of[(name, p)] = b
+            piece_of[(name, p)] = b = -(-graph.params[p].nbytes // split)
+            if p in synced:
+                b = graph.params[p].nbytes
             for d in cfg.devices:
                 held[(p, d)] = max(held.get((p, d), 0), b)
     trainable_sizes: dict[str, list[int]] = {d: [] for d in devices}
