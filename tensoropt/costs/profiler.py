@@ -339,14 +339,16 @@ class _Runner(fx.Interpreter):
     # ---- one node ----------------------------------------------------------------------------
     def _cost(self, n: fx.Node, op: OpNode) -> NodeCost:
         param_bytes = sum(self.graph_.params[p].nbytes for p in op.params)
-        free_shards = {}
-        if op.metadata_only:
-            for layout, ok in (("batch", op.split.batch is not None), ("channel", op.split.channel is not None)):
-                if ok:
-                    free_shards.update({(layout, k): ShardCost(0.0, 0.0, 0, 0, 0, "free") for k in self.degrees})
-            return NodeCost(op.name, op.op, 0.0, 0.0, "free", param_bytes=param_bytes, shards=free_shards)
         fn, args, kwargs, extra_params = self._callable(n)
         tinfo, producers = self._tensor_args(n, args, kwargs)
+        if op.metadata_only:
+            # a batch split always runs (the executors give a view its shard's batch through the
+            # graph's symbolic batch size); a channel split only where the shard rule fits
+            free_shards = {(layout, k): ShardCost(0.0, 0.0, 0, 0, 0, "free")
+                           for layout in ("batch", "channel") for k in self.degrees
+                           if (_shard_shape(op, op.outputs[0] if op.outputs else None, layout, k) is not None
+                               if layout == "batch" else self._view_shard_runs(n, op, fn, args, kwargs, tinfo, k))}
+            return NodeCost(op.name, op.op, 0.0, 0.0, "free", param_bytes=param_bytes, shards=free_shards)
         grad = self.needs_grad.get(op.name, False) and not _in_place(op.op)
         full = self._measure(op.op, fn, args, kwargs, tinfo, extra_params, grad)
         saved_inputs = tuple(dict.fromkeys(producers[i] for i in full.saved_args if producers.get(i)))
@@ -367,19 +369,29 @@ class _Runner(fx.Interpreter):
                         saved_bytes=full.saved_bytes, extra_saved_bytes=full.extra_saved_bytes,
                         workspace_bytes=full.workspace_bytes, flops=full.flops, shards=shards)
 
+    def _view_shard_runs(self, n, op, fn, args, kwargs, tinfo, k: int) -> bool:
+        """Whether a metadata-only node (a view) split ``k`` ways along its channels is one the
+        executors can run: the shard rule cuts its arguments and the cut call gives the promised
+        shape.  Where not (a view that folds the channels into another dimension), the executors
+        run it whole, so the plan must not count it split for free."""
+        out0 = op.outputs[0] if op.outputs else None
+        expected = _shard_shape(op, out0, "channel", k)
+        if expected is None or n.op != "call_function":
+            return False
+        try:
+            cut = shard_args(_basename(op.op), args, kwargs, tinfo, "channel", k, out0)
+            if cut is None:
+                return False
+            got = fn(*cut[0], **cut[1])
+        except Exception:  # noqa: BLE001 - any failure means the executors fall back to the whole view
+            return False
+        return isinstance(got, torch.Tensor) and list(got.shape) == expected
+
     def _shard(self, n, op, base, fn, args, kwargs, tinfo, extra_params, grad, full: Measurement,
                layout: str, k: int, out0: TensorMeta) -> ShardCost | None:
-        expected = list(out0.shape)
-        if layout == "batch":
-            d = op.split.batch
-            if d is None or d >= len(expected) or expected[d] < k:
-                return None
-            expected[d] = shard_size(expected[d], k)
-        elif layout == "channel":
-            d = op.split.channel
-            if d is None or d >= len(expected) or expected[d] < k:
-                return None
-            expected[d] = shard_size(expected[d], k)
+        expected = _shard_shape(op, out0, layout, k) if layout != "reduce" else list(out0.shape)
+        if expected is None:
+            return None
         cut = None
         if n.op == "call_function":
             try:
@@ -589,6 +601,17 @@ def _roofline(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool], i
     fp = max(flops / peak, (in_bytes + out_bytes) / bw)
     bp = 2 * fp if any(grad_flags) else 0.0
     return Measurement(fp, bp, out_bytes, 0, 0, (), False, 0, flops, (), "roofline")
+
+
+def _shard_shape(op: OpNode, out0: TensorMeta | None, layout: str, k: int) -> list[int] | None:
+    """The first output's shape in the largest of ``k`` shards along ``layout``'s dimension
+    (``batch`` / ``channel``), or None where the node has no such dimension or too few along it."""
+    d = op.split.batch if layout == "batch" else op.split.channel
+    if out0 is None or d is None or d >= len(out0.shape) or out0.shape[d] < k:
+        return None
+    shape = list(out0.shape)
+    shape[d] = shard_size(shape[d], k)
+    return shape
 
 
 def _scaled(full: Measurement, k: int) -> ShardCost:

@@ -35,6 +35,28 @@ def test_every_op_has_a_cost_and_views_are_free(cnn_profile):
     assert conv.bp_s > 0 and conv.flops == 2 * 4 * 8 * 14 * 14 * 3 * 3 * 3  # + bias adds are not counted
 
 
+def test_a_view_is_split_along_its_channels_only_where_the_executors_can(tmp_path):
+    # GPT-2's views from (batch·tokens, features) back to (batch, tokens, features) keep the
+    # features last but their shape argument names all of them: the executors run them whole
+    # on one device, so the profile offers no free channel shard for them — and offers one for
+    # every view the executors do split (its head reshapes, transposes)
+    from tensoropt.execute.rewrite import rewrite
+    from tensoropt.plan import NodeConfig, Plan
+
+    graph = tensoropt.load_model("zoo:gpt2?tiny=1").capture()
+    costs = profile(graph, shard_degrees=(1, 2), repeats=1, cache=tmp_path, in_sequence=False)
+    views = [n.name for n in graph.ops if n.metadata_only and n.split.channel is not None]
+    offered = {v for v in views if ("channel", 2) in costs[v].shards}
+    mesh = ("d0", "d1")
+    plan = Plan({n.name: NodeConfig(mesh, "channel" if n.name in views else "R") for n in graph.ops},
+                graph_fingerprint=graph.fingerprint, order=[n.name for n in graph.ops])
+    whole = {f.split(" ")[0] for f in rewrite(graph, plan, lambda d: torch.device("cpu")).fallbacks}
+    assert offered and whole and offered == set(views) - whole
+    batched = [n.name for n in graph.ops if n.name in views and n.split.batch is not None
+               and n.outputs[0].shape[n.split.batch] >= 2]
+    assert batched and all(("batch", 2) in costs[v].shards for v in batched)     # a batch split always runs
+
+
 def test_saved_tensors_are_attributed(cnn_profile):
     graph, costs = cnn_profile
     conv, = by_op(graph, costs, "aten.conv2d.default")
