@@ -3,9 +3,10 @@
 A ping-pong (``tensoropt bench-links``) times a message between two idle ranks.  In a training
 step a message costs more: the executor's autograd node and bookkeeping on both sides, and —
 above all on a small or virtualised host — waking a rank (and its communication thread) that
-was computing or asleep in a wait.  :func:`message_cost` measures that on a chain of small
-linear layers in two patterns, each run once with two plan devices on two ranks and once with
-both on one rank (the same operators either way):
+was computing or asleep in a wait.  :func:`message_cost` measures that on a chain of linear
+layers of about a millisecond each (:data:`LAYERS`, :data:`WIDTH`, :data:`BATCH`) in two
+patterns, each run once with two plan devices on two ranks and once with both on one rank (the
+same operators either way):
 
 - *hops*: each layer on the other device than the previous one — a message forward and its
   gradient back at every hop while the receiver waits; ``(two-rank − one-rank step) /
