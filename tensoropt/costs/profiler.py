@@ -51,7 +51,7 @@ from ..errors import ProfileError
 from ..graph import OpGraph, OpNode, TensorMeta
 from .feed import placeholder_values
 from .memory import grad_nodes
-from .sequence import SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
+from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
 from .model import CostModel, NodeCost, ShardCost
 from .shards import TensorArg, shard_args, shard_size
 from .timing import device_info, device_key, time_callable
@@ -143,7 +143,7 @@ def _in_sequence(graph: OpGraph, costs: dict[str, NodeCost], dev: torch.device, 
     was done for the settings.  A full-batch step that fails (out of memory) leaves ``costs``;
     a shard batch the graph cannot run at leaves those shards to the ratio."""
     def run(batch: int | None) -> SequenceTimes:
-        key = f"{graph.fingerprint}|batch={batch}|passes"   # |passes: runs that timed the passes as wholes
+        key = f"{graph.fingerprint}|batch={batch}|v{SEQUENCE_VERSION}"
         hit = store.sequences.get(key)
         if hit is None:
             hit = time_in_sequence(graph, device=dev, inputs=inputs, batch=batch, repeats=repeats)

@@ -14,8 +14,10 @@ simulator see the in-sequence figures.
 that times each operator call) and backward (one ``torch.autograd.backward`` of
 :func:`~tensoropt.costs.step.training_loss`, every autograd node a node created timed by a pre-
 and a post-hook), ``warmup + repeats`` steps, and returns each node's median forward and backward
-seconds.  At a smaller ``batch`` (the user inputs cut along their batch dimension) the same run
-gives every batch-split node its shard's in-sequence time directly.
+seconds; the loss's own work, forward (a pass over every output) and backward (the
+output-sized gradient it seeds), counts for the node whose output it reads.  At a smaller
+``batch`` (the user inputs cut along their batch dimension) the same run gives every
+batch-split node its shard's in-sequence time directly.
 
 :func:`in_sequence_costs` turns a profile's isolated figures into in-sequence ones: a node's
 full shape takes the in-sequence time; a batch shard the in-sequence time of the run at that
@@ -51,6 +53,9 @@ from ..graph import OpGraph
 from .feed import placeholder_values
 from .model import NodeCost
 
+#: what a run measures, in cache keys: 2 = the passes timed as wholes, 3 = the loss's forward
+#: charged to the output's producer (runs cached before measured less)
+SEQUENCE_VERSION = 3
 #: how many steps are run before the timed ones (allocator and oneDNN caches warm up)
 WARMUP = 2
 #: seconds of steps one run aims at: a long step is run fewer times (never fewer than one
@@ -170,8 +175,6 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
     ``graph`` must have its captured module (a :class:`ProfileError` otherwise); a graph that
     cannot run at ``batch`` (sizes fixed in a view, an export guard) raises what it raised.
     O((warmup + repeats) × one training step)."""
-    from .step import training_loss
-
     if graph.module is None:
         raise ProfileError(f"graph {graph.name!r} has no captured module: time the model itself")
     if repeats < 1:
@@ -192,8 +195,8 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
         run = _TimedRun(module, timed, clock, param_owner)
         t0 = clock.mark()
         out = run.run(*feed)
+        loss, loss_spans = _timed_loss(user_outputs(out), run.owner, clock)
         tf = clock.mark()
-        loss = training_loss(user_outputs(out))
         _claim_loss(loss, run.owner)
         spans = _hook_backward(run.owner, clock)
         tb = clock.mark()
@@ -209,8 +212,11 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
             continue
         steps.append(clock.seconds(t0, t1))
         passes.append((clock.seconds(t0, tf), clock.seconds(tb, t1)))
-        for name, (a, b) in run.forward.items():
-            fwd.setdefault(name, []).append(clock.seconds(a, b))
+        per_call = {name: clock.seconds(a, b) for name, (a, b) in run.forward.items()}
+        for name, a, b in loss_spans:
+            per_call[name] = per_call.get(name, 0.0) + clock.seconds(a, b)
+        for name, s in per_call.items():
+            fwd.setdefault(name, []).append(s)
         per_node: dict[str, float] = {}
         for name, a, b in spans:
             per_node[name] = per_node.get(name, 0.0) + clock.seconds(a, b)
@@ -251,6 +257,27 @@ def training_feed(graph: OpGraph, module: fx.GraphModule, dev: torch.device, inp
             v = _cut_batch(graph, ph.name, v, batch)
         feed.append(v)
     return feed, param_owner
+
+
+def _timed_loss(outputs: Any, owner: Mapping[Any, str], clock: _Clock) -> tuple[torch.Tensor, list[tuple[str, Any, Any]]]:
+    """:func:`~tensoropt.costs.step.training_loss` of ``outputs``, each output's term (its mean:
+    a pass over the whole output) stamped and charged to the node that produced the output —
+    the forward half of what :func:`_claim_loss` does for the backward."""
+    from .step import _float_tensors, training_loss
+
+    spans, terms = [], []
+    for t in _float_tensors(outputs):
+        a = clock.mark()
+        terms.append(t.float().mean())
+        name = owner.get(t.grad_fn)
+        if name is not None:
+            spans.append((name, a, clock.mark()))
+    if not terms:
+        return training_loss(outputs), []      # raises: no floating-point output to train on
+    loss = terms[0]
+    for term in terms[1:]:
+        loss = loss + term
+    return loss, spans
 
 
 def _claim_loss(loss: torch.Tensor, owner: dict[Any, str]) -> None:
@@ -392,4 +419,4 @@ def shard_batch(graph: OpGraph, k: int) -> int | None:
     return shard_size(graph.batch_size, k)
 
 
-__all__ = ["SequenceTimes", "time_in_sequence", "in_sequence_costs", "shard_batch"]
+__all__ = ["SequenceTimes", "SEQUENCE_VERSION", "time_in_sequence", "in_sequence_costs", "shard_batch"]

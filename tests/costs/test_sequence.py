@@ -135,6 +135,19 @@ def test_a_step_that_does_not_fit_keeps_the_isolated_times(cnn_graph, monkeypatc
     assert all(c.method in ("measured", "cached", "free") for c in costs.nodes.values())
 
 
+def test_the_loss_is_charged_to_the_node_whose_output_it_reads():
+    from tensoropt.costs.sequence import _Clock, _timed_loss
+    from tensoropt.costs.step import training_loss
+
+    x = torch.randn(4, 8, requires_grad=True)
+    logits, ids = x * 2, torch.arange(4)
+    loss, spans = _timed_loss({"logits": logits, "ids": ids}, {logits.grad_fn: "head"}, _Clock(torch.device("cpu")))
+    assert torch.equal(loss, training_loss({"logits": logits, "ids": ids}))   # integer outputs are not trained on
+    assert [name for name, _, _ in spans] == ["head"] and spans[0][2] >= spans[0][1]
+    with pytest.raises(tensoropt.ProfileError, match="no floating-point tensor"):
+        _timed_loss(ids, {}, _Clock(torch.device("cpu")))
+
+
 def test_a_parameters_gradient_accumulation_is_its_owners(tied_lm):
     # the tied weight is read by the embedding (its owner) and the projection: its accumulator —
     # where a large weight's gradient is copied or added — is charged to the embedding
