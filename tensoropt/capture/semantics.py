@@ -121,6 +121,17 @@ def _dim_arg(base: str, args: Sequence[Any], kwargs: dict, rank: int) -> list[in
     return [x for x in (_norm_dim(v, rank) for v in ds) if x is not None]
 
 
+def _whole_slice(base: str, args: Sequence[Any], kwargs: dict, size: int) -> bool:
+    """Whether a ``slice`` takes its whole dimension (``x[:]``, which torch.export writes as
+    ``slice(x, 0, 0, 9223372036854775807)``): it keeps every sample where it was."""
+    if base != "slice":
+        return False
+    start, end, step = ((list(args[2:5]) + [None, None, None])[:3] if len(args) > 2 else [None, None, None])
+    start, end, step = kwargs.get("start", start), kwargs.get("end", end), kwargs.get("step", step)
+    return (start in (None, 0) and (end is None or (isinstance(end, int) and end >= size))
+            and step in (None, 1))
+
+
 def _prefix(shape: Sequence[int], dim: int) -> int:
     n = 1
     for s in shape[:dim]:
@@ -206,7 +217,8 @@ def split_dims(target: Any, args: Sequence[Any], kwargs: dict,
     if batch is not None:
         src = next((t for t in tensor_inputs if t.batch_dim is not None), None)
         if src is not None:
-            if base in _MIXES_ALONG_DIM and src.batch_dim in _dim_arg(base, args, kwargs, len(src.shape)):
+            if base in _MIXES_ALONG_DIM and src.batch_dim in _dim_arg(base, args, kwargs, len(src.shape)) \
+                    and not _whole_slice(base, args, kwargs, src.shape[src.batch_dim]):
                 batch = None
             elif base == "index" and len(args) > 1 and isinstance(args[1], (list, tuple)) \
                     and len(args[1]) > src.batch_dim and args[1][src.batch_dim] is not None:

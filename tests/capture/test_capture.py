@@ -69,6 +69,20 @@ def test_batch_mixing_ops_are_not_batch_split():
     assert all(n.split.batch is None for n in g.ops if n.op == "aten.sum.default")
 
 
+class Slicer(torch.nn.Module):
+    def forward(self, x):
+        return x[:] * 2, x[1:] * 3, x[:, 1:] * 4
+
+
+def test_a_slice_that_takes_the_whole_batch_keeps_it_splittable():
+    g = capture(Slicer(), (torch.randn(4, 3),))
+    slices = [n for n in g.ops if n.op == "aten.slice.Tensor"]
+    whole, part, columns = ([n for n in slices if n.outputs[0].shape == shape][0]
+                            for shape in ((4, 3), (3, 3), (4, 2)))
+    assert whole.split.batch == 0 and columns.split.batch == 0
+    assert part.split.batch is None            # x[1:] drops a sample: not two independent halves
+
+
 def test_batch_dims_are_symbolic_not_size_based():
     """A dimension that happens to equal the batch size is not the batch dimension."""
 
