@@ -15,7 +15,7 @@ estimates.  error = (estimate − measured) / measured.  "moves": values sent po
 backward; the gradient sums not counted).  The "ping-pong" column is the simulator
 with the idle ping-pong's links, before that calibration.
 
-    python benchmarks/truth.py [--models zoo:vgg16?tiny=1,…] [--steps 7] [--json truth.json]
+    python benchmarks/truth.py [--models zoo:vgg16?tiny=1,…] [--steps 7] [--json out/truth.json]
 
 Profiles are in sequence (each operator timed inside whole training steps,
 :mod:`tensoropt.costs.sequence`); the "alone" column is the simulator with every operator timed
@@ -25,7 +25,6 @@ alone instead (``profile(..., in_sequence=False)``'s figures, kept in the profil
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -33,6 +32,7 @@ import time
 import torch
 
 import tensoropt
+from tensoropt._io import write_json_atomic
 from tensoropt.cluster.bench import bench_links
 from tensoropt.distributed import launch
 from tensoropt.distributed.calibrate import calibrate_links, message_cost
@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=3, help="measure every plan this many times (median)")
     ap.add_argument("--repeats", type=int, default=5, help="profile repeats")
-    ap.add_argument("--json", default="truth.json")
+    ap.add_argument("--json", default="out/truth.json", help="where the raw rows go (default out/truth.json)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     t0 = time.time()
@@ -129,10 +129,9 @@ def main() -> None:
               f"{r['measured_peak_bytes'] / mib:.2f} | {r['simulated_peak_bytes'] / mib:.2f} "
               f"({err(r['simulated_peak_bytes'], r['measured_peak_bytes'])}) | "
               + (f"{f_m / mib:.2f} ({err(f_m, r['measured_peak_bytes'])})" if f_m else "—") + " |")
-    with open(a.json, "w") as fh:
-        json.dump({"links": {"latency_s": fit.latency_s, "bandwidth_Bps": fit.bandwidth_Bps, "duplex": fit.duplex},
-                   "message_cost": cost.to_dict(),
-                   "rows": rows}, fh, indent=1)
+    write_json_atomic(a.json, {"links": {"latency_s": fit.latency_s, "bandwidth_Bps": fit.bandwidth_Bps,
+                                         "duplex": fit.duplex},
+                               "message_cost": cost.to_dict(), "rows": rows})
     print(f"\nwrote {a.json}; {time.time() - t0:.0f} s in all")
 
 
