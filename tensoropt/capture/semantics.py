@@ -126,7 +126,7 @@ def _whole_slice(base: str, args: Sequence[Any], kwargs: dict, size: int) -> boo
     ``slice(x, 0, 0, 9223372036854775807)``): it keeps every sample where it was."""
     if base != "slice":
         return False
-    start, end, step = ((list(args[2:5]) + [None, None, None])[:3] if len(args) > 2 else [None, None, None])
+    start, end, step = (list(args[2:5]) + [None, None, None])[:3]      # slice(x, dim, start, end, step)
     start, end, step = kwargs.get("start", start), kwargs.get("end", end), kwargs.get("step", step)
     return (start in (None, 0) and (end is None or (isinstance(end, int) and end >= size))
             and step in (None, 1))

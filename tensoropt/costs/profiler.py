@@ -344,11 +344,12 @@ class _Runner(fx.Interpreter):
         if op.metadata_only:
             # a batch split always runs (the executors give a view its shard's batch through the
             # graph's symbolic batch size); a channel split only where the shard rule fits
-            free_shards = {(layout, k): ShardCost(0.0, 0.0, 0, 0, 0, "free")
-                           for layout in ("batch", "channel") for k in self.degrees
-                           if (_shard_shape(op, op.outputs[0] if op.outputs else None, layout, k) is not None
-                               if layout == "batch" else self._view_shard_runs(n, op, fn, args, kwargs, tinfo, k))}
-            return NodeCost(op.name, op.op, 0.0, 0.0, "free", param_bytes=param_bytes, shards=free_shards)
+            out0 = op.outputs[0] if op.outputs else None
+            free = ShardCost(0.0, 0.0, 0, 0, 0, "free")
+            shards = {("batch", k): free for k in self.degrees if _shard_shape(op, out0, "batch", k) is not None}
+            shards.update({("channel", k): free for k in self.degrees
+                           if self._view_shard_runs(n, op, fn, args, kwargs, tinfo, k)})
+            return NodeCost(op.name, op.op, 0.0, 0.0, "free", param_bytes=param_bytes, shards=shards)
         grad = self.needs_grad.get(op.name, False) and not _in_place(op.op)
         full = self._measure(op.op, fn, args, kwargs, tinfo, extra_params, grad)
         saved_inputs = tuple(dict.fromkeys(producers[i] for i in full.saved_args if producers.get(i)))
