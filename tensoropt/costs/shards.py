@@ -29,6 +29,9 @@ from ..graph import TensorMeta
 _CONV = {"conv1d", "conv2d", "conv3d", "convolution"}
 _LINEAR = {"linear"}
 _MM_SECOND = {"addmm": (1, 2), "mm": (0, 1), "bmm": (0, 1), "matmul": (0, 1), "baddbmm": (1, 2)}
+#: views that reshape: split along channels by :func:`_channel_view` (the executors run a split
+#: one as ``reshape``: a piece cut from a whole tensor need not be contiguous)
+VIEWS = {"view", "_unsafe_view", "reshape"}
 _ATTENTION = {"scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
               "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention"}
 
@@ -141,6 +144,8 @@ def _channel(base: str, args: list, kwargs: dict, info: dict[int, TensorArg], k:
     if base == "embedding":
         args[0] = _cut(args[0], 1, k)
         return tuple(args), kwargs
+    if base in VIEWS:
+        return _channel_view(args, kwargs, info, k, out)
     if base in _ATTENTION:
         for i in range(3):
             args[i] = _cut(args[i], 1, k)
@@ -153,6 +158,34 @@ def _channel(base: str, args: list, kwargs: dict, info: dict[int, TensorArg], k:
                 kwargs["attn_mask"] = mask
         return tuple(args), kwargs
     return _channel_generic(args, kwargs, info, k, out)
+
+
+def _channel_view(args: list, kwargs: dict, info: dict[int, TensorArg], k: int,
+                  out: TensorMeta) -> tuple[tuple, dict] | None:
+    """A view / reshape whose input channel dimension becomes its output channel dimension with
+    the same number of elements before it (GPT-2's ``(B·T, 4C) → (B, T, 4C)``, a head split
+    ``(B, T, C) → (B, T, H, D)``): piece ``i`` of the input, viewed, is piece ``i`` of the output,
+    so the input is cut and the shape argument's channel entry divided.  Only for channel sizes
+    that ``k`` divides (every shard gets the same shape argument)."""
+    x, shape = args[0], args[1] if len(args) > 1 else kwargs.get("size", kwargs.get("shape"))
+    a = info.get(id(x)) if isinstance(x, torch.Tensor) else None
+    d = a.meta.channel_dim if a is not None and a.kind == "activation" and a.meta is not None else None
+    c = out.channel_dim
+    if d is None or c is None or not isinstance(shape, (list, tuple)) or c >= len(shape):
+        return None
+    if x.shape[d] % k or out.shape[c] % k or math.prod(x.shape[:d]) != math.prod(out.shape[:c]):
+        return None
+    if shape[c] != -1 and shape[c] != out.shape[c]:
+        return None   # a size from the batch (a graph node), or one this rule does not know
+    new_shape = list(shape)
+    if shape[c] != -1:
+        new_shape[c] = out.shape[c] // k
+    args[0] = _cut(x, d, k)
+    if len(args) > 1:
+        args[1] = type(shape)(new_shape)
+    else:
+        kwargs["size" if "size" in kwargs else "shape"] = type(shape)(new_shape)
+    return tuple(args), kwargs
 
 
 def _channel_generic(args: list, kwargs: dict, info: dict[int, TensorArg], k: int,

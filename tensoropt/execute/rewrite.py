@@ -50,7 +50,7 @@ import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
 from .. import syncbn
-from ..costs.shards import TensorArg, shard_args
+from ..costs.shards import VIEWS, TensorArg, shard_args
 from ..errors import ExecutionError
 from ..graph import OpGraph
 from ..plan import Plan
@@ -247,11 +247,13 @@ class _Emitter:
                                   f"run whole on {devices[0]}")
             return self._whole(n, op, devices[:1], cfg.recompute)
         batch = self.graph.batch_size
+        # a channel piece cut from a whole tensor is not contiguous: a split view reshapes it
+        target = torch.ops.aten.reshape.default if layout == "channel" and base in VIEWS else None
         parts = []
         for i, d in enumerate(devices):
             local = (batch // k + (1 if i < batch % k else 0)) if layout == "batch" and batch else None
             parts.append(self._call(n, template, d, k, i, local, cfg.recompute, writes_back=True,
-                                    drop_bias=(layout == "reduce" and i > 0), base=base))
+                                    drop_bias=(layout == "reduce" and i > 0), base=base, target=target))
         if layout == "reduce":
             return Placed(P, tuple(devices), tuple(parts))
         which = "batch_dim" if layout == "batch" else "channel_dim"
@@ -381,7 +383,10 @@ class _Emitter:
 
     # ---- one shard ---------------------------------------------------------------------------
     def _call(self, n: fx.Node, template: tuple[Any, dict], device: str, k: int, index: int, batch: int | None,
-              recompute: bool, *, writes_back: bool, drop_bias: bool = False, base: str = "") -> fx.Node:
+              recompute: bool, *, writes_back: bool, drop_bias: bool = False, base: str = "",
+              target: Any = None) -> fx.Node:
+        """One shard of ``n`` on ``device`` (``target``: another op to call, same arguments)."""
+        target = target or n.target
         written = _written_args(n)
         backs: list[tuple[fx.Node, fx.Node, int | None]] = []
 
@@ -416,9 +421,9 @@ class _Emitter:
             elif base in _BETA:
                 kwargs["beta"] = 0
         if recompute:
-            out = self.new.call_function(run_checkpointed, (n.target, *args), kwargs)
+            out = self.new.call_function(run_checkpointed, (target, *args), kwargs)
         else:
-            out = self.new.call_function(n.target, tuple(args), kwargs)
+            out = self.new.call_function(target, tuple(args), kwargs)
         if writes_back:
             for buffer, piece, dim in backs:
                 self.new.call_function(write_back, (buffer, piece, dim, k, index))

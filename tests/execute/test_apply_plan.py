@@ -65,6 +65,20 @@ def test_every_split_kind_on_a_cnn_is_exact_and_visible_in_the_code(cases):
     assert planned.fallbacks == []
 
 
+def test_views_split_along_channels_reshape_their_pieces_exactly(cases):
+    # every GPT-2 view that carries features split along them, everything else whole on both
+    # devices: each view reads a piece cut from a whole tensor (not contiguous), reshaped
+    _, _, graph, costs = cases["gpt2"]
+    mesh = ("gpu0", "gpu1")
+    views = {n.name for n in graph.ops if n.metadata_only and ("channel", 2) in costs[n.name].shards}
+    assert any(graph.nodes[v].op == "aten.view.default" for v in views)
+    plan = Plan({n.name: NodeConfig(mesh, "channel" if n.name in views else "R") for n in graph.ops},
+                graph_fingerprint=graph.fingerprint, order=[n.name for n in graph.ops])
+    planned = check_plan(cases["gpt2"], plan)
+    assert planned.fallbacks == []
+    assert "torch.ops.aten.reshape.default" in planned.graph_module.code
+
+
 def test_a_parameter_used_on_two_devices_gets_both_gradients(cases):
     """The tied embedding / projection weight is read on gpu0 and gpu1: autograd sums both."""
     _, _, graph, _ = cases["tied"]
