@@ -77,11 +77,10 @@ APPROXIMATIONS = (
     "communication buffers, the storage behind a view kept by a recomputing consumer; a batch input read by "
     "several nodes, a tensor resharded for several consumers and an output kept for several consumers are "
     "counted once per reader (over-estimate); a parameter used by several nodes (tied weights) "
-    "is held in the largest of its pieces (exact for one reader; with several readers their extras add up: "
-    "over-estimate), and its gradient accumulation (2 × the piece, out of place) is a transient of every user "
-    "but the last; where its readers cut it two ways (GPT-2's embedding and output layer both split along "
-    "their channels) the executors hold it whole and sum its gradient: an under-estimate here, which the "
-    "simulator counts",
+    "is held in the largest of its pieces, whole where two readers cut it different ways (GPT-2's embedding "
+    "and output layer both split along their channels; its gradient then summed whole) (exact for one reader; "
+    "with several readers their extras add up: over-estimate), and its gradient accumulation (2 × the piece, "
+    "out of place) is a transient of every user but the last",
     "time is the sum of node times (forward + backward [+ forward again when recomputed] at the shard, "
     "on the mesh's slowest device), reshard times (forward and gradient) and gradient all-reduces: no "
     "overlap of computation with communication (TensorOpt's additive model); simulate a plan for overlap",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tensoropt
-from tensoropt.cluster import Cluster, Device, LinkModel, load_cluster
+from tensoropt.cluster import Cluster, Device, LinkModel, load_cluster, ring_allreduce_bytes_time
 from tensoropt.costs import node_memory
 from tensoropt.errors import ClusterSpecError
 from tensoropt.frontier import build_problem, candidate_meshes, node_configs, ring_bottleneck
@@ -158,7 +158,7 @@ def test_tied_weight_is_held_in_its_larger_piece(tied):
     mesh = ("gpu0", "gpu1")
     mp = build_problem(g, costs, TITAN, mesh)
     assert mp.stats["tie_edges"] == 1
-    tie = [e for e in mp.problem.edges if (e.src, e.dst) == ("embedding", "linear") and not e.time.any()]
+    tie = [e for e in mp.problem.edges if (e.src, e.dst) == ("embedding", "linear")]
     assert len(tie) == 1
     ce, cl_ = mp.configs["embedding"], mp.configs["linear"]
     w = g.params["embed.weight"].nbytes
@@ -166,6 +166,12 @@ def test_tied_weight_is_held_in_its_larger_piece(tied):
     j = cl_.index(NodeConfig(mesh, "R"))
     assert tie[0].mem[i, j] == 2 * (w - w // 2)          # parameter + gradient of the missing half (sgd)
     assert tie[0].mem[ce.index(NodeConfig(mesh, "R")), j] == 0
+    assert not tie[0].time[i, j]                         # the LM head's own sync sums the whole gradient
+    # both split along channels cut it two ways (the embedding's columns, the head's rows): held
+    # whole, and its gradient summed whole, which neither node's sync counts
+    jc = cl_.index(NodeConfig(mesh, "channel"))
+    assert tie[0].mem[i, jc] == 2 * (w - w // 2)
+    assert tie[0].time[i, jc] == ring_allreduce_bytes_time(TITAN, mesh, w) > 0
     # the embedding's backward adds its gradient to the LM head's: 2 × its piece, transient
     nm = node_memory(g, costs, "embedding", layout="channel", degree=2)
     assert mp.transient["embedding"][i] == nm.transient + 2 * (w // 2)
