@@ -263,21 +263,19 @@ def _timed_loss(outputs: Any, owner: Mapping[Any, str], clock: _Clock) -> tuple[
     """:func:`~tensoropt.costs.step.training_loss` of ``outputs``, each output's term (its mean:
     a pass over the whole output) stamped and charged to the node that produced the output —
     the forward half of what :func:`_claim_loss` does for the backward."""
-    from .step import _float_tensors, training_loss
+    from .step import loss_term, training_loss
 
-    spans, terms = [], []
-    for t in _float_tensors(outputs):
+    spans: list[tuple[str, Any, Any]] = []
+
+    def timed(t: torch.Tensor) -> torch.Tensor:
         a = clock.mark()
-        terms.append(t.float().mean())
+        out = loss_term(t)
         name = owner.get(t.grad_fn)
         if name is not None:
             spans.append((name, a, clock.mark()))
-    if not terms:
-        return training_loss(outputs), []      # raises: no floating-point output to train on
-    loss = terms[0]
-    for term in terms[1:]:
-        loss = loss + term
-    return loss, spans
+        return out
+
+    return training_loss(outputs, term=timed), spans
 
 
 def _claim_loss(loss: torch.Tensor, owner: dict[Any, str]) -> None:

@@ -156,7 +156,12 @@ def _float_tensors(obj: Any) -> Iterator[torch.Tensor]:
             yield from _float_tensors(getattr(obj, f.name))
 
 
-def training_loss(outputs: Any) -> torch.Tensor:
+def loss_term(output: torch.Tensor) -> torch.Tensor:
+    """One floating-point output's term of :func:`training_loss`: its mean, in float32 or wider."""
+    return output.float().mean()
+
+
+def training_loss(outputs: Any, *, term: Callable[[torch.Tensor], torch.Tensor] = loss_term) -> torch.Tensor:
     """The loss the project trains models that return logits with (the zoo models return logits,
     no loss): ``sum(t.float().mean() for every floating-point tensor t in outputs)``.
 
@@ -164,10 +169,11 @@ def training_loss(outputs: Any) -> torch.Tensor:
     dataclasses; integer / bool tensors (token ids, masks) and non-tensors are ignored.  The
     gradient it seeds is the constant ``1 / t.numel()`` on every element of every output, which
     is how the profiler seeds each operator's backward too: the backward's cost does not depend
-    on the gradient's values, only on its shape.  Raises :class:`ProfileError` when the outputs
-    hold no floating-point tensor.
+    on the gradient's values, only on its shape.  ``term`` computes each output's term (the
+    in-sequence profiler wraps :func:`loss_term` to time it).  Raises :class:`ProfileError` when
+    the outputs hold no floating-point tensor.
     """
-    terms = [t.float().mean() for t in _float_tensors(outputs)]
+    terms = [term(t) for t in _float_tensors(outputs)]
     if not terms:
         raise ProfileError("the model's outputs hold no floating-point tensor to train on "
                            f"(got {type(outputs).__name__}); training_loss sums the mean of every "
