@@ -365,7 +365,7 @@ def in_sequence_costs(nodes: Mapping[str, NodeCost], graph: OpGraph, full: Seque
     O(nodes × shards)."""
     by_batch = by_batch or {}
     full_gap = full.between_calls()
-    gaps = {id(run): run.between_calls() for run in by_batch.values()}
+    gaps = {k: run.between_calls() for k, run in by_batch.items()}
     out: dict[str, NodeCost] = {}
     for name, cost in nodes.items():
         if cost.method == "free" or name not in full.fp_s:
@@ -380,7 +380,7 @@ def in_sequence_costs(nodes: Mapping[str, NodeCost], graph: OpGraph, full: Seque
             if sc.method == "free":
                 shards[(layout, k)] = sc
             elif run is not None and name in run.fp_s:
-                f_gap, b_gap = gaps[id(run)]
+                f_gap, b_gap = gaps[k]
                 shard_bp = _backward(run, name, sc.fp_s, sc.bp_s)
                 shards[(layout, k)] = dataclasses.replace(sc, fp_s=run.fp_s[name] + f_gap,
                                                           bp_s=shard_bp + (b_gap if shard_bp > 0 else 0.0),
