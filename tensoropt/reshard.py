@@ -347,6 +347,17 @@ def param_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any, *, bucke
     return Step("allreduce", mesh, nbytes, time_of(cluster, mesh, nbytes))
 
 
+def param_cut(node: Any, config: NodeConfig) -> tuple[str, tuple[str, ...], str] | None:
+    """How ``node`` (an :class:`~tensoropt.graph.OpNode`) run under ``config`` cuts the parameters
+    it reads: ``(layout, mesh, op)`` for a ``channel`` / ``reduce`` split over several devices,
+    ``None`` where every device reads them whole.  Two readers of a shared parameter can each
+    hold one piece of it only where their cuts are equal (the same op split the same way on the
+    same mesh): an embedding's channel split cuts its weight's columns, a linear's its rows."""
+    if config.layout in ("channel", "reduce") and config.degree > 1:
+        return config.layout, tuple(config.devices), op_basename(node.op)
+    return None
+
+
 def synced_parameters(graph: Any, plan: Any) -> dict[str, tuple[str, ...]]:
     """Trainable parameter → the devices (in plan order) whose gradients of it the executors sum.
 
@@ -359,19 +370,18 @@ def synced_parameters(graph: Any, plan: Any) -> dict[str, tuple[str, ...]]:
     columns, the output layer's rows): held whole and summed.  O(V + parameters)."""
     order = {d: i for i, d in enumerate(plan.devices)}
     where: dict[str, set[str]] = {}
-    configs: dict[str, set[tuple]] = {}
+    cuts: dict[str, set[tuple | None]] = {}
     for name, cfg in plan.configs.items():
         node = graph.nodes[name]
         for q in (*node.params, *node.param_reads):
             info = graph.params[q]
             if info.kind == "parameter" and info.requires_grad:
                 where.setdefault(q, set()).update(cfg.devices)
-                configs.setdefault(q, set()).add((cfg.layout, tuple(cfg.devices), op_basename(node.op)))
+                cuts.setdefault(q, set()).add(param_cut(node, cfg))
     out = {}
     for q, devs in where.items():
-        (layout, mesh, _), *others = configs[q]
-        if len(devs) < 2 or (not others and layout in ("channel", "reduce") and len(mesh) > 1):
-            continue
+        if len(devs) < 2 or (len(cuts[q]) == 1 and None not in cuts[q]):
+            continue   # read on one device, or every reader holds the same piece of it
         out[q] = tuple(sorted(devs, key=order.__getitem__))
     return out
 

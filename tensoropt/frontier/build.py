@@ -69,11 +69,12 @@ non-saved forward temporaries alive beside the transient of the running node.
 Tied parameters (owned by one node, read by others, e.g. GPT-2's ``wte`` read by the LM head): a
 device holds the larger of the owner's and the reader's piece — the whole parameter where both
 cut it but not the same way (the embedding's columns, the LM head's rows), whose gradient is
-then also summed whole — a pairwise cost carried by a *tie edge* owner–reader whose memory is
-the parameter + gradient + optimizer bytes held beyond the owner's piece and whose time is that
-sum (exact for one reader; with several readers the extras add up, an over-estimate).  In backward every user of a trainable parameter but the last in graph
-order adds its gradient out of place (2 × its piece, as the simulator counts): part of that node's
-transient.  Tie edges make the graph non-series-parallel; frontier tracking branches on them
+then also summed whole (:func:`~tensoropt.reshard.param_cut`) — a pairwise cost carried by a
+*tie edge* owner–reader whose memory is the parameter + gradient + optimizer bytes held beyond
+the owner's piece and whose time is that sum (exact for one reader; with several readers the
+extras add up, an over-estimate).  In backward every user of a trainable parameter but the last
+in graph order adds its gradient out of place (2 × its piece, as the simulator counts): part of
+that node's transient.  Tie edges make the graph non-series-parallel; frontier tracking branches on them
 exactly.
 
 Candidate meshes
@@ -101,7 +102,7 @@ import numpy as np
 from ..costs.memory import grad_nodes, node_memory, optimizer_alpha
 from ..errors import ClusterSpecError, TensorOptError
 from ..plan import NodeConfig
-from ..reshard import (P, edge_reshard, has_dim, input_layout, op_basename, output_layout, param_sync, piece_bytes,
+from ..reshard import (P, edge_reshard, has_dim, input_layout, output_layout, param_cut, param_sync, piece_bytes,
                        stat_sync)
 from ..cluster.collectives import ring_allreduce_bytes_time, ring_allreduce_time
 from .problem import EdgeCosts, NodeCosts, Problem
@@ -444,9 +445,6 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
                 split = k if cfg.layout in ("channel", "reduce") and k > 1 else 1
                 return -(-info.nbytes // split)
 
-            def cut(cfg: NodeConfig, user: str) -> tuple[str, str] | None:
-                return (cfg.layout, op_basename(graph.nodes[user].op)) if piece(cfg) < info.nbytes else None
-
             # both cut, but not the same way (an embedding's columns, an output layer's rows): no
             # device holds one piece for both, so the executors keep it whole and sum its gradient
             # (which neither node's own sync counts: they hold slices)
@@ -456,7 +454,7 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
                 for j, y in enumerate(cb):
                     xo, xr = (x, y) if a == owner else (y, x)
                     po, pr = piece(xo), piece(xr)
-                    co, cr = cut(xo, owner), cut(xr, r)
+                    co, cr = param_cut(graph.nodes[owner], xo), param_cut(graph.nodes[r], xr)
                     two_ways = co is not None and cr is not None and co != cr
                     M[i, j] = per_byte * ((info.nbytes if two_ways else max(po, pr)) - po)
                     T[i, j] = sync if two_ways else 0.0
