@@ -441,9 +441,8 @@ class DistributedExecutor:
         for i, (p, view) in enumerate(self._bucket_views):
             if p.grad is None:
                 self._unfilled.add(i)
-            elif p.grad is not view:
-                view.copy_(p.grad)
-                p.grad = view
+            else:
+                _into_view(p, view)
         self._collecting = collect
 
     def _make_buckets(self) -> None:
@@ -487,9 +486,8 @@ class DistributedExecutor:
             if p.grad is None:
                 view.zero_()
                 p.grad = view
-            elif p.grad is not view:     # replaced since (by hand): fold it into the buffer
-                view.copy_(p.grad)
-                p.grad = view
+            else:     # replaced since (by hand): fold it into the buffer
+                _into_view(p, view)
         self._unfilled = set()
         for ranks, group, flat in self._buckets:
             self.link.all_reduce(flat, group, f"summing the gradients shared by ranks {sorted(ranks)}")
@@ -591,8 +589,14 @@ def _fill_view(executor: Any, index: int, view: torch.Tensor) -> Any:
         ex = executor()
         if ex is None or not ex._collecting:
             return
-        if p.grad is not view:
-            view.copy_(p.grad)
-            p.grad = view
+        _into_view(p, view)
         ex._unfilled.discard(index)
     return hook
+
+
+def _into_view(p: torch.Tensor, view: torch.Tensor) -> None:
+    """Make ``view`` (a parameter's slot in its bucket) ``p``'s ``.grad``, holding the gradient
+    ``p`` has now (not ``None``)."""
+    if p.grad is not view:
+        view.copy_(p.grad)
+        p.grad = view
