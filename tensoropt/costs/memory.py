@@ -84,8 +84,8 @@ def node_memory(graph: OpGraph, costs: CostModel, name: str, *, layout: str = "R
 
     Parameters (and their gradients and optimizer state) are split by ``channel`` / ``reduce``
     layouts and whole under ``R`` / ``batch``.  Activations are the bytes this node is
-    responsible for keeping: its extra saved tensors, and its output if the node or a consumer
-    saves it; with ``recompute`` none are kept and the saved bytes become transient (the forward
+    responsible for keeping: its extra saved tensors, and its output if the node, a consumer or a
+    view of it keeps it (:func:`output_kept`; a view's own output is its base's storage, 0 bytes); with ``recompute`` none are kept and the saved bytes become transient (the forward
     runs again inside backward).  O(consumers of the node).
     """
     node = graph.nodes[name]
@@ -97,14 +97,34 @@ def node_memory(graph: OpGraph, costs: CostModel, name: str, *, layout: str = "R
     if cost is None:
         return NodeMemory(_ceil(held, split), _ceil(trainable, split), alpha * _ceil(trainable, split), 0, 0)
     shard = cost.at(layout, degree)
-    out_kept = any(name in costs[c].saved_inputs for c in graph.successors(name) if c in costs) or cost.saves_output
-    kept = shard.extra_saved_bytes + (shard.output_bytes if out_kept else 0)
+    kept = shard.extra_saved_bytes + (shard.output_bytes if output_kept(graph, costs, name) else 0)
     grads_in = sum(b for b in node.input_bytes) // (degree if layout == "batch" and degree > 1 else 1)
     transient = shard.output_bytes + grads_in + cost.workspace_bytes
     if recompute:
         transient += kept
         kept = 0
     return NodeMemory(_ceil(held, split), _ceil(trainable, split), alpha * _ceil(trainable, split), kept, transient)
+
+
+def output_kept(graph: OpGraph, costs: CostModel, name: str) -> bool:
+    """Whether node ``name``'s output storage lives until the backward: the node saves it, a
+    consumer saves it, or a view of it is kept (:func:`keeps_input`) — a view shares its base's
+    storage, so ``pow(x.view(...))`` saving the view keeps ``x``'s output alive (transformers read
+    nearly every activation through a ``(B·T, C) ↔ (B, T, C)`` view).  O(consumers, along view
+    chains)."""
+    cost = costs[name] if name in costs else None
+    return (cost is not None and cost.saves_output) or any(keeps_input(graph, costs, c, name)
+                                                           for c in graph.successors(name))
+
+
+def keeps_input(graph: OpGraph, costs: CostModel, consumer: str, producer: str) -> bool:
+    """Whether ``consumer`` keeps ``producer``'s output until its backward: it saves it, or it is
+    a view of it (:func:`aliases_input`) whose own output is kept (:func:`output_kept`)."""
+    cost = costs[consumer] if consumer in costs else None
+    if cost is not None and producer in cost.saved_inputs:
+        return True
+    node = graph.nodes[consumer]
+    return aliases_input(node, costs) and node.inputs[0] == producer and output_kept(graph, costs, consumer)
 
 
 def _ceil(n: int, k: int) -> int:

@@ -39,6 +39,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import DistributedError
+from ..execute.layouts import split_pieces
 
 
 def marker(index: int) -> str:
@@ -216,11 +217,11 @@ def _gathered(n: fx.Node) -> tuple[str, list[fx.Node], int | None, list[fx.Node]
 
 
 def _block_of(n: fx.Node) -> tuple[fx.Node, int, int, int] | None:
-    """``(value, k, dim, j)`` when ``n`` is block ``j`` of ``tensor_split(value, k, dim)``."""
+    """``(value, k, dim, j)`` when ``n`` is block ``j`` of ``split_pieces(value, k, dim)``."""
     if not (n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[1], int)):
         return None
     split = n.args[0]
-    if not (isinstance(split, fx.Node) and split.op == "call_function" and split.target is torch.tensor_split
+    if not (isinstance(split, fx.Node) and split.op == "call_function" and split.target is split_pieces
             and len(split.args) == 3 and isinstance(split.args[1], int) and isinstance(split.args[2], int)):
         return None
     return split.args[0], split.args[1], split.args[2], n.args[1]
@@ -281,8 +282,8 @@ def find_collectives(graph: fx.Graph, rank: Mapping[str, int | None], moved: set
 @dataclass(frozen=True)
 class Piece:
     """The one piece of a parameter a rank reads: piece ``index`` of ``k`` along ``dim``;
-    ``values`` are the graph nodes that yield it (``getitem`` of a ``tensor_split``), ``cut``
-    the nodes between the parameter and them (``.to`` moves, ``tensor_split``)."""
+    ``values`` are the graph nodes that yield it (``getitem`` of a ``split_pieces``), ``cut``
+    the nodes between the parameter and them (``.to`` moves, ``split_pieces``)."""
 
     dim: int
     k: int
@@ -293,7 +294,7 @@ class Piece:
 
 def parameter_pieces(graph: fx.Graph, program: Program, placeholder: str) -> dict[int, Piece] | None:
     """Rank → the piece of the parameter ``placeholder`` it reads, when every rank that reads it
-    reads exactly one piece of one common cut (``tensor_split(p, k, dim)[i]``, possibly after a
+    reads exactly one piece of one common cut (``split_pieces(p, k, dim)[i]``, possibly after a
     ``.to``) and no two ranks the same piece: then each rank can hold only its piece (a channel /
     reduce split's slice of a weight) and their gradients need no sum.  ``None`` otherwise (the
     parameter is read whole somewhere, or cut two ways).  O(uses)."""
@@ -317,7 +318,7 @@ def parameter_pieces(graph: fx.Graph, program: Program, placeholder: str) -> dic
                 return None
             frontier.extend((u, chain + (n.name,)) for u in n.users)
             continue
-        if not (n.op == "call_function" and n.target is torch.tensor_split and len(n.args) == 3
+        if not (n.op == "call_function" and n.target is split_pieces and len(n.args) == 3
                 and isinstance(n.args[1], int) and isinstance(n.args[2], int)):
             return None
         k, dim = n.args[1], n.args[2]

@@ -4,7 +4,7 @@
 parameter and buffer objects (its ``parameters()`` are the model's, its ``state_dict`` keys are
 the model's) and whose ``forward`` runs the rewritten ``torch.fx.GraphModule``
 (:attr:`PlannedModule.graph_module`; ``print(m.graph_module.code)`` shows the ``.to(…)`` moves,
-``tensor_split`` / ``cat`` / sum nodes).  How the graph is rewritten: :mod:`.rewrite`; how a value
+``split_pieces`` / ``cat`` / sum nodes).  How the graph is rewritten: :mod:`.rewrite`; how a value
 moves between devices and layouts: :mod:`.layouts`.  :func:`compare_with_model` checks a plan:
 the same loss, gradients and buffer updates as the unmodified model.
 

@@ -49,11 +49,12 @@ Costs of an edge ``producer → consumer`` between two op nodes
 - **time** = :func:`~tensoropt.reshard.edge_reshard` ``.time_s`` + ``.backward_time_s`` (the
   backward only where a gradient flows along the edge, as in the simulator); within one mesh only
   the layouts differ.
-- **memory**, when the consumer keeps that input until its backward (it saves it, or it
-  recomputes: a recomputed node needs its inputs again): the bytes each consumer device receives
+- **memory**, when the consumer keeps that input until its backward (it saves it, it
+  recomputes — a recomputed node needs its inputs again —, or it is a view of it that is kept:
+  :func:`~tensoropt.costs.memory.keeps_input`): the bytes each consumer device receives
   (``Reshard.recv_bytes``), or — when nothing is received (the consumer reads the producer's own
   shard) — the producer's output shard if the producer's node memory does not already count it
-  (the producer recomputes, or no consumer saves it and it does not save it itself); else 0 (a
+  (the producer recomputes, or nothing keeps it: :func:`~tensoropt.costs.memory.output_kept`); else 0 (a
   received copy only read in forward is freed right after: transient, not counted).  A producer
   output kept for several consumers is counted once per such edge (an over-estimate), and so is
   the producer's own copy when the consumer keeps a received one instead.
@@ -99,7 +100,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..costs.memory import grad_nodes, node_memory, optimizer_alpha
+from ..costs.memory import grad_nodes, keeps_input, node_memory, optimizer_alpha, output_kept
 from ..errors import ClusterSpecError, TensorOptError
 from ..plan import NodeConfig
 from ..reshard import (P, edge_reshard, has_dim, input_layout, output_layout, param_cut, param_sync, piece_bytes,
@@ -390,21 +391,18 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
         transient[name] = np.array(tr, dtype=np.float64)
         nodes.append(NodeCosts(name, mem, tim, tuple(config_label(c) for c in cfgs)))
 
-    def out_kept(p: str) -> bool:  # node_memory's rule: p counts its own output as kept
-        return p in costs and (costs[p].saves_output or any(p in costs[x].saved_inputs
-                                                            for x in graph.successors(p) if x in costs))
 
     edges: list[EdgeCosts] = []
     n_reshard = 0
     for node in ops:
         c = node.name
-        saved = set(costs[c].saved_inputs) if c in costs else set()
         for p in node.inputs:
             if p not in op_names:
                 continue
             cp, cc = configs[p], configs[c]
             grad = bool(needs_grad.get(p)) and bool(needs_grad.get(c))
-            p_kept = out_kept(p)
+            p_kept = p in costs and output_kept(graph, costs, p)   # p's node memory counts its output
+            c_keeps = keeps_input(graph, costs, c, p)
             memo: dict[tuple[str, str], tuple[float, float]] = {}
             M = np.zeros((len(cp), len(cc)))
             T = np.zeros((len(cp), len(cc)))
@@ -417,7 +415,7 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
                         recv = float(max(rs.recv_bytes.values(), default=0))
                         memo[key] = (recv, rs.time_s + (rs.backward_time_s if grad else 0.0))
                     recv, t = memo[key]
-                    if b.recompute or p in saved:   # the consumer keeps this input until its backward
+                    if b.recompute or c_keeps:   # the consumer keeps this input until its backward
                         if recv:
                             M[i, j] = recv          # the copy it received
                         elif a.recompute or not p_kept:

@@ -1,10 +1,12 @@
 """The memory model: per-node figures and the whole-step peak, checked against a real step."""
 
 import pytest
+import torch
 
 import tensoropt
 from tensoropt.costs import (measure_step, node_memory, optimizer_alpha, optimizer_temp_bytes, profile,
                              step_memory)
+from tensoropt.costs.memory import keeps_input, output_kept
 from tensoropt.errors import ProfileError
 
 
@@ -49,6 +51,29 @@ def test_node_memory_splits_weights_and_trades_activations_for_recompute(small_c
     assert kept.activations == costs[relu].output_bytes      # relu keeps its output for backward
     again = node_memory(graph, costs, relu, recompute=True)
     assert again.activations == 0 and again.transient == kept.transient + kept.activations
+
+
+def test_a_view_kept_for_backward_keeps_its_base():
+    # pow saves its input, a view of the linear's output: the view is the linear's storage, so the
+    # linear's node memory keeps its output (a transformer reads most activations through views)
+    class ViewThenPow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 32)
+
+        def forward(self, x):
+            return self.fc(x).view(4, 2, 32).pow(3)
+
+    torch.manual_seed(0)
+    graph = tensoropt.capture(ViewThenPow(), (torch.randn(8, 16),))
+    costs = profile(graph, shard_degrees=(1,), repeats=1, cache=False)
+    view = next(n for n in graph.ops if n.op == "aten.view.default")
+    base, power = view.inputs[0], next(iter(graph.successors(view.name)))
+    assert graph.nodes[power].op.startswith("aten.pow")
+    assert keeps_input(graph, costs, power, view.name) and keeps_input(graph, costs, view.name, base)
+    assert output_kept(graph, costs, base)
+    assert node_memory(graph, costs, base).activations >= costs[base].output_bytes == 8 * 32 * 4
+    assert node_memory(graph, costs, view.name).activations == 0      # no storage of its own
 
 
 def test_step_memory_with_a_placement_counts_each_device(small_cnn):

@@ -60,7 +60,7 @@ def test_every_split_kind_on_a_cnn_is_exact_and_visible_in_the_code(cases):
     plan = Plan(configs, graph_fingerprint=graph.fingerprint, order=[n.name for n in graph.ops])
     planned = check_plan(cases["cnn"], plan)
     code = planned.graph_module.code
-    for piece in (".to(", "tensor_split", "torch.cat", "run_checkpointed", "add"):
+    for piece in (".to(", "split_pieces", "torch.cat", "run_checkpointed", "add"):
         assert piece in code, piece
     assert planned.fallbacks == []
 
