@@ -6,8 +6,8 @@ does (:func:`tensoropt.execute.rewrite`, with every plan device given a distinct
 runs one forward + :func:`~tensoropt.costs.step.training_loss` + backward on this rank:
 
 - nodes of other ranks are skipped; a value that crosses ranks is sent point-to-point in forward
-  and its gradient sent back in backward, from inside this rank's one autograd pass
-  (:mod:`.transport`); splits, gathers, partial sums and slices are the
+  (as soon as it exists, received where its consumer runs) and its gradient sent back in
+  backward, from inside this rank's one autograd pass (:mod:`.transport`); splits, gathers, partial sums and slices are the
   executor's own nodes, run on the rank that holds their pieces — except a value split over a
   mesh that every rank of the mesh needs whole: one all-gather (``S``) or all-reduce (``P``)
   over those ranks, or its own block of (``P`` → ``S``): one reduce-scatter; their backward
@@ -90,6 +90,7 @@ class DistributedExecutor:
         self._prepare_state(release_unused)
         self._plan_shortcuts()
         self._plan_frees()
+        self._plan_early_sends()
         self._make_groups()
         #: (ranks, channel, flat buffer) per group of ranks and dtype, made at the first backward
         self._buckets: list[tuple] = []
@@ -235,6 +236,25 @@ class DistributedExecutor:
         for value, user in last.items():
             self._free_after.setdefault(user, []).append(value)
 
+    def _plan_early_sends(self) -> None:
+        """Which of this rank's sends go out as soon as their value exists, not where the graph
+        reaches the ``.to`` (where the receiver's consumer is): the rewrite emits a move next to
+        its consumer, so a rank would otherwise compute its own next operator before sending what
+        its peer waits for — an all-to-all of two ranks ran as two moves a ~3 ms layer apart,
+        one rank idle in each (VGG-16's classifier); the simulator starts a transfer when its
+        producer is done.  Only values computed by an operator (not parameters, buffers or the
+        inputs) that nothing writes into afterwards (``write_back``).  Sends are asynchronous
+        (:meth:`PeerLink.send`), so sending early cannot block."""
+        me = self.rt.rank
+        written = {a.name for n in self._nodes if n.op == "call_function" and n.target is write_back
+                   for a in n.all_input_nodes}
+        kinds = {n.name: n.op for n in self._nodes}
+        self._early_sends: dict[str, list[Any]] = {}
+        for mv in self.program.moves:
+            if (mv.src == me and not mv.node.startswith("__output") and mv.source not in written
+                    and kinds.get(mv.source) in ("call_function", "call_method")):
+                self._early_sends.setdefault(mv.source, []).append(mv)
+
     def _make_groups(self) -> None:
         """One process group per set of ranks that share parameters or run a collective (every
         rank creates every group, in the same order, as torch.distributed requires)."""
@@ -267,6 +287,14 @@ class DistributedExecutor:
         self._anchor = torch.empty(0, device=dev, requires_grad=True)
         ph_index = 0
         out_values: list[Any] = []
+        sent: set[int] = set()
+
+        def send_early(name: str) -> None:
+            for mv in self._early_sends.get(name, ()):
+                if mv.index not in sent:
+                    sent.add(mv.index)
+                    self._send(mv, env[name])
+
         for n in self._nodes:
             if n.op == "placeholder":
                 kind, what = self._sources[ph_index]
@@ -289,9 +317,10 @@ class DistributedExecutor:
             coll = self.program.collective_at.get(n.name)
             if coll is not None and me in coll.ranks:
                 env[coll.result_of(me)] = self._collective(coll, env[coll.sources[coll.ranks.index(me)]])
+                send_early(coll.result_of(me))
             mv = self.program.moves_by_node.get(n.name)
             if mv is not None:
-                if me == mv.src:
+                if me == mv.src and mv.index not in sent:
                     self._send(mv, env[mv.source])
                 elif me == mv.dst:
                     env[n.name] = self._recv(mv)
@@ -307,6 +336,8 @@ class DistributedExecutor:
                 continue
             elif self._runs_here(n):
                 env[n.name] = self._call(n, env, dev)
+            if n.name in env:
+                send_early(n.name)
             for dead in self._free_after.get(n.name, ()):
                 env.pop(dead, None)
         self.link.wait_sends()

@@ -100,13 +100,20 @@ class Transport:
         return self._cache[key]
 
     def piece(self, node: fx.Node, dim: int, k: int, index: int) -> fx.Node:
-        """Piece ``index`` of ``k`` of ``node`` along ``dim`` (a view, on ``node``'s device)."""
+        """Piece ``index`` of ``k`` of ``node`` along ``dim`` (a view, on ``node``'s device), cut
+        right after ``node`` in the graph, not where the consumer asks for it: a piece that
+        crosses ranks can then be sent as soon as ``node`` exists
+        (:class:`~tensoropt.distributed.run.DistributedExecutor` sends early), while its
+        consumer, and the receive, stay where the plan put them."""
         key = ("split", node, dim, k)
         if key not in self._cache:
-            self._cache[key] = self.graph.call_function(split_pieces, (node, k, dim))
-        key_i = ("item", self._cache[key], index)
+            with self.graph.inserting_after(node):
+                self._cache[key] = self.graph.call_function(split_pieces, (node, k, dim))
+        split = self._cache[key]
+        key_i = ("item", split, index)
         if key_i not in self._cache:
-            self._cache[key_i] = self.graph.call_function(operator.getitem, (self._cache[key], index))
+            with self.graph.inserting_after(split):
+                self._cache[key_i] = self.graph.call_function(operator.getitem, (split, index))
         return self._cache[key_i]
 
     # ---- the question ------------------------------------------------------------------------

@@ -33,3 +33,27 @@ def test_weights_read_whole_are_not_cut(chain):
     assert all(parameter_pieces(fx_graph, program, n) is None for n in weight_placeholders(fx_graph))
     moves = program.moves
     assert len(moves) == LAYERS - 1 and [m.index for m in moves] == list(range(LAYERS - 1))
+
+
+def test_a_piece_that_crosses_ranks_is_cut_right_after_its_producer(chain):
+    # batch-split layers, then one split along its input features: an all-to-all, each rank
+    # sending the other the block it needs.  The blocks are cut right after the producer, so a
+    # rank can send its block before it computes its own half of the next layer (the executor
+    # sends as soon as the value exists), not after
+    ops = [n.name for n in chain.ops]
+    second = [n.name for n in chain.ops if "linear" in n.op][1]
+    configs = {n: NodeConfig(("cpu0", "cpu1"), "reduce" if n == second else "batch") for n in ops}
+    configs[ops[ops.index(second) + 1]] = NodeConfig(("cpu0", "cpu1"), "R")    # its relu reads the sum
+    plan = Plan(configs, graph_fingerprint=chain.fingerprint, order=ops)
+    fx_graph, program = program_of(chain, plan)
+    nodes = list(fx_graph.nodes)
+    at = {n.name: i for i, n in enumerate(nodes)}
+    blocks = [m for m in program.moves if not m.node.startswith("__output")
+              and nodes[at[m.source]].target.__name__ == "getitem"]
+    assert {(m.src, m.dst) for m in blocks} == {(0, 1), (1, 0)}
+    for m in blocks:
+        split = nodes[at[m.source]].args[0]
+        assert split.target.__name__ == "split_pieces"
+        producer = split.args[0]
+        between = nodes[at[producer.name] + 1: at[m.source]]
+        assert all(n.target.__name__ in ("split_pieces", "getitem") for n in between), between
