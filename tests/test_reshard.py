@@ -251,7 +251,12 @@ def test_a_weight_tied_between_two_ops_split_along_their_channels_is_held_whole_
     assert synced_parameters(tied, plan) == {"wte": AB}
     [(readers, st)] = gradient_syncs(tied, plan, c)
     assert set(readers) == {"embed", "head"} and st.nbytes == 32 * 8 * 4
-    assert {d: m.params for d, m in plan_memory(plan, tied, costs_of(tied), c).items()} == {"a": 1024, "b": 1024}
+    mem = plan_memory(plan, tied, costs_of(tied), c)
+    assert {d: m.params for d, m in mem.items()} == {"a": 1024, "b": 1024}
+    # the head's backward: the whole weight 1024, its summed gradient buffer 1024, the ids 512,
+    # the gradient of the head's output 2048, and the head's gradient of its piece of the
+    # weight (512) padded to the whole (1024) by the cut's backward before it is added in
+    assert {(m.peak, m.peak_at) for m in mem.values()} == {(1024 + 1024 + 512 + 2048 + 512 + 1024, "head")}
     same = graph("aten.embedding.default")
     plan = Plan({n: C(AB, "channel") for n in ("embed", "head")}, graph_fingerprint=same.fingerprint)
     assert synced_parameters(same, plan) == {}

@@ -11,7 +11,8 @@ Every device walks its own program (its forward in plan order, its backward in r
   gradients the executors sum across devices (:func:`~tensoropt.reshard.synced_parameters`) live
   in one flat buffer for the whole step (the distributed backend keeps it between steps, as
   DDP's buckets), each contribution computed apart and then copied or added in (1 × the
-  parameter transiently), and after the backward each group's buffer is summed in place (the
+  parameter transiently; a contribution of a piece — the parameter held whole, this reader
+  cutting it — the piece and then the whole: the cut's backward pads it to the whole), and after the backward each group's buffer is summed in place (the
   all-reduce's staging, a few MiB in gloo's ring or in segments as messages, is not counted);
 - activations at shard size (:meth:`NodeCost.at` output and extra saved bytes): a node's output
   from when it runs until its last consumer on the device, or until the last backward that saved
@@ -312,7 +313,10 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
                         param_done.add(p)
                         grads_now += b
                     elif p in synced:
-                        accumulating += piece_of[(name, p)]
+                        # a piece of a parameter held whole (read whole elsewhere, or cut two
+                        # ways): the cut's backward makes a whole-sized gradient of it
+                        piece = piece_of[(name, p)]
+                        accumulating += piece + (b if piece < b else 0)
                     else:
                         accumulating += 2 * piece_of[(name, p)]
             if accumulating:

@@ -39,8 +39,10 @@ Costs of a node configuration (per device; within one mesh every device holds th
   piece: an over-estimate when several nodes read one input).
 - **transient memory** = node_memory's ``transient`` (the node's output, its input gradients,
   measured workspace; plus its saved tensors when recomputed; plus, for parameters summed across
-  the mesh, their gradients before they are added into the summed buffer, as the simulator's
-  walk): live only while the node runs, so
+  the mesh, their gradients before they are added into the summed buffer, and for a piece of a
+  weight another node also reads, the whole weight's size — the cut's backward pads the piece's
+  gradient to the whole where the weight is held whole —, as the simulator's walk): live only
+  while the node runs, so
   it does **not** add up: the peak is ``Σ resident + max transient`` (see :mod:`.api` for how the
   max is handled exactly: τ runs).
 
@@ -383,6 +385,11 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
                 t += ring_allreduce_time(cluster, mesh, outputs[name])
             split = k if cfg.layout in ("channel", "reduce") and k > 1 else 1
             accumulate = sum(2 * -(-graph.params[q].nbytes // split) for q in not_last.get(name, ()))
+            if split > 1:   # a piece of a weight shared with another reader, which may hold it whole
+                # (tie edges): the cut's backward pads the piece's gradient to the whole (as the walk)
+                accumulate += sum(graph.params[q].nbytes for q in (*node.params, *node.param_reads)
+                                  if len(users[q]) > 1 and graph.params[q].kind == "parameter"
+                                  and graph.params[q].requires_grad)
             if st is not None:   # summed across the mesh: each gradient is made, then added into the buffer
                 accumulate += st.nbytes
             mem.append(float(resident))
