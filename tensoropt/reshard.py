@@ -308,8 +308,21 @@ def edge_reshard(graph: Any, producer: str, consumer: str, src: NodeConfig, dst:
     except ValueError:
         raise ValueError(f"{consumer!r} does not read {producer!r}") from None
     prod = graph.nodes[producer]
+    if reads_nothing(node):
+        read = input_layout(node, dst, batch_ok=has_dim(prod, "batch_dim"), channel_ok=has_dim(prod, "channel_dim"))
+        return Reshard(output_layout(src), read, grad_layout(dst, read), needed_grad_layout(src))
     return reshard(src, dst, nbytes, cluster, consumer=node, batch_ok=has_dim(prod, "batch_dim"),
                    channel_ok=has_dim(prod, "channel_dim"))
+
+
+def reads_nothing(node: Any) -> bool:
+    """Whether an :class:`~tensoropt.graph.OpNode` has no tensor output and is never run by the
+    executors (they skip such nodes): a size query (``sym_size``, a constant where it is used) or
+    a metadata assert (``_assert_tensor_metadata``, which names the capture device).  Its input
+    edges move nothing (before, GPT-2's data-parallel plan was charged two all-gathers of masks
+    for two asserts)."""
+    return not node.outputs and node.kind == "op" and (
+        node.metadata_only or op_basename(node.op).startswith("_assert"))
 
 
 def has_dim(node: Any, which: str) -> bool:

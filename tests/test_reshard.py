@@ -261,3 +261,43 @@ def test_a_weight_tied_between_two_ops_split_along_their_channels_is_held_whole_
     plan = Plan({n: C(AB, "channel") for n in ("embed", "head")}, graph_fingerprint=same.fingerprint)
     assert synced_parameters(same, plan) == {}
     assert {d: m.params for d, m in plan_memory(plan, same, costs_of(same), c).items()} == {"a": 512, "b": 512}
+
+
+def test_a_metadata_assert_or_size_query_reads_nothing():
+    # the executors never run a node without a tensor output (torch.export's
+    # _assert_tensor_metadata, sym_size): an edge into one moves nothing, where a real reader
+    # of the same split tensor, run whole, gathers it
+    from tensoropt.costs.walk import plan_memory
+    from tensoropt.plan import Plan
+    from tensoropt.reshard import reads_nothing
+    from tensoropt.simulate import simulate
+    from tensoropt.costs import CostModel, NodeCost
+
+    x = TensorMeta((8, 4), "float32", 0, 1)
+    nodes = [OpNode("x", "input", kind="input", outputs=(x,)),
+             OpNode("relu", "aten.relu.default", inputs=("x",), input_bytes=(x.nbytes,), outputs=(x,),
+                    split=SplitDims(batch=0, channel=1)),
+             OpNode("check", "aten._assert_tensor_metadata.default", inputs=("relu",), input_bytes=(x.nbytes,)),
+             OpNode("size", "aten.sym_size.int", inputs=("relu",), input_bytes=(x.nbytes,), metadata_only=True),
+             OpNode("sum", "aten.sum.default", inputs=("relu",), input_bytes=(x.nbytes,), outputs=(TensorMeta((), "float32"),))]
+    g = OpGraph(nodes + [OpNode("out", "output", kind="output", inputs=("sum",))], {})
+    assert [reads_nothing(g.nodes[n]) for n in ("relu", "check", "size", "sum")] == [False, True, True, False]
+    c = cluster("ab")
+    split = C(AB, "batch")
+    for reader in ("check", "size"):
+        rs = edge_reshard(g, "relu", reader, split, C(AB, "R"), c)
+        assert rs.forward == () and rs.backward == () and not rs.recv_bytes
+    gathered = edge_reshard(g, "relu", "sum", split, C(AB, "R"), c)
+    assert gathered.time_s == pytest.approx(allgather_time(c, AB, x.nbytes)) and gathered.recv_bytes
+    # in a plan: the assert read first does not hide the sum's all-gather
+    from tensoropt.costs import ShardCost
+    half = {("batch", 2): ShardCost(5e-4, 5e-4, x.nbytes // 2, x.nbytes // 2, 0)}
+    costs = CostModel({n: NodeCost(n, g.nodes[n].op, 1e-3, 1e-3, "measured", output_bytes=x.nbytes,
+                                   shards=half if n == "relu" else {})
+                       for n in ("relu", "check", "size", "sum")}, graph_fingerprint=g.fingerprint)
+    plan = Plan({"relu": split, "check": C(AB), "size": C(AB), "sum": C(AB)}, graph_fingerprint=g.fingerprint,
+                order=["relu", "check", "size", "sum"])
+    sim = simulate(plan, g, costs, c)
+    moved = {(e.node, e.detail) for e in sim.timeline if e.phase == "transfer"}
+    assert moved == {("relu", "forward S(batch) on a,b -> R on a,b: allgather")}, moved
+    assert all(m.peak > 0 for m in plan_memory(plan, g, costs, c).values())

@@ -41,7 +41,8 @@ from typing import Any, Mapping
 
 from ..graph import OpGraph, OpNode
 from ..plan import NodeConfig, Plan, PlanError
-from ..reshard import Reshard, edge_reshard, has_dim, input_layout, output_layout, piece_bytes, synced_parameters
+from ..reshard import (Reshard, edge_reshard, has_dim, input_layout, output_layout, piece_bytes, reads_nothing,
+                       synced_parameters)
 from .memory import StepMemory, aliases_input, grad_nodes, optimizer_alpha, optimizer_temp_bytes
 from .model import CostModel, ShardCost
 
@@ -78,7 +79,8 @@ def plan_edges(plan: Plan, graph: OpGraph, cluster: Any) -> PlanEdges:
                     e.batch[(p, d)] = max(e.batch.get((p, d), 0), piece_bytes(read, cfg.degree, nbytes))
                 continue
             rs = edge_reshard(graph, p, name, plan.configs[p], cfg, cluster)
-            key = (p, tuple(cfg.devices), rs.dst_layout)
+            # an edge that moves nothing (reads_nothing) must not share a real read's reshard
+            key = (p, tuple(cfg.devices), rs.dst_layout) + (("unread",) if reads_nothing(node) else ())
             e.fwd.setdefault(key, rs)
             e.key_of[(name, p)] = key
             bkey = (*key, rs.grad_layout)
