@@ -164,3 +164,22 @@ def test_a_parameters_gradient_accumulation_is_its_owners(tied_lm):
     accumulators = [n for fn, n in run.owner.items() if type(fn).__name__ == "AccumulateGrad"]
     assert accumulators == [info.owner] and graph.nodes[info.owner].op == "aten.embedding.default"
     assert set(run.owner.values()) <= {n.name for n in graph.ops}
+
+
+def test_each_step_starts_without_gradients_as_training_with_set_to_none(cnn_graph, monkeypatch):
+    # a training loop's zero_grad(set_to_none=True): a step's weight gradients are new tensors
+    # stolen into .grad, never added to the last step's (an add per weight a step that real
+    # steps do not do); no step leaves a gradient behind for the next
+    import tensoropt.costs.sequence as sequence
+
+    fed = []
+    real = sequence.training_feed
+
+    def spy(*args, **kwargs):
+        feed, owners = real(*args, **kwargs)
+        fed.extend(v for v in feed if isinstance(v, torch.Tensor) and v.requires_grad)
+        return feed, owners
+
+    monkeypatch.setattr(sequence, "training_feed", spy)
+    t = time_in_sequence(cnn_graph, repeats=3, warmup=1)
+    assert t.repeats == 3 and fed and all(v.grad is None for v in fed)
