@@ -31,7 +31,8 @@ peak memory of every device and a timeline (for a Gantt chart).
   tied weights) have their gradients summed by one flat ring all-reduce per set of devices that
   reads them (:func:`tensoropt.reshard.gradient_syncs`, what the executors do) on that set's ring
   links: launched when the last backward reading them ends with ``overlap=True``, after the
-  last backward computation otherwise.
+  last backward computation otherwise.  Each reader's backward also copies its contribution
+  into the flat buffer (:meth:`CostModel.grad_copy_s`, the rate the profile measured).
 - The optimizer step's time is not modelled (the CostModel has none).  The iteration time is
   when the last device or link finishes.
 
@@ -53,7 +54,7 @@ from .costs.model import CostModel
 from .costs.walk import plan_edges, plan_memory, shard_cost, walk
 from .graph import OpGraph
 from .plan import Estimate, Plan, PlanError
-from .reshard import P, R, Stage, gradient_syncs, move, output_layout, stat_sync
+from .reshard import P, R, Stage, gradient_syncs, move, output_layout, stat_sync, synced_parameters
 
 # plan_memory is the simulator's memory model without the timing; it lives with the cost model
 __all__ = ["simulate", "SimResult", "TimelineEvent", "plan_memory", "PHASES"]
@@ -273,10 +274,15 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, opti
                          dur={d: seconds / speed[d] for d in cfg.devices})
 
     position = {name: i for i, name in enumerate(plan.order)}
+    synced = synced_parameters(graph, plan)
     times = {}
     for name in plan.order:
-        sh = shard_cost(costs, graph.nodes[name], plan.configs[name])
-        times[name] = (sh.fp_s, sh.bp_s) if sh is not None else (0.0, 0.0)
+        node = graph.nodes[name]
+        sh = shard_cost(costs, node, plan.configs[name])
+        fp, bp = (sh.fp_s, sh.bp_s) if sh is not None else (0.0, 0.0)
+        # its contribution to a gradient summed across devices goes into the flat buffer
+        bp += costs.grad_copy_s(sum(graph.params[q].nbytes for q in (*node.params, *node.param_reads) if q in synced))
+        times[name] = (fp, bp)
 
     # ---- forward ----
     fwd_task: dict[str, int] = {}

@@ -12,6 +12,7 @@ from tensoropt.cluster import Cluster, Device, LinkModel, ring_allreduce_time
 from tensoropt.costs import CostModel, NodeCost, ShardCost, step_memory
 from tensoropt.graph import OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
 from tensoropt.plan import NodeConfig, Plan, PlanError
+from tensoropt.reshard import synced_parameters
 from tensoropt.simulate import SimResult, plan_memory, simulate
 
 # every link: 0.5 s + bytes / (1000 B/s): 1000 bytes take exactly 1.5 s; all numbers below are exact in binary
@@ -276,6 +277,12 @@ def test_small_cnn_split_over_devices(cnn):
     res = simulate(dp, graph, costs, cl)
     shard_s = sum(sum(costs.time(n, *(("batch", 2) if c.layout == "batch" else ("R", 1))))
                   for n, c in dp.configs.items())
+    # + each node's contribution to a weight's gradient copied into the flat buffer the executors
+    # all-reduce
+    synced = synced_parameters(graph, dp)
+    assert synced
+    shard_s += sum(costs.grad_copy_s(sum(graph.params[q].nbytes for q in (*n.params, *n.param_reads) if q in synced))
+                   for n in graph.ops)
     assert res.compute_s == {d: pytest.approx(shard_s) for d in mesh}
     # every weight is summed in one all-reduce, after the first node's (the last) backward; the
     # batch norm exchanges its statistics forward and backward

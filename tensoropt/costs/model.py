@@ -174,6 +174,14 @@ class CostModel:
     def total_bp_s(self) -> float:
         return sum(n.bp_s for n in self.nodes.values())
 
+    def grad_copy_s(self, nbytes: int | float) -> float:
+        """Seconds to copy ``nbytes`` of fresh gradients into buffers kept between steps, at the
+        rate the in-sequence run measured (``settings["in_sequence"]["grad_copy_Bps"]``): what
+        the executors pay to put the gradients they sum across devices into their flat buffers.
+        0 where the profile did not measure it (isolated times, older profiles)."""
+        rate = (self.settings.get("in_sequence") or {}).get("grad_copy_Bps") or 0.0
+        return nbytes / rate if rate > 0 and nbytes > 0 else 0.0
+
     def count(self, method: str) -> int:
         return sum(1 for n in self.nodes.values() if n.method == method)
 

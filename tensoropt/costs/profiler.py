@@ -171,6 +171,7 @@ def _in_sequence(graph: OpGraph, costs: dict[str, NodeCost], dev: torch.device, 
     isolated = sum(c.fp_s + c.bp_s for c in costs.values())
     timed = sum(c.fp_s + c.bp_s for c in adjusted.values())
     return adjusted, {"used": True, "step_s": full.step_s, "isolated_sum_s": isolated, "in_sequence_sum_s": timed,
+                      "grad_copy_Bps": full.grad_copy_Bps,
                       "batch_runs": {str(k): t.batch for k, t in by_batch.items()},
                       **({"batch_runs_failed": {str(k): why for k, why in skipped.items()}} if skipped else {})}
 

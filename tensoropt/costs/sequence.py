@@ -54,8 +54,8 @@ from .feed import placeholder_values
 from .model import NodeCost
 
 #: what a run measures, in cache keys: 2 = the passes timed as wholes, 3 = the loss's forward
-#: charged to the output's producer, 4 = gradients set to None between steps (runs cached before
-#: measured otherwise)
+#: charged to the output's producer, 4 = gradients set to None between steps and the rate of copying
+#: them into kept buffers (runs cached before measured otherwise)
 SEQUENCE_VERSION = 4
 #: how many steps are run before the timed ones (allocator and oneDNN caches warm up)
 WARMUP = 2
@@ -70,7 +70,10 @@ class SequenceTimes:
     batch): ``fp_s`` forward, ``bp_s`` backward (nodes with no autograd node are absent),
     ``step_s`` the median step (forward, loss, backward, with the timing hooks), and the median
     forward pass (``forward_s``, the graph run) and backward pass (``backward_s``) as wholes: what
-    they take beyond the nodes' sums is time between the calls (:meth:`between_calls`)."""
+    they take beyond the nodes' sums is time between the calls (:meth:`between_calls`);
+    ``grad_copy_Bps`` the rate at which the step's fresh weight gradients were copied into a
+    buffer kept between steps (gradient bytes / seconds, median), what an executor that sums
+    gradients across devices pays per byte to put them in its flat buffers (0: not measured)."""
 
     batch: int | None
     fp_s: Mapping[str, float]
@@ -79,6 +82,7 @@ class SequenceTimes:
     repeats: int = 0
     forward_s: float = 0.0
     backward_s: float = 0.0
+    grad_copy_Bps: float = 0.0
 
     def between_calls(self) -> tuple[float, float]:
         """(forward, backward) seconds per call spent between the timed calls — the
@@ -91,13 +95,15 @@ class SequenceTimes:
 
     def to_dict(self) -> dict[str, Any]:
         return {"batch": self.batch, "fp_s": dict(self.fp_s), "bp_s": dict(self.bp_s), "step_s": self.step_s,
-                "repeats": self.repeats, "forward_s": self.forward_s, "backward_s": self.backward_s}
+                "repeats": self.repeats, "forward_s": self.forward_s, "backward_s": self.backward_s,
+                "grad_copy_Bps": self.grad_copy_Bps}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SequenceTimes:
         return cls(d.get("batch"), {k: float(v) for k, v in d["fp_s"].items()},
                    {k: float(v) for k, v in d["bp_s"].items()}, float(d["step_s"]), int(d.get("repeats", 0)),
-                   float(d.get("forward_s", 0.0)), float(d.get("backward_s", 0.0)))
+                   float(d.get("forward_s", 0.0)), float(d.get("backward_s", 0.0)),
+                   float(d.get("grad_copy_Bps", 0.0)))
 
 
 class _Clock:
@@ -191,6 +197,10 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
     bwd: dict[str, list[float]] = {}
     steps: list[float] = []
     passes: list[tuple[float, float]] = []
+    copies: list[float] = []
+    kept: dict[int, torch.Tensor] = {}     # id(leaf) -> a buffer kept between steps
+    leaves = [v for v in feed if isinstance(v, torch.Tensor) and v.requires_grad]
+    grad_bytes = sum(v.numel() * v.element_size() for v in leaves)
     i = 0
     while i < warmup + repeats:
         run = _TimedRun(module, timed, clock, param_owner)
@@ -203,12 +213,15 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
         tb = clock.mark()
         loss.backward()
         t1 = clock.mark()
+        for v in leaves:    # the fresh gradients into buffers kept between steps (not in the step)
+            if v.grad is not None:
+                kept.setdefault(id(v), torch.empty_like(v)).copy_(v.grad)
+        t2 = clock.mark()
         clock.settle()
-        for v in feed:   # as a training loop's zero_grad(set_to_none=True): the next step's
+        for v in leaves:   # as a training loop's zero_grad(set_to_none=True): the next step's
             # gradients are stolen into .grad, not added to the last ones (a VGG-16's 30 MiB of
             # weights: 5 ms of adds a step the real step does not do)
-            if isinstance(v, torch.Tensor) and v.requires_grad:
-                v.grad = None
+            v.grad = None
         i += 1
         if i == 1 and clock.seconds(t0, t1) * (warmup + repeats) > budget_s:
             first = clock.seconds(t0, t1)
@@ -218,6 +231,7 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
             continue
         steps.append(clock.seconds(t0, t1))
         passes.append((clock.seconds(t0, tf), clock.seconds(tb, t1)))
+        copies.append(clock.seconds(t1, t2))
         per_call = {name: clock.seconds(a, b) for name, (a, b) in run.forward.items()}
         for name, a, b in loss_spans:
             per_call[name] = per_call.get(name, 0.0) + clock.seconds(a, b)
@@ -234,7 +248,8 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
     return SequenceTimes(batch, {k: statistics.median(v) for k, v in fwd.items()},
                          {k: statistics.median(v + [0.0] * (repeats - len(v))) for k, v in bwd.items()},
                          statistics.median(steps), repeats, statistics.median(f for f, _ in passes),
-                         statistics.median(b for _, b in passes))
+                         statistics.median(b for _, b in passes),
+                         grad_bytes / statistics.median(copies) if grad_bytes and statistics.median(copies) > 0 else 0.0)
 
 
 def training_feed(graph: OpGraph, module: fx.GraphModule, dev: torch.device, inputs: tuple | None,

@@ -26,7 +26,8 @@ Costs of a node configuration (per device; within one mesh every device holds th
   ``speed`` (the mesh runs the node in lockstep), + its share of the gradient all-reduce of
   parameters replicated over the mesh (:func:`~tensoropt.reshard.param_sync`, bucketed: the
   bytes' time — the executors sum all of a mesh's gradients in one all-reduce, whose few
-  latencies the simulator counts and this sum leaves out), + a batch-split batch
+  latencies the simulator counts and this sum leaves out) and the copy of those gradients into
+  the executors' flat buffer (:meth:`~tensoropt.costs.CostModel.grad_copy_s`), + a batch-split batch
   norm's statistics exchange, forward and backward (:func:`~tensoropt.reshard.stat_sync`), + for
   a model output written as partial sums (``reduce``) the all-reduce that adds them up before
   the loss — the same rules the simulator applies.
@@ -376,8 +377,8 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
                 compute = 0.0
             t = compute / speed
             st = param_sync(graph, node, cfg, cluster, bucketed=True)
-            if st is not None:
-                t += st.time_s
+            if st is not None:   # + its gradients copied into the executors' flat buffer
+                t += st.time_s + costs.grad_copy_s(st.nbytes)
             stats = stat_sync(graph, node, cfg, cluster)
             if stats is not None:   # forward and backward
                 t += stats.time_s * (2 if needs_grad.get(name) else 1)
@@ -453,7 +454,8 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
             # both cut, but not the same way (an embedding's columns, an output layer's rows): no
             # device holds one piece for both, so the executors keep it whole and sum its gradient
             # (which neither node's own sync counts: they hold slices)
-            sync = ring_allreduce_bytes_time(cluster, mesh, info.nbytes) if per_byte > 1 else 0.0
+            sync = (ring_allreduce_bytes_time(cluster, mesh, info.nbytes) + 2 * costs.grad_copy_s(info.nbytes)
+                    if per_byte > 1 else 0.0)   # summed whole: both readers copy a whole gradient in
             M, T = np.zeros((len(ca), len(cb))), np.zeros((len(ca), len(cb)))
             for i, x in enumerate(ca):
                 for j, y in enumerate(cb):

@@ -116,6 +116,10 @@ def test_profile_uses_in_sequence_times_and_caches_them(cnn_graph, tmp_path):
     assert conv.shards[("batch", 2)].method == "sequence" and conv.shards[("channel", 2)].method == "adjusted"
     alone = profile(cnn_graph, shard_degrees=(1, 2), repeats=2, cache=tmp_path, in_sequence=False)
     assert alone.settings["in_sequence"] == {"used": False}
+    # the gradient copy rate travels with the profile; without it (alone) nothing is charged
+    w = 1 << 20
+    assert seq["grad_copy_Bps"] > 0 and costs.grad_copy_s(w) == pytest.approx(w / seq["grad_copy_Bps"])
+    assert alone.grad_copy_s(w) == 0.0
     assert all(alone[k].saved_bytes == c.saved_bytes and alone[k].output_bytes == c.output_bytes
                for k, c in costs.nodes.items())
     again = profile(cnn_graph, shard_degrees=(1, 2), repeats=2, cache=tmp_path)     # nothing runs
@@ -183,3 +187,6 @@ def test_each_step_starts_without_gradients_as_training_with_set_to_none(cnn_gra
     monkeypatch.setattr(sequence, "training_feed", spy)
     t = time_in_sequence(cnn_graph, repeats=3, warmup=1)
     assert t.repeats == 3 and fed and all(v.grad is None for v in fed)
+    # and how fast the fresh gradients go into buffers kept between steps (what the executors'
+    # gradient sums pay to fill their flat buffers)
+    assert t.grad_copy_Bps > 0 and SequenceTimes.from_dict(t.to_dict()) == t

@@ -110,7 +110,10 @@ def test_node_and_edge_costs_are_the_cost_model_and_reshard(cnn):
     for s, cfg in enumerate(mp.configs["linear"]):
         sh = costs["linear"].at(cfg.layout, 2)
         sync = param_sync(g, "linear", cfg, TITAN, bucketed=True)   # its share of one all-reduce: bytes only
-        want_t = sh.fp_s + sh.bp_s + (sh.fp_s if cfg.recompute else 0) + (sync.time_s if sync else 0.0)
+        # ... and its gradients copied into the executors' flat buffer, at the profile's rate
+        copy = costs.grad_copy_s(sync.nbytes) if sync else 0.0
+        assert (copy > 0) == (sync is not None)
+        want_t = sh.fp_s + sh.bp_s + (sh.fp_s if cfg.recompute else 0) + (sync.time_s + copy if sync else 0.0)
         if cfg.layout == "reduce":   # the model output as partial sums: all-reduced before the loss
             want_t += tensoropt.cluster.ring_allreduce_time(TITAN, mesh, g.nodes["linear"].output_bytes)
         assert n.time[s] == pytest.approx(want_t, rel=1e-12)
@@ -171,7 +174,8 @@ def test_tied_weight_is_held_in_its_larger_piece(tied):
     # whole, and its gradient summed whole, which neither node's sync counts
     jc = cl_.index(NodeConfig(mesh, "channel"))
     assert tie[0].mem[i, jc] == 2 * (w - w // 2)
-    assert tie[0].time[i, jc] == ring_allreduce_bytes_time(TITAN, mesh, w) > 0
+    # (and both readers copy a whole gradient into the executors' flat buffer)
+    assert tie[0].time[i, jc] == ring_allreduce_bytes_time(TITAN, mesh, w) + 2 * costs.grad_copy_s(w) > 0
     # the embedding's backward adds its gradient to the LM head's: 2 × its piece, transient; and
     # where the weight is held whole (the head reads it whole or cut the other way) the cut's
     # backward pads the piece's gradient to the whole first
