@@ -308,11 +308,23 @@ def edge_reshard(graph: Any, producer: str, consumer: str, src: NodeConfig, dst:
     except ValueError:
         raise ValueError(f"{consumer!r} does not read {producer!r}") from None
     prod = graph.nodes[producer]
+    if dst.layout == "batch" and dst.degree > 1 and reads_whole(graph, node, producer):
+        return reshard(src, dst, nbytes, cluster, consumer=node, reads=R)
     if reads_nothing(node):
         read = input_layout(node, dst, batch_ok=has_dim(prod, "batch_dim"), channel_ok=has_dim(prod, "channel_dim"))
         return Reshard(output_layout(src), read, grad_layout(dst, read), needed_grad_layout(src))
     return reshard(src, dst, nbytes, cluster, consumer=node, batch_ok=has_dim(prod, "batch_dim"),
                    channel_ok=has_dim(prod, "channel_dim"))
+
+
+def reads_whole(graph: Any, node: Any, producer: str) -> bool:
+    """Whether ``node`` run along the batch reads ``producer`` whole: the source of an ``index``
+    whose index tensors carry the batch (``x[arange(B)[:, None], j]``; each shard gathers its
+    block of the output from the whole source, :mod:`tensoropt.capture.semantics`)."""
+    return (op_basename(node.op) == "index" and bool(node.inputs) and producer == node.inputs[0]
+            and producer not in node.inputs[1:]
+            and any(p in graph.nodes and graph.nodes[p].outputs and has_dim(graph.nodes[p], "batch_dim")
+                    for p in node.inputs[1:]))
 
 
 def reads_nothing(node: Any) -> bool:

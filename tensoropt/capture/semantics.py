@@ -13,7 +13,8 @@ Rules, in order of evidence:
   cat → mapped through from the input when the op leaves that dimension intact.
 - batch split is legal when the output has a batch dimension and the op does not mix samples
   along it (softmax / cumsum / sort / cat / index / slice along the batch dimension do; a view
-  that moves the batch dimension behind other elements does).  Batch norm in training mode is
+  that moves the batch dimension behind other elements does) — except an ``index`` whose index
+  tensors carry the batch: split by them, its source read whole.  Batch norm in training mode is
   legal but not exact (per-shard statistics).
 """
 
@@ -221,12 +222,37 @@ def split_dims(target: Any, args: Sequence[Any], kwargs: dict,
                     and not _whole_slice(base, args, kwargs, src.shape[src.batch_dim]):
                 batch = None
             elif base == "index" and len(args) > 1 and isinstance(args[1], (list, tuple)) \
-                    and len(args[1]) > src.batch_dim and args[1][src.batch_dim] is not None:
+                    and len(args[1]) > src.batch_dim and args[1][src.batch_dim] is not None \
+                    and not _indexed_by_batch(args[1], tensor_inputs, out):
                 batch = None
             elif is_metadata_only(target) and _prefix(src.shape, src.batch_dim) != _prefix(out.shape, batch):
                 batch = None
     training_bn = base in _BATCH_NORMS and _bn_training(base, args, kwargs)
     return SplitDims(batch=batch, channel=out.channel_dim, batch_exact=not training_bn)
+
+
+def _indexed_by_batch(indices: Sequence[Any], tensor_inputs: Sequence[TensorMeta], out: TensorMeta) -> bool:
+    """Whether ``index(x, indices)`` gathers along the batch by index tensors that carry it
+    (``x[arange(B)[:, None], j]``, as Hugging Face builds its attention masks): the output's batch
+    dimension is the index tensors' broadcast one, so each shard reads ``x`` whole and its piece
+    of every index tensor that has the batch (the others, size 1 there, whole) — shard ``i``
+    gathers exactly block ``i`` of the output, whatever the indices' values.  ``tensor_inputs``
+    are ``x``'s meta then one per distinct index tensor."""
+    nodes = [i for i in indices if i is not None]
+    if indices[0] is None or len(tensor_inputs) != 1 + len({id(i) for i in nodes}) or out.batch_dim is None:
+        return False   # the broadcast dims lead the output only when the first dim is indexed
+    metas = tensor_inputs[1:]
+    rank = max(len(m.shape) for m in metas)
+    carried = False
+    for m in metas:
+        at = out.batch_dim - (rank - len(m.shape))      # the dim of m aligned with the output's batch
+        if m.batch_dim is not None:
+            if m.batch_dim != at:
+                return False
+            carried = True
+        elif 0 <= at < len(m.shape) and m.shape[at] != 1:
+            return False
+    return carried
 
 
 def _bn_training(base: str, args: Sequence[Any], kwargs: dict) -> bool:

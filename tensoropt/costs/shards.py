@@ -4,7 +4,8 @@ Given a node's real arguments (tensors and the rest, as the captured graph calls
 layout and a degree ``k``, :func:`shard_args` returns the arguments of the largest shard, or
 ``None`` when the layout does not apply to the op:
 
-- ``batch``: every activation with a batch dimension is cut along it (parameters stay whole);
+- ``batch``: every activation with a batch dimension is cut along it (parameters stay whole) —
+  but an ``index`` whose index tensors carry the batch reads its source whole;
 - ``channel``: the op's output channels / features are cut — for a weighted op the weight's
   output dimension (conv ``weight[0]``, linear ``weight[0]``, ``addmm``/``mm`` second operand's
   last dim, embedding ``weight[1]``, attention heads of q / k / v); for any other op every
@@ -68,7 +69,7 @@ def shard_args(base: str, args: Sequence[Any], kwargs: dict, info: dict[int, Ten
     """
     args, kwargs = list(args), dict(kwargs)
     if layout == "batch":
-        return _batch(args, kwargs, info, k)
+        return _batch(args, kwargs, info, k, whole=_index_source(base, args, info))
     if layout == "channel":
         return _channel(base, args, kwargs, info, k, out)
     if layout == "reduce":
@@ -84,12 +85,23 @@ def _map_tensors(obj: Any, fn) -> Any:
     return obj
 
 
-def _batch(args: list, kwargs: dict, info: dict[int, TensorArg], k: int) -> tuple[tuple, dict] | None:
+def _index_source(base: str, args: list, info: dict[int, TensorArg]) -> set[int]:
+    """``{id(x)}`` for ``index(x, indices)`` whose index tensors carry the batch (split by them,
+    :func:`tensoropt.capture.semantics.split_dims`): ``x`` is read whole; else nothing."""
+    if base != "index" or len(args) < 2 or not isinstance(args[1], (list, tuple)):
+        return set()
+    carried = any(isinstance(t, torch.Tensor) and (a := info.get(id(t))) is not None and a.meta is not None
+                  and a.meta.batch_dim is not None for t in args[1])
+    return {id(args[0])} if carried else set()
+
+
+def _batch(args: list, kwargs: dict, info: dict[int, TensorArg], k: int,
+           whole: set[int] = frozenset()) -> tuple[tuple, dict] | None:
     touched = []
 
     def cut(t: torch.Tensor) -> torch.Tensor:
         a = info.get(id(t))
-        if a is None or a.kind != "activation" or a.meta is None or a.meta.batch_dim is None:
+        if a is None or a.kind != "activation" or a.meta is None or a.meta.batch_dim is None or id(t) in whole:
             return t
         if not legal_degree(t.shape[a.meta.batch_dim], k):
             raise _Illegal

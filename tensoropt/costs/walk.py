@@ -42,7 +42,7 @@ from typing import Any, Mapping
 from ..graph import OpGraph, OpNode
 from ..plan import NodeConfig, Plan, PlanError
 from ..reshard import (Reshard, edge_reshard, has_dim, input_layout, output_layout, piece_bytes, reads_nothing,
-                       synced_parameters)
+                       reads_whole, synced_parameters)
 from .memory import StepMemory, aliases_input, grad_nodes, optimizer_alpha, optimizer_temp_bytes
 from .model import CostModel, ShardCost
 
@@ -73,7 +73,7 @@ def plan_edges(plan: Plan, graph: OpGraph, cluster: Any) -> PlanEdges:
         for p, nbytes in zip(node.inputs, node.input_bytes):
             prod = graph.nodes[p]
             if prod.kind != "op":  # the batch: delivered to every reader in the layout it reads
-                read = input_layout(node, cfg, batch_ok=has_dim(prod, "batch_dim"),
+                read = input_layout(node, cfg, batch_ok=has_dim(prod, "batch_dim") and not reads_whole(graph, node, p),
                                     channel_ok=has_dim(prod, "channel_dim"))
                 for d in cfg.devices:
                     e.batch[(p, d)] = max(e.batch.get((p, d), 0), piece_bytes(read, cfg.degree, nbytes))

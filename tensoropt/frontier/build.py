@@ -107,7 +107,7 @@ from ..costs.memory import grad_nodes, keeps_input, node_memory, optimizer_alpha
 from ..errors import ClusterSpecError, TensorOptError
 from ..plan import NodeConfig
 from ..reshard import (P, edge_reshard, has_dim, input_layout, output_layout, param_cut, param_sync, piece_bytes,
-                       stat_sync)
+                       reads_whole, stat_sync)
 from ..cluster.collectives import ring_allreduce_bytes_time, ring_allreduce_time
 from .problem import EdgeCosts, NodeCosts, Problem
 
@@ -367,7 +367,7 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
             for p, nbytes in zip(node.inputs, node.input_bytes):
                 prod = graph.nodes[p]
                 if prod.kind != "op":  # the batch, in the layout this node reads it
-                    read = input_layout(node, cfg, batch_ok=has_dim(prod, "batch_dim"),
+                    read = input_layout(node, cfg, batch_ok=has_dim(prod, "batch_dim") and not reads_whole(graph, node, p),
                                         channel_ok=has_dim(prod, "channel_dim"))
                     resident += piece_bytes(read, k, nbytes)
             if name in costs:

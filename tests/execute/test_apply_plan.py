@@ -159,3 +159,43 @@ def test_a_plan_larger_than_the_gpu_is_refused(cases, monkeypatch):
         tensoropt.Estimate("simulator", 0.1, {"gpu0": 3 * 2**20}))
     with pytest.raises(ExecutionError, match="needs 0.00 GiB on cuda:0.*has 0.00 GiB"):
         apply_plan(model, inputs, plan, device_map={"gpu0": "cuda:0"}, graph=cases["cnn"][2])
+
+
+class BatchGather(torch.nn.Module):
+    """Hugging Face's mask gather: ``x[arange(B)[:, None], j]`` — index tensors that carry the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        rows = torch.arange(x.shape[0], device=x.device)[:, None]
+        cols = torch.arange(3, device=x.device)[None, :] * 2
+        picked = torch.cumsum(x, dim=1)[rows, cols]            # (B, 3): row b of x's cumsum
+        return self.lin(x) * picked.sum(dim=1, keepdim=True)
+
+
+def test_an_index_gathering_along_the_batch_splits_by_its_index_tensors():
+    # each shard gathers its block of the output from the whole source: split by the index
+    # tensors (their pieces hold global row numbers), the source read whole
+    from tensoropt.reshard import R, edge_reshard, reads_whole
+
+    from .conftest import make_case
+
+    torch.manual_seed(0)
+    case = make_case(BatchGather(), (torch.randn(4, 6),))
+    graph = case[2]
+    index = next(n for n in graph.ops if n.op == "aten.index.Tensor")
+    assert index.split.batch == 0
+    source, rows = index.inputs[0], index.inputs[1]
+    assert reads_whole(graph, index, source) and not reads_whole(graph, index, rows)
+    mesh = ("gpu0", "gpu1")
+    batch = NodeConfig(mesh, "batch")
+    titan = tensoropt.load_cluster("preset:titan-rtx-5")
+    assert edge_reshard(graph, source, index.name, batch, batch, titan).dst_layout == R     # gathered
+    assert edge_reshard(graph, rows, index.name, NodeConfig(mesh, "R"), batch, titan).time_s == 0  # a local cut
+    configs = {n.name: NodeConfig(mesh, "batch" if n.split.batch is not None else "R") for n in graph.ops}
+    assert configs[index.name].layout == "batch"
+    plan = Plan(configs, graph_fingerprint=graph.fingerprint, order=[n.name for n in graph.ops])
+    planned = check_plan(case, plan)
+    assert planned.fallbacks == []
