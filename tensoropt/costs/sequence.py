@@ -199,7 +199,8 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
     passes: list[tuple[float, float]] = []
     copies: list[float] = []
     kept: dict[int, torch.Tensor] = {}     # id(leaf) -> a buffer kept between steps
-    leaves = [v for v in feed if isinstance(v, torch.Tensor) and v.requires_grad]
+    # one per tensor: a tied weight's placeholders share their leaf
+    leaves = list({id(v): v for v in feed if isinstance(v, torch.Tensor) and v.requires_grad}.values())
     grad_bytes = sum(v.numel() * v.element_size() for v in leaves)
     i = 0
     while i < warmup + repeats:

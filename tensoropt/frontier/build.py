@@ -399,7 +399,6 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
         transient[name] = np.array(tr, dtype=np.float64)
         nodes.append(NodeCosts(name, mem, tim, tuple(config_label(c) for c in cfgs)))
 
-
     edges: list[EdgeCosts] = []
     n_reshard = 0
     for node in ops:
