@@ -79,10 +79,12 @@ APPROXIMATIONS = (
     "counted once per reader (over-estimate); a parameter used by several nodes (tied weights) "
     "is held in the largest of its pieces, whole where two readers cut it different ways (GPT-2's embedding "
     "and output layer both split along their channels; its gradient then summed whole) (exact for one reader; "
-    "with several readers their extras add up: over-estimate), and its gradient accumulation (2 × the piece, "
-    "out of place) is a transient of every user but the last",
+    "with several readers their extras add up: over-estimate), its gradient accumulation (2 × the piece, "
+    "out of place) is a transient of every user but the last, and a reader that cuts it counts its gradient "
+    "padded to the whole (where it is held whole); a view kept for backward keeps its base's output",
     "time is the sum of node times (forward + backward [+ forward again when recomputed] at the shard, "
-    "on the mesh's slowest device), reshard times (forward and gradient) and gradient all-reduces: no "
+    "on the mesh's slowest device), reshard times (forward and gradient), gradient all-reduces and the copy "
+    "of the summed gradients into the executors' buffers: no "
     "overlap of computation with communication (TensorOpt's additive model); simulate a plan for overlap",
 )
 
