@@ -307,14 +307,21 @@ def edge_reshard(graph: Any, producer: str, consumer: str, src: NodeConfig, dst:
         nbytes = node.input_bytes[node.inputs.index(producer)]
     except ValueError:
         raise ValueError(f"{consumer!r} does not read {producer!r}") from None
-    prod = graph.nodes[producer]
-    if dst.layout == "batch" and dst.degree > 1 and reads_whole(graph, node, producer):
-        return reshard(src, dst, nbytes, cluster, consumer=node, reads=R)
+    read = read_layout(graph, node, producer, dst)
     if reads_nothing(node):
-        read = input_layout(node, dst, batch_ok=has_dim(prod, "batch_dim"), channel_ok=has_dim(prod, "channel_dim"))
         return Reshard(output_layout(src), read, grad_layout(dst, read), needed_grad_layout(src))
-    return reshard(src, dst, nbytes, cluster, consumer=node, batch_ok=has_dim(prod, "batch_dim"),
-                   channel_ok=has_dim(prod, "channel_dim"))
+    return reshard(src, dst, nbytes, cluster, consumer=node, reads=read)
+
+
+def read_layout(graph: Any, node: Any, producer: str, config: NodeConfig) -> str:
+    """The layout in which ``node`` (an :class:`~tensoropt.graph.OpNode`) run as ``config``
+    reads its input ``producer`` (an operator or a graph input): :func:`input_layout`, with the
+    producer's batch / channel dimensions from ``graph``, and the whole tensor where
+    :func:`reads_whole` says so.  Every edge's reshard, and the batch pieces a node reads, come
+    from here."""
+    prod = graph.nodes[producer]
+    return input_layout(node, config, batch_ok=has_dim(prod, "batch_dim") and not reads_whole(graph, node, producer),
+                        channel_ok=has_dim(prod, "channel_dim"))
 
 
 def reads_whole(graph: Any, node: Any, producer: str) -> bool:

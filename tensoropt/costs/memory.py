@@ -85,8 +85,9 @@ def node_memory(graph: OpGraph, costs: CostModel, name: str, *, layout: str = "R
     Parameters (and their gradients and optimizer state) are split by ``channel`` / ``reduce``
     layouts and whole under ``R`` / ``batch``.  Activations are the bytes this node is
     responsible for keeping: its extra saved tensors, and its output if the node, a consumer or a
-    view of it keeps it (:func:`output_kept`; a view's own output is its base's storage, 0 bytes); with ``recompute`` none are kept and the saved bytes become transient (the forward
-    runs again inside backward).  O(consumers of the node).
+    view of it keeps it (:func:`output_kept`; a view's own output is its base's storage, 0
+    bytes); with ``recompute`` none are kept and the saved bytes become transient (the forward
+    runs again inside backward).  O(consumers of the node, along view chains).
     """
     node = graph.nodes[name]
     cost = costs[name] if name in costs else None

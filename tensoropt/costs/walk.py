@@ -12,8 +12,9 @@ Every device walks its own program (its forward in plan order, its backward in r
   in one flat buffer for the whole step (the distributed backend keeps it between steps, as
   DDP's buckets), each contribution computed apart and then copied or added in (1 × the
   parameter transiently; a contribution of a piece — the parameter held whole, this reader
-  cutting it — the piece and then the whole: the cut's backward pads it to the whole), and after the backward each group's buffer is summed in place (the
-  all-reduce's staging, a few MiB in gloo's ring or in segments as messages, is not counted);
+  cutting it — the piece and then the whole: the cut's backward pads it to the whole), and
+  after the backward each group's buffer is summed in place (the all-reduce's staging, a few
+  MiB in gloo's ring or in segments as messages, is not counted);
 - activations at shard size (:meth:`NodeCost.at` output and extra saved bytes): a node's output
   from when it runs until its last consumer on the device, or until the last backward that saved
   it; what a node receives from another configuration (:attr:`Reshard.recv_bytes`) from its first
@@ -41,8 +42,8 @@ from typing import Any, Mapping
 
 from ..graph import OpGraph, OpNode
 from ..plan import NodeConfig, Plan, PlanError
-from ..reshard import (Reshard, edge_reshard, has_dim, input_layout, output_layout, piece_bytes, reads_nothing,
-                       reads_whole, synced_parameters)
+from ..reshard import (Reshard, edge_reshard, output_layout, piece_bytes, read_layout, reads_nothing,
+                       synced_parameters)
 from .memory import StepMemory, aliases_input, grad_nodes, optimizer_alpha, optimizer_temp_bytes
 from .model import CostModel, ShardCost
 
@@ -73,8 +74,7 @@ def plan_edges(plan: Plan, graph: OpGraph, cluster: Any) -> PlanEdges:
         for p, nbytes in zip(node.inputs, node.input_bytes):
             prod = graph.nodes[p]
             if prod.kind != "op":  # the batch: delivered to every reader in the layout it reads
-                read = input_layout(node, cfg, batch_ok=has_dim(prod, "batch_dim") and not reads_whole(graph, node, p),
-                                    channel_ok=has_dim(prod, "channel_dim"))
+                read = read_layout(graph, node, p, cfg)
                 for d in cfg.devices:
                     e.batch[(p, d)] = max(e.batch.get((p, d), 0), piece_bytes(read, cfg.degree, nbytes))
                 continue

@@ -7,10 +7,10 @@ runs one forward + :func:`~tensoropt.costs.step.training_loss` + backward on thi
 
 - nodes of other ranks are skipped; a value that crosses ranks is sent point-to-point in forward
   (as soon as it exists, received where its consumer runs) and its gradient sent back in
-  backward, from inside this rank's one autograd pass (:mod:`.transport`); splits, gathers, partial sums and slices are the
-  executor's own nodes, run on the rank that holds their pieces — except a value split over a
-  mesh that every rank of the mesh needs whole: one all-gather (``S``) or all-reduce (``P``)
-  over those ranks, or its own block of (``P`` → ``S``): one reduce-scatter; their backward
+  backward, from inside this rank's one autograd pass (:mod:`.transport`); splits, gathers,
+  partial sums and slices are the executor's own nodes, run on the rank that holds their
+  pieces — except a value split over a mesh that every rank of the mesh needs whole: one
+  all-gather (``S``) or all-reduce (``P``) over those ranks, or its own block of (``P`` → ``S``): one reduce-scatter; their backward
   is a reduce-scatter / all-reduce / all-gather of the gradients (:class:`.program.Collective`);
 - after backward, a parameter read on several ranks (replicated / batch-split nodes, tied
   weights) has its gradient summed over those ranks (one in-place all-reduce of a flat buffer

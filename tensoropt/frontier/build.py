@@ -106,8 +106,8 @@ import numpy as np
 from ..costs.memory import grad_nodes, keeps_input, node_memory, optimizer_alpha, output_kept
 from ..errors import ClusterSpecError, TensorOptError
 from ..plan import NodeConfig
-from ..reshard import (P, edge_reshard, has_dim, input_layout, output_layout, param_cut, param_sync, piece_bytes,
-                       reads_whole, stat_sync)
+from ..reshard import (P, edge_reshard, output_layout, param_cut, param_sync, piece_bytes, read_layout,
+                       stat_sync)
 from ..cluster.collectives import ring_allreduce_bytes_time, ring_allreduce_time
 from .problem import EdgeCosts, NodeCosts, Problem
 
@@ -367,8 +367,7 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
             for p, nbytes in zip(node.inputs, node.input_bytes):
                 prod = graph.nodes[p]
                 if prod.kind != "op":  # the batch, in the layout this node reads it
-                    read = input_layout(node, cfg, batch_ok=has_dim(prod, "batch_dim") and not reads_whole(graph, node, p),
-                                        channel_ok=has_dim(prod, "channel_dim"))
+                    read = read_layout(graph, node, p, cfg)
                     resident += piece_bytes(read, k, nbytes)
             if name in costs:
                 sh = costs[name].at(lay, k)
