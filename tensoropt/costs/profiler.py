@@ -445,13 +445,13 @@ class _Runner(fx.Interpreter):
             if not isinstance(v, torch.Tensor):
                 continue
             if isinstance(a, fx.Node) and a.name in self.param_of_placeholder:
-                info[id(v)] = TensorArg("param", None)
+                info[id(v)] = TensorArg("param", None, self._is_trainable(v))
             elif isinstance(a, fx.Node) and a.name in self.graph_.nodes:
                 src = self.graph_.nodes[a.name]
                 info[id(v)] = TensorArg("activation", src.outputs[0] if len(src.outputs) == 1 else None)
                 producers[pos] = a.name
             elif isinstance(a, fx.Node) and a.op == "get_attr":
-                info[id(v)] = TensorArg("param", None)
+                info[id(v)] = TensorArg("param", None, self._is_trainable(v))
             pos += 1
         return info, producers
 
@@ -488,7 +488,7 @@ class _Runner(fx.Interpreter):
         for v in _tensors((args, kwargs)):
             a = tinfo.get(id(v))
             ok = grad and v.is_floating_point() and a is not None and (
-                (a.kind == "param" and self._is_trainable(v)) or a.kind == "activation")
+                (a.kind == "param" and a.trainable) or a.kind == "activation")
             flags.append(bool(ok))
         return flags
 

@@ -99,6 +99,34 @@ def test_shards_are_measured_at_their_shapes(cnn_profile):
     assert bn.shards[("batch", 2)].fp_s > bn.fp_s / 2
 
 
+def test_a_shard_backward_computes_every_gradient_training_does(small_cnn, monkeypatch):
+    # a weight cut for a shard is a plain tensor, not a Parameter: its backward must still
+    # compute the weight gradient (the partial-sum shard of a conv was once timed with the
+    # input gradient only: half its backward, on every plan that cuts the input channels)
+    from tensoropt.costs import profiler
+
+    calls = []
+    real = profiler._measure_call
+
+    def spy(fn, args, kwargs, grad_flags, param_flags, *rest):
+        shapes = [tuple(t.shape) for t in profiler._tensors((args, kwargs))]
+        calls.append((str(fn), shapes, list(grad_flags), list(param_flags)))
+        return real(fn, args, kwargs, grad_flags, param_flags, *rest)
+
+    monkeypatch.setattr(profiler, "_measure_call", spy)
+    model, inputs = small_cnn
+    graph = tensoropt.capture(model, inputs)
+    profile(graph, shard_degrees=(1, 2), repeats=1, cache=False, in_sequence=False)
+    convs = [c for c in calls if "conv2d" in c[0]]
+    assert len(convs) == 4                                  # whole, batch, channel, reduce halves
+    for _, shapes, grads, params in convs:
+        weight = params.index(True)
+        assert grads[weight], f"no weight gradient timed for the conv shard of shapes {shapes}"
+    # the partial-sum shard: input channels cut (3 -> 2), the weight's too
+    reduce_, = [c for c in convs if c[1][0][1] < inputs[0].shape[1]]
+    assert reduce_[1][1][1] == 2 and reduce_[2] == [True, True, True]   # input, weight, bias
+
+
 def test_a_shard_the_cache_lacks_is_measured_not_scaled(small_cnn, tmp_path):
     model, inputs = small_cnn
     graph = tensoropt.capture(model, inputs)
