@@ -10,6 +10,7 @@ import time
 from rich.console import Console
 from rich.markup import escape
 
+from .._malloc import steady_malloc
 from ..errors import TensorOptError
 
 
@@ -32,6 +33,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
                                master_addr=args.master_addr, master_port=args.master_port, timeout=args.timeout,
                                backend=args.dist_backend, lr=args.lr, batch=args.batch,
                                collectives=args.collectives)
+    steady_malloc()   # time the steps in the profile's allocator regime (tensoropt._malloc)
     loaded = load_model(args.model, batch=args.batch)
     if loaded.model is None:
         raise TensorOptError(f"{args.model} is a saved graph or ONNX file: the executor needs the torch model "

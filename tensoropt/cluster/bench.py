@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from .._malloc import steady_malloc
 from .._procs import WorkerDied, next_message, single_threaded_env, stop_workers
 from ..errors import ClusterSpecError
 
@@ -806,6 +807,7 @@ def _gloo_entry(rank: int, world_size: int, port: int, q, job: str, kwargs: dict
         import torch
         import torch.distributed as dist
 
+        steady_malloc()   # the regime the executors' ranks run in (tensoropt._malloc)
         torch.set_num_threads(1)
         td = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=td)

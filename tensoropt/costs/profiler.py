@@ -46,6 +46,7 @@ from torch.utils._pytree import tree_flatten
 
 from .. import syncbn
 from .._io import write_json_atomic
+from .._malloc import steady_malloc
 from ..capture import first_line, quiet_torch_logs
 from ..errors import ProfileError
 from ..graph import OpGraph, OpNode, TensorMeta
@@ -56,7 +57,9 @@ from .model import CostModel, NodeCost, ShardCost
 from .shards import TensorArg, shard_args, shard_size
 from .timing import device_info, device_key, time_callable
 
-CACHE_VERSION = 1
+#: 2: measured in :func:`~tensoropt._malloc.steady_malloc`'s allocator regime (version 1's
+#: figures depended on which blocks the process had freed before)
+CACHE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
                            f"{graph.source or 'a file'}); profile the model itself, e.g. "
                            "tensoropt profile zoo:NAME or tensoropt.profile(tensoropt.capture(model, inputs))")
     dev = _device(device)
+    steady_malloc()   # one allocator regime for the profile and the executors (why: tensoropt._malloc)
     degrees = sorted({int(k) for k in shard_degrees if int(k) > 1})
     t0 = time.perf_counter()
     load0 = _loadavg()

@@ -48,6 +48,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
+from .._malloc import steady_malloc
 from ..errors import ProfileError
 from ..graph import OpGraph
 from .feed import placeholder_values
@@ -187,6 +188,7 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
     if repeats < 1:
         raise ProfileError(f"repeats must be at least 1, got {repeats}")
     dev = torch.device(device)
+    steady_malloc()   # the regime the profile and the executors share (tensoropt._malloc)
     module = graph.module if graph.exported is not None else copy.deepcopy(graph.module)
     module = module.to(dev)
     feed, param_owner = training_feed(graph, module, dev, inputs, batch)

@@ -75,6 +75,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map_only
 
+from .._malloc import steady_malloc
 from ..errors import ProfileError
 
 __all__ = ["OPTIMIZERS", "StepMeasurement", "make_optimizer", "measure_step", "training_loss"]
@@ -411,6 +412,7 @@ def measure_step(model: nn.Module, example_inputs: tuple, *, optimizer: str = "s
     if not isinstance(warmup, int) or warmup < 0:
         raise ProfileError(f"warmup must be a non-negative integer, got {warmup!r}")
     dev = _resolve_device(device)
+    steady_malloc()   # the regime the profile and the executors share (tensoropt._malloc)
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
 

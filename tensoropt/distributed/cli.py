@@ -24,6 +24,7 @@ import sys
 import time
 from typing import Any
 
+from .._malloc import steady_malloc
 from ..errors import TensorOptError
 from .runtime import DEFAULT_TIMEOUT_S
 from .transport import COLLECTIVES, COLLECTIVES_HELP
@@ -57,6 +58,7 @@ def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: b
         rt = init_runtime(rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port,
                           backend=backend, timeout_s=timeout)
         torch.set_num_threads(max(1, torch.get_num_threads()))
+        steady_malloc()   # the profile's allocator regime (tensoropt._malloc)
         say = (lambda text: print(text, file=out, flush=True)) if rt.rank == 0 else (lambda text: None)
         loaded = load_model(model_spec, batch=batch)
         if loaded.model is None:

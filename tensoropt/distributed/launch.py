@@ -18,6 +18,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from .._malloc import steady_malloc
 from .._procs import WorkerDied, next_message, single_threaded_env, stop_workers
 from ..errors import DistributedError, TensorOptError
 from .runtime import DEFAULT_TIMEOUT_S, init_runtime, shutdown
@@ -29,6 +30,7 @@ def _entry(rank: int, world_size: int, port: int, q: Any, job: str, kwargs: dict
     try:
         import torch
 
+        steady_malloc()   # the profile's allocator regime (tensoropt._malloc)
         torch.set_num_threads(1)
         module, _, name = job.partition(":")
         fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
