@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..costs.memory import node_memory, optimizer_alpha
+from ..costs.memory import grad_nodes, node_memory, optimizer_alpha
 from ..costs.model import CostModel
 from ..describe import fmt_bytes
 from ..graph import OpGraph
 from ..plan import NodeConfig, Plan, PlanError
+from ..reshard import R, read_layout, reads_nothing
 from ._common import resolve_devices
 from .coarsen import param_held_bytes
 
@@ -56,6 +57,10 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[s
             replicated.append(node.name)
             if node.split.batch is not None:
                 unmeasured.add(node.name)
+    whole = _read_whole_without_gradient(graph, configs) if n > 1 else set()
+    for name in whole:
+        configs[name] = NodeConfig(tuple(names), "R")
+    replicated += sorted(whole)
     # views are free and get a batch shard whatever the batch size: judge by the operators that compute
     computing = [nd for nd in graph.ops if nd.name not in costs or costs[nd.name].method != "free"]
     if n > 1 and any(nd.name in unmeasured for nd in computing) and \
@@ -90,3 +95,34 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[s
                 cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=NAME,
                 options={"devices": names, "optimizer": optimizer}, order=[n.name for n in graph.ops],
                 plan_id=NAME, notes=notes)
+
+
+def _read_whole_without_gradient(graph: OpGraph, configs: dict[str, NodeConfig]) -> set[str]:
+    """Batch-split operators to run whole (``R``) on every device instead: those that carry no
+    gradient (masks, positions, index arithmetic: :func:`~tensoropt.costs.memory.grad_nodes`)
+    and whose every reader reads them whole (an ``index`` reading its source whole, an op with
+    no batch split) or is one of them, and whose own inputs are graph inputs, replicated, or
+    one of them — so running them whole moves nothing where splitting them made each device
+    all-gather the result (GPT-2's attention-mask arithmetic: two all-gathers a step), as
+    DistributedDataParallel, which runs the whole model on each device, never does.
+
+    The largest such set: start from every candidate and drop one whose readers or inputs
+    break the rule until none does.  O(V × (V + E)) at worst, O(V + E) per round."""
+    carries = grad_nodes(graph)
+    ops = {n.name: n for n in graph.ops}
+    chosen = {name for name, cfg in configs.items() if cfg.layout == "batch" and not carries.get(name, False)}
+    changed = True
+    while changed:
+        changed = False
+        for name in sorted(chosen):
+            node = ops[name]
+            inputs_ok = all(p not in ops or p in chosen or configs[p].layout == "R" for p in node.inputs)
+            readers_ok = all(
+                c in chosen or reads_nothing(ops[c]) or read_layout(graph, ops[c], name, configs[c]) == R
+                for c in graph.successors(name) if c in ops)
+            if not (inputs_ok and readers_ok):
+                chosen.discard(name)
+                changed = True
+    # one read only by nodes that never run (asserts) saves nothing whole: it stays split
+    return {name for name in chosen
+            if any(c in ops and not reads_nothing(ops[c]) for c in graph.successors(name))}

@@ -3,6 +3,7 @@
 import pytest
 
 from tensoropt.costs import ShardCost
+from tensoropt.costs.memory import grad_nodes
 from tensoropt.placers import dp, place
 from tensoropt.plan import NodeConfig, PlanError
 from tensoropt.simulate import simulate
@@ -63,18 +64,29 @@ def test_tiny_models(tiny, titan, model):
     devices = ["gpu0", "gpu1"]
     plan = place(graph, costs, titan, "dp", devices=devices)
     plan.check(graph, titan)
-    replicated = 0
+    carries = grad_nodes(graph)
+    replicated = whole_by_choice = 0
     for n in graph.ops:
         cfg = plan.configs[n.name]
         assert cfg.devices == ("gpu0", "gpu1")
         legal = n.split.batch is not None and ("batch", 2) in costs[n.name].shards
-        assert cfg.layout == ("batch" if legal else "R")
-        replicated += not legal
+        if not legal:
+            assert cfg.layout == "R"
+        elif cfg.layout == "R":
+            # run whole by choice: no gradient, and every reader takes it whole
+            assert not carries[n.name], n.name
+            whole_by_choice += 1
+        else:
+            assert cfg.layout == "batch"
+        replicated += cfg.layout == "R"
     assert f"{replicated} replicated" in plan.notes[0]
-    if model == "gpt2":
-        assert replicated > 0                       # positions, masks: no batch dimension
     res = simulate(plan, graph, costs, titan)
     assert res.time_s > 0 and set(res.memory_bytes) == set(devices)
     assert any(e.phase == "allreduce" for e in res.timeline)
+    gathers = [e for e in res.timeline if e.phase == "transfer" and e.detail.startswith("forward")]
+    if model == "gpt2":
+        assert replicated > whole_by_choice > 0     # positions have no batch dim; masks are read whole
+    # like DistributedDataParallel, no device waits for another's activations in forward
+    assert gathers == []
     with pytest.raises(PlanError, match="--degrees 1,3"):
         place(graph, costs, titan, "dp", devices=["gpu0", "gpu1", "gpu2"])
