@@ -15,7 +15,7 @@ estimates.  error = (estimate − measured) / measured.  "moves": values sent po
 backward; the gradient sums not counted).  The "ping-pong" column is the simulator
 with the idle ping-pong's links, before that calibration.
 
-    python benchmarks/truth.py [--models zoo:vgg16?tiny=1,…] [--steps 7] [--rounds 3] [--json out/truth.json]
+    python benchmarks/truth.py [--models zoo:vgg16?tiny=1,…] [--steps 15] [--warmup 3] [--rounds 3] [--json out/truth.json]
 
 The measured column gives the median over rounds and, in brackets, the rounds' range: on a
 small shared VM a plan's step moves by 10–20 % from one launch to the next, which bounds how
@@ -59,7 +59,10 @@ def err(est: float | None, meas: float | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=DEFAULT_MODELS)
-    ap.add_argument("--steps", type=int, default=7)
+    # one launch's steps spread 30 % on this VM (a rank preempted by the other's threads): 15
+    # steps make its median steadier than 7 did; 3 warm-up steps create every buffer first
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3, help="measure every plan this many times (median)")
     ap.add_argument("--repeats", type=int, default=5, help="profile repeats")
     ap.add_argument("--json", default="out/truth.json", help="where the raw rows go (default out/truth.json)")
@@ -105,7 +108,7 @@ def main() -> None:
     for rnd in range(a.rounds):
         for row in rows:
             meas = launch(measure_plan, row["devices"], {"model_spec": row["model"], "plan": row["plan_dict"],
-                                                         "steps": a.steps, "warmup": 2, "memory": rnd == 0},
+                                                         "steps": a.steps, "warmup": a.warmup, "memory": rnd == 0},
                           timeout_s=120)[0]
             row["round_step_s"].append(meas["step_s"])
             if rnd == 0:
