@@ -32,7 +32,9 @@ peak memory of every device and a timeline (for a Gantt chart).
   reads them (:func:`tensoropt.reshard.gradient_syncs`, what the executors do) on that set's ring
   links: launched when the last backward reading them ends with ``overlap=True``, after the
   last backward computation otherwise.  Each reader's backward also copies its contribution
-  into the flat buffer (:meth:`CostModel.grad_copy_s`, the rate the profile measured).
+  into the flat buffer (:meth:`CostModel.grad_copy_s`, the rate the profile measured); a reader
+  that cuts a parameter held whole writes it twice (the cut's backward pads its piece's
+  gradient to the whole first).
 - The optimizer step's time is not modelled (the CostModel has none).  The iteration time is
   when the last device or link finishes.
 
@@ -280,8 +282,13 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, opti
         node = graph.nodes[name]
         sh = shard_cost(costs, node, plan.configs[name])
         fp, bp = (sh.fp_s, sh.bp_s) if sh is not None else (0.0, 0.0)
-        # its contribution to a gradient summed across devices goes into the flat buffer
-        bp += costs.grad_copy_s(sum(graph.params[q].nbytes for q in (*node.params, *node.param_reads) if q in synced))
+        # its contribution to a gradient summed across devices goes into the flat buffer; a piece
+        # of a parameter held whole (this node cuts it) first gets padded to the whole by the
+        # cut's backward: a whole-sized gradient written once more (GPT-2's tied embedding)
+        cfg = plan.configs[name]
+        cut = cfg.layout in ("channel", "reduce") and cfg.degree > 1
+        summed = sum(graph.params[q].nbytes for q in (*node.params, *node.param_reads) if q in synced)
+        bp += costs.grad_copy_s(summed * (2 if cut else 1))
         times[name] = (fp, bp)
 
     # ---- forward ----

@@ -304,3 +304,20 @@ def test_small_cnn_split_over_devices(cnn):
     res = simulate(plan_of(graph, mp), graph, costs, cl)
     kinds = {e.detail.split(": ")[-1] for e in res.timeline if e.phase == "transfer"}
     assert "allreduce" in kinds and res.time_s > 0
+
+
+def test_a_reader_that_cuts_a_weight_held_whole_writes_its_gradient_twice(tied_lm):
+    model, inputs = tied_lm
+    graph = tensoropt.capture(model, inputs)
+    costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1)
+    mesh = ("gpu0", "gpu1")
+    # the embedding cuts the tied weight along its columns, the LM head reads it whole on both
+    # devices: the weight is held whole and its gradient summed across them
+    plan = plan_of(graph, {n.name: NodeConfig(mesh, "channel" if n.name == "embedding" else "R") for n in graph.ops})
+    res = simulate(plan, graph, costs, tensoropt.load_cluster("preset:titan-rtx-5"))
+    w = graph.params["embed.weight"].nbytes
+    bp, = [e for e in res.timeline if (e.resource, e.node, e.phase) == ("gpu0", "embedding", "bp")]
+    sh = costs["embedding"].at("channel", 2)
+    # its backward pads the piece's gradient to the whole, then copies that into the flat buffer
+    assert costs.grad_copy_s(w) > 0
+    assert bp.end - bp.start == pytest.approx(sh.bp_s + 2 * costs.grad_copy_s(w))

@@ -27,7 +27,8 @@ Costs of a node configuration (per device; within one mesh every device holds th
   parameters replicated over the mesh (:func:`~tensoropt.reshard.param_sync`, bucketed: the
   bytes' time — the executors sum all of a mesh's gradients in one all-reduce, whose few
   latencies the simulator counts and this sum leaves out) and the copy of those gradients into
-  the executors' flat buffer (:meth:`~tensoropt.costs.CostModel.grad_copy_s`), + a batch-split batch
+  the executors' flat buffer (:meth:`~tensoropt.costs.CostModel.grad_copy_s`; once more, the whole
+  weight, for a piece of a weight another node also reads: the cut's backward pads it), + a batch-split batch
   norm's statistics exchange, forward and backward (:func:`~tensoropt.reshard.stat_sync`), + for
   a model output written as partial sums (``reduce``) the all-reduce that adds them up before
   the loss — the same rules the simulator applies.
@@ -386,10 +387,13 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
             split = k if cfg.layout in ("channel", "reduce") and k > 1 else 1
             accumulate = sum(2 * -(-graph.params[q].nbytes // split) for q in not_last.get(name, ()))
             if split > 1:   # a piece of a weight shared with another reader, which may hold it whole
-                # (tie edges): the cut's backward pads the piece's gradient to the whole (as the walk)
-                accumulate += sum(graph.params[q].nbytes for q in (*node.params, *node.param_reads)
-                                  if len(users[q]) > 1 and graph.params[q].kind == "parameter"
-                                  and graph.params[q].requires_grad)
+                # (tie edges): the cut's backward pads the piece's gradient to the whole (as the
+                # walk), a whole-sized write more (as the simulator's time)
+                padded = sum(graph.params[q].nbytes for q in (*node.params, *node.param_reads)
+                             if len(users[q]) > 1 and graph.params[q].kind == "parameter"
+                             and graph.params[q].requires_grad)
+                accumulate += padded
+                t += costs.grad_copy_s(padded) / speed
             if st is not None:   # summed across the mesh: each gradient is made, then added into the buffer
                 accumulate += st.nbytes
             mem.append(float(resident))

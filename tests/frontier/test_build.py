@@ -181,6 +181,11 @@ def test_tied_weight_is_held_in_its_larger_piece(tied):
     # backward pads the piece's gradient to the whole first
     nm = node_memory(g, costs, "embedding", layout="channel", degree=2)
     assert mp.transient["embedding"][i] == nm.transient + 2 * (w // 2) + w
+    # ... and that pad is a whole-sized write: in its time as in the simulator's
+    emb = mp.problem.nodes[mp.problem.index("embedding")]
+    sh = costs["embedding"].at("channel", 2)
+    assert costs.grad_copy_s(w) > 0
+    assert emb.time[i] == pytest.approx(sh.fp_s + sh.bp_s + costs.grad_copy_s(w))
 
 
 def test_cost_is_resident_sum_plus_max_transient(cnn):
