@@ -378,7 +378,7 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
             t = compute / speed
             st = param_sync(graph, node, cfg, cluster, bucketed=True)
             if st is not None:   # + its gradients copied into the executors' flat buffer
-                t += st.time_s + costs.grad_copy_s(st.nbytes)
+                t += st.time_s + costs.grad_copy_s(st.nbytes) / speed   # a copy computes, as in the simulator
             stats = stat_sync(graph, node, cfg, cluster)
             if stats is not None:   # forward and backward
                 t += stats.time_s * (2 if needs_grad.get(name) else 1)

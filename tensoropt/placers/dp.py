@@ -5,7 +5,9 @@ profile has the shard ``("batch", n)`` for ``n`` devices runs as ``NodeConfig(de
 every device computes a slice of the batch with the whole weights, and the simulator all-reduces
 the parameter gradients.  An operator that cannot be split along the batch (it mixes samples,
 e.g. a reduction over the batch, or has no batch dimension: positions, masks) is replicated
-(``R`` over all devices: every device computes it whole); the plan's notes count them.
+(``R`` over all devices: every device computes it whole), and so is one that carries no
+gradient and whose every reader reads it whole (:func:`_read_whole_without_gradient`: GPT-2's
+attention-mask arithmetic), which would otherwise be all-gathered; the plan's notes count them.
 
 The profile must have measured degree ``n`` (``tensoropt profile --degrees 1,n``,
 ``profile(graph, shard_degrees=(1, n))``); when no operator has a batch shard of degree ``n``
