@@ -168,7 +168,11 @@ class PlannedModule(nn.Module):
                     raise ExecutionError(f"the planned model takes {sum(k == 'input' for k, _ in self.sources)} "
                                          f"tensor input(s), got {len(leaves)}: pass the inputs it was captured with")
                 feed.append(leaves[what])
-        outs = self.graph_module(*feed)
+        # .forward, not __call__: the rewritten graph is this module's inside, not a module of its
+        # own to global module hooks.  Through __call__, MemTracker's backward hooks went on the
+        # graph's inputs — the parameters themselves — and stayed there: every later gradient was
+        # then copied into .grad instead of taken over (one extra gradient-sized buffer per weight)
+        outs = self.graph_module.forward(*feed)
         return tree_unflatten(list(outs), self._out_spec)
 
 

@@ -167,3 +167,21 @@ def test_detect_on_this_machine_says_no_gpu():
         detect_mod.detect_cluster()
     msg = str(e.value)
     assert msg.startswith("no NVIDIA GPU found (NVML: ") and "preset:titan-rtx-5" in msg and "YAML file" in msg
+
+
+@pytest.mark.skipif(not _has_gpu(), reason="no NVIDIA GPU on this machine (NVML finds none): nothing real to detect")
+def test_detect_on_a_gpu_machine_matches_what_torch_sees():
+    import torch
+
+    c = detect_mod.detect_cluster()
+    assert c.source == "nvml" and len(c) >= 1
+    if torch.cuda.is_available():
+        assert len(c) == torch.cuda.device_count()
+        for i, d in enumerate(c.devices):
+            # NVML's total and the CUDA runtime's differ by what the driver reserves: within 2 %
+            total = torch.cuda.get_device_properties(i).total_memory
+            assert abs(d.memory_bytes - total) <= 0.02 * total, (d, total)
+    for a in c.names:
+        for b in c.names:
+            if a != b:
+                assert c.link(a, b).bandwidth_Bps > 0

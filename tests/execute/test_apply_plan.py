@@ -100,6 +100,21 @@ def test_the_planned_module_owns_the_model_parameters(cases):
     assert model.bn.num_batches_tracked.item() == before + 1   # running statistics updated once
 
 
+def test_a_one_device_plan_holds_what_the_model_holds(cases):
+    """Every node whole on one device: the planned step's peak is the model's to the byte, and
+    stays so after a step under MemTracker (its module hooks must not reach the parameters:
+    they made autograd copy every gradient into .grad instead of taking it over)."""
+    from tensoropt.costs.step import measure_step
+
+    model, inputs = fresh(cases["gpt2"])
+    graph = cases["gpt2"][2]
+    reference = measure_step(copy.deepcopy(model), inputs, repeats=1, warmup=1).peak_bytes
+    planned = apply_plan(model, inputs, _one_device_plan(graph), graph=graph)
+    for _ in range(2):
+        assert measure_step(planned, inputs, repeats=1, warmup=1).peak_bytes == reference
+    assert all(not p._backward_hooks for p in planned.parameters())
+
+
 @st.composite
 def random_plan(draw, graph, costs, devices=("gpu0", "gpu1", "gpu2", "gpu3")):
     configs = {}
