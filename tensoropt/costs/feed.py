@@ -1,6 +1,7 @@
 """What the captured module's placeholders take: the example inputs, parameters, buffers and
 lifted constants, in placeholder order — shared by the profiler's walk (:mod:`.profiler`) and the
-in-sequence timing of a whole step (:mod:`.sequence`).
+in-sequence timing of a whole step (:mod:`.sequence`) — and the module itself retargeted to the
+device they run on (:func:`module_on`).
 
 Input: an :class:`~tensoropt.graph.OpGraph` with its captured module, a device and (optionally)
 the user inputs.  Output: the placeholder values and which placeholder is which parameter /
@@ -10,6 +11,7 @@ captured program's own must not change).  O(placeholders).
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -56,6 +58,31 @@ def placeholder_values(graph: OpGraph, module: fx.GraphModule, dev: torch.device
             v = None
         values.append(_to(v, dev))
     return values, owners
+
+
+def module_on(module: fx.GraphModule, dev: torch.device) -> fx.GraphModule:
+    """``module`` with every ``torch.device`` argument of its calls naming ``dev``.
+
+    A capture bakes in the device it ran on: GPT-2's position ids are ``arange(..., device=cpu)``,
+    ``_to_copy`` and the metadata asserts name it too, so a module captured on the CPU and run on a
+    GPU would make those tensors on the CPU (and fail at the first op that mixes them).  Returns
+    ``module`` itself when no argument names another device, else a new ``GraphModule`` over a
+    copy of the graph (same node names, same submodules and attributes).  O(nodes)."""
+    def retarget(a: Any) -> Any:
+        return dev if isinstance(a, torch.device) and a != dev else a
+
+    def names_other(n: fx.Node) -> bool:
+        found = []
+        fx.node.map_aggregate((n.args, n.kwargs), lambda a: found.append(a) if retarget(a) is not a else a)
+        return bool(found)
+
+    if not any(names_other(n) for n in module.graph.nodes):
+        return module
+    graph = copy.deepcopy(module.graph)
+    for n in graph.nodes:
+        n.args = fx.node.map_aggregate(n.args, retarget)
+        n.kwargs = fx.node.map_aggregate(n.kwargs, retarget)
+    return fx.GraphModule(module, graph)
 
 
 def synthesize_input(graph: OpGraph, name: str) -> torch.Tensor:

@@ -51,7 +51,7 @@ from torch.utils._pytree import tree_flatten
 from .._malloc import steady_malloc
 from ..errors import ProfileError
 from ..graph import OpGraph
-from .feed import placeholder_values
+from .feed import module_on, placeholder_values
 from .model import NodeCost
 
 #: what a run measures, in cache keys: 2 = the passes timed as wholes, 3 = the loss's forward
@@ -190,7 +190,7 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
     dev = torch.device(device)
     steady_malloc()   # the regime the profile and the executors share (tensoropt._malloc)
     module = graph.module if graph.exported is not None else copy.deepcopy(graph.module)
-    module = module.to(dev)
+    module = module_on(module, dev).to(dev)
     feed, param_owner = training_feed(graph, module, dev, inputs, batch)
     user_outputs = _user_outputs(graph)
     timed = frozenset(n.name for n in graph.ops)

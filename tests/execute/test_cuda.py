@@ -36,8 +36,8 @@ def test_frontier_extremes_on_one_gpu(cases, titan, name):
     fr = tensoropt.track_frontier(graph, costs, titan, devices=["gpu0", "gpu1"])
     for point in (fr.min_time(), fr.min_memory()):
         planned = check_on_cuda(cases[name], point.plan, {"gpu0": "cuda:0", "gpu1": "cuda:0"})
-        owners = {p.device.type for p in planned.parameters()}
-        assert owners == {"cuda"}
+        # every parameter an operator uses sits on the GPU (SmallCNN's unused layer stays put)
+        assert {p.device.type for p in planned.parameters() if p.grad is not None} == {"cuda"}
 
 
 @pytest.mark.parametrize("name", ["cnn", "gpt2"])
@@ -50,7 +50,7 @@ def test_a_plan_across_the_gpu_and_the_cpu_moves_values_both_ways(cases, name):
     configs = {n.name: NodeConfig(("gpu0",) if i < half else ("gpu1",)) for i, n in enumerate(graph.ops)}
     plan = Plan(configs, graph_fingerprint=graph.fingerprint, order=[n.name for n in graph.ops])
     planned = check_on_cuda(cases[name], plan, {"gpu0": "cuda:0", "gpu1": "cpu"})
-    assert {p.device.type for p in planned.parameters()} == {"cuda", "cpu"}
+    assert {p.device.type for p in planned.parameters() if p.grad is not None} == {"cuda", "cpu"}
     assert "'cuda:0'" in planned.graph_module.code and "'cpu'" in planned.graph_module.code
 
 
