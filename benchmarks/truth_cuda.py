@@ -19,7 +19,7 @@ one step, less what the process held before it, plus the step's own parameters, 
 inputs).  The unmodified model is measured the same way (the "model" row: what the executor's
 rewrite costs beside it).  error = (estimate − measured) / measured.
 
-    python benchmarks/truth_cuda.py [--models SPEC,…] [--steps 20] [--warmup 5] [--rounds 3] [--json out/truth_cuda.json]
+    python benchmarks/truth_cuda.py [--models SPEC,…] [--steps 20] [--warmup 5] [--rounds 3] [--json out/truth_cuda.json] [--profiles DIR]
     python benchmarks/truth_cuda.py --device cpu --models "zoo:vgg16?tiny=1"     # a dry run without a GPU
 """
 
@@ -83,6 +83,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5, help="profile repeats")
     ap.add_argument("--json", default="out/truth_cuda.json")
+    ap.add_argument("--profiles", help="also save each model's profile (JSON) in this folder, to explore offline")
     a = ap.parse_args()
     device = torch.device(a.device)
     if device.type == "cuda" and device.index is None:
@@ -105,6 +106,10 @@ def main() -> None:
             alone = tensoropt.profile(graph, device=str(device), shard_degrees=(1,), repeats=a.repeats,
                                       cache=fresh, in_sequence=False)
             costs = tensoropt.profile(graph, device=str(device), shard_degrees=(1,), repeats=a.repeats, cache=fresh)
+        if a.profiles:
+            os.makedirs(a.profiles, exist_ok=True)
+            costs.save(os.path.join(a.profiles, f"{graph.name}-{len(cases)}.profile.json"))
+            graph.save(os.path.join(a.profiles, f"{graph.name}-{len(cases)}.graph.json"))
         fr = tensoropt.track_frontier(graph, costs, cluster)
         plans = {"one device": tensoropt.place(graph, costs, cluster, "m-etf"),
                  "frontier min-time": fr.min_time().plan, "frontier mid": middle(fr).plan,
