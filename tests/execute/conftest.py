@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import tensoropt
+from tensoropt import NodeConfig, Plan
 from conftest import SmallCNN, TiedLM
 from tensoropt.execute import disable_dropout
 
@@ -44,3 +45,13 @@ def fresh(case):
     """A deep copy of the case's model (same weights) and its inputs: each test trains its own."""
     model, inputs, graph, _ = case
     return copy.deepcopy(model), inputs
+
+
+def every_split_kind(graph):
+    """SmallCNN's graph on two devices with one of each: partial sums (conv), batch split (batch
+    norm, exact over the whole batch; pooling), channel split (relu, linear), recompute (relu)."""
+    mesh = ("gpu0", "gpu1")
+    layouts = {"conv2d": "reduce", "batch_norm": "batch", "relu": "channel", "max_pool2d": "batch",
+               "linear": "channel"}
+    configs = {n.name: NodeConfig(mesh, layouts.get(n.name, "R"), recompute=n.name == "relu") for n in graph.ops}
+    return Plan(configs, graph_fingerprint=graph.fingerprint, order=[n.name for n in graph.ops])

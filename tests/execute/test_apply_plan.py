@@ -11,7 +11,7 @@ import tensoropt
 from tensoropt import ExecutionError, NodeConfig, Plan, PlanError, apply_plan
 from tensoropt.execute import compare_with_model, parse_device_map
 
-from .conftest import fresh
+from .conftest import every_split_kind, fresh
 
 TOL = 1e-5
 
@@ -52,13 +52,7 @@ def test_frontier_extremes_train_like_the_model(cases, titan, name):
 
 def test_every_split_kind_on_a_cnn_is_exact_and_visible_in_the_code(cases):
     """Batch split (batch norm exact over the whole batch), channel split, partial sums, recompute."""
-    model, inputs, graph, _ = cases["cnn"]
-    mesh = ("gpu0", "gpu1")
-    layouts = {"conv2d": "reduce", "batch_norm": "batch", "relu": "channel", "max_pool2d": "batch",
-               "linear": "channel"}
-    configs = {n.name: NodeConfig(mesh, layouts.get(n.name, "R"), recompute=n.name == "relu") for n in graph.ops}
-    plan = Plan(configs, graph_fingerprint=graph.fingerprint, order=[n.name for n in graph.ops])
-    planned = check_plan(cases["cnn"], plan)
+    planned = check_plan(cases["cnn"], every_split_kind(cases["cnn"][2]))
     code = planned.graph_module.code
     for piece in (".to(", "split_pieces", "torch.cat", "run_checkpointed", "add"):
         assert piece in code, piece

@@ -12,7 +12,7 @@ import tensoropt
 from tensoropt import NodeConfig, Plan, apply_plan
 from tensoropt.execute import compare_with_model
 
-from .conftest import fresh
+from .conftest import every_split_kind, fresh
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device: torch.cuda.is_available() is False on this machine")
@@ -55,10 +55,4 @@ def test_a_plan_across_the_gpu_and_the_cpu_moves_values_both_ways(cases, name):
 
 
 def test_every_split_kind_on_cuda(cases):
-    _, _, graph, _ = cases["cnn"]
-    mesh = ("gpu0", "gpu1")
-    layouts = {"conv2d": "reduce", "batch_norm": "batch", "relu": "channel", "max_pool2d": "batch",
-               "linear": "channel"}
-    configs = {n.name: NodeConfig(mesh, layouts.get(n.name, "R"), recompute=n.name == "relu") for n in graph.ops}
-    plan = Plan(configs, graph_fingerprint=graph.fingerprint, order=[n.name for n in graph.ops])
-    check_on_cuda(cases["cnn"], plan, {"gpu0": "cuda:0", "gpu1": "cuda:0"})
+    check_on_cuda(cases["cnn"], every_split_kind(cases["cnn"][2]), {"gpu0": "cuda:0", "gpu1": "cuda:0"})
