@@ -126,36 +126,42 @@ class _Clock:
 
     def __init__(self, dev: torch.device):
         self.cuda = dev.type == "cuda"
+        self.dev = dev
         self.lead_s = 0.0
         if self.cuda:
-            torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            torch.cuda._sleep(self.LEAD_CYCLES)
-            b.record()
-            b.synchronize()
-            self.lead_s = a.elapsed_time(b) / 1e3
+            # the sleep's length at working clocks: an idle GPU's first sleeps run slower
+            times = []
+            for _ in range(5):
+                a = self.begin()
+                times.append(a[0])
+                with torch.cuda.device(dev):
+                    torch.cuda._sleep(self.LEAD_CYCLES)
+                times.append(self.mark()[0])
+            self.settle()
+            self.lead_s = min(times[i].elapsed_time(times[i + 1]) for i in range(0, len(times), 2)) / 1e3
 
     def begin(self) -> Any:
         if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda._sleep(self.LEAD_CYCLES)
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
+            with torch.cuda.device(self.dev):
+                torch.cuda.synchronize()
+                torch.cuda._sleep(self.LEAD_CYCLES)
+                e = torch.cuda.Event(enable_timing=True)
+                e.record()
             return e, time.perf_counter()
         return time.perf_counter()
 
     def mark(self) -> Any:
         if self.cuda:
             host = time.perf_counter()
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
+            with torch.cuda.device(self.dev):
+                e = torch.cuda.Event(enable_timing=True)
+                e.record()
             return e, host
         return time.perf_counter()
 
     def settle(self) -> None:
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.dev)
 
     def seconds(self, a: Any, b: Any) -> float:
         if self.cuda:
