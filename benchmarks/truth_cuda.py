@@ -129,10 +129,9 @@ def main() -> None:
                          "simulated_peak_bytes": sim.max_memory_bytes,
                          "frontier_peak_bytes": front.max_memory_bytes if front else None,
                          "profile_step_s": seq.get("step_s"), "round_s": []})
-        rows.append({"model": spec, "plan": "model", "case": len(cases) - 1, "recomputed": 0,
-                     "simulated_s": rows[-4]["simulated_s"], "simulated_alone_s": rows[-4]["simulated_alone_s"],
-                     "frontier_s": None, "simulated_peak_bytes": rows[-4]["simulated_peak_bytes"],
-                     "frontier_peak_bytes": None, "profile_step_s": seq.get("step_s"), "round_s": []})
+        one = rows[-len(plans)]     # the unmodified model is estimated as the one-device plan
+        rows.append({**one, "plan": "model", "recomputed": 0, "frontier_s": None, "frontier_peak_bytes": None,
+                     "round_s": []})
 
     # every plan once per round, in turn: a slow spell spreads over all plans
     for rnd in range(a.rounds):

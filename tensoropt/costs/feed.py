@@ -60,6 +60,14 @@ def placeholder_values(graph: OpGraph, module: fx.GraphModule, dev: torch.device
     return values, owners
 
 
+def devices_named(module: fx.GraphModule) -> set[torch.device]:
+    """Every ``torch.device`` the calls of ``module``'s graph take as an argument.  O(nodes)."""
+    found: set[torch.device] = set()
+    for n in module.graph.nodes:
+        fx.node.map_aggregate((n.args, n.kwargs), lambda a: found.add(a) if isinstance(a, torch.device) else a)
+    return found
+
+
 def module_on(module: fx.GraphModule, dev: torch.device) -> fx.GraphModule:
     """``module`` with every ``torch.device`` argument of its calls naming ``dev``.
 
@@ -68,16 +76,12 @@ def module_on(module: fx.GraphModule, dev: torch.device) -> fx.GraphModule:
     GPU would make those tensors on the CPU (and fail at the first op that mixes them).  Returns
     ``module`` itself when no argument names another device, else a new ``GraphModule`` over a
     copy of the graph (same node names, same submodules and attributes).  O(nodes)."""
-    def retarget(a: Any) -> Any:
-        return dev if isinstance(a, torch.device) and a != dev else a
-
-    def names_other(n: fx.Node) -> bool:
-        found = []
-        fx.node.map_aggregate((n.args, n.kwargs), lambda a: found.append(a) if retarget(a) is not a else a)
-        return bool(found)
-
-    if not any(names_other(n) for n in module.graph.nodes):
+    if devices_named(module) <= {dev}:
         return module
+
+    def retarget(a: Any) -> Any:
+        return dev if isinstance(a, torch.device) else a
+
     graph = copy.deepcopy(module.graph)
     for n in graph.nodes:
         n.args = fx.node.map_aggregate(n.args, retarget)

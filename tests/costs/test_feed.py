@@ -1,17 +1,9 @@
 """What the profiler feeds the captured module, and the module retargeted to the device it runs on."""
 
 import torch
-import torch.fx as fx
 
 import tensoropt
-from tensoropt.costs.feed import module_on, placeholder_values
-
-
-def devices_named(module: fx.GraphModule) -> set:
-    found = set()
-    for n in module.graph.nodes:
-        fx.node.map_aggregate((n.args, n.kwargs), lambda a: found.add(a) if isinstance(a, torch.device) else a)
-    return found
+from tensoropt.costs.feed import devices_named, module_on, placeholder_values
 
 
 def test_a_module_captured_on_the_cpu_runs_on_another_device():
