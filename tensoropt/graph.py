@@ -242,6 +242,7 @@ class OpGraph:
         self.module = module        # torch.fx.GraphModule for the executor (not serialised)
         self.exported = exported    # torch.export.ExportedProgram when torch.export captured it
         self.example_inputs = example_inputs  # the inputs it was captured with (the profiler runs them)
+        self.call: Any = None       # tensoropt.capture.ModelCall: how the eager model is called (not serialised)
 
     # ---- views -------------------------------------------------------------------------------
     def __len__(self) -> int:

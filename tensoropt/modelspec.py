@@ -1,8 +1,11 @@
 """Model specs: the one way every surface (CLI, API, dashboard) names a model.
 
 - ``zoo:NAME`` with optional ``?key=value&…`` (``zoo:gpt2?layers=12&batch=8``, ``zoo:vgg16?tiny=1``);
-- ``path/to/file.py:factory`` where ``factory()`` returns ``(model, example_inputs)``
-  (a ``batch`` keyword is passed when the factory takes one and a batch is asked for);
+- ``path/to/file.py:factory`` where ``factory()`` returns ``(model, example_inputs)`` or
+  ``(model, example_inputs, output)``: ``example_inputs`` a tensor, a tuple of positional
+  inputs or a dict of keyword inputs; ``output`` the key or index of the output the loss reads
+  (see :mod:`tensoropt.capture.call`); a ``batch`` keyword is passed when the factory takes one
+  and a batch is asked for;
 - ``path/to/model.onnx`` (analysis only);
 - ``path/to/graph.json``, an OpGraph saved by ``tensoropt graph --json``.
 """
@@ -19,6 +22,7 @@ from urllib.parse import parse_qsl
 
 import torch
 
+from .capture.call import ModelCall
 from .errors import ModelSpecError, TensorOptError
 from .graph import OpGraph
 
@@ -30,16 +34,23 @@ class LoadedModel:
     spec: str
     name: str
     model: torch.nn.Module | None = None
-    example_inputs: tuple = ()
+    example_inputs: tuple = ()           # positional inputs
     path: Path | None = None             # ONNX or graph JSON
     params: dict[str, Any] = field(default_factory=dict)
+    example_kwargs: dict[str, Any] = field(default_factory=dict)   # keyword inputs
+    output: str | int | None = None      # the output the loss reads (tensoropt.capture.call)
+
+    @property
+    def call(self) -> ModelCall:
+        """How the model is called and which output the loss reads."""
+        return ModelCall(tuple(self.example_inputs), dict(self.example_kwargs), self.output)
 
     def capture(self, *, batch_dim: int = 0, method: str = "auto") -> OpGraph:
         """The model's OpGraph (captured, or read from the ONNX / JSON file)."""
         from .capture import capture, load_onnx
 
         if self.model is not None:
-            return capture(self.model, self.example_inputs, batch_dim=batch_dim, name=self.name, method=method)
+            return capture(self.model, self.call, batch_dim=batch_dim, name=self.name, method=method)
         assert self.path is not None
         if self.path.suffix == ".onnx":
             return load_onnx(self.path, batch_dim=batch_dim, batch_size=self.params.get("batch"))
@@ -160,14 +171,22 @@ def _load_factory(spec: str, batch: int | None) -> LoadedModel:
         raise
     except Exception as e:  # noqa: BLE001
         raise ModelSpecError(f"{spec}: {func}() raised {type(e).__name__}: {e}") from e
-    if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
+    if not (isinstance(result, (tuple, list)) and len(result) in (2, 3) and isinstance(result[0], torch.nn.Module)):
         got = type(result).__name__ if not isinstance(result, (tuple, list)) else \
             f"a {type(result).__name__} of {len(result)} ({', '.join(type(r).__name__ for r in result)})"
-        raise ModelSpecError(f"{spec}: {func}() must return (model, example_inputs) with model an nn.Module; "
-                             f"it returned {got}")
-    model, inputs = result
-    inputs = _as_tuple(inputs)
-    if not inputs or not all(isinstance(a, torch.Tensor) for a in inputs):
-        raise ModelSpecError(f"{spec}: example_inputs must be a tensor or a tuple of tensors, got "
-                             f"({', '.join(type(a).__name__ for a in inputs) or 'nothing'})")
-    return LoadedModel(spec, func, model=model, example_inputs=inputs, params=kwargs)
+        raise ModelSpecError(f"{spec}: {func}() must return (model, example_inputs) or (model, example_inputs, "
+                             f"output) with model an nn.Module; it returned {got}")
+    model, inputs, output = (*result, None) if len(result) == 2 else result
+    if output is not None and not isinstance(output, (str, int)):
+        raise ModelSpecError(f"{spec}: the third value {func}() returns names the output the loss reads: a key "
+                             f"such as 'logits' or an index, got {type(output).__name__}")
+    kw_inputs = dict(inputs) if isinstance(inputs, dict) else {}
+    inputs = () if isinstance(inputs, dict) else _as_tuple(inputs)
+    values = list(inputs) + list(kw_inputs.values())
+    if not any(isinstance(a, torch.Tensor) for a in values) or \
+            any(isinstance(a, (tuple, list, dict)) for a in values):
+        raise ModelSpecError(f"{spec}: example_inputs must be a tensor, a tuple of inputs or a dict of keyword "
+                             "inputs, with at least one tensor, got "
+                             f"({', '.join(type(a).__name__ for a in values) or 'nothing'})")
+    return LoadedModel(spec, func, model=model, example_inputs=inputs, params=kwargs, example_kwargs=kw_inputs,
+                       output=output)

@@ -52,7 +52,7 @@ def test_factory_file(tmp_path):
     ("def make():\n    raise RuntimeError('no GPU here')\n", ":make", "make() raised RuntimeError: no GPU here"),
     ("def build():\n    pass\n", ":make", "has no function 'make'; functions defined there: build"),
     ("import torch\ndef make():\n    return torch.nn.Linear(2, 2), ('text',)\n", ":make",
-     "example_inputs must be a tensor or a tuple of tensors"),
+     "example_inputs must be a tensor, a tuple of inputs or a dict of keyword inputs"),
     ("import torch\ndef make():\n    return torch.nn.Linear(2, 2), (torch.randn(2, 2),)\n", ":make",
      "takes no `batch` parameter"),
     ("this is not python\n", ":make", "importing"),

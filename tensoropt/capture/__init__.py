@@ -19,34 +19,41 @@ import torch.fx as fx
 from ..errors import CaptureError
 from ..graph import OpGraph
 from .build import PlaceholderInfo, build_opgraph, flatten_nodes
+from .call import ModelCall
 from .diagnose import describe_failure, first_line, inputs_run_model
+from .functionalize import functionalize
 from .symbolic import capture_fx
 from .onnx import load_onnx
 
-__all__ = ["capture", "capture_export", "capture_fx", "load_onnx", "quiet_torch_logs"]
+__all__ = ["capture", "capture_export", "capture_fx", "load_onnx", "quiet_torch_logs", "ModelCall"]
 
 
 def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, name: str | None = None,
-            method: str = "auto") -> OpGraph:
+            method: str = "auto", output: str | int | None = None) -> OpGraph:
     """Capture ``model`` called on ``example_inputs`` as an OpGraph.
 
-    ``example_inputs`` is a tuple of positional arguments (a single tensor is accepted too).
+    ``example_inputs``: a tensor, a tuple of positional inputs, a dict of keyword inputs, or a
+    :class:`ModelCall`; ``output`` names the output the loss reads when the model returns a
+    dict, ``ModelOutput`` or tuple (see :mod:`tensoropt.capture.call` for the default).
     ``batch_dim`` is the batch dimension of the inputs.  ``method`` is ``"auto"`` (torch.export,
     then torch.fx), ``"export"`` or ``"fx"``.  The returned graph keeps the captured
-    ``GraphModule`` in ``.module`` (and the ``ExportedProgram`` in ``.exported``), and
-    ``graph.notes`` records the door it came through and anything it had to assume.
+    ``GraphModule`` in ``.module`` (and the ``ExportedProgram`` in ``.exported``), the call in
+    ``.call`` and its input tensors in ``.example_inputs``; ``graph.notes`` records the door it
+    came through and anything it had to assume.  In-place ops on activations are rewritten out
+    of place (:mod:`tensoropt.capture.functionalize`).
 
     Raises :class:`~tensoropt.errors.CaptureError` explaining the first failure.
     """
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
-    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    call = ModelCall.of(example_inputs, output)
     name = name or type(model).__name__
     if method not in ("auto", "export", "fx"):
         raise CaptureError(f"method must be 'auto', 'export' or 'fx', got {method!r}")
     with quiet_torch_logs():
-        graph = _capture(model, args, batch_dim, name, method)
-    graph.example_inputs = args
+        graph = _capture(model, call, batch_dim, name, method)
+    graph.example_inputs = call.tensors_for(model)
+    graph.call = call
     return graph
 
 
@@ -69,14 +76,19 @@ def quiet_torch_logs() -> Iterator[None]:
             lg.setLevel(level)
 
 
-def _capture(model: torch.nn.Module, args: tuple, batch_dim: int, name: str, method: str) -> OpGraph:
+def _capture(model: torch.nn.Module, call: ModelCall, batch_dim: int, name: str, method: str) -> OpGraph:
     errors: list[tuple[str, BaseException]] = []
     if method in ("auto", "export"):
         try:
-            return capture_export(model, args, batch_dim=batch_dim, name=name)
+            return capture_export(model, call, batch_dim=batch_dim, name=name)
+        except CaptureError as e:
+            if method == "export" or not _fx_may_help(e):
+                raise
+            errors.append(("torch.export", e))
         except Exception as e:  # noqa: BLE001 - any failure moves on to the next door
             errors.append(("torch.export", e))
-    if method in ("auto", "fx"):
+    args = call.tensors_for(model)
+    if method in ("auto", "fx") and not call.kwargs and call.output is None:
         try:
             g = capture_fx(model, args, batch_dim=batch_dim, name=name)
             if errors:
@@ -88,6 +100,11 @@ def _capture(model: torch.nn.Module, args: tuple, batch_dim: int, name: str, met
     raise CaptureError(describe_failure(model, errors, bad_inputs)) from errors[0][1]
 
 
+def _fx_may_help(e: CaptureError) -> bool:
+    """A CaptureError from the export door that another tracer would not meet again."""
+    return "in place" not in str(e)
+
+
 def _batch_size(args: Sequence[Any], batch_dim: int) -> int | None:
     for a in args:
         if isinstance(a, torch.Tensor) and a.dim() > batch_dim:
@@ -95,9 +112,12 @@ def _batch_size(args: Sequence[Any], batch_dim: int) -> int | None:
     return None
 
 
-def capture_export(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, name: str = "model") -> OpGraph:
+def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0,
+                   name: str = "model") -> OpGraph:
     """The torch.export door: non-strict export with the batch dimension marked ``Dim.AUTO``.
 
+    The model is exported through :meth:`ModelCall.capturable` (its inputs flattened to
+    tensors named after its own parameters, the loss's output selected), then functionalized.
     The symbolic batch size lets every tensor's batch dimension be read from its shape
     expression (``32*s0`` is a batch dimension, ``32`` is not).  If the model specialises the
     batch size, the export still succeeds and the graph's notes say batch splits are unknown.
@@ -105,11 +125,13 @@ def capture_export(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, n
     from torch.export import Dim, export
     from torch.export.graph_signature import InputKind, OutputKind
 
+    call = ModelCall.of(example_inputs)
+    wrapper, args = call.capturable(model)
     batch = _batch_size(args, batch_dim)
     dynamic = tuple({batch_dim: Dim.AUTO} if isinstance(a, torch.Tensor) and a.dim() > batch_dim
                     and a.shape[batch_dim] >= 2 else None for a in args)
     t0 = time.perf_counter()
-    ep = export(model, args, dynamic_shapes=dynamic, strict=False)
+    ep = export(wrapper, args, dynamic_shapes=dynamic, strict=False)
     export_s = time.perf_counter() - t0
     sig = ep.graph_signature
 
@@ -171,11 +193,19 @@ def capture_export(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, n
         mtype = mtype if isinstance(mtype, str) else f"{mtype.__module__}.{mtype.__qualname__}"
         return path, mtype
 
+    kind_of = {ph: info.kind for ph, info in placeholders.items()}
+    renames = functionalize(gm, kind_of, lambda n: _where(n, module_of))
+    for spec in sig.output_specs:
+        arg = getattr(spec, "arg", None)
+        while getattr(arg, "name", None) in renames:
+            arg.name = renames[arg.name]
     user_out_names = {getattr(s.arg, "name", None) for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT}
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     user_outputs = [a for a in flatten_nodes(out_node.args) if a.name in user_out_names]
 
     notes = [f"captured with torch.export (non-strict) in {export_s:.2f} s"]
+    if renames:
+        notes.append(f"{len(renames)} in-place op(s) on activations rewritten out of place")
     if batch is not None and not batch_syms:
         notes.append("the model specialised the batch size during export: batch dimensions are unknown, "
                      "so no operator may be split along the batch")
@@ -184,3 +214,9 @@ def capture_export(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, n
                          batch_size=batch, batch_dim=batch_dim, notes=notes, exported=ep)
 
 
+
+
+def _where(n: fx.Node, module_of: Any) -> str:
+    """``module.path (Type)`` of a node, for messages."""
+    path, mtype = module_of(n)
+    return f"{path or '<root>'} ({mtype.rsplit('.', 1)[-1]})"

@@ -17,7 +17,11 @@ from typing import Iterator
 import torch.fx as fx
 
 from ..reshard import op_basename
-from .rewrite import run_checkpointed
+from .randomness import keyed_call
+from .rewrite import run_checkpointed, run_checkpointed_keyed
+
+#: arguments a keyed random call (.randomness.keyed_call) puts before the op's own
+_KEYED_LEAD = 7
 
 #: op base name -> (position of the probability among the op's arguments, its keyword)
 DROPOUT_P = {"dropout": (1, "p"), "native_dropout": (1, "p"), "feature_dropout": (1, "p"),
@@ -35,10 +39,11 @@ def dropout_sites(graph_module: fx.GraphModule) -> Iterator[tuple[fx.Node, int, 
         if n.op != "call_function":
             continue
         checkpointed = n.target is run_checkpointed
-        spec = DROPOUT_P.get(op_basename(str(n.args[0] if checkpointed else n.target)))
+        keyed = n.target in (keyed_call, run_checkpointed_keyed)
+        spec = DROPOUT_P.get(op_basename(str(n.args[0] if checkpointed or keyed else n.target)))
         if spec is not None:
             pos, key = spec
-            yield n, pos + (1 if checkpointed else 0), key
+            yield n, pos + (_KEYED_LEAD if keyed else 1 if checkpointed else 0), key
 
 
 def dropout_off(graph_module: fx.GraphModule) -> fx.GraphModule:

@@ -56,6 +56,7 @@ from ..graph import OpGraph
 from ..plan import Plan
 from ..reshard import op_basename
 from .layouts import P, Placed, R, S, Transport
+from .randomness import draw_shape, is_keyed, keyed_call, random_keys
 
 _BATCH_NORMS = {"batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional"}
 _BIAS_AT_2 = {"linear", "conv1d", "conv2d", "conv3d", "convolution"}
@@ -77,6 +78,12 @@ class Rewritten:
 def run_checkpointed(op: Callable, *args: Any, **kwargs: Any) -> Any:
     """``op(*args, **kwargs)`` with its activations dropped and recomputed in backward."""
     return checkpoint(lambda *a: op(*a, **kwargs), *args, use_reentrant=False)
+
+
+def run_checkpointed_keyed(*args: Any, **kwargs: Any) -> Any:
+    """:func:`~.randomness.keyed_call` checkpointed (a graph cannot hold a function as an argument);
+    the keyed draw repeats exactly when recomputed."""
+    return run_checkpointed(keyed_call, *args, **kwargs)
 
 
 @torch.no_grad()
@@ -164,8 +171,14 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *, loss
             else:
                 sources.append(("constant", ep.constants[spec.target]))
 
+    keys = random_keys(gm.graph.nodes)
+    seed = None
+    if keys:
+        # the step's seed of the keyed random draws (tensoropt.execute.randomness), a Python int
+        seed = new.placeholder("rng_seed")
+        sources.append(("seed", None))
     src = {n.name: n for n in gm.graph.nodes}
-    ctx = _Emitter(graph, plan, new, transport, values, lifted, batch_syms, device_of)
+    ctx = _Emitter(graph, plan, new, transport, values, lifted, batch_syms, device_of, keys, seed)
     for name in plan.order:
         n = src[name]
         if not _has_tensor(n.meta.get("val")):
@@ -221,9 +234,11 @@ class _Emitter:
     """Emits one operator node at a time (state shared along the plan's order)."""
 
     def __init__(self, graph: OpGraph, plan: Plan, new: fx.Graph, transport: Transport, values: dict[str, Placed],
-                 lifted: set[str], batch_syms: set, device_of: Callable[[str], str]):
+                 lifted: set[str], batch_syms: set, device_of: Callable[[str], str],
+                 keys: dict[str, int] | None = None, seed: fx.Node | None = None):
         self.graph, self.plan, self.new, self.tr, self.values = graph, plan, new, transport, values
         self.lifted, self.batch_syms, self.device_of = lifted, batch_syms, device_of
+        self.keys, self.seed = keys or {}, seed
         self.fallbacks: list[str] = []
 
     # ---- one node ----------------------------------------------------------------------------
@@ -253,15 +268,16 @@ class _Emitter:
         batch = self.graph.batch_size
         # a channel piece cut from a whole tensor is not contiguous: a split view reshapes it
         target = torch.ops.aten.reshape.default if layout == "channel" and base in VIEWS else None
+        which = "batch_dim" if layout == "batch" else "channel_dim"
+        dims = tuple(getattr(t, which) for t in op.outputs)
         parts = []
         for i, d in enumerate(devices):
             local = (batch // k + (1 if i < batch % k else 0)) if layout == "batch" and batch else None
             parts.append(self._call(n, template, d, k, i, local, cfg.recompute, writes_back=True,
-                                    drop_bias=(layout == "reduce" and i > 0), base=base, target=target))
+                                    drop_bias=(layout == "reduce" and i > 0), base=base, target=target,
+                                    piece_dim=dims[0] if layout != "reduce" and dims else None))
         if layout == "reduce":
             return Placed(P, tuple(devices), tuple(parts))
-        which = "batch_dim" if layout == "batch" else "channel_dim"
-        dims = tuple(getattr(t, which) for t in op.outputs)
         val = n.meta.get("val")
         dim = dims if isinstance(val, (list, tuple)) else dims[0]
         return Placed(S, tuple(devices), tuple(parts), dim)
@@ -388,8 +404,10 @@ class _Emitter:
     # ---- one shard ---------------------------------------------------------------------------
     def _call(self, n: fx.Node, template: tuple[Any, dict], device: str, k: int, index: int, batch: int | None,
               recompute: bool, *, writes_back: bool, drop_bias: bool = False, base: str = "",
-              target: Any = None) -> fx.Node:
-        """One shard of ``n`` on ``device`` (``target``: another op to call, same arguments)."""
+              target: Any = None, piece_dim: int | None = None) -> fx.Node:
+        """One shard of ``n`` on ``device`` (``target``: another op to call, same arguments):
+        piece ``index`` of ``k`` along its output's ``piece_dim``.  A random node draws keyed
+        (:mod:`.randomness`): its piece of the draw the whole op would make."""
         target = target or n.target
         written = _written_args(n)
         backs: list[tuple[fx.Node, fx.Node, int | None]] = []
@@ -424,10 +442,28 @@ class _Emitter:
                     kwargs["bias"] = None
             elif base in _BETA:
                 kwargs["beta"] = 0
+        if n.name in self.keys and is_keyed(n.target):
+            op = self.graph.nodes[n.name]
+            in_shapes = [tuple(_shape(a.meta["val"])) for a in n.args[:2]
+                         if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
+            full = draw_shape(n.target, op.outputs[0].shape, in_shapes)
+            # attention draws its weights' mask [.., L, S]: a piece of its output's last dim reads all of it
+            dim = piece_dim if k > 1 and piece_dim is not None and not (
+                base == "scaled_dot_product_attention" and piece_dim >= len(full) - 1) else None
+            args = [n.target, self.seed, self.keys[n.name], full, dim, k if dim is not None else 1,
+                    index if dim is not None else 0, *args]
+            target = keyed_call
+            if recompute:
+                return self._finish(self.new.call_function(run_checkpointed_keyed, tuple(args), kwargs),
+                                    writes_back, backs, k, index)
         if recompute:
             out = self.new.call_function(run_checkpointed, (target, *args), kwargs)
         else:
             out = self.new.call_function(target, tuple(args), kwargs)
+        return self._finish(out, writes_back, backs, k, index)
+
+    def _finish(self, out: fx.Node, writes_back: bool, backs: list, k: int, index: int) -> fx.Node:
+        """After a shard's call: write the buffers it updated back (once)."""
         if writes_back:
             for buffer, piece, dim in backs:
                 self.new.call_function(write_back, (buffer, piece, dim, k, index))

@@ -1,0 +1,339 @@
+"""Keyed random numbers: the same mask for the same element, whichever device computes which piece.
+
+A plan splits a dropout over devices; each shard must draw exactly the elements the unsplit op
+would have drawn for its piece, or the plan trains a different function than the model (and no
+check can tell a right plan from a wrong one).  Torch's generators are sequential streams: a
+shard cannot ask for "elements 4096…8191 of the draw the whole op would make".  So random ops
+run *keyed*: every random element is a pure function of three integers,
+
+    u = mix(seed, key, i) · 2⁻⁵³ ∈ [0, 1)
+
+``seed`` drawn once per step (from torch's default generator, so ``torch.manual_seed`` fixes a
+run), ``key`` the op's position among the random ops of the captured graph (the order the eager
+model draws in), ``i`` the element's linear index in the op's *whole* output, and ``mix`` the
+SplitMix64 finaliser (Steele, Lea & Flood, "Fast splittable pseudorandom number generators").
+A shard computes ``u`` for its own indices only: the work is proportional to the piece, the
+values are bit-identical on CPU and CUDA, and recomputation (activation checkpointing) draws the
+same mask again.  Normal draws use Box–Muller on two keyed uniforms.
+
+Both sides of a check use it: the executor calls :func:`keyed_op` for every random node of the
+rewritten graph, and the eager reference runs under :class:`KeyedRandomMode`, a
+``TorchDispatchMode`` that answers the model's own random calls (``bernoulli_`` inside dropout
+and attention dropout, ``rand`` of stochastic depth, …) with the same keyed draws in call order.
+
+What it costs: a uniform element takes about a dozen int64 element-wise operations instead of a
+Philox / Mersenne-Twister draw — a dropout mask costs more to draw than torch's (see
+``docs/measurements.md``), and attention with dropout runs the math kernel with an explicit
+mask (the attention weights materialised), as PyTorch's own CPU path does with dropout.
+
+Example::
+
+    seed = draw_seed()
+    with KeyedRandomMode(seed):
+        reference_out = model(x)          # the model's dropouts, keyed
+    planned_out = planned(x)              # a PlannedModule draws its seed the same way
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(x: int) -> int:
+    """An unsigned 64-bit constant as torch's int64."""
+    x &= _MASK64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """The SplitMix64 finaliser on int64 (wrapping multiplication)."""
+    z = (z ^ _shr(z, 30)) * _signed(_M1)
+    z = (z ^ _shr(z, 27)) * _signed(_M2)
+    return z ^ _shr(z, 31)
+
+
+def _stream(seed: int, key: int) -> int:
+    """The offset of op ``key``'s stream under step ``seed`` (the two mixed, in Python ints)."""
+    z = (seed * _GOLDEN + (key + 1) * _M1) & _MASK64
+    z = ((z ^ (z >> 30)) * _M1) & _MASK64
+    z = ((z ^ (z >> 27)) * _M2) & _MASK64
+    return _signed(z ^ (z >> 31))
+
+
+def draw_seed() -> int:
+    """A step's seed, from torch's default CPU generator (one draw)."""
+    return int(torch.randint(0, 1 << 62, (), dtype=torch.int64).item())
+
+
+def piece_range(size: int, k: int, index: int) -> tuple[int, int]:
+    """``[start, end)`` of piece ``index`` of ``torch.tensor_split`` into ``k`` along a size."""
+    q, r = divmod(size, k)
+    start = index * q + min(index, r)
+    return start, start + q + (1 if index < r else 0)
+
+
+def element_index(full_shape: Sequence[int], dim: int | None, k: int, index: int,
+                  device: torch.device | str) -> torch.Tensor:
+    """Linear indices (int64) into a contiguous tensor of ``full_shape`` of the elements of
+    piece ``index`` of ``k`` along ``dim`` (the whole tensor when ``dim`` is ``None``)."""
+    shape = [int(s) for s in full_shape]
+    nd = len(shape)
+    idx = torch.zeros((), dtype=torch.int64, device=device)
+    stride = 1
+    for j in reversed(range(nd)):
+        lo, hi = (0, shape[j]) if dim is None or j != dim % nd else piece_range(shape[j], k, index)
+        ar = torch.arange(lo, hi, dtype=torch.int64, device=device) * stride
+        idx = idx + ar.view([-1 if i == j else 1 for i in range(nd)])
+        stride *= shape[j]
+    return idx
+
+
+def uniform(seed: int, key: int, full_shape: Sequence[int], dim: int | None = None, k: int = 1, index: int = 0, *,
+            dtype: torch.dtype = torch.float32, device: Any = "cpu") -> torch.Tensor:
+    """Keyed uniform numbers in [0, 1) for piece ``index`` of ``k`` along ``dim`` of a draw of
+    ``full_shape`` (the module docstring)."""
+    z = _mix(element_index(full_shape, dim, k, index, device) + _stream(seed, key))
+    u = _shr(z, 11).to(torch.float64) * (1.0 / (1 << 53))
+    return u.to(dtype)
+
+
+def normal(seed: int, key: int, full_shape: Sequence[int], dim: int | None = None, k: int = 1, index: int = 0, *,
+           dtype: torch.dtype = torch.float32, device: Any = "cpu") -> torch.Tensor:
+    """Keyed standard normal numbers (Box–Muller on two keyed uniform streams)."""
+    u1 = uniform(seed, 2 * key + (1 << 40), full_shape, dim, k, index, dtype=torch.float64, device=device)
+    u2 = uniform(seed, 2 * key + 1 + (1 << 40), full_shape, dim, k, index, dtype=torch.float64, device=device)
+    return (torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos(2.0 * math.pi * u2)).to(dtype)
+
+
+# ------------------------------------------------------------------------------ the ops
+
+def _dtype(kwargs: dict, default: torch.dtype) -> torch.dtype:
+    d = kwargs.get("dtype")
+    return d if d is not None else default
+
+
+def _device(kwargs: dict, default: Any) -> Any:
+    d = kwargs.get("device")
+    return d if d is not None else default
+
+
+class Draw:
+    """Where a node's draw sits in its op's whole output: ``full_shape`` and piece ``index`` of
+    ``k`` along ``dim`` (``None``: the whole)."""
+
+    def __init__(self, seed: int, key: int, full_shape: Sequence[int], dim: int | None = None, k: int = 1,
+                 index: int = 0):
+        self.seed, self.key, self.full_shape = int(seed), int(key), tuple(int(s) for s in full_shape)
+        self.dim, self.k, self.index = dim, k, index
+
+    def uniform(self, dtype: torch.dtype, device: Any) -> torch.Tensor:
+        return uniform(self.seed, self.key, self.full_shape, self.dim, self.k, self.index, dtype=dtype, device=device)
+
+    def normal(self, dtype: torch.dtype, device: Any) -> torch.Tensor:
+        return normal(self.seed, self.key, self.full_shape, self.dim, self.k, self.index, dtype=dtype, device=device)
+
+
+def _bernoulli(draw: Draw, like: torch.Tensor, p: Any) -> torch.Tensor:
+    """1 where the keyed uniform is below ``p`` (a number or a tensor of like's shape)."""
+    u = draw.uniform(torch.float64, like.device)
+    p = p.to(torch.float64) if isinstance(p, torch.Tensor) else float(p)
+    return (u < p).to(like.dtype)
+
+
+def _dropout(draw: Draw, x: torch.Tensor, p: float, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dropout as PyTorch's CPU path computes it (``x * (bernoulli(1 − p) / (1 − p))``) and its mask."""
+    if not train or p == 0:
+        return x, torch.ones_like(x, dtype=torch.bool)
+    if p == 1:
+        return x * 0, torch.zeros_like(x, dtype=torch.bool)
+    keep = _bernoulli(draw, x, 1 - p)
+    return x * keep.div(1 - p), keep.bool()
+
+
+def _sdpa(draw: Draw, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None, dropout_p: float = 0.0,
+          is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> torch.Tensor:
+    """Scaled dot-product attention with a keyed dropout mask on the attention weights (the
+    math kernel PyTorch's CPU path runs with dropout, given the mask explicitly)."""
+    if not dropout_p:
+        return aten.scaled_dot_product_attention.default(q, k, v, attn_mask, 0.0, is_causal, scale=scale,
+                                                         enable_gqa=enable_gqa)
+    keep = _bernoulli(draw, q, 1 - dropout_p).bool()
+    out, _ = aten._scaled_dot_product_attention_math.default(q, k, v, attn_mask, dropout_p, is_causal, keep,
+                                                             scale=scale, enable_gqa=enable_gqa)
+    return out
+
+
+def attention_weights_shape(q_shape: Sequence[int], k_shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape of the attention weights (and so of the dropout mask): ``[..., L, S]``."""
+    return (*q_shape[:-1], int(k_shape[-2]))
+
+
+#: the random ATen ops the executor draws keyed (the rest run as torch draws them)
+KEYED_OPS = {
+    "dropout", "native_dropout", "bernoulli", "rand", "rand_like", "randn", "randn_like", "uniform", "normal",
+    "scaled_dot_product_attention", "normal_functional",
+}
+
+
+def is_keyed(target: Any) -> bool:
+    """Whether a graph node's op is one :func:`keyed_op` draws."""
+    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded not in target.tags:
+        return False
+    return target._schema.name.split("::")[-1] in KEYED_OPS and target != aten.normal.float_float
+
+
+def keyed_op(target: Any, draw: Draw, *args: Any, **kwargs: Any) -> Any:
+    """``target(*args, **kwargs)`` — a random ATen op of :data:`KEYED_OPS`, possibly on one piece
+    of its inputs — with its randomness from ``draw``."""
+    name = target._schema.name.split("::")[-1]
+    kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+    if name == "dropout":
+        return _dropout(draw, args[0], *args[1:3], **kwargs)[0]
+    if name == "native_dropout":
+        return _dropout(draw, *args, **kwargs)
+    if name == "bernoulli":
+        x = args[0]
+        p = args[1] if len(args) > 1 else kwargs.get("p", x)
+        return _bernoulli(draw, x, p)
+    if name in ("rand", "randn"):
+        like = torch.empty(0, dtype=_dtype(kwargs, torch.get_default_dtype()), device=_device(kwargs, "cpu"))
+        return draw.uniform(like.dtype, like.device) if name == "rand" else draw.normal(like.dtype, like.device)
+    if name in ("rand_like", "randn_like"):
+        x = args[0]
+        dtype, device = _dtype(kwargs, x.dtype), _device(kwargs, x.device)
+        return draw.uniform(dtype, device) if name == "rand_like" else draw.normal(dtype, device)
+    if name == "uniform":
+        x, lo, hi = (list(args) + [kwargs.get("from", 0.0), kwargs.get("to", 1.0)])[:3]
+        return (lo + (hi - lo) * draw.uniform(torch.float64, x.device)).to(x.dtype)
+    if name == "normal":
+        x = args[0]
+        if isinstance(x, torch.Tensor) and target == aten.normal.Tensor_float:
+            std = args[1] if len(args) > 1 else kwargs.get("std", 1.0)
+            return x + std * draw.normal(x.dtype, x.device)
+        mean, std = (list(args[1:]) + [kwargs.get("mean", 0.0), kwargs.get("std", 1.0)])[:2]
+        return (mean + std * draw.normal(torch.float64, x.device)).to(x.dtype)
+    if name == "normal_functional":
+        x = args[0]
+        mean, std = (list(args[1:]) + [kwargs.get("mean", 0.0), kwargs.get("std", 1.0)])[:2]
+        return (mean + std * draw.normal(torch.float64, x.device)).to(x.dtype)
+    if name == "scaled_dot_product_attention":
+        return _sdpa(draw, *args, **kwargs)
+    raise NotImplementedError(f"{target} is not drawn keyed")
+
+
+def draw_shape(target: Any, full_output_shape: Sequence[int], full_arg_shapes: Sequence[Sequence[int]]) -> tuple:
+    """The whole shape of the op's random draw: its output's, except attention (its weights')."""
+    if target._schema.name.split("::")[-1] == "scaled_dot_product_attention":
+        return attention_weights_shape(full_arg_shapes[0], full_arg_shapes[1])
+    return tuple(full_output_shape)
+
+
+# ------------------------------------------------------------------------------ the eager side
+
+# in-place forms the eager model calls (below autograd): op → its out-of-place keyed form
+_INPLACE = {"bernoulli_": "bernoulli", "uniform_": "uniform", "normal_": "normal"}
+
+
+class KeyedRandomMode(TorchDispatchMode):
+    """Run an eager model with its random ops keyed: the ``n``-th random call draws key ``n``
+    at its whole shape (what the executor's ``n``-th random node draws, piece by piece).
+
+    Random calls it does not know (``randperm``, ``multinomial``, …) run as torch draws them and
+    are counted in :attr:`unkeyed` (a check cannot match those)."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.seed = int(seed)
+        self.calls = 0
+        self.unkeyed: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if torch.Tag.nondeterministic_seeded not in func.tags:
+            return func(*args, **kwargs)
+        name = func._schema.name.split("::")[-1]
+        key = self.calls
+        self.calls += 1
+        if name in _INPLACE:
+            target = args[0]
+            draw = Draw(self.seed, key, target.shape)
+            functional = {"bernoulli": aten.bernoulli.p if not isinstance(args[1] if len(args) > 1 else None,
+                                                                            torch.Tensor) else aten.bernoulli.Tensor,
+                          "uniform": aten.uniform.default, "normal": aten.normal.Tensor_float}[_INPLACE[name]]
+            if _INPLACE[name] == "normal":
+                mean, std = (list(args[1:]) + [kwargs.get("mean", 0.0), kwargs.get("std", 1.0)])[:2]
+                value = mean + std * draw.normal(torch.float64, target.device)
+            else:
+                value = keyed_op(functional, draw, *args, **kwargs)
+            with torch.no_grad():
+                target.copy_(value)
+            return target
+        if is_keyed(func) and name != "scaled_dot_product_attention":
+            out_shape = _out_shape(func, args, kwargs)
+            return keyed_op(func, Draw(self.seed, key, out_shape), *args, **kwargs)
+        self.unkeyed.append(str(func))
+        return func(*args, **kwargs)
+
+
+def _out_shape(func: Any, args: tuple, kwargs: dict) -> tuple[int, ...]:
+    name = func._schema.name.split("::")[-1]
+    if name in ("rand", "randn"):
+        size = args[0] if args else kwargs["size"]
+        return tuple(int(s) for s in size)
+    return tuple(args[0].shape)
+
+
+# ------------------------------------------------------------------------------ the graph side
+
+_DROPOUTS = {"dropout": (1, 2), "feature_dropout": (1, 2), "alpha_dropout": (1, 2), "feature_alpha_dropout": (1, 2)}
+
+
+def draws(node: Any) -> bool:
+    """Whether a captured node draws random numbers when it runs, as the eager op would: a
+    dropout only in training with ``0 < p < 1``, attention only with ``dropout_p > 0`` (PyTorch
+    returns early otherwise)."""
+    target = getattr(node, "target", None)
+    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded not in target.tags:
+        return False
+    name = target._schema.name.split("::")[-1]
+    if name in _DROPOUTS:
+        p_at, train_at = _DROPOUTS[name]
+        p = node.args[p_at] if len(node.args) > p_at else node.kwargs.get("p", 0.5)
+        train = node.args[train_at] if len(node.args) > train_at else node.kwargs.get("train", True)
+        return bool(train) and 0 < float(p) < 1
+    if name == "scaled_dot_product_attention":
+        p = node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0)
+        return bool(p)
+    return True
+
+
+def random_keys(nodes: Any) -> dict[str, int]:
+    """Node name → key for every node of a captured graph that draws (:func:`draws`), numbered
+    in capture order — the order the eager model draws in."""
+    keys: dict[str, int] = {}
+    for n in nodes:
+        if draws(n):
+            keys[n.name] = len(keys)
+    return keys
+
+
+def keyed_call(target: Any, seed: int, key: int, full_shape: tuple, dim: int | None, k: int, index: int,
+               *args: Any, **kwargs: Any) -> Any:
+    """The executor's call of a random node's shard (the rewritten graph's form of :func:`keyed_op`)."""
+    return keyed_op(target, Draw(seed, key, full_shape, dim, k, index), *args, **kwargs)
