@@ -55,6 +55,11 @@ def locate(exc: BaseException, model: torch.nn.Module) -> tuple[str | None, str 
 
 def _advice(exc: BaseException) -> str:
     text = f"{type(exc).__name__} {exc}"
+    if ("data-dependent" in text or "DataDependent" in text) and _branches_on_random(exc):
+        return ("the model skips a whole layer at random in training (LayerDrop, `if torch.rand([]) < p:`), a "
+                "branch on a random value that no tracer can capture; set that probability to 0 to plan and run it "
+                "(Hugging Face: config.layerdrop = 0.0) — dropout and per-sample stochastic depth are captured and "
+                "reproduced as they are")
     if "data-dependent" in text or "DataDependent" in text or "GuardOnDataDependent" in text:
         return ("the model branches or sizes a tensor on tensor *values*; replace the Python `if` on a "
                 "tensor with torch.where / torch.cond, or compute that part outside forward")
@@ -68,6 +73,25 @@ def _advice(exc: BaseException) -> str:
         return "rewrite that construct in plain tensor operations, or move it out of forward"
     return ("run `torch.export.export(model, inputs, strict=False)` yourself to see the full error, "
             "or rerun with --debug for the traceback")
+
+
+def _branches_on_random(exc: BaseException) -> bool:
+    """Whether the user function the failure happened in draws a random number it may branch on
+    (``torch.rand(...)`` / ``random.random()`` in its source: LayerDrop and the like)."""
+    import inspect
+    import re
+
+    tb: TracebackType | None = exc.__traceback__
+    source = ""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if "/torch/" not in code.co_filename:
+            try:
+                source = inspect.getsource(code)
+            except (OSError, TypeError):
+                pass
+        tb = tb.tb_next
+    return bool(re.search(r"torch\.rand\(|random\.random\(|np\.random\.|layerdrop", source))
 
 
 def _summary(exc: BaseException, limit: int = 300) -> str:

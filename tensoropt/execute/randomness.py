@@ -4,25 +4,27 @@ A plan splits a dropout over devices; each shard must draw exactly the elements 
 would have drawn for its piece, or the plan trains a different function than the model (and no
 check can tell a right plan from a wrong one).  Torch's generators are sequential streams: a
 shard cannot ask for "elements 4096…8191 of the draw the whole op would make".  So random ops
-run *keyed*: every random element is a pure function of three integers,
+run *keyed*: the draw of an op is made row by row (a row: one index of its first dimension,
+for activations one sample), each row from its own generator seeded by
 
-    u = mix(seed, key, i) · 2⁻⁵³ ∈ [0, 1)
+    mix(seed, key, row)
 
 ``seed`` drawn once per step (from torch's default generator, so ``torch.manual_seed`` fixes a
 run), ``key`` the op's position among the random ops of the captured graph (the order the eager
-model draws in), ``i`` the element's linear index in the op's *whole* output, and ``mix`` the
-SplitMix64 finaliser (Steele, Lea & Flood, "Fast splittable pseudorandom number generators").
-A shard computes ``u`` for its own indices only: the work is proportional to the piece, the
-values are bit-identical on CPU and CUDA, and recomputation (activation checkpointing) draws the
-same mask again.  Normal draws use Box–Muller on two keyed uniforms.
+model draws in), ``row`` the row's index in the op's *whole* output, and ``mix`` SplitMix64
+(Steele, Lea & Flood, "Fast splittable pseudorandom number generators").  A shard split along
+the first dimension (the batch) draws only its own rows; a shard split along another dimension
+draws its rows whole and keeps its slice (k times the random numbers, none of the other work).
+Recomputation (activation checkpointing) draws the same mask again.  Values are the same on
+every device of one kind (CPU generators, or CUDA's Philox); a CPU and a GPU draw differently.
 
 Both sides of a check use it: the executor calls :func:`keyed_op` for every random node of the
 rewritten graph, and the eager reference runs under :class:`KeyedRandomMode`, a
 ``TorchDispatchMode`` that answers the model's own random calls (``bernoulli_`` inside dropout
 and attention dropout, ``rand`` of stochastic depth, …) with the same keyed draws in call order.
 
-What it costs: a uniform element takes about a dozen int64 element-wise operations instead of a
-Philox / Mersenne-Twister draw — a dropout mask costs more to draw than torch's (see
+What it costs: one generator per row instead of one per op (a few microseconds a row), a
+float32 uniform compared with ``p`` instead of torch's fused Bernoulli draw (measured in
 ``docs/measurements.md``), and attention with dropout runs the math kernel with an explicit
 mask (the attention weights materialised), as PyTorch's own CPU path does with dropout.
 
@@ -36,7 +38,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import torch
@@ -50,30 +51,13 @@ _M2 = 0x94D049BB133111EB
 _MASK64 = (1 << 64) - 1
 
 
-def _signed(x: int) -> int:
-    """An unsigned 64-bit constant as torch's int64."""
-    x &= _MASK64
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
-def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
-    return (z >> s) & ((1 << (64 - s)) - 1)
-
-
-def _mix(z: torch.Tensor) -> torch.Tensor:
-    """The SplitMix64 finaliser on int64 (wrapping multiplication)."""
-    z = (z ^ _shr(z, 30)) * _signed(_M1)
-    z = (z ^ _shr(z, 27)) * _signed(_M2)
-    return z ^ _shr(z, 31)
-
-
-def _stream(seed: int, key: int) -> int:
-    """The offset of op ``key``'s stream under step ``seed`` (the two mixed, in Python ints)."""
-    z = (seed * _GOLDEN + (key + 1) * _M1) & _MASK64
+def _stream(seed: int, key: int, row: int) -> int:
+    """The seed of row ``row`` of op ``key``'s draw under step ``seed``: SplitMix64 of the three
+    (Steele, Lea & Flood, "Fast splittable pseudorandom number generators"), non-negative."""
+    z = (seed * _GOLDEN + (key + 1) * _M1 + (row + 1) * _M2) & _MASK64
     z = ((z ^ (z >> 30)) * _M1) & _MASK64
     z = ((z ^ (z >> 27)) * _M2) & _MASK64
-    return _signed(z ^ (z >> 31))
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
 def draw_seed() -> int:
@@ -88,37 +72,42 @@ def piece_range(size: int, k: int, index: int) -> tuple[int, int]:
     return start, start + q + (1 if index < r else 0)
 
 
-def element_index(full_shape: Sequence[int], dim: int | None, k: int, index: int,
-                  device: torch.device | str) -> torch.Tensor:
-    """Linear indices (int64) into a contiguous tensor of ``full_shape`` of the elements of
-    piece ``index`` of ``k`` along ``dim`` (the whole tensor when ``dim`` is ``None``)."""
+def _rows(fill: str, seed: int, key: int, full_shape: Sequence[int], dim: int | None, k: int, index: int,
+          device: Any) -> torch.Tensor:
+    """Keyed draws (``fill``: ``"rand"`` or ``"randn"``, float32) for piece ``index`` of ``k``
+    along ``dim`` of a draw of ``full_shape``: row ``r`` (index ``r`` along dimension 0) comes
+    from its own generator seeded by :func:`_stream`, so a piece along dimension 0 draws only its
+    rows; a piece along another dimension draws its rows whole and keeps its slice."""
     shape = [int(s) for s in full_shape]
+    if not shape:
+        return _row(fill, _stream(seed, key, 0), [], device)
     nd = len(shape)
-    idx = torch.zeros((), dtype=torch.int64, device=device)
-    stride = 1
-    for j in reversed(range(nd)):
-        lo, hi = (0, shape[j]) if dim is None or j != dim % nd else piece_range(shape[j], k, index)
-        ar = torch.arange(lo, hi, dtype=torch.int64, device=device) * stride
-        idx = idx + ar.view([-1 if i == j else 1 for i in range(nd)])
-        stride *= shape[j]
-    return idx
+    d = None if dim is None else dim % nd
+    lo, hi = piece_range(shape[0], k, index) if d == 0 else (0, shape[0])
+    rows = [_row(fill, _stream(seed, key, r), shape[1:], device) for r in range(lo, hi)]
+    out = torch.stack(rows) if rows else torch.empty([0, *shape[1:]], device=device)
+    if d is not None and d != 0:
+        out = torch.tensor_split(out, k, d)[index]
+    return out
+
+
+def _row(fill: str, seed: int, shape: Sequence[int], device: Any) -> torch.Tensor:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    make = torch.rand if fill == "rand" else torch.randn
+    return make(list(shape), generator=gen, device=device, dtype=torch.float32)
 
 
 def uniform(seed: int, key: int, full_shape: Sequence[int], dim: int | None = None, k: int = 1, index: int = 0, *,
             dtype: torch.dtype = torch.float32, device: Any = "cpu") -> torch.Tensor:
     """Keyed uniform numbers in [0, 1) for piece ``index`` of ``k`` along ``dim`` of a draw of
     ``full_shape`` (the module docstring)."""
-    z = _mix(element_index(full_shape, dim, k, index, device) + _stream(seed, key))
-    u = _shr(z, 11).to(torch.float64) * (1.0 / (1 << 53))
-    return u.to(dtype)
+    return _rows("rand", seed, key, full_shape, dim, k, index, device).to(dtype)
 
 
 def normal(seed: int, key: int, full_shape: Sequence[int], dim: int | None = None, k: int = 1, index: int = 0, *,
            dtype: torch.dtype = torch.float32, device: Any = "cpu") -> torch.Tensor:
-    """Keyed standard normal numbers (Box–Muller on two keyed uniform streams)."""
-    u1 = uniform(seed, 2 * key + (1 << 40), full_shape, dim, k, index, dtype=torch.float64, device=device)
-    u2 = uniform(seed, 2 * key + 1 + (1 << 40), full_shape, dim, k, index, dtype=torch.float64, device=device)
-    return (torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos(2.0 * math.pi * u2)).to(dtype)
+    """Keyed standard normal numbers, as :func:`uniform`."""
+    return _rows("randn", seed, key, full_shape, dim, k, index, device).to(dtype)
 
 
 # ------------------------------------------------------------------------------ the ops
@@ -151,8 +140,8 @@ class Draw:
 
 def _bernoulli(draw: Draw, like: torch.Tensor, p: Any) -> torch.Tensor:
     """1 where the keyed uniform is below ``p`` (a number or a tensor of like's shape)."""
-    u = draw.uniform(torch.float64, like.device)
-    p = p.to(torch.float64) if isinstance(p, torch.Tensor) else float(p)
+    u = draw.uniform(torch.float32, like.device)
+    p = p.to(torch.float32) if isinstance(p, torch.Tensor) else float(p)
     return (u < p).to(like.dtype)
 
 
