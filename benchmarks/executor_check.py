@@ -4,7 +4,8 @@ loss, gradients and buffers from the unmodified model (float64, dropout off).
     python benchmarks/executor_check.py [--models vgg16,gpt2] [--cluster preset:titan-rtx-5]
 
 Plans: data parallel, m-TOPO, m-ETF, m-SCT on gpu0,gpu1, and the frontier's min-time and
-min-memory points; every plan device runs on the CPU.  A cell "fallback n" counts the nodes the
+min-memory points; every plan device runs on the CPU.  A cell "FAILED" is out of the check's
+tolerance (tensoropt.execute.check); "fallback n" counts the nodes the
 executor ran whole because no shard rule runs them in the plan's layout.
 """
 
@@ -54,7 +55,7 @@ def main() -> None:
                 m = copy.deepcopy(model)
                 planned = apply_plan(m, inputs, plan, graph=graph)
                 cmp = compare_with_model(copy.deepcopy(model), planned, inputs)
-                cell = f"{cmp.max_rel_diff:.1e} ({plan.num_devices} dev)"
+                cell = f"{cmp.max_rel_diff:.1e}{'' if cmp.passed else ' FAILED'} ({plan.num_devices} dev)"
                 if planned.fallbacks:
                     cell += f", fallback {len(planned.fallbacks)}"
             except Exception as e:  # noqa: BLE001 - the table reports it

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 
@@ -20,7 +19,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from ..capture import capture
     from ..costs.step import training_loss
     from ..describe import fmt_bytes
-    from ..execute import apply_plan, compare_with_model, disable_dropout, parse_device_map
+    from ..execute import apply_plan, parse_device_map
     from ..modelspec import load_model
     from ..plan import Plan
 
@@ -32,7 +31,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         return run_distributed(args.model, args.plan, steps=args.steps, check=args.check, device_map=args.device_map,
                                master_addr=args.master_addr, master_port=args.master_port, timeout=args.timeout,
                                backend=args.dist_backend, lr=args.lr, batch=args.batch,
-                               collectives=args.collectives)
+                               collectives=args.collectives, check_dtype=args.check_dtype)
     steady_malloc()   # time the steps in the profile's allocator regime (tensoropt._malloc)
     loaded = load_model(args.model, batch=args.batch)
     if loaded.model is None:
@@ -42,20 +41,20 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     graph = capture(model, inputs, name=loaded.name, method="export")
     plan = Plan.load(args.plan, graph)
     device_map = parse_device_map(args.device_map) if args.device_map else None
-    # random masks cannot match between a split plan and the model: the check compares both
-    # with dropout off (the plan's own graph keeps its dropout for training)
-    reference = disable_dropout(copy.deepcopy(model)) if args.check else None
+    # the check runs on copies of the model (in --check-dtype), with dropout off on both sides
+    # (tensoropt.execute.check); the plan's own graph keeps its dropout for training
+    cmp = run_check(model, inputs, plan, graph, args.check_dtype, device_map, console) if args.check else None
     planned = apply_plan(model, inputs, plan, device_map=device_map, graph=graph)
     console.print(f"plan {escape(plan.plan_id or plan.algorithm or args.plan)}: {len(plan.configs)} operators on "
                   f"{len(plan.devices)} device(s): " + ", ".join(f"{d}→{t}" for d, t in planned.device_map.items()),
                   highlight=False)
     for note in planned.fallbacks:
         console.print(f"  ran whole: {escape(note)}", highlight=False)
-    if args.check:
-        cmp = compare_with_model(reference, planned.without_dropout(), inputs)
-        console.print(f"check against the unmodified model (dropout off): loss rel. diff {cmp.loss:.3g}; largest "
-                      f"relative difference {cmp.max_rel_diff:.3g} ({escape(cmp.worst)}) over the loss, "
-                      f"{len(cmp.grads)} gradients and {len(cmp.buffers)} buffers", highlight=False)
+    if cmp is not None:
+        print_check(cmp, console.print)
+        if not cmp.passed:
+            console.print("the plan does not train as the model does: not timing it (exit 1)", highlight=False)
+            return 1
     cuda = sorted({t for t in planned.device_map.values() if t.startswith("cuda")})
     opt = torch.optim.SGD(planned.parameters(), lr=args.lr)
     for dev in cuda:
@@ -81,6 +80,28 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def run_check(model, inputs, plan, graph, check_dtype: str | None, device_map, console: Console):
+    """:func:`tensoropt.execute.check.check_plan` in ``check_dtype``; ``None`` (no
+    ``--check-dtype``): float64, or float32 with a note when the model cannot run in float64."""
+    from ..execute.check import CheckDtypeError, check_plan
+
+    try:
+        return check_plan(model, inputs, plan, graph, check_dtype or "float64", device_map)
+    except CheckDtypeError as e:
+        if check_dtype is not None:
+            raise
+        console.print(f"note: {escape(str(e).split('; check in float32')[0])}: checking in float32", highlight=False)
+        return check_plan(model, inputs, plan, graph, "float32", device_map)
+
+
+def print_check(cmp, say) -> None:
+    """The check's result: one summary line, then one line per failing tensor (name, max abs
+    diff, max rel diff, tolerance)."""
+    say(f"check against the unmodified model (dropout off): {escape(cmp.summary())}", highlight=False)
+    for line in cmp.describe().splitlines()[1:]:
+        say(f"  {escape(line.strip())}", highlight=False)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from ..distributed.transport import COLLECTIVES, COLLECTIVES_HELP   # loads torch.distributed: not at start-up
 
@@ -89,7 +110,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", required=True, metavar="PLAN_JSON", help="a plan written by place / frontier --plans")
     p.add_argument("--steps", type=int, default=5, help="training steps to time (default 5)")
     p.add_argument("--check", action="store_true",
-                   help="compare loss and every gradient with the unmodified model (dropout off) first")
+                   help="compare the loss, every gradient and every buffer with the unmodified model (dropout "
+                        "off) first; exit 1 when any is out of tolerance")
+    p.add_argument("--check-dtype", choices=("float64", "float32"), default=None,
+                   help="the dtype --check runs in (default float64, or float32 with a note for a model that "
+                        "cannot be captured in float64)")
     p.add_argument("--device-map", metavar="MAP",
                    help="plan device → torch device, e.g. gpu0=cuda:0,gpu1=cuda:1 (default: cuda:i where "
                         "there are enough GPUs, else cpu); with --backend dist plan device → rank, e.g. gpu0=0,gpu1=1 "

@@ -34,19 +34,21 @@ def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: b
                     device_map: str | dict[str, int] | None = None, master_addr: str | None = None,
                     master_port: int | None = None, timeout: float = DEFAULT_TIMEOUT_S, backend: str = "auto",
                     rank: int | None = None, world_size: int | None = None, lr: float = 1e-3,
-                    batch: int | None = None, collectives: str = "auto", out: Any = None) -> int:
+                    batch: int | None = None, collectives: str = "auto", out: Any = None,
+                    check_dtype: str | None = None) -> int:
     """Run ``steps`` SGD steps of ``plan_path`` on this rank (rank / world size from the torchrun
-    environment unless given), after ``check`` (loss and every gradient against the unmodified
-    model, dropout off).  Prints on rank 0 to ``out`` (stdout); returns the exit code: 0, or 2
-    with the error's message on bad input or a failed peer."""
+    environment unless given), after ``check`` (loss, every gradient and written buffer against
+    the unmodified model, dropout off, in ``check_dtype``: float64 by default, float32 with a
+    note for a model that cannot be captured in float64; :func:`.run.compare_distributed`).
+    Prints on rank 0 to ``out`` (stdout); returns the exit code: 0, 1 when the check fails (no
+    step is timed), or 2 with the error's message on bad input or a failed peer."""
     import torch
     import torch.distributed as dist
 
     from ..capture import capture
-    from ..execute import disable_dropout
     from ..modelspec import load_model
     from ..plan import Plan
-    from .run import apply_plan_distributed, compare_distributed
+    from .run import apply_plan_distributed
     from .runtime import init_runtime, parse_rank_map, shutdown
 
     out = out or sys.stdout
@@ -67,19 +69,20 @@ def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: b
         model, inputs = loaded.model, tuple(loaded.example_inputs)
         graph = capture(model, inputs, name=loaded.name, method="export")
         plan = Plan.load(plan_path, graph)
-        # the check runs the plan's dropout nodes as the identity, against the model with dropout off
-        reference = disable_dropout(copy.deepcopy(model)) if check else None
+        if check:   # on copies in the check's dtype, before the training executor takes the model
+            cmp = _check_distributed(model, inputs, plan, graph, rt, rank_map, collectives, check_dtype, say)
+            from ..cli.run import print_check
+
+            print_check(cmp, lambda text, **_: say(text))
+            if not cmp.passed:
+                say("the plan does not train as the model does: not timing it (exit 1)")
+                return 1
         ex = apply_plan_distributed(model, inputs, plan, rt, rank_map=rank_map, graph=graph, collectives=collectives)
         say(f"plan {plan.plan_id or plan.algorithm or plan_path}: {len(plan.configs)} operators on "
             f"{len(plan.devices)} device(s) over {rt.world_size} rank(s) ({rt.backend}): "
             + ", ".join(f"{d}→rank {r}" for d, r in ex.rank_of.items())
             + f"; {len(ex.program.moves)} cross-rank moves, {len(ex.program.collectives)} collectives, "
               f"loss computed on rank(s) {', '.join(map(str, sorted(ex.program.loss_ranks)))}")
-        if check:
-            cmp = compare_distributed(ex, reference, inputs)
-            say(f"check against the unmodified model (dropout off): loss rel. diff {cmp.loss:.3g}; largest relative "
-                f"difference {cmp.max_rel_diff:.3g} ({cmp.worst}) over the loss, {len(cmp.grads)} gradients and "
-                f"{len(cmp.buffers)} buffers")
         params = list(ex.local_parameters.values())
         opt = torch.optim.SGD(params, lr=lr) if params else None
         times, loss = [], None
@@ -111,6 +114,29 @@ def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: b
         shutdown()
 
 
+def _check_distributed(model: Any, inputs: tuple, plan: Any, graph: Any, rt: Any, rank_map: Any, collectives: str,
+                       check_dtype: str | None, say: Any) -> Any:
+    """The check of ``plan`` across the ranks: an executor of its own over a copy of the model in
+    ``check_dtype`` (:func:`tensoropt.execute.check.prepare_check`; ``None``: float64, else
+    float32 with a note — every rank decides the same, from the same capture), against an
+    unmodified copy with dropout off (:func:`.run.compare_distributed`)."""
+    from ..execute import disable_dropout
+    from ..execute.check import CheckDtypeError, prepare_check
+    from .run import apply_plan_distributed, compare_distributed
+
+    try:
+        m, x, p, g = prepare_check(model, inputs, plan, graph, check_dtype or "float64")
+    except CheckDtypeError as e:
+        if check_dtype is not None:
+            raise
+        say(f"note: {str(e).split('; check in float32')[0]}: checking in float32")
+        m, x, p, g = prepare_check(model, inputs, plan, graph, "float32")
+    reference = disable_dropout(copy.deepcopy(m))
+    ex = apply_plan_distributed(m, x, p, rt, rank_map=rank_map, graph=g, collectives=collectives)
+    cmp = compare_distributed(ex, reference, x)
+    return cmp
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tensoropt.distributed",
                                 description="train a model for a few steps with a plan across processes "
@@ -118,7 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="zoo:NAME[?k=v&…] or path/to/file.py:factory (the model the plan was made for)")
     p.add_argument("--plan", required=True, metavar="PLAN_JSON")
     p.add_argument("--steps", type=int, default=5, help="training steps to time (default 5)")
-    p.add_argument("--check", action="store_true", help="compare loss and every gradient with the model first")
+    p.add_argument("--check", action="store_true", help="compare loss, every gradient and buffer with the model "
+                                                         "first; exit 1 when any is out of tolerance")
+    p.add_argument("--check-dtype", choices=("float64", "float32"), default=None,
+                   help="the dtype --check runs in (default float64, or float32 for a model that cannot)")
     p.add_argument("--device-map", metavar="MAP", help="plan device → rank, e.g. gpu0=0,gpu1=1 (default: "
                                                        "the i-th plan device on rank i)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
@@ -140,4 +169,4 @@ def main(argv: list[str] | None = None) -> int:
     return run_distributed(a.model, a.plan, steps=a.steps, check=a.check, device_map=a.device_map,
                            master_addr=a.master_addr, master_port=a.master_port, timeout=a.timeout,
                            backend=a.backend, rank=a.rank, world_size=a.world_size, lr=a.lr, batch=a.batch,
-                           collectives=a.collectives)
+                           collectives=a.collectives, check_dtype=a.check_dtype)

@@ -43,7 +43,8 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
     with dropout off: one distributed step against the unmodified model (loss, every gradient,
     written buffers: :func:`compare_distributed`), then one SGD step of ``lr`` on both — the
     largest relative difference of any parameter any rank holds (replicas included).  Returns per
-    case ``loss`` (its relative difference: float32, as :func:`~tensoropt.costs.step.training_loss`,
+    case ``passed`` (every tensor within the check's tolerance: :mod:`tensoropt.execute.check`),
+    ``failures`` (one line per tensor out of it), ``loss`` (its relative difference: float32, as :func:`~tensoropt.costs.step.training_loss`,
     summed from each rank's part), ``max_rel_diff``, ``worst``, ``grads_rel_diff`` (gradients and
     buffers only), ``params_rel_diff``, ``moves``, ``collectives`` (kind → count), ``loss_rank``."""
     out = []
@@ -65,7 +66,8 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
             worst = max(worst, diff / max(want.abs().max().item(), 1e-12))
         every: list[Any] = [None] * rt.world_size
         dist.all_gather_object(every, worst)
-        out.append({"loss": cmp.loss, "max_rel_diff": cmp.max_rel_diff, "worst": cmp.worst,
+        out.append({"passed": cmp.passed, "failures": [c.describe() for c in cmp.failures],
+                    "loss": cmp.loss, "max_rel_diff": cmp.max_rel_diff, "worst": cmp.worst,
                     "grads_rel_diff": max([*cmp.grads.values(), *cmp.buffers.values()], default=0.0),
                     "grads": len(cmp.grads), "params_rel_diff": max(every), "moves": len(ex.program.moves),
                     "collectives": ex.program.collective_counts(),

@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from ..errors import DistributedError
-from ..execute import Comparison, rel_diff
+from ..execute.check import Comparison, TensorCheck, check_tensor, group_scale, merge_checks
 from ..execute.dropout import dropout_off
 from ..execute.rewrite import rewrite, write_back
 from ..graph import OpGraph
@@ -562,16 +562,28 @@ def apply_plan_distributed(model: nn.Module, example_inputs: Any, plan: Plan, ru
 def compare_distributed(executor: DistributedExecutor, reference: nn.Module, example_inputs: Any) -> Comparison:
     """:func:`tensoropt.execute.compare_with_model` across ranks: ``reference`` (the unmodified
     model, on every rank) runs one step here; the executor one distributed step; each rank
-    compares the loss (loss rank), the gradients of the parameters it holds and the buffers it
-    writes; the union (worst per name) is returned on every rank.  Run with dropout off."""
-    from ..costs.step import training_loss
+    compares, by the one tolerance rule (:func:`tensoropt.execute.check.check_tensor`), the
+    gradients of the parameters it holds (its piece of one kept in pieces) and the buffers it
+    writes, rank 0 the loss; the union (worst per name; a gradient no rank holds fails) is
+    returned on every rank.  Run with dropout off.
+
+    The loss is :func:`~tensoropt.costs.step.training_loss` (each output's mean, float32), not
+    the single-process check's weighted loss: the executor computes it as terms where the outputs
+    lie, inside the rewritten graph (:func:`tensoropt.execute.rewrite.rewrite` with
+    ``loss_terms``), so a gradient a mean cannot see (before a final LayerNorm) is compared as
+    the rounding noise it is there."""
+    from ..costs.step import _float_tensors, training_loss
 
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     reference.zero_grad(set_to_none=True)
-    ref_loss = training_loss(reference(*args))
+    ref_out = reference(*args)
+    ref_loss = training_loss(ref_out)
+    loss_scale = sum(float(t.detach().float().abs().mean()) for t in _float_tensors(ref_out) if t.numel())
     ref_loss.backward()
     ref_grads = {k: p.grad.detach() for k, p in reference.named_parameters() if p.grad is not None}
     ref_buffers = dict(reference.named_buffers())
+    grad_scale = group_scale(ref_grads.values())
+    buffer_scale = group_scale(v for v in ref_buffers.values() if v.is_floating_point())
     for p in executor.local_parameters.values():
         p.grad = None
     keep, executor.dropout = executor.dropout, False
@@ -579,15 +591,12 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
         loss = executor.step(*args)
     finally:
         executor.dropout = keep
-    mine: dict[str, Any] = {"loss": None, "grads": {}, "buffers": {}}
-    if loss is not None:
-        mine["loss"] = rel_diff(loss, ref_loss)
-    floor = 1e-6 * max((g.abs().max().item() for g in ref_grads.values() if g.numel()), default=0.0)
+    mine: list[TensorCheck] = []
+    if executor.rt.rank == 0:    # the loss is the same on every rank: the parts summed
+        mine.append(check_tensor("loss", "loss", loss, ref_loss, group=loss_scale))
     for k, p in executor.local_parameters.items():
-        if (p.grad is None) != (k not in ref_grads):
-            mine["grads"][k] = float("inf")
-        elif p.grad is not None:
-            mine["grads"][k] = rel_diff(p.grad, executor.piece_of(k, ref_grads[k]), floor)
+        want = executor.piece_of(k, ref_grads[k]) if k in ref_grads else None
+        mine.append(check_tensor("grad", k, p.grad, want, group=grad_scale))
     own_buffers = dict(executor.model.named_buffers())
     for k, pieces in executor.written_buffers.items():
         if own_buffers[k].is_floating_point():
@@ -595,21 +604,16 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
                 a, b = own_buffers[k], ref_buffers[k]
                 if dim is not None:
                     a, b = torch.tensor_split(a, parts, dim)[index], torch.tensor_split(b, parts, dim)[index]
-                mine["buffers"][k] = max(mine["buffers"].get(k, 0.0), rel_diff(a, b))
+                mine.append(check_tensor("buffer", k, a, b, group=buffer_scale))
     every: list[Any] = [None] * executor.rt.world_size
     with executor.link.guard("gathering the check's results", None):
         dist.all_gather_object(every, mine)
-    grads: dict[str, float] = {}
-    bufs: dict[str, float] = {}
-    for part in every:
-        for k, v in part["grads"].items():
-            grads[k] = max(grads.get(k, 0.0), v)
-        for k, v in part["buffers"].items():
-            bufs[k] = max(bufs.get(k, 0.0), v)
-    missing = sorted(set(ref_grads) - set(grads))
-    for k in missing:   # a gradient no rank holds
-        grads[k] = float("inf")
-    return Comparison(next(p["loss"] for p in every if p["loss"] is not None), grads, bufs)
+    checks = merge_checks(c for part in every for c in part)
+    held = {c.name for c in checks if c.kind == "grad"}
+    for k in sorted(set(ref_grads) - held):   # a gradient no rank holds
+        checks.append(check_tensor("grad", k, None, ref_grads[k]))
+    dtype = next((str(p.dtype).removeprefix("torch.") for p in reference.parameters()), "")
+    return Comparison(tuple(checks), dtype, "training_loss")
 
 
 def _fill_view(executor: Any, index: int, view: torch.Tensor) -> Any:

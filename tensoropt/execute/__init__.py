@@ -5,7 +5,7 @@ parameter and buffer objects (its ``parameters()`` are the model's, its ``state_
 the model's) and whose ``forward`` runs the rewritten ``torch.fx.GraphModule``
 (:attr:`PlannedModule.graph_module`; ``print(m.graph_module.code)`` shows the ``.to(…)`` moves,
 ``split_pieces`` / ``cat`` / sum nodes).  How the graph is rewritten: :mod:`.rewrite`; how a value
-moves between devices and layouts: :mod:`.layouts`.  :func:`compare_with_model` checks a plan:
+moves between devices and layouts: :mod:`.layouts`.  :func:`check_plan` (:mod:`.check`) checks a plan:
 the same loss, gradients and buffer updates as the unmodified model.
 
 The graph is the one captured in training mode: batch norm uses batch statistics and dropout
@@ -17,7 +17,6 @@ dropout off in both.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -29,9 +28,11 @@ from ..graph import OpGraph
 from ..plan import Plan
 from .layouts import Placed, Transport
 from .rewrite import Rewritten, rewrite
+# checking lives in .check (re-exported here: ``from tensoropt.execute import compare_with_model``)
+from .check import Comparison, check_plan, compare_with_model, rel_diff  # noqa: E402,F401
 
 __all__ = ["apply_plan", "PlannedModule", "default_device_map", "parse_device_map", "parse_mapping", "resolve_device_map",
-           "compare_with_model", "Comparison", "disable_dropout", "Placed", "Transport", "rewrite"]
+           "compare_with_model", "check_plan", "Comparison", "rel_diff", "disable_dropout", "Placed", "Transport", "rewrite"]
 
 
 def default_device_map(plan: Plan) -> dict[str, str]:
@@ -224,35 +225,6 @@ def _move_to_owners(model: nn.Module, graph: OpGraph, plan: Plan, dmap: Mapping[
 
 # ------------------------------------------------------------------------------------ checking
 
-@dataclass(frozen=True)
-class Comparison:
-    """How far a planned step is from the model's own: relative differences (``max|a−b| /
-    max|b|`` per tensor; for gradients ``max|b|`` is at least 1e-6 × the largest gradient entry) of the loss, of every parameter gradient and of every floating buffer
-    after the step (running statistics); ``worst`` names the largest."""
-
-    loss: float
-    grads: dict[str, float]
-    buffers: dict[str, float]
-
-    @property
-    def max_rel_diff(self) -> float:
-        return max([self.loss, *self.grads.values(), *self.buffers.values()])
-
-    @property
-    def worst(self) -> str:
-        items = {"loss": self.loss, **{f"grad {k}": v for k, v in self.grads.items()},
-                 **{f"buffer {k}": v for k, v in self.buffers.items()}}
-        return max(items, key=items.get)
-
-
-def rel_diff(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
-    """``max|a − b| / max(max|b|, floor)`` (absolute when both are 0)."""
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    scale = max(b.abs().max().item() if b.numel() else 0.0, floor)
-    err = (a - b).abs().max().item() if b.numel() else 0.0
-    return err / scale if scale > 0 else err
-
-
 def disable_dropout(model: nn.Module) -> nn.Module:
     """Set every dropout probability in ``model`` to 0 (``nn.Dropout*`` modules and ``dropout``
     attributes of RNNs / attention); returns ``model``.  Random masks cannot be matched between a
@@ -263,35 +235,3 @@ def disable_dropout(model: nn.Module) -> nn.Module:
         elif isinstance(getattr(m, "dropout", None), float):
             m.dropout = 0.0
     return model
-
-
-def compare_with_model(reference: nn.Module, planned: PlannedModule, example_inputs: Any) -> Comparison:
-    """One forward + :func:`~tensoropt.costs.step.training_loss` + backward of ``reference`` (an
-    unmodified copy of the model, e.g. ``copy.deepcopy(model)`` taken before :func:`apply_plan`)
-    and of ``planned`` on the same inputs; gradients and buffers are matched by name.  Both are
-    left with their gradients and updated buffers.  Run with dropout off
-    (:func:`disable_dropout`) for an exact comparison."""
-    from ..costs.step import training_loss
-
-    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    reference.zero_grad(set_to_none=True)
-    ref_loss = training_loss(reference(*args))
-    ref_loss.backward()
-    ref_grads = {k: p.grad for k, p in reference.named_parameters() if p.grad is not None}
-    ref_buffers = dict(reference.named_buffers())
-
-    planned.zero_grad(set_to_none=True)
-    loss = training_loss(planned(*args))
-    loss.backward()
-    # a gradient that is zero up to rounding (a conv bias before batch norm) is compared with
-    # the gradients' overall scale, not with its own rounding noise
-    floor = 1e-6 * max((g.abs().max().item() for g in ref_grads.values() if g.numel()), default=0.0)
-    grads = {}
-    for k, p in planned.named_parameters():
-        if k in ref_grads or p.grad is not None:
-            if (p.grad is None) != (k not in ref_grads):
-                grads[k] = float("inf")
-            else:
-                grads[k] = rel_diff(p.grad, ref_grads[k], floor)
-    bufs = {k: rel_diff(v, ref_buffers[k]) for k, v in planned.named_buffers() if v.is_floating_point()}
-    return Comparison(rel_diff(loss, ref_loss), grads, bufs)

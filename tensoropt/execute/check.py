@@ -1,0 +1,558 @@
+"""Check a plan: one training step of the planned module against the unmodified model.
+
+:func:`check_plan` is the whole check (what ``tensoropt run --check`` runs): the model and its
+floating inputs copied in the check's dtype (float64 by default), the plan applied to one copy,
+and :func:`compare_with_model` — one forward + backward of each side on the same inputs, then
+the loss, every parameter gradient (by name) and every floating buffer after the step (batch
+norm's running statistics) compared elementwise.  :func:`check_tensor` is the one tolerance
+rule, shared by the distributed backend (:func:`tensoropt.distributed.run.compare_distributed`).
+
+**The check loss** (:func:`check_loss`) is ``Σ over floating outputs of (output.double() * W).sum()``
+with ``W`` a fixed random tensor of the output's shape (``N(0, 1) / sqrt(numel)``, drawn from a
+``torch.Generator`` seeded with ``CHECK_SEED + i`` for the ``i``-th floating output): independent
+of the model, the same for both sides, O(rms of the output).  Unlike the training loss (the sum
+of each output's *mean*), its gradient reaches every parameter: after a final LayerNorm an
+output's mean is ~0 whatever the weights before it, so their mean-loss gradients are rounding
+noise (a Whisper encoder: loss −8.4e-9 against a mean |output| of 0.88).  A model whose outputs
+hold the loss it computed itself (an HF ``ModelOutput`` with ``loss`` set) may be checked with
+``loss_fn`` instead (e.g. ``lambda out: out.loss``).
+
+**Tolerances** (:data:`TOLERANCES`, by the reference tensor's dtype).  A tensor ``a`` of the plan
+passes against the model's ``b`` when, elementwise (``torch.allclose`` semantics)::
+
+    |a − b| ≤ atol + rtol·|b|,   atol = rtol·max|b| + group·G + tiny
+
+- ``rtol``: float64 1e-9 (a correct plan differs by summation order only: ~1e-15 relative),
+  float32 1e-4 (sums of thousands of float32 terms in another order: ~1e-6 relative, worse
+  under cancellation), float16 / bfloat16 1e-2;
+- ``rtol·max|b|``: an entry is judged against its own tensor's scale, so the small entries of
+  a tensor (rounding noise there is the large entries' size × eps) do not false-fail;
+- ``group·G`` (float64 1e-12, float32 1e-5, half 1e-3): ``G`` is the largest |entry| over
+  the whole group — every gradient of the model for a gradient, every floating buffer for a
+  buffer, ``Σ|terms|`` of the check loss for the loss.  A gradient that is zero in exact
+  arithmetic (a conv bias before batch norm: the normalisation removes any constant shift) is
+  the rounding noise of a sum of O(G) terms, on both sides, and differently so: its own
+  ``max|b|`` is that noise and cannot be its scale.  Noise of such a sum of ``n`` terms is
+  ~``eps·sqrt(n)·G`` (≈ 1e-14·G in float64, 2e-5·G in float32 for a 32×56×56 activation;
+  measured: a conv bias before batch norm of a 4×14×14 activation 1.3e-16·G in float64, 1.2e-7·G
+  in float32); a wrong plan moves
+  gradients by far more than 1e-12·G (a shard scaled by 1.001 moves its gradients by 1e-3 of
+  their own size), except in a layer whose gradients are all below ~1e-9·G;
+- ``tiny`` (1e-30): two exact zeros pass.
+
+A gradient on one side only, a buffer missing on the plan, a shape mismatch or a NaN fails.
+:class:`Comparison` lists every tensor (:class:`TensorCheck`), ``passed`` overall and ``worst``;
+``describe()`` names the failing tensors.
+
+Dropout: random masks cannot match between a split plan and the model, so both sides run with
+dropout off (:func:`~tensoropt.execute.disable_dropout` on the reference,
+:meth:`PlannedModule.without_dropout` on the plan: :func:`_sides`); the forward of each side
+is :func:`_forward_reference` / :func:`_forward_planned`.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import ExecutionError
+
+__all__ = ["CHECK_SEED", "CHECK_DTYPES", "TOLERANCES", "Tolerance", "TensorCheck", "Comparison", "CheckDtypeError",
+           "check_loss", "check_weights", "check_tensor", "group_scale", "merge_checks", "rel_diff",
+           "compare_with_model", "check_plan", "prepare_check", "to_check_dtype", "retarget_plan", "step_checks"]
+
+#: the seed of the check loss's weights (output ``i`` draws from ``CHECK_SEED + i``)
+CHECK_SEED = 1234
+CHECK_DTYPES = ("float64", "float32")
+
+
+class CheckDtypeError(ExecutionError):
+    """The model cannot be checked in the asked dtype (its capture in float64 differs from the
+    float32 one, or fails): check in float32 (``check_dtype="float32"``)."""
+
+
+# ------------------------------------------------------------------------------------ tolerances
+
+#: ``max_rel``'s denominator is at least this × the group's ``G``: a gradient that is zero up to
+#: rounding is reported against the gradients' scale, not its own noise (a report, not the rule)
+REL_FLOOR = 1e-6
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``|a − b| ≤ atol + rtol·|b|`` with ``atol = rtol·max|b| + group·G + tiny`` (module docstring)."""
+
+    rtol: float
+    group: float
+    tiny: float = 1e-30
+
+    def atol(self, own_max: float, group_max: float) -> float:
+        return self.rtol * own_max + self.group * group_max + self.tiny
+
+
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(rtol=1e-9, group=1e-12),
+    torch.float32: Tolerance(rtol=1e-4, group=1e-5),
+    torch.float16: Tolerance(rtol=1e-2, group=1e-3),
+    torch.bfloat16: Tolerance(rtol=1e-2, group=1e-3),
+}
+
+
+def tolerance_for(dtype: torch.dtype) -> Tolerance:
+    return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+
+
+# ------------------------------------------------------------------------------------ results
+
+@dataclass(frozen=True)
+class TensorCheck:
+    """One compared tensor: ``kind`` ``loss`` / ``grad`` / ``buffer``, its ``name``, ``max_abs``
+    (``max|a − b|``), ``max_rel`` (``max|a − b| / max(max|b|, REL_FLOOR·G)``), the ``atol`` / ``rtol`` it was held
+    to, ``ratio`` (``max |a − b| / (atol + rtol·|b|)`` over its entries: ≤ 1 passes), ``note``
+    (why it failed without a difference: missing, shape, NaN) and the check ``step``."""
+
+    kind: str
+    name: str
+    max_abs: float
+    max_rel: float
+    atol: float
+    rtol: float
+    ratio: float
+    passed: bool
+    note: str = ""
+    step: int = 0
+
+    @property
+    def label(self) -> str:
+        what = "loss" if self.kind == "loss" else f"{self.kind} {self.name}"
+        return f"step {self.step + 1}: {what}" if self.step else what
+
+    def describe(self) -> str:
+        if self.note:
+            return f"{self.label}: {self.note}"
+        return (f"{self.label}: max abs diff {self.max_abs:.3g}, max rel diff {self.max_rel:.3g} "
+                f"(tolerance atol {self.atol:.3g} + rtol {self.rtol:.0e}·|ref|; {self.ratio:.3g}× of it)")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How far a planned step is from the model's own: one :class:`TensorCheck` per compared
+    tensor (the loss, every parameter gradient, every floating buffer after the step; per step
+    when several).  ``passed``: every one within tolerance.  ``worst``: the label of the one
+    closest to (or furthest over) its tolerance.  ``loss`` / ``grads`` / ``buffers`` /
+    ``max_rel_diff``: the ``max_rel`` values (:class:`TensorCheck`), for reports."""
+
+    checks: tuple[TensorCheck, ...]
+    dtype: str = ""
+    loss_kind: str = "weighted"
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def failures(self) -> list[TensorCheck]:
+        return [c for c in self.checks if not c.passed]
+
+    def _worst(self) -> TensorCheck:
+        return max(self.checks, key=lambda c: (not c.passed, c.ratio if not math.isnan(c.ratio) else math.inf))
+
+    @property
+    def worst(self) -> str:
+        return self._worst().label if self.checks else ""
+
+    @property
+    def max_rel_diff(self) -> float:
+        return max((c.max_rel if c.passed or not c.note else math.inf for c in self.checks), default=0.0)
+
+    @property
+    def loss(self) -> float:
+        return max((c.max_rel for c in self.checks if c.kind == "loss"), default=0.0)
+
+    @property
+    def grads(self) -> dict[str, float]:
+        return self._by_name("grad")
+
+    @property
+    def buffers(self) -> dict[str, float]:
+        return self._by_name("buffer")
+
+    def _by_name(self, kind: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for c in self.checks:
+            if c.kind == kind:
+                v = c.max_rel if not c.note else math.inf
+                out[c.name] = max(out.get(c.name, 0.0), v)
+        return out
+
+    def summary(self) -> str:
+        """One line: PASSED / FAILED, what was compared, the largest relative difference and
+        the tensor closest to (or furthest over) its tolerance."""
+        if not self.checks:
+            return "nothing to compare"
+        n = {k: sum(c.kind == k for c in self.checks) for k in ("loss", "grad", "buffer")}
+        steps = 1 + max(c.step for c in self.checks)
+        what = (f"{'the check loss' if self.loss_kind == 'weighted' else 'the loss'}, {n['grad'] // steps} gradients "
+                f"and {n['buffer'] // steps} buffers" + (f" over {steps} steps" if steps > 1 else "")
+                + (f" in {self.dtype}" if self.dtype else ""))
+        bad, w = self.failures, self._worst()
+        head = (f"PASSED: {what} within tolerance" if not bad else
+                f"FAILED: {len(bad)} of {len(self.checks)} tensors out of tolerance over {what}")
+        big = max(self.checks, key=lambda c: c.max_rel if not math.isnan(c.max_rel) else math.inf)
+        return (f"{head}; largest relative difference {self.max_rel_diff:.3g} ({big.label}); "
+                f"{'worst' if bad else 'closest to its tolerance'}: {w.label} ({w.ratio:.3g}× of it)")
+
+    def describe(self, limit: int | None = 20) -> str:
+        """The summary line, then one line per failing tensor (worst first, at most ``limit``)."""
+        lines = [self.summary()]
+        bad = sorted(self.failures, key=lambda c: -c.ratio if not math.isnan(c.ratio) else -math.inf)
+        shown = bad if limit is None else bad[:limit]
+        lines += ["  " + c.describe() for c in shown]
+        if len(shown) < len(bad):
+            lines.append(f"  … and {len(bad) - len(shown)} more")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+# ------------------------------------------------------------------------------------ the rule
+
+def _cpu64(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", torch.float64)
+
+
+def group_scale(tensors: Iterable[torch.Tensor | None]) -> float:
+    """The largest ``|entry|`` over ``tensors`` (the ``G`` of :class:`Tolerance`); NaNs ignored."""
+    out = 0.0
+    for t in tensors:
+        if t is not None and t.numel() and t.is_floating_point():
+            m = torch.nan_to_num(t.detach().abs(), nan=0.0, posinf=0.0).max().item()
+            out = max(out, float(m))
+    return out
+
+
+def check_tensor(kind: str, name: str, a: torch.Tensor | None, b: torch.Tensor | None, *, group: float = 0.0,
+                 tolerance: Tolerance | None = None, step: int = 0) -> TensorCheck:
+    """Compare the plan's ``a`` with the model's ``b`` (see the module docstring): within
+    tolerance when every entry has ``|a − b| ≤ atol + rtol·|b|``.  ``group``: the ``G`` of the
+    tensor's group (:func:`group_scale`).  ``tolerance``: by ``b``'s dtype unless given.  A
+    ``None`` on one side only fails (``note`` says which); both ``None`` passes."""
+    if a is None or b is None:
+        if a is None and b is None:
+            return TensorCheck(kind, name, 0.0, 0.0, 0.0, 0.0, 0.0, True, step=step)
+        note = "the plan has none, the model has one" if a is None else "the plan has one, the model has none"
+        return TensorCheck(kind, name, math.inf, math.inf, 0.0, 0.0, math.inf, False, note, step)
+    tol = tolerance or tolerance_for(b.dtype)
+    if tuple(a.shape) != tuple(b.shape):
+        return TensorCheck(kind, name, math.inf, math.inf, 0.0, tol.rtol, math.inf, False,
+                           f"shape {tuple(a.shape)} on the plan, {tuple(b.shape)} on the model", step)
+    a64, b64 = _cpu64(a), _cpu64(b)
+    if a64.numel() == 0:
+        return TensorCheck(kind, name, 0.0, 0.0, 0.0, tol.rtol, 0.0, True, step=step)
+    diff = (a64 - b64).abs()
+    bad_nan = bool(torch.isnan(diff).any())
+    own = float(b64.abs().max()) if not torch.isnan(b64).any() else math.nan
+    atol = tol.atol(own if not math.isnan(own) else 0.0, group)
+    allowed = atol + tol.rtol * b64.abs()
+    ratio = float((diff / allowed).max()) if not bad_nan else math.nan
+    max_abs = float(diff.max()) if not bad_nan else math.nan
+    scale = max(own if not math.isnan(own) else 0.0, REL_FLOOR * group)
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+    passed = not bad_nan and ratio <= 1.0
+    note = "NaN on the plan or the model" if bad_nan else ""
+    return TensorCheck(kind, name, max_abs, max_rel, atol, tol.rtol, ratio, passed, note, step)
+
+
+def merge_checks(parts: Iterable[TensorCheck]) -> list[TensorCheck]:
+    """One check per (step, kind, name) from several partial ones (pieces of a tensor compared
+    on different ranks): the worst ratio's, failed if any failed."""
+    out: dict[tuple, TensorCheck] = {}
+    for c in parts:
+        key = (c.step, c.kind, c.name)
+        old = out.get(key)
+        if old is None:
+            out[key] = c
+            continue
+        worse = c if _badness(c) > _badness(old) else old
+        out[key] = replace(worse, passed=old.passed and c.passed, max_abs=max(old.max_abs, c.max_abs),
+                           max_rel=max(old.max_rel, c.max_rel))
+    return list(out.values())
+
+
+def _badness(c: TensorCheck) -> tuple:
+    return (not c.passed, math.inf if math.isnan(c.ratio) else c.ratio)
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
+    """``max|a − b| / max(max|b|, floor)`` (absolute when both are 0): a report's number, not a
+    pass / fail rule (that is :func:`check_tensor`)."""
+    a, b = _cpu64(a), _cpu64(b)
+    scale = max(b.abs().max().item() if b.numel() else 0.0, floor)
+    err = (a - b).abs().max().item() if b.numel() else 0.0
+    return err / scale if scale > 0 else err
+
+
+# ------------------------------------------------------------------------------------ the loss
+
+@functools.lru_cache(maxsize=64)
+def _weights_cpu(shape: tuple[int, ...], index: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(CHECK_SEED + index)
+    numel = math.prod(shape)
+    return torch.randn(shape, generator=gen, dtype=torch.float64) / math.sqrt(max(numel, 1))
+
+
+def check_weights(shape: Sequence[int], index: int = 0, device: Any = "cpu") -> torch.Tensor:
+    """The check loss's weights ``W`` of the ``index``-th floating output, of ``shape`` (float64,
+    ``N(0, 1) / sqrt(numel)``, seeded by ``CHECK_SEED + index``: the same for any model)."""
+    w = _weights_cpu(tuple(int(s) for s in shape), int(index))
+    return w if torch.device(device).type == "cpu" else w.to(device)
+
+
+def _floating_outputs(outputs: Any) -> list[torch.Tensor]:
+    from ..costs.step import _float_tensors
+
+    return list(_float_tensors(outputs))
+
+
+def check_loss(outputs: Any) -> tuple[torch.Tensor, float]:
+    """``(Σ_i (out_i.double() * W_i).sum(), Σ_i Σ |out_i * W_i|)``: the check loss (float64) of
+    the floating tensors in ``outputs`` (any nesting of tuples, lists, dicts, dataclasses, as
+    :func:`~tensoropt.costs.step.training_loss`) and the size of its terms (its tolerance's
+    ``G``; the tolerance is the least precise output's: :func:`_loss_of`).  Raises
+    :class:`ExecutionError` when there is no floating output."""
+    outs = _floating_outputs(outputs)
+    if not outs:
+        raise ExecutionError(f"the model's outputs hold no floating-point tensor to check (got {type(outputs).__name__})")
+    loss, scale = None, 0.0
+    for i, t in enumerate(outs):
+        w = check_weights(t.shape, i, t.device)
+        term = t.double() * w
+        scale += float(term.detach().abs().sum())
+        s = term.sum()
+        loss = s if loss is None else loss + s.to(loss.device)
+    return loss, scale
+
+
+# ------------------------------------------------------------------------------------ one step
+
+def _args(example_inputs: Any) -> tuple:
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def _forward_reference(reference: nn.Module, args: tuple) -> Any:
+    """The model's side of the check (the one place it runs)."""
+    return reference(*args)
+
+
+def _forward_planned(planned: nn.Module, args: tuple) -> Any:
+    """The plan's side of the check (the one place it runs)."""
+    return planned(*args)
+
+
+def _loss_of(outputs: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> tuple[torch.Tensor, float, Tolerance]:
+    """(loss, its tolerance's ``G``, its tolerance: that of the least precise floating output, the
+    loss being summed in float64 from them)."""
+    if loss_fn is None:
+        loss, scale = check_loss(outputs)
+        tols = [tolerance_for(t.dtype) for t in _floating_outputs(outputs)]
+        return loss, scale, max(tols, key=lambda t: t.rtol)
+    loss = loss_fn(outputs)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        raise ExecutionError(f"loss_fn must return a floating scalar tensor, got {type(loss).__name__}"
+                             + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else ""))
+    return loss.reshape(()), float(loss.detach().abs()), tolerance_for(loss.dtype)
+
+
+def step_checks(ref_loss: torch.Tensor, loss: torch.Tensor | None, loss_scale: float,
+                ref_grads: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor | None],
+                ref_buffers: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], *,
+                grad_scale: float | None = None, buffer_scale: float | None = None, step: int = 0,
+                missing_grads: bool = True, loss_tolerance: Tolerance | None = None) -> list[TensorCheck]:
+    """The checks of one step: the loss (``None``: not compared here), every gradient named in
+    ``grads`` or (with ``missing_grads``) in ``ref_grads``, every floating buffer of
+    ``buffers`` (a reference buffer the plan lacks fails).  ``grad_scale`` / ``buffer_scale``:
+    the groups' ``G`` (default: over ``ref_grads`` / the floating ``ref_buffers``).
+    ``loss_tolerance``: by ``ref_loss``'s dtype unless given."""
+    if grad_scale is None:
+        grad_scale = group_scale(ref_grads.values())
+    if buffer_scale is None:
+        buffer_scale = group_scale(v for v in ref_buffers.values() if v.is_floating_point())
+    out = []
+    if loss is not None:
+        out.append(check_tensor("loss", "loss", loss, ref_loss, group=loss_scale, tolerance=loss_tolerance,
+                                step=step))
+    names = list(grads) + ([k for k in ref_grads if k not in grads] if missing_grads else [])
+    for k in names:
+        out.append(check_tensor("grad", k, grads.get(k), ref_grads.get(k), group=grad_scale, step=step))
+    for k, v in buffers.items():
+        if v.is_floating_point():
+            out.append(check_tensor("buffer", k, v, ref_buffers.get(k), group=buffer_scale, step=step))
+    return out
+
+
+def compare_with_model(reference: nn.Module, planned: nn.Module, example_inputs: Any, *,
+                       loss_fn: Callable[[Any], torch.Tensor] | None = None, steps: int = 1,
+                       lr: float = 0.1) -> Comparison:
+    """One forward + loss + backward of ``reference`` (an unmodified copy of the model, e.g.
+    ``copy.deepcopy(model)`` taken before :func:`~tensoropt.execute.apply_plan`) and of
+    ``planned`` on the same inputs; the loss, every gradient (matched by name) and every floating
+    buffer after the step compared by :func:`check_tensor`.  The loss is :func:`check_loss`
+    unless ``loss_fn(outputs)`` gives one.  ``steps`` > 1: after each compared step both take
+    the same SGD step of ``lr`` and the next step is compared too.  Both are left with the last
+    step's gradients and updated buffers.  Run both with dropout off
+    (:func:`~tensoropt.execute.disable_dropout`, ``PlannedModule.without_dropout()``) for an
+    exact comparison (:func:`check_plan` does)."""
+    if steps < 1:
+        raise ExecutionError(f"a check compares at least one step, got steps={steps}")
+    args = _args(example_inputs)
+    checks: list[TensorCheck] = []
+    dtype = ""
+    for step in range(steps):
+        if step:
+            for m in (reference, planned):
+                with torch.no_grad():
+                    for p in m.parameters():
+                        if p.grad is not None:
+                            p.add_(p.grad.to(p.device), alpha=-lr)
+        reference.zero_grad(set_to_none=True)
+        ref_loss, scale, loss_tol = _loss_of(_forward_reference(reference, args), loss_fn)
+        ref_loss.backward()
+        ref_grads = {k: p.grad for k, p in reference.named_parameters() if p.grad is not None}
+        ref_buffers = dict(reference.named_buffers())
+        dtype = dtype or next((str(p.dtype).removeprefix("torch.") for p in reference.parameters()), "")
+
+        planned.zero_grad(set_to_none=True)
+        loss, _, _ = _loss_of(_forward_planned(planned, args), loss_fn)
+        loss.backward()
+        grads = {k: p.grad for k, p in planned.named_parameters() if p.grad is not None or k in ref_grads}
+        checks += step_checks(ref_loss, loss, scale, ref_grads, grads, ref_buffers, dict(planned.named_buffers()),
+                              step=step, loss_tolerance=loss_tol)
+    return Comparison(tuple(checks), dtype, "weighted" if loss_fn is None else "loss_fn")
+
+
+# ------------------------------------------------------------------------------------ a plan
+
+def to_check_dtype(model: nn.Module, inputs: Any, check_dtype: str) -> tuple[nn.Module, tuple]:
+    """A deep copy of ``model`` and the inputs with every floating tensor in ``check_dtype``
+    (``float32``: as they are)."""
+    if check_dtype not in CHECK_DTYPES:
+        raise ExecutionError(f"check_dtype must be one of {', '.join(CHECK_DTYPES)}, got {check_dtype!r}")
+    args = _args(inputs)
+    model = copy.deepcopy(model)
+    if check_dtype == "float32":
+        return model, args
+    dt = getattr(torch, check_dtype)
+    from torch.utils._pytree import tree_map
+
+    return model.to(dt), tree_map(lambda t: t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                                  args)
+
+
+def _structure(graph: Any) -> dict[str, Any]:
+    """What the fingerprint covers (:attr:`OpGraph.fingerprint`) with every floating dtype one."""
+    def dt(d: str) -> str:
+        return "floating" if d.startswith(("float", "bfloat")) else d
+
+    return {
+        "nodes": [[n.name, n.op, n.kind, list(n.inputs), [[list(t.shape), dt(t.dtype)] for t in n.outputs],
+                   list(n.params), list(n.param_reads)] for n in graph.nodes.values()],
+        "params": [[p.name, list(p.shape), dt(p.dtype), p.kind] for p in graph.params.values()],
+    }
+
+
+def retarget_plan(plan: Any, graph: Any, other: Any) -> Any:
+    """``plan`` (checked against ``graph``) for ``other``, a capture of the same model in another
+    floating dtype: the same plan with ``other``'s fingerprint, after checking that the two
+    graphs are the same but for floating dtypes (node for node: names, operators, wiring,
+    shapes, parameters).  Raises :class:`CheckDtypeError` naming the first difference."""
+    from ..plan import Plan
+
+    plan.check(graph)
+    if other.fingerprint == graph.fingerprint:
+        return plan
+    a, b = _structure(graph), _structure(other)
+    if a != b:
+        for key in ("nodes", "params"):
+            if len(a[key]) != len(b[key]):
+                raise CheckDtypeError(f"the model captured in {_dtype_name(other)} has {len(b[key])} {key}, "
+                                      f"in {_dtype_name(graph)} {len(a[key])}: it cannot be checked in another "
+                                      "dtype than its own; check in float32 (--check-dtype float32)")
+            for x, y in zip(a[key], b[key]):
+                if x != y:
+                    raise CheckDtypeError(f"the model captured in {_dtype_name(other)} differs from its "
+                                          f"{_dtype_name(graph)} capture at {key[:-1]} {x[0]!r} ({y} vs {x}): it "
+                                          "cannot be checked in another dtype than its own; check in float32 "
+                                          "(--check-dtype float32)")
+    d = plan.to_dict()
+    d["graph_fingerprint"] = other.fingerprint
+    out = Plan.from_dict(d)
+    out.check(other)
+    return out
+
+
+def _dtype_name(graph: Any) -> str:
+    dts = sorted({p.dtype for p in graph.params.values() if p.dtype.startswith(("float", "bfloat"))})
+    return "/".join(dts) or "its dtype"
+
+
+def _sides(model: nn.Module, inputs: tuple, plan: Any, graph: Any, device_map: Any) -> tuple[nn.Module, nn.Module]:
+    """(reference, planned) for a check: an unmodified copy of ``model`` and the plan applied to
+    ``model`` itself, both with dropout off (the one place that decides it)."""
+    from . import apply_plan, disable_dropout
+
+    reference = disable_dropout(copy.deepcopy(model))
+    planned = apply_plan(model, inputs, plan, device_map=device_map, graph=graph)
+    return reference, planned.without_dropout()
+
+
+def prepare_check(model: nn.Module, inputs: Any, plan: Any, graph: Any = None,
+                  check_dtype: str = "float64") -> tuple[nn.Module, tuple, Any, Any]:
+    """``(model, inputs, plan, graph)`` to check ``plan`` in ``check_dtype``: a deep copy of
+    ``model`` and the inputs in that dtype (:func:`to_check_dtype`), their torch.export capture
+    and the plan for it (:func:`retarget_plan`); ``float32``: copies as captured, ``graph`` and
+    ``plan`` as given.  ``graph``: the capture the plan was made for (made here otherwise); a
+    plan that does not fit it is a :class:`~tensoropt.plan.PlanError`, a model whose capture in
+    ``check_dtype`` fails or differs a :class:`CheckDtypeError`."""
+    from ..capture import capture
+
+    args = _args(inputs)
+    if graph is None:
+        graph = capture(model, args, method="export")
+    plan.check(graph)
+    m, x = to_check_dtype(model, args, check_dtype)
+    if check_dtype == "float32":
+        return m, x, plan, graph
+    try:
+        g = capture(m, x, name=graph.name, method="export")
+    except Exception as e:  # noqa: BLE001 - any failure of the float64 capture: say which dtype to use
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise CheckDtypeError(f"the model cannot be captured in {check_dtype} ({type(e).__name__}: {first}); "
+                              "check in float32 (--check-dtype float32)") from e
+    return m, x, retarget_plan(plan, graph, g), g
+
+
+def check_plan(model: nn.Module, inputs: Any, plan: Any, graph: Any = None, check_dtype: str = "float64",
+               device_map: Mapping[str, Any] | None = None, steps: int = 1, *,
+               loss_fn: Callable[[Any], torch.Tensor] | None = None, lr: float = 0.1) -> Comparison:
+    """Check ``plan`` on ``model`` (left untouched: the check runs on copies) with ``inputs``
+    (the example inputs the plan's graph was captured with).  ``graph``: that capture (made
+    here otherwise), which the plan must fit (:class:`~tensoropt.plan.PlanError`).
+
+    ``check_dtype``: ``"float64"`` (default) — the model and its floating inputs converted to
+    float64 and captured again with torch.export.  A plan's fingerprint covers dtypes, so the
+    plan is re-targeted to the float64 capture once that capture is shown to be the float32 one
+    node for node but for dtypes (:func:`retarget_plan`; a model whose float64 capture differs,
+    or fails, raises :class:`CheckDtypeError`: check it in float32).  ``"float32"``: the model as
+    captured.  ``device_map``, ``steps``, ``loss_fn``, ``lr``: as :func:`apply_plan` /
+    :func:`compare_with_model`.  Returns the :class:`Comparison` (``.passed``; ``print`` it)."""
+    m, x, p, g = prepare_check(model, inputs, plan, graph, check_dtype)
+    reference, planned = _sides(m, x, p, g, device_map)
+    cmp = compare_with_model(reference, planned, x, loss_fn=loss_fn, steps=steps, lr=lr)
+    return replace(cmp, dtype=check_dtype if check_dtype != "float32" else cmp.dtype)
