@@ -88,7 +88,10 @@ def _capture(model: torch.nn.Module, call: ModelCall, batch_dim: int, name: str,
         except Exception as e:  # noqa: BLE001 - any failure moves on to the next door
             errors.append(("torch.export", e))
     args = call.tensors_for(model)
-    if method in ("auto", "fx") and not call.kwargs and call.output is None:
+    # a branch on tensor values stops export; torch.fx would run it on whatever the values are at
+    # trace time and bake that branch in (a random LayerDrop: one layer silently gone)
+    data_dependent = bool(errors) and _data_dependent(errors[0][1])
+    if method in ("auto", "fx") and not call.kwargs and call.output is None and not data_dependent:
         try:
             g = capture_fx(model, args, batch_dim=batch_dim, name=name)
             if errors:
@@ -97,7 +100,16 @@ def _capture(model: torch.nn.Module, call: ModelCall, batch_dim: int, name: str,
         except Exception as e:  # noqa: BLE001
             errors.append(("torch.fx", e))
     bad_inputs = inputs_run_model(model, args)
-    raise CaptureError(describe_failure(model, errors, bad_inputs)) from errors[0][1]
+    message = describe_failure(model, errors, bad_inputs)
+    if data_dependent and method == "auto" and bad_inputs is None:
+        message += ("\n- torch.fx: not tried: it would run that branch on the example's values and bake the "
+                    "branch taken into the graph")
+    raise CaptureError(message) from errors[0][1]
+
+
+def _data_dependent(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e}"
+    return "DataDependent" in text or "data-dependent" in text
 
 
 def _fx_may_help(e: CaptureError) -> bool:
