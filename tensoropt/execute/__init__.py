@@ -27,6 +27,7 @@ from ..errors import ExecutionError
 from ..graph import OpGraph
 from ..plan import Plan
 from .layouts import Placed, Transport
+from .randomness import KeyedRandomMode, draw_seed
 from .rewrite import Rewritten, rewrite
 # checking lives in .check (re-exported here: ``from tensoropt.execute import compare_with_model``)
 from .check import Comparison, check_plan, compare_with_model, rel_diff  # noqa: E402,F401
@@ -126,8 +127,13 @@ class PlannedModule(nn.Module):
     both); ``forward(*inputs)`` runs :attr:`graph_module` and returns what the model returns."""
 
     def __init__(self, model: nn.Module, rewritten: Rewritten, plan: Plan, device_map: Mapping[str, str],
-                 out_spec: Any):
+                 out_spec: Any, call: Any = None):
         super().__init__()
+        object.__setattr__(self, "_model", model)   # for its call signature; not a submodule
+        self._call = call
+        #: the seed of the keyed random draws (dropout masks…); ``None``: one drawn per forward
+        #: from torch's default generator (tensoropt.execute.randomness)
+        self.seed: int | None = None
         # share, don't copy: state_dict keys and parameter objects stay the model's
         self._modules.update(model._modules)
         self._parameters.update(model._parameters)
@@ -151,9 +157,14 @@ class PlannedModule(nn.Module):
         return twin
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the plan on a call like the model's own (positional and keyword inputs as the
+        model takes them); returns the output the loss reads (:class:`~tensoropt.capture.ModelCall`)."""
         from torch.utils._pytree import tree_unflatten
 
-        leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+        if self._call is not None:
+            leaves = list(self._call.flatten(self._model, args, kwargs))
+        else:
+            leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
         params = dict(self.named_parameters(remove_duplicate=False))
         buffers = dict(self.named_buffers(remove_duplicate=False))
         feed = []
@@ -164,6 +175,8 @@ class PlannedModule(nn.Module):
                 feed.append(buffers[what])
             elif kind == "constant":
                 feed.append(what)
+            elif kind == "seed":     # the step's keyed random draws (.randomness)
+                feed.append(draw_seed() if self.seed is None else self.seed)
             else:
                 if what >= len(leaves):
                     raise ExecutionError(f"the planned model takes {sum(k == 'input' for k, _ in self.sources)} "
@@ -204,7 +217,7 @@ def apply_plan(model: nn.Module, example_inputs: Any, plan: Plan, *, device_map:
     check_memory(plan, dmap)
     rewritten = rewrite(graph, plan, dmap.__getitem__)
     _move_to_owners(model, graph, plan, dmap)
-    return PlannedModule(model, rewritten, plan, dmap, graph.exported.call_spec.out_spec)
+    return PlannedModule(model, rewritten, plan, dmap, graph.exported.call_spec.out_spec, getattr(graph, "call", None))
 
 
 def _move_to_owners(model: nn.Module, graph: OpGraph, plan: Plan, dmap: Mapping[str, str]) -> None:
