@@ -37,14 +37,14 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     if loaded.model is None:
         raise TensorOptError(f"{args.model} is a saved graph or ONNX file: the executor needs the torch model "
                              "(zoo:NAME or file.py:factory)")
-    model, inputs = loaded.model, loaded.example_inputs
-    graph = capture(model, inputs, name=loaded.name, method="export")
+    model, call = loaded.model, loaded.call
+    graph = capture(model, call, name=loaded.name, method="export")
     plan = Plan.load(args.plan, graph)
     device_map = parse_device_map(args.device_map) if args.device_map else None
-    # the check runs on copies of the model (in --check-dtype), with dropout off on both sides
-    # (tensoropt.execute.check); the plan's own graph keeps its dropout for training
-    cmp = run_check(model, inputs, plan, graph, args.check_dtype, device_map, console) if args.check else None
-    planned = apply_plan(model, inputs, plan, device_map=device_map, graph=graph)
+    # the check runs on copies of the model (in --check-dtype), dropout on, its masks drawn keyed on
+    # both sides (tensoropt.execute.check)
+    cmp = run_check(model, call, plan, graph, args.check_dtype, device_map, console) if args.check else None
+    planned = apply_plan(model, call.args, plan, device_map=device_map, graph=graph)
     console.print(f"plan {escape(plan.plan_id or plan.algorithm or args.plan)}: {len(plan.configs)} operators on "
                   f"{len(plan.devices)} device(s): " + ", ".join(f"{d}→{t}" for d, t in planned.device_map.items()),
                   highlight=False)
@@ -64,7 +64,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         for dev in cuda:
             torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
-        loss = training_loss(planned(*inputs))
+        loss = training_loss(planned(*call.args, **call.kwargs))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -97,7 +97,8 @@ def run_check(model, inputs, plan, graph, check_dtype: str | None, device_map, c
 def print_check(cmp, say) -> None:
     """The check's result: one summary line, then one line per failing tensor (name, max abs
     diff, max rel diff, tolerance)."""
-    say(f"check against the unmodified model (dropout off): {escape(cmp.summary())}", highlight=False)
+    say(f"check against the unmodified model (dropout on, masks drawn keyed): {escape(cmp.summary())}", highlight=False,
+        soft_wrap=True)
     for line in cmp.describe().splitlines()[1:]:
         say(f"  {escape(line.strip())}", highlight=False)
 
@@ -111,7 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=5, help="training steps to time (default 5)")
     p.add_argument("--check", action="store_true",
                    help="compare the loss, every gradient and every buffer with the unmodified model (dropout "
-                        "off) first; exit 1 when any is out of tolerance")
+                        "on, the same masks on both sides) first; exit 1 when any is out of tolerance")
     p.add_argument("--check-dtype", choices=("float64", "float32"), default=None,
                    help="the dtype --check runs in (default float64, or float32 with a note for a model that "
                         "cannot be captured in float64)")

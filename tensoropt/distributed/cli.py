@@ -119,8 +119,7 @@ def _check_distributed(model: Any, inputs: tuple, plan: Any, graph: Any, rt: Any
     """The check of ``plan`` across the ranks: an executor of its own over a copy of the model in
     ``check_dtype`` (:func:`tensoropt.execute.check.prepare_check`; ``None``: float64, else
     float32 with a note — every rank decides the same, from the same capture), against an
-    unmodified copy with dropout off (:func:`.run.compare_distributed`)."""
-    from ..execute import disable_dropout
+    unmodified copy, random ops on and drawn keyed on both sides (:func:`.run.compare_distributed`)."""
     from ..execute.check import CheckDtypeError, prepare_check
     from .run import apply_plan_distributed, compare_distributed
 
@@ -131,9 +130,9 @@ def _check_distributed(model: Any, inputs: tuple, plan: Any, graph: Any, rt: Any
             raise
         say(f"note: {str(e).split('; check in float32')[0]}: checking in float32")
         m, x, p, g = prepare_check(model, inputs, plan, graph, "float32")
-    reference = disable_dropout(copy.deepcopy(m))
-    ex = apply_plan_distributed(m, x, p, rt, rank_map=rank_map, graph=g, collectives=collectives)
-    cmp = compare_distributed(ex, reference, x)
+    reference = copy.deepcopy(m)
+    ex = apply_plan_distributed(m, x.args, p, rt, rank_map=rank_map, graph=g, collectives=collectives)
+    cmp = compare_distributed(ex, reference, x.args)
     return cmp
 
 

@@ -37,8 +37,9 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from ..errors import DistributedError
-from ..execute.check import Comparison, TensorCheck, check_tensor, group_scale, merge_checks
+from ..execute.check import Comparison, TensorCheck, check_tensor, group_scale, merge_checks, step_seed
 from ..execute.dropout import dropout_off
+from ..execute.randomness import KeyedRandomMode, derive_seed, draw_seed
 from ..execute.rewrite import rewrite, write_back
 from ..graph import OpGraph
 from ..plan import Plan
@@ -63,9 +64,12 @@ class DistributedExecutor:
                  collectives: str = "auto"):
         self.rt = runtime
         self.plan = plan
-        #: False: dropout nodes run as the identity (for checks against a model with dropout off:
-        #: a split plan's masks cannot match the model's)
+        #: False: dropout nodes run as the identity
         self.dropout = True
+        #: the seed of this step's keyed random draws (tensoropt.execute.randomness); None: one
+        #: derived per step from a base seed rank 0 broadcast at set-up
+        self.seed: int | None = None
+        self._steps = 0
         self.rank_of = resolve_rank_map(plan.devices, runtime.world_size, rank_map)
         self.model = model
         plan.check(graph)
@@ -87,6 +91,7 @@ class DistributedExecutor:
         # ``dropout`` is False
         self._quiet = {n.name: n for n in dropout_off(rewritten.module).graph.nodes}
         self._sources = rewritten.sources
+        self._base_seed = self._agree_seed() if any(kind == "seed" for kind, _ in self._sources) else 0
         self._prepare_state(release_unused)
         self._plan_shortcuts()
         self._plan_frees()
@@ -272,6 +277,13 @@ class DistributedExecutor:
                 chan = Channel(self._process_groups[ranks], tuple(sorted(ranks)), _SYNC_TAG + 2 * len(DTYPES) * i)
                 self._groups.append((ranks, chan, names))
 
+    def _agree_seed(self) -> int:
+        """One base seed for the keyed random draws on every rank: rank 0's draw, broadcast (every
+        rank builds its executor at the same point, as it creates the process groups)."""
+        t = torch.tensor([draw_seed() if self.rt.rank == 0 else 0], dtype=torch.int64, device=self.rt.device)
+        dist.broadcast(t, src=0)
+        return int(t.item())
+
     # ---- one step ----------------------------------------------------------------------------
     def forward(self, *inputs: Any) -> torch.Tensor | None:
         """The forward pass and this rank's part of the loss (the training loss is the sum of the
@@ -305,6 +317,8 @@ class DistributedExecutor:
                     env[n.name] = buffers[what]
                 elif kind == "constant":
                     env[n.name] = what.to(dev)
+                elif kind == "seed":
+                    env[n.name] = self.seed if self.seed is not None else derive_seed(self._base_seed, self._steps)
                 else:
                     if what >= len(leaves):
                         raise DistributedError(f"the planned model takes more tensor inputs than the {len(leaves)} "
@@ -341,6 +355,7 @@ class DistributedExecutor:
             for dead in self._free_after.get(n.name, ()):
                 env.pop(dead, None)
         self.link.wait_sends()
+        self._steps += 1
         terms = [t for t in out_values if isinstance(t, torch.Tensor)]
         if not terms:
             return None
@@ -565,7 +580,7 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
     compares, by the one tolerance rule (:func:`tensoropt.execute.check.check_tensor`), the
     gradients of the parameters it holds (its piece of one kept in pieces) and the buffers it
     writes, rank 0 the loss; the union (worst per name; a gradient no rank holds fails) is
-    returned on every rank.  Run with dropout off.
+    returned on every rank.  Random ops on: both sides draw the same keyed masks.
 
     The loss is :func:`~tensoropt.costs.step.training_loss` (each output's mean, float32), not
     the single-process check's weighted loss: the executor computes it as terms where the outputs
@@ -575,8 +590,10 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
     from ..costs.step import _float_tensors, training_loss
 
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    seed = step_seed(0)
     reference.zero_grad(set_to_none=True)
-    ref_out = reference(*args)
+    with KeyedRandomMode(seed):     # the model's random draws keyed, as the plan's
+        ref_out = reference(*args)
     ref_loss = training_loss(ref_out)
     loss_scale = sum(float(t.detach().float().abs().mean()) for t in _float_tensors(ref_out) if t.numel())
     ref_loss.backward()
@@ -586,11 +603,11 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
     buffer_scale = group_scale(v for v in ref_buffers.values() if v.is_floating_point())
     for p in executor.local_parameters.values():
         p.grad = None
-    keep, executor.dropout = executor.dropout, False
+    keep, executor.seed = executor.seed, seed
     try:
         loss = executor.step(*args)
     finally:
-        executor.dropout = keep
+        executor.seed = keep
     mine: list[TensorCheck] = []
     if executor.rt.rank == 0:    # the loss is the same on every rank: the parts summed
         mine.append(check_tensor("loss", "loss", loss, ref_loss, group=loss_scale))

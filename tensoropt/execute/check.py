@@ -44,10 +44,13 @@ A gradient on one side only, a buffer missing on the plan, a shape mismatch or a
 :class:`Comparison` lists every tensor (:class:`TensorCheck`), ``passed`` overall and ``worst``;
 ``describe()`` names the failing tensors.
 
-Dropout: random masks cannot match between a split plan and the model, so both sides run with
-dropout off (:func:`~tensoropt.execute.disable_dropout` on the reference,
-:meth:`PlannedModule.without_dropout` on the plan: :func:`_sides`); the forward of each side
-is :func:`_forward_reference` / :func:`_forward_planned`.
+Random ops run as they train — dropout, attention dropout, stochastic depth on: the plan draws
+keyed masks (:mod:`tensoropt.execute.randomness`), piece by piece, and the reference runs under
+:class:`~tensoropt.execute.randomness.KeyedRandomMode` with the same step seed, so both draw
+the same mask for every element.  A model that draws random numbers the executor cannot key
+(``randperm``, ``multinomial``) fails the check with their names.  The forward of each side is
+:func:`_forward_reference` / :func:`_forward_planned`; both are called as the model was
+captured (:class:`~tensoropt.capture.ModelCall`: keyword inputs, the output the loss reads).
 """
 
 from __future__ import annotations
@@ -342,18 +345,43 @@ def check_loss(outputs: Any) -> tuple[torch.Tensor, float]:
 
 # ------------------------------------------------------------------------------------ one step
 
-def _args(example_inputs: Any) -> tuple:
-    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+def _call(example_inputs: Any, captured: Any = None) -> Any:
+    """The inputs as a :class:`~tensoropt.capture.ModelCall`, with the output choice of
+    ``captured`` (the ModelCall a graph was captured with) unless they name one."""
+    from ..capture.call import ModelCall
+
+    call = ModelCall.of(example_inputs)
+    output = getattr(captured, "output", None)
+    return ModelCall.of(call, output) if output is not None and call.output is None else call
 
 
-def _forward_reference(reference: nn.Module, args: tuple) -> Any:
-    """The model's side of the check (the one place it runs)."""
-    return reference(*args)
+def step_seed(step: int) -> int:
+    """The seed of the keyed random draws of the check's ``step``-th step (both sides)."""
+    return CHECK_SEED * 7919 + step
 
 
-def _forward_planned(planned: nn.Module, args: tuple) -> Any:
-    """The plan's side of the check (the one place it runs)."""
-    return planned(*args)
+def _forward_reference(reference: nn.Module, call: Any, seed: int) -> Any:
+    """The model's side of the check (the one place it runs): its random draws keyed."""
+    from .randomness import KeyedRandomMode
+
+    with KeyedRandomMode(seed) as mode:
+        out = call.run(reference)
+    if mode.unkeyed:
+        raise ExecutionError(f"the model draws random numbers with {', '.join(sorted(set(mode.unkeyed)))}, which "
+                             "tensoropt cannot draw piece by piece; a check cannot match them (run without --check, "
+                             "or replace that op)")
+    return out
+
+
+def _forward_planned(planned: nn.Module, call: Any, seed: int) -> Any:
+    """The plan's side of the check (the one place it runs): its keyed draws seeded as the model's."""
+    if hasattr(planned, "seed"):
+        planned.seed = seed
+    try:
+        return planned(*call.args, **call.kwargs)
+    finally:
+        if hasattr(planned, "seed"):
+            planned.seed = None
 
 
 def _loss_of(outputs: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> tuple[torch.Tensor, float, Tolerance]:
@@ -406,12 +434,12 @@ def compare_with_model(reference: nn.Module, planned: nn.Module, example_inputs:
     buffer after the step compared by :func:`check_tensor`.  The loss is :func:`check_loss`
     unless ``loss_fn(outputs)`` gives one.  ``steps`` > 1: after each compared step both take
     the same SGD step of ``lr`` and the next step is compared too.  Both are left with the last
-    step's gradients and updated buffers.  Run both with dropout off
-    (:func:`~tensoropt.execute.disable_dropout`, ``PlannedModule.without_dropout()``) for an
-    exact comparison (:func:`check_plan` does)."""
+    step's gradients and updated buffers.  ``example_inputs``: a tuple, a dict of keyword inputs
+    or a :class:`~tensoropt.capture.ModelCall`.  Random ops are on, drawn keyed on both sides
+    (module docstring)."""
     if steps < 1:
         raise ExecutionError(f"a check compares at least one step, got steps={steps}")
-    args = _args(example_inputs)
+    call = _call(example_inputs, getattr(planned, "_call", None))
     checks: list[TensorCheck] = []
     dtype = ""
     for step in range(steps):
@@ -422,14 +450,14 @@ def compare_with_model(reference: nn.Module, planned: nn.Module, example_inputs:
                         if p.grad is not None:
                             p.add_(p.grad.to(p.device), alpha=-lr)
         reference.zero_grad(set_to_none=True)
-        ref_loss, scale, loss_tol = _loss_of(_forward_reference(reference, args), loss_fn)
+        ref_loss, scale, loss_tol = _loss_of(_forward_reference(reference, call, step_seed(step)), loss_fn)
         ref_loss.backward()
         ref_grads = {k: p.grad for k, p in reference.named_parameters() if p.grad is not None}
         ref_buffers = dict(reference.named_buffers())
         dtype = dtype or next((str(p.dtype).removeprefix("torch.") for p in reference.parameters()), "")
 
         planned.zero_grad(set_to_none=True)
-        loss, _, _ = _loss_of(_forward_planned(planned, args), loss_fn)
+        loss, _, _ = _loss_of(_forward_planned(planned, call, step_seed(step)), loss_fn)
         loss.backward()
         grads = {k: p.grad for k, p in planned.named_parameters() if p.grad is not None or k in ref_grads}
         checks += step_checks(ref_loss, loss, scale, ref_grads, grads, ref_buffers, dict(planned.named_buffers()),
@@ -439,20 +467,17 @@ def compare_with_model(reference: nn.Module, planned: nn.Module, example_inputs:
 
 # ------------------------------------------------------------------------------------ a plan
 
-def to_check_dtype(model: nn.Module, inputs: Any, check_dtype: str) -> tuple[nn.Module, tuple]:
-    """A deep copy of ``model`` and the inputs with every floating tensor in ``check_dtype``
-    (``float32``: as they are)."""
+def to_check_dtype(model: nn.Module, inputs: Any, check_dtype: str) -> tuple[nn.Module, Any]:
+    """A deep copy of ``model`` and the inputs (a :class:`~tensoropt.capture.ModelCall`) with
+    every floating tensor in ``check_dtype`` (``float32``: as they are)."""
     if check_dtype not in CHECK_DTYPES:
         raise ExecutionError(f"check_dtype must be one of {', '.join(CHECK_DTYPES)}, got {check_dtype!r}")
-    args = _args(inputs)
+    call = _call(inputs)
     model = copy.deepcopy(model)
     if check_dtype == "float32":
-        return model, args
+        return model, call
     dt = getattr(torch, check_dtype)
-    from torch.utils._pytree import tree_map
-
-    return model.to(dt), tree_map(lambda t: t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
-                                  args)
+    return model.to(dt), call.to(dt)
 
 
 def _structure(graph: Any) -> dict[str, Any]:
@@ -502,31 +527,32 @@ def _dtype_name(graph: Any) -> str:
     return "/".join(dts) or "its dtype"
 
 
-def _sides(model: nn.Module, inputs: tuple, plan: Any, graph: Any, device_map: Any) -> tuple[nn.Module, nn.Module]:
+def _sides(model: nn.Module, inputs: Any, plan: Any, graph: Any, device_map: Any) -> tuple[nn.Module, nn.Module]:
     """(reference, planned) for a check: an unmodified copy of ``model`` and the plan applied to
-    ``model`` itself, both with dropout off (the one place that decides it)."""
-    from . import apply_plan, disable_dropout
+    ``model`` itself, random ops on in both (drawn keyed: the module docstring)."""
+    from . import apply_plan
 
-    reference = disable_dropout(copy.deepcopy(model))
-    planned = apply_plan(model, inputs, plan, device_map=device_map, graph=graph)
-    return reference, planned.without_dropout()
+    reference = copy.deepcopy(model)
+    planned = apply_plan(model, _call(inputs).args, plan, device_map=device_map, graph=graph)
+    return reference, planned
 
 
 def prepare_check(model: nn.Module, inputs: Any, plan: Any, graph: Any = None,
-                  check_dtype: str = "float64") -> tuple[nn.Module, tuple, Any, Any]:
-    """``(model, inputs, plan, graph)`` to check ``plan`` in ``check_dtype``: a deep copy of
-    ``model`` and the inputs in that dtype (:func:`to_check_dtype`), their torch.export capture
-    and the plan for it (:func:`retarget_plan`); ``float32``: copies as captured, ``graph`` and
-    ``plan`` as given.  ``graph``: the capture the plan was made for (made here otherwise); a
-    plan that does not fit it is a :class:`~tensoropt.plan.PlanError`, a model whose capture in
-    ``check_dtype`` fails or differs a :class:`CheckDtypeError`."""
+                  check_dtype: str = "float64") -> tuple[nn.Module, Any, Any, Any]:
+    """``(model, call, plan, graph)`` to check ``plan`` in ``check_dtype``: a deep copy of
+    ``model`` and the inputs (as a :class:`~tensoropt.capture.ModelCall`) in that dtype
+    (:func:`to_check_dtype`), their torch.export capture and the plan for it
+    (:func:`retarget_plan`); ``float32``: copies as captured, ``graph`` and ``plan`` as given.
+    ``graph``: the capture the plan was made for (made here otherwise); a plan that does not fit
+    it is a :class:`~tensoropt.plan.PlanError`, a model whose capture in ``check_dtype`` fails
+    or differs a :class:`CheckDtypeError`."""
     from ..capture import capture
 
-    args = _args(inputs)
+    call = _call(inputs, getattr(graph, "call", None))
     if graph is None:
-        graph = capture(model, args, method="export")
+        graph = capture(model, call, method="export")
     plan.check(graph)
-    m, x = to_check_dtype(model, args, check_dtype)
+    m, x = to_check_dtype(model, call, check_dtype)
     if check_dtype == "float32":
         return m, x, plan, graph
     try:
@@ -542,7 +568,8 @@ def check_plan(model: nn.Module, inputs: Any, plan: Any, graph: Any = None, chec
                device_map: Mapping[str, Any] | None = None, steps: int = 1, *,
                loss_fn: Callable[[Any], torch.Tensor] | None = None, lr: float = 0.1) -> Comparison:
     """Check ``plan`` on ``model`` (left untouched: the check runs on copies) with ``inputs``
-    (the example inputs the plan's graph was captured with).  ``graph``: that capture (made
+    (the example inputs the plan's graph was captured with: a tuple, a dict of keyword inputs or
+    a :class:`~tensoropt.capture.ModelCall`).  ``graph``: that capture (made
     here otherwise), which the plan must fit (:class:`~tensoropt.plan.PlanError`).
 
     ``check_dtype``: ``"float64"`` (default) — the model and its floating inputs converted to

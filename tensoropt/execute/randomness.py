@@ -65,6 +65,12 @@ def draw_seed() -> int:
     return int(torch.randint(0, 1 << 62, (), dtype=torch.int64).item())
 
 
+def derive_seed(base: int, step: int) -> int:
+    """The seed of step ``step`` from a run's ``base`` seed (processes that agree on the base
+    agree on every step's seed without talking again)."""
+    return _stream(base, -1, step)
+
+
 def piece_range(size: int, k: int, index: int) -> tuple[int, int]:
     """``[start, end)`` of piece ``index`` of ``torch.tensor_split`` into ``k`` along a size."""
     q, r = divmod(size, k)
@@ -112,16 +118,6 @@ def normal(seed: int, key: int, full_shape: Sequence[int], dim: int | None = Non
 
 # ------------------------------------------------------------------------------ the ops
 
-def _dtype(kwargs: dict, default: torch.dtype) -> torch.dtype:
-    d = kwargs.get("dtype")
-    return d if d is not None else default
-
-
-def _device(kwargs: dict, default: Any) -> Any:
-    d = kwargs.get("device")
-    return d if d is not None else default
-
-
 class Draw:
     """Where a node's draw sits in its op's whole output: ``full_shape`` and piece ``index`` of
     ``k`` along ``dim`` (``None``: the whole)."""
@@ -163,6 +159,9 @@ def _sdpa(draw: Draw, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_ma
         return aten.scaled_dot_product_attention.default(q, k, v, attn_mask, 0.0, is_causal, scale=scale,
                                                          enable_gqa=enable_gqa)
     keep = _bernoulli(draw, q, 1 - dropout_p).bool()
+    if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype == torch.bool:
+        # what scaled_dot_product_attention does before its kernels (the math kernel adds the mask)
+        attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(~attn_mask, float("-inf"))
     out, _ = aten._scaled_dot_product_attention_math.default(q, k, v, attn_mask, dropout_p, is_causal, keep,
                                                              scale=scale, enable_gqa=enable_gqa)
     return out
@@ -187,42 +186,48 @@ def is_keyed(target: Any) -> bool:
     return target._schema.name.split("::")[-1] in KEYED_OPS and target != aten.normal.float_float
 
 
+def bind(target: Any, args: Sequence[Any], kwargs: dict) -> dict[str, Any]:
+    """The arguments of a call of ATen op ``target`` by name, defaults filled in (a dispatcher
+    leaves out arguments equal to their default: ``bernoulli_(0.5)`` arrives without ``p``)."""
+    out: dict[str, Any] = {}
+    for i, a in enumerate(target._schema.arguments):
+        if not a.kwarg_only and i < len(args):
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
 def keyed_op(target: Any, draw: Draw, *args: Any, **kwargs: Any) -> Any:
     """``target(*args, **kwargs)`` — a random ATen op of :data:`KEYED_OPS`, possibly on one piece
     of its inputs — with its randomness from ``draw``."""
     name = target._schema.name.split("::")[-1]
-    kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
-    if name == "dropout":
-        return _dropout(draw, args[0], *args[1:3], **kwargs)[0]
-    if name == "native_dropout":
-        return _dropout(draw, *args, **kwargs)
+    a = bind(target, args, kwargs)
+    if name in ("dropout", "native_dropout"):
+        out, mask = _dropout(draw, a["input"], a["p"], a["train"] if a["train"] is not None else True)
+        return out if name == "dropout" else (out, mask)
     if name == "bernoulli":
-        x = args[0]
-        p = args[1] if len(args) > 1 else kwargs.get("p", x)
-        return _bernoulli(draw, x, p)
-    if name in ("rand", "randn"):
-        like = torch.empty(0, dtype=_dtype(kwargs, torch.get_default_dtype()), device=_device(kwargs, "cpu"))
-        return draw.uniform(like.dtype, like.device) if name == "rand" else draw.normal(like.dtype, like.device)
-    if name in ("rand_like", "randn_like"):
-        x = args[0]
-        dtype, device = _dtype(kwargs, x.dtype), _device(kwargs, x.device)
-        return draw.uniform(dtype, device) if name == "rand_like" else draw.normal(dtype, device)
+        x = a["self"]
+        return _bernoulli(draw, x, a.get("p", x))
+    if name in ("rand", "randn", "rand_like", "randn_like"):
+        like = a.get("self")
+        dtype = a.get("dtype") or (like.dtype if like is not None else torch.get_default_dtype())
+        device = a.get("device") or (like.device if like is not None else "cpu")
+        return draw.uniform(dtype, device) if name in ("rand", "rand_like") else draw.normal(dtype, device)
     if name == "uniform":
-        x, lo, hi = (list(args) + [kwargs.get("from", 0.0), kwargs.get("to", 1.0)])[:3]
-        return (lo + (hi - lo) * draw.uniform(torch.float64, x.device)).to(x.dtype)
-    if name == "normal":
-        x = args[0]
-        if isinstance(x, torch.Tensor) and target == aten.normal.Tensor_float:
-            std = args[1] if len(args) > 1 else kwargs.get("std", 1.0)
-            return x + std * draw.normal(x.dtype, x.device)
-        mean, std = (list(args[1:]) + [kwargs.get("mean", 0.0), kwargs.get("std", 1.0)])[:2]
-        return (mean + std * draw.normal(torch.float64, x.device)).to(x.dtype)
+        x = a["self"]
+        return (a["from"] + (a["to"] - a["from"]) * draw.uniform(torch.float64, x.device)).to(x.dtype)
+    if name == "normal" and target == aten.normal.Tensor_float:
+        x = a["mean"]
+        return x + a["std"] * draw.normal(x.dtype, x.device)
     if name == "normal_functional":
-        x = args[0]
-        mean, std = (list(args[1:]) + [kwargs.get("mean", 0.0), kwargs.get("std", 1.0)])[:2]
-        return (mean + std * draw.normal(torch.float64, x.device)).to(x.dtype)
+        x = a["self"]
+        return (a["mean"] + a["std"] * draw.normal(torch.float64, x.device)).to(x.dtype)
     if name == "scaled_dot_product_attention":
-        return _sdpa(draw, *args, **kwargs)
+        return _sdpa(draw, a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"], a["is_causal"],
+                     a.get("scale"), a.get("enable_gqa", False))
     raise NotImplementedError(f"{target} is not drawn keyed")
 
 
@@ -251,25 +256,32 @@ class KeyedRandomMode(TorchDispatchMode):
         self.seed = int(seed)
         self.calls = 0
         self.unkeyed: list[str] = []
+        self._drawing = False     # inside a keyed draw: its own generator calls are not the model's
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if torch.Tag.nondeterministic_seeded not in func.tags:
+        if self._drawing or not _draws(func, args, kwargs):
             return func(*args, **kwargs)
+        self._drawing = True
+        try:
+            return self._keyed(func, args, kwargs)
+        finally:
+            self._drawing = False
+
+    def _keyed(self, func: Any, args: tuple, kwargs: dict) -> Any:
         name = func._schema.name.split("::")[-1]
         key = self.calls
         self.calls += 1
         if name in _INPLACE:
-            target = args[0]
+            a = bind(func, args, kwargs)
+            target = a["self"]
             draw = Draw(self.seed, key, target.shape)
-            functional = {"bernoulli": aten.bernoulli.p if not isinstance(args[1] if len(args) > 1 else None,
-                                                                            torch.Tensor) else aten.bernoulli.Tensor,
-                          "uniform": aten.uniform.default, "normal": aten.normal.Tensor_float}[_INPLACE[name]]
-            if _INPLACE[name] == "normal":
-                mean, std = (list(args[1:]) + [kwargs.get("mean", 0.0), kwargs.get("std", 1.0)])[:2]
-                value = mean + std * draw.normal(torch.float64, target.device)
+            if _INPLACE[name] == "bernoulli":
+                value = _bernoulli(draw, target, a["p"])
+            elif _INPLACE[name] == "uniform":
+                value = a["from"] + (a["to"] - a["from"]) * draw.uniform(torch.float64, target.device)
             else:
-                value = keyed_op(functional, draw, *args, **kwargs)
+                value = a["mean"] + a["std"] * draw.normal(torch.float64, target.device)
             with torch.no_grad():
                 target.copy_(value)
             return target
@@ -290,26 +302,24 @@ def _out_shape(func: Any, args: tuple, kwargs: dict) -> tuple[int, ...]:
 
 # ------------------------------------------------------------------------------ the graph side
 
-_DROPOUTS = {"dropout": (1, 2), "feature_dropout": (1, 2), "alpha_dropout": (1, 2), "feature_alpha_dropout": (1, 2)}
+def _draws(func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether a call of ``func`` draws random numbers: a seeded op, except a dropout outside
+    training or with ``p`` 0 or 1, and attention with ``dropout_p`` 0 (PyTorch draws nothing
+    there)."""
+    if not isinstance(func, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    a = bind(func, args, kwargs)
+    if "dropout_p" in a:
+        return bool(a["dropout_p"])
+    if "train" in a and "p" in a and not func._schema.name.endswith("native_dropout"):
+        return bool(a["train"]) and 0 < float(a["p"]) < 1
+    return True
 
 
 def draws(node: Any) -> bool:
-    """Whether a captured node draws random numbers when it runs, as the eager op would: a
-    dropout only in training with ``0 < p < 1``, attention only with ``dropout_p > 0`` (PyTorch
-    returns early otherwise)."""
-    target = getattr(node, "target", None)
-    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded not in target.tags:
-        return False
-    name = target._schema.name.split("::")[-1]
-    if name in _DROPOUTS:
-        p_at, train_at = _DROPOUTS[name]
-        p = node.args[p_at] if len(node.args) > p_at else node.kwargs.get("p", 0.5)
-        train = node.args[train_at] if len(node.args) > train_at else node.kwargs.get("train", True)
-        return bool(train) and 0 < float(p) < 1
-    if name == "scaled_dot_product_attention":
-        p = node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0)
-        return bool(p)
-    return True
+    """Whether a captured node draws random numbers when it runs, as the eager op would
+    (:func:`_draws`)."""
+    return _draws(getattr(node, "target", None), node.args, node.kwargs)
 
 
 def random_keys(nodes: Any) -> dict[str, int]:

@@ -261,7 +261,7 @@ def test_float64_check_retargets_the_plan_and_refuses_another_graph():
     plan = conv_channel_plan(graph)
     m, x, p, g = prepare_check(model, inputs, plan, graph, "float64")
     assert g.fingerprint != graph.fingerprint and p.graph_fingerprint == g.fingerprint
-    assert p.configs == plan.configs and all(t.dtype == torch.float64 for t in x)
+    assert p.configs == plan.configs and all(t.dtype == torch.float64 for t in x.args)
     other, other_inputs, other_graph = transformer_case()
     with pytest.raises(tensoropt.PlanError):
         check_plan(model, inputs, fc1_channel_plan(other_graph), graph)

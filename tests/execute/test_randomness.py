@@ -97,3 +97,25 @@ def test_each_forward_draws_new_masks_and_a_fixed_seed_repeats_them():
         c, d = planned(x), planned(x)
     assert not torch.equal(a.eq(0), b.eq(0))
     assert torch.equal(c, d)
+
+
+@pytest.mark.parametrize("mask", ["none", "bool", "float", "causal"])
+def test_attention_dropout_keyed_as_the_eager_kernel_draws_it(mask):
+    """The executor's attention with dropout (the math kernel given the keyed mask) against
+    torch's own attention under KeyedRandomMode: the same weights dropped, any mask kind."""
+    import torch.nn.functional as F
+
+    from tensoropt.execute.randomness import Draw, keyed_op
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 8, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    allowed = torch.ones(8, 8, dtype=torch.bool).tril().expand(2, 1, 8, 8).clone()
+    allowed[0, 0, 5] = False                      # a row with nothing to attend to
+    attn_mask = {"none": None, "causal": None, "bool": allowed,
+                 "float": torch.randn(2, 1, 8, 8, generator=g, dtype=torch.float64)}[mask]
+    with KeyedRandomMode(9) as mode:
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=0.25, is_causal=mask == "causal")
+    got = keyed_op(torch.ops.aten.scaled_dot_product_attention.default, Draw(9, 0, (2, 3, 8, 8)), q, k, v,
+                   attn_mask, 0.25, mask == "causal")
+    assert mode.calls == 1
+    torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
