@@ -42,6 +42,15 @@ NODE_KINDS = ("input", "op", "output")
 PARAM_KINDS = ("parameter", "buffer", "constant")
 
 
+def split_fits(layout: str, degree: int, batch_size: int | None) -> bool:
+    """Whether a node may run split ``degree`` ways in ``layout`` given the graph's batch size:
+    the one rule the profiler (what it measures), the cost model (what plans may use) and the
+    executor (what it runs) share for what the shapes alone do not say.  A batch split cuts the
+    *batch* (the executor gives each shard ``batch / degree`` samples, also where a view folds the
+    batch into a larger dimension), so it needs at least ``degree`` samples."""
+    return layout != "batch" or batch_size is None or degree <= batch_size
+
+
 def dtype_bytes(dtype: str) -> int:
     try:
         return DTYPE_BYTES[dtype]

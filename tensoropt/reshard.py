@@ -446,12 +446,13 @@ def stat_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any) -> Stage 
     """The exchange of a batch-split batch norm's statistics, or ``None``.
 
     A training batch norm split along the batch over a mesh must normalise with the statistics
-    of the whole batch (the executor's synchronised batch norm): each device sums ``x`` and
-    ``x²`` per channel over its part, the two sums (``2 × channels`` values, tiny) are added up
-    across the mesh, and in backward their gradients are exchanged the same way.  The executors
-    do it as one exchange — every device sends its sums to every other at once, one message per
-    ordered pair — not as a ring all-reduce (2 (n − 1) latencies for a few hundred bytes).  This
-    is the stage of one direction (the step pays it once in forward and once in backward).
+    of the whole batch (the executor's synchronised batch norm, :mod:`tensoropt.syncbn`): each
+    device sums ``x`` per channel over its part and the sums are added up across the mesh, then
+    the same for ``(x − mean)²`` — two exchanges of ``channels`` values, one after the other —
+    and in backward their gradients are exchanged the same way.  Each exchange is every device
+    sending its sums to every other at once, one message per ordered pair, not a ring all-reduce
+    (2 (n − 1) latencies for a few hundred bytes).  This is the stage of one direction (the step
+    pays it once in forward and once in backward): both exchanges' messages, twice one's time.
     Every ``batch_norm`` op is taken to be in training (a capture is of a training step).
     """
     if config.degree < 2 or config.layout != "batch":
@@ -460,9 +461,10 @@ def stat_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any) -> Stage 
     if op_basename(node.op) != "batch_norm" or not node.outputs or len(node.outputs[0].shape) < 2:
         return None
     out = node.outputs[0]
-    nbytes = 2 * out.shape[1] * (out.nbytes // max(out.numel, 1))
+    nbytes = out.shape[1] * (out.nbytes // max(out.numel, 1))
     mesh = config.devices
-    return _p2p_stage([(a, b, nbytes) for a in mesh for b in mesh if a != b], cluster)
+    one = _p2p_stage([(a, b, nbytes) for a in mesh for b in mesh if a != b], cluster)
+    return Stage(one.steps + one.steps, 2 * one.time_s)
 
 
 def piece_bytes(layout: str, degree: int, nbytes: int | float) -> int:

@@ -1,17 +1,24 @@
 """Batch norm split along the batch, synchronised: the pieces a rewritten graph calls.
 
 A training batch norm over ``k`` devices, each holding a part of the batch, must normalise with
-the statistics of the whole batch (the single-device result).  Each device computes
-:func:`partial_sums` of its part — ``(Σx, Σx²)`` per channel, one ``(2, C)`` tensor — the
-executor adds those up across the devices (one message per pair, a ``P → R`` read), and each
-device runs :func:`normalize` on its part with the total; the first device also does
-:func:`update_running_stats`.  Autograd differentiates through all of it, so the gradients are
-the single-device ones (the gradient of the total goes back to every part).
+the statistics of the whole batch (the single-device result).  Two exchanges, as PyTorch's own
+batch norm computes the variance in two passes (``E[(x − mean)²]``, not ``E[x²] − E[x]²``, which
+loses every digit the mean has over the spread — a 2-sample batch norm's gradients were rounding
+noise away from the model's, float64 or not):
 
-Each piece is one graph node and a few fused ATen calls (``y = x · scale + shift``, one
-``addcmul``), so a synchronised batch norm costs little more than the op it replaces; the
-profiler times :func:`local_step` — one device's share, without the exchange — as the cost of a
-batch-split batch norm shard, so what the plan is costed at is what the executor runs.
+1. each device sums ``x`` per channel over its part (:func:`channel_sums`); the sums are added
+   across the devices (a ``P → R`` read) into the mean;
+2. each device sums ``(x − mean)²`` over its part (:func:`centered_squares`), added up the same way
+   into the (biased) variance;
+
+then each device runs :func:`normalize` on its part; the first device also does
+:func:`update_running_stats`.  Autograd differentiates through all of it, so the gradients are
+the single-device ones.  Each exchange moves one value per channel.
+
+Each piece is one graph node and a few fused ATen calls, so a synchronised batch norm costs
+little more than the op it replaces; the profiler times :func:`local_step` — one device's share,
+without the exchanges — as the cost of a batch-split batch norm shard, so what the plan is costed
+at is what the executor runs.
 """
 
 from __future__ import annotations
@@ -26,18 +33,21 @@ def reduce_dims(ndim: int) -> list[int]:
     return [d for d in range(ndim) if d != 1]
 
 
-def partial_sums(x: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
-    """``stack([Σx, Σx²])`` over ``dims``: shape ``(2, C)``."""
-    return torch.stack((x.sum(dims), (x * x).sum(dims)))
+def channel_sums(x: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+    """``Σx`` over ``dims``: one value per channel."""
+    return x.sum(dims)
 
 
-def normalize(x: torch.Tensor, sums: torch.Tensor, count: int, weight: torch.Tensor | None,
+def centered_squares(x: torch.Tensor, mean: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+    """``Σ(x − mean)²`` over ``dims`` (``mean`` one value per channel)."""
+    view = (1, -1) + (1,) * (x.dim() - 2)
+    centered = x - mean.view(view)
+    return (centered * centered).sum(dims)
+
+
+def normalize(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, weight: torch.Tensor | None,
               bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """``batch_norm`` of ``x`` with the statistics of ``count`` values per channel whose
-    :func:`partial_sums` add up to ``sums`` (biased variance, as training uses)."""
-    mean = sums[0] / count
-    # E[x²] − E[x]² can come out a hair below 0 in float32 (cancellation): never a NaN from rsqrt
-    var = (sums[1] / count - mean * mean).clamp_min(0)
+    """``batch_norm`` of ``x`` with the whole batch's per-channel ``mean`` and biased ``var``."""
     scale = torch.rsqrt(var + eps)
     if weight is not None:
         scale = scale * weight
@@ -48,17 +58,16 @@ def normalize(x: torch.Tensor, sums: torch.Tensor, count: int, weight: torch.Ten
     return torch.addcmul(shift.view(view), x, scale.view(view))
 
 
-def update_running_stats(running_mean: torch.Tensor | None, running_var: torch.Tensor | None, sums: torch.Tensor,
-                         count: int, momentum: float) -> None:
+def update_running_stats(running_mean: torch.Tensor | None, running_var: torch.Tensor | None, mean: torch.Tensor,
+                         var: torch.Tensor, count: int, momentum: float) -> None:
     """What ``batch_norm`` in training does to its running statistics (unbiased variance), from
-    the whole batch's ``sums`` over ``count`` values per channel."""
+    the whole batch's ``mean`` and biased ``var`` over ``count`` values per channel."""
     with torch.no_grad():
-        stats = sums.detach() / count                     # (E[x], E[x²]) per channel
         if running_mean is not None:
-            running_mean.lerp_(stats[0].to(running_mean.device), momentum)
+            running_mean.lerp_(mean.detach().to(running_mean.device), momentum)
         if running_var is not None:
-            var = torch.addcmul(stats[1], stats[0], stats[0], value=-1).clamp_min(0) * (count / max(count - 1, 1))
-            running_var.lerp_(var.to(running_var.device), momentum)
+            unbiased = var.detach() * (count / max(count - 1, 1))
+            running_var.lerp_(unbiased.to(running_var.device), momentum)
 
 
 def local_step(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -68,7 +77,8 @@ def local_step(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     exchange of the sums left out): what the profiler times for a batch-split shard.  Takes
     ``aten.batch_norm``'s arguments."""
     dims = reduce_dims(x.dim())
-    sums = partial_sums(x, dims)
     count = x.numel() // x.shape[1]
-    update_running_stats(running_mean, running_var, sums, count, momentum or 0.1)
-    return normalize(x, sums, count, weight, bias, eps)
+    mean = channel_sums(x, dims) / count
+    var = centered_squares(x, mean, dims) / count
+    update_running_stats(running_mean, running_var, mean, var, count, momentum or 0.1)
+    return normalize(x, mean, var, weight, bias, eps)

@@ -209,10 +209,11 @@ def test_gradient_syncs_sum_each_device_set_once_and_batch_norm_exchanges_its_st
     # every reader split along channels on one mesh: each device holds its piece, nothing is summed
     plan = Plan({n: C(AB, "channel") for n in ("conv", "bn", "conv2")}, graph_fingerprint=g.fingerprint)
     assert gradient_syncs(g, plan, c) == [] and synced_parameters(g, plan) == {}
-    # batch norm split along the batch: (sum x, sum x²) per channel, 2 × 8 floats, added up across the mesh
-    stage = stat_sync(g, "bn", dp, c)   # one message each way at once
-    assert [(st.kind, st.devices, st.nbytes) for st in stage.steps] == [("p2p", AB, 64), ("p2p", ("b", "a"), 64)]
-    assert stage.time_s == LINK.time_both_ways(64) < ring_allreduce_time(c, AB, 64)
+    # batch norm split along the batch: sum x, then sum (x - mean)², 8 floats per channel each,
+    # added up across the mesh: two exchanges, one message each way at once in each
+    stage = stat_sync(g, "bn", dp, c)
+    assert [(st.kind, st.devices, st.nbytes) for st in stage.steps] == [("p2p", AB, 32), ("p2p", ("b", "a"), 32)] * 2
+    assert stage.time_s == 2 * LINK.time_both_ways(32) < 2 * ring_allreduce_time(c, AB, 32)
     assert stat_sync(g, "bn", C(AB, "channel"), c) is None and stat_sync(g, "bn", C("a"), c) is None
     assert stat_sync(g, "conv", dp, c) is None
 

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 from .._io import graph_file_header, read_json, write_json_atomic
 from ..errors import GraphFormatError, ProfileError
+from ..graph import split_fits
 
 PROFILE_FORMAT = "tensoropt.profile/1"
 LAYOUTS = ("batch", "channel", "reduce")
@@ -154,8 +155,9 @@ class CostModel:
         return len(self.nodes)
 
     def legal(self, name: str) -> list[tuple[str, int]]:
-        """The (layout, degree) shards measured or estimated for a node (``R`` is always legal)."""
-        return sorted(self.nodes[name].shards)
+        """The (layout, degree) shards measured or estimated for a node that the executors can run
+        (:func:`~tensoropt.graph.split_fits`; ``R`` is always legal)."""
+        return sorted(key for key in self.nodes[name].shards if split_fits(*key, self.batch_size))
 
     def time(self, name: str, layout: str = "R", degree: int = 1) -> tuple[float, float]:
         """(forward, backward) seconds of a node at a layout and degree; (0, 0) for nodes without

@@ -49,7 +49,7 @@ from .._io import write_json_atomic
 from .._malloc import steady_malloc
 from ..capture import first_line, quiet_torch_logs
 from ..errors import ProfileError
-from ..graph import OpGraph, OpNode, TensorMeta
+from ..graph import OpGraph, OpNode, TensorMeta, split_fits
 from .feed import module_on, placeholder_values
 from .memory import grad_nodes
 from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
@@ -367,6 +367,8 @@ class _Runner(fx.Interpreter):
             if not legal or out0 is None:
                 continue
             for k in self.degrees:
+                if not split_fits(layout, k, self.graph_.batch_size):
+                    continue
                 sc = self._shard(n, op, base, fn, args, kwargs, tinfo, extra_params, grad, full, layout, k, out0)
                 if sc is not None:
                     shards[(layout, k)] = sc

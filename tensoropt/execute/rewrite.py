@@ -52,7 +52,7 @@ from torch.utils.checkpoint import checkpoint
 from .. import syncbn
 from ..costs.shards import VIEWS, TensorArg, shard_args
 from ..errors import ExecutionError
-from ..graph import OpGraph
+from ..graph import OpGraph, split_fits
 from ..plan import Plan
 from ..reshard import op_basename
 from .layouts import P, Placed, R, S, Transport
@@ -255,7 +255,7 @@ class _Emitter:
             devices, layout = devices[:1], "R"
         if layout == "R":
             return self._whole(n, op, devices, cfg.recompute)
-        if layout == "batch" and self.graph.batch_size is not None and self.graph.batch_size < k:
+        if not split_fits(layout, k, self.graph.batch_size):
             raise ExecutionError(f"node {n.name!r} is split {k} ways along a batch of {self.graph.batch_size}; "
                                  "use at most as many devices as samples")
         template = self._template(n, layout, op, k)
@@ -299,19 +299,21 @@ class _Emitter:
         for d in dims:
             count *= shape[d]
         xs = [tr.read(self.values[x.name], d, bdim, k, i) for i, d in enumerate(devices)]
-        # (Σx, Σx²) per channel, one (2, C) tensor: one message per pair of devices
-        sums = tuple(g.call_function(syncbn.partial_sums, (xi, dims)) for xi in xs)
-        # partial (P) values on the mesh: reading them whole on a device adds them up
-        total = Placed(P, tuple(devices), sums)
-        parts, first = [], None
+        # two exchanges of one value per channel (tensoropt.syncbn): Σx, then Σ(x − mean)²; partial
+        # (P) values on the mesh: reading them whole on a device adds them up
+        sums = Placed(P, tuple(devices), tuple(g.call_function(syncbn.channel_sums, (xi, dims)) for xi in xs))
+        means = [g.call_function(operator.truediv, (tr.whole(sums, d), count)) for d in devices]
+        squares = Placed(P, tuple(devices), tuple(g.call_function(syncbn.centered_squares, (xi, mean, dims))
+                                                  for xi, mean in zip(xs, means)))
+        parts, variances = [], []
         for i, d in enumerate(devices):
-            both = tr.whole(total, d)
-            first = both if first is None else first
+            var = g.call_function(operator.truediv, (tr.whole(squares, d), count))
+            variances.append(var)
             w = tr.whole(self.values[weight.name], d) if weight is not None else None
             b = tr.whole(self.values[bias.name], d) if bias is not None else None
-            parts.append(g.call_function(syncbn.normalize, (xs[i], both, count, w, b, eps)))
+            parts.append(g.call_function(syncbn.normalize, (xs[i], means[i], var, w, b, eps)))
         buffers = [self.values[b.name].parts[0] if isinstance(b, fx.Node) else None for b in (rmean, rvar)]
-        g.call_function(syncbn.update_running_stats, (*buffers, first, count, momentum))
+        g.call_function(syncbn.update_running_stats, (*buffers, means[0], variances[0], count, momentum))
         return Placed(S, tuple(devices), tuple(parts), op.outputs[0].batch_dim)
 
     def _whole(self, n: fx.Node, op: Any, devices: tuple[str, ...], recompute: bool) -> Placed:

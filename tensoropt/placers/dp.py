@@ -51,7 +51,7 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[s
             configs[node.name] = NodeConfig(tuple(names))
             continue
         cost = costs[node.name] if node.name in costs else None
-        has = cost is None or ("batch", n) in cost.shards
+        has = cost is None or ("batch", n) in costs.legal(node.name)
         if node.split.batch is not None and has:
             configs[node.name] = NodeConfig(tuple(names), "batch")
         else:
