@@ -136,11 +136,15 @@ def functional_variant(target: torch._ops.OpOverload) -> torch._ops.OpOverload |
     packet = getattr(aten, _FUNCTIONAL_NAMES.get(name, name[:-1]), None)
     if packet is None:
         return None
-    want = [(a.name, str(a.type)) for a in schema.arguments]
+    def signature(arguments: Any) -> list[tuple[str, str]]:
+        # ``self`` of an in-place op is ``input`` of some functional ones (dropout_ → dropout)
+        return [("self" if a.name == "input" else a.name, str(a.type)) for a in arguments]
+
+    want = signature(schema.arguments)
     for overload in packet.overloads():
         op = getattr(packet, overload)
         args = op._schema.arguments
-        if [(a.name, str(a.type)) for a in args] == want and not any(a.alias_info is not None and a.alias_info.is_write
+        if signature(args) == want and not any(a.alias_info is not None and a.alias_info.is_write
                                                       for a in args):
             return op
     return None
