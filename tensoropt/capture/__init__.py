@@ -102,8 +102,8 @@ def _capture(model: torch.nn.Module, call: ModelCall, batch_dim: int, name: str,
     bad_inputs = inputs_run_model(model, args)
     message = describe_failure(model, errors, bad_inputs)
     if data_dependent and method == "auto" and bad_inputs is None:
-        message += ("\n- torch.fx: not tried: it would run that branch on the example's values and bake the "
-                    "branch taken into the graph")
+        message += ("\n- torch.fx: not tried: it would take the example's values as constants (bake the branch "
+                    "or size they give into the graph)")
     raise CaptureError(message) from errors[0][1]
 
 
@@ -205,6 +205,7 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
         mtype = mtype if isinstance(mtype, str) else f"{mtype.__module__}.{mtype.__qualname__}"
         return path, mtype
 
+    _refuse_data_dependent_shapes(gm, module_of)
     kind_of = {ph: info.kind for ph, info in placeholders.items()}
     renames = functionalize(gm, kind_of, lambda n: _where(n, module_of))
     for spec in sig.output_specs:
@@ -232,3 +233,15 @@ def _where(n: fx.Node, module_of: Any) -> str:
     """``module.path (Type)`` of a node, for messages."""
     path, mtype = module_of(n)
     return f"{path or '<root>'} ({mtype.rsplit('.', 1)[-1]})"
+
+
+def _refuse_data_dependent_shapes(gm: fx.GraphModule, module_of: Any) -> None:
+    """A CaptureError naming the first op whose output size depends on tensor values
+    (``nonzero``, boolean indexing, ``unique``): plans are made for static shapes."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and free_unbacked_symbols(n.meta.get("val")):
+            raise CaptureError(f"{_where(n, module_of)}: {n.target} has a data-dependent shape (its size depends "
+                               "on tensor values); tensoropt plans need static shapes: compute it with a fixed size "
+                               "(e.g. torch.where / a mask instead of indexing with nonzero) or outside forward")

@@ -153,3 +153,25 @@ def test_unsupported_custom_op_is_named():
 def test_not_a_module():
     with pytest.raises(CaptureError, match="needs a torch.nn.Module"):
         capture(lambda x: x, (torch.randn(2),))
+
+
+def test_a_data_dependent_shape_names_the_module_and_the_op():
+    class Select(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            keep = torch.nonzero(x[:, 0] > 0).squeeze(1)
+            return self.lin(x[keep])
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Select()])
+
+        def forward(self, x):
+            return self.layers[0](x)
+
+    with pytest.raises(CaptureError, match=r"layers\.0 \(Select\): aten\.nonzero\.default has a data-dependent shape"):
+        capture(Outer(), (torch.randn(4, 8),))
