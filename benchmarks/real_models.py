@@ -16,8 +16,7 @@ training step of it against the unmodified model, random ops (dropout, stochasti
 drawn keyed on both sides.  The check is in float64 by default: the model's float64 twin is
 captured once and every plan re-targeted to it (a model whose float64 capture differs is checked
 in float32 and a note says so).  When the check raises, the plan is run alone (apply_plan, one
-forward + backward): a failure there is the plan's "run" failure, else the check's.  (Where the
-library has no ``check_plan``, ``compare_with_model`` with dropout off and ``--tol`` is used.)
+forward + backward): a failure there is the plan's "run" failure, else the check's.
 
 An exception in a stage is that stage's failure; one model's failure never stops the others.
 Prints a markdown table ("run s" is the plans' run and check together), every distinct failure
@@ -31,7 +30,6 @@ import argparse
 import copy
 import importlib.util
 import logging
-import math
 import re
 import sys
 import time
@@ -144,14 +142,10 @@ class Checker:
     check (random ops on, drawn keyed on both sides), in float64 by default — the float64 twin of
     the model is captured once per model and each plan re-targeted to it
     (``check.retarget_plan``); a model whose float64 capture differs or fails is checked in
-    float32 (a note says so).  Without it: ``apply_plan`` + ``compare_with_model`` with dropout
-    off on both sides and ``tol`` on the largest relative difference."""
+    float32 (a note says so)."""
 
-    def __init__(self, model: torch.nn.Module, call: Any, graph, dtype: str, tol: float):
-        from tensoropt import execute
-
-        self.model, self.call, self.graph, self.dtype, self.tol = model, call, graph, dtype, tol
-        self.new = hasattr(execute, "check_plan")
+    def __init__(self, model: torch.nn.Module, call: Any, graph, dtype: str):
+        self.model, self.call, self.graph, self.dtype = model, call, graph, dtype
         self.note = ""
         self._twin = None      # (model, call, graph) in float64
 
@@ -177,8 +171,6 @@ class Checker:
         the plan is run alone to tell a plan that does not run from a check that does not work."""
         from tensoropt import execute
 
-        if not self.new:
-            return self._old(plan)
         try:
             m, x, p, g = self._side(plan)
             # "float32" = as captured: the twin is float64 already
@@ -188,25 +180,6 @@ class Checker:
             return ("run", ran) if ran else ("check", one_line(e))
         if not cmp.passed:
             return "check", one_line_text(cmp.summary(), 400)
-        return None
-
-    def _old(self, plan) -> tuple[str, str] | None:
-        from tensoropt import execute
-
-        try:
-            planned = tensoropt.apply_plan(copy.deepcopy(self.model), self.call, plan, graph=self.graph)
-        except Exception as e:  # noqa: BLE001 - reported
-            return "run", one_line(e)
-        try:
-            reference = execute.disable_dropout(copy.deepcopy(self.model))
-            quiet = planned.without_dropout() if hasattr(planned, "without_dropout") else planned
-            cmp = execute.compare_with_model(reference, quiet, self.call)
-            diff = cmp.max_rel_diff
-        except Exception as e:  # noqa: BLE001 - reported
-            ran = run_alone(self.model, self.call, plan, self.graph)
-            return ("run", ran) if ran else ("check", one_line(e))
-        if not (math.isfinite(diff) and diff < self.tol):
-            return "check", f"max relative difference {diff:.2e} >= {self.tol:g} (worst: {cmp.worst})"
         return None
 
 
@@ -244,7 +217,7 @@ def spread(points: list, k: int | None) -> list:
     return [points[round(i * (len(points) - 1) / (k - 1))] for i in range(k)]
 
 
-def bench_model(name: str, factories: Any, cluster, device_counts: list[int], tol: float, cache: bool,
+def bench_model(name: str, factories: Any, cluster, device_counts: list[int], cache: bool,
                 max_plans: int | None, verbose: bool, check_dtype: str = "float64") -> Row:
     row = Row(name)
     say = (lambda msg: print(f"[{name}] {msg}", file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
@@ -287,7 +260,7 @@ def bench_model(name: str, factories: Any, cluster, device_counts: list[int], to
     todo = list(plans.values())
     row.written = len(todo)
     t0 = time.perf_counter()
-    checker = Checker(model, inputs, graph, check_dtype, tol)
+    checker = Checker(model, inputs, graph, check_dtype)
     for plan in todo:
         bad = checker(plan)
         if bad is None:
@@ -329,8 +302,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", default="preset:a100-4-nvlink", help="cluster spec (default preset:a100-4-nvlink)")
     ap.add_argument("--check-dtype", choices=("float64", "float32"), default="float64",
                     help="the dtype of tensoropt.execute.check_plan's check (default float64)")
-    ap.add_argument("--tol", type=float, default=1e-4,
-                    help="largest relative difference accepted where the library has no check_plan (float32)")
     ap.add_argument("--max-plans", type=int, default=None,
                     help="run at most this many plans of each frontier, evenly spaced along it (default: all)")
     ap.add_argument("--cache", action="store_true", help="use the profile cache (default: profile afresh)")
@@ -360,11 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--devices must be between 1 and {len(cluster)} (the devices of {args.cluster})")
 
     dev_label = " / ".join(f"{n} dev" for n in device_counts)
-    from tensoropt import execute
-
-    how = (f"tensoropt.execute.check_plan in {args.check_dtype}" if hasattr(execute, "check_plan")
-           else f"compare_with_model, dropout off, tolerance {args.tol:g}")
-    print(f"cluster {cluster.name}; frontiers on {dev_label}; check: {how}; torch {torch.__version__}\n")
+    print(f"cluster {cluster.name}; frontiers on {dev_label}; check: tensoropt.execute.check_plan in "
+          f"{args.check_dtype}, dropout on; torch {torch.__version__}\n")
     print(f"| model | ops | frontier points ({dev_label}) | plans passing / written | capture s | profile s | "
           "frontier s | run s | first failure |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|", flush=True)
@@ -372,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     for name in names:
         try:
-            row = bench_model(name, factories, cluster, device_counts, args.tol, args.cache, args.max_plans,
+            row = bench_model(name, factories, cluster, device_counts, args.cache, args.max_plans,
                               args.verbose, args.check_dtype)
         except Exception as e:  # noqa: BLE001 - never stop the others
             row = Row(name)

@@ -107,8 +107,30 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
 }
 
 
-def tolerance_for(dtype: torch.dtype) -> Tolerance:
-    return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+def tolerance_for(dtype: torch.dtype, precision: torch.dtype | None = None) -> Tolerance:
+    """The tolerance of a tensor of ``dtype`` computed through ``precision`` (the least precise
+    floating dtype on its way, e.g. a float64 model that casts to float32 inside: the looser of
+    the two)."""
+    tol = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+    if precision is not None:
+        other = TOLERANCES.get(precision, TOLERANCES[torch.float32])
+        if other.rtol > tol.rtol:
+            return other
+    return tol
+
+
+def _parameter_dtype(graph: Any) -> torch.dtype | None:
+    """The most precise floating dtype of the graph's parameters (what the model is "in")."""
+    dts = [getattr(torch, p.dtype) for p in graph.params.values() if p.dtype.startswith(("float", "bfloat"))]
+    return min(dts, key=lambda d: torch.finfo(d).eps) if dts else None
+
+
+def graph_precision(graph: Any) -> torch.dtype | None:
+    """The least precise floating dtype any node of ``graph`` computes in (``None``: none)."""
+    dtypes = {t.dtype for n in graph.nodes.values() for t in n.outputs}
+    floating = [getattr(torch, d) for d in dtypes if d.startswith(("float", "bfloat")) and hasattr(torch, d)]
+    floating = [d for d in floating if d.is_floating_point]
+    return max(floating, key=lambda d: torch.finfo(d).eps) if floating else None
 
 
 # ------------------------------------------------------------------------------------ results
@@ -242,7 +264,8 @@ def group_scale(tensors: Iterable[torch.Tensor | None]) -> float:
 
 
 def check_tensor(kind: str, name: str, a: torch.Tensor | None, b: torch.Tensor | None, *, group: float = 0.0,
-                 tolerance: Tolerance | None = None, step: int = 0) -> TensorCheck:
+                 tolerance: Tolerance | None = None, step: int = 0,
+                 precision: torch.dtype | None = None) -> TensorCheck:
     """Compare the plan's ``a`` with the model's ``b`` (see the module docstring): within
     tolerance when every entry has ``|a − b| ≤ atol + rtol·|b|``.  ``group``: the ``G`` of the
     tensor's group (:func:`group_scale`).  ``tolerance``: by ``b``'s dtype unless given.  A
@@ -252,7 +275,7 @@ def check_tensor(kind: str, name: str, a: torch.Tensor | None, b: torch.Tensor |
             return TensorCheck(kind, name, 0.0, 0.0, 0.0, 0.0, 0.0, True, step=step)
         note = "the plan has none, the model has one" if a is None else "the plan has one, the model has none"
         return TensorCheck(kind, name, math.inf, math.inf, 0.0, 0.0, math.inf, False, note, step)
-    tol = tolerance or tolerance_for(b.dtype)
+    tol = tolerance or tolerance_for(b.dtype, precision)
     if tuple(a.shape) != tuple(b.shape):
         return TensorCheck(kind, name, math.inf, math.inf, 0.0, tol.rtol, math.inf, False,
                            f"shape {tuple(a.shape)} on the plan, {tuple(b.shape)} on the model", step)
@@ -402,32 +425,40 @@ def step_checks(ref_loss: torch.Tensor, loss: torch.Tensor | None, loss_scale: f
                 ref_grads: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor | None],
                 ref_buffers: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], *,
                 grad_scale: float | None = None, buffer_scale: float | None = None, step: int = 0,
-                missing_grads: bool = True, loss_tolerance: Tolerance | None = None) -> list[TensorCheck]:
+                missing_grads: bool = True, loss_tolerance: Tolerance | None = None,
+                precision: torch.dtype | None = None) -> list[TensorCheck]:
     """The checks of one step: the loss (``None``: not compared here), every gradient named in
     ``grads`` or (with ``missing_grads``) in ``ref_grads``, every floating buffer of
     ``buffers`` (a reference buffer the plan lacks fails).  ``grad_scale`` / ``buffer_scale``:
     the groups' ``G`` (default: over ``ref_grads`` / the floating ``ref_buffers``).
-    ``loss_tolerance``: by ``ref_loss``'s dtype unless given."""
+    ``loss_tolerance``: by ``ref_loss``'s dtype unless given.  ``precision``: the least precise
+    floating dtype the model computes in (:func:`graph_precision`), which loosens every tolerance
+    to its own."""
     if grad_scale is None:
         grad_scale = group_scale(ref_grads.values())
     if buffer_scale is None:
         buffer_scale = group_scale(v for v in ref_buffers.values() if v.is_floating_point())
     out = []
     if loss is not None:
+        if loss_tolerance is not None and precision is not None:
+            loss_tolerance = max(loss_tolerance, tolerance_for(precision), key=lambda t: t.rtol)
         out.append(check_tensor("loss", "loss", loss, ref_loss, group=loss_scale, tolerance=loss_tolerance,
+                                precision=precision,
                                 step=step))
     names = list(grads) + ([k for k in ref_grads if k not in grads] if missing_grads else [])
     for k in names:
-        out.append(check_tensor("grad", k, grads.get(k), ref_grads.get(k), group=grad_scale, step=step))
+        out.append(check_tensor("grad", k, grads.get(k), ref_grads.get(k), group=grad_scale, step=step,
+                                precision=precision))
     for k, v in buffers.items():
         if v.is_floating_point():
-            out.append(check_tensor("buffer", k, v, ref_buffers.get(k), group=buffer_scale, step=step))
+            out.append(check_tensor("buffer", k, v, ref_buffers.get(k), group=buffer_scale, step=step,
+                                    precision=precision))
     return out
 
 
 def compare_with_model(reference: nn.Module, planned: nn.Module, example_inputs: Any, *,
                        loss_fn: Callable[[Any], torch.Tensor] | None = None, steps: int = 1,
-                       lr: float = 0.1) -> Comparison:
+                       lr: float = 0.1, precision: torch.dtype | None = None) -> Comparison:
     """One forward + loss + backward of ``reference`` (an unmodified copy of the model, e.g.
     ``copy.deepcopy(model)`` taken before :func:`~tensoropt.execute.apply_plan`) and of
     ``planned`` on the same inputs; the loss, every gradient (matched by name) and every floating
@@ -436,7 +467,8 @@ def compare_with_model(reference: nn.Module, planned: nn.Module, example_inputs:
     the same SGD step of ``lr`` and the next step is compared too.  Both are left with the last
     step's gradients and updated buffers.  ``example_inputs``: a tuple, a dict of keyword inputs
     or a :class:`~tensoropt.capture.ModelCall`.  Random ops are on, drawn keyed on both sides
-    (module docstring)."""
+    (module docstring).  ``precision``: the least precise floating dtype the model computes in,
+    when below its parameters' (:func:`graph_precision`; it loosens the tolerances to its own)."""
     if steps < 1:
         raise ExecutionError(f"a check compares at least one step, got steps={steps}")
     call = _call(example_inputs, getattr(planned, "_call", None))
@@ -461,7 +493,7 @@ def compare_with_model(reference: nn.Module, planned: nn.Module, example_inputs:
         loss.backward()
         grads = {k: p.grad for k, p in planned.named_parameters() if p.grad is not None or k in ref_grads}
         checks += step_checks(ref_loss, loss, scale, ref_grads, grads, ref_buffers, dict(planned.named_buffers()),
-                              step=step, loss_tolerance=loss_tol)
+                              step=step, loss_tolerance=loss_tol, precision=precision)
     return Comparison(tuple(checks), dtype, "weighted" if loss_fn is None else "loss_fn")
 
 
@@ -581,5 +613,13 @@ def check_plan(model: nn.Module, inputs: Any, plan: Any, graph: Any = None, chec
     :func:`compare_with_model`.  Returns the :class:`Comparison` (``.passed``; ``print`` it)."""
     m, x, p, g = prepare_check(model, inputs, plan, graph, check_dtype)
     reference, planned = _sides(m, x, p, g, device_map)
-    cmp = compare_with_model(reference, planned, x, loss_fn=loss_fn, steps=steps, lr=lr)
-    return replace(cmp, dtype=check_dtype if check_dtype != "float32" else cmp.dtype)
+    # a float64 twin that casts to float32 inside (an explicit .to(torch.float32)) computes those
+    # parts in float32 on both sides: their rounding is float32's, and so is the tolerance
+    lowest, own = graph_precision(g), _parameter_dtype(g)
+    precision = lowest if lowest is not None and own is not None and \
+        torch.finfo(lowest).eps > torch.finfo(own).eps else None
+    cmp = compare_with_model(reference, planned, x, loss_fn=loss_fn, steps=steps, lr=lr, precision=precision)
+    dtype = check_dtype if check_dtype != "float32" else cmp.dtype
+    if precision is not None and str(precision).removeprefix("torch.") != dtype:
+        dtype += f" (the model computes in {str(precision).removeprefix('torch.')} in places: its tolerance)"
+    return replace(cmp, dtype=dtype)

@@ -23,11 +23,12 @@ def meta(nbytes):
     return TensorMeta((2, nbytes // 8), "float32", 0, 1)
 
 
-def build(ops, outputs=None, inputs=(("x", 400),)):
+def build(ops, outputs=None, inputs=(("x", 400),), batch_size=2):
     """A graph and its costs by hand.  ``ops``: dicts with name, inputs, and optionally out (bytes,
     default 1000), fp / bp (seconds, default 1 / 0), params (bytes of one trainable parameter it
     owns), reads (names of parameters it reads), extra (bytes kept for backward), op, meta
-    (metadata-only), gen (generator), batch (split.batch, default 0), shards.
+    (metadata-only), gen (generator), batch (split.batch, default 0), shards.  ``batch_size``: the
+    graph's (a batch split needs at least as many samples as devices).
 
     A node's resident memory under SGD is 2 × params + extra (parameter + gradient + kept bytes).
     """
@@ -62,8 +63,8 @@ def build(ops, outputs=None, inputs=(("x", 400),)):
     outs = list(outputs if outputs is not None else last)
     nodes.append(OpNode("output", "output", kind="output", inputs=tuple(outs),
                         input_bytes=tuple(out_bytes[o] for o in outs)))
-    g = OpGraph(nodes, params, name="hand", batch_size=2)
-    return g, CostModel(costs, graph_fingerprint=g.fingerprint, graph_name="hand", batch_size=2,
+    g = OpGraph(nodes, params, name="hand", batch_size=batch_size)
+    return g, CostModel(costs, graph_fingerprint=g.fingerprint, graph_name="hand", batch_size=batch_size,
                         settings={"shard_degrees": [1, 2]})
 
 

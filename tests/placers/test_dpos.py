@@ -148,7 +148,8 @@ def test_many_meshes_try_only_the_devices_where_a_shard_alone_finishes_first():
     # one after the other (2.25 s) and takes the gradients back (2.25 s): 1 + 4.5 + 3 + 4.5 + 1
     shards = {("batch", 4): ShardCost(3.0, 0.0, 250, 0, 0)}
     g, costs = build([dict(name="a", inputs=["x"], fp=1.0, params=8),
-                      dict(name="b", inputs=["a"], fp=12.0, shards=shards), dict(name="c", inputs=["b"], fp=1.0)])
+                      dict(name="b", inputs=["a"], fp=12.0, shards=shards), dict(name="c", inputs=["b"], fp=1.0)],
+                     batch_size=4)
     s = dpos.schedule(g, costs, cluster(9), splits=[dpos.Split("b", "batch", 4)])
     assert s.config["b"] == NodeConfig(("g0", "g1", "g2", "g3"), "batch") and s.makespan == 14.0
     plan = dpos.plan_from_schedule(setup(g, costs, cluster(9), "dpos"), "dpos", s, {})
