@@ -66,11 +66,12 @@ def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: b
         if loaded.model is None:
             raise TensorOptError(f"{model_spec} is a saved graph or ONNX file: the executor needs the torch model "
                                  "(zoo:NAME or file.py:factory)")
-        model, inputs = loaded.model, tuple(loaded.example_inputs)
-        graph = capture(model, inputs, name=loaded.name, method="export")
+        model, call = loaded.model, loaded.call
+        graph = capture(model, call, name=loaded.name, method="export")
+        inputs = tuple(graph.example_inputs)    # the graph's inputs, keyword ones included, in its order
         plan = Plan.load(plan_path, graph)
         if check:   # on copies in the check's dtype, before the training executor takes the model
-            cmp = _check_distributed(model, inputs, plan, graph, rt, rank_map, collectives, check_dtype, say)
+            cmp = _check_distributed(model, call, plan, graph, rt, rank_map, collectives, check_dtype, say)
             from ..cli.run import print_check
 
             print_check(cmp, lambda text, **_: say(text))
@@ -131,8 +132,9 @@ def _check_distributed(model: Any, inputs: tuple, plan: Any, graph: Any, rt: Any
         say(f"note: {str(e).split('; check in float32')[0]}: checking in float32")
         m, x, p, g = prepare_check(model, inputs, plan, graph, "float32")
     reference = copy.deepcopy(m)
-    ex = apply_plan_distributed(m, x.args, p, rt, rank_map=rank_map, graph=g, collectives=collectives)
-    cmp = compare_distributed(ex, reference, x.args)
+    ex = apply_plan_distributed(m, g.example_inputs, p, rt, rank_map=rank_map, graph=g, collectives=collectives,
+                                loss="check")
+    cmp = compare_distributed(ex, reference, x)
     return cmp
 
 

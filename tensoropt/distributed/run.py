@@ -36,8 +36,10 @@ import torch.fx as fx
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from ..capture.call import ModelCall
 from ..errors import DistributedError
-from ..execute.check import Comparison, TensorCheck, check_tensor, group_scale, merge_checks, step_seed
+from ..execute.check import (Comparison, TensorCheck, check_loss, check_tensor, group_scale, merge_checks,
+                             step_seed)
 from ..execute.dropout import dropout_off
 from ..execute.randomness import KeyedRandomMode, derive_seed, draw_seed
 from ..execute.rewrite import rewrite, write_back
@@ -61,8 +63,13 @@ class DistributedExecutor:
 
     def __init__(self, model: nn.Module, graph: OpGraph, plan: Plan, runtime: Runtime,
                  rank_map: Mapping[str, int] | None = None, *, release_unused: bool = True,
-                 collectives: str = "auto"):
+                 collectives: str = "auto", loss: str = "train"):
+        if loss not in ("train", "check"):
+            raise DistributedError(f"loss must be 'train' or 'check', got {loss!r}")
         self.rt = runtime
+        #: "train": the training loss (each output's mean, float32); "check": the check's weighted
+        #: loss (tensoropt.execute.check.check_loss, float64), for compare_distributed
+        self.loss = loss
         self.plan = plan
         #: False: dropout nodes run as the identity
         self.dropout = True
@@ -76,7 +83,7 @@ class DistributedExecutor:
         index = {d: i for i, d in enumerate(plan.devices)}
         # the loss as terms where the outputs lie: no output is gathered anywhere (as DDP, and as
         # the simulator assumes); a GPT-2's logits sent whole to one rank cost 2 x 8 MiB a step
-        rewritten = rewrite(graph, plan, lambda d: marker(index[d]), loss_terms=True)
+        rewritten = rewrite(graph, plan, lambda d: marker(index[d]), loss_terms=True if loss == "train" else "check")
         self.graph_module = rewritten.module
         self.fallbacks = list(rewritten.fallbacks)
         fx_graph = rewritten.module.graph
@@ -546,23 +553,26 @@ class DistributedExecutor:
         return self.total_loss(loss)
 
     def total_loss(self, part: torch.Tensor | None) -> torch.Tensor:
-        """The training loss from every rank's part (:meth:`forward`), on every rank (detached,
-        float32: what :func:`~tensoropt.costs.step.training_loss` gives)."""
-        mine = torch.zeros(1, dtype=torch.float32, device=self.rt.device) if part is None else \
-            part.detach().to(torch.float32).reshape(1)
+        """The loss from every rank's part (:meth:`forward`), on every rank (detached; float32 as
+        :func:`~tensoropt.costs.step.training_loss` gives it, float64 for the check's loss)."""
+        dtype = torch.float32 if self.loss == "train" else torch.float64
+        mine = torch.zeros(1, dtype=dtype, device=self.rt.device) if part is None else \
+            part.detach().to(dtype).reshape(1)
         world = Channel(None, tuple(range(self.rt.world_size)), _LOSS_TAG)
         return self.link.all_reduce_out(mine, world, "summing the loss's parts").reshape(())
 
 
 def apply_plan_distributed(model: nn.Module, example_inputs: Any, plan: Plan, runtime: Runtime, *,
                            rank_map: Mapping[str, int] | None = None, graph: OpGraph | None = None,
-                           release_unused: bool = True, collectives: str = "auto") -> DistributedExecutor:
+                           release_unused: bool = True, collectives: str = "auto",
+                           loss: str = "train") -> DistributedExecutor:
     """This rank's :class:`DistributedExecutor` for ``plan`` (checked against the graph: a plan made
     for another model is a :class:`~tensoropt.plan.PlanError`; a world size that does not match
     the rank map a :class:`DistributedError`, both before anything runs).  ``graph``: a
     torch.export capture of ``model`` with ``example_inputs`` (captured here otherwise).
     ``collectives``: how all-gathers, reduce-scatters and all-reduces run (``auto`` / ``native``
-    / ``p2p``: :class:`~.transport.PeerLink`)."""
+    / ``p2p``: :class:`~.transport.PeerLink`).  ``loss``: ``"train"`` (the training loss) or
+    ``"check"`` (the check's weighted loss, for :func:`compare_distributed`)."""
     if not isinstance(plan, Plan):
         raise DistributedError(f"apply_plan_distributed needs a tensoropt.Plan, got {type(plan).__name__}")
     resolve_rank_map(plan.devices, runtime.world_size, rank_map)   # refuse before the capture
@@ -571,7 +581,7 @@ def apply_plan_distributed(model: nn.Module, example_inputs: Any, plan: Plan, ru
 
         graph = capture(model, example_inputs, method="export")
     return DistributedExecutor(model, graph, plan, runtime, rank_map, release_unused=release_unused,
-                               collectives=collectives)
+                               collectives=collectives, loss=loss)
 
 
 def compare_distributed(executor: DistributedExecutor, reference: nn.Module, example_inputs: Any) -> Comparison:
@@ -582,20 +592,23 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
     writes, rank 0 the loss; the union (worst per name; a gradient no rank holds fails) is
     returned on every rank.  Random ops on: both sides draw the same keyed masks.
 
-    The loss is :func:`~tensoropt.costs.step.training_loss` (each output's mean, float32), not
-    the single-process check's weighted loss: the executor computes it as terms where the outputs
-    lie, inside the rewritten graph (:func:`tensoropt.execute.rewrite.rewrite` with
-    ``loss_terms``), so a gradient a mean cannot see (before a final LayerNorm) is compared as
-    the rounding noise it is there."""
+    The loss is the executor's: the check's weighted loss (:func:`~tensoropt.execute.check.check_loss`,
+    which sees every gradient, also before a final LayerNorm) when it was made with
+    ``loss="check"`` — computed as terms where the outputs lie, inside the rewritten graph — else
+    the training loss (each output's mean)."""
     from ..costs.step import _float_tensors, training_loss
 
-    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    call = ModelCall.of(example_inputs)
+    args = call.tensors_for(reference)     # the executor takes the graph's inputs in the graph's order
     seed = step_seed(0)
     reference.zero_grad(set_to_none=True)
     with KeyedRandomMode(seed):     # the model's random draws keyed, as the plan's
-        ref_out = reference(*args)
-    ref_loss = training_loss(ref_out)
-    loss_scale = sum(float(t.detach().float().abs().mean()) for t in _float_tensors(ref_out) if t.numel())
+        ref_out = call.run(reference)
+    if executor.loss == "check":
+        ref_loss, loss_scale = check_loss(ref_out)
+    else:
+        ref_loss = training_loss(ref_out)
+        loss_scale = sum(float(t.detach().float().abs().mean()) for t in _float_tensors(ref_out) if t.numel())
     ref_loss.backward()
     ref_grads = {k: p.grad.detach() for k, p in reference.named_parameters() if p.grad is not None}
     ref_buffers = dict(reference.named_buffers())
@@ -630,7 +643,7 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
     for k in sorted(set(ref_grads) - held):   # a gradient no rank holds
         checks.append(check_tensor("grad", k, None, ref_grads[k]))
     dtype = next((str(p.dtype).removeprefix("torch.") for p in reference.parameters()), "")
-    return Comparison(tuple(checks), dtype, "training_loss")
+    return Comparison(tuple(checks), dtype, "weighted" if executor.loss == "check" else "training_loss")
 
 
 def _fill_view(executor: Any, index: int, view: torch.Tensor) -> Any:

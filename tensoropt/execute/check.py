@@ -341,6 +341,18 @@ def check_weights(shape: Sequence[int], index: int = 0, device: Any = "cpu") -> 
     return w if torch.device(device).type == "cpu" else w.to(device)
 
 
+def check_term(part: torch.Tensor, full_shape: Sequence[int], index: int, dim: int | None = None, k: int = 1,
+               piece: int = 0) -> torch.Tensor:
+    """One part's share of :func:`check_loss`: ``Σ part · W`` with ``W`` the weights of the
+    ``index``-th floating output (whole shape ``full_shape``) cut to piece ``piece`` of ``k``
+    along ``dim`` (``None``: the whole, for a replica or a partial sum).  The distributed backend
+    computes the check loss as these terms, where the output's parts lie."""
+    w = check_weights(full_shape, index, part.device)
+    if dim is not None and k > 1:
+        w = torch.tensor_split(w, k, dim)[piece]
+    return (part.double() * w).sum()
+
+
 def _floating_outputs(outputs: Any) -> list[torch.Tensor]:
     from ..costs.step import _float_tensors
 

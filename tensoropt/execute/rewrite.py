@@ -123,7 +123,7 @@ class _Cut:
         self.node, self.dim = node, dim
 
 
-def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *, loss_terms: bool = False) -> Rewritten:
+def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *, loss_terms: bool | str = False) -> Rewritten:
     """See the module docstring.  Raises :class:`ExecutionError` for a graph not captured with
     torch.export or a split the shard rules cannot express.
 
@@ -133,7 +133,9 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *, loss
     — ``part.float().mean()`` for a whole output (the first replica of an ``R`` one, or the only
     part), ``part.float().sum() / numel`` for every ``S`` piece and ``P`` part — so no output
     moves anywhere (what the simulator assumes; the
-    distributed backend sums the terms of each rank)."""
+    distributed backend sums the terms of each rank).  ``loss_terms="check"``: the terms of the
+    check's loss instead (:func:`~tensoropt.execute.check.check_term`: ``Σ part · W``, ``W`` the
+    output's fixed weights cut as the part is)."""
     ep, gm = graph.exported, graph.module
     if ep is None or gm is None:
         raise ExecutionError(f"graph {graph.name!r} was not captured with torch.export (source {graph.source!r}); "
@@ -192,11 +194,16 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *, loss
 
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     outs = []
+    floating = 0     # floating outputs so far (the check's weights are numbered by them)
     for a, spec in zip(out_node.args[0], ep.graph_signature.output_specs):
         if spec.kind != OutputKind.USER_OUTPUT:
             raise ExecutionError(f"the captured graph returns a {spec.kind.name} output; the executor runs graphs "
                                  "whose only outputs are the model's (capture in training IR, non-strict)")
-        if loss_terms:
+        if loss_terms == "check":
+            terms = _check_terms(new, graph, a, values, floating)
+            floating += bool(terms)
+            outs.extend(terms)
+        elif loss_terms:
             outs.extend(_loss_terms(new, graph, a, values))
         elif isinstance(a, fx.Node):
             v = values[a.name]
@@ -228,6 +235,24 @@ def _loss_terms(new: fx.Graph, graph: OpGraph, a: Any, values: dict[str, Placed]
         return [new.call_method("mean", (new.call_method("float", (parts[0],)),))]
     return [new.call_function(operator.truediv, (new.call_function(torch.sum, (new.call_method("float", (p,)),)),
                                                  meta.numel)) for p in parts]
+
+
+def _check_terms(new: fx.Graph, graph: OpGraph, a: Any, values: dict[str, Placed], index: int) -> list[fx.Node]:
+    """Output ``a``'s share of the check's loss, one term per part where it lies (the first
+    replica of an ``R`` output, every ``S`` piece with its piece of the weights, every ``P`` part
+    with the whole weights); none for a non-tensor or non-floating-point output."""
+    from .check import check_term
+
+    node = graph.nodes.get(a.name) if isinstance(a, fx.Node) else None
+    meta = node.outputs[0] if node is not None and len(node.outputs) == 1 else None
+    if meta is None or not meta.dtype.startswith(("float", "bfloat")) or meta.numel == 0:
+        return []
+    v = values[a.name]
+    if v.kind == R or len(v.parts) == 1:
+        return [new.call_function(check_term, (v.parts[0], meta.shape, index))]
+    if v.kind == P:
+        return [new.call_function(check_term, (p, meta.shape, index)) for p in v.parts]
+    return [new.call_function(check_term, (p, meta.shape, index, v.dim, len(v.parts), i)) for i, p in enumerate(v.parts)]
 
 
 class _Emitter:
