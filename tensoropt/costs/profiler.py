@@ -407,8 +407,10 @@ class _Runner(fx.Interpreter):
             except (IndexError, RuntimeError, TypeError, ValueError):
                 cut = None
         if cut is None:
-            if layout == "reduce":
-                return None  # partial sums exist only for the ops shard_args knows
+            if layout != "batch":
+                # no shard rule: the executors would run this op whole, so no plan may count it
+                # split (partial sums and channel pieces exist only for the ops shard_args knows)
+                return None
             return _scaled(full, k)
         cargs, ckwargs = cut
         ctinfo = {}

@@ -27,7 +27,7 @@ import torch
 
 from ..graph import TensorMeta
 
-_CONV = {"conv1d", "conv2d", "conv3d", "convolution"}
+_CONV = {"conv1d", "conv2d", "conv3d", "convolution", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
 _LINEAR = {"linear"}
 _MM_SECOND = {"addmm": (1, 2), "mm": (0, 1), "bmm": (0, 1), "matmul": (0, 1), "baddbmm": (1, 2)}
 #: views that reshape: split along channels by :func:`_channel_view` (the executors run a split
@@ -132,9 +132,14 @@ def _channel(base: str, args: list, kwargs: dict, info: dict[int, TensorArg], k:
     size = out.shape[c]
     if base in _CONV:
         groups = _conv_groups(base, args, kwargs)
-        transposed = base == "convolution" and bool(args[6] if len(args) > 6 else kwargs.get("transposed", False))
-        if transposed:
-            return None
+        if _transposed(base, args, kwargs):
+            # weight [in, out / groups, kH, kW]: the output channels are its dimension 1
+            if groups != 1:
+                return None
+            args[1] = _cut(args[1], 1, k)
+            if len(args) > 2 and isinstance(args[2], torch.Tensor):
+                args[2] = _cut(args[2], 0, k)
+            return tuple(args), kwargs
         args[1] = _cut(args[1], 0, k)
         if len(args) > 2 and isinstance(args[2], torch.Tensor):
             args[2] = _cut(args[2], 0, k)
@@ -235,11 +240,13 @@ def _channel_generic(args: list, kwargs: dict, info: dict[int, TensorArg], k: in
 
 def _reduce(base: str, args: list, kwargs: dict, k: int) -> tuple[tuple, dict] | None:
     if base in _CONV:
-        if _conv_groups(base, args, kwargs) != 1 or (base == "convolution" and len(args) > 6 and args[6]):
+        if _conv_groups(base, args, kwargs) != 1:
             return None
-        if not legal_degree(args[1].shape[1], k):
+        # the input channels: the weight's dimension 1, or 0 for a transposed convolution
+        w_in = 0 if _transposed(base, args, kwargs) else 1
+        if not legal_degree(args[1].shape[w_in], k):
             return None
-        args[0], args[1] = _cut(args[0], 1, k), _cut(args[1], 1, k)
+        args[0], args[1] = _cut(args[0], 1, k), _cut(args[1], w_in, k)
         return tuple(args), kwargs
     if base in _LINEAR:
         if not legal_degree(args[1].shape[1], k):
@@ -253,6 +260,14 @@ def _reduce(base: str, args: list, kwargs: dict, k: int) -> tuple[tuple, dict] |
         args[first], args[second] = _cut(args[first], -1, k), _cut(args[second], -2, k)
         return tuple(args), kwargs
     return None
+
+
+def _transposed(base: str, args: Sequence[Any], kwargs: dict) -> bool:
+    """Whether a convolution op is a transposed one (``conv_transpose*``, or ``convolution`` with
+    ``transposed=True``), whose weight is laid out ``[in, out / groups, …]``."""
+    if base.startswith("conv_transpose"):
+        return True
+    return base == "convolution" and bool(args[6] if len(args) > 6 else kwargs.get("transposed", False))
 
 
 def _conv_groups(base: str, args: Sequence[Any], kwargs: dict) -> int:

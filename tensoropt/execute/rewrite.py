@@ -59,7 +59,8 @@ from .layouts import P, Placed, R, S, Transport
 from .randomness import draw_shape, is_keyed, keyed_call, random_keys
 
 _BATCH_NORMS = {"batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional"}
-_BIAS_AT_2 = {"linear", "conv1d", "conv2d", "conv3d", "convolution"}
+_BIAS_AT_2 = {"linear", "conv1d", "conv2d", "conv3d", "convolution", "conv_transpose1d", "conv_transpose2d",
+              "conv_transpose3d"}
 _BETA = {"addmm", "baddbmm", "addbmm"}
 
 
