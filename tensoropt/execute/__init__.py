@@ -9,9 +9,9 @@ moves between devices and layouts: :mod:`.layouts`.  :func:`check_plan` (:mod:`.
 the same loss, gradients and buffer updates as the unmodified model.
 
 The graph is the one captured in training mode: batch norm uses batch statistics and dropout
-draws masks even after ``.eval()``.  Random ops (dropout) draw their own masks per shard, so a
-split plan gives a different (equally distributed) mask than the original; the check turns
-dropout off in both.
+draws masks even after ``.eval()``.  Random ops draw keyed masks (:mod:`.randomness`): every
+shard draws its piece of the mask the whole op would draw, so a plan trains the same function
+as the model, and the check runs with dropout on.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from .rewrite import Rewritten, rewrite
 from .check import Comparison, check_plan, compare_with_model, rel_diff  # noqa: E402,F401
 
 __all__ = ["apply_plan", "PlannedModule", "default_device_map", "parse_device_map", "parse_mapping", "resolve_device_map",
-           "compare_with_model", "check_plan", "Comparison", "rel_diff", "disable_dropout", "Placed", "Transport", "rewrite"]
+           "compare_with_model", "check_plan", "Comparison", "rel_diff", "disable_dropout", "Placed", "Transport", "rewrite",
+           "KeyedRandomMode"]
 
 
 def default_device_map(plan: Plan) -> dict[str, str]:

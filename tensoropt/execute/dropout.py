@@ -1,12 +1,13 @@
-"""Dropout off in a rewritten graph: the pass behind exact checks of a plan.
+"""Dropout off in a rewritten graph.
 
-A split plan draws its own random masks per shard, so its dropout cannot match the model's; a
-check therefore compares the plan with dropout off against the model with dropout off.  Turning
+Plans draw dropout masks keyed (:mod:`.randomness`), the same as the model's, so checks run
+with dropout on; turning it off is for comparisons that want a deterministic step without random
+masks at all (``benchmarks/executor_check.py``, the distributed jobs' plan checks).  Turning
 dropout off in the *model* before capture would change the graph (Hugging Face models skip a
-``p = 0`` dropout, so the plan's fingerprint no longer matches); :func:`dropout_off` instead
-sets the probability of every dropout op of the *rewritten* graph to 0, which makes it the
-identity exactly (``aten.dropout`` / ``native_dropout`` with ``p = 0`` scale by 1 and keep every
-element; attention with ``dropout_p = 0`` draws no mask).  O(nodes).
+``p = 0`` dropout, so the plan's fingerprint no longer matches); :func:`dropout_off` instead sets
+the probability of every dropout op of the *rewritten* graph to 0 (keyed calls included), which
+makes it the identity exactly (``aten.dropout`` / ``native_dropout`` with ``p = 0`` scale by 1
+and keep every element; attention with ``dropout_p = 0`` draws no mask).  O(nodes).
 """
 
 from __future__ import annotations

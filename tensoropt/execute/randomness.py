@@ -38,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -118,14 +119,20 @@ def normal(seed: int, key: int, full_shape: Sequence[int], dim: int | None = Non
 
 # ------------------------------------------------------------------------------ the ops
 
+@dataclass(frozen=True)
 class Draw:
-    """Where a node's draw sits in its op's whole output: ``full_shape`` and piece ``index`` of
-    ``k`` along ``dim`` (``None``: the whole)."""
+    """Where a node's draw sits in its op's whole draw: step ``seed``, the op's ``key``, the whole
+    ``full_shape`` and piece ``index`` of ``k`` along ``dim`` (``None``: the whole)."""
 
-    def __init__(self, seed: int, key: int, full_shape: Sequence[int], dim: int | None = None, k: int = 1,
-                 index: int = 0):
-        self.seed, self.key, self.full_shape = int(seed), int(key), tuple(int(s) for s in full_shape)
-        self.dim, self.k, self.index = dim, k, index
+    seed: int
+    key: int
+    full_shape: tuple[int, ...]
+    dim: int | None = None
+    k: int = 1
+    index: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "full_shape", tuple(int(s) for s in self.full_shape))
 
     def uniform(self, dtype: torch.dtype, device: Any) -> torch.Tensor:
         return uniform(self.seed, self.key, self.full_shape, self.dim, self.k, self.index, dtype=dtype, device=device)
