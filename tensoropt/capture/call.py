@@ -115,28 +115,32 @@ class ModelCall:
         return tuple(t for _, t in ModelCall(tuple(args), dict(kwargs))._bound_tensors(model))
 
     def _bound_tensors(self, model: nn.Module | None) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, value in self._binding(model):
+        for name, value, _ in self._binding(model):
             if isinstance(value, torch.Tensor):
                 yield name, value
 
-    def _binding(self, model: nn.Module | None) -> list[tuple[str, Any]]:
-        """``(name, value)`` of every argument, in the signature's order."""
+    def _binding(self, model: nn.Module | None) -> list[tuple[str, Any, str | None]]:
+        """``(name, value, keyword)`` of every argument in the signature's order: ``keyword`` is
+        the key it is passed under, ``None`` for a positional one."""
         sig = _signature(model)
         if sig is None:
-            return [(f"args_{i}", a) for i, a in enumerate(self.args)] + list(self.kwargs.items())
+            return [(f"args_{i}", a, None) for i, a in enumerate(self.args)] + \
+                [(k, v, k) for k, v in self.kwargs.items()]
         try:
             bound = sig.bind(*self.args, **self.kwargs)
         except TypeError as e:
             raise CaptureError(f"the example inputs do not fit {type(model).__name__}.forward{sig}: {e}") from None
-        out: list[tuple[str, Any]] = []
+        out: list[tuple[str, Any, str | None]] = []
         for pname, value in bound.arguments.items():
             kind = sig.parameters[pname].kind
             if kind == inspect.Parameter.VAR_POSITIONAL:
-                out.extend((f"{pname}_{i}", v) for i, v in enumerate(value))
+                out.extend((f"{pname}_{i}", v, None) for i, v in enumerate(value))
             elif kind == inspect.Parameter.VAR_KEYWORD:
-                out.extend(value.items())
+                out.extend((k, v, k) for k, v in value.items())
+            elif kind == inspect.Parameter.KEYWORD_ONLY or pname in self.kwargs:
+                out.append((pname, value, pname))
             else:
-                out.append((pname, value))
+                out.append((pname, value, None))
         return out
 
     def capturable(self, model: nn.Module) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
@@ -144,37 +148,17 @@ class ModelCall:
         selected output, and the tensors to call it with.  It shares the model's submodules,
         parameters and buffers (the same objects under the same names, so a capture names them
         as the model does); its inputs are named after the model's own parameters."""
-        sig = _signature(model)
         binding = self._binding(model)
-        names = [_identifier(n) for n, v in binding if isinstance(v, torch.Tensor)]
+        names = [_identifier(n) for n, v, _ in binding if isinstance(v, torch.Tensor)]
         if len(set(names)) != len(names):
             raise CaptureError(f"two inputs of {type(model).__name__} have the same name: {names}")
-        positional: list[tuple[bool, Any]] = []
-        keyword: dict[str, tuple[bool, Any]] = {}
-        if sig is None:
-            positional = [(isinstance(a, torch.Tensor), f"args_{i}" if isinstance(a, torch.Tensor) else a)
-                          for i, a in enumerate(self.args)]
-        else:
-            bound = sig.bind(*self.args, **self.kwargs)
-            for pname, value in bound.arguments.items():
-                kind = sig.parameters[pname].kind
-                if kind == inspect.Parameter.VAR_POSITIONAL:
-                    positional.extend((isinstance(v, torch.Tensor), f"{pname}_{i}" if isinstance(v, torch.Tensor)
-                                       else v) for i, v in enumerate(value))
-                elif kind == inspect.Parameter.VAR_KEYWORD:
-                    keyword.update({k: (isinstance(v, torch.Tensor), k if isinstance(v, torch.Tensor) else v)
-                                    for k, v in value.items()})
-                elif kind == inspect.Parameter.KEYWORD_ONLY or pname in self.kwargs:
-                    keyword[pname] = (isinstance(value, torch.Tensor), pname if isinstance(value, torch.Tensor)
-                                      else value)
-                else:
-                    positional.append((isinstance(value, torch.Tensor), pname if isinstance(value, torch.Tensor)
-                                       else value))
         select = self.select
 
         def call(self_: nn.Module, env: dict[str, torch.Tensor]) -> Any:
-            a = [env[_identifier(v)] if is_t else v for is_t, v in positional]
-            kw = {k: env[_identifier(v)] if is_t else v for k, (is_t, v) in keyword.items()}
+            # a tensor argument is read from the wrapper's inputs, any other value is fixed
+            value = {name: env[_identifier(name)] if isinstance(v, torch.Tensor) else v for name, v, _ in binding}
+            a = [value[name] for name, _, key in binding if key is None]
+            kw = {key: value[name] for name, _, key in binding if key is not None}
             return select(model(*a, **kw))
 
         namespace: dict[str, Any] = {}
