@@ -95,6 +95,17 @@ def print_graph(g: OpGraph, console: Console, *, top: int = 10, limit: int = 40)
         pt.add_row(p.name, p.kind, str(list(p.shape)), fmt_bytes(p.nbytes), p.owner or "-", ", ".join(p.readers) or "-")
     console.print(pt)
 
+    ruleless = replicated_ops(g)
+    if ruleless:
+        rt = Table(title="ops without a split rule (never split: every device that runs one runs it whole)",
+                   title_justify="left")
+        for col in ("op", "count", "modules"):
+            rt.add_column(col, justify="right" if col == "count" else "left")
+        for op, paths in ruleless.items():
+            shown = ", ".join(p or "(root)" for p in paths[:3]) + (f", … {len(paths) - 3} more" if len(paths) > 3 else "")
+            rt.add_row(op, str(len(paths)), shown)
+        console.print(rt)
+
     nt = Table(title="nodes" + (f" (first {limit} of {len(g)}; --all for every node)" if 0 < limit < len(g) else ""),
                title_justify="left")
     for col in ("name", "op", "output", "batch", "channel", "flags", "params", "module"):
@@ -107,6 +118,16 @@ def print_graph(g: OpGraph, console: Console, *, top: int = 10, limit: int = 40)
         nt.add_row(n.name, n.op, out, _dim(n.split.batch), _dim(n.split.channel), flags,
                    str(len(n.params)) if n.params else "", n.module_path)
     console.print(nt)
+
+
+def replicated_ops(g: OpGraph) -> dict[str, list[str]]:
+    """Op → module paths of its nodes, for the ops tensoropt has no split rule for
+    (``split.rule == "replicated"``): plans run them whole, whatever their shapes allow."""
+    out: dict[str, list[str]] = {}
+    for n in g.ops:
+        if n.split.rule == "replicated":
+            out.setdefault(n.op, []).append(n.module_path)
+    return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[0])))
 
 
 def _dim(d: int | None) -> str:

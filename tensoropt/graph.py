@@ -113,11 +113,15 @@ class SplitDims:
     charge yet.
     ``channel``: the output dimension that may be split by splitting the operator's weights or
     features (conv output channels, linear output features, attention heads), or ``None``.
+    ``rule``: the family of split rules the op falls under (``"elementwise"``, ``"per-sample"``,
+    ``"along"`` …: :func:`tensoropt.capture.semantics.batch_family`), ``"replicated"`` for an op
+    tensoropt has no rule for (never split, never guessed), ``None`` where not recorded.
     """
 
     batch: int | None = None
     channel: int | None = None
     batch_exact: bool = True
+    rule: str | None = None
 
 
 @dataclass(frozen=True)
@@ -194,7 +198,7 @@ class OpNode:
         try:
             split_dims = SplitDims(**split)
         except TypeError:
-            raise GraphFormatError(f"{where}.split must have keys batch, channel, batch_exact, got {sorted(split)}") from None
+            raise GraphFormatError(f"{where}.split must have keys batch, channel, batch_exact[, rule], got {sorted(split)}") from None
         return cls(
             name=name, op=_field(d, "op", str, where), kind=kind,
             inputs=inputs, input_bytes=tuple(input_bytes), outputs=outputs,

@@ -117,7 +117,8 @@ def build_opgraph(gm: fx.GraphModule, placeholders: Mapping[str, PlaceholderInfo
             src = metas[producers[0]]
             channel = src[n.args[1]].channel_dim if n.args[1] < len(src) else None
         outs = meta_list(n.meta.get("val"), [channel] * len(first))
-        split = semantics.split_dims(target, n.args, n.kwargs, in_metas, outs[0] if outs else None)
+        split = semantics.split_dims(target, n.args, n.kwargs, in_metas, outs[0] if outs else None,
+                                     reads_state=bool(used_params))
         in_bytes = tuple(sum(m.nbytes for m in _read_metas(metas[p], n, p)) for p in producers)
         path, mtype = module_of(n)
         metas[n.name] = outs

@@ -156,8 +156,9 @@ def load_onnx(path: str | os.PathLike, *, batch_dim: int = 0, batch_size: int | 
         for o in n.output:
             if o:
                 produced[o] = name
+        family = "elementwise" if n.op_type in _POINTWISE else "view" if n.op_type in _METADATA else None
         split = semantics.split_dims(target if target is not None else n.op_type, args, kwargs,
-                                     in_metas, outs[0] if outs else None)
+                                     in_metas, outs[0] if outs else None, family=family)
         in_bytes = tuple(sum(out_meta[t].nbytes for t in n.input if t in out_meta and produced.get(t) == p
                              and t not in inits) for p in producers)
         pending.append(dict(name=name, op=f"onnx.{n.op_type}", kind="op", inputs=tuple(producers),

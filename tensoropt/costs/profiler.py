@@ -17,7 +17,9 @@ How (seed 003 §4.4, FastT's profiled op times, design §2 "CostModel"):
    activation figures.
 4. Shards: the same at the largest shard of every legal layout (``batch`` / ``channel`` /
    ``reduce``) and degree (:mod:`tensoropt.costs.shards`); a shard whose rule does not give the
-   expected shape, or that raises, is the full cost scaled by ``1/k`` and marked ``scaled``.  A
+   expected shape, or that raises, is not offered (the executors would run the op whole); a
+   batch shard no rule can cut (a generator sized by the batch, a module call of a torch.fx
+   capture) is the full cost scaled by ``1/k`` and marked ``scaled``.  A
    training batch norm's batch shard is timed as what the executors run there: its share of a
    synchronised batch norm (:func:`tensoropt.syncbn.local_step`; the exchange of statistics is a
    transfer, :func:`tensoropt.reshard.stat_sync`).
@@ -425,10 +427,10 @@ class _Runner(fx.Interpreter):
             m = self._measure(opname, fn, cargs, ckwargs, ctinfo, extra_params, grad, estimate=False)
         except _CacheMiss:
             raise   # a dry run missed the cache: the profiler measures for real instead
-        except Exception:  # noqa: BLE001 - a shard rule that does not fit this op: fall back, marked
-            return _scaled(full, k)
+        except Exception:  # noqa: BLE001 - the shard rule does not fit this call: the executors run it whole
+            return None
         if list(m.out_shape) != expected:
-            return None if layout == "reduce" else _scaled(full, k)
+            return None     # nor where its shard is not the promised piece of the output
         return ShardCost(m.fp_s, m.bp_s, m.output_bytes, m.saved_bytes, m.extra_saved_bytes, m.method)
 
     def _callable(self, n: fx.Node) -> tuple[Callable, tuple, dict, list[torch.Tensor]]:

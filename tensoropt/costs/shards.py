@@ -56,8 +56,11 @@ def shard_size(n: int, k: int) -> int:
 
 
 def _cut(t: torch.Tensor, dim: int, k: int) -> torch.Tensor:
+    # a copy, not .contiguous(): a leading piece of a contiguous tensor is itself contiguous, and
+    # .contiguous() would return that view of the whole storage (an op that keeps its input's
+    # storage, or the saved-tensor bytes, would then count the whole tensor for the shard)
     dim = dim % t.dim()
-    return t.narrow(dim, 0, shard_size(t.shape[dim], k)).contiguous()
+    return t.narrow(dim, 0, shard_size(t.shape[dim], k)).clone(memory_format=torch.contiguous_format)
 
 
 def legal_degree(size: int | None, k: int) -> bool:
@@ -169,6 +172,11 @@ def _channel(base: str, args: list, kwargs: dict, info: dict[int, TensorArg], k:
     if base in VIEWS:
         return _channel_view(args, kwargs, info, k, out)
     if base in _ATTENTION:
+        # heads are dimension 1 of q, k and v only in the 4-D form ([B, H, L, E]; a 3-D call's
+        # dimension 1 is the sequence, which k and v must keep whole), and only where k and v have
+        # as many heads as q (grouped-query attention shares a k / v head among several q heads)
+        if any(not isinstance(t, torch.Tensor) or t.dim() != 4 or t.shape[1] != size for t in args[:3]):
+            return None
         for i in range(3):
             args[i] = _cut(args[i], 1, k)
         mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")

@@ -38,7 +38,8 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
@@ -158,6 +159,31 @@ def _dropout(draw: Draw, x: torch.Tensor, p: float, train: bool) -> tuple[torch.
     return x * keep.div(1 - p), keep.bool()
 
 
+#: alpha dropout's SELU constant (PyTorch's ``_dropout_impl``)
+_ALPHA = 1.7580993408473766
+
+
+def _noise_dropout(draw: Draw, x: torch.Tensor, p: float, train: bool, alpha: bool) -> torch.Tensor:
+    """Feature / alpha dropout as PyTorch computes them (``_dropout_impl`` in ATen's Dropout.cpp):
+    a Bernoulli(1 − p) noise of the draw's shape (``[B, C, 1, …]`` for the feature forms, the
+    input's for alpha dropout), scaled, multiplied in (and for the alpha forms shifted)."""
+    if not train or p == 0 or x.numel() == 0:
+        return x
+    if p == 1:
+        return x * torch.zeros((), dtype=x.dtype, device=x.device)
+    noise = _bernoulli(draw, x, 1 - p)
+    if not alpha:
+        return x * noise.div(1 - p)
+    a = 1.0 / math.sqrt((_ALPHA * _ALPHA * p + 1) * (1 - p))
+    b = noise.add(-1).mul(_ALPHA * a).add(_ALPHA * a * p)
+    return x * noise.mul(a) + b
+
+
+def feature_noise_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """The noise of feature dropout: one draw per (sample, channel), ``[B, C, 1, …]``."""
+    return (*[int(s) for s in shape[:2]], *([1] * (len(shape) - 2)))
+
+
 def _sdpa(draw: Draw, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None, dropout_p: float = 0.0,
           is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> torch.Tensor:
     """Scaled dot-product attention with a keyed dropout mask on the attention weights (the
@@ -182,7 +208,7 @@ def attention_weights_shape(q_shape: Sequence[int], k_shape: Sequence[int]) -> t
 #: the random ATen ops the executor draws keyed (the rest run as torch draws them)
 KEYED_OPS = {
     "dropout", "native_dropout", "bernoulli", "rand", "rand_like", "randn", "randn_like", "uniform", "normal",
-    "scaled_dot_product_attention", "normal_functional",
+    "scaled_dot_product_attention", "normal_functional", "feature_dropout", "alpha_dropout", "feature_alpha_dropout",
 }
 
 
@@ -215,6 +241,11 @@ def keyed_op(target: Any, draw: Draw, *args: Any, **kwargs: Any) -> Any:
     if name in ("dropout", "native_dropout"):
         out, mask = _dropout(draw, a["input"], a["p"], a["train"] if a["train"] is not None else True)
         return out if name == "dropout" else (out, mask)
+    if name in ("feature_dropout", "alpha_dropout", "feature_alpha_dropout"):
+        x = a["input"]
+        if name != "alpha_dropout" and draw.dim is not None and draw.dim % len(draw.full_shape) > 1:
+            draw = replace(draw, dim=None, k=1, index=0)   # the noise is whole (size 1) along that dim
+        return _noise_dropout(draw, x, a["p"], a["train"], alpha=name != "feature_dropout")
     if name == "bernoulli":
         x = a["self"]
         return _bernoulli(draw, x, a.get("p", x))
@@ -240,8 +271,11 @@ def keyed_op(target: Any, draw: Draw, *args: Any, **kwargs: Any) -> Any:
 
 def draw_shape(target: Any, full_output_shape: Sequence[int], full_arg_shapes: Sequence[Sequence[int]]) -> tuple:
     """The whole shape of the op's random draw: its output's, except attention (its weights')."""
-    if target._schema.name.split("::")[-1] == "scaled_dot_product_attention":
+    name = target._schema.name.split("::")[-1]
+    if name == "scaled_dot_product_attention":
         return attention_weights_shape(full_arg_shapes[0], full_arg_shapes[1])
+    if name in ("feature_dropout", "feature_alpha_dropout"):
+        return feature_noise_shape(full_output_shape)
     return tuple(full_output_shape)
 
 
@@ -293,8 +327,9 @@ class KeyedRandomMode(TorchDispatchMode):
                 target.copy_(value)
             return target
         if is_keyed(func) and name != "scaled_dot_product_attention":
-            out_shape = _out_shape(func, args, kwargs)
-            return keyed_op(func, Draw(self.seed, key, out_shape), *args, **kwargs)
+            shapes = [tuple(a.shape) for a in args[:2] if isinstance(a, torch.Tensor)]
+            full = draw_shape(func, _out_shape(func, args, kwargs), shapes)
+            return keyed_op(func, Draw(self.seed, key, full), *args, **kwargs)
         self.unkeyed.append(str(func))
         return func(*args, **kwargs)
 

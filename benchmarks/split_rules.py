@@ -1,0 +1,257 @@
+"""Split-rule conformance over PyTorch's operator database: every split the profile offers, run
+by the executor, against the unsplit op (:mod:`tensoropt.execute.conformance`).
+
+    python benchmarks/split_rules.py [--ops add,linear] [--ci] [--max-samples N] [--jobs 2]
+                                     [--variants float64-grad,float32-grad,float64,float32]
+                                     [--markdown docs/split-rules.md] [-v]
+
+For every OpInfo of ``torch.testing._internal.common_methods_invocations.op_db`` (it imports on
+the CPU once ``expecttest`` is installed) whose op supports the variant's dtype on the CPU, every
+sample input (``--max-samples N``: the first N) of each variant — float64 and float32, with
+gradients (when the op supports autograd) and without — goes through
+:func:`~tensoropt.execute.conformance.check_call`: captured as a one-op module with torch.export,
+profiled at degrees 1, 2 and 3, and every (node, layout, degree) the profile offers run by the
+executor and compared with the unsplit op (outputs, input and parameter gradients).
+
+``--ci``: the ops the zoo and the real-model suite contain (:data:`MODEL_OPS`) plus a fixed
+sample of the rest (:data:`CI_SAMPLE`, every 8th op of the database by name), two samples each,
+float64 with gradients — what ``tests/execute/test_split_rules.py`` runs.
+
+Prints one row per op (samples checked / not captured / unusable, splits tried per layout,
+failures) then totals: ops covered, samples, (op, layout) pairs tried, passing, failing, and the
+(op, layout) pairs the rules declare unsplittable (an op with no rule, or whose rule says its
+batch / channel dimension is mixed by the op: ``tensoropt.capture.semantics``).  Exit status 1
+when any offered split fails.  ``--jobs``: worker processes (one op at a time each, one thread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing as mp
+import sys
+import time
+import warnings
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+VARIANTS = {"float64-grad": (torch.float64, True), "float32-grad": (torch.float32, True),
+            "float64": (torch.float64, False), "float32": (torch.float32, False),
+            "float64-grad-channels": (torch.float64, True)}
+#: variants whose first input is given a channel dimension (each of its dimensions but the first,
+#: in turn: :class:`tensoropt.execute.conformance.ChannelSource`) and only channel splits checked
+CHANNEL_VARIANTS = {"float64-grad-channels"}
+#: base names of the ATen ops the zoo and the real-model suite capture to (benchmarks/real_models.py),
+#: which the CI subset always covers (OpInfo names differ: matched by :func:`_aten_bases`)
+MODEL_OPS = ("__and__", "abs", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "add", "addmm", "argmax", "avg_pool2d",
+             "batch_norm", "bernoulli", "bmm", "cat", "chunk", "contiguous", "conv1d", "conv2d", "conv_transpose2d",
+             "cos", "cumsum", "diff", "div", "dropout", "embedding", "eq", "expand", "flatten", "floor", "gather",
+             "ge", "gelu", "group_norm", "gt", "hardtanh", "index", "layer_norm", "le", "linear", "log", "lstm",
+             "lt", "masked_fill", "matmul", "max_pool2d", "mean", "min", "mul", "ne", "neg", "new_ones",
+             "new_zeros", "pad", "permute", "pow", "relu", "reshape", "roll", "rsqrt", "scaled_dot_product_attention",
+             "select", "select_scatter", "sigmoid", "silu", "sin", "slice_scatter", "softmax", "split", "squeeze",
+             "stack", "sub", "sum", "tanh", "to", "transpose", "unsqueeze", "upsample_bilinear2d", "view", "where",
+             "zeros_like", "full_like")
+CI_EVERY = 8
+
+
+@dataclass
+class OpRow:
+    """One OpInfo's result over the variants run."""
+
+    name: str
+    samples: int = 0
+    not_captured: int = 0
+    unusable: int = 0
+    tried: Counter = field(default_factory=Counter)        # layout → splits run
+    failed: Counter = field(default_factory=Counter)       # layout → splits failed
+    failures: list = field(default_factory=list)           # (variant, node op, layout, degree, note)
+    declared: set = field(default_factory=set)             # (node op, layout) the rules refuse
+    ops: set = field(default_factory=set)                  # node ops seen
+    seconds: float = 0.0
+    error: str = ""
+
+
+def _opinfo_name(op) -> str:
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+def _aten_bases(op) -> set[str]:
+    names = {op.name.split(".")[-1], op.name.replace(".", "_")}
+    for alias in getattr(op, "aliases", ()) or ():
+        names.add(getattr(alias, "name", str(alias)).split(".")[-1])
+    aten = getattr(op, "aten_name", None)
+    if aten:
+        names.add(aten)
+    return names
+
+
+def select_ops(op_db, names: list[str] | None, ci: bool) -> list[int]:
+    """Indices into ``op_db`` of the ops to run."""
+    if names:
+        wanted = set(names)
+        return [i for i, op in enumerate(op_db) if _opinfo_name(op) in wanted or op.name in wanted]
+    if not ci:
+        return list(range(len(op_db)))
+    ordered = sorted(range(len(op_db)), key=lambda i: _opinfo_name(op_db[i]))
+    sample = set(ordered[::CI_EVERY])
+    model = {i for i, op in enumerate(op_db) if _aten_bases(op) & set(MODEL_OPS)}
+    return sorted(model | sample, key=lambda i: _opinfo_name(op_db[i]))
+
+
+def run_op(index: int, variants: list[str], max_samples: int | None) -> OpRow:
+    """Every sample of ``op_db[index]`` in every variant (run in a worker process)."""
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    torch.set_num_threads(1)
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    op = op_db[index]
+    row = OpRow(_opinfo_name(op))
+    t0 = time.perf_counter()
+    try:
+        supported = op.supported_dtypes("cpu")
+        for variant in variants:
+            dtype, grad = VARIANTS[variant]
+            if dtype not in supported:
+                continue
+            grad = grad and op.supports_autograd
+            if VARIANTS[variant][1] and not grad:
+                continue        # the gradient variant of an op without autograd is its plain one
+            for i, s in enumerate(op.sample_inputs("cpu", dtype, requires_grad=grad)):
+                if max_samples is not None and i >= max_samples:
+                    break
+                calls = [dict()]
+                if variant in CHANNEL_VARIANTS:
+                    x = s.input
+                    calls = [dict(channel_dim=d, layouts=("channel",)) for d in range(1, x.dim())
+                             if x.shape[d] >= 2] if isinstance(x, torch.Tensor) else []
+                for extra in calls:
+                    _one(row, variant, op, s, grad, extra)
+    except Exception as e:  # noqa: BLE001 - sample generation itself failed
+        row.error = f"{type(e).__name__}: {str(e)[:200]}"
+    row.seconds = time.perf_counter() - t0
+    return row
+
+
+def _one(row: OpRow, variant: str, op, s, grad: bool, extra: dict) -> None:
+    """One call of :func:`check_call` on sample ``s``, added to ``row``."""
+    from tensoropt.execute.conformance import check_call
+
+    try:
+        r = check_call(op.op, (s.input, *s.args), s.kwargs, requires_grad=grad, name="op", **extra)
+    except Exception as e:  # noqa: BLE001 - the harness itself failed: that is a failure too
+        row.failures.append((variant, "?", "?", 0, f"harness: {type(e).__name__}: {str(e)[:200]}"))
+        row.failed["?"] += 1
+        return
+    if r.status == "not-captured":
+        row.not_captured += 1
+        return
+    if r.status != "checked":
+        row.unusable += 1
+        return
+    row.samples += 1
+    row.ops.update(o for o in r.ops if o not in CHANNEL_SOURCE_OPS or "channel_dim" not in extra)
+    row.declared.update(r.declared)
+    for c in r.checks:
+        row.tried[c.layout] += 1
+        if not c.passed:
+            row.failed[c.layout] += 1
+            row.failures.append((variant, c.op, c.layout, c.degree, c.note))
+
+
+CHANNEL_SOURCE_OPS = {"aten.movedim.int", "aten.linear.default"}
+
+
+def _task(args):
+    return run_op(*args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ops", help="comma-separated OpInfo names (default: the whole database)")
+    ap.add_argument("--ci", action="store_true", help="the CI subset: model ops + every 8th op, 2 samples, float64")
+    ap.add_argument("--max-samples", type=int, default=None)
+    ap.add_argument("--variants", default=None, help=f"comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--markdown", help="also write the table to this markdown file")
+    ap.add_argument("-v", "--verbose", action="store_true", help="every failure, not one per op")
+    a = ap.parse_args(argv)
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    variants = (a.variants.split(",") if a.variants else ["float64-grad"] if a.ci else list(VARIANTS))
+    max_samples = a.max_samples if a.max_samples is not None else (2 if a.ci else None)
+    indices = select_ops(op_db, a.ops.split(",") if a.ops else None, a.ci)
+    t0 = time.perf_counter()
+    rows = run_all(indices, variants, max_samples, a.jobs)
+    wall = time.perf_counter() - t0
+    text = report(rows, variants, max_samples, wall, a.verbose)
+    print(text)
+    if a.markdown:
+        Path(a.markdown).write_text(text + "\n")
+    return 1 if any(r.failures for r in rows) else 0
+
+
+def run_all(indices: list[int], variants: list[str], max_samples: int | None, jobs: int) -> list[OpRow]:
+    """:func:`run_op` over ``indices`` in ``jobs`` worker processes (fresh ones every 20 ops)."""
+    tasks = [(i, variants, max_samples) for i in indices]
+    if jobs <= 1:
+        return [run_op(*t) for t in tasks]
+    with mp.get_context("spawn").Pool(jobs, maxtasksperchild=20) as pool:
+        return list(pool.imap(_task, tasks))
+
+
+def report(rows: list[OpRow], variants: list[str], max_samples: int | None, wall: float, verbose: bool) -> str:
+    layouts = ("batch", "channel", "reduce")
+    lines = [f"variants: {', '.join(variants)}; samples per op and variant: {max_samples or 'all'}; "
+             f"{len(rows)} ops; {wall:.0f} s", "",
+             "| op | samples | not captured | unusable | " + " | ".join(f"{lay} tried / failed" for lay in layouts)
+             + " | declared unsplittable |",
+             "|---|---:|---:|---:|" + "---:|" * len(layouts) + "---|"]
+    for r in rows:
+        if not (r.samples or r.not_captured or r.unusable or r.error):
+            continue
+        cells = [f"{r.tried[lay]} / {r.failed[lay]}" if r.tried[lay] else "–" for lay in layouts]
+        declared = ", ".join(sorted(f"{o.split('.')[1] if o.startswith('aten.') else o} {lay}"
+                                    for o, lay in r.declared)) or ""
+        lines.append(f"| {r.name} | {r.samples} | {r.not_captured} | {r.unusable} | " + " | ".join(cells)
+                     + f" | {declared} |")
+    covered = [r for r in rows if r.samples]
+    pairs_tried = {(o, lay) for r in rows for o, lay in _pairs(r)}
+    pairs_failed = {(f[1], f[2]) for r in rows for f in r.failures}
+    declared = {p for r in rows for p in r.declared}
+    lines += ["", f"- ops covered (at least one sample captured and checked): {len(covered)} of {len(rows)}",
+              f"- samples checked: {sum(r.samples for r in rows)}; not captured by torch.export: "
+              f"{sum(r.not_captured for r in rows)}; unusable (the op refuses its own sample, or returns no "
+              f"floating tensor, or draws randomly without a key): {sum(r.unusable for r in rows)}",
+              f"- splits run: {sum(sum(r.tried.values()) for r in rows)} "
+              f"({', '.join(f'{lay} {sum(r.tried[lay] for r in rows)}' for lay in layouts)}); failed: "
+              f"{sum(sum(r.failed.values()) for r in rows)}",
+              f"- (node op, layout) pairs offered and run: {len(pairs_tried)}; with a failure: {len(pairs_failed)}",
+              f"- (node op, layout) pairs declared unsplittable where the shapes alone would allow a batch "
+              f"split: {len(declared)}"]
+    failing = [r for r in rows if r.failures]
+    if failing:
+        lines += ["", "Failures:"]
+        for r in failing:
+            shown = r.failures if verbose else r.failures[:1]
+            for v, o, lay, k, note in shown:
+                lines.append(f"- {r.name} [{v}] {o} {lay}×{k}: {note}")
+            if not verbose and len(r.failures) > 1:
+                lines.append(f"  (and {len(r.failures) - 1} more)")
+    errors = [r for r in rows if r.error]
+    if errors:
+        lines += ["", "Sample generation failed:"] + [f"- {r.name}: {r.error}" for r in errors]
+    return "\n".join(lines)
+
+
+def _pairs(r: OpRow):
+    # (op, layout) pairs run: every op seen with a layout tried (a row's ops share its layouts)
+    return {(o, lay) for o in r.ops for lay in r.tried}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
