@@ -32,7 +32,7 @@ import multiprocessing as mp
 import sys
 import time
 import warnings
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +70,7 @@ class OpRow:
     failed: Counter = field(default_factory=Counter)       # layout → splits failed
     failures: list = field(default_factory=list)           # (variant, node op, layout, degree, note)
     declared: set = field(default_factory=set)             # (node op, layout) the rules refuse
+    pairs: set = field(default_factory=set)                # (node op, layout) offered and run
     ops: set = field(default_factory=set)                  # node ops seen
     seconds: float = 0.0
     error: str = ""
@@ -150,6 +151,10 @@ def _one(row: OpRow, variant: str, op, s, grad: bool, extra: dict) -> None:
     if r.status == "not-captured":
         row.not_captured += 1
         return
+    if r.status == "failed":
+        row.failures.append((variant, "?", "profile", 0, r.reason))
+        row.failed["profile"] += 1
+        return
     if r.status != "checked":
         row.unusable += 1
         return
@@ -158,6 +163,7 @@ def _one(row: OpRow, variant: str, op, s, grad: bool, extra: dict) -> None:
     row.declared.update(r.declared)
     for c in r.checks:
         row.tried[c.layout] += 1
+        row.pairs.add((c.op, c.layout))
         if not c.passed:
             row.failed[c.layout] += 1
             row.failures.append((variant, c.op, c.layout, c.degree, c.note))
@@ -191,8 +197,39 @@ def main(argv: list[str] | None = None) -> int:
     text = report(rows, variants, max_samples, wall, a.verbose)
     print(text)
     if a.markdown:
-        Path(a.markdown).write_text(text + "\n")
+        command = "python benchmarks/split_rules.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        Path(a.markdown).write_text(DOC_HEAD.format(command=command.strip(), torch=torch.__version__) + text + "\n")
     return 1 if any(r.failures for r in rows) else 0
+
+
+DOC_HEAD = """# Split rules against PyTorch's operator samples
+
+Every split a plan may use is a rule: which argument of an op is cut along which dimension, and
+what the pieces make.  A rule that is slightly wrong is a crash in the executor or, worse, a
+plan that trains another function.  So every rule is checked on PyTorch's own sample inputs of
+every operator (the OpInfo database, `torch.testing._internal.common_methods_invocations.op_db`)
+as DTensor checks its sharding rules: each sample is captured as a one-op module through the
+normal capture path (torch.export), profiled at degrees 1, 2 and 3 (3: uneven shards), and every
+(node, layout, degree) the profile offers is run by the executor, alone, and compared with the
+unsplit op — every output elementwise and every input and parameter gradient, at the check's
+tolerances (`tensoropt/execute/conformance.py`).  What the profiler measured must be what the
+executor runs: an offered split the executor would run whole, or a measured shard whose output
+bytes differ from the executor's largest shard, fails too.
+
+An op tensoropt has no rule for is replicated (never split); `tensoropt graph` lists such ops
+with their modules.  "Declared unsplittable" below are the (op, layout) pairs whose output has a
+batch dimension in its shapes that the rules refuse (the op mixes samples along it, or has no
+rule).  The variants: `float64-grad` / `float32-grad` (gradients compared), `float64` /
+`float32` (forward only), `float64-grad-channels` (the first input given a channel dimension,
+each of its dimensions but the first in turn, by a linear layer before the op, and the op's
+channel splits checked).  Not captured: torch.export refuses the call (data-dependent shapes,
+in-place writes into an input): no graph, so no plan, holds it.  Unusable: the op refuses its
+own sample, returns no floating tensor, draws random numbers the executor cannot key, or takes
+sparse / complex tensors.
+
+Made with `{command}` (torch {torch}, CPU, 2 worker processes).
+
+"""
 
 
 def run_all(indices: list[int], variants: list[str], max_samples: int | None, jobs: int) -> list[OpRow]:
@@ -220,7 +257,7 @@ def report(rows: list[OpRow], variants: list[str], max_samples: int | None, wall
         lines.append(f"| {r.name} | {r.samples} | {r.not_captured} | {r.unusable} | " + " | ".join(cells)
                      + f" | {declared} |")
     covered = [r for r in rows if r.samples]
-    pairs_tried = {(o, lay) for r in rows for o, lay in _pairs(r)}
+    pairs_tried = {p for r in rows for p in r.pairs}
     pairs_failed = {(f[1], f[2]) for r in rows for f in r.failures}
     declared = {p for r in rows for p in r.declared}
     lines += ["", f"- ops covered (at least one sample captured and checked): {len(covered)} of {len(rows)}",
@@ -230,7 +267,8 @@ def report(rows: list[OpRow], variants: list[str], max_samples: int | None, wall
               f"- splits run: {sum(sum(r.tried.values()) for r in rows)} "
               f"({', '.join(f'{lay} {sum(r.tried[lay] for r in rows)}' for lay in layouts)}); failed: "
               f"{sum(sum(r.failed.values()) for r in rows)}",
-              f"- (node op, layout) pairs offered and run: {len(pairs_tried)}; with a failure: {len(pairs_failed)}",
+              f"- (node op, layout) pairs offered and run: {len(pairs_tried)}; passing on every sample: "
+              f"{len(pairs_tried - pairs_failed)}; with a failure: {len(pairs_failed)}",
               f"- (node op, layout) pairs declared unsplittable where the shapes alone would allow a batch "
               f"split: {len(declared)}"]
     failing = [r for r in rows if r.failures]
@@ -246,11 +284,6 @@ def report(rows: list[OpRow], variants: list[str], max_samples: int | None, wall
     if errors:
         lines += ["", "Sample generation failed:"] + [f"- {r.name}: {r.error}" for r in errors]
     return "\n".join(lines)
-
-
-def _pairs(r: OpRow):
-    # (op, layout) pairs run: every op seen with a layout tried (a row's ops share its layouts)
-    return {(o, lay) for o in r.ops for lay in r.tried}
 
 
 if __name__ == "__main__":

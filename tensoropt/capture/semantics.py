@@ -75,7 +75,7 @@ _ALONG: dict[str, tuple[tuple[int, ...], Any]] = {
                               "unsafe_chunk", "tensor_split", "slice_scatter")},
     **{b: ((2,), -1) for b in ("topk", "kthvalue", "diff", "linalg_cross", "fft_fft", "fft_ifft", "fft_rfft",
                                "fft_irfft", "fft_hfft", "fft_ihfft")},
-    **{b: ((2,), ALL) for b in ("roll", "repeat_interleave", "select_scatter", "_softmax_backward_data",
+    **{b: ((2,), ALL) for b in ("roll", "repeat_interleave", "take_along_dim", "select_scatter", "_softmax_backward_data",
                                 "_log_softmax_backward_data", "cross", "fft_fftn", "fft_ifftn", "fft_rfftn",
                                 "fft_irfftn", "fft_hfftn", "fft_ihfftn")},
     **{b: ((2,), (-2, -1)) for b in ("fft_fft2", "fft_ifft2", "fft_rfft2", "fft_irfft2", "fft_hfft2", "fft_ihfft2")},
@@ -129,12 +129,13 @@ _ELEMENTWISE = {"__and__", "__or__", "__xor__", "__lshift__", "__rshift__", "bit
                 "ldexp", "fmod", "remainder", "frexp", "lerp", "addcmul", "addcdiv", "clamp", "clip",
                 "feature_dropout", "feature_alpha_dropout", "alpha_dropout", "dropout", "native_dropout",
                 "bernoulli", "rand_like", "randn_like", "randint_like", "normal_functional", "uniform",
-                "exponential", "geometric", "log_normal", "cauchy", "poisson", "binomial"}
+                "exponential", "geometric", "log_normal", "cauchy", "poisson", "binomial", "rsub",
+                "broadcast_tensors", "special_ndtr", "special_polygamma", "polygamma"}
 #: pad ops by the number of trailing dimensions they pad (``None``: ``len(pad) // 2``)
 _PADS = {"constant_pad_nd": None, "pad": None, "_pad_circular": None, "reflection_pad1d": 1, "reflection_pad2d": 2,
          "reflection_pad3d": 3, "replication_pad1d": 1, "replication_pad2d": 2, "replication_pad3d": 3,
          "circular_pad1d": 1, "circular_pad2d": 2, "circular_pad3d": 3}
-_REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "prod", "var", "std", "var_mean",
+_REDUCTIONS = {"sum", "mean", "amax", "amin", "aminmax", "max", "min", "prod", "var", "std", "var_mean",
                "std_mean", "norm", "linalg_vector_norm", "logsumexp", "any", "all", "argmax", "argmin"}
 _COPIES = {"dropout", "native_dropout", "clone", "_to_copy", "contiguous", "to", "type_as",
            "alias", "detach", "lift_fresh_copy", "feature_dropout", "alpha_dropout", "bernoulli"}

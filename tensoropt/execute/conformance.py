@@ -76,7 +76,8 @@ class CallResult:
     """What :func:`check_call` found for one call.
 
     ``status``: ``"checked"`` (captured, profiled, every offered split run — ``checks`` may be
-    empty when nothing is offered), ``"not-captured"`` (the one-op module does not go through
+    empty when nothing is offered), ``"failed"`` (captured, but the profiler cannot run the
+    graph), ``"not-captured"`` (the one-op module does not go through
     torch.export: no graph, so no plan, can hold it) or ``"unusable"`` (the call itself fails,
     or returns no floating tensor to compare).  ``reason``: the first line of the error.
     ``ops``: the graph's op nodes; ``declared``: (node op, layout) pairs the split rules refuse
@@ -300,7 +301,6 @@ def check_call(op: Callable, args: Sequence[Any], kwargs: dict | None = None, *,
     """
     from .. import capture, profile
     from ..plan import NodeConfig, Plan
-    from . import apply_plan
 
     kwargs = dict(kwargs or {})
     positions = module_inputs(args, kwargs)
@@ -312,8 +312,7 @@ def check_call(op: Callable, args: Sequence[Any], kwargs: dict | None = None, *,
     try:
         module = OneOp(op, args, kwargs, positions, requires_grad, channel_dim)
         inputs = tuple(leaves[i].detach().clone() for i in positions)
-        grad = requires_grad and any(x.is_floating_point() for x in inputs) or \
-            requires_grad and any(True for _ in module.parameters())
+        grad = requires_grad and (any(x.is_floating_point() for x in inputs) or any(True for _ in module.parameters()))
         reference = _run_side(copy.deepcopy(module), inputs, grad, seed, planned=False)
     except _Unkeyed as e:
         return CallResult("unusable", reason=f"draws random numbers without a key ({e})")
@@ -328,7 +327,10 @@ def check_call(op: Callable, args: Sequence[Any], kwargs: dict | None = None, *,
     declared = tuple(dict.fromkeys((n.op, "batch") for n in graph.ops if n.outputs and
                                    n.outputs[0].batch_dim is not None and n.split.batch is None))
     result = CallResult("checked", ops=tuple(n.op for n in graph.ops), declared=declared)
-    costs = profile(graph, shard_degrees=(1, *degrees), repeats=1, warmup=0, cache=False, in_sequence=False)
+    try:
+        costs = profile(graph, shard_degrees=(1, *degrees), repeats=1, warmup=0, cache=False, in_sequence=False)
+    except Exception as e:  # noqa: BLE001 - a captured graph the profiler cannot run fails the op
+        return CallResult("failed", reason=f"profile: {_first_line(e)}", ops=result.ops)
     first = ("d0",)
     targets = {n.name: n.target for n in graph.module.graph.nodes if n.op == "call_function"}
     for node in graph.ops:

@@ -10,8 +10,9 @@ for activations one sample), each row from its own generator seeded by
     mix(seed, key, row)
 
 ``seed`` drawn once per step (from torch's default generator, so ``torch.manual_seed`` fixes a
-run), ``key`` the op's position among the random ops of the captured graph (the order the eager
-model draws in), ``row`` the row's index in the op's *whole* output, and ``mix`` SplitMix64
+run), ``key`` the op's position among the random ops as they were traced (the order the eager
+model draws in; recorded at capture in the node's meta, :func:`record_random_keys`, as the
+captured graph is then put in canonical order), ``row`` the row's index in the op's *whole* output, and ``mix`` SplitMix64
 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators").  A shard split along
 the first dimension (the batch) draws only its own rows; a shard split along another dimension
 draws its rows whole and keeps its slice (k times the random numbers, none of the other work).
@@ -364,14 +365,32 @@ def draws(node: Any) -> bool:
     return _draws(getattr(node, "target", None), node.args, node.kwargs)
 
 
-def random_keys(nodes: Any) -> dict[str, int]:
-    """Node name → key for every node of a captured graph that draws (:func:`draws`), numbered
-    in capture order — the order the eager model draws in."""
-    keys: dict[str, int] = {}
+#: ``node.meta`` key of a random node's key, recorded at capture (:func:`record_random_keys`)
+RANDOM_KEY = "tensoropt_random_key"
+
+
+def record_random_keys(nodes: Any) -> int:
+    """Record in ``node.meta[RANDOM_KEY]`` the key of every node that draws (:func:`draws`): its
+    position among them in ``nodes``' order, which must be the traced order — the order the
+    eager model draws in.  The capture calls it before it puts the graph in canonical order
+    (:mod:`tensoropt.capture.canonical`), which no longer is that order.  Returns how many."""
+    count = 0
     for n in nodes:
         if draws(n):
-            keys[n.name] = len(keys)
-    return keys
+            n.meta[RANDOM_KEY] = count
+            count += 1
+    return count
+
+
+def random_keys(nodes: Any) -> dict[str, int]:
+    """Node name → key for every node of a captured graph that draws (:func:`draws`): the key
+    recorded at capture (:func:`record_random_keys`) where every such node has one, else its
+    position among them in ``nodes``' order (a graph in traced order)."""
+    drawing = [n for n in nodes if draws(n)]
+    recorded = [n.meta.get(RANDOM_KEY) if isinstance(getattr(n, "meta", None), dict) else None for n in drawing]
+    if drawing and all(isinstance(k, int) for k in recorded):
+        return {n.name: k for n, k in zip(drawing, recorded)}
+    return {n.name: i for i, n in enumerate(drawing)}
 
 
 def keyed_call(target: Any, seed: int, key: int, full_shape: tuple, dim: int | None, k: int, index: int,
