@@ -19,6 +19,7 @@ import torch.fx as fx
 from ..errors import CaptureError
 from ..graph import OpGraph
 from .build import PlaceholderInfo, build_opgraph, flatten_nodes
+from .canonical import canonicalize, update_signature
 from .call import ModelCall
 from .diagnose import describe_failure, first_line, inputs_run_model
 from .functionalize import functionalize
@@ -129,13 +130,17 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
     """The torch.export door: non-strict export with the batch dimension marked ``Dim.AUTO``.
 
     The model is exported through :meth:`ModelCall.capturable` (its inputs flattened to
-    tensors named after its own parameters, the loss's output selected), then functionalized.
+    tensors named after its own parameters, the loss's output selected), then functionalized and
+    put in canonical order with canonical node names (:mod:`tensoropt.capture.canonical`: the
+    same graph and fingerprint in every process, whatever order the model's code traced in).
     The symbolic batch size lets every tensor's batch dimension be read from its shape
     expression (``32*s0`` is a batch dimension, ``32`` is not).  If the model specialises the
     batch size, the export still succeeds and the graph's notes say batch splits are unknown.
     """
     from torch.export import Dim, export
     from torch.export.graph_signature import InputKind, OutputKind
+
+    from ..execute.randomness import record_random_keys
 
     call = ModelCall.of(example_inputs)
     wrapper, args = call.capturable(model)
@@ -149,11 +154,13 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
 
     placeholders: dict[str, PlaceholderInfo] = {}
     # tied weights (an embedding shared with the LM head) may come as two placeholders of one
-    # tensor: give both the first name, so the parameter is one ParamInfo with one owner
+    # tensor: give both one name, the first in sorted order (not in spec order: a name that
+    # depends on nothing but the names), so the parameter is one ParamInfo with one owner
     canonical: dict[int, str] = {}
     for spec in sig.input_specs:
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in ep.state_dict:
-            canonical.setdefault(id(ep.state_dict[spec.target]), spec.target)
+            key = id(ep.state_dict[spec.target])
+            canonical[key] = min(canonical.get(key, spec.target), spec.target)
     for spec in sig.input_specs:
         arg_name = getattr(spec.arg, "name", None)
         if arg_name is None:
@@ -212,6 +219,11 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
         arg = getattr(spec, "arg", None)
         while getattr(arg, "name", None) in renames:
             arg.name = renames[arg.name]
+    # the traced order (and the names fx gave in it) can depend on the process (a model iterating
+    # a set): put the graph in an order and give it names that depend on its structure only, the
+    # random draws keeping the keys of their traced order (the order the eager model draws in)
+    record_random_keys(gm.graph.nodes)
+    update_signature(ep, canonicalize(gm))
     user_out_names = {getattr(s.arg, "name", None) for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT}
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     user_outputs = [a for a in flatten_nodes(out_node.args) if a.name in user_out_names]
