@@ -189,18 +189,21 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
                 batch_syms |= s.node.expr.free_symbols
 
     def tensor_meta(t: torch.Tensor) -> tuple[tuple[int, ...], int | None]:
-        shape, bdim = [], None
+        # a tensor with the batch in two dimensions (x @ x.T: every sample against every sample)
+        # has no batch dimension: no piece of it is what a piece of the batch computes
+        shape, bdim, batched = [], None, 0
         for i, s in enumerate(t.shape):
             if isinstance(s, torch.SymInt):
-                if bdim is None and s.node.expr.free_symbols & batch_syms:
-                    bdim = i
+                if s.node.expr.free_symbols & batch_syms:
+                    batched += 1
+                    bdim = i if bdim is None else bdim
                 hint = s.node.hint
                 if hint is None:
                     raise CaptureError(f"a tensor has a data-dependent size ({s}); tensoropt needs static shapes")
                 shape.append(int(hint))
             else:
                 shape.append(int(s))
-        return tuple(shape), bdim
+        return tuple(shape), bdim if batched == 1 else None
 
     def module_of(n: fx.Node) -> tuple[str, str]:
         stack = n.meta.get("nn_module_stack")

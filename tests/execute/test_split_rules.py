@@ -142,3 +142,17 @@ def test_a_batch_shard_is_measured_with_its_own_storage():
     node = next(n for n in graph.ops if "select_scatter" in n.op)
     assert costs[node.name].output_bytes == 5 * 5 * 5 * 8
     assert costs[node.name].shards[("batch", 2)].output_bytes == 3 * 5 * 5 * 8
+
+
+def test_a_tensor_with_the_batch_in_two_dimensions_is_not_split_along_it():
+    # x @ x.T relates every sample to every sample (a contrastive loss's logits): a piece of the
+    # rows needs every column, so neither the product nor what reads it splits along the batch
+    assert "batch" not in {lay for lay, _ in offered(lambda x: (x @ x.T).softmax(-1), torch.randn(6, 4))}
+    graph = tensoropt.capture(_Gram(), (torch.randn(6, 4),), method="export")
+    product = next(n for n in graph.ops if n.op == "aten.matmul.default")
+    assert product.outputs[0].batch_dim is None and product.split.batch is None
+
+
+class _Gram(nn.Module):
+    def forward(self, x):
+        return (x @ x.T).softmax(-1)
