@@ -195,7 +195,10 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
         for i, s in enumerate(t.shape):
             if isinstance(s, torch.SymInt):
                 if s.node.expr.free_symbols & batch_syms:
-                    batched += 1
+                    # the batch times a constant (``32*s0``) is a batch dimension; the batch plus
+                    # something (``s0 + 1``: a cat of the samples and one more row) is not — no
+                    # piece of it is what a piece of the batch makes
+                    batched += 1 if s.node.expr.is_Symbol or s.node.expr.is_Mul else 2
                     bdim = i if bdim is None else bdim
                 hint = s.node.hint
                 if hint is None:

@@ -259,6 +259,8 @@ def output_channel_dim(target: Any, args: Sequence[Any], kwargs: dict,
     if src is None or src.channel_dim is None:
         return None
     c = src.channel_dim
+    if base in _SCATTER:
+        return None     # its index and source may be shorter than the input along the channels too
     if base in _COPIES or (isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags):
         same_rank = [t for t in tensor_inputs if len(t.shape) == rank and t.channel_dim is not None]
         return same_rank[0].channel_dim if same_rank else None
@@ -321,6 +323,8 @@ def batch_family(target: Any, has_tensor_input: bool = True) -> str | None:
     ``pointwise`` tag, copies, dropout), ``reduction``, ``per-sample`` (weighted layers,
     normalisation, pooling, attention, losses: :data:`_PER_SAMPLE`)."""
     base = op_basename(target)
+    if base in _BATCH_NORMS and base != "batch_norm" or base == "_native_batch_norm_legit_no_training":
+        return None     # the executors split batch norm as aten.batch_norm (what export records) only
     if base in _ALONG:
         return "along"
     if base in _MATRIX:
@@ -356,7 +360,9 @@ def split_dims(target: Any, args: Sequence[Any], kwargs: dict,
         return SplitDims()
     base = op_basename(target)
     family = family or batch_family(target, bool(tensor_inputs))
-    batch = out.batch_dim if family is not None else None
+    if family is None:
+        return SplitDims(rule="replicated")     # no rule: never split, whatever the shapes allow
+    batch = out.batch_dim
     if base in _POSITIONAL_GENERATORS:  # arange(B) split in two is not two arange(B/2)
         batch = None
     src = next((t for t in tensor_inputs if t.batch_dim is not None), None)
@@ -364,7 +370,7 @@ def split_dims(target: Any, args: Sequence[Any], kwargs: dict,
                                                                      src, out, reads_state):
         batch = None
     training_bn = base in _BATCH_NORMS and _bn_training(base, args, kwargs)
-    return SplitDims(batch=batch, channel=out.channel_dim, batch_exact=not training_bn, rule=family or "replicated")
+    return SplitDims(batch=batch, channel=out.channel_dim, batch_exact=not training_bn, rule=family)
 
 
 def _keeps_samples(family: str, base: str, args: Sequence[Any], kwargs: dict, tensor_inputs: Sequence[TensorMeta],

@@ -227,6 +227,22 @@ def _record(planned: nn.Module, target: Any) -> dict[str, int] | None:
     return seen
 
 
+#: ops whose output is uninitialised memory: no two runs agree, split or not
+_UNDEFINED = {"empty", "empty_like", "new_empty", "empty_strided", "empty_permuted", "new_empty_strided"}
+
+
+def _written_inputs(module: nn.Module, inputs: Sequence[torch.Tensor], seed: int) -> set[int]:
+    """Positions of the inputs the call writes into in place (batch norm's running statistics
+    passed as tensors of the batch's size): run once on copies, compared with the originals."""
+    from .randomness import KeyedRandomMode
+
+    copies = [x.detach().clone() for x in inputs]
+    with torch.no_grad(), KeyedRandomMode(seed):
+        copy.deepcopy(module)(*copies)
+    return {j for j, (a, b) in enumerate(zip(copies, inputs))
+            if a.shape != b.shape or not torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))}
+
+
 class _Unkeyed(Exception):
     """The call draws random numbers the executor cannot key: no two runs of it agree."""
 
@@ -278,7 +294,8 @@ def _compare(ref: tuple, got: tuple, grad: bool) -> tuple[float, str]:
 
 def check_call(op: Callable, args: Sequence[Any], kwargs: dict | None = None, *, requires_grad: bool = True,
                degrees: Sequence[int] = DEGREES, name: str = "op", seed: int = 20261125,
-               channel_dim: int | None = None, layouts: Sequence[str] = ("batch", "channel", "reduce")) -> CallResult:
+               channel_dim: int | None = None, layouts: Sequence[str] = ("batch", "channel", "reduce"),
+               _positions: Sequence[int] | None = None) -> CallResult:
     """Check every split the profile offers the nodes of ``op(*args, **kwargs)`` (module docstring).
 
     Parameters
@@ -303,7 +320,7 @@ def check_call(op: Callable, args: Sequence[Any], kwargs: dict | None = None, *,
     from ..plan import NodeConfig, Plan
 
     kwargs = dict(kwargs or {})
-    positions = module_inputs(args, kwargs)
+    positions = list(_positions) if _positions is not None else module_inputs(args, kwargs)
     if not positions:
         return CallResult("unusable", reason="the call has no tensor first argument")
     leaves = tree_flatten((tuple(args), kwargs))[0]
@@ -320,10 +337,19 @@ def check_call(op: Callable, args: Sequence[Any], kwargs: dict | None = None, *,
         return CallResult("unusable", reason=_first_line(e))
     if not _floating(reference[0]):
         return CallResult("unusable", reason="the call returns no floating-point tensor")
+    written = _written_inputs(module, inputs, seed)
+    if written:     # a tensor the op updates in place is a model's buffer, not an activation
+        positions = [p for j, p in enumerate(positions) if j not in written]
+        if not positions:
+            return CallResult("unusable", reason="the op writes into its first argument in place")
+        return check_call(op, args, kwargs, requires_grad=requires_grad, degrees=degrees, name=name, seed=seed,
+                          channel_dim=channel_dim, layouts=layouts, _positions=positions)
     try:
         graph = capture(copy.deepcopy(module), inputs, name=name, method="export")
     except Exception as e:  # noqa: BLE001 - what torch.export refuses no plan can hold
         return CallResult("not-captured", reason=_first_line(e))
+    if any(n.op.split(".")[1] in _UNDEFINED for n in graph.ops if n.op.startswith("aten.")):
+        return CallResult("unusable", reason="the output holds uninitialised memory (empty*)")
     declared = tuple(dict.fromkeys((n.op, "batch") for n in graph.ops if n.outputs and
                                    n.outputs[0].batch_dim is not None and n.split.batch is None))
     result = CallResult("checked", ops=tuple(n.op for n in graph.ops), declared=declared)

@@ -101,17 +101,19 @@ def test_channel_shuffle_is_not_split_along_channels():
 
 
 def test_an_op_without_a_rule_is_replicated_and_listed(tmp_path, capsys):
-    # pdist has no rule: its output (all pairwise distances, 15 for 6 samples) carries the batch
-    # symbol in its shape, yet no piece of it is the distances of a piece of the samples
-    source = ("import torch\nfrom torch import nn\n\n\nclass Pairwise(nn.Module):\n"
-              "    def __init__(self):\n        super().__init__()\n        self.proj = nn.Linear(4, 4)\n\n"
-              "    def forward(self, x):\n        return torch.nn.functional.pdist(self.proj(x))\n\n\n"
-              "def model():\n    return Pairwise(), (torch.randn(6, 4),)\n")
-    script = tmp_path / "pairwise_model.py"
+    # embedding_bag has no rule (its 1-D form with offsets makes bags out of a flat index list: a
+    # piece of the indices is not a piece of the bags): its output [6, 4] has a batch dimension
+    # in its shapes, yet no plan splits it
+    source = ("import torch\nfrom torch import nn\n\n\nclass Bags(nn.Module):\n"
+              "    def __init__(self):\n        super().__init__()\n"
+              "        self.bag = nn.EmbeddingBag(10, 4, mode='mean')\n        self.proj = nn.Linear(4, 4)\n\n"
+              "    def forward(self, ids):\n        return self.proj(self.bag(ids))\n\n\n"
+              "def model():\n    return Bags(), (torch.randint(0, 10, (6, 3)),)\n")
+    script = tmp_path / "bags_model.py"
     script.write_text(source)
-    model, inputs = tensoropt.load_model(f"{script}:model").model, (torch.randn(6, 4),)
-    graph = tensoropt.capture(model, inputs, method="export")
-    node = next(n for n in graph.ops if n.op == "aten.pdist.default")
+    loaded = tensoropt.load_model(f"{script}:model")
+    graph = tensoropt.capture(loaded.model, loaded.example_inputs, method="export")
+    node = next(n for n in graph.ops if n.op.startswith("aten.embedding_bag"))
     assert node.outputs[0].batch_dim == 0       # the shapes alone would allow a batch split
     assert node.split.rule == "replicated" and node.split.batch is None and node.split.channel is None
     costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1, cache=False, in_sequence=False)
@@ -119,12 +121,12 @@ def test_an_op_without_a_rule_is_replicated_and_listed(tmp_path, capsys):
     assert ("batch", 2) in costs.legal(next(n.name for n in graph.ops if n.op == "aten.linear.default"))
     from tensoropt.describe import replicated_ops
 
-    assert replicated_ops(graph) == {"aten.pdist.default": [""]}
+    assert replicated_ops(graph) == {node.op: ["bag"]}
     from tensoropt.cli import main
 
     assert main(["graph", f"{script}:model"]) == 0
     out = capsys.readouterr().out
-    assert "ops without a split rule" in out and "aten.pdist.default" in out
+    assert "ops without a split rule" in out and node.op in out
 
 
 def test_a_batch_shard_is_measured_with_its_own_storage():
