@@ -83,7 +83,7 @@ _ALONG: dict[str, tuple[tuple[int, ...], Any]] = {
     **{b: ((2, 3), (0, 1)) for b in ("diagonal", "diagonal_copy", "linalg_diagonal")},
     "diagonal_scatter": ((3, 4), (0, 1)), "rot90": ((2,), (0, 1)),
     "msort": ((), 0), "flipud": ((), 0), "fliplr": ((), 1), "vsplit": ((), 0), "dsplit": ((), 2),
-    "hsplit": ((), 1),
+    "hsplit": ((), 1), "trapezoid": ((), -1), "trapz": ((), -1), "cumulative_trapezoid": ((), -1),
 }
 #: ops that write a source into an input at an index tensor's positions, both of which may be
 #: smaller than the input along every dimension (no shape rule ties them to the batch)
@@ -95,10 +95,9 @@ _MATRIX = {"tril", "triu", "inverse", "det", "logdet", "slogdet", "qr", "svd", "
            "linalg_det", "linalg_slogdet", "linalg_inv", "linalg_inv_ex", "linalg_cholesky", "linalg_cholesky_ex",
            "linalg_qr", "linalg_svd", "linalg_svdvals", "linalg_eig", "linalg_eigh", "linalg_eigvals",
            "linalg_eigvalsh", "linalg_pinv", "linalg_matrix_exp", "linalg_matrix_power", "matrix_power",
-           "linalg_solve", "linalg_solve_ex", "linalg_solve_triangular", "linalg_matrix_norm", "linalg_norm",
-           "linalg_matrix_rank", "linalg_cond", "linalg_householder_product", "linalg_ldl_factor", "linalg_lstsq",
+           "linalg_solve", "linalg_solve_ex", "linalg_solve_triangular", "linalg_matrix_rank", "linalg_cond", "linalg_householder_product", "linalg_ldl_factor", "linalg_lstsq",
            "linalg_multi_dot", "linalg_tensorinv", "linalg_tensorsolve", "_linalg_det", "_linalg_slogdet",
-           "_linalg_svd", "_linalg_eigh", "_linalg_solve_ex", "logdet", "trapezoid", "trapz"}
+           "_linalg_svd", "_linalg_eigh", "_linalg_solve_ex"}
 #: ops that compute each sample on its own whatever their arguments (the batch dimension comes from
 #: the symbolic shapes: an output without the batch symbol has no batch, one with it in two
 #: dimensions neither): weighted layers, normalisation, pooling, resampling, attention, recurrences
@@ -116,7 +115,7 @@ _PER_SAMPLE = _CONV | _CHANNEL1 | _CHANNEL_LAST | {
     "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "soft_margin_loss",
     "multilabel_margin_loss", "multi_margin_loss", "margin_ranking_loss", "hinge_embedding_loss",
     "poisson_nll_loss", "cosine_embedding_loss", "triplet_margin_loss", "ctc_loss", "_ctc_loss",
-    "index", "_unsafe_index", "one_hot", "normalize",
+    "index", "_unsafe_index", "one_hot",
 }
 #: elementwise ops without torch's ``pointwise`` tag (each element of the output reads the
 #: elements of its inputs at the same, broadcast, position)
@@ -124,7 +123,7 @@ _ELEMENTWISE = {"__and__", "__or__", "__xor__", "__lshift__", "__rshift__", "bit
                 "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "logical_and", "logical_or",
                 "logical_xor", "hardswish", "hardsigmoid", "celu", "elu", "selu", "threshold", "prelu",
                 "_prelu_kernel", "rrelu", "rrelu_with_noise", "softshrink", "hardshrink", "log_sigmoid",
-                "isin", "isclose", "nan_to_num", "heaviside", "polar", "complex", "view_as_real",
+                "isclose", "nan_to_num", "heaviside", "polar", "complex", "view_as_real",
                 "masked_fill", "where", "fill", "copy", "zero", "float_power", "xlogy", "special_xlog1py",
                 "ldexp", "fmod", "remainder", "frexp", "lerp", "addcmul", "addcdiv", "clamp", "clip",
                 "feature_dropout", "feature_alpha_dropout", "alpha_dropout", "dropout", "native_dropout",
