@@ -60,8 +60,9 @@ from .shards import TensorArg, shard_args, shard_size
 from .timing import device_info, device_key, time_callable
 
 #: 2: measured in :func:`~tensoropt._malloc.steady_malloc`'s allocator regime (version 1's
-#: figures depended on which blocks the process had freed before)
-CACHE_VERSION = 3
+#: figures depended on which blocks the process had freed before); 4: shard arguments are copies
+#: (version 3's leading pieces were views of the whole storage: their shards' bytes overstated)
+CACHE_VERSION = 4
 
 
 @dataclass(frozen=True)
