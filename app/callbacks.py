@@ -17,6 +17,7 @@ from typing import Any
 import dash
 from dash import Input, Output, State, ctx, html, no_update
 
+from tensoropt.costs.memory import DEFAULT_OPTIMIZER
 from tensoropt.describe import fmt_bytes
 from tensoropt.errors import TensorOptError
 
@@ -141,7 +142,7 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
                 devices = list(load_request_cluster(cluster).names)
             req = Request(model=model_spec(source, zoo_name, zoo_params, spec, onnx_path), cluster=cluster,
                           batch=int(batch) if batch not in (None, "") else None, devices=tuple(devices),
-                          optimizer=optimizer or "sgd", profile=profile_path,
+                          optimizer=optimizer or DEFAULT_OPTIMIZER, profile=profile_path,
                           repeats=int(repeats) if repeats else 5, warmup=int(warmup or 0), algos=algos)
 
             partial: list[str | None] = [None]

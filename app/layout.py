@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl
 from dash import dash_table, dcc, html
 
 from .figures import GPU_PRESETS_GIB
+from tensoropt.costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
 _BOX = {"border": "1px solid #ddd", "borderRadius": "6px", "padding": "8px", "marginBottom": "8px"}
 _LABEL = {"fontWeight": "bold", "marginTop": "6px", "display": "block"}
@@ -82,7 +83,7 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
             dcc.Checklist(id="devices", options=[], value=[], inline=True,
                           inputStyle={"marginRight": "3px", "marginLeft": "8px"}),
             html.Span("Optimizer", style=_LABEL),
-            dcc.Dropdown(id="optimizer", options=["sgd", "momentum", "adam"], value="sgd", clearable=False),
+            dcc.Dropdown(id="optimizer", options=list(OPTIMIZER_ALPHA), value=DEFAULT_OPTIMIZER, clearable=False),
             html.Span("Profiling repeats", style=_LABEL),
             dcc.Input(id="repeats", type="number", min=1, step=1, value=repeats, style={"width": "100%"}),
             dcc.Store(id="warmup", data=warmup),

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from tensoropt.costs.memory import DEFAULT_OPTIMIZER
 from tensoropt._io import write_json_atomic
 from tensoropt.errors import TensorOptError
 
@@ -71,7 +72,7 @@ class Request:
     cluster: str = DEFAULT_CLUSTER
     batch: int | None = None
     devices: tuple[str, ...] | None = None
-    optimizer: str = "sgd"
+    optimizer: str = DEFAULT_OPTIMIZER
     profile: str | None = None
     repeats: int = 5
     warmup: int = 1
@@ -338,7 +339,7 @@ class ResultStore:
         from tensoropt import simulate
 
         def run() -> Any:
-            opt = self.summary(key).get("optimizer", "sgd")
+            opt = self.summary(key).get("optimizer", DEFAULT_OPTIMIZER)
             return simulate(self.plan(key, plan_id), self.graph(key), self.costs(key), self.cluster(key), optimizer=opt)
         return self._cached((key, "sim", plan_id), run)
 

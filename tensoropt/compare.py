@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from .errors import TensorOptError
 from .plan import Plan
 from .simulate import simulate
+from .costs.memory import DEFAULT_OPTIMIZER
 
 #: the names the frontier's rows carry
 FRONTIER_MIN_TIME = "frontier min-time"
@@ -64,7 +65,7 @@ class CompareRow:
 
 
 def evaluate(plan: Plan, graph: Any, costs: Any, cluster: Any, *, algo: str, place_s: float,
-             optimizer: str | int = "sgd", own: str | None = None) -> CompareRow:
+             optimizer: str | int = DEFAULT_OPTIMIZER, own: str | None = None) -> CompareRow:
     """The :class:`CompareRow` of one plan: simulate it and read the algorithm's own estimate
     (the plan's estimate whose source is ``own``, default ``plan.algorithm``).  O(simulate)."""
     res = simulate(plan, graph, costs, cluster, optimizer=optimizer)
@@ -84,7 +85,7 @@ def failed(algo: str, place_s: float, error: BaseException) -> CompareRow:
 
 
 def compare(graph: Any, costs: Any, cluster: Any, *, algos: Iterable[str] | None = None,
-            devices: Sequence[str] | str | None = None, optimizer: str | int = "sgd",
+            devices: Sequence[str] | str | None = None, optimizer: str | int = DEFAULT_OPTIMIZER,
             frontier: Any = True, placer_options: Mapping[str, Mapping[str, Any]] | None = None,
             progress: Callable[[str], None] | None = None) -> list[CompareRow]:
     """Place ``graph`` with every algorithm and simulate each plan on ``cluster``.

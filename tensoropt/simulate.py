@@ -57,6 +57,7 @@ from .costs.walk import plan_edges, plan_memory, shard_cost, walk
 from .graph import OpGraph
 from .plan import Estimate, Plan, PlanError
 from .reshard import P, R, Stage, gradient_syncs, move, output_layout, stat_sync, synced_parameters
+from .costs.memory import DEFAULT_OPTIMIZER
 
 # plan_memory is the simulator's memory model without the timing; it lives with the cost model
 __all__ = ["simulate", "SimResult", "TimelineEvent", "plan_memory", "PHASES"]
@@ -103,7 +104,7 @@ class SimResult:
     link_s: dict[str, float]
     timeline: list[TimelineEvent]
     memory: dict[str, StepMemory] = field(default_factory=dict)
-    optimizer: str | int = "sgd"
+    optimizer: str | int = DEFAULT_OPTIMIZER
     overlap: bool = True
 
     @property
@@ -251,7 +252,7 @@ def _describe(rs_layouts: tuple[str, str], src: tuple[str, ...], dst: tuple[str,
     return f"{direction} {rs_layouts[0]} on {','.join(src)} -> {rs_layouts[1]} on {','.join(dst)}"
 
 
-def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, optimizer: str | int = "sgd",
+def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, optimizer: str | int = DEFAULT_OPTIMIZER,
              overlap: bool = True, foreach: bool = False, context_bytes: int = 0) -> SimResult:
     """Simulate one training step of ``plan``; see the module docstring for every rule.
 

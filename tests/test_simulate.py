@@ -74,21 +74,21 @@ def test_two_independent_chains_on_two_devices_run_concurrently():
         dict(name="b1", inputs=["x2"], out=400, fp=1.0, bp=1.0, params=8),
         dict(name="b2", inputs=["b1"], out=400, fp=1.0, bp=1.0),
     ], outputs=["a2", "b2"], inputs=(("x1", 400), ("x2", 400)))
-    split = simulate(plan_of(g, {"a1": "g0", "a2": "g0", "b1": "g1", "b2": "g1"}), g, costs, two())
+    split = simulate(plan_of(g, {"a1": "g0", "a2": "g0", "b1": "g1", "b2": "g1"}), g, costs, two(), optimizer="sgd")
     assert split.time_s == 9.0                      # chain a: 1 + 2 + 4 + 2; chain b (4 s) runs beside it
     assert split.compute_s == {"g0": 9.0, "g1": 4.0}
     assert split.link_s == {}
     fast = Cluster("two", [Device("g0", 2**30), Device("g1", 2**30, speed=2.0)], {}, default=LINK)
-    assert simulate(plan_of(g, {"a1": "g0", "a2": "g0", "b1": "g1", "b2": "g1"}), g, costs, fast).compute_s == {
+    assert simulate(plan_of(g, {"a1": "g0", "a2": "g0", "b1": "g1", "b2": "g1"}), g, costs, fast, optimizer="sgd").compute_s == {
         "g0": 9.0, "g1": 2.0}                         # a device twice as fast as the profiled one
-    one = simulate(plan_of(g, {n: "g0" for n in ("a1", "a2", "b1", "b2")}), g, costs, two())
+    one = simulate(plan_of(g, {n: "g0" for n in ("a1", "a2", "b1", "b2")}), g, costs, two(), optimizer="sgd")
     assert one.time_s == 13.0 == costs.total_fp_s + costs.total_bp_s
     # the loss needs both outputs: backward starts when the slower forward ends
     g2, costs2 = build([
         dict(name="a1", inputs=["x1"], out=400, fp=1.0, bp=2.0, params=8),
         dict(name="b1", inputs=["x2"], out=400, fp=5.0, bp=1.0, params=8),
     ], outputs=["a1", "b1"], inputs=(("x1", 400), ("x2", 400)))
-    res = simulate(plan_of(g2, {"a1": "g0", "b1": "g1"}), g2, costs2, two())
+    res = simulate(plan_of(g2, {"a1": "g0", "b1": "g1"}), g2, costs2, two(), optimizer="sgd")
     assert res.time_s == 5.0 + 2.0                  # not max(1 + 2, 5 + 1)
     assert events(res, "bp") == [("g0", "a1", 5.0, 7.0), ("g1", "b1", 5.0, 6.0)]
 
@@ -107,19 +107,19 @@ def diamond(b_fp, b_bp):
 
 def test_diamond_transfers_count_where_they_are_on_the_critical_path():
     g, costs = diamond(3.0, 2.0)
-    res = simulate(plan_of(g, {"a": "g0", "b": "g0", "c": "g1", "d": "g0"}), g, costs, two())
+    res = simulate(plan_of(g, {"a": "g0", "b": "g0", "c": "g1", "d": "g0"}), g, costs, two(), optimizer="sgd")
     # forward: a [0,1]; a→c [1,2.5]; c [2.5,3.5]; c→d [3.5,5] (b [1,4] waits); d [5,6]
     # backward: d [6,7]; grad d→c [7,8.5]; b [7,9]; c [8.5,9.5]; grad c→a [9.5,11]; a [11,12]
     assert res.time_s == 12.0
     assert events(res, "transfer") == [("g0->g1", "a", 1.0, 2.5), ("g0->g1", "c", 7.0, 8.5),
                                        ("g1->g0", "a", 9.5, 11.0), ("g1->g0", "c", 3.5, 5.0)]
     assert res.link_s == {"g0->g1": 3.0, "g1->g0": 3.0}
-    assert simulate(plan_of(g, {n: "g0" for n in "abcd"}), g, costs, two()).time_s == 11.0
+    assert simulate(plan_of(g, {n: "g0" for n in "abcd"}), g, costs, two(), optimizer="sgd").time_s == 11.0
     # a slow b hides every transfer: only c's compute leaves the critical path
     g, costs = diamond(10.0, 6.0)
-    res = simulate(plan_of(g, {"a": "g0", "b": "g0", "c": "g1", "d": "g0"}), g, costs, two())
+    res = simulate(plan_of(g, {"a": "g0", "b": "g0", "c": "g1", "d": "g0"}), g, costs, two(), optimizer="sgd")
     assert res.time_s == 1 + 10 + 1 + 1 + 6 + 1 == 20.0
-    assert simulate(plan_of(g, {n: "g0" for n in "abcd"}), g, costs, two()).time_s == 22.0
+    assert simulate(plan_of(g, {n: "g0" for n in "abcd"}), g, costs, two(), optimizer="sgd").time_s == 22.0
 
 
 # ---- (c) a transfer-bound edge ----------------------------------------------------------------------
@@ -130,7 +130,7 @@ def test_a_huge_tensor_over_a_slow_link_dominates():
         dict(name="a", inputs=["x"], out=1_000_000, fp=1.0, bp=1.0, params=8),
         dict(name="b", inputs=["a"], out=400, fp=1.0, bp=1.0),
     ], outputs=["b"])
-    res = simulate(plan_of(g, {"a": "g0", "b": "g1"}), g, costs, two())
+    res = simulate(plan_of(g, {"a": "g0", "b": "g1"}), g, costs, two(), optimizer="sgd")
     hop = 0.5 + 1_000_000 / 1000.0
     assert res.time_s == 4 * 1.0 + 2 * hop == 2005.0
     assert res.link_s == {"g0->g1": hop, "g1->g0": hop}
@@ -150,7 +150,7 @@ def linear(name, inp, fp=4.0, bp=8.0):
 def test_data_parallel_linear_halves_compute_and_all_reduces_the_weight():
     g, costs = build([linear("lin", "x")], outputs=["lin"], inputs=(("x", 128),))
     c = two()
-    dp = simulate(plan_of(g, {"lin": NodeConfig(("g0", "g1"), "batch")}), g, costs, c)
+    dp = simulate(plan_of(g, {"lin": NodeConfig(("g0", "g1"), "batch")}), g, costs, c, optimizer="sgd")
     ar = ring_allreduce_time(c, ["g0", "g1"], 40)
     assert ar == pytest.approx(2 * (0.5 + 20 / 1000))
     assert dp.time_s == 2.0 + 4.0 + ar
@@ -161,9 +161,9 @@ def test_data_parallel_linear_halves_compute_and_all_reduces_the_weight():
     # runs, its gradient of the weight before it is added into the buffer 40: 40 + 40 + 64 + 32 + 40
     # = 216 (one device: 40 + 40 + 128 + 64 = 272, the gradient taken as it is made)
     assert dp.memory_bytes == {"g0": 216, "g1": 216}
-    one = simulate(plan_of(g, {"lin": "g0"}), g, costs, c)
+    one = simulate(plan_of(g, {"lin": "g0"}), g, costs, c, optimizer="sgd")
     assert one.time_s == 12.0 and one.memory_bytes == {"g0": 272}
-    assert one.memory_bytes["g0"] == step_memory(g, costs)["dev0"].peak
+    assert one.memory_bytes["g0"] == step_memory(g, costs, optimizer="sgd")["dev0"].peak
 
 
 def test_parameters_read_by_the_same_devices_are_summed_in_one_all_reduce():
@@ -172,10 +172,10 @@ def test_parameters_read_by_the_same_devices_are_summed_in_one_all_reduce():
     plan = plan_of(g, {n: NodeConfig(("g0", "g1"), "batch") for n in ("l1", "l2")})
     # forward 2 + 2, backward 4 + 4; then one all-reduce of both weights (40 + 40 bytes), not two
     ar = ring_allreduce_time(c, ["g0", "g1"], 80)
-    sim = simulate(plan, g, costs, c)
+    sim = simulate(plan, g, costs, c, optimizer="sgd")
     assert sim.time_s == 12.0 + ar
     assert events(sim, "allreduce") == [("g0->g1", "l1", 12.0, 12.0 + ar), ("g1->g0", "l1", 12.0, 12.0 + ar)]
-    assert simulate(plan, g, costs, c, overlap=False).time_s == 12.0 + ar
+    assert simulate(plan, g, costs, c, overlap=False, optimizer="sgd").time_s == 12.0 + ar
 
 
 def test_the_gradient_buffer_is_summed_in_place():
@@ -186,7 +186,7 @@ def test_the_gradient_buffer_is_summed_in_place():
     # the gradient of l2's output 32
     layers = [dict(linear(f"l{i}", "x" if i == 0 else f"l{i - 1}"), params=400) for i in range(3)]
     g, costs = build(layers, outputs=["l2"], inputs=(("x", 128),))
-    mem = plan_memory(plan_of(g, {f"l{i}": NodeConfig(("g0", "g1"), "batch") for i in range(3)}), g, costs, two())
+    mem = plan_memory(plan_of(g, {f"l{i}": NodeConfig(("g0", "g1"), "batch") for i in range(3)}), g, costs, two(), optimizer="sgd")
     assert {d: (m.peak, m.peak_phase, m.peak_at, m.grads) for d, m in mem.items()} == \
         {d: (2992, "backward", "l2", 1200) for d in ("g0", "g1")}
 
@@ -196,7 +196,7 @@ def test_an_all_reduce_overlaps_the_backward_of_other_devices():
     c = two()
     # l2's weight is summed over g0, g1 while l1 (on g0 alone, nothing to sum) runs its backward
     plan = plan_of(g, {"l1": "g0", "l2": NodeConfig(("g0", "g1"), "batch")})
-    overlapped, after = simulate(plan, g, costs, c), simulate(plan, g, costs, c, overlap=False)
+    overlapped, after = simulate(plan, g, costs, c, optimizer="sgd"), simulate(plan, g, costs, c, overlap=False, optimizer="sgd")
     (_, node, start, _), *_ = events(overlapped, "allreduce")
     assert node == "l2" and start < overlapped.time_s - ring_allreduce_time(c, ["g0", "g1"], 40)
     assert overlapped.time_s < after.time_s
@@ -211,13 +211,13 @@ def test_recompute_runs_the_forward_again_before_the_backward():
         dict(name="b", inputs=["a"], out=400, fp=2.0, bp=1.0, extra=1000),
         dict(name="c", inputs=["b"], out=400, fp=1.0, bp=1.0, extra=1000),
     ], outputs=["c"])
-    keep = simulate(plan_of(g, {n: "g0" for n in "abc"}), g, costs, two())
-    again = simulate(plan_of(g, {"a": "g0", "b": NodeConfig(("g0",), recompute=True), "c": "g0"}), g, costs, two())
+    keep = simulate(plan_of(g, {n: "g0" for n in "abc"}), g, costs, two(), optimizer="sgd")
+    again = simulate(plan_of(g, {"a": "g0", "b": NodeConfig(("g0",), recompute=True), "c": "g0"}), g, costs, two(), optimizer="sgd")
     assert keep.time_s == 7.0 and again.time_s == 7.0 + 2.0
     assert [(e.node, e.phase) for e in again.timeline if e.phase != "fp"] == [
         ("c", "bp"), ("b", "recompute"), ("b", "bp"), ("a", "bp")]
     # kept: the peak is the forward of c: x, b, c (400 each) + both masks (2000) + parameter 4
-    assert keep.memory_bytes["g0"] == 3204 == step_memory(g, costs)["dev0"].peak
+    assert keep.memory_bytes["g0"] == 3204 == step_memory(g, costs, optimizer="sgd")["dev0"].peak
     # recomputed: b's mask is gone in forward (a's output stays: b runs again from it), and comes back
     # with b's output in b's backward: x + a + grad(b) + grad(a) + mask + b's output = 3000, + 4
     assert again.memory_bytes["g0"] == 3004
@@ -230,22 +230,22 @@ def test_recompute_runs_the_forward_again_before_the_backward():
 def test_result_is_json_and_becomes_the_plans_simulator_estimate():
     g, costs = diamond(3.0, 2.0)
     plan = plan_of(g, {"a": "g0", "b": "g0", "c": "g1", "d": "g0"})
-    res = simulate(plan, g, costs, two())
+    res = simulate(plan, g, costs, two(), optimizer="sgd")
     assert isinstance(res, SimResult)
     d = json.loads(json.dumps(res.to_dict()))
     assert d["time_s"] == 12.0 and {e["phase"] for e in d["timeline"]} == {"fp", "bp", "transfer"}
     est = res.annotate(plan).estimate("simulator")
     assert est.time_s == 12.0 and est.memory_bytes == res.memory_bytes
-    assert plan_memory(plan, g, costs, two()) == res.memory
+    assert plan_memory(plan, g, costs, two(), optimizer="sgd") == res.memory
 
 
 def test_a_shard_the_profile_lacks_is_refused():
     g, costs = build([linear("lin", "x")], outputs=["lin"], inputs=(("x", 128),))
     with pytest.raises(PlanError, match=r"'lin'.*batch over 3 devices.*batch×2"):
         simulate(plan_of(g, {"lin": NodeConfig(("g0", "g1", "g2"), "batch")}), g, costs,
-                 two(names=("g0", "g1", "g2")))
+                 two(names=("g0", "g1", "g2")), optimizer="sgd")
     with pytest.raises(PlanError, match="cluster 'two' does not have"):
-        simulate(plan_of(g, {"lin": "g7"}), g, costs, two())
+        simulate(plan_of(g, {"lin": "g7"}), g, costs, two(), optimizer="sgd")
 
 
 # ---- a captured model -------------------------------------------------------------------------------
@@ -270,11 +270,11 @@ def test_small_cnn_on_one_device_is_the_sum_of_its_costs_and_step_memory(cnn, op
 def test_small_cnn_split_over_devices(cnn):
     graph, costs = cnn
     cl = tensoropt.load_cluster("preset:titan-rtx-5")
-    one = simulate(plan_of(graph, {n.name: "gpu0" for n in graph.ops}), graph, costs, cl)
+    one = simulate(plan_of(graph, {n.name: "gpu0" for n in graph.ops}), graph, costs, cl, optimizer="sgd")
     # data parallel: every device runs every node's batch shard, weights all-reduced
     mesh = ("gpu0", "gpu1")
     dp = plan_of(graph, {n.name: NodeConfig(mesh, "batch" if n.split.batch is not None else "R") for n in graph.ops})
-    res = simulate(dp, graph, costs, cl)
+    res = simulate(dp, graph, costs, cl, optimizer="sgd")
     shard_s = sum(sum(costs.time(n, *(("batch", 2) if c.layout == "batch" else ("R", 1))))
                   for n, c in dp.configs.items())
     # + each node's contribution to a weight's gradient copied into the flat buffer the executors
@@ -294,14 +294,14 @@ def test_small_cnn_split_over_devices(cnn):
     # half the nodes on each of two devices (graph order): per device, no more than step_memory says
     ops = [n.name for n in graph.ops]
     place = {n: ("gpu0" if i < len(ops) // 2 else "gpu1") for i, n in enumerate(ops)}
-    res = simulate(plan_of(graph, place), graph, costs, cl)
-    ref = step_memory(graph, costs, placement=place)
+    res = simulate(plan_of(graph, place), graph, costs, cl, optimizer="sgd")
+    ref = step_memory(graph, costs, placement=place, optimizer="sgd")
     assert res.link_s and all(res.memory_bytes[d] <= ref[d].peak for d in ("gpu0", "gpu1"))
     assert res.memory_bytes["gpu1"] == pytest.approx(ref["gpu1"].peak, rel=0.05)
     # model parallel inside ops: conv split along channels, the head along its input features
     mp = {n.name: NodeConfig(mesh, "channel" if n.split.channel is not None else "R") for n in graph.ops}
     mp[next(n.name for n in graph.ops if n.op == "aten.linear.default")] = NodeConfig(mesh, "reduce")
-    res = simulate(plan_of(graph, mp), graph, costs, cl)
+    res = simulate(plan_of(graph, mp), graph, costs, cl, optimizer="sgd")
     kinds = {e.detail.split(": ")[-1] for e in res.timeline if e.phase == "transfer"}
     assert "allreduce" in kinds and res.time_s > 0
 
@@ -314,7 +314,7 @@ def test_a_reader_that_cuts_a_weight_held_whole_writes_its_gradient_twice(tied_l
     # the embedding cuts the tied weight along its columns, the LM head reads it whole on both
     # devices: the weight is held whole and its gradient summed across them
     plan = plan_of(graph, {n.name: NodeConfig(mesh, "channel" if n.name == "embedding" else "R") for n in graph.ops})
-    res = simulate(plan, graph, costs, tensoropt.load_cluster("preset:titan-rtx-5"))
+    res = simulate(plan, graph, costs, tensoropt.load_cluster("preset:titan-rtx-5"), optimizer="sgd")
     w = graph.params["embed.weight"].nbytes
     bp, = [e for e in res.timeline if (e.resource, e.node, e.phase) == ("gpu0", "embedding", "bp")]
     sh = costs["embedding"].at("channel", 2)

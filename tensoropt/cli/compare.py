@@ -14,6 +14,7 @@ from rich.table import Table
 from ..errors import TensorOptError
 from ._common import capture_spec, costs_for
 from .place import _devices
+from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
 
 def _ms(t: float | None) -> str:
@@ -112,8 +113,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                     "(default: all of the cluster's)")
     p.add_argument("--algos", metavar="NAMES", help="placers to run, comma-separated (default: all)")
     p.add_argument("--no-frontier", action="store_true", help="leave out the frontier's rows")
-    p.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"),
-                   help="sizes the optimizer state in the memory limits and the simulator (default sgd)")
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
+                   help="sizes the optimizer state in the memory limits and the simulator (default adamw)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
                    help="time limit of each MILP placer's solver (default: the placer's own)")
     p.add_argument("--profile", metavar="PROFILE_JSON", help="use this profile instead of measuring "

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from ._common import capture_spec, costs_for
 from ._common import degrees as degrees_arg
+from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
 
 def _rows_to_show(n: int, limit: int) -> list[int]:
@@ -107,8 +108,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", metavar="SIZE", help="memory per device, e.g. 16GiB: plans above it do not fit; "
                                                     "a budget below every plan is an error")
     p.add_argument("--devices", metavar="NAMES", help="comma-separated devices the meshes may use (default: all)")
-    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="sgd",
-                   help="sizes optimizer state: 0, 1 or 2 × parameters (default sgd)")
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
+                   help="sizes optimizer state: adamw / adam 2 ×, momentum 1 ×, sgd 0 × the parameters (default adamw)")
     p.add_argument("--resolution", metavar="SIZE",
                    help="memory resolution of the frontier (0 = exact; default: 1/1000 of min(smallest device "
                         "memory, the largest memory a plan can need))")

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..errors import TensorOptError
 from ._common import capture_spec, costs_for
+from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
 
 def _devices(text: str) -> list[str]:
@@ -110,8 +111,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--algo", required=True, help="dp, m-topo, m-etf, m-sct, dpos, os-dpos, netsplit or pesto")
     p.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
     p.add_argument("--devices", type=_devices, help="devices to use, comma-separated (default: all of the cluster's)")
-    p.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"),
-                   help="sizes the optimizer state in the memory model (default sgd)")
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
+                   help="sizes the optimizer state in the memory model (default adamw)")
     p.add_argument("--colocation", default="ABC",
                    help="TF Placer colocation rules for m-topo / m-etf / m-sct: any of A, B, C, or none (default ABC)")
     p.add_argument("--heavy-edge-groups", type=int, metavar="K",

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from .._malloc import steady_malloc
 from ..errors import TensorOptError
+from ..costs.step import make_optimizer, plan_optimizer
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -56,7 +57,8 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             console.print("the plan does not train as the model does: not timing it (exit 1)", highlight=False)
             return 1
     cuda = sorted({t for t in planned.device_map.values() if t.startswith("cuda")})
-    opt = torch.optim.SGD(planned.parameters(), lr=args.lr)
+    opt_name = plan_optimizer(plan)
+    opt = make_optimizer(opt_name, planned.parameters(), lr=args.lr)
     for dev in cuda:
         torch.cuda.reset_peak_memory_stats(dev)
     times = []
@@ -72,7 +74,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             torch.cuda.synchronize(dev)
         times.append(time.perf_counter() - t0)
     if times:
-        console.print(f"{len(times)} training steps (SGD, lr {args.lr}): median step {statistics.median(times) * 1e3:.3f} ms "
+        console.print(f"{len(times)} training steps ({opt_name}, lr {args.lr}): median step {statistics.median(times) * 1e3:.3f} ms "
                       f"(min {min(times) * 1e3:.3f}, max {max(times) * 1e3:.3f}); last loss {loss.item():.6g}",
                       highlight=False)
         for dev in cuda:
@@ -131,5 +133,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--master-addr", help="with --backend dist, without torchrun: the rendezvous host")
     p.add_argument("--master-port", type=int, help="with --backend dist, without torchrun: the rendezvous port")
     p.add_argument("--batch", type=int, help="batch size (must be the plan's)")
-    p.add_argument("--lr", type=float, default=1e-3, help="SGD learning rate (default 1e-3)")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate of the plan's optimizer (its options' `optimizer`, default adamw) (default 1e-3)")
     p.set_defaults(func=_cmd_run)

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import TensorOptError
+from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
 
 def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
@@ -58,8 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="batch size (default: the plan's, for zoo models)")
     p.add_argument("--profile", metavar="PROFILE_JSON", help="use this profile (checked against the graph) "
                                                              "instead of measuring")
-    p.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"),
-                   help="sizes the optimizer state and temporaries (default sgd)")
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
+                   help="sizes the optimizer state and temporaries (default adamw)")
     p.add_argument("--no-overlap", action="store_true",
                    help="all-reduce parameter gradients after the whole backward, not as each node's ends")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per op when profiling (default 3)")

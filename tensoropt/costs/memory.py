@@ -5,8 +5,9 @@ Categories (seed 003 §4.3 Table 4-2, design §2):
 - **parameters** and **buffers** of the nodes a device runs (a parameter read by nodes on two
   devices is held on both);
 - **gradients** of trainable parameters (same size), allocated during backward;
-- **optimizer state** = α × trainable parameters: α = 0 for SGD, 1 for momentum, 2 for Adam
-  (:data:`OPTIMIZER_ALPHA`); it exists for the whole step once the first step has run;
+- **optimizer state** = α × trainable parameters: α = 0 for SGD, 1 for momentum, 2 for Adam and
+  AdamW (``exp_avg`` and ``exp_avg_sq``, each the parameter's size and dtype; the step counter is
+  a scalar) (:data:`OPTIMIZER_ALPHA`); it exists for the whole step once the first step has run;
 - **activations**: every tensor autograd saved for backward, from the moment its producer ran
   until the last backward that needs it (what the profiler's saved-tensor hooks recorded:
   inputs a node saves, its own output, extra tensors such as dropout masks), plus forward
@@ -34,11 +35,13 @@ from ..errors import ProfileError
 from ..graph import OpGraph, OpNode
 from .model import CostModel
 
-OPTIMIZER_ALPHA = {"sgd": 0, "momentum": 1, "adam": 2}
+OPTIMIZER_ALPHA = {"adamw": 2, "adam": 2, "momentum": 1, "sgd": 0}
+#: the optimizer every stage assumes unless told otherwise: what people train with
+DEFAULT_OPTIMIZER = "adamw"
 
 
 def optimizer_alpha(optimizer: str | int) -> int:
-    """α for an optimizer name (``sgd`` / ``momentum`` / ``adam``) or an explicit integer."""
+    """α for an optimizer name (``adamw`` / ``adam`` / ``momentum`` / ``sgd``) or an explicit integer."""
     if isinstance(optimizer, int) and optimizer >= 0:
         return optimizer
     try:
@@ -51,13 +54,14 @@ def optimizer_alpha(optimizer: str | int) -> int:
 def optimizer_temp_bytes(optimizer: str | int, param_bytes: list[int], *, foreach: bool = False) -> int:
     """Temporaries of one optimizer step over parameters of the given sizes.
 
-    SGD and momentum update in place (none).  Adam computes ``exp_avg_sq.sqrt() / c`` before the
-    in-place ``addcdiv_``: two parameter-sized temporaries alive at once for the per-tensor
-    implementation (CPU default), one list the size of every parameter with ``foreach`` (CUDA
-    default).  An integer α > 1 is treated as Adam-like.
+    SGD and momentum update in place (none).  Adam and AdamW compute ``exp_avg_sq.sqrt() / c``
+    before the in-place ``addcdiv_`` (AdamW's decoupled weight decay is an in-place ``mul_``):
+    two parameter-sized temporaries alive at once for the per-tensor implementation (CPU
+    default), one list the size of every parameter with ``foreach`` (CUDA default).  An integer
+    α > 1 is treated as Adam-like.
     """
     name = optimizer if isinstance(optimizer, str) else ("adam" if optimizer >= 2 else "sgd")
-    if name.lower() != "adam" or not param_bytes:
+    if name.lower() not in ("adam", "adamw") or not param_bytes:
         return 0
     return sum(param_bytes) if foreach else 2 * max(param_bytes)
 
@@ -146,13 +150,26 @@ class StepMemory:
     activations_at_peak: int = 0
     inputs: int = 0            # the batch, held from the start
     optimizer_temp: int = 0    # the optimizer step's temporaries
+    grads_at_peak: int = 0     # parameter gradients alive at the peak (all of them in the optimizer step)
+    transient_at_peak: int = 0  # of activations_at_peak: activation gradients, workspace, temporaries
+    context: int = 0           # what the framework holds apart from the model (reserve), in the peak
+
+    def parts(self) -> dict[str, int]:
+        """The peak split into what holds it, adding up to :attr:`peak`: ``parameters`` (with
+        buffers), ``gradients`` (parameter gradients alive then), ``optimizer`` (state),
+        ``activations`` (tensors kept for backward or for a later consumer, and the batch),
+        ``transient`` (activation gradients, workspace, gradient accumulation, recomputed
+        tensors, the optimizer step's temporaries) and ``reserve`` (framework context)."""
+        return {"parameters": self.params + self.buffers, "gradients": self.grads_at_peak,
+                "optimizer": self.optimizer, "activations": self.activations_at_peak - self.transient_at_peak,
+                "transient": self.transient_at_peak, "reserve": self.context}
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def step_memory(graph: OpGraph, costs: CostModel, *, placement: Mapping[str, str] | None = None,
-                optimizer: int | str = "sgd", foreach: bool = False, device: str = "dev0") -> dict[str, StepMemory]:
+                optimizer: int | str = DEFAULT_OPTIMIZER, foreach: bool = False, device: str = "dev0") -> dict[str, StepMemory]:
     """Peak memory per device over one training step (forward, backward, optimizer step).
 
     ``placement`` maps operator names to device names (default: every node on ``device``; names

@@ -77,14 +77,16 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 
 from .._malloc import steady_malloc
 from ..errors import ProfileError
+from .memory import DEFAULT_OPTIMIZER
 
-__all__ = ["OPTIMIZERS", "StepMeasurement", "make_optimizer", "measure_step", "training_loss"]
+__all__ = ["OPTIMIZERS", "StepMeasurement", "make_optimizer", "measure_step", "plan_optimizer", "training_loss"]
 
 #: optimizer name → (description, α = optimizer-state bytes per parameter byte)
 OPTIMIZERS: dict[str, tuple[str, int]] = {
     "sgd": ("torch.optim.SGD(momentum=0)", 0),
     "momentum": ("torch.optim.SGD(momentum=0.9)", 1),
     "adam": ("torch.optim.Adam", 2),
+    "adamw": ("torch.optim.AdamW", 2),
 }
 
 #: MemTracker's category names → the names used in :attr:`StepMeasurement.breakdown`
@@ -113,7 +115,7 @@ class StepMeasurement:
     peak_bytes: int               # peak memory of the step (0 when memory=False)
     breakdown: dict[str, int]     # bytes by category at MemTracker's peak ({} when memory=False)
     device: str                   # "cpu" / "cuda:0"
-    optimizer: str                # "sgd" | "momentum" | "adam"
+    optimizer: str                # "adamw" | "adam" | "momentum" | "sgd"
     threads: int                  # torch.get_num_threads() during the measurement
     #: bytes tracked at the start of the step: parameters + buffers + optimizer state + inputs
     baseline_bytes: int = 0
@@ -189,8 +191,8 @@ def training_loss(outputs: Any, *, term: Callable[[torch.Tensor], torch.Tensor] 
 
 def make_optimizer(name: str, params, *, lr: float = 1e-3) -> torch.optim.Optimizer:
     """``sgd`` = SGD without momentum (α=0), ``momentum`` = SGD(momentum=0.9) (α=1), ``adam`` =
-    Adam (α=2); torch's default implementation for the device (per-tensor on CPU, ``foreach``
-    on CUDA).  Unknown name → :class:`ProfileError`."""
+    Adam, ``adamw`` = AdamW (α=2); torch's default implementation for the device (per-tensor on
+    CPU, ``foreach`` on CUDA).  Unknown name → :class:`ProfileError`."""
     key = str(name).lower()
     if key == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.0)
@@ -198,8 +200,20 @@ def make_optimizer(name: str, params, *, lr: float = 1e-3) -> torch.optim.Optimi
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
     if key == "adam":
         return torch.optim.Adam(params, lr=lr)
+    if key == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
     raise ProfileError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)} "
                        f"({'; '.join(f'{k} = {v[0]}' for k, v in OPTIMIZERS.items())})")
+
+
+def plan_optimizer(plan: Any) -> str:
+    """The optimizer a plan was sized for (its ``options["optimizer"]``, an integer α read as the
+    Adam-like / momentum / SGD optimizer of that state), :data:`~tensoropt.costs.memory.DEFAULT_OPTIMIZER`
+    when it names none: what the executors train it with."""
+    opt = (plan.options or {}).get("optimizer", DEFAULT_OPTIMIZER)
+    if isinstance(opt, int):
+        return {0: "sgd", 1: "momentum"}.get(opt, "adamw")
+    return str(opt)
 
 
 # ---------------------------------------------------------------------------------- measuring
@@ -389,7 +403,7 @@ def _to_device(inputs: tuple, dev: torch.device) -> tuple:
     return tuple(moved)
 
 
-def measure_step(model: nn.Module, example_inputs: tuple, *, optimizer: str = "sgd",
+def measure_step(model: nn.Module, example_inputs: tuple, *, optimizer: str = DEFAULT_OPTIMIZER,
                  device: str = "cpu", repeats: int = 5, warmup: int = 2, memory: bool = True,
                  lr: float = 1e-3, crosscheck: bool = False) -> StepMeasurement:
     """Measure full training steps of ``model`` on ``example_inputs`` (positional, batch in dim 0).

@@ -46,6 +46,7 @@ from ..reshard import (Reshard, edge_reshard, output_layout, piece_bytes, read_l
                        synced_parameters)
 from .memory import StepMemory, aliases_input, grad_nodes, optimizer_alpha, optimizer_temp_bytes
 from .model import CostModel, ShardCost
+from .memory import DEFAULT_OPTIMIZER
 
 # ---- edges: one reshard per (producer, consumer mesh, read layout[, gradient layout]) ---------------
 
@@ -66,8 +67,11 @@ class PlanEdges:
     batch: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
-def plan_edges(plan: Plan, graph: OpGraph, cluster: Any) -> PlanEdges:
-    """Every reshard of ``plan`` (forward and backward keys) and the batch each device holds.  O(E)."""
+def plan_edges(plan: Plan, graph: OpGraph, cluster: Any,
+               reshards: dict[tuple, Reshard] | None = None) -> PlanEdges:
+    """Every reshard of ``plan`` (forward and backward keys) and the batch each device holds.
+    ``reshards``: a cache of :func:`~tensoropt.reshard.edge_reshard` by (producer, consumer,
+    their configurations), shared by the walks of many plans of one graph and cluster.  O(E)."""
     e = PlanEdges()
     for name in plan.order:
         node, cfg = graph.nodes[name], plan.configs[name]
@@ -78,7 +82,12 @@ def plan_edges(plan: Plan, graph: OpGraph, cluster: Any) -> PlanEdges:
                 for d in cfg.devices:
                     e.batch[(p, d)] = max(e.batch.get((p, d), 0), piece_bytes(read, cfg.degree, nbytes))
                 continue
-            rs = edge_reshard(graph, p, name, plan.configs[p], cfg, cluster)
+            ck = (p, name, plan.configs[p], cfg)
+            rs = reshards.get(ck) if reshards is not None else None
+            if rs is None:
+                rs = edge_reshard(graph, p, name, plan.configs[p], cfg, cluster)
+                if reshards is not None:
+                    reshards[ck] = rs
             # an edge that moves nothing (reads_nothing) must not share a real read's reshard
             key = (p, tuple(cfg.devices), rs.dst_layout) + (("unread",) if reads_nothing(node) else ())
             e.fwd.setdefault(key, rs)
@@ -109,7 +118,7 @@ def shard_cost(costs: CostModel, node: OpNode, cfg: NodeConfig) -> ShardCost | N
 # ---- the walk ---------------------------------------------------------------------------------------
 
 
-def plan_memory(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, optimizer: str | int = "sgd",
+def plan_memory(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, optimizer: str | int = DEFAULT_OPTIMIZER,
                 foreach: bool = False, context_bytes: int = 0) -> dict[str, StepMemory]:
     """Peak memory per device of one training step of ``plan`` (the simulator's memory model,
     without the timing; see the module docstring).  O(V + E) per device."""
@@ -235,6 +244,10 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
             if t > m.peak:
                 m.peak, m.peak_phase, m.peak_at = t, phase, at
                 m.activations_at_peak = sum(live.values())
+                m.grads_at_peak = grads_now
+                # activation gradients, workspace, accumulation, recomputed tensors, optimizer temporaries
+                m.transient_at_peak = sum(v for k, v in live.items() if _transient_key(k))
+                m.context = context_bytes
 
         for (x, dd), b in edges.batch.items():
             if dd == d:
@@ -352,6 +365,12 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
         note("optimizer", "step")
         result[d] = m
     return result
+
+
+def _transient_key(k: tuple) -> bool:
+    """Whether a live-set key of the walk is a transient buffer rather than a kept tensor: the
+    ``#``-named scratch entries and every activation gradient ``(storage, "#grad")``."""
+    return (isinstance(k[0], str) and k[0].startswith("#")) or (len(k) == 2 and k[1] == "#grad")
 
 
 def _gets_grad(graph: OpGraph, name: str, needs_grad: Mapping[str, bool], outputs: list[str]) -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 
 from .._malloc import steady_malloc
 from ..errors import TensorOptError
+from ..costs.step import make_optimizer, plan_optimizer
 from .runtime import DEFAULT_TIMEOUT_S
 from .transport import COLLECTIVES, COLLECTIVES_HELP
 
@@ -85,7 +86,8 @@ def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: b
             + f"; {len(ex.program.moves)} cross-rank moves, {len(ex.program.collectives)} collectives, "
               f"loss computed on rank(s) {', '.join(map(str, sorted(ex.program.loss_ranks)))}")
         params = list(ex.local_parameters.values())
-        opt = torch.optim.SGD(params, lr=lr) if params else None
+        opt_name = plan_optimizer(plan)
+        opt = make_optimizer(opt_name, params, lr=lr) if params else None
         times, loss = [], None
         for _ in range(steps):
             ex.link.barrier()
@@ -103,7 +105,7 @@ def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: b
                 dist.all_gather_object(every, (times, None if loss is None else loss.item()))
             slowest = [max(r[0][i] for r in every) for i in range(len(times))]
             last = next(r[1] for r in every if r[1] is not None)
-            say(f"{len(times)} training steps (SGD, lr {lr}): median step of the slowest rank "
+            say(f"{len(times)} training steps ({opt_name}, lr {lr}): median step of the slowest rank "
                 f"{statistics.median(slowest) * 1e3:.3f} ms (min {min(slowest) * 1e3:.3f}, max "
                 f"{max(slowest) * 1e3:.3f}); last loss {last:.6g}")
         return 0

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from ..plan import Plan
 from .run import apply_plan_distributed, compare_distributed
 from .runtime import Runtime
+from ..costs.memory import DEFAULT_OPTIMIZER
 
 
 def load_case(model_spec: str, *, float64: bool = False, dropout: bool = True) -> tuple[Any, tuple, Any]:
@@ -77,7 +78,7 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
 
 
 def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps: int = 5, warmup: int = 2,
-                 memory: bool = True, optimizer: str = "sgd", rank_map: Mapping[str, int] | None = None,
+                 memory: bool = True, optimizer: str = DEFAULT_OPTIMIZER, rank_map: Mapping[str, int] | None = None,
                  fail_rank: int | None = None, collectives: str = "auto") -> dict[str, Any]:
     """Time ``steps`` distributed steps of ``plan`` after ``warmup`` (every rank starts each step
     at a barrier; a step = forward + loss + backward + gradient sums; the optimizer step is timed

@@ -7,21 +7,24 @@ How
    the devices chosen, link-aware).
 2. **Per mesh**, the problem of :func:`~.build.build_problem`: every op node's configurations with
    (resident bytes, seconds), every edge's reshard (persisting received bytes, seconds).
-3. **The peak is not a plain sum**: per device it is ``Σ resident + max transient`` (the transient
-   part — a node's output, input gradients, workspace, recomputed tensors — is live only while the
-   node runs).  It is handled exactly by **τ runs**: for each level ``τ`` among the transient values
-   a plan's maximum can take (:meth:`~.build.MeshProblem.transient_levels`: every configuration's
-   transient at least ``max_v min_s transient(v, s)``), frontier tracking (:func:`~.ft.track`) runs
-   on the problem with every configuration of transient ``> τ`` made infeasible, and ``τ`` is added
-   to its points' memory; the union over all levels is the exact frontier of
-   ``(Σ resident + max transient, Σ time)`` (a plan whose max transient is ``t`` is priced
-   ``resident + t`` in the run ``τ = t`` and more in every higher run).  Each point is then
-   re-priced at its true cost (:meth:`~.build.MeshProblem.cost`) and reduced again.  When there are
-   more than ``max_levels`` levels, ``max_levels`` of them are used (evenly spaced in the sorted
-   list, always including the largest): every plan is still found at a level ``≥`` its maximum
-   and reported at its true cost, but the frontier may miss plans — the notes say so and by how
-   much a level can over-price.
-4. **Union across meshes** (:func:`~.kernels.union`, ties to the mesh with fewer devices): memory
+3. **Search by an additive estimate.**  Frontier tracking needs costs that add up over nodes and
+   edges; the search's per-device memory estimate is ``Σ resident + max transient`` (the transient
+   part — a node's output, input gradients, workspace, recomputed tensors — is live only while
+   the node runs), handled exactly by **τ runs**: for each level ``τ`` among the transient values
+   a plan's maximum can take (:meth:`~.build.MeshProblem.transient_levels`), frontier tracking
+   (:func:`~.ft.track`) runs on the problem with every configuration of transient ``> τ`` made
+   infeasible, and ``τ`` is added to its points' memory.  When there are more than
+   ``max_levels`` levels, ``max_levels`` of them are used (evenly spaced, always including the
+   largest) and the notes say so.
+4. **Price by the walk.**  Every point of every τ run is a candidate; each candidate's memory is
+   the **per-device peak of its schedule** — the memory walk of :func:`~tensoropt.costs.walk.plan_memory`,
+   the figure :func:`~tensoropt.simulate` reports for the same plan — and the mesh's frontier is
+   the Pareto set of the candidates by (walked peak, time).  The estimate only chooses the
+   candidates: a plan it ranks badly (it over-counts gradients beside all activations, pieces read
+   by several consumers; it misses forward temporaries) may be absent, so the frontier is the
+   Pareto set of the walked candidates, not always of every plan — the notes give the
+   estimate's error on the candidates, and ``FrontierPoint.search_estimate_bytes`` keeps it.
+5. **Union across meshes** (:func:`~.kernels.union`, ties to the mesh with fewer devices): memory
    ascending, time strictly decreasing.  Point ``i`` becomes plan ``p{i:03d}-{k}dev``.
 
 Resolution
@@ -51,8 +54,11 @@ import numpy as np
 
 from .._io import write_atomic
 from ..describe import fmt_bytes
-from ..costs.memory import optimizer_alpha
+from ..costs.memory import StepMemory, optimizer_alpha
+from ..costs.memory import grad_nodes
+from ..costs.walk import plan_edges, walk
 from ..errors import ClusterSpecError, TensorOptError
+from ..fits import check_budget_value, fits
 from ..plan import Estimate, Plan
 from . import kernels
 from .build import MeshProblem, build_problem, candidate_meshes
@@ -65,23 +71,18 @@ __all__ = ["track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetE
 RESOLUTION_FRACTION = 1 / 1000
 #: τ runs per mesh before levels are thinned (see the module docstring)
 DEFAULT_MAX_LEVELS = 64
+#: plans walked per mesh (the search's candidates, then the polish) before the polish stops
+DEFAULT_MAX_WALKS = 500
+#: what a device's peak is made of (:meth:`~tensoropt.costs.StepMemory.parts`)
+MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "transient", "reserve")
 CSV_COLUMNS = ("plan_id", "num_devices", "devices", "memory_bytes", "time_s", "samples_per_s", "fits_budget",
-               "resident_bytes", "transient_bytes", "recomputed_nodes", "layouts")
+               "device_memory_bytes", *(f"{part}_bytes" for part in MEMORY_PARTS), "search_estimate_bytes",
+               "recomputed_nodes", "layouts")
 
 APPROXIMATIONS = (
-    "memory is the per-device peak estimated as Σ resident (parameters + gradients + optimizer state + "
-    "kept activations + inputs kept for a consumer's backward or recompute (a received copy, or the producer's "
-    "output) + the batch pieces each node reads) + the "
-    "largest transient buffer of one node (its output, input gradients, workspace, recomputed tensors); "
-    "the max is exact (τ runs); not counted: forward temporaries alive beside the running node, "
-    "communication buffers, the storage behind a view kept by a recomputing consumer; a batch input read by "
-    "several nodes, a tensor resharded for several consumers and an output kept for several consumers are "
-    "counted once per reader (over-estimate); a parameter used by several nodes (tied weights) "
-    "is held in the largest of its pieces, whole where two readers cut it different ways (GPT-2's embedding "
-    "and output layer both split along their channels; its gradient then summed whole) (exact for one reader; "
-    "with several readers their extras add up: over-estimate), its gradient accumulation (2 × the piece, "
-    "out of place) is a transient of every user but the last, and a reader that cuts it counts its gradient "
-    "padded to the whole (where it is held whole); a view kept for backward keeps its base's output",
+    "memory is the per-device peak of each plan's schedule (the memory walk the simulator uses: parameters, "
+    "gradients as backward makes them, optimizer state, activations from their producer to their last use, the "
+    "batch, transient buffers); not counted: communication buffers (collectives' staging)",
     "time is the sum of node times (forward + backward [+ forward again when recomputed] at the shard, "
     "on the mesh's slowest device), reshard times (forward and gradient), gradient all-reduces and the copy "
     "of the summed gradients into the executors' buffers: no "
@@ -110,8 +111,9 @@ class FrontierPoint:
     devices: tuple[str, ...]
     plan: Plan
     fits_budget: bool
-    resident_bytes: int = 0
-    transient_bytes: int = 0
+    device_memory: Mapping[str, int] = field(default_factory=dict)
+    parts: Mapping[str, int] = field(default_factory=dict)
+    search_estimate_bytes: int = 0
     mesh_index: int = 0
     assignment: Mapping[str, int] = field(default_factory=dict, repr=False)
 
@@ -123,7 +125,8 @@ class FrontierPoint:
     def to_dict(self) -> dict[str, Any]:
         return {"plan_id": self.plan_id, "memory_bytes": self.memory_bytes, "time_s": self.time_s,
                 "num_devices": self.num_devices, "devices": list(self.devices), "fits_budget": self.fits_budget,
-                "resident_bytes": self.resident_bytes, "transient_bytes": self.transient_bytes}
+                "device_memory": dict(self.device_memory), "parts": dict(self.parts),
+                "search_estimate_bytes": self.search_estimate_bytes}
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,6 +146,14 @@ class MeshResult:
     fixed: tuple[str, ...]
     seconds: float
     stats: Mapping[str, Any] = field(default_factory=dict)
+    #: the memory walk of each point, per device (``mem`` is its peak over the mesh's devices)
+    walks: tuple[Mapping[str, StepMemory], ...] = ()
+    #: the search's own memory estimate of each point (Σ resident + max transient)
+    estimates: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: every plan the search offered (the points of all τ runs), walked: assignment, the search's
+    #: estimate, the walk's peak, the time
+    candidates: tuple[dict[str, int], ...] = ()
+    candidate_costs: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
 
     @property
     def mesh(self) -> tuple[str, ...]:
@@ -157,8 +168,10 @@ class Frontier:
     def __init__(self, points: Sequence[FrontierPoint], *, meshes: Sequence[MeshResult], resolution: float,
                  merged_by_resolution: int, exact: bool, budget: int | None, optimizer: str | int,
                  notes: Iterable[str], graph_name: str = "", batch_size: int | None = None, cluster_name: str = "",
-                 seconds: float = 0.0):
+                 seconds: float = 0.0, cluster: Any = None, reserve: int = 0):
         self.points = list(points)
+        self.cluster = cluster
+        self.reserve = reserve
         self.meshes = list(meshes)
         self.resolution = resolution
         self.merged_by_resolution = merged_by_resolution
@@ -197,13 +210,25 @@ class Frontier:
         self._nonempty()
         return self.points[0]
 
-    def under(self, budget: int | float) -> list[FrontierPoint]:
-        """The points whose per-device memory is at most ``budget`` bytes (fastest last)."""
-        return [p for p in self.points if p.memory_bytes <= budget]
+    def fits(self, point: FrontierPoint, budget: int | float | None = None, reserve: int | None = None) -> bool:
+        """Whether ``point`` fits: :func:`tensoropt.fits.fits` of its per-device peaks on this
+        frontier's cluster, under ``budget`` (bytes per device; default: none, each device's
+        capacity) with ``reserve`` (default: the frontier's).  Without a cluster (a frontier built
+        by hand), only the budget is checked."""
+        reserve = self.reserve if reserve is None else reserve
+        if self.cluster is None:
+            return budget is None or max(point.device_memory.values(), default=point.memory_bytes) + reserve <= budget
+        return fits(point.device_memory or dict.fromkeys(point.devices, point.memory_bytes), self.cluster,
+                    budget=budget, reserve=reserve)
 
-    def best_under(self, budget: int | float) -> FrontierPoint | None:
-        """The fastest plan within ``budget`` bytes per device, or ``None``."""
-        fit = self.under(budget)
+    def under(self, budget: int | float | None = None, reserve: int | None = None) -> list[FrontierPoint]:
+        """The points that fit ``budget`` bytes per device and each device's own memory
+        (:meth:`fits`), fastest last."""
+        return [p for p in self.points if self.fits(p, budget, reserve)]
+
+    def best_under(self, budget: int | float | None = None, reserve: int | None = None) -> FrontierPoint | None:
+        """The fastest plan that fits (:meth:`under`), or ``None``."""
+        fit = self.under(budget, reserve)
         return fit[-1] if fit else None
 
     def _nonempty(self) -> None:
@@ -223,7 +248,7 @@ class Frontier:
     def check_budget(self, budget: int | float) -> None:
         """Raise :class:`BudgetError` when ``budget`` is below the smallest memory on the frontier,
         saying what the smallest memory is and how few devices reach it."""
-        if not self.points or self.points[0].memory_bytes <= budget:
+        if not self.points or self.points[0].memory_bytes + self.reserve <= budget:
             return
         p = self.points[0]
         by = self.min_memory_by_devices()
@@ -248,7 +273,9 @@ class Frontier:
                         "memory_bytes": p.memory_bytes, "time_s": repr(p.time_s),
                         "samples_per_s": "" if sps is None else repr(sps),
                         "fits_budget": "true" if p.fits_budget else "false",
-                        "resident_bytes": p.resident_bytes, "transient_bytes": p.transient_bytes,
+                        "device_memory_bytes": ";".join(f"{d}={b}" for d, b in p.device_memory.items()),
+                        **{f"{part}_bytes": p.parts.get(part, 0) for part in MEMORY_PARTS},
+                        "search_estimate_bytes": p.search_estimate_bytes,
                         "recomputed_nodes": sum(1 for c in p.plan.configs.values() if c.recompute),
                         "layouts": ";".join(f"{k}={v}" for k, v in sorted(lay.items()))})
         return out
@@ -360,12 +387,75 @@ def _thin(levels: np.ndarray, k: int) -> np.ndarray:
     return levels[idx]
 
 
-def _track_mesh(mp: MeshProblem, resolution: float, max_levels: int, max_branches: int,
-                backend: str | None, report: Callable[[str], None]) -> MeshResult:
+class _Walker:
+    """Walks plans of one mesh problem (:func:`~tensoropt.costs.walk.walk`, the simulator's memory)
+    and keeps every plan walked: assignment → (per-device walk, the search's estimate, time)."""
+
+    def __init__(self, mp: MeshProblem, graph: Any, costs: Any, cluster: Any):
+        self.mp, self.graph, self.costs, self.cluster = mp, graph, costs, cluster
+        self.names = [n.name for n in mp.problem.nodes]
+        self.order = [n.name for n in graph.ops]
+        self.needs_grad = grad_nodes(graph)
+        self.reshards: dict[tuple, Any] = {}
+        self.walked: dict[tuple[int, ...], tuple[dict[str, StepMemory], float, float]] = {}
+
+    def add(self, vec: tuple[int, ...]) -> bool:
+        """Walk the plan of assignment ``vec`` (configuration index per node, problem order) unless
+        it was walked; False when it is infeasible (an infinite cost in the problem)."""
+        if vec in self.walked:
+            return True
+        est, t = self.mp.cost(list(vec))
+        if not (math.isfinite(est) and math.isfinite(t)):
+            return False
+        plan = Plan(self.mp.plan_configs(list(vec)), graph_fingerprint=self.graph.fingerprint,
+                    graph_name=self.graph.name, order=self.order)
+        edges = plan_edges(plan, self.graph, self.cluster, self.reshards)
+        mem = walk(plan, self.graph, self.costs, edges, self.needs_grad, optimizer=self.mp.optimizer,
+                   foreach=False, context_bytes=0)
+        self.walked[vec] = (mem, est, t)
+        return True
+
+    def peak(self, vec: tuple[int, ...]) -> float:
+        return float(max(self.walked[vec][0][d].peak for d in self.mp.mesh))
+
+    def frontier(self, resolution: float, backend: str | None) -> tuple[list[tuple[int, ...]], int]:
+        """The walked plans' Pareto set by (peak, time), memory ascending, and how many the
+        resolution merged."""
+        keys = list(self.walked)
+        mem = np.array([self.peak(k) for k in keys], dtype=np.float64)
+        tim = np.array([self.walked[k][2] for k in keys], dtype=np.float64)
+        keep, merged = kernels.reduce(mem, tim, resolution, backend=backend, return_merged=True)
+        return [keys[int(i)] for i in keep], int(merged)
+
+    def polish(self, resolution: float, backend: str | None, max_walks: int) -> bool:
+        """Local search around the frontier: walk every plan one node's configuration away from a
+        frontier point, repeat while the frontier changes.  True when it finished (every frontier
+        point's neighbours walked) within ``max_walks`` walks in all.  O(points × Σ configs) walks."""
+        done: set[tuple[int, ...]] = set()
+        ks = [len(self.mp.configs[n]) for n in self.names]
+        while True:
+            front, _ = self.frontier(resolution, backend)
+            todo = [k for k in front if k not in done]
+            if not todo:
+                return True
+            for key in todo:
+                done.add(key)
+                for v, k in enumerate(ks):
+                    for s in range(k):
+                        vec = key[:v] + (s,) + key[v + 1:]
+                        if vec in self.walked:
+                            continue
+                        if len(self.walked) >= max_walks:
+                            return False
+                        self.add(vec)
+
+
+def _track_mesh(mp: MeshProblem, graph: Any, costs: Any, cluster: Any, resolution: float, max_levels: int,
+                max_branches: int, backend: str | None, max_walks: int, report: Callable[[str], None]) -> MeshResult:
     t0 = _time.perf_counter()
     all_levels = mp.transient_levels()
     levels = _thin(all_levels, max_levels)
-    runs, fronts = [], []
+    runs = []
     merged = 0
     fixed: list[str] = []
     slack = 0.0
@@ -373,30 +463,44 @@ def _track_mesh(mp: MeshProblem, resolution: float, max_levels: int, max_branche
         report(f"mesh {','.join(mp.mesh)}: τ run {i + 1}/{len(levels)}")
         r = track(mp.masked(float(lv)), resolution=resolution, max_branches=max_branches, backend=backend)
         runs.append(r)
-        fronts.append((r.mem + float(lv), r.time))
         merged += r.merged_by_resolution
         fixed += [f.node for f in r.fixed]
         slack = max(slack, r.mem_slack)
-    _, _, which, idx, m1 = kernels.union(fronts, resolution, backend=backend, return_merged=True)
-    assigns = [runs[int(w)].assignment(int(i)) for w, i in zip(which, idx)]
-    costs = [mp.cost(a) for a in assigns]
-    mem = np.array([c[0] for c in costs], dtype=np.float64)
-    tim = np.array([c[1] for c in costs], dtype=np.float64)
-    keep, m2 = kernels.reduce(mem, tim, resolution, backend=backend, return_merged=True)
-    merged += m1 + m2
-    exact = not fixed and merged == 0 and levels.size == all_levels.size
+    # every τ run's points are candidates: each is Pareto-optimal for the search's estimate under its
+    # transient cap; the walk gives each its true per-device peak
+    walker = _Walker(mp, graph, costs, cluster)
+    for r in runs:
+        for i in range(len(r)):
+            a = r.assignment(i)
+            walker.add(tuple(a[n] for n in walker.names))
+    searched = len(walker.walked)
+    report(f"mesh {','.join(mp.mesh)}: walked {searched} candidate plans; polishing")
+    polished = walker.polish(resolution, backend, max(max_walks, searched))
+    front, m2 = walker.frontier(resolution, backend)
+    merged += m2
+    exact_search = not fixed and merged == 0 and levels.size == all_levels.size
     stats = {"tau_runs": int(levels.size), "candidates": int(sum(r.stats["candidates"] for r in runs)),
+             "searched": searched, "walked": len(walker.walked), "polished": polished,
              "max_frontier": int(max((r.stats["max_frontier"] for r in runs), default=0)), **dict(mp.stats)}
-    return MeshResult(mp, tuple(float(x) for x in levels), int(all_levels.size), mem[keep], tim[keep],
-                      tuple(assigns[int(i)] for i in keep), merged, slack + 2 * resolution, exact,
-                      tuple(dict.fromkeys(fixed)), _time.perf_counter() - t0, stats)
+    keys = list(walker.walked)
+    costs_arr = np.array([[walker.walked[k][1], walker.peak(k), walker.walked[k][2]] for k in keys],
+                         dtype=np.float64).reshape(-1, 3)
+    return MeshResult(mp, tuple(float(x) for x in levels), int(all_levels.size),
+                      np.array([walker.peak(k) for k in front], dtype=np.float64),
+                      np.array([walker.walked[k][2] for k in front], dtype=np.float64),
+                      tuple(dict(zip(walker.names, k)) for k in front), merged, slack + 2 * resolution,
+                      exact_search, tuple(dict.fromkeys(fixed)), _time.perf_counter() - t0, stats,
+                      tuple(walker.walked[k][0] for k in front),
+                      np.array([walker.walked[k][1] for k in front], dtype=np.float64),
+                      tuple(dict(zip(walker.names, k)) for k in keys), costs_arr)
 
 
 def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Sequence[str]] | None = None,
                    budget: int | float | str | None = None, resolution: float | None = None,
-                   optimizer: str | int = "sgd", devices: Sequence[str] | None = None,
+                   optimizer: str | int = "adamw", devices: Sequence[str] | None = None,
                    max_levels: int = DEFAULT_MAX_LEVELS, max_branches: int = 1024, backend: str | None = None,
-                   progress: Callable[[str], None] | None = None) -> Frontier:
+                   progress: Callable[[str], None] | None = None, reserve: int = 0,
+                   max_walks: int = DEFAULT_MAX_WALKS) -> Frontier:
     """The Pareto frontier of (per-device peak memory, iteration time) plans of ``graph`` on
     ``cluster`` (module docstring).
 
@@ -404,24 +508,19 @@ def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Seq
     profile is refused).  ``meshes``: device groups (ordered, ring order) to try, each a sequence
     of names or a ``"gpu0,gpu1"`` string; default :func:`~.build.candidate_meshes` over
     ``devices`` (default: every device of the cluster).  ``budget``: bytes per device (or a size
-    such as ``"16GiB"``): points above it have ``fits_budget`` false, and a budget below every
-    point raises :class:`BudgetError` (with the smallest memory and the fewest devices reaching
-    it); without a budget a point fits when it fits the smallest memory of its devices.
+    such as ``"16GiB"``) and ``reserve`` (bytes the framework keeps on each device): a point
+    fits when every device's peak is within ``min(its memory, budget) − reserve``
+    (:func:`tensoropt.fits.fits`); a budget below every point raises :class:`BudgetError` (with
+    the smallest memory and the fewest devices reaching it).
     ``resolution``: bytes (0 = exact; default: see the module docstring).  ``optimizer``:
-    ``sgd`` (default, as :func:`~tensoropt.costs.step_memory` and the simulator) / ``momentum`` /
-    ``adam`` or α.  ``max_levels``: τ runs per mesh before levels are thinned; ``max_branches``:
+    ``adamw`` (default) / ``adam`` / ``momentum`` / ``sgd`` or α (state bytes per parameter byte).  ``max_levels``: τ runs per mesh before levels are thinned; ``max_branches``:
     :func:`~.ft.track`'s.  ``progress``: called with a short message as work proceeds.
     """
-    from ..cluster.units import parse_size
-
     t0 = _time.perf_counter()
     report = progress or (lambda msg: None)
     costs.check_graph(graph)
     optimizer_alpha(optimizer)  # an unknown optimizer is an error before any work
-    if budget is not None:
-        budget = parse_size(budget, "budget") if isinstance(budget, str) else budget
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0 or math.isinf(budget):
-            raise TensorOptError(f"budget must be a positive number of bytes, got {budget!r}")
+    budget = check_budget_value(budget)
     if int(max_levels) != max_levels or max_levels < 1:
         raise ValueError(f"max_levels must be an integer >= 1, got {max_levels!r}")
     if not graph.ops:
@@ -440,7 +539,8 @@ def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Seq
     else:
         res = kernels._resolution(resolution)
         res_rule = "given"
-    results = [_track_mesh(mp, res, int(max_levels), max_branches, backend, report) for mp in problems]
+    results = [_track_mesh(mp, graph, costs, cluster, res, int(max_levels), max_branches, backend, int(max_walks),
+                           report) for mp in problems]
 
     report("union across meshes")
     _, _, which, idx, m_union = kernels.union([(r.mem, r.time) for r in results], res, backend=backend,
@@ -451,25 +551,28 @@ def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Seq
         r = results[w]
         mp = r.problem
         a = r.assignments[j]
-        mem, t = float(r.mem[j]), float(r.time[j])
-        resident, _ = mp.resident(a)
+        t = float(r.time[j])
+        walked = r.walks[j]
+        per_device = {d: int(walked[d].peak) for d in mp.mesh}
+        mem_i = max(per_device.values())
+        top = walked[max(mp.mesh, key=lambda d: per_device[d])]
+        estimate = int(round(float(r.estimates[j])))
         k = mp.num_devices
         pid = f"p{i:03d}-{k}dev"
-        mem_i = int(round(mem))
-        cap = budget if budget is not None else min(cluster.device(d).memory_bytes for d in mp.mesh)
         plan = Plan(mp.plan_configs(a), graph_fingerprint=graph.fingerprint, graph_name=graph.name,
                     batch_size=graph.batch_size, cluster_name=cluster.name,
                     cluster_fingerprint=cluster.fingerprint, algorithm="frontier",
                     options={"mesh": list(mp.mesh), "resolution": res, "optimizer": optimizer,
-                             "budget": budget, "resident_bytes": int(round(resident)),
-                             "transient_bytes": int(round(mem - resident))},
+                             "budget": budget, "search_estimate_bytes": estimate},
                     order=[n.name for n in graph.ops],
-                    estimates=[Estimate("frontier", t, {d: mem_i for d in mp.mesh})], plan_id=pid,
-                    notes=[f"frontier point {i} of {len(which)}: per-device peak {fmt_bytes(mem_i)} "
-                           f"(resident {fmt_bytes(int(round(resident)))} + largest transient "
-                           f"{fmt_bytes(int(round(mem - resident)))}), {t * 1e3:.4g} ms"])
-        points.append(FrontierPoint(pid, mem_i, t, k, tuple(mp.mesh), plan, mem_i <= cap,
-                                    int(round(resident)), int(round(mem - resident)), w, dict(a)))
+                    estimates=[Estimate("frontier", t, per_device)], plan_id=pid,
+                    notes=[f"frontier point {i} of {len(which)}: per-device peak {fmt_bytes(mem_i)} (the memory walk "
+                           f"of its schedule; the search's additive estimate was {fmt_bytes(estimate)}), "
+                           f"{t * 1e3:.4g} ms"])
+        points.append(FrontierPoint(pid, mem_i, t, k, tuple(mp.mesh), plan,
+                                    fits(per_device, cluster, budget=budget, reserve=reserve), per_device,
+                                    top.parts(), estimate,
+                                    w, dict(a)))
 
     exact = all(r.exact for r in results) and m_union == 0
     notes = list(APPROXIMATIONS)
@@ -494,11 +597,20 @@ def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Seq
             notes.append(f"mesh {','.join(r.mesh)}: the heuristic elimination fixed {len(r.fixed)} node(s) "
                          f"({', '.join(r.fixed[:5])}{'…' if len(r.fixed) > 5 else ''}) instead of branching: "
                          "the frontier may miss plans")
-    notes.append("exact: the frontier is the exact Pareto set of this cost model" if exact else
+    cand = np.concatenate([r.candidate_costs for r in results if r.candidate_costs.size]) if any(
+        r.candidate_costs.size for r in results) else np.zeros((0, 3))
+    if cand.size:
+        ratio = cand[:, 0] / np.maximum(cand[:, 1], 1.0)
+        notes.append(f"the search ranked {len(cand)} candidate plans by an additive memory estimate, "
+                     f"{(ratio.min() - 1) * 100:+.0f} % to {(ratio.max() - 1) * 100:+.0f} % of their walked peaks; "
+                     "the frontier is the Pareto set of the candidates by walked peak and time (a plan the "
+                     "estimate ranks badly may be missing)")
+    notes.append("exact search: every candidate set is the exact frontier of the search's estimate" if exact else
                  "not exact: see the notes above for what was merged, thinned or fixed")
     fr = Frontier(points, meshes=results, resolution=res, merged_by_resolution=merged, exact=exact,
                   budget=budget, optimizer=optimizer, notes=notes, graph_name=graph.name,
-                  batch_size=graph.batch_size, cluster_name=cluster.name, seconds=_time.perf_counter() - t0)
+                  batch_size=graph.batch_size, cluster_name=cluster.name, seconds=_time.perf_counter() - t0,
+                  cluster=cluster, reserve=reserve)
     if not points:
         fr.notes.append("no plan is feasible")
     if budget is not None:

@@ -111,6 +111,7 @@ from ..reshard import (P, edge_reshard, output_layout, param_cut, param_sync, pi
                        stat_sync)
 from ..cluster.collectives import ring_allreduce_bytes_time, ring_allreduce_time
 from .problem import EdgeCosts, NodeCosts, Problem
+from ..costs.memory import DEFAULT_OPTIMIZER
 
 __all__ = ["REFERENCE_BYTES", "EXACT_MESH_LIMIT", "LAYOUT_ORDER", "candidate_meshes", "ring_bottleneck",
            "node_configs", "MeshProblem", "build_problem", "default_sizes"]
@@ -272,7 +273,7 @@ class MeshProblem:
     problem: Problem
     configs: Mapping[str, tuple[NodeConfig, ...]]
     transient: Mapping[str, np.ndarray]
-    optimizer: str | int = "sgd"
+    optimizer: str | int = DEFAULT_OPTIMIZER
     notes: tuple[str, ...] = ()
     stats: Mapping[str, Any] = field(default_factory=dict)
 
@@ -320,7 +321,7 @@ class MeshProblem:
 
 
 def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
-                  optimizer: str | int = "sgd") -> MeshProblem:
+                  optimizer: str | int = DEFAULT_OPTIMIZER) -> MeshProblem:
     """The :class:`MeshProblem` of ``graph`` on ``mesh`` (module docstring for every cost).
     O(V·c + E·c²) reshard evaluations for c configurations per node."""
     mesh = tuple(mesh)

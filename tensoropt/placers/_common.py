@@ -14,6 +14,7 @@ from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..plan import Estimate, NodeConfig, Plan, PlanError
 from .coarsen import Grouping, colocate, group_memory, heavy_edge_groups, parse_rules
+from ..costs.memory import DEFAULT_OPTIMIZER
 
 
 def resolve_devices(cluster: Any, devices: Sequence[str] | str | None) -> list[str]:
@@ -94,7 +95,7 @@ class Problem:
 
 
 def setup(graph: OpGraph, costs: CostModel, cluster: Any, algo: str, *, devices: Any = None,
-          optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups_target: int | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups_target: int | None = None,
           grouping: Grouping | None = None) -> Problem:
     """Build the :class:`Problem` and check that every placement unit can fit some device."""
     costs.check_graph(graph)

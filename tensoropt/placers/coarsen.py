@@ -41,6 +41,7 @@ from ..costs.memory import node_memory, optimizer_alpha
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..plan import PlanError
+from ..costs.memory import DEFAULT_OPTIMIZER
 
 T = TypeVar("T")
 
@@ -257,7 +258,7 @@ def colocate(graph: OpGraph, rules: str | None = "ABC", *, base: Grouping | None
 
 
 def heavy_edge_groups(graph: OpGraph, costs: Any, cluster: Any, *, devices: Sequence[str] | None = None,
-                      target: int | None = None, max_group_bytes: int | None = None, optimizer: str | int = "sgd",
+                      target: int | None = None, max_group_bytes: int | None = None, optimizer: str | int = DEFAULT_OPTIMIZER,
                       base: Grouping | None = None, acyclic: bool = True) -> Grouping:
     """NetSplit's node grouping (seed 003 Algorithm 3; see the module docstring).
 

@@ -30,12 +30,13 @@ from ..plan import NodeConfig, Plan, PlanError
 from ..reshard import R, read_layout, reads_nothing
 from ._common import resolve_devices
 from .coarsen import param_held_bytes
+from ..costs.memory import DEFAULT_OPTIMIZER
 
 NAME = "dp"
 
 
 def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = "sgd") -> Plan:
+          optimizer: str | int = DEFAULT_OPTIMIZER) -> Plan:
     """Data parallel over ``devices`` (default: all of the cluster's).  Raises
     :class:`~tensoropt.plan.PlanError` when the profile lacks the batch shard for that many
     devices or when a device cannot hold the replicated model.  O(V + E)."""

@@ -75,6 +75,7 @@ from ..reshard import edge_reshard
 from ._common import Problem, make_plan, setup
 from .coarsen import Grouping, group_memory
 from .m_etf import Schedule, Transfer
+from ..costs.memory import DEFAULT_OPTIMIZER
 
 NAME = "dpos"
 RANK_COSTS = ("max", "mean")
@@ -467,7 +468,7 @@ def schedule_problem(prob: Problem, splits: Iterable[Split] = (), *, rank_cost: 
 
 
 def schedule(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-             optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+             optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
              grouping: Grouping | None = None, rank_cost: str = "max", splits: Iterable[Split] = ()) -> DPOSSchedule:
     """Run DPOS and return its :class:`DPOSSchedule` (options as :func:`place`)."""
     prob = setup(graph, costs, cluster, NAME, devices=devices, optimizer=optimizer, colocation=colocation,
@@ -499,7 +500,7 @@ def plan_from_schedule(prob: Problem, algo: str, sched: DPOSSchedule, opts: Mapp
 
 
 def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None, rank_cost: str = "max") -> Plan:
     """Place ``graph`` with FastT's DPOS (see the module docstring).
 

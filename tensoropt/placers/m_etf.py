@@ -46,6 +46,7 @@ from ..graph import OpGraph
 from ..plan import Plan
 from ._common import Problem, make_plan, not_placed_error, setup
 from .coarsen import Grouping
+from ..costs.memory import DEFAULT_OPTIMIZER
 
 NAME = "m-etf"
 
@@ -225,7 +226,7 @@ class ListScheduler:
 
 
 def schedule(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-             optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+             optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
              grouping: Grouping | None = None) -> Schedule:
     """Run m-ETF and return its :class:`Schedule` (options as :func:`place`)."""
     prob = setup(graph, costs, cluster, NAME, devices=devices, optimizer=optimizer, colocation=colocation,
@@ -234,7 +235,7 @@ def schedule(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequenc
 
 
 def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None) -> Plan:
     """Place ``graph`` with m-ETF (see the module docstring).
 

@@ -46,6 +46,7 @@ from ..plan import Plan
 from ._common import Problem, setup
 from .coarsen import Grouping
 from .m_etf import ListScheduler, Schedule, _plan, options
+from ..costs.memory import DEFAULT_OPTIMIZER
 
 NAME = "m-sct"
 THRESHOLD = 0.1
@@ -241,7 +242,7 @@ class SCTScheduler(ListScheduler):
 
 
 def schedule(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-             optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+             optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
              grouping: Grouping | None = None, threshold: float = THRESHOLD, link: str = "mean",
              solver: str = "auto") -> tuple[Schedule, FavouriteChildren]:
     """Run m-SCT; returns its :class:`~.m_etf.Schedule` and the LP's :class:`FavouriteChildren`."""
@@ -252,7 +253,7 @@ def schedule(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequenc
 
 
 def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None, threshold: float = THRESHOLD, link: str = "mean",
           solver: str = "auto") -> Plan:
     """Place ``graph`` with m-SCT (see the module docstring).  Options as

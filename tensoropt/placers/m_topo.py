@@ -29,6 +29,7 @@ from ..graph import OpGraph
 from ..plan import Plan
 from ._common import make_plan, not_placed_error, setup
 from .coarsen import Grouping
+from ..costs.memory import DEFAULT_OPTIMIZER
 
 NAME = "m-topo"
 
@@ -39,7 +40,7 @@ def cap(memories: Sequence[int], num_devices: int) -> int:
 
 
 def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
           uniform: bool = True, grouping: Grouping | None = None) -> Plan:
     """Place ``graph`` with m-TOPO (see the module docstring).
 

@@ -38,13 +38,14 @@ from ..graph import OpGraph
 from ..plan import Plan
 from ._milp import MAX_DISJUNCTIONS, place_milp, training_tasks
 from .coarsen import Grouping
+from ..costs.memory import DEFAULT_OPTIMIZER
 
 NAME = "netsplit"
 MAX_GROUPS = 60
 
 
 def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None, max_groups: int | None = MAX_GROUPS, time_limit: float = 30.0,
           mip_gap: float = 1e-3, warm_start: bool = True, max_disjunctions: int | None = MAX_DISJUNCTIONS) -> Plan:
     """Place ``graph`` with NetSplit's MILP (see the module docstring).

@@ -50,6 +50,7 @@ from ._common import Problem, setup
 from .coarsen import Grouping
 from .dpos import (SPLIT_LAYOUTS, DPOSSchedule, Split, edge_seconds, gradient_edges, op_seconds, options,
                    plan_from_schedule, schedule_problem)
+from ..costs.memory import DEFAULT_OPTIMIZER
 
 NAME = "os-dpos"
 MAX_PASSES = 4
@@ -152,7 +153,7 @@ def search(prob: Problem, *, layouts: Sequence[str] = SPLIT_LAYOUTS, max_passes:
 
 
 def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None, rank_cost: str = "max", max_passes: int = MAX_PASSES,
           layouts: Sequence[str] = SPLIT_LAYOUTS) -> Plan:
     """Place ``graph`` with FastT's OS-DPOS (see the module docstring).

@@ -32,13 +32,14 @@ from ..graph import OpGraph
 from ..plan import Plan
 from ._milp import MAX_DISJUNCTIONS, place_milp, forward_tasks
 from .coarsen import Grouping
+from ..costs.memory import DEFAULT_OPTIMIZER
 
 NAME = "pesto"
 MAX_GROUPS = 700
 
 
 def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = "sgd", colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None, max_groups: int | None = MAX_GROUPS, time_limit: float = 30.0,
           mip_gap: float = 1e-3, warm_start: bool = True, max_disjunctions: int | None = MAX_DISJUNCTIONS) -> Plan:
     """Place ``graph`` with Pesto's MILP (see the module docstring).  Options as

@@ -64,34 +64,45 @@ def test_frontier_shape_and_plans(default, cnn):
         p.plan.check(g, TITAN)
         assert p.plan_id == f"p{i:03d}-{p.num_devices}dev" == p.plan.plan_id
         assert p.plan.algorithm == "frontier"
-        assert p.plan.options["mesh"] == list(p.devices) and p.plan.options["optimizer"] == "sgd"
+        assert p.plan.options["mesh"] == list(p.devices) and p.plan.options["optimizer"] == "adamw"
         assert p.plan.options["resolution"] == fr.resolution
         est = p.plan.estimate("frontier")
-        assert est.time_s == p.time_s and est.memory_bytes == {d: p.memory_bytes for d in p.devices}
+        assert est.time_s == p.time_s and est.memory_bytes == p.device_memory
+        assert p.memory_bytes == max(p.device_memory.values()) and set(p.device_memory) == set(p.devices)
         assert set(p.plan.configs) == {n.name for n in g.ops}
         assert all(c.devices == p.devices for c in p.plan.configs.values())
         assert p.num_devices == len(p.devices) == p.plan.num_devices
-        assert p.memory_bytes == p.resident_bytes + p.transient_bytes
+        assert sum(p.parts.values()) == p.memory_bytes           # the peak's parts add up to it
     assert fr.min_memory() is fr[0] and fr.min_time() is fr[-1]
 
 
-def test_recosting_every_point_reproduces_it(default):
+def test_every_point_costs_what_the_simulator_says(default, cnn):
+    g, costs = cnn
     for p in default:
         mp = default.meshes[p.mesh_index].problem
         m, t = mp.cost(p.assignment)
-        assert m == p.memory_bytes                               # integers: exact
+        assert m == p.search_estimate_bytes                      # the search's estimate, kept
         assert t == pytest.approx(p.time_s, rel=1e-12, abs=0)    # float sums, another order
         assert mp.plan_configs(p.assignment) == p.plan.configs
-        assert mp.max_transient(p.assignment) == p.transient_bytes
+        sim = tensoropt.simulate(p.plan, g, costs, TITAN)        # the simulator's peak is the point's memory
+        assert sim.memory_bytes == p.device_memory and sim.max_memory_bytes == p.memory_bytes
+
+
+def candidates_frontier(r):
+    """The search's own frontier among a mesh's candidates: (estimate, time) reduced."""
+    est, tim = r.candidate_costs[:, 0], r.candidate_costs[:, 2]
+    idx = kernels.reduce(est, tim)
+    return est[idx], tim[idx]
 
 
 def test_tau_runs_give_the_exact_frontier_of_sum_plus_max(exact):
     assert exact.exact and exact.merged_by_resolution == 0
     for r in exact.meshes:
         bm, bt = brute(r.problem)
-        np.testing.assert_array_equal(r.mem, bm)
-        np.testing.assert_allclose(r.time, bt, rtol=1e-12)
-    # the union across meshes is the reduce of the meshes' frontiers
+        cm, ct = candidates_frontier(r)
+        np.testing.assert_array_equal(cm, bm)
+        np.testing.assert_allclose(ct, bt, rtol=1e-12)
+    # the union across meshes is the reduce of the meshes' frontiers (by walked peak)
     um, ut, _, _ = kernels.union([(r.mem, r.time) for r in exact.meshes])
     assert [p.memory_bytes for p in exact] == um.tolist()
     np.testing.assert_array_equal([p.time_s for p in exact], ut)
@@ -103,16 +114,17 @@ def test_tau_runs_are_exact_with_a_tied_weight(tied):
     assert fr.exact
     for r in fr.meshes:
         bm, bt = brute(r.problem)
-        np.testing.assert_array_equal(r.mem, bm)
-        np.testing.assert_allclose(r.time, bt, rtol=1e-12)
+        cm, ct = candidates_frontier(r)
+        np.testing.assert_array_equal(cm, bm)
+        np.testing.assert_allclose(ct, bt, rtol=1e-12)
 
 
 def test_min_time_point_is_the_single_objective_optimum(default, exact):
     best = min(min_scalarized(r.problem.problem)[0] for r in default.meshes)
     assert default.min_time().time_s == pytest.approx(best, rel=1e-12)
     assert exact.min_time().time_s == pytest.approx(best, rel=1e-12)
-    # and the least-memory point: no plan of any mesh has less
-    least = min(float(brute(r.problem)[0][0]) for r in exact.meshes)
+    # and the least-memory point: no candidate of any mesh walks to less
+    least = min(float(r.candidate_costs[:, 1].min()) for r in exact.meshes)
     assert exact.min_memory().memory_bytes == least
 
 
@@ -188,7 +200,7 @@ def test_simulator_runs_the_plans(default, cnn):
 
 def test_explicit_meshes_and_optimizer(cnn):
     g, costs = cnn
-    sgd = track_frontier(g, costs, TITAN, meshes=[["gpu2", "gpu3"]], resolution=0)
+    sgd = track_frontier(g, costs, TITAN, meshes=[["gpu2", "gpu3"]], resolution=0, optimizer="sgd")
     adam = track_frontier(g, costs, TITAN, meshes=["gpu2,gpu3"], resolution=0, optimizer="adam")
     assert {p.devices for p in sgd} == {("gpu2", "gpu3")}
     assert adam.min_memory().memory_bytes > sgd.min_memory().memory_bytes
@@ -219,6 +231,6 @@ def test_thinned_levels_are_stated_and_costs_stay_exact(tied):
     assert not thin.exact and any("thinned" in n for n in thin.notes)
     assert thin.min_time().time_s == pytest.approx(full.min_time().time_s, rel=1e-12)
     for p in thin:
-        assert thin.meshes[p.mesh_index].problem.cost(p.assignment)[0] == p.memory_bytes
+        assert thin.meshes[p.mesh_index].problem.cost(p.assignment)[0] == p.search_estimate_bytes
         # every thinned point is a real plan: the exact frontier has one at least as good
         assert any(q.memory_bytes <= p.memory_bytes and q.time_s <= p.time_s * (1 + 1e-12) for q in full)

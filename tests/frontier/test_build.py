@@ -138,7 +138,7 @@ def test_node_and_edge_costs_are_the_cost_model_and_reshard(cnn):
     assert costs["relu"].saves_output
     assert e.time.max() > 0                                       # S(batch) → S(channel) costs an all-to-all
     # one device: no edge takes time, and only recomputation makes an edge hold memory
-    mp1 = build_problem(g, costs, TITAN, ("gpu0",))
+    mp1 = build_problem(g, costs, TITAN, ("gpu0",), optimizer="sgd")
     for e in mp1.problem.edges:
         assert not e.time.any()
         for i, a in enumerate(mp1.configs[e.src]):
@@ -151,7 +151,7 @@ def test_node_time_is_divided_by_the_slowest_mesh_device(cnn):
     g, costs = cnn
     cl = Cluster("speeds", [Device("a", 2**30, speed=2.0), Device("b", 2**30, speed=4.0)], {},
                  default=LinkModel(1e-6, 1e9))
-    mp = build_problem(g, costs, cl, ("a",))
+    mp = build_problem(g, costs, cl, ("a",), optimizer="sgd")
     relu = mp.problem.nodes[mp.problem.index("relu")]
     assert relu.time[0] == pytest.approx((costs["relu"].fp_s + costs["relu"].bp_s) / 2.0)
 
@@ -159,7 +159,7 @@ def test_node_time_is_divided_by_the_slowest_mesh_device(cnn):
 def test_tied_weight_is_held_in_its_larger_piece(tied):
     g, costs = tied
     mesh = ("gpu0", "gpu1")
-    mp = build_problem(g, costs, TITAN, mesh)
+    mp = build_problem(g, costs, TITAN, mesh, optimizer="sgd")
     assert mp.stats["tie_edges"] == 1
     tie = [e for e in mp.problem.edges if (e.src, e.dst) == ("embedding", "linear")]
     assert len(tie) == 1
@@ -190,7 +190,7 @@ def test_tied_weight_is_held_in_its_larger_piece(tied):
 
 def test_cost_is_resident_sum_plus_max_transient(cnn):
     g, costs = cnn
-    mp = build_problem(g, costs, TITAN, ("gpu0", "gpu1"))
+    mp = build_problem(g, costs, TITAN, ("gpu0", "gpu1"), optimizer="sgd")
     rng = np.random.default_rng(0)
     for _ in range(20):
         a = {n.name: int(rng.integers(n.k)) for n in mp.problem.nodes}

@@ -86,14 +86,14 @@ def test_heavy_edges_merge_first_and_never_close_a_cycle():
         dict(name="c", inputs=["a"], out=8),
         dict(name="d", inputs=["b", "c"], out=8),
     ])
-    two = heavy_edge_groups(g, costs, cluster(1), target=2)
+    two = heavy_edge_groups(g, costs, cluster(1), target=2, optimizer="sgd")
     assert two.members == (("a", "c"), ("b", "d"))
     assert two.is_acyclic(g) and two.method == "heavy-edge"
-    assert len(heavy_edge_groups(g, costs, cluster(1), target=1)) == 1
-    cyclic = heavy_edge_groups(g, costs, cluster(1), target=2, acyclic=False)
+    assert len(heavy_edge_groups(g, costs, cluster(1), target=1, optimizer="sgd")) == 1
+    cyclic = heavy_edge_groups(g, costs, cluster(1), target=2, acyclic=False, optimizer="sgd")
     assert cyclic.members == (("a", "b", "d"), ("c",)) and not cyclic.is_acyclic(g)
     # the default target is 2 x devices: nothing to merge with 2 devices and 4 nodes
-    assert len(heavy_edge_groups(g, costs, cluster(2))) == 4
+    assert len(heavy_edge_groups(g, costs, cluster(2), optimizer="sgd")) == 4
 
 
 def test_heavy_edges_respect_group_memory_and_total_memory():
@@ -103,13 +103,13 @@ def test_heavy_edges_respect_group_memory_and_total_memory():
         dict(name="c", inputs=["b"], params=40, out=8),
     ])
     # a-b is the heaviest edge but a group may hold at most the smallest device's memory (100 bytes)
-    small = heavy_edge_groups(g, costs, cluster(2, memory=[100, 1000]), target=1)
+    small = heavy_edge_groups(g, costs, cluster(2, memory=[100, 1000]), target=1, optimizer="sgd")
     assert len(small) == 3
-    big = heavy_edge_groups(g, costs, cluster(2, memory=[160, 1000]), target=1)
+    big = heavy_edge_groups(g, costs, cluster(2, memory=[160, 1000]), target=1, optimizer="sgd")
     assert same(big, "a", "b") and len(big) == 2      # then b-c would need 240 > 160
-    assert heavy_edge_groups(g, costs, cluster(2), target=1, max_group_bytes=10**6).members == (("a", "b", "c"),)
+    assert heavy_edge_groups(g, costs, cluster(2), target=1, max_group_bytes=10**6, optimizer="sgd").members == (("a", "b", "c"),)
     with pytest.raises(PlanError, match="insufficient memory.*240 B"):
-        heavy_edge_groups(g, costs, cluster(2, memory=[100, 100]))
+        heavy_edge_groups(g, costs, cluster(2, memory=[100, 100]), optimizer="sgd")
 
 
 def test_heavy_edges_refine_colocation(tiny):
@@ -118,14 +118,14 @@ def test_heavy_edges_refine_colocation(tiny):
     lm_head = next(n.name for n in graph.ops if n.param_reads)
     embed = graph.params[graph.nodes[lm_head].param_reads[0]].owner
     assert same(base, lm_head, embed)                 # heuristic C: the tied embedding and the LM head
-    grouped = heavy_edge_groups(graph, costs, cluster(3, memory=GiB), base=base)
+    grouped = heavy_edge_groups(graph, costs, cluster(3, memory=GiB), base=base, optimizer="sgd")
     assert len(grouped) == 6 and grouped.method == "colocation ABC + heavy-edge"
     assert same(grouped, lm_head, embed)
     assert set(grouped.group_of) == {n.name for n in graph.ops}
     for m in base.members:                            # only merges: every colocation group stays whole
         assert same(grouped, *m)
     # starting from singletons the quotient stays a DAG
-    plain = heavy_edge_groups(graph, costs, cluster(3, memory=GiB))
+    plain = heavy_edge_groups(graph, costs, cluster(3, memory=GiB), optimizer="sgd")
     assert nx.is_directed_acyclic_graph(plain.quotient(graph)) and len(plain) == 6
 
 

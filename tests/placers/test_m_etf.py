@@ -22,7 +22,7 @@ def diamond(skip=False):
 
 def test_the_schedule_of_a_diamond_by_hand():
     g, costs = diamond()
-    s = m_etf.schedule(g, costs, cluster(2))
+    s = m_etf.schedule(g, costs, cluster(2), optimizer="sgd")
     # t=0: a on g0 (tie between devices: the first).  t=1: b can start at once on g0, on g1 only
     # when a has arrived (1 + 1.5); g0 takes b [1, 4] (smaller topological order than c).  t=2.5: c
     # on g1 [2.5, 5.5] after a's transfer [1, 2.5].  t=5.5: d could start on g1 at once (b was sent
@@ -33,20 +33,20 @@ def test_the_schedule_of_a_diamond_by_hand():
     assert s.order == ["a", "b", "c", "d"] and s.makespan == 6.5
     assert [(t.tensor, t.src, t.dst, t.send_start, t.end) for t in s.transfers] == [
         ("a", "g0", "g1", 1.0, 2.5), ("b", "g0", "g1", 4.0, 5.5)]
-    plan = m_etf.place(g, costs, cluster(2))
+    plan = m_etf.place(g, costs, cluster(2), optimizer="sgd")
     plan.check(g, cluster(2))
     assert plan.order == ["a", "b", "c", "d"] and placement(plan) == s.device
     est = plan.estimate("m-etf")
     assert est.time_s == 6.5 and est.memory_bytes == {}      # nothing resident in this example
-    assert simulate(plan, g, costs, cluster(2)).time_s > 0
+    assert simulate(plan, g, costs, cluster(2), optimizer="sgd").time_s > 0
     # on one device: everything in a row
-    one = m_etf.schedule(g, costs, cluster(1))
+    one = m_etf.schedule(g, costs, cluster(1), optimizer="sgd")
     assert one.makespan == 8.0 and set(one.device.values()) == {"g0"} and one.transfers == []
 
 
 def test_a_tensor_already_on_a_device_is_not_sent_again():
     g, costs = diamond(skip=True)                 # d reads a too; a was sent to g1 for c
-    s = m_etf.schedule(g, costs, cluster(2))
+    s = m_etf.schedule(g, costs, cluster(2), optimizer="sgd")
     assert s.device["d"] == "g1" and s.makespan == 6.5
     assert [(t.tensor, t.dst) for t in s.transfers] == [("a", "g1"), ("b", "g1")]
 
@@ -63,7 +63,7 @@ def test_one_channel_per_device_serialises_sends_and_receives():
         dict(name="e", inputs=["a"], fp=3.0),
         dict(name="z", inputs=["b", "c", "e"], out=8, fp=1.0, op="aten.cat.default"),
     ])
-    s = m_etf.schedule(g, costs, cluster(3))
+    s = m_etf.schedule(g, costs, cluster(3), optimizer="sgd")
     assert s.device == {"a": "g0", "b": "g0", "c": "g1", "e": "g2", "z": "g2"}
     assert [(t.tensor, t.src, t.dst, t.send_start, t.recv_start, t.end) for t in s.transfers] == [
         ("a", "g0", "g1", 1.0, 1.0, 2.5), ("a", "g0", "g2", 2.5, 2.5, 4.0),
@@ -74,17 +74,17 @@ def test_one_channel_per_device_serialises_sends_and_receives():
 def test_memory_forces_spreading_and_impossible_ones_raise():
     # a chain stays on one device (no transfer is ever worth it) until the device is full
     g, costs = build([dict(name=n, inputs=[p], params=40) for n, p in zip("abcd", "xabc")])  # 80 bytes each
-    assert set(m_etf.schedule(g, costs, cluster(2)).device.values()) == {"g0"}
-    s = m_etf.schedule(g, costs, cluster(2, memory=170))
+    assert set(m_etf.schedule(g, costs, cluster(2), optimizer="sgd").device.values()) == {"g0"}
+    s = m_etf.schedule(g, costs, cluster(2, memory=170), optimizer="sgd")
     assert s.device == {"a": "g0", "b": "g0", "c": "g1", "d": "g1"}
     assert s.memory == {"g0": 160, "g1": 160}
-    plan = m_etf.place(g, costs, cluster(2, memory=170))
+    plan = m_etf.place(g, costs, cluster(2, memory=170), optimizer="sgd")
     assert plan.estimate("m-etf").memory_bytes == {"g0": 160, "g1": 160}
     with pytest.raises(PlanError, match=r"m-etf: operator 'a' needs 80 B \(80 bytes.*largest device, g0, has 70 B"):
-        m_etf.place(g, costs, cluster(2, memory=70))
+        m_etf.place(g, costs, cluster(2, memory=70), optimizer="sgd")
     # room for all together (370 bytes for 320) but not where it is needed: a, b, c take a device each
     with pytest.raises(PlanError, match=r"could not be placed, e.g. 'd'.*most any device has left is 50 B"):
-        m_etf.place(g, costs, cluster(3, memory=[120, 120, 130]))
+        m_etf.place(g, costs, cluster(3, memory=[120, 120, 130]), optimizer="sgd")
 
 
 def test_colocation_groups_are_placed_with_their_first_op():
@@ -95,9 +95,9 @@ def test_colocation_groups_are_placed_with_their_first_op():
         dict(name="c", inputs=["a"], fp=3.0),
         dict(name="d", inputs=["c"], fp=1.0, reads=["a.w"]),
     ], outputs=["b", "d"])
-    free = m_etf.schedule(g, costs, cluster(2), colocation="none")
+    free = m_etf.schedule(g, costs, cluster(2), colocation="none", optimizer="sgd")
     assert free.device == {"a": "g0", "b": "g0", "c": "g1", "d": "g1"}
-    grouped = m_etf.schedule(g, costs, cluster(2))
+    grouped = m_etf.schedule(g, costs, cluster(2), optimizer="sgd")
     assert grouped.device["d"] == "g0" and grouped.device["c"] == "g1"
 
 
@@ -105,11 +105,11 @@ def test_colocation_groups_are_placed_with_their_first_op():
 def test_tiny_models(tiny, titan, model):
     graph, costs = tiny[model]
     devices = ["gpu0", "gpu1", "gpu2"]
-    plan = place(graph, costs, titan, "m-etf", devices=devices)
+    plan = place(graph, costs, titan, "m-etf", devices=devices, optimizer="sgd")
     plan.check(graph, titan)
     assert plan.estimate("m-etf").time_s > 0
-    assert simulate(plan, graph, costs, titan).time_s > 0
+    assert simulate(plan, graph, costs, titan, optimizer="sgd").time_s > 0
     spread_on_small_devices(graph, costs, "m-etf", devices)
-    prob = setup(graph, costs, titan, "m-etf", devices=devices)
+    prob = setup(graph, costs, titan, "m-etf", devices=devices, optimizer="sgd")
     with pytest.raises(PlanError, match="largest device"):
-        place(graph, costs, cluster(3, memory=max(prob.group_bytes) - 1, names=devices), "m-etf")
+        place(graph, costs, cluster(3, memory=max(prob.group_bytes) - 1, names=devices), "m-etf", optimizer="sgd")

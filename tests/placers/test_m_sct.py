@@ -29,7 +29,7 @@ def fork_join(b=10.0, c=1.0, out=1000):
 def test_the_lp_marks_the_heavy_branch_as_favourite(solver):
     pytest.importorskip(solver)
     g, costs = fork_join()
-    prob = setup(g, costs, cluster(2, link=SLOW), "m-sct")
+    prob = setup(g, costs, cluster(2, link=SLOW), "m-sct", optimizer="sgd")
     fc = m_sct.favourite_children(prob, solver=solver)
     # w >= 1 + 2 x_ab + 10 + 2 x_bd + 1 along a-b-d, and the light branch a-c-d costs at most
     # 1 + 2 + 1 + 2 + 1 = 7 with both its edges cut: the optimum keeps a-b-d together (x = 0), w = 12
@@ -45,7 +45,7 @@ def test_the_lp_marks_the_heavy_branch_as_favourite(solver):
 
 def test_rounding_threshold_and_baechis_conflict_rule():
     g, costs = fork_join(b=3.0, c=3.0)
-    prob = setup(g, costs, cluster(2, link=SLOW), "m-sct")
+    prob = setup(g, costs, cluster(2, link=SLOW), "m-sct", optimizer="sgd")
     # symmetric branches: one of the four edges' cuts must be paid on each path, w = 1 + 3 + 1 + 2
     assert m_sct.favourite_children(prob).makespan == pytest.approx(7.0)
     # a threshold above 1 makes every edge a favourite edge; walking the edges in order, a's last
@@ -58,16 +58,16 @@ def test_favourite_children_stay_with_their_parent_and_parallelism_is_used():
     # two heavy branches, light tensors: m-SCT runs them side by side
     g, costs = fork_join(b=10.0, c=10.0, out=8)
     two = cluster(2)
-    plan = m_sct.place(g, costs, two)
+    plan = m_sct.place(g, costs, two, optimizer="sgd")
     plan.check(g, two)
     where = placement(plan)
     assert where["b"] != where["c"]
-    sched, fc = m_sct.schedule(g, costs, two)
+    sched, fc = m_sct.schedule(g, costs, two, optimizer="sgd")
     for parent, child in fc.favourite.items():
         assert sched.device[parent] == sched.device[child]
     one = Plan({n: NodeConfig(("g0",)) for n in where}, graph_fingerprint=g.fingerprint)
-    t_sct = simulate(plan, g, costs, two).time_s
-    t_one = simulate(one, g, costs, two).time_s
+    t_sct = simulate(plan, g, costs, two, optimizer="sgd").time_s
+    t_one = simulate(one, g, costs, two, optimizer="sgd").time_s
     assert t_sct < t_one == 22.0
     assert plan.estimate("m-sct").time_s == sched.makespan < 22.0
     assert any("favourite-child LP" in n for n in plan.notes)
@@ -84,9 +84,9 @@ def test_a_free_device_waits_for_its_favourite_child_where_m_etf_takes_the_first
         dict(name="d", inputs=["b", "c"], fp=1.0, op="aten.add.Tensor"),
     ])
     slow = cluster(2, link=SLOW)
-    etf = m_etf.schedule(g, costs, slow)
+    etf = m_etf.schedule(g, costs, slow, optimizer="sgd")
     assert etf.device == {"a": "g0", "c": "g0", "b": "g1", "d": "g1"} and etf.makespan == 14.0
-    sct, fc = m_sct.schedule(g, costs, slow)
+    sct, fc = m_sct.schedule(g, costs, slow, optimizer="sgd")
     assert fc.favourite == {"a": "b", "b": "d"}
     assert sct.device == {"a": "g0", "b": "g0", "c": "g1", "d": "g0"}
     assert sct.start == {"a": 0.0, "b": 1.0, "c": 3.0, "d": 11.0} and sct.makespan == 12.0
@@ -94,24 +94,24 @@ def test_a_free_device_waits_for_its_favourite_child_where_m_etf_takes_the_first
 
 def test_memory_limits():
     g, costs = build([dict(name=n, inputs=[p], params=40) for n, p in zip("abcd", "xabc")])  # 80 bytes each
-    sched, _ = m_sct.schedule(g, costs, cluster(2, memory=170))
+    sched, _ = m_sct.schedule(g, costs, cluster(2, memory=170), optimizer="sgd")
     assert sched.memory == {"g0": 160, "g1": 160}
     with pytest.raises(PlanError, match=r"m-sct: operator 'a' needs 80 B .* largest device, g0, has 70 B"):
-        m_sct.place(g, costs, cluster(2, memory=70))
+        m_sct.place(g, costs, cluster(2, memory=70), optimizer="sgd")
     with pytest.raises(TensorOptError, match="threshold"):
-        m_sct.place(g, costs, cluster(2), threshold=0.0)
+        m_sct.place(g, costs, cluster(2), threshold=0.0, optimizer="sgd")
 
 
 @pytest.mark.parametrize("model", ["vgg16", "gpt2"])
 def test_tiny_models(tiny, titan, model):
     graph, costs = tiny[model]
     devices = ["gpu0", "gpu1", "gpu2"]
-    plan = place(graph, costs, titan, "m-sct", devices=devices)
+    plan = place(graph, costs, titan, "m-sct", devices=devices, optimizer="sgd")
     plan.check(graph, titan)
     assert plan.estimate("m-sct").time_s > 0 and plan.options["threshold"] == 0.1
-    assert simulate(plan, graph, costs, titan).time_s > 0
-    prob = setup(graph, costs, titan, "m-sct", devices=devices)
+    assert simulate(plan, graph, costs, titan, optimizer="sgd").time_s > 0
+    prob = setup(graph, costs, titan, "m-sct", devices=devices, optimizer="sgd")
     need = sum(prob.group_bytes)
     small = cluster(3, memory=max(max(prob.group_bytes), need // 2), names=devices)
-    mem = place(graph, costs, small, "m-sct").estimate("m-sct").memory_bytes
+    mem = place(graph, costs, small, "m-sct", optimizer="sgd").estimate("m-sct").memory_bytes
     assert len(mem) >= 2 and all(b <= small.device(d).memory_bytes for d, b in mem.items())

@@ -133,7 +133,7 @@ def brute_force(graph, costs, cl, forward_only=False):
 def test_the_milp_equals_brute_force_on_tiny_graphs_with_heterogeneous_links(name):
     g, costs = GRAPHS[name]()
     cl = hetero(2)
-    plan = netsplit.place(g, costs, cl, colocation="none", mip_gap=0.0)
+    plan = netsplit.place(g, costs, cl, colocation="none", mip_gap=0.0, optimizer="sgd")
     plan.check(g, cl)
     milp = plan.options["milp"]
     assert milp["status"] == "Optimal" and not milp["time_limit_hit"]
@@ -147,7 +147,7 @@ def test_the_milp_equals_brute_force_on_tiny_graphs_with_heterogeneous_links(nam
 def test_three_devices_with_different_speeds_equal_brute_force():
     g, costs = GRAPHS["six ops, two joins"]()
     cl = hetero(3, speeds=[1.0, 2.0, 0.5])
-    plan = netsplit.place(g, costs, cl, colocation="none", mip_gap=0.0)
+    plan = netsplit.place(g, costs, cl, colocation="none", mip_gap=0.0, optimizer="sgd")
     assert plan.estimate("netsplit").time_s == pytest.approx(brute_force(g, costs, cl), rel=1e-9)
 
 
@@ -158,7 +158,7 @@ def test_fork_join_by_hand():
     # (b's gradient 17.5-19).  a, b | c, d ties at 21 s (b's backward 16-19 after its gradient moves
     # 14.5-16, a 19-21): which of the two HiGHS returns differs between its versions.
     g, costs = fork_join()
-    plan = netsplit.place(g, costs, cluster(2))
+    plan = netsplit.place(g, costs, cluster(2), optimizer="sgd")
     where = placement(plan)
     near = "c" if where["c"] == where["a"] else "b"        # the branch beside a
     far = "b" if near == "c" else "c"
@@ -166,12 +166,12 @@ def test_fork_join_by_hand():
     assert plan.estimate("netsplit").time_s == pytest.approx(21.0)
     assert plan.order == ["a", near, far, "d"]  # by forward start
     # the simulator runs the same plan: 21 s is a schedule it can match or beat
-    assert simulate(plan, g, costs, cluster(2)).time_s <= 21.0 + 1e-9
+    assert simulate(plan, g, costs, cluster(2), optimizer="sgd").time_s <= 21.0 + 1e-9
 
 
 def test_tasks_and_the_pairs_that_need_no_overlap():
     g, costs = fork_join()
-    prob = setup(g, costs, cluster(2), "netsplit", colocation="none")
+    prob = setup(g, costs, cluster(2), "netsplit", colocation="none", optimizer="sgd")
     tg = training_tasks(prob)
     names = [t.name for t in tg.tasks]
     assert names == ["fp:a", "fp:b", "fp:c", "fp:d", "bp:d", "bp:c", "bp:b", "bp:a"]
@@ -187,12 +187,12 @@ def test_the_memory_constraint_binds():
            dict(name="b", inputs=["a"], fp=1.0, bp=1.0, out=1000, params=1000),
            dict(name="c", inputs=["b"], fp=1.0, bp=1.0, out=8, params=1000)]
     g, costs = build(ops)
-    free = netsplit.place(g, costs, hetero(2), colocation="none")
+    free = netsplit.place(g, costs, hetero(2), colocation="none", optimizer="sgd")
     assert len(set(placement(free).values())) == 1
     assert free.estimate("netsplit").time_s == pytest.approx(6.0)
     # each op holds 2000 bytes (parameter + gradient): with 5000 bytes a device holds two of them
     small = hetero(2, memory=5000)
-    plan = netsplit.place(g, costs, small, colocation="none", mip_gap=0.0)
+    plan = netsplit.place(g, costs, small, colocation="none", mip_gap=0.0, optimizer="sgd")
     where = placement(plan)
     assert sorted(list(where.values()).count(d) for d in ("g0", "g1")) == [1, 2]
     assert max(plan.estimate("netsplit").memory_bytes.values()) <= 5000
@@ -205,7 +205,7 @@ def test_the_memory_constraint_binds():
 def test_warm_start_is_used_and_never_beaten_by_the_answer():
     g, costs = GRAPHS["six ops, two joins"]()
     cl = hetero(2)
-    plan = netsplit.place(g, costs, cl, colocation="none")
+    plan = netsplit.place(g, costs, cl, colocation="none", optimizer="sgd")
     milp = plan.options["milp"]
     ws = milp["warm_start"]
     assert ws["source"] in ("m-etf", "m-sct", "m-topo")
@@ -213,7 +213,7 @@ def test_warm_start_is_used_and_never_beaten_by_the_answer():
     assert set(milp["warm_start_candidates"]) == {"m-etf", "m-sct", "m-topo"}
     assert milp["objective_s"] <= ws["objective_s"] + 1e-9
     assert any(n.startswith("warm start: ") for n in plan.notes)
-    cold = netsplit.place(g, costs, cl, colocation="none", warm_start=False)
+    cold = netsplit.place(g, costs, cl, colocation="none", warm_start=False, optimizer="sgd")
     assert cold.options["milp"]["warm_start"] is None
     assert cold.estimate("netsplit").time_s == pytest.approx(plan.estimate("netsplit").time_s)
 
@@ -230,7 +230,7 @@ def wide(n=24):
 def test_a_hit_time_limit_returns_the_incumbent_with_its_gap():
     g, costs = wide()
     cl = hetero(4)
-    plan = netsplit.place(g, costs, cl, colocation="none", time_limit=0.05)
+    plan = netsplit.place(g, costs, cl, colocation="none", time_limit=0.05, optimizer="sgd")
     milp = plan.options["milp"]
     assert milp["time_limit_hit"] is True
     assert 0.0 < milp["gap"] < 1.0
@@ -246,28 +246,28 @@ def test_nothing_fits_names_the_device_and_its_overflow():
     ops = [dict(name=n, inputs=["x"], fp=1.0, params=300, out=8) for n in "abc"]
     g, costs = build(ops, outputs=list("abc"))
     with pytest.raises(PlanError, match=r"g0 overflows by 200 B \(200 bytes\)"):
-        netsplit.place(g, costs, hetero(2, memory=1000), colocation="none")
+        netsplit.place(g, costs, hetero(2, memory=1000), colocation="none", optimizer="sgd")
     # a unit larger than every device is refused before any solving
     with pytest.raises(PlanError, match="largest device"):
-        netsplit.place(g, costs, hetero(2, memory=500), colocation="none")
+        netsplit.place(g, costs, hetero(2, memory=500), colocation="none", optimizer="sgd")
 
 
 def test_bad_options_are_clear_errors():
     g, costs = fork_join()
     with pytest.raises(TensorOptError, match="time_limit must be a positive"):
-        netsplit.place(g, costs, cluster(2), time_limit=0)
+        netsplit.place(g, costs, cluster(2), time_limit=0, optimizer="sgd")
     with pytest.raises(TensorOptError, match=r"mip_gap must be in \[0, 1\)"):
-        netsplit.place(g, costs, cluster(2), mip_gap=1.5)
+        netsplit.place(g, costs, cluster(2), mip_gap=1.5, optimizer="sgd")
     with pytest.raises(TensorOptError, match="max_groups must be at least 1"):
-        netsplit.place(g, costs, cluster(2), max_groups=0)
+        netsplit.place(g, costs, cluster(2), max_groups=0, optimizer="sgd")
     with pytest.raises(TensorOptError, match="has no option 'time_limt'"):
-        place(g, costs, cluster(2), "netsplit", time_limt=3)
+        place(g, costs, cluster(2), "netsplit", time_limt=3, optimizer="sgd")
 
 
 def test_deterministic_and_registered():
     g, costs = GRAPHS["six ops, two joins"]()
     cl = hetero(3)
-    a = place(g, costs, cl, "netsplit", colocation="none")
+    a = place(g, costs, cl, "netsplit", colocation="none", optimizer="sgd")
     b = PLACERS["netsplit"](g, costs, cl, colocation="none")
     assert a.configs == b.configs and a.order == b.order
     assert a.estimate("netsplit") == b.estimate("netsplit")
@@ -275,7 +275,7 @@ def test_deterministic_and_registered():
 
 def test_max_groups_coarsens_along_heavy_edges_and_says_so():
     g, costs = GRAPHS["six ops, two joins"]()
-    plan = netsplit.place(g, costs, hetero(2), colocation="none", max_groups=3)
+    plan = netsplit.place(g, costs, hetero(2), colocation="none", max_groups=3, optimizer="sgd")
     assert plan.options["milp"]["model"]["groups"] == 3
     assert any("coarsened for the MILP" in n and "into 3" in n for n in plan.notes)
     # b -> d carries the most bytes (1200): merged first, so they share a device
@@ -286,7 +286,7 @@ def test_max_groups_coarsens_along_heavy_edges_and_says_so():
 @pytest.mark.parametrize("model", ["vgg16", "gpt2"])
 def test_tiny_zoo_plans_check_and_simulate(tiny, titan, model):
     graph, costs = tiny[model]
-    plan = netsplit.place(graph, costs, titan, devices="gpu0,gpu1,gpu2", time_limit=3)
+    plan = netsplit.place(graph, costs, titan, devices="gpu0,gpu1,gpu2", time_limit=3, optimizer="sgd")
     plan.check(graph, titan)
     milp = plan.options["milp"]
     assert milp["objective_s"] <= milp["warm_start"]["objective_s"] + 1e-12
@@ -295,7 +295,7 @@ def test_tiny_zoo_plans_check_and_simulate(tiny, titan, model):
     assert est.time_s == milp["objective_s"] > 0
     for d, b in est.memory_bytes.items():
         assert b <= titan.device(d).memory_bytes
-    sim = simulate(plan, graph, costs, titan)
+    sim = simulate(plan, graph, costs, titan, optimizer="sgd")
     assert sim.time_s > 0
 
 
@@ -306,7 +306,7 @@ def test_every_heuristic_warm_start_is_a_feasible_point_of_the_model(name):
 
     g, costs = GRAPHS[name]()
     cl = hetero(3, speeds=[1.0, 2.0, 0.5])
-    prob = setup(g, costs, cl, "netsplit", colocation="none")
+    prob = setup(g, costs, cl, "netsplit", colocation="none", optimizer="sgd")
     tg = training_tasks(prob)
     starts, failed = _milp.heuristic_starts(prob, tg)
     assert [w.source for w in starts] == ["m-etf", "m-sct", "m-topo"] and failed == []
@@ -319,7 +319,7 @@ def test_every_heuristic_warm_start_is_a_feasible_point_of_the_model(name):
 def test_past_max_disjunctions_the_relaxation_is_re_timed_and_never_worse_than_the_warm_start():
     g, costs = GRAPHS["six ops, two joins"]()
     cl = hetero(2)
-    plan = netsplit.place(g, costs, cl, colocation="none", max_disjunctions=0, mip_gap=0.0)
+    plan = netsplit.place(g, costs, cl, colocation="none", max_disjunctions=0, mip_gap=0.0, optimizer="sgd")
     milp = plan.options["milp"]
     assert milp["model"]["disjunctions"] == 0 < milp["model"]["unordered_pairs"] == 6
     assert any("no-overlap left out" in n for n in plan.notes)
