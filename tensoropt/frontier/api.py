@@ -19,12 +19,17 @@ How
 4. **Price by the walk.**  Every point of every τ run is a candidate; each candidate's memory is
    the **per-device peak of its schedule** — the memory walk of :func:`~tensoropt.costs.walk.plan_memory`,
    the figure :func:`~tensoropt.simulate` reports for the same plan — and the mesh's frontier is
-   the Pareto set of the candidates by (walked peak, time).  The estimate only chooses the
-   candidates: a plan it ranks badly (it over-counts gradients beside all activations, pieces read
-   by several consumers; it misses forward temporaries) may be absent, so the frontier is the
-   Pareto set of the walked candidates, not always of every plan — the notes give the
-   estimate's error on the candidates, and ``FrontierPoint.search_estimate_bytes`` keeps it.
-5. **Union across meshes** (:func:`~.kernels.union`, ties to the mesh with fewer devices): memory
+   the Pareto set of the walked plans by (walked peak, time).  The estimate only chooses the
+   candidates, and it can rank plans wrongly (it counts every gradient beside every activation,
+   pieces read by several consumers once per reader; it misses forward temporaries), so:
+5. **Polish.**  Every plan one node's configuration away from a frontier point is walked too,
+   and again around every new frontier point, until the frontier stops changing or
+   ``max_walks`` plans were walked on the mesh (the notes say which).  On small graphs, where
+   every plan can be enumerated, this gives the Pareto set of *every* plan by walked peak (the
+   brute-force test, ``tests/frontier/test_peak.py``, on 100 instances); on large ones it is a
+   local search — the notes give the estimate's error on the walked plans, and
+   ``FrontierPoint.search_estimate_bytes`` keeps it per point.
+6. **Union across meshes** (:func:`~.kernels.union`, ties to the mesh with fewer devices): memory
    ascending, time strictly decreasing.  Point ``i`` becomes plan ``p{i:03d}-{k}dev``.
 
 Resolution
@@ -513,8 +518,9 @@ def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Seq
     (:func:`tensoropt.fits.fits`); a budget below every point raises :class:`BudgetError` (with
     the smallest memory and the fewest devices reaching it).
     ``resolution``: bytes (0 = exact; default: see the module docstring).  ``optimizer``:
-    ``adamw`` (default) / ``adam`` / ``momentum`` / ``sgd`` or α (state bytes per parameter byte).  ``max_levels``: τ runs per mesh before levels are thinned; ``max_branches``:
-    :func:`~.ft.track`'s.  ``progress``: called with a short message as work proceeds.
+    ``adamw`` (default) / ``adam`` / ``momentum`` / ``sgd`` or α (state bytes per parameter byte).
+    ``max_levels``: τ runs per mesh before levels are thinned; ``max_branches``:
+    :func:`~.ft.track`'s; ``max_walks``: plans walked per mesh before the polish stops.  ``progress``: called with a short message as work proceeds.
     """
     t0 = _time.perf_counter()
     report = progress or (lambda msg: None)
@@ -593,6 +599,10 @@ def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Seq
             notes.append(f"mesh {','.join(r.mesh)}: {r.all_levels} transient levels thinned to {len(r.levels)} "
                          f"τ runs (max_levels); a plan may be found only at a level up to {fmt_bytes(int(over))} "
                          "above its largest transient, so the frontier may miss plans (all reported costs are exact)")
+        if not r.stats.get("polished", True):
+            notes.append(f"mesh {','.join(r.mesh)}: the polish stopped at {r.stats['walked']} walked plans "
+                         f"(max_walks; the search offered {r.stats['searched']}): plans near the frontier may "
+                         "be missing")
         if r.fixed:
             notes.append(f"mesh {','.join(r.mesh)}: the heuristic elimination fixed {len(r.fixed)} node(s) "
                          f"({', '.join(r.fixed[:5])}{'…' if len(r.fixed) > 5 else ''}) instead of branching: "
