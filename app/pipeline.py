@@ -20,7 +20,7 @@ Folder layout (``<cache_dir>/results/<key>/``)::
     plans/<id>.json  a plan per frontier point and per baseline (``baseline-<algo>``)
     frontier-summary.json  written once the frontier's files are: the page can show it while
                    the baselines still run
-    baselines.json   one row per baseline placer (time, peak memory, fits, error)
+    baselines.json   one row per baseline placer (time, peak memory per device, fits, error)
     summary.json   written last: its presence marks a complete result
 """
 
@@ -32,20 +32,25 @@ import os
 import tempfile
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tensoropt.costs.memory import DEFAULT_OPTIMIZER
 from tensoropt._io import write_json_atomic
 from tensoropt.errors import TensorOptError
+
+if TYPE_CHECKING:
+    from tensoropt import Cluster, Plan, SimResult
+    from tensoropt.compare import CompareRow
 
 #: the built-in default: the README's main command (a zoo model on a preset cluster, no GPU needed)
 DEFAULT_MODEL = "zoo:gpt2?layers=2&batch=2&seq_len=128"
 DEFAULT_CLUSTER = "preset:titan-rtx-5"
 #: the cluster source that means "this machine's GPUs, through NVML"
 DETECTED = "detected"
-RESULT_VERSION = 1
+#: 2: frontier CSV with per-device peaks and their parts; baselines with per-device peaks
+RESULT_VERSION = 2
 
 Progress = Callable[[int, int, str], None]
 
@@ -119,8 +124,10 @@ def load_request_cluster(cluster: str) -> Any:
 @dataclass
 class BaselineRow:
     """One baseline placer's plan, simulated: ``algo``, ``time_s``, ``peak_memory_bytes`` (the
-    simulator's), ``fits`` (every device within its memory), ``plan_id`` (file under ``plans/``),
-    or ``error`` when the placer could not place the model."""
+    simulator's largest per-device peak), ``memory_bytes`` (the simulator's peak on each device
+    the plan uses), ``fits`` (:func:`tensoropt.fits.fits` of those peaks: every device within its
+    own memory, no budget, no reserve), ``plan_id`` (file under ``plans/``), or ``error`` when the
+    placer could not place the model."""
 
     algo: str
     time_s: float | None = None
@@ -129,6 +136,7 @@ class BaselineRow:
     plan_id: str | None = None
     error: str | None = None
     place_s: float | None = None
+    memory_bytes: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,29 +151,40 @@ def baseline_plan_id(algo: str) -> str:
 MILP_TIME_LIMIT_S = 10.0
 
 
-def run_baselines(graph: Any, costs: Any, cluster: Any, *, devices: Any, optimizer: str, algos: Any = None,
-                  frontier: Any = None, progress: Callable[[str], None] | None = None) -> list[tuple[BaselineRow, Any]]:
+def run_baselines(graph: Any, costs: Any, cluster: Cluster, *, devices: Any, optimizer: str, algos: Any = None,
+                  frontier: Any = None,
+                  progress: Callable[[str], None] | None = None) -> list[tuple[BaselineRow, Plan | None]]:
     """Every baseline placer (or those in ``algos``) on the same graph, costs and cluster,
     simulated: ``(row, plan or None)`` per placer, then the frontier's min-time and min-memory
     points as the simulator sees them when ``frontier`` is given — the rows of
     ``tensoropt compare`` (:func:`tensoropt.compare.compare`), the MILPs limited to
     :data:`MILP_TIME_LIMIT_S`.  A placer that fails on bad input gives a row with its message,
     not an exception."""
-    from tensoropt import Plan
     from tensoropt.compare import compare, solver_options
     from tensoropt.placers import PLACERS
 
     names = list(PLACERS) if algos is None else list(algos)
-    out = []
-    for r in compare(graph, costs, cluster, algos=names, devices=devices, optimizer=optimizer,
-                     frontier=frontier if frontier is not None else False,
-                     placer_options=solver_options(names, MILP_TIME_LIMIT_S), progress=progress):
-        pid, plan = None, r.plan
-        if plan is not None:   # a copy: the frontier's rows share their plan with a frontier point
-            pid = baseline_plan_id(r.algo)
-            plan = Plan.from_dict({**plan.to_dict(), "plan_id": pid})
-        out.append((BaselineRow(r.algo, r.time_s, r.peak_memory_bytes, r.fits, pid, r.error, r.place_s), plan))
-    return out
+    rows = compare(graph, costs, cluster, algos=names, devices=devices, optimizer=optimizer,
+                   frontier=frontier if frontier is not None else False,
+                   placer_options=solver_options(names, MILP_TIME_LIMIT_S), progress=progress)
+    return [baseline_row(r, cluster) for r in rows]
+
+
+def baseline_row(r: CompareRow, cluster: Cluster) -> tuple[BaselineRow, Plan | None]:
+    """One :class:`~tensoropt.compare.CompareRow` as a :class:`BaselineRow` and a copy of its
+    plan (``None`` without one) renamed to :func:`baseline_plan_id`: the frontier's rows share
+    their plan with a frontier point.  ``memory_bytes``: the simulator's peak on each device of
+    the plan; ``fits``: :func:`tensoropt.fits.fits` of them on ``cluster``."""
+    from tensoropt import Plan
+    from tensoropt.fits import fits
+
+    if r.plan is None:
+        return BaselineRow(r.algo, r.time_s, r.peak_memory_bytes, r.fits, None, r.error, r.place_s), None
+    pid = baseline_plan_id(r.algo)
+    plan = Plan.from_dict({**r.plan.to_dict(), "plan_id": pid})
+    peaks = {d: int(r.memory_bytes.get(d, 0)) for d in r.devices}
+    row = BaselineRow(r.algo, r.time_s, r.peak_memory_bytes, fits(peaks, cluster), pid, r.error, r.place_s, peaks)
+    return row, plan
 
 
 def run_request(req: Request, store: ResultStore, progress: Progress | None = None,
@@ -334,14 +353,17 @@ class ResultStore:
         return self._cached((key, "plan", plan_id),
                             lambda: Plan.load(self.plan_path(key, plan_id), self.graph(key), self.cluster(key)))
 
-    def simulation(self, key: str, plan_id: str) -> Any:
-        """:func:`tensoropt.simulate` of one plan of the result (with the result's optimizer)."""
+    def simulation(self, key: str, plan_id: str, reserve: int = 0) -> SimResult:
+        """:func:`tensoropt.simulate` of one plan of the result (with the result's optimizer),
+        ``reserve`` bytes on each device beside the model (the simulator's ``context_bytes``: its
+        peaks are the reserve-free peaks plus ``reserve``, and its parts name it ``reserve``)."""
         from tensoropt import simulate
 
-        def run() -> Any:
+        def run() -> SimResult:
             opt = self.summary(key).get("optimizer", DEFAULT_OPTIMIZER)
-            return simulate(self.plan(key, plan_id), self.graph(key), self.costs(key), self.cluster(key), optimizer=opt)
-        return self._cached((key, "sim", plan_id), run)
+            return simulate(self.plan(key, plan_id), self.graph(key), self.costs(key), self.cluster(key), optimizer=opt,
+                            context_bytes=int(reserve))
+        return self._cached((key, "sim", plan_id, int(reserve)), run)
 
 
 def save_upload(store: ResultStore, data: bytes, suffix: str) -> Path:
@@ -363,5 +385,5 @@ def save_upload(store: ResultStore, data: bytes, suffix: str) -> Path:
     return path
 
 
-__all__ = ["Request", "ResultStore", "BaselineRow", "run_request", "run_baselines", "save_upload",
+__all__ = ["Request", "ResultStore", "BaselineRow", "run_request", "run_baselines", "baseline_row", "save_upload",
            "default_cache_dir", "load_request_cluster", "baseline_plan_id", "DEFAULT_MODEL", "DEFAULT_CLUSTER", "DETECTED"]

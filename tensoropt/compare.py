@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .errors import TensorOptError
+from .fits import check_budget_value, fits
 from .plan import Plan
 from .simulate import simulate
 from .costs.memory import DEFAULT_OPTIMIZER
@@ -27,6 +28,7 @@ from .costs.memory import DEFAULT_OPTIMIZER
 #: the names the frontier's rows carry
 FRONTIER_MIN_TIME = "frontier min-time"
 FRONTIER_MIN_MEMORY = "frontier min-memory"
+FRONTIER_BEST_FIT = "frontier fastest-that-fits"
 
 
 @dataclass
@@ -65,15 +67,18 @@ class CompareRow:
 
 
 def evaluate(plan: Plan, graph: Any, costs: Any, cluster: Any, *, algo: str, place_s: float,
-             optimizer: str | int = DEFAULT_OPTIMIZER, own: str | None = None) -> CompareRow:
-    """The :class:`CompareRow` of one plan: simulate it and read the algorithm's own estimate
-    (the plan's estimate whose source is ``own``, default ``plan.algorithm``).  O(simulate)."""
+             optimizer: str | int = DEFAULT_OPTIMIZER, own: str | None = None, budget: int | float | None = None,
+             reserve: int = 0) -> CompareRow:
+    """The :class:`CompareRow` of one plan: simulate it, decide whether it fits
+    (:func:`tensoropt.fits.fits` of its per-device peaks under ``budget`` and ``reserve``) and read
+    the algorithm's own estimate (the plan's estimate whose source is ``own``, default
+    ``plan.algorithm``).  O(simulate)."""
     res = simulate(plan, graph, costs, cluster, optimizer=optimizer)
     plan = res.annotate(plan)
     est = plan.estimate(own or plan.algorithm)
-    fits = all(res.memory_bytes.get(d, 0) <= cluster.device(d).memory_bytes for d in plan.devices)
+    ok = fits({d: res.memory_bytes.get(d, 0) for d in plan.devices}, cluster, budget=budget, reserve=reserve)
     sps = graph.batch_size / res.time_s if graph.batch_size and res.time_s > 0 else None
-    return CompareRow(algo, res.time_s, sps, res.max_memory_bytes, fits, place_s, tuple(plan.devices),
+    return CompareRow(algo, res.time_s, sps, res.max_memory_bytes, ok, place_s, tuple(plan.devices),
                       est.time_s if est is not None else None,
                       est.max_memory_bytes if est is not None and est.memory_bytes else None,
                       dict(res.memory_bytes), None, [n for n in plan.notes if not n.startswith("placed in")], plan)
@@ -87,7 +92,8 @@ def failed(algo: str, place_s: float, error: BaseException) -> CompareRow:
 def compare(graph: Any, costs: Any, cluster: Any, *, algos: Iterable[str] | None = None,
             devices: Sequence[str] | str | None = None, optimizer: str | int = DEFAULT_OPTIMIZER,
             frontier: Any = True, placer_options: Mapping[str, Mapping[str, Any]] | None = None,
-            progress: Callable[[str], None] | None = None) -> list[CompareRow]:
+            progress: Callable[[str], None] | None = None, budget: int | float | str | None = None,
+            reserve: int = 0) -> list[CompareRow]:
     """Place ``graph`` with every algorithm and simulate each plan on ``cluster``.
 
     ``algos``: placer names (default: all of :data:`~tensoropt.placers.PLACERS`, in its order);
@@ -96,7 +102,11 @@ def compare(graph: Any, costs: Any, cluster: Any, *, algos: Iterable[str] | None
     ``frontier``: ``True`` tracks the frontier over the same devices and adds its min-time and
     min-memory points as two rows, a :class:`~tensoropt.frontier.Frontier` already tracked is used
     as it is, ``False`` / ``None`` adds no frontier rows; ``placer_options``: extra options per
-    placer name (e.g. ``{"netsplit": {"time_limit": 10}}``); ``progress(msg)`` is told what runs.
+    placer name (e.g. ``{"netsplit": {"time_limit": 10}}``); ``progress(msg)`` is told what runs;
+    ``budget`` (bytes per device, or a size such as ``"16GiB"``) and ``reserve`` decide every
+    row's ``fits`` (:func:`tensoropt.fits.fits`, as the frontier's CSV and the dashboard), and with
+    a budget the frontier adds a third row, its fastest plan that fits.  The placers keep placing
+    within each device's whole memory.
 
     Returns one :class:`CompareRow` per algorithm, in order, then the frontier's rows.  A placer
     that fails with a :class:`~tensoropt.errors.TensorOptError` (e.g. no device has room) gives a
@@ -117,6 +127,7 @@ def compare(graph: Any, costs: Any, cluster: Any, *, algos: Iterable[str] | None
     if stray:
         raise TensorOptError(f"placer_options names {stray[0]!r}, which is not a placer; known: {', '.join(PLACERS)}")
     costs.check_graph(graph)
+    budget = check_budget_value(budget)
     used = resolve_devices(cluster, devices)
     options = {algo: {"devices": used, "optimizer": optimizer, **extra.get(algo, {})} for algo in names}
     for algo in names:  # a misspelt option stops the comparison before any placer runs
@@ -133,13 +144,14 @@ def compare(graph: Any, costs: Any, cluster: Any, *, algos: Iterable[str] | None
             continue
         took = time.perf_counter() - t0
         report(f"simulating {algo}'s plan")
-        rows.append(evaluate(plan, graph, costs, cluster, algo=algo, place_s=took, optimizer=optimizer))
+        rows.append(evaluate(plan, graph, costs, cluster, algo=algo, place_s=took, optimizer=optimizer,
+                             budget=budget, reserve=reserve))
 
     if frontier is True:
         report("tracking the frontier")
         t0 = time.perf_counter()
         try:
-            fr = track_frontier(graph, costs, cluster, devices=used, optimizer=optimizer,
+            fr = track_frontier(graph, costs, cluster, devices=used, optimizer=optimizer, reserve=reserve,
                                 progress=lambda msg: report(f"frontier: {msg}"))
         except TensorOptError as e:
             took = time.perf_counter() - t0
@@ -153,10 +165,18 @@ def compare(graph: Any, costs: Any, cluster: Any, *, algos: Iterable[str] | None
     if not len(fr):
         err = TensorOptError("the frontier has no feasible plan")
         return rows + [failed(FRONTIER_MIN_TIME, took, err), failed(FRONTIER_MIN_MEMORY, took, err)]
-    for algo, point in ((FRONTIER_MIN_TIME, fr.min_time()), (FRONTIER_MIN_MEMORY, fr.min_memory())):
+    picks = [(FRONTIER_MIN_TIME, fr.min_time()), (FRONTIER_MIN_MEMORY, fr.min_memory())]
+    if budget is not None:
+        best = fr.best_under(budget, reserve)
+        if best is None:
+            rows.append(failed(FRONTIER_BEST_FIT, took, TensorOptError(
+                f"no frontier plan fits {budget:.0f} bytes per device (less {reserve} reserved)")))
+        else:
+            picks.append((FRONTIER_BEST_FIT, best))
+    for algo, point in picks:
         report(f"simulating the {algo} plan")
         rows.append(evaluate(point.plan, graph, costs, cluster, algo=algo, place_s=took, optimizer=optimizer,
-                             own="frontier"))
+                             own="frontier", budget=budget, reserve=reserve))
     return rows
 
 
@@ -181,4 +201,5 @@ def rows_json(rows: Sequence[CompareRow]) -> list[dict[str, Any]]:
     return [r.to_dict() for r in rows]
 
 
-__all__ = ["CompareRow", "compare", "evaluate", "failed", "rows_json", "solver_options", "FRONTIER_MIN_TIME", "FRONTIER_MIN_MEMORY"]
+__all__ = ["CompareRow", "compare", "evaluate", "failed", "rows_json", "solver_options", "FRONTIER_MIN_TIME", "FRONTIER_MIN_MEMORY",
+           "FRONTIER_BEST_FIT"]

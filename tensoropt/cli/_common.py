@@ -39,3 +39,25 @@ def costs_for(graph: Any, shard_degrees: Iterable[int], args: argparse.Namespace
     return profile(graph, shard_degrees=tuple(sorted(set(shard_degrees))), repeats=args.repeats,
                    warmup=getattr(args, "warmup", 1), progress=True)
 
+
+
+def add_fit_arguments(p: argparse.ArgumentParser, *, budget: bool = True) -> None:
+    """``--budget`` (a uniform cap per device) and ``--reserve`` (what the framework keeps on every
+    device): the inputs of :func:`tensoropt.fits.fits`, the same on every command."""
+    if budget:
+        p.add_argument("--budget", metavar="SIZE", help="memory per device, e.g. 16GiB: a plan fits when every device's "
+                                                        "peak is within min(its memory, budget) − reserve")
+    p.add_argument("--reserve", metavar="SIZE", default="0",
+                   help="memory the framework keeps on every device beside the model (CUDA context, allocator "
+                        "slack), e.g. 600MiB (default 0)")
+
+
+def fit_options(args: argparse.Namespace) -> tuple[int | float | None, int]:
+    """``(budget, reserve)`` in bytes from :func:`add_fit_arguments`' options (a bad size names its option)."""
+    from ..cluster.units import parse_size
+    from ..fits import check_budget_value
+
+    budget = getattr(args, "budget", None)
+    budget = check_budget_value(parse_size(budget, "--budget") if budget is not None else None, "--budget")
+    reserve = int(parse_size(args.reserve, "--reserve", allow_zero=True))
+    return budget, reserve

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import TensorOptError
-from ._common import capture_spec, costs_for
+from ._common import add_fit_arguments, capture_spec, costs_for, fit_options
 from .place import _devices
 from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
@@ -40,6 +40,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     if args.repeats < 1:
         raise TensorOptError("--repeats must be ≥ 1")
     extra = solver_options(algos, args.time_limit)
+    budget, reserve = fit_options(args)
 
     graph = capture_spec(args.model, console, batch=args.batch)
     # data parallel and OS-DPOS split over all the devices, the frontier over its meshes
@@ -50,7 +51,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
 
     with console.status("comparing …") as status:
         rows = compare(graph, costs, cluster, algos=algos, devices=devices, optimizer=args.optimizer,
-                       frontier=not args.no_frontier, placer_options=extra,
+                       frontier=not args.no_frontier, placer_options=extra, budget=budget, reserve=reserve,
                        progress=lambda msg: status.update(escape(msg)))
 
     t = Table(title=f"{escape(graph.name)} (batch {graph.batch_size}) on {escape(cluster.name)}: "
@@ -113,6 +114,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                     "(default: all of the cluster's)")
     p.add_argument("--algos", metavar="NAMES", help="placers to run, comma-separated (default: all)")
     p.add_argument("--no-frontier", action="store_true", help="leave out the frontier's rows")
+    add_fit_arguments(p)
     p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
                    help="sizes the optimizer state in the memory limits and the simulator (default adamw)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",

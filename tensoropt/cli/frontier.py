@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._common import capture_spec, costs_for
+from ._common import add_fit_arguments, capture_spec, costs_for, fit_options
 from ._common import degrees as degrees_arg
 from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
@@ -41,7 +41,7 @@ def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
     # cheap checks first: a typo in the cluster, devices or sizes must not cost a capture
     cluster = load_cluster(args.cluster)
     devices = check_devices(cluster, args.devices.split(",")) if args.devices is not None else None
-    budget = parse_size(args.budget, "--budget") if args.budget is not None else None
+    budget, reserve = fit_options(args)
     resolution = parse_size(args.resolution, "--resolution", allow_zero=True) if args.resolution is not None else None
     if args.repeats < 1 or args.warmup < 0:
         raise ProfileError("--repeats must be ≥ 1 and --warmup ≥ 0")
@@ -53,7 +53,8 @@ def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
     t0 = time.perf_counter()
     with console.status("tracking the frontier …") as status:
         frontier = track_frontier(graph, costs, cluster, meshes=meshes, budget=budget, resolution=resolution,
-                                  optimizer=args.optimizer, progress=lambda msg: status.update(escape(msg)))
+                                  optimizer=args.optimizer, reserve=reserve,
+                                  progress=lambda msg: status.update(escape(msg)))
     took = time.perf_counter() - t0
 
     pts = frontier.points
@@ -73,7 +74,7 @@ def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
     console.print(t)
     if len(show) < len(pts):
         console.print(f"(showing {len(show)} of {len(pts)} points; --rows 0 or --csv for all)")
-    fits = frontier.under(budget) if budget is not None else [p for p in pts if p.fits_budget]
+    fits = frontier.under(budget)
     what = f"budget {fmt_bytes(budget)}" if budget is not None else "the devices' memory"
     if fits:
         best = fits[-1]
@@ -105,8 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", metavar="PROFILE_JSON",
                    help="reuse this profile of MODEL (made by `tensoropt profile MODEL -o P`) instead of profiling")
     p.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
-    p.add_argument("--budget", metavar="SIZE", help="memory per device, e.g. 16GiB: plans above it do not fit; "
-                                                    "a budget below every plan is an error")
+    add_fit_arguments(p)
     p.add_argument("--devices", metavar="NAMES", help="comma-separated devices the meshes may use (default: all)")
     p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
                    help="sizes optimizer state: adamw / adam 2 ×, momentum 1 ×, sgd 0 × the parameters (default adamw)")

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import TensorOptError
-from ._common import capture_spec, costs_for
+from ._common import add_fit_arguments, capture_spec, costs_for, fit_options
 from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
 
@@ -21,27 +21,32 @@ def _devices(text: str) -> list[str]:
     return names
 
 
-def print_simulation(console: Console, res, plan, graph, cluster, *, title: str) -> bool:
-    """The per-device table and link busy times of a simulation; returns whether every device's
-    peak fits its memory."""
+def print_simulation(console: Console, res, plan, graph, cluster, *, title: str, budget: int | float | None = None,
+                     reserve: int = 0) -> bool:
+    """The per-device table (peak, what holds it, usable memory) and link busy times of a
+    simulation; returns whether the plan fits (:func:`tensoropt.fits.fits` under ``budget`` and
+    ``reserve``)."""
     from ..describe import fmt_bytes
+    from ..fits import over_by, usable_bytes
 
     nodes: dict[str, int] = {}
     for cfg in plan.configs.values():
         for d in cfg.devices:
             nodes[d] = nodes.get(d, 0) + 1
     t = Table(title=title, title_justify="left")
-    for col in ("device", "nodes", "compute busy", "peak memory", "capacity", "fits"):
+    parts = ("parameters", "gradients", "optimizer", "activations", "transient")
+    for col in ("device", "nodes", "compute busy", "peak memory", *parts, "usable", "fits"):
         t.add_column(col, justify="left" if col == "device" else "right")
-    fits = True
+    peaks = {d: res.memory_bytes.get(d, 0) for d in plan.devices}
+    over = over_by(peaks, cluster, budget=budget, reserve=reserve)
     for d in plan.devices:
-        cap = cluster.device(d).memory_bytes
-        peak = res.memory_bytes.get(d, 0)
-        ok = peak <= cap
-        fits &= ok
-        t.add_row(escape(d), str(nodes.get(d, 0)), f"{res.compute_s.get(d, 0.0) * 1e3:.3f} ms", fmt_bytes(peak),
-                  fmt_bytes(cap), "yes" if ok else "[red]no[/red]")
+        split = res.memory[d].parts() if d in res.memory else {}
+        t.add_row(escape(d), str(nodes.get(d, 0)), f"{res.compute_s.get(d, 0.0) * 1e3:.3f} ms", fmt_bytes(peaks[d]),
+                  *(fmt_bytes(split.get(part, 0)) for part in parts),
+                  fmt_bytes(int(usable_bytes(cluster, d, budget=budget, reserve=reserve))),
+                  "[red]no[/red]" if d in over else "yes")
     console.print(t)
+    fits = not over
     busy = {k: v for k, v in sorted(res.link_s.items()) if v > 0}
     if busy:
         console.print("link busy: " + ", ".join(f"{escape(k)} {v * 1e3:.3f} ms" for k, v in busy.items()))
@@ -69,6 +74,7 @@ def _cmd_place(args: argparse.Namespace, console: Console) -> int:
     # it; the other placers place whole ops only
     degrees = {"dp": (1, len(devices)), "os-dpos": tuple(range(1, len(devices) + 1))}.get(args.algo, (1,))
     costs = costs_for(graph, degrees, args)
+    budget, reserve = fit_options(args)
     options = {"devices": devices, "optimizer": args.optimizer, **solver}
     if args.algo != "dp":
         options["colocation"] = args.colocation
@@ -82,7 +88,7 @@ def _cmd_place(args: argparse.Namespace, console: Console) -> int:
 
     fits = print_simulation(console, res, plan, graph, cluster,
                             title=f"{escape(args.algo)}: {escape(graph.name)} (batch {graph.batch_size}) on "
-                                  f"{escape(cluster.name)}")
+                                  f"{escape(cluster.name)}", budget=budget, reserve=reserve)
     from ..describe import fmt_bytes
     own = next((e for e in plan.estimates if e.source == args.algo), None)
     rate = graph.batch_size / res.time_s if graph.batch_size and res.time_s > 0 else float("nan")
@@ -111,6 +117,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--algo", required=True, help="dp, m-topo, m-etf, m-sct, dpos, os-dpos, netsplit or pesto")
     p.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
     p.add_argument("--devices", type=_devices, help="devices to use, comma-separated (default: all of the cluster's)")
+    add_fit_arguments(p)
     p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
                    help="sizes the optimizer state in the memory model (default adamw)")
     p.add_argument("--colocation", default="ABC",

@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from ..errors import TensorOptError
 from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
+from ._common import add_fit_arguments
 
 
 def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
@@ -16,11 +17,12 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     from ..describe import fmt_bytes
     from ..plan import Plan
     from ..simulate import simulate
-    from ._common import capture_spec, costs_for
+    from ._common import capture_spec, costs_for, fit_options
     from .place import print_simulation
 
     if args.repeats < 1:
         raise TensorOptError("--repeats must be ≥ 1")
+    budget, reserve = fit_options(args)
     cluster = load_cluster(args.cluster)
     plan = Plan.load(args.plan)
     batch = args.batch
@@ -36,7 +38,8 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     res = simulate(plan, graph, costs, cluster, optimizer=args.optimizer, overlap=not args.no_overlap)
     fits = print_simulation(console, res, plan, graph, cluster,
                             title=f"plan {escape(plan.plan_id or plan.algorithm)} for {escape(graph.name)} "
-                                  f"(batch {graph.batch_size}) on {escape(cluster.name)}")
+                                  f"(batch {graph.batch_size}) on {escape(cluster.name)}", budget=budget,
+                            reserve=reserve)
     rate = graph.batch_size / res.time_s if graph.batch_size and res.time_s > 0 else float("nan")
     console.print(f"simulated iteration time {res.time_s * 1e3:.3f} ms; {rate:.1f} samples/s; "
                   f"max per-device peak {fmt_bytes(res.max_memory_bytes)}; fits {'yes' if fits else 'no'}",
@@ -59,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="batch size (default: the plan's, for zoo models)")
     p.add_argument("--profile", metavar="PROFILE_JSON", help="use this profile (checked against the graph) "
                                                              "instead of measuring")
+    add_fit_arguments(p)
     p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
                    help="sizes the optimizer state and temporaries (default adamw)")
     p.add_argument("--no-overlap", action="store_true",

@@ -12,6 +12,8 @@ the builder); ``tensoropt bench-links`` measures the machine you actually have, 
 ``a100-4-nvlink``         HGX A100 4-GPU: 4× A100 40 GiB, every pair joined by 4 NVLink 3 links
 ``2x4-ethernet``          two hosts of 4× V100 PCIe 16 GB, PCIe inside a host, 25 Gb/s Ethernet
                           between hosts
+``turing-mixed-4``        a lab workstation of unequal GPUs: 2× TITAN RTX 24 GiB + 2× RTX 2080 Ti
+                          11 GiB, PCIe 3.0 (each pair behind one switch)
 ========================  ======================================================================
 """
 
@@ -137,6 +139,24 @@ def two_by_four_ethernet() -> Cluster:
     return Cluster("2x4-ethernet", devices, links, source="preset:2x4-ethernet")
 
 
+def turing_mixed_4() -> Cluster:
+    """A workstation where cards of two generations of memory sit together: two TITAN RTX (24 GiB,
+    24576 MiB of GDDR6) and two GeForce RTX 2080 Ti (11 GiB, 11264 MiB), all Turing (TU102) on PCIe
+    3.0 x16, each pair behind one PCIe switch (PIX), NODE between the pairs — the links of
+    :data:`~tensoropt.cluster.spec.NOMINAL_PCIE`, as ``titan-rtx-5``.  Speeds relative to the TITAN
+    RTX from NVIDIA's datasheet boost-clock FP32 peaks (TITAN RTX 16.3 TFLOP/s, RTX 2080 Ti 13.4
+    TFLOP/s: 0.82).  The case "fits" must decide device by device: a plan may fit the TITANs and
+    not the 2080 Tis.
+    """
+    names = [f"gpu{i}" for i in range(4)]
+    pix, node = NOMINAL_PCIE["PIX"], NOMINAL_PCIE["NODE"]
+    levels = {(i, j): pix if i // 2 == j // 2 else node for i in range(4) for j in range(i + 1, 4)}
+    devices = [Device(names[0], 24 * GiB, "TITAN RTX", "lab"), Device(names[1], 24 * GiB, "TITAN RTX", "lab"),
+               Device(names[2], 11 * GiB, "GeForce RTX 2080 Ti", "lab", speed=0.82),
+               Device(names[3], 11 * GiB, "GeForce RTX 2080 Ti", "lab", speed=0.82)]
+    return Cluster("turing-mixed-4", devices, _symmetric(levels, names), source="preset:turing-mixed-4")
+
+
 # name -> (one-line description, builder); insertion order is the listing order
 PRESETS: dict[str, tuple[str, Callable[[], Cluster]]] = {
     "titan-rtx-5": ("NetSplit's server: 5× TITAN RTX 24 GiB, PCIe 3.0; {0,1} and {2,3,4} behind PCIe "
@@ -147,6 +167,8 @@ PRESETS: dict[str, tuple[str, Callable[[], Cluster]]] = {
                       a100_4_nvlink),
     "2x4-ethernet": ("two hosts of 4× V100 PCIe 16 GiB: PCIe inside a host, 25 Gb/s Ethernet between "
                      "hosts", two_by_four_ethernet),
+    "turing-mixed-4": ("a workstation of unequal GPUs: 2× TITAN RTX 24 GiB + 2× RTX 2080 Ti 11 GiB (speed 0.82), "
+                       "PCIe 3.0, each pair behind one switch", turing_mixed_4),
 }
 
 

@@ -13,7 +13,7 @@ GB = 1e9
 
 
 def test_list_presets():
-    assert list_presets() == ["titan-rtx-5", "v100-8-nvlink", "a100-4-nvlink", "2x4-ethernet"]
+    assert list_presets() == ["titan-rtx-5", "v100-8-nvlink", "a100-4-nvlink", "2x4-ethernet", "turing-mixed-4"]
     assert all(desc for desc, _ in PRESETS.values())
 
 
@@ -69,3 +69,10 @@ def test_2x4_ethernet_hosts():
     assert across.bandwidth_Bps == 25e9 / 8                          # 25 Gb/s, bits → bytes
     assert 10e-6 <= across.latency_s <= 50e-6
     assert inside.bandwidth_Bps > 3 * across.bandwidth_Bps and inside.latency_s < across.latency_s
+
+
+def test_the_mixed_workstation_has_two_memory_sizes_and_speeds():
+    c = load_cluster("preset:turing-mixed-4")
+    assert [d.memory_bytes for d in c.devices] == [24 * 2**30, 24 * 2**30, 11 * 2**30, 11 * 2**30]
+    assert [d.speed for d in c.devices] == [1.0, 1.0, 0.82, 0.82]   # 13.4 / 16.3 TFLOP/s, datasheets
+    assert c.link("gpu0", "gpu1") == c.link("gpu2", "gpu3") != c.link("gpu1", "gpu2")   # PIX inside a pair
