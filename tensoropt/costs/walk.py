@@ -347,7 +347,7 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
             for k in saved_by.get(name, ()):
                 s = savers[k]
                 s.discard(name)
-                if not s:
+                if not s and k not in batch_keys:   # the batch is held by the caller all step
                     live.pop(k, None)
             for p, k in reads[(name, d)]:
                 users = recv_users.get(k)

@@ -99,3 +99,20 @@ def test_optimizer_settings():
     assert optimizer_temp_bytes("adam", [10, 30]) == 60
     assert optimizer_temp_bytes("adam", [10, 30], foreach=True) == 40
     assert optimizer_temp_bytes("momentum", [10, 30]) == 0
+
+
+def test_the_peak_splits_into_what_holds_it_worked_by_hand():
+    # y = x Wᵀ, W 2×4 float32 (32 B), x 3×4 (48 B, held by the caller all step), y 3×2 (24 B)
+    torch.manual_seed(0)
+    g = tensoropt.capture(torch.nn.Linear(4, 2, bias=False), (torch.randn(3, 4),))
+    c = tensoropt.profile(g, repeats=1)
+    adamw = tensoropt.step_memory(g, c, optimizer="adamw")["dev0"]
+    # AdamW's step: W + its gradient + exp_avg + exp_avg_sq + sqrt/div temporaries (2 × 32) + x
+    assert (adamw.peak, adamw.peak_phase) == (32 + 32 + 64 + 64 + 48, "optimizer")
+    assert adamw.parts() == {"parameters": 32, "gradients": 32, "optimizer": 64, "activations": 48,
+                             "transient": 64, "reserve": 0}
+    sgd = tensoropt.step_memory(g, c, optimizer="sgd")["dev0"]
+    # SGD updates in place: the peak is the linear's backward, W's gradient made beside y's gradient
+    assert (sgd.peak, sgd.peak_phase) == (32 + 32 + 48 + 24, "backward")
+    assert sgd.parts() == {"parameters": 32, "gradients": 32, "optimizer": 0, "activations": 48,
+                           "transient": 24, "reserve": 0}
