@@ -33,6 +33,15 @@ class PlanError(TensorOptError):
     """A plan does not fit the graph or cluster it is used with; the message says which node and why."""
 
 
+def param_pieces(layout: str, degree: int) -> int:
+    """Into how many pieces a node run in ``layout`` over ``degree`` devices cuts the parameters
+    it reads, one per device: ``degree`` for a ``channel`` or ``reduce`` split over several
+    devices (each holds a slice, its gradient and its optimizer state), else 1 (``R`` and
+    ``batch`` read them whole).  The one statement of this rule: memory, the walk, the simulator,
+    resharding and the frontier's problem all ask here."""
+    return degree if layout in ("channel", "reduce") and degree > 1 else 1
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     """How one node runs: on which devices (in mesh order), in which layout, recomputed or not."""
@@ -44,6 +53,11 @@ class NodeConfig:
     @property
     def degree(self) -> int:
         return len(self.devices)
+
+    @property
+    def param_pieces(self) -> int:
+        """Into how many pieces this configuration cuts its node's parameters (:func:`param_pieces`)."""
+        return param_pieces(self.layout, self.degree)
 
     def to_dict(self) -> dict[str, Any]:
         return {"devices": list(self.devices), "layout": self.layout, "recompute": self.recompute}

@@ -385,7 +385,7 @@ def param_cut(node: Any, config: NodeConfig) -> tuple[str, tuple[str, ...], str]
     ``None`` where every device reads them whole.  Two readers of a shared parameter can each
     hold one piece of it only where their cuts are equal (the same op split the same way on the
     same mesh): an embedding's channel split cuts its weight's columns, a linear's its rows."""
-    if config.layout in ("channel", "reduce") and config.degree > 1:
+    if config.param_pieces > 1:
         return config.layout, tuple(config.devices), op_basename(node.op)
     return None
 

@@ -287,7 +287,7 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, opti
         # of a parameter held whole (this node cuts it) first gets padded to the whole by the
         # cut's backward: a whole-sized gradient written once more (GPT-2's tied embedding)
         cfg = plan.configs[name]
-        cut = cfg.layout in ("channel", "reduce") and cfg.degree > 1
+        cut = cfg.param_pieces > 1
         summed = sum(graph.params[q].nbytes for q in (*node.params, *node.param_reads) if q in synced)
         bp += costs.grad_copy_s(summed * (2 if cut else 1))
         times[name] = (fp, bp)

@@ -33,6 +33,7 @@ from typing import Mapping
 
 from ..errors import ProfileError
 from ..graph import OpGraph, OpNode
+from ..plan import param_pieces
 from .model import CostModel
 
 OPTIMIZER_ALPHA = {"adamw": 2, "adam": 2, "momentum": 1, "sgd": 0}
@@ -95,7 +96,7 @@ def node_memory(graph: OpGraph, costs: CostModel, name: str, *, layout: str = "R
     """
     node = graph.nodes[name]
     cost = costs[name] if name in costs else None
-    split = degree if layout in ("channel", "reduce") and degree > 1 else 1
+    split = param_pieces(layout, degree)
     trainable = sum(graph.params[p].nbytes for p in node.params
                     if graph.params[p].requires_grad and graph.params[p].kind == "parameter")
     held = sum(graph.params[p].nbytes for p in node.params)

@@ -143,7 +143,7 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     piece_of: dict[tuple[str, str], int] = {}   # (node, param) -> bytes on each of its devices
     for name in plan.order:
         node, cfg = graph.nodes[name], configs[name]
-        split = cfg.degree if cfg.layout in ("channel", "reduce") and cfg.degree > 1 else 1
+        split = cfg.param_pieces
         for p in (*node.params, *node.param_reads):
             piece_of[(name, p)] = b = -(-graph.params[p].nbytes // split)
             if p in synced:

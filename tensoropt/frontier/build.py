@@ -385,7 +385,7 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
                 t += stats.time_s * (2 if needs_grad.get(name) else 1)
             if name in outputs and output_layout(cfg) == P:
                 t += ring_allreduce_time(cluster, mesh, outputs[name])
-            split = k if cfg.layout in ("channel", "reduce") and k > 1 else 1
+            split = cfg.param_pieces
             accumulate = sum(2 * -(-graph.params[q].nbytes // split) for q in not_last.get(name, ()))
             if split > 1:   # a piece of a weight shared with another reader, which may hold it whole
                 # (tie edges): the cut's backward pads the piece's gradient to the whole (as the
@@ -451,8 +451,7 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
             ca, cb = configs[a], configs[b]
 
             def piece(cfg: NodeConfig) -> int:
-                split = k if cfg.layout in ("channel", "reduce") and k > 1 else 1
-                return -(-info.nbytes // split)
+                return -(-info.nbytes // cfg.param_pieces)
 
             # both cut, but not the same way (an embedding's columns, an output layer's rows): no
             # device holds one piece for both, so the executors keep it whole and sum its gradient
