@@ -611,10 +611,9 @@ def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Seq
         r.candidate_costs.size for r in results) else np.zeros((0, 3))
     if cand.size:
         ratio = cand[:, 0] / np.maximum(cand[:, 1], 1.0)
-        notes.append(f"the search ranked {len(cand)} candidate plans by an additive memory estimate, "
-                     f"{(ratio.min() - 1) * 100:+.0f} % to {(ratio.max() - 1) * 100:+.0f} % of their walked peaks; "
-                     "the frontier is the Pareto set of the candidates by walked peak and time (a plan the "
-                     "estimate ranks badly may be missing)")
+        notes.append(f"{len(cand)} plans walked (the search's candidates and the polish's neighbours); the "
+                     f"search's additive memory estimate was {(ratio.min() - 1) * 100:+.0f} % to "
+                     f"{(ratio.max() - 1) * 100:+.0f} % of their walked peaks: it only chooses what is walked")
     notes.append("exact search: every candidate set is the exact frontier of the search's estimate" if exact else
                  "not exact: see the notes above for what was merged, thinned or fixed")
     fr = Frontier(points, meshes=results, resolution=res, merged_by_resolution=merged, exact=exact,
