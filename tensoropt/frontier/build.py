@@ -1,5 +1,8 @@
-"""The concrete frontier problem of one graph on one mesh (design §2–§3): configurations from the
-cost model, edge costs from the resharding collectives, candidate meshes from the cluster's links.
+"""The search problem of one graph on one mesh: configurations from the cost model, edge costs
+from the resharding collectives, candidate meshes from the cluster's links.  Its memory is
+TensorOpt's additive estimate, which frontier tracking can optimise; the memory a frontier point
+reports is its plan's walked peak (:mod:`.api`), and the estimate only chooses which plans are
+walked.
 
 Configurations
 --------------
@@ -35,8 +38,8 @@ Costs of a node configuration (per device; within one mesh every device holds th
 - **resident memory** (what adds up over nodes, design §3) =
   ``params + grads + optimizer + activations`` of :func:`~tensoropt.costs.node_memory` at the
   shard (parameters split by ``channel`` / ``reduce``; optimizer state = α × trainable
-  parameters, α from ``optimizer``: ``sgd`` 0, ``momentum`` 1, ``adam`` 2 — default ``sgd``, as
-  :func:`~tensoropt.costs.step_memory` and the simulator default to) + the bytes of the graph's
+  parameters, α from ``optimizer``: ``sgd`` 0, ``momentum`` 1, ``adam`` / ``adamw`` 2 — default
+  ``adamw``, as every stage) + the bytes of the graph's
   inputs (the batch) this node reads, in the layout it reads them (every reader is charged its
   piece: an over-estimate when several nodes read one input).
 - **transient memory** = node_memory's ``transient`` (the node's output, its input gradients,

@@ -1,6 +1,6 @@
 """Baseline placers (design §4): the classic anchors the frontier is compared against.
 
-Every placer is ``place(graph, costs, cluster, *, devices=None, optimizer="sgd", **options) -> Plan``
+Every placer is ``place(graph, costs, cluster, *, devices=None, optimizer="adamw", **options) -> Plan``
 and returns a :class:`~tensoropt.plan.Plan` for the same simulator as everything else:
 
 - ``dp`` (:mod:`.dp`): data parallel, every operator ``S(batch)`` over all devices where it can be;
