@@ -11,15 +11,18 @@ working.
 from __future__ import annotations
 
 import json
+import math
 import traceback
 from typing import Any
 
 import dash
+import plotly.graph_objects as go
 from dash import Input, Output, State, ctx, html, no_update
 
 from tensoropt.costs.memory import DEFAULT_OPTIMIZER
 from tensoropt.describe import fmt_bytes
 from tensoropt.errors import TensorOptError
+from tensoropt.fits import fits
 
 from . import figures
 from .layout import zoo_default_params, zoo_spec
@@ -60,6 +63,57 @@ def model_spec(source: str, zoo_name: str | None, zoo_params: str | None, spec: 
     if not zoo_name:
         raise TensorOptError("choose a zoo model")
     return zoo_spec(zoo_name, zoo_params)
+
+
+def gib_bytes(value: float | str | None) -> float | None:
+    """A GiB input in bytes; empty, non-numeric, infinite or not positive: ``None``."""
+    try:
+        gib = float(value) if value not in (None, "") else 0.0
+    except (TypeError, ValueError):
+        return None
+    return gib * figures.GiB if math.isfinite(gib) and gib > 0 else None
+
+
+def reserve_bytes(value: float | str | None) -> int:
+    """The reserve input (GiB per device) in whole bytes; empty, non-numeric or not positive: 0."""
+    return int(gib_bytes(value) or 0)
+
+
+def frontier_view(store: ResultStore, key: str, budget: float | None, reserve: int,
+                  selected: str | None = None) -> tuple[go.Figure, list[str]]:
+    """The frontier figure of a result and the lines above it: what was computed, how many
+    frontier plans fit (:func:`figures.fit_flags`: :func:`tensoropt.fits.fits` of each plan's
+    per-device peaks with ``budget`` — ``None``: each device's own memory — and ``reserve``),
+    whether the baselines still run, and the placers' errors."""
+    s = store.summary(key)
+    rows, base, cluster = store.frontier_rows(key), store.baselines(key), store.cluster(key)
+    title = f"{s['graph_name']} (batch {s['batch_size']}) on {s['cluster_name']}: {s['points']} Pareto-optimal plans"
+    fig = figures.frontier_figure(rows, base, cluster=cluster, budget_bytes=budget, reserve_bytes=reserve,
+                                  selected=selected, title=title)
+    fit = figures.fit_flags(rows, [], cluster, budget_bytes=budget, reserve_bytes=reserve)
+    lines = [f"{s['ops']} operators; devices {', '.join(s['devices'])}; profiled/captured in "
+             f"{s['profile_s']:.1f} s, tracked in {s['tracking_s']:.1f} s; "
+             f"{'exact' if s['exact'] else 'not exact (see the frontier notes)'}; "
+             f"{sum(fit.values())} of {len(rows)} plans fit {figures.limit_text(budget, reserve)}"]
+    if not store.complete(key):
+        lines.append("the baseline placers are still running: their markers appear when they are done")
+    # the placers' messages already name the placer
+    lines += [b["error"] if b["error"].startswith(b["algo"]) else f"{b['algo']}: {b['error']}"
+              for b in base if b.get("error")]
+    return fig, lines
+
+
+def plan_verdict(store: ResultStore, key: str, plan_id: str, budget: float | None, reserve: int) -> str:
+    """Whether one plan of a result fits, in words (``fits …`` / ``does not fit …: gpu1 over by
+    …``): :func:`tensoropt.fits.fits` of its per-device peaks, as the frontier's markers judge it."""
+    peaks = figures.plan_peaks(store.frontier_rows(key), store.baselines(key)).get(plan_id)
+    if peaks is None:
+        return ""
+    cluster = store.cluster(key)
+    limit = figures.limit_text(budget, reserve)
+    if fits(peaks, cluster, budget=budget, reserve=reserve):
+        return f"fits {limit}"
+    return f"does not fit {limit}: {figures.over_text(peaks, cluster, budget_bytes=budget, reserve_bytes=reserve)}"
 
 
 def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, ...] | None = None) -> None:
@@ -163,31 +217,14 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
 
     @app.callback(Output("frontier-graph", "figure"), Output("result-summary", "children"),
                   Input("result-key", "data"), Input("partial-key", "data"), Input("budget", "value"),
-                  Input("selected-plan", "data"))
-    def _frontier(done_key: str | None, partial_key: str | None, budget_gib: Any, selected: str | None) -> tuple:
+                  Input("reserve", "value"), Input("selected-plan", "data"))
+    def _frontier(done_key: str | None, partial_key: str | None, budget_gib: float | None,
+                  reserve_gib: float | None, selected: str | None) -> tuple:
         # the finished result when there is one, else the frontier whose baselines still run
         key = done_key if done_key and store.complete(done_key) else partial_key
         if not key or not store.frontier_ready(key):
             return figures.frontier_figure([], title="no result yet: run profiling + frontier"), ""
-        s = store.summary(key)
-        budget = float(budget_gib) * figures.GiB if budget_gib not in (None, "") and float(budget_gib) > 0 else None
-        if budget is None:   # without a budget: the smallest memory of the devices used
-            budget = float(min(s["device_memory"].values()))
-        rows = store.frontier_rows(key)
-        base = store.baselines(key)
-        title = (f"{s['graph_name']} (batch {s['batch_size']}) on {s['cluster_name']}: "
-                 f"{s['points']} Pareto-optimal plans")
-        fig = figures.frontier_figure(rows, base, budget_bytes=budget, selected=selected, title=title)
-        fits = [r for r in rows if float(r["memory_bytes"]) <= budget]
-        failed = [b for b in base if b.get("error")]
-        lines = [f"{s['ops']} operators; devices {', '.join(s['devices'])}; profiled/captured in "
-                 f"{s['profile_s']:.1f} s, tracked in {s['tracking_s']:.1f} s; "
-                 f"{'exact' if s['exact'] else 'not exact (see the frontier notes)'}; "
-                 f"{len(fits)} of {len(rows)} plans fit {fmt_bytes(int(budget))}"]
-        if not store.complete(key):
-            lines.append("the baseline placers are still running: their markers appear when they are done")
-        # the placers' messages already name the placer
-        lines += [b["error"] if b["error"].startswith(b["algo"]) else f"{b['algo']}: {b['error']}" for b in failed]
+        fig, lines = frontier_view(store, key, gib_bytes(budget_gib), reserve_bytes(reserve_gib), selected)
         return fig, html.Ul([html.Li(x) for x in lines], style={"margin": "2px 0"})
 
     @app.callback(Output("selected-plan", "data"), Input("frontier-graph", "clickData"), prevent_initial_call=True)
@@ -207,23 +244,26 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
     @app.callback(Output("plan-panel", "style"), Output("plan-title", "children"), Output("plan-summary", "children"),
                   Output("memory-graph", "figure"), Output("gantt-graph", "figure"), Output("graph-graph", "figure"),
                   Output("plan-table", "data"),
-                  Input("selected-plan", "data"), State("result-key", "data"), State("partial-key", "data"),
-                  prevent_initial_call=True)
-    def _plan(plan_id: str | None, done_key: str | None, partial_key: str | None) -> tuple:
+                  Input("selected-plan", "data"), Input("budget", "value"), Input("reserve", "value"),
+                  State("result-key", "data"), State("partial-key", "data"), prevent_initial_call=True)
+    def _plan(plan_id: str | None, budget_gib: float | None, reserve_gib: float | None, done_key: str | None,
+              partial_key: str | None) -> tuple:
         key = done_key if done_key and store.complete(done_key) else partial_key
         hidden = ({"display": "none"}, "", [], no_update, no_update, no_update, [])
         if not plan_id or not key:
             return hidden
+        budget, reserve = gib_bytes(budget_gib), reserve_bytes(reserve_gib)
         try:
-            plan = store.plan(key, plan_id)
-            graph = store.graph(key)
-            sim = store.simulation(key, plan_id)
+            plan, graph, cluster = store.plan(key, plan_id), store.graph(key), store.cluster(key)
+            sim = store.simulation(key, plan_id, reserve)
+            verdict = plan_verdict(store, key, plan_id, budget, reserve)
         except Exception as e:  # noqa: BLE001
             return ({"display": "block"}, _explain(e), [], no_update, no_update, no_update, [])
-        summary = [html.Li(x) for x in figures.plan_summary(plan, sim)]
+        capacity = {d: cluster.device(d).memory_bytes for d in sim.memory}
+        summary = [html.Li(x) for x in figures.plan_summary(plan, sim, verdict)]
         return ({"display": "block"}, f"plan {plan_id}", summary,
-                figures.memory_figure(sim), figures.gantt_figure(sim), figures.graph_figure(plan, graph),
-                figures.plan_table_rows(plan, graph))
+                figures.memory_figure(sim, capacity, budget_bytes=budget), figures.gantt_figure(sim),
+                figures.graph_figure(plan, graph), figures.plan_table_rows(plan, graph))
 
     @app.callback(Output("download-plan", "data"), Input("download-plan-button", "n_clicks"),
                   State("selected-plan", "data"), State("result-key", "data"), State("partial-key", "data"),
@@ -245,4 +285,5 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
         return {"content": store.frontier_csv(key), "filename": f"frontier-{s['graph_name']}.csv"}
 
 
-__all__ = ["register_callbacks", "cluster_spec", "model_spec"]
+__all__ = ["register_callbacks", "cluster_spec", "model_spec", "gib_bytes", "reserve_bytes", "plan_verdict",
+           "frontier_view"]

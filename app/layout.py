@@ -1,5 +1,5 @@
 """The page: controls on the left (model, cluster, devices, batch, run with a progress bar, the
-memory budget), the frontier and the chosen plan on the right.  Component ids are the contract
+memory budget and reserve per device), the frontier and the chosen plan on the right.  Component ids are the contract
 with :mod:`app.callbacks` and the browser tests."""
 
 from __future__ import annotations
@@ -101,6 +101,11 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
             html.Div([html.Button(f"{g} GiB", id=f"budget-{g}", n_clicks=0, style={"marginRight": "4px"})
                       for g in GPU_PRESETS_GIB] + [html.Button("none", id="budget-none", n_clicks=0)],
                      style={"marginTop": "4px"}),
+            html.Span("Reserve per device (GiB)", style=_LABEL,
+                      title="what the framework keeps on each device beside the model (CUDA context, allocator "
+                            "slack): a plan fits when each device's peak ≤ min(its memory, budget) − reserve"),
+            dcc.Input(id="reserve", type="number", min=0, step="any", value=0, debounce=True,
+                      style={"width": "100%"}),
         ]),
         dcc.Store(id="onnx-path"), dcc.Store(id="profile-path"), dcc.Store(id="cluster-path"),
         dcc.Store(id="result-key"), dcc.Store(id="partial-key"), dcc.Store(id="selected-plan"),

@@ -167,24 +167,22 @@ def run_baselines(graph: Any, costs: Any, cluster: Cluster, *, devices: Any, opt
     rows = compare(graph, costs, cluster, algos=names, devices=devices, optimizer=optimizer,
                    frontier=frontier if frontier is not None else False,
                    placer_options=solver_options(names, MILP_TIME_LIMIT_S), progress=progress)
-    return [baseline_row(r, cluster) for r in rows]
+    return [baseline_row(r) for r in rows]
 
 
-def baseline_row(r: CompareRow, cluster: Cluster) -> tuple[BaselineRow, Plan | None]:
+def baseline_row(r: CompareRow) -> tuple[BaselineRow, Plan | None]:
     """One :class:`~tensoropt.compare.CompareRow` as a :class:`BaselineRow` and a copy of its
     plan (``None`` without one) renamed to :func:`baseline_plan_id`: the frontier's rows share
     their plan with a frontier point.  ``memory_bytes``: the simulator's peak on each device of
-    the plan; ``fits``: :func:`tensoropt.fits.fits` of them on ``cluster``."""
+    the plan; ``fits``: compare's (:func:`tensoropt.fits.fits` of those peaks, no budget)."""
     from tensoropt import Plan
-    from tensoropt.fits import fits
 
     if r.plan is None:
         return BaselineRow(r.algo, r.time_s, r.peak_memory_bytes, r.fits, None, r.error, r.place_s), None
     pid = baseline_plan_id(r.algo)
     plan = Plan.from_dict({**r.plan.to_dict(), "plan_id": pid})
     peaks = {d: int(r.memory_bytes.get(d, 0)) for d in r.devices}
-    row = BaselineRow(r.algo, r.time_s, r.peak_memory_bytes, fits(peaks, cluster), pid, r.error, r.place_s, peaks)
-    return row, plan
+    return BaselineRow(r.algo, r.time_s, r.peak_memory_bytes, r.fits, pid, r.error, r.place_s, peaks), plan
 
 
 def run_request(req: Request, store: ResultStore, progress: Progress | None = None,

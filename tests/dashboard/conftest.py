@@ -23,3 +23,25 @@ def tiny_result(tmp_path_factory):
 
     key = run_request(req, store, lambda done, total, msg: seen.append((done, total, msg)), on_frontier=frontier_ready)
     return store, req, key, seen
+
+
+#: the unequal cluster's small device: more than the frontier's simulated peak of the tiny model
+#: on two devices (under 9 KiB), less than data parallelism's (the whole model on each, ~17 KiB)
+SMALL_BYTES = 14000
+
+
+@pytest.fixture(scope="session")
+def hetero_result(tiny_result, tmp_path_factory):
+    """(store, key) of the tiny model (its profile reused) on a hand-made cluster of unequal GPUs:
+    ``big`` (1 GiB) and ``small`` (:data:`SMALL_BYTES`), baselines dp and m-topo (which fills the
+    first device, big, before the next: the whole tiny model on big)."""
+    from app.pipeline import Request, run_request
+    from tensoropt.cluster import Cluster, Device, LinkModel
+
+    store, _, key, _ = tiny_result
+    path = tmp_path_factory.mktemp("hetero") / "hetero.yaml"
+    Cluster("hetero", [Device("big", 2 ** 30), Device("small", SMALL_BYTES)], {},
+            default=LinkModel(1e-5, 1e10)).save(path)
+    req = Request(model=TINY, cluster=str(path), profile=str(store.folder(key) / "profile.json"), repeats=1,
+                  warmup=0, algos=("dp", "m-topo"))
+    return store, run_request(req, store)

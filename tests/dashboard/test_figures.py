@@ -1,48 +1,137 @@
-"""The dashboard's figures from hand-made values: which traces, which colours, which ids."""
+"""The dashboard's figures from hand-made values (which traces, which colours, which ids, which plans fit
+on unequal GPUs) and from the tiny model's simulated plans."""
+
+import pytest
 
 from app import figures as F
+from tensoropt.cluster import Cluster, Device, LinkModel
 from tensoropt.costs.memory import StepMemory
+from tensoropt.frontier.api import MEMORY_PARTS
 from tensoropt.simulate import SimResult, TimelineEvent
 
+MiB, GiB = 2 ** 20, 2 ** 30
 ROWS = [  # as the frontier CSV has them: strings
-    {"plan_id": "p000-1dev", "num_devices": "1", "devices": "gpu0", "memory_bytes": str(3 * 2 ** 20), "time_s": "0.030"},
-    {"plan_id": "p001-2dev", "num_devices": "2", "devices": "gpu0;gpu1", "memory_bytes": str(2 * 2 ** 20), "time_s": "0.020"},
-    {"plan_id": "p002-2dev", "num_devices": "2", "devices": "gpu0;gpu1", "memory_bytes": str(5 * 2 ** 20), "time_s": "0.010"},
+    {"plan_id": "p000-1dev", "num_devices": "1", "devices": "gpu0", "memory_bytes": str(3 * MiB), "time_s": "0.030",
+     "device_memory_bytes": f"gpu0={3 * MiB}"},
+    {"plan_id": "p001-2dev", "num_devices": "2", "devices": "gpu0;gpu1", "memory_bytes": str(2 * MiB),
+     "time_s": "0.020", "device_memory_bytes": f"gpu0={2 * MiB};gpu1={2 * MiB}"},
+    {"plan_id": "p002-2dev", "num_devices": "2", "devices": "gpu0;gpu1", "memory_bytes": str(5 * MiB),
+     "time_s": "0.010", "device_memory_bytes": f"gpu0={5 * MiB};gpu1={4 * MiB}"},
 ]
-BASE = [{"algo": "dp", "time_s": 0.025, "peak_memory_bytes": 4 * 2 ** 20, "plan_id": "baseline-dp"},
-        {"algo": "m-sct", "time_s": None, "peak_memory_bytes": None, "plan_id": None, "error": "no room"}]
+BASE = [{"algo": "dp", "time_s": 0.025, "peak_memory_bytes": 4 * MiB, "plan_id": "baseline-dp",
+         "memory_bytes": {"gpu0": 4 * MiB, "gpu1": 4 * MiB}},
+        {"algo": "m-sct", "time_s": None, "peak_memory_bytes": None, "plan_id": None, "error": "no room",
+         "memory_bytes": {}}]
+
+
+def _cluster(**memory: int) -> Cluster:
+    """A cluster of the named devices with the given memory (bytes), links irrelevant here."""
+    return Cluster("hand", [Device(n, m) for n, m in memory.items()], {}, default=LinkModel(0.0, 1e9))
+
+
+UNIFORM = _cluster(gpu0=24 * GiB, gpu1=24 * GiB)
 
 
 def test_frontier_one_trace_per_device_count_and_baselines():
-    fig = F.frontier_figure(ROWS, BASE)
+    fig = F.frontier_figure(ROWS, BASE, cluster=UNIFORM)
     names = [t.name for t in fig.data]
-    assert names == ["frontier, 1 device", "frontier, 2 devices", "baselines (simulated)"]
+    assert names == ["frontier, 1 device", "frontier, 2 devices", "baselines"]
     two = fig.data[1]
     assert list(two.customdata) == ["p001-2dev", "p002-2dev"]          # plan ids reach clickData
     assert list(two.x) == [2.0, 5.0] and list(two.y) == [20.0, 10.0]     # MiB, ms
     assert list(fig.data[2].text) == ["dp"] and list(fig.data[2].customdata) == ["baseline-dp"]
-    assert fig.layout.xaxis.title.text == "memory per device (MiB)"
+    assert fig.layout.xaxis.title.text == "peak memory per device (MiB)"
+    # frontier points are simulator peaks, like the baselines: no "estimate" wording
+    hovers = [h for t in fig.data for h in t.hovertemplate]
+    assert all("(simulated)" in h and "estimate" not in h for h in hovers)
+    assert "gpu0 5.0 MiB, gpu1 4.0 MiB" in two.hovertemplate[1]          # each device's own peak
+
+
+def test_frontier_needs_the_cluster_to_judge_plans():
+    with pytest.raises(ValueError, match="cluster"):
+        F.frontier_figure(ROWS, BASE)
+    assert not F.frontier_figure([], title="empty").data                # nothing to judge: no cluster needed
 
 
 def test_budget_greys_out_what_does_not_fit():
-    fig = F.frontier_figure(ROWS, BASE, budget_bytes=4 * 2 ** 20)
+    fig = F.frontier_figure(ROWS, BASE, cluster=UNIFORM, budget_bytes=4 * MiB)
     assert list(fig.data[0].marker.color) != [F.GREY]                    # 3 MiB fits
-    assert list(fig.data[1].marker.color)[1] == F.GREY                   # 5 MiB does not
+    assert list(fig.data[1].marker.color)[1] == F.GREY                   # 5 MiB on gpu0 does not
+    assert "does not fit: gpu0 over by 1.0 MiB</i>" in fig.data[1].hovertemplate[1]   # gpu1 (4 MiB) is not over
     assert list(fig.data[1].marker.color)[0] != F.GREY
     assert list(fig.data[2].marker.color) == ["black"]                   # dp at 4 MiB: exactly the budget
-    assert any(s.x0 == 4.0 for s in fig.layout.shapes)                   # the budget line, in MiB
-    far = F.frontier_figure(ROWS, BASE, budget_bytes=80 * 2 ** 30)       # off scale: said, not drawn
-    assert not far.layout.shapes and "every plan fits" in far.layout.annotations[0].text
+    assert any(s.x0 == 4.0 and s.line.dash == "dash" for s in fig.layout.shapes)   # the budget line, in MiB
+    far = F.frontier_figure(ROWS, BASE, cluster=UNIFORM, budget_bytes=80 * GiB)     # off scale: said, not drawn
+    assert not far.layout.shapes and "off scale" in far.layout.annotations[0].text
+    # a reserve of 1 MiB per device: the line moves to budget − reserve, dp (4 MiB) no longer fits
+    res = F.frontier_figure(ROWS, BASE, cluster=UNIFORM, budget_bytes=4 * MiB, reserve_bytes=MiB)
+    assert any(s.x0 == 3.0 for s in res.layout.shapes)
+    assert list(res.data[2].marker.color) == [F.GREY] and list(res.data[0].marker.color) != [F.GREY]
 
 
-def test_memory_parts_add_up_to_the_peak():
-    m = StepMemory(params=100, buffers=20, grads=100, optimizer=200, peak=700, activations_at_peak=250)
-    parts = F.memory_parts(m)
-    assert parts == {"parameters": 120, "optimizer": 200, "activations": 250, "gradients": 100, "other": 30}
-    # gradients not all alive at the peak: only what the peak leaves
-    m2 = StepMemory(params=100, grads=100, optimizer=0, peak=230, activations_at_peak=80)
-    assert F.memory_parts(m2) == {"parameters": 100, "optimizer": 0, "activations": 80, "gradients": 50, "other": 0}
-    assert sum(F.memory_parts(m2).values()) == 230
+# one 24 GiB and one 8 GiB device: plans are checked device by device (hand-worked below)
+HETERO = _cluster(big=24 * GiB, small=8 * GiB)
+H_ROWS = [
+    {"plan_id": "a", "num_devices": "1", "devices": "big", "memory_bytes": 10 * GiB, "time_s": "0.03",
+     "device_memory_bytes": f"big={10 * GiB}"},
+    {"plan_id": "b", "num_devices": "2", "devices": "big;small", "memory_bytes": 10 * GiB, "time_s": "0.02",
+     "device_memory_bytes": f"big={10 * GiB};small={9 * GiB}"},
+    {"plan_id": "c", "num_devices": "2", "devices": "big;small", "memory_bytes": 7 * GiB, "time_s": "0.025",
+     "device_memory_bytes": f"big={7 * GiB};small={7 * GiB}"},
+]
+H_BASE = [{"algo": "dp", "time_s": 0.04, "peak_memory_bytes": 8 * GiB, "plan_id": "baseline-dp",
+           "memory_bytes": {"big": 6 * GiB, "small": 8 * GiB}}]
+
+
+@pytest.mark.parametrize("budget, reserve, expected", [
+    # no budget: each device's own memory.  a: 10 GiB on the 24 GiB device fits (a single cap at the
+    # smallest device's 8 GiB would refuse it); b: 9 GiB on the 8 GiB device does not; dp: exactly 8 GiB
+    (None, 0, {"a": True, "b": False, "c": True, "baseline-dp": True}),
+    # 16 GiB each: b's largest peak (10 GiB) is under the budget, but its small device is still over
+    (16 * GiB, 0, {"a": True, "b": False, "c": True, "baseline-dp": True}),
+    # 16 GiB less 7 GiB reserve: big may use 9 GiB, small 1 GiB
+    (16 * GiB, 7 * GiB, {"a": False, "b": False, "c": False, "baseline-dp": False}),
+    # no budget, 1 GiB reserve: big 23 GiB, small 7 GiB
+    (None, GiB, {"a": True, "b": False, "c": True, "baseline-dp": False}),
+])
+def test_fits_are_checked_per_device_on_unequal_gpus(budget, reserve, expected):
+    assert F.fit_flags(H_ROWS, H_BASE, HETERO, budget_bytes=budget, reserve_bytes=reserve) == expected
+    fig = F.frontier_figure(H_ROWS, H_BASE, cluster=HETERO, budget_bytes=budget, reserve_bytes=reserve)
+    drawn = {}
+    for t in fig.data:
+        for pid, colour in zip(t.customdata, t.marker.color):
+            drawn[pid] = colour != F.GREY
+    assert drawn == expected
+
+
+def test_the_mixed_preset_is_checked_device_by_device():
+    """turing-mixed-4: gpu0, gpu1 24 GiB (TITAN RTX), gpu2, gpu3 11 GiB (RTX 2080 Ti)."""
+    from tensoropt import load_cluster
+
+    mixed = load_cluster("preset:turing-mixed-4")
+    rows = [{"plan_id": pid, "num_devices": "2", "devices": devs.replace(",", ";"), "memory_bytes": 20 * GiB,
+             "time_s": "0.01", "device_memory_bytes": ";".join(f"{d}={20 * GiB}" for d in devs.split(","))}
+            for pid, devs in (("titans", "gpu0,gpu1"), ("mixed", "gpu1,gpu2"))]
+    assert F.fit_flags(rows, [], mixed) == {"titans": True, "mixed": False}
+    assert F.fit_flags(rows, [], mixed, budget_bytes=16 * GiB) == {"titans": False, "mixed": False}
+    assert F.over_text(F.row_peaks(rows[1]), mixed) == "gpu2 over by 9.0 GiB"
+
+
+def test_over_text_and_limit_text_say_why():
+    assert F.over_text({"big": 10 * GiB, "small": 9 * GiB}, HETERO) == "small over by 1.0 GiB"
+    assert F.over_text({"big": 10 * GiB}, HETERO) == ""
+    assert F.over_text({"big": 10 * GiB, "small": 9 * GiB}, HETERO, budget_bytes=8 * GiB) == \
+        "big over by 2.0 GiB; small over by 1.0 GiB"
+    assert F.over_text({"gpu0": 5 * MiB, "gpu1": 5 * MiB}, UNIFORM, budget_bytes=4 * MiB) == \
+        "gpu0, gpu1 over by 1.0 MiB each"
+    assert F.limit_text(None) == "each device's memory"
+    assert F.limit_text(16 * GiB, GiB) == "a budget of 16.0 GiB per device, less a reserve of 1.0 GiB"
+
+
+def test_row_peaks_parse_the_csv_and_fall_back_to_the_devices():
+    assert F.row_peaks(H_ROWS[1]) == {"big": 10 * GiB, "small": 9 * GiB}
+    assert F.row_peaks({"devices": "gpu0;gpu1", "memory_bytes": "7", "device_memory_bytes": ""}) == \
+        {"gpu0": 7, "gpu1": 7}
 
 
 def _sim():
@@ -50,8 +139,12 @@ def _sim():
           TimelineEvent("gpu0->gpu1", "link", "mm", "transfer", 0.002, 0.003, "move"),
           TimelineEvent("gpu1", "device", "relu", "fp", 0.003, 0.004),
           TimelineEvent("gpu1", "device", "relu", "bp", 0.004, 0.006)]
-    mem = {"gpu0": StepMemory(params=10, peak=40, activations_at_peak=30), "gpu1": StepMemory(peak=5)}
-    return SimResult(0.006, {"gpu0": 40, "gpu1": 5}, {}, {}, ev, mem)
+    # gpu0: 120 parameters (with buffers) + 60 gradients alive at the peak + 200 optimizer state
+    # + 250 activations (50 of them transient) + 30 reserve = 660 bytes
+    mem = {"gpu0": StepMemory(params=100, buffers=20, grads=100, grads_at_peak=60, optimizer=200, peak=660,
+                              activations_at_peak=250, transient_at_peak=50, context=30),
+           "gpu1": StepMemory(peak=5, activations_at_peak=5)}
+    return SimResult(0.006, {"gpu0": 660, "gpu1": 5}, {}, {}, ev, mem)
 
 
 def test_gantt_one_trace_per_phase_devices_first():
@@ -63,11 +156,59 @@ def test_gantt_one_trace_per_phase_devices_first():
     assert "6.000 ms" in fig.layout.title.text
 
 
-def test_memory_bars_stack_per_device():
-    fig = F.memory_figure(_sim())
-    assert [t.name for t in fig.data] == ["parameters", "gradients", "optimizer", "activations", "other"]
-    act = next(t for t in fig.data if t.name == "activations")
-    assert list(act.x) == ["gpu0", "gpu1"] and list(act.y) == [30 / 1024, 0.0]
+def _bars(fig) -> dict[str, dict[str, float]]:
+    """Part → device → bytes, read back from the stacked bars (KiB axis)."""
+    assert fig.layout.yaxis.title.text == "KiB"
+    return {t.name: {d: y * 1024 for d, y in zip(t.x, t.y)} for t in fig.data if t.type == "bar"}
+
+
+def test_memory_bars_are_the_six_parts_of_the_peak():
+    assert [p for p, _ in F.MEMORY_PARTS] == list(MEMORY_PARTS)            # the library's parts, in order
+    assert len({c for _, c in F.MEMORY_PARTS}) == len(F.MEMORY_PARTS)      # one colour per part
+    bars = _bars(F.memory_figure(_sim()))
+    assert {p: round(bars[p]["gpu0"]) for p in bars} == {
+        "parameters": 120, "gradients": 60, "optimizer": 200, "activations": 200, "transient": 50, "reserve": 30}
+    assert round(sum(b["gpu1"] for b in bars.values())) == 5
+    assert not F.memory_figure(_sim()).layout.shapes                        # no budget: no budget line
+
+
+def test_memory_bars_show_each_device_memory_and_the_budget():
+    fig = F.memory_figure(_sim(), {"gpu0": 2048, "gpu1": 1024}, budget_bytes=1536)
+    cap = next(t for t in fig.data if t.name == "device memory")
+    assert list(cap.x) == ["gpu0", "gpu1"] and list(cap.y) == [2.0, 1.0]    # KiB
+    line = [s for s in fig.layout.shapes if s.y0 == 1.5]
+    assert line and line[0].line.dash == "dash"                              # the budget, dashed
+    assert [t.marker.color for t in fig.data if t.type == "bar"] == [c for _, c in F.MEMORY_PARTS]
+    # 24 GiB over bars of 660 bytes would flatten them: named above the chart, not drawn
+    far = F.memory_figure(_sim(), {"gpu0": 24 * GiB, "gpu1": 24 * GiB}, budget_bytes=16 * GiB)
+    assert not far.layout.shapes and not [t for t in far.data if t.name == "device memory"]
+    assert far.layout.annotations[0].text == "off scale: device memory 24.0 GiB, budget 16.0 GiB"
+    mixed = F.memory_figure(_sim(), {"gpu0": 24 * GiB, "gpu1": 8 * GiB})
+    assert mixed.layout.annotations[0].text == "off scale: memory 24.0 GiB (gpu0), memory 8.0 GiB (gpu1)"
+
+
+def test_memory_bars_add_up_to_the_simulated_peak(tiny_result):
+    from tensoropt import simulate
+
+    store, _, key, _ = tiny_result
+    for plan_id in [r["plan_id"] for r in store.frontier_rows(key)] + [
+            b["plan_id"] for b in store.baselines(key) if b["plan_id"]]:
+        for reserve in (0, 1000):
+            sim = simulate(store.plan(key, plan_id), store.graph(key), store.costs(key), store.cluster(key),
+                           context_bytes=reserve)
+            bars = _bars(F.memory_figure(store.simulation(key, plan_id, reserve)))
+            for d, m in sim.memory.items():
+                assert {p: bars[p][d] for p in bars} == pytest.approx(m.parts())
+                assert sum(bars[p][d] for p in bars) == pytest.approx(sim.memory_bytes[d])
+                assert bars["reserve"][d] == pytest.approx(reserve)
+
+
+def test_plan_summary_calls_the_frontier_memory_a_peak(tiny_result):
+    store, _, key, _ = tiny_result
+    plan_id = store.frontier_rows(key)[0]["plan_id"]
+    lines = F.plan_summary(store.plan(key, plan_id), store.simulation(key, plan_id), "fits each device's memory")
+    assert any(x.startswith("frontier: ") and "peak per device" in x for x in lines)
+    assert not any("frontier estimate" in x for x in lines) and lines[-1] == "fits each device's memory"
 
 
 def test_plan_table_and_graph_cover_every_operator(tiny_result):

@@ -46,6 +46,7 @@ def test_result_matches_the_library_and_is_reused(tiny_result):
         sim = simulate(plan, graph, costs, cluster)
         assert sim.time_s == pytest.approx(base[algo]["time_s"])
         assert sim.max_memory_bytes == base[algo]["peak_memory_bytes"]
+        assert base[algo]["memory_bytes"] == sim.memory_bytes                # the peak of every device it uses
     # a second run of the same request reads the folder back: no profiling, no tracking
     again = []
     t0 = time.perf_counter()
@@ -130,3 +131,22 @@ def test_uploaded_profile_is_used_instead_of_profiling(tiny_result):
     # the downloaded plan loads for the graph it belongs to
     first = store.frontier_rows(key2)[0]["plan_id"]
     assert Plan.load(store.plan_path(key2, first), store.graph(key2)).plan_id == first
+
+
+def test_baselines_on_unequal_gpus_carry_each_device_peak(hetero_result):
+    """dp keeps the whole model on each device, over the small one's memory; m-topo puts it on the
+    big one: the baselines' ``fits`` is the library's rule on the simulator's per-device peaks."""
+    from tensoropt import simulate
+    from tensoropt.fits import fits
+
+    store, key = hetero_result
+    cluster = store.cluster(key)
+    base = {b["algo"]: b for b in store.baselines(key)}
+    for b in base.values():
+        if b["plan_id"] is None:
+            continue
+        sim = simulate(store.plan(key, b["plan_id"]), store.graph(key), store.costs(key), cluster)
+        assert b["memory_bytes"] == sim.memory_bytes and b["peak_memory_bytes"] == sim.max_memory_bytes
+        assert b["fits"] == fits(sim.memory_bytes, cluster)
+    assert set(base["dp"]["memory_bytes"]) == {"big", "small"} and base["dp"]["fits"] is False
+    assert base["m-topo"]["fits"] is True
