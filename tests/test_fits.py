@@ -12,7 +12,7 @@ from tensoropt.cluster import Cluster, Device, LinkModel, load_cluster
 from tensoropt.compare import compare
 from tensoropt.errors import TensorOptError
 from tensoropt.fits import check_budget_value, fits, over_by, usable_bytes
-from tensoropt.frontier import track_frontier
+from tensoropt.frontier import BudgetError, track_frontier
 
 GiB = 2**30
 PAIR = Cluster("pair", [Device("big", 24 * GiB), Device("small", 8 * GiB)], {}, default=LinkModel(1e-5, 1e10))
@@ -69,3 +69,14 @@ def test_frontier_csv_and_compare_agree_on_a_mixed_cluster(cnn, tmp_path):
     best = rows[-1]          # the frontier's fastest plan that fits, simulated: it fits there too
     assert best.plan.plan_id == fr.best_under(budget).plan_id and best.fits
     assert best.peak_memory_bytes == fr.best_under(budget).memory_bytes   # one measure: the walked peak
+
+
+def test_no_plan_fitting_the_devices_says_which_device_is_too_small(cnn):
+    g, costs = cnn
+    roomy = track_frontier(g, costs, PAIR, meshes=[["small"]], resolution=0)
+    need = roomy.min_memory().memory_bytes
+    tight = Cluster("tight", [Device("small", need - 100)], {}, default=LinkModel(1e-5, 1e10))
+    with pytest.raises(BudgetError) as info:
+        track_frontier(g, costs, tight, budget=10 * need, resolution=0)
+    msg = str(info.value)
+    assert "within the budget, but over the memory of small by 100 B" in msg and info.value.exit_code == 2

@@ -63,7 +63,7 @@ from ..costs.memory import StepMemory, optimizer_alpha
 from ..costs.memory import grad_nodes
 from ..costs.walk import plan_edges, walk
 from ..errors import ClusterSpecError, TensorOptError
-from ..fits import check_budget_value, fits
+from ..fits import check_budget_value, fits, over_by
 from ..plan import Estimate, Plan
 from . import kernels
 from .build import MeshProblem, build_problem, candidate_meshes
@@ -105,9 +105,13 @@ class BudgetError(TensorOptError):
 
 @dataclass(frozen=True)
 class FrontierPoint:
-    """One Pareto-optimal plan.  ``memory_bytes``: per-device peak (the max over its devices; on
-    one mesh every device holds the same), ``resident_bytes`` + ``transient_bytes`` of it;
-    ``assignment``: configuration index per op node in its mesh's problem (``Frontier.meshes``)."""
+    """One Pareto-optimal plan.  ``memory_bytes``: its per-device peak (the largest of
+    ``device_memory``, each device's walked peak — what :func:`~tensoropt.simulate` reports);
+    ``parts``: that device's peak split into parameters, gradients, optimizer, activations,
+    transient and reserve (:meth:`~tensoropt.costs.StepMemory.parts`); ``search_estimate_bytes``:
+    the search's additive estimate, kept to show its error; ``fits_budget``:
+    :func:`tensoropt.fits.fits` under the frontier's budget and reserve; ``assignment``:
+    configuration index per op node in its mesh's problem (``Frontier.meshes``)."""
 
     plan_id: str
     memory_bytes: int
@@ -251,19 +255,28 @@ class Frontier:
         return dict(sorted(out.items()))
 
     def check_budget(self, budget: int | float) -> None:
-        """Raise :class:`BudgetError` when ``budget`` is below the smallest memory on the frontier,
-        saying what the smallest memory is and how few devices reach it."""
-        if not self.points or self.points[0].memory_bytes + self.reserve <= budget:
+        """Raise :class:`BudgetError` when no point fits ``budget`` (:meth:`fits`), saying what the
+        smallest memory is, how few devices reach it and, where the budget is not what stops it,
+        which devices are too small."""
+        if not self.points or any(self.fits(p, budget) for p in self.points):
             return
         p = self.points[0]
         by = self.min_memory_by_devices()
         fewest = min((k for k, m in by.items() if m <= p.memory_bytes), default=p.num_devices)
         listing = ", ".join(f"{k} device{'s' if k > 1 else ''}: {fmt_bytes(m)}" for k, m in by.items())
+        less = f" less a reserve of {fmt_bytes(self.reserve)}" if self.reserve else ""
+        over = (over_by(p.device_memory, self.cluster, budget=budget, reserve=self.reserve)
+                if self.cluster is not None else {})
+        why = ""
+        if over and p.memory_bytes + self.reserve <= budget:
+            why = (" (within the budget, but over the memory of " +
+                   ", ".join(f"{d} by {fmt_bytes(b)}" for d, b in over.items()) + ")")
         raise BudgetError(
-            f"memory budget {fmt_bytes(budget)} ({int(budget)} bytes) per device is below the smallest memory on "
-            f"the frontier: {fmt_bytes(p.memory_bytes)} ({p.memory_bytes} bytes) per device, plan {p.plan_id} on "
-            f"{', '.join(p.devices)}; the fewest devices that reach it: {fewest}.  Least memory by number of "
-            f"devices: {listing}.  Raise the budget, or use more devices or another cluster.", self)
+            f"no plan fits a memory budget of {fmt_bytes(budget)} ({int(budget)} bytes) per device{less}: the "
+            f"smallest memory on the frontier is {fmt_bytes(p.memory_bytes)} ({p.memory_bytes} bytes) per device, "
+            f"plan {p.plan_id} on {', '.join(p.devices)}{why}; the fewest devices that reach it: {fewest}.  Least "
+            f"memory by number of devices: {listing}.  Raise the budget, or use more devices or another cluster.",
+            self)
 
     # ---- files ---------------------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
