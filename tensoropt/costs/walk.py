@@ -239,15 +239,18 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
         summed = [q for q, devs in synced.items() if d in devs]
         grads_now = sum(held[(q, d)] for q in summed)
 
+        at_peak: dict[tuple, int] = {}
+
         def note(phase: str, at: str) -> None:
-            t = base + grads_now + sum(live.values())
+            nonlocal at_peak
+            held = sum(live.values())
+            t = base + grads_now + held
             if t > m.peak:
                 m.peak, m.peak_phase, m.peak_at = t, phase, at
-                m.activations_at_peak = sum(live.values())
+                m.activations_at_peak = held
                 m.grads_at_peak = grads_now
-                # activation gradients, workspace, accumulation, recomputed tensors, optimizer temporaries
-                m.transient_at_peak = sum(v for k, v in live.items() if _transient_key(k))
                 m.context = context_bytes
+                at_peak = live.copy()   # split into kept and transient once, at the end
 
         for (x, dd), b in edges.batch.items():
             if dd == d:
@@ -256,6 +259,11 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
         note("forward", "inputs")
 
         # ---- forward ----
+        # a tensor nothing saves is freed after its last reader (savers do not change in forward)
+        free_after: dict[int, list[tuple]] = {}
+        for k, u in last_use.items():
+            if u < END and not savers.get(k) and k not in batch_keys:
+                free_after.setdefault(u, []).append(k)
         for name in prog:
             node, cfg = graph.nodes[name], configs[name]
             sh = shard[name]
@@ -278,9 +286,8 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
             live.pop(("#workspace",), None)
             if cfg.recompute:
                 live.pop(extra, None)
-            for k in [k for k in live if last_use.get(k, END + 1) <= pos[name] and not savers.get(k)]:
-                if k not in batch_keys:
-                    del live[k]
+            for k in free_after.get(pos[name], ()):
+                live.pop(k, None)
         for k in [k for k in live if last_use.get(k, -1) >= END and not savers.get(k)]:
             del live[k]
 
@@ -363,6 +370,8 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
         m.optimizer_temp = optimizer_temp_bytes(optimizer, trainable_sizes[d], foreach=foreach)
         live[("#optimizer",)] = m.optimizer_temp
         note("optimizer", "step")
+        # activation gradients, workspace, accumulation, recomputed tensors, optimizer temporaries
+        m.transient_at_peak = sum(v for k, v in at_peak.items() if _transient_key(k))
         result[d] = m
     return result
 
