@@ -7,6 +7,11 @@ constants are not nodes: each is a :class:`ParamInfo` in :attr:`OpGraph.params`,
 first operator that computes with it and *read* by the others (a tied embedding is owned by the
 embedding and read by the LM head), so memory counts it once.
 
+:attr:`OpGraph.precision` is what the graph trains in: ``fp32``, or ``bf16`` — mixed precision,
+captured and run under ``torch.autocast(dtype=torch.bfloat16)`` (:mod:`tensoropt.capture.precision`):
+activations where autocast computes in bfloat16 are bfloat16 in their :class:`TensorMeta`,
+parameters stay float32 (master weights).
+
 Everything here is a plain value that round-trips through JSON losslessly
 (:meth:`OpGraph.save` / :meth:`OpGraph.load`).  The captured ``torch.fx.GraphModule`` (and the
 ``ExportedProgram`` when torch.export made it) rides along in :attr:`OpGraph.module` /
@@ -39,6 +44,8 @@ DTYPE_BYTES = {
 }
 
 NODE_KINDS = ("input", "op", "output")
+#: what a graph trains in: ``fp32``, or ``bf16`` (mixed precision under autocast, fp32 weights)
+PRECISIONS = ("fp32", "bf16")
 PARAM_KINDS = ("parameter", "buffer", "constant")
 
 
@@ -229,12 +236,16 @@ class OpGraph:
     def __init__(self, nodes: list[OpNode], params: Mapping[str, ParamInfo], *, name: str = "model",
                  source: str = "", batch_size: int | None = None, batch_dim: int = 0,
                  notes: list[str] | None = None, module: Any = None, exported: Any = None,
-                 example_inputs: tuple | None = None):
+                 example_inputs: tuple | None = None, precision: str = "fp32"):
+        if precision not in PRECISIONS:
+            raise GraphFormatError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.name = name
         self.source = source            # "torch.export", "torch.fx" or "onnx"
         self.batch_size = batch_size
         self.batch_dim = batch_dim
         self.notes = list(notes or [])  # what capture had to assume, shown to the user
+        #: "fp32", or "bf16": captured, profiled and run under autocast (tensoropt.capture.precision)
+        self.precision = precision
         self.nodes: dict[str, OpNode] = {}
         for n in nodes:
             if n.name in self.nodes:
@@ -304,11 +315,12 @@ class OpGraph:
     # ---- identity ----------------------------------------------------------------------------
     @property
     def fingerprint(self) -> str:
-        """SHA-256 over structure, shapes and dtypes (not names of modules, not notes).
+        """SHA-256 over structure, shapes, dtypes and precision (not names of modules, not notes).
 
         Two captures of the same model at the same batch size have the same fingerprint; any
-        change of batch size, shape, dtype, operator or wiring changes it.  Plans and profiles
-        carry it so they are never applied to another graph.
+        change of batch size, shape, dtype, operator, wiring or precision changes it.  Plans and
+        profiles carry it so they are never applied to another graph (a bf16 graph never reuses
+        an fp32 profile).  An fp32 graph's fingerprint is what it was before precisions existed.
         """
         canon = {
             "nodes": [[n.name, n.op, n.kind, list(n.inputs),
@@ -316,6 +328,8 @@ class OpGraph:
                       for n in self.nodes.values()],
             "params": [[p.name, list(p.shape), p.dtype, p.kind] for p in self.params.values()],
         }
+        if self.precision != "fp32":
+            canon["precision"] = self.precision
         return hashlib.sha256(json.dumps(canon, separators=(",", ":")).encode()).hexdigest()
 
     # ---- JSON --------------------------------------------------------------------------------
@@ -327,6 +341,7 @@ class OpGraph:
             "fingerprint": self.fingerprint,
             "batch_size": self.batch_size,
             "batch_dim": self.batch_dim,
+            "precision": self.precision,
             "notes": self.notes,
             "nodes": [n.to_dict() for n in self.nodes.values()],
             "params": [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "kind": p.kind,
@@ -357,8 +372,12 @@ class OpGraph:
                              readers=_str_list(p, "readers", pw))
             dtype_bytes(info.dtype)
             params[info.name] = info
+        precision = d.get("precision", "fp32")   # written before precisions existed: fp32
+        if precision not in PRECISIONS:
+            raise GraphFormatError(f"{where}.precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         g = cls(nodes, params, name=_field(d, "name", str, where), source=_field(d, "source", str, where),
-                batch_size=d.get("batch_size"), batch_dim=d.get("batch_dim", 0), notes=d.get("notes") or [])
+                batch_size=d.get("batch_size"), batch_dim=d.get("batch_dim", 0), notes=d.get("notes") or [],
+                precision=precision)
         stored = d.get("fingerprint")
         if stored is not None and stored != g.fingerprint:
             raise GraphFormatError(f"{where}.fingerprint {stored[:12]}… does not match the graph's content "
@@ -377,7 +396,8 @@ class OpGraph:
 
     def __repr__(self) -> str:
         return (f"OpGraph({self.name!r}, {len(self.ops)} ops, {len(self.params)} params, "
-                f"source={self.source!r}, fingerprint={self.fingerprint[:12]})")
+                f"source={self.source!r}, " + (f"precision={self.precision!r}, " if self.precision != "fp32" else "")
+                + f"fingerprint={self.fingerprint[:12]})")
 
 
 def _field(d: Mapping[str, Any], key: str, typ: type, where: str) -> Any:

@@ -8,6 +8,9 @@
   and a batch is asked for;
 - ``path/to/model.onnx`` (analysis only);
 - ``path/to/graph.json``, an OpGraph saved by ``tensoropt graph --json``.
+
+:meth:`LoadedModel.capture` takes the precision the graph trains in (``fp32`` / ``bf16``,
+:mod:`tensoropt.capture.precision`); a saved graph keeps the one it was captured in.
 """
 
 from __future__ import annotations
@@ -45,16 +48,30 @@ class LoadedModel:
         """How the model is called and which output the loss reads."""
         return ModelCall(tuple(self.example_inputs), dict(self.example_kwargs), self.output)
 
-    def capture(self, *, batch_dim: int = 0, method: str = "auto") -> OpGraph:
-        """The model's OpGraph (captured, or read from the ONNX / JSON file)."""
+    def capture(self, *, batch_dim: int = 0, method: str = "auto", precision: str | None = None) -> OpGraph:
+        """The model's OpGraph (captured, or read from the ONNX / JSON file).  ``precision``:
+        ``fp32`` / ``bf16`` (:func:`tensoropt.capture`); ``None``: fp32 for a model, the saved
+        graph's own for a JSON file.  A precision a file cannot give (bf16 of an ONNX file or of
+        a graph saved in fp32) is a :class:`~tensoropt.errors.ModelSpecError`."""
         from .capture import capture, load_onnx
+        from .capture.precision import check_precision
 
+        if precision is not None:
+            check_precision(precision, ModelSpecError)
         if self.model is not None:
-            return capture(self.model, self.call, batch_dim=batch_dim, name=self.name, method=method)
+            return capture(self.model, self.call, batch_dim=batch_dim, name=self.name, method=method,
+                           precision=precision or "fp32")
         assert self.path is not None
         if self.path.suffix == ".onnx":
+            if precision not in (None, "fp32"):
+                raise ModelSpecError(f"{self.spec}: an ONNX file is read as it is (fp32); --precision {precision} "
+                                     "needs the torch model (zoo:NAME or file.py:factory)")
             return load_onnx(self.path, batch_dim=batch_dim, batch_size=self.params.get("batch"))
-        return OpGraph.load(self.path)
+        graph = OpGraph.load(self.path)
+        if precision is not None and precision != graph.precision:
+            raise ModelSpecError(f"{self.spec} is a graph saved in {graph.precision}, not {precision}: capture the "
+                                 f"model itself with --precision {precision}, or drop --precision")
+        return graph
 
 
 def load_model(spec: str, *, batch: int | None = None) -> LoadedModel:
@@ -83,9 +100,9 @@ def load_model(spec: str, *, batch: int | None = None) -> LoadedModel:
                          "path/to/file.py:factory, path/to/model.onnx or path/to/graph.json")
 
 
-def load_graph(spec: str, *, batch: int | None = None, batch_dim: int = 0) -> OpGraph:
-    """``load_model(spec, batch=batch).capture()``."""
-    return load_model(spec, batch=batch).capture(batch_dim=batch_dim)
+def load_graph(spec: str, *, batch: int | None = None, batch_dim: int = 0, precision: str | None = None) -> OpGraph:
+    """``load_model(spec, batch=batch).capture(batch_dim=batch_dim, precision=precision)``."""
+    return load_model(spec, batch=batch).capture(batch_dim=batch_dim, precision=precision)
 
 
 def _existing(p: str) -> Path:

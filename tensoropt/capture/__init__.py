@@ -3,7 +3,9 @@
 :func:`capture` tries ``torch.export.export`` (non-strict, batch dimension dynamic) first, then
 ``torch.fx.symbolic_trace`` + ShapeProp; :func:`load_onnx` reads ONNX files (analysis only).
 When every door fails the error names the first unsupported op or Python construct, the module
-path it came from and what to try.
+path it came from and what to try.  ``precision="bf16"`` captures under autocast
+(:mod:`tensoropt.capture.precision`: :func:`precision_context` is the one place that decides what
+runs under autocast, for the capture, the profiler and the executors alike).
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from .diagnose import describe_failure, first_line, inputs_run_model
 from .functionalize import functionalize
 from .symbolic import capture_fx
 from .onnx import load_onnx
+from .precision import PRECISIONS, check_precision, device_types, precision_context
 
-__all__ = ["capture", "capture_export", "capture_fx", "load_onnx", "quiet_torch_logs", "ModelCall"]
+__all__ = ["capture", "capture_export", "capture_fx", "load_onnx", "quiet_torch_logs", "ModelCall",
+           "PRECISIONS", "precision_context"]
 
 
 def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, name: str | None = None,
-            method: str = "auto", output: str | int | None = None) -> OpGraph:
+            method: str = "auto", output: str | int | None = None, precision: str = "fp32") -> OpGraph:
     """Capture ``model`` called on ``example_inputs`` as an OpGraph.
 
     ``example_inputs``: a tensor, a tuple of positional inputs, a dict of keyword inputs, or a
@@ -43,6 +47,12 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
     came through and anything it had to assume.  In-place ops on activations are rewritten out
     of place (:mod:`tensoropt.capture.functionalize`).
 
+    ``precision``: ``"fp32"``, or ``"bf16"`` — mixed precision: the model is captured under
+    ``torch.autocast(device_type=<the inputs' device type>, dtype=torch.bfloat16)``
+    (:func:`precision_context`), so the activations autocast computes in bfloat16 are bfloat16
+    in the graph (half the bytes) while the parameters stay float32; ``graph.precision`` says so
+    and every later stage runs the graph under the same autocast.
+
     Raises :class:`~tensoropt.errors.CaptureError` explaining the first failure.
     """
     if not isinstance(model, torch.nn.Module):
@@ -51,11 +61,26 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
     name = name or type(model).__name__
     if method not in ("auto", "export", "fx"):
         raise CaptureError(f"method must be 'auto', 'export' or 'fx', got {method!r}")
-    with quiet_torch_logs():
+    precision = check_precision(precision, CaptureError)
+    with quiet_torch_logs(), precision_context(precision, _input_devices(model, call)):
         graph = _capture(model, call, batch_dim, name, method)
     graph.example_inputs = call.tensors_for(model)
     graph.call = call
+    graph.precision = precision
+    if precision != "fp32":
+        graph.notes.append(f"{precision}: captured under torch.autocast (parameters float32); profiled and run "
+                           "under the same autocast")
     return graph
+
+
+def _input_devices(model: torch.nn.Module, call: ModelCall) -> list[str]:
+    """The device types of the inputs (of the parameters where the inputs hold no tensor; the
+    capture itself reports inputs that do not fit the model)."""
+    try:
+        tensors = list(call.tensors_for(model))
+    except Exception:  # noqa: BLE001 - the capture explains inputs that do not bind
+        tensors = []
+    return device_types(tensors or list(model.parameters())[:1])
 
 
 # torch logs a failing fake-tensor op with its traceback at ERROR level before raising;

@@ -20,22 +20,39 @@ def degrees(text: str) -> tuple[int, ...]:
     return ks
 
 
-def capture_spec(spec: str, console: Console, *, batch: int | None = None, batch_dim: int = 0) -> Any:
-    """Load a model spec (zoo:…, file.py:factory, .onnx, graph.json) and capture it, with a status line."""
+def add_precision_argument(p: argparse.ArgumentParser) -> None:
+    """``--precision {fp32,bf16}``: what the model trains in (:mod:`tensoropt.capture.precision`),
+    the same on every command; read it with ``capture_spec(…, precision=args.precision)``."""
+    from ..graph import PRECISIONS
+
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="what the model trains in: fp32 (default; a saved graph.json keeps its own) or bf16 "
+                        "(mixed precision: captured, profiled and run under torch.autocast, float32 weights)")
+
+
+def capture_spec(spec: str, console: Console, *, batch: int | None = None, batch_dim: int = 0,
+                 precision: str | None = None) -> Any:
+    """Load a model spec (zoo:…, file.py:factory, .onnx, graph.json) and capture it in ``precision``
+    (``--precision``; ``None``: fp32, or a saved graph's own), with a status line."""
     from ..modelspec import load_model
 
     loaded = load_model(spec, batch=batch)
     with console.status(f"capturing {escape(spec)} …"):
-        return loaded.capture(batch_dim=batch_dim)
+        return loaded.capture(batch_dim=batch_dim, precision=precision)
 
 
 def costs_for(graph: Any, shard_degrees: Iterable[int], args: argparse.Namespace) -> Any:
-    """The CostModel: ``--profile`` checked against the graph, else measured at ``shard_degrees``
-    (with ``--repeats`` / ``--warmup`` where the command has them) with a progress bar."""
+    """The CostModel: ``--profile`` checked against the graph (its precision first, then its
+    fingerprint), else measured at ``shard_degrees`` (with ``--repeats`` / ``--warmup`` where the
+    command has them, in the graph's precision) with a progress bar."""
     from ..costs import CostModel, profile
+    from ..costs.profiler import check_precision
 
     if getattr(args, "profile", None):
-        return CostModel.load(args.profile, graph)
+        costs = CostModel.load(args.profile)
+        check_precision(costs, graph)
+        costs.check_graph(graph)
+        return costs
     return profile(graph, shard_degrees=tuple(sorted(set(shard_degrees))), repeats=args.repeats,
                    warmup=getattr(args, "warmup", 1), progress=True)
 

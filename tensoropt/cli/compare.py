@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import TensorOptError
-from ._common import add_fit_arguments, capture_spec, costs_for, fit_options
+from ._common import add_fit_arguments, add_precision_argument, capture_spec, costs_for, fit_options
 from .place import _devices
 from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
@@ -42,7 +42,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     extra = solver_options(algos, args.time_limit)
     budget, reserve = fit_options(args)
 
-    graph = capture_spec(args.model, console, batch=args.batch)
+    graph = capture_spec(args.model, console, batch=args.batch, precision=args.precision)
     # data parallel and OS-DPOS split over all the devices, the frontier over its meshes
     degrees = {1, len(devices)} | set(range(2, len(devices) + 1) if "os-dpos" in algos else ())
     if not args.no_frontier:
@@ -115,6 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--algos", metavar="NAMES", help="placers to run, comma-separated (default: all)")
     p.add_argument("--no-frontier", action="store_true", help="leave out the frontier's rows")
     add_fit_arguments(p)
+    add_precision_argument(p)
     p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
                    help="sizes the optimizer state in the memory limits and the simulator (default adamw)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._common import add_fit_arguments, capture_spec, costs_for, fit_options
+from ._common import add_fit_arguments, add_precision_argument, capture_spec, costs_for, fit_options
 from ._common import degrees as degrees_arg
 from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
@@ -47,7 +47,7 @@ def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
         raise ProfileError("--repeats must be ≥ 1 and --warmup ≥ 0")
     meshes = candidate_meshes(cluster, devices=devices)
 
-    graph = capture_spec(args.model, console, batch=args.batch)
+    graph = capture_spec(args.model, console, batch=args.batch, precision=args.precision)
     costs = costs_for(graph, args.degrees or {len(m) for m in meshes}, args)
 
     t0 = time.perf_counter()
@@ -60,7 +60,7 @@ def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
     pts = frontier.points
     title = (f"{escape(graph.name)} (batch {graph.batch_size}) on {escape(cluster.name)}: {len(pts)} Pareto-optimal "
              f"plans over {len(frontier.meshes)} meshes ({', '.join(str(len(m.mesh)) for m in frontier.meshes)} "
-             f"devices), optimizer {args.optimizer}")
+             f"devices), optimizer {args.optimizer}, {graph.precision}")
     t = Table(title=title, title_justify="left")
     for col, just in (("plan", "left"), ("devices", "left"), ("memory / device", "right"), ("time", "right"),
                       ("samples/s", "right"), ("fits", "left")):
@@ -107,6 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="reuse this profile of MODEL (made by `tensoropt profile MODEL -o P`) instead of profiling")
     p.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
     add_fit_arguments(p)
+    add_precision_argument(p)
     p.add_argument("--devices", metavar="NAMES", help="comma-separated devices the meshes may use (default: all)")
     p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
                    help="sizes optimizer state: adamw / adam 2 ×, momentum 1 ×, sgd 0 × the parameters (default adamw)")

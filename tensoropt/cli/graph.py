@@ -7,6 +7,8 @@ import time
 
 from rich.console import Console
 
+from ._common import add_precision_argument
+
 
 def _cmd_graph(args: argparse.Namespace, console: Console) -> int:
     from ..describe import print_graph
@@ -16,9 +18,11 @@ def _cmd_graph(args: argparse.Namespace, console: Console) -> int:
     loaded = load_model(args.model, batch=args.batch)
     t1 = time.perf_counter()
     with console.status(f"capturing {args.model} …"):
-        graph = loaded.capture(batch_dim=args.batch_dim, method=args.method)
+        graph = loaded.capture(batch_dim=args.batch_dim, method=args.method, precision=args.precision)
     t2 = time.perf_counter()
     print_graph(graph, console, top=args.top, limit=0 if args.all else args.limit)
+    if graph.precision != "fp32":
+        console.print(f"precision {graph.precision}: activations as torch.autocast computes them, parameters float32")
     console.print(f"built in {t1 - t0:.2f} s, captured in {t2 - t1:.2f} s")
     if args.json:
         graph.save(args.json)
@@ -33,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--batch-dim", type=int, default=0, help="batch dimension of the inputs (default 0)")
     g.add_argument("--method", choices=("auto", "export", "fx"), default="auto",
                    help="capture door: torch.export then torch.fx (auto), or one of them")
+    add_precision_argument(g)
     g.add_argument("--json", metavar="OUT", help="write the OpGraph as JSON")
     g.add_argument("--top", type=int, default=10, help="rows in the histogram / largest-tensor tables")
     g.add_argument("--limit", type=int, default=40, help="nodes to list (default 40)")

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import TensorOptError
-from ._common import add_fit_arguments, capture_spec, costs_for, fit_options
+from ._common import add_fit_arguments, add_precision_argument, capture_spec, costs_for, fit_options
 from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
 
@@ -69,7 +69,7 @@ def _cmd_place(args: argparse.Namespace, console: Console) -> int:
     cluster = load_cluster(args.cluster)
     devices = resolve_devices(cluster, args.devices)
     solver = solver_options([args.algo], args.time_limit).get(args.algo, {})
-    graph = capture_spec(args.model, console, batch=args.batch)
+    graph = capture_spec(args.model, console, batch=args.batch, precision=args.precision)
     # data parallel reads the batch shard of degree len(devices), OS-DPOS tries every degree up to
     # it; the other placers place whole ops only
     degrees = {"dp": (1, len(devices)), "os-dpos": tuple(range(1, len(devices) + 1))}.get(args.algo, (1,))
@@ -118,6 +118,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
     p.add_argument("--devices", type=_devices, help="devices to use, comma-separated (default: all of the cluster's)")
     add_fit_arguments(p)
+    add_precision_argument(p)
     p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
                    help="sizes the optimizer state in the memory model (default adamw)")
     p.add_argument("--colocation", default="ABC",

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._common import capture_spec
+from ._common import add_precision_argument, capture_spec
 from ._common import degrees as degrees_arg
 
 from ..errors import ProfileError
@@ -22,13 +22,14 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
 
     if args.repeats < 1 or args.warmup < 0:
         raise ProfileError("--repeats must be ≥ 1 and --warmup ≥ 0")
-    graph = capture_spec(args.model, console, batch=args.batch, batch_dim=args.batch_dim)
+    graph = capture_spec(args.model, console, batch=args.batch, batch_dim=args.batch_dim, precision=args.precision)
     t0 = time.perf_counter()
     costs = profile(graph, device=args.device, shard_degrees=args.degrees, repeats=args.repeats,
                     warmup=args.warmup, cache=not args.no_cache, progress=True, in_sequence=not args.isolated)
     took = time.perf_counter() - t0
 
-    t = Table(title=f"{escape(graph.name)} (batch {graph.batch_size}) on {escape(costs.device['name'])}, "
+    t = Table(title=f"{escape(graph.name)} (batch {graph.batch_size}, {graph.precision}) on "
+                    f"{escape(costs.device['name'])}, "
                     f"{costs.device['threads']} threads — top {args.top} ops by forward + backward time",
               title_justify="left")
     for col in ("node", "op", "forward", "backward", "share", "saved", "how", "module"):
@@ -70,6 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
     p.add_argument("--batch-dim", type=int, default=0, help="batch dimension of the inputs (default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    add_precision_argument(p)
     p.add_argument("--degrees", type=degrees_arg, default=(1, 2, 4, 8),
                    help="shard degrees to measure, comma-separated (default 1,2,4,8)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per op call (median; default 5)")

@@ -12,6 +12,7 @@ from rich.markup import escape
 from .._malloc import steady_malloc
 from ..errors import TensorOptError
 from ..costs.step import make_optimizer, plan_optimizer
+from ._common import add_precision_argument
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -22,7 +23,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     from ..describe import fmt_bytes
     from ..execute import apply_plan, parse_device_map
     from ..modelspec import load_model
-    from ..plan import Plan
+    from ..plan import Plan, PlanError
 
     if args.steps < 0:
         raise TensorOptError("--steps must be ≥ 0")
@@ -32,15 +33,23 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         return run_distributed(args.model, args.plan, steps=args.steps, check=args.check, device_map=args.device_map,
                                master_addr=args.master_addr, master_port=args.master_port, timeout=args.timeout,
                                backend=args.dist_backend, lr=args.lr, batch=args.batch,
-                               collectives=args.collectives, check_dtype=args.check_dtype)
+                               collectives=args.collectives, check_dtype=args.check_dtype, precision=args.precision)
     steady_malloc()   # time the steps in the profile's allocator regime (tensoropt._malloc)
     loaded = load_model(args.model, batch=args.batch)
     if loaded.model is None:
         raise TensorOptError(f"{args.model} is a saved graph or ONNX file: the executor needs the torch model "
                              "(zoo:NAME or file.py:factory)")
     model, call = loaded.model, loaded.call
-    graph = capture(model, call, name=loaded.name, method="export")
-    plan = Plan.load(args.plan, graph)
+    # the plan's graph: a bf16 plan was made for the bf16 capture (its fingerprint says so), and
+    # the planned module runs its forward under that autocast
+    graph = capture(model, call, name=loaded.name, method="export", precision=args.precision or "fp32")
+    try:
+        plan = Plan.load(args.plan, graph)
+    except PlanError as e:
+        if "fingerprint" not in str(e):
+            raise
+        raise PlanError(f"{e} (captured here in {graph.precision}: run a plan with the --precision it was made "
+                        "with)") from None
     device_map = parse_device_map(args.device_map) if args.device_map else None
     # the check runs on copies of the model (in --check-dtype), dropout on, its masks drawn keyed on
     # both sides (tensoropt.execute.check)
@@ -74,7 +83,8 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             torch.cuda.synchronize(dev)
         times.append(time.perf_counter() - t0)
     if times:
-        console.print(f"{len(times)} training steps ({opt_name}, lr {args.lr}): median step {statistics.median(times) * 1e3:.3f} ms "
+        console.print(f"{len(times)} training steps ({opt_name}, {graph.precision}, lr {args.lr}): "
+                      f"median step {statistics.median(times) * 1e3:.3f} ms "
                       f"(min {min(times) * 1e3:.3f}, max {max(times) * 1e3:.3f}); last loss {loss.item():.6g}",
                       highlight=False)
         for dev in cuda:
@@ -117,7 +127,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "on, the same masks on both sides) first; exit 1 when any is out of tolerance")
     p.add_argument("--check-dtype", choices=("float64", "float32"), default=None,
                    help="the dtype --check runs in (default float64, or float32 with a note for a model that "
-                        "cannot be captured in float64)")
+                        "cannot be captured in float64 and for --precision bf16)")
     p.add_argument("--device-map", metavar="MAP",
                    help="plan device → torch device, e.g. gpu0=cuda:0,gpu1=cuda:1 (default: cuda:i where "
                         "there are enough GPUs, else cpu); with --backend dist plan device → rank, e.g. gpu0=0,gpu1=1 "
@@ -133,5 +143,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--master-addr", help="with --backend dist, without torchrun: the rendezvous host")
     p.add_argument("--master-port", type=int, help="with --backend dist, without torchrun: the rendezvous port")
     p.add_argument("--batch", type=int, help="batch size (must be the plan's)")
+    add_precision_argument(p)
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate of the plan's optimizer (its options' `optimizer`, default adamw) (default 1e-3)")
     p.set_defaults(func=_cmd_run)

@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from ..errors import TensorOptError
 from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
-from ._common import add_fit_arguments
+from ._common import add_fit_arguments, add_precision_argument
 
 
 def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
@@ -28,7 +28,7 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     batch = args.batch
     if batch is None and args.model.startswith("zoo:") and plan.batch_size:
         batch = plan.batch_size  # capture the model at the batch size the plan was made for
-    graph = capture_spec(args.model, console, batch=batch)
+    graph = capture_spec(args.model, console, batch=batch, precision=args.precision)
     plan = Plan.load(args.plan, graph, cluster)   # refuses another graph's plan, or unknown devices
     if plan.cluster_fingerprint and plan.cluster_fingerprint != cluster.fingerprint:
         console.print(f"[yellow]warning:[/yellow] the plan was made for cluster {escape(plan.cluster_name)!s} "
@@ -63,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", metavar="PROFILE_JSON", help="use this profile (checked against the graph) "
                                                              "instead of measuring")
     add_fit_arguments(p)
+    add_precision_argument(p)
     p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
                    help="sizes the optimizer state and temporaries (default adamw)")
     p.add_argument("--no-overlap", action="store_true",

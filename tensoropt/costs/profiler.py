@@ -29,6 +29,12 @@ How (seed 003 §4.4, FastT's profiled op times, design §2 "CostModel"):
    cached walks the graph on FakeTensors only (no compute): nearly free.  A node that cannot run alone gets a roofline estimate (FLOPs from
    ``FlopCounterMode`` over the measured peak FLOP/s, bytes over the measured memory bandwidth)
    marked ``roofline``.
+6. Precision: a ``bf16`` graph (:attr:`OpGraph.precision <tensoropt.graph.OpGraph.precision>`)
+   is walked, and every call measured, under the autocast it was captured in
+   (:func:`tensoropt.capture.precision_context`), so outputs, saved tensors — autocast's
+   bfloat16 copies of the weights and inputs a matmul or convolution saves for backward
+   included — and times are the bf16 ones.  ``settings["precision"]`` records it;
+   :func:`check_precision` refuses a profile used with a graph of another precision.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from .. import syncbn
 from .._io import write_json_atomic
 from .._malloc import steady_malloc
 from ..capture import first_line, quiet_torch_logs
+from ..capture.precision import precision_context, precision_of
 from ..errors import ProfileError
 from ..graph import OpGraph, OpNode, TensorMeta, split_fits
 from .feed import module_on, placeholder_values
@@ -95,7 +102,9 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     path, or ``False``.  ``progress``: ``True`` for a progress bar on stderr, or a callback
     ``(done, total, node_name)``.  ``in_sequence``: replace the isolated times by what each
     node costs inside a training step (:mod:`.sequence`; off, or when a whole step does not fit
-    in memory, the isolated times stay and ``settings["in_sequence"]`` says why).  Runs the
+    in memory, the isolated times stay and ``settings["in_sequence"]`` says why).  Everything
+    runs in ``graph.precision`` (a bf16 graph under its autocast; module docstring, 6.), recorded
+    in ``settings["precision"]``.  Runs the
     model's forward once plus, per distinct op call, ``warmup + repeats`` forward and backward
     calls, plus ``2 + repeats`` training steps at the full batch and at each batch shard.
     """
@@ -132,7 +141,8 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     if in_sequence:
         costs, sequence = _in_sequence(graph, costs, dev, inputs, degrees, repeats, store)
     store.save()
-    settings = {"repeats": repeats, "warmup": warmup, "shard_degrees": [1, *degrees], "in_sequence": sequence,
+    settings = {"precision": precision_of(graph),
+                "repeats": repeats, "warmup": warmup, "shard_degrees": [1, *degrees], "in_sequence": sequence,
                 "measured_calls": runner.measured_calls, "cached_calls": runner.cached_calls,
                 "from_cache_only": runner.dry,   # every call was cached: nothing ran on real tensors
                 # other work on the machine inflates every time (an OpenMP region waits for a
@@ -141,6 +151,17 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     return CostModel(costs, graph_fingerprint=graph.fingerprint, graph_name=graph.name,
                      batch_size=graph.batch_size, device=info, settings=settings,
                      profile_s=time.perf_counter() - t0)
+
+
+def check_precision(costs: CostModel, graph: OpGraph) -> None:
+    """Refuse a profile measured in another precision than ``graph``'s (a profile made before
+    precisions existed was fp32), naming both and the fix; the fingerprint check
+    (:meth:`CostModel.check_graph`) would refuse it too, without saying why."""
+    have, want = costs.settings.get("precision", "fp32"), precision_of(graph)
+    if have != want:
+        raise ProfileError(f"the profile of {costs.graph_name!r} was measured in {have}, but graph {graph.name!r} "
+                           f"trains in {want}: profile it in {want} (tensoropt profile MODEL --precision {want} "
+                           f"-o profile.json), or capture the graph in {have} (--precision {have})")
 
 
 def _in_sequence(graph: OpGraph, costs: dict[str, NodeCost], dev: torch.device, inputs: tuple | None,
@@ -294,6 +315,7 @@ class _Runner(fx.Interpreter):
         super().__init__(module_on(gm, dev).to(dev), garbage_collect_values=True)
         self.graph_ = graph
         self.dev = dev
+        self.precision = precision_of(graph)   # every call runs under the graph's autocast
         self.degrees = degrees
         self.repeats, self.warmup = repeats, warmup
         self.store = store
@@ -310,7 +332,7 @@ class _Runner(fx.Interpreter):
     def run(self, inputs: tuple | None, report: Callable) -> None:  # type: ignore[override]
         self.report = report
         args = self._placeholder_values(inputs)
-        with torch.no_grad():
+        with torch.no_grad(), precision_context(self.precision, self.dev):
             super().run(*args)
 
     def run_dry(self, inputs: tuple | None, report: Callable) -> bool:
@@ -323,7 +345,7 @@ class _Runner(fx.Interpreter):
             args = self._placeholder_values(inputs)
             with FakeTensorMode(allow_non_fake_inputs=True) as mode:
                 fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-                with torch.no_grad():
+                with torch.no_grad(), precision_context(self.precision, self.dev):
                     super().run(*fake)
             return True
         except Exception:  # noqa: BLE001 - a miss, or an op FakeTensors cannot run: measure for real
@@ -459,7 +481,8 @@ class _Runner(fx.Interpreter):
                 info[id(v)] = TensorArg("param", None, self._is_trainable(v))
             elif isinstance(a, fx.Node) and a.name in self.graph_.nodes:
                 src = self.graph_.nodes[a.name]
-                info[id(v)] = TensorArg("activation", src.outputs[0] if len(src.outputs) == 1 else None)
+                info[id(v)] = TensorArg("activation", src.outputs[0] if len(src.outputs) == 1 else None,
+                                        self.needs_grad.get(a.name, False))
                 producers[pos] = a.name
             elif isinstance(a, fx.Node) and a.op == "get_attr":
                 info[id(v)] = TensorArg("param", None, self._is_trainable(v))
@@ -472,7 +495,7 @@ class _Runner(fx.Interpreter):
         estimate when ``estimate``, else the exception propagates (a shard rule that does not
         fit the op is the caller's to handle)."""
         grad_flags = self._grad_flags(args, kwargs, tinfo, grad)
-        key = _call_key(opname, fn, args, kwargs, grad_flags, extra_params)
+        key = _call_key(opname, fn, args, kwargs, grad_flags, extra_params, self.precision)
         hit = self.seen.get(key) or self.store.get(key)
         if hit is None and self.dry:
             raise _CacheMiss(key)
@@ -483,11 +506,11 @@ class _Runner(fx.Interpreter):
         try:
             param_flags = [tinfo.get(id(v), TensorArg("param")).kind == "param" for v in _tensors((args, kwargs))]
             m = _measure_call(fn, args, kwargs, grad_flags, param_flags, extra_params if grad else [], self.dev,
-                              self.repeats, self.warmup)
+                              self.repeats, self.warmup, self.precision)
         except Exception:  # noqa: BLE001 - an op that cannot run alone: a roofline estimate
             if not estimate:
                 raise
-            m = _roofline(fn, args, kwargs, grad_flags, self.info)
+            m = _roofline(fn, args, kwargs, grad_flags, self.info, self.precision)
         self.measured_calls += 1
         self.seen[key] = m
         self.store.put(key, m)
@@ -498,8 +521,10 @@ class _Runner(fx.Interpreter):
         flags = []
         for v in _tensors((args, kwargs)):
             a = tinfo.get(id(v))
-            ok = grad and v.is_floating_point() and a is not None and (
-                (a.kind == "param" and a.trainable) or a.kind == "activation")
+            # a trainable parameter, or an activation downstream of one (not a graph input: the
+            # first layer computes no input gradient, and saves nothing for one — under bf16
+            # autocast that is its weight's bfloat16 copy)
+            ok = grad and v.is_floating_point() and a is not None and a.trainable
             flags.append(bool(ok))
         return flags
 
@@ -512,12 +537,16 @@ class _CacheMiss(Exception):
 
 
 def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool], param_flags: list[bool],
-                  extra_params: list[torch.Tensor], dev: torch.device, repeats: int, warmup: int) -> Measurement:
+                  extra_params: list[torch.Tensor], dev: torch.device, repeats: int, warmup: int,
+                  precision: str = "fp32") -> Measurement:
     """Time one call alone, forward and backward; record what autograd saves.
 
     ``grad_flags`` / ``param_flags``: per tensor argument, whether it is a leaf needing a
     gradient and whether it is a parameter / buffer (not an activation);  ``extra_params``: the
-    parameters of a called module (torch.fx capture).
+    parameters of a called module (torch.fx capture).  ``precision``: every forward runs under
+    :func:`~tensoropt.capture.precision_context` (the backward runs in the forward's dtypes by
+    itself); a bf16 copy autocast makes of a weight or input and saves is an extra saved tensor,
+    as in a training step.
     """
     flat, spec = tree_flatten((args, kwargs))
     tensors = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
@@ -535,7 +564,7 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
     enable = bool(grad_inputs)
 
     def forward() -> Any:
-        with torch.enable_grad() if enable else torch.no_grad():
+        with torch.enable_grad() if enable else torch.no_grad(), precision_context(precision, dev):
             return fn(*cargs, **ckwargs)
 
     saved: list[torch.Tensor] = []
@@ -568,7 +597,7 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
         bp_s, _ = time_callable(backward, device=dev, repeats=repeats, warmup=warmup)
         if dev.type == "cuda":
             workspace = _cuda_workspace(forward, backward, dev)
-    flops, _ = _fake_run(fn, cargs, ckwargs)
+    flops, _ = _fake_run(fn, cargs, ckwargs, precision)
     shape = tuple(out_tensors[0].shape) if out_tensors else ()
     return Measurement(fp_s, bp_s, out_bytes, sum(saved_total.values()), sum(extra.values()),
                        tuple(sorted(saved_args)), saves_output, workspace, flops, shape)
@@ -592,9 +621,9 @@ def _cuda_workspace(forward: Callable, backward: Callable, dev: torch.device) ->
     return max(scratch(forward), scratch(backward))
 
 
-def _fake_run(fn: Callable, args: tuple, kwargs: dict) -> tuple[int, int]:
-    """Forward FLOPs and output bytes of one call, on FakeTensors (no real compute); (0, 0)
-    when the op has no fake implementation."""
+def _fake_run(fn: Callable, args: tuple, kwargs: dict, precision: str = "fp32") -> tuple[int, int]:
+    """Forward FLOPs and output bytes of one call, on FakeTensors (no real compute), in
+    ``precision``; (0, 0) when the op has no fake implementation."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -603,7 +632,8 @@ def _fake_run(fn: Callable, args: tuple, kwargs: dict) -> tuple[int, int]:
     try:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             fargs, fkwargs = _map(lambda t: mode.from_tensor(t), (args, kwargs))
-            with torch.no_grad(), FlopCounterMode(display=False) as fc:
+            with torch.no_grad(), precision_context(precision, _tensors((args, kwargs))), \
+                    FlopCounterMode(display=False) as fc:
                 out = fn(*fargs, **fkwargs)
             out_bytes = sum(t.numel() * t.element_size() for t in _tensors(out))
         return int(fc.get_total_flops()), out_bytes
@@ -611,12 +641,13 @@ def _fake_run(fn: Callable, args: tuple, kwargs: dict) -> tuple[int, int]:
         return 0, 0
 
 
-def _roofline(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool], info: dict[str, Any]) -> Measurement:
+def _roofline(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool], info: dict[str, Any],
+              precision: str = "fp32") -> Measurement:
     """Estimate a call that cannot run alone: max(FLOPs / peak FLOP/s, bytes / memory bandwidth)
     forward, twice that backward (two products per forward product: the input and weight
     gradients)."""
     in_bytes = _unique_bytes(_tensors((args, kwargs)))
-    flops, out_bytes = _fake_run(fn, args, kwargs)
+    flops, out_bytes = _fake_run(fn, args, kwargs, precision)
     peak, bw = info.get("peak_flops") or 1e11, info.get("memory_Bps") or 1e10
     fp = max(flops / peak, (in_bytes + out_bytes) / bw)
     bp = 2 * fp if any(grad_flags) else 0.0
@@ -640,7 +671,10 @@ def _scaled(full: Measurement, k: int) -> ShardCost:
 
 
 def _call_key(opname: str, fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool],
-              extra_params: list[torch.Tensor]) -> str:
+              extra_params: list[torch.Tensor], precision: str = "fp32") -> str:
+    """The cache key of one call: op, arguments' shapes / dtypes / gradient flags / layout, the
+    other arguments, and the precision it runs in where not fp32 (a float32 linear under
+    autocast is another call than one without; fp32 keys are what they were before)."""
     flags = iter(grad_flags)
 
     def enc(v: Any) -> Any:
@@ -651,7 +685,7 @@ def _call_key(opname: str, fn: Callable, args: tuple, kwargs: dict, grad_flags: 
         if isinstance(v, dict):
             return {k: enc(x) for k, x in v.items()}
         return repr(v)
-    target = opname
+    target = opname if precision == "fp32" else f"{opname}@{precision}"
     if isinstance(fn, torch.nn.Module):
         target += ":" + repr(fn) + str([tuple(p.shape) for p in extra_params])
     return json.dumps([target, enc(list(args)), enc(kwargs)], separators=(",", ":"))

@@ -29,6 +29,9 @@ node: 20–60 µs a call on one CPU core, 5–10 % of the passes of the benchmar
 program running the graph node by node pays per call whatever the shard.  Memory figures are
 untouched.
 
+A ``bf16`` graph's forward runs under its autocast (:func:`tensoropt.capture.precision_context`),
+the loss and the backward outside it, as a mixed-precision training step does.
+
 CPU: ``time.perf_counter``; CUDA: ``torch.cuda.Event`` pairs resolved after each step.  A step
 of the whole model at the captured batch must fit in memory (the isolated profiler needs one
 operator at a time): :func:`tensoropt.profile` falls back to the isolated figures, saying so in
@@ -49,6 +52,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
 from .._malloc import steady_malloc
+from ..capture.precision import precision_context
 from ..errors import ProfileError
 from ..graph import OpGraph
 from .feed import module_on, placeholder_values
@@ -249,7 +253,8 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
     while i < warmup + repeats:
         run = _TimedRun(module, timed, clock, param_owner)
         t0 = clock.mark()
-        out = run.run(*feed)
+        with precision_context(graph, dev):
+            out = run.run(*feed)
         loss, loss_spans = _timed_loss(user_outputs(out), run.owner, clock)
         tf = clock.mark()
         _claim_loss(loss, run.owner)

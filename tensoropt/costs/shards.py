@@ -41,9 +41,11 @@ _ATTENTION = {"scaled_dot_product_attention", "_scaled_dot_product_flash_attenti
 class TensorArg:
     """What a tensor argument of a node is: an activation (with its graph meta) or a parameter.
 
-    ``trainable``: a parameter that training updates.  Said here, not read off the tensor,
-    because a shard cut from it is a plain tensor that must still get its gradient (else a
-    ``reduce`` shard's backward is timed without the weight gradient)."""
+    ``trainable``: the tensor gets a gradient in training — a parameter that training updates,
+    or an activation downstream of one (a graph input is not: a first layer computes no input
+    gradient, and saves nothing for one).  Said here, not read off the tensor, because a shard
+    cut from it is a plain tensor that must still get its gradient (else a ``reduce`` shard's
+    backward is timed without the weight gradient)."""
 
     kind: str                       # "activation" | "param"
     meta: TensorMeta | None = None  # for activations: batch / channel dims

@@ -5,6 +5,12 @@ backward, ``optimizer.step()``, ``optimizer.zero_grad()`` — and reports their 
 the forward and backward parts of it, and the peak memory of one step with a per-category
 breakdown (:class:`StepMeasurement`).
 
+**Precision.**  ``precision="bf16"`` runs the model's forward under the autocast a bf16 graph
+runs under (:func:`tensoropt.capture.precision_context`): parameters, gradients and optimizer
+state stay float32, the ops autocast lists compute in bfloat16 on bfloat16 copies of their
+inputs and weights (counted as ``activation`` while saved for backward); the loss and the
+backward run outside it.
+
 Order of work: ``warmup`` untimed steps (they also create the optimizer state — momentum
 buffers, Adam's moments — which only exists after a first step), ``repeats`` timed steps, then
 the memory step(s), each its own step because tracking slows every operator down.
@@ -76,6 +82,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from .._malloc import steady_malloc
+from ..capture.precision import check_precision, precision_context
 from ..errors import ProfileError
 from .memory import DEFAULT_OPTIMIZER
 
@@ -131,6 +138,8 @@ class StepMeasurement:
     profiler_peak_bytes: int | None = None
     #: CUDA: MemTracker's own peak (the breakdown's sum); on CPU it is ``peak_bytes``
     tracker_peak_bytes: int | None = None
+    #: "fp32", or "bf16": the forward ran under autocast (module docstring)
+    precision: str = "fp32"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples as lists)."""
@@ -257,13 +266,19 @@ def _held_tensors(model: nn.Module, opt: torch.optim.Optimizer, inputs: tuple) -
 
 
 class _Step:
-    """One training step, split into phases that a caller can observe."""
+    """One training step, split into phases that a caller can observe; the forward in
+    ``precision`` on ``device`` (the loss and the backward outside the autocast)."""
 
-    def __init__(self, model: nn.Module, inputs: tuple, opt: torch.optim.Optimizer):
+    def __init__(self, model: nn.Module, inputs: tuple, opt: torch.optim.Optimizer, precision: str = "fp32",
+                 device: torch.device | str = "cpu"):
         self.model, self.inputs, self.opt = model, inputs, opt
+        self.precision, self.device = precision, device
 
     def run(self, mark: Callable[[str], None] = lambda phase: None) -> None:
-        loss = training_loss(self.model(*self.inputs))  # the outputs die here unless saved
+        with precision_context(self.precision, self.device):
+            outputs = self.model(*self.inputs)
+        loss = training_loss(outputs)  # the outputs die here unless saved
+        del outputs
         if not loss.requires_grad:
             raise ProfileError("the loss does not depend on any trainable parameter (no output "
                                "requires grad): nothing to train")
@@ -405,16 +420,17 @@ def _to_device(inputs: tuple, dev: torch.device) -> tuple:
 
 def measure_step(model: nn.Module, example_inputs: tuple, *, optimizer: str = DEFAULT_OPTIMIZER,
                  device: str = "cpu", repeats: int = 5, warmup: int = 2, memory: bool = True,
-                 lr: float = 1e-3, crosscheck: bool = False) -> StepMeasurement:
+                 lr: float = 1e-3, crosscheck: bool = False, precision: str = "fp32") -> StepMeasurement:
     """Measure full training steps of ``model`` on ``example_inputs`` (positional, batch in dim 0).
 
     ``warmup`` untimed steps, ``repeats`` timed steps (medians), then — with ``memory`` — one
     step under MemTracker for the peak and its breakdown (on CUDA one more step first, whose
     peak comes from the caching allocator), and with ``crosscheck`` (CPU) one step under the
-    torch profiler for :attr:`StepMeasurement.profiler_peak_bytes`.  See the module docstring
-    for what is counted and for the side effects on ``model``.
+    torch profiler for :attr:`StepMeasurement.profiler_peak_bytes`.  ``precision``: ``fp32`` or
+    ``bf16`` (the forward under autocast, as a bf16 graph runs).  See the module docstring for
+    what is counted and for the side effects on ``model``.
 
-    Raises :class:`ProfileError` for an unknown optimizer, a device that is not ``cpu`` /
+    Raises :class:`ProfileError` for an unknown optimizer or precision, a device that is not ``cpu`` /
     available ``cuda``, ``repeats < 1`` or ``warmup < 0``, outputs without a floating-point
     tensor, or a loss that does not depend on any trainable parameter.
     """
@@ -425,6 +441,7 @@ def measure_step(model: nn.Module, example_inputs: tuple, *, optimizer: str = DE
         raise ProfileError(f"repeats must be a positive integer, got {repeats!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise ProfileError(f"warmup must be a non-negative integer, got {warmup!r}")
+    precision = check_precision(precision, ProfileError)
     dev = _resolve_device(device)
     steady_malloc()   # the regime the profile and the executors share (tensoropt._malloc)
     if not isinstance(example_inputs, (tuple, list)):
@@ -440,7 +457,7 @@ def measure_step(model: nn.Module, example_inputs: tuple, *, optimizer: str = DE
     opt = make_optimizer(opt_name, trainable, lr=lr)
     for p in model.parameters():
         p.grad = None
-    step = _Step(model, inputs, opt)
+    step = _Step(model, inputs, opt, precision, dev)
     try:
         for _ in range(warmup):
             step.run()
@@ -480,4 +497,5 @@ def measure_step(model: nn.Module, example_inputs: tuple, *, optimizer: str = DE
         peak_absolute_bytes=absolute,
         profiler_peak_bytes=profiler_peak,
         tracker_peak_bytes=tracker_peak,
+        precision=precision,
     )

@@ -23,6 +23,9 @@ Every device walks its own program (its forward in plan order, its backward in r
 - recomputation: a ``recompute`` node keeps nothing of its own (no saved output, no extra saved
   tensors) but keeps its inputs until its backward (they are needed to run it again); in backward
   its output and extra tensors exist again while its backward runs;
+- the loss: the gradient of each model output, dense (a mean's backward writes it out); a 16-bit
+  output is read as float32 by the loss, so its gradient exists in float32 too while it is cast
+  back (bf16 autocast);
 - backward: activation gradients (the size of the tensor they belong to) from the first backward
   that produces one until the producer's backward on that device (the gradient of a received
   copy: until its last consumer there has run backward, when it is sent back; a gradient that
@@ -299,11 +302,19 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
                 for p, k in reads[(name, d)]:
                     if k is not None and k[1] == "recv" and needs_grad.get(p):
                         recv_users.setdefault(k, set()).add(name)
+        widened = 0   # the loss reads a 16-bit output as float32: its gradient is float32 first
         for p in model_outputs:
             k = owner_on.get((p, d))
             if needs_grad.get(p) and k is not None:
                 grad_keys[k] = size.get(k, 0)
                 live[(k, "#grad")] = grad_keys[k]
+                out = graph.nodes[p].outputs
+                if out and out[0].dtype in ("bfloat16", "float16"):
+                    widened += 2 * grad_keys[k]
+        if widened:
+            live[("#loss",)] = widened
+            note("backward", "loss")
+            live.pop(("#loss",))
         param_done: set[str] = set(summed)
         for name in reversed(prog):
             if not needs_grad.get(name):

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from .._malloc import steady_malloc
+from ..cli._common import add_precision_argument
 from ..errors import TensorOptError
 from ..costs.step import make_optimizer, plan_optimizer
 from .runtime import DEFAULT_TIMEOUT_S
@@ -36,11 +37,13 @@ def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: b
                     master_port: int | None = None, timeout: float = DEFAULT_TIMEOUT_S, backend: str = "auto",
                     rank: int | None = None, world_size: int | None = None, lr: float = 1e-3,
                     batch: int | None = None, collectives: str = "auto", out: Any = None,
-                    check_dtype: str | None = None) -> int:
+                    check_dtype: str | None = None, precision: str | None = None) -> int:
     """Run ``steps`` SGD steps of ``plan_path`` on this rank (rank / world size from the torchrun
     environment unless given), after ``check`` (loss, every gradient and written buffer against
     the unmodified model, dropout off, in ``check_dtype``: float64 by default, float32 with a
-    note for a model that cannot be captured in float64; :func:`.run.compare_distributed`).
+    note for a model that cannot be captured in float64 and for a bf16 graph;
+    :func:`.run.compare_distributed`).  ``precision``: ``fp32`` (default) or ``bf16``, what the
+    plan's graph was captured in (:func:`tensoropt.capture`).
     Prints on rank 0 to ``out`` (stdout); returns the exit code: 0, 1 when the check fails (no
     step is timed), or 2 with the error's message on bad input or a failed peer."""
     import torch
@@ -68,7 +71,7 @@ def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: b
             raise TensorOptError(f"{model_spec} is a saved graph or ONNX file: the executor needs the torch model "
                                  "(zoo:NAME or file.py:factory)")
         model, call = loaded.model, loaded.call
-        graph = capture(model, call, name=loaded.name, method="export")
+        graph = capture(model, call, name=loaded.name, method="export", precision=precision or "fp32")
         inputs = tuple(graph.example_inputs)    # the graph's inputs, keyword ones included, in its order
         plan = Plan.load(plan_path, graph)
         if check:   # on copies in the check's dtype, before the training executor takes the model
@@ -105,8 +108,8 @@ def run_distributed(model_spec: str, plan_path: str, *, steps: int = 5, check: b
                 dist.all_gather_object(every, (times, None if loss is None else loss.item()))
             slowest = [max(r[0][i] for r in every) for i in range(len(times))]
             last = next(r[1] for r in every if r[1] is not None)
-            say(f"{len(times)} training steps ({opt_name}, lr {lr}): median step of the slowest rank "
-                f"{statistics.median(slowest) * 1e3:.3f} ms (min {min(slowest) * 1e3:.3f}, max "
+            say(f"{len(times)} training steps ({opt_name}, {graph.precision}, lr {lr}): median step of the slowest "
+                f"rank {statistics.median(slowest) * 1e3:.3f} ms (min {min(slowest) * 1e3:.3f}, max "
                 f"{max(slowest) * 1e3:.3f}); last loss {last:.6g}")
         return 0
     except TensorOptError as e:
@@ -163,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, help="this process's rank without torchrun (default RANK)")
     p.add_argument("--world-size", type=int, help="number of ranks without torchrun (default WORLD_SIZE)")
     p.add_argument("--batch", type=int, help="batch size (must be the plan's)")
+    add_precision_argument(p)
     p.add_argument("--lr", type=float, default=1e-3)
     return p
 
@@ -172,4 +176,4 @@ def main(argv: list[str] | None = None) -> int:
     return run_distributed(a.model, a.plan, steps=a.steps, check=a.check, device_map=a.device_map,
                            master_addr=a.master_addr, master_port=a.master_port, timeout=a.timeout,
                            backend=a.backend, rank=a.rank, world_size=a.world_size, lr=a.lr, batch=a.batch,
-                           collectives=a.collectives, check_dtype=a.check_dtype)
+                           collectives=a.collectives, check_dtype=a.check_dtype, precision=a.precision)

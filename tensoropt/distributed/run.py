@@ -22,6 +22,11 @@ runs one forward + :func:`~tensoropt.costs.step.training_loss` + backward on thi
 - a rank keeps only the parameters and buffers its nodes read (the others are emptied), so its
   memory is what the plan gives its devices.
 
+A ``bf16`` graph's forward runs under its autocast on every rank
+(:func:`tensoropt.capture.precision_context`; the loss and the backward outside it), and
+:func:`compare_distributed` runs the reference under the same autocast, with the bfloat16
+tolerance (:mod:`tensoropt.execute.check`, "Mixed precision").
+
 The model is built on every rank with the same weights (the zoo seeds them); the example inputs
 are on every rank.  O(V + E) per step, plus the transfers.
 """
@@ -37,9 +42,10 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from ..capture.call import ModelCall
+from ..capture.precision import device_types, precision_context, precision_of
 from ..errors import DistributedError
 from ..execute.check import (Comparison, TensorCheck, check_loss, check_tensor, group_scale, merge_checks,
-                             step_seed)
+                             step_seed, tolerance_precision)
 from ..execute.dropout import dropout_off
 from ..execute.randomness import KeyedRandomMode, derive_seed, draw_seed
 from ..execute.rewrite import rewrite, write_back
@@ -80,6 +86,10 @@ class DistributedExecutor:
         self.rank_of = resolve_rank_map(plan.devices, runtime.world_size, rank_map)
         self.model = model
         plan.check(graph)
+        #: the graph's precision: "bf16" runs every forward under autocast (tensoropt.capture.precision)
+        self.precision = precision_of(graph)
+        #: the dtype whose tolerance a check of this graph is held to (None: the parameters')
+        self.check_precision = tolerance_precision(graph)
         index = {d: i for i, d in enumerate(plan.devices)}
         # the loss as terms where the outputs lie: no output is gathered anywhere (as DDP, and as
         # the simulator assumes); a GPT-2's logits sent whole to one rank cost 2 x 8 MiB a step
@@ -295,7 +305,11 @@ class DistributedExecutor:
     def forward(self, *inputs: Any) -> torch.Tensor | None:
         """The forward pass and this rank's part of the loss (the training loss is the sum of the
         parts over :attr:`Program.loss_ranks`; each is computed where the outputs lie); None on a
-        rank that holds no model output."""
+        rank that holds no model output.  In the graph's precision (a bf16 graph under autocast)."""
+        with precision_context(self.precision, self.rt.device):
+            return self._forward(*inputs)
+
+    def _forward(self, *inputs: Any) -> torch.Tensor | None:
         me, dev = self.rt.rank, torch.device(self.rt.device)
         leaves = [x for x in tree_flatten(inputs)[0] if isinstance(x, torch.Tensor)]
         params = dict(self.model.named_parameters(remove_duplicate=False))
@@ -565,11 +579,12 @@ class DistributedExecutor:
 def apply_plan_distributed(model: nn.Module, example_inputs: Any, plan: Plan, runtime: Runtime, *,
                            rank_map: Mapping[str, int] | None = None, graph: OpGraph | None = None,
                            release_unused: bool = True, collectives: str = "auto",
-                           loss: str = "train") -> DistributedExecutor:
+                           loss: str = "train", precision: str = "fp32") -> DistributedExecutor:
     """This rank's :class:`DistributedExecutor` for ``plan`` (checked against the graph: a plan made
     for another model is a :class:`~tensoropt.plan.PlanError`; a world size that does not match
     the rank map a :class:`DistributedError`, both before anything runs).  ``graph``: a
-    torch.export capture of ``model`` with ``example_inputs`` (captured here otherwise).
+    torch.export capture of ``model`` with ``example_inputs`` (captured here otherwise, in
+    ``precision``; the executor runs in the graph's precision).
     ``collectives``: how all-gathers, reduce-scatters and all-reduces run (``auto`` / ``native``
     / ``p2p``: :class:`~.transport.PeerLink`).  ``loss``: ``"train"`` (the training loss) or
     ``"check"`` (the check's weighted loss, for :func:`compare_distributed`)."""
@@ -579,7 +594,7 @@ def apply_plan_distributed(model: nn.Module, example_inputs: Any, plan: Plan, ru
     if graph is None:
         from ..capture import capture
 
-        graph = capture(model, example_inputs, method="export")
+        graph = capture(model, example_inputs, method="export", precision=precision)
     return DistributedExecutor(model, graph, plan, runtime, rank_map, release_unused=release_unused,
                                collectives=collectives, loss=loss)
 
@@ -602,7 +617,9 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
     args = call.tensors_for(reference)     # the executor takes the graph's inputs in the graph's order
     seed = step_seed(0)
     reference.zero_grad(set_to_none=True)
-    with KeyedRandomMode(seed):     # the model's random draws keyed, as the plan's
+    where = device_types([*reference.parameters(), *args])
+    # the model's random draws keyed, as the plan's; under the plan's autocast
+    with KeyedRandomMode(seed), precision_context(executor.precision, where):
         ref_out = call.run(reference)
     if executor.loss == "check":
         ref_loss, loss_scale = check_loss(ref_out)
@@ -622,11 +639,12 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
     finally:
         executor.seed = keep
     mine: list[TensorCheck] = []
+    tol = executor.check_precision   # a bf16 graph: the bfloat16 tolerance (None: by dtype)
     if executor.rt.rank == 0:    # the loss is the same on every rank: the parts summed
-        mine.append(check_tensor("loss", "loss", loss, ref_loss, group=loss_scale))
+        mine.append(check_tensor("loss", "loss", loss, ref_loss, group=loss_scale, precision=tol))
     for k, p in executor.local_parameters.items():
         want = executor.piece_of(k, ref_grads[k]) if k in ref_grads else None
-        mine.append(check_tensor("grad", k, p.grad, want, group=grad_scale))
+        mine.append(check_tensor("grad", k, p.grad, want, group=grad_scale, precision=tol))
     own_buffers = dict(executor.model.named_buffers())
     for k, pieces in executor.written_buffers.items():
         if own_buffers[k].is_floating_point():
@@ -634,7 +652,7 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
                 a, b = own_buffers[k], ref_buffers[k]
                 if dim is not None:
                     a, b = torch.tensor_split(a, parts, dim)[index], torch.tensor_split(b, parts, dim)[index]
-                mine.append(check_tensor("buffer", k, a, b, group=buffer_scale))
+                mine.append(check_tensor("buffer", k, a, b, group=buffer_scale, precision=tol))
     every: list[Any] = [None] * executor.rt.world_size
     with executor.link.guard("gathering the check's results", None):
         dist.all_gather_object(every, mine)
@@ -643,6 +661,8 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
     for k in sorted(set(ref_grads) - held):   # a gradient no rank holds
         checks.append(check_tensor("grad", k, None, ref_grads[k]))
     dtype = next((str(p.dtype).removeprefix("torch.") for p in reference.parameters()), "")
+    if executor.precision != "fp32":
+        dtype += f" under {executor.precision} autocast"
     return Comparison(tuple(checks), dtype, "weighted" if executor.loss == "check" else "training_loss")
 
 

@@ -8,6 +8,10 @@ the model's) and whose ``forward`` runs the rewritten ``torch.fx.GraphModule``
 moves between devices and layouts: :mod:`.layouts`.  :func:`check_plan` (:mod:`.check`) checks a plan:
 the same loss, gradients and buffer updates as the unmodified model.
 
+A ``bf16`` graph (:attr:`OpGraph.precision <tensoropt.graph.OpGraph.precision>`) runs its forward
+under the autocast it was captured in (:func:`tensoropt.capture.precision_context`, for every
+device type of the device map); the loss and the backward run outside it.
+
 The graph is the one captured in training mode: batch norm uses batch statistics and dropout
 draws masks even after ``.eval()``.  Random ops draw keyed masks (:mod:`.randomness`): every
 shard draws its piece of the mask the whole op would draw, so a plan trains the same function
@@ -23,6 +27,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from ..capture.precision import precision_context, precision_of
 from ..errors import ExecutionError
 from ..graph import OpGraph
 from ..plan import Plan
@@ -125,10 +130,11 @@ def check_memory(plan: Plan, device_map: Mapping[str, str]) -> None:
 class PlannedModule(nn.Module):
     """The model run by a plan.  Holds the model's own submodules, parameters and buffers (the
     same objects: an optimizer over ``model.parameters()`` or this module's parameters trains
-    both); ``forward(*inputs)`` runs :attr:`graph_module` and returns what the model returns."""
+    both); ``forward(*inputs)`` runs :attr:`graph_module` and returns what the model returns —
+    under autocast for a ``bf16`` :attr:`precision`."""
 
     def __init__(self, model: nn.Module, rewritten: Rewritten, plan: Plan, device_map: Mapping[str, str],
-                 out_spec: Any, call: Any = None):
+                 out_spec: Any, call: Any = None, precision: str = "fp32"):
         super().__init__()
         object.__setattr__(self, "_model", model)   # for its call signature; not a submodule
         self._call = call
@@ -146,6 +152,8 @@ class PlannedModule(nn.Module):
         self.plan = plan
         self.device_map = dict(device_map)
         self._out_spec = out_spec
+        #: the graph's precision: "bf16" runs the forward under autocast (tensoropt.capture.precision)
+        self.precision = precision_of(precision)
 
     def without_dropout(self) -> PlannedModule:
         """The same planned module (same parameters, buffers, plan) with every dropout of the
@@ -187,22 +195,24 @@ class PlannedModule(nn.Module):
         # own to global module hooks.  Through __call__, MemTracker's backward hooks went on the
         # graph's inputs — the parameters themselves — and stayed there: every later gradient was
         # then copied into .grad instead of taken over (one extra gradient-sized buffer per weight)
-        outs = self.graph_module.forward(*feed)
+        with precision_context(self.precision, self.device_map.values()):
+            outs = self.graph_module.forward(*feed)
         return tree_unflatten(list(outs), self._out_spec)
 
 
 def apply_plan(model: nn.Module, example_inputs: Any, plan: Plan, *, device_map: Mapping[str, Any] | None = None,
-               graph: OpGraph | None = None) -> PlannedModule:
+               graph: OpGraph | None = None, precision: str = "fp32") -> PlannedModule:
     """``model`` rewritten to run as ``plan`` says (design §6; see :mod:`.rewrite`).
 
     ``example_inputs``: the inputs (a tuple, or one tensor) the plan's graph was captured with —
-    captured again here unless ``graph`` (a torch.export capture of this model with these inputs)
-    is given.  ``device_map``: plan device name → torch device (``"cuda:0"``, ``"cpu"``; several
+    captured again here (in ``precision``) unless ``graph`` (a torch.export capture of this model
+    with these inputs) is given.  ``device_map``: plan device name → torch device (``"cuda:0"``, ``"cpu"``; several
     plan devices may share one); default :func:`default_device_map`.  Checked before anything runs:
     the plan's fingerprint against the graph (:class:`~tensoropt.plan.PlanError`), the device map
     and, on CUDA, the plan's estimated memory against each GPU's (:class:`ExecutionError`).
     Parameters and buffers are moved to the first device of the operator that owns them (same
-    objects, ``.data`` replaced on CUDA; nothing moves on the CPU).  O(V + E) graph nodes times
+    objects, ``.data`` replaced on CUDA; nothing moves on the CPU).  The planned module runs in
+    ``graph.precision`` (a bf16 graph's forward under autocast).  O(V + E) graph nodes times
     the mesh sizes.
     """
     if not isinstance(model, nn.Module):
@@ -212,13 +222,14 @@ def apply_plan(model: nn.Module, example_inputs: Any, plan: Plan, *, device_map:
     if graph is None:
         from ..capture import capture
 
-        graph = capture(model, example_inputs, method="export")
+        graph = capture(model, example_inputs, method="export", precision=precision)
     plan.check(graph)
     dmap = resolve_device_map(plan, device_map)
     check_memory(plan, dmap)
     rewritten = rewrite(graph, plan, dmap.__getitem__)
     _move_to_owners(model, graph, plan, dmap)
-    return PlannedModule(model, rewritten, plan, dmap, graph.exported.call_spec.out_spec, getattr(graph, "call", None))
+    return PlannedModule(model, rewritten, plan, dmap, graph.exported.call_spec.out_spec, getattr(graph, "call", None),
+                         precision=precision_of(graph))
 
 
 def _move_to_owners(model: nn.Module, graph: OpGraph, plan: Plan, dmap: Mapping[str, str]) -> None:

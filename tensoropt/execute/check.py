@@ -40,6 +40,20 @@ passes against the model's ``b`` when, elementwise (``torch.allclose`` semantics
   their own size), except in a layer whose gradients are all below ~1e-9·G;
 - ``tiny`` (1e-30): two exact zeros pass.
 
+**Mixed precision.**  A ``bf16`` graph's plan runs its forward under autocast
+(:class:`~tensoropt.execute.PlannedModule`), and the reference runs under the same autocast
+(:func:`_forward_reference`, :func:`tensoropt.capture.precision_context`): both compute the same
+bfloat16 function, in float32 master weights — so the check runs in float32 (float64 is no
+check of it: autocast leaves float64 alone), and every tensor is held to the bfloat16 tolerance
+(rtol 1e-2, group 1e-3; :func:`tolerance_precision` is bfloat16).  Why these suffice and are
+not looser: each side rounds every autocast op's output to bfloat16 (unit roundoff 2⁻⁸ ≈
+3.9e-3), and a plan changes the shapes those ops run at (a batch shard, a channel piece, a
+partial sum rounded before it is added), so the two sides differ by about one rounding per op
+on the way — a few 1e-3 of a tensor's scale, which ``rtol·max|b|`` = 1e-2 of it covers, while a
+wrong plan (a shard scaled, a piece missing, a gradient not summed) moves tensors by 1e-1 and
+more of their scale.  A parameter's gradient is float32 but made by bfloat16 ops, so it takes
+the bfloat16 tolerance too.
+
 A gradient on one side only, a buffer missing on the plan, a shape mismatch or a NaN fails.
 :class:`Comparison` lists every tensor (:class:`TensorCheck`), ``passed`` overall and ``worst``;
 ``describe()`` names the failing tensors.
@@ -64,11 +78,13 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
+from ..capture.precision import AUTOCAST_DTYPES, device_types, precision_context, precision_of
 from ..errors import ExecutionError
 
 __all__ = ["CHECK_SEED", "CHECK_DTYPES", "TOLERANCES", "Tolerance", "TensorCheck", "Comparison", "CheckDtypeError",
            "check_loss", "check_weights", "check_tensor", "group_scale", "merge_checks", "rel_diff",
-           "compare_with_model", "check_plan", "prepare_check", "to_check_dtype", "retarget_plan", "step_checks"]
+           "compare_with_model", "check_plan", "prepare_check", "to_check_dtype", "retarget_plan", "step_checks",
+           "tolerance_precision"]
 
 #: the seed of the check loss's weights (output ``i`` draws from ``CHECK_SEED + i``)
 CHECK_SEED = 1234
@@ -395,11 +411,13 @@ def step_seed(step: int) -> int:
     return CHECK_SEED * 7919 + step
 
 
-def _forward_reference(reference: nn.Module, call: Any, seed: int) -> Any:
-    """The model's side of the check (the one place it runs): its random draws keyed."""
+def _forward_reference(reference: nn.Module, call: Any, seed: int, precision: str = "fp32") -> Any:
+    """The model's side of the check (the one place it runs): its random draws keyed, under the
+    autocast of ``precision`` (the plan's graph's: :func:`tensoropt.capture.precision_context`)."""
     from .randomness import KeyedRandomMode
 
-    with KeyedRandomMode(seed) as mode:
+    where = device_types([*reference.parameters(), *call.tensors_for(reference)])
+    with KeyedRandomMode(seed) as mode, precision_context(precision, where):
         out = call.run(reference)
     if mode.unkeyed:
         raise ExecutionError(f"the model draws random numbers with {', '.join(sorted(set(mode.unkeyed)))}, which "
@@ -480,10 +498,16 @@ def compare_with_model(reference: nn.Module, planned: nn.Module, example_inputs:
     step's gradients and updated buffers.  ``example_inputs``: a tuple, a dict of keyword inputs
     or a :class:`~tensoropt.capture.ModelCall`.  Random ops are on, drawn keyed on both sides
     (module docstring).  ``precision``: the least precise floating dtype the model computes in,
-    when below its parameters' (:func:`graph_precision`; it loosens the tolerances to its own)."""
+    when below its parameters' (:func:`graph_precision`; it loosens the tolerances to its own).
+    A planned module that runs under autocast (``planned.precision == "bf16"``,
+    :class:`~tensoropt.execute.PlannedModule`) has the reference run under the same autocast,
+    and ``precision`` defaults to its dtype (module docstring, "Mixed precision")."""
     if steps < 1:
         raise ExecutionError(f"a check compares at least one step, got steps={steps}")
     call = _call(example_inputs, getattr(planned, "_call", None))
+    mixed = precision_of(getattr(planned, "precision", None))
+    if precision is None and mixed != "fp32":
+        precision = AUTOCAST_DTYPES[mixed]
     checks: list[TensorCheck] = []
     dtype = ""
     for step in range(steps):
@@ -494,7 +518,7 @@ def compare_with_model(reference: nn.Module, planned: nn.Module, example_inputs:
                         if p.grad is not None:
                             p.add_(p.grad.to(p.device), alpha=-lr)
         reference.zero_grad(set_to_none=True)
-        ref_loss, scale, loss_tol = _loss_of(_forward_reference(reference, call, step_seed(step)), loss_fn)
+        ref_loss, scale, loss_tol = _loss_of(_forward_reference(reference, call, step_seed(step), mixed), loss_fn)
         ref_loss.backward()
         ref_grads = {k: p.grad for k, p in reference.named_parameters() if p.grad is not None}
         ref_buffers = dict(reference.named_buffers())
@@ -589,13 +613,18 @@ def prepare_check(model: nn.Module, inputs: Any, plan: Any, graph: Any = None,
     (:func:`retarget_plan`); ``float32``: copies as captured, ``graph`` and ``plan`` as given.
     ``graph``: the capture the plan was made for (made here otherwise); a plan that does not fit
     it is a :class:`~tensoropt.plan.PlanError`, a model whose capture in ``check_dtype`` fails
-    or differs a :class:`CheckDtypeError`."""
+    or differs a :class:`CheckDtypeError` — as is ``float64`` for a ``bf16`` graph (autocast
+    leaves float64 alone: such a copy would not compute what the plan does)."""
     from ..capture import capture
 
     call = _call(inputs, getattr(graph, "call", None))
     if graph is None:
         graph = capture(model, call, method="export")
     plan.check(graph)
+    if check_dtype == "float64" and precision_of(graph) != "fp32":
+        raise CheckDtypeError(f"the graph trains in {precision_of(graph)} under autocast, which leaves float64 alone: "
+                              "a float64 copy would not compute what the plan computes; check in float32 "
+                              "(--check-dtype float32)")
     m, x = to_check_dtype(model, call, check_dtype)
     if check_dtype == "float32":
         return m, x, plan, graph
@@ -621,17 +650,30 @@ def check_plan(model: nn.Module, inputs: Any, plan: Any, graph: Any = None, chec
     plan is re-targeted to the float64 capture once that capture is shown to be the float32 one
     node for node but for dtypes (:func:`retarget_plan`; a model whose float64 capture differs,
     or fails, raises :class:`CheckDtypeError`: check it in float32).  ``"float32"``: the model as
-    captured.  ``device_map``, ``steps``, ``loss_fn``, ``lr``: as :func:`apply_plan` /
-    :func:`compare_with_model`.  Returns the :class:`Comparison` (``.passed``; ``print`` it)."""
+    captured.  A ``bf16`` graph is checked in float32 with both sides under its autocast (module
+    docstring, "Mixed precision").  ``device_map``, ``steps``, ``loss_fn``, ``lr``: as
+    :func:`apply_plan` / :func:`compare_with_model`.  Returns the :class:`Comparison`
+    (``.passed``; ``print`` it)."""
     m, x, p, g = prepare_check(model, inputs, plan, graph, check_dtype)
     reference, planned = _sides(m, x, p, g, device_map)
-    # a float64 twin that casts to float32 inside (an explicit .to(torch.float32)) computes those
-    # parts in float32 on both sides: their rounding is float32's, and so is the tolerance
-    lowest, own = graph_precision(g), _parameter_dtype(g)
-    precision = lowest if lowest is not None and own is not None and \
-        torch.finfo(lowest).eps > torch.finfo(own).eps else None
+    precision = tolerance_precision(g)
     cmp = compare_with_model(reference, planned, x, loss_fn=loss_fn, steps=steps, lr=lr, precision=precision)
     dtype = check_dtype if check_dtype != "float32" else cmp.dtype
-    if precision is not None and str(precision).removeprefix("torch.") != dtype:
+    if precision_of(g) != "fp32":
+        dtype += f" under {precision_of(g)} autocast ({str(precision).removeprefix('torch.')} tolerance)"
+    elif precision is not None and str(precision).removeprefix("torch.") != dtype:
         dtype += f" (the model computes in {str(precision).removeprefix('torch.')} in places: its tolerance)"
     return replace(cmp, dtype=dtype)
+
+
+def tolerance_precision(graph: Any) -> torch.dtype | None:
+    """The dtype whose tolerance a check of ``graph`` is held to where it is coarser than the
+    parameters' (``None``: theirs): the least precise floating dtype any node computes in — a
+    float64 twin that casts to float32 inside (an explicit ``.to(torch.float32)``) computes those
+    parts in float32 on both sides; a ``bf16`` graph computes in bfloat16 (autocast)."""
+    lowest, own = graph_precision(graph), _parameter_dtype(graph)
+    mixed = precision_of(graph)
+    if mixed != "fp32":
+        lowest = max((d for d in (lowest, AUTOCAST_DTYPES[mixed]) if d is not None), key=lambda d: torch.finfo(d).eps)
+    return lowest if lowest is not None and own is not None and \
+        torch.finfo(lowest).eps > torch.finfo(own).eps else None

@@ -221,10 +221,13 @@ def _loss_terms(new: fx.Graph, graph: OpGraph, a: Any, values: dict[str, Placed]
     :func:`rewrite`); none for a non-tensor or non-floating-point output.  Every element gets
     exactly the gradient the whole output's mean gives (``1 / numel`` in float32): a whole
     output's term is its mean, as :func:`~tensoropt.costs.step.training_loss` (and the profiler)
-    compute it; a part's is its sum divided by the whole's element count, whose backward expands
-    that scalar where the mean's materialises it (a consumer's backward reads either; the
-    ``(part / numel).sum()`` this replaced wrote a part-sized copy in forward: 1.5 ms a step for
-    GPT-2's 8 MiB logits piece).  Element counts are the captured ones (the meta's may be
+    compute it; a part's is :func:`dense_mean_term`, its sum over the whole's element count
+    with the gradient the mean gives, materialised.  Both backwards hand the output's consumer a
+    dense gradient, as a real loss's does (cross-entropy's gradient of the logits is dense) and
+    as the memory walk counts it; a plain ``sum() / numel`` hands it an expanded scalar instead,
+    0 bytes — GPT-2's data-parallel rank then peaked 7 % below the walk, the 8 MiB logits
+    gradient missing — and ``(part / numel).sum()`` writes a part-sized copy in forward (1.5 ms a
+    step for that logits piece).  Element counts are the captured ones (the meta's may be
     symbolic in the batch)."""
     node = graph.nodes.get(a.name) if isinstance(a, fx.Node) else None
     meta = node.outputs[0] if node is not None and len(node.outputs) == 1 else None
@@ -234,8 +237,28 @@ def _loss_terms(new: fx.Graph, graph: OpGraph, a: Any, values: dict[str, Placed]
     parts = v.parts[:1] if v.kind == R else v.parts
     if len(parts) == 1:
         return [new.call_method("mean", (new.call_method("float", (parts[0],)),))]
-    return [new.call_function(operator.truediv, (new.call_function(torch.sum, (new.call_method("float", (p,)),)),
-                                                 meta.numel)) for p in parts]
+    return [new.call_function(dense_mean_term, (new.call_method("float", (p,)), meta.numel)) for p in parts]
+
+
+class _DenseMeanTerm(torch.autograd.Function):
+    """``part.sum() / numel`` whose backward writes the mean's gradient out whole."""
+
+    @staticmethod
+    def forward(ctx: Any, part: torch.Tensor, numel: int) -> torch.Tensor:
+        ctx.shape, ctx.numel = part.shape, numel
+        return part.sum() / numel
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        # the whole output's mean backward: the scalar expanded, divided by numel elementwise
+        # (same float32 value in every element), then dense, as that division makes it
+        return (grad / ctx.numel).expand(ctx.shape).contiguous(), None
+
+
+def dense_mean_term(part: torch.Tensor, numel: int) -> torch.Tensor:
+    """A piece's share of the mean of an output of ``numel`` elements, ``part.sum() / numel``,
+    with the gradient the whole output's mean gives each of its elements, written out dense."""
+    return _DenseMeanTerm.apply(part, numel)
 
 
 def _check_terms(new: fx.Graph, graph: OpGraph, a: Any, values: dict[str, Placed], index: int) -> list[fx.Node]:
@@ -318,6 +341,11 @@ class _Emitter:
             return None
         shape, bdim = xin.outputs[0].shape, xin.outputs[0].batch_dim
         if len(shape) < 2 or bdim == 1:
+            return None
+        if xin.outputs[0].dtype in ("bfloat16", "float16"):
+            # a bf16 graph (autocast): tensoropt.syncbn would sum the statistics in the input's
+            # 16-bit dtype and cannot update float32 running statistics with them; run it whole
+            # (exact) — the profiler offers no batch shard for it either (its local_step fails alike)
             return None
         k, g, tr = len(devices), self.new, self.tr
         dims = syncbn.reduce_dims(len(shape))
@@ -403,10 +431,16 @@ class _Emitter:
         """Whether the largest shard, run on meta tensors, gives the shape the layout promises
         (the profiler's test of a shard rule, :mod:`tensoropt.costs.shards`)."""
         batch = -(-self.graph.batch_size // k) if layout == "batch" and self.graph.batch_size else None
+        # a bf16 graph's ops mix dtypes that only autocast reconciles (a conv of a bfloat16
+        # activation with a float32 weight), and autocast does not run on meta tensors: the
+        # shapes are what is checked, so every floating argument is float32 here
+        mixed = getattr(self.graph, "precision", "fp32") != "fp32"
 
         def concrete(obj: Any) -> Any:
             if isinstance(obj, fx.Node):
                 return _sym_value(obj.meta["val"], self.batch_syms, batch)
+            if mixed and isinstance(obj, torch.Tensor) and obj.is_floating_point():
+                return obj.to(torch.float32)
             if isinstance(obj, torch.device):
                 return torch.device("meta")
             if isinstance(obj, (list, tuple)):

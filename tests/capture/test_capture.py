@@ -175,3 +175,20 @@ def test_a_data_dependent_shape_names_the_module_and_the_op():
 
     with pytest.raises(CaptureError, match=r"layers\.0 \(Select\): aten\.nonzero\.default has a data-dependent shape"):
         capture(Outer(), (torch.randn(4, 8),))
+
+
+@pytest.mark.parametrize("method", ["export", "fx"])
+def test_bf16_is_captured_under_autocast(small_cnn, method):
+    # torch.export (and ShapeProp) under autocast record its dtypes; no cast node is added: the
+    # graph is bf16 because every stage runs it under the same autocast (graph.precision says so)
+    model, inputs = small_cnn
+    g32, g16 = capture(model, inputs, method=method), capture(model, inputs, method=method, precision="bf16")
+    assert (g32.precision, g16.precision) == ("fp32", "bf16") and g16.fingerprint != g32.fingerprint
+    conv32, conv16 = node_by_op(g32, "aten.conv2d.default"), node_by_op(g16, "aten.conv2d.default")
+    assert conv16.outputs[0].dtype == "bfloat16" and conv16.outputs[0].nbytes * 2 == conv32.outputs[0].nbytes
+    assert [n.op for n in g16.ops] == [n.op for n in g32.ops]             # the same operators
+    assert g16.param_bytes() == g32.param_bytes() == model_param_bytes(model)   # float32 master weights
+    assert any("autocast" in note for note in g16.notes)
+    assert not torch.is_autocast_enabled("cpu")                             # left as it was
+    with pytest.raises(CaptureError, match="precision must be one of fp32, bf16"):
+        capture(model, inputs, precision="fp16")

@@ -4,12 +4,12 @@ import tensoropt
 from conftest import run_cli
 
 
-def saved_dp_plan(spec, tmp_path):
-    """A data-parallel plan of ``spec`` on gpu0, gpu1, saved; its path."""
-    graph = tensoropt.load_model(spec).capture()
+def saved_dp_plan(spec, tmp_path, precision="fp32"):
+    """A data-parallel plan of ``spec`` captured in ``precision`` on gpu0, gpu1, saved; its path."""
+    graph = tensoropt.load_model(spec).capture(precision=precision)
     costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1)
     plan = tensoropt.place(graph, costs, tensoropt.load_cluster("preset:titan-rtx-5"), "dp", devices=["gpu0", "gpu1"])
-    path = tmp_path / "dp.json"
+    path = tmp_path / f"dp-{precision}.json"
     plan.save(path)
     return path
 
@@ -36,3 +36,20 @@ def test_check_works_on_a_model_with_dropout(capsys, tmp_path):
     code, out, err = run_cli(capsys, "run", "zoo:gpt2?tiny=1", "--plan", str(path), "--steps", "1", "--check")
     assert code == 0, err
     assert float(out.split("largest relative difference ")[1].split()[0]) < 1e-4
+
+
+def test_run_in_bf16_checks_under_autocast_and_trains(capsys, tmp_path):
+    # a plan made for the bf16 capture runs its forward under autocast; --check runs the model
+    # under the same autocast, in float32 (float64 would compute no bf16), to bf16's tolerance
+    spec = "zoo:vgg16?tiny=1"
+    path = saved_dp_plan(spec, tmp_path, precision="bf16")
+    code, out, err = run_cli(capsys, "run", spec, "--plan", str(path), "--steps", "2", "--check", "--precision", "bf16")
+    assert code == 0, err
+    assert "leaves float64 alone" in out and "checking in float32" in out
+    assert "ran whole" not in out          # every batch shard runs, its mixed dtypes autocast's
+    assert "PASSED" in out and "in float32 under bf16 autocast (bfloat16 tolerance)" in out
+    assert float(out.split("largest relative difference ")[1].split()[0]) < 1e-1
+    assert "2 training steps (adamw, bf16" in out
+    # the plan is the bf16 graph's: run without --precision bf16 it is refused, saying why
+    code, out, err = run_cli(capsys, "run", spec, "--plan", str(path), "--steps", "1")
+    assert code == 2 and "fingerprint" in err and "captured here in fp32" in err
