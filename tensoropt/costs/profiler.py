@@ -68,8 +68,10 @@ from .timing import device_info, device_key, time_callable
 
 #: 2: measured in :func:`~tensoropt._malloc.steady_malloc`'s allocator regime (version 1's
 #: figures depended on which blocks the process had freed before); 4: shard arguments are copies
-#: (version 3's leading pieces were views of the whole storage: their shards' bytes overstated)
-CACHE_VERSION = 4
+#: (version 3's leading pieces were views of the whole storage: their shards' bytes overstated);
+#: 5: an activation needs a gradient only downstream of a trainable parameter (version 4 timed a
+#: first layer's backward with an input gradient training never computes)
+CACHE_VERSION = 5
 
 
 @dataclass(frozen=True)
