@@ -21,6 +21,7 @@ from rich.table import Table
 from ._common import add_fit_arguments, add_precision_argument, capture_spec, costs_for, fit_options
 from ._common import degrees as degrees_arg
 from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
+from ..frontier.api import DEFAULT_MAX_WALKS
 
 
 def _rows_to_show(n: int, limit: int) -> list[int]:
@@ -53,7 +54,7 @@ def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
     t0 = time.perf_counter()
     with console.status("tracking the frontier …") as status:
         frontier = track_frontier(graph, costs, cluster, meshes=meshes, budget=budget, resolution=resolution,
-                                  optimizer=args.optimizer, reserve=reserve,
+                                  optimizer=args.optimizer, reserve=reserve, max_walks=args.max_walks,
                                   progress=lambda msg: status.update(escape(msg)))
     took = time.perf_counter() - t0
 
@@ -108,6 +109,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
     add_fit_arguments(p)
     add_precision_argument(p)
+    p.add_argument("--max-walks", type=int, default=DEFAULT_MAX_WALKS, metavar="N",
+                   help="plans walked per mesh (the search's candidates, then the polish around the frontier) "
+                        f"before the polish stops (default {DEFAULT_MAX_WALKS}; 0: the search's candidates only)")
     p.add_argument("--devices", metavar="NAMES", help="comma-separated devices the meshes may use (default: all)")
     p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
                    help="sizes optimizer state: adamw / adam 2 ×, momentum 1 ×, sgd 0 × the parameters (default adamw)")

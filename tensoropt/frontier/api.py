@@ -542,6 +542,8 @@ def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Seq
     budget = check_budget_value(budget)
     if int(max_levels) != max_levels or max_levels < 1:
         raise ValueError(f"max_levels must be an integer >= 1, got {max_levels!r}")
+    if isinstance(max_walks, bool) or int(max_walks) != max_walks or max_walks < 0:
+        raise TensorOptError(f"max_walks must be an integer >= 0, got {max_walks!r}")
     if not graph.ops:
         raise TensorOptError(f"graph {graph.name!r} has no operators to configure")
     allowed = check_devices(cluster, devices)
