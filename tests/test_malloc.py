@@ -38,11 +38,13 @@ def test_freed_blocks_are_reused_instead_of_mapped_afresh():
     # (4,096 a block; measured 300-4,100 a block, by the process's history); the steady regime
     # keeps them in the heap (about 100)
     # best of three fresh processes each: something outside the process (the VM's memory
-    # reclaim) can unmap a free block once and add a whole block's faults to one run — seen once
-    # in CI, 204.8 a block against a bound of 204.8 — but it never removes faults
+    # reclaim, or the heap trimmed once after the imports) can unmap the two free blocks once and
+    # add their faults to a run — 2 × 4,096 over 40 blocks = 204.8 a block, seen in CI in all three
+    # runs of one session — but it never removes faults.  So the bound: at most that one re-map in
+    # 20 cycles, where mapping afresh every cycle is 4,096 a block
     steady = min(_faults_per_block(False) for _ in range(3))
     default = min(_faults_per_block(True) for _ in range(3))
-    assert steady < 0.05 * 4096 and steady <= default, (steady, default)
+    assert steady <= 2 * 4096 / 40 and steady <= default, (steady, default)
 
 
 def test_it_can_be_turned_off(monkeypatch):

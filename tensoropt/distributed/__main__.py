@@ -1,7 +1,16 @@
-"""``python -m tensoropt.distributed MODEL --plan P …`` (one process per rank; see :mod:`.cli`)."""
+"""``python -m tensoropt.distributed MODEL --plan P …`` (one process per rank; see :mod:`.cli`).
 
+The process ends with ``os._exit`` once its work is done and the process group is left: gloo's
+threads otherwise race the interpreter's teardown and sometimes abort a rank that has finished
+("terminate called without an active exception", SIGABRT), turning a passed check into a failed
+exit code."""
+
+import os
 import sys
 
 from .cli import main
 
-sys.exit(main())
+code = main()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)
