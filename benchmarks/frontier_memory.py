@@ -43,7 +43,7 @@ def _test_module():
 
 
 def zoo_table(models: list[str], cluster, optimizer: str) -> None:
-    print(f"| model | ops | points | frontier vs simulator, largest gap | estimate / walked peak (plans) | s |")
+    print("| model | ops | points | frontier vs simulator, largest gap | estimate / walked peak (plans) | s |")
     print("|---|---:|---:|---:|---:|---:|")
     for spec in models:
         graph = tensoropt.load_model(spec).capture()
@@ -62,11 +62,11 @@ def zoo_table(models: list[str], cluster, optimizer: str) -> None:
 
 def brute_table(seeds: int, optimizer: str) -> None:
     tp = _test_module()
-    from conftest import SmallCNN, TiedLM  # noqa: E402  (tests/ on the path)
+    from conftest import TiedLM  # tests/ on the path
 
     torch.manual_seed(0)
     small = {"TinyMLP": (tp.TinyMLP(), (torch.randn(8, 8),)), "TiedLM": (TiedLM(), (torch.randint(0, 50, (4, 7)),))}
-    print(f"\n| model | devices | plans | instances | exact, search only | exact, polished | largest miss, search only |")
+    print("\n| model | devices | plans | instances | exact, search only | exact, polished | largest miss, search only |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, (model, inputs) in small.items():
         graph = tensoropt.capture(model, inputs)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from .cluster.units import parse_size
 from .errors import TensorOptError
 
 __all__ = ["usable_bytes", "fits", "over_by", "check_budget_value"]
@@ -34,8 +35,6 @@ __all__ = ["usable_bytes", "fits", "over_by", "check_budget_value"]
 def check_budget_value(budget: Any, what: str = "budget") -> int | float | None:
     """``budget`` as bytes (``None`` stays ``None``; a string such as ``"16GiB"`` is parsed); a
     non-positive or non-numeric one is a :class:`TensorOptError` naming it."""
-    from .cluster.units import parse_size
-
     if budget is None:
         return None
     if isinstance(budget, str):
