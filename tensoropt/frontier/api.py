@@ -159,9 +159,10 @@ class MeshResult:
     walks: tuple[Mapping[str, StepMemory], ...] = ()
     #: the search's own memory estimate of each point (Σ resident + max transient)
     estimates: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    #: every plan the search offered (the points of all τ runs), walked: assignment, the search's
-    #: estimate, the walk's peak, the time
-    candidates: tuple[dict[str, int], ...] = ()
+    #: every plan walked (the search's candidates, then the polish's): its configuration vector
+    #: (index per node, problem order), and in ``candidate_costs`` the search's estimate, the
+    #: walked peak and the time
+    candidates: tuple[tuple[int, ...], ...] = ()
     candidate_costs: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
 
     @property
@@ -510,7 +511,7 @@ def _track_mesh(mp: MeshProblem, graph: Any, costs: Any, cluster: Any, resolutio
                       exact_search, tuple(dict.fromkeys(fixed)), _time.perf_counter() - t0, stats,
                       tuple(walker.walked[k][0] for k in front),
                       np.array([walker.walked[k][1] for k in front], dtype=np.float64),
-                      tuple(dict(zip(walker.names, k)) for k in keys), costs_arr)
+                      tuple(keys), costs_arr)
 
 
 def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Sequence[str]] | None = None,
