@@ -59,8 +59,7 @@ import numpy as np
 
 from .._io import write_atomic
 from ..describe import fmt_bytes
-from ..costs.memory import StepMemory, optimizer_alpha
-from ..costs.memory import grad_nodes
+from ..costs.memory import DEFAULT_OPTIMIZER, StepMemory, grad_nodes, optimizer_alpha
 from ..costs.walk import plan_edges, walk
 from ..errors import ClusterSpecError, TensorOptError
 from ..fits import check_budget_value, fits, over_by
@@ -516,7 +515,7 @@ def _track_mesh(mp: MeshProblem, graph: Any, costs: Any, cluster: Any, resolutio
 
 def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Sequence[str]] | None = None,
                    budget: int | float | str | None = None, resolution: float | None = None,
-                   optimizer: str | int = "adamw", devices: Sequence[str] | None = None,
+                   optimizer: str | int = DEFAULT_OPTIMIZER, devices: Sequence[str] | None = None,
                    max_levels: int = DEFAULT_MAX_LEVELS, max_branches: int = 1024, backend: str | None = None,
                    progress: Callable[[str], None] | None = None, reserve: int = 0,
                    max_walks: int = DEFAULT_MAX_WALKS) -> Frontier:
@@ -534,7 +533,8 @@ def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Seq
     ``resolution``: bytes (0 = exact; default: see the module docstring).  ``optimizer``:
     ``adamw`` (default) / ``adam`` / ``momentum`` / ``sgd`` or α (state bytes per parameter byte).
     ``max_levels``: τ runs per mesh before levels are thinned; ``max_branches``:
-    :func:`~.ft.track`'s; ``max_walks``: plans walked per mesh before the polish stops.  ``progress``: called with a short message as work proceeds.
+    :func:`~.ft.track`'s; ``max_walks``: plans walked per mesh before the polish stops.
+    ``progress``: called with a short message as work proceeds.
     """
     t0 = _time.perf_counter()
     report = progress or (lambda msg: None)
@@ -545,6 +545,8 @@ def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Seq
         raise ValueError(f"max_levels must be an integer >= 1, got {max_levels!r}")
     if isinstance(max_walks, bool) or int(max_walks) != max_walks or max_walks < 0:
         raise TensorOptError(f"max_walks must be an integer >= 0, got {max_walks!r}")
+    if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
+        raise TensorOptError(f"reserve must be a non-negative number of bytes, got {reserve!r}")
     if not graph.ops:
         raise TensorOptError(f"graph {graph.name!r} has no operators to configure")
     allowed = check_devices(cluster, devices)
