@@ -1,7 +1,7 @@
 """Seed 003's comparison (NetSplit thesis, Table 6-4): every placer and the frontier on the same
 models, devices and simulator.
 
-Setting (seed 003 §6.2.1): three GPUs of ``preset:titan-rtx-5`` — GPU-0 joined by NODE links to
+Setting (the NetSplit thesis §6.2.1): three GPUs of ``preset:titan-rtx-5`` — GPU-0 joined by NODE links to
 a PIX pair (here ``gpu0`` with ``gpu2, gpu3``); AmoebaNet-D-18 b64, WRN-152 b64, U-Net b128 and
 DeepLab-V3 b48.  Each model is captured, profiled (on the machine this runs on: CPU here, a
 CUDA device with ``--device cuda``) at shard degrees 1, 2 and 3, and compared with
@@ -61,7 +61,7 @@ def _profile(name: str, spec: str, graph, args, console: Console):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(SEED_003.values()),
-                    help="model specs (default: seed 003's four)")
+                    help="model specs (default: the NetSplit thesis's four)")
     ap.add_argument("--cluster", default="preset:titan-rtx-5")
     ap.add_argument("--devices", default=",".join(DEVICES))
     ap.add_argument("--algos", default=",".join(PLACERS), help="placers (default: all)")

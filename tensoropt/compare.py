@@ -1,5 +1,5 @@
 """One comparison of every way to place a model: the baseline placers and the frontier's
-extreme points, all evaluated by the same simulator (seed 003 Table 6-4, design §4–5).
+extreme points, all evaluated by the same simulator (the NetSplit thesis Table 6-4).
 
 :func:`compare` runs each placer of :data:`~tensoropt.placers.PLACERS` (or those named), and
 optionally tracks the frontier and takes its min-time and min-memory points; every plan is then

@@ -110,7 +110,7 @@ class TensorMeta:
 
 @dataclass(frozen=True)
 class SplitDims:
-    """How an operator may be split across devices (design §2, layouts S(batch) / S(channel)).
+    """How an operator may be split across devices (layouts S(batch) / S(channel)).
 
     ``batch``: the output dimension that may be split so that every shard computes the same op
     on a slice of the batch (``None`` if the op mixes samples, e.g. a reduction over the batch).

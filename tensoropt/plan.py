@@ -10,7 +10,7 @@ It is a JSON value (``"format": "tensoropt.plan/1"``) that carries the fingerpri
 it belongs to, so a plan is never applied to another model (nnScaler #28: a plan silently reused
 after the batch size changed).
 
-Layouts (design §2): ``R`` replicate (every device runs the whole op), ``batch`` (``S(batch)``:
+Layouts: ``R`` replicate (every device runs the whole op), ``batch`` (``S(batch)``:
 each device a slice of the batch), ``channel`` (``S(channel)``: each device a slice of the output
 channels, weights split too), ``reduce`` (``P``: each device a slice of the input features,
 partial sums added afterwards).
@@ -84,8 +84,8 @@ class NodeConfig:
 class Estimate:
     """What a model predicts for a plan: iteration time and per-device peak memory.
 
-    ``source`` names the model: ``"frontier"`` (TensorOpt's additive cost, design §3),
-    ``"simulator"`` (event-driven, design §5), or a placer's own objective.
+    ``source`` names the model: ``"frontier"`` (TensorOpt's additive cost),
+    ``"simulator"`` (event-driven), or a placer's own objective.
     """
 
     source: str

@@ -1,4 +1,4 @@
-"""What moving one tensor between two node configurations costs: the edge cost of design §3.
+"""What moving one tensor between two node configurations costs: an edge's cost in the frontier's problem.
 
 Frontier tracking (edge frontiers) and the simulator (link timelines) both call :func:`reshard`
 — through :func:`edge_reshard` for a graph edge — so the two can never disagree about a
@@ -6,7 +6,7 @@ transfer: an edge ``i → j`` under configurations ``(s_i, s_j)`` costs
 ``edge_reshard(graph, i, j, s_i, s_j, cluster)``'s ``time_s + backward_time_s``, and a node's
 gradient synchronisation ``param_sync(graph, node, s, cluster).time_s`` (``None``: nothing).
 
-Tensor layouts on a mesh of ``n`` devices (design §2), as strings:
+Tensor layouts on a mesh of ``n`` devices, as strings:
 
 - ``"R"``           every device holds the whole tensor;
 - ``"S(batch)"``    device ``i`` holds the ``i``-th ``1/n`` slice along the batch dimension;

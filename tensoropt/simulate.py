@@ -1,4 +1,4 @@
-"""The simulator (design §5): one training step of a :class:`~tensoropt.plan.Plan`, event by event.
+"""The simulator: one training step of a :class:`~tensoropt.plan.Plan`, event by event.
 
 :func:`simulate` evaluates any plan with the same :class:`~tensoropt.costs.CostModel` and
 :class:`~tensoropt.cluster.Cluster` frontier tracking uses, and returns the iteration time, the

@@ -1,5 +1,5 @@
 """``tensoropt compare``: every baseline placer and the frontier's extreme points on one model and
-cluster, all simulated the same way — one table like seed 003's Table 6-4."""
+cluster, all simulated the same way — one table like the NetSplit thesis's Table 6-4."""
 
 from __future__ import annotations
 

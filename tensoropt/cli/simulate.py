@@ -1,4 +1,4 @@
-"""``tensoropt simulate``: one training step of a saved plan, event by event (design §5)."""
+"""``tensoropt simulate``: one training step of a saved plan, event by event."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Collective communication costs derived from the pair links of the devices involved.
 
 Every function takes a :class:`~tensoropt.cluster.spec.Cluster`, an ordered group of device names
-and a byte count, and returns seconds.  Shared assumptions (design §2):
+and a byte count, and returns seconds.  Shared assumptions:
 
 - a link moves bytes one way at its ``bandwidth``; while traffic also flows the other way it
   keeps ``duplex`` of that (:meth:`LinkModel.time_both_ways`).  Counted per device: a transfer

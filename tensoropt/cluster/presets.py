@@ -5,9 +5,9 @@ the builder); ``tensoropt bench-links`` measures the machine you actually have, 
 ``tensoropt cluster show preset:NAME --yaml > my.yaml`` gives a file to edit.
 
 ========================  ======================================================================
-``titan-rtx-5``           NetSplit's server (seed 003, Tables 6-1 / 6-2): 5× TITAN RTX 24 GiB,
+``titan-rtx-5``           NetSplit's server (the NetSplit thesis, Tables 6-1 / 6-2): 5× TITAN RTX 24 GiB,
                           GPUs {0,1} and {2,3,4} each behind one PCIe switch (PIX), NODE between
-``v100-8-nvlink``         FastT's testbed (seed 000, §6.2): 8× V100 16 GB with NVLink, wired as
+``v100-8-nvlink``         FastT's testbed (FastT, §6.2): 8× V100 16 GB with NVLink, wired as
                           NVIDIA's DGX-1V hybrid cube-mesh
 ``a100-4-nvlink``         HGX A100 4-GPU: 4× A100 40 GiB, every pair joined by 4 NVLink 3 links
 ``2x4-ethernet``          two hosts of 4× V100 PCIe 16 GB, PCIe inside a host, 25 Gb/s Ethernet
@@ -37,7 +37,7 @@ def _symmetric(levels: Mapping[tuple[int, int], LinkModel], names: list[str]) ->
 
 
 def titan_rtx_5() -> Cluster:
-    """NetSplit's experiment server (seed 003: Table 6-1, hardware; Table 6-2, topology).
+    """NetSplit's experiment server (the NetSplit thesis: Table 6-1, hardware; Table 6-2, topology).
 
     Five NVIDIA TITAN RTX with 24 GB each (24 GiB: the card has 24576 MiB of GDDR6; NVML reports
     slightly less as usable), two Xeon Gold 5118, no NVLink.  Table 6-2 (``nvidia-smi topo -m``):
@@ -78,7 +78,7 @@ DGX1V_NVLINKS = (
 
 
 def v100_8_nvlink() -> Cluster:
-    """FastT's testbed as a DGX-1V (seed 000, §6.2: "8 NVIDIA Tesla V100 GPUs with NVLinks, where
+    """FastT's testbed as a DGX-1V (FastT, §6.2: "8 NVIDIA Tesla V100 GPUs with NVLinks, where
     each GPU has 16GB memory").
 
     Memory is 16 GiB because FastT says 16 GB (the V100-SXM2-16GB; the 32 GB part came later).

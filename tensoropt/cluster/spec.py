@@ -2,7 +2,7 @@
 
 A cluster is an ordered tuple of :class:`Device` and a :class:`LinkModel` for every ordered pair of
 distinct devices: sending ``b`` bytes from ``src`` to ``dst`` takes ``latency + b / bandwidth``
-(design §2, the model NetSplit §4.2 and FastT fit from point-to-point benchmarks).  Links are
+(the model the NetSplit thesis §4.2 and FastT fit from point-to-point benchmarks).  Links are
 directed, so a measured asymmetric pair can be written as it is.  A link's optional ``duplex``
 (default 1 = full duplex) is the fraction of that bandwidth it keeps while traffic also flows the
 other way at the same time: ``latency + b / (bandwidth · duplex)`` (:meth:`LinkModel.time_both_ways`),

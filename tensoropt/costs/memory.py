@@ -1,6 +1,6 @@
 """The memory model: what one training step holds per device, per node and as a whole-step peak.
 
-Categories (seed 003 §4.3 Table 4-2, design §2):
+Categories (the NetSplit thesis §4.3 Table 4-2):
 
 - **parameters** and **buffers** of the nodes a device runs (a parameter read by nodes on two
   devices is held on both);

@@ -1,7 +1,7 @@
 """The profiler: run every operator of a captured graph alone, forward and backward, at every
 shard shape a configuration may give it, and return a :class:`~tensoropt.costs.model.CostModel`.
 
-How (seed 003 §4.4, FastT's profiled op times, design §2 "CostModel"):
+How (the NetSplit thesis §4.4, FastT's profiled op times "CostModel"):
 
 1. The captured ``GraphModule`` runs once on the example inputs under a ``torch.fx.Interpreter``
    (no autograd, values freed after their last use), so every node sees *real* argument values

@@ -1,5 +1,5 @@
 """The memory walk of one training step of a :class:`~tensoropt.plan.Plan`: the peak of every
-device (design §5).  The simulator (:func:`tensoropt.simulate`) and the whole-step model
+device.  The simulator (:func:`tensoropt.simulate`) and the whole-step model
 :func:`~tensoropt.costs.step_memory` both use it, so there is one memory model.
 
 Every device walks its own program (its forward in plan order, its backward in reverse):

@@ -1,4 +1,4 @@
-"""Plans on ``torch.distributed`` (issue 8, design §6): each process (rank) runs the plan devices
+"""Plans on ``torch.distributed`` (issue 8): each process (rank) runs the plan devices
 mapped to it; values that cross ranks are point-to-point sends (their gradients sent back in
 backward) or, where a whole mesh redistributes a split value, all-gathers / all-reduces /
 reduce-scatters; replicated parameters get their gradients all-reduced.  gloo on CPU, NCCL on CUDA,

@@ -202,7 +202,7 @@ class PlannedModule(nn.Module):
 
 def apply_plan(model: nn.Module, example_inputs: Any, plan: Plan, *, device_map: Mapping[str, Any] | None = None,
                graph: OpGraph | None = None, precision: str = "fp32") -> PlannedModule:
-    """``model`` rewritten to run as ``plan`` says (design §6; see :mod:`.rewrite`).
+    """``model`` rewritten to run as ``plan`` says (see :mod:`.rewrite`).
 
     ``example_inputs``: the inputs (a tuple, or one tensor) the plan's graph was captured with —
     captured again here (in ``precision``) unless ``graph`` (a torch.export capture of this model

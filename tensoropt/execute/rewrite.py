@@ -1,5 +1,5 @@
 """Rewrite a captured graph by a plan: every operator on its devices, split, moved, in the plan's
-order (design §6, NetSplit §4.5, FastT's SplitOperation).
+order (the NetSplit thesis §4.5, FastT's SplitOperation).
 
 Input: the :class:`~tensoropt.graph.OpGraph` of a ``torch.export`` capture (its ``module`` holds
 the ATen graph with parameters and buffers lifted to placeholders), a :class:`~tensoropt.plan.Plan`

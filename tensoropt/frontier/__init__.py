@@ -1,8 +1,8 @@
 """Frontier tracking: the whole Pareto set of (per-device memory, iteration time) plans
-(TensorOpt's FT, seed 001; design §3), on an abstract cost problem.
+(TensorOpt's Frontier Tracking), on an abstract cost problem.
 
 * :mod:`.kernels` — frontiers as NumPy arrays and the hot loops on them (numba-compiled, with an
-  identical pure-NumPy path): :func:`reduce` (seed 001 Algorithm 1), :func:`product`,
+  identical pure-NumPy path): :func:`reduce` (TensorOpt's Algorithm 1), :func:`product`,
   :func:`union`, and the batched product-union the tracker uses; an explicit memory
   ``resolution`` bounds frontier sizes and reports what it merged.
 * :mod:`.problem` — :class:`Problem`: a DAG whose nodes have per-configuration costs and whose

@@ -1,5 +1,5 @@
 """``track_frontier``: the whole Pareto set of (per-device memory, iteration time) plans of a graph
-on a cluster (design §3), as :class:`Frontier` — a list of points, each a :class:`~tensoropt.plan.Plan`.
+on a cluster, as :class:`Frontier` — a list of points, each a :class:`~tensoropt.plan.Plan`.
 
 How
 ---

@@ -35,7 +35,7 @@ Costs of a node configuration (per device; within one mesh every device holds th
   norm's statistics exchange, forward and backward (:func:`~tensoropt.reshard.stat_sync`), + for
   a model output written as partial sums (``reduce``) the all-reduce that adds them up before
   the loss — the same rules the simulator applies.
-- **resident memory** (what adds up over nodes, design §3) =
+- **resident memory** (what adds up over nodes) =
   ``params + grads + optimizer + activations`` of :func:`~tensoropt.costs.node_memory` at the
   shard (parameters split by ``channel`` / ``reduce``; optimizer state = α × trainable
   parameters, α from ``optimizer``: ``sgd`` 0, ``momentum`` 1, ``adam`` / ``adamw`` 2 — default

@@ -1,4 +1,4 @@
-"""Frontier tracking (TensorOpt's FT, seed 001 Algorithm 2; design §3) on an abstract
+"""Frontier tracking (TensorOpt's FT, TensorOpt's Algorithm 2) on an abstract
 :class:`~.problem.Problem`.
 
 :func:`track` returns the Pareto set of (memory, time) over all assignments of configurations

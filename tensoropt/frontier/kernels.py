@@ -1,4 +1,4 @@
-"""Frontier kernels: reduce, product and union of (memory, time) point sets (seed 001 §FT).
+"""Frontier kernels: reduce, product and union of (memory, time) point sets (TensorOpt's Frontier Tracking).
 
 A *frontier* here is a pair of float64 arrays ``(mem, time)`` of equal length, sorted by memory
 ascending with time strictly decreasing: every point is Pareto-minimal (no other point has less
@@ -8,7 +8,7 @@ back-pointers as plain integer arrays.
 
 Rules every kernel follows (and the tests check):
 
-* **Reduce** (seed 001 Algorithm 1): sort the points by memory ascending — a *stable* sort, so
+* **Reduce** (TensorOpt's Algorithm 1): sort the points by memory ascending — a *stable* sort, so
   points of equal memory stay in input order — and keep each point whose time is strictly below
   the time of every point before it.  Equal memory keeps the lowest time; exact duplicates
   ``(m, t)`` keep the first in input order.  (Among points of equal memory the scan picks the
@@ -367,7 +367,7 @@ def _reduce_impl(m: np.ndarray, t: np.ndarray, r: float, backend: str) -> tuple[
 
 def reduce(mem, time, resolution: float = 0.0, *, backend: str | None = None,
            return_merged: bool = False):
-    """Indices of the Pareto-minimal points of ``(mem, time)`` (seed 001 Algorithm 1), ordered by
+    """Indices of the Pareto-minimal points of ``(mem, time)`` (TensorOpt's Algorithm 1), ordered by
     memory ascending (so ``mem[idx]`` increases and ``time[idx]`` strictly decreases).
 
     ``resolution`` (bytes, 0 = exact) buckets memory as the module docstring says; with

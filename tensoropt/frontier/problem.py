@@ -1,10 +1,10 @@
-"""The abstract cost problem frontier tracking solves (design §3), independent of torch.
+"""The abstract cost problem frontier tracking solves, independent of torch.
 
 A :class:`Problem` is a DAG.  Node ``v`` has ``k_v >= 1`` configurations, each with a cost
 ``(mem, time)``; edge ``u → v`` has a cost ``(mem, time)`` for every pair
 ``(config of u, config of v)`` (a ``k_u × k_v`` matrix of each).  An *assignment* picks one
 configuration per node; its cost is the sum over all nodes and all edges of the chosen costs —
-memory is additive per device (design §3: within one mesh every device holds the same shard
+memory is additive per device (within one mesh every device holds the same shard
 sizes), time is additive.  The task is the Pareto set of (mem, time) over all assignments.
 
 Infeasible choices are allowed: a configuration or a configuration pair whose ``mem`` or

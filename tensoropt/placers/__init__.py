@@ -1,4 +1,4 @@
-"""Baseline placers (design §4): the classic anchors the frontier is compared against.
+"""Baseline placers: the classic anchors the frontier is compared against.
 
 Every placer is ``place(graph, costs, cluster, *, devices=None, optimizer="adamw", **options) -> Plan``
 and returns a :class:`~tensoropt.plan.Plan` for the same simulator as everything else:
@@ -14,7 +14,7 @@ and returns a :class:`~tensoropt.plan.Plan` for the same simulator as everything
 
 m-topo / m-etf / m-sct place operators whole on one device each, with TensorFlow Placer's
 colocation groups (heuristics A, B, C; :mod:`.coarsen`) by default, and respect every device's
-memory (seed 003 eq. 6-1): a placer that cannot fit raises :class:`~tensoropt.plan.PlanError`
+memory (the NetSplit thesis eq. 6-1): a placer that cannot fit raises :class:`~tensoropt.plan.PlanError`
 naming the memory needed and the largest device.  :mod:`.coarsen` also has NetSplit's
 heavy-edge grouping.
 """

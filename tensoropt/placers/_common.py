@@ -64,7 +64,7 @@ class Problem:
     ``weight[n]``: forward + backward seconds on the profiled device (placement covers the whole
     training step; a device runs it in ``weight / speed``); ``memory[n]``: the node's resident
     bytes (:func:`~tensoropt.costs.node_memory`: parameters, gradients, α × optimizer state, kept
-    activations — seed 003 eq. 6-1); ``preds[n]``: ``(producer, bytes)`` of its operator inputs
+    activations — the NetSplit thesis eq. 6-1); ``preds[n]``: ``(producer, bytes)`` of its operator inputs
     (graph inputs, the batch, are on every device from the start and cost nothing);
     ``group_bytes[g]``: what colocation group ``g`` holds (:func:`~.coarsen.group_memory`).
     """
@@ -132,7 +132,7 @@ def setup(graph: OpGraph, costs: CostModel, cluster: Any, algo: str, *, devices:
 
 def check_fits(prob: Problem, algo: str) -> None:
     """Refuse a problem no placement can fit: the largest unit above the largest device, or
-    everything above all devices together (seed 003 Algorithm 3, line 7)."""
+    everything above all devices together (the NetSplit thesis, Algorithm 3, line 7)."""
     if not prob.group_bytes:
         return
     g = max(range(len(prob.group_bytes)), key=lambda i: prob.group_bytes[i])

@@ -7,8 +7,8 @@ A placement MILP here decides, for every placement unit (a group of a
 
 - :class:`TaskGraph` — the tasks and the precedence arcs between them, each arc carrying the
   bytes that move when its two tasks' groups sit on different devices
-  (:func:`training_tasks`: forward and backward, seed 003 eqs. 5-12…5-16;
-  :func:`forward_tasks`: forward only, seed 003 eqs. 6-3…6-7);
+  (:func:`training_tasks`: forward and backward, the NetSplit thesis eqs. 5-12…5-16;
+  :func:`forward_tasks`: forward only, the NetSplit thesis eqs. 6-3…6-7);
 - :func:`disjunctive_pairs` — the task pairs that need a no-overlap disjunction: both take time
   and neither reaches the other (a path already orders them);
 - :func:`list_schedule` — the schedule the model describes for a fixed placement and a task
@@ -93,7 +93,7 @@ class TaskGraph:
 
 
 def forward_tasks(prob: Problem) -> TaskGraph:
-    """Pesto's tasks (seed 003 eqs. 6-3…6-7): every operator's forward, arcs along the operator
+    """Pesto's tasks (the NetSplit thesis eqs. 6-3…6-7): every operator's forward, arcs along the operator
     edges (a graph input is on every device and costs nothing).  O(V + E)."""
     tasks = [Task(op, "fp", prob.group_of[op], prob.costs.time(op)[0]) for op in prob.order]
     idx = {op: k for k, op in enumerate(prob.order)}
@@ -102,7 +102,7 @@ def forward_tasks(prob: Problem) -> TaskGraph:
 
 
 def training_tasks(prob: Problem) -> TaskGraph:
-    """NetSplit's tasks (seed 003 eqs. 5-12…5-16): forward and backward of every operator.
+    """NetSplit's tasks (the NetSplit thesis eqs. 5-12…5-16): forward and backward of every operator.
 
     For an operator edge ``i → j`` of ``b`` bytes: ``fp:i → fp:j`` (the activation, ``i``'s device
     to ``j``'s) and ``bp:j → bp:i`` (its gradient, same bytes, back).  An operator no other

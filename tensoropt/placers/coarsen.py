@@ -1,12 +1,12 @@
-"""Graph coarsening for placers: colocation groups and heavy-edge node grouping (design §4).
+"""Graph coarsening for placers: colocation groups and heavy-edge node grouping.
 
 A :class:`Grouping` partitions the operator nodes of an :class:`~tensoropt.graph.OpGraph` into
 groups whose members must share a device.  A placer decides where each *group* goes and
 :meth:`Grouping.expand` turns that back into a device per node.  Two passes build groupings,
 both on union-find (disjoint sets with path compression and union by rank, the structure
-TensorFlow's Placer keeps its colocation groups in, seed 002):
+TensorFlow's Placer keeps its colocation groups in):
 
-- :func:`colocate` — TensorFlow Placer's colocation heuristics (seed 002):
+- :func:`colocate` — TensorFlow Placer's colocation heuristics:
 
   - **A**: a generator node (``OpNode.generator``: ``arange``, ``new_ones`` …) joins its
     consumer, so a constant is made where it is used (TF places a generator with its consumer
@@ -18,7 +18,7 @@ TensorFlow's Placer keeps its colocation groups in, seed 002):
     / resource inputs (the variable); here a parameter's owner and every node that reads it
     (a tied embedding and the LM head) form one group, so the parameter is held once.
 
-- :func:`heavy_edge_groups` — NetSplit's node grouping (seed 003 §5.2.3, Algorithm 3): check
+- :func:`heavy_edge_groups` — NetSplit's node grouping (the NetSplit thesis §5.2.3, Algorithm 3): check
   that the graph fits the devices' total memory, then merge the two ends of the edges in order
   of the bytes they carry, heaviest first, skipping a merge whose group would exceed the
   smallest device's memory, until ``target`` groups remain (default ``2 × devices``, the
@@ -186,7 +186,7 @@ class Grouping:
 
 def group_memory(graph: OpGraph, costs: Any, members: Iterable[str], *, alpha: int = 0,
                  node_bytes: Mapping[str, int] | None = None) -> int:
-    """What a group of nodes holds on the device it is placed on (seed 003 eq. 6-1's left side):
+    """What a group of nodes holds on the device it is placed on (the NetSplit thesis eq. 6-1's left side):
     the resident memory of each member (:func:`~tensoropt.costs.node_memory`: parameters it owns,
     their gradients and α × optimizer state, activations kept for backward), plus the parameters
     members *read* but a node outside the group owns (held here too, with gradients and state;
@@ -260,7 +260,7 @@ def colocate(graph: OpGraph, rules: str | None = "ABC", *, base: Grouping | None
 def heavy_edge_groups(graph: OpGraph, costs: Any, cluster: Any, *, devices: Sequence[str] | None = None,
                       target: int | None = None, max_group_bytes: int | None = None, optimizer: str | int = DEFAULT_OPTIMIZER,
                       base: Grouping | None = None, acyclic: bool = True) -> Grouping:
-    """NetSplit's node grouping (seed 003 Algorithm 3; see the module docstring).
+    """NetSplit's node grouping (the NetSplit thesis, Algorithm 3; see the module docstring).
 
     ``devices`` (default: all of ``cluster``) give the memory budget: the graph's total (sum of
     :func:`group_memory` over singletons) must fit their sum, else :class:`PlanError`

@@ -1,4 +1,4 @@
-"""Data parallel: every operator ``S(batch)`` over all devices — the default anyone would use (design §4).
+"""Data parallel: every operator ``S(batch)`` over all devices — the default anyone would use.
 
 Each operator whose batch dimension may be split (``OpNode.split.batch`` is set) and whose
 profile has the shard ``("batch", n)`` for ``n`` devices runs as ``NodeConfig(devices, "batch")``:

@@ -1,5 +1,5 @@
 """DPOS: FastT's Device Placement and Operation Sequencing ("Fast Training of Deep Learning Models
-over Multiple GPUs", Middleware 2020; seed 000 §5.1, Algorithm 1).
+over Multiple GPUs", Middleware 2020; FastT §5.1, Algorithm 1).
 
 A HEFT-style list scheduler of the whole training step, one task per operator with duration
 ``(forward + backward) / device speed``:

@@ -1,5 +1,5 @@
 """m-ETF: Baechi's memory-constrained earliest-time-first placer (Jeon et al., SoCC 2020; public code
-``beomyeol/baechi``, ``placer/m_etf.py`` and ``placer/placer_utils.py``; seed 003 §6.2.1, eq. 6-1).
+``beomyeol/baechi``, ``placer/m_etf.py`` and ``placer/placer_utils.py``; the NetSplit thesis §6.2.1, eq. 6-1).
 
 Event-driven list scheduling of the whole training step, one task per operator with duration
 ``(forward + backward) / device speed``.  At time ``now``:
@@ -24,7 +24,7 @@ dry run); when an operator is started its transfers are booked one after another
 start a little after the time it was chosen at.  Transfer times use the cluster's link of each
 ordered pair (Baechi fits one regression for all pairs); an edge of 0 bytes moves nothing.
 
-Memory (seed 003 eq. 6-1): a device may take an operator only if what the operator (its
+Memory (the NetSplit thesis eq. 6-1): a device may take an operator only if what the operator (its
 colocation group, on the group's first operator: the whole group is placed there) holds —
 parameters, gradients, α × optimizer state, kept activations (:func:`~tensoropt.costs.node_memory`)
 — fits in what the device has left.  Memory is never given back: all of it is live at the turn

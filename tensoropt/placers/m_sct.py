@@ -1,5 +1,5 @@
 """m-SCT: Baechi's memory-constrained small-communication-time placer (Jeon et al., SoCC 2020;
-public code ``beomyeol/baechi``, ``placer/m_sct.py``; seed 003 §6.2.1).
+public code ``beomyeol/baechi``, ``placer/m_sct.py``; the NetSplit thesis §6.2.1).
 
 **Favourite children.**  A linear program over the operator graph (Baechi's
 ``FavoriteChildLPSolver``), with ``p_i`` an operator's forward + backward seconds and ``c_ij``

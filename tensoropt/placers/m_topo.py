@@ -1,5 +1,5 @@
 """m-TOPO: Baechi's memory-constrained topological-sort placer (Jeon et al., SoCC 2020; public code
-``beomyeol/baechi``, ``placer/m_topo.py``; seed 003 §6.2.1).
+``beomyeol/baechi``, ``placer/m_topo.py``; the NetSplit thesis §6.2.1).
 
 The operators are taken in Kahn's topological order and put on the devices in their order, one
 device after the other: a device takes operators until the next one would exceed its limit, then
@@ -9,7 +9,7 @@ default, ``TopoUniform``) the limit is the same for every device::
     cap = Σ_i memory_i // m + max_i memory_i        (m devices)
 
 so the devices end up with about the same memory; the limit is also never above the device's
-own memory (seed 003 eq. 6-1; Baechi assumes every device has at least ``cap``).  With
+own memory (the NetSplit thesis eq. 6-1; Baechi assumes every device has at least ``cap``).  With
 colocation (Baechi's ``TopoUniformWithColocation``) the unit is a group: a group is placed whole
 when its first operator comes up, and the sum and maximum above are over groups (a group larger
 than every single operator still gets a device).  A unit fits when ``used + memory ≤ limit``

@@ -1,4 +1,4 @@
-"""NetSplit's MILP placer (seed 003 §5.2.2, eqs. 5-11…5-18; node groups from §5.2.3, Algorithm 3).
+"""NetSplit's MILP placer (the NetSplit thesis §5.2.2, eqs. 5-11…5-18; node groups from §5.2.3, Algorithm 3).
 
 The training step as a scheduling problem over placement units (colocation groups, merged
 along the heaviest edges when there are more than ``max_groups``)::

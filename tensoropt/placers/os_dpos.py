@@ -1,5 +1,5 @@
 """OS-DPOS: FastT's Operation-Splitting DPOS ("Fast Training of Deep Learning Models over Multiple
-GPUs", Middleware 2020; seed 000 §5.2, Algorithm 2).
+GPUs", Middleware 2020; FastT §5.2, Algorithm 2).
 
 Starting from :mod:`.dpos`'s schedule, split operators on the critical path to run their parts
 in parallel:

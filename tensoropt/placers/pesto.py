@@ -1,4 +1,4 @@
-"""Pesto's MILP placer (Hafeez et al., Middleware 2021; as extended to many devices in seed 003
+"""Pesto's MILP placer (Hafeez et al., Middleware 2021; as extended to many devices in the NetSplit thesis
 §6.2.1, eqs. 6-2…6-7; public code ``PACELab/TF-Pesto``).
 
 Forward only, as published: every operator is one task of its forward time::

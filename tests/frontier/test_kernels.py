@@ -58,7 +58,7 @@ def test_reduce_tie_rules():
     t = np.array([1.0, 5.0, 4.0, 1.0, 4.0, 1.0])
     assert reduce(m, t).tolist() == [2, 0]
     assert reduce(m, t, backend="numpy").tolist() == [2, 0]
-    # seed 001 Algorithm 1 on a hand example
+    # TensorOpt's Algorithm 1 on a hand example
     m = np.array([4.0, 1.0, 3.0, 2.0])
     t = np.array([1.0, 9.0, 2.0, 9.5])
     assert reduce(m, t).tolist() == [1, 2, 0]
