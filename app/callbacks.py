@@ -1,5 +1,5 @@
-"""The dashboard's callbacks: :func:`register_callbacks` wires the layout of :mod:`app.layout` to
-the work of :mod:`app.pipeline` and the figures of :mod:`app.figures`.
+"""The dashboard's callbacks: :func:`register_callbacks` wires the layout of :mod:`.layout` to
+the work of :mod:`.pipeline` and the figures of :mod:`.figures`.
 
 Long work (capture, profiling, frontier tracking, baselines) runs as a Dash *background* callback
 (its own process, a progress bar); it receives and returns JSON values only (the request as a

@@ -35,7 +35,7 @@ _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#
             "#bcbd22", "#7f7f7f")
 #: a frontier CSV row (strings as read back; ints and strings from :meth:`Frontier.rows`)
 FrontierRow = Mapping[str, str | int | float]
-#: a :class:`~app.pipeline.BaselineRow` as a JSON dict (values of several types, ``None`` included)
+#: a :class:`~tensoropt.dashboard.pipeline.BaselineRow` as a JSON dict (values of several types, ``None`` included)
 BaselineDict = Mapping[str, Any]
 
 
@@ -61,7 +61,7 @@ def row_peaks(row: FrontierRow) -> dict[str, int]:
 
 
 def baseline_peaks(b: BaselineDict) -> dict[str, int]:
-    """A baseline row's simulated peak per device (:attr:`~app.pipeline.BaselineRow.memory_bytes`)."""
+    """A baseline row's simulated peak per device (:attr:`~tensoropt.dashboard.pipeline.BaselineRow.memory_bytes`)."""
     return {d: int(v) for d, v in b["memory_bytes"].items()}
 
 
@@ -172,7 +172,7 @@ def frontier_figure(rows: Sequence[FrontierRow], baselines: Sequence[BaselineDic
     (:func:`fit_flags` on ``cluster`` with ``budget_bytes`` and ``reserve_bytes``) is drawn grey,
     its hover saying which device is over; with ``budget_bytes`` a vertical budget line.
     ``rows``: :meth:`Frontier.rows` / the frontier CSV's rows; ``baselines``:
-    :class:`~app.pipeline.BaselineRow` dicts.  Plans need a ``cluster`` (a :class:`ValueError`
+    :class:`~tensoropt.dashboard.pipeline.BaselineRow` dicts.  Plans need a ``cluster`` (a :class:`ValueError`
     without one).  O(points × devices)."""
     placed = [b for b in baselines if b.get("plan_id") and b.get("peak_memory_bytes") is not None]
     if (rows or placed) and cluster is None:

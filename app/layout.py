@@ -1,6 +1,6 @@
 """The page: controls on the left (model, cluster, devices, batch, run with a progress bar, the
 memory budget and reserve per device), the frontier and the chosen plan on the right.  Component ids are the contract
-with :mod:`app.callbacks` and the browser tests."""
+with :mod:`.callbacks` and the browser tests."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ def create_app(*, cache_dir: str | os.PathLike | None = None, default_model: str
                default_cluster: str = DEFAULT_CLUSTER, repeats: int = 3, warmup: int = 1,
                algos: Sequence[str] | None = None) -> dash.Dash:
     """The dashboard.  ``cache_dir``: where results, uploads and the background-job cache live
-    (default :func:`~app.pipeline.default_cache_dir`, per user); ``default_model`` /
+    (default :func:`~tensoropt.dashboard.pipeline.default_cache_dir`, per user); ``default_model`` /
     ``default_cluster``: what the page computes when it opens (the README's main command by
     default); ``repeats`` / ``warmup``: the profiling defaults; ``algos``: the baseline placers
     (default: all of :data:`tensoropt.placers.PLACERS`).  Building the app computes nothing: the

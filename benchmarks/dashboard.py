@@ -1,6 +1,6 @@
 """How long the dashboard's default takes to show its frontier on a cold machine.
 
-Runs the page's work (:func:`app.pipeline.run_request` for the default request: the README's
+Runs the page's work (:func:`tensoropt.dashboard.pipeline.run_request` for the default request: the README's
 model on its preset cluster) ``--runs`` times, each with an empty profile cache and an empty
 result store, and prints the median seconds until the frontier is ready (what the page draws
 first) and until the baselines are done too.  The server start and the page load add a second
@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3, help="profiling repeats (the app's default: 3)")
     args = ap.parse_args()
-    from app.pipeline import Request, ResultStore, run_request
+    from tensoropt.dashboard.pipeline import Request, ResultStore, run_request
 
     ready, done = [], []
     for _ in range(args.runs):

@@ -1,4 +1,4 @@
-"""``tensoropt app``: the dashboard (``app/``) on http://127.0.0.1:8050.
+"""``tensoropt app``: the dashboard (``tensoropt.dashboard``, the ``app/`` folder) on http://127.0.0.1:8050.
 
 Binds 127.0.0.1 unless ``--host`` says otherwise (the page runs models and reads uploads: do not
 expose it to a network you do not trust).  ``--model`` / ``--cluster`` set what the page computes
@@ -21,8 +21,8 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
     if args.repeats < 1:
         raise TensorOptError("--repeats must be ≥ 1")
     try:
-        from app import create_app
-        from app.pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL
+        from tensoropt.dashboard import create_app
+        from tensoropt.dashboard.pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL
     except ImportError as e:
         raise TensorOptError(f"the dashboard cannot start: {e}; install the project with "
                              "`pip install -e .` from the repository (it ships the app/ package)") from None
@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "with the baseline placers, inspect and download plans.")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8050, help="port (default 8050)")
-    # defaults live in app.pipeline; importing it here would load Dash for every command
+    # defaults live in tensoropt.dashboard.pipeline; importing it here would load Dash for every command
     p.add_argument("--model", help="model computed when the page opens (default "
                                    "zoo:gpt2?layers=2&batch=2&seq_len=128)")
     p.add_argument("--cluster", help="cluster of that first run (default preset:titan-rtx-5)")

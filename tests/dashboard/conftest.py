@@ -10,7 +10,7 @@ TINY = str(Path(__file__).with_name("tiny_model.py")) + ":build"
 @pytest.fixture(scope="session")
 def tiny_result(tmp_path_factory):
     """(store, request, key, progress seen) of the tiny model on titan-rtx-5's gpu0, gpu1, computed once."""
-    from app.pipeline import Request, ResultStore, run_request
+    from tensoropt.dashboard.pipeline import Request, ResultStore, run_request
 
     store = ResultStore(tmp_path_factory.mktemp("app-cache"))
     req = Request(model=TINY, cluster="preset:titan-rtx-5", devices=("gpu0", "gpu1"), repeats=1, warmup=0,
@@ -35,7 +35,7 @@ def hetero_result(tiny_result, tmp_path_factory):
     """(store, key) of the tiny model (its profile reused) on a hand-made cluster of unequal GPUs:
     ``big`` (1 GiB) and ``small`` (:data:`SMALL_BYTES`), baselines dp and m-topo (which fills the
     first device, big, before the next: the whole tiny model on big)."""
-    from app.pipeline import Request, run_request
+    from tensoropt.dashboard.pipeline import Request, run_request
     from tensoropt.cluster import Cluster, Device, LinkModel
 
     store, _, key, _ = tiny_result

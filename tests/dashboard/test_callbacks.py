@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from app import figures as F
-from app.callbacks import frontier_view, gib_bytes, plan_verdict, reserve_bytes
+from tensoropt.dashboard import figures as F
+from tensoropt.dashboard.callbacks import frontier_view, gib_bytes, plan_verdict, reserve_bytes
 from tensoropt import simulate
 from tensoropt.fits import fits
 

@@ -18,3 +18,18 @@ def test_a_port_in_use_is_refused_with_the_fix(capsys):
 def test_a_port_out_of_range_is_refused(capsys):
     code, out, err = run(capsys, "app", "--port", "70000")
     assert code == 2 and "between 1 and 65535" in err
+
+
+def test_the_dashboard_installs_as_tensoropt_dashboard_and_app_is_no_package(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def run_py(code: str, cwd) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+    outside = run_py("import tensoropt.dashboard as d; print(d.create_app.__module__)", tmp_path)
+    assert outside.returncode == 0 and outside.stdout.strip() == "tensoropt.dashboard.main", outside.stderr
+    assert "No module named 'app'" in run_py("import app", tmp_path).stderr
+    repo = Path(__file__).resolve().parents[2]        # where the app/ folder itself is on sys.path
+    assert "import tensoropt.dashboard" in run_py("import app", repo).stderr

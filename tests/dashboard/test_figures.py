@@ -3,7 +3,7 @@ on unequal GPUs) and from the tiny model's simulated plans."""
 
 import pytest
 
-from app import figures as F
+from tensoropt.dashboard import figures as F
 from tensoropt.cluster import Cluster, Device, LinkModel
 from tensoropt.costs.memory import StepMemory
 from tensoropt.frontier.api import MEMORY_PARTS

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from app.pipeline import Request, run_request
-from app.uploads import UploadError, accept_upload, decode
+from tensoropt.dashboard.pipeline import Request, run_request
+from tensoropt.dashboard.uploads import UploadError, accept_upload, decode
 from tensoropt import Cluster, CostModel, Plan, load_cluster
 from tensoropt.errors import ClusterSpecError, TensorOptError
 from tensoropt.frontier.api import CSV_COLUMNS
