@@ -19,10 +19,10 @@ import dash
 import plotly.graph_objects as go
 from dash import Input, Output, State, ctx, html, no_update
 
-from tensoropt.costs.memory import DEFAULT_OPTIMIZER
+from tensoropt.optimizers import DEFAULT_OPTIMIZER
 from tensoropt.describe import fmt_bytes
 from tensoropt.errors import TensorOptError
-from tensoropt.fits import fits
+from tensoropt.planmodel.fits import fits
 
 from . import figures
 from .layout import zoo_default_params, zoo_spec
@@ -82,7 +82,7 @@ def reserve_bytes(value: float | str | None) -> int:
 def frontier_view(store: ResultStore, key: str, budget: float | None, reserve: int,
                   selected: str | None = None) -> tuple[go.Figure, list[str]]:
     """The frontier figure of a result and the lines above it: what was computed, how many
-    frontier plans fit (:func:`figures.fit_flags`: :func:`tensoropt.fits.fits` of each plan's
+    frontier plans fit (:func:`figures.fit_flags`: :func:`tensoropt.planmodel.fits.fits` of each plan's
     per-device peaks with ``budget`` — ``None``: each device's own memory — and ``reserve``),
     whether the baselines still run, and the placers' errors."""
     s = store.summary(key)
@@ -105,7 +105,7 @@ def frontier_view(store: ResultStore, key: str, budget: float | None, reserve: i
 
 def plan_verdict(store: ResultStore, key: str, plan_id: str, budget: float | None, reserve: int) -> str:
     """Whether one plan of a result fits, in words (``fits …`` / ``does not fit …: gpu1 over by
-    …``): :func:`tensoropt.fits.fits` of its per-device peaks, as the frontier's markers judge it."""
+    …``): :func:`tensoropt.planmodel.fits.fits` of its per-device peaks, as the frontier's markers judge it."""
     peaks = figures.plan_peaks(store.frontier_rows(key), store.baselines(key)).get(plan_id)
     if peaks is None:
         return ""

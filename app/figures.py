@@ -13,7 +13,7 @@ import networkx as nx
 import plotly.graph_objects as go
 
 from tensoropt.describe import fmt_bytes
-from tensoropt.fits import fits, over_by
+from tensoropt.planmodel.fits import fits, over_by
 
 if TYPE_CHECKING:
     from tensoropt import Cluster, OpGraph, Plan, SimResult
@@ -74,7 +74,7 @@ def plan_peaks(rows: Sequence[FrontierRow], baselines: Sequence[BaselineDict] = 
 
 def fit_flags(rows: Sequence[FrontierRow], baselines: Sequence[BaselineDict], cluster: Cluster, *,
               budget_bytes: float | None = None, reserve_bytes: int = 0) -> dict[str, bool]:
-    """Plan id → whether it fits: :func:`tensoropt.fits.fits` of its per-device peaks on
+    """Plan id → whether it fits: :func:`tensoropt.planmodel.fits.fits` of its per-device peaks on
     ``cluster`` with the page's budget (``None``: each device's own memory) and reserve — the rule
     the CLI, the CSV and ``tensoropt compare`` apply.  O(plans × devices)."""
     return {pid: fits(peaks, cluster, budget=budget_bytes, reserve=reserve_bytes)
@@ -91,7 +91,7 @@ def limit_text(budget_bytes: float | None, reserve_bytes: int = 0) -> str:
 def over_text(peaks: Mapping[str, int], cluster: Cluster, *, budget_bytes: float | None = None,
               reserve_bytes: int = 0) -> str:
     """``"gpu1 over by 1.0 GiB"`` / ``"gpu0, gpu1 over by 2.0 KiB each; gpu2 over by …"``: the
-    devices :func:`tensoropt.fits.over_by` finds over, grouped by excess (empty when the plan fits)."""
+    devices :func:`tensoropt.planmodel.fits.over_by` finds over, grouped by excess (empty when the plan fits)."""
     by_excess: dict[int, list[str]] = {}
     for d, x in over_by(peaks, cluster, budget=budget_bytes, reserve=reserve_bytes).items():
         by_excess.setdefault(x, []).append(d)

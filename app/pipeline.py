@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from tensoropt.costs.memory import DEFAULT_OPTIMIZER
+from tensoropt.optimizers import DEFAULT_OPTIMIZER
 from tensoropt._io import write_json_atomic
 from tensoropt.errors import TensorOptError
 
@@ -125,7 +125,7 @@ def load_request_cluster(cluster: str) -> Any:
 class BaselineRow:
     """One baseline placer's plan, simulated: ``algo``, ``time_s``, ``peak_memory_bytes`` (the
     simulator's largest per-device peak), ``memory_bytes`` (the simulator's peak on each device
-    the plan uses), ``fits`` (:func:`tensoropt.fits.fits` of those peaks: every device within its
+    the plan uses), ``fits`` (:func:`tensoropt.planmodel.fits.fits` of those peaks: every device within its
     own memory, no budget, no reserve), ``plan_id`` (file under ``plans/``), or ``error`` when the
     placer could not place the model."""
 
@@ -174,7 +174,7 @@ def baseline_row(r: CompareRow) -> tuple[BaselineRow, Plan | None]:
     """One :class:`~tensoropt.compare.CompareRow` as a :class:`BaselineRow` and a copy of its
     plan (``None`` without one) renamed to :func:`baseline_plan_id`: the frontier's rows share
     their plan with a frontier point.  ``memory_bytes``: the simulator's peak on each device of
-    the plan; ``fits``: compare's (:func:`tensoropt.fits.fits` of those peaks, no budget)."""
+    the plan; ``fits``: compare's (:func:`tensoropt.planmodel.fits.fits` of those peaks, no budget)."""
     from tensoropt import Plan
 
     if r.plan is None:
@@ -198,7 +198,7 @@ def run_request(req: Request, store: ResultStore, progress: Progress | None = No
     chosen devices, the graph profiled at the mesh sizes (or the uploaded profile checked
     against the graph), :func:`~tensoropt.track_frontier`."""
     from tensoropt import CostModel, candidate_meshes, load_model, profile, track_frontier
-    from tensoropt.frontier.api import check_devices
+    from tensoropt.frontier.track import check_devices
 
     report = progress or (lambda done, total, msg: None)
     key = req.key
@@ -355,7 +355,7 @@ class ResultStore:
         """:func:`tensoropt.simulate` of one plan of the result (with the result's optimizer),
         ``reserve`` bytes on each device beside the model (the simulator's ``context_bytes``: its
         peaks are the reserve-free peaks plus ``reserve``, and its parts name it ``reserve``)."""
-        from tensoropt import simulate
+        from tensoropt.planmodel import simulate
 
         def run() -> SimResult:
             opt = self.summary(key).get("optimizer", DEFAULT_OPTIMIZER)

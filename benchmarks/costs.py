@@ -4,7 +4,7 @@ For each model: capture; profile with an empty cache (cold), then again (cached)
 training steps of the unmodified model (median of repeats) and compare
 
 - Σ over nodes of the profiled forward / backward times (in sequence: each node timed inside
-  whole training steps, :mod:`tensoropt.costs.sequence`) with the measured forward / backward
+  whole training steps, :mod:`tensoropt.measure.sequence`) with the measured forward / backward
   and their sum ("sum of parts"; the optimizer's update, which no node's cost holds, apart), and
   the same Σ of the operators timed alone ("Σ alone");
 - the memory model's whole-step peak (:func:`tensoropt.costs.step_memory`) with the peak
@@ -27,8 +27,9 @@ from rich.console import Console
 from rich.table import Table
 
 import tensoropt
-from tensoropt.costs import profile, step_memory
-from tensoropt.costs.step import measure_step
+from tensoropt.measure import profile
+from tensoropt.planmodel import step_memory
+from tensoropt.measure.step import measure_step
 from tensoropt.describe import fmt_bytes
 
 DEFAULT_MODELS = ["zoo:wide_resnet?batch=8&image_size=112", "zoo:gpt2?layers=2&batch=2&seq_len=128",

@@ -191,7 +191,7 @@ def one_line_text(text: str, width: int = 200) -> str:
 def run_alone(model: torch.nn.Module, call: Any, plan, graph) -> str | None:
     """The plan applied to a copy and one training step's forward + backward of it (random ops
     as they train): None, or why it failed."""
-    from tensoropt.costs.step import training_loss
+    from tensoropt.measure.step import training_loss
 
     try:
         planned = tensoropt.apply_plan(copy.deepcopy(model), call, plan, graph=graph)

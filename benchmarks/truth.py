@@ -22,7 +22,7 @@ small shared VM a plan's step moves by 10–20 % from one launch to the next, wh
 closely any estimate can be checked here.
 
 Profiles are in sequence (each operator timed inside whole training steps,
-:mod:`tensoropt.costs.sequence`); the "alone" column is the simulator with every operator timed
+:mod:`tensoropt.measure.sequence`); the "alone" column is the simulator with every operator timed
 alone instead (``profile(..., in_sequence=False)``'s figures, kept in the profile's settings).
 """
 

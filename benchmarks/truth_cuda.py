@@ -11,7 +11,7 @@ frontier tracking runs on that one device — where the frontier is the trade of
   frontier's range), ``frontier min-memory``;
 
 run through the executor (``apply_plan``, the rewritten ``torch.fx`` graph, every plan device
-mapped to ``cuda:0``) and are measured with :func:`tensoropt.costs.step.measure_step`: median over
+mapped to ``cuda:0``) and are measured with :func:`tensoropt.measure.step.measure_step`: median over
 ``--steps`` steps (after ``--warmup``) of forward + loss + backward, timed with CUDA events (the
 SGD update apart: no estimate has a cost for it), the median of ``--rounds`` rounds (every plan once
 per round, in turn); peak memory from the CUDA caching allocator (``max_memory_allocated`` during
@@ -38,7 +38,7 @@ import torch
 import tensoropt
 from tensoropt._io import write_json_atomic
 from tensoropt.cluster import Cluster, Device
-from tensoropt.costs.step import measure_step
+from tensoropt.measure.step import measure_step
 
 # steps of tens to hundreds of milliseconds on an H100 in float32: long enough that the GPU, not
 # the Python that launches its kernels, sets the pace (the zoo's default sizes, NetSplit's batch)

@@ -1,18 +1,22 @@
 """tensoropt: the Pareto set of (per-device memory, iteration time) plans for training a PyTorch
-model on several GPUs.  See README.md and the design notes.
+model on several GPUs.  See README.md and docs/architecture.md.
 
-Stages (one module each): :mod:`tensoropt.capture` (model → :class:`OpGraph`),
-:mod:`tensoropt.costs` (OpGraph → :class:`CostModel`; the memory walk of a plan),
-:mod:`tensoropt.cluster` (devices and links), :mod:`tensoropt.frontier` (the Pareto set of
-:class:`Plan` s), :mod:`tensoropt.placers` (the baselines), :mod:`tensoropt.simulate` (a plan's
-time, memory and timeline), :mod:`tensoropt.compare` (every algorithm simulated alike),
-:mod:`tensoropt.execute` (a plan run by rewriting the captured torch.fx graph) and
-:mod:`tensoropt.distributed` (the same on torch.distributed, one process per rank).
+Stages, imports flowing one way (measure → plan model → search → surfaces):
+:mod:`tensoropt.capture` (model → :class:`OpGraph`), :mod:`tensoropt.measure` (OpGraph →
+:class:`CostModel`: operators measured alone and in sequence; a real step's time and memory),
+:mod:`tensoropt.cluster` (devices and links), :mod:`tensoropt.planmodel` (what a :class:`Plan`
+costs: layouts and resharding, the memory walk, the simulator, whether it fits),
+:mod:`tensoropt.frontier` (the Pareto set of plans) and :mod:`tensoropt.placers` (the baselines),
+:mod:`tensoropt.workflow` (one request → everything the surfaces show), then the surfaces:
+:mod:`tensoropt.cli` and the dashboard (:mod:`tensoropt.dashboard`).  Plans run through
+:mod:`tensoropt.execute` (the captured torch.fx graph rewritten) and :mod:`tensoropt.distributed`
+(the same on torch.distributed, one process per rank).
 """
 
 from .capture import capture, load_onnx
 from .cluster import Cluster, Device, LinkModel, detect_cluster, list_presets, load_cluster
-from .costs import CostModel, NodeCost, ShardCost, node_memory, profile, step_memory
+from .measure import CostModel, NodeCost, ShardCost, profile
+from .planmodel import node_memory, step_memory
 from .errors import (CaptureError, ClusterSpecError, ExecutionError, GraphFormatError, ModelSpecError, ProfileError,
                      TensorOptError)
 from .execute import PlannedModule, apply_plan
@@ -21,8 +25,8 @@ from .graph import Edge, OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
 from .modelspec import LoadedModel, load_graph, load_model
 from .placers import PLACERS, place
 from .plan import Estimate, NodeConfig, Plan, PlanError
-from .reshard import Reshard, edge_reshard, param_sync, reshard
-from .simulate import SimResult, TimelineEvent, plan_memory, simulate
+from .planmodel.reshard import Reshard, edge_reshard, param_sync, reshard
+from .planmodel.simulate import SimResult, TimelineEvent, plan_memory, simulate
 
 __version__ = "0.1.0"
 

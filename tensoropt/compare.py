@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .errors import TensorOptError
-from .fits import check_budget_value, fits
+from .planmodel.fits import check_budget_value, fits
 from .plan import Plan
-from .simulate import simulate
-from .costs.memory import DEFAULT_OPTIMIZER
+from .planmodel.simulate import simulate
+from .optimizers import DEFAULT_OPTIMIZER
 
 #: the names the frontier's rows carry
 FRONTIER_MIN_TIME = "frontier min-time"
@@ -70,7 +70,7 @@ def evaluate(plan: Plan, graph: Any, costs: Any, cluster: Any, *, algo: str, pla
              optimizer: str | int = DEFAULT_OPTIMIZER, own: str | None = None, budget: int | float | None = None,
              reserve: int = 0) -> CompareRow:
     """The :class:`CompareRow` of one plan: simulate it, decide whether it fits
-    (:func:`tensoropt.fits.fits` of its per-device peaks under ``budget`` and ``reserve``) and read
+    (:func:`tensoropt.planmodel.fits.fits` of its per-device peaks under ``budget`` and ``reserve``) and read
     the algorithm's own estimate (the plan's estimate whose source is ``own``, default
     ``plan.algorithm``).  O(simulate)."""
     res = simulate(plan, graph, costs, cluster, optimizer=optimizer)
@@ -104,7 +104,7 @@ def compare(graph: Any, costs: Any, cluster: Any, *, algos: Iterable[str] | None
     as it is, ``False`` / ``None`` adds no frontier rows; ``placer_options``: extra options per
     placer name (e.g. ``{"netsplit": {"time_limit": 10}}``); ``progress(msg)`` is told what runs;
     ``budget`` (bytes per device, or a size such as ``"16GiB"``) and ``reserve`` decide every
-    row's ``fits`` (:func:`tensoropt.fits.fits`, as the frontier's CSV and the dashboard), and with
+    row's ``fits`` (:func:`tensoropt.planmodel.fits.fits`, as the frontier's CSV and the dashboard), and with
     a budget the frontier adds a third row, its fastest plan that fits.  The placers keep placing
     within each device's whole memory.
 

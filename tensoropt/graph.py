@@ -416,3 +416,14 @@ def _str_list(d: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
     if not all(isinstance(s, str) for s in v):
         raise GraphFormatError(f"{where}.{key} must be a list of strings")
     return tuple(v)
+
+
+def grad_nodes(graph: OpGraph) -> dict[str, bool]:
+    """Which nodes' outputs carry a gradient in training (downstream of a trainable parameter)."""
+    trainable = {p.name for p in graph.params.values() if p.requires_grad and p.kind == "parameter"}
+    out: dict[str, bool] = {}
+    for n in graph:
+        float_out = any(t.dtype.startswith(("float", "bfloat", "complex")) for t in n.outputs)
+        out[n.name] = n.kind == "op" and float_out and not n.generator and (
+            any(out.get(i, False) for i in n.inputs) or any(p in trainable for p in (*n.params, *n.param_reads)))
+    return out

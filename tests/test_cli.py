@@ -61,7 +61,7 @@ def test_console_script_is_installed():
 
 
 def test_profile_prints_top_ops_and_writes_a_profile(capsys, tmp_path):
-    from tensoropt.costs import CostModel
+    from tensoropt.measure import CostModel
 
     out_json = tmp_path / "p.json"
     code, out, _ = run(capsys, "profile", "zoo:vgg16?tiny=1", "--batch", "2", "--degrees", "1,2",

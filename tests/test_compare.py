@@ -12,7 +12,7 @@ from tensoropt.compare import FRONTIER_MIN_MEMORY, FRONTIER_MIN_TIME, compare
 from tensoropt.errors import TensorOptError
 from tensoropt.placers import PLACERS
 from tensoropt.plan import Plan
-from tensoropt.simulate import simulate
+from tensoropt.planmodel.simulate import simulate
 
 
 def chain():

@@ -11,10 +11,10 @@ those ops save for backward, weights included.
 output is bfloat16) but inserts no cast nodes: the captured graph is bf16 only when it is also
 *run* under autocast.  So everything that runs a graph or its model — the capture
 (:func:`tensoropt.capture`), the profiler's every call and its in-sequence steps
-(:mod:`tensoropt.costs`), :func:`~tensoropt.costs.step.measure_step`, the executors and the
+(:mod:`tensoropt.measure`), :func:`~tensoropt.measure.step.measure_step`, the executors and the
 check's reference (:mod:`tensoropt.execute`, :mod:`tensoropt.distributed`) — enters
 :func:`precision_context` with the graph (or its precision) and the device type it runs on.
-The loss (:func:`~tensoropt.costs.step.training_loss`, float32) and the backward run outside it,
+The loss (:func:`~tensoropt.measure.step.training_loss`, float32) and the backward run outside it,
 as autocast's own recipe says (autograd runs each backward op in its forward op's dtype).
 """
 

@@ -45,8 +45,8 @@ def costs_for(graph: Any, shard_degrees: Iterable[int], args: argparse.Namespace
     """The CostModel: ``--profile`` checked against the graph (its precision first, then its
     fingerprint), else measured at ``shard_degrees`` (with ``--repeats`` / ``--warmup`` where the
     command has them, in the graph's precision) with a progress bar."""
-    from ..costs import CostModel, profile
-    from ..costs.profiler import check_precision
+    from ..measure import CostModel, profile
+    from ..measure.profiler import check_precision
 
     if getattr(args, "profile", None):
         costs = CostModel.load(args.profile)
@@ -60,7 +60,7 @@ def costs_for(graph: Any, shard_degrees: Iterable[int], args: argparse.Namespace
 
 def add_fit_arguments(p: argparse.ArgumentParser, *, budget: bool = True) -> None:
     """``--budget`` (a uniform cap per device) and ``--reserve`` (what the framework keeps on every
-    device): the inputs of :func:`tensoropt.fits.fits`, the same on every command."""
+    device): the inputs of :func:`tensoropt.planmodel.fits.fits`, the same on every command."""
     if budget:
         p.add_argument("--budget", metavar="SIZE", help="memory per device, e.g. 16GiB: a plan fits when every device's "
                                                         "peak is within min(its memory, budget) − reserve")
@@ -72,7 +72,7 @@ def add_fit_arguments(p: argparse.ArgumentParser, *, budget: bool = True) -> Non
 def fit_options(args: argparse.Namespace) -> tuple[int | float | None, int]:
     """``(budget, reserve)`` in bytes from :func:`add_fit_arguments`' options (a bad size names its option)."""
     from ..cluster.units import parse_size
-    from ..fits import check_budget_value
+    from ..planmodel.fits import check_budget_value
 
     budget = getattr(args, "budget", None)
     budget = check_budget_value(parse_size(budget, "--budget") if budget is not None else None, "--budget")

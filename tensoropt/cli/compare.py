@@ -14,7 +14,7 @@ from rich.table import Table
 from ..errors import TensorOptError
 from ._common import add_fit_arguments, add_precision_argument, capture_spec, costs_for, fit_options
 from .place import _devices
-from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
+from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
 
 def _ms(t: float | None) -> str:
@@ -26,7 +26,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     from ..cluster import load_cluster
     from ..compare import compare, rows_json, solver_options
     from ..describe import fmt_bytes
-    from ..frontier.build import candidate_meshes
+    from ..frontier.graph_problem import candidate_meshes
     from ..placers import PLACERS
     from ..placers._common import resolve_devices
 

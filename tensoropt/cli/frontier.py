@@ -20,8 +20,8 @@ from rich.table import Table
 
 from ._common import add_fit_arguments, add_precision_argument, capture_spec, costs_for, fit_options
 from ._common import degrees as degrees_arg
-from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
-from ..frontier.api import DEFAULT_MAX_WALKS
+from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
+from ..frontier.track import DEFAULT_MAX_WALKS
 
 
 def _rows_to_show(n: int, limit: int) -> list[int]:
@@ -36,8 +36,8 @@ def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
     from ..cluster.units import parse_size
     from ..describe import fmt_bytes
     from ..errors import ProfileError
-    from ..frontier.api import check_devices, track_frontier
-    from ..frontier.build import candidate_meshes
+    from ..frontier.track import check_devices, track_frontier
+    from ..frontier.graph_problem import candidate_meshes
 
     # cheap checks first: a typo in the cluster, devices or sizes must not cost a capture
     cluster = load_cluster(args.cluster)

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..errors import TensorOptError
 from ._common import add_fit_arguments, add_precision_argument, capture_spec, costs_for, fit_options
-from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
+from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
 
 def _devices(text: str) -> list[str]:
@@ -24,10 +24,10 @@ def _devices(text: str) -> list[str]:
 def print_simulation(console: Console, res, plan, graph, cluster, *, title: str, budget: int | float | None = None,
                      reserve: int = 0) -> bool:
     """The per-device table (peak, what holds it, usable memory) and link busy times of a
-    simulation; returns whether the plan fits (:func:`tensoropt.fits.fits` under ``budget`` and
+    simulation; returns whether the plan fits (:func:`tensoropt.planmodel.fits.fits` under ``budget`` and
     ``reserve``)."""
     from ..describe import fmt_bytes
-    from ..fits import over_by, usable_bytes
+    from ..planmodel.fits import over_by, usable_bytes
 
     nodes: dict[str, int] = {}
     for cfg in plan.configs.values():
@@ -60,7 +60,7 @@ def _cmd_place(args: argparse.Namespace, console: Console) -> int:
     from ..compare import solver_options
     from ..placers import PLACERS, place
     from ..placers._common import resolve_devices
-    from ..simulate import simulate
+    from ..planmodel.simulate import simulate
 
     if args.algo not in PLACERS:
         raise TensorOptError(f"unknown placer {args.algo!r}; known: {', '.join(PLACERS)}")

@@ -16,8 +16,8 @@ from ..errors import ProfileError
 
 
 def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
-    from ..costs import profile
-    from ..costs.profiler import busy_warning
+    from ..measure import profile
+    from ..measure.profiler import busy_warning
     from ..describe import fmt_bytes
 
     if args.repeats < 1 or args.warmup < 0:

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from .._malloc import steady_malloc
 from ..errors import TensorOptError
-from ..costs.step import make_optimizer, plan_optimizer
+from ..measure.step import make_optimizer, plan_optimizer
 from ._common import add_precision_argument
 
 
@@ -19,7 +19,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     import torch
 
     from ..capture import capture
-    from ..costs.step import training_loss
+    from ..measure.step import training_loss
     from ..describe import fmt_bytes
     from ..execute import apply_plan, parse_device_map
     from ..modelspec import load_model

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import TensorOptError
-from ..costs.memory import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
+from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 from ._common import add_fit_arguments, add_precision_argument
 
 
@@ -16,7 +16,7 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     from ..cluster import load_cluster
     from ..describe import fmt_bytes
     from ..plan import Plan
-    from ..simulate import simulate
+    from ..planmodel.simulate import simulate
     from ._common import capture_spec, costs_for, fit_options
     from .place import print_simulation
 

@@ -27,7 +27,7 @@ from typing import Any
 from .._malloc import steady_malloc
 from ..cli._common import add_precision_argument
 from ..errors import TensorOptError
-from ..costs.step import make_optimizer, plan_optimizer
+from ..measure.step import make_optimizer, plan_optimizer
 from .runtime import DEFAULT_TIMEOUT_S
 from .transport import COLLECTIVES, COLLECTIVES_HELP
 

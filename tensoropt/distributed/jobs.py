@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ..plan import Plan
 from .run import apply_plan_distributed, compare_distributed
 from .runtime import Runtime
-from ..costs.memory import DEFAULT_OPTIMIZER
+from ..optimizers import DEFAULT_OPTIMIZER
 
 
 def load_case(model_spec: str, *, float64: bool = False, dropout: bool = True) -> tuple[Any, tuple, Any]:
@@ -45,7 +45,7 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
     written buffers: :func:`compare_distributed`), then one SGD step of ``lr`` on both — the
     largest relative difference of any parameter any rank holds (replicas included).  Returns per
     case ``passed`` (every tensor within the check's tolerance: :mod:`tensoropt.execute.check`),
-    ``failures`` (one line per tensor out of it), ``loss`` (its relative difference: float32, as :func:`~tensoropt.costs.step.training_loss`,
+    ``failures`` (one line per tensor out of it), ``loss`` (its relative difference: float32, as :func:`~tensoropt.measure.step.training_loss`,
     summed from each rank's part), ``max_rel_diff``, ``worst``, ``grads_rel_diff`` (gradients and
     buffers only), ``params_rel_diff``, ``moves``, ``collectives`` (kind → count), ``loss_rank``."""
     out = []
@@ -87,7 +87,7 @@ def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps
     ``step_s`` (median over steps of the slowest rank's step), ``optimizer_s``, ``rank_step_s``
     (per rank, medians), ``peak_bytes`` (per rank), ``moves``, ``collectives`` (kind → count).  ``fail_rank``: that rank exits
     abruptly in the middle of the first step (to test what its peers do)."""
-    from ..costs.step import make_optimizer
+    from ..measure.step import make_optimizer
 
     model, inputs, graph = load_case(model_spec)
     ex = apply_plan_distributed(model, inputs, Plan.from_dict(plan), rt, rank_map=rank_map, graph=graph,

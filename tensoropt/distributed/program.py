@@ -21,7 +21,7 @@ that same mesh — moves + ``torch.cat`` (``S`` → ``R``) or moves + sum (``P``
 device — or its own block of a partial value (``P`` → ``S``: each part cut where it lies, the
 blocks moved and summed), those moves and gathers are one collective instead
 (:class:`Collective`: an all-gather, all-reduce or reduce-scatter over those ranks, as
-:mod:`tensoropt.reshard` costs them and as DTensor's ``Shard → Replicate``,
+:mod:`tensoropt.planmodel.reshard` costs them and as DTensor's ``Shard → Replicate``,
 ``Partial → Replicate`` and ``Partial → Shard`` redistributions do): those moves are not
 messages and no rank runs those gathers.  A gather wanted on only some of the mesh's ranks (or
 in another order), or a moved piece something else also reads, stays point-to-point.

@@ -3,7 +3,7 @@
 :func:`apply_plan_distributed` rewrites the captured graph exactly as the single-process executor
 does (:func:`tensoropt.execute.rewrite`, with every plan device given a distinct marker device,
 :mod:`.program`) and returns a :class:`DistributedExecutor`.  Its :meth:`~DistributedExecutor.step`
-runs one forward + :func:`~tensoropt.costs.step.training_loss` + backward on this rank:
+runs one forward + :func:`~tensoropt.measure.step.training_loss` + backward on this rank:
 
 - nodes of other ranks are skipped; a value that crosses ranks is sent point-to-point in forward
   (as soon as it exists, received where its consumer runs) and its gradient sent back in
@@ -568,7 +568,7 @@ class DistributedExecutor:
 
     def total_loss(self, part: torch.Tensor | None) -> torch.Tensor:
         """The loss from every rank's part (:meth:`forward`), on every rank (detached; float32 as
-        :func:`~tensoropt.costs.step.training_loss` gives it, float64 for the check's loss)."""
+        :func:`~tensoropt.measure.step.training_loss` gives it, float64 for the check's loss)."""
         dtype = torch.float32 if self.loss == "train" else torch.float64
         mine = torch.zeros(1, dtype=dtype, device=self.rt.device) if part is None else \
             part.detach().to(dtype).reshape(1)
@@ -611,7 +611,7 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
     which sees every gradient, also before a final LayerNorm) when it was made with
     ``loss="check"`` — computed as terms where the outputs lie, inside the rewritten graph — else
     the training loss (each output's mean)."""
-    from ..costs.step import _float_tensors, training_loss
+    from ..measure.step import _float_tensors, training_loss
 
     call = ModelCall.of(example_inputs)
     args = call.tensors_for(reference)     # the executor takes the graph's inputs in the graph's order

@@ -203,7 +203,7 @@ class PeerLink:
         as messages, :data:`SEGMENT_BYTES` of ``t`` at a time, each segment a ring's two halves —
         each member sums its chunk (a reduce-scatter) and sends it to the others (an all-gather
         into ``t``) — so each rank sends and receives ``(k-1)/k`` of ``t`` twice and holds at most
-        ``(k-1)/k`` of a segment extra (like gloo's staging: not in :mod:`tensoropt.costs.walk`)."""
+        ``(k-1)/k`` of a segment extra (like gloo's staging: not in :mod:`tensoropt.planmodel.walk`)."""
         if self.native_sums:
             with self.guard(what, chan):
                 dist.all_reduce(t, group=chan.handle)

@@ -370,7 +370,7 @@ def check_term(part: torch.Tensor, full_shape: Sequence[int], index: int, dim: i
 
 
 def _floating_outputs(outputs: Any) -> list[torch.Tensor]:
-    from ..costs.step import _float_tensors
+    from ..measure.step import _float_tensors
 
     return list(_float_tensors(outputs))
 
@@ -378,7 +378,7 @@ def _floating_outputs(outputs: Any) -> list[torch.Tensor]:
 def check_loss(outputs: Any) -> tuple[torch.Tensor, float]:
     """``(Σ_i (out_i.double() * W_i).sum(), Σ_i Σ |out_i * W_i|)``: the check loss (float64) of
     the floating tensors in ``outputs`` (any nesting of tuples, lists, dicts, dataclasses, as
-    :func:`~tensoropt.costs.step.training_loss`) and the size of its terms (its tolerance's
+    :func:`~tensoropt.measure.step.training_loss`) and the size of its terms (its tolerance's
     ``G``; the tolerance is the least precise output's: :func:`_loss_of`).  Raises
     :class:`ExecutionError` when there is no floating output."""
     outs = _floating_outputs(outputs)

@@ -3,7 +3,7 @@
 A plan may split an operator only where the split computes the same function: a rule that is
 slightly wrong is a crash in the executor or, worse, a plan that trains another model.  Rules
 are written per op family (:mod:`tensoropt.capture.semantics` says which dimensions carry the
-batch and the channels, :mod:`tensoropt.costs.shards` what each shard reads), so they are
+batch and the channels, :mod:`tensoropt.measure.shards` what each shard reads), so they are
 checked the way DTensor checks its sharding rules: on PyTorch's own sample inputs of every
 operator (the OpInfo database, ``torch.testing._internal.common_methods_invocations.op_db``).
 

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import torch.fx as fx
 
-from ..reshard import op_basename
+from ..planmodel.reshard import op_basename
 from .randomness import keyed_call
 from .rewrite import run_checkpointed, run_checkpointed_keyed
 

@@ -6,7 +6,7 @@ A :class:`Placed` value is one fx value of the original graph as the rewritten g
 - ``R``: every device of ``devices`` holds the whole tensor (``parts[i]`` on ``devices[i]``);
 - ``S``: ``parts[i]`` is piece ``i`` of ``len(devices)`` along dimension ``dim``, cut the way
   :func:`torch.tensor_split` cuts (the first pieces one element larger when the size does not
-  divide) — the ``S(batch)`` / ``S(channel)`` layouts of :mod:`tensoropt.reshard`, the dimension
+  divide) — the ``S(batch)`` / ``S(channel)`` layouts of :mod:`tensoropt.planmodel.reshard`, the dimension
   being the tensor's batch or channel dimension;
 - ``P``: every part is a whole-sized tensor of partial sums; the value is their sum.
 
@@ -142,7 +142,7 @@ class Transport:
             return part if at == device else self.move(part, device)
         if (value.kind == P or (value.kind == S and value.dim != dim)) and isinstance(value.dim, (int, type(None))):
             # each part gives only the block this piece needs (all-to-all / reduce-scatter volume,
-            # what tensoropt.reshard charges), not its whole self: cut where it lies, then move
+            # what tensoropt.planmodel.reshard charges), not its whole self: cut where it lies, then move
             blocks = tuple(block if at == device else self.move(block, device)
                            for block, at in ((self.piece(part, dim, k, index), at)
                                              for part, at in zip(value.parts, value.devices)))

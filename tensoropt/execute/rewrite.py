@@ -11,7 +11,7 @@ Per operator, in ``plan.order``, under its :class:`~tensoropt.plan.NodeConfig`:
 
 - ``R`` (or one device): the whole op on every device of the mesh, each reading the whole inputs;
 - ``batch`` / ``channel`` / ``reduce`` over ``k`` devices: which argument is cut along which
-  dimension is what :func:`tensoropt.costs.shards.shard_args` (the profiler's rule) cuts —
+  dimension is what :func:`tensoropt.measure.shards.shard_args` (the profiler's rule) cuts —
   asked once per node with meta tensors of the real shapes; shard ``i`` reads piece ``i`` of
   each cut argument (activations moved and resliced by :class:`~.layouts.Transport` as needed,
   parameters copied to the shard's device inside the graph and sliced there, so autograd sums
@@ -50,11 +50,11 @@ import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
 from .. import syncbn
-from ..costs.shards import VIEWS, TensorArg, shard_args
+from ..measure.shards import VIEWS, TensorArg, shard_args
 from ..errors import ExecutionError
 from ..graph import OpGraph, split_fits
 from ..plan import Plan
-from ..reshard import op_basename
+from ..planmodel.reshard import op_basename
 from .layouts import P, Placed, R, S, Transport
 from .randomness import draw_shape, is_keyed, keyed_call, random_keys
 
@@ -129,7 +129,7 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *, loss
     torch.export or a split the shard rules cannot express.
 
     ``loss_terms``: instead of the model's outputs (each gathered whole on its first device),
-    the graph returns the training loss (:func:`tensoropt.costs.step.training_loss`, Σ over
+    the graph returns the training loss (:func:`tensoropt.measure.step.training_loss`, Σ over
     floating-point outputs of their mean) as one term per part, computed where the part lies
     — ``part.float().mean()`` for a whole output (the first replica of an ``R`` one, or the only
     part), ``part.float().sum() / numel`` for every ``S`` piece and ``P`` part — so no output
@@ -220,7 +220,7 @@ def _loss_terms(new: fx.Graph, graph: OpGraph, a: Any, values: dict[str, Placed]
     """Output ``a``'s share of the training loss, one term per part where it lies (see
     :func:`rewrite`); none for a non-tensor or non-floating-point output.  Every element gets
     exactly the gradient the whole output's mean gives (``1 / numel`` in float32): a whole
-    output's term is its mean, as :func:`~tensoropt.costs.step.training_loss` (and the profiler)
+    output's term is its mean, as :func:`~tensoropt.measure.step.training_loss` (and the profiler)
     compute it; a part's is :func:`dense_mean_term`, its sum over the whole's element count
     with the gradient the mean gives, materialised.  Both backwards hand the output's consumer a
     dense gradient, as a real loss's does (cross-entropy's gradient of the logits is dense) and
@@ -429,7 +429,7 @@ class _Emitter:
 
     def _shard_runs(self, n: fx.Node, op: Any, layout: str, k: int, args: Any, kwargs: dict) -> bool:
         """Whether the largest shard, run on meta tensors, gives the shape the layout promises
-        (the profiler's test of a shard rule, :mod:`tensoropt.costs.shards`)."""
+        (the profiler's test of a shard rule, :mod:`tensoropt.measure.shards`)."""
         batch = -(-self.graph.batch_size // k) if layout == "batch" and self.graph.batch_size else None
         # a bf16 graph's ops mix dtypes that only autocast reconciles (a conv of a bfloat16
         # activation with a float32 weight), and autocast does not run on meta tensors: the

@@ -1,29 +1,28 @@
 """Frontier tracking: the whole Pareto set of (per-device memory, iteration time) plans
 (TensorOpt's Frontier Tracking), on an abstract cost problem.
 
-* :mod:`.kernels` — frontiers as NumPy arrays and the hot loops on them (numba-compiled, with an
+* :mod:`.point_sets` — frontiers as NumPy arrays and the hot loops on them (numba-compiled, with an
   identical pure-NumPy path): :func:`reduce` (TensorOpt's Algorithm 1), :func:`product`,
   :func:`union`, and the batched product-union the tracker uses; an explicit memory
   ``resolution`` bounds frontier sizes and reports what it merged.
 * :mod:`.problem` — :class:`Problem`: a DAG whose nodes have per-configuration costs and whose
   edges have per-configuration-pair costs, all (mem, time), summed over the graph;
   :func:`brute_force` and :func:`min_scalarized` reference solvers.
-* :mod:`.ft` — :func:`track` (initialise, exact eliminations, heuristic branching, linear DP,
+* :mod:`.algorithm` — :func:`track` (initialise, exact eliminations, heuristic branching, linear DP,
   unroll) returning a :class:`FrontierResult` whose every point unrolls to a full assignment.
 
-* :mod:`.build` — the concrete problem of a graph on one mesh: configurations (layouts ×
+* :mod:`.graph_problem` — the concrete problem of a graph on one mesh: configurations (layouts ×
   recompute) and their costs from the CostModel, edge costs from the resharding collectives,
   :func:`candidate_meshes` (link-aware device groups in ring order).
-* :mod:`.api` — :func:`track_frontier`: per mesh, frontier tracking with the non-additive peak
+* :mod:`.track` — :func:`track_frontier`: per mesh, frontier tracking with the non-additive peak
   (``Σ resident + max transient``) handled exactly by τ runs, then the union across meshes, as a
   :class:`Frontier` of plans (CSV, plan JSON, budget queries).
 """
 
-from .api import (BudgetError, Frontier, FrontierPoint, MeshResult, default_resolution,
-                  track_frontier)
-from .build import MeshProblem, build_problem, candidate_meshes, node_configs, ring_bottleneck
-from .ft import BRANCH_RULE, FIX_RULE, FixedChoice, FrontierResult, track
-from .kernels import batched_product, bucket_key, is_frontier, product, reduce, union
+from .track import BudgetError, Frontier, FrontierPoint, MeshResult, default_resolution, track_frontier
+from .graph_problem import MeshProblem, build_problem, candidate_meshes, node_configs, ring_bottleneck
+from .algorithm import BRANCH_RULE, FIX_RULE, FixedChoice, FrontierResult, track
+from .point_sets import batched_product, bucket_key, is_frontier, product, reduce, union
 from .problem import EdgeCosts, NodeCosts, Problem, ProblemError, brute_force, min_scalarized
 
 __all__ = [

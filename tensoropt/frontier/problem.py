@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..errors import GraphFormatError
-from . import kernels
+from . import point_sets
 
 PROBLEM_FORMAT = "tensoropt.frontier.problem/1"
 
@@ -302,7 +302,7 @@ def brute_force(problem: Problem, *, limit: int = 2_000_000) -> list[tuple[float
     bad = np.isinf(mem) | np.isinf(time)
     mem[bad] = np.inf
     time[bad] = np.inf
-    idx = kernels.reduce(mem, time, backend="numpy")
+    idx = point_sets.reduce(mem, time, backend="numpy")
     names = problem.node_names
     return [(float(mem[i]), float(time[i]), {names[v]: int(cfg[v, i]) for v in range(len(names))})
             for i in idx]

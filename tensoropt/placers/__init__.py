@@ -25,7 +25,7 @@ import inspect
 import time
 from typing import Any, Callable, Mapping
 
-from ..costs.model import CostModel
+from ..measure.costmodel import CostModel
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..plan import Plan

@@ -7,14 +7,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..costs.memory import node_memory, optimizer_alpha
-from ..costs.model import CostModel
+from ..planmodel.memory import node_memory
+from ..optimizers import optimizer_alpha
+from ..measure.costmodel import CostModel
 from ..describe import fmt_bytes
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..plan import Estimate, NodeConfig, Plan, PlanError
 from .coarsen import Grouping, colocate, group_memory, heavy_edge_groups, parse_rules
-from ..costs.memory import DEFAULT_OPTIMIZER
+from ..optimizers import DEFAULT_OPTIMIZER
 
 
 def resolve_devices(cluster: Any, devices: Sequence[str] | str | None) -> list[str]:

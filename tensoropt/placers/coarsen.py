@@ -37,11 +37,12 @@ from typing import Any, Iterable, Mapping, Sequence, TypeVar
 
 import networkx as nx
 
-from ..costs.memory import node_memory, optimizer_alpha
+from ..planmodel.memory import node_memory
+from ..optimizers import optimizer_alpha
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..plan import PlanError
-from ..costs.memory import DEFAULT_OPTIMIZER
+from ..optimizers import DEFAULT_OPTIMIZER
 
 T = TypeVar("T")
 

@@ -22,15 +22,17 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..costs.memory import grad_nodes, node_memory, optimizer_alpha
-from ..costs.model import CostModel
+from ..graph import grad_nodes
+from ..planmodel.memory import node_memory
+from ..optimizers import optimizer_alpha
+from ..measure.costmodel import CostModel
 from ..describe import fmt_bytes
 from ..graph import OpGraph
 from ..plan import NodeConfig, Plan, PlanError
-from ..reshard import R, read_layout, reads_nothing
+from ..planmodel.reshard import R, read_layout, reads_nothing
 from ._common import resolve_devices
 from .coarsen import param_held_bytes
-from ..costs.memory import DEFAULT_OPTIMIZER
+from ..optimizers import DEFAULT_OPTIMIZER
 
 NAME = "dp"
 
@@ -102,7 +104,7 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[s
 
 def _read_whole_without_gradient(graph: OpGraph, configs: dict[str, NodeConfig]) -> set[str]:
     """Batch-split operators to run whole (``R``) on every device instead: those that carry no
-    gradient (masks, positions, index arithmetic: :func:`~tensoropt.costs.memory.grad_nodes`)
+    gradient (masks, positions, index arithmetic: :func:`~tensoropt.planmodel.memory.grad_nodes`)
     and whose every reader reads them whole (an ``index`` reading its source whole, an op with
     no batch split) or is one of them, and whose own inputs are graph inputs, replicated, or
     one of them — so running them whole moves nothing where splitting them made each device

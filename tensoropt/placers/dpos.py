@@ -33,7 +33,7 @@ A HEFT-style list scheduler of the whole training step, one task per operator wi
 devices carries the tensor forward *and*, when a gradient flows back along it in training (both
 ends downstream of a trainable parameter: the simulator's rule), its gradient back: ``ĉ_mi`` is
 ``link(a, b).time(bytes) [+ link(b, a).time(bytes)]``, the edge's forward (+ backward) seconds
-in :func:`~tensoropt.reshard.edge_reshard`, which is what the simulator charges: on a chain
+in :func:`~tensoropt.planmodel.reshard.edge_reshard`, which is what the simulator charges: on a chain
 DPOS's makespan is the simulator's iteration time.  Links are not contended (as in the paper's
 EST): every transfer starts when its producer ends.
 
@@ -51,7 +51,7 @@ go on ``n`` distinct devices at one common start time: the mesh (devices in list
 the earliest finish among every ``n``-subset of the devices that has room for a shard on each
 (above :data:`MAX_MESHES` subsets: only the ``n`` devices where one shard alone would finish
 first).  A shard runs ``costs.time(op, layout, n)``; edges to and from a split operator cost
-:func:`~tensoropt.reshard.edge_reshard`'s forward + backward seconds; a split operator leaves its
+:func:`~tensoropt.planmodel.reshard.edge_reshard`'s forward + backward seconds; a split operator leaves its
 colocation group (the rest of the group stays together) and holds
 ``node_memory(op, layout, n)`` on every device of its mesh.  A split operator on the critical
 path takes its mesh by EFT (a single critical-path device cannot run it).
@@ -65,17 +65,18 @@ from dataclasses import dataclass, field
 from statistics import mean
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..costs.memory import grad_nodes, node_memory
-from ..costs.model import CostModel
+from ..graph import grad_nodes
+from ..planmodel.memory import node_memory
+from ..measure.costmodel import CostModel
 from ..describe import fmt_bytes
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..plan import Estimate, NodeConfig, Plan, PlanError
-from ..reshard import edge_reshard
+from ..planmodel.reshard import edge_reshard
 from ._common import Problem, make_plan, setup
 from .coarsen import Grouping, group_memory
 from .m_etf import Schedule, Transfer
-from ..costs.memory import DEFAULT_OPTIMIZER
+from ..optimizers import DEFAULT_OPTIMIZER
 
 NAME = "dpos"
 RANK_COSTS = ("max", "mean")
@@ -125,7 +126,7 @@ def op_seconds(prob: Problem, op: str, split: Split | None = None) -> float:
 def edge_seconds(prob: Problem, producer: str, consumer: str, src: NodeConfig, dst: NodeConfig,
                  nbytes: int, *, gradient: bool = True) -> float:
     """Seconds edge ``producer → consumer`` costs with the two run as ``src`` / ``dst``: the
-    tensor forward plus, with ``gradient``, its gradient back (:func:`~tensoropt.reshard.edge_reshard`);
+    tensor forward plus, with ``gradient``, its gradient back (:func:`~tensoropt.planmodel.reshard.edge_reshard`);
     between two single devices ``link(a, b).time(bytes) [+ link(b, a).time(bytes)]``, 0 on the
     same device."""
     if src.degree == 1 and dst.degree == 1:
@@ -140,7 +141,7 @@ def edge_seconds(prob: Problem, producer: str, consumer: str, src: NodeConfig, d
 
 def gradient_edges(prob: Problem) -> set[tuple[str, str]]:
     """The operator edges whose gradient flows back in training: both ends carry a gradient
-    (:func:`~tensoropt.costs.memory.grad_nodes`, the simulator's rule).  O(V + E)."""
+    (:func:`~tensoropt.planmodel.memory.grad_nodes`, the simulator's rule).  O(V + E)."""
     grads = grad_nodes(prob.graph)
     return {(p, c) for c in prob.order for p, _ in prob.preds[c] if grads.get(p) and grads.get(c)}
 

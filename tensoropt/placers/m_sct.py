@@ -39,14 +39,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..costs.model import CostModel
+from ..measure.costmodel import CostModel
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..plan import Plan
 from ._common import Problem, setup
 from .coarsen import Grouping
 from .m_etf import ListScheduler, Schedule, _plan, options
-from ..costs.memory import DEFAULT_OPTIMIZER
+from ..optimizers import DEFAULT_OPTIMIZER
 
 NAME = "m-sct"
 THRESHOLD = 0.1

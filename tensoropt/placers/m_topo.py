@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..costs.model import CostModel
+from ..measure.costmodel import CostModel
 from ..graph import OpGraph
 from ..plan import Plan
 from ._common import make_plan, not_placed_error, setup
 from .coarsen import Grouping
-from ..costs.memory import DEFAULT_OPTIMIZER
+from ..optimizers import DEFAULT_OPTIMIZER
 
 NAME = "m-topo"
 

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..costs.model import CostModel
+from ..measure.costmodel import CostModel
 from ..graph import OpGraph
 from ..plan import Plan
 from ._milp import MAX_DISJUNCTIONS, place_milp, training_tasks
 from .coarsen import Grouping
-from ..costs.memory import DEFAULT_OPTIMIZER
+from ..optimizers import DEFAULT_OPTIMIZER
 
 NAME = "netsplit"
 MAX_GROUPS = 60

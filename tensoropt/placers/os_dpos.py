@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 import networkx as nx
 
-from ..costs.model import CostModel
+from ..measure.costmodel import CostModel
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..plan import Plan, PlanError
@@ -50,7 +50,7 @@ from ._common import Problem, setup
 from .coarsen import Grouping
 from .dpos import (SPLIT_LAYOUTS, DPOSSchedule, Split, edge_seconds, gradient_edges, op_seconds, options,
                    plan_from_schedule, schedule_problem)
-from ..costs.memory import DEFAULT_OPTIMIZER
+from ..optimizers import DEFAULT_OPTIMIZER
 
 NAME = "os-dpos"
 MAX_PASSES = 4

@@ -112,7 +112,7 @@ def test_dashboard_end_to_end(server, browser):
     from selenium.webdriver.common.by import By
 
     from tensoropt import OpGraph, Plan
-    from tensoropt.frontier.api import CSV_COLUMNS
+    from tensoropt.frontier.track import CSV_COLUMNS
 
     url, tmp = server
     drv = browser

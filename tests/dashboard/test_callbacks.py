@@ -1,5 +1,5 @@
 """The dashboard's callbacks' work without a browser: the page's inputs in bytes, and on a cluster of
-unequal GPUs the page's decision of which plans fit equals :func:`tensoropt.fits.fits` of the
+unequal GPUs the page's decision of which plans fit equals :func:`tensoropt.planmodel.fits.fits` of the
 simulator's per-device peaks — the rule of the CLI, the CSV and ``tensoropt compare``."""
 
 import math
@@ -8,8 +8,8 @@ import pytest
 
 from tensoropt.dashboard import figures as F
 from tensoropt.dashboard.callbacks import frontier_view, gib_bytes, plan_verdict, reserve_bytes
-from tensoropt import simulate
-from tensoropt.fits import fits
+from tensoropt.planmodel import simulate
+from tensoropt.planmodel.fits import fits
 
 from .conftest import SMALL_BYTES
 

@@ -5,9 +5,9 @@ import pytest
 
 from tensoropt.dashboard import figures as F
 from tensoropt.cluster import Cluster, Device, LinkModel
-from tensoropt.costs.memory import StepMemory
-from tensoropt.frontier.api import MEMORY_PARTS
-from tensoropt.simulate import SimResult, TimelineEvent
+from tensoropt.planmodel.memory import StepMemory
+from tensoropt.frontier.track import MEMORY_PARTS
+from tensoropt.planmodel.simulate import SimResult, TimelineEvent
 
 MiB, GiB = 2 ** 20, 2 ** 30
 ROWS = [  # as the frontier CSV has them: strings
@@ -188,7 +188,7 @@ def test_memory_bars_show_each_device_memory_and_the_budget():
 
 
 def test_memory_bars_add_up_to_the_simulated_peak(tiny_result):
-    from tensoropt import simulate
+    from tensoropt.planmodel import simulate
 
     store, _, key, _ = tiny_result
     for plan_id in [r["plan_id"] for r in store.frontier_rows(key)] + [

@@ -12,7 +12,7 @@ from tensoropt.dashboard.pipeline import Request, run_request
 from tensoropt.dashboard.uploads import UploadError, accept_upload, decode
 from tensoropt import Cluster, CostModel, Plan, load_cluster
 from tensoropt.errors import ClusterSpecError, TensorOptError
-from tensoropt.frontier.api import CSV_COLUMNS
+from tensoropt.frontier.track import CSV_COLUMNS
 
 
 def _payload(data: bytes) -> str:
@@ -20,8 +20,9 @@ def _payload(data: bytes) -> str:
 
 
 def test_result_matches_the_library_and_is_reused(tiny_result):
-    from tensoropt import simulate, track_frontier
-    from tensoropt.frontier.build import candidate_meshes
+    from tensoropt.planmodel import simulate
+    from tensoropt import track_frontier
+    from tensoropt.frontier.graph_problem import candidate_meshes
 
     store, req, key, seen = tiny_result
     assert seen[-1][2] == "done" and any(m.startswith("profiling") for *_, m in seen if isinstance(m, str))
@@ -136,8 +137,8 @@ def test_uploaded_profile_is_used_instead_of_profiling(tiny_result):
 def test_baselines_on_unequal_gpus_carry_each_device_peak(hetero_result):
     """dp keeps the whole model on each device, over the small one's memory; m-topo puts it on the
     big one: the baselines' ``fits`` is the library's rule on the simulator's per-device peaks."""
-    from tensoropt import simulate
-    from tensoropt.fits import fits
+    from tensoropt.planmodel import simulate
+    from tensoropt.planmodel.fits import fits
 
     store, key = hetero_result
     cluster = store.cluster(key)

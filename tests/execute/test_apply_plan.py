@@ -98,7 +98,7 @@ def test_a_one_device_plan_holds_what_the_model_holds(cases):
     """Every node whole on one device: the planned step's peak is the model's to the byte, and
     stays so after a step under MemTracker (its module hooks must not reach the parameters:
     they made autograd copy every gradient into .grad instead of taking it over)."""
-    from tensoropt.costs.step import measure_step
+    from tensoropt.measure.step import measure_step
 
     model, inputs = fresh(cases["gpt2"])
     graph = cases["gpt2"][2]
@@ -187,7 +187,7 @@ class BatchGather(torch.nn.Module):
 def test_an_index_gathering_along_the_batch_splits_by_its_index_tensors():
     # each shard gathers its block of the output from the whole source: split by the index
     # tensors (their pieces hold global row numbers), the source read whole
-    from tensoropt.reshard import R, edge_reshard, reads_whole
+    from tensoropt.planmodel.reshard import R, edge_reshard, reads_whole
 
     from .conftest import make_case
 

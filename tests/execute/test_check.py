@@ -14,7 +14,7 @@ from torch import nn
 
 import tensoropt
 from tensoropt import NodeConfig, Plan, apply_plan
-from tensoropt.costs.step import training_loss
+from tensoropt.measure.step import training_loss
 from tensoropt.execute import check as chk
 from tensoropt.execute import disable_dropout
 from tensoropt.execute.check import (CHECK_SEED, Comparison, check_loss, check_plan, check_tensor, check_weights,

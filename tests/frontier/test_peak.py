@@ -10,8 +10,8 @@ import torch
 
 import tensoropt
 from tensoropt.cluster import load_cluster
-from tensoropt.costs.walk import plan_memory
-from tensoropt.frontier import kernels, track_frontier
+from tensoropt.planmodel.walk import plan_memory
+from tensoropt.frontier import point_sets, track_frontier
 from tensoropt.plan import Plan
 
 TITAN = load_cluster("preset:titan-rtx-5")
@@ -65,7 +65,7 @@ def walked_pareto(graph, costs, mp, optimizer):
         peaks.append(max(w.peak for w in walk.values()))
         times.append(t)
     peaks, times = np.array(peaks, dtype=np.float64), np.array(times)
-    keep = kernels.reduce(peaks, times)
+    keep = point_sets.reduce(peaks, times)
     return sorted(zip(peaks[keep].tolist(), times[keep].tolist())), len(peaks)
 
 

@@ -2,11 +2,11 @@
 
 import pytest
 
-from tensoropt.costs import ShardCost
-from tensoropt.costs.memory import grad_nodes
+from tensoropt.measure import ShardCost
+from tensoropt.graph import grad_nodes
 from tensoropt.placers import dp, place
 from tensoropt.plan import NodeConfig, PlanError
-from tensoropt.simulate import simulate
+from tensoropt.planmodel.simulate import simulate
 
 from . import batch2, build, cluster
 

@@ -4,12 +4,12 @@ memory limits, split operators on meshes, the tiny zoo models."""
 import pytest
 
 from tensoropt.cluster import Cluster, Device
-from tensoropt.costs import ShardCost
+from tensoropt.measure import ShardCost
 from tensoropt.errors import TensorOptError
 from tensoropt.placers import dpos, place
 from tensoropt.placers._common import setup
 from tensoropt.plan import NodeConfig, PlanError
-from tensoropt.simulate import simulate
+from tensoropt.planmodel.simulate import simulate
 
 from . import GiB, LINK, batch2, build, cluster, placement, spread_on_small_devices
 

@@ -5,7 +5,7 @@ import pytest
 from tensoropt.placers import m_etf, place
 from tensoropt.placers._common import setup
 from tensoropt.plan import PlanError
-from tensoropt.simulate import simulate
+from tensoropt.planmodel.simulate import simulate
 
 from . import build, cluster, placement, spread_on_small_devices
 

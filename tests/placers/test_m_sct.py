@@ -7,7 +7,7 @@ from tensoropt.errors import TensorOptError
 from tensoropt.placers import m_etf, m_sct, place
 from tensoropt.placers._common import setup
 from tensoropt.plan import NodeConfig, Plan, PlanError
-from tensoropt.simulate import simulate
+from tensoropt.planmodel.simulate import simulate
 
 from . import build, cluster, placement
 

@@ -5,7 +5,7 @@ import pytest
 from tensoropt.placers import m_topo, place
 from tensoropt.placers._common import kahn_order, setup
 from tensoropt.plan import PlanError
-from tensoropt.simulate import simulate
+from tensoropt.planmodel.simulate import simulate
 
 from . import build, cluster, on, placement
 

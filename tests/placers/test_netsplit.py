@@ -11,7 +11,7 @@ from tensoropt.placers import PLACERS, netsplit, place
 from tensoropt.placers._common import setup
 from tensoropt.placers._milp import disjunctive_pairs, training_tasks
 from tensoropt.plan import PlanError
-from tensoropt.simulate import simulate
+from tensoropt.planmodel.simulate import simulate
 
 from . import GiB, build, cluster, placement
 

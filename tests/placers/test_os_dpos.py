@@ -7,7 +7,7 @@ from tensoropt.errors import TensorOptError
 from tensoropt.placers import dpos, os_dpos, place
 from tensoropt.placers._common import setup
 from tensoropt.plan import NodeConfig
-from tensoropt.simulate import simulate
+from tensoropt.planmodel.simulate import simulate
 
 from . import batch2, build, cluster
 

@@ -7,7 +7,7 @@ from tensoropt.placers import PLACERS, pesto, place
 from tensoropt.placers._common import setup
 from tensoropt.placers._milp import disjunctive_pairs, forward_tasks
 from tensoropt.plan import PlanError
-from tensoropt.simulate import simulate
+from tensoropt.planmodel.simulate import simulate
 
 from . import build, cluster, placement
 from .test_netsplit import GRAPHS, best_schedule, brute_force, fork_join, hetero, tasks_of, wide

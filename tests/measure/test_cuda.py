@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import tensoropt
-from tensoropt.costs import measure_step, profile, step_memory
+from tensoropt.measure import measure_step, profile
+from tensoropt.planmodel import step_memory
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device: torch.cuda.is_available() is False on this machine")

@@ -1,12 +1,12 @@
 """In-sequence operator times: each node timed inside whole training steps, and a profile's
-isolated figures turned into them (tensoropt.costs.sequence, tensoropt.profile(in_sequence=True))."""
+isolated figures turned into them (tensoropt.measure.sequence, tensoropt.profile(in_sequence=True))."""
 
 import pytest
 import torch
 
 import tensoropt
-from tensoropt.costs import NodeCost, ShardCost, profile
-from tensoropt.costs.sequence import SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
+from tensoropt.measure import NodeCost, ShardCost, profile
+from tensoropt.measure.sequence import SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_profile_uses_in_sequence_times_and_caches_them(cnn_graph, tmp_path):
 
 
 def test_a_step_that_does_not_fit_keeps_the_isolated_times(cnn_graph, monkeypatch):
-    import tensoropt.costs.profiler as profiler
+    import tensoropt.measure.profiler as profiler
 
     def no_memory(*a, **k):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory")
@@ -140,8 +140,8 @@ def test_a_step_that_does_not_fit_keeps_the_isolated_times(cnn_graph, monkeypatc
 
 
 def test_the_loss_is_charged_to_the_node_whose_output_it_reads():
-    from tensoropt.costs.sequence import _Clock, _timed_loss
-    from tensoropt.costs.step import training_loss
+    from tensoropt.measure.sequence import _Clock, _timed_loss
+    from tensoropt.measure.step import training_loss
 
     x = torch.randn(4, 8, requires_grad=True)
     logits, ids = x * 2, torch.arange(4)
@@ -155,7 +155,7 @@ def test_the_loss_is_charged_to_the_node_whose_output_it_reads():
 def test_a_parameters_gradient_accumulation_is_its_owners(tied_lm):
     # the tied weight is read by the embedding (its owner) and the projection: its accumulator —
     # where a large weight's gradient is copied or added — is charged to the embedding
-    from tensoropt.costs.sequence import _Clock, _TimedRun, training_feed
+    from tensoropt.measure.sequence import _Clock, _TimedRun, training_feed
 
     graph = tensoropt.capture(*tied_lm)
     (info,) = [p for p in graph.params.values() if p.kind == "parameter"]
@@ -174,7 +174,7 @@ def test_each_step_starts_without_gradients_as_training_with_set_to_none(cnn_gra
     # a training loop's zero_grad(set_to_none=True): a step's weight gradients are new tensors
     # stolen into .grad, never added to the last step's (an add per weight a step that real
     # steps do not do); no step leaves a gradient behind for the next
-    import tensoropt.costs.sequence as sequence
+    import tensoropt.measure.sequence as sequence
 
     fed = []
     real = sequence.training_feed

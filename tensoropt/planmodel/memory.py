@@ -20,7 +20,7 @@ Categories (the NetSplit thesis §4.3 Table 4-2):
 :func:`node_memory` gives the per-node, per-configuration figures frontier tracking adds up;
 :func:`step_memory` walks one step (forward in graph order, backward in reverse) tracking live
 tensors on each device and returns the peak — the figure checked against a real training step
-(:func:`tensoropt.costs.step.measure_step`).  The walk itself is :mod:`tensoropt.costs.walk`,
+(:func:`tensoropt.measure.step.measure_step`).  The walk itself is :mod:`tensoropt.planmodel.walk`,
 which the simulator uses for any plan (meshes, shards, recomputation); step_memory is its case
 of whole operators on single devices.  Views share their base's storage; a tensor copied to
 another device counts on both.
@@ -32,40 +32,10 @@ from dataclasses import asdict, dataclass
 from typing import Mapping
 
 from ..errors import ProfileError
+from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..graph import OpGraph, OpNode
 from ..plan import param_pieces
-from .model import CostModel
-
-OPTIMIZER_ALPHA = {"adamw": 2, "adam": 2, "momentum": 1, "sgd": 0}
-#: the optimizer every stage assumes unless told otherwise: what people train with
-DEFAULT_OPTIMIZER = "adamw"
-
-
-def optimizer_alpha(optimizer: str | int) -> int:
-    """α for an optimizer name (``adamw`` / ``adam`` / ``momentum`` / ``sgd``) or an explicit integer."""
-    if isinstance(optimizer, int) and optimizer >= 0:
-        return optimizer
-    try:
-        return OPTIMIZER_ALPHA[str(optimizer).lower()]
-    except KeyError:
-        raise ProfileError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZER_ALPHA)} "
-                           "or α as a non-negative integer") from None
-
-
-def optimizer_temp_bytes(optimizer: str | int, param_bytes: list[int], *, foreach: bool = False) -> int:
-    """Temporaries of one optimizer step over parameters of the given sizes.
-
-    SGD and momentum update in place (none).  Adam and AdamW compute ``exp_avg_sq.sqrt() / c``
-    before the in-place ``addcdiv_`` (AdamW's decoupled weight decay is an in-place ``mul_``):
-    two parameter-sized temporaries alive at once for the per-tensor implementation (CPU
-    default), one list the size of every parameter with ``foreach`` (CUDA default).  An integer
-    α > 1 is treated as Adam-like.
-    """
-    name = optimizer if isinstance(optimizer, str) else ("adam" if optimizer >= 2 else "sgd")
-    if name.lower() not in ("adam", "adamw") or not param_bytes:
-        return 0
-    return sum(param_bytes) if foreach else 2 * max(param_bytes)
-
+from ..measure.costmodel import CostModel
 
 @dataclass(frozen=True)
 class NodeMemory:
@@ -176,7 +146,7 @@ def step_memory(graph: OpGraph, costs: CostModel, *, placement: Mapping[str, str
     ``placement`` maps operator names to device names (default: every node on ``device``; names
     of graph inputs are ignored: the batch is on every device that reads it); ``optimizer`` is
     ``sgd`` / ``momentum`` / ``adam`` or α (:func:`optimizer_alpha`).  This is the walk of
-    :mod:`tensoropt.costs.walk` for the plan that runs every operator whole on its device in graph
+    :mod:`tensoropt.planmodel.walk` for the plan that runs every operator whole on its device in graph
     order: parameters, buffers and optimizer state are resident from the start; forward allocates
     each node's output (views allocate nothing) and extra saved tensors, and frees a tensor after
     its last forward consumer on the device unless a backward needs it; backward, in reverse
@@ -212,14 +182,3 @@ def aliases_input(node: OpNode, costs: CostModel) -> bool:
     profiler saw return its input (no new output bytes)."""
     c = costs[node.name] if node.name in costs else None
     return node.kind == "op" and bool(node.inputs) and (node.metadata_only or (c is not None and c.output_bytes == 0))
-
-
-def grad_nodes(graph: OpGraph) -> dict[str, bool]:
-    """Which nodes' outputs carry a gradient in training (downstream of a trainable parameter)."""
-    trainable = {p.name for p in graph.params.values() if p.requires_grad and p.kind == "parameter"}
-    out: dict[str, bool] = {}
-    for n in graph:
-        float_out = any(t.dtype.startswith(("float", "bfloat", "complex")) for t in n.outputs)
-        out[n.name] = n.kind == "op" and float_out and not n.generator and (
-            any(out.get(i, False) for i in n.inputs) or any(p in trainable for p in (*n.params, *n.param_reads)))
-    return out

@@ -84,7 +84,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from .._malloc import steady_malloc
 from ..capture.precision import check_precision, precision_context
 from ..errors import ProfileError
-from .memory import DEFAULT_OPTIMIZER
+from ..optimizers import DEFAULT_OPTIMIZER
 
 __all__ = ["OPTIMIZERS", "StepMeasurement", "make_optimizer", "measure_step", "plan_optimizer", "training_loss"]
 
@@ -217,7 +217,7 @@ def make_optimizer(name: str, params, *, lr: float = 1e-3) -> torch.optim.Optimi
 
 def plan_optimizer(plan: Any) -> str:
     """The optimizer a plan was sized for (its ``options["optimizer"]``, an integer α read as the
-    Adam-like / momentum / SGD optimizer of that state), :data:`~tensoropt.costs.memory.DEFAULT_OPTIMIZER`
+    Adam-like / momentum / SGD optimizer of that state), :data:`~tensoropt.planmodel.memory.DEFAULT_OPTIMIZER`
     when it names none: what the executors train it with."""
     opt = (plan.options or {}).get("optimizer", DEFAULT_OPTIMIZER)
     if isinstance(opt, int):

@@ -3,7 +3,7 @@
 A *frontier* here is a pair of float64 arrays ``(mem, time)`` of equal length, sorted by memory
 ascending with time strictly decreasing: every point is Pareto-minimal (no other point has less
 or equal memory *and* less or equal time).  The kernels never carry payloads themselves; they
-return integer indices into their inputs, so that callers (frontier tracking, :mod:`.ft`) keep
+return integer indices into their inputs, so that callers (frontier tracking, :mod:`.algorithm`) keep
 back-pointers as plain integer arrays.
 
 Rules every kernel follows (and the tests check):

@@ -61,7 +61,7 @@ loses its costs; at the end only the back-pointers the final frontier can reach 
 (``stats["points_retained"]`` against ``stats["points_created"]``).  ``stats["candidates"]``
 counts the pairs summed before reducing — the measure of work.
 
-Resolution and determinism: every reduce uses the same ``resolution`` (see :mod:`.kernels`; the
+Resolution and determinism: every reduce uses the same ``resolution`` (see :mod:`.point_sets`; the
 memory reported is always the true memory of the plan), the points dropped by bucketing are
 counted in :attr:`FrontierResult.merged_by_resolution`, and :attr:`FrontierResult.mem_slack`
 bounds what bucketing can cost: every point of the exact frontier ``(m, t)`` is matched by a
@@ -79,7 +79,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import kernels
+from . import point_sets
 from .problem import Problem
 
 __all__ = ["track", "FrontierResult", "FixedChoice", "BRANCH_RULE", "FIX_RULE"]
@@ -164,7 +164,7 @@ class _Store:
         A, B = self.groups[ga], self.groups[gb]
         pa, pb = np.asarray(pa, np.int64), np.asarray(pb, np.int64)
         self.candidates += int(np.dot(A.start[pa + 1] - A.start[pa], B.start[pb + 1] - B.start[pb]))
-        mem, time, ia, ib, start, merged = kernels.batched_product(
+        mem, time, ia, ib, start, merged = point_sets.batched_product(
             A.mem, A.time, A.start, B.mem, B.time, B.start, out_ptr, pa, pb, self.resolution,
             backend=self.backend)
         self.merged += merged
@@ -183,7 +183,7 @@ class _Store:
             mems.append(G.mem[lo:hi]); times.append(G.time[lo:hi])
             gids.append(np.full(hi - lo, g, np.int32)); idxs.append(np.arange(lo, hi, dtype=np.int32))
         m, t = np.concatenate(mems), np.concatenate(times)
-        keep, merged = kernels.reduce(m, t, self.resolution, backend=self.backend, return_merged=True)
+        keep, merged = point_sets.reduce(m, t, self.resolution, backend=self.backend, return_merged=True)
         self.merged += merged
         nred = 1 + max(self.groups[g].nred for g, _ in parts)
         return self._add(_Group(m[keep], t[keep], np.array([0, keep.size], np.int64),
@@ -716,7 +716,7 @@ def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024
     """The (memory, time) Pareto frontier of ``problem`` by frontier tracking (module docstring).
 
     ``resolution``: bytes (0 = exact) — memory is compared in buckets of this size at every
-    reduce (:mod:`.kernels`), bounding frontier sizes; what it merged is reported.
+    reduce (:mod:`.point_sets`), bounding frontier sizes; what it merged is reported.
     ``max_branches``: bound on nested branching of the heuristic elimination (≥ 1; see the module
     docstring); nodes it could not branch on are listed in ``result.fixed``.
     ``backend``: ``"numba"`` (default) or ``"numpy"``; both give identical results.
@@ -725,9 +725,9 @@ def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024
         raise TypeError(f"track() needs a Problem, got {type(problem).__name__}")
     if int(max_branches) != max_branches or max_branches < 1:
         raise ValueError(f"max_branches must be an integer >= 1, got {max_branches!r}")
-    res = kernels._resolution(resolution)
+    res = point_sets._resolution(resolution)
     t0 = _time.perf_counter()
-    store = _Store(res, kernels._backend(backend))
+    store = _Store(res, point_sets._backend(backend))
     tr = _Tracker(problem, store)
     g = tr.initial_graph()
     gid, f = tr.solve(g, int(max_branches))

@@ -13,7 +13,7 @@ peak memory of every device and a timeline (for a Gantt chart).
   the node's shard time (:meth:`CostModel.time` at the node's layout and degree, ``R`` over
   several devices runs the whole op on each) divided by ``d``'s relative ``speed``.
 - *Transfers.*  An edge whose producer and consumer configurations differ is resharded as
-  :func:`tensoropt.reshard.reshard` says (forward, and its gradient in backward: the two agree
+  :func:`tensoropt.planmodel.reshard.reshard` says (forward, and its gradient in backward: the two agree
   with frontier tracking by construction).  Each stage of a reshard occupies its links for the
   stage's time; a stage starts when the previous one (or the producer, or the consumers'
   backward) is done and all its links are free; waiting stages take links first come first
@@ -25,11 +25,11 @@ peak memory of every device and a timeline (for a Gantt chart).
   partial-sum output is all-reduced first); the backward of the output producers starts when the
   last one exists, with the loss's gradient on their devices (no transfer).
 - *Batch norm split along the batch* exchanges its per-channel sums across its mesh after its
-  forward and after its backward (:func:`tensoropt.reshard.stat_sync`); its consumers (its
+  forward and after its backward (:func:`tensoropt.planmodel.reshard.stat_sync`); its consumers (its
   producers' gradients) wait for them.
 - *Gradient synchronisation.*  Parameters read on several devices (replicated or split nodes,
   tied weights) have their gradients summed by one flat ring all-reduce per set of devices that
-  reads them (:func:`tensoropt.reshard.gradient_syncs`, what the executors do) on that set's ring
+  reads them (:func:`tensoropt.planmodel.reshard.gradient_syncs`, what the executors do) on that set's ring
   links: launched when the last backward reading them ends with ``overlap=True``, after the
   last backward computation otherwise.  Each reader's backward also copies its contribution
   into the flat buffer (:meth:`CostModel.grad_copy_s`, the rate the profile measured); a reader
@@ -38,7 +38,7 @@ peak memory of every device and a timeline (for a Gantt chart).
 - The optimizer step's time is not modelled (the CostModel has none).  The iteration time is
   when the last device or link finishes.
 
-**Memory**: :func:`tensoropt.costs.walk.plan_memory`'s walk (parameters, gradients, optimizer
+**Memory**: :func:`tensoropt.planmodel.walk.plan_memory`'s walk (parameters, gradients, optimizer
 state, activations at shard size, received copies, recomputation, activation gradients, the
 optimizer step) over the same reshards; see that module.
 """
@@ -51,13 +51,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .costs.memory import StepMemory, grad_nodes
-from .costs.model import CostModel
-from .costs.walk import plan_edges, plan_memory, shard_cost, walk
-from .graph import OpGraph
-from .plan import Estimate, Plan, PlanError
+from .memory import StepMemory
+from ..graph import grad_nodes
+from ..measure.costmodel import CostModel
+from .walk import plan_edges, plan_memory, shard_cost, walk
+from ..graph import OpGraph
+from ..plan import Estimate, Plan, PlanError
 from .reshard import P, R, Stage, gradient_syncs, move, output_layout, stat_sync, synced_parameters
-from .costs.memory import DEFAULT_OPTIMIZER
+from ..optimizers import DEFAULT_OPTIMIZER
 
 # plan_memory is the simulator's memory model without the timing; it lives with the cost model
 __all__ = ["simulate", "SimResult", "TimelineEvent", "plan_memory", "PHASES"]

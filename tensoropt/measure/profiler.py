@@ -1,5 +1,5 @@
 """The profiler: run every operator of a captured graph alone, forward and backward, at every
-shard shape a configuration may give it, and return a :class:`~tensoropt.costs.model.CostModel`.
+shard shape a configuration may give it, and return a :class:`~tensoropt.measure.costmodel.CostModel`.
 
 How (the NetSplit thesis §4.4, FastT's profiled op times "CostModel"):
 
@@ -16,13 +16,13 @@ How (the NetSplit thesis §4.4, FastT's profiled op times "CostModel"):
    its output and extra tensors (dropout masks, batch-norm statistics): the memory model's
    activation figures.
 4. Shards: the same at the largest shard of every legal layout (``batch`` / ``channel`` /
-   ``reduce``) and degree (:mod:`tensoropt.costs.shards`); a shard whose rule does not give the
+   ``reduce``) and degree (:mod:`tensoropt.measure.shards`); a shard whose rule does not give the
    expected shape, or that raises, is not offered (the executors would run the op whole); a
    batch shard no rule can cut (a generator sized by the batch, a module call of a torch.fx
    capture) is the full cost scaled by ``1/k`` and marked ``scaled``.  A
    training batch norm's batch shard is timed as what the executors run there: its share of a
    synchronised batch norm (:func:`tensoropt.syncbn.local_step`; the exchange of statistics is a
-   transfer, :func:`tensoropt.reshard.stat_sync`).
+   transfer, :func:`tensoropt.planmodel.reshard.stat_sync`).
 5. Measurements are cached by (op, argument shapes / dtypes / gradient flags, other arguments)
    within the run — identical layers are measured once — and on disk per device kind
    (``~/.cache/tensoropt`` or ``$TENSOROPT_CACHE_DIR``).  Profiling a model whose calls are all
@@ -60,9 +60,9 @@ from ..capture.precision import precision_context, precision_of
 from ..errors import ProfileError
 from ..graph import OpGraph, OpNode, TensorMeta, split_fits
 from .feed import module_on, placeholder_values
-from .memory import grad_nodes
+from ..graph import grad_nodes
 from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
-from .model import CostModel, NodeCost, ShardCost
+from .costmodel import CostModel, NodeCost, ShardCost
 from .shards import TensorArg, shard_args, shard_size
 from .timing import device_info, device_key, time_callable
 

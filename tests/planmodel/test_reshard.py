@@ -6,8 +6,7 @@ from tensoropt.cluster import (Cluster, Device, LinkModel, all_to_all_time, allg
                                ring_allreduce_time)
 from tensoropt.graph import OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
 from tensoropt.plan import NodeConfig
-from tensoropt.reshard import (P, R, SB, SC, edge_reshard, grad_layout, input_layout, is_weighted, move,
-                               needed_grad_layout, output_layout, param_sync, reshard, step_links)
+from tensoropt.planmodel.reshard import (P, R, SB, SC, edge_reshard, grad_layout, input_layout, is_weighted, move, needed_grad_layout, output_layout, param_sync, reshard, step_links)
 
 N = 1_000_000
 LINK = LinkModel(1e-4, 1e9)           # 100 us + 1 ms per MB
@@ -179,7 +178,7 @@ def test_graph_edges_and_parameter_sync():
 
 def test_gradient_syncs_sum_each_device_set_once_and_batch_norm_exchanges_its_statistics():
     from tensoropt.plan import Plan
-    from tensoropt.reshard import gradient_syncs, stat_sync, synced_parameters
+    from tensoropt.planmodel.reshard import gradient_syncs, stat_sync, synced_parameters
 
     act = TensorMeta((4, 8, 3, 3), "float32", 0, 1)
     split = SplitDims(batch=0, channel=1)
@@ -222,10 +221,10 @@ def test_a_weight_tied_between_two_ops_split_along_their_channels_is_held_whole_
     # GPT-2's tied embedding / output layer: the embedding's channel split cuts the weight's
     # columns, the linear's its rows — no device holds one piece of both, so the executors keep
     # the weight whole and sum its gradient; the same op twice cuts it one way (ALBERT's layers)
-    from tensoropt.costs import CostModel, NodeCost, ShardCost
-    from tensoropt.costs.walk import plan_memory
+    from tensoropt.measure import CostModel, NodeCost, ShardCost
+    from tensoropt.planmodel.walk import plan_memory
     from tensoropt.plan import Plan
-    from tensoropt.reshard import gradient_syncs, synced_parameters
+    from tensoropt.planmodel.reshard import gradient_syncs, synced_parameters
 
     ids, hid, logits = (TensorMeta((4, 16), "int64", 0, None), TensorMeta((4, 16, 8), "float32", 0, 2),
                         TensorMeta((4, 16, 32), "float32", 0, 2))
@@ -268,11 +267,11 @@ def test_a_metadata_assert_or_size_query_reads_nothing():
     # the executors never run a node without a tensor output (torch.export's
     # _assert_tensor_metadata, sym_size): an edge into one moves nothing, where a real reader
     # of the same split tensor, run whole, gathers it
-    from tensoropt.costs.walk import plan_memory
+    from tensoropt.planmodel.walk import plan_memory
     from tensoropt.plan import Plan
-    from tensoropt.reshard import reads_nothing
-    from tensoropt.simulate import simulate
-    from tensoropt.costs import CostModel, NodeCost
+    from tensoropt.planmodel.reshard import reads_nothing
+    from tensoropt.planmodel.simulate import simulate
+    from tensoropt.measure import CostModel, NodeCost
 
     x = TensorMeta((8, 4), "float32", 0, 1)
     nodes = [OpNode("x", "input", kind="input", outputs=(x,)),
@@ -291,7 +290,7 @@ def test_a_metadata_assert_or_size_query_reads_nothing():
     gathered = edge_reshard(g, "relu", "sum", split, C(AB, "R"), c)
     assert gathered.time_s == pytest.approx(allgather_time(c, AB, x.nbytes)) and gathered.recv_bytes
     # in a plan: the assert read first does not hide the sum's all-gather
-    from tensoropt.costs import ShardCost
+    from tensoropt.measure import ShardCost
     half = {("batch", 2): ShardCost(5e-4, 5e-4, x.nbytes // 2, x.nbytes // 2, 0)}
     costs = CostModel({n: NodeCost(n, g.nodes[n].op, 1e-3, 1e-3, "measured", output_bytes=x.nbytes,
                                    shards=half if n == "relu" else {})

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from .cluster.units import parse_size
-from .errors import TensorOptError
+from ..cluster.units import parse_size
+from ..errors import TensorOptError
 
 __all__ = ["usable_bytes", "fits", "over_by", "check_budget_value"]
 

@@ -9,9 +9,9 @@ import pytest
 import tensoropt
 from tensoropt.cluster import load_cluster
 from tensoropt.errors import ClusterSpecError, ProfileError, TensorOptError
-from tensoropt.frontier import (BudgetError, Frontier, default_resolution, kernels, min_scalarized,
+from tensoropt.frontier import (BudgetError, Frontier, default_resolution, point_sets, min_scalarized,
                                 track_frontier)
-from tensoropt.frontier.api import CSV_COLUMNS
+from tensoropt.frontier.track import CSV_COLUMNS
 from tensoropt.plan import Plan
 
 TITAN = load_cluster("preset:titan-rtx-5")
@@ -46,7 +46,7 @@ def brute(mp):
         mem += e.mem[a, b]
         tim += e.time[a, b]
     mem += tr
-    idx = kernels.reduce(mem, tim)
+    idx = point_sets.reduce(mem, tim)
     return mem[idx], tim[idx]
 
 
@@ -91,7 +91,7 @@ def test_every_point_costs_what_the_simulator_says(default, cnn):
 def candidates_frontier(r):
     """The search's own frontier among a mesh's candidates: (estimate, time) reduced."""
     est, tim = r.candidate_costs[:, 0], r.candidate_costs[:, 2]
-    idx = kernels.reduce(est, tim)
+    idx = point_sets.reduce(est, tim)
     return est[idx], tim[idx]
 
 
@@ -103,7 +103,7 @@ def test_tau_runs_give_the_exact_frontier_of_sum_plus_max(exact):
         np.testing.assert_array_equal(cm, bm)
         np.testing.assert_allclose(ct, bt, rtol=1e-12)
     # the union across meshes is the reduce of the meshes' frontiers (by walked peak)
-    um, ut, _, _ = kernels.union([(r.mem, r.time) for r in exact.meshes])
+    um, ut, _, _ = point_sets.union([(r.mem, r.time) for r in exact.meshes])
     assert [p.memory_bytes for p in exact] == um.tolist()
     np.testing.assert_array_equal([p.time_s for p in exact], ut)
 

@@ -20,12 +20,13 @@ from torch import nn
 import tensoropt
 from tensoropt import OpGraph
 from tensoropt.capture import precision_context
-from tensoropt.costs import measure_step, profile, step_memory
-from tensoropt.costs.profiler import check_precision
+from tensoropt.measure import measure_step, profile
+from tensoropt.planmodel import step_memory
+from tensoropt.measure.profiler import check_precision
 from tensoropt.errors import GraphFormatError, ModelSpecError, ProfileError, TensorOptError
 from conftest import SmallCNN, run_cli
 
-B, IN, H, OUT = 512, 64, 256, 10     # the MLP of tests/costs/test_step.py
+B, IN, H, OUT = 512, 64, 256, 10     # the MLP of tests/measure/test_step.py
 N_PARAMS = IN * H + H + H * H + H + H * OUT + OUT
 
 
@@ -151,7 +152,7 @@ def test_a_profile_of_another_precision_is_refused_naming_both(mlp_graphs, tmp_p
 
 @pytest.mark.parametrize("make", [mlp, cnn], ids=["mlp", "cnn"])
 def test_the_walked_bf16_peak_is_within_5_percent_of_a_measured_bf16_step(make):
-    # the tolerance of tests/costs/test_memory.py's fp32 comparison
+    # the tolerance of tests/planmodel/test_memory.py's fp32 comparison
     model, inputs = make()
     graph = tensoropt.capture(model, inputs, precision="bf16")
     costs = profile(graph, shard_degrees=(1,), repeats=1)

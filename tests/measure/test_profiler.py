@@ -1,5 +1,5 @@
 """tensoropt.profile: every op measured alone, forward and backward, at every shard shape (the
-isolated figures: ``in_sequence=False``; the in-sequence ones are tests/costs/test_sequence.py)."""
+isolated figures: ``in_sequence=False``; the in-sequence ones are tests/measure/test_sequence.py)."""
 
 import json
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tensoropt
-from tensoropt.costs import CostModel, profile
+from tensoropt.measure import CostModel, profile
 from tensoropt.errors import GraphFormatError, ProfileError
 
 
@@ -103,7 +103,7 @@ def test_a_shard_backward_computes_every_gradient_training_does(small_cnn, monke
     # a weight cut for a shard is a plain tensor, not a Parameter: its backward must still
     # compute the weight gradient (the partial-sum shard of a conv was once timed with the
     # input gradient only: half its backward, on every plan that cuts the input channels)
-    from tensoropt.costs import profiler
+    from tensoropt.measure import profiler
 
     calls = []
     real = profiler._measure_call
@@ -217,7 +217,7 @@ def test_profiling_leaves_the_model_untouched(small_cnn):
 
 
 def test_roofline_estimate_uses_flops_and_bandwidth():
-    from tensoropt.costs.profiler import _roofline
+    from tensoropt.measure.profiler import _roofline
 
     x, w = torch.randn(64, 128), torch.randn(256, 128)
     m = _roofline(torch.ops.aten.linear.default, (x, w), {}, [True, True], {"peak_flops": 1e9, "memory_Bps": 1e12})
@@ -228,7 +228,7 @@ def test_roofline_estimate_uses_flops_and_bandwidth():
 
 
 def test_a_busy_machine_is_reported():
-    from tensoropt.costs.profiler import busy_warning
+    from tensoropt.measure.profiler import busy_warning
 
     quiet = CostModel({}, graph_fingerprint="0" * 64, settings={"load_average": [1.1, 1.3], "cpu_count": 2})
     busy = CostModel({}, graph_fingerprint="0" * 64, settings={"load_average": [1.0, 4.2], "cpu_count": 2})

@@ -11,7 +11,7 @@ from conftest import SmallCNN
 from tensoropt.cluster import Cluster, Device, LinkModel, load_cluster
 from tensoropt.compare import compare
 from tensoropt.errors import TensorOptError
-from tensoropt.fits import check_budget_value, fits, over_by, usable_bytes
+from tensoropt.planmodel.fits import check_budget_value, fits, over_by, usable_bytes
 from tensoropt.frontier import BudgetError, track_frontier
 
 GiB = 2**30

@@ -9,11 +9,12 @@ from conftest import SmallCNN
 
 import tensoropt
 from tensoropt.cluster import Cluster, Device, LinkModel, ring_allreduce_time
-from tensoropt.costs import CostModel, NodeCost, ShardCost, step_memory
+from tensoropt.measure import CostModel, NodeCost, ShardCost
+from tensoropt.planmodel import step_memory
 from tensoropt.graph import OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
 from tensoropt.plan import NodeConfig, Plan, PlanError
-from tensoropt.reshard import synced_parameters
-from tensoropt.simulate import SimResult, plan_memory, simulate
+from tensoropt.planmodel.reshard import synced_parameters
+from tensoropt.planmodel.simulate import SimResult, plan_memory, simulate
 
 # every link: 0.5 s + bytes / (1000 B/s): 1000 bytes take exactly 1.5 s; all numbers below are exact in binary
 LINK = LinkModel(0.5, 1000.0)

@@ -8,7 +8,7 @@ Every device walks its own program (its forward in plan order, its backward in r
   device runs: whole under ``R`` / ``batch``, ``1/degree`` (rounded up) under ``channel`` /
   ``reduce``; gradients appear at the first backward that computes them
   (a second user's contribution is accumulated out of place: 2 × the parameter transiently);
-  gradients the executors sum across devices (:func:`~tensoropt.reshard.synced_parameters`) live
+  gradients the executors sum across devices (:func:`~tensoropt.planmodel.reshard.synced_parameters`) live
   in one flat buffer for the whole step (the distributed backend keeps it between steps, as
   DDP's buckets), each contribution computed apart and then copied or added in (1 × the
   parameter transiently; a contribution of a piece — the parameter held whole, this reader
@@ -45,11 +45,12 @@ from typing import Any, Mapping
 
 from ..graph import OpGraph, OpNode
 from ..plan import NodeConfig, Plan, PlanError
-from ..reshard import (Reshard, edge_reshard, output_layout, piece_bytes, read_layout, reads_nothing,
-                       synced_parameters)
-from .memory import StepMemory, aliases_input, grad_nodes, optimizer_alpha, optimizer_temp_bytes
-from .model import CostModel, ShardCost
-from .memory import DEFAULT_OPTIMIZER
+from .reshard import Reshard, edge_reshard, output_layout, piece_bytes, read_layout, reads_nothing, synced_parameters
+from .memory import StepMemory, aliases_input
+from ..graph import grad_nodes
+from ..optimizers import optimizer_alpha, optimizer_temp_bytes
+from ..measure.costmodel import CostModel, ShardCost
+from ..optimizers import DEFAULT_OPTIMIZER
 
 # ---- edges: one reshard per (producer, consumer mesh, read layout[, gradient layout]) ---------------
 
@@ -73,7 +74,7 @@ class PlanEdges:
 def plan_edges(plan: Plan, graph: OpGraph, cluster: Any,
                reshards: dict[tuple, Reshard] | None = None) -> PlanEdges:
     """Every reshard of ``plan`` (forward and backward keys) and the batch each device holds.
-    ``reshards``: a cache of :func:`~tensoropt.reshard.edge_reshard` by (producer, consumer,
+    ``reshards``: a cache of :func:`~tensoropt.planmodel.reshard.edge_reshard` by (producer, consumer,
     their configurations), shared by the walks of many plans of one graph and cluster.  O(E)."""
     e = PlanEdges()
     for name in plan.order:

@@ -3,21 +3,21 @@ on a cluster, as :class:`Frontier` — a list of points, each a :class:`~tensoro
 
 How
 ---
-1. **Meshes**: ``meshes`` as given, else :func:`~.build.candidate_meshes` (1, 2, 4, … and all of
+1. **Meshes**: ``meshes`` as given, else :func:`~.graph_problem.candidate_meshes` (1, 2, 4, … and all of
    the devices chosen, link-aware).
-2. **Per mesh**, the problem of :func:`~.build.build_problem`: every op node's configurations with
+2. **Per mesh**, the problem of :func:`~.graph_problem.build_problem`: every op node's configurations with
    (resident bytes, seconds), every edge's reshard (persisting received bytes, seconds).
 3. **Search by an additive estimate.**  Frontier tracking needs costs that add up over nodes and
    edges; the search's per-device memory estimate is ``Σ resident + max transient`` (the transient
    part — a node's output, input gradients, workspace, recomputed tensors — is live only while
    the node runs), handled exactly by **τ runs**: for each level ``τ`` among the transient values
-   a plan's maximum can take (:meth:`~.build.MeshProblem.transient_levels`), frontier tracking
-   (:func:`~.ft.track`) runs on the problem with every configuration of transient ``> τ`` made
+   a plan's maximum can take (:meth:`~.graph_problem.MeshProblem.transient_levels`), frontier tracking
+   (:func:`~.algorithm.track`) runs on the problem with every configuration of transient ``> τ`` made
    infeasible, and ``τ`` is added to its points' memory.  When there are more than
    ``max_levels`` levels, ``max_levels`` of them are used (evenly spaced, always including the
    largest) and the notes say so.
 4. **Price by the walk.**  Every point of every τ run is a candidate; each candidate's memory is
-   the **per-device peak of its schedule** — the memory walk of :func:`~tensoropt.costs.walk.plan_memory`,
+   the **per-device peak of its schedule** — the memory walk of :func:`~tensoropt.planmodel.walk.plan_memory`,
    the figure :func:`~tensoropt.simulate` reports for the same plan — and the mesh's frontier is
    the Pareto set of the walked plans by (walked peak, time).  The estimate only chooses the
    candidates, and it can rank plans wrongly (it counts every gradient beside every activation,
@@ -29,12 +29,12 @@ How
    brute-force test, ``tests/frontier/test_peak.py``, on 100 instances); on large ones it is a
    local search — the notes give the estimate's error on the walked plans, and
    ``FrontierPoint.search_estimate_bytes`` keeps it per point.
-6. **Union across meshes** (:func:`~.kernels.union`, ties to the mesh with fewer devices): memory
+6. **Union across meshes** (:func:`~.point_sets.union`, ties to the mesh with fewer devices): memory
    ascending, time strictly decreasing.  Point ``i`` becomes plan ``p{i:03d}-{k}dev``.
 
 Resolution
 ----------
-Memory is compared in buckets of ``resolution`` bytes at every reduce (:mod:`.kernels`): within
+Memory is compared in buckets of ``resolution`` bytes at every reduce (:mod:`.point_sets`): within
 a bucket only the fastest plan is kept, so a frontier has at most ``range / resolution + 1``
 points.  Default: ``min(smallest memory of the devices used, the most memory any plan of the
 model can need) / 1000`` (the latter bound: Σ over nodes of the largest resident + Σ over edges of
@@ -59,14 +59,16 @@ import numpy as np
 
 from .._io import write_atomic
 from ..describe import fmt_bytes
-from ..costs.memory import DEFAULT_OPTIMIZER, StepMemory, grad_nodes, optimizer_alpha
-from ..costs.walk import plan_edges, walk
+from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
+from ..planmodel.memory import StepMemory
+from ..graph import grad_nodes
+from ..planmodel.walk import plan_edges, walk
 from ..errors import ClusterSpecError, TensorOptError
-from ..fits import check_budget_value, fits, over_by
+from ..planmodel.fits import check_budget_value, fits, over_by
 from ..plan import Estimate, Plan
-from . import kernels
-from .build import MeshProblem, build_problem, candidate_meshes
-from .ft import track
+from . import point_sets
+from .graph_problem import MeshProblem, build_problem, candidate_meshes
+from .algorithm import track
 
 __all__ = ["track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "CSV_COLUMNS",
            "default_resolution", "RESOLUTION_FRACTION", "DEFAULT_MAX_LEVELS", "check_devices"]
@@ -109,7 +111,7 @@ class FrontierPoint:
     ``parts``: that device's peak split into parameters, gradients, optimizer, activations,
     transient and reserve (:meth:`~tensoropt.costs.StepMemory.parts`); ``search_estimate_bytes``:
     the search's additive estimate, kept to show its error; ``fits_budget``:
-    :func:`tensoropt.fits.fits` under the frontier's budget and reserve; ``assignment``:
+    :func:`tensoropt.planmodel.fits.fits` under the frontier's budget and reserve; ``assignment``:
     configuration index per op node in its mesh's problem (``Frontier.meshes``)."""
 
     plan_id: str
@@ -220,7 +222,7 @@ class Frontier:
         return self.points[0]
 
     def fits(self, point: FrontierPoint, budget: int | float | None = None, reserve: int | None = None) -> bool:
-        """Whether ``point`` fits: :func:`tensoropt.fits.fits` of its per-device peaks on this
+        """Whether ``point`` fits: :func:`tensoropt.planmodel.fits.fits` of its per-device peaks on this
         frontier's cluster, under ``budget`` (bytes per device; default: none, each device's
         capacity) with ``reserve`` (default: the frontier's).  Without a cluster (a frontier built
         by hand), only the budget is checked."""
@@ -406,7 +408,7 @@ def _thin(levels: np.ndarray, k: int) -> np.ndarray:
 
 
 class _Walker:
-    """Walks plans of one mesh problem (:func:`~tensoropt.costs.walk.walk`, the simulator's memory)
+    """Walks plans of one mesh problem (:func:`~tensoropt.planmodel.walk.walk`, the simulator's memory)
     and keeps every plan walked: assignment → (per-device walk, the search's estimate, time)."""
 
     def __init__(self, mp: MeshProblem, graph: Any, costs: Any, cluster: Any):
@@ -442,7 +444,7 @@ class _Walker:
         keys = list(self.walked)
         mem = np.array([self.peak(k) for k in keys], dtype=np.float64)
         tim = np.array([self.walked[k][2] for k in keys], dtype=np.float64)
-        keep, merged = kernels.reduce(mem, tim, resolution, backend=backend, return_merged=True)
+        keep, merged = point_sets.reduce(mem, tim, resolution, backend=backend, return_merged=True)
         return [keys[int(i)] for i in keep], int(merged)
 
     def polish(self, resolution: float, backend: str | None, max_walks: int) -> bool:
@@ -524,16 +526,16 @@ def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Seq
 
     ``costs``: the graph's :class:`~tensoropt.costs.CostModel` (checked first: another graph's
     profile is refused).  ``meshes``: device groups (ordered, ring order) to try, each a sequence
-    of names or a ``"gpu0,gpu1"`` string; default :func:`~.build.candidate_meshes` over
+    of names or a ``"gpu0,gpu1"`` string; default :func:`~.graph_problem.candidate_meshes` over
     ``devices`` (default: every device of the cluster).  ``budget``: bytes per device (or a size
     such as ``"16GiB"``) and ``reserve`` (bytes the framework keeps on each device): a point
     fits when every device's peak is within ``min(its memory, budget) − reserve``
-    (:func:`tensoropt.fits.fits`); a budget below every point raises :class:`BudgetError` (with
+    (:func:`tensoropt.planmodel.fits.fits`); a budget below every point raises :class:`BudgetError` (with
     the smallest memory and the fewest devices reaching it).
     ``resolution``: bytes (0 = exact; default: see the module docstring).  ``optimizer``:
     ``adamw`` (default) / ``adam`` / ``momentum`` / ``sgd`` or α (state bytes per parameter byte).
     ``max_levels``: τ runs per mesh before levels are thinned; ``max_branches``:
-    :func:`~.ft.track`'s; ``max_walks``: plans walked per mesh before the polish stops.
+    :func:`~.algorithm.track`'s; ``max_walks``: plans walked per mesh before the polish stops.
     ``progress``: called with a short message as work proceeds.
     """
     t0 = _time.perf_counter()
@@ -561,13 +563,13 @@ def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Seq
         res_rule = (f"default: {RESOLUTION_FRACTION:g} × min(smallest device memory, largest memory a plan can "
                     f"need)")
     else:
-        res = kernels._resolution(resolution)
+        res = point_sets._resolution(resolution)
         res_rule = "given"
     results = [_track_mesh(mp, graph, costs, cluster, res, int(max_levels), max_branches, backend, int(max_walks),
                            report) for mp in problems]
 
     report("union across meshes")
-    _, _, which, idx, m_union = kernels.union([(r.mem, r.time) for r in results], res, backend=backend,
+    _, _, which, idx, m_union = point_sets.union([(r.mem, r.time) for r in results], res, backend=backend,
                                              return_merged=True)
     merged = sum(r.merged_by_resolution for r in results) + m_union
     points = []

@@ -2,7 +2,7 @@
 
 import torch
 
-from tensoropt.costs.shards import TensorArg, shard_args, shard_size
+from tensoropt.measure.shards import TensorArg, shard_args, shard_size
 from tensoropt.graph import TensorMeta
 
 aten = torch.ops.aten

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 import tensoropt
-from tensoropt.costs import (measure_step, node_memory, optimizer_alpha, optimizer_temp_bytes, profile,
-                             step_memory)
-from tensoropt.costs.memory import keeps_input, output_kept
+from tensoropt.measure import measure_step, profile
+from tensoropt.planmodel import node_memory, step_memory
+from tensoropt.optimizers import optimizer_alpha, optimizer_temp_bytes
+from tensoropt.planmodel.memory import keeps_input, output_kept
 from tensoropt.errors import ProfileError
 
 

@@ -12,7 +12,7 @@ simulator see the in-sequence figures.
 
 :func:`time_in_sequence` runs the captured graph forward (an :class:`torch.fx.Interpreter`
 that times each operator call) and backward (one ``torch.autograd.backward`` of
-:func:`~tensoropt.costs.step.training_loss`, every autograd node a node created timed by a pre-
+:func:`~tensoropt.measure.step.training_loss`, every autograd node a node created timed by a pre-
 and a post-hook), ``warmup + repeats`` steps, and returns each node's median forward and backward
 seconds; the loss's own work, forward (a pass over every output) and backward (the
 output-sized gradient it seeds), counts for the node whose output it reads.  At a smaller
@@ -56,7 +56,7 @@ from ..capture.precision import precision_context
 from ..errors import ProfileError
 from ..graph import OpGraph
 from .feed import module_on, placeholder_values
-from .model import NodeCost
+from .costmodel import NodeCost
 
 #: what a run measures, in cache keys: 2 = the passes timed as wholes, 3 = the loss's forward
 #: charged to the output's producer, 4 = gradients set to None between steps and the rate of copying
@@ -339,7 +339,7 @@ def training_feed(graph: OpGraph, module: fx.GraphModule, dev: torch.device, inp
 
 
 def _timed_loss(outputs: Any, owner: Mapping[Any, str], clock: _Clock) -> tuple[torch.Tensor, list[tuple[str, Any, Any]]]:
-    """:func:`~tensoropt.costs.step.training_loss` of ``outputs``, each output's term (its mean:
+    """:func:`~tensoropt.measure.step.training_loss` of ``outputs``, each output's term (its mean:
     a pass over the whole output) stamped and charged to the node that produced the output —
     the forward half of what :func:`_claim_loss` does for the backward."""
     from .step import loss_term, training_loss

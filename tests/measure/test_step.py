@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import tensoropt.zoo
-from tensoropt.costs.step import StepMeasurement, measure_step, training_loss
+from tensoropt.measure.step import StepMeasurement, measure_step, training_loss
 from tensoropt.errors import ProfileError, TensorOptError
 
 BATCH, IN, HIDDEN, OUT = 512, 64, 256, 10

@@ -1,7 +1,7 @@
 """The search problem of one graph on one mesh: configurations from the cost model, edge costs
 from the resharding collectives, candidate meshes from the cluster's links.  Its memory is
 TensorOpt's additive estimate, which frontier tracking can optimise; the memory a frontier point
-reports is its plan's walked peak (:mod:`.api`), and the estimate only chooses which plans are
+reports is its plan's walked peak (:mod:`.track`), and the estimate only chooses which plans are
 walked.
 
 Configurations
@@ -27,12 +27,12 @@ Costs of a node configuration (per device; within one mesh every device holds th
 - **time** = ``(fp + bp [+ fp again when recomputed])`` of one shard (:meth:`NodeCost.at`; ``R``
   with ``k > 1`` runs the full op on every device) divided by the slowest mesh device's
   ``speed`` (the mesh runs the node in lockstep), + its share of the gradient all-reduce of
-  parameters replicated over the mesh (:func:`~tensoropt.reshard.param_sync`, bucketed: the
+  parameters replicated over the mesh (:func:`~tensoropt.planmodel.reshard.param_sync`, bucketed: the
   bytes' time — the executors sum all of a mesh's gradients in one all-reduce, whose few
   latencies the simulator counts and this sum leaves out) and the copy of those gradients into
   the executors' flat buffer (:meth:`~tensoropt.costs.CostModel.grad_copy_s`; once more, the whole
   weight, for a piece of a weight another node also reads: the cut's backward pads it), + a batch-split batch
-  norm's statistics exchange, forward and backward (:func:`~tensoropt.reshard.stat_sync`), + for
+  norm's statistics exchange, forward and backward (:func:`~tensoropt.planmodel.reshard.stat_sync`), + for
   a model output written as partial sums (``reduce``) the all-reduce that adds them up before
   the loss — the same rules the simulator applies.
 - **resident memory** (what adds up over nodes) =
@@ -48,20 +48,20 @@ Costs of a node configuration (per device; within one mesh every device holds th
   weight another node also reads, the whole weight's size — the cut's backward pads the piece's
   gradient to the whole where the weight is held whole —, as the simulator's walk): live only
   while the node runs, so
-  it does **not** add up: the peak is ``Σ resident + max transient`` (see :mod:`.api` for how the
+  it does **not** add up: the peak is ``Σ resident + max transient`` (see :mod:`.track` for how the
   max is handled exactly: τ runs).
 
 Costs of an edge ``producer → consumer`` between two op nodes
 -------------------------------------------------------------
-- **time** = :func:`~tensoropt.reshard.edge_reshard` ``.time_s`` + ``.backward_time_s`` (the
+- **time** = :func:`~tensoropt.planmodel.reshard.edge_reshard` ``.time_s`` + ``.backward_time_s`` (the
   backward only where a gradient flows along the edge, as in the simulator); within one mesh only
   the layouts differ.
 - **memory**, when the consumer keeps that input until its backward (it saves it, it
   recomputes — a recomputed node needs its inputs again —, or it is a view of it that is kept:
-  :func:`~tensoropt.costs.memory.keeps_input`): the bytes each consumer device receives
+  :func:`~tensoropt.planmodel.memory.keeps_input`): the bytes each consumer device receives
   (``Reshard.recv_bytes``), or — when nothing is received (the consumer reads the producer's own
   shard) — the producer's output shard if the producer's node memory does not already count it
-  (the producer recomputes, or nothing keeps it: :func:`~tensoropt.costs.memory.output_kept`); else 0 (a
+  (the producer recomputes, or nothing keeps it: :func:`~tensoropt.planmodel.memory.output_kept`); else 0 (a
   received copy only read in forward is freed right after: transient, not counted).  A producer
   output kept for several consumers is counted once per such edge (an over-estimate), and so is
   the producer's own copy when the consumer keeps a received one instead.
@@ -77,7 +77,7 @@ non-saved forward temporaries alive beside the transient of the running node.
 Tied parameters (owned by one node, read by others, e.g. GPT-2's ``wte`` read by the LM head): a
 device holds the larger of the owner's and the reader's piece — the whole parameter where both
 cut it but not the same way (the embedding's columns, the LM head's rows), whose gradient is
-then also summed whole (:func:`~tensoropt.reshard.param_cut`) — a pairwise cost carried by a
+then also summed whole (:func:`~tensoropt.planmodel.reshard.param_cut`) — a pairwise cost carried by a
 *tie edge* owner–reader whose memory is the parameter + gradient + optimizer bytes held beyond
 the owner's piece and whose time is that sum (exact for one reader; with several readers the
 extras add up, an over-estimate).  In backward every user of a trainable parameter but the last
@@ -107,14 +107,15 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..costs.memory import grad_nodes, keeps_input, node_memory, optimizer_alpha, output_kept
+from ..graph import grad_nodes
+from ..planmodel.memory import keeps_input, node_memory, output_kept
+from ..optimizers import optimizer_alpha
 from ..errors import ClusterSpecError, TensorOptError
 from ..plan import NodeConfig
-from ..reshard import (P, edge_reshard, output_layout, param_cut, param_sync, piece_bytes, read_layout,
-                       stat_sync)
+from ..planmodel.reshard import (P, edge_reshard, output_layout, param_cut, param_sync, piece_bytes, read_layout, stat_sync)
 from ..cluster.collectives import ring_allreduce_bytes_time, ring_allreduce_time
 from .problem import EdgeCosts, NodeCosts, Problem
-from ..costs.memory import DEFAULT_OPTIMIZER
+from ..optimizers import DEFAULT_OPTIMIZER
 
 __all__ = ["REFERENCE_BYTES", "EXACT_MESH_LIMIT", "LAYOUT_ORDER", "candidate_meshes", "ring_bottleneck",
            "node_configs", "MeshProblem", "build_problem", "default_sizes"]

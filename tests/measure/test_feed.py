@@ -3,7 +3,7 @@
 import torch
 
 import tensoropt
-from tensoropt.costs.feed import devices_named, module_on, placeholder_values
+from tensoropt.measure.feed import devices_named, module_on, placeholder_values
 
 
 def test_a_module_captured_on_the_cpu_runs_on_another_device():

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensoropt.frontier import kernels as K
-from tensoropt.frontier.kernels import batched_product, bucket_key, is_frontier, product, reduce, union
+from tensoropt.frontier import point_sets as K
+from tensoropt.frontier.point_sets import batched_product, bucket_key, is_frontier, product, reduce, union
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

@@ -84,9 +84,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
-from .cluster.collectives import (all_to_all_time, allgather_time, reduce_scatter_time, ring_allreduce_bytes_time,
-                                  ring_allreduce_time)
-from .plan import NodeConfig
+from ..cluster.collectives import (all_to_all_time, allgather_time, reduce_scatter_time, ring_allreduce_bytes_time, ring_allreduce_time)
+from ..plan import NodeConfig
 
 R, SB, SC, P = "R", "S(batch)", "S(channel)", "P"
 TENSOR_LAYOUTS = (R, SB, SC, P)

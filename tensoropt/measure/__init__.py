@@ -1,0 +1,24 @@
+"""Measuring: what every operator of a graph costs on the device at hand, and what a real
+training step costs (the ground truth the plan model is checked against).
+
+This package measures and records; it does not model plans (that is :mod:`tensoropt.planmodel`,
+which reads what is measured here, never the other way round).
+
+- :func:`profile` (:mod:`.profiler`): run every operator alone, forward and backward, at every
+  shard shape; cached; roofline estimates where an op cannot run alone; then (default) the
+  times each operator takes inside whole training steps (:mod:`.sequence`).
+- :class:`CostModel` / :class:`NodeCost` / :class:`ShardCost` (:mod:`.costmodel`): the profile as
+  a JSON value tied to the graph's fingerprint.
+- :func:`measure_step` (:mod:`.step`): a real training step's time and memory.
+
+Example::
+
+    >>> costs = profile(graph, shard_degrees=(1, 2), repeats=3)   # doctest: +SKIP
+    >>> costs.save("profile.json")                                 # doctest: +SKIP
+"""
+
+from .costmodel import CostModel, NodeCost, ShardCost
+from .profiler import profile
+from .step import StepMeasurement, measure_step, training_loss
+
+__all__ = ["CostModel", "NodeCost", "ShardCost", "StepMeasurement", "measure_step", "profile", "training_loss"]
