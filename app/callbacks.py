@@ -24,9 +24,12 @@ from tensoropt.describe import fmt_bytes
 from tensoropt.errors import TensorOptError
 from tensoropt.planmodel.fits import fits
 
+from tensoropt.workflow import read_cluster
+
 from . import figures
 from .layout import zoo_default_params, zoo_spec
-from .pipeline import DETECTED, Request, ResultStore, load_request_cluster, run_request
+
+from .pipeline import DETECTED, Request, ResultStore, run_request
 from .uploads import accept_upload
 
 
@@ -158,7 +161,7 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
                   prevent_initial_call="initial_duplicate")
     def _devices(source: str, preset: str, uploaded: str | None) -> tuple:
         try:
-            cluster = load_request_cluster(cluster_spec(source, preset, uploaded))
+            cluster = read_cluster(cluster_spec(source, preset, uploaded))
         except Exception as e:  # noqa: BLE001
             return [], [], _explain(e)
         opts = [{"label": f"{d.name} ({fmt_bytes(d.memory_bytes)})", "value": d.name}
@@ -193,7 +196,7 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
             cluster = cluster_spec(csource, preset, cpath)
             if not devices:
                 # the device list is filled from the cluster after the page loads: all of them
-                devices = list(load_request_cluster(cluster).names)
+                devices = list(read_cluster(cluster).names)
             req = Request(model=model_spec(source, zoo_name, zoo_params, spec, onnx_path), cluster=cluster,
                           batch=int(batch) if batch not in (None, "") else None, devices=tuple(devices),
                           optimizer=optimizer or DEFAULT_OPTIMIZER, profile=profile_path,
@@ -201,8 +204,8 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
 
             partial: list[str | None] = [None]
 
-            def progress(done: int, total: int, msg: str) -> None:
-                set_progress((str(done), str(max(total, 1)), msg, partial[0]))
+            def progress(stage: str, done: int, total: int, msg: str) -> None:
+                set_progress((str(done), str(max(total, 1)), msg if stage == "done" else f"{stage}: {msg}", partial[0]))
 
             def frontier_ready(key: str) -> None:
                 partial[0] = key

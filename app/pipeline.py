@@ -26,33 +26,36 @@ Folder layout (``<cache_dir>/results/<key>/``)::
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
 import tempfile
-import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from tensoropt.optimizers import DEFAULT_OPTIMIZER
+from tensoropt import workflow
 from tensoropt._io import write_json_atomic
+from tensoropt.cluster import Cluster
+from tensoropt.compare import CompareRow
 from tensoropt.errors import TensorOptError
-
-if TYPE_CHECKING:
-    from tensoropt import Cluster, Plan, SimResult
-    from tensoropt.compare import CompareRow
+from tensoropt.graph import OpGraph
+from tensoropt.measure import CostModel
+from tensoropt.optimizers import DEFAULT_OPTIMIZER
+from tensoropt.plan import Plan
+from tensoropt.planmodel.simulate import SimResult, simulate
+from tensoropt.workflow import DETECTED
 
 #: the built-in default: the README's main command (a zoo model on a preset cluster, no GPU needed)
 DEFAULT_MODEL = "zoo:gpt2?layers=2&batch=2&seq_len=128"
 DEFAULT_CLUSTER = "preset:titan-rtx-5"
-#: the cluster source that means "this machine's GPUs, through NVML"
-DETECTED = "detected"
-#: 2: frontier CSV with per-device peaks and their parts; baselines with per-device peaks
-RESULT_VERSION = 2
-
-Progress = Callable[[int, int, str], None]
+#: 2: frontier CSV with per-device peaks and their parts; baselines with per-device peaks;
+#: 3: the request is the workflow's (precision, budget, degrees …), profiled at the baselines' degrees too
+RESULT_VERSION = 3
+#: the MILP placers' solver time limit in the dashboard: a page should not wait minutes for them
+MILP_TIME_LIMIT_S = 10.0
 
 
 def default_cache_dir() -> Path:
@@ -66,44 +69,23 @@ def default_cache_dir() -> Path:
 
 
 @dataclass(frozen=True)
-class Request:
-    """What to compute.  ``model``: a model spec (``zoo:NAME?k=v``) or the path of an uploaded
-    ``.onnx`` file; ``cluster``: ``preset:NAME``, :data:`DETECTED`, or the path of an uploaded
-    cluster YAML; ``profile``: the path of an uploaded profile JSON of the model, reused instead
-    of profiling; ``devices``: the devices the meshes may use (``None``: all).  Uploaded paths
-    are named by the SHA-256 of their content, so the key below covers the content too."""
+class Request(workflow.Request):
+    """The dashboard's :class:`tensoropt.workflow.Request`: the page's defaults (the built-in
+    model and cluster, every baseline placer, the MILPs limited to :data:`MILP_TIME_LIMIT_S`), and
+    a :attr:`key` naming its result folder.  ``model`` may be the path of an uploaded ``.onnx``
+    file, ``cluster`` :data:`DETECTED` or an uploaded cluster file, ``profile`` an uploaded
+    profile; uploaded paths are named by the SHA-256 of their content, so the key covers the
+    content too."""
 
     model: str = DEFAULT_MODEL
     cluster: str = DEFAULT_CLUSTER
-    batch: int | None = None
-    devices: tuple[str, ...] | None = None
-    optimizer: str = DEFAULT_OPTIMIZER
-    profile: str | None = None
-    repeats: int = 5
-    warmup: int = 1
     algos: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if self.batch is not None and (isinstance(self.batch, bool) or int(self.batch) != self.batch or self.batch < 1):
-            raise TensorOptError(f"batch size must be a positive integer, got {self.batch!r}")
-        if self.repeats < 1 or self.warmup < 0:
-            raise TensorOptError("profiling repeats must be ≥ 1 and warm-up calls ≥ 0")
-        if self.devices is not None and not self.devices:
-            raise TensorOptError("choose at least one device")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["devices"] = list(self.devices) if self.devices is not None else None
-        d["algos"] = list(self.algos) if self.algos is not None else None
-        return d
+    time_limit: float | None = MILP_TIME_LIMIT_S
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Request:
-        d = dict(d)
-        for k in ("devices", "algos"):
-            if d.get(k) is not None:
-                d[k] = tuple(d[k])
-        return cls(**d)
+        base = workflow.Request.from_dict(d)
+        return cls(**{f.name: getattr(base, f.name) for f in fields(base)})
 
     @property
     def key(self) -> str:
@@ -112,22 +94,13 @@ class Request:
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def load_request_cluster(cluster: str) -> Any:
-    """The :class:`~tensoropt.cluster.Cluster` a request names (preset, detected GPUs or file)."""
-    from tensoropt.cluster import detect_cluster, load_cluster
-
-    if cluster == DETECTED:
-        return detect_cluster()
-    return load_cluster(cluster)
-
-
 @dataclass
 class BaselineRow:
     """One baseline placer's plan, simulated: ``algo``, ``time_s``, ``peak_memory_bytes`` (the
     simulator's largest per-device peak), ``memory_bytes`` (the simulator's peak on each device
-    the plan uses), ``fits`` (:func:`tensoropt.planmodel.fits.fits` of those peaks: every device within its
-    own memory, no budget, no reserve), ``plan_id`` (file under ``plans/``), or ``error`` when the
-    placer could not place the model."""
+    the plan uses), ``fits`` (:func:`tensoropt.planmodel.fits.fits` of those peaks: every device
+    within its own memory, no budget, no reserve), ``plan_id`` (file under ``plans/``), or
+    ``error`` when the placer could not place the model."""
 
     algo: str
     time_s: float | None = None
@@ -147,36 +120,11 @@ def baseline_plan_id(algo: str) -> str:
     return "baseline-" + "".join(c if c.isalnum() else "-" for c in algo)
 
 
-#: the MILP placers' solver time limit in the dashboard: a page should not wait minutes for them
-MILP_TIME_LIMIT_S = 10.0
-
-
-def run_baselines(graph: Any, costs: Any, cluster: Cluster, *, devices: Any, optimizer: str, algos: Any = None,
-                  frontier: Any = None,
-                  progress: Callable[[str], None] | None = None) -> list[tuple[BaselineRow, Plan | None]]:
-    """Every baseline placer (or those in ``algos``) on the same graph, costs and cluster,
-    simulated: ``(row, plan or None)`` per placer, then the frontier's min-time and min-memory
-    points as the simulator sees them when ``frontier`` is given — the rows of
-    ``tensoropt compare`` (:func:`tensoropt.compare.compare`), the MILPs limited to
-    :data:`MILP_TIME_LIMIT_S`.  A placer that fails on bad input gives a row with its message,
-    not an exception."""
-    from tensoropt.compare import compare, solver_options
-    from tensoropt.placers import PLACERS
-
-    names = list(PLACERS) if algos is None else list(algos)
-    rows = compare(graph, costs, cluster, algos=names, devices=devices, optimizer=optimizer,
-                   frontier=frontier if frontier is not None else False,
-                   placer_options=solver_options(names, MILP_TIME_LIMIT_S), progress=progress)
-    return [baseline_row(r) for r in rows]
-
-
 def baseline_row(r: CompareRow) -> tuple[BaselineRow, Plan | None]:
     """One :class:`~tensoropt.compare.CompareRow` as a :class:`BaselineRow` and a copy of its
     plan (``None`` without one) renamed to :func:`baseline_plan_id`: the frontier's rows share
     their plan with a frontier point.  ``memory_bytes``: the simulator's peak on each device of
     the plan; ``fits``: compare's (:func:`tensoropt.planmodel.fits.fits` of those peaks, no budget)."""
-    from tensoropt import Plan
-
     if r.plan is None:
         return BaselineRow(r.algo, r.time_s, r.peak_memory_bytes, r.fits, None, r.error, r.place_s), None
     pid = baseline_plan_id(r.algo)
@@ -185,72 +133,61 @@ def baseline_row(r: CompareRow) -> tuple[BaselineRow, Plan | None]:
     return BaselineRow(r.algo, r.time_s, r.peak_memory_bytes, r.fits, pid, r.error, r.place_s, peaks), plan
 
 
-def run_request(req: Request, store: ResultStore, progress: Progress | None = None,
-                on_frontier: Callable[[str], None] | None = None) -> str:
-    """Compute everything for ``req`` into its folder of ``store`` and return the key; a
-    complete folder is reused as is.  ``progress(done, total, message)`` is called as work
-    proceeds (profiling by node, then tracking and baselines); ``on_frontier(key)`` once the
-    frontier's files are written, before the baselines run (the page shows it then).  Bad input raises
-    :class:`~tensoropt.errors.TensorOptError`; the folder is then left without ``summary.json``
-    (incomplete, recomputed next time), never half-read.
-
-    ``req.algos``: the baseline placers to run (default: all).  Mirrors ``tensoropt frontier``: meshes from :func:`~tensoropt.candidate_meshes` over the
-    chosen devices, the graph profiled at the mesh sizes (or the uploaded profile checked
-    against the graph), :func:`~tensoropt.track_frontier`."""
-    from tensoropt import CostModel, candidate_meshes, load_model, profile, track_frontier
-    from tensoropt.frontier.track import check_devices
-
-    report = progress or (lambda done, total, msg: None)
-    key = req.key
-    if store.complete(key):
-        report(1, 1, "cached result")
-        return key
-    folder = store.folder(key)
-    t0 = time.perf_counter()
-    report(0, 1, "reading the cluster")
-    cluster = load_request_cluster(req.cluster)
-    devices = check_devices(cluster, list(req.devices)) if req.devices is not None else None
-    meshes = candidate_meshes(cluster, devices=devices)
-
-    report(0, 1, f"capturing {req.model}")
-    graph = load_model(req.model, batch=req.batch).capture()
-    if req.profile:
-        costs = CostModel.load(req.profile, graph)
-    else:
-        costs = profile(graph, shard_degrees=sorted({len(m) for m in meshes}), repeats=req.repeats,
-                        warmup=req.warmup, progress=lambda done, total, name: report(done, total, f"profiling {name}"))
-    t_profile = time.perf_counter() - t0
-
-    n_ops = len(graph.ops)
-    report(n_ops, n_ops, "tracking the frontier")
-    frontier = track_frontier(graph, costs, cluster, meshes=meshes, optimizer=req.optimizer,
-                              progress=lambda msg: report(n_ops, n_ops, msg))
+def write_frontier(folder: Path, result: workflow.Exploration) -> dict[str, Any]:
+    """The frontier's files of ``result`` in ``folder`` (module docstring), then
+    ``frontier-summary.json``; returns that summary."""
+    req, graph, cluster, frontier = result.request, result.graph, result.cluster, result.frontier
+    assert frontier is not None   # the dashboard always asks for it
     write_json_atomic(folder / "request.json", req.to_dict())
     graph.save(folder / "graph.json")
-    costs.save(folder / "profile.json")
+    result.costs.save(folder / "profile.json")
     cluster.save(folder / "cluster.yaml")
     frontier.to_csv(folder / "frontier.csv")
     write_json_atomic(folder / "frontier.json", frontier.to_dict())
     frontier.save_plans(folder / "plans")
-    summary = {"key": key, "graph_name": graph.name, "batch_size": graph.batch_size, "ops": n_ops,
-               "cluster_name": cluster.name, "devices": list(devices or cluster.names),
-               "device_memory": {d: cluster.device(d).memory_bytes for d in (devices or cluster.names)},
-               "points": len(frontier), "exact": frontier.exact, "profile_s": t_profile,
-               "tracking_s": frontier.seconds, "total_s": time.perf_counter() - t0, "optimizer": req.optimizer}
+    devices = list(result.devices)
+    summary = {"key": folder.name, "graph_name": graph.name, "batch_size": graph.batch_size, "ops": len(graph.ops),
+               "cluster_name": cluster.name, "devices": devices,
+               "device_memory": {d: cluster.device(d).memory_bytes for d in devices},
+               "degrees": list(result.setup.degrees), "points": len(frontier), "exact": frontier.exact,
+               "profile_s": result.seconds["measure"], "tracking_s": frontier.seconds,
+               "total_s": result.seconds["measure"] + result.seconds["frontier"], "optimizer": req.optimizer}
     write_json_atomic(folder / "frontier-summary.json", summary)
-    if on_frontier is not None:
-        on_frontier(key)
+    return summary
 
-    report(n_ops, n_ops, "running the baseline placers")
-    baselines = run_baselines(graph, costs, cluster, devices=devices, optimizer=req.optimizer, algos=req.algos,
-                              frontier=frontier, progress=lambda msg: report(n_ops, n_ops, msg))
+
+def run_request(req: Request, store: ResultStore, progress: workflow.Progress | None = None,
+                on_frontier: Callable[[str], None] | None = None) -> str:
+    """Compute everything for ``req`` into its folder of ``store`` and return the key; a
+    complete folder is reused as is.  The work is :func:`tensoropt.workflow.explore`'s (the same
+    as ``tensoropt compare``'s for the same request: the same shard degrees, the same frontier,
+    the same baselines); ``progress(stage, done, total, message)`` is its progress, and
+    ``on_frontier(key)`` is called once the frontier's files are written, before the baselines
+    run (the page shows it then).  Bad input raises :class:`~tensoropt.errors.TensorOptError`;
+    the folder is then left without ``summary.json`` (incomplete, recomputed next time), never
+    half-read."""
+    report = progress or workflow.no_progress
+    key = req.key
+    if store.complete(key):
+        report("done", 1, 1, "cached result")
+        return key
+    folder = store.folder(key)
+    summary: dict[str, Any] = {}
+
+    def frontier_ready(result: workflow.Exploration) -> None:
+        summary.update(write_frontier(folder, result))
+        if on_frontier is not None:
+            on_frontier(key)
+
+    result = workflow.explore(req, report, on_frontier=frontier_ready)
+    baselines = [baseline_row(r) for r in result.rows]
     for _row, plan in baselines:
         if plan is not None:
             plan.save(folder / "plans" / f"{plan.plan_id}.json")
     write_json_atomic(folder / "baselines.json", [row.to_dict() for row, _ in baselines])
-    summary["total_s"] = time.perf_counter() - t0
+    summary["total_s"] = result.seconds["total"]
     write_json_atomic(folder / "summary.json", summary)   # last: marks the folder complete
-    report(1, 1, "done")
+    report("done", 1, 1, "done")
     return key
 
 
@@ -307,8 +244,6 @@ class ResultStore:
 
     def frontier_rows(self, key: str) -> list[dict[str, Any]]:
         """The rows of ``frontier.csv`` (strings, as written)."""
-        import csv
-
         def load() -> list[dict[str, Any]]:
             with open(self.folder(key) / "frontier.csv", newline="", encoding="utf-8") as f:
                 return list(csv.DictReader(f))
@@ -326,16 +261,13 @@ class ResultStore:
             return []
         return self._cached((key, "baselines"), lambda: self._json(key, "baselines.json"))
 
-    def graph(self, key: str) -> Any:
-        from tensoropt import OpGraph
+    def graph(self, key: str) -> OpGraph:
         return self._cached((key, "graph"), lambda: OpGraph.load(self.folder(key) / "graph.json"))
 
-    def costs(self, key: str) -> Any:
-        from tensoropt import CostModel
+    def costs(self, key: str) -> CostModel:
         return self._cached((key, "costs"), lambda: CostModel.load(self.folder(key) / "profile.json", self.graph(key)))
 
-    def cluster(self, key: str) -> Any:
-        from tensoropt import Cluster
+    def cluster(self, key: str) -> Cluster:
         return self._cached((key, "cluster"), lambda: Cluster.load(self.folder(key) / "cluster.yaml"))
 
     def plan_path(self, key: str, plan_id: str) -> Path:
@@ -346,8 +278,7 @@ class ResultStore:
             raise TensorOptError(f"result {key} has no plan {plan_id!r}")
         return path
 
-    def plan(self, key: str, plan_id: str) -> Any:
-        from tensoropt import Plan
+    def plan(self, key: str, plan_id: str) -> Plan:
         return self._cached((key, "plan", plan_id),
                             lambda: Plan.load(self.plan_path(key, plan_id), self.graph(key), self.cluster(key)))
 
@@ -355,8 +286,6 @@ class ResultStore:
         """:func:`tensoropt.simulate` of one plan of the result (with the result's optimizer),
         ``reserve`` bytes on each device beside the model (the simulator's ``context_bytes``: its
         peaks are the reserve-free peaks plus ``reserve``, and its parts name it ``reserve``)."""
-        from tensoropt.planmodel import simulate
-
         def run() -> SimResult:
             opt = self.summary(key).get("optimizer", DEFAULT_OPTIMIZER)
             return simulate(self.plan(key, plan_id), self.graph(key), self.costs(key), self.cluster(key), optimizer=opt,
@@ -383,5 +312,5 @@ def save_upload(store: ResultStore, data: bytes, suffix: str) -> Path:
     return path
 
 
-__all__ = ["Request", "ResultStore", "BaselineRow", "run_request", "run_baselines", "baseline_row", "save_upload",
-           "default_cache_dir", "load_request_cluster", "baseline_plan_id", "DEFAULT_MODEL", "DEFAULT_CLUSTER", "DETECTED"]
+__all__ = ["Request", "ResultStore", "BaselineRow", "run_request", "write_frontier", "baseline_row", "save_upload",
+           "default_cache_dir", "baseline_plan_id", "DEFAULT_MODEL", "DEFAULT_CLUSTER", "DETECTED"]

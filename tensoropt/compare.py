@@ -89,6 +89,11 @@ def failed(algo: str, place_s: float, error: BaseException) -> CompareRow:
     return CompareRow(algo, None, None, None, False, place_s, error=str(error))
 
 
+def frontier_failures(took: float, error: BaseException) -> list[CompareRow]:
+    """The frontier's two rows when tracking it failed (or found no plan): each with ``error``."""
+    return [failed(FRONTIER_MIN_TIME, took, error), failed(FRONTIER_MIN_MEMORY, took, error)]
+
+
 def compare(graph: Any, costs: Any, cluster: Any, *, algos: Iterable[str] | None = None,
             devices: Sequence[str] | str | None = None, optimizer: str | int = DEFAULT_OPTIMIZER,
             frontier: Any = True, placer_options: Mapping[str, Mapping[str, Any]] | None = None,
@@ -154,17 +159,14 @@ def compare(graph: Any, costs: Any, cluster: Any, *, algos: Iterable[str] | None
             fr = track_frontier(graph, costs, cluster, devices=used, optimizer=optimizer, reserve=reserve,
                                 progress=lambda msg: report(f"frontier: {msg}"))
         except TensorOptError as e:
-            took = time.perf_counter() - t0
-            rows += [failed(FRONTIER_MIN_TIME, took, e), failed(FRONTIER_MIN_MEMORY, took, e)]
-            return rows
+            return rows + frontier_failures(time.perf_counter() - t0, e)
         took = time.perf_counter() - t0
-    elif frontier:
+    elif frontier is not None and frontier is not False:
         fr, took = frontier, float(getattr(frontier, "seconds", 0.0))
     else:
         return rows
     if not len(fr):
-        err = TensorOptError("the frontier has no feasible plan")
-        return rows + [failed(FRONTIER_MIN_TIME, took, err), failed(FRONTIER_MIN_MEMORY, took, err)]
+        return rows + frontier_failures(took, TensorOptError("the frontier has no feasible plan"))
     picks = [(FRONTIER_MIN_TIME, fr.min_time()), (FRONTIER_MIN_MEMORY, fr.min_memory())]
     if budget is not None:
         best = fr.best_under(budget, reserve)

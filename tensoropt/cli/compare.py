@@ -6,13 +6,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from ..errors import TensorOptError
-from ._common import add_fit_arguments, add_precision_argument, capture_spec, costs_for, fit_options
+from .._io import write_json_atomic
+from ..compare import rows_json, solver_options
+from ..describe import fmt_bytes
+from ..placers import PLACERS
+from ..workflow import Request, explore
+from ._common import add_fit_arguments, add_precision_argument, fit_options
+from ._progress import ProgressBars
 from .place import _devices
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
@@ -22,37 +29,24 @@ def _ms(t: float | None) -> str:
 
 
 def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
-    from .._io import write_json_atomic
-    from ..cluster import load_cluster
-    from ..compare import compare, rows_json, solver_options
-    from ..describe import fmt_bytes
-    from ..frontier.graph_problem import candidate_meshes
-    from ..placers import PLACERS
-    from ..placers._common import resolve_devices
-
-    # cheap checks first: a typo must not cost a capture and a profile
-    cluster = load_cluster(args.cluster)
-    devices = resolve_devices(cluster, args.devices)
-    algos = list(PLACERS) if args.algos is None else [a.strip() for a in args.algos.split(",") if a.strip()]
-    unknown = [a for a in algos if a not in PLACERS]
+    algos = None if args.algos is None else tuple(a.strip() for a in args.algos.split(",") if a.strip())
+    if algos == ():
+        raise TensorOptError("--algos names no placer; leave it out to run them all")
+    unknown = [a for a in algos or () if a not in PLACERS]
     if unknown:
         raise TensorOptError(f"--algos names {unknown[0]!r}, which is not a placer; known: {', '.join(PLACERS)}")
     if args.repeats < 1:
         raise TensorOptError("--repeats must be ≥ 1")
-    extra = solver_options(algos, args.time_limit)
+    if args.time_limit is not None:
+        solver_options(PLACERS, args.time_limit)   # a bad limit names itself before any work
     budget, reserve = fit_options(args)
-
-    graph = capture_spec(args.model, console, batch=args.batch, precision=args.precision)
-    # data parallel and OS-DPOS split over all the devices, the frontier over its meshes
-    degrees = {1, len(devices)} | set(range(2, len(devices) + 1) if "os-dpos" in algos else ())
-    if not args.no_frontier:
-        degrees |= {len(m) for m in candidate_meshes(cluster, devices=devices)}
-    costs = costs_for(graph, degrees, args)
-
-    with console.status("comparing …") as status:
-        rows = compare(graph, costs, cluster, algos=algos, devices=devices, optimizer=args.optimizer,
-                       frontier=not args.no_frontier, placer_options=extra, budget=budget, reserve=reserve,
-                       progress=lambda msg: status.update(escape(msg)))
+    request = Request(args.model, args.cluster, batch=args.batch, optimizer=args.optimizer, precision=args.precision,
+                      devices=tuple(args.devices) if args.devices is not None else None, budget=budget,
+                      reserve=reserve, profile=args.profile, repeats=args.repeats, frontier=not args.no_frontier,
+                      algos=tuple(PLACERS) if algos is None else algos, time_limit=args.time_limit)
+    with ProgressBars(console) as progress:
+        result = explore(request, progress)
+    graph, cluster, devices, rows = result.graph, result.cluster, result.devices, result.rows
 
     t = Table(title=f"{escape(graph.name)} (batch {graph.batch_size}) on {escape(cluster.name)}: "
                     f"{', '.join(devices)}; optimizer {args.optimizer}; every plan simulated",
@@ -89,8 +83,6 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
         write_json_atomic(args.json, data)
         console.print(f"wrote {escape(str(args.json))}")
     if args.plans:
-        from pathlib import Path
-
         out = Path(args.plans)
         out.mkdir(parents=True, exist_ok=True)
         n = 0

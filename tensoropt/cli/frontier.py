@@ -12,14 +12,17 @@ else the command stops and says how to re-profile.
 from __future__ import annotations
 
 import argparse
-import time
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._common import add_fit_arguments, add_precision_argument, capture_spec, costs_for, fit_options
+from ..cluster.units import parse_size
+from ..describe import fmt_bytes
+from ..workflow import Request, explore
+from ._common import add_fit_arguments, add_precision_argument, fit_options
 from ._common import degrees as degrees_arg
+from ._progress import ProgressBars
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 from ..frontier.track import DEFAULT_MAX_WALKS
 
@@ -32,31 +35,18 @@ def _rows_to_show(n: int, limit: int) -> list[int]:
 
 
 def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
-    from ..cluster import load_cluster
-    from ..cluster.units import parse_size
-    from ..describe import fmt_bytes
-    from ..errors import ProfileError
-    from ..frontier.track import check_devices, track_frontier
-    from ..frontier.graph_problem import candidate_meshes
-
-    # cheap checks first: a typo in the cluster, devices or sizes must not cost a capture
-    cluster = load_cluster(args.cluster)
-    devices = check_devices(cluster, args.devices.split(",")) if args.devices is not None else None
     budget, reserve = fit_options(args)
     resolution = parse_size(args.resolution, "--resolution", allow_zero=True) if args.resolution is not None else None
-    if args.repeats < 1 or args.warmup < 0:
-        raise ProfileError("--repeats must be ≥ 1 and --warmup ≥ 0")
-    meshes = candidate_meshes(cluster, devices=devices)
-
-    graph = capture_spec(args.model, console, batch=args.batch, precision=args.precision)
-    costs = costs_for(graph, args.degrees or {len(m) for m in meshes}, args)
-
-    t0 = time.perf_counter()
-    with console.status("tracking the frontier …") as status:
-        frontier = track_frontier(graph, costs, cluster, meshes=meshes, budget=budget, resolution=resolution,
-                                  optimizer=args.optimizer, reserve=reserve, max_walks=args.max_walks,
-                                  progress=lambda msg: status.update(escape(msg)))
-    took = time.perf_counter() - t0
+    request = Request(args.model, args.cluster, batch=args.batch, optimizer=args.optimizer, precision=args.precision,
+                      devices=tuple(args.devices.split(",")) if args.devices is not None else None,
+                      budget=budget, reserve=reserve, profile=args.profile, degrees=args.degrees,
+                      repeats=args.repeats, warmup=args.warmup, frontier=True, algos=(),
+                      resolution=None if resolution is None else int(resolution), max_walks=args.max_walks)
+    with ProgressBars(console) as progress:
+        result = explore(request, progress)
+    graph, cluster, frontier = result.graph, result.cluster, result.frontier
+    assert frontier is not None   # asked for
+    took = result.seconds["frontier"]
 
     pts = frontier.points
     title = (f"{escape(graph.name)} (batch {graph.batch_size}) on {escape(cluster.name)}: {len(pts)} Pareto-optimal "

@@ -21,7 +21,7 @@ def tiny_result(tmp_path_factory):
         seen.append(("frontier", key, store.frontier_ready(key), store.complete(key), len(store.frontier_rows(key)),
                      store.baselines(key)))
 
-    key = run_request(req, store, lambda done, total, msg: seen.append((done, total, msg)), on_frontier=frontier_ready)
+    key = run_request(req, store, lambda stage, done, total, msg: seen.append((done, total, msg)), on_frontier=frontier_ready)
     return store, req, key, seen
 
 

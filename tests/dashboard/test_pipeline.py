@@ -51,7 +51,7 @@ def test_result_matches_the_library_and_is_reused(tiny_result):
     # a second run of the same request reads the folder back: no profiling, no tracking
     again = []
     t0 = time.perf_counter()
-    assert run_request(req, store, lambda d, t, m: again.append(m)) == key
+    assert run_request(req, store, lambda s, d, t, m: again.append(m)) == key
     assert time.perf_counter() - t0 < 0.5 and again == ["cached result"]
 
 
@@ -124,7 +124,7 @@ def test_uploaded_profile_is_used_instead_of_profiling(tiny_result):
     seen = []
     req2 = Request(**{**req.to_dict(), "devices": tuple(req.devices), "algos": tuple(req.algos),
                       "profile": str(prof.path)})
-    key2 = run_request(req2, store, lambda d, t, m: seen.append(m))
+    key2 = run_request(req2, store, lambda s, d, t, m: seen.append(m))
     assert not any(m.startswith("profiling") for m in seen)
     assert [r["plan_id"] for r in store.frontier_rows(key2)] == [r["plan_id"] for r in store.frontier_rows(key)]
     with io.StringIO(store.frontier_csv(key2)) as f:

@@ -1,0 +1,305 @@
+"""One workflow: a :class:`Request` in, everything the surfaces show out.
+
+Every surface — the ``tensoropt frontier`` and ``tensoropt compare`` commands, the dashboard,
+the benchmarks and the notebook — asks the same question: *this model, this batch, these devices
+of this cluster, this optimizer and precision: which plans are worth running, and how do the
+classic placers compare?*  :func:`explore` answers it once, in one order:
+
+1. read the cluster and check the devices (cheap checks first: a typo never costs a capture);
+2. the candidate meshes over those devices, and from them and the placers asked for, the shard
+   degrees to profile (:func:`profile_degrees` — computed here and nowhere else, so the
+   dashboard and ``compare`` profile the same degrees for the same request);
+3. capture the model in the request's precision;
+4. profile it at those degrees, or read a saved profile checked against the graph;
+5. track the frontier (:func:`~tensoropt.frontier.track_frontier`);
+6. run the baseline placers and simulate every plan alike (:func:`~tensoropt.compare.compare`).
+
+Progress is one protocol, ``progress(stage, done, total, message)``, with ``stage`` one of
+:data:`STAGES`; the CLI draws it as progress bars, the dashboard as its progress element.
+
+It owns the order of the stages and nothing else: it prices nothing itself (the plan model
+does) and prints nothing (the surfaces do).
+
+Example::
+
+    >>> from tensoropt.workflow import Request, explore
+    >>> result = explore(Request("zoo:gpt2?layers=1&batch=2&seq_len=32", "preset:titan-rtx-5"))  # doctest: +SKIP
+    >>> result.frontier.min_time().time_s, [r.algo for r in result.rows]                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .capture.precision import check_precision as check_precision_name
+from .cluster import detect_cluster, load_cluster
+from .compare import CompareRow, compare, frontier_failures, solver_options
+from .errors import TensorOptError
+from .frontier import candidate_meshes, track_frontier
+from .frontier.track import DEFAULT_MAX_WALKS, check_devices
+from .measure import CostModel, profile
+from .measure.profiler import check_precision
+from .modelspec import load_model
+from .optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
+from .placers import PLACERS
+from .planmodel.fits import check_budget_value
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .frontier import Frontier
+    from .graph import OpGraph
+
+#: the stages :func:`explore` reports, in order
+STAGES = ("cluster", "capture", "profile", "frontier", "baselines")
+#: the cluster source that means "this machine's GPUs, through NVML"
+DETECTED = "detected"
+
+
+class Progress(Protocol):
+    """What :func:`explore` reports: ``stage`` (one of :data:`STAGES`), ``done`` of ``total``
+    units of that stage (operators while profiling; 0 of 1 then 1 of 1 for the others), and a
+    one-line ``message``."""
+
+    def __call__(self, stage: str, done: int, total: int, message: str) -> None: ...
+
+
+def no_progress(stage: str, done: int, total: int, message: str) -> None:
+    """A :class:`Progress` that reports nothing."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to explore.
+
+    ``model``: a model spec (``zoo:NAME?k=v``, ``file.py:factory``, an ``.onnx`` file or a saved
+    ``graph.json``); ``cluster``: ``preset:NAME``, a cluster file, or :data:`DETECTED`;
+    ``batch``: overrides the model's batch size; ``devices``: the devices plans may use (``None``:
+    all); ``optimizer`` and ``precision`` (``fp32`` / ``bf16``; ``None``: fp32, or a saved graph's
+    own) are what training runs with; ``budget`` (bytes per device, ``None``: each device's own
+    memory) and ``reserve`` (bytes the framework keeps on every device) decide what fits;
+    ``profile``: a saved profile of the model to use instead of measuring; ``degrees``: shard
+    degrees to profile instead of :func:`profile_degrees`' (ignored with ``profile``);
+    ``repeats`` / ``warmup``: profiling's timed and untimed calls per operator; ``frontier``:
+    whether to track the frontier; ``algos``: the baseline placers to run (``None``: all, ``()``:
+    none); ``time_limit``: the MILP placers' solver limit in seconds; ``resolution`` and
+    ``max_walks``: frontier tracking's memory resolution in bytes and walk limit.
+    """
+
+    model: str
+    cluster: str
+    batch: int | None = None
+    devices: tuple[str, ...] | None = None
+    optimizer: str = DEFAULT_OPTIMIZER
+    precision: str | None = None
+    budget: int | None = None
+    reserve: int = 0
+    profile: str | None = None
+    degrees: tuple[int, ...] | None = None
+    repeats: int = 5
+    warmup: int = 1
+    frontier: bool = True
+    algos: tuple[str, ...] | None = ()
+    time_limit: float | None = None
+    resolution: int | None = None
+    max_walks: int = DEFAULT_MAX_WALKS
+
+    def __post_init__(self) -> None:
+        if self.batch is not None and (isinstance(self.batch, bool) or int(self.batch) != self.batch or self.batch < 1):
+            raise TensorOptError(f"batch size must be a positive integer, got {self.batch!r}")
+        if self.repeats < 1 or self.warmup < 0:
+            raise TensorOptError("profiling repeats must be ≥ 1 and warm-up calls ≥ 0")
+        if self.devices is not None and not self.devices:
+            raise TensorOptError("choose at least one device")
+        if self.degrees is not None and (not self.degrees or any(k < 1 for k in self.degrees)):
+            raise TensorOptError(f"shard degrees must be positive integers, got {self.degrees!r}")
+        if self.reserve < 0:
+            raise TensorOptError(f"the reserve must be ≥ 0 bytes, got {self.reserve}")
+        if self.max_walks < 0:
+            raise TensorOptError(f"max_walks must be ≥ 0, got {self.max_walks}")
+        optimizer_alpha(self.optimizer)          # an unknown optimizer names the choices
+        check_precision_name(self.precision)     # so does an unknown precision
+        check_budget_value(self.budget)
+        unknown = [a for a in self.algos or () if a not in PLACERS]
+        if unknown:
+            raise TensorOptError(f"unknown placer {unknown[0]!r}; known: {', '.join(PLACERS)}")
+        solver_options(self.placers, self.time_limit)   # a non-positive limit is refused here
+
+    @property
+    def placers(self) -> tuple[str, ...]:
+        """The baseline placers to run, in :data:`~tensoropt.placers.PLACERS` order when all."""
+        return tuple(PLACERS) if self.algos is None else tuple(self.algos)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON value (tuples as lists); :meth:`from_dict` reads it back."""
+        d = asdict(self)
+        for k in ("devices", "degrees", "algos"):
+            d[k] = list(d[k]) if d[k] is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Request:
+        d = dict(d)
+        for k in ("devices", "degrees", "algos"):
+            if d.get(k) is not None:
+                d[k] = tuple(d[k])
+        return cls(**d)
+
+
+@dataclass
+class Setup:
+    """What the cheap first steps decide: the cluster, the devices, the candidate meshes and the
+    shard degrees to profile."""
+
+    cluster: Cluster
+    devices: tuple[str, ...]
+    meshes: list[tuple[str, ...]]
+    degrees: tuple[int, ...]
+
+
+@dataclass
+class Exploration:
+    """Everything :func:`explore` found: the request, its :class:`Setup`, the captured graph, its
+    costs, the frontier (``None`` when not asked for), the baselines' and the frontier's compare
+    rows (simulated alike), and how long each stage took (``seconds``: stage → s)."""
+
+    request: Request
+    setup: Setup
+    graph: OpGraph
+    costs: CostModel
+    frontier: Frontier | None = None
+    rows: list[CompareRow] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.setup.cluster
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return self.setup.devices
+
+
+def read_cluster(source: str) -> Cluster:
+    """The cluster a request names: :data:`DETECTED` (this machine's GPUs), ``preset:NAME`` or a
+    cluster file."""
+    return detect_cluster() if source == DETECTED else load_cluster(source)
+
+
+def profile_degrees(meshes: list[tuple[str, ...]], devices: tuple[str, ...], placers: tuple[str, ...],
+                    frontier: bool) -> tuple[int, ...]:
+    """The shard degrees a request needs profiled — the one place they are decided.
+
+    Whole operators (degree 1) for every placer; data parallel splits every operator over all
+    the ``devices``; OS-DPOS may split an operator any number of ways up to that; the frontier
+    splits over each candidate mesh.
+
+    >>> profile_degrees([("a",), ("a", "b")], ("a", "b", "c"), ("dp",), True)
+    (1, 2, 3)
+    """
+    n = len(devices)
+    degrees = {1}
+    if placers:
+        degrees.add(n)
+    if "os-dpos" in placers:
+        degrees |= set(range(2, n + 1))
+    if frontier:
+        degrees |= {len(m) for m in meshes}
+    return tuple(sorted(degrees))
+
+
+def prepare(request: Request, progress: Progress = no_progress) -> Setup:
+    """The cheap first steps: the cluster, the devices (checked), the candidate meshes over them
+    and the shard degrees to profile (``request.degrees`` when given)."""
+    progress("cluster", 0, 1, f"reading the cluster {request.cluster}")
+    cluster = read_cluster(request.cluster)
+    devices = tuple(check_devices(cluster, list(request.devices) if request.devices is not None else None))
+    meshes = [tuple(m) for m in candidate_meshes(cluster, devices=list(devices))]
+    degrees = request.degrees or profile_degrees(meshes, devices, request.placers, request.frontier)
+    progress("cluster", 1, 1, f"{len(devices)} device(s), {len(meshes)} candidate mesh(es)")
+    return Setup(cluster, devices, meshes, tuple(sorted(set(degrees))))
+
+
+def read_profile(path: str, graph: OpGraph) -> CostModel:
+    """A saved profile, refused (with the fix) if it was measured in another precision or for
+    another graph."""
+    costs = CostModel.load(path)
+    check_precision(costs, graph)
+    costs.check_graph(graph)
+    return costs
+
+
+def measure(request: Request, setup: Setup, progress: Progress = no_progress) -> tuple[OpGraph, CostModel]:
+    """Capture the model in the request's precision and profile it at the setup's degrees (or
+    read the request's saved profile)."""
+    progress("capture", 0, 1, f"capturing {request.model}")
+    graph = load_model(request.model, batch=request.batch).capture(precision=request.precision)
+    progress("capture", 1, 1, f"{graph.name}: {len(graph.ops)} operators")
+    if request.profile:
+        progress("profile", 0, 1, f"reading the profile {request.profile}")
+        costs = read_profile(request.profile, graph)
+        progress("profile", 1, 1, "profile read")
+        return graph, costs
+    n_ops = len(graph.ops)
+    progress("profile", 0, n_ops, f"profiling at shard degrees {', '.join(map(str, setup.degrees))}")
+    costs = profile(graph, shard_degrees=setup.degrees, repeats=request.repeats, warmup=request.warmup,
+                    progress=lambda done, total, name: progress("profile", done, total, name))
+    progress("profile", n_ops, n_ops, "profiled")
+    return graph, costs
+
+
+def explore(request: Request, progress: Progress = no_progress, *,
+            on_frontier: Any = None) -> Exploration:
+    """Run the whole workflow for ``request`` (module docstring) and return an :class:`Exploration`.
+
+    ``progress(stage, done, total, message)`` is called as work proceeds; ``on_frontier(result)``,
+    when given, is called with the :class:`Exploration` once the frontier is tracked, before the
+    baselines run (the dashboard shows the frontier then).  Bad input raises a
+    :class:`~tensoropt.errors.TensorOptError` naming the cause and the fix, before any capture
+    where the check is cheap.
+
+    Cost: one capture, one profile (or none with a saved one), one frontier tracking, one
+    placement and one simulation per baseline placer.
+    """
+    t0 = time.perf_counter()
+    setup = prepare(request, progress)
+    graph, costs = measure(request, setup, progress)
+    result = Exploration(request, setup, graph, costs, seconds={"measure": time.perf_counter() - t0})
+    frontier_error: TensorOptError | None = None
+    if request.frontier:
+        t1 = time.perf_counter()
+        progress("frontier", 0, 1, "tracking the frontier")
+        try:
+            result.frontier = track_frontier(graph, costs, setup.cluster, meshes=setup.meshes, budget=request.budget,
+                                             resolution=request.resolution, optimizer=request.optimizer,
+                                             reserve=request.reserve, max_walks=request.max_walks,
+                                             progress=lambda msg: progress("frontier", 0, 1, msg))
+        except TensorOptError as e:
+            if not request.placers:
+                raise
+            frontier_error = e   # beside the baselines, a failed frontier is two rows saying why
+        result.seconds["frontier"] = time.perf_counter() - t1
+        if result.frontier is not None:
+            progress("frontier", 1, 1, f"{len(result.frontier)} plans on the frontier")
+            if on_frontier is not None:
+                on_frontier(result)
+    if request.placers:
+        t1 = time.perf_counter()
+        progress("baselines", 0, 1, "running the baseline placers")
+        result.rows = compare(graph, costs, setup.cluster, algos=request.placers, devices=list(setup.devices),
+                              optimizer=request.optimizer,
+                              frontier=result.frontier if result.frontier is not None else False,
+                              placer_options=solver_options(request.placers, request.time_limit),
+                              budget=request.budget, reserve=request.reserve,
+                              progress=lambda msg: progress("baselines", 0, 1, msg))
+        if frontier_error is not None:
+            result.rows += frontier_failures(result.seconds["frontier"], frontier_error)
+        result.seconds["baselines"] = time.perf_counter() - t1
+        progress("baselines", 1, 1, "baselines done")
+    result.seconds["total"] = time.perf_counter() - t0
+    return result
+
+
+__all__ = ["DETECTED", "STAGES", "Exploration", "Progress", "Request", "Setup", "explore", "measure",
+           "no_progress", "prepare", "profile_degrees", "read_cluster", "read_profile"]

@@ -1,0 +1,80 @@
+"""The one workflow (:mod:`tensoropt.workflow`): every surface asks it the same question and gets
+the same answer — the same shard degrees profiled, the same frontier, the same baselines."""
+
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+import tensoropt.workflow as workflow
+from tensoropt.errors import ClusterSpecError, TensorOptError
+from tensoropt.workflow import Request, explore, profile_degrees
+
+TINY = str(Path(__file__).parent / "dashboard" / "tiny_model.py") + ":build"
+
+
+def test_profile_degrees_worked_by_hand():
+    five = tuple(f"gpu{i}" for i in range(5))
+    meshes = [("gpu0",), ("gpu0", "gpu1"), ("gpu0", "gpu1", "gpu2", "gpu3"), five]
+    # the frontier alone: its mesh sizes
+    assert profile_degrees(meshes, five, (), True) == (1, 2, 4, 5)
+    # data parallel: whole operators and all five devices; OS-DPOS: any split up to five
+    assert profile_degrees(meshes, five, ("dp",), False) == (1, 5)
+    assert profile_degrees(meshes, five, ("dp", "os-dpos"), True) == (1, 2, 3, 4, 5)
+    assert profile_degrees(meshes[:1], five[:1], ("m-topo",), True) == (1,)
+
+
+@pytest.fixture
+def profiled_degrees(monkeypatch):
+    """Every call of the profiler through the workflow, by the shard degrees it was asked for."""
+    seen = []
+    real = workflow.profile
+
+    def spy(graph, *, shard_degrees, **kw):
+        seen.append(tuple(shard_degrees))
+        return real(graph, shard_degrees=shard_degrees, **kw)
+    monkeypatch.setattr(workflow, "profile", spy)
+    return seen
+
+
+def test_dashboard_and_compare_profile_the_same_degrees(profiled_degrees, capsys, tmp_path):
+    """The issue's case: on titan-rtx-5 the dashboard used to profile [1, 2, 4, 5] while compare
+    profiled [1, 2, 3, 4, 5], so the dashboard's OS-DPOS could never split 3 ways."""
+    from tensoropt.dashboard.pipeline import Request as PageRequest
+    from tensoropt.dashboard.pipeline import ResultStore, run_request
+
+    code, _, err = run_cli(capsys, "compare", TINY, "--cluster", "preset:titan-rtx-5", "--algos", "dp,os-dpos",
+                           "--repeats", "1")
+    assert code == 0, err
+    store = ResultStore(tmp_path)
+    key = run_request(PageRequest(model=TINY, cluster="preset:titan-rtx-5", algos=("dp", "os-dpos"), repeats=1,
+                                  warmup=1), store)
+    assert profiled_degrees == [(1, 2, 3, 4, 5), (1, 2, 3, 4, 5)]
+    assert store.summary(key)["degrees"] == [1, 2, 3, 4, 5]
+
+
+def test_explore_gives_the_frontier_and_the_rows_of_compare(profiled_degrees):
+    seen = []
+    result = explore(Request(TINY, "preset:titan-rtx-5", devices=("gpu0", "gpu1"), algos=("dp",), repeats=1),
+                     lambda stage, done, total, msg: seen.append(stage))
+    assert result.devices == ("gpu0", "gpu1") and profiled_degrees == [(1, 2)]
+    assert [r.algo for r in result.rows] == ["dp", "frontier min-time", "frontier min-memory"]
+    assert result.frontier is not None and len(result.frontier) >= 1
+    # the frontier's rows are its own extreme points, simulated
+    assert result.rows[1].plan.plan_id == result.frontier.min_time().plan_id
+    assert result.rows[2].plan.plan_id == result.frontier.min_memory().plan_id
+    # the stages are reported in order
+    order = [s for i, s in enumerate(seen) if i == 0 or seen[i - 1] != s]
+    assert order == ["cluster", "capture", "profile", "frontier", "baselines"]
+
+
+def test_cheap_checks_come_before_any_capture(profiled_degrees, monkeypatch):
+    captured = []
+    monkeypatch.setattr(workflow, "load_model", lambda *a, **k: captured.append(a))
+    with pytest.raises(ClusterSpecError, match="gpu9"):
+        explore(Request(TINY, "preset:titan-rtx-5", devices=("gpu9",)))
+    with pytest.raises(TensorOptError, match="unknown placer 'fastt'"):
+        Request(TINY, "preset:titan-rtx-5", algos=("fastt",))
+    with pytest.raises(TensorOptError, match="optimizer"):
+        Request(TINY, "preset:titan-rtx-5", optimizer="adagrad")
+    assert captured == [] and profiled_degrees == []
