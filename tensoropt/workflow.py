@@ -81,7 +81,8 @@ class Request:
     memory) and ``reserve`` (bytes the framework keeps on every device) decide what fits;
     ``profile``: a saved profile of the model to use instead of measuring; ``degrees``: shard
     degrees to profile instead of :func:`profile_degrees`' (ignored with ``profile``);
-    ``repeats`` / ``warmup``: profiling's timed and untimed calls per operator; ``frontier``:
+    ``device``: where to profile (``cpu`` or ``cuda[:N]``); ``repeats`` / ``warmup``:
+    profiling's timed and untimed calls per operator; ``frontier``:
     whether to track the frontier; ``algos``: the baseline placers to run (``None``: all, ``()``:
     none); ``time_limit``: the MILP placers' solver limit in seconds; ``resolution`` and
     ``max_walks``: frontier tracking's memory resolution in bytes and walk limit.
@@ -97,6 +98,7 @@ class Request:
     reserve: int = 0
     profile: str | None = None
     degrees: tuple[int, ...] | None = None
+    device: str = "cpu"
     repeats: int = 5
     warmup: int = 1
     frontier: bool = True
@@ -243,7 +245,8 @@ def measure(request: Request, setup: Setup, progress: Progress = no_progress) ->
         return graph, costs
     n_ops = len(graph.ops)
     progress("profile", 0, n_ops, f"profiling at shard degrees {', '.join(map(str, setup.degrees))}")
-    costs = profile(graph, shard_degrees=setup.degrees, repeats=request.repeats, warmup=request.warmup,
+    costs = profile(graph, device=request.device, shard_degrees=setup.degrees, repeats=request.repeats,
+                    warmup=request.warmup,
                     progress=lambda done, total, name: progress("profile", done, total, name))
     progress("profile", n_ops, n_ops, "profiled")
     return graph, costs
