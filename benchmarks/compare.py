@@ -22,7 +22,6 @@ import argparse
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 from rich.console import Console
@@ -30,7 +29,6 @@ from rich.table import Table
 
 import tensoropt
 from tensoropt._io import write_json_atomic
-from tensoropt.compare import compare
 from tensoropt.describe import fmt_bytes
 from tensoropt.placers import PLACERS
 
@@ -39,23 +37,18 @@ SEED_003 = {"amoebanet_d": "zoo:amoebanet_d?num_layers=18&batch=64", "wide_resne
 DEVICES = ["gpu0", "gpu2", "gpu3"]
 
 
-def _profile(name: str, spec: str, graph, args, console: Console):
+def _saved_profile(name: str, graph_spec: str, args, console: Console) -> str | None:
+    """The saved profile ``<profiles>/<name>.json`` when it exists and belongs to the model, else ``None``."""
     path = Path(args.profiles) / f"{name}.json" if args.profiles else None
-    if path is not None and path.exists():
-        try:
-            costs = tensoropt.CostModel.load(path, graph)
-            console.print(f"{name}: profile {path}")
-            return costs, 0.0
-        except tensoropt.TensorOptError as e:
-            console.print(f"[yellow]{name}: {path} not usable ({e}); profiling again[/yellow]")
-    t0 = time.perf_counter()
-    costs = tensoropt.profile(graph, shard_degrees=(1, 2, 3), repeats=args.repeats, device=args.device,
-                              progress=True)
-    took = time.perf_counter() - t0
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        costs.save(path)
-    return costs, took
+    if path is None or not path.exists():
+        return None
+    try:
+        tensoropt.CostModel.load(path, tensoropt.load_model(graph_spec).capture())
+    except tensoropt.TensorOptError as e:
+        console.print(f"[yellow]{name}: {path} not usable ({e}); profiling again[/yellow]")
+        return None
+    console.print(f"{name}: profile {path}")
+    return str(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,22 +73,24 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     console = Console(width=220)
-    cluster = tensoropt.load_cluster(args.cluster)
-    devices = [d.strip() for d in args.devices.split(",")]
-    algos = [a.strip() for a in args.algos.split(",")]
-    limits = {a: {"time_limit": args.time_limit} for a in algos if a in ("netsplit", "pesto")}
+    devices = tuple(d.strip() for d in args.devices.split(","))
+    algos = tuple(a.strip() for a in args.algos.split(","))
 
     everything = []
     for spec in args.models:
-        loaded = tensoropt.load_model(spec)
-        name = loaded.name
-        graph = loaded.capture()
+        name = tensoropt.load_model(spec).name
         key = next((k for k, v in SEED_003.items() if v == spec), name.replace("/", "_"))
-        costs, prof_s = _profile(key, spec, graph, args, console)
-        t0 = time.perf_counter()
-        rows = compare(graph, costs, cluster, algos=algos, devices=devices, placer_options=limits,
-                       progress=lambda msg: console.print(f"[dim]{name}: {msg}[/dim]"))
-        took = time.perf_counter() - t0
+        saved = _saved_profile(key, spec, args, console)
+        request = tensoropt.Request(spec, args.cluster, devices=devices, algos=algos, profile=saved, device=args.device,
+                                    repeats=args.repeats, time_limit=args.time_limit)
+        result = tensoropt.explore(request, lambda stage, done, total, msg: console.print(
+            f"[dim]{name}: {stage}: {msg}[/dim]") if stage != "profile" or done in (0, total) else None)
+        graph, costs, cluster, rows = result.graph, result.costs, result.cluster, result.rows
+        prof_s = 0.0 if saved else result.seconds["measure"]
+        took = result.seconds["frontier"] + result.seconds["baselines"]
+        if args.profiles and not saved:
+            Path(args.profiles).mkdir(parents=True, exist_ok=True)
+            costs.save(Path(args.profiles) / f"{key}.json")
         load = costs.device.get("load_average")
         t = Table(title=f"{name} (batch {graph.batch_size}, {len(graph.ops)} ops) on {cluster.name} "
                         f"{','.join(devices)}; profiled on {costs.device.get('name', args.device)}"

@@ -20,13 +20,11 @@ import argparse
 import importlib.util
 import pathlib
 import sys
-import time
 
 import numpy as np
 import torch
 
 import tensoropt
-from tensoropt.cluster import load_cluster
 from tensoropt.frontier import track_frontier
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -42,16 +40,13 @@ def _test_module():
     return mod
 
 
-def zoo_table(models: list[str], cluster, optimizer: str) -> None:
+def zoo_table(models: list[str], preset: str, optimizer: str) -> None:
     print("| model | ops | points | frontier vs simulator, largest gap | estimate / walked peak (plans) | s |")
     print("|---|---:|---:|---:|---:|---:|")
     for spec in models:
-        graph = tensoropt.load_model(spec).capture()
-        meshes = tensoropt.candidate_meshes(cluster)
-        costs = tensoropt.profile(graph, shard_degrees=sorted({len(m) for m in meshes}), repeats=1)
-        t0 = time.perf_counter()
-        fr = track_frontier(graph, costs, cluster, optimizer=optimizer)
-        took = time.perf_counter() - t0
+        result = tensoropt.explore(tensoropt.Request(spec, preset, optimizer=optimizer, repeats=1))
+        graph, costs, cluster, fr, took = result.graph, result.costs, result.cluster, result.frontier, \
+            result.seconds["frontier"]
         gap = max(abs(p.memory_bytes - tensoropt.simulate(p.plan, graph, costs, cluster, optimizer=optimizer)
                       .max_memory_bytes) / p.memory_bytes for p in fr)
         cand = np.concatenate([m.candidate_costs for m in fr.meshes])
@@ -100,7 +95,7 @@ def main() -> None:
     ap.add_argument("--optimizer", default="adamw")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    zoo_table(a.models.split(","), load_cluster(f"preset:{a.preset}"), a.optimizer)
+    zoo_table(a.models.split(","), f"preset:{a.preset}", a.optimizer)
     brute_table(a.seeds, a.optimizer)
 
 
