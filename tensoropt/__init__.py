@@ -15,18 +15,26 @@ costs: layouts and resharding, the memory walk, the simulator, whether it fits),
 
 from .capture import capture, load_onnx
 from .cluster import Cluster, Device, LinkModel, detect_cluster, list_presets, load_cluster
-from .measure import CostModel, NodeCost, ShardCost, profile
-from .planmodel import node_memory, step_memory
-from .errors import (CaptureError, ClusterSpecError, ExecutionError, GraphFormatError, ModelSpecError, ProfileError,
-                     TensorOptError)
+from .errors import (
+                     CaptureError,
+                     ClusterSpecError,
+                     ExecutionError,
+                     GraphFormatError,
+                     ModelSpecError,
+                     ProfileError,
+                     TensorOptError,
+)
 from .execute import PlannedModule, apply_plan
 from .frontier import BudgetError, Frontier, FrontierPoint, candidate_meshes, track_frontier
 from .graph import Edge, OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
+from .measure import CostModel, NodeCost, ShardCost, profile
 from .modelspec import LoadedModel, load_graph, load_model
 from .placers import PLACERS, place
 from .plan import Estimate, NodeConfig, Plan, PlanError
+from .planmodel import node_memory, step_memory
 from .planmodel.reshard import Reshard, edge_reshard, param_sync, reshard
 from .planmodel.simulate import SimResult, TimelineEvent, plan_memory, simulate
+from .workflow import Exploration, Request, explore
 
 __version__ = "0.1.0"
 
@@ -38,6 +46,6 @@ __all__ = [
     "Plan", "NodeConfig", "Estimate", "PlanError", "place", "PLACERS",
     "simulate", "SimResult", "TimelineEvent", "plan_memory", "reshard", "edge_reshard", "param_sync", "Reshard",
     "Cluster", "Device", "LinkModel", "load_cluster", "detect_cluster", "list_presets",
-    "apply_plan", "PlannedModule", "ExecutionError",
+    "apply_plan", "PlannedModule", "ExecutionError", "Request", "explore", "Exploration",
     "TensorOptError", "CaptureError", "GraphFormatError", "ModelSpecError", "ClusterSpecError", "ProfileError",
 ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import queue as queue_mod
-from typing import Any, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from typing import Any
 
 
 class WorkerDied(Exception):

@@ -25,9 +25,10 @@ import hashlib
 import json
 import os
 from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import networkx as nx
 

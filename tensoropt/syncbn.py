@@ -23,7 +23,7 @@ at is what the executor runs.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

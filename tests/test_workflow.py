@@ -18,8 +18,10 @@ def test_profile_degrees_worked_by_hand():
     meshes = [("gpu0",), ("gpu0", "gpu1"), ("gpu0", "gpu1", "gpu2", "gpu3"), five]
     # the frontier alone: its mesh sizes
     assert profile_degrees(meshes, five, (), True) == (1, 2, 4, 5)
-    # data parallel: whole operators and all five devices; OS-DPOS: any split up to five
+    # data parallel: whole operators and all five devices; OS-DPOS: any split up to five; the
+    # other placers: whole operators
     assert profile_degrees(meshes, five, ("dp",), False) == (1, 5)
+    assert profile_degrees(meshes, five, ("m-etf", "netsplit"), False) == (1,)
     assert profile_degrees(meshes, five, ("dp", "os-dpos"), True) == (1, 2, 3, 4, 5)
     assert profile_degrees(meshes[:1], five[:1], ("m-topo",), True) == (1,)
 

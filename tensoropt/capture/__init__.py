@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -21,13 +22,13 @@ import torch.fx as fx
 from ..errors import CaptureError
 from ..graph import OpGraph
 from .build import PlaceholderInfo, build_opgraph, flatten_nodes
-from .canonical import canonicalize, update_signature
 from .call import ModelCall
+from .canonical import canonicalize, update_signature
 from .diagnose import describe_failure, first_line, inputs_run_model
 from .functionalize import functionalize
-from .symbolic import capture_fx
 from .onnx import load_onnx
 from .precision import PRECISIONS, check_precision, device_types, precision_context
+from .symbolic import capture_fx
 
 __all__ = ["capture", "capture_export", "capture_fx", "load_onnx", "quiet_torch_logs", "ModelCall",
            "PRECISIONS", "precision_context"]

@@ -9,8 +9,9 @@ constants or user inputs, and how to read a node's module path and batch dimensi
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 import torch.fx as fx

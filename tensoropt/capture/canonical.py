@@ -63,7 +63,8 @@ after — the same whichever branch ran first (``sub``'s first argument is searc
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.fx as fx

@@ -21,7 +21,8 @@ as autocast's own recipe says (autograd runs each backward op in its forward op'
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 

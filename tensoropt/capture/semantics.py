@@ -37,7 +37,8 @@ intact; anything else → none.  Every rule is checked against PyTorch's own ope
 from __future__ import annotations
 
 import operator
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

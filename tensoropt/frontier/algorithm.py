@@ -74,8 +74,9 @@ from __future__ import annotations
 
 import heapq
 import time as _time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -307,7 +308,7 @@ class _Graph:
     heuristic elimination branches); a group no graph refers to any more is *stripped* — its
     costs dropped, its back-pointers kept for the unroll."""
 
-    def __init__(self, k: list[int], store: "_Store"):
+    def __init__(self, k: list[int], store: _Store):
         self.k = k
         self.store = store
         self.ngid: dict[int, int] = {}
@@ -369,7 +370,7 @@ class _Graph:
         """For a connected graph: a simple path (or a single node)."""
         return self.hubs == 0 and self.n_edges == len(self.ngid) - 1
 
-    def copy(self) -> "_Graph":
+    def copy(self) -> _Graph:
         return self.subgraph(list(self.ngid))
 
     def components(self) -> list[list[int]]:
@@ -390,7 +391,7 @@ class _Graph:
             out.append(sorted(comp))
         return out
 
-    def subgraph(self, nodes: list[int]) -> "_Graph":
+    def subgraph(self, nodes: list[int]) -> _Graph:
         """A new graph on ``nodes`` (all their neighbours must be among them)."""
         h = _Graph(self.k, self.store)
         for v in nodes:

@@ -102,20 +102,29 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from ..graph import grad_nodes
-from ..planmodel.memory import keeps_input, node_memory, output_kept
-from ..optimizers import optimizer_alpha
-from ..errors import ClusterSpecError, TensorOptError
-from ..plan import NodeConfig
-from ..planmodel.reshard import (P, edge_reshard, output_layout, param_cut, param_sync, piece_bytes, read_layout, stat_sync)
 from ..cluster.collectives import ring_allreduce_bytes_time, ring_allreduce_time
+from ..errors import ClusterSpecError, TensorOptError
+from ..graph import grad_nodes
+from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
+from ..plan import NodeConfig
+from ..planmodel.memory import keeps_input, node_memory, output_kept
+from ..planmodel.reshard import (
+    P,
+    edge_reshard,
+    output_layout,
+    param_cut,
+    param_sync,
+    piece_bytes,
+    read_layout,
+    stat_sync,
+)
 from .problem import EdgeCosts, NodeCosts, Problem
-from ..optimizers import DEFAULT_OPTIMIZER
 
 __all__ = ["REFERENCE_BYTES", "EXACT_MESH_LIMIT", "LAYOUT_ORDER", "candidate_meshes", "ring_bottleneck",
            "node_configs", "MeshProblem", "build_problem", "default_sizes"]

@@ -43,7 +43,7 @@ outputs are identical.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -24,8 +24,9 @@ only in the graph's treewidth).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -158,7 +159,7 @@ class Problem:
     # ---- construction helpers -----------------------------------------------------------
     @classmethod
     def build(cls, nodes: Mapping[str, Sequence[Sequence[float]]] | Sequence[tuple[str, Sequence]],
-              edges: Iterable[tuple[str, str, Any, Any]] = ()) -> "Problem":
+              edges: Iterable[tuple[str, str, Any, Any]] = ()) -> Problem:
         """``nodes``: name → ``[(mem, time), …]`` per configuration (or a list of such pairs);
         ``edges``: ``(src, dst, mem_matrix, time_matrix)`` tuples."""
         items = nodes.items() if isinstance(nodes, Mapping) else nodes
@@ -172,7 +173,7 @@ class Problem:
         return cls(tuple(ns), tuple(es))
 
     @classmethod
-    def from_networkx(cls, g) -> "Problem":
+    def from_networkx(cls, g) -> Problem:
         """A ``networkx.DiGraph`` whose nodes carry ``mem`` and ``time`` sequences (and optionally
         ``labels``) and whose edges carry ``mem`` and ``time`` matrices.  Node names become
         ``str(node)``; node order is the graph's node order."""
@@ -255,7 +256,7 @@ class Problem:
                           for e in self.edges]}
 
     @classmethod
-    def from_dict(cls, d: Any) -> "Problem":
+    def from_dict(cls, d: Any) -> Problem:
         if not isinstance(d, Mapping) or d.get("format") != PROBLEM_FORMAT:
             raise ProblemError(f"not a frontier problem: expected an object with format {PROBLEM_FORMAT!r}")
         nodes, edges = d.get("nodes"), d.get("edges", [])

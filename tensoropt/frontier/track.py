@@ -51,24 +51,25 @@ import io
 import math
 import os
 import time as _time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from .._io import write_atomic
 from ..describe import fmt_bytes
-from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
-from ..planmodel.memory import StepMemory
-from ..graph import grad_nodes
-from ..planmodel.walk import plan_edges, walk
 from ..errors import ClusterSpecError, TensorOptError
-from ..planmodel.fits import check_budget_value, fits, over_by
+from ..graph import grad_nodes
+from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..plan import Estimate, Plan
+from ..planmodel.fits import check_budget_value, fits, over_by
+from ..planmodel.memory import StepMemory
+from ..planmodel.walk import plan_edges, walk
 from . import point_sets
-from .graph_problem import MeshProblem, build_problem, candidate_meshes
 from .algorithm import track
+from .graph_problem import MeshProblem, build_problem, candidate_meshes
 
 __all__ = ["track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "CSV_COLUMNS",
            "default_resolution", "RESOLUTION_FRACTION", "DEFAULT_MAX_LEVELS", "check_devices"]
@@ -99,7 +100,7 @@ APPROXIMATIONS = (
 class BudgetError(TensorOptError):
     """The memory budget is below every plan's memory; ``frontier`` holds what was found."""
 
-    def __init__(self, message: str, frontier: "Frontier | None" = None):
+    def __init__(self, message: str, frontier: Frontier | None = None):
         super().__init__(message)
         self.frontier = frontier
 

@@ -44,9 +44,10 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -58,11 +59,10 @@ from .._malloc import steady_malloc
 from ..capture import first_line, quiet_torch_logs
 from ..capture.precision import precision_context, precision_of
 from ..errors import ProfileError
-from ..graph import OpGraph, OpNode, TensorMeta, split_fits
-from .feed import module_on, placeholder_values
-from ..graph import grad_nodes
-from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
+from ..graph import OpGraph, OpNode, TensorMeta, grad_nodes, split_fits
 from .costmodel import CostModel, NodeCost, ShardCost
+from .feed import module_on, placeholder_values
+from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
 from .shards import TensorArg, shard_args, shard_size
 from .timing import device_info, device_key, time_callable
 

@@ -44,8 +44,9 @@ import copy
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -55,8 +56,8 @@ from .._malloc import steady_malloc
 from ..capture.precision import precision_context
 from ..errors import ProfileError
 from ..graph import OpGraph
-from .feed import module_on, placeholder_values
 from .costmodel import NodeCost
+from .feed import module_on, placeholder_values
 
 #: what a run measures, in cache keys: 2 = the passes timed as wholes, 3 = the loss's forward
 #: charged to the output's producer, 4 = gradients set to None between steps and the rate of copying

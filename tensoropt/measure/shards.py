@@ -20,8 +20,9 @@ shard's output shape; a rule that does not produce the expected shape is not tru
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

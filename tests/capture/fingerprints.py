@@ -83,7 +83,7 @@ def all_names() -> list[str]:
     return names
 
 
-def capture(name: str) -> "tensoropt.graph.OpGraph":
+def capture(name: str) -> tensoropt.graph.OpGraph:
     from tensoropt.capture.call import ModelCall
 
     if name == "gemma3":

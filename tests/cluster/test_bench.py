@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from tensoropt.cluster.bench import (MIN_DUPLEX, BenchError, CollectiveSample, LinkFit, _run_gloo, bench_links,
-                                     fit_duplex, fit_link, measure_collectives)
+from tensoropt.cluster.bench import CollectiveSample, _run_gloo, bench_links, measure_collectives
+from tensoropt.cluster.linkfit import MIN_DUPLEX, BenchError, LinkFit, fit_duplex, fit_link
 from tensoropt.errors import ClusterSpecError, TensorOptError
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -83,7 +83,8 @@ def test_detect_writes_the_cluster(capsys, tmp_path, monkeypatch):
 
 def test_show_prints_duplex_only_when_a_link_has_one(tmp_path, capsys):
     half = LinkModel(1e-4, 1e9, 0.5)
-    Cluster("loop", [Device("a", 2**30), Device("b", 2**30)], {("a", "b"): half, ("b", "a"): half}).save(tmp_path / "c.yaml")
+    loop = Cluster("loop", [Device("a", 2**30), Device("b", 2**30)], {("a", "b"): half, ("b", "a"): half})
+    loop.save(tmp_path / "c.yaml")
     code, out, _ = run(capsys, "cluster", "show", str(tmp_path / "c.yaml"))
     assert code == 0 and "link duplex" in out
     code, out, _ = run(capsys, "cluster", "show", "preset:a100-4-nvlink")

@@ -6,8 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensoropt.cluster import (Cluster, Device, LinkModel, all_to_all_time, allgather_time, broadcast_time,
-                               p2p_time, reduce_scatter_time, ring_allreduce_time)
+from tensoropt.cluster import (
+    Cluster,
+    Device,
+    LinkModel,
+    all_to_all_time,
+    allgather_time,
+    broadcast_time,
+    p2p_time,
+    reduce_scatter_time,
+    ring_allreduce_time,
+)
 from tensoropt.errors import ClusterSpecError
 
 FAST = LinkModel(1e-6, 10e9)      # 1 us, 10 GB/s

@@ -15,8 +15,8 @@ SPEC = "zoo:vgg16?tiny=1"
 
 @pytest.fixture(scope="module")
 def dp_plan(plans):
-    from tensoropt.distributed.jobs import load_case
     import tensoropt
+    from tensoropt.distributed.jobs import load_case
 
     # the workers build the float32 model: make the plan for its graph
     _, _, graph = load_case(SPEC)

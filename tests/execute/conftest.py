@@ -5,10 +5,10 @@ import copy
 
 import pytest
 import torch
+from conftest import SmallCNN, TiedLM
 
 import tensoropt
 from tensoropt import NodeConfig, Plan
-from conftest import SmallCNN, TiedLM
 from tensoropt.execute import disable_dropout
 
 

@@ -10,16 +10,24 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import SmallCNN, run_cli
 from torch import nn
 
 import tensoropt
 from tensoropt import NodeConfig, Plan, apply_plan
-from tensoropt.measure.step import training_loss
 from tensoropt.execute import check as chk
 from tensoropt.execute import disable_dropout
-from tensoropt.execute.check import (CHECK_SEED, Comparison, check_loss, check_plan, check_tensor, check_weights,
-                                     compare_with_model, prepare_check)
-from conftest import SmallCNN, run_cli
+from tensoropt.execute.check import (
+    CHECK_SEED,
+    Comparison,
+    check_loss,
+    check_plan,
+    check_tensor,
+    check_weights,
+    compare_with_model,
+    prepare_check,
+)
+from tensoropt.measure.step import training_loss
 
 MESH = ("gpu0", "gpu1")
 

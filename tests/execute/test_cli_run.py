@@ -1,7 +1,8 @@
 """tensoropt run: trains with a plan, --check compares with the model, bad input exits 2."""
 
-import tensoropt
 from conftest import run_cli
+
+import tensoropt
 
 
 def saved_dp_plan(spec, tmp_path, precision="fp32"):

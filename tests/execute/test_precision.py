@@ -6,15 +6,23 @@ import copy
 
 import pytest
 import torch
+from conftest import SmallCNN
 
 import tensoropt
 from tensoropt import NodeConfig, Plan, apply_plan
 from tensoropt.execute import disable_dropout
 from tensoropt.execute.check import CheckDtypeError, check_plan, compare_with_model, prepare_check
-from conftest import SmallCNN
 
-from .test_check import (MESH, TinyTransformer, drop_partial_sum, failing, reader_of, scale_first_piece, split_plan,
-                         swap_pieces)
+from .test_check import (
+    MESH,
+    TinyTransformer,
+    drop_partial_sum,
+    failing,
+    reader_of,
+    scale_first_piece,
+    split_plan,
+    swap_pieces,
+)
 
 
 def bf16_case(kind):

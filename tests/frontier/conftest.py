@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from conftest import SmallCNN, TiedLM
 
 import tensoropt
-from conftest import SmallCNN, TiedLM
 
 
 @pytest.fixture(scope="package")

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensoropt.frontier import (FIX_RULE, NodeCosts, Problem, brute_force, is_frontier, min_scalarized,
-                                track)
+from tensoropt.frontier import FIX_RULE, NodeCosts, Problem, brute_force, is_frontier, min_scalarized, track
 
 SETTINGS = settings(max_examples=50, deadline=None)
 

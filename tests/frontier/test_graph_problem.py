@@ -7,11 +7,11 @@ import pytest
 
 import tensoropt
 from tensoropt.cluster import Cluster, Device, LinkModel, load_cluster, ring_allreduce_bytes_time
-from tensoropt.planmodel import node_memory
 from tensoropt.errors import ClusterSpecError
 from tensoropt.frontier import build_problem, candidate_meshes, node_configs, ring_bottleneck
 from tensoropt.frontier.graph_problem import REFERENCE_BYTES, default_sizes
 from tensoropt.plan import NodeConfig
+from tensoropt.planmodel import node_memory
 from tensoropt.planmodel.reshard import edge_reshard, param_sync
 
 TITAN = load_cluster("preset:titan-rtx-5")

@@ -10,9 +10,9 @@ import torch
 
 import tensoropt
 from tensoropt.cluster import load_cluster
-from tensoropt.planmodel.walk import plan_memory
 from tensoropt.frontier import point_sets, track_frontier
 from tensoropt.plan import Plan
+from tensoropt.planmodel.walk import plan_memory
 
 TITAN = load_cluster("preset:titan-rtx-5")
 

@@ -9,8 +9,7 @@ import pytest
 import tensoropt
 from tensoropt.cluster import load_cluster
 from tensoropt.errors import ClusterSpecError, ProfileError, TensorOptError
-from tensoropt.frontier import (BudgetError, Frontier, default_resolution, point_sets, min_scalarized,
-                                track_frontier)
+from tensoropt.frontier import BudgetError, Frontier, default_resolution, min_scalarized, point_sets, track_frontier
 from tensoropt.frontier.track import CSV_COLUMNS
 from tensoropt.plan import Plan
 

@@ -15,16 +15,16 @@ import copy
 
 import pytest
 import torch
+from conftest import SmallCNN, run_cli
 from torch import nn
 
 import tensoropt
 from tensoropt import OpGraph
 from tensoropt.capture import precision_context
-from tensoropt.measure import measure_step, profile
-from tensoropt.planmodel import step_memory
-from tensoropt.measure.profiler import check_precision
 from tensoropt.errors import GraphFormatError, ModelSpecError, ProfileError, TensorOptError
-from conftest import SmallCNN, run_cli
+from tensoropt.measure import measure_step, profile
+from tensoropt.measure.profiler import check_precision
+from tensoropt.planmodel import step_memory
 
 B, IN, H, OUT = 512, 64, 256, 10     # the MLP of tests/measure/test_step.py
 N_PARAMS = IN * H + H + H * H + H + H * OUT + OUT
@@ -65,9 +65,8 @@ def test_precision_context_is_autocast_for_bf16_only(mlp_graphs):
     with precision_context(graph16, "cpu"):     # a graph says its own precision
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
     assert not torch.is_autocast_enabled("cpu")
-    with pytest.raises(TensorOptError, match="precision must be one of fp32, bf16"):
-        with precision_context("fp16"):
-            pass
+    with pytest.raises(TensorOptError, match="precision must be one of fp32, bf16"), precision_context("fp16"):
+        pass
 
 
 def test_a_bf16_graph_halves_activations_keeps_fp32_weights_and_has_its_own_fingerprint(mlp_graphs, tmp_path):

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import tensoropt
-from tensoropt.measure import CostModel, profile
 from tensoropt.errors import GraphFormatError, ProfileError
+from tensoropt.measure import CostModel, profile
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 
 import torch
 
-from tensoropt.measure.shards import TensorArg, shard_args, shard_size
 from tensoropt.graph import TensorMeta
+from tensoropt.measure.shards import TensorArg, shard_args, shard_size
 
 aten = torch.ops.aten
 

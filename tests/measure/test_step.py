@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 import tensoropt.zoo
-from tensoropt.measure.step import StepMeasurement, measure_step, training_loss
 from tensoropt.errors import ProfileError, TensorOptError
+from tensoropt.measure.step import StepMeasurement, measure_step, training_loss
 
 BATCH, IN, HIDDEN, OUT = 512, 64, 256, 10
 

@@ -2,8 +2,8 @@
 models (fixtures in conftest.py).  Helpers shared by the test modules live here."""
 
 from tensoropt.cluster import Cluster, Device, LinkModel
-from tensoropt.measure import CostModel, NodeCost, ShardCost
 from tensoropt.graph import OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
+from tensoropt.measure import CostModel, NodeCost, ShardCost
 
 # every link: 0.5 s + bytes / (1000 B/s): 1000 bytes take exactly 1.5 s; all numbers are exact in binary
 LINK = LinkModel(0.5, 1000.0)

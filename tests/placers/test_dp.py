@@ -2,8 +2,8 @@
 
 import pytest
 
-from tensoropt.measure import ShardCost
 from tensoropt.graph import grad_nodes
+from tensoropt.measure import ShardCost
 from tensoropt.placers import dp, place
 from tensoropt.plan import NodeConfig, PlanError
 from tensoropt.planmodel.simulate import simulate

@@ -4,14 +4,14 @@ memory limits, split operators on meshes, the tiny zoo models."""
 import pytest
 
 from tensoropt.cluster import Cluster, Device
-from tensoropt.measure import ShardCost
 from tensoropt.errors import TensorOptError
+from tensoropt.measure import ShardCost
 from tensoropt.placers import dpos, place
 from tensoropt.placers._common import setup
 from tensoropt.plan import NodeConfig, PlanError
 from tensoropt.planmodel.simulate import simulate
 
-from . import GiB, LINK, batch2, build, cluster, placement, spread_on_small_devices
+from . import LINK, GiB, batch2, build, cluster, placement, spread_on_small_devices
 
 
 def fork(z_params=0, p_params=0, q_params=0):

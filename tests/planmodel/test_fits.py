@@ -5,14 +5,14 @@ import csv
 
 import pytest
 import torch
+from conftest import SmallCNN
 
 import tensoropt
-from conftest import SmallCNN
 from tensoropt.cluster import Cluster, Device, LinkModel, load_cluster
 from tensoropt.compare import compare
 from tensoropt.errors import TensorOptError
-from tensoropt.planmodel.fits import check_budget_value, fits, over_by, usable_bytes
 from tensoropt.frontier import BudgetError, track_frontier
+from tensoropt.planmodel.fits import check_budget_value, fits, over_by, usable_bytes
 
 GiB = 2**30
 PAIR = Cluster("pair", [Device("big", 24 * GiB), Device("small", 8 * GiB)], {}, default=LinkModel(1e-5, 1e10))

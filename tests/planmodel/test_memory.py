@@ -4,11 +4,11 @@ import pytest
 import torch
 
 import tensoropt
-from tensoropt.measure import measure_step, profile
-from tensoropt.planmodel import node_memory, step_memory
-from tensoropt.optimizers import optimizer_alpha, optimizer_temp_bytes
-from tensoropt.planmodel.memory import keeps_input, output_kept
 from tensoropt.errors import ProfileError
+from tensoropt.measure import measure_step, profile
+from tensoropt.optimizers import optimizer_alpha, optimizer_temp_bytes
+from tensoropt.planmodel import node_memory, step_memory
+from tensoropt.planmodel.memory import keeps_input, output_kept
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,33 @@
 
 import pytest
 
-from tensoropt.cluster import (Cluster, Device, LinkModel, all_to_all_time, allgather_time, reduce_scatter_time,
-                               ring_allreduce_time)
+from tensoropt.cluster import (
+    Cluster,
+    Device,
+    LinkModel,
+    all_to_all_time,
+    allgather_time,
+    reduce_scatter_time,
+    ring_allreduce_time,
+)
 from tensoropt.graph import OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
 from tensoropt.plan import NodeConfig
-from tensoropt.planmodel.reshard import (P, R, SB, SC, edge_reshard, grad_layout, input_layout, is_weighted, move, needed_grad_layout, output_layout, param_sync, reshard, step_links)
+from tensoropt.planmodel.reshard import (
+    SB,
+    SC,
+    P,
+    R,
+    edge_reshard,
+    grad_layout,
+    input_layout,
+    is_weighted,
+    move,
+    needed_grad_layout,
+    output_layout,
+    param_sync,
+    reshard,
+    step_links,
+)
 
 N = 1_000_000
 LINK = LinkModel(1e-4, 1e9)           # 100 us + 1 ms per MB
@@ -222,9 +244,9 @@ def test_a_weight_tied_between_two_ops_split_along_their_channels_is_held_whole_
     # columns, the linear's its rows — no device holds one piece of both, so the executors keep
     # the weight whole and sum its gradient; the same op twice cuts it one way (ALBERT's layers)
     from tensoropt.measure import CostModel, NodeCost, ShardCost
-    from tensoropt.planmodel.walk import plan_memory
     from tensoropt.plan import Plan
     from tensoropt.planmodel.reshard import gradient_syncs, synced_parameters
+    from tensoropt.planmodel.walk import plan_memory
 
     ids, hid, logits = (TensorMeta((4, 16), "int64", 0, None), TensorMeta((4, 16, 8), "float32", 0, 2),
                         TensorMeta((4, 16, 32), "float32", 0, 2))
@@ -267,11 +289,11 @@ def test_a_metadata_assert_or_size_query_reads_nothing():
     # the executors never run a node without a tensor output (torch.export's
     # _assert_tensor_metadata, sym_size): an edge into one moves nothing, where a real reader
     # of the same split tensor, run whole, gathers it
-    from tensoropt.planmodel.walk import plan_memory
+    from tensoropt.measure import CostModel, NodeCost
     from tensoropt.plan import Plan
     from tensoropt.planmodel.reshard import reads_nothing
     from tensoropt.planmodel.simulate import simulate
-    from tensoropt.measure import CostModel, NodeCost
+    from tensoropt.planmodel.walk import plan_memory
 
     x = TensorMeta((8, 4), "float32", 0, 1)
     nodes = [OpNode("x", "input", kind="input", outputs=(x,)),

@@ -9,10 +9,10 @@ from conftest import SmallCNN
 
 import tensoropt
 from tensoropt.cluster import Cluster, Device, LinkModel, ring_allreduce_time
-from tensoropt.measure import CostModel, NodeCost, ShardCost
-from tensoropt.planmodel import step_memory
 from tensoropt.graph import OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
+from tensoropt.measure import CostModel, NodeCost, ShardCost
 from tensoropt.plan import NodeConfig, Plan, PlanError
+from tensoropt.planmodel import step_memory
 from tensoropt.planmodel.reshard import synced_parameters
 from tensoropt.planmodel.simulate import SimResult, plan_memory, simulate
 

@@ -14,8 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensoropt import zoo
-from tensoropt.zoo import (ZOO, UnknownModelError, ZooDependencyError, ZooModel, ZooParamError,
-                           build, get, resolve_params)
+from tensoropt.zoo import (
+    ZOO,
+    UnknownModelError,
+    ZooDependencyError,
+    ZooModel,
+    ZooParamError,
+    build,
+    get,
+    resolve_params,
+)
 
 NAMES = list(ZOO)
 
@@ -42,7 +50,7 @@ def n_params(model: torch.nn.Module) -> int:
 
 def test_registry_is_sorted_readonly_mapping_of_entries():
     assert isinstance(ZOO, Mapping)
-    assert NAMES == sorted(NAMES)
+    assert sorted(NAMES) == NAMES
     assert {"vgg16", "vgg19", "wide_resnet", "wide_resnet152", "unet", "inception_v3",
             "deeplab_v3", "amoebanet_d", "rnnlm", "gnmt", "transformer", "gpt2",
             "bert"} <= set(NAMES)
@@ -97,7 +105,7 @@ def test_token_ids_are_within_vocab():
         vocab = {**ZOO[name].params(), **ZOO[name].tiny}["vocab"]
         _, inputs = build(name, tiny=True)
         for x in inputs:
-            assert x.dtype == torch.int64 and 0 <= x.min() and x.max() < vocab
+            assert x.dtype == torch.int64 and x.min() >= 0 and x.max() < vocab
 
 
 # --- must hold 2: defaults build, with the published sizes ------------------------------------
