@@ -10,23 +10,84 @@ It is a JSON value (``"format": "tensoropt.plan/1"``) that carries the fingerpri
 it belongs to, so a plan is never applied to another model (nnScaler #28: a plan silently reused
 after the batch size changed).
 
-Layouts: ``R`` replicate (every device runs the whole op), ``batch`` (``S(batch)``:
-each device a slice of the batch), ``channel`` (``S(channel)``: each device a slice of the output
-channels, weights split too), ``reduce`` (``P``: each device a slice of the input features,
-partial sums added afterwards).
+Layouts (:class:`Layout`): ``R`` replicate (every device runs the whole op), ``batch``
+(``S(batch)``: each device a slice of the batch), ``channel`` (``S(channel)``: each device a slice
+of the output channels, weights split too), ``reduce`` (``P``: each device a slice of the input
+features, partial sums added afterwards).  A configuration keeps its layout as the plain string
+(``"batch"``), so plan JSON is unchanged; :class:`Layout` compares equal to it and carries the
+predicates (``Layout(cfg.layout).cuts_params``).  The layouts of *tensors* between nodes
+(``S(batch)``, ``P`` …) are :class:`tensoropt.planmodel.layouts.TensorLayout`.
+
+This module holds data and checks only: it never costs a plan (:mod:`tensoropt.planmodel`) and
+never imports torch-facing code, so every package may import it.
+
+Example::
+
+    >>> cfg = NodeConfig(("gpu0", "gpu1"), "channel")
+    >>> cfg.param_pieces, Layout(cfg.layout).cuts_params, cfg.to_dict()["layout"]
+    (2, True, 'channel')
 """
 
 from __future__ import annotations
 
+import enum
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ._io import graph_file_header, read_json, write_json_atomic
 from .errors import GraphFormatError, TensorOptError
 
 PLAN_FORMAT = "tensoropt.plan/1"
-LAYOUTS = ("R", "batch", "channel", "reduce")
+
+
+class Layout(str, enum.Enum):
+    """How a node runs on its mesh: ``R`` (replicated), ``batch``, ``channel`` or ``reduce``.
+
+    A ``str`` enum: a member equals, hashes and serialises (JSON) as its value, and ``str()``,
+    ``repr()`` and f-strings give the value's, so code and files that hold the plain strings keep working.  The
+    predicates are the one statement of each rule (a config on one device is ``R`` whatever it
+    says: :meth:`of`)."""
+
+    R = "R"
+    BATCH = "batch"
+    CHANNEL = "channel"
+    REDUCE = "reduce"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    def __repr__(self) -> str:   # as the string it stands for: messages read as before
+        return repr(self.value)
+
+    @classmethod
+    def of(cls, config: NodeConfig) -> Layout:
+        """The layout ``config`` really runs in: its own over several devices, ``R`` on one."""
+        return cls(config.layout) if config.degree > 1 else cls.R
+
+    @property
+    def is_split(self) -> bool:
+        """Whether each device does a part of the op (every layout but ``R``)."""
+        return self is not Layout.R
+
+    @property
+    def cuts_params(self) -> bool:
+        """``channel`` or ``reduce``: each device holds a slice of the parameters the op reads
+        (``R`` and ``batch`` read them whole)."""
+        return self in (Layout.CHANNEL, Layout.REDUCE)
+
+    # the spelling of the rule the issue asks for; the same predicate
+    is_channel_or_reduce = cuts_params
+
+
+#: every layout, as its string (what a plan file holds)
+LAYOUTS: tuple[str, ...] = tuple(lay.value for lay in Layout)
+#: the layouts that split a node (a profile's shard layouts)
+SPLIT_LAYOUTS: tuple[str, ...] = tuple(lay.value for lay in Layout if lay.is_split)
 
 
 class PlanError(TensorOptError):
@@ -39,7 +100,7 @@ def param_pieces(layout: str, degree: int) -> int:
     devices (each holds a slice, its gradient and its optimizer state), else 1 (``R`` and
     ``batch`` read them whole).  The one statement of this rule: memory, the walk, the simulator,
     resharding and the frontier's problem all ask here."""
-    return degree if layout in ("channel", "reduce") and degree > 1 else 1
+    return degree if degree > 1 and Layout(layout).cuts_params else 1
 
 
 @dataclass(frozen=True)
@@ -180,11 +241,11 @@ class Plan:
             raise PlanError(f"the plan configures {unknown[0]!r}, which is not an operator of graph {graph.name!r}")
         for name, cfg in self.configs.items():
             node = ops[name]
-            if cfg.degree == 1 and cfg.layout != "R":
+            if cfg.degree == 1 and cfg.layout != Layout.R:
                 raise PlanError(f"node {name!r} runs on one device but has layout {cfg.layout!r}; use 'R'")
-            if cfg.layout == "batch" and node.split.batch is None:
+            if cfg.layout == Layout.BATCH and node.split.batch is None:
                 raise PlanError(f"node {name!r} ({node.op}) cannot be split along the batch")
-            if cfg.layout == "channel" and node.split.channel is None:
+            if cfg.layout == Layout.CHANNEL and node.split.channel is None:
                 raise PlanError(f"node {name!r} ({node.op}) has no channel dimension to split")
         if sorted(self.order) != sorted(ops):
             raise PlanError("the plan's order must list every operator exactly once")

@@ -24,8 +24,9 @@ timed alone, times the node's in-sequence / alone ratio).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .._io import graph_file_header, read_json, write_json_atomic
 from ..errors import GraphFormatError, ProfileError
@@ -150,6 +151,10 @@ class CostModel:
 
     def __contains__(self, name: str) -> bool:
         return name in self.nodes
+
+    def get(self, name: str) -> NodeCost | None:
+        """The node's cost, ``None`` for nodes without one (inputs, the output)."""
+        return self.nodes.get(name)
 
     def __len__(self) -> int:
         return len(self.nodes)

@@ -24,7 +24,8 @@ one does not fit, whatever its largest peak is compared against.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..cluster.units import parse_size
 from ..errors import TensorOptError

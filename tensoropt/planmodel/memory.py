@@ -24,18 +24,33 @@ tensors on each device and returns the peak — the figure checked against a rea
 which the simulator uses for any plan (meshes, shards, recomputation); step_memory is its case
 of whole operators on single devices.  Views share their base's storage; a tensor copied to
 another device counts on both.
+
+This module owns the per-node figures and the whole-step entry point; it never walks a plan
+itself (:mod:`.walk` does, and never imports this module) and never measures.
+
+Example::
+
+    >>> node_memory(graph, costs, "conv1", layout="channel", degree=2, alpha=2)   # doctest: +SKIP
+    >>> step_memory(graph, costs, optimizer="adam")["dev0"].peak                  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 
+from ..cluster import Cluster, Device, LinkModel
 from ..errors import ProfileError
-from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
-from ..graph import OpGraph, OpNode
-from ..plan import param_pieces
+from ..graph import OpGraph
 from ..measure.costmodel import CostModel
+from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
+from ..plan import Layout, NodeConfig, Plan, param_pieces
+from .walk import StepMemory, aliases_input, plan_memory
+
+# StepMemory and aliases_input live in .walk (which the walk needs and this module builds on);
+# they are re-exported here, where the memory model's readers look for them
+__all__ = ["NodeMemory", "StepMemory", "aliases_input", "keeps_input", "node_memory", "output_kept", "step_memory"]
+
 
 @dataclass(frozen=True)
 class NodeMemory:
@@ -65,7 +80,7 @@ def node_memory(graph: OpGraph, costs: CostModel, name: str, *, layout: str = "R
     runs again inside backward).  O(consumers of the node, along view chains).
     """
     node = graph.nodes[name]
-    cost = costs[name] if name in costs else None
+    cost = costs.get(name)
     split = param_pieces(layout, degree)
     trainable = sum(graph.params[p].nbytes for p in node.params
                     if graph.params[p].requires_grad and graph.params[p].kind == "parameter")
@@ -74,7 +89,7 @@ def node_memory(graph: OpGraph, costs: CostModel, name: str, *, layout: str = "R
         return NodeMemory(_ceil(held, split), _ceil(trainable, split), alpha * _ceil(trainable, split), 0, 0)
     shard = cost.at(layout, degree)
     kept = shard.extra_saved_bytes + (shard.output_bytes if output_kept(graph, costs, name) else 0)
-    grads_in = sum(b for b in node.input_bytes) // (degree if layout == "batch" and degree > 1 else 1)
+    grads_in = sum(b for b in node.input_bytes) // (degree if layout == Layout.BATCH and degree > 1 else 1)
     transient = shard.output_bytes + grads_in + cost.workspace_bytes
     if recompute:
         transient += kept
@@ -88,7 +103,7 @@ def output_kept(graph: OpGraph, costs: CostModel, name: str) -> bool:
     storage, so ``pow(x.view(...))`` saving the view keeps ``x``'s output alive (transformers read
     nearly every activation through a ``(B·T, C) ↔ (B, T, C)`` view).  O(consumers, along view
     chains)."""
-    cost = costs[name] if name in costs else None
+    cost = costs.get(name)
     return (cost is not None and cost.saves_output) or any(keeps_input(graph, costs, c, name)
                                                            for c in graph.successors(name))
 
@@ -96,7 +111,7 @@ def output_kept(graph: OpGraph, costs: CostModel, name: str) -> bool:
 def keeps_input(graph: OpGraph, costs: CostModel, consumer: str, producer: str) -> bool:
     """Whether ``consumer`` keeps ``producer``'s output until its backward: it saves it, or it is
     a view of it (:func:`aliases_input`) whose own output is kept (:func:`output_kept`)."""
-    cost = costs[consumer] if consumer in costs else None
+    cost = costs.get(consumer)
     if cost is not None and producer in cost.saved_inputs:
         return True
     node = graph.nodes[consumer]
@@ -107,40 +122,9 @@ def _ceil(n: int, k: int) -> int:
     return -(-n // k)
 
 
-@dataclass
-class StepMemory:
-    """One device's memory over a training step."""
-
-    params: int = 0
-    buffers: int = 0
-    grads: int = 0
-    optimizer: int = 0
-    peak: int = 0              # the whole-step peak
-    peak_phase: str = ""       # "forward", "backward" or "optimizer"
-    peak_at: str = ""          # the node running at the peak
-    activations_at_peak: int = 0
-    inputs: int = 0            # the batch, held from the start
-    optimizer_temp: int = 0    # the optimizer step's temporaries
-    grads_at_peak: int = 0     # parameter gradients alive at the peak (all of them in the optimizer step)
-    transient_at_peak: int = 0  # of activations_at_peak: activation gradients, workspace, temporaries
-    context: int = 0           # what the framework holds apart from the model (reserve), in the peak
-
-    def parts(self) -> dict[str, int]:
-        """The peak split into what holds it, adding up to :attr:`peak`: ``parameters`` (with
-        buffers), ``gradients`` (parameter gradients alive then), ``optimizer`` (state),
-        ``activations`` (tensors kept for backward or for a later consumer, and the batch),
-        ``transient`` (activation gradients, workspace, gradient accumulation, recomputed
-        tensors, the optimizer step's temporaries) and ``reserve`` (framework context)."""
-        return {"parameters": self.params + self.buffers, "gradients": self.grads_at_peak,
-                "optimizer": self.optimizer, "activations": self.activations_at_peak - self.transient_at_peak,
-                "transient": self.transient_at_peak, "reserve": self.context}
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 def step_memory(graph: OpGraph, costs: CostModel, *, placement: Mapping[str, str] | None = None,
-                optimizer: int | str = DEFAULT_OPTIMIZER, foreach: bool = False, device: str = "dev0") -> dict[str, StepMemory]:
+                optimizer: int | str = DEFAULT_OPTIMIZER, foreach: bool = False,
+                device: str = "dev0") -> dict[str, StepMemory]:
     """Peak memory per device over one training step (forward, backward, optimizer step).
 
     ``placement`` maps operator names to device names (default: every node on ``device``; names
@@ -154,10 +138,6 @@ def step_memory(graph: OpGraph, costs: CostModel, *, placement: Mapping[str, str
     and its output's gradient once no later backward needs them; the optimizer step holds
     parameters + gradients + state + its temporaries (:func:`optimizer_temp_bytes`).  O(V + E).
     """
-    from ..cluster import Cluster, Device, LinkModel
-    from ..plan import NodeConfig, Plan
-    from .walk import plan_memory
-
     costs.check_graph(graph)
     optimizer_alpha(optimizer)  # an unknown optimizer is a ProfileError before any work
     ops = [n.name for n in graph.ops]
@@ -175,10 +155,3 @@ def step_memory(graph: OpGraph, costs: CostModel, *, placement: Mapping[str, str
                 graph_name=graph.name, order=ops)
     mem = plan_memory(plan, graph, costs, cluster, optimizer=optimizer, foreach=foreach)
     return {d: mem.get(d, StepMemory()) for d in devices}
-
-
-def aliases_input(node: OpNode, costs: CostModel) -> bool:
-    """Whether an operator's output lives in its first input's storage: a view, or an op the
-    profiler saw return its input (no new output bytes)."""
-    c = costs[node.name] if node.name in costs else None
-    return node.kind == "op" and bool(node.inputs) and (node.metadata_only or (c is not None and c.output_bytes == 0))

@@ -6,7 +6,8 @@ transfer: an edge ``i → j`` under configurations ``(s_i, s_j)`` costs
 ``edge_reshard(graph, i, j, s_i, s_j, cluster)``'s ``time_s + backward_time_s``, and a node's
 gradient synchronisation ``param_sync(graph, node, s, cluster).time_s`` (``None``: nothing).
 
-Tensor layouts on a mesh of ``n`` devices, as strings:
+Tensor layouts on a mesh of ``n`` devices (:class:`~tensoropt.planmodel.layouts.TensorLayout`,
+``str`` enums equal to these strings):
 
 - ``"R"``           every device holds the whole tensor;
 - ``"S(batch)"``    device ``i`` holds the ``i``-th ``1/n`` slice along the batch dimension;
@@ -81,14 +82,24 @@ both are read ``R`` here (an over-estimate).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
-from ..cluster.collectives import (all_to_all_time, allgather_time, reduce_scatter_time, ring_allreduce_bytes_time, ring_allreduce_time)
-from ..plan import NodeConfig
+from ..cluster import Cluster
+from ..cluster.collectives import (
+    all_to_all_time,
+    allgather_time,
+    reduce_scatter_time,
+    ring_allreduce_bytes_time,
+    ring_allreduce_time,
+)
+from ..graph import OpGraph, OpNode
+from ..plan import NodeConfig, Plan
+from .layouts import Layout, TensorLayout
 
-R, SB, SC, P = "R", "S(batch)", "S(channel)", "P"
-TENSOR_LAYOUTS = (R, SB, SC, P)
+R, SB, SC, P = TensorLayout.R, TensorLayout.SB, TensorLayout.SC, TensorLayout.P
+TENSOR_LAYOUTS: tuple[TensorLayout, ...] = tuple(TensorLayout)
 
 # ops whose channel split cuts a weight and needs the WHOLE input (matrix products, convolutions,
 # embeddings); other ops split along channels read their input split the same way (pointwise,
@@ -110,22 +121,21 @@ def op_basename(op: str) -> str:
     return base.lower()
 
 
-def is_weighted(node: Any) -> bool:
+def is_weighted(node: OpNode | str) -> bool:
     """Whether a channel split of ``node`` (an :class:`~tensoropt.graph.OpNode` or an op name)
     cuts a weight and therefore reads its whole input (see :data:`WEIGHTED_OPS`)."""
     op = node if isinstance(node, str) else node.op
     return op_basename(op) in WEIGHTED_OPS
 
 
-def output_layout(config: NodeConfig) -> str:
+def output_layout(config: NodeConfig) -> TensorLayout:
     """The layout a node writes its output in: ``R`` → R, ``batch`` → S(batch), ``channel`` →
     S(channel), ``reduce`` → P (partial sums); a mesh of one device → R."""
-    if config.degree == 1:
-        return R
-    return {"R": R, "batch": SB, "channel": SC, "reduce": P}[config.layout]
+    return TensorLayout.written_by(Layout.of(config))
 
 
-def input_layout(node: Any, config: NodeConfig, *, batch_ok: bool = True, channel_ok: bool = True) -> str:
+def input_layout(node: OpNode | str | None, config: NodeConfig, *, batch_ok: bool = True,
+                 channel_ok: bool = True) -> TensorLayout:
     """The layout in which ``node`` (run as ``config``) reads each of its activation inputs.
 
     - one device, or ``R``: ``R`` (the whole input on every device);
@@ -142,36 +152,36 @@ def input_layout(node: Any, config: NodeConfig, *, batch_ok: bool = True, channe
     ``False`` when the input tensor has no batch / channel dimension (a mask, a scale): such an
     input is read whole (``R``) and its gradient comes back as partial sums.
     """
-    if config.degree == 1 or config.layout == "R":
+    if config.degree == 1 or config.layout == Layout.R:
         return R
-    if config.layout == "batch":
+    if config.layout == Layout.BATCH:
         return SB if batch_ok else R
-    if config.layout == "reduce":
+    if config.layout == Layout.REDUCE:
         return SC if channel_ok else R
-    if config.layout == "channel":
+    if config.layout == Layout.CHANNEL:
         if node is None or is_weighted(node):
             return R
         return SC if channel_ok else R
     raise ValueError(f"unknown layout {config.layout!r}")
 
 
-def grad_layout(config: NodeConfig, read: str) -> str:
+def grad_layout(config: NodeConfig, read: TensorLayout) -> TensorLayout:
     """The layout of the gradient a consumer run as ``config`` hands back for an input it read in
     ``read``: the same layout, except that an input read whole (``R``) by a node that is split
     (``batch`` / ``channel`` / ``reduce`` over several devices) gets partial gradients ``P`` from
     every device (each shard of the computation contributes to every element)."""
     if config.degree == 1:
         return R
-    if read == R and config.layout != "R":
+    if read == R and Layout(config.layout).is_split:
         return P
     return read
 
 
-def needed_grad_layout(config: NodeConfig) -> str:
+def needed_grad_layout(config: NodeConfig) -> TensorLayout:
     """The layout in which a producer run as ``config`` needs the gradient of its output: its
     output layout, except ``R`` for partial sums (every partial gets the whole gradient)."""
     lay = output_layout(config)
-    return R if lay == P else lay
+    return R if lay.is_partial else lay
 
 
 class Step(NamedTuple):
@@ -226,10 +236,10 @@ class Reshard:
     backward.
     """
 
-    src_layout: str
-    dst_layout: str
-    grad_layout: str
-    needed_grad_layout: str
+    src_layout: TensorLayout
+    dst_layout: TensorLayout
+    grad_layout: TensorLayout
+    needed_grad_layout: TensorLayout
     forward: tuple[Stage, ...] = ()
     backward: tuple[Stage, ...] = ()
     recv_bytes: Mapping[str, int] = field(default_factory=dict)
@@ -270,8 +280,9 @@ class Reshard:
                 "backward_recv_bytes": dict(self.backward_recv_bytes)}
 
 
-def reshard(src: NodeConfig, dst: NodeConfig, nbytes: int | float, cluster: Any, *, consumer: Any = None,
-            reads: str | None = None, batch_ok: bool = True, channel_ok: bool = True) -> Reshard:
+def reshard(src: NodeConfig, dst: NodeConfig, nbytes: int | float, cluster: Cluster, *,
+            consumer: OpNode | str | None = None, reads: str | None = None, batch_ok: bool = True,
+            channel_ok: bool = True) -> Reshard:
     """What it costs to bring a tensor of ``nbytes`` (its FULL size) from its producer, run as
     ``src``, to a consumer run as ``dst``, and its gradient back.  See the module docstring for
     the layouts and the formula of every case.
@@ -283,9 +294,10 @@ def reshard(src: NodeConfig, dst: NodeConfig, nbytes: int | float, cluster: Any,
     """
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-    read = reads if reads is not None else input_layout(consumer, dst, batch_ok=batch_ok, channel_ok=channel_ok)
-    if read not in TENSOR_LAYOUTS or read == P:
-        raise ValueError(f"a consumer reads R, S(batch) or S(channel), not {read!r}")
+    if reads is not None and (reads not in TENSOR_LAYOUTS or reads == P):
+        raise ValueError(f"a consumer reads R, S(batch) or S(channel), not {reads!r}")
+    read = TensorLayout(reads) if reads is not None else input_layout(consumer, dst, batch_ok=batch_ok,
+                                                                       channel_ok=channel_ok)
     if dst.degree == 1:
         read = R
     out = output_layout(src)
@@ -295,8 +307,8 @@ def reshard(src: NodeConfig, dst: NodeConfig, nbytes: int | float, cluster: Any,
     return Reshard(out, read, g, need, fwd, bwd, recv, brecv)
 
 
-def edge_reshard(graph: Any, producer: str, consumer: str, src: NodeConfig, dst: NodeConfig,
-                 cluster: Any) -> Reshard:
+def edge_reshard(graph: OpGraph, producer: str, consumer: str, src: NodeConfig, dst: NodeConfig,
+                 cluster: Cluster) -> Reshard:
     """:func:`reshard` for the graph edge ``producer → consumer`` with the producer run as
     ``src`` and the consumer as ``dst``: the edge's bytes, the consumer's op (weighted or not)
     and whether the producer's output has a batch / channel dimension all come from ``graph``.
@@ -312,7 +324,7 @@ def edge_reshard(graph: Any, producer: str, consumer: str, src: NodeConfig, dst:
     return reshard(src, dst, nbytes, cluster, consumer=node, reads=read)
 
 
-def read_layout(graph: Any, node: Any, producer: str, config: NodeConfig) -> str:
+def read_layout(graph: OpGraph, node: OpNode, producer: str, config: NodeConfig) -> TensorLayout:
     """The layout in which ``node`` (an :class:`~tensoropt.graph.OpNode`) run as ``config``
     reads its input ``producer`` (an operator or a graph input): :func:`input_layout`, with the
     producer's batch / channel dimensions from ``graph``, and the whole tensor where
@@ -323,7 +335,7 @@ def read_layout(graph: Any, node: Any, producer: str, config: NodeConfig) -> str
                         channel_ok=has_dim(prod, "channel_dim"))
 
 
-def reads_whole(graph: Any, node: Any, producer: str) -> bool:
+def reads_whole(graph: OpGraph, node: OpNode, producer: str) -> bool:
     """Whether ``node`` run along the batch reads ``producer`` whole: the source of an ``index``
     whose index tensors carry the batch (``x[arange(B)[:, None], j]``; each shard gathers its
     block of the output from the whole source, :mod:`tensoropt.capture.semantics`)."""
@@ -333,7 +345,7 @@ def reads_whole(graph: Any, node: Any, producer: str) -> bool:
                     for p in node.inputs[1:]))
 
 
-def reads_nothing(node: Any) -> bool:
+def reads_nothing(node: OpNode) -> bool:
     """Whether an :class:`~tensoropt.graph.OpNode` has no tensor output and is never run by the
     executors (they skip such nodes): a size query (``sym_size``, a constant where it is used) or
     a metadata assert (``_assert_tensor_metadata``, which names the capture device).  Its input
@@ -343,7 +355,7 @@ def reads_nothing(node: Any) -> bool:
         node.metadata_only or op_basename(node.op).startswith("_assert"))
 
 
-def has_dim(node: Any, which: str) -> bool:
+def has_dim(node: OpNode, which: str) -> bool:
     """Whether an :class:`~tensoropt.graph.OpNode`'s output has a ``batch_dim`` / ``channel_dim``
     (``True`` when the graph does not say: nodes without output metadata)."""
     if not node.outputs:
@@ -351,7 +363,8 @@ def has_dim(node: Any, which: str) -> bool:
     return any(getattr(t, which) is not None for t in node.outputs)
 
 
-def param_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any, *, bucketed: bool = False) -> Step | None:
+def param_sync(graph: OpGraph, node: OpNode | str, config: NodeConfig, cluster: Cluster, *,
+               bucketed: bool = False) -> Step | None:
     """The gradient all-reduce a node needs after its backward, or ``None``.
 
     ``bucketed``: the node's share of an all-reduce that carries the gradients of many nodes at
@@ -366,7 +379,7 @@ def param_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any, *, bucke
     ``reduce`` nodes hold a slice of each parameter and its gradient: nothing to sum.
     ``node`` is the :class:`~tensoropt.graph.OpNode` (or its name) in ``graph``.
     """
-    if config.degree < 2 or config.layout not in ("R", "batch"):
+    if config.degree < 2 or Layout(config.layout).cuts_params:
         return None
     node = graph.nodes[node] if isinstance(node, str) else node
     nbytes = sum(graph.params[p].nbytes for p in (*node.params, *node.param_reads)
@@ -378,7 +391,7 @@ def param_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any, *, bucke
     return Step("allreduce", mesh, nbytes, time_of(cluster, mesh, nbytes))
 
 
-def param_cut(node: Any, config: NodeConfig) -> tuple[str, tuple[str, ...], str] | None:
+def param_cut(node: OpNode, config: NodeConfig) -> tuple[str, tuple[str, ...], str] | None:
     """How ``node`` (an :class:`~tensoropt.graph.OpNode`) run under ``config`` cuts the parameters
     it reads: ``(layout, mesh, op)`` for a ``channel`` / ``reduce`` split over several devices,
     ``None`` where every device reads them whole.  Two readers of a shared parameter can each
@@ -389,7 +402,7 @@ def param_cut(node: Any, config: NodeConfig) -> tuple[str, tuple[str, ...], str]
     return None
 
 
-def synced_parameters(graph: Any, plan: Any) -> dict[str, tuple[str, ...]]:
+def synced_parameters(graph: OpGraph, plan: Plan) -> dict[str, tuple[str, ...]]:
     """Trainable parameter → the devices (in plan order) whose gradients of it the executors sum.
 
     A parameter read on several devices ends the backward with a gradient on each; the executors
@@ -401,7 +414,7 @@ def synced_parameters(graph: Any, plan: Any) -> dict[str, tuple[str, ...]]:
     columns, the output layer's rows): held whole and summed.  O(V + parameters)."""
     order = {d: i for i, d in enumerate(plan.devices)}
     where: dict[str, set[str]] = {}
-    cuts: dict[str, set[tuple | None]] = {}
+    cuts: dict[str, set[tuple[str, tuple[str, ...], str] | None]] = {}
     for name, cfg in plan.configs.items():
         node = graph.nodes[name]
         for q in (*node.params, *node.param_reads):
@@ -417,7 +430,7 @@ def synced_parameters(graph: Any, plan: Any) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def gradient_syncs(graph: Any, plan: Any, cluster: Any) -> list[tuple[tuple[str, ...], Step]]:
+def gradient_syncs(graph: OpGraph, plan: Plan, cluster: Cluster) -> list[tuple[tuple[str, ...], Step]]:
     """The gradient all-reduces of a whole plan as the executors run them: ``[(readers, step)]``.
 
     The :func:`synced_parameters` read by the same set of devices are summed together — one flat
@@ -441,7 +454,7 @@ def gradient_syncs(graph: Any, plan: Any, cluster: Any) -> list[tuple[tuple[str,
             for mesh, (nodes, nbytes) in groups.items()]
 
 
-def stat_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any) -> Stage | None:
+def stat_sync(graph: OpGraph, node: OpNode | str, config: NodeConfig, cluster: Cluster) -> Stage | None:
     """The exchange of a batch-split batch norm's statistics, or ``None``.
 
     A training batch norm split along the batch over a mesh must normalise with the statistics
@@ -454,7 +467,7 @@ def stat_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any) -> Stage 
     pays it once in forward and once in backward): both exchanges' messages, twice one's time.
     Every ``batch_norm`` op is taken to be in training (a capture is of a training step).
     """
-    if config.degree < 2 or config.layout != "batch":
+    if config.degree < 2 or config.layout != Layout.BATCH:
         return None
     node = graph.nodes[node] if isinstance(node, str) else node
     if op_basename(node.op) != "batch_norm" or not node.outputs or len(node.outputs[0].shape) < 2:
@@ -466,16 +479,16 @@ def stat_sync(graph: Any, node: Any, config: NodeConfig, cluster: Any) -> Stage 
     return Stage(one.steps + one.steps, 2 * one.time_s)
 
 
-def piece_bytes(layout: str, degree: int, nbytes: int | float) -> int:
-    """Bytes one device holds of a tensor of ``nbytes`` in ``layout`` over ``degree`` devices
-    (a slice rounds up)."""
-    if layout.startswith("S") and degree > 1:
+def piece_bytes(layout: TensorLayout, degree: int, nbytes: int | float) -> int:
+    """Bytes one device holds of a tensor of ``nbytes`` in ``layout`` (a :class:`TensorLayout`)
+    over ``degree`` devices (a slice rounds up)."""
+    if degree > 1 and TensorLayout(layout).is_slice:
         return int(math.ceil(nbytes / degree))
     return int(math.ceil(nbytes))
 
 
-def move(src_layout: str, src_devices: Sequence[str], dst_layout: str, dst_devices: Sequence[str],
-         nbytes: int | float, cluster: Any) -> tuple[tuple[Stage, ...], dict[str, int]]:
+def move(src_layout: TensorLayout, src_devices: Sequence[str], dst_layout: TensorLayout, dst_devices: Sequence[str],
+         nbytes: int | float, cluster: Cluster) -> tuple[tuple[Stage, ...], dict[str, int]]:
     """The stages that turn a tensor of ``nbytes`` held as ``src_layout`` on ``src_devices`` into
     ``dst_layout`` on ``dst_devices``, and the new bytes each destination device holds.  The
     general form of :func:`reshard` (it is used for gradients too: a ``P`` source is allowed, a
@@ -494,7 +507,7 @@ def move(src_layout: str, src_devices: Sequence[str], dst_layout: str, dst_devic
         return (), {}
     piece = piece_bytes(dst_layout, m, nbytes)
     if ms == md:
-        if src_layout == dst_layout or src_layout == R:
+        if src_layout in (dst_layout, R):
             return (), {}
         if src_layout == P:
             if dst_layout == R:
@@ -546,12 +559,12 @@ def move(src_layout: str, src_devices: Sequence[str], dst_layout: str, dst_devic
     return tuple(stages), recv
 
 
-def _p2p_stage(sends: list[tuple[str, str, float]], cluster: Any) -> Stage:
+def _p2p_stage(sends: list[tuple[str, str, float]], cluster: Cluster) -> Stage:
     senders = {s for s, _, _ in sends}
     receivers = {d for _, d, _ in sends}
     out_t: dict[str, float] = {}
     in_t: dict[str, float] = {}
-    steps = []
+    steps: list[Step] = []
     for s, d, b in sends:
         link = cluster.link(s, d)
         both = s in receivers or d in senders

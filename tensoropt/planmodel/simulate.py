@@ -1,6 +1,6 @@
 """The simulator: one training step of a :class:`~tensoropt.plan.Plan`, event by event.
 
-:func:`simulate` evaluates any plan with the same :class:`~tensoropt.costs.CostModel` and
+:func:`simulate` evaluates any plan with the same :class:`~tensoropt.measure.costmodel.CostModel` and
 :class:`~tensoropt.cluster.Cluster` frontier tracking uses, and returns the iteration time, the
 peak memory of every device and a timeline (for a Gantt chart).
 
@@ -48,17 +48,18 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-from .memory import StepMemory
-from ..graph import grad_nodes
+from ..cluster import Cluster
+from ..graph import OpGraph, OpNode, grad_nodes
 from ..measure.costmodel import CostModel
-from .walk import plan_edges, plan_memory, shard_cost, walk
-from ..graph import OpGraph
-from ..plan import Estimate, Plan, PlanError
-from .reshard import P, R, Stage, gradient_syncs, move, output_layout, stat_sync, synced_parameters
 from ..optimizers import DEFAULT_OPTIMIZER
+from ..plan import Estimate, Plan, PlanError
+from .layouts import TensorLayout
+from .reshard import P, R, Stage, gradient_syncs, move, output_layout, stat_sync, synced_parameters
+from .walk import PlanEdges, StepMemory, plan_edges, plan_memory, shard_cost, walk
 
 # plan_memory is the simulator's memory model without the timing; it lives with the cost model
 __all__ = ["simulate", "SimResult", "TimelineEvent", "plan_memory", "PHASES"]
@@ -94,7 +95,7 @@ class SimResult:
     """What :func:`simulate` found.
 
     ``time_s``: the iteration time; ``memory_bytes``: the peak per device; ``memory``: the
-    per-device breakdown (:class:`~tensoropt.costs.StepMemory`); ``compute_s``: seconds each device
+    per-device breakdown (:class:`~tensoropt.planmodel.walk.StepMemory`); ``compute_s``: seconds each device
     computes; ``link_s``: seconds each directed link (``"a->b"``) is busy; ``timeline``: every
     :class:`TimelineEvent`, by start time.
     """
@@ -134,13 +135,18 @@ class SimResult:
 
 
 class _Task:
-    __slots__ = ("id", "kind", "node", "phase", "devices", "dur", "stage", "detail", "succ", "pending",
-                 "ready", "start", "end")
+    """A compute task (``devices`` busy for ``dur_on[device]``), a comm task (``stage``'s links
+    busy for ``dur``) or a sync task (a join, no time)."""
+
+    __slots__ = ("id", "kind", "node", "phase", "devices", "dur_on", "dur", "stage", "links", "detail", "succ",
+                 "pending", "ready", "start", "end")
 
     def __init__(self, tid: int, kind: str, node: str, phase: str, *, devices: tuple[str, ...] = (),
-                 dur: Mapping[str, float] | float = 0.0, stage: Stage | None = None, detail: str = ""):
+                 dur_on: Mapping[str, float] | None = None, dur: float = 0.0, stage: Stage | None = None,
+                 detail: str = ""):
         self.id, self.kind, self.node, self.phase = tid, kind, node, phase
-        self.devices, self.dur, self.stage, self.detail = devices, dur, stage, detail
+        self.devices, self.dur_on, self.dur, self.stage, self.detail = devices, dict(dur_on or {}), dur, stage, detail
+        self.links: list[tuple[str, str]] = stage.links if stage is not None else []
         self.succ: list[int] = []
         self.pending = 0
         self.ready = 0.0
@@ -151,23 +157,26 @@ class _Schedule:
     def __init__(self) -> None:
         self.tasks: list[_Task] = []
 
-    def add(self, kind: str, node: str, phase: str, deps: list[int | None] = (), **kw: Any) -> int:
-        t = _Task(len(self.tasks), kind, node, phase, **kw)
+    def add(self, kind: str, node: str, phase: str, deps: Sequence[int | None] = (), *,
+            devices: tuple[str, ...] = (), dur_on: Mapping[str, float] | None = None, dur: float = 0.0,
+            stage: Stage | None = None, detail: str = "") -> int:
+        t = _Task(len(self.tasks), kind, node, phase, devices=devices, dur_on=dur_on, dur=dur, stage=stage,
+                  detail=detail)
         self.tasks.append(t)
         for d in dict.fromkeys(x for x in deps if x is not None):
             self.tasks[d].succ.append(t.id)
             t.pending += 1
         return t.id
 
-    def chain(self, stages: tuple[Stage, ...], node: str, phase: str, deps: list[int | None],
+    def chain(self, stages: Sequence[Stage], node: str, phase: str, deps: Sequence[int | None],
               detail: str) -> int | None:
         """Comm tasks for the stages, one after the other; returns the last (or the single dep
         when nothing moves, or a sync task joining several)."""
         if not stages:
-            deps = [d for d in dict.fromkeys(deps) if d is not None]
-            if len(deps) <= 1:
-                return deps[0] if deps else None
-            return self.add("sync", node, "sync", deps)
+            real = [d for d in dict.fromkeys(deps) if d is not None]
+            if len(real) <= 1:
+                return real[0] if real else None
+            return self.add("sync", node, "sync", real)
         last: list[int | None] = list(deps)
         for st in stages:
             kinds = "+".join(dict.fromkeys(s.kind for s in st.steps))
@@ -175,6 +184,8 @@ class _Schedule:
         return last[0]
 
     def run(self) -> float:
+        """Run every task as early as its dependencies, devices and links allow (the module
+        docstring's rules); returns when the last one ends."""
         tasks = self.tasks
         queues: dict[str, deque[int]] = {}
         for t in tasks:
@@ -187,7 +198,7 @@ class _Schedule:
         comm_ready: list[tuple[float, int]] = []
         now = 0.0
 
-        def became_ready(t: _Task) -> None:
+        def became_ready(t: _Task, now: float) -> None:
             if t.kind == "comm":
                 heapq.heappush(comm_ready, (t.ready, t.id))
             elif t.kind == "sync":
@@ -196,40 +207,13 @@ class _Schedule:
 
         for t in tasks:
             if t.pending == 0:
-                became_ready(t)
+                became_ready(t, now)
         finished = 0
         while True:
             progress = True
             while progress:
-                progress = False
-                for d, q in queues.items():
-                    if not q:
-                        continue
-                    t = tasks[q[0]]
-                    if t.pending or any(not queues[x] or queues[x][0] != t.id or dev_free[x] > now for x in t.devices):
-                        continue
-                    t.start = now
-                    for x in t.devices:
-                        dev_free[x] = now + t.dur[x]
-                        queues[x].popleft()
-                    t.end = max(now + t.dur[x] for x in t.devices)
-                    heapq.heappush(heap, (t.end, t.id))
-                    progress = True
-                waiting = []
-                while comm_ready:
-                    ready, tid = heapq.heappop(comm_ready)
-                    t = tasks[tid]
-                    links = t.stage.links
-                    if all(link_free.get(ln, 0.0) <= now for ln in links):
-                        t.start, t.end = now, now + t.dur
-                        for ln in links:
-                            link_free[ln] = t.end
-                        heapq.heappush(heap, (t.end, t.id))
-                        progress = True
-                    else:
-                        waiting.append((ready, tid))
-                for w in waiting:
-                    heapq.heappush(comm_ready, w)
+                progress = self._start_computes(queues, dev_free, heap, now)
+                progress = self._start_comms(comm_ready, link_free, heap, now) or progress
             if not heap:
                 break
             now = heap[0][0]
@@ -241,20 +225,61 @@ class _Schedule:
                     st.pending -= 1
                     st.ready = max(st.ready, now)
                     if st.pending == 0:
-                        became_ready(st)
+                        became_ready(st, now)
         if finished != len(tasks):  # pragma: no cover - the order is topological, so this cannot happen
             stuck = next(t for t in tasks if math.isnan(t.end))
             raise PlanError(f"the simulation stalled at {now:.6g} s: {stuck.phase} of {stuck.node!r} never ran "
                             "(is the plan's order a topological order?)")
         return max((t.end for t in tasks), default=0.0)
 
+    def _start_computes(self, queues: dict[str, deque[int]], dev_free: dict[str, float],
+                        heap: list[tuple[float, int]], now: float) -> bool:
+        """Start every compute task at the head of all its devices' queues whose devices are free."""
+        progress = False
+        for q in queues.values():
+            if not q:
+                continue
+            t = self.tasks[q[0]]
+            if t.pending or any(not queues[x] or queues[x][0] != t.id or dev_free[x] > now for x in t.devices):
+                continue
+            t.start = now
+            for x in t.devices:
+                dev_free[x] = now + t.dur_on[x]
+                queues[x].popleft()
+            t.end = max(now + t.dur_on[x] for x in t.devices)
+            heapq.heappush(heap, (t.end, t.id))
+            progress = True
+        return progress
 
-def _describe(rs_layouts: tuple[str, str], src: tuple[str, ...], dst: tuple[str, ...], direction: str) -> str:
+    def _start_comms(self, comm_ready: list[tuple[float, int]], link_free: dict[tuple[str, str], float],
+                     heap: list[tuple[float, int]], now: float) -> bool:
+        """Start every ready comm task whose links are all free, first come first served."""
+        progress = False
+        waiting = []
+        while comm_ready:
+            ready, tid = heapq.heappop(comm_ready)
+            t = self.tasks[tid]
+            if all(link_free.get(ln, 0.0) <= now for ln in t.links):
+                t.start, t.end = now, now + t.dur
+                for ln in t.links:
+                    link_free[ln] = t.end
+                heapq.heappush(heap, (t.end, t.id))
+                progress = True
+            else:
+                waiting.append((ready, tid))
+        for w in waiting:
+            heapq.heappush(comm_ready, w)
+        return progress
+
+
+def _describe(rs_layouts: tuple[TensorLayout, TensorLayout], src: Sequence[str], dst: Sequence[str],
+              direction: str) -> str:
     return f"{direction} {rs_layouts[0]} on {','.join(src)} -> {rs_layouts[1]} on {','.join(dst)}"
 
 
-def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, optimizer: str | int = DEFAULT_OPTIMIZER,
-             overlap: bool = True, foreach: bool = False, context_bytes: int = 0) -> SimResult:
+def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
+             optimizer: str | int = DEFAULT_OPTIMIZER, overlap: bool = True, foreach: bool = False,
+             context_bytes: int = 0) -> SimResult:
     """Simulate one training step of ``plan``; see the module docstring for every rule.
 
     ``optimizer`` (``sgd`` / ``momentum`` / ``adam`` or α) and ``foreach`` size the optimizer
@@ -269,88 +294,127 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, opti
     costs.check_graph(graph)
     needs_grad = grad_nodes(graph)
     edges = plan_edges(plan, graph, cluster)
-    sched = _Schedule()
-    speed = {d: cluster.device(d).speed for d in plan.devices}
+    step = _StepTasks(plan, graph, cluster, edges, needs_grad, _node_times(plan, graph, costs))
+    fwd_task = step.forward()
+    loss, outputs = step.loss(fwd_task)
+    bwd_task = step.backward(loss, outputs)
+    step.gradient_syncs(bwd_task, overlap)
+    total = step.sched.run()
+    timeline, compute_s, link_s = _timeline(step.sched, plan.devices)
+    mem = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=foreach,
+               context_bytes=context_bytes)
+    return SimResult(total, {d: m.peak for d, m in mem.items()}, compute_s, link_s, timeline, mem,
+                     optimizer, overlap)
 
-    def compute(name: str, phase: str, seconds: float, deps: list[int | None]) -> int:
-        cfg = plan.configs[name]
-        return sched.add("compute", name, phase, deps, devices=tuple(cfg.devices),
-                         dur={d: seconds / speed[d] for d in cfg.devices})
 
-    position = {name: i for i, name in enumerate(plan.order)}
+def _node_times(plan: Plan, graph: OpGraph, costs: CostModel) -> dict[str, tuple[float, float]]:
+    """Each node's (forward, backward) seconds at its configuration; the backward includes
+    copying its contribution to gradients summed across devices into the flat buffer — a piece
+    of a parameter held whole (this node cuts it) first gets padded to the whole by the cut's
+    backward: a whole-sized gradient written once more (GPT-2's tied embedding)."""
     synced = synced_parameters(graph, plan)
     times = {}
     for name in plan.order:
-        node = graph.nodes[name]
-        sh = shard_cost(costs, node, plan.configs[name])
+        node, cfg = graph.nodes[name], plan.configs[name]
+        sh = shard_cost(costs, node, cfg)
         fp, bp = (sh.fp_s, sh.bp_s) if sh is not None else (0.0, 0.0)
-        # its contribution to a gradient summed across devices goes into the flat buffer; a piece
-        # of a parameter held whole (this node cuts it) first gets padded to the whole by the
-        # cut's backward: a whole-sized gradient written once more (GPT-2's tied embedding)
-        cfg = plan.configs[name]
         cut = cfg.param_pieces > 1
         summed = sum(graph.params[q].nbytes for q in (*node.params, *node.param_reads) if q in synced)
         bp += costs.grad_copy_s(summed * (2 if cut else 1))
         times[name] = (fp, bp)
+    return times
 
-    # ---- forward ----
-    fwd_task: dict[str, int] = {}
-    arrived: dict[tuple, int | None] = {}
-    for name in plan.order:
-        node, cfg = graph.nodes[name], plan.configs[name]
-        deps: list[int | None] = []
-        for p in node.inputs:
-            key = edges.key_of.get((name, p))
-            if key is None:
+
+class _StepTasks:
+    """The tasks of one step in a :class:`_Schedule`: forward, the loss, backward, gradient syncs."""
+
+    def __init__(self, plan: Plan, graph: OpGraph, cluster: Cluster, edges: PlanEdges,
+                 needs_grad: Mapping[str, bool], times: Mapping[str, tuple[float, float]]) -> None:
+        self.plan, self.graph, self.cluster, self.edges = plan, graph, cluster, edges
+        self.needs_grad, self.times = needs_grad, times
+        self.sched = _Schedule()
+        self.speed = {d: cluster.device(d).speed for d in plan.devices}
+
+    def compute(self, name: str, phase: str, seconds: float, deps: Sequence[int | None]) -> int:
+        cfg = self.plan.configs[name]
+        return self.sched.add("compute", name, phase, deps, devices=tuple(cfg.devices),
+                              dur_on={d: seconds / self.speed[d] for d in cfg.devices})
+
+    def forward(self) -> dict[str, int]:
+        """Each node's forward after its inputs arrive (one transfer per edge key); a batch-split
+        batch norm's consumers also wait for its statistics.  Returns node -> its last task."""
+        plan, sched, edges = self.plan, self.sched, self.edges
+        fwd_task: dict[str, int] = {}
+        arrived: dict[tuple[Any, ...], int | None] = {}
+        for name in plan.order:
+            node, cfg = self.graph.nodes[name], plan.configs[name]
+            deps: list[int | None] = []
+            for p in node.inputs:
+                key = edges.key_of.get((name, p))
+                if key is None:
+                    continue
+                if key not in arrived:
+                    rs = edges.fwd[key]
+                    detail = _describe((rs.src_layout, rs.dst_layout), plan.configs[p].devices, key[1], "forward")
+                    arrived[key] = sched.chain(rs.forward, p, "transfer", [fwd_task[p]], detail)
+                deps.append(arrived[key])
+            fwd_task[name] = self.compute(name, "fp", self.times[name][0], deps)
+            stats = stat_sync(self.graph, node, cfg, self.cluster)
+            if stats is not None:   # its consumers wait for the whole batch's statistics
+                fwd_task[name] = _known(sched.chain((stats,), name, "transfer", [fwd_task[name]],
+                                                    f"forward batch-norm statistics on {','.join(cfg.devices)}"))
+        return fwd_task
+
+    def loss(self, fwd_task: Mapping[str, int]) -> tuple[int, set[str]]:
+        """The loss: a join of every model output (a partial-sum output all-reduced first).
+        Returns its task and the model outputs."""
+        out_node = next((n for n in self.graph if n.kind == "output"), None)
+        loss_deps: list[int | None] = []
+        for p in (out_node.inputs if out_node is not None else ()):
+            if p not in self.plan.configs:
                 continue
-            if key not in arrived:
-                rs = edges.fwd[key]
-                detail = _describe((rs.src_layout, rs.dst_layout), plan.configs[p].devices, key[1], "forward")
-                arrived[key] = sched.chain(rs.forward, p, "transfer", [fwd_task[p]], detail)
-            deps.append(arrived[key])
-        fwd_task[name] = compute(name, "fp", times[name][0], deps)
-        stats = stat_sync(graph, node, cfg, cluster)
-        if stats is not None:   # its consumers wait for the whole batch's statistics
-            fwd_task[name] = sched.chain((stats,), name, "transfer", [fwd_task[name]],
-                                         f"forward batch-norm statistics on {','.join(cfg.devices)}")
+            cfg = self.plan.configs[p]
+            if output_layout(cfg) == P:  # partial sums are added up before the loss
+                assert out_node is not None
+                nbytes = out_node.input_bytes[out_node.inputs.index(p)]
+                stages, _ = move(P, cfg.devices, R, cfg.devices, nbytes, self.cluster)
+                detail = _describe((P, R), cfg.devices, cfg.devices, "forward")
+                loss_deps.append(self.sched.chain(stages, p, "transfer", [fwd_task[p]], detail))
+            else:
+                loss_deps.append(fwd_task[p])
+        if not loss_deps:
+            loss_deps = list(fwd_task.values())
+        loss = self.sched.add("sync", "loss", "sync", loss_deps)
+        return loss, set(out_node.inputs) if out_node is not None else set()
 
-    # ---- the loss ----
-    out_node = next((n for n in graph if n.kind == "output"), None)
-    loss_deps: list[int | None] = []
-    for p in (out_node.inputs if out_node is not None else ()):
-        if p not in plan.configs:
-            continue
-        cfg = plan.configs[p]
-        if output_layout(cfg) == P:  # partial sums are added up before the loss
-            nbytes = out_node.input_bytes[out_node.inputs.index(p)]
-            stages, _ = move(P, cfg.devices, R, cfg.devices, nbytes, cluster)
-            detail = _describe((P, R), cfg.devices, cfg.devices, "forward")
-            loss_deps.append(sched.chain(stages, p, "transfer", [fwd_task[p]], detail))
-        else:
-            loss_deps.append(fwd_task[p])
-    if not loss_deps:
-        loss_deps = list(fwd_task.values())
-    loss = sched.add("sync", "loss", "sync", loss_deps)
-    outputs = set(out_node.inputs) if out_node is not None else set()
+    def backward(self, loss: int, outputs: set[str]) -> dict[str, int]:
+        """Each node's backward (after its recomputation) once its output's gradients are back;
+        then the gradients it sends its producers.  Returns node -> its last task."""
+        plan, sched, needs_grad = self.plan, self.sched, self.needs_grad
+        bwd_task: dict[str, int] = {}
+        grads_back: dict[str, list[int | None]] = {}   # producer -> tasks after which a gradient has arrived
+        for name in reversed(plan.order):
+            node, cfg = self.graph.nodes[name], plan.configs[name]
+            deps = list(grads_back.get(name, []))
+            if name in outputs and needs_grad.get(name):
+                deps.append(loss)
+            first = deps
+            if cfg.recompute:
+                rc = self.compute(name, "recompute", self.times[name][0], deps)
+                first = [rc]
+            bwd_task[name] = self.compute(name, "bp", self.times[name][1], first)
+            stats = stat_sync(self.graph, node, cfg, self.cluster) if needs_grad.get(name) else None
+            if stats is not None:
+                bwd_task[name] = _known(sched.chain((stats,), name, "transfer", [bwd_task[name]],
+                                                    f"backward batch-norm statistics on {','.join(cfg.devices)}"))
+            self._send_gradients(name, node, bwd_task, grads_back)
+        return bwd_task
 
-    # ---- backward ----
-    bwd_task: dict[str, int] = {}
-    grads_back: dict[str, list[int | None]] = {}   # producer -> tasks after which a gradient has arrived
-    for name in reversed(plan.order):
-        node, cfg = graph.nodes[name], plan.configs[name]
-        deps = list(grads_back.get(name, []))
-        if name in outputs and needs_grad.get(name):
-            deps.append(loss)
-        first = deps
-        if cfg.recompute:
-            rc = compute(name, "recompute", times[name][0], deps)
-            first = [rc]
-        bwd_task[name] = compute(name, "bp", times[name][1], first)
-        stats = stat_sync(graph, node, cfg, cluster) if needs_grad.get(name) else None
-        if stats is not None:
-            bwd_task[name] = sched.chain((stats,), name, "transfer", [bwd_task[name]],
-                                         f"backward batch-norm statistics on {','.join(cfg.devices)}")
-        # the gradients this node sends back to its producers
+    def _send_gradients(self, name: str, node: OpNode, bwd_task: Mapping[str, int],
+                        grads_back: dict[str, list[int | None]]) -> None:
+        """The gradients ``name`` sends back to its producers: summed on the consumers' mesh,
+        sent once after the last of their backwards."""
+        needs_grad, edges = self.needs_grad, self.edges
         for p in node.inputs:
             key = edges.key_of.get((name, p))
             if key is None or not needs_grad.get(p) or not needs_grad.get(name):
@@ -361,35 +425,43 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, opti
             if name != senders[0]:
                 continue  # summed on the consumers' mesh, sent once after the last of their backwards
             deps_b = [bwd_task[c] for c in senders]
-            detail = _describe((rs.grad_layout, rs.needed_grad_layout), key[1], plan.configs[p].devices, "backward")
-            grads_back.setdefault(p, []).append(sched.chain(rs.backward, p, "transfer", deps_b, detail))
+            detail = _describe((rs.grad_layout, rs.needed_grad_layout), key[1], self.plan.configs[p].devices,
+                               "backward")
+            grads_back.setdefault(p, []).append(self.sched.chain(rs.backward, p, "transfer", deps_b, detail))
 
-    # ---- gradient all-reduce of parameters read on several devices ----
-    sync = None if overlap else sched.add("sync", "backward", "sync", list(bwd_task.values()))
-    for readers, st in gradient_syncs(graph, plan, cluster):
-        last = min(readers, key=position.__getitem__)   # the last of their backwards to run
-        sched.chain((Stage((st,), st.time_s),), last, "allreduce", [bwd_task[last] if overlap else sync],
-                    f"parameter gradients on {','.join(st.devices)}")
+    def gradient_syncs(self, bwd_task: Mapping[str, int], overlap: bool) -> None:
+        """The all-reduce of the gradients of parameters read on several devices: after the last
+        backward reading them (``overlap``) or after the whole backward."""
+        position = {name: i for i, name in enumerate(self.plan.order)}
+        sync = None if overlap else self.sched.add("sync", "backward", "sync", list(bwd_task.values()))
+        for readers, st in gradient_syncs(self.graph, self.plan, self.cluster):
+            last = min(readers, key=position.__getitem__)   # the last of their backwards to run
+            self.sched.chain((Stage((st,), st.time_s),), last, "allreduce", [bwd_task[last] if overlap else sync],
+                             f"parameter gradients on {','.join(st.devices)}")
 
-    total = sched.run()
 
+def _known(task: int | None) -> int:
+    """A chain's last task where it has one (a chain from a real task always has)."""
+    assert task is not None
+    return task
+
+
+def _timeline(sched: _Schedule, devices: Sequence[str]) -> tuple[list[TimelineEvent], dict[str, float],
+                                                                   dict[str, float]]:
+    """The Gantt chart's bars (by start time), and the seconds each device computes and each
+    directed link is busy."""
     timeline: list[TimelineEvent] = []
-    compute_s = {d: 0.0 for d in plan.devices}
+    compute_s = {d: 0.0 for d in devices}
     link_s: dict[str, float] = {}
     for t in sched.tasks:
         if t.kind == "compute":
             for d in t.devices:
-                timeline.append(TimelineEvent(d, "device", t.node, t.phase, t.start, t.start + t.dur[d]))
-                compute_s[d] += t.dur[d]
+                timeline.append(TimelineEvent(d, "device", t.node, t.phase, t.start, t.start + t.dur_on[d]))
+                compute_s[d] += t.dur_on[d]
         elif t.kind == "comm":
-            for a, b in t.stage.links:
+            for a, b in t.links:
                 res = f"{a}->{b}"
                 timeline.append(TimelineEvent(res, "link", t.node, t.phase, t.start, t.end, t.detail))
                 link_s[res] = link_s.get(res, 0.0) + t.dur
     timeline.sort(key=lambda e: (e.start, e.end, e.resource))
-
-    mem = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=foreach,
-               context_bytes=context_bytes)
-    return SimResult(total, {d: m.peak for d, m in mem.items()}, compute_s, link_s, timeline, mem,
-                     optimizer, overlap)
-
+    return timeline, compute_s, link_s

@@ -1,6 +1,6 @@
 """The memory walk of one training step of a :class:`~tensoropt.plan.Plan`: the peak of every
 device.  The simulator (:func:`tensoropt.simulate`) and the whole-step model
-:func:`~tensoropt.costs.step_memory` both use it, so there is one memory model.
+:func:`~tensoropt.planmodel.memory.step_memory` both use it, so there is one memory model.
 
 Every device walks its own program (its forward in plan order, its backward in reverse):
 
@@ -32,25 +32,81 @@ Every device walks its own program (its forward in plan order, its backward in r
   arrives from another device: during its producer's backward), workspace where measured;
 - the optimizer step: parameters + gradients + state + :func:`optimizer_temp_bytes`.
 
-:func:`~tensoropt.costs.step_memory` is this walk for a plan that puts every node whole on one
-device, in graph order (a memory-only cluster stands in for the links: only the bytes a reshard
-delivers matter here, not its time).  Not counted: communication buffers (collectives' staging,
-activations' collectives), the loss's own memory.
+:func:`~tensoropt.planmodel.memory.step_memory` is this walk for a plan that puts every node whole
+on one device, in graph order (a memory-only cluster stands in for the links: only the bytes a
+reshard delivers matter here, not its time).  Not counted: communication buffers (collectives'
+staging, activations' collectives), the loss's own memory.
+
+This module owns the walk and its result type (:class:`StepMemory`, and :func:`aliases_input`,
+which both it and :mod:`.memory` ask); it costs no time (that is :mod:`.simulate`, which shares
+:func:`plan_edges`) and never imports :mod:`.memory` (which imports it).
+
+Example::
+
+    >>> mem = plan_memory(plan, graph, costs, cluster, optimizer="adam")   # doctest: +SKIP
+    >>> mem["gpu0"].peak, mem["gpu0"].parts()                             # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from ..graph import OpGraph, OpNode
+from ..cluster import Cluster
+from ..graph import OpGraph, OpNode, grad_nodes
+from ..measure.costmodel import CostModel, NodeCost, ShardCost
+from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha, optimizer_temp_bytes
 from ..plan import NodeConfig, Plan, PlanError
+from .layouts import Layout
 from .reshard import Reshard, edge_reshard, output_layout, piece_bytes, read_layout, reads_nothing, synced_parameters
-from .memory import StepMemory, aliases_input
-from ..graph import grad_nodes
-from ..optimizers import optimizer_alpha, optimizer_temp_bytes
-from ..measure.costmodel import CostModel, ShardCost
-from ..optimizers import DEFAULT_OPTIMIZER
+
+#: a storage key of the walk's live set: ``(node, "out")``, ``(input, "batch")``, ``(producer, "recv",
+#: layout, devices)``, ``(node, "saved")``, ``(key, "#grad")`` or a ``("#scratch",)`` entry
+Key = tuple[Any, ...]
+#: an edge key: ``(producer, consumer devices, read layout[, "unread"])``, and the gradient's
+#: ``(*forward key, gradient layout)``
+EdgeKey = tuple[Any, ...]
+
+
+@dataclass
+class StepMemory:
+    """One device's memory over a training step."""
+
+    params: int = 0
+    buffers: int = 0
+    grads: int = 0
+    optimizer: int = 0
+    peak: int = 0              # the whole-step peak
+    peak_phase: str = ""       # "forward", "backward" or "optimizer"
+    peak_at: str = ""          # the node running at the peak
+    activations_at_peak: int = 0
+    inputs: int = 0            # the batch, held from the start
+    optimizer_temp: int = 0    # the optimizer step's temporaries
+    grads_at_peak: int = 0     # parameter gradients alive at the peak (all of them in the optimizer step)
+    transient_at_peak: int = 0  # of activations_at_peak: activation gradients, workspace, temporaries
+    context: int = 0           # what the framework holds apart from the model (reserve), in the peak
+
+    def parts(self) -> dict[str, int]:
+        """The peak split into what holds it, adding up to :attr:`peak`: ``parameters`` (with
+        buffers), ``gradients`` (parameter gradients alive then), ``optimizer`` (state),
+        ``activations`` (tensors kept for backward or for a later consumer, and the batch),
+        ``transient`` (activation gradients, workspace, gradient accumulation, recomputed
+        tensors, the optimizer step's temporaries) and ``reserve`` (framework context)."""
+        return {"parameters": self.params + self.buffers, "gradients": self.grads_at_peak,
+                "optimizer": self.optimizer, "activations": self.activations_at_peak - self.transient_at_peak,
+                "transient": self.transient_at_peak, "reserve": self.context}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def aliases_input(node: OpNode, costs: CostModel) -> bool:
+    """Whether an operator's output lives in its first input's storage: a view, or an op the
+    profiler saw return its input (no new output bytes)."""
+    c = costs.get(node.name)
+    return node.kind == "op" and bool(node.inputs) and (node.metadata_only or (c is not None and c.output_bytes == 0))
+
 
 # ---- edges: one reshard per (producer, consumer mesh, read layout[, gradient layout]) ---------------
 
@@ -60,19 +116,23 @@ class PlanEdges:
     """The reshards of a plan, shared by the timing and the memory walk."""
 
     # (producer, consumer devices, read layout) -> the reshard (its forward part)
-    fwd: dict[tuple[str, tuple[str, ...], str], Reshard] = field(default_factory=dict)
+    fwd: dict[EdgeKey, Reshard] = field(default_factory=dict)
     # (consumer, producer) -> forward key, for producers that are operators
-    key_of: dict[tuple[str, str], tuple[str, tuple[str, ...], str]] = field(default_factory=dict)
+    key_of: dict[tuple[str, str], EdgeKey] = field(default_factory=dict)
     # (producer, devices, read, grad layout) -> (reshard, consumers whose gradients it carries, in plan order)
-    bwd: dict[tuple, tuple[Reshard, list[str]]] = field(default_factory=dict)
+    bwd: dict[EdgeKey, tuple[Reshard, list[str]]] = field(default_factory=dict)
     # (consumer, producer) -> backward key
-    bkey_of: dict[tuple[str, str], tuple] = field(default_factory=dict)
+    bkey_of: dict[tuple[str, str], EdgeKey] = field(default_factory=dict)
     # (graph input, device) -> bytes it holds of the batch
     batch: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
-def plan_edges(plan: Plan, graph: OpGraph, cluster: Any,
-               reshards: dict[tuple, Reshard] | None = None) -> PlanEdges:
+#: a cache of edge reshards: (producer, consumer, their configurations) -> reshard
+ReshardCache = dict[tuple[str, str, NodeConfig, NodeConfig], Reshard]
+
+
+def plan_edges(plan: Plan, graph: OpGraph, cluster: Cluster,
+               reshards: ReshardCache | None = None) -> PlanEdges:
     """Every reshard of ``plan`` (forward and backward keys) and the batch each device holds.
     ``reshards``: a cache of :func:`~tensoropt.planmodel.reshard.edge_reshard` by (producer, consumer,
     their configurations), shared by the walks of many plans of one graph and cluster.  O(E)."""
@@ -93,7 +153,7 @@ def plan_edges(plan: Plan, graph: OpGraph, cluster: Any,
                 if reshards is not None:
                     reshards[ck] = rs
             # an edge that moves nothing (reads_nothing) must not share a real read's reshard
-            key = (p, tuple(cfg.devices), rs.dst_layout) + (("unread",) if reads_nothing(node) else ())
+            key: EdgeKey = (p, tuple(cfg.devices), rs.dst_layout) + (("unread",) if reads_nothing(node) else ())
             e.fwd.setdefault(key, rs)
             e.key_of[(name, p)] = key
             bkey = (*key, rs.grad_layout)
@@ -109,7 +169,7 @@ def shard_cost(costs: CostModel, node: OpNode, cfg: NodeConfig) -> ShardCost | N
     """The node's cost at its configuration; a missing shard is a PlanError naming the fix."""
     if node.name not in costs:
         return None
-    layout = cfg.layout if cfg.degree > 1 else "R"
+    layout = Layout.of(cfg)
     try:
         return costs[node.name].at(layout, cfg.degree)
     except KeyError:
@@ -122,273 +182,355 @@ def shard_cost(costs: CostModel, node: OpNode, cfg: NodeConfig) -> ShardCost | N
 # ---- the walk ---------------------------------------------------------------------------------------
 
 
-def plan_memory(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Any, *, optimizer: str | int = DEFAULT_OPTIMIZER,
-                foreach: bool = False, context_bytes: int = 0) -> dict[str, StepMemory]:
+def plan_memory(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
+                optimizer: str | int = DEFAULT_OPTIMIZER, foreach: bool = False,
+                context_bytes: int = 0) -> dict[str, StepMemory]:
     """Peak memory per device of one training step of ``plan`` (the simulator's memory model,
     without the timing; see the module docstring).  O(V + E) per device."""
     plan.check(graph, cluster)
     costs.check_graph(graph)
     return walk(plan, graph, costs, plan_edges(plan, graph, cluster), grad_nodes(graph), optimizer=optimizer,
-                   foreach=foreach, context_bytes=context_bytes)
+                foreach=foreach, context_bytes=context_bytes)
 
 
 def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_grad: Mapping[str, bool], *,
-            optimizer: str | int, foreach: bool, context_bytes: int) -> dict[str, StepMemory]:
+         optimizer: str | int, foreach: bool, context_bytes: int) -> dict[str, StepMemory]:
+    """The walk of every device (the module docstring says what it counts), over the reshards
+    ``edges`` and the nodes that compute a gradient ``needs_grad``."""
     alpha = optimizer_alpha(optimizer)
     devices = plan.devices
     mem = {d: StepMemory() for d in devices}
-    END = len(plan.order) + 1
-    configs = plan.configs
-
     synced = synced_parameters(graph, plan)
-    # parameters: a slice under channel / reduce, whole otherwise (and whole wherever the
-    # executors sum its gradients: read whole somewhere, or cut two ways); once per device
-    held: dict[tuple[str, str], int] = {}
-    piece_of: dict[tuple[str, str], int] = {}   # (node, param) -> bytes on each of its devices
-    for name in plan.order:
-        node, cfg = graph.nodes[name], configs[name]
-        split = cfg.param_pieces
-        for p in (*node.params, *node.param_reads):
-            piece_of[(name, p)] = b = -(-graph.params[p].nbytes // split)
-            if p in synced:
-                b = graph.params[p].nbytes
-            for d in cfg.devices:
-                held[(p, d)] = max(held.get((p, d), 0), b)
-    trainable_sizes: dict[str, list[int]] = {d: [] for d in devices}
-    for (p, d), b in held.items():
-        info = graph.params[p]
-        if info.kind == "parameter":
-            mem[d].params += b
-            if info.requires_grad:
-                mem[d].grads += b
-                mem[d].optimizer += alpha * b
-                trainable_sizes[d].append(b)
-        else:
-            mem[d].buffers += b
-
-    # storage of every tensor as each device sees it
-    shard: dict[str, ShardCost | None] = {n: shard_cost(costs, graph.nodes[n], configs[n]) for n in plan.order}
-    size: dict[tuple, int] = {}                     # storage key -> bytes (same on every device that has it)
-    owner_on: dict[tuple[str, str], tuple] = {}     # (node, device) -> storage key of its output there
-    reads: dict[tuple[str, str], list[tuple[str, tuple]]] = {}  # (node, device) -> [(producer, storage key)]
-    program: dict[str, list[str]] = {d: [] for d in devices}
-    for name in plan.order:
-        node, cfg = graph.nodes[name], configs[name]
-        c = costs[name] if name in costs else None
-        alias = aliases_input(node, costs)
-        sh = shard[name]
-        out_bytes = sh.output_bytes if sh is not None else piece_bytes(
-            output_layout(cfg), cfg.degree, sum(t.nbytes for t in node.outputs))
-        for d in cfg.devices:
-            program[d].append(name)
-            keys = []
-            for p in node.inputs:
-                if graph.nodes[p].kind != "op":
-                    keys.append((p, (p, "batch")))
-                    size[(p, "batch")] = 0
-                    continue
-                fk = edges.key_of[(name, p)]
-                recv = edges.fwd[fk].recv_bytes.get(d, 0)
-                if recv:
-                    k = (p, "recv", fk[2], fk[1])
-                    size[k] = recv
-                else:
-                    k = owner_on.get((p, d))
-                keys.append((p, k))
-            reads[(name, d)] = keys
-            if alias:
-                owner_on[(name, d)] = keys[0][1]
-            else:
-                owner_on[(name, d)] = (name, "out")
-                size[(name, "out")] = out_bytes
-    batch_keys = {(p, "batch") for (p, _) in edges.batch}
-
+    params = _ParamHolding.of(plan, graph, synced)
+    trainable_sizes = params.count_resident(graph, mem, alpha)
+    storage = _Storage.of(plan, graph, costs, edges)
     out_node = next((n for n in graph if n.kind == "output"), None)
-    model_outputs = [p for p in (out_node.inputs if out_node is not None else ()) if p in configs]
+    model_outputs = [p for p in (out_node.inputs if out_node is not None else ()) if p in plan.configs]
     result: dict[str, StepMemory] = {}
     for d in devices:
-        m = mem[d]
-        prog = program[d]
-        pos = {n: i for i, n in enumerate(prog)}
-        live: dict[tuple, int] = {}
-        savers: dict[tuple, set[str]] = {}            # storage key -> backwards here that need it
-        saved_by: dict[str, list[tuple]] = {}         # node -> the keys it saves
-        last_use: dict[tuple, int] = {}
+        dw = _DeviceWalk(d, mem[d], plan, graph, costs, storage, params, synced, needs_grad, model_outputs,
+                         context_bytes)
+        dw.forward(edges.batch)
+        dw.backward()
+        dw.optimizer_step(optimizer, trainable_sizes[d], foreach=foreach)
+        result[d] = mem[d]
+    return result
 
-        def save(k: tuple, name: str) -> None:
-            savers.setdefault(k, set()).add(name)
-            saved_by.setdefault(name, []).append(k)
 
-        for name in prog:
+@dataclass
+class _ParamHolding:
+    """What each device holds of each parameter: a slice under channel / reduce, whole otherwise
+    (and whole wherever the executors sum its gradients: read whole somewhere, or cut two ways);
+    once per device."""
+
+    held: dict[tuple[str, str], int]       # (param, device) -> bytes held there
+    piece_of: dict[tuple[str, str], int]   # (node, param) -> bytes on each of its devices
+
+    @classmethod
+    def of(cls, plan: Plan, graph: OpGraph, synced: Mapping[str, tuple[str, ...]]) -> _ParamHolding:
+        held: dict[tuple[str, str], int] = {}
+        piece_of: dict[tuple[str, str], int] = {}
+        for name in plan.order:
+            node, cfg = graph.nodes[name], plan.configs[name]
+            split = cfg.param_pieces
+            for p in (*node.params, *node.param_reads):
+                piece_of[(name, p)] = b = -(-graph.params[p].nbytes // split)
+                if p in synced:
+                    b = graph.params[p].nbytes
+                for d in cfg.devices:
+                    held[(p, d)] = max(held.get((p, d), 0), b)
+        return cls(held, piece_of)
+
+    def count_resident(self, graph: OpGraph, mem: Mapping[str, StepMemory], alpha: int) -> dict[str, list[int]]:
+        """Add parameters, buffers, gradients and optimizer state to each device's ``mem``;
+        return each device's trainable parameter sizes (the optimizer's temporaries follow them)."""
+        trainable_sizes: dict[str, list[int]] = {d: [] for d in mem}
+        for (p, d), b in self.held.items():
+            info = graph.params[p]
+            if info.kind == "parameter":
+                mem[d].params += b
+                if info.requires_grad:
+                    mem[d].grads += b
+                    mem[d].optimizer += alpha * b
+                    trainable_sizes[d].append(b)
+            else:
+                mem[d].buffers += b
+        return trainable_sizes
+
+
+@dataclass
+class _Storage:
+    """Storage of every tensor as each device sees it."""
+
+    shard: dict[str, ShardCost | None]                 # node -> its cost at its configuration
+    size: dict[Key, int]                               # storage key -> bytes (same on every device that has it)
+    owner_on: dict[tuple[str, str], Key | None]        # (node, device) -> storage key of its output there
+    reads: dict[tuple[str, str], list[tuple[str, Key | None]]]  # (node, device) -> [(producer, storage key)]
+    program: dict[str, list[str]]                      # device -> the nodes it runs, in plan order
+    batch_keys: set[Key]
+
+    @classmethod
+    def of(cls, plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges) -> _Storage:
+        configs = plan.configs
+        shard = {n: shard_cost(costs, graph.nodes[n], configs[n]) for n in plan.order}
+        size: dict[Key, int] = {}
+        owner_on: dict[tuple[str, str], Key | None] = {}
+        reads: dict[tuple[str, str], list[tuple[str, Key | None]]] = {}
+        program: dict[str, list[str]] = {d: [] for d in plan.devices}
+        for name in plan.order:
             node, cfg = graph.nodes[name], configs[name]
-            c = costs[name] if name in costs else None
-            own = owner_on[(name, d)]
-            if own == (name, "out"):
-                last_use[own] = max(last_use.get(own, -1), pos[name])
-            for p, k in reads[(name, d)]:
-                if k is None:
-                    continue
-                last_use[k] = max(last_use.get(k, -1), pos[name])
-                if cfg.recompute or (c is not None and p in c.saved_inputs):
-                    save(k, name)
-            if c is not None and c.saves_output and not cfg.recompute and own is not None:
-                save(own, name)
-        for p in model_outputs:
-            k = owner_on.get((p, d))
-            if k is not None:
-                last_use[k] = END
-        base = m.params + m.buffers + m.optimizer + context_bytes
+            alias = aliases_input(node, costs)
+            sh = shard[name]
+            out_bytes = sh.output_bytes if sh is not None else piece_bytes(
+                output_layout(cfg), cfg.degree, sum(t.nbytes for t in node.outputs))
+            for d in cfg.devices:
+                program[d].append(name)
+                keys: list[tuple[str, Key | None]] = []
+                for p in node.inputs:
+                    if graph.nodes[p].kind != "op":
+                        keys.append((p, (p, "batch")))
+                        size[(p, "batch")] = 0
+                        continue
+                    fk = edges.key_of[(name, p)]
+                    recv = edges.fwd[fk].recv_bytes.get(d, 0)
+                    k: Key | None
+                    if recv:
+                        k = (p, "recv", fk[2], fk[1])
+                        size[k] = recv
+                    else:
+                        k = owner_on.get((p, d))
+                    keys.append((p, k))
+                reads[(name, d)] = keys
+                if alias:
+                    owner_on[(name, d)] = keys[0][1]
+                else:
+                    owner_on[(name, d)] = (name, "out")
+                    size[(name, "out")] = out_bytes
+        batch_keys: set[Key] = {(p, "batch") for (p, _) in edges.batch}
+        return cls(shard, size, owner_on, reads, program, batch_keys)
+
+
+class _DeviceWalk:
+    """One device's walk: its live tensors, who still needs them, and the peak (into ``m``)."""
+
+    def __init__(self, d: str, m: StepMemory, plan: Plan, graph: OpGraph, costs: CostModel, storage: _Storage,
+                 params: _ParamHolding, synced: Mapping[str, tuple[str, ...]], needs_grad: Mapping[str, bool],
+                 model_outputs: list[str], context_bytes: int) -> None:
+        self.d, self.m, self.graph, self.costs, self.configs = d, m, graph, costs, plan.configs
+        self.st, self.params, self.synced, self.needs_grad = storage, params, synced, needs_grad
+        self.model_outputs, self.context_bytes = model_outputs, context_bytes
+        self.prog = storage.program[d]
+        self.pos = {n: i for i, n in enumerate(self.prog)}
+        self.end = len(plan.order) + 1
+        self.live: dict[Key, int] = {}
+        self.savers: dict[Key, set[str]] = {}          # storage key -> backwards here that need it
+        self.saved_by: dict[str, list[Key]] = {}       # node -> the keys it saves
+        self.last_use: dict[Key, int] = {}
+        self.at_peak: dict[Key, int] = {}
+        self._collect_uses()
+        self.base = m.params + m.buffers + m.optimizer + context_bytes
         # gradients the executors sum across devices live in one flat buffer per group, kept
         # between steps; each contribution is computed, then copied or added in
-        summed = [q for q, devs in synced.items() if d in devs]
-        grads_now = sum(held[(q, d)] for q in summed)
+        self.summed = [q for q, devs in synced.items() if d in devs]
+        self.grads_now = sum(params.held[(q, d)] for q in self.summed)
 
-        at_peak: dict[tuple, int] = {}
+    def _cost(self, name: str) -> NodeCost | None:
+        return self.costs.get(name)
 
-        def note(phase: str, at: str) -> None:
-            nonlocal at_peak
-            held = sum(live.values())
-            t = base + grads_now + held
-            if t > m.peak:
-                m.peak, m.peak_phase, m.peak_at = t, phase, at
-                m.activations_at_peak = held
-                m.grads_at_peak = grads_now
-                m.context = context_bytes
-                at_peak = live.copy()   # split into kept and transient once, at the end
+    def save(self, k: Key, name: str) -> None:
+        self.savers.setdefault(k, set()).add(name)
+        self.saved_by.setdefault(name, []).append(k)
 
-        for (x, dd), b in edges.batch.items():
+    def note(self, phase: str, at: str) -> None:
+        """Record the peak if what is live now (with the resident part) exceeds it."""
+        m = self.m
+        held = sum(self.live.values())
+        t = self.base + self.grads_now + held
+        if t > m.peak:
+            m.peak, m.peak_phase, m.peak_at = t, phase, at
+            m.activations_at_peak = held
+            m.grads_at_peak = self.grads_now
+            m.context = self.context_bytes
+            self.at_peak = self.live.copy()   # split into kept and transient once, at the end
+
+    def _collect_uses(self) -> None:
+        """Each storage's last forward use on this device and the backwards that save it."""
+        for name in self.prog:
+            cfg, c = self.configs[name], self._cost(name)
+            own = self.st.owner_on[(name, self.d)]
+            if own == (name, "out"):
+                self.last_use[own] = max(self.last_use.get(own, -1), self.pos[name])
+            for p, k in self.st.reads[(name, self.d)]:
+                if k is None:
+                    continue
+                self.last_use[k] = max(self.last_use.get(k, -1), self.pos[name])
+                if cfg.recompute or (c is not None and p in c.saved_inputs):
+                    self.save(k, name)
+            if c is not None and c.saves_output and not cfg.recompute and own is not None:
+                self.save(own, name)
+        for p in self.model_outputs:
+            k = self.st.owner_on.get((p, self.d))
+            if k is not None:
+                self.last_use[k] = self.end
+
+    def forward(self, batch: Mapping[tuple[str, str], int]) -> None:
+        """The batch, then every node's forward in plan order; a tensor nothing saves is freed
+        after its last reader (savers do not change in forward)."""
+        live, st, d = self.live, self.st, self.d
+        for (x, dd), b in batch.items():
             if dd == d:
                 live[(x, "batch")] = b
-                m.inputs += b
-        note("forward", "inputs")
-
-        # ---- forward ----
-        # a tensor nothing saves is freed after its last reader (savers do not change in forward)
-        free_after: dict[int, list[tuple]] = {}
-        for k, u in last_use.items():
-            if u < END and not savers.get(k) and k not in batch_keys:
+                self.m.inputs += b
+        self.note("forward", "inputs")
+        free_after: dict[int, list[Key]] = {}
+        for k, u in self.last_use.items():
+            if u < self.end and not self.savers.get(k) and k not in st.batch_keys:
                 free_after.setdefault(u, []).append(k)
-        for name in prog:
-            node, cfg = graph.nodes[name], configs[name]
-            sh = shard[name]
-            c = costs[name] if name in costs else None
-            for _, k in reads[(name, d)]:
-                if k is not None and k not in live:
-                    live[k] = size[k]
-            own = owner_on[(name, d)]
+        for name in self.prog:
+            cfg, sh = self.configs[name], st.shard[name]
+            for _, rk in st.reads[(name, d)]:
+                if rk is not None and rk not in live:
+                    live[rk] = st.size[rk]
+            own = st.owner_on[(name, d)]
             if own == (name, "out"):
-                live[own] = size[own]
+                live[own] = st.size[own]
             extra = (name, "saved")
             if sh is not None and sh.extra_saved_bytes:
                 live[extra] = sh.extra_saved_bytes
                 if not cfg.recompute:
-                    save(extra, name)
-            ws = _workspace(c, cfg)
+                    self.save(extra, name)
+            ws = _workspace(self._cost(name), cfg)
             if ws:
                 live[("#workspace",)] = ws
-            note("forward", name)
+            self.note("forward", name)
             live.pop(("#workspace",), None)
             if cfg.recompute:
                 live.pop(extra, None)
-            for k in free_after.get(pos[name], ()):
+            for k in free_after.get(self.pos[name], ()):
                 live.pop(k, None)
-        for k in [k for k in live if last_use.get(k, -1) >= END and not savers.get(k)]:
+        for k in [k for k in live if self.last_use.get(k, -1) >= self.end and not self.savers.get(k)]:
             del live[k]
 
-        # ---- backward ----
-        grad_keys: dict[tuple, int] = {}             # storage key -> its gradient's bytes
-        recv_users: dict[tuple, set[str]] = {}        # received copy -> consumers here still to run backward
-        for name in prog:
-            if needs_grad.get(name):
-                for p, k in reads[(name, d)]:
-                    if k is not None and k[1] == "recv" and needs_grad.get(p):
+    def backward(self) -> None:
+        """The loss's gradients, then every node's backward in reverse plan order, then the
+        gradient sync."""
+        grad_keys: dict[Key, int] = {}             # storage key -> its gradient's bytes
+        recv_users = self._received_grad_users()
+        self._loss_gradients(grad_keys)
+        param_done: set[str] = set(self.summed)
+        for name in reversed(self.prog):
+            if self.needs_grad.get(name):
+                self._node_backward(name, grad_keys, recv_users, param_done)
+        if self.summed:
+            # summed in place; the all-reduce's staging is bounded (transport.PeerLink.all_reduce)
+            self.note("backward", "gradient sync")
+
+    def _received_grad_users(self) -> dict[Key, set[str]]:
+        """Received copy -> the consumers here still to run backward (its gradient is sent back
+        after the last of them)."""
+        recv_users: dict[Key, set[str]] = {}
+        for name in self.prog:
+            if self.needs_grad.get(name):
+                for p, k in self.st.reads[(name, self.d)]:
+                    if k is not None and k[1] == "recv" and self.needs_grad.get(p):
                         recv_users.setdefault(k, set()).add(name)
-        widened = 0   # the loss reads a 16-bit output as float32: its gradient is float32 first
-        for p in model_outputs:
-            k = owner_on.get((p, d))
-            if needs_grad.get(p) and k is not None:
-                grad_keys[k] = size.get(k, 0)
-                live[(k, "#grad")] = grad_keys[k]
-                out = graph.nodes[p].outputs
+        return recv_users
+
+    def _loss_gradients(self, grad_keys: dict[Key, int]) -> None:
+        """The gradient of each model output here; the loss reads a 16-bit output as float32, so
+        its gradient is float32 first."""
+        widened = 0
+        for p in self.model_outputs:
+            k = self.st.owner_on.get((p, self.d))
+            if self.needs_grad.get(p) and k is not None:
+                grad_keys[k] = self.st.size.get(k, 0)
+                self.live[(k, "#grad")] = grad_keys[k]
+                out = self.graph.nodes[p].outputs
                 if out and out[0].dtype in ("bfloat16", "float16"):
                     widened += 2 * grad_keys[k]
         if widened:
-            live[("#loss",)] = widened
-            note("backward", "loss")
-            live.pop(("#loss",))
-        param_done: set[str] = set(summed)
-        for name in reversed(prog):
-            if not needs_grad.get(name):
+            self.live[("#loss",)] = widened
+            self.note("backward", "loss")
+            self.live.pop(("#loss",))
+
+    def _node_backward(self, name: str, grad_keys: dict[Key, int], recv_users: dict[Key, set[str]],
+                       param_done: set[str]) -> None:
+        live, st, d = self.live, self.st, self.d
+        node, cfg = self.graph.nodes[name], self.configs[name]
+        sh = st.shard[name]
+        own = st.owner_on[(name, d)]
+        if cfg.recompute:  # the forward runs again: its output and extra tensors exist while it runs backward
+            again = (sh.extra_saved_bytes if sh is not None else 0)
+            if own is not None and own not in live:
+                again += st.size.get(own, 0)
+            live[("#recompute",)] = again
+        if own == (name, "out") and own not in grad_keys and _gets_grad(self.graph, name, self.needs_grad,
+                                                                          self.model_outputs):
+            grad_keys[own] = st.size[own]       # the gradient arrived from another device
+            live[(own, "#grad")] = st.size[own]
+        for p, k in st.reads[(name, d)]:
+            if k is None or not self.needs_grad.get(p) or k in grad_keys:
                 continue
-            node, cfg = graph.nodes[name], configs[name]
-            sh = shard[name]
-            c = costs[name] if name in costs else None
-            own = owner_on[(name, d)]
-            if cfg.recompute:  # the forward runs again: its output and extra tensors exist while it runs backward
-                again = (sh.extra_saved_bytes if sh is not None else 0)
-                if own is not None and own not in live:
-                    again += size.get(own, 0)
-                live[("#recompute",)] = again
-            if own == (name, "out") and own not in grad_keys and _gets_grad(graph, name, needs_grad, model_outputs):
-                grad_keys[own] = size[own]       # the gradient arrived from another device
-                live[(own, "#grad")] = size[own]
-            for p, k in reads[(name, d)]:
-                if k is None or not needs_grad.get(p) or k in grad_keys:
-                    continue
-                owned = k == (p, "out") or k[1] == "recv"
-                grad_keys[k] = size[k] if owned else 0  # a view's gradient is a view of its base's
-                live[(k, "#grad")] = grad_keys[k]
-            accumulating = 0
-            for p in (*node.params, *node.param_reads):
-                info = graph.params[p]
-                if info.kind == "parameter" and info.requires_grad:
-                    b = held[(p, d)]
-                    if p not in param_done:
-                        param_done.add(p)
-                        grads_now += b
-                    elif p in synced:
-                        # a piece of a parameter held whole (read whole elsewhere, or cut two
-                        # ways): the cut's backward makes a whole-sized gradient of it
-                        piece = piece_of[(name, p)]
-                        accumulating += piece + (b if piece < b else 0)
-                    else:
-                        accumulating += 2 * piece_of[(name, p)]
-            if accumulating:
-                live[("#accumulate",)] = accumulating
-            ws = _workspace(c, cfg)
-            if ws:
-                live[("#workspace",)] = ws
-            note("backward", name)
-            for k in (("#workspace",), ("#accumulate",), ("#recompute",)):
+            owned = k == (p, "out") or k[1] == "recv"
+            grad_keys[k] = st.size[k] if owned else 0  # a view's gradient is a view of its base's
+            live[(k, "#grad")] = grad_keys[k]
+        accumulating = self._param_gradients(name, node, param_done)
+        if accumulating:
+            live[("#accumulate",)] = accumulating
+        ws = _workspace(self._cost(name), cfg)
+        if ws:
+            live[("#workspace",)] = ws
+        self.note("backward", name)
+        for k in (("#workspace",), ("#accumulate",), ("#recompute",)):
+            live.pop(k, None)
+        if own == (name, "out"):
+            live.pop((own, "#grad"), None)
+        for k in self.saved_by.get(name, ()):
+            s = self.savers[k]
+            s.discard(name)
+            if not s and k not in st.batch_keys:   # the batch is held by the caller all step
                 live.pop(k, None)
-            if own == (name, "out"):
-                live.pop((own, "#grad"), None)
-            for k in saved_by.get(name, ()):
-                s = savers[k]
-                s.discard(name)
-                if not s and k not in batch_keys:   # the batch is held by the caller all step
-                    live.pop(k, None)
-            for p, k in reads[(name, d)]:
-                users = recv_users.get(k)
-                if users is not None and name in users:
-                    users.discard(name)
-                    if not users:
-                        live.pop((k, "#grad"), None)   # summed here, sent back
-        if summed:
-            # summed in place; the all-reduce's staging is bounded (transport.PeerLink.all_reduce)
-            note("backward", "gradient sync")
-        live = {k: v for k, v in live.items() if k in batch_keys}
-        grads_now = m.grads
-        m.optimizer_temp = optimizer_temp_bytes(optimizer, trainable_sizes[d], foreach=foreach)
-        live[("#optimizer",)] = m.optimizer_temp
-        note("optimizer", "step")
-        # activation gradients, workspace, accumulation, recomputed tensors, optimizer temporaries
-        m.transient_at_peak = sum(v for k, v in at_peak.items() if _transient_key(k))
-        result[d] = m
-    return result
+        for _, rk in st.reads[(name, d)]:
+            users = recv_users.get(rk) if rk is not None else None
+            if users is not None and name in users:
+                users.discard(name)
+                if not users:
+                    live.pop((rk, "#grad"), None)   # summed here, sent back
+
+    def _param_gradients(self, name: str, node: OpNode, param_done: set[str]) -> int:
+        """Count the parameter gradients ``name``'s backward creates (into ``grads_now``) and
+        return the bytes its accumulation into existing ones holds transiently."""
+        accumulating = 0
+        for p in (*node.params, *node.param_reads):
+            info = self.graph.params[p]
+            if info.kind == "parameter" and info.requires_grad:
+                b = self.params.held[(p, self.d)]
+                if p not in param_done:
+                    param_done.add(p)
+                    self.grads_now += b
+                elif p in self.synced:
+                    # a piece of a parameter held whole (read whole elsewhere, or cut two
+                    # ways): the cut's backward makes a whole-sized gradient of it
+                    piece = self.params.piece_of[(name, p)]
+                    accumulating += piece + (b if piece < b else 0)
+                else:
+                    accumulating += 2 * self.params.piece_of[(name, p)]
+        return accumulating
+
+    def optimizer_step(self, optimizer: str | int, trainable_sizes: list[int], *, foreach: bool) -> None:
+        """Parameters + gradients + state + the optimizer's temporaries, and the batch; then the
+        transient part of the peak (activation gradients, workspace, accumulation, recomputed
+        tensors, optimizer temporaries)."""
+        m = self.m
+        self.live = {k: v for k, v in self.live.items() if k in self.st.batch_keys}
+        self.grads_now = m.grads
+        m.optimizer_temp = optimizer_temp_bytes(optimizer, trainable_sizes, foreach=foreach)
+        self.live[("#optimizer",)] = m.optimizer_temp
+        self.note("optimizer", "step")
+        m.transient_at_peak = sum(v for k, v in self.at_peak.items() if _transient_key(k))
 
 
-def _transient_key(k: tuple) -> bool:
+def _transient_key(k: Key) -> bool:
     """Whether a live-set key of the walk is a transient buffer rather than a kept tensor: the
     ``#``-named scratch entries and every activation gradient ``(storage, "#grad")``."""
     return (isinstance(k[0], str) and k[0].startswith("#")) or (len(k) == 2 and k[1] == "#grad")
@@ -403,9 +545,10 @@ def _gets_grad(graph: OpGraph, name: str, needs_grad: Mapping[str, bool], output
     return any(needs_grad.get(c) and graph.nodes[c].kind == "op" for c in graph.successors(name))
 
 
-def _workspace(c: Any, cfg: NodeConfig) -> int:
+def _workspace(c: NodeCost | None, cfg: NodeConfig) -> int:
+    """A node's measured workspace on each device of its mesh (a split op's share of it)."""
     if c is None or not c.workspace_bytes:
         return 0
-    if cfg.degree > 1 and cfg.layout != "R":
+    if Layout.of(cfg).is_split:
         return -(-c.workspace_bytes // cfg.degree)
     return c.workspace_bytes
