@@ -194,15 +194,15 @@ def profile_degrees(meshes: list[tuple[str, ...]], devices: tuple[str, ...], pla
     """The shard degrees a request needs profiled — the one place they are decided.
 
     Whole operators (degree 1) for every placer; data parallel splits every operator over all
-    the ``devices``; OS-DPOS may split an operator any number of ways up to that; the frontier
-    splits over each candidate mesh.
+    the ``devices``; OS-DPOS may split an operator any number of ways up to that; the other
+    placers place whole operators; the frontier splits over each candidate mesh.
 
     >>> profile_degrees([("a",), ("a", "b")], ("a", "b", "c"), ("dp",), True)
     (1, 2, 3)
     """
     n = len(devices)
     degrees = {1}
-    if placers:
+    if "dp" in placers:
         degrees.add(n)
     if "os-dpos" in placers:
         degrees |= set(range(2, n + 1))

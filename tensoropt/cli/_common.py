@@ -45,14 +45,11 @@ def costs_for(graph: Any, shard_degrees: Iterable[int], args: argparse.Namespace
     """The CostModel: ``--profile`` checked against the graph (its precision first, then its
     fingerprint), else measured at ``shard_degrees`` (with ``--repeats`` / ``--warmup`` where the
     command has them, in the graph's precision) with a progress bar."""
-    from ..measure import CostModel, profile
-    from ..measure.profiler import check_precision
+    from ..measure import profile
+    from ..workflow import read_profile
 
     if getattr(args, "profile", None):
-        costs = CostModel.load(args.profile)
-        check_precision(costs, graph)
-        costs.check_graph(graph)
-        return costs
+        return read_profile(args.profile, graph)
     return profile(graph, shard_degrees=tuple(sorted(set(shard_degrees))), repeats=args.repeats,
                    warmup=getattr(args, "warmup", 1), progress=True)
 

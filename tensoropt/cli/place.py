@@ -10,7 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import TensorOptError
-from ._common import add_fit_arguments, add_precision_argument, capture_spec, costs_for, fit_options
+from ..workflow import Request, measure, prepare
+from ._common import add_fit_arguments, add_precision_argument, fit_options
+from ._progress import ProgressBars
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
 
@@ -56,24 +58,22 @@ def print_simulation(console: Console, res, plan, graph, cluster, *, title: str,
 
 
 def _cmd_place(args: argparse.Namespace, console: Console) -> int:
-    from ..cluster import load_cluster
     from ..compare import solver_options
     from ..placers import PLACERS, place
-    from ..placers._common import resolve_devices
     from ..planmodel.simulate import simulate
 
     if args.algo not in PLACERS:
         raise TensorOptError(f"unknown placer {args.algo!r}; known: {', '.join(PLACERS)}")
     if args.repeats < 1:
         raise TensorOptError("--repeats must be ≥ 1")
-    cluster = load_cluster(args.cluster)
-    devices = resolve_devices(cluster, args.devices)
+    request = Request(args.model, args.cluster, batch=args.batch, optimizer=args.optimizer, precision=args.precision,
+                      devices=tuple(args.devices) if args.devices is not None else None, profile=args.profile,
+                      repeats=args.repeats, frontier=False, algos=(args.algo,), time_limit=args.time_limit)
     solver = solver_options([args.algo], args.time_limit).get(args.algo, {})
-    graph = capture_spec(args.model, console, batch=args.batch, precision=args.precision)
-    # data parallel reads the batch shard of degree len(devices), OS-DPOS tries every degree up to
-    # it; the other placers place whole ops only
-    degrees = {"dp": (1, len(devices)), "os-dpos": tuple(range(1, len(devices) + 1))}.get(args.algo, (1,))
-    costs = costs_for(graph, degrees, args)
+    with ProgressBars(console) as progress:
+        setup = prepare(request, progress)
+        graph, costs = measure(request, setup, progress)
+    cluster, devices = setup.cluster, list(setup.devices)
     budget, reserve = fit_options(args)
     options = {"devices": devices, "optimizer": args.optimizer, **solver}
     if args.algo != "dp":
