@@ -1,4 +1,9 @@
-"""Link benchmark: time real point-to-point transfers and fit ``time = latency + bytes / bandwidth``.
+"""Link benchmark runner: time real point-to-point transfers between processes (or GPUs).
+
+What it owns: starting the gloo worker processes (or driving the CUDA copies), timing the
+transfers, and turning what was timed into a :class:`BenchResult`.  What it must not do: fit;
+every ``time = latency + bytes / bandwidth`` line, duplex factor and statistic comes from
+:mod:`tensoropt.cluster.linkfit` (imports flow linkfit ← bench, never back).
 
 Two ways to measure, chosen by ``backend``:
 
@@ -33,23 +38,29 @@ it always ends every worker it started.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import math
+import multiprocessing as mp
 import os
 import queue as queue_mod
+import random
 import socket
 import statistics
 import time
 import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
-import numpy as np
+import torch
+import torch.distributed as dist
 
 from .._malloc import steady_malloc
 from .._procs import WorkerDied, next_message, single_threaded_env, stop_workers
-from ..errors import ClusterSpecError
+from .linkfit import BenchError, LinkFit, Pair, fit_pairs, fmt_bytes
+from .spec import Cluster, Device
+
+Progress = Callable[[int, int, str], None]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -58,146 +69,6 @@ DEFAULT_SIZES: tuple[int, ...] = tuple(4 * KiB * 4 ** k for k in range(8))
 #: the simultaneous exchange (duplex) is timed at this many of the largest sizes of the sweep
 EXCHANGE_SIZES = 3
 COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-
-Pair = tuple[str, str]
-Progress = Callable[[int, int, str], None]
-
-
-class BenchError(ClusterSpecError):
-    """A link benchmark could not produce a cluster spec (a worker failed or hung, a fit is
-    degenerate, an option is out of range); the message says which pair / rank and what to change."""
-
-
-# --------------------------------------------------------------------------------------------- fit
-
-
-@dataclass(frozen=True)
-class LinkFit:
-    """A fitted link: ``time(bytes) = latency_s + bytes / bandwidth_Bps``.
-
-    ``r2`` is the coefficient of determination of the fit in the metric it minimised (relative
-    residuals by default, see :func:`fit_link`); ``n`` the number of (size, time) points.
-    ``duplex`` is the fraction of the bandwidth each direction keeps when both carry traffic at
-    once (:func:`fit_duplex`; 1.0 when not measured).
-    """
-
-    latency_s: float
-    bandwidth_Bps: float
-    r2: float
-    n: int
-    duplex: float = 1.0
-
-    def time(self, nbytes: float) -> float:
-        return self.latency_s + nbytes / self.bandwidth_Bps
-
-    def time_both_ways(self, nbytes: float) -> float:
-        """The modelled time of a simultaneous exchange of ``nbytes`` each way."""
-        return self.latency_s + nbytes / (self.bandwidth_Bps * self.duplex)
-
-    @property
-    def link(self):
-        """The :class:`tensoropt.cluster.LinkModel` of this fit."""
-        from . import LinkModel
-
-        return LinkModel(latency_s=self.latency_s, bandwidth_Bps=self.bandwidth_Bps, duplex=self.duplex)
-
-
-def _pair_label(pair: Any) -> str:
-    if pair is None:
-        return "the link"
-    if isinstance(pair, tuple) and len(pair) == 2:
-        return f"link {pair[0]} → {pair[1]}"
-    return f"link {pair}"
-
-
-def fit_link(sizes_bytes: Sequence[float], times_s: Sequence[float], *, pair: Any = None,
-             weighting: str = "relative") -> LinkFit:
-    """Least-squares line ``time = latency + bytes / bandwidth`` through measured points.
-
-    ``weighting="relative"`` (default) minimises the relative residuals ``(fit − t) / t``: a
-    sweep spans four orders of magnitude of size, and plain least squares would let the noise of
-    the largest transfer (a few % of tens of ms) decide the latency (under a ms).
-    ``weighting="none"`` is the plain fit.  Both recover an exact line exactly.  A negative
-    intercept is not a latency: the fit is then constrained to latency 0 (the constrained
-    least-squares optimum lies on that boundary).  ``pair`` (e.g. ``("cpu0", "cpu1")``) only
-    names the link in error messages.
-
-    Raises :class:`BenchError` when there are fewer than two distinct sizes, a time is not
-    positive and finite, or the slope is not positive (bandwidth undefined).
-    """
-    what = _pair_label(pair)
-    x = np.asarray(sizes_bytes, dtype=np.float64).ravel()
-    y = np.asarray(times_s, dtype=np.float64).ravel()
-    if x.shape != y.shape:
-        raise BenchError(f"{what}: {x.size} sizes but {y.size} times")
-    if not (np.all(np.isfinite(x)) and np.all(x >= 0)):
-        raise BenchError(f"{what}: sizes must be finite and ≥ 0 bytes")
-    if not (np.all(np.isfinite(y)) and np.all(y > 0)):
-        raise BenchError(f"{what}: times must be finite and > 0 s, got {y.tolist()}")
-    if np.unique(x).size < 2:
-        raise BenchError(f"{what}: a line needs at least two distinct sizes, got {np.unique(x).tolist()}")
-    if weighting == "relative":
-        w = 1.0 / y
-    elif weighting == "none":
-        w = np.ones_like(y)
-    else:
-        raise ValueError(f"weighting must be 'relative' or 'none', not {weighting!r}")
-
-    scale = float(x.max())                       # fit in units of the largest size: well conditioned
-    xs = x / scale
-    a = np.stack([np.ones_like(xs), xs], axis=1) * w[:, None]
-    (latency, slope), *_ = np.linalg.lstsq(a, y * w, rcond=None)
-    if latency < 0:                              # constrained optimum: the line through the origin
-        latency = 0.0
-        slope = float(np.sum(w * w * xs * y) / np.sum(w * w * xs * xs))
-    # flat within rounding (the size explains < 1e-6 of the largest time) is no bandwidth either
-    flat = not (math.isfinite(slope) and slope > 1e-6 * float(y.max()))   # slope: s per largest size, here
-    slope = float(slope) / scale                 # seconds per byte
-    if flat:
-        raise BenchError(
-            f"{what}: the measured times do not grow with the size (fitted slope {slope:.3g} s/B), so "
-            f"the bandwidth is undefined; sizes {_fmt_size(x.min())} … {_fmt_size(x.max())} were too small "
-            "or the measurements too noisy — use larger sizes (e.g. --max-size 256MiB) and more --repeats")
-    fit = latency + slope * x
-    wm = np.sum(w * w * y) / np.sum(w * w)       # weighted mean of the data
-    ss_res = float(np.sum((w * (y - fit)) ** 2))
-    ss_tot = float(np.sum((w * (y - wm)) ** 2))
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
-    return LinkFit(latency_s=float(latency), bandwidth_Bps=1.0 / slope, r2=float(r2), n=int(x.size))
-
-
-#: smallest duplex fit_duplex reports: below it, the "link" is not carrying data both ways at all
-MIN_DUPLEX = 0.01
-
-
-def fit_duplex(latency_s: float, bandwidth_Bps: float, sizes_bytes: Sequence[float],
-               exchange_times_s: Sequence[float]) -> float:
-    """The ``duplex`` of a link from simultaneous-exchange times (both ends send ``size`` bytes to
-    each other at once, timed until both have received).
-
-    Estimator: the bytes-dominated part of the time (the time minus the link's latency) of the
-    one-way model over that of the exchange, pooled over the sizes as a ratio of sums::
-
-        duplex = Σ size / bandwidth  ÷  Σ (exchange time − latency)
-
-    i.e. the factor for which the model ``latency + size / (bandwidth · duplex)``
-    (:meth:`tensoropt.cluster.LinkModel.time_both_ways`) matches the summed measured exchange
-    times; the largest transfer, which has the least noise for its length, weighs most.  Use it
-    at sizes where the bytes dominate the latency (the top of a sweep).  The result is clamped to
-    ``[MIN_DUPLEX, 1]``: an exchange as fast as one way, or faster (noise), is full duplex (1.0).
-    """
-    x = np.asarray(sizes_bytes, dtype=np.float64).ravel()
-    y = np.asarray(exchange_times_s, dtype=np.float64).ravel()
-    if x.shape != y.shape or x.size == 0:
-        raise BenchError(f"duplex: needs as many exchange times as sizes (≥ 1), got {x.size} sizes, {y.size} times")
-    if not (np.all(np.isfinite(y)) and np.all(y > 0)):
-        raise BenchError(f"duplex: exchange times must be finite and > 0 s, got {y.tolist()}")
-    one_way = float(np.sum(x)) / bandwidth_Bps
-    both = float(np.sum(y - latency_s))
-    if both <= one_way:
-        return 1.0
-    return max(MIN_DUPLEX, one_way / both)
-
 
 # ------------------------------------------------------------------------------------------ result
 
@@ -247,12 +118,10 @@ class BenchResult:
         f = self.fits[pair]
         return max(abs(f.time(s) - t) / t for s, t in self.samples[pair].items())
 
-    def cluster(self, name: str | None = None, memory_bytes: int | Mapping[str, int] | None = None):
+    def cluster(self, name: str | None = None, memory_bytes: int | Mapping[str, int] | None = None) -> Cluster:
         """A :class:`tensoropt.cluster.Cluster` with the measured devices and one fitted link per
         ordered pair.  ``memory_bytes`` overrides every device's memory (an int) or some of them (a
         mapping); by default a GPU's total memory, or the host's RAM / number of gloo ranks."""
-        from . import Cluster, Device
-
         mem = dict(self.memory_bytes)
         if isinstance(memory_bytes, Mapping):
             mem.update({k: int(v) for k, v in memory_bytes.items()})
@@ -266,9 +135,9 @@ class BenchResult:
                    for d in self.devices]
         links = {pair: fit.link for pair, fit in self.fits.items()}
         source = (f"tensoropt bench-links on {self.host}: {self.backend}, {self.method}, "
-                  f"{len(self.sizes)} sizes {_fmt_size(min(self.sizes))} … {_fmt_size(max(self.sizes))}, "
+                  f"{len(self.sizes)} sizes {fmt_bytes(min(self.sizes))} … {fmt_bytes(max(self.sizes))}, "
                   f"median of {self.repeats}"
-                  + (f"; duplex from simultaneous exchanges of {', '.join(_fmt_size(s) for s in self.exchange_sizes)}"
+                  + (f"; duplex from simultaneous exchanges of {', '.join(fmt_bytes(s) for s in self.exchange_sizes)}"
                      if self.exchange else ""))
         return Cluster(name or f"bench-{self.backend}-{self.host}", devices, links, source=source)
 
@@ -315,67 +184,73 @@ def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, re
     t0 = time.perf_counter()
     with _progress(progress, "measuring links") as report:
         if backend == "cuda":
-            idx = _gpu_indices(devices)
-            raw_idx = _bench_cuda(idx, sizes, repeats, warmup, report)
-            raw_x: dict[tuple[int, int, int], list[float]] = {}       # duplex not measured: 1.0
-            names = {i: f"gpu{i}" for i in idx}
-            mem, kinds = _gpu_memory(idx)
-            method = "CUDA device-to-device copy, CUDA events on the source stream"
+            m = _measure_cuda(devices, sizes, repeats, warmup, report)
         else:
-            if devices is not None:
-                raise BenchError("devices= selects GPUs for the CUDA backend; the gloo backend measures "
-                                 "world_size processes on this host (use world_size=N)")
-            if world_size < 2:
-                raise BenchError(f"the gloo benchmark needs world_size ≥ 2 processes, got {world_size}")
-            idx = list(range(world_size))
-            x_sizes = sizes[-EXCHANGE_SIZES:]
-            total = world_size * (world_size - 1) * repeats + world_size * (world_size - 1) // 2 * repeats
-            per_rank = _run_gloo(world_size, "p2p", {"sizes": sizes, "repeats": repeats, "warmup": warmup,
-                                                     "exchange_sizes": x_sizes, "busy_s": busy_s},
-                                 timeout_s=timeout_s, total=total, report=report, what="link benchmark")
-            raw_idx = {}
-            for r in per_rank:
-                raw_idx.update(r["p2p"])
-            # the exchange's time per repeat: the slower of the two ranks (each timed its own side)
-            raw_x = {}
-            for key in sorted({k for r in per_rank for k in r["exchange"]}):
-                a, b, _ = key
-                raw_x[key] = [max(ta, tb) for ta, tb in zip(per_rank[a]["exchange"][key],
-                                                             per_rank[b]["exchange"][key])]
-            names = {i: f"cpu{i}" for i in idx}
-            ram = _host_memory()
-            mem = {i: ram // world_size // MiB * MiB for i in idx}   # whole MiB: a tidy YAML
-            kinds = {i: "cpu" for i in idx}
-            method = ("gloo send/recv on 127.0.0.1, half the ping-pong round trip, 1 thread per process"
-                      + (f", both ranks busy {busy_s * 1e3:g} ms before each round trip" if busy_s else "")
-                      + "; duplex: simultaneous isend/irecv exchange, slower rank")
-
-    samples: dict[Pair, dict[int, float]] = {}
-    raw: dict[Pair, dict[int, tuple[float, ...]]] = {}
-    fits: dict[Pair, LinkFit] = {}
-    for (a, b, size), ts in sorted(raw_idx.items()):
-        pair = (names[a], names[b])
-        raw.setdefault(pair, {})[size] = tuple(ts)
-        samples.setdefault(pair, {})[size] = statistics.median(ts)
-    for pair, by_size in samples.items():
-        fits[pair] = fit_link(list(by_size), list(by_size.values()), pair=pair)
-    exchange: dict[Pair, dict[int, float]] = {}
-    exchange_raw: dict[Pair, dict[int, tuple[float, ...]]] = {}
-    for (a, b, size), ts in sorted(raw_x.items()):
-        for pair in ((names[a], names[b]), (names[b], names[a])):      # one exchange serves both directions
-            exchange_raw.setdefault(pair, {})[size] = tuple(ts)
-            exchange.setdefault(pair, {})[size] = statistics.median(ts)
-    for pair, by_size in exchange.items():
-        f = fits[pair]
-        fits[pair] = dataclasses.replace(f, duplex=fit_duplex(f.latency_s, f.bandwidth_Bps, list(by_size),
-                                                               list(by_size.values())))
+            m = _measure_gloo(world_size, devices, sizes, repeats, warmup, busy_s, timeout_s, report)
+    names, idx = m.names, m.idx
+    fitted = fit_pairs(m.one_way, m.exchanges, names)
     return BenchResult(backend=backend, devices=tuple(names[i] for i in idx), sizes=tuple(sizes), repeats=repeats,
-                       samples=samples, raw=raw, fits=fits, memory_bytes={names[i]: mem[i] for i in idx},
-                       kinds={names[i]: kinds[i] for i in idx}, host=socket.gethostname(), method=method,
+                       samples=fitted.samples, raw=fitted.raw, fits=fitted.fits,
+                       memory_bytes={names[i]: m.memory[i] for i in idx},
+                       kinds={names[i]: m.kinds[i] for i in idx}, host=socket.gethostname(), method=m.method,
                        elapsed_s=time.perf_counter() - t0,
                        extra={"warmup": warmup, "world_size": len(idx), "torch": _torch_version(),
                               "busy_s": busy_s},
-                       exchange=exchange, exchange_raw=exchange_raw)
+                       exchange=fitted.exchange, exchange_raw=fitted.exchange_raw)
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What one backend measured, before fitting: raw times by index, and the devices' names."""
+
+    idx: list[int]
+    one_way: dict[tuple[int, int, int], list[float]]
+    exchanges: dict[tuple[int, int, int], list[float]]
+    names: dict[int, str]
+    memory: dict[int, int]
+    kinds: dict[int, str]
+    method: str
+
+
+def _measure_cuda(devices: Sequence[int | str] | None, sizes: Sequence[int], repeats: int, warmup: int,
+                  report: Progress) -> _Measured:
+    idx = _gpu_indices(devices)
+    one_way = _bench_cuda(idx, sizes, repeats, warmup, report)
+    mem, kinds = _gpu_memory(idx)
+    return _Measured(idx=idx, one_way=one_way, exchanges={},       # duplex not measured: 1.0
+                     names={i: f"gpu{i}" for i in idx}, memory=mem, kinds=kinds,
+                     method="CUDA device-to-device copy, CUDA events on the source stream")
+
+
+def _measure_gloo(world_size: int, devices: Sequence[int | str] | None, sizes: Sequence[int], repeats: int,
+                  warmup: int, busy_s: float, timeout_s: float, report: Progress) -> _Measured:
+    if devices is not None:
+        raise BenchError("devices= selects GPUs for the CUDA backend; the gloo backend measures "
+                         "world_size processes on this host (use world_size=N)")
+    if world_size < 2:
+        raise BenchError(f"the gloo benchmark needs world_size ≥ 2 processes, got {world_size}")
+    idx = list(range(world_size))
+    x_sizes = sizes[-EXCHANGE_SIZES:]
+    total = world_size * (world_size - 1) * repeats + world_size * (world_size - 1) // 2 * repeats
+    per_rank = _run_gloo(world_size, "p2p", {"sizes": sizes, "repeats": repeats, "warmup": warmup,
+                                             "exchange_sizes": x_sizes, "busy_s": busy_s},
+                         timeout_s=timeout_s, total=total, report=report, what="link benchmark")
+    one_way: dict[tuple[int, int, int], list[float]] = {}
+    for r in per_rank:
+        one_way.update(r["p2p"])
+    # the exchange's time per repeat: the slower of the two ranks (each timed its own side)
+    exchanges: dict[tuple[int, int, int], list[float]] = {}
+    for key in sorted({k for r in per_rank for k in r["exchange"]}):
+        a, b, _ = key
+        exchanges[key] = [max(ta, tb) for ta, tb in zip(per_rank[a]["exchange"][key],
+                                                        per_rank[b]["exchange"][key])]
+    ram = _host_memory()
+    method = ("gloo send/recv on 127.0.0.1, half the ping-pong round trip, 1 thread per process"
+              + (f", both ranks busy {busy_s * 1e3:g} ms before each round trip" if busy_s else "")
+              + "; duplex: simultaneous isend/irecv exchange, slower rank")
+    return _Measured(idx=idx, one_way=one_way, exchanges=exchanges, names={i: f"cpu{i}" for i in idx},
+                     memory={i: ram // world_size // MiB * MiB for i in idx},   # whole MiB: a tidy YAML
+                     kinds={i: "cpu" for i in idx}, method=method)
 
 
 def _check_sizes(sizes: Sequence[int] | None) -> list[int]:
@@ -390,8 +265,6 @@ def _check_sizes(sizes: Sequence[int] | None) -> list[int]:
 
 
 def _resolve_backend(backend: str) -> str:
-    import torch
-
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "auto":
         return "cuda" if n >= 2 else "gloo"
@@ -401,8 +274,6 @@ def _resolve_backend(backend: str) -> str:
                              "Use --backend gloo to measure processes on this host")
         return "cuda"
     if backend == "gloo":
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_gloo_available()):
             raise BenchError("this torch build has no gloo backend (torch.distributed.is_gloo_available() "
                              "is False); install a torch wheel with distributed support")
@@ -411,8 +282,6 @@ def _resolve_backend(backend: str) -> str:
 
 
 def _gpu_indices(devices: Sequence[int | str] | None) -> list[int]:
-    import torch
-
     n = torch.cuda.device_count()
     if devices is None:
         return list(range(n))
@@ -436,8 +305,6 @@ def _gpu_indices(devices: Sequence[int | str] | None) -> list[int]:
 
 
 def _gpu_memory(idx: Sequence[int]) -> tuple[dict[int, int], dict[int, str]]:
-    import torch
-
     props = {i: torch.cuda.get_device_properties(i) for i in idx}
     return {i: int(p.total_memory) for i, p in props.items()}, {i: str(p.name) for i, p in props.items()}
 
@@ -451,8 +318,6 @@ def _host_memory() -> int:
 
 
 def _torch_version() -> str:
-    import torch
-
     return torch.__version__
 
 
@@ -471,8 +336,6 @@ def _bench_cuda(idx: Sequence[int], sizes: Sequence[int], repeats: int, warmup: 
     pair of current streams per direction, and events recorded on one device — not written
     here because it could not be tried on a machine with two GPUs.
     """
-    import torch
-
     big = max(sizes)
     bufs = {i: torch.empty(big, dtype=torch.uint8, device=f"cuda:{i}") for i in idx}
     out: dict[tuple[int, int, int], list[float]] = {}
@@ -497,7 +360,7 @@ def _bench_cuda(idx: Sequence[int], sizes: Sequence[int], repeats: int, warmup: 
                     ts.append(start.elapsed_time(end) / 1e3)   # ms → s
             out[(a, b, size)] = ts
             done += 1
-            report(done, total, f"gpu{a} → gpu{b} {_fmt_size(size)}")
+            report(done, total, f"gpu{a} → gpu{b} {fmt_bytes(size)}")
     del bufs
     return out
 
@@ -576,8 +439,6 @@ def _busy(seconds: float) -> None:
     """Compute (small matrix products, one thread) for ``seconds`` of wall time."""
     if seconds <= 0:
         return
-    import torch
-
     a = torch.full((48, 48), 0.01)
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -612,9 +473,6 @@ def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, 
     Returns ``{"p2p": {(a, b, size): [one-way s, …]}, "exchange": {(a, b, size): [this rank's s, …]}}``
     (p2p: filled by the sending rank; exchange: by both ranks of the pair).
     """
-    import torch
-    import torch.distributed as dist
-
     buf = torch.zeros(max(sizes), dtype=torch.uint8)
     out: dict[tuple[int, int, int], list[float]] = {}
     pairs = [(a, b) for a in range(world_size) for b in range(world_size) if a != b]
@@ -646,7 +504,7 @@ def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, 
     exchange: dict[tuple[int, int, int], list[float]] = {}
     if exchange_sizes:
         rbuf = torch.zeros(max(exchange_sizes), dtype=torch.uint8)
-        for a, b in [(a, b) for a in range(world_size) for b in range(a + 1, world_size)]:
+        for a, b in [(i, j) for i in range(world_size) for j in range(i + 1, world_size)]:
             for rnd in range(warmup + repeats):
                 dist.barrier()
                 if rank in (a, b):
@@ -670,9 +528,6 @@ def _collective_calls(world_size: int, nbytes: int):
     """``name → (nbytes, [(api, make_buffers, call), …])``: the byte count rounded to whole float32
     elements divisible by ``world_size`` (in the :mod:`~tensoropt.cluster.collectives` convention)
     and the torch calls that do it, in order of preference."""
-    import torch
-    import torch.distributed as dist
-
     chunk = max(1, nbytes // (4 * world_size))   # float32 elements per rank's share
     full = chunk * world_size
     ws = world_size
@@ -733,8 +588,6 @@ def _collectives_job(rank: int, world_size: int, report: Callable[[int, str], No
     tensor-list form); when none works, the error is kept.  Then ``repeats`` rounds time every
     (collective, size) once each, in an order shuffled from round to round (as in :func:`_p2p_job`).
     """
-    import torch.distributed as dist
-
     out: dict = {}
     plans = []                                    # (key, call, buffers, inner)
     for name in collectives:
@@ -771,15 +624,13 @@ def _collectives_job(rank: int, world_size: int, report: Callable[[int, str], No
             out[key]["times"].append((time.perf_counter() - t0) / inner)
             step += 1
             if rank == 0:
-                report(step, f"{key[0]} {_fmt_size(key[1])}, round {rnd + 1} of {repeats}")
+                report(step, f"{key[0]} {fmt_bytes(key[1])}, round {rnd + 1} of {repeats}")
     return out
 
 
 def _selftest_job(rank: int, world_size: int, report: Callable[[int, str], None], *, mode: str) -> None:
     """Misbehaving workers, for the tests of :func:`_run_gloo`: ``exit``: the last rank vanishes
     without a word (as if killed); ``hang``: the last rank never joins the barrier the others wait in."""
-    import torch.distributed as dist
-
     if rank == world_size - 1:
         if mode == "exit":
             os._exit(3)
@@ -791,8 +642,6 @@ def _selftest_job(rank: int, world_size: int, report: Callable[[int, str], None]
 def _round_order(items: list, rnd: int) -> list:
     """``items`` in the order of round ``rnd``: a shuffle seeded by the round, so every rank (each
     with its own copy of ``items``) gets the same order without talking."""
-    import random
-
     out = list(items)
     random.Random(rnd).shuffle(out)
     return out
@@ -804,9 +653,6 @@ _JOBS = {"p2p": _p2p_job, "collectives": _collectives_job, "selftest": _selftest
 def _gloo_entry(rank: int, world_size: int, port: int, q, job: str, kwargs: dict, timeout_s: float) -> None:
     """Body of one spawned gloo worker: join the group, run ``job``, put the result on ``q``."""
     try:
-        import torch
-        import torch.distributed as dist
-
         steady_malloc()   # the regime the executors' ranks run in (tensoropt._malloc)
         torch.set_num_threads(1)
         td = datetime.timedelta(seconds=timeout_s)
@@ -832,10 +678,6 @@ def _run_gloo(world_size: int, job: str, kwargs: dict, *, timeout_s: float, tota
     importing torch: longer than gloo's own timeout, so a worker's error, which names the cause,
     comes first), and always ends every worker it started.
     """
-    import multiprocessing as mp
-
-    import torch.distributed as dist
-
     td = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=td, wait_for_workers=False)
     ctx = mp.get_context("spawn")
@@ -923,19 +765,15 @@ def _progress(progress: bool | Progress, label: str) -> Iterator[Callable[[int, 
     if not progress:
         yield lambda *a: None
         return
+    # rich only when a bar is asked for: its import costs a noticeable fraction of a second
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bar
 
-    bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    bar = Bar(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.description}"), transient=True, console=Console(stderr=True))
     task = bar.add_task("starting …", total=None)
     with bar:
         yield lambda done, total, what: bar.update(task, completed=done, total=total, description=what)
 
 
-def _fmt_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" or float(n).is_integer() else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")

@@ -26,7 +26,7 @@ O(n); :func:`all_to_all_time` is O(n²).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .spec import Cluster, LinkModel
 

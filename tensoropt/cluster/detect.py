@@ -39,8 +39,10 @@ Devices are named ``gpu<NVML index>``.  NVML numbers GPUs in PCI bus order and i
 
 from __future__ import annotations
 
+import contextlib
 import socket
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..errors import ClusterSpecError
 from .spec import NOMINAL_PCIE, NVLINK_LATENCY_S, NVLINK_LINK_BPS, Cluster, Device, LinkModel
@@ -136,7 +138,7 @@ def _bus_id(pci: Any) -> tuple[int, int, str] | None:
 def read_nvml_topology() -> tuple[list[dict[str, Any]], dict[tuple[int, int], dict[str, Any]]]:
     """Ask NVML for what :func:`cluster_from_topology` takes.  Raises :class:`ClusterSpecError`
     ("no NVIDIA GPU found …") when NVML or the driver is missing or there are no GPUs."""
-    try:
+    try:   # pynvml stays optional here: a machine without NVIDIA's bindings gets a clear error, not an ImportError
         import pynvml
     except ImportError:
         raise ClusterSpecError("no NVIDIA GPU found (the NVML bindings are not installed: "
@@ -150,10 +152,8 @@ def read_nvml_topology() -> tuple[list[dict[str, Any]], dict[tuple[int, int], di
     except pynvml.NVMLError as e:
         raise ClusterSpecError(f"NVML failed while reading the GPU topology ({e}); {NO_GPU_HINT}") from None
     finally:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
 
 
 def _read(nv: Any) -> tuple[list[dict[str, Any]], dict[tuple[int, int], dict[str, Any]]]:

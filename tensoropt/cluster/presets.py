@@ -19,7 +19,9 @@ the builder); ``tensoropt bench-links`` measures the machine you actually have, 
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from ..errors import ClusterSpecError
 from .spec import NOMINAL_PCIE, Cluster, Device, LinkModel, nvlink
@@ -185,3 +187,15 @@ def get_preset(name: str) -> Cluster:
         raise ClusterSpecError(f"unknown cluster preset {name!r}; presets: {', '.join(PRESETS)} "
                                "(or give a YAML file)") from None
     return build()
+
+
+def load_cluster(spec: str | os.PathLike[str] | Cluster) -> Cluster:
+    """``"preset:NAME"``, a YAML / JSON path, or a :class:`Cluster` (returned as is)."""
+    if isinstance(spec, Cluster):
+        return spec
+    if isinstance(spec, str) and spec.startswith("preset:"):
+        return get_preset(spec[len("preset:"):])
+    path = Path(spec)
+    if not path.exists() and isinstance(spec, str) and spec in PRESETS:
+        raise ClusterSpecError(f"cluster file not found: {spec}; did you mean preset:{spec}?")
+    return Cluster.load(path)

@@ -36,11 +36,13 @@ import math
 import numbers
 import os
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
+import networkx as nx
 import yaml
 
 from .._io import write_atomic
@@ -536,20 +538,6 @@ class Cluster:
         return cls.from_dict(data, str(path), default_name=path.stem, source=str(path))
 
 
-def load_cluster(spec: str | os.PathLike | Cluster) -> Cluster:
-    """``"preset:NAME"``, a YAML / JSON path, or a :class:`Cluster` (returned as is)."""
-    if isinstance(spec, Cluster):
-        return spec
-    from .presets import PRESETS, get_preset
-
-    if isinstance(spec, str) and spec.startswith("preset:"):
-        return get_preset(spec[len("preset:"):])
-    path = Path(spec)
-    if not path.exists() and isinstance(spec, str) and spec in PRESETS:
-        raise ClusterSpecError(f"cluster file not found: {spec}; did you mean preset:{spec}?")
-    return Cluster.load(path)
-
-
 # ---- helpers ---------------------------------------------------------------------------------
 
 
@@ -611,8 +599,6 @@ def _compact_links(names: Sequence[str], links: Mapping[tuple[str, str], LinkMod
     does not matter; a group of two is a symmetric pair.  Greedy: per link value, take the maximal
     clique covering most uncovered pairs until none are left.
     """
-    import networkx as nx
-
     pos = {n: i for i, n in enumerate(names)}
     sym: dict[LinkModel, nx.Graph] = {}
     pairs: list[tuple[tuple[str, str], LinkModel]] = []
@@ -631,8 +617,8 @@ def _compact_links(names: Sequence[str], links: Mapping[tuple[str, str], LinkMod
                          key=lambda c: [pos[x] for x in c])
         uncovered = {frozenset(e) for e in g.edges}
         while uncovered:
-            def gain(c: tuple[str, ...]) -> int:
-                return sum(frozenset((x, y)) in uncovered for i, x in enumerate(c) for y in c[i + 1:])
+            def gain(c: tuple[str, ...], left: set[frozenset[str]] = uncovered) -> int:   # bound: this round's
+                return sum(frozenset((x, y)) in left for i, x in enumerate(c) for y in c[i + 1:])
             best = max(cliques, key=gain)
             for i, x in enumerate(best):
                 for y in best[i + 1:]:
