@@ -316,7 +316,8 @@ def check_call(op: Callable, args: Sequence[Any], kwargs: dict | None = None, *,
     Complexity: one capture, one profile, and per offered split one rewrite and one step of a
     one-op graph.
     """
-    from .. import capture, profile
+    from ..capture import capture
+    from ..measure import profile
     from ..plan import NodeConfig, Plan
 
     kwargs = dict(kwargs or {})
