@@ -16,13 +16,13 @@ costs: layouts and resharding, the memory walk, the simulator, whether it fits),
 from .capture import capture, load_onnx
 from .cluster import Cluster, Device, LinkModel, detect_cluster, list_presets, load_cluster
 from .errors import (
-                     CaptureError,
-                     ClusterSpecError,
-                     ExecutionError,
-                     GraphFormatError,
-                     ModelSpecError,
-                     ProfileError,
-                     TensorOptError,
+    CaptureError,
+    ClusterSpecError,
+    ExecutionError,
+    GraphFormatError,
+    ModelSpecError,
+    ProfileError,
+    TensorOptError,
 )
 from .execute import PlannedModule, apply_plan
 from .frontier import BudgetError, Frontier, FrontierPoint, candidate_meshes, track_frontier

@@ -248,7 +248,7 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
     kind_of = {ph: info.kind for ph, info in placeholders.items()}
     renames = functionalize(gm, kind_of, lambda n: _where(n, module_of))
     for spec in sig.output_specs:
-        arg = getattr(spec, "arg", None)
+        arg: Any = getattr(spec, "arg", None)   # an export argument spec (or None): a name to follow
         while getattr(arg, "name", None) in renames:
             arg.name = renames[arg.name]
     # the traced order (and the names fx gave in it) can depend on the process (a model iterating

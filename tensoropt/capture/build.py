@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
@@ -36,7 +36,11 @@ def dtype_name(dtype: torch.dtype) -> str:
 def flatten_nodes(obj: Any) -> list[fx.Node]:
     """The fx Nodes inside a (nested) args structure, in order."""
     out: list[fx.Node] = []
-    fx.node.map_arg(obj, lambda n: out.append(n) or n)
+    def note(n: fx.Node) -> fx.Node:
+        out.append(n)
+        return n
+
+    fx.node.map_arg(obj, note)
     return out
 
 
@@ -64,7 +68,7 @@ def build_opgraph(gm: fx.GraphModule, placeholders: Mapping[str, PlaceholderInfo
     O(V + E).
     """
     metas: dict[str, tuple[TensorMeta, ...]] = {}
-    nodes: list[OpNode] = []
+    nodes: list[OpNode | None] = []   # an operator's slot is filled once parameter ownership is known
     param_users: dict[str, list[tuple[str, bool]]] = {}
     params_of_node: dict[str, list[str]] = {}
     node_by_name: dict[str, dict[str, Any]] = {}
@@ -145,9 +149,9 @@ def build_opgraph(gm: fx.GraphModule, placeholders: Mapping[str, PlaceholderInfo
         nodes[pos] = OpNode(**d, params=tuple(p for p in used if owners[p] == node_name),
                             param_reads=tuple(p for p in used if owners[p] != node_name))
 
-    outs = list(user_outputs) if user_outputs is not None else _output_nodes(gm)
+    out_nodes = list(user_outputs) if user_outputs is not None else _output_nodes(gm)
     out_names = []
-    for o in outs:
+    for o in out_nodes:
         if o.name in metas and o.name not in out_names:
             out_names.append(o.name)
     nodes.append(OpNode(name="output", op="output", kind="output", inputs=tuple(out_names),
@@ -165,14 +169,14 @@ def build_opgraph(gm: fx.GraphModule, placeholders: Mapping[str, PlaceholderInfo
                                       readers=tuple(dict.fromkeys(readers)))
     for p, extra in _module_param_infos(gm, param_users, owners).items():
         params.setdefault(p, extra)
-    return OpGraph(nodes, params, name=name, source=source, batch_size=batch_size, batch_dim=batch_dim,
+    return OpGraph([n for n in nodes if n is not None], params, name=name, source=source, batch_size=batch_size, batch_dim=batch_dim,
                    notes=notes, module=gm, exported=exported)
 
 
 def _read_metas(src: tuple[TensorMeta, ...], consumer: fx.Node, src_name: str) -> tuple[TensorMeta, ...]:
     """The tensors of ``src`` that ``consumer`` reads: one element for getitem, else all."""
     if consumer.target is operator.getitem and isinstance(consumer.args[1], int) \
-            and consumer.args[0].name == src_name and len(src) > 1:
+            and cast(fx.Node, consumer.args[0]).name == src_name and len(src) > 1:
         i = consumer.args[1]
         return (src[i],) if i < len(src) else ()
     return src

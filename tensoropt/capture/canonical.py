@@ -178,7 +178,7 @@ def update_signature(ep: Any, renames: dict[str, str]) -> None:
             args += list(sig.inputs) + list(sig.outputs)
     for a in args:
         name = getattr(a, "name", None)
-        if isinstance(name, str) and name in renames:
+        if isinstance(name, str) and name in renames and a is not None:
             a.name = renames[name]
 
 
@@ -233,8 +233,14 @@ def _written(n: fx.Node) -> list[fx.Node]:
 
 def _nodes_in(value: Any) -> Iterable[fx.Node]:
     found: list[fx.Node] = []
-    fx.node.map_arg(value, lambda x: found.append(x) or x)
+    fx.node.map_arg(value, lambda x: _noted(found, x))
     return found
+
+
+def _noted(found: list[fx.Node], x: fx.Node) -> fx.Node:
+    """Append ``x`` to ``found`` and return it (a map_arg callback that collects the nodes)."""
+    found.append(x)
+    return x
 
 
 def _is_view(n: fx.Node) -> bool:

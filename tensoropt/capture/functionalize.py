@@ -33,6 +33,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+import typing
 from typing import Any
 
 import torch
@@ -205,7 +206,7 @@ def functionalize(gm: fx.GraphModule, kind_of: Mapping[str, str],
                     raise CaptureError(f"{where(n)}: {n.target} writes through the view {view.target} "
                                        "(no inverse known to tensoropt); write the out-of-place form")
                 op, extra, _ = inv
-                base = view.args[0]
+                base = typing.cast(fx.Node, view.args[0])
                 op, args = _scatter_call(op, base, value, extra)
                 if op is not None:
                     value = graph.call_function(op, args)
@@ -224,7 +225,8 @@ def functionalize(gm: fx.GraphModule, kind_of: Mapping[str, str],
         for alias in [a for a in list(base_of) if order.get(a, 1 << 60) < order[n] and _root(a, base_of) is root]:
             later = [u for u in alias.users if u in order and order[u] > order[n]]
             with graph.inserting_after(anchor):
-                fresh = graph.call_function(alias.target, (again[base_of[alias]], *alias.args[1:]), alias.kwargs)
+                fresh = graph.call_function(typing.cast(Callable[..., Any], alias.target),
+                                            (again[base_of[alias]], *alias.args[1:]), alias.kwargs)
                 fresh.meta = dict(alias.meta)
             again[alias] = anchor = fresh
             base_of[fresh] = again[base_of[alias]]
@@ -277,7 +279,7 @@ def _redirect(old: fx.Node, new: fx.Node, order: Mapping[fx.Node, int], *, after
 
 def _keep_dtype(graph: fx.Graph, new_val: fx.Node, inplace: fx.Node) -> fx.Node:
     """Cast the out-of-place result back to the in-place target's dtype when they differ."""
-    want = inplace.args[0].meta.get("val")
+    want = typing.cast(fx.Node, inplace.args[0]).meta.get("val")
     got = _meta_dtype(new_val)
     if want is None or got is None or got == want.dtype:
         return new_val
@@ -297,7 +299,8 @@ def _meta_dtype(node: fx.Node) -> torch.dtype | None:
             return val
         return a
     try:
-        out = node.target(*fx.node.map_aggregate(node.args, meta), **fx.node.map_aggregate(node.kwargs, meta))
+        target = typing.cast(Callable[..., Any], node.target)
+        out = target(*fx.node.map_aggregate(node.args, meta), **fx.node.map_aggregate(node.kwargs, meta))
     except Exception:  # noqa: BLE001 - unknown: keep the op's own result
         return None
     return out.dtype if isinstance(out, torch.Tensor) else None

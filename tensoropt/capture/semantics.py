@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -166,7 +166,7 @@ def op_name(target: Any) -> str:
     if target is operator.getitem:
         return "getitem"
     mod = getattr(target, "__module__", "") or ""
-    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", str(target))
+    name = str(getattr(target, "__qualname__", None) or getattr(target, "__name__", str(target)))
     return f"{mod}.{name}" if mod and mod not in ("builtins", "_operator") else name
 
 
@@ -227,7 +227,8 @@ def _whole_slice(base: str, args: Sequence[Any], kwargs: dict, size: int) -> boo
             and step in (None, 1))
 
 
-def _prefix(shape: Sequence[int], dim: int) -> int:
+def _prefix(shape: Sequence[int], dim: int | None) -> int:
+    """The product of the sizes before ``dim`` (all of them for ``None``)."""
     n = 1
     for s in shape[:dim]:
         n *= s
@@ -377,7 +378,7 @@ def _keeps_samples(family: str, base: str, args: Sequence[Any], kwargs: dict, te
                    src: TensorMeta, out: TensorMeta, reads_state: bool) -> bool:
     """Whether the op, in its family, leaves ``src``'s batch dimension independent (``src``: the
     first input with one)."""
-    rank, b = len(src.shape), src.batch_dim
+    rank, b = len(src.shape), cast(int, src.batch_dim)   # src has one (see the caller)
     if base in _SCATTER and (reads_state or any(t.batch_dim != b for t in tensor_inputs)):
         return False    # its index and source may be shorter than the input: each must carry the batch
     if family == "along":

@@ -44,7 +44,7 @@ MODULE_OPS = {
 def _aten_for(gm: fx.GraphModule, n: fx.Node) -> Any:
     """The ATen overload a call node runs, or the original target when there is no clear one."""
     if n.op == "call_module":
-        mod = gm.get_submodule(n.target)
+        mod = gm.get_submodule(str(n.target))   # a call_module's target is the module's path
         return MODULE_OPS.get(type(mod), f"module:{type(mod).__qualname__}")
     name = n.target if n.op == "call_method" else getattr(n.target, "__name__", None)
     packet = getattr(aten, name, None) if isinstance(name, str) else None
@@ -112,11 +112,11 @@ def capture_fx(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, name:
                 placeholders[n.name] = PlaceholderInfo(kind, n.target, bool(t.requires_grad))
                 n.meta["val"] = t
         elif n.op == "call_module":
-            mod = gm.get_submodule(n.target)
+            mod = gm.get_submodule(str(n.target))   # a call_module's target is the module's path
             n.meta["tensoropt_module_params"] = [f"{n.target}.{k}" for k, _ in mod.named_parameters()] + \
                                                 [f"{n.target}.{k}" for k, _ in mod.named_buffers()]
 
-    index = {}
+    index: dict[int, tuple[int, ...]] = {}
 
     def tensor_meta(t: torch.Tensor) -> tuple[tuple[int, ...], int | None]:
         shape = tuple(int(s) for s in t.shape)

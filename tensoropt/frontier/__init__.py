@@ -19,11 +19,15 @@
   :class:`Frontier` of plans (CSV, plan JSON, budget queries).
 """
 
+# isort: off
+# .track before .algorithm: loading the submodule .track binds the package's attribute `track` to
+# it, and the function algorithm.track must be bound after it (tensoropt.frontier.track is the function)
+from .track import BudgetError, Frontier, FrontierPoint, MeshResult, default_resolution, track_frontier
 from .algorithm import BRANCH_RULE, FIX_RULE, FixedChoice, FrontierResult, track
+# isort: on
 from .graph_problem import MeshProblem, build_problem, candidate_meshes, node_configs, ring_bottleneck
 from .point_sets import batched_product, bucket_key, is_frontier, product, reduce, union
 from .problem import EdgeCosts, NodeCosts, Problem, ProblemError, brute_force, min_scalarized
-from .track import BudgetError, Frontier, FrontierPoint, MeshResult, default_resolution, track_frontier
 
 __all__ = [
     "track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "default_resolution",

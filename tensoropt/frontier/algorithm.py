@@ -74,11 +74,12 @@ from __future__ import annotations
 
 import heapq
 import time as _time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from . import point_sets
 from .problem import Problem
@@ -160,13 +161,13 @@ class _Store:
         return self._add(_Group(m[ok].copy(), t[ok].copy(), start, np.empty(0, np.int32),
                                 np.empty((int(ok.sum()), 0), np.int32), node, cfg))
 
-    def bprod(self, ga: int, gb: int, out_ptr, pa, pb) -> int:
+    def bprod(self, ga: int, gb: int, out_ptr: ArrayLike, pa: ArrayLike, pb: ArrayLike) -> int:
         """Output frontier o = reduce(∪_q A[pa_q] ⊗ B[pb_q]) over q in out_ptr[o]:out_ptr[o+1]."""
         A, B = self.groups[ga], self.groups[gb]
-        pa, pb = np.asarray(pa, np.int64), np.asarray(pb, np.int64)
-        self.candidates += int(np.dot(A.start[pa + 1] - A.start[pa], B.start[pb + 1] - B.start[pb]))
+        ia_, ib_ = np.asarray(pa, np.int64), np.asarray(pb, np.int64)
+        self.candidates += int(np.dot(A.start[ia_ + 1] - A.start[ia_], B.start[ib_ + 1] - B.start[ib_]))
         mem, time, ia, ib, start, merged = point_sets.batched_product(
-            A.mem, A.time, A.start, B.mem, B.time, B.start, out_ptr, pa, pb, self.resolution,
+            A.mem, A.time, A.start, B.mem, B.time, B.start, out_ptr, ia_, ib_, self.resolution,
             backend=self.backend)
         self.merged += merged
         return self._add(_Group(mem, time, start, np.array([ga, gb], np.int32),
@@ -181,8 +182,10 @@ class _Store:
         for g, f in parts:
             G = self.groups[g]
             lo, hi = int(G.start[f]), int(G.start[f + 1])
-            mems.append(G.mem[lo:hi]); times.append(G.time[lo:hi])
-            gids.append(np.full(hi - lo, g, np.int32)); idxs.append(np.arange(lo, hi, dtype=np.int32))
+            mems.append(G.mem[lo:hi])
+            times.append(G.time[lo:hi])
+            gids.append(np.full(hi - lo, g, np.int32))
+            idxs.append(np.arange(lo, hi, dtype=np.int32))
         m, t = np.concatenate(mems), np.concatenate(times)
         keep, merged = point_sets.reduce(m, t, self.resolution, backend=self.backend, return_merged=True)
         self.merged += merged
@@ -216,7 +219,7 @@ class _Store:
         masks: list[np.ndarray | None] = [None] * n
         masks[final] = np.ones(self.groups[final].ref_idx.shape[0], bool)
 
-        def parents(G: _Group, m: np.ndarray):
+        def parents(G: _Group, m: np.ndarray | None) -> Iterator[tuple[int, int, np.ndarray | None]]:
             """(slot, parent gid, rows of the kept points that refer to it) per parent."""
             if G.ref_gid.ndim == 1:
                 for slot, pg in enumerate(G.ref_gid.tolist()):
@@ -234,9 +237,10 @@ class _Store:
             G = self.groups[gid]
             R = G.ref_idx[m]
             for slot, pg, rows in parents(G, m):
-                if masks[pg] is None:
-                    masks[pg] = np.zeros(self.groups[pg].ref_idx.shape[0], bool)
-                masks[pg][R[:, slot] if rows is None else R[rows, slot]] = True
+                mk = masks[pg]
+                if mk is None:
+                    mk = masks[pg] = np.zeros(self.groups[pg].ref_idx.shape[0], bool)
+                mk[R[:, slot] if rows is None else R[rows, slot]] = True
         remap = [None if m is None else (np.cumsum(m) - 1).astype(np.int32) for m in masks]
         for gid, G in enumerate(self.groups):
             m = masks[gid]
@@ -248,10 +252,12 @@ class _Store:
                 continue
             refs = G.ref_idx[m]
             for slot, pg, rows in parents(G, m):
+                rp = remap[pg]
+                assert rp is not None   # a kept point's parent was marked kept above
                 if rows is None:
-                    refs[:, slot] = remap[pg][refs[:, slot]]
+                    refs[:, slot] = rp[refs[:, slot]]
                 else:
-                    refs[rows, slot] = remap[pg][refs[rows, slot]]
+                    refs[rows, slot] = rp[refs[rows, slot]]
             G.ref_idx = refs
             if G.ref_gid.ndim == 2:
                 G.ref_gid = G.ref_gid[m]
@@ -278,6 +284,7 @@ class _Store:
             if G.node >= 0:
                 if cfg[G.node] >= 0:
                     raise RuntimeError(f"frontier unroll reached node {G.node} twice (internal error)")
+                assert G.cfg is not None   # a node's leaf group records its configurations
                 cfg[G.node] = G.cfg[i]
             if G.ref_gid.ndim == 1:
                 for slot in range(G.ref_gid.size):
@@ -352,9 +359,9 @@ class _Graph:
         del self.adj[v]
         self.store.ref(self.ngid.pop(v), -1)
 
-    def _edges(self):
+    def _edges(self) -> Iterator[_Edge]:
         for v, nb in self.adj.items():
-            for w, e in nb.items():
+            for e in nb.values():
                 if v == e.a:
                     yield e
 
@@ -404,12 +411,13 @@ class _Graph:
         h.n_edges = sum(len(h.adj[v]) for v in nodes) // 2
         return h
 
-    def eidx(self, e: _Edge, x: int, sx, y: int, sy) -> np.ndarray:
+    def eidx(self, e: _Edge, x: int, sx: ArrayLike, y: int, sy: ArrayLike) -> NDArray[np.int64]:
         """Frontier index in e's group of (node x in config sx, node y in config sy)."""
-        sx, sy = np.asarray(sx, np.int64), np.asarray(sy, np.int64)
+        ax: NDArray[np.int64] = np.asarray(sx, np.int64)
+        ay: NDArray[np.int64] = np.asarray(sy, np.int64)
         if e.a == x:
-            return sx * self.k[y] + sy
-        return sy * self.k[x] + sx
+            return ax * self.k[y] + ay
+        return ay * self.k[x] + ax
 
 
 # --------------------------------------------------------------------------------------------
@@ -535,17 +543,17 @@ class _Tracker:
         self.count["edge"] += 1
 
     # ---- exact eliminations
-    def fold_leaf(self, g: _Graph, l: int) -> int:
-        """Fold leaf l into its neighbour n (one LDP step); returns n."""
-        (n, e), = g.adj[l].items()
-        kl, kn = self.k[l], self.k[n]
+    def fold_leaf(self, g: _Graph, leaf: int) -> int:
+        """Fold leaf ``leaf`` into its neighbour n (one LDP step); returns n."""
+        (n, e), = g.adj[leaf].items()
+        kl, kn = self.k[leaf], self.k[n]
         sn, sl = np.divmod(np.arange(kn * kl, dtype=np.int64), kl)   # outputs s_n, pairs over s_l
-        t = self.s.bprod(e.gid, g.ngid[l], np.arange(0, kn * kl + 1, kl), g.eidx(e, l, sl, n, sn), sl)
+        t = self.s.bprod(e.gid, g.ngid[leaf], np.arange(0, kn * kl + 1, kl), g.eidx(e, leaf, sl, n, sn), sl)
         ar = np.arange(kn, dtype=np.int64)
         g.set_node(n, self.s.bprod(g.ngid[n], t, np.arange(kn + 1), ar, ar))
         self.s.consumed(t, g.ngid[n], 1)
-        g.unlink(l, n)
-        g.remove_node(l)
+        g.unlink(leaf, n)
+        g.remove_node(leaf)
         return n
 
     def eliminate_node(self, g: _Graph, j: int) -> tuple[int, int]:
@@ -571,7 +579,7 @@ class _Tracker:
 
     def eliminate(self, g: _Graph) -> None:
         """Exact eliminations (rules 0–3 of the module docstring) until g is a path or none applies."""
-        def prio(v):
+        def prio(v: int) -> int | None:
             nb = g.adj[v]
             if len(nb) == 1:
                 (n,) = nb
@@ -584,7 +592,7 @@ class _Tracker:
         heap = [(p, v) for v in sorted(g.ngid) if (p := prio(v)) is not None]
         heapq.heapify(heap)
 
-        def push(v):
+        def push(v: int) -> None:
             if v in g.adj and (p := prio(v)) is not None:
                 heapq.heappush(heap, (p, v))
 

@@ -108,11 +108,13 @@ from typing import Any
 
 import numpy as np
 
+from ..cluster import Cluster
 from ..cluster.collectives import ring_allreduce_bytes_time, ring_allreduce_time
 from ..errors import ClusterSpecError, TensorOptError
-from ..graph import grad_nodes
+from ..graph import OpGraph, OpNode, grad_nodes
+from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
-from ..plan import NodeConfig
+from ..plan import LAYOUTS, Layout, NodeConfig
 from ..planmodel.memory import keeps_input, node_memory, output_kept
 from ..planmodel.reshard import (
     P,
@@ -135,7 +137,7 @@ REFERENCE_BYTES = 2**26
 #: subsets × ring orders examined exactly per mesh size before the greedy fallback
 EXACT_MESH_LIMIT = 200_000
 #: configuration order on a mesh (then recompute off, on)
-LAYOUT_ORDER = ("R", "batch", "channel", "reduce")
+LAYOUT_ORDER: tuple[str, ...] = LAYOUTS
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,7 +153,7 @@ def default_sizes(n: int) -> list[int]:
     return out
 
 
-def ring_bottleneck(cluster: Any, ring: Sequence[str], nbytes: float = REFERENCE_BYTES) -> float:
+def ring_bottleneck(cluster: Cluster, ring: Sequence[str], nbytes: float = REFERENCE_BYTES) -> float:
     """Seconds of the slowest link of the ring ``d0 → d1 → … → d0`` for one ring step of a
     tensor of ``nbytes`` (chunk ``nbytes / n``, both directions busy); 0 for one device."""
     n = len(ring)
@@ -160,7 +162,12 @@ def ring_bottleneck(cluster: Any, ring: Sequence[str], nbytes: float = REFERENCE
     return max(cluster.link(ring[i], ring[(i + 1) % n]).time_both_ways(nbytes / n) for i in range(n))
 
 
-def _ring_key(cluster: Any, ring: Sequence[str], pos: Mapping[str, int]) -> tuple:
+#: how good a ring is, smaller first: slowest link, sum of links, slowest device, smallest memory,
+#: then cluster order (module docstring)
+RingKey = tuple[float, float, float, int, list[int], list[int]]
+
+
+def _ring_key(cluster: Cluster, ring: Sequence[str], pos: Mapping[str, int]) -> RingKey:
     n = len(ring)
     times = [cluster.link(ring[i], ring[(i + 1) % n]).time_both_ways(REFERENCE_BYTES / n) for i in range(n)] \
         if n > 1 else [0.0]
@@ -169,31 +176,28 @@ def _ring_key(cluster: Any, ring: Sequence[str], pos: Mapping[str, int]) -> tupl
             sorted(pos[d] for d in ring), [pos[d] for d in ring])
 
 
-def _best_ring(cluster: Any, group: Sequence[str], pos: Mapping[str, int]) -> tuple[tuple, tuple[str, ...]]:
+def _best_ring(cluster: Cluster, group: Sequence[str], pos: Mapping[str, int]) -> tuple[RingKey, tuple[str, ...]]:
     group = sorted(group, key=pos.__getitem__)
-    if len(group) <= 2:
-        return _ring_key(cluster, group, pos), tuple(group)
     first, rest = group[0], group[1:]
-    best = None
-    for perm in itertools.permutations(rest):
+    best = (_ring_key(cluster, group, pos), tuple(group))
+    if len(group) <= 2:
+        return best
+    for i, perm in enumerate(itertools.permutations(rest)):
         ring = (first, *perm)
         key = _ring_key(cluster, ring, pos)
-        if best is None or key < best[0]:
+        if i == 0 or key < best[0]:   # the first permutation is the sorted group itself
             best = (key, ring)
     return best
 
 
-def _greedy_ring(cluster: Any, names: Sequence[str], k: int, pos: Mapping[str, int]) -> tuple[str, ...]:
+def _greedy_ring(cluster: Cluster, names: Sequence[str], k: int, pos: Mapping[str, int]) -> tuple[str, ...]:
     """Heuristic for big clusters: start from the fastest pair, repeatedly insert the device (at
     the ring position) that keeps the slowest ring link fastest."""
-    best = None
-    for a, b in itertools.combinations(names, 2):
-        key = _ring_key(cluster, (a, b), pos)
-        if best is None or key < best[0]:
-            best = (key, [a, b])
+    best = min(((_ring_key(cluster, (a, b), pos), [a, b]) for a, b in itertools.combinations(names, 2)),
+               key=lambda x: x[0])
     ring = best[1]
     while len(ring) < k:
-        cand = None
+        cand: tuple[RingKey, list[str]] | None = None
         for d in names:
             if d in ring:
                 continue
@@ -202,11 +206,12 @@ def _greedy_ring(cluster: Any, names: Sequence[str], k: int, pos: Mapping[str, i
                 key = _ring_key(cluster, r, pos)
                 if cand is None or key < cand[0]:
                     cand = (key, r)
+        assert cand is not None   # k <= len(names): a device is left to insert
         ring = cand[1]
     return tuple(ring)
 
 
-def candidate_meshes(cluster: Any, sizes: Iterable[int] | None = None, *,
+def candidate_meshes(cluster: Cluster, sizes: Iterable[int] | None = None, *,
                      devices: Sequence[str] | None = None) -> list[tuple[str, ...]]:
     """One mesh (an ordered device group, in ring order) per size; see the module docstring for
     the rule.  ``sizes`` default to 1, 2, 4, … and the number of devices; ``devices`` restricts
@@ -221,16 +226,16 @@ def candidate_meshes(cluster: Any, sizes: Iterable[int] | None = None, *,
         raise ClusterSpecError("no devices to build meshes from")
     pos = {d: i for i, d in enumerate(cluster.names)}
     n = len(names)
-    sizes = default_sizes(n) if sizes is None else sorted({int(s) for s in sizes})
-    bad = [s for s in sizes if not 1 <= s <= n]
+    ks = default_sizes(n) if sizes is None else sorted({int(s) for s in sizes})
+    bad = [s for s in ks if not 1 <= s <= n]
     if bad:
         raise ClusterSpecError(f"mesh sizes must be between 1 and {n} (the devices available), got {bad}")
-    out = []
-    for k in sizes:
+    out: list[tuple[str, ...]] = []
+    for k in ks:
         work = math.comb(n, k) * math.factorial(max(k - 1, 1))
         if k == 1:
-            best = min(names, key=lambda d: _ring_key(cluster, (d,), pos))
-            out.append((best,))
+            one = min(names, key=lambda d: _ring_key(cluster, (d,), pos))
+            out.append((one,))
         elif work <= EXACT_MESH_LIMIT:
             best = min((_best_ring(cluster, g, pos) for g in itertools.combinations(names, k)), key=lambda x: x[0])
             out.append(best[1])
@@ -242,22 +247,23 @@ def candidate_meshes(cluster: Any, sizes: Iterable[int] | None = None, *,
 # --------------------------------------------------------------------------------------------
 # configurations
 
-def node_configs(graph: Any, costs: Any, name: str, mesh: Sequence[str], *, alpha: int = 0) -> list[NodeConfig]:
+def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str], *,
+                 alpha: int = 0) -> list[NodeConfig]:
     """The configurations of op node ``name`` on ``mesh`` (module docstring): layouts in
     :data:`LAYOUT_ORDER` where legal, each without then with recompute (the latter only where it
     frees activations)."""
     mesh = tuple(mesh)
     k = len(mesh)
     node = graph.nodes[name]
-    layouts = ["R"]
+    layouts = [LAYOUT_ORDER[0]]
     if k > 1 and name in costs:
         legal = {lay for lay, d in costs.legal(name) if d == k}
         for lay in LAYOUT_ORDER[1:]:
             if lay not in legal:
                 continue
-            if lay == "batch" and node.split.batch is None:
+            if lay == Layout.BATCH and node.split.batch is None:
                 continue
-            if lay == "channel" and node.split.channel is None:
+            if lay == Layout.CHANNEL and node.split.channel is None:
                 continue
             layouts.append(lay)
     out = []
@@ -333,10 +339,34 @@ class MeshProblem:
         return Problem(tuple(nodes), self.problem.edges)
 
 
-def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
+def build_problem(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: Sequence[str], *,
                   optimizer: str | int = DEFAULT_OPTIMIZER) -> MeshProblem:
     """The :class:`MeshProblem` of ``graph`` on ``mesh`` (module docstring for every cost).
     O(V·c + E·c²) reshard evaluations for c configurations per node."""
+    mesh = _check_mesh(cluster, mesh)
+    ctx = _MeshContext.of(graph, costs, cluster, mesh, optimizer)
+    configs: dict[str, tuple[NodeConfig, ...]] = {}
+    transient: dict[str, np.ndarray] = {}
+    nodes: list[NodeCosts] = []
+    for node in ctx.ops:
+        cfgs = tuple(node_configs(graph, costs, node.name, mesh, alpha=ctx.alpha))
+        configs[node.name] = cfgs
+        mem, tim, tr = zip(*(ctx.config_costs(node, cfg) for cfg in cfgs)) if cfgs else ((), (), ())
+        transient[node.name] = np.array(tr, dtype=np.float64)
+        nodes.append(NodeCosts(node.name, np.asarray(mem, dtype=np.float64), np.asarray(tim, dtype=np.float64),
+                               tuple(config_label(c) for c in cfgs)))
+    edges, n_reshard = ctx.activation_edges(configs)
+    ties = ctx.tie_edges(configs)
+    edges += ties
+    stats = {"nodes": len(nodes), "edges": len(edges), "configs": sum(len(c) for c in configs.values()),
+             "max_configs": max((len(c) for c in configs.values()), default=0), "reshards": n_reshard,
+             "tie_edges": len(ties)}
+    return MeshProblem(mesh, Problem(tuple(nodes), tuple(edges)), configs, transient, optimizer,
+                       _notes(ctx, configs), stats)
+
+
+def _check_mesh(cluster: Cluster, mesh: Sequence[str]) -> tuple[str, ...]:
+    """``mesh`` as a tuple, refused when empty, naming an unknown device, or a device twice."""
     mesh = tuple(mesh)
     if not mesh:
         raise TensorOptError("a mesh needs at least one device")
@@ -344,153 +374,176 @@ def build_problem(graph: Any, costs: Any, cluster: Any, mesh: Sequence[str], *,
         cluster.device(d)
     if len(set(mesh)) != len(mesh):
         raise ClusterSpecError(f"mesh {list(mesh)} names a device twice")
-    alpha = optimizer_alpha(optimizer)
-    k = len(mesh)
-    speed = min(cluster.device(d).speed for d in mesh)
-    needs_grad = grad_nodes(graph)
-    out_node = next((n for n in graph if n.kind == "output"), None)
-    outputs = dict(zip(out_node.inputs, out_node.input_bytes)) if out_node is not None else {}
-    ops = graph.ops
-    op_names = {n.name for n in ops}
-    pos = {n.name: i for i, n in enumerate(ops)}
+    return mesh
 
-    # parameters used by several nodes (tied weights): every user but the last in graph order adds
-    # its gradient into .grad out of place in backward (2 × its piece, transient: as the simulator)
-    users: dict[str, list[str]] = {}
-    for node in ops:
-        for q in (*node.params, *node.param_reads):
-            users.setdefault(q, []).append(node.name)
-    not_last: dict[str, list[str]] = {}
-    for q, us in users.items():
-        info = graph.params[q]
-        if info.kind == "parameter" and info.requires_grad:
-            for u in us[:-1]:
-                not_last.setdefault(u, []).append(q)
 
-    configs: dict[str, tuple[NodeConfig, ...]] = {}
-    transient: dict[str, np.ndarray] = {}
-    nodes: list[NodeCosts] = []
-    for node in ops:
-        name = node.name
-        cfgs = tuple(node_configs(graph, costs, name, mesh, alpha=alpha))
-        configs[name] = cfgs
-        mem, tim, tr = [], [], []
-        for cfg in cfgs:
-            lay = cfg.layout if k > 1 else "R"
-            nm = node_memory(graph, costs, name, layout=lay, degree=k, alpha=alpha, recompute=cfg.recompute)
-            resident = nm.resident
-            for p, nbytes in zip(node.inputs, node.input_bytes):
-                prod = graph.nodes[p]
-                if prod.kind != "op":  # the batch, in the layout this node reads it
-                    read = read_layout(graph, node, p, cfg)
-                    resident += piece_bytes(read, k, nbytes)
-            if name in costs:
-                sh = costs[name].at(lay, k)
-                compute = sh.fp_s + sh.bp_s + (sh.fp_s if cfg.recompute else 0.0)
-            else:
-                compute = 0.0
-            t = compute / speed
-            st = param_sync(graph, node, cfg, cluster, bucketed=True)
-            if st is not None:   # + its gradients copied into the executors' flat buffer
-                t += st.time_s + costs.grad_copy_s(st.nbytes) / speed   # a copy computes, as in the simulator
-            stats = stat_sync(graph, node, cfg, cluster)
-            if stats is not None:   # forward and backward
-                t += stats.time_s * (2 if needs_grad.get(name) else 1)
-            if name in outputs and output_layout(cfg) == P:
-                t += ring_allreduce_time(cluster, mesh, outputs[name])
-            split = cfg.param_pieces
-            accumulate = sum(2 * -(-graph.params[q].nbytes // split) for q in not_last.get(name, ()))
-            if split > 1:   # a piece of a weight shared with another reader, which may hold it whole
-                # (tie edges): the cut's backward pads the piece's gradient to the whole (as the
-                # walk), a whole-sized write more (as the simulator's time)
-                padded = sum(graph.params[q].nbytes for q in (*node.params, *node.param_reads)
-                             if len(users[q]) > 1 and graph.params[q].kind == "parameter"
-                             and graph.params[q].requires_grad)
-                accumulate += padded
-                t += costs.grad_copy_s(padded) / speed
-            if st is not None:   # summed across the mesh: each gradient is made, then added into the buffer
-                accumulate += st.nbytes
-            mem.append(float(resident))
-            tim.append(t)
-            tr.append(float(nm.transient + accumulate))
-        transient[name] = np.array(tr, dtype=np.float64)
-        nodes.append(NodeCosts(name, mem, tim, tuple(config_label(c) for c in cfgs)))
+def _notes(ctx: _MeshContext, configs: Mapping[str, tuple[NodeConfig, ...]]) -> tuple[str, ...]:
+    """A note when a mesh of several devices has no shard costs at all (everything replicated)."""
+    k = len(ctx.mesh)
+    if k > 1 and not any(Layout(cfg.layout).is_split for n in ctx.ops for cfg in configs[n.name]):
+        return (f"mesh {','.join(ctx.mesh)}: the profile has no shard costs at degree {k} (every node "
+                f"is replicated here); profile with shard degrees including {k}",)
+    return ()
 
-    edges: list[EdgeCosts] = []
-    n_reshard = 0
-    for node in ops:
-        c = node.name
-        for p in node.inputs:
-            if p not in op_names:
-                continue
-            cp, cc = configs[p], configs[c]
-            grad = bool(needs_grad.get(p)) and bool(needs_grad.get(c))
-            p_kept = p in costs and output_kept(graph, costs, p)   # p's node memory counts its output
-            c_keeps = keeps_input(graph, costs, c, p)
-            memo: dict[tuple[str, str], tuple[float, float]] = {}
-            M = np.zeros((len(cp), len(cc)))
-            T = np.zeros((len(cp), len(cc)))
-            for i, a in enumerate(cp):
-                for j, b in enumerate(cc):
-                    key = (a.layout, b.layout)
-                    if key not in memo:
-                        rs = edge_reshard(graph, p, c, NodeConfig(mesh, a.layout), NodeConfig(mesh, b.layout), cluster)
-                        n_reshard += 1
-                        recv = float(max(rs.recv_bytes.values(), default=0))
-                        memo[key] = (recv, rs.time_s + (rs.backward_time_s if grad else 0.0))
-                    recv, t = memo[key]
-                    if b.recompute or c_keeps:   # the consumer keeps this input until its backward
-                        if recv:
-                            M[i, j] = recv          # the copy it received
-                        elif a.recompute or not p_kept:
-                            # p's own output, which p's node memory does not count as kept
-                            M[i, j] = float(costs[p].at(a.layout if k > 1 else "R", k).output_bytes) \
-                                if p in costs else 0.0
-                    T[i, j] = t
-            edges.append(EdgeCosts(p, c, M, T))
 
-    # a parameter read by a node that does not own it is held on the mesh in the larger of the two
-    # pieces (owner's and reader's layout): a pairwise cost, carried by a zero-time edge owner–reader
-    # (extra bytes = parameter + gradient + optimizer state of the difference)
-    n_tie = 0
-    for q, us in users.items():
-        info = graph.params[q]
-        owner = info.owner if info.owner in configs else us[0]
-        per_byte = 1 + ((1 + alpha) if info.kind == "parameter" and info.requires_grad else 0)
-        for r in us:
-            if r == owner:
-                continue
-            a, b = sorted((owner, r), key=pos.__getitem__)
-            ca, cb = configs[a], configs[b]
+@dataclass(frozen=True)
+class _MeshContext:
+    """What every cost of one graph on one mesh reads: the graph, costs and cluster, the mesh and
+    its slowest device's speed, the nodes that compute gradients, the model outputs, and who
+    reads each parameter."""
 
-            def piece(cfg: NodeConfig) -> int:
-                return -(-info.nbytes // cfg.param_pieces)
+    graph: OpGraph
+    costs: CostModel
+    cluster: Cluster
+    mesh: tuple[str, ...]
+    alpha: int
+    speed: float
+    needs_grad: Mapping[str, bool]
+    outputs: Mapping[str, int]                 # model output -> its bytes
+    ops: list[OpNode]
+    users: Mapping[str, list[str]]             # parameter -> the nodes reading it, in graph order
+    not_last: Mapping[str, list[str]]          # node -> trainable parameters a later node also reads
 
-            # both cut, but not the same way (an embedding's columns, an output layer's rows): no
-            # device holds one piece for both, so the executors keep it whole and sum its gradient
-            # (which neither node's own sync counts: they hold slices)
-            sync = (ring_allreduce_bytes_time(cluster, mesh, info.nbytes) + 2 * costs.grad_copy_s(info.nbytes)
-                    if per_byte > 1 else 0.0)   # summed whole: both readers copy a whole gradient in
-            M, T = np.zeros((len(ca), len(cb))), np.zeros((len(ca), len(cb)))
-            for i, x in enumerate(ca):
-                for j, y in enumerate(cb):
-                    xo, xr = (x, y) if a == owner else (y, x)
-                    po, pr = piece(xo), piece(xr)
-                    co, cr = param_cut(graph.nodes[owner], xo), param_cut(graph.nodes[r], xr)
-                    two_ways = co is not None and cr is not None and co != cr
-                    M[i, j] = per_byte * ((info.nbytes if two_ways else max(po, pr)) - po)
-                    T[i, j] = sync if two_ways else 0.0
-            if M.any():
-                edges.append(EdgeCosts(a, b, M, T))
-                n_tie += 1
+    @classmethod
+    def of(cls, graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tuple[str, ...],
+           optimizer: str | int) -> _MeshContext:
+        out_node = next((n for n in graph if n.kind == "output"), None)
+        outputs = dict(zip(out_node.inputs, out_node.input_bytes)) if out_node is not None else {}
+        ops = graph.ops
+        # parameters used by several nodes (tied weights): every user but the last in graph order adds
+        # its gradient into .grad out of place in backward (2 × its piece, transient: as the simulator)
+        users: dict[str, list[str]] = {}
+        for node in ops:
+            for q in (*node.params, *node.param_reads):
+                users.setdefault(q, []).append(node.name)
+        not_last: dict[str, list[str]] = {}
+        for q, us in users.items():
+            info = graph.params[q]
+            if info.kind == "parameter" and info.requires_grad:
+                for u in us[:-1]:
+                    not_last.setdefault(u, []).append(q)
+        return cls(graph, costs, cluster, mesh, optimizer_alpha(optimizer),
+                   min(cluster.device(d).speed for d in mesh), grad_nodes(graph), outputs, ops, users, not_last)
 
-    notes = []
-    if k > 1:
-        shard_nodes = sum(1 for n in ops if any(cfg.layout != "R" for cfg in configs[n.name]))
-        if shard_nodes == 0:
-            notes.append(f"mesh {','.join(mesh)}: the profile has no shard costs at degree {k} (every node "
-                         f"is replicated here); profile with shard degrees including {k}")
-    stats = {"nodes": len(nodes), "edges": len(edges), "configs": sum(len(c) for c in configs.values()),
-             "max_configs": max((len(c) for c in configs.values()), default=0), "reshards": n_reshard,
-             "tie_edges": n_tie}
-    return MeshProblem(mesh, Problem(tuple(nodes), tuple(edges)), configs, transient, optimizer, tuple(notes), stats)
+    def config_costs(self, node: OpNode, cfg: NodeConfig) -> tuple[float, float, float]:
+        """(resident bytes, seconds, transient bytes) of ``node`` run as ``cfg`` on the mesh."""
+        graph, costs, cluster, mesh, speed = self.graph, self.costs, self.cluster, self.mesh, self.speed
+        name, k = node.name, len(mesh)
+        lay = Layout.of(cfg)
+        nm = node_memory(graph, costs, name, layout=lay, degree=k, alpha=self.alpha, recompute=cfg.recompute)
+        resident = nm.resident
+        for p, nbytes in zip(node.inputs, node.input_bytes):
+            prod = graph.nodes[p]
+            if prod.kind != "op":  # the batch, in the layout this node reads it
+                read = read_layout(graph, node, p, cfg)
+                resident += piece_bytes(read, k, nbytes)
+        cost = costs.get(name)
+        if cost is not None:
+            sh = cost.at(lay, k)
+            compute = sh.fp_s + sh.bp_s + (sh.fp_s if cfg.recompute else 0.0)
+        else:
+            compute = 0.0
+        t = compute / speed
+        st = param_sync(graph, node, cfg, cluster, bucketed=True)
+        if st is not None:   # + its gradients copied into the executors' flat buffer
+            t += st.time_s + costs.grad_copy_s(st.nbytes) / speed   # a copy computes, as in the simulator
+        stats = stat_sync(graph, node, cfg, cluster)
+        if stats is not None:   # forward and backward
+            t += stats.time_s * (2 if self.needs_grad.get(name) else 1)
+        if name in self.outputs and output_layout(cfg) == P:
+            t += ring_allreduce_time(cluster, mesh, self.outputs[name])
+        split = cfg.param_pieces
+        accumulate: float = sum(2 * -(-graph.params[q].nbytes // split) for q in self.not_last.get(name, ()))
+        if split > 1:   # a piece of a weight shared with another reader, which may hold it whole
+            # (tie edges): the cut's backward pads the piece's gradient to the whole (as the
+            # walk), a whole-sized write more (as the simulator's time)
+            padded = sum(graph.params[q].nbytes for q in (*node.params, *node.param_reads)
+                         if len(self.users[q]) > 1 and graph.params[q].kind == "parameter"
+                         and graph.params[q].requires_grad)
+            accumulate += padded
+            t += costs.grad_copy_s(padded) / speed
+        if st is not None:   # summed across the mesh: each gradient is made, then added into the buffer
+            accumulate += st.nbytes
+        return float(resident), t, float(nm.transient + accumulate)
+
+    def activation_edges(self, configs: Mapping[str, tuple[NodeConfig, ...]]) -> tuple[list[EdgeCosts], int]:
+        """One edge per producer → consumer pair of op nodes (module docstring); returns them and
+        how many reshards were evaluated."""
+        graph, costs, mesh = self.graph, self.costs, self.mesh
+        k = len(mesh)
+        op_names = {n.name for n in self.ops}
+        edges: list[EdgeCosts] = []
+        n_reshard = 0
+        for node in self.ops:
+            c = node.name
+            for p in node.inputs:
+                if p not in op_names:
+                    continue
+                cp, cc = configs[p], configs[c]
+                grad = bool(self.needs_grad.get(p)) and bool(self.needs_grad.get(c))
+                p_cost = costs.get(p)
+                p_kept = p_cost is not None and output_kept(graph, costs, p)   # p's node memory counts its output
+                c_keeps = keeps_input(graph, costs, c, p)
+                memo: dict[tuple[str, str], tuple[float, float]] = {}
+                M = np.zeros((len(cp), len(cc)))
+                T = np.zeros((len(cp), len(cc)))
+                for i, a in enumerate(cp):
+                    for j, b in enumerate(cc):
+                        key = (a.layout, b.layout)
+                        if key not in memo:
+                            rs = edge_reshard(graph, p, c, NodeConfig(mesh, a.layout), NodeConfig(mesh, b.layout),
+                                              self.cluster)
+                            n_reshard += 1
+                            recv = float(max(rs.recv_bytes.values(), default=0))
+                            memo[key] = (recv, rs.time_s + (rs.backward_time_s if grad else 0.0))
+                        recv, t = memo[key]
+                        if b.recompute or c_keeps:   # the consumer keeps this input until its backward
+                            if recv:
+                                M[i, j] = recv          # the copy it received
+                            elif a.recompute or not p_kept:
+                                # p's own output, which p's node memory does not count as kept
+                                M[i, j] = float(p_cost.at(a.layout if k > 1 else Layout.R, k).output_bytes) \
+                                    if p_cost is not None else 0.0
+                        T[i, j] = t
+                edges.append(EdgeCosts(p, c, M, T))
+        return edges, n_reshard
+
+    def tie_edges(self, configs: Mapping[str, tuple[NodeConfig, ...]]) -> list[EdgeCosts]:
+        """A parameter read by a node that does not own it is held on the mesh in the larger of
+        the two pieces (owner's and reader's layout): a pairwise cost, carried by a zero-time edge
+        owner–reader (extra bytes = parameter + gradient + optimizer state of the difference)."""
+        graph, costs = self.graph, self.costs
+        pos = {n.name: i for i, n in enumerate(self.ops)}
+        edges: list[EdgeCosts] = []
+        for q, us in self.users.items():
+            info = graph.params[q]
+            owner = info.owner if info.owner is not None and info.owner in configs else us[0]
+            per_byte = 1 + ((1 + self.alpha) if info.kind == "parameter" and info.requires_grad else 0)
+            for r in us:
+                if r == owner:
+                    continue
+                a, b = sorted((owner, r), key=pos.__getitem__)
+                ca, cb = configs[a], configs[b]
+                # both cut, but not the same way (an embedding's columns, an output layer's rows): no
+                # device holds one piece for both, so the executors keep it whole and sum its gradient
+                # (which neither node's own sync counts: they hold slices)
+                sync = (ring_allreduce_bytes_time(self.cluster, self.mesh, info.nbytes)
+                        + 2 * costs.grad_copy_s(info.nbytes)
+                        if per_byte > 1 else 0.0)   # summed whole: both readers copy a whole gradient in
+                M, T = np.zeros((len(ca), len(cb))), np.zeros((len(ca), len(cb)))
+                for i, x in enumerate(ca):
+                    for j, y in enumerate(cb):
+                        xo, xr = (x, y) if a == owner else (y, x)
+                        po, pr = _piece(info.nbytes, xo), _piece(info.nbytes, xr)
+                        co, cr = param_cut(graph.nodes[owner], xo), param_cut(graph.nodes[r], xr)
+                        two_ways = co is not None and cr is not None and co != cr
+                        M[i, j] = per_byte * ((info.nbytes if two_ways else max(po, pr)) - po)
+                        T[i, j] = sync if two_ways else 0.0
+                if M.any():
+                    edges.append(EdgeCosts(a, b, M, T))
+        return edges
+
+
+def _piece(nbytes: int, cfg: NodeConfig) -> int:
+    """Bytes of a parameter of ``nbytes`` each device of ``cfg`` holds (rounded up)."""
+    return -(-nbytes // cfg.param_pieces)

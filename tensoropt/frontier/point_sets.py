@@ -43,9 +43,11 @@ outputs are identical.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar, cast, overload
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 try:  # numba is a dependency, but a broken install should degrade to NumPy, not fail imports
     from numba import njit
@@ -56,6 +58,12 @@ except Exception:  # pragma: no cover - exercised only without numba
 
 BACKENDS = ("numba", "numpy")
 DEFAULT_BACKEND = "numba" if HAVE_NUMBA else "numpy"
+
+#: a float64 / int64 array (the kernels' inputs and outputs)
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+#: ``(mem, time, ia, ib)``: a product's points and their parents
+Product = tuple[FloatArray, FloatArray, IntArray, IntArray]
 
 __all__ = [
     "BACKENDS", "DEFAULT_BACKEND", "HAVE_NUMBA", "as_frontier", "bucket_key", "is_frontier",
@@ -82,7 +90,7 @@ def _resolution(resolution: float) -> float:
     return r
 
 
-def _costs(mem, time, what: str = "points") -> tuple[np.ndarray, np.ndarray]:
+def _costs(mem: ArrayLike, time: ArrayLike, what: str = "points") -> tuple[FloatArray, FloatArray]:
     m = np.ascontiguousarray(mem, dtype=np.float64).reshape(-1)
     t = np.ascontiguousarray(time, dtype=np.float64).reshape(-1)
     if m.shape != t.shape:
@@ -92,7 +100,7 @@ def _costs(mem, time, what: str = "points") -> tuple[np.ndarray, np.ndarray]:
     return m, t
 
 
-def as_frontier(f) -> tuple[np.ndarray, np.ndarray]:
+def as_frontier(f: Any) -> tuple[FloatArray, FloatArray]:
     """``(mem, time)`` (any array-likes) as two contiguous float64 arrays; NaN is rejected."""
     try:
         mem, time = f
@@ -101,21 +109,22 @@ def as_frontier(f) -> tuple[np.ndarray, np.ndarray]:
     return _costs(mem, time, "frontier")
 
 
-def bucket_key(mem, resolution: float) -> np.ndarray:
+def bucket_key(mem: ArrayLike, resolution: float) -> FloatArray:
     """The memory used to compare points: ``mem`` itself at resolution 0, else the bucket number
     ``ceil(mem / resolution)`` (memory rounded up to a multiple of the resolution, in units of
     the resolution).  Monotone in ``mem``, so sorting by ``mem`` also sorts by bucket."""
-    m = np.asarray(mem, dtype=np.float64)
+    m: FloatArray = np.asarray(mem, dtype=np.float64)
     r = _resolution(resolution)
     if r == 0.0:
-        return m.copy()
-    key = np.ceil(m / r)
+        whole: FloatArray = m.copy()
+        return whole
+    key: FloatArray = np.ceil(m / r)
     # m / r can round (or underflow, for subnormal m) below the true quotient: keep the key an
     # upper bound, key * r >= m, so bucketing never under-states memory
     return key + (key * r < m)
 
 
-def is_frontier(mem, time) -> bool:
+def is_frontier(mem: ArrayLike, time: ArrayLike) -> bool:
     """True when ``(mem, time)`` is sorted by memory ascending with time strictly decreasing."""
     m, t = _costs(mem, time)
     if m.size <= 1:
@@ -136,7 +145,7 @@ def _scan_np(m: np.ndarray, t: np.ndarray, key: np.ndarray, order: np.ndarray) -
         return np.empty(0, np.int64), 0
     ms, ts, ks = m[order], t[order], key[order]
 
-    def groups(x):
+    def groups(x: FloatArray) -> tuple[IntArray, FloatArray, NDArray[np.bool_]]:
         starts = np.flatnonzero(np.concatenate(([True], x[1:] != x[:-1])))
         gmin = np.minimum.reduceat(ts, starts)
         prev = np.concatenate(([np.inf], np.minimum.accumulate(gmin)[:-1]))
@@ -157,9 +166,15 @@ def _scan_np(m: np.ndarray, t: np.ndarray, key: np.ndarray, order: np.ndarray) -
 # the reduce scan: numba
 
 if HAVE_NUMBA:
+    _F = TypeVar("_F", bound=Callable[..., Any])
 
-    @njit(cache=True)
-    def _scan_nb(m, t, key, order):  # pragma: no cover - compiled; covered via equality tests
+    def _compiled(fn: _F) -> _F:
+        """``numba.njit(cache=True)``, typed for mypy (which sees the Python function)."""
+        return cast(_F, njit(cache=True)(fn))
+
+    @_compiled
+    def _scan_nb(m: FloatArray, t: FloatArray, key: FloatArray,
+                 order: IntArray) -> tuple[IntArray, int]:  # pragma: no cover - compiled; tested via equality
         n = order.size
         keep = np.empty(n, np.int64)
         nk = 0
@@ -175,19 +190,19 @@ if HAVE_NUMBA:
             while j < n and key[order[j]] == kk:
                 mm = m[order[j]]
                 emin = np.inf
-                l = j
-                while l < n and m[order[l]] == mm:
-                    tt = t[order[l]]
+                q = j
+                while q < n and m[order[q]] == mm:
+                    tt = t[order[q]]
                     if tt < emin:
                         emin = tt
                     if tt < gmin:
                         gmin = tt
-                        gbest = order[l]
-                    l += 1
+                        gbest = order[q]
+                    q += 1
                 if emin < exact_prev:
                     exact_count += 1
                     exact_prev = emin
-                j = l
+                j = q
             if gmin < best_prev:
                 keep[nk] = gbest
                 nk += 1
@@ -195,8 +210,8 @@ if HAVE_NUMBA:
             i = j
         return keep[:nk].copy(), exact_count - nk
 
-    @njit(cache=True)
-    def _stable_argsort_nb(x):  # pragma: no cover - compiled
+    @_compiled
+    def _stable_argsort_nb(x: FloatArray) -> IntArray:  # pragma: no cover - compiled
         """Stable argsort (equal keys keep input order, as NumPy's ``kind="stable"``) by natural
         merge sort: split into maximal non-decreasing runs, merge neighbouring runs until one is
         left.  Candidates in the tracker are unions of a few sorted frontiers, so this costs
@@ -259,8 +274,10 @@ if HAVE_NUMBA:
             v, tv = tv, v
         return idx
 
-    @njit(cache=True)
-    def _batched_nb(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, res):  # pragma: no cover
+    @_compiled
+    def _batched_nb(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
+                    bstart: IntArray, out_ptr: IntArray, pa: IntArray, pb: IntArray,
+                    res: float) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:  # pragma: no cover
         n_out = out_ptr.size - 1
         cap = 16
         om = np.empty(cap, np.float64)
@@ -320,14 +337,22 @@ if HAVE_NUMBA:
         return om[:n].copy(), ot[:n].copy(), oia[:n].copy(), oib[:n].copy(), ostart, merged
 
 
-def _batched_np(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, res):
+def _batched_np(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
+                bstart: IntArray, out_ptr: IntArray, pa: IntArray, pb: IntArray,
+                res: float) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:
     n_out = out_ptr.size - 1
-    oms, ots, oias, oibs = [], [], [], []
+    oms: list[FloatArray] = []
+    ots: list[FloatArray] = []
+    oias: list[IntArray] = []
+    oibs: list[IntArray] = []
     ostart = np.zeros(n_out + 1, np.int64)
     merged = 0
     n = 0
     for o in range(n_out):
-        cms, cts, cias, cibs = [], [], [], []
+        cms: list[FloatArray] = []
+        cts: list[FloatArray] = []
+        cias: list[IntArray] = []
+        cibs: list[IntArray] = []
         for q in range(out_ptr[o], out_ptr[o + 1]):
             ia = np.arange(astart[pa[q]], astart[pa[q] + 1], dtype=np.int64)
             ib = np.arange(bstart[pb[q]], bstart[pb[q] + 1], dtype=np.int64)
@@ -345,10 +370,15 @@ def _batched_np(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, res):
         key = bucket_key(cm, res)
         keep, mg = _scan_np(cm, ct, key, order)
         merged += mg
-        oms.append(cm[keep]); ots.append(ct[keep]); oias.append(cia[keep]); oibs.append(cib[keep])
+        oms.append(cm[keep])
+        ots.append(ct[keep])
+        oias.append(cia[keep])
+        oibs.append(cib[keep])
         n += keep.size
         ostart[o + 1] = n
-    cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.empty(0, dt)  # noqa: E731
+    def cat(xs: Sequence[NDArray[Any]], dt: type) -> NDArray[Any]:
+        return np.concatenate(xs).astype(dt) if xs else np.empty(0, dt)
+
     return (cat(oms, np.float64), cat(ots, np.float64), cat(oias, np.int64), cat(oibs, np.int64),
             ostart, merged)
 
@@ -356,7 +386,7 @@ def _batched_np(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, res):
 # --------------------------------------------------------------------------------------------
 # public kernels
 
-def _reduce_impl(m: np.ndarray, t: np.ndarray, r: float, backend: str) -> tuple[np.ndarray, int]:
+def _reduce_impl(m: FloatArray, t: FloatArray, r: float, backend: str) -> tuple[IntArray, int]:
     order = np.argsort(m, kind="stable")
     key = bucket_key(m, r)
     if backend == "numba":
@@ -365,8 +395,14 @@ def _reduce_impl(m: np.ndarray, t: np.ndarray, r: float, backend: str) -> tuple[
     return _scan_np(m, t, key, order)
 
 
-def reduce(mem, time, resolution: float = 0.0, *, backend: str | None = None,
-           return_merged: bool = False):
+@overload
+def reduce(mem: ArrayLike, time: ArrayLike, resolution: float = 0.0, *, backend: str | None = None,
+           return_merged: Literal[False] = False) -> IntArray: ...
+@overload
+def reduce(mem: ArrayLike, time: ArrayLike, resolution: float = 0.0, *, backend: str | None = None,
+           return_merged: Literal[True]) -> tuple[IntArray, int]: ...
+def reduce(mem: ArrayLike, time: ArrayLike, resolution: float = 0.0, *, backend: str | None = None,
+           return_merged: bool = False) -> IntArray | tuple[IntArray, int]:
     """Indices of the Pareto-minimal points of ``(mem, time)`` (TensorOpt's Algorithm 1), ordered by
     memory ascending (so ``mem[idx]`` increases and ``time[idx]`` strictly decreases).
 
@@ -379,8 +415,9 @@ def reduce(mem, time, resolution: float = 0.0, *, backend: str | None = None,
     return (idx, merged) if return_merged else idx
 
 
-def batched_product(a_mem, a_time, a_start, b_mem, b_time, b_start, out_ptr, pa, pb,
-                    resolution: float = 0.0, *, backend: str | None = None):
+def batched_product(a_mem: ArrayLike, a_time: ArrayLike, a_start: ArrayLike, b_mem: ArrayLike, b_time: ArrayLike,
+                    b_start: ArrayLike, out_ptr: ArrayLike, pa: ArrayLike, pb: ArrayLike, resolution: float = 0.0, *,
+                    backend: str | None = None) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:
     """Many products-with-union at once: the workhorse of frontier tracking.
 
     ``a_*`` hold many frontiers back to back: frontier ``f`` of A is
@@ -395,22 +432,29 @@ def batched_product(a_mem, a_time, a_start, b_mem, b_time, b_start, out_ptr, pa,
     bm, bt = _costs(b_mem, b_time, "B")
     astart = np.ascontiguousarray(a_start, np.int64)
     bstart = np.ascontiguousarray(b_start, np.int64)
-    out_ptr = np.ascontiguousarray(out_ptr, np.int64)
-    pa = np.ascontiguousarray(pa, np.int64)
-    pb = np.ascontiguousarray(pb, np.int64)
+    ptr = np.ascontiguousarray(out_ptr, np.int64)
+    ia = np.ascontiguousarray(pa, np.int64)
+    ib = np.ascontiguousarray(pb, np.int64)
     r = _resolution(resolution)
-    if out_ptr.size == 0 or out_ptr[0] != 0 or np.any(np.diff(out_ptr) < 0) or out_ptr[-1] != pa.size \
-            or pa.size != pb.size:
+    if ptr.size == 0 or ptr[0] != 0 or np.any(np.diff(ptr) < 0) or ptr[-1] != ia.size \
+            or ia.size != ib.size:
         raise ValueError("out_ptr must start at 0, not decrease, and end at len(pa) == len(pb)")
-    if pa.size and (pa.min() < 0 or pa.max() >= astart.size - 1 or pb.min() < 0 or pb.max() >= bstart.size - 1):
+    if ia.size and (ia.min() < 0 or ia.max() >= astart.size - 1 or ib.min() < 0 or ib.max() >= bstart.size - 1):
         raise ValueError("pa / pb name a frontier that A / B does not have")
     if _backend(backend) == "numba":
-        res = _batched_nb(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, r)
-        return res[:5] + (int(res[5]),)
-    return _batched_np(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, r)
+        res = _batched_nb(am, at, astart, bm, bt, bstart, ptr, ia, ib, r)
+        return res[0], res[1], res[2], res[3], res[4], int(res[5])
+    return _batched_np(am, at, astart, bm, bt, bstart, ptr, ia, ib, r)
 
 
-def product(a, b, resolution: float = 0.0, *, backend: str | None = None, return_merged: bool = False):
+@overload
+def product(a: Any, b: Any, resolution: float = 0.0, *, backend: str | None = None,
+            return_merged: Literal[False] = False) -> Product: ...
+@overload
+def product(a: Any, b: Any, resolution: float = 0.0, *, backend: str | None = None,
+            return_merged: Literal[True]) -> tuple[FloatArray, FloatArray, IntArray, IntArray, int]: ...
+def product(a: Any, b: Any, resolution: float = 0.0, *, backend: str | None = None,
+            return_merged: bool = False) -> Product | tuple[FloatArray, FloatArray, IntArray, IntArray, int]:
     """``reduce(a ⊗ b)``: every pair of a point of ``a`` and a point of ``b``, costs added.
 
     ``a`` and ``b`` are ``(mem, time)`` pairs (frontiers or any point sets).  Returns
@@ -424,8 +468,14 @@ def product(a, b, resolution: float = 0.0, *, backend: str | None = None, return
     return (mem, time, ia, ib, merged) if return_merged else (mem, time, ia, ib)
 
 
-def union(frontiers: Sequence, resolution: float = 0.0, *, backend: str | None = None,
-          return_merged: bool = False):
+@overload
+def union(frontiers: Sequence[Any], resolution: float = 0.0, *, backend: str | None = None,
+          return_merged: Literal[False] = False) -> Product: ...
+@overload
+def union(frontiers: Sequence[Any], resolution: float = 0.0, *, backend: str | None = None,
+          return_merged: Literal[True]) -> tuple[FloatArray, FloatArray, IntArray, IntArray, int]: ...
+def union(frontiers: Sequence[Any], resolution: float = 0.0, *, backend: str | None = None,
+          return_merged: bool = False) -> Product | tuple[FloatArray, FloatArray, IntArray, IntArray, int]:
     """``reduce(F_0 ∪ F_1 ∪ …)``.  Returns ``(mem, time, which, idx)``: point ``i`` is point
     ``idx[i]`` of ``frontiers[which[i]]`` (plus ``merged`` with ``return_merged=True``).
     Ties between frontiers go to the earlier one in the list.  O(n log n), n the points in all.
@@ -441,4 +491,4 @@ def union(frontiers: Sequence, resolution: float = 0.0, *, backend: str | None =
         which_all = idx_all = np.empty(0, np.int64)
     keep, merged = _reduce_impl(m, t, _resolution(resolution), _backend(backend))
     out = (m[keep], t[keep], which_all[keep], idx_all[keep])
-    return out + (merged,) if return_merged else out
+    return (*out, merged) if return_merged else out

@@ -23,11 +23,13 @@ only in the graph's treewidth).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import networkx as nx
 import numpy as np
 
 from ..errors import GraphFormatError
@@ -43,7 +45,7 @@ class ProblemError(GraphFormatError, ValueError):
     """A frontier problem is malformed (bad shape, NaN, unknown node, cycle…); the message says where."""
 
 
-def _frozen_array(x, shape_what: str, ndim: int) -> np.ndarray:
+def _frozen_array(x: Any, shape_what: str, ndim: int) -> np.ndarray:
     try:
         a = np.array(x, dtype=np.float64)
     except (TypeError, ValueError):
@@ -65,7 +67,7 @@ class NodeCosts:
     time: np.ndarray
     labels: tuple[str, ...] = ()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ProblemError(f"node name must be a non-empty string, got {self.name!r}")
         m = _frozen_array(self.mem, f"node {self.name!r} mem", 1)
@@ -95,7 +97,7 @@ class EdgeCosts:
     mem: np.ndarray
     time: np.ndarray
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         where = f"edge {self.src!r} -> {self.dst!r}"
         m = _frozen_array(self.mem, f"{where} mem", 2)
         t = _frozen_array(self.time, f"{where} time", 2)
@@ -112,7 +114,7 @@ class Problem:
     nodes: tuple[NodeCosts, ...]
     edges: tuple[EdgeCosts, ...] = ()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         nodes = tuple(self.nodes)
         edges = tuple(self.edges)
         object.__setattr__(self, "nodes", nodes)
@@ -158,7 +160,7 @@ class Problem:
 
     # ---- construction helpers -----------------------------------------------------------
     @classmethod
-    def build(cls, nodes: Mapping[str, Sequence[Sequence[float]]] | Sequence[tuple[str, Sequence]],
+    def build(cls, nodes: Mapping[str, Sequence[Sequence[float]]] | Sequence[tuple[str, Sequence[Sequence[float]]]],
               edges: Iterable[tuple[str, str, Any, Any]] = ()) -> Problem:
         """``nodes``: name → ``[(mem, time), …]`` per configuration (or a list of such pairs);
         ``edges``: ``(src, dst, mem_matrix, time_matrix)`` tuples."""
@@ -173,7 +175,7 @@ class Problem:
         return cls(tuple(ns), tuple(es))
 
     @classmethod
-    def from_networkx(cls, g) -> Problem:
+    def from_networkx(cls, g: nx.DiGraph) -> Problem:
         """A ``networkx.DiGraph`` whose nodes carry ``mem`` and ``time`` sequences (and optionally
         ``labels``) and whose edges carry ``mem`` and ``time`` matrices.  Node names become
         ``str(node)``; node order is the graph's node order."""
@@ -181,9 +183,7 @@ class Problem:
         es = [EdgeCosts(str(u), str(v), d["mem"], d["time"]) for u, v, d in g.edges(data=True)]
         return cls(tuple(ns), tuple(es))
 
-    def to_networkx(self):
-        import networkx as nx
-
+    def to_networkx(self) -> nx.DiGraph:
         if len({(e.src, e.dst) for e in self.edges}) != len(self.edges):
             raise ProblemError("a DiGraph cannot hold parallel edges; use to_dict()")
         g = nx.DiGraph()
@@ -197,7 +197,7 @@ class Problem:
     def index(self, name: str) -> int:
         """Position of node ``name`` in :attr:`nodes`."""
         try:
-            return self._index[name]  # type: ignore[attr-defined]
+            return int(self._index[name])  # type: ignore[attr-defined]
         except KeyError:
             raise KeyError(f"no node named {name!r}") from None
 
@@ -244,8 +244,8 @@ class Problem:
     # ---- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """A JSON value (``+inf`` is written as ``Infinity``, which Python's json reads back)."""
-        def node(n: NodeCosts):
-            d = {"name": n.name, "mem": n.mem.tolist(), "time": n.time.tolist()}
+        def node(n: NodeCosts) -> dict[str, Any]:
+            d: dict[str, Any] = {"name": n.name, "mem": n.mem.tolist(), "time": n.time.tolist()}
             if n.labels:
                 d["labels"] = list(n.labels)
             return d
@@ -321,7 +321,7 @@ def min_scalarized(problem: Problem, w_mem: float = 0.0, w_time: float = 1.0) ->
     if w_mem < 0 or w_time < 0 or (w_mem == 0 and w_time == 0):
         raise ValueError("weights must be >= 0 and not both 0")
 
-    def scal(m, t):
+    def scal(m: np.ndarray, t: np.ndarray) -> np.ndarray:
         m, t = np.asarray(m, float), np.asarray(t, float)
         out = w_mem * np.where(np.isinf(m), 0.0, m) + w_time * np.where(np.isinf(t), 0.0, t)
         return np.where(np.isinf(m) | np.isinf(t), np.inf, out)
@@ -335,20 +335,15 @@ def min_scalarized(problem: Problem, w_mem: float = 0.0, w_time: float = 1.0) ->
         tab = scal(e.mem, e.time)
         factors.append(((a, b), tab) if a < b else ((b, a), tab.T))
 
-    def expand(scope, tab, full):  # broadcast a factor to the (sorted) scope `full`
+    def expand(scope: tuple[int, ...], tab: np.ndarray, full: tuple[int, ...]) -> np.ndarray:
+        """Broadcast a factor to the (sorted) scope ``full``."""
         shape = [ks[x] if x in scope else 1 for x in full]
         return tab.reshape(shape)
 
     alive = set(range(n))
-    trace = []  # (var, scope of the rest, argmin table)
+    trace: list[tuple[int, tuple[int, ...], np.ndarray]] = []  # (var, scope of the rest, argmin table)
     while alive:
-        def width(v):
-            sc = set()
-            for s, _ in factors:
-                if v in s:
-                    sc.update(s)
-            return len(sc)
-        v = min(sorted(alive), key=width)
+        v = min(sorted(alive), key=functools.partial(_width, factors=factors))
         mine = [f for f in factors if v in f[0]]
         factors = [f for f in factors if v not in f[0]]
         full = tuple(sorted({x for s, _ in mine for x in s} | {v}))
@@ -368,3 +363,12 @@ def min_scalarized(problem: Problem, w_mem: float = 0.0, w_time: float = 1.0) ->
         choice[v] = int(arg[tuple(choice[x] for x in rest)]) if rest else int(arg)
     names = problem.node_names
     return value, {names[v]: choice[v] for v in range(n)}
+
+
+def _width(v: int, factors: Sequence[tuple[tuple[int, ...], np.ndarray]]) -> int:
+    """How many variables eliminating ``v`` joins: the union of the scopes of its factors."""
+    sc: set[int] = set()
+    for s, _ in factors:
+        if v in s:
+            sc.update(s)
+    return len(sc)

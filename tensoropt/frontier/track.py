@@ -59,14 +59,15 @@ from typing import Any
 import numpy as np
 
 from .._io import write_atomic
+from ..cluster import Cluster
 from ..describe import fmt_bytes
 from ..errors import ClusterSpecError, TensorOptError
-from ..graph import grad_nodes
+from ..graph import OpGraph, grad_nodes
+from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..plan import Estimate, Plan
 from ..planmodel.fits import check_budget_value, fits, over_by
-from ..planmodel.memory import StepMemory
-from ..planmodel.walk import plan_edges, walk
+from ..planmodel.walk import ReshardCache, StepMemory, plan_edges, walk
 from . import point_sets
 from .algorithm import track
 from .graph_problem import MeshProblem, build_problem, candidate_meshes
@@ -178,9 +179,9 @@ class Frontier:
     :attr:`merged_by_resolution`, :attr:`exact`, :attr:`notes`)."""
 
     def __init__(self, points: Sequence[FrontierPoint], *, meshes: Sequence[MeshResult], resolution: float,
-                 merged_by_resolution: int, exact: bool, budget: int | None, optimizer: str | int,
+                 merged_by_resolution: int, exact: bool, budget: int | float | None, optimizer: str | int,
                  notes: Iterable[str], graph_name: str = "", batch_size: int | None = None, cluster_name: str = "",
-                 seconds: float = 0.0, cluster: Any = None, reserve: int = 0):
+                 seconds: float = 0.0, cluster: Cluster | None = None, reserve: int = 0):
         self.points = list(points)
         self.cluster = cluster
         self.reserve = reserve
@@ -301,7 +302,7 @@ class Frontier:
                         "layouts": ";".join(f"{k}={v}" for k, v in sorted(lay.items()))})
         return out
 
-    def to_csv(self, path: str | os.PathLike) -> Path:
+    def to_csv(self, path: str | os.PathLike[str]) -> Path:
         """Write :data:`CSV_COLUMNS` (``devices`` joined by ``;``, booleans ``true`` / ``false``,
         times as Python's exact float repr), one row per point by memory ascending, atomically."""
         buf = io.StringIO()
@@ -310,7 +311,7 @@ class Frontier:
         w.writerows(self.rows())
         return write_atomic(path, buf.getvalue())
 
-    def save_plans(self, directory: str | os.PathLike) -> list[Path]:
+    def save_plans(self, directory: str | os.PathLike[str]) -> list[Path]:
         """One plan JSON per point, ``<directory>/<plan_id>.json`` (each written atomically)."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
@@ -336,12 +337,13 @@ class Frontier:
             return "Frontier(empty)"
         a, b = self.points[0], self.points[-1]
         return (f"Frontier({len(self.points)} points over {len(self.meshes)} meshes, "
-                f"{fmt_bytes(a.memory_bytes)}/{a.time_s * 1e3:.3g} ms … {fmt_bytes(b.memory_bytes)}/{b.time_s * 1e3:.3g} ms)")
+                f"{fmt_bytes(a.memory_bytes)}/{a.time_s * 1e3:.3g} ms … "
+                f"{fmt_bytes(b.memory_bytes)}/{b.time_s * 1e3:.3g} ms)")
 
 
 # --------------------------------------------------------------------------------------------
 
-def check_devices(cluster: Any, devices: Sequence[str] | None) -> list[str]:
+def check_devices(cluster: Cluster, devices: Sequence[str] | None) -> list[str]:
     """The device names to use (all of the cluster's when ``None``); unknown or repeated names
     are a :class:`ClusterSpecError` that names them."""
     if devices is None:
@@ -359,7 +361,7 @@ def check_devices(cluster: Any, devices: Sequence[str] | None) -> list[str]:
     return devices
 
 
-def _check_meshes(cluster: Any, meshes: Iterable[Sequence[str]], allowed: Sequence[str]) -> list[tuple[str, ...]]:
+def _check_meshes(cluster: Cluster, meshes: Iterable[Sequence[str]], allowed: Sequence[str]) -> list[tuple[str, ...]]:
     out = []
     for m in meshes:
         if isinstance(m, str):
@@ -379,7 +381,7 @@ def _check_meshes(cluster: Any, meshes: Iterable[Sequence[str]], allowed: Sequen
     return out
 
 
-def default_resolution(problems: Sequence[MeshProblem], cluster: Any) -> float:
+def default_resolution(problems: Sequence[MeshProblem], cluster: Cluster) -> float:
     """``min(smallest memory of the devices used, the most memory any plan can need) ×``
     :data:`RESOLUTION_FRACTION` (module docstring)."""
     used = {d for mp in problems for d in mp.mesh}
@@ -412,12 +414,12 @@ class _Walker:
     """Walks plans of one mesh problem (:func:`~tensoropt.planmodel.walk.walk`, the simulator's memory)
     and keeps every plan walked: assignment → (per-device walk, the search's estimate, time)."""
 
-    def __init__(self, mp: MeshProblem, graph: Any, costs: Any, cluster: Any):
+    def __init__(self, mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Cluster):
         self.mp, self.graph, self.costs, self.cluster = mp, graph, costs, cluster
         self.names = [n.name for n in mp.problem.nodes]
         self.order = [n.name for n in graph.ops]
         self.needs_grad = grad_nodes(graph)
-        self.reshards: dict[tuple, Any] = {}
+        self.reshards: ReshardCache = {}
         self.walked: dict[tuple[int, ...], tuple[dict[str, StepMemory], float, float]] = {}
 
     def add(self, vec: tuple[int, ...]) -> bool:
@@ -471,7 +473,7 @@ class _Walker:
                         self.add(vec)
 
 
-def _track_mesh(mp: MeshProblem, graph: Any, costs: Any, cluster: Any, resolution: float, max_levels: int,
+def _track_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Cluster, resolution: float, max_levels: int,
                 max_branches: int, backend: str | None, max_walks: int, report: Callable[[str], None]) -> MeshResult:
     t0 = _time.perf_counter()
     all_levels = mp.transient_levels()
@@ -516,7 +518,7 @@ def _track_mesh(mp: MeshProblem, graph: Any, costs: Any, cluster: Any, resolutio
                       tuple(keys), costs_arr)
 
 
-def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Sequence[str]] | None = None,
+def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes: Iterable[Sequence[str]] | None = None,
                    budget: int | float | str | None = None, resolution: float | None = None,
                    optimizer: str | int = DEFAULT_OPTIMIZER, devices: Sequence[str] | None = None,
                    max_levels: int = DEFAULT_MAX_LEVELS, max_branches: int = 1024, backend: str | None = None,
@@ -553,7 +555,8 @@ def track_frontier(graph: Any, costs: Any, cluster: Any, *, meshes: Iterable[Seq
     if not graph.ops:
         raise TensorOptError(f"graph {graph.name!r} has no operators to configure")
     allowed = check_devices(cluster, devices)
-    mesh_list = candidate_meshes(cluster, devices=allowed) if meshes is None else _check_meshes(cluster, meshes, allowed)
+    mesh_list = (candidate_meshes(cluster, devices=allowed) if meshes is None
+                 else _check_meshes(cluster, meshes, allowed))
 
     problems = []
     for m in mesh_list:

@@ -31,9 +31,10 @@ from typing import Any
 from .._io import graph_file_header, read_json, write_json_atomic
 from ..errors import GraphFormatError, ProfileError
 from ..graph import split_fits
+from ..plan import SPLIT_LAYOUTS, Layout
 
 PROFILE_FORMAT = "tensoropt.profile/1"
-LAYOUTS = ("batch", "channel", "reduce")
+LAYOUTS = SPLIT_LAYOUTS   # a shard's layouts (R is the full shape)
 METHODS = ("measured", "cached", "scaled", "roofline", "free", "sequence", "adjusted")
 ESTIMATED = frozenset({"scaled", "roofline"})
 
@@ -80,8 +81,9 @@ class NodeCost:
     def at(self, layout: str = "R", degree: int = 1) -> ShardCost:
         """The cost at a layout and degree; ``R`` or degree 1 is the full shape.  KeyError if that
         shard is not legal for the node (see :meth:`CostModel.legal`)."""
-        if layout == "R" or degree == 1:
-            return ShardCost(self.fp_s, self.bp_s, self.output_bytes, self.saved_bytes, self.extra_saved_bytes, self.method)
+        if layout == Layout.R or degree == 1:
+            return ShardCost(self.fp_s, self.bp_s, self.output_bytes, self.saved_bytes, self.extra_saved_bytes,
+                             self.method)
         return self.shards[(layout, degree)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,7 +205,8 @@ class CostModel:
             raise ProfileError(
                 f"the profile was made for graph {self.graph_name!r} (fingerprint {self.graph_fingerprint[:12]}…, "
                 f"batch {self.batch_size}), not for {graph.name!r} (fingerprint {fp[:12]}…, batch "
-                f"{graph.batch_size}); re-profile it: tensoropt profile MODEL --batch {graph.batch_size} -o profile.json")
+                f"{graph.batch_size}); re-profile it: tensoropt profile MODEL --batch {graph.batch_size} "
+                "-o profile.json")
 
     # ---- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -26,9 +26,9 @@ How (the NetSplit thesis §4.4, FastT's profiled op times "CostModel"):
 5. Measurements are cached by (op, argument shapes / dtypes / gradient flags, other arguments)
    within the run — identical layers are measured once — and on disk per device kind
    (``~/.cache/tensoropt`` or ``$TENSOROPT_CACHE_DIR``).  Profiling a model whose calls are all
-   cached walks the graph on FakeTensors only (no compute): nearly free.  A node that cannot run alone gets a roofline estimate (FLOPs from
-   ``FlopCounterMode`` over the measured peak FLOP/s, bytes over the measured memory bandwidth)
-   marked ``roofline``.
+   cached walks the graph on FakeTensors only (no compute): nearly free.  A node that cannot run
+   alone gets a roofline estimate (FLOPs from ``FlopCounterMode`` over the measured peak FLOP/s,
+   bytes over the measured memory bandwidth) marked ``roofline``.
 6. Precision: a ``bf16`` graph (:attr:`OpGraph.precision <tensoropt.graph.OpGraph.precision>`)
    is walked, and every call measured, under the autocast it was captured in
    (:func:`tensoropt.capture.precision_context`), so outputs, saved tensors — autocast's
@@ -39,6 +39,7 @@ How (the NetSplit thesis §4.4, FastT's profiled op times "CostModel"):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -47,7 +48,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
@@ -60,6 +61,7 @@ from ..capture import first_line, quiet_torch_logs
 from ..capture.precision import precision_context, precision_of
 from ..errors import ProfileError
 from ..graph import OpGraph, OpNode, TensorMeta, grad_nodes, split_fits
+from ..plan import SPLIT_LAYOUTS, Layout
 from .costmodel import CostModel, NodeCost, ShardCost
 from .feed import module_on, placeholder_values
 from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
@@ -184,7 +186,7 @@ def _in_sequence(graph: OpGraph, costs: dict[str, NodeCost], dev: torch.device, 
     try:
         with quiet_torch_logs():
             full = run(None)
-    except (RuntimeError, ProfileError, torch.cuda.OutOfMemoryError) as e:   # a whole step does not fit, or will not run
+    except (RuntimeError, ProfileError, torch.cuda.OutOfMemoryError) as e:   # a whole step does not fit / run
         return costs, {"used": False, "why": f"a whole training step failed ({first_line(e)}): isolated times kept"}
     by_batch: dict[int, SequenceTimes] = {}
     skipped: dict[int, str] = {}
@@ -238,7 +240,7 @@ def _device(device: str) -> torch.device:
     return dev
 
 
-def _progress_callback(progress: bool | Callable, total: int) -> Callable[[str | None, int, str], None]:
+def _progress_callback(progress: bool | Callable[..., Any], total: int) -> Callable[[int | None, int, str], None]:
     if callable(progress):
         return lambda done, _total, name: progress(done, total, name) if done is not None else None
     if not progress:
@@ -297,12 +299,10 @@ class _DiskCache:
     def save(self) -> None:
         if self.path is None or not self.dirty:
             return
-        try:
+        with contextlib.suppress(OSError):   # a read-only home must not fail a profile; the next run measures again
             write_json_atomic(self.path, {"version": CACHE_VERSION, "device": self.key, "info": self.info,
                                           "entries": {k: asdict(m) for k, m in self.entries.items()},
                                           "sequences": {k: t.to_dict() for k, t in self.sequences.items()}})
-        except OSError:
-            pass  # a read-only home must not fail a profile; the next run measures again
 
 
 class _Runner(fx.Interpreter):
@@ -356,7 +356,7 @@ class _Runner(fx.Interpreter):
             return False
 
     def _placeholder_values(self, inputs: tuple | None) -> list[Any]:
-        values, owners = placeholder_values(self.graph_, self.module, self.dev, inputs)
+        values, owners = placeholder_values(self.graph_, cast(fx.GraphModule, self.module), self.dev, inputs)
         self.param_of_placeholder.update(owners)
         return values
 
@@ -378,19 +378,20 @@ class _Runner(fx.Interpreter):
             # graph's symbolic batch size); a channel split only where the shard rule fits
             out0 = op.outputs[0] if op.outputs else None
             free = ShardCost(0.0, 0.0, 0, 0, 0, "free")
-            shards = {("batch", k): free for k in self.degrees if _shard_shape(op, out0, "batch", k) is not None}
-            shards.update({("channel", k): free for k in self.degrees
-                           if self._view_shard_runs(n, op, fn, args, kwargs, tinfo, k)})
-            return NodeCost(op.name, op.op, 0.0, 0.0, "free", param_bytes=param_bytes, shards=shards)
+            free_shards = {(Layout.BATCH.value, k): free for k in self.degrees
+                           if _shard_shape(op, out0, Layout.BATCH, k) is not None}
+            free_shards.update({(Layout.CHANNEL.value, k): free for k in self.degrees
+                                if self._view_shard_runs(n, op, fn, args, kwargs, tinfo, k)})
+            return NodeCost(op.name, op.op, 0.0, 0.0, "free", param_bytes=param_bytes, shards=free_shards)
         grad = self.needs_grad.get(op.name, False) and not _in_place(op.op)
         full = self._measure(op.op, fn, args, kwargs, tinfo, extra_params, grad)
         saved_inputs = tuple(dict.fromkeys(producers[i] for i in full.saved_args if producers.get(i)))
         shards: dict[tuple[str, int], ShardCost] = {}
         out0 = op.outputs[0] if op.outputs else None
         base = _basename(op.op)
-        for layout in ("batch", "channel", "reduce"):
-            legal = {"batch": op.split.batch is not None, "channel": op.split.channel is not None,
-                     "reduce": True}[layout]
+        for layout in SPLIT_LAYOUTS:
+            legal = {Layout.BATCH: op.split.batch is not None, Layout.CHANNEL: op.split.channel is not None,
+                     Layout.REDUCE: True}[Layout(layout)]
             if not legal or out0 is None:
                 continue
             for k in self.degrees:
@@ -410,11 +411,12 @@ class _Runner(fx.Interpreter):
         shape.  Where not (a view that folds the channels into another dimension), the executors
         run it whole, so the plan must not count it split for free."""
         out0 = op.outputs[0] if op.outputs else None
-        expected = _shard_shape(op, out0, "channel", k)
+        expected = _shard_shape(op, out0, Layout.CHANNEL, k)
         if expected is None or n.op != "call_function":
             return False
         try:
-            cut = shard_args(_basename(op.op), args, kwargs, tinfo, "channel", k, out0)
+            cut = shard_args(_basename(op.op), args, kwargs, tinfo, Layout.CHANNEL, k,
+                             cast(TensorMeta, out0))   # not None: expected is not None
             if cut is None:
                 return False
             got = fn(*cut[0], **cut[1])
@@ -424,7 +426,7 @@ class _Runner(fx.Interpreter):
 
     def _shard(self, n, op, base, fn, args, kwargs, tinfo, extra_params, grad, full: Measurement,
                layout: str, k: int, out0: TensorMeta) -> ShardCost | None:
-        expected = _shard_shape(op, out0, layout, k) if layout != "reduce" else list(out0.shape)
+        expected = _shard_shape(op, out0, layout, k) if layout != Layout.REDUCE else list(out0.shape)
         if expected is None:
             return None
         cut = None
@@ -434,7 +436,7 @@ class _Runner(fx.Interpreter):
             except (IndexError, RuntimeError, TypeError, ValueError):
                 cut = None
         if cut is None:
-            if layout != "batch":
+            if layout != Layout.BATCH:
                 # no shard rule: the executors would run this op whole, so no plan may count it
                 # split (partial sums and channel pieces exist only for the ops shard_args knows)
                 return None
@@ -445,7 +447,7 @@ class _Runner(fx.Interpreter):
             if id(old) in tinfo:
                 ctinfo[id(new)] = tinfo[id(old)]
         opname = op.op
-        if base == "batch_norm" and layout == "batch" and k > 1 and len(cargs) > 5 and cargs[5]:
+        if base == "batch_norm" and layout == Layout.BATCH and k > 1 and len(cargs) > 5 and cargs[5]:
             # the executors synchronise a batch-split training batch norm: time their share of it
             fn, opname = syncbn.local_step, "tensoropt.syncbn.local_step"
         try:
@@ -461,13 +463,14 @@ class _Runner(fx.Interpreter):
     def _callable(self, n: fx.Node) -> tuple[Callable, tuple, dict, list[torch.Tensor]]:
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         if n.op == "call_module":
-            mod = self.fetch_attr(n.target)
+            mod = self.fetch_attr(str(n.target))
             return mod, args, kwargs, [p for p in mod.parameters() if p.requires_grad]
         if n.op == "call_method":
             return (lambda self_, *a, _m=n.target, **kw: getattr(self_, _m)(*a, **kw)), args, kwargs, []
         if n.op == "get_attr":
-            return (lambda _v=self.fetch_attr(n.target): _v), (), {}, []
-        return n.target, args, kwargs, []
+            value = self.fetch_attr(str(n.target))
+            return (lambda: value), (), {}, []
+        return cast(Callable[..., Any], n.target), args, kwargs, []
 
     def _tensor_args(self, n: fx.Node, args: tuple, kwargs: dict) -> tuple[dict[int, TensorArg], dict[int, str]]:
         """What each tensor argument is, and the producer node of each (by tensor position)."""
@@ -570,7 +573,12 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
             return fn(*cargs, **ckwargs)
 
     saved: list[torch.Tensor] = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         outs = forward()
     out_tensors = [t for t in tree_flatten(outs)[0] if isinstance(t, torch.Tensor)]
     out_ptrs = {_ptr(t) for t in out_tensors}
@@ -659,7 +667,7 @@ def _roofline(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool], i
 def _shard_shape(op: OpNode, out0: TensorMeta | None, layout: str, k: int) -> list[int] | None:
     """The first output's shape in the largest of ``k`` shards along ``layout``'s dimension
     (``batch`` / ``channel``), or None where the node has no such dimension or too few along it."""
-    d = op.split.batch if layout == "batch" else op.split.channel
+    d = op.split.batch if layout == Layout.BATCH else op.split.channel
     if out0 is None or d is None or d >= len(out0.shape) or out0.shape[d] < k:
         return None
     shape = list(out0.shape)
@@ -681,7 +689,8 @@ def _call_key(opname: str, fn: Callable, args: tuple, kwargs: dict, grad_flags: 
 
     def enc(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
-            return f"T{tuple(v.shape)}:{str(v.dtype)[6:]}:{'g' if next(flags) else '-'}:{'c' if v.is_contiguous() else 's'}"
+            grad, layout = "g" if next(flags) else "-", "c" if v.is_contiguous() else "s"
+            return f"T{tuple(v.shape)}:{str(v.dtype)[6:]}:{grad}:{layout}"
         if isinstance(v, (list, tuple)):
             return [enc(x) for x in v]
         if isinstance(v, dict):

@@ -46,7 +46,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
@@ -56,6 +56,7 @@ from .._malloc import steady_malloc
 from ..capture.precision import precision_context
 from ..errors import ProfileError
 from ..graph import OpGraph
+from ..plan import Layout
 from .costmodel import NodeCost
 from .feed import module_on, placeholder_values
 
@@ -193,7 +194,7 @@ class _TimedRun(fx.Interpreter):
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         start = self.clock.begin()
-        out = n.target(*args, **kwargs)
+        out = cast(Callable[..., Any], n.target)(*args, **kwargs)
         self.forward[n.name] = (start, self.clock.mark())
         self._claim(out, n.name)
         return out
@@ -209,7 +210,7 @@ class _TimedRun(fx.Interpreter):
                 continue
             self.seen[id(fn)] = fn
             if type(fn).__name__ == "AccumulateGrad":
-                owner = self.param_owner.get(id(fn.variable))
+                owner = self.param_owner.get(id(cast(Any, fn).variable))   # AccumulateGrad's leaf
                 if owner is not None:
                     self.owner[fn] = owner
                 continue
@@ -308,7 +309,8 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
                          {k: statistics.median(v + [0.0] * (repeats - len(v))) for k, v in bwd.items()},
                          statistics.median(steps), repeats, statistics.median(f for f, _ in passes),
                          statistics.median(b for _, b in passes),
-                         grad_bytes / statistics.median(copies) if grad_bytes and statistics.median(copies) > 0 else 0.0)
+                         grad_bytes / statistics.median(copies)
+                         if grad_bytes and statistics.median(copies) > 0 else 0.0)
 
 
 def training_feed(graph: OpGraph, module: fx.GraphModule, dev: torch.device, inputs: tuple | None,
@@ -319,8 +321,8 @@ def training_feed(graph: OpGraph, module: fx.GraphModule, dev: torch.device, inp
     values, owners = placeholder_values(graph, module, dev, inputs)
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
     trainable = {name for name, p in graph.params.items() if p.requires_grad and p.kind == "parameter"}
-    param_owner = {id(p): graph.params[name].owner for name, p in module.named_parameters()
-                   if name in graph.params and graph.params[name].owner}     # a torch.fx capture's own
+    param_owner = {id(p): owner for name, p in module.named_parameters()
+                   if name in graph.params and (owner := graph.params[name].owner)}     # a torch.fx capture's own
     canonical = _canonical_names(graph)
     leaves: dict[int, torch.Tensor] = {}     # one leaf per tensor: a tied weight's placeholders share it
     feed = []
@@ -331,15 +333,16 @@ def training_feed(graph: OpGraph, module: fx.GraphModule, dev: torch.device, inp
                 if id(v) not in leaves:
                     leaves[id(v)] = v.detach().requires_grad_(True)
                 v = leaves[id(v)]
-                if graph.params[name].owner:
-                    param_owner[id(v)] = graph.params[name].owner
+                if owner := graph.params[name].owner:
+                    param_owner[id(v)] = owner
         elif batch is not None and isinstance(v, torch.Tensor):
             v = _cut_batch(graph, ph.name, v, batch)
         feed.append(v)
     return feed, param_owner
 
 
-def _timed_loss(outputs: Any, owner: Mapping[Any, str], clock: _Clock) -> tuple[torch.Tensor, list[tuple[str, Any, Any]]]:
+def _timed_loss(outputs: Any, owner: Mapping[Any, str],
+                clock: _Clock) -> tuple[torch.Tensor, list[tuple[str, Any, Any]]]:
     """:func:`~tensoropt.measure.step.training_loss` of ``outputs``, each output's term (its mean:
     a pass over the whole output) stamped and charged to the node that produced the output —
     the forward half of what :func:`_claim_loss` does for the backward."""
@@ -456,7 +459,7 @@ def in_sequence_costs(nodes: Mapping[str, NodeCost], graph: OpGraph, full: Seque
         exact = graph.nodes[name].split.batch_exact if name in graph.nodes else True
         shards = {}
         for (layout, k), sc in cost.shards.items():
-            run = by_batch.get(k) if layout == "batch" and exact else None
+            run = by_batch.get(k) if layout == Layout.BATCH and exact else None
             if sc.method == "free":
                 shards[(layout, k)] = sc
             elif run is not None and name in run.fp_s:

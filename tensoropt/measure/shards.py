@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -107,7 +108,7 @@ def _index_source(base: str, args: list, info: dict[int, TensorArg]) -> set[int]
 
 
 def _batch(args: list, kwargs: dict, info: dict[int, TensorArg], k: int,
-           whole: set[int] = frozenset()) -> tuple[tuple, dict] | None:
+           whole: AbstractSet[int] = frozenset()) -> tuple[tuple, dict] | None:
     touched = []
 
     def cut(t: torch.Tensor) -> torch.Tensor:
@@ -227,7 +228,8 @@ def _channel_generic(args: list, kwargs: dict, info: dict[int, TensorArg], k: in
     the output channels (an activation's own channel dim, else the dimension broadcasting aligns
     with the output's from the right; 1-D per-channel parameters such as batch-norm weights and
     running statistics)."""
-    c, size, rank = out.channel_dim, out.shape[out.channel_dim], len(out.shape)
+    c = cast(int, out.channel_dim)   # a channel split is only asked of an output that has one
+    size, rank = out.shape[c], len(out.shape)
     touched = []
 
     def cut(t: torch.Tensor) -> torch.Tensor:

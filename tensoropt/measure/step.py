@@ -191,8 +191,8 @@ def training_loss(outputs: Any, *, term: Callable[[torch.Tensor], torch.Tensor] 
                            f"(got {type(outputs).__name__}); training_loss sums the mean of every "
                            "floating-point output")
     loss = terms[0]
-    for term in terms[1:]:
-        loss = loss + term
+    for more in terms[1:]:
+        loss = loss + more
     return loss
 
 
@@ -299,7 +299,7 @@ def _time_steps(step: _Step, dev: torch.device, repeats: int) -> list[tuple[floa
         for _ in range(repeats):
             events: dict[str, torch.cuda.Event] = {}
 
-            def mark(phase: str) -> None:
+            def mark(phase: str, events: dict[str, torch.cuda.Event] = events) -> None:   # this step's
                 events[phase] = torch.cuda.Event(enable_timing=True)
                 events[phase].record()
 
@@ -315,11 +315,11 @@ def _time_steps(step: _Step, dev: torch.device, repeats: int) -> list[tuple[floa
     for _ in range(repeats):
         stamps: dict[str, float] = {}
 
-        def mark(phase: str) -> None:
+        def stamp(phase: str, stamps: dict[str, float] = stamps) -> None:   # this step's
             stamps[phase] = time.perf_counter()
 
-        mark("start")
-        step.run(mark)
+        stamp("start")
+        step.run(stamp)
         samples.append((stamps["zero_grad"] - stamps["start"],
                         stamps["forward"] - stamps["start"],
                         stamps["backward"] - stamps["forward"]))
