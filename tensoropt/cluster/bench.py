@@ -50,7 +50,9 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import Queue
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -61,6 +63,14 @@ from .linkfit import BenchError, LinkFit, Pair, fit_pairs, fmt_bytes
 from .spec import Cluster, Device
 
 Progress = Callable[[int, int, str], None]
+#: what a gloo worker puts on the queue: (kind, rank, payload)
+Message = tuple[str, int, Any]
+T = TypeVar("T")
+#: ``(a, b, size) → [seconds, …]``, as measured (one-way or exchange)
+RawTimes = dict[tuple[int, int, int], list[float]]
+#: a collective's buffers by role (``in``, ``out``, ``t``), and one way of calling it: (api, make buffers, call)
+Buffers = dict[str, Any]
+CollectiveCall = tuple[str, Callable[[], Buffers], Callable[[Buffers], object]]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -204,8 +214,8 @@ class _Measured:
     """What one backend measured, before fitting: raw times by index, and the devices' names."""
 
     idx: list[int]
-    one_way: dict[tuple[int, int, int], list[float]]
-    exchanges: dict[tuple[int, int, int], list[float]]
+    one_way: RawTimes
+    exchanges: RawTimes
     names: dict[int, str]
     memory: dict[int, int]
     kinds: dict[int, str]
@@ -235,11 +245,11 @@ def _measure_gloo(world_size: int, devices: Sequence[int | str] | None, sizes: S
     per_rank = _run_gloo(world_size, "p2p", {"sizes": sizes, "repeats": repeats, "warmup": warmup,
                                              "exchange_sizes": x_sizes, "busy_s": busy_s},
                          timeout_s=timeout_s, total=total, report=report, what="link benchmark")
-    one_way: dict[tuple[int, int, int], list[float]] = {}
+    one_way: RawTimes = {}
     for r in per_rank:
         one_way.update(r["p2p"])
     # the exchange's time per repeat: the slower of the two ranks (each timed its own side)
-    exchanges: dict[tuple[int, int, int], list[float]] = {}
+    exchanges: RawTimes = {}
     for key in sorted({k for r in per_rank for k in r["exchange"]}):
         a, b, _ = key
         exchanges[key] = [max(ta, tb) for ta, tb in zip(per_rank[a]["exchange"][key],
@@ -322,7 +332,7 @@ def _torch_version() -> str:
 
 
 def _bench_cuda(idx: Sequence[int], sizes: Sequence[int], repeats: int, warmup: int,
-                report: Callable[[int, int, str], None]) -> dict[tuple[int, int, int], list[float]]:
+                report: Callable[[int, int, str], None]) -> RawTimes:
     """Every ordered pair (a, b): ``dst.copy_(src, non_blocking=True)`` from GPU a to GPU b.
 
     PyTorch enqueues a cross-device copy on the *source* device's current stream (after making it
@@ -338,7 +348,7 @@ def _bench_cuda(idx: Sequence[int], sizes: Sequence[int], repeats: int, warmup: 
     """
     big = max(sizes)
     bufs = {i: torch.empty(big, dtype=torch.uint8, device=f"cuda:{i}") for i in idx}
-    out: dict[tuple[int, int, int], list[float]] = {}
+    out: RawTimes = {}
     pairs = [(a, b) for a in idx for b in idx if a != b]
     total, done = len(pairs) * len(sizes), 0
     for a, b in pairs:
@@ -446,7 +456,7 @@ def _busy(seconds: float) -> None:
 
 
 def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, sizes: Sequence[int],
-             repeats: int, warmup: int, exchange_sizes: Sequence[int] = (), busy_s: float = 0.0) -> dict[str, dict]:
+             repeats: int, warmup: int, exchange_sizes: Sequence[int] = (), busy_s: float = 0.0) -> dict[str, RawTimes]:
     """Every ordered pair (a, b) in turn: rank a sends each size to rank b, b sends it back.
 
     One-way time = half the round trip (ping-pong, as OSU's osu_latency and most MPI benchmarks
@@ -474,7 +484,7 @@ def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, 
     (p2p: filled by the sending rank; exchange: by both ranks of the pair).
     """
     buf = torch.zeros(max(sizes), dtype=torch.uint8)
-    out: dict[tuple[int, int, int], list[float]] = {}
+    out: RawTimes = {}
     pairs = [(a, b) for a in range(world_size) for b in range(world_size) if a != b]
     step = 0
     for a, b in pairs:
@@ -501,7 +511,7 @@ def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, 
                 step += 1
                 if rank == a:
                     report(step, f"cpu{a} → cpu{b}, round {rnd - warmup + 1} of {repeats}")
-    exchange: dict[tuple[int, int, int], list[float]] = {}
+    exchange: RawTimes = {}
     if exchange_sizes:
         rbuf = torch.zeros(max(exchange_sizes), dtype=torch.uint8)
         for a, b in [(i, j) for i in range(world_size) for j in range(i + 1, world_size)]:
@@ -513,7 +523,8 @@ def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, 
                         t0 = time.perf_counter()
                         works = [dist.isend(buf[:size], peer), dist.irecv(rbuf[:size], peer)]
                         for w in works:
-                            w.wait()
+                            if w is not None:   # None only for a peer outside the group: never here
+                                w.wait()
                         dt = time.perf_counter() - t0
                         if rnd >= warmup:
                             exchange.setdefault((a, b, size), []).append(dt)
@@ -524,7 +535,7 @@ def _p2p_job(rank: int, world_size: int, report: Callable[[int, str], None], *, 
     return {"p2p": out, "exchange": exchange}
 
 
-def _collective_calls(world_size: int, nbytes: int):
+def _collective_calls(world_size: int, nbytes: int) -> dict[str, tuple[int, list[CollectiveCall]]]:
     """``name → (nbytes, [(api, make_buffers, call), …])``: the byte count rounded to whole float32
     elements divisible by ``world_size`` (in the :mod:`~tensoropt.cluster.collectives` convention)
     and the torch calls that do it, in order of preference."""
@@ -532,15 +543,15 @@ def _collective_calls(world_size: int, nbytes: int):
     full = chunk * world_size
     ws = world_size
 
-    def all_gather_single(bufs):
+    def all_gather_single(bufs: Buffers) -> None:
         fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         fn(bufs["out"], bufs["in"])
 
-    def reduce_scatter_single(bufs):
+    def reduce_scatter_single(bufs: Buffers) -> None:
         fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         fn(bufs["out"], bufs["in"])
 
-    options = {
+    options: dict[str, tuple[int, list[CollectiveCall]]] = {
         "all_reduce": (full * 4, [
             ("all_reduce", lambda: {"t": torch.ones(full)}, lambda b: dist.all_reduce(b["t"]))]),
         "broadcast": (full * 4, [
@@ -580,7 +591,7 @@ _API_NOTES = {
 
 
 def _collectives_job(rank: int, world_size: int, report: Callable[[int, str], None], *, sizes: Sequence[int],
-                     repeats: int, warmup: int, collectives: Sequence[str]) -> dict:
+                     repeats: int, warmup: int, collectives: Sequence[str]) -> dict[tuple[str, int], dict[str, Any]]:
     """Each collective at each size, called on every rank; see :func:`measure_collectives`.
 
     First every (collective, size) is set up and warmed up; an API gloo rejects (it raises on every
@@ -588,7 +599,7 @@ def _collectives_job(rank: int, world_size: int, report: Callable[[int, str], No
     tensor-list form); when none works, the error is kept.  Then ``repeats`` rounds time every
     (collective, size) once each, in an order shuffled from round to round (as in :func:`_p2p_job`).
     """
-    out: dict = {}
+    out: dict[tuple[str, int], dict[str, Any]] = {}
     plans = []                                    # (key, call, buffers, inner)
     for name in collectives:
         for size in sizes:
@@ -639,7 +650,7 @@ def _selftest_job(rank: int, world_size: int, report: Callable[[int, str], None]
     dist.barrier()
 
 
-def _round_order(items: list, rnd: int) -> list:
+def _round_order(items: Sequence[T], rnd: int) -> list[T]:
     """``items`` in the order of round ``rnd``: a shuffle seeded by the round, so every rank (each
     with its own copy of ``items``) gets the same order without talking."""
     out = list(items)
@@ -647,16 +658,18 @@ def _round_order(items: list, rnd: int) -> list:
     return out
 
 
-_JOBS = {"p2p": _p2p_job, "collectives": _collectives_job, "selftest": _selftest_job}
+_JOBS: dict[str, Callable[..., Any]] = {"p2p": _p2p_job, "collectives": _collectives_job, "selftest": _selftest_job}
 
 
-def _gloo_entry(rank: int, world_size: int, port: int, q, job: str, kwargs: dict, timeout_s: float) -> None:
+def _gloo_entry(rank: int, world_size: int, port: int, q: Queue[Message], job: str, kwargs: dict[str, Any],
+                timeout_s: float) -> None:
     """Body of one spawned gloo worker: join the group, run ``job``, put the result on ``q``."""
     try:
         steady_malloc()   # the regime the executors' ranks run in (tensoropt._malloc)
         torch.set_num_threads(1)
         td = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=td)
+        # torch.distributed re-exports TCPStore from its C extension without listing it as public
+        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=td)  # type: ignore[attr-defined]
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=td)
         q.put(("ready", rank, None))
         result = _JOBS[job](rank, world_size, lambda done, what: q.put(("progress", rank, (done, what))), **kwargs)
@@ -668,7 +681,7 @@ def _gloo_entry(rank: int, world_size: int, port: int, q, job: str, kwargs: dict
         raise SystemExit(1) from None
 
 
-def _run_gloo(world_size: int, job: str, kwargs: dict, *, timeout_s: float, total: int,
+def _run_gloo(world_size: int, job: str, kwargs: dict[str, Any], *, timeout_s: float, total: int,
               report: Callable[[int, int, str], None], what: str) -> list[Any]:
     """Spawn ``world_size`` gloo workers running ``job``; return their results by rank.
 
@@ -679,7 +692,9 @@ def _run_gloo(world_size: int, job: str, kwargs: dict, *, timeout_s: float, tota
     comes first), and always ends every worker it started.
     """
     td = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=td, wait_for_workers=False)
+    # not listed as public by torch.distributed (see _gloo_entry)
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=td,  # type: ignore[attr-defined]
+                          wait_for_workers=False)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_gloo_entry, args=(r, world_size, store.port, q, job, kwargs, timeout_s),
@@ -726,7 +741,8 @@ def _run_gloo(world_size: int, job: str, kwargs: dict, *, timeout_s: float, tota
     return [results[r] for r in range(world_size)]
 
 
-def _worker_failure(what: str, world_size: int, procs: list, q, rank: int, tb: str) -> str:
+def _worker_failure(what: str, world_size: int, procs: Sequence[BaseProcess], q: Queue[Message], rank: int,
+                    tb: str) -> str:
     """The message for a failed worker.  When one rank dies, its peers fail too ("connection reset
     by peer"), often first: wait a moment and name a rank that died silently (killed, out of
     memory) as the cause, else the first error, with the tail of its traceback."""

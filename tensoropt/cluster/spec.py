@@ -502,7 +502,7 @@ class Cluster:
         body = yaml.dump(d, Dumper=_Dumper, sort_keys=False, width=200, allow_unicode=True)
         return f"# {CLUSTER_FORMAT}; fingerprint {self.fingerprint}\n{body}"
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike[str]) -> Path:
         """Write YAML (or JSON when ``path`` ends in ``.json``) atomically."""
         path = Path(path)
         if path.suffix.lower() == ".json":
@@ -510,7 +510,7 @@ class Cluster:
         return write_atomic(path, self.to_yaml())
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Cluster:
+    def load(cls, path: str | os.PathLike[str]) -> Cluster:
         """Read a ``.yaml`` / ``.yml`` / ``.json`` cluster file; errors name the file and field."""
         path = Path(path)
         if not path.is_file():
@@ -541,7 +541,7 @@ class Cluster:
 # ---- helpers ---------------------------------------------------------------------------------
 
 
-class _Flow(dict):
+class _Flow(dict[str, Any]):
     """A mapping written on one line (``{name: gpu0, memory: 24GiB}``)."""
 
 
@@ -577,7 +577,7 @@ def _string(v: Any, where: str, empty: bool = False) -> str:
     return v
 
 
-def _list(v: Any, where: str) -> list:
+def _list(v: Any, where: str) -> list[Any]:
     if v is None:
         return []
     if not isinstance(v, list):

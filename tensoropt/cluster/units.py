@@ -85,10 +85,10 @@ def parse_size(v: object, where: str, *, allow_zero: bool = False) -> int:
         raise ClusterSpecError(f"{where}: unknown size unit {unit!r} in {v!r}{hint}; use one of "
                                f"{', '.join(u for u in SIZE_UNITS if u)} or a bare number of bytes")
     _check_sign(x, v, where, allow_zero)
-    n = _CTX.multiply(x, Decimal(SIZE_UNITS[unit]))
-    if n > Decimal(2) ** 80:
+    exact = _CTX.multiply(x, Decimal(SIZE_UNITS[unit]))
+    if exact > Decimal(2) ** 80:
         raise ClusterSpecError(f"{where}: {v!r} is implausibly large for a size in bytes")
-    n = int(n.to_integral_value())
+    n = int(exact.to_integral_value())
     if n == 0 and not allow_zero:
         raise ClusterSpecError(f"{where}: must be at least one byte, got {v!r}")
     return n

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from ..measure.costmodel import CostModel
+from ..cluster import Cluster
 from ..errors import TensorOptError
 from ..graph import OpGraph
+from ..measure.costmodel import CostModel
 from ..plan import Plan
 from . import dp, dpos, m_etf, m_sct, m_topo, netsplit, os_dpos, pesto
 from .coarsen import Grouping, UnionFind, colocate, group_memory, heavy_edge_groups
@@ -58,7 +60,7 @@ def check_options(algo: str, options: Mapping[str, Any]) -> Callable[..., Plan]:
     return fn
 
 
-def place(graph: OpGraph, costs: CostModel, cluster: Any, algo: str, **options: Any) -> Plan:
+def place(graph: OpGraph, costs: CostModel, cluster: Cluster, algo: str, **options: Any) -> Plan:
     """Place ``graph`` with the placer named ``algo`` (a key of :data:`PLACERS`); ``options`` go
     to it (``devices``, ``optimizer``, and the placer's own).  The plan's notes say how long
     placing took.  An unknown placer or option is a :class:`~tensoropt.errors.TensorOptError`."""
@@ -69,4 +71,5 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, algo: str, **options: 
     return plan
 
 
-__all__ = ["PLACERS", "place", "check_options", "Grouping", "UnionFind", "colocate", "heavy_edge_groups", "group_memory"]
+__all__ = ["PLACERS", "place", "check_options", "Grouping", "UnionFind", "colocate", "heavy_edge_groups",
+           "group_memory"]

@@ -4,21 +4,22 @@ placement units (colocation groups), the memory checks, and turning a placement 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from ..planmodel.memory import node_memory
-from ..optimizers import optimizer_alpha
-from ..measure.costmodel import CostModel
+from ..cluster import Cluster
 from ..describe import fmt_bytes
 from ..errors import TensorOptError
 from ..graph import OpGraph
+from ..measure.costmodel import CostModel
+from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..plan import Estimate, NodeConfig, Plan, PlanError
+from ..planmodel.memory import node_memory
 from .coarsen import Grouping, colocate, group_memory, heavy_edge_groups, parse_rules
-from ..optimizers import DEFAULT_OPTIMIZER
 
 
-def resolve_devices(cluster: Any, devices: Sequence[str] | str | None) -> list[str]:
+def resolve_devices(cluster: Cluster, devices: Sequence[str] | str | None) -> list[str]:
     """``None`` → every device of the cluster in its order; a list or ``"gpu0,gpu1"`` → those,
     checked to exist and to be distinct."""
     if devices is None:
@@ -72,7 +73,7 @@ class Problem:
 
     graph: OpGraph
     costs: CostModel
-    cluster: Any
+    cluster: Cluster
     devices: list[str]
     alpha: int
     grouping: Grouping
@@ -95,8 +96,9 @@ class Problem:
         return 0.0 if src == dst else self.cluster.link(src, dst).time(nbytes)
 
 
-def setup(graph: OpGraph, costs: CostModel, cluster: Any, algo: str, *, devices: Any = None,
-          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups_target: int | None = None,
+def setup(graph: OpGraph, costs: CostModel, cluster: Cluster, algo: str, *, devices: Sequence[str] | str | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC",
+          heavy_edge_groups_target: int | None = None,
           grouping: Grouping | None = None) -> Problem:
     """Build the :class:`Problem` and check that every placement unit can fit some device."""
     costs.check_graph(graph)

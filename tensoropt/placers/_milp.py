@@ -31,17 +31,25 @@ bound, which keeps the LP relaxation tight.
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 import networkx as nx
 import numpy as np
 
+from ..cluster import Cluster
 from ..describe import fmt_bytes
 from ..errors import TensorOptError
+from ..graph import OpGraph
+from ..measure.costmodel import CostModel
 from ..plan import Plan, PlanError
-from ._common import Problem, device_bytes, make_plan, resolve_devices
+from ._common import Problem, device_bytes, make_plan, resolve_devices, setup
 from .coarsen import Grouping, colocate, heavy_edge_groups, parse_rules
+from .m_etf import ListScheduler
+from .m_sct import SCTScheduler, favourite_children
+from .m_topo import place as topo_place
 
 SCALE = 1000.0   # the horizon in model units
 MAX_DISJUNCTIONS = 20000   # past this many unordered task pairs the MILP drops no-overlap (see solve)
@@ -133,8 +141,8 @@ def disjunctive_pairs(tg: TaskGraph) -> list[tuple[int, int]]:
     reach = [0] * len(tg.tasks)
     for t in range(len(tg.tasks) - 1, -1, -1):
         r = 0
-        for a in succs[t]:
-            r |= reach[a.dst] | (1 << a.dst)
+        for arc in succs[t]:
+            r |= reach[arc.dst] | (1 << arc.dst)
         reach[t] = r
     busy = [t for t, task in enumerate(tg.tasks) if task.seconds > 0]
     pairs = []
@@ -197,19 +205,15 @@ def heuristic_starts(prob: Problem, tg: TaskGraph) -> tuple[list[WarmStart], lis
     :func:`list_schedule` with the placer's operator order (forwards in it, backwards in
     reverse).  Returns the candidates and one line per placer that failed (not enough memory
     for its rule).  O(the placers)."""
-    from .m_etf import ListScheduler
-    from .m_sct import SCTScheduler, favourite_children
-    from .m_topo import place as topo_place
-
-    def etf():
+    def etf() -> tuple[Mapping[str, str], Sequence[str]]:
         s = ListScheduler(prob).run()
         return s.device, s.order
 
-    def sct():
+    def sct() -> tuple[Mapping[str, str], Sequence[str]]:
         s = SCTScheduler(prob, favourite_children(prob).favourite).run()
         return s.device, s.order
 
-    def topo():
+    def topo() -> tuple[Mapping[str, str], Sequence[str]]:
         plan = topo_place(prob.graph, prob.costs, prob.cluster, devices=prob.devices, optimizer=prob.alpha,
                           grouping=prob.grouping)
         return {n: c.devices[0] for n, c in plan.configs.items()}, plan.order
@@ -335,11 +339,11 @@ def _build(prob: Problem, tg: TaskGraph, pairs: Sequence[tuple[int, int]], horiz
                 for q in devs:
                     if p == q:
                         continue
-                    key = (a, b, p, q)
-                    if key not in y:
-                        y[key] = m.col(0.0, 1.0)
-                        m.row([(y[key], 1.0), (x[a, p], -1.0), (x[b, q], -1.0)], -1.0, np.inf)
-                    terms.append((y[key], -prob.link_time(p, q, arc.nbytes) / unit))
+                    yk = (a, b, p, q)
+                    if yk not in y:
+                        y[yk] = m.col(0.0, 1.0)
+                        m.row([(y[yk], 1.0), (x[a, p], -1.0), (x[b, q], -1.0)], -1.0, np.inf)
+                    terms.append((y[yk], -prob.link_time(p, q, arc.nbytes) / unit))
         m.row(terms, const, np.inf)
     for t in range(len(tg.tasks)):                                                  # eq. 5-14
         if not succs[t]:
@@ -417,10 +421,7 @@ def solve(prob: Problem, tg: TaskGraph, algo: str, *, time_limit: float, mip_gap
     disjunctions are left out — NetSplit's model as published — and the MILP is a relaxation:
     its bound stays a bound, its placement is re-timed with no overlap (:func:`list_schedule`),
     and the better of it and the warm start is returned; the report says so."""
-    try:
-        import highspy
-    except ImportError as e:  # pragma: no cover - highspy is a dependency
-        raise TensorOptError(f"{algo} needs the HiGHS solver: pip install highspy ({e})") from None
+    highspy = _import_highspy(algo)
     if not time_limit > 0:
         raise TensorOptError(f"{algo}: time_limit must be a positive number of seconds, got {time_limit!r}")
     if not 0 <= mip_gap < 1:
@@ -437,73 +438,28 @@ def solve(prob: Problem, tg: TaskGraph, algo: str, *, time_limit: float, mip_gap
     if max_disjunctions is not None and unordered > max_disjunctions:
         pairs = []
     m, lay, unit = _build(prob, tg, pairs, horizon, prob.group_bytes)
-
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("mip_rel_gap", float(mip_gap))
-    h.setOptionValue("random_seed", 0)
-    n = len(m.lb)
-    inf = highspy.kHighsInf
-    lb = np.asarray(m.lb, dtype=np.float64)
-    ub = np.asarray(m.ub, dtype=np.float64)
-    h.addVars(n, lb, ub)
-    cost = np.zeros(n)
-    cost[lay.makespan] = 1.0
-    h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
-    ints = np.flatnonzero(np.asarray(m.integer)).astype(np.int32)
-    if len(ints):
-        h.changeColsIntegrality(len(ints), ints, np.full(len(ints), highspy.HighsVarType.kInteger, dtype=np.uint8))
-    starts_idx, index, value, lower, upper = [], [], [], [], []
-    for terms, lo, hi in m.rows:
-        starts_idx.append(len(index))
-        for k, c in terms:
-            index.append(k)
-            value.append(c)
-        lower.append(-inf if lo == -np.inf else lo)
-        upper.append(inf if hi == np.inf else hi)
-    h.addRows(len(m.rows), np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64), len(index),
-              np.asarray(starts_idx, dtype=np.int32), np.asarray(index, dtype=np.int32),
-              np.asarray(value, dtype=np.float64))
-    warm_vals = None
-    if best is not None:
-        warm_vals = _warm_values(prob, tg, lay, m, unit, best)
-        h.setSolution(n, np.arange(n, dtype=np.int32), np.asarray(warm_vals, dtype=np.float64))
-    build_s = _time.perf_counter() - t0
-    h.run()
-    solve_s = _time.perf_counter() - t0 - build_s
-    status = h.getModelStatus()
-    info = h.getInfo()
-    has_sol = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
+    warm_vals = _warm_values(prob, tg, lay, m, unit, best) if best is not None else None
+    run = _run_highs(highspy, m, lay, time_limit=time_limit, mip_gap=mip_gap, warm_vals=warm_vals, t0=t0)
 
     report: dict[str, Any] = {
         "solver": f"HiGHS (highspy {_highspy_version()})",
-        "status": h.modelStatusToString(status),
+        "status": run.status,
         "time_limit_s": float(time_limit), "mip_gap_limit": float(mip_gap),
-        "time_limit_hit": status == highspy.HighsModelStatus.kTimeLimit,
+        "time_limit_hit": run.time_limit_hit,
         "warm_start": ({"source": best.source, "objective_s": best.schedule.makespan} if best is not None else None),
         "warm_start_candidates": {w.source: w.schedule.makespan for w in starts},
         "warm_start_failed": failed,
         "model": {"groups": len(prob.grouping), "devices": len(prob.devices), "tasks": len(tg.tasks),
-                  "arcs": len(tg.arcs), "disjunctions": len(pairs), "unordered_pairs": unordered, "columns": n, "rows": len(m.rows),
-                  "binaries": int(len(ints))},
-        "build_s": round(build_s, 4), "solve_s": round(solve_s, 4),
+                  "arcs": len(tg.arcs), "disjunctions": len(pairs), "unordered_pairs": unordered, "columns": len(m.lb),
+                  "rows": len(m.rows), "binaries": run.binaries},
+        "build_s": round(run.build_s, 4), "solve_s": round(run.solve_s, 4),
     }
-    if status == highspy.HighsModelStatus.kInfeasible:
+    if run.infeasible:
         raise _overflow_error(algo, prob)
-    dual = info.mip_dual_bound * unit if np.isfinite(info.mip_dual_bound) else None
-    vals = list(h.getSolution().col_value) if has_sol else None
-    group_device = None
-    if vals is not None:
-        group_device = [max(prob.devices, key=lambda d: vals[lay.x[g, d]]) for g in range(len(prob.grouping))]
-        # the memory rows hold within HiGHS's tolerance (1e-6 of a device): check them exactly
-        used = device_bytes(prob, dict(enumerate(group_device)))
-        over = [d for d in prob.devices if used[d] > prob.capacity[d]]
-        if over:
-            report["overflow_rejected"] = f"{over[0]} by {used[over[0]] - prob.capacity[over[0]]} bytes"
-            group_device = None
-    if group_device is None:
-        if best is None:
+    dual = run.dual_bound * unit if np.isfinite(run.dual_bound) else None
+    vals, group_device = _solution_placement(prob, lay, run.values, report)
+    if vals is None or group_device is None:
+        if best is None or warm_vals is None:
             if "overflow_rejected" in report:
                 raise _overflow_error(algo, prob)
             raise PlanError(f"{algo}: HiGHS found no placement within {time_limit:g} s (status "
@@ -528,6 +484,96 @@ def solve(prob: Problem, tg: TaskGraph, algo: str, *, time_limit: float, mip_gap
     return MilpResult(group_device, sched.start, obj, report)
 
 
+def _import_highspy(algo: str) -> Any:
+    """The highspy module.  Imported here, not at the module top: only the MILP placers need HiGHS,
+    and the other placers must import without it."""
+    try:
+        import highspy
+    except ImportError as e:  # pragma: no cover - highspy is a dependency
+        raise TensorOptError(f"{algo} needs the HiGHS solver: pip install highspy ({e})") from None
+    return highspy
+
+
+@dataclass
+class _HighsRun:
+    """What one HiGHS run returned: its status (``status``: HiGHS's words), the column values of
+    its incumbent (``None``: no feasible solution), its dual bound (model units) and timings."""
+
+    status: str
+    time_limit_hit: bool
+    infeasible: bool
+    values: list[float] | None
+    dual_bound: float
+    binaries: int
+    build_s: float
+    solve_s: float
+
+
+def _run_highs(highspy: Any, m: _Model, lay: _Layout, *, time_limit: float, mip_gap: float,
+               warm_vals: list[float] | None, t0: float) -> _HighsRun:
+    """Hand the model to HiGHS (columns, integrality, rows in CSR, the warm start) and solve it:
+    minimise the makespan column within ``time_limit`` seconds and relative gap ``mip_gap``."""
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_rel_gap", float(mip_gap))
+    h.setOptionValue("random_seed", 0)
+    n = len(m.lb)
+    inf = highspy.kHighsInf
+    lb = np.asarray(m.lb, dtype=np.float64)
+    ub = np.asarray(m.ub, dtype=np.float64)
+    h.addVars(n, lb, ub)
+    cost = np.zeros(n)
+    cost[lay.makespan] = 1.0
+    h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
+    ints = np.flatnonzero(np.asarray(m.integer)).astype(np.int32)
+    if len(ints):
+        h.changeColsIntegrality(len(ints), ints, np.full(len(ints), highspy.HighsVarType.kInteger, dtype=np.uint8))
+    starts_idx: list[int] = []
+    index: list[int] = []
+    value: list[float] = []
+    lower: list[float] = []
+    upper: list[float] = []
+    for terms, lo, hi in m.rows:
+        starts_idx.append(len(index))
+        for k, c in terms:
+            index.append(k)
+            value.append(c)
+        lower.append(-inf if lo == -np.inf else lo)
+        upper.append(inf if hi == np.inf else hi)
+    h.addRows(len(m.rows), np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64), len(index),
+              np.asarray(starts_idx, dtype=np.int32), np.asarray(index, dtype=np.int32),
+              np.asarray(value, dtype=np.float64))
+    if warm_vals is not None:
+        h.setSolution(n, np.arange(n, dtype=np.int32), np.asarray(warm_vals, dtype=np.float64))
+    build_s = _time.perf_counter() - t0
+    h.run()
+    solve_s = _time.perf_counter() - t0 - build_s
+    status = h.getModelStatus()
+    info = h.getInfo()
+    has_sol = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
+    return _HighsRun(status=h.modelStatusToString(status), time_limit_hit=status == highspy.HighsModelStatus.kTimeLimit,
+                     infeasible=status == highspy.HighsModelStatus.kInfeasible,
+                     values=list(h.getSolution().col_value) if has_sol else None,
+                     dual_bound=float(info.mip_dual_bound), binaries=int(len(ints)), build_s=build_s, solve_s=solve_s)
+
+
+def _solution_placement(prob: Problem, lay: _Layout, vals: list[float] | None,
+                        report: dict[str, Any]) -> tuple[list[float] | None, list[str] | None]:
+    """The device of every group in HiGHS's solution (the largest of its x), or ``None`` when there
+    is no solution or it overflows a device's memory checked exactly (HiGHS holds the memory rows
+    within its tolerance, 1e-6 of a device: ``report["overflow_rejected"]`` then says by how much)."""
+    if vals is None:
+        return None, None
+    group_device = [max(prob.devices, key=lambda d: vals[lay.x[g, d]]) for g in range(len(prob.grouping))]
+    used = device_bytes(prob, dict(enumerate(group_device)))
+    over = [d for d in prob.devices if used[d] > prob.capacity[d]]
+    if over:
+        report["overflow_rejected"] = f"{over[0]} by {used[over[0]] - prob.capacity[over[0]]} bytes"
+        return None, None
+    return vals, group_device
+
+
 def _task_order(tg: TaskGraph, start: Sequence[float]) -> list[int]:
     """Tasks by start time, made a topological order of the arcs (ties, tolerances: by index)."""
     dag = nx.DiGraph()
@@ -537,7 +583,6 @@ def _task_order(tg: TaskGraph, start: Sequence[float]) -> list[int]:
 
 
 def _highspy_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
     try:
         return version("highspy")
     except PackageNotFoundError:  # pragma: no cover - a source build
@@ -560,7 +605,8 @@ def _overflow_error(algo: str, prob: Problem) -> PlanError:
                      "a smaller batch or a lighter optimizer")
 
 
-def coarsened_grouping(graph: Any, costs: Any, cluster: Any, *, devices: Any, optimizer: Any, colocation: Any,
+def coarsened_grouping(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None,
+                       optimizer: str | int, colocation: str | None,
                        heavy_edge_groups_target: int | None, max_groups: int | None,
                        grouping: Grouping | None) -> tuple[Grouping | None, list[str]]:
     """The placement units of a MILP placer: ``grouping`` if given; else TF Placer colocation
@@ -616,15 +662,15 @@ def milp_plan(prob: Problem, algo: str, tg: TaskGraph, res: MilpResult, options:
                      notes=[*notes, *lines])
 
 
-def place_milp(graph: Any, costs: Any, cluster: Any, algo: str, tasks: Callable[[Problem], TaskGraph], note: str, *,
-               devices: Any, optimizer: str | int, colocation: str | None, heavy_edge_groups: int | None,
+def place_milp(graph: OpGraph, costs: CostModel, cluster: Cluster, algo: str, tasks: Callable[[Problem], TaskGraph],
+               note: str, *,
+               devices: Sequence[str] | str | None, optimizer: str | int, colocation: str | None,
+               heavy_edge_groups: int | None,
                grouping: Grouping | None, max_groups: int | None, time_limit: float, mip_gap: float,
                warm_start: bool, max_disjunctions: int | None) -> Plan:
     """What both MILP placers do with their own task graph (``tasks``: :func:`training_tasks` for
     NetSplit, :func:`forward_tasks` for Pesto): coarsen, set up, solve, make the Plan (with
     ``note`` saying what the makespan covers).  Options as :func:`~.netsplit.place`."""
-    from ._common import setup
-
     given, notes = coarsened_grouping(graph, costs, cluster, devices=devices, optimizer=optimizer,
                                       colocation=colocation, heavy_edge_groups_target=heavy_edge_groups,
                                       max_groups=max_groups, grouping=grouping)

@@ -32,46 +32,50 @@ Both take and return plain values; neither looks at devices beyond their memory 
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 import networkx as nx
 
-from ..planmodel.memory import node_memory
-from ..optimizers import optimizer_alpha
+from ..cluster import Cluster
+from ..describe import fmt_bytes
 from ..errors import TensorOptError
 from ..graph import OpGraph
+from ..measure.costmodel import CostModel
+from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..plan import PlanError
-from ..optimizers import DEFAULT_OPTIMIZER
+from ..planmodel.memory import node_memory
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 RULES = "ABC"
 
 
-class UnionFind:
+class UnionFind(Generic[K]):
     """Disjoint sets over hashable items: :meth:`find` with path halving, :meth:`union` by rank.
     Near-constant time per operation."""
 
-    def __init__(self, items: Iterable[Any] = ()):
-        self.parent: dict[Any, Any] = {}
-        self.rank: dict[Any, int] = {}
+    def __init__(self, items: Iterable[K] = ()):
+        self.parent: dict[K, K] = {}
+        self.rank: dict[K, int] = {}
         for x in items:
             self.add(x)
 
-    def add(self, x: Any) -> None:
+    def add(self, x: K) -> None:
         if x not in self.parent:
             self.parent[x] = x
             self.rank[x] = 0
 
-    def find(self, x: Any) -> Any:
+    def find(self, x: K) -> K:
         parent = self.parent
         while parent[x] != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
 
-    def union(self, a: Any, b: Any) -> Any:
+    def union(self, a: K, b: K) -> K:
         """Merge the sets of ``a`` and ``b``; returns the root of the merged set."""
         ra, rb = self.find(a), self.find(b)
         if ra == rb:
@@ -83,7 +87,7 @@ class UnionFind:
             self.rank[ra] += 1
         return ra
 
-    def same(self, a: Any, b: Any) -> bool:
+    def same(self, a: K, b: K) -> bool:
         return self.find(a) == self.find(b)
 
 
@@ -124,8 +128,8 @@ class Grouping:
         return cls._from_uf(graph, uf, method)
 
     @classmethod
-    def _from_uf(cls, graph: OpGraph, uf: UnionFind, method: str) -> Grouping:
-        gid: dict[Any, int] = {}
+    def _from_uf(cls, graph: OpGraph, uf: UnionFind[str], method: str) -> Grouping:
+        gid: dict[str, int] = {}
         group_of: dict[str, int] = {}
         members: list[list[str]] = []
         for n in graph.ops:
@@ -137,7 +141,7 @@ class Grouping:
             members[gid[r]].append(n.name)
         return cls(group_of, tuple(tuple(m) for m in members), method)
 
-    def union_find(self) -> UnionFind:
+    def union_find(self) -> UnionFind[str]:
         """A union-find holding these groups (to refine them further)."""
         uf = UnionFind(self.group_of)
         for m in self.members:
@@ -175,9 +179,9 @@ class Grouping:
 
     def is_acyclic(self, graph: OpGraph) -> bool:
         """Whether the quotient graph is a DAG (groups can run as units in some order)."""
-        return nx.is_directed_acyclic_graph(self.quotient(graph))
+        return bool(nx.is_directed_acyclic_graph(self.quotient(graph)))
 
-    def memory(self, graph: OpGraph, costs: Any, *, alpha: int = 0) -> list[int]:
+    def memory(self, graph: OpGraph, costs: CostModel, *, alpha: int = 0) -> list[int]:
         """Bytes each group holds on its device: see :func:`group_memory`."""
         return [group_memory(graph, costs, m, alpha=alpha) for m in self.members]
 
@@ -185,7 +189,7 @@ class Grouping:
         return {"method": self.method, "groups": [list(m) for m in self.members]}
 
 
-def group_memory(graph: OpGraph, costs: Any, members: Iterable[str], *, alpha: int = 0,
+def group_memory(graph: OpGraph, costs: CostModel, members: Iterable[str], *, alpha: int = 0,
                  node_bytes: Mapping[str, int] | None = None) -> int:
     """What a group of nodes holds on the device it is placed on (the NetSplit thesis eq. 6-1's left side):
     the resident memory of each member (:func:`~tensoropt.costs.node_memory`: parameters it owns,
@@ -258,8 +262,9 @@ def colocate(graph: OpGraph, rules: str | None = "ABC", *, base: Grouping | None
     return Grouping._from_uf(graph, uf, f"{prefix}colocation {rules or 'none'}")
 
 
-def heavy_edge_groups(graph: OpGraph, costs: Any, cluster: Any, *, devices: Sequence[str] | None = None,
-                      target: int | None = None, max_group_bytes: int | None = None, optimizer: str | int = DEFAULT_OPTIMIZER,
+def heavy_edge_groups(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | None = None,
+                      target: int | None = None, max_group_bytes: int | None = None,
+                      optimizer: str | int = DEFAULT_OPTIMIZER,
                       base: Grouping | None = None, acyclic: bool = True) -> Grouping:
     """NetSplit's node grouping (the NetSplit thesis, Algorithm 3; see the module docstring).
 
@@ -280,7 +285,6 @@ def heavy_edge_groups(graph: OpGraph, costs: Any, cluster: Any, *, devices: Sequ
     node_bytes = {n.name: node_memory(graph, costs, n.name, alpha=alpha).resident for n in graph.ops}
     required = group_memory(graph, costs, list(node_bytes), alpha=alpha, node_bytes=node_bytes)
     if required > sum(mems):
-        from ..describe import fmt_bytes
         raise PlanError(f"insufficient memory: graph {graph.name!r} needs {fmt_bytes(required)} "
                         f"(parameters, gradients, optimizer state, kept activations) but devices "
                         f"{', '.join(names)} have {fmt_bytes(sum(mems))} together")
@@ -329,7 +333,7 @@ def heavy_edge_groups(graph: OpGraph, costs: Any, cluster: Any, *, devices: Sequ
     return Grouping._from_uf(graph, uf, method)
 
 
-def _contract(q: nx.DiGraph, keep: Any, other: Any) -> None:
+def _contract(q: nx.DiGraph, keep: str, other: str) -> None:
     """Merge quotient node ``other`` into ``keep`` (edges summed, no self-loop)."""
     for x, _, d in list(q.in_edges(other, data=True)):
         if x != keep:
@@ -340,14 +344,14 @@ def _contract(q: nx.DiGraph, keep: Any, other: Any) -> None:
     q.remove_node(other)
 
 
-def _add(q: nx.DiGraph, a: Any, b: Any, nbytes: int) -> None:
+def _add(q: nx.DiGraph, a: str, b: str, nbytes: int) -> None:
     if q.has_edge(a, b):
         q[a][b]["nbytes"] += nbytes
     else:
         q.add_edge(a, b, nbytes=nbytes)
 
 
-def _closes_cycle(q: nx.DiGraph, a: Any, b: Any) -> bool:
+def _closes_cycle(q: nx.DiGraph, a: str, b: str) -> bool:
     """Whether merging quotient nodes ``a`` and ``b`` creates a cycle: some path joins them other
     than the direct edges between them — unless they already lie on one cycle (a base grouping's
     quotient may have cycles; merging inside one adds none)."""
@@ -361,4 +365,4 @@ def _closes_cycle(q: nx.DiGraph, a: Any, b: Any) -> bool:
             q.add_edge(x, y, **d)
     if not around:
         return False
-    return not (nx.has_path(q, a, b) and nx.has_path(q, b, a))
+    return not (bool(nx.has_path(q, a, b)) and bool(nx.has_path(q, b, a)))

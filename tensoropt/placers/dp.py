@@ -20,24 +20,23 @@ total must fit the smallest device.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
 
-from ..graph import grad_nodes
-from ..planmodel.memory import node_memory
-from ..optimizers import optimizer_alpha
-from ..measure.costmodel import CostModel
+from ..cluster import Cluster
 from ..describe import fmt_bytes
-from ..graph import OpGraph
+from ..graph import OpGraph, grad_nodes
+from ..measure.costmodel import CostModel
+from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..plan import NodeConfig, Plan, PlanError
+from ..planmodel.memory import node_memory
 from ..planmodel.reshard import R, read_layout, reads_nothing
 from ._common import resolve_devices
 from .coarsen import param_held_bytes
-from ..optimizers import DEFAULT_OPTIMIZER
 
 NAME = "dp"
 
 
-def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
+def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
           optimizer: str | int = DEFAULT_OPTIMIZER) -> Plan:
     """Data parallel over ``devices`` (default: all of the cluster's).  Raises
     :class:`~tensoropt.plan.PlanError` when the profile lacks the batch shard for that many
@@ -53,7 +52,7 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[s
         if n == 1:
             configs[node.name] = NodeConfig(tuple(names))
             continue
-        cost = costs[node.name] if node.name in costs else None
+        cost = costs.get(node.name)
         has = cost is None or ("batch", n) in costs.legal(node.name)
         if node.split.batch is not None and has:
             configs[node.name] = NodeConfig(tuple(names), "batch")

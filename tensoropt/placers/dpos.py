@@ -61,22 +61,23 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import mean
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
-from ..graph import grad_nodes
-from ..planmodel.memory import node_memory
-from ..measure.costmodel import CostModel
+from ..cluster import Cluster
 from ..describe import fmt_bytes
 from ..errors import TensorOptError
-from ..graph import OpGraph
+from ..graph import OpGraph, grad_nodes
+from ..measure.costmodel import CostModel
+from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Estimate, NodeConfig, Plan, PlanError
+from ..planmodel.memory import node_memory
 from ..planmodel.reshard import edge_reshard
 from ._common import Problem, make_plan, setup
 from .coarsen import Grouping, group_memory
 from .m_etf import Schedule, Transfer
-from ..optimizers import DEFAULT_OPTIMIZER
 
 NAME = "dpos"
 RANK_COSTS = ("max", "mean")
@@ -364,6 +365,7 @@ class _Run:
             key = (est + dur, self.index[d], est, d)
             if best is None or key < best:
                 best = key
+        assert best is not None   # cands is not empty
         eft, _, est, d = best
         if g not in self.group_device:
             self.group_device[g] = d
@@ -398,6 +400,7 @@ class _Run:
             key = (est + max(durs), i, est, cfg)
             if best is None or key < best:
                 best = key
+        assert best is not None   # the meshes are not empty
         eft, _, est, cfg = best
         for d in cfg.devices:
             self.used[d] += need
@@ -468,8 +471,9 @@ def schedule_problem(prob: Problem, splits: Iterable[Split] = (), *, rank_cost: 
     return _Run(prob, check_splits(prob, splits), rank_cost, algo).run()
 
 
-def schedule(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-             optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+def schedule(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
+             optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC",
+             heavy_edge_groups: int | None = None,
              grouping: Grouping | None = None, rank_cost: str = "max", splits: Iterable[Split] = ()) -> DPOSSchedule:
     """Run DPOS and return its :class:`DPOSSchedule` (options as :func:`place`)."""
     prob = setup(graph, costs, cluster, NAME, devices=devices, optimizer=optimizer, colocation=colocation,
@@ -477,8 +481,8 @@ def schedule(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequenc
     return schedule_problem(prob, splits, rank_cost=rank_cost)
 
 
-def options(prob: Problem, optimizer: Any, colocation: Any, heavy_edge_groups: Any, grouping: Any,
-            rank_cost: str) -> dict[str, Any]:
+def options(prob: Problem, optimizer: str | int, colocation: str | None, heavy_edge_groups: int | None,
+            grouping: Grouping | None, rank_cost: str) -> dict[str, Any]:
     return {"devices": prob.devices, "optimizer": optimizer, "colocation": colocation or "none",
             "heavy_edge_groups": heavy_edge_groups, "grouping": grouping.method if grouping is not None else None,
             "rank_cost": rank_cost}
@@ -500,8 +504,9 @@ def plan_from_schedule(prob: Problem, algo: str, sched: DPOSSchedule, opts: Mapp
     return plan
 
 
-def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC",
+          heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None, rank_cost: str = "max") -> Plan:
     """Place ``graph`` with FastT's DPOS (see the module docstring).
 

@@ -38,15 +38,17 @@ The Plan's order is the order the operators were started, and it carries an
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-from ..measure.costmodel import CostModel
+from ..cluster import Cluster
 from ..graph import OpGraph
+from ..measure.costmodel import CostModel
+from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Plan
 from ._common import Problem, make_plan, not_placed_error, setup
 from .coarsen import Grouping
-from ..optimizers import DEFAULT_OPTIMIZER
 
 NAME = "m-etf"
 
@@ -225,8 +227,9 @@ class ListScheduler:
         return Schedule(self.device, self.start, self.end, self.order, makespan, dict(self.used), self.transfers)
 
 
-def schedule(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-             optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+def schedule(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
+             optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC",
+             heavy_edge_groups: int | None = None,
              grouping: Grouping | None = None) -> Schedule:
     """Run m-ETF and return its :class:`Schedule` (options as :func:`place`)."""
     prob = setup(graph, costs, cluster, NAME, devices=devices, optimizer=optimizer, colocation=colocation,
@@ -234,8 +237,9 @@ def schedule(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequenc
     return ListScheduler(prob).run()
 
 
-def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC",
+          heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None) -> Plan:
     """Place ``graph`` with m-ETF (see the module docstring).
 
@@ -252,7 +256,8 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[s
     return _plan(prob, NAME, sched, options(prob, optimizer, colocation, heavy_edge_groups, grouping))
 
 
-def options(prob: Problem, optimizer: Any, colocation: Any, heavy_edge_groups: Any, grouping: Any) -> dict[str, Any]:
+def options(prob: Problem, optimizer: str | int, colocation: str | None, heavy_edge_groups: int | None,
+            grouping: Grouping | None) -> dict[str, Any]:
     return {"devices": prob.devices, "optimizer": optimizer, "colocation": colocation or "none",
             "heavy_edge_groups": heavy_edge_groups, "grouping": grouping.method if grouping is not None else None}
 

@@ -33,20 +33,21 @@ behaves as in m-ETF.  The Plan carries ``Estimate(source="m-sct")``: the schedul
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import mean
-from typing import Any, Sequence
 
 import numpy as np
 
-from ..measure.costmodel import CostModel
+from ..cluster import Cluster
 from ..errors import TensorOptError
 from ..graph import OpGraph
+from ..measure.costmodel import CostModel
+from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Plan
 from ._common import Problem, setup
 from .coarsen import Grouping
 from .m_etf import ListScheduler, Schedule, _plan, options
-from ..optimizers import DEFAULT_OPTIMIZER
 
 NAME = "m-sct"
 THRESHOLD = 0.1
@@ -156,7 +157,9 @@ def _solve(cost: np.ndarray, rows: list[int], cols: list[int], vals: list[float]
                          f"(tried {', '.join(order)})")
 
 
-def _solve_scipy(cost, rows, cols, vals, rhs, lower, upper) -> np.ndarray:
+def _solve_scipy(cost: np.ndarray, rows: list[int], cols: list[int], vals: list[float], rhs: list[float],
+                lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    # scipy and highspy are imported here: either may be missing, and _solve falls back on ImportError
     from scipy.optimize import linprog
     from scipy.sparse import csr_matrix
 
@@ -168,10 +171,11 @@ def _solve_scipy(cost, rows, cols, vals, rhs, lower, upper) -> np.ndarray:
     return np.asarray(res.x)
 
 
-def _solve_highspy(cost, rows, cols, vals, rhs, lower, upper) -> np.ndarray:
+def _solve_highspy(cost: np.ndarray, rows: list[int], cols: list[int], vals: list[float], rhs: list[float],
+                  lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
     import highspy
 
-    h = highspy.Highs()
+    h = highspy.Highs()  # type: ignore[no-untyped-call]  # highspy leaves Highs() unannotated
     h.setOptionValue("output_flag", False)
     n = len(cost)
     inf = highspy.kHighsInf
@@ -241,8 +245,9 @@ class SCTScheduler(ListScheduler):
         return min(cands)
 
 
-def schedule(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-             optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+def schedule(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
+             optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC",
+             heavy_edge_groups: int | None = None,
              grouping: Grouping | None = None, threshold: float = THRESHOLD, link: str = "mean",
              solver: str = "auto") -> tuple[Schedule, FavouriteChildren]:
     """Run m-SCT; returns its :class:`~.m_etf.Schedule` and the LP's :class:`FavouriteChildren`."""
@@ -252,8 +257,9 @@ def schedule(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequenc
     return SCTScheduler(prob, fc.favourite).run(), fc
 
 
-def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC",
+          heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None, threshold: float = THRESHOLD, link: str = "mean",
           solver: str = "auto") -> Plan:
     """Place ``graph`` with m-SCT (see the module docstring).  Options as

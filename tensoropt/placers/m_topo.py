@@ -22,14 +22,15 @@ own: its Plan carries no estimate; simulate it.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
 
-from ..measure.costmodel import CostModel
+from ..cluster import Cluster
 from ..graph import OpGraph
+from ..measure.costmodel import CostModel
+from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Plan
 from ._common import make_plan, not_placed_error, setup
 from .coarsen import Grouping
-from ..optimizers import DEFAULT_OPTIMIZER
 
 NAME = "m-topo"
 
@@ -39,8 +40,9 @@ def cap(memories: Sequence[int], num_devices: int) -> int:
     return sum(memories) // num_devices + max(memories, default=0)
 
 
-def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC",
+          heavy_edge_groups: int | None = None,
           uniform: bool = True, grouping: Grouping | None = None) -> Plan:
     """Place ``graph`` with m-TOPO (see the module docstring).
 

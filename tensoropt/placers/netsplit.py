@@ -31,21 +31,23 @@ best bound, gap, time limit hit, warm start.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
 
-from ..measure.costmodel import CostModel
+from ..cluster import Cluster
 from ..graph import OpGraph
+from ..measure.costmodel import CostModel
+from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Plan
 from ._milp import MAX_DISJUNCTIONS, place_milp, training_tasks
 from .coarsen import Grouping
-from ..optimizers import DEFAULT_OPTIMIZER
 
 NAME = "netsplit"
 MAX_GROUPS = 60
 
 
-def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC",
+          heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None, max_groups: int | None = MAX_GROUPS, time_limit: float = 30.0,
           mip_gap: float = 1e-3, warm_start: bool = True, max_disjunctions: int | None = MAX_DISJUNCTIONS) -> Plan:
     """Place ``graph`` with NetSplit's MILP (see the module docstring).
@@ -55,11 +57,13 @@ def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[s
     colocation groups along the heaviest edges down to this many when there are more (``None``:
     never); ``time_limit`` (seconds) and ``mip_gap`` (relative) stop HiGHS; ``warm_start``: start
     from the best heuristic placement; ``max_disjunctions``: past this many unordered task pairs,
-    leave no-overlap out (the thesis's model; the placement is re-timed with it).  Raises :class:`~tensoropt.plan.PlanError` when no
-    placement fits the devices' memory (naming a device and its overflow).  Cost: the MILP has
-    groups × devices binaries plus one per disjunctive task pair; bounded by ``time_limit``.
+    leave no-overlap out (the thesis's model; the placement is re-timed with it).  Raises
+    :class:`~tensoropt.plan.PlanError` when no placement fits the devices' memory (naming a device and its
+    overflow).  Cost: the MILP has groups × devices binaries plus one per disjunctive task pair; bounded by
+    ``time_limit``.
     """
-    return place_milp(graph, costs, cluster, NAME, training_tasks, "makespan: forward and backward of every operator", devices=devices, optimizer=optimizer,
+    return place_milp(graph, costs, cluster, NAME, training_tasks,
+                      "makespan: forward and backward of every operator", devices=devices, optimizer=optimizer,
                       colocation=colocation, heavy_edge_groups=heavy_edge_groups, grouping=grouping,
                       max_groups=max_groups, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start,
                       max_disjunctions=max_disjunctions)

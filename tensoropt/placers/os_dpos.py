@@ -37,20 +37,30 @@ the number of DPOS runs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
 
 import networkx as nx
 
-from ..measure.costmodel import CostModel
+from ..cluster import Cluster
 from ..errors import TensorOptError
 from ..graph import OpGraph
+from ..measure.costmodel import CostModel
+from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Plan, PlanError
 from ._common import Problem, setup
 from .coarsen import Grouping
-from .dpos import (SPLIT_LAYOUTS, DPOSSchedule, Split, edge_seconds, gradient_edges, op_seconds, options,
-                   plan_from_schedule, schedule_problem)
-from ..optimizers import DEFAULT_OPTIMIZER
+from .dpos import (
+    SPLIT_LAYOUTS,
+    DPOSSchedule,
+    Split,
+    edge_seconds,
+    gradient_edges,
+    op_seconds,
+    options,
+    plan_from_schedule,
+    schedule_problem,
+)
 
 NAME = "os-dpos"
 MAX_PASSES = 4
@@ -140,7 +150,7 @@ def search(prob: Problem, *, layouts: Sequence[str] = SPLIT_LAYOUTS, max_passes:
                     result.trials += 1
                 if best is None or sched.makespan < best.makespan:
                     best, best_split = sched, trial
-            if best is None or not best.makespan < result.schedule.makespan * (1 - IMPROVEMENT):
+            if best is None or best_split is None or not best.makespan < result.schedule.makespan * (1 - IMPROVEMENT):
                 break  # Alg. 2 line 12: no longer explore the rest of this critical path
             result.splits.append(best_split)
             result.schedule = best
@@ -152,8 +162,9 @@ def search(prob: Problem, *, layouts: Sequence[str] = SPLIT_LAYOUTS, max_passes:
     return result
 
 
-def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC",
+          heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None, rank_cost: str = "max", max_passes: int = MAX_PASSES,
           layouts: Sequence[str] = SPLIT_LAYOUTS) -> Plan:
     """Place ``graph`` with FastT's OS-DPOS (see the module docstring).

@@ -25,27 +25,30 @@ forward makespan.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
 
-from ..measure.costmodel import CostModel
+from ..cluster import Cluster
 from ..graph import OpGraph
-from ..plan import Plan
-from ._milp import MAX_DISJUNCTIONS, place_milp, forward_tasks
-from .coarsen import Grouping
+from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
+from ..plan import Plan
+from ._milp import MAX_DISJUNCTIONS, forward_tasks, place_milp
+from .coarsen import Grouping
 
 NAME = "pesto"
 MAX_GROUPS = 700
 
 
-def place(graph: OpGraph, costs: CostModel, cluster: Any, *, devices: Sequence[str] | str | None = None,
-          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC", heavy_edge_groups: int | None = None,
+def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, colocation: str | None = "ABC",
+          heavy_edge_groups: int | None = None,
           grouping: Grouping | None = None, max_groups: int | None = MAX_GROUPS, time_limit: float = 30.0,
           mip_gap: float = 1e-3, warm_start: bool = True, max_disjunctions: int | None = MAX_DISJUNCTIONS) -> Plan:
     """Place ``graph`` with Pesto's MILP (see the module docstring).  Options as
     :func:`~.netsplit.place` (``max_groups`` defaults to Pesto's 700).  Raises
     :class:`~tensoropt.plan.PlanError` when no placement fits the devices' memory."""
-    return place_milp(graph, costs, cluster, NAME, forward_tasks, "makespan: forward pass only (Pesto)", devices=devices, optimizer=optimizer,
+    return place_milp(graph, costs, cluster, NAME, forward_tasks, "makespan: forward pass only (Pesto)",
+                      devices=devices, optimizer=optimizer,
                       colocation=colocation, heavy_edge_groups=heavy_edge_groups, grouping=grouping,
                       max_groups=max_groups, time_limit=time_limit, mip_gap=mip_gap, warm_start=warm_start,
                       max_disjunctions=max_disjunctions)

@@ -107,7 +107,9 @@ def test_heavy_edges_respect_group_memory_and_total_memory():
     assert len(small) == 3
     big = heavy_edge_groups(g, costs, cluster(2, memory=[160, 1000]), target=1, optimizer="sgd")
     assert same(big, "a", "b") and len(big) == 2      # then b-c would need 240 > 160
-    assert heavy_edge_groups(g, costs, cluster(2), target=1, max_group_bytes=10**6, optimizer="sgd").members == (("a", "b", "c"),)
+    assert heavy_edge_groups(g, costs, cluster(2), target=1, max_group_bytes=10**6, optimizer="sgd").members == (("a",
+                                                                                                                  "b",
+                                                                                                                  "c"),)
     with pytest.raises(PlanError, match="insufficient memory.*240 B"):
         heavy_edge_groups(g, costs, cluster(2, memory=[100, 100]), optimizer="sgd")
 
