@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tensoropt.errors import DistributedError   # absolute: workers load this file by path (its factory)
+from tensoropt.errors import DistributedError  # absolute: workers load this file by path (its factory)
 
 #: the calibration model's shape: each layer's forward about a millisecond on one CPU core, as
 #: the operators of a model worth splitting (0.1–10 ms).  Why not smaller: on a small or
@@ -127,10 +127,11 @@ def message_cost(*, steps: int = 15, warmup: int = 3, rounds: int = 3, timeout_s
     # critical path
     ex = out["exchanges"]
     ex["messages"] = 2 * (LAYERS - 1)
-    if hop["moves"] != LAYERS - 1 or ex["moves"] != 0 or ex["collectives"] != {"all_gather": LAYERS - 1}:  # pragma: no cover
+    expected = {"all_gather": LAYERS - 1}
+    if hop["moves"] != LAYERS - 1 or ex["moves"] != 0 or ex["collectives"] != expected:  # pragma: no cover
         raise DistributedError(f"the calibration plans moved {hop['moves']} / {ex['moves']} values between ranks "
-                               f"and ran collectives {ex['collectives']}, not {LAYERS - 1} / 0 and {LAYERS - 1} all-gathers: "
-                               "an executor change?")
+                               f"and ran collectives {ex['collectives']}, not {LAYERS - 1} / 0 and "
+                               f"{LAYERS - 1} all-gathers: an executor change?")
     hop_s = max(hop["two_rank_s"] - hop["one_rank_s"], 0.0) / hop["messages"]
     exchange_s = max(ex["two_rank_s"] - ex["one_rank_s"] / 2, 0.0) / ex["messages"]
     return MessageCost(hop_s, exchange_s, BATCH * WIDTH * 4, out)

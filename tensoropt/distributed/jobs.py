@@ -10,15 +10,16 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Plan
 from .run import apply_plan_distributed, compare_distributed
 from .runtime import Runtime
-from ..optimizers import DEFAULT_OPTIMIZER
 
 
 def load_case(model_spec: str, *, float64: bool = False, dropout: bool = True) -> tuple[Any, tuple, Any]:
@@ -45,9 +46,10 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
     written buffers: :func:`compare_distributed`), then one SGD step of ``lr`` on both — the
     largest relative difference of any parameter any rank holds (replicas included).  Returns per
     case ``passed`` (every tensor within the check's tolerance: :mod:`tensoropt.execute.check`),
-    ``failures`` (one line per tensor out of it), ``loss`` (its relative difference: float32, as :func:`~tensoropt.measure.step.training_loss`,
-    summed from each rank's part), ``max_rel_diff``, ``worst``, ``grads_rel_diff`` (gradients and
-    buffers only), ``params_rel_diff``, ``moves``, ``collectives`` (kind → count), ``loss_rank``."""
+    ``failures`` (one line per tensor out of it), ``loss`` (its relative difference: float32, as
+    :func:`~tensoropt.measure.step.training_loss`, summed from each rank's part), ``max_rel_diff``,
+    ``worst``, ``grads_rel_diff`` (gradients and buffers only), ``params_rel_diff``, ``moves``,
+    ``collectives`` (kind → count), ``loss_rank``."""
     out = []
     for case in cases:
         model, inputs, graph = load_case(case["model"], float64=True, dropout=False)
@@ -85,8 +87,8 @@ def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps
     apart, the simulator has no cost for it) and, with ``memory``, one more step under
     ``MemTracker`` per rank (on CUDA ``torch.cuda.max_memory_allocated`` too).  Returns
     ``step_s`` (median over steps of the slowest rank's step), ``optimizer_s``, ``rank_step_s``
-    (per rank, medians), ``peak_bytes`` (per rank), ``moves``, ``collectives`` (kind → count).  ``fail_rank``: that rank exits
-    abruptly in the middle of the first step (to test what its peers do)."""
+    (per rank, medians), ``peak_bytes`` (per rank), ``moves``, ``collectives`` (kind → count).
+    ``fail_rank``: that rank exits abruptly in the middle of the first step (to test what its peers do)."""
     from ..measure.step import make_optimizer
 
     model, inputs, graph = load_case(model_spec)
@@ -146,8 +148,8 @@ def _tracked_peak(ex: Any, model: Any, opt: Any, inputs: tuple, dev: torch.devic
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
-    tracker.track_external(model, *([opt] if opt is not None else []), *[t for t in inputs if isinstance(t, torch.Tensor)],
-                           *ex.gradient_buffers)
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    tracker.track_external(model, *([opt] if opt is not None else []), *tensors, *ex.gradient_buffers)
     ex.link.barrier()
     with tracker:
         _one_step(ex, opt, inputs)
@@ -184,7 +186,8 @@ def compare_collectives(rt: Runtime, numel: int = 1000) -> dict[str, Any]:
         summed = x[:-1].clone()          # chunks of unequal size in the in-place form
         link.all_reduce(summed, chan, "x")
         summed_out = link.all_reduce_out(x, chan, "x")
-        long = torch.randn(SEGMENT_BYTES // 8 + 3 * k + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(rt.rank))
+        long = torch.randn(SEGMENT_BYTES // 8 + 3 * k + 1, dtype=torch.float64,
+                           generator=torch.Generator().manual_seed(rt.rank))
         link.all_reduce(long, chan, "x")
         link.wait_sends()
         results[how] = (gathered, scattered, summed, summed_out, long)

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.fx as fx

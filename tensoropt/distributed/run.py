@@ -10,8 +10,9 @@ runs one forward + :func:`~tensoropt.measure.step.training_loss` + backward on t
   backward, from inside this rank's one autograd pass (:mod:`.transport`); splits, gathers,
   partial sums and slices are the executor's own nodes, run on the rank that holds their
   pieces — except a value split over a mesh that every rank of the mesh needs whole: one
-  all-gather (``S``) or all-reduce (``P``) over those ranks, or its own block of (``P`` → ``S``): one reduce-scatter; their backward
-  is a reduce-scatter / all-reduce / all-gather of the gradients (:class:`.program.Collective`);
+  all-gather (``S``) or all-reduce (``P``) over those ranks, or its own block of (``P`` → ``S``):
+  one reduce-scatter; their backward is a reduce-scatter / all-reduce / all-gather of the gradients
+  (:class:`.program.Collective`);
 - after backward, a parameter read on several ranks (replicated / batch-split nodes, tied
   weights) has its gradient summed over those ranks (one in-place all-reduce of a flat buffer
   per group of ranks, the ``.grad`` being views into it), so every rank holding it sees the
@@ -33,7 +34,8 @@ are on every rank.  O(V + E) per step, plus the transfers.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,8 +46,16 @@ from torch.utils._pytree import tree_flatten
 from ..capture.call import ModelCall
 from ..capture.precision import device_types, precision_context, precision_of
 from ..errors import DistributedError
-from ..execute.check import (Comparison, TensorCheck, check_loss, check_tensor, group_scale, merge_checks,
-                             step_seed, tolerance_precision)
+from ..execute.check import (
+    Comparison,
+    TensorCheck,
+    check_loss,
+    check_tensor,
+    group_scale,
+    merge_checks,
+    step_seed,
+    tolerance_precision,
+)
 from ..execute.dropout import dropout_off
 from ..execute.randomness import KeyedRandomMode, derive_seed, draw_seed
 from ..execute.rewrite import rewrite, write_back
@@ -53,8 +63,19 @@ from ..graph import OpGraph
 from ..plan import Plan
 from .program import Piece, Program, build_program, is_move, marker, parameter_pieces
 from .runtime import Runtime, resolve_rank_map
-from .transport import (DTYPES, HEADER_LEN, Channel, PeerLink, all_gather_with_grad, all_reduce_with_grad, decode_header,
-                        encode_header, recv_with_grad, reduce_scatter_with_grad, send_with_grad)
+from .transport import (
+    DTYPES,
+    HEADER_LEN,
+    Channel,
+    PeerLink,
+    all_gather_with_grad,
+    all_reduce_with_grad,
+    decode_header,
+    encode_header,
+    recv_with_grad,
+    reduce_scatter_with_grad,
+    send_with_grad,
+)
 
 _GRAD_TAG = 1 << 20  # backward messages' tags, apart from the forward ones
 _COLLECTIVE_TAG = 1 << 21   # collectives run as messages: 4 tags each (forward, backward, header)

@@ -9,17 +9,18 @@ becomes :meth:`PeerLink.send` on the producer's rank and :meth:`PeerLink.recv` o
 on the rank that holds the pieces — except where every rank of a mesh gathers the same pieces,
 or each rank its block of the same partial sums, which is one all-gather / all-reduce /
 reduce-scatter (:func:`all_gather_with_grad`, :func:`all_reduce_with_grad`,
-:func:`reduce_scatter_with_grad`; :class:`~.program.Collective`).  A receiver must know the shape, dtype and whether autograd
-wants a gradient before the data arrives: the first time a move happens a small header is sent
-ahead of it (:func:`encode_header`), and it is reused on later steps (shapes do not change
+:func:`reduce_scatter_with_grad`; :class:`~.program.Collective`).  A receiver must know the shape,
+dtype and whether autograd wants a gradient before the data arrives: the first time a move happens a
+small header is sent ahead of it (:func:`encode_header`), and it is reused on later steps (shapes do not change
 between steps of one plan).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -59,7 +60,7 @@ class Channel:
     members: tuple[int, ...]
     tag: int
 
-    def backward(self) -> "Channel":
+    def backward(self) -> Channel:
         return Channel(self.handle, self.members, self.tag + 1)
 
 
@@ -252,7 +253,7 @@ class _Send(torch.autograd.Function):
     backward; its backward receives the gradient of ``x`` from the receiver."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, link: "PeerLink", dst: int, tag: int, grad_tag: int,
+    def forward(ctx: Any, x: torch.Tensor, link: PeerLink, dst: int, tag: int, grad_tag: int,
                 what: str) -> torch.Tensor:
         link.send(x, dst, tag, what)
         ctx.link, ctx.dst, ctx.grad_tag, ctx.what = link, dst, grad_tag, what
@@ -271,7 +272,7 @@ class _Recv(torch.autograd.Function):
     the gradient to the sender."""
 
     @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, link: "PeerLink", shape: tuple, dtype: torch.dtype, src: int,
+    def forward(ctx: Any, anchor: torch.Tensor, link: PeerLink, shape: tuple, dtype: torch.dtype, src: int,
                 tag: int, grad_tag: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:
         buf = link.recv(shape, dtype, src, tag, what)
         ctx.link, ctx.src, ctx.grad_tag, ctx.what = link, src, grad_tag, what
@@ -329,7 +330,7 @@ class _AllGather(torch.autograd.Function):
     Backward: each rank gets the sum over ranks of the gradient of its piece (a reduce-scatter)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: "PeerLink", chan: Channel,
+    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: PeerLink, chan: Channel,
                 dim: int, sizes: tuple[int, ...], slots: tuple[int, ...], me: int,
                 what: str) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.link, ctx.chan, ctx.dim, ctx.sizes, ctx.slots, ctx.me, ctx.what = link, chan, dim, sizes, slots, me, what
@@ -347,7 +348,7 @@ class _ReduceScatter(torch.autograd.Function):
     Backward: the blocks' gradients gathered (each part feeds every block)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: "PeerLink", chan: Channel,
+    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: PeerLink, chan: Channel,
                 dim: int, sizes: tuple[int, ...], slots: tuple[int, ...], me: int,
                 what: str) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.link, ctx.chan, ctx.dim, ctx.sizes, ctx.slots, ctx.what = link, chan, dim, sizes, slots, what
@@ -359,7 +360,7 @@ class _ReduceScatter(torch.autograd.Function):
         return (whole,) + (None,) * 8
 
 
-def _scatter(x: torch.Tensor, link: "PeerLink", chan: Channel, dim: int, sizes: tuple[int, ...],
+def _scatter(x: torch.Tensor, link: PeerLink, chan: Channel, dim: int, sizes: tuple[int, ...],
              slots: tuple[int, ...], me: int, what: str) -> torch.Tensor:
     """Block ``me`` of the sum over the group of the whole-sized ``x`` (blocks of ``sizes`` along
     ``dim`` in mesh order; ``slots[j]``: the group rank that gets block ``j``)."""
@@ -368,7 +369,7 @@ def _scatter(x: torch.Tensor, link: "PeerLink", chan: Channel, dim: int, sizes: 
     return link.scatter_blocks(by_slot, dim, chan, what)
 
 
-def _gather(x: torch.Tensor, link: "PeerLink", chan: Channel, dim: int, sizes: tuple[int, ...],
+def _gather(x: torch.Tensor, link: PeerLink, chan: Channel, dim: int, sizes: tuple[int, ...],
             slots: tuple[int, ...], what: str) -> torch.Tensor:
     by_slot = link.gather_pieces(x.detach(), dim, [sizes[slots.index(s)] for s in range(len(sizes))], chan,
                                  f"gathering {what}")
@@ -380,7 +381,7 @@ class _AllReduce(torch.autograd.Function):
     gradients (each part feeds every rank's total)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: "PeerLink", chan: Channel,
+    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, link: PeerLink, chan: Channel,
                 what: str) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.link, ctx.chan, ctx.what = link, chan, what
         return link.all_reduce_out(x, chan, f"summing {what}"), anchor.new_empty(0)

@@ -21,7 +21,8 @@ as the model, and the check runs with dropout on.
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,14 +32,17 @@ from ..capture.precision import precision_context, precision_of
 from ..errors import ExecutionError
 from ..graph import OpGraph
 from ..plan import Plan
+
+# checking lives in .check (re-exported here: ``from tensoropt.execute import compare_with_model``)
+from .check import Comparison, check_plan, compare_with_model, rel_diff  # noqa: E402,F401
 from .layouts import Placed, Transport
 from .randomness import KeyedRandomMode, draw_seed
 from .rewrite import Rewritten, rewrite
-# checking lives in .check (re-exported here: ``from tensoropt.execute import compare_with_model``)
-from .check import Comparison, check_plan, compare_with_model, rel_diff  # noqa: E402,F401
 
-__all__ = ["apply_plan", "PlannedModule", "default_device_map", "parse_device_map", "parse_mapping", "resolve_device_map",
-           "compare_with_model", "check_plan", "Comparison", "rel_diff", "disable_dropout", "Placed", "Transport", "rewrite",
+__all__ = ["apply_plan", "PlannedModule", "default_device_map", "parse_device_map", "parse_mapping",
+           "resolve_device_map",
+           "compare_with_model", "check_plan", "Comparison", "rel_diff", "disable_dropout", "Placed", "Transport",
+           "rewrite",
            "KeyedRandomMode"]
 
 

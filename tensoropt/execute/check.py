@@ -72,8 +72,9 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -383,7 +384,8 @@ def check_loss(outputs: Any) -> tuple[torch.Tensor, float]:
     :class:`ExecutionError` when there is no floating output."""
     outs = _floating_outputs(outputs)
     if not outs:
-        raise ExecutionError(f"the model's outputs hold no floating-point tensor to check (got {type(outputs).__name__})")
+        raise ExecutionError("the model's outputs hold no floating-point tensor to check "
+                             f"(got {type(outputs).__name__})")
     loss, scale = None, 0.0
     for i, t in enumerate(outs):
         w = check_weights(t.shape, i, t.device)

@@ -13,7 +13,7 @@ and keep every element; attention with ``dropout_p = 0`` draws no mask).  O(node
 from __future__ import annotations
 
 import copy
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch.fx as fx
 

@@ -24,8 +24,8 @@ a gather / reduce a DTensor collective.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Callable, Hashable
 
 import torch
 import torch.fx as fx

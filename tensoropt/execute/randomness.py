@@ -12,7 +12,8 @@ for activations one sample), each row from its own generator seeded by
 ``seed`` drawn once per step (from torch's default generator, so ``torch.manual_seed`` fixes a
 run), ``key`` the op's position among the random ops as they were traced (the order the eager
 model draws in; recorded at capture in the node's meta, :func:`record_random_keys`, as the
-captured graph is then put in canonical order), ``row`` the row's index in the op's *whole* output, and ``mix`` SplitMix64
+captured graph is then put in canonical order), ``row`` the row's index in the op's *whole* output,
+and ``mix`` SplitMix64
 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators").  A shard split along
 the first dimension (the batch) draws only its own rows; a shard split along another dimension
 draws its rows whole and keeps its slice (k times the random numbers, none of the other work).
@@ -40,8 +41,9 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -41,8 +41,9 @@ Per operator, in ``plan.order``, under its :class:`~tensoropt.plan.NodeConfig`:
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import sympy
 import torch
@@ -50,9 +51,9 @@ import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
 from .. import syncbn
-from ..measure.shards import VIEWS, TensorArg, shard_args
 from ..errors import ExecutionError
 from ..graph import OpGraph, split_fits
+from ..measure.shards import VIEWS, TensorArg, shard_args
 from ..plan import Plan
 from ..planmodel.reshard import op_basename
 from .layouts import P, Placed, R, S, Transport
@@ -124,7 +125,8 @@ class _Cut:
         self.node, self.dim = node, dim
 
 
-def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *, loss_terms: bool | str = False) -> Rewritten:
+def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
+            loss_terms: bool | str = False) -> Rewritten:
     """See the module docstring.  Raises :class:`ExecutionError` for a graph not captured with
     torch.export or a split the shard rules cannot express.
 
@@ -276,7 +278,8 @@ def _check_terms(new: fx.Graph, graph: OpGraph, a: Any, values: dict[str, Placed
         return [new.call_function(check_term, (v.parts[0], meta.shape, index))]
     if v.kind == P:
         return [new.call_function(check_term, (p, meta.shape, index)) for p in v.parts]
-    return [new.call_function(check_term, (p, meta.shape, index, v.dim, len(v.parts), i)) for i, p in enumerate(v.parts)]
+    return [new.call_function(check_term, (p, meta.shape, index, v.dim, len(v.parts), i)) for i,
+            p in enumerate(v.parts)]
 
 
 class _Emitter:
@@ -451,7 +454,8 @@ class _Emitter:
             out = n.target(*concrete(tuple(args)), **{key: concrete(v) for key, v in kwargs.items()})
         except Exception:  # noqa: BLE001 - any failure means the rule does not apply to this op
             return False
-        got = [tuple(t.shape) for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
+        got = [tuple(t.shape) for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t,
+                                                                                                        torch.Tensor)]
         want = []
         for t in op.outputs:
             shape = list(t.shape)

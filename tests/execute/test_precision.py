@@ -44,7 +44,8 @@ def plans(kind, graph):
     out = {"data parallel": data_parallel(graph)}
     if kind == "cnn":
         conv = reader_of(graph, "conv.weight")
-        out |= {"conv channels": split_plan(graph, {conv: "channel"}), "conv partial sums": split_plan(graph, {conv: "reduce"}),
+        out |= {"conv channels": split_plan(graph, {conv: "channel"}),
+                "conv partial sums": split_plan(graph, {conv: "reduce"}),
                 "head channels": split_plan(graph, {reader_of(graph, "head.weight"): "channel"})}
     else:
         out |= {"fc1 channels": split_plan(graph, {reader_of(graph, "fc1.weight"): "channel"}),
