@@ -14,6 +14,9 @@
 Measured links come from ``tensoropt bench-links``: :mod:`.bench` times the transfers, :mod:`.linkfit`
 fits them.  Imports flow one way: units ← spec ← presets, detect, collectives, linkfit ← bench; nothing
 in spec imports the modules built on it.
+
+The package must not import the placers, the plan model or the measuring code: it is an input
+they read.
 """
 
 from .collectives import (

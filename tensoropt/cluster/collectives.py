@@ -22,6 +22,9 @@ and a byte count, and returns seconds.  Shared assumptions:
 
 Chunks are ``nbytes / n`` (not rounded to whole bytes or elements).  Ring-based functions are
 O(n); :func:`all_to_all_time` is O(n²).
+
+It must not measure: the costs are formulas over the cluster's pair links
+(:mod:`tensoropt.cluster.bench` measures the real collectives to check them).
 """
 
 from __future__ import annotations

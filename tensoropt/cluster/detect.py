@@ -35,6 +35,8 @@ PCIe P2P not available (any level)      —          min(level, 6 GB/s)     max(
 
 Devices are named ``gpu<NVML index>``.  NVML numbers GPUs in PCI bus order and ignores
 ``CUDA_VISIBLE_DEVICES``; CUDA numbers them the same way only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
+
+It must not time transfers (``tensoropt bench-links`` does, :mod:`.bench`): its links are nominal.
 """
 
 from __future__ import annotations

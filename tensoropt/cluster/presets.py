@@ -15,6 +15,9 @@ the builder); ``tensoropt bench-links`` measures the machine you actually have, 
 ``turing-mixed-4``        a lab workstation of unequal GPUs: 2× TITAN RTX 24 GiB + 2× RTX 2080 Ti
                           11 GiB, PCIe 3.0 (each pair behind one switch)
 ========================  ======================================================================
+
+It must not measure or detect: every preset is a nominal cluster built from :mod:`.spec`'s
+constructors.  :func:`load_cluster` lives here (not in spec) so that spec never imports presets.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ The file format (YAML or JSON, same keys)::
 A pair that no group / pair names takes ``links.default``; without one it takes
 :data:`SAME_HOST_DEFAULT` when both devices have the same ``host`` and :data:`CROSS_HOST_DEFAULT`
 otherwise.  Units are those of :mod:`tensoropt.cluster.units`.
+
+What it must not do: import the modules built on it (presets, detect, collectives, linkfit,
+bench) or measure anything; it is the value and its file format.
 """
 
 from __future__ import annotations

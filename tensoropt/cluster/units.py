@@ -8,6 +8,8 @@ written to YAML load back *equal*, float for float.
 Every ``parse_*`` raises :class:`~tensoropt.errors.ClusterSpecError` whose message starts with
 ``where`` (e.g. ``"cluster.yaml: links.groups[0].bandwidth"``) and says what is wrong and which
 units are accepted.
+
+It must not know about devices or links: strings ↔ numbers only.
 """
 
 from __future__ import annotations

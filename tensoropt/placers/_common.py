@@ -1,5 +1,9 @@
 """What every placer shares: the devices it may use, each operator's weight and memory, the
-placement units (colocation groups), the memory checks, and turning a placement into a Plan."""
+placement units (colocation groups), the memory checks, and turning a placement into a Plan.
+
+It must not search or schedule: it builds the :class:`Problem` every placer starts from and turns
+a placement into a Plan.
+"""
 
 from __future__ import annotations
 

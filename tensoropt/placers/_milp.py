@@ -26,6 +26,9 @@ Times are scaled so that the horizon (the warm start's makespan, else a serial b
 units: HiGHS's absolute tolerances (1e-6) then mean a millionth of the makespan whether an
 operator takes seconds or microseconds; the horizon is also the big-M and the makespan's upper
 bound, which keeps the LP relaxation tight.
+
+It must not be imported by the heuristic placers (m-ETF, m-SCT, m-TOPO): it imports them for its
+warm starts.
 """
 
 from __future__ import annotations
