@@ -4,6 +4,10 @@ Commands that read a model take a model spec (``zoo:NAME?k=v``, ``file.py:factor
 ``model.onnx``, ``graph.json``); commands that read a cluster take ``preset:NAME`` or a YAML
 file.  Bad input prints one line-or-few message and exits 2; ``--debug`` shows the traceback
 instead.  Each command group lives in its own module with a ``register(subparsers)`` function.
+
+This module owns the parser and the error policy (which exit code, whether a traceback shows);
+it must not hold any command's options or work: those live in the command modules, and what
+several share in :mod:`._common`.
 """
 
 from __future__ import annotations
@@ -12,16 +16,16 @@ import argparse
 import importlib
 import sys
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.markup import escape
 
 from ..errors import TensorOptError
 
-
 # one module per command group, each with ``register(subparsers)``; listed in help order
-COMMAND_MODULES = ("zoo", "graph", "profile", "cluster", "bench_links", "frontier", "place", "simulate", "compare", "app", "run")
+COMMAND_MODULES = ("zoo", "graph", "profile", "cluster", "bench_links", "frontier", "place", "simulate", "compare",
+                   "app", "run")
 
 
 def build_parser() -> argparse.ArgumentParser:

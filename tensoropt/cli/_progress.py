@@ -1,5 +1,6 @@
 """The workflow's progress (:class:`tensoropt.workflow.Progress`) drawn on the terminal: one rich
-bar per stage, removed when the work is done.
+bar per stage, removed when the work is done.  It only draws: it must not decide the stages
+(the workflow does) nor print results (the commands do).
 
 Example::
 

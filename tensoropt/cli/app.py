@@ -3,26 +3,37 @@
 Binds 127.0.0.1 unless ``--host`` says otherwise (the page runs models and reads uploads: do not
 expose it to a network you do not trust).  ``--model`` / ``--cluster`` set what the page computes
 when it opens (default: the README's main command, no GPU needed).
+
+It owns the ``app`` command's options and the checks before the server starts; the page is
+:mod:`tensoropt.dashboard`'s.  It must not import Dash at module level: every other command
+loads this module, and Dash (about half a second, and an optional dependency) is needed only here.
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 
 from rich.console import Console
 from rich.markup import escape
 
+from ..errors import TensorOptError
+from ._common import add_repeats_argument, check_repeats
+
 
 def _cmd_app(args: argparse.Namespace, console: Console) -> int:
-    from ..errors import TensorOptError
-
     if not 0 < args.port < 65536:
         raise TensorOptError(f"--port must be between 1 and 65535, got {args.port}")
-    if args.repeats < 1:
-        raise TensorOptError("--repeats must be ≥ 1")
+    check_repeats(args)
     try:
-        from tensoropt.dashboard import create_app
-        from tensoropt.dashboard.pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL
+        # lazy: Dash and plotly load only for this command (module docstring).  tensoropt.dashboard is
+        # the app/ folder installed under that name (pyproject package-dir): mypy, which does not follow
+        # the editable install's import hook, may not find it, hence the ignore
+        from tensoropt.dashboard import create_app  # type: ignore[import-not-found, unused-ignore]
+        from tensoropt.dashboard.pipeline import (  # type: ignore[import-not-found, unused-ignore]
+            DEFAULT_CLUSTER,
+            DEFAULT_MODEL,
+        )
     except ImportError as e:
         raise TensorOptError(f"the dashboard cannot start: {e}; install the project with "
                              "`pip install -e .` from the repository (it ships the app/ package)") from None
@@ -43,10 +54,6 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
 def _check_port_free(host: str, port: int) -> None:
     """Refuse a port something else listens on, before the server starts (werkzeug would exit
     with an OSError deep inside)."""
-    import socket
-
-    from ..errors import TensorOptError
-
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
@@ -57,7 +64,7 @@ def _check_port_free(host: str, port: int) -> None:
                                  f"--port {port + 1}") from None
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("app", help="the web dashboard (Plotly Dash)",
                        description="Open the dashboard: choose a model and a cluster, track the frontier, compare "
                                    "with the baseline placers, inspect and download plans.")
@@ -67,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="model computed when the page opens (default "
                                    "zoo:gpt2?layers=2&batch=2&seq_len=128)")
     p.add_argument("--cluster", help="cluster of that first run (default preset:titan-rtx-5)")
-    p.add_argument("--repeats", type=int, default=3, help="profiling: timed repeats per op call (default 3)")
+    add_repeats_argument(p)
     p.add_argument("--algos", help="comma-separated baseline placers to compare (default: all)")
     p.add_argument("--cache-dir", help="results, uploads and job state (default: ~/.cache/tensoropt/app, or "
                                        "$TENSOROPT_APP_CACHE_DIR)")

@@ -1,4 +1,9 @@
-"""``tensoropt bench-links``: time real transfers between devices, fit a link per pair, write a cluster."""
+"""``tensoropt bench-links``: time real transfers between devices, fit a link per pair, print the
+fits and write a cluster.
+
+It owns the command's options and tables; the measuring and fitting are
+:func:`tensoropt.cluster.bench.bench_links`' (it must not time or fit anything itself).
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,16 @@ import argparse
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from ..cluster.bench import BenchError, BenchResult, bench_links
+from ..cluster.units import fmt_size, parse_size
+from ..errors import ClusterSpecError
+from ._common import print_wrote
 
 
 def _size(text: str) -> int:
-    from ..cluster.units import parse_size
-    from ..errors import ClusterSpecError
-
     try:
         return parse_size(text, "size")
     except ClusterSpecError as e:
@@ -29,30 +37,27 @@ def _sizes(min_size: int, max_size: int) -> list[int]:
     return out
 
 
-def _cmd_bench_links(args: argparse.Namespace, console: Console) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from ..cluster.bench import BenchError, bench_links
-    from ..cluster.units import fmt_size
-
-    if args.min_size > args.max_size:
-        raise BenchError(f"--min-size {fmt_size(args.min_size)} is larger than --max-size {fmt_size(args.max_size)}")
-    if args.min_size == args.max_size:
-        raise BenchError("a line needs at least two sizes: make --min-size smaller than --max-size")
-    sizes = _sizes(args.min_size, args.max_size)
-    # a live bar only on a terminal (piped, rich would leave an empty line behind)
+def _measure(args: argparse.Namespace, sizes: list[int], console: Console) -> BenchResult:
+    """:func:`bench_links` with a live bar, drawn only on a terminal (piped, rich would leave an
+    empty line behind)."""
     bar = Progress(TextColumn("measuring links"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.description}"), console=console, transient=True,
                    disable=not console.is_terminal)
-    task = bar.add_task("starting worker processes …", total=None)
-    with bar:
-        result = bench_links(backend=args.backend, sizes=sizes, repeats=args.repeats, warmup=args.warmup,
-                             world_size=args.world_size, devices=args.gpus, timeout_s=args.timeout,
-                             busy_s=args.busy_ms / 1e3, progress=lambda done, total, what: bar.update(task, completed=done, total=total,
-                                                                           description=what))
+    task: TaskID = bar.add_task("starting worker processes …", total=None)
 
+    def progress(done: int, total: int, what: str) -> None:
+        bar.update(task, completed=done, total=total, description=what)
+
+    with bar:
+        return bench_links(backend=args.backend, sizes=sizes, repeats=args.repeats, warmup=args.warmup,
+                           world_size=args.world_size, devices=args.gpus, timeout_s=args.timeout,
+                           busy_s=args.busy_ms / 1e3, progress=progress)
+
+
+def _print_fits(result: BenchResult, sizes: list[int], repeats: int, console: Console) -> None:
+    """One row per ordered pair: latency, bandwidth, duplex, R², points, max error."""
     t = Table(title=f"links measured on {escape(result.host)} ({result.backend}, {len(sizes)} sizes "
-                    f"{fmt_size(sizes[0])} … {fmt_size(sizes[-1])}, median of {args.repeats})",
+                    f"{fmt_size(sizes[0])} … {fmt_size(sizes[-1])}, median of {repeats})",
               title_justify="left")
     for col in ("src", "dst", "latency", "bandwidth", "duplex", "R²", "points", "max error"):
         t.add_column(col, justify="left" if col in ("src", "dst") else "right")
@@ -61,29 +66,39 @@ def _cmd_bench_links(args: argparse.Namespace, console: Console) -> int:
                   f"{f.duplex:.2f}" if result.exchange else "1 (not measured)", f"{f.r2:.4f}",
                   str(f.n), f"{result.max_rel_error((src, dst)):.0%}")
     console.print(t)
-    if args.samples:
-        s = Table(title="median one-way time per size (fit in brackets)", title_justify="left")
-        s.add_column("size", justify="right")
-        for src, dst in result.fits:
-            s.add_column(f"{src} → {dst}", justify="right")
-        for size in result.sizes:
-            s.add_row(fmt_size(size), *(f"{result.samples[p][size] * 1e3:.3f} ms "
-                                        f"({result.fits[p].time(size) * 1e3:.3f})" for p in result.fits))
-        console.print(s)
-        if result.exchange:
-            # one column per exchanged pair (both orders share one exchange), brackets: the src → dst fit
-            order = {d: i for i, d in enumerate(result.devices)}
-            xpairs = [p for p in result.exchange if order[p[0]] < order[p[1]]]
-            x = Table(title="median simultaneous-exchange time per size, the same bytes both ways at once "
-                            "\\[fit one way / fit both ways (with duplex)]", title_justify="left")
-            x.add_column("size", justify="right")
-            for src, dst in xpairs:
-                x.add_column(f"{src} ⇄ {dst}", justify="right")
-            for size in result.exchange_sizes:
-                x.add_row(fmt_size(size), *(f"{result.exchange[p][size] * 1e3:.3f} ms "
-                                            f"\\[{result.fits[p].time(size) * 1e3:.3f} / "
-                                            f"{result.fits[p].time_both_ways(size) * 1e3:.3f}]" for p in xpairs))
-            console.print(x)
+
+
+def _print_samples(result: BenchResult, console: Console) -> None:
+    """``--samples``: the median one-way time per size and pair, the fit in brackets."""
+    s = Table(title="median one-way time per size (fit in brackets)", title_justify="left")
+    s.add_column("size", justify="right")
+    for src, dst in result.fits:
+        s.add_column(f"{src} → {dst}", justify="right")
+    for size in result.sizes:
+        s.add_row(fmt_size(size), *(f"{result.samples[p][size] * 1e3:.3f} ms "
+                                    f"({result.fits[p].time(size) * 1e3:.3f})" for p in result.fits))
+    console.print(s)
+
+
+def _print_exchange(result: BenchResult, console: Console) -> None:
+    """``--samples`` with an exchange: one column per exchanged pair (both orders share one
+    exchange), brackets: the src → dst fit one way / both ways."""
+    order = {d: i for i, d in enumerate(result.devices)}
+    xpairs = [p for p in result.exchange if order[p[0]] < order[p[1]]]
+    x = Table(title="median simultaneous-exchange time per size, the same bytes both ways at once "
+                    "\\[fit one way / fit both ways (with duplex)]", title_justify="left")
+    x.add_column("size", justify="right")
+    for src, dst in xpairs:
+        x.add_column(f"{src} ⇄ {dst}", justify="right")
+    for size in result.exchange_sizes:
+        x.add_row(fmt_size(size), *(f"{result.exchange[p][size] * 1e3:.3f} ms "
+                                    f"\\[{result.fits[p].time(size) * 1e3:.3f} / "
+                                    f"{result.fits[p].time_both_ways(size) * 1e3:.3f}]" for p in xpairs))
+    console.print(x)
+
+
+def _print_notes(result: BenchResult, console: Console) -> None:
+    """What duplex and max error mean, and how the links were measured."""
     if result.exchange:
         console.print("duplex: the fraction of the one-way bandwidth each direction keeps when both ranks send "
                       "at once, from a simultaneous exchange at "
@@ -94,14 +109,28 @@ def _cmd_bench_links(args: argparse.Namespace, console: Console) -> int:
     console.print(f"{escape(result.method)}; {len(result.fits)} ordered pairs measured in {result.elapsed_s:.1f} s "
                   f"(torch {result.extra.get('torch', '?')}).  max error: the largest |fit − median| / median "
                   "over the sizes")
+
+
+def _cmd_bench_links(args: argparse.Namespace, console: Console) -> int:
+    if args.min_size > args.max_size:
+        raise BenchError(f"--min-size {fmt_size(args.min_size)} is larger than --max-size {fmt_size(args.max_size)}")
+    if args.min_size == args.max_size:
+        raise BenchError("a line needs at least two sizes: make --min-size smaller than --max-size")
+    sizes = _sizes(args.min_size, args.max_size)
+    result = _measure(args, sizes, console)
+    _print_fits(result, sizes, args.repeats, console)
+    if args.samples:
+        _print_samples(result, console)
+        if result.exchange:
+            _print_exchange(result, console)
+    _print_notes(result, console)
     if args.output:
-        cluster = result.cluster(name=args.name)
-        cluster.save(args.output)
-        console.print(f"wrote {escape(str(args.output))}")
+        result.cluster(name=args.name).save(args.output)
+        print_wrote(console, args.output)
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench-links", help="measure the links between devices and write a cluster YAML",
                        description="Time point-to-point transfers for every ordered pair of devices over a "
                                    "sweep of sizes (powers of 4 from --min-size to --max-size), fit "

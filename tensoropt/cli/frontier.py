@@ -19,12 +19,24 @@ from rich.table import Table
 
 from ..cluster.units import parse_size
 from ..describe import fmt_bytes
-from ..workflow import Request, explore
-from ._common import add_fit_arguments, add_precision_argument, fit_options
+from ..frontier import Frontier
+from ..frontier.track import DEFAULT_MAX_WALKS
+from ..workflow import Exploration, explore
+from ._common import (
+    add_batch_argument,
+    add_cluster_argument,
+    add_devices_argument,
+    add_fit_arguments,
+    add_optimizer_argument,
+    add_precision_argument,
+    add_profile_argument,
+    add_repeats_argument,
+    fit_options,
+    print_wrote,
+    workflow_request,
+)
 from ._common import degrees as degrees_arg
 from ._progress import ProgressBars
-from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
-from ..frontier.track import DEFAULT_MAX_WALKS
 
 
 def _rows_to_show(n: int, limit: int) -> list[int]:
@@ -34,29 +46,17 @@ def _rows_to_show(n: int, limit: int) -> list[int]:
     return sorted({round(i * step) for i in range(limit)})
 
 
-def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
-    budget, reserve = fit_options(args)
-    resolution = parse_size(args.resolution, "--resolution", allow_zero=True) if args.resolution is not None else None
-    request = Request(args.model, args.cluster, batch=args.batch, optimizer=args.optimizer, precision=args.precision,
-                      devices=tuple(args.devices.split(",")) if args.devices is not None else None,
-                      budget=budget, reserve=reserve, profile=args.profile, degrees=args.degrees,
-                      repeats=args.repeats, warmup=args.warmup, frontier=True, algos=(),
-                      resolution=None if resolution is None else int(resolution), max_walks=args.max_walks)
-    with ProgressBars(console) as progress:
-        result = explore(request, progress)
-    graph, cluster, frontier = result.graph, result.cluster, result.frontier
-    assert frontier is not None   # asked for
-    took = result.seconds["frontier"]
-
-    pts = frontier.points
-    title = (f"{escape(graph.name)} (batch {graph.batch_size}) on {escape(cluster.name)}: {len(pts)} Pareto-optimal "
-             f"plans over {len(frontier.meshes)} meshes ({', '.join(str(len(m.mesh)) for m in frontier.meshes)} "
-             f"devices), optimizer {args.optimizer}, {graph.precision}")
+def _print_points(console: Console, result: Exploration, frontier: Frontier, optimizer: str, limit: int) -> None:
+    """The frontier's points (at most ``limit`` rows, evenly spread; 0: all) as a table."""
+    graph, pts = result.graph, frontier.points
+    title = (f"{escape(graph.name)} (batch {graph.batch_size}) on {escape(result.cluster.name)}: {len(pts)} "
+             f"Pareto-optimal plans over {len(frontier.meshes)} meshes "
+             f"({', '.join(str(len(m.mesh)) for m in frontier.meshes)} devices), optimizer {optimizer}, "
+             f"{graph.precision}")
     t = Table(title=title, title_justify="left")
-    for col, just in (("plan", "left"), ("devices", "left"), ("memory / device", "right"), ("time", "right"),
-                      ("samples/s", "right"), ("fits", "left")):
-        t.add_column(col, justify=just)
-    show = _rows_to_show(len(pts), args.rows)
+    for col in ("plan", "devices", "memory / device", "time", "samples/s", "fits"):
+        t.add_column(col, justify="left" if col in ("plan", "devices", "fits") else "right")
+    show = _rows_to_show(len(pts), limit)
     for i in show:
         p = pts[i]
         sps = p.samples_per_s(graph.batch_size)
@@ -65,6 +65,10 @@ def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
     console.print(t)
     if len(show) < len(pts):
         console.print(f"(showing {len(show)} of {len(pts)} points; --rows 0 or --csv for all)")
+
+
+def _print_summary(console: Console, frontier: Frontier, budget: int | None, took: float) -> None:
+    """The fastest plan within the budget, how the tracking went, and the frontier's notes."""
     fits = frontier.under(budget)
     what = f"budget {fmt_bytes(budget)}" if budget is not None else "the devices' memory"
     if fits:
@@ -78,33 +82,46 @@ def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
                   highlight=False)
     for n in frontier.notes:
         console.print(f"[dim]note: {escape(n)}[/dim]", highlight=False)
+
+
+def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
+    budget, reserve = fit_options(args)
+    resolution = parse_size(args.resolution, "--resolution", allow_zero=True) if args.resolution is not None else None
+    request = workflow_request(args, budget=budget, reserve=reserve, degrees=args.degrees, warmup=args.warmup,
+                               frontier=True, algos=(), resolution=resolution, max_walks=args.max_walks)
+    with ProgressBars(console) as progress:
+        result = explore(request, progress)
+    frontier = result.frontier
+    assert frontier is not None   # asked for
+    _print_points(console, result, frontier, args.optimizer, args.rows)
+    _print_summary(console, frontier, budget, result.seconds["frontier"])
     if args.csv:
         frontier.to_csv(args.csv)
-        console.print(f"wrote {escape(str(args.csv))}")
+        print_wrote(console, args.csv)
     if args.plans:
         paths = frontier.save_plans(args.plans)
-        console.print(f"wrote {len(paths)} plan(s) to {escape(str(args.plans))}")
+        print_wrote(console, args.plans, f"{len(paths)} plan(s) to ")
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("frontier", help="the Pareto set of (per-device memory, iteration time) plans",
                        description="Track the whole Pareto frontier of (per-device memory, iteration time) plans "
                                    "of MODEL on CLUSTER; with --profile, reuse a saved profile of MODEL.")
     p.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory, or a graph.json "
                                  "(needed with --profile too: a profile has no graph)")
-    p.add_argument("--cluster", required=True, help="preset:NAME or a cluster YAML / JSON file")
-    p.add_argument("--profile", metavar="PROFILE_JSON",
-                   help="reuse this profile of MODEL (made by `tensoropt profile MODEL -o P`) instead of profiling")
-    p.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
+    add_cluster_argument(p)
+    add_profile_argument(p, "reuse this profile of MODEL (made by `tensoropt profile MODEL -o P`) instead of "
+                            "profiling")
+    add_batch_argument(p)
     add_fit_arguments(p)
     add_precision_argument(p)
     p.add_argument("--max-walks", type=int, default=DEFAULT_MAX_WALKS, metavar="N",
                    help="plans walked per mesh (the search's candidates, then the polish around the frontier) "
                         f"before the polish stops (default {DEFAULT_MAX_WALKS}; 0: the search's candidates only)")
-    p.add_argument("--devices", metavar="NAMES", help="comma-separated devices the meshes may use (default: all)")
-    p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
-                   help="sizes optimizer state: adamw / adam 2 ×, momentum 1 ×, sgd 0 × the parameters (default adamw)")
+    add_devices_argument(p, "comma-separated devices the meshes may use (default: all)")
+    add_optimizer_argument(p, "sizes optimizer state: adamw / adam 2 ×, momentum 1 ×, sgd 0 × the parameters "
+                              "(default adamw)")
     p.add_argument("--resolution", metavar="SIZE",
                    help="memory resolution of the frontier (0 = exact; default: 1/1000 of min(smallest device "
                         "memory, the largest memory a plan can need))")
@@ -112,7 +129,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plans", metavar="DIR", help="write one plan JSON per point, DIR/<plan_id>.json")
     p.add_argument("--degrees", type=degrees_arg,
                    help="shard degrees to profile (default: the mesh sizes); ignored with --profile")
-    p.add_argument("--repeats", type=int, default=5, help="profiling: timed repeats per op call (default 5)")
+    add_repeats_argument(p, default=5)
     p.add_argument("--warmup", type=int, default=1, help="profiling: untimed calls first (default 1)")
     p.add_argument("--rows", type=int, default=40, help="table rows to print, evenly spread (0 = all; default 40)")
     p.set_defaults(func=_cmd_frontier)

@@ -1,4 +1,7 @@
-"""``tensoropt graph``: capture a model and describe its operator graph."""
+"""``tensoropt graph``: capture a model and describe its operator graph (:func:`tensoropt.describe.print_graph`).
+
+It owns the ``graph`` command's options; it must not profile or place anything.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +10,12 @@ import time
 
 from rich.console import Console
 
-from ._common import add_precision_argument
+from ..describe import print_graph
+from ..modelspec import load_model
+from ._common import add_batch_argument, add_precision_argument, print_wrote
 
 
 def _cmd_graph(args: argparse.Namespace, console: Console) -> int:
-    from ..describe import print_graph
-    from ..modelspec import load_model
-
     t0 = time.perf_counter()
     loaded = load_model(args.model, batch=args.batch)
     t1 = time.perf_counter()
@@ -26,14 +28,14 @@ def _cmd_graph(args: argparse.Namespace, console: Console) -> int:
     console.print(f"built in {t1 - t0:.2f} s, captured in {t2 - t1:.2f} s")
     if args.json:
         graph.save(args.json)
-        console.print(f"wrote {args.json}")
+        print_wrote(console, args.json)
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g = sub.add_parser("graph", help="capture a model and describe its operator graph")
     g.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory, model.onnx or graph.json")
-    g.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
+    add_batch_argument(g)
     g.add_argument("--batch-dim", type=int, default=0, help="batch dimension of the inputs (default 0)")
     g.add_argument("--method", choices=("auto", "export", "fx"), default="auto",
                    help="capture door: torch.export then torch.fx (auto), or one of them")

@@ -1,4 +1,9 @@
-"""``tensoropt profile``: measure every operator of a model and write the profile JSON."""
+"""``tensoropt profile``: measure every operator of a model and write the profile JSON.
+
+It owns the ``profile`` command's options and its report (the top operators, the totals, the
+in-sequence check); the measuring is :func:`tensoropt.measure.profile`'s: it must not time
+anything itself.
+"""
 
 from __future__ import annotations
 
@@ -9,37 +14,33 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._common import add_precision_argument, capture_spec
+from ..describe import fmt_bytes
+from ..errors import ProfileError
+from ..graph import OpGraph
+from ..measure import CostModel, profile
+from ..measure.profiler import busy_warning
+from ._common import add_batch_argument, add_precision_argument, add_repeats_argument, capture_spec, print_wrote
 from ._common import degrees as degrees_arg
 
-from ..errors import ProfileError
 
-
-def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
-    from ..measure import profile
-    from ..measure.profiler import busy_warning
-    from ..describe import fmt_bytes
-
-    if args.repeats < 1 or args.warmup < 0:
-        raise ProfileError("--repeats must be ≥ 1 and --warmup ≥ 0")
-    graph = capture_spec(args.model, console, batch=args.batch, batch_dim=args.batch_dim, precision=args.precision)
-    t0 = time.perf_counter()
-    costs = profile(graph, device=args.device, shard_degrees=args.degrees, repeats=args.repeats,
-                    warmup=args.warmup, cache=not args.no_cache, progress=True, in_sequence=not args.isolated)
-    took = time.perf_counter() - t0
-
+def _print_top(console: Console, graph: OpGraph, costs: CostModel, top: int) -> None:
+    """The ``top`` operators by forward + backward time."""
     t = Table(title=f"{escape(graph.name)} (batch {graph.batch_size}, {graph.precision}) on "
                     f"{escape(costs.device['name'])}, "
-                    f"{costs.device['threads']} threads — top {args.top} ops by forward + backward time",
+                    f"{costs.device['threads']} threads — top {top} ops by forward + backward time",
               title_justify="left")
     for col in ("node", "op", "forward", "backward", "share", "saved", "how", "module"):
         t.add_column(col, justify="right" if col in ("forward", "backward", "share", "saved") else "left")
     total = costs.total_fp_s + costs.total_bp_s
-    for n in costs.top(args.top):
+    for n in costs.top(top):
         t.add_row(escape(n.name), escape(n.op), f"{n.fp_s * 1e3:.3f} ms", f"{n.bp_s * 1e3:.3f} ms",
                   f"{(n.fp_s + n.bp_s) / total:.1%}" if total else "-", fmt_bytes(n.saved_bytes), n.method,
                   escape(graph.nodes[n.name].module_path))
     console.print(t)
+
+
+def _print_totals(console: Console, costs: CostModel, took: float) -> None:
+    """Totals, how each cost was found, the in-sequence comparison and a busy-machine warning."""
     m = {k: costs.count(k) for k in ("measured", "cached", "free", "roofline", "sequence")}
     shards = [s for n in costs.nodes.values() for s in n.shards.values()]
     scaled = sum(1 for s in shards if s.method == "scaled")
@@ -59,22 +60,34 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     warning = busy_warning(costs)
     if warning:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+
+
+def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
+    if args.repeats < 1 or args.warmup < 0:
+        raise ProfileError("--repeats must be ≥ 1 and --warmup ≥ 0")
+    graph = capture_spec(args.model, console, batch=args.batch, batch_dim=args.batch_dim, precision=args.precision)
+    t0 = time.perf_counter()
+    costs = profile(graph, device=args.device, shard_degrees=args.degrees, repeats=args.repeats,
+                    warmup=args.warmup, cache=not args.no_cache, progress=True, in_sequence=not args.isolated)
+    took = time.perf_counter() - t0
+    _print_top(console, graph, costs, args.top)
+    _print_totals(console, costs, took)
     if args.output:
         costs.save(args.output)
-        console.print(f"wrote {args.output}")
+        print_wrote(console, args.output)
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("profile", help="measure every operator (forward, backward, memory) at every shard shape")
     p.add_argument("model", help="zoo:NAME[?k=v&…] or path/to/file.py:factory")
-    p.add_argument("--batch", type=int, help="batch size (overrides the model's default)")
+    add_batch_argument(p)
     p.add_argument("--batch-dim", type=int, default=0, help="batch dimension of the inputs (default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     add_precision_argument(p)
     p.add_argument("--degrees", type=degrees_arg, default=(1, 2, 4, 8),
                    help="shard degrees to measure, comma-separated (default 1,2,4,8)")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per op call (median; default 5)")
+    add_repeats_argument(p, default=5)
     p.add_argument("--warmup", type=int, default=1, help="untimed calls first (default 1)")
     p.add_argument("--no-cache", action="store_true", help="measure everything again (ignore the on-disk cache)")
     p.add_argument("--isolated", action="store_true",

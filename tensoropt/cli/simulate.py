@@ -1,4 +1,9 @@
-"""``tensoropt simulate``: one training step of a saved plan, event by event."""
+"""``tensoropt simulate``: one training step of a saved plan, event by event.
+
+It owns the ``simulate`` command's options and output; the shared options, the capture, the
+costs and the simulation table come from :mod:`._common`.  It must not change the plan beyond
+adding the simulator's estimate (``-o``).
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,29 @@ import argparse
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import TensorOptError
-from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
-from ._common import add_fit_arguments, add_precision_argument
+from ..cluster import load_cluster
+from ..plan import Plan
+from ..planmodel.simulate import simulate
+from ._common import (
+    add_batch_argument,
+    add_cluster_argument,
+    add_fit_arguments,
+    add_optimizer_argument,
+    add_precision_argument,
+    add_profile_argument,
+    add_repeats_argument,
+    capture_spec,
+    check_repeats,
+    costs_for,
+    fit_options,
+    print_simulation,
+    print_wrote,
+    simulation_line,
+)
 
 
 def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
-    from ..cluster import load_cluster
-    from ..describe import fmt_bytes
-    from ..plan import Plan
-    from ..planmodel.simulate import simulate
-    from ._common import capture_spec, costs_for, fit_options
-    from .place import print_simulation
-
-    if args.repeats < 1:
-        raise TensorOptError("--repeats must be ≥ 1")
+    check_repeats(args)
     budget, reserve = fit_options(args)
     cluster = load_cluster(args.cluster)
     plan = Plan.load(args.plan)
@@ -36,38 +49,33 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     degrees = {1} | {cfg.degree for cfg in plan.configs.values()}
     costs = costs_for(graph, degrees, args)
     res = simulate(plan, graph, costs, cluster, optimizer=args.optimizer, overlap=not args.no_overlap)
-    fits = print_simulation(console, res, plan, graph, cluster,
+    fits = print_simulation(console, res, plan, cluster,
                             title=f"plan {escape(plan.plan_id or plan.algorithm)} for {escape(graph.name)} "
                                   f"(batch {graph.batch_size}) on {escape(cluster.name)}", budget=budget,
                             reserve=reserve)
-    rate = graph.batch_size / res.time_s if graph.batch_size and res.time_s > 0 else float("nan")
-    console.print(f"simulated iteration time {res.time_s * 1e3:.3f} ms; {rate:.1f} samples/s; "
-                  f"max per-device peak {fmt_bytes(res.max_memory_bytes)}; fits {'yes' if fits else 'no'}",
-                  highlight=False)
+    console.print(simulation_line(res, graph, fits), highlight=False)
     for e in plan.estimates:
         if e.source != "simulator":
             console.print(f"  plan's {escape(e.source)} estimate: {e.time_s * 1e3:.3f} ms", highlight=False)
     if args.output:
         res.annotate(plan).save(args.output)
-        console.print(f"wrote {args.output}")
+        print_wrote(console, args.output)
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("simulate", help="simulate one training step of a saved plan (time, memory per device)")
     p.add_argument("plan", help="a plan JSON (tensoropt place -o, frontier)")
     p.add_argument("model", help="the model the plan was made for: zoo:NAME[?k=v&…], file.py:factory or graph.json "
                                  "(a graph.json needs --profile)")
-    p.add_argument("--cluster", required=True, help="preset:NAME or a cluster YAML / JSON file")
-    p.add_argument("--batch", type=int, help="batch size (default: the plan's, for zoo models)")
-    p.add_argument("--profile", metavar="PROFILE_JSON", help="use this profile (checked against the graph) "
-                                                             "instead of measuring")
+    add_cluster_argument(p)
+    add_batch_argument(p, "batch size (default: the plan's, for zoo models)")
+    add_profile_argument(p, "use this profile (checked against the graph) instead of measuring")
     add_fit_arguments(p)
     add_precision_argument(p)
-    p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER,
-                   help="sizes the optimizer state and temporaries (default adamw)")
+    add_optimizer_argument(p, "sizes the optimizer state and temporaries (default adamw)")
     p.add_argument("--no-overlap", action="store_true",
                    help="all-reduce parameter gradients after the whole backward, not as each node's ends")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats per op when profiling (default 3)")
+    add_repeats_argument(p)
     p.add_argument("-o", "--output", metavar="PLAN_JSON", help="write the plan with the simulator's estimate")
     p.set_defaults(func=_cmd_simulate)
