@@ -102,8 +102,9 @@ def print_graph(g: OpGraph, console: Console, *, top: int = 10, limit: int = 40)
         for col in ("op", "count", "modules"):
             rt.add_column(col, justify="right" if col == "count" else "left")
         for op, paths in ruleless.items():
-            shown = ", ".join(p or "(root)" for p in paths[:3]) + (f", … {len(paths) - 3} more" if len(paths) > 3 else "")
-            rt.add_row(op, str(len(paths)), shown)
+            where = ", ".join(p or "(root)" for p in paths[:3]) + (
+                f", … {len(paths) - 3} more" if len(paths) > 3 else "")
+            rt.add_row(op, str(len(paths)), where)
         console.print(rt)
 
     nt = Table(title="nodes" + (f" (first {limit} of {len(g)}; --all for every node)" if 0 < limit < len(g) else ""),

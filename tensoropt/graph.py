@@ -34,6 +34,7 @@ import networkx as nx
 
 from ._io import read_json, write_json_atomic
 from .errors import GraphFormatError
+from .plan import Layout
 
 GRAPH_FORMAT = "tensoropt.graph/1"
 
@@ -56,7 +57,7 @@ def split_fits(layout: str, degree: int, batch_size: int | None) -> bool:
     executor (what it runs) share for what the shapes alone do not say.  A batch split cuts the
     *batch* (the executor gives each shard ``batch / degree`` samples, also where a view folds the
     batch into a larger dimension), so it needs at least ``degree`` samples."""
-    return layout != "batch" or batch_size is None or degree <= batch_size
+    return layout != Layout.BATCH or batch_size is None or degree <= batch_size
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -206,7 +207,8 @@ class OpNode:
         try:
             split_dims = SplitDims(**split)
         except TypeError:
-            raise GraphFormatError(f"{where}.split must have keys batch, channel, batch_exact[, rule], got {sorted(split)}") from None
+            raise GraphFormatError(f"{where}.split must have keys batch, channel, batch_exact[, rule], "
+                                   f"got {sorted(split)}") from None
         return cls(
             name=name, op=_field(d, "op", str, where), kind=kind,
             inputs=inputs, input_bytes=tuple(input_bytes), outputs=outputs,
@@ -261,9 +263,9 @@ class OpGraph:
                 if user is not None and user not in self.nodes:
                     raise GraphFormatError(f"parameter {p.name!r} names node {user!r}, which does not exist")
         for n in self.nodes.values():
-            for p in (*n.params, *n.param_reads):
-                if p not in self.params:
-                    raise GraphFormatError(f"node {n.name!r} uses parameter {p!r}, which is not in params")
+            for q in (*n.params, *n.param_reads):
+                if q not in self.params:
+                    raise GraphFormatError(f"node {n.name!r} uses parameter {q!r}, which is not in params")
         self.module = module        # torch.fx.GraphModule for the executor (not serialised)
         self.exported = exported    # torch.export.ExportedProgram when torch.export captured it
         self.example_inputs = example_inputs  # the inputs it was captured with (the profiler runs them)

@@ -19,13 +19,18 @@ import importlib.util
 import inspect
 import sys
 from dataclasses import dataclass, field
+from importlib.abc import Loader
+from importlib.machinery import ModuleSpec
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl
 
 import torch
 
+from . import zoo
+from .capture import capture, load_onnx
 from .capture.call import ModelCall
+from .capture.precision import check_precision
 from .errors import ModelSpecError, TensorOptError
 from .graph import OpGraph
 
@@ -33,7 +38,6 @@ from .graph import OpGraph
 @dataclass
 class LoadedModel:
     """A resolved spec: a torch model with example inputs, or a file to read a graph from."""
-
     spec: str
     name: str
     model: torch.nn.Module | None = None
@@ -53,9 +57,6 @@ class LoadedModel:
         ``fp32`` / ``bf16`` (:func:`tensoropt.capture`); ``None``: fp32 for a model, the saved
         graph's own for a JSON file.  A precision a file cannot give (bf16 of an ONNX file or of
         a graph saved in fp32) is a :class:`~tensoropt.errors.ModelSpecError`."""
-        from .capture import capture, load_onnx
-        from .capture.precision import check_precision
-
         if precision is not None:
             check_precision(precision, ModelSpecError)
         if self.model is not None:
@@ -113,7 +114,6 @@ def _existing(p: str) -> Path:
 
 
 def _load_zoo(spec: str, batch: int | None) -> LoadedModel:
-    from . import zoo
 
     body = spec[len("zoo:"):]
     name, _, query = body.partition("?")
@@ -159,10 +159,11 @@ def _load_factory(spec: str, batch: int | None) -> LoadedModel:
     path = _existing(file)
     mod_name = f"_tensoropt_factory_{abs(hash(str(path.resolve())))}"
     try:
-        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+        # None (not a Python file): the AttributeError below is reported as a failed import
+        loader_spec = cast(ModuleSpec, importlib.util.spec_from_file_location(mod_name, path))
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[mod_name] = module
-        loader_spec.loader.exec_module(module)
+        cast(Loader, loader_spec.loader).exec_module(module)
     except Exception as e:  # noqa: BLE001 - the user's file failed to import
         sys.modules.pop(mod_name, None)
         raise ModelSpecError(f"importing {path} failed: {type(e).__name__}: {e}") from e

@@ -229,9 +229,10 @@ class Plan:
         node, a layout the op cannot take, an order that is not a topological order of the
         operators, a device the cluster does not have.  Raises :class:`PlanError`."""
         if graph.fingerprint != self.graph_fingerprint:
-            raise PlanError(f"the plan was made for graph {self.graph_name!r} (fingerprint {self.graph_fingerprint[:12]}…, "
-                            f"batch {self.batch_size}), not for {graph.name!r} (fingerprint {graph.fingerprint[:12]}…, "
-                            f"batch {graph.batch_size}); make a new plan for this model and batch size")
+            raise PlanError(f"the plan was made for graph {self.graph_name!r} "
+                            f"(fingerprint {self.graph_fingerprint[:12]}…, batch {self.batch_size}), not for "
+                            f"{graph.name!r} (fingerprint {graph.fingerprint[:12]}…, batch {graph.batch_size}); "
+                            "make a new plan for this model and batch size")
         ops = {n.name: n for n in graph.ops}
         missing = [n for n in ops if n not in self.configs]
         if missing:
@@ -259,8 +260,8 @@ class Plan:
             for name, cfg in self.configs.items():
                 bad = [d for d in cfg.devices if d not in names]
                 if bad:
-                    raise PlanError(f"node {name!r} is placed on {bad[0]!r}, which cluster {cluster.name!r} does not have "
-                                    f"(it has {', '.join(cluster.names)})")
+                    raise PlanError(f"node {name!r} is placed on {bad[0]!r}, which cluster {cluster.name!r} "
+                                    f"does not have (it has {', '.join(cluster.names)})")
 
     # ---- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -307,6 +308,8 @@ class Plan:
         return plan
 
     def __repr__(self) -> str:
-        est = ", ".join(f"{e.source}: {e.time_s * 1e3:.2f} ms / {e.max_memory_bytes / 2**30:.2f} GiB" for e in self.estimates)
-        return f"Plan({self.plan_id or self.algorithm!r}, {len(self.configs)} nodes on {self.devices}{', ' + est if est else ''})"
+        est = ", ".join(f"{e.source}: {e.time_s * 1e3:.2f} ms / {e.max_memory_bytes / 2**30:.2f} GiB"
+                        for e in self.estimates)
+        return (f"Plan({self.plan_id or self.algorithm!r}, {len(self.configs)} nodes on {self.devices}"
+                f"{', ' + est if est else ''})")
 

@@ -23,8 +23,6 @@ at is what the executor runs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 
@@ -33,12 +31,12 @@ def reduce_dims(ndim: int) -> list[int]:
     return [d for d in range(ndim) if d != 1]
 
 
-def channel_sums(x: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+def channel_sums(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
     """``Σx`` over ``dims``: one value per channel."""
     return x.sum(dims)
 
 
-def centered_squares(x: torch.Tensor, mean: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+def centered_squares(x: torch.Tensor, mean: torch.Tensor, dims: list[int]) -> torch.Tensor:
     """``Σ(x − mean)²`` over ``dims`` (``mean`` one value per channel)."""
     view = (1, -1) + (1,) * (x.dim() - 2)
     centered = x - mean.view(view)

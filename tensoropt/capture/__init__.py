@@ -18,6 +18,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.export import Dim, export
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..errors import CaptureError
 from ..graph import OpGraph
@@ -163,9 +166,7 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
     expression (``32*s0`` is a batch dimension, ``32`` is not).  If the model specialises the
     batch size, the export still succeeds and the graph's notes say batch splits are unknown.
     """
-    from torch.export import Dim, export
-    from torch.export.graph_signature import InputKind, OutputKind
-
+    # local: tensoropt.execute imports tensoropt.capture (a cycle at import time)
     from ..execute.randomness import record_random_keys
 
     call = ModelCall.of(example_inputs)
@@ -282,8 +283,6 @@ def _where(n: fx.Node, module_of: Any) -> str:
 def _refuse_data_dependent_shapes(gm: fx.GraphModule, module_of: Any) -> None:
     """A CaptureError naming the first op whose output size depends on tensor values
     (``nonzero``, boolean indexing, ``unique``): plans are made for static shapes."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
     for n in gm.graph.nodes:
         if n.op == "call_function" and free_unbacked_symbols(n.meta.get("val")):
             raise CaptureError(f"{_where(n, module_of)}: {n.target} has a data-dependent shape (its size depends "

@@ -169,8 +169,8 @@ def build_opgraph(gm: fx.GraphModule, placeholders: Mapping[str, PlaceholderInfo
                                       readers=tuple(dict.fromkeys(readers)))
     for p, extra in _module_param_infos(gm, param_users, owners).items():
         params.setdefault(p, extra)
-    return OpGraph([n for n in nodes if n is not None], params, name=name, source=source, batch_size=batch_size, batch_dim=batch_dim,
-                   notes=notes, module=gm, exported=exported)
+    return OpGraph([n for n in nodes if n is not None], params, name=name, source=source, batch_size=batch_size,
+                   batch_dim=batch_dim, notes=notes, module=gm, exported=exported)
 
 
 def _read_metas(src: tuple[TensorMeta, ...], consumer: fx.Node, src_name: str) -> tuple[TensorMeta, ...]:

@@ -82,7 +82,8 @@ class ModelCall:
         if isinstance(out, torch.Tensor) or out is None:
             return out
         if isinstance(out, dict) or hasattr(out, "keys"):
-            present = {k: out[k] for k in out.keys() if isinstance(out[k], torch.Tensor)}
+            present = {k: out[k] for k in out.keys()  # noqa: SIM118 - an object with keys() need not iterate them
+                       if isinstance(out[k], torch.Tensor)}
             for key in DEFAULT_OUTPUT_KEYS:
                 if key in present:
                     return present[key]
@@ -199,6 +200,6 @@ def _identifier(name: str) -> str:
 
 def _keys(out: Any) -> list[str]:
     try:
-        return [str(k) for k in out.keys()]
+        return [str(k) for k in out.keys()]  # noqa: SIM118 - any object with keys(), not only a dict
     except AttributeError:
         return []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import re
 import traceback
 from types import TracebackType
 from typing import Any
@@ -78,18 +81,13 @@ def _advice(exc: BaseException) -> str:
 def _branches_on_random(exc: BaseException) -> bool:
     """Whether the user function the failure happened in draws a random number it may branch on
     (``torch.rand(...)`` / ``random.random()`` in its source: LayerDrop and the like)."""
-    import inspect
-    import re
-
     tb: TracebackType | None = exc.__traceback__
     source = ""
     while tb is not None:
         code = tb.tb_frame.f_code
         if "/torch/" not in code.co_filename:
-            try:
+            with contextlib.suppress(OSError, TypeError):
                 source = inspect.getsource(code)
-            except (OSError, TypeError):
-                pass
         tb = tb.tb_next
     return bool(re.search(r"torch\.rand\(|random\.random\(|np\.random\.|layerdrop", source))
 

@@ -32,8 +32,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 import typing
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch

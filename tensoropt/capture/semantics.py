@@ -76,8 +76,9 @@ _ALONG: dict[str, tuple[tuple[int, ...], Any]] = {
                               "unsafe_chunk", "tensor_split", "slice_scatter")},
     **{b: ((2,), -1) for b in ("topk", "kthvalue", "diff", "linalg_cross", "fft_fft", "fft_ifft", "fft_rfft",
                                "fft_irfft", "fft_hfft", "fft_ihfft")},
-    **{b: ((2,), ALL) for b in ("roll", "repeat_interleave", "take_along_dim", "select_scatter", "_softmax_backward_data",
-                                "_log_softmax_backward_data", "cross", "fft_fftn", "fft_ifftn", "fft_rfftn",
+    **{b: ((2,), ALL) for b in ("roll", "repeat_interleave", "take_along_dim", "select_scatter",
+                                "_softmax_backward_data", "_log_softmax_backward_data", "cross", "fft_fftn",
+                                "fft_ifftn", "fft_rfftn",
                                 "fft_irfftn", "fft_hfftn", "fft_ihfftn")},
     **{b: ((2,), (-2, -1)) for b in ("fft_fft2", "fft_ifft2", "fft_rfft2", "fft_irfft2", "fft_hfft2", "fft_ihfft2")},
     **{b: ((1,), ALL) for b in ("fft_fftshift", "fft_ifftshift")},
@@ -96,7 +97,8 @@ _MATRIX = {"tril", "triu", "inverse", "det", "logdet", "slogdet", "qr", "svd", "
            "linalg_det", "linalg_slogdet", "linalg_inv", "linalg_inv_ex", "linalg_cholesky", "linalg_cholesky_ex",
            "linalg_qr", "linalg_svd", "linalg_svdvals", "linalg_eig", "linalg_eigh", "linalg_eigvals",
            "linalg_eigvalsh", "linalg_pinv", "linalg_matrix_exp", "linalg_matrix_power", "matrix_power",
-           "linalg_solve", "linalg_solve_ex", "linalg_solve_triangular", "linalg_matrix_rank", "linalg_cond", "linalg_householder_product", "linalg_ldl_factor", "linalg_lstsq",
+           "linalg_solve", "linalg_solve_ex", "linalg_solve_triangular", "linalg_matrix_rank", "linalg_cond",
+           "linalg_householder_product", "linalg_ldl_factor", "linalg_lstsq",
            "linalg_multi_dot", "linalg_tensorinv", "linalg_tensorsolve", "_linalg_det", "_linalg_slogdet",
            "_linalg_svd", "_linalg_eigh", "_linalg_solve_ex"}
 #: ops that compute each sample on its own whatever their arguments (the batch dimension comes from

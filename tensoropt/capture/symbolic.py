@@ -18,8 +18,8 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
-from ..graph import OpGraph
-from .build import PlaceholderInfo, build_opgraph, getattr_path, tensors_of
+from ..graph import OpGraph, ParamInfo
+from .build import PlaceholderInfo, build_opgraph, dtype_name, getattr_path, tensors_of
 
 aten = torch.ops.aten
 
@@ -50,7 +50,8 @@ def _aten_for(gm: fx.GraphModule, n: fx.Node) -> Any:
     packet = getattr(aten, name, None) if isinstance(name, str) else None
     if isinstance(packet, torch._ops.OpOverloadPacket):
         overloads = packet.overloads()
-        return getattr(packet, "default" if "default" in overloads else ("Tensor" if "Tensor" in overloads else overloads[0]))
+        return getattr(packet, "default" if "default" in overloads
+                       else ("Tensor" if "Tensor" in overloads else overloads[0]))
     return n.target
 
 
@@ -132,7 +133,8 @@ def capture_fx(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, name:
             index[id(t)] = s2
 
     def module_of(n: fx.Node) -> tuple[str, str]:
-        path = n.target if n.op == "call_module" else (n.meta.get("nn_module_stack") or {"": ("", "")}).get("", ("", ""))[0]
+        path = n.target if n.op == "call_module" else \
+            (n.meta.get("nn_module_stack") or {"": ("", "")}).get("", ("", ""))[0]
         mod = gm.get_submodule(path) if isinstance(path, str) and path else model
         return (path if isinstance(path, str) else ""), f"{type(mod).__module__}.{type(mod).__qualname__}"
 
@@ -143,8 +145,6 @@ def capture_fx(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, name:
                       target_of=lambda n: _aten_for(gm, n), name=name, source="torch.fx",
                       batch_size=batch, batch_dim=batch_dim, notes=notes)
     if unused:
-        from ..graph import ParamInfo
-        from .build import dtype_name
         for p in unused:
             t = named_params[p]
             g.params[p] = ParamInfo(p, tuple(t.shape), dtype_name(t.dtype), "parameter", t.requires_grad, None)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.export.graph_signature import InputKind
 from torch.utils._pytree import tree_flatten
 
 from ..errors import ProfileError
@@ -37,7 +38,6 @@ def placeholder_values(graph: OpGraph, module: fx.GraphModule, dev: torch.device
         if user is None:
             user = [synthesize_input(graph, n.name) for n in phs]
         return [_to(v, dev) for v in user], {}
-    from torch.export.graph_signature import InputKind
 
     values, owners, user_iter = [], {}, iter(user or [])
     for spec, ph in zip(ep.graph_signature.input_specs, phs):

@@ -52,7 +52,9 @@ from typing import Any, cast
 
 import torch
 import torch.fx as fx
-from torch.utils._pytree import tree_flatten
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils.flop_counter import FlopCounterMode
 
 from .. import syncbn
 from .._io import write_json_atomic
@@ -79,7 +81,6 @@ CACHE_VERSION = 5
 @dataclass(frozen=True)
 class Measurement:
     """One op call measured alone (what the cache stores)."""
-
     fp_s: float
     bp_s: float
     output_bytes: int
@@ -245,6 +246,7 @@ def _progress_callback(progress: bool | Callable[..., Any], total: int) -> Calla
         return lambda done, _total, name: progress(done, total, name) if done is not None else None
     if not progress:
         return lambda *a: None
+    # local: rich is only needed to draw a progress bar
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -340,8 +342,6 @@ class _Runner(fx.Interpreter):
     def run_dry(self, inputs: tuple | None, report: Callable) -> bool:
         """Walk the graph on FakeTensors, taking every call from the cache; ``False`` (and no
         costs) as soon as one call is missing or anything cannot run on FakeTensors."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
         self.report = report
         try:
             args = self._placeholder_values(inputs)
@@ -559,7 +559,6 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
     for j, i in enumerate(tensors):
         v = flat[i]
         leaves[i] = v.detach().requires_grad_(True) if grad_flags[j] else v.detach()
-    from torch.utils._pytree import tree_unflatten
 
     cargs, ckwargs = tree_unflatten(leaves, spec)
     in_tensors = [leaves[i] for i in tensors]
@@ -634,9 +633,6 @@ def _cuda_workspace(forward: Callable, backward: Callable, dev: torch.device) ->
 def _fake_run(fn: Callable, args: tuple, kwargs: dict, precision: str = "fp32") -> tuple[int, int]:
     """Forward FLOPs and output bytes of one call, on FakeTensors (no real compute), in
     ``precision``; (0, 0) when the op has no fake implementation."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils.flop_counter import FlopCounterMode
-
     if isinstance(fn, torch.nn.Module):
         return 0, 0  # a module's own parameters are real tensors; FLOPs are informative only
     try:
@@ -728,6 +724,5 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 
 
 def _map(fn: Callable, obj: Any) -> Any:
-    from torch.utils._pytree import tree_map
 
     return tree_map(lambda v: fn(v) if isinstance(v, torch.Tensor) else v, obj)

@@ -50,6 +50,7 @@ from typing import Any, cast
 
 import torch
 import torch.fx as fx
+from torch.export.graph_signature import OutputKind
 from torch.utils._pytree import tree_flatten
 
 from .._malloc import steady_malloc
@@ -59,6 +60,8 @@ from ..graph import OpGraph
 from ..plan import Layout
 from .costmodel import NodeCost
 from .feed import module_on, placeholder_values
+from .shards import shard_size
+from .step import loss_term, training_loss
 
 #: what a run measures, in cache keys: 2 = the passes timed as wholes, 3 = the loss's forward
 #: charged to the output's producer, 4 = gradients set to None between steps and the rate of copying
@@ -81,7 +84,6 @@ class SequenceTimes:
     ``grad_copy_Bps`` the rate at which the step's fresh weight gradients were copied into a
     buffer kept between steps (gradient bytes / seconds, median), what an executor that sums
     gradients across devices pays per byte to put them in its flat buffers (0: not measured)."""
-
     batch: int | None
     fp_s: Mapping[str, float]
     bp_s: Mapping[str, float]
@@ -127,7 +129,6 @@ class _Clock:
     the queue filled up behind the sleeps and every launch waited); a host time as long as the
     sleep means the call itself waited for the GPU (a sync inside the op), and only the GPU's
     time counts."""
-
     LEAD_CYCLES = 1_000_000
 
     def __init__(self, dev: torch.device):
@@ -346,8 +347,6 @@ def _timed_loss(outputs: Any, owner: Mapping[Any, str],
     """:func:`~tensoropt.measure.step.training_loss` of ``outputs``, each output's term (its mean:
     a pass over the whole output) stamped and charged to the node that produced the output —
     the forward half of what :func:`_claim_loss` does for the backward."""
-    from .step import loss_term, training_loss
-
     spans: list[tuple[str, Any, Any]] = []
 
     def timed(t: torch.Tensor) -> torch.Tensor:
@@ -429,7 +428,6 @@ def _user_outputs(graph: OpGraph) -> Callable[[Any], Any]:
     ep = graph.exported
     if ep is None:
         return lambda out: out
-    from torch.export.graph_signature import OutputKind
 
     keep = [i for i, spec in enumerate(ep.graph_signature.output_specs)
             if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT)]
@@ -493,8 +491,6 @@ def _backward(run: SequenceTimes, name: str, fp_alone: float, bp_alone: float) -
 def shard_batch(graph: OpGraph, k: int) -> int | None:
     """The batch of the largest of ``k`` batch shards (what the executors cut the inputs to), or
     ``None`` where the graph has no batch size or fewer than ``k`` samples."""
-    from .shards import shard_size
-
     if not graph.batch_size or graph.batch_size < k:
         return None
     return shard_size(graph.batch_size, k)

@@ -79,6 +79,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from .._malloc import steady_malloc
@@ -114,7 +115,6 @@ _CUDA_BLOCK = 512  # the CUDA caching allocator rounds every allocation up to th
 @dataclass(frozen=True)
 class StepMeasurement:
     """One model's training step, measured (see the module docstring for how)."""
-
     time_s: float                 # median wall time of one full step
     times_s: tuple[float, ...]    # every timed step, in order
     forward_s: float              # median forward time (model(*inputs) + loss, grad enabled)
@@ -339,6 +339,7 @@ def _normalise(snapshot: Mapping[Any, int]) -> dict[str, int]:
 
 def _tracked_step(step: _Step, dev: torch.device) -> dict[str, Any]:
     """One step under MemTracker: peak, breakdown at the peak, baseline, peak phase."""
+    # local: a private torch.distributed tool, absent from builds without distributed support
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
@@ -393,8 +394,6 @@ def _profiler_peak(step: _Step) -> int | None:
     """Peak of one CPU step from the torch profiler's allocator events plus the resident bytes
     (parameters, buffers, optimizer state, inputs) summed by storage; None if the profiler's
     event API is not what this code expects."""
-    from torch.profiler import ProfilerActivity, profile
-
     resident = sum(b for (d, _), b in _storages(_held_tensors(step.model, step.opt, step.inputs)).items()
                    if d.type == "cpu")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

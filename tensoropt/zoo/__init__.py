@@ -81,7 +81,7 @@ def _coerce(model: str, key: str, value: object, default: object) -> object:
         raise ZooParamError(f"zoo model {model!r}: parameter {key!r} must be {expected}, "
                             f"got {value!r}")
     # Every integer parameter of the zoo is a size or a count.
-    if kind is int and result < 1:
+    if kind is int and isinstance(result, int) and result < 1:
         raise ZooParamError(f"zoo model {model!r}: parameter {key!r} must be a positive "
                             f"integer, got {value!r}")
     return result

@@ -131,7 +131,7 @@ class InceptionV3(nn.Module):
                      partial(InceptionC, c7=160), partial(InceptionC, c7=192),
                      InceptionD, InceptionE, InceptionE):
             blocks.append(make(channels, s=s))
-            channels = blocks[-1].out_channels
+            channels = int(blocks[-1].out_channels)  # type: ignore[arg-type]  # nn.Module's __getattr__ is untyped
         self.blocks = nn.Sequential(*blocks)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.dropout = nn.Dropout(0.5)

@@ -26,7 +26,7 @@ class LSTM(nn.LSTM):
         super().__init__(input_size, hidden_size, num_layers, batch_first=True,
                          bidirectional=bidirectional)
 
-    def forward(self, x):  # type: ignore[override]
+    def forward(self, x):
         directions = 2 if self.bidirectional else 1
         h0 = x.new_zeros(self.num_layers * directions, x.shape[0], self.hidden_size)
         weights = [getattr(self, name) for name in self._flat_weights_names]

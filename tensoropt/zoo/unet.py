@@ -28,6 +28,7 @@ class Up(nn.Module):
 
     def __init__(self, cin: int, cout: int, bilinear: bool):
         super().__init__()
+        self.up: nn.Module
         if bilinear:
             self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)
             self.conv = double_conv(cin, cout, cin // 2)

@@ -29,7 +29,7 @@ class VGG(nn.Module):
             if item == "M":
                 layers.append(nn.MaxPool2d(2, 2))
                 continue
-            out = scaled(item, width)
+            out = scaled(int(item), width)   # not "M": a channel count
             layers.append(nn.Conv2d(channels, out, 3, padding=1))
             if batch_norm:
                 layers.append(nn.BatchNorm2d(out))

@@ -85,7 +85,8 @@ def test_a_write_into_a_user_input_is_refused_with_its_module():
 
 @pytest.mark.parametrize("inplace, functional", [
     ("add_.Tensor", "add.Tensor"), ("fill_.Tensor", "fill.Tensor"), ("fill_.Scalar", "fill.Scalar"),
-    ("bernoulli_.float", "bernoulli.p"), ("copy_.default", "copy.default"), ("normal_.default", "normal_functional.default"),
+    ("bernoulli_.float", "bernoulli.p"), ("copy_.default", "copy.default"),
+    ("normal_.default", "normal_functional.default"),
     ("hardtanh_.default", "hardtanh.default"), ("index_put_.default", "index_put.default"),
     ("dropout_.default", "dropout.default"),
 ])

@@ -161,7 +161,8 @@ def test_budget_marks_points_and_too_small_a_budget_is_an_error(cnn, default):
         track_frontier(g, costs, TITAN, devices=FOUR, budget="1KiB")
     msg = str(info.value)
     least = default.min_memory()
-    assert "no plan fits a memory budget" in msg and "smallest memory on the frontier" in msg and str(least.memory_bytes) in msg
+    assert "no plan fits a memory budget" in msg and "smallest memory on the frontier" in msg \
+        and str(least.memory_bytes) in msg
     assert f"fewest devices that reach it: {least.num_devices}" in msg
     assert isinstance(info.value, TensorOptError) and info.value.exit_code == 2
     assert len(info.value.frontier) == len(default)

@@ -56,7 +56,8 @@ def test_a_cuda_step_peak_comes_from_the_allocator_and_agrees_with_memtracker():
 
 # sizes at which the allocator's 512-byte rounding of every tensor is noise: GPT-2's tiny variant
 # (96 KB of parameters in 30 tensors) measured 8 % above the exact bytes on an H100 for that alone
-@pytest.mark.parametrize("spec", ["zoo:vgg16?tiny=1", "zoo:gpt2?layers=2&batch=4&seq_len=128&hidden=256&heads=4&vocab=8192"])
+@pytest.mark.parametrize("spec", ["zoo:vgg16?tiny=1",
+                                  "zoo:gpt2?layers=2&batch=4&seq_len=128&hidden=256&heads=4&vocab=8192"])
 def test_the_memory_model_matches_the_cuda_allocator(spec, cuda_profiled):
     loaded, graph, costs = cuda_profiled(spec)
     est = step_memory(graph, costs, optimizer="sgd")["dev0"]

@@ -223,7 +223,8 @@ def test_roofline_estimate_uses_flops_and_bandwidth():
     m = _roofline(torch.ops.aten.linear.default, (x, w), {}, [True, True], {"peak_flops": 1e9, "memory_Bps": 1e12})
     assert m.method == "roofline" and m.flops == 2 * 64 * 128 * 256
     assert m.fp_s == pytest.approx(m.flops / 1e9) and m.bp_s == pytest.approx(2 * m.fp_s)
-    slow_memory = _roofline(torch.ops.aten.linear.default, (x, w), {}, [False, False], {"peak_flops": 1e15, "memory_Bps": 1e6})
+    slow_memory = _roofline(torch.ops.aten.linear.default, (x, w), {}, [False, False],
+                            {"peak_flops": 1e15, "memory_Bps": 1e6})
     assert slow_memory.fp_s == pytest.approx((x.nbytes + w.nbytes + 64 * 256 * 4) / 1e6) and slow_memory.bp_s == 0
 
 

@@ -32,7 +32,8 @@ def test_capture_and_profile_leave_the_model_as_it_was():
     graph = tensoropt.capture(model, (x,))
     costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=2)
     after = model.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before), [k for k in before if not torch.equal(before[k], after[k])]
+    assert all(torch.equal(before[k], after[k]) for k in before), \
+        [k for k in before if not torch.equal(before[k], after[k])]
     assert costs["conv2d"].fp_s > 0 and costs.legal("conv2d")
     # and the captured graph still computes the model: its output equals a fresh eager call
     torch.testing.assert_close(graph.exported.module()(*graph.example_inputs), RelativeIndex.forward(model, x))

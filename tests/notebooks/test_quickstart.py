@@ -14,7 +14,8 @@ def test_quickstart_runs_every_cell(tmp_path):
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()   # raises CellExecutionError naming the failing cell
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    for expected in ("operators", "Frontier(", "budget", "simulated", "largest relative difference", "one training step done"):
+    for expected in ("operators", "Frontier(", "budget", "simulated", "largest relative difference",
+                     "one training step done"):
         assert expected in text
     figures = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
                if "application/vnd.plotly.v1+json" in o.get("data", {})]

@@ -173,7 +173,8 @@ def test_graph_edges_and_parameter_sync():
     split = SplitDims(batch=0, channel=1)
     g = OpGraph([
         OpNode("x", "input", kind="input", outputs=(t,)),
-        OpNode("fc", "aten.linear.default", inputs=("x",), input_bytes=(128,), outputs=(t,), params=("w",), split=split),
+        OpNode("fc", "aten.linear.default", inputs=("x",), input_bytes=(128,), outputs=(t,), params=("w",),
+               split=split),
         OpNode("s", "aten.arange.default", outputs=(scale,), generator=True),
         OpNode("act", "aten.relu.default", inputs=("fc",), input_bytes=(128,), outputs=(t,), split=split),
         OpNode("mul", "aten.mul.Tensor", inputs=("act", "s"), input_bytes=(128, 32), outputs=(t,), split=split),
@@ -282,7 +283,8 @@ def test_a_weight_tied_between_two_ops_split_along_their_channels_is_held_whole_
     same = graph("aten.embedding.default")
     plan = Plan({n: C(AB, "channel") for n in ("embed", "head")}, graph_fingerprint=same.fingerprint)
     assert synced_parameters(same, plan) == {}
-    assert {d: m.params for d, m in plan_memory(plan, same, costs_of(same), c, optimizer="sgd").items()} == {"a": 512, "b": 512}
+    mem = plan_memory(plan, same, costs_of(same), c, optimizer="sgd")
+    assert {d: m.params for d, m in mem.items()} == {"a": 512, "b": 512}
 
 
 def test_a_metadata_assert_or_size_query_reads_nothing():
@@ -301,7 +303,8 @@ def test_a_metadata_assert_or_size_query_reads_nothing():
                     split=SplitDims(batch=0, channel=1)),
              OpNode("check", "aten._assert_tensor_metadata.default", inputs=("relu",), input_bytes=(x.nbytes,)),
              OpNode("size", "aten.sym_size.int", inputs=("relu",), input_bytes=(x.nbytes,), metadata_only=True),
-             OpNode("sum", "aten.sum.default", inputs=("relu",), input_bytes=(x.nbytes,), outputs=(TensorMeta((), "float32"),))]
+             OpNode("sum", "aten.sum.default", inputs=("relu",), input_bytes=(x.nbytes,),
+                    outputs=(TensorMeta((), "float32"),))]
     g = OpGraph(nodes + [OpNode("out", "output", kind="output", inputs=("sum",))], {})
     assert [reads_nothing(g.nodes[n]) for n in ("relu", "check", "size", "sum")] == [False, True, True, False]
     c = cluster("ab")

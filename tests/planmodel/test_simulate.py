@@ -80,7 +80,8 @@ def test_two_independent_chains_on_two_devices_run_concurrently():
     assert split.compute_s == {"g0": 9.0, "g1": 4.0}
     assert split.link_s == {}
     fast = Cluster("two", [Device("g0", 2**30), Device("g1", 2**30, speed=2.0)], {}, default=LINK)
-    assert simulate(plan_of(g, {"a1": "g0", "a2": "g0", "b1": "g1", "b2": "g1"}), g, costs, fast, optimizer="sgd").compute_s == {
+    placed = plan_of(g, {"a1": "g0", "a2": "g0", "b1": "g1", "b2": "g1"})
+    assert simulate(placed, g, costs, fast, optimizer="sgd").compute_s == {
         "g0": 9.0, "g1": 2.0}                         # a device twice as fast as the profiled one
     one = simulate(plan_of(g, {n: "g0" for n in ("a1", "a2", "b1", "b2")}), g, costs, two(), optimizer="sgd")
     assert one.time_s == 13.0 == costs.total_fp_s + costs.total_bp_s
@@ -187,7 +188,8 @@ def test_the_gradient_buffer_is_summed_in_place():
     # the gradient of l2's output 32
     layers = [dict(linear(f"l{i}", "x" if i == 0 else f"l{i - 1}"), params=400) for i in range(3)]
     g, costs = build(layers, outputs=["l2"], inputs=(("x", 128),))
-    mem = plan_memory(plan_of(g, {f"l{i}": NodeConfig(("g0", "g1"), "batch") for i in range(3)}), g, costs, two(), optimizer="sgd")
+    mem = plan_memory(plan_of(g, {f"l{i}": NodeConfig(("g0", "g1"), "batch") for i in range(3)}), g, costs, two(),
+                      optimizer="sgd")
     assert {d: (m.peak, m.peak_phase, m.peak_at, m.grads) for d, m in mem.items()} == \
         {d: (2992, "backward", "l2", 1200) for d in ("g0", "g1")}
 
@@ -197,7 +199,8 @@ def test_an_all_reduce_overlaps_the_backward_of_other_devices():
     c = two()
     # l2's weight is summed over g0, g1 while l1 (on g0 alone, nothing to sum) runs its backward
     plan = plan_of(g, {"l1": "g0", "l2": NodeConfig(("g0", "g1"), "batch")})
-    overlapped, after = simulate(plan, g, costs, c, optimizer="sgd"), simulate(plan, g, costs, c, overlap=False, optimizer="sgd")
+    overlapped = simulate(plan, g, costs, c, optimizer="sgd")
+    after = simulate(plan, g, costs, c, overlap=False, optimizer="sgd")
     (_, node, start, _), *_ = events(overlapped, "allreduce")
     assert node == "l2" and start < overlapped.time_s - ring_allreduce_time(c, ["g0", "g1"], 40)
     assert overlapped.time_s < after.time_s
@@ -213,7 +216,8 @@ def test_recompute_runs_the_forward_again_before_the_backward():
         dict(name="c", inputs=["b"], out=400, fp=1.0, bp=1.0, extra=1000),
     ], outputs=["c"])
     keep = simulate(plan_of(g, {n: "g0" for n in "abc"}), g, costs, two(), optimizer="sgd")
-    again = simulate(plan_of(g, {"a": "g0", "b": NodeConfig(("g0",), recompute=True), "c": "g0"}), g, costs, two(), optimizer="sgd")
+    again = simulate(plan_of(g, {"a": "g0", "b": NodeConfig(("g0",), recompute=True), "c": "g0"}), g, costs, two(),
+                     optimizer="sgd")
     assert keep.time_s == 7.0 and again.time_s == 7.0 + 2.0
     assert [(e.node, e.phase) for e in again.timeline if e.phase != "fp"] == [
         ("c", "bp"), ("b", "recompute"), ("b", "bp"), ("a", "bp")]

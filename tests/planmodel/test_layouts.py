@@ -1,0 +1,59 @@
+"""Layouts as types: the predicates, and that plans serialise exactly as they did with strings."""
+
+import json
+
+import yaml
+
+from tensoropt.plan import LAYOUTS, SPLIT_LAYOUTS, Estimate, NodeConfig, Plan, param_pieces
+from tensoropt.planmodel.layouts import Layout, TensorLayout, effective_layout
+from tensoropt.planmodel.reshard import SB, SC, P, R, output_layout
+
+# written by tensoropt.plan before Layout existed (commit c60985f), for the plan of _plan() below
+BEFORE = (
+    '{"format": "tensoropt.plan/1", "plan_id": "p1", "graph_name": "tiny", "graph_fingerprint": '
+    '"abababababababababababababababababababababababababababababababab", "batch_size": 8, "cluster_name": "two", '
+    '"cluster_fingerprint": "", "algorithm": "hand", "options": {}, "devices": ["gpu0", "gpu1"], "estimates": '
+    '[{"source": "frontier", "time_s": 0.5, "memory_bytes": {"gpu0": 10, "gpu1": 20}}], "notes": ["n"], "order": '
+    '["conv", "fc", "head", "loss"], "configs": {"conv": {"devices": ["gpu0", "gpu1"], "layout": "batch", '
+    '"recompute": false}, "fc": {"devices": ["gpu0", "gpu1"], "layout": "channel", "recompute": true}, "head": '
+    '{"devices": ["gpu1", "gpu0"], "layout": "reduce", "recompute": false}, "loss": {"devices": ["gpu1"], '
+    '"layout": "R", "recompute": false}}}'
+)
+
+
+def _plan(batch, channel, reduce, replicated):
+    configs = {"conv": NodeConfig(("gpu0", "gpu1"), batch), "fc": NodeConfig(("gpu0", "gpu1"), channel, True),
+               "head": NodeConfig(("gpu1", "gpu0"), reduce), "loss": NodeConfig(("gpu1",), replicated)}
+    return Plan(configs, graph_fingerprint="ab" * 32, graph_name="tiny", batch_size=8, cluster_name="two",
+                algorithm="hand", order=["conv", "fc", "head", "loss"],
+                estimates=[Estimate("frontier", 0.5, {"gpu0": 10, "gpu1": 20})], plan_id="p1", notes=["n"])
+
+
+def test_plan_json_is_byte_for_byte_what_it_was():
+    from_strings = _plan("batch", "channel", "reduce", "R")
+    from_members = _plan(Layout.BATCH, Layout.CHANNEL, Layout.REDUCE, Layout.R)
+    assert json.dumps(from_strings.to_dict()) == BEFORE
+    assert json.dumps(from_members.to_dict()) == BEFORE
+    assert json.dumps(Plan.from_dict(json.loads(BEFORE)).to_dict()) == BEFORE
+
+
+def test_members_read_as_their_strings():
+    assert Layout.BATCH == "batch" and hash(Layout.BATCH) == hash("batch") and {"batch": 1}[Layout.BATCH] == 1
+    assert str(Layout.CHANNEL) == f"{Layout.CHANNEL}" == "channel" and repr(Layout.REDUCE) == "'reduce'"
+    assert f"{TensorLayout.SB:>10}" == "  S(batch)" and json.dumps([TensorLayout.P]) == '["P"]'
+    assert yaml.safe_dump(NodeConfig(("a",), "batch").to_dict())  # plain strings stay plain
+    assert LAYOUTS == ("R", "batch", "channel", "reduce") and LAYOUTS[1:] == SPLIT_LAYOUTS
+    assert all(type(x) is str for x in LAYOUTS + SPLIT_LAYOUTS)
+
+
+def test_predicates():
+    assert [lay.is_split for lay in Layout] == [False, True, True, True]
+    assert [lay.cuts_params for lay in Layout] == [False, False, True, True]
+    assert [lay.is_channel_or_reduce for lay in Layout] == [False, False, True, True]
+    assert [param_pieces(lay, 4) for lay in LAYOUTS] == [1, 1, 4, 4] and param_pieces("channel", 1) == 1
+    assert [t.is_slice for t in TensorLayout] == [False, True, True, False]
+    assert [t.is_partial for t in TensorLayout] == [False, False, False, True]
+    assert [TensorLayout.written_by(lay) for lay in LAYOUTS] == [R, SB, SC, P]
+    assert effective_layout(NodeConfig(("a",), "batch")) is Layout.R
+    assert effective_layout(NodeConfig(("a", "b"), "batch")) is Layout.BATCH
+    assert output_layout(NodeConfig(("a", "b"), "reduce")) is TensorLayout.P
