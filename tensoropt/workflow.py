@@ -62,10 +62,10 @@ class Progress(Protocol):
     units of that stage (operators while profiling; 0 of 1 then 1 of 1 for the others), and a
     one-line ``message``."""
 
-    def __call__(self, stage: str, done: int, total: int, message: str) -> None: ...
+    def __call__(self, stage: str, done: int, total: int, message: str, /) -> None: ...
 
 
-def no_progress(stage: str, done: int, total: int, message: str) -> None:
+def no_progress(stage: str, done: int, total: int, message: str, /) -> None:
     """A :class:`Progress` that reports nothing."""
 
 
