@@ -1,4 +1,15 @@
-"""Small file helpers shared by every writer: atomic writes and JSON loading with clear errors."""
+"""Small file helpers shared by every writer: atomic writes and JSON loading with clear errors.
+
+It owns how files are written (a temporary file renamed into place: a reader never sees half a
+file) and how JSON errors read; it must not know any file format beyond the ``format`` /
+fingerprint header every tensoropt file carries.
+
+Example::
+
+    >>> write_json_atomic("plan.json", plan.to_dict())            # doctest: +SKIP
+    >>> read_json("plan.json", "plan")["format"]                   # doctest: +SKIP
+    'tensoropt.plan/1'
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,12 @@
-"""Local worker processes shared by the link benchmark and the distributed launcher."""
+"""Local worker processes shared by the link benchmark and the distributed launcher.
+
+It owns reading the workers' result queue while noticing a worker that died, and stopping them;
+it must not know what the workers compute (the benchmark and the launcher say that).
+
+Example::
+
+    >>> msg = next_message(procs, queue, finished)   # doctest: +SKIP
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,14 @@
-"""Human-readable summaries of an OpGraph (what ``tensoropt graph`` prints)."""
+"""Human-readable summaries of an OpGraph (what ``tensoropt graph`` prints).
+
+It owns the wording and layout of those summaries; it must not compute anything a plan or a
+profile needs (it only reads the graph), and it is the only module here that draws with rich.
+
+Example::
+
+    >>> print_graph(graph, Console(), top=5)          # doctest: +SKIP
+    >>> fmt_bytes(3 * 2**30)
+    '3.0 GiB'
+"""
 
 from __future__ import annotations
 

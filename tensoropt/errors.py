@@ -3,6 +3,17 @@
 Every error a user can cause derives from :class:`TensorOptError`; its message names the cause
 and the fix.  The CLI prints the message alone (no traceback unless ``--debug``) and exits with
 :attr:`TensorOptError.exit_code`.
+
+It owns the error types only: no module here raises a bare ``ValueError`` for a user's mistake,
+and this module must not import anything of tensoropt's (every module imports it).
+
+Example::
+
+    >>> try:
+    ...     raise ProfileError("no profile for graph 'x'; run tensoropt profile")
+    ... except TensorOptError as e:
+    ...     e.exit_code
+    2
 """
 
 from __future__ import annotations

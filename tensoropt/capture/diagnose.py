@@ -1,4 +1,12 @@
-"""Explain why a capture failed: which op or Python construct, from which module, what to try."""
+"""Explain why a capture failed: which op or Python construct, from which module, what to try.
+
+It owns the message of a failed capture (the innermost user frame, the module path, a hint); it
+must not retry or change the capture itself (:mod:`tensoropt.capture` decides what to try).
+
+Example::
+
+    >>> raise CaptureError(describe_failure(model, errors))   # doctest: +SKIP
+"""
 
 from __future__ import annotations
 

@@ -17,6 +17,15 @@
 * :mod:`.track` — :func:`track_frontier`: per mesh, frontier tracking with the non-additive peak
   (``Σ resident + max transient``) handled exactly by τ runs, then the union across meshes, as a
   :class:`Frontier` of plans (CSV, plan JSON, budget queries).
+
+The package owns the search for the Pareto set; it must not cost anything itself — every cost
+comes from :mod:`tensoropt.planmodel` (resharding, memory, the walk) and :mod:`tensoropt.measure`
+— so the frontier and the simulator cannot disagree about a plan's rules.
+
+Example::
+
+    >>> fr = track_frontier(graph, costs, cluster)        # doctest: +SKIP
+    >>> fr.best_under(16 * 2**30).plan                     # doctest: +SKIP
 """
 
 # isort: off

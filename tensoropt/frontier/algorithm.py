@@ -68,6 +68,16 @@ bounds what bucketing can cost: every point of the exact frontier ``(m, t)`` is 
 reported point with time ``<= t`` and memory ``< m + mem_slack``.  The same problem always gives
 the same result: every choice above is broken by problem order, and the kernels break exact
 ties by candidate order.
+
+This module owns the elimination order and the frontier bookkeeping; it must not know what a
+node or an edge stands for (a :class:`~tensoropt.frontier.problem.Problem` is numbers only).
+
+Example::
+
+    >>> p = Problem.build({"a": [(1, 2), (2, 1)], "b": [(0, 1)]}, [("a", "b", [[0], [1]], [[0], [0]])])
+    >>> r = track(p)
+    >>> [(float(m), float(t)) for m, t in zip(r.mem, r.time)]
+    [(1.0, 3.0), (3.0, 2.0)]
 """
 
 from __future__ import annotations

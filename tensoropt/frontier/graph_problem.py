@@ -96,6 +96,17 @@ run both ways).  Ties: the smaller sum of ring link times, then the faster slowe
 the larger smallest memory, then the earliest devices in cluster order (and the ring order
 beginning with the earliest device).  Exact (every subset, every ring order) while that is at most
 :data:`EXACT_MESH_LIMIT` candidates per size; beyond, a greedy ring grown from the best pair.
+
+Owns / must not
+---------------
+This module owns the translation of a graph on a mesh into a :class:`~.problem.Problem`; it must
+not state a cost rule of its own — each cost is the plan model's (:mod:`tensoropt.planmodel`),
+the same rule the simulator applies.
+
+Example::
+
+    >>> mp = build_problem(graph, costs, cluster, candidate_meshes(cluster)[1])   # doctest: +SKIP
+    >>> mp.problem.nodes[0].labels, mp.stats["reshards"]                         # doctest: +SKIP
 """
 
 from __future__ import annotations

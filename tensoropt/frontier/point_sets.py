@@ -39,6 +39,14 @@ Two interchangeable back ends compute the same results bit for bit: ``"numba"`` 
 with a stable sort (NumPy's ``kind="stable"``; in numba a natural merge sort, fast on the
 unions of already sorted frontiers the tracker makes) and add costs in the same order, so their
 outputs are identical.
+
+It owns the kernels on point sets; it must not know about graphs or plans, and the NumPy and
+numba backends must return identical results (tests compare them).
+
+Example::
+
+    >>> reduce([3.0, 1.0, 2.0], [1.0, 3.0, 1.0]).tolist()
+    [1, 2]
 """
 
 from __future__ import annotations

@@ -19,6 +19,14 @@ Also here: :func:`brute_force` (the exact Pareto set by enumeration, for tests �
 and :func:`min_scalarized` (the single-objective optimum of ``w_mem·mem + w_time·time`` by
 variable elimination — OptCNN's objective with ``w_mem = 0`` — exact on any graph, exponential
 only in the graph's treewidth).
+
+It owns the problem's format and its checks; it must not import torch or the plan model.
+
+Example::
+
+    >>> p = Problem.build({"a": [(1, 2), (2, 1)], "b": [(0, 1)]}, [("a", "b", [[0], [1]], [[0], [0]])])
+    >>> [(m, t) for m, t, _ in brute_force(p)]
+    [(1.0, 3.0), (3.0, 2.0)]
 """
 
 from __future__ import annotations

@@ -42,6 +42,14 @@ the largest received + the largest transient, the largest over meshes) — 0.1 %
 so that tiny models keep a detailed frontier and big ones stay bounded.  ``resolution=0`` is exact.
 What bucketing dropped is counted (``merged_by_resolution``), never silently truncated; every
 reported memory and time is the exact cost of a real plan.
+
+This module owns the frontier of plans (walking candidates, the CSV, plan files, budget
+queries); it must not invent costs (the walk and :mod:`.graph_problem` give them).
+
+Example::
+
+    >>> fr = track_frontier(graph, costs, cluster, optimizer="adam")   # doctest: +SKIP
+    >>> fr.to_csv("frontier.csv"); fr.save_plans("plans/")             # doctest: +SKIP
 """
 
 from __future__ import annotations

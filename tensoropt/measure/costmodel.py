@@ -19,6 +19,14 @@ workspace where it can be measured (CUDA).  ``method`` says where a time came fr
 ``roofline`` (FLOPs / device peak, bytes / memory bandwidth), ``free`` (metadata-only: 0),
 ``sequence`` (timed inside whole training steps, :mod:`.sequence`) and ``adjusted`` (a shard
 timed alone, times the node's in-sequence / alone ratio).
+
+It owns the profile's data and file format; it must not measure (the profiler does) nor cost a
+plan (:mod:`tensoropt.planmodel` does).
+
+Example::
+
+    >>> costs = CostModel.load("profile.json", graph)        # doctest: +SKIP
+    >>> costs.time("conv1", "batch", 2), costs.legal("conv1") # doctest: +SKIP
 """
 
 from __future__ import annotations

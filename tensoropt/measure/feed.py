@@ -7,6 +7,10 @@ Input: an :class:`~tensoropt.graph.OpGraph` with its captured module, a device a
 the user inputs.  Output: the placeholder values and which placeholder is which parameter /
 buffer / constant.  Buffers are cloned (batch norm updates running statistics in place; the
 captured program's own must not change).  O(placeholders).
+
+Example::
+
+    >>> values, owners = placeholder_values(graph, gm, torch.device("cpu"), inputs)   # doctest: +SKIP
 """
 
 from __future__ import annotations

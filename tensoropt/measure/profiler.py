@@ -35,6 +35,11 @@ How (the NetSplit thesis §4.4, FastT's profiled op times "CostModel"):
    bfloat16 copies of the weights and inputs a matmul or convolution saves for backward
    included — and times are the bf16 ones.  ``settings["precision"]`` records it;
    :func:`check_precision` refuses a profile used with a graph of another precision.
+
+Example::
+
+    >>> costs = profile(graph, device="cpu", shard_degrees=(2, 4))   # doctest: +SKIP
+    >>> costs.save("profile.json")                                    # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -36,6 +36,10 @@ CPU: ``time.perf_counter``; CUDA: ``torch.cuda.Event`` pairs resolved after each
 of the whole model at the captured batch must fit in memory (the isolated profiler needs one
 operator at a time): :func:`tensoropt.profile` falls back to the isolated figures, saying so in
 its settings, when it does not.  O((warmup + repeats) × a training step).
+
+Example::
+
+    >>> times = time_in_sequence(graph, gm, torch.device("cpu"), inputs)   # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ layout and a degree ``k``, :func:`shard_args` returns the arguments of the large
 
 Shards are contiguous copies (a real device holds its shard densely).  The caller checks the
 shard's output shape; a rule that does not produce the expected shape is not trusted.
+
+Example::
+
+    >>> args, kwargs = shard_args("conv2d", args, kwargs, info, "batch", 2, out)   # doctest: +SKIP
 """
 
 from __future__ import annotations

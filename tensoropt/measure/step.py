@@ -65,6 +65,11 @@ Side effects on the caller's objects: the model (and tensors in the inputs) are 
 ``device``; its weights are updated by ``warmup + repeats + 1..3`` optimizer steps of learning
 rate ``lr``; its gradients are left ``None``; its train / eval mode is restored afterwards.
 Pass a ``copy.deepcopy`` if the weights matter.
+
+Example::
+
+    >>> m = measure_step(model, inputs, device="cpu", optimizer="adam")   # doctest: +SKIP
+    >>> m.peak_bytes, m.step_s                                            # doctest: +SKIP
 """
 
 from __future__ import annotations

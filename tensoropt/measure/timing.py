@@ -4,6 +4,13 @@ CPU: ``time.perf_counter`` around each call.  CUDA: ``torch.cuda.Event`` pairs, 
 once per sample.  A sample repeats the call ``inner`` times when one call is shorter than
 :data:`MIN_SAMPLE_S`, so Python's timer and dispatch jitter do not dominate tiny ops; the result
 is the median over samples of the per-call time.
+
+It owns the clock and the device's peak FLOP/s and memory bandwidth; it must not know about
+graphs, shards or caches (the profiler does).
+
+Example::
+
+    >>> t = time_callable(lambda: x @ x, device=torch.device("cpu"), repeats=5)   # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -77,6 +77,15 @@ layout's second operand of ``mm`` / ``bmm`` / ``matmul`` is split along its rows
 dimension; it is counted as ``S(channel)`` here (same bytes, possibly a missed all-to-all).  A
 channel-split ``bmm`` / ``matmul`` of two activations really needs only its first operand whole;
 both are read ``R`` here (an over-estimate).
+
+This module owns what moving one tensor costs and which collectives do it; it must not schedule
+(the simulator puts stages on link timelines) nor count memory beyond the bytes received.
+
+Example::
+
+    >>> rs = reshard(NodeConfig(("a", "b"), "batch"), NodeConfig(("a", "b")), 2**20, cluster)  # doctest: +SKIP
+    >>> rs.src_layout, rs.dst_layout, [s.kind for s in rs.steps]                              # doctest: +SKIP
+    ('S(batch)', 'R', ['allgather'])
 """
 
 from __future__ import annotations

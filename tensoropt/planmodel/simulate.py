@@ -41,6 +41,15 @@ peak memory of every device and a timeline (for a Gantt chart).
 **Memory**: :func:`tensoropt.planmodel.walk.plan_memory`'s walk (parameters, gradients, optimizer
 state, activations at shard size, received copies, recomputation, activation gradients, the
 optimizer step) over the same reshards; see that module.
+
+The simulator owns time (the event schedule); memory is :mod:`.walk`'s, edges are
+:mod:`.reshard`'s.  It must not decide anything about a plan (it evaluates what it is given) and
+never measures.
+
+Example::
+
+    >>> r = simulate(plan, graph, costs, cluster, optimizer="adam")   # doctest: +SKIP
+    >>> r.time_s, r.max_memory_bytes, r.timeline[0]                   # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""The zoo's building blocks: :class:`ZooModel`, its errors, and helpers shared by the families."""
+"""The zoo's building blocks: :class:`ZooModel`, its errors, and helpers shared by the families.
+
+It owns what a zoo entry is (a factory, its defaults and tiny settings, the inputs it builds)
+and the errors a bad parameter raises; it must not register models (:mod:`tensoropt.zoo` does).
+
+Example::
+
+    >>> check(batch > 0, "batch must be positive")   # doctest: +SKIP
+"""
 
 from __future__ import annotations
 
