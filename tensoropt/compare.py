@@ -11,19 +11,30 @@ Rows (:class:`CompareRow`) carry the simulated iteration time, samples per secon
 per-device simulated peak, whether every device's peak fits its memory, the time the algorithm
 took to make the plan, and the algorithm's own estimate where it makes one (the placers' list
 schedules and MILPs, the frontier's additive model).
+
+It owns the rows and how each is made; it must not print (the CLI and the dashboard do) nor
+decide what to profile (:mod:`tensoropt.workflow` does).
 """
 
 from __future__ import annotations
 
+import inspect
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
+from .cluster import Cluster
 from .errors import TensorOptError
-from .planmodel.fits import check_budget_value, fits
-from .plan import Plan
-from .planmodel.simulate import simulate
+from .frontier import Frontier, track_frontier
+from .graph import OpGraph
+from .measure import CostModel
 from .optimizers import DEFAULT_OPTIMIZER
+from .placers import PLACERS, check_options, place
+from .placers._common import resolve_devices
+from .plan import Plan
+from .planmodel.fits import check_budget_value, fits
+from .planmodel.simulate import simulate
 
 #: the names the frontier's rows carry
 FRONTIER_MIN_TIME = "frontier min-time"
@@ -66,7 +77,7 @@ class CompareRow:
                 "error": self.error, "notes": list(self.notes)}
 
 
-def evaluate(plan: Plan, graph: Any, costs: Any, cluster: Any, *, algo: str, place_s: float,
+def evaluate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *, algo: str, place_s: float,
              optimizer: str | int = DEFAULT_OPTIMIZER, own: str | None = None, budget: int | float | None = None,
              reserve: int = 0) -> CompareRow:
     """The :class:`CompareRow` of one plan: simulate it, decide whether it fits
@@ -94,9 +105,9 @@ def frontier_failures(took: float, error: BaseException) -> list[CompareRow]:
     return [failed(FRONTIER_MIN_TIME, took, error), failed(FRONTIER_MIN_MEMORY, took, error)]
 
 
-def compare(graph: Any, costs: Any, cluster: Any, *, algos: Iterable[str] | None = None,
+def compare(graph: OpGraph, costs: CostModel, cluster: Cluster, *, algos: Iterable[str] | None = None,
             devices: Sequence[str] | str | None = None, optimizer: str | int = DEFAULT_OPTIMIZER,
-            frontier: Any = True, placer_options: Mapping[str, Mapping[str, Any]] | None = None,
+            frontier: bool | Frontier | None = True, placer_options: Mapping[str, Mapping[str, Any]] | None = None,
             progress: Callable[[str], None] | None = None, budget: int | float | str | None = None,
             reserve: int = 0) -> list[CompareRow]:
     """Place ``graph`` with every algorithm and simulate each plan on ``cluster``.
@@ -118,10 +129,6 @@ def compare(graph: Any, costs: Any, cluster: Any, *, algos: Iterable[str] | None
     row with ``error`` set; an unknown placer name or option is raised at once.
     Cost: the sum of the placers' and the frontier's costs, plus one simulation per plan.
     """
-    from .frontier import track_frontier
-    from .placers import PLACERS, check_options, place
-    from .placers._common import resolve_devices
-
     report = progress or (lambda msg: None)
     names = list(PLACERS) if algos is None else list(algos)
     unknown = [a for a in names if a not in PLACERS]
@@ -186,10 +193,6 @@ def solver_options(algos: Iterable[str], time_limit: float | None) -> dict[str, 
     """``{algo: {"time_limit": t}}`` for the placers among ``algos`` that take a solver time limit
     (the MILPs: netsplit, pesto), to pass as :func:`compare`'s ``placer_options``; empty when
     ``time_limit`` is ``None``.  A non-positive limit is a :class:`TensorOptError`."""
-    import inspect
-
-    from .placers import PLACERS
-
     if time_limit is None:
         return {}
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
@@ -203,5 +206,5 @@ def rows_json(rows: Sequence[CompareRow]) -> list[dict[str, Any]]:
     return [r.to_dict() for r in rows]
 
 
-__all__ = ["CompareRow", "compare", "evaluate", "failed", "rows_json", "solver_options", "FRONTIER_MIN_TIME", "FRONTIER_MIN_MEMORY",
-           "FRONTIER_BEST_FIT"]
+__all__ = ["CompareRow", "compare", "evaluate", "failed", "rows_json", "solver_options", "FRONTIER_MIN_TIME",
+           "FRONTIER_MIN_MEMORY", "FRONTIER_BEST_FIT"]
