@@ -19,16 +19,14 @@ import dash
 import plotly.graph_objects as go
 from dash import Input, Output, State, ctx, html, no_update
 
-from tensoropt.optimizers import DEFAULT_OPTIMIZER
 from tensoropt.describe import fmt_bytes
 from tensoropt.errors import TensorOptError
+from tensoropt.optimizers import DEFAULT_OPTIMIZER
 from tensoropt.planmodel.fits import fits
-
 from tensoropt.workflow import read_cluster
 
 from . import figures
 from .layout import zoo_default_params, zoo_spec
-
 from .pipeline import DETECTED, Request, ResultStore, run_request
 from .uploads import accept_upload
 

@@ -7,7 +7,8 @@ Every clickable marker carries its plan id in ``customdata`` (Dash copies it int
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import plotly.graph_objects as go

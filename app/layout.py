@@ -9,8 +9,9 @@ from urllib.parse import parse_qsl
 
 from dash import dash_table, dcc, html
 
-from .figures import GPU_PRESETS_GIB
 from tensoropt.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
+
+from .figures import GPU_PRESETS_GIB
 
 _BOX = {"border": "1px solid #ddd", "borderRadius": "6px", "padding": "8px", "marginBottom": "8px"}
 _LABEL = {"fontWeight": "bold", "marginTop": "6px", "display": "block"}

@@ -6,8 +6,8 @@ Run it with ``tensoropt app`` (binds 127.0.0.1:8050), or ``create_app().run()``.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import dash
 

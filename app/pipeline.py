@@ -32,9 +32,10 @@ import json
 import os
 import tempfile
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tensoropt import workflow
 from tensoropt._io import write_json_atomic

@@ -36,6 +36,7 @@ def hetero_result(tiny_result, tmp_path_factory):
     ``big`` (1 GiB) and ``small`` (:data:`SMALL_BYTES`), baselines dp and m-topo (which fills the
     first device, big, before the next: the whole tiny model on big)."""
     from tensoropt.dashboard.pipeline import Request, run_request
+
     from tensoropt.cluster import Cluster, Device, LinkModel
 
     store, _, key, _ = tiny_result

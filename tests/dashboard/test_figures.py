@@ -2,11 +2,11 @@
 on unequal GPUs) and from the tiny model's simulated plans."""
 
 import pytest
-
 from tensoropt.dashboard import figures as F
+
 from tensoropt.cluster import Cluster, Device, LinkModel
-from tensoropt.planmodel.memory import StepMemory
 from tensoropt.frontier.track import MEMORY_PARTS
+from tensoropt.planmodel.memory import StepMemory
 from tensoropt.planmodel.simulate import SimResult, TimelineEvent
 
 MiB, GiB = 2 ** 20, 2 ** 30

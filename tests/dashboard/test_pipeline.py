@@ -7,9 +7,9 @@ import io
 import time
 
 import pytest
-
 from tensoropt.dashboard.pipeline import Request, run_request
 from tensoropt.dashboard.uploads import UploadError, accept_upload, decode
+
 from tensoropt import Cluster, CostModel, Plan, load_cluster
 from tensoropt.errors import ClusterSpecError, TensorOptError
 from tensoropt.frontier.track import CSV_COLUMNS
@@ -20,9 +20,9 @@ def _payload(data: bytes) -> str:
 
 
 def test_result_matches_the_library_and_is_reused(tiny_result):
-    from tensoropt.planmodel import simulate
     from tensoropt import track_frontier
     from tensoropt.frontier.graph_problem import candidate_meshes
+    from tensoropt.planmodel import simulate
 
     store, req, key, seen = tiny_result
     assert seen[-1][2] == "done" and any(m.startswith("profiling") for *_, m in seen if isinstance(m, str))
