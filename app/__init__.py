@@ -11,6 +11,9 @@ project's, so importing this folder as ``app`` is refused.
 - :mod:`.figures`: the plotly figures, pure functions;
 - :mod:`.layout`, :mod:`.callbacks`: the page and its callbacks;
 - :mod:`.uploads`: uploaded files, checked as data.
+
+This module only exports :func:`create_app` and refuses the ``app`` import name; it must not
+import anything else (``import tensoropt.dashboard`` should cost no more than the app itself).
 """
 
 if __name__ == "app":   # the folder found on sys.path (the repository root), not the installed package

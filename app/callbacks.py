@@ -6,6 +6,10 @@ Long work (capture, profiling, frontier tracking, baselines) runs as a Dash *bac
 dict, the result's key), never torch objects.  Every callback turns bad input into a message on
 the page (a :class:`~tensoropt.errors.TensorOptError`'s text) and leaves the rest of the page
 working.
+
+It owns the wiring (which input updates which output) and turning controls into a request; it
+must not compute (:mod:`.pipeline` does) nor draw (:mod:`.figures` does), and it must not hand
+torch objects to a background callback.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import dash
@@ -58,9 +63,10 @@ def model_spec(source: str, zoo_name: str | None, zoo_params: str | None, spec: 
             raise TensorOptError("upload an ONNX file first, or choose a zoo model")
         return onnx_path
     if source == "spec":
-        if not (spec or "").strip():
+        text = (spec or "").strip()
+        if not text:
             raise TensorOptError("write a model spec (zoo:NAME?k=v or file.py:factory)")
-        return spec.strip()
+        return text
     if not zoo_name:
         raise TensorOptError("choose a zoo model")
     return zoo_spec(zoo_name, zoo_params)
@@ -117,9 +123,30 @@ def plan_verdict(store: ResultStore, key: str, plan_id: str, budget: float | Non
     return f"does not fit {limit}: {figures.over_text(peaks, cluster, budget_bytes=budget, reserve_bytes=reserve)}"
 
 
-def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, ...] | None = None) -> None:
-    """Attach every callback of the page to ``app``; results live in ``store``; ``algos``: the
-    baseline placers to run (default: all)."""
+def _shown_key(store: ResultStore, done_key: str | None, partial_key: str | None) -> str | None:
+    """The result on show: the finished one when there is one, else the frontier whose baselines
+    still run."""
+    return done_key if done_key and store.complete(done_key) else partial_key
+
+
+def request_from_controls(source: str, zoo_name: str | None, zoo_params: str | None, spec: str | None,
+                          onnx_path: str | None, profile_path: str | None, batch: Any, csource: str,
+                          preset: str | None, cpath: str | None, devices: list[str] | None, optimizer: str | None,
+                          repeats: Any, warmup: int | None, *, algos: tuple[str, ...] | None) -> Request:
+    """The :class:`~.pipeline.Request` the run button asks for, from the controls' state; bad
+    input is a :class:`~tensoropt.errors.TensorOptError` saying what to fix."""
+    cluster = cluster_spec(csource, preset, cpath)
+    if not devices:
+        # the device list is filled from the cluster after the page loads: all of them
+        devices = list(read_cluster(cluster).names)
+    return Request(model=model_spec(source, zoo_name, zoo_params, spec, onnx_path), cluster=cluster,
+                   batch=int(batch) if batch not in (None, "") else None, devices=tuple(devices),
+                   optimizer=optimizer or DEFAULT_OPTIMIZER, profile=profile_path,
+                   repeats=int(repeats) if repeats else 5, warmup=int(warmup or 0), algos=algos)
+
+
+def _register_controls(app: dash.Dash, store: ResultStore) -> None:
+    """The model, cluster and budget controls: zoo defaults, uploads, the device list, presets."""
 
     @app.callback(Output("zoo-params", "value"), Input("zoo-name", "value"), prevent_initial_call=True)
     def _zoo_defaults(name: str) -> str:
@@ -139,11 +166,11 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
                   Input("cluster-upload", "contents"),
                   State("onnx-upload", "filename"), State("profile-upload", "filename"),
                   State("cluster-upload", "filename"), prevent_initial_call=True)
-    def _upload(onnx_c: Any, prof_c: Any, clus_c: Any, onnx_n: Any, prof_n: Any, clus_n: Any) -> tuple:
-        which = ctx.triggered_id
+    def _upload(onnx_c: str | None, prof_c: str | None, clus_c: str | None, onnx_n: str | None,
+                prof_n: str | None, clus_n: str | None) -> tuple[Any, ...]:
         kind, contents, name, slot = {"onnx-upload": ("onnx", onnx_c, onnx_n, 0),
                                       "profile-upload": ("profile", prof_c, prof_n, 1),
-                                      "cluster-upload": ("cluster", clus_c, clus_n, 2)}[which]
+                                      "cluster-upload": ("cluster", clus_c, clus_n, 2)}[ctx.triggered_id]
         out: list[Any] = [no_update, no_update, no_update]
         try:
             accepted = accept_upload(store, contents, name, kind)
@@ -153,11 +180,11 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
         out[slot] = str(accepted.path)
         return (*out, html.Div(accepted.message, className="upload-ok", style={"color": "#060"}))
 
-    @app.callback(Output("devices", "options"), Output("devices", "value"), Output("run-message", "children",
-                                                                                    allow_duplicate=True),
+    @app.callback(Output("devices", "options"), Output("devices", "value"),
+                  Output("run-message", "children", allow_duplicate=True),
                   Input("cluster-source", "value"), Input("cluster-preset", "value"), Input("cluster-path", "data"),
                   prevent_initial_call="initial_duplicate")
-    def _devices(source: str, preset: str, uploaded: str | None) -> tuple:
+    def _devices(source: str, preset: str | None, uploaded: str | None) -> tuple[Any, ...]:
         try:
             cluster = read_cluster(cluster_spec(source, preset, uploaded))
         except Exception as e:  # noqa: BLE001
@@ -167,11 +194,16 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
         return opts, list(cluster.names), ""
 
     @app.callback(Output("budget", "value"),
-                  *[Input(f"budget-{g}", "n_clicks") for g in figures.GPU_PRESETS_GIB], Input("budget-none", "n_clicks"),
-                  prevent_initial_call=True)
-    def _budget_preset(*_clicks: Any) -> Any:
+                  *[Input(f"budget-{g}", "n_clicks") for g in figures.GPU_PRESETS_GIB],
+                  Input("budget-none", "n_clicks"), prevent_initial_call=True)
+    def _budget_preset(*_clicks: int) -> float | None:
         which = ctx.triggered_id
         return None if which == "budget-none" else float(which.split("-")[1])
+
+
+def _register_run(app: dash.Dash, store: ResultStore, algos: tuple[str, ...] | None) -> None:
+    """The run button: :func:`~.pipeline.run_request` as a background job with a progress bar; the
+    frontier's key arrives as progress (``partial-key``) before the baselines are done."""
 
     @app.callback(
         Output("result-key", "data"), Output("run-message", "children"),
@@ -182,28 +214,20 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
         State("cluster-path", "data"), State("devices", "value"), State("optimizer", "value"),
         State("repeats", "value"), State("warmup", "data"),
         background=True,
-        # the frontier's key arrives as progress, before the baselines are done: the page shows it
         progress=[Output("progress", "value"), Output("progress", "max"), Output("progress-text", "children"),
                   Output("partial-key", "data")],
         running=[(Output("run", "disabled"), True, False)],
     )
-    def _run(set_progress: Any, _n: int, source: str, zoo_name: str, zoo_params: str, spec: str,
-             onnx_path: str | None, profile_path: str | None, batch: Any, csource: str, preset: str,
-             cpath: str | None, devices: list[str] | None, optimizer: str, repeats: Any, warmup: int) -> tuple:
+    def _run(set_progress: Callable[[tuple[str, str, str, str | None]], None], _n: int,
+             *controls: Any) -> tuple[Any, ...]:
         try:
-            cluster = cluster_spec(csource, preset, cpath)
-            if not devices:
-                # the device list is filled from the cluster after the page loads: all of them
-                devices = list(read_cluster(cluster).names)
-            req = Request(model=model_spec(source, zoo_name, zoo_params, spec, onnx_path), cluster=cluster,
-                          batch=int(batch) if batch not in (None, "") else None, devices=tuple(devices),
-                          optimizer=optimizer or DEFAULT_OPTIMIZER, profile=profile_path,
-                          repeats=int(repeats) if repeats else 5, warmup=int(warmup or 0), algos=algos)
-
+            # the States above, in request_from_controls' order
+            req = request_from_controls(*controls, algos=algos)
             partial: list[str | None] = [None]
 
-            def progress(stage: str, done: int, total: int, msg: str) -> None:
-                set_progress((str(done), str(max(total, 1)), msg if stage == "done" else f"{stage}: {msg}", partial[0]))
+            def progress(stage: str, done: int, total: int, message: str) -> None:
+                text = message if stage == "done" else f"{stage}: {message}"
+                set_progress((str(done), str(max(total, 1)), text, partial[0]))
 
             def frontier_ready(key: str) -> None:
                 partial[0] = key
@@ -216,13 +240,16 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
             return no_update, _explain(e)
         return key, ""
 
+
+def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
+    """The frontier figure, the summary above it, and which plan is selected."""
+
     @app.callback(Output("frontier-graph", "figure"), Output("result-summary", "children"),
                   Input("result-key", "data"), Input("partial-key", "data"), Input("budget", "value"),
                   Input("reserve", "value"), Input("selected-plan", "data"))
     def _frontier(done_key: str | None, partial_key: str | None, budget_gib: float | None,
-                  reserve_gib: float | None, selected: str | None) -> tuple:
-        # the finished result when there is one, else the frontier whose baselines still run
-        key = done_key if done_key and store.complete(done_key) else partial_key
+                  reserve_gib: float | None, selected: str | None) -> tuple[Any, ...]:
+        key = _shown_key(store, done_key, partial_key)
         if not key or not store.frontier_ready(key):
             return figures.frontier_figure([], title="no result yet: run profiling + frontier"), ""
         fig, lines = frontier_view(store, key, gib_bytes(budget_gib), reserve_bytes(reserve_gib), selected)
@@ -242,17 +269,20 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
             return no_update   # the baselines of the frontier on show are done: keep the selection
         return None   # a new result: the old selection is not one of its plans
 
+
+def _register_plan(app: dash.Dash, store: ResultStore) -> None:
+    """The selected plan's panel (summary, memory, timeline, graph, table) and the downloads."""
+
     @app.callback(Output("plan-panel", "style"), Output("plan-title", "children"), Output("plan-summary", "children"),
                   Output("memory-graph", "figure"), Output("gantt-graph", "figure"), Output("graph-graph", "figure"),
                   Output("plan-table", "data"),
                   Input("selected-plan", "data"), Input("budget", "value"), Input("reserve", "value"),
                   State("result-key", "data"), State("partial-key", "data"), prevent_initial_call=True)
     def _plan(plan_id: str | None, budget_gib: float | None, reserve_gib: float | None, done_key: str | None,
-              partial_key: str | None) -> tuple:
-        key = done_key if done_key and store.complete(done_key) else partial_key
-        hidden = ({"display": "none"}, "", [], no_update, no_update, no_update, [])
+              partial_key: str | None) -> tuple[Any, ...]:
+        key = _shown_key(store, done_key, partial_key)
         if not plan_id or not key:
-            return hidden
+            return ({"display": "none"}, "", [], no_update, no_update, no_update, [])
         budget, reserve = gib_bytes(budget_gib), reserve_bytes(reserve_gib)
         try:
             plan, graph, cluster = store.plan(key, plan_id), store.graph(key), store.cluster(key)
@@ -270,7 +300,7 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
                   State("selected-plan", "data"), State("result-key", "data"), State("partial-key", "data"),
                   prevent_initial_call=True)
     def _download_plan(_n: int, plan_id: str | None, done_key: str | None, partial_key: str | None) -> Any:
-        key = done_key if done_key and store.complete(done_key) else partial_key
+        key = _shown_key(store, done_key, partial_key)
         if not plan_id or not key:
             return no_update
         plan = store.plan(key, plan_id)
@@ -279,12 +309,21 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
     @app.callback(Output("download-csv", "data"), Input("download-csv-button", "n_clicks"),
                   State("result-key", "data"), State("partial-key", "data"), prevent_initial_call=True)
     def _download_csv(_n: int, done_key: str | None, partial_key: str | None) -> Any:
-        key = done_key if done_key and store.complete(done_key) else partial_key
+        key = _shown_key(store, done_key, partial_key)
         if not key or not store.frontier_ready(key):
             return no_update
         s = store.summary(key)
         return {"content": store.frontier_csv(key), "filename": f"frontier-{s['graph_name']}.csv"}
 
 
+def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, ...] | None = None) -> None:
+    """Attach every callback of the page to ``app``; results live in ``store``; ``algos``: the
+    baseline placers to run (default: all)."""
+    _register_controls(app, store)
+    _register_run(app, store, algos)
+    _register_frontier(app, store)
+    _register_plan(app, store)
+
+
 __all__ = ["register_callbacks", "cluster_spec", "model_spec", "gib_bytes", "reserve_bytes", "plan_verdict",
-           "frontier_view"]
+           "frontier_view", "request_from_controls"]

@@ -3,6 +3,9 @@ rows, baseline rows, a :class:`~tensoropt.SimResult`, a :class:`~tensoropt.Plan`
 :class:`~tensoropt.OpGraph`): testable without a browser or a Dash server.
 
 Every clickable marker carries its plan id in ``customdata`` (Dash copies it into ``clickData``).
+
+It owns how things are drawn and the words beside them; it must not read files, simulate or
+touch Dash (the callbacks hand it plain values).
 """
 
 from __future__ import annotations
@@ -176,12 +179,15 @@ def frontier_figure(rows: Sequence[FrontierRow], baselines: Sequence[BaselineDic
     :class:`~tensoropt.dashboard.pipeline.BaselineRow` dicts.  Plans need a ``cluster`` (a :class:`ValueError`
     without one).  O(points × devices)."""
     placed = [b for b in baselines if b.get("plan_id") and b.get("peak_memory_bytes") is not None]
-    if (rows or placed) and cluster is None:
-        raise ValueError("frontier_figure needs the cluster to tell which plans fit")
-    limits = {"budget_bytes": budget_bytes, "reserve_bytes": reserve_bytes}
     peaks = plan_peaks(rows, placed)
-    fit = fit_flags(rows, placed, cluster, **limits) if peaks else {}
-    over = {p: "" if ok else over_text(peaks[p], cluster, **limits) for p, ok in fit.items()}
+    fit: dict[str, bool] = {}
+    over: dict[str, str] = {}
+    if cluster is not None:
+        fit = fit_flags(rows, placed, cluster, budget_bytes=budget_bytes, reserve_bytes=reserve_bytes)
+        over = {p: "" if ok else over_text(peaks[p], cluster, budget_bytes=budget_bytes, reserve_bytes=reserve_bytes)
+                for p, ok in fit.items()}
+    elif rows or placed:
+        raise ValueError("frontier_figure needs the cluster to tell which plans fit")
     mems = [float(r["memory_bytes"]) for r in rows] + [float(b["peak_memory_bytes"]) for b in placed]
     scale, unit = _unit(max(mems, default=1.0))
     fig = go.Figure()
@@ -291,7 +297,7 @@ def mesh_label(devices: Sequence[str]) -> str:
     return ",".join(devices)
 
 
-def plan_table_rows(plan: Plan, graph: OpGraph) -> list[dict[str, Any]]:
+def plan_table_rows(plan: Plan, graph: OpGraph) -> list[dict[str, str]]:
     """One row per operator in the plan's order: node, op, module path, devices, layout, recompute."""
     rows = []
     for name in plan.order:

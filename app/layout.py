@@ -1,14 +1,21 @@
 """The page: controls on the left (model, cluster, devices, batch, run with a progress bar, the
 memory budget and reserve per device), the frontier and the chosen plan on the right.  Component ids are the contract
-with :mod:`.callbacks` and the browser tests."""
+with :mod:`.callbacks` and the browser tests.
+
+It owns the components and their ids; it must not compute anything beyond the controls' default
+values (the zoo's parameters, the preset names) nor register callbacks.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 from urllib.parse import parse_qsl
 
-from dash import dash_table, dcc, html
+from dash import dcc, html
+from dash.dash_table.DataTable import DataTable
 
+from tensoropt import zoo
+from tensoropt.cluster import list_presets
 from tensoropt.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
 from .figures import GPU_PRESETS_GIB
@@ -28,8 +35,6 @@ def split_zoo_spec(spec: str) -> tuple[str, str]:
 
 def zoo_default_params(name: str) -> str:
     """The zoo model's default parameters as ``k=v&…`` (what the parameters box shows)."""
-    from tensoropt import zoo
-
     try:
         params = zoo.get(name).params()
     except ValueError:
@@ -44,74 +49,92 @@ def zoo_spec(name: str, params: str | None) -> str:
     return f"zoo:{name}" + (f"?{query}" if query else "")
 
 
-def build_layout(*, default_model: str, default_cluster: str, repeats: int, warmup: int) -> Any:
-    from tensoropt import list_presets, zoo
-
+def _model_box(default_model: str) -> html.Div:
+    """Model: zoo / uploaded ONNX / spec, the zoo parameters, the uploads, the batch size."""
     zoo_name, zoo_params = split_zoo_spec(default_model) if default_model.startswith("zoo:") else ("gpt2", "")
+    return html.Div(style=_BOX, children=[
+        html.Span("Model", style=_LABEL),
+        dcc.RadioItems(id="model-source", value="zoo" if default_model.startswith("zoo:") else "spec",
+                       options=[{"label": " zoo", "value": "zoo"}, {"label": " uploaded ONNX", "value": "onnx"},
+                                {"label": " spec", "value": "spec"}],
+                       inline=True),
+        dcc.Dropdown(id="zoo-name", options=list(zoo.ZOO), value=zoo_name, clearable=False),
+        dcc.Input(id="zoo-params", value=zoo_params, debounce=True, style={"width": "100%"},
+                  placeholder="parameters, e.g. layers=2&seq_len=128 (tiny=1 for the test size)"),
+        dcc.Input(id="model-spec", value="" if default_model.startswith("zoo:") else default_model,
+                  debounce=True, style={"width": "100%", "marginTop": "4px"},
+                  placeholder="or a spec: zoo:NAME?k=v, file.py:factory"),
+        dcc.Upload(id="onnx-upload", children=html.Div("drop or click: an ONNX file"), style=_UPLOAD,
+                   accept=".onnx"),
+        dcc.Upload(id="profile-upload", children=html.Div("optional: a saved profile JSON of this model"),
+                   style=_UPLOAD, accept=".json"),
+        html.Span("Batch size", style=_LABEL),
+        dcc.Input(id="batch", type="number", min=1, step=1, placeholder="the model's own",
+                  style={"width": "100%"}),
+    ])
+
+
+def _cluster_box(default_cluster: str, repeats: int, warmup: int) -> html.Div:
+    """Cluster: preset / uploaded / detected, the devices to use, the optimizer, profiling repeats."""
     preset = default_cluster[len("preset:"):] if default_cluster.startswith("preset:") else list_presets()[0]
-    controls = html.Div(style={"width": "330px", "flex": "0 0 330px", "fontSize": "14px"}, children=[
-        html.H3("tensoropt", style={"margin": "4px 0"}),
-        html.Div(style=_BOX, children=[
-            html.Span("Model", style=_LABEL),
-            dcc.RadioItems(id="model-source", value="zoo" if default_model.startswith("zoo:") else "spec",
-                           options=[{"label": " zoo", "value": "zoo"}, {"label": " uploaded ONNX", "value": "onnx"},
-                                    {"label": " spec", "value": "spec"}],
-                           inline=True),
-            dcc.Dropdown(id="zoo-name", options=list(zoo.ZOO), value=zoo_name, clearable=False),
-            dcc.Input(id="zoo-params", value=zoo_params, debounce=True, style={"width": "100%"},
-                      placeholder="parameters, e.g. layers=2&seq_len=128 (tiny=1 for the test size)"),
-            dcc.Input(id="model-spec", value="" if default_model.startswith("zoo:") else default_model,
-                      debounce=True, style={"width": "100%", "marginTop": "4px"},
-                      placeholder="or a spec: zoo:NAME?k=v, file.py:factory"),
-            dcc.Upload(id="onnx-upload", children=html.Div("drop or click: an ONNX file"), style=_UPLOAD,
-                       accept=".onnx"),
-            dcc.Upload(id="profile-upload", children=html.Div("optional: a saved profile JSON of this model"),
-                       style=_UPLOAD, accept=".json"),
-            html.Span("Batch size", style=_LABEL),
-            dcc.Input(id="batch", type="number", min=1, step=1, placeholder="the model's own",
-                      style={"width": "100%"}),
-        ]),
-        html.Div(style=_BOX, children=[
-            html.Span("Cluster", style=_LABEL),
-            dcc.RadioItems(id="cluster-source", value="preset", inline=True,
-                           options=[{"label": " preset", "value": "preset"},
-                                    {"label": " uploaded YAML", "value": "upload"},
-                                    {"label": " this machine's GPUs", "value": "detected"}]),
-            dcc.Dropdown(id="cluster-preset", options=list_presets(), value=preset, clearable=False),
-            dcc.Upload(id="cluster-upload", children=html.Div("drop or click: a cluster YAML"), style=_UPLOAD,
-                       accept=".yaml,.yml,.json"),
-            html.Span("Devices to use", style=_LABEL),
-            dcc.Checklist(id="devices", options=[], value=[], inline=True,
-                          inputStyle={"marginRight": "3px", "marginLeft": "8px"}),
-            html.Span("Optimizer", style=_LABEL),
-            dcc.Dropdown(id="optimizer", options=list(OPTIMIZER_ALPHA), value=DEFAULT_OPTIMIZER, clearable=False),
-            html.Span("Profiling repeats", style=_LABEL),
-            dcc.Input(id="repeats", type="number", min=1, step=1, value=repeats, style={"width": "100%"}),
-            dcc.Store(id="warmup", data=warmup),
-        ]),
+    return html.Div(style=_BOX, children=[
+        html.Span("Cluster", style=_LABEL),
+        dcc.RadioItems(id="cluster-source", value="preset", inline=True,
+                       options=[{"label": " preset", "value": "preset"},
+                                {"label": " uploaded YAML", "value": "upload"},
+                                {"label": " this machine's GPUs", "value": "detected"}]),
+        dcc.Dropdown(id="cluster-preset", options=list_presets(), value=preset, clearable=False),
+        dcc.Upload(id="cluster-upload", children=html.Div("drop or click: a cluster YAML"), style=_UPLOAD,
+                   accept=".yaml,.yml,.json"),
+        html.Span("Devices to use", style=_LABEL),
+        dcc.Checklist(id="devices", options=[], value=[], inline=True,
+                      inputStyle={"marginRight": "3px", "marginLeft": "8px"}),
+        html.Span("Optimizer", style=_LABEL),
+        dcc.Dropdown(id="optimizer", options=list(OPTIMIZER_ALPHA), value=DEFAULT_OPTIMIZER, clearable=False),
+        html.Span("Profiling repeats", style=_LABEL),
+        dcc.Input(id="repeats", type="number", min=1, step=1, value=repeats, style={"width": "100%"}),
+        dcc.Store(id="warmup", data=warmup),
+    ])
+
+
+def _run_controls() -> list[Any]:
+    """The run button, its progress bar and the message lines under it."""
+    return [
         html.Button("Run profiling + frontier", id="run", n_clicks=0,
                     style={"width": "100%", "padding": "8px", "fontWeight": "bold"}),
         html.Progress(id="progress", value="0", max="1", style={"width": "100%", "marginTop": "6px"}),
         html.Div(id="progress-text", style={"fontSize": "85%", "color": "#555", "minHeight": "1.2em"}),
         html.Div(id="upload-message", style={"fontSize": "90%", "whiteSpace": "pre-wrap"}),
         html.Div(id="run-message", style={"fontSize": "90%", "whiteSpace": "pre-wrap", "color": "#a00"}),
-        html.Div(style=_BOX, children=[
-            html.Span("Memory budget per device (GiB)", style=_LABEL),
-            dcc.Input(id="budget", type="number", min=0, step="any", placeholder="none: each device's own",
-                      debounce=True, style={"width": "100%"}),
-            html.Div([html.Button(f"{g} GiB", id=f"budget-{g}", n_clicks=0, style={"marginRight": "4px"})
-                      for g in GPU_PRESETS_GIB] + [html.Button("none", id="budget-none", n_clicks=0)],
-                     style={"marginTop": "4px"}),
-            html.Span("Reserve per device (GiB)", style=_LABEL,
-                      title="what the framework keeps on each device beside the model (CUDA context, allocator "
-                            "slack): a plan fits when each device's peak ≤ min(its memory, budget) − reserve"),
-            dcc.Input(id="reserve", type="number", min=0, step="any", value=0, debounce=True,
-                      style={"width": "100%"}),
-        ]),
-        dcc.Store(id="onnx-path"), dcc.Store(id="profile-path"), dcc.Store(id="cluster-path"),
-        dcc.Store(id="result-key"), dcc.Store(id="partial-key"), dcc.Store(id="selected-plan"),
+    ]
+
+
+def _budget_box() -> html.Div:
+    """The memory budget (with GPU presets) and the reserve per device."""
+    return html.Div(style=_BOX, children=[
+        html.Span("Memory budget per device (GiB)", style=_LABEL),
+        dcc.Input(id="budget", type="number", min=0, step="any", placeholder="none: each device's own",
+                  debounce=True, style={"width": "100%"}),
+        html.Div([html.Button(f"{g} GiB", id=f"budget-{g}", n_clicks=0, style={"marginRight": "4px"})
+                  for g in GPU_PRESETS_GIB] + [html.Button("none", id="budget-none", n_clicks=0)],
+                 style={"marginTop": "4px"}),
+        html.Span("Reserve per device (GiB)", style=_LABEL,
+                  title="what the framework keeps on each device beside the model (CUDA context, allocator "
+                        "slack): a plan fits when each device's peak ≤ min(its memory, budget) − reserve"),
+        dcc.Input(id="reserve", type="number", min=0, step="any", value=0, debounce=True,
+                  style={"width": "100%"}),
     ])
-    plan_panel = html.Div(id="plan-panel", style={"display": "none"}, children=[
+
+
+def _stores() -> list[Any]:
+    """The page's state: uploaded paths, the result keys, the selected plan."""
+    return [dcc.Store(id="onnx-path"), dcc.Store(id="profile-path"), dcc.Store(id="cluster-path"),
+            dcc.Store(id="result-key"), dcc.Store(id="partial-key"), dcc.Store(id="selected-plan")]
+
+
+def _plan_panel() -> html.Div:
+    """The selected plan: title, summary, download, memory and graph figures, timeline, table."""
+    return html.Div(id="plan-panel", style={"display": "none"}, children=[
         html.H4(id="plan-title", style={"margin": "6px 0"}),
         html.Ul(id="plan-summary", style={"fontSize": "90%"}),
         html.Div([html.Button("Download plan JSON", id="download-plan-button", n_clicks=0),
@@ -121,11 +144,22 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
             html.Div(dcc.Graph(id="graph-graph"), style={"flex": "1 1 0", "minWidth": "0"}),
         ]),
         dcc.Graph(id="gantt-graph"),
-        dash_table.DataTable(id="plan-table", page_size=15, sort_action="native", filter_action="native",
-                             style_cell={"fontSize": "12px", "textAlign": "left", "maxWidth": "320px",
-                                         "overflow": "hidden", "textOverflow": "ellipsis"},
-                             columns=[{"name": c, "id": c} for c in
-                                      ("node", "op", "module", "devices", "layout", "recompute")]),
+        DataTable(id="plan-table", page_size=15, sort_action="native", filter_action="native",
+                  style_cell={"fontSize": "12px", "textAlign": "left", "maxWidth": "320px",
+                              "overflow": "hidden", "textOverflow": "ellipsis"},
+                  columns=[{"name": c, "id": c} for c in ("node", "op", "module", "devices", "layout", "recompute")]),
+    ])
+
+
+def build_layout(*, default_model: str, default_cluster: str, repeats: int, warmup: int) -> html.Div:
+    """The whole page: the controls column and the results column."""
+    controls = html.Div(style={"width": "330px", "flex": "0 0 330px", "fontSize": "14px"}, children=[
+        html.H3("tensoropt", style={"margin": "4px 0"}),
+        _model_box(default_model),
+        _cluster_box(default_cluster, repeats, warmup),
+        *_run_controls(),
+        _budget_box(),
+        *_stores(),
     ])
     main = html.Div(style={"flex": "1", "minWidth": "0"}, children=[
         html.Div(id="result-summary", style={"fontSize": "90%"}),
@@ -133,7 +167,7 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
         html.Div([html.Button("Download frontier CSV", id="download-csv-button", n_clicks=0),
                   dcc.Download(id="download-csv"),
                   html.Span(" click a point to see its plan", style={"color": "#555", "fontSize": "90%"})]),
-        plan_panel,
+        _plan_panel(),
     ])
     return html.Div(style={"display": "flex", "gap": "16px", "padding": "8px", "fontFamily": "sans-serif"},
                     children=[controls, main])

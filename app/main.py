@@ -1,6 +1,9 @@
 """``create_app()``: the tensoropt dashboard as a Dash app (issue 7).
 
 Run it with ``tensoropt app`` (binds 127.0.0.1:8050), or ``create_app().run()``.
+
+It owns assembling the app (store, background manager, upload limit, layout, callbacks); it
+must not compute anything when the app is built (the page's first load starts the work).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import dash
+import diskcache
 
 from .callbacks import register_callbacks
 from .layout import build_layout
@@ -17,7 +21,7 @@ from .pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL, ResultStore, default_cache
 from .uploads import UPLOAD_KINDS
 
 
-def create_app(*, cache_dir: str | os.PathLike | None = None, default_model: str = DEFAULT_MODEL,
+def create_app(*, cache_dir: str | os.PathLike[str] | None = None, default_model: str = DEFAULT_MODEL,
                default_cluster: str = DEFAULT_CLUSTER, repeats: int = 3, warmup: int = 1,
                algos: Sequence[str] | None = None) -> dash.Dash:
     """The dashboard.  ``cache_dir``: where results, uploads and the background-job cache live
@@ -27,8 +31,6 @@ def create_app(*, cache_dir: str | os.PathLike | None = None, default_model: str
     (default: all of :data:`tensoropt.placers.PLACERS`).  Building the app computes nothing: the
     page's first load starts the default run (background job, progress bar), and a request
     already computed is read back from ``cache_dir`` at once."""
-    import diskcache
-
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     store = ResultStore(root)
     manager = dash.DiskcacheManager(diskcache.Cache(str(root / "jobs")))

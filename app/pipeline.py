@@ -9,6 +9,10 @@ leave :func:`run_request`; the folder holds the graph, the profile, the cluster,
 baselines, so a later visit with the same request reads them back instead of computing (the
 "second visit is instant" of issue 7), and a click on a point needs only JSON files.
 
+It owns the result folders and what the page reads from them; it must not import Dash (it runs
+in the background process and in tests without a server) nor decide the work (that is
+:func:`tensoropt.workflow.explore`'s).
+
 Folder layout (``<cache_dir>/results/<key>/``)::
 
     request.json   the request
@@ -35,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tensoropt import workflow
 from tensoropt._io import write_json_atomic
@@ -57,6 +61,9 @@ DEFAULT_CLUSTER = "preset:titan-rtx-5"
 RESULT_VERSION = 3
 #: the MILP placers' solver time limit in the dashboard: a page should not wait minutes for them
 MILP_TIME_LIMIT_S = 10.0
+T = TypeVar("T")
+#: what a :class:`ResultStore` memo entry is keyed by: (result key, what, …)
+MemoKey = tuple[str | int, ...]
 
 
 def default_cache_dir() -> Path:
@@ -198,9 +205,9 @@ class ResultStore:
     Loaded graphs, profiles, clusters and simulations are kept in a small LRU (``memo`` entries)
     so that clicking through the points of one result does not re-read its files."""
 
-    def __init__(self, cache_dir: str | os.PathLike | None = None, *, memo: int = 64):
+    def __init__(self, cache_dir: str | os.PathLike[str] | None = None, *, memo: int = 64):
         self.root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        self._memo: OrderedDict[tuple, Any] = OrderedDict()
+        self._memo: OrderedDict[MemoKey, Any] = OrderedDict()
         self._memo_size = memo
 
     def folder(self, key: str) -> Path:
@@ -223,10 +230,11 @@ class ResultStore:
         """The frontier's files are there (the baselines may still be running)."""
         return self.complete(key) or (self.root / "results" / key / "frontier-summary.json").is_file()
 
-    def _cached(self, what: tuple, load: Callable[[], Any]) -> Any:
+    def _cached(self, what: MemoKey, load: Callable[[], T]) -> T:
         if what in self._memo:
             self._memo.move_to_end(what)
-            return self._memo[what]
+            value: T = self._memo[what]
+            return value
         value = load()
         self._memo[what] = value
         while len(self._memo) > self._memo_size:
@@ -243,9 +251,9 @@ class ResultStore:
             return self._cached((key, "summary"), lambda: self._json(key, "summary.json"))
         return self._json(key, "frontier-summary.json")
 
-    def frontier_rows(self, key: str) -> list[dict[str, Any]]:
+    def frontier_rows(self, key: str) -> list[dict[str, str]]:
         """The rows of ``frontier.csv`` (strings, as written)."""
-        def load() -> list[dict[str, Any]]:
+        def load() -> list[dict[str, str]]:
             with open(self.folder(key) / "frontier.csv", newline="", encoding="utf-8") as f:
                 return list(csv.DictReader(f))
         return self._cached((key, "rows"), load)

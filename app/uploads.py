@@ -5,6 +5,9 @@ is too large or of the wrong kind, saves it under the store's ``uploads/`` folde
 content hash, and reads it once with the library's own reader (``onnx.load``, JSON,
 ``yaml.safe_load``) so that a malformed file is reported at once, with the reader's message.
 Nothing uploaded is executed or unpickled.
+
+It owns the checks on uploaded bytes and where they are saved; it must not execute, import or
+unpickle anything uploaded, nor start any work on it (the run button does).
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from tensoropt.capture import load_onnx
+from tensoropt.cluster import Cluster
 from tensoropt.describe import fmt_bytes
 from tensoropt.errors import TensorOptError
+from tensoropt.measure import CostModel
 
 from .pipeline import ResultStore, save_upload
 
@@ -40,7 +46,7 @@ class Accepted:
     message: str
 
 
-def decode(contents: str, filename: str, kind: str) -> tuple[bytes, str]:
+def decode(contents: str | None, filename: str | None, kind: str) -> tuple[bytes, str]:
     """``(bytes, suffix)`` of a ``dcc.Upload`` payload of ``kind`` (a key of
     :data:`UPLOAD_KINDS`), after the name and size checks.  O(size)."""
     suffixes, limit = UPLOAD_KINDS[kind]
@@ -62,26 +68,23 @@ def decode(contents: str, filename: str, kind: str) -> tuple[bytes, str]:
     return data, suffix
 
 
-def accept_upload(store: ResultStore, contents: str, filename: str, kind: str) -> Accepted:
+def accept_upload(store: ResultStore, contents: str | None, filename: str | None, kind: str) -> Accepted:
     """Decode, save and read an upload (module docstring); :class:`UploadError` or the reader's
     :class:`~tensoropt.errors.TensorOptError` when it is not usable."""
     data, suffix = decode(contents, filename, kind)
+    name = filename or "upload"
     path = save_upload(store, data, suffix)
     try:
-        return _read(path, data, filename, kind)
+        return _read(path, data, name, kind)
     except TensorOptError as e:   # the readers name the saved file: name the user's file instead
-        raise type(e)(str(e).replace(str(path), filename)) from None
+        raise type(e)(str(e).replace(str(path), name)) from None
 
 
 def _read(path: Path, data: bytes, name: str, kind: str) -> Accepted:
     if kind == "onnx":
-        from tensoropt import load_onnx
-
         graph = load_onnx(path)
         return Accepted(path, f"{name}: ONNX graph {graph.name!r}, {len(graph.ops)} operators")
     if kind == "profile":
-        from tensoropt import CostModel
-
         try:
             d = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -90,8 +93,6 @@ def _read(path: Path, data: bytes, name: str, kind: str) -> Accepted:
         return Accepted(path, f"{name}: profile of {costs.graph_name!r} with {len(costs)} nodes "
                               "(used instead of profiling when it belongs to the chosen model)")
     if kind == "cluster":
-        from tensoropt import Cluster
-
         cluster = Cluster.load(path)
         return Accepted(path, f"{name}: cluster {cluster.name!r} with {len(cluster)} devices")
     raise UploadError(f"unknown upload kind {kind!r}")
