@@ -668,8 +668,9 @@ def _gloo_entry(rank: int, world_size: int, port: int, q: Queue[Message], job: s
         steady_malloc()   # the regime the executors' ranks run in (tensoropt._malloc)
         torch.set_num_threads(1)
         td = datetime.timedelta(seconds=timeout_s)
-        # torch.distributed re-exports TCPStore from its C extension without listing it as public
-        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=td)  # type: ignore[attr-defined]
+        # torch.distributed re-exports TCPStore from its C extension without listing it as public (mypy flags
+        # it or not depending on its cache, hence unused-ignore too)
+        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=td)  # type: ignore[attr-defined, unused-ignore]
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=td)
         q.put(("ready", rank, None))
         result = _JOBS[job](rank, world_size, lambda done, what: q.put(("progress", rank, (done, what))), **kwargs)
@@ -693,7 +694,7 @@ def _run_gloo(world_size: int, job: str, kwargs: dict[str, Any], *, timeout_s: f
     """
     td = datetime.timedelta(seconds=timeout_s)
     # not listed as public by torch.distributed (see _gloo_entry)
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=td,  # type: ignore[attr-defined]
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=td,  # type: ignore[attr-defined, unused-ignore]
                           wait_for_workers=False)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

@@ -64,7 +64,9 @@ def launch(job: str | Callable[..., Any], world_size: int, kwargs: dict | None =
         job = f"{job.__module__}:{job.__name__}"
     if world_size < 1:
         raise DistributedError(f"world size must be at least 1, got {world_size}")
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=timeout_s),
+    # torch.distributed re-exports TCPStore from its C extension without listing it as public
+    store = dist.TCPStore("127.0.0.1", 0, None, True,  # type: ignore[attr-defined, unused-ignore]
+                          timeout=datetime.timedelta(seconds=timeout_s),
                           wait_for_workers=False)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

@@ -121,7 +121,9 @@ class Program:
     @property
     def loss_ranks(self) -> frozenset[int]:
         """The ranks that hold a model output (or a loss term): each computes its part of the loss."""
-        return frozenset(range(self.world_size)) if None in self.output_ranks else frozenset(self.output_ranks)
+        if None in self.output_ranks:
+            return frozenset(range(self.world_size))
+        return frozenset(r for r in self.output_ranks if r is not None)
 
     def collective_counts(self) -> dict[str, int]:
         """Collective kind → how many a step runs (forward; as many again in backward)."""

@@ -144,7 +144,9 @@ def init_runtime(*, rank: int | None = None, world_size: int | None = None, mast
                                    "every rank")
         host = (rank == 0) if host_store is None else host_store
         try:
-            store = dist.TCPStore(addr, port, world_size if host else None, host, timeout=td,
+            # torch.distributed re-exports TCPStore from its C extension without listing it as public
+            store = dist.TCPStore(addr, port, world_size if host else None, host,  # type: ignore[attr-defined, unused-ignore]
+                                  timeout=td,
                                   wait_for_workers=False)
         except (RuntimeError, OSError) as e:
             text = str(e)
