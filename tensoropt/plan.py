@@ -34,10 +34,15 @@ import enum
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._io import graph_file_header, read_json, write_json_atomic
 from .errors import GraphFormatError, TensorOptError
+
+# for annotations only: tensoropt.graph imports this module (for Layout), and the cluster is a layer above
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .graph import OpGraph
 
 PLAN_FORMAT = "tensoropt.plan/1"
 
@@ -223,7 +228,7 @@ class Plan:
         return Plan.from_dict(d)
 
     # ---- checks ------------------------------------------------------------------------------
-    def check(self, graph: Any, cluster: Any = None) -> None:
+    def check(self, graph: OpGraph, cluster: Cluster | None = None) -> None:
         """Refuse a plan that does not fit ``graph`` (and ``cluster``): another graph's
         fingerprint, an operator without a configuration or a configuration for an unknown
         node, a layout the op cannot take, an order that is not a topological order of the
@@ -300,7 +305,7 @@ class Plan:
         write_json_atomic(path, self.to_dict())
 
     @classmethod
-    def load(cls, path: str | os.PathLike, graph: Any = None, cluster: Any = None) -> Plan:
+    def load(cls, path: str | os.PathLike, graph: OpGraph | None = None, cluster: Cluster | None = None) -> Plan:
         """Read a plan; with ``graph`` (and ``cluster``), also refuse one that does not fit them."""
         plan = cls.from_dict(read_json(path, "plan"), where=str(path))
         if graph is not None:

@@ -38,7 +38,7 @@ from typing import Any
 
 from .._io import graph_file_header, read_json, write_json_atomic
 from ..errors import GraphFormatError, ProfileError
-from ..graph import split_fits
+from ..graph import OpGraph, split_fits
 from ..plan import SPLIT_LAYOUTS, Layout
 
 PROFILE_FORMAT = "tensoropt.profile/1"
@@ -206,7 +206,7 @@ class CostModel:
         """The ``k`` nodes with the largest forward + backward time."""
         return sorted(self.nodes.values(), key=lambda n: -(n.fp_s + n.bp_s))[:k]
 
-    def check_graph(self, graph: Any) -> None:
+    def check_graph(self, graph: OpGraph) -> None:
         """Refuse a graph this profile was not made for, naming both fingerprints and the fix."""
         fp = graph.fingerprint
         if fp != self.graph_fingerprint:
@@ -240,7 +240,7 @@ class CostModel:
         write_json_atomic(path, self.to_dict())
 
     @classmethod
-    def load(cls, path: str | os.PathLike, graph: Any = None) -> CostModel:
+    def load(cls, path: str | os.PathLike, graph: OpGraph | None = None) -> CostModel:
         """Read a profile; with ``graph``, also refuse it if it was made for another graph."""
         cm = cls.from_dict(read_json(path, "profile"), where=str(path))
         if graph is not None:

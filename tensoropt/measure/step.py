@@ -91,6 +91,7 @@ from .._malloc import steady_malloc
 from ..capture.precision import check_precision, precision_context
 from ..errors import ProfileError
 from ..optimizers import DEFAULT_OPTIMIZER
+from ..plan import Plan
 
 __all__ = ["OPTIMIZERS", "StepMeasurement", "make_optimizer", "measure_step", "plan_optimizer", "training_loss"]
 
@@ -220,7 +221,7 @@ def make_optimizer(name: str, params, *, lr: float = 1e-3) -> torch.optim.Optimi
                        f"({'; '.join(f'{k} = {v[0]}' for k, v in OPTIMIZERS.items())})")
 
 
-def plan_optimizer(plan: Any) -> str:
+def plan_optimizer(plan: Plan) -> str:
     """The optimizer a plan was sized for (its ``options["optimizer"]``, an integer α read as the
     Adam-like / momentum / SGD optimizer of that state), :data:`~tensoropt.planmodel.memory.DEFAULT_OPTIMIZER`
     when it names none: what the executors train it with."""

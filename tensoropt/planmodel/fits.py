@@ -27,6 +27,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..cluster import Cluster
 from ..cluster.units import parse_size
 from ..errors import TensorOptError
 
@@ -45,7 +46,7 @@ def check_budget_value(budget: Any, what: str = "budget") -> int | float | None:
     return budget
 
 
-def usable_bytes(cluster: Any, device: str, *, budget: int | float | None = None, reserve: int = 0) -> float:
+def usable_bytes(cluster: Cluster, device: str, *, budget: int | float | None = None, reserve: int = 0) -> float:
     """What a plan may use on ``device``: ``min(capacity, budget) − reserve``.  O(1)."""
     cap = float(cluster.device(device).memory_bytes)
     if budget is not None:
@@ -53,7 +54,7 @@ def usable_bytes(cluster: Any, device: str, *, budget: int | float | None = None
     return cap - reserve
 
 
-def over_by(peaks: Mapping[str, int], cluster: Any, *, budget: int | float | None = None,
+def over_by(peaks: Mapping[str, int], cluster: Cluster, *, budget: int | float | None = None,
             reserve: int = 0) -> dict[str, int]:
     """The devices whose peak exceeds their usable memory, with the excess in bytes (empty when
     the plan fits).  O(devices)."""
@@ -65,6 +66,6 @@ def over_by(peaks: Mapping[str, int], cluster: Any, *, budget: int | float | Non
     return out
 
 
-def fits(peaks: Mapping[str, int], cluster: Any, *, budget: int | float | None = None, reserve: int = 0) -> bool:
+def fits(peaks: Mapping[str, int], cluster: Cluster, *, budget: int | float | None = None, reserve: int = 0) -> bool:
     """Whether every device's peak is within its usable memory (module docstring).  O(devices)."""
     return not over_by(peaks, cluster, budget=budget, reserve=reserve)
