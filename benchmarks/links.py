@@ -8,7 +8,7 @@
     latency, bandwidth, duplex and R² per ordered pair, and the measured vs fitted time per size.
     duplex comes from a simultaneous exchange (both ranks isend + irecv the same size at once) at
     the three largest sizes: Σ bytes / bandwidth ÷ Σ (exchange time − latency)
-    (tensoropt.cluster.bench.fit_duplex).  Both directions are pooled into one link.
+    (tensoropt.cluster.linkfit.fit_duplex).  Both directions are pooled into one link.
 (b) Times the gloo collectives (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast) on
     2, 3 and 4 processes at a few sizes (median of --coll-repeats, slowest rank) and compares each
     with three predictions on a cluster whose every pair has the pooled loopback link of (a):
@@ -37,7 +37,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tensoropt.cluster import Cluster, Device, LinkModel, collectives, fmt_size, parse_size
-from tensoropt.cluster.bench import bench_links, fit_duplex, fit_link, measure_collectives
+from tensoropt.cluster.bench import bench_links, measure_collectives
+from tensoropt.cluster.linkfit import fit_duplex, fit_link
 from tensoropt.describe import fmt_bytes
 
 FORMULAS = {
