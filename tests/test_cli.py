@@ -9,6 +9,7 @@ import torch
 from conftest import run_cli as run
 
 from tensoropt import OpGraph
+from tensoropt.measure import CostModel
 
 
 def test_zoo_lists_models(capsys):
@@ -61,8 +62,6 @@ def test_console_script_is_installed():
 
 
 def test_profile_prints_top_ops_and_writes_a_profile(capsys, tmp_path):
-    from tensoropt.measure import CostModel
-
     out_json = tmp_path / "p.json"
     code, out, _ = run(capsys, "profile", "zoo:vgg16?tiny=1", "--batch", "2", "--degrees", "1,2",
                        "--repeats", "2", "--top", "5", "-o", str(out_json))

@@ -66,7 +66,8 @@ def test_frontier_captures_and_profiles_a_model(capsys, tmp_path):
                          str(tmp_path / "f.csv"))
     assert code == 0, err
     assert "(batch 2)" in out and "optimizer adam" in out and "over 2 meshes" in out
-    rows = list(csv.DictReader(open(tmp_path / "f.csv", newline="")))
+    with open(tmp_path / "f.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
     assert {r["num_devices"] for r in rows} <= {"1", "2"}
 
 
@@ -75,7 +76,8 @@ def test_budget_below_every_plan_exits_2_with_the_smallest_memory(capsys, saved)
     code, out, err = run(capsys, "frontier", str(d / "graph.json"), "--profile", str(d / "profile.json"),
                          "--cluster", "preset:titan-rtx-5", "--devices", FOUR, "--budget", "1KiB")
     assert code == 2
-    assert "no plan fits a memory budget" in err and "smallest memory on the frontier" in err and "fewest devices that reach it" in err
+    assert "no plan fits a memory budget" in err and "smallest memory on the frontier" in err
+    assert "fewest devices that reach it" in err
     assert "Traceback" not in out + err
 
 

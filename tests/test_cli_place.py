@@ -69,7 +69,8 @@ def test_a_plan_for_another_model_is_refused(capsys, saved, tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--algo", "nope"], "unknown placer 'nope'; known: dp, m-topo, m-etf, m-sct"),
-    (["--algo", "m-etf", "--devices", "gpu0,gpu9"], "unknown device gpu9: cluster titan-rtx-5 has gpu0"),  # the workflow's one check
+    # the workflow's one device check
+    (["--algo", "m-etf", "--devices", "gpu0,gpu9"], "unknown device gpu9: cluster titan-rtx-5 has gpu0"),
     (["--algo", "dp", "--devices", "gpu0,gpu1"], "--degrees 1,2"),          # the profile has degree 1 only
     (["--algo", "m-topo", "--colocation", "AX"], "unknown colocation rule"),
 ])

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from tensoropt.dashboard.pipeline import Request as PageRequest
+from tensoropt.dashboard.pipeline import ResultStore, run_request
 
 import tensoropt.workflow as workflow
 from tensoropt.errors import ClusterSpecError, TensorOptError
@@ -42,9 +44,6 @@ def profiled_degrees(monkeypatch):
 def test_dashboard_and_compare_profile_the_same_degrees(profiled_degrees, capsys, tmp_path):
     """The issue's case: on titan-rtx-5 the dashboard used to profile [1, 2, 4, 5] while compare
     profiled [1, 2, 3, 4, 5], so the dashboard's OS-DPOS could never split 3 ways."""
-    from tensoropt.dashboard.pipeline import Request as PageRequest
-    from tensoropt.dashboard.pipeline import ResultStore, run_request
-
     code, _, err = run_cli(capsys, "compare", TINY, "--cluster", "preset:titan-rtx-5", "--algos", "dp,os-dpos",
                            "--repeats", "1")
     assert code == 0, err

@@ -3,6 +3,9 @@
 from pathlib import Path
 
 import pytest
+from tensoropt.dashboard.pipeline import Request, ResultStore, run_request
+
+from tensoropt.cluster import Cluster, Device, LinkModel
 
 TINY = str(Path(__file__).with_name("tiny_model.py")) + ":build"
 
@@ -10,8 +13,6 @@ TINY = str(Path(__file__).with_name("tiny_model.py")) + ":build"
 @pytest.fixture(scope="session")
 def tiny_result(tmp_path_factory):
     """(store, request, key, progress seen) of the tiny model on titan-rtx-5's gpu0, gpu1, computed once."""
-    from tensoropt.dashboard.pipeline import Request, ResultStore, run_request
-
     store = ResultStore(tmp_path_factory.mktemp("app-cache"))
     req = Request(model=TINY, cluster="preset:titan-rtx-5", devices=("gpu0", "gpu1"), repeats=1, warmup=0,
                   algos=("dp", "m-etf"))
@@ -21,7 +22,8 @@ def tiny_result(tmp_path_factory):
         seen.append(("frontier", key, store.frontier_ready(key), store.complete(key), len(store.frontier_rows(key)),
                      store.baselines(key)))
 
-    key = run_request(req, store, lambda stage, done, total, msg: seen.append((done, total, msg)), on_frontier=frontier_ready)
+    key = run_request(req, store, lambda stage, done, total, msg: seen.append((done, total, msg)),
+                      on_frontier=frontier_ready)
     return store, req, key, seen
 
 
@@ -35,10 +37,6 @@ def hetero_result(tiny_result, tmp_path_factory):
     """(store, key) of the tiny model (its profile reused) on a hand-made cluster of unequal GPUs:
     ``big`` (1 GiB) and ``small`` (:data:`SMALL_BYTES`), baselines dp and m-topo (which fills the
     first device, big, before the next: the whole tiny model on big)."""
-    from tensoropt.dashboard.pipeline import Request, run_request
-
-    from tensoropt.cluster import Cluster, Device, LinkModel
-
     store, _, key, _ = tiny_result
     path = tmp_path_factory.mktemp("hetero") / "hetero.yaml"
     Cluster("hetero", [Device("big", 2 ** 30), Device("small", SMALL_BYTES)], {},

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from tensoropt import OpGraph, Plan
+from tensoropt.frontier.track import CSV_COLUMNS
+
 from .conftest import TINY
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -27,7 +30,8 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage
          "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic", "--window-size=1500,1200")
 
 pytestmark = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(DRIVER)),
-                                reason="no Chromium / chromedriver on this machine (apt-get install chromium chromium-driver)")
+                                reason="no Chromium / chromedriver on this machine "
+                                       "(apt-get install chromium chromium-driver)")
 
 
 def _free_port() -> int:
@@ -42,28 +46,27 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("app-server")
     port = _free_port()
     env = {**os.environ, "TENSOROPT_CACHE_DIR": str(tmp / "profiles")}
-    log = open(tmp / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "tensoropt.cli", "app", "--port", str(port), "--model", TINY,
-                             "--repeats", "1", "--algos", "dp,m-etf", "--cache-dir", str(tmp / "app")],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-    url = f"http://127.0.0.1:{port}/"
-    for _ in range(120):
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError((tmp / "server.log").read_text())
-            time.sleep(0.25)
-    yield url, tmp
-    proc.terminate()
-    proc.wait(10)
-    log.close()
+    with open(tmp / "server.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tensoropt.cli", "app", "--port", str(port), "--model", TINY,
+                                 "--repeats", "1", "--algos", "dp,m-etf", "--cache-dir", str(tmp / "app")],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        url = f"http://127.0.0.1:{port}/"
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(url, timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError((tmp / "server.log").read_text()) from None
+                time.sleep(0.25)
+        yield url, tmp
+        proc.terminate()
+        proc.wait(10)
 
 
 @pytest.fixture(scope="module")
 def browser(server, tmp_path_factory):
-    from selenium import webdriver
+    from selenium import webdriver  # lazy: a dev dependency, needed only when Chromium is here
     from selenium.webdriver.chrome.service import Service
 
     downloads = tmp_path_factory.mktemp("downloads")
@@ -109,10 +112,7 @@ def _download(drv, button: str, suffix: str) -> Path:
 
 
 def test_dashboard_end_to_end(server, browser):
-    from selenium.webdriver.common.by import By
-
-    from tensoropt import OpGraph, Plan
-    from tensoropt.frontier.track import CSV_COLUMNS
+    from selenium.webdriver.common.by import By  # selenium: a dev dependency, needed only when Chromium is here
 
     url, tmp = server
     drv = browser

@@ -62,7 +62,8 @@ def test_a_peak_above_the_small_gpu_fits_on_the_large_one(hetero_result):
     assert base["m-topo"]["peak_memory_bytes"] > SMALL_BYTES and list(base["m-topo"]["memory_bytes"]) == ["big"]
     fit = F.fit_flags([], [base["dp"], base["m-topo"]], store.cluster(key))
     assert fit == {"baseline-dp": False, "baseline-m-topo": True}
-    assert plan_verdict(store, key, "baseline-dp", None, 0).startswith("does not fit each device's memory: small over by")
+    verdict = plan_verdict(store, key, "baseline-dp", None, 0)
+    assert verdict.startswith("does not fit each device's memory: small over by")
     # the CSV's own fits column (the library's, no budget) says the same of the frontier's points
     assert all(F.fit_flags([r], [], store.cluster(key))[r["plan_id"]] == (r["fits_budget"] == "true")
                for r in store.frontier_rows(key))

@@ -2,6 +2,9 @@
 ``app`` stays the dashboard package): bad ports are refused before the server starts."""
 
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 from conftest import run_cli as run
 
@@ -21,10 +24,6 @@ def test_a_port_out_of_range_is_refused(capsys):
 
 
 def test_the_dashboard_installs_as_tensoropt_dashboard_and_app_is_no_package(tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
     def run_py(code: str, cwd) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
 

@@ -4,8 +4,10 @@ on unequal GPUs) and from the tiny model's simulated plans."""
 import pytest
 from tensoropt.dashboard import figures as F
 
+from tensoropt import load_cluster
 from tensoropt.cluster import Cluster, Device, LinkModel
 from tensoropt.frontier.track import MEMORY_PARTS
+from tensoropt.planmodel import simulate
 from tensoropt.planmodel.memory import StepMemory
 from tensoropt.planmodel.simulate import SimResult, TimelineEvent
 
@@ -106,8 +108,6 @@ def test_fits_are_checked_per_device_on_unequal_gpus(budget, reserve, expected):
 
 def test_the_mixed_preset_is_checked_device_by_device():
     """turing-mixed-4: gpu0, gpu1 24 GiB (TITAN RTX), gpu2, gpu3 11 GiB (RTX 2080 Ti)."""
-    from tensoropt import load_cluster
-
     mixed = load_cluster("preset:turing-mixed-4")
     rows = [{"plan_id": pid, "num_devices": "2", "devices": devs.replace(",", ";"), "memory_bytes": 20 * GiB,
              "time_s": "0.01", "device_memory_bytes": ";".join(f"{d}={20 * GiB}" for d in devs.split(","))}
@@ -188,8 +188,6 @@ def test_memory_bars_show_each_device_memory_and_the_budget():
 
 
 def test_memory_bars_add_up_to_the_simulated_peak(tiny_result):
-    from tensoropt.planmodel import simulate
-
     store, _, key, _ = tiny_result
     for plan_id in [r["plan_id"] for r in store.frontier_rows(key)] + [
             b["plan_id"] for b in store.baselines(key) if b["plan_id"]]:

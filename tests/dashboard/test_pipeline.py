@@ -10,9 +10,12 @@ import pytest
 from tensoropt.dashboard.pipeline import Request, run_request
 from tensoropt.dashboard.uploads import UploadError, accept_upload, decode
 
-from tensoropt import Cluster, CostModel, Plan, load_cluster
+from tensoropt import Cluster, CostModel, Plan, load_cluster, track_frontier
 from tensoropt.errors import ClusterSpecError, TensorOptError
+from tensoropt.frontier.graph_problem import candidate_meshes
 from tensoropt.frontier.track import CSV_COLUMNS
+from tensoropt.planmodel import simulate
+from tensoropt.planmodel.fits import fits
 
 
 def _payload(data: bytes) -> str:
@@ -20,10 +23,6 @@ def _payload(data: bytes) -> str:
 
 
 def test_result_matches_the_library_and_is_reused(tiny_result):
-    from tensoropt import track_frontier
-    from tensoropt.frontier.graph_problem import candidate_meshes
-    from tensoropt.planmodel import simulate
-
     store, req, key, seen = tiny_result
     assert seen[-1][2] == "done" and any(m.startswith("profiling") for *_, m in seen if isinstance(m, str))
     # the frontier was ready (its rows readable, no baselines yet) before the baselines ran
@@ -137,9 +136,6 @@ def test_uploaded_profile_is_used_instead_of_profiling(tiny_result):
 def test_baselines_on_unequal_gpus_carry_each_device_peak(hetero_result):
     """dp keeps the whole model on each device, over the small one's memory; m-topo puts it on the
     big one: the baselines' ``fits`` is the library's rule on the simulator's per-device peaks."""
-    from tensoropt.planmodel import simulate
-    from tensoropt.planmodel.fits import fits
-
     store, key = hetero_result
     cluster = store.cluster(key)
     base = {b["algo"]: b for b in store.baselines(key)}
