@@ -5,6 +5,8 @@
 Prints, per model: build time (constructing the nn.Module), capture time (torch.export +
 OpGraph, median over repeats), op count, parameters, and which door captured it.  Capture runs
 on FakeTensors, so it needs no activation memory; building allocates the real weights.
+
+It only times the zoo's builds and captures: it must not profile, place or write anything.
 """
 
 from __future__ import annotations

@@ -15,16 +15,22 @@ median of ``--repeats`` (the first 10 dropped), rank 0's clock.  "chain" is what
 communication thread that competes with compute for the cores count (on gloo, a point-to-point
 message waiting for its receiver keeps gloo's ``gloo_tcp_loop`` thread busy: "loop CPU" is that
 thread's CPU time per call, from ``/proc/self/task/*/schedstat``).
+
+It times the transport's calls as the executor makes them: it must not change how they run, and it
+writes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
@@ -43,9 +49,25 @@ def _comm_cpu_s() -> float:
     return total * 1e-9
 
 
-def _job(rt, sizes, repeats, busy_ms):
-    import torch.distributed as dist
+def _calls(x: torch.Tensor, y: torch.Tensor, n: int, chan: Channel, other: int) -> dict[str, Callable]:
+    """The calls timed on ``x`` / ``y`` (``n`` floats each), each taking the link to run on."""
 
+    def exchange(link):
+        out = torch.empty(n)
+        work = dist.isend(x, other, tag=7)
+        dist.recv(out, other, tag=7)
+        work.wait()
+
+    return {
+        "exchange": exchange,
+        "all-gather": lambda link: link.gather_pieces(x, 0, [n, n], chan, "x"),
+        "reduce-scatter": lambda link: link.scatter_blocks(list(x.chunk(2)), 0, chan, "x"),
+        "all-reduce": lambda link: link.all_reduce_out(x, chan, "x"),
+        "all-reduce in place": lambda link: link.all_reduce(y, chan, "x"),
+    }
+
+
+def _job(rt, sizes, repeats, busy_ms):
     torch.set_num_threads(1)
     a = torch.randn(128, 128)
     t = time.perf_counter()
@@ -61,21 +83,7 @@ def _job(rt, sizes, repeats, busy_ms):
         x = torch.randn(n)
         y = torch.randn(n)
         links = {how: PeerLink(rt, how) for how in ("native", "p2p")}
-
-        def exchange(link):
-            out = torch.empty(n)
-            work = dist.isend(x, other, tag=7)
-            dist.recv(out, other, tag=7)
-            work.wait()
-
-        calls = {
-            "exchange": lambda link: exchange(link),
-            "all-gather": lambda link: link.gather_pieces(x, 0, [n, n], chan, "x"),
-            "reduce-scatter": lambda link: link.scatter_blocks(list(x.chunk(2)), 0, chan, "x"),
-            "all-reduce": lambda link: link.all_reduce_out(x, chan, "x"),
-            "all-reduce in place": lambda link: link.all_reduce(y, chan, "x"),
-        }
-        for name, call in calls.items():
+        for name, call in _calls(x, y, n, chan, other).items():
             for how in (("p2p",) if name == "exchange" else ("native", "p2p")):
                 for busy in (False, True):
                     times = []
@@ -91,7 +99,7 @@ def _job(rt, sizes, repeats, busy_ms):
                     rows.append((nbytes, name, "—" if name == "exchange" else how, busy,
                                  statistics.median(times[10:])))
                 rows.append((nbytes, name, "—" if name == "exchange" else how, "chain",
-                             _chain(lambda: call(links[how]), links[how], a, n_mm, repeats)))
+                             _chain(functools.partial(call, links[how]), links[how], a, n_mm, repeats)))
     return rows
 
 

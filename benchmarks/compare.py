@@ -14,6 +14,9 @@ samples/s, the largest per-device peak, whether it fits 24 GiB, and the time to 
 
 Absolute times are those of the profiling device; the comparison between algorithms is the
 point (every row uses the same costs and the same simulator).  ``--json`` keeps every row.
+
+It owns the per-model tables and the saved profiles it reuses; the work is
+:func:`tensoropt.explore`'s: it must not place, profile or simulate anything on its own.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import platform
 import sys
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -35,6 +39,16 @@ from tensoropt.placers import PLACERS
 SEED_003 = {"amoebanet_d": "zoo:amoebanet_d?num_layers=18&batch=64", "wide_resnet152": "zoo:wide_resnet152?batch=64",
             "unet": "zoo:unet?batch=128", "deeplab_v3": "zoo:deeplab_v3?batch=48"}
 DEVICES = ["gpu0", "gpu2", "gpu3"]
+
+
+def _progress(console: Console, name: str) -> tensoropt.workflow.Progress:
+    """The workflow's progress as dim lines naming ``name`` (profiling: its start and end only)."""
+
+    def report(stage: str, done: int, total: int, message: str) -> None:
+        if stage != "profile" or done in (0, total):
+            console.print(f"[dim]{name}: {stage}: {message}[/dim]")
+
+    return report
 
 
 def _saved_profile(name: str, graph_spec: str, args, console: Console) -> str | None:
@@ -69,8 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write every row of every model here")
     args = ap.parse_args(argv)
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
     console = Console(width=220)
     devices = tuple(d.strip() for d in args.devices.split(","))
@@ -83,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         saved = _saved_profile(key, spec, args, console)
         request = tensoropt.Request(spec, args.cluster, devices=devices, algos=algos, profile=saved, device=args.device,
                                     repeats=args.repeats, time_limit=args.time_limit)
-        result = tensoropt.explore(request, lambda stage, done, total, msg: console.print(
-            f"[dim]{name}: {stage}: {msg}[/dim]") if stage != "profile" or done in (0, total) else None)
+        result = tensoropt.explore(request, _progress(console, name))
         graph, costs, cluster, rows = result.graph, result.costs, result.cluster, result.rows
         prof_s = 0.0 if saved else result.seconds["measure"]
         took = result.seconds["frontier"] + result.seconds["baselines"]

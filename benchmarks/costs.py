@@ -12,6 +12,9 @@ training steps of the unmodified model (median of repeats) and compare
 
     python benchmarks/costs.py                                   # the README's table
     python benchmarks/costs.py --models "zoo:gpt2?layers=12" --degrees 1
+
+It compares the cost model with measurements and prints: it must not change a profile or the
+profile cache's entries (it profiles afresh where it times profiling).
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from rich.console import Console
 from rich.table import Table
 
 import tensoropt
-from tensoropt.measure import profile
-from tensoropt.planmodel import step_memory
-from tensoropt.measure.step import measure_step
 from tensoropt.describe import fmt_bytes
+from tensoropt.measure import profile
+from tensoropt.measure.step import measure_step
+from tensoropt.planmodel import step_memory
 
 DEFAULT_MODELS = ["zoo:wide_resnet?batch=8&image_size=112", "zoo:gpt2?layers=2&batch=2&seq_len=128",
                   "zoo:vgg16?batch=4", "zoo:unet?batch=2&image_size=128", "zoo:transformer?batch=8&seq_len=64"]

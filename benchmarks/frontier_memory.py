@@ -12,6 +12,8 @@ Two tables:
    polish (``max_walks=0`` stops it at the search's candidates).
 
     python benchmarks/frontier_memory.py [--preset titan-rtx-5] [--seeds 25] [--models zoo:…,zoo:…]
+
+It reports the gaps it finds: it must not change the search's settings beyond those named above.
 """
 
 from __future__ import annotations
@@ -57,11 +59,12 @@ def zoo_table(models: list[str], preset: str, optimizer: str) -> None:
 
 def brute_table(seeds: int, optimizer: str) -> None:
     tp = _test_module()
-    from conftest import TiedLM  # tests/ on the path
+    from conftest import TiedLM  # here, not at the top: importable once _test_module put tests/ on the path
 
     torch.manual_seed(0)
     small = {"TinyMLP": (tp.TinyMLP(), (torch.randn(8, 8),)), "TiedLM": (TiedLM(), (torch.randint(0, 50, (4, 7)),))}
-    print("\n| model | devices | plans | instances | exact, search only | exact, polished | largest miss, search only |")
+    print("\n| model | devices | plans | instances | exact, search only | exact, polished "
+          "| largest miss, search only |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, (model, inputs) in small.items():
         graph = tensoropt.capture(model, inputs)

@@ -6,6 +6,9 @@ as one of two pieces along the batch (tensoropt.execute.randomness).
 Prints a markdown table of median times (ms) and their ratios, all measured in one run.  One
 intra-op thread by default: on a shared 2-core machine a multi-threaded element-wise op waits
 for descheduled threads (8 ms steps), which measures the load, not the op.
+
+It times draws and prints: it must not change the keyed-random mode of anything it does not
+create itself.
 """
 
 from __future__ import annotations

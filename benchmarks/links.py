@@ -23,6 +23,8 @@
 This machine has 2 cores and is shared: with n = 3 or 4 processes (each with gloo's I/O threads
 besides) the processes oversubscribe the 2 cores, which no formula here models (they assume every
 device moves data independently); the n = 2 rows are the ones the link model should match.
+
+It measures and prints: it must not write a cluster file (``tensoropt bench-links -o`` does).
 """
 
 from __future__ import annotations

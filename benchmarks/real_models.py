@@ -22,12 +22,16 @@ An exception in a stage is that stage's failure; one model's failure never stops
 Prints a markdown table ("run s" is the plans' run and check together), every distinct failure
 grouped by stage (numbers masked to group them, one example message each), notes, and
 "N of M models pass every stage".  Exit status 0 when every model passes.
+
+It owns the suite's table and the grouping of failures; the models are
+``examples/real_models.py``'s: it must not change a model to make it pass.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib.util
 import logging
 import re
@@ -42,6 +46,14 @@ from typing import Any
 import torch
 
 import tensoropt
+from tensoropt import execute
+from tensoropt.execute import check as chk
+from tensoropt.measure.step import training_loss
+
+try:
+    from tensoropt.capture.call import ModelCall
+except ImportError:   # a tensoropt without ModelCall: the inputs are passed as they are (as_call)
+    ModelCall = None
 
 ROOT = Path(__file__).resolve().parent.parent
 FACTORY_FILE = ROOT / "examples" / "real_models.py"
@@ -96,9 +108,7 @@ class Row:
 def as_call(inputs: Any, output: Any) -> Any:
     """The inputs and output choice as the capture takes them: a ``ModelCall`` where the library
     has one, else the inputs as they are (the output is then passed on its own)."""
-    try:
-        from tensoropt.capture.call import ModelCall
-    except ImportError:
+    if ModelCall is None:
         return inputs
     return ModelCall.of(inputs, output)
 
@@ -151,8 +161,6 @@ class Checker:
 
     def _side(self, plan):
         """(model, call, plan, graph) the check runs on."""
-        from tensoropt.execute import check as chk
-
         if self.dtype == "float32" or self.note:
             return self.model, self.call, plan, self.graph
         if self._twin is None:
@@ -169,8 +177,6 @@ class Checker:
     def __call__(self, plan) -> tuple[str, str] | None:
         """None when the plan runs and checks; else (stage, message).  When the check raises,
         the plan is run alone to tell a plan that does not run from a check that does not work."""
-        from tensoropt import execute
-
         try:
             m, x, p, g = self._side(plan)
             # "float32" = as captured: the twin is float64 already
@@ -191,14 +197,9 @@ def one_line_text(text: str, width: int = 200) -> str:
 def run_alone(model: torch.nn.Module, call: Any, plan, graph) -> str | None:
     """The plan applied to a copy and one training step's forward + backward of it (random ops
     as they train): None, or why it failed."""
-    from tensoropt.measure.step import training_loss
-
     try:
         planned = tensoropt.apply_plan(copy.deepcopy(model), call, plan, graph=graph)
-        if hasattr(call, "kwargs"):
-            out = planned(*call.args, **call.kwargs)
-        else:
-            out = call_module(planned, call)
+        out = planned(*call.args, **call.kwargs) if hasattr(call, "kwargs") else call_module(planned, call)
         loss = training_loss(out)
         loss.backward()
     except Exception as e:  # noqa: BLE001 - reported
@@ -251,7 +252,8 @@ def bench_model(name: str, factories: Any, cluster, device_counts: list[int], ca
     say("profiled")
     plans: dict[tuple, Any] = {}
     for n in device_counts:
-        ok, fr = stage("frontier", lambda: tensoropt.track_frontier(graph, costs, cluster, devices=cluster.names[:n]))
+        ok, fr = stage("frontier", functools.partial(tensoropt.track_frontier, graph, costs, cluster,
+                                                     devices=cluster.names[:n]))
         row.points[n] = len(fr) if ok else None
         if ok:
             for point in spread(list(fr), max_plans):
@@ -310,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore")
     try:
-        import transformers
+        import transformers  # optional (pip install -e .[zoo]): only its logging is quietened here
 
         transformers.logging.set_verbosity_error()
     except ImportError:

@@ -22,6 +22,9 @@ failures) then totals: ops covered, samples, (op, layout) pairs tried, passing, 
 (op, layout) pairs the rules declare unsplittable (an op with no rule, or whose rule says its
 batch / channel dimension is mixed by the op: ``tensoropt.capture.semantics``).  Exit status 1
 when any offered split fails.  ``--jobs``: worker processes (one op at a time each, one thread).
+
+It runs :func:`~tensoropt.execute.conformance.check_call` and reports: it must not decide what a
+split rule is (``tensoropt.capture.semantics`` does).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from tensoropt.execute.conformance import check_call
 
 VARIANTS = {"float64-grad": (torch.float64, True), "float32-grad": (torch.float32, True),
             "float64": (torch.float64, False), "float32": (torch.float32, False),
@@ -108,6 +113,7 @@ def run_op(index: int, variants: list[str], max_samples: int | None) -> OpRow:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
+    # op_db: seconds to import, and it warns while loading: after the filters above, in the worker
     from torch.testing._internal.common_methods_invocations import op_db
 
     op = op_db[index]
@@ -140,8 +146,6 @@ def run_op(index: int, variants: list[str], max_samples: int | None) -> OpRow:
 
 def _one(row: OpRow, variant: str, op, s, grad: bool, extra: dict) -> None:
     """One call of :func:`check_call` on sample ``s``, added to ``row``."""
-    from tensoropt.execute.conformance import check_call
-
     try:
         r = check_call(op.op, (s.input, *s.args), s.kwargs, requires_grad=grad, name="op", **extra)
     except Exception as e:  # noqa: BLE001 - the harness itself failed: that is a failure too
@@ -186,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", help="also write the table to this markdown file")
     ap.add_argument("-v", "--verbose", action="store_true", help="every failure, not one per op")
     a = ap.parse_args(argv)
+    # op_db takes seconds to import: only once the arguments are good (--help stays instant)
     from torch.testing._internal.common_methods_invocations import op_db
 
     variants = (a.variants.split(",") if a.variants else ["float64-grad"] if a.ci else list(VARIANTS))

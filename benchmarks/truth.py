@@ -8,14 +8,15 @@ one thread, then for each
 model × {data parallel, m-ETF, frontier min-time, frontier min-memory} the plan runs on
 ``tensoropt.distributed`` and its measured step time (median over steps of the slowest rank's
 forward + loss + backward + gradient sums, the median of ``--rounds`` launches; the optimizer
-step is timed apart: the simulator has no cost for it) and per-rank peak memory (MemTracker: every tensor storage, parameters, buffers,
-optimizer state and inputs included) are compared with the simulator's and the frontier's
-estimates.  error = (estimate − measured) / measured.  "moves": values sent point-to-point;
-"collectives": AG all-gathers, AR all-reduces, RS reduce-scatters per step (forward; as many in
-backward; the gradient sums not counted).  The "ping-pong" column is the simulator
-with the idle ping-pong's links, before that calibration.
+step is timed apart: the simulator has no cost for it) and per-rank peak memory (MemTracker:
+every tensor storage, parameters, buffers, optimizer state and inputs included) are compared
+with the simulator's and the frontier's estimates.  error = (estimate − measured) / measured.
+"moves": values sent point-to-point; "collectives": AG all-gathers, AR all-reduces, RS
+reduce-scatters per step (forward; as many in backward; the gradient sums not counted).  The
+"ping-pong" column is the simulator with the idle ping-pong's links, before that calibration.
 
-    python benchmarks/truth.py [--models zoo:vgg16?tiny=1,…] [--steps 15] [--warmup 3] [--rounds 3] [--json out/truth.json]
+    python benchmarks/truth.py [--models zoo:vgg16?tiny=1,…] [--steps 15] [--warmup 3] [--rounds 3]
+                               [--json out/truth.json]
 
 The measured column gives the median over rounds and, in brackets, the rounds' range: on a
 small shared VM a plan's step moves by 10–20 % from one launch to the next, which bounds how
@@ -24,6 +25,9 @@ closely any estimate can be checked here.
 Profiles are in sequence (each operator timed inside whole training steps,
 :mod:`tensoropt.measure.sequence`); the "alone" column is the simulator with every operator timed
 alone instead (``profile(..., in_sequence=False)``'s figures, kept in the profile's settings).
+
+It measures and compares: it must not feed a measurement back into the estimates it checks
+(the calibration model is not one of the models compared).
 """
 
 from __future__ import annotations
@@ -118,16 +122,17 @@ def main() -> None:
                           timeout_s=120)[0]
             row["round_step_s"].append(meas["step_s"])
             if rnd == 0:
-                row.update(moves=meas["moves"], collectives=meas["collectives"], optimizer_s=meas["optimizer_s"], rank_step_s=meas["rank_step_s"],
-                           measured_peak_bytes=max(meas["peak_bytes"]), rank_peak_bytes=meas["peak_bytes"])
+                row.update(moves=meas["moves"], collectives=meas["collectives"], optimizer_s=meas["optimizer_s"],
+                           rank_step_s=meas["rank_step_s"], measured_peak_bytes=max(meas["peak_bytes"]),
+                           rank_peak_bytes=meas["peak_bytes"])
             print(f"round {rnd + 1}: {row['model']} {row['plan']}: {meas['step_s'] * 1e3:.2f} ms "
                   f"(simulated {row['simulated_s'] * 1e3:.2f} ms) ({time.time() - t0:.0f} s)", flush=True)
     for row in rows:
         row["measured_s"] = statistics.median(row["round_step_s"])
         del row["plan_dict"]
     print()
-    print("| model | plan | dev | moves | collectives | measured ms (rounds) | simulated ms (err) | frontier ms (err) | alone ms (err) "
-          "| ping-pong ms (err) | measured MiB | simulated MiB (err) | frontier MiB (err) |")
+    print("| model | plan | dev | moves | collectives | measured ms (rounds) | simulated ms (err) | frontier ms (err) "
+          "| alone ms (err) | ping-pong ms (err) | measured MiB | simulated MiB (err) | frontier MiB (err) |")
     print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     short = {"all_gather": "AG", "all_reduce": "AR", "reduce_scatter": "RS"}
     mib = 2 ** 20
@@ -151,7 +156,8 @@ def main() -> None:
     within = sum(abs(r["simulated_s"] - r["measured_s"]) <= 0.1 * r["measured_s"] for r in rows)
     # an estimate inside the rounds' own spread (widened by 10 %) is as good as this VM can tell
     spread = sum(0.9 * min(r["round_step_s"]) <= r["simulated_s"] <= 1.1 * max(r["round_step_s"]) for r in rows)
-    mem = sum(abs(r["simulated_peak_bytes"] - r["measured_peak_bytes"]) <= 0.03 * r["measured_peak_bytes"] for r in rows)
+    mem = sum(abs(r["simulated_peak_bytes"] - r["measured_peak_bytes"]) <= 0.03 * r["measured_peak_bytes"]
+              for r in rows)
     print(f"\nsimulated time within ±10 % of the median: {within} of {len(rows)}; within the rounds' range "
           f"± 10 %: {spread} of {len(rows)}; simulated memory within ±3 %: {mem} of {len(rows)}")
     write_json_atomic(a.json, {"links": {"latency_s": fit.latency_s, "bandwidth_Bps": fit.bandwidth_Bps,

@@ -19,8 +19,11 @@ one step, less what the process held before it, plus the step's own parameters, 
 inputs).  The unmodified model is measured the same way (the "model" row: what the executor's
 rewrite costs beside it).  error = (estimate − measured) / measured.
 
-    python benchmarks/truth_cuda.py [--models SPEC,…] [--steps 20] [--warmup 5] [--rounds 3] [--json out/truth_cuda.json] [--profiles DIR]
+    python benchmarks/truth_cuda.py [--models SPEC,…] [--steps 20] [--warmup 5] [--rounds 3]
+                                    [--json out/truth_cuda.json] [--profiles DIR]
     python benchmarks/truth_cuda.py --device cpu --models "zoo:vgg16?tiny=1"     # a dry run without a GPU
+
+It measures and compares: it must not feed a measurement back into the estimates it checks.
 """
 
 from __future__ import annotations
@@ -124,7 +127,8 @@ def main() -> None:
             front = plan.estimate("frontier")
             rows.append({"model": spec, "plan": kind, "case": len(cases) - 1,
                          "recomputed": sum(c.recompute for c in plan.configs.values()),
-                         "simulated_s": sim.time_s, "simulated_alone_s": tensoropt.simulate(plan, graph, alone, cluster).time_s,
+                         "simulated_s": sim.time_s,
+                         "simulated_alone_s": tensoropt.simulate(plan, graph, alone, cluster).time_s,
                          "frontier_s": front.time_s if front else None,
                          "simulated_peak_bytes": sim.max_memory_bytes,
                          "frontier_peak_bytes": front.max_memory_bytes if front else None,
@@ -153,8 +157,8 @@ def main() -> None:
                   f"{row['simulated_s'] * 1e3:.2f} ms) ({time.time() - t0:.0f} s)", flush=True)
 
     print()
-    print("| model | plan | recomputed | measured ms (rounds) | simulated ms (err) | frontier ms (err) | alone ms (err) "
-          "| measured MiB | simulated MiB (err) | frontier MiB (err) |")
+    print("| model | plan | recomputed | measured ms (rounds) | simulated ms (err) | frontier ms (err) "
+          "| alone ms (err) | measured MiB | simulated MiB (err) | frontier MiB (err) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         r["measured_s"] = meas = statistics.median(r["round_s"])

@@ -1,7 +1,9 @@
 """A model factory file: `tensoropt graph examples/hf_factory.py:bert` captures it.
 
 A factory returns ``(model, example_inputs)``; a ``batch`` keyword lets ``--batch`` set the size.
-Both models are built from Hugging Face configs (random weights, nothing downloaded).
+Both models are built from Hugging Face configs (random weights, nothing downloaded); each
+factory imports transformers itself, so the file loads without that optional dependency and
+the error names the factory that needs it.  It must not download anything.
 """
 
 import torch

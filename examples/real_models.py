@@ -22,6 +22,11 @@ Every function here is a factory ``NAME(batch=2)`` returning ``(model, example_i
   Without it the capture picks ``loss``, ``logits``, ``last_hidden_state``, then the first
   floating-point tensor.
 
+Each factory imports its library inside itself, on purpose: transformers is optional
+(``pip install -e .[zoo]``), torchvision comes from a private folder (below), and loading this
+file for one factory should not import both.  The file owns the factories only: it must not
+download weights nor change a model beyond the sizes and switches described above.
+
 ``SUITE`` maps every name to its factory (stable order); ``CI_SUBSET`` names the fast ones that
 still cover every family (encoder-decoder, RoPE + grouped-query attention, window attention,
 batch norm + in-place ReLU, stochastic depth, ``*args`` wrappers, a final LayerNorm, ...).
