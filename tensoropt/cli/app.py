@@ -5,8 +5,8 @@ expose it to a network you do not trust).  ``--model`` / ``--cluster`` set what 
 when it opens (default: the README's main command, no GPU needed).
 
 It owns the ``app`` command's options and the checks before the server starts; the page is
-:mod:`tensoropt.dashboard`'s.  It must not import Dash at module level: every other command
-loads this module, and Dash (about half a second, and an optional dependency) is needed only here.
+:mod:`tensoropt.dashboard`'s.  It must not import the dashboard at module level: every command
+loads this module to build the parser, and Dash + plotly (about half a second) serve only this one.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
         raise TensorOptError(f"--port must be between 1 and 65535, got {args.port}")
     check_repeats(args)
     try:
-        # lazy: Dash and plotly load only for this command (module docstring).  tensoropt.dashboard is
-        # the app/ folder installed under that name (pyproject package-dir): mypy, which does not follow
-        # the editable install's import hook, may not find it, hence the ignore
+        # lazy: Dash and plotly load only for this command (module docstring); an install without the
+        # app/ folder mapped to tensoropt.dashboard (pyproject package-dir) fails here.  mypy does not
+        # follow the editable install's import hook and may not find the module, hence the ignores
         from tensoropt.dashboard import create_app  # type: ignore[import-not-found, unused-ignore]
         from tensoropt.dashboard.pipeline import (  # type: ignore[import-not-found, unused-ignore]
             DEFAULT_CLUSTER,
