@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 from os import PathLike
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.markup import escape
@@ -65,6 +65,15 @@ def add_batch_argument(p: argparse.ArgumentParser, help: str = BATCH_HELP) -> No
     p.add_argument("--batch", type=int, help=help)
 
 
+def add_capture_arguments(p: argparse.ArgumentParser, model_help: str) -> None:
+    """MODEL and how to capture it (``--batch``, ``--batch-dim``, ``--precision``): read them with
+    :func:`capture_spec`."""
+    p.add_argument("model", help=model_help)
+    add_batch_argument(p)
+    p.add_argument("--batch-dim", type=int, default=0, help="batch dimension of the inputs (default 0)")
+    add_precision_argument(p)
+
+
 def add_devices_argument(p: argparse.ArgumentParser, help: str) -> None:
     """``--devices gpu0,gpu1``: the devices plans may use (read as :func:`device_names`)."""
     p.add_argument("--devices", type=device_names, metavar="NAMES", help=help)
@@ -90,6 +99,21 @@ def check_repeats(args: argparse.Namespace) -> None:
     """Refuse ``--repeats`` below 1 before any work."""
     if args.repeats < 1:
         raise TensorOptError("--repeats must be ≥ 1")
+
+
+def add_request_arguments(p: argparse.ArgumentParser, *, devices_help: str, optimizer_help: str, profile_help: str,
+                          repeats: int = 3) -> None:
+    """The options :func:`workflow_request` reads, the same on every command that explores:
+    ``--cluster``, ``--batch``, ``--devices``, ``--budget`` / ``--reserve``, ``--precision``,
+    ``--optimizer``, ``--profile`` and ``--repeats`` (default ``repeats``)."""
+    add_cluster_argument(p)
+    add_batch_argument(p)
+    add_devices_argument(p, devices_help)
+    add_fit_arguments(p)
+    add_precision_argument(p)
+    add_optimizer_argument(p, optimizer_help)
+    add_profile_argument(p, profile_help)
+    add_repeats_argument(p, default=repeats)
 
 
 def add_precision_argument(p: argparse.ArgumentParser) -> None:
@@ -151,6 +175,19 @@ def costs_for(graph: OpGraph, shard_degrees: Iterable[int], args: argparse.Names
 
 
 # ---- output --------------------------------------------------------------------------------
+class Saves(Protocol):
+    """What ``-o`` writes: a graph, a profile, a plan, a cluster."""
+
+    def save(self, path: str, /) -> object: ...
+
+
+def save_output(console: Console, thing: Saves, path: str | None) -> None:
+    """``thing.save(path)`` then ``wrote PATH``, when the command was given a ``path`` (``-o``)."""
+    if path:
+        thing.save(path)
+        print_wrote(console, path)
+
+
 def print_wrote(console: Console, path: str | PathLike[str], what: str = "") -> None:
     """``wrote PATH`` (``what``: e.g. ``"3 plan(s) to "``, said before the path)."""
     console.print(f"wrote {what}{escape(str(path))}", highlight=False)

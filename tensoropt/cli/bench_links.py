@@ -17,7 +17,7 @@ from rich.table import Table
 from ..cluster.bench import BenchError, BenchResult, bench_links
 from ..cluster.units import fmt_size, parse_size
 from ..errors import ClusterSpecError
-from ._common import print_wrote
+from ._common import save_output
 
 
 def _size(text: str) -> int:
@@ -125,8 +125,7 @@ def _cmd_bench_links(args: argparse.Namespace, console: Console) -> int:
             _print_exchange(result, console)
     _print_notes(result, console)
     if args.output:
-        result.cluster(name=args.name).save(args.output)
-        print_wrote(console, args.output)
+        save_output(console, result.cluster(name=args.name), args.output)
     return 0
 
 

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ..cluster import PRESETS, Cluster, LinkModel, detect_cluster, get_preset, load_cluster
 from ..cluster.units import fmt_size
-from ._common import print_wrote
+from ._common import save_output
 
 
 def _num(x: float) -> str:
@@ -78,9 +78,7 @@ def _cmd_detect(args: argparse.Namespace, console: Console) -> int:
     print_cluster(cluster, console)
     console.print("links are nominal figures for the topology NVML reports; "
                   "measure the real ones with tensoropt bench-links", highlight=False)
-    if args.output:
-        cluster.save(args.output)
-        print_wrote(console, args.output)
+    save_output(console, cluster, args.output)
     return 0
 
 

@@ -25,20 +25,7 @@ from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..placers import PLACERS
 from ..workflow import Exploration, explore
-from ._common import (
-    add_batch_argument,
-    add_cluster_argument,
-    add_devices_argument,
-    add_fit_arguments,
-    add_optimizer_argument,
-    add_precision_argument,
-    add_profile_argument,
-    add_repeats_argument,
-    check_repeats,
-    fit_options,
-    print_wrote,
-    workflow_request,
-)
+from ._common import add_request_arguments, check_repeats, fit_options, print_wrote, workflow_request
 from ._progress import ProgressBars
 
 
@@ -135,18 +122,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "simulate every plan on CLUSTER: one table of iteration time, samples/s, peak "
                                    "memory per device, whether it fits, and the time each algorithm took.")
     p.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory or graph.json (with --profile)")
-    add_cluster_argument(p)
-    add_batch_argument(p)
-    add_devices_argument(p, "devices every algorithm may use, comma-separated (default: all of the cluster's)")
     p.add_argument("--algos", metavar="NAMES", help="placers to run, comma-separated (default: all)")
     p.add_argument("--no-frontier", action="store_true", help="leave out the frontier's rows")
-    add_fit_arguments(p)
-    add_precision_argument(p)
-    add_optimizer_argument(p, "sizes the optimizer state in the memory limits and the simulator (default adamw)")
+    add_request_arguments(p, devices_help="devices every algorithm may use, comma-separated (default: all of the "
+                                          "cluster's)",
+                          optimizer_help="sizes the optimizer state in the memory limits and the simulator "
+                                         "(default adamw)",
+                          profile_help="use this profile instead of measuring (it must have the shard degrees the "
+                                       "devices need)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
                    help="time limit of each MILP placer's solver (default: the placer's own)")
-    add_profile_argument(p, "use this profile instead of measuring (it must have the shard degrees the devices need)")
-    add_repeats_argument(p)
     p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list (keys algo, time_s, "
                                                   "peak_memory_bytes, fits, place_s, …)")
     p.add_argument("--plans", metavar="DIR", help="write every algorithm's plan to DIR/<algo>.json")

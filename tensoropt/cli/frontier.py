@@ -22,19 +22,7 @@ from ..describe import fmt_bytes
 from ..frontier import Frontier
 from ..frontier.track import DEFAULT_MAX_WALKS
 from ..workflow import Exploration, explore
-from ._common import (
-    add_batch_argument,
-    add_cluster_argument,
-    add_devices_argument,
-    add_fit_arguments,
-    add_optimizer_argument,
-    add_precision_argument,
-    add_profile_argument,
-    add_repeats_argument,
-    fit_options,
-    print_wrote,
-    workflow_request,
-)
+from ._common import add_request_arguments, fit_options, print_wrote, workflow_request
 from ._common import degrees as degrees_arg
 from ._progress import ProgressBars
 
@@ -110,18 +98,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "of MODEL on CLUSTER; with --profile, reuse a saved profile of MODEL.")
     p.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory, or a graph.json "
                                  "(needed with --profile too: a profile has no graph)")
-    add_cluster_argument(p)
-    add_profile_argument(p, "reuse this profile of MODEL (made by `tensoropt profile MODEL -o P`) instead of "
-                            "profiling")
-    add_batch_argument(p)
-    add_fit_arguments(p)
-    add_precision_argument(p)
+    add_request_arguments(p, devices_help="comma-separated devices the meshes may use (default: all)",
+                          optimizer_help="sizes optimizer state: adamw / adam 2 ×, momentum 1 ×, sgd 0 × the "
+                                         "parameters (default adamw)",
+                          profile_help="reuse this profile of MODEL (made by `tensoropt profile MODEL -o P`) "
+                                       "instead of profiling", repeats=5)
     p.add_argument("--max-walks", type=int, default=DEFAULT_MAX_WALKS, metavar="N",
                    help="plans walked per mesh (the search's candidates, then the polish around the frontier) "
                         f"before the polish stops (default {DEFAULT_MAX_WALKS}; 0: the search's candidates only)")
-    add_devices_argument(p, "comma-separated devices the meshes may use (default: all)")
-    add_optimizer_argument(p, "sizes optimizer state: adamw / adam 2 ×, momentum 1 ×, sgd 0 × the parameters "
-                              "(default adamw)")
     p.add_argument("--resolution", metavar="SIZE",
                    help="memory resolution of the frontier (0 = exact; default: 1/1000 of min(smallest device "
                         "memory, the largest memory a plan can need))")
@@ -129,7 +113,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--plans", metavar="DIR", help="write one plan JSON per point, DIR/<plan_id>.json")
     p.add_argument("--degrees", type=degrees_arg,
                    help="shard degrees to profile (default: the mesh sizes); ignored with --profile")
-    add_repeats_argument(p, default=5)
     p.add_argument("--warmup", type=int, default=1, help="profiling: untimed calls first (default 1)")
     p.add_argument("--rows", type=int, default=40, help="table rows to print, evenly spread (0 = all; default 40)")
     p.set_defaults(func=_cmd_frontier)

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from ..describe import print_graph
 from ..modelspec import load_model
-from ._common import add_batch_argument, add_precision_argument, print_wrote
+from ._common import add_capture_arguments, save_output
 
 
 def _cmd_graph(args: argparse.Namespace, console: Console) -> int:
@@ -26,20 +26,15 @@ def _cmd_graph(args: argparse.Namespace, console: Console) -> int:
     if graph.precision != "fp32":
         console.print(f"precision {graph.precision}: activations as torch.autocast computes them, parameters float32")
     console.print(f"built in {t1 - t0:.2f} s, captured in {t2 - t1:.2f} s")
-    if args.json:
-        graph.save(args.json)
-        print_wrote(console, args.json)
+    save_output(console, graph, args.json)
     return 0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g = sub.add_parser("graph", help="capture a model and describe its operator graph")
-    g.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory, model.onnx or graph.json")
-    add_batch_argument(g)
-    g.add_argument("--batch-dim", type=int, default=0, help="batch dimension of the inputs (default 0)")
+    add_capture_arguments(g, "zoo:NAME[?k=v&…], path/to/file.py:factory, model.onnx or graph.json")
     g.add_argument("--method", choices=("auto", "export", "fx"), default="auto",
                    help="capture door: torch.export then torch.fx (auto), or one of them")
-    add_precision_argument(g)
     g.add_argument("--json", metavar="OUT", help="write the OpGraph as JSON")
     g.add_argument("--top", type=int, default=10, help="rows in the histogram / largest-tensor tables")
     g.add_argument("--limit", type=int, default=40, help="nodes to list (default 40)")

@@ -20,19 +20,11 @@ from ..placers import PLACERS, place
 from ..planmodel.simulate import simulate
 from ..workflow import measure, prepare
 from ._common import (
-    BATCH_HELP,
-    add_batch_argument,
-    add_cluster_argument,
-    add_devices_argument,
-    add_fit_arguments,
-    add_optimizer_argument,
-    add_precision_argument,
-    add_profile_argument,
-    add_repeats_argument,
+    add_request_arguments,
     check_repeats,
     fit_options,
     print_simulation,
-    print_wrote,
+    save_output,
     simulation_line,
     workflow_request,
 )
@@ -82,9 +74,7 @@ def _cmd_place(args: argparse.Namespace, console: Console) -> int:
     if not fits:
         console.print("[yellow]warning:[/yellow] the simulated peak of some device exceeds its memory "
                       "(the placer's memory model counts resident bytes only: no transient buffers)")
-    if args.output:
-        plan.save(args.output)
-        print_wrote(console, args.output)
+    save_output(console, plan, args.output)
     return 0
 
 
@@ -92,20 +82,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("place", help="place a model with a baseline placer (dp, m-topo, m-etf, m-sct, dpos, "
                                      "os-dpos, netsplit, pesto) and simulate it")
     p.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory or graph.json (with --profile)")
-    add_cluster_argument(p)
     p.add_argument("--algo", required=True, help="dp, m-topo, m-etf, m-sct, dpos, os-dpos, netsplit or pesto")
-    add_batch_argument(p, BATCH_HELP)
-    add_devices_argument(p, "devices to use, comma-separated (default: all of the cluster's)")
-    add_fit_arguments(p)
-    add_precision_argument(p)
-    add_optimizer_argument(p, "sizes the optimizer state in the memory model (default adamw)")
+    add_request_arguments(p, devices_help="devices to use, comma-separated (default: all of the cluster's)",
+                          optimizer_help="sizes the optimizer state in the memory model (default adamw)",
+                          profile_help="use this profile instead of measuring")
     p.add_argument("--colocation", default="ABC",
                    help="TF Placer colocation rules for m-topo / m-etf / m-sct: any of A, B, C, or none (default ABC)")
     p.add_argument("--heavy-edge-groups", type=int, metavar="K",
                    help="also merge groups along the heaviest edges down to K groups (NetSplit Alg. 3)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
                    help="solver time limit of the MILP placers (netsplit, pesto; default: the placer's own)")
-    add_profile_argument(p, "use this profile instead of measuring")
-    add_repeats_argument(p)
     p.add_argument("-o", "--output", metavar="PLAN_JSON", help="write the plan (with the simulator's estimate)")
     p.set_defaults(func=_cmd_place)

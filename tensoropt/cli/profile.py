@@ -19,7 +19,7 @@ from ..errors import ProfileError
 from ..graph import OpGraph
 from ..measure import CostModel, profile
 from ..measure.profiler import busy_warning
-from ._common import add_batch_argument, add_precision_argument, add_repeats_argument, capture_spec, print_wrote
+from ._common import add_capture_arguments, add_repeats_argument, capture_spec, save_output
 from ._common import degrees as degrees_arg
 
 
@@ -72,19 +72,14 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     took = time.perf_counter() - t0
     _print_top(console, graph, costs, args.top)
     _print_totals(console, costs, took)
-    if args.output:
-        costs.save(args.output)
-        print_wrote(console, args.output)
+    save_output(console, costs, args.output)
     return 0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("profile", help="measure every operator (forward, backward, memory) at every shard shape")
-    p.add_argument("model", help="zoo:NAME[?k=v&…] or path/to/file.py:factory")
-    add_batch_argument(p)
-    p.add_argument("--batch-dim", type=int, default=0, help="batch dimension of the inputs (default 0)")
+    add_capture_arguments(p, "zoo:NAME[?k=v&…] or path/to/file.py:factory")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
-    add_precision_argument(p)
     p.add_argument("--degrees", type=degrees_arg, default=(1, 2, 4, 8),
                    help="shard degrees to measure, comma-separated (default 1,2,4,8)")
     add_repeats_argument(p, default=5)

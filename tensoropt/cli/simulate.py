@@ -28,7 +28,7 @@ from ._common import (
     costs_for,
     fit_options,
     print_simulation,
-    print_wrote,
+    save_output,
     simulation_line,
 )
 
@@ -58,8 +58,7 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
         if e.source != "simulator":
             console.print(f"  plan's {escape(e.source)} estimate: {e.time_s * 1e3:.3f} ms", highlight=False)
     if args.output:
-        res.annotate(plan).save(args.output)
-        print_wrote(console, args.output)
+        save_output(console, res.annotate(plan), args.output)
     return 0
 
 
