@@ -22,7 +22,7 @@ import inspect
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .cluster import Cluster
 from .errors import TensorOptError
@@ -130,6 +130,24 @@ def compare(graph: OpGraph, costs: CostModel, cluster: Cluster, *, algos: Iterab
     Cost: the sum of the placers' and the frontier's costs, plus one simulation per plan.
     """
     report = progress or (lambda msg: None)
+    names, extra = _checked_names(algos, placer_options)
+    costs.check_graph(graph)
+    limit = check_budget_value(budget)
+    used = resolve_devices(cluster, devices)
+    options = {algo: {"devices": used, "optimizer": optimizer, **extra.get(algo, {})} for algo in names}
+    for algo in names:  # a misspelt option stops the comparison before any placer runs
+        check_options(algo, options[algo])
+    rows = [_placed_row(graph, costs, cluster, algo, options[algo], optimizer=optimizer, budget=limit,
+                        reserve=reserve, report=report) for algo in names]
+    if frontier is None or frontier is False:
+        return rows
+    return rows + _frontier_rows(graph, costs, cluster, frontier, used, optimizer=optimizer, budget=limit,
+                                 reserve=reserve, report=report)
+
+
+def _checked_names(algos: Iterable[str] | None,
+                   placer_options: Mapping[str, Mapping[str, Any]] | None) -> tuple[list[str], dict[str, Any]]:
+    """The placers to run (default: all) and their extra options; an unknown name in either is raised."""
     names = list(PLACERS) if algos is None else list(algos)
     unknown = [a for a in names if a not in PLACERS]
     if unknown:
@@ -138,42 +156,45 @@ def compare(graph: OpGraph, costs: CostModel, cluster: Cluster, *, algos: Iterab
     stray = [a for a in extra if a not in PLACERS]
     if stray:
         raise TensorOptError(f"placer_options names {stray[0]!r}, which is not a placer; known: {', '.join(PLACERS)}")
-    costs.check_graph(graph)
-    budget = check_budget_value(budget)
-    used = resolve_devices(cluster, devices)
-    options = {algo: {"devices": used, "optimizer": optimizer, **extra.get(algo, {})} for algo in names}
-    for algo in names:  # a misspelt option stops the comparison before any placer runs
-        check_options(algo, options[algo])
+    return names, extra
 
-    rows: list[CompareRow] = []
-    for algo in names:
-        report(f"placing with {algo}")
-        t0 = time.perf_counter()
-        try:
-            plan = place(graph, costs, cluster, algo, **options[algo])
-        except TensorOptError as e:
-            rows.append(failed(algo, time.perf_counter() - t0, e))
-            continue
-        took = time.perf_counter() - t0
-        report(f"simulating {algo}'s plan")
-        rows.append(evaluate(plan, graph, costs, cluster, algo=algo, place_s=took, optimizer=optimizer,
-                             budget=budget, reserve=reserve))
 
+def _placed_row(graph: OpGraph, costs: CostModel, cluster: Cluster, algo: str, options: Mapping[str, Any], *,
+                optimizer: str | int, budget: int | float | None, reserve: int,
+                report: Callable[[str], None]) -> CompareRow:
+    """One placer's row: its plan simulated, or :func:`failed` when it cannot place the model."""
+    report(f"placing with {algo}")
+    t0 = time.perf_counter()
+    try:
+        plan = place(graph, costs, cluster, algo, **options)
+    except TensorOptError as e:
+        return failed(algo, time.perf_counter() - t0, e)
+    took = time.perf_counter() - t0
+    report(f"simulating {algo}'s plan")
+    return evaluate(plan, graph, costs, cluster, algo=algo, place_s=took, optimizer=optimizer, budget=budget,
+                    reserve=reserve)
+
+
+def _frontier_rows(graph: OpGraph, costs: CostModel, cluster: Cluster, frontier: Literal[True] | Frontier,
+                   devices: Sequence[str], *, optimizer: str | int, budget: int | float | None, reserve: int,
+                   report: Callable[[str], None]) -> list[CompareRow]:
+    """The frontier's rows (tracked over ``devices`` when ``frontier`` is ``True``, else the one
+    given): its min-time and min-memory points and, with a ``budget``, its fastest plan that fits
+    (or that row's error, first)."""
     if frontier is True:
         report("tracking the frontier")
         t0 = time.perf_counter()
         try:
-            fr = track_frontier(graph, costs, cluster, devices=used, optimizer=optimizer, reserve=reserve,
+            fr = track_frontier(graph, costs, cluster, devices=devices, optimizer=optimizer, reserve=reserve,
                                 progress=lambda msg: report(f"frontier: {msg}"))
         except TensorOptError as e:
-            return rows + frontier_failures(time.perf_counter() - t0, e)
+            return frontier_failures(time.perf_counter() - t0, e)
         took = time.perf_counter() - t0
-    elif frontier is not None and frontier is not False:
-        fr, took = frontier, float(getattr(frontier, "seconds", 0.0))
     else:
-        return rows
+        fr, took = frontier, float(getattr(frontier, "seconds", 0.0))
     if not len(fr):
-        return rows + frontier_failures(took, TensorOptError("the frontier has no feasible plan"))
+        return frontier_failures(took, TensorOptError("the frontier has no feasible plan"))
+    rows: list[CompareRow] = []
     picks = [(FRONTIER_MIN_TIME, fr.min_time()), (FRONTIER_MIN_MEMORY, fr.min_memory())]
     if budget is not None:
         best = fr.best_under(budget, reserve)
