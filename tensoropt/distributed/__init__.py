@@ -14,6 +14,10 @@ processes started by ``torchrun`` (``python -m tensoropt.distributed MODEL --pla
 - :mod:`.launch` — :func:`launch`: local processes without torchrun;
 - :mod:`.calibrate` — what a cross-rank message costs this backend, and links that charge it;
 - :mod:`.cli` — :func:`run_distributed`, the body of ``tensoropt run … --backend dist``.
+
+This package owns running a plan across processes.  It must not rewrite a plan differently
+from the single-process executor: it runs :func:`tensoropt.execute.rewrite`'s graph and only
+decides which rank runs which of its nodes and how values cross ranks.
 """
 
 from .launch import launch

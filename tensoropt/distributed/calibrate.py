@@ -22,6 +22,10 @@ bandwidth) where those are larger.  The simulator and frontier tracking then cha
 cross-rank message what the backend pays for it, as ``benchmarks/truth.py`` checks.  Processes
 are started with :func:`~tensoropt.distributed.launch` (``spawn``: call it under
 ``if __name__ == "__main__":``).
+
+Owns: the calibration plans, the measurement and the calibrated links.  Must not: change
+the cluster it is given (it returns a new one) nor be imported by the executor (it launches
+processes).
 """
 
 from __future__ import annotations
@@ -34,7 +38,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from tensoropt.errors import DistributedError  # absolute: workers load this file by path (its factory)
+# absolute imports: workers load this file by path (its factory, chain_model)
+from tensoropt.capture import capture
+from tensoropt.cluster import Cluster
+from tensoropt.distributed.jobs import measure_plan
+from tensoropt.distributed.launch import launch
+from tensoropt.errors import DistributedError
+from tensoropt.graph import OpGraph
+from tensoropt.plan import NodeConfig, Plan
 
 #: the calibration model's shape: each layer's forward about a millisecond on one CPU core, as
 #: the operators of a model worth splitting (0.1–10 ms).  Why not smaller: on a small or
@@ -73,10 +84,8 @@ def _spec() -> str:
     return f"{__file__}:chain_model"
 
 
-def hop_plan(graph: Any) -> Any:
+def hop_plan(graph: OpGraph) -> Plan:
     """Each (Linear, ReLU) pair of :func:`chain_model` on the other device than the previous one."""
-    from ..plan import NodeConfig, Plan
-
     configs = {}
     layer = -1
     for n in graph.ops:
@@ -87,10 +96,8 @@ def hop_plan(graph: Any) -> Any:
                 algorithm="hops")
 
 
-def exchange_plan(graph: Any) -> Any:
+def exchange_plan(graph: OpGraph) -> Plan:
     """Every operator of :func:`chain_model` split along its channels over both devices."""
-    from ..plan import NodeConfig, Plan
-
     return Plan({n.name: NodeConfig(DEVICES, "channel") for n in graph.ops}, graph_fingerprint=graph.fingerprint,
                 order=[n.name for n in graph.ops], algorithm="exchanges")
 
@@ -100,10 +107,6 @@ def message_cost(*, steps: int = 15, warmup: int = 3, rounds: int = 3, timeout_s
     ``rounds`` × 4 launches (each pattern on two ranks then one, the median step of each kept
     over the rounds: one launch disturbed by other work on the machine does not decide it);
     about a minute and a half on a 2-core machine.  O(rounds × steps × LAYERS)."""
-    from ..capture import capture
-    from .jobs import measure_plan
-    from .launch import launch
-
     if rounds < 1:
         raise DistributedError(f"rounds must be at least 1, got {rounds}")
     model, inputs = chain_model()
@@ -137,7 +140,7 @@ def message_cost(*, steps: int = 15, warmup: int = 3, rounds: int = 3, timeout_s
     return MessageCost(hop_s, exchange_s, BATCH * WIDTH * 4, out)
 
 
-def calibrate_links(cluster: Any, cost: MessageCost) -> Any:
+def calibrate_links(cluster: Cluster, cost: MessageCost) -> Cluster:
     """``cluster`` with every link's latency raised to what a one-way message costs the backend
     and its exchange latency to what an exchange costs (each less its message at the link's
     bandwidth), where those are more; bandwidth and duplex are kept.  The cluster's source says

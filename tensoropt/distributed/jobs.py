@@ -3,11 +3,15 @@
 Each job takes the :class:`~.runtime.Runtime` first (what :func:`~.launch.launch` passes) and
 plain values after it (model specs, plan dicts), so the same job runs under ``launch`` and under
 ``torchrun``; it returns plain values (the same on every rank where it gathers them).
+
+Owns: what a test or benchmark runs on every rank.  Must not: start processes (that is
+:mod:`.launch` or torchrun) nor return anything unpicklable.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -15,21 +19,29 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
+from ..capture import capture
+from ..errors import DistributedError
+from ..execute import disable_dropout
+from ..graph import OpGraph
+from ..measure.step import make_optimizer
+from ..modelspec import load_model
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Plan
-from .run import apply_plan_distributed, compare_distributed
+from .run import DistributedExecutor, apply_plan_distributed, compare_distributed
 from .runtime import Runtime
+from .transport import SEGMENT_BYTES, Channel, PeerLink
 
 
-def load_case(model_spec: str, *, float64: bool = False, dropout: bool = True) -> tuple[Any, tuple, Any]:
+def load_case(model_spec: str, *, float64: bool = False,
+              dropout: bool = True) -> tuple[nn.Module, tuple[Any, ...], OpGraph]:
     """(model, inputs, graph): ``model_spec`` built (same weights on every rank: the zoo seeds
     them), optionally in float64 and without dropout, and captured with torch.export."""
-    from ..capture import capture
-    from ..execute import disable_dropout
-    from ..modelspec import load_model
-
     loaded = load_model(model_spec)
+    if loaded.model is None:
+        raise DistributedError(f"{model_spec} is a saved graph or ONNX file: a job needs the torch model "
+                               "(zoo:NAME or file.py:factory)")
     model, inputs = loaded.model, tuple(loaded.example_inputs)
     if not dropout:
         disable_dropout(model)
@@ -89,8 +101,6 @@ def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps
     ``step_s`` (median over steps of the slowest rank's step), ``optimizer_s``, ``rank_step_s``
     (per rank, medians), ``peak_bytes`` (per rank), ``moves``, ``collectives`` (kind → count).
     ``fail_rank``: that rank exits abruptly in the middle of the first step (to test what its peers do)."""
-    from ..measure.step import make_optimizer
-
     model, inputs, graph = load_case(model_spec)
     ex = apply_plan_distributed(model, inputs, Plan.from_dict(plan), rt, rank_map=rank_map, graph=graph,
                                 collectives=collectives)
@@ -109,8 +119,6 @@ def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps
         t0 = time.perf_counter()
         loss = ex.forward(*inputs)
         if fail_rank == rt.rank:
-            import os
-
             os._exit(3)   # die mid-step, without a word (what a crash or an OOM kill looks like)
         ex.backward(loss)
         sync()
@@ -136,7 +144,8 @@ def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps
             "loss_rank": ex.program.loss_rank}
 
 
-def _tracked_peak(ex: Any, model: Any, opt: Any, inputs: tuple, dev: torch.device) -> int:
+def _tracked_peak(ex: DistributedExecutor, model: nn.Module, opt: torch.optim.Optimizer | None,
+                  inputs: tuple[Any, ...], dev: torch.device) -> int:
     """Peak bytes of one step (forward, backward, gradient sums, optimizer) on this rank: MemTracker
     on the CPU (parameters, buffers, optimizer state and inputs registered as held from the
     start), the CUDA allocator's ``max_memory_allocated`` on a GPU."""
@@ -145,6 +154,7 @@ def _tracked_peak(ex: Any, model: Any, opt: Any, inputs: tuple, dev: torch.devic
         _one_step(ex, opt, inputs)
         torch.cuda.synchronize(dev)
         return int(torch.cuda.max_memory_allocated(dev))
+    # local: a private torch tool, needed only for a CPU memory measurement
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
@@ -156,7 +166,7 @@ def _tracked_peak(ex: Any, model: Any, opt: Any, inputs: tuple, dev: torch.devic
     return int(tracker.get_tracker_snapshot("peak").get(dev, {}).get("Total", 0))
 
 
-def _one_step(ex: Any, opt: Any, inputs: tuple) -> None:
+def _one_step(ex: DistributedExecutor, opt: torch.optim.Optimizer | None, inputs: tuple[Any, ...]) -> None:
     loss = ex.forward(*inputs)
     ex.backward(loss)
     if opt is not None:
@@ -170,8 +180,6 @@ def compare_collectives(rt: Runtime, numel: int = 1000) -> dict[str, Any]:
     difference between the two per collective (``all_reduce_segments``: an in-place buffer
     longer than one p2p segment), and whether every rank got the same all-reduce bits, each way
     (``same_bits``).  A check of the p2p implementation for any world size."""
-    from .transport import SEGMENT_BYTES, Channel, PeerLink
-
     k = rt.world_size
     gen = torch.Generator().manual_seed(rt.rank)
     x = torch.randn(k * numel, dtype=torch.float64, generator=gen)

@@ -8,16 +8,23 @@ a port the OS picks (no race for a free port), like ``tensoropt bench-links``
 whose return value is pickled back; results come back by rank.  A worker that raises, dies or
 says nothing past the timeout ends the launch with a :class:`~tensoropt.errors.DistributedError`
 naming the rank (every worker is ended either way).
+
+Owns: local worker processes and their results.  Must not: know what a job does, nor leave a
+worker running when it returns or raises.
 """
 
 from __future__ import annotations
 
 import datetime
 import importlib
+import multiprocessing as mp
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+import torch
+import torch.distributed as dist
 
 from .._malloc import steady_malloc
 from .._procs import WorkerDied, next_message, single_threaded_env, stop_workers
@@ -29,8 +36,6 @@ def _entry(rank: int, world_size: int, port: int, q: Any, job: str, kwargs: dict
            backend: str) -> None:
     """Body of one worker: join the group, run ``job`` (``module:function``), report to ``q``."""
     try:
-        import torch
-
         steady_malloc()   # the profile's allocator regime (tensoropt._malloc)
         torch.set_num_threads(1)
         module, _, name = job.partition(":")
@@ -56,10 +61,6 @@ def launch(job: str | Callable[..., Any], world_size: int, kwargs: dict | None =
     (every wait inside the job); the parent gives up after ``1.25 × timeout_s + 5`` s without a
     result once the workers are up (``startup_s`` to import torch and build the model).
     """
-    import multiprocessing as mp
-
-    import torch.distributed as dist
-
     if callable(job):
         job = f"{job.__module__}:{job.__name__}"
     if world_size < 1:

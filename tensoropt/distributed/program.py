@@ -26,6 +26,10 @@ blocks moved and summed), those moves and gathers are one collective instead
 messages and no rank runs those gathers.  A gather wanted on only some of the mesh's ranks (or
 in another order), or a moved piece something else also reads, stays point-to-point.
 O(V + E).
+
+Owns: the static, rank-independent reading of the rewritten graph (:class:`Program`).  Must
+not: run or send anything, nor depend on this process's rank — every rank builds the same
+program from the same graph.
 """
 
 from __future__ import annotations
@@ -58,6 +62,28 @@ def _marker_index(value: Any) -> int | None:
 def is_move(n: fx.Node) -> bool:
     """Whether ``n`` is the executor's move of a value to a plan device (``.to(marker)``)."""
     return n.op == "call_method" and n.target == "to" and len(n.args) == 2 and _marker_index(n.args[1]) is not None
+
+
+def _move_target(n: fx.Node) -> int:
+    """The plan device index a move (:func:`is_move`) sends its value to."""
+    index = _marker_index(n.args[1])
+    assert index is not None, f"{n.name} is not a move to a plan device"
+    return index
+
+
+def node_arg(n: fx.Node, i: int) -> fx.Node:
+    """``n``'s ``i``-th argument where the executor's construction makes it a node (the value a
+    move, a split or a partial sum reads); checked."""
+    a = n.args[i]
+    assert isinstance(a, fx.Node), f"argument {i} of {n.name} is {a!r}, not a node"
+    return a
+
+
+def _placed_rank(rank: Mapping[str, int | None], name: str) -> int:
+    """The rank of a node that runs on one rank (checked: not a placeholder's ``None``)."""
+    r = rank[name]
+    assert r is not None, f"{name} runs on every rank"
+    return r
 
 
 @dataclass(frozen=True)
@@ -94,6 +120,12 @@ class Collective:
 
     def result_of(self, rank: int) -> str:
         return dict(self.results)[rank]
+
+    @property
+    def cut_dim(self) -> int:
+        """The dimension an all-gather joins along / a reduce-scatter cuts along (an all-reduce has none)."""
+        assert self.dim is not None, f"an {self.kind} has no dimension"
+        return self.dim
 
 
 @dataclass
@@ -157,17 +189,19 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
             out_node = n
             continue
         inputs = n.all_input_nodes
+        r: int | None
         if is_move(n):
-            r = rank_by_marker[_marker_index(n.args[1])]
-            src = rank[n.args[0].name]
+            r = rank_by_marker[_move_target(n)]
+            value = node_arg(n, 0)
+            src = rank[value.name]
             if src is not None and src != r:
-                moves.append((n.name, n.args[0].name, src, r))
+                moves.append((n.name, value.name, src, r))
         else:
             device = _marker_index(n.kwargs.get("device"))
             if device is not None:
                 r = rank_by_marker[device]
             else:
-                found = {rank[a.name] for a in inputs} - {None}
+                found = {ra for a in inputs if (ra := rank[a.name]) is not None}
                 if len(found) > 1:
                     raise DistributedError(f"node {n.name} of the rewritten graph reads tensors from ranks "
                                            f"{sorted(found)}; the distributed backend expects every input moved to "
@@ -193,7 +227,7 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
 def _origin(n: fx.Node) -> fx.Node:
     """The value a chain of plan-device moves starts from."""
     while is_move(n) and isinstance(n.args[0], fx.Node):
-        n = n.args[0]
+        n = node_arg(n, 0)
     return n
 
 
@@ -203,17 +237,19 @@ def _gathered(n: fx.Node) -> tuple[str, list[fx.Node], int | None, list[fx.Node]
     :class:`tensoropt.execute.layouts.Transport`); else ``None``."""
     if n.op != "call_function":
         return None
-    if n.target is torch.cat and len(n.args) == 2 and isinstance(n.args[0], (list, tuple)) \
-            and isinstance(n.args[1], int) and not n.kwargs and all(isinstance(a, fx.Node) for a in n.args[0]):
-        return "all_gather", list(n.args[0]), n.args[1], []
+    pieces, dim = (n.args + (None, None))[:2]
+    if n.target is torch.cat and len(n.args) == 2 and isinstance(pieces, (list, tuple)) \
+            and isinstance(dim, int) and not n.kwargs and all(isinstance(a, fx.Node) for a in pieces):
+        return "all_gather", [a for a in pieces if isinstance(a, fx.Node)], dim, []
     if n.target is operator.add and all(isinstance(a, fx.Node) for a in n.args):
         if len(n.users) == 1 and next(iter(n.users)).target is operator.add and next(iter(n.users)).args[0] is n:
             return None   # inside a chain: the last add stands for it
-        items, inner, left = [n.args[1]], [], n.args[0]
+        # Transport.reduce's chain: add(add(add(p0, p1), p2), p3), every argument a node
+        items, inner, left = [node_arg(n, 1)], [], node_arg(n, 0)
         while left.op == "call_function" and left.target is operator.add and len(left.users) == 1:
             inner.append(left)
-            items.append(left.args[1])
-            left = left.args[0]
+            items.append(node_arg(left, 1))
+            left = node_arg(left, 0)
         items.append(left)
         return "all_reduce", items[::-1], None, inner
     return None
@@ -221,13 +257,16 @@ def _gathered(n: fx.Node) -> tuple[str, list[fx.Node], int | None, list[fx.Node]
 
 def _block_of(n: fx.Node) -> tuple[fx.Node, int, int, int] | None:
     """``(value, k, dim, j)`` when ``n`` is block ``j`` of ``split_pieces(value, k, dim)``."""
-    if not (n.op == "call_function" and n.target is operator.getitem and isinstance(n.args[1], int)):
+    if not (n.op == "call_function" and n.target is operator.getitem):
         return None
-    split = n.args[0]
-    if not (isinstance(split, fx.Node) and split.op == "call_function" and split.target is split_pieces
-            and len(split.args) == 3 and isinstance(split.args[1], int) and isinstance(split.args[2], int)):
+    split, j = n.args[0], n.args[1]
+    if not (isinstance(j, int) and isinstance(split, fx.Node) and split.op == "call_function"
+            and split.target is split_pieces and len(split.args) == 3):
         return None
-    return split.args[0], split.args[1], split.args[2], n.args[1]
+    k, dim = split.args[1], split.args[2]
+    if not (isinstance(k, int) and isinstance(dim, int)):
+        return None
+    return node_arg(split, 0), k, dim, j
 
 
 def find_collectives(graph: fx.Graph, rank: Mapping[str, int | None], moved: set[str]) -> list[Collective]:
@@ -244,9 +283,9 @@ def find_collectives(graph: fx.Graph, rank: Mapping[str, int | None], moved: set
         kind, items, dim, inner = found
         here = rank.get(n.name)
         moved_from = tuple(_origin(a) for a in items)
-        blocks = [_block_of(b) for b in moved_from]
+        blocks = [b for b in (_block_of(m) for m in moved_from) if b is not None]
         block = None
-        if kind == "all_reduce" and all(b is not None for b in blocks) and len({b[1:] for b in blocks}) == 1:
+        if kind == "all_reduce" and len(blocks) == len(moved_from) and len({b[1:] for b in blocks}) == 1:
             # the same block of every partial sum: this device's share of a reduce-scatter
             kind, dim, block = "reduce_scatter", blocks[0][2], blocks[0][3]
             if blocks[0][1] != len(items):
@@ -270,14 +309,16 @@ def find_collectives(graph: fx.Graph, rank: Mapping[str, int | None], moved: set
             groups.setdefault((kind, tuple(s.name for s in sources), dim), []).append((n, absorbed, block))
     out: list[Collective] = []
     for (kind, sources, dim), members in sorted(groups.items(), key=lambda kv: order[kv[1][0][0].name]):
-        ranks = tuple(rank[s] for s in sources)
-        by_rank = {rank[n.name]: n for n, _, _ in members}
-        if len(by_rank) != len(members) or set(by_rank) != set(ranks):
+        # a group's sources and gathers all run on one rank each (checked when it was formed)
+        mesh = tuple(_placed_rank(rank, s) for s in sources)
+        by_rank = {_placed_rank(rank, n.name): n for n, _, _ in members}
+        if len(by_rank) != len(members) or set(by_rank) != set(mesh):
             continue   # not every rank of the mesh wants it whole: the moves stay
-        if kind == "reduce_scatter" and any(rank[n.name] != ranks[b] for n, _, b in members):
+        # (a reduce-scatter's members each name their block)
+        if kind == "reduce_scatter" and any(b is None or rank[n.name] != mesh[b] for n, _, b in members):
             continue   # block j wanted elsewhere than on the rank of piece j (meshes in another order)
         first = min((n for n, _, _ in members), key=lambda n: order[n.name])
-        out.append(Collective(len(out), kind, ranks, sources, tuple((r, by_rank[r].name) for r in ranks), dim,
+        out.append(Collective(len(out), kind, mesh, sources, tuple((r, by_rank[r].name) for r in mesh), dim,
                               first.name, tuple(a for _, ab, _ in members for a in ab)))
     return out
 
@@ -313,7 +354,7 @@ def parameter_pieces(graph: fx.Graph, program: Program, placeholder: str) -> dic
         users = {rank_of(u) for u in n.users}
         return users.pop() if len(users) == 1 else None
 
-    frontier = [(u, ()) for u in ph.users]
+    frontier: list[tuple[fx.Node, tuple[str, ...]]] = [(u, ()) for u in ph.users]
     while frontier:
         n, chain = frontier.pop()
         if is_move(n):
@@ -327,7 +368,8 @@ def parameter_pieces(graph: fx.Graph, program: Program, placeholder: str) -> dic
         k, dim = n.args[1], n.args[2]
         cuts.add((dim, k))
         for u in n.users:
-            if not (u.op == "call_function" and u.target.__name__ == "getitem" and isinstance(u.args[1], int)):
+            if not (u.op == "call_function" and getattr(u.target, "__name__", None) == "getitem"
+                    and isinstance(u.args[1], int)):
                 return None
             r = rank_of(u)
             if r is None:

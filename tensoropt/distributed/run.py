@@ -30,12 +30,19 @@ tolerance (:mod:`tensoropt.execute.check`, "Mixed precision").
 
 The model is built on every rank with the same weights (the zoo seeds them); the example inputs
 are on every rank.  O(V + E) per step, plus the transfers.
+
+Owns: one rank's execution of a :class:`.program.Program` — its parameters and buffers, the
+forward over the graph's nodes, the backward and the gradient sums.  Must not: rewrite the
+graph differently from the single-process executor, nor talk to peers except through
+:class:`.transport.PeerLink` (every wait bounded, every failure named).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -43,6 +50,7 @@ import torch.fx as fx
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from ..capture import capture
 from ..capture.call import ModelCall
 from ..capture.precision import device_types, precision_context, precision_of
 from ..errors import DistributedError
@@ -60,8 +68,9 @@ from ..execute.dropout import dropout_off
 from ..execute.randomness import KeyedRandomMode, derive_seed, draw_seed
 from ..execute.rewrite import rewrite, write_back
 from ..graph import OpGraph
+from ..measure.step import _float_tensors, training_loss
 from ..plan import Plan
-from .program import Piece, Program, build_program, is_move, marker, parameter_pieces
+from .program import Collective, Move, Piece, Program, build_program, is_move, marker, node_arg, parameter_pieces
 from .runtime import Runtime, resolve_rank_map
 from .transport import (
     DTYPES,
@@ -81,6 +90,16 @@ _GRAD_TAG = 1 << 20  # backward messages' tags, apart from the forward ones
 _COLLECTIVE_TAG = 1 << 21   # collectives run as messages: 4 tags each (forward, backward, header)
 _SYNC_TAG = 1 << 24         # the gradient all-reduces, one tag per flat buffer
 _LOSS_TAG = (1 << 24) - 8   # the loss's parts summed for the report
+
+
+@dataclass
+class _Readers:
+    """Who reads one parameter / buffer object: the ranks, its names and its placeholders (a tied
+    weight has several)."""
+
+    ranks: set[int]
+    names: list[str]
+    placeholders: list[str]
 
 
 class DistributedExecutor:
@@ -146,19 +165,7 @@ class DistributedExecutor:
     def _prepare_state(self, release_unused: bool) -> None:
         """Which ranks read each parameter / buffer (by object: a tied weight may have two
         placeholders), keep this rank's on its device, empty the others."""
-        me, dev = self.rt.rank, torch.device(self.rt.device)
-        placeholders = [n for n in self._nodes if n.op == "placeholder"]
-        by_ph: dict[str, tuple[str, Any]] = {}
-        readers: dict[int, set[int]] = {}     # id(tensor) -> ranks
-        names: dict[int, list[str]] = {}
-        phs: dict[int, list[str]] = {}
-        for ph, (kind, what) in zip(placeholders, self._sources):
-            by_ph[ph.name] = (kind, what)
-            if kind in ("parameter", "buffer"):
-                t = self.model.get_parameter(what) if kind == "parameter" else self.model.get_buffer(what)
-                readers.setdefault(id(t), set()).update(self.program.placeholder_ranks.get(ph.name, frozenset()))
-                names.setdefault(id(t), []).append(what)
-                phs.setdefault(id(t), []).append(ph.name)
+        by_ph, readers = self._readers()
         canonical = {id(p): name for name, p in self.model.named_parameters()}   # tied: the first name
         self.parameter_ranks: dict[str, frozenset[int]] = {}
         self.local_parameters: dict[str, nn.Parameter] = {}
@@ -173,47 +180,85 @@ class DistributedExecutor:
             mod_path, _, attr = what.rpartition(".")
             mod = self.model.get_submodule(mod_path)
             t = getattr(mod, attr)
-            key = id(t)
-            if key not in readers:
+            read = readers.pop(id(t), None)
+            if read is None:
                 continue   # already handled under another name
-            ranks = frozenset(readers.pop(key))
-            first = canonical.get(key, names[key][0])
+            first = canonical.get(id(t), read.names[0])
             if kind == "parameter":
-                self.parameter_ranks[first] = ranks
-                pieces = (parameter_pieces(self.graph_module.graph, self.program, phs[key][0])
-                          if len(phs[key]) == 1 and len(ranks) > 1 and t.requires_grad else None)
-                if pieces is not None and set(pieces) == ranks:
-                    self.parameter_pieces[first] = pieces
-                    if me in pieces:
-                        piece = pieces[me]
-                        t.data = torch.tensor_split(t.data, piece.k, piece.dim)[piece.index].to(dev).clone()
-                        self.local_parameters[first] = t
-                        self._piece_values.update({v: first for v in piece.values})
-                        self._skip.update(piece.cut)
-                    else:
-                        t.data = torch.empty(0, dtype=t.dtype, device=dev)
+                self.parameter_ranks[first] = frozenset(read.ranks)
+                if self._keep_piece(first, t, read):
                     continue
-            if me in ranks or not release_unused:
-                if t.device != dev:
-                    if isinstance(t, nn.Parameter):
-                        t.data = t.data.to(dev)
-                    else:
-                        mod._buffers[attr] = t.to(dev)
-                if kind == "parameter" and me in ranks:
-                    self.local_parameters[first] = t
-            elif isinstance(t, nn.Parameter):   # another rank's: free its memory here
-                t.data = torch.empty(0, dtype=t.dtype, device=dev)
-            else:
-                for other in names[key]:
-                    path, _, name = other.rpartition(".")
-                    self.model.get_submodule(path)._buffers[name] = torch.empty(0, dtype=t.dtype, device=dev)
+            self._keep_or_release(kind, first, mod, attr, t, read, release_unused)
         #: buffer name -> the (dim, k, index) pieces this rank writes (dim None: all of it)
-        self.written_buffers: dict[str, list[tuple[int | None, int, int]]] = {}
+        self.written_buffers = self._written_buffers(by_ph)
+
+    def _readers(self) -> tuple[dict[str, tuple[str, Any]], dict[int, _Readers]]:
+        """(placeholder -> its source, id(tensor) -> who reads that parameter / buffer)."""
+        placeholders = [n for n in self._nodes if n.op == "placeholder"]
+        by_ph: dict[str, tuple[str, Any]] = {}
+        readers: dict[int, _Readers] = {}
+        for ph, (kind, what) in zip(placeholders, self._sources):
+            by_ph[ph.name] = (kind, what)
+            if kind in ("parameter", "buffer"):
+                t = self.model.get_parameter(what) if kind == "parameter" else self.model.get_buffer(what)
+                read = readers.setdefault(id(t), _Readers(set(), [], []))
+                read.ranks.update(self.program.placeholder_ranks.get(ph.name, frozenset()))
+                read.names.append(what)
+                read.placeholders.append(ph.name)
+        return by_ph, readers
+
+    def _keep_piece(self, name: str, t: nn.Parameter, read: _Readers) -> bool:
+        """Keep only this rank's piece of parameter ``name`` when every reader cuts it the same
+        way (:func:`.program.parameter_pieces`); whether it is kept in pieces."""
+        me, dev = self.rt.rank, torch.device(self.rt.device)
+        ranks = frozenset(read.ranks)
+        pieces = (parameter_pieces(self.graph_module.graph, self.program, read.placeholders[0])
+                  if len(read.placeholders) == 1 and len(ranks) > 1 and t.requires_grad else None)
+        if pieces is None or set(pieces) != ranks:
+            return False
+        self.parameter_pieces[name] = pieces
+        if me in pieces:
+            piece = pieces[me]
+            t.data = torch.tensor_split(t.data, piece.k, piece.dim)[piece.index].to(dev).clone()
+            self.local_parameters[name] = t
+            self._piece_values.update({v: name for v in piece.values})
+            self._skip.update(piece.cut)
+        else:
+            t.data = torch.empty(0, dtype=t.dtype, device=dev)
+        return True
+
+    def _keep_or_release(self, kind: str, name: str, mod: nn.Module, attr: str, t: torch.Tensor, read: _Readers,
+                         release_unused: bool) -> None:
+        """A parameter / buffer this rank reads (or every one, without ``release_unused``) moved to
+        its device; another rank's emptied here (a buffer under each of its names)."""
+        me, dev = self.rt.rank, torch.device(self.rt.device)
+        if me in read.ranks or not release_unused:
+            if t.device != dev:
+                if isinstance(t, nn.Parameter):
+                    t.data = t.data.to(dev)
+                else:
+                    mod._buffers[attr] = t.to(dev)
+            if kind == "parameter" and me in read.ranks:
+                assert isinstance(t, nn.Parameter)
+                self.local_parameters[name] = t
+        elif isinstance(t, nn.Parameter):   # another rank's: free its memory here
+            t.data = torch.empty(0, dtype=t.dtype, device=dev)
+        else:
+            for other in read.names:
+                path, _, buffer = other.rpartition(".")
+                self.model.get_submodule(path)._buffers[buffer] = torch.empty(0, dtype=t.dtype, device=dev)
+
+    def _written_buffers(self, by_ph: Mapping[str, tuple[str, Any]]) -> dict[str, list[tuple[int | None, int, int]]]:
+        """Buffer name -> the ``(dim, k, index)`` pieces of it this rank's ``write_back`` nodes write."""
+        out: dict[str, list[tuple[int | None, int, int]]] = {}
         for n in self._nodes:
             if n.op == "call_function" and n.target is write_back and self._runs_here(n):
-                kind, what = by_ph.get(n.args[0].name, (None, None))
+                kind, what = by_ph.get(node_arg(n, 0).name, ("", None))
                 if kind == "buffer":
-                    self.written_buffers.setdefault(what, []).append(tuple(n.args[2:5]))
+                    # write_back(buffer, value, dim, k, index): the rewrite passes Python ints
+                    piece = cast(tuple[int | None, int, int], tuple(n.args[2:5]))
+                    out.setdefault(what, []).append(piece)
+        return out
 
     def piece_of(self, name: str, full: torch.Tensor) -> torch.Tensor:
         """What this rank holds of parameter ``name`` when ``full`` is the whole of it (its piece
@@ -292,7 +337,7 @@ class DistributedExecutor:
         written = {a.name for n in self._nodes if n.op == "call_function" and n.target is write_back
                    for a in n.all_input_nodes}
         kinds = {n.name: n.op for n in self._nodes}
-        self._early_sends: dict[str, list[Any]] = {}
+        self._early_sends: dict[str, list[Move]] = {}
         for mv in self.program.moves:
             if (mv.src == me and not mv.node.startswith("__output") and mv.source not in written
                     and kinds.get(mv.source) in ("call_function", "call_method")):
@@ -331,7 +376,7 @@ class DistributedExecutor:
             return self._forward(*inputs)
 
     def _forward(self, *inputs: Any) -> torch.Tensor | None:
-        me, dev = self.rt.rank, torch.device(self.rt.device)
+        dev = torch.device(self.rt.device)
         leaves = [x for x in tree_flatten(inputs)[0] if isinstance(x, torch.Tensor)]
         params = dict(self.model.named_parameters(remove_duplicate=False))
         buffers = dict(self.model.named_buffers(remove_duplicate=False))
@@ -341,59 +386,18 @@ class DistributedExecutor:
         self._anchor = torch.empty(0, device=dev, requires_grad=True)
         ph_index = 0
         out_values: list[Any] = []
-        sent: set[int] = set()
-
-        def send_early(name: str) -> None:
-            for mv in self._early_sends.get(name, ()):
-                if mv.index not in sent:
-                    sent.add(mv.index)
-                    self._send(mv, env[name])
-
+        sent: set[int] = set()     # the moves sent so far this step
         for n in self._nodes:
             if n.op == "placeholder":
                 kind, what = self._sources[ph_index]
                 ph_index += 1
-                if kind == "parameter":
-                    env[n.name] = params[what]
-                elif kind == "buffer":
-                    env[n.name] = buffers[what]
-                elif kind == "constant":
-                    env[n.name] = what.to(dev)
-                elif kind == "seed":
-                    env[n.name] = self.seed if self.seed is not None else derive_seed(self._base_seed, self._steps)
-                else:
-                    if what >= len(leaves):
-                        raise DistributedError(f"the planned model takes more tensor inputs than the {len(leaves)} "
-                                               "given: pass the inputs it was captured with")
-                    env[n.name] = leaves[what].to(dev)
+                env[n.name] = self._placeholder_value(kind, what, leaves, params, buffers, dev)
                 continue
             if n.op == "output":
                 out_values = self._outputs(n, env)
                 break
-            coll = self.program.collective_at.get(n.name)
-            if coll is not None and me in coll.ranks:
-                env[coll.result_of(me)] = self._collective(coll, env[coll.sources[coll.ranks.index(me)]])
-                send_early(coll.result_of(me))
-            mv = self.program.moves_by_node.get(n.name)
-            if mv is not None:
-                if me == mv.src and mv.index not in sent:
-                    self._send(mv, env[mv.source])
-                elif me == mv.dst:
-                    env[n.name] = self._recv(mv)
-            elif n.name in self.program.absorbed or n.name in self._collected:
-                pass   # a collective stands for it
-            elif n.name in self._piece_values:
-                env[n.name] = params[self._piece_values[n.name]]
-            elif n.name in self._skip:
+            if not self._step_node(n, env, params, dev, sent):
                 continue
-            elif n.name in self._aliases:
-                env[n.name] = env[self._aliases[n.name]]
-            elif n.name in self._skip_here:
-                continue
-            elif self._runs_here(n):
-                env[n.name] = self._call(n, env, dev)
-            if n.name in env:
-                send_early(n.name)
             for dead in self._free_after.get(n.name, ()):
                 env.pop(dead, None)
         self.link.wait_sends()
@@ -406,6 +410,61 @@ class DistributedExecutor:
             part = part + t
         return part
 
+    def _placeholder_value(self, kind: str, what: Any, leaves: list[torch.Tensor], params: Mapping[str, torch.Tensor],
+                           buffers: Mapping[str, torch.Tensor], dev: torch.device) -> Any:
+        """What a placeholder of source ``(kind, what)`` (:attr:`Rewritten.sources`) is this step."""
+        if kind == "parameter":
+            return params[what]
+        if kind == "buffer":
+            return buffers[what]
+        if kind == "constant":
+            return what.to(dev)
+        if kind == "seed":
+            return self.seed if self.seed is not None else derive_seed(self._base_seed, self._steps)
+        if what >= len(leaves):
+            raise DistributedError(f"the planned model takes more tensor inputs than the {len(leaves)} "
+                                   "given: pass the inputs it was captured with")
+        return leaves[what].to(dev)
+
+    def _step_node(self, n: fx.Node, env: dict[str, Any], params: Mapping[str, torch.Tensor], dev: torch.device,
+                   sent: set[int]) -> bool:
+        """This rank's part of node ``n`` (a collective run at its place, a move sent or received,
+        a shortcut, or the call), its value into ``env`` and sent early where planned; ``False``
+        for a node this rank skips (nothing is freed after it)."""
+        me = self.rt.rank
+        coll = self.program.collective_at.get(n.name)
+        if coll is not None and me in coll.ranks:
+            env[coll.result_of(me)] = self._collective(coll, env[coll.sources[coll.ranks.index(me)]])
+            self._send_early(coll.result_of(me), env, sent)
+        mv = self.program.moves_by_node.get(n.name)
+        if mv is not None:
+            if me == mv.src and mv.index not in sent:
+                self._send(mv, env[mv.source])
+            elif me == mv.dst:
+                env[n.name] = self._recv(mv)
+        elif n.name in self.program.absorbed or n.name in self._collected:
+            pass   # a collective stands for it
+        elif n.name in self._piece_values:
+            env[n.name] = params[self._piece_values[n.name]]
+        elif n.name in self._skip:
+            return False
+        elif n.name in self._aliases:
+            env[n.name] = env[self._aliases[n.name]]
+        elif n.name in self._skip_here:
+            return False
+        elif self._runs_here(n):
+            env[n.name] = self._call(n, env, dev)
+        if n.name in env:
+            self._send_early(n.name, env, sent)
+        return True
+
+    def _send_early(self, name: str, env: Mapping[str, Any], sent: set[int]) -> None:
+        """Send the moves of value ``name`` planned to leave as soon as it exists (:meth:`_plan_early_sends`)."""
+        for mv in self._early_sends.get(name, ()):
+            if mv.index not in sent:
+                sent.add(mv.index)
+                self._send(mv, env[name])
+
     def _call(self, n: fx.Node, env: dict[str, Any], dev: torch.device) -> Any:
         if not self.dropout:
             n = self._quiet[n.name]
@@ -413,17 +472,21 @@ class DistributedExecutor:
         def value(a: fx.Node) -> Any:
             return env[a.name]
 
-        args = fx.node.map_arg(n.args, value)
-        kwargs = fx.node.map_arg(n.kwargs, value)
+        # the node's arguments with every node replaced by its value (tensors, Python values)
+        args = cast(tuple[Any, ...], fx.node.map_arg(n.args, value))
+        kwargs = cast(dict[str, Any], fx.node.map_arg(n.kwargs, value))
         if n.op == "call_method":
+            assert isinstance(n.target, str)   # a call_method node names its method
             if n.target == "to":
                 return args[0].to(dev, **kwargs)
             return getattr(args[0], n.target)(*args[1:], **kwargs)
         if "device" in kwargs and isinstance(kwargs["device"], torch.device):
             kwargs = dict(kwargs, device=dev)
-        return n.target(*args, **kwargs)
+        target = n.target
+        assert callable(target)   # a call_function node: the rewritten graph has no modules or attributes
+        return target(*args, **kwargs)
 
-    def _collective(self, coll: Any, x: torch.Tensor) -> torch.Tensor:
+    def _collective(self, coll: Collective, x: torch.Tensor) -> torch.Tensor:
         """Run collective ``coll`` with this rank's piece ``x``; returns the whole value."""
         members = tuple(sorted(coll.ranks))
         group = Channel(self._process_groups[frozenset(coll.ranks)], members, _COLLECTIVE_TAG + 4 * coll.index)
@@ -438,16 +501,16 @@ class DistributedExecutor:
                                             f"the header of {what}")
             mesh = [decode_header(heads[s].view(-1).cpu()) for s in slots]
             if coll.kind == "reduce_scatter":   # whole-sized parts, cut as the executor cuts them
-                sizes = tuple(b.shape[coll.dim] for b in torch.tensor_split(x, k, coll.dim))
+                sizes = tuple(b.shape[coll.cut_dim] for b in torch.tensor_split(x, k, coll.cut_dim))
             else:
                 sizes = tuple(shape[coll.dim] for shape, _, _ in mesh) if coll.dim is not None else ()
             self._collective_headers[coll.index] = (sizes, any(grad for _, _, grad in mesh))
         sizes, grad = self._collective_headers[coll.index]
         anchor = self._anchor if grad and torch.is_grad_enabled() else None
         if coll.kind == "all_gather":
-            out, root = all_gather_with_grad(self.link, anchor, x, group, coll.dim, sizes, slots, at, what)
+            out, root = all_gather_with_grad(self.link, anchor, x, group, coll.cut_dim, sizes, slots, at, what)
         elif coll.kind == "reduce_scatter":
-            out, root = reduce_scatter_with_grad(self.link, anchor, x, group, coll.dim, sizes, slots, at, what)
+            out, root = reduce_scatter_with_grad(self.link, anchor, x, group, coll.cut_dim, sizes, slots, at, what)
         else:
             out, root = all_reduce_with_grad(self.link, anchor, x, group, what)
         if root is not None:
@@ -458,7 +521,9 @@ class DistributedExecutor:
         me = self.rt.rank
         outs = []
         i = 0   # the index among node outputs, as build_program counts them
-        for a in n.args[0]:
+        returned = n.args[0]
+        assert isinstance(returned, (tuple, list))   # the rewrite's output node returns a tuple
+        for a in returned:
             if not isinstance(a, fx.Node):
                 outs.append(a)
                 continue
@@ -475,7 +540,7 @@ class DistributedExecutor:
                 outs.append(None)
         return outs
 
-    def _send(self, mv: Any, t: torch.Tensor) -> None:
+    def _send(self, mv: Move, t: torch.Tensor) -> None:
         if mv.index not in self._headers:
             self.link.send(encode_header(t).to(self.rt.device), mv.dst, mv.index, f"the header of {mv.source}")
             self._headers[mv.index] = (tuple(t.shape), t.dtype, t.requires_grad)
@@ -484,7 +549,7 @@ class DistributedExecutor:
         else:
             self.link.send(t, mv.dst, mv.index, mv.source)
 
-    def _recv(self, mv: Any) -> torch.Tensor:
+    def _recv(self, mv: Move) -> torch.Tensor:
         if mv.index not in self._headers:
             h = self.link.recv((HEADER_LEN,), torch.int64, mv.src, mv.index, f"the header of {mv.source}")
             self._headers[mv.index] = decode_header(h.cpu())
@@ -534,10 +599,8 @@ class DistributedExecutor:
         self._collecting = collect
 
     def _make_buckets(self) -> None:
-        import weakref
-
         me = weakref.ref(self)   # the hooks stay on the model's parameters: they must not keep this alive
-        self._bucket_views: list[tuple[nn.Parameter, torch.Tensor]] = []
+        self._bucket_views = []
         for ranks, group, names in self._groups:
             params = [self.local_parameters[k] for k in names if k in self.local_parameters]
             by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
@@ -613,8 +676,6 @@ def apply_plan_distributed(model: nn.Module, example_inputs: Any, plan: Plan, ru
         raise DistributedError(f"apply_plan_distributed needs a tensoropt.Plan, got {type(plan).__name__}")
     resolve_rank_map(plan.devices, runtime.world_size, rank_map)   # refuse before the capture
     if graph is None:
-        from ..capture import capture
-
         graph = capture(model, example_inputs, method="export", precision=precision)
     return DistributedExecutor(model, graph, plan, runtime, rank_map, release_unused=release_unused,
                                collectives=collectives, loss=loss)
@@ -632,14 +693,50 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
     which sees every gradient, also before a final LayerNorm) when it was made with
     ``loss="check"`` — computed as terms where the outputs lie, inside the rewritten graph — else
     the training loss (each output's mean)."""
-    from ..measure.step import _float_tensors, training_loss
-
     call = ModelCall.of(example_inputs)
     args = call.tensors_for(reference)     # the executor takes the graph's inputs in the graph's order
     seed = step_seed(0)
+    ref = _reference_step(executor, reference, call, args, seed)
+    for p in executor.local_parameters.values():
+        p.grad = None
+    keep, executor.seed = executor.seed, seed
+    try:
+        loss = executor.step(*args)
+    finally:
+        executor.seed = keep
+    mine = _rank_checks(executor, loss, ref)
+    every: list[Any] = [None] * executor.rt.world_size
+    with executor.link.guard("gathering the check's results", None):
+        dist.all_gather_object(every, mine)
+    checks = merge_checks(c for part in every for c in part)
+    held = {c.name for c in checks if c.kind == "grad"}
+    for k in sorted(set(ref.grads) - held):   # a gradient no rank holds
+        checks.append(check_tensor("grad", k, None, ref.grads[k]))
+    dtype = next((str(p.dtype).removeprefix("torch.") for p in reference.parameters()), "")
+    if executor.precision != "fp32":
+        dtype += f" under {executor.precision} autocast"
+    return Comparison(tuple(checks), dtype, "weighted" if executor.loss == "check" else "training_loss")
+
+
+@dataclass
+class _ReferenceStep:
+    """The reference model's step: its loss and that loss's ``G``, its gradients and buffers
+    after the step, and the groups' ``G`` (:func:`~tensoropt.execute.check.group_scale`)."""
+
+    loss: torch.Tensor
+    loss_scale: float
+    grads: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    grad_scale: float
+    buffer_scale: float
+
+
+def _reference_step(executor: DistributedExecutor, reference: nn.Module, call: ModelCall, args: Sequence[Any],
+                    seed: int) -> _ReferenceStep:
+    """One forward + backward of ``reference`` with the executor's loss: the model's random draws
+    keyed by ``seed``, as the plan's, under the plan's autocast."""
     reference.zero_grad(set_to_none=True)
     where = device_types([*reference.parameters(), *args])
-    # the model's random draws keyed, as the plan's; under the plan's autocast
     with KeyedRandomMode(seed), precision_context(executor.precision, where):
         ref_out = call.run(reference)
     if executor.loss == "check":
@@ -650,44 +747,33 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
     ref_loss.backward()
     ref_grads = {k: p.grad.detach() for k, p in reference.named_parameters() if p.grad is not None}
     ref_buffers = dict(reference.named_buffers())
-    grad_scale = group_scale(ref_grads.values())
-    buffer_scale = group_scale(v for v in ref_buffers.values() if v.is_floating_point())
-    for p in executor.local_parameters.values():
-        p.grad = None
-    keep, executor.seed = executor.seed, seed
-    try:
-        loss = executor.step(*args)
-    finally:
-        executor.seed = keep
+    return _ReferenceStep(ref_loss, loss_scale, ref_grads, ref_buffers, group_scale(ref_grads.values()),
+                          group_scale(v for v in ref_buffers.values() if v.is_floating_point()))
+
+
+def _rank_checks(executor: DistributedExecutor, loss: torch.Tensor, ref: _ReferenceStep) -> list[TensorCheck]:
+    """This rank's checks: the loss (rank 0), the gradients of the parameters it holds and the
+    floating buffers it writes (a channel shard only its slice)."""
     mine: list[TensorCheck] = []
     tol = executor.check_precision   # a bf16 graph: the bfloat16 tolerance (None: by dtype)
     if executor.rt.rank == 0:    # the loss is the same on every rank: the parts summed
-        mine.append(check_tensor("loss", "loss", loss, ref_loss, group=loss_scale, precision=tol))
+        mine.append(check_tensor("loss", "loss", loss, ref.loss, group=ref.loss_scale, precision=tol))
     for k, p in executor.local_parameters.items():
-        want = executor.piece_of(k, ref_grads[k]) if k in ref_grads else None
-        mine.append(check_tensor("grad", k, p.grad, want, group=grad_scale, precision=tol))
+        want = executor.piece_of(k, ref.grads[k]) if k in ref.grads else None
+        mine.append(check_tensor("grad", k, p.grad, want, group=ref.grad_scale, precision=tol))
     own_buffers = dict(executor.model.named_buffers())
     for k, pieces in executor.written_buffers.items():
         if own_buffers[k].is_floating_point():
             for dim, parts, index in pieces:   # a channel shard writes only its slice
-                a, b = own_buffers[k], ref_buffers[k]
+                a, b = own_buffers[k], ref.buffers[k]
                 if dim is not None:
                     a, b = torch.tensor_split(a, parts, dim)[index], torch.tensor_split(b, parts, dim)[index]
-                mine.append(check_tensor("buffer", k, a, b, group=buffer_scale, precision=tol))
-    every: list[Any] = [None] * executor.rt.world_size
-    with executor.link.guard("gathering the check's results", None):
-        dist.all_gather_object(every, mine)
-    checks = merge_checks(c for part in every for c in part)
-    held = {c.name for c in checks if c.kind == "grad"}
-    for k in sorted(set(ref_grads) - held):   # a gradient no rank holds
-        checks.append(check_tensor("grad", k, None, ref_grads[k]))
-    dtype = next((str(p.dtype).removeprefix("torch.") for p in reference.parameters()), "")
-    if executor.precision != "fp32":
-        dtype += f" under {executor.precision} autocast"
-    return Comparison(tuple(checks), dtype, "weighted" if executor.loss == "check" else "training_loss")
+                mine.append(check_tensor("buffer", k, a, b, group=ref.buffer_scale, precision=tol))
+    return mine
 
 
-def _fill_view(executor: Any, index: int, view: torch.Tensor) -> Any:
+def _fill_view(executor: weakref.ref[DistributedExecutor], index: int,
+               view: torch.Tensor) -> Callable[[torch.Tensor], None]:
     """A post-accumulate-grad hook: the parameter's first gradient of the step moves into its
     bucket view (which then becomes its ``.grad``, so later contributions add in place).  Only
     while ``executor`` (a weak reference) is inside its backward."""
@@ -704,5 +790,6 @@ def _into_view(p: torch.Tensor, view: torch.Tensor) -> None:
     """Make ``view`` (a parameter's slot in its bucket) ``p``'s ``.grad``, holding the gradient
     ``p`` has now (not ``None``)."""
     if p.grad is not view:
+        assert p.grad is not None   # the callers' invariant (docstring)
         view.copy_(p.grad)
         p.grad = view

@@ -9,6 +9,9 @@ Backends: ``gloo`` on CPU, ``nccl`` on CUDA (one GPU per process, ``cuda:LOCAL_R
 picks NCCL when torch sees a GPU.  Every collective and point-to-point operation waits at most
 ``timeout_s`` (the process group's timeout): a rank that dies or hangs makes its peers fail with a
 :class:`~tensoropt.errors.DistributedError` instead of hanging.
+
+Owns: joining and leaving the default process group, and the rank map.  Must not: create
+other process groups (the executor does, :mod:`.run`) nor send tensors.
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from ..errors import DistributedError
+from ..execute import parse_mapping
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -42,8 +49,6 @@ class Runtime:
 
 def parse_rank_map(text: str) -> dict[str, int]:
     """``"gpu0=0,gpu1=1"`` → ``{"gpu0": 0, "gpu1": 1}`` (plan device → rank)."""
-    from ..execute import parse_mapping
-
     return parse_mapping(text, value="RANK", example="gpu0=0,gpu1=1", error=DistributedError, convert=int)
 
 
@@ -77,8 +82,6 @@ def resolve_rank_map(devices: list[str] | tuple[str, ...], world_size: int,
 
 def resolve_backend(backend: str) -> str:
     """``auto`` → ``nccl`` when torch sees a GPU, else ``gloo``; an unknown name is an error."""
-    import torch
-
     if backend == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
     if backend not in ("gloo", "nccl"):
@@ -110,23 +113,14 @@ def init_runtime(*, rank: int | None = None, world_size: int | None = None, mast
     in use is a :class:`DistributedError` naming the port and how to pick another.  Ranks wait at
     most ``timeout_s`` for each other, here and in every later operation.
     """
-    import torch
-    import torch.distributed as dist
-
     if timeout_s <= 0:
         raise DistributedError(f"the timeout must be positive, got {timeout_s}")
     if dist.is_initialized():
         raise DistributedError("a torch.distributed process group already exists in this process; "
                                "call tensoropt.distributed.shutdown() first")
     backend = resolve_backend(backend)
-    rank = rank if rank is not None else _env_int("RANK")
-    world_size = world_size if world_size is not None else _env_int("WORLD_SIZE")
+    rank, world_size = _place(rank, world_size)
     local_rank = local_rank if local_rank is not None else (_env_int("LOCAL_RANK") or 0)
-    if rank is None or world_size is None:
-        raise DistributedError("no rank / world size: start under torchrun (torchrun --nproc-per-node K -m "
-                               "tensoropt.distributed …) or pass rank and world size explicitly")
-    if not 0 <= rank < world_size:
-        raise DistributedError(f"rank {rank} is outside the world of size {world_size}")
     td = datetime.timedelta(seconds=timeout_s)
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
@@ -137,38 +131,57 @@ def init_runtime(*, rank: int | None = None, world_size: int | None = None, mast
     if under_torchrun:
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=td)
     else:
-        addr = master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-        port = master_port if master_port is not None else _env_int("MASTER_PORT")
-        if port is None:
-            raise DistributedError("no rendezvous port: pass --master-port PORT (or set MASTER_PORT), the same on "
-                                   "every rank")
-        host = (rank == 0) if host_store is None else host_store
-        try:
-            # torch.distributed re-exports TCPStore from its C extension without listing it as public
-            store = dist.TCPStore(addr, port, world_size if host else None, host,  # type: ignore[attr-defined, unused-ignore]
-                                  timeout=td,
-                                  wait_for_workers=False)
-        except (RuntimeError, OSError) as e:
-            text = str(e)
-            if host and ("in use" in text.lower() or "EADDRINUSE" in text or "errno: 98" in text.lower()):
-                raise DistributedError(f"port {port} on {addr} is already in use, so rank {rank} cannot host the "
-                                       "rendezvous store there; pick a free port with --master-port PORT (or "
-                                       "MASTER_PORT=PORT), the same on every rank") from None
-            raise DistributedError(f"rank {rank} cannot reach the rendezvous store at {addr}:{port} within "
-                                   f"{timeout_s:g} s ({text.splitlines()[0] if text else type(e).__name__}); check "
-                                   "--master-addr / --master-port and that rank 0 started") from None
-        try:
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=td)
-        except (RuntimeError, dist.DistError) as e:
-            raise DistributedError(f"rank {rank} could not join the group of {world_size} at {addr}:{port}: "
-                                   f"{str(e).splitlines()[0]}; check that every rank started with the same world "
-                                   "size and port") from None
+        _join_with_store(backend, rank, world_size, master_addr, master_port, host_store, timeout_s)
     return Runtime(rank, world_size, backend, device, float(timeout_s))
+
+
+def _place(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """This process's rank and the world size, given or from ``RANK`` / ``WORLD_SIZE``; checked."""
+    rank = rank if rank is not None else _env_int("RANK")
+    world_size = world_size if world_size is not None else _env_int("WORLD_SIZE")
+    if rank is None or world_size is None:
+        raise DistributedError("no rank / world size: start under torchrun (torchrun --nproc-per-node K -m "
+                               "tensoropt.distributed …) or pass rank and world size explicitly")
+    if not 0 <= rank < world_size:
+        raise DistributedError(f"rank {rank} is outside the world of size {world_size}")
+    return rank, world_size
+
+
+def _join_with_store(backend: str, rank: int, world_size: int, master_addr: str | None, master_port: int | None,
+                     host_store: bool | None, timeout_s: float) -> None:
+    """Join the default process group through a TCP store at ``master_addr:master_port`` (or
+    ``MASTER_ADDR`` / ``MASTER_PORT``), hosted by rank 0 unless ``host_store`` says otherwise;
+    every failure a :class:`DistributedError` naming the address and the fix."""
+    td = datetime.timedelta(seconds=timeout_s)
+    addr = master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    port = master_port if master_port is not None else _env_int("MASTER_PORT")
+    if port is None:
+        raise DistributedError("no rendezvous port: pass --master-port PORT (or set MASTER_PORT), the same on "
+                               "every rank")
+    host = (rank == 0) if host_store is None else host_store
+    try:
+        # torch.distributed re-exports TCPStore from its C extension without listing it as public
+        store = dist.TCPStore(addr, port, world_size if host else None, host,  # type: ignore[attr-defined, unused-ignore]
+                              timeout=td,
+                              wait_for_workers=False)
+    except (RuntimeError, OSError) as e:
+        text = str(e)
+        if host and ("in use" in text.lower() or "EADDRINUSE" in text or "errno: 98" in text.lower()):
+            raise DistributedError(f"port {port} on {addr} is already in use, so rank {rank} cannot host the "
+                                   "rendezvous store there; pick a free port with --master-port PORT (or "
+                                   "MASTER_PORT=PORT), the same on every rank") from None
+        raise DistributedError(f"rank {rank} cannot reach the rendezvous store at {addr}:{port} within "
+                               f"{timeout_s:g} s ({text.splitlines()[0] if text else type(e).__name__}); check "
+                               "--master-addr / --master-port and that rank 0 started") from None
+    try:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=td)
+    except (RuntimeError, dist.DistError) as e:
+        raise DistributedError(f"rank {rank} could not join the group of {world_size} at {addr}:{port}: "
+                               f"{str(e).splitlines()[0]}; check that every rank started with the same world "
+                               "size and port") from None
 
 
 def shutdown() -> None:
     """Leave the default process group (nothing to do when there is none)."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.destroy_process_group()

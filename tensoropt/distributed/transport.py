@@ -13,6 +13,10 @@ reduce-scatter (:func:`all_gather_with_grad`, :func:`all_reduce_with_grad`,
 dtype and whether autograd wants a gradient before the data arrives: the first time a move happens a
 small header is sent ahead of it (:func:`encode_header`), and it is reused on later steps (shapes do not change
 between steps of one plan).
+
+Owns: every message and collective between ranks, their autograd nodes and their error
+handling.  Must not: know about plans or graphs (it moves tensors it is given), nor wait
+without the process group's timeout.
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ class PeerLink:
         self.rt = runtime
         self.native = collectives == "native" or (collectives == "auto" and runtime.backend == "nccl")
         self.native_sums = collectives != "p2p"
-        self._pending: list[tuple[int, object, torch.Tensor]] = []
+        self._pending: list[tuple[int, dist.Work, torch.Tensor]] = []
 
     @contextlib.contextmanager
     def guard(self, what: str, peer: int | Channel | None) -> Iterator[None]:
@@ -121,6 +125,7 @@ class PeerLink:
         t = t.detach().contiguous()
         with self.guard(f"sending {what}", dst):
             work = dist.isend(t, dst, tag=tag)
+        assert work is not None   # None only for a rank outside the group; every rank is in the world
         self._pending.append((dst, work, t))  # keep the tensor alive until the send completes
 
     def recv(self, shape: Sequence[int], dtype: torch.dtype, src: int, tag: int, what: str) -> torch.Tensor:
@@ -145,11 +150,17 @@ class PeerLink:
         for g, r in enumerate(chan.members):
             if g != me:
                 self.send(chunks[g], r, chan.tag, what)
+        got = []
         for g, r in enumerate(chan.members):
-            if g != me:
-                with self.guard(f"receiving {what}", r):
-                    dist.recv(into[g], r, tag=chan.tag)
-        return [chunks[me] if g == me else into[g] for g in range(len(chan.members))]
+            if g == me:
+                got.append(chunks[me])
+                continue
+            buf = into[g]
+            assert buf is not None   # a buffer for every member but this rank
+            with self.guard(f"receiving {what}", r):
+                dist.recv(buf, r, tag=chan.tag)
+            got.append(buf)
+        return got
 
     def _buffers(self, shapes: Sequence[Sequence[int]], dtype: torch.dtype, me: int) -> list[torch.Tensor | None]:
         """Receive buffers of ``shapes`` (none for this rank's place ``me``)."""

@@ -16,6 +16,12 @@ The graph is the one captured in training mode: batch norm uses batch statistics
 draws masks even after ``.eval()``.  Random ops draw keyed masks (:mod:`.randomness`): every
 shard draws its piece of the mask the whole op would draw, so a plan trains the same function
 as the model, and the check runs with dropout on.
+
+Owns: the single-process entry point — the device map (:func:`resolve_device_map`), the memory
+check against each GPU, moving parameters to their owners and :class:`PlannedModule`'s forward.
+Must not: rewrite graph nodes itself (that is :mod:`.rewrite`), decide how a value moves
+(:mod:`.layouts`), or judge a plan's numbers (:mod:`.check`); it never copies the model's
+parameters (a planned module shares them).
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.fx as fx
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
+from ..capture import ModelCall, capture
 from ..capture.precision import precision_context, precision_of
 from ..errors import ExecutionError
 from ..graph import OpGraph
@@ -35,6 +43,7 @@ from ..plan import Plan
 
 # checking lives in .check (re-exported here: ``from tensoropt.execute import compare_with_model``)
 from .check import Comparison, check_plan, compare_with_model, rel_diff  # noqa: E402,F401
+from .dropout import dropout_off
 from .layouts import Placed, Transport
 from .randomness import KeyedRandomMode, draw_seed
 from .rewrite import Rewritten, rewrite
@@ -137,8 +146,13 @@ class PlannedModule(nn.Module):
     both); ``forward(*inputs)`` runs :attr:`graph_module` and returns what the model returns —
     under autocast for a ``bf16`` :attr:`precision`."""
 
+    #: the rewritten graph (set with object.__setattr__: not a submodule, so no extra state)
+    graph_module: fx.GraphModule
+    #: the user's model, for its call signature (set with object.__setattr__: not a submodule)
+    _model: nn.Module
+
     def __init__(self, model: nn.Module, rewritten: Rewritten, plan: Plan, device_map: Mapping[str, str],
-                 out_spec: Any, call: Any = None, precision: str = "fp32"):
+                 out_spec: TreeSpec, call: ModelCall | None = None, precision: str = "fp32"):
         super().__init__()
         object.__setattr__(self, "_model", model)   # for its call signature; not a submodule
         self._call = call
@@ -163,8 +177,6 @@ class PlannedModule(nn.Module):
         """The same planned module (same parameters, buffers, plan) with every dropout of the
         rewritten graph off (:func:`~.dropout.dropout_off`): what a check compares against the
         model with dropout off (:func:`disable_dropout`)."""
-        from .dropout import dropout_off
-
         twin = copy.copy(self)   # shares the parameter / buffer dicts: the same tensors
         object.__setattr__(twin, "graph_module", dropout_off(self.graph_module))
         return twin
@@ -172,15 +184,13 @@ class PlannedModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the plan on a call like the model's own (positional and keyword inputs as the
         model takes them); returns the output the loss reads (:class:`~tensoropt.capture.ModelCall`)."""
-        from torch.utils._pytree import tree_unflatten
-
         if self._call is not None:
             leaves = list(self._call.flatten(self._model, args, kwargs))
         else:
             leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
         params = dict(self.named_parameters(remove_duplicate=False))
         buffers = dict(self.named_buffers(remove_duplicate=False))
-        feed = []
+        feed: list[Any] = []    # tensors, and the seed (a Python int)
         for kind, what in self.sources:
             if kind == "parameter":
                 feed.append(params[what])
@@ -224,8 +234,6 @@ def apply_plan(model: nn.Module, example_inputs: Any, plan: Plan, *, device_map:
     if not isinstance(plan, Plan):
         raise ExecutionError(f"apply_plan needs a tensoropt.Plan, got {type(plan).__name__} (load one with Plan.load)")
     if graph is None:
-        from ..capture import capture
-
         graph = capture(model, example_inputs, method="export", precision=precision)
     plan.check(graph)
     dmap = resolve_device_map(plan, device_map)
@@ -262,5 +270,6 @@ def disable_dropout(model: nn.Module) -> nn.Module:
         if isinstance(m, nn.modules.dropout._DropoutNd):
             m.p = 0.0
         elif isinstance(getattr(m, "dropout", None), float):
-            m.dropout = 0.0
+            # torch types Module.__setattr__'s value as Tensor | Module; a float attribute is fine
+            m.dropout = 0.0  # type: ignore[assignment]
     return model

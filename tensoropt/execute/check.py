@@ -65,6 +65,11 @@ the same mask for every element.  A model that draws random numbers the executor
 (``randperm``, ``multinomial``) fails the check with their names.  The forward of each side is
 :func:`_forward_reference` / :func:`_forward_planned`; both are called as the model was
 captured (:class:`~tensoropt.capture.ModelCall`: keyword inputs, the output the loss reads).
+
+Owns: the check loss, the one tolerance rule (:func:`check_tensor`) and running both sides of
+a check.  Must not: rewrite graphs or place values (it calls :func:`~tensoropt.execute.apply_plan`),
+nor loosen a tolerance for one model: every caller, the distributed backend included, uses
+these rules.
 """
 
 from __future__ import annotations
@@ -79,8 +84,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..capture import capture
+from ..capture.call import ModelCall
 from ..capture.precision import AUTOCAST_DTYPES, device_types, precision_context, precision_of
 from ..errors import ExecutionError
+from ..graph import OpGraph
+from ..measure.step import _float_tensors
+from ..plan import Plan
+from .randomness import KeyedRandomMode
 
 __all__ = ["CHECK_SEED", "CHECK_DTYPES", "TOLERANCES", "Tolerance", "TensorCheck", "Comparison", "CheckDtypeError",
            "check_loss", "check_weights", "check_tensor", "group_scale", "merge_checks", "rel_diff",
@@ -136,13 +147,13 @@ def tolerance_for(dtype: torch.dtype, precision: torch.dtype | None = None) -> T
     return tol
 
 
-def _parameter_dtype(graph: Any) -> torch.dtype | None:
+def _parameter_dtype(graph: OpGraph) -> torch.dtype | None:
     """The most precise floating dtype of the graph's parameters (what the model is "in")."""
     dts = [getattr(torch, p.dtype) for p in graph.params.values() if p.dtype.startswith(("float", "bfloat"))]
     return min(dts, key=lambda d: torch.finfo(d).eps) if dts else None
 
 
-def graph_precision(graph: Any) -> torch.dtype | None:
+def graph_precision(graph: OpGraph) -> torch.dtype | None:
     """The least precise floating dtype any node of ``graph`` computes in (``None``: none)."""
     dtypes = {t.dtype for n in graph.nodes.values() for t in n.outputs}
     floating = [getattr(torch, d) for d in dtypes if d.startswith(("float", "bfloat")) and hasattr(torch, d)]
@@ -371,8 +382,6 @@ def check_term(part: torch.Tensor, full_shape: Sequence[int], index: int, dim: i
 
 
 def _floating_outputs(outputs: Any) -> list[torch.Tensor]:
-    from ..measure.step import _float_tensors
-
     return list(_float_tensors(outputs))
 
 
@@ -386,23 +395,23 @@ def check_loss(outputs: Any) -> tuple[torch.Tensor, float]:
     if not outs:
         raise ExecutionError("the model's outputs hold no floating-point tensor to check "
                              f"(got {type(outputs).__name__})")
-    loss, scale = None, 0.0
+    loss: torch.Tensor | None = None
+    scale = 0.0
     for i, t in enumerate(outs):
         w = check_weights(t.shape, i, t.device)
         term = t.double() * w
         scale += float(term.detach().abs().sum())
         s = term.sum()
         loss = s if loss is None else loss + s.to(loss.device)
+    assert loss is not None   # outs is not empty
     return loss, scale
 
 
 # ------------------------------------------------------------------------------------ one step
 
-def _call(example_inputs: Any, captured: Any = None) -> Any:
+def _call(example_inputs: Any, captured: ModelCall | None = None) -> ModelCall:
     """The inputs as a :class:`~tensoropt.capture.ModelCall`, with the output choice of
     ``captured`` (the ModelCall a graph was captured with) unless they name one."""
-    from ..capture.call import ModelCall
-
     call = ModelCall.of(example_inputs)
     output = getattr(captured, "output", None)
     return ModelCall.of(call, output) if output is not None and call.output is None else call
@@ -413,11 +422,9 @@ def step_seed(step: int) -> int:
     return CHECK_SEED * 7919 + step
 
 
-def _forward_reference(reference: nn.Module, call: Any, seed: int, precision: str = "fp32") -> Any:
+def _forward_reference(reference: nn.Module, call: ModelCall, seed: int, precision: str = "fp32") -> Any:
     """The model's side of the check (the one place it runs): its random draws keyed, under the
     autocast of ``precision`` (the plan's graph's: :func:`tensoropt.capture.precision_context`)."""
-    from .randomness import KeyedRandomMode
-
     where = device_types([*reference.parameters(), *call.tensors_for(reference)])
     with KeyedRandomMode(seed) as mode, precision_context(precision, where):
         out = call.run(reference)
@@ -428,15 +435,16 @@ def _forward_reference(reference: nn.Module, call: Any, seed: int, precision: st
     return out
 
 
-def _forward_planned(planned: nn.Module, call: Any, seed: int) -> Any:
+def _forward_planned(planned: nn.Module, call: ModelCall, seed: int) -> Any:
     """The plan's side of the check (the one place it runs): its keyed draws seeded as the model's."""
     if hasattr(planned, "seed"):
-        planned.seed = seed
+        # torch types Module.__setattr__'s value as Tensor | Module; an int attribute is fine
+        planned.seed = seed  # type: ignore[assignment]
     try:
         return planned(*call.args, **call.kwargs)
     finally:
         if hasattr(planned, "seed"):
-            planned.seed = None
+            planned.seed = None  # type: ignore[assignment]
 
 
 def _loss_of(outputs: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> tuple[torch.Tensor, float, Tolerance]:
@@ -537,7 +545,7 @@ def compare_with_model(reference: nn.Module, planned: nn.Module, example_inputs:
 
 # ------------------------------------------------------------------------------------ a plan
 
-def to_check_dtype(model: nn.Module, inputs: Any, check_dtype: str) -> tuple[nn.Module, Any]:
+def to_check_dtype(model: nn.Module, inputs: Any, check_dtype: str) -> tuple[nn.Module, ModelCall]:
     """A deep copy of ``model`` and the inputs (a :class:`~tensoropt.capture.ModelCall`) with
     every floating tensor in ``check_dtype`` (``float32``: as they are)."""
     if check_dtype not in CHECK_DTYPES:
@@ -550,7 +558,7 @@ def to_check_dtype(model: nn.Module, inputs: Any, check_dtype: str) -> tuple[nn.
     return model.to(dt), call.to(dt)
 
 
-def _structure(graph: Any) -> dict[str, Any]:
+def _structure(graph: OpGraph) -> dict[str, Any]:
     """What the fingerprint covers (:attr:`OpGraph.fingerprint`) with every floating dtype one."""
     def dt(d: str) -> str:
         return "floating" if d.startswith(("float", "bfloat")) else d
@@ -562,13 +570,11 @@ def _structure(graph: Any) -> dict[str, Any]:
     }
 
 
-def retarget_plan(plan: Any, graph: Any, other: Any) -> Any:
+def retarget_plan(plan: Plan, graph: OpGraph, other: OpGraph) -> Plan:
     """``plan`` (checked against ``graph``) for ``other``, a capture of the same model in another
     floating dtype: the same plan with ``other``'s fingerprint, after checking that the two
     graphs are the same but for floating dtypes (node for node: names, operators, wiring,
     shapes, parameters).  Raises :class:`CheckDtypeError` naming the first difference."""
-    from ..plan import Plan
-
     plan.check(graph)
     if other.fingerprint == graph.fingerprint:
         return plan
@@ -592,14 +598,16 @@ def retarget_plan(plan: Any, graph: Any, other: Any) -> Any:
     return out
 
 
-def _dtype_name(graph: Any) -> str:
+def _dtype_name(graph: OpGraph) -> str:
     dts = sorted({p.dtype for p in graph.params.values() if p.dtype.startswith(("float", "bfloat"))})
     return "/".join(dts) or "its dtype"
 
 
-def _sides(model: nn.Module, inputs: Any, plan: Any, graph: Any, device_map: Any) -> tuple[nn.Module, nn.Module]:
+def _sides(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph,
+           device_map: Mapping[str, Any] | None) -> tuple[nn.Module, nn.Module]:
     """(reference, planned) for a check: an unmodified copy of ``model`` and the plan applied to
     ``model`` itself, random ops on in both (drawn keyed: the module docstring)."""
+    # local: tensoropt.execute imports this module (a cycle at import time)
     from . import apply_plan
 
     reference = copy.deepcopy(model)
@@ -607,8 +615,8 @@ def _sides(model: nn.Module, inputs: Any, plan: Any, graph: Any, device_map: Any
     return reference, planned
 
 
-def prepare_check(model: nn.Module, inputs: Any, plan: Any, graph: Any = None,
-                  check_dtype: str = "float64") -> tuple[nn.Module, Any, Any, Any]:
+def prepare_check(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph | None = None,
+                  check_dtype: str = "float64") -> tuple[nn.Module, ModelCall, Plan, OpGraph]:
     """``(model, call, plan, graph)`` to check ``plan`` in ``check_dtype``: a deep copy of
     ``model`` and the inputs (as a :class:`~tensoropt.capture.ModelCall`) in that dtype
     (:func:`to_check_dtype`), their torch.export capture and the plan for it
@@ -617,8 +625,6 @@ def prepare_check(model: nn.Module, inputs: Any, plan: Any, graph: Any = None,
     it is a :class:`~tensoropt.plan.PlanError`, a model whose capture in ``check_dtype`` fails
     or differs a :class:`CheckDtypeError` — as is ``float64`` for a ``bf16`` graph (autocast
     leaves float64 alone: such a copy would not compute what the plan does)."""
-    from ..capture import capture
-
     call = _call(inputs, getattr(graph, "call", None))
     if graph is None:
         graph = capture(model, call, method="export")
@@ -639,7 +645,7 @@ def prepare_check(model: nn.Module, inputs: Any, plan: Any, graph: Any = None,
     return m, x, retarget_plan(plan, graph, g), g
 
 
-def check_plan(model: nn.Module, inputs: Any, plan: Any, graph: Any = None, check_dtype: str = "float64",
+def check_plan(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph | None = None, check_dtype: str = "float64",
                device_map: Mapping[str, Any] | None = None, steps: int = 1, *,
                loss_fn: Callable[[Any], torch.Tensor] | None = None, lr: float = 0.1) -> Comparison:
     """Check ``plan`` on ``model`` (left untouched: the check runs on copies) with ``inputs``
@@ -668,7 +674,7 @@ def check_plan(model: nn.Module, inputs: Any, plan: Any, graph: Any = None, chec
     return replace(cmp, dtype=dtype)
 
 
-def tolerance_precision(graph: Any) -> torch.dtype | None:
+def tolerance_precision(graph: OpGraph) -> torch.dtype | None:
     """The dtype whose tolerance a check of ``graph`` is held to where it is coarser than the
     parameters' (``None``: theirs): the least precise floating dtype any node computes in — a
     float64 twin that casts to float32 inside (an explicit ``.to(torch.float32)``) computes those

@@ -36,6 +36,10 @@ Example::
     result = check_call(torch.nn.functional.linear, (torch.randn(6, 4), torch.randn(5, 4)), {})
     assert result.status == "checked" and all(c.passed for c in result.checks)
     [(c.layout, c.degree) for c in result.checks]   # [('batch', 2), ('batch', 3), ('channel', 2), ...]
+
+Owns: checking split rules on one-op graphs.  Must not: change a rule or the profile (it
+only reports), nor be imported on the training path (it profiles and rewrites many small
+graphs; the tests and ``benchmarks/split_rules.py`` use it).
 """
 
 from __future__ import annotations
@@ -44,11 +48,19 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..capture import capture
+from ..graph import OpGraph, OpNode
+from ..measure import CostModel, profile
+from ..plan import NodeConfig, Plan
+from . import PlannedModule, apply_plan
+from .check import check_tensor, check_weights, group_scale
+from .randomness import KeyedRandomMode
 
 __all__ = ["OneOp", "RuleCheck", "CallResult", "check_call", "DEGREES"]
 
@@ -175,15 +187,16 @@ def _floating(outs: Sequence[Any]) -> list[tuple[int, torch.Tensor]]:
     return [(i, t) for i, t in enumerate(outs) if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
-def _run_side(module: nn.Module, inputs: Sequence[torch.Tensor], grad: bool, seed: int,
-              planned: bool) -> tuple[list[torch.Tensor], list[torch.Tensor | None], dict[str, torch.Tensor | None]]:
+#: one side of a comparison: (outputs, input gradients, parameter gradients)
+_Side = tuple[list[torch.Tensor], list[torch.Tensor | None], dict[str, torch.Tensor | None]]
+
+
+def _run_side(module: nn.Module, inputs: Sequence[torch.Tensor], grad: bool, seed: int, planned: bool) -> _Side:
     """(outputs, input gradients, parameter gradients) of one forward (+ backward of the check
     loss when ``grad``) of ``module``, random draws keyed by ``seed``."""
-    from .check import check_weights
-    from .randomness import KeyedRandomMode
-
     xs = [x.detach().clone().requires_grad_(grad and x.is_floating_point()) for x in inputs]
     if planned:
+        assert isinstance(module, PlannedModule)   # the plan's side is apply_plan's module
         module.seed = seed
         try:
             outs = module(*xs)
@@ -201,13 +214,13 @@ def _run_side(module: nn.Module, inputs: Sequence[torch.Tensor], grad: bool, see
     if grad:
         terms = [(t.double() * check_weights(t.shape, i, t.device)).sum() for i, t in floating if t.requires_grad]
         if terms:
-            sum(terms).backward()
+            cast(torch.Tensor, sum(terms)).backward()   # a non-empty sum of tensors is a tensor
         in_grads = [x.grad for x in xs]
         p_grads = {k: p.grad for k, p in module.named_parameters()}
     return [t.detach() for t in outs], in_grads, p_grads
 
 
-def _record(planned: nn.Module, target: Any) -> dict[str, int] | None:
+def _record(planned: PlannedModule, target: Callable[..., Any]) -> dict[str, int] | None:
     """Record the calls of ``target`` in ``planned``'s rewritten graph (the split node's shards):
     the returned dict's ``"largest"`` is the most output bytes one call produced."""
     gm = planned.graph_module
@@ -235,8 +248,6 @@ _UNDEFINED = {"empty", "empty_like", "new_empty", "empty_strided", "empty_permut
 def _written_inputs(module: nn.Module, inputs: Sequence[torch.Tensor], seed: int) -> set[int]:
     """Positions of the inputs the call writes into in place (batch norm's running statistics
     passed as tensors of the batch's size): run once on copies, compared with the originals."""
-    from .randomness import KeyedRandomMode
-
     copies = [x.detach().clone() for x in inputs]
     with torch.no_grad(), KeyedRandomMode(seed):
         copy.deepcopy(module)(*copies)
@@ -248,7 +259,8 @@ class _Unkeyed(Exception):
     """The call draws random numbers the executor cannot key: no two runs of it agree."""
 
 
-def _same_where_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> tuple:
+def _same_where_equal(a: torch.Tensor | None,
+                      b: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``a`` and ``b`` with the entries where both are the same non-finite value (NaN and NaN,
     inf and inf) zeroed, and a missing gradient read as zeros where the other is all zeros
     (autograd leaves ``None`` where an op's derivative is zero by definition, e.g. bernoulli)."""
@@ -265,10 +277,8 @@ def _same_where_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> tuple:
     return a_cpu.masked_fill(both, 0), b_cpu.masked_fill(both, 0)
 
 
-def _compare(ref: tuple, got: tuple, grad: bool) -> tuple[float, str]:
+def _compare(ref: _Side, got: _Side, grad: bool) -> tuple[float, str]:
     """(worst ratio, the first failing tensor's description) of the plan's side against the model's."""
-    from .check import check_tensor, group_scale
-
     (r_out, r_in, r_par), (g_out, g_in, g_par) = ref, got
     checks = []
     out_scale = group_scale(t for t in r_out if isinstance(t, torch.Tensor) and t.is_floating_point())
@@ -279,8 +289,8 @@ def _compare(ref: tuple, got: tuple, grad: bool) -> tuple[float, str]:
             return math.inf, f"output {i} ({b.dtype}) differs"
     if grad:
         g_scale = group_scale(list(r_in) + list(r_par.values()))
-        for i, (a, b) in enumerate(zip(g_in, r_in)):
-            checks.append(check_tensor("grad", f"input {i} gradient", *_same_where_equal(a, b), group=g_scale))
+        for i, (ga, gb) in enumerate(zip(g_in, r_in)):
+            checks.append(check_tensor("grad", f"input {i} gradient", *_same_where_equal(ga, gb), group=g_scale))
         for k in r_par:
             checks.append(check_tensor("grad", f"{k} gradient", *_same_where_equal(g_par.get(k), r_par[k]),
                                        group=g_scale))
@@ -293,8 +303,8 @@ def _compare(ref: tuple, got: tuple, grad: bool) -> tuple[float, str]:
     return worst, ""
 
 
-def check_call(op: Callable, args: Sequence[Any], kwargs: dict | None = None, *, requires_grad: bool = True,
-               degrees: Sequence[int] = DEGREES, name: str = "op", seed: int = 20261125,
+def check_call(op: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | None = None, *,
+               requires_grad: bool = True, degrees: Sequence[int] = DEGREES, name: str = "op", seed: int = 20261125,
                channel_dim: int | None = None, layouts: Sequence[str] = ("batch", "channel", "reduce"),
                _positions: Sequence[int] | None = None) -> CallResult:
     """Check every split the profile offers the nodes of ``op(*args, **kwargs)`` (module docstring).
@@ -317,12 +327,33 @@ def check_call(op: Callable, args: Sequence[Any], kwargs: dict | None = None, *,
     Complexity: one capture, one profile, and per offered split one rewrite and one step of a
     one-op graph.
     """
-    from ..capture import capture
-    from ..measure import profile
-    from ..plan import NodeConfig, Plan
-
     kwargs = dict(kwargs or {})
     positions = list(_positions) if _positions is not None else module_inputs(args, kwargs)
+    setup = _set_up(op, args, kwargs, positions, requires_grad, channel_dim, seed)
+    if isinstance(setup, CallResult):
+        return setup
+    module, inputs, grad, reference = setup
+    written = _written_inputs(module, inputs, seed)
+    if written:     # a tensor the op updates in place is a model's buffer, not an activation
+        positions = [p for j, p in enumerate(positions) if j not in written]
+        if not positions:
+            return CallResult("unusable", reason="the op writes into its first argument in place")
+        return check_call(op, args, kwargs, requires_grad=requires_grad, degrees=degrees, name=name, seed=seed,
+                          channel_dim=channel_dim, layouts=layouts, _positions=positions)
+    profiled = _capture_and_profile(module, inputs, name, degrees)
+    if isinstance(profiled, CallResult):
+        return profiled
+    graph, costs, result = profiled
+    result.checks.extend(_check_offered(module, inputs, graph, costs, layouts, degrees, grad, seed, reference))
+    return result
+
+
+def _set_up(op: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], positions: list[int],
+            requires_grad: bool, channel_dim: int | None,
+            seed: int) -> CallResult | tuple[OneOp, tuple[torch.Tensor, ...], bool, _Side]:
+    """``(module, inputs, grad, reference side)`` of one call, or the :class:`CallResult` that says
+    why the call is no test of a rule (no tensor first argument, sparse / complex tensors, a call
+    that fails or draws unkeyed random numbers, no floating output)."""
     if not positions:
         return CallResult("unusable", reason="the call has no tensor first argument")
     leaves = tree_flatten((tuple(args), kwargs))[0]
@@ -339,13 +370,13 @@ def check_call(op: Callable, args: Sequence[Any], kwargs: dict | None = None, *,
         return CallResult("unusable", reason=_first_line(e))
     if not _floating(reference[0]):
         return CallResult("unusable", reason="the call returns no floating-point tensor")
-    written = _written_inputs(module, inputs, seed)
-    if written:     # a tensor the op updates in place is a model's buffer, not an activation
-        positions = [p for j, p in enumerate(positions) if j not in written]
-        if not positions:
-            return CallResult("unusable", reason="the op writes into its first argument in place")
-        return check_call(op, args, kwargs, requires_grad=requires_grad, degrees=degrees, name=name, seed=seed,
-                          channel_dim=channel_dim, layouts=layouts, _positions=positions)
+    return module, inputs, grad, reference
+
+
+def _capture_and_profile(module: OneOp, inputs: tuple[torch.Tensor, ...], name: str,
+                         degrees: Sequence[int]) -> CallResult | tuple[OpGraph, CostModel, CallResult]:
+    """The one-op module captured (torch.export) and profiled at degree 1 and ``degrees``, with
+    the (still empty) ``"checked"`` result; or the :class:`CallResult` saying why not."""
     try:
         graph = capture(copy.deepcopy(module), inputs, name=name, method="export")
     except Exception as e:  # noqa: BLE001 - what torch.export refuses no plan can hold
@@ -359,8 +390,17 @@ def check_call(op: Callable, args: Sequence[Any], kwargs: dict | None = None, *,
         costs = profile(graph, shard_degrees=(1, *degrees), repeats=1, warmup=0, cache=False, in_sequence=False)
     except Exception as e:  # noqa: BLE001 - a captured graph the profiler cannot run fails the op
         return CallResult("failed", reason=f"profile: {_first_line(e)}", ops=result.ops)
+    return graph, costs, result
+
+
+def _check_offered(module: OneOp, inputs: tuple[torch.Tensor, ...], graph: OpGraph, costs: CostModel,
+                   layouts: Sequence[str], degrees: Sequence[int], grad: bool, seed: int,
+                   reference: _Side) -> list[RuleCheck]:
+    """One :class:`RuleCheck` per (op node, layout, degree) the profile offers among ``layouts``
+    and ``degrees``: the plan splitting that node alone, every other node whole on ``d0``."""
     first = ("d0",)
     targets = {n.name: n.target for n in graph.module.graph.nodes if n.op == "call_function"}
+    checks = []
     for node in graph.ops:
         if node.module_path.split(".")[0] == "channels":
             continue        # the channel source, not the op under test
@@ -370,14 +410,15 @@ def check_call(op: Callable, args: Sequence[Any], kwargs: dict | None = None, *,
             configs = {n.name: NodeConfig(tuple(f"d{i}" for i in range(k)), layout) if n.name == node.name
                        else NodeConfig(first) for n in graph.ops}
             plan = Plan(configs, graph_fingerprint=graph.fingerprint)
-            result.checks.append(_check_split(module, inputs, graph, costs, plan, node, layout, k, grad, seed,
-                                              reference, targets.get(node.name)))
-    return result
+            checks.append(_check_split(module, inputs, graph, costs, plan, node, layout, k, grad, seed,
+                                       reference, targets.get(node.name)))
+    return checks
 
 
-def _check_split(module: nn.Module, inputs: tuple, graph: Any, costs: Any, plan: Any, node: Any, layout: str,
-                 k: int, grad: bool, seed: int, reference: tuple, target: Any) -> RuleCheck:
-    from . import apply_plan
+def _check_split(module: nn.Module, inputs: tuple[torch.Tensor, ...], graph: OpGraph, costs: CostModel, plan: Plan,
+                 node: OpNode, layout: str, k: int, grad: bool, seed: int, reference: _Side,
+                 target: Callable[..., Any] | None) -> RuleCheck:
+    """Run ``plan`` (``node`` split ``k`` ways in ``layout``) and compare it with ``reference``."""
 
     def fail(note: str, worst: float = math.inf) -> RuleCheck:
         return RuleCheck(node.name, node.op, layout, k, False, worst, note)
@@ -399,7 +440,9 @@ def _check_split(module: nn.Module, inputs: tuple, graph: Any, costs: Any, plan:
     worst, note = _compare(reference, got, grad)
     if note:
         return fail(note, worst)
-    if rec is not None and rec["largest"] and shard.output_bytes and rec["largest"] != shard.output_bytes:
+    # a record implies a measured shard
+    if rec is not None and shard is not None and rec["largest"] and shard.output_bytes \
+            and rec["largest"] != shard.output_bytes:
         return fail(f"the profiler measured a shard of {shard.output_bytes} output bytes, the executor's largest "
                     f"shard makes {rec['largest']}", worst)
     return RuleCheck(node.name, node.op, layout, k, True, worst)

@@ -8,6 +8,9 @@ dropout off in the *model* before capture would change the graph (Hugging Face m
 the probability of every dropout op of the *rewritten* graph to 0 (keyed calls included), which
 makes it the identity exactly (``aten.dropout`` / ``native_dropout`` with ``p = 0`` scale by 1
 and keep every element; attention with ``dropout_p = 0`` draws no mask).  O(nodes).
+
+Owns: finding dropout probabilities in a rewritten graph and zeroing them in a copy.  Must
+not: touch the model or the original graph module (it returns a copy).
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ getitem to cut a local slice.  Every answer is cached, so a tensor already on a 
 sent there again (Baechi's transfer model) and one slice is cut once.  It is the seam the
 ``torch.distributed`` backend (issue 8) replaces: there, a move becomes a p2p send / receive and
 a gather / reduce a DTensor collective.
+
+Owns: the R / S / P placement of one value and the nodes that change it.  Must not: know
+about operators, plans or ranks; it only emits ``.to`` / ``cat`` / add / :func:`split_pieces`
+nodes, which :mod:`tensoropt.distributed.program` recognises by exactly those forms.
 """
 
 from __future__ import annotations
@@ -61,6 +65,13 @@ class Placed:
         dim = self.dim[index] if isinstance(self.dim, tuple) else self.dim
         kind = self.kind if not (self.kind == S and dim is None) else R
         return Placed(kind, self.devices, tuple(node_of(p, index) for p in self.parts), dim)
+
+    @property
+    def split_dim(self) -> int:
+        """The dimension an ``S`` tensor's pieces are cut along (a tuple-valued ``S`` value is
+        read element by element, :meth:`element`, never whole)."""
+        assert self.kind == S and isinstance(self.dim, int), f"a {self.kind} value cut along {self.dim!r}"
+        return self.dim
 
 
 class Transport:
@@ -126,7 +137,7 @@ class Transport:
             return self.move(value.parts[0], device)
         moved = tuple(p if d == device else self.move(p, device) for p, d in zip(value.parts, value.devices))
         if value.kind == S:
-            return self.gather(moved, value.dim)
+            return self.gather(moved, value.split_dim)
         return self.reduce(moved)
 
     def read(self, value: Placed, device: str, dim: int | None = None, k: int = 1, index: int = 0) -> fx.Node:
@@ -146,5 +157,5 @@ class Transport:
             blocks = tuple(block if at == device else self.move(block, device)
                            for block, at in ((self.piece(part, dim, k, index), at)
                                              for part, at in zip(value.parts, value.devices)))
-            return self.gather(blocks, value.dim) if value.kind == S else self.reduce(blocks)
+            return self.gather(blocks, value.split_dim) if value.kind == S else self.reduce(blocks)
         return self.piece(self.whole(value, device), dim, k, index)

@@ -36,6 +36,10 @@ Example::
     with KeyedRandomMode(seed):
         reference_out = model(x)          # the model's dropouts, keyed
     planned_out = planned(x)              # a PlannedModule draws its seed the same way
+
+Owns: the keyed draws (:func:`keyed_op`, :class:`KeyedRandomMode`) and the random nodes' keys.
+Must not: import the rest of the executor (the capture imports it to record keys), nor draw
+from torch's generators except for a step's seed (:func:`draw_seed`).
 """
 
 from __future__ import annotations
@@ -390,8 +394,9 @@ def random_keys(nodes: Any) -> dict[str, int]:
     position among them in ``nodes``' order (a graph in traced order)."""
     drawing = [n for n in nodes if draws(n)]
     recorded = [n.meta.get(RANDOM_KEY) if isinstance(getattr(n, "meta", None), dict) else None for n in drawing]
-    if drawing and all(isinstance(k, int) for k in recorded):
-        return {n.name: k for n, k in zip(drawing, recorded)}
+    keys = [k for k in recorded if isinstance(k, int)]
+    if drawing and len(keys) == len(drawing):   # every drawing node has its recorded key
+        return {n.name: k for n, k in zip(drawing, keys)}
     return {n.name: i for i, n in enumerate(drawing)}
 
 

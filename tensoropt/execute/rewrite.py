@@ -36,6 +36,11 @@ Per operator, in ``plan.order``, under its :class:`~tensoropt.plan.NodeConfig`:
   the promised shape (a view with fixed sizes split by channel) runs whole on the mesh's first
   device instead, and is listed in :attr:`Rewritten.fallbacks`;
 - ``recompute``: the op runs inside ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``.
+
+Owns: turning the captured graph plus a plan into a new ``torch.fx`` graph, node by node.
+Must not: run anything but meta-tensor shape checks, choose a plan or a layout (the plan says),
+cost anything, or emit a move itself — every move, gather, sum and slice goes through
+:class:`~.layouts.Transport`, the seam the distributed backend reads back.
 """
 
 from __future__ import annotations
@@ -48,14 +53,17 @@ from typing import Any
 import sympy
 import torch
 import torch.fx as fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils.checkpoint import checkpoint
 
 from .. import syncbn
 from ..errors import ExecutionError
-from ..graph import OpGraph, split_fits
+from ..graph import OpGraph, OpNode, split_fits
 from ..measure.shards import VIEWS, TensorArg, shard_args
 from ..plan import Plan
 from ..planmodel.reshard import op_basename
+from .check import check_term
 from .layouts import P, Placed, R, S, Transport
 from .randomness import draw_shape, is_keyed, keyed_call, random_keys
 
@@ -96,7 +104,8 @@ def write_back(buffer: torch.Tensor, value: torch.Tensor, dim: int | None, k: in
     target.copy_(value.to(target.device))
 
 
-def _sym_value(val: Any, batch_syms: set, batch: int | None) -> Any:
+def _sym_value(val: torch.SymInt | torch.SymBool | torch.SymFloat, batch_syms: set[sympy.Symbol],
+               batch: int | None) -> int | bool | float:
     """The concrete value of a SymInt-valued node: its hint, or the expression at ``batch``."""
     expr = sympy.sympify(val.node.expr)
     if batch is not None and batch_syms:
@@ -116,6 +125,10 @@ def _has_tensor(val: Any) -> bool:
     if isinstance(val, torch.Tensor):
         return True
     return isinstance(val, (list, tuple)) and any(_has_tensor(v) for v in val)
+
+
+#: a shard's ``(args, kwargs)`` with its tensor arguments as :class:`_Cut` marks
+_Template = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 class _Cut:
@@ -143,60 +156,92 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
     if ep is None or gm is None:
         raise ExecutionError(f"graph {graph.name!r} was not captured with torch.export (source {graph.source!r}); "
                              "the executor rewrites torch.export graphs: capture with method='export'")
-    from torch.export.graph_signature import InputKind, OutputKind
-
     new = fx.Graph()
     transport = Transport(new, device_of)
-    values: dict[str, Placed] = {}
-    sources: list[tuple[str, Any]] = []
-    lifted: set[str] = set()   # placeholders of parameters / buffers / constants
+    inputs = _placeholders(new, graph, ep, gm)
+    keys = random_keys(gm.graph.nodes)
+    seed = None
+    if keys:
+        # the step's seed of the keyed random draws (tensoropt.execute.randomness), a Python int
+        seed = new.placeholder("rng_seed")
+        inputs.sources.append(("seed", None))
+    ctx = _Emitter(graph, plan, new, transport, inputs.values, inputs.lifted, inputs.batch_syms, device_of, keys,
+                   seed)
+    _emit_in_order(ctx, gm, plan)
+    new.output(tuple(_outputs(new, graph, ep, gm, transport, inputs.values, loss_terms)))
+    module = fx.GraphModule(torch.nn.Module(), new, class_name="PlannedGraph")
+    return Rewritten(module, inputs.sources, ctx.fallbacks)
+
+
+@dataclass
+class _Inputs:
+    """The rewritten graph's placeholders so far: every value as placed (on no device yet), what
+    each placeholder stands for (:attr:`Rewritten.sources`), which are lifted parameters /
+    buffers / constants, and the symbols of the batch size."""
+
+    values: dict[str, Placed]
+    sources: list[tuple[str, Any]]
+    lifted: set[str]
+    batch_syms: set[sympy.Symbol]
+
+
+def _placeholders(new: fx.Graph, graph: OpGraph, ep: ExportedProgram, gm: fx.GraphModule) -> _Inputs:
+    """One placeholder of ``new`` per placeholder of the capture, in its order (the same names
+    and meta), and what each stands for by the export's input specs."""
+    out = _Inputs({}, [], set(), set())
     specs = {getattr(s.arg, "name", None): s for s in ep.graph_signature.input_specs}
-    batch_syms: set = set()
     n_inputs = 0
     for n in gm.graph.nodes:
         if n.op != "placeholder":
             continue
         ph = new.placeholder(n.name)
         ph.meta = dict(n.meta)
-        values[n.name] = Placed(R, (None,), (ph,))
+        out.values[n.name] = Placed(R, (None,), (ph,))
         spec = specs[n.name]
         if spec.kind == InputKind.USER_INPUT:
-            sources.append(("input", n_inputs))
+            out.sources.append(("input", n_inputs))
             n_inputs += 1
             val = n.meta.get("val")
-            if isinstance(val, torch.Tensor) and val.dim() > graph.batch_dim \
-                    and isinstance(val.shape[graph.batch_dim], torch.SymInt):
-                batch_syms |= val.shape[graph.batch_dim].node.expr.free_symbols
+            size = val.shape[graph.batch_dim] if isinstance(val, torch.Tensor) and val.dim() > graph.batch_dim \
+                else None
+            if isinstance(size, torch.SymInt):
+                out.batch_syms |= size.node.expr.free_symbols
+            continue
+        out.lifted.add(n.name)
+        if spec.kind == InputKind.PARAMETER:
+            out.sources.append(("parameter", spec.target))
+        elif spec.kind == InputKind.BUFFER:
+            out.sources.append(("buffer", spec.target))
         else:
-            lifted.add(n.name)
-            if spec.kind == InputKind.PARAMETER:
-                sources.append(("parameter", spec.target))
-            elif spec.kind == InputKind.BUFFER:
-                sources.append(("buffer", spec.target))
-            else:
-                sources.append(("constant", ep.constants[spec.target]))
+            assert spec.target is not None   # a lifted constant names its tensor in ep.constants
+            out.sources.append(("constant", ep.constants[spec.target]))
+    return out
 
-    keys = random_keys(gm.graph.nodes)
-    seed = None
-    if keys:
-        # the step's seed of the keyed random draws (tensoropt.execute.randomness), a Python int
-        seed = new.placeholder("rng_seed")
-        sources.append(("seed", None))
+
+def _emit_in_order(ctx: _Emitter, gm: fx.GraphModule, plan: Plan) -> None:
+    """Every tensor-valued node of the capture, in ``plan.order``, into ``ctx.values``: a getitem
+    of a tuple-valued node follows its producer's placement, every other node is emitted."""
     src = {n.name: n for n in gm.graph.nodes}
-    ctx = _Emitter(graph, plan, new, transport, values, lifted, batch_syms, device_of, keys, seed)
     for name in plan.order:
         n = src[name]
         if not _has_tensor(n.meta.get("val")):
             continue  # sizes become constants where used; metadata asserts name the capture device
-        if n.target is operator.getitem and isinstance(n.args[0], fx.Node) \
-                and isinstance(n.args[0].meta.get("val"), (list, tuple)):
-            values[name] = values[n.args[0].name].element(
-                n.args[1], lambda part, i: new.call_function(operator.getitem, (part, i)))
+        tuple_of = n.args[0] if n.target is operator.getitem else None
+        if isinstance(tuple_of, fx.Node) and isinstance(tuple_of.meta.get("val"), (list, tuple)):
+            index = n.args[1]
+            assert isinstance(index, int)   # a getitem of a tuple-valued ATen op: a constant index
+            ctx.values[name] = ctx.values[tuple_of.name].element(
+                index, lambda part, i: ctx.new.call_function(operator.getitem, (part, i)))
             continue
-        values[name] = ctx.emit(n)
+        ctx.values[name] = ctx.emit(n)
 
+
+def _outputs(new: fx.Graph, graph: OpGraph, ep: ExportedProgram, gm: fx.GraphModule, transport: Transport,
+             values: dict[str, Placed], loss_terms: bool | str) -> list[fx.Node | Any]:
+    """The rewritten graph's outputs: the model's outputs, each whole on its first device, or
+    their loss terms where they lie (``loss_terms``, :func:`rewrite`)."""
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    outs = []
+    outs: list[fx.Node | Any] = []
     floating = 0     # floating outputs so far (the check's weights are numbered by them)
     for a, spec in zip(out_node.args[0], ep.graph_signature.output_specs):
         if spec.kind != OutputKind.USER_OUTPUT:
@@ -210,12 +255,12 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
             outs.extend(_loss_terms(new, graph, a, values))
         elif isinstance(a, fx.Node):
             v = values[a.name]
-            outs.append(transport.whole(v, v.devices[0]))
+            first = v.devices[0]
+            # a user input returned as is lies on no plan device: it is its own placeholder
+            outs.append(v.parts[0] if first is None else transport.whole(v, first))
         else:
             outs.append(a)
-    new.output(tuple(outs))
-    module = fx.GraphModule(torch.nn.Module(), new, class_name="PlannedGraph")
-    return Rewritten(module, sources, ctx.fallbacks)
+    return outs
 
 
 def _loss_terms(new: fx.Graph, graph: OpGraph, a: Any, values: dict[str, Placed]) -> list[fx.Node]:
@@ -267,8 +312,6 @@ def _check_terms(new: fx.Graph, graph: OpGraph, a: Any, values: dict[str, Placed
     """Output ``a``'s share of the check's loss, one term per part where it lies (the first
     replica of an ``R`` output, every ``S`` piece with its piece of the weights, every ``P`` part
     with the whole weights); none for a non-tensor or non-floating-point output."""
-    from .check import check_term
-
     node = graph.nodes.get(a.name) if isinstance(a, fx.Node) else None
     meta = node.outputs[0] if node is not None and len(node.outputs) == 1 else None
     if meta is None or not meta.dtype.startswith(("float", "bfloat")) or meta.numel == 0:
@@ -286,7 +329,7 @@ class _Emitter:
     """Emits one operator node at a time (state shared along the plan's order)."""
 
     def __init__(self, graph: OpGraph, plan: Plan, new: fx.Graph, transport: Transport, values: dict[str, Placed],
-                 lifted: set[str], batch_syms: set, device_of: Callable[[str], str],
+                 lifted: set[str], batch_syms: set[sympy.Symbol], device_of: Callable[[str], str],
                  keys: dict[str, int] | None = None, seed: fx.Node | None = None):
         self.graph, self.plan, self.new, self.tr, self.values = graph, plan, new, transport, values
         self.lifted, self.batch_syms, self.device_of = lifted, batch_syms, device_of
@@ -334,13 +377,14 @@ class _Emitter:
         dim = dims if isinstance(val, (list, tuple)) else dims[0]
         return Placed(S, tuple(devices), tuple(parts), dim)
 
-    def _sync_batch_norm(self, n: fx.Node, op: Any, devices: tuple[str, ...]) -> Placed | None:
+    def _sync_batch_norm(self, n: fx.Node, op: OpNode, devices: tuple[str, ...]) -> Placed | None:
         """``aten.batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps,
         cudnn)`` in training, split along the batch with statistics summed across the mesh
         (module docstring); ``None`` when this form cannot be synchronised here."""
         x, weight, bias, rmean, rvar, training, momentum, eps = (list(n.args) + [None] * 9)[:8]
-        xin = self.graph.nodes.get(getattr(x, "name", None))
-        if not training or momentum is None or xin is None or not xin.outputs or xin.outputs[0].batch_dim is None:
+        xin = self.graph.nodes.get(x.name) if isinstance(x, fx.Node) else None
+        if not isinstance(x, fx.Node) or not training or momentum is None or xin is None or not xin.outputs \
+                or xin.outputs[0].batch_dim is None:
             return None
         shape, bdim = xin.outputs[0].shape, xin.outputs[0].batch_dim
         if len(shape) < 2 or bdim == 1:
@@ -353,8 +397,8 @@ class _Emitter:
         k, g, tr = len(devices), self.new, self.tr
         dims = syncbn.reduce_dims(len(shape))
         count = 1
-        for d in dims:
-            count *= shape[d]
+        for dim in dims:
+            count *= shape[dim]
         xs = [tr.read(self.values[x.name], d, bdim, k, i) for i, d in enumerate(devices)]
         # two exchanges of one value per channel (tensoropt.syncbn): Σx, then Σ(x − mean)²; partial
         # (P) values on the mesh: reading them whole on a device adds them up
@@ -366,23 +410,26 @@ class _Emitter:
         for i, d in enumerate(devices):
             var = g.call_function(operator.truediv, (tr.whole(squares, d), count))
             variances.append(var)
-            w = tr.whole(self.values[weight.name], d) if weight is not None else None
-            b = tr.whole(self.values[bias.name], d) if bias is not None else None
+            # weight and bias: nodes, or None for an affine-free batch norm
+            w = tr.whole(self.values[weight.name], d) if isinstance(weight, fx.Node) else None
+            b = tr.whole(self.values[bias.name], d) if isinstance(bias, fx.Node) else None
             parts.append(g.call_function(syncbn.normalize, (xs[i], means[i], var, w, b, eps)))
         buffers = [self.values[b.name].parts[0] if isinstance(b, fx.Node) else None for b in (rmean, rvar)]
         g.call_function(syncbn.update_running_stats, (*buffers, means[0], variances[0], count, momentum))
         return Placed(S, tuple(devices), tuple(parts), op.outputs[0].batch_dim)
 
-    def _whole(self, n: fx.Node, op: Any, devices: tuple[str, ...], recompute: bool) -> Placed:
+    def _whole(self, n: fx.Node, op: OpNode, devices: tuple[str, ...], recompute: bool) -> Placed:
         template = self._template(n, None, op, 1)
+        assert template is not None   # only a split's template can be refused
         parts = tuple(self._call(n, template, d, 1, i, None, recompute, writes_back=(i == 0))
                       for i, d in enumerate(devices))
         return Placed(R, tuple(devices), parts)
 
     # ---- which argument is cut along which dimension -----------------------------------------
-    def _template(self, n: fx.Node, layout: str | None, op: Any, k: int) -> tuple[Any, dict]:
+    def _template(self, n: fx.Node, layout: str | None, op: OpNode, k: int) -> _Template | None:
         """``(args, kwargs)`` of one shard with every tensor argument a :class:`_Cut` and the
-        other arguments as the shard rule sets them (e.g. a grouped conv's groups)."""
+        other arguments as the shard rule sets them (e.g. a grouped conv's groups); ``None``
+        when no shard rule runs ``n`` in ``layout`` (``None``: whole, never refused)."""
         info: dict[int, TensorArg] = {}
         shapes: dict[int, tuple[int, ...]] = {}
 
@@ -430,7 +477,7 @@ class _Emitter:
             kwargs[key] = new_kwargs[key]
         return args, kwargs
 
-    def _shard_runs(self, n: fx.Node, op: Any, layout: str, k: int, args: Any, kwargs: dict) -> bool:
+    def _shard_runs(self, n: fx.Node, op: OpNode, layout: str, k: int, args: Any, kwargs: dict[str, Any]) -> bool:
         """Whether the largest shard, run on meta tensors, gives the shape the layout promises
         (the profiler's test of a shard rule, :mod:`tensoropt.measure.shards`)."""
         batch = -(-self.graph.batch_size // k) if layout == "batch" and self.graph.batch_size else None
@@ -450,6 +497,8 @@ class _Emitter:
                 return type(obj)(concrete(o) for o in obj)
             return obj
 
+        if not callable(n.target):
+            return False   # not a call_function node (calling its name would fail alike)
         try:
             out = n.target(*concrete(tuple(args)), **{key: concrete(v) for key, v in kwargs.items()})
         except Exception:  # noqa: BLE001 - any failure means the rule does not apply to this op
@@ -468,7 +517,7 @@ class _Emitter:
         return got == want
 
     # ---- one shard ---------------------------------------------------------------------------
-    def _call(self, n: fx.Node, template: tuple[Any, dict], device: str, k: int, index: int, batch: int | None,
+    def _call(self, n: fx.Node, template: _Template, device: str, k: int, index: int, batch: int | None,
               recompute: bool, *, writes_back: bool, drop_bias: bool = False, base: str = "",
               target: Any = None, piece_dim: int | None = None) -> fx.Node:
         """One shard of ``n`` on ``device`` (``target``: another op to call, same arguments):
@@ -528,7 +577,8 @@ class _Emitter:
             out = self.new.call_function(target, tuple(args), kwargs)
         return self._finish(out, writes_back, backs, k, index)
 
-    def _finish(self, out: fx.Node, writes_back: bool, backs: list, k: int, index: int) -> fx.Node:
+    def _finish(self, out: fx.Node, writes_back: bool, backs: list[tuple[fx.Node, fx.Node, int | None]], k: int,
+                index: int) -> fx.Node:
         """After a shard's call: write the buffers it updated back (once)."""
         if writes_back:
             for buffer, piece, dim in backs:
@@ -540,12 +590,12 @@ class _Emitter:
 _IMPLICIT_WRITES = {"batch_norm": ("running_mean", "running_var"), "instance_norm": ("running_mean", "running_var")}
 
 
-def _written_args(n: fx.Node) -> set:
+def _written_args(n: fx.Node) -> set[int | str]:
     """Positions (ints) and keyword names of the arguments an ATen op writes in place."""
     schema = getattr(n.target, "_schema", None)
     if schema is None:
         return set()
-    out: set = set()
+    out: set[int | str] = set()
     implicit = _IMPLICIT_WRITES.get(op_basename(str(n.target)), ())
     for i, a in enumerate(schema.arguments):
         if a.alias_info is not None and a.alias_info.is_write or a.name in implicit:
