@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from tensoropt.dashboard.pipeline import Request as PageRequest
-from tensoropt.dashboard.pipeline import ResultStore, run_request
 
 import tensoropt.workflow as workflow
+from tensoropt.dashboard.pipeline import Request as PageRequest
+from tensoropt.dashboard.pipeline import ResultStore, run_request
 from tensoropt.errors import ClusterSpecError, TensorOptError
 from tensoropt.workflow import Request, explore, profile_degrees
 

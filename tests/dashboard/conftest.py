@@ -3,9 +3,9 @@
 from pathlib import Path
 
 import pytest
-from tensoropt.dashboard.pipeline import Request, ResultStore, run_request
 
 from tensoropt.cluster import Cluster, Device, LinkModel
+from tensoropt.dashboard.pipeline import Request, ResultStore, run_request
 
 TINY = str(Path(__file__).with_name("tiny_model.py")) + ":build"
 

@@ -5,9 +5,9 @@ simulator's per-device peaks — the rule of the CLI, the CSV and ``tensoropt co
 import math
 
 import pytest
+
 from tensoropt.dashboard import figures as F
 from tensoropt.dashboard.callbacks import frontier_view, gib_bytes, plan_verdict, reserve_bytes
-
 from tensoropt.planmodel import simulate
 from tensoropt.planmodel.fits import fits
 

@@ -2,10 +2,10 @@
 on unequal GPUs) and from the tiny model's simulated plans."""
 
 import pytest
-from tensoropt.dashboard import figures as F
 
 from tensoropt import load_cluster
 from tensoropt.cluster import Cluster, Device, LinkModel
+from tensoropt.dashboard import figures as F
 from tensoropt.frontier.track import MEMORY_PARTS
 from tensoropt.planmodel import simulate
 from tensoropt.planmodel.memory import StepMemory

@@ -7,10 +7,10 @@ import io
 import time
 
 import pytest
-from tensoropt.dashboard.pipeline import Request, run_request
-from tensoropt.dashboard.uploads import UploadError, accept_upload, decode
 
 from tensoropt import Cluster, CostModel, Plan, load_cluster, track_frontier
+from tensoropt.dashboard.pipeline import Request, run_request
+from tensoropt.dashboard.uploads import UploadError, accept_upload, decode
 from tensoropt.errors import ClusterSpecError, TensorOptError
 from tensoropt.frontier.graph_problem import candidate_meshes
 from tensoropt.frontier.track import CSV_COLUMNS
