@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 import tensoropt
+from tensoropt.cli._progress import ProgressBars
 from tensoropt.describe import fmt_bytes
 from tensoropt.measure import profile
 from tensoropt.measure.step import measure_step
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             cache = args.cache or tmp
             t0 = time.perf_counter()
-            costs = profile(graph, shard_degrees=degrees, repeats=args.repeats, cache=cache, progress=True)
+            with ProgressBars(console) as progress:
+                costs = profile(graph, shard_degrees=degrees, repeats=args.repeats, cache=cache, progress=progress)
             cold = time.perf_counter() - t0 if not args.cache else float("nan")
             t0 = time.perf_counter()
             profile(graph, shard_degrees=degrees, repeats=args.repeats, cache=cache)

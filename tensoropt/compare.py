@@ -22,6 +22,7 @@ import inspect
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from .cluster import Cluster
@@ -35,6 +36,7 @@ from .placers._common import resolve_devices
 from .plan import Plan
 from .planmodel.fits import check_budget_value, fits
 from .planmodel.simulate import simulate
+from .progress import Progress, no_progress
 
 #: the names the frontier's rows carry
 FRONTIER_MIN_TIME = "frontier min-time"
@@ -108,7 +110,7 @@ def frontier_failures(took: float, error: BaseException) -> list[CompareRow]:
 def compare(graph: OpGraph, costs: CostModel, cluster: Cluster, *, algos: Iterable[str] | None = None,
             devices: Sequence[str] | str | None = None, optimizer: str | int = DEFAULT_OPTIMIZER,
             frontier: bool | Frontier | None = True, placer_options: Mapping[str, Mapping[str, Any]] | None = None,
-            progress: Callable[[str], None] | None = None, budget: int | float | str | None = None,
+            progress: Progress = no_progress, budget: int | float | str | None = None,
             reserve: int = 0) -> list[CompareRow]:
     """Place ``graph`` with every algorithm and simulate each plan on ``cluster``.
 
@@ -118,7 +120,9 @@ def compare(graph: OpGraph, costs: CostModel, cluster: Cluster, *, algos: Iterab
     ``frontier``: ``True`` tracks the frontier over the same devices and adds its min-time and
     min-memory points as two rows, a :class:`~tensoropt.frontier.Frontier` already tracked is used
     as it is, ``False`` / ``None`` adds no frontier rows; ``placer_options``: extra options per
-    placer name (e.g. ``{"netsplit": {"time_limit": 10}}``); ``progress(msg)`` is told what runs;
+    placer name (e.g. ``{"netsplit": {"time_limit": 10}}``); ``progress`` is told
+    ``("baselines", done, total, message)`` as placers run (:class:`~tensoropt.progress.Progress`;
+    frontier tracking reports as ``"frontier"``);
     ``budget`` (bytes per device, or a size such as ``"16GiB"``) and ``reserve`` decide every
     row's ``fits`` (:func:`tensoropt.planmodel.fits.fits`, as the frontier's CSV and the dashboard), and with
     a budget the frontier adds a third row, its fastest plan that fits.  The placers keep placing
@@ -129,7 +133,6 @@ def compare(graph: OpGraph, costs: CostModel, cluster: Cluster, *, algos: Iterab
     row with ``error`` set; an unknown placer name or option is raised at once.
     Cost: the sum of the placers' and the frontier's costs, plus one simulation per plan.
     """
-    report = progress or (lambda msg: None)
     names, extra = _checked_names(algos, placer_options)
     costs.check_graph(graph)
     limit = check_budget_value(budget)
@@ -137,12 +140,15 @@ def compare(graph: OpGraph, costs: CostModel, cluster: Cluster, *, algos: Iterab
     options = {algo: {"devices": used, "optimizer": optimizer, **extra.get(algo, {})} for algo in names}
     for algo in names:  # a misspelt option stops the comparison before any placer runs
         check_options(algo, options[algo])
+    steps = len(names) + (0 if frontier is None or frontier is False else 1)
     rows = [_placed_row(graph, costs, cluster, algo, options[algo], optimizer=optimizer, budget=limit,
-                        reserve=reserve, report=report) for algo in names]
+                        reserve=reserve, report=partial(progress, "baselines", i, steps))
+            for i, algo in enumerate(names)]
     if frontier is None or frontier is False:
         return rows
     return rows + _frontier_rows(graph, costs, cluster, frontier, used, optimizer=optimizer, budget=limit,
-                                 reserve=reserve, report=report)
+                                 reserve=reserve, progress=progress, report=partial(progress, "baselines", steps - 1,
+                                                                                    steps))
 
 
 def _checked_names(algos: Iterable[str] | None,
@@ -177,7 +183,7 @@ def _placed_row(graph: OpGraph, costs: CostModel, cluster: Cluster, algo: str, o
 
 def _frontier_rows(graph: OpGraph, costs: CostModel, cluster: Cluster, frontier: Literal[True] | Frontier,
                    devices: Sequence[str], *, optimizer: str | int, budget: int | float | None, reserve: int,
-                   report: Callable[[str], None]) -> list[CompareRow]:
+                   progress: Progress, report: Callable[[str], None]) -> list[CompareRow]:
     """The frontier's rows (tracked over ``devices`` when ``frontier`` is ``True``, else the one
     given): its min-time and min-memory points and, with a ``budget``, its fastest plan that fits
     (or that row's error, first)."""
@@ -186,7 +192,7 @@ def _frontier_rows(graph: OpGraph, costs: CostModel, cluster: Cluster, frontier:
         t0 = time.perf_counter()
         try:
             fr = track_frontier(graph, costs, cluster, devices=devices, optimizer=optimizer, reserve=reserve,
-                                progress=lambda msg: report(f"frontier: {msg}"))
+                                progress=progress)
         except TensorOptError as e:
             return frontier_failures(time.perf_counter() - t0, e)
         took = time.perf_counter() - t0

@@ -14,8 +14,9 @@ classic placers compare?*  :func:`explore` answers it once, in one order:
 5. track the frontier (:func:`~tensoropt.frontier.track_frontier`);
 6. run the baseline placers and simulate every plan alike (:func:`~tensoropt.compare.compare`).
 
-Progress is one protocol, ``progress(stage, done, total, message)``, with ``stage`` one of
-:data:`STAGES`; the CLI draws it as progress bars, the dashboard as its progress element.
+Progress is one protocol (:class:`tensoropt.progress.Progress`), ``progress(stage, done, total,
+message)`` with ``stage`` one of :data:`STAGES`, passed through to the profiler, frontier tracking
+and the comparison; the CLI draws it as progress bars, the dashboard as its progress element.
 
 It owns the order of the stages and nothing else: it prices nothing itself (the plan model
 does) and prints nothing (the surfaces do).
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .capture.precision import check_precision as check_precision_name
 from .cluster import detect_cluster, load_cluster
@@ -45,6 +46,7 @@ from .modelspec import load_model
 from .optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from .placers import PLACERS
 from .planmodel.fits import check_budget_value
+from .progress import Progress, no_progress
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -55,18 +57,6 @@ if TYPE_CHECKING:
 STAGES = ("cluster", "capture", "profile", "frontier", "baselines")
 #: the cluster source that means "this machine's GPUs, through NVML"
 DETECTED = "detected"
-
-
-class Progress(Protocol):
-    """What :func:`explore` reports: ``stage`` (one of :data:`STAGES`), ``done`` of ``total``
-    units of that stage (operators while profiling; 0 of 1 then 1 of 1 for the others), and a
-    one-line ``message``."""
-
-    def __call__(self, stage: str, done: int, total: int, message: str, /) -> None: ...
-
-
-def no_progress(stage: str, done: int, total: int, message: str, /) -> None:
-    """A :class:`Progress` that reports nothing."""
 
 
 @dataclass(frozen=True)
@@ -246,8 +236,7 @@ def measure(request: Request, setup: Setup, progress: Progress = no_progress) ->
     n_ops = len(graph.ops)
     progress("profile", 0, n_ops, f"profiling at shard degrees {', '.join(map(str, setup.degrees))}")
     costs = profile(graph, device=request.device, shard_degrees=setup.degrees, repeats=request.repeats,
-                    warmup=request.warmup,
-                    progress=lambda done, total, name: progress("profile", done, total, name))
+                    warmup=request.warmup, progress=progress)
     progress("profile", n_ops, n_ops, "profiled")
     return graph, costs
 
@@ -277,7 +266,7 @@ def explore(request: Request, progress: Progress = no_progress, *,
             result.frontier = track_frontier(graph, costs, setup.cluster, meshes=setup.meshes, budget=request.budget,
                                              resolution=request.resolution, optimizer=request.optimizer,
                                              reserve=request.reserve, max_walks=request.max_walks,
-                                             progress=lambda msg: progress("frontier", 0, 1, msg))
+                                             progress=progress)
         except TensorOptError as e:
             if not request.placers:
                 raise
@@ -295,7 +284,7 @@ def explore(request: Request, progress: Progress = no_progress, *,
                               frontier=result.frontier if result.frontier is not None else False,
                               placer_options=solver_options(request.placers, request.time_limit),
                               budget=request.budget, reserve=request.reserve,
-                              progress=lambda msg: progress("baselines", 0, 1, msg))
+                              progress=progress)
         if frontier_error is not None:
             result.rows += frontier_failures(result.seconds["frontier"], frontier_error)
         result.seconds["baselines"] = time.perf_counter() - t1

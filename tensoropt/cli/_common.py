@@ -29,6 +29,7 @@ from ..plan import Plan
 from ..planmodel.fits import check_budget_value, over_by, usable_bytes
 from ..planmodel.simulate import SimResult
 from ..workflow import Request, read_profile
+from ._progress import ProgressBars
 
 CLUSTER_HELP = "preset:NAME or a cluster YAML / JSON file"
 BATCH_HELP = "batch size (overrides the model's default)"
@@ -164,14 +165,15 @@ def capture_spec(spec: str, console: Console, *, batch: int | None = None, batch
         return loaded.capture(batch_dim=batch_dim, precision=precision)
 
 
-def costs_for(graph: OpGraph, shard_degrees: Iterable[int], args: argparse.Namespace) -> CostModel:
+def costs_for(graph: OpGraph, shard_degrees: Iterable[int], args: argparse.Namespace, console: Console) -> CostModel:
     """The CostModel: ``--profile`` checked against the graph (its precision first, then its
     fingerprint), else measured at ``shard_degrees`` (with ``--repeats`` / ``--warmup`` where the
     command has them, in the graph's precision) with a progress bar."""
     if getattr(args, "profile", None):
         return read_profile(args.profile, graph)
-    return profile(graph, shard_degrees=tuple(sorted(set(shard_degrees))), repeats=args.repeats,
-                   warmup=getattr(args, "warmup", 1), progress=True)
+    with ProgressBars(console) as progress:
+        return profile(graph, shard_degrees=tuple(sorted(set(shard_degrees))), repeats=args.repeats,
+                       warmup=getattr(args, "warmup", 1), progress=progress)
 
 
 # ---- output --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from ..measure import CostModel, profile
 from ..measure.profiler import busy_warning
 from ._common import add_capture_arguments, add_repeats_argument, capture_spec, save_output
 from ._common import degrees as degrees_arg
+from ._progress import ProgressBars
 
 
 def _print_top(console: Console, graph: OpGraph, costs: CostModel, top: int) -> None:
@@ -67,8 +68,9 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
         raise ProfileError("--repeats must be ≥ 1 and --warmup ≥ 0")
     graph = capture_spec(args.model, console, batch=args.batch, batch_dim=args.batch_dim, precision=args.precision)
     t0 = time.perf_counter()
-    costs = profile(graph, device=args.device, shard_degrees=args.degrees, repeats=args.repeats,
-                    warmup=args.warmup, cache=not args.no_cache, progress=True, in_sequence=not args.isolated)
+    with ProgressBars(console) as progress:
+        costs = profile(graph, device=args.device, shard_degrees=args.degrees, repeats=args.repeats,
+                        warmup=args.warmup, cache=not args.no_cache, progress=progress, in_sequence=not args.isolated)
     took = time.perf_counter() - t0
     _print_top(console, graph, costs, args.top)
     _print_totals(console, costs, took)

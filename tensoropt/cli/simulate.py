@@ -47,7 +47,7 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[yellow]warning:[/yellow] the plan was made for cluster {escape(plan.cluster_name)!s} "
                       f"(fingerprint {plan.cluster_fingerprint[:12]}…), not this one ({cluster.fingerprint[:12]}…)")
     degrees = {1} | {cfg.degree for cfg in plan.configs.values()}
-    costs = costs_for(graph, degrees, args)
+    costs = costs_for(graph, degrees, args, console)
     res = simulate(plan, graph, costs, cluster, optimizer=args.optimizer, overlap=not args.no_overlap)
     fits = print_simulation(console, res, plan, cluster,
                             title=f"plan {escape(plan.plan_id or plan.algorithm)} for {escape(graph.name)} "

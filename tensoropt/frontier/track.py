@@ -61,6 +61,7 @@ import os
 import time as _time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,7 @@ from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..plan import Estimate, Plan
 from ..planmodel.fits import check_budget_value, fits, over_by
 from ..planmodel.walk import ReshardCache, StepMemory, plan_edges, walk
+from ..progress import Progress, no_progress
 from . import point_sets
 from .algorithm import track
 from .graph_problem import MeshProblem, build_problem, candidate_meshes
@@ -530,7 +532,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                    budget: int | float | str | None = None, resolution: float | None = None,
                    optimizer: str | int = DEFAULT_OPTIMIZER, devices: Sequence[str] | None = None,
                    max_levels: int = DEFAULT_MAX_LEVELS, max_branches: int = 1024, backend: str | None = None,
-                   progress: Callable[[str], None] | None = None, reserve: int = 0,
+                   progress: Progress = no_progress, reserve: int = 0,
                    max_walks: int = DEFAULT_MAX_WALKS) -> Frontier:
     """The Pareto frontier of (per-device peak memory, iteration time) plans of ``graph`` on
     ``cluster`` (module docstring).
@@ -547,10 +549,10 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     ``adamw`` (default) / ``adam`` / ``momentum`` / ``sgd`` or α (state bytes per parameter byte).
     ``max_levels``: τ runs per mesh before levels are thinned; ``max_branches``:
     :func:`~.algorithm.track`'s; ``max_walks``: plans walked per mesh before the polish stops.
-    ``progress``: called with a short message as work proceeds.
+    ``progress``: told ``("frontier", done, total, message)`` as work proceeds
+    (:class:`~tensoropt.progress.Progress`: each mesh's problem built, then each mesh tracked).
     """
     t0 = _time.perf_counter()
-    report = progress or (lambda msg: None)
     costs.check_graph(graph)
     optimizer_alpha(optimizer)  # an unknown optimizer is an error before any work
     budget = check_budget_value(budget)
@@ -566,9 +568,10 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     mesh_list = (candidate_meshes(cluster, devices=allowed) if meshes is None
                  else _check_meshes(cluster, meshes, allowed))
 
+    steps = 2 * len(mesh_list) + 1   # build each mesh's problem, track each, then the union
     problems = []
-    for m in mesh_list:
-        report(f"building the problem on {','.join(m)}")
+    for i, m in enumerate(mesh_list):
+        progress("frontier", i, steps, f"building the problem on {','.join(m)}")
         problems.append(build_problem(graph, costs, cluster, m, optimizer=optimizer))
     if resolution is None:
         res = default_resolution(problems, cluster)
@@ -578,9 +581,10 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
         res = point_sets._resolution(resolution)
         res_rule = "given"
     results = [_track_mesh(mp, graph, costs, cluster, res, int(max_levels), max_branches, backend, int(max_walks),
-                           report) for mp in problems]
+                           partial(progress, "frontier", len(mesh_list) + i, steps))
+               for i, mp in enumerate(problems)]
 
-    report("union across meshes")
+    progress("frontier", steps - 1, steps, "union across meshes")
     _, _, which, idx, m_union = point_sets.union([(r.mem, r.time) for r in results], res, backend=backend,
                                              return_merged=True)
     merged = sum(r.merged_by_resolution for r in results) + m_union

@@ -69,6 +69,7 @@ from ..capture.precision import precision_context, precision_of
 from ..errors import ProfileError
 from ..graph import OpGraph, OpNode, TensorMeta, grad_nodes, split_fits
 from ..plan import SPLIT_LAYOUTS, Layout
+from ..progress import Progress, no_progress
 from .costmodel import CostModel, NodeCost, ShardCost
 from .feed import module_on, placeholder_values
 from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
@@ -101,7 +102,7 @@ class Measurement:
 
 def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int] = (1, 2, 4, 8),
             repeats: int = 5, warmup: int = 1, cache: bool | str | os.PathLike = True,
-            progress: bool | Callable[[int, int, str], None] = False, inputs: tuple | None = None,
+            progress: Progress = no_progress, inputs: tuple | None = None,
             in_sequence: bool = True) -> CostModel:
     """Measure every node of ``graph`` alone, then (``in_sequence``) inside whole training steps;
     see the module docstring.
@@ -109,8 +110,8 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     ``graph`` must come from :func:`tensoropt.capture` (it needs the captured module);
     ``inputs`` overrides the example inputs it was captured with.  ``shard_degrees``: the
     degrees ``k > 1`` measured per legal layout.  ``cache``: ``True`` for the default folder, a
-    path, or ``False``.  ``progress``: ``True`` for a progress bar on stderr, or a callback
-    ``(done, total, node_name)``.  ``in_sequence``: replace the isolated times by what each
+    path, or ``False``.  ``progress``: told ``("profile", done, total, node_name)`` as nodes are
+    measured (:class:`~tensoropt.progress.Progress`).  ``in_sequence``: replace the isolated times by what each
     node costs inside a training step (:mod:`.sequence`; off, or when a whole step does not fit
     in memory, the isolated times stay and ``settings["in_sequence"]`` says why).  Everything
     runs in ``graph.precision`` (a bf16 graph under its autocast; module docstring, 6.), recorded
@@ -130,21 +131,21 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     basic = device_info(dev, measure=False)
     store = _DiskCache(cache, device_key(basic))
     total = len(graph.ops)
-    report = _progress_callback(progress, total)
+
+    def report(done: int, _total: int, name: str) -> None:
+        progress("profile", done, total, name)
+
     runner = None
-    try:
-        with quiet_torch_logs():  # a failing fake-tensor op logs its traceback before we handle it
-            if store.entries and store.info:  # everything cached? find out on FakeTensors, no compute
-                runner = _Runner(graph, dev, degrees, repeats, warmup, store, store.info, dry=True)
-                if not runner.run_dry(inputs if inputs is not None else graph.example_inputs, report):
-                    runner = None
-            if runner is None:
-                info = device_info(dev)
-                store.info, store.dirty = info, True
-                runner = _Runner(graph, dev, degrees, repeats, warmup, store, info)
-                runner.run(inputs if inputs is not None else graph.example_inputs, report)
-    finally:
-        report(None, total, "")
+    with quiet_torch_logs():  # a failing fake-tensor op logs its traceback before we handle it
+        if store.entries and store.info:  # everything cached? find out on FakeTensors, no compute
+            runner = _Runner(graph, dev, degrees, repeats, warmup, store, store.info, dry=True)
+            if not runner.run_dry(inputs if inputs is not None else graph.example_inputs, report):
+                runner = None
+        if runner is None:
+            info = device_info(dev)
+            store.info, store.dirty = info, True
+            runner = _Runner(graph, dev, degrees, repeats, warmup, store, info)
+            runner.run(inputs if inputs is not None else graph.example_inputs, report)
     info = runner.info
     costs = runner.costs
     sequence: dict[str, Any] = {"used": False}
@@ -244,27 +245,6 @@ def _device(device: str) -> torch.device:
     elif dev.type != "cpu":
         raise ProfileError(f"device type {dev.type!r} is not supported; use cpu or cuda[:N]")
     return dev
-
-
-def _progress_callback(progress: bool | Callable[..., Any], total: int) -> Callable[[int | None, int, str], None]:
-    if callable(progress):
-        return lambda done, _total, name: progress(done, total, name) if done is not None else None
-    if not progress:
-        return lambda *a: None
-    # local: rich is only needed to draw a progress bar
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.description}"), transient=True)
-    task = bar.add_task("", total=total)
-    bar.start()
-
-    def report(done: int | None, _total: int, name: str) -> None:
-        if done is None:
-            bar.stop()
-        else:
-            bar.update(task, completed=done, description=name)
-    return report
 
 
 class _DiskCache:
