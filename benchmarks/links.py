@@ -38,6 +38,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from tensoropt.cli._progress import ProgressBars
 from tensoropt.cluster import Cluster, Device, LinkModel, collectives, fmt_size, parse_size
 from tensoropt.cluster.bench import bench_links, measure_collectives
 from tensoropt.cluster.linkfit import fit_duplex, fit_link
@@ -95,7 +96,8 @@ def main() -> None:
 
     # (a) the loopback link ------------------------------------------------------------------
     t0 = time.perf_counter()
-    res = bench_links(backend="gloo", world_size=2, repeats=args.repeats, progress=True)
+    with ProgressBars(Console(stderr=True)) as progress:
+        res = bench_links(backend="gloo", world_size=2, repeats=args.repeats, progress=progress)
     t = Table(title=f"(a) loopback link fit: {res.method}; median of {res.repeats}, measured in "
                     f"{time.perf_counter() - t0:.1f} s", title_justify="left")
     for col in ("pair", "latency", "bandwidth", "duplex", "R²", "points", "max error"):
@@ -153,7 +155,8 @@ def main() -> None:
         cluster = Cluster(f"loopback-{n}", devices, {}, default=link, source="benchmarks/links.py")
         full = Cluster(f"loopback-{n}-full-duplex", devices, {}, default=full_link, source="benchmarks/links.py")
         t0 = time.perf_counter()
-        samples = measure_collectives(world_size=n, sizes=sizes, repeats=args.coll_repeats, progress=True)
+        with ProgressBars(Console(stderr=True)) as progress:
+            samples = measure_collectives(world_size=n, sizes=sizes, repeats=args.coll_repeats, progress=progress)
         console.print(f"{n} processes: {len(samples)} collective×size points in {time.perf_counter() - t0:.1f} s",
                       style="dim")
         for smp in sorted(samples, key=lambda x: (list(FORMULAS).index(x.collective), x.nbytes)):

@@ -11,13 +11,13 @@ import argparse
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..cluster.bench import BenchError, BenchResult, bench_links
 from ..cluster.units import fmt_size, parse_size
 from ..errors import ClusterSpecError
 from ._common import save_output
+from ._progress import ProgressBars
 
 
 def _size(text: str) -> int:
@@ -38,17 +38,8 @@ def _sizes(min_size: int, max_size: int) -> list[int]:
 
 
 def _measure(args: argparse.Namespace, sizes: list[int], console: Console) -> BenchResult:
-    """:func:`bench_links` with a live bar, drawn only on a terminal (piped, rich would leave an
-    empty line behind)."""
-    bar = Progress(TextColumn("measuring links"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.description}"), console=console, transient=True,
-                   disable=not console.is_terminal)
-    task: TaskID = bar.add_task("starting worker processes …", total=None)
-
-    def progress(done: int, total: int, what: str) -> None:
-        bar.update(task, completed=done, total=total, description=what)
-
-    with bar:
+    """:func:`bench_links` with a live bar (drawn only on a terminal)."""
+    with ProgressBars(console) as progress:
         return bench_links(backend=args.backend, sizes=sizes, repeats=args.repeats, warmup=args.warmup,
                            world_size=args.world_size, devices=args.gpus, timeout_s=args.timeout,
                            busy_s=args.busy_ms / 1e3, progress=progress)

@@ -37,7 +37,6 @@ it always ends every worker it started.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import math
 import multiprocessing as mp
@@ -48,8 +47,9 @@ import socket
 import statistics
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing.process import BaseProcess
 from multiprocessing.queues import Queue
 from typing import Any, TypeVar
@@ -59,10 +59,12 @@ import torch.distributed as dist
 
 from .._malloc import steady_malloc
 from .._procs import WorkerDied, next_message, single_threaded_env, stop_workers
+from ..progress import Progress, no_progress
 from .linkfit import BenchError, LinkFit, Pair, fit_pairs, fmt_bytes
 from .spec import Cluster, Device
 
-Progress = Callable[[int, int, str], None]
+#: what the measuring loops report: (done, total, what) — :class:`~tensoropt.progress.Progress` less its stage
+Report = Callable[[int, int, str], None]
 #: what a gloo worker puts on the queue: (kind, rank, payload)
 Message = tuple[str, int, Any]
 T = TypeVar("T")
@@ -157,7 +159,7 @@ class BenchResult:
 
 def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, repeats: int = 10,
                 warmup: int = 2, world_size: int = 2, devices: Sequence[int | str] | None = None,
-                timeout_s: float = 120.0, progress: bool | Progress = False, busy_s: float = 0.0) -> BenchResult:
+                timeout_s: float = 120.0, progress: Progress = no_progress, busy_s: float = 0.0) -> BenchResult:
     """Time point-to-point transfers over a sweep of sizes and fit a link per ordered pair.
 
     ``backend``: ``"auto"`` (CUDA when torch sees ≥ 2 GPUs, else gloo), ``"cuda"`` or ``"gloo"``.
@@ -165,8 +167,8 @@ def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, re
     size (median kept) after ``warmup`` untimed ones.  gloo: ``world_size`` processes named
     ``cpu0`` …; CUDA: the GPUs ``devices`` (indices, ``"cuda:N"`` or ``"gpuN"``; default all),
     named ``gpuN``.  ``timeout_s``: gloo's per-operation timeout, and how long the caller waits
-    for a sign of life from the workers.  ``progress``: ``True`` for a progress bar on stderr, or
-    a callback ``(done, total, what)``.
+    for a sign of life from the workers.  ``progress``: told ``("links", done, total, what)``
+    (:class:`~tensoropt.progress.Progress`).
 
     gloo also times a simultaneous exchange per pair at the largest three sizes (``repeats``
     times each, median kept; see :func:`_p2p_job`) and sets each fit's ``duplex`` with
@@ -192,11 +194,11 @@ def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, re
     if busy_s and backend == "cuda":
         raise BenchError("busy_s applies to the gloo backend (CPU processes); CUDA copies are timed on streams")
     t0 = time.perf_counter()
-    with _progress(progress, "measuring links") as report:
-        if backend == "cuda":
-            m = _measure_cuda(devices, sizes, repeats, warmup, report)
-        else:
-            m = _measure_gloo(world_size, devices, sizes, repeats, warmup, busy_s, timeout_s, report)
+    report = partial(progress, "links")
+    if backend == "cuda":
+        m = _measure_cuda(devices, sizes, repeats, warmup, report)
+    else:
+        m = _measure_gloo(world_size, devices, sizes, repeats, warmup, busy_s, timeout_s, report)
     names, idx = m.names, m.idx
     fitted = fit_pairs(m.one_way, m.exchanges, names)
     return BenchResult(backend=backend, devices=tuple(names[i] for i in idx), sizes=tuple(sizes), repeats=repeats,
@@ -223,7 +225,7 @@ class _Measured:
 
 
 def _measure_cuda(devices: Sequence[int | str] | None, sizes: Sequence[int], repeats: int, warmup: int,
-                  report: Progress) -> _Measured:
+                  report: Report) -> _Measured:
     idx = _gpu_indices(devices)
     one_way = _bench_cuda(idx, sizes, repeats, warmup, report)
     mem, kinds = _gpu_memory(idx)
@@ -233,7 +235,7 @@ def _measure_cuda(devices: Sequence[int | str] | None, sizes: Sequence[int], rep
 
 
 def _measure_gloo(world_size: int, devices: Sequence[int | str] | None, sizes: Sequence[int], repeats: int,
-                  warmup: int, busy_s: float, timeout_s: float, report: Progress) -> _Measured:
+                  warmup: int, busy_s: float, timeout_s: float, report: Report) -> _Measured:
     if devices is not None:
         raise BenchError("devices= selects GPUs for the CUDA backend; the gloo backend measures "
                          "world_size processes on this host (use world_size=N)")
@@ -404,7 +406,7 @@ class CollectiveSample:
 
 def measure_collectives(*, world_size: int, sizes: Sequence[int], repeats: int = 10, warmup: int = 2,
                         collectives: Sequence[str] = COLLECTIVES, timeout_s: float = 120.0,
-                        progress: bool | Progress = False) -> list[CollectiveSample]:
+                        progress: Progress = no_progress) -> list[CollectiveSample]:
     """Time gloo collectives on ``world_size`` processes (one thread each) on 127.0.0.1.
 
     Every collective is called on every rank.  Per sample: a barrier, then ``k`` back-to-back calls
@@ -412,7 +414,8 @@ def measure_collectives(*, world_size: int, sizes: Sequence[int], repeats: int =
     spread over several calls), each rank's elapsed time / ``k``; the slowest rank's time is the
     sample.  Each round takes one sample of every (collective, size), in a shuffled order, so load
     from other processes spreads evenly.  Sizes are rounded down to whole float32 elements
-    divisible by ``world_size`` (``nbytes`` says what was really moved).
+    divisible by ``world_size`` (``nbytes`` says what was really moved).  ``progress``: told
+    ``("collectives", done, total, what)``.
     """
     unknown = [c for c in collectives if c not in COLLECTIVES]
     if unknown:
@@ -426,10 +429,10 @@ def measure_collectives(*, world_size: int, sizes: Sequence[int], repeats: int =
         raise BenchError(f"collective sizes must be ≥ 4 × world_size = {4 * world_size} bytes, got {sizes}")
     _resolve_backend("gloo")
     total = len(collectives) * len(sizes) * repeats
-    with _progress(progress, f"collectives on {world_size} processes") as report:
-        per_rank = _run_gloo(world_size, "collectives",
-                             {"sizes": sizes, "repeats": repeats, "warmup": warmup, "collectives": list(collectives)},
-                             timeout_s=timeout_s, total=total, report=report, what="collective benchmark")
+    per_rank = _run_gloo(world_size, "collectives",
+                         {"sizes": sizes, "repeats": repeats, "warmup": warmup, "collectives": list(collectives)},
+                         timeout_s=timeout_s, total=total, report=partial(progress, "collectives"),
+                         what="collective benchmark")
     out = []
     for key, info in per_rank[0].items():
         name, nbytes = key
@@ -772,25 +775,5 @@ def _worker_failure(what: str, world_size: int, procs: Sequence[BaseProcess], q:
 
 
 # -------------------------------------------------------------------------------------- small bits
-
-
-@contextlib.contextmanager
-def _progress(progress: bool | Progress, label: str) -> Iterator[Callable[[int, int, str], None]]:
-    if callable(progress):
-        yield progress
-        return
-    if not progress:
-        yield lambda *a: None
-        return
-    # rich only when a bar is asked for: its import costs a noticeable fraction of a second
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as Bar
-
-    bar = Bar(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.description}"), transient=True, console=Console(stderr=True))
-    task = bar.add_task("starting …", total=None)
-    with bar:
-        yield lambda done, total, what: bar.update(task, completed=done, total=total, description=what)
 
 
