@@ -165,13 +165,14 @@ def capture_spec(spec: str, console: Console, *, batch: int | None = None, batch
         return loaded.capture(batch_dim=batch_dim, precision=precision)
 
 
-def costs_for(graph: OpGraph, shard_degrees: Iterable[int], args: argparse.Namespace, console: Console) -> CostModel:
+def costs_for(graph: OpGraph, shard_degrees: Iterable[int], args: argparse.Namespace,
+              console: Console | None = None) -> CostModel:
     """The CostModel: ``--profile`` checked against the graph (its precision first, then its
     fingerprint), else measured at ``shard_degrees`` (with ``--repeats`` / ``--warmup`` where the
     command has them, in the graph's precision) with a progress bar."""
     if getattr(args, "profile", None):
         return read_profile(args.profile, graph)
-    with ProgressBars(console) as progress:
+    with ProgressBars(console or Console(stderr=True)) as progress:
         return profile(graph, shard_degrees=tuple(sorted(set(shard_degrees))), repeats=args.repeats,
                        warmup=getattr(args, "warmup", 1), progress=progress)
 

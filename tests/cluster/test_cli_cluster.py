@@ -70,11 +70,11 @@ def test_detect_without_gpu_is_a_plain_error(capsys, tmp_path):
 
 
 def test_detect_writes_the_cluster(capsys, tmp_path, monkeypatch):
-    import tensoropt.cluster as cluster_pkg
+    import tensoropt.cli.cluster as cluster_command   # where the command looks detect_cluster up
 
     fake = Cluster("local", [Device("gpu0", 2**30, "X", "h"), Device("gpu1", 2**30, "X", "h")], {},
                    default=LinkModel(5e-6, 13e9), source="nvml")
-    monkeypatch.setattr(cluster_pkg, "detect_cluster", lambda name="local": fake)
+    monkeypatch.setattr(cluster_command, "detect_cluster", lambda name="local": fake)
     out_file = tmp_path / "c.yaml"
     code, out, _ = run(capsys, "cluster", "detect", "-o", str(out_file))
     assert code == 0 and "bench-links" in out and f"wrote {out_file}" in out
