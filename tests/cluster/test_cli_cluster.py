@@ -70,7 +70,7 @@ def test_detect_without_gpu_is_a_plain_error(capsys, tmp_path):
 
 
 def test_detect_writes_the_cluster(capsys, tmp_path, monkeypatch):
-    import tensoropt.cli.cluster as cluster_command   # where the command looks detect_cluster up
+    import tensoropt.cli.cluster as cluster_command  # where the command looks detect_cluster up
 
     fake = Cluster("local", [Device("gpu0", 2**30, "X", "h"), Device("gpu1", 2**30, "X", "h")], {},
                    default=LinkModel(5e-6, 13e9), source="nvml")
