@@ -47,7 +47,21 @@ if TYPE_CHECKING:
 PLAN_FORMAT = "tensoropt.plan/1"
 
 
-class Layout(str, enum.Enum):
+class StrValueEnum(str, enum.Enum):
+    """A ``str`` enum that prints as its value: ``str()``, ``repr()`` and f-strings give the
+    plain string, so messages and files read as they did when the values were strings."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Layout(StrValueEnum):
     """How a node runs on its mesh: ``R`` (replicated), ``batch``, ``channel`` or ``reduce``.
 
     A ``str`` enum: a member equals, hashes and serialises (JSON) as its value, and ``str()``,
@@ -59,15 +73,6 @@ class Layout(str, enum.Enum):
     BATCH = "batch"
     CHANNEL = "channel"
     REDUCE = "reduce"
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-    def __repr__(self) -> str:   # as the string it stands for: messages read as before
-        return repr(self.value)
 
     @classmethod
     def of(cls, config: NodeConfig) -> Layout:

@@ -31,14 +31,12 @@ Example::
 
 from __future__ import annotations
 
-import enum
-
-from ..plan import LAYOUTS, SPLIT_LAYOUTS, Layout, NodeConfig
+from ..plan import LAYOUTS, SPLIT_LAYOUTS, Layout, NodeConfig, StrValueEnum
 
 __all__ = ["LAYOUTS", "SPLIT_LAYOUTS", "Layout", "TensorLayout", "effective_layout"]
 
 
-class TensorLayout(str, enum.Enum):
+class TensorLayout(StrValueEnum):
     """How a tensor lies on a mesh of ``n`` devices: ``R`` (whole on every device), ``S(batch)`` /
     ``S(channel)`` (device ``i`` holds the ``i``-th ``1/n`` slice along that dimension), ``P``
     (every device a full-sized tensor of partial sums; the value is their sum)."""
@@ -47,15 +45,6 @@ class TensorLayout(str, enum.Enum):
     SB = "S(batch)"
     SC = "S(channel)"
     P = "P"
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-    def __repr__(self) -> str:   # as the string it stands for: messages read as before
-        return repr(self.value)
 
     @property
     def is_slice(self) -> bool:
