@@ -553,33 +553,14 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     (:class:`~tensoropt.progress.Progress`: each mesh's problem built, then each mesh tracked).
     """
     t0 = _time.perf_counter()
-    costs.check_graph(graph)
-    optimizer_alpha(optimizer)  # an unknown optimizer is an error before any work
-    budget = check_budget_value(budget)
-    if int(max_levels) != max_levels or max_levels < 1:
-        raise ValueError(f"max_levels must be an integer >= 1, got {max_levels!r}")
-    if isinstance(max_walks, bool) or int(max_walks) != max_walks or max_walks < 0:
-        raise TensorOptError(f"max_walks must be an integer >= 0, got {max_walks!r}")
-    if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
-        raise TensorOptError(f"reserve must be a non-negative number of bytes, got {reserve!r}")
-    if not graph.ops:
-        raise TensorOptError(f"graph {graph.name!r} has no operators to configure")
+    budget = _check_arguments(graph, costs, optimizer, budget, max_levels, max_walks, reserve)
     allowed = check_devices(cluster, devices)
     mesh_list = (candidate_meshes(cluster, devices=allowed) if meshes is None
                  else _check_meshes(cluster, meshes, allowed))
 
     steps = 2 * len(mesh_list) + 1   # build each mesh's problem, track each, then the union
-    problems = []
-    for i, m in enumerate(mesh_list):
-        progress("frontier", i, steps, f"building the problem on {','.join(m)}")
-        problems.append(build_problem(graph, costs, cluster, m, optimizer=optimizer))
-    if resolution is None:
-        res = default_resolution(problems, cluster)
-        res_rule = (f"default: {RESOLUTION_FRACTION:g} × min(smallest device memory, largest memory a plan can "
-                    f"need)")
-    else:
-        res = point_sets._resolution(resolution)
-        res_rule = "given"
+    problems = _build_problems(graph, costs, cluster, mesh_list, optimizer, partial(progress, "frontier"), steps)
+    res, res_rule = _choose_resolution(resolution, problems, cluster)
     results = [_track_mesh(mp, graph, costs, cluster, res, int(max_levels), max_branches, backend, int(max_walks),
                            partial(progress, "frontier", len(mesh_list) + i, steps))
                for i, mp in enumerate(problems)]
@@ -588,35 +569,96 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     _, _, which, idx, m_union = point_sets.union([(r.mem, r.time) for r in results], res, backend=backend,
                                              return_merged=True)
     merged = sum(r.merged_by_resolution for r in results) + m_union
-    points = []
-    for i, (w, j) in enumerate(zip(which.tolist(), idx.tolist())):
-        r = results[w]
-        mp = r.problem
-        a = r.assignments[j]
-        t = float(r.time[j])
-        walked = r.walks[j]
-        per_device = {d: int(walked[d].peak) for d in mp.mesh}
-        mem_i = max(per_device.values())
-        top = walked[max(mp.mesh, key=lambda d: per_device[d])]
-        estimate = int(round(float(r.estimates[j])))
-        k = mp.num_devices
-        pid = f"p{i:03d}-{k}dev"
-        plan = Plan(mp.plan_configs(a), graph_fingerprint=graph.fingerprint, graph_name=graph.name,
-                    batch_size=graph.batch_size, cluster_name=cluster.name,
-                    cluster_fingerprint=cluster.fingerprint, algorithm="frontier",
-                    options={"mesh": list(mp.mesh), "resolution": res, "optimizer": optimizer,
-                             "budget": budget, "search_estimate_bytes": estimate},
-                    order=[n.name for n in graph.ops],
-                    estimates=[Estimate("frontier", t, per_device)], plan_id=pid,
-                    notes=[f"frontier point {i} of {len(which)}: per-device peak {fmt_bytes(mem_i)} (the memory walk "
-                           f"of its schedule; the search's additive estimate was {fmt_bytes(estimate)}), "
-                           f"{t * 1e3:.4g} ms"])
-        points.append(FrontierPoint(pid, mem_i, t, k, tuple(mp.mesh), plan,
-                                    fits(per_device, cluster, budget=budget, reserve=reserve), per_device,
-                                    top.parts(), estimate,
-                                    w, dict(a)))
+    points = [_frontier_point(i, len(which), results[w], w, j, graph, cluster, res=res, optimizer=optimizer,
+                              budget=budget, reserve=reserve)
+              for i, (w, j) in enumerate(zip(which.tolist(), idx.tolist()))]
 
     exact = all(r.exact for r in results) and m_union == 0
+    notes = _frontier_notes(results, res, res_rule, merged, exact)
+    fr = Frontier(points, meshes=results, resolution=res, merged_by_resolution=merged, exact=exact,
+                  budget=budget, optimizer=optimizer, notes=notes, graph_name=graph.name,
+                  batch_size=graph.batch_size, cluster_name=cluster.name, seconds=_time.perf_counter() - t0,
+                  cluster=cluster, reserve=reserve)
+    if not points:
+        fr.notes.append("no plan is feasible")
+    if budget is not None:
+        fr.check_budget(budget)
+    return fr
+
+
+def _check_arguments(graph: OpGraph, costs: CostModel, optimizer: str | int, budget: int | float | str | None,
+                     max_levels: int, max_walks: int, reserve: int) -> int | float | None:
+    """Refuse bad arguments before any work (another graph's profile first); the budget in bytes."""
+    costs.check_graph(graph)
+    optimizer_alpha(optimizer)  # an unknown optimizer is an error before any work
+    checked = check_budget_value(budget)
+    if int(max_levels) != max_levels or max_levels < 1:
+        raise ValueError(f"max_levels must be an integer >= 1, got {max_levels!r}")
+    if isinstance(max_walks, bool) or int(max_walks) != max_walks or max_walks < 0:
+        raise TensorOptError(f"max_walks must be an integer >= 0, got {max_walks!r}")
+    if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
+        raise TensorOptError(f"reserve must be a non-negative number of bytes, got {reserve!r}")
+    if not graph.ops:
+        raise TensorOptError(f"graph {graph.name!r} has no operators to configure")
+    return checked
+
+
+def _build_problems(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh_list: Sequence[tuple[str, ...]],
+                    optimizer: str | int, progress: Callable[[int, int, str], None], steps: int) -> list[MeshProblem]:
+    """Each mesh's problem (:func:`~.graph_problem.build_problem`), progress step ``i`` for mesh ``i``."""
+    problems = []
+    for i, m in enumerate(mesh_list):
+        progress(i, steps, f"building the problem on {','.join(m)}")
+        problems.append(build_problem(graph, costs, cluster, m, optimizer=optimizer))
+    return problems
+
+
+def _choose_resolution(resolution: float | None, problems: Sequence[MeshProblem],
+                       cluster: Cluster) -> tuple[float, str]:
+    """The resolution in bytes (given, or :func:`default_resolution`) and the rule that chose it."""
+    if resolution is None:
+        res = default_resolution(problems, cluster)
+        res_rule = (f"default: {RESOLUTION_FRACTION:g} × min(smallest device memory, largest memory a plan can "
+                    f"need)")
+    else:
+        res = point_sets._resolution(resolution)
+        res_rule = "given"
+    return res, res_rule
+
+
+def _frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: OpGraph, cluster: Cluster, *,
+                    res: float, optimizer: str | int, budget: int | float | None, reserve: int) -> FrontierPoint:
+    """Point ``i`` of ``count`` in the union: point ``j`` of mesh ``w``'s result ``r``, as plan
+    ``p{i:03d}-{k}dev`` with its walked per-device peaks and the search's estimate."""
+    mp = r.problem
+    a = r.assignments[j]
+    t = float(r.time[j])
+    walked = r.walks[j]
+    per_device = {d: int(walked[d].peak) for d in mp.mesh}
+    mem_i = max(per_device.values())
+    top = walked[max(mp.mesh, key=lambda d: per_device[d])]
+    estimate = int(round(float(r.estimates[j])))
+    k = mp.num_devices
+    pid = f"p{i:03d}-{k}dev"
+    plan = Plan(mp.plan_configs(a), graph_fingerprint=graph.fingerprint, graph_name=graph.name,
+                batch_size=graph.batch_size, cluster_name=cluster.name,
+                cluster_fingerprint=cluster.fingerprint, algorithm="frontier",
+                options={"mesh": list(mp.mesh), "resolution": res, "optimizer": optimizer,
+                         "budget": budget, "search_estimate_bytes": estimate},
+                order=[n.name for n in graph.ops],
+                estimates=[Estimate("frontier", t, per_device)], plan_id=pid,
+                notes=[f"frontier point {i} of {count}: per-device peak {fmt_bytes(mem_i)} (the memory walk "
+                       f"of its schedule; the search's additive estimate was {fmt_bytes(estimate)}), "
+                       f"{t * 1e3:.4g} ms"])
+    return FrontierPoint(pid, mem_i, t, k, tuple(mp.mesh), plan,
+                         fits(per_device, cluster, budget=budget, reserve=reserve), per_device,
+                         top.parts(), estimate,
+                         w, dict(a))
+
+
+def _frontier_notes(results: Sequence[MeshResult], res: float, res_rule: str, merged: int, exact: bool) -> list[str]:
+    """The frontier's notes: the approximations, what the resolution merged, each mesh's own notes
+    (thinned levels, a stopped polish, fixed nodes), the estimate's error on the walked plans, exactness."""
     notes = list(APPROXIMATIONS)
     res_s = f"resolution {res:.0f} B = {fmt_bytes(res)} ({res_rule})"
     if merged:
@@ -627,22 +669,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     else:
         notes.append(f"{res_s}: nothing merged")
     for r in results:
-        notes.extend(r.problem.notes)
-        if len(r.levels) < r.all_levels:
-            lv = np.array(r.levels)
-            al = r.problem.transient_levels()
-            over = max(float(lv[np.searchsorted(lv, x)] - x) for x in al)
-            notes.append(f"mesh {','.join(r.mesh)}: {r.all_levels} transient levels thinned to {len(r.levels)} "
-                         f"τ runs (max_levels); a plan may be found only at a level up to {fmt_bytes(int(over))} "
-                         "above its largest transient, so the frontier may miss plans (all reported costs are exact)")
-        if not r.stats.get("polished", True):
-            notes.append(f"mesh {','.join(r.mesh)}: the polish stopped at {r.stats['walked']} walked plans "
-                         f"(max_walks; the search offered {r.stats['searched']}): plans near the frontier may "
-                         "be missing")
-        if r.fixed:
-            notes.append(f"mesh {','.join(r.mesh)}: the heuristic elimination fixed {len(r.fixed)} node(s) "
-                         f"({', '.join(r.fixed[:5])}{'…' if len(r.fixed) > 5 else ''}) instead of branching: "
-                         "the frontier may miss plans")
+        notes.extend(_mesh_notes(r))
     cand = np.concatenate([r.candidate_costs for r in results if r.candidate_costs.size]) if any(
         r.candidate_costs.size for r in results) else np.zeros((0, 3))
     if cand.size:
@@ -652,12 +679,25 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                      f"{(ratio.max() - 1) * 100:+.0f} % of their walked peaks: it only chooses what is walked")
     notes.append("exact search: every candidate set is the exact frontier of the search's estimate" if exact else
                  "not exact: see the notes above for what was merged, thinned or fixed")
-    fr = Frontier(points, meshes=results, resolution=res, merged_by_resolution=merged, exact=exact,
-                  budget=budget, optimizer=optimizer, notes=notes, graph_name=graph.name,
-                  batch_size=graph.batch_size, cluster_name=cluster.name, seconds=_time.perf_counter() - t0,
-                  cluster=cluster, reserve=reserve)
-    if not points:
-        fr.notes.append("no plan is feasible")
-    if budget is not None:
-        fr.check_budget(budget)
-    return fr
+    return notes
+
+
+def _mesh_notes(r: MeshResult) -> list[str]:
+    """One mesh's notes: its problem's, then what may make its frontier miss plans."""
+    notes = list(r.problem.notes)
+    if len(r.levels) < r.all_levels:
+        lv = np.array(r.levels)
+        al = r.problem.transient_levels()
+        over = max(float(lv[np.searchsorted(lv, x)] - x) for x in al)
+        notes.append(f"mesh {','.join(r.mesh)}: {r.all_levels} transient levels thinned to {len(r.levels)} "
+                     f"τ runs (max_levels); a plan may be found only at a level up to {fmt_bytes(int(over))} "
+                     "above its largest transient, so the frontier may miss plans (all reported costs are exact)")
+    if not r.stats.get("polished", True):
+        notes.append(f"mesh {','.join(r.mesh)}: the polish stopped at {r.stats['walked']} walked plans "
+                     f"(max_walks; the search offered {r.stats['searched']}): plans near the frontier may "
+                     "be missing")
+    if r.fixed:
+        notes.append(f"mesh {','.join(r.mesh)}: the heuristic elimination fixed {len(r.fixed)} node(s) "
+                     f"({', '.join(r.fixed[:5])}{'…' if len(r.fixed) > 5 else ''}) instead of branching: "
+                     "the frontier may miss plans")
+    return notes
