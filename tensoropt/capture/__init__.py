@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -166,19 +167,40 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
     expression (``32*s0`` is a batch dimension, ``32`` is not).  If the model specialises the
     batch size, the export still succeeds and the graph's notes say batch splits are unknown.
     """
-    # local: tensoropt.execute imports tensoropt.capture (a cycle at import time)
-    from ..execute.randomness import record_random_keys
-
     call = ModelCall.of(example_inputs)
     wrapper, args = call.capturable(model)
     batch = _batch_size(args, batch_dim)
+    ep, export_s = _export_dynamic_batch(wrapper, args, batch_dim)
+    placeholders = _export_placeholders(ep)
+    gm = ep.graph_module
+    batch_syms = _batch_symbols(gm, placeholders, batch_dim)
+    tensor_meta = partial(_shape_and_batch_dim, batch_syms=batch_syms)
+    module_of = partial(_module_of, model_type=type(model).__qualname__)
+
+    _refuse_data_dependent_shapes(gm, module_of)
+    renames = _functional_canonical_graph(ep, placeholders, module_of)
+    user_outputs = _user_outputs(ep)
+    notes = _export_notes(export_s, renames, batch, batch_syms)
+    return build_opgraph(gm, placeholders, tensor_meta=tensor_meta, module_of=module_of,
+                         user_outputs=user_outputs, name=name, source="torch.export",
+                         batch_size=batch, batch_dim=batch_dim, notes=notes, exported=ep)
+
+
+def _export_dynamic_batch(wrapper: torch.nn.Module, args: tuple[Any, ...],
+                          batch_dim: int) -> tuple[torch.export.ExportedProgram, float]:
+    """Non-strict ``torch.export`` of ``wrapper(*args)`` with the batch dimension of every tensor
+    argument that has one (of size >= 2) marked ``Dim.AUTO``; the program and the seconds it took."""
     dynamic = tuple({batch_dim: Dim.AUTO} if isinstance(a, torch.Tensor) and a.dim() > batch_dim
                     and a.shape[batch_dim] >= 2 else None for a in args)
     t0 = time.perf_counter()
     ep = export(wrapper, args, dynamic_shapes=dynamic, strict=False)
-    export_s = time.perf_counter() - t0
-    sig = ep.graph_signature
+    return ep, time.perf_counter() - t0
 
+
+def _export_placeholders(ep: torch.export.ExportedProgram) -> dict[str, PlaceholderInfo]:
+    """What each placeholder of the exported graph stands for (user input, parameter, buffer,
+    constant), tied weights under one name."""
+    sig = ep.graph_signature
     placeholders: dict[str, PlaceholderInfo] = {}
     # tied weights (an embedding shared with the LM head) may come as two placeholders of one
     # tensor: give both one name, the first in sorted order (not in spec order: a name that
@@ -204,8 +226,11 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
             placeholders[arg_name] = PlaceholderInfo("constant", spec.target)
         else:  # tokens and script objects carry no tensor data
             placeholders[arg_name] = PlaceholderInfo("constant", spec.target or arg_name)
+    return placeholders
 
-    gm = ep.graph_module
+
+def _batch_symbols(gm: fx.GraphModule, placeholders: dict[str, PlaceholderInfo], batch_dim: int) -> set:
+    """The symbols of the user inputs' batch sizes (none when the export specialised the batch)."""
     nodes = {n.name: n for n in gm.graph.nodes}
     batch_syms: set = set()
     for ph, info in placeholders.items():
@@ -214,41 +239,55 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
             s = val.shape[batch_dim]
             if isinstance(s, torch.SymInt):
                 batch_syms |= s.node.expr.free_symbols
+    return batch_syms
 
-    def tensor_meta(t: torch.Tensor) -> tuple[tuple[int, ...], int | None]:
-        # a tensor with the batch in two dimensions (x @ x.T: every sample against every sample)
-        # has no batch dimension: no piece of it is what a piece of the batch computes
-        shape, bdim, batched = [], None, 0
-        for i, s in enumerate(t.shape):
-            if isinstance(s, torch.SymInt):
-                if s.node.expr.free_symbols & batch_syms:
-                    # the batch times a constant (``32*s0``) is a batch dimension; the batch plus
-                    # something (``s0 + 1``: a cat of the samples and one more row) is not — no
-                    # piece of it is what a piece of the batch makes
-                    batched += 1 if s.node.expr.is_Symbol or s.node.expr.is_Mul else 2
-                    bdim = i if bdim is None else bdim
-                hint = s.node.hint
-                if hint is None:
-                    raise CaptureError(f"a tensor has a data-dependent size ({s}); tensoropt needs static shapes")
-                shape.append(int(hint))
-            else:
-                shape.append(int(s))
-        return tuple(shape), bdim if batched == 1 else None
 
-    def module_of(n: fx.Node) -> tuple[str, str]:
-        stack = n.meta.get("nn_module_stack")
-        if not stack:
-            return "", type(model).__qualname__
-        path, mtype = list(stack.values())[-1]
-        if path.startswith("_empty_nn_module_stack"):  # export's placeholder for ops outside modules
-            return "", type(model).__qualname__
-        mtype = mtype if isinstance(mtype, str) else f"{mtype.__module__}.{mtype.__qualname__}"
-        return path, mtype
+def _shape_and_batch_dim(t: torch.Tensor, batch_syms: set) -> tuple[tuple[int, ...], int | None]:
+    """A (fake) tensor's concrete shape and its batch dimension, read from the shape expressions."""
+    # a tensor with the batch in two dimensions (x @ x.T: every sample against every sample)
+    # has no batch dimension: no piece of it is what a piece of the batch computes
+    shape, bdim, batched = [], None, 0
+    for i, s in enumerate(t.shape):
+        if isinstance(s, torch.SymInt):
+            if s.node.expr.free_symbols & batch_syms:
+                # the batch times a constant (``32*s0``) is a batch dimension; the batch plus
+                # something (``s0 + 1``: a cat of the samples and one more row) is not — no
+                # piece of it is what a piece of the batch makes
+                batched += 1 if s.node.expr.is_Symbol or s.node.expr.is_Mul else 2
+                bdim = i if bdim is None else bdim
+            hint = s.node.hint
+            if hint is None:
+                raise CaptureError(f"a tensor has a data-dependent size ({s}); tensoropt needs static shapes")
+            shape.append(int(hint))
+        else:
+            shape.append(int(s))
+    return tuple(shape), bdim if batched == 1 else None
 
-    _refuse_data_dependent_shapes(gm, module_of)
+
+def _module_of(n: fx.Node, model_type: str) -> tuple[str, str]:
+    """The module path and type an exported node came from (the model's type outside modules)."""
+    stack = n.meta.get("nn_module_stack")
+    if not stack:
+        return "", model_type
+    path, mtype = list(stack.values())[-1]
+    if path.startswith("_empty_nn_module_stack"):  # export's placeholder for ops outside modules
+        return "", model_type
+    mtype = mtype if isinstance(mtype, str) else f"{mtype.__module__}.{mtype.__qualname__}"
+    return path, mtype
+
+
+def _functional_canonical_graph(ep: torch.export.ExportedProgram, placeholders: dict[str, PlaceholderInfo],
+                                module_of: Any) -> dict[str, str]:
+    """Rewrite the exported graph in place: functionalized (the output specs following the
+    renames), then in canonical order with canonical names (the signature updated); the renames
+    of in-place ops."""
+    # local: tensoropt.execute imports tensoropt.capture (a cycle at import time)
+    from ..execute.randomness import record_random_keys
+
+    gm = ep.graph_module
     kind_of = {ph: info.kind for ph, info in placeholders.items()}
     renames = functionalize(gm, kind_of, lambda n: _where(n, module_of))
-    for spec in sig.output_specs:
+    for spec in ep.graph_signature.output_specs:
         arg: Any = getattr(spec, "arg", None)   # an export argument spec (or None): a name to follow
         while getattr(arg, "name", None) in renames:
             arg.name = renames[arg.name]
@@ -257,21 +296,26 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
     # random draws keeping the keys of their traced order (the order the eager model draws in)
     record_random_keys(gm.graph.nodes)
     update_signature(ep, canonicalize(gm))
-    user_out_names = {getattr(s.arg, "name", None) for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT}
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    user_outputs = [a for a in flatten_nodes(out_node.args) if a.name in user_out_names]
+    return renames
 
+
+def _user_outputs(ep: torch.export.ExportedProgram) -> list[fx.Node]:
+    """The graph's user outputs (not the mutated buffers export also returns), in output order."""
+    sig = ep.graph_signature
+    user_out_names = {getattr(s.arg, "name", None) for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT}
+    out_node = next(n for n in ep.graph_module.graph.nodes if n.op == "output")
+    return [a for a in flatten_nodes(out_node.args) if a.name in user_out_names]
+
+
+def _export_notes(export_s: float, renames: dict[str, str], batch: int | None, batch_syms: set) -> list[str]:
+    """The graph's notes from the export door: time taken, in-place ops rewritten, a specialised batch."""
     notes = [f"captured with torch.export (non-strict) in {export_s:.2f} s"]
     if renames:
         notes.append(f"{len(renames)} in-place op(s) on activations rewritten out of place")
     if batch is not None and not batch_syms:
         notes.append("the model specialised the batch size during export: batch dimensions are unknown, "
                      "so no operator may be split along the batch")
-    return build_opgraph(gm, placeholders, tensor_meta=tensor_meta, module_of=module_of,
-                         user_outputs=user_outputs, name=name, source="torch.export",
-                         batch_size=batch, batch_dim=batch_dim, notes=notes, exported=ep)
-
-
+    return notes
 
 
 def _where(n: fx.Node, module_of: Any) -> str:
