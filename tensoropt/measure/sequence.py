@@ -240,82 +240,142 @@ def time_in_sequence(graph: OpGraph, *, device: str | torch.device = "cpu", inpu
     if repeats < 1:
         raise ProfileError(f"repeats must be at least 1, got {repeats}")
     dev = torch.device(device)
-    steady_malloc()   # the regime the profile and the executors share (tensoropt._malloc)
-    module = graph.module if graph.exported is not None else copy.deepcopy(graph.module)
-    module = module_on(module, dev).to(dev)
+    module = _module_for_steps(graph, dev)
     feed, param_owner = training_feed(graph, module, dev, inputs, batch)
-    user_outputs = _user_outputs(graph)
-    timed = frozenset(n.name for n in graph.ops)
-    clock = _Clock(dev)
-    fwd: dict[str, list[float]] = {}
-    bwd: dict[str, list[float]] = {}
-    steps: list[float] = []
-    passes: list[tuple[float, float]] = []
-    copies: list[float] = []
-    kept: dict[int, torch.Tensor] = {}     # id(leaf) -> a buffer kept between steps
-    # one per tensor: a tied weight's placeholders share their leaf
-    leaves = list({id(v): v for v in feed if isinstance(v, torch.Tensor) and v.requires_grad}.values())
-    grad_bytes = sum(v.numel() * v.element_size() for v in leaves)
+    stepper = _Stepper(graph, module, dev, feed, param_owner)
+    record = _StepTimes()
     i = 0
     while i < warmup + repeats:
-        run = _TimedRun(module, timed, clock, param_owner)
+        step = stepper.step()
+        i += 1
+        if i == 1:
+            warmup, repeats = _steps_within_budget(stepper.clock.seconds(step.t0, step.t1), warmup, repeats,
+                                                   budget_s)
+        if i > warmup:
+            record.add(step, stepper.clock)
+        del step
+    return record.times(batch, stepper.grad_bytes)
+
+
+def _module_for_steps(graph: OpGraph, dev: torch.device) -> fx.GraphModule:
+    """The captured module to train on ``dev`` (a torch.fx capture's a copy: its own parameters
+    are trained), under the allocator regime the profile and the executors share."""
+    steady_malloc()   # the regime the profile and the executors share (tensoropt._malloc)
+    module = graph.module if graph.exported is not None else copy.deepcopy(graph.module)
+    return module_on(module, dev).to(dev)
+
+
+def _steps_within_budget(first: float, warmup: int, repeats: int, budget_s: float) -> tuple[int, int]:
+    """``(warmup, repeats)``: as given when that many steps of ``first`` seconds fit in
+    ``budget_s``, else one warm-up and as many timed steps as fit (at least one)."""
+    if first * (warmup + repeats) > budget_s:
+        return 1, max(1, min(repeats, int((budget_s - first) / first)))
+    return warmup, repeats
+
+
+@dataclass
+class _Step:
+    """One training step's stamps: the timed forward run (each call's span), the loss's spans,
+    the backward's spans, and marks at the step's start (``t0``), after the forward and the loss
+    (``tf``), before ``loss.backward()`` (``tb``), after it (``t1``) and after the fresh gradients
+    were copied into the kept buffers (``t2``)."""
+    run: _TimedRun
+    loss_spans: list[tuple[str, Any, Any]]
+    spans: list[tuple[str, Any, Any]]
+    t0: Any
+    tf: Any
+    tb: Any
+    t1: Any
+    t2: Any
+
+
+class _Stepper:
+    """Runs whole training steps of a captured module on its feed, timed on the device's clock."""
+
+    def __init__(self, graph: OpGraph, module: fx.GraphModule, dev: torch.device, feed: list[Any],
+                 param_owner: dict[int, str]):
+        self.graph, self.module, self.dev, self.feed, self.param_owner = graph, module, dev, feed, param_owner
+        self.user_outputs = _user_outputs(graph)
+        self.timed = frozenset(n.name for n in graph.ops)
+        self.clock = _Clock(dev)
+        self.kept: dict[int, torch.Tensor] = {}     # id(leaf) -> a buffer kept between steps
+        # one per tensor: a tied weight's placeholders share their leaf
+        self.leaves = list({id(v): v for v in feed if isinstance(v, torch.Tensor) and v.requires_grad}.values())
+        self.grad_bytes = sum(v.numel() * v.element_size() for v in self.leaves)
+
+    def step(self) -> _Step:
+        """One step: the forward (under the graph's precision), the loss, the backward, the fresh
+        gradients copied into kept buffers, then the gradients set to None."""
+        clock = self.clock
+        run = _TimedRun(self.module, self.timed, clock, self.param_owner)
         t0 = clock.mark()
-        with precision_context(graph, dev):
-            out = run.run(*feed)
-        loss, loss_spans = _timed_loss(user_outputs(out), run.owner, clock)
+        with precision_context(self.graph, self.dev):
+            out = run.run(*self.feed)
+        loss, loss_spans = _timed_loss(self.user_outputs(out), run.owner, clock)
         tf = clock.mark()
         _claim_loss(loss, run.owner)
         spans = _hook_backward(run.owner, clock)
         tb = clock.mark()
         loss.backward()
         t1 = clock.mark()
-        for v in leaves:    # the fresh gradients into buffers kept between steps (not in the step)
+        for v in self.leaves:    # the fresh gradients into buffers kept between steps (not in the step)
             if v.grad is not None:
-                kept.setdefault(id(v), torch.empty_like(v)).copy_(v.grad)
+                self.kept.setdefault(id(v), torch.empty_like(v)).copy_(v.grad)
         t2 = clock.mark()
         clock.settle()
-        for v in leaves:   # as a training loop's zero_grad(set_to_none=True): the next step's
+        for v in self.leaves:   # as a training loop's zero_grad(set_to_none=True): the next step's
             # gradients are stolen into .grad, not added to the last ones (a VGG-16's 30 MiB of
             # weights: 5 ms of adds a step the real step does not do)
             v.grad = None
-        i += 1
-        if i == 1 and clock.seconds(t0, t1) * (warmup + repeats) > budget_s:
-            first = clock.seconds(t0, t1)
-            warmup, repeats = 1, max(1, min(repeats, int((budget_s - first) / first)))
-        if i <= warmup:
-            del run, out, loss, spans
-            continue
+        return _Step(run, loss_spans, spans, t0, tf, tb, t1, t2)
+
+
+class _StepTimes:
+    """The timed steps' figures: each node's forward and backward seconds, each step's, each
+    pass's and each gradient copy's."""
+
+    def __init__(self) -> None:
+        self.fwd: dict[str, list[float]] = {}
+        self.bwd: dict[str, list[float]] = {}
+        self.steps: list[float] = []
+        self.passes: list[tuple[float, float]] = []
+        self.copies: list[float] = []
+
+    def add(self, step: _Step, clock: _Clock) -> None:
+        run, loss_spans, spans = step.run, step.loss_spans, step.spans
         if clock.cuda:
             # the passes hold the spans' lead sleeps: a pass is its spans back to back (a GPU runs
             # queued kernels without a gap between calls; the host's time is in each span's max)
             f_s = sum(clock.seconds(a, b) for a, b in run.forward.values()) + \
                 sum(clock.seconds(a, b) for _, a, b in loss_spans)
             b_s = sum(clock.seconds(a, b) for _, a, b in spans)
-            steps.append(f_s + b_s)
-            passes.append((f_s, b_s))
+            self.steps.append(f_s + b_s)
+            self.passes.append((f_s, b_s))
         else:
-            steps.append(clock.seconds(t0, t1))
-            passes.append((clock.seconds(t0, tf), clock.seconds(tb, t1)))
-        copies.append(clock.seconds(t1, t2))
+            self.steps.append(clock.seconds(step.t0, step.t1))
+            self.passes.append((clock.seconds(step.t0, step.tf), clock.seconds(step.tb, step.t1)))
+        self.copies.append(clock.seconds(step.t1, step.t2))
         per_call = {name: clock.seconds(a, b) for name, (a, b) in run.forward.items()}
         for name, a, b in loss_spans:
             per_call[name] = per_call.get(name, 0.0) + clock.seconds(a, b)
         for name, s in per_call.items():
-            fwd.setdefault(name, []).append(s)
+            self.fwd.setdefault(name, []).append(s)
         per_node: dict[str, float] = {}
         for name, a, b in spans:
             per_node[name] = per_node.get(name, 0.0) + clock.seconds(a, b)
         for name, s in per_node.items():
-            bwd.setdefault(name, []).append(s)
-        del run, out, loss, spans
-    # a node whose backward ran in only some steps counts 0 in the others
-    repeats = len(steps)
-    return SequenceTimes(batch, {k: statistics.median(v) for k, v in fwd.items()},
-                         {k: statistics.median(v + [0.0] * (repeats - len(v))) for k, v in bwd.items()},
-                         statistics.median(steps), repeats, statistics.median(f for f, _ in passes),
-                         statistics.median(b for _, b in passes),
-                         grad_bytes / statistics.median(copies)
-                         if grad_bytes and statistics.median(copies) > 0 else 0.0)
+            self.bwd.setdefault(name, []).append(s)
+
+    def times(self, batch: int | None, grad_bytes: int) -> SequenceTimes:
+        """The medians over the steps added; a node whose backward ran in only some steps counts 0
+        in the others."""
+        repeats = len(self.steps)
+        copies = statistics.median(self.copies)
+        return SequenceTimes(batch, {k: statistics.median(v) for k, v in self.fwd.items()},
+                             {k: statistics.median(v + [0.0] * (repeats - len(v))) for k, v in self.bwd.items()},
+                             statistics.median(self.steps), repeats, statistics.median(f for f, _ in self.passes),
+                             statistics.median(b for _, b in self.passes),
+                             grad_bytes / copies if grad_bytes and copies > 0 else 0.0)
 
 
 def training_feed(graph: OpGraph, module: fx.GraphModule, dev: torch.device, inputs: tuple | None,
