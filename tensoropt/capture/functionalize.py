@@ -173,65 +173,17 @@ def functionalize(gm: fx.GraphModule, kind_of: Mapping[str, str],
             continue
         if is_view_of_input(n):
             base_of[n] = n.args[0]
-        pos = written_positions(n.target)
-        if not pos:
+        chain = _written_chain(n, base_of, kind_of, where)
+        if chain is None:
             continue
-        if pos != [0] or not isinstance(n.args[0], fx.Node):
-            raise CaptureError(f"{where(n)}: {n.target} writes into several arguments in place; tensoropt cannot "
-                               "follow it — call its out-of-place form")
-        target = n.args[0]
-        chain = [target]                      # target, its base, …, the root activation
-        while chain[-1] in base_of:
-            chain.append(base_of[chain[-1]])
         root = chain[-1]
-        if root.op == "placeholder":
-            kind = kind_of.get(root.name, "input")
-            if kind == "buffer":
-                continue                     # model state: the executor writes it back
-            raise CaptureError(f"{where(n)}: {n.target} writes in place into the model's {kind} {root.name!r}; "
-                               f"tensoropt plans need it unchanged by forward — write `x = x.op(...)` (out of place) "
-                               "or clone it first")
-        functional = functional_variant(n.target)
-        if functional is None:
-            raise CaptureError(f"{where(n)}: the in-place op {n.target} has no out-of-place form tensoropt knows; "
-                               "write the out-of-place call in the model")
-        with graph.inserting_before(n):
-            new_val = graph.call_function(functional, n.args, n.kwargs)
-            new_val.meta = dict(n.meta)
-            new_val = _keep_dtype(graph, new_val, n)
-            value = new_val
-            for view in chain[:-1]:           # write the view's new value back, inner to outer
-                inv = _view_writeback(view)
-                if inv is None:
-                    raise CaptureError(f"{where(n)}: {n.target} writes through the view {view.target} "
-                                       "(no inverse known to tensoropt); write the out-of-place form")
-                op, extra, _ = inv
-                base = typing.cast(fx.Node, view.args[0])
-                op, args = _scatter_call(op, base, value, extra)
-                if op is not None:
-                    value = graph.call_function(op, args)
-                    value.meta = {k: v for k, v in base.meta.items() if k != "stack_trace"}
-                    value.meta["nn_module_stack"] = n.meta.get("nn_module_stack", base.meta.get("nn_module_stack"))
-        new_root = value
+        new_val, new_root = _write_out_of_place(graph, n, chain, where)
         # later readers: of n itself (it returns its target) → the new view value; of the root
         # → the new root; of a view of the root taken before n → that view taken again
         created = {x for x in graph.nodes if x not in order}
         _redirect(n, new_val, order, after=n, skip=created)
         _redirect(root, new_root, order, after=n, skip=created)
-        # every view of the root taken before n is taken again from the new root (a view of a
-        # view from its base taken again), for the readers after n; unread ones are dropped below
-        again: dict[fx.Node, fx.Node] = {root: new_root}
-        anchor = new_root
-        for alias in [a for a in list(base_of) if order.get(a, 1 << 60) < order[n] and _root(a, base_of) is root]:
-            later = [u for u in alias.users if u in order and order[u] > order[n]]
-            with graph.inserting_after(anchor):
-                fresh = graph.call_function(typing.cast(Callable[..., Any], alias.target),
-                                            (again[base_of[alias]], *alias.args[1:]), alias.kwargs)
-                fresh.meta = dict(alias.meta)
-            again[alias] = anchor = fresh
-            base_of[fresh] = again[base_of[alias]]
-            for u in later:
-                u.replace_input_with(alias, fresh)
+        _take_views_again(graph, n, root, new_root, base_of, order)
         renames[n.name] = new_val.name
         graph.erase_node(n)
         order = {x: i for i, x in enumerate(graph.nodes)}
@@ -241,6 +193,81 @@ def functionalize(gm: fx.GraphModule, kind_of: Mapping[str, str],
         graph.lint()
         gm.recompile()
     return renames
+
+
+def _written_chain(n: fx.Node, base_of: Mapping[fx.Node, fx.Node], kind_of: Mapping[str, str],
+                   where: Callable[[fx.Node], str]) -> list[fx.Node] | None:
+    """The activation ``n`` writes in place, as the chain target, its base, …, the root
+    activation; ``None`` when ``n`` writes nothing in place or writes a buffer (model state: the
+    executor writes it back).  A :class:`CaptureError` for a write into several arguments, an
+    input or a parameter."""
+    pos = written_positions(n.target)
+    if not pos:
+        return None
+    if pos != [0] or not isinstance(n.args[0], fx.Node):
+        raise CaptureError(f"{where(n)}: {n.target} writes into several arguments in place; tensoropt cannot "
+                           "follow it — call its out-of-place form")
+    target = n.args[0]
+    chain = [target]                      # target, its base, …, the root activation
+    while chain[-1] in base_of:
+        chain.append(base_of[chain[-1]])
+    root = chain[-1]
+    if root.op == "placeholder":
+        kind = kind_of.get(root.name, "input")
+        if kind == "buffer":
+            return None                  # model state: the executor writes it back
+        raise CaptureError(f"{where(n)}: {n.target} writes in place into the model's {kind} {root.name!r}; "
+                           f"tensoropt plans need it unchanged by forward — write `x = x.op(...)` (out of place) "
+                           "or clone it first")
+    return chain
+
+
+def _write_out_of_place(graph: fx.Graph, n: fx.Node, chain: list[fx.Node],
+                        where: Callable[[fx.Node], str]) -> tuple[fx.Node, fx.Node]:
+    """Insert before ``n`` its out-of-place call (cast back to its target's dtype) and, for a
+    write through views, each view's new value written back into its base, inner to outer;
+    ``(the new value of n's target, the new root)``.  A :class:`CaptureError` when the op has no
+    out-of-place form or a view no inverse."""
+    functional = functional_variant(typing.cast(torch._ops.OpOverload, n.target))   # written: an ATen op
+    if functional is None:
+        raise CaptureError(f"{where(n)}: the in-place op {n.target} has no out-of-place form tensoropt knows; "
+                           "write the out-of-place call in the model")
+    with graph.inserting_before(n):
+        new_val = graph.call_function(functional, n.args, n.kwargs)
+        new_val.meta = dict(n.meta)
+        new_val = _keep_dtype(graph, new_val, n)
+        value = new_val
+        for view in chain[:-1]:           # write the view's new value back, inner to outer
+            inv = _view_writeback(view)
+            if inv is None:
+                raise CaptureError(f"{where(n)}: {n.target} writes through the view {view.target} "
+                                   "(no inverse known to tensoropt); write the out-of-place form")
+            op, extra, _ = inv
+            base = typing.cast(fx.Node, view.args[0])
+            op, args = _scatter_call(op, base, value, extra)
+            if op is not None:
+                value = graph.call_function(op, args)
+                value.meta = {k: v for k, v in base.meta.items() if k != "stack_trace"}
+                value.meta["nn_module_stack"] = n.meta.get("nn_module_stack", base.meta.get("nn_module_stack"))
+    return new_val, value
+
+
+def _take_views_again(graph: fx.Graph, n: fx.Node, root: fx.Node, new_root: fx.Node,
+                      base_of: dict[fx.Node, fx.Node], order: Mapping[fx.Node, int]) -> None:
+    """Every view of ``root`` taken before ``n`` taken again from ``new_root`` (a view of a view
+    from its base taken again), for the readers after ``n``; unread ones are dropped later."""
+    again: dict[fx.Node, fx.Node] = {root: new_root}
+    anchor = new_root
+    for alias in [a for a in list(base_of) if order.get(a, 1 << 60) < order[n] and _root(a, base_of) is root]:
+        later = [u for u in alias.users if u in order and order[u] > order[n]]
+        with graph.inserting_after(anchor):
+            fresh = graph.call_function(typing.cast(Callable[..., Any], alias.target),
+                                        (again[base_of[alias]], *alias.args[1:]), alias.kwargs)
+            fresh.meta = dict(alias.meta)
+        again[alias] = anchor = fresh
+        base_of[fresh] = again[base_of[alias]]
+        for u in later:
+            u.replace_input_with(alias, fresh)
 
 
 def drop_dead(graph: fx.Graph) -> bool:
