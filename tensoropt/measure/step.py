@@ -439,30 +439,14 @@ def measure_step(model: nn.Module, example_inputs: tuple, *, optimizer: str = DE
     available ``cuda``, ``repeats < 1`` or ``warmup < 0``, outputs without a floating-point
     tensor, or a loss that does not depend on any trainable parameter.
     """
-    opt_name = str(optimizer).lower()
-    if opt_name not in OPTIMIZERS:
-        raise ProfileError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ProfileError(f"repeats must be a positive integer, got {repeats!r}")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ProfileError(f"warmup must be a non-negative integer, got {warmup!r}")
-    precision = check_precision(precision, ProfileError)
+    opt_name, precision = _checked_step_options(optimizer, repeats, warmup, precision)
     dev = _resolve_device(device)
     steady_malloc()   # the regime the profile and the executors share (tensoropt._malloc)
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
 
     was_training = model.training
-    model.to(dev)
-    model.train()
-    inputs = _to_device(example_inputs, dev)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    if not trainable:
-        raise ProfileError(f"{type(model).__name__} has no trainable parameter: nothing to train")
-    opt = make_optimizer(opt_name, trainable, lr=lr)
-    for p in model.parameters():
-        p.grad = None
-    step = _Step(model, inputs, opt, precision, dev)
+    step = _training_step(model, example_inputs, dev, opt_name, lr, precision)
     try:
         for _ in range(warmup):
             step.run()
@@ -470,22 +454,77 @@ def measure_step(model: nn.Module, example_inputs: tuple, *, optimizer: str = DE
             torch.cuda.synchronize(dev)
         threads = torch.get_num_threads()
         samples = _time_steps(step, dev, repeats)
-        mem: dict[str, Any] = {"peak": 0, "breakdown": {}, "baseline": 0, "phase": None,
-                               "saved": None}
-        absolute = tracker_peak = profiler_peak = None
-        if memory:
-            if dev.type == "cuda":
-                allocator_peak, absolute = _cuda_allocator_step(step, dev)
-            mem = _tracked_step(step, dev)
-            tracker_peak = mem["peak"]
-            if dev.type == "cuda":
-                mem["peak"] = allocator_peak
-        if crosscheck and dev.type == "cpu":
-            profiler_peak = _profiler_peak(step)
+        figures = _step_memory(step, dev, memory, crosscheck)
     finally:
-        opt.zero_grad(set_to_none=True)
+        step.opt.zero_grad(set_to_none=True)
         model.train(was_training)
+    return _step_measurement(samples, figures, dev, opt_name, threads, precision)
 
+
+def _checked_step_options(optimizer: str, repeats: int, warmup: int, precision: str) -> tuple[str, str]:
+    """``(optimizer name, precision)`` checked: a :class:`ProfileError` for an unknown optimizer or
+    precision, ``repeats < 1`` or ``warmup < 0``."""
+    opt_name = str(optimizer).lower()
+    if opt_name not in OPTIMIZERS:
+        raise ProfileError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ProfileError(f"repeats must be a positive integer, got {repeats!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ProfileError(f"warmup must be a non-negative integer, got {warmup!r}")
+    return opt_name, check_precision(precision, ProfileError)
+
+
+def _training_step(model: nn.Module, example_inputs: tuple | list, dev: torch.device, opt_name: str, lr: float,
+                   precision: str) -> _Step:
+    """``model`` on ``dev`` in training mode, its inputs moved there, a fresh optimizer over its
+    trainable parameters and no gradients: the step to measure.  A :class:`ProfileError` when
+    nothing is trainable."""
+    model.to(dev)
+    model.train()
+    inputs = _to_device(tuple(example_inputs), dev)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
+        raise ProfileError(f"{type(model).__name__} has no trainable parameter: nothing to train")
+    opt = make_optimizer(opt_name, trainable, lr=lr)
+    for p in model.parameters():
+        p.grad = None
+    return _Step(model, inputs, opt, precision, dev)
+
+
+@dataclass(frozen=True)
+class _StepMemory:
+    """The memory steps' figures: MemTracker's (``tracked``: peak — the allocator's on CUDA —,
+    breakdown, baseline, phase, saved), the CUDA allocator's absolute peak, MemTracker's own
+    peak and the torch profiler's (``None`` where not measured)."""
+    tracked: dict[str, Any]
+    absolute: int | None = None
+    tracker_peak: int | None = None
+    profiler_peak: int | None = None
+
+
+def _step_memory(step: _Step, dev: torch.device, memory: bool, crosscheck: bool) -> _StepMemory:
+    """With ``memory``, one step under MemTracker for the peak and its breakdown (on CUDA one
+    more step first, whose peak comes from the caching allocator); with ``crosscheck`` (CPU) one
+    step under the torch profiler."""
+    mem: dict[str, Any] = {"peak": 0, "breakdown": {}, "baseline": 0, "phase": None,
+                           "saved": None}
+    absolute = tracker_peak = profiler_peak = None
+    if memory:
+        if dev.type == "cuda":
+            allocator_peak, absolute = _cuda_allocator_step(step, dev)
+        mem = _tracked_step(step, dev)
+        tracker_peak = mem["peak"]
+        if dev.type == "cuda":
+            mem["peak"] = allocator_peak
+    if crosscheck and dev.type == "cpu":
+        profiler_peak = _profiler_peak(step)
+    return _StepMemory(mem, absolute, tracker_peak, profiler_peak)
+
+
+def _step_measurement(samples: list[tuple[float, float, float]], figures: _StepMemory, dev: torch.device,
+                      opt_name: str, threads: int, precision: str) -> StepMeasurement:
+    """The medians of the timed steps' (step, forward, backward) seconds with the memory figures."""
+    mem = figures.tracked
     return StepMeasurement(
         time_s=statistics.median(s[0] for s in samples),
         times_s=tuple(s[0] for s in samples),
@@ -499,8 +538,8 @@ def measure_step(model: nn.Module, example_inputs: tuple, *, optimizer: str = DE
         baseline_bytes=int(mem["baseline"]),
         peak_phase=mem["phase"],
         saved_activation_bytes=mem["saved"],
-        peak_absolute_bytes=absolute,
-        profiler_peak_bytes=profiler_peak,
-        tracker_peak_bytes=tracker_peak,
+        peak_absolute_bytes=figures.absolute,
+        profiler_peak_bytes=figures.profiler_peak,
+        tracker_peak_bytes=figures.tracker_peak,
         precision=precision,
     )
