@@ -63,7 +63,7 @@ after — the same whichever branch ran first (``sub``'s first argument is searc
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -104,65 +104,85 @@ def canonical_order(graph: fx.Graph) -> list[fx.Node]:
     def deps(n: fx.Node) -> list[fx.Node]:
         return n.all_input_nodes + extra[n] if n in extra else n.all_input_nodes
 
+    reach = _reachable(outputs[0], deps)
+    emitter = _Emitter(nodes, reach, deps)
+    _emit_post_order(outputs[0], deps, emitter)
+    for n in emitter.last:
+        emitter.emit(n)
+    order = emitter.order
+    order.append(outputs[0])
+    if len(order) != len(nodes):
+        missing = [n.name for n in nodes if n not in emitter.emitted]
+        raise AssertionError(f"canonical order lost nodes {missing[:5]} (a cycle?)")
+    return order
+
+
+def _reachable(output: fx.Node, deps: Callable[[fx.Node], list[fx.Node]]) -> set[fx.Node]:
+    """The nodes ``output`` depends on (through ``deps``), itself included."""
     reach: set[fx.Node] = set()
-    stack = [outputs[0]]
+    stack = [output]
     while stack:
         n = stack.pop()
         if n not in reach:
             reach.add(n)
             stack.extend(deps(n))
+    return reach
 
-    order: list[fx.Node] = [n for n in nodes if n.op == "placeholder"]
-    emitted: set[fx.Node] = set(order)
-    # the unreached nodes wait for their inputs: how many are not emitted yet, and who waits on
-    # whom; those reading only placeholders (or nothing) come at the end
-    waiting: dict[fx.Node, int] = {}
-    waiters: dict[fx.Node, list[fx.Node]] = {}
-    last: list[fx.Node] = []
-    for n in nodes:
-        if n in reach or n in emitted:
-            continue
-        pending = [d for d in dict.fromkeys(deps(n)) if d not in emitted]
-        waiting[n] = len(pending)
-        for d in pending:
-            waiters.setdefault(d, []).append(n)     # traced order
-        if not pending:
-            last.append(n)
 
-    def emit(first: fx.Node) -> None:
+class _Emitter:
+    """The canonical order as it is built: placeholders first, then each node :meth:`emit`-ted,
+    each node the output does not reach right after the last of its inputs (in traced order);
+    :attr:`last`: the unreached nodes reading only placeholders (or nothing), which come at the end."""
+
+    def __init__(self, nodes: list[fx.Node], reach: set[fx.Node], deps: Callable[[fx.Node], list[fx.Node]]):
+        self.order: list[fx.Node] = [n for n in nodes if n.op == "placeholder"]
+        self.emitted: set[fx.Node] = set(self.order)
+        # the unreached nodes wait for their inputs: how many are not emitted yet, and who waits on
+        # whom; those reading only placeholders (or nothing) come at the end
+        self.waiting: dict[fx.Node, int] = {}
+        self.waiters: dict[fx.Node, list[fx.Node]] = {}
+        self.last: list[fx.Node] = []
+        for n in nodes:
+            if n in reach or n in self.emitted:
+                continue
+            pending = [d for d in dict.fromkeys(deps(n)) if d not in self.emitted]
+            self.waiting[n] = len(pending)
+            for d in pending:
+                self.waiters.setdefault(d, []).append(n)     # traced order
+            if not pending:
+                self.last.append(n)
+
+    def emit(self, first: fx.Node) -> None:
+        """Append ``first``, then every unreached node it releases (its last pending input), depth first."""
         todo = [first]
         while todo:
             n = todo.pop()
-            order.append(n)
-            emitted.add(n)
+            self.order.append(n)
+            self.emitted.add(n)
             released = []
-            for w in waiters.get(n, ()):
-                waiting[w] -= 1
-                if not waiting[w]:
+            for w in self.waiters.get(n, ()):
+                self.waiting[w] -= 1
+                if not self.waiting[w]:
                     released.append(w)
             todo.extend(reversed(released))        # the first released is emitted next
 
-    # post-order depth-first search from the output, inputs in argument order
-    frames: list[tuple[fx.Node, Any]] = [(outputs[0], iter(deps(outputs[0])))]
-    started = {outputs[0]}
+
+def _emit_post_order(output: fx.Node, deps: Callable[[fx.Node], list[fx.Node]], emitter: _Emitter) -> None:
+    """Emit every node ``output`` reaches, but itself, in post-order: a depth-first search from
+    the output, inputs in argument order."""
+    frames: list[tuple[fx.Node, Any]] = [(output, iter(deps(output)))]
+    started = {output}
     while frames:
         n, it = frames[-1]
         for d in it:
-            if d not in emitted and d not in started:
+            if d not in emitter.emitted and d not in started:
                 started.add(d)
                 frames.append((d, iter(deps(d))))
                 break
         else:
             frames.pop()
             if frames:
-                emit(n)
-    for n in last:
-        emit(n)
-    order.append(outputs[0])
-    if len(order) != len(nodes):
-        missing = [n.name for n in nodes if n not in emitted]
-        raise AssertionError(f"canonical order lost nodes {missing[:5]} (a cycle?)")
-    return order
+                emitter.emit(n)
 
 
 def update_signature(ep: Any, renames: dict[str, str]) -> None:
