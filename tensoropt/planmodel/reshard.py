@@ -518,15 +518,7 @@ def move(src_layout: TensorLayout, src_devices: Sequence[str], dst_layout: Tenso
     if ms == md:
         if src_layout in (dst_layout, R):
             return (), {}
-        if src_layout == P:
-            if dst_layout == R:
-                st = Step("allreduce", ms, nbytes, ring_allreduce_time(cluster, ms, nbytes))
-            else:
-                st = Step("reduce_scatter", ms, nbytes, reduce_scatter_time(cluster, ms, nbytes))
-        elif dst_layout == R:
-            st = Step("allgather", ms, nbytes, allgather_time(cluster, ms, nbytes))
-        else:
-            st = Step("all_to_all", ms, nbytes / n, all_to_all_time(cluster, ms, nbytes / n))
+        st = _collective_on_mesh(src_layout, dst_layout, ms, nbytes, cluster)
         return (Stage((st,), st.time_s),), {d: piece for d in md}
 
     stages: list[Stage] = []
@@ -535,37 +527,76 @@ def move(src_layout: TensorLayout, src_devices: Sequence[str], dst_layout: Tenso
         st = Step("reduce_scatter", ms, nbytes, reduce_scatter_time(cluster, ms, nbytes))
         stages.append(Stage((st,), st.time_s))
         src_layout = slice_dim
-    sends: list[tuple[str, str, float]] = []
-    recv: dict[str, int] = {}
     if src_layout == R:
-        load = {d: 0.0 for d in ms}
-        for j, d in enumerate(md):
-            if d in ms:
-                continue  # it holds the whole tensor already: a local slice at most
-            need = nbytes if dst_layout == R else nbytes / m
-            best = min(range(n), key=lambda i: (load[ms[i]] + cluster.link(ms[i], d).time(need), (i - j) % n))
-            load[ms[best]] += cluster.link(ms[best], d).time(need)
-            sends.append((ms[best], d, need))
-            recv[d] = piece
+        sends, recv = _sends_from_replicas(ms, md, dst_layout, nbytes, piece, cluster)
     else:
-        for j, d in enumerate(md):
-            got_elsewhere = False
-            for i, s in enumerate(ms):
-                if dst_layout == R:
-                    b = nbytes / n
-                elif dst_layout == src_layout:
-                    b = max(0.0, min((i + 1) / n, (j + 1) / m) - max(i / n, j / m)) * nbytes
-                else:
-                    b = nbytes / (n * m)
-                if b <= 0 or s == d:
-                    continue
-                sends.append((s, d, b))
-                got_elsewhere = True
-            if got_elsewhere:
-                recv[d] = piece
+        sends, recv = _sends_from_slices(ms, md, src_layout, dst_layout, nbytes, piece)
     if sends:
         stages.append(_p2p_stage(sends, cluster))
     return tuple(stages), recv
+
+
+def _collective_on_mesh(src_layout: TensorLayout, dst_layout: TensorLayout, mesh: tuple[str, ...],
+                        nbytes: int | float, cluster: Cluster) -> Step:
+    """The one collective that turns ``src_layout`` into ``dst_layout`` on the same ``mesh``
+    (a source that is neither ``dst_layout`` nor replicated): all-reduce or reduce-scatter of
+    partial sums, all-gather of slices, all-to-all between slice dimensions."""
+    n = len(mesh)
+    if src_layout == P:
+        if dst_layout == R:
+            return Step("allreduce", mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes))
+        return Step("reduce_scatter", mesh, nbytes, reduce_scatter_time(cluster, mesh, nbytes))
+    if dst_layout == R:
+        return Step("allgather", mesh, nbytes, allgather_time(cluster, mesh, nbytes))
+    return Step("all_to_all", mesh, nbytes / n, all_to_all_time(cluster, mesh, nbytes / n))
+
+
+def _sends_from_replicas(ms: tuple[str, ...], md: tuple[str, ...], dst_layout: TensorLayout, nbytes: int | float,
+                         piece: int, cluster: Cluster) -> tuple[list[tuple[str, str, float]], dict[str, int]]:
+    """A replicated source to another mesh: each destination not in the source mesh gets what it
+    holds (the whole tensor, or its slice) from the least-loaded source device (ties: the one at
+    the destination's position in its mesh, else the next one round); ``(sends, new bytes per destination)``."""
+    n, m = len(ms), len(md)
+    sends: list[tuple[str, str, float]] = []
+    recv: dict[str, int] = {}
+    load = {d: 0.0 for d in ms}
+    for j, d in enumerate(md):
+        if d in ms:
+            continue  # it holds the whole tensor already: a local slice at most
+        need = nbytes if dst_layout == R else nbytes / m
+        best = min(range(n), key=lambda i: (load[ms[i]] + cluster.link(ms[i], d).time(need), (i - j) % n))
+        load[ms[best]] += cluster.link(ms[best], d).time(need)
+        sends.append((ms[best], d, need))
+        recv[d] = piece
+    return sends, recv
+
+
+def _sends_from_slices(ms: tuple[str, ...], md: tuple[str, ...], src_layout: TensorLayout,
+                       dst_layout: TensorLayout, nbytes: int | float,
+                       piece: int) -> tuple[list[tuple[str, str, float]], dict[str, int]]:
+    """A sliced source to another mesh: every source device sends each destination the part of
+    its slice that destination holds (all of it for a replicated destination; the overlap of the
+    two slices along the same dimension; a 1 / (n m) block across dimensions);
+    ``(sends, new bytes per destination that received any)``."""
+    n, m = len(ms), len(md)
+    sends: list[tuple[str, str, float]] = []
+    recv: dict[str, int] = {}
+    for j, d in enumerate(md):
+        got_elsewhere = False
+        for i, s in enumerate(ms):
+            if dst_layout == R:
+                b = nbytes / n
+            elif dst_layout == src_layout:
+                b = max(0.0, min((i + 1) / n, (j + 1) / m) - max(i / n, j / m)) * nbytes
+            else:
+                b = nbytes / (n * m)
+            if b <= 0 or s == d:
+                continue
+            sends.append((s, d, b))
+            got_elsewhere = True
+        if got_elsewhere:
+            recv[d] = piece
+    return sends, recv
 
 
 def _p2p_stage(sends: list[tuple[str, str, float]], cluster: Cluster) -> Stage:
