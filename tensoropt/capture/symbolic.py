@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -86,9 +88,33 @@ def capture_fx(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, name:
     if len(ph_names) != len(args):
         raise TypeError(f"forward takes {len(ph_names)} inputs ({', '.join(ph_names)}), "
                         f"{len(args)} example inputs were given")
-    vals = _propagate(gm, args)
     batch = next((int(a.shape[batch_dim]) for a in args if isinstance(a, torch.Tensor) and a.dim() > batch_dim), None)
     notes = ["captured with torch.fx.symbolic_trace + ShapeProp"]
+    notes += _annotate_shapes(gm, args, batch_dim, batch)
+    placeholders = _fx_placeholders(gm, model, ph_names)
+    named_params = dict(model.named_parameters())
+    tensor_meta = _batch_dims_by_shape_change(gm)
+    module_of = partial(_fx_module_of, gm=gm, model=model)
+
+    used = {info.name for info in placeholders.values()}
+    used |= {p for n in gm.graph.nodes for p in n.meta.get("tensoropt_module_params", ())}
+    unused = [p for p in named_params if p not in used]
+    g = build_opgraph(gm, placeholders, tensor_meta=tensor_meta, module_of=module_of,
+                      target_of=lambda n: _aten_for(gm, n), name=name, source="torch.fx",
+                      batch_size=batch, batch_dim=batch_dim, notes=notes)
+    if unused:
+        for p in unused:
+            t = named_params[p]
+            g.params[p] = ParamInfo(p, tuple(t.shape), dtype_name(t.dtype), "parameter", t.requires_grad, None)
+    return g
+
+
+def _annotate_shapes(gm: fx.GraphModule, args: tuple, batch_dim: int, batch: int | None) -> list[str]:
+    """Set every node's ``meta['val']`` (ShapeProp on fake tensors at the example batch) and
+    ``meta['_tensoropt_shapes2']`` (its tensors' shapes at one sample more: the dimension that
+    changes is the batch dimension); a note when the model does not run at another batch size."""
+    notes = []
+    vals = _propagate(gm, args)
     changed: dict[str, list[tuple[int, ...]]] = {}
     if batch is not None:
         bigger = tuple(a.repeat_interleave(2, dim=batch_dim).narrow(batch_dim, 0, batch + 1)
@@ -101,7 +127,13 @@ def capture_fx(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, name:
     for n in gm.graph.nodes:
         n.meta["val"] = vals.get(n.name)
         n.meta["_tensoropt_shapes2"] = changed.get(n.name)
+    return notes
 
+
+def _fx_placeholders(gm: fx.GraphModule, model: torch.nn.Module, ph_names: list[str]) -> dict[str, PlaceholderInfo]:
+    """What the placeholders (user inputs) and the tensor get_attr nodes (parameters, buffers,
+    constants; their ``meta['val']`` set to the tensor) stand for; each ``call_module`` leaf's
+    own parameters and buffers are noted in its ``meta['tensoropt_module_params']``."""
     placeholders = {n: PlaceholderInfo("input", n) for n in ph_names}
     named_params = dict(model.named_parameters())
     for n in gm.graph.nodes:
@@ -116,7 +148,12 @@ def capture_fx(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, name:
             mod = gm.get_submodule(str(n.target))   # a call_module's target is the module's path
             n.meta["tensoropt_module_params"] = [f"{n.target}.{k}" for k, _ in mod.named_parameters()] + \
                                                 [f"{n.target}.{k}" for k, _ in mod.named_buffers()]
+    return placeholders
 
+
+def _batch_dims_by_shape_change(gm: fx.GraphModule) -> Callable[[torch.Tensor], tuple[tuple[int, ...], int | None]]:
+    """``tensor_meta`` for :func:`~.build.build_opgraph`: a node tensor's shape, and as its batch
+    dimension the first whose size changed at one sample more (``meta['_tensoropt_shapes2']``)."""
     index: dict[int, tuple[int, ...]] = {}
 
     def tensor_meta(t: torch.Tensor) -> tuple[tuple[int, ...], int | None]:
@@ -131,21 +168,12 @@ def capture_fx(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, name:
         ts, shapes2 = tensors_of(n.meta.get("val")), n.meta.get("_tensoropt_shapes2") or []
         for t, s2 in zip(ts, shapes2):
             index[id(t)] = s2
+    return tensor_meta
 
-    def module_of(n: fx.Node) -> tuple[str, str]:
-        path = n.target if n.op == "call_module" else \
-            (n.meta.get("nn_module_stack") or {"": ("", "")}).get("", ("", ""))[0]
-        mod = gm.get_submodule(path) if isinstance(path, str) and path else model
-        return (path if isinstance(path, str) else ""), f"{type(mod).__module__}.{type(mod).__qualname__}"
 
-    used = {info.name for info in placeholders.values()}
-    used |= {p for n in gm.graph.nodes for p in n.meta.get("tensoropt_module_params", ())}
-    unused = [p for p in named_params if p not in used]
-    g = build_opgraph(gm, placeholders, tensor_meta=tensor_meta, module_of=module_of,
-                      target_of=lambda n: _aten_for(gm, n), name=name, source="torch.fx",
-                      batch_size=batch, batch_dim=batch_dim, notes=notes)
-    if unused:
-        for p in unused:
-            t = named_params[p]
-            g.params[p] = ParamInfo(p, tuple(t.shape), dtype_name(t.dtype), "parameter", t.requires_grad, None)
-    return g
+def _fx_module_of(n: fx.Node, gm: fx.GraphModule, model: torch.nn.Module) -> tuple[str, str]:
+    """The module path and qualified type a traced node came from (the model's outside modules)."""
+    path = n.target if n.op == "call_module" else \
+        (n.meta.get("nn_module_stack") or {"": ("", "")}).get("", ("", ""))[0]
+    mod = gm.get_submodule(path) if isinstance(path, str) and path else model
+    return (path if isinstance(path, str) else ""), f"{type(mod).__module__}.{type(mod).__qualname__}"
