@@ -68,6 +68,18 @@ def summarize(g: OpGraph) -> GraphSummary:
 
 def print_graph(g: OpGraph, console: Console, *, top: int = 10, limit: int = 40) -> None:
     """Print the summary, op histogram, largest tensors, largest parameters and the node table."""
+    _print_summary(g, console)
+    console.print(_op_histogram_table(g, top))
+    console.print(_largest_tensors_table(g, top))
+    console.print(_largest_params_table(g, top))
+    ruleless = _ruleless_table(g)
+    if ruleless is not None:
+        console.print(ruleless)
+    console.print(_nodes_table(g, limit))
+
+
+def _print_summary(g: OpGraph, console: Console) -> None:
+    """The graph's name, source, batch, fingerprint, notes and :func:`summarize` counts."""
     s = summarize(g)
     console.print(f"[bold]{g.name}[/bold]  ({g.source}, batch {g.batch_size}, fingerprint {g.fingerprint[:16]})")
     for note in g.notes:
@@ -79,6 +91,9 @@ def print_graph(g: OpGraph, console: Console, *, top: int = 10, limit: int = 40)
         f"  activations (sum of op outputs): {fmt_bytes(s.activation_bytes)}\n"
         f"  splittable ops: {s.batch_splittable} along the batch, {s.channel_splittable} along channels")
 
+
+def _op_histogram_table(g: OpGraph, top: int) -> Table:
+    """The ``top`` most common ops, their count and output bytes."""
     hist = Table(title="op histogram", title_justify="left")
     hist.add_column("op")
     hist.add_column("count", justify="right")
@@ -88,35 +103,49 @@ def print_graph(g: OpGraph, console: Console, *, top: int = 10, limit: int = 40)
         out_bytes[n.op] = out_bytes.get(n.op, 0) + n.output_bytes
     for op, count in g.op_histogram().most_common(top):
         hist.add_row(op, str(count), fmt_bytes(out_bytes[op]))
-    console.print(hist)
+    return hist
 
+
+def _largest_tensors_table(g: OpGraph, top: int) -> Table:
+    """The ``top`` largest node outputs (metadata-only ops left out)."""
     big = Table(title=f"largest tensors (top {top})", title_justify="left")
     for col in ("node", "op", "shape", "dtype", "bytes", "module"):
         big.add_column(col, justify="right" if col == "bytes" else "left")
     tensors = [(t.nbytes, n, t) for n in g if n.kind != "output" and not n.metadata_only for t in n.outputs]
     for nbytes, n, t in sorted(tensors, key=lambda x: -x[0])[:top]:
         big.add_row(n.name, n.op, str(list(t.shape)), t.dtype, fmt_bytes(nbytes), n.module_path)
-    console.print(big)
+    return big
 
+
+def _largest_params_table(g: OpGraph, top: int) -> Table:
+    """The ``top`` largest parameters, buffers and constants, their owner and readers."""
     pt = Table(title=f"largest parameters (top {top} of {len(g.params)})", title_justify="left")
     for col in ("name", "kind", "shape", "bytes", "owner", "also read by"):
         pt.add_column(col, justify="right" if col == "bytes" else "left")
     for p in sorted(g.params.values(), key=lambda p: -p.nbytes)[:top]:
         pt.add_row(p.name, p.kind, str(list(p.shape)), fmt_bytes(p.nbytes), p.owner or "-", ", ".join(p.readers) or "-")
-    console.print(pt)
+    return pt
 
+
+def _ruleless_table(g: OpGraph) -> Table | None:
+    """The ops without a split rule (:func:`replicated_ops`) and where they are; ``None`` if none."""
     ruleless = replicated_ops(g)
-    if ruleless:
-        rt = Table(title="ops without a split rule (never split: every device that runs one runs it whole)",
-                   title_justify="left")
-        for col in ("op", "count", "modules"):
-            rt.add_column(col, justify="right" if col == "count" else "left")
-        for op, paths in ruleless.items():
-            where = ", ".join(p or "(root)" for p in paths[:3]) + (
-                f", … {len(paths) - 3} more" if len(paths) > 3 else "")
-            rt.add_row(op, str(len(paths)), where)
-        console.print(rt)
+    if not ruleless:
+        return None
+    rt = Table(title="ops without a split rule (never split: every device that runs one runs it whole)",
+               title_justify="left")
+    for col in ("op", "count", "modules"):
+        rt.add_column(col, justify="right" if col == "count" else "left")
+    for op, paths in ruleless.items():
+        where = ", ".join(p or "(root)" for p in paths[:3]) + (
+            f", … {len(paths) - 3} more" if len(paths) > 3 else "")
+        rt.add_row(op, str(len(paths)), where)
+    return rt
 
+
+def _nodes_table(g: OpGraph, limit: int) -> Table:
+    """The first ``limit`` nodes (every node when ``limit <= 0``): outputs, split dims, flags,
+    parameters owned, module."""
     nt = Table(title="nodes" + (f" (first {limit} of {len(g)}; --all for every node)" if 0 < limit < len(g) else ""),
                title_justify="left")
     for col in ("name", "op", "output", "batch", "channel", "flags", "params", "module"):
@@ -128,7 +157,7 @@ def print_graph(g: OpGraph, console: Console, *, top: int = 10, limit: int = 40)
         out = "; ".join(f"{list(t.shape)}" for t in n.outputs)
         nt.add_row(n.name, n.op, out, _dim(n.split.batch), _dim(n.split.channel), flags,
                    str(len(n.params)) if n.params else "", n.module_path)
-    console.print(nt)
+    return nt
 
 
 def replicated_ops(g: OpGraph) -> dict[str, list[str]]:
