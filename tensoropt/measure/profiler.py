@@ -135,33 +135,50 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     def report(done: int, _total: int, name: str) -> None:
         progress("profile", done, total, name)
 
-    runner = None
-    with quiet_torch_logs():  # a failing fake-tensor op logs its traceback before we handle it
-        if store.entries and store.info:  # everything cached? find out on FakeTensors, no compute
-            runner = _Runner(graph, dev, degrees, repeats, warmup, store, store.info, dry=True)
-            if not runner.run_dry(inputs if inputs is not None else graph.example_inputs, report):
-                runner = None
-        if runner is None:
-            info = device_info(dev)
-            store.info, store.dirty = info, True
-            runner = _Runner(graph, dev, degrees, repeats, warmup, store, info)
-            runner.run(inputs if inputs is not None else graph.example_inputs, report)
+    runner = _measure_ops(graph, dev, degrees, repeats, warmup, store,
+                          inputs if inputs is not None else graph.example_inputs, report)
     info = runner.info
     costs = runner.costs
     sequence: dict[str, Any] = {"used": False}
     if in_sequence:
         costs, sequence = _in_sequence(graph, costs, dev, inputs, degrees, repeats, store)
     store.save()
-    settings = {"precision": precision_of(graph),
-                "repeats": repeats, "warmup": warmup, "shard_degrees": [1, *degrees], "in_sequence": sequence,
-                "measured_calls": runner.measured_calls, "cached_calls": runner.cached_calls,
-                "from_cache_only": runner.dry,   # every call was cached: nothing ran on real tensors
-                # other work on the machine inflates every time (an OpenMP region waits for a
-                # descheduled thread): keep the load seen, so a busy profile can be told apart
-                "load_average": [round(x, 2) for x in (load0, _loadavg())], "cpu_count": os.cpu_count()}
+    settings = _profile_settings(graph, runner, repeats, warmup, degrees, sequence, load0)
     return CostModel(costs, graph_fingerprint=graph.fingerprint, graph_name=graph.name,
                      batch_size=graph.batch_size, device=info, settings=settings,
                      profile_s=time.perf_counter() - t0)
+
+
+def _measure_ops(graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
+                 store: _DiskCache, inputs: Any, report: Callable[[int, int, str], None]) -> _Runner:
+    """Every node measured alone, at full shape and each shard: when the cache holds entries, a
+    dry run on FakeTensors first (no compute) — enough if every call is cached — else a real run
+    (the device measured, its info stored)."""
+    runner = None
+    with quiet_torch_logs():  # a failing fake-tensor op logs its traceback before we handle it
+        if store.entries and store.info:  # everything cached? find out on FakeTensors, no compute
+            runner = _Runner(graph, dev, degrees, repeats, warmup, store, store.info, dry=True)
+            if not runner.run_dry(inputs, report):
+                runner = None
+        if runner is None:
+            info = device_info(dev)
+            store.info, store.dirty = info, True
+            runner = _Runner(graph, dev, degrees, repeats, warmup, store, info)
+            runner.run(inputs, report)
+    return runner
+
+
+def _profile_settings(graph: OpGraph, runner: _Runner, repeats: int, warmup: int, degrees: list[int],
+                      sequence: dict[str, Any], load0: float) -> dict[str, Any]:
+    """How the profile was made: precision, repeats, degrees, the in-sequence run, calls measured
+    and cached, and the machine's load before and after."""
+    return {"precision": precision_of(graph),
+            "repeats": repeats, "warmup": warmup, "shard_degrees": [1, *degrees], "in_sequence": sequence,
+            "measured_calls": runner.measured_calls, "cached_calls": runner.cached_calls,
+            "from_cache_only": runner.dry,   # every call was cached: nothing ran on real tensors
+            # other work on the machine inflates every time (an OpenMP region waits for a
+            # descheduled thread): keep the load seen, so a busy profile can be told apart
+            "load_average": [round(x, 2) for x in (load0, _loadavg())], "cpu_count": os.cpu_count()}
 
 
 def check_precision(costs: CostModel, graph: OpGraph) -> None:
@@ -538,15 +555,7 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
     itself); a bf16 copy autocast makes of a weight or input and saves is an extra saved tensor,
     as in a training step.
     """
-    flat, spec = tree_flatten((args, kwargs))
-    tensors = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
-    leaves = list(flat)
-    for j, i in enumerate(tensors):
-        v = flat[i]
-        leaves[i] = v.detach().requires_grad_(True) if grad_flags[j] else v.detach()
-
-    cargs, ckwargs = tree_unflatten(leaves, spec)
-    in_tensors = [leaves[i] for i in tensors]
+    cargs, ckwargs, in_tensors = _detached_args(args, kwargs, grad_flags)
     grad_inputs = [t for t, f in zip(in_tensors, grad_flags) if f] + list(extra_params)
     param_ptrs = {_ptr(p) for p in extra_params}
     in_ptrs = {_ptr(t): j for j, t in enumerate(in_tensors)}
@@ -567,7 +576,42 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
     out_tensors = [t for t in tree_flatten(outs)[0] if isinstance(t, torch.Tensor)]
     out_ptrs = {_ptr(t) for t in out_tensors}
     out_bytes = _unique_bytes(t for t in out_tensors if _ptr(t) not in in_ptrs)
-    saved_args, saves_output, extra, saved_total = set(), False, {}, {}
+    saved_args, saves_output, extra_bytes, saved_bytes = _saved_by_kind(saved, in_ptrs, out_ptrs, param_ptrs,
+                                                                         param_flags)
+    fp_s, _ = time_callable(forward, device=dev, repeats=repeats, warmup=warmup)
+
+    bp_s, workspace = 0.0, 0
+    diff = [t for t in out_tensors if t.requires_grad and t.grad_fn is not None]
+    if enable and diff:
+        bp_s, workspace = _time_backward(forward, diff, grad_inputs, dev, repeats, warmup)
+    flops, _ = _fake_run(fn, cargs, ckwargs, precision)
+    shape = tuple(out_tensors[0].shape) if out_tensors else ()
+    return Measurement(fp_s, bp_s, out_bytes, saved_bytes, extra_bytes,
+                       saved_args, saves_output, workspace, flops, shape)
+
+
+def _detached_args(args: tuple, kwargs: dict, grad_flags: list[bool]) -> tuple[Any, Any, list[torch.Tensor]]:
+    """The call's arguments with every tensor detached — a fresh autograd leaf where
+    ``grad_flags`` says it needs a gradient — and those tensors in order."""
+    flat, spec = tree_flatten((args, kwargs))
+    tensors = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+    leaves = list(flat)
+    for j, i in enumerate(tensors):
+        v = flat[i]
+        leaves[i] = v.detach().requires_grad_(True) if grad_flags[j] else v.detach()
+    cargs, ckwargs = tree_unflatten(leaves, spec)
+    return cargs, ckwargs, [leaves[i] for i in tensors]
+
+
+def _saved_by_kind(saved: list[torch.Tensor], in_ptrs: dict[int, int], out_ptrs: set[int], param_ptrs: set[int],
+                   param_flags: list[bool]) -> tuple[tuple[int, ...], bool, int, int]:
+    """What autograd saved, parameters left out (they are counted as parameters, not as
+    activations): ``(positions of the saved inputs, whether the output is saved, bytes of the other
+    saved tensors, bytes of every saved tensor)``, each storage once."""
+    saved_args: set[int] = set()
+    saves_output = False
+    extra: dict[int, int] = {}
+    saved_total: dict[int, int] = {}
     for t in saved:
         p = _ptr(t)
         if p in param_ptrs or (p in in_ptrs and param_flags[in_ptrs[p]]):
@@ -579,22 +623,22 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
         else:
             extra[p] = t.untyped_storage().nbytes()
         saved_total[p] = t.untyped_storage().nbytes()
-    fp_s, _ = time_callable(forward, device=dev, repeats=repeats, warmup=warmup)
+    return tuple(sorted(saved_args)), saves_output, sum(extra.values()), sum(saved_total.values())
 
-    bp_s, workspace = 0.0, 0
-    diff = [t for t in out_tensors if t.requires_grad and t.grad_fn is not None]
-    if enable and diff:
-        gouts = [torch.randn_like(t) for t in diff]
 
-        def backward() -> Any:
-            return torch.autograd.grad(diff, grad_inputs, gouts, retain_graph=True, allow_unused=True)
-        bp_s, _ = time_callable(backward, device=dev, repeats=repeats, warmup=warmup)
-        if dev.type == "cuda":
-            workspace = _cuda_workspace(forward, backward, dev)
-    flops, _ = _fake_run(fn, cargs, ckwargs, precision)
-    shape = tuple(out_tensors[0].shape) if out_tensors else ()
-    return Measurement(fp_s, bp_s, out_bytes, sum(saved_total.values()), sum(extra.values()),
-                       tuple(sorted(saved_args)), saves_output, workspace, flops, shape)
+def _time_backward(forward: Callable, diff: list[torch.Tensor], grad_inputs: list[torch.Tensor], dev: torch.device,
+                   repeats: int, warmup: int) -> tuple[float, int]:
+    """The backward's seconds (the gradients of ``grad_inputs`` from random output gradients of
+    ``diff``, the graph kept) and, on CUDA, the call's workspace bytes (:func:`_cuda_workspace`)."""
+    workspace = 0
+    gouts = [torch.randn_like(t) for t in diff]
+
+    def backward() -> Any:
+        return torch.autograd.grad(diff, grad_inputs, gouts, retain_graph=True, allow_unused=True)
+    bp_s, _ = time_callable(backward, device=dev, repeats=repeats, warmup=warmup)
+    if dev.type == "cuda":
+        workspace = _cuda_workspace(forward, backward, dev)
+    return bp_s, workspace
 
 
 def _cuda_workspace(forward: Callable, backward: Callable, dev: torch.device) -> int:
