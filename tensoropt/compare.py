@@ -32,7 +32,6 @@ from .graph import OpGraph
 from .measure import CostModel
 from .optimizers import DEFAULT_OPTIMIZER
 from .placers import PLACERS, check_options, place
-from .placers._common import resolve_devices
 from .plan import Plan
 from .planmodel.fits import check_budget_value, fits
 from .planmodel.simulate import simulate
@@ -136,7 +135,7 @@ def compare(graph: OpGraph, costs: CostModel, cluster: Cluster, *, algos: Iterab
     names, extra = _checked_names(algos, placer_options)
     costs.check_graph(graph)
     limit = check_budget_value(budget)
-    used = resolve_devices(cluster, devices)
+    used = cluster.select(devices)
     options = {algo: {"devices": used, "optimizer": optimizer, **extra.get(algo, {})} for algo in names}
     for algo in names:  # a misspelt option stops the comparison before any placer runs
         check_options(algo, options[algo])

@@ -39,7 +39,7 @@ from .cluster import detect_cluster, load_cluster
 from .compare import CompareRow, compare, frontier_failures, solver_options
 from .errors import TensorOptError
 from .frontier import candidate_meshes, track_frontier
-from .frontier.track import DEFAULT_MAX_WALKS, check_devices
+from .frontier.track import DEFAULT_MAX_WALKS
 from .measure import CostModel, profile
 from .measure.profiler import check_precision
 from .modelspec import load_model
@@ -206,7 +206,7 @@ def prepare(request: Request, progress: Progress = no_progress) -> Setup:
     and the shard degrees to profile (``request.degrees`` when given)."""
     progress("cluster", 0, 1, f"reading the cluster {request.cluster}")
     cluster = read_cluster(request.cluster)
-    devices = tuple(check_devices(cluster, list(request.devices) if request.devices is not None else None))
+    devices = tuple(cluster.select(request.devices))
     meshes = [tuple(m) for m in candidate_meshes(cluster, devices=list(devices))]
     degrees = request.degrees or profile_degrees(meshes, devices, request.placers, request.frontier)
     progress("cluster", 1, 1, f"{len(devices)} device(s), {len(meshes)} candidate mesh(es)")

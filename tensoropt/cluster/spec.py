@@ -330,6 +330,25 @@ class Cluster:
             raise ClusterSpecError(f"cluster {self.name} has no device {name!r} "
                                    f"(devices: {', '.join(self.names)})") from None
 
+    def select(self, devices: Sequence[str] | str | None) -> list[str]:
+        """The device names ``devices`` chooses — all of the cluster's, in its order, for ``None``;
+        a list or ``"gpu0,gpu1"`` as given — checked: none, unknown or repeated names are a
+        :class:`ClusterSpecError` that names them (the one device check of every stage)."""
+        if devices is None:
+            return list(self.names)
+        items = devices.split(",") if isinstance(devices, str) else devices
+        names = [str(d).strip() for d in items if str(d).strip()]
+        if not names:
+            raise ClusterSpecError("no devices given")
+        unknown = [d for d in names if d not in self._index]
+        if unknown:
+            raise ClusterSpecError(f"unknown device{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: cluster "
+                                   f"{self.name} has {', '.join(self.names)}")
+        dup = sorted({d for d in names if names.count(d) > 1})
+        if dup:
+            raise ClusterSpecError(f"devices name {', '.join(dup)} more than once")
+        return names
+
     def link(self, src: str, dst: str) -> LinkModel:
         """The link from ``src`` to ``dst``; a device to itself is :data:`LOCAL_LINK` (free)."""
         if src == dst:

@@ -83,7 +83,7 @@ from .algorithm import track
 from .graph_problem import MeshProblem, build_problem, candidate_meshes
 
 __all__ = ["track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "CSV_COLUMNS",
-           "default_resolution", "RESOLUTION_FRACTION", "DEFAULT_MAX_LEVELS", "check_devices"]
+           "default_resolution", "RESOLUTION_FRACTION", "DEFAULT_MAX_LEVELS"]
 
 #: the default resolution is this fraction of min(smallest device memory, largest plan memory)
 RESOLUTION_FRACTION = 1 / 1000
@@ -353,24 +353,6 @@ class Frontier:
 
 # --------------------------------------------------------------------------------------------
 
-def check_devices(cluster: Cluster, devices: Sequence[str] | None) -> list[str]:
-    """The device names to use (all of the cluster's when ``None``); unknown or repeated names
-    are a :class:`ClusterSpecError` that names them."""
-    if devices is None:
-        return list(cluster.names)
-    devices = [str(d).strip() for d in devices if str(d).strip()]
-    if not devices:
-        raise ClusterSpecError("no devices given")
-    unknown = [d for d in devices if d not in cluster.names]
-    if unknown:
-        raise ClusterSpecError(f"unknown device{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: cluster "
-                               f"{cluster.name} has {', '.join(cluster.names)}")
-    dup = sorted({d for d in devices if devices.count(d) > 1})
-    if dup:
-        raise ClusterSpecError(f"devices name {', '.join(dup)} more than once")
-    return devices
-
-
 def _check_meshes(cluster: Cluster, meshes: Iterable[Sequence[str]], allowed: Sequence[str]) -> list[tuple[str, ...]]:
     out = []
     for m in meshes:
@@ -379,7 +361,7 @@ def _check_meshes(cluster: Cluster, meshes: Iterable[Sequence[str]], allowed: Se
         m = tuple(m)
         if not m:
             raise ClusterSpecError("a mesh needs at least one device")
-        check_devices(cluster, m)
+        cluster.select(m)
         outside = [d for d in m if d not in allowed]
         if outside:
             raise ClusterSpecError(f"mesh {','.join(m)} uses {', '.join(outside)}, which is not among the devices "
@@ -554,7 +536,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     """
     t0 = _time.perf_counter()
     budget = _check_arguments(graph, costs, optimizer, budget, max_levels, max_walks, reserve)
-    allowed = check_devices(cluster, devices)
+    allowed = cluster.select(devices)
     mesh_list = (candidate_meshes(cluster, devices=allowed) if meshes is None
                  else _check_meshes(cluster, meshes, allowed))
 

@@ -23,24 +23,6 @@ from ..planmodel.memory import node_memory
 from .coarsen import Grouping, colocate, group_memory, heavy_edge_groups, parse_rules
 
 
-def resolve_devices(cluster: Cluster, devices: Sequence[str] | str | None) -> list[str]:
-    """``None`` → every device of the cluster in its order; a list or ``"gpu0,gpu1"`` → those,
-    checked to exist and to be distinct."""
-    if devices is None:
-        return list(cluster.names)
-    if isinstance(devices, str):
-        devices = [d.strip() for d in devices.split(",") if d.strip()]
-    names = list(devices)
-    if not names:
-        raise TensorOptError("devices must name at least one device of the cluster")
-    for d in names:
-        cluster.device(d)  # ClusterSpecError naming the cluster's devices
-    dup = sorted({d for d in names if names.count(d) > 1})
-    if dup:
-        raise TensorOptError(f"devices name {', '.join(dup)} more than once")
-    return names
-
-
 def kahn_order(graph: OpGraph) -> list[str]:
     """The operators in Kahn's topological order (Baechi's ``assign_topo_order``): start from the
     operators with no operator input, in graph order; repeatedly take the oldest ready one (FIFO)
@@ -106,7 +88,7 @@ def setup(graph: OpGraph, costs: CostModel, cluster: Cluster, algo: str, *, devi
           grouping: Grouping | None = None) -> Problem:
     """Build the :class:`Problem` and check that every placement unit can fit some device."""
     costs.check_graph(graph)
-    names = resolve_devices(cluster, devices)
+    names = cluster.select(devices)
     alpha = optimizer_alpha(optimizer)
     if grouping is None:
         grouping = colocate(graph, parse_rules(colocation))

@@ -48,7 +48,7 @@ from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..measure.costmodel import CostModel
 from ..plan import Plan, PlanError
-from ._common import Problem, device_bytes, make_plan, resolve_devices, setup
+from ._common import Problem, device_bytes, make_plan, setup
 from .coarsen import Grouping, colocate, heavy_edge_groups, parse_rules
 from .m_etf import ListScheduler
 from .m_sct import SCTScheduler, favourite_children
@@ -622,7 +622,7 @@ def coarsened_grouping(graph: OpGraph, costs: CostModel, cluster: Cluster, *, de
         return None, []
     if max_groups < 1:
         raise TensorOptError(f"max_groups must be at least 1, got {max_groups!r}")
-    names = resolve_devices(cluster, devices)
+    names = cluster.select(devices)
     base = colocate(graph, parse_rules(colocation))
     if len(base) <= max_groups:
         return base, []

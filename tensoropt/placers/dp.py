@@ -30,7 +30,6 @@ from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..plan import NodeConfig, Plan, PlanError
 from ..planmodel.memory import node_memory
 from ..planmodel.reshard import R, read_layout, reads_nothing
-from ._common import resolve_devices
 from .coarsen import param_held_bytes
 
 NAME = "dp"
@@ -42,7 +41,7 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
     :class:`~tensoropt.plan.PlanError` when the profile lacks the batch shard for that many
     devices or when a device cannot hold the replicated model.  O(V + E)."""
     costs.check_graph(graph)
-    names = resolve_devices(cluster, devices)
+    names = cluster.select(devices)
     n = len(names)
     alpha = optimizer_alpha(optimizer)
     configs: dict[str, NodeConfig] = {}

@@ -367,3 +367,17 @@ def test_any_cluster_round_trips_exactly(c):
     assert Cluster.from_dict(c.to_dict()) == c
     back = Cluster.from_dict(yaml.safe_load(c.to_yaml()))
     assert back == c and back.fingerprint == c.fingerprint
+
+
+def test_select_is_the_one_device_check():
+    c = Cluster("box", [Device("gpu0", 2**30), Device("gpu1", 2**30), Device("gpu2", 2**30)], {},
+                default=LinkModel(1e-5, 1e10))
+    assert c.select(None) == ["gpu0", "gpu1", "gpu2"]                 # all, in the cluster's order
+    assert c.select(" gpu2, gpu0 ") == ["gpu2", "gpu0"]               # a CLI list, as given
+    assert c.select(("gpu1",)) == ["gpu1"]
+    with pytest.raises(ClusterSpecError, match=r"^unknown devices gpu7, gpu9: cluster box has gpu0, gpu1, gpu2$"):
+        c.select(["gpu0", "gpu7", "gpu9"])
+    with pytest.raises(ClusterSpecError, match="devices name gpu1 more than once"):
+        c.select("gpu1,gpu1")
+    with pytest.raises(ClusterSpecError, match="no devices given"):
+        c.select(" , ")
