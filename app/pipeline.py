@@ -188,6 +188,8 @@ def run_request(req: Request, store: ResultStore, progress: workflow.Progress | 
             on_frontier(key)
 
     result = workflow.explore(req, report, on_frontier=frontier_ready)
+    if result.frontier_error is not None:   # the page is a frontier first: no folder without one
+        raise result.frontier_error
     baselines = [baseline_row(r) for r in result.rows]
     for _row, plan in baselines:
         if plan is not None:

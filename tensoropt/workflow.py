@@ -153,8 +153,9 @@ class Setup:
 @dataclass
 class Exploration:
     """Everything :func:`explore` found: the request, its :class:`Setup`, the captured graph, its
-    costs, the frontier (``None`` when not asked for), the baselines' and the frontier's compare
-    rows (simulated alike), and how long each stage took (``seconds``: stage → s)."""
+    costs, the frontier (``None`` when not asked for, or when tracking it failed beside the
+    baselines: then ``frontier_error`` says why), the baselines' and the frontier's compare rows
+    (simulated alike), and how long each stage took (``seconds``: stage → s)."""
 
     request: Request
     setup: Setup
@@ -163,6 +164,7 @@ class Exploration:
     frontier: Frontier | None = None
     rows: list[CompareRow] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    frontier_error: TensorOptError | None = None
 
     @property
     def cluster(self) -> Cluster:
@@ -258,7 +260,6 @@ def explore(request: Request, progress: Progress = no_progress, *,
     setup = prepare(request, progress)
     graph, costs = measure(request, setup, progress)
     result = Exploration(request, setup, graph, costs, seconds={"measure": time.perf_counter() - t0})
-    frontier_error: TensorOptError | None = None
     if request.frontier:
         t1 = time.perf_counter()
         progress("frontier", 0, 1, "tracking the frontier")
@@ -270,7 +271,7 @@ def explore(request: Request, progress: Progress = no_progress, *,
         except TensorOptError as e:
             if not request.placers:
                 raise
-            frontier_error = e   # beside the baselines, a failed frontier is two rows saying why
+            result.frontier_error = e   # beside the baselines, a failed frontier is two rows saying why
         result.seconds["frontier"] = time.perf_counter() - t1
         if result.frontier is not None:
             progress("frontier", 1, 1, f"{len(result.frontier)} plans on the frontier")
@@ -285,8 +286,8 @@ def explore(request: Request, progress: Progress = no_progress, *,
                               placer_options=solver_options(request.placers, request.time_limit),
                               budget=request.budget, reserve=request.reserve,
                               progress=progress)
-        if frontier_error is not None:
-            result.rows += frontier_failures(result.seconds["frontier"], frontier_error)
+        if result.frontier_error is not None:
+            result.rows += frontier_failures(result.seconds["frontier"], result.frontier_error)
         result.seconds["baselines"] = time.perf_counter() - t1
         progress("baselines", 1, 1, "baselines done")
     result.seconds["total"] = time.perf_counter() - t0

@@ -79,3 +79,16 @@ def test_cheap_checks_come_before_any_capture(profiled_degrees, monkeypatch):
     with pytest.raises(TensorOptError, match="optimizer"):
         Request(TINY, "preset:titan-rtx-5", optimizer="adagrad")
     assert captured == [] and profiled_degrees == []
+
+
+def test_a_failed_frontier_is_two_rows_beside_the_baselines_and_an_error_alone(profiled_degrees):
+    from tensoropt.frontier import BudgetError
+
+    # 1000 bytes per device: below every plan of the tiny model (its parameters alone are ~3 KiB)
+    beside = explore(Request(TINY, "preset:titan-rtx-5", devices=("gpu0", "gpu1"), budget=1000, algos=("dp",),
+                             repeats=1))
+    assert beside.frontier is None and isinstance(beside.frontier_error, BudgetError)
+    assert [r.algo for r in beside.rows] == ["dp", "frontier min-time", "frontier min-memory"]
+    assert beside.rows[1].error == beside.rows[2].error == str(beside.frontier_error)
+    with pytest.raises(BudgetError):
+        explore(Request(TINY, "preset:titan-rtx-5", devices=("gpu0", "gpu1"), budget=1000, repeats=1))

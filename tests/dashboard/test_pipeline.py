@@ -147,3 +147,19 @@ def test_baselines_on_unequal_gpus_carry_each_device_peak(hetero_result):
         assert b["fits"] == fits(sim.memory_bytes, cluster)
     assert set(base["dp"]["memory_bytes"]) == {"big", "small"} and base["dp"]["fits"] is False
     assert base["m-topo"]["fits"] is True
+
+
+def test_no_result_folder_is_complete_without_a_frontier(tmp_path):
+    """Tracking the frontier fails (a budget below every plan): the page gets the error, and the
+    folder is not marked complete although the baselines ran."""
+    from tensoropt.dashboard.pipeline import ResultStore
+    from tensoropt.frontier import BudgetError
+
+    from .conftest import TINY
+
+    store = ResultStore(tmp_path)
+    req = Request(model=TINY, cluster="preset:titan-rtx-5", devices=("gpu0", "gpu1"), budget=1000,
+                  algos=("dp",), repeats=1)
+    with pytest.raises(BudgetError):
+        run_request(req, store)
+    assert not store.complete(req.key) and not store.frontier_ready(req.key)
