@@ -37,7 +37,7 @@ import os
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -89,11 +89,6 @@ class Request(workflow.Request):
     cluster: str = DEFAULT_CLUSTER
     algos: tuple[str, ...] | None = None
     time_limit: float | None = MILP_TIME_LIMIT_S
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Request:
-        base = workflow.Request.from_dict(d)
-        return cls(**{f.name: getattr(base, f.name) for f in fields(base)})
 
     @property
     def key(self) -> str:

@@ -49,6 +49,8 @@ from .planmodel.fits import check_budget_value
 from .progress import Progress, no_progress
 
 if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
+
     from .cluster import Cluster
     from .frontier import Frontier
     from .graph import OpGraph
@@ -131,7 +133,8 @@ class Request:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Request:
+    def from_dict(cls, d: dict[str, Any]) -> Self:
+        """The request (of this class: the dashboard's subclass reads its own) :meth:`to_dict` wrote."""
         d = dict(d)
         for k in ("devices", "degrees", "algos"):
             if d.get(k) is not None:
