@@ -10,7 +10,10 @@ classic placers compare?*  :func:`explore` answers it once, in one order:
    degrees to profile (:func:`profile_degrees` — computed here and nowhere else, so the
    dashboard and ``compare`` profile the same degrees for the same request);
 3. capture the model in the request's precision;
-4. profile it at those degrees, or read a saved profile checked against the graph;
+4. profile it at those degrees, or read a saved profile checked against the graph, and price it
+   for the cluster (:func:`~tensoropt.devicemodel.price`): as measured where the profiled device
+   is the cluster's kind, through the cluster kind's device model where not — then profiling
+   times nothing, it only records each call's memory and work — or refused, with the ways out;
 5. track the frontier (:func:`~tensoropt.frontier.track_frontier`);
 6. run the baseline placers and simulate every plan alike (:func:`~tensoropt.compare.compare`).
 
@@ -30,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,11 +41,13 @@ from typing import TYPE_CHECKING, Any
 from .capture.precision import check_precision as check_precision_name
 from .cluster import detect_cluster, load_cluster
 from .compare import CompareRow, compare, frontier_failures, solver_options
+from .devicemodel import COSTS_FROM, Priced, price, same_kind
 from .errors import TensorOptError
 from .frontier import candidate_meshes, track_frontier
 from .frontier.track import DEFAULT_MAX_WALKS
 from .measure import CostModel, profile
-from .measure.profiler import check_precision
+from .measure.profiler import check_precision, profiling_device
+from .measure.timing import device_name
 from .modelspec import load_model
 from .optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from .placers import PLACERS
@@ -77,7 +83,11 @@ class Request:
     profiling's timed and untimed calls per operator; ``frontier``:
     whether to track the frontier; ``algos``: the baseline placers to run (``None``: all, ``()``:
     none); ``time_limit``: the MILP placers' solver limit in seconds; ``resolution`` and
-    ``max_walks``: frontier tracking's memory resolution in bytes and walk limit.
+    ``max_walks``: frontier tracking's memory resolution in bytes and walk limit;
+    ``costs_from``: ``auto`` (measured where the profiled device is the cluster's kind, else the
+    cluster kind's device model), ``measured`` (refuse another kind) or ``model`` (always the
+    device model); ``calibration``: a calibration file for the device model
+    (:mod:`tensoropt.devicemodel`).
     """
 
     model: str
@@ -98,6 +108,8 @@ class Request:
     time_limit: float | None = None
     resolution: int | None = None
     max_walks: int = DEFAULT_MAX_WALKS
+    costs_from: str = "auto"
+    calibration: str | None = None
 
     def __post_init__(self) -> None:
         if self.batch is not None and (isinstance(self.batch, bool) or int(self.batch) != self.batch or self.batch < 1):
@@ -119,6 +131,8 @@ class Request:
         if unknown:
             raise TensorOptError(f"unknown placer {unknown[0]!r}; known: {', '.join(PLACERS)}")
         solver_options(self.placers, self.time_limit)   # a non-positive limit is refused here
+        if self.costs_from not in COSTS_FROM:
+            raise TensorOptError(f"costs_from must be one of {', '.join(COSTS_FROM)}, got {self.costs_from!r}")
 
     @property
     def placers(self) -> tuple[str, ...]:
@@ -155,8 +169,9 @@ class Setup:
 
 @dataclass
 class Exploration:
-    """Everything :func:`explore` found: the request, its :class:`Setup`, the captured graph, its
-    costs, the frontier (``None`` when not asked for, or when tracking it failed beside the
+    """Everything :func:`explore` found: the request, its :class:`Setup` (its cluster as priced:
+    speeds a device model gave a second kind), the captured graph, its costs, where their times
+    come from (``source``, one line every surface shows) and what pricing decided (``notes``), the frontier (``None`` when not asked for, or when tracking it failed beside the
     baselines: then ``frontier_error`` says why), the baselines' and the frontier's compare rows
     (simulated alike), and how long each stage took (``seconds``: stage → s)."""
 
@@ -164,6 +179,8 @@ class Exploration:
     setup: Setup
     graph: OpGraph
     costs: CostModel
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
     frontier: Frontier | None = None
     rows: list[CompareRow] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -227,9 +244,20 @@ def read_profile(path: str, graph: OpGraph) -> CostModel:
     return costs
 
 
-def measure(request: Request, setup: Setup, progress: Progress = no_progress) -> tuple[OpGraph, CostModel]:
-    """Capture the model in the request's precision and profile it at the setup's degrees (or
-    read the request's saved profile)."""
+def needs_device_model(request: Request, setup: Setup, measured_on: str) -> bool:
+    """Whether the request's costs will be priced through a device model: asked for, or (``auto``)
+    some device of the setup is of another kind than ``measured_on`` (and has no explicit speed)."""
+    if request.costs_from != "auto":
+        return request.costs_from == "model"
+    return any(d.kind and d.speed == 1.0 and not same_kind(d.kind, measured_on)
+               for d in (setup.cluster.device(n) for n in setup.devices))
+
+
+def measure(request: Request, setup: Setup, progress: Progress = no_progress) -> tuple[OpGraph, Priced]:
+    """Capture the model in the request's precision, profile it at the setup's degrees (or read
+    the request's saved profile) and price it for the setup's devices
+    (:func:`~tensoropt.devicemodel.price`).  A profile only a device model will price is made
+    with timing off: each call runs once, for its memory and work."""
     progress("capture", 0, 1, f"capturing {request.model}")
     graph = load_model(request.model, batch=request.batch).capture(precision=request.precision)
     progress("capture", 1, 1, f"{graph.name}: {len(graph.ops)} operators")
@@ -237,13 +265,16 @@ def measure(request: Request, setup: Setup, progress: Progress = no_progress) ->
         progress("profile", 0, 1, f"reading the profile {request.profile}")
         costs = read_profile(request.profile, graph)
         progress("profile", 1, 1, "profile read")
-        return graph, costs
-    n_ops = len(graph.ops)
-    progress("profile", 0, n_ops, f"profiling at shard degrees {', '.join(map(str, setup.degrees))}")
-    costs = profile(graph, device=request.device, shard_degrees=setup.degrees, repeats=request.repeats,
-                    warmup=request.warmup, progress=progress)
-    progress("profile", n_ops, n_ops, "profiled")
-    return graph, costs
+    else:
+        timed = not needs_device_model(request, setup, device_name(profiling_device(request.device)))
+        n_ops = len(graph.ops)
+        what = "profiling" if timed else "recording memory and work (a device model prices the times)"
+        progress("profile", 0, n_ops, f"{what} at shard degrees {', '.join(map(str, setup.degrees))}")
+        costs = profile(graph, device=request.device, shard_degrees=setup.degrees, repeats=request.repeats,
+                        warmup=request.warmup, progress=progress, timed=timed)
+        progress("profile", n_ops, n_ops, "profiled")
+    return graph, price(costs, setup.cluster, setup.devices, costs_from=request.costs_from,
+                        calibration=request.calibration)
 
 
 def explore(request: Request, progress: Progress = no_progress, *,
@@ -261,8 +292,11 @@ def explore(request: Request, progress: Progress = no_progress, *,
     """
     t0 = time.perf_counter()
     setup = prepare(request, progress)
-    graph, costs = measure(request, setup, progress)
-    result = Exploration(request, setup, graph, costs, seconds={"measure": time.perf_counter() - t0})
+    graph, priced = measure(request, setup, progress)
+    setup = dataclasses.replace(setup, cluster=priced.cluster)
+    costs = priced.costs
+    result = Exploration(request, setup, graph, costs, priced.source, priced.notes,
+                         seconds={"measure": time.perf_counter() - t0})
     if request.frontier:
         t1 = time.perf_counter()
         progress("frontier", 0, 1, "tracking the frontier")
@@ -298,4 +332,4 @@ def explore(request: Request, progress: Progress = no_progress, *,
 
 
 __all__ = ["DETECTED", "STAGES", "Exploration", "Progress", "Request", "Setup", "explore", "measure",
-           "no_progress", "prepare", "profile_degrees", "read_cluster", "read_profile"]
+           "needs_device_model", "no_progress", "prepare", "profile_degrees", "read_cluster", "read_profile"]

@@ -13,6 +13,7 @@ LAYERS = [
     {"errors", "_io", "_malloc", "_procs", "optimizers", "graph", "plan", "describe", "syncbn", "progress"},  # values
     {"capture", "modelspec", "zoo"},           # model → OpGraph
     {"measure", "cluster"},                    # what operators and links cost, measured
+    {"devicemodel"},                           # operators priced on a device kind; costs meet a cluster
     {"planmodel"},                             # what a plan costs
     {"frontier", "placers"},                   # search
     {"execute"},                               # a plan run by rewriting the graph

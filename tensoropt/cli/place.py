@@ -51,8 +51,8 @@ def _cmd_place(args: argparse.Namespace, console: Console) -> int:
     request = workflow_request(args, frontier=False, algos=(args.algo,), time_limit=args.time_limit)
     with ProgressBars(console) as progress:
         setup = prepare(request, progress)
-        graph, costs = measure(request, setup, progress)
-    cluster, devices = setup.cluster, list(setup.devices)
+        graph, priced = measure(request, setup, progress)
+    costs, cluster, devices = priced.costs, priced.cluster, list(setup.devices)
     options = _placer_options(args, devices)
     t0 = time.perf_counter()
     plan = place(graph, costs, cluster, args.algo, **options)

@@ -70,6 +70,7 @@ import numpy as np
 from .._io import write_atomic
 from ..cluster import Cluster
 from ..describe import fmt_bytes
+from ..devicemodel.price import check_costs_kind
 from ..errors import ClusterSpecError, TensorOptError
 from ..graph import OpGraph, grad_nodes
 from ..measure.costmodel import CostModel
@@ -540,6 +541,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     mesh_list = (candidate_meshes(cluster, devices=allowed) if meshes is None
                  else _check_meshes(cluster, meshes, allowed))
 
+    check_costs_kind(costs, cluster, sorted({d for m in mesh_list for d in m}))   # never one kind priced as another
     steps = 2 * len(mesh_list) + 1   # build each mesh's problem, track each, then the union
     problems = _build_problems(graph, costs, cluster, mesh_list, optimizer, partial(progress, "frontier"), steps)
     res, res_rule = _choose_resolution(resolution, problems, cluster)

@@ -43,8 +43,42 @@ from ..plan import SPLIT_LAYOUTS, Layout
 
 PROFILE_FORMAT = "tensoropt.profile/1"
 LAYOUTS = SPLIT_LAYOUTS   # a shard's layouts (R is the full shape)
-METHODS = ("measured", "cached", "scaled", "roofline", "free", "sequence", "adjusted")
+METHODS = ("measured", "cached", "scaled", "roofline", "free", "sequence", "adjusted", "modelled")
 ESTIMATED = frozenset({"scaled", "roofline"})
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one call does, whatever runs it: FLOPs (``FlopCounterMode``: matrix products,
+    convolutions and attention; other ops count 0) and bytes it reads and writes, forward and
+    backward.  A device model turns work into time on a device kind (:mod:`tensoropt.devicemodel`).
+
+    Forward bytes: the call's distinct input tensors (parameters too) plus its outputs; backward
+    bytes: the output gradients, what autograd saved, and the input gradients it produces.
+    """
+
+    fp_flops: int = 0
+    bp_flops: int = 0
+    fp_bytes: int = 0
+    bp_bytes: int = 0
+
+    def scaled(self, k: int) -> Work:
+        """One of ``k`` equal pieces (a shard estimated from the full call)."""
+        return Work(self.fp_flops // k, self.bp_flops // k, self.fp_bytes // k, self.bp_bytes // k)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> Work | None:
+        if d is None:
+            return None
+        if not isinstance(d, Mapping):
+            raise GraphFormatError(f"{where}.work must be an object with fp_flops, bp_flops, fp_bytes, bp_bytes")
+        vals = {}
+        for key in ("fp_flops", "bp_flops", "fp_bytes", "bp_bytes"):
+            v = d.get(key, 0)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise GraphFormatError(f"{where}.work.{key} must be a non-negative integer, got {v!r}")
+            vals[key] = v
+        return cls(**vals)
 
 
 @dataclass(frozen=True)
@@ -57,6 +91,7 @@ class ShardCost:
     saved_bytes: int          # everything autograd keeps for backward (inputs, output, extras), deduplicated
     extra_saved_bytes: int    # saved tensors that are neither an input nor the output (masks, statistics)
     method: str = "measured"
+    work: Work | None = None  # what the call does (None: a profile made before work was recorded)
 
     @property
     def estimated(self) -> bool:
@@ -81,6 +116,7 @@ class NodeCost:
     workspace_bytes: int = 0          # transient memory beyond inputs and outputs (measured on CUDA only)
     flops: int = 0                    # forward FLOPs where FlopCounterMode knows a formula
     shards: Mapping[tuple[str, int], ShardCost] = field(default_factory=dict)
+    work: Work | None = None          # what the full call does (None: a profile made before work was recorded)
 
     @property
     def estimated(self) -> bool:
@@ -91,7 +127,7 @@ class NodeCost:
         shard is not legal for the node (see :meth:`CostModel.legal`)."""
         if layout == Layout.R or degree == 1:
             return ShardCost(self.fp_s, self.bp_s, self.output_bytes, self.saved_bytes, self.extra_saved_bytes,
-                             self.method)
+                             self.method, self.work)
         return self.shards[(layout, degree)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -129,12 +165,14 @@ class NodeCost:
                 raise GraphFormatError(f"{sw}.method must be one of {METHODS}")
             shards[(s["layout"], k)] = ShardCost(
                 num("fp_s", s, sw), num("bp_s", s, sw), num("output_bytes", s, sw, int),
-                num("saved_bytes", s, sw, int), num("extra_saved_bytes", s, sw, int), s["method"])
+                num("saved_bytes", s, sw, int), num("extra_saved_bytes", s, sw, int), s["method"],
+                Work.from_dict(s.get("work"), sw))
         return cls(name=d["name"], op=str(d.get("op", "")), fp_s=num("fp_s"), bp_s=num("bp_s"), method=method,
                    param_bytes=num("param_bytes", typ=int), output_bytes=num("output_bytes", typ=int),
                    saved_inputs=tuple(d.get("saved_inputs", ())), saves_output=bool(d.get("saves_output", False)),
                    saved_bytes=num("saved_bytes", typ=int), extra_saved_bytes=num("extra_saved_bytes", typ=int),
-                   workspace_bytes=num("workspace_bytes", typ=int), flops=num("flops", typ=int), shards=shards)
+                   workspace_bytes=num("workspace_bytes", typ=int), flops=num("flops", typ=int), shards=shards,
+                   work=Work.from_dict(d.get("work"), where))
 
 
 class CostModel:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -70,7 +71,7 @@ from ..errors import ProfileError
 from ..graph import OpGraph, OpNode, TensorMeta, grad_nodes, split_fits
 from ..plan import SPLIT_LAYOUTS, Layout
 from ..progress import Progress, no_progress
-from .costmodel import CostModel, NodeCost, ShardCost
+from .costmodel import CostModel, NodeCost, ShardCost, Work
 from .feed import module_on, placeholder_values
 from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
 from .shards import TensorArg, shard_args, shard_size
@@ -81,7 +82,8 @@ from .timing import device_info, device_key, time_callable
 #: (version 3's leading pieces were views of the whole storage: their shards' bytes overstated);
 #: 5: an activation needs a gradient only downstream of a trainable parameter (version 4 timed a
 #: first layer's backward with an input gradient training never computes)
-CACHE_VERSION = 5
+#: 6: every call records its work (forward and backward FLOPs and bytes, :class:`.costmodel.Work`)
+CACHE_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -98,12 +100,19 @@ class Measurement:
     flops: int
     out_shape: tuple[int, ...]    # first output's shape, to check a shard rule
     method: str = "measured"
+    bp_flops: int = 0             # with ``flops`` and the bytes: the call's Work
+    fp_bytes: int = 0
+    bp_bytes: int = 0
+
+    @property
+    def work(self) -> Work:
+        return Work(self.flops, self.bp_flops, self.fp_bytes, self.bp_bytes)
 
 
 def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int] = (1, 2, 4, 8),
             repeats: int = 5, warmup: int = 1, cache: bool | str | os.PathLike = True,
             progress: Progress = no_progress, inputs: tuple | None = None,
-            in_sequence: bool = True) -> CostModel:
+            in_sequence: bool = True, timed: bool = True) -> CostModel:
     """Measure every node of ``graph`` alone, then (``in_sequence``) inside whole training steps;
     see the module docstring.
 
@@ -113,7 +122,10 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     path, or ``False``.  ``progress``: told ``("profile", done, total, node_name)`` as nodes are
     measured (:class:`~tensoropt.progress.Progress`).  ``in_sequence``: replace the isolated times by what each
     node costs inside a training step (:mod:`.sequence`; off, or when a whole step does not fit
-    in memory, the isolated times stay and ``settings["in_sequence"]`` says why).  Everything
+    in memory, the isolated times stay and ``settings["in_sequence"]`` says why).  ``timed=False``:
+    run every call once for its memory figures and its work, time nothing (every time is 0, no
+    in-sequence run, ``settings["timed"]`` false) — for a device model to price
+    (:func:`tensoropt.devicemodel.convert`); such a profile is refused anywhere else.  Everything
     runs in ``graph.precision`` (a bf16 graph under its autocast; module docstring, 6.), recorded
     in ``settings["precision"]``.  Runs the
     model's forward once plus, per distinct op call, ``warmup + repeats`` forward and backward
@@ -123,7 +135,7 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
         raise ProfileError(f"graph {graph.name!r} has no captured module (it was loaded from "
                            f"{graph.source or 'a file'}); profile the model itself, e.g. "
                            "tensoropt profile zoo:NAME or tensoropt.profile(tensoropt.capture(model, inputs))")
-    dev = _device(device)
+    dev = profiling_device(device)
     steady_malloc()   # one allocator regime for the profile and the executors (why: tensoropt._malloc)
     degrees = sorted({int(k) for k in shard_degrees if int(k) > 1})
     t0 = time.perf_counter()
@@ -136,34 +148,36 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
         progress("profile", done, total, name)
 
     runner = _measure_ops(graph, dev, degrees, repeats, warmup, store,
-                          inputs if inputs is not None else graph.example_inputs, report)
+                          inputs if inputs is not None else graph.example_inputs, report, timed)
     info = runner.info
     costs = runner.costs
     sequence: dict[str, Any] = {"used": False}
-    if in_sequence:
+    if in_sequence and timed:
         costs, sequence = _in_sequence(graph, costs, dev, inputs, degrees, repeats, store)
     store.save()
     settings = _profile_settings(graph, runner, repeats, warmup, degrees, sequence, load0)
+    settings["timed"] = timed
     return CostModel(costs, graph_fingerprint=graph.fingerprint, graph_name=graph.name,
                      batch_size=graph.batch_size, device=info, settings=settings,
                      profile_s=time.perf_counter() - t0)
 
 
 def _measure_ops(graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
-                 store: _DiskCache, inputs: Any, report: Callable[[int, int, str], None]) -> _Runner:
+                 store: _DiskCache, inputs: Any, report: Callable[[int, int, str], None], timed: bool = True) -> _Runner:
     """Every node measured alone, at full shape and each shard: when the cache holds entries, a
     dry run on FakeTensors first (no compute) — enough if every call is cached — else a real run
     (the device measured, its info stored)."""
     runner = None
     with quiet_torch_logs():  # a failing fake-tensor op logs its traceback before we handle it
         if store.entries and store.info:  # everything cached? find out on FakeTensors, no compute
-            runner = _Runner(graph, dev, degrees, repeats, warmup, store, store.info, dry=True)
+            runner = _Runner(graph, dev, degrees, repeats, warmup, store, store.info, dry=True, timed=timed)
             if not runner.run_dry(inputs, report):
                 runner = None
         if runner is None:
-            info = device_info(dev)
-            store.info, store.dirty = info, True
-            runner = _Runner(graph, dev, degrees, repeats, warmup, store, info)
+            info = device_info(dev, measure=timed)
+            if timed:
+                store.info, store.dirty = info, True
+            runner = _Runner(graph, dev, degrees, repeats, warmup, store, info, timed=timed)
             runner.run(inputs, report)
     return runner
 
@@ -249,7 +263,7 @@ def busy_warning(costs: CostModel) -> str | None:
             "times may be inflated; profile again on a quiet machine (cached ops are not re-measured: use --no-cache)")
 
 
-def _device(device: str) -> torch.device:
+def profiling_device(device: str) -> torch.device:
     try:
         dev = torch.device(device)
     except RuntimeError:
@@ -313,7 +327,7 @@ class _Runner(fx.Interpreter):
     """Runs the captured module once, measuring each node alone as it goes."""
 
     def __init__(self, graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
-                 store: _DiskCache, info: dict[str, Any], dry: bool = False):
+                 store: _DiskCache, info: dict[str, Any], dry: bool = False, timed: bool = True):
         gm = graph.module
         self.exported = graph.exported
         if self.exported is None:  # torch.fx capture: the module holds the user's own parameters and
@@ -333,6 +347,7 @@ class _Runner(fx.Interpreter):
         self.measured_calls = self.cached_calls = 0
         self.report: Callable = lambda *a: None
         self.dry = dry  # only look calls up in the cache, on FakeTensors (raises _CacheMiss)
+        self.timed = timed  # False: run each call once for memory and work, time nothing
 
     # ---- driving -----------------------------------------------------------------------------
     def run(self, inputs: tuple | None, report: Callable) -> None:  # type: ignore[override]
@@ -405,7 +420,7 @@ class _Runner(fx.Interpreter):
         return NodeCost(op.name, op.op, full.fp_s, full.bp_s, full.method, param_bytes=param_bytes,
                         output_bytes=full.output_bytes, saved_inputs=saved_inputs, saves_output=full.saves_output,
                         saved_bytes=full.saved_bytes, extra_saved_bytes=full.extra_saved_bytes,
-                        workspace_bytes=full.workspace_bytes, flops=full.flops, shards=shards)
+                        workspace_bytes=full.workspace_bytes, flops=full.flops, shards=shards, work=full.work)
 
     def _view_shard_runs(self, n, op, fn, args, kwargs, tinfo, k: int) -> bool:
         """Whether a metadata-only node (a view) split ``k`` ways along its channels is one the
@@ -460,7 +475,7 @@ class _Runner(fx.Interpreter):
             return None
         if list(m.out_shape) != expected:
             return None     # nor where its shard is not the promised piece of the output
-        return ShardCost(m.fp_s, m.bp_s, m.output_bytes, m.saved_bytes, m.extra_saved_bytes, m.method)
+        return ShardCost(m.fp_s, m.bp_s, m.output_bytes, m.saved_bytes, m.extra_saved_bytes, m.method, m.work)
 
     def _callable(self, n: fx.Node) -> tuple[Callable, tuple, dict, list[torch.Tensor]]:
         args, kwargs = self.fetch_args_kwargs_from_env(n)
@@ -503,6 +518,8 @@ class _Runner(fx.Interpreter):
         fit the op is the caller's to handle)."""
         grad_flags = self._grad_flags(args, kwargs, tinfo, grad)
         key = _call_key(opname, fn, args, kwargs, grad_flags, extra_params, self.precision)
+        if not self.timed:
+            key = f"untimed|{key}"    # never served to a timed profile
         hit = self.seen.get(key) or self.store.get(key)
         if hit is None and self.dry:
             raise _CacheMiss(key)
@@ -513,7 +530,9 @@ class _Runner(fx.Interpreter):
         try:
             param_flags = [tinfo.get(id(v), TensorArg("param")).kind == "param" for v in _tensors((args, kwargs))]
             m = _measure_call(fn, args, kwargs, grad_flags, param_flags, extra_params if grad else [], self.dev,
-                              self.repeats, self.warmup, self.precision)
+                              self.repeats, self.warmup, self.precision, self.timed)
+            if _basename(opname) in _GATHERS:
+                m = _gathered(m, args, kwargs)
         except Exception:  # noqa: BLE001 - an op that cannot run alone: a roofline estimate
             if not estimate:
                 raise
@@ -545,8 +564,10 @@ class _CacheMiss(Exception):
 
 def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool], param_flags: list[bool],
                   extra_params: list[torch.Tensor], dev: torch.device, repeats: int, warmup: int,
-                  precision: str = "fp32") -> Measurement:
-    """Time one call alone, forward and backward; record what autograd saves.
+                  precision: str = "fp32", timed: bool = True) -> Measurement:
+    """Time one call alone, forward and backward; record what autograd saves and the call's
+    work (FLOPs counted on the first forward and backward, bytes from the tensors it touches;
+    ``timed=False``: only those, every time 0).
 
     ``grad_flags`` / ``param_flags``: per tensor argument, whether it is a leaf needing a
     gradient and whether it is a parameter / buffer (not an activation);  ``extra_params``: the
@@ -571,23 +592,35 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
         saved.append(t)
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False) as count:
         outs = forward()
     out_tensors = [t for t in tree_flatten(outs)[0] if isinstance(t, torch.Tensor)]
     out_ptrs = {_ptr(t) for t in out_tensors}
     out_bytes = _unique_bytes(t for t in out_tensors if _ptr(t) not in in_ptrs)
     saved_args, saves_output, extra_bytes, saved_bytes = _saved_by_kind(saved, in_ptrs, out_ptrs, param_ptrs,
                                                                          param_flags)
-    fp_s, _ = time_callable(forward, device=dev, repeats=repeats, warmup=warmup)
+    fp_flops = int(count.get_total_flops())
+    fp_bytes = _touched_bytes([*in_tensors, *extra_params, *out_tensors])
+    fp_s = time_callable(forward, device=dev, repeats=repeats, warmup=warmup)[0] if timed else 0.0
 
-    bp_s, workspace = 0.0, 0
+    bp_s, workspace, bp_flops, bp_bytes = 0.0, 0, 0, 0
     diff = [t for t in out_tensors if t.requires_grad and t.grad_fn is not None]
     if enable and diff:
-        bp_s, workspace = _time_backward(forward, diff, grad_inputs, dev, repeats, warmup)
-    flops, _ = _fake_run(fn, cargs, ckwargs, precision)
+        gouts = [torch.randn_like(t) for t in diff]
+
+        def backward() -> Any:
+            return torch.autograd.grad(diff, grad_inputs, gouts, retain_graph=True, allow_unused=True)
+        with FlopCounterMode(display=False) as count:
+            grads = backward()
+        bp_flops = int(count.get_total_flops())
+        bp_bytes = _touched_bytes([*gouts, *saved]) + _touched_bytes(g for g in grads if g is not None)
+        del grads
+        if timed:
+            bp_s, workspace = _time_backward(forward, backward, dev, repeats, warmup)
     shape = tuple(out_tensors[0].shape) if out_tensors else ()
     return Measurement(fp_s, bp_s, out_bytes, saved_bytes, extra_bytes,
-                       saved_args, saves_output, workspace, flops, shape)
+                       saved_args, saves_output, workspace, fp_flops, shape,
+                       bp_flops=bp_flops, fp_bytes=fp_bytes, bp_bytes=bp_bytes)
 
 
 def _detached_args(args: tuple, kwargs: dict, grad_flags: list[bool]) -> tuple[Any, Any, list[torch.Tensor]]:
@@ -626,15 +659,11 @@ def _saved_by_kind(saved: list[torch.Tensor], in_ptrs: dict[int, int], out_ptrs:
     return tuple(sorted(saved_args)), saves_output, sum(extra.values()), sum(saved_total.values())
 
 
-def _time_backward(forward: Callable, diff: list[torch.Tensor], grad_inputs: list[torch.Tensor], dev: torch.device,
+def _time_backward(forward: Callable, backward: Callable, dev: torch.device,
                    repeats: int, warmup: int) -> tuple[float, int]:
-    """The backward's seconds (the gradients of ``grad_inputs`` from random output gradients of
-    ``diff``, the graph kept) and, on CUDA, the call's workspace bytes (:func:`_cuda_workspace`)."""
+    """The backward's seconds (``backward``: the input gradients from fixed random output
+    gradients, the graph kept) and, on CUDA, the call's workspace bytes (:func:`_cuda_workspace`)."""
     workspace = 0
-    gouts = [torch.randn_like(t) for t in diff]
-
-    def backward() -> Any:
-        return torch.autograd.grad(diff, grad_inputs, gouts, retain_graph=True, allow_unused=True)
     bp_s, _ = time_callable(backward, device=dev, repeats=repeats, warmup=warmup)
     if dev.type == "cuda":
         workspace = _cuda_workspace(forward, backward, dev)
@@ -685,8 +714,23 @@ def _roofline(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool], i
     flops, out_bytes = _fake_run(fn, args, kwargs, precision)
     peak, bw = info.get("peak_flops") or 1e11, info.get("memory_Bps") or 1e10
     fp = max(flops / peak, (in_bytes + out_bytes) / bw)
-    bp = 2 * fp if any(grad_flags) else 0.0
-    return Measurement(fp, bp, out_bytes, 0, 0, (), False, 0, flops, (), "roofline")
+    grad = any(grad_flags)
+    bp = 2 * fp if grad else 0.0
+    return Measurement(fp, bp, out_bytes, 0, 0, (), False, 0, flops, (), "roofline",
+                       bp_flops=2 * flops if grad else 0, fp_bytes=in_bytes + out_bytes,
+                       bp_bytes=2 * (in_bytes + out_bytes) if grad else 0)
+
+
+#: ops that read only the rows they gather from their largest argument (a table), not all of it
+_GATHERS = frozenset({"embedding", "embedding_bag", "index", "index_select", "gather", "take", "take_along_dim"})
+
+
+def _gathered(m: Measurement, args: tuple, kwargs: dict) -> Measurement:
+    """``m`` with forward bytes of a gather: its other arguments, plus the rows it reads (as
+    many bytes as it writes) and its output, instead of the whole table."""
+    ts = _tensors((args, kwargs))
+    table = max((t.numel() * t.element_size() for t in ts), default=0)
+    return dataclasses.replace(m, fp_bytes=max(0, m.fp_bytes - table) + m.output_bytes)
 
 
 def _shard_shape(op: OpNode, out0: TensorMeta | None, layout: str, k: int) -> list[int] | None:
@@ -702,7 +746,7 @@ def _shard_shape(op: OpNode, out0: TensorMeta | None, layout: str, k: int) -> li
 
 def _scaled(full: Measurement, k: int) -> ShardCost:
     return ShardCost(full.fp_s / k, full.bp_s / k, full.output_bytes // k, full.saved_bytes // k,
-                     full.extra_saved_bytes // k, "scaled")
+                     full.extra_saved_bytes // k, "scaled", full.work.scaled(k))
 
 
 def _call_key(opname: str, fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool],
@@ -745,6 +789,15 @@ def _unique_bytes(ts: Iterable[torch.Tensor]) -> int:
     seen: dict[int, int] = {}
     for t in ts:
         seen[_ptr(t)] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def _touched_bytes(ts: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct tensors (a view counts its own elements, not its storage's): what a
+    kernel reading or writing them moves."""
+    seen: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int] = {}
+    for t in ts:
+        seen[(t.data_ptr(), tuple(t.shape), tuple(t.stride()))] = t.numel() * t.element_size()
     return sum(seen.values())
 
 

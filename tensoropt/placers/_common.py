@@ -14,6 +14,7 @@ from typing import Any
 
 from ..cluster import Cluster
 from ..describe import fmt_bytes
+from ..devicemodel.price import check_costs_kind
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..measure.costmodel import CostModel
@@ -89,6 +90,7 @@ def setup(graph: OpGraph, costs: CostModel, cluster: Cluster, algo: str, *, devi
     """Build the :class:`Problem` and check that every placement unit can fit some device."""
     costs.check_graph(graph)
     names = cluster.select(devices)
+    check_costs_kind(costs, cluster, names)   # never one device kind's times priced as another's
     alpha = optimizer_alpha(optimizer)
     if grouping is None:
         grouping = colocate(graph, parse_rules(colocation))

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cluster import Cluster
+from ..devicemodel.price import check_costs_kind
 from ..graph import OpGraph, OpNode, grad_nodes
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
@@ -301,6 +302,7 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
     """
     plan.check(graph, cluster)
     costs.check_graph(graph)
+    check_costs_kind(costs, cluster, plan.devices)   # never one device kind's times priced as another's
     needs_grad = grad_nodes(graph)
     edges = plan_edges(plan, graph, cluster)
     step = _StepTasks(plan, graph, cluster, edges, needs_grad, _node_times(plan, graph, costs))
