@@ -68,6 +68,8 @@ class CompareRow:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     plan: Plan | None = field(default=None, repr=False)
+    #: where the simulated times' operator costs come from (measured on …, or a device model)
+    times_from: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON row of ``tensoropt compare --json`` (no plan: save plans separately)."""
@@ -75,7 +77,7 @@ class CompareRow:
                 "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits, "place_s": self.place_s,
                 "devices": list(self.devices), "own_time_s": self.own_time_s,
                 "own_memory_bytes": self.own_memory_bytes, "memory_bytes": dict(self.memory_bytes),
-                "error": self.error, "notes": list(self.notes)}
+                "error": self.error, "notes": list(self.notes), "times_from": self.times_from}
 
 
 def evaluate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *, algo: str, place_s: float,
@@ -93,7 +95,8 @@ def evaluate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *, 
     return CompareRow(algo, res.time_s, sps, res.max_memory_bytes, ok, place_s, tuple(plan.devices),
                       est.time_s if est is not None else None,
                       est.max_memory_bytes if est is not None and est.memory_bytes else None,
-                      dict(res.memory_bytes), None, [n for n in plan.notes if not n.startswith("placed in")], plan)
+                      dict(res.memory_bytes), None, [n for n in plan.notes if not n.startswith("placed in")], plan,
+                      res.times_from)
 
 
 def failed(algo: str, place_s: float, error: BaseException) -> CompareRow:

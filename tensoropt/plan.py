@@ -156,19 +156,25 @@ class Estimate:
     """What a model predicts for a plan: iteration time and per-device peak memory.
 
     ``source`` names the model: ``"frontier"`` (TensorOpt's additive cost),
-    ``"simulator"`` (event-driven), or a placer's own objective.
+    ``"simulator"`` (event-driven), or a placer's own objective; ``times_from`` where the
+    operator times it adds up come from ("measured on …" or a device model,
+    :func:`tensoropt.devicemodel.costs_source`; empty where not recorded).
     """
 
     source: str
     time_s: float
     memory_bytes: Mapping[str, int] = field(default_factory=dict)
+    times_from: str = ""
 
     @property
     def max_memory_bytes(self) -> int:
         return max(self.memory_bytes.values(), default=0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "time_s": self.time_s, "memory_bytes": dict(self.memory_bytes)}
+        d: dict[str, Any] = {"source": self.source, "time_s": self.time_s, "memory_bytes": dict(self.memory_bytes)}
+        if self.times_from:
+            d["times_from"] = self.times_from
+        return d
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> Estimate:
@@ -180,7 +186,10 @@ class Estimate:
         mem = d.get("memory_bytes", {})
         if not isinstance(mem, Mapping) or not all(isinstance(v, int) and v >= 0 for v in mem.values()):
             raise GraphFormatError(f"{where}.memory_bytes must map device names to non-negative integers")
-        return cls(d["source"], float(t), dict(mem))
+        times_from = d.get("times_from", "")
+        if not isinstance(times_from, str):
+            raise GraphFormatError(f"{where}.times_from must be a string, got {times_from!r}")
+        return cls(d["source"], float(t), dict(mem), times_from)
 
 
 class Plan:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from .capture.precision import check_precision as check_precision_name
 from .cluster import detect_cluster, load_cluster
 from .compare import CompareRow, compare, frontier_failures, solver_options
-from .devicemodel import COSTS_FROM, Priced, price, same_kind
+from .devicemodel.price import COSTS_FROM, Priced, price, prices_by_model
 from .errors import TensorOptError
 from .frontier import candidate_meshes, track_frontier
 from .frontier.track import DEFAULT_MAX_WALKS
@@ -171,9 +171,10 @@ class Setup:
 class Exploration:
     """Everything :func:`explore` found: the request, its :class:`Setup` (its cluster as priced:
     speeds a device model gave a second kind), the captured graph, its costs, where their times
-    come from (``source``, one line every surface shows) and what pricing decided (``notes``), the frontier (``None`` when not asked for, or when tracking it failed beside the
-    baselines: then ``frontier_error`` says why), the baselines' and the frontier's compare rows
-    (simulated alike), and how long each stage took (``seconds``: stage → s)."""
+    come from (``source``, one line every surface shows) and what pricing decided (``notes``),
+    the frontier (``None`` when not asked for, or when tracking it failed beside the baselines:
+    then ``frontier_error`` says why), the baselines' and the frontier's compare rows (simulated
+    alike), and how long each stage took (``seconds``: stage → s)."""
 
     request: Request
     setup: Setup
@@ -244,13 +245,10 @@ def read_profile(path: str, graph: OpGraph) -> CostModel:
     return costs
 
 
-def needs_device_model(request: Request, setup: Setup, measured_on: str) -> bool:
+def needs_device_model(request: Request, setup: Setup, measured_on: str, measured_type: str = "") -> bool:
     """Whether the request's costs will be priced through a device model: asked for, or (``auto``)
     some device of the setup is of another kind than ``measured_on`` (and has no explicit speed)."""
-    if request.costs_from != "auto":
-        return request.costs_from == "model"
-    return any(d.kind and d.speed == 1.0 and not same_kind(d.kind, measured_on)
-               for d in (setup.cluster.device(n) for n in setup.devices))
+    return prices_by_model(request.costs_from, setup.cluster, setup.devices, measured_on, measured_type)
 
 
 def measure(request: Request, setup: Setup, progress: Progress = no_progress) -> tuple[OpGraph, Priced]:
@@ -266,7 +264,8 @@ def measure(request: Request, setup: Setup, progress: Progress = no_progress) ->
         costs = read_profile(request.profile, graph)
         progress("profile", 1, 1, "profile read")
     else:
-        timed = not needs_device_model(request, setup, device_name(profiling_device(request.device)))
+        on = profiling_device(request.device)
+        timed = not needs_device_model(request, setup, device_name(on), on.type)
         n_ops = len(graph.ops)
         what = "profiling" if timed else "recording memory and work (a device model prices the times)"
         progress("profile", 0, n_ops, f"{what} at shard degrees {', '.join(map(str, setup.degrees))}")

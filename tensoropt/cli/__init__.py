@@ -24,8 +24,8 @@ from rich.markup import escape
 from ..errors import TensorOptError
 
 # one module per command group, each with ``register(subparsers)``; listed in help order
-COMMAND_MODULES = ("zoo", "graph", "profile", "cluster", "bench_links", "frontier", "place", "simulate", "compare",
-                   "app", "run")
+COMMAND_MODULES = ("zoo", "graph", "profile", "cluster", "bench_links", "calibrate", "frontier", "place", "simulate",
+                   "compare", "app", "run")
 
 
 def build_parser() -> argparse.ArgumentParser:

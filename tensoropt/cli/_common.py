@@ -9,7 +9,7 @@ has; a command module imports these pieces and keeps its own options and output.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from os import PathLike
 from typing import Any, Protocol
 
@@ -20,9 +20,12 @@ from rich.table import Table
 from ..cluster import Cluster
 from ..cluster.units import parse_size
 from ..describe import fmt_bytes
+from ..devicemodel.price import COSTS_FROM, Priced, price, prices_by_model
 from ..errors import TensorOptError
 from ..graph import PRECISIONS, OpGraph
-from ..measure import CostModel, profile
+from ..measure import profile
+from ..measure.profiler import profiling_device
+from ..measure.timing import device_name
 from ..modelspec import load_model
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 from ..plan import Plan
@@ -106,7 +109,8 @@ def add_request_arguments(p: argparse.ArgumentParser, *, devices_help: str, opti
                           repeats: int = 3) -> None:
     """The options :func:`workflow_request` reads, the same on every command that explores:
     ``--cluster``, ``--batch``, ``--devices``, ``--budget`` / ``--reserve``, ``--precision``,
-    ``--optimizer``, ``--profile`` and ``--repeats`` (default ``repeats``)."""
+    ``--optimizer``, ``--profile``, ``--costs-from`` / ``--calibration`` and ``--repeats``
+    (default ``repeats``)."""
     add_cluster_argument(p)
     add_batch_argument(p)
     add_devices_argument(p, devices_help)
@@ -114,7 +118,28 @@ def add_request_arguments(p: argparse.ArgumentParser, *, devices_help: str, opti
     add_precision_argument(p)
     add_optimizer_argument(p, optimizer_help)
     add_profile_argument(p, profile_help)
+    add_costs_from_arguments(p)
     add_repeats_argument(p, default=repeats)
+
+
+def add_costs_from_arguments(p: argparse.ArgumentParser) -> None:
+    """``--costs-from`` and ``--calibration``: where operator times come from
+    (:func:`tensoropt.devicemodel.price`)."""
+    p.add_argument("--costs-from", choices=COSTS_FROM, default="auto",
+                   help="operator times: auto (measured where the profile's device is the cluster's kind, else the "
+                        "cluster kind's device model), measured (refuse another kind), model (always the device "
+                        "model; default auto)")
+    p.add_argument("--calibration", metavar="CALIBRATION_JSON",
+                   help="the device model's calibration (made by `tensoropt calibrate`; default: the one shipped for "
+                        "the kind, else the uncalibrated datasheet model)")
+
+
+def print_times_from(console: Console, source: str, notes: Iterable[str] = ()) -> None:
+    """The header line every exploring command prints: where its times come from, and what
+    pricing decided (speeds given, kinds assumed)."""
+    console.print(f"times: {escape(source)}", highlight=False)
+    for n in notes:
+        console.print(f"[dim]  {escape(n)}[/dim]", highlight=False)
 
 
 def add_precision_argument(p: argparse.ArgumentParser) -> None:
@@ -152,7 +177,7 @@ def workflow_request(args: argparse.Namespace, **rest: Any) -> Request:
     ``--devices``, ``--profile``, ``--repeats``) and the command's own fields ``rest``."""
     return Request(args.model, args.cluster, batch=args.batch, optimizer=args.optimizer, precision=args.precision,
                    devices=tuple(args.devices) if args.devices is not None else None, profile=args.profile,
-                   repeats=args.repeats, **rest)
+                   repeats=args.repeats, costs_from=args.costs_from, calibration=args.calibration, **rest)
 
 
 # ---- model and costs -----------------------------------------------------------------------
@@ -165,16 +190,23 @@ def capture_spec(spec: str, console: Console, *, batch: int | None = None, batch
         return loaded.capture(batch_dim=batch_dim, precision=precision)
 
 
-def costs_for(graph: OpGraph, shard_degrees: Iterable[int], args: argparse.Namespace,
-              console: Console | None = None) -> CostModel:
-    """The CostModel: ``--profile`` checked against the graph (its precision first, then its
-    fingerprint), else measured at ``shard_degrees`` (with ``--repeats`` / ``--warmup`` where the
-    command has them, in the graph's precision) with a progress bar."""
+def costs_for(graph: OpGraph, shard_degrees: Iterable[int], args: argparse.Namespace, cluster: Cluster,
+              devices: Sequence[str], console: Console | None = None) -> Priced:
+    """The costs priced for ``cluster``'s ``devices`` (:func:`tensoropt.devicemodel.price`, with
+    ``--costs-from`` / ``--calibration``): ``--profile`` checked against the graph (its precision
+    first, then its fingerprint), else measured at ``shard_degrees`` (with ``--repeats`` /
+    ``--warmup`` where the command has them, in the graph's precision) with a progress bar —
+    untimed where a device model will price the times."""
+    costs_from, calibration = getattr(args, "costs_from", "auto"), getattr(args, "calibration", None)
     if getattr(args, "profile", None):
-        return read_profile(args.profile, graph)
-    with ProgressBars(console or Console(stderr=True)) as progress:
-        return profile(graph, shard_degrees=tuple(sorted(set(shard_degrees))), repeats=args.repeats,
-                       warmup=getattr(args, "warmup", 1), progress=progress)
+        costs = read_profile(args.profile, graph)
+    else:
+        on = profiling_device("cpu")
+        timed = not prices_by_model(costs_from, cluster, devices, device_name(on), on.type)
+        with ProgressBars(console or Console(stderr=True)) as progress:
+            costs = profile(graph, shard_degrees=tuple(sorted(set(shard_degrees))), repeats=args.repeats,
+                            warmup=getattr(args, "warmup", 1), progress=progress, timed=timed)
+    return price(costs, cluster, devices, costs_from=costs_from, calibration=calibration)
 
 
 # ---- output --------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..placers import PLACERS
 from ..workflow import Exploration, explore
-from ._common import add_request_arguments, check_repeats, fit_options, print_wrote, workflow_request
+from ._common import add_request_arguments, check_repeats, fit_options, print_times_from, print_wrote, workflow_request
 from ._progress import ProgressBars
 
 
@@ -110,6 +110,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
                                algos=tuple(PLACERS) if algos is None else algos, time_limit=args.time_limit)
     with ProgressBars(console) as progress:
         result = explore(request, progress)
+    print_times_from(console, result.source, result.notes)
     _print_table(console, result, args.optimizer)
     _print_verdict(console, result.rows, args.verbose)
     _write_outputs(console, result.rows, args.json, args.plans)

@@ -22,7 +22,7 @@ from ..describe import fmt_bytes
 from ..frontier import Frontier
 from ..frontier.track import DEFAULT_MAX_WALKS
 from ..workflow import Exploration, explore
-from ._common import add_request_arguments, fit_options, print_wrote, workflow_request
+from ._common import add_request_arguments, fit_options, print_times_from, print_wrote, workflow_request
 from ._common import degrees as degrees_arg
 from ._progress import ProgressBars
 
@@ -81,6 +81,7 @@ def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
         result = explore(request, progress)
     frontier = result.frontier
     assert frontier is not None   # asked for
+    print_times_from(console, result.source, result.notes)
     _print_points(console, result, frontier, args.optimizer, args.rows)
     _print_summary(console, frontier, budget, result.seconds["frontier"])
     if args.csv:

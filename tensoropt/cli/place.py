@@ -24,6 +24,7 @@ from ._common import (
     check_repeats,
     fit_options,
     print_simulation,
+    print_times_from,
     save_output,
     simulation_line,
     workflow_request,
@@ -53,6 +54,7 @@ def _cmd_place(args: argparse.Namespace, console: Console) -> int:
         setup = prepare(request, progress)
         graph, priced = measure(request, setup, progress)
     costs, cluster, devices = priced.costs, priced.cluster, list(setup.devices)
+    print_times_from(console, priced.source, priced.notes)
     options = _placer_options(args, devices)
     t0 = time.perf_counter()
     plan = place(graph, costs, cluster, args.algo, **options)

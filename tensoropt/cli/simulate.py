@@ -18,6 +18,7 @@ from ..planmodel.simulate import simulate
 from ._common import (
     add_batch_argument,
     add_cluster_argument,
+    add_costs_from_arguments,
     add_fit_arguments,
     add_optimizer_argument,
     add_precision_argument,
@@ -28,6 +29,7 @@ from ._common import (
     costs_for,
     fit_options,
     print_simulation,
+    print_times_from,
     save_output,
     simulation_line,
 )
@@ -47,8 +49,10 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[yellow]warning:[/yellow] the plan was made for cluster {escape(plan.cluster_name)!s} "
                       f"(fingerprint {plan.cluster_fingerprint[:12]}…), not this one ({cluster.fingerprint[:12]}…)")
     degrees = {1} | {cfg.degree for cfg in plan.configs.values()}
-    costs = costs_for(graph, degrees, args, console)
-    res = simulate(plan, graph, costs, cluster, optimizer=args.optimizer, overlap=not args.no_overlap)
+    priced = costs_for(graph, degrees, args, cluster, plan.devices, console)
+    cluster = priced.cluster
+    print_times_from(console, priced.source, priced.notes)
+    res = simulate(plan, graph, priced.costs, cluster, optimizer=args.optimizer, overlap=not args.no_overlap)
     fits = print_simulation(console, res, plan, cluster,
                             title=f"plan {escape(plan.plan_id or plan.algorithm)} for {escape(graph.name)} "
                                   f"(batch {graph.batch_size}) on {escape(cluster.name)}", budget=budget,
@@ -70,6 +74,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_cluster_argument(p)
     add_batch_argument(p, "batch size (default: the plan's, for zoo models)")
     add_profile_argument(p, "use this profile (checked against the graph) instead of measuring")
+    add_costs_from_arguments(p)
     add_fit_arguments(p)
     add_precision_argument(p)
     add_optimizer_argument(p, "sizes the optimizer state and temporaries (default adamw)")

@@ -23,8 +23,17 @@ from .calibration import UNCALIBRATED_GPU, Calibration, ClassFit, DeviceModel, c
 from .fit import fit_calibration, step_seconds
 from .kinds import DeviceKind, find_kind, load_kinds, same_kind
 from .opclass import OP_CLASSES, op_class
-from .price import (COSTS_FROM, CostsKindError, Priced, check_costs_kind, convert, costs_kind, costs_source,
-                    is_modelled, price)
+from .price import (
+                    COSTS_FROM,
+                    CostsKindError,
+                    Priced,
+                    check_costs_kind,
+                    convert,
+                    costs_kind,
+                    costs_source,
+                    is_modelled,
+                    price,
+)
 
 __all__ = ["COSTS_FROM", "OP_CLASSES", "UNCALIBRATED_GPU", "Calibration", "ClassFit", "CostsKindError",
            "DeviceKind", "DeviceModel", "Priced", "check_costs_kind", "convert", "costs_kind", "costs_source",

@@ -93,12 +93,15 @@ class Calibration:
         return self.classes.get(cls) or self.classes["all"]
 
     def error_text(self) -> str:
-        """``±N % per step on M models`` (the largest step error seen), or ``error unknown``."""
-        steps = self.error.get("step_pct") or {}
+        """``step time within ±N % on M models …`` (the largest step error seen; held out where
+        the fit was cross-checked, :mod:`.calibrate`), or ``error unknown``."""
+        held = self.error.get("holdout_step_pct") or {}
+        steps = held or self.error.get("step_pct") or {}
         if not steps:
             return "error unknown: never checked against a measurement"
         worst = max(abs(v) for v in steps.values())
-        return f"step time within ±{worst:.0f} % on {len(steps)} model(s)"
+        how = "each held out of its fit" if held else "in sample"
+        return f"step time within ±{worst:.0f} % on {len(steps)} model(s), {how}"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -36,6 +36,7 @@ from scipy.optimize import nnls
 from ..errors import TensorOptError
 from ..measure.costmodel import CostModel, Work
 from .calibration import Calibration, ClassFit, DeviceModel
+from .kinds import find_kind
 from .opclass import op_class
 
 #: methods whose times were measured (alone or in sequence) on the profile's device
@@ -91,17 +92,24 @@ def fit_calibration(profiles: Sequence[CostModel], *, name: str, device: str = "
     """A calibration fitted on the timed calls of ``profiles`` (module docstring), with its
     error on them.
 
-    The peaks the fractions are of: ``peak_flops`` / ``memory_Bps``, else the first profile's
-    measured ones (``device["peak_flops"]``: its float32 matmul rate, ``device["memory_Bps"]``:
-    its copy bandwidth).  ``device`` and ``gpu`` default to the first profile's.  Raises when
-    the profiles hold no timed call with work (made before work was recorded, or untimed).
+    The peaks the fractions are of: ``peak_flops`` / ``memory_Bps``, else the datasheet peaks of
+    the first profile's device where the catalogue knows it (those a device model prices with),
+    else its measured ones (``device["peak_flops_by_dtype"]``, else ``device["peak_flops"]``: its
+    float32 matmul rate; ``device["memory_Bps"]``: its copy bandwidth).  ``device`` and ``gpu``
+    default to the first profile's.  Raises when the profiles hold no timed call with work (made
+    before work was recorded, or untimed).
     O(samples) per class for the fit (NNLS on four unknowns).
     """
     if not profiles:
         raise TensorOptError("fit_calibration needs at least one measured profile")
     first = profiles[0].device
-    peaks = dict(peak_flops or {"fp32": float(first.get("peak_flops") or 0.0)})
-    bw = float(memory_Bps or first.get("memory_Bps") or 0.0)
+    kind = find_kind(str(first.get("name", "")))
+    if kind is not None:   # fractions of the datasheet peaks the device model prices with
+        peaks, bw = dict(peak_flops or kind.peak_flops), float(memory_Bps or kind.memory_Bps)
+    else:
+        measured_peaks = first.get("peak_flops_by_dtype") or {"fp32": first.get("peak_flops") or 0.0}
+        peaks = dict(peak_flops or {str(k): float(v) for k, v in measured_peaks.items()})
+        bw = float(memory_Bps or first.get("memory_Bps") or 0.0)
     if not peaks.get("fp32", 0) > 0 or bw <= 0:
         raise TensorOptError("the profile records no measured peak FLOP/s or memory bandwidth (made with "
                              "timing off?); pass peak_flops= and memory_Bps=")

@@ -323,10 +323,7 @@ def find_kind(name: str, kinds: Mapping[str, DeviceKind] | None = None) -> Devic
     """
     if not isinstance(name, str):
         return None
-    if kinds is None:
-        index = _default()[1]
-    else:
-        index = _build_index(kinds.values(), "device kinds")
+    index = _default()[1] if kinds is None else _build_index(kinds.values(), "device kinds")
     return index.get(normalise_name(name))
 
 

@@ -62,8 +62,28 @@ def costs_source(costs: CostModel) -> str:
     return f"measured on {costs_kind(costs) or 'an unnamed device'}"
 
 
+def kind_matches(kind: str, measured_on: str, measured_type: str = "") -> bool:
+    """Whether a device of ``kind`` is the kind costs ``measured_on`` describe: no kind stated,
+    the same catalogue kind (:func:`~.kinds.same_kind`), or ``cpu`` for costs measured on a CPU."""
+    if not kind or same_kind(kind, measured_on):
+        return True
+    return kind.strip().lower() == "cpu" and measured_type == "cpu"
+
+
+def prices_by_model(costs_from: str, cluster: Cluster, devices: Sequence[str] | None, measured_on: str,
+                    measured_type: str = "") -> bool:
+    """Whether :func:`price` will use a device model for costs measured on ``measured_on``
+    (decided before profiling, so that a profile only a model will price need not be timed):
+    ``costs_from`` is ``model``, or ``auto`` and some device is of another kind at speed 1."""
+    if costs_from != "auto":
+        return costs_from == "model"
+    names = list(devices) if devices is not None else cluster.names
+    return any(d.speed == 1.0 and not kind_matches(d.kind, measured_on, measured_type)
+               for d in (cluster.device(n) for n in names))
+
+
 def _needs_conversion(costs: CostModel, dev: Device) -> bool:
-    return bool(dev.kind) and dev.speed == 1.0 and not same_kind(dev.kind, costs_kind(costs))
+    return dev.speed == 1.0 and not kind_matches(dev.kind, costs_kind(costs), str(costs.device.get("type", "")))
 
 
 def check_costs_kind(costs: CostModel, cluster: Cluster, devices: Sequence[str] | None = None) -> None:
@@ -83,8 +103,9 @@ def _mismatch(costs: CostModel, wrong: Sequence[Device]) -> str:
     kinds = ", ".join(dict.fromkeys(d.kind for d in wrong))
     known = [k for k in dict.fromkeys(d.kind for d in wrong) if find_kind(k) is not None]
     model = (f"price them through the device model (--costs-from model; known for {', '.join(known)})"
-             if known else "describe the devices by a kind the catalogue knows (tensoropt device-kinds)")
-    return (f"the costs were {costs_source(costs)}, but the plan's devices are {kinds} ({', '.join(d.name for d in wrong[:4])}"
+             if known else "describe the devices by a kind the catalogue knows (tensoropt kinds)")
+    names = ", ".join(d.name for d in wrong[:4])
+    return (f"the costs were {costs_source(costs)}, but the plan's devices are {kinds} ({names}"
             f"{' …' if len(wrong) > 4 else ''}); ways out: profile on that device (tensoropt profile MODEL --device "
             f"cuda -o profile.json) and pass --profile profile.json; or {model}; or set each device's speed in the "
             "cluster file (speed: 1.0 means as fast as the profiled device, written out it is used as given)")
@@ -194,4 +215,4 @@ def _by_model(costs: CostModel, cluster: Cluster, devs: list[Device],
 
 
 __all__ = ["COSTS_FROM", "CostsKindError", "Priced", "check_costs_kind", "convert", "costs_kind", "costs_source",
-           "is_modelled", "price"]
+           "is_modelled", "kind_matches", "price", "prices_by_model"]

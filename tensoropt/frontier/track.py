@@ -70,7 +70,7 @@ import numpy as np
 from .._io import write_atomic
 from ..cluster import Cluster
 from ..describe import fmt_bytes
-from ..devicemodel.price import check_costs_kind
+from ..devicemodel.price import check_costs_kind, costs_source
 from ..errors import ClusterSpecError, TensorOptError
 from ..graph import OpGraph, grad_nodes
 from ..measure.costmodel import CostModel
@@ -96,7 +96,7 @@ DEFAULT_MAX_WALKS = 500
 MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "transient", "reserve")
 CSV_COLUMNS = ("plan_id", "num_devices", "devices", "memory_bytes", "time_s", "samples_per_s", "fits_budget",
                "device_memory_bytes", *(f"{part}_bytes" for part in MEMORY_PARTS), "search_estimate_bytes",
-               "recomputed_nodes", "layouts")
+               "recomputed_nodes", "layouts", "times_from")
 
 APPROXIMATIONS = (
     "memory is the per-device peak of each plan's schedule (the memory walk the simulator uses: parameters, "
@@ -192,8 +192,10 @@ class Frontier:
     def __init__(self, points: Sequence[FrontierPoint], *, meshes: Sequence[MeshResult], resolution: float,
                  merged_by_resolution: int, exact: bool, budget: int | float | None, optimizer: str | int,
                  notes: Iterable[str], graph_name: str = "", batch_size: int | None = None, cluster_name: str = "",
-                 seconds: float = 0.0, cluster: Cluster | None = None, reserve: int = 0):
+                 seconds: float = 0.0, cluster: Cluster | None = None, reserve: int = 0, times_from: str = ""):
         self.points = list(points)
+        #: where the operator times come from (:func:`~tensoropt.devicemodel.costs_source`)
+        self.times_from = times_from
         self.cluster = cluster
         self.reserve = reserve
         self.meshes = list(meshes)
@@ -310,7 +312,8 @@ class Frontier:
                         **{f"{part}_bytes": p.parts.get(part, 0) for part in MEMORY_PARTS},
                         "search_estimate_bytes": p.search_estimate_bytes,
                         "recomputed_nodes": sum(1 for c in p.plan.configs.values() if c.recompute),
-                        "layouts": ";".join(f"{k}={v}" for k, v in sorted(lay.items()))})
+                        "layouts": ";".join(f"{k}={v}" for k, v in sorted(lay.items())),
+                        "times_from": self.times_from})
         return out
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
@@ -335,7 +338,8 @@ class Frontier:
 
     def to_dict(self) -> dict[str, Any]:
         return {"graph_name": self.graph_name, "batch_size": self.batch_size, "cluster_name": self.cluster_name,
-                "optimizer": self.optimizer, "budget": self.budget, "resolution": self.resolution,
+                "times_from": self.times_from, "optimizer": self.optimizer, "budget": self.budget,
+                "resolution": self.resolution,
                 "merged_by_resolution": self.merged_by_resolution, "exact": self.exact, "notes": self.notes,
                 "seconds": self.seconds,
                 "meshes": [{"devices": list(m.mesh), "points": int(m.mem.size), "levels": len(m.levels),
@@ -554,7 +558,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                                              return_merged=True)
     merged = sum(r.merged_by_resolution for r in results) + m_union
     points = [_frontier_point(i, len(which), results[w], w, j, graph, cluster, res=res, optimizer=optimizer,
-                              budget=budget, reserve=reserve)
+                              budget=budget, reserve=reserve, times_from=costs_source(costs))
               for i, (w, j) in enumerate(zip(which.tolist(), idx.tolist()))]
 
     exact = all(r.exact for r in results) and m_union == 0
@@ -562,7 +566,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     fr = Frontier(points, meshes=results, resolution=res, merged_by_resolution=merged, exact=exact,
                   budget=budget, optimizer=optimizer, notes=notes, graph_name=graph.name,
                   batch_size=graph.batch_size, cluster_name=cluster.name, seconds=_time.perf_counter() - t0,
-                  cluster=cluster, reserve=reserve)
+                  cluster=cluster, reserve=reserve, times_from=costs_source(costs))
     if not points:
         fr.notes.append("no plan is feasible")
     if budget is not None:
@@ -611,7 +615,8 @@ def _choose_resolution(resolution: float | None, problems: Sequence[MeshProblem]
 
 
 def _frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: OpGraph, cluster: Cluster, *,
-                    res: float, optimizer: str | int, budget: int | float | None, reserve: int) -> FrontierPoint:
+                    res: float, optimizer: str | int, budget: int | float | None, reserve: int,
+                    times_from: str) -> FrontierPoint:
     """Point ``i`` of ``count`` in the union: point ``j`` of mesh ``w``'s result ``r``, as plan
     ``p{i:03d}-{k}dev`` with its walked per-device peaks and the search's estimate."""
     mp = r.problem
@@ -630,7 +635,7 @@ def _frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: Op
                 options={"mesh": list(mp.mesh), "resolution": res, "optimizer": optimizer,
                          "budget": budget, "search_estimate_bytes": estimate},
                 order=[n.name for n in graph.ops],
-                estimates=[Estimate("frontier", t, per_device)], plan_id=pid,
+                estimates=[Estimate("frontier", t, per_device, times_from)], plan_id=pid,
                 notes=[f"frontier point {i} of {count}: per-device peak {fmt_bytes(mem_i)} (the memory walk "
                        f"of its schedule; the search's additive estimate was {fmt_bytes(estimate)}), "
                        f"{t * 1e3:.4g} ms"])

@@ -163,7 +163,8 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
 
 
 def _measure_ops(graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
-                 store: _DiskCache, inputs: Any, report: Callable[[int, int, str], None], timed: bool = True) -> _Runner:
+                 store: _DiskCache, inputs: Any, report: Callable[[int, int, str], None],
+                 timed: bool = True) -> _Runner:
     """Every node measured alone, at full shape and each shard: when the cache holds entries, a
     dry run on FakeTensors first (no compute) — enough if every call is cached — else a real run
     (the device measured, its info stored)."""

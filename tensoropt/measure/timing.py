@@ -81,24 +81,46 @@ def device_name(device: torch.device) -> str:
 
 def device_info(device: torch.device, *, measure: bool = True) -> dict[str, Any]:
     """Where costs are measured: type, name, threads, torch version, and (``measure=True``) the
-    achieved peak FLOP/s (median of float32 matmuls) and memory bandwidth (median of large
-    copies) that roofline estimates divide by."""
+    achieved peak FLOP/s (median of float32 matmuls; per dtype in ``peak_flops_by_dtype``) and
+    memory bandwidth (median of large copies) that roofline estimates and device-model
+    calibrations divide by."""
     info: dict[str, Any] = {"type": device.type, "name": device_name(device),
                             "threads": torch.get_num_threads(), "torch": torch.__version__.split("+")[0]}
     if device.type == "cuda":
         info["index"] = device.index if device.index is not None else torch.cuda.current_device()
         info["memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
     if measure:
-        n = 2048 if device.type == "cuda" else 512
-        a = torch.randn(n, n, device=device)
-        b = torch.randn(n, n, device=device)
-        t, _ = time_callable(lambda: a @ b, device=device, repeats=5, warmup=2)
-        info["peak_flops"] = 2 * n ** 3 / t
+        info["peak_flops_by_dtype"] = _matmul_peaks(device)
+        info["peak_flops"] = info["peak_flops_by_dtype"]["fp32"]
         src = torch.empty(16 * 2 ** 20, dtype=torch.float32, device=device)
         dst = torch.empty_like(src)
         t, _ = time_callable(lambda: dst.copy_(src), device=device, repeats=5, warmup=2)
         info["memory_Bps"] = 2 * src.nbytes / t     # read + write
     return info
+
+
+def _matmul_peaks(device: torch.device) -> dict[str, float]:
+    """Achieved matmul FLOP/s per dtype (median of square products): ``fp32`` everywhere; on a
+    GPU also ``tf32`` (float32 with TF32 allowed) and ``bf16`` — the rates a device model's
+    fractions are of."""
+    n = 4096 if device.type == "cuda" else 512
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    out: dict[str, float] = {}
+    t, _ = time_callable(lambda: a @ b, device=device, repeats=5, warmup=2)
+    out["fp32"] = 2 * n ** 3 / t
+    if device.type == "cuda":
+        before = torch.backends.cuda.matmul.allow_tf32
+        try:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            t, _ = time_callable(lambda: a @ b, device=device, repeats=5, warmup=2)
+            out["tf32"] = 2 * n ** 3 / t
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = before
+        a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
+        t, _ = time_callable(lambda: a16 @ b16, device=device, repeats=5, warmup=2)
+        out["bf16"] = 2 * n ** 3 / t
+    return out
 
 
 def device_key(info: dict[str, Any]) -> str:

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cluster import Cluster
-from ..devicemodel.price import check_costs_kind
+from ..devicemodel.price import check_costs_kind, costs_source
 from ..graph import OpGraph, OpNode, grad_nodes
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
@@ -118,6 +118,8 @@ class SimResult:
     memory: dict[str, StepMemory] = field(default_factory=dict)
     optimizer: str | int = DEFAULT_OPTIMIZER
     overlap: bool = True
+    #: where the operator times come from (:func:`~tensoropt.devicemodel.costs_source`)
+    times_from: str = ""
 
     @property
     def max_memory_bytes(self) -> int:
@@ -126,7 +128,7 @@ class SimResult:
     @property
     def estimate(self) -> Estimate:
         """This result as the plan's ``"simulator"`` :class:`~tensoropt.plan.Estimate`."""
-        return Estimate("simulator", self.time_s, dict(self.memory_bytes))
+        return Estimate("simulator", self.time_s, dict(self.memory_bytes), self.times_from)
 
     def annotate(self, plan: Plan) -> Plan:
         """``plan.with_estimate(self.estimate)``: a copy of the plan carrying this estimate."""
@@ -136,7 +138,7 @@ class SimResult:
         return {"time_s": self.time_s, "memory_bytes": dict(self.memory_bytes),
                 "compute_s": dict(self.compute_s), "link_s": dict(self.link_s),
                 "memory": {d: m.to_dict() for d, m in self.memory.items()},
-                "optimizer": self.optimizer, "overlap": self.overlap,
+                "optimizer": self.optimizer, "overlap": self.overlap, "times_from": self.times_from,
                 "timeline": [e.to_dict() for e in self.timeline]}
 
 
@@ -315,7 +317,7 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
     mem = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=foreach,
                context_bytes=context_bytes)
     return SimResult(total, {d: m.peak for d, m in mem.items()}, compute_s, link_s, timeline, mem,
-                     optimizer, overlap)
+                     optimizer, overlap, costs_source(costs))
 
 
 def _node_times(plan: Plan, graph: OpGraph, costs: CostModel) -> dict[str, tuple[float, float]]:
