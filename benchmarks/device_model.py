@@ -30,7 +30,6 @@ It reads profiles and prints; it writes nothing but the profiles ``--measure`` m
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -70,14 +69,6 @@ def _step(costs: CostModel) -> float:
     return sum(n.fp_s + n.bp_s for n in costs.nodes.values())
 
 
-def _kindless(cluster: Cluster, k: int | None = None) -> Cluster:
-    """``cluster`` (its first ``k`` devices) with no device kind: priced as the profiled device."""
-    devices = [dataclasses.replace(d, kind="") for d in cluster.devices[:k or len(cluster.devices)]]
-    names = {d.name for d in devices}
-    links = {key: v for key, v in cluster.links.items() if key[0] in names and key[1] in names}
-    return Cluster(cluster.name + ("" if k is None else f"-{k}") + "-kindless", devices, links, source=cluster.source)
-
-
 def _rank(costs: CostModel, modelled: CostModel, spec: str, cluster: Cluster) -> tuple[int, float, float]:
     """(plans, Spearman ρ of their simulated times measured vs modelled, worst |error| %)."""
     graph = load_model(spec).capture()
@@ -98,7 +89,7 @@ def cpu_holdout(console: Console, profiles: list[CostModel], rank: bool) -> None
         t.add_column(col, justify="left" if col == "model" else "right")
     full = fit_with_holdout(profiles, name="all")
     in_sample = dict(full.error.get("step_pct") or {})
-    cluster = _kindless(load_cluster("preset:v100-8-nvlink"), 2)
+    cluster = load_cluster("preset:v100-8-nvlink").subset(["gpu0", "gpu1"]).without_kinds()
     for i, (spec, held) in enumerate(zip(specs, profiles)):
         cal = fit_calibration([p for j, p in enumerate(profiles) if j != i], name=f"without {held.graph_name}")
         model = cpu_model(cal)
@@ -144,7 +135,7 @@ def v100_before_after(console: Console) -> None:
     graph = load_model(V100_MODEL).capture()
     measured = profile(graph, shard_degrees=(1, 2, 4, 8), repeats=3)
     modelled = convert(measured, device_model("Tesla V100-SXM2-16GB"))
-    for label, costs, where in (("before: this CPU's times", measured, _kindless(cluster)),
+    for label, costs, where in (("before: this CPU's times", measured, cluster.without_kinds()),
                                 ("after: V100 device model", modelled, cluster)):
         fr = track_frontier(graph, costs, where)
         t = Table(title=f"{V100_MODEL} on v100-8-nvlink, {label} ({costs.device.get('name')}): {len(fr.points)} plans",

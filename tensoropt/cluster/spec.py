@@ -33,6 +33,7 @@ bench) or measure anything; it is the value and its file format.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -382,6 +383,14 @@ class Cluster:
         """A copy whose listed pairs take new links (e.g. measured ones); the rest stay."""
         return Cluster(self.name, self.devices, {**self._links, **links},
                        source=self.source if source is None else source)
+
+    def without_kinds(self) -> Cluster:
+        """A copy whose devices state no kind: priced at the times of whatever device the costs
+        were measured on, at each device's ``speed`` (what an experiment on one machine's
+        profile wants; a plan for real GPUs wants their device model instead:
+        :func:`tensoropt.devicemodel.price`)."""
+        devices = [dataclasses.replace(d, kind="") for d in self.devices]
+        return Cluster(self.name, devices, self._links, source=self.source)
 
     # ---- identity --------------------------------------------------------------------------------
     def _canonical(self) -> dict[str, Any]:

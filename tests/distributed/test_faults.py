@@ -21,7 +21,7 @@ def dp_plan(plans):
     # the workers build the float32 model: make the plan for its graph
     _, _, graph = load_case(SPEC)
     costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1)
-    return tensoropt.place(graph, costs, tensoropt.load_cluster("preset:a100-4-nvlink"), "dp",
+    return tensoropt.place(graph, costs, tensoropt.load_cluster("preset:a100-4-nvlink").without_kinds(), "dp",
                            devices=["gpu0", "gpu1"]).to_dict()
 
 

@@ -38,7 +38,7 @@ def cases():
 
 @pytest.fixture(scope="package")
 def titan():
-    return tensoropt.load_cluster("preset:titan-rtx-5")
+    return tensoropt.load_cluster("preset:titan-rtx-5").without_kinds()   # priced as the CPU that profiled
 
 
 def fresh(case):

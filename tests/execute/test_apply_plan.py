@@ -200,7 +200,7 @@ def test_an_index_gathering_along_the_batch_splits_by_its_index_tensors():
     assert reads_whole(graph, index, source) and not reads_whole(graph, index, rows)
     mesh = ("gpu0", "gpu1")
     batch = NodeConfig(mesh, "batch")
-    titan = tensoropt.load_cluster("preset:titan-rtx-5")
+    titan = tensoropt.load_cluster("preset:titan-rtx-5").without_kinds()
     assert edge_reshard(graph, source, index.name, batch, batch, titan).dst_layout == R     # gathered
     assert edge_reshard(graph, rows, index.name, NodeConfig(mesh, "R"), batch, titan).time_s == 0  # a local cut
     configs = {n.name: NodeConfig(mesh, "batch" if n.split.batch is not None else "R") for n in graph.ops}

@@ -14,7 +14,7 @@ from tensoropt.frontier import point_sets, track_frontier
 from tensoropt.plan import Plan
 from tensoropt.planmodel.walk import plan_memory
 
-TITAN = load_cluster("preset:titan-rtx-5")
+TITAN = load_cluster("preset:titan-rtx-5").without_kinds()   # priced as the CPU that profiled
 
 
 class TinyMLP(torch.nn.Module):

@@ -13,7 +13,7 @@ from tensoropt.frontier import BudgetError, Frontier, default_resolution, min_sc
 from tensoropt.frontier.track import CSV_COLUMNS
 from tensoropt.plan import Plan
 
-TITAN = load_cluster("preset:titan-rtx-5")
+TITAN = load_cluster("preset:titan-rtx-5").without_kinds()   # priced as the CPU that profiled
 FOUR = ["gpu0", "gpu1", "gpu2", "gpu3"]
 
 

@@ -17,4 +17,4 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def titan():
-    return tensoropt.load_cluster("preset:titan-rtx-5")
+    return tensoropt.load_cluster("preset:titan-rtx-5").without_kinds()   # priced as the CPU that profiled

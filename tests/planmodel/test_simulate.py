@@ -266,7 +266,7 @@ def cnn():
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_small_cnn_on_one_device_is_the_sum_of_its_costs_and_step_memory(cnn, optimizer):
     graph, costs = cnn
-    cl = tensoropt.load_cluster("preset:titan-rtx-5")
+    cl = tensoropt.load_cluster("preset:titan-rtx-5").without_kinds()
     res = simulate(plan_of(graph, {n.name: "gpu0" for n in graph.ops}), graph, costs, cl, optimizer=optimizer)
     assert res.time_s == pytest.approx(costs.total_fp_s + costs.total_bp_s, rel=1e-12)
     assert res.memory_bytes["gpu0"] == step_memory(graph, costs, optimizer=optimizer)["dev0"].peak
@@ -274,7 +274,7 @@ def test_small_cnn_on_one_device_is_the_sum_of_its_costs_and_step_memory(cnn, op
 
 def test_small_cnn_split_over_devices(cnn):
     graph, costs = cnn
-    cl = tensoropt.load_cluster("preset:titan-rtx-5")
+    cl = tensoropt.load_cluster("preset:titan-rtx-5").without_kinds()
     one = simulate(plan_of(graph, {n.name: "gpu0" for n in graph.ops}), graph, costs, cl, optimizer="sgd")
     # data parallel: every device runs every node's batch shard, weights all-reduced
     mesh = ("gpu0", "gpu1")
@@ -319,7 +319,7 @@ def test_a_reader_that_cuts_a_weight_held_whole_writes_its_gradient_twice(tied_l
     # the embedding cuts the tied weight along its columns, the LM head reads it whole on both
     # devices: the weight is held whole and its gradient summed across them
     plan = plan_of(graph, {n.name: NodeConfig(mesh, "channel" if n.name == "embedding" else "R") for n in graph.ops})
-    res = simulate(plan, graph, costs, tensoropt.load_cluster("preset:titan-rtx-5"), optimizer="sgd")
+    res = simulate(plan, graph, costs, tensoropt.load_cluster("preset:titan-rtx-5").without_kinds(), optimizer="sgd")
     w = graph.params["embed.weight"].nbytes
     bp, = [e for e in res.timeline if (e.resource, e.node, e.phase) == ("gpu0", "embedding", "bp")]
     sh = costs["embedding"].at("channel", 2)
