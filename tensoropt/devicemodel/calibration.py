@@ -114,9 +114,11 @@ class Calibration:
             raise TensorOptError(f"{where}: not a calibration file (its format field must be {CALIBRATION_FORMAT!r}); "
                                  "make one with: tensoropt calibrate -o calibration.json")
         try:
-            classes = {str(k): ClassFit(**v) for k, v in d["classes"].items()}
+            classes = {str(k): _class_fit(v, f"{where}.classes.{k}") for k, v in d["classes"].items()}
             peaks = {str(k): float(v) for k, v in d["peak_flops"].items()}
-            cal = cls(name=str(d["name"]), device=str(d.get("device", "")), gpu=bool(d["gpu"]), peak_flops=peaks,
+            if not isinstance(d["gpu"], bool):
+                raise TensorOptError(f"{where}.gpu must be true or false, got {d['gpu']!r}")
+            cal = cls(name=str(d["name"]), device=str(d.get("device", "")), gpu=d["gpu"], peak_flops=peaks,
                       memory_Bps=float(d["memory_Bps"]), classes=classes, error=dict(d.get("error") or {}),
                       source=str(d.get("source", "")))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -134,6 +136,22 @@ class Calibration:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Calibration:
         return cls.from_dict(read_json(path, "calibration"), str(path))
+
+
+def _class_fit(v: Any, where: str) -> ClassFit:
+    """One class's fit read from a calibration file, each figure checked (a fraction is absent
+    or a positive number, a floor a non-negative one)."""
+    if not isinstance(v, Mapping):
+        raise TensorOptError(f"{where} must be an object with flops_fraction, bytes_fraction, fp_floor_s, bp_floor_s")
+    for key in ("flops_fraction", "bytes_fraction"):
+        x = v.get(key)
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x < float("inf")):
+            raise TensorOptError(f"{where}.{key} must be a positive number or null, got {x!r}")
+    for key in ("fp_floor_s", "bp_floor_s"):
+        x = v.get(key)
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < float("inf"):
+            raise TensorOptError(f"{where}.{key} must be a non-negative number of seconds, got {x!r}")
+    return ClassFit(**v)
 
 
 def _uncalibrated_gpu() -> Calibration:

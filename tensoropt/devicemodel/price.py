@@ -138,7 +138,8 @@ def convert(costs: CostModel, model: DeviceModel) -> CostModel:
         full = priced(n.op, n.fp_s, n.bp_s, True, n.at())
         shards = {key: priced(n.op, s.fp_s, s.bp_s, True, s) for key, s in n.shards.items()}
         nodes[name] = dataclasses.replace(n, fp_s=full.fp_s, bp_s=full.bp_s, method=full.method, shards=shards)
-    device = {**model.to_dict(), "work_recorded_on": costs_kind(costs)}
+    recorded_on = costs.device.get("work_recorded_on") if is_modelled(costs) else None
+    device = {**model.to_dict(), "work_recorded_on": recorded_on or costs_kind(costs)}
     settings = {**costs.settings, "timed": True, "priced_by": model.describe()}
     settings.pop("in_sequence", None)   # grad_copy_Bps was the measured device's
     return CostModel(nodes, graph_fingerprint=costs.graph_fingerprint, graph_name=costs.graph_name,
@@ -182,14 +183,20 @@ def price(costs: CostModel, cluster: Cluster, devices: Sequence[str] | None = No
         if unnamed:
             notes.append(f"{', '.join(unnamed[:4])}: no kind stated, taken as the profiled device")
         return Priced(costs, cluster, costs_source(costs), notes)
-    return _by_model(costs, cluster, devs, calibration, notes)
+    return _by_model(costs, cluster, devs, calibration, notes, keep_measured=costs_from == "auto" and not untimed)
 
 
 def _by_model(costs: CostModel, cluster: Cluster, devs: list[Device],
-              calibration: Calibration | str | os.PathLike[str] | None, notes: list[str]) -> Priced:
+              calibration: Calibration | str | os.PathLike[str] | None, notes: list[str], *,
+              keep_measured: bool) -> Priced:
     """The costs priced by the device model of the first kind among the devices at speed 1; a
-    second kind at speed 1 gets the ratio of the two models' step times as its speed."""
+    second kind at speed 1 gets the ratio of the two models' step times as its speed.  With
+    ``keep_measured``, where some device is the measured kind and the catalogue knows it, the
+    measured costs stay and only the other kinds get speeds (the same ratio)."""
     at_one = [d for d in devs if d.speed == 1.0 and d.kind]
+    measured_on = costs_kind(costs)
+    if keep_measured and find_kind(measured_on) is not None and any(same_kind(d.kind, measured_on) for d in at_one):
+        at_one = sorted(at_one, key=lambda d: not same_kind(d.kind, measured_on))   # the measured kind first
     unknown = list(dict.fromkeys(d.kind for d in at_one if find_kind(d.kind) is None))
     if unknown or not at_one:
         what = f"the device kind(s) {', '.join(unknown)}" if unknown else "devices without a stated kind"
@@ -197,7 +204,8 @@ def _by_model(costs: CostModel, cluster: Cluster, devs: list[Device],
                              "catalogue knows in the cluster file (kind: ...), or profile on the device and pass "
                              "--profile")
     ref = device_model(at_one[0].kind, calibration)
-    converted = convert(costs, ref)
+    as_measured = keep_measured and same_kind(ref.name, measured_on)
+    converted = costs if as_measured else convert(costs, ref)
     speeds: dict[str, float] = {}
     ref_step = step_seconds(costs, ref)
     for d in at_one:
