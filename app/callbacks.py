@@ -31,7 +31,7 @@ from tensoropt.planmodel.fits import fits
 from tensoropt.workflow import read_cluster
 
 from . import figures
-from .layout import zoo_default_params, zoo_spec
+from .layout import COSTS_CHOICES, zoo_default_params, zoo_spec
 from .pipeline import DETECTED, Request, ResultStore, run_request
 from .uploads import accept_upload
 
@@ -70,6 +70,21 @@ def model_spec(source: str, zoo_name: str | None, zoo_params: str | None, spec: 
     if not zoo_name:
         raise TensorOptError("choose a zoo model")
     return zoo_spec(zoo_name, zoo_params)
+
+
+def costs_fields(choice: str | None, profile_path: str | None, calibration_path: str | None) -> dict[str, Any]:
+    """The request's ``costs_from``, ``profile`` and ``calibration`` for the ``costs-from`` control
+    (:data:`~.layout.COSTS_CHOICES`): an uploaded profile is used only when that is the choice (and
+    then priced as ``auto`` prices: as measured where its device is the cluster's kind); the
+    calibration goes wherever a device model may price, so not with ``measured``."""
+    choice = choice or "auto"
+    if choice not in COSTS_CHOICES:
+        raise TensorOptError(f"unknown choice of where the times come from: {choice!r}")
+    if choice == "profile" and not profile_path:
+        raise TensorOptError("upload a saved profile JSON first, or choose another source of the operator times")
+    return {"costs_from": "auto" if choice == "profile" else choice,
+            "profile": profile_path if choice == "profile" else None,
+            "calibration": calibration_path if choice != "measured" else None}
 
 
 def gib_bytes(value: float | str | None) -> float | None:
@@ -132,17 +147,66 @@ def _shown_key(store: ResultStore, done_key: str | None, partial_key: str | None
 def request_from_controls(source: str, zoo_name: str | None, zoo_params: str | None, spec: str | None,
                           onnx_path: str | None, profile_path: str | None, batch: Any, csource: str,
                           preset: str | None, cpath: str | None, devices: list[str] | None, optimizer: str | None,
-                          repeats: Any, warmup: int | None, *, algos: tuple[str, ...] | None) -> Request:
-    """The :class:`~.pipeline.Request` the run button asks for, from the controls' state; bad
-    input is a :class:`~tensoropt.errors.TensorOptError` saying what to fix."""
+                          repeats: Any, warmup: int | None, costs: str | None = "auto",
+                          calibration_path: str | None = None, *, algos: tuple[str, ...] | None) -> Request:
+    """The :class:`~.pipeline.Request` the run button asks for, from the controls' state (``costs``:
+    the ``costs-from`` choice, see :func:`costs_fields`); bad input is a
+    :class:`~tensoropt.errors.TensorOptError` saying what to fix."""
     cluster = cluster_spec(csource, preset, cpath)
     if not devices:
         # the device list is filled from the cluster after the page loads: all of them
         devices = list(read_cluster(cluster).names)
     return Request(model=model_spec(source, zoo_name, zoo_params, spec, onnx_path), cluster=cluster,
                    batch=int(batch) if batch not in (None, "") else None, devices=tuple(devices),
-                   optimizer=optimizer or DEFAULT_OPTIMIZER, profile=profile_path,
-                   repeats=int(repeats) if repeats else 5, warmup=int(warmup or 0), algos=algos)
+                   optimizer=optimizer or DEFAULT_OPTIMIZER, repeats=int(repeats) if repeats else 5,
+                   warmup=int(warmup or 0), algos=algos, **costs_fields(costs, profile_path, calibration_path))
+
+
+#: what the run button's background job reports: (done, total, text, the frontier's key once ready)
+ProgressUpdate = tuple[str, str, str, str | None]
+
+
+def run_controls(store: ResultStore, set_progress: Callable[[ProgressUpdate], None], controls: tuple[Any, ...],
+                 algos: tuple[str, ...] | None) -> tuple[Any, str]:
+    """The run button's work: the request of ``controls`` (in :func:`request_from_controls`' order)
+    computed into ``store``, its progress through ``set_progress``.  Returns ``(key, "")``, or
+    ``(no_update, message)`` when it failed: bad input — a cluster of another kind than the costs'
+    included — is the library's message; anything else is an internal error, its traceback printed
+    on the server's console, never on the page."""
+    partial: list[str | None] = [None]
+
+    def progress(stage: str, done: int, total: int, message: str) -> None:
+        text = message if stage == "done" else f"{stage}: {message}"
+        set_progress((str(done), str(max(total, 1)), text, partial[0]))
+
+    def frontier_ready(key: str) -> None:
+        partial[0] = key
+        set_progress(("1", "1", "frontier ready; running the baseline placers", key))
+
+    try:
+        req = request_from_controls(*controls, algos=algos)
+        key = run_request(req, store, progress, on_frontier=frontier_ready)
+    except Exception as e:  # noqa: BLE001 - shown on the page; the app keeps working
+        if not isinstance(e, TensorOptError):
+            traceback.print_exc()
+        return no_update, _explain(e)
+    return key, ""
+
+
+def source_banner(summary: dict[str, Any]) -> html.Div:
+    """The banner above the frontier: where the result's operator times come from (measured on a
+    device, or a device model's estimate, :func:`~.pipeline.times_source`) and what pricing decided."""
+    source = summary.get("times_from") or "not recorded"
+    modelled = bool(summary.get("times_modelled"))
+    look = ({"background": "#fff4d6", "border": "1px solid #e0b040"} if modelled
+            else {"background": "#eef4ee", "border": "1px solid #9c9"})
+    hint = (" — estimates, not measurements: upload a profile measured on that GPU, or a calibration, to sharpen "
+            "them" if modelled else "")
+    notes = summary.get("times_notes") or []
+    return html.Div(id="times-source", className="times-modelled" if modelled else "times-measured",
+                    style={**look, "borderRadius": "4px", "padding": "4px 8px", "margin": "2px 0"},
+                    children=[html.Span("Operator times: ", style={"fontWeight": "bold"}), source, hint,
+                              *([html.Ul([html.Li(n) for n in notes], style={"margin": "2px 0"})] if notes else [])])
 
 
 def _register_controls(app: dash.Dash, store: ResultStore) -> None:
@@ -160,18 +224,24 @@ def _register_controls(app: dash.Dash, store: ResultStore) -> None:
     def _cluster_chosen(path: str | None) -> Any:
         return "upload" if path else no_update
 
+    @app.callback(Output("costs-from", "value"), Input("profile-path", "data"), prevent_initial_call=True)
+    def _profile_chosen(path: str | None) -> Any:
+        return "profile" if path else no_update
+
     @app.callback(Output("onnx-path", "data"), Output("profile-path", "data"), Output("cluster-path", "data"),
-                  Output("upload-message", "children"),
+                  Output("calibration-path", "data"), Output("upload-message", "children"),
                   Input("onnx-upload", "contents"), Input("profile-upload", "contents"),
-                  Input("cluster-upload", "contents"),
+                  Input("cluster-upload", "contents"), Input("calibration-upload", "contents"),
                   State("onnx-upload", "filename"), State("profile-upload", "filename"),
-                  State("cluster-upload", "filename"), prevent_initial_call=True)
-    def _upload(onnx_c: str | None, prof_c: str | None, clus_c: str | None, onnx_n: str | None,
-                prof_n: str | None, clus_n: str | None) -> tuple[Any, ...]:
+                  State("cluster-upload", "filename"), State("calibration-upload", "filename"),
+                  prevent_initial_call=True)
+    def _upload(onnx_c: str | None, prof_c: str | None, clus_c: str | None, cal_c: str | None, onnx_n: str | None,
+                prof_n: str | None, clus_n: str | None, cal_n: str | None) -> tuple[Any, ...]:
         kind, contents, name, slot = {"onnx-upload": ("onnx", onnx_c, onnx_n, 0),
                                       "profile-upload": ("profile", prof_c, prof_n, 1),
-                                      "cluster-upload": ("cluster", clus_c, clus_n, 2)}[ctx.triggered_id]
-        out: list[Any] = [no_update, no_update, no_update]
+                                      "cluster-upload": ("cluster", clus_c, clus_n, 2),
+                                      "calibration-upload": ("calibration", cal_c, cal_n, 3)}[ctx.triggered_id]
+        out: list[Any] = [no_update] * 4
         try:
             accepted = accept_upload(store, contents, name, kind)
         except Exception as e:  # noqa: BLE001 - a malformed upload is a message, the page keeps working
@@ -212,33 +282,15 @@ def _register_run(app: dash.Dash, store: ResultStore, algos: tuple[str, ...] | N
         State("model-spec", "value"), State("onnx-path", "data"), State("profile-path", "data"),
         State("batch", "value"), State("cluster-source", "value"), State("cluster-preset", "value"),
         State("cluster-path", "data"), State("devices", "value"), State("optimizer", "value"),
-        State("repeats", "value"), State("warmup", "data"),
+        State("repeats", "value"), State("warmup", "data"), State("costs-from", "value"),
+        State("calibration-path", "data"),
         background=True,
         progress=[Output("progress", "value"), Output("progress", "max"), Output("progress-text", "children"),
                   Output("partial-key", "data")],
         running=[(Output("run", "disabled"), True, False)],
     )
-    def _run(set_progress: Callable[[tuple[str, str, str, str | None]], None], _n: int,
-             *controls: Any) -> tuple[Any, ...]:
-        try:
-            # the States above, in request_from_controls' order
-            req = request_from_controls(*controls, algos=algos)
-            partial: list[str | None] = [None]
-
-            def progress(stage: str, done: int, total: int, message: str) -> None:
-                text = message if stage == "done" else f"{stage}: {message}"
-                set_progress((str(done), str(max(total, 1)), text, partial[0]))
-
-            def frontier_ready(key: str) -> None:
-                partial[0] = key
-                set_progress(("1", "1", "frontier ready; running the baseline placers", key))
-
-            key = run_request(req, store, progress, on_frontier=frontier_ready)
-        except Exception as e:  # noqa: BLE001 - shown on the page; the app keeps working
-            if not isinstance(e, TensorOptError):
-                traceback.print_exc()
-            return no_update, _explain(e)
-        return key, ""
+    def _run(set_progress: Callable[[ProgressUpdate], None], _n: int, *controls: Any) -> tuple[Any, str]:
+        return run_controls(store, set_progress, controls, algos)   # the States above: request_from_controls' order
 
 
 def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
@@ -253,7 +305,7 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
         if not key or not store.frontier_ready(key):
             return figures.frontier_figure([], title="no result yet: run profiling + frontier"), ""
         fig, lines = frontier_view(store, key, gib_bytes(budget_gib), reserve_bytes(reserve_gib), selected)
-        return fig, html.Ul([html.Li(x) for x in lines], style={"margin": "2px 0"})
+        return fig, [source_banner(store.summary(key)), html.Ul([html.Li(x) for x in lines], style={"margin": "2px 0"})]
 
     @app.callback(Output("selected-plan", "data"), Input("frontier-graph", "clickData"), prevent_initial_call=True)
     def _select(click: Any) -> Any:
@@ -325,5 +377,5 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
     _register_plan(app, store)
 
 
-__all__ = ["register_callbacks", "cluster_spec", "model_spec", "gib_bytes", "reserve_bytes", "plan_verdict",
-           "frontier_view", "request_from_controls"]
+__all__ = ["register_callbacks", "cluster_spec", "model_spec", "costs_fields", "gib_bytes", "reserve_bytes",
+           "plan_verdict", "frontier_view", "request_from_controls", "run_controls", "source_banner"]

@@ -1,6 +1,7 @@
-"""The page: controls on the left (model, cluster, devices, batch, run with a progress bar, the
-memory budget and reserve per device), the frontier and the chosen plan on the right.  Component ids are the contract
-with :mod:`.callbacks` and the browser tests.
+"""The page: controls on the left (model, cluster, devices, batch, where the operator times come
+from, run with a progress bar, the memory budget and reserve per device), the frontier — under a
+banner saying where its times come from — and the chosen plan on the right.  Component ids are
+the contract with :mod:`.callbacks` and the browser tests.
 
 It owns the components and their ids; it must not compute anything beyond the controls' default
 values (the zoo's parameters, the preset names) nor register callbacks.
@@ -66,8 +67,6 @@ def _model_box(default_model: str) -> html.Div:
                   placeholder="or a spec: zoo:NAME?k=v, file.py:factory"),
         dcc.Upload(id="onnx-upload", children=html.Div("drop or click: an ONNX file"), style=_UPLOAD,
                    accept=".onnx"),
-        dcc.Upload(id="profile-upload", children=html.Div("optional: a saved profile JSON of this model"),
-                   style=_UPLOAD, accept=".json"),
         html.Span("Batch size", style=_LABEL),
         dcc.Input(id="batch", type="number", min=1, step=1, placeholder="the model's own",
                   style={"width": "100%"}),
@@ -94,6 +93,30 @@ def _cluster_box(default_cluster: str, repeats: int, warmup: int) -> html.Div:
         html.Span("Profiling repeats", style=_LABEL),
         dcc.Input(id="repeats", type="number", min=1, step=1, value=repeats, style={"width": "100%"}),
         dcc.Store(id="warmup", data=warmup),
+    ])
+
+
+#: where the operator times come from: the ``costs-from`` control's values and labels (the callbacks
+#: turn a value into the request's ``costs_from``, ``profile`` and ``calibration``)
+COSTS_CHOICES = {
+    "auto": "automatic: measured where this machine is the cluster's kind, else the GPUs' device model",
+    "measured": "measured on this machine",
+    "profile": "an uploaded profile",
+    "model": "a device model",
+}
+
+
+def _costs_box() -> html.Div:
+    """Where the operator times come from (:data:`COSTS_CHOICES`), the profile upload, and an
+    optional calibration for the device model."""
+    return html.Div(style=_BOX, children=[
+        html.Span("Operator times from", style=_LABEL),
+        dcc.RadioItems(id="costs-from", value="auto",
+                       options=[{"label": f" {label}", "value": v} for v, label in COSTS_CHOICES.items()]),
+        dcc.Upload(id="profile-upload", children=html.Div("a saved profile JSON of this model"),
+                   style=_UPLOAD, accept=".json"),
+        dcc.Upload(id="calibration-upload", children=html.Div("optional: a calibration JSON for the device model"),
+                   style=_UPLOAD, accept=".json"),
     ])
 
 
@@ -129,7 +152,8 @@ def _budget_box() -> html.Div:
 def _stores() -> list[Any]:
     """The page's state: uploaded paths, the result keys, the selected plan."""
     return [dcc.Store(id="onnx-path"), dcc.Store(id="profile-path"), dcc.Store(id="cluster-path"),
-            dcc.Store(id="result-key"), dcc.Store(id="partial-key"), dcc.Store(id="selected-plan")]
+            dcc.Store(id="calibration-path"), dcc.Store(id="result-key"), dcc.Store(id="partial-key"),
+            dcc.Store(id="selected-plan")]
 
 
 def _plan_panel() -> html.Div:
@@ -157,6 +181,7 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
         html.H3("tensoropt", style={"margin": "4px 0"}),
         _model_box(default_model),
         _cluster_box(default_cluster, repeats, warmup),
+        _costs_box(),
         *_run_controls(),
         _budget_box(),
         *_stores(),
@@ -173,4 +198,4 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
                     children=[controls, main])
 
 
-__all__ = ["build_layout", "split_zoo_spec", "zoo_default_params", "zoo_spec"]
+__all__ = ["COSTS_CHOICES", "build_layout", "split_zoo_spec", "zoo_default_params", "zoo_spec"]

@@ -17,13 +17,15 @@ Folder layout (``<cache_dir>/results/<key>/``)::
 
     request.json   the request
     graph.json     OpGraph (without its torch module)
-    profile.json   CostModel
-    cluster.yaml   Cluster
+    profile.json   CostModel, as priced for the cluster (measured, or converted by a device model)
+    cluster.yaml   Cluster, as priced (a second device kind at the speed the device models give it)
     frontier.csv   Frontier.to_csv
     frontier.json  Frontier.to_dict (points, notes)
     plans/<id>.json  a plan per frontier point and per baseline (``baseline-<algo>``)
     frontier-summary.json  written once the frontier's files are: the page can show it while
-                   the baselines still run
+                   the baselines still run; it says where the times come from (``times_from``:
+                   measured on a device, or a device model; ``times_notes``: what pricing decided;
+                   ``times_modelled``: whether a device model priced them)
     baselines.json   one row per baseline placer (time, peak memory per device, fits, error)
     summary.json   written last: its presence marks a complete result
 """
@@ -45,6 +47,7 @@ from tensoropt import workflow
 from tensoropt._io import write_json_atomic
 from tensoropt.cluster import Cluster
 from tensoropt.compare import CompareRow
+from tensoropt.devicemodel import is_modelled
 from tensoropt.errors import TensorOptError
 from tensoropt.graph import OpGraph
 from tensoropt.measure import CostModel
@@ -53,12 +56,15 @@ from tensoropt.plan import Plan
 from tensoropt.planmodel.simulate import SimResult, simulate
 from tensoropt.workflow import DETECTED
 
-#: the built-in default: the README's main command (a zoo model on a preset cluster, no GPU needed)
+#: the built-in default: the README's main command (a zoo model on a preset cluster of TITAN RTX GPUs; no GPU
+#: needed: ``costs_from="auto"`` prices their times through the TITAN RTX device model)
 DEFAULT_MODEL = "zoo:gpt2?layers=2&batch=2&seq_len=128"
 DEFAULT_CLUSTER = "preset:titan-rtx-5"
 #: 2: frontier CSV with per-device peaks and their parts; baselines with per-device peaks;
-#: 3: the request is the workflow's (precision, budget, degrees …), profiled at the baselines' degrees too
-RESULT_VERSION = 3
+#: 3: the request is the workflow's (precision, budget, degrees …), profiled at the baselines' degrees too;
+#: 4: costs priced for the cluster's device kind (``costs_from``, ``calibration``), the summary says where the
+#: times come from
+RESULT_VERSION = 4
 #: the MILP placers' solver time limit in the dashboard: a page should not wait minutes for them
 MILP_TIME_LIMIT_S = 10.0
 T = TypeVar("T")
@@ -82,8 +88,8 @@ class Request(workflow.Request):
     model and cluster, every baseline placer, the MILPs limited to :data:`MILP_TIME_LIMIT_S`), and
     a :attr:`key` naming its result folder.  ``model`` may be the path of an uploaded ``.onnx``
     file, ``cluster`` :data:`DETECTED` or an uploaded cluster file, ``profile`` an uploaded
-    profile; uploaded paths are named by the SHA-256 of their content, so the key covers the
-    content too."""
+    profile, ``calibration`` an uploaded device-model calibration; uploaded paths are named by the
+    SHA-256 of their content, so the key covers the content too."""
 
     model: str = DEFAULT_MODEL
     cluster: str = DEFAULT_CLUSTER
@@ -136,6 +142,13 @@ def baseline_row(r: CompareRow) -> tuple[BaselineRow, Plan | None]:
     return BaselineRow(r.algo, r.time_s, r.peak_memory_bytes, r.fits, pid, r.error, r.place_s, peaks), plan
 
 
+def times_source(result: workflow.Exploration) -> dict[str, Any]:
+    """Where the result's operator times come from, as the summary keeps it: ``times_from`` (the
+    exploration's one-line source), ``times_notes`` (what pricing decided) and ``times_modelled``
+    (whether a device model priced them rather than a measurement)."""
+    return {"times_from": result.source, "times_notes": list(result.notes), "times_modelled": is_modelled(result.costs)}
+
+
 def write_frontier(folder: Path, result: workflow.Exploration) -> dict[str, Any]:
     """The frontier's files of ``result`` in ``folder`` (module docstring), then
     ``frontier-summary.json``; returns that summary."""
@@ -154,7 +167,8 @@ def write_frontier(folder: Path, result: workflow.Exploration) -> dict[str, Any]
                "device_memory": {d: cluster.device(d).memory_bytes for d in devices},
                "degrees": list(result.setup.degrees), "points": len(frontier), "exact": frontier.exact,
                "profile_s": result.seconds["measure"], "tracking_s": frontier.seconds,
-               "total_s": result.seconds["measure"] + result.seconds["frontier"], "optimizer": req.optimizer}
+               "total_s": result.seconds["measure"] + result.seconds["frontier"], "optimizer": req.optimizer,
+               **times_source(result)}
     write_json_atomic(folder / "frontier-summary.json", summary)
     return summary
 
@@ -318,5 +332,5 @@ def save_upload(store: ResultStore, data: bytes, suffix: str) -> Path:
     return path
 
 
-__all__ = ["Request", "ResultStore", "BaselineRow", "run_request", "write_frontier", "baseline_row", "save_upload",
-           "default_cache_dir", "baseline_plan_id", "DEFAULT_MODEL", "DEFAULT_CLUSTER", "DETECTED"]
+__all__ = ["Request", "ResultStore", "BaselineRow", "run_request", "write_frontier", "times_source", "baseline_row",
+           "save_upload", "default_cache_dir", "baseline_plan_id", "DEFAULT_MODEL", "DEFAULT_CLUSTER", "DETECTED"]

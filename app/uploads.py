@@ -1,4 +1,5 @@
-"""Uploaded files, checked as data: an ONNX model, a saved profile JSON, a cluster YAML / JSON.
+"""Uploaded files, checked as data: an ONNX model, a saved profile JSON, a cluster YAML / JSON, a
+device-model calibration JSON.
 
 :func:`accept_upload` decodes what ``dcc.Upload`` sends (``data:…;base64,…``), refuses it when it
 is too large or of the wrong kind, saves it under the store's ``uploads/`` folder named by its
@@ -17,10 +18,12 @@ import binascii
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tensoropt.capture import load_onnx
 from tensoropt.cluster import Cluster
 from tensoropt.describe import fmt_bytes
+from tensoropt.devicemodel import Calibration
 from tensoropt.errors import TensorOptError
 from tensoropt.measure import CostModel
 
@@ -31,6 +34,7 @@ UPLOAD_KINDS = {
     "onnx": ((".onnx",), 256 * 2 ** 20),
     "profile": ((".json",), 64 * 2 ** 20),
     "cluster": ((".yaml", ".yml", ".json"), 1 * 2 ** 20),
+    "calibration": ((".json",), 1 * 2 ** 20),
 }
 
 
@@ -85,17 +89,26 @@ def _read(path: Path, data: bytes, name: str, kind: str) -> Accepted:
         graph = load_onnx(path)
         return Accepted(path, f"{name}: ONNX graph {graph.name!r}, {len(graph.ops)} operators")
     if kind == "profile":
-        try:
-            d = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise UploadError(f"{name}: not a JSON file ({e})") from None
-        costs = CostModel.from_dict(d, where=name)
+        costs = CostModel.from_dict(_json(data, name), where=name)
         return Accepted(path, f"{name}: profile of {costs.graph_name!r} with {len(costs)} nodes "
-                              "(used instead of profiling when it belongs to the chosen model)")
+                              "(used instead of profiling while the times come from an uploaded profile)")
+    if kind == "calibration":
+        cal = Calibration.from_dict(_json(data, name), where=name)
+        made = f"fitted on {cal.device}" if cal.device else "not fitted"
+        return Accepted(path, f"{name}: calibration {cal.name!r} ({made}; {cal.error_text()}), used by the device "
+                              "model wherever one prices the times")
     if kind == "cluster":
         cluster = Cluster.load(path)
         return Accepted(path, f"{name}: cluster {cluster.name!r} with {len(cluster)} devices")
     raise UploadError(f"unknown upload kind {kind!r}")
+
+
+def _json(data: bytes, name: str) -> Any:
+    """The uploaded bytes as a JSON value; :class:`UploadError` when they are not JSON."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UploadError(f"{name}: not a JSON file ({e})") from None
 
 
 __all__ = ["accept_upload", "decode", "Accepted", "UploadError", "UPLOAD_KINDS"]

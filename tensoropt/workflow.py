@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from .capture.precision import check_precision as check_precision_name
 from .cluster import detect_cluster, load_cluster
 from .compare import CompareRow, compare, frontier_failures, solver_options
-from .devicemodel.price import COSTS_FROM, Priced, price, prices_by_model
+from .devicemodel.price import COSTS_FROM, Priced, check_measured_fits, price, prices_by_model
 from .errors import TensorOptError
 from .frontier import candidate_meshes, track_frontier
 from .frontier.track import DEFAULT_MAX_WALKS
@@ -256,6 +256,9 @@ def measure(request: Request, setup: Setup, progress: Progress = no_progress) ->
     the request's saved profile) and price it for the setup's devices
     (:func:`~tensoropt.devicemodel.price`).  A profile only a device model will price is made
     with timing off: each call runs once, for its memory and work."""
+    on = profiling_device(request.device)
+    if not request.profile:   # a refusal before capturing and a whole profile
+        check_measured_fits(request.costs_from, setup.cluster, setup.devices, device_name(on), on.type)
     progress("capture", 0, 1, f"capturing {request.model}")
     graph = load_model(request.model, batch=request.batch).capture(precision=request.precision)
     progress("capture", 1, 1, f"{graph.name}: {len(graph.ops)} operators")
@@ -264,7 +267,6 @@ def measure(request: Request, setup: Setup, progress: Progress = no_progress) ->
         costs = read_profile(request.profile, graph)
         progress("profile", 1, 1, "profile read")
     else:
-        on = profiling_device(request.device)
         timed = not needs_device_model(request, setup, device_name(on), on.type)
         n_ops = len(graph.ops)
         what = "profiling" if timed else "recording memory and work (a device model prices the times)"

@@ -82,6 +82,19 @@ def prices_by_model(costs_from: str, cluster: Cluster, devices: Sequence[str] | 
                for d in (cluster.device(n) for n in names))
 
 
+def check_measured_fits(costs_from: str, cluster: Cluster, devices: Sequence[str] | None, measured_on: str,
+                        measured_type: str = "") -> None:
+    """Before profiling: refuse ``costs_from="measured"`` where a device is of another kind than
+    the one that would measure (the message :func:`price` would give after a whole profile)."""
+    if costs_from != "measured":
+        return
+    names = list(devices) if devices is not None else cluster.names
+    wrong = [d for d in (cluster.device(n) for n in names)
+             if d.speed == 1.0 and not kind_matches(d.kind, measured_on, measured_type)]
+    if wrong:
+        raise CostsKindError(_mismatch(f"to be measured on {measured_on}", wrong))
+
+
 def _needs_conversion(costs: CostModel, dev: Device) -> bool:
     return dev.speed == 1.0 and not kind_matches(dev.kind, costs_kind(costs), str(costs.device.get("type", "")))
 
@@ -96,16 +109,16 @@ def check_costs_kind(costs: CostModel, cluster: Cluster, devices: Sequence[str] 
     names = list(devices) if devices is not None else cluster.names
     wrong = [cluster.device(d) for d in names if _needs_conversion(costs, cluster.device(d))]
     if wrong:
-        raise CostsKindError(_mismatch(costs, wrong))
+        raise CostsKindError(_mismatch(costs_source(costs), wrong))
 
 
-def _mismatch(costs: CostModel, wrong: Sequence[Device]) -> str:
+def _mismatch(source: str, wrong: Sequence[Device]) -> str:
     kinds = ", ".join(dict.fromkeys(d.kind for d in wrong))
     known = [k for k in dict.fromkeys(d.kind for d in wrong) if find_kind(k) is not None]
     model = (f"price them through the device model (--costs-from model; known for {', '.join(known)})"
              if known else "describe the devices by a kind the catalogue knows (tensoropt kinds)")
     names = ", ".join(d.name for d in wrong[:4])
-    return (f"the costs were {costs_source(costs)}, but the plan's devices are {kinds} ({names}"
+    return (f"the costs were {source}, but the plan's devices are {kinds} ({names}"
             f"{' …' if len(wrong) > 4 else ''}); ways out: profile on that device (tensoropt profile MODEL --device "
             f"cuda -o profile.json) and pass --profile profile.json; or {model}; or set each device's speed in the "
             "cluster file (speed: 1.0 means as fast as the profiled device, written out it is used as given)")
@@ -178,7 +191,7 @@ def price(costs: CostModel, cluster: Cluster, devices: Sequence[str] | None = No
         if untimed:
             raise CostsKindError("costs_from='measured' with an untimed profile: profile with timing on")
         if wrong:
-            raise CostsKindError(_mismatch(costs, wrong))
+            raise CostsKindError(_mismatch(costs_source(costs), wrong))
         unnamed = [d.name for d in devs if not d.kind]
         if unnamed:
             notes.append(f"{', '.join(unnamed[:4])}: no kind stated, taken as the profiled device")
@@ -222,5 +235,5 @@ def _by_model(costs: CostModel, cluster: Cluster, devs: list[Device],
     return Priced(converted, cluster, costs_source(converted), notes)
 
 
-__all__ = ["COSTS_FROM", "CostsKindError", "Priced", "check_costs_kind", "convert", "costs_kind", "costs_source",
-           "is_modelled", "kind_matches", "price", "prices_by_model"]
+__all__ = ["COSTS_FROM", "CostsKindError", "Priced", "check_costs_kind", "check_measured_fits", "convert",
+           "costs_kind", "costs_source", "is_modelled", "kind_matches", "price", "prices_by_model"]

@@ -27,6 +27,17 @@ def tiny_result(tmp_path_factory):
     return store, req, key, seen
 
 
+@pytest.fixture(scope="session")
+def default_result(tmp_path_factory):
+    """(store, request, key, progress seen) of the page's built-in default (GPT-2, 2 layers, on
+    titan-rtx-5, every device, times from ``auto``) with one quick baseline placer, computed once."""
+    store = ResultStore(tmp_path_factory.mktemp("app-default"))
+    req = Request(algos=("m-etf",))
+    seen = []
+    key = run_request(req, store, lambda stage, done, total, msg: seen.append((stage, msg)))
+    return store, req, key, seen
+
+
 #: the unequal cluster's small device: more than the frontier's simulated peak of the tiny model
 #: on two devices (under 9 KiB), less than data parallelism's (the whole model on each, ~17 KiB)
 SMALL_BYTES = 14000

@@ -125,6 +125,9 @@ def test_dashboard_end_to_end(server, browser):
     drv.save_screenshot(str(SHOTS / "1-frontier.png"))
     assert "Pareto-optimal plans" in drv.find_element(By.ID, "frontier-graph").text
     assert drv.find_element(By.ID, "progress-text").text == "done"
+    # titan-rtx-5's GPUs are not this CPU: the banner above the frontier says the device model priced it
+    banner = drv.find_element(By.ID, "times-source").text
+    assert banner.startswith("Operator times: NVIDIA TITAN RTX device model") and "estimates" in banner
     errors = [e for e in drv.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
     print(f"frontier shown {took:.1f} s after the page opened (cold)")
@@ -161,4 +164,13 @@ def test_dashboard_end_to_end(server, browser):
     other = _click_point(drv, 0, len(drv.execute_script(
         "return document.querySelector('#frontier-graph .js-plotly-plot').data[0].customdata")) - 1)
     _wait(lambda: drv.find_element(By.ID, "plan-title").text == f"plan {other}", 20, "the plan panel after the error")
+    assert not [e for e in drv.get_log("browser") if e["level"] == "SEVERE"]
+
+    # times measured on this CPU for TITAN RTX GPUs: refused, the library's message under the run button
+    drv.find_element(By.CSS_SELECTOR, "#costs-from input[value=measured]").click()
+    drv.find_element(By.ID, "run").click()
+    msg = _wait(lambda: drv.find_element(By.ID, "run-message").text, 60, "the run's message")
+    assert msg.startswith("error: the costs were measured on ") and "devices are TITAN RTX" in msg, msg
+    drv.save_screenshot(str(SHOTS / "5-measured-refused.png"))
+    assert "Pareto-optimal plans" in drv.find_element(By.ID, "frontier-graph").text   # the last result stays
     assert not [e for e in drv.get_log("browser") if e["level"] == "SEVERE"]

@@ -1,17 +1,30 @@
-"""The dashboard's callbacks' work without a browser: the page's inputs in bytes, and on a cluster of
+"""The dashboard's callbacks' work without a browser: the page's inputs in bytes; on a cluster of
 unequal GPUs the page's decision of which plans fit equals :func:`tensoropt.planmodel.fits.fits` of the
-simulator's per-device peaks — the rule of the CLI, the CSV and ``tensoropt compare``."""
+simulator's per-device peaks — the rule of the CLI, the CSV and ``tensoropt compare``; the choice of
+where the operator times come from, the banner saying it, and a refused choice as a message."""
 
 import math
 
 import pytest
+from dash import html, no_update
 
 from tensoropt.dashboard import figures as F
-from tensoropt.dashboard.callbacks import frontier_view, gib_bytes, plan_verdict, reserve_bytes
+from tensoropt.dashboard.callbacks import (
+    frontier_view,
+    gib_bytes,
+    plan_verdict,
+    request_from_controls,
+    reserve_bytes,
+    run_controls,
+    source_banner,
+)
+from tensoropt.dashboard.layout import build_layout
+from tensoropt.dashboard.pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL
+from tensoropt.errors import TensorOptError
 from tensoropt.planmodel import simulate
 from tensoropt.planmodel.fits import fits
 
-from .conftest import SMALL_BYTES
+from .conftest import SMALL_BYTES, TINY
 
 GiB = 2 ** 30
 
@@ -67,3 +80,84 @@ def test_a_peak_above_the_small_gpu_fits_on_the_large_one(hetero_result):
     # the CSV's own fits column (the library's, no budget) says the same of the frontier's points
     assert all(F.fit_flags([r], [], store.cluster(key))[r["plan_id"]] == (r["fits_budget"] == "true")
                for r in store.frontier_rows(key))
+
+
+def _controls(costs: str, profile: str | None = None, calibration: str | None = None) -> tuple:
+    """The run button's States (request_from_controls' order): the tiny model as a spec on titan-rtx-5's
+    gpu0, gpu1, one profiling repeat, no warm-up, the given choice of where the times come from."""
+    return ("spec", None, None, TINY, None, profile, None, "preset", "titan-rtx-5", None, ["gpu0", "gpu1"], None, 1,
+            0, costs, calibration)
+
+
+def _component(layout, component_id):
+    """The component of ``layout`` with ``component_id`` (depth first)."""
+    if getattr(layout, "id", None) == component_id:
+        return layout
+    children = getattr(layout, "children", None)
+    for child in children if isinstance(children, list) else [children]:
+        found = _component(child, component_id) if child is not None and not isinstance(child, str) else None
+        if found is not None:
+            return found
+    return None
+
+
+def _text(component) -> str:
+    """The text a Dash component shows (its children's strings, in order)."""
+    if isinstance(component, str):
+        return component
+    children = getattr(component, "children", None)
+    return "".join(_text(c) for c in (children if isinstance(children, list) else [children]) if c is not None)
+
+
+@pytest.mark.filterwarnings(r"ignore:\s*The dash_table.DataTable will be removed:DeprecationWarning")   # Dash's
+def test_costs_from_control_maps_to_the_request():
+    """The page's choice of where the times come from is the request's ``costs_from``, ``profile``
+    and ``calibration``; the page opens on ``auto``."""
+    choice = _component(build_layout(default_model=DEFAULT_MODEL, default_cluster=DEFAULT_CLUSTER, repeats=1,
+                                     warmup=0), "costs-from")
+    assert choice.value == "auto" and [o["value"] for o in choice.options] == ["auto", "measured", "profile", "model"]
+    assert choice.options[0]["label"].strip().startswith("automatic: measured where this machine is the cluster's")
+
+    def fields(*controls):
+        req = request_from_controls(*controls, algos=())
+        return req.costs_from, req.profile, req.calibration
+
+    assert fields(*_controls("auto", "p.json", "c.json")) == ("auto", None, "c.json")   # an upload is not a choice
+    assert fields(*_controls("measured", "p.json", "c.json")) == ("measured", None, None)
+    assert fields(*_controls("profile", "p.json", "c.json")) == ("auto", "p.json", "c.json")
+    assert fields(*_controls("model", None, "c.json")) == ("model", None, "c.json")
+    assert fields(*_controls(None)) == ("auto", None, None)
+    with pytest.raises(TensorOptError, match="upload a saved profile JSON first"):
+        request_from_controls(*_controls("profile"), algos=())
+
+
+def test_banner_of_the_default_names_the_titan_rtx_device_model(default_result):
+    """Above the default's frontier: its times are the TITAN RTX device model's, said as such."""
+    store, _, key, _ = default_result
+    banner = source_banner(store.summary(key))
+    text = _text(banner)
+    assert text.startswith("Operator times: NVIDIA TITAN RTX device model (calibration ")
+    assert "TITAN RTX" in text and "device model" in text and "estimates, not measurements" in text
+    assert banner.className == "times-modelled"
+
+
+def test_banner_of_measured_times_and_notes():
+    notes = ["gpu0: speed 2 as the cluster gives it", "gpu1: no kind stated, taken as the profiled device"]
+    banner = source_banner({"times_from": "measured on AMD EPYC 7B13", "times_notes": notes, "times_modelled": False})
+    *line, listed = banner.children
+    assert _text(html.Div(line)) == "Operator times: measured on AMD EPYC 7B13"
+    assert [_text(li) for li in listed.children] == notes and banner.className == "times-measured"
+    assert _text(source_banner({})) == "Operator times: not recorded"   # a summary from before sources were kept
+
+
+def test_measured_on_the_default_preset_is_a_message_on_the_page(tiny_result):
+    """``measured on this machine`` on titan-rtx-5 without a profile: the run's message on the page
+    is the library's (both kinds and the ways out), not a traceback, and no result is shown."""
+    store = tiny_result[0]
+    updates = []
+    key, message = run_controls(store, updates.append, _controls("measured"), ())
+    assert key is no_update
+    assert message.startswith("error: the costs were measured on ") and ", but the plan's devices are TITAN RTX" \
+        in message and "--costs-from model" in message
+    assert "Traceback" not in message and "internal error" not in message
+    assert updates and all(partial is None for *_, partial in updates)   # no frontier reached the page

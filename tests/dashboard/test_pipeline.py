@@ -3,14 +3,17 @@ and uploads checked as data."""
 
 import base64
 import csv
+import dataclasses
 import io
+import json
 import time
 
 import pytest
 
 from tensoropt import Cluster, CostModel, Plan, load_cluster, track_frontier
-from tensoropt.dashboard.pipeline import Request, run_request
+from tensoropt.dashboard.pipeline import Request, ResultStore, run_request
 from tensoropt.dashboard.uploads import UploadError, accept_upload, decode
+from tensoropt.devicemodel import UNCALIBRATED_GPU, Calibration, CostsKindError
 from tensoropt.errors import ClusterSpecError, TensorOptError
 from tensoropt.frontier.graph_problem import candidate_meshes
 from tensoropt.frontier.track import CSV_COLUMNS
@@ -24,7 +27,11 @@ def _payload(data: bytes) -> str:
 
 def test_result_matches_the_library_and_is_reused(tiny_result):
     store, req, key, seen = tiny_result
-    assert seen[-1][2] == "done" and any(m.startswith("profiling") for *_, m in seen if isinstance(m, str))
+    # titan-rtx-5's devices are TITAN RTX GPUs, this CPU is not one: the profile only records memory and
+    # work (untimed), a device model prices the times
+    assert seen[-1][2] == "done"
+    assert any(m.startswith("recording memory and work") for *_, m in seen if isinstance(m, str))
+    assert not any(m.startswith("profiling") for *_, m in seen if isinstance(m, str))
     # the frontier was ready (its rows readable, no baselines yet) before the baselines ran
     ready = [i for i, s in enumerate(seen) if s[0] == "frontier"]
     assert len(ready) == 1
@@ -124,7 +131,9 @@ def test_uploaded_profile_is_used_instead_of_profiling(tiny_result):
     req2 = Request(**{**req.to_dict(), "devices": tuple(req.devices), "algos": tuple(req.algos),
                       "profile": str(prof.path)})
     key2 = run_request(req2, store, lambda s, d, t, m: seen.append(m))
-    assert not any(m.startswith("profiling") for m in seen)
+    assert "profile read" in seen and not any(m.startswith(("profiling", "recording")) for m in seen)
+    # the profile (priced for TITAN RTX already) is used as it is: the same times, the same source
+    assert store.summary(key2)["times_from"] == store.summary(key)["times_from"]
     assert [r["plan_id"] for r in store.frontier_rows(key2)] == [r["plan_id"] for r in store.frontier_rows(key)]
     with io.StringIO(store.frontier_csv(key2)) as f:
         assert next(csv.reader(f)) == list(CSV_COLUMNS)
@@ -152,7 +161,6 @@ def test_baselines_on_unequal_gpus_carry_each_device_peak(hetero_result):
 def test_no_result_folder_is_complete_without_a_frontier(tmp_path):
     """Tracking the frontier fails (a budget below every plan): the page gets the error, and the
     folder is not marked complete although the baselines ran."""
-    from tensoropt.dashboard.pipeline import ResultStore
     from tensoropt.frontier import BudgetError
 
     from .conftest import TINY
@@ -163,3 +171,53 @@ def test_no_result_folder_is_complete_without_a_frontier(tmp_path):
     with pytest.raises(BudgetError):
         run_request(req, store)
     assert not store.complete(req.key) and not store.frontier_ready(req.key)
+
+
+def test_the_default_is_priced_through_the_titan_rtx_device_model(default_result):
+    """The page's built-in default (the README's): titan-rtx-5's devices are TITAN RTX GPUs and the
+    profile is made on this CPU, so ``auto`` prices the times through the TITAN RTX device model and
+    profiling runs untimed (memory and work only); the summary says where the times come from, and a
+    cached result (read back by a fresh store) still says so."""
+    store, req, key, seen = default_result
+    assert (req.model, req.cluster, req.costs_from) == \
+        ("zoo:gpt2?layers=2&batch=2&seq_len=128", "preset:titan-rtx-5", "auto")
+    assert store.complete(key) and seen[-1] == ("done", "done")
+    profiling = [m for stage, m in seen if stage == "profile"]
+    assert profiling[0].startswith("recording memory and work") and not any(m.startswith("profiling")
+                                                                           for m in profiling)
+    cluster, costs = store.cluster(key), store.costs(key)
+    assert {cluster.device(d).kind for d in cluster.names} == {"TITAN RTX"}
+    assert costs.device["type"] == "model" and costs.device["name"] == "NVIDIA TITAN RTX"
+    s = store.summary(key)
+    assert s["times_modelled"] is True and s["times_from"].startswith("NVIDIA TITAN RTX device model (calibration ")
+    assert {r["times_from"] for r in store.frontier_rows(key)} == {s["times_from"]}   # the library's CSV column
+    again = ResultStore(store.root)
+    assert run_request(req, again) == key and again.summary(key)["times_from"] == s["times_from"]
+
+
+def test_measured_times_refuse_another_kind(tiny_result):
+    """``measured`` on titan-rtx-5 without a profile: this CPU's times are not a TITAN RTX's; the
+    library's message names both kinds, and no result is left."""
+    store, req, _, _ = tiny_result
+    measured = Request(model=req.model, cluster=req.cluster, devices=req.devices, repeats=1, warmup=0, algos=(),
+                       costs_from="measured")
+    with pytest.raises(CostsKindError, match=r"^the costs were measured on .*, but the plan's devices are TITAN RTX"):
+        run_request(measured, store)
+    assert not store.frontier_ready(measured.key)
+
+
+def test_calibration_upload_prices_through_the_device_model(tiny_result):
+    """An uploaded calibration is checked as one, and the device model prices with it: the source
+    line names it."""
+    store, req, _, _ = tiny_result
+    cal = dataclasses.replace(UNCALIBRATED_GPU, name="dashboard-test-cal")
+    ok = accept_upload(store, _payload(json.dumps(cal.to_dict()).encode()), "cal.json", "calibration")
+    assert "'dashboard-test-cal'" in ok.message and Calibration.load(ok.path) == cal
+    with pytest.raises(TensorOptError, match="^other.json: not a calibration file"):
+        accept_upload(store, _payload(b'{"format": "tensoropt.profile/1"}'), "other.json", "calibration")
+    with pytest.raises(UploadError, match="not a JSON"):
+        accept_upload(store, _payload(b"{nope"), "cal.json", "calibration")
+    modelled = Request(model=req.model, cluster=req.cluster, devices=req.devices, repeats=1, warmup=0, algos=(),
+                       costs_from="model", calibration=str(ok.path))
+    key = run_request(modelled, store)
+    assert store.summary(key)["times_from"].startswith("NVIDIA TITAN RTX device model (calibration dashboard-test-cal")
