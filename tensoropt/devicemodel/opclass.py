@@ -6,7 +6,8 @@ elementwise add or a layer norm; a device model keeps one fit per *class* of ope
 base name (``aten.addmm.default`` → ``addmm``):
 
 ============  ==========================================================================
-``matmul``    matrix products: ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``linear``, ``matmul``
+``matmul``    matrix products: ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``linear``, ``matmul``, and
+              the fused recurrent layers (``lstm``, ``gru``), whose FLOPs are matrix products
 ``conv``      convolutions (cuDNN runs float32 ones in TF32 by default)
 ``attention`` fused attention (``scaled_dot_product_attention`` and its kernels)
 ``norm``      normalisation and softmax: a reduction and an elementwise pass in one kernel
@@ -30,7 +31,8 @@ OP_CLASSES = ("matmul", "conv", "attention", "norm", "movement", "elementwise")
 COMPUTE_CLASSES = frozenset({"matmul", "conv", "attention"})
 
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "addbmm", "einsum", "dot", "mv", "addmv",
-           "_addmm_activation", "tensordot"}
+           "_addmm_activation", "tensordot",
+           "lstm", "gru", "rnn_tanh", "rnn_relu", "LSTM", "GRU", "RNN"}   # fused recurrent layers: GEMMs
 _CONV = {"convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
          "_convolution", "cudnn_convolution", "mkldnn_convolution", "convolution_overrideable", "Conv1d", "Conv2d",
          "Conv3d", "ConvTranspose2d"}

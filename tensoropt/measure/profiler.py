@@ -83,7 +83,8 @@ from .timing import device_info, device_key, time_callable
 #: 5: an activation needs a gradient only downstream of a trainable parameter (version 4 timed a
 #: first layer's backward with an input gradient training never computes)
 #: 6: every call records its work (forward and backward FLOPs and bytes, :class:`.costmodel.Work`)
-CACHE_VERSION = 6
+#: 7: fused recurrent layers (LSTM, GRU) record their FLOPs (FlopCounterMode counts none for them)
+CACHE_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -534,6 +535,8 @@ class _Runner(fx.Interpreter):
                               self.repeats, self.warmup, self.precision, self.timed)
             if _basename(opname) in _GATHERS:
                 m = _gathered(m, args, kwargs)
+            if _basename(opname) in _RECURRENT and m.flops == 0:
+                m = _recurrent(m, fn, args, kwargs)
         except Exception:  # noqa: BLE001 - an op that cannot run alone: a roofline estimate
             if not estimate:
                 raise
@@ -732,6 +735,25 @@ def _gathered(m: Measurement, args: tuple, kwargs: dict) -> Measurement:
     ts = _tensors((args, kwargs))
     table = max((t.numel() * t.element_size() for t in ts), default=0)
     return dataclasses.replace(m, fp_bytes=max(0, m.fp_bytes - table) + m.output_bytes)
+
+
+#: fused recurrent layers, whose kernels (oneDNN's, cuDNN's) FlopCounterMode has no formula for
+_RECURRENT = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu", "LSTM", "GRU", "RNN"})
+
+
+def _recurrent(m: Measurement, fn: Callable, args: tuple, kwargs: dict) -> Measurement:
+    """``m`` with the FLOPs of a fused recurrent layer: every weight matrix (input-to-hidden and
+    hidden-to-hidden, each layer and direction) multiplies every token once — 2 · tokens · rows ·
+    cols each — in the forward; the backward twice that (input and weight gradients).  Tokens:
+    the input's elements over its feature size."""
+    tensors = _tensors((args, kwargs))
+    if isinstance(fn, torch.nn.Module):
+        tensors = [*tensors, *fn.parameters()]
+    if not tensors or tensors[0].dim() < 2:
+        return m
+    tokens = tensors[0].numel() // tensors[0].shape[-1]
+    flops = sum(2 * tokens * t.numel() for t in tensors[1:] if t.dim() == 2)
+    return dataclasses.replace(m, flops=flops, bp_flops=2 * flops if m.bp_bytes else 0)
 
 
 def _shard_shape(op: OpNode, out0: TensorMeta | None, layout: str, k: int) -> list[int] | None:
