@@ -9,6 +9,7 @@ from conftest import run_cli
 import tensoropt.workflow as workflow
 from tensoropt.dashboard.pipeline import Request as PageRequest
 from tensoropt.dashboard.pipeline import ResultStore, run_request
+from tensoropt.devicemodel import CostsKindError
 from tensoropt.errors import ClusterSpecError, TensorOptError
 from tensoropt.workflow import Request, explore, profile_degrees
 
@@ -92,3 +93,40 @@ def test_a_failed_frontier_is_two_rows_beside_the_baselines_and_an_error_alone(p
     assert beside.rows[1].error == beside.rows[2].error == str(beside.frontier_error)
     with pytest.raises(BudgetError):
         explore(Request(TINY, "preset:titan-rtx-5", devices=("gpu0", "gpu1"), budget=1000, repeats=1))
+
+
+# ---- where the times come from ---------------------------------------------------------------
+def test_a_gpu_preset_is_priced_through_its_device_model_and_says_so(monkeypatch):
+    """On a machine without the cluster's GPUs, ``auto`` profiles untimed (memory and work) and
+    prices every operator through the cluster kind's device model; every surface carries the line."""
+    timed_flags = []
+    real = workflow.profile
+    monkeypatch.setattr(workflow, "profile", lambda g, **kw: timed_flags.append(kw["timed"]) or real(g, **kw))
+    result = explore(Request(TINY, "preset:v100-8-nvlink", devices=("gpu0", "gpu1"), algos=("dp",), repeats=1))
+    assert timed_flags == [False]
+    assert "Tesla V100-SXM2-16GB device model" in result.source
+    assert {n.method for n in result.costs.nodes.values()} <= {"modelled", "free"}
+    assert result.frontier is not None and result.frontier.times_from == result.source
+    assert all(r.times_from == result.source for r in result.rows if r.error is None)
+    assert result.frontier.min_time().plan.estimate("frontier").times_from == result.source
+
+
+def test_measured_costs_for_another_kind_are_refused_before_any_capture(monkeypatch):
+    captured = []
+    monkeypatch.setattr(workflow, "load_model", lambda *a, **k: captured.append(a))
+    with pytest.raises(CostsKindError, match="Tesla V100-SXM2-16GB.*ways out"):
+        explore(Request(TINY, "preset:v100-8-nvlink", costs_from="measured"))
+    assert captured == []
+    with pytest.raises(TensorOptError, match="costs_from must be one of auto, measured, model"):
+        Request(TINY, "preset:v100-8-nvlink", costs_from="datasheet")
+
+
+def test_a_cluster_of_no_stated_kind_keeps_the_measured_times(tmp_path):
+    """Devices of no kind are taken as the profiled device: timed costs, ``measured on …``."""
+    cluster = tmp_path / "box.yaml"
+    cluster.write_text("name: box\ndevices:\n  - {name: d0, memory: 8GiB}\n  - {name: d1, memory: 8GiB}\n"
+                       "links:\n  default: {bandwidth: 10GB/s, latency: 5us}\n")
+    result = explore(Request(TINY, str(cluster), algos=(), repeats=1))
+    assert result.source.startswith("measured on ")
+    assert any("no kind stated" in n for n in result.notes)
+    assert "modelled" not in {n.method for n in result.costs.nodes.values()}

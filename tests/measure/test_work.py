@@ -118,3 +118,24 @@ def test_work_survives_the_profile_file(graph, untimed, tmp_path):
     for name, n in untimed.nodes.items():
         assert back[name].work == n.work
         assert {k: s.work for k, s in back[name].shards.items()} == {k: s.work for k, s in n.shards.items()}
+
+
+def test_a_fused_lstm_records_the_flops_of_its_matrix_products():
+    """FlopCounterMode counts nothing for a fused LSTM kernel; the profiler counts its GEMMs: each
+    of the 2 layers has W_ih (4·32 × 16 for the first, 4·32 × 32 for the second) and W_hh
+    (4·32 × 32), each applied to every one of the 3 × 5 tokens: 2 · 15 · 128 · (16 + 32 + 32 + 32)."""
+
+    class Lstm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = torch.nn.LSTM(16, 32, num_layers=2, batch_first=True)
+
+        def forward(self, x):
+            return self.rnn(x)[0]
+
+    torch.manual_seed(0)
+    graph = tensoropt.capture(Lstm(), (torch.randn(3, 5, 16),))
+    costs = tensoropt.profile(graph, shard_degrees=(1,), timed=False, cache=False)
+    (lstm,) = [n for n in costs.nodes.values() if "lstm" in n.op.lower()]
+    assert lstm.work.fp_flops == 2 * 15 * 128 * (16 + 32 + 32 + 32)
+    assert lstm.work.bp_flops == 2 * lstm.work.fp_flops
