@@ -15,6 +15,7 @@ costs: layouts and resharding, the memory walk, the simulator, whether it fits),
 
 from .capture import capture, load_onnx
 from .cluster import Cluster, Device, LinkModel, detect_cluster, list_presets, load_cluster
+from .devicemodel import CostsKindError, Priced, device_model, price
 from .errors import (
     CaptureError,
     ClusterSpecError,
@@ -42,6 +43,7 @@ __all__ = [
     "capture", "load_onnx", "load_model", "load_graph", "LoadedModel",
     "profile", "CostModel", "NodeCost", "ShardCost", "node_memory", "step_memory",
     "OpGraph", "OpNode", "ParamInfo", "SplitDims", "TensorMeta", "Edge",
+    "price", "Priced", "device_model", "CostsKindError",
     "track_frontier", "Frontier", "FrontierPoint", "BudgetError", "candidate_meshes",
     "Plan", "NodeConfig", "Estimate", "PlanError", "place", "PLACERS",
     "simulate", "SimResult", "TimelineEvent", "plan_memory", "reshard", "edge_reshard", "param_sync", "Reshard",
