@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -65,6 +66,10 @@ def _cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     check_repeats(args)
     if not args.output:
         raise TensorOptError("tensoropt calibrate needs -o CALIBRATION_JSON (where to write the calibration)")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise TensorOptError("--threads must be ≥ 1")
+        torch.set_num_threads(args.threads)   # this process only: the calibration is of the CPU at N threads
     profiles = [CostModel.load(p) for p in args.from_profile or ()]
     models = args.models or (() if profiles else calibration_models(args.device))
     if not profiles:
@@ -112,6 +117,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--repeats", type=int, default=3, help="profiling: timed repeats per op call (default 3)")
     p.add_argument("--degrees", type=degrees_arg, default=(1, 2),
                    help="shard degrees to profile: more shapes per op (default 1,2)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="CPU: profile with N threads (the shipped CPU calibration used 1: on a busy machine a second "
+                        "thread's preemption inflates every call)")
     p.add_argument("--name", help="the calibration's name (default: the device's)")
     p.add_argument("--save-profiles", metavar="DIR", help="also keep the measured profiles in DIR")
     p.add_argument("-o", "--output", metavar="CALIBRATION_JSON", help="where to write the calibration (required)")
