@@ -92,7 +92,7 @@ def check_measured_fits(costs_from: str, cluster: Cluster, devices: Sequence[str
     wrong = [d for d in (cluster.device(n) for n in names)
              if d.speed == 1.0 and not kind_matches(d.kind, measured_on, measured_type)]
     if wrong:
-        raise CostsKindError(_mismatch(f"to be measured on {measured_on}", wrong))
+        raise CostsKindError(_mismatch(f"to be measured on {measured_on} (this machine)", wrong))
 
 
 def _needs_conversion(costs: CostModel, dev: Device) -> bool:

@@ -170,7 +170,7 @@ def test_dashboard_end_to_end(server, browser):
     drv.find_element(By.CSS_SELECTOR, "#costs-from input[value=measured]").click()
     drv.find_element(By.ID, "run").click()
     msg = _wait(lambda: drv.find_element(By.ID, "run-message").text, 60, "the run's message")
-    assert msg.startswith("error: the costs were measured on ") and "devices are TITAN RTX" in msg, msg
+    assert msg.startswith("error: the costs were to be measured on ") and "devices are TITAN RTX" in msg, msg
     drv.save_screenshot(str(SHOTS / "5-measured-refused.png"))
     assert "Pareto-optimal plans" in drv.find_element(By.ID, "frontier-graph").text   # the last result stays
     assert not [e for e in drv.get_log("browser") if e["level"] == "SEVERE"]

@@ -157,7 +157,7 @@ def test_measured_on_the_default_preset_is_a_message_on_the_page(tiny_result):
     updates = []
     key, message = run_controls(store, updates.append, _controls("measured"), ())
     assert key is no_update
-    assert message.startswith("error: the costs were measured on ") and ", but the plan's devices are TITAN RTX" \
+    assert message.startswith("error: the costs were to be measured on ") and ", but the plan's devices are TITAN RTX" \
         in message and "--costs-from model" in message
     assert "Traceback" not in message and "internal error" not in message
     assert updates and all(partial is None for *_, partial in updates)   # no frontier reached the page

@@ -137,6 +137,8 @@ def test_bf16_measurements_are_cached_apart_from_fp32_ones(tmp_path):
 def test_a_profile_of_another_precision_is_refused_naming_both(mlp_graphs, tmp_path):
     from tensoropt.cli._common import costs_for
 
+    CPU_BOX = tensoropt.load_cluster("preset:titan-rtx-5").without_kinds()   # priced as this CPU
+
     g32, c32 = mlp_graphs["fp32"]
     g16, c16 = mlp_graphs["bf16"]
     check_precision(c16, g16)
@@ -145,8 +147,9 @@ def test_a_profile_of_another_precision_is_refused_naming_both(mlp_graphs, tmp_p
     path = tmp_path / "fp32.json"
     c32.save(path)
     with pytest.raises(ProfileError, match="measured in fp32, but graph"):   # --profile on every command
-        costs_for(g16, (1,), argparse.Namespace(profile=str(path)))
-    assert costs_for(g32, (1,), argparse.Namespace(profile=str(path))).graph_fingerprint == g32.fingerprint
+        costs_for(g16, (1,), argparse.Namespace(profile=str(path)), CPU_BOX, ["gpu0"])
+    assert costs_for(g32, (1,), argparse.Namespace(profile=str(path)), CPU_BOX, ["gpu0"]).costs.graph_fingerprint \
+        == g32.fingerprint
 
 
 @pytest.mark.parametrize("make", [mlp, cnn], ids=["mlp", "cnn"])
