@@ -65,10 +65,6 @@ def _pct(a: float, b: float) -> float:
     return 100.0 * (a - b) / b
 
 
-def _step(costs: CostModel) -> float:
-    return sum(n.fp_s + n.bp_s for n in costs.nodes.values())
-
-
 def _rank(costs: CostModel, modelled: CostModel, spec: str, cluster: Cluster) -> tuple[int, float, float]:
     """(plans, Spearman ρ of their simulated times measured vs modelled, worst |error| %)."""
     graph = load_model(spec).capture()
@@ -94,7 +90,7 @@ def cpu_holdout(console: Console, profiles: list[CostModel], rank: bool) -> None
         cal = fit_calibration([p for j, p in enumerate(profiles) if j != i], name=f"without {held.graph_name}")
         model = cpu_model(cal)
         calls = check(cal, [held])   # per-call error of the held-out model's timed calls
-        measured, predicted = _step(held), step_seconds(held, model)
+        measured, predicted = held.total_fp_s + held.total_bp_s, step_seconds(held, model)
         cells = ["-", "-", "-"]
         if rank:
             n, rho, worst = _rank(held, convert(held, model), spec, cluster)
