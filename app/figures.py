@@ -29,7 +29,7 @@ GPU_PRESETS_GIB = (16, 24, 40, 80)
 GREY = "#b8b8b8"
 PHASE_COLOURS = {"fp": "#1f77b4", "bp": "#ff7f0e", "recompute": "#9467bd", "transfer": "#2ca02c",
                  "allreduce": "#d62728"}
-#: the parts of a device's peak (:meth:`tensoropt.costs.StepMemory.parts`), one colour each
+#: the parts of a device's peak (:meth:`tensoropt.planmodel.walk.StepMemory.parts`), one colour each
 MEMORY_PARTS = (("parameters", "#1f77b4"), ("gradients", "#ff7f0e"), ("optimizer", "#2ca02c"),
                 ("activations", "#d62728"), ("transient", "#9467bd"), ("reserve", "#7f7f7f"))
 #: the memory bars draw a capacity or budget line at most this many times the tallest bar (higher
@@ -37,7 +37,7 @@ MEMORY_PARTS = (("parameters", "#1f77b4"), ("gradients", "#ff7f0e"), ("optimizer
 MEMORY_OFF_SCALE = 10.0
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
             "#bcbd22", "#7f7f7f")
-#: a frontier CSV row (strings as read back; ints and strings from :meth:`Frontier.rows`)
+#: a frontier CSV row (strings as read back; ints and strings from :meth:`~tensoropt.frontier.Frontier.rows`)
 FrontierRow = Mapping[str, str | int | float]
 #: a :class:`~tensoropt.dashboard.pipeline.BaselineRow` as a JSON dict (values of several types, ``None`` included)
 BaselineDict = Mapping[str, Any]
@@ -52,11 +52,11 @@ def _unit(max_bytes: float) -> tuple[float, str]:
     return 1024, "KiB"
 
 
-# ---- whether a plan fits: tensoropt.fits on each plan's per-device peaks ------------------------
+# ---- whether a plan fits: tensoropt.planmodel.fits on each plan's per-device peaks ----------------
 def row_peaks(row: FrontierRow) -> dict[str, int]:
     """A frontier row's simulated peak per device: its ``device_memory_bytes``
     (``"gpu0=123;gpu1=456"``) parsed; a row without them (a frontier built by hand) has its
-    ``memory_bytes`` on each of its ``devices`` (as :meth:`Frontier.fits` assumes)."""
+    ``memory_bytes`` on each of its ``devices`` (as :meth:`~tensoropt.frontier.Frontier.fits` assumes)."""
     text = str(row.get("device_memory_bytes") or "")
     if text:
         pairs = (item.rpartition("=") for item in text.split(";") if item)
@@ -175,7 +175,7 @@ def frontier_figure(rows: Sequence[FrontierRow], baselines: Sequence[BaselineDic
     that made a plan as a labelled marker; both are simulator peaks.  A plan that does not fit
     (:func:`fit_flags` on ``cluster`` with ``budget_bytes`` and ``reserve_bytes``) is drawn grey,
     its hover saying which device is over; with ``budget_bytes`` a vertical budget line.
-    ``rows``: :meth:`Frontier.rows` / the frontier CSV's rows; ``baselines``:
+    ``rows``: :meth:`~tensoropt.frontier.Frontier.rows` / the frontier CSV's rows; ``baselines``:
     :class:`~tensoropt.dashboard.pipeline.BaselineRow` dicts.  Plans need a ``cluster`` (a :class:`ValueError`
     without one).  O(points × devices)."""
     placed = [b for b in baselines if b.get("plan_id") and b.get("peak_memory_bytes") is not None]
@@ -244,7 +244,7 @@ def _memory_references(fig: go.Figure, devs: Sequence[str], capacity: Mapping[st
 def memory_figure(sim: SimResult, capacity: Mapping[str, int] | None = None, *,
                   budget_bytes: float | None = None) -> go.Figure:
     """Per-device stacked bars of the simulated peak, split by
-    :meth:`~tensoropt.costs.StepMemory.parts` (one colour per part of :data:`MEMORY_PARTS`; the
+    :meth:`~tensoropt.planmodel.walk.StepMemory.parts` (one colour per part of :data:`MEMORY_PARTS`; the
     parts of a device add up to its peak), with each device's memory (``capacity``) as a black
     dash and ``budget_bytes`` as a dashed horizontal line (:func:`_memory_references`).
     O(devices)."""

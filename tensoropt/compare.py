@@ -3,7 +3,7 @@ extreme points, all evaluated by the same simulator (the NetSplit thesis Table 6
 
 :func:`compare` runs each placer of :data:`~tensoropt.placers.PLACERS` (or those named), and
 optionally tracks the frontier and takes its min-time and min-memory points; every plan is then
-simulated with the same :class:`~tensoropt.costs.CostModel` and cluster, so the rows differ only
+simulated with the same :class:`~tensoropt.measure.costmodel.CostModel` and cluster, so the rows differ only
 in the plan.  A placer that cannot place the model (no device has room, a solver failure) gives a
 row with its ``error`` instead of stopping the comparison.
 

@@ -14,16 +14,17 @@ Two ways to measure, chosen by ``backend``:
   ``torch.distributed`` with the gloo backend, one thread each; for every ordered pair of ranks
   the first sends to the second (see :func:`_p2p_job` for how a one-way time is obtained).
 
-Each size of the sweep (default 4 KiB … 64 MiB, powers of 4) is repeated; the median per size
-is kept, and a line is fitted per ordered pair by least squares (:func:`fit_link`).  The result
-becomes a :class:`tensoropt.cluster.Cluster` with :meth:`BenchResult.cluster`.
+Each size of the sweep (default 4 KiB … 64 MiB, powers of 4) is repeated; the median per size is
+kept, and a line is fitted per ordered pair by least squares
+(:func:`~tensoropt.cluster.linkfit.fit_link`).  The result becomes a
+:class:`tensoropt.cluster.Cluster` with :meth:`BenchResult.cluster`.
 
-gloo also times a simultaneous exchange (both ranks of a pair send the same size to each other
-at once) at the largest three sizes of the sweep, and :func:`fit_duplex` turns it into the link's
-``duplex``: the fraction of the one-way bandwidth each direction keeps when both carry traffic
-(:class:`tensoropt.cluster.LinkModel`).  Over loopback it is well below 1: both directions are
-copies made by the same CPU cores.  The CUDA backend does not measure it (duplex 1.0, see
-:func:`_bench_cuda`).
+gloo also times a simultaneous exchange (both ranks of a pair send the same size to each other at
+once) at the largest three sizes of the sweep, and :func:`~tensoropt.cluster.linkfit.fit_duplex`
+turns it into the link's ``duplex``: the fraction of the one-way bandwidth each direction keeps when
+both carry traffic (:class:`tensoropt.cluster.LinkModel`).  Over loopback it is well below 1: both
+directions are copies made by the same CPU cores.  The CUDA backend does not measure it (duplex 1.0,
+see :func:`_bench_cuda`).
 
 :func:`measure_collectives` times the gloo collectives (all-reduce, all-gather, reduce-scatter,
 all-to-all, broadcast) the same way, so the collective formulas of
@@ -172,7 +173,7 @@ def bench_links(*, backend: str = "auto", sizes: Sequence[int] | None = None, re
 
     gloo also times a simultaneous exchange per pair at the largest three sizes (``repeats``
     times each, median kept; see :func:`_p2p_job`) and sets each fit's ``duplex`` with
-    :func:`fit_duplex`; the CUDA backend leaves duplex at 1.0.
+    :func:`~tensoropt.cluster.linkfit.fit_duplex`; the CUDA backend leaves duplex at 1.0.
 
     ``busy_s`` (gloo only): both ranks of the pair compute for that long before every round
     trip, as ranks do between the messages of a training step.  A message then also pays for

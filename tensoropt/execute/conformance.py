@@ -15,7 +15,7 @@ For one call of an operator — a callable with its arguments, e.g. one OpInfo s
    their first dimension the batch), the rest its parameters (floating point) or buffers;
 2. captures it through the normal path (:func:`tensoropt.capture`, torch.export) and profiles it
    at degrees 1, 2 and 3 (3: uneven shards where the sizes allow) — the profile's
-   :meth:`~tensoropt.costs.CostModel.legal` is the one predicate the frontier, the placers and
+   :meth:`~tensoropt.measure.costmodel.CostModel.legal` is the one predicate the frontier, the placers and
    the executor read;
 3. for every op node and every (layout, degree) that node is offered, runs the plan that splits
    that node alone (every other node whole on the first device) and compares, with

@@ -12,11 +12,11 @@ in this order:
 - ``R`` (replicated: every device runs the whole op), then ``batch`` (``S(batch)``), ``channel``
   (``S(channel)``) and ``reduce`` (``P``) — each shard layout only where the CostModel has a cost
   for it at degree ``k`` (:meth:`CostModel.legal`) and the graph allows it (``batch`` needs the
-  node's ``split.batch``, ``channel`` its ``split.channel``: what :meth:`Plan.check` demands).  A
-  mesh of one device has ``R`` only;
+  node's ``split.batch``, ``channel`` its ``split.channel``: what :meth:`~tensoropt.plan.Plan.check`
+  demands).  A mesh of one device has ``R`` only;
 - each of these without and with ``recompute`` — the recomputing variant only where it frees
-  something (the node keeps activations in that layout: :func:`~tensoropt.costs.node_memory`'s
-  ``activations > 0``).
+  something (the node keeps activations in that layout:
+  :func:`~tensoropt.planmodel.memory.node_memory`'s ``activations > 0``).
 
 Every operator node is a node of the problem, metadata-only ("free") nodes included, each with
 its own legal layouts: a view costs no time, and an edge costs exactly what the simulator charges
@@ -24,24 +24,25 @@ for it, so nothing is folded and every op node of the final plan is configured b
 
 Costs of a node configuration (per device; within one mesh every device holds the same shard)
 ---------------------------------------------------------------------------------------------
-- **time** = ``(fp + bp [+ fp again when recomputed])`` of one shard (:meth:`NodeCost.at`; ``R``
-  with ``k > 1`` runs the full op on every device) divided by the slowest mesh device's
-  ``speed`` (the mesh runs the node in lockstep), + its share of the gradient all-reduce of
-  parameters replicated over the mesh (:func:`~tensoropt.planmodel.reshard.param_sync`, bucketed: the
-  bytes' time — the executors sum all of a mesh's gradients in one all-reduce, whose few
-  latencies the simulator counts and this sum leaves out) and the copy of those gradients into
-  the executors' flat buffer (:meth:`~tensoropt.costs.CostModel.grad_copy_s`; once more, the whole
-  weight, for a piece of a weight another node also reads: the cut's backward pads it), + a batch-split batch
-  norm's statistics exchange, forward and backward (:func:`~tensoropt.planmodel.reshard.stat_sync`), + for
-  a model output written as partial sums (``reduce``) the all-reduce that adds them up before
-  the loss — the same rules the simulator applies.
+- **time** = ``(fp + bp [+ fp again when recomputed])`` of one shard
+  (:meth:`~tensoropt.measure.costmodel.NodeCost.at`; ``R`` with ``k > 1`` runs the full op on every
+  device) divided by the slowest mesh device's ``speed`` (the mesh runs the node in lockstep), + its
+  share of the gradient all-reduce of parameters replicated over the mesh
+  (:func:`~tensoropt.planmodel.reshard.param_sync`, bucketed: the bytes' time — the executors sum
+  all of a mesh's gradients in one all-reduce, whose few latencies the simulator counts and this sum
+  leaves out) and the copy of those gradients into the executors' flat buffer
+  (:meth:`~tensoropt.measure.costmodel.CostModel.grad_copy_s`; once more, the whole weight, for a
+  piece of a weight another node also reads: the cut's backward pads it), + a batch-split batch
+  norm's statistics exchange, forward and backward (:func:`~tensoropt.planmodel.reshard.stat_sync`), +
+  for a model output written as partial sums (``reduce``) the all-reduce that adds them up before the
+  loss — the same rules the simulator applies.
 - **resident memory** (what adds up over nodes) =
-  ``params + grads + optimizer + activations`` of :func:`~tensoropt.costs.node_memory` at the
-  shard (parameters split by ``channel`` / ``reduce``; optimizer state = α × trainable
+  ``params + grads + optimizer + activations`` of :func:`~tensoropt.planmodel.memory.node_memory` at
+  the shard (parameters split by ``channel`` / ``reduce``; optimizer state = α × trainable
   parameters, α from ``optimizer``: ``sgd`` 0, ``momentum`` 1, ``adam`` / ``adamw`` 2 — default
-  ``adamw``, as every stage) + the bytes of the graph's
-  inputs (the batch) this node reads, in the layout it reads them (every reader is charged its
-  piece: an over-estimate when several nodes read one input).
+  ``adamw``, as every stage) + the bytes of the graph's inputs (the batch) this node reads, in the
+  layout it reads them (every reader is charged its piece: an over-estimate when several nodes read
+  one input).
 - **transient memory** = node_memory's ``transient`` (the node's output, its input gradients,
   measured workspace; plus its saved tensors when recomputed; plus, for parameters summed across
   the mesh, their gradients before they are added into the summed buffer, and for a piece of a

@@ -92,7 +92,7 @@ RESOLUTION_FRACTION = 1 / 1000
 DEFAULT_MAX_LEVELS = 64
 #: plans walked per mesh (the search's candidates, then the polish) before the polish stops
 DEFAULT_MAX_WALKS = 500
-#: what a device's peak is made of (:meth:`~tensoropt.costs.StepMemory.parts`)
+#: what a device's peak is made of (:meth:`~tensoropt.planmodel.walk.StepMemory.parts`)
 MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "transient", "reserve")
 CSV_COLUMNS = ("plan_id", "num_devices", "devices", "memory_bytes", "time_s", "samples_per_s", "fits_budget",
                "device_memory_bytes", *(f"{part}_bytes" for part in MEMORY_PARTS), "search_estimate_bytes",
@@ -122,7 +122,7 @@ class FrontierPoint:
     """One Pareto-optimal plan.  ``memory_bytes``: its per-device peak (the largest of
     ``device_memory``, each device's walked peak — what :func:`~tensoropt.simulate` reports);
     ``parts``: that device's peak split into parameters, gradients, optimizer, activations,
-    transient and reserve (:meth:`~tensoropt.costs.StepMemory.parts`); ``search_estimate_bytes``:
+    transient and reserve (:meth:`~tensoropt.planmodel.walk.StepMemory.parts`); ``search_estimate_bytes``:
     the search's additive estimate, kept to show its error; ``fits_budget``:
     :func:`tensoropt.planmodel.fits.fits` under the frontier's budget and reserve; ``assignment``:
     configuration index per op node in its mesh's problem (``Frontier.meshes``)."""
@@ -524,7 +524,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     """The Pareto frontier of (per-device peak memory, iteration time) plans of ``graph`` on
     ``cluster`` (module docstring).
 
-    ``costs``: the graph's :class:`~tensoropt.costs.CostModel` (checked first: another graph's
+    ``costs``: the graph's :class:`~tensoropt.measure.costmodel.CostModel` (checked first: another graph's
     profile is refused).  ``meshes``: device groups (ordered, ring order) to try, each a sequence
     of names or a ``"gpu0,gpu1"`` string; default :func:`~.graph_problem.candidate_meshes` over
     ``devices`` (default: every device of the cluster).  ``budget``: bytes per device (or a size

@@ -51,10 +51,10 @@ class Problem:
     """One placement problem: the graph's operators as the placers see them.
 
     ``weight[n]``: forward + backward seconds on the profiled device (placement covers the whole
-    training step; a device runs it in ``weight / speed``); ``memory[n]``: the node's resident
-    bytes (:func:`~tensoropt.costs.node_memory`: parameters, gradients, α × optimizer state, kept
-    activations — the NetSplit thesis eq. 6-1); ``preds[n]``: ``(producer, bytes)`` of its operator inputs
-    (graph inputs, the batch, are on every device from the start and cost nothing);
+    training step; a device runs it in ``weight / speed``); ``memory[n]``: the node's resident bytes
+    (:func:`~tensoropt.planmodel.memory.node_memory`: parameters, gradients, α × optimizer state,
+    kept activations — the NetSplit thesis eq. 6-1); ``preds[n]``: ``(producer, bytes)`` of its
+    operator inputs (graph inputs, the batch, are on every device from the start and cost nothing);
     ``group_bytes[g]``: what colocation group ``g`` holds (:func:`~.coarsen.group_memory`).
     """
 

@@ -192,7 +192,7 @@ class Grouping:
 def group_memory(graph: OpGraph, costs: CostModel, members: Iterable[str], *, alpha: int = 0,
                  node_bytes: Mapping[str, int] | None = None) -> int:
     """What a group of nodes holds on the device it is placed on (the NetSplit thesis eq. 6-1's left side):
-    the resident memory of each member (:func:`~tensoropt.costs.node_memory`: parameters it owns,
+    the resident memory of each member (:func:`~tensoropt.planmodel.memory.node_memory`: parameters it owns,
     their gradients and α × optimizer state, activations kept for backward), plus the parameters
     members *read* but a node outside the group owns (held here too, with gradients and state;
     each once).  ``node_bytes`` gives precomputed resident bytes per node."""

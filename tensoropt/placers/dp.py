@@ -14,7 +14,7 @@ The profile must have measured degree ``n`` (``tensoropt profile --degrees 1,n``
 (not measured, or the batch is smaller than ``n``; views, which cost nothing, do not count)
 this is an error that says so.  Memory: each
 device holds every operator's parameters, gradients and optimizer state and its slice of the
-kept activations (:func:`~tensoropt.costs.node_memory` at the node's layout); the largest
+kept activations (:func:`~tensoropt.planmodel.memory.node_memory` at the node's layout); the largest
 total must fit the smallest device.
 """
 
@@ -102,7 +102,7 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
 
 def _read_whole_without_gradient(graph: OpGraph, configs: dict[str, NodeConfig]) -> set[str]:
     """Batch-split operators to run whole (``R``) on every device instead: those that carry no
-    gradient (masks, positions, index arithmetic: :func:`~tensoropt.planmodel.memory.grad_nodes`)
+    gradient (masks, positions, index arithmetic: :func:`~tensoropt.graph.grad_nodes`)
     and whose every reader reads them whole (an ``index`` reading its source whole, an op with
     no batch split) or is one of them, and whose own inputs are graph inputs, replicated, or
     one of them — so running them whole moves nothing where splitting them made each device

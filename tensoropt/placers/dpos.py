@@ -39,7 +39,7 @@ EST): every transfer starts when its producer ends.
 
 **Memory** (Alg. 1 line 13): what an operator (its colocation group, placed whole with its
 first operator) holds — parameters, gradients, α × optimizer state, kept activations
-(:func:`~tensoropt.costs.node_memory`) — must fit in what the device has left; memory is never
+(:func:`~tensoropt.planmodel.memory.node_memory`) — must fit in what the device has left; memory is never
 given back.  Nothing fits → :class:`~tensoropt.plan.PlanError` naming the operator, the device
 with the most room left and by how many bytes it would overflow.
 
@@ -142,7 +142,7 @@ def edge_seconds(prob: Problem, producer: str, consumer: str, src: NodeConfig, d
 
 def gradient_edges(prob: Problem) -> set[tuple[str, str]]:
     """The operator edges whose gradient flows back in training: both ends carry a gradient
-    (:func:`~tensoropt.planmodel.memory.grad_nodes`, the simulator's rule).  O(V + E)."""
+    (:func:`~tensoropt.graph.grad_nodes`, the simulator's rule).  O(V + E)."""
     grads = grad_nodes(prob.graph)
     return {(p, c) for c in prob.order for p, _ in prob.preds[c] if grads.get(p) and grads.get(c)}
 

@@ -26,10 +26,11 @@ ordered pair (Baechi fits one regression for all pairs); an edge of 0 bytes move
 
 Memory (the NetSplit thesis eq. 6-1): a device may take an operator only if what the operator (its
 colocation group, on the group's first operator: the whole group is placed there) holds —
-parameters, gradients, α × optimizer state, kept activations (:func:`~tensoropt.costs.node_memory`)
-— fits in what the device has left.  Memory is never given back: all of it is live at the turn
-from forward to backward.  Operators that take no time (views) end when they start, so their
-consumers are ready at once (Baechi's code assumes every operator takes time).
+parameters, gradients, α × optimizer state, kept activations
+(:func:`~tensoropt.planmodel.memory.node_memory`) — fits in what the device has left.  Memory is
+never given back: all of it is live at the turn from forward to backward.  Operators that take no
+time (views) end when they start, so their consumers are ready at once (Baechi's code assumes every
+operator takes time).
 
 The Plan's order is the order the operators were started, and it carries an
 ``Estimate(source="m-etf")``: the schedule's makespan and the bytes placed per device.

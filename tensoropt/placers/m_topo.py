@@ -15,7 +15,7 @@ when its first operator comes up, and the sum and maximum above are over groups 
 than every single operator still gets a device).  A unit fits when ``used + memory ≤ limit``
 (Baechi's plain variant; its colocation variant writes ``<``).
 
-Memory per operator: :func:`~tensoropt.costs.node_memory`'s resident bytes (parameters,
+Memory per operator: :func:`~tensoropt.planmodel.memory.node_memory`'s resident bytes (parameters,
 gradients, α × optimizer state, activations kept for backward).  m-TOPO has no time model of its
 own: its Plan carries no estimate; simulate it.
 """

@@ -6,16 +6,17 @@ Categories (the NetSplit thesis §4.3 Table 4-2):
   devices is held on both);
 - **gradients** of trainable parameters (same size), allocated during backward;
 - **optimizer state** = α × trainable parameters: α = 0 for SGD, 1 for momentum, 2 for Adam and
-  AdamW (``exp_avg`` and ``exp_avg_sq``, each the parameter's size and dtype; the step counter is
-  a scalar) (:data:`OPTIMIZER_ALPHA`); it exists for the whole step once the first step has run;
+  AdamW (``exp_avg`` and ``exp_avg_sq``, each the parameter's size and dtype; the step counter is a
+  scalar) (:data:`~tensoropt.optimizers.OPTIMIZER_ALPHA`); it exists for the whole step once the
+  first step has run;
 - **activations**: every tensor autograd saved for backward, from the moment its producer ran
   until the last backward that needs it (what the profiler's saved-tensor hooks recorded:
   inputs a node saves, its own output, extra tensors such as dropout masks), plus forward
   temporaries until their last consumer;
-- **transient**: gradients of activations during backward, measured op workspace (CUDA), and
-  the optimizer step's temporaries (:func:`optimizer_temp_bytes`: Adam's ``sqrt`` and division
-  results, two tensors the size of the largest parameter per-tensor, or one set the size of
-  all parameters with ``foreach``).
+- **transient**: gradients of activations during backward, measured op workspace (CUDA), and the
+  optimizer step's temporaries (:func:`~tensoropt.optimizers.optimizer_temp_bytes`: Adam's ``sqrt``
+  and division results, two tensors the size of the largest parameter per-tensor, or one set the
+  size of all parameters with ``foreach``).
 
 :func:`node_memory` gives the per-node, per-configuration figures frontier tracking adds up;
 :func:`step_memory` walks one step (forward in graph order, backward in reverse) tracking live
@@ -127,16 +128,17 @@ def step_memory(graph: OpGraph, costs: CostModel, *, placement: Mapping[str, str
                 device: str = "dev0") -> dict[str, StepMemory]:
     """Peak memory per device over one training step (forward, backward, optimizer step).
 
-    ``placement`` maps operator names to device names (default: every node on ``device``; names
-    of graph inputs are ignored: the batch is on every device that reads it); ``optimizer`` is
-    ``sgd`` / ``momentum`` / ``adam`` or α (:func:`optimizer_alpha`).  This is the walk of
-    :mod:`tensoropt.planmodel.walk` for the plan that runs every operator whole on its device in graph
-    order: parameters, buffers and optimizer state are resident from the start; forward allocates
-    each node's output (views allocate nothing) and extra saved tensors, and frees a tensor after
-    its last forward consumer on the device unless a backward needs it; backward, in reverse
-    order, allocates the gradients of the node's inputs and parameters and frees its saved tensors
-    and its output's gradient once no later backward needs them; the optimizer step holds
-    parameters + gradients + state + its temporaries (:func:`optimizer_temp_bytes`).  O(V + E).
+    ``placement`` maps operator names to device names (default: every node on ``device``; names of
+    graph inputs are ignored: the batch is on every device that reads it); ``optimizer`` is ``sgd``
+    / ``momentum`` / ``adam`` or α (:func:`optimizer_alpha`).  This is the walk of
+    :mod:`tensoropt.planmodel.walk` for the plan that runs every operator whole on its device in
+    graph order: parameters, buffers and optimizer state are resident from the start; forward
+    allocates each node's output (views allocate nothing) and extra saved tensors, and frees a
+    tensor after its last forward consumer on the device unless a backward needs it; backward, in
+    reverse order, allocates the gradients of the node's inputs and parameters and frees its saved
+    tensors and its output's gradient once no later backward needs them; the optimizer step holds
+    parameters + gradients + state + its temporaries
+    (:func:`~tensoropt.optimizers.optimizer_temp_bytes`).  O(V + E).
     """
     costs.check_graph(graph)
     optimizer_alpha(optimizer)  # an unknown optimizer is a ProfileError before any work
