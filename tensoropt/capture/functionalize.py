@@ -16,7 +16,11 @@ value:
   read later is taken again from ``x'`` (what ``torch.func.functionalize`` does, restricted to
   the view ops below);
 - when the out-of-place op would promote the dtype (``int += float``) the result is cast back,
-  as the in-place op keeps its target's dtype.
+  as the in-place op keeps its target's dtype;
+- ``detach_`` writes no values (it only cuts autograd history): it becomes ``detach``, and later
+  readers of its target — and of the tensor the target is (``y = h.to(h.device)`` returns ``h``
+  itself; a ``to`` that converts returns a copy) — read the detached value; into an input or a
+  buffer too, as nothing is written there.
 
 In-place writes to *buffers* (batch norm's running statistics, ``num_batches_tracked``) stay:
 they are the model's state, and the executor writes them back once.  A write into a user input
@@ -71,7 +75,7 @@ def _view_writeback(view: fx.Node) -> tuple[Any, tuple, dict] | None:
         return aten.diagonal_scatter.default, tuple(view.args[1:]), {}
     if t == aten.as_strided.default:
         return aten.as_strided_scatter.default, tuple(view.args[1:]), {}
-    if t in (aten.alias.default, aten.detach.default, aten.contiguous.default):
+    if t in (aten.alias.default, aten.detach.default, aten.contiguous.default) or t in _TO_OPS:
         return _identity, (), {}
     if base_val is None:
         return None
@@ -103,15 +107,42 @@ def _scatter_call(op: Any, base: Any, value: Any, extra: tuple) -> tuple[Any, tu
 
 def is_view_of_input(n: fx.Node) -> bool:
     """Whether node ``n`` returns a view of its first argument (so a write into it writes into
-    that argument).  ``contiguous`` and ``reshape`` return a view only of a contiguous tensor (a
-    copy otherwise, which a write does not reach back from)."""
+    that argument).  ``contiguous`` and ``reshape`` return a view only of a contiguous tensor, and
+    ``to`` only when it converts nothing (it returns its input itself then); otherwise a copy,
+    which a write does not reach back from."""
     t = n.target
     if not (isinstance(t, torch._ops.OpOverload) and t.is_view) or not isinstance(n.args[0], fx.Node):
         return False
     if t in (aten.contiguous.default, aten.reshape.default):
         base = n.args[0].meta.get("val")
         return isinstance(base, torch.Tensor) and base.is_contiguous()
+    if t in _TO_OPS:
+        return _to_returns_its_input(n)
     return True
+
+
+# ``Tensor.to`` in every form: its input itself when there is nothing to convert, a copy otherwise
+_TO_OPS = frozenset(getattr(aten.to, o) for o in aten.to.overloads())
+
+
+def _to_returns_its_input(n: fx.Node) -> bool:
+    """Whether the ``to`` call ``n`` converts nothing (same dtype, device, layout and strides, no
+    ``copy=True``): torch returns the input tensor itself, so a write into it is a write into
+    the input (``y = h.to(h.device); y.detach_()`` detaches ``h``)."""
+    src, out = n.args[0].meta.get("val"), n.meta.get("val")    # type: ignore[union-attr]
+    if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    schema = typing.cast(torch._ops.OpOverload, n.target)._schema
+    names = [a.name for a in schema.arguments]
+    copy = n.kwargs.get("copy", n.args[names.index("copy")] if len(n.args) > names.index("copy") else False)
+    return not copy and (src.dtype, src.device, src.layout) == (out.dtype, out.device, out.layout) \
+        and _sizes(src.shape) == _sizes(out.shape) and _sizes(src.stride()) == _sizes(out.stride())
+
+
+def _sizes(sizes: Any) -> tuple:
+    """Sizes or strides as comparable values (a symbolic one as its expression: comparing
+    SymInts themselves would add guards to a finished export)."""
+    return tuple(s.node.expr if isinstance(s, torch.SymInt) else int(s) for s in sizes)
 
 
 def written_positions(target: Any) -> list[int]:
@@ -214,6 +245,8 @@ def _written_chain(n: fx.Node, base_of: Mapping[fx.Node, fx.Node], kind_of: Mapp
     root = chain[-1]
     if root.op == "placeholder":
         kind = kind_of.get(root.name, "input")
+        if n.target == aten.detach_.default and kind != "parameter":
+            return chain                 # writes no values (cuts autograd history): nothing to write back
         if kind == "buffer":
             return None                  # model state: the executor writes it back
         raise CaptureError(f"{where(n)}: {n.target} writes in place into the model's {kind} {root.name!r}; "

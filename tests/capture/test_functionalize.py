@@ -8,7 +8,9 @@ import torch
 from torch import nn
 
 import tensoropt
+from tensoropt import NodeConfig, Plan
 from tensoropt.capture.functionalize import functional_variant, written_positions
+from tensoropt.execute.check import check_plan
 
 
 class InplaceBlock(nn.Module):
@@ -109,3 +111,63 @@ def test_a_layer_skipped_at_random_gets_the_layerdrop_advice():
 
     with pytest.raises(tensoropt.CaptureError, match=r"skips a whole layer at random.*layerdrop = 0"):
         tensoropt.capture(LayerDrop(), (torch.randn(3, 4),))
+
+
+class DetachesInPlace(nn.Module):
+    """``detach_`` as real models call it: on ``h.to(device)`` (``h`` itself: nothing to convert)
+    after ``h`` was read once, and on ``x.to(torch.float32)`` of an input."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin1 = nn.Linear(6, 6)
+        self.lin2 = nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.lin1(x)
+        early = h * 2                 # read before the detach: lin1's gradient comes through it only
+        y = h.to(x.device)
+        y.detach_()                   # detaches h itself from here on
+        z = x.to(torch.float32)
+        z.detach_()
+        return self.lin2(h) + early + z
+
+
+def eager_gradients(model, inputs):
+    model = copy.deepcopy(model)
+    out = model(*inputs)
+    out.pow(2).sum().backward()
+    return out.detach(), {k: p.grad for k, p in model.named_parameters()}
+
+
+def test_detach_in_place_writes_no_values_and_cuts_the_gradient_as_eager():
+    torch.manual_seed(0)
+    model, x = DetachesInPlace(), torch.randn(5, 6)
+    want, want_grads = eager_gradients(model, (x,))
+    graph = tensoropt.capture(model, (x,), method="export")
+    assert "aten.detach_.default" not in aten_ops(graph)
+    got, got_grads = eager_gradients(graph.exported.module(), graph.example_inputs)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert got_grads.keys() == want_grads.keys()
+    for k in want_grads:
+        torch.testing.assert_close(got_grads[k], want_grads[k], rtol=1e-6, atol=1e-6, msg=k)
+    # the plan, batch split over two devices, trains as the model does
+    mesh = ("gpu0", "gpu1")
+    plan = Plan({n.name: NodeConfig(mesh, "batch" if n.split.batch is not None else "R") for n in graph.ops},
+                graph_fingerprint=graph.fingerprint)
+    cmp = check_plan(model, (x,), plan, graph)
+    assert cmp.passed, cmp.describe()
+
+
+def test_a_write_into_what_to_converted_leaves_the_source_alone():
+    class Converts(nn.Module):
+        def forward(self, x):
+            h = x * 1.0
+            d = h.to(torch.float64)       # a copy
+            d.mul_(3.0)
+            same = h.to(torch.float32)    # h itself
+            same.add_(1.0)
+            return h + d.float()
+
+    x = torch.randn(3, 4)
+    want, got, _ = eager_and_captured(Converts(), (x,))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
