@@ -29,19 +29,22 @@ from ..measure.step import make_optimizer
 from ..modelspec import load_model
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Plan
-from .run import DistributedExecutor, apply_plan_distributed, compare_distributed
+from .run import DistributedExecutor, apply_plan_distributed, compare_distributed, same_as_rank0
 from .runtime import Runtime
 from .transport import SEGMENT_BYTES, Channel, PeerLink
 
 
-def load_case(model_spec: str, *, float64: bool = False,
-              dropout: bool = True) -> tuple[nn.Module, tuple[Any, ...], OpGraph]:
-    """(model, inputs, graph): ``model_spec`` built (same weights on every rank: the zoo seeds
-    them), optionally in float64 and without dropout, and captured with torch.export."""
+def load_case(model_spec: str, *, float64: bool = False, dropout: bool = True,
+              rt: Runtime | None = None) -> tuple[nn.Module, tuple[Any, ...], OpGraph]:
+    """(model, inputs, graph): ``model_spec`` built, optionally in float64 and without dropout,
+    and captured with torch.export.  On a rank (``rt``), the weights, buffers and inputs are rank
+    0's (:func:`.run.same_as_rank0`): a factory without a fixed seed builds one model."""
     loaded = load_model(model_spec)
     if loaded.model is None:
         raise DistributedError(f"{model_spec} is a saved graph or ONNX file: a job needs the torch model "
                                "(zoo:NAME or file.py:factory)")
+    if rt is not None:
+        same_as_rank0(loaded.model, loaded.call, rt)
     model, inputs = loaded.model, tuple(loaded.example_inputs)
     if not dropout:
         disable_dropout(model)
@@ -64,7 +67,7 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
     ``collectives`` (kind → count), ``loss_rank``."""
     out = []
     for case in cases:
-        model, inputs, graph = load_case(case["model"], float64=True, dropout=False)
+        model, inputs, graph = load_case(case["model"], float64=True, dropout=False, rt=rt)
         plan = Plan.from_dict(case["plan"])
         reference = copy.deepcopy(model)
         ex = apply_plan_distributed(model, inputs, plan, rt, rank_map=case.get("rank_map"), graph=graph,
@@ -101,7 +104,7 @@ def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps
     ``step_s`` (median over steps of the slowest rank's step), ``optimizer_s``, ``rank_step_s``
     (per rank, medians), ``peak_bytes`` (per rank), ``moves``, ``collectives`` (kind → count).
     ``fail_rank``: that rank exits abruptly in the middle of the first step (to test what its peers do)."""
-    model, inputs, graph = load_case(model_spec)
+    model, inputs, graph = load_case(model_spec, rt=rt)
     ex = apply_plan_distributed(model, inputs, Plan.from_dict(plan), rt, rank_map=rank_map, graph=graph,
                                 collectives=collectives)
     params = list(ex.local_parameters.values())

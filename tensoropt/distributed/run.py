@@ -28,8 +28,9 @@ A ``bf16`` graph's forward runs under its autocast on every rank
 :func:`compare_distributed` runs the reference under the same autocast, with the bfloat16
 tolerance (:mod:`tensoropt.execute.check`, "Mixed precision").
 
-The model is built on every rank with the same weights (the zoo seeds them); the example inputs
-are on every rank.  O(V + E) per step, plus the transfers.
+The model and its example inputs are built on every rank from the same spec, and rank 0's weights,
+buffers and inputs broadcast to the others before anything runs (:func:`same_as_rank0`): a
+factory that draws them without a fixed seed still trains one model.  O(V + E) per step, plus the transfers.
 
 Owns: one rank's execution of a :class:`.program.Program` — its parameters and buffers, the
 forward over the graph's nodes, the backward and the gradient sums.  Must not: rewrite the
@@ -658,6 +659,46 @@ class DistributedExecutor:
             part.detach().to(dtype).reshape(1)
         world = Channel(None, tuple(range(self.rt.world_size)), _LOSS_TAG)
         return self.link.all_reduce_out(mine, world, "summing the loss's parts").reshape(())
+
+
+def same_as_rank0(model: nn.Module, call: ModelCall, runtime: Runtime) -> int:
+    """Give every rank rank 0's model and example inputs: its parameters, buffers and input
+    tensors broadcast from rank 0 in one message (as DDP's constructor broadcasts rank 0's
+    parameters and buffers).  Returns the bytes broadcast.
+
+    Why: every rank builds the model from the user's factory, and a factory that draws its
+    weights or its inputs without a fixed seed builds a different model on every rank; each rank
+    would then train its own model, and the check fail on every plan (the loss off by 2-50x, every
+    gradient off) while the single process passes.  A rank whose model or inputs differ in
+    structure (names, shapes, dtypes) is refused, naming the first difference."""
+    tensors: list[tuple[str, torch.Tensor]] = [(f"parameter {n}", p) for n, p in model.named_parameters()]
+    tensors += [(f"buffer {n}", b) for n, b in model.named_buffers()]
+    leaves, _ = tree_flatten((call.args, call.kwargs))
+    tensors += [(f"input {i}", t) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
+    signature = [(name, tuple(t.shape), str(t.dtype)) for name, t in tensors]
+    every: list[Any] = [None] * runtime.world_size
+    link = PeerLink(runtime)
+    with link.guard("comparing the model built on every rank", None):
+        dist.all_gather_object(every, signature)
+    for r, theirs in enumerate(every):
+        if theirs != signature:
+            first = next((f"{a} vs {b}" for a, b in zip(signature, theirs) if a != b),
+                         f"{len(signature)} vs {len(theirs)} tensors")
+            raise DistributedError(f"rank {runtime.rank} built another model than rank {r} from the same spec "
+                                   f"(first difference: {first}): the factory must build the same model and "
+                                   "inputs on every rank")
+    if not tensors:
+        return 0
+    with torch.no_grad():
+        flat = torch.cat([t.detach().reshape(-1).view(torch.uint8).cpu() for _, t in tensors]).to(runtime.device)
+        link.broadcast(flat, "broadcasting rank 0's model and inputs")
+        flat = flat.cpu()
+        at = 0
+        for _, t in tensors:
+            size = t.numel() * t.element_size()
+            t.copy_(flat[at:at + size].view(t.dtype).reshape(t.shape))
+            at += size
+    return int(flat.numel())
 
 
 def apply_plan_distributed(model: nn.Module, example_inputs: Any, plan: Plan, runtime: Runtime, *,

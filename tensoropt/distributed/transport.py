@@ -241,6 +241,11 @@ class PeerLink:
         self._exchange([chunks[me]] * k, chan.backward(), what, chunks)   # every member's sum, in place
         self.wait_sends()   # ``t`` is the caller's to change once this returns
 
+    def broadcast(self, t: torch.Tensor, what: str) -> None:
+        """``t`` (on :attr:`Runtime.device`) replaced in place by rank 0's, on every rank."""
+        with self.guard(what, Channel(None, tuple(range(self.rt.world_size)), 0)):
+            dist.broadcast(t, 0)
+
     def barrier(self, what: str = "waiting for every rank") -> None:
         with self.guard(what, Channel(None, tuple(range(self.rt.world_size)), 0)):
             if self.rt.backend == "nccl":

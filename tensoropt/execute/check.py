@@ -105,7 +105,15 @@ CHECK_DTYPES = ("float64", "float32")
 
 class CheckDtypeError(ExecutionError):
     """The model cannot be checked in the asked dtype (its capture in float64 differs from the
-    float32 one, or fails): check in float32 (``check_dtype="float32"``)."""
+    float32 one, or fails): check in float32 (``check_dtype="float32"``).  ``reason``: why,
+    without the advice (what a caller that falls back to float32 by itself reports)."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"{reason}; check in float32 (--check-dtype float32)")
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        return type(self), (self.reason,)
 
 
 # ------------------------------------------------------------------------------------ tolerances
@@ -584,13 +592,12 @@ def retarget_plan(plan: Plan, graph: OpGraph, other: OpGraph) -> Plan:
             if len(a[key]) != len(b[key]):
                 raise CheckDtypeError(f"the model captured in {_dtype_name(other)} has {len(b[key])} {key}, "
                                       f"in {_dtype_name(graph)} {len(a[key])}: it cannot be checked in another "
-                                      "dtype than its own; check in float32 (--check-dtype float32)")
+                                      "dtype than its own")
             for x, y in zip(a[key], b[key]):
                 if x != y:
                     raise CheckDtypeError(f"the model captured in {_dtype_name(other)} differs from its "
                                           f"{_dtype_name(graph)} capture at {key[:-1]} {x[0]!r} ({y} vs {x}): it "
-                                          "cannot be checked in another dtype than its own; check in float32 "
-                                          "(--check-dtype float32)")
+                                          "cannot be checked in another dtype than its own")
     d = plan.to_dict()
     d["graph_fingerprint"] = other.fingerprint
     out = Plan.from_dict(d)
@@ -631,8 +638,7 @@ def prepare_check(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph | No
     plan.check(graph)
     if check_dtype == "float64" and precision_of(graph) != "fp32":
         raise CheckDtypeError(f"the graph trains in {precision_of(graph)} under autocast, which leaves float64 alone: "
-                              "a float64 copy would not compute what the plan computes; check in float32 "
-                              "(--check-dtype float32)")
+                              "a float64 copy would not compute what the plan computes")
     m, x = to_check_dtype(model, call, check_dtype)
     if check_dtype == "float32":
         return m, x, plan, graph
@@ -640,8 +646,7 @@ def prepare_check(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph | No
         g = capture(m, x, name=graph.name, method="export")
     except Exception as e:  # noqa: BLE001 - any failure of the float64 capture: say which dtype to use
         first = str(e).splitlines()[0] if str(e) else ""
-        raise CheckDtypeError(f"the model cannot be captured in {check_dtype} ({type(e).__name__}: {first}); "
-                              "check in float32 (--check-dtype float32)") from e
+        raise CheckDtypeError(f"the model cannot be captured in {check_dtype} ({type(e).__name__}: {first})") from e
     return m, x, retarget_plan(plan, graph, g), g
 
 
