@@ -232,6 +232,14 @@ class DeviceModel:
         bp = fit.seconds(work.bp_flops, work.bp_bytes, peak, self.memory_Bps, True) if has_bp else 0.0
         return fp, bp
 
+    def copy_Bps(self) -> float:
+        """Bytes per second one large copy moves (reads and writes each byte: half the achieved
+        bandwidth of the ``movement`` class; its per-call floor left out, the rate is for
+        :meth:`~tensoropt.measure.costmodel.CostModel.grad_copy_s`'s buffers, many gradients
+        per call).  0 where the calibration has no bandwidth term for movement."""
+        fraction = self.calibration.fit_for("movement").bytes_fraction
+        return self.memory_Bps * fraction / 2 if fraction else 0.0
+
     def describe(self) -> str:
         """Where its times come from, for every output: ``"Tesla V100-SXM2-16GB device model
         (calibration uncalibrated-gpu: …; error unknown …)"``."""

@@ -154,7 +154,9 @@ def convert(costs: CostModel, model: DeviceModel) -> CostModel:
     recorded_on = costs.device.get("work_recorded_on") if is_modelled(costs) else None
     device = {**model.to_dict(), "work_recorded_on": recorded_on or costs_kind(costs)}
     settings = {**costs.settings, "timed": True, "priced_by": model.describe()}
-    settings.pop("in_sequence", None)   # grad_copy_Bps was the measured device's
+    # the measured device's gradient-copy rate is replaced by the model's (CostModel.grad_copy_s)
+    settings.pop("in_sequence", None)
+    settings["grad_copy_Bps"] = model.copy_Bps()
     return CostModel(nodes, graph_fingerprint=costs.graph_fingerprint, graph_name=costs.graph_name,
                      batch_size=costs.batch_size, device=device, settings=settings, profile_s=costs.profile_s)
 

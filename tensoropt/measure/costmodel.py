@@ -231,10 +231,13 @@ class CostModel:
 
     def grad_copy_s(self, nbytes: int | float) -> float:
         """Seconds to copy ``nbytes`` of fresh gradients into buffers kept between steps, at the
-        rate the in-sequence run measured (``settings["in_sequence"]["grad_copy_Bps"]``): what
-        the executors pay to put the gradients they sum across devices into their flat buffers.
-        0 where the profile did not measure it (isolated times, older profiles)."""
-        rate = (self.settings.get("in_sequence") or {}).get("grad_copy_Bps") or 0.0
+        rate the in-sequence run measured (``settings["in_sequence"]["grad_copy_Bps"]``), or a
+        device model's (``settings["grad_copy_Bps"]``, :meth:`DeviceModel.copy_Bps
+        <tensoropt.devicemodel.calibration.DeviceModel.copy_Bps>`): what the executors pay to put
+        the gradients they sum across devices into their flat buffers.  0 where neither is known
+        (isolated times, older profiles)."""
+        rate = self.settings.get("grad_copy_Bps") or (self.settings.get("in_sequence") or {}).get("grad_copy_Bps") \
+            or 0.0
         return nbytes / rate if rate > 0 and nbytes > 0 else 0.0
 
     def count(self, method: str) -> int:
