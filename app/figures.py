@@ -56,7 +56,13 @@ def _unit(max_bytes: float) -> tuple[float, str]:
 def row_peaks(row: FrontierRow) -> dict[str, int]:
     """A frontier row's simulated peak per device: its ``device_memory_bytes``
     (``"gpu0=123;gpu1=456"``) parsed; a row without them (a frontier built by hand) has its
-    ``memory_bytes`` on each of its ``devices`` (as :meth:`~tensoropt.frontier.Frontier.fits` assumes)."""
+    ``memory_bytes`` on each of its ``devices`` (as :meth:`~tensoropt.frontier.Frontier.fits` assumes).
+
+    >>> row_peaks({"devices": "gpu0;gpu1", "memory_bytes": "456", "device_memory_bytes": "gpu0=123;gpu1=456"})
+    {'gpu0': 123, 'gpu1': 456}
+    >>> row_peaks({"devices": "gpu0;gpu1", "memory_bytes": 456})
+    {'gpu0': 456, 'gpu1': 456}
+    """
     text = str(row.get("device_memory_bytes") or "")
     if text:
         pairs = (item.rpartition("=") for item in text.split(";") if item)

@@ -6,9 +6,12 @@ fingerprint header every tensoropt file carries.
 
 Example::
 
-    >>> write_json_atomic("plan.json", plan.to_dict())            # doctest: +SKIP
-    >>> read_json("plan.json", "plan")["format"]                   # doctest: +SKIP
-    'tensoropt.plan/1'
+    >>> path = write_json_atomic("plan.json", {"format": "tensoropt.plan/1", "nodes": {}})
+    >>> path.name, read_json(path, "plan")["format"]
+    ('plan.json', 'tensoropt.plan/1')
+    >>> read_json("no-such-plan.json", "plan")
+    Traceback (most recent call last):
+    tensoropt.errors.GraphFormatError: plan file not found: no-such-plan.json
 """
 
 from __future__ import annotations

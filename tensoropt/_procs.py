@@ -5,7 +5,20 @@ it must not know what the workers compute (the benchmark and the launcher say th
 
 Example::
 
-    >>> msg = next_message(procs, queue, finished)   # doctest: +SKIP
+    >>> import multiprocessing
+    >>> ctx = multiprocessing.get_context("fork")
+    >>> results = ctx.Queue()
+    >>> procs = [ctx.Process(target=results.put, args=({"rank": 0, "ok": True},)),   # reports, exits 0
+    ...          ctx.Process(target=os._exit, args=(3,))]                            # dies saying nothing
+    >>> for p in procs:
+    ...     p.start()
+    >>> next_message(procs, results, finished=set(), poll_s=10)
+    {'rank': 0, 'ok': True}
+    >>> for p in procs:
+    ...     p.join()
+    >>> next_message(procs, results, finished={0}, poll_s=0.1, grace_s=0.1)
+    Traceback (most recent call last):
+    tensoropt._procs.WorkerDied: rank 1 exited with code 3
 """
 
 from __future__ import annotations

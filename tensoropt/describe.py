@@ -5,7 +5,15 @@ profile needs (it only reads the graph), and it is the only module here that dra
 
 Example::
 
-    >>> print_graph(graph, Console(), top=5)          # doctest: +SKIP
+    >>> import torch
+    >>> from tensoropt import capture
+    >>> graph = capture(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU()), (torch.randn(8, 16),))
+    >>> print_graph(graph, Console(width=100), top=2)   # the summary, then tables (op histogram, …)
+    Sequential  (torch.export, batch 8, fingerprint ...)
+      note: captured with torch.export (non-strict) in ... s
+      2 ops (0 metadata-only, 0 generators), 3 edges
+      parameters: 544 (2.1 KiB), buffers 0 B, constants 0 B
+    ...
     >>> fmt_bytes(3 * 2**30)
     '3.0 GiB'
 """

@@ -27,8 +27,13 @@ does) and prints nothing (the surfaces do).
 Example::
 
     >>> from tensoropt.workflow import Request, explore
-    >>> result = explore(Request("zoo:gpt2?layers=1&batch=2&seq_len=32", "preset:titan-rtx-5"))  # doctest: +SKIP
-    >>> result.frontier.min_time().time_s, [r.algo for r in result.rows]                          # doctest: +SKIP
+    >>> result = explore(Request("zoo:rnnlm?tiny=1&batch=4", "preset:a100-4-nvlink", algos=("dp", "m-topo")))
+    >>> result.source          # this CPU is no A100: the A100's device model prices the operators
+    'NVIDIA A100-SXM4-40GB device model (calibration uncalibrated-gpu, ...)'
+    >>> result.frontier
+    Frontier(8 points over 3 meshes, 106.4 KiB/0.0952 ms … 205.4 KiB/0.0702 ms)
+    >>> [(r.algo, r.fits) for r in result.rows]
+    [('dp', True), ('m-topo', True), ('frontier min-time', True), ('frontier min-memory', True)]
 """
 
 from __future__ import annotations

@@ -14,9 +14,16 @@ model, frontier tracking and the placers call its guard (:func:`check_costs_kind
 
 Example::
 
-    >>> from tensoropt.devicemodel import price
-    >>> priced = price(costs, load_cluster("preset:v100-8-nvlink"))   # doctest: +SKIP
-    >>> priced.source, priced.costs.total_fp_s                         # doctest: +SKIP
+    >>> import torch
+    >>> from tensoropt import capture, load_cluster, price, profile
+    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    >>> graph = capture(model, (torch.randn(8, 16),))
+    >>> costs = profile(graph, timed=False)             # memory and work only: no V100 here to time on
+    >>> priced = price(costs, load_cluster("preset:v100-8-nvlink"))
+    >>> priced.source
+    'Tesla V100-SXM2-16GB device model (calibration uncalibrated-gpu, ...)'
+    >>> round(priced.costs.total_fp_s * 1e6, 1)      # seconds of the forward, every node whole
+    21.0
 """
 
 from .calibration import UNCALIBRATED_GPU, Calibration, ClassFit, DeviceModel, cpu_model, device_model

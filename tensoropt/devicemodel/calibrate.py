@@ -14,8 +14,12 @@ same specs).
 
 Example::
 
-    >>> cal, profiles = calibrate("cpu", repeats=3)             # doctest: +SKIP
-    >>> cal.save("my-cpu.json"); cal.error["holdout_step_pct"]  # doctest: +SKIP
+    >>> cal, profiles = calibrate("cpu", ["zoo:rnnlm?tiny=1", "zoo:transformer?tiny=1"], repeats=1)
+    >>> cal.save("my-cpu.json")
+    >>> cal.source
+    'fitted on 2 profile(s) measured on ...: zoo:rnnlm?tiny=1, zoo:transformer?tiny=1'
+    >>> sorted(cal.error["holdout_step_pct"])      # each model's step predicted by a fit on the other
+    ['rnnlm-tiny', 'transformer-tiny']
 """
 
 from __future__ import annotations

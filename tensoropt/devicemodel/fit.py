@@ -20,8 +20,12 @@ It owns the fit; it must not measure (:mod:`.calibrate`) nor choose what to fit 
 
 Example::
 
-    >>> cal = fit_calibration([costs_a, costs_b], name="my-box")       # doctest: +SKIP
-    >>> cal.error["step_pct"]                                           # doctest: +SKIP
+    >>> from tensoropt import load_model, profile
+    >>> costs_a = profile(load_model("zoo:rnnlm?tiny=1").capture(), shard_degrees=(1, 2), repeats=1)
+    >>> costs_b = profile(load_model("zoo:transformer?tiny=1").capture(), shard_degrees=(1, 2), repeats=1)
+    >>> cal = fit_calibration([costs_a, costs_b], name="my-box")
+    >>> cal.name, sorted(cal.error["step_pct"])      # the predicted step against the measured one, per profile
+    ('my-box', ['rnnlm-tiny', 'transformer-tiny'])
 """
 
 from __future__ import annotations

@@ -17,9 +17,15 @@ prints ("measured on …" or "… device model (calibration …)").
 
 Example::
 
-    >>> priced = price(costs, load_cluster("preset:v100-8-nvlink"))      # doctest: +SKIP
-    >>> priced.source                                                    # doctest: +SKIP
-    'Tesla V100-SXM2-16GB device model (calibration uncalibrated-gpu, …)'
+    >>> import torch
+    >>> from tensoropt import capture, load_cluster, price, profile
+    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    >>> graph = capture(model, (torch.randn(8, 16),))
+    >>> priced = price(profile(graph, timed=False), load_cluster("preset:v100-8-nvlink"))
+    >>> priced.source
+    'Tesla V100-SXM2-16GB device model (calibration uncalibrated-gpu, ...)'
+    >>> priced.costs.settings["timed"], priced.costs.nodes["linear"].method
+    (True, 'modelled')
 """
 
 from __future__ import annotations

@@ -22,10 +22,20 @@ The package owns the search for the Pareto set; it must not cost anything itself
 comes from :mod:`tensoropt.planmodel` (resharding, memory, the walk) and :mod:`tensoropt.measure`
 — so the frontier and the simulator cannot disagree about a plan's rules.
 
-Example::
+Example (a two-layer MLP on a preset's A100s: the profile records each operator's memory and
+work here, untimed, and the A100's device model prices the times)::
 
-    >>> fr = track_frontier(graph, costs, cluster)        # doctest: +SKIP
-    >>> fr.best_under(16 * 2**30).plan                     # doctest: +SKIP
+    >>> import torch
+    >>> from tensoropt import capture, load_cluster, price, profile
+    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    >>> graph = capture(model, (torch.randn(8, 16),))
+    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
+    >>> costs, cluster = priced.costs, priced.cluster
+    >>> fr = track_frontier(graph, costs, cluster)
+    >>> fr
+    Frontier(8 points over 3 meshes, 4.1 KiB/0.075 ms … 15.1 KiB/0.063 ms)
+    >>> fr.best_under(8 * 2**10).plan
+    Plan('p002-2dev', 3 nodes on ['gpu0', 'gpu1'], ...)
 """
 
 # isort: off

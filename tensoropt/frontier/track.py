@@ -46,10 +46,20 @@ reported memory and time is the exact cost of a real plan.
 This module owns the frontier of plans (walking candidates, the CSV, plan files, budget
 queries); it must not invent costs (the walk and :mod:`.graph_problem` give them).
 
-Example::
+Example (a two-layer MLP on a preset's A100s: the profile records each operator's memory and
+work here, untimed, and the A100's device model prices the times)::
 
-    >>> fr = track_frontier(graph, costs, cluster, optimizer="adam")   # doctest: +SKIP
-    >>> fr.to_csv("frontier.csv"); fr.save_plans("plans/")             # doctest: +SKIP
+    >>> import torch
+    >>> from tensoropt import capture, load_cluster, price, profile
+    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    >>> graph = capture(model, (torch.randn(8, 16),))
+    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
+    >>> costs, cluster = priced.costs, priced.cluster
+    >>> fr = track_frontier(graph, costs, cluster, optimizer="adam")
+    >>> [(p.plan_id, p.memory_bytes) for p in fr][:3]
+    [('p000-4dev', 4240), ('p001-4dev', 7216), ('p002-2dev', 7968)]
+    >>> fr.to_csv("frontier.csv").name, [p.name for p in fr.save_plans("plans/")][:2]
+    ('frontier.csv', ['p000-4dev.json', 'p001-4dev.json'])
 """
 
 from __future__ import annotations

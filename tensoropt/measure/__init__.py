@@ -13,8 +13,13 @@ which reads what is measured here, never the other way round).
 
 Example::
 
-    >>> costs = profile(graph, shard_degrees=(1, 2), repeats=3)   # doctest: +SKIP
-    >>> costs.save("profile.json")                                 # doctest: +SKIP
+    >>> import torch
+    >>> from tensoropt import capture
+    >>> graph = capture(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU()), (torch.randn(8, 16),))
+    >>> costs = profile(graph, shard_degrees=(1, 2), repeats=3)
+    >>> costs.save("profile.json")
+    >>> costs.legal("linear"), costs.total_fp_s > 0
+    ([('batch', 2), ('channel', 2), ('reduce', 2)], True)
 """
 
 from .costmodel import CostModel, NodeCost, ShardCost

@@ -10,7 +10,11 @@ captured program's own must not change).  O(placeholders).
 
 Example::
 
-    >>> values, owners = placeholder_values(graph, gm, torch.device("cpu"), inputs)   # doctest: +SKIP
+    >>> from tensoropt import capture
+    >>> graph = capture(torch.nn.Linear(16, 4), (torch.randn(8, 16),))
+    >>> values, owners = placeholder_values(graph, graph.module, torch.device("cpu"), None)
+    >>> [tuple(v.shape) for v in values], owners     # lifted parameters first, then the (synthesized) input
+    ([(4, 16), (4,), (8, 16)], {'p_weight': 'weight', 'p_bias': 'bias'})
 """
 
 from __future__ import annotations

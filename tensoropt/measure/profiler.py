@@ -38,8 +38,12 @@ How (the NetSplit thesis §4.4, FastT's profiled op times "CostModel"):
 
 Example::
 
-    >>> costs = profile(graph, device="cpu", shard_degrees=(2, 4))   # doctest: +SKIP
-    >>> costs.save("profile.json")                                    # doctest: +SKIP
+    >>> from tensoropt import capture
+    >>> graph = capture(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU()), (torch.randn(8, 16),))
+    >>> costs = profile(graph, device="cpu", shard_degrees=(2, 4), repeats=2)
+    >>> costs.save("profile.json")
+    >>> sorted(costs.nodes["linear"].shards), costs.settings["in_sequence"]["used"]
+    ([('batch', 2), ('batch', 4), ('channel', 2), ('channel', 4), ('reduce', 2), ('reduce', 4)], True)
 """
 
 from __future__ import annotations

@@ -18,7 +18,18 @@ shard's output shape; a rule that does not produce the expected shape is not tru
 
 Example::
 
-    >>> args, kwargs = shard_args("conv2d", args, kwargs, info, "batch", 2, out)   # doctest: +SKIP
+    >>> import torch
+    >>> from tensoropt.graph import TensorMeta
+    >>> x, w = torch.randn(4, 3, 8, 8), torch.randn(16, 3, 3, 3)
+    >>> out = TensorMeta((4, 16, 6, 6), "float32", batch_dim=0, channel_dim=1)
+    >>> info = {id(x): TensorArg("activation", TensorMeta((4, 3, 8, 8), "float32", batch_dim=0, channel_dim=1)),
+    ...         id(w): TensorArg("param", trainable=True)}
+    >>> for layout in ("batch", "channel", "reduce"):
+    ...     args, kwargs = shard_args("conv2d", (x, w), {}, info, layout, 2, out)
+    ...     print(layout, [tuple(a.shape) for a in args])
+    batch [(2, 3, 8, 8), (16, 3, 3, 3)]
+    channel [(4, 3, 8, 8), (8, 3, 3, 3)]
+    reduce [(4, 2, 8, 8), (16, 2, 3, 3)]
 """
 
 from __future__ import annotations

@@ -6,10 +6,22 @@ It reads measured costs (:mod:`tensoropt.measure`) and the cluster (:mod:`tensor
 never measures; the search (:mod:`tensoropt.frontier`, :mod:`tensoropt.placers`) calls it, never
 the other way round.
 
-Example::
+Example (a two-layer MLP on a preset's A100s: the profile records each operator's memory and
+work here, untimed, and the A100's device model prices the times)::
 
-    >>> result = simulate(plan, graph, costs, cluster)               # doctest: +SKIP
-    >>> result.time_s, result.peak_memory_bytes                      # doctest: +SKIP
+    >>> import torch
+    >>> from tensoropt import capture, load_cluster, price, profile
+    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    >>> graph = capture(model, (torch.randn(8, 16),))
+    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
+    >>> costs, cluster = priced.costs, priced.cluster
+    >>> from tensoropt import place
+    >>> plan = place(graph, costs, cluster, "dp", devices=["gpu0", "gpu1"])
+    >>> result = simulate(plan, graph, costs, cluster)
+    >>> round(result.time_s * 1e6, 1), result.memory_bytes
+    (67.0, {'gpu0': 15168, 'gpu1': 15168})
+    >>> fits(result.memory_bytes, cluster)
+    True
 """
 
 from .fits import fits

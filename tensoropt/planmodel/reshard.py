@@ -83,9 +83,11 @@ This module owns what moving one tensor costs and which collectives do it; it mu
 
 Example::
 
-    >>> rs = reshard(NodeConfig(("a", "b"), "batch"), NodeConfig(("a", "b")), 2**20, cluster)  # doctest: +SKIP
-    >>> rs.src_layout, rs.dst_layout, [s.kind for s in rs.steps]                              # doctest: +SKIP
-    ('S(batch)', 'R', ['allgather'])
+    >>> from tensoropt import load_cluster
+    >>> cluster = load_cluster("preset:a100-4-nvlink")
+    >>> rs = reshard(NodeConfig(("gpu0", "gpu1"), "batch"), NodeConfig(("gpu0", "gpu1")), 2**20, cluster)
+    >>> rs.src_layout, rs.dst_layout, [s.kind for s in rs.steps], rs.recv_bytes
+    ('S(batch)', 'R', ['allgather'], {'gpu0': 1048576, 'gpu1': 1048576})
 """
 
 from __future__ import annotations

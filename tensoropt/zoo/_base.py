@@ -5,7 +5,10 @@ and the errors a bad parameter raises; it must not register models (:mod:`tensor
 
 Example::
 
-    >>> check(batch > 0, "batch must be positive")   # doctest: +SKIP
+    >>> batch = 0
+    >>> check(batch > 0, "batch must be positive")
+    Traceback (most recent call last):
+    tensoropt.zoo._base.ZooParamError: batch must be positive
 """
 
 from __future__ import annotations
