@@ -665,7 +665,7 @@ def check_plan(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph | None 
     or fails, raises :class:`CheckDtypeError`: check it in float32).  ``"float32"``: the model as
     captured.  A ``bf16`` graph is checked in float32 with both sides under its autocast (module
     docstring, "Mixed precision").  ``device_map``, ``steps``, ``loss_fn``, ``lr``: as
-    :func:`apply_plan` / :func:`compare_with_model`.  Returns the :class:`Comparison`
+    :func:`~tensoropt.execute.apply_plan` / :func:`compare_with_model`.  Returns the :class:`Comparison`
     (``.passed``; ``print`` it)."""
     m, x, p, g = prepare_check(model, inputs, plan, graph, check_dtype)
     reference, planned = _sides(m, x, p, g, device_map)
