@@ -94,6 +94,25 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
     return out
 
 
+def check_as_run(rt: Runtime, cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """For each case ``{"model": spec, "plan": plan dict}`` (a plan of the spec's float32
+    capture), the check ``tensoropt run --backend dist --check`` makes — the same functions
+    (:func:`tensoropt.execute.runplan.load_for_run`, :func:`~tensoropt.execute.runplan.check_on`
+    on a :class:`~.backend.DistributedBackend`): rank 0's model on every rank, float64 where the
+    model allows, dropout on with keyed masks.  Returns per case ``passed``, ``summary`` (the
+    check's line), ``failures`` (one line per tensor out of tolerance)."""
+    from ..execute.runplan import check_on, load_for_run
+    from .backend import DistributedBackend
+
+    backend = DistributedBackend(rt)
+    out = []
+    for case in cases:
+        model, call, graph = load_for_run(case["model"], backend)
+        cmp = check_on(backend, model, call, Plan.from_dict(case["plan"]), graph)
+        out.append({"passed": cmp.passed, "summary": cmp.summary(), "failures": [c.describe() for c in cmp.failures]})
+    return out
+
+
 def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps: int = 5, warmup: int = 2,
                  memory: bool = True, optimizer: str = DEFAULT_OPTIMIZER, rank_map: Mapping[str, int] | None = None,
                  fail_rank: int | None = None, collectives: str = "auto") -> dict[str, Any]:

@@ -696,7 +696,7 @@ def same_as_rank0(model: nn.Module, call: ModelCall, runtime: Runtime) -> int:
         at = 0
         for _, t in tensors:
             size = t.numel() * t.element_size()
-            t.copy_(flat[at:at + size].view(t.dtype).reshape(t.shape))
+            t.copy_(flat[at:at + size].clone().view(t.dtype).reshape(t.shape))   # clone: aligned for the dtype
             at += size
     return int(flat.numel())
 

@@ -11,11 +11,18 @@ torch.distributed).  The backend says how the model is made the same everywhere,
 and the planned step run, how a step is fenced and how step times are reported; the order of
 the stages, the fallback and the report's words are written once, here.
 
-Example (one process, the model's plan from a placer)::
+Example (one process, the model's plan from a placer; both of its devices are this CPU)::
 
+    >>> from tensoropt import load_cluster, load_model, place, price, profile
     >>> from tensoropt.execute.runplan import LocalBackend, RunOptions, run_plan
-    >>> run_plan("zoo:gpt2?tiny=1", "plan.json", LocalBackend(), RunOptions(steps=2, check=True),
-    ...          say=print)  # doctest: +SKIP  (needs plan.json: tensoropt place … -o plan.json)
+    >>> graph = load_model("zoo:rnnlm?tiny=1").capture()
+    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
+    >>> place(graph, priced.costs, priced.cluster, "dp", devices=["gpu0", "gpu1"]).save("plan.json")
+    >>> run_plan("zoo:rnnlm?tiny=1", "plan.json", LocalBackend({"gpu0": "cpu", "gpu1": "cpu"}),
+    ...          RunOptions(steps=2, check=True), say=print)
+    check against the unmodified model (...): PASSED: ...
+    plan dp: 6 operators on 2 device(s): gpu0→cpu, gpu1→cpu
+    2 training steps (adamw, fp32, lr 0.001): median step ... ms (min ..., max ...); last loss ...
     0
 
 Owns: the order of a plan's run and its report.  Must not: rewrite graphs (:mod:`.rewrite`),
@@ -128,17 +135,10 @@ def run_plan(model_spec: str, plan_path: str, backend: Backend, options: RunOpti
         raise TensorOptError("--steps must be ≥ 0")
     report: Say = say if backend.reports else (lambda _text: None)
     steady_malloc()   # the profile's allocator regime (tensoropt._malloc)
-    loaded = load_model(model_spec, batch=options.batch)
-    if loaded.model is None:
-        raise TensorOptError(f"{model_spec} is a saved graph or ONNX file: the executor needs the torch model "
-                             "(zoo:NAME or file.py:factory)")
-    model, call = loaded.model, loaded.call
-    backend.agree(model, call)
-    # the plan's graph: a bf16 plan was made for the bf16 capture (its fingerprint says so)
-    graph = capture(model, call, name=loaded.name, method="export", precision=options.precision or "fp32")
+    model, call, graph = load_for_run(model_spec, backend, options.batch, options.precision)
     plan = load_plan(plan_path, graph)
     if options.check:   # on copies in the check's dtype, before the training executor takes the model
-        cmp = _check(backend, model, call, plan, graph, options.check_dtype, report)
+        cmp = check_on(backend, model, call, plan, graph, options.check_dtype, report)
         for line in check_lines(cmp):
             report(line)
         if not cmp.passed:
@@ -168,10 +168,26 @@ def run_plan(model_spec: str, plan_path: str, backend: Backend, options: RunOpti
     return 0
 
 
-def _check(backend: Backend, model: nn.Module, call: ModelCall, plan: Plan, graph: OpGraph, check_dtype: str | None,
-           report: Say) -> Comparison:
-    """The backend's check in ``check_dtype``; ``None``: float64, or float32 with a note when the
-    model cannot be checked in float64 (every rank decides the same, from the same capture)."""
+def load_for_run(model_spec: str, backend: Backend, batch: int | None = None,
+                 precision: str | None = None) -> tuple[nn.Module, ModelCall, OpGraph]:
+    """``(model, call, graph)``: the model built from its spec, made the same wherever the plan
+    runs (:meth:`Backend.agree`), and its torch.export capture in ``precision`` (a bf16 plan was
+    made for the bf16 capture: its fingerprint says so)."""
+    loaded = load_model(model_spec, batch=batch)
+    if loaded.model is None:
+        raise TensorOptError(f"{model_spec} is a saved graph or ONNX file: the executor needs the torch model "
+                             "(zoo:NAME or file.py:factory)")
+    model, call = loaded.model, loaded.call
+    backend.agree(model, call)
+    graph = capture(model, call, name=loaded.name, method="export", precision=precision or "fp32")
+    return model, call, graph
+
+
+def check_on(backend: Backend, model: nn.Module, call: ModelCall, plan: Plan, graph: OpGraph,
+             check_dtype: str | None = None, report: Say = lambda _text: None) -> Comparison:
+    """The backend's check of ``plan`` in ``check_dtype``; ``None``: float64, or float32 with a
+    note to ``report`` when the model cannot be checked in float64 (every rank decides the same,
+    from the same capture)."""
     try:
         return backend.check(model, call, plan, graph, check_dtype or "float64")
     except CheckDtypeError as e:
