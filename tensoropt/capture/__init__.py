@@ -22,13 +22,14 @@ import torch.fx as fx
 from torch.export import Dim, export
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.overrides import TorchFunctionMode
 
 from ..errors import CaptureError
 from ..graph import OpGraph
 from .build import PlaceholderInfo, build_opgraph, flatten_nodes
 from .call import ModelCall
 from .canonical import canonicalize, update_signature
-from .diagnose import describe_failure, first_line, inputs_run_model
+from .diagnose import describe_failure, failing_op, first_line, inputs_run_model, locate
 from .functionalize import functionalize
 from .onnx import load_onnx
 from .precision import PRECISIONS, check_precision, device_types, precision_context
@@ -165,36 +166,89 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
     same graph and fingerprint in every process, whatever order the model's code traced in).
     The symbolic batch size lets every tensor's batch dimension be read from its shape
     expression (``32*s0`` is a batch dimension, ``32`` is not).  If the model specialises the
-    batch size, the export still succeeds and the graph's notes say batch splits are unknown.
+    batch size, or calls an op that needs concrete sizes where they come from the batch
+    (:func:`_export_dynamic_batch`), the export still succeeds and the graph's notes say batch
+    splits are unknown (and which op of which module fixed the batch).  A draw from a
+    ``torch.Generator`` the model owns is a :class:`CaptureError` naming the module and the op.
     """
     call = ModelCall.of(example_inputs)
     wrapper, args = call.capturable(model)
     batch = _batch_size(args, batch_dim)
-    ep, export_s = _export_dynamic_batch(wrapper, args, batch_dim)
+    ep, export_s, static_reason = _export_dynamic_batch(wrapper, args, batch_dim, model)
     placeholders = _export_placeholders(ep)
     gm = ep.graph_module
+    module_of = partial(_module_of, model_type=type(model).__qualname__)
+    _refuse_own_generators(ep, module_of)
     batch_syms = _batch_symbols(gm, placeholders, batch_dim)
     tensor_meta = partial(_shape_and_batch_dim, batch_syms=batch_syms)
-    module_of = partial(_module_of, model_type=type(model).__qualname__)
 
     _refuse_data_dependent_shapes(gm, module_of)
     renames = _functional_canonical_graph(ep, placeholders, module_of)
     user_outputs = _user_outputs(ep)
-    notes = _export_notes(export_s, renames, batch, batch_syms)
+    notes = _export_notes(export_s, renames, batch, batch_syms, static_reason)
     return build_opgraph(gm, placeholders, tensor_meta=tensor_meta, module_of=module_of,
                          user_outputs=user_outputs, name=name, source="torch.export",
                          batch_size=batch, batch_dim=batch_dim, notes=notes, exported=ep)
 
 
-def _export_dynamic_batch(wrapper: torch.nn.Module, args: tuple[Any, ...],
-                          batch_dim: int) -> tuple[torch.export.ExportedProgram, float]:
+def _export_dynamic_batch(wrapper: torch.nn.Module, args: tuple[Any, ...], batch_dim: int,
+                          model: torch.nn.Module) -> tuple[torch.export.ExportedProgram, float, str | None]:
     """Non-strict ``torch.export`` of ``wrapper(*args)`` with the batch dimension of every tensor
-    argument that has one (of size >= 2) marked ``Dim.AUTO``; the program and the seconds it took."""
+    argument that has one (of size >= 2) marked ``Dim.AUTO``; the program, the seconds it took and,
+    when an op of ``model`` needs concrete sizes where the batch is symbolic (a kernel without a
+    symbolic-size form), why the batch had to be exported static.
+
+    ``torch.rand`` / ``randn`` / ``randint`` called with ``generator=None`` are exported as called
+    without it (:class:`_DefaultGeneratorOmitted`): the same draw, but only the form without a
+    generator takes a symbolic size.  Any other op that needs concrete sizes makes the export
+    fall back to the batch size of the example: the graph is still captured, its notes say which
+    op of which module fixed the batch (and that no operator may then be split along it)."""
     dynamic = tuple({batch_dim: Dim.AUTO} if isinstance(a, torch.Tensor) and a.dim() > batch_dim
                     and a.shape[batch_dim] >= 2 else None for a in args)
     t0 = time.perf_counter()
-    ep = export(wrapper, args, dynamic_shapes=dynamic, strict=False)
-    return ep, time.perf_counter() - t0
+    static_reason = None
+    with _DefaultGeneratorOmitted():
+        try:
+            ep = export(wrapper, args, dynamic_shapes=dynamic, strict=False)
+        except Exception as e:
+            if not any(d is not None for d in dynamic) or not _needs_concrete_sizes(e):
+                raise
+            static_reason = _static_batch_reason(e, model)
+            # new tensor objects: the failed export marked the batch dimension of these dynamic
+            # (an attribute on the tensor), which a second export would follow again
+            fresh = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+                          for a in args)
+            ep = export(wrapper, fresh, strict=False)
+    return ep, time.perf_counter() - t0, static_reason
+
+
+def _needs_concrete_sizes(e: BaseException) -> bool:
+    """What a kernel without a symbolic-size form says when it is handed the symbolic batch."""
+    return "SymIntArrayRef expected to contain only concrete integers" in str(e)
+
+
+def _static_batch_reason(e: BaseException, model: torch.nn.Module) -> str:
+    """``aten.op.overload in module 'path' at file:line: code``: the op that needed concrete sizes
+    where the export made the batch symbolic, for the graph's note."""
+    path, line = locate(e, model)
+    return f"{failing_op(e) or 'an op'} in module {path or '<root>'!r}" + (f" at {line}" if line else "")
+
+
+class _DefaultGeneratorOmitted(TorchFunctionMode):
+    """``torch.rand`` / ``randn`` / ``randint`` called with ``generator=None`` (as diffusers'
+    ``randn_tensor`` and VAEs' reparameterised sampling pass it) run as called without it: the
+    same draw from the default generator, but ATen's ``.generator`` overloads have no kernel for
+    a symbolic size ("SymIntArrayRef expected to contain only concrete integers" under the
+    dynamic batch).  A real generator is passed on as it is."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _GENERATOR_FACTORIES and "generator" in kwargs and kwargs["generator"] is None:
+            kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+        return func(*args, **kwargs)
+
+
+_GENERATOR_FACTORIES = (torch.rand, torch.randn, torch.randint)
 
 
 def _export_placeholders(ep: torch.export.ExportedProgram) -> dict[str, PlaceholderInfo]:
@@ -307,12 +361,19 @@ def _user_outputs(ep: torch.export.ExportedProgram) -> list[fx.Node]:
     return [a for a in flatten_nodes(out_node.args) if a.name in user_out_names]
 
 
-def _export_notes(export_s: float, renames: dict[str, str], batch: int | None, batch_syms: set) -> list[str]:
-    """The graph's notes from the export door: time taken, in-place ops rewritten, a specialised batch."""
+def _export_notes(export_s: float, renames: dict[str, str], batch: int | None, batch_syms: set,
+                  static_reason: str | None = None) -> list[str]:
+    """The graph's notes from the export door: time taken, in-place ops rewritten, a batch the
+    export had to fix (and which op made it) or the model specialised."""
     notes = [f"captured with torch.export (non-strict) in {export_s:.2f} s"]
     if renames:
         notes.append(f"{len(renames)} in-place op(s) on activations rewritten out of place")
-    if batch is not None and not batch_syms:
+    if static_reason is not None:
+        notes.append(f"exported with the batch size fixed at {batch}: {static_reason} needs concrete sizes, and the "
+                     "batch's is symbolic in a dynamic-batch export; batch dimensions are unknown, so no operator may "
+                     "be split along the batch (give that op sizes that do not come from the batch, or replace it, "
+                     "to plan batch splits)")
+    elif batch is not None and not batch_syms:
         notes.append("the model specialised the batch size during export: batch dimensions are unknown, "
                      "so no operator may be split along the batch")
     return notes
@@ -322,6 +383,18 @@ def _where(n: fx.Node, module_of: Any) -> str:
     """``module.path (Type)`` of a node, for messages."""
     path, mtype = module_of(n)
     return f"{path or '<root>'} ({mtype.rsplit('.', 1)[-1]})"
+
+
+def _refuse_own_generators(ep: torch.export.ExportedProgram, module_of: Any) -> None:
+    """A CaptureError naming the first op that draws from a ``torch.Generator`` of the model's own
+    (export lifts it into the graph as an object, which no later stage can hold)."""
+    owned = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.CUSTOM_OBJ
+             and isinstance(ep.constants.get(s.target or ""), torch.Generator)}
+    for n in ep.graph_module.graph.nodes:
+        if n.op == "call_function" and any(getattr(a, "name", None) in owned for a in (*n.args, *n.kwargs.values())):
+            raise CaptureError(f"{_where(n, module_of)}: {n.target} draws from the model's own torch.Generator, which "
+                               "a captured graph cannot hold; draw from the default generator (generator=None, seeded "
+                               "by torch.manual_seed): tensoropt's executor draws its own keyed random numbers anyway")
 
 
 def _refuse_data_dependent_shapes(gm: fx.GraphModule, module_of: Any) -> None:

@@ -5,13 +5,27 @@ must not retry or change the capture itself (:mod:`tensoropt.capture` decides wh
 
 Example::
 
-    >>> raise CaptureError(describe_failure(model, errors))   # doctest: +SKIP
+    >>> import torch
+    >>> model = torch.nn.Linear(16, 4)
+    >>> try:
+    ...     model(torch.randn(8, 3))          # example inputs of the wrong width
+    ... except RuntimeError as e:
+    ...     bad_inputs = e
+    >>> print(describe_failure(model, [], bad_inputs))
+    the example inputs do not run Linear: RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x3 and 16x4)
+      in module '<root>'
+      fix: pass example inputs of the shapes and dtypes the model's forward expects (check the batch and input sizes)
+    >>> print(describe_failure(model, [("torch.export", ValueError("unsupported op"))], None))
+    could not capture Linear:
+    - torch.export: ValueError: unsupported op
+        try: ...
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import re
 import traceback
 from types import TracebackType
@@ -64,6 +78,21 @@ def locate(exc: BaseException, model: torch.nn.Module) -> tuple[str | None, str 
     return module_path, line
 
 
+def failing_op(exc: BaseException) -> str | None:
+    """The ATen op (``aten.randn.generator``) the exception was raised in: the innermost
+    ``OpOverload`` torch's dispatch frames on its stack were handling, or ``None``."""
+    op = None
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None:
+        for name in ("func", "op_overload", "self"):
+            value = tb.tb_frame.f_locals.get(name)
+            if isinstance(value, torch._ops.OpOverload):
+                op = str(value)
+                break
+        tb = tb.tb_next
+    return op
+
+
 def _advice(exc: BaseException) -> str:
     text = f"{type(exc).__name__} {exc}"
     if ("data-dependent" in text or "DataDependent" in text) and _branches_on_random(exc):
@@ -93,11 +122,15 @@ def _branches_on_random(exc: BaseException) -> bool:
     source = ""
     while tb is not None:
         code = tb.tb_frame.f_code
-        if "/torch/" not in code.co_filename:
+        # the capture's own frames (the export's TorchFunctionMode) are not the user's function
+        if "/torch/" not in code.co_filename and not code.co_filename.startswith(_CAPTURE_DIR):
             with contextlib.suppress(OSError, TypeError):
                 source = inspect.getsource(code)
         tb = tb.tb_next
     return bool(re.search(r"torch\.rand\(|random\.random\(|np\.random\.|layerdrop", source))
+
+
+_CAPTURE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def _summary(exc: BaseException, limit: int = 300) -> str:

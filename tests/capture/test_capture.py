@@ -1,10 +1,16 @@
 """capture(): torch.export first, torch.fx as fallback; split rules from op semantics."""
 
+import contextlib
+import sys
+
 import pytest
 import torch
 
-from tensoropt import CaptureError, capture
+from tensoropt import CaptureError, NodeConfig, Plan, capture
+from tensoropt.execute.check import check_plan
 from tests.conftest import model_param_bytes
+
+capture_package = sys.modules["tensoropt.capture"]     # the package: `tensoropt.capture` is the function
 
 
 def node_by_op(g, op):
@@ -192,3 +198,69 @@ def test_bf16_is_captured_under_autocast(small_cnn, method):
     assert not torch.is_autocast_enabled("cpu")                             # left as it was
     with pytest.raises(CaptureError, match="precision must be one of fp32, bf16"):
         capture(model, inputs, precision="fp16")
+
+
+class Sampler(torch.nn.Module):
+    """Reparameterised sampling as diffusers' ``randn_tensor`` writes it: noise of an activation's
+    shape (the batch in it), drawn with ``generator=`` passed through (``None`` unless given)."""
+
+    def __init__(self, generator=None):
+        super().__init__()
+        self.generator = generator
+
+    def forward(self, mu, logvar):
+        std = torch.exp(0.5 * logvar)
+        eps = torch.randn(mu.shape, generator=self.generator, dtype=mu.dtype)
+        return mu + eps * std
+
+
+class TinyVAE(torch.nn.Module):
+    def __init__(self, generator=None):
+        super().__init__()
+        self.enc = torch.nn.Linear(6, 8)
+        self.sample = Sampler(generator)
+        self.dec = torch.nn.Linear(4, 6)
+
+    def forward(self, x):
+        mu, logvar = self.enc(x).chunk(2, dim=-1)
+        return self.dec(self.sample(mu, logvar))
+
+
+def batch_split_plan(graph, mesh=("gpu0", "gpu1")):
+    configs = {n.name: NodeConfig(mesh, "batch" if n.split.batch is not None else "R") for n in graph.ops}
+    return Plan(configs, graph_fingerprint=graph.fingerprint)
+
+
+def test_a_random_draw_at_the_batchs_shape_keeps_the_batch_dynamic():
+    torch.manual_seed(0)
+    model, x = TinyVAE(), torch.randn(5, 6)
+    g = capture(model, (x,), method="export")
+    draw = next(n for n in g.ops if n.op.startswith("aten.randn"))
+    assert draw.split.batch == 0 and draw.module_path == "sample"
+    assert not any("fixed" in note or "specialised" in note for note in g.notes)
+    # split along the batch over two devices, every piece drawing its own rows of the noise: the
+    # plan trains as the eager model does (its draw keyed alike)
+    cmp = check_plan(model, (x,), batch_split_plan(g), g)
+    assert cmp.passed, cmp.describe()
+
+
+def test_an_op_that_needs_a_static_batch_is_exported_static_with_a_note(monkeypatch):
+    """Without the ``generator=None`` rewrite ``aten.randn.generator`` needs concrete sizes: the
+    export falls back to the example's batch size and the note names the module and the op."""
+    monkeypatch.setattr(capture_package, "_DefaultGeneratorOmitted", contextlib.nullcontext)
+    torch.manual_seed(0)
+    model, x = TinyVAE(), torch.randn(5, 6)
+    g = capture(model, (x,), method="export")
+    (note,) = [n for n in g.notes if "fixed" in n]
+    assert "batch size fixed at 5: aten.randn.generator in module 'sample'" in note
+    assert "eps = torch.randn(mu.shape" in note
+    assert all(n.split.batch is None for n in g.ops)
+    cmp = check_plan(model, (x,), batch_split_plan(g), g)      # nothing batch split: all replicated
+    assert cmp.passed, cmp.describe()
+
+
+def test_a_draw_from_the_models_own_generator_is_refused_with_the_way_out():
+    model = TinyVAE(generator=torch.Generator().manual_seed(1))
+    with pytest.raises(CaptureError, match=r"sample \(Sampler\): aten\.randn\.generator draws from the model's own "
+                                           r"torch\.Generator.*generator=None"):
+        capture(model, (torch.randn(5, 6),), method="export")
