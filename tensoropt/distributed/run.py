@@ -413,7 +413,8 @@ class DistributedExecutor:
 
     def _placeholder_value(self, kind: str, what: Any, leaves: list[torch.Tensor], params: Mapping[str, torch.Tensor],
                            buffers: Mapping[str, torch.Tensor], dev: torch.device) -> Any:
-        """What a placeholder of source ``(kind, what)`` (:attr:`Rewritten.sources`) is this step."""
+        """What a placeholder of source ``(kind, what)``
+        (:attr:`~tensoropt.execute.rewrite.Rewritten.sources`) is this step."""
         if kind == "parameter":
             return params[what]
         if kind == "buffer":
