@@ -26,6 +26,7 @@ stages or word its report (:mod:`tensoropt.execute.runplan`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,7 +37,7 @@ from torch import nn
 
 from ..capture import ModelCall
 from ..errors import TensorOptError
-from ..execute.check import Comparison, prepare_check
+from ..execute.check import Comparison, first_difference, prepare_check
 from ..execute.runplan import RunOptions, Say, run_plan, step_summary
 from ..graph import OpGraph
 from ..plan import Plan
@@ -65,7 +66,17 @@ class DistributedBackend:
         reference = copy.deepcopy(m)
         ex = apply_plan_distributed(m, g.example_inputs, p, self.rt, rank_map=self.rank_map, graph=g,
                                     collectives=self.collectives, loss="check")
-        return compare_distributed(ex, reference, x)
+        cmp = compare_distributed(ex, reference, x)
+        if cmp.passed or not self.reports:
+            return cmp
+        # where the plan's forward parts from the model's, found in one process on fresh copies:
+        # an operator there is wrong on every backend; none means the ranks' exchanges are
+        m, x, p, g = prepare_check(model, call, plan, graph, check_dtype)
+        where = first_difference(m, x, p, g, {d: "cpu" for d in p.devices}, precision=ex.check_precision)
+        if where.startswith("every operator"):
+            where = ("in one process every operator's forward output agrees with the model's: the difference "
+                     "arises across the ranks (their moves, collectives or gradient sums)")
+        return dataclasses.replace(cmp, first_difference=where)
 
     def apply(self, model: nn.Module, call: ModelCall, plan: Plan, graph: OpGraph) -> RankTrainer:
         assert graph.example_inputs is not None   # a torch.export capture keeps its inputs

@@ -167,6 +167,9 @@ class PlannedModule(nn.Module):
         object.__setattr__(self, "graph_module", rewritten.module)  # not a submodule: no extra state
         self.sources = rewritten.sources
         self.fallbacks = list(rewritten.fallbacks)
+        #: operators whose whole outputs the last forward kept in :attr:`probed` (``apply_plan(probe=True)``)
+        self.probes = rewritten.probes
+        self.probed: dict[str, torch.Tensor] = {}
         self.plan = plan
         self.device_map = dict(device_map)
         self._out_spec = out_spec
@@ -210,12 +213,15 @@ class PlannedModule(nn.Module):
         # graph's inputs — the parameters themselves — and stayed there: every later gradient was
         # then copied into .grad instead of taken over (one extra gradient-sized buffer per weight)
         with precision_context(self.precision, self.device_map.values()):
-            outs = self.graph_module.forward(*feed)
-        return tree_unflatten(list(outs), self._out_spec)
+            outs = list(self.graph_module.forward(*feed))
+        if self.probes:
+            self.probed = dict(zip(self.probes, outs[len(outs) - len(self.probes):]))
+            outs = outs[:len(outs) - len(self.probes)]
+        return tree_unflatten(outs, self._out_spec)
 
 
 def apply_plan(model: nn.Module, example_inputs: Any, plan: Plan, *, device_map: Mapping[str, Any] | None = None,
-               graph: OpGraph | None = None, precision: str = "fp32") -> PlannedModule:
+               graph: OpGraph | None = None, precision: str = "fp32", probe: bool = False) -> PlannedModule:
     """``model`` rewritten to run as ``plan`` says (see :mod:`.rewrite`).
 
     ``example_inputs``: the inputs (a tuple, or one tensor) the plan's graph was captured with —
@@ -226,8 +232,9 @@ def apply_plan(model: nn.Module, example_inputs: Any, plan: Plan, *, device_map:
     and, on CUDA, the plan's estimated memory against each GPU's (:class:`ExecutionError`).
     Parameters and buffers are moved to the first device of the operator that owns them (same
     objects, ``.data`` replaced on CUDA; nothing moves on the CPU).  The planned module runs in
-    ``graph.precision`` (a bf16 graph's forward under autocast).  O(V + E) graph nodes times
-    the mesh sizes.
+    ``graph.precision`` (a bf16 graph's forward under autocast).  ``probe``: every forward also
+    keeps each operator's whole output in :attr:`PlannedModule.probed` (for finding where two
+    runs part, :func:`.check.first_difference`).  O(V + E) graph nodes times the mesh sizes.
     """
     if not isinstance(model, nn.Module):
         raise ExecutionError(f"apply_plan needs a torch.nn.Module, got {type(model).__name__}")
@@ -238,7 +245,7 @@ def apply_plan(model: nn.Module, example_inputs: Any, plan: Plan, *, device_map:
     plan.check(graph)
     dmap = resolve_device_map(plan, device_map)
     check_memory(plan, dmap)
-    rewritten = rewrite(graph, plan, dmap.__getitem__)
+    rewritten = rewrite(graph, plan, dmap.__getitem__, probe=probe)
     _move_to_owners(model, graph, plan, dmap)
     return PlannedModule(model, rewritten, plan, dmap, graph.exported.call_spec.out_spec, getattr(graph, "call", None),
                          precision=precision_of(graph))

@@ -90,7 +90,7 @@ from ..capture.precision import AUTOCAST_DTYPES, device_types, precision_context
 from ..errors import ExecutionError
 from ..graph import OpGraph
 from ..measure.step import _float_tensors
-from ..plan import Plan
+from ..plan import NodeConfig, Plan
 from .randomness import KeyedRandomMode
 
 __all__ = ["CHECK_SEED", "CHECK_DTYPES", "TOLERANCES", "Tolerance", "TensorCheck", "Comparison", "CheckDtypeError",
@@ -212,6 +212,8 @@ class Comparison:
     checks: tuple[TensorCheck, ...]
     dtype: str = ""
     loss_kind: str = "weighted"
+    #: where a failed check's forward first parts from the model's (:func:`first_difference`)
+    first_difference: str = ""
 
     @property
     def passed(self) -> bool:
@@ -272,6 +274,8 @@ class Comparison:
     def describe(self, limit: int | None = 20) -> str:
         """The summary line, then one line per failing tensor (worst first, at most ``limit``)."""
         lines = [self.summary()]
+        if self.first_difference:
+            lines.append("  " + self.first_difference)
         bad = sorted(self.failures, key=lambda c: -c.ratio if not math.isnan(c.ratio) else -math.inf)
         shown = bad if limit is None else bad[:limit]
         lines += ["  " + c.describe() for c in shown]
@@ -676,7 +680,46 @@ def check_plan(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph | None 
         dtype += f" under {precision_of(g)} autocast ({str(precision).removeprefix('torch.')} tolerance)"
     elif precision is not None and str(precision).removeprefix("torch.") != dtype:
         dtype += f" (the model computes in {str(precision).removeprefix('torch.')} in places: its tolerance)"
+    if not cmp.passed:   # on fresh copies: the check's step has moved the buffers of these
+        m, x, p, g = prepare_check(model, inputs, plan, graph, check_dtype)
+        cmp = replace(cmp, first_difference=first_difference(m, x, p, g, device_map, precision=precision))
     return replace(cmp, dtype=dtype)
+
+
+def first_difference(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph,
+                     device_map: Mapping[str, Any] | None = None, *, precision: torch.dtype | None = None) -> str:
+    """Where ``plan``'s forward first parts from the model's: one forward of the model's own
+    operators (every one whole on the plan's first device) and one of the plan, each keeping
+    every operator's whole output (:func:`~tensoropt.execute.apply_plan` with ``probe``), the
+    same keyed random draws on both; the first operator in the plan's order whose output is out
+    of the check's tolerance (:func:`check_tensor`), named with its op and module, or a sentence
+    saying every forward output agrees (the difference is in the backward or the gradient
+    sums).  ``model`` is used as it is: pass a copy.  Two forwards, O(V) comparisons."""
+    from . import apply_plan, resolve_device_map  # local: tensoropt.execute imports this module
+
+    call = _call(inputs, getattr(graph, "call", None))
+    first = plan.devices[0]
+    whole = Plan({name: NodeConfig((first,)) for name in plan.configs}, graph_fingerprint=graph.fingerprint,
+                 order=list(plan.order), algorithm="whole")
+    dmap = resolve_device_map(plan, device_map)
+    ref = apply_plan(copy.deepcopy(model), call.args, whole, device_map={first: dmap[first]}, graph=graph, probe=True)
+    got = apply_plan(model, call.args, plan, device_map=dmap, graph=graph, probe=True)
+    with torch.no_grad():
+        for side in (ref, got):
+            side.seed = step_seed(0)
+            side(*call.args, **call.kwargs)
+    for name in got.probes:
+        if name not in ref.probed:
+            continue
+        c = check_tensor("output", name, got.probed[name], ref.probed[name], precision=precision)
+        if not c.passed:
+            node = graph.nodes[name]
+            where = f"module {node.module_path} ({node.module_type})" if node.module_path else "the model's forward"
+            cfg = plan.configs[name]
+            return (f"first operator whose output differs: {name} ({node.op}, in {where}; planned {cfg.layout} "
+                    f"over {cfg.degree} device(s)) — {c.describe()}")
+    return (f"every operator's forward output agrees with the model's ({len(got.probes)} compared): the difference "
+            "arises in the backward or in the gradients' sums")
 
 
 def tolerance_precision(graph: OpGraph) -> torch.dtype | None:

@@ -83,6 +83,8 @@ class Rewritten:
     module: fx.GraphModule
     sources: list[tuple[str, Any]]
     fallbacks: list[str]
+    #: with ``probe``: the operators whose whole outputs follow the model's outputs, in order
+    probes: tuple[str, ...] = ()
 
 
 def run_checkpointed(op: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -139,7 +141,7 @@ class _Cut:
 
 
 def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
-            loss_terms: bool | str = False) -> Rewritten:
+            loss_terms: bool | str = False, probe: bool = False) -> Rewritten:
     """See the module docstring.  Raises :class:`ExecutionError` for a graph not captured with
     torch.export or a split the shard rules cannot express.
 
@@ -151,7 +153,11 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
     moves anywhere (what the simulator assumes; the
     distributed backend sums the terms of each rank).  ``loss_terms="check"``: the terms of the
     check's loss instead (:func:`~tensoropt.execute.check.check_term`: ``Σ part · W``, ``W`` the
-    output's fixed weights cut as the part is)."""
+    output's fixed weights cut as the part is).
+
+    ``probe``: after the outputs, every operator's output whole on its mesh's first device
+    (one tensor per operator with a single tensor output, in the plan's order; named by
+    :attr:`Rewritten.probes`), so a check can find the first operator whose value differs."""
     ep, gm = graph.exported, graph.module
     if ep is None or gm is None:
         raise ExecutionError(f"graph {graph.name!r} was not captured with torch.export (source {graph.source!r}); "
@@ -168,9 +174,14 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
     ctx = _Emitter(graph, plan, new, transport, inputs.values, inputs.lifted, inputs.batch_syms, device_of, keys,
                    seed)
     _emit_in_order(ctx, gm, plan)
-    new.output(tuple(_outputs(new, graph, ep, gm, transport, inputs.values, loss_terms)))
+    outs = _outputs(new, graph, ep, gm, transport, inputs.values, loss_terms)
+    probes = [name for name in plan.order if name in graph.nodes and graph.nodes[name].kind == "op"
+              and name in inputs.values and len(graph.nodes[name].outputs) == 1
+              and not isinstance(inputs.values[name].dim, tuple)] if probe else []
+    outs += [transport.whole(inputs.values[name], plan.configs[name].devices[0]) for name in probes]
+    new.output(tuple(outs))
     module = fx.GraphModule(torch.nn.Module(), new, class_name="PlannedGraph")
-    return Rewritten(module, inputs.sources, ctx.fallbacks)
+    return Rewritten(module, inputs.sources, ctx.fallbacks, tuple(probes))
 
 
 @dataclass

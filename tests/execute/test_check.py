@@ -27,6 +27,7 @@ from tensoropt.execute.check import (
     compare_with_model,
     prepare_check,
 )
+from tensoropt.execute.layouts import Transport
 from tensoropt.measure.step import training_loss
 
 MESH = ("gpu0", "gpu1")
@@ -323,3 +324,23 @@ def test_cli_check_exits_0_on_a_correct_plan_and_1_on_a_corrupted_one(capsys, tm
     assert "FAILED" in out and "max abs diff" in out and "training steps" not in out
     lines = [ln for ln in out.splitlines() if ln.strip().startswith("grad ") or ln.strip().startswith("loss")]
     assert lines and all("max rel diff" in ln and "tolerance" in ln for ln in lines)
+
+
+def test_a_failed_check_names_the_first_operator_whose_output_differs(monkeypatch):
+    # the executor joins every batch-split value's pieces in the wrong order: the first operator
+    # whose output the plan splits (in the plan's order) is the first whose value differs
+    torch.manual_seed(0)
+    model, x = SmallCNN(), (torch.randn(4, 3, 16, 16),)
+    graph = tensoropt.capture(model, x)
+    mesh = ("gpu0", "gpu1")
+    plan = Plan({n.name: NodeConfig(mesh, "batch" if n.split.batch is not None else "R") for n in graph.ops},
+                graph_fingerprint=graph.fingerprint)
+    assert check_plan(model, x, plan, graph).passed
+    first_split = next(n for n in plan.order if plan.configs[n].layout == "batch")
+    gather = Transport.gather
+    monkeypatch.setattr(Transport, "gather", lambda self, nodes, dim: gather(self, tuple(reversed(nodes)), dim))
+    cmp = check_plan(model, x, plan, graph)
+    assert not cmp.passed
+    assert cmp.first_difference.startswith(f"first operator whose output differs: {first_split} (")
+    assert "in module conv (torch.nn.modules.conv.Conv2d)" in cmp.first_difference
+    assert cmp.describe().splitlines()[1].strip() == cmp.first_difference
