@@ -7,7 +7,7 @@ training steps of the unmodified model (median of repeats) and compare
   whole training steps, :mod:`tensoropt.measure.sequence`) with the measured forward / backward
   and their sum ("sum of parts"; the optimizer's update, which no node's cost holds, apart), and
   the same Σ of the operators timed alone ("Σ alone");
-- the memory model's whole-step peak (:func:`tensoropt.costs.step_memory`) with the peak
+- the memory model's whole-step peak (:func:`tensoropt.planmodel.memory.step_memory`) with the peak
   MemTracker measures, for SGD and Adam.
 
     python benchmarks/costs.py                                   # the README's table

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import Dim, export
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
@@ -207,7 +208,7 @@ def _export_dynamic_batch(wrapper: torch.nn.Module, args: tuple[Any, ...], batch
                     and a.shape[batch_dim] >= 2 else None for a in args)
     t0 = time.perf_counter()
     static_reason = None
-    with _DefaultGeneratorOmitted():
+    with _DefaultGeneratorOmitted(), _module_conversions_traced():
         try:
             ep = export(wrapper, args, dynamic_shapes=dynamic, strict=False)
         except Exception as e:
@@ -249,6 +250,43 @@ class _DefaultGeneratorOmitted(TorchFunctionMode):
 
 
 _GENERATOR_FACTORIES = (torch.rand, torch.randn, torch.randint)
+
+
+@contextlib.contextmanager
+def _module_conversions_traced() -> Iterator[None]:
+    """While exporting, ``nn.Module.to`` / ``float`` / ``half`` … called in ``forward`` (an MoE
+    router's ``self.classifier = self.classifier.to(self.dtype)``, as Switch Transformers does)
+    are traced instead of refused.
+
+    Non-strict export swaps every parameter for a fake tensor; ``Module._apply`` puts a
+    converted fake parameter back with ``torch.utils.swap_tensors``, which export's weak
+    references make fail ("_apply(): Couldn't swap Linear.weight").  Here a module whose
+    parameters are fake keeps a parameter the conversion leaves unchanged (``.to`` of its own
+    dtype returns it: nothing happens, as in eager) and reads a changed one from the traced,
+    differentiable conversion (a cast in the graph; the gradient reaches the parameter, which
+    the model keeps in its dtype: export restores the module's own parameters afterwards).
+    Every other module converts as torch does."""
+    original = torch.nn.Module._apply
+
+    def _apply(self: torch.nn.Module, fn: Any, recurse: bool = True) -> torch.nn.Module:
+        if not any(isinstance(p, FakeTensor) for p in self._parameters.values()):
+            return original(self, fn, recurse)
+        if recurse:
+            for child in self.children():
+                child._apply(fn)
+        for key, param in self._parameters.items():
+            if param is not None and (converted := fn(param)) is not param:
+                self._parameters[key] = converted
+        for key, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[key] = fn(buf)
+        return self
+
+    torch.nn.Module._apply = _apply    # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module._apply = original    # type: ignore[method-assign]
 
 
 def _export_placeholders(ep: torch.export.ExportedProgram) -> dict[str, PlaceholderInfo]:

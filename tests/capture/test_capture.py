@@ -264,3 +264,51 @@ def test_a_draw_from_the_models_own_generator_is_refused_with_the_way_out():
     with pytest.raises(CaptureError, match=r"sample \(Sampler\): aten\.randn\.generator draws from the model's own "
                                            r"torch\.Generator.*generator=None"):
         capture(model, (torch.randn(5, 6),), method="export")
+
+
+class Top1Router(torch.nn.Module):
+    """Switch Transformers' router: it converts its own classifier to the router's dtype in forward."""
+
+    def __init__(self, dim=6, experts=3):
+        super().__init__()
+        self.classifier = torch.nn.Linear(dim, experts, bias=False)
+        self.dtype = torch.float32
+
+    def forward(self, x):
+        self.classifier = self.classifier.to(self.dtype)
+        return self.classifier(x.to(self.dtype)).softmax(-1)
+
+
+class TinyMoE(torch.nn.Module):
+    def __init__(self, dim=6, experts=3):
+        super().__init__()
+        self.router = Top1Router(dim, experts)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(experts))
+
+    def forward(self, x):
+        p = self.router(x).to(x.dtype)
+        return sum(p[:, i:i + 1] * e(x) for i, e in enumerate(self.experts))
+
+
+def test_a_module_converting_its_own_submodule_in_forward_is_exported():
+    torch.manual_seed(0)
+    model, x = TinyMoE(), torch.randn(5, 6)
+    weight = model.router.classifier.weight
+    g = capture(model, (x,), method="export")
+    assert g.source == "torch.export" and not any("torch.fx" in note for note in g.notes)
+    assert model.router.classifier.weight is weight                      # the model is left as it was
+    # checked as captured: a float64 copy is another model here (its router casts to float32)
+    cmp = check_plan(model, (x,), batch_split_plan(g), g, check_dtype="float32")
+    assert cmp.passed, cmp.describe()
+
+
+def test_a_conversion_in_forward_that_changes_the_dtype_is_a_cast_in_the_graph():
+    """In float64 the router's ``.to(float32)`` converts: eager converts the parameters themselves
+    (their gradients float32), the graph casts them, and both train alike."""
+    torch.manual_seed(0)
+    model, x = TinyMoE().double(), torch.randn(5, 6, dtype=torch.float64)
+    g = capture(model, (x,), method="export")
+    assert model.router.classifier.weight.dtype == torch.float64          # capture converted nothing
+    assert g[g.params["router.classifier.weight"].owner].op.startswith("aten.to")
+    cmp = check_plan(model, (x,), batch_split_plan(g), g, check_dtype="float32")
+    assert cmp.passed, cmp.describe()
