@@ -1,7 +1,7 @@
 """The real-architecture suite end to end: every model of ``examples/real_models.py`` captured,
 profiled, tracked (the frontier on 2 and on 4 devices) and every frontier plan run and checked.
 
-    python benchmarks/real_models.py [--models bert,llama] [--devices 2,4] [--ci] [--max-plans K]
+    python benchmarks/real_models.py [--models bert,llama] [--devices 2,4] [--ci] [--max-plans K] [--backend dist]
                                      [--check-dtype float64] [--cluster preset:a100-4-nvlink] [-v]
 
 Per model: load (``tensoropt.load_model("examples/real_models.py:NAME")`` when the loader keeps
@@ -17,6 +17,11 @@ drawn keyed on both sides.  The check is in float64 by default: the model's floa
 captured once and every plan re-targeted to it (a model whose float64 capture differs is checked
 in float32 and a note says so).  When the check raises, the plan is run alone (apply_plan, one
 forward + backward): a failure there is the plan's "run" failure, else the check's.
+
+``--backend dist`` adds a column: ``--dist-plans K`` plans of each model's 2-device frontier (both
+ends first) checked on 2 gloo ranks, as ``tensoropt run --backend dist --check`` checks them
+(:func:`tensoropt.distributed.jobs.check_as_run`; a model the loader cannot rebuild from its
+spec on a rank is noted and not checked there).
 
 An exception in a stage is that stage's failure; one model's failure never stops the others.
 Prints a markdown table ("run s" is the plans' run and check together), every distinct failure
@@ -58,7 +63,7 @@ except ImportError:   # a tensoropt without ModelCall: the inputs are passed as 
 ROOT = Path(__file__).resolve().parent.parent
 FACTORY_FILE = ROOT / "examples" / "real_models.py"
 NUMBER = re.compile(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?|inf|nan")
-STAGES = ("load", "capture", "profile", "frontier", "run", "check")
+STAGES = ("load", "capture", "profile", "frontier", "run", "check", "dist")
 
 
 def import_factories(path: Path = FACTORY_FILE):
@@ -92,6 +97,8 @@ class Row:
     points: dict[int, int | None] = field(default_factory=dict)
     passing: int = 0
     written: int = 0
+    dist_passing: int = 0
+    dist_checked: int | None = None     # None: not asked (--backend local) or not loadable by spec
     seconds: dict[str, float] = field(default_factory=dict)
     loader: str = ""
     failures: list[tuple[str, str]] = field(default_factory=list)    # (stage, message), in order
@@ -219,7 +226,7 @@ def spread(points: list, k: int | None) -> list:
 
 
 def bench_model(name: str, factories: Any, cluster, device_counts: list[int], cache: bool,
-                max_plans: int | None, verbose: bool, check_dtype: str = "float64") -> Row:
+                max_plans: int | None, verbose: bool, check_dtype: str = "float64", dist_plans: int = 0) -> Row:
     row = Row(name)
     say = (lambda msg: print(f"[{name}] {msg}", file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
 
@@ -251,6 +258,7 @@ def bench_model(name: str, factories: Any, cluster, device_counts: list[int], ca
         return row
     say("profiled")
     plans: dict[tuple, Any] = {}
+    two_rank: list[Any] = []       # both ends of the 2-device frontier (then evenly between): for --backend dist
     for n in device_counts:
         ok, fr = stage("frontier", functools.partial(tensoropt.track_frontier, graph, costs, cluster,
                                                      devices=cluster.names[:n]))
@@ -258,6 +266,8 @@ def bench_model(name: str, factories: Any, cluster, device_counts: list[int], ca
         if ok:
             for point in spread(list(fr), max_plans):
                 plans.setdefault(plan_key(point.plan), point.plan)
+            if n == 2:
+                two_rank = [p.plan for p in spread(list(fr), dist_plans)] if dist_plans else []
     say(f"frontier: {row.points}; {len(plans)} distinct plans")
     todo = list(plans.values())
     row.written = len(todo)
@@ -274,7 +284,30 @@ def bench_model(name: str, factories: Any, cluster, device_counts: list[int], ca
     if checker.note:
         row.notes.append(checker.note)
     say(f"run: {row.passing} of {row.written} plans pass")
+    if two_rank and row.loader == "load_model":
+        stage("dist", lambda: check_on_two_ranks(row, name, two_rank))
+        say(f"2 gloo ranks: {row.dist_passing} of {row.dist_checked} plans pass")
+    elif two_rank:
+        row.notes.append(f"not checked on ranks: loaded by {row.loader}, which a rank cannot repeat from a spec")
     return row
+
+
+def check_on_two_ranks(row: Row, name: str, plans: list) -> None:
+    """``plans`` (2-device) checked on 2 gloo ranks as ``tensoropt run --backend dist --check``
+    checks them (:func:`tensoropt.distributed.jobs.check_as_run`: float64 where the model allows,
+    dropout on with keyed masks, rank 0's weights everywhere)."""
+    from tensoropt.distributed import launch
+    from tensoropt.distributed.jobs import check_as_run
+
+    cases = [{"model": f"{FACTORY_FILE}:{name}", "plan": plan.to_dict()} for plan in plans]
+    results = launch(check_as_run, 2, {"cases": cases}, timeout_s=300.0)[0]
+    row.dist_checked = len(results)
+    for plan, r in zip(plans, results):
+        if r["passed"]:
+            row.dist_passing += 1
+        else:
+            worst = r["failures"][0] if r["failures"] else r["summary"]
+            row.fail("dist", f"{worst} [plan {plan.plan_id or '?'}, 2 ranks]")
 
 
 def fmt_points(row: Row, device_counts: list[int]) -> str:
@@ -307,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-plans", type=int, default=None,
                     help="run at most this many plans of each frontier, evenly spaced along it (default: all)")
     ap.add_argument("--cache", action="store_true", help="use the profile cache (default: profile afresh)")
+    ap.add_argument("--backend", choices=("local", "dist"), default="local",
+                    help="dist: also check K plans of each 2-device frontier (--dist-plans, both ends first) on 2 "
+                         "gloo ranks, as tensoropt run --backend dist --check does (default local)")
+    ap.add_argument("--dist-plans", type=int, default=2, help="with --backend dist: plans per model (default 2)")
     ap.add_argument("-v", "--verbose", action="store_true", help="progress and tracebacks on stderr")
     args = ap.parse_args(argv)
 
@@ -336,23 +373,27 @@ def main(argv: list[str] | None = None) -> int:
     dev_label = " / ".join(f"{n} dev" for n in device_counts)
     print(f"cluster {cluster.name}; frontiers on {dev_label}; check: tensoropt.execute.check_plan in "
           f"{args.check_dtype}, dropout on; torch {torch.__version__}\n")
-    print(f"| model | ops | frontier points ({dev_label}) | plans passing / written | capture s | profile s | "
-          "frontier s | run s | first failure |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|", flush=True)
+    dist = args.backend == "dist"
+    print(f"| model | ops | frontier points ({dev_label}) | plans passing / written |"
+          + (" 2 gloo ranks: passing / checked |" if dist else "")
+          + " capture s | profile s | frontier s | run s | first failure |")
+    print("|---|---:|---:|---:|" + ("---:|" if dist else "") + "---:|---:|---:|---:|---|", flush=True)
     rows = []
     t_all = time.perf_counter()
     for name in names:
         try:
             row = bench_model(name, factories, cluster, device_counts, args.cache, args.max_plans,
-                              args.verbose, args.check_dtype)
+                              args.verbose, args.check_dtype,
+                              dist_plans=args.dist_plans if args.backend == "dist" and 2 in device_counts else 0)
         except Exception as e:  # noqa: BLE001 - never stop the others
             row = Row(name)
             row.fail("benchmark", one_line(e))
         rows.append(row)
         ops = "–" if row.ops is None else str(row.ops)
+        ranks = ("–" if row.dist_checked is None else f"{row.dist_passing} / {row.dist_checked}") + " | "
+        times = " | ".join(fmt_seconds(row, k) for k in ("capture", "profile", "frontier", "run"))
         print(f"| {name} | {ops} | {fmt_points(row, device_counts)} | {row.passing} / {row.written} | "
-              f"{fmt_seconds(row, 'capture')} | {fmt_seconds(row, 'profile')} | {fmt_seconds(row, 'frontier')} | "
-              f"{fmt_seconds(row, 'run')} | {first_failure(row)} |", flush=True)
+              + (ranks if dist else "") + f"{times} | {first_failure(row)} |", flush=True)
 
     # every distinct failure, grouped by stage
     grouped: dict[str, dict[str, list[str]]] = {}
