@@ -1,0 +1,1016 @@
+"""One compiled evaluator of the plans that run every operator on one mesh: simulated step time
+and walked per-device peak, in microseconds per plan.
+
+Frontier tracking searches plans in which every operator runs on the same mesh of ``k`` devices
+(in one of its configurations: a layout, with or without recomputation).  For such a plan the
+simulator (:mod:`.simulate`) and the memory walk (:mod:`.walk`) reduce to a small machine:
+
+- **time**: every compute task occupies every mesh device (lockstep), so computation is one
+  chain — forwards in the plan's order, then for each node in reverse its recomputation and its
+  backward — each lasting its shard time over the mesh's slowest device; every transfer on the
+  mesh (a reshard collective, a batch norm's statistics, the loss's all-reduce, the gradients'
+  all-reduce) occupies at least the mesh's ring links, so transfers are one channel served first
+  come first served by (ready time, creation order), and run while the devices compute.  The
+  tasks, their dependencies and their order of creation are the simulator's
+  (:class:`~.simulate._StepTasks`), and :func:`_simulate` runs :meth:`~.simulate._Schedule.run`'s
+  event loop on them;
+- **memory**: every device holds the same shard of every tensor (a collective on one mesh
+  delivers the same piece to each), so one device's walk is every device's; :func:`_walk` is
+  :func:`~.walk.walk`'s live-set walk on integer storage keys.
+
+:class:`MeshEvaluator` reads every cost from the plan model's own rules, once per (graph, mesh)
+— :func:`~.walk.shard_cost`, :func:`~.reshard.edge_reshard`, :func:`~.reshard.stat_sync`,
+:func:`~.reshard.read_layout`, the ring all-reduce of :mod:`tensoropt.cluster.collectives` —
+into arrays indexed by configuration; a plan is then a vector of configuration indices, and
+evaluating it builds no dict and no object: re-costing a plan one node's configuration away from
+another reads that node's and its edges' entries and re-runs the two linear passes, O(V + E)
+compiled steps.  It is checked equal to :func:`~.simulate.simulate` (time within 1e-9 relative,
+every device's peak to the byte) on random plans of real graphs in
+``tests/planmodel/test_meshplan.py``.
+
+Owns: the compiled twin of the simulator and the walk for one-mesh plans.  Must not: state a cost
+rule of its own (a new rule goes into :mod:`.simulate` / :mod:`.walk` / :mod:`.reshard` first,
+then here, and the equality test says whether the two agree).
+
+Example (a two-layer MLP on a preset's A100s)::
+
+    >>> import torch
+    >>> from tensoropt import capture, load_cluster, price, profile, simulate
+    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    >>> graph = capture(model, (torch.randn(8, 16),))
+    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
+    >>> ev = MeshEvaluator(graph, priced.costs, priced.cluster, ("gpu0", "gpu1"), optimizer="adam")
+    >>> vec = [0] * len(ev.names)            # every operator replicated (configuration 0: R)
+    >>> peak, seconds = ev.evaluate(vec)
+    >>> sim = simulate(ev.plan(vec), graph, priced.costs, priced.cluster, optimizer="adam")
+    >>> (peak, seconds) == (sim.max_memory_bytes, sim.time_s)
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from ..cluster import Cluster
+from ..graph import OpGraph, grad_nodes
+from ..measure.costmodel import CostModel
+from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
+from ..plan import NodeConfig, Plan
+from .layouts import Layout, TensorLayout
+from .reshard import (
+    P,
+    edge_reshard,
+    move,
+    op_basename,
+    output_layout,
+    piece_bytes,
+    read_layout,
+    reads_nothing,
+    stat_sync,
+)
+from .walk import _workspace, aliases_input, shard_cost
+
+__all__ = ["MeshEvaluator"]
+
+_LAYOUT_ID = {Layout.R: 0, Layout.BATCH: 1, Layout.CHANNEL: 2, Layout.REDUCE: 3}
+_TENSOR_ID = {TensorLayout.R: 0, TensorLayout.SB: 1, TensorLayout.SC: 2, TensorLayout.P: 3}
+
+
+class MeshEvaluator:
+    """Plans of ``graph`` whose every operator runs on ``mesh`` (see the module docstring).
+
+    ``configs``: operator name → its configurations on the mesh (default: one replicated
+    configuration per node; frontier tracking passes its problem's).  ``names``: the operators,
+    in the plan's order (the graph's).  :meth:`evaluate` takes a configuration index per name.
+    O(V·c + E·c²) reshards evaluated once, for c configurations per node."""
+
+    def __init__(self, graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: Sequence[str], *,
+                 configs: Mapping[str, Sequence[NodeConfig]] | None = None,
+                 optimizer: str | int = DEFAULT_OPTIMIZER, context_bytes: int = 0):
+        self.graph, self.costs, self.cluster = graph, costs, cluster
+        self.mesh = tuple(mesh)
+        self.optimizer = optimizer
+        ops = graph.ops
+        self.names = [n.name for n in ops]
+        self.configs: dict[str, tuple[NodeConfig, ...]] = {
+            n: tuple(configs[n]) if configs is not None else (NodeConfig(self.mesh),) for n in self.names}
+        self._tables = _build_tables(graph, costs, cluster, self.mesh, self.names, self.configs, optimizer,
+                                     context_bytes)
+
+    def plan(self, vec: Sequence[int]) -> Plan:
+        """The :class:`~tensoropt.plan.Plan` of configuration vector ``vec``."""
+        return Plan({n: self.configs[n][int(s)] for n, s in zip(self.names, vec)},
+                    graph_fingerprint=self.graph.fingerprint, graph_name=self.graph.name, order=list(self.names))
+
+    def evaluate(self, vec: Sequence[int]) -> tuple[int, float]:
+        """(per-device peak bytes, simulated step seconds) of the plan ``vec``."""
+        a = np.asarray(vec, dtype=np.int64)
+        t = self._tables
+        return int(_walk(a, *t["walk"])), float(_simulate(a, *t["time"]))
+
+    def evaluate_many(self, vecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`evaluate` of every row of ``vecs`` (plans × nodes): (peaks, seconds)."""
+        vecs = np.ascontiguousarray(vecs, dtype=np.int64)
+        t = self._tables
+        return _walk_many(vecs, *t["walk"]), _simulate_many(vecs, *t["time"])
+
+
+# ---- tables ---------------------------------------------------------------------------------
+
+
+def _csr(rows: Sequence[Sequence[Any]], dtype: Any = np.int64) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        ptr[i + 1] = ptr[i] + len(r)
+    flat = np.array([x for r in rows for x in r], dtype=dtype) if ptr[-1] else np.zeros(0, dtype=dtype)
+    return ptr, flat
+
+
+def _build_tables(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tuple[str, ...], names: list[str],
+                  configs: Mapping[str, tuple[NodeConfig, ...]], optimizer: str | int,
+                  context_bytes: int) -> dict[str, tuple[Any, ...]]:
+    """The arrays both kernels read (module docstring): every figure from the plan model's rules."""
+    n, k = len(names), len(mesh)
+    index = {name: i for i, name in enumerate(names)}
+    cmax = max((len(configs[x]) for x in names), default=1)
+    d0 = mesh[0]
+    speed = min(cluster.device(d).speed for d in mesh)
+    needs_grad = grad_nodes(graph)
+    out_node = next((x for x in graph if x.kind == "output"), None)
+    # every producer that is not an operator is part of the batch (as the walk and the simulator take it)
+    inputs = list(dict.fromkeys(p for x in graph.ops for p in x.inputs if graph.nodes[p].kind != "op"))
+    xindex = {x: i for i, x in enumerate(inputs)}
+
+    # nodes × configurations
+    fp = np.zeros((n, cmax))
+    bp = np.zeros((n, cmax))
+    out_b = np.zeros((n, cmax), dtype=np.int64)
+    extra = np.zeros((n, cmax), dtype=np.int64)
+    ws = np.zeros((n, cmax), dtype=np.int64)
+    rc = np.zeros((n, cmax), dtype=np.bool_)
+    pieces = np.ones((n, cmax), dtype=np.int64)
+    cut = np.zeros((n, cmax), dtype=np.int64)          # 0: reads its parameters whole; else (layout, op) id + 1
+    stat = np.full((n, cmax), -1.0)                    # a batch norm's statistics exchange, one direction
+    loss_ar = np.full((n, cmax), -1.0)                 # a model output's all-reduce of partial sums before the loss
+    ops = [graph.nodes[x] for x in names]
+    cut_ids: dict[tuple[str, str], int] = {}
+    for i, node in enumerate(ops):
+        for c, cfg in enumerate(configs[node.name]):
+            sh = shard_cost(costs, node, cfg)
+            if sh is not None:
+                fp[i, c], bp[i, c] = sh.fp_s, sh.bp_s
+                out_b[i, c], extra[i, c] = sh.output_bytes, sh.extra_saved_bytes
+            else:
+                out_b[i, c] = piece_bytes(output_layout(cfg), cfg.degree, sum(t.nbytes for t in node.outputs))
+            ws[i, c] = _workspace(costs.get(node.name), cfg)
+            rc[i, c] = cfg.recompute
+            pieces[i, c] = cfg.param_pieces
+            if cfg.param_pieces > 1:
+                cut[i, c] = 1 + cut_ids.setdefault((cfg.layout, op_basename(node.op)), len(cut_ids))
+            st = stat_sync(graph, node, cfg, cluster)
+            if st is not None:
+                stat[i, c] = st.time_s
+    outputs = [p for p in (out_node.inputs if out_node is not None else ()) if p in index]
+    for p in outputs:
+        i = index[p]
+        nbytes = out_node.input_bytes[out_node.inputs.index(p)] if out_node is not None else 0
+        for c, cfg in enumerate(configs[p]):
+            if output_layout(cfg) == P:
+                stages, _ = move(P, cfg.devices, TensorLayout.R, cfg.devices, nbytes, cluster)
+                loss_ar[i, c] = stages[0].time_s if stages else -2.0   # -2: P but nothing moves
+
+    # node inputs (slots): producers, the layout each configuration reads, the edges' reshards
+    slot_rows: list[list[int]] = []
+    slot_info: list[tuple[int, int, bool]] = []      # (producer index or -1 - input index, node, saved)
+    for i, node in enumerate(ops):
+        row = []
+        cost = costs.get(node.name)
+        for p in node.inputs:
+            pn = graph.nodes[p]
+            prod = index[p] if pn.kind == "op" else -1 - xindex[p]
+            row.append(len(slot_info))
+            slot_info.append((prod, i, cost is not None and p in cost.saved_inputs))
+        slot_rows.append(row)
+    ns = len(slot_info)
+    slot_ptr, slot_ids = _csr(slot_rows)
+    slot_prod = np.array([s[0] for s in slot_info], dtype=np.int64)
+    slot_node = np.array([s[1] for s in slot_info], dtype=np.int64)
+    by_prod: list[list[int]] = [[] for _ in range(n)]
+    for sl, (prod, _, _) in enumerate(slot_info):
+        if prod >= 0:
+            by_prod[prod].append(sl)
+    prod_ptr, prod_slots = _csr(by_prod)
+    slot_saved = np.array([s[2] for s in slot_info], dtype=np.bool_)
+    read = np.zeros((ns, cmax), dtype=np.int64)            # by the consumer's configuration
+    batch_piece = np.zeros((ns, cmax), dtype=np.int64)     # graph inputs: the piece read
+    fwd_dur = np.full((ns, cmax, cmax), -1.0)              # [slot, producer config, consumer config]; -1: no stage
+    bwd_dur = np.full((ns, cmax, cmax), -1.0)
+    grad_l = np.zeros((ns, cmax, cmax), dtype=np.int64)
+    recv = np.zeros((ns, cmax, cmax), dtype=np.int64)
+    for s, (prod, i, _) in enumerate(slot_info):
+        node = ops[i]
+        pname = names[prod] if prod >= 0 else inputs[-1 - prod]
+        nbytes = node.input_bytes[node.inputs.index(pname)]
+        for c, cfg in enumerate(configs[node.name]):
+            lay = read_layout(graph, node, pname, cfg)
+            read[s, c] = _TENSOR_ID[lay]
+            if prod < 0:
+                batch_piece[s, c] = piece_bytes(lay, cfg.degree, nbytes)
+                continue
+            for a, pcfg in enumerate(configs[pname]):
+                rs = edge_reshard(graph, pname, node.name, pcfg, cfg, cluster)
+                assert len(rs.forward) <= 1 and len(rs.backward) <= 1, "one mesh: at most one collective"
+                if rs.forward:
+                    fwd_dur[s, a, c] = rs.forward[0].time_s
+                if rs.backward:
+                    bwd_dur[s, a, c] = rs.backward[0].time_s
+                grad_l[s, a, c] = _TENSOR_ID[rs.grad_layout]
+                vals = set(rs.recv_bytes.values())
+                assert len(vals) <= 1, "one mesh: every device receives the same piece"
+                recv[s, a, c] = rs.recv_bytes.get(d0, 0)
+    unread = np.array([reads_nothing(node) for node in ops], dtype=np.bool_)
+
+    # parameters: who reads them, their bytes
+    params = [q for q in graph.params]
+    qindex = {q: j for j, q in enumerate(params)}
+    q_bytes = np.array([graph.params[q].nbytes for q in params], dtype=np.int64)
+    q_kind = np.array([0 if graph.params[q].kind == "parameter" else 1 for q in params], dtype=np.int64)
+    q_train = np.array([graph.params[q].kind == "parameter" and graph.params[q].requires_grad for q in params],
+                       dtype=np.bool_)
+    node_q_ptr, node_q = _csr([[qindex[q] for q in (*node.params, *node.param_reads)] for node in ops])
+    readers: list[list[int]] = [[] for _ in params]
+    for i, node in enumerate(ops):
+        for q in (*node.params, *node.param_reads):
+            readers[qindex[q]].append(i)
+    q_read_ptr, q_readers = _csr(readers)
+
+    # static per node
+    alias = np.array([aliases_input(node, costs) for node in ops], dtype=np.bool_)
+    ng = np.array([bool(needs_grad.get(x)) for x in names], dtype=np.bool_)
+    is_out = np.zeros(n, dtype=np.bool_)
+    for p in outputs:
+        is_out[index[p]] = True
+    out_list = np.array([index[p] for p in outputs], dtype=np.int64)
+    gets = np.array([bool(needs_grad.get(x)) and (is_out[i] or any(
+        needs_grad.get(c) and graph.nodes[c].kind == "op" for c in graph.successors(x))) for i, x in enumerate(names)],
+        dtype=np.bool_)
+    saves_out = np.array([bool(costs.get(x) is not None and costs[x].saves_output) for x in names], dtype=np.bool_)
+    widened = np.array([bool(node.outputs) and node.outputs[0].dtype in ("bfloat16", "float16") for node in ops],
+                       dtype=np.bool_)
+    ncfg = np.array([len(configs[x]) for x in names], dtype=np.int64)
+
+    # the ring of the mesh (gradients' all-reduce, whose bytes depend on the plan)
+    ring_lat = np.zeros(max(k, 1))
+    ring_bw = np.ones(max(k, 1))
+    for j in range(k):
+        link = cluster.link(mesh[j], mesh[(j + 1) % k]) if k > 1 else None
+        if link is not None:
+            ring_lat[j] = link.latency_s if link.exchange_latency_s is None else link.exchange_latency_s
+            ring_bw[j] = link.bandwidth_Bps * link.duplex
+    rate = costs.settings.get("grad_copy_Bps") or (costs.settings.get("in_sequence") or {}).get("grad_copy_Bps") \
+        or 0.0
+    alpha = optimizer_alpha(optimizer)
+    adam = (optimizer if isinstance(optimizer, str) else ("adam" if optimizer >= 2 else "sgd")).lower() in (
+        "adam", "adamw")
+    common = (slot_ptr, slot_ids, slot_prod, read, recv, unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes,
+              q_train, pieces, cut, k)
+    time = (ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur, bwd_dur, grad_l, float(speed),
+            float(rate), ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, *common)
+    walk = (out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, len(inputs),
+            q_kind, alpha, adam, context_bytes, *common)
+    return {"time": time, "walk": walk}
+
+
+# ---- shared: which parameters' gradients are summed across the mesh --------------------------
+
+
+@njit(cache=True)
+def _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, k):  # pragma: no cover - compiled
+    """Trainable parameter → whether its gradients are summed (:func:`~.reshard.synced_parameters`
+    on one mesh: read on k ≥ 2 devices, and not every reader cutting it the same way)."""
+    nq = q_train.shape[0]
+    out = np.zeros(nq, dtype=np.bool_)
+    if k < 2:
+        return out
+    for q in range(nq):
+        if not q_train[q] or q_read_ptr[q] == q_read_ptr[q + 1]:
+            continue
+        first = cut[q_readers[q_read_ptr[q]], a[q_readers[q_read_ptr[q]]]]
+        same = first != 0
+        for r in range(q_read_ptr[q] + 1, q_read_ptr[q + 1]):
+            i = q_readers[r]
+            if cut[i, a[i]] != first:
+                same = False
+        out[q] = not same
+    return out
+
+
+# ---- time: the simulator's event loop on one mesh --------------------------------------------
+
+
+@njit(cache=True)
+def _heap_push(keys, ids, size, key, tid):  # pragma: no cover - compiled
+    i = size
+    keys[i] = key
+    ids[i] = tid
+    while i > 0:
+        parent = (i - 1) // 2
+        if keys[parent] < keys[i] or (keys[parent] == keys[i] and ids[parent] < ids[i]):
+            break
+        keys[parent], keys[i] = keys[i], keys[parent]
+        ids[parent], ids[i] = ids[i], ids[parent]
+        i = parent
+    return size + 1
+
+
+@njit(cache=True)
+def _heap_pop(keys, ids, size):  # pragma: no cover - compiled
+    key, tid = keys[0], ids[0]
+    size -= 1
+    keys[0], ids[0] = keys[size], ids[size]
+    i = 0
+    while True:
+        left, right, small = 2 * i + 1, 2 * i + 2, i
+        if left < size and (keys[left] < keys[small] or (keys[left] == keys[small] and ids[left] < ids[small])):
+            small = left
+        if right < size and (keys[right] < keys[small] or (keys[right] == keys[small] and ids[right] < ids[small])):
+            small = right
+        if small == i:
+            break
+        keys[small], keys[i] = keys[i], keys[small]
+        ids[small], ids[i] = ids[i], ids[small]
+        i = small
+    return key, tid, size
+
+
+@njit(cache=True)
+def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur, bwd_dur, grad_l, speed, rate,
+              ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, slot_ptr, slot_ids, slot_prod, read, recv, unread,
+              node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut,
+              k):  # pragma: no cover - compiled
+    """The simulated step time of plan ``a`` (:func:`~.simulate.simulate`'s tasks and event loop)."""
+    n = a.shape[0]
+    synced = _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, k)
+    cap = 6 * n + 4 * slot_ids.shape[0] + 8
+    kind = np.zeros(cap, dtype=np.int64)       # 0 compute, 1 comm, 2 sync
+    dur = np.zeros(cap)
+    dep_from = np.zeros(4 * cap + 4 * slot_ids.shape[0], dtype=np.int64)
+    dep_to = np.zeros(dep_from.shape[0], dtype=np.int64)
+    nd = 0
+    nt = 0
+    fwd_task = np.full(n, -1, dtype=np.int64)
+    bwd_task = np.full(n, -1, dtype=np.int64)
+    # forward: one transfer per (producer, read layout, unread) key, made at its first consumer
+    nkey = 3 * n * 2
+    arrived = np.full(nkey, -2, dtype=np.int64)
+    scratch = np.zeros(slot_ids.shape[0] + 4, dtype=np.int64)
+    for i in range(n):
+        c = a[i]
+        m = 0
+        for s in range(slot_ptr[i], slot_ptr[i + 1]):
+            sl = slot_ids[s]
+            p = slot_prod[sl]
+            if p < 0:
+                continue
+            key = (p * 3 + read[sl, c]) * 2 + (1 if unread[i] else 0)
+            if arrived[key] == -2:
+                d = fwd_dur[sl, a[p], c]
+                if d < 0:
+                    arrived[key] = fwd_task[p]
+                else:
+                    kind[nt], dur[nt] = 1, d
+                    dep_from[nd], dep_to[nd] = fwd_task[p], nt
+                    nd += 1
+                    arrived[key] = nt
+                    nt += 1
+            scratch[m] = arrived[key]
+            m += 1
+        kind[nt], dur[nt] = 0, fp[i, c] / speed
+        for j in range(m):
+            seen = False
+            for j2 in range(j):
+                if scratch[j2] == scratch[j]:
+                    seen = True
+            if not seen:
+                dep_from[nd], dep_to[nd] = scratch[j], nt
+                nd += 1
+        fwd_task[i] = nt
+        nt += 1
+        if stat[i, c] >= 0:
+            kind[nt], dur[nt] = 1, stat[i, c]
+            dep_from[nd], dep_to[nd] = fwd_task[i], nt
+            nd += 1
+            fwd_task[i] = nt
+            nt += 1
+    # the loss: every model output (partial sums all-reduced first)
+    m = 0
+    for o in range(out_list.shape[0]):
+        i = out_list[o]
+        c = a[i]
+        if loss_ar[i, c] >= 0:
+            kind[nt], dur[nt] = 1, loss_ar[i, c]
+            dep_from[nd], dep_to[nd] = fwd_task[i], nt
+            nd += 1
+            scratch[m] = nt
+            nt += 1
+        else:
+            scratch[m] = fwd_task[i]
+        m += 1
+    loss = nt
+    kind[nt] = 2
+    if m == 0:
+        for i in range(n):
+            scratch[m] = fwd_task[i]
+            m += 1
+    for j in range(m):
+        seen = False
+        for j2 in range(j):
+            if scratch[j2] == scratch[j]:
+                seen = True
+        if not seen:
+            dep_from[nd], dep_to[nd] = scratch[j], nt
+            nd += 1
+    nt += 1
+    # backward, in reverse; gradients sent once per (producer, read, unread, gradient layout) key,
+    # after the last backward of the consumers that share it
+    gb_next = np.full(2 * slot_ids.shape[0] + 2, -1, dtype=np.int64)
+    gb_head = np.full(n, -1, dtype=np.int64)
+    gb_val = np.zeros(2 * slot_ids.shape[0] + 2, dtype=np.int64)
+    ngb = 0
+    for r in range(n - 1, -1, -1):
+        i = r
+        c = a[i]
+        m = 0
+        e = gb_head[i]
+        # grads_back in the order they were appended
+        cnt = 0
+        while e >= 0:
+            cnt += 1
+            e = gb_next[e]
+        m = cnt
+        e = gb_head[i]
+        j = cnt - 1
+        while e >= 0:
+            scratch[j] = gb_val[e]
+            j -= 1
+            e = gb_next[e]
+        if is_out[i] and ng[i]:
+            scratch[m] = loss
+            m += 1
+        if rc[i, c]:
+            kind[nt], dur[nt] = 0, fp[i, c] / speed
+            for j in range(m):
+                seen = scratch[j] < 0
+                for j2 in range(j):
+                    if scratch[j2] == scratch[j]:
+                        seen = True
+                if not seen:
+                    dep_from[nd], dep_to[nd] = scratch[j], nt
+                    nd += 1
+            scratch[0] = nt
+            m = 1
+            nt += 1
+        summed = 0
+        for jq in range(node_q_ptr[i], node_q_ptr[i + 1]):
+            q = node_q[jq]
+            if synced[q]:
+                summed += q_bytes[q]
+        copy_bytes = summed * (2 if pieces[i, c] > 1 else 1)
+        copy_s = copy_bytes / rate if (rate > 0 and copy_bytes > 0) else 0.0
+        kind[nt], dur[nt] = 0, (bp[i, c] + copy_s) / speed
+        for j in range(m):
+            seen = scratch[j] < 0
+            for j2 in range(j):
+                if scratch[j2] == scratch[j]:
+                    seen = True
+            if not seen:
+                dep_from[nd], dep_to[nd] = scratch[j], nt
+                nd += 1
+        bwd_task[i] = nt
+        nt += 1
+        if ng[i] and stat[i, c] >= 0:
+            kind[nt], dur[nt] = 1, stat[i, c]
+            dep_from[nd], dep_to[nd] = bwd_task[i], nt
+            nd += 1
+            bwd_task[i] = nt
+            nt += 1
+        # the gradients this node sends its producers
+        if not ng[i]:
+            continue
+        for s in range(slot_ptr[i], slot_ptr[i + 1]):
+            sl = slot_ids[s]
+            p = slot_prod[sl]
+            if p < 0 or not ng[p]:
+                continue
+            rl = read[sl, c]
+            gl = grad_l[sl, a[p], c]
+            # the consumers sharing this backward key, in plan order; sent when i is the first of them
+            first = -1
+            m = 0
+            for j2 in range(prod_ptr[p], prod_ptr[p + 1]):
+                s2 = prod_slots[j2]
+                i2 = slot_node[s2]
+                c2 = a[i2]
+                if read[s2, c2] != rl or unread[i2] != unread[i] or grad_l[s2, a[p], c2] != gl or not ng[i2]:
+                    continue
+                if first < 0:
+                    first = i2
+                scratch[m] = bwd_task[i2]
+                m += 1
+            if first != i:
+                continue
+            # the backward stages: those of the key's first consumer's reshard (plan_edges keeps it)
+            s_first = -1
+            for j2 in range(prod_ptr[p], prod_ptr[p + 1]):
+                s2 = prod_slots[j2]
+                i2 = slot_node[s2]
+                c2 = a[i2]
+                if read[s2, c2] == rl and unread[i2] == unread[i] and grad_l[s2, a[p], c2] == gl:
+                    s_first = s2
+                    break
+            d = bwd_dur[s_first, a[p], a[slot_node[s_first]]]
+            if d < 0:
+                uniq = 0
+                last = -1
+                for j in range(m):
+                    seen = False
+                    for j2 in range(j):
+                        if scratch[j2] == scratch[j]:
+                            seen = True
+                    if not seen:
+                        uniq += 1
+                        last = scratch[j]
+                if uniq <= 1:
+                    val = last
+                else:
+                    kind[nt] = 2
+                    for j in range(m):
+                        seen = False
+                        for j2 in range(j):
+                            if scratch[j2] == scratch[j]:
+                                seen = True
+                        if not seen:
+                            dep_from[nd], dep_to[nd] = scratch[j], nt
+                            nd += 1
+                    val = nt
+                    nt += 1
+            else:
+                kind[nt], dur[nt] = 1, d
+                for j in range(m):
+                    seen = False
+                    for j2 in range(j):
+                        if scratch[j2] == scratch[j]:
+                            seen = True
+                    if not seen:
+                        dep_from[nd], dep_to[nd] = scratch[j], nt
+                        nd += 1
+                val = nt
+                nt += 1
+            gb_val[ngb] = val
+            gb_next[ngb] = gb_head[p]
+            gb_head[p] = ngb
+            ngb += 1
+    # the gradients' all-reduce: after the last backward reading a summed parameter
+    total = 0
+    last = -1
+    for q in range(q_bytes.shape[0]):
+        if synced[q]:
+            total += q_bytes[q]
+            r0 = q_readers[q_read_ptr[q]]
+            for r in range(q_read_ptr[q], q_read_ptr[q + 1]):
+                if q_readers[r] < r0:
+                    r0 = q_readers[r]
+            if last < 0 or r0 < last:
+                last = r0
+    if total > 0 or last >= 0:
+        chunk = total / k
+        step = 0.0
+        if chunk != 0:
+            for j in range(k):
+                t = ring_lat[j] + chunk / ring_bw[j]
+                if t > step:
+                    step = t
+        kind[nt], dur[nt] = 1, 2 * (k - 1) * step
+        dep_from[nd], dep_to[nd] = bwd_task[last], nt
+        nd += 1
+        nt += 1
+    return _run(kind[:nt], dur[:nt], dep_from[:nd], dep_to[:nd])
+
+
+@njit(cache=True)
+def _run(kind, dur, dep_from, dep_to):  # pragma: no cover - compiled
+    """:meth:`~.simulate._Schedule.run` on one mesh: compute tasks in creation order, one at a
+    time; comm tasks on one channel, first come first served by (ready, id); sync tasks end when
+    they are ready.  Returns when the last task ends."""
+    nt = kind.shape[0]
+    nd = dep_from.shape[0]
+    pending = np.zeros(nt, dtype=np.int64)
+    succ_ptr = np.zeros(nt + 1, dtype=np.int64)
+    for e in range(nd):
+        pending[dep_to[e]] += 1
+        succ_ptr[dep_from[e] + 1] += 1
+    for t in range(nt):
+        succ_ptr[t + 1] += succ_ptr[t]
+    succ = np.zeros(nd, dtype=np.int64)
+    fill = succ_ptr[:-1].copy()
+    for e in range(nd):          # in creation order of the edges: the order succ lists are built
+        succ[fill[dep_from[e]]] = dep_to[e]
+        fill[dep_from[e]] += 1
+    ready = np.zeros(nt)
+    end = np.full(nt, np.nan)
+    start = np.full(nt, np.nan)
+    heap_k = np.zeros(nt + 1)
+    heap_i = np.zeros(nt + 1, dtype=np.int64)
+    hs = 0
+    cr_k = np.zeros(nt + 1)
+    cr_i = np.zeros(nt + 1, dtype=np.int64)
+    cs = 0
+    wait_k = np.zeros(nt + 1)
+    wait_i = np.zeros(nt + 1, dtype=np.int64)
+    queue = np.zeros(nt, dtype=np.int64)      # the compute tasks, in creation order
+    nq = 0
+    for t in range(nt):
+        if kind[t] == 0:
+            queue[nq] = t
+            nq += 1
+    head = 0
+    dev_free = 0.0
+    link_free = 0.0
+    now = 0.0
+    for t in range(nt):
+        if pending[t] == 0:
+            if kind[t] == 1:
+                cs = _heap_push(cr_k, cr_i, cs, ready[t], t)
+            elif kind[t] == 2:
+                start[t] = now
+                end[t] = now
+                hs = _heap_push(heap_k, heap_i, hs, now, t)
+    while True:
+        progress = True
+        while progress:
+            progress = False
+            if head < nq:
+                t = queue[head]
+                if pending[t] == 0 and dev_free <= now:
+                    start[t] = now
+                    end[t] = now + dur[t]
+                    dev_free = end[t]
+                    head += 1
+                    hs = _heap_push(heap_k, heap_i, hs, end[t], t)
+                    progress = True
+            nw = 0
+            started = False
+            while cs > 0:
+                rk, t, cs = _heap_pop(cr_k, cr_i, cs)
+                if link_free <= now:
+                    start[t] = now
+                    end[t] = now + dur[t]
+                    link_free = end[t]
+                    hs = _heap_push(heap_k, heap_i, hs, end[t], t)
+                    started = True
+                else:
+                    wait_k[nw] = rk
+                    wait_i[nw] = t
+                    nw += 1
+            for w in range(nw):
+                cs = _heap_push(cr_k, cr_i, cs, wait_k[w], wait_i[w])
+            progress = progress or started
+        if hs == 0:
+            break
+        now = heap_k[0]
+        while hs > 0 and heap_k[0] == now:
+            _, tid, hs = _heap_pop(heap_k, heap_i, hs)
+            for e in range(succ_ptr[tid], succ_ptr[tid + 1]):
+                s = succ[e]
+                pending[s] -= 1
+                if now > ready[s]:
+                    ready[s] = now
+                if pending[s] == 0:
+                    if kind[s] == 1:
+                        cs = _heap_push(cr_k, cr_i, cs, ready[s], s)
+                    elif kind[s] == 2:
+                        start[s] = now
+                        end[s] = now
+                        hs = _heap_push(heap_k, heap_i, hs, now, s)
+    best = 0.0
+    for t in range(nt):
+        if end[t] > best:
+            best = end[t]
+    return best
+
+
+@njit(cache=True)
+def _simulate_many(vecs, *tables):  # pragma: no cover - compiled
+    out = np.zeros(vecs.shape[0])
+    for r in range(vecs.shape[0]):
+        out[r] = _simulate(vecs[r], *tables)
+    return out
+
+
+# ---- memory: the walk of one device ----------------------------------------------------------
+
+
+@njit(cache=True)
+def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, nx,
+          q_kind, alpha, adam, context_bytes, slot_ptr, slot_ids, slot_prod, read, recv, unread, node_q_ptr, node_q,
+          q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, k):  # pragma: no cover - compiled
+    """The peak of one device (every device's: they hold the same) of plan ``a``: :func:`~.walk.walk`."""
+    n = a.shape[0]
+    nq = q_bytes.shape[0]
+    synced = _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, k)
+    # parameters held, and what stays resident
+    held = np.zeros(nq, dtype=np.int64)
+    for i in range(n):
+        for j in range(node_q_ptr[i], node_q_ptr[i + 1]):
+            q = node_q[j]
+            b = -(-q_bytes[q] // pieces[i, a[i]])
+            if synced[q]:
+                b = q_bytes[q]
+            if b > held[q]:
+                held[q] = b
+    params = 0
+    buffers = 0
+    grads = 0
+    optim = 0
+    biggest = 0
+    for q in range(nq):
+        if q_read_ptr[q] == q_read_ptr[q + 1]:
+            continue
+        if q_kind[q] == 0:
+            params += held[q]
+            if q_train[q]:
+                grads += held[q]
+                optim += alpha * held[q]
+                if held[q] > biggest:
+                    biggest = held[q]
+        else:
+            buffers += held[q]
+    opt_temp = 2 * biggest if adam else 0
+    # storage keys: outputs [0, n), batch [n, n + nx), received copies [n + nx, n + nx + 3n) by
+    # (producer, read layout), extra saved tensors [.., + n)
+    kb, kr, ke = n, n + nx, n + nx + 3 * n
+    nk = ke + n
+    size = np.zeros(nk, dtype=np.int64)
+    owner = np.zeros(n, dtype=np.int64)
+    ns = slot_ids.shape[0]
+    rkey = np.zeros(ns, dtype=np.int64)                  # the storage key each input slot reads
+    fk_recv = np.full(6 * n, -1, dtype=np.int64)         # first consumer's received bytes per forward key
+    batch = np.zeros(nx, dtype=np.int64)
+    has_batch = np.zeros(nx, dtype=np.bool_)
+    for i in range(n):
+        c = a[i]
+        for s in range(slot_ptr[i], slot_ptr[i + 1]):
+            sl = slot_ids[s]
+            p = slot_prod[sl]
+            if p < 0:
+                x = -1 - p
+                has_batch[x] = True
+                if batch_piece[sl, c] > batch[x]:
+                    batch[x] = batch_piece[sl, c]
+                rkey[sl] = kb + x
+                continue
+            fk = (p * 3 + read[sl, c]) * 2 + (1 if unread[i] else 0)
+            if fk_recv[fk] < 0:
+                fk_recv[fk] = recv[sl, a[p], c]
+            r = fk_recv[fk]
+            if r > 0:
+                key = kr + p * 3 + read[sl, c]
+                size[key] = r
+                rkey[sl] = key
+            else:
+                rkey[sl] = owner[p]
+        if alias[i] and slot_ptr[i + 1] > slot_ptr[i]:
+            owner[i] = rkey[slot_ids[slot_ptr[i]]]
+        else:
+            owner[i] = i
+            size[i] = out_b[i, c]
+    end = n + 1
+    last_use = np.full(nk, -1, dtype=np.int64)
+    savers = np.zeros(nk, dtype=np.int64)
+    last_saver = np.full(nk, -1, dtype=np.int64)
+    saved_ptr = np.zeros(n + 1, dtype=np.int64)
+    saved_keys = np.zeros(ns + 2 * n + 1, dtype=np.int64)   # per node: the keys it saves (distinct)
+    nsaved = 0
+    for i in range(n):
+        saved_ptr[i] = nsaved
+        c = a[i]
+        if owner[i] == i and i > last_use[i]:
+            last_use[i] = i
+        for s in range(slot_ptr[i], slot_ptr[i + 1]):
+            sl = slot_ids[s]
+            kk = rkey[sl]
+            if i > last_use[kk]:
+                last_use[kk] = i
+            if (rc[i, c] or slot_saved[sl]) and last_saver[kk] != i:
+                last_saver[kk] = i
+                savers[kk] += 1
+                saved_keys[nsaved] = kk
+                nsaved += 1
+        if saves_out[i] and not rc[i, c]:
+            kk = owner[i]
+            if last_saver[kk] != i:
+                last_saver[kk] = i
+                savers[kk] += 1
+                saved_keys[nsaved] = kk
+                nsaved += 1
+        # the extra saved tensors are saved in forward (below), after these
+        if extra[i, c] > 0 and not rc[i, c]:
+            kk = ke + i
+            last_saver[kk] = i
+            savers[kk] += 1
+            saved_keys[nsaved] = kk
+            nsaved += 1
+    saved_ptr[n] = nsaved
+    for o in range(out_list.shape[0]):
+        last_use[owner[out_list[o]]] = end
+    is_batch = np.zeros(nk, dtype=np.bool_)
+    for x in range(nx):
+        is_batch[kb + x] = True
+    live = np.zeros(nk, dtype=np.bool_)
+    live_b = np.zeros(nk, dtype=np.int64)
+    held_now = 0
+    base = params + buffers + optim + context_bytes
+    peak = 0
+    for x in range(nx):
+        if has_batch[x]:
+            live[kb + x] = True
+            live_b[kb + x] = batch[x]
+            held_now += batch[x]
+    # the gradients summed across devices live in one flat buffer all step
+    grads_now = 0
+    for q in range(nq):
+        if synced[q] and q_read_ptr[q] < q_read_ptr[q + 1]:
+            grads_now += held[q]
+    t = base + grads_now + held_now
+    if t > peak:
+        peak = t
+    # forward; a key nothing saves (before the extra saved tensors) is freed after its last reader
+    for i in range(n):
+        c = a[i]
+        for s in range(slot_ptr[i], slot_ptr[i + 1]):
+            kk = rkey[slot_ids[s]]
+            if not live[kk]:
+                live[kk] = True
+                live_b[kk] = size[kk]
+                held_now += size[kk]
+        if owner[i] == i:
+            if live[i]:
+                held_now -= live_b[i]
+            live[i] = True
+            live_b[i] = size[i]
+            held_now += size[i]
+        ex = ke + i
+        if extra[i, c] > 0:
+            if live[ex]:
+                held_now -= live_b[ex]
+            live[ex] = True
+            live_b[ex] = extra[i, c]
+            held_now += extra[i, c]
+        t = base + grads_now + held_now + ws[i, c]
+        if t > peak:
+            peak = t
+        if rc[i, c] and live[ex]:
+            live[ex] = False
+            held_now -= live_b[ex]
+        # free what was last read here and is saved by no backward
+        for s in range(slot_ptr[i], slot_ptr[i + 1]):
+            kk = rkey[slot_ids[s]]
+            if last_use[kk] == i and savers[kk] == 0 and not is_batch[kk] and live[kk]:
+                live[kk] = False
+                held_now -= live_b[kk]
+        if owner[i] == i and last_use[i] == i and savers[i] == 0 and live[i]:
+            live[i] = False
+            held_now -= live_b[i]
+    for kk in range(nk):
+        if live[kk] and last_use[kk] >= end and savers[kk] == 0:
+            live[kk] = False
+            held_now -= live_b[kk]
+    # backward
+    gkey = np.zeros(nk, dtype=np.bool_)      # keys with a gradient (grad_keys)
+    glive = np.zeros(nk, dtype=np.bool_)
+    glive_b = np.zeros(nk, dtype=np.int64)
+    recv_users = np.zeros(nk, dtype=np.int64)
+    for i in range(n):
+        if not ng[i]:
+            continue
+        for s in range(slot_ptr[i], slot_ptr[i + 1]):
+            sl = slot_ids[s]
+            p = slot_prod[sl]
+            kk = rkey[sl]
+            if kr <= kk < ke and p >= 0 and ng[p]:
+                recv_users[kk] += 1
+    wide = 0
+    for o in range(out_list.shape[0]):
+        p = out_list[o]
+        kk = owner[p]
+        if ng[p]:
+            gkey[kk] = True
+            b = size[kk]
+            if glive[kk]:
+                held_now -= glive_b[kk]
+            glive[kk] = True
+            glive_b[kk] = b
+            held_now += b
+            if widened[p]:
+                wide += 2 * b
+    if wide:
+        t = base + grads_now + held_now + wide
+        if t > peak:
+            peak = t
+    done = synced.copy()
+    any_summed = False
+    for q in range(nq):
+        if synced[q] and q_read_ptr[q] < q_read_ptr[q + 1]:
+            any_summed = True
+    for i in range(n - 1, -1, -1):
+        if not ng[i]:
+            continue
+        c = a[i]
+        own = owner[i]
+        scratch = 0
+        if rc[i, c]:
+            again = extra[i, c]
+            if not live[own]:
+                again += size[own]
+            scratch += again
+        if own == i and not gkey[own] and gets[i]:
+            gkey[own] = True
+            if glive[own]:
+                held_now -= glive_b[own]
+            glive[own] = True
+            glive_b[own] = size[own]
+            held_now += size[own]
+        for s in range(slot_ptr[i], slot_ptr[i + 1]):
+            sl = slot_ids[s]
+            p = slot_prod[sl]
+            kk = rkey[sl]
+            if p < 0 or not ng[p] or gkey[kk]:
+                continue
+            owned = kk == p or (kr <= kk < ke)
+            gkey[kk] = True
+            b = size[kk] if owned else 0
+            if glive[kk]:
+                held_now -= glive_b[kk]
+            glive[kk] = True
+            glive_b[kk] = b
+            held_now += b
+        acc = 0
+        for j in range(node_q_ptr[i], node_q_ptr[i + 1]):
+            q = node_q[j]
+            if not q_train[q]:
+                continue
+            b = held[q]
+            if not done[q]:
+                done[q] = True
+                grads_now += b
+            elif synced[q]:
+                piece = -(-q_bytes[q] // pieces[i, c])
+                acc += piece + (b if piece < b else 0)
+            else:
+                acc += 2 * (-(-q_bytes[q] // pieces[i, c]))
+        t = base + grads_now + held_now + scratch + acc + ws[i, c]
+        if t > peak:
+            peak = t
+        if own == i and glive[own]:
+            glive[own] = False
+            held_now -= glive_b[own]
+        for j in range(saved_ptr[i], saved_ptr[i + 1]):
+            kk = saved_keys[j]
+            savers[kk] -= 1
+            if savers[kk] == 0 and not is_batch[kk] and live[kk]:
+                live[kk] = False
+                held_now -= live_b[kk]
+        for s in range(slot_ptr[i], slot_ptr[i + 1]):
+            sl = slot_ids[s]
+            p = slot_prod[sl]
+            kk = rkey[sl]
+            if kr <= kk < ke and p >= 0 and ng[p]:
+                recv_users[kk] -= 1
+                if recv_users[kk] == 0 and glive[kk]:
+                    glive[kk] = False
+                    held_now -= glive_b[kk]
+    if any_summed:
+        t = base + grads_now + held_now
+        if t > peak:
+            peak = t
+    # the optimizer step: the batch, every gradient, the state and the temporaries
+    keep = 0
+    for x in range(nx):
+        if live[kb + x]:
+            keep += live_b[kb + x]
+    t = base + grads + keep + opt_temp
+    if t > peak:
+        peak = t
+    return peak
+
+
+@njit(cache=True)
+def _walk_many(vecs, *tables):  # pragma: no cover - compiled
+    out = np.zeros(vecs.shape[0], dtype=np.int64)
+    for r in range(vecs.shape[0]):
+        out[r] = _walk(vecs[r], *tables)
+    return out
