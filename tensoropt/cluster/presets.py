@@ -12,6 +12,8 @@ the builder); ``tensoropt bench-links`` measures the machine you actually have, 
 ``a100-4-nvlink``         HGX A100 4-GPU: 4× A100 40 GiB, every pair joined by 4 NVLink 3 links
 ``2x4-ethernet``          two hosts of 4× V100 PCIe 16 GB, PCIe inside a host, 25 Gb/s Ethernet
                           between hosts
+``h100-hosts``            hosts × GPUs of HGX H100 (default 8 × 8): NVLink 4 inside a host,
+                          400 Gb/s InfiniBand between hosts (``preset:h100-hosts?hosts=2``)
 ``turing-mixed-4``        a lab workstation of unequal GPUs: 2× TITAN RTX 24 GiB + 2× RTX 2080 Ti
                           11 GiB, PCIe 3.0 (each pair behind one switch)
 ========================  ======================================================================
@@ -22,6 +24,7 @@ constructors.  :func:`load_cluster` lives here (not in spec) so that spec never 
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -162,6 +165,28 @@ def turing_mixed_4() -> Cluster:
     return Cluster("turing-mixed-4", devices, _symmetric(levels, names), source="preset:turing-mixed-4")
 
 
+# 400 Gb/s InfiniBand NDR, one ConnectX-7 per GPU (NVIDIA DGX H100 / HGX H100 reference
+# architecture: eight 400 Gb/s compute NICs per node): 50 GB/s per direction per GPU; ~5 us one way
+# for a small message through RDMA and NCCL (ib_send_lat reports 1-2 us; NCCL adds a few)
+INFINIBAND_NDR = LinkModel(5e-6, 400e9 / 8)
+
+
+def h100_hosts(hosts: int = 8, gpus: int = 8) -> Cluster:
+    """``hosts`` HGX H100 nodes of ``gpus`` H100 SXM 80 GB each: NVLink 4 through NVSwitch inside
+    a node (18 links × 25 GB/s per direction per GPU: 450 GB/s to any peer, NVIDIA H100 datasheet),
+    400 Gb/s InfiniBand NDR between nodes, one NIC per GPU (:data:`INFINIBAND_NDR`).  Devices
+    ``h{host}g{gpu}``; the defaults are 8 × 8 = 64 GPUs (``preset:h100-hosts?hosts=8&gpus=8``).
+    """
+    if hosts < 1 or gpus < 1:
+        raise ClusterSpecError(f"h100-hosts needs hosts >= 1 and gpus >= 1, got hosts={hosts}, gpus={gpus}")
+    devices = [Device(f"h{h}g{g}", 80 * GiB, "NVIDIA H100 80GB HBM3", f"host{h}") for h in range(hosts)
+               for g in range(gpus)]
+    inside = nvlink(18, 4)
+    links = {(x.name, y.name): inside if x.host == y.host else INFINIBAND_NDR
+             for x in devices for y in devices if x is not y}
+    return Cluster(f"h100-{hosts}x{gpus}", devices, links, source=f"preset:h100-hosts?hosts={hosts}&gpus={gpus}")
+
+
 # name -> (one-line description, builder); insertion order is the listing order
 PRESETS: dict[str, tuple[str, Callable[[], Cluster]]] = {
     "titan-rtx-5": ("NetSplit's server: 5× TITAN RTX 24 GiB, PCIe 3.0; {0,1} and {2,3,4} behind PCIe "
@@ -172,6 +197,8 @@ PRESETS: dict[str, tuple[str, Callable[[], Cluster]]] = {
                       a100_4_nvlink),
     "2x4-ethernet": ("two hosts of 4× V100 PCIe 16 GiB: PCIe inside a host, 25 Gb/s Ethernet between "
                      "hosts", two_by_four_ethernet),
+    "h100-hosts": ("hosts × gpus H100 SXM 80 GiB (default 8 × 8): NVLink 4 / NVSwitch inside a host, 400 Gb/s "
+                   "InfiniBand between hosts; preset:h100-hosts?hosts=N&gpus=M", h100_hosts),
     "turing-mixed-4": ("a workstation of unequal GPUs: 2× TITAN RTX 24 GiB + 2× RTX 2080 Ti 11 GiB (speed 0.82), "
                        "PCIe 3.0, each pair behind one switch", turing_mixed_4),
 }
@@ -183,13 +210,28 @@ def list_presets() -> list[str]:
 
 
 def get_preset(name: str) -> Cluster:
-    """The preset ``name`` (without the ``preset:`` prefix); a fresh value each call."""
+    """The preset ``name`` (without the ``preset:`` prefix; ``NAME?key=value&…`` gives a preset
+    that takes parameters its integers); a fresh value each call."""
+    name, _, query = name.partition("?")
     try:
         _, build = PRESETS[name]
     except KeyError:
         raise ClusterSpecError(f"unknown cluster preset {name!r}; presets: {', '.join(PRESETS)} "
                                "(or give a YAML file)") from None
-    return build()
+    if not query:
+        return build()
+    params: dict[str, int] = {}
+    for item in query.split("&"):
+        key, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise ClusterSpecError(f"preset:{name}?{query}: write key=INTEGER pairs joined by &, got {item!r}")
+        params[key.strip()] = int(value)
+    takes = set(inspect.signature(build).parameters)
+    unknown = sorted(set(params) - takes)
+    if unknown:
+        raise ClusterSpecError(f"preset {name!r} takes {', '.join(sorted(takes)) or 'no parameters'}, not "
+                               f"{', '.join(unknown)}")
+    return build(**params)
 
 
 def load_cluster(spec: str | os.PathLike[str] | Cluster) -> Cluster:

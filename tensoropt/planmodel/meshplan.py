@@ -110,7 +110,14 @@ class MeshEvaluator:
         """(per-device peak bytes, simulated step seconds) of the plan ``vec``."""
         a = np.asarray(vec, dtype=np.int64)
         t = self._tables
-        return int(_walk(a, *t["walk"])), float(_simulate(a, *t["time"]))
+        return int(_walk(a, *t["walk"])[0]), float(_simulate(a, *t["time"]))
+
+    def memory_parts(self, vec: Sequence[int]) -> dict[str, int]:
+        """The peak of plan ``vec`` split as :meth:`~.walk.StepMemory.parts` splits it (parameters,
+        gradients, optimizer, activations, transient, reserve), adding up to the peak."""
+        r = _walk(np.asarray(vec, dtype=np.int64), *self._tables["walk"])
+        return dict(zip(("parameters", "gradients", "optimizer", "activations", "transient", "reserve"),
+                        (int(x) for x in r[1:])))
 
     def evaluate_many(self, vecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`evaluate` of every row of ``vecs`` (plans × nodes): (peaks, seconds)."""
@@ -718,7 +725,9 @@ def _simulate_many(vecs, *tables):  # pragma: no cover - compiled
 def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, nx,
           q_kind, alpha, adam, context_bytes, slot_ptr, slot_ids, slot_prod, read, recv, unread, node_q_ptr, node_q,
           q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, k):  # pragma: no cover - compiled
-    """The peak of one device (every device's: they hold the same) of plan ``a``: :func:`~.walk.walk`."""
+    """One device's walk (every device's: they hold the same) of plan ``a``, :func:`~.walk.walk`:
+    ``[peak, parameters + buffers, gradients, optimizer state, activations, transient, reserve]``
+    at the peak (:meth:`~.walk.StepMemory.parts`)."""
     n = a.shape[0]
     nq = q_bytes.shape[0]
     synced = _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, k)
@@ -835,6 +844,8 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
     held_now = 0
     base = params + buffers + optim + context_bytes
     peak = 0
+    gsum = 0
+    p_grads = p_act = p_tr = 0
     for x in range(nx):
         if has_batch[x]:
             live[kb + x] = True
@@ -847,7 +858,7 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             grads_now += held[q]
     t = base + grads_now + held_now
     if t > peak:
-        peak = t
+        peak, p_grads, p_act, p_tr = t, grads_now, held_now, gsum
     # forward; a key nothing saves (before the extra saved tensors) is freed after its last reader
     for i in range(n):
         c = a[i]
@@ -872,7 +883,7 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             held_now += extra[i, c]
         t = base + grads_now + held_now + ws[i, c]
         if t > peak:
-            peak = t
+            peak, p_grads, p_act, p_tr = t, grads_now, held_now + ws[i, c], gsum + ws[i, c]
         if rc[i, c] and live[ex]:
             live[ex] = False
             held_now -= live_b[ex]
@@ -912,15 +923,17 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             b = size[kk]
             if glive[kk]:
                 held_now -= glive_b[kk]
+                gsum -= glive_b[kk]
             glive[kk] = True
             glive_b[kk] = b
             held_now += b
+            gsum += b
             if widened[p]:
                 wide += 2 * b
     if wide:
         t = base + grads_now + held_now + wide
         if t > peak:
-            peak = t
+            peak, p_grads, p_act, p_tr = t, grads_now, held_now + wide, gsum + wide
     done = synced.copy()
     any_summed = False
     for q in range(nq):
@@ -941,9 +954,11 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             gkey[own] = True
             if glive[own]:
                 held_now -= glive_b[own]
+                gsum -= glive_b[own]
             glive[own] = True
             glive_b[own] = size[own]
             held_now += size[own]
+            gsum += size[own]
         for s in range(slot_ptr[i], slot_ptr[i + 1]):
             sl = slot_ids[s]
             p = slot_prod[sl]
@@ -955,9 +970,11 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             b = size[kk] if owned else 0
             if glive[kk]:
                 held_now -= glive_b[kk]
+                gsum -= glive_b[kk]
             glive[kk] = True
             glive_b[kk] = b
             held_now += b
+            gsum += b
         acc = 0
         for j in range(node_q_ptr[i], node_q_ptr[i + 1]):
             q = node_q[j]
@@ -972,12 +989,14 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
                 acc += piece + (b if piece < b else 0)
             else:
                 acc += 2 * (-(-q_bytes[q] // pieces[i, c]))
-        t = base + grads_now + held_now + scratch + acc + ws[i, c]
+        extra_now = scratch + acc + ws[i, c]
+        t = base + grads_now + held_now + extra_now
         if t > peak:
-            peak = t
+            peak, p_grads, p_act, p_tr = t, grads_now, held_now + extra_now, gsum + extra_now
         if own == i and glive[own]:
             glive[own] = False
             held_now -= glive_b[own]
+            gsum -= glive_b[own]
         for j in range(saved_ptr[i], saved_ptr[i + 1]):
             kk = saved_keys[j]
             savers[kk] -= 1
@@ -993,10 +1012,11 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
                 if recv_users[kk] == 0 and glive[kk]:
                     glive[kk] = False
                     held_now -= glive_b[kk]
+                    gsum -= glive_b[kk]
     if any_summed:
         t = base + grads_now + held_now
         if t > peak:
-            peak = t
+            peak, p_grads, p_act, p_tr = t, grads_now, held_now, gsum
     # the optimizer step: the batch, every gradient, the state and the temporaries
     keep = 0
     for x in range(nx):
@@ -1004,13 +1024,16 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             keep += live_b[kb + x]
     t = base + grads + keep + opt_temp
     if t > peak:
-        peak = t
-    return peak
+        peak, p_grads, p_act, p_tr = t, grads, keep + opt_temp, opt_temp
+    out = np.zeros(7, dtype=np.int64)
+    out[0], out[1], out[2], out[3] = peak, params + buffers, p_grads, optim
+    out[4], out[5], out[6] = p_act - p_tr, p_tr, context_bytes
+    return out
 
 
 @njit(cache=True)
 def _walk_many(vecs, *tables):  # pragma: no cover - compiled
     out = np.zeros(vecs.shape[0], dtype=np.int64)
     for r in range(vecs.shape[0]):
-        out[r] = _walk(vecs[r], *tables)
+        out[r] = _walk(vecs[r], *tables)[0]
     return out

@@ -45,6 +45,8 @@ def test_random_plans_cost_what_the_simulator_says(graphs, spec, preset, mesh):
         assert set(sim.memory_bytes.values()) == {int(peak)}, (vec, sim.memory_bytes, peak)
         assert seconds == pytest.approx(sim.time_s, rel=1e-9, abs=0), vec
         assert ev.evaluate(vec) == (int(peak), float(seconds))
+        # and the peak's parts, as the walk splits it on every device
+        assert all(ev.memory_parts(vec) == m.parts() for m in sim.memory.values()), vec
 
 
 def test_a_mesh_of_unequal_gpus_runs_each_node_as_long_as_its_slowest_device():

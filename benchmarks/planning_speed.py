@@ -1,0 +1,80 @@
+"""How fast is the frontier, and how does it grow with devices and depth?
+
+Each case: the model captured and profiled once (untimed: memory and work), priced through the
+cluster's device model and saved; then :func:`tensoropt.track_frontier` timed alone, the
+median of ``--repeats`` runs, with its points, meshes and the evaluations it made.  The models
+and clusters of the engine's targets (issue 38):
+
+- ``gpt2-12 / v100-8``: GPT-2, 12 layers, batch 8 × 512 tokens, on ``preset:v100-8-nvlink``;
+- ``wrn / 3 dev``: WRN-152-2 on three TITAN RTX of ``preset:titan-rtx-5``;
+- ``amoebanet``: AmoebaNet-D-18 on ``preset:v100-8-nvlink``;
+- ``scale``: GPT-2 at small widths (hidden 256, batch 64 × 128 tokens) on 8 … 256 H100s,
+  8 per host (``preset:h100-hosts?hosts=N``), 12 / 24 / 48 layers.
+
+    python benchmarks/planning_speed.py [--cases gpt2-12,wrn,amoebanet,scale] [--repeats 3]
+
+It measures the search only (capture and profile are printed apart, once per model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import tensoropt
+
+CASES = {
+    "gpt2-12": [("zoo:gpt2?layers=12", "preset:v100-8-nvlink", None)],
+    "wrn": [("zoo:wide_resnet", "preset:titan-rtx-5", "gpu0,gpu1,gpu2")],
+    "amoebanet": [("zoo:amoebanet", "preset:v100-8-nvlink", None)],
+    "scale": [(f"zoo:gpt2?layers={layers}&hidden=256&heads=4&batch=64&seq_len=128",
+               f"preset:h100-hosts?hosts={hosts}", None)
+              for layers in (12, 24, 48) for hosts in (1, 2, 4, 8, 32)],
+}
+
+
+def priced_profile(spec: str, cluster: tensoropt.Cluster, cache: Path) -> tuple[object, object, float]:
+    """(graph, costs priced for the cluster, seconds to capture and profile) — profiled once per spec."""
+    t0 = time.perf_counter()
+    graph = tensoropt.load_model(spec).capture(method="export")
+    degrees = tuple(sorted({1, *(2 ** i for i in range(1, 9) if 2 ** i <= len(cluster))} | {len(cluster)}))
+    costs = tensoropt.profile(graph, shard_degrees=degrees, repeats=1, timed=False, cache=True)
+    return graph, tensoropt.price(costs, cluster, costs_from="model").costs, time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default="gpt2-12,wrn,amoebanet,scale")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--limit-s", type=float, default=600.0, help="skip repeats of a case slower than this")
+    args = ap.parse_args()
+    print("| case | model | cluster | devices | ops | profile s | frontier s (median) | runs | points | meshes |")
+    print("|---|---|---|---:|---:|---:|---:|---|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in args.cases.split(","):
+            for spec, cl_spec, devices in CASES[case]:
+                cluster = tensoropt.load_cluster(cl_spec)
+                devs = devices.split(",") if devices else None
+                graph, costs, prof_s = priced_profile(spec, cluster, Path(tmp))
+                runs = []
+                fr = None
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    fr = tensoropt.track_frontier(graph, costs, cluster, devices=devs)
+                    runs.append(time.perf_counter() - t0)
+                    if runs[-1] > args.limit_s:
+                        break
+                assert fr is not None
+                n = len(devs) if devs else len(cluster)
+                print(f"| {case} | {spec} | {cl_spec} | {n} | {len(graph.ops)} | {prof_s:.1f} | "
+                      f"{statistics.median(runs):.2f} | {', '.join(f'{r:.2f}' for r in runs)} | {len(fr)} | "
+                      f"{len(fr.meshes)} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
