@@ -33,7 +33,7 @@ work here, untimed, and the A100's device model prices the times)::
     >>> costs, cluster = priced.costs, priced.cluster
     >>> fr = track_frontier(graph, costs, cluster)
     >>> fr
-    Frontier(8 points over 3 meshes, 4.1 KiB/0.075 ms … 15.1 KiB/0.063 ms)
+    Frontier(6 points over 3 meshes, 4.1 KiB/0.075 ms … 15.1 KiB/0.063 ms)
     >>> fr.best_under(8 * 2**10).plan
     Plan('p002-2dev', 3 nodes on ['gpu0', 'gpu1'], ...)
 """

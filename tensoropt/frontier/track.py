@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import os
 import time as _time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -82,12 +81,12 @@ from ..cluster import Cluster
 from ..describe import fmt_bytes
 from ..devicemodel.price import check_costs_kind, costs_source
 from ..errors import ClusterSpecError, TensorOptError
-from ..graph import OpGraph, grad_nodes
+from ..graph import OpGraph
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..plan import Estimate, Plan
 from ..planmodel.fits import check_budget_value, fits, over_by
-from ..planmodel.walk import ReshardCache, StepMemory, plan_edges, walk
+from ..planmodel.meshplan import MeshEvaluator
 from ..progress import Progress, no_progress
 from . import point_sets
 from .algorithm import track
@@ -112,11 +111,10 @@ APPROXIMATIONS = (
     "memory is the per-device peak of each plan's schedule (the memory walk the simulator uses: parameters, "
     "gradients as backward makes them, optimizer state, activations from their producer to their last use, the "
     "batch, transient buffers); not counted: communication buffers (collectives' staging)",
-    "time is the sum of node times (forward + backward [+ forward again when recomputed] at the shard, "
-    "on the mesh's slowest device), reshard times (forward and gradient), gradient all-reduces and the copy "
-    "of the summed gradients into the executors' buffers: no "
-    "overlap of computation with communication (TensorOpt's additive model); simulate a plan for overlap",
-)
+    "time is the simulated step of each plan (the simulator's event schedule: the mesh computes one node at a "
+    "time, forward then backward with recomputation; transfers, batch-norm statistics, the loss's all-reduce "
+    "and the gradients' all-reduce (with its latencies) run on the mesh's links while the devices compute, first "
+    "come first served)",)
 
 
 class BudgetError(TensorOptError):
@@ -179,13 +177,14 @@ class MeshResult:
     fixed: tuple[str, ...]
     seconds: float
     stats: Mapping[str, Any] = field(default_factory=dict)
-    #: the memory walk of each point, per device (``mem`` is its peak over the mesh's devices)
-    walks: tuple[Mapping[str, StepMemory], ...] = ()
+    #: each point's peak split into its parts (:meth:`~tensoropt.planmodel.walk.StepMemory.parts`;
+    #: every device of one mesh holds the same, so ``mem`` is every device's peak)
+    parts: tuple[Mapping[str, int], ...] = ()
     #: the search's own memory estimate of each point (Σ resident + max transient)
     estimates: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    #: every plan walked (the search's candidates, then the polish's): its configuration vector
+    #: every plan evaluated (the search's candidates, then the polish's): its configuration vector
     #: (index per node, problem order), and in ``candidate_costs`` the search's estimate, the
-    #: walked peak and the time
+    #: walked peak and the simulated time
     candidates: tuple[tuple[int, ...], ...] = ()
     candidate_costs: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
 
@@ -417,67 +416,112 @@ def _thin(levels: np.ndarray, k: int) -> np.ndarray:
     return levels[idx]
 
 
-class _Walker:
-    """Walks plans of one mesh problem (:func:`~tensoropt.planmodel.walk.walk`, the simulator's memory)
-    and keeps every plan walked: assignment → (per-device walk, the search's estimate, time)."""
+class _Evaluated:
+    """Every plan of one mesh evaluated so far by the compiled evaluator
+    (:class:`~tensoropt.planmodel.meshplan.MeshEvaluator`: its simulated step and its walked peak,
+    the figures :func:`~tensoropt.simulate` gives), with the search's additive estimate of it.
+    Plans are configuration vectors (index per node, problem order), kept as rows."""
 
-    def __init__(self, mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Cluster):
-        self.mp, self.graph, self.costs, self.cluster = mp, graph, costs, cluster
-        self.names = [n.name for n in mp.problem.nodes]
-        self.order = [n.name for n in graph.ops]
-        self.needs_grad = grad_nodes(graph)
-        self.reshards: ReshardCache = {}
-        self.walked: dict[tuple[int, ...], tuple[dict[str, StepMemory], float, float]] = {}
+    def __init__(self, mp: MeshProblem, ev: MeshEvaluator):
+        self.mp, self.ev = mp, ev
+        nodes = mp.problem.nodes
+        self.ks = np.array([n.k for n in nodes], dtype=np.int64)
+        cmax = int(self.ks.max()) if len(nodes) else 1
+        # the search's estimate, vectorised: Σ node mem + Σ edge mem + max transient (inf: infeasible)
+        self._mem = np.full((len(nodes), cmax), np.inf)
+        self._tr = np.zeros((len(nodes), cmax))
+        for v, n in enumerate(nodes):
+            self._mem[v, :n.k] = np.where(np.isfinite(n.time), n.mem, np.inf)
+            self._tr[v, :n.k] = mp.transient[n.name]
+        self._edges = [(mp.problem.index(e.src), mp.problem.index(e.dst),
+                        np.where(np.isfinite(e.time), e.mem, np.inf)) for e in mp.problem.edges]
+        self.seen: dict[bytes, int] = {}
+        self.vecs: list[np.ndarray] = []
+        self.peak: list[float] = []
+        self.time: list[float] = []
+        self.est: list[float] = []
 
-    def add(self, vec: tuple[int, ...]) -> bool:
-        """Walk the plan of assignment ``vec`` (configuration index per node, problem order) unless
-        it was walked; False when it is infeasible (an infinite cost in the problem)."""
-        if vec in self.walked:
-            return True
-        est, t = self.mp.cost(list(vec))
-        if not (math.isfinite(est) and math.isfinite(t)):
-            return False
-        plan = Plan(self.mp.plan_configs(list(vec)), graph_fingerprint=self.graph.fingerprint,
-                    graph_name=self.graph.name, order=self.order)
-        edges = plan_edges(plan, self.graph, self.cluster, self.reshards)
-        mem = walk(plan, self.graph, self.costs, edges, self.needs_grad, optimizer=self.mp.optimizer,
-                   foreach=False, context_bytes=0)
-        self.walked[vec] = (mem, est, t)
-        return True
+    def __len__(self) -> int:
+        return len(self.vecs)
 
-    def peak(self, vec: tuple[int, ...]) -> float:
-        return float(max(self.walked[vec][0][d].peak for d in self.mp.mesh))
+    def estimate(self, vecs: np.ndarray) -> np.ndarray:
+        """The search's additive estimate of each row (inf where a choice is infeasible)."""
+        rows = np.arange(len(self.ks))
+        est = self._mem[rows, vecs].sum(axis=1)
+        for src, dst, m in self._edges:
+            est = est + m[vecs[:, src], vecs[:, dst]]
+        out: np.ndarray = est + self._tr[rows, vecs].max(axis=1, initial=0.0)
+        return out
 
-    def frontier(self, resolution: float, backend: str | None) -> tuple[list[tuple[int, ...]], int]:
-        """The walked plans' Pareto set by (peak, time), memory ascending, and how many the
-        resolution merged."""
-        keys = list(self.walked)
-        mem = np.array([self.peak(k) for k in keys], dtype=np.float64)
-        tim = np.array([self.walked[k][2] for k in keys], dtype=np.float64)
-        keep, merged = point_sets.reduce(mem, tim, resolution, backend=backend, return_merged=True)
-        return [keys[int(i)] for i in keep], int(merged)
+    def add(self, vecs: np.ndarray) -> int:
+        """Evaluate the rows not seen before and feasible; returns how many were new."""
+        if not len(vecs):
+            return 0
+        fresh, keys = [], []
+        for r in range(len(vecs)):
+            key = vecs[r].tobytes()
+            if key not in self.seen:
+                self.seen[key] = -1
+                fresh.append(r)
+                keys.append(key)
+        if not fresh:
+            return 0
+        rows = np.ascontiguousarray(vecs[fresh])
+        est = self.estimate(rows)
+        ok = np.isfinite(est)
+        rows, est = rows[ok], est[ok]
+        keys = [k for k, good in zip(keys, ok) if good]
+        peaks, times = self.ev.evaluate_many(rows)
+        for r, key in enumerate(keys):
+            self.seen[key] = len(self.vecs)
+            self.vecs.append(rows[r])
+        self.peak.extend(peaks.astype(np.float64).tolist())
+        self.time.extend(times.tolist())
+        self.est.extend(est.tolist())
+        return len(keys)
 
-    def polish(self, resolution: float, backend: str | None, max_walks: int) -> bool:
-        """Local search around the frontier: walk every plan one node's configuration away from a
-        frontier point, repeat while the frontier changes.  True when it finished (every frontier
-        point's neighbours walked) within ``max_walks`` walks in all.  O(points × Σ configs) walks."""
-        done: set[tuple[int, ...]] = set()
-        ks = [len(self.mp.configs[n]) for n in self.names]
+    def frontier(self, resolution: float, backend: str | None) -> tuple[list[int], int]:
+        """The evaluated plans' Pareto set by (peak, simulated time), memory ascending, and how
+        many the resolution merged."""
+        keep, merged = point_sets.reduce(np.array(self.peak), np.array(self.time), resolution, backend=backend,
+                                         return_merged=True)
+        return [int(i) for i in keep], int(merged)
+
+    def neighbours(self, i: int) -> np.ndarray:
+        """Every plan one node's configuration away from plan ``i``."""
+        base = self.vecs[i]
+        n = len(base)
+        total = int(self.ks.sum()) - n
+        out = np.repeat(base[None, :], total, axis=0)
+        r = 0
+        for v in range(n):
+            for s in range(int(self.ks[v])):
+                if s != base[v]:
+                    out[r, v] = s
+                    r += 1
+        return out
+
+    def polish(self, resolution: float, backend: str | None, max_evals: int) -> bool:
+        """Local search around the frontier: evaluate every plan one node's configuration away
+        from a frontier point, again around every new frontier point, until the frontier stops
+        changing.  True when it finished within ``max_evals`` plans evaluated on the mesh in all.
+        O(points × Σ configs) evaluations."""
+        done: set[int] = set()
         while True:
             front, _ = self.frontier(resolution, backend)
             todo = [k for k in front if k not in done]
             if not todo:
                 return True
-            for key in todo:
-                done.add(key)
-                for v, k in enumerate(ks):
-                    for s in range(k):
-                        vec = key[:v] + (s,) + key[v + 1:]
-                        if vec in self.walked:
-                            continue
-                        if len(self.walked) >= max_walks:
-                            return False
-                        self.add(vec)
+            for k in todo:
+                done.add(k)
+                around = self.neighbours(k)
+                room = max_evals - len(self)
+                if room <= 0:
+                    return False
+                if len(around) > room:
+                    self.add(around[:room])
+                    return False
+                self.add(around)
 
 
 def _track_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Cluster, resolution: float, max_levels: int,
@@ -497,32 +541,30 @@ def _track_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clus
         fixed += [f.node for f in r.fixed]
         slack = max(slack, r.mem_slack)
     # every τ run's points are candidates: each is Pareto-optimal for the search's estimate under its
-    # transient cap; the walk gives each its true per-device peak
-    walker = _Walker(mp, graph, costs, cluster)
-    for r in runs:
-        for i in range(len(r)):
-            a = r.assignment(i)
-            walker.add(tuple(a[n] for n in walker.names))
-    searched = len(walker.walked)
-    report(f"mesh {','.join(mp.mesh)}: walked {searched} candidate plans; polishing")
-    polished = walker.polish(resolution, backend, max(max_walks, searched))
-    front, m2 = walker.frontier(resolution, backend)
+    # transient cap; the compiled evaluator gives each its simulated step and its walked peak
+    names = [n.name for n in mp.problem.nodes]
+    ev = MeshEvaluator(graph, costs, cluster, mp.mesh, configs=mp.configs, optimizer=mp.optimizer)
+    pool = _Evaluated(mp, ev)
+    cands = [[r.assignment(i)[n] for n in names] for r in runs for i in range(len(r))]
+    pool.add(np.array(cands, dtype=np.int64).reshape(len(cands), len(names)))
+    searched = len(pool)
+    report(f"mesh {','.join(mp.mesh)}: evaluated {searched} candidate plans; polishing")
+    polished = pool.polish(resolution, backend, max(max_walks, searched))
+    front, m2 = pool.frontier(resolution, backend)
     merged += m2
     exact_search = not fixed and merged == 0 and levels.size == all_levels.size
     stats = {"tau_runs": int(levels.size), "candidates": int(sum(r.stats["candidates"] for r in runs)),
-             "searched": searched, "walked": len(walker.walked), "polished": polished,
+             "searched": searched, "walked": len(pool), "polished": polished,
              "max_frontier": int(max((r.stats["max_frontier"] for r in runs), default=0)), **dict(mp.stats)}
-    keys = list(walker.walked)
-    costs_arr = np.array([[walker.walked[k][1], walker.peak(k), walker.walked[k][2]] for k in keys],
-                         dtype=np.float64).reshape(-1, 3)
+    costs_arr = np.column_stack([pool.est, pool.peak, pool.time]).astype(np.float64).reshape(-1, 3)
     return MeshResult(mp, tuple(float(x) for x in levels), int(all_levels.size),
-                      np.array([walker.peak(k) for k in front], dtype=np.float64),
-                      np.array([walker.walked[k][2] for k in front], dtype=np.float64),
-                      tuple(dict(zip(walker.names, k)) for k in front), merged, slack + 2 * resolution,
-                      exact_search, tuple(dict.fromkeys(fixed)), _time.perf_counter() - t0, stats,
-                      tuple(walker.walked[k][0] for k in front),
-                      np.array([walker.walked[k][1] for k in front], dtype=np.float64),
-                      tuple(keys), costs_arr)
+                      np.array([pool.peak[k] for k in front], dtype=np.float64),
+                      np.array([pool.time[k] for k in front], dtype=np.float64),
+                      tuple(dict(zip(names, (int(x) for x in pool.vecs[k]))) for k in front), merged,
+                      slack + 2 * resolution, exact_search, tuple(dict.fromkeys(fixed)), _time.perf_counter() - t0,
+                      stats, tuple(ev.memory_parts(pool.vecs[k]) for k in front),
+                      np.array([pool.est[k] for k in front], dtype=np.float64),
+                      tuple(tuple(int(x) for x in v) for v in pool.vecs), costs_arr)
 
 
 def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes: Iterable[Sequence[str]] | None = None,
@@ -632,10 +674,8 @@ def _frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: Op
     mp = r.problem
     a = r.assignments[j]
     t = float(r.time[j])
-    walked = r.walks[j]
-    per_device = {d: int(walked[d].peak) for d in mp.mesh}
-    mem_i = max(per_device.values())
-    top = walked[max(mp.mesh, key=lambda d: per_device[d])]
+    mem_i = int(r.mem[j])
+    per_device = dict.fromkeys(mp.mesh, mem_i)
     estimate = int(round(float(r.estimates[j])))
     k = mp.num_devices
     pid = f"p{i:03d}-{k}dev"
@@ -648,10 +688,10 @@ def _frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: Op
                 estimates=[Estimate("frontier", t, per_device, times_from)], plan_id=pid,
                 notes=[f"frontier point {i} of {count}: per-device peak {fmt_bytes(mem_i)} (the memory walk "
                        f"of its schedule; the search's additive estimate was {fmt_bytes(estimate)}), "
-                       f"{t * 1e3:.4g} ms"])
+                       f"simulated step {t * 1e3:.4g} ms"])
     return FrontierPoint(pid, mem_i, t, k, tuple(mp.mesh), plan,
                          fits(per_device, cluster, budget=budget, reserve=reserve), per_device,
-                         top.parts(), estimate,
+                         dict(r.parts[j]), estimate,
                          w, dict(a))
 
 

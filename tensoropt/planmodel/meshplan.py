@@ -101,18 +101,18 @@ class MeshEvaluator:
         self._tables = _build_tables(graph, costs, cluster, self.mesh, self.names, self.configs, optimizer,
                                      context_bytes)
 
-    def plan(self, vec: Sequence[int]) -> Plan:
+    def plan(self, vec: Sequence[int] | np.ndarray) -> Plan:
         """The :class:`~tensoropt.plan.Plan` of configuration vector ``vec``."""
         return Plan({n: self.configs[n][int(s)] for n, s in zip(self.names, vec)},
                     graph_fingerprint=self.graph.fingerprint, graph_name=self.graph.name, order=list(self.names))
 
-    def evaluate(self, vec: Sequence[int]) -> tuple[int, float]:
+    def evaluate(self, vec: Sequence[int] | np.ndarray) -> tuple[int, float]:
         """(per-device peak bytes, simulated step seconds) of the plan ``vec``."""
         a = np.asarray(vec, dtype=np.int64)
         t = self._tables
         return int(_walk(a, *t["walk"])[0]), float(_simulate(a, *t["time"]))
 
-    def memory_parts(self, vec: Sequence[int]) -> dict[str, int]:
+    def memory_parts(self, vec: Sequence[int] | np.ndarray) -> dict[str, int]:
         """The peak of plan ``vec`` split as :meth:`~.walk.StepMemory.parts` splits it (parameters,
         gradients, optimizer, activations, transient, reserve), adding up to the peak."""
         r = _walk(np.asarray(vec, dtype=np.int64), *self._tables["walk"])

@@ -1,5 +1,6 @@
-"""A frontier point's memory is its plan's walked peak, and the frontier is the Pareto set of every
-plan by that peak: checked by brute force (enumerate every plan of a mesh, walk each, reduce)."""
+"""A frontier point's memory is its plan's walked peak and its time its simulated step, and the
+frontier is the Pareto set of every plan by both: checked by brute force (enumerate every plan of
+a mesh, simulate each with :func:`tensoropt.simulate` — the walk and the event schedule — reduce)."""
 
 import dataclasses
 import itertools
@@ -12,7 +13,6 @@ import tensoropt
 from tensoropt.cluster import load_cluster
 from tensoropt.frontier import point_sets, track_frontier
 from tensoropt.plan import Plan
-from tensoropt.planmodel.walk import plan_memory
 
 TITAN = load_cluster("preset:titan-rtx-5").without_kinds()   # priced as the CPU that profiled
 
@@ -53,7 +53,7 @@ def with_times(costs, seed):
 
 
 def walked_pareto(graph, costs, mp, optimizer):
-    """Every assignment of ``mp`` walked: the Pareto set of (max device peak, time), as a set."""
+    """Every assignment of ``mp`` simulated: the Pareto set of (max device peak, simulated time)."""
     names = [n.name for n in mp.problem.nodes]
     peaks, times = [], []
     for vec in itertools.product(*(range(len(mp.configs[n])) for n in names)):
@@ -61,9 +61,9 @@ def walked_pareto(graph, costs, mp, optimizer):
         if not np.isfinite(m):
             continue
         plan = Plan(mp.plan_configs(list(vec)), graph_fingerprint=graph.fingerprint, order=names)
-        walk = plan_memory(plan, graph, costs, TITAN, optimizer=optimizer)
-        peaks.append(max(w.peak for w in walk.values()))
-        times.append(t)
+        sim = tensoropt.simulate(plan, graph, costs, TITAN, optimizer=optimizer)
+        peaks.append(sim.max_memory_bytes)
+        times.append(sim.time_s)
     peaks, times = np.array(peaks, dtype=np.float64), np.array(times)
     keep = point_sets.reduce(peaks, times)
     return sorted(zip(peaks[keep].tolist(), times[keep].tolist())), len(peaks)
