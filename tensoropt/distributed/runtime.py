@@ -10,6 +10,21 @@ picks NCCL when torch sees a GPU.  Every collective and point-to-point operation
 ``timeout_s`` (the process group's timeout): a rank that dies or hangs makes its peers fail with a
 :class:`~tensoropt.errors.DistributedError` instead of hanging.
 
+Leaving the group (:func:`shutdown`) ends its threads before the process exits.  gloo runs
+every collective on worker threads of the group's C++ object, and a worker drops a finished
+collective's tensors after the caller has moved on; where Python dropped them first (the buffers
+of ``all_gather_object``), that needs the GIL.  The threads end only when the object does, at its
+last Python reference, which ``destroy_process_group`` alone does not ensure:
+``torch.distributed.nn.functional`` takes ``group=group.WORLD`` as the default of ten functions,
+evaluated when it is imported, and torch.export's capture (and ``transformers``, building a
+model) imports it after the group exists: ten references nothing clears.  The threads then
+outlived the run, and a worker that reached for the GIL as the interpreter finalised was ended
+by ``pthread_exit`` inside a ``noexcept`` destructor: ``std::terminate`` ("terminate called
+without an active exception", SIGABRT) after all the work had passed, in 2-20 % of 2-rank runs
+of a zoo model depending on the machine's load.  So this module imports that module before any
+group exists (its defaults are then ``None``: the default group when called), and the group
+dies in :func:`shutdown`, its threads joined there.
+
 Owns: joining and leaving the default process group, and the rank map.  Must not: create
 other process groups (the executor does, :mod:`.run`) nor send tensors.
 """
@@ -27,6 +42,11 @@ import torch.distributed as dist
 
 from ..errors import DistributedError
 from ..execute import parse_mapping
+
+if dist.is_available():
+    # before any process group exists, so that its ``group=group.WORLD`` defaults hold ``None``,
+    # not a group they would keep alive past shutdown() (module docstring)
+    import torch.distributed.nn.functional  # noqa: F401
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -182,6 +202,10 @@ def _join_with_store(backend: str, rank: int, world_size: int, master_addr: str 
 
 
 def shutdown() -> None:
-    """Leave the default process group (nothing to do when there is none)."""
+    """Leave the default process group (nothing to do when there is none) and, where nothing
+    else holds it, end its threads: ``destroy_process_group`` drops torch's references, the last
+    one destroys the group's C++ object, which joins its worker threads with the GIL released
+    (so a worker can finish dropping a collective's tensors).  Called on every rank, on success
+    and on failure alike: no barrier, which would wait out the timeout for a peer that failed."""
     if dist.is_initialized():
         dist.destroy_process_group()

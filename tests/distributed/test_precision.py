@@ -30,11 +30,7 @@ def test_a_bf16_split_plan_passes_the_distributed_check_under_autocast(tmp_path)
                                        "--steps", "1", "--check", "--precision", "bf16", "--timeout", "60"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=300) for p in procs]
-    codes = [p.returncode for p in procs]
-    assert codes[0] == 0, outs
-    # gloo's teardown race (see test_check_cli.py): only a failure before it counts
-    teardown_abort = codes[1] == -6 and outs[1][1].strip() == "terminate called without an active exception"
-    assert codes[1] == 0 or teardown_abort, outs
+    assert [p.returncode for p in procs] == [0, 0], outs   # an abort at exit too (see test_check_cli.py)
     text = outs[0][0]
     assert "checking in float32" in text, text              # float64 would compute no bf16
     assert "PASSED" in text and "float32 under bf16 autocast" in text, text
