@@ -285,6 +285,33 @@ class _Store:
             acc = (self.bprod(acc[0], nxt[0], [0, 1], [acc[1]], [nxt[1]]), 0)
         return acc
 
+    def unroll_many(self, gid: int, points: np.ndarray, n_nodes: int) -> np.ndarray:
+        """:meth:`unroll` of many points of group ``gid`` at once: one visit per group, the
+        points that pass through it as an index array (rows × nodes).  O(groups + points × nodes)."""
+        cfg = np.full((len(points), n_nodes), -1, np.int64)
+        stack: list[tuple[int, np.ndarray, np.ndarray]] = [(gid, np.arange(len(points)), np.asarray(points))]
+        while stack:
+            g, rows, ii = stack.pop()
+            G = self.groups[g]
+            if G.node >= 0:
+                if (cfg[rows, G.node] >= 0).any():
+                    raise RuntimeError(f"frontier unroll reached node {G.node} twice (internal error)")
+                assert G.cfg is not None   # a node's leaf group records its configurations
+                cfg[rows, G.node] = G.cfg[ii]
+            if G.ref_gid.ndim == 1:
+                for slot in range(G.ref_gid.size):
+                    stack.append((int(G.ref_gid[slot]), rows, G.ref_idx[ii, slot]))
+            else:
+                for slot in range(G.ref_gid.shape[1]):
+                    gids = G.ref_gid[ii, slot]
+                    for u in np.unique(gids):
+                        sel = gids == u
+                        stack.append((int(u), rows[sel], G.ref_idx[ii[sel], slot]))
+        if (cfg < 0).any():
+            raise RuntimeError(f"frontier unroll left nodes {np.flatnonzero((cfg < 0).any(axis=0))[:5].tolist()} "
+                               "without a configuration (internal error)")
+        return cfg
+
     def unroll(self, gid: int, i: int, n_nodes: int) -> np.ndarray:
         cfg = np.full(n_nodes, -1, np.int64)
         stack = [(gid, i)]
@@ -489,6 +516,10 @@ class FrontierResult:
             raise IndexError(f"frontier point {i} out of range (the frontier has {n} points)")
         i %= n
         return self._store.unroll(self._gid, i, len(self.problem.nodes))
+
+    def assignment_vectors(self) -> np.ndarray:
+        """Every point's :meth:`assignment_vector`, one row each (points × nodes)."""
+        return self._store.unroll_many(self._gid, np.arange(len(self)), len(self.problem.nodes))
 
     def assignment(self, i: int) -> dict[str, int]:
         """Node name → configuration index for frontier point ``i``."""

@@ -173,12 +173,17 @@ def _scan_np(m: np.ndarray, t: np.ndarray, key: np.ndarray, order: np.ndarray) -
 # --------------------------------------------------------------------------------------------
 # the reduce scan: numba
 
-if HAVE_NUMBA:
-    _F = TypeVar("_F", bound=Callable[..., Any])
+_F = TypeVar("_F", bound=Callable[..., Any])
 
-    def _compiled(fn: _F) -> _F:
-        """``numba.njit(cache=True)``, typed for mypy (which sees the Python function)."""
-        return cast(_F, njit(cache=True)(fn))
+
+def compiled(fn: _F) -> _F:
+    """``numba.njit(cache=True)`` (the function as it is without numba), typed for mypy (which
+    sees the Python function)."""
+    return cast(_F, njit(cache=True)(fn)) if HAVE_NUMBA else fn
+
+
+if HAVE_NUMBA:
+    _compiled = compiled
 
     @_compiled
     def _scan_nb(m: FloatArray, t: FloatArray, key: FloatArray,

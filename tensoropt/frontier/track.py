@@ -67,6 +67,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import time as _time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ from ..progress import Progress, no_progress
 from . import point_sets
 from .algorithm import track
 from .graph_problem import MeshProblem, build_problem, candidate_meshes
+from .point_sets import compiled as _compiled
 
 __all__ = ["track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "CSV_COLUMNS",
            "default_resolution", "RESOLUTION_FRACTION", "DEFAULT_MAX_LEVELS"]
@@ -416,25 +418,79 @@ def _thin(levels: np.ndarray, k: int) -> np.ndarray:
     return levels[idx]
 
 
+@_compiled
+def _additive_many(vecs: np.ndarray, mem: np.ndarray, tim: np.ndarray, tr: np.ndarray, e_src: np.ndarray,
+                   e_dst: np.ndarray, e_mem: np.ndarray,
+                   e_time: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """Each row's additive (Σ node + Σ edge memory + max transient, Σ node + Σ edge time)."""
+    rows, n = vecs.shape
+    est = np.zeros(rows)
+    out_t = np.zeros(rows)
+    for r in range(rows):
+        m = 0.0
+        t = 0.0
+        top = 0.0
+        for v in range(n):
+            c = vecs[r, v]
+            m += mem[v, c]
+            t += tim[v, c]
+            if tr[v, c] > top:
+                top = tr[v, c]
+        for j in range(e_src.shape[0]):
+            a, b = vecs[r, e_src[j]], vecs[r, e_dst[j]]
+            m += e_mem[j, a, b]
+            t += e_time[j, a, b]
+        est[r] = m + top
+        out_t[r] = t
+    return est, out_t
+
+
+def repeated_nodes(graph: OpGraph, names: Sequence[str], labels: Sequence[Sequence[str]]) -> list[np.ndarray]:
+    """Classes of repeated operators (indices into ``names``): the same op with the same output
+    shapes, at the same place in modules whose paths differ only in their numbers (a transformer's
+    ``h.0.attn`` and ``h.7.attn``, a ResNet's ``layer1.0`` and ``layer1.2``), with the same
+    configurations; classes of one node are left out.  O(V)."""
+    seen: dict[tuple[Any, ...], int] = {}
+    classes: dict[tuple[Any, ...], list[int]] = {}
+    for i, name in enumerate(names):
+        node = graph.nodes[name]
+        shapes = tuple(tuple(t.shape) for t in node.outputs)
+        here = (node.module_path, node.op, shapes)
+        nth = seen[here] = seen.get(here, -1) + 1
+        key = (re.sub(r"\.\d+(?=\.|$)", ".#", node.module_path), node.op, shapes, nth, tuple(labels[i]))
+        classes.setdefault(key, []).append(i)
+    return [np.array(m, dtype=np.int64) for m in classes.values() if len(m) > 1]
+
+
 class _Evaluated:
     """Every plan of one mesh evaluated so far by the compiled evaluator
     (:class:`~tensoropt.planmodel.meshplan.MeshEvaluator`: its simulated step and its walked peak,
     the figures :func:`~tensoropt.simulate` gives), with the search's additive estimate of it.
     Plans are configuration vectors (index per node, problem order), kept as rows."""
 
-    def __init__(self, mp: MeshProblem, ev: MeshEvaluator):
+    def __init__(self, mp: MeshProblem, ev: MeshEvaluator, graph: OpGraph):
         self.mp, self.ev = mp, ev
         nodes = mp.problem.nodes
         self.ks = np.array([n.k for n in nodes], dtype=np.int64)
         cmax = int(self.ks.max()) if len(nodes) else 1
-        # the search's estimate, vectorised: Σ node mem + Σ edge mem + max transient (inf: infeasible)
+        # the search's additive costs, vectorised: Σ node + Σ edge (+ max transient for memory; inf: infeasible)
         self._mem = np.full((len(nodes), cmax), np.inf)
+        self._time = np.full((len(nodes), cmax), np.inf)
         self._tr = np.zeros((len(nodes), cmax))
         for v, n in enumerate(nodes):
             self._mem[v, :n.k] = np.where(np.isfinite(n.time), n.mem, np.inf)
+            self._time[v, :n.k] = n.time
             self._tr[v, :n.k] = mp.transient[n.name]
-        self._edges = [(mp.problem.index(e.src), mp.problem.index(e.dst),
-                        np.where(np.isfinite(e.time), e.mem, np.inf)) for e in mp.problem.edges]
+        edges = mp.problem.edges
+        self._e_src = np.array([mp.problem.index(e.src) for e in edges], dtype=np.int64)
+        self._e_dst = np.array([mp.problem.index(e.dst) for e in edges], dtype=np.int64)
+        self._e_mem = np.full((len(edges), cmax, cmax), np.inf)
+        self._e_time = np.full((len(edges), cmax, cmax), np.inf)
+        for j, e in enumerate(edges):
+            ka, kb = e.mem.shape
+            self._e_mem[j, :ka, :kb] = np.where(np.isfinite(e.time), e.mem, np.inf)
+            self._e_time[j, :ka, :kb] = e.time
+        self.classes = repeated_nodes(graph, [n.name for n in nodes], [n.labels for n in nodes])
         self.seen: dict[bytes, int] = {}
         self.vecs: list[np.ndarray] = []
         self.peak: list[float] = []
@@ -445,13 +501,13 @@ class _Evaluated:
         return len(self.vecs)
 
     def estimate(self, vecs: np.ndarray) -> np.ndarray:
-        """The search's additive estimate of each row (inf where a choice is infeasible)."""
-        rows = np.arange(len(self.ks))
-        est = self._mem[rows, vecs].sum(axis=1)
-        for src, dst, m in self._edges:
-            est = est + m[vecs[:, src], vecs[:, dst]]
-        out: np.ndarray = est + self._tr[rows, vecs].max(axis=1, initial=0.0)
-        return out
+        """The search's additive estimate of each row's memory (inf where a choice is infeasible)."""
+        return self.additive(vecs)[0]
+
+    def additive(self, vecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The search's additive (memory estimate, time) of each row (inf where infeasible)."""
+        return _additive_many(np.ascontiguousarray(vecs, dtype=np.int64), self._mem, self._time, self._tr,
+                              self._e_src, self._e_dst, self._e_mem, self._e_time)
 
     def add(self, vecs: np.ndarray) -> int:
         """Evaluate the rows not seen before and feasible; returns how many were new."""
@@ -488,40 +544,59 @@ class _Evaluated:
         return [int(i) for i in keep], int(merged)
 
     def neighbours(self, i: int) -> np.ndarray:
-        """Every plan one node's configuration away from plan ``i``."""
+        """The plans around plan ``i``, most promising first: every plan one node's configuration
+        away, and every plan that sets one configuration on a whole class of repeated nodes
+        (:func:`repeated_nodes`: a transformer's twelve blocks move together).  Ranked by the
+        search's additive costs relative to plan ``i``'s: those that save memory or time first
+        (by the larger relative saving), then the rest by the smaller relative loss."""
         base = self.vecs[i]
         n = len(base)
         total = int(self.ks.sum()) - n
-        out = np.repeat(base[None, :], total, axis=0)
+        moves = [np.repeat(base[None, :], total, axis=0)]
         r = 0
         for v in range(n):
-            for s in range(int(self.ks[v])):
-                if s != base[v]:
-                    out[r, v] = s
+            for c in range(int(self.ks[v])):
+                if c != base[v]:
+                    moves[0][r, v] = c
                     r += 1
-        return out
+        for members in self.classes:
+            for c in range(int(self.ks[members[0]])):
+                if (base[members] != c).sum() > 1:    # one differing member is a single-node move
+                    row = base.copy()
+                    row[members] = c
+                    moves.append(row[None, :])
+        out = np.concatenate(moves)
+        est, tim = self.additive(out)
+        (be,), (bt,) = self.additive(base[None, :])
+        gain = np.maximum((be - est) / max(abs(be), 1.0), (bt - tim) / max(abs(bt), 1e-30))
+        return out[np.argsort(-gain, kind="stable")]
 
     def polish(self, resolution: float, backend: str | None, max_evals: int) -> bool:
-        """Local search around the frontier: evaluate every plan one node's configuration away
-        from a frontier point, again around every new frontier point, until the frontier stops
-        changing.  True when it finished within ``max_evals`` plans evaluated on the mesh in all.
-        O(points × Σ configs) evaluations."""
+        """Local search around the frontier: evaluate the plans around each frontier point
+        (:meth:`neighbours`), again around every new frontier point, until the frontier stops
+        changing.  True when it finished — every frontier point's neighbours evaluated — within
+        ``max_evals`` plans evaluated on the mesh in all; else the budget was spread over the
+        frontier points, each getting its most promising neighbours first.
+        O(points × (Σ configs + classes × configs)) evaluations."""
         done: set[int] = set()
         while True:
             front, _ = self.frontier(resolution, backend)
             todo = [k for k in front if k not in done]
             if not todo:
                 return True
+            room = max_evals - len(self)
+            if room <= 0:
+                return False
+            share = max(1, room // len(todo))
+            complete = True
             for k in todo:
-                done.add(k)
                 around = self.neighbours(k)
-                room = max_evals - len(self)
-                if room <= 0:
-                    return False
-                if len(around) > room:
-                    self.add(around[:room])
-                    return False
+                if len(around) > share:
+                    around, complete = around[:share], False
                 self.add(around)
+                done.add(k)
+            if not complete:
+                return False
 
 
 def _track_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Cluster, resolution: float, max_levels: int,
@@ -544,9 +619,10 @@ def _track_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clus
     # transient cap; the compiled evaluator gives each its simulated step and its walked peak
     names = [n.name for n in mp.problem.nodes]
     ev = MeshEvaluator(graph, costs, cluster, mp.mesh, configs=mp.configs, optimizer=mp.optimizer)
-    pool = _Evaluated(mp, ev)
-    cands = [[r.assignment(i)[n] for n in names] for r in runs for i in range(len(r))]
-    pool.add(np.array(cands, dtype=np.int64).reshape(len(cands), len(names)))
+    pool = _Evaluated(mp, ev, graph)
+    for r in runs:
+        if len(r):
+            pool.add(r.assignment_vectors())
     searched = len(pool)
     report(f"mesh {','.join(mp.mesh)}: evaluated {searched} candidate plans; polishing")
     polished = pool.polish(resolution, backend, max(max_walks, searched))
@@ -564,7 +640,8 @@ def _track_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clus
                       slack + 2 * resolution, exact_search, tuple(dict.fromkeys(fixed)), _time.perf_counter() - t0,
                       stats, tuple(ev.memory_parts(pool.vecs[k]) for k in front),
                       np.array([pool.est[k] for k in front], dtype=np.float64),
-                      tuple(tuple(int(x) for x in v) for v in pool.vecs), costs_arr)
+                      tuple(map(tuple, np.array(pool.vecs, dtype=np.int64).reshape(len(pool), -1).tolist())),
+                      costs_arr)
 
 
 def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes: Iterable[Sequence[str]] | None = None,

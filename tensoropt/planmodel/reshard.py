@@ -93,6 +93,7 @@ Example::
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -332,7 +333,28 @@ def edge_reshard(graph: OpGraph, producer: str, consumer: str, src: NodeConfig, 
     read = read_layout(graph, node, producer, dst)
     if reads_nothing(node):
         return Reshard(output_layout(src), read, grad_layout(dst, read), needed_grad_layout(src))
-    return reshard(src, dst, nbytes, cluster, consumer=node, reads=read)
+    # the same move between the same configurations costs the same whichever edge makes it (a
+    # transformer's blocks repeat every one): computed once per cluster
+    memo = _reshard_memo(cluster)
+    key = (src, dst, nbytes, read)
+    rs = memo.get(key)
+    if rs is None:
+        rs = memo[key] = reshard(src, dst, nbytes, cluster, consumer=node, reads=read)
+    return rs
+
+
+#: cluster (by identity, as long as it lives) → (src, dst, bytes, read layout) → its reshard
+_RESHARDS: dict[int, dict[tuple[NodeConfig, NodeConfig, int, TensorLayout], Reshard]] = {}
+
+
+def _reshard_memo(cluster: Cluster) -> dict[tuple[NodeConfig, NodeConfig, int, TensorLayout], Reshard]:
+    """The reshards computed on ``cluster`` (an immutable value): by identity, not by its hash
+    (a fingerprint of every link), dropped when the cluster is."""
+    memo = _RESHARDS.get(id(cluster))
+    if memo is None:
+        memo = _RESHARDS[id(cluster)] = {}
+        weakref.finalize(cluster, _RESHARDS.pop, id(cluster), None)
+    return memo
 
 
 def read_layout(graph: OpGraph, node: OpNode, producer: str, config: NodeConfig) -> TensorLayout:
