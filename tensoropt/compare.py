@@ -70,6 +70,10 @@ class CompareRow:
     plan: Plan | None = field(default=None, repr=False)
     #: where the simulated times' operator costs come from (measured on …, or a device model)
     times_from: str = ""
+    #: a baseline's place beside the frontier: the id of the frontier point with the least memory
+    #: among those that weakly dominate it (no more memory, no more time) — the plan itself where it
+    #: joined the frontier (:meth:`~tensoropt.frontier.Frontier.including`); "" without a frontier
+    dominated_by: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON row of ``tensoropt compare --json`` (no plan: save plans separately)."""
@@ -77,7 +81,8 @@ class CompareRow:
                 "peak_memory_bytes": self.peak_memory_bytes, "fits": self.fits, "place_s": self.place_s,
                 "devices": list(self.devices), "own_time_s": self.own_time_s,
                 "own_memory_bytes": self.own_memory_bytes, "memory_bytes": dict(self.memory_bytes),
-                "error": self.error, "notes": list(self.notes), "times_from": self.times_from}
+                "error": self.error, "notes": list(self.notes), "times_from": self.times_from,
+                "dominated_by": self.dominated_by}
 
 
 def evaluate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *, algo: str, place_s: float,
@@ -148,9 +153,31 @@ def compare(graph: OpGraph, costs: CostModel, cluster: Cluster, *, algos: Iterab
             for i, algo in enumerate(names)]
     if frontier is None or frontier is False:
         return rows
-    return rows + _frontier_rows(graph, costs, cluster, frontier, used, optimizer=optimizer, budget=limit,
-                                 reserve=reserve, progress=progress, report=partial(progress, "baselines", steps - 1,
-                                                                                    steps))
+    report = partial(progress, "baselines", steps - 1, steps)
+    fr, failed_rows = _tracked(graph, costs, cluster, frontier, used, optimizer=optimizer, reserve=reserve,
+                               progress=progress, report=report)
+    if fr is None:
+        return rows + failed_rows
+    fr = joined(fr, rows, graph, costs)
+    for row in rows:
+        mark_dominated(row, fr)
+    return rows + frontier_rows(graph, costs, cluster, fr, optimizer=optimizer, budget=limit, reserve=reserve,
+                                 report=report)
+
+
+def joined(frontier: Frontier, rows: Sequence[CompareRow], graph: OpGraph, costs: CostModel) -> Frontier:
+    """``frontier`` with the baselines' plans of ``rows`` joined where no point dominates them
+    (:meth:`~tensoropt.frontier.Frontier.including`)."""
+    return frontier.including([(r.algo, r.plan) for r in rows if r.plan is not None and r.error is None],
+                              graph, costs)
+
+
+def mark_dominated(row: CompareRow, frontier: Frontier) -> None:
+    """Set ``row.dominated_by``: the frontier point that weakly dominates the row's plan."""
+    if row.time_s is None or row.peak_memory_bytes is None:
+        return
+    point = frontier.dominating(row.peak_memory_bytes, row.time_s)
+    row.dominated_by = point.plan_id if point is not None else ""
 
 
 def _checked_names(algos: Iterable[str] | None,
@@ -183,12 +210,11 @@ def _placed_row(graph: OpGraph, costs: CostModel, cluster: Cluster, algo: str, o
                     reserve=reserve)
 
 
-def _frontier_rows(graph: OpGraph, costs: CostModel, cluster: Cluster, frontier: Literal[True] | Frontier,
-                   devices: Sequence[str], *, optimizer: str | int, budget: int | float | None, reserve: int,
-                   progress: Progress, report: Callable[[str], None]) -> list[CompareRow]:
-    """The frontier's rows (tracked over ``devices`` when ``frontier`` is ``True``, else the one
-    given): its min-time and min-memory points and, with a ``budget``, its fastest plan that fits
-    (or that row's error, first)."""
+def _tracked(graph: OpGraph, costs: CostModel, cluster: Cluster, frontier: Literal[True] | Frontier,
+             devices: Sequence[str], *, optimizer: str | int, reserve: int, progress: Progress,
+             report: Callable[[str], None]) -> tuple[Frontier | None, list[CompareRow]]:
+    """The frontier (tracked over ``devices`` when ``frontier`` is ``True``, else the one given),
+    or ``None`` and the two rows saying why there is none."""
     if frontier is True:
         report("tracking the frontier")
         t0 = time.perf_counter()
@@ -196,12 +222,20 @@ def _frontier_rows(graph: OpGraph, costs: CostModel, cluster: Cluster, frontier:
             fr = track_frontier(graph, costs, cluster, devices=devices, optimizer=optimizer, reserve=reserve,
                                 progress=progress)
         except TensorOptError as e:
-            return frontier_failures(time.perf_counter() - t0, e)
-        took = time.perf_counter() - t0
+            return None, frontier_failures(time.perf_counter() - t0, e)
     else:
-        fr, took = frontier, float(getattr(frontier, "seconds", 0.0))
+        fr = frontier
     if not len(fr):
-        return frontier_failures(took, TensorOptError("the frontier has no feasible plan"))
+        return None, frontier_failures(fr.seconds, TensorOptError("the frontier has no feasible plan"))
+    return fr, []
+
+
+def frontier_rows(graph: OpGraph, costs: CostModel, cluster: Cluster, fr: Frontier, *, optimizer: str | int,
+                  budget: int | float | None, reserve: int,
+                  report: Callable[[str], None] = lambda _: None) -> list[CompareRow]:
+    """The frontier's rows: its min-time and min-memory points and, with a ``budget``, its fastest
+    plan that fits (or that row's error, first)."""
+    took = float(fr.seconds)
     rows: list[CompareRow] = []
     picks = [(FRONTIER_MIN_TIME, fr.min_time()), (FRONTIER_MIN_MEMORY, fr.min_memory())]
     if budget is not None:
@@ -213,8 +247,10 @@ def _frontier_rows(graph: OpGraph, costs: CostModel, cluster: Cluster, frontier:
             picks.append((FRONTIER_BEST_FIT, best))
     for algo, point in picks:
         report(f"simulating the {algo} plan")
-        rows.append(evaluate(point.plan, graph, costs, cluster, algo=algo, place_s=took, optimizer=optimizer,
-                             own="frontier", budget=budget, reserve=reserve))
+        row = evaluate(point.plan, graph, costs, cluster, algo=algo, place_s=took, optimizer=optimizer,
+                       own="frontier", budget=budget, reserve=reserve)
+        row.dominated_by = point.plan_id
+        rows.append(row)
     return rows
 
 
@@ -235,5 +271,5 @@ def rows_json(rows: Sequence[CompareRow]) -> list[dict[str, Any]]:
     return [r.to_dict() for r in rows]
 
 
-__all__ = ["CompareRow", "compare", "evaluate", "failed", "rows_json", "solver_options", "FRONTIER_MIN_TIME",
-           "FRONTIER_MIN_MEMORY", "FRONTIER_BEST_FIT"]
+__all__ = ["CompareRow", "compare", "evaluate", "failed", "frontier_rows", "joined", "mark_dominated", "rows_json",
+           "solver_options", "FRONTIER_MIN_TIME", "FRONTIER_MIN_MEMORY", "FRONTIER_BEST_FIT"]

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from .capture.precision import check_precision as check_precision_name
 from .cluster import detect_cluster, load_cluster
-from .compare import CompareRow, compare, frontier_failures, solver_options
+from .compare import CompareRow, compare, frontier_failures, frontier_rows, joined, mark_dominated, solver_options
 from .devicemodel.price import COSTS_FROM, Priced, check_measured_fits, price, prices_by_model
 from .errors import TensorOptError
 from .frontier import candidate_meshes, track_frontier
@@ -324,11 +324,21 @@ def explore(request: Request, progress: Progress = no_progress, *,
         t1 = time.perf_counter()
         progress("baselines", 0, 1, "running the baseline placers")
         result.rows = compare(graph, costs, setup.cluster, algos=request.placers, devices=list(setup.devices),
-                              optimizer=request.optimizer,
-                              frontier=result.frontier if result.frontier is not None else False,
+                              optimizer=request.optimizer, frontier=False,
                               placer_options=solver_options(request.placers, request.time_limit),
                               budget=request.budget, reserve=request.reserve,
                               progress=progress)
+        if result.frontier is not None and len(result.frontier):
+            # the baselines' plans join the frontier where it does not dominate them; each row says
+            # which frontier point dominates it (the plan itself where it joined)
+            result.frontier = joined(result.frontier, result.rows, graph, costs)
+            for row in result.rows:
+                mark_dominated(row, result.frontier)
+            result.rows += frontier_rows(graph, costs, setup.cluster, result.frontier, optimizer=request.optimizer,
+                                         budget=check_budget_value(request.budget), reserve=request.reserve)
+        elif result.frontier is not None:
+            result.rows += frontier_failures(result.seconds["frontier"],
+                                             TensorOptError("the frontier has no feasible plan"))
         if result.frontier_error is not None:
             result.rows += frontier_failures(result.seconds["frontier"], result.frontier_error)
         result.seconds["baselines"] = time.perf_counter() - t1

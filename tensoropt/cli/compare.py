@@ -51,16 +51,28 @@ def _print_table(console: Console, result: Exploration, optimizer: str) -> None:
                     f"{', '.join(result.devices)}; optimizer {optimizer}; every plan simulated",
               title_justify="left")
     for col in ("algo", "devices used", "iteration time", "samples/s", "max peak / device", "fits",
-                "time to place", "own estimate"):
-        t.add_column(col, justify="left" if col in ("algo", "devices used") else "right")
+                "time to place", "own estimate", "frontier"):
+        t.add_column(col, justify="left" if col in ("algo", "devices used", "frontier") else "right")
     for r in result.rows:
         if r.error is not None or r.peak_memory_bytes is None:
-            t.add_row(escape(r.algo), "-", "-", "-", "-", "[red]no plan[/red]", f"{r.place_s:.3f} s", "-")
+            t.add_row(escape(r.algo), "-", "-", "-", "-", "[red]no plan[/red]", f"{r.place_s:.3f} s", "-", "-")
             continue
         t.add_row(escape(r.algo), str(len(r.devices)), _ms(r.time_s),
                   "-" if r.samples_per_s is None else f"{r.samples_per_s:.1f}", fmt_bytes(r.peak_memory_bytes),
-                  "yes" if r.fits else "[red]no[/red]", f"{r.place_s:.3f} s", _ms(r.own_time_s))
+                  "yes" if r.fits else "[red]no[/red]", f"{r.place_s:.3f} s", _ms(r.own_time_s),
+                  _frontier_cell(r, result))
     console.print(t)
+
+
+def _frontier_cell(row: CompareRow, result: Exploration) -> str:
+    """Where a row stands beside the frontier: ``dominated by pXXX``, ``on it as pXXX`` (its plan
+    joined the frontier, or it is the frontier's own row), or ``-`` without a frontier."""
+    if not row.dominated_by:
+        return "-"
+    fr = result.frontier
+    point = fr.point(row.dominated_by) if fr is not None else None
+    same = point is not None and (point.source == row.algo or row.algo.startswith("frontier"))
+    return f"on it as {row.dominated_by}" if same else f"dominated by {row.dominated_by}"
 
 
 def _print_verdict(console: Console, rows: Sequence[CompareRow], verbose: bool) -> None:

@@ -41,7 +41,15 @@ work here, untimed, and the A100's device model prices the times)::
 # isort: off
 # .track before .algorithm: loading the submodule .track binds the package's attribute `track` to
 # it, and the function algorithm.track must be bound after it (tensoropt.frontier.track is the function)
-from .track import BudgetError, Frontier, FrontierPoint, MeshResult, default_resolution, track_frontier
+from .track import (
+    DEFAULT_SEED_PLACERS,
+    BudgetError,
+    Frontier,
+    FrontierPoint,
+    MeshResult,
+    default_resolution,
+    track_frontier,
+)
 from .algorithm import BRANCH_RULE, FIX_RULE, FixedChoice, FrontierResult, track
 # isort: on
 from .graph_problem import MeshProblem, build_problem, candidate_meshes, node_configs, ring_bottleneck
@@ -50,6 +58,7 @@ from .problem import EdgeCosts, NodeCosts, Problem, ProblemError, brute_force, m
 
 __all__ = [
     "track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "default_resolution",
+    "DEFAULT_SEED_PLACERS",
     "candidate_meshes", "ring_bottleneck", "node_configs", "build_problem", "MeshProblem",
     "track", "FrontierResult", "FixedChoice", "BRANCH_RULE", "FIX_RULE",
     "reduce", "product", "union", "batched_product", "bucket_key", "is_frontier",

@@ -65,6 +65,7 @@ work here, untimed, and the A100's device model prices the times)::
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import os
 import re
@@ -85,9 +86,11 @@ from ..errors import ClusterSpecError, TensorOptError
 from ..graph import OpGraph
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
+from ..placers import place
 from ..plan import Estimate, Plan
 from ..planmodel.fits import check_budget_value, fits, over_by
 from ..planmodel.meshplan import MeshEvaluator
+from ..planmodel.simulate import simulate
 from ..progress import Progress, no_progress
 from . import point_sets
 from .algorithm import track
@@ -95,19 +98,22 @@ from .graph_problem import MeshProblem, build_problem, candidate_meshes
 from .point_sets import compiled as _compiled
 
 __all__ = ["track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "CSV_COLUMNS",
-           "default_resolution", "RESOLUTION_FRACTION", "DEFAULT_MAX_LEVELS"]
+           "default_resolution", "RESOLUTION_FRACTION", "DEFAULT_MAX_LEVELS", "DEFAULT_SEED_PLACERS"]
 
 #: the default resolution is this fraction of min(smallest device memory, largest plan memory)
 RESOLUTION_FRACTION = 1 / 1000
 #: τ runs per mesh before levels are thinned (see the module docstring)
 DEFAULT_MAX_LEVELS = 64
-#: plans walked per mesh (the search's candidates, then the polish) before the polish stops
+#: plans evaluated per mesh (the search's candidates, then the polish) before the polish stops
 DEFAULT_MAX_WALKS = 500
+#: placers whose plans join every frontier by default (:func:`track_frontier`): those that take
+#: milliseconds; the MILPs (netsplit, pesto) and OS-DPOS join where a comparison runs them
+DEFAULT_SEED_PLACERS = ("dp", "m-topo", "m-etf", "m-sct", "dpos")
 #: what a device's peak is made of (:meth:`~tensoropt.planmodel.walk.StepMemory.parts`)
 MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "transient", "reserve")
 CSV_COLUMNS = ("plan_id", "num_devices", "devices", "memory_bytes", "time_s", "samples_per_s", "fits_budget",
                "device_memory_bytes", *(f"{part}_bytes" for part in MEMORY_PARTS), "search_estimate_bytes",
-               "recomputed_nodes", "layouts", "times_from")
+               "recomputed_nodes", "layouts", "times_from", "source")
 
 APPROXIMATIONS = (
     "memory is the per-device peak of each plan's schedule (the memory walk the simulator uses: parameters, "
@@ -149,6 +155,9 @@ class FrontierPoint:
     search_estimate_bytes: int = 0
     mesh_index: int = 0
     assignment: Mapping[str, int] = field(default_factory=dict, repr=False)
+    #: what found the plan: ``"frontier"`` (the search, on mesh ``mesh_index``) or the placer whose
+    #: plan joined the frontier (``"m-etf"``…; ``mesh_index`` -1, no ``assignment``)
+    source: str = "frontier"
 
     def samples_per_s(self, batch_size: int | None) -> float | None:
         if not batch_size or self.time_s <= 0:
@@ -159,7 +168,7 @@ class FrontierPoint:
         return {"plan_id": self.plan_id, "memory_bytes": self.memory_bytes, "time_s": self.time_s,
                 "num_devices": self.num_devices, "devices": list(self.devices), "fits_budget": self.fits_budget,
                 "device_memory": dict(self.device_memory), "parts": dict(self.parts),
-                "search_estimate_bytes": self.search_estimate_bytes}
+                "search_estimate_bytes": self.search_estimate_bytes, "source": self.source}
 
 
 @dataclass(frozen=True, eq=False)
@@ -306,6 +315,45 @@ class Frontier:
             f"memory by number of devices: {listing}.  Raise the budget, or use more devices or another cluster.",
             self)
 
+    def including(self, plans: Iterable[tuple[str, Plan]], graph: OpGraph, costs: CostModel) -> Frontier:
+        """This frontier with other plans joined where no point dominates them: each ``(source,
+        plan)`` — a placer's plan, say — simulated on the frontier's cluster
+        (:func:`~tensoropt.simulate`: its walked peak and its step, the figures of every point),
+        then the Pareto set of both by (per-device peak, time) at the frontier's resolution, ties
+        kept by the frontier's own points; points renumbered ``p{i:03d}-{k}dev``.  The plans the
+        search cannot make — operators of one step on different devices at once, as Baechi's,
+        FastT's and NetSplit's placers run them — thus still count.  O(plans × simulate)."""
+        if self.cluster is None:
+            raise TensorOptError("including other plans needs the frontier's cluster (track_frontier sets it)")
+        joined = list(self.points)
+        for source, plan in plans:
+            sim = simulate(plan, graph, costs, self.cluster, optimizer=self.optimizer)
+            per_device = {d: int(sim.memory_bytes[d]) for d in plan.devices}
+            top = max(plan.devices, key=lambda d: per_device[d])
+            plan = sim.annotate(plan).with_estimate(Estimate("frontier", sim.time_s, per_device, self.times_from))
+            joined.append(FrontierPoint("", max(per_device.values()), sim.time_s, len(plan.devices),
+                                        tuple(plan.devices), plan,
+                                        fits(per_device, self.cluster, budget=self.budget, reserve=self.reserve),
+                                        per_device, sim.memory[top].parts(), 0, -1, {}, source))
+        keep = point_sets.reduce(np.array([float(p.memory_bytes) for p in joined]),
+                                 np.array([p.time_s for p in joined]), self.resolution)
+        kept = [joined[int(i)] for i in keep]
+        points = [_renumbered(p, i, len(kept)) for i, p in enumerate(kept)]
+        came = sorted({p.source for p in points if p.source != "frontier"})
+        notes = list(self.notes) + ([f"plans of {', '.join(came)} joined the frontier where no point of the "
+                                     "search dominated them (the search's plans run every operator on one mesh; "
+                                     "theirs run operators on different devices at once)"] if came else [])
+        return Frontier(points, meshes=self.meshes, resolution=self.resolution,
+                        merged_by_resolution=self.merged_by_resolution, exact=self.exact, budget=self.budget,
+                        optimizer=self.optimizer, notes=notes, graph_name=self.graph_name,
+                        batch_size=self.batch_size, cluster_name=self.cluster_name, seconds=self.seconds,
+                        cluster=self.cluster, reserve=self.reserve, times_from=self.times_from)
+
+    def dominating(self, memory_bytes: int, time_s: float) -> FrontierPoint | None:
+        """The point with the least memory among those that weakly dominate ``(memory_bytes,
+        time_s)`` (no more memory, no more time), or ``None``."""
+        return next((p for p in self.points if p.memory_bytes <= memory_bytes and p.time_s <= time_s), None)
+
     # ---- files ---------------------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
         """One dict per point with :data:`CSV_COLUMNS`, by memory ascending."""
@@ -324,7 +372,7 @@ class Frontier:
                         "search_estimate_bytes": p.search_estimate_bytes,
                         "recomputed_nodes": sum(1 for c in p.plan.configs.values() if c.recompute),
                         "layouts": ";".join(f"{k}={v}" for k, v in sorted(lay.items())),
-                        "times_from": self.times_from})
+                        "times_from": self.times_from, "source": p.source})
         return out
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
@@ -649,7 +697,8 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                    optimizer: str | int = DEFAULT_OPTIMIZER, devices: Sequence[str] | None = None,
                    max_levels: int = DEFAULT_MAX_LEVELS, max_branches: int = 1024, backend: str | None = None,
                    progress: Progress = no_progress, reserve: int = 0,
-                   max_walks: int = DEFAULT_MAX_WALKS) -> Frontier:
+                   max_walks: int = DEFAULT_MAX_WALKS,
+                   seed_placers: Sequence[str] = DEFAULT_SEED_PLACERS) -> Frontier:
     """The Pareto frontier of (per-device peak memory, iteration time) plans of ``graph`` on
     ``cluster`` (module docstring).
 
@@ -667,6 +716,9 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     :func:`~.algorithm.track`'s; ``max_walks``: plans walked per mesh before the polish stops.
     ``progress``: told ``("frontier", done, total, message)`` as work proceeds
     (:class:`~tensoropt.progress.Progress`: each mesh's problem built, then each mesh tracked).
+    ``seed_placers``: placers whose plans on ``devices`` join the frontier where the search's
+    do not dominate them (:meth:`Frontier.including`; default the ones that take milliseconds,
+    :data:`DEFAULT_SEED_PLACERS`; ``()``: the search's plans only).
     """
     t0 = _time.perf_counter()
     budget = _check_arguments(graph, costs, optimizer, budget, max_levels, max_walks, reserve)
@@ -696,6 +748,13 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                   budget=budget, optimizer=optimizer, notes=notes, graph_name=graph.name,
                   batch_size=graph.batch_size, cluster_name=cluster.name, seconds=_time.perf_counter() - t0,
                   cluster=cluster, reserve=reserve, times_from=costs_source(costs))
+    if seed_placers:
+        progress("frontier", steps - 1, steps, f"joining the plans of {', '.join(seed_placers)}")
+        seeds, failed = _seed_plans(graph, costs, cluster, allowed, optimizer, seed_placers)
+        fr = fr.including(seeds, graph, costs)
+        fr.notes.extend(failed)
+        fr.seconds = _time.perf_counter() - t0
+        points = fr.points
     if not points:
         fr.notes.append("no plan is feasible")
     if budget is not None:
@@ -770,6 +829,31 @@ def _frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: Op
                          fits(per_device, cluster, budget=budget, reserve=reserve), per_device,
                          dict(r.parts[j]), estimate,
                          w, dict(a))
+
+
+def _renumbered(p: FrontierPoint, i: int, count: int) -> FrontierPoint:
+    """``p`` as point ``i`` of ``count``: plan id ``p{i:03d}-{k}dev`` on the point and its plan."""
+    pid = f"p{i:03d}-{p.num_devices}dev"
+    if pid == p.plan_id:
+        return p
+    what = "the search" if p.source == "frontier" else p.source
+    note = (f"frontier point {i} of {count} (found by {what}): per-device peak {fmt_bytes(p.memory_bytes)}, "
+            f"simulated step {p.time_s * 1e3:.4g} ms")
+    notes = [note] + [n for n in p.plan.notes if not n.startswith("frontier point ")]
+    plan = Plan.from_dict({**p.plan.to_dict(), "plan_id": pid, "notes": notes})
+    return dataclasses.replace(p, plan_id=pid, plan=plan)
+
+
+def _seed_plans(graph: OpGraph, costs: CostModel, cluster: Cluster, devices: Sequence[str], optimizer: str | int,
+                placers: Sequence[str]) -> tuple[list[tuple[str, Plan]], list[str]]:
+    """Each placer's plan on ``devices`` (``(name, plan)``), and a note per placer that made none."""
+    plans, notes = [], []
+    for algo in placers:
+        try:
+            plans.append((algo, place(graph, costs, cluster, algo, devices=list(devices), optimizer=optimizer)))
+        except TensorOptError as e:
+            notes.append(f"{algo} made no plan to join the frontier ({str(e).splitlines()[0][:160]})")
+    return plans, notes
 
 
 def _frontier_notes(results: Sequence[MeshResult], res: float, res_rule: str, merged: int, exact: bool) -> list[str]:

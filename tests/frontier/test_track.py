@@ -22,13 +22,13 @@ FOUR = ["gpu0", "gpu1", "gpu2", "gpu3"]
 @pytest.fixture(scope="module")
 def exact(cnn):
     g, costs = cnn
-    return track_frontier(g, costs, TITAN, devices=FOUR, resolution=0)
+    return track_frontier(g, costs, TITAN, devices=FOUR, resolution=0, seed_placers=())
 
 
 @pytest.fixture(scope="module")
 def default(cnn):
     g, costs = cnn
-    return track_frontier(g, costs, TITAN, devices=FOUR)
+    return track_frontier(g, costs, TITAN, devices=FOUR, seed_placers=())
 
 
 def brute(mp):
@@ -112,7 +112,7 @@ def test_tau_runs_give_the_exact_frontier_of_sum_plus_max(exact):
 
 def test_tau_runs_are_exact_with_a_tied_weight(tied):
     g, costs = tied
-    fr = track_frontier(g, costs, TITAN, devices=FOUR, resolution=0)
+    fr = track_frontier(g, costs, TITAN, devices=FOUR, resolution=0, seed_placers=())
     assert fr.exact
     for r in fr.meshes:
         bm, bt = brute(r.problem)
@@ -138,7 +138,7 @@ def test_min_time_point_is_no_slower_than_the_single_objective_optimum(cnn, defa
 
 def test_same_inputs_same_frontier(cnn, default):
     g, costs = cnn
-    again = track_frontier(g, costs, TITAN, devices=FOUR)
+    again = track_frontier(g, costs, TITAN, devices=FOUR, seed_placers=())
     assert [(p.plan_id, p.memory_bytes, p.time_s) for p in again] == \
            [(p.plan_id, p.memory_bytes, p.time_s) for p in default]
     assert [p.plan.to_dict() for p in again] == [p.plan.to_dict() for p in default]
@@ -209,8 +209,8 @@ def test_simulator_runs_the_plans(default, cnn):
 
 def test_explicit_meshes_and_optimizer(cnn):
     g, costs = cnn
-    sgd = track_frontier(g, costs, TITAN, meshes=[["gpu2", "gpu3"]], resolution=0, optimizer="sgd")
-    adam = track_frontier(g, costs, TITAN, meshes=["gpu2,gpu3"], resolution=0, optimizer="adam")
+    sgd = track_frontier(g, costs, TITAN, meshes=[["gpu2", "gpu3"]], resolution=0, optimizer="sgd", seed_placers=())
+    adam = track_frontier(g, costs, TITAN, meshes=["gpu2,gpu3"], resolution=0, optimizer="adam", seed_placers=())
     assert {p.devices for p in sgd} == {("gpu2", "gpu3")}
     assert adam.min_memory().memory_bytes > sgd.min_memory().memory_bytes
     assert adam[0].plan.options["optimizer"] == "adam"
@@ -233,13 +233,34 @@ def test_a_profile_of_another_graph_is_refused(cnn, tied):
 
 def test_thinned_levels_are_stated_and_costs_stay_exact(tied):
     g, costs = tied
-    full = track_frontier(g, costs, TITAN, devices=FOUR, resolution=0)
+    full = track_frontier(g, costs, TITAN, devices=FOUR, resolution=0, seed_placers=())
     if max(r.all_levels for r in full.meshes) < 2:
         pytest.skip("one transient level only")
-    thin = track_frontier(g, costs, TITAN, devices=FOUR, resolution=0, max_levels=1)
+    thin = track_frontier(g, costs, TITAN, devices=FOUR, resolution=0, max_levels=1, seed_placers=())
     assert not thin.exact and any("thinned" in n for n in thin.notes)
     assert thin.min_time().time_s == pytest.approx(full.min_time().time_s, rel=1e-12)
     for p in thin:
         assert thin.meshes[p.mesh_index].problem.cost(p.assignment)[0] == p.search_estimate_bytes
         # every thinned point is a real plan: the exact frontier has one at least as good
         assert any(q.memory_bytes <= p.memory_bytes and q.time_s <= p.time_s * (1 + 1e-12) for q in full)
+
+
+def test_the_placers_plans_join_where_the_search_does_not_dominate_them(cnn, default):
+    # by default the fast placers' plans (which may run operators on different devices at once,
+    # outside the search's one-mesh plans) join the frontier; the result weakly dominates every one
+    # of them in the simulator, and each point says what found it
+    g, costs = cnn
+    seeded = track_frontier(g, costs, TITAN, devices=FOUR)
+    for algo in tensoropt.frontier.DEFAULT_SEED_PLACERS:
+        try:
+            plan = tensoropt.place(g, costs, TITAN, algo, devices=FOUR)
+        except tensoropt.TensorOptError:
+            continue
+        sim = tensoropt.simulate(plan, g, costs, TITAN)
+        assert seeded.dominating(sim.max_memory_bytes, sim.time_s) is not None, algo
+    for p in seeded:
+        assert p.source == p.plan.algorithm and p.plan.plan_id == p.plan_id
+        sim = tensoropt.simulate(p.plan, g, costs, TITAN)
+        assert sim.max_memory_bytes == p.memory_bytes and sim.time_s == pytest.approx(p.time_s, rel=1e-9)
+    # and it is the Pareto set of the search's points and the placers' plans together
+    assert all(seeded.dominating(p.memory_bytes, p.time_s) is not None for p in default)
