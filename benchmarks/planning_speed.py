@@ -34,6 +34,8 @@ CASES = {
     "scale": [(f"zoo:gpt2?layers={layers}&hidden=256&heads=4&batch=64&seq_len=128",
                f"preset:h100-hosts?hosts={hosts}", None)
               for layers in (12, 24, 48) for hosts in (1, 2, 4, 8, 32)],
+    "gpt2-12-64": [("zoo:gpt2?layers=12&hidden=256&heads=4&batch=64&seq_len=128", "preset:h100-hosts?hosts=8",
+                    None)],
 }
 
 
