@@ -9,6 +9,8 @@ from tensoropt.measure import measure_step, profile
 from tensoropt.optimizers import optimizer_alpha, optimizer_temp_bytes
 from tensoropt.planmodel import node_memory, step_memory
 from tensoropt.planmodel.memory import keeps_input, output_kept
+from tensoropt.planmodel.meshplan import MeshEvaluator
+from tensoropt.planmodel.walk import plan_memory
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +119,44 @@ def test_the_peak_splits_into_what_holds_it_worked_by_hand():
     assert (sgd.peak, sgd.peak_phase) == (32 + 32 + 48 + 24, "backward")
     assert sgd.parts() == {"parameters": 32, "gradients": 32, "optimizer": 0, "activations": 48,
                            "transient": 24, "reserve": 0}
+
+
+def test_a_tied_weight_read_whole_and_cut_accumulates_its_second_gradient_worked_by_hand():
+    # An embedding whose weight W (64 × 32 floats: 8,192 B) the output layer reads too, batch 2 × 4
+    # tokens, SGD; the embedding split by channel over two devices (it cuts W's columns), the
+    # output layer replicated (it reads W whole): the executors hold W whole on both devices and
+    # sum its gradient, in one flat buffer that lives all step (8,192 B from the start).
+    # Backward of the output layer (first): its gradient of W is a whole W-sized tensor added into
+    # the buffer: 8,192 B transient; live beside it the ids (2·4·8 = 64 B), the all-gathered input
+    # it saved (2·4·32·4 = 1,024 B) and that input's gradient (1,024 B), the loss's gradient of the
+    # logits (2·4·64·4 = 2,048 B): 8,192 + 8,192 + 64 + 1,024 + 1,024 + 2,048 + 8,192 = 28,736 B.
+    # Backward of the embedding (last): its own output's gradient (its channel half: 2·4·16·4 =
+    # 512 B) and its gradient of W — computed for its half of the columns (4,096 B) then padded to
+    # the whole (8,192 B) to be added into the buffer: 12,288 B transient — beside the ids:
+    # 8,192 + 8,192 + 64 + 512 + 12,288 = 29,248 B, the peak.  (Counting the second gradient as a
+    # new one instead of an accumulation, or forgetting the pad, moves it.)
+    torch.manual_seed(0)
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(64, 32)
+            self.proj = torch.nn.Linear(32, 64, bias=False)
+            self.proj.weight = self.embed.weight
+
+        def forward(self, ids):
+            return self.proj(self.embed(ids))
+
+    graph = tensoropt.capture(Tied(), (torch.randint(0, 64, (2, 4)),))
+    costs = tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False)
+    cluster = tensoropt.load_cluster("preset:titan-rtx-5").without_kinds()
+    mesh = ("gpu0", "gpu1")
+    plan = tensoropt.Plan({"embedding": tensoropt.NodeConfig(mesh, "channel"),
+                           "linear": tensoropt.NodeConfig(mesh, "R")}, graph_fingerprint=graph.fingerprint)
+    for d, m in plan_memory(plan, graph, costs, cluster, optimizer="sgd").items():
+        assert (m.peak, m.peak_at, m.peak_phase) == (29_248, "embedding", "backward"), d
+        assert m.parts() == {"parameters": 8_192, "gradients": 8_192, "optimizer": 0, "activations": 64,
+                             "transient": 512 + 12_288, "reserve": 0}
+    ev = MeshEvaluator(graph, costs, cluster, mesh, configs={n: (c,) for n, c in plan.configs.items()},
+                       optimizer="sgd")
+    assert ev.evaluate([0, 0])[0] == 29_248        # the compiled walk, the same by hand

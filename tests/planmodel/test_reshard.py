@@ -153,6 +153,19 @@ def test_different_meshes_general_scheme():
     assert rs.recv_bytes == {"b": N // 4, "c": N // 4, "d": N // 4}
 
 
+def test_a_batch_slice_moved_to_a_channel_slice_on_another_mesh_is_four_quarter_messages():
+    # S(batch) on a,b -> S(channel) on c,d: each receiver needs its channel half of both batch
+    # halves — one quarter of the tensor from each sender, 4 messages of N/4 (worked by hand); a
+    # receiver takes its two in turn and each sender sends its two in turn, so the stage lasts two
+    # one-way quarter messages over the slowest pair (a→c here), receivers never sending back
+    c = cluster("abcd", a_c=SLOW)
+    rs = reshard(C(AB, "batch"), C("cd", "channel"), N, c, reads=SC)
+    assert sorted((s.devices, s.nbytes) for s in rs.steps) == [(("a", "c"), N / 4), (("a", "d"), N / 4),
+                                                               (("b", "c"), N / 4), (("b", "d"), N / 4)]
+    assert rs.time_s == pytest.approx(SLOW.time(N / 4) + LINK.time(N / 4))   # a sends to c then d; c hears a then b
+    assert rs.recv_bytes == {"c": N // 2, "d": N // 2}
+
+
 def test_links_of_steps_and_errors():
     c = cluster("abc")
     st = reshard(C("abc", "batch"), C("abc", "R"), N, c).steps[0]
