@@ -1,0 +1,32 @@
+"""The frontier weakly dominates every baseline placer in the simulator: on the zoo's models and a
+real architecture, every baseline's simulated (per-device peak, step) is matched or beaten by a
+frontier point — found by the search, or the baseline's own plan where only it reaches there (the
+search's plans run every operator on one mesh; Baechi's, FastT's and NetSplit's run operators on
+different devices at once, so their plans join the frontier, :meth:`Frontier.including`).  Each
+row names the point, and the point really costs no more (simulated again here)."""
+
+import pytest
+
+import tensoropt
+from tensoropt.compare import FRONTIER_MIN_MEMORY, FRONTIER_MIN_TIME
+
+#: a transformer with a tied weight, a CNN with batch norms, a recurrent model, a U-Net (concatenated
+#: skips); the MILP placers get 1 s each (their plans are what they are at that limit)
+MODELS = ("zoo:gpt2?tiny=1", "zoo:wide_resnet?tiny=1", "zoo:rnnlm?tiny=1", "zoo:unet?tiny=1")
+
+
+@pytest.mark.parametrize("spec", MODELS)
+def test_every_baseline_is_dominated_by_a_frontier_point(spec):
+    result = tensoropt.explore(tensoropt.Request(spec, "preset:titan-rtx-5", devices=("gpu0", "gpu1", "gpu2", "gpu3"),
+                                                 repeats=1, algos=None, time_limit=1, costs_from="model"))
+    fr = result.frontier
+    baselines = [r for r in result.rows if not r.algo.startswith("frontier") and r.error is None]
+    assert baselines
+    for row in baselines:
+        point = fr.point(row.dominated_by)
+        assert point.memory_bytes <= row.peak_memory_bytes and point.time_s <= row.time_s, row.algo
+        sim = tensoropt.simulate(point.plan, result.graph, result.costs, result.cluster)
+        assert sim.max_memory_bytes == point.memory_bytes and sim.time_s == pytest.approx(point.time_s, rel=1e-9)
+    rows = {r.algo: r for r in result.rows}
+    assert rows[FRONTIER_MIN_TIME].dominated_by == fr.min_time().plan_id
+    assert rows[FRONTIER_MIN_MEMORY].dominated_by == fr.min_memory().plan_id
