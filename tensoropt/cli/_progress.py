@@ -1,5 +1,6 @@
 """The workflow's progress (:class:`tensoropt.workflow.Progress`) drawn on the terminal: one rich
-bar per stage, removed when the work is done.  It only draws: it must not decide the stages
+bar per stage — counts done of total, time so far and the time left at the rate so far — removed
+when the work is done (Ctrl-C cancels: the command exits 130).  It only draws: it must not decide the stages
 (the workflow does) nor print results (the commands do).
 
 Example::
@@ -14,7 +15,16 @@ from types import TracebackType
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 
 class ProgressBars:
@@ -23,7 +33,8 @@ class ProgressBars:
 
     def __init__(self, console: Console) -> None:
         self.bars = Progress(SpinnerColumn(), TextColumn("{task.fields[stage]:<9}"), BarColumn(),
-                             MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+                             MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                             TextColumn("{task.description}"),
                              console=console, transient=True)
         self.tasks: dict[str, TaskID] = {}
 
