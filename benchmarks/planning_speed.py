@@ -53,9 +53,11 @@ def main() -> int:
     ap.add_argument("--cases", default="gpt2-12,wrn,amoebanet,scale")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--limit-s", type=float, default=600.0, help="skip repeats of a case slower than this")
+    ap.add_argument("--max-walks", type=int, default=None, help="plans evaluated per mesh (default: the library's)")
     args = ap.parse_args()
-    print("| case | model | cluster | devices | ops | profile s | frontier s (median) | runs | points | meshes |")
-    print("|---|---|---|---:|---:|---:|---:|---|---:|---:|")
+    print("| case | model | cluster | devices | ops | profile s | frontier s (median) | runs | points | meshes | "
+          "min memory | min time |")
+    print("|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
             for spec, cl_spec, devices in CASES[case]:
@@ -66,7 +68,8 @@ def main() -> int:
                 fr = None
                 for _ in range(args.repeats):
                     t0 = time.perf_counter()
-                    fr = tensoropt.track_frontier(graph, costs, cluster, devices=devs)
+                    kw = {} if args.max_walks is None else {"max_walks": args.max_walks}
+                    fr = tensoropt.track_frontier(graph, costs, cluster, devices=devs, **kw)
                     runs.append(time.perf_counter() - t0)
                     if runs[-1] > args.limit_s:
                         break
@@ -74,7 +77,8 @@ def main() -> int:
                 n = len(devs) if devs else len(cluster)
                 print(f"| {case} | {spec} | {cl_spec} | {n} | {len(graph.ops)} | {prof_s:.1f} | "
                       f"{statistics.median(runs):.2f} | {', '.join(f'{r:.2f}' for r in runs)} | {len(fr)} | "
-                      f"{len(fr.meshes)} |", flush=True)
+                      f"{len(fr.meshes)} | {fr.min_memory().memory_bytes / 2**30:.3f} GiB | "
+                      f"{fr.min_time().time_s * 1e3:.2f} ms |", flush=True)
     return 0
 
 
