@@ -107,9 +107,16 @@ def gloo_run(tmp_path_factory):
     """One real sweep shared by the tests below (every gloo run starts processes that import torch:
     seconds each): ``tensoropt bench-links -o`` with 2 processes, 4 sizes 64 KiB … 4 MiB (the
     largest takes milliseconds, so the slope stands out of the scheduling noise of a loaded 2-core
-    machine); the BenchResult the command got from bench_links is kept too."""
+    machine); the BenchResult the command got from bench_links is kept too.
+
+    The recording function replaces the name the command calls (``tensoropt.cli.bench_links``
+    binds ``bench_links`` when it is imported): patching ``tensoropt.cluster.bench`` instead
+    recorded nothing whenever an earlier test in the same process had run ``tensoropt.cli.main``
+    (it imports every command module) — the three errors seen under pytest-xdist, whose workers
+    run other tests first.  The command's exit code and output are asserted before the result
+    is read, so a failed measurement says why."""
+    from tensoropt.cli import bench_links as command
     from tensoropt.cli import main
-    from tensoropt.cluster import bench
 
     got = []
 
@@ -120,9 +127,12 @@ def gloo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "c.yaml"
     argv = ["bench-links", "--backend", "gloo", "--world-size", "2", "--min-size", "64KiB", "--max-size", "4MiB",
             "--repeats", "5", "--warmup", "1", "--samples", "--name", "loopback", "-o", str(out)]
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(io.StringIO()) as text:
-        mp.setattr(bench, "bench_links", recording)
+    with (pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(io.StringIO()) as text,
+          contextlib.redirect_stderr(io.StringIO()) as err):
+        mp.setattr(command, "bench_links", recording)
         rc = main(argv)
+    assert rc == 0, f"tensoropt {' '.join(argv)} exited {rc}:\n{err.getvalue()}{text.getvalue()}"
+    assert len(got) == 1, f"the command did not call the recording bench_links ({len(got)} calls)"
     return rc, text.getvalue(), out, got[0]
 
 
