@@ -2,7 +2,7 @@
 profiled, tracked (the frontier on 2 and on 4 devices) and every frontier plan run and checked.
 
     python benchmarks/real_models.py [--models bert,llama] [--devices 2,4] [--ci] [--max-plans K] [--backend dist]
-                                     [--check-dtype float64] [--cluster preset:a100-4-nvlink] [-v]
+                                     [--check-dtype float64] [--cluster preset:a100-4-nvlink] [--times model] [-v]
 
 Per model: load (``tensoropt.load_model("examples/real_models.py:NAME")`` when the loader keeps
 what the factory returns — its keyword inputs and its ``output`` — else the factory called
@@ -17,6 +17,13 @@ drawn keyed on both sides.  The check is in float64 by default: the model's floa
 captured once and every plan re-targeted to it (a model whose float64 capture differs is checked
 in float32 and a note says so).  When the check raises, the plan is run alone (apply_plan, one
 forward + backward): a failure there is the plan's "run" failure, else the check's.
+
+Where the frontier's times come from (``--times``): ``measured`` (default) times the profile on
+this CPU and takes the cluster's devices as this CPU (``Cluster.without_kinds``); ``model``
+profiles untimed — memory and work, each call once — and prices the times through the device
+model of the cluster's GPU kind (``tensoropt.price(..., costs_from="model")``).  The check only
+needs plans, not good times: ``model`` is what tests/realmodels runs (faster, and the same
+frontiers on a loaded machine).
 
 ``--backend dist`` adds a column: ``--dist-plans K`` plans of each model's 2-device frontier (both
 ends first) checked on 2 gloo ranks, as ``tensoropt run --backend dist --check`` checks them
@@ -225,8 +232,26 @@ def spread(points: list, k: int | None) -> list:
     return [points[round(i * (len(points) - 1) / (k - 1))] for i in range(k)]
 
 
+def profiled(graph, degrees: tuple[int, ...], cache: bool, cluster, times: str):
+    """(costs, cluster) for the frontier: ``times="measured"``, the graph timed on this CPU and
+    ``cluster`` as given (its devices taken as this CPU: ``without_kinds``); ``"model"``, an
+    untimed profile (memory and work, each call once) priced through the device model of the
+    cluster's kind, with the cluster the pricing returns."""
+    if times == "measured":
+        return tensoropt.profile(graph, shard_degrees=degrees, repeats=1, cache=cache), cluster
+    if times != "model":
+        raise ValueError(f"times must be 'measured' or 'model', not {times!r}")
+    costs = tensoropt.profile(graph, shard_degrees=degrees, repeats=1, cache=cache, timed=False)
+    priced = tensoropt.price(costs, cluster, costs_from="model")
+    return priced.costs, priced.cluster
+
+
 def bench_model(name: str, factories: Any, cluster, device_counts: list[int], cache: bool,
-                max_plans: int | None, verbose: bool, check_dtype: str = "float64", dist_plans: int = 0) -> Row:
+                max_plans: int | None, verbose: bool, check_dtype: str = "float64", dist_plans: int = 0,
+                times: str = "measured") -> Row:
+    """One model through every stage (module docstring).  ``cluster``: as-is for ``times="model"``
+    (the device model of its kind prices the untimed profile), already ``without_kinds`` for
+    ``"measured"`` (:func:`profiled`)."""
     row = Row(name)
     say = (lambda msg: print(f"[{name}] {msg}", file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
 
@@ -253,9 +278,10 @@ def bench_model(name: str, factories: Any, cluster, device_counts: list[int], ca
     row.ops = len(graph.ops)
     say(f"captured: {row.ops} ops")
     degrees = tuple(sorted({1, 2, *(k for k in (4,) if max(device_counts) >= 4)}))
-    ok, costs = stage("profile", lambda: tensoropt.profile(graph, shard_degrees=degrees, repeats=1, cache=cache))
+    ok, got = stage("profile", lambda: profiled(graph, degrees, cache, cluster, times))
     if not ok:
         return row
+    costs, cluster = got
     say("profiled")
     plans: dict[tuple, Any] = {}
     two_rank: list[Any] = []       # both ends of the 2-device frontier (then evenly between): for --backend dist
@@ -340,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-plans", type=int, default=None,
                     help="run at most this many plans of each frontier, evenly spaced along it (default: all)")
     ap.add_argument("--cache", action="store_true", help="use the profile cache (default: profile afresh)")
+    ap.add_argument("--times", choices=("measured", "model"), default="measured",
+                    help="measured (default): the profile timed on this CPU, the cluster's devices taken as this "
+                         "CPU; model: an untimed profile priced through the device model of the cluster's kind "
+                         "(what tests/realmodels runs)")
     ap.add_argument("--backend", choices=("local", "dist"), default="local",
                     help="dist: also check K plans of each 2-device frontier (--dist-plans, both ends first) on 2 "
                          "gloo ranks, as tensoropt run --backend dist --check does (default local)")
@@ -365,14 +395,18 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown model(s) {', '.join(unknown)}; SUITE has {', '.join(factories.SUITE)}")
         names = [m for m in asked if m in names] if args.ci else asked
     device_counts = sorted({int(x) for x in args.devices.split(",") if x.strip()})
-    # the plans are checked for correctness, not timed: the topology with this machine's own times
-    cluster = tensoropt.load_cluster(args.cluster).without_kinds()
+    # the plans are checked for correctness, not timed: the topology with this machine's own times,
+    # or (--times model) with the times of its devices' kind, from an untimed profile
+    cluster = tensoropt.load_cluster(args.cluster)
+    if args.times == "measured":
+        cluster = cluster.without_kinds()
     if not device_counts or device_counts[0] < 1 or device_counts[-1] > len(cluster):
         ap.error(f"--devices must be between 1 and {len(cluster)} (the devices of {args.cluster})")
 
     dev_label = " / ".join(f"{n} dev" for n in device_counts)
-    print(f"cluster {cluster.name}; frontiers on {dev_label}; check: tensoropt.execute.check_plan in "
-          f"{args.check_dtype}, dropout on; torch {torch.__version__}\n")
+    source = "this CPU's, timed" if args.times == "measured" else "its device model's, from an untimed profile"
+    print(f"cluster {cluster.name} (times: {source}); frontiers on {dev_label}; check: tensoropt.execute.check_plan "
+          f"in {args.check_dtype}, dropout on; torch {torch.__version__}\n")
     dist = args.backend == "dist"
     print(f"| model | ops | frontier points ({dev_label}) | plans passing / written |"
           + (" 2 gloo ranks: passing / checked |" if dist else "")
@@ -384,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             row = bench_model(name, factories, cluster, device_counts, args.cache, args.max_plans,
                               args.verbose, args.check_dtype,
-                              dist_plans=args.dist_plans if args.backend == "dist" and 2 in device_counts else 0)
+                              dist_plans=args.dist_plans if args.backend == "dist" and 2 in device_counts else 0,
+                              times=args.times)
         except Exception as e:  # noqa: BLE001 - never stop the others
             row = Row(name)
             row.fail("benchmark", one_line(e))
