@@ -14,6 +14,14 @@ Usage::
 
     PYTHONHASHSEED=1 python tests/capture/fingerprints.py --nodes gemma3 zoo:bert suite:llama
     PYTHONHASHSEED=1 python tests/capture/fingerprints.py --all      # every zoo and suite model
+    PYTHONHASHSEED=1 python tests/capture/fingerprints.py --ci       # the covering subset (CI)
+
+``--ci`` (:func:`ci_names`): one tiny zoo model of each zoo family (:data:`ZOO_CI`) and the
+real-model suite's ``CI_SUBSET`` — every capture path (a zoo build's positional tensors, a
+factory's keyword inputs and output choice, torchvision, ``*args`` / ``**kwargs`` wrappers) and
+every feature the canonical order handles (parallel branches, in-place buffer writes, random
+draws, tied weights, recurrences, encoder-decoders).  ``benchmarks/fingerprints.py`` compares
+``--all`` across processes.
 """
 
 from __future__ import annotations
@@ -76,6 +84,31 @@ def factories():
     return module
 
 
+#: one tiny zoo model per family (``tensoropt/zoo``'s modules) and what each brings to the
+#: canonical order; the others (vgg19, wide_resnet152; bert, the hf family's other build) are
+#: their family's code at another size or head
+ZOO_CI = (
+    "amoebanet_d",     # a searched cell: many parallel branches concatenated
+    "deeplab_v3",      # atrous pyramid branches, upsampling, batch norm's in-place statistics
+    "gnmt",            # an LSTM encoder-decoder with additive attention
+    "gpt2",            # Hugging Face (the zoo's hf family): tied embedding / head, dropout draws
+    "inception_v3",    # four-way inception branches
+    "rnnlm",           # an LSTM language model
+    "transformer",     # scaled-dot-product attention, dropout draws
+    "unet",            # skip connections concatenated across the network
+    "vgg16",           # a plain chain (vgg19 is the same code, deeper)
+    "wide_resnet",     # residual blocks, batch norm (wide_resnet152 is the same code, deeper)
+)
+
+
+def ci_names() -> list[str]:
+    """The covering subset (module docstring): :data:`ZOO_CI` and the suite's ``CI_SUBSET`` (the
+    torchvision ones where torchvision's definitions are installed)."""
+    fac = factories()
+    return [f"zoo:{n}" for n in ZOO_CI] + [f"suite:{n}" for n in fac.CI_SUBSET
+                                          if not (n.startswith("tv_") and not fac.torchvision_available())]
+
+
 def all_names() -> list[str]:
     names = [f"zoo:{n}" for n in tensoropt.zoo.ZOO]
     fac = factories()
@@ -109,9 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*")
     ap.add_argument("--all", action="store_true", help="every zoo model and every suite model")
+    ap.add_argument("--ci", action="store_true", help="one zoo model per family and the suite's CI_SUBSET")
     ap.add_argument("--nodes", action="store_true", help="print the nodes' names and ops too")
     args = ap.parse_args(argv)
-    names = args.names + (all_names() if args.all else [])
+    names = args.names + (all_names() if args.all else ci_names() if args.ci else [])
     for name in names:
         t0 = time.perf_counter()
         row: dict = {"name": name}

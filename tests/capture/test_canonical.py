@@ -3,7 +3,8 @@ the same model gives the same graph and fingerprint in every process, whatever o
 code traced in — a model iterating a set traces in an order that changes with the hash seed.
 
 The cross-process tests run tests/capture/fingerprints.py (it captures models and prints their
-fingerprints) under different ``PYTHONHASHSEED`` values, in parallel."""
+fingerprints) under different ``PYTHONHASHSEED`` values, in parallel: four fresh processes for
+the whole module (:func:`runs`), each capturing what the tests below compare."""
 
 import copy
 import json
@@ -25,13 +26,13 @@ from tensoropt.execute.randomness import KeyedRandomMode, draw_seed, draws, rand
 HELPER = Path(__file__).with_name("fingerprints.py")
 
 
-def fingerprints_in_processes(seeds, *args):
-    """``{seed: {model name: row}}``: the helper run with ``args`` in one fresh process per hash
-    seed, all at once."""
+def fingerprints_in_processes(args_by_seed):
+    """``{seed: {model name: row}}``: the helper run with ``args_by_seed[seed]`` in one fresh
+    process per hash seed, all at once."""
     procs = {seed: subprocess.Popen([sys.executable, str(HELPER), *args], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True,
                                     env=dict(os.environ, PYTHONHASHSEED=str(seed)))
-             for seed in seeds}
+             for seed, args in args_by_seed.items()}
     out = {}
     for seed, p in procs.items():
         stdout, stderr = p.communicate(timeout=900)
@@ -40,13 +41,23 @@ def fingerprints_in_processes(seeds, *args):
     return out
 
 
+@pytest.fixture(scope="module")
+def runs():
+    """Hash seeds 0 and 1 capture Gemma 3, the set-iterating module and the covering subset
+    (``fingerprints.py --ci``); seeds 2 and 3 the set-iterating module only (four seeds trace its
+    three branches in three orders).  Four processes at once, for every test below (each process
+    imports torch and transformers once)."""
+    pytest.importorskip("transformers")
+    both = ["--nodes", "gemma3", "set_branches", "--ci"]
+    return fingerprints_in_processes({0: both, 1: both, 2: ["--nodes", "set_branches"],
+                                      3: ["--nodes", "set_branches"]})
+
+
 # ------------------------------------------------------------------------------ across processes
 
-def test_gemma3_gives_one_graph_under_two_hash_seeds():
+def test_gemma3_gives_one_graph_under_two_hash_seeds(runs):
     """Gemma 3 computes its rotary embeddings for each of ``set(layer_types)``: the two are
     traced in another order under another hash seed, and used to give another fingerprint."""
-    pytest.importorskip("transformers")
-    runs = fingerprints_in_processes((0, 1), "--nodes", "gemma3")
     a, b = runs[0]["gemma3"], runs[1]["gemma3"]
     assert "error" not in a and "error" not in b, (a.get("error"), b.get("error"))
     assert a["traced_order"] != b["traced_order"]       # the processes did trace in two orders
@@ -54,25 +65,31 @@ def test_gemma3_gives_one_graph_under_two_hash_seeds():
     assert a["fingerprint"] == b["fingerprint"]
 
 
-def test_a_module_iterating_a_set_gives_one_fingerprint_under_any_hash_seed():
-    runs = fingerprints_in_processes((0, 1, 2, 3), "--nodes", "set_branches")
+def test_a_module_iterating_a_set_gives_one_fingerprint_under_any_hash_seed(runs):
     rows = [r["set_branches"] for r in runs.values()]
     assert len({tuple(r["traced_order"]) for r in rows}) > 1       # the seeds traced in several orders
     assert len({r["fingerprint"] for r in rows}) == 1, [r["fingerprint"][:12] for r in rows]
     assert all(r["nodes"] == rows[0]["nodes"] for r in rows)
 
 
-def test_every_zoo_and_suite_model_gives_one_fingerprint_in_two_processes():
-    """Every zoo model (tiny) and every model of the real-architecture suite (the torchvision
-    ones where torchvision's definitions are installed), each process capturing all of them."""
-    pytest.importorskip("transformers")
-    runs = fingerprints_in_processes((0, 1), "--all")
-    a, b = runs[0], runs[1]
-    assert list(a) == list(b) and len(a) >= 13 + 28, list(a)
+def test_the_covering_zoo_and_suite_models_give_one_fingerprint_in_two_processes(runs):
+    """One tiny zoo model of each zoo family and the real-model suite's CI subset (the
+    torchvision ones where torchvision's definitions are installed): every capture path (a zoo
+    build's positional tensors, a factory's keyword inputs and output choice, torchvision,
+    ``*args`` / ``**kwargs`` wrappers) and every feature the canonical order handles (parallel
+    branches, in-place buffer writes, random draws, tied weights, recurrences, encoder-decoders);
+    ``fingerprints.py`` says which model brings what.  The other 23 models — each its family's
+    code at another size or head, or another model of a family here — run in
+    ``python benchmarks/fingerprints.py`` (every zoo and suite model in two processes)."""
+    a, b = ({name: row for name, row in runs[seed].items() if name.startswith(("zoo:", "suite:"))} for seed in (0, 1))
+    assert list(a) == list(b) and len(a) >= 10 + 10, list(a)
+    assert {n.split(":")[0] for n in a} == {"zoo", "suite"}
     errors = {name: row["error"] for name, row in a.items() if "error" in row}
     assert not errors, errors
     differ = [name for name in a if a[name]["fingerprint"] != b[name]["fingerprint"]]
     assert not differ, differ
+    # every node's name and op too, not only the fingerprint
+    assert [name for name in a if a[name]["nodes"] != b[name]["nodes"]] == []
 
 
 # ------------------------------------------------------------------------------ the pass itself
