@@ -14,8 +14,11 @@ profiled at degrees 1, 2 and 3, and every (node, layout, degree) the profile off
 executor and compared with the unsplit op (outputs, input and parameter gradients).
 
 ``--ci``: the ops the zoo and the real-model suite contain (:data:`MODEL_OPS`) plus a fixed
-sample of the rest (:data:`CI_SAMPLE`, every 8th op of the database by name), two samples each,
-float64 with gradients — what ``tests/execute/test_split_rules.py`` runs.
+sample of the rest (every :data:`CI_EVERY`-th op of the database by name), with one op for the
+ops one rule covers alike (:func:`rule_class`: the unary elementwise ops, whose rule reads no
+argument of the op; a model op stands for them), two samples each, float64 with gradients,
+fresh worker processes every :data:`CI_FRESH_EVERY` ops — what ``tests/execute/test_split_rules.py``
+runs.
 
 Prints one row per op (samples checked / not captured / unusable, splits tried per layout,
 failures) then totals: ops covered, samples, (op, layout) pairs tried, passing, failing, and the
@@ -61,6 +64,9 @@ MODEL_OPS = ("__and__", "abs", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "ad
              "stack", "sub", "sum", "tanh", "to", "transpose", "unsqueeze", "upsample_bilinear2d", "view", "where",
              "zeros_like", "full_like")
 CI_EVERY = 8
+#: --ci: ops per worker process before a fresh one (the whole database's run: 20); the CI subset's
+#: ops on 2 workers would otherwise spend a third of their time importing torch and op_db again
+CI_FRESH_EVERY = 100
 
 
 @dataclass
@@ -95,8 +101,46 @@ def _aten_bases(op) -> set[str]:
     return names
 
 
+def _overloads(op) -> list:
+    """The ATen overloads named like the OpInfo (its ``aten_name``, else its name) that take a
+    tensor first and are not ``out=`` forms: the ops a capture of it may record (``cos.float``,
+    Python-number arithmetic, is not one); empty where no ATen op has its name (a composite of
+    several ops: most ``nn.functional.*``)."""
+    for name in dict.fromkeys(n for n in (getattr(op, "aten_name", None), op.name.split(".")[-1]) if n):
+        packet = getattr(torch.ops.aten, name, None)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        found = [o for o in (getattr(packet, name) for name in packet.overloads())
+                 if o._schema.arguments and str(o._schema.arguments[0].type) == "Tensor"
+                 and not any(a.is_out for a in o._schema.arguments)]
+        if found:
+            return found
+    return []
+
+
+def rule_class(op) -> tuple | None:
+    """The class of ops one rule covers alike, or None: an op that is its own case.
+
+    A unary elementwise op — every overload it may record in the elementwise family
+    (:func:`tensoropt.capture.semantics.batch_family`: torch's ``pointwise`` tag, copies) and
+    taking one tensor — is ``("elementwise", 1)``: the rule reads no argument of the op (a batch
+    split wherever the output has the batch, channels inherited from its input) and the executor
+    cuts its one input and joins its pieces the same way for every such op.  Everything else is
+    its own case: ops of the other families read their own dimensions, indices or weights; an
+    elementwise op of several tensors broadcasts them or reads one as a weight (``prelu``), its
+    own way; a random op draws keyed its own way; a composite of several ops has no one rule.
+    """
+    from tensoropt.capture.semantics import batch_family
+
+    overloads = _overloads(op)
+    if not overloads or any(batch_family(o) != "elementwise" or torch.Tag.nondeterministic_seeded in o.tags
+                            or sum("Tensor" in str(a.type) for a in o._schema.arguments) != 1 for o in overloads):
+        return None
+    return ("elementwise", 1)
+
+
 def select_ops(op_db, names: list[str] | None, ci: bool) -> list[int]:
-    """Indices into ``op_db`` of the ops to run."""
+    """Indices into ``op_db`` of the ops to run (``ci``: module docstring)."""
     if names:
         wanted = set(names)
         return [i for i, op in enumerate(op_db) if _opinfo_name(op) in wanted or op.name in wanted]
@@ -105,7 +149,13 @@ def select_ops(op_db, names: list[str] | None, ci: bool) -> list[int]:
     ordered = sorted(range(len(op_db)), key=lambda i: _opinfo_name(op_db[i]))
     sample = set(ordered[::CI_EVERY])
     model = {i for i, op in enumerate(op_db) if _aten_bases(op) & set(MODEL_OPS)}
-    return sorted(model | sample, key=lambda i: _opinfo_name(op_db[i]))
+    kept, classes = [], set()
+    for i in sorted(model | sample, key=lambda i: (i not in model, _opinfo_name(op_db[i]))):   # model ops first
+        c = rule_class(op_db[i])
+        if c is None or c not in classes:
+            kept.append(i)
+            classes.add(c)
+    return sorted(kept, key=lambda i: _opinfo_name(op_db[i]))
 
 
 def run_op(index: int, variants: list[str], max_samples: int | None) -> OpRow:
@@ -183,10 +233,13 @@ def _task(args):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", help="comma-separated OpInfo names (default: the whole database)")
-    ap.add_argument("--ci", action="store_true", help="the CI subset: model ops + every 8th op, 2 samples, float64")
+    ap.add_argument("--ci", action="store_true",
+                    help="the CI subset: model ops + every 8th op, one unary elementwise op, 2 samples, float64")
     ap.add_argument("--max-samples", type=int, default=None)
     ap.add_argument("--variants", default=None, help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--fresh-every", type=int, default=None,
+                    help=f"ops per worker before a fresh one (default 20; --ci: {CI_FRESH_EVERY})")
     ap.add_argument("--markdown", help="also write the table to this markdown file")
     ap.add_argument("-v", "--verbose", action="store_true", help="every failure, not one per op")
     a = ap.parse_args(argv)
@@ -197,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     max_samples = a.max_samples if a.max_samples is not None else (2 if a.ci else None)
     indices = select_ops(op_db, a.ops.split(",") if a.ops else None, a.ci)
     t0 = time.perf_counter()
-    rows = run_all(indices, variants, max_samples, a.jobs)
+    fresh = a.fresh_every if a.fresh_every is not None else (CI_FRESH_EVERY if a.ci else 20)
+    rows = run_all(indices, variants, max_samples, a.jobs, fresh)
     wall = time.perf_counter() - t0
     text = report(rows, variants, max_samples, wall, a.verbose)
     print(text)
@@ -237,12 +291,14 @@ Made with `{command}` (torch {torch}, CPU, 2 worker processes).
 """
 
 
-def run_all(indices: list[int], variants: list[str], max_samples: int | None, jobs: int) -> list[OpRow]:
-    """:func:`run_op` over ``indices`` in ``jobs`` worker processes (fresh ones every 20 ops)."""
+def run_all(indices: list[int], variants: list[str], max_samples: int | None, jobs: int,
+            fresh_every: int = 20) -> list[OpRow]:
+    """:func:`run_op` over ``indices`` in ``jobs`` worker processes (fresh ones every
+    ``fresh_every`` ops)."""
     tasks = [(i, variants, max_samples) for i in indices]
     if jobs <= 1:
         return [run_op(*t) for t in tasks]
-    with mp.get_context("spawn").Pool(jobs, maxtasksperchild=20) as pool:
+    with mp.get_context("spawn").Pool(jobs, maxtasksperchild=fresh_every) as pool:
         return list(pool.imap(_task, tasks))
 
 
