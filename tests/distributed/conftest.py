@@ -1,5 +1,8 @@
 """Plans for the distributed tests, made once in the parent process (float64, dropout off, as
-the workers build the models): tiny vgg16, gpt2 and wide_resnet on two plan devices."""
+the workers build the models): tiny vgg16, gpt2 and wide_resnet on two plan devices, from an
+untimed profile priced through the A100 device model of ``preset:a100-4-nvlink`` (the tests
+check that plans run exactly on ranks, not how fast: no time is spent timing, and the plans are
+the same on a loaded machine)."""
 
 import pytest
 
@@ -20,8 +23,8 @@ def zigzag(graph, every=3):
 
 def split_plan(frontier, graph):
     """The fastest frontier plan that cuts some weight into pieces (a channel or reduce split of
-    an operator owning a parameter); the frontier's choice between such plans and others hangs on
-    a fresh profile's timings, which a loaded machine moves."""
+    an operator owning a parameter), else the fastest: the frontier's choice between such plans
+    and others hangs on the device model's prices, which a recalibration moves."""
     def cuts_weights(plan):
         return any(c.layout in ("channel", "reduce") and c.degree > 1 and graph.nodes[name].params
                    for name, c in plan.configs.items())
@@ -29,18 +32,26 @@ def split_plan(frontier, graph):
     return next((p.plan for p in points if cuts_weights(p.plan)), points[0].plan)
 
 
+def priced(graph):
+    """(costs, cluster) of ``graph`` on ``preset:a100-4-nvlink``: an untimed profile (memory and
+    work, each call once) priced through the A100 device model."""
+    costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1, timed=False)
+    got = tensoropt.price(costs, tensoropt.load_cluster("preset:a100-4-nvlink"), list(MESH), costs_from="model")
+    return got.costs, got.cluster
+
+
 @pytest.fixture(scope="package")
 def plans():
     """model spec -> {kind: Plan}: dp, a two-device placement (m-etf where it uses both devices,
     else the zigzag), the fastest frontier plan on the two devices that cuts weights into pieces
     (:func:`split_plan`) and the zigzag."""
-    cluster = tensoropt.load_cluster("preset:a100-4-nvlink").without_kinds()   # priced as the CPU that profiled
     out = {}
     for spec in MODELS:
         _, _, graph = load_case(spec, float64=True, dropout=False)
-        costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1)
+        costs, cluster = priced(graph)
         etf = tensoropt.place(graph, costs, cluster, "m-etf", devices=list(MESH))
-        split = split_plan(tensoropt.track_frontier(graph, costs, cluster, meshes=[MESH]), graph)
+        # devices: the placers' plans that join the frontier on the two devices too (not on all four)
+        split = split_plan(tensoropt.track_frontier(graph, costs, cluster, meshes=[MESH], devices=list(MESH)), graph)
         out[spec] = {"dp": tensoropt.place(graph, costs, cluster, "dp", devices=list(MESH)),
                      "placement": etf if len(etf.devices) == 2 else zigzag(graph),
                      "split": split, "zigzag": zigzag(graph), "graph": graph}

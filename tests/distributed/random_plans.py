@@ -1,7 +1,7 @@
 """Plans of random small models (examples/random_models.py), checked on both backends.
 
 For each model: data parallelism (``dp``), a whole-operator placer (``m-etf``) and the two ends
-of the frontier on two devices (least memory, least time), made from an untimed profile priced
+of the search's frontier on two devices (least memory, least time), made from an untimed profile priced
 through the TITAN RTX device model (the same plans on a loaded machine).  Each plan is checked
 against the unmodified model in one process and on 2 gloo ranks, by the functions ``tensoropt
 run --check`` and ``tensoropt run --backend dist --check`` use
@@ -44,7 +44,9 @@ def plans_for(graph: tensoropt.OpGraph) -> dict[str, tensoropt.Plan]:
     costs = tensoropt.price(costs, CLUSTER, MESH, costs_from="model").costs
     out = {"dp": tensoropt.place(graph, costs, CLUSTER, "dp", devices=MESH),
            "m-etf": tensoropt.place(graph, costs, CLUSTER, "m-etf", devices=MESH)}
-    frontier = tensoropt.track_frontier(graph, costs, CLUSTER, meshes=[MESH])
+    # the search's own plans: dp's and m-etf's are checked as such (by default the fast placers' plans
+    # join the frontier, and its ends would be theirs again)
+    frontier = tensoropt.track_frontier(graph, costs, CLUSTER, meshes=[MESH], devices=MESH, seed_placers=())
     out["min-memory"], out["min-time"] = frontier.min_memory().plan, frontier.min_time().plan
     return out
 

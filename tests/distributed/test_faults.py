@@ -14,15 +14,16 @@ SPEC = "zoo:vgg16?tiny=1"
 
 
 @pytest.fixture(scope="module")
-def dp_plan(plans):
+def dp_plan():
     import tensoropt
     from tensoropt.distributed.jobs import load_case
 
+    from .conftest import priced
+
     # the workers build the float32 model: make the plan for its graph
     _, _, graph = load_case(SPEC)
-    costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1)
-    return tensoropt.place(graph, costs, tensoropt.load_cluster("preset:a100-4-nvlink").without_kinds(), "dp",
-                           devices=["gpu0", "gpu1"]).to_dict()
+    costs, cluster = priced(graph)
+    return tensoropt.place(graph, costs, cluster, "dp", devices=["gpu0", "gpu1"]).to_dict()
 
 
 def test_a_rank_that_dies_mid_step_stops_its_peer_with_a_clear_error_well_within_the_timeout(dp_plan):
