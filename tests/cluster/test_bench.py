@@ -256,11 +256,10 @@ def test_a_vanished_worker_is_a_clear_error():
 
 def test_a_hung_worker_times_out():
     # rank 1 sleeps; rank 0 waits in a barrier until gloo's timeout (2 s) and reports that, with
-    # its traceback (the path every error raised inside a worker takes)
-    import time
-
-    t0 = time.monotonic()
+    # its traceback (the path every error raised inside a worker takes).  That it is gloo's
+    # timeout, not the parent's own limit (1.25 × 2 + 5 s plus a minute's start-up allowance),
+    # is in the message: the parent's says "no word from the gloo workers" instead
     with pytest.raises(BenchError, match=r"test: gloo worker rank 0 of 2 failed: .*(?i:timed? ?out)") as e:
         _run_gloo(2, "selftest", {"mode": "hang"}, timeout_s=2, total=1, report=lambda *a: None, what="test")
     assert "Traceback" in str(e.value) or "File " in str(e.value)
-    assert time.monotonic() - t0 < 30
+    assert "no word from the gloo workers" not in str(e.value)

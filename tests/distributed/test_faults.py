@@ -2,7 +2,6 @@
 a bad device map: clear DistributedErrors, raised early, no hang."""
 
 import socket
-import time
 
 import pytest
 
@@ -27,17 +26,16 @@ def dp_plan():
 
 
 def test_a_rank_that_dies_mid_step_stops_its_peer_with_a_clear_error_well_within_the_timeout(dp_plan):
-    timeout = 120.0
-    t0 = time.monotonic()
     with pytest.raises(DistributedError) as err:
         launch(measure_plan, 2, {"model_spec": SPEC, "plan": dp_plan, "steps": 1, "warmup": 0, "memory": False,
-                                 "fail_rank": 1}, timeout_s=timeout)
-    elapsed = time.monotonic() - t0
+                                 "fail_rank": 1}, timeout_s=120.0)
     text = str(err.value)
     # rank 0 is exchanging activations with rank 1 in forward: it reports that rank 1 failed
     assert "rank 0 of 2: " in text and "with rank 1 failed: rank 1 failed or died" in text, text
     assert "rank 1 exited with code 3" in text, text
-    assert elapsed < timeout / 2, elapsed
+    # ... as soon as it happened, not at the timeout: neither gloo's timeout ("timed out") nor the
+    # launcher's own limit ("did not finish within") ended it (asserted by the path, not the clock)
+    assert "timed out" not in text.lower() and "did not finish within" not in text, text
 
 
 def test_a_world_size_that_does_not_match_the_plan_is_refused_before_any_step(dp_plan):
