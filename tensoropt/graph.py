@@ -34,7 +34,7 @@ import networkx as nx
 
 from ._io import read_json, write_json_atomic
 from .errors import GraphFormatError
-from .plan import Layout
+from .layouts import Layout
 
 GRAPH_FORMAT = "tensoropt.graph/1"
 

@@ -16,7 +16,8 @@ of the output channels, weights split too), ``reduce`` (``P``: each device a sli
 features, partial sums added afterwards).  A configuration keeps its layout as the plain string
 (``"batch"``), so plan JSON is unchanged; :class:`Layout` compares equal to it and carries the
 predicates (``Layout(cfg.layout).cuts_params``).  The layouts of *tensors* between nodes
-(``S(batch)``, ``P`` …) are :class:`tensoropt.planmodel.layouts.TensorLayout`.
+(``S(batch)``, ``P`` …) are :class:`tensoropt.layouts.TensorLayout`; both live in
+:mod:`tensoropt.layouts`, the layout vocabulary (re-exported here).
 
 This module holds data and checks only: it never costs a plan (:mod:`tensoropt.planmodel`) and
 never imports torch-facing code, so every package may import it.
@@ -30,7 +31,6 @@ Example::
 
 from __future__ import annotations
 
-import enum
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 from ._io import graph_file_header, read_json, write_json_atomic
 from .errors import GraphFormatError, TensorOptError
+from .layouts import LAYOUTS, Layout, param_pieces
 
-# for annotations only: tensoropt.graph imports this module (for Layout), and the cluster is a layer above
+# for annotations only: the graph and the cluster import nothing of this module, but the cluster is a layer above
 if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph import OpGraph
@@ -47,70 +48,8 @@ if TYPE_CHECKING:
 PLAN_FORMAT = "tensoropt.plan/1"
 
 
-class StrValueEnum(str, enum.Enum):
-    """A ``str`` enum that prints as its value: ``str()``, ``repr()`` and f-strings give the
-    plain string, so messages and files read as they did when the values were strings."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
-class Layout(StrValueEnum):
-    """How a node runs on its mesh: ``R`` (replicated), ``batch``, ``channel`` or ``reduce``.
-
-    A ``str`` enum: a member equals, hashes and serialises (JSON) as its value, and ``str()``,
-    ``repr()`` and f-strings give the value's, so code and files that hold the plain strings keep working.  The
-    predicates are the one statement of each rule (a config on one device is ``R`` whatever it
-    says: :meth:`of`)."""
-
-    R = "R"
-    BATCH = "batch"
-    CHANNEL = "channel"
-    REDUCE = "reduce"
-
-    @classmethod
-    def of(cls, config: NodeConfig) -> Layout:
-        """The layout ``config`` really runs in: its own over several devices, ``R`` on one."""
-        return cls(config.layout) if config.degree > 1 else cls.R
-
-    @property
-    def is_split(self) -> bool:
-        """Whether each device does a part of the op (every layout but ``R``)."""
-        return self is not Layout.R
-
-    @property
-    def cuts_params(self) -> bool:
-        """``channel`` or ``reduce``: each device holds a slice of the parameters the op reads
-        (``R`` and ``batch`` read them whole)."""
-        return self in (Layout.CHANNEL, Layout.REDUCE)
-
-    # the spelling of the rule the issue asks for; the same predicate
-    is_channel_or_reduce = cuts_params
-
-
-#: every layout, as its string (what a plan file holds)
-LAYOUTS: tuple[str, ...] = tuple(lay.value for lay in Layout)
-#: the layouts that split a node (a profile's shard layouts)
-SPLIT_LAYOUTS: tuple[str, ...] = tuple(lay.value for lay in Layout if lay.is_split)
-
-
 class PlanError(TensorOptError):
     """A plan does not fit the graph or cluster it is used with; the message says which node and why."""
-
-
-def param_pieces(layout: str, degree: int) -> int:
-    """Into how many pieces a node run in ``layout`` over ``degree`` devices cuts the parameters
-    it reads, one per device: ``degree`` for a ``channel`` or ``reduce`` split over several
-    devices (each holds a slice, its gradient and its optimizer state), else 1 (``R`` and
-    ``batch`` read them whole).  The one statement of this rule: memory, the walk, the simulator,
-    resharding and the frontier's problem all ask here."""
-    return degree if degree > 1 and Layout(layout).cuts_params else 1
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,10 @@ turns a producer's layout into the piece a consumer reads.
 A :class:`Placed` value is one fx value of the original graph as the rewritten graph holds it:
 
 - ``R``: every device of ``devices`` holds the whole tensor (``parts[i]`` on ``devices[i]``);
-- ``S``: ``parts[i]`` is piece ``i`` of ``len(devices)`` along dimension ``dim``, cut the way
-  :func:`torch.tensor_split` cuts (the first pieces one element larger when the size does not
-  divide) — the ``S(batch)`` / ``S(channel)`` layouts of :mod:`tensoropt.planmodel.reshard`, the dimension
-  being the tensor's batch or channel dimension;
+- ``S``: ``parts[i]`` is piece ``i`` of ``len(devices)`` along dimension ``dim``, cut by the
+  piece rule (:func:`tensoropt.layouts.piece_sizes`, as :func:`torch.tensor_split` cuts) — the
+  ``S(batch)`` / ``S(channel)`` layouts of :mod:`tensoropt.layouts`, the dimension being the
+  tensor's batch or channel dimension;
 - ``P``: every part is a whole-sized tensor of partial sums; the value is their sum.
 
 A device ``None`` means "wherever the caller put it" (the user's inputs, the parameters).
@@ -34,7 +34,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-R, S, P = "R", "S", "P"
+from ..layouts import Kind, piece_sizes
+
+R, S, P = Kind.R, Kind.S, Kind.P
 
 
 def split_pieces(x: torch.Tensor, k: int, dim: int) -> tuple[torch.Tensor, ...]:
@@ -44,8 +46,7 @@ def split_pieces(x: torch.Tensor, k: int, dim: int) -> tuple[torch.Tensor, ...]:
     size, ``k`` of them then summed — for a weight split over the devices of one process, ``k``
     whole-size allocations, fills and adds a step (VGG-16's 25 MiB classifier weight split two
     ways: 2 × 5 ms of zeroing a step on one CPU core).  O(k)."""
-    n = x.shape[dim]
-    return x.split([n // k + (1 if i < n % k else 0) for i in range(k)], dim)
+    return x.split(piece_sizes(x.shape[dim], k), dim)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Placed:
     that hold its ``parts`` (in mesh order) and, for ``S``, the dimension it is cut along (a tuple,
     one per element, when the value is a tuple of tensors, e.g. an LSTM's outputs)."""
 
-    kind: str
+    kind: Kind
     devices: tuple[str | None, ...]
     parts: tuple[fx.Node, ...]
     dim: int | tuple[int | None, ...] | None = None

@@ -52,6 +52,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..layouts import piece_range
+
 aten = torch.ops.aten
 
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -78,13 +80,6 @@ def derive_seed(base: int, step: int) -> int:
     """The seed of step ``step`` from a run's ``base`` seed (processes that agree on the base
     agree on every step's seed without talking again)."""
     return _stream(base, -1, step)
-
-
-def piece_range(size: int, k: int, index: int) -> tuple[int, int]:
-    """``[start, end)`` of piece ``index`` of ``torch.tensor_split`` into ``k`` along a size."""
-    q, r = divmod(size, k)
-    start = index * q + min(index, r)
-    return start, start + q + (1 if index < r else 0)
 
 
 def _rows(fill: str, seed: int, key: int, full_shape: Sequence[int], dim: int | None, k: int, index: int,

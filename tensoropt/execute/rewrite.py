@@ -60,6 +60,7 @@ from torch.utils.checkpoint import checkpoint
 from .. import syncbn
 from ..errors import ExecutionError
 from ..graph import OpGraph, OpNode, split_fits
+from ..layouts import Layout, largest_piece, piece_sizes
 from ..measure.shards import VIEWS, TensorArg, shard_args
 from ..plan import Plan
 from ..planmodel.reshard import op_basename
@@ -351,15 +352,15 @@ class _Emitter:
     def emit(self, n: fx.Node) -> Placed:
         op, cfg = self.graph.nodes[n.name], self.plan.configs[n.name]
         devices, k = cfg.devices, cfg.degree
-        layout = cfg.layout if k > 1 else "R"
+        layout = Layout.of(cfg)
         base = op_basename(op.op)
-        if layout == "batch" and base in _BATCH_NORMS and not op.split.batch_exact:
+        if layout == Layout.BATCH and base in _BATCH_NORMS and not op.split.batch_exact:
             # exact statistics over the whole batch (see the module docstring)
             synced = self._sync_batch_norm(n, op, devices) if base == "batch_norm" else None
             if synced is not None:
                 return synced
-            devices, layout = devices[:1], "R"
-        if layout == "R":
+            devices, layout = devices[:1], Layout.R
+        if layout == Layout.R:
             return self._whole(n, op, devices, cfg.recompute)
         if not split_fits(layout, k, self.graph.batch_size):
             raise ExecutionError(f"node {n.name!r} is split {k} ways along a batch of {self.graph.batch_size}; "
@@ -373,16 +374,16 @@ class _Emitter:
             return self._whole(n, op, devices[:1], cfg.recompute)
         batch = self.graph.batch_size
         # a channel piece cut from a whole tensor is not contiguous: a split view reshapes it
-        target = torch.ops.aten.reshape.default if layout == "channel" and base in VIEWS else None
-        which = "batch_dim" if layout == "batch" else "channel_dim"
+        target = torch.ops.aten.reshape.default if layout == Layout.CHANNEL and base in VIEWS else None
+        which = "batch_dim" if layout == Layout.BATCH else "channel_dim"
         dims = tuple(getattr(t, which) for t in op.outputs)
         parts = []
+        local_batch = piece_sizes(batch, k) if layout == Layout.BATCH and batch else [None] * k
         for i, d in enumerate(devices):
-            local = (batch // k + (1 if i < batch % k else 0)) if layout == "batch" and batch else None
-            parts.append(self._call(n, template, d, k, i, local, cfg.recompute, writes_back=True,
-                                    drop_bias=(layout == "reduce" and i > 0), base=base, target=target,
-                                    piece_dim=dims[0] if layout != "reduce" and dims else None))
-        if layout == "reduce":
+            parts.append(self._call(n, template, d, k, i, local_batch[i], cfg.recompute, writes_back=True,
+                                    drop_bias=(layout == Layout.REDUCE and i > 0), base=base, target=target,
+                                    piece_dim=dims[0] if layout != Layout.REDUCE and dims else None))
+        if layout == Layout.REDUCE:
             return Placed(P, tuple(devices), tuple(parts))
         val = n.meta.get("val")
         dim = dims if isinstance(val, (list, tuple)) else dims[0]
@@ -437,7 +438,7 @@ class _Emitter:
         return Placed(R, tuple(devices), parts)
 
     # ---- which argument is cut along which dimension -----------------------------------------
-    def _template(self, n: fx.Node, layout: str | None, op: OpNode, k: int) -> _Template | None:
+    def _template(self, n: fx.Node, layout: Layout | None, op: OpNode, k: int) -> _Template | None:
         """``(args, kwargs)`` of one shard with every tensor argument a :class:`_Cut` and the
         other arguments as the shard rule sets them (e.g. a grouped conv's groups); ``None``
         when no shard rule runs ``n`` in ``layout`` (``None``: whole, never refused)."""
@@ -462,7 +463,7 @@ class _Emitter:
         result = None
         if layout is not None:
             result = shard_args(op_basename(op.op), args_m, kwargs_m, info, layout, k, op.outputs[0])
-            if result is None and layout != "batch":
+            if result is None and layout != Layout.BATCH:
                 return None
         new_args, new_kwargs = result if result is not None else (args_m, kwargs_m)
         if layout is not None and not self._shard_runs(n, op, layout, k, new_args, new_kwargs):
@@ -488,10 +489,11 @@ class _Emitter:
             kwargs[key] = new_kwargs[key]
         return args, kwargs
 
-    def _shard_runs(self, n: fx.Node, op: OpNode, layout: str, k: int, args: Any, kwargs: dict[str, Any]) -> bool:
+    def _shard_runs(self, n: fx.Node, op: OpNode, layout: Layout, k: int, args: Any,
+                    kwargs: dict[str, Any]) -> bool:
         """Whether the largest shard, run on meta tensors, gives the shape the layout promises
         (the profiler's test of a shard rule, :mod:`tensoropt.measure.shards`)."""
-        batch = -(-self.graph.batch_size // k) if layout == "batch" and self.graph.batch_size else None
+        batch = largest_piece(self.graph.batch_size, k) if layout == Layout.BATCH and self.graph.batch_size else None
         # a bf16 graph's ops mix dtypes that only autocast reconciles (a conv of a bfloat16
         # activation with a float32 weight), and autocast does not run on meta tensors: the
         # shapes are what is checked, so every floating argument is float32 here
@@ -519,10 +521,10 @@ class _Emitter:
         want = []
         for t in op.outputs:
             shape = list(t.shape)
-            d = t.batch_dim if layout == "batch" else t.channel_dim if layout == "channel" else None
+            d = t.batch_dim if layout == Layout.BATCH else t.channel_dim if layout == Layout.CHANNEL else None
             if d is not None:
-                shape[d] = -(-shape[d] // k)
-            elif layout != "reduce":
+                shape[d] = largest_piece(shape[d], k)
+            elif layout != Layout.REDUCE:
                 return False  # an output that is not cut would differ between shards
             want.append(tuple(shape))
         return got == want

@@ -134,9 +134,10 @@ from ..cluster import Cluster
 from ..cluster.collectives import ring_allreduce_bytes_time, ring_allreduce_time
 from ..errors import ClusterSpecError, TensorOptError
 from ..graph import OpGraph, OpNode, grad_nodes
+from ..layouts import LAYOUTS, Layout, largest_piece
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
-from ..plan import LAYOUTS, Layout, NodeConfig
+from ..plan import NodeConfig
 from ..planmodel.memory import keeps_input, node_memory, output_kept
 from ..planmodel.reshard import (
     P,
@@ -475,7 +476,7 @@ class _MeshContext:
         if name in self.outputs and output_layout(cfg) == P:
             t += ring_allreduce_time(cluster, mesh, self.outputs[name])
         split = cfg.param_pieces
-        accumulate: float = sum(2 * -(-graph.params[q].nbytes // split) for q in self.not_last.get(name, ()))
+        accumulate: float = sum(2 * largest_piece(graph.params[q].nbytes, split) for q in self.not_last.get(name, ()))
         if split > 1:   # a piece of a weight shared with another reader, which may hold it whole
             # (tie edges): the cut's backward pads the piece's gradient to the whole (as the
             # walk), a whole-sized write more (as the simulator's time)
@@ -568,4 +569,4 @@ class _MeshContext:
 
 def _piece(nbytes: int, cfg: NodeConfig) -> int:
     """Bytes of a parameter of ``nbytes`` each device of ``cfg`` holds (rounded up)."""
-    return -(-nbytes // cfg.param_pieces)
+    return largest_piece(nbytes, cfg.param_pieces)

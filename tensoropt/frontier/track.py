@@ -750,7 +750,8 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                   cluster=cluster, reserve=reserve, times_from=costs_source(costs))
     if seed_placers:
         progress("frontier", steps - 1, steps, f"joining the plans of {', '.join(seed_placers)}")
-        seeds, failed = _seed_plans(graph, costs, cluster, allowed, optimizer, seed_placers)
+        on = {d for m in mesh_list for d in m}     # the devices the meshes use: given meshes bound the placers too
+        seeds, failed = _seed_plans(graph, costs, cluster, [d for d in allowed if d in on], optimizer, seed_placers)
         fr = fr.including(seeds, graph, costs)
         fr.notes.extend(failed)
         fr.seconds = _time.perf_counter() - t0

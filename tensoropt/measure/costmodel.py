@@ -48,7 +48,7 @@ from typing import Any
 from .._io import graph_file_header, read_json, write_json_atomic
 from ..errors import GraphFormatError, ProfileError
 from ..graph import OpGraph, split_fits
-from ..plan import SPLIT_LAYOUTS, Layout
+from ..layouts import SPLIT_LAYOUTS, Layout
 
 PROFILE_FORMAT = "tensoropt.profile/1"
 LAYOUTS = SPLIT_LAYOUTS   # a shard's layouts (R is the full shape)

@@ -73,7 +73,7 @@ from ..capture import first_line, quiet_torch_logs
 from ..capture.precision import precision_context, precision_of
 from ..errors import ProfileError
 from ..graph import OpGraph, OpNode, TensorMeta, grad_nodes, split_fits
-from ..plan import SPLIT_LAYOUTS, Layout
+from ..layouts import SPLIT_LAYOUTS, Layout
 from ..progress import Progress, no_progress
 from .costmodel import CostModel, NodeCost, ShardCost, Work
 from .feed import module_on, placeholder_values

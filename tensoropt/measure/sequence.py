@@ -65,7 +65,7 @@ from .._malloc import steady_malloc
 from ..capture.precision import precision_context
 from ..errors import ProfileError
 from ..graph import OpGraph
-from ..plan import Layout
+from ..layouts import Layout
 from .costmodel import NodeCost
 from .feed import module_on, placeholder_values
 from .shards import shard_size

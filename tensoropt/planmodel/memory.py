@@ -50,9 +50,10 @@ from dataclasses import dataclass
 from ..cluster import Cluster, Device, LinkModel
 from ..errors import ProfileError
 from ..graph import OpGraph
+from ..layouts import Layout, largest_piece, param_pieces
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
-from ..plan import Layout, NodeConfig, Plan, param_pieces
+from ..plan import NodeConfig, Plan
 from .walk import StepMemory, aliases_input, plan_memory
 
 # StepMemory and aliases_input live in .walk (which the walk needs and this module builds on);
@@ -94,7 +95,8 @@ def node_memory(graph: OpGraph, costs: CostModel, name: str, *, layout: str = "R
                     if graph.params[p].requires_grad and graph.params[p].kind == "parameter")
     held = sum(graph.params[p].nbytes for p in node.params)
     if cost is None:
-        return NodeMemory(_ceil(held, split), _ceil(trainable, split), alpha * _ceil(trainable, split), 0, 0)
+        return NodeMemory(largest_piece(held, split), largest_piece(trainable, split),
+                          alpha * largest_piece(trainable, split), 0, 0)
     shard = cost.at(layout, degree)
     kept = shard.extra_saved_bytes + (shard.output_bytes if output_kept(graph, costs, name) else 0)
     grads_in = sum(b for b in node.input_bytes) // (degree if layout == Layout.BATCH and degree > 1 else 1)
@@ -102,7 +104,8 @@ def node_memory(graph: OpGraph, costs: CostModel, name: str, *, layout: str = "R
     if recompute:
         transient += kept
         kept = 0
-    return NodeMemory(_ceil(held, split), _ceil(trainable, split), alpha * _ceil(trainable, split), kept, transient)
+    return NodeMemory(largest_piece(held, split), largest_piece(trainable, split),
+                      alpha * largest_piece(trainable, split), kept, transient)
 
 
 def output_kept(graph: OpGraph, costs: CostModel, name: str) -> bool:
@@ -124,10 +127,6 @@ def keeps_input(graph: OpGraph, costs: CostModel, consumer: str, producer: str) 
         return True
     node = graph.nodes[consumer]
     return aliases_input(node, costs) and node.inputs[0] == producer and output_kept(graph, costs, consumer)
-
-
-def _ceil(n: int, k: int) -> int:
-    return -(-n // k)
 
 
 def step_memory(graph: OpGraph, costs: CostModel, *, placement: Mapping[str, str] | None = None,

@@ -57,10 +57,10 @@ from numba import njit
 
 from ..cluster import Cluster
 from ..graph import OpGraph, grad_nodes
+from ..layouts import Layout, TensorLayout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..plan import NodeConfig, Plan
-from .layouts import Layout, TensorLayout
 from .reshard import (
     P,
     edge_reshard,

@@ -6,7 +6,7 @@ transfer: an edge ``i → j`` under configurations ``(s_i, s_j)`` costs
 ``edge_reshard(graph, i, j, s_i, s_j, cluster)``'s ``time_s + backward_time_s``, and a node's
 gradient synchronisation ``param_sync(graph, node, s, cluster).time_s`` (``None``: nothing).
 
-Tensor layouts on a mesh of ``n`` devices (:class:`~tensoropt.planmodel.layouts.TensorLayout`,
+Tensor layouts on a mesh of ``n`` devices (:class:`~tensoropt.layouts.TensorLayout`,
 ``str`` enums equal to these strings):
 
 - ``"R"``           every device holds the whole tensor;
@@ -92,7 +92,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -107,8 +106,8 @@ from ..cluster.collectives import (
     ring_allreduce_time,
 )
 from ..graph import OpGraph, OpNode
+from ..layouts import Layout, TensorLayout
 from ..plan import NodeConfig, Plan
-from .layouts import Layout, TensorLayout
 
 R, SB, SC, P = TensorLayout.R, TensorLayout.SB, TensorLayout.SC, TensorLayout.P
 TENSOR_LAYOUTS: tuple[TensorLayout, ...] = tuple(TensorLayout)
@@ -514,10 +513,8 @@ def stat_sync(graph: OpGraph, node: OpNode | str, config: NodeConfig, cluster: C
 
 def piece_bytes(layout: TensorLayout, degree: int, nbytes: int | float) -> int:
     """Bytes one device holds of a tensor of ``nbytes`` in ``layout`` (a :class:`TensorLayout`)
-    over ``degree`` devices (a slice rounds up)."""
-    if degree > 1 and TensorLayout(layout).is_slice:
-        return int(math.ceil(nbytes / degree))
-    return int(math.ceil(nbytes))
+    over ``degree`` devices: :meth:`TensorLayout.piece_bytes` (the largest piece of a slice)."""
+    return TensorLayout(layout).piece_bytes(degree, nbytes)
 
 
 def move(src_layout: TensorLayout, src_devices: Sequence[str], dst_layout: TensorLayout, dst_devices: Sequence[str],

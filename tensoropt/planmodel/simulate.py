@@ -76,10 +76,10 @@ from typing import Any
 from ..cluster import Cluster
 from ..devicemodel.price import check_costs_kind, costs_source
 from ..graph import OpGraph, OpNode, grad_nodes
+from ..layouts import TensorLayout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Estimate, Plan, PlanError
-from .layouts import TensorLayout
 from .reshard import P, R, Stage, gradient_syncs, move, output_layout, stat_sync, synced_parameters
 from .walk import PlanEdges, StepMemory, plan_edges, plan_memory, shard_cost, walk
 

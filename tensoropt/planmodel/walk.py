@@ -68,10 +68,10 @@ from typing import Any
 
 from ..cluster import Cluster
 from ..graph import OpGraph, OpNode, grad_nodes
+from ..layouts import Layout, largest_piece
 from ..measure.costmodel import CostModel, NodeCost, ShardCost
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha, optimizer_temp_bytes
 from ..plan import NodeConfig, Plan, PlanError
-from .layouts import Layout
 from .reshard import Reshard, edge_reshard, output_layout, piece_bytes, read_layout, reads_nothing, synced_parameters
 
 #: a storage key of the walk's live set: ``(node, "out")``, ``(input, "batch")``, ``(producer, "recv",
@@ -247,7 +247,7 @@ class _ParamHolding:
             node, cfg = graph.nodes[name], plan.configs[name]
             split = cfg.param_pieces
             for p in (*node.params, *node.param_reads):
-                piece_of[(name, p)] = b = -(-graph.params[p].nbytes // split)
+                piece_of[(name, p)] = b = largest_piece(graph.params[p].nbytes, split)
                 if p in synced:
                     b = graph.params[p].nbytes
                 for d in cfg.devices:
@@ -563,5 +563,5 @@ def _workspace(c: NodeCost | None, cfg: NodeConfig) -> int:
     if c is None or not c.workspace_bytes:
         return 0
     if Layout.of(cfg).is_split:
-        return -(-c.workspace_bytes // cfg.degree)
+        return largest_piece(c.workspace_bytes, cfg.degree)
     return c.workspace_bytes

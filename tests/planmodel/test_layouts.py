@@ -4,8 +4,8 @@ import json
 
 import yaml
 
+from tensoropt.layouts import Layout, TensorLayout, effective_layout
 from tensoropt.plan import LAYOUTS, SPLIT_LAYOUTS, Estimate, NodeConfig, Plan, param_pieces
-from tensoropt.planmodel.layouts import Layout, TensorLayout, effective_layout
 from tensoropt.planmodel.reshard import SB, SC, P, R, output_layout
 
 # written by tensoropt.plan before Layout existed (commit c60985f), for the plan of _plan() below
