@@ -62,13 +62,15 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
         raise GraphFormatError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
 
 
-def graph_file_header(d: Any, fmt: str, where: str) -> str:
-    """Check that a loaded profile / plan is a JSON object of format ``fmt`` and return the graph
-    fingerprint it carries; a :class:`GraphFormatError` naming the field otherwise."""
+def graph_file_header(d: Any, fmt: str | tuple[str, ...], where: str) -> str:
+    """Check that a loaded profile / plan is a JSON object of format ``fmt`` (or one of several
+    readable formats) and return the graph fingerprint it carries; a :class:`GraphFormatError`
+    naming the field otherwise."""
     if not isinstance(d, Mapping):
         raise GraphFormatError(f"{where} must be a JSON object")
-    if d.get("format") != fmt:
-        raise GraphFormatError(f"{where}.format must be {fmt!r}, got {d.get('format')!r}")
+    formats = (fmt,) if isinstance(fmt, str) else fmt
+    if d.get("format") not in formats:
+        raise GraphFormatError(f"{where}.format must be {' or '.join(map(repr, formats))}, got {d.get('format')!r}")
     fp = d.get("graph_fingerprint")
     if not isinstance(fp, str) or len(fp) != 64:
         raise GraphFormatError(f"{where}.graph_fingerprint must be the graph's 64-hex-digit SHA-256")

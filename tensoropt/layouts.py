@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .plan import NodeConfig
 
-__all__ = ["StrValueEnum", "Layout", "LAYOUTS", "SPLIT_LAYOUTS", "TensorLayout", "Kind", "param_pieces",
+__all__ = ["StrValueEnum", "Layout", "LAYOUTS", "SPLIT_LAYOUTS", "TensorLayout", "Kind", "Shard", "param_pieces",
            "piece_sizes", "piece_range", "largest_piece", "effective_layout"]
 
 
@@ -163,6 +163,38 @@ _WRITTEN = {Layout.R: TensorLayout.R, Layout.BATCH: TensorLayout.SB, Layout.CHAN
 def effective_layout(config: NodeConfig) -> Layout:
     """:meth:`Layout.of`: the layout ``config`` runs in (``R`` on one device)."""
     return Layout.of(config)
+
+
+class Shard(enum.IntEnum):
+    """How much of a node's replicated parameters each device of its mesh keeps (ZeRO's stages,
+    FSDP): where a node reads its parameters whole (``R`` or ``batch`` over ``k > 1`` devices),
+    every device would otherwise hold all of them, their gradients and their optimizer state.
+
+    =============  ==================================  ==========================================
+    level          each device holds (of ``p`` bytes)  extra communication
+    =============  ==================================  ==========================================
+    ``NONE`` 0     ``p`` + ``p`` + ``αp``              the gradients' all-reduce (DDP)
+    ``OPTIMIZER`` 1  ``p`` + ``p`` + ``α⌈p/k⌉``        … then the updated parameters all-gathered
+    ``GRADIENTS`` 2  ``p`` + ``⌈p/k⌉`` + ``α⌈p/k⌉``    gradients reduce-scattered, not all-reduced;
+                                                       updated parameters all-gathered
+    ``PARAMETERS`` 3 ``⌈p/k⌉`` × (2 + α)               parameters all-gathered before the forward
+                                                       and again before the backward (FSDP,
+                                                       ``reshard_after_forward``), gradients
+                                                       reduce-scattered
+    =============  ==================================  ==========================================
+
+    (ZeRO-1, ZeRO-2, ZeRO-3 ≈ PyTorch's FSDP2.)  An ``IntEnum``: plan JSON holds the integer."""
+
+    NONE = 0
+    OPTIMIZER = 1
+    GRADIENTS = 2
+    PARAMETERS = 3
+
+    def shards(self, what: str) -> bool:
+        """Whether this level keeps ``what`` (``"optimizer"``, ``"gradients"``, ``"parameters"``)
+        as a ``1/k`` piece per device."""
+        return self >= {"optimizer": Shard.OPTIMIZER, "gradients": Shard.GRADIENTS,
+                        "parameters": Shard.PARAMETERS}[what]
 
 
 def piece_sizes(n: int, k: int) -> list[int]:

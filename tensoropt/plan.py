@@ -38,14 +38,16 @@ from typing import TYPE_CHECKING, Any
 
 from ._io import graph_file_header, read_json, write_json_atomic
 from .errors import GraphFormatError, TensorOptError
-from .layouts import LAYOUTS, Layout, param_pieces
+from .layouts import LAYOUTS, Layout, Shard, param_pieces
 
 # for annotations only: the graph and the cluster import nothing of this module, but the cluster is a layer above
 if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph import OpGraph
 
-PLAN_FORMAT = "tensoropt.plan/1"
+PLAN_FORMAT = "tensoropt.plan/2"
+#: formats a plan file may have: version 1 has no sharding levels (every node's is ``NONE``)
+PLAN_FORMATS = ("tensoropt.plan/1", PLAN_FORMAT)
 
 
 class PlanError(TensorOptError):
@@ -54,11 +56,14 @@ class PlanError(TensorOptError):
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """How one node runs: on which devices (in mesh order), in which layout, recomputed or not."""
+    """How one node runs: on which devices (in mesh order), in which layout, recomputed or not,
+    and how much of its parameters each device keeps (``shard``, :class:`~tensoropt.layouts.Shard`:
+    ZeRO's stages; ``NONE`` unless the node reads its parameters whole over several devices)."""
 
     devices: tuple[str, ...]
     layout: str = "R"
     recompute: bool = False
+    shard: int = Shard.NONE
 
     @property
     def degree(self) -> int:
@@ -70,7 +75,8 @@ class NodeConfig:
         return param_pieces(self.layout, self.degree)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"devices": list(self.devices), "layout": self.layout, "recompute": self.recompute}
+        return {"devices": list(self.devices), "layout": self.layout, "recompute": self.recompute,
+                "shard": int(self.shard)}
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> NodeConfig:
@@ -87,7 +93,34 @@ class NodeConfig:
         recompute = d.get("recompute", False)
         if not isinstance(recompute, bool):
             raise GraphFormatError(f"{where}.recompute must be true or false")
-        return cls(tuple(devices), layout, recompute)
+        shard = d.get("shard", 0)
+        if isinstance(shard, bool) or shard not in tuple(Shard):
+            raise GraphFormatError(f"{where}.shard must be a sharding level 0-3 (none, optimizer state, + "
+                                   f"gradients, + parameters), got {shard!r}")
+        return cls(tuple(devices), layout, recompute, Shard(shard))
+
+
+def shardable(graph: OpGraph, name: str) -> tuple[str, ...]:
+    """The trainable parameters a sharding level of node ``name`` would shard: those it owns and
+    that no other node reads (a tied weight's readers would have to agree; not offered).  Empty:
+    the node cannot be sharded."""
+    node = graph.nodes[name]
+    qs = [q for q in (*node.params, *node.param_reads)
+          if graph.params[q].kind == "parameter" and graph.params[q].requires_grad]
+    if any(graph.params[q].readers or graph.params[q].owner != name for q in qs):
+        return ()
+    return tuple(qs)
+
+
+def _check_shard(graph: OpGraph, name: str, cfg: NodeConfig) -> None:
+    """A sharding level needs the parameters replicated over several devices and untied."""
+    if cfg.degree < 2 or param_pieces(cfg.layout, cfg.degree) > 1:
+        raise PlanError(f"node {name!r} shards its parameters (level {int(cfg.shard)}) but "
+                        f"{'runs on one device' if cfg.degree < 2 else f'cuts them ({cfg.layout})'}: a sharding "
+                        "level applies to parameters replicated over several devices (layout 'R' or 'batch')")
+    if not shardable(graph, name):
+        raise PlanError(f"node {name!r} shards its parameters (level {int(cfg.shard)}) but has no trainable "
+                        "parameter of its own that no other node reads; give it shard 0")
 
 
 @dataclass(frozen=True)
@@ -206,6 +239,8 @@ class Plan:
                 raise PlanError(f"node {name!r} ({node.op}) cannot be split along the batch")
             if cfg.layout == Layout.CHANNEL and node.split.channel is None:
                 raise PlanError(f"node {name!r} ({node.op}) has no channel dimension to split")
+            if cfg.shard:
+                _check_shard(graph, name, cfg)
         if sorted(self.order) != sorted(ops):
             raise PlanError("the plan's order must list every operator exactly once")
         pos = {n: i for i, n in enumerate(self.order)}
@@ -232,7 +267,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "plan") -> Plan:
-        fp = graph_file_header(d, PLAN_FORMAT, where)
+        fp = graph_file_header(d, PLAN_FORMATS, where)
         configs_in = d.get("configs")
         if not isinstance(configs_in, Mapping):
             raise GraphFormatError(f"{where}.configs must map node names to configurations")

@@ -36,7 +36,7 @@ def test_round_trip_and_views(graph, tmp_path):
     assert back.to_dict() == plan.to_dict()
     sim = back.with_estimate(Estimate("simulator", 0.02, {"gpu0": 11, "gpu1": 22}))
     assert [e.source for e in sim.estimates] == ["frontier", "simulator"]
-    assert json.loads((tmp_path / "p.json").read_text())["format"] == "tensoropt.plan/1"
+    assert json.loads((tmp_path / "p.json").read_text())["format"] == "tensoropt.plan/2"
 
 
 def test_a_plan_for_another_graph_is_refused(graph, tied_lm, tmp_path):

@@ -106,8 +106,8 @@ from ..cluster.collectives import (
     ring_allreduce_time,
 )
 from ..graph import OpGraph, OpNode
-from ..layouts import Layout, TensorLayout
-from ..plan import NodeConfig, Plan
+from ..layouts import Layout, Shard, TensorLayout
+from ..plan import NodeConfig, Plan, shardable
 
 R, SB, SC, P = TensorLayout.R, TensorLayout.SB, TensorLayout.SC, TensorLayout.P
 TENSOR_LAYOUTS: tuple[TensorLayout, ...] = tuple(TensorLayout)
@@ -449,6 +449,8 @@ def synced_parameters(graph: OpGraph, plan: Plan) -> dict[str, tuple[str, ...]]:
     cuts: dict[str, set[tuple[str, tuple[str, ...], str] | None]] = {}
     for name, cfg in plan.configs.items():
         node = graph.nodes[name]
+        if Shard(cfg.shard).shards("gradients"):
+            continue   # reduce-scattered after the node's backward (sharded_parameters), not all-reduced
         for q in (*node.params, *node.param_reads):
             info = graph.params[q]
             if info.kind == "parameter" and info.requires_grad:
@@ -460,6 +462,43 @@ def synced_parameters(graph: OpGraph, plan: Plan) -> dict[str, tuple[str, ...]]:
             continue   # read on one device, or every reader holds the same piece of it
         out[q] = tuple(sorted(devs, key=order.__getitem__))
     return out
+
+
+def sharded_parameters(graph: OpGraph, plan: Plan) -> dict[str, tuple[Shard, tuple[str, ...]]]:
+    """Trainable parameter → (its sharding level, the devices that share it) for the parameters
+    of nodes run with a sharding level (:class:`~tensoropt.layouts.Shard`; such a parameter has
+    one reader, :func:`tensoropt.plan.shardable`).  O(V)."""
+    out: dict[str, tuple[Shard, tuple[str, ...]]] = {}
+    for name, cfg in plan.configs.items():
+        if cfg.shard:
+            for q in shardable(graph, name):
+                out[q] = (Shard(cfg.shard), tuple(cfg.devices))
+    return out
+
+
+def shard_steps(graph: OpGraph, node: OpNode | str, config: NodeConfig,
+                cluster: Cluster) -> tuple[Step | None, Step | None, Step | None]:
+    """The collectives a node's sharding level adds, over its mesh in ring order, of the bytes of
+    the parameters it shards: ``(gather, reduce_scatter, update_gather)`` —
+
+    - ``gather``: the ring all-gather of its parameters before its forward and again before its
+      backward (level ``PARAMETERS``; FSDP's ``reshard_after_forward``), else ``None``;
+    - ``reduce_scatter``: its gradients' ring reduce-scatter after its backward (levels
+      ``GRADIENTS`` and up; instead of their share of the all-reduce), else ``None``;
+    - ``update_gather``: the ring all-gather of its updated parameters after the optimizer step
+      (levels ``OPTIMIZER`` and ``GRADIENTS``: each device updated only its piece), else ``None``."""
+    level = Shard(config.shard)
+    if not level or config.degree < 2:
+        return None, None, None
+    name = node if isinstance(node, str) else node.name
+    nbytes = sum(graph.params[q].nbytes for q in shardable(graph, name))
+    if not nbytes:
+        return None, None, None
+    mesh = tuple(config.devices)
+    ag = Step("allgather", mesh, nbytes, allgather_time(cluster, mesh, nbytes))
+    rs = Step("reduce_scatter", mesh, nbytes, reduce_scatter_time(cluster, mesh, nbytes))
+    return (ag if level.shards("parameters") else None, rs if level.shards("gradients") else None,
+            None if level.shards("parameters") else ag)
 
 
 def gradient_syncs(graph: OpGraph, plan: Plan, cluster: Cluster) -> list[tuple[tuple[str, ...], Step]]:

@@ -74,13 +74,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cluster import Cluster
+from ..cluster.collectives import allgather_time
 from ..devicemodel.price import check_costs_kind, costs_source
 from ..graph import OpGraph, OpNode, grad_nodes
 from ..layouts import TensorLayout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Estimate, Plan, PlanError
-from .reshard import P, R, Stage, gradient_syncs, move, output_layout, stat_sync, synced_parameters
+from .reshard import P, R, Stage, Step, gradient_syncs, move, output_layout, shard_steps, stat_sync, synced_parameters
 from .walk import PlanEdges, StepMemory, plan_edges, plan_memory, shard_cost, walk
 
 # plan_memory is the simulator's memory model without the timing; it lives with the cost model
@@ -359,11 +360,27 @@ class _StepTasks:
         self.needs_grad, self.times = needs_grad, times
         self.sched = _Schedule()
         self.speed = {d: cluster.device(d).speed for d in plan.devices}
+        #: each device's last compute task so far (a sharded node's gather waits for it: no prefetch)
+        self.last_on: dict[str, int] = {}
 
     def compute(self, name: str, phase: str, seconds: float, deps: Sequence[int | None]) -> int:
         cfg = self.plan.configs[name]
-        return self.sched.add("compute", name, phase, deps, devices=tuple(cfg.devices),
-                              dur_on={d: seconds / self.speed[d] for d in cfg.devices})
+        tid = self.sched.add("compute", name, phase, deps, devices=tuple(cfg.devices),
+                             dur_on={d: seconds / self.speed[d] for d in cfg.devices})
+        for d in cfg.devices:
+            self.last_on[d] = tid
+        return tid
+
+    def gather(self, name: str, direction: str) -> int | None:
+        """A node's parameters all-gathered before it runs (level ``PARAMETERS``), issued when the
+        devices of its mesh have finished the compute before it (no prefetch); ``None`` otherwise."""
+        cfg = self.plan.configs[name]
+        ag, _, _ = shard_steps(self.graph, name, cfg, self.cluster)
+        if ag is None:
+            return None
+        before = [self.last_on.get(d) for d in cfg.devices]
+        return self.sched.chain((Stage((ag,), ag.time_s),), name, "transfer", before,
+                                f"{direction} parameters gathered on {','.join(cfg.devices)}")
 
     def forward(self) -> dict[str, int]:
         """Each node's forward after its inputs arrive (one transfer per edge key); a batch-split
@@ -383,6 +400,7 @@ class _StepTasks:
                     detail = _describe((rs.src_layout, rs.dst_layout), plan.configs[p].devices, key[1], "forward")
                     arrived[key] = sched.chain(rs.forward, p, "transfer", [fwd_task[p]], detail)
                 deps.append(arrived[key])
+            deps.append(self.gather(name, "forward"))
             fwd_task[name] = self.compute(name, "fp", self.times[name][0], deps)
             stats = stat_sync(self.graph, node, cfg, self.cluster)
             if stats is not None:   # its consumers wait for the whole batch's statistics
@@ -423,11 +441,16 @@ class _StepTasks:
             deps = list(grads_back.get(name, []))
             if name in outputs and needs_grad.get(name):
                 deps.append(loss)
+            deps.append(self.gather(name, "backward"))
             first = deps
             if cfg.recompute:
                 rc = self.compute(name, "recompute", self.times[name][0], deps)
                 first = [rc]
             bwd_task[name] = self.compute(name, "bp", self.times[name][1], first)
+            _, rs, _ = shard_steps(self.graph, name, cfg, self.cluster)
+            if rs is not None:   # its gradients reduce-scattered (nothing in the step waits for them)
+                sched.chain((Stage((rs,), rs.time_s),), name, "allreduce", [bwd_task[name]],
+                            f"gradients reduce-scattered on {','.join(cfg.devices)}")
             stats = stat_sync(self.graph, node, cfg, self.cluster) if needs_grad.get(name) else None
             if stats is not None:
                 bwd_task[name] = _known(sched.chain((stats,), name, "transfer", [bwd_task[name]],
@@ -459,10 +482,33 @@ class _StepTasks:
         backward reading them (``overlap``) or after the whole backward."""
         position = {name: i for i, name in enumerate(self.plan.order)}
         sync = None if overlap else self.sched.add("sync", "backward", "sync", list(bwd_task.values()))
+        summed: list[int | None] = []
         for readers, st in gradient_syncs(self.graph, self.plan, self.cluster):
             last = min(readers, key=position.__getitem__)   # the last of their backwards to run
-            self.sched.chain((Stage((st,), st.time_s),), last, "allreduce", [bwd_task[last] if overlap else sync],
-                             f"parameter gradients on {','.join(st.devices)}")
+            summed.append(self.sched.chain((Stage((st,), st.time_s),), last, "allreduce",
+                                           [bwd_task[last] if overlap else sync],
+                                           f"parameter gradients on {','.join(st.devices)}"))
+        self._update_gathers([*bwd_task.values(), *summed])
+
+    def _update_gathers(self, before: Sequence[int | None]) -> None:
+        """After the optimizer step (when every backward and gradient sum is done), the parameters
+        whose optimizer state is sharded but not the parameters themselves (levels ``OPTIMIZER``
+        and ``GRADIENTS``) are all-gathered from the pieces each device updated: one ring
+        all-gather per mesh."""
+        by_mesh: dict[tuple[str, ...], tuple[str, float]] = {}
+        for name in self.plan.order:
+            cfg = self.plan.configs[name]
+            _, _, up = shard_steps(self.graph, name, cfg, self.cluster)
+            if up is not None:
+                first, nbytes = by_mesh.get(up.devices, (name, 0.0))
+                by_mesh[up.devices] = (first, nbytes + up.nbytes)
+        if not by_mesh:
+            return
+        done = self.sched.add("sync", "step", "sync", before)
+        for mesh, (first, nbytes) in by_mesh.items():
+            st = Step("allgather", mesh, nbytes, allgather_time(self.cluster, mesh, nbytes))
+            self.sched.chain((Stage((st,), st.time_s),), first, "allreduce", [done],
+                             f"updated parameters gathered on {','.join(mesh)}")
 
 
 def _known(task: int | None) -> int:

@@ -68,11 +68,20 @@ from typing import Any
 
 from ..cluster import Cluster
 from ..graph import OpGraph, OpNode, grad_nodes
-from ..layouts import Layout, largest_piece
+from ..layouts import Layout, Shard, largest_piece
 from ..measure.costmodel import CostModel, NodeCost, ShardCost
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha, optimizer_temp_bytes
 from ..plan import NodeConfig, Plan, PlanError
-from .reshard import Reshard, edge_reshard, output_layout, piece_bytes, read_layout, reads_nothing, synced_parameters
+from .reshard import (
+    Reshard,
+    edge_reshard,
+    output_layout,
+    piece_bytes,
+    read_layout,
+    reads_nothing,
+    sharded_parameters,
+    synced_parameters,
+)
 
 #: a storage key of the walk's live set: ``(node, "out")``, ``(input, "batch")``, ``(producer, "recv",
 #: layout, devices)``, ``(node, "saved")``, ``(key, "#grad")`` or a ``("#scratch",)`` entry
@@ -238,11 +247,16 @@ class _ParamHolding:
 
     held: dict[tuple[str, str], int]       # (param, device) -> bytes held there
     piece_of: dict[tuple[str, str], int]   # (node, param) -> bytes on each of its devices
+    #: parameters a sharding level cuts (:func:`~.reshard.sharded_parameters`) -> (level, their piece,
+    #: their whole bytes): the optimizer state (and gradient, and parameter, by level) held as the piece
+    sharded: dict[str, tuple[Shard, int, int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, plan: Plan, graph: OpGraph, synced: Mapping[str, tuple[str, ...]]) -> _ParamHolding:
         held: dict[tuple[str, str], int] = {}
         piece_of: dict[tuple[str, str], int] = {}
+        sharded = {q: (level, largest_piece(graph.params[q].nbytes, len(devs)), graph.params[q].nbytes)
+                   for q, (level, devs) in sharded_parameters(graph, plan).items()}
         for name in plan.order:
             node, cfg = graph.nodes[name], plan.configs[name]
             split = cfg.param_pieces
@@ -250,25 +264,40 @@ class _ParamHolding:
                 piece_of[(name, p)] = b = largest_piece(graph.params[p].nbytes, split)
                 if p in synced:
                     b = graph.params[p].nbytes
+                if p in sharded and sharded[p][0].shards("parameters"):
+                    b = sharded[p][1]
                 for d in cfg.devices:
                     held[(p, d)] = max(held.get((p, d), 0), b)
-        return cls(held, piece_of)
+        return cls(held, piece_of, sharded)
+
+    def grad_bytes(self, p: str, d: str) -> int:
+        """Bytes of ``p``'s gradient kept on ``d`` (its piece where a level shards gradients)."""
+        level, piece, _ = self.sharded.get(p, (Shard.NONE, 0, 0))
+        return piece if level.shards("gradients") else self.held[(p, d)]
 
     def count_resident(self, graph: OpGraph, mem: Mapping[str, StepMemory], alpha: int) -> dict[str, list[int]]:
         """Add parameters, buffers, gradients and optimizer state to each device's ``mem``;
-        return each device's trainable parameter sizes (the optimizer's temporaries follow them)."""
+        return each device's trainable parameter sizes as the optimizer updates them (pieces where
+        a level shards the optimizer state: its temporaries follow them)."""
         trainable_sizes: dict[str, list[int]] = {d: [] for d in mem}
         for (p, d), b in self.held.items():
             info = graph.params[p]
             if info.kind == "parameter":
                 mem[d].params += b
                 if info.requires_grad:
-                    mem[d].grads += b
-                    mem[d].optimizer += alpha * b
-                    trainable_sizes[d].append(b)
+                    level, piece, _ = self.sharded.get(p, (Shard.NONE, b, b))
+                    state = piece if level.shards("optimizer") else b
+                    mem[d].grads += self.grad_bytes(p, d)
+                    mem[d].optimizer += alpha * state
+                    trainable_sizes[d].append(state)
             else:
                 mem[d].buffers += b
         return trainable_sizes
+
+    def gathered(self, node: OpNode) -> int:
+        """Bytes of the parameters ``node`` gathers whole to run (level ``PARAMETERS``)."""
+        return sum(self.sharded[q][2] for q in (*node.params, *node.param_reads)
+                   if q in self.sharded and self.sharded[q][0].shards("parameters"))
 
 
 @dataclass
@@ -415,8 +444,12 @@ class _DeviceWalk:
             ws = _workspace(self._cost(name), cfg)
             if ws:
                 live[("#workspace",)] = ws
+            gathered = self.params.gathered(self.graph.nodes[name])
+            if gathered:   # its parameters all-gathered whole to run it, freed after (FSDP)
+                live[("#gathered",)] = gathered
             self.note("forward", name)
             live.pop(("#workspace",), None)
+            live.pop(("#gathered",), None)
             if cfg.recompute:
                 live.pop(extra, None)
             for k in free_after.get(self.pos[name], ()):
@@ -493,8 +526,11 @@ class _DeviceWalk:
         ws = _workspace(self._cost(name), cfg)
         if ws:
             live[("#workspace",)] = ws
+        gathered = self.params.gathered(node)
+        if gathered:   # gathered again for the backward (FSDP's reshard after forward)
+            live[("#gathered",)] = gathered
         self.note("backward", name)
-        for k in (("#workspace",), ("#accumulate",), ("#recompute",)):
+        for k in (("#workspace",), ("#accumulate",), ("#recompute",), ("#gathered",)):
             live.pop(k, None)
         if own == (name, "out"):
             live.pop((own, "#grad"), None)
@@ -518,6 +554,13 @@ class _DeviceWalk:
             info = self.graph.params[p]
             if info.kind == "parameter" and info.requires_grad:
                 b = self.params.held[(p, self.d)]
+                level, piece, whole = self.params.sharded.get(p, (Shard.NONE, 0, 0))
+                if level.shards("gradients"):
+                    # made whole by the backward, reduce-scattered: the piece stays
+                    param_done.add(p)
+                    self.grads_now += piece
+                    accumulating += whole
+                    continue
                 if p not in param_done:
                     param_done.add(p)
                     self.grads_now += b

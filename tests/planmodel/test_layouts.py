@@ -4,8 +4,8 @@ import json
 
 import yaml
 
-from tensoropt.layouts import Layout, TensorLayout, effective_layout
-from tensoropt.plan import LAYOUTS, SPLIT_LAYOUTS, Estimate, NodeConfig, Plan, param_pieces
+from tensoropt.layouts import LAYOUTS, SPLIT_LAYOUTS, Layout, TensorLayout, effective_layout, param_pieces
+from tensoropt.plan import Estimate, NodeConfig, Plan
 from tensoropt.planmodel.reshard import SB, SC, P, R, output_layout
 
 # written by tensoropt.plan before Layout existed (commit c60985f), for the plan of _plan() below
@@ -29,12 +29,52 @@ def _plan(batch, channel, reduce, replicated):
                 estimates=[Estimate("frontier", 0.5, {"gpu0": 10, "gpu1": 20})], plan_id="p1", notes=["n"])
 
 
-def test_plan_json_is_byte_for_byte_what_it_was():
+#: the same plan as version 2 writes it: the format, and every node's sharding level (none)
+AFTER = BEFORE.replace("tensoropt.plan/1", "tensoropt.plan/2").replace('"recompute": false}', '"recompute": false, '
+                                                                       '"shard": 0}').replace(
+    '"recompute": true}', '"recompute": true, "shard": 0}')
+
+
+def test_plan_json_reads_version_1_and_writes_version_2_with_no_sharding():
     from_strings = _plan("batch", "channel", "reduce", "R")
     from_members = _plan(Layout.BATCH, Layout.CHANNEL, Layout.REDUCE, Layout.R)
-    assert json.dumps(from_strings.to_dict()) == BEFORE
-    assert json.dumps(from_members.to_dict()) == BEFORE
-    assert json.dumps(Plan.from_dict(json.loads(BEFORE)).to_dict()) == BEFORE
+    assert json.dumps(from_strings.to_dict()) == AFTER
+    assert json.dumps(from_members.to_dict()) == AFTER
+    assert json.dumps(Plan.from_dict(json.loads(BEFORE)).to_dict()) == AFTER      # version 1 loads
+    assert json.dumps(Plan.from_dict(json.loads(AFTER)).to_dict()) == AFTER
+
+
+def test_sharding_levels_are_data_checked_against_the_graph():
+    import pytest
+    import torch
+
+    import tensoropt
+    from tensoropt.layouts import Shard
+    from tensoropt.plan import PlanError
+
+    assert [s.shards("optimizer") for s in Shard] == [False, True, True, True]
+    assert [s.shards("gradients") for s in Shard] == [False, False, True, True]
+    assert [s.shards("parameters") for s in Shard] == [False, False, False, True]
+    bad = json.loads(AFTER)
+    bad["configs"]["conv"]["shard"] = 4
+    with pytest.raises(tensoropt.TensorOptError, match=r"configs\['conv'\].shard must be a sharding level 0-3"):
+        Plan.from_dict(bad)
+    torch.manual_seed(0)
+    graph = tensoropt.capture(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), (torch.randn(2, 4),))
+    mesh = ("gpu0", "gpu1")
+
+    def plan(**cfgs):
+        configs = {n.name: cfgs.get(n.name, NodeConfig(mesh)) for n in graph.ops}
+        return Plan(configs, graph_fingerprint=graph.fingerprint)
+
+    plan(linear=NodeConfig(mesh, "batch", shard=Shard.PARAMETERS)).check(graph)      # replicated weights: fine
+    with pytest.raises(PlanError, match="cuts them"):
+        plan(linear=NodeConfig(mesh, "channel", shard=Shard.GRADIENTS)).check(graph)
+    with pytest.raises(PlanError, match="runs on one device"):
+        Plan({n.name: NodeConfig(("gpu0",), shard=1 if n.name == "linear" else 0) for n in graph.ops},
+             graph_fingerprint=graph.fingerprint).check(graph)
+    with pytest.raises(PlanError, match="no trainable parameter"):
+        plan(relu=NodeConfig(mesh, shard=Shard.OPTIMIZER)).check(graph)
 
 
 def test_members_read_as_their_strings():

@@ -160,3 +160,56 @@ def test_a_tied_weight_read_whole_and_cut_accumulates_its_second_gradient_worked
     ev = MeshEvaluator(graph, costs, cluster, mesh, configs={n: (c,) for n, c in plan.configs.items()},
                        optimizer="sgd")
     assert ev.evaluate([0, 0])[0] == 29_248        # the compiled walk, the same by hand
+
+
+def test_sharding_levels_hold_what_zero_and_fsdp_hold_worked_by_hand():
+    # Linear(16, 32) → ReLU → Linear(32, 4), batch 8 split over two devices, Adam (α = 2).  The
+    # parameters: 2,048 + 128 and 512 + 16 = 2,704 B; a device's pieces 1,024 + 64 + 256 + 8 =
+    # 1,352 B.  The batch piece: 4 rows × 16 × 4 = 256 B.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    graph = tensoropt.capture(model, (torch.randn(8, 16),))
+    priced = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False),
+                             tensoropt.load_cluster("preset:titan-rtx-5"), costs_from="model")
+    costs, cluster = priced.costs, priced.cluster
+    mesh = ("gpu0", "gpu1")
+
+    def walked(level):
+        plan = tensoropt.Plan({n.name: tensoropt.NodeConfig(mesh, "batch", shard=level if n.params else 0)
+                               for n in graph.ops}, graph_fingerprint=graph.fingerprint)
+        sim = tensoropt.simulate(plan, graph, costs, cluster, optimizer="adam")
+        mem = plan_memory(plan, graph, costs, cluster, optimizer="adam")
+        assert sim.memory_bytes == {d: m.peak for d, m in mem.items()}
+        # each transfer once (a ring collective occupies both links of the pair)
+        return mem["gpu0"], sorted({(e.node, e.detail.split(":")[0]) for e in sim.timeline if e.kind == "link"})
+
+    # none (DDP): everything whole; the peak is the optimizer step with Adam's two parameter-sized
+    # temporaries of the largest weight: 2,704 × (1 + 1 + 2) + 256 + 2 × 2,048 = 15,168 B
+    m, links = walked(0)
+    assert (m.peak, m.peak_phase) == (15_168, "optimizer")
+    assert [d for _, d in links] == ["parameter gradients on gpu0,gpu1"]
+    # optimizer state sharded (ZeRO-1): state 2 × 1,352; the step's temporaries 2 × 1,024; now the
+    # first linear's backward peaks: 2,704 (parameters) + 2,704 (state) + 2,704 (the summed gradient
+    # buffer, all step) + 256 + its weight and bias gradients before they are added in (2,176) + its
+    # output's gradient (512) = 11,056 B; after the step the updated parameters are gathered
+    m, links = walked(1)
+    assert (m.peak, m.peak_at, m.optimizer, m.optimizer_temp) == (11_056, "linear", 2_704, 2_048)
+    assert sorted(d for _, d in links) == ["parameter gradients on gpu0,gpu1",
+                                           "updated parameters gathered on gpu0,gpu1"]
+    # + gradients (ZeRO-2): no summed buffer; each gradient made whole, reduce-scattered, its piece
+    # kept: 2,704 + 2,704 + 1,352 (pieces so far) + 256 + 2,176 + 512 = 9,704 B
+    m, links = walked(2)
+    assert (m.peak, m.peak_at, m.grads) == (9_704, "linear", 1_352)
+    assert sorted(d for _, d in links) == ["gradients reduce-scattered on gpu0,gpu1"] * 2 + \
+        ["updated parameters gathered on gpu0,gpu1"]
+    # + parameters (FSDP): pieces of everything, the layer's parameters gathered whole to run it,
+    # forward and again backward: 1,352 + 2,704 + 1,352 + 256 + 2,176 (gathered) + 2,176 (its
+    # gradients whole) + 512 = 10,528 B — more than ZeRO-2 on a model this small
+    m, links = walked(3)
+    assert (m.peak, m.peak_at, m.params) == (10_528, "linear", 1_352)
+    assert links == sorted([("linear", "forward parameters gathered on gpu0,gpu1"),
+                                    ("linear_1", "forward parameters gathered on gpu0,gpu1"),
+                                    ("linear_1", "backward parameters gathered on gpu0,gpu1"),
+                                    ("linear", "backward parameters gathered on gpu0,gpu1"),
+                                    ("linear_1", "gradients reduce-scattered on gpu0,gpu1"),
+                                    ("linear", "gradients reduce-scattered on gpu0,gpu1")])
