@@ -117,7 +117,7 @@ work here, untimed, and the A100's device model prices the times)::
     [('gpu0',), ('gpu0', 'gpu1'), ('gpu0', 'gpu1', 'gpu2', 'gpu3')]
     >>> mp = build_problem(graph, costs, cluster, candidate_meshes(cluster)[1])
     >>> mp.problem.nodes[0].labels, mp.stats["reshards"]
-    (('R', 'batch', 'channel', 'reduce'), 24)
+    (('R', 'batch', 'batch+zero2', 'batch+zero3', 'channel', 'reduce'), 24)
 """
 
 from __future__ import annotations
@@ -134,10 +134,10 @@ from ..cluster import Cluster
 from ..cluster.collectives import ring_allreduce_bytes_time, ring_allreduce_time
 from ..errors import ClusterSpecError, TensorOptError
 from ..graph import OpGraph, OpNode, grad_nodes
-from ..layouts import LAYOUTS, Layout, largest_piece
+from ..layouts import LAYOUTS, Layout, Shard, largest_piece
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
-from ..plan import NodeConfig
+from ..plan import NodeConfig, shardable
 from ..planmodel.memory import keeps_input, node_memory, output_kept
 from ..planmodel.reshard import (
     P,
@@ -147,6 +147,7 @@ from ..planmodel.reshard import (
     param_sync,
     piece_bytes,
     read_layout,
+    shard_steps,
     stat_sync,
 )
 from .problem import EdgeCosts, NodeCosts, Problem
@@ -290,15 +291,20 @@ def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str
                 continue
             layouts.append(lay)
     out = []
+    # data parallelism with sharded parameters (ZeRO-2, and ZeRO-3 ≈ FSDP) where the node owns
+    # parameters no other node reads
+    levels = (Shard.NONE, Shard.GRADIENTS, Shard.PARAMETERS) if k > 1 and shardable(graph, name) else (Shard.NONE,)
     for lay in layouts:
-        out.append(NodeConfig(mesh, lay, False))
-        if name in costs and node_memory(graph, costs, name, layout=lay, degree=k, alpha=alpha).activations > 0:
-            out.append(NodeConfig(mesh, lay, True))
+        frees = name in costs and node_memory(graph, costs, name, layout=lay, degree=k, alpha=alpha).activations > 0
+        for level in levels if lay == Layout.BATCH else (Shard.NONE,):
+            out.append(NodeConfig(mesh, lay, False, level))
+            if frees:
+                out.append(NodeConfig(mesh, lay, True, level))
     return out
 
 
 def config_label(cfg: NodeConfig) -> str:
-    return cfg.layout + ("+recompute" if cfg.recompute else "")
+    return cfg.layout + ("+recompute" if cfg.recompute else "") + (f"+zero{int(cfg.shard)}" if cfg.shard else "")
 
 
 @dataclass(frozen=True, eq=False)
@@ -475,8 +481,21 @@ class _MeshContext:
             t += stats.time_s * (2 if self.needs_grad.get(name) else 1)
         if name in self.outputs and output_layout(cfg) == P:
             t += ring_allreduce_time(cluster, mesh, self.outputs[name])
+        level = Shard(cfg.shard)
+        if level:   # what the level keeps as pieces, what it gathers and scatters (the walk's, the simulator's)
+            qs = shardable(graph, name)
+            whole = sum(graph.params[q].nbytes for q in qs)
+            saved = whole - sum(largest_piece(graph.params[q].nbytes, k) for q in qs)
+            resident -= saved * (level.shards("parameters") + level.shards("gradients")
+                                 + self.alpha * level.shards("optimizer"))
+            gather, scatter, update = shard_steps(graph, node, cfg, cluster)
+            t += sum(2 * x.time_s if x is gather else x.time_s for x in (gather, scatter) if x is not None)
+            if update is not None:   # one all-gather after the step for every such node: its bytes' share
+                t += ring_allreduce_bytes_time(cluster, mesh, update.nbytes) / 2
         split = cfg.param_pieces
         accumulate: float = sum(2 * largest_piece(graph.params[q].nbytes, split) for q in self.not_last.get(name, ()))
+        if level.shards("gradients"):   # its gradients made whole (and its parameters gathered) in its backward
+            accumulate += whole * (1 + level.shards("parameters"))
         if split > 1:   # a piece of a weight shared with another reader, which may hold it whole
             # (tie edges): the cut's backward pads the piece's gradient to the whole (as the
             # walk), a whole-sized write more (as the simulator's time)

@@ -56,11 +56,12 @@ import numpy as np
 from numba import njit
 
 from ..cluster import Cluster
+from ..cluster.collectives import allgather_time
 from ..graph import OpGraph, grad_nodes
 from ..layouts import Layout, TensorLayout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
-from ..plan import NodeConfig, Plan
+from ..plan import NodeConfig, Plan, shardable
 from .reshard import (
     P,
     edge_reshard,
@@ -283,10 +284,23 @@ def _build_tables(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tupl
     alpha = optimizer_alpha(optimizer)
     adam = (optimizer if isinstance(optimizer, str) else ("adam" if optimizer >= 2 else "sgd")).lower() in (
         "adam", "adamw")
+    # sharding levels: each configuration's, and the parameters a level shards (one reader each)
+    shard = np.zeros((n, cmax), dtype=np.int64)
+    for i, node in enumerate(ops):
+        for c, cfg in enumerate(configs[node.name]):
+            shard[i, c] = int(cfg.shard)
+    owned = [shardable(graph, name) for name in names]
+    q_sh = np.zeros(len(params), dtype=np.bool_)
+    gath = np.zeros(n, dtype=np.int64)                     # the whole bytes a node's level shards
+    for i, qs in enumerate(owned):
+        for q in qs:
+            q_sh[qindex[q]] = True
+            gath[i] += graph.params[q].nbytes
+    ag_dur = np.array([allgather_time(cluster, mesh, int(b)) if b and k > 1 else 0.0 for b in gath])
     common = (slot_ptr, slot_ids, slot_prod, read, recv, unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes,
-              q_train, pieces, cut, k)
+              q_train, pieces, cut, shard, q_sh, gath, k)
     time = (ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur, bwd_dur, grad_l, float(speed),
-            float(rate), ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, *common)
+            float(rate), ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, ag_dur, *common)
     walk = (out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, len(inputs),
             q_kind, alpha, adam, context_bytes, *common)
     return {"time": time, "walk": walk}
@@ -296,15 +310,19 @@ def _build_tables(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tupl
 
 
 @njit(cache=True)
-def _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, k):  # pragma: no cover - compiled
+def _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, shard, q_sh,
+            k):  # pragma: no cover - compiled
     """Trainable parameter → whether its gradients are summed (:func:`~.reshard.synced_parameters`
-    on one mesh: read on k ≥ 2 devices, and not every reader cutting it the same way)."""
+    on one mesh: read on k ≥ 2 devices, not every reader cutting it the same way, and not
+    reduce-scattered by a sharding level)."""
     nq = q_train.shape[0]
     out = np.zeros(nq, dtype=np.bool_)
     if k < 2:
         return out
     for q in range(nq):
         if not q_train[q] or q_read_ptr[q] == q_read_ptr[q + 1]:
+            continue
+        if q_sh[q] and shard[q_readers[q_read_ptr[q]], a[q_readers[q_read_ptr[q]]]] >= 2:
             continue
         first = cut[q_readers[q_read_ptr[q]], a[q_readers[q_read_ptr[q]]]]
         same = first != 0
@@ -356,21 +374,22 @@ def _heap_pop(keys, ids, size):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur, bwd_dur, grad_l, speed, rate,
-              ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, slot_ptr, slot_ids, slot_prod, read, recv, unread,
-              node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut,
+              ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, ag_dur, slot_ptr, slot_ids, slot_prod, read, recv,
+              unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_sh, gath,
               k):  # pragma: no cover - compiled
     """The simulated step time of plan ``a`` (:func:`~.simulate.simulate`'s tasks and event loop)."""
     n = a.shape[0]
-    synced = _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, k)
-    cap = 6 * n + 4 * slot_ids.shape[0] + 8
+    synced = _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, shard, q_sh, k)
+    cap = 10 * n + 4 * slot_ids.shape[0] + 8
     kind = np.zeros(cap, dtype=np.int64)       # 0 compute, 1 comm, 2 sync
     dur = np.zeros(cap)
-    dep_from = np.zeros(4 * cap + 4 * slot_ids.shape[0], dtype=np.int64)
+    dep_from = np.zeros(4 * cap + 4 * slot_ids.shape[0] + 2 * n, dtype=np.int64)
     dep_to = np.zeros(dep_from.shape[0], dtype=np.int64)
     nd = 0
     nt = 0
     fwd_task = np.full(n, -1, dtype=np.int64)
     bwd_task = np.full(n, -1, dtype=np.int64)
+    last_comp = -1                               # the last compute task made (a gather waits for it)
     # forward: one transfer per (producer, read layout, unread) key, made at its first consumer
     nkey = 3 * n * 2
     arrived = np.full(nkey, -2, dtype=np.int64)
@@ -396,6 +415,14 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
                     nt += 1
             scratch[m] = arrived[key]
             m += 1
+        if shard[i, c] >= 3 and gath[i] > 0:   # its parameters gathered once the compute before it ends
+            kind[nt], dur[nt] = 1, ag_dur[i]
+            if last_comp >= 0:
+                dep_from[nd], dep_to[nd] = last_comp, nt
+                nd += 1
+            scratch[m] = nt
+            m += 1
+            nt += 1
         kind[nt], dur[nt] = 0, fp[i, c] / speed
         for j in range(m):
             seen = False
@@ -406,6 +433,7 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
                 dep_from[nd], dep_to[nd] = scratch[j], nt
                 nd += 1
         fwd_task[i] = nt
+        last_comp = nt
         nt += 1
         if stat[i, c] >= 0:
             kind[nt], dur[nt] = 1, stat[i, c]
@@ -468,6 +496,14 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
         if is_out[i] and ng[i]:
             scratch[m] = loss
             m += 1
+        if shard[i, c] >= 3 and gath[i] > 0:   # gathered again for the backward
+            kind[nt], dur[nt] = 1, ag_dur[i]
+            if last_comp >= 0:
+                dep_from[nd], dep_to[nd] = last_comp, nt
+                nd += 1
+            scratch[m] = nt
+            m += 1
+            nt += 1
         if rc[i, c]:
             kind[nt], dur[nt] = 0, fp[i, c] / speed
             for j in range(m):
@@ -480,6 +516,7 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
                     nd += 1
             scratch[0] = nt
             m = 1
+            last_comp = nt
             nt += 1
         summed = 0
         for jq in range(node_q_ptr[i], node_q_ptr[i + 1]):
@@ -498,7 +535,13 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
                 dep_from[nd], dep_to[nd] = scratch[j], nt
                 nd += 1
         bwd_task[i] = nt
+        last_comp = nt
         nt += 1
+        if shard[i, c] >= 2 and gath[i] > 0:   # its gradients reduce-scattered
+            kind[nt], dur[nt] = 1, ag_dur[i]
+            dep_from[nd], dep_to[nd] = bwd_task[i], nt
+            nd += 1
+            nt += 1
         if ng[i] and stat[i, c] >= 0:
             kind[nt], dur[nt] = 1, stat[i, c]
             dep_from[nd], dep_to[nd] = bwd_task[i], nt
@@ -603,6 +646,35 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
                     step = t
         kind[nt], dur[nt] = 1, 2 * (k - 1) * step
         dep_from[nd], dep_to[nd] = bwd_task[last], nt
+        nd += 1
+        summed_task = nt
+        nt += 1
+    else:
+        summed_task = -1
+    # after the optimizer step: the parameters whose state (not themselves) is sharded are gathered
+    upd = 0
+    for i in range(n):
+        if shard[i, a[i]] == 1 or shard[i, a[i]] == 2:
+            upd += gath[i]
+    if upd > 0:
+        kind[nt] = 2
+        for r in range(n - 1, -1, -1):
+            dep_from[nd], dep_to[nd] = bwd_task[r], nt
+            nd += 1
+        if summed_task >= 0:
+            dep_from[nd], dep_to[nd] = summed_task, nt
+            nd += 1
+        done = nt
+        nt += 1
+        chunk = upd / k
+        step = 0.0
+        if chunk != 0:
+            for j in range(k):
+                t2 = ring_lat[j] + chunk / ring_bw[j]
+                if t2 > step:
+                    step = t2
+        kind[nt], dur[nt] = 1, (k - 1) * step
+        dep_from[nd], dep_to[nd] = done, nt
         nd += 1
         nt += 1
     return _run(kind[:nt], dur[:nt], dep_from[:nd], dep_to[:nd])
@@ -724,21 +796,30 @@ def _simulate_many(vecs, *tables):  # pragma: no cover - compiled
 @njit(cache=True)
 def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, nx,
           q_kind, alpha, adam, context_bytes, slot_ptr, slot_ids, slot_prod, read, recv, unread, node_q_ptr, node_q,
-          q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, k):  # pragma: no cover - compiled
+          q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_sh, gath, k):  # pragma: no cover - compiled
     """One device's walk (every device's: they hold the same) of plan ``a``, :func:`~.walk.walk`:
     ``[peak, parameters + buffers, gradients, optimizer state, activations, transient, reserve]``
     at the peak (:meth:`~.walk.StepMemory.parts`)."""
     n = a.shape[0]
     nq = q_bytes.shape[0]
-    synced = _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, k)
+    synced = _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, shard, q_sh, k)
     # parameters held, and what stays resident
     held = np.zeros(nq, dtype=np.int64)
+    lvl = np.zeros(nq, dtype=np.int64)        # the sharding level of a parameter's (only) reader
+    shp = np.zeros(nq, dtype=np.int64)        # its piece over the mesh
+    for q in range(nq):
+        if q_sh[q] and q_read_ptr[q] < q_read_ptr[q + 1]:
+            r0 = q_readers[q_read_ptr[q]]
+            lvl[q] = shard[r0, a[r0]]
+            shp[q] = -(-q_bytes[q] // k)
     for i in range(n):
         for j in range(node_q_ptr[i], node_q_ptr[i + 1]):
             q = node_q[j]
             b = -(-q_bytes[q] // pieces[i, a[i]])
             if synced[q]:
                 b = q_bytes[q]
+            if lvl[q] >= 3:
+                b = shp[q]
             if b > held[q]:
                 held[q] = b
     params = 0
@@ -752,10 +833,11 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
         if q_kind[q] == 0:
             params += held[q]
             if q_train[q]:
-                grads += held[q]
-                optim += alpha * held[q]
-                if held[q] > biggest:
-                    biggest = held[q]
+                grads += shp[q] if lvl[q] >= 2 else held[q]
+                state = shp[q] if lvl[q] >= 1 else held[q]
+                optim += alpha * state
+                if state > biggest:
+                    biggest = state
         else:
             buffers += held[q]
     opt_temp = 2 * biggest if adam else 0
@@ -881,9 +963,10 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             live[ex] = True
             live_b[ex] = extra[i, c]
             held_now += extra[i, c]
-        t = base + grads_now + held_now + ws[i, c]
+        gat = gath[i] if shard[i, c] >= 3 else 0
+        t = base + grads_now + held_now + ws[i, c] + gat
         if t > peak:
-            peak, p_grads, p_act, p_tr = t, grads_now, held_now + ws[i, c], gsum + ws[i, c]
+            peak, p_grads, p_act, p_tr = t, grads_now, held_now + ws[i, c] + gat, gsum + ws[i, c] + gat
         if rc[i, c] and live[ex]:
             live[ex] = False
             held_now -= live_b[ex]
@@ -981,6 +1064,11 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             if not q_train[q]:
                 continue
             b = held[q]
+            if lvl[q] >= 2:               # made whole, reduce-scattered: its piece stays
+                done[q] = True
+                grads_now += shp[q]
+                acc += q_bytes[q]
+                continue
             if not done[q]:
                 done[q] = True
                 grads_now += b
@@ -989,7 +1077,7 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
                 acc += piece + (b if piece < b else 0)
             else:
                 acc += 2 * (-(-q_bytes[q] // pieces[i, c]))
-        extra_now = scratch + acc + ws[i, c]
+        extra_now = scratch + acc + ws[i, c] + (gath[i] if shard[i, c] >= 3 else 0)
         t = base + grads_now + held_now + extra_now
         if t > peak:
             peak, p_grads, p_act, p_tr = t, grads_now, held_now + extra_now, gsum + extra_now

@@ -411,8 +411,8 @@ def param_sync(graph: OpGraph, node: OpNode | str, config: NodeConfig, cluster: 
     ``reduce`` nodes hold a slice of each parameter and its gradient: nothing to sum.
     ``node`` is the :class:`~tensoropt.graph.OpNode` (or its name) in ``graph``.
     """
-    if config.degree < 2 or Layout(config.layout).cuts_params:
-        return None
+    if config.degree < 2 or Layout(config.layout).cuts_params or Shard(config.shard).shards("gradients"):
+        return None   # ... or reduce-scattered by the node's sharding level (shard_steps)
     node = graph.nodes[node] if isinstance(node, str) else node
     nbytes = sum(graph.params[p].nbytes for p in (*node.params, *node.param_reads)
                  if graph.params[p].kind == "parameter" and graph.params[p].requires_grad)

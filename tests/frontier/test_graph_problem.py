@@ -99,7 +99,11 @@ def test_configs_follow_the_profile_and_recompute_only_where_it_frees(cnn):
             if c.recompute:
                 assert node_memory(g, costs, node.name, layout=c.layout, degree=4).activations > 0
     conv4 = node_configs(g, costs, "conv2d", ("gpu0", "gpu1", "gpu2", "gpu3"))
-    assert [c.layout for c in conv4 if not c.recompute] == ["R", "batch", "channel"]   # reduce only at 2
+    # reduce only at 2; data parallelism also with its parameters sharded (ZeRO-2, ZeRO-3 ≈ FSDP)
+    assert [(c.layout, c.shard) for c in conv4 if not c.recompute] == [("R", 0), ("batch", 0), ("batch", 2),
+                                                                       ("batch", 3), ("channel", 0)]
+    relu4 = node_configs(g, costs, "relu", ("gpu0", "gpu1", "gpu2", "gpu3"))
+    assert {c.shard for c in relu4} == {0}                    # no parameters of its own: nothing to shard
 
 
 def test_node_and_edge_costs_are_the_cost_model_and_reshard(cnn):
@@ -116,12 +120,29 @@ def test_node_and_edge_costs_are_the_cost_model_and_reshard(cnn):
         want_t = sh.fp_s + sh.bp_s + (sh.fp_s if cfg.recompute else 0) + (sync.time_s + copy if sync else 0.0)
         if cfg.layout == "reduce":   # the model output as partial sums: all-reduced before the loss
             want_t += tensoropt.cluster.ring_allreduce_time(TITAN, mesh, g.nodes["linear"].output_bytes)
-        assert n.time[s] == pytest.approx(want_t, rel=1e-12)
         nm = node_memory(g, costs, "linear", layout=cfg.layout, degree=2, alpha=2, recompute=cfg.recompute)
-        assert n.mem[s] == nm.resident
+        want_m, want_tr = nm.resident, nm.transient + (sync.nbytes if sync else 0)
+        if cfg.shard:   # ZeRO-2 / FSDP: no share of the all-reduce (sync is None); instead, worked out here:
+            assert sync is None
+            w = sum(g.params[q].nbytes for q in ("head.weight", "head.bias"))
+            half = sum(-(-g.params[q].nbytes // 2) for q in ("head.weight", "head.bias"))
+            ag = tensoropt.cluster.allgather_time(TITAN, mesh, w)
+            # the gradients reduce-scattered (a reduce-scatter costs an all-gather's time); FSDP also
+            # gathers the parameters before the forward and again before the backward
+            want_t += ag + (2 * ag if cfg.shard == 3 else 0)
+            if cfg.shard == 2:   # + its share of gathering the updated parameters after the step: bytes only
+                link = TITAN.link(*mesh)
+                want_t += (w / 2) / (link.bandwidth_Bps * link.duplex)
+            # gradients (and FSDP's parameters) and Adam's 2 × state kept as halves
+            want_m -= (w - half) * (1 + 2 + (1 if cfg.shard == 3 else 0))
+            # its gradients made whole before the reduce-scatter (and FSDP's gathered parameters)
+            want_tr += w * (2 if cfg.shard == 3 else 1)
+        assert n.time[s] == pytest.approx(want_t, rel=1e-12)
+        assert n.mem[s] == want_m
         # a replicated weight's gradient is made, then added into the summed buffer: 1 × transiently
-        assert mp.transient["linear"][s] == nm.transient + (sync.nbytes if sync else 0)
+        assert mp.transient["linear"][s] == want_tr
     # adam's state is 2 × the (split) parameters
+    assert {c.shard for c in mp.configs["linear"]} == {0, 2, 3}
     r = mp.configs["linear"].index(NodeConfig(mesh, "R"))
     c = mp.configs["linear"].index(NodeConfig(mesh, "channel"))
     assert n.mem[r] - n.mem[c] >= 4 * (g.params["head.weight"].nbytes // 2)
