@@ -117,7 +117,7 @@ work here, untimed, and the A100's device model prices the times)::
     [('gpu0',), ('gpu0', 'gpu1'), ('gpu0', 'gpu1', 'gpu2', 'gpu3')]
     >>> mp = build_problem(graph, costs, cluster, candidate_meshes(cluster)[1])
     >>> mp.problem.nodes[0].labels, mp.stats["reshards"]
-    (('R', 'batch', 'batch+zero2', 'batch+zero3', 'channel', 'reduce'), 24)
+    (('R', 'batch', 'channel', 'reduce'), 24)
 """
 
 from __future__ import annotations
@@ -271,11 +271,18 @@ def candidate_meshes(cluster: Cluster, sizes: Iterable[int] | None = None, *,
 # --------------------------------------------------------------------------------------------
 # configurations
 
+#: the sharding levels the search offers with data parallelism by default: none yet — the plan
+#: model costs ZeRO-2 and FSDP (``shard_levels=(Shard.GRADIENTS, Shard.PARAMETERS)``), but the
+#: executors do not run them sharded, so a frontier offering them would not cost what it says
+DEFAULT_SHARD_LEVELS: tuple[Shard, ...] = ()
+
+
 def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str], *,
-                 alpha: int = 0) -> list[NodeConfig]:
+                 alpha: int = 0, shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS) -> list[NodeConfig]:
     """The configurations of op node ``name`` on ``mesh`` (module docstring): layouts in
     :data:`LAYOUT_ORDER` where legal, each without then with recompute (the latter only where it
-    frees activations)."""
+    frees activations); ``batch`` also with each of ``shard_levels`` where the node owns
+    parameters no other node reads."""
     mesh = tuple(mesh)
     k = len(mesh)
     node = graph.nodes[name]
@@ -293,7 +300,8 @@ def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str
     out = []
     # data parallelism with sharded parameters (ZeRO-2, and ZeRO-3 ≈ FSDP) where the node owns
     # parameters no other node reads
-    levels = (Shard.NONE, Shard.GRADIENTS, Shard.PARAMETERS) if k > 1 and shardable(graph, name) else (Shard.NONE,)
+    levels = (Shard.NONE, *(Shard(x) for x in shard_levels if x)) if k > 1 and shardable(graph, name) \
+        else (Shard.NONE,)
     for lay in layouts:
         frees = name in costs and node_memory(graph, costs, name, layout=lay, degree=k, alpha=alpha).activations > 0
         for level in levels if lay == Layout.BATCH else (Shard.NONE,):
@@ -369,7 +377,8 @@ class MeshProblem:
 
 
 def build_problem(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: Sequence[str], *,
-                  optimizer: str | int = DEFAULT_OPTIMIZER) -> MeshProblem:
+                  optimizer: str | int = DEFAULT_OPTIMIZER,
+                  shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS) -> MeshProblem:
     """The :class:`MeshProblem` of ``graph`` on ``mesh`` (module docstring for every cost).
     O(V·c + E·c²) reshard evaluations for c configurations per node."""
     mesh = _check_mesh(cluster, mesh)
@@ -378,7 +387,7 @@ def build_problem(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: Sequ
     transient: dict[str, np.ndarray] = {}
     nodes: list[NodeCosts] = []
     for node in ctx.ops:
-        cfgs = tuple(node_configs(graph, costs, node.name, mesh, alpha=ctx.alpha))
+        cfgs = tuple(node_configs(graph, costs, node.name, mesh, alpha=ctx.alpha, shard_levels=shard_levels))
         configs[node.name] = cfgs
         mem, tim, tr = zip(*(ctx.config_costs(node, cfg) for cfg in cfgs)) if cfgs else ((), (), ())
         transient[node.name] = np.array(tr, dtype=np.float64)

@@ -98,18 +98,19 @@ def test_configs_follow_the_profile_and_recompute_only_where_it_frees(cnn):
         for c in four:
             if c.recompute:
                 assert node_memory(g, costs, node.name, layout=c.layout, degree=4).activations > 0
-    conv4 = node_configs(g, costs, "conv2d", ("gpu0", "gpu1", "gpu2", "gpu3"))
+    conv4 = node_configs(g, costs, "conv2d", ("gpu0", "gpu1", "gpu2", "gpu3"), shard_levels=(2, 3))
     # reduce only at 2; data parallelism also with its parameters sharded (ZeRO-2, ZeRO-3 ≈ FSDP)
     assert [(c.layout, c.shard) for c in conv4 if not c.recompute] == [("R", 0), ("batch", 0), ("batch", 2),
                                                                        ("batch", 3), ("channel", 0)]
-    relu4 = node_configs(g, costs, "relu", ("gpu0", "gpu1", "gpu2", "gpu3"))
+    relu4 = node_configs(g, costs, "relu", ("gpu0", "gpu1", "gpu2", "gpu3"), shard_levels=(2, 3))
+    assert {c.shard for c in node_configs(g, costs, "conv2d", ("gpu0", "gpu1"))} == {0}   # not by default
     assert {c.shard for c in relu4} == {0}                    # no parameters of its own: nothing to shard
 
 
 def test_node_and_edge_costs_are_the_cost_model_and_reshard(cnn):
     g, costs = cnn
     mesh = ("gpu0", "gpu1")
-    mp = build_problem(g, costs, TITAN, mesh, optimizer="adam")
+    mp = build_problem(g, costs, TITAN, mesh, optimizer="adam", shard_levels=(2, 3))
     n = mp.problem.nodes[mp.problem.index("linear")]
     for s, cfg in enumerate(mp.configs["linear"]):
         sh = costs["linear"].at(cfg.layout, 2)

@@ -35,7 +35,7 @@ def test_random_plans_cost_what_the_simulator_says(graphs, spec, preset, mesh):
     graph, untimed = graphs[spec]
     priced = tensoropt.price(untimed, tensoropt.load_cluster(f"preset:{preset}"), costs_from="model")
     costs, cluster = priced.costs, priced.cluster
-    mp = build_problem(graph, costs, cluster, mesh, optimizer="adamw")
+    mp = build_problem(graph, costs, cluster, mesh, optimizer="adamw", shard_levels=(2, 3))   # ZeRO-2, FSDP too
     ev = MeshEvaluator(graph, costs, cluster, mesh, configs=mp.configs, optimizer="adamw")
     rng = random.Random(f"{spec}{preset}{len(mesh)}")
     vecs = [[0] * len(ev.names)] + [[rng.randrange(len(mp.configs[n])) for n in ev.names] for _ in range(12)]
