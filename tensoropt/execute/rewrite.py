@@ -175,6 +175,11 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
     ctx = _Emitter(graph, plan, new, transport, inputs.values, inputs.lifted, inputs.batch_syms, device_of, keys,
                    seed)
     _emit_in_order(ctx, gm, plan)
+    # the executors hold parameters whole: a sharding level runs as plain data parallelism (the
+    # same values; more memory than the plan model counts for it)
+    ctx.fallbacks += [f"{name}: sharding level {int(cfg.shard)} runs unsharded (the executors do not shard "
+                      "parameters yet): the same values, the parameters' whole memory on every device"
+                      for name, cfg in plan.configs.items() if cfg.shard]
     outs = _outputs(new, graph, ep, gm, transport, inputs.values, loss_terms)
     probes = [name for name in plan.order if name in graph.nodes and graph.nodes[name].kind == "op"
               and name in inputs.values and len(graph.nodes[name].outputs) == 1
