@@ -1,7 +1,55 @@
-"""Shared small models for the tests: plain torch, built in milliseconds."""
+"""Shared small models for the tests: plain torch, built in milliseconds; and which tests share
+a pytest-xdist worker (:data:`XDIST_GROUPS`)."""
 
 import pytest
 import torch
+
+#: Tests that share a pytest-xdist worker.  ``pytest -q`` runs two workers with ``--dist
+#: loadgroup`` (pyproject.toml): the tests of a group run in one worker, one at a time; every
+#: other test goes to whichever worker is free.  Matched by path prefix, first match wins
+#: (docs/testing.md lists the groups and their times).
+#:
+#: ``ports``: worker processes that talk over local ports — gloo process groups and torchrun
+#: (tests/distributed, the link benchmark's timed transfers), the dashboard's server driven by a
+#: browser, a notebook's kernel — with ports picked free and bound later, timeouts, and timings
+#: a second gloo job would disturb.  The others each share one expensive fixture, computed once
+#: in their one worker instead of once in each: the dashboard's computed results (session
+#: fixtures), the four hash-seed processes of test_canonical, the executor tests' profiled
+#: models, the compiled evaluator's captured models.
+XDIST_GROUPS = (
+    ("tests/distributed/", "ports"),
+    ("tests/cluster/test_bench.py", "ports"),
+    ("tests/dashboard/test_browser.py", "ports"),
+    ("tests/notebooks/", "ports"),
+    ("tests/dashboard/", "dashboard"),
+    ("tests/capture/test_canonical.py", "canonical"),
+    ("tests/execute/test_apply_plan.py", "execute-cases"),
+    ("tests/planmodel/test_meshplan.py", "meshplan"),
+)
+
+
+def xdist_group(nodeid: str) -> str | None:
+    """The :data:`XDIST_GROUPS` group of a test (``tests/x/test_y.py::test_z``), or None."""
+    path = nodeid.split("::", 1)[0]
+    return next((group for prefix, group in XDIST_GROUPS if path.startswith(prefix)), None)
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist's own, which makes the stock scheduler
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the groups of :data:`XDIST_GROUPS` (by path), and any
+    ``@pytest.mark.xdist_group`` as xdist reads it.  A scheduler, not marks: xdist 3.8 passes a
+    mark's group to its scheduler by rewriting the test's node id, which pytest 9.2 no longer
+    lets it do — the marks are silently ignored (pytest-xdist issue #1386)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class PathGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = xdist_group(nodeid)
+            return f"group:{group}" if group else super()._split_scope(nodeid)
+
+    return PathGroups(config, log)
 
 
 class SmallCNN(torch.nn.Module):
