@@ -13,14 +13,18 @@ GB = 1e9
 
 
 def test_list_presets():
-    assert list_presets() == ["titan-rtx-5", "v100-8-nvlink", "a100-4-nvlink", "2x4-ethernet", "turing-mixed-4"]
+    assert list_presets() == ["titan-rtx-5", "v100-8-nvlink", "a100-4-nvlink", "2x4-ethernet", "h100-hosts",
+                              "turing-mixed-4"]
     assert all(desc for desc, _ in PRESETS.values())
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_every_preset_is_complete_and_round_trips(name, tmp_path):
     c = load_cluster(f"preset:{name}")
-    assert c.name == name and c.source == f"preset:{name}"
+    if name == "h100-hosts":    # parametric: the name and source say the sizes, 8 hosts x 8 GPUs by default
+        assert c.name == "h100-8x8" and c.source == "preset:h100-hosts?hosts=8&gpus=8" and len(c) == 64
+    else:
+        assert c.name == name and c.source == f"preset:{name}"
     assert all(d.kind and d.host for d in c.devices)
     back = Cluster.from_dict(yaml.safe_load(c.to_yaml()))
     assert back == c and back.fingerprint == c.fingerprint
