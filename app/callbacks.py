@@ -1,11 +1,15 @@
 """The dashboard's callbacks: :func:`register_callbacks` wires the layout of :mod:`.layout` to
-the work of :mod:`.pipeline` and the figures of :mod:`.figures`.
+the work of :mod:`.pipeline` and the figures of :mod:`.figures` and :mod:`.plangraph`.
 
 Long work (capture, profiling, frontier tracking, baselines) runs as a Dash *background* callback
-(its own process, a progress bar); it receives and returns JSON values only (the request as a
-dict, the result's key), never torch objects.  Every callback turns bad input into a message on
-the page (a :class:`~tensoropt.errors.TensorOptError`'s text) and leaves the rest of the page
-working.
+(its own process, a progress bar, a cancel button); it receives and returns JSON values only (the
+request as a dict, the result's key), never torch objects.  Every callback turns bad input into a
+message on the page — a :class:`~tensoropt.errors.TensorOptError`'s text after ``error:``, the
+words the CLI prints — and leaves the rest of the page working.
+
+What a budget, reserve, price or epoch size changes is redrawn in the browser
+(:mod:`.clientside`, fed once per result by :func:`page_data`); the URL's query string holds the
+page's state (:func:`url_state` writes it, :func:`apply_url` reads it back on load).
 
 It owns the wiring (which input updates which output) and turning controls into a request; it
 must not compute (:mod:`.pipeline` does) nor draw (:mod:`.figures` does), and it must not hand
@@ -17,21 +21,27 @@ from __future__ import annotations
 import json
 import math
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 import dash
 import plotly.graph_objects as go
-from dash import Input, Output, State, ctx, html, no_update
+from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
 
+from tensoropt import zoo
+from tensoropt.cluster import list_presets
 from tensoropt.describe import fmt_bytes
 from tensoropt.errors import TensorOptError
-from tensoropt.optimizers import DEFAULT_OPTIMIZER
+from tensoropt.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 from tensoropt.planmodel.fits import fits
 from tensoropt.workflow import read_cluster
 
-from . import figures
-from .layout import COSTS_CHOICES, zoo_default_params, zoo_spec
+from . import figures, plangraph, prices
+from .clientside import VIEW_JS
+from .commands import plan_filename, run_commands
+from .layout import COSTS_CHOICES, DEFAULT_EPOCH, split_zoo_spec, zoo_default_params, zoo_spec
 from .pipeline import DETECTED, Request, ResultStore, run_request
 from .uploads import accept_upload
 
@@ -101,34 +111,60 @@ def reserve_bytes(value: float | str | None) -> int:
     return int(gib_bytes(value) or 0)
 
 
-def frontier_view(store: ResultStore, key: str, budget: float | None, reserve: int,
-                  selected: str | None = None) -> tuple[go.Figure, list[str]]:
-    """The frontier figure of a result and the lines above it: what was computed, how many
-    frontier plans fit (:func:`figures.fit_flags`: :func:`tensoropt.planmodel.fits.fits` of each plan's
-    per-device peaks with ``budget`` — ``None``: each device's own memory — and ``reserve``),
+def summary_lines(store: ResultStore, key: str) -> list[str]:
+    """The lines above the frontier: what was computed and how long it took, the curves drawn,
     whether the baselines still run, and the placers' errors."""
     s = store.summary(key)
-    rows, base, cluster = store.frontier_rows(key), store.baselines(key), store.cluster(key)
-    title = f"{s['graph_name']} (batch {s['batch_size']}) on {s['cluster_name']}: {s['points']} Pareto-optimal plans"
-    fig = figures.frontier_figure(rows, base, cluster=cluster, budget_bytes=budget, reserve_bytes=reserve,
-                                  selected=selected, title=title)
-    fit = figures.fit_flags(rows, [], cluster, budget_bytes=budget, reserve_bytes=reserve)
-    lines = [f"{s['ops']} operators; devices {', '.join(s['devices'])}; profiled/captured in "
-             f"{s['profile_s']:.1f} s, tracked in {s['tracking_s']:.1f} s; "
-             f"{'exact' if s['exact'] else 'not exact (see the frontier notes)'}; "
-             f"{sum(fit.values())} of {len(rows)} plans fit {figures.limit_text(budget, reserve)}"]
+    counts = ", ".join(str(k) for k in s.get("device_counts", []))
+    lines = [f"{s['ops']} operators; devices {', '.join(s['devices'])}; profiled/captured in {s['profile_s']:.1f} s, "
+             f"tracked in {s['tracking_s']:.1f} s; {'exact' if s['exact'] else 'not exact (see the frontier notes)'}; "
+             f"{s['points']} plans on the frontier, {s.get('curve_points', s['points'])} on the curves of "
+             f"{counts} GPUs"]
     if not store.complete(key):
         lines.append("the baseline placers are still running: their markers appear when they are done")
     # the placers' messages already name the placer
     lines += [b["error"] if b["error"].startswith(b["algo"]) else f"{b['algo']}: {b['error']}"
-              for b in base if b.get("error")]
-    return fig, lines
+              for b in store.baselines(key) if b.get("error")]
+    return lines
+
+
+def frontier_view(store: ResultStore, key: str, budget: float | None, reserve: int, selected: str | None = None,
+                  compare: str | None = None) -> tuple[go.Figure, list[str]]:
+    """The frontier figure of a result (:func:`figures.frontier_figure`: every curve point and
+    baseline, greyed where it does not fit — :func:`tensoropt.planmodel.fits.fits` of each plan's
+    per-device peaks with ``budget``, ``None``: each device's own memory, and ``reserve``) and the
+    lines above and under it (:func:`summary_lines`, then :func:`figures.fit_summary`).  The page
+    draws it once without a budget; its script restyles it for the budget (:mod:`.clientside`)."""
+    s = store.summary(key)
+    points, base, cluster = store.curves(key), store.baselines(key), store.cluster(key)
+    counts = ", ".join(str(k) for k in s.get("device_counts", []))
+    title = (f"{s['graph_name']} (batch {s['batch_size']}) on {s['cluster_name']}: {s['points']} Pareto-optimal plans, "
+             f"curves for {counts} GPUs")
+    fig = figures.frontier_figure(points, base, cluster=cluster, budget_bytes=budget, reserve_bytes=reserve,
+                                  selected=selected, compare=compare, batch=s["batch_size"], title=title)
+    plans = figures.drawn_plans(points, base)
+    fit = {p["plan_id"]: fits(p["peaks"], cluster, budget=budget, reserve=reserve) for p in plans}
+    return fig, [*summary_lines(store, key), figures.fit_summary(plans, fit, budget, reserve)]
+
+
+def page_data(store: ResultStore, key: str) -> dict[str, Any]:
+    """What the page's script needs of a result (:mod:`.clientside`): every drawn plan
+    (:func:`figures.drawn_plans`: id, label, role, devices, per-device peaks, memory, step), each
+    device's memory and price key, the device kinds by price key, the batch."""
+    s = store.summary(key)
+    plans = figures.drawn_plans(store.curves(key), store.baselines(key))
+    kinds = s.get("device_kinds") or {}
+    return {"key": key, "batch": s["batch_size"], "capacity": s["device_memory"],
+            "price_keys": {d: prices.price_key(kinds.get(d, "")) for d in s["devices"]},
+            "kinds": {prices.price_key(k): k for k in kinds.values()},
+            "plans": [{k: p[k] for k in ("plan_id", "label", "role", "devices", "memory_bytes", "time_s", "peaks")}
+                      for p in plans]}
 
 
 def plan_verdict(store: ResultStore, key: str, plan_id: str, budget: float | None, reserve: int) -> str:
     """Whether one plan of a result fits, in words (``fits …`` / ``does not fit …: gpu1 over by
     …``): :func:`tensoropt.planmodel.fits.fits` of its per-device peaks, as the frontier's markers judge it."""
-    peaks = figures.plan_peaks(store.frontier_rows(key), store.baselines(key)).get(plan_id)
+    peaks = figures.plan_peaks(store.curves(key), store.baselines(key)).get(plan_id)
     if peaks is None:
         return ""
     cluster = store.cluster(key)
@@ -148,10 +184,12 @@ def request_from_controls(source: str, zoo_name: str | None, zoo_params: str | N
                           onnx_path: str | None, profile_path: str | None, batch: Any, csource: str,
                           preset: str | None, cpath: str | None, devices: list[str] | None, optimizer: str | None,
                           repeats: Any, warmup: int | None, costs: str | None = "auto",
-                          calibration_path: str | None = None, *, algos: tuple[str, ...] | None) -> Request:
+                          calibration_path: str | None = None, precision: str | None = None, *,
+                          algos: tuple[str, ...] | None) -> Request:
     """The :class:`~.pipeline.Request` the run button asks for, from the controls' state (``costs``:
-    the ``costs-from`` choice, see :func:`costs_fields`); bad input is a
-    :class:`~tensoropt.errors.TensorOptError` saying what to fix."""
+    the ``costs-from`` choice, see :func:`costs_fields`; ``precision``: ``fp32`` — the request's
+    default, ``None`` — or ``bf16``); bad input is a :class:`~tensoropt.errors.TensorOptError`
+    saying what to fix."""
     cluster = cluster_spec(csource, preset, cpath)
     if not devices:
         # the device list is filled from the cluster after the page loads: all of them
@@ -159,7 +197,9 @@ def request_from_controls(source: str, zoo_name: str | None, zoo_params: str | N
     return Request(model=model_spec(source, zoo_name, zoo_params, spec, onnx_path), cluster=cluster,
                    batch=int(batch) if batch not in (None, "") else None, devices=tuple(devices),
                    optimizer=optimizer or DEFAULT_OPTIMIZER, repeats=int(repeats) if repeats else 5,
-                   warmup=int(warmup or 0), algos=algos, **costs_fields(costs, profile_path, calibration_path))
+                   warmup=int(warmup or 0), algos=algos,
+                   precision=None if precision in (None, "", "fp32") else precision,
+                   **costs_fields(costs, profile_path, calibration_path))
 
 
 #: what the run button's background job reports: (done, total, text, the frontier's key once ready)
@@ -209,12 +249,161 @@ def source_banner(summary: dict[str, Any]) -> html.Div:
                               *([html.Ul([html.Li(n) for n in notes], style={"margin": "2px 0"})] if notes else [])])
 
 
+# ---- the URL: the page's state, shareable -------------------------------------------------------
+#: the URL's keys, in the order they are written
+URL_KEYS = ("model", "cluster", "devices", "batch", "optimizer", "precision", "costs", "budget", "reserve", "price",
+            "epoch", "plan")
+#: an uploaded file as a link names it (its content hash and suffix under the store's uploads)
+UPLOAD_PREFIX = "upload:"
+
+
+def _upload_token(path: str | None, store: ResultStore) -> str | None:
+    """``upload:NAME`` for a file under the store's uploads, else ``None``."""
+    if not path:
+        return None
+    p = Path(path)
+    return UPLOAD_PREFIX + p.name if p.parent == store.uploads() else None
+
+
+def _upload_path(token: str, store: ResultStore, suffixes: tuple[str, ...]) -> str | None:
+    """The uploaded file ``upload:NAME`` names, when it is one (a plain name with one of ``suffixes``) and
+    is still there; else ``None``."""
+    name = token[len(UPLOAD_PREFIX):]
+    stem, dot, suffix = name.rpartition(".")
+    if not stem or not all(c in "0123456789abcdef" for c in stem) or f".{suffix}" not in suffixes:
+        return None
+    path = store.uploads() / name
+    return str(path) if path.is_file() else None
+
+
+def url_state(store: ResultStore, *, source: str | None, zoo_name: str | None, zoo_params: str | None,
+              spec: str | None, onnx_path: str | None, csource: str | None, preset: str | None, cpath: str | None,
+              devices: Sequence[str] | None, batch: Any = None, optimizer: str | None = None,
+              precision: str | None = None, costs: str | None = None, budget: Any = None, reserve: Any = None,
+              price: Mapping[str, float | None] | None = None, epoch: Any = None, plan: str | None = None) -> str:
+    """The query string that holds the page's state (``?model=…&cluster=…``; :data:`URL_KEYS`):
+    the model spec (an uploaded ONNX file as ``upload:NAME``), the cluster (``preset:NAME``,
+    ``detected`` or ``upload:NAME``), the devices, batch, optimizer, precision, where the times
+    come from, the budget and reserve (GiB), the prices (``key:usd,…``), the epoch size and the
+    selected plan.  :func:`apply_url` reads it back.  Values that cannot be said are left out."""
+    q: list[tuple[str, str]] = []
+    model = None
+    if source == "onnx":
+        model = _upload_token(onnx_path, store)
+    elif source == "spec":
+        model = (spec or "").strip() or None
+    elif zoo_name:
+        model = zoo_spec(zoo_name, zoo_params)
+    if model:
+        q.append(("model", model))
+    cluster = (DETECTED if csource == "detected" else _upload_token(cpath, store) if csource == "upload"
+               else f"preset:{preset}" if preset else None)
+    if cluster:
+        q.append(("cluster", cluster))
+    if devices:
+        q.append(("devices", ",".join(devices)))
+    for k, v in (("batch", batch), ("optimizer", optimizer), ("precision", precision), ("costs", costs)):
+        if v not in (None, ""):
+            q.append((k, str(v)))
+    for k, v in (("budget", budget), ("reserve", reserve)):
+        if gib_bytes(v) is not None:
+            q.append((k, f"{float(v):g}"))
+    text = prices.format_prices(price or {})
+    if text:
+        q.append(("price", text))
+    if epoch not in (None, ""):
+        q.append(("epoch", str(epoch)))
+    if plan:
+        q.append(("plan", plan))
+    return "?" + urlencode(q, safe=":,;")
+
+
+def _number(text: str | None, kind: type = float) -> Any:
+    """A positive finite number of ``kind`` from a URL value, else ``None``."""
+    try:
+        v = kind(text) if text not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+    return v if v is not None and math.isfinite(v) and v > 0 else None
+
+
+def apply_url(search: str | None, store: ResultStore, trusted: Collection[str] = ()) -> dict[str, Any]:
+    """What a URL's query string (:func:`url_state`) sets on the page: a dict with the controls' new
+    values (absent: leave it), ``run`` (whether the page computes it at once) and ``messages`` (what
+    it could not take, in words).  A link runs a zoo model, an uploaded file or a model of
+    ``trusted`` (the one the server was started with) at once; any other model spec
+    (``file.py:factory`` runs code of this machine) is filled in, and runs only when its result is
+    already computed (reading it back runs nothing) or the run button is pressed."""
+    params = dict(parse_qsl((search or "").lstrip("?"), keep_blank_values=False))
+    out: dict[str, Any] = {"run": True, "messages": []}
+    model = params.get("model", "").strip()
+    if model.startswith(UPLOAD_PREFIX):
+        path = _upload_path(model, store, (".onnx",))
+        if path is None:
+            out["messages"].append(f"the link's model {model} is not an uploaded ONNX file of this server: upload it "
+                                   "again")
+            out["run"] = False
+        else:
+            out.update(model_source="onnx", onnx_path=path)
+    elif model.startswith("zoo:") and split_zoo_spec(model)[0] in zoo.ZOO:
+        name, query = split_zoo_spec(model)
+        out.update(model_source="zoo", zoo_name=name, zoo_params=query)
+    elif model in trusted:
+        out.update(model_source="spec", model_spec=model)
+    elif model:
+        out.update(model_source="spec", model_spec=model)
+        out["run"] = False
+        out["messages"].append(f"the link names the model {model}: press run to compute it (a link never runs a "
+                               "file of this machine by itself)")
+    cluster = params.get("cluster", "").strip()
+    if cluster == DETECTED:
+        out.update(cluster_source="detected")
+    elif cluster.startswith("preset:"):
+        out.update(cluster_source="preset", cluster_preset=cluster[len("preset:"):])
+    elif cluster.startswith(UPLOAD_PREFIX):
+        path = _upload_path(cluster, store, (".yaml", ".yml", ".json"))
+        if path is None:
+            out["messages"].append(f"the link's cluster {cluster} is not an uploaded cluster file of this server: "
+                                   "upload it again")
+            out["run"] = False
+        else:
+            out.update(cluster_source="upload", cluster_path=path)
+    elif cluster:
+        out["messages"].append(f"the link's cluster {cluster!r} is not a preset, an upload or 'detected'; "
+                               "choose one")
+        out["run"] = False
+    if params.get("devices"):
+        out["devices"] = [d for d in params["devices"].split(",") if d]
+    if _number(params.get("batch"), int):
+        out["batch"] = _number(params.get("batch"), int)
+    if params.get("optimizer") in OPTIMIZER_ALPHA:
+        out["optimizer"] = params["optimizer"]
+    if params.get("precision") in ("fp32", "bf16"):
+        out["precision"] = params["precision"]
+    if params.get("costs") in ("auto", "measured", "model"):
+        out["costs"] = params["costs"]
+    for k in ("budget", "reserve"):
+        if _number(params.get(k)) is not None:
+            out[k] = _number(params.get(k))
+    if _number(params.get("epoch"), int):
+        out["epoch"] = _number(params.get("epoch"), int)
+    if params.get("price"):
+        out["prices"] = prices.parse_prices(params["price"])
+    if params.get("plan"):
+        out["plan"] = params["plan"]
+    return out
+
+
+# ---- the controls ------------------------------------------------------------------------------
 def _register_controls(app: dash.Dash, store: ResultStore) -> None:
     """The model, cluster and budget controls: zoo defaults, uploads, the device list, presets."""
 
-    @app.callback(Output("zoo-params", "value"), Input("zoo-name", "value"), prevent_initial_call=True)
-    def _zoo_defaults(name: str) -> str:
-        return zoo_default_params(name) if name else ""
+    @app.callback(Output("zoo-params", "value"), Output("zoo-params-for", "data"), Input("zoo-name", "value"),
+                  State("zoo-params-for", "data"), prevent_initial_call=True)
+    def _zoo_defaults(name: str, params_for: str | None) -> tuple[Any, Any]:
+        if not name or name == params_for:   # the parameters on show are this model's (a link set them)
+            return no_update, no_update
+        return zoo_default_params(name), name
 
     @app.callback(Output("model-source", "value"), Input("onnx-path", "data"), prevent_initial_call=True)
     def _onnx_chosen(path: str | None) -> Any:
@@ -250,20 +439,26 @@ def _register_controls(app: dash.Dash, store: ResultStore) -> None:
         out[slot] = str(accepted.path)
         return (*out, html.Div(accepted.message, className="upload-ok", style={"color": "#060"}))
 
-    @app.callback(Output("devices", "options"), Output("devices", "value"),
+    @app.callback(Output("devices", "options"), Output("devices", "value", allow_duplicate=True),
+                  Output("devices-for", "data", allow_duplicate=True),
                   Output("run-message", "children", allow_duplicate=True),
                   Input("cluster-source", "value"), Input("cluster-preset", "value"), Input("cluster-path", "data"),
+                  State("devices", "value"), State("devices-for", "data"),
                   prevent_initial_call="initial_duplicate")
-    def _devices(source: str, preset: str | None, uploaded: str | None) -> tuple[Any, ...]:
+    def _devices(source: str, preset: str | None, uploaded: str | None, chosen: list[str] | None,
+                 chosen_for: str | None) -> tuple[Any, ...]:
         try:
-            cluster = read_cluster(cluster_spec(source, preset, uploaded))
+            spec = cluster_spec(source, preset, uploaded)
+            cluster = read_cluster(spec)
         except Exception as e:  # noqa: BLE001
-            return [], [], _explain(e)
+            return [], [], None, _explain(e)
         opts = [{"label": f"{d.name} ({fmt_bytes(d.memory_bytes)})", "value": d.name}
                 for d in (cluster.device(n) for n in cluster.names)]
-        return opts, list(cluster.names), ""
+        if chosen and chosen_for == spec and set(chosen) <= set(cluster.names):
+            return opts, no_update, no_update, ""   # a selection made for this cluster (by a link, say) stays
+        return opts, list(cluster.names), spec, ""
 
-    @app.callback(Output("budget", "value"),
+    @app.callback(Output("budget", "value", allow_duplicate=True),
                   *[Input(f"budget-{g}", "n_clicks") for g in figures.GPU_PRESETS_GIB],
                   Input("budget-none", "n_clicks"), prevent_initial_call=True)
     def _budget_preset(*_clicks: int) -> float | None:
@@ -271,82 +466,279 @@ def _register_controls(app: dash.Dash, store: ResultStore) -> None:
         return None if which == "budget-none" else float(which.split("-")[1])
 
 
+def _price_inputs(kinds: Mapping[str, str], current: Mapping[str, Any], wanted: Mapping[str, float]) -> list[Any]:
+    """One price input per device kind (price key → kind name): its value the one on show, else the
+    link's, else the default (:data:`~.prices.LIST_PRICES`), else empty."""
+    rows: list[Any] = []
+    defaults = prices.default_prices(kinds.values())
+    for key, name in kinds.items():
+        value = current.get(key, wanted.get(key, wanted.get("*", defaults.get(key))))
+        listed = prices.LIST_PRICES.get(key)
+        hint = (f"default: {listed.derivation} ({listed.as_of})" if listed else
+                "no list price for this kind (docs/dashboard.md): enter one")
+        rows.append(html.Div(title=hint, style={"display": "flex", "gap": "4px", "alignItems": "center"}, children=[
+            html.Span(name, style={"flex": "1", "fontSize": "90%"}),
+            dcc.Input(id={"type": "price", "kind": key}, type="number", min=0, step="any", value=value,
+                      debounce=True, placeholder="USD/GPU-h", style={"width": "90px"}),
+        ]))
+    return rows
+
+
+# ---- the run -------------------------------------------------------------------------------------
+_RUN_STATES = (State("model-source", "value"), State("zoo-name", "value"), State("zoo-params", "value"),
+               State("model-spec", "value"), State("onnx-path", "data"), State("profile-path", "data"),
+               State("batch", "value"), State("cluster-source", "value"), State("cluster-preset", "value"),
+               State("cluster-path", "data"), State("devices", "value"), State("optimizer", "value"),
+               State("repeats", "value"), State("warmup", "data"), State("costs-from", "value"),
+               State("calibration-path", "data"), State("precision", "value"))
+
+
 def _register_run(app: dash.Dash, store: ResultStore, algos: tuple[str, ...] | None) -> None:
-    """The run button: :func:`~.pipeline.run_request` as a background job with a progress bar; the
-    frontier's key arrives as progress (``partial-key``) before the baselines are done."""
+    """The run button: :func:`~.pipeline.run_request` as a background job with a progress bar and a
+    cancel button; the frontier's key arrives as progress (``partial-key``) before the baselines are
+    done.  The page's first run starts once the URL's state is applied (``url-ready``)."""
 
     @app.callback(
         Output("result-key", "data"), Output("run-message", "children"),
-        Input("run", "n_clicks"),
-        State("model-source", "value"), State("zoo-name", "value"), State("zoo-params", "value"),
-        State("model-spec", "value"), State("onnx-path", "data"), State("profile-path", "data"),
-        State("batch", "value"), State("cluster-source", "value"), State("cluster-preset", "value"),
-        State("cluster-path", "data"), State("devices", "value"), State("optimizer", "value"),
-        State("repeats", "value"), State("warmup", "data"), State("costs-from", "value"),
-        State("calibration-path", "data"),
-        background=True,
+        Input("run", "n_clicks"), Input("url-ready", "data"), *_RUN_STATES,
+        background=True, prevent_initial_call=True,
         progress=[Output("progress", "value"), Output("progress", "max"), Output("progress-text", "children"),
                   Output("partial-key", "data")],
-        running=[(Output("run", "disabled"), True, False)],
+        running=[(Output("run", "disabled"), True, False), (Output("cancel", "disabled"), False, True)],
+        cancel=[Input("cancel", "n_clicks")],
+        interval=500,
     )
-    def _run(set_progress: Callable[[ProgressUpdate], None], _n: int, *controls: Any) -> tuple[Any, str]:
+    def _run(set_progress: Callable[[ProgressUpdate], None], _n: int, ready: Any, *controls: Any) -> tuple[Any, str]:
+        if ctx.triggered_id == "url-ready" and not (ready or {}).get("run", True):
+            try:   # a link's model that is not run by itself: its result, when computed already, is only read back
+                computed = store.complete(request_from_controls(*controls, algos=algos).key)
+            except Exception:  # noqa: BLE001 - the message below says what to do
+                computed = False
+            if not computed:
+                return no_update, " ".join((ready or {}).get("messages", []))
         return run_controls(store, set_progress, controls, algos)   # the States above: request_from_controls' order
+
+    @app.callback(Output("progress-text", "children", allow_duplicate=True),
+                  Output("run-message", "children", allow_duplicate=True),
+                  Input("cancel", "n_clicks"), prevent_initial_call=True)
+    def _cancelled(_n: int) -> tuple[str, str]:
+        return "cancelled", "the run was cancelled: nothing of it is kept; press run to start again"
+
+
+# ---- the frontier, the GPUs-needed table, the selection -------------------------------------------
+def _plan_options(store: ResultStore, key: str) -> list[dict[str, str]]:
+    """The compare dropdown's choices: every drawn plan, labelled with its devices, peak and step."""
+    plans = figures.drawn_plans(store.curves(key), store.baselines(key))
+    return [{"label": f"{p['label']}{'' if p['label'] == p['plan_id'] else ' (' + p['plan_id'] + ')'}: "
+                      f"{p['num_devices']} GPU(s), {fmt_bytes(p['memory_bytes'])}, {p['time_s'] * 1e3:.3f} ms",
+             "value": p["plan_id"]} for p in sorted(plans, key=lambda p: (p["num_devices"], p["memory_bytes"]))]
 
 
 def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
-    """The frontier figure, the summary above it, and which plan is selected."""
+    """The frontier figure (drawn on the server once per result and selection, restyled in the
+    browser for the budget), the summary above it, the GPUs-needed table, which plan is selected."""
 
-    @app.callback(Output("frontier-graph", "figure"), Output("result-summary", "children"),
-                  Input("result-key", "data"), Input("partial-key", "data"), Input("budget", "value"),
-                  Input("reserve", "value"), Input("selected-plan", "data"))
-    def _frontier(done_key: str | None, partial_key: str | None, budget_gib: float | None,
-                  reserve_gib: float | None, selected: str | None) -> tuple[Any, ...]:
+    @app.callback(Output("frontier-base", "data"), Output("page-data", "data"), Output("result-summary", "children"),
+                  Output("compare-plan", "options"),
+                  Input("result-key", "data"), Input("partial-key", "data"), Input("selected-plan", "data"),
+                  Input("compare-plan", "value"))
+    def _frontier(done_key: str | None, partial_key: str | None, selected: str | None,
+                  compare: str | None) -> tuple[Any, ...]:
         key = _shown_key(store, done_key, partial_key)
         if not key or not store.frontier_ready(key):
-            return figures.frontier_figure([], title="no result yet: run profiling + frontier"), ""
-        fig, lines = frontier_view(store, key, gib_bytes(budget_gib), reserve_bytes(reserve_gib), selected)
-        return fig, [source_banner(store.summary(key)), html.Ul([html.Li(x) for x in lines], style={"margin": "2px 0"})]
+            empty = figures.frontier_figure([], title="no result yet: run profiling + frontier")
+            return empty.to_plotly_json(), None, "", []
+        try:
+            fig, _lines = frontier_view(store, key, None, 0, selected, compare)
+            lines = summary_lines(store, key)
+            data = page_data(store, key)
+        except Exception as e:  # noqa: BLE001 - a result that cannot be read is a message
+            if not isinstance(e, TensorOptError):
+                traceback.print_exc()
+            return no_update, no_update, html.Div(_explain(e), style={"color": "#a00"}), no_update
+        summary = [source_banner(store.summary(key)), html.Ul([html.Li(x) for x in lines], style={"margin": "2px 0"})]
+        return fig.to_plotly_json(), data, summary, _plan_options(store, key)
 
-    @app.callback(Output("selected-plan", "data"), Input("frontier-graph", "clickData"), prevent_initial_call=True)
-    def _select(click: Any) -> Any:
+    app.clientside_callback(
+        VIEW_JS,
+        Output("frontier-graph", "figure"), Output("gpus-table", "data"), Output("fit-summary", "children"),
+        Input("frontier-base", "data"), Input("page-data", "data"), Input("budget", "value"),
+        Input("reserve", "value"), Input({"type": "price", "kind": ALL}, "value"), Input("epoch", "value"),
+        State({"type": "price", "kind": ALL}, "id"))
+
+    @app.callback(Output("price-inputs", "children"), Input("page-data", "data"), State("url-prices", "data"),
+                  State({"type": "price", "kind": ALL}, "value"), State({"type": "price", "kind": ALL}, "id"),
+                  prevent_initial_call=True)
+    def _prices(data: Mapping[str, Any] | None, wanted: Mapping[str, float] | None, values: list[Any],
+                ids: list[Mapping[str, str]]) -> Any:
+        if not data:
+            return no_update
+        current = {i["kind"]: v for i, v in zip(ids, values)}
+        if set(current) == set(data["kinds"]):
+            return no_update   # the same kinds: keep what the user typed
+        return _price_inputs(data["kinds"], current, wanted or {})
+
+    @app.callback(Output("selected-plan", "data"), Input("frontier-graph", "clickData"),
+                  Input("gpus-table", "active_cell"), State("gpus-table", "data"), State("page-data", "data"),
+                  prevent_initial_call=True)
+    def _select(click: Any, cell: Any, rows: list[dict[str, Any]] | None, data: Mapping[str, Any] | None) -> Any:
+        if ctx.triggered_id == "gpus-table":
+            try:
+                gpus = rows[cell["row"]]["gpus"] if rows and cell else None
+                plans = [p for p in (data or {}).get("plans", []) if len(p["devices"]) == gpus]
+                label = rows[cell["row"]]["plan"] if rows and cell else ""
+                hit = next((p["plan_id"] for p in plans if label in (p["plan_id"], f"{p['label']} ({p['plan_id']})")),
+                           None)
+            except (TypeError, KeyError, IndexError):
+                return no_update
+            return hit or no_update
         try:
             return str(click["points"][0]["customdata"])
         except (TypeError, KeyError, IndexError):
             return no_update
 
-    @app.callback(Output("selected-plan", "data", allow_duplicate=True), Input("result-key", "data"),
-                  Input("partial-key", "data"), prevent_initial_call=True)
-    def _new_result(done_key: str | None, partial_key: str | None) -> Any:
+    @app.callback(Output("selected-plan", "data", allow_duplicate=True), Output("url-plan", "data"),
+                  Input("result-key", "data"), Input("partial-key", "data"), State("url-plan", "data"),
+                  State("selected-plan", "data"), prevent_initial_call=True)
+    def _new_result(done_key: str | None, partial_key: str | None, wanted: str | None,
+                    selected: str | None) -> tuple[Any, Any]:
+        key = _shown_key(store, done_key, partial_key)
+        ids: set[str] = set()
+        if key and store.frontier_ready(key):
+            ids = {p["plan_id"] for p in figures.drawn_plans(store.curves(key), store.baselines(key))}
+        if wanted:
+            return (wanted, None) if wanted in ids else (None, no_update)   # the link's plan, once it is there
         if ctx.triggered_id == "result-key" and done_key == partial_key:
-            return no_update   # the baselines of the frontier on show are done: keep the selection
-        return None   # a new result: the old selection is not one of its plans
+            return no_update, no_update   # the baselines of the frontier on show are done: keep the selection
+        return (selected if selected in ids else None), no_update
+
+
+# ---- the selected plan ---------------------------------------------------------------------------
+def plan_commands(store: ResultStore, key: str, plan_id: str) -> str:
+    """The commands that check and run a plan of a result (:func:`~.commands.run_commands`), as shown."""
+    plan = store.plan(key, plan_id)
+    cmds, note = run_commands(store.summary(key).get("request") or {}, plan_id, len(plan.devices))
+    lines = [f"# the plan downloads as {plan_filename(plan_id)}; check it, then run it on {len(plan.devices)} "
+             f"device(s):", *cmds]
+    return "\n".join(lines + ([f"# {note}"] if note else []))
 
 
 def _register_plan(app: dash.Dash, store: ResultStore) -> None:
-    """The selected plan's panel (summary, memory, timeline, graph, table) and the downloads."""
+    """The selected plan's panel (summary, commands, memory, timeline, graph, table), the plan graph's
+    groups and node details, the compared plan, and the downloads."""
 
     @app.callback(Output("plan-panel", "style"), Output("plan-title", "children"), Output("plan-summary", "children"),
-                  Output("memory-graph", "figure"), Output("gantt-graph", "figure"), Output("graph-graph", "figure"),
-                  Output("plan-table", "data"),
+                  Output("memory-graph", "figure"), Output("gantt-graph", "figure"), Output("plan-table", "data"),
+                  Output("run-commands", "children"),
                   Input("selected-plan", "data"), Input("budget", "value"), Input("reserve", "value"),
                   State("result-key", "data"), State("partial-key", "data"), prevent_initial_call=True)
     def _plan(plan_id: str | None, budget_gib: float | None, reserve_gib: float | None, done_key: str | None,
               partial_key: str | None) -> tuple[Any, ...]:
         key = _shown_key(store, done_key, partial_key)
         if not plan_id or not key:
-            return ({"display": "none"}, "", [], no_update, no_update, no_update, [])
+            return ({"display": "none"}, "", [], no_update, no_update, [], "")
         budget, reserve = gib_bytes(budget_gib), reserve_bytes(reserve_gib)
         try:
             plan, graph, cluster = store.plan(key, plan_id), store.graph(key), store.cluster(key)
             sim = store.simulation(key, plan_id, reserve)
             verdict = plan_verdict(store, key, plan_id, budget, reserve)
+            commands = plan_commands(store, key, plan_id)
         except Exception as e:  # noqa: BLE001
-            return ({"display": "block"}, _explain(e), [], no_update, no_update, no_update, [])
+            if not isinstance(e, TensorOptError):
+                traceback.print_exc()
+            return ({"display": "block"}, _explain(e), [], no_update, no_update, [], "")
         capacity = {d: cluster.device(d).memory_bytes for d in sim.memory}
         summary = [html.Li(x) for x in figures.plan_summary(plan, sim, verdict)]
         return ({"display": "block"}, f"plan {plan_id}", summary,
                 figures.memory_figure(sim, capacity, budget_bytes=budget), figures.gantt_figure(sim),
-                figures.graph_figure(plan, graph), figures.plan_table_rows(plan, graph))
+                figures.plan_table_rows(plan, graph), commands)
+
+    @app.callback(Output("plan-graph", "figure"), Output("graph-hint", "children"),
+                  Input("selected-plan", "data"), Input("expanded-groups", "data"), Input("graph-node", "data"),
+                  State("result-key", "data"), State("partial-key", "data"), prevent_initial_call=True)
+    def _graph(plan_id: str | None, expanded: list[str] | None, node: str | None, done_key: str | None,
+               partial_key: str | None) -> tuple[Any, Any]:
+        key = _shown_key(store, done_key, partial_key)
+        if not plan_id or not key:
+            return no_update, ""
+        try:
+            plan, graph = store.plan(key, plan_id), store.graph(key)
+            fig = plangraph.plan_graph_figure(plan, graph, store.cluster(key), costs=store.costs(key),
+                                              expanded=expanded or [], selected=node)
+        except Exception as e:  # noqa: BLE001
+            if not isinstance(e, TensorOptError):
+                traceback.print_exc()
+            return no_update, _explain(e)
+        mixed = plangraph.mixed_groups(plan, graph)
+        hint = (f"groups whose operators run differently: {', '.join(plangraph.short_path(g) for g in mixed[:8])}"
+                + (" …" if len(mixed) > 8 else "") if mixed else "every group's operators run alike")
+        return fig, "click a group (a square) to draw its operators, an operator for its configuration; " + hint
+
+    @app.callback(Output("expanded-groups", "data"), Output("graph-node", "data"), Output("node-details", "children"),
+                  Input("plan-graph", "clickData"), Input("expand-all", "n_clicks"), Input("collapse-all", "n_clicks"),
+                  Input("selected-plan", "data"), State("expanded-groups", "data"), State("result-key", "data"),
+                  State("partial-key", "data"), prevent_initial_call=True)
+    def _graph_click(click: Any, _all: int, _none: int, plan_id: str | None, expanded: list[str] | None,
+                     done_key: str | None, partial_key: str | None) -> tuple[Any, Any, Any]:
+        key = _shown_key(store, done_key, partial_key)
+        which = ctx.triggered_id
+        if which == "selected-plan":
+            return no_update, None, []
+        if not plan_id or not key:
+            return no_update, no_update, no_update
+        graph = store.graph(key)
+        if which == "expand-all":
+            return sorted(plangraph.groups(graph)), no_update, no_update
+        if which == "collapse-all":
+            return [], no_update, no_update
+        try:
+            kind, name = click["points"][0]["customdata"]
+        except (TypeError, KeyError, IndexError, ValueError):
+            return no_update, no_update, no_update
+        plan, costs = store.plan(key, plan_id), store.costs(key)
+        if kind == "group":
+            now = set(expanded or [])
+            now.symmetric_difference_update({name})
+            return sorted(now), name, [html.Li(x) for x in plangraph.node_details(name, plan, graph, costs)]
+        if kind == "edge":
+            return no_update, no_update, [html.Li(f"edge {name}: its reshard cost is in the hover")]
+        return no_update, name, [html.Li(x) for x in plangraph.node_details(name, plan, graph, costs)]
+
+    @app.callback(Output("compare-panel", "style"), Output("compare-summary", "children"), Output("memory-a", "figure"),
+                  Output("gantt-a", "figure"), Output("memory-b", "figure"), Output("gantt-b", "figure"),
+                  Output("diff-table", "data"),
+                  Input("compare-plan", "value"), Input("selected-plan", "data"), State("budget", "value"),
+                  State("reserve", "value"), State("result-key", "data"), State("partial-key", "data"),
+                  prevent_initial_call=True)
+    def _compare(other: str | None, plan_id: str | None, budget_gib: float | None, reserve_gib: float | None,
+                 done_key: str | None, partial_key: str | None) -> tuple[Any, ...]:
+        key = _shown_key(store, done_key, partial_key)
+        if not other or not plan_id or not key:
+            return ({"display": "none"}, "", no_update, no_update, no_update, no_update, [])
+        budget, reserve = gib_bytes(budget_gib), reserve_bytes(reserve_gib)
+        try:
+            a, b = store.plan(key, plan_id), store.plan(key, other)
+            graph, cluster = store.graph(key), store.cluster(key)
+            sa, sb = store.simulation(key, plan_id, reserve), store.simulation(key, other, reserve)
+        except Exception as e:  # noqa: BLE001
+            if not isinstance(e, TensorOptError):
+                traceback.print_exc()
+            return ({"display": "block"}, _explain(e), no_update, no_update, no_update, no_update, [])
+        rows = plangraph.differing(a, b, graph)
+        figs = []
+        for pid, sim in ((plan_id, sa), (other, sb)):
+            capacity = {d: cluster.device(d).memory_bytes for d in sim.memory}
+            mem = figures.memory_figure(sim, capacity, budget_bytes=budget)
+            mem.update_layout(title=f"{pid}: simulated peak per device")
+            gantt = figures.gantt_figure(sim)
+            gantt.update_layout(title=f"{pid}: {gantt.layout.title.text}")
+            figs += [mem, gantt]
+        ratio = sb.time_s / sa.time_s if sa.time_s else float("nan")
+        summary = (f"{plan_id}: {fmt_bytes(sa.max_memory_bytes)} peak, {sa.time_s * 1e3:.3f} ms on "
+                   f"{len(a.devices)} device(s); {other}: {fmt_bytes(sb.max_memory_bytes)} peak, "
+                   f"{sb.time_s * 1e3:.3f} ms on {len(b.devices)} device(s) ({ratio:.2f}× the step); "
+                   f"{len(rows)} of {len(graph.ops)} operators configured differently")
+        return ({"display": "block"}, summary, *figs, rows)
 
     @app.callback(Output("download-plan", "data"), Input("download-plan-button", "n_clicks"),
                   State("selected-plan", "data"), State("result-key", "data"), State("partial-key", "data"),
@@ -356,7 +748,7 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
         if not plan_id or not key:
             return no_update
         plan = store.plan(key, plan_id)
-        return {"content": json.dumps(plan.to_dict(), indent=1), "filename": f"{plan_id}.json"}
+        return {"content": json.dumps(plan.to_dict(), indent=1), "filename": plan_filename(plan_id)}
 
     @app.callback(Output("download-csv", "data"), Input("download-csv-button", "n_clicks"),
                   State("result-key", "data"), State("partial-key", "data"), prevent_initial_call=True)
@@ -368,14 +760,92 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
         return {"content": store.frontier_csv(key), "filename": f"frontier-{s['graph_name']}.csv"}
 
 
-def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, ...] | None = None) -> None:
+# ---- the URL ------------------------------------------------------------------------------------
+def _register_url(app: dash.Dash, store: ResultStore, trusted: Collection[str]) -> None:
+    """The URL's query string holds the page's state: read once when the page opens (and on the
+    browser's back and forward: ``url``), written whenever a control changes (``url-out``; two
+    components, so that writing never reads back)."""
+    presets = set(list_presets())
+
+    @app.callback(Output("model-source", "value", allow_duplicate=True), Output("zoo-name", "value"),
+                  Output("zoo-params", "value", allow_duplicate=True),
+                  Output("zoo-params-for", "data", allow_duplicate=True), Output("model-spec", "value"),
+                  Output("onnx-path", "data", allow_duplicate=True),
+                  Output("cluster-source", "value", allow_duplicate=True), Output("cluster-preset", "value"),
+                  Output("cluster-preset", "options"), Output("cluster-path", "data", allow_duplicate=True),
+                  Output("devices", "value", allow_duplicate=True), Output("devices-for", "data", allow_duplicate=True),
+                  Output("batch", "value"), Output("optimizer", "value"), Output("precision", "value"),
+                  Output("costs-from", "value", allow_duplicate=True), Output("budget", "value", allow_duplicate=True),
+                  Output("reserve", "value"), Output("epoch", "value"),
+                  Output("url-plan", "data", allow_duplicate=True), Output("url-prices", "data"),
+                  Output("url-ready", "data"),
+                  Input("url", "search"), prevent_initial_call="initial_duplicate")
+    def _apply(search: str | None) -> tuple[Any, ...]:
+        got = apply_url(search, store, trusted)
+        keep = no_update
+
+        def take(name: str) -> Any:
+            return got.get(name, keep)
+
+        preset = got.get("cluster_preset")
+        options: Any = keep
+        if preset is not None and preset not in presets:
+            options = sorted(presets | {preset})
+        spec = None
+        if "devices" in got:
+            try:
+                spec = cluster_spec(got.get("cluster_source", "preset"), preset, got.get("cluster_path"))
+            except TensorOptError:
+                spec = None
+        return (take("model_source"), take("zoo_name"), take("zoo_params"),
+                take("zoo_name"), take("model_spec"), take("onnx_path"),
+                take("cluster_source"), take("cluster_preset"), options, take("cluster_path"),
+                take("devices"), spec if spec is not None else keep,
+                take("batch"), take("optimizer"), take("precision"), take("costs"), take("budget"), take("reserve"),
+                take("epoch"), take("plan"), got.get("prices", {}),
+                {"run": got["run"], "messages": got["messages"], "search": search or ""})
+
+    @app.callback(Output("url-out", "search"),
+                  Input("model-source", "value"), Input("zoo-name", "value"), Input("zoo-params", "value"),
+                  Input("model-spec", "value"), Input("onnx-path", "data"), Input("cluster-source", "value"),
+                  Input("cluster-preset", "value"), Input("cluster-path", "data"), Input("devices", "value"),
+                  Input("batch", "value"), Input("optimizer", "value"), Input("precision", "value"),
+                  Input("costs-from", "value"), Input("budget", "value"), Input("reserve", "value"),
+                  Input({"type": "price", "kind": ALL}, "value"), Input("epoch", "value"),
+                  Input("selected-plan", "data"), State({"type": "price", "kind": ALL}, "id"),
+                  State("url-plan", "data"), State("url-prices", "data"), State("url-ready", "data"),
+                  prevent_initial_call=True)
+    def _write(source: str, zoo_name: str, zoo_params: str, spec: str, onnx_path: str | None, csource: str,
+               preset: str, cpath: str | None, devices: list[str], batch: Any, optimizer: str, precision: str,
+               costs: str, budget: Any, reserve: Any, price_values: list[Any], epoch: Any, selected: str | None,
+               price_ids: list[Mapping[str, str]], pending: str | None, pending_prices: Mapping[str, float] | None,
+               ready: Any) -> Any:
+        if ready is None:
+            return no_update   # the URL is not read yet: writing now would lose it
+        price = {i["kind"]: float(v) for i, v in zip(price_ids, price_values)
+                 if v not in (None, "") and math.isfinite(float(v))}
+        if not price_ids:
+            price = dict(pending_prices or {})   # no result yet, no price inputs: keep the link's
+        return url_state(store, source=source, zoo_name=zoo_name, zoo_params=zoo_params, spec=spec,
+                         onnx_path=onnx_path, csource=csource, preset=preset, cpath=cpath, devices=devices,
+                         batch=batch, optimizer=optimizer, precision=None if precision == "fp32" else precision,
+                         costs=None if costs == "auto" else costs, budget=budget,
+                         reserve=reserve, price=price, epoch=None if epoch == DEFAULT_EPOCH else epoch,
+                         plan=pending or selected)
+
+
+def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, ...] | None = None,
+                       default_model: str | None = None) -> None:
     """Attach every callback of the page to ``app``; results live in ``store``; ``algos``: the
-    baseline placers to run (default: all)."""
+    baseline placers to run (default: all); ``default_model``: the model the server was started
+    with, which a link may run at once whatever its spec (:func:`apply_url`)."""
     _register_controls(app, store)
     _register_run(app, store, algos)
     _register_frontier(app, store)
     _register_plan(app, store)
+    _register_url(app, store, (default_model,) if default_model else ())
 
 
 __all__ = ["register_callbacks", "cluster_spec", "model_spec", "costs_fields", "gib_bytes", "reserve_bytes",
-           "plan_verdict", "frontier_view", "request_from_controls", "run_controls", "source_banner"]
+           "plan_verdict", "frontier_view", "summary_lines", "page_data", "request_from_controls", "run_controls",
+           "source_banner", "url_state", "apply_url", "plan_commands", "URL_KEYS"]

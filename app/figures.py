@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import plotly.graph_objects as go
 
 from tensoropt.describe import fmt_bytes
@@ -37,8 +36,8 @@ MEMORY_PARTS = (("parameters", "#1f77b4"), ("gradients", "#ff7f0e"), ("optimizer
 MEMORY_OFF_SCALE = 10.0
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
             "#bcbd22", "#7f7f7f")
-#: a frontier CSV row (strings as read back; ints and strings from :meth:`~tensoropt.frontier.Frontier.rows`)
-FrontierRow = Mapping[str, str | int | float]
+#: a curve point (:class:`~.curves.CurvePoint` dict) or a frontier CSV row (strings as read back)
+FrontierRow = Mapping[str, Any]
 #: a :class:`~tensoropt.dashboard.pipeline.BaselineRow` as a JSON dict (values of several types, ``None`` included)
 BaselineDict = Mapping[str, Any]
 
@@ -54,20 +53,28 @@ def _unit(max_bytes: float) -> tuple[float, str]:
 
 # ---- whether a plan fits: tensoropt.planmodel.fits on each plan's per-device peaks ----------------
 def row_peaks(row: FrontierRow) -> dict[str, int]:
-    """A frontier row's simulated peak per device: its ``device_memory_bytes``
-    (``"gpu0=123;gpu1=456"``) parsed; a row without them (a frontier built by hand) has its
-    ``memory_bytes`` on each of its ``devices`` (as :meth:`~tensoropt.frontier.Frontier.fits` assumes).
+    """A plan's simulated peak per device: a curve point's ``device_memory`` (a dict), a frontier
+    CSV row's ``device_memory_bytes`` (``"gpu0=123;gpu1=456"``) parsed, or — a row without them (a
+    frontier built by hand) — its ``memory_bytes`` on each of its ``devices`` (as
+    :meth:`~tensoropt.frontier.Frontier.fits` assumes).
 
     >>> row_peaks({"devices": "gpu0;gpu1", "memory_bytes": "456", "device_memory_bytes": "gpu0=123;gpu1=456"})
     {'gpu0': 123, 'gpu1': 456}
     >>> row_peaks({"devices": "gpu0;gpu1", "memory_bytes": 456})
     {'gpu0': 456, 'gpu1': 456}
+    >>> row_peaks({"devices": ["a"], "memory_bytes": 9, "device_memory": {"a": 9}})
+    {'a': 9}
     """
+    given = row.get("device_memory")
+    if isinstance(given, Mapping) and given:
+        return {str(d): int(b) for d, b in given.items()}
     text = str(row.get("device_memory_bytes") or "")
     if text:
         pairs = (item.rpartition("=") for item in text.split(";") if item)
         return {d: int(b) for d, _, b in pairs}
-    return dict.fromkeys(str(row["devices"]).split(";"), int(row["memory_bytes"]))
+    devices = row["devices"]
+    names = devices.split(";") if isinstance(devices, str) else list(devices)
+    return dict.fromkeys(names, int(row["memory_bytes"]))
 
 
 def baseline_peaks(b: BaselineDict) -> dict[str, int]:
@@ -76,7 +83,7 @@ def baseline_peaks(b: BaselineDict) -> dict[str, int]:
 
 
 def plan_peaks(rows: Sequence[FrontierRow], baselines: Sequence[BaselineDict] = ()) -> dict[str, dict[str, int]]:
-    """Plan id → its per-device peaks, for every frontier row and every baseline with a plan."""
+    """Plan id → its per-device peaks, for every curve point / frontier row and every baseline with a plan."""
     out = {str(r["plan_id"]): row_peaks(r) for r in rows}
     out.update({b["plan_id"]: baseline_peaks(b) for b in baselines if b.get("plan_id")})
     return out
@@ -86,7 +93,8 @@ def fit_flags(rows: Sequence[FrontierRow], baselines: Sequence[BaselineDict], cl
               budget_bytes: float | None = None, reserve_bytes: int = 0) -> dict[str, bool]:
     """Plan id → whether it fits: :func:`tensoropt.planmodel.fits.fits` of its per-device peaks on
     ``cluster`` with the page's budget (``None``: each device's own memory) and reserve — the rule
-    the CLI, the CSV and ``tensoropt compare`` apply.  O(plans × devices)."""
+    the CLI, the CSV and ``tensoropt compare`` apply (and the page's script, :mod:`.clientside`).
+    O(plans × devices)."""
     return {pid: fits(peaks, cluster, budget=budget_bytes, reserve=reserve_bytes)
             for pid, peaks in plan_peaks(rows, baselines).items()}
 
@@ -109,20 +117,85 @@ def over_text(peaks: Mapping[str, int], cluster: Cluster, *, budget_bytes: float
                      for x, ds in by_excess.items())
 
 
-# ---- the frontier ------------------------------------------------------------------------------
+# ---- the frontier: one curve per device count, the baselines beside them -------------------------
 def _peaks_text(peaks: Mapping[str, int]) -> str:
     """``"gpu0 1.0 MiB, gpu1 2.0 MiB"``, or one size when every device has the same peak."""
     if len(set(peaks.values())) == 1:
-        return f"{fmt_bytes(next(iter(peaks.values())))} on each device"
+        n = len(peaks)
+        where = f"each of {n} devices" if n > 1 else "its device"
+        return f"{fmt_bytes(next(iter(peaks.values())))} on {where}"
     return ", ".join(f"{d} {fmt_bytes(b)}" for d, b in peaks.items())
 
 
-def _hover(head: str, peaks: Mapping[str, int], time_s: float, over: str) -> str:
-    """A marker's hover text: ``head`` (HTML), its simulated peaks, its time and, when ``over``
-    is not empty, why it does not fit."""
+def _devices_text(devices: Sequence[str]) -> str:
+    """``"gpu0, gpu1"``; eight or more as ``"gpu0 … gpu7 (8)"``."""
+    return ", ".join(devices) if len(devices) < 5 else f"{devices[0]} … {devices[-1]} ({len(devices)})"
+
+
+def _gpus(k: int) -> str:
+    return f"{k} GPU{'s' if k != 1 else ''}"
+
+
+def drawn_plans(points: Sequence[FrontierRow], baselines: Sequence[BaselineDict] = ()) -> list[dict[str, Any]]:
+    """Every plan the frontier chart draws, once: each curve point (``role`` ``curve``) and each
+    baseline with a plan that is not a curve point already (``role`` ``baseline``: its ``same_as``
+    is empty; see :func:`~.curves.place_baselines`), as dicts with ``plan_id``, ``label``, ``devices``,
+    ``num_devices``, ``memory_bytes``, ``time_s``, ``peaks``, ``source``, ``on_frontier`` and, for a
+    baseline, ``dominated_by``.  A curve point that is also a baseline's plan names it in ``also``."""
+    also: dict[str, list[str]] = {}
+    for b in baselines:
+        if b.get("same_as"):
+            also.setdefault(b["same_as"], []).append(b["algo"])
+    out: list[dict[str, Any]] = []
+    for r in points:
+        devs = r["devices"].split(";") if isinstance(r["devices"], str) else list(r["devices"])
+        pid = str(r["plan_id"])
+        out.append({"plan_id": pid, "label": pid, "role": "curve", "devices": devs, "num_devices": len(devs),
+                    "memory_bytes": int(r["memory_bytes"]), "time_s": float(r["time_s"]), "peaks": row_peaks(r),
+                    "source": str(r.get("source") or "frontier"),
+                    "on_frontier": str(r.get("on_frontier", True)).lower() in ("true", "1"),
+                    "layouts": dict(r.get("layouts") or {}), "recomputed": int(r.get("recomputed") or 0),
+                    "also": also.get(pid, []), "dominated_by": ""})
+    for b in baselines:
+        if not b.get("plan_id") or b.get("peak_memory_bytes") is None or b.get("same_as"):
+            continue
+        peaks = baseline_peaks(b)
+        out.append({"plan_id": b["plan_id"], "label": b["algo"], "role": "baseline", "devices": list(peaks),
+                    "num_devices": len(peaks), "memory_bytes": int(b["peak_memory_bytes"]),
+                    "time_s": float(b["time_s"]), "peaks": peaks, "source": b["algo"],
+                    "on_frontier": not b.get("dominated_by"), "layouts": {}, "recomputed": 0, "also": [],
+                    "dominated_by": b.get("dominated_by") or ""})
+    return out
+
+
+def hover_head(p: Mapping[str, Any], batch: int | None = None) -> str:
+    """A drawn plan's hover summary (HTML, without the fits line): what it is and what found it, its
+    devices, its simulated peak per device and step, samples/s, its layouts."""
+    if p["role"] == "baseline":
+        head = f"<b>{p['label']}</b> (baseline placer) · plan {p['plan_id']}"
+        where = (f"dominated by {p['dominated_by']} (no more memory, no more time)" if p["dominated_by"]
+                 else "not dominated by the frontier: as good as any plan found")
+    else:
+        what = "the search" if p["source"] == "frontier" else f"the placer {p['source']}"
+        head = f"<b>{p['plan_id']}</b> · found by {what}"
+        where = ("on the frontier over every device count" if p["on_frontier"]
+                 else f"the best at this memory on {_gpus(p['num_devices'])} (beaten with more GPUs)")
+        if p.get("also"):
+            where += f"; also the plan of {', '.join(p['also'])}"
+    sps = f" · {batch / p['time_s']:,.0f} samples/s" if batch and p["time_s"] > 0 else ""
+    lines = [head, where, f"{_gpus(p['num_devices'])}: {_devices_text(p['devices'])}",
+             f"peak {fmt_bytes(p['memory_bytes'])} per device (simulated): {_peaks_text(p['peaks'])}",
+             f"step {p['time_s'] * 1e3:.3f} ms (simulated){sps}"]
+    if p.get("layouts"):
+        lay = ", ".join(f"{k} {v}" for k, v in p["layouts"].items())
+        lines.append(f"operators by layout: {lay}" + (f"; {p['recomputed']} recomputed" if p["recomputed"] else ""))
+    return "<br>".join(lines)
+
+
+def hover_text(head: str, over: str) -> str:
+    """``head`` and, when ``over`` is not empty, why the plan does not fit (the page's script does the same)."""
     tail = f"<br><i>does not fit: {over}</i>" if over else ""
-    return (f"{head}<br>{fmt_bytes(max(peaks.values(), default=0))} peak per device (simulated): "
-            f"{_peaks_text(peaks)}<br>{time_s * 1e3:.3f} ms{tail}<extra></extra>")
+    return f"{head}{tail}<extra></extra>"
 
 
 def _budget_line(fig: go.Figure, budget_bytes: float, reserve_bytes: int, mems: Sequence[float], scale: float) -> None:
@@ -139,73 +212,113 @@ def _budget_line(fig: go.Figure, budget_bytes: float, reserve_bytes: int, mems: 
                            text=f"{label}: line off scale →", font={"color": "red"})
 
 
-def _frontier_traces(fig: go.Figure, rows: Sequence[FrontierRow], peaks: Mapping[str, Mapping[str, int]],
-                     fit: Mapping[str, bool], over: Mapping[str, str], scale: float, selected: str | None) -> None:
-    """One step-line trace of frontier points per device count; points that do not fit grey."""
-    by_k: dict[int, list[FrontierRow]] = {}
-    for r in rows:
-        by_k.setdefault(int(r["num_devices"]), []).append(r)
-    for i, (k, pts) in enumerate(sorted(by_k.items())):
-        pts = sorted(pts, key=lambda r: float(r["memory_bytes"]))
-        ids = [str(r["plan_id"]) for r in pts]
-        colour = _PALETTE[i % len(_PALETTE)]
-        fig.add_trace(go.Scatter(
-            x=[float(r["memory_bytes"]) / scale for r in pts], y=[float(r["time_s"]) * 1e3 for r in pts],
-            mode="lines+markers", name=f"frontier, {k} device{'s' if k > 1 else ''}",
-            line={"shape": "hv", "color": colour, "width": 1},
-            marker={"size": [14 if p == selected else 9 for p in ids],
-                    "color": [colour if fit[p] else GREY for p in ids],
-                    "line": {"width": [2 if p == selected else 0 for p in ids], "color": "black"}},
-            customdata=ids,
-            hovertemplate=[_hover(f"<b>{p}</b><br>{str(r['devices']).replace(';', ', ')}", peaks[p],
-                                  float(r["time_s"]), over[p]) for p, r in zip(ids, pts)]))
+#: marker symbols of the baseline placers, in order of appearance
+BASELINE_SYMBOLS = ("diamond", "square", "triangle-up", "cross", "x", "triangle-down", "pentagon", "hexagram",
+                    "star-triangle-up", "hourglass")
+#: the rings that mark plans (drawn over their point, never a second point: no hover, same click id)
+MARKS = {"min-time": ("fastest plan", "circle-open", 22, "#111"),
+         "min-memory": ("least memory", "square-open", 22, "#111"),
+         "best-fit": ("fastest that fits", "star-open", 26, "#d62728"),
+         "selected": ("selected plan", "circle-open", 30, "#e377c2"),
+         "compare": ("compared with", "circle-open-dot", 30, "#17becf")}
 
 
-def _baseline_trace(fig: go.Figure, placed: Sequence[BaselineDict], peaks: Mapping[str, Mapping[str, int]],
-                    fit: Mapping[str, bool], over: Mapping[str, str], scale: float) -> None:
-    """The baselines' plans as labelled diamonds: black when they fit, else grey."""
-    ids = [b["plan_id"] for b in placed]
+def _mark(fig: go.Figure, role: str, p: Mapping[str, Any] | None, scale: float) -> None:
+    """A ring named in the legend (:data:`MARKS`) over plan ``p`` (empty when ``None``); the page's
+    script moves the budget's ring."""
+    name, symbol, size, colour = MARKS[role]
     fig.add_trace(go.Scatter(
-        x=[b["peak_memory_bytes"] / scale for b in placed], y=[b["time_s"] * 1e3 for b in placed],
-        mode="markers+text", name="baselines", text=[b["algo"] for b in placed],
-        textposition="top center", customdata=ids,
-        marker={"symbol": "diamond", "size": 12, "color": ["black" if fit[p] else GREY for p in ids]},
-        hovertemplate=[_hover(f"<b>{b['algo']}</b>", peaks[p], b["time_s"], over[p]) for p, b in zip(ids, placed)]))
+        x=[p["memory_bytes"] / scale] if p else [], y=[p["time_s"] * 1e3] if p else [], mode="markers", name=name,
+        customdata=[p["plan_id"]] if p else [], hoverinfo="skip", meta={"role": role},
+        marker={"symbol": symbol, "size": size, "color": colour, "line": {"width": 2, "color": colour}},
+        legendgroup="marks", legendgrouptitle={"text": "marked"} if role == "min-time" else None))
 
 
-def frontier_figure(rows: Sequence[FrontierRow], baselines: Sequence[BaselineDict] = (), *,
+def frontier_figure(points: Sequence[FrontierRow], baselines: Sequence[BaselineDict] = (), *,
                     cluster: Cluster | None = None, budget_bytes: float | None = None, reserve_bytes: int = 0,
-                    selected: str | None = None, title: str = "") -> go.Figure:
-    """The frontier as a scatter of per-device peak memory (x, the largest over a plan's devices)
-    vs iteration time (y, ms): one trace per device count (joined as a step line), each baseline
-    that made a plan as a labelled marker; both are simulator peaks.  A plan that does not fit
-    (:func:`fit_flags` on ``cluster`` with ``budget_bytes`` and ``reserve_bytes``) is drawn grey,
-    its hover saying which device is over; with ``budget_bytes`` a vertical budget line.
-    ``rows``: :meth:`~tensoropt.frontier.Frontier.rows` / the frontier CSV's rows; ``baselines``:
-    :class:`~tensoropt.dashboard.pipeline.BaselineRow` dicts.  Plans need a ``cluster`` (a :class:`ValueError`
-    without one).  O(points × devices)."""
-    placed = [b for b in baselines if b.get("plan_id") and b.get("peak_memory_bytes") is not None]
-    peaks = plan_peaks(rows, placed)
-    fit: dict[str, bool] = {}
-    over: dict[str, str] = {}
-    if cluster is not None:
-        fit = fit_flags(rows, placed, cluster, budget_bytes=budget_bytes, reserve_bytes=reserve_bytes)
-        over = {p: "" if ok else over_text(peaks[p], cluster, budget_bytes=budget_bytes, reserve_bytes=reserve_bytes)
-                for p, ok in fit.items()}
-    elif rows or placed:
+                    selected: str | None = None, compare: str | None = None, batch: int | None = None,
+                    title: str = "") -> go.Figure:
+    """The frontier chart: per-device peak memory (x, the largest over a plan's devices) against the
+    simulated step (y, ms) of every plan, drawn once (:func:`drawn_plans`): one step-line trace per
+    device count (its curve; a point on the frontier over every count has a black rim), one trace
+    per baseline placer whose plan is not a curve point, and rings for the fastest plan, the one with
+    the least memory, the fastest that fits, the selected and the compared plan (:data:`MARKS`).  No
+    text on the chart: the legend names every trace (a click hides one) and each point's hover is its
+    plan's summary (:func:`hover_head`).  A plan that does not fit (:func:`fit_flags` on ``cluster``
+    with ``budget_bytes`` and ``reserve_bytes``) is grey, its hover saying which device is over; with
+    ``budget_bytes`` a vertical budget line.  Every trace's ``meta`` says what it is for the page's
+    script (:mod:`.clientside`), which restyles the same figure when the budget changes.
+    ``points``: curve points (:class:`~.curves.CurvePoint` dicts) or frontier CSV rows; ``baselines``:
+    baseline rows.  Plans need a ``cluster`` (a :class:`ValueError` without one).  O(plans × devices)."""
+    plans = drawn_plans(points, baselines)
+    if cluster is None and plans:
         raise ValueError("frontier_figure needs the cluster to tell which plans fit")
-    mems = [float(r["memory_bytes"]) for r in rows] + [float(b["peak_memory_bytes"]) for b in placed]
+    fit = {p["plan_id"]: fits(p["peaks"], cluster, budget=budget_bytes, reserve=reserve_bytes)
+           for p in plans} if cluster is not None else {}
+    over = {p["plan_id"]: "" if fit[p["plan_id"]] else over_text(p["peaks"], cluster, budget_bytes=budget_bytes,
+                                                                reserve_bytes=reserve_bytes)
+            for p in plans} if cluster is not None else {}
+    mems = [float(p["memory_bytes"]) for p in plans]
     scale, unit = _unit(max(mems, default=1.0))
     fig = go.Figure()
-    _frontier_traces(fig, rows, peaks, fit, over, scale, selected)
-    if placed:
-        _baseline_trace(fig, placed, peaks, fit, over, scale)
+    curves: dict[int, list[dict[str, Any]]] = {}
+    for p in plans:
+        if p["role"] == "curve":
+            curves.setdefault(p["num_devices"], []).append(p)
+    for i, (k, pts) in enumerate(sorted(curves.items())):
+        pts.sort(key=lambda p: (p["memory_bytes"], p["time_s"]))
+        colour = _PALETTE[i % len(_PALETTE)]
+        heads = [hover_head(p, batch) for p in pts]
+        ids = [p["plan_id"] for p in pts]
+        fig.add_trace(go.Scatter(
+            x=[p["memory_bytes"] / scale for p in pts], y=[p["time_s"] * 1e3 for p in pts], mode="lines+markers",
+            name=_gpus(k), legendgroup="curves", legendgrouptitle={"text": "frontier on"} if i == 0 else None,
+            line={"shape": "hv", "color": colour, "width": 1.5}, customdata=ids,
+            marker={"size": 9, "color": [colour if fit[p] else GREY for p in ids],
+                    "line": {"width": [1.5 if p["on_frontier"] else 0 for p in pts], "color": "black"}},
+            hovertemplate=[hover_text(h, over[p]) for h, p in zip(heads, ids)],
+            meta={"role": "curve", "colour": colour, "heads": heads}))
+    symbols = iter(BASELINE_SYMBOLS * 2)
+    first = True
+    for p in (p for p in plans if p["role"] == "baseline"):
+        head = hover_head(p, batch)
+        fig.add_trace(go.Scatter(
+            x=[p["memory_bytes"] / scale], y=[p["time_s"] * 1e3], mode="markers", name=p["label"],
+            legendgroup="baselines", legendgrouptitle={"text": "baseline placers"} if first else None,
+            customdata=[p["plan_id"]],
+            marker={"symbol": next(symbols), "size": 11, "color": ["black" if fit[p["plan_id"]] else GREY]},
+            hovertemplate=[hover_text(head, over[p["plan_id"]])],
+            meta={"role": "baseline", "colour": "black", "heads": [head]}))
+        first = False
+    by_id = {p["plan_id"]: p for p in plans}
+    fitting = [p for p in plans if fit.get(p["plan_id"])]
+    _mark(fig, "min-time", min(plans, key=lambda p: (p["time_s"], p["memory_bytes"])) if plans else None, scale)
+    _mark(fig, "min-memory", min(plans, key=lambda p: (p["memory_bytes"], p["time_s"])) if plans else None, scale)
+    _mark(fig, "best-fit", min(fitting, key=lambda p: (p["time_s"], p["memory_bytes"])) if fitting else None, scale)
+    _mark(fig, "selected", by_id.get(selected or ""), scale)
+    _mark(fig, "compare", by_id.get(compare or ""), scale)
     if budget_bytes is not None:
         _budget_line(fig, budget_bytes, reserve_bytes, mems, scale)
-    fig.update_layout(title=title, xaxis_title=f"peak memory per device ({unit})", yaxis_title="iteration time (ms)",
-                      clickmode="event", hovermode="closest", legend={"orientation": "h", "y": -0.2},
-                      margin={"l": 60, "r": 20, "t": 60, "b": 40}, template="plotly_white")
+    fig.update_layout(title=title, xaxis_title=f"peak memory per device ({unit})",
+                      yaxis_title="simulated step (ms)", clickmode="event", hovermode="closest",
+                      legend={"groupclick": "toggleitem"}, meta={"scale": scale, "unit": unit},
+                      margin={"l": 60, "r": 20, "t": 60, "b": 40}, template="plotly_white", uirevision="frontier")
     return fig
+
+
+def fit_summary(plans: Sequence[Mapping[str, Any]], fit: Mapping[str, bool], budget_bytes: float | None = None,
+                reserve_bytes: int = 0) -> str:
+    """The line under the frontier (the page's script writes the same): how many curve plans fit, and
+    the fastest plan that fits.  ``plans``: :func:`drawn_plans`; ``fit``: plan id → fits."""
+    curve = [p for p in plans if p["role"] == "curve"]
+    ok = [p for p in plans if fit.get(p["plan_id"])]
+    best = min(ok, key=lambda p: (p["time_s"], p["memory_bytes"])) if ok else None
+    line = f"{sum(1 for p in curve if fit.get(p['plan_id']))} of {len(curve)} plans on the curves fit " \
+           f"{limit_text(budget_bytes, reserve_bytes)}"
+    if best is not None:
+        line += (f"; the fastest that fits: {best['label']} on {_gpus(best['num_devices'])}, "
+                 f"{best['time_s'] * 1e3:.3f} ms")
+    return line
 
 
 # ---- a plan's memory ---------------------------------------------------------------------------
@@ -304,48 +417,17 @@ def mesh_label(devices: Sequence[str]) -> str:
 
 
 def plan_table_rows(plan: Plan, graph: OpGraph) -> list[dict[str, str]]:
-    """One row per operator in the plan's order: node, op, module path, devices, layout, recompute."""
+    """One row per operator in the plan's order: node, op, module path, devices, layout, the
+    parameters' sharding level (ZeRO's stage, empty for none), recompute."""
     rows = []
     for name in plan.order:
         cfg = plan.configs[name]
         node = graph[name]
+        shard = int(getattr(cfg, "shard", 0))
         rows.append({"node": name, "op": node.op, "module": node.module_path,
                      "devices": mesh_label(cfg.devices), "layout": cfg.layout,
-                     "recompute": "yes" if cfg.recompute else ""})
+                     "shard": f"ZeRO-{shard}" if shard else "", "recompute": "yes" if cfg.recompute else ""})
     return rows
-
-
-def graph_figure(plan: Plan, graph: OpGraph) -> go.Figure:
-    """The operator graph, one column per topological generation (networkx), nodes coloured by the
-    device group they run on (one legend entry per group); inputs grey.  O(V + E)."""
-    g = graph.nx
-    pos: dict[str, tuple[float, float]] = {}
-    for x, gen in enumerate(nx.topological_generations(g)):
-        for y, n in enumerate(sorted(gen)):
-            pos[n] = (x, -y + (len(gen) - 1) / 2)
-    ex, ey = [], []
-    for a, b in g.edges:
-        if a in pos and b in pos:
-            ex += [pos[a][0], pos[b][0], None]
-            ey += [pos[a][1], pos[b][1], None]
-    fig = go.Figure(go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#cccccc", "width": 1},
-                               hoverinfo="skip", showlegend=False))
-    groups: dict[str, list[str]] = {}
-    for n in pos:
-        cfg = plan.configs.get(n)
-        label = "inputs / constants" if cfg is None else f"{mesh_label(cfg.devices)}" + (
-            f" ({cfg.layout})" if cfg.degree > 1 else "")
-        groups.setdefault(label, []).append(n)
-    for i, (label, names) in enumerate(sorted(groups.items(), key=lambda kv: (kv[0].startswith("inputs"), kv[0]))):
-        colour = GREY if label.startswith("inputs") else _PALETTE[i % len(_PALETTE)]
-        fig.add_trace(go.Scatter(
-            x=[pos[n][0] for n in names], y=[pos[n][1] for n in names], mode="markers", name=label,
-            marker={"size": 8, "color": colour},
-            hovertemplate=[f"{n}<br>{graph[n].op}<extra>{label}</extra>" for n in names]))
-    fig.update_layout(title="operator graph coloured by devices", template="plotly_white", showlegend=True,
-                      xaxis={"visible": False}, yaxis={"visible": False}, height=360,
-                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
-    return fig
 
 
 def plan_summary(plan: Plan, sim: SimResult, verdict: str = "") -> list[str]:
@@ -356,7 +438,7 @@ def plan_summary(plan: Plan, sim: SimResult, verdict: str = "") -> list[str]:
     for e in plan.estimates:
         if e.source == "frontier":
             out.append(f"frontier: {fmt_bytes(e.max_memory_bytes)} peak per device (the simulator's memory walk), "
-                       f"{e.time_s * 1e3:.3f} ms (additive time model)")
+                       f"{e.time_s * 1e3:.3f} ms (its simulated step)")
         elif e.source != "simulator":
             out.append(f"{e.source} estimate: {fmt_bytes(e.max_memory_bytes)} per device, {e.time_s * 1e3:.3f} ms")
     reserve = max((m.context for m in sim.memory.values()), default=0)
@@ -365,6 +447,6 @@ def plan_summary(plan: Plan, sim: SimResult, verdict: str = "") -> list[str]:
     return out + ([verdict] if verdict else [])
 
 
-__all__ = ["frontier_figure", "memory_figure", "gantt_figure", "graph_figure", "plan_table_rows", "plan_summary",
-           "row_peaks", "baseline_peaks", "plan_peaks", "fit_flags", "limit_text", "over_text", "GPU_PRESETS_GIB",
-           "GREY", "MEMORY_PARTS"]
+__all__ = ["frontier_figure", "memory_figure", "gantt_figure", "plan_table_rows", "plan_summary", "drawn_plans",
+           "hover_head", "hover_text", "fit_summary", "row_peaks", "baseline_peaks", "plan_peaks", "fit_flags",
+           "limit_text", "over_text", "GPU_PRESETS_GIB", "GREY", "MEMORY_PARTS", "MARKS", "BASELINE_SYMBOLS"]

@@ -1,7 +1,9 @@
-"""The page: controls on the left (model, cluster, devices, batch, where the operator times come
-from, run with a progress bar, the memory budget and reserve per device), the frontier — under a
-banner saying where its times come from — and the chosen plan on the right.  Component ids are
-the contract with :mod:`.callbacks` and the browser tests.
+"""The page: controls on the left (model, cluster, devices, batch, precision, where the operator times
+come from, run and cancel with a progress bar, the memory budget and reserve per device, the price
+of a GPU-hour per device kind and the epoch size), the frontier — one curve per device count, under
+a banner saying where its times come from — the GPUs-needed table, and the chosen plan on the right
+(its commands, memory, timeline, graph, table, and a second plan beside it).  Component ids are the
+contract with :mod:`.callbacks`, :mod:`.clientside` and the browser tests.
 
 It owns the components and their ids; it must not compute anything beyond the controls' default
 values (the zoo's parameters, the preset names) nor register callbacks.
@@ -20,6 +22,14 @@ from tensoropt.cluster import list_presets
 from tensoropt.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
 from .figures import GPU_PRESETS_GIB
+
+#: the epoch size the page opens with (samples): the cost columns' "per epoch"
+DEFAULT_EPOCH = 1_000_000
+#: the GPUs-needed table's columns (id, header)
+GPUS_COLUMNS = (("gpus", "GPUs"), ("plan", "fastest plan that fits"), ("step_ms", "step (ms)"),
+                ("samples_s", "samples/s"), ("efficiency", "scaling efficiency"), ("memory", "peak per device"),
+                ("gpuh_1k", "GPU-h / 1k steps"), ("usd_1k", "$ / 1k steps"), ("gpuh_epoch", "GPU-h / epoch"),
+                ("usd_epoch", "$ / epoch"))
 
 _BOX = {"border": "1px solid #ddd", "borderRadius": "6px", "padding": "8px", "marginBottom": "8px"}
 _LABEL = {"fontWeight": "bold", "marginTop": "6px", "display": "block"}
@@ -70,6 +80,10 @@ def _model_box(default_model: str) -> html.Div:
         html.Span("Batch size", style=_LABEL),
         dcc.Input(id="batch", type="number", min=1, step=1, placeholder="the model's own",
                   style={"width": "100%"}),
+        html.Span("Precision", style=_LABEL),
+        dcc.RadioItems(id="precision", value="fp32", inline=True,
+                       options=[{"label": " fp32", "value": "fp32"}, {"label": " bf16 (mixed)", "value": "bf16"}]),
+        dcc.Store(id="zoo-params-for", data=zoo_name),
     ])
 
 
@@ -88,6 +102,7 @@ def _cluster_box(default_cluster: str, repeats: int, warmup: int) -> html.Div:
         html.Span("Devices to use", style=_LABEL),
         dcc.Checklist(id="devices", options=[], value=[], inline=True,
                       inputStyle={"marginRight": "3px", "marginLeft": "8px"}),
+        dcc.Store(id="devices-for"),
         html.Span("Optimizer", style=_LABEL),
         dcc.Dropdown(id="optimizer", options=list(OPTIMIZER_ALPHA), value=DEFAULT_OPTIMIZER, clearable=False),
         html.Span("Profiling repeats", style=_LABEL),
@@ -121,10 +136,14 @@ def _costs_box() -> html.Div:
 
 
 def _run_controls() -> list[Any]:
-    """The run button, its progress bar and the message lines under it."""
+    """The run and cancel buttons, the progress bar and the message lines under them."""
     return [
-        html.Button("Run profiling + frontier", id="run", n_clicks=0,
-                    style={"width": "100%", "padding": "8px", "fontWeight": "bold"}),
+        html.Div(style={"display": "flex", "gap": "6px"}, children=[
+            html.Button("Run profiling + frontier", id="run", n_clicks=0,
+                        style={"flex": "1", "padding": "8px", "fontWeight": "bold"}),
+            html.Button("Cancel", id="cancel", n_clicks=0, disabled=True, style={"padding": "8px"},
+                        title="stop the running job (what it computed so far is not kept)"),
+        ]),
         html.Progress(id="progress", value="0", max="1", style={"width": "100%", "marginTop": "6px"}),
         html.Div(id="progress-text", style={"fontSize": "85%", "color": "#555", "minHeight": "1.2em"}),
         html.Div(id="upload-message", style={"fontSize": "90%", "whiteSpace": "pre-wrap"}),
@@ -149,29 +168,103 @@ def _budget_box() -> html.Div:
     ])
 
 
+def _price_box() -> html.Div:
+    """The price of a GPU-hour per device kind (inputs made per result, :mod:`.prices`' defaults) and
+    the epoch size: what the GPUs-needed table's cost columns use."""
+    return html.Div(style=_BOX, children=[
+        html.Span("Price per GPU-hour (USD)", style=_LABEL,
+                  title="list prices at a date (docs/dashboard.md, Prices); edit them: the table redraws in the "
+                        "browser"),
+        html.Div(id="price-inputs", children=[html.Span("after a run: one price per device kind",
+                                                        style={"color": "#777", "fontSize": "90%"})]),
+        html.Span("Epoch size (samples)", style=_LABEL),
+        dcc.Input(id="epoch", type="number", min=1, step=1, value=DEFAULT_EPOCH, debounce=True,
+                  style={"width": "100%"}),
+    ])
+
+
 def _stores() -> list[Any]:
-    """The page's state: uploaded paths, the result keys, the selected plan."""
+    """The page's state: uploaded paths, the result keys, the selected and compared plans, what the
+    server hands the page's script, the URL's state waiting for its result, the plan graph's state."""
     return [dcc.Store(id="onnx-path"), dcc.Store(id="profile-path"), dcc.Store(id="cluster-path"),
             dcc.Store(id="calibration-path"), dcc.Store(id="result-key"), dcc.Store(id="partial-key"),
-            dcc.Store(id="selected-plan")]
+            dcc.Store(id="selected-plan"), dcc.Store(id="frontier-base"), dcc.Store(id="page-data"),
+            dcc.Store(id="url-ready"), dcc.Store(id="url-plan"), dcc.Store(id="url-prices"),
+            dcc.Store(id="expanded-groups", data=[]), dcc.Store(id="graph-node"),
+            dcc.Location(id="url", refresh=False), dcc.Location(id="url-out", refresh=False)]
+
+
+_TABLE_STYLE = {"fontSize": "12px", "textAlign": "left", "maxWidth": "320px", "overflow": "hidden",
+                "textOverflow": "ellipsis"}
+
+
+def _gpus_box() -> html.Div:
+    """The GPUs-needed table: per device count the fastest plan under the budget, its throughput,
+    scaling and cost (filled by the page's script, :mod:`.clientside`; a click on a row selects its plan)."""
+    return html.Div(style={"margin": "8px 0"}, children=[
+        html.H4("GPUs needed: the fastest plan that fits on each number of GPUs", style={"margin": "6px 0"}),
+        html.Div(id="fit-summary", style={"fontSize": "90%", "color": "#333"}),
+        DataTable(id="gpus-table", columns=[{"name": h, "id": c} for c, h in GPUS_COLUMNS], data=[],
+                  style_cell=_TABLE_STYLE, style_header={"fontWeight": "bold"},
+                  style_data_conditional=[{"if": {"filter_query": '{plan} = "none fits"'}, "color": "#999"}]),
+        html.Div("Scaling efficiency: samples/s per GPU against the fewest GPUs with a plan that fits. Costs: "
+                 "GPU-hours × the price per GPU-hour of each device's kind; an epoch is ⌈epoch size / batch⌉ "
+                 "steps.", style={"fontSize": "80%", "color": "#666"}),
+    ])
 
 
 def _plan_panel() -> html.Div:
-    """The selected plan: title, summary, download, memory and graph figures, timeline, table."""
+    """The selected plan: title, summary, download and the commands that run it, memory and timeline,
+    its layered graph with the clicked node's configuration, the operator table, and a second plan
+    beside it."""
     return html.Div(id="plan-panel", style={"display": "none"}, children=[
         html.H4(id="plan-title", style={"margin": "6px 0"}),
         html.Ul(id="plan-summary", style={"fontSize": "90%"}),
-        html.Div([html.Button("Download plan JSON", id="download-plan-button", n_clicks=0),
-                  dcc.Download(id="download-plan")], style={"margin": "4px 0"}),
-        html.Div(style={"display": "flex", "gap": "8px"}, children=[
-            html.Div(dcc.Graph(id="memory-graph"), style={"flex": "1 1 0", "minWidth": "0"}),
-            html.Div(dcc.Graph(id="graph-graph"), style={"flex": "1 1 0", "minWidth": "0"}),
+        html.Div(style={"display": "flex", "gap": "8px", "alignItems": "flex-start", "margin": "4px 0"}, children=[
+            html.Div([html.Button("Download plan JSON", id="download-plan-button", n_clicks=0),
+                      dcc.Download(id="download-plan")]),
+            html.Div(style={"flex": "1", "minWidth": "0"}, children=[
+                html.Div(style={"display": "flex", "gap": "4px"}, children=[
+                    html.Pre(id="run-commands", style={"flex": "1", "margin": "0", "padding": "6px",
+                                                       "background": "#f6f6f6", "fontSize": "12px",
+                                                       "whiteSpace": "pre-wrap", "wordBreak": "break-all"}),
+                    dcc.Clipboard(target_id="run-commands", title="copy the commands",
+                                  style={"fontSize": "18px", "cursor": "pointer"}),
+                ]),
+            ]),
         ]),
-        dcc.Graph(id="gantt-graph"),
+        html.Div(style={"display": "flex", "gap": "8px"}, children=[
+            html.Div(dcc.Graph(id="memory-graph"), style={"flex": "2 1 0", "minWidth": "0"}),
+            html.Div(dcc.Graph(id="gantt-graph"), style={"flex": "3 1 0", "minWidth": "0"}),
+        ]),
+        html.Div(style={"display": "flex", "gap": "8px", "alignItems": "center"}, children=[
+            html.Button("expand every group", id="expand-all", n_clicks=0),
+            html.Button("collapse every group", id="collapse-all", n_clicks=0),
+            html.Span(id="graph-hint", style={"fontSize": "85%", "color": "#555"}),
+        ]),
+        html.Div(style={"display": "flex", "gap": "8px"}, children=[
+            html.Div(dcc.Graph(id="plan-graph", config={"displaylogo": False}),
+                     style={"flex": "3 1 0", "minWidth": "0"}),
+            html.Ul(id="node-details", style={"flex": "1 1 0", "minWidth": "0", "fontSize": "85%"}),
+        ]),
         DataTable(id="plan-table", page_size=15, sort_action="native", filter_action="native",
-                  style_cell={"fontSize": "12px", "textAlign": "left", "maxWidth": "320px",
-                              "overflow": "hidden", "textOverflow": "ellipsis"},
-                  columns=[{"name": c, "id": c} for c in ("node", "op", "module", "devices", "layout", "recompute")]),
+                  style_cell=_TABLE_STYLE,
+                  columns=[{"name": c, "id": c} for c in ("node", "op", "module", "devices", "layout", "shard",
+                                                          "recompute")]),
+        html.H4("Compare with another plan", style={"margin": "10px 0 4px"}),
+        dcc.Dropdown(id="compare-plan", options=[], placeholder="a second plan: memory, timeline and the operators "
+                                                                 "whose configuration differs, side by side"),
+        html.Div(id="compare-panel", style={"display": "none"}, children=[
+            html.Div(id="compare-summary", style={"fontSize": "90%", "margin": "4px 0"}),
+            html.Div(style={"display": "flex", "gap": "8px"}, children=[
+                html.Div([dcc.Graph(id="memory-a"), dcc.Graph(id="gantt-a")], style={"flex": "1 1 0", "minWidth": "0"}),
+                html.Div([dcc.Graph(id="memory-b"), dcc.Graph(id="gantt-b")], style={"flex": "1 1 0", "minWidth": "0"}),
+            ]),
+            DataTable(id="diff-table", page_size=15, sort_action="native", filter_action="native",
+                      style_cell=_TABLE_STYLE,
+                      columns=[{"name": h, "id": c} for c, h in (("node", "node"), ("op", "op"), ("module", "module"),
+                                                                 ("a", "selected plan"), ("b", "compared plan"))]),
+        ]),
     ])
 
 
@@ -184,18 +277,22 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
         _costs_box(),
         *_run_controls(),
         _budget_box(),
+        _price_box(),
         *_stores(),
     ])
     main = html.Div(style={"flex": "1", "minWidth": "0"}, children=[
         html.Div(id="result-summary", style={"fontSize": "90%"}),
-        dcc.Graph(id="frontier-graph", style={"height": "480px"}, config={"displaylogo": False}),
+        dcc.Graph(id="frontier-graph", style={"height": "500px"}, config={"displaylogo": False}),
         html.Div([html.Button("Download frontier CSV", id="download-csv-button", n_clicks=0),
                   dcc.Download(id="download-csv"),
-                  html.Span(" click a point to see its plan", style={"color": "#555", "fontSize": "90%"})]),
+                  html.Span(" click a point (or a row below) to see its plan; click a legend entry to hide a curve",
+                            style={"color": "#555", "fontSize": "90%"})]),
+        _gpus_box(),
         _plan_panel(),
     ])
     return html.Div(style={"display": "flex", "gap": "16px", "padding": "8px", "fontFamily": "sans-serif"},
                     children=[controls, main])
 
 
-__all__ = ["COSTS_CHOICES", "build_layout", "split_zoo_spec", "zoo_default_params", "zoo_spec"]
+__all__ = ["COSTS_CHOICES", "DEFAULT_EPOCH", "GPUS_COLUMNS", "build_layout", "split_zoo_spec",
+           "zoo_default_params", "zoo_spec"]

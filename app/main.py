@@ -2,8 +2,10 @@
 
 Run it with ``tensoropt app`` (binds 127.0.0.1:8050), or ``create_app().run()``.
 
-It owns assembling the app (store, background manager, upload limit, layout, callbacks); it
-must not compute anything when the app is built (the page's first load starts the work).
+It owns assembling the app (store, background manager, upload limit, layout, callbacks) and
+loading, once, the modules the default's first run imports (:func:`preload`: the page's jobs are
+forks of the server, so they start with them loaded); it must not compute anything when the app
+is built (the page's first load starts the work).
 """
 
 from __future__ import annotations
@@ -15,10 +17,33 @@ from pathlib import Path
 import dash
 import diskcache
 
+from tensoropt import zoo
+
 from .callbacks import register_callbacks
-from .layout import build_layout
+from .layout import build_layout, split_zoo_spec
 from .pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL, ResultStore, default_cache_dir
 from .uploads import UPLOAD_KINDS
+
+
+def preload(model: str) -> bool:
+    """Import what building ``model`` imports when that is Hugging Face's ``transformers`` (a zoo
+    GPT-2 or BERT: about 2.5 s on a 2-core machine), so that the page's background jobs — forks of
+    the server process — start with it loaded; whether it did.  Nothing is built or computed."""
+    if not model.startswith("zoo:"):
+        return False
+    try:
+        entry = zoo.get(split_zoo_spec(model)[0])
+    except ValueError:
+        return False
+    if getattr(entry.build, "__module__", "") != "tensoropt.zoo.hf":
+        return False
+    try:
+        import transformers
+    except ImportError:
+        return False
+    # transformers loads a model's modules on first access: these are the zoo's
+    _ = (transformers.GPT2Config, transformers.GPT2LMHeadModel, transformers.BertConfig, transformers.BertForMaskedLM)
+    return True
 
 
 def create_app(*, cache_dir: str | os.PathLike[str] | None = None, default_model: str = DEFAULT_MODEL,
@@ -30,7 +55,8 @@ def create_app(*, cache_dir: str | os.PathLike[str] | None = None, default_model
     default); ``repeats`` / ``warmup``: the profiling defaults; ``algos``: the baseline placers
     (default: all of :data:`tensoropt.placers.PLACERS`).  Building the app computes nothing: the
     page's first load starts the default run (background job, progress bar), and a request
-    already computed is read back from ``cache_dir`` at once."""
+    already computed is read back from ``cache_dir`` at once.  The modules the default's model
+    needs are imported here (:func:`preload`)."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     store = ResultStore(root)
     manager = dash.DiskcacheManager(diskcache.Cache(str(root / "jobs")))
@@ -41,8 +67,9 @@ def create_app(*, cache_dir: str | os.PathLike[str] | None = None, default_model
     app.server.config["MAX_CONTENT_LENGTH"] = largest * 4 // 3 + 2 ** 20
     app.layout = build_layout(default_model=default_model, default_cluster=default_cluster, repeats=repeats,
                               warmup=warmup)
-    register_callbacks(app, store, algos=tuple(algos) if algos is not None else None)
+    register_callbacks(app, store, algos=tuple(algos) if algos is not None else None, default_model=default_model)
+    preload(default_model)
     return app
 
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "preload"]

@@ -19,14 +19,17 @@ Folder layout (``<cache_dir>/results/<key>/``)::
     graph.json     OpGraph (without its torch module)
     profile.json   CostModel, as priced for the cluster (measured, or converted by a device model)
     cluster.yaml   Cluster, as priced (a second device kind at the speed the device models give it)
-    frontier.csv   Frontier.to_csv
+    frontier.csv   Frontier.to_csv (the frontier as tracked: the fast placers' plans joined, as
+                   ``tensoropt frontier --csv`` writes it)
     frontier.json  Frontier.to_dict (points, notes)
-    plans/<id>.json  a plan per frontier point and per baseline (``baseline-<algo>``)
+    curves.json    the curve of every device count (:func:`~.curves.device_curves`): one point per plan
+    plans/<id>.json  a plan per curve point (the frontier's among them) and per baseline (``baseline-<algo>``)
     frontier-summary.json  written once the frontier's files are: the page can show it while
                    the baselines still run; it says where the times come from (``times_from``:
                    measured on a device, or a device model; ``times_notes``: what pricing decided;
                    ``times_modelled``: whether a device model priced them)
-    baselines.json   one row per baseline placer (time, peak memory per device, fits, error)
+    baselines.json   one row per baseline placer (time, peak memory per device, fits, error, and where it
+                   lies beside the curves: ``same_as`` / ``dominated_by``, :func:`~.curves.place_baselines`)
     summary.json   written last: its presence marks a complete result
 """
 
@@ -56,15 +59,20 @@ from tensoropt.plan import Plan
 from tensoropt.planmodel.simulate import SimResult, simulate
 from tensoropt.workflow import DETECTED
 
-#: the built-in default: the README's main command (a zoo model on a preset cluster of TITAN RTX GPUs; no GPU
-#: needed: ``costs_from="auto"`` prices their times through the TITAN RTX device model)
-DEFAULT_MODEL = "zoo:gpt2?layers=2&batch=2&seq_len=128"
-DEFAULT_CLUSTER = "preset:titan-rtx-5"
+from .curves import CurvePoint, device_curves, place_baselines
+
+#: the built-in default: the README's main command.  GPT-2 made deeper and narrower (6 blocks of width 256, a
+#: vocabulary of 8,192 — GPT-2's own 50,257 makes the output layer most of the profiling time — batch 8 of 128
+#: tokens) with AdamW on a DGX-1's eight 16 GiB V100s: curves for 1, 2, 4 and 8 GPUs, its times priced through the
+#: V100 device model (no GPU needed: profiling records memory and work only).  Chosen so that the first frontier is
+#: on the page within seconds of a cold start (docs/measurements.md, "The dashboard's default request")
+DEFAULT_MODEL = "zoo:gpt2?layers=6&hidden=256&heads=4&vocab=8192&batch=8&seq_len=128"
+DEFAULT_CLUSTER = "preset:v100-8-nvlink"
 #: 2: frontier CSV with per-device peaks and their parts; baselines with per-device peaks;
 #: 3: the request is the workflow's (precision, budget, degrees …), profiled at the baselines' degrees too;
 #: 4: costs priced for the cluster's device kind (``costs_from``, ``calibration``), the summary says where the
-#: times come from
-RESULT_VERSION = 4
+#: times come from; 5: the curve of every device count (``curves.json``), the baselines' places beside it
+RESULT_VERSION = 5
 #: the MILP placers' solver time limit in the dashboard: a page should not wait minutes for them
 MILP_TIME_LIMIT_S = 10.0
 T = TypeVar("T")
@@ -161,11 +169,17 @@ def write_frontier(folder: Path, result: workflow.Exploration) -> dict[str, Any]
     frontier.to_csv(folder / "frontier.csv")
     write_json_atomic(folder / "frontier.json", frontier.to_dict())
     frontier.save_plans(folder / "plans")
+    points, plans = device_curves(frontier, graph, cluster)
+    for plan in plans:
+        plan.save(folder / "plans" / f"{plan.plan_id}.json")
+    write_json_atomic(folder / "curves.json", [p.to_dict() for p in points])
     devices = list(result.devices)
     summary = {"key": folder.name, "graph_name": graph.name, "batch_size": graph.batch_size, "ops": len(graph.ops),
                "cluster_name": cluster.name, "devices": devices,
                "device_memory": {d: cluster.device(d).memory_bytes for d in devices},
+               "device_kinds": {d: cluster.device(d).kind for d in devices}, "request": req.to_dict(),
                "degrees": list(result.setup.degrees), "points": len(frontier), "exact": frontier.exact,
+               "curve_points": len(points), "device_counts": sorted({p.num_devices for p in points}),
                "profile_s": result.seconds["measure"], "tracking_s": frontier.seconds,
                "total_s": result.seconds["measure"] + result.seconds["frontier"], "optimizer": req.optimizer,
                **times_source(result)}
@@ -199,11 +213,20 @@ def run_request(req: Request, store: ResultStore, progress: workflow.Progress | 
     result = workflow.explore(req, report, on_frontier=frontier_ready)
     if result.frontier_error is not None:   # the page is a frontier first: no folder without one
         raise result.frontier_error
-    baselines = [baseline_row(r) for r in result.rows]
+    # the frontier's own rows (min-time, min-memory) are points of its curves already: one point per plan
+    baselines = [baseline_row(r) for r in result.rows if not r.algo.startswith("frontier")]
     for _row, plan in baselines:
         if plan is not None:
             plan.save(folder / "plans" / f"{plan.plan_id}.json")
-    write_json_atomic(folder / "baselines.json", [row.to_dict() for row, _ in baselines])
+    points = [CurvePoint(**p) for p in json.loads((folder / "curves.json").read_text(encoding="utf-8"))]
+
+    def same_plan(point_id: str, plan_id: str) -> bool:   # every operator configured alike
+        def configs(pid: str) -> Any:
+            return json.loads((folder / "plans" / f"{pid}.json").read_text(encoding="utf-8")).get("configs")
+        return bool(configs(point_id) == configs(plan_id))
+
+    write_json_atomic(folder / "baselines.json",
+                      place_baselines([row.to_dict() for row, _ in baselines], points, same_plan))
     summary["total_s"] = result.seconds["total"]
     write_json_atomic(folder / "summary.json", summary)   # last: marks the folder complete
     report("done", 1, 1, "done")
@@ -274,6 +297,11 @@ class ResultStore:
 
     def frontier_info(self, key: str) -> dict[str, Any]:
         return self._cached((key, "frontier"), lambda: self._json(key, "frontier.json"))
+
+    def curves(self, key: str) -> list[dict[str, Any]]:
+        """The curve points of every device count (:class:`~.curves.CurvePoint` dicts), by device
+        count then memory."""
+        return self._cached((key, "curves"), lambda: self._json(key, "curves.json"))
 
     def baselines(self, key: str) -> list[dict[str, Any]]:
         """The baselines' rows; none while they still run."""

@@ -1,26 +1,48 @@
-"""How long the dashboard's default takes to show its frontier on a cold machine.
+"""How long the dashboard's default takes to show its frontier on a cold machine, and how long a
+budget or price change takes to redraw.
 
-Runs the page's work (:func:`tensoropt.dashboard.pipeline.run_request` for the default request: the README's
-model on its preset cluster) ``--runs`` times, each with an empty profile cache and an empty
-result store, and prints the median seconds until the frontier is ready (what the page draws
-first) and until the baselines are done too.  The server start and the page load add a second
-or two on top.
+Without options: the page's work (:func:`tensoropt.dashboard.pipeline.run_request` for the default
+request: the README's model on its preset cluster) ``--runs`` times, each with an empty profile cache
+and an empty result store, after importing what the server imports before its first job
+(:func:`tensoropt.dashboard.main.preload`; the page's jobs are forks of the server); prints the
+median seconds until the frontier is ready (what the page draws first) and until the baselines are
+done too.
 
-    python benchmarks/dashboard.py [--runs 3] [--repeats 3]
+``--browser``: ``--runs`` cold starts of ``tensoropt app`` (fresh caches each), each opened in
+headless Chromium: seconds from starting the server to its first answer, and from opening the page to
+the frontier's points drawn (the first run's view of "cold"); then, on the last page, ``--redraws``
+budget changes and as many price changes, each timed in the page from the Enter key to the chart
+drawn again (plotly's ``afterplot``).  ``--screenshots DIR`` also saves the page (frontier and the
+GPUs-needed table, a plan with its graph, two plans compared) as ``DIR/dashboard*.png``.
 
-It times the page's work (:func:`~tensoropt.dashboard.pipeline.run_request`) only: it must not
-start a server nor touch the user's caches (every run has fresh temporary ones).
+    python benchmarks/dashboard.py [--runs 3]
+    python benchmarks/dashboard.py --browser [--runs 3] [--redraws 10] [--screenshots docs]
+
+It times the page and its work only: it must not touch the user's caches (every run has fresh
+temporary ones).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
+from pathlib import Path
 
-from tensoropt.dashboard.pipeline import Request, ResultStore, run_request
+from tensoropt.dashboard.main import preload
+from tensoropt.dashboard.pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL, Request, ResultStore, run_request
+
+REPO = Path(__file__).resolve().parents[1]
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic", "--window-size=1500,1250")
+GD = "document.querySelector('#frontier-graph .js-plotly-plot')"
 
 
 def _cold_run(repeats: int) -> tuple[float, float]:
@@ -35,21 +57,194 @@ def _cold_run(repeats: int) -> tuple[float, float]:
         return at[0], time.perf_counter() - t0
 
 
+def _stats(xs: list[float], unit: str = "s", digits: int = 1) -> str:
+    return (f"median {statistics.median(xs):.{digits}f} {unit} (min {min(xs):.{digits}f}, max {max(xs):.{digits}f}, "
+            f"{len(xs)} runs)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(fn, timeout: float, what: str):
+    end = time.time() + timeout
+    while time.time() < end:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def _browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    for f in FLAGS:
+        opts.add_argument(f)
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"), options=opts)
+
+
+def _timed_enter(drv, el, text: str) -> float:
+    """Type ``text`` into ``el``, press Enter; ms from the Enter to the frontier drawn again."""
+    from selenium.webdriver.common.keys import Keys
+
+    drv.execute_script(f"""
+        window.__t0 = null; window.__t1 = null;
+        const el = arguments[0], g = {GD};
+        if (!el.__timed) {{ el.__timed = true; el.addEventListener('keydown', e => {{
+            if (e.key === 'Enter') {{ window.__t0 = performance.now(); window.__t1 = null; }} }}, true); }}
+        if (!g.__timed) {{ g.__timed = true; g.on('plotly_afterplot', () => {{
+            if (window.__t0 !== null && window.__t1 === null) window.__t1 = performance.now(); }}); }}""", el)
+    el.send_keys(Keys.CONTROL, "a")
+    el.send_keys(Keys.BACKSPACE)
+    el.send_keys(text + Keys.ENTER)
+    return float(_wait(lambda: drv.execute_script("return window.__t1 !== null ? window.__t1 - window.__t0 : null"),
+                       30, "the redraw"))
+
+
+def _serve(tmp: Path) -> tuple[subprocess.Popen, str, float]:
+    port = _free_port()
+    env = {**os.environ, "TENSOROPT_CACHE_DIR": str(tmp / "profiles")}
+    log = open(tmp / "server.log", "w")   # noqa: SIM115 - kept open for the server's life
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "tensoropt.cli", "app", "--port", str(port), "--cache-dir",
+                             str(tmp / "app")], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    url = f"http://127.0.0.1:{port}/"
+
+    def up() -> bool:
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return True
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit((tmp / "server.log").read_text()) from None
+            return False
+    _wait(up, 120, "the server")
+    return proc, url, time.perf_counter() - t0
+
+
+def _screenshots(drv, folder: Path) -> list[Path]:
+    """The page on the default: the frontier and the GPUs-needed table under a 16 GiB budget; the
+    fastest plan that fits, with one block of its graph expanded; two plans compared."""
+    from selenium.webdriver.common.by import By
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = [folder / "dashboard.png", folder / "dashboard-plan.png", folder / "dashboard-compare.png"]
+    drv.find_element(By.ID, "budget-16").click()
+    time.sleep(1.0)
+    drv.execute_script("window.scrollTo(0, 0)")
+    drv.save_screenshot(str(out[0]))
+    best = drv.execute_script(f"return {GD}.data.find(t => t.meta && t.meta.role === 'best-fit').customdata[0]")
+    drv.execute_script(f"""
+        const g = {GD};
+        for (let c = 0; c < g.data.length; c++) {{
+            const t = g.data[c];
+            if (!t.meta || (t.meta.role !== 'curve' && t.meta.role !== 'baseline')) continue;
+            const i = t.customdata.indexOf(arguments[0]);
+            if (i >= 0) {{ g.emit('plotly_click', {{points: [{{curveNumber: c, pointNumber: i, customdata: arguments[0],
+                x: t.x[i], y: t.y[i], data: t}}]}}); return; }}
+        }}""", best)
+    _wait(lambda: drv.find_element(By.ID, "plan-title").text == f"plan {best}", 60, "the plan panel")
+    _wait(lambda: drv.execute_script("const g = document.querySelector('#plan-graph .js-plotly-plot');"
+                                     "return g && g.data && g.data.some(t => t.meta && t.meta.role === 'nodes');"),
+          60, "the plan graph")
+    drv.execute_script("""
+        const g = document.querySelector('#plan-graph .js-plotly-plot');
+        for (let c = 0; c < g.data.length; c++) {
+            const t = g.data[c];
+            if (!t.meta || t.meta.role !== 'nodes') continue;
+            const i = t.customdata.findIndex(d => d[0] === 'group');
+            if (i >= 0) { g.emit('plotly_click', {points: [{curveNumber: c, pointNumber: i, customdata: t.customdata[i],
+                                                             x: t.x[i], y: t.y[i], data: t}]}); return; }
+        }""")
+    time.sleep(2.0)
+    drv.execute_script("document.getElementById('plan-title').scrollIntoView()")
+    drv.save_screenshot(str(out[1]))
+    drv.find_element(By.ID, "compare-plan").find_element(By.CSS_SELECTOR, ".dash-dropdown-trigger, button").click()
+    options = _wait(lambda: drv.find_elements(By.CSS_SELECTOR, ".dash-dropdown-option"), 20, "the compare choices")
+    options[0].click()
+    _wait(lambda: drv.find_element(By.ID, "compare-panel").is_displayed(), 60, "the comparison")
+    time.sleep(2.0)
+    drv.execute_script("document.getElementById('compare-plan').scrollIntoView()")
+    drv.save_screenshot(str(out[2]))
+    return out
+
+
+def browser_runs(runs: int, redraws: int, shots: Path | None) -> None:
+    from selenium.webdriver.common.by import By
+
+    starts, firsts = [], []
+    drv = _browser()
+    procs = []
+    try:
+        for _ in range(runs):
+            tmp = Path(tempfile.mkdtemp(prefix="dash-bench-"))
+            proc, url, started = _serve(tmp)
+            procs.append((proc, tmp))
+            t0 = time.perf_counter()
+            drv.get(url)
+            _wait(lambda: drv.find_elements(By.CSS_SELECTOR, "#frontier-graph .scatterlayer .points path"), 300,
+                  "the frontier")
+            starts.append(started)
+            firsts.append(time.perf_counter() - t0)
+            print(f"server up {started:.1f} s; frontier on the page {firsts[-1]:.1f} s after opening it", flush=True)
+            if len(procs) < runs:
+                proc.terminate()
+                proc.wait(10)
+        _wait(lambda: drv.find_element(By.ID, "progress-text").text == "done", 300, "the baselines")
+        peaks = sorted({p for p in drv.execute_script(
+            f"return {GD}.data.filter(t => t.meta && t.meta.role === 'curve').flatMap(t => t.x)")})
+        unit = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2}[drv.execute_script(f"return {GD}.layout.meta.unit")]
+        budget = drv.find_element(By.ID, "budget")
+        ms_budget = [_timed_enter(drv, budget, repr(peaks[i * (len(peaks) - 1) // max(redraws - 1, 1)] * unit))
+                     for i in range(redraws)]
+        price = drv.find_element(By.CSS_SELECTOR, "#price-inputs input")
+        ms_price = [_timed_enter(drv, price, f"{2 + i / 10:.2f}") for i in range(redraws)]
+        plans = drv.execute_script(f"return {GD}.data.filter(t => t.meta && (t.meta.role === 'curve' || "
+                                   "t.meta.role === 'baseline')).reduce((n, t) => n + t.x.length, 0)")
+        print(f"{DEFAULT_MODEL} on {DEFAULT_CLUSTER}: {plans} plans drawn; load average {os.getloadavg()[0]:.1f}")
+        print(f"server start to its first answer: {_stats(starts)}")
+        print(f"page opened to the frontier drawn (cold caches): {_stats(firsts)}")
+        print(f"budget change to the chart and table redrawn: {_stats(ms_budget, 'ms', 0)}")
+        print(f"price change to the chart and table redrawn: {_stats(ms_price, 'ms', 0)}")
+        if shots is not None:
+            for p in _screenshots(drv, shots):
+                print(f"screenshot {p}")
+    finally:
+        drv.quit()
+        for proc, tmp in procs:
+            proc.terminate()
+            proc.wait(10)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=3, help="profiling repeats (the app's default: 3)")
+    ap.add_argument("--repeats", type=int, default=3, help="profiling repeats (the app's default: 3; an untimed "
+                                                             "profile runs each call once whatever it is)")
+    ap.add_argument("--browser", action="store_true", help="time the page in headless Chromium (module docstring)")
+    ap.add_argument("--redraws", type=int, default=10, help="with --browser: budget and price changes timed")
+    ap.add_argument("--screenshots", type=Path, help="with --browser: save the page's screenshots in this folder")
     args = ap.parse_args()
+    if args.browser:
+        browser_runs(args.runs, args.redraws, args.screenshots)
+        return
+    preload(DEFAULT_MODEL)
     ready, done = [], []
     for _ in range(args.runs):
         frontier_s, all_s = _cold_run(args.repeats)
         ready.append(frontier_s)
         done.append(all_s)
-    req = Request(repeats=args.repeats)
-    print(f"{req.model} on {req.cluster}, profiling repeats {args.repeats}, {args.runs} cold runs, "
+    print(f"{DEFAULT_MODEL} on {DEFAULT_CLUSTER}, profiling repeats {args.repeats}, {args.runs} cold runs, "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"frontier ready: median {statistics.median(ready):.1f} s (min {min(ready):.1f}, max {max(ready):.1f})")
-    print(f"baselines done: median {statistics.median(done):.1f} s (min {min(done):.1f}, max {max(done):.1f})")
+    print(f"frontier ready: {_stats(ready)}")
+    print(f"baselines done: {_stats(done)}")
 
 
 if __name__ == "__main__":

@@ -72,8 +72,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--port", type=int, default=8050, help="port (default 8050)")
     # defaults live in tensoropt.dashboard.pipeline; importing it here would load Dash for every command
     p.add_argument("--model", help="model computed when the page opens (default "
-                                   "zoo:gpt2?layers=2&batch=2&seq_len=128)")
-    p.add_argument("--cluster", help="cluster of that first run (default preset:titan-rtx-5)")
+                                   "zoo:gpt2?layers=6&hidden=256&heads=4&vocab=8192&batch=8&seq_len=128)")
+    p.add_argument("--cluster", help="cluster of that first run (default preset:v100-8-nvlink)")
     add_repeats_argument(p)
     p.add_argument("--algos", help="comma-separated baseline placers to compare (default: all)")
     p.add_argument("--cache-dir", help="results, uploads and job state (default: ~/.cache/tensoropt/app, or "

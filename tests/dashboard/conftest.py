@@ -29,8 +29,8 @@ def tiny_result(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_result(tmp_path_factory):
-    """(store, request, key, progress seen) of the page's built-in default (GPT-2, 2 layers, on
-    titan-rtx-5, every device, times from ``auto``) with one quick baseline placer, computed once."""
+    """(store, request, key, progress seen) of the page's built-in default (GPT-2, 6 narrow layers, on
+    v100-8-nvlink, every device, times from ``auto``) with one quick baseline placer, computed once."""
     store = ResultStore(tmp_path_factory.mktemp("app-default"))
     req = Request(algos=("m-etf",))
     seen = []

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import run_cli as run
 
 
@@ -32,3 +33,17 @@ def test_the_dashboard_installs_as_tensoropt_dashboard_and_app_is_no_package(tmp
     assert "No module named 'app'" in run_py("import app", tmp_path).stderr
     repo = Path(__file__).resolve().parents[2]        # where the app/ folder itself is on sys.path
     assert "import tensoropt.dashboard" in run_py("import app", repo).stderr
+
+
+def test_the_app_help_names_the_page_defaults(capsys, monkeypatch):
+    """``tensoropt app --help`` says what the page computes when it opens (the CLI cannot import the
+    dashboard to ask: the defaults are written twice, and this holds them equal)."""
+    from tensoropt.dashboard.pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL
+
+    monkeypatch.setenv("COLUMNS", "300")   # argparse cuts a long spec at its width
+
+    with pytest.raises(SystemExit) as done:
+        run(capsys, "app", "--help")
+    assert done.value.code == 0
+    flat = " ".join(capsys.readouterr().out.split())
+    assert DEFAULT_MODEL in flat and DEFAULT_CLUSTER in flat

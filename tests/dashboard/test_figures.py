@@ -1,5 +1,5 @@
 """The dashboard's figures from hand-made values (which traces, which colours, which ids, which plans fit
-on unequal GPUs) and from the tiny model's simulated plans."""
+on unequal GPUs, every plan drawn once, the marks) and from the tiny model's simulated plans."""
 
 import pytest
 
@@ -12,16 +12,18 @@ from tensoropt.planmodel.memory import StepMemory
 from tensoropt.planmodel.simulate import SimResult, TimelineEvent
 
 MiB, GiB = 2 ** 20, 2 ** 30
-ROWS = [  # as the frontier CSV has them: strings
-    {"plan_id": "p000-1dev", "num_devices": "1", "devices": "gpu0", "memory_bytes": str(3 * MiB), "time_s": "0.030",
-     "device_memory_bytes": f"gpu0={3 * MiB}"},
-    {"plan_id": "p001-2dev", "num_devices": "2", "devices": "gpu0;gpu1", "memory_bytes": str(2 * MiB),
-     "time_s": "0.020", "device_memory_bytes": f"gpu0={2 * MiB};gpu1={2 * MiB}"},
-    {"plan_id": "p002-2dev", "num_devices": "2", "devices": "gpu0;gpu1", "memory_bytes": str(5 * MiB),
-     "time_s": "0.010", "device_memory_bytes": f"gpu0={5 * MiB};gpu1={4 * MiB}"},
+ROWS = [  # curve points, as curves.json has them
+    {"plan_id": "p000-1dev", "num_devices": 1, "devices": ["gpu0"], "memory_bytes": 3 * MiB, "time_s": 0.030,
+     "device_memory": {"gpu0": 3 * MiB}, "source": "frontier", "on_frontier": False, "layouts": {"R": 3}},
+    {"plan_id": "p001-2dev", "num_devices": 2, "devices": ["gpu0", "gpu1"], "memory_bytes": 2 * MiB,
+     "time_s": 0.020, "device_memory": {"gpu0": 2 * MiB, "gpu1": 2 * MiB}, "source": "frontier", "on_frontier": True},
+    {"plan_id": "p002-2dev", "num_devices": 2, "devices": ["gpu0", "gpu1"], "memory_bytes": 5 * MiB,
+     "time_s": 0.010, "device_memory": {"gpu0": 5 * MiB, "gpu1": 4 * MiB}, "source": "m-etf", "on_frontier": True},
 ]
 BASE = [{"algo": "dp", "time_s": 0.025, "peak_memory_bytes": 4 * MiB, "plan_id": "baseline-dp",
-         "memory_bytes": {"gpu0": 4 * MiB, "gpu1": 4 * MiB}},
+         "memory_bytes": {"gpu0": 4 * MiB, "gpu1": 4 * MiB}, "same_as": "", "dominated_by": "p001-2dev"},
+        {"algo": "m-etf", "time_s": 0.010, "peak_memory_bytes": 5 * MiB, "plan_id": "baseline-m-etf",
+         "memory_bytes": {"gpu0": 5 * MiB, "gpu1": 4 * MiB}, "same_as": "p002-2dev", "dominated_by": "p002-2dev"},
         {"algo": "m-sct", "time_s": None, "peak_memory_bytes": None, "plan_id": None, "error": "no room",
          "memory_bytes": {}}]
 
@@ -34,41 +36,74 @@ def _cluster(**memory: int) -> Cluster:
 UNIFORM = _cluster(gpu0=24 * GiB, gpu1=24 * GiB)
 
 
-def test_frontier_one_trace_per_device_count_and_baselines():
-    fig = F.frontier_figure(ROWS, BASE, cluster=UNIFORM)
-    names = [t.name for t in fig.data]
-    assert names == ["frontier, 1 device", "frontier, 2 devices", "baselines"]
-    two = fig.data[1]
-    assert list(two.customdata) == ["p001-2dev", "p002-2dev"]          # plan ids reach clickData
-    assert list(two.x) == [2.0, 5.0] and list(two.y) == [20.0, 10.0]     # MiB, ms
-    assert list(fig.data[2].text) == ["dp"] and list(fig.data[2].customdata) == ["baseline-dp"]
+def _role(fig, role):
+    return [t for t in fig.data if (t.meta or {}).get("role") == role]
+
+
+def test_frontier_one_curve_per_device_count_every_plan_once():
+    fig = F.frontier_figure(ROWS, BASE, cluster=UNIFORM, batch=8)
+    curves, bases = _role(fig, "curve"), _role(fig, "baseline")
+    assert [t.name for t in curves] == ["1 GPU", "2 GPUs"] and all(t.legendgroup == "curves" for t in curves)
+    assert list(curves[1].customdata) == ["p001-2dev", "p002-2dev"]          # plan ids reach clickData
+    assert list(curves[1].x) == [2.0, 5.0] and list(curves[1].y) == [20.0, 10.0]     # MiB, ms
+    # m-etf's plan is the point p002-2dev: drawn once, as the point, which names it; dp has its own trace
+    assert [t.name for t in bases] == ["dp"] and list(bases[0].customdata) == ["baseline-dp"]
+    drawn = [pid for t in curves + bases for pid in t.customdata]
+    assert sorted(drawn) == sorted({*drawn}) == ["baseline-dp", "p000-1dev", "p001-2dev", "p002-2dev"]
+    assert "also the plan of m-etf" in curves[1].hovertemplate[1] and "found by the placer m-etf" in \
+        curves[1].hovertemplate[1]
+    assert "dominated by p001-2dev" in bases[0].hovertemplate[0]
+    # no text on the chart: the legend names the traces, the hover says the rest
+    assert all("text" not in t.mode for t in fig.data if t.mode) and not fig.layout.annotations
     assert fig.layout.xaxis.title.text == "peak memory per device (MiB)"
-    # frontier points are simulator peaks, like the baselines: no "estimate" wording
-    hovers = [h for t in fig.data for h in t.hovertemplate]
-    assert all("(simulated)" in h and "estimate" not in h for h in hovers)
-    assert "gpu0 5.0 MiB, gpu1 4.0 MiB" in two.hovertemplate[1]          # each device's own peak
+    hovers = [h for t in curves + bases for h in t.hovertemplate]
+    assert all("(simulated)" in h and "estimate" not in h and "samples/s" in h for h in hovers)
+    assert "gpu0 5.0 MiB, gpu1 4.0 MiB" in curves[1].hovertemplate[1]          # each device's own peak
+    assert "800 samples/s" in curves[1].hovertemplate[1]                         # batch 8 / 10 ms
+    # the frontier's own points have a black rim; the one-device point (off the frontier) has none
+    assert list(curves[0].marker.line.width) == [0] and list(curves[1].marker.line.width) == [1.5, 1.5]
+
+
+def test_the_fastest_and_the_least_memory_are_marked_not_drawn_again():
+    fig = F.frontier_figure(ROWS, BASE, cluster=UNIFORM, selected="p000-1dev", compare="baseline-dp")
+    marks = {t.meta["role"]: list(t.customdata) for t in fig.data if t.meta["role"] in F.MARKS}
+    assert marks == {"min-time": ["p002-2dev"], "min-memory": ["p001-2dev"], "best-fit": ["p002-2dev"],
+                     "selected": ["p000-1dev"], "compare": ["baseline-dp"]}
+    assert all(t.hoverinfo == "skip" for t in fig.data if t.meta["role"] in F.MARKS)   # the point's hover stays
+    # under a 4 MiB budget the fastest that fits is p001-2dev (p002 peaks at 5 MiB; dp is slower)
+    tight = F.frontier_figure(ROWS, BASE, cluster=UNIFORM, budget_bytes=4 * MiB)
+    assert next(list(t.customdata) for t in tight.data if t.meta["role"] == "best-fit") == ["p001-2dev"]
+    none = F.frontier_figure(ROWS, BASE, cluster=UNIFORM, budget_bytes=MiB)
+    assert next(list(t.customdata) for t in none.data if t.meta["role"] == "best-fit") == []
 
 
 def test_frontier_needs_the_cluster_to_judge_plans():
     with pytest.raises(ValueError, match="cluster"):
         F.frontier_figure(ROWS, BASE)
-    assert not F.frontier_figure([], title="empty").data                # nothing to judge: no cluster needed
+    assert not [t for t in F.frontier_figure([], title="empty").data if len(t.x)]   # nothing to judge
 
 
 def test_budget_greys_out_what_does_not_fit():
     fig = F.frontier_figure(ROWS, BASE, cluster=UNIFORM, budget_bytes=4 * MiB)
-    assert list(fig.data[0].marker.color) != [F.GREY]                    # 3 MiB fits
-    assert list(fig.data[1].marker.color)[1] == F.GREY                   # 5 MiB on gpu0 does not
-    assert "does not fit: gpu0 over by 1.0 MiB</i>" in fig.data[1].hovertemplate[1]   # gpu1 (4 MiB) is not over
-    assert list(fig.data[1].marker.color)[0] != F.GREY
-    assert list(fig.data[2].marker.color) == ["black"]                   # dp at 4 MiB: exactly the budget
+    one, two = _role(fig, "curve")
+    (dp,) = _role(fig, "baseline")
+    assert list(one.marker.color) != [F.GREY]                                # 3 MiB fits
+    assert list(two.marker.color)[1] == F.GREY                               # 5 MiB on gpu0 does not
+    assert "does not fit: gpu0 over by 1.0 MiB</i>" in two.hovertemplate[1]   # gpu1 (4 MiB) is not over
+    assert list(two.marker.color)[0] != F.GREY
+    assert list(dp.marker.color) == ["black"]                                # dp at 4 MiB: exactly the budget
     assert any(s.x0 == 4.0 and s.line.dash == "dash" for s in fig.layout.shapes)   # the budget line, in MiB
     far = F.frontier_figure(ROWS, BASE, cluster=UNIFORM, budget_bytes=80 * GiB)     # off scale: said, not drawn
     assert not far.layout.shapes and "off scale" in far.layout.annotations[0].text
     # a reserve of 1 MiB per device: the line moves to budget − reserve, dp (4 MiB) no longer fits
     res = F.frontier_figure(ROWS, BASE, cluster=UNIFORM, budget_bytes=4 * MiB, reserve_bytes=MiB)
     assert any(s.x0 == 3.0 for s in res.layout.shapes)
-    assert list(res.data[2].marker.color) == [F.GREY] and list(res.data[0].marker.color) != [F.GREY]
+    assert list(_role(res, "baseline")[0].marker.color) == [F.GREY] and list(_role(res, "curve")[0].marker.color) \
+        != [F.GREY]
+    plans = F.drawn_plans(ROWS, BASE)
+    fit = F.fit_flags(ROWS, [b for b in BASE if not b.get("same_as")], UNIFORM, budget_bytes=4 * MiB)
+    assert F.fit_summary(plans, fit, 4 * MiB) == ("2 of 3 plans on the curves fit a budget of 4.0 MiB per device; "
+                                                  "the fastest that fits: p001-2dev on 2 GPUs, 20.000 ms")
 
 
 # one 24 GiB and one 8 GiB device: plans are checked device by device (hand-worked below)
@@ -101,8 +136,9 @@ def test_fits_are_checked_per_device_on_unequal_gpus(budget, reserve, expected):
     fig = F.frontier_figure(H_ROWS, H_BASE, cluster=HETERO, budget_bytes=budget, reserve_bytes=reserve)
     drawn = {}
     for t in fig.data:
-        for pid, colour in zip(t.customdata, t.marker.color):
-            drawn[pid] = colour != F.GREY
+        if t.meta["role"] in ("curve", "baseline"):
+            for pid, colour in zip(t.customdata, t.marker.color):
+                drawn[pid] = colour != F.GREY
     assert drawn == expected
 
 
@@ -205,17 +241,14 @@ def test_plan_summary_calls_the_frontier_memory_a_peak(tiny_result):
     store, _, key, _ = tiny_result
     plan_id = store.frontier_rows(key)[0]["plan_id"]
     lines = F.plan_summary(store.plan(key, plan_id), store.simulation(key, plan_id), "fits each device's memory")
-    assert any(x.startswith("frontier: ") and "peak per device" in x for x in lines)
+    assert any(x.startswith("frontier: ") and "peak per device" in x and "simulated step" in x for x in lines)
     assert not any("frontier estimate" in x for x in lines) and lines[-1] == "fits each device's memory"
 
 
-def test_plan_table_and_graph_cover_every_operator(tiny_result):
+def test_plan_table_covers_every_operator(tiny_result):
     store, _, key, _ = tiny_result
     plan_id = store.frontier_rows(key)[-1]["plan_id"]
     plan, graph = store.plan(key, plan_id), store.graph(key)
     rows = F.plan_table_rows(plan, graph)
     assert [r["node"] for r in rows] == plan.order
     assert all(r["devices"] == ",".join(plan.configs[r["node"]].devices) for r in rows)
-    fig = F.graph_figure(plan, graph)
-    drawn = sum(len(t.x) for t in fig.data[1:])      # data[0]: the edges
-    assert drawn == len(graph)

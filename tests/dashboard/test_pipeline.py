@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tensoropt import Cluster, CostModel, Plan, load_cluster, track_frontier, workflow
-from tensoropt.dashboard.pipeline import Request, ResultStore, run_request
+from tensoropt.dashboard.pipeline import DEFAULT_MODEL, Request, ResultStore, run_request
 from tensoropt.dashboard.uploads import UploadError, accept_upload, decode
 from tensoropt.devicemodel import UNCALIBRATED_GPU, Calibration, CostsKindError
 from tensoropt.errors import ClusterSpecError, TensorOptError
@@ -178,24 +178,29 @@ def test_no_result_folder_is_complete_without_a_frontier(tmp_path):
     assert not store.complete(req.key) and not store.frontier_ready(req.key)
 
 
-def test_the_default_is_priced_through_the_titan_rtx_device_model(default_result):
-    """The page's built-in default (the README's): titan-rtx-5's devices are TITAN RTX GPUs and the
-    profile is made on this CPU, so ``auto`` prices the times through the TITAN RTX device model and
-    profiling runs untimed (memory and work only); the summary says where the times come from, and a
-    cached result (read back by a fresh store) still says so."""
+def test_the_default_is_priced_through_the_v100_device_model(default_result):
+    """The page's built-in default (the README's): v100-8-nvlink's devices are V100s and the profile
+    is made on this CPU, so ``auto`` prices the times through the V100 device model and profiling runs
+    untimed (memory and work only); the summary says where the times come from, and a cached result
+    (read back by a fresh store) still says so.  It has a curve for 1, 2, 4 and 8 GPUs, each a
+    trade-off: more memory buys a shorter step."""
     store, req, key, seen = default_result
-    assert (req.model, req.cluster, req.costs_from) == \
-        ("zoo:gpt2?layers=2&batch=2&seq_len=128", "preset:titan-rtx-5", "auto")
+    assert (req.model, req.cluster, req.costs_from) == (DEFAULT_MODEL, "preset:v100-8-nvlink", "auto")
     assert store.complete(key) and seen[-1] == ("done", "done")
     profiling = [m for stage, m in seen if stage == "profile"]
     assert profiling[0].startswith("recording memory and work") and not any(m.startswith("profiling")
                                                                            for m in profiling)
     cluster, costs = store.cluster(key), store.costs(key)
-    assert {cluster.device(d).kind for d in cluster.names} == {"TITAN RTX"}
-    assert costs.device["type"] == "model" and costs.device["name"] == "NVIDIA TITAN RTX"
+    assert {cluster.device(d).kind for d in cluster.names} == {"Tesla V100-SXM2-16GB"}
+    assert costs.device["type"] == "model" and costs.device["name"] == "Tesla V100-SXM2-16GB"
     s = store.summary(key)
-    assert s["times_modelled"] is True and s["times_from"].startswith("NVIDIA TITAN RTX device model (calibration ")
+    assert s["times_modelled"] is True and s["times_from"].startswith("Tesla V100-SXM2-16GB device model (calibration ")
     assert {r["times_from"] for r in store.frontier_rows(key)} == {s["times_from"]}   # the library's CSV column
+    assert s["device_counts"] == [1, 2, 4, 8]
+    for k in (1, 2, 4, 8):
+        curve = [p for p in store.curves(key) if p["num_devices"] == k]
+        assert len(curve) >= 3 and curve[0]["time_s"] > curve[-1]["time_s"] and \
+            curve[0]["memory_bytes"] < curve[-1]["memory_bytes"]
     again = ResultStore(store.root)
     assert run_request(req, again) == key and again.summary(key)["times_from"] == s["times_from"]
 

@@ -1,0 +1,110 @@
+"""A plan as a readable graph, on the page's default (GPT-2, 6 blocks, on eight V100s): blocks
+collapsed into one node each until expanded, layers left to right along every edge, nodes coloured by
+their devices and layout, edges carrying the reshard cost the simulator charges; two plans compared
+operator by operator."""
+
+import pytest
+
+from tensoropt.dashboard import plangraph as G
+from tensoropt.planmodel.reshard import edge_reshard
+
+
+@pytest.fixture(scope="module")
+def default_plans(default_result):
+    """(store, key, graph, the 8-GPU curve's least-memory and fastest plans)."""
+    store, _, key, _ = default_result
+    eight = [p["plan_id"] for p in store.curves(key) if p["num_devices"] == 8]
+    return store, key, store.graph(key), store.plan(key, eight[0]), store.plan(key, eight[-1])
+
+
+def _nodes(fig):
+    """key → (kind, x, y, trace name) of every drawn node."""
+    return {c[1]: (c[0], x, y, t.name) for t in fig.data if t.meta["role"] == "nodes"
+            for c, x, y in zip(t.customdata, t.x, t.y)}
+
+
+def test_blocks_are_one_node_each_until_expanded(default_plans):
+    store, key, graph, plan, _ = default_plans
+    blocks = G.groups(graph)
+    assert sorted(blocks) == [f"model.transformer.h.{i}" for i in range(6)]
+    fig = G.plan_graph_figure(plan, graph, store.cluster(key))
+    nodes = _nodes(fig)
+    assert {k for k, v in nodes.items() if v[0] == "group"} == set(blocks)
+    in_blocks = {n for ms in blocks.values() for n in ms}
+    # every graph node is drawn once: as itself, or inside its block's node
+    assert set(nodes) - set(blocks) == set(graph.nodes) - in_blocks
+    one = "model.transformer.h.2"
+    open_ = _nodes(G.plan_graph_figure(plan, graph, store.cluster(key), expanded=[one]))
+    assert one not in open_ and set(blocks[one]) <= set(open_) and "model.transformer.h.3" in open_
+    assert len(open_) == len(nodes) - 1 + len(blocks[one])
+
+
+def test_layers_run_left_to_right_along_every_edge(default_plans):
+    store, key, graph, plan, _ = default_plans
+    for expanded in ([], ["model.transformer.h.0"], sorted(G.groups(graph))):
+        fig = G.plan_graph_figure(plan, graph, store.cluster(key), expanded=expanded)
+        nodes = _nodes(fig)
+        _, owner = G._shown_nodes(plan, graph, set(expanded))
+        for e in graph.edges:
+            a, b = owner[e.src], owner[e.dst]
+            if a != b:
+                assert nodes[a][1] < nodes[b][1], (e, nodes[a], nodes[b])
+        # the blocks follow one another
+        xs = [nodes[f"model.transformer.h.{i}"][1] for i in range(6) if f"model.transformer.h.{i}" in nodes]
+        assert xs == sorted(xs) and len(set(xs)) == len(xs)
+
+
+def test_nodes_are_coloured_by_devices_and_layout(default_plans):
+    store, key, graph, plan, fast = default_plans
+    for p in (plan, fast):
+        nodes = _nodes(G.plan_graph_figure(p, graph, store.cluster(key), expanded=sorted(G.groups(graph))))
+        for name, (kind, _, _, legend) in nodes.items():
+            want = G.config_label(p.configs.get(name)) if kind == "op" else "inputs"
+            assert legend == want
+    # collapsed, a block is coloured by its operators' one configuration, else "mixed"
+    nodes = _nodes(G.plan_graph_figure(fast, graph, store.cluster(key)))
+    for g, members in G.groups(graph).items():
+        labels = {G.config_label(fast.configs[m]) for m in members}
+        assert nodes[g][3] == (labels.pop() if len(labels) == 1 else G.MIXED)
+    assert set(G.mixed_groups(fast, graph)) == {g for g, ms in G.groups(graph).items()
+                                                if len({G.config_label(fast.configs[m]) for m in ms}) > 1}
+
+
+def test_edges_carry_the_simulators_reshard_cost(default_plans):
+    store, key, graph, _, fast = default_plans
+    cluster = store.cluster(key)
+    _, owner = G._shown_nodes(fast, graph, set())
+    want: dict = {}
+    for e in graph.edges:
+        a, b = owner[e.src], owner[e.dst]
+        if a == b:
+            continue
+        s, d = fast.configs.get(e.src), fast.configs.get(e.dst)
+        rs = edge_reshard(graph, e.src, e.dst, s, d, cluster) if s and d else None
+        want[(a, b)] = want.get((a, b), 0.0) + (rs.time_s + rs.backward_time_s if rs else 0.0)
+    assert G.edge_costs(fast, graph, cluster, owner) == pytest.approx(want)
+    fig = G.plan_graph_figure(fast, graph, cluster)
+    costly = [t for t in fig.data if t.meta["role"] == "edge-costs"]
+    paid = sorted((c for c in want.values() if c > 0), reverse=True)
+    if not paid:
+        assert not costly
+        return
+    (labels,) = costly
+    assert len(labels.x) == len(paid) and sum(1 for t in labels.text if t) == min(G.EDGE_LABELS, len(paid))
+    assert labels.text[0] == f"{paid[0] * 1e3:.2f} ms"
+
+
+def test_a_click_shows_a_node_configuration_and_two_plans_differ_where_they_do(default_plans):
+    store, key, graph, small, fast = default_plans
+    costs = store.costs(key)
+    op = next(n for n in small.order if small.configs[n].degree > 1)
+    lines = G.node_details(op, small, graph, costs)
+    cfg = small.configs[op]
+    assert lines[0] == f"{op}: {graph[op].op}" and f"runs on {', '.join(cfg.devices)} as {cfg.layout}" in lines[2]
+    assert any(x.startswith("per device: forward ") for x in lines)
+    group = G.node_details("model.transformer.h.0", small, graph, costs)
+    assert group[0].startswith(f"model.transformer.h.0: {len(G.groups(graph)['model.transformer.h.0'])} operators")
+    rows = G.differing(small, fast, graph)
+    assert [r["node"] for r in rows] == [o.name for o in graph.ops if small.configs[o.name] != fast.configs[o.name]]
+    assert rows and all(r["a"] != r["b"] for r in rows)
+    assert G.differing(small, small, graph) == []
