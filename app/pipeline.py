@@ -35,16 +35,20 @@ Folder layout (``<cache_dir>/results/<key>/``)::
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import dataclasses
 import hashlib
 import json
 import os
 import tempfile
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+import torch
 
 from tensoropt import workflow
 from tensoropt._io import write_json_atomic
@@ -54,6 +58,8 @@ from tensoropt.devicemodel import is_modelled
 from tensoropt.errors import TensorOptError
 from tensoropt.graph import OpGraph
 from tensoropt.measure import CostModel
+from tensoropt.measure.profiler import profiling_device
+from tensoropt.measure.timing import device_name
 from tensoropt.optimizers import DEFAULT_OPTIMIZER
 from tensoropt.plan import Plan
 from tensoropt.planmodel.simulate import SimResult, simulate
@@ -157,10 +163,13 @@ def times_source(result: workflow.Exploration) -> dict[str, Any]:
     return {"times_from": result.source, "times_notes": list(result.notes), "times_modelled": is_modelled(result.costs)}
 
 
-def write_frontier(folder: Path, result: workflow.Exploration) -> dict[str, Any]:
+def write_frontier(folder: Path, result: workflow.Exploration,
+                   request: workflow.Request | None = None) -> dict[str, Any]:
     """The frontier's files of ``result`` in ``folder`` (module docstring), then
-    ``frontier-summary.json``; returns that summary."""
-    req, graph, cluster, frontier = result.request, result.graph, result.cluster, result.frontier
+    ``frontier-summary.json``; returns that summary.  ``request``: the request the folder is for
+    (default: the result's own; :func:`run_request` tracks the frontier with a narrower one)."""
+    req = request if request is not None else result.request
+    graph, cluster, frontier = result.graph, result.cluster, result.frontier
     assert frontier is not None   # the dashboard always asks for it
     write_json_atomic(folder / "request.json", req.to_dict())
     graph.save(folder / "graph.json")
@@ -187,16 +196,112 @@ def write_frontier(folder: Path, result: workflow.Exploration) -> dict[str, Any]
     return summary
 
 
+def profiled_untimed(req: workflow.Request) -> bool:
+    """Whether ``req``'s profile will be made untimed — memory and work only, one call each, for a
+    device model to price (:func:`tensoropt.workflow.measure`'s rule) — rather than read from a file
+    or timed.  Reads the cluster (cheap); a bad one raises as :func:`tensoropt.workflow.explore` would."""
+    if req.profile:
+        return False
+    on = profiling_device(req.device)
+    return workflow.needs_device_model(req, workflow.prepare(req), device_name(on), on.type)
+
+
+@contextlib.contextmanager
+def one_torch_thread(on: bool = True) -> Iterator[None]:
+    """Torch's operators on one thread while inside (``on``), as before after.  An untimed profile
+    times nothing, so threads cannot make it truer, only slower: on a 2-core machine with other
+    work, every operator's OpenMP barrier waits for a descheduled thread (the default's profile:
+    1.9 s on one thread, 11–15 s on two, both at load average 2–5 — docs/measurements.md)."""
+    before = torch.get_num_threads()
+    if on:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if on:
+            torch.set_num_threads(before)
+
+
+def split_request(req: workflow.Request) -> tuple[workflow.Request, workflow.Request] | None:
+    """``(frontier first, baselines after)``: the two requests :func:`run_request` runs in turn when
+    the baseline placers need shard degrees the frontier does not (OS-DPOS splits an operator any
+    number of ways: degrees 2 … 8 on eight devices, where the frontier's meshes need 2, 4 and 8),
+    so that the page's first frontier waits only for the frontier's own degrees; else ``None`` (one
+    :func:`tensoropt.workflow.explore`).
+
+    Only an untimed profile (:func:`profiled_untimed`) is split: it is cached per call, so the
+    second profile reads the first one's calls back unchanged and every plan on the page is priced
+    by the same numbers.  A timed profile times whole steps again (its in-sequence run), which would
+    price the frontier and the baselines apart: it is made once, at every degree.  The frontier's
+    request asks for no placer and the frontier's degrees; the baselines' asks for no frontier (the
+    page places the baselines beside the curves itself)."""
+    if not req.frontier or not req.placers or not profiled_untimed(req):
+        return None
+    setup = workflow.prepare(req)
+    first = workflow.profile_degrees(setup.meshes, setup.devices, (), True)
+    if set(first) >= set(setup.degrees):
+        return None
+    return (dataclasses.replace(req, algos=(), degrees=first),
+            dataclasses.replace(req, frontier=False, degrees=setup.degrees))
+
+
+def same_costs(a: CostModel, b: CostModel) -> bool:
+    """Whether ``b`` prices every node and shard of ``a`` as ``a`` does (``b`` may hold more
+    shards; how a figure was obtained — measured, cached — is not compared)."""
+    if a.graph_fingerprint != b.graph_fingerprint:
+        return False
+    for name, na in a.nodes.items():
+        nb = b.get(name)
+        if nb is None:
+            return False
+        if dataclasses.replace(na, method="", shards={}) != dataclasses.replace(nb, method="", shards={}):
+            return False
+        for at, sa in na.shards.items():
+            sb = nb.shards.get(at)
+            if sb is None or dataclasses.replace(sa, method="") != dataclasses.replace(sb, method=""):
+                return False
+    return True
+
+
+def _explore(req: Request, report: workflow.Progress, folder: Path,
+             frontier_ready: Callable[[workflow.Exploration], None]) -> tuple[workflow.Exploration, float]:
+    """:func:`run_request`'s work: the exploration whose rows are the baselines, and the seconds it
+    all took; in two explorations when :func:`split_request` splits it."""
+    split = split_request(req)
+    if split is None:
+        result = workflow.explore(req, report, on_frontier=frontier_ready)
+        if result.frontier_error is not None:   # the page is a frontier first: no folder without one
+            raise result.frontier_error
+        seconds = result.seconds["total"]
+    else:
+        first = workflow.explore(split[0], report, on_frontier=frontier_ready)
+
+        def later(stage: str, done: int, total: int, message: str) -> None:   # one "baselines" stage on the page
+            report("baselines", done if stage == "baselines" else 0, max(total, 1) if stage == "baselines" else 1,
+                   message if stage == "baselines" else f"{stage}: {message}")
+
+        result = workflow.explore(split[1], later)
+        if not same_costs(first.costs, result.costs):
+            raise RuntimeError("the baselines' profile prices the frontier's shards differently from the "
+                               "frontier's own (a cached call changed between the two profiles)")
+        result.costs.save(folder / "profile.json")   # every degree: the baselines' plans are simulated from it
+        seconds = first.seconds["total"] + result.seconds["total"]
+    return result, seconds
+
+
 def run_request(req: Request, store: ResultStore, progress: workflow.Progress | None = None,
                 on_frontier: Callable[[str], None] | None = None) -> str:
     """Compute everything for ``req`` into its folder of ``store`` and return the key; a
     complete folder is reused as is.  The work is :func:`tensoropt.workflow.explore`'s (the same
     as ``tensoropt compare``'s for the same request: the same shard degrees, the same frontier,
-    the same baselines); ``progress(stage, done, total, message)`` is its progress, and
-    ``on_frontier(key)`` is called once the frontier's files are written, before the baselines
-    run (the page shows it then).  Bad input raises :class:`~tensoropt.errors.TensorOptError`;
-    the folder is then left without ``summary.json`` (incomplete, recomputed next time), never
-    half-read."""
+    the same baselines), ordered for the page: where the baselines need shard degrees the frontier
+    does not, the frontier is tracked first on a profile of its own degrees, then the rest is
+    profiled and the baselines run (:func:`split_request`; the folder's ``profile.json`` is then the
+    whole profile, checked to price the frontier's shards as the first did).
+    ``progress(stage, done, total, message)`` is its progress, and ``on_frontier(key)`` is called
+    once the frontier's files are written, before the baselines run (the page shows it then).  Bad
+    input raises :class:`~tensoropt.errors.TensorOptError`; the folder is then left without
+    ``summary.json`` (incomplete, recomputed next time), never half-read."""
     report = progress or workflow.no_progress
     key = req.key
     if store.complete(key):
@@ -206,13 +311,13 @@ def run_request(req: Request, store: ResultStore, progress: workflow.Progress | 
     summary: dict[str, Any] = {}
 
     def frontier_ready(result: workflow.Exploration) -> None:
-        summary.update(write_frontier(folder, result))
+        summary.update(write_frontier(folder, result, req))
         if on_frontier is not None:
             on_frontier(key)
 
-    result = workflow.explore(req, report, on_frontier=frontier_ready)
-    if result.frontier_error is not None:   # the page is a frontier first: no folder without one
-        raise result.frontier_error
+    with one_torch_thread(profiled_untimed(req)):
+        result, seconds = _explore(req, report, folder, frontier_ready)
+    summary["degrees"] = sorted(set(summary.get("degrees", ())) | set(result.setup.degrees))
     # the frontier's own rows (min-time, min-memory) are points of its curves already: one point per plan
     baselines = [baseline_row(r) for r in result.rows if not r.algo.startswith("frontier")]
     for _row, plan in baselines:
@@ -227,7 +332,7 @@ def run_request(req: Request, store: ResultStore, progress: workflow.Progress | 
 
     write_json_atomic(folder / "baselines.json",
                       place_baselines([row.to_dict() for row, _ in baselines], points, same_plan))
-    summary["total_s"] = result.seconds["total"]
+    summary["total_s"] = seconds
     write_json_atomic(folder / "summary.json", summary)   # last: marks the folder complete
     report("done", 1, 1, "done")
     return key
@@ -360,5 +465,7 @@ def save_upload(store: ResultStore, data: bytes, suffix: str) -> Path:
     return path
 
 
-__all__ = ["Request", "ResultStore", "BaselineRow", "run_request", "write_frontier", "times_source", "baseline_row",
+__all__ = ["Request", "ResultStore", "BaselineRow", "run_request", "split_request", "same_costs", "profiled_untimed",
+           "one_torch_thread",
+           "write_frontier", "times_source", "baseline_row",
            "save_upload", "default_cache_dir", "baseline_plan_id", "DEFAULT_MODEL", "DEFAULT_CLUSTER", "DETECTED"]

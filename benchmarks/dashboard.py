@@ -25,8 +25,10 @@ temporary ones).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -69,9 +71,14 @@ def _free_port() -> int:
 
 
 def _wait(fn, timeout: float, what: str):
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
     end = time.time() + timeout
     while time.time() < end:
-        got = fn()
+        try:
+            got = fn()
+        except (NoSuchElementException, StaleElementReferenceException):   # the page is not (re)drawn yet
+            got = None
         if got:
             return got
         time.sleep(0.05)
@@ -112,8 +119,11 @@ def _serve(tmp: Path) -> tuple[subprocess.Popen, str, float]:
     env = {**os.environ, "TENSOROPT_CACHE_DIR": str(tmp / "profiles")}
     log = open(tmp / "server.log", "w")   # noqa: SIM115 - kept open for the server's life
     t0 = time.perf_counter()
+    # a session of its own: stopping it stops its background jobs too (_stop), which would otherwise run on
+    # beside the next cold start (a job is a child of the server and outlives a SIGTERM to the server alone)
     proc = subprocess.Popen([sys.executable, "-m", "tensoropt.cli", "app", "--port", str(port), "--cache-dir",
-                             str(tmp / "app")], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+                             str(tmp / "app")], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                            start_new_session=True)
     url = f"http://127.0.0.1:{port}/"
 
     def up() -> bool:
@@ -126,6 +136,17 @@ def _serve(tmp: Path) -> tuple[subprocess.Popen, str, float]:
             return False
     _wait(up, 120, "the server")
     return proc, url, time.perf_counter() - t0
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a server started by :func:`_serve` and every process of its session (its jobs)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    with contextlib.suppress(ProcessLookupError):   # what did not stop (a job): killed
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
 
 
 def _screenshots(drv, folder: Path) -> list[Path]:
@@ -194,8 +215,7 @@ def browser_runs(runs: int, redraws: int, shots: Path | None) -> None:
             firsts.append(time.perf_counter() - t0)
             print(f"server up {started:.1f} s; frontier on the page {firsts[-1]:.1f} s after opening it", flush=True)
             if len(procs) < runs:
-                proc.terminate()
-                proc.wait(10)
+                _stop(proc)
         _wait(lambda: drv.find_element(By.ID, "progress-text").text == "done", 300, "the baselines")
         peaks = sorted({p for p in drv.execute_script(
             f"return {GD}.data.filter(t => t.meta && t.meta.role === 'curve').flatMap(t => t.x)")})
@@ -218,8 +238,7 @@ def browser_runs(runs: int, redraws: int, shots: Path | None) -> None:
     finally:
         drv.quit()
         for proc, tmp in procs:
-            proc.terminate()
-            proc.wait(10)
+            _stop(proc)
             shutil.rmtree(tmp, ignore_errors=True)
 
 

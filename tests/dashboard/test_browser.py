@@ -12,10 +12,12 @@ refused run show their errors in the CLI's words, and a running job is cancelled
 Skips only where no Chromium / chromedriver can be had (``.ci/run`` installs them with apt-get).
 """
 
+import contextlib
 import csv
 import os
 import shlex
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -33,6 +35,7 @@ from tensoropt.dashboard import prices as P
 from tensoropt.dashboard.callbacks import plan_commands
 from tensoropt.dashboard.pipeline import ResultStore
 from tensoropt.frontier.track import CSV_COLUMNS
+from tensoropt.optimizers import DEFAULT_OPTIMIZER
 from tensoropt.planmodel.fits import fits
 
 from .conftest import TINY
@@ -66,7 +69,7 @@ def server(tmp_path_factory):
     with open(tmp / "server.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "tensoropt.cli", "app", "--port", str(port), "--model", TINY,
                                  "--repeats", "1", "--algos", "dp,m-etf", "--cache-dir", str(tmp / "app")],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
         url = f"http://127.0.0.1:{port}/"
         for _ in range(120):
             try:
@@ -77,8 +80,10 @@ def server(tmp_path_factory):
                     raise RuntimeError((tmp / "server.log").read_text()) from None
                 time.sleep(0.25)
         yield url, tmp, ResultStore(tmp / "app")
-        proc.terminate()
+        os.killpg(proc.pid, signal.SIGTERM)   # the server and its background jobs (its session)
         proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +107,14 @@ def browser(server, tmp_path_factory):
 
 
 def _wait(fn, timeout=60.0, what="condition"):
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
     end = time.time() + timeout
     while time.time() < end:
-        got = fn()
+        try:
+            got = fn()
+        except (NoSuchElementException, StaleElementReferenceException):   # the page is not (re)drawn yet
+            got = None
         if got:
             return got
         time.sleep(0.1)
@@ -144,6 +154,33 @@ def _click_plan(drv, plan_id: str) -> None:
             return true;
         }}
         return false;""", plan_id), plan_id
+
+
+def _mouse_click_plan(drv, candidates) -> str:
+    """Click with the mouse (Plotly's own hit test, as a person does) the first of ``candidates``
+    whose point stands 20 px or more from every other drawn point; the plan id clicked."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    got = drv.execute_script(f"""
+        const g = {_GD}, xa = g._fullLayout.xaxis, ya = g._fullLayout.yaxis, pts = [];
+        g.data.forEach(t => {{
+            const role = t.meta && t.meta.role;
+            if ((role !== 'curve' && role !== 'baseline') || t.visible === 'legendonly') return;
+            t.customdata.forEach((id, i) => pts.push([id, xa._offset + xa.c2p(t.x[i]), ya._offset + ya.c2p(t.y[i])]));
+        }});
+        for (const want of arguments[0]) {{
+            const p = pts.find(q => q[0] === want);
+            if (p && pts.every(q => q === p || Math.hypot(q[1] - p[1], q[2] - p[2]) >= 20)) {{
+                const r = g.getBoundingClientRect();
+                return [p[0], p[1] - r.width / 2, p[2] - r.height / 2];
+            }}
+        }}
+        return null;""", list(candidates))
+    assert got, f"no point of {candidates} stands apart on the chart"
+    plan_id, dx, dy = got
+    graph = drv.find_element("css selector", "#frontier-graph .js-plotly-plot")
+    ActionChains(drv).move_to_element_with_offset(graph, int(dx), int(dy)).pause(0.3).click().perform()
+    return plan_id
 
 
 def _download(drv, button: str, suffix: str) -> Path:
@@ -283,6 +320,13 @@ def _frontier_budget_and_gpus_needed(server, browser):
             assert got.get(k) == pytest.approx(want.get(k), rel=1e-9), k
     fitting = next(r for r in rows if r["plan_id"] is not None)
     assert fitting["usd_per_1k_steps"] == pytest.approx(6.12 * fitting["gpu_hours_per_1k_steps"])
+    # a click on a row of the GPUs-needed table opens that row's plan (the reference's fastest plan on that many GPUs)
+    last = rows[-1] if rows[-1]["plan_id"] is not None else fitting
+    row = next(r for r in drv.find_elements(By.CSS_SELECTOR, "#gpus-table tbody tr")
+               if r.find_elements(By.CSS_SELECTOR, "td") and r.find_elements(By.CSS_SELECTOR, "td")[0].text
+               == str(last["k"]))
+    row.find_elements(By.CSS_SELECTOR, "td")[1].click()
+    _wait(lambda: _by_id(drv, "plan-title").text == f"plan {last['plan_id']}", 20, "the row's plan")
     assert not _severe(drv)
 
 
@@ -293,8 +337,8 @@ def _plan_commands_comparison_downloads(server, browser):
     drv = browser
     key = _key(store)
     eight = [p["plan_id"] for p in store.curves(key) if p["num_devices"] == 8]
-    plan_id = eight[0]
-    _click_plan(drv, plan_id)
+    drv.execute_script("document.getElementById('frontier-graph').scrollIntoView()")
+    plan_id = _mouse_click_plan(drv, eight)   # a point clicked with the mouse
     _wait(lambda: _by_id(drv, "plan-title").text == f"plan {plan_id}", 20, "the plan panel")
     _wait(lambda: drv.find_elements(By.CSS_SELECTOR, "#gantt-graph .bars path"), 20, "the Gantt chart")
     assert drv.find_elements(By.CSS_SELECTOR, "#memory-graph .bars path")
@@ -322,7 +366,7 @@ def _plan_commands_comparison_downloads(server, browser):
     drv.save_screenshot(str(SHOTS / "3-plan.png"))
 
     # a second plan beside it: memory, timelines, the operators configured differently
-    other = eight[-1]
+    other = next(p for p in reversed(eight) if p != plan_id)
     _by_id(drv, "compare-plan").find_element(By.CSS_SELECTOR, ".dash-dropdown-trigger, button").click()
     option = _wait(lambda: next((o for o in drv.find_elements(By.CSS_SELECTOR, ".dash-dropdown-option")
                                  if o.text.startswith(f"{other}:")), None), 10, "the compare choices")
@@ -360,7 +404,7 @@ def _url_brings_the_page_back(server, browser):
     budget = _by_id(drv, "budget").get_attribute("value")
     assert state["model"] == TINY and state["cluster"] == "preset:v100-8-nvlink" and state["plan"] == selected
     assert float(state["budget"]) == pytest.approx(float(budget)) and state["price"] == "v100-sxm2-16gb:6.12"
-    assert state["devices"] == ",".join(f"gpu{i}" for i in range(8))
+    assert state["devices"] == ",".join(f"gpu{i}" for i in range(8)) and state["optimizer"] == DEFAULT_OPTIMIZER
     # a fresh page on that URL: the same controls, the same (cached) result, the same plan selected
     link = drv.current_url
     drv.get("about:blank")

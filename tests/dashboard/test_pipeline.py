@@ -232,3 +232,54 @@ def test_calibration_upload_prices_through_the_device_model(tiny_result):
                        costs_from="model", calibration=str(ok.path))
     key = run_request(modelled, store)
     assert store.summary(key)["times_from"].startswith("NVIDIA TITAN RTX device model (calibration dashboard-test-cal")
+
+
+def test_the_frontier_first_on_its_own_degrees_then_the_baselines(tmp_path, monkeypatch):
+    """OS-DPOS splits an operator any number of ways (degrees 1 … 8 on v100-8-nvlink's eight GPUs)
+    while the frontier's meshes need 1, 2, 4 and 8: the page's work profiles those first, shows the
+    frontier, then profiles the rest for the baselines.  What it stores is what one
+    ``workflow.explore`` of the same request gives (the library's single path, run beside it): the
+    same profile at every degree, the same frontier rows, the same baseline.  Both profiles (untimed:
+    a device model prices them) ran on one torch thread, and the thread count is restored."""
+    import torch
+
+    from .conftest import TINY
+
+    req = Request(model=TINY, cluster="preset:v100-8-nvlink", repeats=1, warmup=0, algos=("os-dpos",))
+    threads, real_profile = [], workflow.profile
+
+    def profile(*args, **kwargs):
+        threads.append(torch.get_num_threads())
+        return real_profile(*args, **kwargs)
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(workflow, "profile", profile)
+    store, seen = ResultStore(tmp_path), []
+    key = run_request(req, store, lambda stage, done, total, msg: seen.append((stage, msg)),
+                      on_frontier=lambda k: seen.append(("frontier ready", k)))
+    assert threads == [1, 1] and torch.get_num_threads() == before
+    profiled = [(stage, m) for stage, m in seen if "recording memory and work" in m]
+    first = "recording memory and work (a device model prices the times) at shard degrees 1, 2, 4, 8"
+    assert profiled == [("profile", first), ("baselines", "profile: " + first.replace("1, 2, 4, 8",
+                                                                                      "1, 2, 3, 4, 5, 6, 7, 8"))]
+    assert seen.index(profiled[0]) < seen.index(("frontier ready", key)) < seen.index(profiled[1])
+    assert seen[-1] == ("done", "done")
+    # the request stored is the page's, not the frontier's narrower one
+    assert store.summary(key)["request"] == req.to_dict() and store.summary(key)["degrees"] == list(range(1, 9))
+
+    monkeypatch.setattr(workflow, "profile", real_profile)
+    whole = workflow.explore(req)   # one exploration: every degree profiled before the frontier
+    stored = store.costs(key)
+    assert sorted(stored.legal(n) for n in stored.nodes) == sorted(whole.costs.legal(n) for n in whole.costs.nodes)
+    for name, node in whole.costs.nodes.items():
+        for (layout, k) in whole.costs.legal(name):
+            assert stored.time(name, layout, k) == whole.costs.time(name, layout, k)
+            assert stored[name].at(layout, k).saved_bytes == node.at(layout, k).saved_bytes
+    assert [(r["plan_id"], int(r["memory_bytes"]), float(r["time_s"])) for r in store.frontier_rows(key)] == \
+        [(p.plan_id, p.memory_bytes, p.time_s) for p in whole.frontier.points]
+    (row,) = store.baselines(key)
+    (want,) = [r for r in whole.rows if r.algo == "os-dpos"]
+    assert (row["algo"], row["time_s"], row["peak_memory_bytes"]) == ("os-dpos", want.time_s, want.peak_memory_bytes)
+    # its plan is simulated from the stored profile (degrees the frontier's profile lacked included)
+    sim = simulate(store.plan(key, row["plan_id"]), store.graph(key), stored, store.cluster(key))
+    assert sim.time_s == pytest.approx(want.time_s)
