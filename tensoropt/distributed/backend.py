@@ -99,7 +99,9 @@ class RankTrainer:
         return [f"plan {label}: {len(plan.configs)} operators on {len(plan.devices)} device(s) over "
                 f"{rt.world_size} rank(s) ({rt.backend}): " + ", ".join(f"{d}→rank {r}" for d, r in ex.rank_of.items())
                 + f"; {len(ex.program.moves)} cross-rank moves, {len(ex.program.collectives)} collectives, "
-                  f"loss computed on rank(s) {', '.join(map(str, sorted(ex.program.loss_ranks)))}"] + \
+                  f"loss computed on rank(s) {', '.join(map(str, sorted(ex.program.loss_ranks)))}"
+                + (f"; {len(ex.sharded)} parameters sharded (ZeRO levels "
+                   f"{', '.join(map(str, sorted({lv for lv, _ in ex.sharded.values()})))})" if ex.sharded else "")] + \
             [f"  ran whole: {note}" for note in ex.fallbacks]
 
     def parameters(self) -> list[nn.Parameter]:
@@ -109,6 +111,7 @@ class RankTrainer:
         self.ex.link.barrier()
 
     def after_step(self) -> None:
+        self.ex.gather_updated()    # sharding levels 1-2: every rank stepped its piece
         if self.rt.device.startswith("cuda"):
             torch.cuda.synchronize(self.rt.device)
 

@@ -21,11 +21,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..capture import capture
+from ..capture import ModelCall, capture
 from ..errors import DistributedError
 from ..execute import disable_dropout
 from ..graph import OpGraph
-from ..measure.step import make_optimizer
+from ..measure.step import make_optimizer, training_loss
 from ..modelspec import load_model
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Plan
@@ -90,8 +90,95 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
                     "grads": len(cmp.grads), "params_rel_diff": max(every), "moves": len(ex.program.moves),
                     "collectives": ex.program.collective_counts(),
                     "loss_rank": ex.program.loss_rank, "fallbacks": ex.fallbacks,
-                    "pieces": sorted(ex.parameter_pieces)})
+                    "pieces": sorted(ex.parameter_pieces), "sharded": dict(ex.sharded)})
     return out
+
+
+def train_like_model(rt: Runtime, cases: Sequence[Mapping[str, Any]], steps: int = 3,
+                     optimizer: str = DEFAULT_OPTIMIZER, lr: float = 1e-2) -> list[dict[str, Any]]:
+    """For each case ``{"model": spec, "plan": plan dict}`` (a plan of the float64 capture), in
+    float64 with dropout off: ``steps`` training steps of the plan (forward, backward, the
+    ``optimizer`` over what each rank holds, :meth:`~.run.DistributedExecutor.gather_updated`)
+    beside the same steps of the unmodified model in this process.  Returns per case
+    ``params_rel_diff`` (the largest relative difference, over ranks and steps, of any parameter
+    a rank holds — the whole where it is kept whole, its piece where in pieces — and of every
+    whole a sharding level keeps after the updated pieces are gathered) and ``loss_rel_diff``."""
+    out = []
+    for case in cases:
+        model, inputs, graph = load_case(case["model"], float64=True, dropout=False, rt=rt)
+        reference = copy.deepcopy(model)
+        ex = apply_plan_distributed(model, inputs, Plan.from_dict(case["plan"]), rt, graph=graph)
+        call = ModelCall.of(inputs)
+        args = call.tensors_for(reference)     # the executor takes the graph's inputs in the graph's order
+        opt = make_optimizer(optimizer, list(ex.local_parameters.values()), lr=lr) if ex.local_parameters else None
+        ref_opt = make_optimizer(optimizer, list(reference.parameters()), lr=lr)
+        worst, loss_worst = 0.0, 0.0
+        for _ in range(steps):
+            loss = ex.step(*args)
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            ex.gather_updated()
+            ref_loss = training_loss(call.run(reference))
+            ref_loss.backward()
+            ref_opt.step()
+            ref_opt.zero_grad(set_to_none=True)
+            ran, expected = float(loss.detach()), float(ref_loss.detach())
+            loss_worst = max(loss_worst, abs(ran - expected) / max(abs(expected), 1e-12))
+            ref = dict(reference.named_parameters())
+            mine = dict(ex.local_parameters)
+            # the wholes levels 1-2 keep (gathered after the step), beside the pieces the optimizer steps
+            mine.update({f"{name} (whole)": held.param for name, held in ex.zero.held.items()
+                         if not held.level.shards("parameters")})
+            for name, p in mine.items():
+                base = name.removesuffix(" (whole)")
+                want = ref[base].detach() if name.endswith(" (whole)") else ex.piece_of(base, ref[base].detach())
+                diff = (p.detach() - want).abs().max().item() if want.numel() else 0.0
+                worst = max(worst, diff / max(want.abs().max().item(), 1e-12))
+        every: list[Any] = [None] * rt.world_size
+        dist.all_gather_object(every, (worst, loss_worst))
+        out.append({"params_rel_diff": max(w for w, _ in every), "loss_rel_diff": max(lw for _, lw in every),
+                    "sharded": dict(ex.sharded)})
+    return out
+
+
+def held_bytes(rt: Runtime, model_spec: str, plan: Mapping[str, Any], optimizer: str = DEFAULT_OPTIMIZER,
+               memory: bool = True) -> dict[str, Any]:
+    """What each rank holds of ``plan`` (a plan of the spec's float32 capture) after one training
+    step's optimizer step, counted from the tensors themselves (every storage once):
+    ``parameters`` (the model's parameter objects and the pieces the optimizer steps),
+    ``gradients`` (their ``.grad`` and the flat gradient buffers), ``optimizer`` (the optimizer's
+    state tensors with as many elements as their parameter: Adam's moments, not its step counts);
+    with ``memory``, ``peak`` — the MemTracker peak of a second step (:func:`measure_plan`'s).
+    Returns them by rank."""
+    model, inputs, graph = load_case(model_spec, rt=rt)
+    ex = apply_plan_distributed(model, inputs, Plan.from_dict(plan), rt, graph=graph)
+    params = list(ex.local_parameters.values())
+    opt = make_optimizer(optimizer, params) if params else None
+    ex.step(*inputs)
+    if opt is not None:
+        opt.step()
+
+    def total(tensors: Sequence[torch.Tensor | None]) -> int:
+        seen: dict[int, int] = {}
+        for t in tensors:
+            if t is not None and t.numel():
+                st = t.untyped_storage()
+                seen[st.data_ptr()] = st.nbytes()
+        return sum(seen.values())
+
+    held = [*model.parameters(), *params]
+    counts = {"parameters": total(held),
+              "gradients": total([p.grad for p in held] + list(ex.gradient_buffers)),
+              "optimizer": total([v for p in params for v in (opt.state.get(p, {}).values() if opt else ())
+                                  if isinstance(v, torch.Tensor) and v.numel() == p.numel() and v.dim() > 0])}
+    if opt is not None:
+        opt.zero_grad(set_to_none=True)
+    if memory:
+        counts["peak"] = _tracked_peak(ex, model, opt, inputs, torch.device(rt.device))
+    every: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(every, counts)
+    return {"by_rank": every, "sharded": dict(ex.sharded)}
 
 
 def check_as_run(rt: Runtime, cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

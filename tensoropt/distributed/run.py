@@ -20,6 +20,11 @@ runs one forward + :func:`~tensoropt.measure.step.training_loss` + backward on t
 - a weight every reader cuts the same way (channel / reduce splits) is kept in pieces: each
   rank holds only its slice (:func:`.program.parameter_pieces`), its gradient is that slice's
   and nothing is summed;
+- a parameter a sharding level cuts (ZeRO-1/2/3, :mod:`.zero`) is kept as the rank's piece —
+  of its optimizer state, its gradient (reduce-scattered, not summed) and, at level 3, of itself
+  between uses (all-gathered before its reader's forward and again before its backward); the
+  optimizer steps the piece, and the updated pieces are all-gathered where the whole is kept
+  (:meth:`DistributedExecutor.gather_updated`);
 - a rank keeps only the parameters and buffers its nodes read (the others are emptied), so its
   memory is what the plan gives its devices.
 
@@ -68,7 +73,9 @@ from ..execute.check import (
 from ..execute.dropout import dropout_off
 from ..execute.randomness import KeyedRandomMode, derive_seed, draw_seed
 from ..execute.rewrite import rewrite, write_back
+from ..execute.sharding import ShardedParameter, flat_piece, sharded_parameters
 from ..graph import OpGraph
+from ..layouts import Shard
 from ..measure.step import _float_tensors, training_loss
 from ..plan import Plan
 from .program import Collective, Move, Piece, Program, build_program, is_move, marker, node_arg, parameter_pieces
@@ -86,6 +93,7 @@ from .transport import (
     reduce_scatter_with_grad,
     send_with_grad,
 )
+from .zero import SHARD_TAG, Zero
 
 _GRAD_TAG = 1 << 20  # backward messages' tags, apart from the forward ones
 _COLLECTIVE_TAG = 1 << 21   # collectives run as messages: 4 tags each (forward, backward, header)
@@ -150,7 +158,8 @@ class DistributedExecutor:
         self._quiet = {n.name: n for n in dropout_off(rewritten.module).graph.nodes}
         self._sources = rewritten.sources
         self._base_seed = self._agree_seed() if any(kind == "seed" for kind, _ in self._sources) else 0
-        self._prepare_state(release_unused)
+        self._prepare_state(graph, release_unused)
+        self.zero.place(self._nodes, self.program)
         self._plan_shortcuts()
         self._plan_frees()
         self._plan_early_sends()
@@ -163,10 +172,18 @@ class DistributedExecutor:
         self._buckets_made = False
 
     # ---- set-up ------------------------------------------------------------------------------
-    def _prepare_state(self, release_unused: bool) -> None:
+    def _prepare_state(self, graph: OpGraph, release_unused: bool) -> None:
         """Which ranks read each parameter / buffer (by object: a tied weight may have two
-        placeholders), keep this rank's on its device, empty the others."""
+        placeholders), keep this rank's on its device (only its pieces of a sharded one), empty
+        the others."""
         by_ph, readers = self._readers()
+        #: this rank's pieces of the parameters the plan's sharding levels cut (:mod:`.zero`)
+        self.zero = Zero(self.rt.rank)
+        specs = sharded_parameters(graph, self.plan)
+        #: parameter name -> (level, ranks in mesh order) for every sharded parameter; the same on every rank
+        self.sharded: dict[str, tuple[int, tuple[int, ...]]] = {}
+        #: the parameters whose gradients the flat buffers sum: level 1's whole, not its piece
+        self._bucket_params: dict[str, nn.Parameter] = {}
         canonical = {id(p): name for name, p in self.model.named_parameters()}   # tied: the first name
         self.parameter_ranks: dict[str, frozenset[int]] = {}
         self.local_parameters: dict[str, nn.Parameter] = {}
@@ -187,6 +204,9 @@ class DistributedExecutor:
             first = canonical.get(id(t), read.names[0])
             if kind == "parameter":
                 self.parameter_ranks[first] = frozenset(read.ranks)
+                spec = next((specs[n] for n in read.names if n in specs), None)
+                if spec is not None and self._keep_shard(spec, first, t, read):
+                    continue
                 if self._keep_piece(first, t, read):
                     continue
             self._keep_or_release(kind, first, mod, attr, t, read, release_unused)
@@ -207,6 +227,29 @@ class DistributedExecutor:
                 read.names.append(what)
                 read.placeholders.append(ph.name)
         return by_ph, readers
+
+    def _keep_shard(self, spec: ShardedParameter, name: str, t: nn.Parameter, read: _Readers) -> bool:
+        """Keep this rank's piece of a parameter a sharding level cuts (:mod:`.zero`) where the
+        ranks that read it are its mesh's, one plan device each; else a note, and it is kept as at
+        level 0.  Whether it is sharded."""
+        ranks = tuple(self.rank_of[d] for d in spec.devices)
+        if not t.requires_grad or len(set(ranks)) != len(ranks) or set(ranks) != set(read.ranks):
+            why = ("two of its devices are one rank" if len(set(ranks)) != len(ranks) else
+                   "it is not trainable" if not t.requires_grad else
+                   f"it is read on ranks {sorted(read.ranks)}, its mesh is on {sorted(set(ranks))}")
+            self.fallbacks.append(f"{name}: sharding level {int(spec.level)} kept whole ({why})")
+            return False
+        index = len(self.sharded)
+        self.sharded[name] = (int(spec.level), ranks)
+        if self.rt.rank in ranks:
+            held = self.zero.keep(spec, name, ranks, t, read.placeholders, SHARD_TAG + 8 * index,
+                                  torch.device(self.rt.device))
+            self.local_parameters[name] = held.piece
+            if spec.level == Shard.OPTIMIZER:
+                self._bucket_params[name] = t
+        else:
+            t.data = torch.empty(0, dtype=t.dtype, device=torch.device(self.rt.device))
+        return True
 
     def _keep_piece(self, name: str, t: nn.Parameter, read: _Readers) -> bool:
         """Keep only this rank's piece of parameter ``name`` when every reader cuts it the same
@@ -263,9 +306,17 @@ class DistributedExecutor:
 
     def piece_of(self, name: str, full: torch.Tensor) -> torch.Tensor:
         """What this rank holds of parameter ``name`` when ``full`` is the whole of it (its piece
-        for a parameter kept in pieces, else ``full``): to compare with a reference model."""
+        for a parameter kept in pieces — a sharded one's flat piece — else ``full``): to compare
+        with a reference model."""
+        held = self.zero.held.get(name)
+        if held is not None:
+            return flat_piece(full, held.spec, held.index)
         piece = self.parameter_pieces.get(name, {}).get(self.rt.rank)
         return full if piece is None else torch.tensor_split(full, piece.k, piece.dim)[piece.index]
+
+    def _bucket_param(self, name: str) -> nn.Parameter:
+        """The parameter object whose gradient a flat buffer holds (level 1's whole, not its piece)."""
+        return self._bucket_params.get(name, self.local_parameters[name])
 
     def _runs_here(self, n: fx.Node) -> bool:
         r = self.program.rank_of_node.get(n.name)
@@ -348,11 +399,15 @@ class DistributedExecutor:
         """One process group per set of ranks that share parameters or run a collective (every
         rank creates every group, in the same order, as torch.distributed requires)."""
         world = frozenset(range(self.rt.world_size))
-        shared = {k: r for k, r in self.parameter_ranks.items() if k not in self.parameter_pieces}
-        wanted = {r for r in shared.values() if len(r) > 1} | {frozenset(c.ranks) for c in self.program.collectives}
+        # a parameter kept in pieces, or sharded with its gradients, has no gradient to sum
+        shared = {k: r for k, r in self.parameter_ranks.items() if k not in self.parameter_pieces
+                  and self.sharded.get(k, (0,))[0] < Shard.GRADIENTS}
+        wanted = {r for r in shared.values() if len(r) > 1} | {frozenset(c.ranks) for c in self.program.collectives} \
+            | {frozenset(ranks) for _, ranks in self.sharded.values()}
         self._process_groups: dict[frozenset[int], Any] = {}
         for ranks in sorted(wanted, key=lambda s: sorted(s)):
             self._process_groups[ranks] = None if ranks == world else dist.new_group(sorted(ranks))
+        self.zero.connect(self._process_groups)
         self._groups: list[tuple[frozenset[int], Channel, list[str]]] = []
         for i, ranks in enumerate(sorted({r for r in shared.values() if len(r) > 1}, key=lambda s: sorted(s))):
             names = [k for k, v in shared.items() if v == ranks]
@@ -378,6 +433,7 @@ class DistributedExecutor:
 
     def _forward(self, *inputs: Any) -> torch.Tensor | None:
         dev = torch.device(self.rt.device)
+        self.zero.gather_updated(self.link)   # levels 1-2: the pieces the optimizer stepped, if not yet
         leaves = [x for x in tree_flatten(inputs)[0] if isinstance(x, torch.Tensor)]
         params = dict(self.model.named_parameters(remove_duplicate=False))
         buffers = dict(self.model.named_buffers(remove_duplicate=False))
@@ -397,7 +453,10 @@ class DistributedExecutor:
             if n.op == "output":
                 out_values = self._outputs(n, env)
                 break
-            if not self._step_node(n, env, params, dev, sent):
+            self.zero.before(n.name, env, self.link, self._anchor, self._roots)
+            ran = self._step_node(n, env, params, dev, sent)
+            self.zero.after(n.name, env, self.link, self._anchor, self._roots)
+            if not ran:
                 continue
             for dead in self._free_after.get(n.name, ()):
                 env.pop(dead, None)
@@ -455,7 +514,8 @@ class DistributedExecutor:
         elif n.name in self._skip_here:
             return False
         elif self._runs_here(n):
-            env[n.name] = self._call(n, env, dev)
+            with self.zero.saving(n.name):
+                env[n.name] = self._call(n, env, dev)
         if n.name in env:
             self._send_early(n.name, env, sent)
         return True
@@ -572,6 +632,7 @@ class DistributedExecutor:
         if me in self.program.loss_ranks and loss is None:
             raise DistributedError(f"rank {me} computes part of the loss: pass the loss forward() returned")
         roots, self._roots = self._roots, []
+        self.zero.before_backward()
         self._attach_buckets()
         tensors = ([loss] if loss is not None else []) + roots
         grads = ([None] if loss is not None else []) + [torch.empty(0, device=r.device) for r in roots]
@@ -604,7 +665,7 @@ class DistributedExecutor:
         me = weakref.ref(self)   # the hooks stay on the model's parameters: they must not keep this alive
         self._bucket_views = []
         for ranks, group, names in self._groups:
-            params = [self.local_parameters[k] for k in names if k in self.local_parameters]
+            params = [self._bucket_param(k) for k in names if k in self.local_parameters]
             by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
             for p in params:
                 if p.requires_grad:
@@ -644,6 +705,13 @@ class DistributedExecutor:
         self._unfilled = set()
         for ranks, group, flat in self._buckets:
             self.link.all_reduce(flat, group, f"summing the gradients shared by ranks {sorted(ranks)}")
+        self.zero.after_sync()
+
+    def gather_updated(self) -> None:
+        """After the optimizer step: the sharded parameters' updated pieces (levels 1-2) all-gathered
+        into the whole every rank of the mesh reads (:meth:`.zero.Zero.gather_updated`; else done
+        at the next forward's start)."""
+        self.zero.gather_updated(self.link)
 
     def step(self, *inputs: Any) -> torch.Tensor:
         """forward + backward (+ gradient sums); returns the whole loss (detached) on every rank:

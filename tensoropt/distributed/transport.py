@@ -197,6 +197,62 @@ class PeerLink:
         got = self._exchange(blocks, chan, what, self._buffers([blocks[me].shape] * len(blocks), blocks[me].dtype, me))
         return _sum_in_order(got, me)
 
+    def gather_flat(self, x: torch.Tensor, sizes: Sequence[int], chan: Channel, what: str,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """The members' 1-D pieces (member ``g``'s of ``sizes[g]`` elements, this rank's ``x``)
+        joined in member order into ``out`` (a new 1-D tensor when ``None``; this rank's place
+        in it may already hold ``x``): an all-gather.  As messages, every piece is received
+        straight into its place (no staging); natively, gathered padded and then copied.  This
+        rank's sends are finished before it returns (``x`` is the caller's again)."""
+        me = chan.members.index(self.rt.rank)
+        total = sum(sizes)
+        if out is None:
+            out = x.new_empty(total)
+        if self.native:
+            pieces = self.gather_pieces(x.reshape(-1), 0, sizes, chan, what)
+            torch.cat(pieces, out=out)
+            return out
+        views = list(out.split(list(sizes)))
+        if views[me].data_ptr() != x.data_ptr():
+            views[me].copy_(x.reshape(-1))
+        first = len(self._pending)
+        self._exchange([x.detach().reshape(-1)] * len(sizes), chan, what,
+                       [None if g == me else v for g, v in enumerate(views)])
+        self._finish_sends(first)
+        return out
+
+    def reduce_scatter_flat(self, x: torch.Tensor, sizes: Sequence[int], chan: Channel, what: str) -> torch.Tensor:
+        """Block ``g`` (of ``sizes``, in member order) of the sum over members of their 1-D
+        ``x``, for this rank's place ``g``: a reduce-scatter, the sum added in member order (the
+        same bits wherever it is computed: deterministic).  This rank's sends are finished
+        before it returns, so ``x`` (a whole gradient) can be freed at once.
+
+        gloo runs it as messages (``collectives`` ``auto`` and ``p2p``): each rank sends its
+        block ``g`` straight to member ``g`` and receives the ``k − 1`` others' blocks of its own
+        — ``(k−1)/k`` of ``x`` sent and received per rank, the volume of NCCL's ring
+        reduce-scatter, but as ``k − 1`` simultaneous messages instead of ``k − 1`` pipelined ring
+        steps (on a ring of links the messages share them), with ``k − 1`` blocks of receive
+        buffers (``(k−1)/k`` of ``x``) where NCCL stages a few chunks in place.  Natively
+        (``native``: gloo's ``reduce_scatter_tensor``, NCCL's) the blocks are padded to the
+        largest and stacked first: one more ``x``-sized copy."""
+        me = chan.members.index(self.rt.rank)
+        blocks = list(x.detach().reshape(-1).split(list(sizes)))
+        if self.native:
+            return self.scatter_blocks(blocks, 0, chan, what)
+        first = len(self._pending)
+        got = self._exchange(blocks, chan, what, self._buffers([(sizes[me],)] * len(sizes), x.dtype, me))
+        self._finish_sends(first)
+        if len(got) == 1:
+            return got[0].clone()
+        return _sum_in_order(got, me)
+
+    def _finish_sends(self, first: int) -> None:
+        """Wait for the sends queued since ``len(self._pending)`` was ``first`` (the others stay pending)."""
+        mine, self._pending = self._pending[first:], self._pending[:first]
+        for dst, work, _ in mine:
+            with self.guard("finishing a send", dst):
+                work.wait()
+
     def all_reduce_out(self, x: torch.Tensor, chan: Channel, what: str) -> torch.Tensor:
         """A new tensor: the sum over members of their ``x`` (``x`` unchanged), added in group
         order on every rank (the same bits everywhere)."""

@@ -47,6 +47,7 @@ from .dropout import dropout_off
 from .layouts import Placed, Transport
 from .randomness import KeyedRandomMode, draw_seed
 from .rewrite import Rewritten, rewrite
+from .sharding import local_notes
 
 __all__ = ["apply_plan", "PlannedModule", "default_device_map", "parse_device_map", "parse_mapping",
            "resolve_device_map",
@@ -231,7 +232,10 @@ def apply_plan(model: nn.Module, example_inputs: Any, plan: Plan, *, device_map:
     the plan's fingerprint against the graph (:class:`~tensoropt.plan.PlanError`), the device map
     and, on CUDA, the plan's estimated memory against each GPU's (:class:`ExecutionError`).
     Parameters and buffers are moved to the first device of the operator that owns them (same
-    objects, ``.data`` replaced on CUDA; nothing moves on the CPU).  The planned module runs in
+    objects, ``.data`` replaced on CUDA; nothing moves on the CPU) and kept whole, also where the
+    plan gives a node a sharding level (each rank keeps only its pieces under the distributed
+    backend: :mod:`tensoropt.distributed.zero`): the same values, and a note per such node in
+    :attr:`PlannedModule.fallbacks`.  The planned module runs in
     ``graph.precision`` (a bf16 graph's forward under autocast).  ``probe``: every forward also
     keeps each operator's whole output in :attr:`PlannedModule.probed` (for finding where two
     runs part, :func:`.check.first_difference`).  O(V + E) graph nodes times the mesh sizes.
@@ -247,8 +251,11 @@ def apply_plan(model: nn.Module, example_inputs: Any, plan: Plan, *, device_map:
     check_memory(plan, dmap)
     rewritten = rewrite(graph, plan, dmap.__getitem__, probe=probe)
     _move_to_owners(model, graph, plan, dmap)
-    return PlannedModule(model, rewritten, plan, dmap, graph.exported.call_spec.out_spec, getattr(graph, "call", None),
-                         precision=precision_of(graph))
+    planned = PlannedModule(model, rewritten, plan, dmap, graph.exported.call_spec.out_spec,
+                            getattr(graph, "call", None), precision=precision_of(graph))
+    # one process keeps every parameter whole: a sharding level saves memory per rank only
+    planned.fallbacks += local_notes(graph, plan)
+    return planned
 
 
 def _move_to_owners(model: nn.Module, graph: OpGraph, plan: Plan, dmap: Mapping[str, str]) -> None:

@@ -35,7 +35,12 @@ Per operator, in ``plan.order``, under its :class:`~tensoropt.plan.NodeConfig`:
 - a split whose shard rule is missing or whose largest shard, run on meta tensors, does not give
   the promised shape (a view with fixed sizes split by channel) runs whole on the mesh's first
   device instead, and is listed in :attr:`Rewritten.fallbacks`;
-- ``recompute``: the op runs inside ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``.
+- ``recompute``: the op runs inside ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``;
+- a sharding level (:class:`~tensoropt.layouts.Shard`) changes nothing here: every device of the
+  mesh reads the whole parameter, as at level 0.  Which pieces are kept between uses, and the
+  gathers and reduce-scatters around the uses, are the executors' (:mod:`.sharding`; per rank
+  :mod:`tensoropt.distributed.zero`; one process keeps parameters whole and says so).  Every
+  node appended while an operator is emitted names it in ``meta[OP_META]``.
 
 Owns: turning the captured graph plus a plan into a new ``torch.fx`` graph, node by node.
 Must not: run anything but meta-tensor shape checks, choose a plan or a layout (the plan says),
@@ -72,6 +77,13 @@ _BATCH_NORMS = {"batch_norm", "native_batch_norm", "_native_batch_norm_legit", "
 _BIAS_AT_2 = {"linear", "conv1d", "conv2d", "conv3d", "convolution", "conv_transpose1d", "conv_transpose2d",
               "conv_transpose3d"}
 _BETA = {"addmm", "baddbmm", "addbmm"}
+
+
+#: the meta key of a rewritten node naming the operator of the capture it was emitted for (set on
+#: the nodes appended while that operator was emitted: its parts, moves, gathers; a piece cut right
+#: after its producer is inserted there and keeps no name): how the distributed backend finds a
+#: parameter's readers (:mod:`tensoropt.distributed.zero`)
+OP_META = "tensoropt_op"
 
 
 @dataclass
@@ -175,11 +187,6 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
     ctx = _Emitter(graph, plan, new, transport, inputs.values, inputs.lifted, inputs.batch_syms, device_of, keys,
                    seed)
     _emit_in_order(ctx, gm, plan)
-    # the executors hold parameters whole: a sharding level runs as plain data parallelism (the
-    # same values; more memory than the plan model counts for it)
-    ctx.fallbacks += [f"{name}: sharding level {int(cfg.shard)} runs unsharded (the executors do not shard "
-                      "parameters yet): the same values, the parameters' whole memory on every device"
-                      for name, cfg in plan.configs.items() if cfg.shard]
     outs = _outputs(new, graph, ep, gm, transport, inputs.values, loss_terms)
     probes = [name for name in plan.order if name in graph.nodes and graph.nodes[name].kind == "op"
               and name in inputs.values and len(graph.nodes[name].outputs) == 1
@@ -250,7 +257,13 @@ def _emit_in_order(ctx: _Emitter, gm: fx.GraphModule, plan: Plan) -> None:
             ctx.values[name] = ctx.values[tuple_of.name].element(
                 index, lambda part, i: ctx.new.call_function(operator.getitem, (part, i)))
             continue
+        root = ctx.new._root
+        last = root.prev   # every node from here on is this operator's (moves and cuts included)
         ctx.values[name] = ctx.emit(n)
+        node = last.next
+        while node is not root:
+            node.meta.setdefault(OP_META, name)
+            node = node.next
 
 
 def _outputs(new: fx.Graph, graph: OpGraph, ep: ExportedProgram, gm: fx.GraphModule, transport: Transport,
