@@ -13,7 +13,7 @@ from pathlib import Path
 import tensoropt
 from tensoropt import NodeConfig, Plan
 from tensoropt.distributed import launch
-from tensoropt.distributed.jobs import check_as_run, held_bytes, load_case, train_like_model
+from tensoropt.distributed.jobs import check_as_run, check_plans, held_bytes, load_case, train_like_model
 from tensoropt.plan import shardable
 from tensoropt.planmodel.walk import plan_memory
 
@@ -147,3 +147,23 @@ def test_tensoropt_run_trains_a_mixed_sharded_plan_on_two_processes(tmp_path):
     assert "PASSED" in text and "2 training steps" in text, text
     assert f"{GPT2_SHARDABLE - 4} parameters sharded (ZeRO levels 3)" in text
     assert "unsharded" not in text and "ran whole" not in text
+
+
+def test_sharding_levels_on_a_mesh_in_another_rank_order_natively_and_recomputed():
+    # the odd MLP (uneven pieces) at each level: its mesh on ranks (1, 0) — piece 0 on rank 1,
+    # not the process group's order — and with torch.distributed's own collectives; a recomputed
+    # ZeRO-3 layer too.  Exact gradients and one SGD step on each rank's pieces
+    _, _, graph = load_case(ODD, float64=True, dropout=False)
+    cases = []
+    for level in (1, 2, 3):
+        plan = plan_for(graph, level).to_dict()
+        cases += [{"model": ODD, "plan": plan, "rank_map": {"gpu0": 1, "gpu1": 0}},
+                  {"model": ODD, "plan": plan, "collectives": "native"}]
+    recomputed = Plan({n.name: NodeConfig(MESH, "batch", recompute=bool(n.params), shard=3 if n.params else 0)
+                       for n in graph.ops}, graph_fingerprint=graph.fingerprint)
+    cases.append({"model": ODD, "plan": recomputed.to_dict()})
+    results = launch(check_plans, 2, {"cases": cases}, timeout_s=60)[0]
+    for case, r in zip(cases, results):
+        assert r["passed"] and r["params_rel_diff"] < 1e-12, (case.get("rank_map"), r["failures"])
+        assert len(r["sharded"]) == 6
+    assert {tuple(r["sharded"]["0.weight"][1]) for r in results[0:6:2]} == {(1, 0)}
