@@ -18,6 +18,7 @@ import torch
 #: models, the compiled evaluator's captured models.
 XDIST_GROUPS = (
     ("tests/distributed/", "ports"),
+    ("tests/export/", "ports"),
     ("tests/cluster/test_bench.py", "ports"),
     ("tests/dashboard/test_browser.py", "ports"),
     ("tests/notebooks/", "ports"),

@@ -17,7 +17,7 @@ LAYERS = [
     {"devicemodel"},                           # operators priced on a device kind; costs meet a cluster
     {"planmodel"},                             # what a plan costs
     {"frontier", "placers"},                   # search
-    {"execute", "distributed"},                # a plan run: one process, or one per rank
+    {"execute", "distributed", "export"},      # a plan run: one process, one per rank, or a torchrun directory
     {"compare", "workflow"},                   # one request, every stage
     {"cli", "dashboard", "__init__"},          # surfaces (and every package's __main__, a program entry)
 ]

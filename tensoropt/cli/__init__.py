@@ -25,7 +25,7 @@ from ..errors import TensorOptError
 
 # one module per command group, each with ``register(subparsers)``; listed in help order
 COMMAND_MODULES = ("zoo", "graph", "profile", "cluster", "bench_links", "calibrate", "frontier", "place", "simulate",
-                   "compare", "app", "run")
+                   "compare", "app", "run", "export")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,102 @@
+"""Which PyTorch API each plan becomes (tensoropt.export.expressible), without running it: the
+path, the modules fully_shard and checkpoint take, the operators that need the executor and
+why, the launch shape on a two-host cluster, and the optimizer written into train.py."""
+
+import pytest
+import torch
+
+import tensoropt
+from tensoropt.errors import TensorOptError
+from tensoropt.export import express, launch_shape
+from tensoropt.export.render import OPTIMIZER_CODE
+from tensoropt.measure.step import make_optimizer
+
+from .plans import SPEC, block_ops, graph_of, make_plan
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    model_spec = tensoropt.load_model(SPEC)
+    return model_spec.model, model_spec.call, graph_of()
+
+
+def expr_of(loaded, **kw):
+    model, call, graph = loaded
+    plan = make_plan(graph, **kw)
+    plan.check(graph)
+    return express(plan, graph, model, call)
+
+
+def test_data_parallel_is_ddp_with_the_batch_cut_along_the_input(loaded):
+    e = expr_of(loaded)
+    assert (e.path, e.world_size, e.input_batch_dims, e.executor_ops) == ("ddp", 2, (0,), ())
+    assert not e.fsdp_modules and not e.checkpoint_modules
+
+
+def test_zero3_per_module_with_block_recompute_is_fsdp2_and_checkpoint_on_the_blocks(loaded):
+    e = expr_of(loaded, levels={"": 3}, recompute=block_ops(loaded[2]))
+    assert e.path == "fsdp"
+    # every module owning parameters it may shard, resharded after forward (ZeRO-3); not the tied heads
+    assert e.fsdp_modules == {"stem": True, "blocks.0.0": True, "blocks.1.0": True}
+    # the blocks themselves, not their ModuleList (which is never called: no recompute there)
+    assert e.checkpoint_modules == ("blocks.0", "blocks.1")
+    assert set(e.replicated_params) == {"head.weight", "head.bias", "side.bias"}
+
+
+def test_zero2_on_some_modules_keeps_the_others_whole(loaded):
+    e = expr_of(loaded, levels={"stem": 2, "blocks": 2})
+    assert e.path == "fsdp"
+    assert e.fsdp_modules == {"stem": False, "blocks.0.0": False, "blocks.1.0": False}
+    assert set(e.replicated_params) == {"head.weight", "head.bias", "side.bias"}
+
+
+def test_zero1_is_ddp_with_zero_redundancy_optimizer(loaded):
+    e = expr_of(loaded, levels={"": 1})
+    assert e.path == "zero1" and not e.fsdp_modules
+
+
+def test_a_split_plan_runs_on_the_executor_naming_its_operators(loaded):
+    e = expr_of(loaded, layouts={"linear": "channel", "linear_1": "reduce"})
+    assert e.path == "executor"
+    assert [(name, why.split(" (")[0].split(",")[0]) for name, _, why in e.executor_ops] == [
+        ("linear", "cut over 2 devices by its output channels"),
+        ("linear_1", "cut over 2 devices by its input features")]
+
+
+def test_an_operator_on_one_device_of_two_needs_the_executor(loaded):
+    e = expr_of(loaded, devices={"tanh": ("gpu1",)})
+    assert e.path == "executor"
+    assert [n for n, _, _ in e.executor_ops] == ["tanh"]
+    assert "placed on gpu1" in e.executor_ops[0][2]
+
+
+def test_recompute_that_does_not_follow_modules_needs_the_executor(loaded):
+    # the residual add belongs to the model itself, whose other operators are not recomputed
+    e = expr_of(loaded, recompute={"add"})
+    assert e.path == "executor"
+    assert [n for n, _, _ in e.executor_ops] == ["add"]
+    assert "not recomputed whole" in e.executor_ops[0][2]
+
+
+def test_launch_shape_groups_devices_by_host(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("name: two-hosts\ndevices:\n" + "".join(
+        f"  - {{name: g{i}, memory: 16GiB, host: {'ab'[i // 2]}}}\n" for i in range(4)))
+    graph = graph_of()
+    plan = make_plan(graph, devices={n.name: ("g2", "g0", "g3", "g1") for n in graph.ops})
+    shape = launch_shape(plan, tensoropt.load_cluster(str(y)))
+    assert (shape.nnodes, shape.nproc_per_node, shape.devices, shape.hosts) == (2, 2, ("g0", "g1", "g2", "g3"),
+                                                                                  ("a", "b"))
+    assert shape.torchrun().startswith("torchrun --nnodes 2 --nproc-per-node 2 --node-rank NODE_RANK")
+    uneven = make_plan(graph, devices={n.name: ("g0", "g1", "g2") for n in graph.ops})
+    with pytest.raises(TensorOptError, match="same number of ranks on every host"):
+        launch_shape(uneven, tensoropt.load_cluster(str(y)))
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZER_CODE))
+def test_the_optimizer_in_train_py_is_the_one_tensoropt_trains_with(name):
+    cls, options = OPTIMIZER_CODE[name]
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    ours = make_optimizer(name, p, lr=0.1)
+    theirs = eval(cls)(p, lr=0.1, **options)      # noqa: S307 - the class path written into train.py
+    assert type(ours) is type(theirs) and ours.defaults == theirs.defaults
