@@ -30,7 +30,7 @@ import tensoropt
 CASES = {
     "gpt2-12": [("zoo:gpt2?layers=12", "preset:v100-8-nvlink", None)],
     "wrn": [("zoo:wide_resnet", "preset:titan-rtx-5", "gpu0,gpu1,gpu2")],
-    "amoebanet": [("zoo:amoebanet", "preset:v100-8-nvlink", None)],
+    "amoebanet": [("zoo:amoebanet_d", "preset:v100-8-nvlink", None)],
     "scale": [(f"zoo:gpt2?layers={layers}&hidden=256&heads=4&batch=64&seq_len=128",
                f"preset:h100-hosts?hosts={hosts}", None)
               for layers in (12, 24, 48) for hosts in (1, 2, 4, 8, 32)],
