@@ -326,7 +326,7 @@ def check_on_two_ranks(row: Row, name: str, plans: list) -> None:
     from tensoropt.distributed.jobs import check_as_run
 
     cases = [{"model": f"{FACTORY_FILE}:{name}", "plan": plan.to_dict()} for plan in plans]
-    results = launch(check_as_run, 2, {"cases": cases}, timeout_s=300.0)[0]
+    results = launch(check_as_run, 2, {"cases": cases}, timeout_s=max(300.0, 60.0 * len(cases)))[0]
     row.dist_checked = len(results)
     for plan, r in zip(plans, results):
         if r["passed"]:
