@@ -57,8 +57,8 @@ def main() -> int:
     ap.add_argument("--limit-s", type=float, default=600.0, help="skip repeats of a case slower than this")
     ap.add_argument("--max-walks", type=int, default=None, help="plans evaluated per mesh (default: the library's)")
     args = ap.parse_args()
-    print("| case | model | cluster | devices | ops | profile s | frontier s (median) | CPU s (median) | runs | points | "
-          "meshes | min memory | min time |")
+    print("| case | model | cluster | devices | ops | profile s | frontier s (median) | CPU s (median) | runs | "
+          "points | meshes | min memory | min time |")
     print("|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
