@@ -41,7 +41,7 @@ from tensoropt.workflow import read_cluster
 from . import figures, plangraph, prices
 from .clientside import VIEW_JS
 from .commands import plan_filename, run_commands
-from .layout import COSTS_CHOICES, DEFAULT_EPOCH, split_zoo_spec, zoo_default_params, zoo_spec
+from .layout import COSTS_CHOICES, DEFAULT_EPOCH, initial_controls, split_zoo_spec, zoo_default_params, zoo_spec
 from .pipeline import DETECTED, Request, ResultStore, run_request
 from .uploads import accept_upload
 
@@ -200,6 +200,17 @@ def request_from_controls(source: str, zoo_name: str | None, zoo_params: str | N
                    warmup=int(warmup or 0), algos=algos,
                    precision=None if precision in (None, "", "fp32") else precision,
                    **costs_fields(costs, profile_path, calibration_path))
+
+
+def first_request(default_model: str, default_cluster: str, repeats: int, warmup: int, *,
+                  algos: tuple[str, ...] | None) -> Request:
+    """The request the page runs when it opens with no link (:func:`request_from_controls` of the
+    controls as :func:`~.layout.initial_controls` sets them: every device of the cluster, the default
+    optimizer, fp32, times from ``auto``): what ``tensoropt app`` starts computing with the server."""
+    c = initial_controls(default_model, default_cluster)
+    return request_from_controls(c["model_source"], c["zoo_name"], c["zoo_params"], c["model_spec"], None, None, None,
+                                 c["cluster_source"], c["cluster_preset"], c["cluster_path"], [], DEFAULT_OPTIMIZER,
+                                 repeats, warmup, "auto", None, "fp32", algos=algos)
 
 
 #: what the run button's background job reports: (done, total, text, the frontier's key once ready)
@@ -847,5 +858,6 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
 
 
 __all__ = ["register_callbacks", "cluster_spec", "model_spec", "costs_fields", "gib_bytes", "reserve_bytes",
-           "plan_verdict", "frontier_view", "summary_lines", "page_data", "request_from_controls", "run_controls",
+           "plan_verdict", "frontier_view", "summary_lines", "page_data", "request_from_controls", "first_request",
+           "run_controls",
            "source_banner", "url_state", "apply_url", "plan_commands", "URL_KEYS"]

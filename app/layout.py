@@ -20,6 +20,7 @@ from dash.dash_table.DataTable import DataTable
 from tensoropt import zoo
 from tensoropt.cluster import list_presets
 from tensoropt.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
+from tensoropt.workflow import DETECTED
 
 from .figures import GPU_PRESETS_GIB
 
@@ -60,19 +61,36 @@ def zoo_spec(name: str, params: str | None) -> str:
     return f"zoo:{name}" + (f"?{query}" if query else "")
 
 
-def _model_box(default_model: str) -> html.Div:
-    """Model: zoo / uploaded ONNX / spec, the zoo parameters, the uploads, the batch size."""
-    zoo_name, zoo_params = split_zoo_spec(default_model) if default_model.startswith("zoo:") else ("gpt2", "")
+def initial_controls(default_model: str, default_cluster: str) -> dict[str, Any]:
+    """The model and cluster controls' values when the page opens on ``default_model`` and
+    ``default_cluster`` (the server's defaults): ``model_source``, ``zoo_name``, ``zoo_params``,
+    ``model_spec``, ``cluster_source``, ``cluster_preset`` and ``cluster_path``.  A zoo model fills
+    the zoo controls, any other spec the spec box; a preset the preset list, ``detected`` the
+    machine's GPUs, any other cluster (a file) stands as the uploaded cluster."""
+    zoo_model = default_model.startswith("zoo:")
+    zoo_name, zoo_params = split_zoo_spec(default_model) if zoo_model else ("gpt2", "")
+    preset = default_cluster[len("preset:"):] if default_cluster.startswith("preset:") else list_presets()[0]
+    source = ("preset" if default_cluster.startswith("preset:") else "detected" if default_cluster == DETECTED
+              else "upload")
+    return {"model_source": "zoo" if zoo_model else "spec", "zoo_name": zoo_name, "zoo_params": zoo_params,
+            "model_spec": "" if zoo_model else default_model, "cluster_source": source, "cluster_preset": preset,
+            "cluster_path": default_cluster if source == "upload" else None}
+
+
+def _model_box(start: dict[str, Any]) -> html.Div:
+    """Model: zoo / uploaded ONNX / spec, the zoo parameters, the uploads, the batch size (``start``:
+    :func:`initial_controls`)."""
+    zoo_name, zoo_params = start["zoo_name"], start["zoo_params"]
     return html.Div(style=_BOX, children=[
         html.Span("Model", style=_LABEL),
-        dcc.RadioItems(id="model-source", value="zoo" if default_model.startswith("zoo:") else "spec",
+        dcc.RadioItems(id="model-source", value=start["model_source"],
                        options=[{"label": " zoo", "value": "zoo"}, {"label": " uploaded ONNX", "value": "onnx"},
                                 {"label": " spec", "value": "spec"}],
                        inline=True),
         dcc.Dropdown(id="zoo-name", options=list(zoo.ZOO), value=zoo_name, clearable=False),
         dcc.Input(id="zoo-params", value=zoo_params, debounce=True, style={"width": "100%"},
                   placeholder="parameters, e.g. layers=2&seq_len=128 (tiny=1 for the test size)"),
-        dcc.Input(id="model-spec", value="" if default_model.startswith("zoo:") else default_model,
+        dcc.Input(id="model-spec", value=start["model_spec"],
                   debounce=True, style={"width": "100%", "marginTop": "4px"},
                   placeholder="or a spec: zoo:NAME?k=v, file.py:factory"),
         dcc.Upload(id="onnx-upload", children=html.Div("drop or click: an ONNX file"), style=_UPLOAD,
@@ -87,12 +105,13 @@ def _model_box(default_model: str) -> html.Div:
     ])
 
 
-def _cluster_box(default_cluster: str, repeats: int, warmup: int) -> html.Div:
-    """Cluster: preset / uploaded / detected, the devices to use, the optimizer, profiling repeats."""
-    preset = default_cluster[len("preset:"):] if default_cluster.startswith("preset:") else list_presets()[0]
+def _cluster_box(start: dict[str, Any], repeats: int, warmup: int) -> html.Div:
+    """Cluster: preset / uploaded / detected, the devices to use, the optimizer, profiling repeats
+    (``start``: :func:`initial_controls`)."""
+    preset = start["cluster_preset"]
     return html.Div(style=_BOX, children=[
         html.Span("Cluster", style=_LABEL),
-        dcc.RadioItems(id="cluster-source", value="preset", inline=True,
+        dcc.RadioItems(id="cluster-source", value=start["cluster_source"], inline=True,
                        options=[{"label": " preset", "value": "preset"},
                                 {"label": " uploaded YAML", "value": "upload"},
                                 {"label": " this machine's GPUs", "value": "detected"}]),
@@ -183,10 +202,11 @@ def _price_box() -> html.Div:
     ])
 
 
-def _stores() -> list[Any]:
-    """The page's state: uploaded paths, the result keys, the selected and compared plans, what the
-    server hands the page's script, the URL's state waiting for its result, the plan graph's state."""
-    return [dcc.Store(id="onnx-path"), dcc.Store(id="profile-path"), dcc.Store(id="cluster-path"),
+def _stores(cluster_path: str | None) -> list[Any]:
+    """The page's state: uploaded paths (``cluster_path``: the server's default cluster file), the
+    result keys, the selected and compared plans, what the server hands the page's script, the URL's
+    state waiting for its result, the plan graph's state."""
+    return [dcc.Store(id="onnx-path"), dcc.Store(id="profile-path"), dcc.Store(id="cluster-path", data=cluster_path),
             dcc.Store(id="calibration-path"), dcc.Store(id="result-key"), dcc.Store(id="partial-key"),
             dcc.Store(id="selected-plan"), dcc.Store(id="frontier-base"), dcc.Store(id="page-data"),
             dcc.Store(id="url-ready"), dcc.Store(id="url-plan"), dcc.Store(id="url-prices"),
@@ -270,15 +290,16 @@ def _plan_panel() -> html.Div:
 
 def build_layout(*, default_model: str, default_cluster: str, repeats: int, warmup: int) -> html.Div:
     """The whole page: the controls column and the results column."""
+    start = initial_controls(default_model, default_cluster)
     controls = html.Div(style={"width": "330px", "flex": "0 0 330px", "fontSize": "14px"}, children=[
         html.H3("tensoropt", style={"margin": "4px 0"}),
-        _model_box(default_model),
-        _cluster_box(default_cluster, repeats, warmup),
+        _model_box(start),
+        _cluster_box(start, repeats, warmup),
         _costs_box(),
         *_run_controls(),
         _budget_box(),
         _price_box(),
-        *_stores(),
+        *_stores(start["cluster_path"]),
     ])
     main = html.Div(style={"flex": "1", "minWidth": "0"}, children=[
         html.Div(id="result-summary", style={"fontSize": "90%"}),
@@ -294,5 +315,5 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
                     children=[controls, main])
 
 
-__all__ = ["COSTS_CHOICES", "DEFAULT_EPOCH", "GPUS_COLUMNS", "build_layout", "split_zoo_spec",
+__all__ = ["COSTS_CHOICES", "DEFAULT_EPOCH", "GPUS_COLUMNS", "build_layout", "initial_controls", "split_zoo_spec",
            "zoo_default_params", "zoo_spec"]

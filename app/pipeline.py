@@ -42,6 +42,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -290,7 +291,7 @@ def _explore(req: Request, report: workflow.Progress, folder: Path,
 
 
 def run_request(req: Request, store: ResultStore, progress: workflow.Progress | None = None,
-                on_frontier: Callable[[str], None] | None = None) -> str:
+                on_frontier: Callable[[str], None] | None = None, *, poll_s: float = 0.2) -> str:
     """Compute everything for ``req`` into its folder of ``store`` and return the key; a
     complete folder is reused as is.  The work is :func:`tensoropt.workflow.explore`'s (the same
     as ``tensoropt compare``'s for the same request: the same shard degrees, the same frontier,
@@ -301,13 +302,111 @@ def run_request(req: Request, store: ResultStore, progress: workflow.Progress | 
     ``progress(stage, done, total, message)`` is its progress, and ``on_frontier(key)`` is called
     once the frontier's files are written, before the baselines run (the page shows it then).  Bad
     input raises :class:`~tensoropt.errors.TensorOptError`; the folder is then left without
-    ``summary.json`` (incomplete, recomputed next time), never half-read."""
+    ``summary.json`` (incomplete, recomputed next time), never half-read.
+
+    One process computes a request at a time (a lock on its folder, :class:`FolderLock`): a second
+    one asking for it meanwhile — the server's start computing the default while the page opens on
+    it, two pages on one link — follows the first (its progress, every ``poll_s`` seconds, from the
+    folder's ``progress.json``; ``on_frontier`` once its frontier is written, or when it is done if
+    that came first) and returns when it is done; if the first stops without finishing (cancelled,
+    failed), the follower computes it."""
     report = progress or workflow.no_progress
     key = req.key
     if store.complete(key):
         report("done", 1, 1, "cached result")
         return key
     folder = store.folder(key)
+    with FolderLock(folder) as lock:
+        if not lock.take():
+            told = _follow(folder, lock, report, on_frontier, poll_s)
+            if store.complete(key):
+                if not told and on_frontier is not None:   # it finished between two looks
+                    on_frontier(key)
+                report("done", 1, 1, "done")
+                return key
+        (folder / "frontier-summary.json").unlink(missing_ok=True)   # a stopped run's: not this run's frontier
+        (folder / PROGRESS).unlink(missing_ok=True)
+        _compute(req, folder, _recording(folder, report), on_frontier)
+    return key
+
+
+#: the file in a result folder that says how far the process computing it is (``[stage, done, total, message]``)
+PROGRESS = "progress.json"
+
+
+class FolderLock:
+    """An exclusive lock on a result folder (``flock`` on its ``.lock`` file), held by the process
+    that computes the result; the system releases it when that process ends, however it ends.
+    Where ``fcntl`` is missing (Windows) every :meth:`take` succeeds: no two processes are kept from
+    computing the same result."""
+
+    def __init__(self, folder: Path):
+        self.fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+
+    def take(self) -> bool:
+        """Take the lock if no other process holds it; whether this one holds it now."""
+        try:
+            import fcntl
+        except ImportError:   # no flock: nothing to coordinate with
+            return True
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def __enter__(self) -> FolderLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)   # releases the lock
+
+
+def _recording(folder: Path, report: workflow.Progress, every_s: float = 0.2) -> workflow.Progress:
+    """``report``, also writing each step to the folder's :data:`PROGRESS` file for a follower (a
+    new stage at once, else at most every ``every_s`` seconds)."""
+    last: dict[str, Any] = {"at": 0.0, "stage": ""}
+
+    def progress(stage: str, done: int, total: int, message: str) -> None:
+        now = time.monotonic()
+        if stage != last["stage"] or now - last["at"] >= every_s:
+            last.update(at=now, stage=stage)
+            tmp = folder / f".{PROGRESS}.{os.getpid()}"
+            tmp.write_text(json.dumps([stage, done, total, message]), encoding="utf-8")
+            os.replace(tmp, folder / PROGRESS)
+        report(stage, done, total, message)
+    return progress
+
+
+def _follow(folder: Path, lock: FolderLock, report: workflow.Progress,
+            on_frontier: Callable[[str], None] | None, poll_s: float) -> bool:
+    """Follow the process that holds ``folder``'s lock until it lets go (its progress to ``report``,
+    ``on_frontier`` once its frontier is written); returns holding the lock, and whether
+    ``on_frontier`` was called."""
+    waited, shown, told = False, None, False
+    while not lock.take():
+        if not waited:
+            report("waiting", 0, 1, "another job computes this request (the server's start, or another page): "
+                                    "following it")
+            waited = True
+        try:
+            now = json.loads((folder / PROGRESS).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            now = None
+        if now and now != shown and now[0] != "done":
+            shown = now
+            report(str(now[0]), int(now[1]), int(now[2]), str(now[3]))
+        if not told and on_frontier is not None and (folder / "frontier-summary.json").is_file():
+            told = True
+            on_frontier(folder.name)
+        time.sleep(poll_s)
+    return told
+
+
+def _compute(req: Request, folder: Path, report: workflow.Progress,
+             on_frontier: Callable[[str], None] | None) -> None:
+    """:func:`run_request`'s work into ``folder`` (its lock held)."""
+    key = folder.name
     summary: dict[str, Any] = {}
 
     def frontier_ready(result: workflow.Exploration) -> None:
@@ -335,7 +434,6 @@ def run_request(req: Request, store: ResultStore, progress: workflow.Progress | 
     summary["total_s"] = seconds
     write_json_atomic(folder / "summary.json", summary)   # last: marks the folder complete
     report("done", 1, 1, "done")
-    return key
 
 
 class ResultStore:
@@ -465,7 +563,6 @@ def save_upload(store: ResultStore, data: bytes, suffix: str) -> Path:
     return path
 
 
-__all__ = ["Request", "ResultStore", "BaselineRow", "run_request", "split_request", "same_costs", "profiled_untimed",
-           "one_torch_thread",
-           "write_frontier", "times_source", "baseline_row",
+__all__ = ["Request", "ResultStore", "BaselineRow", "FolderLock", "PROGRESS", "run_request", "split_request",
+           "same_costs", "profiled_untimed", "one_torch_thread", "write_frontier", "times_source", "baseline_row",
            "save_upload", "default_cache_dir", "baseline_plan_id", "DEFAULT_MODEL", "DEFAULT_CLUSTER", "DETECTED"]

@@ -2,7 +2,8 @@
 
 Binds 127.0.0.1 unless ``--host`` says otherwise (the page runs models and reads uploads: do not
 expose it to a network you do not trust).  ``--model`` / ``--cluster`` set what the page computes
-when it opens (default: the README's main command, no GPU needed).
+when it opens (default: the README's main command, no GPU needed); that request starts computing
+with the server (``--lazy``: not before a page asks).
 
 It owns the ``app`` command's options and the checks before the server starts; the page is
 :mod:`tensoropt.dashboard`'s.  It must not import the dashboard at module level: every command
@@ -30,6 +31,7 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
         # app/ folder mapped to tensoropt.dashboard (pyproject package-dir) fails here.  mypy does not
         # follow the editable install's import hook and may not find the module, hence the ignores
         from tensoropt.dashboard import create_app  # type: ignore[import-not-found, unused-ignore]
+        from tensoropt.dashboard.main import precompute  # type: ignore[import-not-found, unused-ignore]
         from tensoropt.dashboard.pipeline import (  # type: ignore[import-not-found, unused-ignore]
             DEFAULT_CLUSTER,
             DEFAULT_MODEL,
@@ -39,9 +41,14 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
                              "`pip install -e .` from the repository (it ships the app/ package)") from None
 
     _check_port_free(args.host, args.port)
-    dash_app = create_app(cache_dir=args.cache_dir, default_model=args.model or DEFAULT_MODEL,
-                          default_cluster=args.cluster or DEFAULT_CLUSTER,
-                          repeats=args.repeats, algos=args.algos.split(",") if args.algos else None)
+    defaults = {"cache_dir": args.cache_dir, "default_model": args.model or DEFAULT_MODEL,
+                "default_cluster": args.cluster or DEFAULT_CLUSTER, "repeats": args.repeats,
+                "algos": args.algos.split(",") if args.algos else None}
+    if not args.lazy:
+        # the page's first run, started now (before the server's threads, and while the page's modules load):
+        # the page opened a few seconds later follows it instead of starting it
+        precompute(**defaults)
+    dash_app = create_app(**defaults)
     url = f"http://{'127.0.0.1' if args.host in ('127.0.0.1', 'localhost') else args.host}:{args.port}/"
     console.print(f"tensoropt dashboard on {escape(url)} (Ctrl+C to stop)", highlight=False)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -78,5 +85,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--algos", help="comma-separated baseline placers to compare (default: all)")
     p.add_argument("--cache-dir", help="results, uploads and job state (default: ~/.cache/tensoropt/app, or "
                                        "$TENSOROPT_APP_CACHE_DIR)")
+    p.add_argument("--lazy", action="store_true",
+                   help="compute nothing before a page asks (by default the page's first request — the --model "
+                        "on the --cluster — starts computing with the server, and the page follows it)")
     p.add_argument("--debug-app", action="store_true", help="Dash debug mode (dev tools, reloader off)")
     p.set_defaults(func=_cmd_app)

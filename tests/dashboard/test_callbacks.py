@@ -16,6 +16,7 @@ from tensoropt.dashboard import figures as F
 from tensoropt.dashboard.callbacks import (
     URL_KEYS,
     apply_url,
+    first_request,
     frontier_view,
     gib_bytes,
     page_data,
@@ -28,8 +29,8 @@ from tensoropt.dashboard.callbacks import (
     url_state,
 )
 from tensoropt.dashboard.commands import run_commands
-from tensoropt.dashboard.layout import build_layout
-from tensoropt.dashboard.pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL, save_upload
+from tensoropt.dashboard.layout import build_layout, initial_controls
+from tensoropt.dashboard.pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL, Request, save_upload
 from tensoropt.errors import TensorOptError
 from tensoropt.planmodel import simulate
 from tensoropt.planmodel.fits import fits
@@ -242,3 +243,32 @@ def test_the_plan_commands_name_the_model_the_file_and_the_devices(tiny_result):
                         f"{two['plan_id']}.json --backend dist")
     cmds, note = run_commands({"model": "/up/abc.onnx", "batch": 4, "precision": "bf16"}, "p1", 3)
     assert cmds[0].endswith("--plan p1.json --batch 4 --precision bf16 --check") and "ONNX" in note
+
+
+def test_the_first_request_is_the_default_on_every_device():
+    """What ``tensoropt app`` starts computing with the server is the request the page makes when it
+    opens: the default model and cluster, every one of v100-8-nvlink's eight GPUs, AdamW, fp32, times
+    from ``auto``, the server's profiling repeats and placers (written out here, not derived)."""
+    want = Request(model="zoo:gpt2?layers=6&hidden=256&heads=4&vocab=8192&batch=8&seq_len=128",
+                   cluster="preset:v100-8-nvlink", devices=tuple(f"gpu{i}" for i in range(8)), optimizer="adamw",
+                   repeats=3, warmup=1, algos=None, costs_from="auto")
+    assert first_request(DEFAULT_MODEL, DEFAULT_CLUSTER, 3, 1, algos=None) == want
+    assert first_request(DEFAULT_MODEL, DEFAULT_CLUSTER, 3, 1, algos=None).key == want.key
+    tiny = first_request(TINY, "preset:titan-rtx-5", 1, 0, algos=("dp",))
+    assert (tiny.model, tiny.devices, tiny.algos, tiny.repeats) == (TINY, tuple(f"gpu{i}" for i in range(5)),
+                                                                  ("dp",), 1)
+
+
+def test_a_default_cluster_file_stands_as_the_uploaded_cluster(tmp_path):
+    """``tensoropt app --cluster my.yaml``: the page opens on that file (not on the first preset), and
+    on this machine's GPUs for ``detected``."""
+    from tensoropt import load_cluster
+
+    path = tmp_path / "two.yaml"
+    load_cluster("preset:titan-rtx-5").save(path)
+    c = initial_controls(TINY, str(path))
+    assert (c["model_source"], c["model_spec"], c["cluster_source"], c["cluster_path"]) == \
+        ("spec", TINY, "upload", str(path))
+    assert first_request(TINY, str(path), 1, 0, algos=()).cluster == str(path)
+    assert initial_controls(DEFAULT_MODEL, "detected")["cluster_source"] == "detected"
+    assert initial_controls(DEFAULT_MODEL, DEFAULT_CLUSTER)["cluster_preset"] == "v100-8-nvlink"

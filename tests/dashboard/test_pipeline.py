@@ -283,3 +283,91 @@ def test_the_frontier_first_on_its_own_degrees_then_the_baselines(tmp_path, monk
     # its plan is simulated from the stored profile (degrees the frontier's profile lacked included)
     sim = simulate(store.plan(key, row["plan_id"]), store.graph(key), stored, store.cluster(key))
     assert sim.time_s == pytest.approx(want.time_s)
+
+
+def _tiny_request(**kw):
+    from .conftest import TINY
+
+    return Request(model=TINY, cluster="preset:titan-rtx-5", devices=("gpu0", "gpu1"), repeats=1, warmup=0,
+                   algos=("dp",), **kw)
+
+
+def _wait_for(cond, what, timeout=60.0):
+    import time
+
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_second_run_of_a_request_follows_the_first(tmp_path, monkeypatch):
+    """The server's start computes the default while the page asks for it: one process computes it
+    (the first, held at its first step here until the second is waiting), the second shows the
+    first's progress, is told when its frontier is ready, and returns its key — computing nothing."""
+    import multiprocessing
+    import threading
+
+    store, req = ResultStore(tmp_path), _tiny_request()
+    ctx = multiprocessing.get_context("fork")
+    go = ctx.Event()
+    first = ctx.Process(target=run_request, args=(req, store, lambda *a: go.wait(60)))
+    first.start()
+    folder = tmp_path / "results" / req.key
+    _wait_for(lambda: (folder / "progress.json").is_file(), "the first run's first step")
+
+    def computed_again(*a, **k):
+        raise AssertionError("the second run computed the request too")
+
+    monkeypatch.setattr(workflow, "explore", computed_again)   # in this process only: the first forked before
+    seen, told, out = [], [], []
+    second = threading.Thread(target=lambda: out.append(run_request(req, store, lambda *a: seen.append(a),
+                                                                    on_frontier=told.append, poll_s=0.02)))
+    second.start()
+    _wait_for(lambda: seen, "the second run waiting")
+    go.set()
+    second.join(120)
+    first.join(60)
+    assert first.exitcode == 0 and out == [req.key] and store.complete(req.key)
+    assert seen[0][0] == "waiting" and seen[-1] == ("done", 1, 1, "done")
+    assert seen[1][0] == "cluster"    # the first one's step it is held at (reading the cluster), as it wrote it
+    assert told == [req.key]
+
+
+def test_a_run_whose_first_stops_computes_it_itself(tmp_path):
+    """The process holding a request's folder dies (cancelled) before finishing: the one following it
+    takes the folder over and computes the request."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    from tensoropt.dashboard.pipeline import FolderLock
+
+    store, req = ResultStore(tmp_path), _tiny_request()
+    folder = store.folder(req.key)
+    ctx = multiprocessing.get_context("fork")
+    holding = ctx.Event()
+
+    def hold():
+        with FolderLock(folder) as lock:
+            assert lock.take()
+            holding.set()
+            time.sleep(120)
+
+    holder = ctx.Process(target=hold)
+    holder.start()
+    assert holding.wait(30)
+    seen = []
+    first_look = []
+
+    def progress(*a):
+        seen.append(a)
+        if a[0] == "waiting" and not first_look:
+            first_look.append(True)
+            os.kill(holder.pid, signal.SIGKILL)   # the holder is cancelled while this one follows
+
+    assert run_request(req, store, progress, poll_s=0.02) == req.key
+    holder.join(30)
+    assert seen[0][0] == "waiting" and store.complete(req.key)
+    assert any(s[0] == "profile" for s in seen) and seen[-1] == ("done", 1, 1, "done")
