@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._io import graph_file_header, read_json, write_json_atomic
 from .errors import GraphFormatError, TensorOptError
-from .layouts import LAYOUTS, Layout, Shard, param_pieces
+from .layouts import LAYOUTS, Layout, Shard, largest_piece, param_pieces, piece_range, piece_sizes
 
 # for annotations only: the graph and the cluster import nothing of this module, but the cluster is a layer above
 if TYPE_CHECKING:
@@ -101,9 +101,10 @@ class NodeConfig:
 
 
 def shardable(graph: OpGraph, name: str) -> tuple[str, ...]:
-    """The trainable parameters a sharding level of node ``name`` would shard: those it owns and
-    that no other node reads (a tied weight's readers would have to agree; not offered).  Empty:
-    the node cannot be sharded."""
+    """The trainable parameters node ``name`` owns and no other node reads: those its sharding
+    level shards whatever the other nodes do (what PyTorch's own wrappers express:
+    :mod:`tensoropt.export`).  A tied weight is sharded too where all its readers agree
+    (:func:`sharded_parameters`, the rule)."""
     node = graph.nodes[name]
     qs = [q for q in (*node.params, *node.param_reads)
           if graph.params[q].kind == "parameter" and graph.params[q].requires_grad]
@@ -112,15 +113,123 @@ def shardable(graph: OpGraph, name: str) -> tuple[str, ...]:
     return tuple(qs)
 
 
-def _check_shard(graph: OpGraph, name: str, cfg: NodeConfig) -> None:
-    """A sharding level needs the parameters replicated over several devices and untied."""
+def trainable_reads(graph: OpGraph, name: str) -> tuple[str, ...]:
+    """The trainable parameters node ``name`` reads (owns or reads): those a sharding level of it
+    may shard (:func:`sharded_parameters` says which it does)."""
+    node = graph.nodes[name]
+    return tuple(q for q in (*node.params, *node.param_reads)
+                 if graph.params[q].kind == "parameter" and graph.params[q].requires_grad)
+
+
+@dataclass(frozen=True)
+class ShardedParameter:
+    """One trainable parameter a plan's sharding levels keep in pieces: its ``level``, the
+    ``devices`` of the mesh (in mesh order: device ``i`` keeps piece ``i``), the nodes that read
+    it (``readers``, in the plan's order: its owner, or a tied weight's several), its element
+    count and its bytes.  ``charged``: always True (the plan model charges every one; kept for
+    the executors' older readers)."""
+
+    name: str
+    level: Shard
+    devices: tuple[str, ...]
+    readers: tuple[str, ...]
+    numel: int
+    nbytes: int = 0
+    charged: bool = True
+
+    @property
+    def sizes(self) -> list[int]:
+        """Every device's piece, in elements (mesh order)."""
+        return piece_sizes(self.numel, len(self.devices))
+
+    def bounds(self, index: int) -> tuple[int, int]:
+        """``[start, end)`` of the flattened parameter kept at place ``index`` of the mesh."""
+        return piece_range(self.numel, len(self.devices), index)
+
+    @property
+    def piece_nbytes(self) -> int:
+        """Bytes of the largest piece (the first ranks'): ``⌈numel / k⌉`` elements."""
+        return piece_nbytes(self.numel, self.nbytes, len(self.devices))
+
+
+def piece_nbytes(numel: int, nbytes: int, k: int) -> int:
+    """Bytes of the largest of ``k`` pieces of a flattened tensor of ``numel`` elements and
+    ``nbytes`` bytes: ``⌈numel / k⌉ × itemsize`` (what the first ranks hold; up to itemsize − 1
+    bytes more than ``⌈nbytes / k⌉``)."""
+    if numel <= 0:
+        return largest_piece(nbytes, k)
+    return largest_piece(numel, k) * (nbytes // numel)
+
+
+def _shard_refusal(graph: OpGraph, configs: Mapping[str, NodeConfig], q: str) -> str | None:
+    """Why trainable parameter ``q`` is not sharded under ``configs`` (None: it is)."""
+    info = graph.params[q]
+    nodes = [n for n in (info.owner, *info.readers) if n is not None]
+    cfgs = {n: configs.get(n) for n in nodes}
+    missing = [n for n, c in cfgs.items() if c is None]
+    if missing:
+        return f"{q!r} is also read by {missing[0]!r}, which the plan does not configure"
+    levels = {Shard(c.shard) for c in cfgs.values() if c is not None}
+    meshes = {tuple(c.devices) for c in cfgs.values() if c is not None}
+    if levels == {Shard.NONE}:
+        return f"{q!r}: no reader has a level"
+    described = "; ".join(f"{n!r} level {int(c.shard)} on {','.join(c.devices)} as {c.layout!r}"
+                          for n, c in cfgs.items() if c is not None)
+    if len(levels) > 1 or len(meshes) > 1:
+        return (f"its tied parameter {q!r} is read by {len(nodes)} nodes that do not share one level on one mesh "
+                f"({described})")
+    if any(c is not None and (c.degree < 2 or c.param_pieces > 1) for c in cfgs.values()):
+        return f"its tied parameter {q!r} is cut or not replicated by one of its readers ({described})"
+    return None
+
+
+def sharded_parameters(graph: OpGraph, plan: Plan | Mapping[str, NodeConfig]) -> dict[str, ShardedParameter]:
+    """The rule of which parameters a plan's sharding levels keep in pieces — the plan model's
+    (:mod:`tensoropt.planmodel`) and the executors' (:mod:`tensoropt.execute.sharding`) alike.
+
+    A trainable parameter is sharded at level ``L ≥ 1`` over mesh ``M`` when every node reading
+    it (its owner and, for a tied weight, every other reader) runs with level ``L`` on the same
+    mesh ``M`` of several devices, reading it whole (``R`` / ``batch``).  A parameter read by one
+    node is sharded by that node's level alone; GPT-2's tied embedding / LM head only where both
+    agree.  ``plan``: a :class:`Plan` or node → :class:`NodeConfig`.  O(V + parameters)."""
+    configs = plan.configs if isinstance(plan, Plan) else plan
+    order = {n: i for i, n in enumerate(plan.order if isinstance(plan, Plan) else configs)}
+    seen: set[str] = set()
+    out: dict[str, ShardedParameter] = {}
+    for name, cfg in configs.items():
+        if not cfg.shard:
+            continue
+        for q in trainable_reads(graph, name):
+            if q in seen:
+                continue
+            seen.add(q)
+            if _shard_refusal(graph, configs, q) is not None:
+                continue
+            info = graph.params[q]
+            readers = tuple(sorted((n for n in (info.owner, *info.readers) if n is not None),
+                                   key=lambda n: order.get(n, len(order))))
+            out[q] = ShardedParameter(q, Shard(cfg.shard), tuple(cfg.devices), readers, info.numel, info.nbytes)
+    return out
+
+
+def _check_shard(graph: OpGraph, name: str, cfg: NodeConfig, sharded: Mapping[str, ShardedParameter],
+                 configs: Mapping[str, NodeConfig]) -> None:
+    """A sharding level needs parameters replicated over several devices that it shards: its own,
+    or a tied weight whose every reader has the same level on the same mesh."""
     if cfg.degree < 2 or param_pieces(cfg.layout, cfg.degree) > 1:
         raise PlanError(f"node {name!r} shards its parameters (level {int(cfg.shard)}) but "
                         f"{'runs on one device' if cfg.degree < 2 else f'cuts them ({cfg.layout})'}: a sharding "
                         "level applies to parameters replicated over several devices (layout 'R' or 'batch')")
-    if not shardable(graph, name):
-        raise PlanError(f"node {name!r} shards its parameters (level {int(cfg.shard)}) but has no trainable "
-                        "parameter of its own that no other node reads; give it shard 0")
+    qs = trainable_reads(graph, name)
+    if any(q in sharded for q in qs):
+        return
+    if not qs:
+        raise PlanError(f"node {name!r} shards its parameters (level {int(cfg.shard)}) but reads no trainable "
+                        "parameter; give it shard 0")
+    why = next(w for w in (_shard_refusal(graph, configs, q) for q in qs) if w is not None)
+    raise PlanError(f"node {name!r} shards its parameters (level {int(cfg.shard)}) but shards none: {why} — a "
+                    "tied weight is sharded only where every reader has the same level on the same mesh and reads "
+                    "it whole; give the readers one level, or this node shard 0")
 
 
 @dataclass(frozen=True)
@@ -239,8 +348,10 @@ class Plan:
                 raise PlanError(f"node {name!r} ({node.op}) cannot be split along the batch")
             if cfg.layout == Layout.CHANNEL and node.split.channel is None:
                 raise PlanError(f"node {name!r} ({node.op}) has no channel dimension to split")
+        sharded = sharded_parameters(graph, self) if any(c.shard for c in self.configs.values()) else {}
+        for name, cfg in self.configs.items():
             if cfg.shard:
-                _check_shard(graph, name, cfg)
+                _check_shard(graph, name, cfg, sharded, self.configs)
         if sorted(self.order) != sorted(ops):
             raise PlanError("the plan's order must list every operator exactly once")
         pos = {n: i for i, n in enumerate(self.order)}

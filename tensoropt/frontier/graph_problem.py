@@ -137,7 +137,7 @@ from ..graph import OpGraph, OpNode, grad_nodes
 from ..layouts import LAYOUTS, Layout, Shard, largest_piece
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
-from ..plan import NodeConfig, shardable
+from ..plan import NodeConfig, piece_nbytes, trainable_reads
 from ..planmodel.memory import keeps_input, node_memory, output_kept
 from ..planmodel.reshard import (
     P,
@@ -271,18 +271,17 @@ def candidate_meshes(cluster: Cluster, sizes: Iterable[int] | None = None, *,
 # --------------------------------------------------------------------------------------------
 # configurations
 
-#: the sharding levels the search offers with data parallelism by default: none yet — the plan
-#: model costs ZeRO-2 and FSDP (``shard_levels=(Shard.GRADIENTS, Shard.PARAMETERS)``), but the
-#: executors do not run them sharded, so a frontier offering them would not cost what it says
-DEFAULT_SHARD_LEVELS: tuple[Shard, ...] = ()
+#: the sharding levels the search offers with data parallelism by default: the levels the
+#: executors run sharded (:mod:`tensoropt.distributed.zero`) — ZeRO-1, ZeRO-2, ZeRO-3 ≈ FSDP2
+DEFAULT_SHARD_LEVELS: tuple[Shard, ...] = (Shard.OPTIMIZER, Shard.GRADIENTS, Shard.PARAMETERS)
 
 
 def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str], *,
                  alpha: int = 0, shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS) -> list[NodeConfig]:
     """The configurations of op node ``name`` on ``mesh`` (module docstring): layouts in
     :data:`LAYOUT_ORDER` where legal, each without then with recompute (the latter only where it
-    frees activations); ``batch`` also with each of ``shard_levels`` where the node owns
-    parameters no other node reads."""
+    frees activations); ``batch`` also with each of ``shard_levels`` where the node reads
+    trainable parameters (a tied weight's readers must then share the level: :meth:`_MeshContext.tie_edges`)."""
     mesh = tuple(mesh)
     k = len(mesh)
     node = graph.nodes[name]
@@ -298,9 +297,9 @@ def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str
                 continue
             layouts.append(lay)
     out = []
-    # data parallelism with sharded parameters (ZeRO-2, and ZeRO-3 ≈ FSDP) where the node owns
-    # parameters no other node reads
-    levels = (Shard.NONE, *(Shard(x) for x in shard_levels if x)) if k > 1 and shardable(graph, name) \
+    # data parallelism with sharded parameters (ZeRO-1, ZeRO-2, ZeRO-3 ≈ FSDP) where the node reads
+    # trainable parameters (its own, or a tied weight whose readers then agree)
+    levels = (Shard.NONE, *(Shard(x) for x in shard_levels if x)) if k > 1 and trainable_reads(graph, name) \
         else (Shard.NONE,)
     for lay in layouts:
         frees = name in costs and node_memory(graph, costs, name, layout=lay, degree=k, alpha=alpha).activations > 0
@@ -441,6 +440,9 @@ class _MeshContext:
     ops: list[OpNode]
     users: Mapping[str, list[str]]             # parameter -> the nodes reading it, in graph order
     not_last: Mapping[str, list[str]]          # node -> trainable parameters a later node also reads
+    #: nodes whose every trainable parameter is tied: a level of theirs shards something only where
+    #: their tied weights' readers agree
+    only_tied: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tuple[str, ...],
@@ -460,8 +462,11 @@ class _MeshContext:
             if info.kind == "parameter" and info.requires_grad:
                 for u in us[:-1]:
                     not_last.setdefault(u, []).append(q)
+        only_tied = frozenset(n.name for n in ops if (qs := trainable_reads(graph, n.name))
+                              and all(len(users[q]) > 1 for q in qs))
         return cls(graph, costs, cluster, mesh, optimizer_alpha(optimizer),
-                   min(cluster.device(d).speed for d in mesh), grad_nodes(graph), outputs, ops, users, not_last)
+                   min(cluster.device(d).speed for d in mesh), grad_nodes(graph), outputs, ops, users, not_last,
+                   only_tied)
 
     def config_costs(self, node: OpNode, cfg: NodeConfig) -> tuple[float, float, float]:
         """(resident bytes, seconds, transient bytes) of ``node`` run as ``cfg`` on the mesh."""
@@ -491,16 +496,20 @@ class _MeshContext:
         if name in self.outputs and output_layout(cfg) == P:
             t += ring_allreduce_time(cluster, mesh, self.outputs[name])
         level = Shard(cfg.shard)
+        whole = 0
         if level:   # what the level keeps as pieces, what it gathers and scatters (the walk's, the simulator's)
-            qs = shardable(graph, name)
+            # every trainable parameter it reads, taken as sharded: a tied weight whose readers
+            # disagree is given back by its tie edge (tie_edges)
+            qs = trainable_reads(graph, name)
+            own = [q for q in qs if q in node.params]    # what this node's memory counts
             whole = sum(graph.params[q].nbytes for q in qs)
-            saved = whole - sum(largest_piece(graph.params[q].nbytes, k) for q in qs)
-            resident -= saved * (level.shards("parameters") + level.shards("gradients")
-                                 + self.alpha * level.shards("optimizer"))
-            gather, scatter, update = shard_steps(graph, node, cfg, cluster)
+            saved = sum(graph.params[q].nbytes - _shard_piece(graph, q, k) for q in own)
+            resident -= saved * _shard_factor(level, self.alpha)
+            gather, scatter, _ = shard_steps(graph, node, cfg, cluster, qs)
             t += sum(2 * x.time_s if x is gather else x.time_s for x in (gather, scatter) if x is not None)
-            if update is not None:   # one all-gather after the step for every such node: its bytes' share
-                t += ring_allreduce_bytes_time(cluster, mesh, update.nbytes) / 2
+            _, _, update = shard_steps(graph, node, cfg, cluster, own)
+            if update is not None:   # one all-gather per parameter after the step (by its owner)
+                t += update.time_s
         split = cfg.param_pieces
         accumulate: float = sum(2 * largest_piece(graph.params[q].nbytes, split) for q in self.not_last.get(name, ()))
         if level.shards("gradients"):   # its gradients made whole (and its parameters gathered) in its backward
@@ -581,18 +590,44 @@ class _MeshContext:
                 sync = (ring_allreduce_bytes_time(self.cluster, self.mesh, info.nbytes)
                         + 2 * costs.grad_copy_s(info.nbytes)
                         if per_byte > 1 else 0.0)   # summed whole: both readers copy a whole gradient in
+                trainable = per_byte > 1
+                # the owner's level counted its piece (config_costs): given back where the readers
+                # do not share the level (then nothing shards it); a node whose parameters are all
+                # tied shards nothing then: infeasible (Plan.check refuses it)
+                given_back = graph.params[q].nbytes - _shard_piece(graph, q, len(self.mesh))
                 M, T = np.zeros((len(ca), len(cb))), np.zeros((len(ca), len(cb)))
                 for i, x in enumerate(ca):
                     for j, y in enumerate(cb):
                         xo, xr = (x, y) if a == owner else (y, x)
+                        lo, lr = Shard(xo.shard), Shard(xr.shard)
+                        if trainable and lo and lo == lr and xo.param_pieces == 1 and xr.param_pieces == 1:
+                            continue   # sharded by both: each node's costs count it (M = T = 0)
+                        if (lo and owner in self.only_tied) or (lr and r in self.only_tied):
+                            M[i, j] = np.inf
+                            continue
                         po, pr = _piece(info.nbytes, xo), _piece(info.nbytes, xr)
                         co, cr = param_cut(graph.nodes[owner], xo), param_cut(graph.nodes[r], xr)
                         two_ways = co is not None and cr is not None and co != cr
                         M[i, j] = per_byte * ((info.nbytes if two_ways else max(po, pr)) - po)
+                        if trainable and lo:
+                            M[i, j] += given_back * _shard_factor(lo, self.alpha)
                         T[i, j] = sync if two_ways else 0.0
                 if M.any():
                     edges.append(EdgeCosts(a, b, M, T))
         return edges
+
+
+def _shard_piece(graph: OpGraph, q: str, k: int) -> int:
+    """Bytes of parameter ``q``'s largest piece over ``k`` devices under a sharding level
+    (``⌈numel / k⌉`` elements: :func:`tensoropt.plan.piece_nbytes`)."""
+    info = graph.params[q]
+    return piece_nbytes(info.numel, info.nbytes, k)
+
+
+def _shard_factor(level: Shard, alpha: int) -> int:
+    """How many copies of a parameter's bytes a sharding level keeps as pieces: the parameter
+    (level 3), its gradient (2 and up) and α × it of optimizer state (1 and up)."""
+    return int(level.shards("parameters")) + int(level.shards("gradients")) + alpha * int(level.shards("optimizer"))
 
 
 def _piece(nbytes: int, cfg: NodeConfig) -> int:

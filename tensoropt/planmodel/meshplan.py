@@ -61,7 +61,7 @@ from ..graph import OpGraph, grad_nodes
 from ..layouts import Layout, TensorLayout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
-from ..plan import NodeConfig, Plan, shardable
+from ..plan import NodeConfig, Plan, piece_nbytes
 from .reshard import (
     P,
     edge_reshard,
@@ -284,23 +284,20 @@ def _build_tables(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tupl
     alpha = optimizer_alpha(optimizer)
     adam = (optimizer if isinstance(optimizer, str) else ("adam" if optimizer >= 2 else "sgd")).lower() in (
         "adam", "adamw")
-    # sharding levels: each configuration's, and the parameters a level shards (one reader each)
+    # sharding levels: each configuration's; which parameters a plan shards is decided per plan
+    # (:func:`_levels`: tensoropt.plan.sharded_parameters on one mesh), each gathered and
+    # reduce-scattered on its own (its ring all-gather's time; a reduce-scatter takes as long)
     shard = np.zeros((n, cmax), dtype=np.int64)
     for i, node in enumerate(ops):
         for c, cfg in enumerate(configs[node.name]):
             shard[i, c] = int(cfg.shard)
-    owned = [shardable(graph, name) for name in names]
-    q_sh = np.zeros(len(params), dtype=np.bool_)
-    gath = np.zeros(n, dtype=np.int64)                     # the whole bytes a node's level shards
-    for i, qs in enumerate(owned):
-        for q in qs:
-            q_sh[qindex[q]] = True
-            gath[i] += graph.params[q].nbytes
-    ag_dur = np.array([allgather_time(cluster, mesh, int(b)) if b and k > 1 else 0.0 for b in gath])
+    q_ag = np.array([allgather_time(cluster, mesh, int(b)) if b and k > 1 else 0.0 for b in q_bytes])
+    q_piece = np.array([piece_nbytes(graph.params[q].numel, graph.params[q].nbytes, max(k, 1)) for q in params],
+                       dtype=np.int64)
     common = (slot_ptr, slot_ids, slot_prod, read, recv, unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes,
-              q_train, pieces, cut, shard, q_sh, gath, k)
+              q_train, pieces, cut, shard, q_ag, q_piece, k)
     time = (ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur, bwd_dur, grad_l, float(speed),
-            float(rate), ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, ag_dur, *common)
+            float(rate), ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, *common)
     walk = (out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, len(inputs),
             q_kind, alpha, adam, context_bytes, *common)
     return {"time": time, "walk": walk}
@@ -310,7 +307,46 @@ def _build_tables(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tupl
 
 
 @njit(cache=True)
-def _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, shard, q_sh,
+def _levels(a, q_read_ptr, q_readers, q_train, cut, shard, k):  # pragma: no cover - compiled
+    """Trainable parameter → the sharding level that keeps it in pieces, 0 where none
+    (:func:`tensoropt.plan.sharded_parameters` on one mesh: every reader has the same level ≥ 1
+    and reads it whole, on k ≥ 2 devices)."""
+    nq = q_train.shape[0]
+    lvl = np.zeros(nq, dtype=np.int64)
+    if k < 2:
+        return lvl
+    for q in range(nq):
+        if not q_train[q] or q_read_ptr[q] == q_read_ptr[q + 1]:
+            continue
+        r0 = q_readers[q_read_ptr[q]]
+        level = shard[r0, a[r0]]
+        for r in range(q_read_ptr[q], q_read_ptr[q + 1]):
+            i = q_readers[r]
+            if shard[i, a[i]] != level or cut[i, a[i]] != 0:
+                level = 0
+        lvl[q] = level
+    return lvl
+
+
+@njit(cache=True)
+def _node_sharded(a, node_q_ptr, node_q, q_bytes, q_ag, lvl, n):  # pragma: no cover - compiled
+    """Per node: how many of its parameters are sharded (of nonzero bytes), the seconds of their
+    all-gathers one after the other (:func:`~.reshard.shard_steps`), and their whole bytes."""
+    cnt = np.zeros(n, dtype=np.int64)
+    secs = np.zeros(n)
+    whole = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        for j in range(node_q_ptr[i], node_q_ptr[i + 1]):
+            q = node_q[j]
+            if lvl[q] >= 1 and q_bytes[q] > 0:
+                cnt[i] += 1
+                secs[i] += q_ag[q]
+                whole[i] += q_bytes[q]
+    return cnt, secs, whole
+
+
+@njit(cache=True)
+def _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, lvl,
             k):  # pragma: no cover - compiled
     """Trainable parameter → whether its gradients are summed (:func:`~.reshard.synced_parameters`
     on one mesh: read on k ≥ 2 devices, not every reader cutting it the same way, and not
@@ -322,7 +358,7 @@ def _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, shard, q
     for q in range(nq):
         if not q_train[q] or q_read_ptr[q] == q_read_ptr[q + 1]:
             continue
-        if q_sh[q] and shard[q_readers[q_read_ptr[q]], a[q_readers[q_read_ptr[q]]]] >= 2:
+        if lvl[q] >= 2:
             continue
         first = cut[q_readers[q_read_ptr[q]], a[q_readers[q_read_ptr[q]]]]
         same = first != 0
@@ -374,12 +410,14 @@ def _heap_pop(keys, ids, size):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur, bwd_dur, grad_l, speed, rate,
-              ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, ag_dur, slot_ptr, slot_ids, slot_prod, read, recv,
-              unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_sh, gath,
+              ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, slot_ptr, slot_ids, slot_prod, read, recv,
+              unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_ag, q_piece,
               k):  # pragma: no cover - compiled
     """The simulated step time of plan ``a`` (:func:`~.simulate.simulate`'s tasks and event loop)."""
     n = a.shape[0]
-    synced = _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, shard, q_sh, k)
+    lvl = _levels(a, q_read_ptr, q_readers, q_train, cut, shard, k)
+    synced = _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, lvl, k)
+    sh_cnt, ag_dur, _ = _node_sharded(a, node_q_ptr, node_q, q_bytes, q_ag, lvl, n)
     cap = 10 * n + 4 * slot_ids.shape[0] + 8
     kind = np.zeros(cap, dtype=np.int64)       # 0 compute, 1 comm, 2 sync
     dur = np.zeros(cap)
@@ -415,7 +453,7 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
                     nt += 1
             scratch[m] = arrived[key]
             m += 1
-        if shard[i, c] >= 3 and gath[i] > 0:   # its parameters gathered once the compute before it ends
+        if shard[i, c] >= 3 and sh_cnt[i] > 0:   # its parameters gathered once the compute before it ends
             kind[nt], dur[nt] = 1, ag_dur[i]
             if last_comp >= 0:
                 dep_from[nd], dep_to[nd] = last_comp, nt
@@ -496,7 +534,7 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
         if is_out[i] and ng[i]:
             scratch[m] = loss
             m += 1
-        if shard[i, c] >= 3 and gath[i] > 0:   # gathered again for the backward
+        if shard[i, c] >= 3 and sh_cnt[i] > 0:   # gathered again for the backward
             kind[nt], dur[nt] = 1, ag_dur[i]
             if last_comp >= 0:
                 dep_from[nd], dep_to[nd] = last_comp, nt
@@ -537,7 +575,7 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
         bwd_task[i] = nt
         last_comp = nt
         nt += 1
-        if shard[i, c] >= 2 and gath[i] > 0:   # its gradients reduce-scattered
+        if shard[i, c] >= 2 and sh_cnt[i] > 0:   # its gradients reduce-scattered (as long as a gather)
             kind[nt], dur[nt] = 1, ag_dur[i]
             dep_from[nd], dep_to[nd] = bwd_task[i], nt
             nd += 1
@@ -652,11 +690,13 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
     else:
         summed_task = -1
     # after the optimizer step: the parameters whose state (not themselves) is sharded are gathered
-    upd = 0
-    for i in range(n):
-        if shard[i, a[i]] == 1 or shard[i, a[i]] == 2:
-            upd += gath[i]
-    if upd > 0:
+    upd = 0.0
+    nupd = 0
+    for q in range(q_bytes.shape[0]):
+        if (lvl[q] == 1 or lvl[q] == 2) and q_bytes[q] > 0:   # one all-gather per parameter
+            upd += q_ag[q]
+            nupd += 1
+    if nupd > 0:
         kind[nt] = 2
         for r in range(n - 1, -1, -1):
             dep_from[nd], dep_to[nd] = bwd_task[r], nt
@@ -666,14 +706,7 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
             nd += 1
         done = nt
         nt += 1
-        chunk = upd / k
-        step = 0.0
-        if chunk != 0:
-            for j in range(k):
-                t2 = ring_lat[j] + chunk / ring_bw[j]
-                if t2 > step:
-                    step = t2
-        kind[nt], dur[nt] = 1, (k - 1) * step
+        kind[nt], dur[nt] = 1, upd
         dep_from[nd], dep_to[nd] = done, nt
         nd += 1
         nt += 1
@@ -796,22 +829,26 @@ def _simulate_many(vecs, *tables):  # pragma: no cover - compiled
 @njit(cache=True)
 def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, nx,
           q_kind, alpha, adam, context_bytes, slot_ptr, slot_ids, slot_prod, read, recv, unread, node_q_ptr, node_q,
-          q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_sh, gath, k):  # pragma: no cover - compiled
+          q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_ag, q_piece, k):  # pragma: no cover - compiled
     """One device's walk (every device's: they hold the same) of plan ``a``, :func:`~.walk.walk`:
     ``[peak, parameters + buffers, gradients, optimizer state, activations, transient, reserve]``
     at the peak (:meth:`~.walk.StepMemory.parts`)."""
     n = a.shape[0]
     nq = q_bytes.shape[0]
-    synced = _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, shard, q_sh, k)
+    lvl = _levels(a, q_read_ptr, q_readers, q_train, cut, shard, k)   # a parameter's sharding level
+    synced = _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, lvl, k)
     # parameters held, and what stays resident
     held = np.zeros(nq, dtype=np.int64)
-    lvl = np.zeros(nq, dtype=np.int64)        # the sharding level of a parameter's (only) reader
-    shp = np.zeros(nq, dtype=np.int64)        # its piece over the mesh
+    shp = np.zeros(nq, dtype=np.int64)        # its piece over the mesh (⌈numel / k⌉ elements)
+    gath = np.zeros(n, dtype=np.int64)        # the whole bytes a node gathers to run (level 3)
     for q in range(nq):
-        if q_sh[q] and q_read_ptr[q] < q_read_ptr[q + 1]:
-            r0 = q_readers[q_read_ptr[q]]
-            lvl[q] = shard[r0, a[r0]]
-            shp[q] = -(-q_bytes[q] // k)
+        if lvl[q] >= 1:
+            shp[q] = q_piece[q]
+    for i in range(n):
+        for j in range(node_q_ptr[i], node_q_ptr[i + 1]):
+            q = node_q[j]
+            if lvl[q] >= 3:
+                gath[i] += q_bytes[q]
     for i in range(n):
         for j in range(node_q_ptr[i], node_q_ptr[i + 1]):
             q = node_q[j]
@@ -1065,9 +1102,12 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
                 continue
             b = held[q]
             if lvl[q] >= 2:               # made whole, reduce-scattered: its piece stays
-                done[q] = True
-                grads_now += shp[q]
                 acc += q_bytes[q]
+                if not done[q]:
+                    done[q] = True
+                    grads_now += shp[q]
+                else:                     # a tied weight's later reader: its block added in
+                    acc += shp[q]
                 continue
             if not done[q]:
                 done[q] = True

@@ -92,6 +92,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -107,7 +108,7 @@ from ..cluster.collectives import (
 )
 from ..graph import OpGraph, OpNode
 from ..layouts import Layout, Shard, TensorLayout
-from ..plan import NodeConfig, Plan, shardable
+from ..plan import NodeConfig, Plan, ShardedParameter, shardable, sharded_parameters
 
 R, SB, SC, P = TensorLayout.R, TensorLayout.SB, TensorLayout.SC, TensorLayout.P
 TENSOR_LAYOUTS: tuple[TensorLayout, ...] = tuple(TensorLayout)
@@ -447,13 +448,14 @@ def synced_parameters(graph: OpGraph, plan: Plan) -> dict[str, tuple[str, ...]]:
     order = {d: i for i, d in enumerate(plan.devices)}
     where: dict[str, set[str]] = {}
     cuts: dict[str, set[tuple[str, tuple[str, ...], str] | None]] = {}
+    # reduce-scattered after each reader's backward (sharded_parameters), not all-reduced
+    scattered = {q for q, s in sharded_parameters(graph, plan).items() if s.level.shards("gradients")} \
+        if any(c.shard for c in plan.configs.values()) else set()
     for name, cfg in plan.configs.items():
         node = graph.nodes[name]
-        if Shard(cfg.shard).shards("gradients"):
-            continue   # reduce-scattered after the node's backward (sharded_parameters), not all-reduced
         for q in (*node.params, *node.param_reads):
             info = graph.params[q]
-            if info.kind == "parameter" and info.requires_grad:
+            if info.kind == "parameter" and info.requires_grad and q not in scattered:
                 where.setdefault(q, set()).update(cfg.devices)
                 cuts.setdefault(q, set()).add(param_cut(node, cfg))
     out = {}
@@ -464,41 +466,70 @@ def synced_parameters(graph: OpGraph, plan: Plan) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def sharded_parameters(graph: OpGraph, plan: Plan) -> dict[str, tuple[Shard, tuple[str, ...]]]:
-    """Trainable parameter → (its sharding level, the devices that share it) for the parameters
-    of nodes run with a sharding level (:class:`~tensoropt.layouts.Shard`; such a parameter has
-    one reader, :func:`tensoropt.plan.shardable`).  O(V)."""
-    out: dict[str, tuple[Shard, tuple[str, ...]]] = {}
-    for name, cfg in plan.configs.items():
-        if cfg.shard:
-            for q in shardable(graph, name):
-                out[q] = (Shard(cfg.shard), tuple(cfg.devices))
-    return out
+def shard_steps(graph: OpGraph, node: OpNode | str, config: NodeConfig, cluster: Cluster,
+                sharded: Iterable[str] | None = None) -> tuple[Stage | None, Stage | None, Stage | None]:
+    """The collectives a node's sharding level adds, over its mesh in ring order: ``(gather,
+    reduce_scatter, update_gather)``, each a :class:`Stage` of one ring collective per parameter
+    it shards (``sharded``: those of its parameters the plan shards, :func:`sharded_parameters`;
+    default: those it owns alone, :func:`~tensoropt.plan.shardable`), one after the other — the
+    executors gather and reduce-scatter each parameter on its own (:mod:`tensoropt.distributed.zero`):
 
-
-def shard_steps(graph: OpGraph, node: OpNode | str, config: NodeConfig,
-                cluster: Cluster) -> tuple[Step | None, Step | None, Step | None]:
-    """The collectives a node's sharding level adds, over its mesh in ring order, of the bytes of
-    the parameters it shards: ``(gather, reduce_scatter, update_gather)`` —
-
-    - ``gather``: the ring all-gather of its parameters before its forward and again before its
+    - ``gather``: the all-gather of its parameters before its forward and again before its
       backward (level ``PARAMETERS``; FSDP's ``reshard_after_forward``), else ``None``;
-    - ``reduce_scatter``: its gradients' ring reduce-scatter after its backward (levels
-      ``GRADIENTS`` and up; instead of their share of the all-reduce), else ``None``;
-    - ``update_gather``: the ring all-gather of its updated parameters after the optimizer step
-      (levels ``OPTIMIZER`` and ``GRADIENTS``: each device updated only its piece), else ``None``."""
+    - ``reduce_scatter``: its gradients' reduce-scatter after its backward (levels ``GRADIENTS``
+      and up; instead of their share of the all-reduce), else ``None``;
+    - ``update_gather``: the all-gather of its updated parameters after the optimizer step
+      (levels ``OPTIMIZER`` and ``GRADIENTS``: each device updated only its piece), else ``None``.
+
+    A tied weight is gathered and reduce-scattered by each of its readers (each reader's stages
+    carry it); its update gather is once per parameter (:func:`update_steps`)."""
     level = Shard(config.shard)
     if not level or config.degree < 2:
         return None, None, None
     name = node if isinstance(node, str) else node.name
-    nbytes = sum(graph.params[q].nbytes for q in shardable(graph, name))
-    if not nbytes:
+    qs = tuple(shardable(graph, name) if sharded is None else sharded)
+    if not qs or not any(graph.params[q].nbytes for q in qs):
         return None, None, None
     mesh = tuple(config.devices)
-    ag = Step("allgather", mesh, nbytes, allgather_time(cluster, mesh, nbytes))
-    rs = Step("reduce_scatter", mesh, nbytes, reduce_scatter_time(cluster, mesh, nbytes))
+    ag = _per_parameter("allgather", graph, qs, mesh, cluster)
+    rs = _per_parameter("reduce_scatter", graph, qs, mesh, cluster)
     return (ag if level.shards("parameters") else None, rs if level.shards("gradients") else None,
             None if level.shards("parameters") else ag)
+
+
+def _per_parameter(kind: str, graph: OpGraph, qs: Iterable[str], mesh: tuple[str, ...], cluster: Cluster) -> Stage:
+    """One ring ``kind`` per parameter of ``qs`` over ``mesh``, one after the other (as one stage:
+    its time is their sum)."""
+    time_of = allgather_time if kind == "allgather" else reduce_scatter_time
+    steps = tuple(Step(kind, mesh, graph.params[q].nbytes, time_of(cluster, mesh, graph.params[q].nbytes))
+                  for q in qs if graph.params[q].nbytes)
+    return Stage(steps, math.fsum(s.time_s for s in steps))
+
+
+def node_sharded(graph: OpGraph, sharded: Mapping[str, ShardedParameter]) -> dict[str, tuple[str, ...]]:
+    """Node → the parameters of ``sharded`` (:func:`sharded_parameters`) it reads, in its
+    parameter order."""
+    out: dict[str, list[str]] = {}
+    for q, s in sharded.items():
+        for r in s.readers:
+            out.setdefault(r, []).append(q)
+    return {n: tuple(q for q in (*graph.nodes[n].params, *graph.nodes[n].param_reads) if q in qs)
+            for n, qs in out.items()}
+
+
+def update_steps(graph: OpGraph, sharded: Mapping[str, ShardedParameter],
+                 cluster: Cluster) -> list[tuple[tuple[str, ...], str, Stage]]:
+    """The all-gathers after the optimizer step of the parameters whose optimizer state (levels
+    ``OPTIMIZER`` and ``GRADIENTS``), not themselves, are sharded: ``[(mesh, first reader,
+    stage)]``, one stage per mesh of one all-gather per parameter (in ``sharded``'s order, as the
+    executors' :meth:`~tensoropt.distributed.zero.Zero.gather_updated`)."""
+    by_mesh: dict[tuple[str, ...], tuple[str, list[str]]] = {}
+    for q, s in sharded.items():
+        if s.level.shards("optimizer") and not s.level.shards("parameters") and graph.params[q].nbytes:
+            first, qs = by_mesh.setdefault(s.devices, (s.readers[0], []))
+            qs.append(q)
+    return [(mesh, first, _per_parameter("allgather", graph, qs, mesh, cluster))
+            for mesh, (first, qs) in by_mesh.items()]
 
 
 def gradient_syncs(graph: OpGraph, plan: Plan, cluster: Cluster) -> list[tuple[tuple[str, ...], Step]]:

@@ -74,14 +74,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cluster import Cluster
-from ..cluster.collectives import allgather_time
 from ..devicemodel.price import check_costs_kind, costs_source
 from ..graph import OpGraph, OpNode, grad_nodes
 from ..layouts import TensorLayout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
-from ..plan import Estimate, Plan, PlanError
-from .reshard import P, R, Stage, Step, gradient_syncs, move, output_layout, shard_steps, stat_sync, synced_parameters
+from ..plan import Estimate, Plan, PlanError, sharded_parameters
+from .reshard import (
+    P,
+    R,
+    Stage,
+    gradient_syncs,
+    move,
+    node_sharded,
+    output_layout,
+    shard_steps,
+    stat_sync,
+    synced_parameters,
+    update_steps,
+)
 from .walk import PlanEdges, StepMemory, plan_edges, plan_memory, shard_cost, walk
 
 # plan_memory is the simulator's memory model without the timing; it lives with the cost model
@@ -362,6 +373,9 @@ class _StepTasks:
         self.speed = {d: cluster.device(d).speed for d in plan.devices}
         #: each device's last compute task so far (a sharded node's gather waits for it: no prefetch)
         self.last_on: dict[str, int] = {}
+        #: the parameters the plan's sharding levels keep in pieces, and those each node reads
+        self.sharded = sharded_parameters(graph, plan) if any(c.shard for c in plan.configs.values()) else {}
+        self.node_sharded = node_sharded(graph, self.sharded)
 
     def compute(self, name: str, phase: str, seconds: float, deps: Sequence[int | None]) -> int:
         cfg = self.plan.configs[name]
@@ -375,11 +389,11 @@ class _StepTasks:
         """A node's parameters all-gathered before it runs (level ``PARAMETERS``), issued when the
         devices of its mesh have finished the compute before it (no prefetch); ``None`` otherwise."""
         cfg = self.plan.configs[name]
-        ag, _, _ = shard_steps(self.graph, name, cfg, self.cluster)
+        ag, _, _ = shard_steps(self.graph, name, cfg, self.cluster, self.node_sharded.get(name, ()))
         if ag is None:
             return None
         before = [self.last_on.get(d) for d in cfg.devices]
-        return self.sched.chain((Stage((ag,), ag.time_s),), name, "transfer", before,
+        return self.sched.chain((ag,), name, "transfer", before,
                                 f"{direction} parameters gathered on {','.join(cfg.devices)}")
 
     def forward(self) -> dict[str, int]:
@@ -447,9 +461,9 @@ class _StepTasks:
                 rc = self.compute(name, "recompute", self.times[name][0], deps)
                 first = [rc]
             bwd_task[name] = self.compute(name, "bp", self.times[name][1], first)
-            _, rs, _ = shard_steps(self.graph, name, cfg, self.cluster)
+            _, rs, _ = shard_steps(self.graph, name, cfg, self.cluster, self.node_sharded.get(name, ()))
             if rs is not None:   # its gradients reduce-scattered (nothing in the step waits for them)
-                sched.chain((Stage((rs,), rs.time_s),), name, "allreduce", [bwd_task[name]],
+                sched.chain((rs,), name, "allreduce", [bwd_task[name]],
                             f"gradients reduce-scattered on {','.join(cfg.devices)}")
             stats = stat_sync(self.graph, node, cfg, self.cluster) if needs_grad.get(name) else None
             if stats is not None:
@@ -494,21 +508,13 @@ class _StepTasks:
         """After the optimizer step (when every backward and gradient sum is done), the parameters
         whose optimizer state is sharded but not the parameters themselves (levels ``OPTIMIZER``
         and ``GRADIENTS``) are all-gathered from the pieces each device updated: one ring
-        all-gather per mesh."""
-        by_mesh: dict[tuple[str, ...], tuple[str, float]] = {}
-        for name in self.plan.order:
-            cfg = self.plan.configs[name]
-            _, _, up = shard_steps(self.graph, name, cfg, self.cluster)
-            if up is not None:
-                first, nbytes = by_mesh.get(up.devices, (name, 0.0))
-                by_mesh[up.devices] = (first, nbytes + up.nbytes)
-        if not by_mesh:
+        all-gather per parameter, one after the other on each mesh (:func:`~.reshard.update_steps`)."""
+        ups = update_steps(self.graph, self.sharded, self.cluster)
+        if not ups:
             return
         done = self.sched.add("sync", "step", "sync", before)
-        for mesh, (first, nbytes) in by_mesh.items():
-            st = Step("allgather", mesh, nbytes, allgather_time(self.cluster, mesh, nbytes))
-            self.sched.chain((Stage((st,), st.time_s),), first, "allreduce", [done],
-                             f"updated parameters gathered on {','.join(mesh)}")
+        for mesh, first, stage in ups:
+            self.sched.chain((stage,), first, "allreduce", [done], f"updated parameters gathered on {','.join(mesh)}")
 
 
 def _known(task: int | None) -> int:

@@ -71,7 +71,7 @@ from ..graph import OpGraph, OpNode, grad_nodes
 from ..layouts import Layout, Shard, largest_piece
 from ..measure.costmodel import CostModel, NodeCost, ShardCost
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha, optimizer_temp_bytes
-from ..plan import NodeConfig, Plan, PlanError
+from ..plan import NodeConfig, Plan, PlanError, sharded_parameters
 from .reshard import (
     Reshard,
     edge_reshard,
@@ -79,7 +79,6 @@ from .reshard import (
     piece_bytes,
     read_layout,
     reads_nothing,
-    sharded_parameters,
     synced_parameters,
 )
 
@@ -255,8 +254,7 @@ class _ParamHolding:
     def of(cls, plan: Plan, graph: OpGraph, synced: Mapping[str, tuple[str, ...]]) -> _ParamHolding:
         held: dict[tuple[str, str], int] = {}
         piece_of: dict[tuple[str, str], int] = {}
-        sharded = {q: (level, largest_piece(graph.params[q].nbytes, len(devs)), graph.params[q].nbytes)
-                   for q, (level, devs) in sharded_parameters(graph, plan).items()}
+        sharded = {q: (s.level, s.piece_nbytes, s.nbytes) for q, s in sharded_parameters(graph, plan).items()}
         for name in plan.order:
             node, cfg = graph.nodes[name], plan.configs[name]
             split = cfg.param_pieces
@@ -556,10 +554,14 @@ class _DeviceWalk:
                 b = self.params.held[(p, self.d)]
                 level, piece, whole = self.params.sharded.get(p, (Shard.NONE, 0, 0))
                 if level.shards("gradients"):
-                    # made whole by the backward, reduce-scattered: the piece stays
-                    param_done.add(p)
-                    self.grads_now += piece
+                    # made whole by the backward, reduce-scattered: the piece stays; a tied weight's
+                    # later reader adds its reduce-scattered block into the piece (its block, transiently)
                     accumulating += whole
+                    if p not in param_done:
+                        param_done.add(p)
+                        self.grads_now += piece
+                    else:
+                        accumulating += piece
                     continue
                 if p not in param_done:
                     param_done.add(p)

@@ -19,6 +19,24 @@ def even_mlp():
     return model, (torch.randn(8, 16),)
 
 
+class TiedHead(nn.Module):
+    """An embedding (5 × 3), a linear layer (3 → 3) and an output layer reading the embedding's
+    weight (tied, as GPT-2's LM head): 15 + 9 + 3 elements, none of which two divides."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(5, 3)
+        self.mid = nn.Linear(3, 3)
+
+    def forward(self, ids):
+        return nn.functional.linear(self.mid(self.emb(ids)), self.emb.weight)
+
+
+def tied_head():
+    torch.manual_seed(0)
+    return TiedHead(), (torch.randint(0, 5, (4, 2)),)
+
+
 def zero3_holdings(rt, model, plan):
     """One forward + backward of ``plan`` (float64): the parameter bytes this rank holds after
     set-up, between the two readers (right after the first's last part) and after the forward;
@@ -53,15 +71,6 @@ def zero3_holdings(rt, model, plan):
 
 
 def tied_jobs(rt, cases):
-    """:func:`check_plans` and :func:`train_like_model` with :func:`tensoropt.plan.shardable`
-    offering tied weights too (what the plan model would need to give GPT-2's tied embedding a
-    level): the executors already shard a weight whose readers agree."""
-    import tensoropt.plan as plan_module
-
-    def shardable(graph, name):
-        node = graph.nodes[name]
-        return tuple(q for q in (*node.params, *node.param_reads)
-                     if graph.params[q].kind == "parameter" and graph.params[q].requires_grad)
-
-    plan_module.shardable = shardable
+    """:func:`check_plans` and :func:`train_like_model` of plans whose tied weights' readers share
+    a level (the plan model shards those too: :func:`tensoropt.plan.sharded_parameters`)."""
     return check_plans(rt, cases), train_like_model(rt, cases)

@@ -19,6 +19,7 @@ from tensoropt.planmodel.walk import plan_memory
 
 HERE = Path(__file__).parent
 EVEN = f"{HERE / 'sharding_models.py'}:even_mlp"
+TIED = f"{HERE / 'sharding_models.py'}:tied_head"
 ODD = f"{HERE / 'odd_model.py'}:odd_mlp"
 GPT2 = "zoo:gpt2?tiny=1"
 MESH = ("gpu0", "gpu1")
@@ -111,9 +112,8 @@ def test_each_rank_holds_what_the_walk_charges_at_every_level():
 
 
 def test_a_tied_weight_whose_readers_agree_is_sharded_by_the_executors():
-    # GPT-2's embedding and LM head share one weight; the plan model does not offer it a level yet
-    # (tensoropt.plan.shardable refuses tied weights).  With that rule relaxed in the ranks, both
-    # readers at one level on one mesh: the weight is sharded too, checked and trained exactly
+    # GPT-2's embedding and LM head share one weight: both readers at one level on one mesh shard
+    # it too (the plan model's rule, which Plan.check accepts), checked and trained exactly
     _, _, graph = load_case(GPT2, float64=True, dropout=False)
     cases = [{"model": GPT2, "plan": plan_for(graph, level, tied=True).to_dict()} for level in (1, 2, 3)]
     checks, trained = launch("tests.distributed.sharding_models:tied_jobs", 2, {"cases": cases}, timeout_s=120)[0]
@@ -121,6 +121,27 @@ def test_a_tied_weight_whose_readers_agree_is_sharded_by_the_executors():
         assert c["passed"] and c["params_rel_diff"] < 1e-12, c["failures"]
         assert t["params_rel_diff"] < 1e-10
         assert len(c["sharded"]) == GPT2_SHARDABLE + 1 and "model.transformer.wte.weight" in c["sharded"]
+
+
+def test_each_rank_holds_a_tied_weights_pieces_as_the_walk_charges():
+    # tests/planmodel/test_memory.py's tied model (AdamW): the tied weight 15 elements, the linear's
+    # 9 + 3, none even.  Pieces by the piece rule: rank 0 8 + 5 + 2 elements = 60 B (what the walk
+    # charges every device: the largest), rank 1 7 + 4 + 1 = 48 B; whole 108 B
+    graph = tensoropt.load_model(TIED).capture(method="export")
+    priced = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False),
+                             tensoropt.load_cluster("preset:titan-rtx-5"), costs_from="model")
+    by_rank = {1: [(108, 108, 120), (108, 108, 96)], 2: [(108, 60, 120), (108, 48, 96)],
+               3: [(60, 60, 120), (48, 48, 96)]}
+    for level, want in by_rank.items():
+        plan = Plan({n.name: NodeConfig(MESH, "batch", shard=level if (n.params or n.param_reads) else 0)
+                     for n in graph.ops}, graph_fingerprint=graph.fingerprint)
+        plan.check(graph)
+        for m in plan_memory(plan, graph, priced.costs, priced.cluster, optimizer="adamw").values():
+            assert (m.params, m.grads, m.optimizer) == want[0], level
+        got = launch(held_bytes, 2, {"model_spec": TIED, "plan": plan.to_dict(), "optimizer": "adamw",
+                                     "memory": False}, timeout_s=60)[0]
+        assert len(got["sharded"]) == 3, got["sharded"]
+        assert [(r["parameters"], r["gradients"], r["optimizer"]) for r in got["by_rank"]] == want, level
 
 
 def free_port() -> int:

@@ -2,7 +2,7 @@
 and a plan that shards some nodes and splits others by channel, keeping every parameter whole
 and saying so per node (the pieces are kept per rank: tests/distributed/test_sharding.py); the
 executors' rule of which parameters a level cuts is the plan model's, and a tied weight's
-readers agreeing on a level and a mesh shard it too."""
+readers agreeing on a level and a mesh shard it too (one rule, :func:`tensoropt.plan.sharded_parameters`)."""
 
 import torch
 from conftest import run_cli
@@ -50,13 +50,16 @@ def test_the_executors_shard_what_the_plan_model_charges_and_agreeing_tied_reade
     graph = tensoropt.load_model(GPT2).capture(method="export")
     plan = plan_for(graph, Shard.GRADIENTS)
     got = sharded_parameters(graph, plan)
-    assert {q: (s.level, s.devices) for q, s in got.items()} == charged(graph, plan)
+    assert got == charged(graph, plan)                      # one rule: the plan model's
     assert len(got) == 27 and all(s.charged and s.readers == (graph.params[q].owner,) for q, s in got.items())
     # the tied weight (owned by the embedding, read by the LM head): sharded where both readers
-    # have the same level on the same mesh (a plan the plan model does not offer yet: not checked)
-    tied = sharded_parameters(graph, plan_for(graph, Shard.PARAMETERS, tied=True))["model.lm_head.weight"]
-    assert (tied.level, tied.readers, tied.charged) == (Shard.PARAMETERS, ("embedding", "linear"), False)
-    configs = dict(plan_for(graph, Shard.PARAMETERS, tied=True).configs)
+    # have the same level on the same mesh — charged like every other, and the plan passes the check
+    both = plan_for(graph, Shard.PARAMETERS, tied=True)
+    both.check(graph)
+    tied = sharded_parameters(graph, both)["model.lm_head.weight"]
+    assert (tied.level, tied.readers, tied.charged) == (Shard.PARAMETERS, ("embedding", "linear"), True)
+    assert charged(graph, both)["model.lm_head.weight"] == tied
+    configs = dict(both.configs)
     configs["linear"] = NodeConfig(MESH, "batch", shard=Shard.GRADIENTS)     # the readers disagree: whole
     assert "model.lm_head.weight" not in sharded_parameters(graph, Plan(configs, graph_fingerprint=graph.fingerprint))
     # the piece rule over the flattened parameter: wpe (1,024 × 16 = 16,384 elements) in halves

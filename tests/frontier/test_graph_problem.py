@@ -103,7 +103,9 @@ def test_configs_follow_the_profile_and_recompute_only_where_it_frees(cnn):
     assert [(c.layout, c.shard) for c in conv4 if not c.recompute] == [("R", 0), ("batch", 0), ("batch", 2),
                                                                        ("batch", 3), ("channel", 0)]
     relu4 = node_configs(g, costs, "relu", ("gpu0", "gpu1", "gpu2", "gpu3"), shard_levels=(2, 3))
-    assert {c.shard for c in node_configs(g, costs, "conv2d", ("gpu0", "gpu1"))} == {0}   # not by default
+    # by default the levels the executors run: ZeRO-1, ZeRO-2, ZeRO-3
+    assert {c.shard for c in node_configs(g, costs, "conv2d", ("gpu0", "gpu1"))} == {0, 1, 2, 3}
+    assert {c.shard for c in node_configs(g, costs, "conv2d", ("gpu0", "gpu1"), shard_levels=())} == {0}
     assert {c.shard for c in relu4} == {0}                    # no parameters of its own: nothing to shard
 
 
@@ -126,14 +128,16 @@ def test_node_and_edge_costs_are_the_cost_model_and_reshard(cnn):
         if cfg.shard:   # ZeRO-2 / FSDP: no share of the all-reduce (sync is None); instead, worked out here:
             assert sync is None
             w = sum(g.params[q].nbytes for q in ("head.weight", "head.bias"))
-            half = sum(-(-g.params[q].nbytes // 2) for q in ("head.weight", "head.bias"))
-            ag = tensoropt.cluster.allgather_time(TITAN, mesh, w)
+            # pieces in elements: ⌈numel / 2⌉ × 4 bytes
+            half = sum(-(-g.params[q].numel // 2) * 4 for q in ("head.weight", "head.bias"))
+            # one collective per parameter (as the executors run them), a weight's then a bias's
+            ag = sum(tensoropt.cluster.allgather_time(TITAN, mesh, g.params[q].nbytes)
+                     for q in ("head.weight", "head.bias"))
             # the gradients reduce-scattered (a reduce-scatter costs an all-gather's time); FSDP also
             # gathers the parameters before the forward and again before the backward
             want_t += ag + (2 * ag if cfg.shard == 3 else 0)
-            if cfg.shard == 2:   # + its share of gathering the updated parameters after the step: bytes only
-                link = TITAN.link(*mesh)
-                want_t += (w / 2) / (link.bandwidth_Bps * link.duplex)
+            if cfg.shard == 2:   # + gathering the updated parameters after the step, one all-gather each
+                want_t += ag
             # gradients (and FSDP's parameters) and Adam's 2 × state kept as halves
             want_m -= (w - half) * (1 + 2 + (1 if cfg.shard == 3 else 0))
             # its gradients made whole before the reduce-scatter (and FSDP's gathered parameters)
@@ -144,6 +148,7 @@ def test_node_and_edge_costs_are_the_cost_model_and_reshard(cnn):
         assert mp.transient["linear"][s] == want_tr
     # adam's state is 2 × the (split) parameters
     assert {c.shard for c in mp.configs["linear"]} == {0, 2, 3}
+    assert {c.shard for c in build_problem(g, costs, TITAN, mesh, optimizer="adam").configs["linear"]} == {0, 1, 2, 3}
     r = mp.configs["linear"].index(NodeConfig(mesh, "R"))
     c = mp.configs["linear"].index(NodeConfig(mesh, "channel"))
     assert n.mem[r] - n.mem[c] >= 4 * (g.params["head.weight"].nbytes // 2)
@@ -225,3 +230,29 @@ def test_cost_is_resident_sum_plus_max_transient(cnn):
     assert not all(np.isfinite(n.mem).any() for n in mp.masked(lv[0] - 1).nodes)   # no plan below the floor
     top = mp.masked(lv[-1])
     assert all(np.array_equal(a.mem, b.mem) for a, b in zip(top.nodes, mp.problem.nodes))
+
+
+def test_a_tied_weights_readers_share_a_level_on_its_tie_edge():
+    # the tied model of tests/distributed/sharding_models.py: the embedding owns a 15-element
+    # weight the output layer reads.  On the tie edge: both readers at one level → nothing beyond
+    # what the owner's configuration counts (its pieces: ⌈15/2⌉ = 8 elements = 32 B); the owner at a
+    # level the reader does not share → the owner's optimistic pieces given back (a level only it
+    # has shards nothing: each node's parameters are all tied here, so infeasible)
+    from tests.planmodel.test_memory import tied_head_case
+    graph, costs, cluster = tied_head_case()
+    mesh = ("gpu0", "gpu1")
+    mp = build_problem(graph, costs, cluster, mesh, optimizer="adamw")
+    tied = next(q for q, p in graph.params.items() if p.readers)
+    owner, (head,) = graph.params[tied].owner, graph.params[tied].readers
+    e = next(e for e in mp.problem.edges if {e.src, e.dst} == {owner, head} and e.time.shape
+             == (len(mp.configs[e.src]), len(mp.configs[e.dst])) and np.isinf(e.mem).any())
+    for i, a in enumerate(mp.configs[e.src]):
+        for j, b in enumerate(mp.configs[e.dst]):
+            if a.shard and a.shard == b.shard:
+                assert e.mem[i, j] == 0
+            elif a.shard or b.shard:
+                assert np.isinf(e.mem[i, j])
+    # the owner at level 3 counts its pieces of the weight, gradient and AdamW state: (60 − 32) × 4 less
+    n = mp.problem.nodes[mp.problem.index(owner)]
+    at = {(c.layout, c.recompute, int(c.shard)): s for s, c in enumerate(mp.configs[owner])}
+    assert n.mem[at[("batch", False, 0)]] - n.mem[at[("batch", False, 3)]] == (60 - 32) * 4

@@ -213,3 +213,69 @@ def test_sharding_levels_hold_what_zero_and_fsdp_hold_worked_by_hand():
                                     ("linear", "backward parameters gathered on gpu0,gpu1"),
                                     ("linear_1", "gradients reduce-scattered on gpu0,gpu1"),
                                     ("linear", "gradients reduce-scattered on gpu0,gpu1")])
+
+
+def tied_head_case():
+    """The tied model of tests/distributed/sharding_models.py, captured and priced, on two TITANs."""
+    from tests.distributed.sharding_models import tied_head
+    model, inputs = tied_head()
+    graph = tensoropt.capture(model, inputs)
+    priced = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False),
+                             tensoropt.load_cluster("preset:titan-rtx-5"), costs_from="model")
+    return graph, priced.costs, priced.cluster
+
+
+def test_a_tied_weight_sharded_by_its_agreeing_readers_worked_by_hand():
+    # Embedding(5, 3) → Linear(3, 3) → an output layer reading the embedding's weight, batch 4
+    # split over two devices, AdamW (α = 2).  Parameters: the tied weight 15 elements = 60 B, the
+    # linear's 9 + 3 = 36 + 12 B: 108 B.  Pieces by the piece rule, in elements: ⌈15/2⌉ = 8 = 32 B,
+    # ⌈9/2⌉ = 5 = 20 B, ⌈3/2⌉ = 2 = 8 B: 60 B on the first device (⌈bytes/2⌉ would say 54 B)
+    from tensoropt.plan import PlanError, sharded_parameters
+    from tensoropt.planmodel.reshard import node_sharded, shard_steps
+    graph, costs, cluster = tied_head_case()
+    mesh = ("gpu0", "gpu1")
+    tied = next(q for q, p in graph.params.items() if p.readers)
+    owner, (head,) = graph.params[tied].owner, graph.params[tied].readers
+
+    def plan_of(levels):
+        return tensoropt.Plan({n.name: tensoropt.NodeConfig(mesh, "batch", shard=levels.get(n.name, 0))
+                               for n in graph.ops}, graph_fingerprint=graph.fingerprint)
+
+    mid = next(n.name for n in graph.ops if n.params and n.name != owner)
+    for level, want in {1: (108, 108, 120), 2: (108, 60, 120), 3: (60, 60, 120)}.items():
+        plan = plan_of({owner: level, head: level, mid: level})
+        plan.check(graph)
+        assert sharded_parameters(graph, plan)[tied].readers == (owner, head)
+        mem = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
+        for d, m in mem.items():
+            assert (m.params, m.grads, m.optimizer) == want, (level, d)
+        sim = tensoropt.simulate(plan, graph, costs, cluster, optimizer="adamw")
+        assert sim.memory_bytes == {d: m.peak for d, m in mem.items()}
+        # the compiled walk and simulator agree on it
+        ev = MeshEvaluator(graph, costs, cluster, mesh, configs={n: (c,) for n, c in plan.configs.items()},
+                           optimizer="adamw")
+        assert ev.evaluate([0] * len(ev.names)) == (sim.max_memory_bytes, pytest.approx(sim.time_s, rel=1e-9))
+        # one collective per parameter: the head gathers (and reduce-scatters) the tied weight, the
+        # linear its weight and its bias, each on its own
+        per_node = node_sharded(graph, sharded_parameters(graph, plan))
+        stage = [s for s in shard_steps(graph, head, plan.configs[head], cluster, per_node[head]) if s][0]
+        assert [s.nbytes for s in stage.steps] == [60]
+        stage = [s for s in shard_steps(graph, mid, plan.configs[mid], cluster, per_node[mid]) if s][0]
+        assert sorted(s.nbytes for s in stage.steps) == [12, 36]
+    # FSDP (level 3): the tied weight gathered whole for each reader, forward and backward
+    plan = plan_of({owner: 3, head: 3, mid: 3})
+    sim = tensoropt.simulate(plan, graph, costs, cluster, optimizer="adamw")
+    gathers = sorted((e.node, e.detail.split(":")[0]) for e in sim.timeline if e.kind == "link" and e.resource ==
+                     "gpu0->gpu1" and "gathered" in e.detail)
+    assert gathers == sorted((n, f"{w} parameters gathered on gpu0,gpu1") for n in (owner, head, mid)
+                             for w in ("forward", "backward"))
+    # the readers disagree: the tied weight whole (60 B everywhere, its gradient summed whole), the
+    # linear's pieces at level 3: parameters 60 + 28 = 88, gradients 88, state 2 × 88 = 176
+    plan = plan_of({mid: 3})
+    m = plan_memory(plan, graph, costs, cluster, optimizer="adamw")["gpu0"]
+    assert (m.params, m.grads, m.optimizer) == (88, 88, 176)
+    # ... and a level on a reader that then shards nothing is refused, naming the node and why
+    with pytest.raises(PlanError, match=f"node '{head}' shards its parameters.*do not share one level"):
+        plan_of({head: 3, mid: 3}).check(graph)
+    with pytest.raises(PlanError, match=f"node '{owner}' shards its parameters.*do not share one level"):
+        plan_of({owner: 2, head: 3}).check(graph)

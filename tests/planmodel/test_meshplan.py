@@ -11,6 +11,7 @@ import torch
 
 import tensoropt
 from tensoropt.frontier.graph_problem import build_problem
+from tensoropt.plan import PlanError
 from tensoropt.planmodel.meshplan import MeshEvaluator
 
 MODELS = ("zoo:gpt2?tiny=1", "zoo:wide_resnet?tiny=1", "zoo:rnnlm?tiny=1", "zoo:transformer?tiny=1",
@@ -35,10 +36,27 @@ def test_random_plans_cost_what_the_simulator_says(graphs, spec, preset, mesh):
     graph, untimed = graphs[spec]
     priced = tensoropt.price(untimed, tensoropt.load_cluster(f"preset:{preset}"), costs_from="model")
     costs, cluster = priced.costs, priced.cluster
-    mp = build_problem(graph, costs, cluster, mesh, optimizer="adamw", shard_levels=(2, 3))   # ZeRO-2, FSDP too
+    mp = build_problem(graph, costs, cluster, mesh, optimizer="adamw")   # ZeRO-1, -2, FSDP too (the default)
     ev = MeshEvaluator(graph, costs, cluster, mesh, configs=mp.configs, optimizer="adamw")
     rng = random.Random(f"{spec}{preset}{len(mesh)}")
-    vecs = [[0] * len(ev.names)] + [[rng.randrange(len(mp.configs[n])) for n in ev.names] for _ in range(12)]
+    vecs = [[0] * len(ev.names)]
+    for _ in range(500):       # 12 random plans the plan check accepts (a level must shard something)
+        vec = [rng.randrange(len(mp.configs[n])) for n in ev.names]
+        try:
+            ev.plan(vec).check(graph)
+        except PlanError:
+            continue
+        vecs.append(vec)
+        if len(vecs) == 13:
+            break
+    # and plans where every node that can takes one level (a tied weight's readers agree: GPT-2's
+    # embedding and LM head sharded), the others random
+    for level in (1, 2, 3):
+        vec = []
+        for n in ev.names:
+            at = [c for c, cfg in enumerate(mp.configs[n]) if cfg.shard == level]
+            vec.append(rng.choice(at) if at else rng.randrange(len(mp.configs[n])))
+        vecs.append(vec)
     peaks, times = ev.evaluate_many(np.array(vecs))
     for vec, peak, seconds in zip(vecs, peaks, times):
         sim = tensoropt.simulate(ev.plan(vec), graph, costs, cluster, optimizer="adamw")
