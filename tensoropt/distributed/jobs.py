@@ -187,7 +187,8 @@ def check_as_run(rt: Runtime, cases: Sequence[Mapping[str, Any]]) -> list[dict[s
     (:func:`tensoropt.execute.runplan.load_for_run`, :func:`~tensoropt.execute.runplan.check_on`
     on a :class:`~.backend.DistributedBackend`): rank 0's model on every rank, float64 where the
     model allows, dropout on with keyed masks.  Returns per case ``passed``, ``summary`` (the
-    check's line), ``failures`` (one line per tensor out of tolerance)."""
+    check's line), ``failures`` (one line per tensor out of tolerance), ``loss_rtol`` (the relative
+    tolerance the loss was held to)."""
     from ..execute.runplan import check_on, load_for_run
     from .backend import DistributedBackend
 
@@ -196,7 +197,8 @@ def check_as_run(rt: Runtime, cases: Sequence[Mapping[str, Any]]) -> list[dict[s
     for case in cases:
         model, call, graph = load_for_run(case["model"], backend)
         cmp = check_on(backend, model, call, Plan.from_dict(case["plan"]), graph)
-        out.append({"passed": cmp.passed, "summary": cmp.summary(), "failures": [c.describe() for c in cmp.failures]})
+        out.append({"passed": cmp.passed, "summary": cmp.summary(), "failures": [c.describe() for c in cmp.failures],
+                    "loss_rtol": next((c.rtol for c in cmp.checks if c.kind == "loss"), None)})
     return out
 
 

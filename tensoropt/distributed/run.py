@@ -63,11 +63,14 @@ from ..errors import DistributedError
 from ..execute.check import (
     Comparison,
     TensorCheck,
-    check_loss,
+    Tolerance,
     check_tensor,
     group_scale,
+    loss_of,
     merge_checks,
+    step_checks,
     step_seed,
+    tolerance_for,
     tolerance_precision,
 )
 from ..execute.dropout import dropout_off
@@ -839,6 +842,7 @@ class _ReferenceStep:
     buffers: dict[str, torch.Tensor]
     grad_scale: float
     buffer_scale: float
+    loss_tolerance: Tolerance
 
 
 def _reference_step(executor: DistributedExecutor, reference: nn.Module, call: ModelCall, args: Sequence[Any],
@@ -850,15 +854,16 @@ def _reference_step(executor: DistributedExecutor, reference: nn.Module, call: M
     with KeyedRandomMode(seed), precision_context(executor.precision, where):
         ref_out = call.run(reference)
     if executor.loss == "check":
-        ref_loss, loss_scale = check_loss(ref_out)
+        ref_loss, loss_scale, loss_tolerance = loss_of(ref_out, None)
     else:
         ref_loss = training_loss(ref_out)
         loss_scale = sum(float(t.detach().float().abs().mean()) for t in _float_tensors(ref_out) if t.numel())
+        loss_tolerance = tolerance_for(ref_loss.dtype)
     ref_loss.backward()
     ref_grads = {k: p.grad.detach() for k, p in reference.named_parameters() if p.grad is not None}
     ref_buffers = dict(reference.named_buffers())
     return _ReferenceStep(ref_loss, loss_scale, ref_grads, ref_buffers, group_scale(ref_grads.values()),
-                          group_scale(v for v in ref_buffers.values() if v.is_floating_point()))
+                          group_scale(v for v in ref_buffers.values() if v.is_floating_point()), loss_tolerance)
 
 
 def _rank_checks(executor: DistributedExecutor, loss: torch.Tensor, ref: _ReferenceStep) -> list[TensorCheck]:
@@ -867,7 +872,10 @@ def _rank_checks(executor: DistributedExecutor, loss: torch.Tensor, ref: _Refere
     mine: list[TensorCheck] = []
     tol = executor.check_precision   # a bf16 graph: the bfloat16 tolerance (None: by dtype)
     if executor.rt.rank == 0:    # the loss is the same on every rank: the parts summed
-        mine.append(check_tensor("loss", "loss", loss, ref.loss, group=ref.loss_scale, precision=tol))
+        # the one-process check's rule for the loss (execute.check.step_checks): its tolerance
+        # from the outputs it sums (loss_of), loosened to the graph's precision
+        mine += step_checks(ref.loss, loss, ref.loss_scale, {}, {}, {}, {}, missing_grads=False,
+                            loss_tolerance=ref.loss_tolerance, precision=tol)
     for k, p in executor.local_parameters.items():
         want = executor.piece_of(k, ref.grads[k]) if k in ref.grads else None
         mine.append(check_tensor("grad", k, p.grad, want, group=ref.grad_scale, precision=tol))

@@ -96,7 +96,7 @@ from .randomness import KeyedRandomMode
 __all__ = ["CHECK_SEED", "CHECK_DTYPES", "TOLERANCES", "Tolerance", "TensorCheck", "Comparison", "CheckDtypeError",
            "check_loss", "check_weights", "check_tensor", "group_scale", "merge_checks", "rel_diff",
            "compare_with_model", "check_plan", "prepare_check", "to_check_dtype", "retarget_plan", "step_checks",
-           "tolerance_precision"]
+           "tolerance_precision", "tolerance_for", "loss_of"]
 
 #: the seed of the check loss's weights (output ``i`` draws from ``CHECK_SEED + i``)
 CHECK_SEED = 1234
@@ -401,7 +401,7 @@ def check_loss(outputs: Any) -> tuple[torch.Tensor, float]:
     """``(Σ_i (out_i.double() * W_i).sum(), Σ_i Σ |out_i * W_i|)``: the check loss (float64) of
     the floating tensors in ``outputs`` (any nesting of tuples, lists, dicts, dataclasses, as
     :func:`~tensoropt.measure.step.training_loss`) and the size of its terms (its tolerance's
-    ``G``; the tolerance is the least precise output's: :func:`_loss_of`).  Raises
+    ``G``; the tolerance is the least precise output's: :func:`loss_of`).  Raises
     :class:`ExecutionError` when there is no floating output."""
     outs = _floating_outputs(outputs)
     if not outs:
@@ -459,9 +459,12 @@ def _forward_planned(planned: nn.Module, call: ModelCall, seed: int) -> Any:
             planned.seed = None  # type: ignore[assignment]
 
 
-def _loss_of(outputs: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> tuple[torch.Tensor, float, Tolerance]:
-    """(loss, its tolerance's ``G``, its tolerance: that of the least precise floating output, the
-    loss being summed in float64 from them)."""
+def loss_of(outputs: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> tuple[torch.Tensor, float, Tolerance]:
+    """(loss, its tolerance's ``G``, its tolerance): without ``loss_fn`` the check loss
+    (:func:`check_loss`), summed in float64 from the outputs but held to the tolerance of the
+    least precise floating output (a float32 model's check loss is a float64 sum of float32
+    values: float32's tolerance); with it, ``loss_fn(outputs)`` at its own dtype's.  Both
+    backends' checks take the loss's tolerance from here."""
     if loss_fn is None:
         loss, scale = check_loss(outputs)
         tols = [tolerance_for(t.dtype) for t in _floating_outputs(outputs)]
@@ -540,14 +543,14 @@ def compare_with_model(reference: nn.Module, planned: nn.Module, example_inputs:
                         if p.grad is not None:
                             p.add_(p.grad.to(p.device), alpha=-lr)
         reference.zero_grad(set_to_none=True)
-        ref_loss, scale, loss_tol = _loss_of(_forward_reference(reference, call, step_seed(step), mixed), loss_fn)
+        ref_loss, scale, loss_tol = loss_of(_forward_reference(reference, call, step_seed(step), mixed), loss_fn)
         ref_loss.backward()
         ref_grads = {k: p.grad for k, p in reference.named_parameters() if p.grad is not None}
         ref_buffers = dict(reference.named_buffers())
         dtype = dtype or next((str(p.dtype).removeprefix("torch.") for p in reference.parameters()), "")
 
         planned.zero_grad(set_to_none=True)
-        loss, _, _ = _loss_of(_forward_planned(planned, call, step_seed(step)), loss_fn)
+        loss, _, _ = loss_of(_forward_planned(planned, call, step_seed(step)), loss_fn)
         loss.backward()
         grads = {k: p.grad for k, p in planned.named_parameters() if p.grad is not None or k in ref_grads}
         checks += step_checks(ref_loss, loss, scale, ref_grads, grads, ref_buffers, dict(planned.named_buffers()),
