@@ -117,7 +117,7 @@ work here, untimed, and the A100's device model prices the times)::
     [('gpu0',), ('gpu0', 'gpu1'), ('gpu0', 'gpu1', 'gpu2', 'gpu3')]
     >>> mp = build_problem(graph, costs, cluster, candidate_meshes(cluster)[1])
     >>> mp.problem.nodes[0].labels, mp.stats["reshards"]
-    (('R', 'batch', 'channel', 'reduce'), 24)
+    (('R', 'batch', 'batch+zero1', 'batch+zero2', 'batch+zero3', 'channel', 'reduce'), 24)
 """
 
 from __future__ import annotations

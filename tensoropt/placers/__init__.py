@@ -10,7 +10,10 @@ and returns a :class:`~tensoropt.plan.Plan` for the same simulator as everything
 - ``dpos`` (:mod:`.dpos`): FastT's rank_u list scheduling with a critical-path device and insertion-based EFT;
 - ``os-dpos`` (:mod:`.os_dpos`): FastT's DPOS plus splitting critical-path operators along batch / channel;
 - ``netsplit`` (:mod:`.netsplit`): NetSplit's MILP (forward and backward, heterogeneous links, memory), HiGHS;
-- ``pesto`` (:mod:`.pesto`): Pesto's MILP (forward only), HiGHS.
+- ``pesto`` (:mod:`.pesto`): Pesto's MILP (forward only), HiGHS;
+- ``zero1``, ``zero2``, ``fsdp``, ``fsdp+ac`` (:mod:`.zero`): data parallelism with ZeRO's
+  sharding levels (optimizer state; + gradients; + parameters, FSDP) and FSDP with a checkpoint
+  around every repeated block (torchtitan's recipe).
 
 m-topo / m-etf / m-sct place operators whole on one device each, with TensorFlow Placer's
 colocation groups (heuristics A, B, C; :mod:`.coarsen`) by default, and respect every device's
@@ -31,7 +34,7 @@ from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..measure.costmodel import CostModel
 from ..plan import Plan
-from . import dp, dpos, m_etf, m_sct, m_topo, netsplit, os_dpos, pesto
+from . import dp, dpos, m_etf, m_sct, m_topo, netsplit, os_dpos, pesto, zero
 from .coarsen import Grouping, UnionFind, colocate, group_memory, heavy_edge_groups
 
 PLACERS: dict[str, Callable[..., Plan]] = {
@@ -43,6 +46,7 @@ PLACERS: dict[str, Callable[..., Plan]] = {
     "os-dpos": os_dpos.place,
     "netsplit": netsplit.place,
     "pesto": pesto.place,
+    **zero.PLACERS,
 }
 
 

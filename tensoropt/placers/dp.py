@@ -44,36 +44,7 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
     names = cluster.select(devices)
     n = len(names)
     alpha = optimizer_alpha(optimizer)
-    configs: dict[str, NodeConfig] = {}
-    replicated: list[str] = []
-    unmeasured: set[str] = set()
-    for node in graph.ops:
-        if n == 1:
-            configs[node.name] = NodeConfig(tuple(names))
-            continue
-        cost = costs.get(node.name)
-        has = cost is None or ("batch", n) in costs.legal(node.name)
-        if node.split.batch is not None and has:
-            configs[node.name] = NodeConfig(tuple(names), "batch")
-        else:
-            configs[node.name] = NodeConfig(tuple(names), "R")
-            replicated.append(node.name)
-            if node.split.batch is not None:
-                unmeasured.add(node.name)
-    whole = _read_whole_without_gradient(graph, configs) if n > 1 else set()
-    for name in whole:
-        configs[name] = NodeConfig(tuple(names), "R")
-    replicated += sorted(whole)
-    # views are free and get a batch shard whatever the batch size: judge by the operators that compute
-    computing = [nd for nd in graph.ops if nd.name not in costs or costs[nd.name].method != "free"]
-    if n > 1 and any(nd.name in unmeasured for nd in computing) and \
-            not any(configs[nd.name].layout == "batch" for nd in computing):
-        degrees = costs.settings.get("shard_degrees")
-        why = (f"the profile measured shard degrees {degrees}, not {n}" if degrees and n not in degrees else
-               f"the batch ({graph.batch_size}) is smaller than {n} or no operator could be measured at that shard")
-        raise PlanError(f"dp: no computing operator has a batch shard of degree {n} in the profile ({why}); "
-                        f"profile with that shard degree (tensoropt profile MODEL --degrees 1,{n}, or "
-                        f"profile(graph, shard_degrees=(1, {n}))) and a batch of at least {n}")
+    configs, replicated, unmeasured = data_parallel_configs(graph, costs, names, NAME)
 
     # memory per device: every node's resident bytes at its layout; read parameters held once
     per_device = 0
@@ -98,6 +69,48 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
                 cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=NAME,
                 options={"devices": names, "optimizer": optimizer}, order=[n.name for n in graph.ops],
                 plan_id=NAME, notes=notes)
+
+
+def data_parallel_configs(graph: OpGraph, costs: CostModel, names: Sequence[str],
+                          who: str = NAME) -> tuple[dict[str, NodeConfig], list[str], set[str]]:
+    """Data parallelism's configuration of every operator over ``names`` (module docstring):
+    ``(configs, the operators replicated, those replicated for lack of a batch shard of that
+    degree in the profile)``; the sharding placers (:mod:`.zero`) start from it.  Raises
+    :class:`~tensoropt.plan.PlanError` (naming ``who``) when no computing operator has the batch
+    shard.  O(V + E) per round of :func:`_read_whole_without_gradient`."""
+    names = tuple(names)
+    n = len(names)
+    configs: dict[str, NodeConfig] = {}
+    replicated: list[str] = []
+    unmeasured: set[str] = set()
+    for node in graph.ops:
+        if n == 1:
+            configs[node.name] = NodeConfig(names)
+            continue
+        cost = costs.get(node.name)
+        has = cost is None or ("batch", n) in costs.legal(node.name)
+        if node.split.batch is not None and has:
+            configs[node.name] = NodeConfig(names, "batch")
+        else:
+            configs[node.name] = NodeConfig(names, "R")
+            replicated.append(node.name)
+            if node.split.batch is not None:
+                unmeasured.add(node.name)
+    whole = _read_whole_without_gradient(graph, configs) if n > 1 else set()
+    for name in whole:
+        configs[name] = NodeConfig(names, "R")
+    replicated += sorted(whole)
+    # views are free and get a batch shard whatever the batch size: judge by the operators that compute
+    computing = [nd for nd in graph.ops if nd.name not in costs or costs[nd.name].method != "free"]
+    if n > 1 and any(nd.name in unmeasured for nd in computing) and \
+            not any(configs[nd.name].layout == "batch" for nd in computing):
+        degrees = costs.settings.get("shard_degrees")
+        why = (f"the profile measured shard degrees {degrees}, not {n}" if degrees and n not in degrees else
+               f"the batch ({graph.batch_size}) is smaller than {n} or no operator could be measured at that shard")
+        raise PlanError(f"{who}: no computing operator has a batch shard of degree {n} in the profile ({why}); "
+                        f"profile with that shard degree (tensoropt profile MODEL --degrees 1,{n}, or "
+                        f"profile(graph, shard_degrees=(1, {n}))) and a batch of at least {n}")
+    return configs, replicated, unmeasured
 
 
 def _read_whole_without_gradient(graph: OpGraph, configs: dict[str, NodeConfig]) -> set[str]:

@@ -1,0 +1,153 @@
+"""Sharded data parallelism, as people run it: ZeRO-1, ZeRO-2, FSDP (ZeRO-3) and FSDP with
+per-block activation checkpointing — the recipes of DeepSpeed's ZeRO and PyTorch's FSDP2
+(torchtitan's default: FSDP, a checkpoint around every transformer block).
+
+Each is data parallelism (:func:`.dp.data_parallel_configs`: every operator ``S(batch)`` over
+all devices where it can be, else replicated) with a sharding level
+(:class:`~tensoropt.layouts.Shard`) on every operator that reads a trainable parameter whole
+over the devices:
+
+- ``zero1``: ``Shard.OPTIMIZER`` — each device keeps its piece of the optimizer state, steps it,
+  and all-gathers the updated parameters;
+- ``zero2``: ``Shard.GRADIENTS`` — and its piece of the gradients (reduce-scattered, not
+  all-reduced);
+- ``fsdp``: ``Shard.PARAMETERS`` — and its piece of the parameters between uses (all-gathered
+  before each use, in forward and again in backward: FSDP's ``reshard_after_forward=True``);
+- ``fsdp+ac``: ``fsdp`` with every operator inside a repeated block (a module path with a
+  numeric part: ``transformer.h.3``, ``layer1.0``) recomputed in backward, except those whose
+  output leaves the block — only each block's input and output are kept, as
+  ``torch.utils.checkpoint`` around each block keeps them.
+
+A tied weight (GPT-2's embedding and LM head) is sharded where all its readers agree, which
+they do here (every reader gets the level): :func:`tensoropt.plan.sharded_parameters`, the one
+rule the plan model and the executors share.  The plan's memory is its walked peak
+(:func:`tensoropt.planmodel.walk.plan_memory`); a plan that does not fit the smallest device is
+a :class:`~tensoropt.plan.PlanError` giving the peak, the device and its memory.
+
+Example (a two-layer MLP on two A100s: ZeRO-2 keeps half of each gradient and optimizer state)::
+
+    >>> import torch
+    >>> from tensoropt import capture, load_cluster, price, profile
+    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    >>> graph = capture(model, (torch.randn(8, 16),))
+    >>> priced = price(profile(graph, shard_degrees=(1, 2), timed=False), load_cluster("preset:a100-4-nvlink"))
+    >>> plan = place(graph, priced.costs, priced.cluster, devices=["gpu0", "gpu1"], level="zero2")
+    >>> sorted({int(c.shard) for c in plan.configs.values()})
+    [0, 2]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..cluster import Cluster
+from ..describe import fmt_bytes
+from ..graph import OpGraph
+from ..layouts import Layout, Shard
+from ..measure.costmodel import CostModel
+from ..optimizers import DEFAULT_OPTIMIZER
+from ..plan import NodeConfig, Plan, PlanError, sharded_parameters
+from ..planmodel.walk import plan_memory
+from .dp import data_parallel_configs
+
+#: placer name -> (sharding level, recompute inside repeated blocks)
+RECIPES: dict[str, tuple[Shard, bool]] = {
+    "zero1": (Shard.OPTIMIZER, False),
+    "zero2": (Shard.GRADIENTS, False),
+    "fsdp": (Shard.PARAMETERS, False),
+    "fsdp+ac": (Shard.PARAMETERS, True),
+}
+
+
+def block_of(module_path: str) -> str | None:
+    """The repeated block an operator of ``module_path`` belongs to: the path up to and
+    including its first numeric part (a ``ModuleList`` / ``Sequential`` entry), else ``None``.
+
+    >>> block_of("transformer.h.3.attn.c_attn"), block_of("lm_head"), block_of("layer1.0.conv1")
+    ('transformer.h.3', None, 'layer1.0')
+    """
+    parts = module_path.split(".") if module_path else []
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[:i + 1])
+    return None
+
+
+def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
+          optimizer: str | int = DEFAULT_OPTIMIZER, level: str = "fsdp") -> Plan:
+    """Data parallelism over ``devices`` (default: all of the cluster's) with the sharding recipe
+    ``level`` (a key of :data:`RECIPES`; module docstring).  Raises
+    :class:`~tensoropt.plan.PlanError` when the profile lacks the batch shard for that many
+    devices, when nothing can be sharded (one device), or when the walked peak does not fit the
+    smallest device.  O(V + E) and one memory walk."""
+    if level not in RECIPES:
+        raise PlanError(f"unknown sharding recipe {level!r}; known: {', '.join(RECIPES)}")
+    shard, checkpoint = RECIPES[level]
+    costs.check_graph(graph)
+    names = cluster.select(devices)
+    if len(names) < 2:
+        raise PlanError(f"{level}: sharding needs at least 2 devices, got {len(names)} ({', '.join(names)})")
+    configs, replicated, _ = data_parallel_configs(graph, costs, names, level)
+    trainable = {q for q, p in graph.params.items() if p.kind == "parameter" and p.requires_grad}
+    for node in graph.ops:
+        cfg = configs[node.name]
+        reads = [q for q in (*node.params, *node.param_reads) if q in trainable]
+        if reads and not Layout(cfg.layout).cuts_params:
+            configs[node.name] = NodeConfig(cfg.devices, cfg.layout, cfg.recompute, shard)
+    recomputed = _checkpointed(graph) if checkpoint else set()
+    for name in recomputed:
+        cfg = configs[name]
+        configs[name] = NodeConfig(cfg.devices, cfg.layout, True, cfg.shard)
+    # a level on a node whose parameters end up unsharded (a tied weight one reader cuts) would be
+    # refused by Plan.check: drop it there
+    kept = sharded_parameters(graph, configs)
+    for node in graph.ops:
+        cfg = configs[node.name]
+        if cfg.shard and not any(node.name in p.readers for p in kept.values()):
+            configs[node.name] = NodeConfig(cfg.devices, cfg.layout, cfg.recompute, Shard.NONE)
+    notes = [f"{len(graph.ops) - len(replicated)} operators split along the batch over {len(names)} devices, "
+             f"{len(replicated)} replicated; {len(kept)} parameters sharded at level {int(shard)} "
+             f"({shard.name.lower()})"]
+    if checkpoint:
+        notes.append(f"{len(recomputed)} operators recomputed inside "
+                     f"{len({block_of(graph.nodes[n].module_path) for n in recomputed})} repeated blocks")
+    plan = Plan(configs, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
+                cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=level,
+                options={"devices": list(names), "optimizer": optimizer}, order=[n.name for n in graph.ops],
+                plan_id=level, notes=notes)
+    peaks = {d: m.peak for d, m in plan_memory(plan, graph, costs, cluster, optimizer=optimizer).items()}
+    worst = max(peaks, key=lambda d: peaks[d] - cluster.device(d).memory_bytes)
+    cap = cluster.device(worst).memory_bytes
+    if peaks[worst] > cap:
+        raise PlanError(f"{level}: {worst} needs {fmt_bytes(peaks[worst])} ({peaks[worst]} bytes, the walked peak of "
+                        f"one step) but has {fmt_bytes(cap)} ({cap} bytes); use more devices, devices with more "
+                        "memory, a smaller batch, or a plan that splits the model (frontier tracking)")
+    plan.notes.append(f"walked peak per device: {fmt_bytes(max(peaks.values()))}")
+    return plan
+
+
+def _recipe(level: str) -> Callable[..., Plan]:
+    def place_recipe(graph: OpGraph, costs: CostModel, cluster: Cluster, *,
+                     devices: Sequence[str] | str | None = None, optimizer: str | int = DEFAULT_OPTIMIZER) -> Plan:
+        return place(graph, costs, cluster, devices=devices, optimizer=optimizer, level=level)
+    place_recipe.__name__ = place_recipe.__qualname__ = f"place_{level.replace('+', '_')}"
+    place_recipe.__doc__ = f":func:`place` with ``level={level!r}``."
+    return place_recipe
+
+
+#: the placers of :data:`tensoropt.placers.PLACERS` this module registers, one per recipe
+PLACERS: dict[str, Callable[..., Plan]] = {level: _recipe(level) for level in RECIPES}
+
+
+def _checkpointed(graph: OpGraph) -> set[str]:
+    """The operators a checkpoint around every repeated block recomputes: those inside a block
+    (:func:`block_of`) whose output no operator outside that block reads."""
+    out = set()
+    for node in graph.ops:
+        block = block_of(node.module_path)
+        if block is None:
+            continue
+        readers = [graph.nodes[c] for c in graph.successors(node.name)]
+        if readers and all(r.kind == "op" and block_of(r.module_path) == block for r in readers):
+            out.add(node.name)
+    return out
