@@ -174,10 +174,9 @@ def plan_verdict(store: ResultStore, key: str, plan_id: str, budget: float | Non
     return f"does not fit {limit}: {figures.over_text(peaks, cluster, budget_bytes=budget, reserve_bytes=reserve)}"
 
 
-def _shown_key(store: ResultStore, done_key: str | None, partial_key: str | None) -> str | None:
-    """The result on show: the finished one when there is one, else the frontier whose baselines
-    still run."""
-    return done_key if done_key and store.complete(done_key) else partial_key
+def shown_key(shown: Mapping[str, Any] | None) -> str | None:
+    """The key of the result on show (the ``shown-key`` store: ``{"key": …, "done": …}``)."""
+    return (shown or {}).get("key") or None
 
 
 def request_from_controls(source: str, zoo_name: str | None, zoo_params: str | None, spec: str | None,
@@ -549,13 +548,26 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
     """The frontier figure (drawn on the server once per result and selection, restyled in the
     browser for the budget), the summary above it, the GPUs-needed table, which plan is selected."""
 
+    # the result on show: its frontier as soon as the run reports it (partial-key, a progress output), then the whole
+    # result (result-key, the run's output).  A callback whose input is an output of a running background callback
+    # waits until that callback ends, and so does every callback downstream of it: so nothing on the page takes
+    # result-key as an input but the second writer here, whose output is a duplicate (a distinct output to Dash,
+    # which then does not hold back what reads shown-key).  The primary writer must be the partial one.
+    # (in the browser: every progress report sets partial-key again, most often to nothing)
+    app.clientside_callback(
+        "function(k) { return k ? {key: k, done: false} : window.dash_clientside.no_update; }",
+        Output("shown-key", "data"), Input("partial-key", "data"), prevent_initial_call=True)
+
+    @app.callback(Output("shown-key", "data", allow_duplicate=True), Input("result-key", "data"),
+                  prevent_initial_call=True)
+    def _show_result(done_key: str | None) -> Any:
+        return {"key": done_key, "done": True} if done_key and store.complete(done_key) else no_update
+
     @app.callback(Output("frontier-base", "data"), Output("page-data", "data"), Output("result-summary", "children"),
                   Output("compare-plan", "options"),
-                  Input("result-key", "data"), Input("partial-key", "data"), Input("selected-plan", "data"),
-                  Input("compare-plan", "value"))
-    def _frontier(done_key: str | None, partial_key: str | None, selected: str | None,
-                  compare: str | None) -> tuple[Any, ...]:
-        key = _shown_key(store, done_key, partial_key)
+                  Input("shown-key", "data"), Input("selected-plan", "data"), Input("compare-plan", "value"))
+    def _frontier(shown: Mapping[str, Any] | None, selected: str | None, compare: str | None) -> tuple[Any, ...]:
+        key = shown_key(shown)
         if not key or not store.frontier_ready(key):
             empty = figures.frontier_figure([], title="no result yet: run profiling + frontier")
             return empty.to_plotly_json(), None, "", []
@@ -609,19 +621,18 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
             return no_update
 
     @app.callback(Output("selected-plan", "data", allow_duplicate=True), Output("url-plan", "data"),
-                  Input("result-key", "data"), Input("partial-key", "data"), State("url-plan", "data"),
-                  State("selected-plan", "data"), prevent_initial_call=True)
-    def _new_result(done_key: str | None, partial_key: str | None, wanted: str | None,
-                    selected: str | None) -> tuple[Any, Any]:
-        key = _shown_key(store, done_key, partial_key)
+                  Input("shown-key", "data"), State("url-plan", "data"), State("selected-plan", "data"),
+                  prevent_initial_call=True)
+    def _new_result(shown: Mapping[str, Any] | None, wanted: str | None, selected: str | None) -> tuple[Any, Any]:
+        key = shown_key(shown)
         ids: set[str] = set()
         if key and store.frontier_ready(key):
             ids = {p["plan_id"] for p in figures.drawn_plans(store.curves(key), store.baselines(key))}
         if wanted:
             return (wanted, None) if wanted in ids else (None, no_update)   # the link's plan, once it is there
-        if ctx.triggered_id == "result-key" and done_key == partial_key:
-            return no_update, no_update   # the baselines of the frontier on show are done: keep the selection
-        return (selected if selected in ids else None), no_update
+        if selected in ids:
+            return no_update, no_update   # still a plan of the result on show (its baselines came): kept
+        return None, no_update
 
 
 # ---- the selected plan ---------------------------------------------------------------------------
@@ -642,10 +653,10 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
                   Output("memory-graph", "figure"), Output("gantt-graph", "figure"), Output("plan-table", "data"),
                   Output("run-commands", "children"),
                   Input("selected-plan", "data"), Input("budget", "value"), Input("reserve", "value"),
-                  State("result-key", "data"), State("partial-key", "data"), prevent_initial_call=True)
-    def _plan(plan_id: str | None, budget_gib: float | None, reserve_gib: float | None, done_key: str | None,
-              partial_key: str | None) -> tuple[Any, ...]:
-        key = _shown_key(store, done_key, partial_key)
+                  State("shown-key", "data"), prevent_initial_call=True)
+    def _plan(plan_id: str | None, budget_gib: float | None, reserve_gib: float | None,
+              shown: Mapping[str, Any] | None) -> tuple[Any, ...]:
+        key = shown_key(shown)
         if not plan_id or not key:
             return ({"display": "none"}, "", [], no_update, no_update, [], "")
         budget, reserve = gib_bytes(budget_gib), reserve_bytes(reserve_gib)
@@ -666,10 +677,10 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
 
     @app.callback(Output("plan-graph", "figure"), Output("graph-hint", "children"),
                   Input("selected-plan", "data"), Input("expanded-groups", "data"), Input("graph-node", "data"),
-                  State("result-key", "data"), State("partial-key", "data"), prevent_initial_call=True)
-    def _graph(plan_id: str | None, expanded: list[str] | None, node: str | None, done_key: str | None,
-               partial_key: str | None) -> tuple[Any, Any]:
-        key = _shown_key(store, done_key, partial_key)
+                  State("shown-key", "data"), prevent_initial_call=True)
+    def _graph(plan_id: str | None, expanded: list[str] | None, node: str | None,
+               shown: Mapping[str, Any] | None) -> tuple[Any, Any]:
+        key = shown_key(shown)
         if not plan_id or not key:
             return no_update, ""
         try:
@@ -687,11 +698,11 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
 
     @app.callback(Output("expanded-groups", "data"), Output("graph-node", "data"), Output("node-details", "children"),
                   Input("plan-graph", "clickData"), Input("expand-all", "n_clicks"), Input("collapse-all", "n_clicks"),
-                  Input("selected-plan", "data"), State("expanded-groups", "data"), State("result-key", "data"),
-                  State("partial-key", "data"), prevent_initial_call=True)
+                  Input("selected-plan", "data"), State("expanded-groups", "data"), State("shown-key", "data"),
+                  prevent_initial_call=True)
     def _graph_click(click: Any, _all: int, _none: int, plan_id: str | None, expanded: list[str] | None,
-                     done_key: str | None, partial_key: str | None) -> tuple[Any, Any, Any]:
-        key = _shown_key(store, done_key, partial_key)
+                     shown: Mapping[str, Any] | None) -> tuple[Any, Any, Any]:
+        key = shown_key(shown)
         which = ctx.triggered_id
         if which == "selected-plan":
             return no_update, None, []
@@ -719,11 +730,11 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
                   Output("gantt-a", "figure"), Output("memory-b", "figure"), Output("gantt-b", "figure"),
                   Output("diff-table", "data"),
                   Input("compare-plan", "value"), Input("selected-plan", "data"), State("budget", "value"),
-                  State("reserve", "value"), State("result-key", "data"), State("partial-key", "data"),
+                  State("reserve", "value"), State("shown-key", "data"),
                   prevent_initial_call=True)
     def _compare(other: str | None, plan_id: str | None, budget_gib: float | None, reserve_gib: float | None,
-                 done_key: str | None, partial_key: str | None) -> tuple[Any, ...]:
-        key = _shown_key(store, done_key, partial_key)
+                 shown: Mapping[str, Any] | None) -> tuple[Any, ...]:
+        key = shown_key(shown)
         if not other or not plan_id or not key:
             return ({"display": "none"}, "", no_update, no_update, no_update, no_update, [])
         budget, reserve = gib_bytes(budget_gib), reserve_bytes(reserve_gib)
@@ -752,19 +763,19 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
         return ({"display": "block"}, summary, *figs, rows)
 
     @app.callback(Output("download-plan", "data"), Input("download-plan-button", "n_clicks"),
-                  State("selected-plan", "data"), State("result-key", "data"), State("partial-key", "data"),
+                  State("selected-plan", "data"), State("shown-key", "data"),
                   prevent_initial_call=True)
-    def _download_plan(_n: int, plan_id: str | None, done_key: str | None, partial_key: str | None) -> Any:
-        key = _shown_key(store, done_key, partial_key)
+    def _download_plan(_n: int, plan_id: str | None, shown: Mapping[str, Any] | None) -> Any:
+        key = shown_key(shown)
         if not plan_id or not key:
             return no_update
         plan = store.plan(key, plan_id)
         return {"content": json.dumps(plan.to_dict(), indent=1), "filename": plan_filename(plan_id)}
 
     @app.callback(Output("download-csv", "data"), Input("download-csv-button", "n_clicks"),
-                  State("result-key", "data"), State("partial-key", "data"), prevent_initial_call=True)
-    def _download_csv(_n: int, done_key: str | None, partial_key: str | None) -> Any:
-        key = _shown_key(store, done_key, partial_key)
+                  State("shown-key", "data"), prevent_initial_call=True)
+    def _download_csv(_n: int, shown: Mapping[str, Any] | None) -> Any:
+        key = shown_key(shown)
         if not key or not store.frontier_ready(key):
             return no_update
         s = store.summary(key)
@@ -858,6 +869,5 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
 
 
 __all__ = ["register_callbacks", "cluster_spec", "model_spec", "costs_fields", "gib_bytes", "reserve_bytes",
-           "plan_verdict", "frontier_view", "summary_lines", "page_data", "request_from_controls", "first_request",
-           "run_controls",
-           "source_banner", "url_state", "apply_url", "plan_commands", "URL_KEYS"]
+           "plan_verdict", "shown_key", "frontier_view", "summary_lines", "page_data", "request_from_controls",
+           "first_request", "run_controls", "source_banner", "url_state", "apply_url", "plan_commands", "URL_KEYS"]

@@ -208,6 +208,7 @@ def _stores(cluster_path: str | None) -> list[Any]:
     state waiting for its result, the plan graph's state."""
     return [dcc.Store(id="onnx-path"), dcc.Store(id="profile-path"), dcc.Store(id="cluster-path", data=cluster_path),
             dcc.Store(id="calibration-path"), dcc.Store(id="result-key"), dcc.Store(id="partial-key"),
+            dcc.Store(id="shown-key"),
             dcc.Store(id="selected-plan"), dcc.Store(id="frontier-base"), dcc.Store(id="page-data"),
             dcc.Store(id="url-ready"), dcc.Store(id="url-plan"), dcc.Store(id="url-prices"),
             dcc.Store(id="expanded-groups", data=[]), dcc.Store(id="graph-node"),

@@ -44,11 +44,11 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
     defaults = {"cache_dir": args.cache_dir, "default_model": args.model or DEFAULT_MODEL,
                 "default_cluster": args.cluster or DEFAULT_CLUSTER, "repeats": args.repeats,
                 "algos": args.algos.split(",") if args.algos else None}
+    dash_app = create_app(**defaults)   # imports what the default's model needs (forks inherit it)
     if not args.lazy:
-        # the page's first run, started now (before the server's threads, and while the page's modules load):
-        # the page opened a few seconds later follows it instead of starting it
+        # the page's first run, started now (a fork: before the server's threads): the page opened a few seconds
+        # later follows it instead of starting it
         precompute(**defaults)
-    dash_app = create_app(**defaults)
     url = f"http://{'127.0.0.1' if args.host in ('127.0.0.1', 'localhost') else args.host}:{args.port}/"
     console.print(f"tensoropt dashboard on {escape(url)} (Ctrl+C to stop)", highlight=False)
     if args.host not in ("127.0.0.1", "localhost", "::1"):

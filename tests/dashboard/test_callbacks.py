@@ -272,3 +272,22 @@ def test_a_default_cluster_file_stands_as_the_uploaded_cluster(tmp_path):
     assert first_request(TINY, str(path), 1, 0, algos=()).cluster == str(path)
     assert initial_controls(DEFAULT_MODEL, "detected")["cluster_source"] == "detected"
     assert initial_controls(DEFAULT_MODEL, DEFAULT_CLUSTER)["cluster_preset"] == "v100-8-nvlink"
+
+
+def test_nothing_waits_for_the_run_but_the_whole_result(tmp_path):
+    """Dash holds back a callback whose input is an output of a background callback still running, and
+    every callback downstream of it (seen on Dash 4.4: the page drew its frontier only once the
+    baselines were done, half a minute later).  So the frontier on show (``shown-key``) is written first
+    from the run's progress (``partial-key``), and the run's own outputs are read by one callback only,
+    whose output is a duplicate of ``shown-key`` — a distinct output to Dash, which does not hold back
+    what reads ``shown-key``."""
+    from tensoropt.dashboard import create_app
+
+    cmap = create_app(cache_dir=tmp_path).callback_map
+    (run,) = [k for k, cb in cmap.items() if cb.get("background")]
+    run_outputs = {o.split("@")[0] for o in run.strip(".").split("...")}
+    assert run_outputs == {"result-key.data", "run-message.children"}
+    readers = {k: [f"{i['id']}.{i['property']}" for i in cb["inputs"]] for k, cb in cmap.items()}
+    waiting = [k for k, ins in readers.items() if run_outputs & set(ins)]
+    assert len(waiting) == 1 and waiting[0].startswith("shown-key.data@")
+    assert readers["shown-key.data"] == ["partial-key.data"]
