@@ -34,8 +34,13 @@ GREY = "#b8b8b8"
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
             "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896")
 MIXED = "mixed"
-#: at most this many edges carry their cost as text (the costliest); every costly edge has a hover
+#: at most this many edges carry their cost as text (the costliest that do not overlap); every costly edge has a
+#: hover
 EDGE_LABELS = 12
+#: the plot area the layout is drawn for (px), and a cost label's box (px): a label is left to the hover
+#: where it would overlap a costlier one's (the page's plan graph is about this wide and exactly this high)
+PLOT_PX = (560, 370)
+LABEL_PX = (52, 16)
 
 
 def group_of(module_path: str) -> str | None:
@@ -110,7 +115,7 @@ def _shown_nodes(plan: Plan, graph: OpGraph, expanded: Collection[str]) -> tuple
         if g is not None and g in grouped and g not in expanded:
             owner[n.name] = g
             if g not in shown:
-                shown[g] = Shown(g, "group", [], f"{short_path(g)} ({len(grouped[g])} ops)", "")
+                shown[g] = Shown(g, "group", [], short_path(g), "")
             shown[g].members.append(n.name)
         else:
             owner[n.name] = n.name
@@ -184,6 +189,21 @@ def edge_costs(plan: Plan, graph: OpGraph, cluster: Cluster, owner: Mapping[str,
     return out
 
 
+def spaced(points: Sequence[tuple[float, float]], span: tuple[float, float], limit: int = EDGE_LABELS) -> list[int]:
+    """The indices of ``points`` (in order of priority) whose labels are drawn: at most ``limit``,
+    each one's :data:`LABEL_PX` box clear of every one drawn before it, in a plot of :data:`PLOT_PX`
+    spanning ``span`` (x, y) data units."""
+    sx = PLOT_PX[0] / max(span[0], 1.0)
+    sy = PLOT_PX[1] / max(span[1], 1.0)
+    kept: list[int] = []
+    for i, (x, y) in enumerate(points):
+        if len(kept) == limit:
+            break
+        if all(abs(x - points[j][0]) * sx >= LABEL_PX[0] or abs(y - points[j][1]) * sy >= LABEL_PX[1] for j in kept):
+            kept.append(i)
+    return kept
+
+
 def plan_graph_figure(plan: Plan, graph: OpGraph, cluster: Cluster, *, costs: CostModel | None = None,
                       expanded: Collection[str] = (), selected: str | None = None) -> go.Figure:
     """The plan's operator graph (module docstring): a trace of edges, one trace per colour (devices and
@@ -204,8 +224,9 @@ def plan_graph_figure(plan: Plan, graph: OpGraph, cluster: Cluster, *, costs: Co
                              showlegend=False, meta={"role": "edges"}))
     costly = sorted(((c, ab) for ab, c in costs_by_edge.items() if c > 0), reverse=True)
     if costly:
-        top = {ab for _, ab in costly[:EDGE_LABELS]}
         mids = [((pos[a][0] + pos[b][0]) / 2, (pos[a][1] + pos[b][1]) / 2) for _, (a, b) in costly]
+        xs, ys = [s.x for s in nodes], [s.y for s in nodes]
+        top = {costly[i][1] for i in spaced(mids, (max(xs) - min(xs), max(ys) - min(ys)))}
         fig.add_trace(go.Scatter(
             x=[m[0] for m in mids], y=[m[1] for m in mids], mode="markers+text", name="reshard cost",
             text=[f"{c * 1e3:.2f} ms" if ab in top else "" for c, ab in costly], textposition="top center",
@@ -232,7 +253,9 @@ def plan_graph_figure(plan: Plan, graph: OpGraph, cluster: Cluster, *, costs: Co
                 hover.append(_op_hover(s.key, plan, graph, costs))
         fig.add_trace(go.Scatter(
             x=[s.x for s in members], y=[s.y for s in members], mode="markers+text", name=label,
-            text=[s.label if s.kind == "group" else "" for s in members], textposition="top center",
+            # a group's short name (h.3), above and below by turns: consecutive blocks sit one layer apart
+            text=[s.label if s.kind == "group" else "" for s in members],
+            textposition=["top center" if s.x % 2 == 0 else "bottom center" for s in members],
             textfont={"size": 10},
             marker={"size": [18 if s.kind == "group" else 9 for s in members], "color": colour,
                     "symbol": ["square" if s.kind == "group" else "circle" for s in members],
@@ -311,4 +334,4 @@ def layer_of(fig: go.Figure) -> Mapping[str, Any]:
 
 
 __all__ = ["group_of", "groups", "plan_graph_figure", "node_details", "differing", "edge_costs", "config_label",
-           "mixed_groups", "layer_of", "short_path", "mesh_text"]
+           "mixed_groups", "layer_of", "short_path", "mesh_text", "spaced"]

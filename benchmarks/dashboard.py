@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -159,8 +160,14 @@ def _screenshots(drv, folder: Path) -> list[Path]:
     fastest plan that fits, with one block of its graph expanded; two plans compared."""
     from selenium.webdriver.common.by import By
 
+    from tensoropt.dashboard.prices import LIST_PRICES
+
     folder.mkdir(parents=True, exist_ok=True)
     out = [folder / "dashboard.png", folder / "dashboard-plan.png", folder / "dashboard-compare.png"]
+    price = drv.find_element(By.CSS_SELECTOR, "#price-inputs input")   # back to its list price (the redraws moved it)
+    listed = LIST_PRICES.get(json.loads(price.get_attribute("id"))["kind"])
+    if listed is not None:
+        _timed_enter(drv, price, f"{listed.usd_per_gpu_hour:.2f}")
     drv.find_element(By.ID, "budget-16").click()
     time.sleep(1.0)
     drv.execute_script("window.scrollTo(0, 0)")
@@ -191,9 +198,18 @@ def _screenshots(drv, folder: Path) -> list[Path]:
     time.sleep(2.0)
     drv.execute_script("document.getElementById('plan-title').scrollIntoView()")
     drv.save_screenshot(str(out[1]))
+    # compared with the plan of least memory on as many GPUs: found by its id in the choices' search box
+    other = drv.execute_script(f"""
+        const g = {GD}, best = arguments[0];
+        const t = g.data.find(t => t.meta && t.meta.role === 'curve' && t.customdata.includes(best));
+        if (!t) return null;
+        let i = 0;
+        t.x.forEach((x, j) => {{ if (x < t.x[i]) i = j; }});
+        return t.customdata[i] !== best ? t.customdata[i] : null;""", best)
     drv.find_element(By.ID, "compare-plan").find_element(By.CSS_SELECTOR, ".dash-dropdown-trigger, button").click()
-    options = _wait(lambda: drv.find_elements(By.CSS_SELECTOR, ".dash-dropdown-option"), 20, "the compare choices")
-    options[0].click()
+    search = _wait(lambda: drv.find_elements(By.CSS_SELECTOR, "input.dash-dropdown-search"), 20, "the compare search")
+    search[0].send_keys(other or "")
+    _wait(lambda: drv.find_elements(By.CSS_SELECTOR, ".dash-dropdown-option"), 20, "the compare choices")[0].click()
     _wait(lambda: drv.find_element(By.ID, "compare-panel").is_displayed(), 60, "the comparison")
     time.sleep(2.0)
     drv.execute_script("document.getElementById('compare-plan').scrollIntoView()")

@@ -90,8 +90,25 @@ def test_edges_carry_the_simulators_reshard_cost(default_plans):
         assert not costly
         return
     (labels,) = costly
-    assert len(labels.x) == len(paid) and sum(1 for t in labels.text if t) == min(G.EDGE_LABELS, len(paid))
-    assert labels.text[0] == f"{paid[0] * 1e3:.2f} ms"
+    shown = [(x, y) for x, y, t in zip(labels.x, labels.y, labels.text) if t]
+    assert len(labels.x) == len(paid) and 1 <= len(shown) <= G.EDGE_LABELS
+    assert labels.text[0] == f"{paid[0] * 1e3:.2f} ms"          # the costliest always
+    # no two cost labels overlap on the plot the page draws (every edge keeps its hover)
+    nodes = _nodes(fig).values()
+    sx = G.PLOT_PX[0] / (max(n[1] for n in nodes) - min(n[1] for n in nodes))
+    sy = G.PLOT_PX[1] / (max(n[2] for n in nodes) - min(n[2] for n in nodes))
+    for i, a in enumerate(shown):
+        for b in shown[:i]:
+            assert abs(a[0] - b[0]) * sx >= G.LABEL_PX[0] or abs(a[1] - b[1]) * sy >= G.LABEL_PX[1], (a, b)
+
+
+def test_labels_that_would_overlap_are_left_to_the_hover():
+    """On a plot of 10 × 10 units (56 × 37 px each), a label 0.1 unit right of a costlier one is
+    dropped, one 5 units right or up is kept, and no more than the limit are drawn."""
+    pts = [(0.0, 0.0), (0.1, 0.0), (5.0, 0.0), (0.0, 5.0), (0.5, 0.2)]
+    assert G.spaced(pts, (10.0, 10.0)) == [0, 2, 3]
+    assert G.spaced(pts, (10.0, 10.0), limit=2) == [0, 2]
+    assert G.spaced(pts, (1.0, 1.0)) == [0, 1, 2, 3, 4]   # one unit across the plot: 0.1 unit is 56 px, clear
 
 
 def test_a_click_shows_a_node_configuration_and_two_plans_differ_where_they_do(default_plans):
