@@ -150,11 +150,13 @@ def frontier_view(store: ResultStore, key: str, budget: float | None, reserve: i
 def page_data(store: ResultStore, key: str) -> dict[str, Any]:
     """What the page's script needs of a result (:mod:`.clientside`): every drawn plan
     (:func:`figures.drawn_plans`: id, label, role, devices, per-device peaks, memory, step), each
-    device's memory and price key, the device kinds by price key, the batch."""
+    device's memory and price key, the device kinds by price key, the batch, and the device counts
+    the GPUs-needed table lists (1 … the devices chosen)."""
     s = store.summary(key)
     plans = figures.drawn_plans(store.curves(key), store.baselines(key))
     kinds = s.get("device_kinds") or {}
     return {"key": key, "batch": s["batch_size"], "capacity": s["device_memory"],
+            "counts": list(range(1, len(s["devices"]) + 1)),
             "price_keys": {d: prices.price_key(kinds.get(d, "")) for d in s["devices"]},
             "kinds": {prices.price_key(k): k for k in kinds.values()},
             "plans": [{k: p[k] for k in ("plan_id", "label", "role", "devices", "memory_bytes", "time_s", "peaks")}

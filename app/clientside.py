@@ -10,8 +10,9 @@ device's memory and price key, the batch) and the controls, and returns:
   :func:`tensoropt.planmodel.fits.fits`: every device's peak ≤ min(its memory, budget) − reserve),
   its hover saying which device is over and by how much (:func:`~.figures.over_text`'s words),
   the budget line at budget − reserve, and the "fastest that fits" ring moved;
-- the GPUs-needed table (:func:`~.prices.gpus_needed`: per device count the fastest plan that
-  fits, samples/s, scaling efficiency, GPU-hours and dollars per 1,000 steps and per epoch);
+- the GPUs-needed table (:func:`~.prices.gpus_needed`: per device count — every one from 1 to the
+  devices chosen — the fastest plan that fits, samples/s, scaling efficiency, GPU-hours and dollars
+  per 1,000 steps and per epoch);
 - the line saying how many plans fit.
 
 The Python functions named above are the reference: the browser tests hold this script to them
@@ -93,6 +94,7 @@ window.tensoropt = (function () {
   }
   function gpusNeeded(data, fit, prices, epoch) {   // prices.gpus_needed
     const byK = new Map();
+    for (const k of (data.counts || [])) byK.set(k, []);
     for (const p of data.plans) {
       const k = p.devices.length;
       if (!byK.has(k)) byK.set(k, []);
@@ -102,6 +104,10 @@ window.tensoropt = (function () {
     let base = null;
     for (const k of Array.from(byK.keys()).sort((a, b) => a - b)) {
       const all = byK.get(k), ok = all.filter(p => fit[p.plan_id]);
+      if (!all.length) {
+        rows.push({k: k, plan_id: null, least_memory_bytes: null});
+        continue;
+      }
       if (!ok.length) {
         rows.push({k: k, plan_id: null, least_memory_bytes: Math.min(...all.map(p => p.memory_bytes))});
         continue;
@@ -120,8 +126,9 @@ window.tensoropt = (function () {
   function num(v, digits) { return (v === null || v === undefined) ? "" : v.toFixed(digits); }
   function tableRows(rows) {
     return rows.map(r => r.plan_id === null ? {
-      gpus: r.k, plan: "none fits", step_ms: "", samples_s: "", efficiency: "",
-      memory: "least " + fmtBytes(r.least_memory_bytes), gpuh_1k: "", usd_1k: "", gpuh_epoch: "", usd_epoch: ""
+      gpus: r.k, plan: r.least_memory_bytes === null ? "no plan" : "none fits", step_ms: "", samples_s: "",
+      efficiency: "", memory: r.least_memory_bytes === null ? "" : "least " + fmtBytes(r.least_memory_bytes),
+      gpuh_1k: "", usd_1k: "", gpuh_epoch: "", usd_epoch: ""
     } : {
       gpus: r.k, plan: r.label === r.plan_id ? r.plan_id : r.label + " (" + r.plan_id + ")",
       step_ms: num(r.time_s * 1e3, 3),

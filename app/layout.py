@@ -227,10 +227,12 @@ def _gpus_box() -> html.Div:
         html.Div(id="fit-summary", style={"fontSize": "90%", "color": "#333"}),
         DataTable(id="gpus-table", columns=[{"name": h, "id": c} for c, h in GPUS_COLUMNS], data=[],
                   style_cell=_TABLE_STYLE, style_header={"fontWeight": "bold"},
-                  style_data_conditional=[{"if": {"filter_query": '{plan} = "none fits"'}, "color": "#999"}]),
+                  style_data_conditional=[{"if": {"filter_query": '{plan} = "none fits"'}, "color": "#999"},
+                                          {"if": {"filter_query": '{plan} = "no plan"'}, "color": "#999"}]),
         html.Div("Scaling efficiency: samples/s per GPU against the fewest GPUs with a plan that fits. Costs: "
                  "GPU-hours × the price per GPU-hour of each device's kind; an epoch is ⌈epoch size / batch⌉ "
-                 "steps.", style={"fontSize": "80%", "color": "#666"}),
+                 "steps. \"no plan\": the search's meshes skip that many GPUs and no baseline placer used "
+                 "them.", style={"fontSize": "80%", "color": "#666"}),
     ])
 
 

@@ -9,9 +9,10 @@ leave :func:`run_request`; the folder holds the graph, the profile, the cluster,
 baselines, so a later visit with the same request reads them back instead of computing (the
 "second visit is instant" of issue 7), and a click on a point needs only JSON files.
 
-It owns the result folders and what the page reads from them; it must not import Dash (it runs
-in the background process and in tests without a server) nor decide the work (that is
-:func:`tensoropt.workflow.explore`'s).
+It owns the result folders, what the page reads from them, and the order of the work for the page
+(the frontier first, on one thread where nothing is timed; one process per request, others
+following it); it must not import Dash (it runs in the background process and in tests without a
+server) nor decide what the work is (that is :func:`tensoropt.workflow.explore`'s).
 
 Folder layout (``<cache_dir>/results/<key>/``)::
 
@@ -31,6 +32,8 @@ Folder layout (``<cache_dir>/results/<key>/``)::
     baselines.json   one row per baseline placer (time, peak memory per device, fits, error, and where it
                    lies beside the curves: ``same_as`` / ``dominated_by``, :func:`~.curves.place_baselines`)
     summary.json   written last: its presence marks a complete result
+    .lock          held (flock) by the process computing the result (:class:`FolderLock`)
+    progress.json  that process's last progress step, for another one following it
 """
 
 from __future__ import annotations

@@ -134,19 +134,24 @@ def plan_costs(time_s: float, devices: Sequence[str], kinds: Mapping[str, str], 
 
 def gpus_needed(plans: Sequence[Mapping[str, Any]], fit: Mapping[str, bool], kinds: Mapping[str, str],
                 prices: Mapping[str, float | None], *, batch: int | None,
-                epoch_samples: float | None) -> list[dict[str, Any]]:
-    """One row per device count ``k`` that has a plan: the fastest plan on ``k`` devices that fits
-    (``fit``: plan id → whether it fits the page's budget), its step, samples/s, scaling efficiency
-    and costs (:func:`plan_costs`).  Scaling efficiency is throughput per GPU against the smallest
-    ``k`` with a plan that fits: ``(sps_k / sps_k0) / (k / k0)``.  A ``k`` where nothing fits has
-    ``plan_id`` ``None`` and its least memory in ``least_memory_bytes``.  ``plans``: dicts with
-    ``plan_id``, ``devices``, ``memory_bytes``, ``time_s``.  O(plans)."""
-    by_k: dict[int, list[Mapping[str, Any]]] = {}
+                epoch_samples: float | None, counts: Iterable[int] = ()) -> list[dict[str, Any]]:
+    """One row per device count ``k`` that has a plan, and per ``k`` of ``counts`` (the page: 1 … the
+    devices chosen): the fastest plan on ``k`` devices that fits (``fit``: plan id → whether it fits
+    the page's budget), its step, samples/s, scaling efficiency and costs (:func:`plan_costs`).
+    Scaling efficiency is throughput per GPU against the smallest ``k`` with a plan that fits:
+    ``(sps_k / sps_k0) / (k / k0)``.  A ``k`` where nothing fits has ``plan_id`` ``None`` and its
+    least memory in ``least_memory_bytes``; one with no plan at all (no mesh of the search, no
+    placer used that many devices) has ``least_memory_bytes`` ``None`` too.  ``plans``: dicts with
+    ``plan_id``, ``devices``, ``memory_bytes``, ``time_s``.  O(plans + counts)."""
+    by_k: dict[int, list[Mapping[str, Any]]] = {int(k): [] for k in counts}
     for p in plans:
         by_k.setdefault(len(p["devices"]), []).append(p)
     rows: list[dict[str, Any]] = []
     base: tuple[int, float] | None = None
     for k in sorted(by_k):
+        if not by_k[k]:
+            rows.append({"k": k, "plan_id": None, "least_memory_bytes": None})
+            continue
         ok = [p for p in by_k[k] if fit.get(p["plan_id"], False)]
         if not ok:
             rows.append({"k": k, "plan_id": None, "least_memory_bytes": min(p["memory_bytes"] for p in by_k[k])})

@@ -235,7 +235,7 @@ def _python_view(store, key, budget, reserve, prices, epoch):
     fit = {p["plan_id"]: fits(p["peaks"], cluster, budget=budget, reserve=reserve) for p in data_plans}
     kinds = store.summary(key)["device_kinds"]
     rows = P.gpus_needed(data_plans, fit, kinds, prices, batch=store.summary(key)["batch_size"],
-                         epoch_samples=epoch)
+                         epoch_samples=epoch, counts=range(1, len(store.summary(key)["devices"]) + 1))
     return fit, rows
 
 
@@ -295,7 +295,7 @@ def _frontier_budget_and_gpus_needed(server, browser):
         assert [int(r[0]) for r in table] == [r["k"] for r in rows]
         for shown_row, want in zip(table, rows):
             if want["plan_id"] is None:
-                assert shown_row[1] == "none fits"
+                assert shown_row[1] == ("no plan" if want["least_memory_bytes"] is None else "none fits")
             else:
                 assert want["plan_id"] in shown_row[1] and shown_row[2] == f"{want['time_s'] * 1e3:.3f}"
                 assert shown_row[4].startswith(f"{want['efficiency'] * 100:.0f} %")

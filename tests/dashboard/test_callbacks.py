@@ -231,6 +231,7 @@ def test_page_data_is_what_the_script_needs(tiny_result):
     assert data["kinds"] == {"titan-rtx": "TITAN RTX"}
     assert data["capacity"] == {d: store.cluster(key).device(d).memory_bytes for d in ("gpu0", "gpu1")}
     assert data["batch"] == store.graph(key).batch_size and json.dumps(data)        # plain JSON
+    assert data["counts"] == [1, 2]                                                 # the rows of the table
 
 
 def test_the_plan_commands_name_the_model_the_file_and_the_devices(tiny_result):

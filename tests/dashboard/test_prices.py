@@ -52,6 +52,16 @@ def test_the_fastest_plan_on_every_number_of_gpus():
     assert rows[3]["efficiency"] == pytest.approx((6 / 3) / 2) and rows[3]["usd_per_1k_steps"] is None
 
 
+def test_every_number_of_gpus_has_a_row():
+    """The page lists every device count from 1 to the devices chosen: one with no plan at all (here 5
+    and 6 of six GPUs) says so — no least memory, nothing to select — and leaves the others as they were."""
+    rows = P.gpus_needed(PLANS, FIT, KINDS, {}, batch=8, epoch_samples=None, counts=range(1, 7))
+    assert [(r["k"], r["plan_id"]) for r in rows] == [(1, "one"), (2, "two-slow"), (3, None), (4, "four"),
+                                                        (5, None), (6, None)]
+    assert [r["least_memory_bytes"] for r in rows if r["plan_id"] is None] == [1200, None, None]
+    assert rows[:4] == P.gpus_needed(PLANS, FIT, KINDS, {}, batch=8, epoch_samples=None)
+
+
 def test_prices_in_the_url_and_by_kind():
     assert P.parse_prices(P.format_prices({"v100-sxm2-16gb": 2.5, "l4": None, "h100-sxm5-80gb": 3.9})) == \
         {"v100-sxm2-16gb": 2.5, "h100-sxm5-80gb": 3.9}
