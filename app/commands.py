@@ -2,9 +2,13 @@
 
 ``tensoropt run MODEL --plan FILE --check`` runs it in one process (every plan device a torch
 device, or the CPU) after holding it to the unmodified model; ``torchrun --nproc-per-node K -m
-tensoropt.cli run MODEL --plan FILE --backend dist`` runs it with one process per device.  MODEL is
-the request's model spec, FILE the name the plan downloads under, K the plan's device count; the
-request's batch and precision are passed when they are not the model's own.
+tensoropt.cli run MODEL --plan FILE --backend dist`` runs it with one process per device; and
+``tensoropt export FILE MODEL --to torchrun -o DIR`` writes it as a directory torchrun runs on its own
+(``train.py``, PyTorch's DDP / FSDP2 where they express the plan, else tensoropt's executor; the
+command prints the ``torchrun`` line).  MODEL is the request's model spec, FILE the name the plan
+downloads under, K the plan's device count, DIR the plan's id with ``-torchrun``; the request's batch
+and precision are passed when they are not the model's own, and its cluster when it is a preset
+(its hosts give torchrun's ``--nnodes``).
 
 It owns the words of those commands; it must not run them.
 """
@@ -15,7 +19,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-#: model specs ``tensoropt run`` can rebuild (an ONNX file or a saved graph.json cannot train)
+#: model specs ``tensoropt run`` and ``export`` can rebuild (an ONNX file or a saved graph.json cannot train)
 RUNNABLE = ("zoo:",)
 
 
@@ -24,17 +28,24 @@ def plan_filename(plan_id: str) -> str:
     return f"{plan_id}.json"
 
 
-def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int) -> tuple[list[str], str]:
-    """``(commands, note)``: the check-and-run command and the distributed one for the plan
-    ``plan_id`` on ``num_devices`` devices of the result of ``request`` (a request dict), and a
-    note (empty, or why the model cannot be rebuilt by ``tensoropt run``).
+def export_dir(plan_id: str) -> str:
+    """The directory the page's export command writes."""
+    return f"{plan_id}-torchrun"
 
-    >>> cmds, note = run_commands({"model": "zoo:gpt2?layers=2&batch=8", "batch": None, "precision": None},
-    ...                           "p003-8dev", 8)
+
+def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int) -> tuple[list[str], str]:
+    """``(commands, note)``: the check-and-run command, the distributed one and the export for the
+    plan ``plan_id`` on ``num_devices`` devices of the result of ``request`` (a request dict), and a
+    note (empty, or why the model cannot be rebuilt by ``tensoropt run`` and ``export``).
+
+    >>> cmds, note = run_commands({"model": "zoo:gpt2?layers=2", "batch": None, "precision": None,
+    ...                            "cluster": "preset:v100-8-nvlink"}, "p003", 8)
     >>> print(cmds[0])
-    tensoropt run 'zoo:gpt2?layers=2&batch=8' --plan p003-8dev.json --check
+    tensoropt run 'zoo:gpt2?layers=2' --plan p003.json --check
     >>> print(cmds[1])
-    torchrun --nproc-per-node 8 -m tensoropt.cli run 'zoo:gpt2?layers=2&batch=8' --plan p003-8dev.json --backend dist
+    torchrun --nproc-per-node 8 -m tensoropt.cli run 'zoo:gpt2?layers=2' --plan p003.json --backend dist
+    >>> print(cmds[2])
+    tensoropt export p003.json 'zoo:gpt2?layers=2' --to torchrun -o p003-torchrun --cluster preset:v100-8-nvlink
     """
     model = str(request.get("model") or "")
     extra = []
@@ -46,13 +57,17 @@ def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int) -> 
     check = " ".join(["tensoropt", "run", *args, "--check"])
     dist = " ".join(["torchrun", "--nproc-per-node", str(int(num_devices)), "-m", "tensoropt.cli", "run", *args,
                      "--backend", "dist"])
+    cluster = str(request.get("cluster") or "")
+    export = " ".join(["tensoropt", "export", shlex.quote(plan_filename(plan_id)), shlex.quote(model), "--to",
+                       "torchrun", "-o", shlex.quote(export_dir(plan_id)), *extra,
+                       *(["--cluster", shlex.quote(cluster)] if cluster.startswith("preset:") else [])])
     note = ""
     if model.endswith((".onnx", ".json")):
-        note = ("tensoropt run rebuilds the model from its spec (zoo:NAME?k=v or file.py:factory); an ONNX file or a "
-                "saved graph cannot train: run the plan with the factory the model came from")
+        note = ("tensoropt run and export rebuild the model from its spec (zoo:NAME?k=v or file.py:factory); an ONNX "
+                "file or a saved graph cannot train: run the plan with the factory the model came from")
     elif not model.startswith(RUNNABLE) and ".py:" not in model:
-        note = "tensoropt run takes zoo:NAME?k=v or file.py:factory as the model"
-    return [check, dist], note
+        note = "tensoropt run and export take zoo:NAME?k=v or file.py:factory as the model"
+    return [check, dist, export], note
 
 
-__all__ = ["run_commands", "plan_filename"]
+__all__ = ["run_commands", "plan_filename", "export_dir"]

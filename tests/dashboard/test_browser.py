@@ -3,7 +3,7 @@ page opens on its frontier (a curve per device count, toggled from the legend), 
 does not fit and redraws the GPUs-needed table in the browser (the page's script held to the Python
 reference on the same data; each redraw timed and printed — docs/measurements.md has the figures of
 ``benchmarks/dashboard.py``, this test asserts no clock), a price changes the costs, a click shows a plan with
-the commands that run it (the check command run for real on the downloaded plan), a second plan
+the commands that run it (the check and export commands run for real on the downloaded plan), a second plan
 compares beside it, the downloads land and load, the URL brings the page back, a bad upload and a
 refused run show their errors in the CLI's words, and a running job is cancelled.  Screenshots:
 ``out/app-screenshots/`` (git-ignored; docs/dashboard.md's come from ``benchmarks/dashboard.py
@@ -396,6 +396,14 @@ def _plan_commands_comparison_downloads(server, browser):
     done = subprocess.run([sys.executable, "-m", "tensoropt.cli", *shlex.split(check)[1:]], cwd=drv.downloads,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0 and "PASSED" in done.stdout, done.stdout + done.stderr
+    # and its export command writes the directory torchrun runs (the files `tensoropt export` writes)
+    export = commands.splitlines()[3]
+    assert export.startswith(f"tensoropt export {plan_id}.json ")
+    done = subprocess.run([sys.executable, "-m", "tensoropt.cli", *shlex.split(export)[1:]], cwd=drv.downloads,
+                          capture_output=True, text=True, timeout=240)
+    out = drv.downloads / f"{plan_id}-torchrun"
+    assert done.returncode == 0 and "run it: cd " in done.stdout, done.stdout + done.stderr
+    assert {p.name for p in out.iterdir()} >= {"train.py", "plan.json", "README.md"}
     assert not _severe(drv)
 
 

@@ -242,8 +242,11 @@ def test_the_plan_commands_name_the_model_the_file_and_the_devices(tiny_result):
     assert lines[1] == f"tensoropt run {shlex.quote(req.model)} --plan {two['plan_id']}.json --check"
     assert lines[2] == (f"torchrun --nproc-per-node 2 -m tensoropt.cli run {shlex.quote(req.model)} --plan "
                         f"{two['plan_id']}.json --backend dist")
+    assert lines[3] == (f"tensoropt export {two['plan_id']}.json {shlex.quote(req.model)} --to torchrun -o "
+                        f"{two['plan_id']}-torchrun --cluster preset:titan-rtx-5")
     cmds, note = run_commands({"model": "/up/abc.onnx", "batch": 4, "precision": "bf16"}, "p1", 3)
     assert cmds[0].endswith("--plan p1.json --batch 4 --precision bf16 --check") and "ONNX" in note
+    assert cmds[2] == "tensoropt export p1.json /up/abc.onnx --to torchrun -o p1-torchrun --batch 4 --precision bf16"
 
 
 def test_the_first_request_is_the_default_on_every_device():
