@@ -275,13 +275,20 @@ def candidate_meshes(cluster: Cluster, sizes: Iterable[int] | None = None, *,
 #: executors run sharded (:mod:`tensoropt.distributed.zero`) — ZeRO-1, ZeRO-2, ZeRO-3 ≈ FSDP2
 DEFAULT_SHARD_LEVELS: tuple[Shard, ...] = (Shard.OPTIMIZER, Shard.GRADIENTS, Shard.PARAMETERS)
 
+#: sharding levels are offered to a node whose trainable parameters are at least this fraction of
+#: the model's (0.1 %, the frontier's default memory resolution): sharding a layer norm's or a
+#: batch norm's few thousand bytes saves less than a bucket of memory and costs a collective's
+#: latency per parameter, while every level multiplies the node's configurations
+SHARD_MIN_FRACTION = 1e-3
+
 
 def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str], *,
                  alpha: int = 0, shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS) -> list[NodeConfig]:
     """The configurations of op node ``name`` on ``mesh`` (module docstring): layouts in
     :data:`LAYOUT_ORDER` where legal, each without then with recompute (the latter only where it
     frees activations); ``batch`` also with each of ``shard_levels`` where the node reads
-    trainable parameters (a tied weight's readers must then share the level: :meth:`_MeshContext.tie_edges`)."""
+    trainable parameters, at least :data:`SHARD_MIN_FRACTION` of the model's (a tied weight's
+    readers must then share the level: :meth:`_MeshContext.tie_edges`)."""
     mesh = tuple(mesh)
     k = len(mesh)
     node = graph.nodes[name]
@@ -299,8 +306,10 @@ def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str
     out = []
     # data parallelism with sharded parameters (ZeRO-1, ZeRO-2, ZeRO-3 ≈ FSDP) where the node reads
     # trainable parameters (its own, or a tied weight whose readers then agree)
-    levels = (Shard.NONE, *(Shard(x) for x in shard_levels if x)) if k > 1 and trainable_reads(graph, name) \
-        else (Shard.NONE,)
+    reads = trainable_reads(graph, name) if k > 1 else ()
+    total = sum(p.nbytes for p in graph.params.values() if p.kind == "parameter" and p.requires_grad)
+    big = sum(graph.params[q].nbytes for q in reads) >= SHARD_MIN_FRACTION * total
+    levels = (Shard.NONE, *(Shard(x) for x in shard_levels if x)) if reads and big else (Shard.NONE,)
     for lay in layouts:
         frees = name in costs and node_memory(graph, costs, name, layout=lay, degree=k, alpha=alpha).activations > 0
         for level in levels if lay == Layout.BATCH else (Shard.NONE,):
