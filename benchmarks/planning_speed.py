@@ -12,6 +12,7 @@ and clusters of the engine's targets (issue 38):
   8 per host (``preset:h100-hosts?hosts=N``), 12 / 24 / 48 layers.
 
     python benchmarks/planning_speed.py [--cases gpt2-12,wrn,amoebanet,scale] [--repeats 3]
+                                        [--shard-min-fraction F]
 
 It measures the search only (capture and profile are printed apart, once per model): its wall
 time and the process's CPU time (user + system, every thread), which other work on a shared
@@ -56,7 +57,13 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--limit-s", type=float, default=600.0, help="skip repeats of a case slower than this")
     ap.add_argument("--max-walks", type=int, default=None, help="plans evaluated per mesh (default: the library's)")
+    ap.add_argument("--shard-min-fraction", type=float, default=None,
+                    help="offer sharding levels to nodes holding at least this fraction of the model's parameters "
+                         "(default: the library's SHARD_MIN_FRACTION; 0: every node reading a parameter)")
     args = ap.parse_args()
+    if args.shard_min_fraction is not None:
+        from tensoropt.frontier import graph_problem
+        graph_problem.SHARD_MIN_FRACTION = args.shard_min_fraction
     print("| case | model | cluster | devices | ops | profile s | frontier s (median) | CPU s (median) | runs | "
           "points | meshes | min memory | min time |")
     print("|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
