@@ -15,8 +15,12 @@ over the devices:
   before each use, in forward and again in backward: FSDP's ``reshard_after_forward=True``);
 - ``fsdp+ac``: ``fsdp`` with every operator inside a repeated block (a module path with a
   numeric part: ``transformer.h.3``, ``layer1.0``) recomputed in backward, except those whose
-  output leaves the block — only each block's input and output are kept, as
-  ``torch.utils.checkpoint`` around each block keeps them.
+  output leaves the block.  **Not yet torch's checkpoint in memory**: the plan model recomputes
+  one node at a time from inputs it keeps (:mod:`tensoropt.planmodel.walk`), so a block whose
+  every node is recomputed still keeps every node's input — more than the nodes save without
+  recomputation — where ``torch.utils.checkpoint`` keeps only the block's input and recomputes
+  the chain.  On GPT-2 2 × 256 it holds 6 MiB more than ``fsdp`` (docs/usage.md); a segment
+  recomputation in the plan model is what this recipe needs.
 
 A tied weight (GPT-2's embedding and LM head) is sharded where all its readers agree, which
 they do here (every reader gets the level): :func:`tensoropt.plan.sharded_parameters`, the one
