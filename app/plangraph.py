@@ -24,6 +24,7 @@ import networkx as nx
 import plotly.graph_objects as go
 
 from tensoropt.describe import fmt_bytes
+from tensoropt.placers.zero import block_of
 from tensoropt.planmodel.reshard import edge_reshard
 
 if TYPE_CHECKING:
@@ -46,14 +47,13 @@ LABEL_PX = (52, 16)
 def group_of(module_path: str) -> str | None:
     """The group of an operator of ``module_path``: the path up to its first numeric part, else none.
 
+    The repeated block the ``fsdp+ac`` placer checkpoints (:func:`tensoropt.placers.zero.block_of`):
+    one rule for what a block is.
+
     >>> group_of("model.transformer.h.3.attn.c_attn"), group_of("model.lm_head"), group_of("2")
     ('model.transformer.h.3', None, '2')
     """
-    parts = module_path.split(".") if module_path else []
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[:i + 1])
-    return None
+    return block_of(module_path)
 
 
 def short_path(path: str) -> str:
