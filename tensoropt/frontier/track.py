@@ -94,6 +94,7 @@ from ..planmodel.simulate import simulate
 from ..progress import Progress, no_progress
 from . import point_sets
 from .algorithm import track
+from .forkmap import default_workers, fork_map
 from .graph_problem import MeshProblem, build_problem, candidate_meshes
 from .point_sets import compiled as _compiled
 
@@ -104,6 +105,9 @@ __all__ = ["track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetE
 RESOLUTION_FRACTION = 1 / 1000
 #: τ runs per mesh before levels are thinned (see the module docstring)
 DEFAULT_MAX_LEVELS = 64
+#: the graphs from which the meshes are tracked in forked workers by default (smaller ones take
+#: less than forking costs: tens of milliseconds)
+PARALLEL_MIN_OPS = 100
 #: plans evaluated per mesh (the search's candidates, then the polish) before the polish stops
 DEFAULT_MAX_WALKS = 500
 #: placers whose plans join every frontier by default (:func:`track_frontier`): those that take
@@ -698,7 +702,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                    max_levels: int = DEFAULT_MAX_LEVELS, max_branches: int = 1024, backend: str | None = None,
                    progress: Progress = no_progress, reserve: int = 0,
                    max_walks: int = DEFAULT_MAX_WALKS,
-                   seed_placers: Sequence[str] = DEFAULT_SEED_PLACERS) -> Frontier:
+                   seed_placers: Sequence[str] = DEFAULT_SEED_PLACERS, workers: int | None = None) -> Frontier:
     """The Pareto frontier of (per-device peak memory, iteration time) plans of ``graph`` on
     ``cluster`` (module docstring).
 
@@ -718,7 +722,10 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     (:class:`~tensoropt.progress.Progress`: each mesh's problem built, then each mesh tracked).
     ``seed_placers``: placers whose plans on ``devices`` join the frontier where the search's
     do not dominate them (:meth:`Frontier.including`; default the ones that take milliseconds,
-    :data:`DEFAULT_SEED_PLACERS`; ``()``: the search's plans only).
+    :data:`DEFAULT_SEED_PLACERS`; ``()``: the search's plans only).  ``workers``: processes that
+    track the meshes side by side (:func:`~.forkmap.fork_map`; the same frontier whatever the
+    number); default :func:`~.forkmap.default_workers` on graphs of at least
+    :data:`PARALLEL_MIN_OPS` operators, one below.
     """
     t0 = _time.perf_counter()
     budget = _check_arguments(graph, costs, optimizer, budget, max_levels, max_walks, reserve)
@@ -728,11 +735,16 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
 
     check_costs_kind(costs, cluster, sorted({d for m in mesh_list for d in m}))   # never one kind priced as another
     steps = 2 * len(mesh_list) + 1   # build each mesh's problem, track each, then the union
-    problems = _build_problems(graph, costs, cluster, mesh_list, optimizer, partial(progress, "frontier"), steps)
+    if workers is None:
+        workers = default_workers() if len(graph.ops) >= PARALLEL_MIN_OPS else 1
+    if isinstance(workers, bool) or int(workers) != workers or workers < 1:
+        raise TensorOptError(f"workers must be an integer >= 1, got {workers!r}")
+    workers = min(int(workers), len(mesh_list))
+    problems = _build_problems(graph, costs, cluster, mesh_list, optimizer, partial(progress, "frontier"), steps,
+                               workers)
     res, res_rule = _choose_resolution(resolution, problems, cluster)
-    results = [_track_mesh(mp, graph, costs, cluster, res, int(max_levels), max_branches, backend, int(max_walks),
-                           partial(progress, "frontier", len(mesh_list) + i, steps))
-               for i, mp in enumerate(problems)]
+    results = _track_meshes(problems, graph, costs, cluster, res, int(max_levels), max_branches, backend,
+                            int(max_walks), progress, steps, workers)
 
     progress("frontier", steps - 1, steps, "union across meshes")
     _, _, which, idx, m_union = point_sets.union([(r.mem, r.time) for r in results], res, backend=backend,
@@ -763,6 +775,36 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     return fr
 
 
+def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostModel, cluster: Cluster, res: float,
+                  max_levels: int, max_branches: int, backend: str | None, max_walks: int, progress: Progress,
+                  steps: int, workers: int) -> list[MeshResult]:
+    """Each mesh tracked (:func:`_track_mesh`): in this process, or side by side in ``workers``
+    forked workers (:func:`~.forkmap.fork_map`, the same results in the same order), each mesh's
+    work hinted by its τ levels × configurations."""
+    n = len(problems)
+    if workers == 1:
+        return [_track_mesh(mp, graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
+                            partial(progress, "frontier", n + i, steps))
+                for i, mp in enumerate(problems)]
+
+    def job(i: int) -> dict[str, Any]:
+        r = _track_mesh(problems[i], graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
+                        lambda _msg: None)
+        return {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "problem"}
+
+    done = [0]
+
+    def arrived(i: int) -> None:
+        done[0] += 1
+        progress("frontier", n + done[0], steps, f"mesh {','.join(problems[i].mesh)} tracked "
+                                                 f"({done[0]} of {n}, {workers} processes)")
+
+    progress("frontier", n, steps, f"tracking {n} meshes in {workers} processes")
+    hints = [min(len(p.transient_levels()), max_levels) * sum(nd.k for nd in p.problem.nodes) for p in problems]
+    out = fork_map(job, range(n), workers=workers, hints=hints, on_done=arrived)
+    return [MeshResult(problem=problems[i], **fields) for i, fields in enumerate(out)]
+
+
 def _check_arguments(graph: OpGraph, costs: CostModel, optimizer: str | int, budget: int | float | str | None,
                      max_levels: int, max_walks: int, reserve: int) -> int | float | None:
     """Refuse bad arguments before any work (another graph's profile first); the budget in bytes."""
@@ -781,13 +823,26 @@ def _check_arguments(graph: OpGraph, costs: CostModel, optimizer: str | int, bud
 
 
 def _build_problems(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh_list: Sequence[tuple[str, ...]],
-                    optimizer: str | int, progress: Callable[[int, int, str], None], steps: int) -> list[MeshProblem]:
-    """Each mesh's problem (:func:`~.graph_problem.build_problem`), progress step ``i`` for mesh ``i``."""
-    problems = []
-    for i, m in enumerate(mesh_list):
-        progress(i, steps, f"building the problem on {','.join(m)}")
-        problems.append(build_problem(graph, costs, cluster, m, optimizer=optimizer))
-    return problems
+                    optimizer: str | int, progress: Callable[[int, int, str], None], steps: int,
+                    workers: int = 1) -> list[MeshProblem]:
+    """Each mesh's problem (:func:`~.graph_problem.build_problem`), progress step ``i`` for mesh ``i``;
+    in ``workers`` forked workers when more than one (each problem sent back pickled: a few
+    hundred KiB)."""
+    if workers == 1:
+        problems = []
+        for i, m in enumerate(mesh_list):
+            progress(i, steps, f"building the problem on {','.join(m)}")
+            problems.append(build_problem(graph, costs, cluster, m, optimizer=optimizer))
+        return problems
+    done = [0]
+
+    def arrived(i: int) -> None:
+        done[0] += 1
+        progress(done[0], steps, f"built the problem on {','.join(mesh_list[i])} ({done[0]} of {len(mesh_list)})")
+
+    progress(0, steps, f"building {len(mesh_list)} problems in {workers} processes")
+    return fork_map(lambda m: build_problem(graph, costs, cluster, m, optimizer=optimizer), mesh_list,
+                    workers=workers, on_done=arrived)
 
 
 def _choose_resolution(resolution: float | None, problems: Sequence[MeshProblem],

@@ -1,0 +1,178 @@
+"""``fork_map``: a function over independent tasks in forked copies of this process, results in
+task order — how the frontier tracks its meshes side by side.
+
+The meshes of :func:`~tensoropt.frontier.track_frontier` are independent problems (each its own τ
+runs, evaluation and polish) and the work is Python-level bookkeeping, so threads would wait on
+one another; forked processes inherit the built problems without copying them (copy-on-write)
+and send back only their results (pickled).  ``os.fork`` is used directly rather than
+:mod:`multiprocessing`, whose pools refuse to start inside a daemonic process (the dashboard's
+jobs are ones).
+
+Rules that keep it exact and safe:
+
+- **Same result as one process.**  Every task runs the same code on the same inputs; results
+  come back in task order, so the frontier is identical whatever the number of workers.
+- **Tasks are dealt by their cost hint**: largest first, each to the worker with the least
+  hinted work so far (longest-processing-time first) — deterministic, no shared queue.
+- **A worker that fails leaves no gap**: an exception in a task is sent back and raised here
+  (the first failing task's, itself where it pickles); a worker that dies without a word (killed, out of memory) has its
+  tasks run again here, in this process.
+- Children end with :func:`os._exit`: no ``atexit`` handler, no buffered file of the parent's is
+  flushed twice.
+
+Workers: ``workers`` if given, else the ``TENSOROPT_WORKERS`` environment variable, else the
+CPUs this process may run on.  One worker, or one task, runs in this process, unforked.
+
+Example::
+
+    >>> fork_map(lambda x: x * x, [3, 1, 2], workers=2)
+    [9, 1, 4]
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import struct
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: the environment variable that sets the default number of workers (``1``: never fork)
+WORKERS_ENV = "TENSOROPT_WORKERS"
+
+
+def default_workers() -> int:
+    """``TENSOROPT_WORKERS`` when set (an integer ≥ 1), else the CPUs this process may use."""
+    raw = os.environ.get(WORKERS_ENV, "").strip()
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"{WORKERS_ENV} must be an integer >= 1, got {raw!r}")
+        return n
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:      # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def deal(hints: Sequence[float], workers: int) -> list[list[int]]:
+    """Task indices per worker: largest hint first, each to the least-loaded worker (ties to the
+    lower worker); each worker's tasks in ascending order.  O(n log n + n·workers)."""
+    load = [0.0] * workers
+    out: list[list[int]] = [[] for _ in range(workers)]
+    for i in sorted(range(len(hints)), key=lambda j: (-hints[j], j)):
+        w = min(range(workers), key=lambda k: (load[k], k))
+        out[w].append(i)
+        load[w] += float(hints[i])
+    return [sorted(ts) for ts in out if ts]
+
+
+def fork_map(fn: Callable[[T], R], tasks: Sequence[T], *, workers: int | None = None,
+             hints: Sequence[float] | None = None,
+             on_done: Callable[[int], None] | None = None) -> list[R]:
+    """``[fn(t) for t in tasks]``, computed in up to ``workers`` forked processes (module
+    docstring).  ``hints``: each task's expected cost (default: equal); ``on_done(i)`` is
+    called here as task ``i``'s result arrives (in arrival order)."""
+    n = len(tasks)
+    workers = default_workers() if workers is None else int(workers)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if workers == 1 or n <= 1 or not hasattr(os, "fork"):
+        results = []
+        for i, t in enumerate(tasks):
+            results.append(fn(t))
+            if on_done is not None:
+                on_done(i)
+        return results
+    groups = deal(list(hints) if hints is not None else [1.0] * n, min(workers, n))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children: dict[int, tuple[int, list[int]]] = {}    # read end -> (pid, its tasks)
+    for group in groups:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                    # the child: run its tasks, send each result
+            os.close(r)
+            code = 0
+            try:
+                for i in group:
+                    try:
+                        payload = pickle.dumps((i, True, fn(tasks[i])), protocol=pickle.HIGHEST_PROTOCOL)
+                    except BaseException as e:      # noqa: BLE001 — sent to the parent, raised there
+                        payload = _failure(i, e)
+                    _write_frame(w, payload)
+            except BaseException:                   # noqa: BLE001 — the parent reruns what is missing
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(w)
+        children[r] = (pid, group)
+    got: dict[int, Any] = {}
+    failure: tuple[int, BaseException] | None = None
+    buffers = {r: bytearray() for r in children}
+    open_fds = set(children)
+    while open_fds:
+        ready, _, _ = select.select(sorted(open_fds), [], [])
+        for fd in ready:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                open_fds.discard(fd)
+                os.close(fd)
+                continue
+            buffers[fd] += chunk
+            while (frame := _take_frame(buffers, fd)) is not None:
+                i, ok, value = pickle.loads(frame)
+                if ok:
+                    got[i] = value
+                    if on_done is not None:
+                        on_done(i)
+                elif failure is None or i < failure[0]:
+                    failure = (i, value)
+    for pid, _ in children.values():
+        os.waitpid(pid, 0)
+    if failure is not None:         # the first failing task's exception, as one process would raise it
+        raise failure[1]
+    for i in range(n):              # a worker that died without a word: its tasks run here
+        if i not in got:
+            got[i] = fn(tasks[i])
+            if on_done is not None:
+                on_done(i)
+    return [got[i] for i in range(n)]
+
+
+def _failure(i: int, e: BaseException) -> bytes:
+    """Task ``i``'s exception as a frame: itself where it pickles, else a ``RuntimeError`` naming it."""
+    try:
+        return pickle.dumps((i, False, e), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:   # noqa: BLE001 — an exception holding what cannot be pickled
+        return pickle.dumps((i, False, RuntimeError(f"{type(e).__name__}: {e}")))
+
+
+def _write_frame(fd: int, payload: bytes) -> None:
+    data = struct.pack("<Q", len(payload)) + payload
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _take_frame(buffers: dict[int, bytearray], fd: int) -> bytes | None:
+    buf = buffers[fd]
+    if len(buf) < 8:
+        return None
+    (size,) = struct.unpack("<Q", buf[:8])
+    if len(buf) < 8 + size:
+        return None
+    frame = bytes(buf[8:8 + size])
+    del buf[:8 + size]
+    return frame
+
+
+__all__ = ["WORKERS_ENV", "deal", "default_workers", "fork_map"]

@@ -1,0 +1,76 @@
+"""``fork_map``: tasks in forked workers, results in task order, failures raised as one process
+would raise them, and the frontier identical whatever the number of workers."""
+
+import os
+
+import pytest
+
+import tensoropt
+from tensoropt.frontier.forkmap import WORKERS_ENV, deal, default_workers, fork_map
+
+
+def test_results_come_back_in_task_order_from_every_worker():
+    pids = fork_map(lambda i: (i, os.getpid()), range(6), workers=3)
+    assert [i for i, _ in pids] == list(range(6))
+    assert len({pid for _, pid in pids}) == 3 and os.getpid() not in {pid for _, pid in pids}
+
+
+def test_one_worker_runs_here():
+    assert fork_map(lambda i: os.getpid(), range(3), workers=1) == [os.getpid()] * 3
+
+
+def test_tasks_are_dealt_largest_first_to_the_least_loaded_worker():
+    # hints 5, 4, 3, 3, 1 on two workers, worked by hand: 5 -> w0, 4 -> w1, 3 -> w1 (4 < 5),
+    # 3 (task 3) -> w0 (5 < 7), 1 -> w1 (7 < 8)
+    assert deal([5, 4, 3, 3, 1], 2) == [[0, 3], [1, 2, 4]]
+    assert deal([2, 2, 2], 2) == [[0, 2], [1]]   # ties to the lower worker
+    assert deal([1, 1], 4) == [[0], [1]]   # no empty worker
+
+
+def test_an_exception_in_a_worker_is_raised_here_as_itself():
+    def fn(i):
+        if i == 2:
+            raise KeyError("no such mesh")
+        return i
+
+    with pytest.raises(KeyError, match="no such mesh"):
+        fork_map(fn, range(4), workers=2)
+
+
+def test_the_tasks_of_a_worker_that_dies_run_here():
+    parent = os.getpid()
+
+    def fn(i):
+        if i == 1 and os.getpid() != parent:
+            os._exit(9)             # killed without a word, as the out-of-memory killer would
+        return i * 10
+
+    assert fork_map(fn, range(4), workers=2) == [0, 10, 20, 30]
+
+
+def test_progress_is_told_each_task_once(capfd):
+    seen = []
+    fork_map(lambda i: i, range(5), workers=2, on_done=seen.append)
+    assert sorted(seen) == list(range(5))
+
+
+def test_the_environment_sets_the_default(monkeypatch):
+    monkeypatch.setenv(WORKERS_ENV, "3")
+    assert default_workers() == 3
+    monkeypatch.setenv(WORKERS_ENV, "zero")
+    with pytest.raises(ValueError, match=WORKERS_ENV):
+        default_workers()
+
+
+def test_the_frontier_is_the_same_tracked_side_by_side():
+    graph = tensoropt.load_model("zoo:gpt2?tiny=1").capture()
+    cluster = tensoropt.load_cluster("preset:titan-rtx-5")
+    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2, 4), timed=False, repeats=1), cluster).costs
+    one = tensoropt.track_frontier(graph, costs, cluster, workers=1)
+    two = tensoropt.track_frontier(graph, costs, cluster, workers=2)
+    assert len(one.meshes) > 1
+    assert one.rows() == two.rows()
+    # the plans whole but their notes (a placer's LP reports its own solve time there)
+    assert ([{k: v for k, v in p.plan.to_dict().items() if k != "notes"} for p in one]
+            == [{k: v for k, v in p.plan.to_dict().items() if k != "notes"} for p in two])
+    assert [m.candidates for m in one.meshes] == [m.candidates for m in two.meshes]
