@@ -329,9 +329,17 @@ class Frontier:
         FastT's and NetSplit's placers run them — thus still count.  O(plans × simulate)."""
         if self.cluster is None:
             raise TensorOptError("including other plans needs the frontier's cluster (track_frontier sets it)")
+        cluster = self.cluster
+        return self.joined([(source, plan, simulate(plan, graph, costs, cluster, optimizer=self.optimizer))
+                            for source, plan in plans])
+
+    def joined(self, simulated: Iterable[tuple[str, Plan, Any]]) -> Frontier:
+        """:meth:`including` for plans already simulated on the frontier's cluster with its
+        optimizer: ``(source, plan, simulate(plan, …))`` each."""
+        if self.cluster is None:
+            raise TensorOptError("including other plans needs the frontier's cluster (track_frontier sets it)")
         joined = list(self.points)
-        for source, plan in plans:
-            sim = simulate(plan, graph, costs, self.cluster, optimizer=self.optimizer)
+        for source, plan, sim in simulated:
             per_device = {d: int(sim.memory_bytes[d]) for d in plan.devices}
             top = max(plan.devices, key=lambda d: per_device[d])
             plan = sim.annotate(plan).with_estimate(Estimate("frontier", sim.time_s, per_device, self.times_from))
@@ -651,45 +659,77 @@ class _Evaluated:
                 return False
 
 
+@dataclass(frozen=True)
+class _TauRun:
+    """What one τ run of a mesh leaves for the rest (:func:`_finish_mesh`): its points'
+    configuration vectors and its bookkeeping — small enough to come back from a worker."""
+
+    vectors: np.ndarray
+    merged: int
+    fixed: tuple[str, ...]
+    mem_slack: float
+    candidates: int
+    max_frontier: int
+    seconds: float
+
+
+def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int, backend: str | None) -> _TauRun:
+    """Frontier tracking on ``mp`` with every configuration of transient above ``level`` made infeasible."""
+    t0 = _time.perf_counter()
+    r = track(mp.masked(level), resolution=resolution, max_branches=max_branches, backend=backend)
+    vecs = r.assignment_vectors() if len(r) else np.zeros((0, len(mp.problem.nodes)), dtype=np.int64)
+    return _TauRun(vecs, r.merged_by_resolution, tuple(f.node for f in r.fixed), float(r.mem_slack),
+                   int(r.stats["candidates"]), int(r.stats["max_frontier"]), _time.perf_counter() - t0)
+
+
+def _mesh_levels(mp: MeshProblem, max_levels: int) -> tuple[np.ndarray, int]:
+    """The τ levels run on ``mp`` (thinned to ``max_levels``) and how many there were."""
+    all_levels = mp.transient_levels()
+    return _thin(all_levels, max_levels), int(all_levels.size)
+
+
 def _track_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Cluster, resolution: float, max_levels: int,
                 max_branches: int, backend: str | None, max_walks: int, report: Callable[[str], None]) -> MeshResult:
-    t0 = _time.perf_counter()
-    all_levels = mp.transient_levels()
-    levels = _thin(all_levels, max_levels)
+    levels, n_levels = _mesh_levels(mp, max_levels)
     runs = []
-    merged = 0
-    fixed: list[str] = []
-    slack = 0.0
     for i, lv in enumerate(levels):
         report(f"mesh {','.join(mp.mesh)}: τ run {i + 1}/{len(levels)}")
-        r = track(mp.masked(float(lv)), resolution=resolution, max_branches=max_branches, backend=backend)
-        runs.append(r)
-        merged += r.merged_by_resolution
-        fixed += [f.node for f in r.fixed]
-        slack = max(slack, r.mem_slack)
+        runs.append(_tau_run(mp, float(lv), resolution, max_branches, backend))
+    return _finish_mesh(mp, graph, costs, cluster, levels, n_levels, runs, resolution, backend, max_walks, report)
+
+
+def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Cluster, levels: np.ndarray,
+                 n_levels: int, runs: Sequence[_TauRun], resolution: float, backend: str | None, max_walks: int,
+                 report: Callable[[str], None]) -> MeshResult:
+    """The mesh's frontier from its τ runs' points: each evaluated, the frontier polished."""
+    t0 = _time.perf_counter()
+    merged = sum(r.merged for r in runs)
+    fixed = [name for r in runs for name in r.fixed]
+    slack = max((r.mem_slack for r in runs), default=0.0)
     # every τ run's points are candidates: each is Pareto-optimal for the search's estimate under its
     # transient cap; the compiled evaluator gives each its simulated step and its walked peak
     names = [n.name for n in mp.problem.nodes]
     ev = MeshEvaluator(graph, costs, cluster, mp.mesh, configs=mp.configs, optimizer=mp.optimizer)
     pool = _Evaluated(mp, ev, graph)
     for r in runs:
-        if len(r):
-            pool.add(r.assignment_vectors())
+        if len(r.vectors):
+            pool.add(r.vectors)
     searched = len(pool)
     report(f"mesh {','.join(mp.mesh)}: evaluated {searched} candidate plans; polishing")
     polished = pool.polish(resolution, backend, max(max_walks, searched))
     front, m2 = pool.frontier(resolution, backend)
     merged += m2
-    exact_search = not fixed and merged == 0 and levels.size == all_levels.size
-    stats = {"tau_runs": int(levels.size), "candidates": int(sum(r.stats["candidates"] for r in runs)),
+    exact_search = not fixed and merged == 0 and levels.size == n_levels
+    stats = {"tau_runs": int(levels.size), "candidates": int(sum(r.candidates for r in runs)),
              "searched": searched, "walked": len(pool), "polished": polished,
-             "max_frontier": int(max((r.stats["max_frontier"] for r in runs), default=0)), **dict(mp.stats)}
+             "max_frontier": int(max((r.max_frontier for r in runs), default=0)), **dict(mp.stats)}
     costs_arr = np.column_stack([pool.est, pool.peak, pool.time]).astype(np.float64).reshape(-1, 3)
-    return MeshResult(mp, tuple(float(x) for x in levels), int(all_levels.size),
+    seconds = sum(r.seconds for r in runs) + _time.perf_counter() - t0
+    return MeshResult(mp, tuple(float(x) for x in levels), n_levels,
                       np.array([pool.peak[k] for k in front], dtype=np.float64),
                       np.array([pool.time[k] for k in front], dtype=np.float64),
                       tuple(dict(zip(names, (int(x) for x in pool.vecs[k]))) for k in front), merged,
-                      slack + 2 * resolution, exact_search, tuple(dict.fromkeys(fixed)), _time.perf_counter() - t0,
+                      slack + 2 * resolution, exact_search, tuple(dict.fromkeys(fixed)), seconds,
                       stats, tuple(ev.memory_parts(pool.vecs[k]) for k in front),
                       np.array([pool.est[k] for k in front], dtype=np.float64),
                       tuple(map(tuple, np.array(pool.vecs, dtype=np.int64).reshape(len(pool), -1).tolist())),
@@ -743,8 +783,14 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     problems = _build_problems(graph, costs, cluster, mesh_list, optimizer, partial(progress, "frontier"), steps,
                                workers)
     res, res_rule = _choose_resolution(resolution, problems, cluster)
-    results = _track_meshes(problems, graph, costs, cluster, res, int(max_levels), max_branches, backend,
-                            int(max_walks), progress, steps, workers)
+    on = [d for d in allowed if d in {d for m in mesh_list for d in m}]   # given meshes bound the placers too
+
+    def seeds() -> tuple[list[tuple[str, Plan, Any]], list[str]]:
+        plans, failed = _seed_plans(graph, costs, cluster, on, optimizer, seed_placers)
+        return [(src, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer)) for src, plan in plans], failed
+
+    results, seeded = _track_meshes(problems, graph, costs, cluster, res, int(max_levels), max_branches, backend,
+                                    int(max_walks), progress, steps, workers, seeds if seed_placers else None)
 
     progress("frontier", steps - 1, steps, "union across meshes")
     _, _, which, idx, m_union = point_sets.union([(r.mem, r.time) for r in results], res, backend=backend,
@@ -760,11 +806,10 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                   budget=budget, optimizer=optimizer, notes=notes, graph_name=graph.name,
                   batch_size=graph.batch_size, cluster_name=cluster.name, seconds=_time.perf_counter() - t0,
                   cluster=cluster, reserve=reserve, times_from=costs_source(costs))
-    if seed_placers:
+    if seeded is not None:
         progress("frontier", steps - 1, steps, f"joining the plans of {', '.join(seed_placers)}")
-        on = {d for m in mesh_list for d in m}     # the devices the meshes use: given meshes bound the placers too
-        seeds, failed = _seed_plans(graph, costs, cluster, [d for d in allowed if d in on], optimizer, seed_placers)
-        fr = fr.including(seeds, graph, costs)
+        simulated, failed = seeded
+        fr = fr.joined(simulated)
         fr.notes.extend(failed)
         fr.seconds = _time.perf_counter() - t0
         points = fr.points
@@ -777,32 +822,57 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
 
 def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostModel, cluster: Cluster, res: float,
                   max_levels: int, max_branches: int, backend: str | None, max_walks: int, progress: Progress,
-                  steps: int, workers: int) -> list[MeshResult]:
-    """Each mesh tracked (:func:`_track_mesh`): in this process, or side by side in ``workers``
-    forked workers (:func:`~.forkmap.fork_map`, the same results in the same order), each mesh's
-    work hinted by its τ levels × configurations."""
+                  steps: int, workers: int, beside: Callable[[], Any] | None = None) -> tuple[list[MeshResult], Any]:
+    """Each mesh tracked (:func:`_track_mesh`), and ``beside()`` (other work independent of the
+    meshes, run with the τ runs); returns the meshes' results and ``beside()``'s.  With several
+    ``workers``, in forked workers (:func:`~.forkmap.fork_map`: the same results in the same order):
+    first every τ run of every mesh and ``beside()``, dealt by their size (configurations of the
+    mesh, the largest first), then each mesh's evaluation and polish."""
     n = len(problems)
     if workers == 1:
-        return [_track_mesh(mp, graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
-                            partial(progress, "frontier", n + i, steps))
-                for i, mp in enumerate(problems)]
+        results = [_track_mesh(mp, graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
+                               partial(progress, "frontier", n + i, steps))
+                   for i, mp in enumerate(problems)]
+        return results, beside() if beside is not None else None
+    levels = [_mesh_levels(mp, max_levels) for mp in problems]
+    tasks: list[tuple[int, float]] = [(i, float(lv)) for i in range(n) for lv in levels[i][0]]
+    size = [float(sum(nd.k for nd in mp.problem.nodes)) for mp in problems]
+    hints = [size[i] for i, _ in tasks]
+    if beside is not None:
+        tasks.append((-1, 0.0))
+        hints.append(min(size))
 
-    def job(i: int) -> dict[str, Any]:
-        r = _track_mesh(problems[i], graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
-                        lambda _msg: None)
-        return {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "problem"}
+    def tau_job(task: tuple[int, float]) -> Any:
+        i, level = task
+        return beside() if i < 0 and beside is not None else _tau_run(problems[i], level, res, max_branches, backend)
 
     done = [0]
 
-    def arrived(i: int) -> None:
+    def tau_arrived(_k: int) -> None:
         done[0] += 1
-        progress("frontier", n + done[0], steps, f"mesh {','.join(problems[i].mesh)} tracked "
-                                                 f"({done[0]} of {n}, {workers} processes)")
+        progress("frontier", n, steps, f"τ runs: {done[0]} of {len(tasks)} done ({workers} processes)")
 
-    progress("frontier", n, steps, f"tracking {n} meshes in {workers} processes")
-    hints = [min(len(p.transient_levels()), max_levels) * sum(nd.k for nd in p.problem.nodes) for p in problems]
-    out = fork_map(job, range(n), workers=workers, hints=hints, on_done=arrived)
-    return [MeshResult(problem=problems[i], **fields) for i, fields in enumerate(out)]
+    progress("frontier", n, steps, f"τ runs: {len(tasks)} over {n} meshes ({workers} processes)")
+    out = fork_map(tau_job, tasks, workers=workers, hints=hints, on_done=tau_arrived)
+    runs: list[list[_TauRun]] = [[] for _ in range(n)]
+    for (i, _), r in zip(tasks, out):
+        if i >= 0:
+            runs[i].append(r)
+
+    def finish_job(i: int) -> dict[str, Any]:
+        r = _finish_mesh(problems[i], graph, costs, cluster, levels[i][0], levels[i][1], runs[i], res, backend,
+                         max_walks, lambda _msg: None)
+        return {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "problem"}
+
+    finished = [0]
+
+    def finish_arrived(i: int) -> None:
+        finished[0] += 1
+        progress("frontier", n + finished[0], steps, f"mesh {','.join(problems[i].mesh)} evaluated and polished "
+                                                     f"({finished[0]} of {n})")
+
+    fields = fork_map(finish_job, range(n), workers=workers, hints=size, on_done=finish_arrived)
+    return [MeshResult(problem=problems[i], **f) for i, f in enumerate(fields)], out[-1] if beside else None
 
 
 def _check_arguments(graph: OpGraph, costs: CostModel, optimizer: str | int, budget: int | float | str | None,
