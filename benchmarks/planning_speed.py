@@ -12,11 +12,13 @@ and clusters of the engine's targets (issue 38):
   8 per host (``preset:h100-hosts?hosts=N``), 12 / 24 / 48 layers.
 
     python benchmarks/planning_speed.py [--cases gpt2-12,wrn,amoebanet,scale] [--repeats 3]
-                                        [--shard-min-fraction F]
+                                        [--shard-min-fraction F] [--workers 1,2]
 
 It measures the search only (capture and profile are printed apart, once per model): its wall
-time and the process's CPU time (user + system, every thread), which other work on a shared
-machine moves far less than the wall time.
+time and the process's CPU time (user + system, every thread, this process only: the forked
+workers' time is not in it), which other work on a shared machine moves far less than the wall
+time.  ``--workers``: the frontier's worker processes, each a row, run in turn within each repeat
+(default: the library's default, the CPUs this process may use).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import tensoropt
 
-CASES = {
+CASES: dict[str, list[tuple[str, str, str | None]]] = {
     "gpt2-12": [("zoo:gpt2?layers=12", "preset:v100-8-nvlink", None)],
     "wrn": [("zoo:wide_resnet", "preset:titan-rtx-5", "gpu0,gpu1,gpu2")],
     "amoebanet": [("zoo:amoebanet_d", "preset:v100-8-nvlink", None)],
@@ -42,7 +44,8 @@ CASES = {
 }
 
 
-def priced_profile(spec: str, cluster: tensoropt.Cluster, cache: Path) -> tuple[object, object, float]:
+def priced_profile(spec: str, cluster: tensoropt.Cluster,
+                   cache: Path) -> tuple[tensoropt.OpGraph, tensoropt.CostModel, float]:
     """(graph, costs priced for the cluster, seconds to capture and profile) — profiled once per spec."""
     t0 = time.perf_counter()
     graph = tensoropt.load_model(spec).capture(method="export")
@@ -60,36 +63,46 @@ def main() -> int:
     ap.add_argument("--shard-min-fraction", type=float, default=None,
                     help="offer sharding levels to nodes holding at least this fraction of the model's parameters "
                          "(default: the library's SHARD_MIN_FRACTION; 0: every node reading a parameter)")
+    ap.add_argument("--workers", default=None,
+                    help="comma-separated worker counts, each a row (default: the library's default)")
     args = ap.parse_args()
+    worker_counts: list[int | None] = ([int(w) for w in args.workers.split(",")] if args.workers else [None])
     if args.shard_min_fraction is not None:
         from tensoropt.frontier import graph_problem
         graph_problem.SHARD_MIN_FRACTION = args.shard_min_fraction
-    print("| case | model | cluster | devices | ops | profile s | frontier s (median) | CPU s (median) | runs | "
-          "points | meshes | min memory | min time |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    print("| case | model | cluster | devices | ops | profile s | workers | frontier s (median) | CPU s (median) | "
+          "runs | points | meshes | min memory | min time |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
             for spec, cl_spec, devices in CASES[case]:
                 cluster = tensoropt.load_cluster(cl_spec)
                 devs = devices.split(",") if devices else None
                 graph, costs, prof_s = priced_profile(spec, cluster, Path(tmp))
-                runs, cpu = [], []
-                fr = None
+                runs: dict[int | None, list[float]] = {w: [] for w in worker_counts}
+                cpu: dict[int | None, list[float]] = {w: [] for w in worker_counts}
+                fronts: dict[int | None, tensoropt.Frontier] = {}
                 for _ in range(args.repeats):
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    kw = {} if args.max_walks is None else {"max_walks": args.max_walks}
-                    fr = tensoropt.track_frontier(graph, costs, cluster, devices=devs, **kw)
-                    runs.append(time.perf_counter() - t0)
-                    cpu.append(time.process_time() - c0)
-                    if runs[-1] > args.limit_s:
+                    for w in worker_counts:
+                        t0, c0 = time.perf_counter(), time.process_time()
+                        kw = {} if args.max_walks is None else {"max_walks": args.max_walks}
+                        fronts[w] = tensoropt.track_frontier(graph, costs, cluster, devices=devs, workers=w, **kw)
+                        runs[w].append(time.perf_counter() - t0)
+                        cpu[w].append(time.process_time() - c0)
+                    if max(r[-1] for r in runs.values()) > args.limit_s:
                         break
-                assert fr is not None
+                rows = {w: fr.rows() for w, fr in fronts.items()}
+                same = all(r == rows[worker_counts[0]] for r in rows.values())
                 n = len(devs) if devs else len(cluster)
-                print(f"| {case} | {spec} | {cl_spec} | {n} | {len(graph.ops)} | {prof_s:.1f} | "
-                      f"{statistics.median(runs):.2f} | {statistics.median(cpu):.2f} | "
-                      f"{', '.join(f'{r:.2f}' for r in runs)} | {len(fr)} | "
-                      f"{len(fr.meshes)} | {fr.min_memory().memory_bytes / 2**30:.3f} GiB | "
-                      f"{fr.min_time().time_s * 1e3:.2f} ms |", flush=True)
+                for w in worker_counts:
+                    fr = fronts[w]
+                    print(f"| {case} | {spec} | {cl_spec} | {n} | {len(graph.ops)} | {prof_s:.1f} | "
+                          f"{w if w is not None else 'default'} | {statistics.median(runs[w]):.2f} | "
+                          f"{statistics.median(cpu[w]):.2f} | {', '.join(f'{r:.2f}' for r in runs[w])} | {len(fr)} | "
+                          f"{len(fr.meshes)} | {fr.min_memory().memory_bytes / 2**30:.3f} GiB | "
+                          f"{fr.min_time().time_s * 1e3:.2f} ms |", flush=True)
+                if not same:
+                    print(f"<!-- {case}: the frontiers differ between worker counts -->", flush=True)
     return 0
 
 
