@@ -38,12 +38,16 @@ CASES = {
 }
 
 
+def _point(p: tensoropt.FrontierPoint) -> str:
+    return f"{p.plan_id} ({p.memory_bytes / 2**20:.1f}, {p.time_s * 1e3:.3f})"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="gpt2-12,wrn,wrn-8,default")
     ap.add_argument("--time-limit", type=float, default=10.0, help="each MILP placer's solver limit (s)")
     args = ap.parse_args(argv)
-    print("| case | baseline | devices | peak MiB | step ms | search point dominating | nearest search point "
+    print("| case | baseline | devices | peak MiB | step ms | search point dominating (MiB, ms) | nearest search point "
           "(MiB, ms) | joined frontier's point |")
     print("|---|---|---:|---:|---:|---|---|---|")
     totals = {"rows": 0, "by_search": 0}
@@ -74,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             joined_s = f"{jp.plan_id} ({jp.source})" if jp is not None else "none"
             totals["by_search"] += dom is not None
             print(f"| {case} | {row.algo} | {len(row.devices)} | {mem / 2**20:.1f} | {step * 1e3:.3f} | "
-                  f"{dom.plan_id if dom is not None else '**no**'} | {'' if dom is not None else near_s} | "
+                  f"{_point(dom) if dom is not None else '**no**'} | {'' if dom is not None else near_s} | "
                   f"{joined_s} |", flush=True)
         print(f"<!-- {case}: {spec} on {cl}{' ' + ','.join(devices) if devices else ''}, "
               f"{len(search)} search points, {time.perf_counter() - t0:.0f} s -->", flush=True)
