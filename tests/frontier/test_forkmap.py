@@ -74,3 +74,20 @@ def test_the_frontier_is_the_same_tracked_side_by_side():
     assert ([{k: v for k, v in p.plan.to_dict().items() if k != "notes"} for p in one]
             == [{k: v for k, v in p.plan.to_dict().items() if k != "notes"} for p in two])
     assert [m.candidates for m in one.meshes] == [m.candidates for m in two.meshes]
+
+
+def _in_a_daemon(queue):
+    queue.put(fork_map(lambda i: (i, os.getpid()), range(3), workers=2))
+
+
+def test_it_forks_inside_a_daemonic_process_as_the_dashboards_jobs_are():
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_in_a_daemon, args=(queue,), daemon=True)
+    proc.start()
+    got = queue.get(timeout=60)
+    proc.join(timeout=60)
+    assert proc.exitcode == 0
+    assert [i for i, _ in got] == [0, 1, 2] and proc.pid not in {pid for _, pid in got}
