@@ -848,9 +848,10 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
 
     done = [0]
 
-    def tau_arrived(_k: int) -> None:
+    def tau_arrived(_k: int) -> None:   # the τ runs fill the tracking steps' count but the last
         done[0] += 1
-        progress("frontier", n, steps, f"τ runs: {done[0]} of {len(tasks)} done ({workers} processes)")
+        progress("frontier", n + (n - 1) * done[0] // len(tasks), steps,
+                 f"τ runs: {done[0]} of {len(tasks)} done ({workers} processes)")
 
     progress("frontier", n, steps, f"τ runs: {len(tasks)} over {n} meshes ({workers} processes)")
     out = fork_map(tau_job, tasks, workers=workers, hints=hints, on_done=tau_arrived)
@@ -868,8 +869,8 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
 
     def finish_arrived(i: int) -> None:
         finished[0] += 1
-        progress("frontier", n + finished[0], steps, f"mesh {','.join(problems[i].mesh)} evaluated and polished "
-                                                     f"({finished[0]} of {n})")
+        progress("frontier", 2 * n - 1 + finished[0] // n, steps,
+                 f"mesh {','.join(problems[i].mesh)} evaluated and polished ({finished[0]} of {n})")
 
     fields = fork_map(finish_job, range(n), workers=workers, hints=size, on_done=finish_arrived)
     return [MeshResult(problem=problems[i], **f) for i, f in enumerate(fields)], out[-1] if beside else None

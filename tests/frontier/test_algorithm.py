@@ -301,3 +301,58 @@ def test_resolution_loss_accumulates_but_stays_within_mem_slack():
     assert match - m0 > 3 * res                     # more than one resolution lost …
     assert match < m0 + r.mem_slack                 # … but never more than the reported bound
     assert r.merged_by_resolution > 0 and not r.exact
+
+
+# --------------------------------------------------------------------------------------------
+# remembered eliminations (the memo the branches share)
+
+def _without_memo(p, **kw):
+    from tensoropt.frontier import algorithm
+
+    algorithm.MEMO = False
+    try:
+        return track(p, **kw)
+    finally:
+        algorithm.MEMO = True
+
+
+@settings(max_examples=40, deadline=None)
+@given(dag_problems(min_n=6, max_n=11, max_k=3), st.sampled_from([1, 4, 1024]))
+def test_remembered_eliminations_change_no_point_and_no_plan(p, max_branches):
+    # branching (and, under a small budget, fixing) on non-series-parallel graphs: the memo reuses
+    # what another branch computed from the same groups, so every number and plan must be the same
+    with_memo, without = track(p, max_branches=max_branches), _without_memo(p, max_branches=max_branches)
+    assert np.array_equal(with_memo.mem, without.mem) and np.array_equal(with_memo.time, without.time)
+    assert with_memo.assignments() == without.assignments()
+    assert [f.to_dict() for f in with_memo.fixed] == [f.to_dict() for f in without.fixed]
+    assert without.stats["memo_hits"] == 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(8, 14), st.integers(3, 4), st.integers(2, 3), st.integers(0, 2**32 - 1),
+       st.sampled_from([1, 4, 1024]))
+def test_remembered_eliminations_change_nothing_on_bands(n, width, k, seed, max_branches):
+    # bands (node i joined to the next ``width``), where the memo is used most (the random DAGs
+    # above use it in about one case in sixteen)
+    p = make_problem([k] * n, [(i, j) for i in range(n) for j in range(i + 1, min(n, i + width + 1))],
+                     np.random.default_rng(seed), p_inf=0.05)
+    with_memo, without = track(p, max_branches=max_branches), _without_memo(p, max_branches=max_branches)
+    assert np.array_equal(with_memo.mem, without.mem) and np.array_equal(with_memo.time, without.time)
+    assert with_memo.assignments() == without.assignments()
+    assert [f.to_dict() for f in with_memo.fixed] == [f.to_dict() for f in without.fixed]
+
+
+def test_branches_reuse_each_others_eliminations_and_stay_exact():
+    # a band of width 3 (node i joined to i+1, i+2, i+3: AmoebaNet's cells read the two cells
+    # before them) on 12 nodes: every node has degree >= 3, so the search branches; a branch's
+    # conditioning reaches only the nodes near the one it fixes, so the branches share the
+    # eliminations far from it (a complete DAG, where every node is next to every other, shares none)
+    n = 12
+    p = make_problem([2] * n, [(i, j) for i in range(n) for j in range(i + 1, min(n, i + 4))],
+                     np.random.default_rng(11))
+    r = track(p)
+    assert r.stats["eliminations"]["branch"] >= 3 and r.stats["memo_hits"] > 0
+    assert_same_frontier(r, p, exact_floats=True)     # brute force over all 2**12 plans
+    assert_unrolls(r, p)
+    dense = track(make_problem([3] * 8, complete_dag(8), np.random.default_rng(11)))
+    assert dense.stats["eliminations"]["branch"] >= 3 and dense.stats["memo_hits"] == 0
