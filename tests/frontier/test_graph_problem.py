@@ -1,6 +1,7 @@
 """The concrete frontier problem: link-aware meshes, configurations, node / edge / tie costs."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -256,3 +257,42 @@ def test_a_tied_weights_readers_share_a_level_on_its_tie_edge():
     n = mp.problem.nodes[mp.problem.index(owner)]
     at = {(c.layout, c.recompute, int(c.shard)): s for s, c in enumerate(mp.configs[owner])}
     assert n.mem[at[("batch", False, 0)]] - n.mem[at[("batch", False, 3)]] == (60 - 32) * 4
+
+
+def _insertion_rings_by_definition(cl, names, k):
+    """The greedy ring as the module docstring defines it, ring by ring: from the best pair, insert
+    the device, at the place, whose ring has the least (slowest link, sum of links, -slowest
+    device, -smallest memory, sorted cluster positions, positions in ring order)."""
+    pos = {d: i for i, d in enumerate(cl.names)}
+
+    def key(ring):
+        n = len(ring)
+        times = [cl.link(ring[i], ring[(i + 1) % n]).time_both_ways(REFERENCE_BYTES / n) for i in range(n)]
+        devs = [cl.device(d) for d in ring]
+        return (max(times), math.fsum(times), -min(d.speed for d in devs),
+                -min(d.memory_bytes for d in devs), sorted(pos[d] for d in ring), [pos[d] for d in ring])
+
+    ring = list(min(itertools.combinations(names, 2), key=key))
+    while len(ring) < k:
+        ring = min((ring[:i] + [d] + ring[i:] for d in names if d not in ring for i in range(1, len(ring) + 1)),
+                   key=key)
+    return tuple(ring)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_rings_are_the_insertions_the_rule_picks(seed):
+    # twelve devices of two speeds and two memories, links from a few latencies and bandwidths (so
+    # that many rings tie on the slowest link and on the sum): the vectorised greedy insertion
+    # against pricing every candidate ring in turn
+    from tensoropt.frontier.graph_problem import _greedy_ring
+
+    rng = np.random.default_rng(seed)
+    names = [f"g{i}" for i in range(12)]
+    devices = [Device(n, int(rng.choice([2**30, 2**31])), speed=float(rng.choice([1.0, 2.0]))) for n in names]
+    links = {(a, b): LinkModel(float(rng.choice([1e-6, 5e-6])), float(rng.choice([1e9, 1e10, 5e10])))
+             for a in names for b in names if a != b}
+    cl = Cluster(f"random{seed}", devices, links)
+    pos = {d: i for i, d in enumerate(cl.names)}
+    for subset in (names, names[2:9]):
+        for k in range(2, len(subset) + 1):
+            assert _greedy_ring(cl, subset, k, pos) == _insertion_rings_by_definition(cl, subset, k), (subset, k)
