@@ -31,9 +31,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import select
+import signal
 import struct
 import sys
 from collections.abc import Callable, Sequence
@@ -119,25 +121,33 @@ def fork_map(fn: Callable[[T], R], tasks: Sequence[T], *, workers: int | None = 
     failure: tuple[int, BaseException] | None = None
     buffers = {r: bytearray() for r in children}
     open_fds = set(children)
-    while open_fds:
-        ready, _, _ = select.select(sorted(open_fds), [], [])
-        for fd in ready:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                open_fds.discard(fd)
+    try:
+        while open_fds:
+            ready, _, _ = select.select(sorted(open_fds), [], [])
+            for fd in ready:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    open_fds.discard(fd)
+                    os.close(fd)
+                    continue
+                buffers[fd] += chunk
+                while (frame := _take_frame(buffers, fd)) is not None:
+                    i, ok, value = pickle.loads(frame)
+                    if ok:
+                        got[i] = value
+                        if on_done is not None:
+                            on_done(i)
+                    elif failure is None or i < failure[0]:
+                        failure = (i, value)
+    finally:
+        if open_fds:            # stopped early (an exception here, ^C): end the workers, leave no zombie
+            for fd in open_fds:
                 os.close(fd)
-                continue
-            buffers[fd] += chunk
-            while (frame := _take_frame(buffers, fd)) is not None:
-                i, ok, value = pickle.loads(frame)
-                if ok:
-                    got[i] = value
-                    if on_done is not None:
-                        on_done(i)
-                elif failure is None or i < failure[0]:
-                    failure = (i, value)
-    for pid, _ in children.values():
-        os.waitpid(pid, 0)
+            for pid, _ in children.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for pid, _ in children.values():
+            os.waitpid(pid, 0)
     if failure is not None:         # the first failing task's exception, as one process would raise it
         raise failure[1]
     for i in range(n):              # a worker that died without a word: its tasks run here

@@ -95,3 +95,30 @@ def test_it_forks_inside_a_daemonic_process_as_the_dashboards_jobs_are():
     proc.join(timeout=60)
     assert proc.exitcode == 0
     assert [i for i, _ in got] == [0, 1, 2] and proc.pid not in {pid for _, pid in got}
+
+
+def test_stopping_early_ends_the_workers(tmp_path):
+    # the progress callback raises (a cancelled run): the error reaches the caller, and the
+    # workers still computing are ended and reaped, not left running or as zombies
+    import time
+
+    def fn(i):
+        (tmp_path / f"{os.getpid()}.pid").write_text("")
+        if i:
+            time.sleep(30)
+        for _ in range(1000):           # the quick task answers once both workers are under way
+            if len(list(tmp_path.glob("*.pid"))) == 2:
+                break
+            time.sleep(0.01)
+        return i
+
+    def cancel(_i):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fork_map(fn, range(2), workers=2, on_done=cancel)
+    pids = [int(p.stem) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 2
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
