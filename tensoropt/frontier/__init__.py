@@ -50,7 +50,7 @@ from .track import (
     default_resolution,
     track_frontier,
 )
-from .algorithm import BRANCH_RULE, FIX_RULE, FixedChoice, FrontierResult, track
+from .algorithm import BRANCH_RULE, FIX_RULE, FixedChoice, FrontierResult, Session, track
 # isort: on
 from .graph_problem import MeshProblem, build_problem, candidate_meshes, node_configs, ring_bottleneck
 from .point_sets import batched_product, bucket_key, is_frontier, product, reduce, union
@@ -60,7 +60,7 @@ __all__ = [
     "track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "default_resolution",
     "DEFAULT_SEED_PLACERS",
     "candidate_meshes", "ring_bottleneck", "node_configs", "build_problem", "MeshProblem",
-    "track", "FrontierResult", "FixedChoice", "BRANCH_RULE", "FIX_RULE",
+    "track", "Session", "FrontierResult", "FixedChoice", "BRANCH_RULE", "FIX_RULE",
     "reduce", "product", "union", "batched_product", "bucket_key", "is_frontier",
     "Problem", "NodeCosts", "EdgeCosts", "ProblemError", "brute_force", "min_scalarized",
 ]

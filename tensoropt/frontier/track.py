@@ -93,7 +93,7 @@ from ..planmodel.meshplan import MeshEvaluator
 from ..planmodel.simulate import simulate
 from ..progress import Progress, no_progress
 from . import point_sets
-from .algorithm import track
+from .algorithm import Session, track
 from .forkmap import default_workers, fork_map
 from .graph_problem import MeshProblem, build_problem, candidate_meshes
 from .point_sets import compiled as _compiled
@@ -673,10 +673,12 @@ class _TauRun:
     seconds: float
 
 
-def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int, backend: str | None) -> _TauRun:
-    """Frontier tracking on ``mp`` with every configuration of transient above ``level`` made infeasible."""
+def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int, backend: str | None,
+             session: Session) -> _TauRun:
+    """Frontier tracking on ``mp`` with every configuration of transient above ``level`` made
+    infeasible, reusing what the ``session``'s earlier τ runs computed from the same costs."""
     t0 = _time.perf_counter()
-    r = track(mp.masked(level), resolution=resolution, max_branches=max_branches, backend=backend)
+    r = track(mp.masked(level), resolution=resolution, max_branches=max_branches, backend=backend, session=session)
     vecs = r.assignment_vectors() if len(r) else np.zeros((0, len(mp.problem.nodes)), dtype=np.int64)
     return _TauRun(vecs, r.merged_by_resolution, tuple(f.node for f in r.fixed), float(r.mem_slack),
                    int(r.stats["candidates"]), int(r.stats["max_frontier"]), _time.perf_counter() - t0)
@@ -692,9 +694,11 @@ def _track_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clus
                 max_branches: int, backend: str | None, max_walks: int, report: Callable[[str], None]) -> MeshResult:
     levels, n_levels = _mesh_levels(mp, max_levels)
     runs = []
+    session = Session(resolution, backend)    # a τ run differs from the last in a few nodes' costs
     for i, lv in enumerate(levels):
         report(f"mesh {','.join(mp.mesh)}: τ run {i + 1}/{len(levels)}")
-        runs.append(_tau_run(mp, float(lv), resolution, max_branches, backend))
+        runs.append(_tau_run(mp, float(lv), resolution, max_branches, backend, session))
+    del session                               # every group of every run: gone before the polish
     return _finish_mesh(mp, graph, costs, cluster, levels, n_levels, runs, resolution, backend, max_walks, report)
 
 
@@ -824,56 +828,39 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
                   max_levels: int, max_branches: int, backend: str | None, max_walks: int, progress: Progress,
                   steps: int, workers: int, beside: Callable[[], Any] | None = None) -> tuple[list[MeshResult], Any]:
     """Each mesh tracked (:func:`_track_mesh`), and ``beside()`` (other work independent of the
-    meshes, run with the τ runs); returns the meshes' results and ``beside()``'s.  With several
-    ``workers``, in forked workers (:func:`~.forkmap.fork_map`: the same results in the same order):
-    first every τ run of every mesh and ``beside()``, dealt by their size (configurations of the
-    mesh, the largest first), then each mesh's evaluation and polish."""
+    meshes); returns the meshes' results and ``beside()``'s.  With several ``workers``, in forked
+    workers (:func:`~.forkmap.fork_map`: the same results in the same order), a mesh a task — its
+    τ runs share their work (:class:`~.algorithm.Session`), so they stay together — dealt by its
+    size (configurations), ``beside()`` one more task."""
     n = len(problems)
     if workers == 1:
         results = [_track_mesh(mp, graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
                                partial(progress, "frontier", n + i, steps))
                    for i, mp in enumerate(problems)]
         return results, beside() if beside is not None else None
-    levels = [_mesh_levels(mp, max_levels) for mp in problems]
-    tasks: list[tuple[int, float]] = [(i, float(lv)) for i in range(n) for lv in levels[i][0]]
     size = [float(sum(nd.k for nd in mp.problem.nodes)) for mp in problems]
-    hints = [size[i] for i, _ in tasks]
-    if beside is not None:
-        tasks.append((-1, 0.0))
-        hints.append(min(size))
+    tasks = list(range(n)) + ([-1] if beside is not None else [])
 
-    def tau_job(task: tuple[int, float]) -> Any:
-        i, level = task
-        return beside() if i < 0 and beside is not None else _tau_run(problems[i], level, res, max_branches, backend)
+    def job(i: int) -> Any:
+        if i < 0 and beside is not None:
+            return beside()
+        r = _track_mesh(problems[i], graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
+                        lambda _msg: None)
+        return {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "problem"}
 
     done = [0]
 
-    def tau_arrived(_k: int) -> None:   # the τ runs fill the tracking steps' count but the last
+    def arrived(t: int) -> None:
         done[0] += 1
-        progress("frontier", n + (n - 1) * done[0] // len(tasks), steps,
-                 f"τ runs: {done[0]} of {len(tasks)} done ({workers} processes)")
+        what = "the placers' plans" if tasks[t] < 0 else f"mesh {','.join(problems[tasks[t]].mesh)}"
+        progress("frontier", n + (n * done[0]) // len(tasks), steps,
+                 f"{what} done ({done[0]} of {len(tasks)}, {workers} processes)")
 
-    progress("frontier", n, steps, f"τ runs: {len(tasks)} over {n} meshes ({workers} processes)")
-    out = fork_map(tau_job, tasks, workers=workers, hints=hints, on_done=tau_arrived)
-    runs: list[list[_TauRun]] = [[] for _ in range(n)]
-    for (i, _), r in zip(tasks, out):
-        if i >= 0:
-            runs[i].append(r)
-
-    def finish_job(i: int) -> dict[str, Any]:
-        r = _finish_mesh(problems[i], graph, costs, cluster, levels[i][0], levels[i][1], runs[i], res, backend,
-                         max_walks, lambda _msg: None)
-        return {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "problem"}
-
-    finished = [0]
-
-    def finish_arrived(i: int) -> None:
-        finished[0] += 1
-        progress("frontier", 2 * n - 1 + finished[0] // n, steps,
-                 f"mesh {','.join(problems[i].mesh)} evaluated and polished ({finished[0]} of {n})")
-
-    fields = fork_map(finish_job, range(n), workers=workers, hints=size, on_done=finish_arrived)
-    return [MeshResult(problem=problems[i], **f) for i, f in enumerate(fields)], out[-1] if beside else None
+    progress("frontier", n, steps, f"tracking {n} meshes in {workers} processes")
+    out = fork_map(job, tasks, workers=workers, hints=size + ([min(size)] if beside is not None else []),
+                   on_done=arrived)
+    return ([MeshResult(problem=problems[i], **out[i]) for i in range(n)],
+            out[-1] if beside is not None else None)
 
 
 def _check_arguments(graph: OpGraph, costs: CostModel, optimizer: str | int, budget: int | float | str | None,

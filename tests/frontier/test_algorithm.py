@@ -356,3 +356,27 @@ def test_branches_reuse_each_others_eliminations_and_stay_exact():
     assert_unrolls(r, p)
     dense = track(make_problem([3] * 8, complete_dag(8), np.random.default_rng(11)))
     assert dense.stats["eliminations"]["branch"] >= 3 and dense.stats["memo_hits"] == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(dag_problems(min_n=3, max_n=9, max_k=3), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 2.0]))
+def test_runs_in_a_session_are_the_runs_alone(p, seed, res):
+    # the τ runs of a mesh: the same problem with more and more configurations made infeasible
+    # (here in random order, and repeated); each run in one session equals the run on its own
+    from tensoropt.frontier import Session
+
+    rng = np.random.default_rng(seed)
+    variants = []
+    for _ in range(4):
+        nodes = tuple(NodeCosts(n.name, np.where(rng.random(n.mem.shape) < 0.3, math.inf, n.mem), n.time, n.labels)
+                      for n in p.nodes)
+        variants.append(Problem(nodes, p.edges))
+    variants.append(variants[0])
+    session = Session(res)
+    merged = 0
+    for q in variants:
+        shared, alone = track(q, resolution=res, session=session), track(q, resolution=res)
+        assert np.array_equal(shared.mem, alone.mem) and np.array_equal(shared.time, alone.time)
+        assert shared.assignments() == alone.assignments()
+        merged += shared.merged_by_resolution
+        assert merged or not alone.merged_by_resolution   # a merge is counted by the run that made it
