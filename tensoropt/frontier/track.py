@@ -13,7 +13,9 @@ How
    the node runs), handled exactly by **τ runs**: for each level ``τ`` among the transient values
    a plan's maximum can take (:meth:`~.graph_problem.MeshProblem.transient_levels`), frontier tracking
    (:func:`~.algorithm.track`) runs on the problem with every configuration of transient ``> τ`` made
-   infeasible, and ``τ`` is added to its points' memory.  When there are more than
+   infeasible, and ``τ`` is added to its points' memory.  The τ runs of a mesh differ only in
+   which configurations are infeasible, so they run in one :class:`~.algorithm.Session`: a run
+   reuses every elimination an earlier run made from the same costs.  When there are more than
    ``max_levels`` levels, ``max_levels`` of them are used (evenly spaced, always including the
    largest) and the notes say so.
 4. **Price by the walk.**  Every point of every τ run is a candidate; each candidate's memory is
