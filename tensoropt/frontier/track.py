@@ -831,37 +831,63 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
                   steps: int, workers: int, beside: Callable[[], Any] | None = None) -> tuple[list[MeshResult], Any]:
     """Each mesh tracked (:func:`_track_mesh`), and ``beside()`` (other work independent of the
     meshes); returns the meshes' results and ``beside()``'s.  With several ``workers``, in forked
-    workers (:func:`~.forkmap.fork_map`: the same results in the same order), a mesh a task — its
-    τ runs share their work (:class:`~.algorithm.Session`), so they stay together — dealt by its
-    size (configurations), ``beside()`` one more task."""
+    workers (:func:`~.forkmap.fork_map`: the same results in the same order): first the τ runs,
+    each mesh's levels cut into ``workers`` runs of consecutive levels, each run of levels one task
+    in one :class:`~.algorithm.Session` (a level shares most of its work with the one before:
+    cutting a mesh's levels lets a mesh that dominates use every worker, each piece repeating only
+    its first level's work), dealt by their size, and ``beside()`` one more task; then each
+    mesh's evaluation and polish."""
     n = len(problems)
     if workers == 1:
         results = [_track_mesh(mp, graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
                                partial(progress, "frontier", n + i, steps))
                    for i, mp in enumerate(problems)]
         return results, beside() if beside is not None else None
+    levels = [_mesh_levels(mp, max_levels) for mp in problems]
     size = [float(sum(nd.k for nd in mp.problem.nodes)) for mp in problems]
-    tasks = list(range(n)) + ([-1] if beside is not None else [])
+    tasks: list[tuple[int, tuple[float, ...]]] = [
+        (i, tuple(float(x) for x in piece))
+        for i in range(n) for piece in np.array_split(levels[i][0], min(workers, levels[i][0].size)) if piece.size]
+    hints = [size[i] * len(piece) for i, piece in tasks]
+    if beside is not None:
+        tasks.append((-1, ()))
+        hints.append(min(size))
 
-    def job(i: int) -> Any:
+    def tau_job(task: tuple[int, tuple[float, ...]]) -> Any:
+        i, piece = task
         if i < 0 and beside is not None:
             return beside()
-        r = _track_mesh(problems[i], graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
-                        lambda _msg: None)
-        return {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "problem"}
+        session = Session(res, backend)
+        return [_tau_run(problems[i], lv, res, max_branches, backend, session) for lv in piece]
 
     done = [0]
 
-    def arrived(t: int) -> None:
+    def tau_arrived(_k: int) -> None:   # the τ runs fill the tracking steps' count but the last
         done[0] += 1
-        what = "the placers' plans" if tasks[t] < 0 else f"mesh {','.join(problems[tasks[t]].mesh)}"
-        progress("frontier", n + (n * done[0]) // len(tasks), steps,
-                 f"{what} done ({done[0]} of {len(tasks)}, {workers} processes)")
+        progress("frontier", n + (n - 1) * done[0] // len(tasks), steps,
+                 f"τ runs: {done[0]} of {len(tasks)} tasks done ({workers} processes)")
 
-    progress("frontier", n, steps, f"tracking {n} meshes in {workers} processes")
-    out = fork_map(job, tasks, workers=workers, hints=size + ([min(size)] if beside is not None else []),
-                   on_done=arrived)
-    return ([MeshResult(problem=problems[i], **out[i]) for i in range(n)],
+    progress("frontier", n, steps, f"τ runs of {n} meshes: {len(tasks)} tasks in {workers} processes")
+    out = fork_map(tau_job, tasks, workers=workers, hints=hints, on_done=tau_arrived)
+    runs: list[list[_TauRun]] = [[] for _ in range(n)]
+    for (i, _), got in zip(tasks, out):
+        if i >= 0:
+            runs[i].extend(got)
+
+    def finish_job(i: int) -> dict[str, Any]:
+        r = _finish_mesh(problems[i], graph, costs, cluster, levels[i][0], levels[i][1], runs[i], res, backend,
+                         max_walks, lambda _msg: None)
+        return {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "problem"}
+
+    finished = [0]
+
+    def finish_arrived(i: int) -> None:
+        finished[0] += 1
+        progress("frontier", 2 * n - 1 + finished[0] // n, steps,
+                 f"mesh {','.join(problems[i].mesh)} evaluated and polished ({finished[0]} of {n})")
+
+    fields = fork_map(finish_job, range(n), workers=workers, hints=size, on_done=finish_arrived)
+    return ([MeshResult(problem=problems[i], **f) for i, f in enumerate(fields)],
             out[-1] if beside is not None else None)
 
 

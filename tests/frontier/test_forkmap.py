@@ -71,8 +71,8 @@ def test_the_frontier_is_the_same_tracked_side_by_side():
     two = tensoropt.track_frontier(graph, costs, cluster, workers=2, progress=lambda *a: seen.append(a))
     counts = [done for stage, done, total, _ in seen]
     assert counts == sorted(counts) and all(done <= total for _, done, total, _ in seen)   # the bar never goes back
-    assert any("meshes in 2 processes" in m for *_, m in seen)
-    assert sum(" done (" in m for *_, m in seen) == len(one.meshes) + 1    # each mesh, and the placers' plans
+    assert any("tasks in 2 processes" in m for *_, m in seen)
+    assert sum("evaluated and polished" in m for *_, m in seen) == len(one.meshes)
     assert len(one.meshes) > 1
     assert one.rows() == two.rows()
     # the plans whole but their notes (a placer's LP reports its own solve time there)
