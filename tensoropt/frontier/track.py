@@ -69,6 +69,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import math
 import os
 import re
 import time as _time
@@ -832,11 +833,11 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
     """Each mesh tracked (:func:`_track_mesh`), and ``beside()`` (other work independent of the
     meshes); returns the meshes' results and ``beside()``'s.  With several ``workers``, in forked
     workers (:func:`~.forkmap.fork_map`: the same results in the same order): first the τ runs,
-    each mesh's levels cut into ``workers`` runs of consecutive levels, each run of levels one task
-    in one :class:`~.algorithm.Session` (a level shares most of its work with the one before:
-    cutting a mesh's levels lets a mesh that dominates use every worker, each piece repeating only
-    its first level's work), dealt by their size, and ``beside()`` one more task; then each
-    mesh's evaluation and polish."""
+    a mesh's levels one task in one :class:`~.algorithm.Session` (a level shares much of its work
+    with the one before) — or, for a mesh with more than a worker's share of the work
+    (configurations × levels), cut into as many runs of consecutive levels, so that it can use
+    several workers, each piece repeating its first level's work — dealt by their size, and
+    ``beside()`` one more task; then each mesh's evaluation and polish."""
     n = len(problems)
     if workers == 1:
         results = [_track_mesh(mp, graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
@@ -845,9 +846,14 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
         return results, beside() if beside is not None else None
     levels = [_mesh_levels(mp, max_levels) for mp in problems]
     size = [float(sum(nd.k for nd in mp.problem.nodes)) for mp in problems]
+    work = [size[i] * levels[i][0].size for i in range(n)]
+    share = sum(work) / workers
+    # a mesh with more than a worker's share of the work is cut into that many pieces (each
+    # piece repeats its first level's work, so no mesh is cut that need not be)
+    pieces = [max(1, min(levels[i][0].size, math.ceil(work[i] / share - 1e-9))) for i in range(n)]
     tasks: list[tuple[int, tuple[float, ...]]] = [
         (i, tuple(float(x) for x in piece))
-        for i in range(n) for piece in np.array_split(levels[i][0], min(workers, levels[i][0].size)) if piece.size]
+        for i in range(n) for piece in np.array_split(levels[i][0], pieces[i]) if piece.size]
     hints = [size[i] * len(piece) for i, piece in tasks]
     if beside is not None:
         tasks.append((-1, ()))
