@@ -851,6 +851,9 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
     # a mesh with more than a worker's share of the work is cut into that many pieces (each
     # piece repeats its first level's work, so no mesh is cut that need not be)
     pieces = [max(1, min(levels[i][0].size, math.ceil(work[i] / share - 1e-9))) for i in range(n)]
+    if max(pieces) == 1:       # no mesh cut: a mesh's τ runs, evaluation and polish one task
+        return _track_whole_meshes(problems, graph, costs, cluster, res, max_levels, max_branches, backend,
+                                   max_walks, progress, steps, workers, beside, size)
     tasks: list[tuple[int, tuple[float, ...]]] = [
         (i, tuple(float(x) for x in piece))
         for i in range(n) for piece in np.array_split(levels[i][0], pieces[i]) if piece.size]
@@ -895,6 +898,36 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
     fields = fork_map(finish_job, range(n), workers=workers, hints=size, on_done=finish_arrived)
     return ([MeshResult(problem=problems[i], **f) for i, f in enumerate(fields)],
             out[-1] if beside is not None else None)
+
+
+def _track_whole_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostModel, cluster: Cluster,
+                        res: float, max_levels: int, max_branches: int, backend: str | None, max_walks: int,
+                        progress: Progress, steps: int, workers: int, beside: Callable[[], Any] | None,
+                        size: Sequence[float]) -> tuple[list[MeshResult], Any]:
+    """:func:`_track_meshes` with a mesh a task (and ``beside()`` one more): one fork, no
+    mesh waiting for the slowest mesh's τ runs before its polish."""
+    n = len(problems)
+    tasks = list(range(n)) + ([-1] if beside is not None else [])
+
+    def job(i: int) -> Any:
+        if i < 0 and beside is not None:
+            return beside()
+        r = _track_mesh(problems[i], graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
+                        lambda _msg: None)
+        return {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "problem"}
+
+    done = [0]
+
+    def arrived(t: int) -> None:
+        done[0] += 1
+        what = "the placers' plans" if tasks[t] < 0 else f"mesh {','.join(problems[tasks[t]].mesh)}"
+        progress("frontier", n + (n * done[0]) // len(tasks), steps,
+                 f"{what} tracked and polished ({done[0]} of {len(tasks)} tasks, {workers} processes)")
+
+    progress("frontier", n, steps, f"tracking {n} meshes: {len(tasks)} tasks in {workers} processes")
+    out = fork_map(job, tasks, workers=workers, hints=[*size, *([min(size)] if beside is not None else [])],
+                   on_done=arrived)
+    return [MeshResult(problem=problems[i], **out[i]) for i in range(n)], out[-1] if beside is not None else None
 
 
 def _check_arguments(graph: OpGraph, costs: CostModel, optimizer: str | int, budget: int | float | str | None,
