@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .capture.precision import check_precision as check_precision_name
 from .cluster import detect_cluster, load_cluster
@@ -60,11 +60,13 @@ from .planmodel.fits import check_budget_value
 from .progress import Progress, no_progress
 
 if TYPE_CHECKING:
-    from typing_extensions import Self  # typing.Self from Python 3.11
-
     from .cluster import Cluster
     from .frontier import Frontier
     from .graph import OpGraph
+
+#: a :class:`Request` or a subclass of it (the dashboard's): what :meth:`Request.from_dict` returns
+#: (``typing.Self`` needs Python 3.11; the package supports 3.10)
+_RequestT = TypeVar("_RequestT", bound="Request")
 
 #: the stages :func:`explore` reports, in order
 STAGES = ("cluster", "capture", "profile", "frontier", "baselines")
@@ -152,7 +154,7 @@ class Request:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Self:
+    def from_dict(cls: type[_RequestT], d: dict[str, Any]) -> _RequestT:
         """The request (of this class: the dashboard's subclass reads its own) :meth:`to_dict` wrote."""
         d = dict(d)
         for k in ("devices", "degrees", "algos"):
