@@ -832,12 +832,12 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
                   steps: int, workers: int, beside: Callable[[], Any] | None = None) -> tuple[list[MeshResult], Any]:
     """Each mesh tracked (:func:`_track_mesh`), and ``beside()`` (other work independent of the
     meshes); returns the meshes' results and ``beside()``'s.  With several ``workers``, in forked
-    workers (:func:`~.forkmap.fork_map`: the same results in the same order): first the τ runs,
-    a mesh's levels one task in one :class:`~.algorithm.Session` (a level shares much of its work
-    with the one before) — or, for a mesh with more than a worker's share of the work
-    (configurations × levels), cut into as many runs of consecutive levels, so that it can use
-    several workers, each piece repeating its first level's work — dealt by their size, and
-    ``beside()`` one more task; then each mesh's evaluation and polish."""
+    workers (:func:`~.forkmap.fork_map`: the same results in the same order), dealt by their size:
+    a mesh is one task — its τ runs in one :class:`~.algorithm.Session` (a level shares much of its
+    work with the one before), then its evaluation and polish — unless it has more than a worker's
+    share of the work (configurations × levels): then its levels are cut into as many runs of
+    consecutive levels, one task and one session each (each repeating its first level's work), and
+    its evaluation and polish follow once they are all done; ``beside()`` is one more task."""
     n = len(problems)
     if workers == 1:
         results = [_track_mesh(mp, graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
@@ -848,86 +848,65 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
     size = [float(sum(nd.k for nd in mp.problem.nodes)) for mp in problems]
     work = [size[i] * levels[i][0].size for i in range(n)]
     share = sum(work) / workers
-    # a mesh with more than a worker's share of the work is cut into that many pieces (each
-    # piece repeats its first level's work, so no mesh is cut that need not be)
     pieces = [max(1, min(levels[i][0].size, math.ceil(work[i] / share - 1e-9))) for i in range(n)]
-    if max(pieces) == 1:       # no mesh cut: a mesh's τ runs, evaluation and polish one task
-        return _track_whole_meshes(problems, graph, costs, cluster, res, max_levels, max_branches, backend,
-                                   max_walks, progress, steps, workers, beside, size)
-    tasks: list[tuple[int, tuple[float, ...]]] = [
-        (i, tuple(float(x) for x in piece))
-        for i in range(n) for piece in np.array_split(levels[i][0], pieces[i]) if piece.size]
-    hints = [size[i] * len(piece) for i, piece in tasks]
+    cut = [i for i in range(n) if pieces[i] > 1]
+    # (mesh, None): the whole mesh; (mesh, levels): a run of a cut mesh's levels; (-1, None): beside()
+    tasks: list[tuple[int, tuple[float, ...] | None]] = []
+    for i in range(n):
+        if i in cut:
+            tasks += [(i, tuple(float(x) for x in piece)) for piece in np.array_split(levels[i][0], pieces[i])]
+        else:
+            tasks.append((i, None))
+    hints = [size[i] * (levels[i][0].size if piece is None else len(piece)) for i, piece in tasks]
     if beside is not None:
-        tasks.append((-1, ()))
+        tasks.append((-1, None))
         hints.append(min(size))
+    units = len(tasks) + len(cut)       # the progress bar: every task, then each cut mesh's polish
+    done = [0]
 
-    def tau_job(task: tuple[int, tuple[float, ...]]) -> Any:
+    def step(message: str) -> None:
+        done[0] += 1
+        progress("frontier", n + n * done[0] // units, steps, f"{message} ({done[0]} of {units}, {workers} processes)")
+
+    def job(task: tuple[int, tuple[float, ...] | None]) -> Any:
         i, piece = task
         if i < 0 and beside is not None:
             return beside()
+        if piece is None:
+            return _without_problem(_track_mesh(problems[i], graph, costs, cluster, res, max_levels, max_branches,
+                                                backend, max_walks, lambda _msg: None))
         session = Session(res, backend)
         return [_tau_run(problems[i], lv, res, max_branches, backend, session) for lv in piece]
 
-    done = [0]
+    def arrived(t: int) -> None:
+        i, piece = tasks[t]
+        step("the placers' plans" if i < 0 else f"mesh {','.join(problems[i].mesh)}"
+             + (" tracked and polished" if piece is None else f": τ runs of {len(piece)} levels"))
 
-    def tau_arrived(_k: int) -> None:   # the τ runs fill the tracking steps' count but the last
-        done[0] += 1
-        progress("frontier", n + (n - 1) * done[0] // len(tasks), steps,
-                 f"τ runs: {done[0]} of {len(tasks)} tasks done ({workers} processes)")
+    progress("frontier", n, steps, (f"τ runs of {n} meshes" if cut else f"tracking {n} meshes")
+             + f": {len(tasks)} tasks in {workers} processes")
+    out = fork_map(job, tasks, workers=workers, hints=hints, on_done=arrived)
+    fields: dict[int, dict[str, Any]] = {i: got for (i, piece), got in zip(tasks, out) if i >= 0 and piece is None}
+    if cut:
+        runs: dict[int, list[_TauRun]] = {i: [] for i in cut}
+        for (i, piece), got in zip(tasks, out):
+            if piece is not None:
+                runs[i].extend(got)
 
-    progress("frontier", n, steps, f"τ runs of {n} meshes: {len(tasks)} tasks in {workers} processes")
-    out = fork_map(tau_job, tasks, workers=workers, hints=hints, on_done=tau_arrived)
-    runs: list[list[_TauRun]] = [[] for _ in range(n)]
-    for (i, _), got in zip(tasks, out):
-        if i >= 0:
-            runs[i].extend(got)
+        def finish(i: int) -> dict[str, Any]:
+            return _without_problem(_finish_mesh(problems[i], graph, costs, cluster, levels[i][0], levels[i][1],
+                                                 runs[i], res, backend, max_walks, lambda _msg: None))
 
-    def finish_job(i: int) -> dict[str, Any]:
-        r = _finish_mesh(problems[i], graph, costs, cluster, levels[i][0], levels[i][1], runs[i], res, backend,
-                         max_walks, lambda _msg: None)
-        return {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "problem"}
-
-    finished = [0]
-
-    def finish_arrived(i: int) -> None:
-        finished[0] += 1
-        progress("frontier", 2 * n - 1 + finished[0] // n, steps,
-                 f"mesh {','.join(problems[i].mesh)} evaluated and polished ({finished[0]} of {n})")
-
-    fields = fork_map(finish_job, range(n), workers=workers, hints=size, on_done=finish_arrived)
-    return ([MeshResult(problem=problems[i], **f) for i, f in enumerate(fields)],
+        finished = fork_map(finish, cut, workers=workers, hints=[size[i] for i in cut],
+                            on_done=lambda k: step(f"mesh {','.join(problems[cut[k]].mesh)} evaluated and polished"))
+        fields.update(zip(cut, finished))
+    return ([MeshResult(problem=problems[i], **fields[i]) for i in range(n)],
             out[-1] if beside is not None else None)
 
 
-def _track_whole_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostModel, cluster: Cluster,
-                        res: float, max_levels: int, max_branches: int, backend: str | None, max_walks: int,
-                        progress: Progress, steps: int, workers: int, beside: Callable[[], Any] | None,
-                        size: Sequence[float]) -> tuple[list[MeshResult], Any]:
-    """:func:`_track_meshes` with a mesh a task (and ``beside()`` one more): one fork, no
-    mesh waiting for the slowest mesh's τ runs before its polish."""
-    n = len(problems)
-    tasks = list(range(n)) + ([-1] if beside is not None else [])
-
-    def job(i: int) -> Any:
-        if i < 0 and beside is not None:
-            return beside()
-        r = _track_mesh(problems[i], graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
-                        lambda _msg: None)
-        return {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "problem"}
-
-    done = [0]
-
-    def arrived(t: int) -> None:
-        done[0] += 1
-        what = "the placers' plans" if tasks[t] < 0 else f"mesh {','.join(problems[tasks[t]].mesh)}"
-        progress("frontier", n + (n * done[0]) // len(tasks), steps,
-                 f"{what} tracked and polished ({done[0]} of {len(tasks)} tasks, {workers} processes)")
-
-    progress("frontier", n, steps, f"tracking {n} meshes: {len(tasks)} tasks in {workers} processes")
-    out = fork_map(job, tasks, workers=workers, hints=[*size, *([min(size)] if beside is not None else [])],
-                   on_done=arrived)
-    return [MeshResult(problem=problems[i], **out[i]) for i in range(n)], out[-1] if beside is not None else None
+def _without_problem(r: MeshResult) -> dict[str, Any]:
+    """``r``'s fields but its problem (the parent has it): what a worker sends back."""
+    return {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "problem"}
 
 
 def _check_arguments(graph: OpGraph, costs: CostModel, optimizer: str | int, budget: int | float | str | None,
