@@ -24,7 +24,7 @@ import networkx as nx
 import plotly.graph_objects as go
 
 from tensoropt.describe import fmt_bytes
-from tensoropt.placers.zero import block_of
+from tensoropt.graph import block_of
 from tensoropt.planmodel.reshard import edge_reshard
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ LABEL_PX = (52, 16)
 def group_of(module_path: str) -> str | None:
     """The group of an operator of ``module_path``: the path up to its first numeric part, else none.
 
-    The repeated block the ``fsdp+ac`` placer checkpoints (:func:`tensoropt.placers.zero.block_of`):
+    The repeated block the ``fsdp+ac`` placer checkpoints (:func:`tensoropt.graph.block_of`):
     one rule for what a block is.
 
     >>> group_of("model.transformer.h.3.attn.c_attn"), group_of("model.lm_head"), group_of("2")

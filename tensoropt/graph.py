@@ -60,6 +60,21 @@ def split_fits(layout: str, degree: int, batch_size: int | None) -> bool:
     return layout != Layout.BATCH or batch_size is None or degree <= batch_size
 
 
+def block_of(module_path: str) -> str | None:
+    """The repeated block an operator of ``module_path`` belongs to (what a checkpoint per block,
+    torchtitan's recipe, wraps): the path up to and including its first numeric part (a
+    ``ModuleList`` / ``Sequential`` entry), else ``None``.
+
+    >>> block_of("transformer.h.3.attn.c_attn"), block_of("lm_head"), block_of("layer1.0.conv1")
+    ('transformer.h.3', None, 'layer1.0')
+    """
+    parts = module_path.split(".") if module_path else []
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[:i + 1])
+    return None
+
+
 def dtype_bytes(dtype: str) -> int:
     try:
         return DTYPE_BYTES[dtype]

@@ -145,7 +145,8 @@ class DistributedExecutor:
         index = {d: i for i, d in enumerate(plan.devices)}
         # the loss as terms where the outputs lie: no output is gathered anywhere (as DDP, and as
         # the simulator assumes); a GPT-2's logits sent whole to one rank cost 2 x 8 MiB a step
-        rewritten = rewrite(graph, plan, lambda d: marker(index[d]), loss_terms=True if loss == "train" else "check")
+        rewritten = rewrite(graph, plan, lambda d: marker(index[d]), loss_terms=True if loss == "train" else "check",
+                            segments=False)
         self.graph_module = rewritten.module
         self.fallbacks = list(rewritten.fallbacks)
         fx_graph = rewritten.module.graph

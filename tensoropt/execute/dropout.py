@@ -22,7 +22,7 @@ import torch.fx as fx
 
 from ..planmodel.reshard import op_basename
 from .randomness import keyed_call
-from .rewrite import run_checkpointed, run_checkpointed_keyed
+from .segments import run_checkpointed, run_checkpointed_keyed
 
 #: arguments a keyed random call (.randomness.keyed_call) puts before the op's own
 _KEYED_LEAD = 7
@@ -37,8 +37,15 @@ DROPOUT_P = {"dropout": (1, "p"), "native_dropout": (1, "p"), "feature_dropout":
 
 
 def dropout_sites(graph_module: fx.GraphModule) -> Iterator[tuple[fx.Node, int, str]]:
-    """Every dropout op of ``graph_module`` (also inside ``run_checkpointed``): ``(node, position
-    of its probability among the node's arguments, its keyword)``.  O(nodes)."""
+    """Every dropout op of ``graph_module`` (also inside ``run_checkpointed`` and in the
+    checkpointed segments' sub-graphs): ``(node, position of its probability among the node's
+    arguments, its keyword)``.  O(nodes)."""
+    for gm in graph_module.modules():
+        if isinstance(gm, fx.GraphModule):
+            yield from _sites(gm)
+
+
+def _sites(graph_module: fx.GraphModule) -> Iterator[tuple[fx.Node, int, str]]:
     for n in graph_module.graph.nodes:
         if n.op != "call_function":
             continue
@@ -59,7 +66,9 @@ def dropout_off(graph_module: fx.GraphModule) -> fx.GraphModule:
             n.kwargs = {**n.kwargs, key: 0.0}
         elif len(n.args) > pos:
             n.args = (*n.args[:pos], 0.0, *n.args[pos + 1:])
-    gm.recompile()
+    for sub in gm.modules():
+        if isinstance(sub, fx.GraphModule):
+            sub.recompile()
     return gm
 
 

@@ -35,7 +35,9 @@ Per operator, in ``plan.order``, under its :class:`~tensoropt.plan.NodeConfig`:
 - a split whose shard rule is missing or whose largest shard, run on meta tensors, does not give
   the promised shape (a view with fixed sizes split by channel) runs whole on the mesh's first
   device instead, and is listed in :attr:`Rewritten.fallbacks`;
-- ``recompute``: the op runs inside ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``;
+- ``recompute``: each recomputed segment of the plan (a block's run of recomputed operators,
+  :func:`~tensoropt.planmodel.walk.recompute_segments`) runs as one
+  ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` region (:mod:`.segments`);
 - a sharding level (:class:`~tensoropt.layouts.Shard`) changes nothing here: every device of the
   mesh reads the whole parameter, as at level 0.  Which pieces are kept between uses, and the
   gathers and reduce-scatters around the uses, are the executors' (:mod:`.sharding`; per rank
@@ -60,7 +62,6 @@ import torch
 import torch.fx as fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
-from torch.utils.checkpoint import checkpoint
 
 from .. import syncbn
 from ..errors import ExecutionError
@@ -69,9 +70,11 @@ from ..layouts import Layout, largest_piece, piece_sizes
 from ..measure.shards import VIEWS, TensorArg, shard_args
 from ..plan import Plan
 from ..planmodel.reshard import op_basename
+from ..planmodel.walk import recompute_segments
 from .check import check_term
 from .layouts import P, Placed, R, S, Transport
 from .randomness import draw_shape, is_keyed, keyed_call, random_keys
+from .segments import checkpoint_segments, run_checkpointed, run_checkpointed_keyed
 
 _BATCH_NORMS = {"batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional"}
 _BIAS_AT_2 = {"linear", "conv1d", "conv2d", "conv3d", "convolution", "conv_transpose1d", "conv_transpose2d",
@@ -98,17 +101,6 @@ class Rewritten:
     fallbacks: list[str]
     #: with ``probe``: the operators whose whole outputs follow the model's outputs, in order
     probes: tuple[str, ...] = ()
-
-
-def run_checkpointed(op: Callable, *args: Any, **kwargs: Any) -> Any:
-    """``op(*args, **kwargs)`` with its activations dropped and recomputed in backward."""
-    return checkpoint(lambda *a: op(*a, **kwargs), *args, use_reentrant=False)
-
-
-def run_checkpointed_keyed(*args: Any, **kwargs: Any) -> Any:
-    """:func:`~.randomness.keyed_call` checkpointed (a graph cannot hold a function as an argument);
-    the keyed draw repeats exactly when recomputed."""
-    return run_checkpointed(keyed_call, *args, **kwargs)
 
 
 @torch.no_grad()
@@ -154,7 +146,7 @@ class _Cut:
 
 
 def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
-            loss_terms: bool | str = False, probe: bool = False) -> Rewritten:
+            loss_terms: bool | str = False, probe: bool = False, segments: bool = True) -> Rewritten:
     """See the module docstring.  Raises :class:`ExecutionError` for a graph not captured with
     torch.export or a split the shard rules cannot express.
 
@@ -170,7 +162,12 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
 
     ``probe``: after the outputs, every operator's output whole on its mesh's first device
     (one tensor per operator with a single tensor output, in the plan's order; named by
-    :attr:`Rewritten.probes`), so a check can find the first operator whose value differs."""
+    :attr:`Rewritten.probes`), so a check can find the first operator whose value differs.
+
+    ``segments``: each recomputed segment of the plan as one checkpoint region
+    (:mod:`.segments`, what the memory walk prices); ``False``: every recomputed operator in a
+    checkpoint of its own, its inputs kept (the distributed backend, whose ranks run the graph
+    node by node)."""
     ep, gm = graph.exported, graph.module
     if ep is None or gm is None:
         raise ExecutionError(f"graph {graph.name!r} was not captured with torch.export (source {graph.source!r}); "
@@ -184,8 +181,9 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
         # the step's seed of the keyed random draws (tensoropt.execute.randomness), a Python int
         seed = new.placeholder("rng_seed")
         inputs.sources.append(("seed", None))
+    regions = recompute_segments(plan.order, plan.configs, graph) if segments else []
     ctx = _Emitter(graph, plan, new, transport, inputs.values, inputs.lifted, inputs.batch_syms, device_of, keys,
-                   seed)
+                   seed, alone=not segments)
     _emit_in_order(ctx, gm, plan)
     outs = _outputs(new, graph, ep, gm, transport, inputs.values, loss_terms)
     probes = [name for name in plan.order if name in graph.nodes and graph.nodes[name].kind == "op"
@@ -193,7 +191,18 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
               and not isinstance(inputs.values[name].dim, tuple)] if probe else []
     outs += [transport.whole(inputs.values[name], plan.configs[name].devices[0]) for name in probes]
     new.output(tuple(outs))
-    module = fx.GraphModule(torch.nn.Module(), new, class_name="PlannedGraph")
+    root = torch.nn.Module()
+    buffers = {n for n, (kind, _) in zip(new.find_nodes(op="placeholder"), inputs.sources) if kind == "buffer"}
+
+    def held(n: fx.Node) -> bool:   # a buffer, a move or a copy of one
+        while n.op == "call_method" and n.target in ("to", "clone") and isinstance(n.args[0], fx.Node):
+            n = n.args[0]
+        return n in buffers
+
+    checkpoint_segments(new, root, regions, op_of=lambda n: n.meta.get(OP_META), held=held,
+                        stays_after=lambda n: n.op == "call_function" and n.target in (write_back,
+                                                                                        syncbn.update_running_stats))
+    module = fx.GraphModule(root, new, class_name="PlannedGraph")
     return Rewritten(module, inputs.sources, ctx.fallbacks, tuple(probes))
 
 
@@ -360,8 +369,9 @@ class _Emitter:
 
     def __init__(self, graph: OpGraph, plan: Plan, new: fx.Graph, transport: Transport, values: dict[str, Placed],
                  lifted: set[str], batch_syms: set[sympy.Symbol], device_of: Callable[[str], str],
-                 keys: dict[str, int] | None = None, seed: fx.Node | None = None):
+                 keys: dict[str, int] | None = None, seed: fx.Node | None = None, alone: bool = False):
         self.graph, self.plan, self.new, self.tr, self.values = graph, plan, new, transport, values
+        self.alone = alone   # each recomputed operator checkpointed on its own (else whole segments are)
         self.lifted, self.batch_syms, self.device_of = lifted, batch_syms, device_of
         self.keys, self.seed = keys or {}, seed
         self.fallbacks: list[str] = []
@@ -379,7 +389,7 @@ class _Emitter:
                 return synced
             devices, layout = devices[:1], Layout.R
         if layout == Layout.R:
-            return self._whole(n, op, devices, cfg.recompute)
+            return self._whole(n, op, devices, cfg.recompute and self.alone)
         if not split_fits(layout, k, self.graph.batch_size):
             raise ExecutionError(f"node {n.name!r} is split {k} ways along a batch of {self.graph.batch_size}; "
                                  "use at most as many devices as samples")
@@ -389,7 +399,7 @@ class _Emitter:
             # device (the same values; the consumers cut what they read)
             self.fallbacks.append(f"{n.name} ({op.op}): {layout} over {k} devices has no working shard rule; "
                                   f"run whole on {devices[0]}")
-            return self._whole(n, op, devices[:1], cfg.recompute)
+            return self._whole(n, op, devices[:1], cfg.recompute and self.alone)
         batch = self.graph.batch_size
         # a channel piece cut from a whole tensor is not contiguous: a split view reshapes it
         target = torch.ops.aten.reshape.default if layout == Layout.CHANNEL and base in VIEWS else None
@@ -398,9 +408,9 @@ class _Emitter:
         parts = []
         local_batch = piece_sizes(batch, k) if layout == Layout.BATCH and batch else [None] * k
         for i, d in enumerate(devices):
-            parts.append(self._call(n, template, d, k, i, local_batch[i], cfg.recompute, writes_back=True,
-                                    drop_bias=(layout == Layout.REDUCE and i > 0), base=base, target=target,
-                                    piece_dim=dims[0] if layout != Layout.REDUCE and dims else None))
+            parts.append(self._call(n, template, d, k, i, local_batch[i], cfg.recompute and self.alone,
+                                    writes_back=True, drop_bias=(layout == Layout.REDUCE and i > 0), base=base,
+                                    target=target, piece_dim=dims[0] if layout != Layout.REDUCE and dims else None))
         if layout == Layout.REDUCE:
             return Placed(P, tuple(devices), tuple(parts))
         val = n.meta.get("val")

@@ -94,6 +94,7 @@ from ..plan import Estimate, Plan
 from ..planmodel.fits import check_budget_value, fits, over_by
 from ..planmodel.meshplan import MeshEvaluator
 from ..planmodel.simulate import simulate
+from ..planmodel.walk import fill_segments
 from ..progress import Progress, no_progress
 from . import point_sets
 from .algorithm import Session, track
@@ -803,7 +804,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     _, _, which, idx, m_union = point_sets.union([(r.mem, r.time) for r in results], res, backend=backend,
                                              return_merged=True)
     merged = sum(r.merged_by_resolution for r in results) + m_union
-    points = [_frontier_point(i, len(which), results[w], w, j, graph, cluster, res=res, optimizer=optimizer,
+    points = [_frontier_point(i, len(which), results[w], w, j, graph, costs, cluster, res=res, optimizer=optimizer,
                               budget=budget, reserve=reserve, times_from=costs_source(costs))
               for i, (w, j) in enumerate(zip(which.tolist(), idx.tolist()))]
 
@@ -962,7 +963,8 @@ def _choose_resolution(resolution: float | None, problems: Sequence[MeshProblem]
     return res, res_rule
 
 
-def _frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: OpGraph, cluster: Cluster, *,
+def _frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: OpGraph, costs: CostModel,
+                    cluster: Cluster, *,
                     res: float, optimizer: str | int, budget: int | float | None, reserve: int,
                     times_from: str) -> FrontierPoint:
     """Point ``i`` of ``count`` in the union: point ``j`` of mesh ``w``'s result ``r``, as plan
@@ -975,13 +977,14 @@ def _frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: Op
     estimate = int(round(float(r.estimates[j])))
     k = mp.num_devices
     pid = f"p{i:03d}-{k}dev"
-    plan = Plan(mp.plan_configs(a), graph_fingerprint=graph.fingerprint, graph_name=graph.name,
+    order = [n.name for n in graph.ops]
+    plan = Plan(fill_segments(order, mp.plan_configs(a), graph, costs), graph_fingerprint=graph.fingerprint,
+                graph_name=graph.name,
                 batch_size=graph.batch_size, cluster_name=cluster.name,
                 cluster_fingerprint=cluster.fingerprint, algorithm="frontier",
                 options={"mesh": list(mp.mesh), "resolution": res, "optimizer": optimizer,
                          "budget": budget, "search_estimate_bytes": estimate},
-                order=[n.name for n in graph.ops],
-                estimates=[Estimate("frontier", t, per_device, times_from)], plan_id=pid,
+                order=order, estimates=[Estimate("frontier", t, per_device, times_from)], plan_id=pid,
                 notes=[f"frontier point {i} of {count}: per-device peak {fmt_bytes(mem_i)} (the memory walk "
                        f"of its schedule; the search's additive estimate was {fmt_bytes(estimate)}), "
                        f"simulated step {t * 1e3:.4g} ms"])

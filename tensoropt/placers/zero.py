@@ -14,13 +14,10 @@ over the devices:
 - ``fsdp``: ``Shard.PARAMETERS`` — and its piece of the parameters between uses (all-gathered
   before each use, in forward and again in backward: FSDP's ``reshard_after_forward=True``);
 - ``fsdp+ac``: ``fsdp`` with every operator inside a repeated block (a module path with a
-  numeric part: ``transformer.h.3``, ``layer1.0``) recomputed in backward, except those whose
-  output leaves the block.  **Not yet torch's checkpoint in memory**: the plan model recomputes
-  one node at a time from inputs it keeps (:mod:`tensoropt.planmodel.walk`), so a block whose
-  every node is recomputed still keeps every node's input — more than the nodes save without
-  recomputation — where ``torch.utils.checkpoint`` keeps only the block's input and recomputes
-  the chain.  On GPT-2 2 × 256 it holds 6 MiB more than ``fsdp`` (docs/usage.md); a segment
-  recomputation in the plan model is what this recipe needs.
+  numeric part: ``transformer.h.3``, ``layer1.0``) recomputed in backward: one recomputed segment
+  per block (:func:`tensoropt.planmodel.walk.recompute_segments`), which keeps only the block's
+  input and runs the block again at its first backward — ``torch.utils.checkpoint`` around every
+  block, as the executors run it.
 
 A tied weight (GPT-2's embedding and LM head) is sharded where all its readers agree, which
 they do here (every reader gets the level): :func:`tensoropt.plan.sharded_parameters`, the one
@@ -46,7 +43,7 @@ from collections.abc import Callable, Sequence
 
 from ..cluster import Cluster
 from ..describe import fmt_bytes
-from ..graph import OpGraph
+from ..graph import OpGraph, block_of
 from ..layouts import Layout, Shard
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
@@ -61,20 +58,6 @@ RECIPES: dict[str, tuple[Shard, bool]] = {
     "fsdp": (Shard.PARAMETERS, False),
     "fsdp+ac": (Shard.PARAMETERS, True),
 }
-
-
-def block_of(module_path: str) -> str | None:
-    """The repeated block an operator of ``module_path`` belongs to: the path up to and
-    including its first numeric part (a ``ModuleList`` / ``Sequential`` entry), else ``None``.
-
-    >>> block_of("transformer.h.3.attn.c_attn"), block_of("lm_head"), block_of("layer1.0.conv1")
-    ('transformer.h.3', None, 'layer1.0')
-    """
-    parts = module_path.split(".") if module_path else []
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[:i + 1])
-    return None
 
 
 def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
@@ -144,14 +127,6 @@ PLACERS: dict[str, Callable[..., Plan]] = {level: _recipe(level) for level in RE
 
 
 def _checkpointed(graph: OpGraph) -> set[str]:
-    """The operators a checkpoint around every repeated block recomputes: those inside a block
-    (:func:`block_of`) whose output no operator outside that block reads."""
-    out = set()
-    for node in graph.ops:
-        block = block_of(node.module_path)
-        if block is None:
-            continue
-        readers = [graph.nodes[c] for c in graph.successors(node.name)]
-        if readers and all(r.kind == "op" and block_of(r.module_path) == block for r in readers):
-            out.add(node.name)
-    return out
+    """The operators a checkpoint around every repeated block recomputes: every operator inside
+    a block (:func:`~tensoropt.graph.block_of`)."""
+    return {node.name for node in graph.ops if block_of(node.module_path) is not None}

@@ -57,7 +57,7 @@ from numba import njit
 
 from ..cluster import Cluster
 from ..cluster.collectives import allgather_time
-from ..graph import OpGraph, grad_nodes
+from ..graph import OpGraph, block_of, grad_nodes
 from ..layouts import Layout, TensorLayout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
@@ -73,7 +73,7 @@ from .reshard import (
     reads_nothing,
     stat_sync,
 )
-from .walk import _workspace, aliases_input, shard_cost
+from .walk import _workspace, aliases_input, fill_segments, keeps_nothing, shard_cost
 
 __all__ = ["MeshEvaluator"]
 
@@ -103,9 +103,15 @@ class MeshEvaluator:
                                      context_bytes)
 
     def plan(self, vec: Sequence[int] | np.ndarray) -> Plan:
-        """The :class:`~tensoropt.plan.Plan` of configuration vector ``vec``."""
-        return Plan({n: self.configs[n][int(s)] for n, s in zip(self.names, vec)},
-                    graph_fingerprint=self.graph.fingerprint, graph_name=self.graph.name, order=list(self.names))
+        """The :class:`~tensoropt.plan.Plan` of configuration vector ``vec`` (what keeps nothing
+        between two recomputed operators of a block recomputed with them: :func:`~.walk.fill_segments`)."""
+        return Plan(self.plan_configs(vec), graph_fingerprint=self.graph.fingerprint, graph_name=self.graph.name,
+                    order=list(self.names))
+
+    def plan_configs(self, vec: Sequence[int] | np.ndarray) -> dict[str, NodeConfig]:
+        """The configurations of :meth:`plan`."""
+        configs = {n: self.configs[n][int(s)] for n, s in zip(self.names, vec)}
+        return fill_segments(self.names, configs, self.graph, self.costs)
 
     def evaluate(self, vec: Sequence[int] | np.ndarray) -> tuple[int, float]:
         """(per-device peak bytes, simulated step seconds) of the plan ``vec``."""
@@ -296,10 +302,19 @@ def _build_tables(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tupl
                        dtype=np.int64)
     common = (slot_ptr, slot_ids, slot_prod, read, recv, unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes,
               q_train, pieces, cut, shard, q_ag, q_piece, k)
+    # recomputed segments (:func:`~.walk.recompute_segments`): each node's block, and which
+    # configurations keep nothing (may sit inside a recomputed run)
+    blocks: dict[str, int] = {}
+    blk = np.array([blocks.setdefault(block_of(node.module_path) or node.module_path, len(blocks)) for node in ops],
+                   dtype=np.int64)
+    keeps0 = np.zeros((n, cmax), dtype=np.bool_)
+    for i, node in enumerate(ops):
+        for c, cfg in enumerate(configs[node.name]):
+            keeps0[i, c] = keeps_nothing(costs, node, cfg)
     time = (ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur, bwd_dur, grad_l, float(speed),
-            float(rate), ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, *common)
+            float(rate), ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, blk, keeps0, *common)
     walk = (out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, len(inputs),
-            q_kind, alpha, adam, context_bytes, *common)
+            q_kind, alpha, adam, context_bytes, blk, keeps0, *common)
     return {"time": time, "walk": walk}
 
 
@@ -410,14 +425,15 @@ def _heap_pop(keys, ids, size):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur, bwd_dur, grad_l, speed, rate,
-              ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, slot_ptr, slot_ids, slot_prod, read, recv,
-              unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_ag, q_piece,
-              k):  # pragma: no cover - compiled
+              ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, blk, keeps0, slot_ptr, slot_ids, slot_prod, read,
+              recv, unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_ag,
+              q_piece, k):  # pragma: no cover - compiled
     """The simulated step time of plan ``a`` (:func:`~.simulate.simulate`'s tasks and event loop)."""
     n = a.shape[0]
     lvl = _levels(a, q_read_ptr, q_readers, q_train, cut, shard, k)
     synced = _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, lvl, k)
     sh_cnt, ag_dur, _ = _node_sharded(a, node_q_ptr, node_q, q_bytes, q_ag, lvl, n)
+    seg = _segments(a, rc, ng, blk, keeps0)[0]    # a segment's every node runs its forward again
     cap = 10 * n + 4 * slot_ids.shape[0] + 8
     kind = np.zeros(cap, dtype=np.int64)       # 0 compute, 1 comm, 2 sync
     dur = np.zeros(cap)
@@ -542,7 +558,7 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
             scratch[m] = nt
             m += 1
             nt += 1
-        if rc[i, c]:
+        if seg[i] >= 0:
             kind[nt], dur[nt] = 0, fp[i, c] / speed
             for j in range(m):
                 seen = scratch[j] < 0
@@ -827,9 +843,50 @@ def _simulate_many(vecs, *tables):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _segments(a, rc, ng, blk, keeps0):  # pragma: no cover - compiled
+    """:func:`~.walk.recompute_segments` of :func:`~.walk.fill_segments` on one mesh (what
+    :meth:`MeshEvaluator.plan` gives): each node's segment (-1: none; a member is recomputed), and
+    per segment its first and last node, its anchor and its regeneration point (-1: no backward)."""
+    n = a.shape[0]
+    seg = np.full(n, -1, dtype=np.int64)
+    lo = np.zeros(n, dtype=np.int64)
+    hi = np.zeros(n, dtype=np.int64)
+    nseg = 0
+    start = -1
+    last = -1
+    for i in range(n + 1):
+        c = a[i] if i < n else 0
+        if i < n and rc[i, c] and start >= 0 and blk[i] == blk[start]:
+            last = i
+            continue
+        if i < n and not rc[i, c] and start >= 0 and blk[i] == blk[start] and keeps0[i, c]:
+            continue
+        if last >= 0:
+            for j in range(start, last + 1):
+                seg[j] = nseg
+            lo[nseg], hi[nseg] = start, last
+            nseg += 1
+        start = -1
+        last = -1
+        if i < n and rc[i, c]:
+            start = i
+            last = i
+    anchor = np.full(nseg, -1, dtype=np.int64)
+    regen_at = np.full(nseg, -1, dtype=np.int64)
+    for sg in range(nseg):
+        for j in range(lo[sg], hi[sg] + 1):
+            if ng[j]:
+                if anchor[sg] < 0:
+                    anchor[sg] = j
+                regen_at[sg] = j
+    return seg, lo[:nseg], hi[:nseg], anchor, regen_at
+
+
+@njit(cache=True)
 def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, nx,
-          q_kind, alpha, adam, context_bytes, slot_ptr, slot_ids, slot_prod, read, recv, unread, node_q_ptr, node_q,
-          q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_ag, q_piece, k):  # pragma: no cover - compiled
+          q_kind, alpha, adam, context_bytes, blk, keeps0, slot_ptr, slot_ids, slot_prod, read, recv, unread,
+          node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_ag, q_piece,
+          k):  # pragma: no cover - compiled
     """One device's walk (every device's: they hold the same) of plan ``a``, :func:`~.walk.walk`:
     ``[peak, parameters + buffers, gradients, optimizer state, activations, transient, reserve]``
     at the peak (:meth:`~.walk.StepMemory.parts`)."""
@@ -917,42 +974,87 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             owner[i] = i
             size[i] = out_b[i, c]
     end = n + 1
+    seg, seg_lo, seg_hi, anchor, regen_at = _segments(a, rc, ng, blk, keeps0)
     last_use = np.full(nk, -1, dtype=np.int64)
     savers = np.zeros(nk, dtype=np.int64)
     last_saver = np.full(nk, -1, dtype=np.int64)
-    saved_ptr = np.zeros(n + 1, dtype=np.int64)
-    saved_keys = np.zeros(ns + 2 * n + 1, dtype=np.int64)   # per node: the keys it saves (distinct)
-    nsaved = 0
+    # (saver, key, regenerated) pairs: a key a node's backward needs; regenerated ones are made
+    # again by their segment's recomputation (counted from its regeneration point)
+    cap = ns + 2 * n + 1
+    pair_saver = np.zeros(cap, dtype=np.int64)
+    pair_key = np.zeros(cap, dtype=np.int64)
+    pair_regen = np.zeros(cap, dtype=np.bool_)
+    pair_bytes = np.zeros(cap, dtype=np.int64)
+    npairs = 0
     for i in range(n):
-        saved_ptr[i] = nsaved
         c = a[i]
+        sg = seg[i]
         if owner[i] == i and i > last_use[i]:
             last_use[i] = i
         for s in range(slot_ptr[i], slot_ptr[i + 1]):
             sl = slot_ids[s]
             kk = rkey[sl]
+            p = slot_prod[sl]
             if i > last_use[kk]:
                 last_use[kk] = i
-            if (rc[i, c] or slot_saved[sl]) and last_saver[kk] != i:
-                last_saver[kk] = i
+            saver = -1
+            if sg < 0:
+                if slot_saved[sl]:
+                    saver = i
+            elif p >= 0 and seg[p] == sg:      # made inside the segment: recomputed with it
+                if slot_saved[sl] and ng[i] and regen_at[sg] >= 0:
+                    pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = i, kk, True
+                    pair_bytes[npairs] = size[kk]
+                    npairs += 1
+            elif anchor[sg] >= 0:              # the segment's input: kept until its last backward
+                saver = anchor[sg]
+            if saver >= 0 and last_saver[kk] != saver:
+                last_saver[kk] = saver
                 savers[kk] += 1
-                saved_keys[nsaved] = kk
-                nsaved += 1
-        if saves_out[i] and not rc[i, c]:
+                pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = saver, kk, False
+                npairs += 1
+        if saves_out[i]:
             kk = owner[i]
-            if last_saver[kk] != i:
+            if sg < 0:
+                if last_saver[kk] != i:
+                    last_saver[kk] = i
+                    savers[kk] += 1
+                    pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = i, kk, False
+                    npairs += 1
+            elif ng[i] and regen_at[sg] >= 0:
+                pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = i, kk, True
+                pair_bytes[npairs] = size[kk]
+                npairs += 1
+        # the extra saved tensors are saved in forward (below), after these
+        if extra[i, c] > 0:
+            kk = ke + i
+            if sg < 0:
                 last_saver[kk] = i
                 savers[kk] += 1
-                saved_keys[nsaved] = kk
-                nsaved += 1
-        # the extra saved tensors are saved in forward (below), after these
-        if extra[i, c] > 0 and not rc[i, c]:
-            kk = ke + i
-            last_saver[kk] = i
-            savers[kk] += 1
-            saved_keys[nsaved] = kk
-            nsaved += 1
-    saved_ptr[n] = nsaved
+                pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = i, kk, False
+                npairs += 1
+            elif ng[i] and regen_at[sg] >= 0:
+                pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = i, kk, True
+                pair_bytes[npairs] = extra[i, c]
+                npairs += 1
+    # per saver, its pairs (a counting sort, stable)
+    saved_ptr = np.zeros(n + 1, dtype=np.int64)
+    for j in range(npairs):
+        saved_ptr[pair_saver[j] + 1] += 1
+    for i in range(n):
+        saved_ptr[i + 1] += saved_ptr[i]
+    fill = saved_ptr[:n].copy()
+    saved_keys = np.zeros(npairs, dtype=np.int64)
+    saved_regen = np.zeros(npairs, dtype=np.bool_)
+    saved_bytes = np.zeros(npairs, dtype=np.int64)
+    for j in range(npairs):
+        at = fill[pair_saver[j]]
+        fill[pair_saver[j]] += 1
+        saved_keys[at], saved_regen[at], saved_bytes[at] = pair_key[j], pair_regen[j], pair_bytes[j]
+    rlive = np.zeros(nk, dtype=np.bool_)     # a regenerated copy of the key is live
+    rlive_b = np.zeros(nk, dtype=np.int64)
+    rsavers = np.zeros(nk, dtype=np.int64)
+    rsum = 0
     for o in range(out_list.shape[0]):
         last_use[owner[out_list[o]]] = end
     is_batch = np.zeros(nk, dtype=np.bool_)
@@ -1004,7 +1106,7 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
         t = base + grads_now + held_now + ws[i, c] + gat
         if t > peak:
             peak, p_grads, p_act, p_tr = t, grads_now, held_now + ws[i, c] + gat, gsum + ws[i, c] + gat
-        if rc[i, c] and live[ex]:
+        if seg[i] >= 0 and live[ex]:
             live[ex] = False
             held_now -= live_b[ex]
         # free what was last read here and is saved by no backward
@@ -1064,12 +1166,26 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             continue
         c = a[i]
         own = owner[i]
+        sg = seg[i]
+        if sg >= 0 and regen_at[sg] == i:   # the segment's forward runs again, all of it
+            for j in range(saved_ptr[seg_lo[sg]], saved_ptr[seg_hi[sg] + 1]):
+                if saved_regen[j]:
+                    kk = saved_keys[j]
+                    if not live[kk]:
+                        rsavers[kk] += 1
+                        if not rlive[kk]:
+                            rlive[kk] = True
+                            rlive_b[kk] = saved_bytes[j]
+                            held_now += saved_bytes[j]
+                            rsum += saved_bytes[j]
+            passing = 0               # while it runs: the largest of its outputs nothing keeps
+            for j in range(seg_lo[sg], seg_hi[sg] + 1):
+                if owner[j] == j and not live[j] and not rlive[j] and size[j] > passing:
+                    passing = size[j]
+            t = base + grads_now + held_now + passing
+            if t > peak:
+                peak, p_grads, p_act, p_tr = t, grads_now, held_now + passing, gsum + rsum + passing
         scratch = 0
-        if rc[i, c]:
-            again = extra[i, c]
-            if not live[own]:
-                again += size[own]
-            scratch += again
         if own == i and not gkey[own] and gets[i]:
             gkey[own] = True
             if glive[own]:
@@ -1120,13 +1236,21 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
         extra_now = scratch + acc + ws[i, c] + (gath[i] if shard[i, c] >= 3 else 0)
         t = base + grads_now + held_now + extra_now
         if t > peak:
-            peak, p_grads, p_act, p_tr = t, grads_now, held_now + extra_now, gsum + extra_now
+            peak, p_grads, p_act, p_tr = t, grads_now, held_now + extra_now, gsum + rsum + extra_now
         if own == i and glive[own]:
             glive[own] = False
             held_now -= glive_b[own]
             gsum -= glive_b[own]
         for j in range(saved_ptr[i], saved_ptr[i + 1]):
             kk = saved_keys[j]
+            if saved_regen[j]:
+                if rsavers[kk] > 0:
+                    rsavers[kk] -= 1
+                    if rsavers[kk] == 0 and rlive[kk]:
+                        rlive[kk] = False
+                        held_now -= rlive_b[kk]
+                        rsum -= rlive_b[kk]
+                continue
             savers[kk] -= 1
             if savers[kk] == 0 and not is_batch[kk] and live[kk]:
                 live[kk] = False
@@ -1144,7 +1268,7 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
     if any_summed:
         t = base + grads_now + held_now
         if t > peak:
-            peak, p_grads, p_act, p_tr = t, grads_now, held_now, gsum
+            peak, p_grads, p_act, p_tr = t, grads_now, held_now, gsum + rsum
     # the optimizer step: the batch, every gradient, the state and the temporaries
     keep = 0
     for x in range(nx):

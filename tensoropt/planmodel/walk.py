@@ -20,9 +20,13 @@ Every device walks its own program (its forward in plan order, its backward in r
   it; what a node receives from another configuration (:attr:`Reshard.recv_bytes`) from its first
   consumer on the device; views share their base's storage (also across devices: the base's copy
   there); the batch on every device that reads it, for the whole step;
-- recomputation: a ``recompute`` node keeps nothing of its own (no saved output, no extra saved
-  tensors) but keeps its inputs until its backward (they are needed to run it again); in backward
-  its output and extra tensors exist again while its backward runs;
+- recomputation, by segments (:func:`recompute_segments`: one ``torch.utils.checkpoint`` region
+  each, e.g. a transformer block): a segment keeps nothing of its own in forward (no saved
+  output, no extra saved tensor, no tensor made inside it that its nodes save) but keeps what it
+  reads from outside until its last backward (it runs again from them); at its first backward its
+  forward runs again, all of it, and every tensor its nodes save exists again (transient) until
+  the backward of the node that saves it — while it runs, also the largest of its outputs that
+  nothing keeps;
 - the loss: the gradient of each model output, dense (a mean's backward writes it out); a 16-bit
   output is read as float32 by the loss, so its gradient exists in float32 too while it is cast
   back (bf16 autocast);
@@ -62,12 +66,12 @@ work here, untimed, and the A100's device model prices the times)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..cluster import Cluster
-from ..graph import OpGraph, OpNode, grad_nodes
+from ..graph import OpGraph, OpNode, block_of, grad_nodes
 from ..layouts import Layout, Shard, largest_piece
 from ..measure.costmodel import CostModel, NodeCost, ShardCost
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha, optimizer_temp_bytes
@@ -200,6 +204,91 @@ def shard_cost(costs: CostModel, node: OpNode, cfg: NodeConfig) -> ShardCost | N
                         f"shard_degrees including {cfg.degree}, or choose another layout") from None
 
 
+# ---- recomputed segments ----------------------------------------------------------------------------
+
+
+def recompute_segments(order: Sequence[str], configs: Mapping[str, NodeConfig],
+                       graph: OpGraph) -> list[tuple[str, ...]]:
+    """The recomputed segments of a plan, each one ``torch.utils.checkpoint`` region: a maximal
+    run of ``recompute`` operators consecutive in ``order``, on the same devices and in the same
+    repeated block (:func:`~tensoropt.graph.block_of`; outside blocks, the same module path).  A
+    segment keeps only what it reads from outside (until its last backward) and runs again, all of
+    it, at its first backward — a checkpoint around every transformer block is one segment per
+    block; an isolated ``recompute`` operator is a segment of one.  O(V).
+
+    >>> import torch
+    >>> from tensoropt import capture
+    >>> block = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())     # block "0"
+    >>> model = torch.nn.Sequential(block, torch.nn.Linear(8, 2), torch.nn.ReLU())
+    >>> graph = capture(model, (torch.randn(3, 4),))
+    >>> names = [n.name for n in graph.ops]
+    >>> configs = {n: NodeConfig(("gpu0",), "R", recompute=True) for n in names}
+    >>> [len(s) for s in recompute_segments(names, configs, graph)]   # block 0; layer 1; layer 2
+    [2, 1, 1]
+    """
+    segments: list[tuple[str, ...]] = []
+    run: list[str] = []
+    run_key: tuple[Any, ...] = ()
+    for name in order:
+        cfg = configs[name]
+        if not cfg.recompute:
+            if run:
+                segments.append(tuple(run))
+            run = []
+            continue
+        key = (cfg.devices, _block_key(graph.nodes[name]))
+        if run and key != run_key:
+            segments.append(tuple(run))
+            run = []
+        run_key = key
+        run.append(name)
+    if run:
+        segments.append(tuple(run))
+    return segments
+
+
+def _block_key(node: OpNode) -> str:
+    return block_of(node.module_path) or node.module_path
+
+
+def keeps_nothing(costs: CostModel, node: OpNode, cfg: NodeConfig) -> bool:
+    """Whether an operator keeps nothing for its backward in ``cfg`` (no saved input, no saved
+    output, no extra saved tensor: a view, an addition)."""
+    c = costs.get(node.name)
+    if c is None:
+        return True
+    if c.saved_inputs or c.saves_output:
+        return False
+    sh = shard_cost(costs, node, cfg)
+    return sh is None or not sh.extra_saved_bytes
+
+
+def fill_segments(order: Sequence[str], configs: Mapping[str, NodeConfig], graph: OpGraph,
+                  costs: CostModel) -> dict[str, NodeConfig]:
+    """``configs`` with every operator that keeps nothing (:func:`keeps_nothing`) and lies between
+    two ``recompute`` operators of one segment (same devices, same block, nothing else between)
+    recomputed too, so that the two are one segment (:func:`recompute_segments`): frontier
+    tracking offers ``recompute`` only where it frees something, and a view or an addition in the
+    middle of a block must not cut the block's checkpoint in two.  O(V)."""
+    out = dict(configs)
+    gap: list[str] = []
+    run_key: tuple[Any, ...] | None = None
+    for name in order:
+        cfg = configs[name]
+        key = (cfg.devices, _block_key(graph.nodes[name]))
+        if cfg.recompute:
+            if key == run_key:
+                for x in gap:
+                    c = out[x]
+                    out[x] = NodeConfig(c.devices, c.layout, True, c.shard)
+            gap, run_key = [], key
+        elif run_key is not None and key == run_key and keeps_nothing(costs, graph.nodes[name], cfg):
+            gap.append(name)
+        else:
+            gap, run_key = [], None
+    return out
+
+
 # ---- the walk ---------------------------------------------------------------------------------------
 
 
@@ -227,10 +316,11 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     storage = _Storage.of(plan, graph, costs, edges)
     out_node = next((n for n in graph if n.kind == "output"), None)
     model_outputs = [p for p in (out_node.inputs if out_node is not None else ()) if p in plan.configs]
+    segments = recompute_segments(plan.order, plan.configs, graph)
     result: dict[str, StepMemory] = {}
     for d in devices:
         dw = _DeviceWalk(d, mem[d], plan, graph, costs, storage, params, synced, needs_grad, model_outputs,
-                         context_bytes)
+                         context_bytes, [sg for sg in segments if d in plan.configs[sg[0]].devices])
         dw.forward(edges.batch)
         dw.backward()
         dw.optimizer_step(optimizer, trainable_sizes[d], foreach=foreach)
@@ -355,7 +445,7 @@ class _DeviceWalk:
 
     def __init__(self, d: str, m: StepMemory, plan: Plan, graph: OpGraph, costs: CostModel, storage: _Storage,
                  params: _ParamHolding, synced: Mapping[str, tuple[str, ...]], needs_grad: Mapping[str, bool],
-                 model_outputs: list[str], context_bytes: int) -> None:
+                 model_outputs: list[str], context_bytes: int, segments: list[tuple[str, ...]]) -> None:
         self.d, self.m, self.graph, self.costs, self.configs = d, m, graph, costs, plan.configs
         self.st, self.params, self.synced, self.needs_grad = storage, params, synced, needs_grad
         self.model_outputs, self.context_bytes = model_outputs, context_bytes
@@ -367,6 +457,21 @@ class _DeviceWalk:
         self.saved_by: dict[str, list[Key]] = {}       # node -> the keys it saves
         self.last_use: dict[Key, int] = {}
         self.at_peak: dict[Key, int] = {}
+        # recomputed segments here: node -> its segment; a segment's inputs from outside are kept
+        # by its anchor (its first recomputed node with a backward, the last to run it); what its
+        # nodes save is recomputed at its last such node's backward (the regeneration point)
+        self.segment_of: dict[str, int] = {}
+        self.anchor: dict[int, str] = {}
+        self.regen_at: dict[int, str] = {}
+        self.regen: dict[str, list[tuple[Key, str, int]]] = {}   # regeneration point -> (key, saver, bytes)
+        self.segments = segments
+        for i, sg in enumerate(segments):
+            grads = [x for x in sg if needs_grad.get(x)]
+            for x in sg:
+                self.segment_of[x] = i
+            if grads:
+                self.anchor[i], self.regen_at[i] = grads[0], grads[-1]
+        self.regen_point = {x: i for i, x in self.regen_at.items()}
         self._collect_uses()
         self.base = m.params + m.buffers + m.optimizer + context_bytes
         # gradients the executors sum across devices live in one flat buffer per group, kept
@@ -396,22 +501,41 @@ class _DeviceWalk:
     def _collect_uses(self) -> None:
         """Each storage's last forward use on this device and the backwards that save it."""
         for name in self.prog:
-            cfg, c = self.configs[name], self._cost(name)
+            c = self._cost(name)
             own = self.st.owner_on[(name, self.d)]
             if own == (name, "out"):
                 self.last_use[own] = max(self.last_use.get(own, -1), self.pos[name])
+            seg = self.segment_of.get(name)
             for p, k in self.st.reads[(name, self.d)]:
                 if k is None:
                     continue
                 self.last_use[k] = max(self.last_use.get(k, -1), self.pos[name])
-                if cfg.recompute or (c is not None and p in c.saved_inputs):
-                    self.save(k, name)
-            if c is not None and c.saves_output and not cfg.recompute and own is not None:
-                self.save(own, name)
+                if seg is None:
+                    if c is not None and p in c.saved_inputs:
+                        self.save(k, name)
+                elif self.segment_of.get(p) == seg:   # made inside the segment: recomputed with it
+                    if c is not None and p in c.saved_inputs:
+                        self._regenerate(seg, k, name, self.st.size.get(k, 0))
+                elif seg in self.anchor:              # the segment's input: kept until its last backward
+                    self.save(k, self.anchor[seg])
+            if c is not None and c.saves_output and own is not None:
+                if seg is None:
+                    self.save(own, name)
+                else:
+                    self._regenerate(seg, own, name, self.st.size.get(own, 0))
+            sh = self.st.shard[name]
+            if seg is not None and sh is not None and sh.extra_saved_bytes:
+                self._regenerate(seg, (name, "saved"), name, sh.extra_saved_bytes)
         for p in self.model_outputs:
             k = self.st.owner_on.get((p, self.d))
             if k is not None:
                 self.last_use[k] = self.end
+
+    def _regenerate(self, seg: int, k: Key, saver: str, nbytes: int) -> None:
+        """``saver`` (in segment ``seg``) saves ``k``, which the segment's recomputation makes again
+        (if its backward runs)."""
+        if self.needs_grad.get(saver) and seg in self.regen_at:
+            self.regen.setdefault(self.regen_at[seg], []).append((k, saver, nbytes))
 
     def forward(self, batch: Mapping[tuple[str, str], int]) -> None:
         """The batch, then every node's forward in plan order; a tensor nothing saves is freed
@@ -501,13 +625,9 @@ class _DeviceWalk:
                        param_done: set[str]) -> None:
         live, st, d = self.live, self.st, self.d
         node, cfg = self.graph.nodes[name], self.configs[name]
-        sh = st.shard[name]
         own = st.owner_on[(name, d)]
-        if cfg.recompute:  # the forward runs again: its output and extra tensors exist while it runs backward
-            again = (sh.extra_saved_bytes if sh is not None else 0)
-            if own is not None and own not in live:
-                again += st.size.get(own, 0)
-            live[("#recompute",)] = again
+        if name in self.regen_point:
+            self._recompute(self.regen_point[name])
         if own == (name, "out") and own not in grad_keys and _gets_grad(self.graph, name, self.needs_grad,
                                                                           self.model_outputs):
             grad_keys[own] = st.size[own]       # the gradient arrived from another device
@@ -528,7 +648,7 @@ class _DeviceWalk:
         if gathered:   # gathered again for the backward (FSDP's reshard after forward)
             live[("#gathered",)] = gathered
         self.note("backward", name)
-        for k in (("#workspace",), ("#accumulate",), ("#recompute",), ("#gathered",)):
+        for k in (("#workspace",), ("#accumulate",), ("#gathered",)):
             live.pop(k, None)
         if own == (name, "out"):
             live.pop((own, "#grad"), None)
@@ -543,6 +663,23 @@ class _DeviceWalk:
                 users.discard(name)
                 if not users:
                     live.pop((rk, "#grad"), None)   # summed here, sent back
+
+    def _recompute(self, seg: int) -> None:
+        """Segment ``seg``'s forward runs again, all of it: every tensor its nodes save comes back
+        (until the backward of the node that saves it), and while it runs, the largest of its
+        outputs that nothing keeps."""
+        live, st = self.live, self.st
+        for made, saver, b in self.regen.pop(self.regen_at[seg], ()):
+            if made not in live:
+                live[("#regen", made)] = b
+                self.save(("#regen", made), saver)
+        passing = [st.size[(x, "out")] for x in self.segments[seg]
+                   if st.owner_on.get((x, self.d)) == (x, "out") and (x, "out") not in live
+                   and ("#regen", (x, "out")) not in live]
+        if passing:
+            live[("#recompute",)] = max(passing)
+        self.note("backward", f"{self.regen_at[seg]} (recomputing)")
+        live.pop(("#recompute",), None)
 
     def _param_gradients(self, name: str, node: OpNode, param_done: set[str]) -> int:
         """Count the parameter gradients ``name``'s backward creates (into ``grads_now``) and
