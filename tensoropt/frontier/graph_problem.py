@@ -58,14 +58,18 @@ Costs of an edge ``producer → consumer`` between two op nodes
   backward only where a gradient flows along the edge, as in the simulator); within one mesh only
   the layouts differ.
 - **memory**, when the consumer keeps that input until its backward (it saves it, it
-  recomputes — a recomputed node needs its inputs again —, or it is a view of it that is kept:
+  recomputes — a recomputed segment keeps what it reads from outside —, or it is a view of it that is kept:
   :func:`~tensoropt.planmodel.memory.keeps_input`): the bytes each consumer device receives
   (``Reshard.recv_bytes``), or — when nothing is received (the consumer reads the producer's own
   shard) — the producer's output shard if the producer's node memory does not already count it
   (the producer recomputes, or nothing keeps it: :func:`~tensoropt.planmodel.memory.output_kept`); else 0 (a
   received copy only read in forward is freed right after: transient, not counted).  A producer
   output kept for several consumers is counted once per such edge (an over-estimate), and so is
-  the producer's own copy when the consumer keeps a received one instead.
+  the producer's own copy when the consumer keeps a received one instead.  Nothing when both
+  lie in one recomputed segment (:func:`~tensoropt.planmodel.walk.recompute_segments`: the
+  consumer recomputes, the producer recomputes or keeps nothing, and both are in one block): the
+  segment makes the value again in backward (a pairwise view of segments — a run broken by a node
+  between them is not seen here; the walk of every candidate is exact).
 
 Edges from graph inputs cost nothing (the batch is on every device that reads it at time 0, as in
 the simulator); the model's output node is not configurable.
@@ -150,6 +154,7 @@ from ..planmodel.reshard import (
     shard_steps,
     stat_sync,
 )
+from ..planmodel.walk import keeps_nothing, segment_block
 from .problem import EdgeCosts, NodeCosts, Problem
 
 __all__ = ["REFERENCE_BYTES", "EXACT_MESH_LIMIT", "LAYOUT_ORDER", "candidate_meshes", "ring_bottleneck",
@@ -634,6 +639,10 @@ class _MeshContext:
                 p_cost = costs.get(p)
                 p_kept = p_cost is not None and output_kept(graph, costs, p)   # p's node memory counts its output
                 c_keeps = keeps_input(graph, costs, c, p)
+                same_block = segment_block(graph.nodes[p]) == segment_block(node)
+                # p's configurations that put it in a recomputed consumer's segment (recomputed,
+                # or keeping nothing between two recomputed operators: fill_segments)
+                joins = [same_block and (a.recompute or keeps_nothing(costs, graph.nodes[p], a)) for a in cp]
                 memo: dict[tuple[str, str], tuple[float, float]] = {}
                 M = np.zeros((len(cp), len(cc)))
                 T = np.zeros((len(cp), len(cc)))
@@ -647,7 +656,9 @@ class _MeshContext:
                             recv = float(max(rs.recv_bytes.values(), default=0))
                             memo[key] = (recv, rs.time_s + (rs.backward_time_s if grad else 0.0))
                         recv, t = memo[key]
-                        if b.recompute or c_keeps:   # the consumer keeps this input until its backward
+                        if b.recompute and joins[i]:
+                            pass                         # made again inside the segment: transient
+                        elif b.recompute or c_keeps:   # the consumer keeps this input until its backward
                             if recv:
                                 M[i, j] = recv          # the copy it received
                             elif a.recompute or not p_kept:

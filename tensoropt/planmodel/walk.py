@@ -236,7 +236,7 @@ def recompute_segments(order: Sequence[str], configs: Mapping[str, NodeConfig],
                 segments.append(tuple(run))
             run = []
             continue
-        key = (cfg.devices, _block_key(graph.nodes[name]))
+        key = (cfg.devices, segment_block(graph.nodes[name]))
         if run and key != run_key:
             segments.append(tuple(run))
             run = []
@@ -247,7 +247,9 @@ def recompute_segments(order: Sequence[str], configs: Mapping[str, NodeConfig],
     return segments
 
 
-def _block_key(node: OpNode) -> str:
+def segment_block(node: OpNode) -> str:
+    """What a recomputed segment may not cross: the operator's repeated block
+    (:func:`~tensoropt.graph.block_of`), else its module path."""
     return block_of(node.module_path) or node.module_path
 
 
@@ -275,7 +277,7 @@ def fill_segments(order: Sequence[str], configs: Mapping[str, NodeConfig], graph
     run_key: tuple[Any, ...] | None = None
     for name in order:
         cfg = configs[name]
-        key = (cfg.devices, _block_key(graph.nodes[name]))
+        key = (cfg.devices, segment_block(graph.nodes[name]))
         if cfg.recompute:
             if key == run_key:
                 for x in gap:
