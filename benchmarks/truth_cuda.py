@@ -9,6 +9,9 @@ frontier tracking runs on that one device — where the frontier is the trade of
 - ``one device``: every operator on the GPU, nothing recomputed (what m-ETF places on one device);
 - ``frontier min-time``, ``frontier mid`` (the point whose memory is nearest the middle of the
   frontier's range), ``frontier min-memory``;
+- ``blocks recomputed``: the one-device plan with every operator of a repeated block recomputed
+  (one segment per block) — and beside it ``model, blocks checkpointed``: the unmodified model
+  with PyTorch's ``apply_activation_checkpointing`` around every block, estimated as that plan;
 
 run through the executor (``apply_plan``, the rewritten ``torch.fx`` graph, every plan device
 mapped to ``cuda:0``) and are measured with :func:`tensoropt.measure.step.measure_step`: median over
@@ -37,11 +40,14 @@ import tempfile
 import time
 
 import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
 
 import tensoropt
 from tensoropt._io import write_json_atomic
 from tensoropt.cluster import Cluster, Device
+from tensoropt.graph import block_of
 from tensoropt.measure.step import measure_step
+from tensoropt.plan import NodeConfig, Plan
 
 # steps of tens to hundreds of milliseconds on an H100 in float32: long enough that the GPU, not
 # the Python that launches its kernels, sets the pace (the zoo's default sizes, NetSplit's batch)
@@ -70,6 +76,16 @@ def one_device_cluster(device: torch.device) -> Cluster:
 def middle(points):
     lo, hi = points.min_memory().memory_bytes, points.min_time().memory_bytes
     return min(points, key=lambda p: (abs(p.memory_bytes - (lo + hi) / 2), p.time_s))
+
+
+def blocks_recomputed(plan, graph):
+    """``plan`` with every operator of a repeated block (:func:`tensoropt.graph.block_of`)
+    recomputed: one segment per block, what a checkpoint around every block runs."""
+    configs = {n: NodeConfig(c.devices, c.layout, block_of(graph.nodes[n].module_path) is not None, c.shard)
+               for n, c in plan.configs.items()}
+    return Plan(configs, graph_fingerprint=plan.graph_fingerprint, graph_name=plan.graph_name,
+                batch_size=plan.batch_size, cluster_name=plan.cluster_name,
+                cluster_fingerprint=plan.cluster_fingerprint, algorithm="blocks recomputed", order=plan.order)
 
 
 def measure(model, inputs, device, steps, warmup, memory):
@@ -114,9 +130,13 @@ def main() -> None:
             costs.save(os.path.join(a.profiles, f"{graph.name}-{len(cases)}.profile.json"))
             graph.save(os.path.join(a.profiles, f"{graph.name}-{len(cases)}.graph.json"))
         fr = tensoropt.track_frontier(graph, costs, cluster)
-        plans = {"one device": tensoropt.place(graph, costs, cluster, "m-etf"),
+        one_device = tensoropt.place(graph, costs, cluster, "m-etf")
+        plans = {"one device": one_device,
                  "frontier min-time": fr.min_time().plan, "frontier mid": middle(fr).plan,
                  "frontier min-memory": fr.min_memory().plan}
+        blocks = sorted({b for n in graph.ops if (b := block_of(n.module_path)) is not None})
+        if blocks:
+            plans["blocks recomputed"] = blocks_recomputed(one_device, graph)
         print(f"{spec}: {len(graph.ops)} ops, profiled in {costs.profile_s:.0f} s, frontier of {len(fr)} points "
               f"({time.time() - t0:.0f} s)", flush=True)
         case = {"spec": spec, "model": lm.model, "inputs": lm.example_inputs, "graph": graph, "plans": plans}
@@ -136,13 +156,21 @@ def main() -> None:
         one = rows[-len(plans)]     # the unmodified model is estimated as the one-device plan
         rows.append({**one, "plan": "model", "recomputed": 0, "frontier_s": None, "frontier_peak_bytes": None,
                      "round_s": []})
+        case["blocks"] = blocks
+        if blocks:   # PyTorch's own recipe: a checkpoint around every block, beside the plan that recomputes them
+            ckpt = next(r for r in rows[-len(plans) - 1:] if r["plan"] == "blocks recomputed")
+            rows.append({**ckpt, "plan": "model, blocks checkpointed", "frontier_s": None,
+                         "frontier_peak_bytes": None, "round_s": []})
 
     # every plan once per round, in turn: a slow spell spreads over all plans
     for rnd in range(a.rounds):
         for row in rows:
             case = cases[row["case"]]
             model = copy.deepcopy(case["model"])
-            if row["plan"] != "model":
+            if row["plan"] == "model, blocks checkpointed":
+                wrap = {model.get_submodule(b) for b in case["blocks"]}
+                apply_activation_checkpointing(model, check_fn=lambda m, wrap=wrap: m in wrap)
+            elif row["plan"] != "model":
                 model = tensoropt.apply_plan(model, case["inputs"], case["plans"][row["plan"]], device_map=dmap,
                                              graph=case["graph"])
             step_s, peak = measure(model, case["inputs"], device, a.steps, a.warmup, memory=rnd == 0)

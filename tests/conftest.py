@@ -3,6 +3,7 @@ a pytest-xdist worker (:data:`XDIST_GROUPS`)."""
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 #: Tests that share a pytest-xdist worker.  ``pytest -q`` runs two workers with ``--dist
 #: loadgroup`` (pyproject.toml): the tests of a group run in one worker, one at a time; every
@@ -67,6 +68,33 @@ class SmallCNN(torch.nn.Module):
         y = torch.relu(self.bn(self.conv(x)))
         y = torch.nn.functional.max_pool2d(y, 2).mean((2, 3))
         return self.head(y)
+
+
+class ResidualMLP(torch.nn.Module):
+    """Four residual blocks (linear → GELU → linear, + the input) between an input and an output
+    layer; ``checkpoint=True`` wraps every block in ``torch.utils.checkpoint`` — torchtitan's
+    recipe, what a plan recomputing every block's operators is."""
+
+    class Block(torch.nn.Module):
+        def __init__(self, width, hidden):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(width, hidden), torch.nn.Linear(hidden, width)
+
+        def forward(self, x):
+            return x + self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+    def __init__(self, checkpoint=False, width=64, hidden=256):
+        super().__init__()
+        self.inp = torch.nn.Linear(32, width)
+        self.blocks = torch.nn.ModuleList([self.Block(width, hidden) for _ in range(4)])
+        self.out = torch.nn.Linear(width, 8)
+        self.checkpoint = checkpoint
+
+    def forward(self, x):
+        x = self.inp(x)
+        for block in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if self.checkpoint else block(x)
+        return self.out(x)
 
 
 class TiedLM(torch.nn.Module):

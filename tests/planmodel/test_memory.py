@@ -2,15 +2,19 @@
 
 import pytest
 import torch
+from conftest import ResidualMLP
 
 import tensoropt
+from tensoropt.cluster import Cluster, Device, LinkModel
 from tensoropt.errors import ProfileError
+from tensoropt.graph import block_of
 from tensoropt.measure import measure_step, profile
 from tensoropt.optimizers import optimizer_alpha, optimizer_temp_bytes
+from tensoropt.plan import NodeConfig, Plan
 from tensoropt.planmodel import node_memory, step_memory
 from tensoropt.planmodel.memory import keeps_input, output_kept
 from tensoropt.planmodel.meshplan import MeshEvaluator
-from tensoropt.planmodel.walk import plan_memory
+from tensoropt.planmodel.walk import plan_memory, recompute_segments
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +39,31 @@ def test_whole_step_peak_is_within_5_percent_of_a_measured_step(spec, optimizer,
     real = measure_step(loaded.model, loaded.example_inputs, optimizer=optimizer, repeats=1, warmup=1).peak_bytes
     assert est.peak == pytest.approx(real, rel=0.05), (est, real)
     assert est.params == sum(p.numel() * 4 for p in loaded.model.parameters())
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_checkpoint_around_every_block_is_priced_as_a_measured_step(optimizer):
+    # the plan that recomputes every operator of the four blocks (one segment per block) against
+    # PyTorch's own recipe — torch.utils.checkpoint around each block — measured under MemTracker
+    torch.manual_seed(0)
+    model, x = ResidualMLP(), torch.randn(512, 32)
+    graph = tensoropt.capture(model, (x,))
+    costs = profile(graph, shard_degrees=(1,), repeats=1, cache=False)
+    names = [n.name for n in graph.ops]
+    blocks = {n for n in names if block_of(graph.nodes[n].module_path) is not None}
+    plan = Plan({n: NodeConfig(("dev0",), recompute=n in blocks) for n in names}, graph_fingerprint=graph.fingerprint,
+                order=names)
+    assert [block_of(graph.nodes[s[0]].module_path) for s in recompute_segments(names, plan.configs, graph)] == \
+        [f"blocks.{i}" for i in range(4)]
+    one = Cluster("one", [Device("dev0", 2**40)], {}, default=LinkModel(0.0, 1e12))
+    est = plan_memory(plan, graph, costs, one, optimizer=optimizer)["dev0"].peak
+    checkpointed = ResidualMLP(checkpoint=True)
+    checkpointed.load_state_dict(model.state_dict())
+    real = measure_step(checkpointed, (x,), optimizer=optimizer, repeats=1, warmup=1).peak_bytes
+    assert est == pytest.approx(real, rel=0.05), (est, real)
+    # and it is the trade: well under the step that keeps every block's activations
+    kept = measure_step(model, (x,), optimizer=optimizer, repeats=1, warmup=1).peak_bytes
+    assert real < 0.7 * kept and est < 0.7 * step_memory(graph, costs, optimizer=optimizer)["dev0"].peak
 
 
 def test_node_memory_splits_weights_and_trades_activations_for_recompute(small_cnn):

@@ -13,8 +13,10 @@ from tensoropt.graph import OpGraph, OpNode, ParamInfo, SplitDims, TensorMeta
 from tensoropt.measure import CostModel, NodeCost, ShardCost
 from tensoropt.plan import NodeConfig, Plan, PlanError
 from tensoropt.planmodel import step_memory
+from tensoropt.planmodel.meshplan import MeshEvaluator
 from tensoropt.planmodel.reshard import synced_parameters
 from tensoropt.planmodel.simulate import SimResult, plan_memory, simulate
+from tensoropt.planmodel.walk import fill_segments, recompute_segments
 
 # every link: 0.5 s + bytes / (1000 B/s): 1000 bytes take exactly 1.5 s; all numbers below are exact in binary
 LINK = LinkModel(0.5, 1000.0)
@@ -229,6 +231,58 @@ def test_recompute_runs_the_forward_again_before_the_backward():
     # 2600 again — and b's backward holds grad(a) instead of b's output: the same
     assert again.memory_bytes["g0"] == 2604
     assert again.memory["g0"].peak_phase == "forward" and again.memory["g0"].peak_at == "c"
+
+
+def test_a_recomputed_segment_keeps_only_its_inputs_and_runs_again_at_its_first_backward():
+    # x → a → b → c → d, each saving its input (a has an 8-byte weight: every node computes a
+    # gradient); b (with a 1000-byte mask) and c recomputed: one segment, which keeps a (its
+    # input from outside) and makes b's output and mask again
+    g, costs = build([
+        dict(name="a", inputs=["x"], out=400, fp=1.0, bp=1.0, saves=["x"], params=8),
+        dict(name="b", inputs=["a"], out=400, fp=2.0, bp=1.0, saves=["a"], extra=1000),
+        dict(name="c", inputs=["b"], out=400, fp=1.0, bp=1.0, saves=["b"]),
+        dict(name="d", inputs=["c"], out=400, fp=1.0, bp=1.0, saves=["c"]),
+    ], outputs=["d"])
+    rc = NodeConfig(("g0",), recompute=True)
+    plan = plan_of(g, {"a": "g0", "b": rc, "c": rc, "d": "g0"})
+    assert recompute_segments(plan.order, plan.configs, g) == [("b", "c")]
+    res = simulate(plan, g, costs, two(), optimizer="sgd")
+    # forward: b's mask is dropped after b, b's output after c (only c reads it); the peak of the
+    # forward is b's: x + a + b + mask = 2200.  Backward, after d's (x + a + grad(c) left): the
+    # segment runs again — b's output (c saves it) and b's mask come back, c's output exists while
+    # it runs (nothing keeps it): x + a + grad(c) + b + mask + c = 3000; then c's backward holds
+    # grad(b) instead of c's output: 3000 again.  + the weight, 8
+    assert res.memory_bytes["g0"] == 3008
+    assert (res.memory["g0"].peak_phase, res.memory["g0"].peak_at) == ("backward", "c (recomputing)")
+    # the time: every forward and backward, and the forwards of b and c again
+    assert res.time_s == 5.0 + 4.0 + 2.0 + 1.0
+    # the compiled evaluator of one-mesh plans says the same
+    both = (NodeConfig(("g0",)), rc)
+    ev = MeshEvaluator(g, costs, two(), ("g0",), configs=dict.fromkeys("abcd", both), optimizer="sgd")
+    assert ev.evaluate([0, 1, 1, 0]) == (3008, 12.0)
+    # kept, the same chain peaks at d's backward: x + a + b + mask + c + grad(d) + grad(c) = 3400, + 8
+    assert simulate(plan_of(g, dict.fromkeys("abcd", "g0")), g, costs, two(), optimizer="sgd").memory_bytes["g0"] \
+        == 3408
+
+
+def test_an_operator_that_keeps_nothing_between_two_recomputed_ones_joins_their_segment():
+    g, costs = build([
+        dict(name="a", inputs=["x"], out=400, fp=1.0, bp=1.0, saves=["x"], params=8),
+        dict(name="v", inputs=["a"], out=400, fp=1.0, bp=1.0),             # keeps nothing (an addition)
+        dict(name="b", inputs=["v"], out=400, fp=1.0, bp=1.0, saves=["v"]),
+        dict(name="c", inputs=["b"], out=400, fp=1.0, bp=1.0, saves=["b"]),
+    ], outputs=["c"])
+    rc = NodeConfig(("g0",), recompute=True)
+    configs = {"a": rc, "v": NodeConfig(("g0",)), "b": rc, "c": NodeConfig(("g0",))}
+    order = ["a", "v", "b", "c"]
+    assert recompute_segments(order, configs, g) == [("a",), ("b",)]
+    filled = fill_segments(order, configs, g, costs)
+    assert filled["v"].recompute and not filled["c"].recompute
+    assert recompute_segments(order, filled, g) == [("a", "v", "b")]
+    # the segment keeps x (the batch, kept anyway) and nothing of its own: v's output, which b
+    # saves, is made again
+    assert simulate(plan_of(g, filled), g, costs, two(), optimizer="sgd").memory_bytes["g0"] < \
+        simulate(plan_of(g, configs), g, costs, two(), optimizer="sgd").memory_bytes["g0"]
 
 
 # ---- errors and outputs -----------------------------------------------------------------------------
