@@ -74,8 +74,9 @@ from ..execute.check import (
     tolerance_precision,
 )
 from ..execute.dropout import dropout_off
-from ..execute.randomness import KeyedRandomMode, derive_seed, draw_seed
-from ..execute.rewrite import rewrite, write_back
+from ..execute.randomness import KeyedRandomMode, derive_seed, draw_seed, keyed_call
+from ..execute.rewrite import OP_META, rewrite, write_back, writes_buffer
+from ..execute.segments import Held, hold, run_checkpointed
 from ..execute.sharding import ShardedParameter, flat_piece, sharded_parameters
 from ..graph import OpGraph
 from ..layouts import Shard
@@ -157,6 +158,7 @@ class DistributedExecutor:
         #: collective index -> (sizes along its dimension per mesh piece, whether any piece needs a gradient)
         self._collective_headers: dict[int, tuple[tuple[int, ...], bool]] = {}
         self._nodes = list(fx_graph.nodes)
+        self._nodes_by_name = {n.name: n for n in self._nodes}
         # the same graph with every dropout off, node for node (same names): what runs when
         # ``dropout`` is False
         self._quiet = {n.name: n for n in dropout_off(rewritten.module).graph.nodes}
@@ -167,6 +169,7 @@ class DistributedExecutor:
         self._plan_shortcuts()
         self._plan_frees()
         self._plan_early_sends()
+        self._plan_segments(rewritten.segments)
         self._make_groups()
         #: (ranks, channel, flat buffer) per group of ranks and dtype, made at the first backward
         self._buckets: list[tuple] = []
@@ -399,6 +402,52 @@ class DistributedExecutor:
                     and kinds.get(mv.source) in ("call_function", "call_method")):
                 self._early_sends.setdefault(mv.source, []).append(mv)
 
+    def _plan_segments(self, segments: Sequence[Sequence[str]]) -> None:
+        """How this rank runs each recomputed segment (:func:`~tensoropt.planmodel.walk.recompute_segments`):
+        its nodes here as one checkpoint region (:class:`_Region`) when none of them talks to
+        another rank — as the single-process executor and the memory walk; where one does (a
+        move, a collective, an early send, a ZeRO gather), each of its operators in a checkpoint
+        of its own instead: the same values, but every operator keeps its inputs — more memory
+        than the walk gives (a region cannot be run again in backward without its messages)."""
+        of = {name: i for i, seg in enumerate(segments) for name in seg}
+        tagged: dict[int, list[fx.Node]] = {}
+        for n in self._nodes:
+            i = of.get(n.meta.get(OP_META, ""))
+            if i is not None:
+                tagged.setdefault(i, []).append(n)
+        position = {n.name: j for j, n in enumerate(self._nodes)}
+        me = self.rt.rank
+        buffers = {n.name for n, (kind, _) in zip((m for m in self._nodes if m.op == "placeholder"),
+                                                         self._sources) if kind == "buffer"}
+        #: first node of a region -> the region; every node inside one
+        self._regions: dict[str, _Region] = {}
+        self._in_region: set[str] = set()
+        #: operator calls checkpointed on their own (segments that talk to other ranks here)
+        self._alone: set[str] = set()
+        for members in tagged.values():
+            span = self._nodes[position[members[0].name]:position[members[-1].name] + 1]
+
+            def talks(n: fx.Node) -> bool:
+                coll = self.program.collective_at.get(n.name)
+                mv = self.program.moves_by_node.get(n.name)
+                return ((coll is not None and me in coll.ranks) or (mv is not None and me in (mv.src, mv.dst))
+                        or n.name in self._early_sends or n.name in self.program.absorbed
+                        or bool(self.zero.gates.get(n.name) or self.zero.marks.get(n.name))
+                        or n.name in self.zero.hooked)
+
+            if any(talks(n) for n in span):
+                self._alone.update(n.name for n in span if self._runs_here(n) and _is_operator_call(n))
+                continue
+            nodes = [n for n in span if not writes_buffer(n)]
+            if not any(self._runs_here(n) for n in nodes):
+                continue
+            inside = {n.name for n in nodes}
+            ext = list(dict.fromkeys(a.name for n in nodes for a in n.all_input_nodes if a.name not in inside))
+            outs = tuple(n.name for n in nodes if any(u.name not in inside for u in n.users))
+            held = {x for x in ext if _resolve(x, self._aliases, self._nodes_by_name) in buffers}
+            self._regions[nodes[0].name] = _Region(tuple(nodes), tuple(ext), outs, frozenset(held))
+            self._in_region.update(inside)
+
     def _make_groups(self) -> None:
         """One process group per set of ranks that share parameters or run a collective (every
         rank creates every group, in the same order, as torch.distributed requires)."""
@@ -457,6 +506,11 @@ class DistributedExecutor:
             if n.op == "output":
                 out_values = self._outputs(n, env)
                 break
+            if n.name in self._in_region:
+                region = self._regions.get(n.name)
+                if region is not None:
+                    self._run_region(region, env, params, dev, sent)
+                continue
             self.zero.before(n.name, env, self.link, self._anchor, self._roots)
             ran = self._step_node(n, env, params, dev, sent)
             self.zero.after(n.name, env, self.link, self._anchor, self._roots)
@@ -524,6 +578,27 @@ class DistributedExecutor:
             self._send_early(n.name, env, sent)
         return True
 
+    def _run_region(self, region: _Region, env: dict[str, Any], params: Mapping[str, torch.Tensor],
+                    dev: torch.device, sent: set[int]) -> None:
+        """A recomputed segment's nodes here as one checkpoint region: it keeps only the values it
+        reads from outside (buffers by reference: written after it) and runs again, all of it,
+        at its first backward."""
+        names = [x for x in region.ext if x in env]
+
+        def run(*values: Any) -> tuple[Any, ...]:
+            local = {x: v.value if isinstance(v, Held) else v for x, v in zip(names, values)}
+            for n in region.nodes:
+                self._step_node(n, local, params, dev, sent)
+            return tuple(local.get(o) for o in region.outs)
+
+        got = run_checkpointed(run, *(hold(env[x]) if x in region.held else env[x] for x in names))
+        for o, v in zip(region.outs, got):
+            if v is not None:
+                env[o] = v
+        for n in region.nodes:
+            for dead in self._free_after.get(n.name, ()):
+                env.pop(dead, None)
+
     def _send_early(self, name: str, env: Mapping[str, Any], sent: set[int]) -> None:
         """Send the moves of value ``name`` planned to leave as soon as it exists (:meth:`_plan_early_sends`)."""
         for mv in self._early_sends.get(name, ()):
@@ -550,6 +625,8 @@ class DistributedExecutor:
             kwargs = dict(kwargs, device=dev)
         target = n.target
         assert callable(target)   # a call_function node: the rewritten graph has no modules or attributes
+        if n.name in self._alone:
+            return run_checkpointed(target, *args, **kwargs)
         return target(*args, **kwargs)
 
     def _collective(self, coll: Collective, x: torch.Tensor) -> torch.Tensor:
@@ -912,3 +989,36 @@ def _into_view(p: torch.Tensor, view: torch.Tensor) -> None:
         assert p.grad is not None   # the callers' invariant (docstring)
         view.copy_(p.grad)
         p.grad = view
+
+
+@dataclass(frozen=True)
+class _Region:
+    """A recomputed segment as one rank runs it: its nodes (from its first to its last, those
+    that write into buffers left out: they run after it), the values it reads from outside, those
+    read after it, and which outside values are buffers (passed by reference)."""
+
+    nodes: tuple[fx.Node, ...]
+    ext: tuple[str, ...]
+    outs: tuple[str, ...]
+    held: frozenset[str]
+
+
+def _is_operator_call(n: fx.Node) -> bool:
+    """An operator's own call (an ATen op, or its keyed random draw), not a move, cut or copy."""
+    return n.op == "call_function" and (isinstance(n.target, torch._ops.OpOverload) or n.target is keyed_call)
+
+
+def _resolve(name: str, aliases: Mapping[str, str], nodes: Mapping[str, fx.Node]) -> str:
+    """The value ``name`` stands for: through this rank's aliases, moves and copies."""
+    seen = set()
+    while name not in seen:
+        seen.add(name)
+        if name in aliases:
+            name = aliases[name]
+            continue
+        n = nodes.get(name)
+        if n is not None and n.op == "call_method" and n.target in ("to", "clone") and isinstance(n.args[0], fx.Node):
+            name = n.args[0].name
+            continue
+        break
+    return name

@@ -22,7 +22,7 @@ import torch.fx as fx
 
 from ..planmodel.reshard import op_basename
 from .randomness import keyed_call
-from .segments import run_checkpointed, run_checkpointed_keyed
+from .segments import run_checkpointed
 
 #: arguments a keyed random call (.randomness.keyed_call) puts before the op's own
 _KEYED_LEAD = 7
@@ -50,7 +50,7 @@ def _sites(graph_module: fx.GraphModule) -> Iterator[tuple[fx.Node, int, str]]:
         if n.op != "call_function":
             continue
         checkpointed = n.target is run_checkpointed
-        keyed = n.target in (keyed_call, run_checkpointed_keyed)
+        keyed = n.target is keyed_call
         spec = DROPOUT_P.get(op_basename(str(n.args[0] if checkpointed or keyed else n.target)))
         if spec is not None:
             pos, key = spec

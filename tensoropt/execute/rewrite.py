@@ -74,7 +74,7 @@ from ..planmodel.walk import recompute_segments
 from .check import check_term
 from .layouts import P, Placed, R, S, Transport
 from .randomness import draw_shape, is_keyed, keyed_call, random_keys
-from .segments import checkpoint_segments, run_checkpointed, run_checkpointed_keyed
+from .segments import checkpoint_segments
 
 _BATCH_NORMS = {"batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional"}
 _BIAS_AT_2 = {"linear", "conv1d", "conv2d", "conv3d", "convolution", "conv_transpose1d", "conv_transpose2d",
@@ -101,6 +101,9 @@ class Rewritten:
     fallbacks: list[str]
     #: with ``probe``: the operators whose whole outputs follow the model's outputs, in order
     probes: tuple[str, ...] = ()
+    #: the plan's recomputed segments (operator names); run as checkpoint regions in ``module``
+    #: unless the rewrite was asked not to (``segments=False``: the caller runs them)
+    segments: tuple[tuple[str, ...], ...] = ()
 
 
 @torch.no_grad()
@@ -165,9 +168,9 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
     :attr:`Rewritten.probes`), so a check can find the first operator whose value differs.
 
     ``segments``: each recomputed segment of the plan as one checkpoint region
-    (:mod:`.segments`, what the memory walk prices); ``False``: every recomputed operator in a
-    checkpoint of its own, its inputs kept (the distributed backend, whose ranks run the graph
-    node by node)."""
+    (:mod:`.segments`, what the memory walk prices); ``False``: the graph flat, the segments'
+    operators plain calls named in :attr:`Rewritten.segments` (the distributed backend, whose
+    ranks run the graph node by node, runs them)."""
     ep, gm = graph.exported, graph.module
     if ep is None or gm is None:
         raise ExecutionError(f"graph {graph.name!r} was not captured with torch.export (source {graph.source!r}); "
@@ -181,9 +184,9 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
         # the step's seed of the keyed random draws (tensoropt.execute.randomness), a Python int
         seed = new.placeholder("rng_seed")
         inputs.sources.append(("seed", None))
-    regions = recompute_segments(plan.order, plan.configs, graph) if segments else []
+    regions = recompute_segments(plan.order, plan.configs, graph)
     ctx = _Emitter(graph, plan, new, transport, inputs.values, inputs.lifted, inputs.batch_syms, device_of, keys,
-                   seed, alone=not segments)
+                   seed)
     _emit_in_order(ctx, gm, plan)
     outs = _outputs(new, graph, ep, gm, transport, inputs.values, loss_terms)
     probes = [name for name in plan.order if name in graph.nodes and graph.nodes[name].kind == "op"
@@ -199,11 +202,17 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
             n = n.args[0]
         return n in buffers
 
-    checkpoint_segments(new, root, regions, op_of=lambda n: n.meta.get(OP_META), held=held,
-                        stays_after=lambda n: n.op == "call_function" and n.target in (write_back,
-                                                                                        syncbn.update_running_stats))
+    if segments:
+        checkpoint_segments(new, root, regions, op_of=lambda n: n.meta.get(OP_META), held=held,
+                            stays_after=writes_buffer)
     module = fx.GraphModule(root, new, class_name="PlannedGraph")
-    return Rewritten(module, inputs.sources, ctx.fallbacks, tuple(probes))
+    return Rewritten(module, inputs.sources, ctx.fallbacks, tuple(probes), tuple(regions))
+
+
+def writes_buffer(n: fx.Node) -> bool:
+    """A node that writes into a buffer (a write-back, a synchronised batch norm's running
+    statistics): it must not run again when a checkpoint region is recomputed."""
+    return n.op == "call_function" and n.target in (write_back, syncbn.update_running_stats)
 
 
 @dataclass
@@ -369,9 +378,8 @@ class _Emitter:
 
     def __init__(self, graph: OpGraph, plan: Plan, new: fx.Graph, transport: Transport, values: dict[str, Placed],
                  lifted: set[str], batch_syms: set[sympy.Symbol], device_of: Callable[[str], str],
-                 keys: dict[str, int] | None = None, seed: fx.Node | None = None, alone: bool = False):
+                 keys: dict[str, int] | None = None, seed: fx.Node | None = None):
         self.graph, self.plan, self.new, self.tr, self.values = graph, plan, new, transport, values
-        self.alone = alone   # each recomputed operator checkpointed on its own (else whole segments are)
         self.lifted, self.batch_syms, self.device_of = lifted, batch_syms, device_of
         self.keys, self.seed = keys or {}, seed
         self.fallbacks: list[str] = []
@@ -389,7 +397,7 @@ class _Emitter:
                 return synced
             devices, layout = devices[:1], Layout.R
         if layout == Layout.R:
-            return self._whole(n, op, devices, cfg.recompute and self.alone)
+            return self._whole(n, op, devices)
         if not split_fits(layout, k, self.graph.batch_size):
             raise ExecutionError(f"node {n.name!r} is split {k} ways along a batch of {self.graph.batch_size}; "
                                  "use at most as many devices as samples")
@@ -399,7 +407,7 @@ class _Emitter:
             # device (the same values; the consumers cut what they read)
             self.fallbacks.append(f"{n.name} ({op.op}): {layout} over {k} devices has no working shard rule; "
                                   f"run whole on {devices[0]}")
-            return self._whole(n, op, devices[:1], cfg.recompute and self.alone)
+            return self._whole(n, op, devices[:1])
         batch = self.graph.batch_size
         # a channel piece cut from a whole tensor is not contiguous: a split view reshapes it
         target = torch.ops.aten.reshape.default if layout == Layout.CHANNEL and base in VIEWS else None
@@ -408,9 +416,9 @@ class _Emitter:
         parts = []
         local_batch = piece_sizes(batch, k) if layout == Layout.BATCH and batch else [None] * k
         for i, d in enumerate(devices):
-            parts.append(self._call(n, template, d, k, i, local_batch[i], cfg.recompute and self.alone,
-                                    writes_back=True, drop_bias=(layout == Layout.REDUCE and i > 0), base=base,
-                                    target=target, piece_dim=dims[0] if layout != Layout.REDUCE and dims else None))
+            parts.append(self._call(n, template, d, k, i, local_batch[i], writes_back=True,
+                                    drop_bias=(layout == Layout.REDUCE and i > 0), base=base, target=target,
+                                    piece_dim=dims[0] if layout != Layout.REDUCE and dims else None))
         if layout == Layout.REDUCE:
             return Placed(P, tuple(devices), tuple(parts))
         val = n.meta.get("val")
@@ -458,10 +466,10 @@ class _Emitter:
         g.call_function(syncbn.update_running_stats, (*buffers, means[0], variances[0], count, momentum))
         return Placed(S, tuple(devices), tuple(parts), op.outputs[0].batch_dim)
 
-    def _whole(self, n: fx.Node, op: OpNode, devices: tuple[str, ...], recompute: bool) -> Placed:
+    def _whole(self, n: fx.Node, op: OpNode, devices: tuple[str, ...]) -> Placed:
         template = self._template(n, None, op, 1)
         assert template is not None   # only a split's template can be refused
-        parts = tuple(self._call(n, template, d, 1, i, None, recompute, writes_back=(i == 0))
+        parts = tuple(self._call(n, template, d, 1, i, None, writes_back=(i == 0))
                       for i, d in enumerate(devices))
         return Placed(R, tuple(devices), parts)
 
@@ -559,7 +567,7 @@ class _Emitter:
 
     # ---- one shard ---------------------------------------------------------------------------
     def _call(self, n: fx.Node, template: _Template, device: str, k: int, index: int, batch: int | None,
-              recompute: bool, *, writes_back: bool, drop_bias: bool = False, base: str = "",
+              *, writes_back: bool, drop_bias: bool = False, base: str = "",
               target: Any = None, piece_dim: int | None = None) -> fx.Node:
         """One shard of ``n`` on ``device`` (``target``: another op to call, same arguments):
         piece ``index`` of ``k`` along its output's ``piece_dim``.  A random node draws keyed
@@ -609,13 +617,7 @@ class _Emitter:
             args = [n.target, self.seed, self.keys[n.name], full, dim, k if dim is not None else 1,
                     index if dim is not None else 0, *args]
             target = keyed_call
-            if recompute:
-                return self._finish(self.new.call_function(run_checkpointed_keyed, tuple(args), kwargs),
-                                    writes_back, backs, k, index)
-        if recompute:
-            out = self.new.call_function(run_checkpointed, (target, *args), kwargs)
-        else:
-            out = self.new.call_function(target, tuple(args), kwargs)
+        out = self.new.call_function(target, tuple(args), kwargs)
         return self._finish(out, writes_back, backs, k, index)
 
     def _finish(self, out: fx.Node, writes_back: bool, backs: list[tuple[fx.Node, fx.Node, int | None]], k: int,

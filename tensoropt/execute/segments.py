@@ -42,7 +42,6 @@ import torch.fx as fx
 from torch.utils.checkpoint import checkpoint
 
 from .layouts import split_pieces
-from .randomness import keyed_call
 
 #: the Transport's node forms (:class:`~.layouts.Transport`): hoisted out of a region when they
 #: read only values from outside it
@@ -52,12 +51,6 @@ _TRANSPORT_FUNCTIONS = {torch.cat, split_pieces}
 def run_checkpointed(op: Callable, *args: Any, **kwargs: Any) -> Any:
     """``op(*args, **kwargs)`` with its activations dropped and recomputed in backward."""
     return checkpoint(lambda *a: op(*a, **kwargs), *args, use_reentrant=False)
-
-
-def run_checkpointed_keyed(*args: Any, **kwargs: Any) -> Any:
-    """:func:`~.randomness.keyed_call` checkpointed (a graph cannot hold a function as an argument);
-    the keyed draw repeats exactly when recomputed."""
-    return run_checkpointed(keyed_call, *args, **kwargs)
 
 
 class Held:
