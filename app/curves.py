@@ -31,6 +31,7 @@ from tensoropt.frontier import Frontier
 # public Frontier helper for the curves of every device count would be better: asked for, track.py is not ours)
 from tensoropt.frontier.track import FrontierPoint, _frontier_point
 from tensoropt.graph import OpGraph
+from tensoropt.measure.costmodel import CostModel
 from tensoropt.plan import Plan
 
 #: two times within this relative tolerance are the same plan's time (the simulator is deterministic)
@@ -86,7 +87,8 @@ def _renamed(plan: Plan, pid: str, k: int, i: int, count: int) -> Plan:
     return Plan.from_dict({**plan.to_dict(), "plan_id": pid, "notes": notes})
 
 
-def device_curves(frontier: Frontier, graph: OpGraph, cluster: Cluster) -> tuple[list[CurvePoint], list[Plan]]:
+def device_curves(frontier: Frontier, graph: OpGraph, costs: CostModel,
+                  cluster: Cluster) -> tuple[list[CurvePoint], list[Plan]]:
     """The curve of every device count (module docstring), by device count then memory, and the
     plans of its points that are not frontier points (their files are the pipeline's to write).
 
@@ -126,9 +128,9 @@ def device_curves(frontier: Frontier, graph: OpGraph, cluster: Cluster) -> tuple
             assert where is not None
             w, j = where
             new = f"{k}dev-{i:03d}"
-            fp = _frontier_point(j, len(kept), frontier.meshes[w], w, j, graph, cluster, res=frontier.resolution,
-                                        optimizer=frontier.optimizer, budget=frontier.budget,
-                                        reserve=frontier.reserve, times_from=frontier.times_from)
+            fp = _frontier_point(j, len(kept), frontier.meshes[w], w, j, graph, costs, cluster,
+                                 res=frontier.resolution, optimizer=frontier.optimizer, budget=frontier.budget,
+                                 reserve=frontier.reserve, times_from=frontier.times_from)
             plan = _renamed(fp.plan, new, k, i, len(kept))
             points.append(_point(new, fp, False))
             plans.append(plan)

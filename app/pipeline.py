@@ -182,7 +182,7 @@ def write_frontier(folder: Path, result: workflow.Exploration,
     frontier.to_csv(folder / "frontier.csv")
     write_json_atomic(folder / "frontier.json", frontier.to_dict())
     frontier.save_plans(folder / "plans")
-    points, plans = device_curves(frontier, graph, cluster)
+    points, plans = device_curves(frontier, graph, result.costs, cluster)
     for plan in plans:
         plan.save(folder / "plans" / f"{plan.plan_id}.json")
     write_json_atomic(folder / "curves.json", [p.to_dict() for p in points])

@@ -404,11 +404,12 @@ class DistributedExecutor:
 
     def _plan_segments(self, segments: Sequence[Sequence[str]]) -> None:
         """How this rank runs each recomputed segment (:func:`~tensoropt.planmodel.walk.recompute_segments`):
-        its nodes here as one checkpoint region (:class:`_Region`) when none of them talks to
-        another rank — as the single-process executor and the memory walk; where one does (a
-        move, a collective, an early send, a ZeRO gather), each of its operators in a checkpoint
-        of its own instead: the same values, but every operator keeps its inputs — more memory
-        than the walk gives (a region cannot be run again in backward without its messages)."""
+        its nodes here as one checkpoint region (:class:`_Region`) when none of them exchanges
+        values with another rank — as the single-process executor and the memory walk (a ZeRO
+        gather inside runs again with the region, on every rank of the mesh alike); where one
+        does (a move, a collective, an early send), each of its operators in a checkpoint of its
+        own instead: the same values, but every operator keeps its inputs — more memory than the
+        walk gives (a region cannot be run again in backward without its messages)."""
         of = {name: i for i, seg in enumerate(segments) for name in seg}
         tagged: dict[int, list[fx.Node]] = {}
         for n in self._nodes:
@@ -427,13 +428,11 @@ class DistributedExecutor:
         for members in tagged.values():
             span = self._nodes[position[members[0].name]:position[members[-1].name] + 1]
 
-            def talks(n: fx.Node) -> bool:
+            def talks(n: fx.Node) -> bool:   # a ZeRO gather may run again: every rank of the mesh does
                 coll = self.program.collective_at.get(n.name)
                 mv = self.program.moves_by_node.get(n.name)
                 return ((coll is not None and me in coll.ranks) or (mv is not None and me in (mv.src, mv.dst))
-                        or n.name in self._early_sends or n.name in self.program.absorbed
-                        or bool(self.zero.gates.get(n.name) or self.zero.marks.get(n.name))
-                        or n.name in self.zero.hooked)
+                        or n.name in self._early_sends or n.name in self.program.absorbed)
 
             if any(talks(n) for n in span):
                 self._alone.update(n.name for n in span if self._runs_here(n) and _is_operator_call(n))
@@ -443,7 +442,9 @@ class DistributedExecutor:
                 continue
             inside = {n.name for n in nodes}
             ext = list(dict.fromkeys(a.name for n in nodes for a in n.all_input_nodes if a.name not in inside))
-            outs = tuple(n.name for n in nodes if any(u.name not in inside for u in n.users))
+            # every value it makes comes out (a collective or a write may read one by name, not as
+            # an fx user); those not needed after it are freed as soon as it returns
+            outs = tuple(n.name for n in nodes)
             held = {x for x in ext if _resolve(x, self._aliases, self._nodes_by_name) in buffers}
             self._regions[nodes[0].name] = _Region(tuple(nodes), tuple(ext), outs, frozenset(held))
             self._in_region.update(inside)
@@ -572,8 +573,11 @@ class DistributedExecutor:
         elif n.name in self._skip_here:
             return False
         elif self._runs_here(n):
-            with self.zero.saving(n.name):
+            if n.name in self._in_region:   # checkpointed: the region drops what it saves, gathers again
                 env[n.name] = self._call(n, env, dev)
+            else:
+                with self.zero.saving(n.name):
+                    env[n.name] = self._call(n, env, dev)
         if n.name in env:
             self._send_early(n.name, env, sent)
         return True
@@ -588,7 +592,11 @@ class DistributedExecutor:
         def run(*values: Any) -> tuple[Any, ...]:
             local = {x: v.value if isinstance(v, Held) else v for x, v in zip(names, values)}
             for n in region.nodes:
+                # a level-3 parameter is gathered before its reader and dropped after, also when the
+                # region runs again in backward (FSDP's reshard after forward, with checkpointing)
+                self.zero.before(n.name, local, self.link, self._anchor, self._roots)
                 self._step_node(n, local, params, dev, sent)
+                self.zero.after(n.name, local, self.link, self._anchor, self._roots)
             return tuple(local.get(o) for o in region.outs)
 
         got = run_checkpointed(run, *(hold(env[x]) if x in region.held else env[x] for x in names))

@@ -938,7 +938,8 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
     # storage keys: outputs [0, n), batch [n, n + nx), received copies [n + nx, n + nx + 3n) by
     # (producer, read layout), extra saved tensors [.., + n)
     kb, kr, ke = n, n + nx, n + nx + 3 * n
-    nk = ke + n
+    kg = ke + n              # a node's gathered parameters, made again by its segment's recomputation
+    nk = kg + n
     size = np.zeros(nk, dtype=np.int64)
     owner = np.zeros(n, dtype=np.int64)
     ns = slot_ids.shape[0]
@@ -980,7 +981,7 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
     last_saver = np.full(nk, -1, dtype=np.int64)
     # (saver, key, regenerated) pairs: a key a node's backward needs; regenerated ones are made
     # again by their segment's recomputation (counted from its regeneration point)
-    cap = ns + 2 * n + 1
+    cap = ns + 3 * n + 1
     pair_saver = np.zeros(cap, dtype=np.int64)
     pair_key = np.zeros(cap, dtype=np.int64)
     pair_regen = np.zeros(cap, dtype=np.bool_)
@@ -1037,6 +1038,10 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
                 pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = i, kk, True
                 pair_bytes[npairs] = extra[i, c]
                 npairs += 1
+        if sg >= 0 and ng[i] and regen_at[sg] >= 0 and shard[i, c] >= 3 and gath[i] > 0:
+            pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = i, kg + i, True
+            pair_bytes[npairs] = gath[i]
+            npairs += 1
     # per saver, its pairs (a counting sort, stable)
     saved_ptr = np.zeros(n + 1, dtype=np.int64)
     for j in range(npairs):
@@ -1233,7 +1238,7 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
                 acc += piece + (b if piece < b else 0)
             else:
                 acc += 2 * (-(-q_bytes[q] // pieces[i, c]))
-        extra_now = scratch + acc + ws[i, c] + (gath[i] if shard[i, c] >= 3 else 0)
+        extra_now = scratch + acc + ws[i, c] + (gath[i] if shard[i, c] >= 3 and not rlive[kg + i] else 0)
         t = base + grads_now + held_now + extra_now
         if t > peak:
             peak, p_grads, p_act, p_tr = t, grads_now, held_now + extra_now, gsum + rsum + extra_now

@@ -25,8 +25,8 @@ Every device walks its own program (its forward in plan order, its backward in r
   output, no extra saved tensor, no tensor made inside it that its nodes save) but keeps what it
   reads from outside until its last backward (it runs again from them); at its first backward its
   forward runs again, all of it, and every tensor its nodes save exists again (transient) until
-  the backward of the node that saves it — while it runs, also the largest of its outputs that
-  nothing keeps;
+  the backward of the node that saves it — with the parameters its nodes gather whole (level 3),
+  gathered again — and while it runs, also the largest of its outputs that nothing keeps;
 - the loss: the gradient of each model output, dense (a mean's backward writes it out); a 16-bit
   output is read as float32 by the loss, so its gradient exists in float32 too while it is cast
   back (bf16 autocast);
@@ -528,6 +528,9 @@ class _DeviceWalk:
             sh = self.st.shard[name]
             if seg is not None and sh is not None and sh.extra_saved_bytes:
                 self._regenerate(seg, (name, "saved"), name, sh.extra_saved_bytes)
+            gathered = self.params.gathered(self.graph.nodes[name])
+            if seg is not None and gathered:   # gathered again by the recomputation, kept for its backward
+                self._regenerate(seg, (name, "#gathered"), name, gathered)
         for p in self.model_outputs:
             k = self.st.owner_on.get((p, self.d))
             if k is not None:
@@ -647,8 +650,8 @@ class _DeviceWalk:
         if ws:
             live[("#workspace",)] = ws
         gathered = self.params.gathered(node)
-        if gathered:   # gathered again for the backward (FSDP's reshard after forward)
-            live[("#gathered",)] = gathered
+        if gathered and ("#regen", (name, "#gathered")) not in live:   # gathered again for the backward
+            live[("#gathered",)] = gathered                             # (FSDP's reshard after forward)
         self.note("backward", name)
         for k in (("#workspace",), ("#accumulate",), ("#gathered",)):
             live.pop(k, None)
