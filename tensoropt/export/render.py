@@ -338,6 +338,11 @@ def readme(expr: Expression, shape: LaunchShape, plan: Plan, *, spec: str, steps
         if expr.replicated_params:
             lines.append(f"- kept whole on every rank (gradients averaged by one `all_reduce`): "
                          f"{len(expr.replicated_params)} parameter(s)")
+        lines.append("- the prediction is tensoropt's executor's (`tensoropt run --backend dist`), which FSDP2 "
+                     "exceeds: its model-level unit keeps its parameters (embeddings, output layer) gathered from "
+                     "the forward through the backward, and it holds reduce-scatter buffers. On GPT-2 2 × 256 "
+                     "(batch 4 × 128, AdamW, 2 gloo ranks) FSDP2 + per-block checkpointing measured 62.6 MiB "
+                     "per rank where tensoropt's executor of the same plan measured 50.8 MiB (predicted 52.6).")
     if expr.checkpoint_modules:
         lines.append("- activation checkpointing (`torch.distributed._composable.checkpoint`) on: "
                      + ", ".join(f"`{m}`" for m in expr.checkpoint_modules))
