@@ -24,7 +24,7 @@ from torch import nn
 from ..capture import ModelCall, capture
 from ..errors import DistributedError
 from ..execute import disable_dropout
-from ..graph import OpGraph
+from ..graph import OpGraph, block_of
 from ..measure.step import make_optimizer, training_loss
 from ..modelspec import load_model
 from ..optimizers import DEFAULT_OPTIMIZER
@@ -320,3 +320,85 @@ def compare_collectives(rt: Runtime, numel: int = 1000) -> dict[str, Any]:
         dist.all_gather_object(every, sums)
         out["same_bits"][how] = all(e == every[0] for e in every)
     return out
+
+
+#: PyTorch's own data-parallel recipes :func:`measure_torch_recipe` runs, and the placer of
+#: :mod:`tensoropt.placers` that models each
+TORCH_RECIPES = {"ddp": "dp", "zero1": "zero1", "fsdp": "fsdp", "fsdp+ac": "fsdp+ac"}
+
+
+def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: int = 5, warmup: int = 2,
+                         optimizer: str = DEFAULT_OPTIMIZER) -> dict[str, Any]:
+    """One recipe of :data:`TORCH_RECIPES` run with PyTorch's own wrappers on every rank (each rank
+    its piece of the batch, as the placers' plans cut it), timed and measured as
+    :func:`measure_plan` does a plan: ``ddp`` — ``DistributedDataParallel`` (its default, a flat
+    gradient bucket beside ``.grad``); ``zero1`` — that and ``ZeroRedundancyOptimizer``; ``fsdp`` —
+    ``fully_shard`` on every repeated block (:func:`~tensoropt.graph.block_of`), then on the model;
+    ``fsdp+ac`` — the same with ``checkpoint_wrapper`` around every block first (torchtitan's
+    recipe).  A step = forward + loss + backward (gradient all-reduce / reduce-scatter inside);
+    the optimizer step apart (ZeRO-1's broadcast of the updated parameters is in it).  Peak: one
+    more step under MemTracker (FSDPMemTracker for FSDP2) on the CPU.  Returns ``step_s``,
+    ``optimizer_s``, ``peak_bytes`` (per rank)."""
+    # local: PyTorch's wrappers and private tools, for this measurement only
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    if recipe not in TORCH_RECIPES:
+        raise DistributedError(f"unknown recipe {recipe!r}; known: {', '.join(TORCH_RECIPES)}")
+    model, inputs, graph = load_case(model_spec, rt=rt)
+    dev = torch.device(rt.device)
+    model.to(dev)
+    # each rank its piece of the batch (dimension 0), as the plans' S(batch) cuts it
+    mine = tuple(torch.tensor_split(x, rt.world_size, 0)[rt.rank].to(dev) if isinstance(x, torch.Tensor) else x
+                 for x in inputs)
+    blocks = {model.get_submodule(b) for b in {block_of(n.module_path) for n in graph.ops} if b is not None}
+    opt_class = type(make_optimizer(optimizer, [nn.Parameter(torch.zeros(1))]))
+    wrapped: nn.Module
+    if recipe in ("ddp", "zero1"):
+        wrapped = DistributedDataParallel(model)
+        params = list(model.parameters())
+        opt: torch.optim.Optimizer = (ZeroRedundancyOptimizer(params, optimizer_class=opt_class) if recipe == "zero1"
+                                      else make_optimizer(optimizer, params))
+    else:
+        if recipe == "fsdp+ac":
+            apply_activation_checkpointing(model, check_fn=lambda m: m in blocks)
+            blocks = {m for m in model.modules() if getattr(m, "_checkpoint_wrapped_module", None) in blocks}
+        mesh = init_device_mesh(dev.type, (rt.world_size,))
+        for b in blocks:
+            fully_shard(b, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        wrapped = model
+        opt = make_optimizer(optimizer, list(model.parameters()))
+
+    def step() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        out = wrapped(*mine)
+        training_loss(out).backward()
+        t1 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return t1 - t0, time.perf_counter() - t1
+
+    times = []
+    for i in range(warmup + steps):
+        dist.barrier()
+        t = step()
+        if i >= warmup:
+            times.append(t)
+    tracker = FSDPMemTracker(model, opt) if recipe.startswith("fsdp") else MemTracker()
+    if not recipe.startswith("fsdp"):
+        tracker.track_external(wrapped, opt, *[x for x in mine if isinstance(x, torch.Tensor)])
+    dist.barrier()
+    with tracker:
+        step()
+    peak = int(tracker.get_tracker_snapshot("peak").get(dev, {}).get("Total", 0))
+    every: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(every, {"times": times, "peak": peak})
+    return {"step_s": statistics.median(max(r["times"][i][0] for r in every) for i in range(steps)),
+            "optimizer_s": statistics.median(max(r["times"][i][1] for r in every) for i in range(steps)),
+            "peak_bytes": [r["peak"] for r in every]}

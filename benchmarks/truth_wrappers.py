@@ -1,0 +1,70 @@
+"""The data-parallel recipes as tensoropt plans and as PyTorch's own wrappers, on 2 gloo ranks.
+
+For each recipe — ``ddp`` (DistributedDataParallel), ``zero1`` (+ ZeroRedundancyOptimizer),
+``fsdp`` (FSDP2's ``fully_shard`` per block, then the model), ``fsdp+ac`` (the same with a
+checkpoint around every block) — the placer of the same name gives tensoropt's plan; its walked
+per-rank peak (the estimate) is set beside what tensoropt's own distributed executor holds running
+that plan and what PyTorch's wrappers hold running the recipe (MemTracker / FSDPMemTracker, one
+step), with each side's step time (forward + loss + backward, median over ``--steps``; the optimizer
+step apart).  error = (estimate − measured) / measured.
+
+    python benchmarks/truth_wrappers.py [--model SPEC] [--steps 5] [--warmup 2]
+
+It measures and compares: nothing measured here feeds the estimates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import tensoropt
+from tensoropt.distributed import launch
+from tensoropt.distributed.jobs import TORCH_RECIPES, measure_plan, measure_torch_recipe
+from tensoropt.planmodel.walk import plan_memory
+
+DEFAULT_MODEL = "zoo:gpt2?layers=2&hidden=256&heads=4&vocab=8192&batch=4&seq_len=128"
+MIB = 2 ** 20
+
+
+def err(est: float, meas: float) -> str:
+    return f"{(est - meas) / meas * 100:+.1f} %"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--optimizer", default="adamw")
+    a = ap.parse_args()
+    t0 = time.time()
+    graph = tensoropt.load_model(a.model).capture(method="export")
+    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")    # memory only: the devices' kind does not matter
+    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False), cluster).costs
+    rows = []
+    for recipe, placer in TORCH_RECIPES.items():
+        plan = tensoropt.place(graph, costs, cluster, placer, devices=["gpu0", "gpu1"])
+        walked = max(m.peak for m in plan_memory(plan, graph, costs, cluster, optimizer=a.optimizer).values())
+        ours = launch(measure_plan, 2, {"model_spec": a.model, "plan": plan.to_dict(), "steps": a.steps,
+                                        "warmup": a.warmup, "optimizer": a.optimizer}, timeout_s=600)[0]
+        torch_side = launch(measure_torch_recipe, 2, {"model_spec": a.model, "recipe": recipe, "steps": a.steps,
+                                                      "warmup": a.warmup, "optimizer": a.optimizer},
+                            timeout_s=600)[0]
+        rows.append((recipe, walked, max(ours["peak_bytes"]), max(torch_side["peak_bytes"]), ours["step_s"],
+                     torch_side["step_s"]))
+        print(f"{recipe}: done ({time.time() - t0:.0f} s)", flush=True)
+    print()
+    print(f"{a.model}, 2 gloo ranks, {a.optimizer}")
+    print()
+    print("| recipe | walked MiB | tensoropt's executor MiB (err) | PyTorch's wrappers MiB (err) "
+          "| tensoropt ms | PyTorch ms |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for recipe, walked, ours, theirs, ours_s, theirs_s in rows:
+        print(f"| {recipe} | {walked / MIB:.2f} | {ours / MIB:.2f} ({err(walked, ours)}) | "
+              f"{theirs / MIB:.2f} ({err(walked, theirs)}) | {ours_s * 1e3:.1f} | {theirs_s * 1e3:.1f} |")
+    print(f"\n{time.time() - t0:.0f} s in all")
+
+
+if __name__ == "__main__":
+    main()
