@@ -76,7 +76,7 @@ from ..execute.check import (
 from ..execute.dropout import dropout_off
 from ..execute.randomness import KeyedRandomMode, derive_seed, draw_seed, keyed_call
 from ..execute.rewrite import OP_META, rewrite, write_back, writes_buffer
-from ..execute.segments import Held, hold, run_checkpointed
+from ..execute.segments import ByReference, by_reference, run_checkpointed
 from ..execute.sharding import ShardedParameter, flat_piece, sharded_parameters
 from ..graph import OpGraph
 from ..layouts import Shard
@@ -445,8 +445,8 @@ class DistributedExecutor:
             # every value it makes comes out (a collective or a write may read one by name, not as
             # an fx user); those not needed after it are freed as soon as it returns
             outs = tuple(n.name for n in nodes)
-            held = {x for x in ext if _resolve(x, self._aliases, self._nodes_by_name) in buffers}
-            self._regions[nodes[0].name] = _Region(tuple(nodes), tuple(ext), outs, frozenset(held))
+            by_ref = {x for x in ext if _resolve(x, self._aliases, self._nodes_by_name) in buffers}
+            self._regions[nodes[0].name] = _Region(tuple(nodes), tuple(ext), outs, frozenset(by_ref))
             self._in_region.update(inside)
 
     def _make_groups(self) -> None:
@@ -590,7 +590,7 @@ class DistributedExecutor:
         names = [x for x in region.ext if x in env]
 
         def run(*values: Any) -> tuple[Any, ...]:
-            local = {x: v.value if isinstance(v, Held) else v for x, v in zip(names, values)}
+            local = {x: v.value if isinstance(v, ByReference) else v for x, v in zip(names, values)}
             for n in region.nodes:
                 # a level-3 parameter is gathered before its reader and dropped after, also when the
                 # region runs again in backward (FSDP's reshard after forward, with checkpointing)
@@ -599,7 +599,7 @@ class DistributedExecutor:
                 self.zero.after(n.name, local, self.link, self._anchor, self._roots)
             return tuple(local.get(o) for o in region.outs)
 
-        got = run_checkpointed(run, *(hold(env[x]) if x in region.held else env[x] for x in names))
+        got = run_checkpointed(run, *(by_reference(env[x]) if x in region.by_ref else env[x] for x in names))
         for o, v in zip(region.outs, got):
             if v is not None:
                 env[o] = v
@@ -1008,7 +1008,7 @@ class _Region:
     nodes: tuple[fx.Node, ...]
     ext: tuple[str, ...]
     outs: tuple[str, ...]
-    held: frozenset[str]
+    by_ref: frozenset[str]
 
 
 def _is_operator_call(n: fx.Node) -> bool:

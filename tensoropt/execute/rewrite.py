@@ -197,13 +197,13 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
     root = torch.nn.Module()
     buffers = {n for n, (kind, _) in zip(new.find_nodes(op="placeholder"), inputs.sources) if kind == "buffer"}
 
-    def held(n: fx.Node) -> bool:   # a buffer, a move or a copy of one
+    def by_ref(n: fx.Node) -> bool:   # a buffer, a move or a copy of one
         while n.op == "call_method" and n.target in ("to", "clone") and isinstance(n.args[0], fx.Node):
             n = n.args[0]
         return n in buffers
 
     if segments:
-        checkpoint_segments(new, root, regions, op_of=lambda n: n.meta.get(OP_META), held=held,
+        checkpoint_segments(new, root, regions, op_of=lambda n: n.meta.get(OP_META), by_ref=by_ref,
                             stays_after=writes_buffer)
     module = fx.GraphModule(root, new, class_name="PlannedGraph")
     return Rewritten(module, inputs.sources, ctx.fallbacks, tuple(probes), tuple(regions))

@@ -10,7 +10,7 @@ arguments are the values it reads from outside — as the walk keeps them: a val
 sends to the segment is received *before* the region (the walk keeps the received copy), so moves
 and cuts of outside values are hoisted out of it.  Writes into buffers (running statistics) stay
 outside, after the region, so a recomputation does not update the statistics twice, and the
-region reads those buffers by reference (:class:`Held`), as a checkpointed module reads its own.
+region reads those buffers by reference (:class:`ByReference`), as a checkpointed module reads its own.
 O(nodes of the segments).
 
 Example (an MLP whose first block, a linear and a ReLU, is one segment: the region reads the
@@ -53,7 +53,7 @@ def run_checkpointed(op: Callable, *args: Any, **kwargs: Any) -> Any:
     return checkpoint(lambda *a: op(*a, **kwargs), *args, use_reentrant=False)
 
 
-class Held:
+class ByReference:
     """A value passed to a checkpoint region by reference: ``checkpoint`` saves its tensor
     arguments and refuses them in backward if they were written since; a buffer the step writes
     into (running statistics, after the region) is read by the region as it is at that time, as a
@@ -65,21 +65,21 @@ class Held:
         self.value = value
 
 
-def hold(value: Any) -> Held:
-    return Held(value)
+def by_reference(value: Any) -> ByReference:
+    return ByReference(value)
 
 
-def unhold(held: Held) -> Any:
-    return held.value
+def dereference(ref: ByReference) -> Any:
+    return ref.value
 
 
 def checkpoint_segments(graph: fx.Graph, root: torch.nn.Module, segments: Sequence[Sequence[str]], *,
                         op_of: Callable[[fx.Node], str | None], stays_after: Callable[[fx.Node], bool],
-                        held: Callable[[fx.Node], bool]) -> None:
+                        by_ref: Callable[[fx.Node], bool]) -> None:
     """Turn each segment's nodes of ``graph`` into one checkpointed call of a sub-graph, added to
     ``root`` as ``segment_<i>`` (module docstring).  ``op_of``: the operator a node was emitted
     for; ``stays_after``: a node that must not run again when the region is recomputed (a write
-    into a buffer); ``held``: a value the region reads by reference (:class:`Held`: a buffer the
+    into a buffer); ``by_ref``: a value the region reads by reference (:class:`ByReference`: a buffer the
     step writes into).  ``graph`` is changed in place."""
     of: dict[str, int] = {name: i for i, seg in enumerate(segments) for name in seg}
     nodes = list(graph.nodes)
@@ -91,7 +91,7 @@ def checkpoint_segments(graph: fx.Graph, root: torch.nn.Module, segments: Sequen
     position = {n: j for j, n in enumerate(nodes)}
     for i, members in sorted(groups.items()):
         span = nodes[position[members[0]]:position[members[-1]] + 1]
-        _region(graph, root, f"segment_{i}", span, set(members), stays_after, held)
+        _region(graph, root, f"segment_{i}", span, set(members), stays_after, by_ref)
 
 
 def _is_transport(n: fx.Node) -> bool:
@@ -101,7 +101,7 @@ def _is_transport(n: fx.Node) -> bool:
 
 
 def _region(graph: fx.Graph, root: torch.nn.Module, name: str, span: list[fx.Node], tagged: set[fx.Node],
-            stays_after: Callable[[fx.Node], bool], held: Callable[[fx.Node], bool]) -> None:
+            stays_after: Callable[[fx.Node], bool], by_ref: Callable[[fx.Node], bool]) -> None:
     """Replace the region of ``span`` (the nodes from the segment's first to its last) by one
     checkpointed call: a node is in the region if it reads a region node, or if it is the
     segment's own (``tagged``) and not a move or cut of outside values; a write-back never is."""
@@ -129,7 +129,7 @@ def _region(graph: fx.Graph, root: torch.nn.Module, name: str, span: list[fx.Nod
     env: dict[fx.Node, fx.Node] = {}
     for j, a in enumerate(ext):
         ph = sub.placeholder(f"in_{j}")
-        env[a] = sub.call_function(unhold, (ph,)) if held(a) else ph
+        env[a] = sub.call_function(dereference, (ph,)) if by_ref(a) else ph
     for n in inside:
         env[n] = sub.node_copy(n, lambda a: env[a])
     sub.output(tuple(env[n] for n in outs))
@@ -142,7 +142,7 @@ def _region(graph: fx.Graph, root: torch.nn.Module, name: str, span: list[fx.Nod
             first.prepend(n)
     with graph.inserting_before(first):
         module = graph.get_attr(name)
-        args = [graph.call_function(hold, (a,)) if held(a) else a for a in ext]
+        args = [graph.call_function(by_reference, (a,)) if by_ref(a) else a for a in ext]
         call = graph.call_function(run_checkpointed, (module, *args))
         got = {n: graph.call_function(operator.getitem, (call, j)) for j, n in enumerate(outs)}
     for n in outs:
