@@ -16,7 +16,8 @@ in this order:
   demands).  A mesh of one device has ``R`` only;
 - each of these without and with ``recompute`` — the recomputing variant only where it frees
   something (the node keeps activations in that layout:
-  :func:`~tensoropt.planmodel.memory.node_memory`'s ``activations > 0``).
+  :func:`~tensoropt.planmodel.memory.node_memory`'s ``activations > 0``; or it saves an input,
+  which a recomputed segment drops when the input's producer is in the segment too).
 
 Every operator node is a node of the problem, metadata-only ("free") nodes included, each with
 its own legal layouts: a view costs no time, and an edge costs exactly what the simulator charges
@@ -372,9 +373,10 @@ def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str
                  alpha: int = 0, shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS) -> list[NodeConfig]:
     """The configurations of op node ``name`` on ``mesh`` (module docstring): layouts in
     :data:`LAYOUT_ORDER` where legal, each without then with recompute (the latter only where it
-    frees activations); ``batch`` also with each of ``shard_levels`` where the node reads
-    trainable parameters, at least :data:`SHARD_MIN_FRACTION` of the model's (a tied weight's
-    readers must then share the level: :meth:`_MeshContext.tie_edges`)."""
+    frees activations or saves an input: a recomputed segment drops those); ``batch`` also with
+    each of ``shard_levels`` where the node reads trainable parameters, at least
+    :data:`SHARD_MIN_FRACTION` of the model's (a tied weight's readers must then share the level:
+    :meth:`_MeshContext.tie_edges`)."""
     mesh = tuple(mesh)
     k = len(mesh)
     node = graph.nodes[name]
@@ -397,7 +399,9 @@ def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str
     big = sum(graph.params[q].nbytes for q in reads) >= SHARD_MIN_FRACTION * total
     levels = (Shard.NONE, *(Shard(x) for x in shard_levels if x)) if reads and big else (Shard.NONE,)
     for lay in layouts:
-        frees = name in costs and node_memory(graph, costs, name, layout=lay, degree=k, alpha=alpha).activations > 0
+        # recomputing frees what the node keeps, or — inside a segment — the inputs it saves
+        frees = name in costs and (bool(costs[name].saved_inputs) or node_memory(
+            graph, costs, name, layout=lay, degree=k, alpha=alpha).activations > 0)
         for level in levels if lay == Layout.BATCH else (Shard.NONE,):
             out.append(NodeConfig(mesh, lay, False, level))
             if frees:

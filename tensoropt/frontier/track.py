@@ -86,7 +86,7 @@ from ..cluster import Cluster
 from ..describe import fmt_bytes
 from ..devicemodel.price import check_costs_kind, costs_source
 from ..errors import ClusterSpecError, TensorOptError
-from ..graph import OpGraph
+from ..graph import OpGraph, block_of
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..placers import place
@@ -555,6 +555,21 @@ class _Evaluated:
             self._e_mem[j, :ka, :kb] = np.where(np.isfinite(e.time), e.mem, np.inf)
             self._e_time[j, :ka, :kb] = e.time
         self.classes = repeated_nodes(graph, [n.name for n in nodes], [n.labels for n in nodes])
+        # each configuration's recomputing twin (same devices, layout and level; -1: none), and the
+        # nodes of each repeated block: a block recomputed whole is one segment (a checkpoint per block)
+        self._recomputed = np.full((len(nodes), cmax), -1, dtype=np.int64)
+        for v, n in enumerate(nodes):
+            cfgs = mp.configs[n.name]
+            twin = {(c.devices, c.layout, int(c.shard)): i for i, c in enumerate(cfgs) if c.recompute}
+            for i, c in enumerate(cfgs):
+                self._recomputed[v, i] = twin.get((c.devices, c.layout, int(c.shard)), -1)
+        by_block: dict[str, list[int]] = {}
+        for v, n in enumerate(nodes):
+            b = block_of(graph.nodes[n.name].module_path)
+            if b is not None:
+                by_block.setdefault(b, []).append(v)
+        members = [np.array(m, dtype=np.int64) for m in by_block.values()]
+        self.blocks = ([np.concatenate(members)] if len(members) > 1 else []) + members
         self.seen: dict[bytes, int] = {}
         self.vecs: list[np.ndarray] = []
         self.peak: list[float] = []
@@ -609,8 +624,10 @@ class _Evaluated:
 
     def neighbours(self, i: int) -> np.ndarray:
         """The plans around plan ``i``, most promising first: every plan one node's configuration
-        away, and every plan that sets one configuration on a whole class of repeated nodes
-        (:func:`repeated_nodes`: a transformer's twelve blocks move together).  Ranked by the
+        away, every plan that sets one configuration on a whole class of repeated nodes
+        (:func:`repeated_nodes`: a transformer's twelve blocks move together), and the plans that
+        recompute every repeated block, or one of them, whole (each a segment: the checkpoint per
+        block that a node-by-node search rarely assembles) — these first.  The rest ranked by the
         search's additive costs relative to plan ``i``'s: those that save memory or time first
         (by the larger relative saving), then the rest by the smaller relative loss."""
         base = self.vecs[i]
@@ -633,7 +650,16 @@ class _Evaluated:
         est, tim = self.additive(out)
         (be,), (bt,) = self.additive(base[None, :])
         gain = np.maximum((be - est) / max(abs(be), 1.0), (bt - tim) / max(abs(bt), 1e-30))
-        return out[np.argsort(-gain, kind="stable")]
+        # every block, then each block, recomputed whole — first, whatever the additive estimate
+        # says of them (it sees a segment only edge by edge)
+        blocks = []
+        for members in self.blocks:
+            twin = self._recomputed[members, base[members]]
+            row = base.copy()
+            row[members[twin >= 0]] = twin[twin >= 0]
+            if (row != base).sum() > 1:
+                blocks.append(row[None, :])
+        return np.concatenate([*blocks, out[np.argsort(-gain, kind="stable")]])
 
     def polish(self, resolution: float, backend: str | None, max_evals: int) -> bool:
         """Local search around the frontier: evaluate the plans around each frontier point
