@@ -622,12 +622,13 @@ class _Evaluated:
                                          return_merged=True)
         return [int(i) for i in keep], int(merged)
 
-    def neighbours(self, i: int) -> np.ndarray:
+    def neighbours(self, i: int, blocks_first: bool = False) -> np.ndarray:
         """The plans around plan ``i``, most promising first: every plan one node's configuration
         away, every plan that sets one configuration on a whole class of repeated nodes
         (:func:`repeated_nodes`: a transformer's twelve blocks move together), and the plans that
         recompute every repeated block, or one of them, whole (each a segment: the checkpoint per
-        block that a node-by-node search rarely assembles) — these first.  The rest ranked by the
+        block that a node-by-node search rarely assembles) — these first with ``blocks_first``
+        (the polish's least-memory point), else last.  The rest ranked by the
         search's additive costs relative to plan ``i``'s: those that save memory or time first
         (by the larger relative saving), then the rest by the smaller relative loss."""
         base = self.vecs[i]
@@ -650,8 +651,9 @@ class _Evaluated:
         est, tim = self.additive(out)
         (be,), (bt,) = self.additive(base[None, :])
         gain = np.maximum((be - est) / max(abs(be), 1.0), (bt - tim) / max(abs(bt), 1e-30))
-        # every block, then each block, recomputed whole — first, whatever the additive estimate
-        # says of them (it sees a segment only edge by edge)
+        # every block, then each block, recomputed whole — first around the least-memory point,
+        # whatever the additive estimate says of them (it sees a segment only edge by edge); last
+        # elsewhere, where the budget goes to the ranked moves
         blocks = []
         for members in self.blocks:
             twin = self._recomputed[members, base[members]]
@@ -659,7 +661,8 @@ class _Evaluated:
             row[members[twin >= 0]] = twin[twin >= 0]
             if (row != base).sum() > 1:
                 blocks.append(row[None, :])
-        return np.concatenate([*blocks, out[np.argsort(-gain, kind="stable")]])
+        ranked = out[np.argsort(-gain, kind="stable")]
+        return np.concatenate([*blocks, ranked] if blocks_first else [ranked, *blocks])
 
     def polish(self, resolution: float, backend: str | None, max_evals: int) -> bool:
         """Local search around the frontier: evaluate the plans around each frontier point
@@ -680,7 +683,7 @@ class _Evaluated:
             share = max(1, room // len(todo))
             complete = True
             for k in todo:
-                around = self.neighbours(k)
+                around = self.neighbours(k, blocks_first=k == front[0])   # front: memory ascending
                 if len(around) > share:
                     around, complete = around[:share], False
                 self.add(around)
