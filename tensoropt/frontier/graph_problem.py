@@ -121,8 +121,12 @@ work here, untimed, and the A100's device model prices the times)::
     >>> candidate_meshes(cluster)
     [('gpu0',), ('gpu0', 'gpu1'), ('gpu0', 'gpu1', 'gpu2', 'gpu3')]
     >>> mp = build_problem(graph, costs, cluster, candidate_meshes(cluster)[1])
-    >>> mp.problem.nodes[0].labels, mp.stats["reshards"]
-    (('R', 'batch', 'batch+zero1', 'batch+zero2', 'batch+zero3', 'channel', 'reduce'), 24)
+    >>> mp.problem.nodes[0].labels        # doctest: +NORMALIZE_WHITESPACE
+    ('R', 'R+recompute', 'batch', 'batch+recompute', 'batch+zero1', 'batch+recompute+zero1', 'batch+zero2',
+     'batch+recompute+zero2', 'batch+zero3', 'batch+recompute+zero3', 'channel', 'channel+recompute', 'reduce',
+     'reduce+recompute')
+    >>> mp.stats["reshards"]
+    24
 """
 
 from __future__ import annotations
