@@ -87,6 +87,7 @@ from ..describe import fmt_bytes
 from ..devicemodel.price import check_costs_kind, costs_source
 from ..errors import ClusterSpecError, TensorOptError
 from ..graph import OpGraph, block_of
+from ..layouts import Layout, Shard
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..placers import place
@@ -563,6 +564,14 @@ class _Evaluated:
             twin = {(c.devices, c.layout, int(c.shard)): i for i, c in enumerate(cfgs) if c.recompute}
             for i, c in enumerate(cfgs):
                 self._recomputed[v, i] = twin.get((c.devices, c.layout, int(c.shard)), -1)
+        # each node's FSDP-with-checkpointing configuration: batch, recomputed, its parameters at
+        # level 3 where it may shard them (-1: none), for the move that makes a block that recipe
+        self._fsdp_ac = np.full(len(nodes), -1, dtype=np.int64)
+        for v, n in enumerate(nodes):
+            cfgs = mp.configs[n.name]
+            pick = [i for i, c in enumerate(cfgs) if c.layout == Layout.BATCH and c.recompute]
+            if pick:
+                self._fsdp_ac[v] = max(pick, key=lambda i: int(cfgs[i].shard) == int(Shard.PARAMETERS))
         by_block: dict[str, list[int]] = {}
         for v, n in enumerate(nodes):
             b = block_of(graph.nodes[n.name].module_path)
@@ -627,7 +636,8 @@ class _Evaluated:
         away, every plan that sets one configuration on a whole class of repeated nodes
         (:func:`repeated_nodes`: a transformer's twelve blocks move together), and the plans that
         recompute every repeated block, or one of them, whole (each a segment: the checkpoint per
-        block that a node-by-node search rarely assembles) — these first with ``blocks_first``
+        block that a node-by-node search rarely assembles), as it is or as FSDP with checkpointing
+        (batch, parameters at level 3) — these first with ``blocks_first``
         (the polish's least-memory point), else last.  The rest ranked by the
         search's additive costs relative to plan ``i``'s: those that save memory or time first
         (by the larger relative saving), then the rest by the smaller relative loss."""
@@ -656,11 +666,11 @@ class _Evaluated:
         # elsewhere, where the budget goes to the ranked moves
         blocks = []
         for members in self.blocks:
-            twin = self._recomputed[members, base[members]]
-            row = base.copy()
-            row[members[twin >= 0]] = twin[twin >= 0]
-            if (row != base).sum() > 1:
-                blocks.append(row[None, :])
+            for twin in (self._recomputed[members, base[members]], self._fsdp_ac[members]):
+                row = base.copy()
+                row[members[twin >= 0]] = twin[twin >= 0]
+                if (row != base).sum() > 1:
+                    blocks.append(row[None, :])
         ranked = out[np.argsort(-gain, kind="stable")]
         return np.concatenate([*blocks, ranked] if blocks_first else [ranked, *blocks])
 
