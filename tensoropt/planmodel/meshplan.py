@@ -883,6 +883,23 @@ def _segments(a, rc, ng, blk, keeps0):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _pair(pairs, npairs, saver, key, regenerated, nbytes):  # pragma: no cover - compiled
+    """Append the row (saver, key, regenerated, bytes) to ``pairs``; returns the new count."""
+    pairs[npairs, 0], pairs[npairs, 1], pairs[npairs, 2], pairs[npairs, 3] = saver, key, regenerated, nbytes
+    return npairs + 1
+
+
+@njit(cache=True)
+def _kept(pairs, npairs, last_saver, savers, saver, key):  # pragma: no cover - compiled
+    """``saver``'s backward keeps ``key`` from forward on (once per saver): one more saver of it."""
+    if last_saver[key] == saver:
+        return npairs
+    last_saver[key] = saver
+    savers[key] += 1
+    return _pair(pairs, npairs, saver, key, 0, 0)
+
+
+@njit(cache=True)
 def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, nx,
           q_kind, alpha, adam, context_bytes, blk, keeps0, slot_ptr, slot_ids, slot_prod, read, recv, unread,
           node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_ag, q_piece,
@@ -982,14 +999,12 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
     # (saver, key, regenerated) pairs: a key a node's backward needs; regenerated ones are made
     # again by their segment's recomputation (counted from its regeneration point)
     cap = ns + 3 * n + 1
-    pair_saver = np.zeros(cap, dtype=np.int64)
-    pair_key = np.zeros(cap, dtype=np.int64)
-    pair_regen = np.zeros(cap, dtype=np.bool_)
-    pair_bytes = np.zeros(cap, dtype=np.int64)
+    pairs = np.zeros((cap, 4), dtype=np.int64)   # rows (saver, key, regenerated, bytes)
     npairs = 0
     for i in range(n):
         c = a[i]
         sg = seg[i]
+        regen = sg >= 0 and ng[i] and regen_at[sg] >= 0   # its saved tensors are made again
         if owner[i] == i and i > last_use[i]:
             last_use[i] = i
         for s in range(slot_ptr[i], slot_ptr[i + 1]):
@@ -998,54 +1013,31 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             p = slot_prod[sl]
             if i > last_use[kk]:
                 last_use[kk] = i
-            saver = -1
             if sg < 0:
                 if slot_saved[sl]:
-                    saver = i
+                    npairs = _kept(pairs, npairs, last_saver, savers, i, kk)
             elif p >= 0 and seg[p] == sg:      # made inside the segment: recomputed with it
-                if slot_saved[sl] and ng[i] and regen_at[sg] >= 0:
-                    pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = i, kk, True
-                    pair_bytes[npairs] = size[kk]
-                    npairs += 1
+                if slot_saved[sl] and regen:
+                    npairs = _pair(pairs, npairs, i, kk, 1, size[kk])
             elif anchor[sg] >= 0:              # the segment's input: kept until its last backward
-                saver = anchor[sg]
-            if saver >= 0 and last_saver[kk] != saver:
-                last_saver[kk] = saver
-                savers[kk] += 1
-                pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = saver, kk, False
-                npairs += 1
+                npairs = _kept(pairs, npairs, last_saver, savers, anchor[sg], kk)
         if saves_out[i]:
-            kk = owner[i]
             if sg < 0:
-                if last_saver[kk] != i:
-                    last_saver[kk] = i
-                    savers[kk] += 1
-                    pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = i, kk, False
-                    npairs += 1
-            elif ng[i] and regen_at[sg] >= 0:
-                pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = i, kk, True
-                pair_bytes[npairs] = size[kk]
-                npairs += 1
+                npairs = _kept(pairs, npairs, last_saver, savers, i, owner[i])
+            elif regen:
+                npairs = _pair(pairs, npairs, i, owner[i], 1, size[owner[i]])
         # the extra saved tensors are saved in forward (below), after these
         if extra[i, c] > 0:
-            kk = ke + i
             if sg < 0:
-                last_saver[kk] = i
-                savers[kk] += 1
-                pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = i, kk, False
-                npairs += 1
-            elif ng[i] and regen_at[sg] >= 0:
-                pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = i, kk, True
-                pair_bytes[npairs] = extra[i, c]
-                npairs += 1
-        if sg >= 0 and ng[i] and regen_at[sg] >= 0 and shard[i, c] >= 3 and gath[i] > 0:
-            pair_saver[npairs], pair_key[npairs], pair_regen[npairs] = i, kg + i, True
-            pair_bytes[npairs] = gath[i]
-            npairs += 1
+                npairs = _kept(pairs, npairs, last_saver, savers, i, ke + i)
+            elif regen:
+                npairs = _pair(pairs, npairs, i, ke + i, 1, extra[i, c])
+        if regen and shard[i, c] >= 3 and gath[i] > 0:
+            npairs = _pair(pairs, npairs, i, kg + i, 1, gath[i])
     # per saver, its pairs (a counting sort, stable)
     saved_ptr = np.zeros(n + 1, dtype=np.int64)
     for j in range(npairs):
-        saved_ptr[pair_saver[j] + 1] += 1
+        saved_ptr[pairs[j, 0] + 1] += 1
     for i in range(n):
         saved_ptr[i + 1] += saved_ptr[i]
     fill = saved_ptr[:n].copy()
@@ -1053,9 +1045,9 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
     saved_regen = np.zeros(npairs, dtype=np.bool_)
     saved_bytes = np.zeros(npairs, dtype=np.int64)
     for j in range(npairs):
-        at = fill[pair_saver[j]]
-        fill[pair_saver[j]] += 1
-        saved_keys[at], saved_regen[at], saved_bytes[at] = pair_key[j], pair_regen[j], pair_bytes[j]
+        at = fill[pairs[j, 0]]
+        fill[pairs[j, 0]] += 1
+        saved_keys[at], saved_regen[at], saved_bytes[at] = pairs[j, 1], pairs[j, 2] != 0, pairs[j, 3]
     rlive = np.zeros(nk, dtype=np.bool_)     # a regenerated copy of the key is live
     rlive_b = np.zeros(nk, dtype=np.int64)
     rsavers = np.zeros(nk, dtype=np.int64)
