@@ -158,7 +158,6 @@ class DistributedExecutor:
         #: collective index -> (sizes along its dimension per mesh piece, whether any piece needs a gradient)
         self._collective_headers: dict[int, tuple[tuple[int, ...], bool]] = {}
         self._nodes = list(fx_graph.nodes)
-        self._nodes_by_name = {n.name: n for n in self._nodes}
         # the same graph with every dropout off, node for node (same names): what runs when
         # ``dropout`` is False
         self._quiet = {n.name: n for n in dropout_off(rewritten.module).graph.nodes}
@@ -169,7 +168,7 @@ class DistributedExecutor:
         self._plan_shortcuts()
         self._plan_frees()
         self._plan_early_sends()
-        self._plan_segments(rewritten.segments)
+        self._plan_segments(rewritten.segments, rewritten.by_reference)
         self._make_groups()
         #: (ranks, channel, flat buffer) per group of ranks and dtype, made at the first backward
         self._buckets: list[tuple] = []
@@ -402,7 +401,7 @@ class DistributedExecutor:
                     and kinds.get(mv.source) in ("call_function", "call_method")):
                 self._early_sends.setdefault(mv.source, []).append(mv)
 
-    def _plan_segments(self, segments: Sequence[Sequence[str]]) -> None:
+    def _plan_segments(self, segments: Sequence[Sequence[str]], by_reference: frozenset[str]) -> None:
         """How this rank runs each recomputed segment (:func:`~tensoropt.planmodel.walk.recompute_segments`):
         its nodes here as one checkpoint region (:class:`_Region`) when none of them exchanges
         values with another rank — as the single-process executor and the memory walk (a ZeRO
@@ -418,8 +417,6 @@ class DistributedExecutor:
                 tagged.setdefault(i, []).append(n)
         position = {n.name: j for j, n in enumerate(self._nodes)}
         me = self.rt.rank
-        buffers = {n.name for n, (kind, _) in zip((m for m in self._nodes if m.op == "placeholder"),
-                                                         self._sources) if kind == "buffer"}
         #: first node of a region -> the region; every node inside one
         self._regions: dict[str, _Region] = {}
         self._in_region: set[str] = set()
@@ -445,8 +442,7 @@ class DistributedExecutor:
             # every value it makes comes out (a collective or a write may read one by name, not as
             # an fx user); those not needed after it are freed as soon as it returns
             outs = tuple(n.name for n in nodes)
-            by_ref = {x for x in ext if _resolve(x, self._aliases, self._nodes_by_name) in buffers}
-            self._regions[nodes[0].name] = _Region(tuple(nodes), tuple(ext), outs, frozenset(by_ref))
+            self._regions[nodes[0].name] = _Region(tuple(nodes), tuple(ext), outs, by_reference & set(ext))
             self._in_region.update(inside)
 
     def _make_groups(self) -> None:
@@ -1014,19 +1010,3 @@ class _Region:
 def _is_operator_call(n: fx.Node) -> bool:
     """An operator's own call (an ATen op, or its keyed random draw), not a move, cut or copy."""
     return n.op == "call_function" and (isinstance(n.target, torch._ops.OpOverload) or n.target is keyed_call)
-
-
-def _resolve(name: str, aliases: Mapping[str, str], nodes: Mapping[str, fx.Node]) -> str:
-    """The value ``name`` stands for: through this rank's aliases, moves and copies."""
-    seen = set()
-    while name not in seen:
-        seen.add(name)
-        if name in aliases:
-            name = aliases[name]
-            continue
-        n = nodes.get(name)
-        if n is not None and n.op == "call_method" and n.target in ("to", "clone") and isinstance(n.args[0], fx.Node):
-            name = n.args[0].name
-            continue
-        break
-    return name

@@ -104,6 +104,9 @@ class Rewritten:
     #: the plan's recomputed segments (operator names); run as checkpoint regions in ``module``
     #: unless the rewrite was asked not to (``segments=False``: the caller runs them)
     segments: tuple[tuple[str, ...], ...] = ()
+    #: the nodes that are a buffer, or a move or copy of one: a checkpoint region reads them by
+    #: reference (:class:`~.segments.ByReference`: the step writes into buffers after it)
+    by_reference: frozenset[str] = frozenset()
 
 
 @torch.no_grad()
@@ -195,18 +198,23 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
     outs += [transport.whole(inputs.values[name], plan.configs[name].devices[0]) for name in probes]
     new.output(tuple(outs))
     root = torch.nn.Module()
-    buffers = {n for n, (kind, _) in zip(new.find_nodes(op="placeholder"), inputs.sources) if kind == "buffer"}
-
-    def by_ref(n: fx.Node) -> bool:   # a buffer, a move or a copy of one
-        while n.op == "call_method" and n.target in ("to", "clone") and isinstance(n.args[0], fx.Node):
-            n = n.args[0]
-        return n in buffers
-
+    by_reference = _buffer_values(new, inputs.sources)
     if segments:
-        checkpoint_segments(new, root, regions, op_of=lambda n: n.meta.get(OP_META), by_ref=by_ref,
-                            stays_after=writes_buffer)
+        checkpoint_segments(new, root, regions, op_of=lambda n: n.meta.get(OP_META),
+                            by_ref=lambda n: n.name in by_reference, stays_after=writes_buffer)
     module = fx.GraphModule(root, new, class_name="PlannedGraph")
-    return Rewritten(module, inputs.sources, ctx.fallbacks, tuple(probes), tuple(regions))
+    return Rewritten(module, inputs.sources, ctx.fallbacks, tuple(probes), tuple(regions), by_reference)
+
+
+def _buffer_values(graph: fx.Graph, sources: list[tuple[str, Any]]) -> frozenset[str]:
+    """The nodes of ``graph`` that are a buffer (a placeholder of source ``buffer``), or a move or
+    a copy of one."""
+    out = {n.name for n, (kind, _) in zip(graph.find_nodes(op="placeholder"), sources) if kind == "buffer"}
+    for n in graph.nodes:   # in order: a move or copy's source is seen first
+        if (n.op == "call_method" and n.target in ("to", "clone") and isinstance(n.args[0], fx.Node)
+                and n.args[0].name in out):
+            out.add(n.name)
+    return frozenset(out)
 
 
 def writes_buffer(n: fx.Node) -> bool:
