@@ -236,7 +236,7 @@ def recompute_segments(order: Sequence[str], configs: Mapping[str, NodeConfig],
                 segments.append(tuple(run))
             run = []
             continue
-        key = (cfg.devices, segment_block(graph.nodes[name]))
+        key = _segment_key(graph, name, cfg)
         if run and key != run_key:
             segments.append(tuple(run))
             run = []
@@ -251,6 +251,11 @@ def segment_block(node: OpNode) -> str:
     """What a recomputed segment may not cross: the operator's repeated block
     (:func:`~tensoropt.graph.block_of`), else its module path."""
     return block_of(node.module_path) or node.module_path
+
+
+def _segment_key(graph: OpGraph, name: str, cfg: NodeConfig) -> tuple[Any, ...]:
+    """Operators one segment may hold share this: their devices and their block."""
+    return cfg.devices, segment_block(graph.nodes[name])
 
 
 def keeps_nothing(costs: CostModel, node: OpNode, cfg: NodeConfig) -> bool:
@@ -277,7 +282,7 @@ def fill_segments(order: Sequence[str], configs: Mapping[str, NodeConfig], graph
     run_key: tuple[Any, ...] | None = None
     for name in order:
         cfg = configs[name]
-        key = (cfg.devices, segment_block(graph.nodes[name]))
+        key = _segment_key(graph, name, cfg)
         if cfg.recompute:
             if key == run_key:
                 for x in gap:
