@@ -45,9 +45,10 @@ if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph import OpGraph
 
-PLAN_FORMAT = "tensoropt.plan/2"
-#: formats a plan file may have: version 1 has no sharding levels (every node's is ``NONE``)
-PLAN_FORMATS = ("tensoropt.plan/1", PLAN_FORMAT)
+PLAN_FORMAT = "tensoropt.plan/3"
+#: formats a plan file may have: version 1 has no sharding levels (every node's is ``NONE``),
+#: versions 1 and 2 no replicas (every plan runs on the devices its configurations name)
+PLAN_FORMATS = ("tensoropt.plan/1", "tensoropt.plan/2", PLAN_FORMAT)
 
 
 class PlanError(TensorOptError):
@@ -279,12 +280,23 @@ class Plan:
     ``configs`` maps every ``kind="op"`` node of the graph to its :class:`NodeConfig`;
     ``order`` is the execution order (a topological order of those nodes; graph order when
     omitted).  ``algorithm`` and ``options`` say what made the plan.
+
+    ``replicas``: the outer axis of a two-dimensional mesh (data parallel across hosts, the plan
+    split inside each): ``()`` for a plan that runs on the devices its configurations name, else
+    ``R ≥ 2`` groups of equal size, the first the plan's :attr:`devices` in order, each other the
+    devices that play those roles in its replica (``replicas[r][i]`` runs what ``replicas[0][i]``
+    runs).  Replica ``r`` runs the plan on its slice ``r`` of ``R`` of the step's batch — the
+    graph is the model captured at that slice's batch (:attr:`batch_size` is the replica's,
+    :attr:`global_batch_size` the step's) — and the gradients are averaged over the replicas, as
+    PyTorch's DDP averages them (:func:`tensoropt.planmodel.reshard.gradient_syncs` says which
+    devices sum what).
     """
 
     def __init__(self, configs: Mapping[str, NodeConfig], *, graph_fingerprint: str, graph_name: str = "",
                  batch_size: int | None = None, cluster_name: str = "", cluster_fingerprint: str = "",
                  algorithm: str = "", options: Mapping[str, Any] | None = None, order: Iterable[str] | None = None,
-                 estimates: Iterable[Estimate] = (), plan_id: str = "", notes: Iterable[str] = ()):
+                 estimates: Iterable[Estimate] = (), plan_id: str = "", notes: Iterable[str] = (),
+                 replicas: Iterable[Iterable[str]] = ()):
         self.configs: dict[str, NodeConfig] = dict(configs)
         self.graph_fingerprint = graph_fingerprint
         self.graph_name = graph_name
@@ -297,6 +309,26 @@ class Plan:
         self.estimates: list[Estimate] = list(estimates)
         self.plan_id = plan_id
         self.notes = list(notes)
+        self.replicas: tuple[tuple[str, ...], ...] = tuple(tuple(g) for g in replicas)
+        self._check_replicas()
+
+    def _check_replicas(self) -> None:
+        if not self.replicas:
+            return
+        first = tuple(self.devices)
+        flat = [d for g in self.replicas for d in g]
+        if len(self.replicas) < 2:
+            raise PlanError(f"a plan with replicas needs at least two groups, got {len(self.replicas)}; "
+                            "a plan on one group has no replicas")
+        if self.replicas[0] != first:
+            raise PlanError(f"the first replica group must be the devices the plan's configurations name, in order "
+                            f"({', '.join(first)}), got {', '.join(self.replicas[0])}")
+        if any(len(g) != len(first) for g in self.replicas):
+            raise PlanError(f"every replica group must have {len(first)} device(s) (as the first), got "
+                            f"{[len(g) for g in self.replicas]}")
+        if len(set(flat)) != len(flat):
+            twice = next(d for d in flat if flat.count(d) > 1)
+            raise PlanError(f"device {twice!r} is in two replica groups; each device runs one replica")
 
     # ---- views -------------------------------------------------------------------------------
     @property
@@ -309,8 +341,35 @@ class Plan:
         return list(seen)
 
     @property
+    def all_devices(self) -> list[str]:
+        """Every device the step runs on: the replicas' groups one after the other (a plan
+        without replicas: :attr:`devices`)."""
+        return [d for g in self.replicas for d in g] if self.replicas else self.devices
+
+    @property
+    def num_replicas(self) -> int:
+        """How many replicas run the plan (1 without replicas)."""
+        return max(len(self.replicas), 1)
+
+    @property
     def num_devices(self) -> int:
-        return len(self.devices)
+        return len(self.all_devices)
+
+    @property
+    def global_batch_size(self) -> int | None:
+        """The step's batch: the replica's :attr:`batch_size` times the replicas."""
+        return None if self.batch_size is None else self.batch_size * self.num_replicas
+
+    def replica_of(self, device: str) -> tuple[int, str]:
+        """``(r, d0)``: the replica ``device`` runs and the device of the first group whose role it
+        plays (``(0, device)`` for a device of a plan without replicas)."""
+        for r, g in enumerate(self.replicas):
+            if device in g:
+                return r, self.replicas[0][g.index(device)]
+        if not self.replicas and device in self.devices:
+            return 0, device
+        raise PlanError(f"device {device!r} runs no part of this plan (it runs on {', '.join(self.all_devices)})")
+
 
     def estimate(self, source: str) -> Estimate | None:
         """The latest estimate from ``source`` (``"frontier"``, ``"simulator"``, …), if any."""
@@ -359,6 +418,11 @@ class Plan:
             for p in n.inputs:
                 if p in pos and pos[p] > pos[n.name]:
                     raise PlanError(f"the plan's order runs {n.name!r} before its input {p!r}")
+        if self.replicas and any(c.shard for c in self.configs.values()):
+            first = next(n for n, c in self.configs.items() if c.shard)
+            raise PlanError(f"node {first!r} shards its parameters (level {int(self.configs[first].shard)}) in a plan "
+                            "with replicas: sharding levels are not combined with replicas yet; give every node "
+                            "shard 0, or drop the replicas")
         if cluster is not None:
             names = set(cluster.names)
             for name, cfg in self.configs.items():
@@ -366,6 +430,10 @@ class Plan:
                 if bad:
                     raise PlanError(f"node {name!r} is placed on {bad[0]!r}, which cluster {cluster.name!r} "
                                     f"does not have (it has {', '.join(cluster.names)})")
+            bad = [d for d in self.all_devices if d not in names]
+            if bad:
+                raise PlanError(f"replica device {bad[0]!r} is not in cluster {cluster.name!r} "
+                                f"(it has {', '.join(cluster.names)})")
 
     # ---- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -374,7 +442,8 @@ class Plan:
                 "cluster_name": self.cluster_name, "cluster_fingerprint": self.cluster_fingerprint,
                 "algorithm": self.algorithm, "options": self.options, "devices": self.devices,
                 "estimates": [e.to_dict() for e in self.estimates], "notes": self.notes,
-                "order": self.order, "configs": {n: c.to_dict() for n, c in self.configs.items()}}
+                "order": self.order, "configs": {n: c.to_dict() for n, c in self.configs.items()},
+                "replicas": [list(g) for g in self.replicas]}
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "plan") -> Plan:
@@ -392,12 +461,24 @@ class Plan:
         est_in = d.get("estimates", [])
         if not isinstance(est_in, list):
             raise GraphFormatError(f"{where}.estimates must be a list")
+        replicas = d.get("replicas", [])
+        if not isinstance(replicas, list) or not all(isinstance(g, list) and all(isinstance(x, str) for x in g)
+                                                    for g in replicas):
+            raise GraphFormatError(f"{where}.replicas must be a list of device-name lists (one per replica)")
+        try:
+            return cls._from_parts(d, fp, configs, order, est_in, replicas, where)
+        except PlanError as e:
+            raise GraphFormatError(f"{where}.replicas: {e}") from None
+
+    @classmethod
+    def _from_parts(cls, d: Mapping[str, Any], fp: str, configs: dict[str, NodeConfig], order: list[str],
+                    est_in: list[Any], replicas: list[list[str]], where: str) -> Plan:
         return cls(configs, graph_fingerprint=fp, graph_name=str(d.get("graph_name", "")),
                    batch_size=d.get("batch_size"), cluster_name=str(d.get("cluster_name", "")),
                    cluster_fingerprint=str(d.get("cluster_fingerprint", "")), algorithm=str(d.get("algorithm", "")),
                    options=d.get("options") or {}, order=order,
                    estimates=[Estimate.from_dict(e, f"{where}.estimates[{i}]") for i, e in enumerate(est_in)],
-                   plan_id=str(d.get("plan_id", "")), notes=d.get("notes") or [])
+                   plan_id=str(d.get("plan_id", "")), notes=d.get("notes") or [], replicas=replicas)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the plan as JSON, atomically."""
@@ -414,6 +495,7 @@ class Plan:
     def __repr__(self) -> str:
         est = ", ".join(f"{e.source}: {e.time_s * 1e3:.2f} ms / {e.max_memory_bytes / 2**30:.2f} GiB"
                         for e in self.estimates)
-        return (f"Plan({self.plan_id or self.algorithm!r}, {len(self.configs)} nodes on {self.devices}"
+        where = f"{self.num_replicas} replicas of {self.devices}" if self.replicas else str(self.devices)
+        return (f"Plan({self.plan_id or self.algorithm!r}, {len(self.configs)} nodes on {where}"
                 f"{', ' + est if est else ''})")
 

@@ -36,7 +36,28 @@ def test_round_trip_and_views(graph, tmp_path):
     assert back.to_dict() == plan.to_dict()
     sim = back.with_estimate(Estimate("simulator", 0.02, {"gpu0": 11, "gpu1": 22}))
     assert [e.source for e in sim.estimates] == ["frontier", "simulator"]
-    assert json.loads((tmp_path / "p.json").read_text())["format"] == "tensoropt.plan/2"
+    assert json.loads((tmp_path / "p.json").read_text())["format"] == "tensoropt.plan/3"
+
+
+def test_replicas_name_every_device_once_and_follow_the_first_group(graph, tmp_path):
+    inner = split_plan(graph)    # on gpu0, gpu1
+    d = inner.to_dict()
+    plan = Plan.from_dict({**d, "replicas": [["gpu0", "gpu1"], ["gpu2", "gpu3"]]})
+    assert plan.devices == ["gpu0", "gpu1"] and plan.all_devices == ["gpu0", "gpu1", "gpu2", "gpu3"]
+    assert plan.num_devices == 4 and plan.num_replicas == 2 and plan.global_batch_size == 2 * graph.batch_size
+    assert plan.replica_of("gpu3") == (1, "gpu1") and plan.replica_of("gpu0") == (0, "gpu0")
+    plan.save(tmp_path / "p.json")
+    assert Plan.load(tmp_path / "p.json", graph).replicas == (("gpu0", "gpu1"), ("gpu2", "gpu3"))
+    bad = [([["gpu1", "gpu0"], ["gpu2", "gpu3"]], "first replica group must be"),
+           ([["gpu0", "gpu1"], ["gpu2"]], "must have 2 device"),
+           ([["gpu0", "gpu1"], ["gpu1", "gpu3"]], "'gpu1' is in two replica groups"),
+           ([["gpu0", "gpu1"]], "at least two groups")]
+    for groups, why in bad:
+        with pytest.raises(GraphFormatError, match=why):
+            Plan.from_dict({**d, "replicas": groups})
+    with pytest.raises(PlanError, match="'gpu9' is not in cluster"):
+        Plan.from_dict({**d, "replicas": [["gpu0", "gpu1"], ["gpu2", "gpu9"]]}).check(
+            graph, tensoropt.load_cluster("preset:titan-rtx-5"))
 
 
 def test_a_plan_for_another_graph_is_refused(graph, tied_lm, tmp_path):

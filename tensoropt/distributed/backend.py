@@ -38,6 +38,7 @@ from torch import nn
 from ..capture import ModelCall
 from ..errors import TensorOptError
 from ..execute.check import Comparison, first_difference, prepare_check
+from ..execute.replicas import call_for_capture
 from ..execute.runplan import RunOptions, Say, run_plan, step_summary
 from ..graph import OpGraph
 from ..plan import Plan
@@ -54,6 +55,8 @@ class DistributedBackend:
         self.rank_map = rank_map
         self.collectives = collectives
         self.reports = runtime.rank == 0
+        #: runs plans with replicas (data parallel across groups of ranks)
+        self.runs_replicas = True
 
     def agree(self, model: nn.Module, call: ModelCall) -> None:
         same_as_rank0(model, call, self.rt)
@@ -72,7 +75,8 @@ class DistributedBackend:
         # where the plan's forward parts from the model's, found in one process on fresh copies:
         # an operator there is wrong on every backend; none means the ranks' exchanges are
         m, x, p, g = prepare_check(model, call, plan, graph, check_dtype)
-        where = first_difference(m, x, p, g, {d: "cpu" for d in p.devices}, precision=ex.check_precision)
+        where = first_difference(m, call_for_capture(x, p, g.batch_dim), p, g, {d: "cpu" for d in p.devices},
+                                 precision=ex.check_precision)
         if where.startswith("every operator"):
             where = ("in one process every operator's forward output agrees with the model's: the difference "
                      "arises across the ranks (their moves, collectives or gradient sums)")
@@ -82,8 +86,10 @@ class DistributedBackend:
         assert graph.example_inputs is not None   # a torch.export capture keeps its inputs
         ex = apply_plan_distributed(model, graph.example_inputs, plan, self.rt, rank_map=self.rank_map, graph=graph,
                                     collectives=self.collectives)
-        # the graph's inputs, keyword ones included, in its order
-        return RankTrainer(ex, self.rt, tuple(graph.example_inputs))
+        # the graph's inputs, keyword ones included, in its order (with replicas the step's
+        # whole batch: each replica takes its slice)
+        inputs = tuple(call.tensors_for(model)) if plan.replicas else tuple(graph.example_inputs)
+        return RankTrainer(ex, self.rt, inputs)
 
 
 class RankTrainer:

@@ -45,6 +45,7 @@ graph differently from the single-process executor, nor talk to peers except thr
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ from ..execute.check import (
 )
 from ..execute.dropout import dropout_off
 from ..execute.randomness import KeyedRandomMode, derive_seed, draw_seed, keyed_call
+from ..execute.replicas import call_for_capture, replica_call, replica_slice
 from ..execute.rewrite import OP_META, rewrite, write_back, writes_buffer
 from ..execute.segments import ByReference, by_reference, run_checkpointed
 from ..execute.sharding import ShardedParameter, flat_piece, sharded_parameters
@@ -103,6 +105,7 @@ _GRAD_TAG = 1 << 20  # backward messages' tags, apart from the forward ones
 _COLLECTIVE_TAG = 1 << 21   # collectives run as messages: 4 tags each (forward, backward, header)
 _SYNC_TAG = 1 << 24         # the gradient all-reduces, one tag per flat buffer
 _LOSS_TAG = (1 << 24) - 8   # the loss's parts summed for the report
+_REPLICA_TAG = 1 << 25      # the gradients summed across replicas, two tags per parameter
 
 
 @dataclass
@@ -136,9 +139,12 @@ class DistributedExecutor:
         #: derived per step from a base seed rank 0 broadcast at set-up
         self.seed: int | None = None
         self._steps = 0
-        self.rank_of = resolve_rank_map(plan.devices, runtime.world_size, rank_map)
+        self.rank_of, self.replica_ranks = _replica_ranks(plan, runtime, rank_map)
+        #: which replica this rank runs (0 for a plan without replicas)
+        self.replica = next((r for r, ranks in enumerate(self.replica_ranks) if runtime.rank in ranks.values()), 0)
         self.model = model
         plan.check(graph)
+        self.batch_dim = graph.batch_dim
         #: the graph's precision: "bf16" runs every forward under autocast (tensoropt.capture.precision)
         self.precision = precision_of(graph)
         #: the dtype whose tolerance a check of this graph is held to (None: the parameters')
@@ -445,18 +451,38 @@ class DistributedExecutor:
             self._regions[nodes[0].name] = _Region(tuple(nodes), tuple(ext), outs, by_reference & set(ext))
             self._in_region.update(inside)
 
+    def _in_replicas(self, ranks: frozenset[int]) -> list[frozenset[int]]:
+        """``ranks`` of this replica and the ranks playing their roles in every replica."""
+        mine = self.replica_ranks[self.replica]
+        device_of = {r: d for d, r in mine.items()}
+        return [frozenset(other[device_of[r]] for r in ranks) for other in self.replica_ranks]
+
     def _make_groups(self) -> None:
         """One process group per set of ranks that share parameters or run a collective (every
-        rank creates every group, in the same order, as torch.distributed requires)."""
+        rank creates every group, in the same order, as torch.distributed requires).  With
+        replicas: a set of one replica's ranks in every replica (each makes the same collectives),
+        a shared parameter's gradients summed over its ranks in every replica, and every rank's
+        group of counterparts (the other gradients' sums: :meth:`sync_gradients`)."""
         world = frozenset(range(self.rt.world_size))
         # a parameter kept in pieces, or sharded with its gradients, has no gradient to sum
         shared = {k: r for k, r in self.parameter_ranks.items() if k not in self.parameter_pieces
                   and self.sharded.get(k, (0,))[0] < Shard.GRADIENTS}
-        wanted = {r for r in shared.values() if len(r) > 1} | {frozenset(c.ranks) for c in self.program.collectives} \
-            | {frozenset(ranks) for _, ranks in self.sharded.values()}
+        if len(self.replica_ranks) > 1:
+            shared = {k: frozenset().union(*self._in_replicas(r)) if len(r) > 1 else r for k, r in shared.items()}
+        inner = {frozenset(c.ranks) for c in self.program.collectives} | {frozenset(ranks) for _, ranks in
+                                                                          self.sharded.values()}
+        wanted = {r for r in shared.values() if len(r) > 1} | {s for r in inner for s in self._in_replicas(r)}
+        #: this rank and its counterparts in the other replicas (None without replicas)
+        self._counterparts: Channel | None = None
+        counterparts = [frozenset(ranks[d] for ranks in self.replica_ranks) for d in self.replica_ranks[0]] \
+            if len(self.replica_ranks) > 1 else []
+        wanted |= set(counterparts)
         self._process_groups: dict[frozenset[int], Any] = {}
         for ranks in sorted(wanted, key=lambda s: sorted(s)):
             self._process_groups[ranks] = None if ranks == world else dist.new_group(sorted(ranks))
+        for ranks in counterparts:
+            if self.rt.rank in ranks:
+                self._counterparts = Channel(self._process_groups[ranks], tuple(sorted(ranks)), _REPLICA_TAG)
         self.zero.connect(self._process_groups)
         self._groups: list[tuple[frozenset[int], Channel, list[str]]] = []
         for i, ranks in enumerate(sorted({r for r in shared.values() if len(r) > 1}, key=lambda s: sorted(s))):
@@ -523,6 +549,8 @@ class DistributedExecutor:
         part = terms[0]
         for t in terms[1:]:
             part = part + t
+        if len(self.replica_ranks) > 1:   # the replicas' mean (execute.replicas)
+            part = part * (1.0 / len(self.replica_ranks))
         return part
 
     def _placeholder_value(self, kind: str, what: Any, leaves: list[torch.Tensor], params: Mapping[str, torch.Tensor],
@@ -540,7 +568,10 @@ class DistributedExecutor:
         if what >= len(leaves):
             raise DistributedError(f"the planned model takes more tensor inputs than the {len(leaves)} "
                                    "given: pass the inputs it was captured with")
-        return leaves[what].to(dev)
+        x = leaves[what]
+        if len(self.replica_ranks) > 1:   # this replica's slice of the step's batch
+            x = replica_slice(x, self.replica, len(self.replica_ranks), self.plan.batch_size or 0, self.batch_dim)
+        return x.to(dev)
 
     def _step_node(self, n: fx.Node, env: dict[str, Any], params: Mapping[str, torch.Tensor], dev: torch.device,
                    sent: set[int]) -> bool:
@@ -790,6 +821,12 @@ class DistributedExecutor:
         self._unfilled = set()
         for ranks, group, flat in self._buckets:
             self.link.all_reduce(flat, group, f"summing the gradients shared by ranks {sorted(ranks)}")
+        if self._counterparts is not None:   # every other gradient, over this rank's counterparts
+            bucketed = {id(p) for p, _ in self._bucket_views}
+            for i, (name, p) in enumerate(sorted(self.local_parameters.items())):
+                if id(p) not in bucketed and p.grad is not None:
+                    chan = Channel(self._counterparts.handle, self._counterparts.members, _REPLICA_TAG + 2 * i)
+                    self.link.all_reduce(p.grad, chan, f"summing {name}'s gradient across replicas")
         self.zero.after_sync()
 
     def gather_updated(self) -> None:
@@ -813,6 +850,25 @@ class DistributedExecutor:
             part.detach().to(dtype).reshape(1)
         world = Channel(None, tuple(range(self.rt.world_size)), _LOSS_TAG)
         return self.link.all_reduce_out(mine, world, "summing the loss's parts").reshape(())
+
+
+def _replica_ranks(plan: Plan, runtime: Runtime,
+                   rank_map: Mapping[str, int] | None) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """``(rank_of, replica_ranks)``: this rank's replica's plan devices → ranks (keyed by the
+    first group's devices, as the plan's configurations name them) and the same for every
+    replica (one entry without replicas).  Every device of the plan gets its own rank."""
+    ranks = resolve_rank_map(plan.all_devices, runtime.world_size, rank_map)
+    if not plan.replicas:
+        return ranks, [ranks]
+    every = [{d0: ranks[d] for d0, d in zip(plan.replicas[0], group)} for group in plan.replicas]
+    for r, group in enumerate(every):
+        if len(set(group.values())) != len(group) or any(set(group.values()) & set(o.values())
+                                                         for o in every[r + 1:]):
+            raise DistributedError("a plan with replicas runs every device on its own rank: start "
+                                   f"{len(plan.all_devices)} processes (torchrun --nproc-per-node "
+                                   f"{len(plan.all_devices)}), one per device")
+    mine = next((g for g in every if runtime.rank in g.values()), every[0])
+    return mine, every
 
 
 def same_as_rank0(model: nn.Module, call: ModelCall, runtime: Runtime) -> int:
@@ -869,9 +925,10 @@ def apply_plan_distributed(model: nn.Module, example_inputs: Any, plan: Plan, ru
     ``"check"`` (the check's weighted loss, for :func:`compare_distributed`)."""
     if not isinstance(plan, Plan):
         raise DistributedError(f"apply_plan_distributed needs a tensoropt.Plan, got {type(plan).__name__}")
-    resolve_rank_map(plan.devices, runtime.world_size, rank_map)   # refuse before the capture
+    resolve_rank_map(plan.all_devices, runtime.world_size, rank_map)   # refuse before the capture
     if graph is None:
-        graph = capture(model, example_inputs, method="export", precision=precision)
+        graph = capture(model, call_for_capture(ModelCall.of(example_inputs), plan), method="export",
+                        precision=precision)
     return DistributedExecutor(model, graph, plan, runtime, rank_map, release_unused=release_unused,
                                collectives=collectives, loss=loss)
 
@@ -930,20 +987,40 @@ class _ReferenceStep:
 def _reference_step(executor: DistributedExecutor, reference: nn.Module, call: ModelCall, args: Sequence[Any],
                     seed: int) -> _ReferenceStep:
     """One forward + backward of ``reference`` with the executor's loss: the model's random draws
-    keyed by ``seed``, as the plan's, under the plan's autocast."""
+    keyed by ``seed``, as the plan's, under the plan's autocast.  A plan with replicas: the mean
+    of the steps of ``R`` copies of ``reference``, each on its replica's slice of the batch
+    (:mod:`tensoropt.execute.replicas`: what data parallelism computes), the buffers those of
+    this rank's replica's copy."""
     reference.zero_grad(set_to_none=True)
-    where = device_types([*reference.parameters(), *args])
-    with KeyedRandomMode(seed), precision_context(executor.precision, where):
-        ref_out = call.run(reference)
-    if executor.loss == "check":
-        ref_loss, loss_scale, loss_tolerance = loss_of(ref_out, None)
-    else:
-        ref_loss = training_loss(ref_out)
-        loss_scale = sum(float(t.detach().float().abs().mean()) for t in _float_tensors(ref_out) if t.numel())
-        loss_tolerance = tolerance_for(ref_loss.dtype)
-    ref_loss.backward()
+    replicas = executor.plan.num_replicas
+    copies = [reference] + [copy.deepcopy(reference) for _ in range(replicas - 1)]
+    losses, scales = [], []
+    loss_tolerance = None
+    for r, model in enumerate(copies):
+        part = call if replicas == 1 else replica_call(call, r, replicas, executor.plan.batch_size or 0,
+                                                       executor.batch_dim)
+        where = device_types([*model.parameters(), *args])
+        with KeyedRandomMode(seed), precision_context(executor.precision, where):
+            ref_out = part.run(model)
+        if executor.loss == "check":
+            one, scale, loss_tolerance = loss_of(ref_out, None)
+        else:
+            one = training_loss(ref_out)
+            scale = sum(float(t.detach().float().abs().mean()) for t in _float_tensors(ref_out) if t.numel())
+            loss_tolerance = tolerance_for(one.dtype)
+        (one / replicas if replicas > 1 else one).backward()
+        losses.append(one.detach())
+        scales.append(scale)
+    ref_loss = losses[0] if replicas == 1 else torch.stack(losses).mean()
+    loss_scale = sum(scales) / replicas
+    assert loss_tolerance is not None
+    if replicas > 1:   # the copies' gradients into the reference's: their mean
+        for p, *others in zip(reference.parameters(), *(m.parameters() for m in copies[1:])):
+            for o in others:
+                if o.grad is not None:
+                    p.grad = o.grad if p.grad is None else p.grad + o.grad
     ref_grads = {k: p.grad.detach() for k, p in reference.named_parameters() if p.grad is not None}
-    ref_buffers = dict(reference.named_buffers())
+    ref_buffers = dict(copies[executor.replica].named_buffers())
     return _ReferenceStep(ref_loss, loss_scale, ref_grads, ref_buffers, group_scale(ref_grads.values()),
                           group_scale(v for v in ref_buffers.values() if v.is_floating_point()), loss_tolerance)
 

@@ -92,6 +92,7 @@ from ..graph import OpGraph
 from ..measure.step import _float_tensors
 from ..plan import NodeConfig, Plan
 from .randomness import KeyedRandomMode
+from .replicas import call_for_capture
 
 __all__ = ["CHECK_SEED", "CHECK_DTYPES", "TOLERANCES", "Tolerance", "TensorCheck", "Comparison", "CheckDtypeError",
            "check_loss", "check_weights", "check_tensor", "group_scale", "merge_checks", "rel_diff",
@@ -641,7 +642,7 @@ def prepare_check(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph | No
     leaves float64 alone: such a copy would not compute what the plan does)."""
     call = _call(inputs, getattr(graph, "call", None))
     if graph is None:
-        graph = capture(model, call, method="export")
+        graph = capture(model, call_for_capture(call, plan), method="export")
     plan.check(graph)
     if check_dtype == "float64" and precision_of(graph) != "fp32":
         raise CheckDtypeError(f"the graph trains in {precision_of(graph)} under autocast, which leaves float64 alone: "
@@ -650,7 +651,7 @@ def prepare_check(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph | No
     if check_dtype == "float32":
         return m, x, plan, graph
     try:
-        g = capture(m, x, name=graph.name, method="export")
+        g = capture(m, call_for_capture(x, plan, graph.batch_dim), name=graph.name, method="export")
     except Exception as e:  # noqa: BLE001 - any failure of the float64 capture: say which dtype to use
         first = str(e).splitlines()[0] if str(e) else ""
         raise CheckDtypeError(f"the model cannot be captured in {check_dtype} ({type(e).__name__}: {first})") from e

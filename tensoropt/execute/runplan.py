@@ -50,6 +50,7 @@ from ..modelspec import load_model
 from ..plan import Plan, PlanError
 from . import PlannedModule, apply_plan
 from .check import CheckDtypeError, Comparison, check_plan
+from .replicas import call_for_capture
 
 #: prints one line of the run's report
 Say = Callable[[str], object]
@@ -135,7 +136,13 @@ def run_plan(model_spec: str, plan_path: str, backend: Backend, options: RunOpti
         raise TensorOptError("--steps must be ≥ 0")
     report: Say = say if backend.reports else (lambda _text: None)
     steady_malloc()   # the profile's allocator regime (tensoropt._malloc)
-    model, call, graph = load_for_run(model_spec, backend, options.batch, options.precision)
+    replicated = Plan.load(plan_path)
+    if replicated.replicas and not getattr(backend, "runs_replicas", False):
+        raise TensorOptError(f"the plan runs {replicated.num_replicas} replicas on {replicated.num_devices} devices "
+                             "(data parallel across its groups): run it on the distributed backend, one process per "
+                             f"device (tensoropt run --backend dist, or torchrun --nproc-per-node "
+                             f"{replicated.num_devices} -m tensoropt.cli run …)")
+    model, call, graph = load_for_run(model_spec, backend, options.batch, options.precision, replicated)
     plan = load_plan(plan_path, graph)
     if options.check:   # on copies in the check's dtype, before the training executor takes the model
         cmp = check_on(backend, model, call, plan, graph, options.check_dtype, report)
@@ -169,17 +176,19 @@ def run_plan(model_spec: str, plan_path: str, backend: Backend, options: RunOpti
 
 
 def load_for_run(model_spec: str, backend: Backend, batch: int | None = None,
-                 precision: str | None = None) -> tuple[nn.Module, ModelCall, OpGraph]:
+                 precision: str | None = None, plan: Plan | None = None) -> tuple[nn.Module, ModelCall, OpGraph]:
     """``(model, call, graph)``: the model built from its spec, made the same wherever the plan
     runs (:meth:`Backend.agree`), and its torch.export capture in ``precision`` (a bf16 plan was
-    made for the bf16 capture: its fingerprint says so)."""
+    made for the bf16 capture: its fingerprint says so) — of the first replica's slice of the
+    batch for a ``plan`` with replicas (:func:`~.replicas.call_for_capture`)."""
     loaded = load_model(model_spec, batch=batch)
     if loaded.model is None:
         raise TensorOptError(f"{model_spec} is a saved graph or ONNX file: the executor needs the torch model "
                              "(zoo:NAME or file.py:factory)")
     model, call = loaded.model, loaded.call
     backend.agree(model, call)
-    graph = capture(model, call, name=loaded.name, method="export", precision=precision or "fp32")
+    captured = call if plan is None else call_for_capture(call, plan)
+    graph = capture(model, captured, name=loaded.name, method="export", precision=precision or "fp32")
     return model, call, graph
 
 

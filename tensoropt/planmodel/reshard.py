@@ -107,7 +107,7 @@ from ..cluster.collectives import (
     ring_allreduce_time,
 )
 from ..graph import OpGraph, OpNode
-from ..layouts import Layout, Shard, TensorLayout
+from ..layouts import Layout, Shard, TensorLayout, largest_piece
 from ..plan import NodeConfig, Plan, ShardedParameter, shardable, sharded_parameters
 
 R, SB, SC, P = TensorLayout.R, TensorLayout.SB, TensorLayout.SC, TensorLayout.P
@@ -539,21 +539,58 @@ def gradient_syncs(graph: OpGraph, plan: Plan, cluster: Cluster) -> list[tuple[t
     ring all-reduce per device set (over the devices in plan order), as one bucket — after the
     backward of the last node that reads them (``readers``: those nodes).  Unlike the per-node
     :func:`param_sync` (frontier tracking's additive form) this pays each ring's latency once
-    per device set.  O(V + parameters).
+    per device set.  A plan with replicas (:attr:`~tensoropt.plan.Plan.replicas`) sums each
+    bucket over the set's devices in every replica (:func:`across_replicas`), and every other
+    gradient (a parameter read on one device, or each device's piece of a cut one) over the
+    device and its counterparts, one ring per parameter.  O(V + parameters).
     """
     synced = synced_parameters(graph, plan)
     readers: dict[str, list[str]] = {}
-    for name in plan.configs:
+    for name in plan.order:
         node = graph.nodes[name]
         for q in (*node.params, *node.param_reads):
-            if q in synced:
+            if graph.params[q].kind == "parameter" and graph.params[q].requires_grad:
                 readers.setdefault(q, []).append(name)
     groups: dict[tuple[str, ...], tuple[list[str], int]] = {}
     for q, mesh in synced.items():
         nodes, nbytes = groups.get(mesh, ([], 0))
         groups[mesh] = (nodes + readers[q], nbytes + graph.params[q].nbytes)
-    return [(tuple(dict.fromkeys(nodes)), Step("allreduce", mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes)))
-            for mesh, (nodes, nbytes) in groups.items()]
+    out = [(tuple(dict.fromkeys(nodes)), Step("allreduce", ring, nbytes, ring_allreduce_time(cluster, ring, nbytes)))
+           for ring, (nodes, nbytes) in ((across_replicas(plan, mesh), v) for mesh, v in groups.items())]
+    if plan.replicas:
+        out += _replica_syncs(graph, plan, cluster, synced, readers)
+    return out
+
+
+def across_replicas(plan: Plan, devices: Sequence[str]) -> tuple[str, ...]:
+    """``devices`` of the plan's first replica group and the devices playing their roles in every
+    other replica, replica after replica (the ring order of a gradient sum across replicas);
+    ``devices`` themselves for a plan without replicas."""
+    if not plan.replicas:
+        return tuple(devices)
+    at = {d: i for i, d in enumerate(plan.replicas[0])}
+    return tuple(group[at[d]] for group in plan.replicas for d in devices)
+
+
+def _replica_syncs(graph: OpGraph, plan: Plan, cluster: Cluster, synced: Mapping[str, tuple[str, ...]],
+                   readers: Mapping[str, list[str]]) -> list[tuple[tuple[str, ...], Step]]:
+    """The gradient sums a plan with replicas adds for the parameters its replicas do not sum
+    inside (read on one device, or cut in pieces): each device's gradient of each such parameter
+    (its piece, or the whole) all-reduced in place over that device and the devices playing its
+    role in the other replicas, one ring per parameter, as the distributed executor runs them."""
+    out = []
+    for q, nodes in readers.items():
+        if q in synced:
+            continue
+        holders: dict[str, int] = {}
+        for name in nodes:
+            cfg = plan.configs[name]
+            for d in cfg.devices:
+                holders[d] = max(holders.get(d, 0), largest_piece(graph.params[q].nbytes, cfg.param_pieces))
+        for d, nbytes in holders.items():
+            ring = across_replicas(plan, (d,))
+            out.append((tuple(nodes), Step("allreduce", ring, nbytes, ring_allreduce_time(cluster, ring, nbytes))))
+    return out
 
 
 def stat_sync(graph: OpGraph, node: OpNode | str, config: NodeConfig, cluster: Cluster) -> Stage | None:

@@ -35,6 +35,12 @@ peak memory of every device and a timeline (for a Gantt chart).
   into the flat buffer (:meth:`CostModel.grad_copy_s`, the rate the profile measured); a reader
   that cuts a parameter held whole writes it twice (the cut's backward pads its piece's
   gradient to the whole first).
+- *Replicas* (:attr:`~tensoropt.plan.Plan.replicas`, data parallel across hosts): the first
+  replica's devices are simulated, the others keep pace (same kind and speed, refused
+  otherwise); the gradient sums span every replica (:func:`~tensoropt.planmodel.reshard.gradient_syncs`:
+  each bucket over its devices in every replica, every other gradient over the device and its
+  counterparts, one ring per parameter) on the links between them; every device's memory is
+  its counterpart's in the first replica.
 - The optimizer step's time is not modelled (the CostModel has none).  The iteration time is
   when the last device or link finishes.
 
@@ -327,8 +333,9 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
     the waiting transfers.
     """
     plan.check(graph, cluster)
+    check_replicas(plan, cluster)
     costs.check_graph(graph)
-    check_costs_kind(costs, cluster, plan.devices)   # never one device kind's times priced as another's
+    check_costs_kind(costs, cluster, plan.all_devices)   # never one device kind's times priced as another's
     needs_grad = grad_nodes(graph)
     edges = plan_edges(plan, graph, cluster)
     step = _StepTasks(plan, graph, cluster, edges, needs_grad, _node_times(plan, graph, costs))
@@ -340,8 +347,22 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
     timeline, compute_s, link_s = _timeline(step.sched, plan.devices)
     mem = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=foreach,
                context_bytes=context_bytes)
+    if plan.replicas:   # every replica holds what the first does, device for device
+        mem = {d: mem[plan.replica_of(d)[1]] for d in plan.all_devices}
     return SimResult(total, {d: m.peak for d, m in mem.items()}, compute_s, link_s, timeline, mem,
                      optimizer, overlap, costs_source(costs))
+
+
+def check_replicas(plan: Plan, cluster: Cluster) -> None:
+    """Refuse replicas whose devices compute at another speed than the first group's: the
+    simulator runs the first replica's devices and takes the others to keep pace with them."""
+    for group in plan.replicas[1:]:
+        for d, first in zip(group, plan.replicas[0]):
+            a, b = cluster.device(d), cluster.device(first)
+            if a.speed != b.speed or a.kind != b.kind:
+                raise PlanError(f"replica device {d!r} ({a.kind or 'no kind'}, speed {a.speed}) plays the role of "
+                                f"{first!r} ({b.kind or 'no kind'}, speed {b.speed}): replicas must run on devices "
+                                "of the same kind and speed as the first group's")
 
 
 def _node_times(plan: Plan, graph: OpGraph, costs: CostModel) -> dict[str, tuple[float, float]]:

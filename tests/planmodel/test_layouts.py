@@ -29,18 +29,21 @@ def _plan(batch, channel, reduce, replicated):
                 estimates=[Estimate("frontier", 0.5, {"gpu0": 10, "gpu1": 20})], plan_id="p1", notes=["n"])
 
 
-#: the same plan as version 2 writes it: the format, and every node's sharding level (none)
-AFTER = BEFORE.replace("tensoropt.plan/1", "tensoropt.plan/2").replace('"recompute": false}', '"recompute": false, '
-                                                                       '"shard": 0}').replace(
+#: the same plan as version 2 wrote it: the format, and every node's sharding level (none)
+VERSION_2 = BEFORE.replace("tensoropt.plan/1", "tensoropt.plan/2").replace('"recompute": false}', '"recompute": false, '
+                                                                           '"shard": 0}').replace(
     '"recompute": true}', '"recompute": true, "shard": 0}')
+#: and as version 3 writes it: no replicas
+AFTER = VERSION_2.replace("tensoropt.plan/2", "tensoropt.plan/3")[:-1] + ', "replicas": []}'
 
 
-def test_plan_json_reads_version_1_and_writes_version_2_with_no_sharding():
+def test_plan_json_reads_versions_1_and_2_and_writes_version_3_with_no_sharding_and_no_replicas():
     from_strings = _plan("batch", "channel", "reduce", "R")
     from_members = _plan(Layout.BATCH, Layout.CHANNEL, Layout.REDUCE, Layout.R)
     assert json.dumps(from_strings.to_dict()) == AFTER
     assert json.dumps(from_members.to_dict()) == AFTER
     assert json.dumps(Plan.from_dict(json.loads(BEFORE)).to_dict()) == AFTER      # version 1 loads
+    assert json.dumps(Plan.from_dict(json.loads(VERSION_2)).to_dict()) == AFTER   # version 2 loads
     assert json.dumps(Plan.from_dict(json.loads(AFTER)).to_dict()) == AFTER
 
 

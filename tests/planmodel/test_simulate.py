@@ -382,3 +382,55 @@ def test_a_reader_that_cuts_a_weight_held_whole_writes_its_gradient_twice(tied_l
     # its backward pads the piece's gradient to the whole, then copies that into the flat buffer
     assert costs.grad_copy_s(w) > 0
     assert bp.end - bp.start == pytest.approx(sh.bp_s + 2 * costs.grad_copy_s(w))
+
+
+# ---- replicas: data parallel across hosts ------------------------------------------------------
+
+def _linear_on_hosts(hosts_gpus: str):
+    torch.manual_seed(0)
+    graph = tensoropt.capture(torch.nn.Linear(16, 32), (torch.randn(4, 16),))   # weight 2,048 B, bias 128 B
+    cluster = tensoropt.load_cluster(f"preset:h100-hosts?{hosts_gpus}")
+    return graph, tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs, cluster
+
+
+def _ring(link: LinkModel, n: int, nbytes: float) -> float:
+    """A ring all-reduce of ``nbytes`` over ``n`` devices whose slowest link is ``link``, by hand:
+    2 (n − 1) steps of latency + nbytes / n at the link's bandwidth."""
+    return 2 * (n - 1) * (link.latency_s + nbytes / n / link.bandwidth_Bps)
+
+
+def test_replicas_sum_each_gradient_over_the_hosts_after_the_same_step():
+    # one linear whole on one GPU per host, two hosts: the first host's step, then the weight's and
+    # the bias's gradients each all-reduced over the two hosts' InfiniBand link (one ring per
+    # parameter, one after the other on the same links); both hosts hold the same memory
+    graph, costs, cluster = _linear_on_hosts("hosts=2&gpus=1")
+    one = Plan({n.name: NodeConfig(("h0g0",)) for n in graph.ops}, graph_fingerprint=graph.fingerprint, batch_size=4)
+    two = Plan.from_dict({**one.to_dict(), "replicas": [["h0g0"], ["h1g0"]]})
+    alone, both = simulate(one, graph, costs, cluster), simulate(two, graph, costs, cluster)
+    ib = LinkModel(5e-6, 400e9 / 8)   # the preset's 400 Gb/s InfiniBand, 5 us
+    assert both.time_s == pytest.approx(alone.time_s + _ring(ib, 2, 2048) + _ring(ib, 2, 128), rel=1e-12)
+    assert both.memory_bytes == {"h0g0": alone.memory_bytes["h0g0"], "h1g0": alone.memory_bytes["h0g0"]}
+
+
+def test_replicas_of_a_data_parallel_host_sum_its_bucket_over_every_gpu_of_every_host():
+    # the linear batch-split over a host's two GPUs sums its one bucket (2,176 B) over NVLink; two
+    # hosts sum it over all four GPUs in one ring, whose slowest link is InfiniBand
+    graph, costs, cluster = _linear_on_hosts("hosts=2&gpus=2")
+    one = Plan({n.name: NodeConfig(("h0g0", "h0g1"), "batch") for n in graph.ops},
+               graph_fingerprint=graph.fingerprint, batch_size=4)
+    two = Plan.from_dict({**one.to_dict(), "replicas": [["h0g0", "h0g1"], ["h1g0", "h1g1"]]})
+    alone, both = simulate(one, graph, costs, cluster), simulate(two, graph, costs, cluster)
+    nvlink, ib = cluster.link("h0g0", "h0g1"), LinkModel(5e-6, 400e9 / 8)
+    assert both.time_s - alone.time_s == pytest.approx(_ring(ib, 4, 2176) - _ring(nvlink, 2, 2176), rel=1e-9)
+    assert set(both.memory_bytes) == {"h0g0", "h0g1", "h1g0", "h1g1"}
+
+
+def test_replicas_on_devices_of_another_speed_are_refused():
+    graph, costs, _ = _linear_on_hosts("hosts=2&gpus=1")
+    cluster = Cluster("mixed", [Device("a", 2**30, "NVIDIA H100 80GB HBM3", "x"),
+                                Device("b", 2**30, "NVIDIA H100 80GB HBM3", "y", speed=0.5)],
+                      {("a", "b"): LinkModel(5e-6, 1e9), ("b", "a"): LinkModel(5e-6, 1e9)})
+    plan = Plan({n.name: NodeConfig(("a",)) for n in graph.ops}, graph_fingerprint=graph.fingerprint, batch_size=4,
+                replicas=[("a",), ("b",)])
+    with pytest.raises(PlanError, match="same kind and speed"):
+        simulate(plan, graph, costs, cluster)
