@@ -102,7 +102,8 @@ class RankTrainer:
 
     def describe(self, label: str) -> list[str]:
         ex, plan, rt = self.ex, self.ex.plan, self.rt
-        return [f"plan {label}: {len(plan.configs)} operators on {len(plan.devices)} device(s) over "
+        replicas = f" × {plan.num_replicas} replicas (this rank runs replica {ex.replica})" if plan.replicas else ""
+        return [f"plan {label}: {len(plan.configs)} operators on {len(plan.devices)} device(s){replicas} over "
                 f"{rt.world_size} rank(s) ({rt.backend}): " + ", ".join(f"{d}→rank {r}" for d, r in ex.rank_of.items())
                 + f"; {len(ex.program.moves)} cross-rank moves, {len(ex.program.collectives)} collectives, "
                   f"loss computed on rank(s) {', '.join(map(str, sorted(ex.program.loss_ranks)))}"

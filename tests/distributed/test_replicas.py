@@ -1,0 +1,92 @@
+"""Replicas (the outer axis of a 2-D mesh: data parallel across hosts, the plan split inside each)
+on gloo ranks: two hosts of two devices run a plan split inside a host on 4 ranks and train as
+the model does on the whole batch — through the jobs and through `tensoropt run --check
+--backend dist` as torchrun starts it; one process refuses such a plan, naming the backend."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from tensoropt import NodeConfig, Plan, capture
+from tensoropt.distributed import launch
+from tensoropt.distributed.jobs import check_plans, load_case
+from tensoropt.execute.replicas import replica_slice
+from tensoropt.graph import block_of
+
+from .test_check_cli import free_port
+
+SMALL = f"{Path(__file__).with_name('segment_models.py')}:small_residual_mlp"   # batch 6
+HOST0, HOST1 = ("h0g0", "h0g1"), ("h1g0", "h1g1")
+
+
+def replicated(graph, layout_of, mesh=HOST0, groups=(HOST0, HOST1)) -> Plan:
+    return Plan({n.name: NodeConfig(mesh if layout_of(n) != "one" else mesh[:1],
+                                    layout_of(n) if layout_of(n) != "one" else "R") for n in graph.ops},
+                graph_fingerprint=graph.fingerprint, batch_size=graph.batch_size, replicas=groups)
+
+
+def half_batch_graph(float64=True):
+    model, inputs, _ = load_case(SMALL, float64=float64, dropout=False)
+    return capture(model, replica_slice(inputs, 0, 2, 3), method="export")
+
+
+def test_two_hosts_of_a_split_plan_train_like_the_model_on_the_whole_batch():
+    graph = half_batch_graph()
+    assert graph.batch_size == 3
+    batch = replicated(graph, lambda n: "batch" if n.split.batch is not None else "R")
+    channel = replicated(graph, lambda n: "channel" if n.split.channel is not None and block_of(n.module_path)
+                         else "R")
+    results = launch(check_plans, 4, {"cases": [{"model": SMALL, "plan": p.to_dict()} for p in (batch, channel)]},
+                     timeout_s=120)[0]
+    for r in results:
+        assert r["passed"], r["failures"]
+        assert r["params_rel_diff"] < 1e-12    # one SGD step on every rank's parameters, as the model's
+    # one device per host, on 2 ranks
+    whole = replicated(graph, lambda n: "R", mesh=HOST0[:1], groups=(HOST0[:1], HOST1[:1]))
+    [r] = launch(check_plans, 2, {"cases": [{"model": SMALL, "plan": whole.to_dict()}]}, timeout_s=120)[0]
+    assert r["passed"], r["failures"]
+
+
+def test_the_replicas_mean_is_the_whole_batch_step_for_this_model():
+    # what the check holds the replicas to (the mean of each replica's step on its slice) is the
+    # unmodified model's step on the whole batch here: a mean loss over equal slices, no batch norm
+    model, (x,), _ = load_case(SMALL, float64=True, dropout=False)
+    whole = [g.clone() for g in torch.autograd.grad(model(x).mean(), list(model.parameters()))]
+    halves = [torch.autograd.grad(model(x[i:i + 3]).mean() / 2, list(model.parameters())) for i in (0, 3)]
+    for w, a, b in zip(whole, *halves):
+        torch.testing.assert_close(a + b, w, rtol=1e-12, atol=1e-14)
+
+
+def _run(plan_path, world: int, *extra: str) -> list[tuple[int, str, str]]:
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, "-m", "tensoropt.cli", "run", SMALL, "--plan", str(plan_path),
+                                       "--steps", "2", "--timeout", "60", *extra], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    return [(p.returncode, *out) for p, out in zip(procs, outs)]
+
+
+def test_tensoropt_run_checks_a_two_host_plan_on_four_ranks(tmp_path):
+    graph = half_batch_graph(float64=False)     # the plan is made for the float32 capture
+    plan = replicated(graph, lambda n: "batch" if n.split.batch is not None else "R")
+    plan.save(tmp_path / "plan.json")
+    outs = _run(tmp_path / "plan.json", 4, "--check", "--backend", "dist")
+    assert [rc for rc, _, _ in outs] == [0, 0, 0, 0], outs
+    text = outs[0][1]
+    assert "PASSED" in text and "float64" in text, text
+
+
+def test_one_process_refuses_a_plan_with_replicas_naming_the_distributed_backend(tmp_path):
+    graph = half_batch_graph(float64=False)
+    replicated(graph, lambda n: "R", mesh=HOST0[:1], groups=(HOST0[:1], HOST1[:1])).save(tmp_path / "plan.json")
+    proc = subprocess.run([sys.executable, "-m", "tensoropt.cli", "run", SMALL, "--plan", str(tmp_path / "plan.json"),
+                           "--steps", "1"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "2 replicas" in proc.stderr and "--backend dist" in proc.stderr and "Traceback" not in proc.stderr
