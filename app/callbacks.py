@@ -663,7 +663,8 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
             return ({"display": "none"}, "", [], no_update, no_update, [], "")
         budget, reserve = gib_bytes(budget_gib), reserve_bytes(reserve_gib)
         try:
-            plan, graph, cluster = store.plan(key, plan_id), store.graph(key), store.cluster(key)
+            plan, cluster = store.plan(key, plan_id), store.cluster(key)
+            graph = store.inputs(key, plan.graph_fingerprint)[0]
             sim = store.simulation(key, plan_id, reserve)
             verdict = plan_verdict(store, key, plan_id, budget, reserve)
             commands = plan_commands(store, key, plan_id)
@@ -686,8 +687,9 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
         if not plan_id or not key:
             return no_update, ""
         try:
-            plan, graph = store.plan(key, plan_id), store.graph(key)
-            fig = plangraph.plan_graph_figure(plan, graph, store.cluster(key), costs=store.costs(key),
+            plan = store.plan(key, plan_id)
+            graph, costs = store.inputs(key, plan.graph_fingerprint)
+            fig = plangraph.plan_graph_figure(plan, graph, store.cluster(key), costs=costs,
                                               expanded=expanded or [], selected=node)
         except Exception as e:  # noqa: BLE001
             if not isinstance(e, TensorOptError):
@@ -719,7 +721,8 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
             kind, name = click["points"][0]["customdata"]
         except (TypeError, KeyError, IndexError, ValueError):
             return no_update, no_update, no_update
-        plan, costs = store.plan(key, plan_id), store.costs(key)
+        plan = store.plan(key, plan_id)
+        graph, costs = store.inputs(key, plan.graph_fingerprint)
         if kind == "group":
             now = set(expanded or [])
             now.symmetric_difference_update({name})

@@ -178,6 +178,9 @@ def write_frontier(folder: Path, result: workflow.Exploration,
     write_json_atomic(folder / "request.json", req.to_dict())
     graph.save(folder / "graph.json")
     result.costs.save(folder / "profile.json")
+    for fingerprint, (other, costs) in frontier.inputs.items():   # the captures 2-D plans were made for
+        other.save(folder / "inputs" / fingerprint[:16] / "graph.json")
+        costs.save(folder / "inputs" / fingerprint[:16] / "profile.json")
     cluster.save(folder / "cluster.yaml")
     frontier.to_csv(folder / "frontier.csv")
     write_json_atomic(folder / "frontier.json", frontier.to_dict())
@@ -524,6 +527,21 @@ class ResultStore:
     def cluster(self, key: str) -> Cluster:
         return self._cached((key, "cluster"), lambda: Cluster.load(self.folder(key) / "cluster.yaml"))
 
+    def inputs(self, key: str, fingerprint: str) -> tuple[OpGraph, CostModel]:
+        """The graph and costs a plan of the result was made for (by its graph fingerprint): the
+        result's own, or the capture of one replica's slice of the batch its 2-D plans were made
+        for (``inputs/<fingerprint>/``)."""
+        if fingerprint == self.graph(key).fingerprint:
+            return self.graph(key), self.costs(key)
+        where = self.folder(key) / "inputs" / fingerprint[:16]
+
+        def load() -> tuple[OpGraph, CostModel]:
+            if not (where / "graph.json").is_file():
+                raise TensorOptError(f"result {key} has no graph {fingerprint[:12]}… for this plan")
+            graph = OpGraph.load(where / "graph.json")
+            return graph, CostModel.load(where / "profile.json", graph)
+        return self._cached((key, "inputs", fingerprint), load)
+
     def plan_path(self, key: str, plan_id: str) -> Path:
         if not plan_id or "/" in plan_id or "\\" in plan_id or plan_id.startswith("."):
             raise TensorOptError(f"not a plan id: {plan_id!r}")
@@ -533,8 +551,11 @@ class ResultStore:
         return path
 
     def plan(self, key: str, plan_id: str) -> Plan:
-        return self._cached((key, "plan", plan_id),
-                            lambda: Plan.load(self.plan_path(key, plan_id), self.graph(key), self.cluster(key)))
+        def load() -> Plan:
+            plan = Plan.load(self.plan_path(key, plan_id))
+            plan.check(self.inputs(key, plan.graph_fingerprint)[0], self.cluster(key))
+            return plan
+        return self._cached((key, "plan", plan_id), load)
 
     def simulation(self, key: str, plan_id: str, reserve: int = 0) -> SimResult:
         """:func:`tensoropt.simulate` of one plan of the result (with the result's optimizer),
@@ -542,7 +563,8 @@ class ResultStore:
         peaks are the reserve-free peaks plus ``reserve``, and its parts name it ``reserve``)."""
         def run() -> SimResult:
             opt = self.summary(key).get("optimizer", DEFAULT_OPTIMIZER)
-            return simulate(self.plan(key, plan_id), self.graph(key), self.costs(key), self.cluster(key), optimizer=opt,
+            plan = self.plan(key, plan_id)
+            return simulate(plan, *self.inputs(key, plan.graph_fingerprint), self.cluster(key), optimizer=opt,
                             context_bytes=int(reserve))
         return self._cached((key, "sim", plan_id, int(reserve)), run)
 

@@ -95,9 +95,10 @@ def evaluate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *, 
     res = simulate(plan, graph, costs, cluster, optimizer=optimizer)
     plan = res.annotate(plan)
     est = plan.estimate(own or plan.algorithm)
-    ok = fits({d: res.memory_bytes.get(d, 0) for d in plan.devices}, cluster, budget=budget, reserve=reserve)
-    sps = graph.batch_size / res.time_s if graph.batch_size and res.time_s > 0 else None
-    return CompareRow(algo, res.time_s, sps, res.max_memory_bytes, ok, place_s, tuple(plan.devices),
+    ok = fits({d: res.memory_bytes.get(d, 0) for d in plan.all_devices}, cluster, budget=budget, reserve=reserve)
+    batch = plan.global_batch_size if plan.replicas else graph.batch_size
+    sps = batch / res.time_s if batch and res.time_s > 0 else None
+    return CompareRow(algo, res.time_s, sps, res.max_memory_bytes, ok, place_s, tuple(plan.all_devices),
                       est.time_s if est is not None else None,
                       est.max_memory_bytes if est is not None and est.memory_bytes else None,
                       dict(res.memory_bytes), None, [n for n in plan.notes if not n.startswith("placed in")], plan,
@@ -247,8 +248,8 @@ def frontier_rows(graph: OpGraph, costs: CostModel, cluster: Cluster, fr: Fronti
             picks.append((FRONTIER_BEST_FIT, best))
     for algo, point in picks:
         report(f"simulating the {algo} plan")
-        row = evaluate(point.plan, graph, costs, cluster, algo=algo, place_s=took, optimizer=optimizer,
-                       own="frontier", budget=budget, reserve=reserve)
+        row = evaluate(point.plan, *fr.inputs_for(point.plan, graph, costs), cluster, algo=algo, place_s=took,
+                       optimizer=optimizer, own="frontier", budget=budget, reserve=reserve)
         row.dominated_by = point.plan_id
         rows.append(row)
     return rows

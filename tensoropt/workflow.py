@@ -43,12 +43,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .capture import capture
 from .capture.precision import check_precision as check_precision_name
 from .cluster import detect_cluster, load_cluster
 from .compare import CompareRow, compare, frontier_failures, frontier_rows, joined, mark_dominated, solver_options
 from .devicemodel.price import COSTS_FROM, Priced, check_measured_fits, price, prices_by_model
 from .errors import TensorOptError
-from .frontier import candidate_meshes, track_frontier
+from .execute.replicas import replica_call
+from .frontier import Frontier, candidate_meshes, host_groups, replicate_frontier, track_frontier
 from .frontier.track import DEFAULT_MAX_WALKS
 from .measure import CostModel, profile
 from .measure.profiler import check_precision, profiling_device
@@ -94,7 +96,10 @@ class Request:
     ``costs_from``: ``auto`` (measured where the profiled device is the cluster's kind, else the
     cluster kind's device model), ``measured`` (refuse another kind) or ``model`` (always the
     device model); ``calibration``: a calibration file for the device model
-    (:mod:`tensoropt.devicemodel`).
+    (:mod:`tensoropt.devicemodel`); ``replicas``: on a cluster of several hosts of one shape,
+    also the 2-D plans — data parallel across the hosts, the search's plans inside each
+    (:mod:`tensoropt.frontier.replicas`: the model captured and profiled again at one host's
+    slice of the batch).
     """
 
     model: str
@@ -117,6 +122,7 @@ class Request:
     max_walks: int = DEFAULT_MAX_WALKS
     costs_from: str = "auto"
     calibration: str | None = None
+    replicas: bool = True
 
     def __post_init__(self) -> None:
         if self.batch is not None and (isinstance(self.batch, bool) or int(self.batch) != self.batch or self.batch < 1):
@@ -318,6 +324,8 @@ def explore(request: Request, progress: Progress = no_progress, *,
                 raise
             result.frontier_error = e   # beside the baselines, a failed frontier is two rows saying why
         result.seconds["frontier"] = time.perf_counter() - t1
+        if result.frontier is not None and request.replicas:
+            result.frontier = join_replicas(request, setup, graph, result.frontier, progress)
         if result.frontier is not None:
             progress("frontier", 1, 1, f"{len(result.frontier)} plans on the frontier")
             if on_frontier is not None:
@@ -349,5 +357,46 @@ def explore(request: Request, progress: Progress = no_progress, *,
     return result
 
 
-__all__ = ["DETECTED", "STAGES", "Exploration", "Progress", "Request", "Setup", "explore", "measure",
+def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Frontier,
+                  progress: Progress = no_progress) -> Frontier:
+    """``frontier`` with the 2-D plans of a cluster of several hosts joined where no point
+    dominates them (:mod:`tensoropt.frontier.replicas`): the model captured at one host's slice
+    of the batch, profiled and priced for the first host's devices, its frontier tracked there
+    and every point run as one replica per host.  Where the cluster or the request cannot have
+    them, ``frontier`` with a note saying why."""
+    groups = host_groups(setup.cluster, setup.devices)
+    if not groups:
+        return frontier
+    hosts, batch = len(groups), graph.batch_size
+    why = ("a saved profile is of the whole batch (profile the model again without --profile)" if request.profile
+           else f"the batch ({batch}) is not a multiple of the {hosts} hosts" if not batch or batch % hosts
+           else "")
+    loaded = load_model(request.model, batch=request.batch) if not why else None
+    if loaded is not None and loaded.model is None:
+        why = "a saved graph or ONNX file cannot be captured at another batch"
+    if why or loaded is None or loaded.model is None or not batch:
+        frontier.notes.append(f"data parallel across the {hosts} hosts not tried: {why}")
+        return frontier
+    progress("frontier", 0, 1, f"capturing and profiling one host's slice of the batch ({batch // hosts} of {batch})")
+    call = replica_call(loaded.call, 0, hosts, batch // hosts, graph.batch_dim)
+    part = capture(loaded.model, call, batch_dim=graph.batch_dim, name=loaded.name,
+                   precision=request.precision or "fp32")
+    meshes = [tuple(m) for m in candidate_meshes(setup.cluster, devices=list(groups[0]))]
+    on = profiling_device(request.device)
+    timed = not needs_device_model(request, setup, device_name(on), on.type)
+    degrees = tuple(sorted({1} | {len(m) for m in meshes}))
+    costs = profile(part, device=request.device, shard_degrees=degrees, repeats=request.repeats,
+                    warmup=request.warmup, timed=timed)
+    priced = price(costs, setup.cluster, groups[0], costs_from=request.costs_from, calibration=request.calibration)
+    progress("frontier", 0, 1, f"tracking one host's frontier ({len(groups[0])} devices)")
+    # no sharding levels inside a replica: the executors do not combine them with replicas yet
+    inner = track_frontier(part, priced.costs, setup.cluster, meshes=meshes, resolution=request.resolution,
+                           optimizer=request.optimizer, reserve=request.reserve, max_walks=request.max_walks,
+                           shard_levels=())
+    plans = replicate_frontier(inner, part, priced.costs, setup.cluster, groups, optimizer=request.optimizer)
+    progress("frontier", 1, 1, f"{len(plans)} plans data parallel across {hosts} hosts")
+    return frontier.joined(plans, inputs={part.fingerprint: (part, priced.costs)})
+
+
+__all__ = ["DETECTED", "STAGES", "Exploration", "Progress", "Request", "Setup", "explore", "join_replicas", "measure",
            "needs_device_model", "no_progress", "prepare", "profile_degrees", "read_cluster", "read_profile"]

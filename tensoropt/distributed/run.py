@@ -81,7 +81,7 @@ from ..execute.rewrite import OP_META, rewrite, write_back, writes_buffer
 from ..execute.segments import ByReference, by_reference, run_checkpointed
 from ..execute.sharding import ShardedParameter, flat_piece, sharded_parameters
 from ..graph import OpGraph
-from ..layouts import Shard
+from ..layouts import Shard, piece_sizes
 from ..measure.step import _float_tensors, training_loss
 from ..plan import Plan
 from .program import Collective, Move, Piece, Program, build_program, is_move, marker, node_arg, parameter_pieces
@@ -89,6 +89,7 @@ from .runtime import Runtime, resolve_rank_map
 from .transport import (
     DTYPES,
     HEADER_LEN,
+    SEGMENT_BYTES,
     Channel,
     PeerLink,
     all_gather_with_grad,
@@ -460,18 +461,17 @@ class DistributedExecutor:
     def _make_groups(self) -> None:
         """One process group per set of ranks that share parameters or run a collective (every
         rank creates every group, in the same order, as torch.distributed requires).  With
-        replicas: a set of one replica's ranks in every replica (each makes the same collectives),
-        a shared parameter's gradients summed over its ranks in every replica, and every rank's
-        group of counterparts (the other gradients' sums: :meth:`sync_gradients`)."""
+        replicas: a set of one replica's ranks in every replica (each makes the same collectives
+        and sums), and every rank's group of counterparts (the sums across replicas:
+        :meth:`sync_gradients`)."""
         world = frozenset(range(self.rt.world_size))
         # a parameter kept in pieces, or sharded with its gradients, has no gradient to sum
         shared = {k: r for k, r in self.parameter_ranks.items() if k not in self.parameter_pieces
                   and self.sharded.get(k, (0,))[0] < Shard.GRADIENTS}
-        if len(self.replica_ranks) > 1:
-            shared = {k: frozenset().union(*self._in_replicas(r)) if len(r) > 1 else r for k, r in shared.items()}
         inner = {frozenset(c.ranks) for c in self.program.collectives} | {frozenset(ranks) for _, ranks in
-                                                                          self.sharded.values()}
-        wanted = {r for r in shared.values() if len(r) > 1} | {s for r in inner for s in self._in_replicas(r)}
+                                                                          self.sharded.values()} \
+            | {r for r in shared.values() if len(r) > 1}
+        wanted = {s for r in inner for s in self._in_replicas(r)}
         #: this rank and its counterparts in the other replicas (None without replicas)
         self._counterparts: Channel | None = None
         counterparts = [frozenset(ranks[d] for ranks in self.replica_ranks) for d in self.replica_ranks[0]] \
@@ -819,8 +819,12 @@ class DistributedExecutor:
             else:     # replaced since (by hand): fold it into the buffer
                 _into_view(p, view)
         self._unfilled = set()
-        for ranks, group, flat in self._buckets:
-            self.link.all_reduce(flat, group, f"summing the gradients shared by ranks {sorted(ranks)}")
+        for i, (ranks, group, flat) in enumerate(self._buckets):
+            what = f"summing the gradients shared by ranks {sorted(ranks)}"
+            if self._counterparts is None:
+                self.link.all_reduce(flat, group, what)
+            else:
+                self._sum_across_replicas(flat, group, i, what)
         if self._counterparts is not None:   # every other gradient, over this rank's counterparts
             bucketed = {id(p) for p, _ in self._bucket_views}
             for i, (name, p) in enumerate(sorted(self.local_parameters.items())):
@@ -828,6 +832,22 @@ class DistributedExecutor:
                     chan = Channel(self._counterparts.handle, self._counterparts.members, _REPLICA_TAG + 2 * i)
                     self.link.all_reduce(p.grad, chan, f"summing {name}'s gradient across replicas")
         self.zero.after_sync()
+
+    def _sum_across_replicas(self, flat: torch.Tensor, group: Channel, index: int, what: str) -> None:
+        """``flat`` (a bucket summed over ``group`` in every replica) := its sum over every replica,
+        in place and hierarchically, as the simulator prices it (:func:`~tensoropt.planmodel.reshard.replica_syncs`):
+        a segment at a time (:data:`~.transport.SEGMENT_BYTES`, the staging), reduce-scattered over
+        the group, this rank's piece all-reduced with its counterparts', all-gathered back."""
+        assert self._counterparts is not None
+        across = Channel(self._counterparts.handle, self._counterparts.members, _REPLICA_TAG + (1 << 16) + 2 * index)
+        step = max(1, SEGMENT_BYTES // flat.element_size())
+        k = len(group.members)
+        for at in range(0, flat.numel(), step):
+            segment = flat[at:at + step]
+            sizes = piece_sizes(segment.numel(), k)
+            mine = self.link.reduce_scatter_flat(segment, sizes, group, what)
+            self.link.all_reduce(mine, across, what + " across replicas")
+            self.link.gather_flat(mine, sizes, group.backward(), what, out=segment)
 
     def gather_updated(self) -> None:
         """After the optimizer step: the sharded parameters' updated pieces (levels 1-2) all-gathered
@@ -867,6 +887,10 @@ def _replica_ranks(plan: Plan, runtime: Runtime,
             raise DistributedError("a plan with replicas runs every device on its own rank: start "
                                    f"{len(plan.all_devices)} processes (torchrun --nproc-per-node "
                                    f"{len(plan.all_devices)}), one per device")
+    order = sorted(plan.replicas[0], key=every[0].__getitem__)
+    if any(sorted(plan.replicas[0], key=g.__getitem__) != order for g in every):
+        raise DistributedError("a plan with replicas needs the same rank order in every replica (the i-th device of "
+                               "each group on ranks in the first group's order): use the default device map")
     mine = next((g for g in every if runtime.rank in g.values()), every[0])
     return mine, every
 

@@ -128,6 +128,11 @@ def export_plan(plan_path: str | os.PathLike, spec: str, out: str | os.PathLike,
     _check_output(out)
     spec = absolute_spec(spec)
     saved = Plan.load(plan_path)
+    if saved.replicas:
+        raise TensorOptError(f"{plan_path} runs {saved.num_replicas} replicas (data parallel across hosts), which "
+                             "export does not write yet: run it with tensoropt's executor, one process per device "
+                             f"(torchrun --nproc-per-node … -m tensoropt.cli run MODEL --plan {plan_path} "
+                             f"--backend dist, over {saved.num_devices} processes in all)")
     if batch is None and spec.startswith("zoo:") and saved.batch_size:
         batch = saved.batch_size     # the batch the plan was made for, as `tensoropt simulate` takes it
     model, call, graph = load_for_run(spec, LocalBackend(), batch, precision)

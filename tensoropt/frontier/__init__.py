@@ -55,6 +55,7 @@ from .algorithm import BRANCH_RULE, FIX_RULE, FixedChoice, FrontierResult, Sessi
 from .graph_problem import MeshProblem, build_problem, candidate_meshes, node_configs, ring_bottleneck
 from .point_sets import batched_product, bucket_key, is_frontier, product, reduce, union
 from .problem import EdgeCosts, NodeCosts, Problem, ProblemError, brute_force, min_scalarized
+from .replicas import REPLICAS_SOURCE, host_groups, replicate_frontier, replicated
 
 __all__ = [
     "track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "default_resolution",
@@ -63,4 +64,5 @@ __all__ = [
     "track", "Session", "FrontierResult", "FixedChoice", "BRANCH_RULE", "FIX_RULE",
     "reduce", "product", "union", "batched_product", "bucket_key", "is_frontier",
     "Problem", "NodeCosts", "EdgeCosts", "ProblemError", "brute_force", "min_scalarized",
+    "host_groups", "replicated", "replicate_frontier", "REPLICAS_SOURCE",
 ]

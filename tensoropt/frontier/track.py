@@ -100,8 +100,9 @@ from ..progress import Progress, no_progress
 from . import point_sets
 from .algorithm import Session, track
 from .forkmap import default_workers, fork_map
-from .graph_problem import MeshProblem, build_problem, candidate_meshes
+from .graph_problem import DEFAULT_SHARD_LEVELS, MeshProblem, build_problem, candidate_meshes
 from .point_sets import compiled as _compiled
+from .replicas import REPLICAS_SOURCE
 
 __all__ = ["track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "CSV_COLUMNS",
            "default_resolution", "RESOLUTION_FRACTION", "DEFAULT_MAX_LEVELS", "DEFAULT_SEED_PLACERS"]
@@ -132,6 +133,11 @@ APPROXIMATIONS = (
     "time, forward then backward with recomputation; transfers, batch-norm statistics, the loss's all-reduce "
     "and the gradients' all-reduce (with its latencies) run on the mesh's links while the devices compute, first "
     "come first served)",)
+
+
+#: the note of a frontier holding 2-D plans (:mod:`.replicas`)
+REPLICAS_NOTE = ("plans of source 'hosts' run data parallel across the hosts, each host one plan of the search "
+                 "on its slice of the batch (found on the first host; their gradients summed across hosts)")
 
 
 class BudgetError(TensorOptError):
@@ -221,8 +227,13 @@ class Frontier:
     def __init__(self, points: Sequence[FrontierPoint], *, meshes: Sequence[MeshResult], resolution: float,
                  merged_by_resolution: int, exact: bool, budget: int | float | None, optimizer: str | int,
                  notes: Iterable[str], graph_name: str = "", batch_size: int | None = None, cluster_name: str = "",
-                 seconds: float = 0.0, cluster: Cluster | None = None, reserve: int = 0, times_from: str = ""):
+                 seconds: float = 0.0, cluster: Cluster | None = None, reserve: int = 0, times_from: str = "",
+                 inputs: Mapping[str, tuple[OpGraph, CostModel]] | None = None):
         self.points = list(points)
+        #: graph fingerprint → (graph, costs) of the plans made for another capture than the
+        #: frontier's model (the replicas of a 2-D plan run the model at their slice of the batch:
+        #: :mod:`.replicas`); :meth:`inputs_for` picks a plan's
+        self.inputs: dict[str, tuple[OpGraph, CostModel]] = dict(inputs or {})
         #: where the operator times come from (:func:`~tensoropt.devicemodel.costs_source`)
         self.times_from = times_from
         self.cluster = cluster
@@ -324,6 +335,13 @@ class Frontier:
             f"memory by number of devices: {listing}.  Raise the budget, or use more devices or another cluster.",
             self)
 
+    def inputs_for(self, plan: Plan, graph: OpGraph, costs: CostModel) -> tuple[OpGraph, CostModel]:
+        """The graph and costs ``plan`` is simulated with: ``(graph, costs)`` (the frontier's model)
+        unless the plan was made for another capture this frontier holds (:attr:`inputs`)."""
+        if plan.graph_fingerprint == graph.fingerprint:
+            return graph, costs
+        return self.inputs.get(plan.graph_fingerprint, (graph, costs))
+
     def including(self, plans: Iterable[tuple[str, Plan]], graph: OpGraph, costs: CostModel) -> Frontier:
         """This frontier with other plans joined where no point dominates them: each ``(source,
         plan)`` — a placer's plan, say — simulated on the frontier's cluster
@@ -338,33 +356,38 @@ class Frontier:
         return self.joined([(source, plan, simulate(plan, graph, costs, cluster, optimizer=self.optimizer))
                             for source, plan in plans])
 
-    def joined(self, simulated: Iterable[tuple[str, Plan, Any]]) -> Frontier:
+    def joined(self, simulated: Iterable[tuple[str, Plan, Any]],
+               inputs: Mapping[str, tuple[OpGraph, CostModel]] | None = None) -> Frontier:
         """:meth:`including` for plans already simulated on the frontier's cluster with its
-        optimizer: ``(source, plan, simulate(plan, …))`` each."""
+        optimizer: ``(source, plan, simulate(plan, …))`` each.  ``inputs``: the graphs and costs of
+        plans made for another capture (:attr:`inputs`)."""
         if self.cluster is None:
             raise TensorOptError("including other plans needs the frontier's cluster (track_frontier sets it)")
         joined = list(self.points)
         for source, plan, sim in simulated:
-            per_device = {d: int(sim.memory_bytes[d]) for d in plan.devices}
-            top = max(plan.devices, key=lambda d: per_device[d])
+            per_device = {d: int(sim.memory_bytes[d]) for d in plan.all_devices}
+            top = max(plan.all_devices, key=lambda d: per_device[d])
             plan = sim.annotate(plan).with_estimate(Estimate("frontier", sim.time_s, per_device, self.times_from))
-            joined.append(FrontierPoint("", max(per_device.values()), sim.time_s, len(plan.devices),
-                                        tuple(plan.devices), plan,
+            joined.append(FrontierPoint("", max(per_device.values()), sim.time_s, plan.num_devices,
+                                        tuple(plan.all_devices), plan,
                                         fits(per_device, self.cluster, budget=self.budget, reserve=self.reserve),
                                         per_device, sim.memory[top].parts(), 0, -1, {}, source))
         keep = point_sets.reduce(np.array([float(p.memory_bytes) for p in joined]),
                                  np.array([p.time_s for p in joined]), self.resolution)
         kept = [joined[int(i)] for i in keep]
         points = [_renumbered(p, i, len(kept)) for i, p in enumerate(kept)]
-        came = sorted({p.source for p in points if p.source != "frontier"})
-        notes = list(self.notes) + ([f"plans of {', '.join(came)} joined the frontier where no point of the "
-                                     "search dominated them (the search's plans run every operator on one mesh; "
-                                     "theirs run operators on different devices at once)"] if came else [])
+        came = sorted({p.source for p in points if p.source not in ("frontier", REPLICAS_SOURCE)})
+        note = (f"plans of {', '.join(came)} joined the frontier where no point of the search dominated them (the "
+                "search's plans run every operator on one mesh; theirs run operators on different devices at once)")
+        notes = [n for n in self.notes if not n.startswith("plans of ")] + ([note] if came else [])
+        if any(p.source == REPLICAS_SOURCE for p in points) and not any(REPLICAS_NOTE in n for n in notes):
+            notes.append(REPLICAS_NOTE)
         return Frontier(points, meshes=self.meshes, resolution=self.resolution,
                         merged_by_resolution=self.merged_by_resolution, exact=self.exact, budget=self.budget,
                         optimizer=self.optimizer, notes=notes, graph_name=self.graph_name,
                         batch_size=self.batch_size, cluster_name=self.cluster_name, seconds=self.seconds,
-                        cluster=self.cluster, reserve=self.reserve, times_from=self.times_from)
+                        cluster=self.cluster, reserve=self.reserve, times_from=self.times_from,
+                        inputs={**self.inputs, **dict(inputs or {})})
 
     def dominating(self, memory_bytes: int, time_s: float) -> FrontierPoint | None:
         """The point with the least memory among those that weakly dominate ``(memory_bytes,
@@ -789,7 +812,8 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                    max_levels: int = DEFAULT_MAX_LEVELS, max_branches: int = 1024, backend: str | None = None,
                    progress: Progress = no_progress, reserve: int = 0,
                    max_walks: int = DEFAULT_MAX_WALKS,
-                   seed_placers: Sequence[str] = DEFAULT_SEED_PLACERS, workers: int | None = None) -> Frontier:
+                   seed_placers: Sequence[str] = DEFAULT_SEED_PLACERS, workers: int | None = None,
+                   shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS) -> Frontier:
     """The Pareto frontier of (per-device peak memory, iteration time) plans of ``graph`` on
     ``cluster`` (module docstring).
 
@@ -812,7 +836,8 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     :data:`DEFAULT_SEED_PLACERS`; ``()``: the search's plans only).  ``workers``: processes that
     track the meshes side by side (:func:`~.forkmap.fork_map`; the same frontier whatever the
     number); default :func:`~.forkmap.default_workers` on graphs of at least
-    :data:`PARALLEL_MIN_OPS` operators, one below.
+    :data:`PARALLEL_MIN_OPS` operators, one below.  ``shard_levels``: the sharding levels the
+    search offers (:func:`~.graph_problem.node_configs`; ``()``: none).
     """
     t0 = _time.perf_counter()
     budget = _check_arguments(graph, costs, optimizer, budget, max_levels, max_walks, reserve)
@@ -827,8 +852,8 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     if isinstance(workers, bool) or int(workers) != workers or workers < 1:
         raise TensorOptError(f"workers must be an integer >= 1, got {workers!r}")
     workers = min(int(workers), len(mesh_list))
-    problems = _build_problems(graph, costs, cluster, mesh_list, optimizer, partial(progress, "frontier"), steps,
-                               workers)
+    problems = _build_problems(graph, costs, cluster, mesh_list, optimizer, shard_levels,
+                               partial(progress, "frontier"), steps, workers)
     res, res_rule = _choose_resolution(resolution, problems, cluster)
     on = [d for d in allowed if d in {d for m in mesh_list for d in m}]   # given meshes bound the placers too
 
@@ -967,8 +992,8 @@ def _check_arguments(graph: OpGraph, costs: CostModel, optimizer: str | int, bud
 
 
 def _build_problems(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh_list: Sequence[tuple[str, ...]],
-                    optimizer: str | int, progress: Callable[[int, int, str], None], steps: int,
-                    workers: int = 1) -> list[MeshProblem]:
+                    optimizer: str | int, shard_levels: Sequence[Shard], progress: Callable[[int, int, str], None],
+                    steps: int, workers: int = 1) -> list[MeshProblem]:
     """Each mesh's problem (:func:`~.graph_problem.build_problem`), progress step ``i`` for mesh ``i``;
     in ``workers`` forked workers when more than one (each problem sent back pickled: a few
     hundred KiB)."""
@@ -976,7 +1001,7 @@ def _build_problems(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh_lis
         problems = []
         for i, m in enumerate(mesh_list):
             progress(i, steps, f"building the problem on {','.join(m)}")
-            problems.append(build_problem(graph, costs, cluster, m, optimizer=optimizer))
+            problems.append(build_problem(graph, costs, cluster, m, optimizer=optimizer, shard_levels=shard_levels))
         return problems
     done = [0]
 
@@ -985,7 +1010,8 @@ def _build_problems(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh_lis
         progress(done[0], steps, f"built the problem on {','.join(mesh_list[i])} ({done[0]} of {len(mesh_list)})")
 
     progress(0, steps, f"building {len(mesh_list)} problems in {workers} processes")
-    return fork_map(lambda m: build_problem(graph, costs, cluster, m, optimizer=optimizer), mesh_list,
+    return fork_map(lambda m: build_problem(graph, costs, cluster, m, optimizer=optimizer, shard_levels=shard_levels),
+                    mesh_list,
                     workers=workers, on_done=arrived)
 
 

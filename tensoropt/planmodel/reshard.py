@@ -539,49 +539,67 @@ def gradient_syncs(graph: OpGraph, plan: Plan, cluster: Cluster) -> list[tuple[t
     ring all-reduce per device set (over the devices in plan order), as one bucket — after the
     backward of the last node that reads them (``readers``: those nodes).  Unlike the per-node
     :func:`param_sync` (frontier tracking's additive form) this pays each ring's latency once
-    per device set.  A plan with replicas (:attr:`~tensoropt.plan.Plan.replicas`) sums each
-    bucket over the set's devices in every replica (:func:`across_replicas`), and every other
-    gradient (a parameter read on one device, or each device's piece of a cut one) over the
-    device and its counterparts, one ring per parameter.  O(V + parameters).
+    per device set.  These are one replica's sums; a plan with replicas adds the sums across
+    them (:func:`replica_syncs`).  O(V + parameters).
     """
     synced = synced_parameters(graph, plan)
     readers: dict[str, list[str]] = {}
-    for name in plan.order:
+    for name in plan.configs:
         node = graph.nodes[name]
         for q in (*node.params, *node.param_reads):
-            if graph.params[q].kind == "parameter" and graph.params[q].requires_grad:
+            if q in synced:
                 readers.setdefault(q, []).append(name)
     groups: dict[tuple[str, ...], tuple[list[str], int]] = {}
     for q, mesh in synced.items():
         nodes, nbytes = groups.get(mesh, ([], 0))
         groups[mesh] = (nodes + readers[q], nbytes + graph.params[q].nbytes)
-    out = [(tuple(dict.fromkeys(nodes)), Step("allreduce", ring, nbytes, ring_allreduce_time(cluster, ring, nbytes)))
-           for ring, (nodes, nbytes) in ((across_replicas(plan, mesh), v) for mesh, v in groups.items())]
-    if plan.replicas:
-        out += _replica_syncs(graph, plan, cluster, synced, readers)
-    return out
+    return [(tuple(dict.fromkeys(nodes)), Step("allreduce", mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes)))
+            for mesh, (nodes, nbytes) in groups.items()]
 
 
 def across_replicas(plan: Plan, devices: Sequence[str]) -> tuple[str, ...]:
     """``devices`` of the plan's first replica group and the devices playing their roles in every
-    other replica, replica after replica (the ring order of a gradient sum across replicas);
-    ``devices`` themselves for a plan without replicas."""
+    other replica, replica after replica; ``devices`` themselves for a plan without replicas."""
     if not plan.replicas:
         return tuple(devices)
     at = {d: i for i, d in enumerate(plan.replicas[0])}
     return tuple(group[at[d]] for group in plan.replicas for d in devices)
 
 
-def _replica_syncs(graph: OpGraph, plan: Plan, cluster: Cluster, synced: Mapping[str, tuple[str, ...]],
-                   readers: Mapping[str, list[str]]) -> list[tuple[tuple[str, ...], Step]]:
-    """The gradient sums a plan with replicas adds for the parameters its replicas do not sum
-    inside (read on one device, or cut in pieces): each device's gradient of each such parameter
-    (its piece, or the whole) all-reduced in place over that device and the devices playing its
-    role in the other replicas, one ring per parameter, as the distributed executor runs them."""
-    out = []
-    for q, nodes in readers.items():
-        if q in synced:
-            continue
+def replica_syncs(graph: OpGraph, plan: Plan, cluster: Cluster) -> list[tuple[tuple[str, ...], tuple[Stage, ...]]]:
+    """The gradient sums of a plan with replicas (:attr:`~tensoropt.plan.Plan.replicas`) as the
+    distributed executor runs them: ``[(readers, stages)]``, each launched after the backward of
+    the last of ``readers``.
+
+    - Each bucket of :func:`gradient_syncs` (the gradients a replica sums over a device set
+      ``S`` of ``k`` devices, ``N`` bytes) is summed hierarchically, as NCCL does across hosts:
+      a ring reduce-scatter over ``S`` (each device then holds the sum of its ``⌈N / k⌉``), the
+      ``k`` pieces all-reduced over the replicas at once (device ``S[i]`` with the devices playing
+      its role, each on its own links), a ring all-gather over ``S``.
+    - Every other gradient — a parameter read on one device, or a device's piece of one cut the
+      same way by every reader — is all-reduced in place over its device and its counterparts,
+      one ring per parameter.
+
+    O(V + parameters)."""
+    out: list[tuple[tuple[str, ...], tuple[Stage, ...]]] = []
+    for readers, st in gradient_syncs(graph, plan, cluster):
+        mesh, nbytes, k = st.devices, st.nbytes, len(st.devices)
+        piece = math.ceil(nbytes / k)
+        rings = [across_replicas(plan, (d,)) for d in mesh]
+        across = tuple(Step("allreduce", ring, piece, ring_allreduce_time(cluster, ring, piece)) for ring in rings)
+        rs = Step("reduce_scatter", mesh, nbytes, reduce_scatter_time(cluster, mesh, nbytes))
+        ag = Step("allgather", mesh, nbytes, allgather_time(cluster, mesh, nbytes))
+        out.append((readers, (Stage((rs,), rs.time_s), Stage(across, max(a.time_s for a in across)),
+                              Stage((ag,), ag.time_s))))
+    synced = synced_parameters(graph, plan)
+    unsynced: dict[str, list[str]] = {}   # parameter -> its readers
+    for name in plan.order:
+        node = graph.nodes[name]
+        for q in (*node.params, *node.param_reads):
+            info = graph.params[q]
+            if info.kind == "parameter" and info.requires_grad and q not in synced:
+                unsynced.setdefault(q, []).append(name)
+    for q, nodes in unsynced.items():
         holders: dict[str, int] = {}
         for name in nodes:
             cfg = plan.configs[name]
@@ -589,7 +607,8 @@ def _replica_syncs(graph: OpGraph, plan: Plan, cluster: Cluster, synced: Mapping
                 holders[d] = max(holders.get(d, 0), largest_piece(graph.params[q].nbytes, cfg.param_pieces))
         for d, nbytes in holders.items():
             ring = across_replicas(plan, (d,))
-            out.append((tuple(nodes), Step("allreduce", ring, nbytes, ring_allreduce_time(cluster, ring, nbytes))))
+            step = Step("allreduce", ring, nbytes, ring_allreduce_time(cluster, ring, nbytes))
+            out.append((tuple(nodes), (Stage((step,), step.time_s),)))
     return out
 
 

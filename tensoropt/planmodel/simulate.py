@@ -37,10 +37,11 @@ peak memory of every device and a timeline (for a Gantt chart).
   gradient to the whole first).
 - *Replicas* (:attr:`~tensoropt.plan.Plan.replicas`, data parallel across hosts): the first
   replica's devices are simulated, the others keep pace (same kind and speed, refused
-  otherwise); the gradient sums span every replica (:func:`~tensoropt.planmodel.reshard.gradient_syncs`:
-  each bucket over its devices in every replica, every other gradient over the device and its
-  counterparts, one ring per parameter) on the links between them; every device's memory is
-  its counterpart's in the first replica.
+  otherwise); the gradient sums span every replica (:func:`~tensoropt.planmodel.reshard.replica_syncs`:
+  each bucket reduce-scattered in the replica, its pieces all-reduced across the replicas at
+  once, all-gathered back; every other gradient over its device and the counterparts, one ring
+  per parameter) on the links between them; every device's memory is its counterpart's in the
+  first replica.
 - The optimizer step's time is not modelled (the CostModel has none).  The iteration time is
   when the last device or link finishes.
 
@@ -94,6 +95,7 @@ from .reshard import (
     move,
     node_sharded,
     output_layout,
+    replica_syncs,
     shard_steps,
     stat_sync,
     synced_parameters,
@@ -518,11 +520,14 @@ class _StepTasks:
         position = {name: i for i, name in enumerate(self.plan.order)}
         sync = None if overlap else self.sched.add("sync", "backward", "sync", list(bwd_task.values()))
         summed: list[int | None] = []
-        for readers, st in gradient_syncs(self.graph, self.plan, self.cluster):
+        syncs = replica_syncs(self.graph, self.plan, self.cluster) if self.plan.replicas else \
+            [(readers, (Stage((st,), st.time_s),))
+             for readers, st in gradient_syncs(self.graph, self.plan, self.cluster)]
+        for readers, stages in syncs:
             last = min(readers, key=position.__getitem__)   # the last of their backwards to run
-            summed.append(self.sched.chain((Stage((st,), st.time_s),), last, "allreduce",
-                                           [bwd_task[last] if overlap else sync],
-                                           f"parameter gradients on {','.join(st.devices)}"))
+            where = ",".join(dict.fromkeys(d for stage in stages for st in stage.steps for d in st.devices))
+            summed.append(self.sched.chain(stages, last, "allreduce", [bwd_task[last] if overlap else sync],
+                                           f"parameter gradients on {where}"))
         self._update_gathers([*bwd_task.values(), *summed])
 
     def _update_gathers(self, before: Sequence[int | None]) -> None:

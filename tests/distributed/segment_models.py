@@ -11,9 +11,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # the ranks im
 from conftest import ResidualMLP  # noqa: E402
 
 
-def residual_mlp():
+def residual_mlp(batch=1024):
     torch.manual_seed(0)
-    return ResidualMLP(), (torch.randn(1024, 32),)
+    return ResidualMLP(), (torch.randn(batch, 32),)
 
 
 def small_residual_mlp():

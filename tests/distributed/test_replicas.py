@@ -15,6 +15,7 @@ from tensoropt.distributed import launch
 from tensoropt.distributed.jobs import check_plans, load_case
 from tensoropt.execute.replicas import replica_slice
 from tensoropt.graph import block_of
+from tensoropt.workflow import Request, explore
 
 from .test_check_cli import free_port
 
@@ -60,13 +61,13 @@ def test_the_replicas_mean_is_the_whole_batch_step_for_this_model():
         torch.testing.assert_close(a + b, w, rtol=1e-12, atol=1e-14)
 
 
-def _run(plan_path, world: int, *extra: str) -> list[tuple[int, str, str]]:
+def _run(plan_path, world: int, *extra: str, model: str = SMALL) -> list[tuple[int, str, str]]:
     port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", "tensoropt.cli", "run", SMALL, "--plan", str(plan_path),
+        procs.append(subprocess.Popen([sys.executable, "-m", "tensoropt.cli", "run", model, "--plan", str(plan_path),
                                        "--steps", "2", "--timeout", "60", *extra], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=300) for p in procs]
@@ -90,3 +91,16 @@ def test_one_process_refuses_a_plan_with_replicas_naming_the_distributed_backend
                            "--steps", "1"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert "2 replicas" in proc.stderr and "--backend dist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_two_host_plan_from_the_frontier_passes_the_check_on_four_ranks(tmp_path):
+    # the frontier of a model on two hosts of two H100s: its fastest plan on all four GPUs is data
+    # parallel across the hosts (tests/frontier/test_replicas.py); as a user runs it
+    spec = f"{Path(__file__).with_name('segment_models.py')}:residual_mlp"
+    fr = explore(Request(spec, "preset:h100-hosts?hosts=2&gpus=2", algos=())).frontier
+    point = min((p for p in fr if p.num_devices == 4), key=lambda p: p.time_s)
+    assert point.plan.replicas == (("h0g0", "h0g1"), ("h1g0", "h1g1"))
+    point.plan.save(tmp_path / "plan.json")
+    outs = _run(tmp_path / "plan.json", 4, "--check", "--backend", "dist", model=spec)
+    assert [rc for rc, _, _ in outs] == [0, 0, 0, 0], outs
+    assert "PASSED" in outs[0][1] and "2 replicas" in outs[0][1], outs[0][1]

@@ -1,0 +1,88 @@
+"""Two-dimensional plans: data parallel across hosts, the frontier's plans inside each host.
+
+On a cluster of ``H ≥ 2`` hosts of equal shape, a plan may run as ``H`` replicas
+(:attr:`tensoropt.plan.Plan.replicas`): each host runs one plan of the search on its slice
+``B / H`` of the batch, and the gradients are summed across the hosts
+(:func:`tensoropt.planmodel.reshard.gradient_syncs`).  The plan space is thus
+``{host plan} × {data parallel over the hosts}``; its frontier is found as
+
+    F_2D = Pareto{ (peak(p), simulate(p × H)) : p ∈ F_host(B / H) }
+
+where ``F_host(B / H)`` is the frontier tracked on the first host's devices for the model
+captured at the replica's batch (every mesh inside a host: 1, 2, 4 … GPUs, so ``H × k`` devices
+for each), ``peak(p)`` is the walk of ``p`` (every replica holds what the first does: the
+gradient sums are in place) and the time is the simulator's step of the replicated plan — its
+gradient sums across hosts on the hosts' links.  The search inside a host does not see the
+sums across hosts: a host plan that trades more inner communication for fewer gradient bytes
+crossing hosts is found only if it is on ``F_host`` already (``docs/cost-model.md``).
+
+Which devices form the replicas (:func:`host_groups`): every host's devices in cluster order,
+hosts of the same size whose ``i``-th devices are of one kind and speed; else none.
+
+Example (the groups of two hosts of two H100s)::
+
+    >>> from tensoropt.cluster import load_cluster
+    >>> host_groups(load_cluster("preset:h100-hosts?hosts=2&gpus=2"))
+    (('h0g0', 'h0g1'), ('h1g0', 'h1g1'))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..cluster import Cluster
+from ..graph import OpGraph
+from ..measure.costmodel import CostModel
+from ..plan import Plan
+from ..planmodel.simulate import simulate
+
+__all__ = ["host_groups", "replicated", "replicate_frontier", "REPLICAS_SOURCE"]
+
+#: the source of a replicated plan on the frontier (:attr:`~.track.FrontierPoint.source`)
+REPLICAS_SOURCE = "hosts"
+
+
+def host_groups(cluster: Cluster, devices: Sequence[str] | None = None) -> tuple[tuple[str, ...], ...]:
+    """The replica groups of ``devices`` (default every device of ``cluster``): one per host, in
+    cluster order, when there are at least two hosts, all of one size, whose ``i``-th devices are
+    of one kind and speed (what a replica of the first host's plan needs); else ``()``.  O(n)."""
+    names = list(cluster.names if devices is None else devices)
+    by_host: dict[str, list[str]] = {}
+    for d in names:
+        by_host.setdefault(cluster.device(d).host, []).append(d)
+    groups = tuple(tuple(g) for g in by_host.values())
+    if len(groups) < 2 or len({len(g) for g in groups}) != 1:
+        return ()
+    for g in groups[1:]:
+        for a, b in zip(g, groups[0]):
+            da, db = cluster.device(a), cluster.device(b)
+            if (da.kind, da.speed) != (db.kind, db.speed):
+                return ()
+    return groups
+
+
+def replicated(plan: Plan, groups: Sequence[Sequence[str]]) -> Plan:
+    """``plan`` (on devices of ``groups[0]``) run as one replica per group: the device at place
+    ``i`` of ``groups[0]`` is played by place ``i`` of every other group."""
+    first = list(groups[0])
+    idx = [first.index(d) for d in plan.devices]
+    d = plan.to_dict()
+    d["replicas"] = [[g[i] for i in idx] for g in groups]
+    step = f" of the step's {plan.batch_size * len(groups)} samples" if plan.batch_size else ""
+    d["notes"] = list(d.get("notes", [])) + [f"data parallel over {len(groups)} groups of devices: each runs this "
+                                             f"plan on its slice of the batch ({plan.batch_size}{step})"]
+    return Plan.from_dict(d)
+
+
+def replicate_frontier(host_frontier: Any, graph: OpGraph, costs: CostModel, cluster: Cluster,
+                       groups: Sequence[Sequence[str]], *, optimizer: str | int) -> list[tuple[str, Plan, Any]]:
+    """Every point of ``host_frontier`` (a :class:`~.track.Frontier` tracked on ``groups[0]``'s
+    devices for ``graph``, the model at the replica's batch) as a plan replicated over ``groups``
+    and simulated (``(REPLICAS_SOURCE, plan, SimResult)`` each, for :meth:`~.track.Frontier.joined`).
+    O(points × simulate)."""
+    out = []
+    for point in host_frontier.points:
+        plan = replicated(point.plan, groups)
+        out.append((REPLICAS_SOURCE, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer)))
+    return out

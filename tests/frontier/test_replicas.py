@@ -1,0 +1,54 @@
+"""Two-dimensional plans on the frontier: on a cluster of hosts of one shape the frontier also
+holds plans data parallel across the hosts with the search's plan inside each (source
+``hosts``), every one's figures its simulated step on the replica's capture; a cluster of one
+host, or a batch the hosts do not divide, has none (a note says why)."""
+
+from pathlib import Path
+
+import pytest
+
+import tensoropt
+from tensoropt import simulate
+from tensoropt.frontier import REPLICAS_SOURCE, host_groups
+from tensoropt.workflow import Request, explore
+
+MLP = f"{Path(__file__).parents[1] / 'distributed' / 'segment_models.py'}:residual_mlp"   # batch 1,024, 12 K params
+
+
+def test_host_groups_are_the_hosts_in_cluster_order_when_they_match():
+    assert host_groups(tensoropt.load_cluster("preset:h100-hosts?hosts=3&gpus=2")) == (
+        ("h0g0", "h0g1"), ("h1g0", "h1g1"), ("h2g0", "h2g1"))
+    assert host_groups(tensoropt.load_cluster("preset:2x4-ethernet"))[1] == ("b0", "b1", "b2", "b3")
+    assert host_groups(tensoropt.load_cluster("preset:titan-rtx-5")) == ()          # one host
+    cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
+    assert host_groups(cluster, ["h0g0", "h0g1", "h1g0"]) == ()                       # hosts of 2 and 1
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    return explore(Request(MLP, "preset:h100-hosts?hosts=2&gpus=2", algos=()))
+
+
+def test_data_parallel_across_hosts_joins_where_it_dominates_and_costs_what_it_says(two_hosts):
+    fr = two_hosts.frontier
+    hosts = [p for p in fr if p.source == REPLICAS_SOURCE]
+    # a large batch and few parameters: only gradients cross InfiniBand, so the fastest plans on
+    # all four GPUs are data parallel across the hosts (each host its plan on 512 of the 1,024)
+    assert hosts and min((p for p in fr if p.num_devices == 4), key=lambda p: p.time_s).source == REPLICAS_SOURCE
+    for p in hosts:
+        assert p.plan.num_replicas == 2 and p.plan.batch_size == 512 and p.num_devices == 2 * len(p.plan.devices)
+        assert p.plan.replicas[1] == tuple(d.replace("h0", "h1") for d in p.plan.devices)
+    for p in fr:    # every point, 1-D or 2-D: its simulated step and walked peak, on its own capture
+        graph, costs = fr.inputs_for(p.plan, two_hosts.graph, two_hosts.costs)
+        sim = simulate(p.plan, graph, costs, two_hosts.cluster)
+        assert sim.time_s == p.time_s and sim.max_memory_bytes == p.memory_bytes
+        assert set(sim.memory_bytes) == set(p.devices)
+    assert any("data parallel across the hosts" in n for n in fr.notes)
+
+
+def test_no_replicas_on_one_host_or_a_batch_the_hosts_do_not_divide():
+    one = explore(Request(MLP, "preset:h100-hosts?hosts=1&gpus=2", algos=()))
+    assert all(p.source != REPLICAS_SOURCE for p in one.frontier)
+    odd = explore(Request(MLP, "preset:h100-hosts?hosts=3&gpus=1", algos=(), batch=1000))
+    assert all(p.source != REPLICAS_SOURCE for p in odd.frontier)
+    assert any("not a multiple of the 3 hosts" in n for n in odd.frontier.notes)
