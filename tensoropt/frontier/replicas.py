@@ -36,6 +36,7 @@ from ..graph import OpGraph
 from ..measure.costmodel import CostModel
 from ..plan import Plan
 from ..planmodel.simulate import simulate
+from .forkmap import default_workers, fork_map
 
 __all__ = ["host_groups", "replicated", "replicate_frontier", "REPLICAS_SOURCE"]
 
@@ -76,13 +77,14 @@ def replicated(plan: Plan, groups: Sequence[Sequence[str]]) -> Plan:
 
 
 def replicate_frontier(host_frontier: Any, graph: OpGraph, costs: CostModel, cluster: Cluster,
-                       groups: Sequence[Sequence[str]], *, optimizer: str | int) -> list[tuple[str, Plan, Any]]:
+                       groups: Sequence[Sequence[str]], *, optimizer: str | int,
+                       workers: int | None = None) -> list[tuple[str, Plan, Any]]:
     """Every point of ``host_frontier`` (a :class:`~.track.Frontier` tracked on ``groups[0]``'s
     devices for ``graph``, the model at the replica's batch) as a plan replicated over ``groups``
-    and simulated (``(REPLICAS_SOURCE, plan, SimResult)`` each, for :meth:`~.track.Frontier.joined`).
-    O(points × simulate)."""
-    out = []
-    for point in host_frontier.points:
-        plan = replicated(point.plan, groups)
-        out.append((REPLICAS_SOURCE, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer)))
-    return out
+    and simulated (``(REPLICAS_SOURCE, plan, SimResult)`` each, for :meth:`~.track.Frontier.joined`),
+    the simulations side by side in ``workers`` forked processes (:func:`~.forkmap.fork_map`:
+    the same results whatever the number).  O(points × simulate)."""
+    plans = [replicated(point.plan, groups) for point in host_frontier.points]
+    sims = fork_map(lambda plan: simulate(plan, graph, costs, cluster, optimizer=optimizer), plans,
+                    workers=default_workers() if workers is None else workers)
+    return [(REPLICAS_SOURCE, plan, sim) for plan, sim in zip(plans, sims)]
