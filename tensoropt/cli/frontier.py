@@ -48,7 +48,9 @@ def _print_points(console: Console, result: Exploration, frontier: Frontier, opt
     for i in show:
         p = pts[i]
         sps = p.samples_per_s(graph.batch_size)
-        t.add_row(p.plan_id, escape(",".join(p.devices)), fmt_bytes(p.memory_bytes), f"{p.time_s * 1e3:.3f} ms",
+        where = (f"{','.join(p.plan.devices)} × {p.plan.num_replicas} hosts" if p.plan.replicas
+                 else ",".join(p.devices))
+        t.add_row(p.plan_id, escape(where), fmt_bytes(p.memory_bytes), f"{p.time_s * 1e3:.3f} ms",
                   "-" if sps is None else f"{sps:.1f}", "yes" if p.fits_budget else "[red]no[/red]")
     console.print(t)
     if len(show) < len(pts):
