@@ -330,6 +330,29 @@ class OpGraph:
     def op_histogram(self) -> Counter:
         return Counter(n.op for n in self.ops)
 
+    @property
+    def trainable_bytes(self) -> int:
+        """Bytes of the trainable parameters, each counted once (remembered, as :attr:`fingerprint`)."""
+        return self._remembered("trainable_bytes", lambda: sum(
+            p.nbytes for p in self.params.values() if p.kind == "parameter" and p.requires_grad))
+
+    def _remembered(self, what: str, compute: Any) -> Any:
+        """``compute()``, remembered while the graph holds the same node and parameter objects
+        (every one is frozen: a change replaces an object, and the objects kept here cannot be
+        freed for a new one to take their identity) and the same precision — the search asks for
+        the fingerprint of one graph tens of times (issue 38: 2,047 recomputations in one run)."""
+        key = (self.precision, tuple(self.nodes.items()), tuple(self.params.items()))
+        memo = self.__dict__.setdefault("_memo", {})
+        hit = memo.get(what)
+        if hit is not None and hit[0][0] == key[0] and len(hit[0][1]) == len(key[1]) \
+                and len(hit[0][2]) == len(key[2]) \
+                and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(hit[0][1], key[1])) \
+                and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(hit[0][2], key[2])):
+            return hit[1]
+        value = compute()
+        memo[what] = (key, value)
+        return value
+
     # ---- identity ----------------------------------------------------------------------------
     @property
     def fingerprint(self) -> str:
@@ -339,7 +362,11 @@ class OpGraph:
         change of batch size, shape, dtype, operator, wiring or precision changes it.  Plans and
         profiles carry it so they are never applied to another graph (a bf16 graph never reuses
         an fp32 profile).  An fp32 graph's fingerprint is what it was before precisions existed.
+        Remembered while the graph's nodes, parameters and precision stay the same objects.
         """
+        return str(self._remembered("fingerprint", self._fingerprint))
+
+    def _fingerprint(self) -> str:
         canon = {
             "nodes": [[n.name, n.op, n.kind, list(n.inputs),
                        [[list(t.shape), t.dtype] for t in n.outputs], list(n.params), list(n.param_reads)]

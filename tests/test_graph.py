@@ -1,5 +1,6 @@
 """OpGraph: JSON round trip, fingerprint, validation of saved files."""
 
+import dataclasses
 import json
 
 import networkx as nx
@@ -90,3 +91,17 @@ def test_save_is_atomic(small_cnn, tmp_path, monkeypatch):
         g.save(path)
     assert path.read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json"]
+
+
+def test_the_remembered_fingerprint_follows_every_change_of_the_graph():
+    # the fingerprint is remembered between calls (the search asks tens of times) but a node or
+    # parameter replaced gives the fingerprint of what the graph now is
+    g = capture(torch.nn.Linear(4, 3), (torch.randn(2, 4),))
+    first, q = g.fingerprint, "weight"
+    g.params[q] = dataclasses.replace(g.params[q], shape=(5, 4))
+    assert g.fingerprint != first and g.trainable_bytes == (20 + 3) * 4
+    g.params[q] = dataclasses.replace(g.params[q], shape=(3, 4))
+    assert g.fingerprint == first and g.trainable_bytes == (12 + 3) * 4
+    name = g.ops[0].name
+    g.nodes[name] = dataclasses.replace(g.nodes[name], op="aten.other.default")
+    assert g.fingerprint != first

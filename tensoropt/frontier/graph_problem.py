@@ -399,7 +399,7 @@ def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str
     # data parallelism with sharded parameters (ZeRO-1, ZeRO-2, ZeRO-3 ≈ FSDP) where the node reads
     # trainable parameters (its own, or a tied weight whose readers then agree)
     reads = trainable_reads(graph, name) if k > 1 else ()
-    total = sum(p.nbytes for p in graph.params.values() if p.kind == "parameter" and p.requires_grad)
+    total = graph.trainable_bytes
     big = sum(graph.params[q].nbytes for q in reads) >= SHARD_MIN_FRACTION * total
     levels = (Shard.NONE, *(Shard(x) for x in shard_levels if x)) if reads and big else (Shard.NONE,)
     for lay in layouts:
