@@ -1,7 +1,8 @@
 """Replicas (the outer axis of a 2-D mesh: data parallel across hosts, the plan split inside each)
 on gloo ranks: two hosts of two devices run a plan split inside a host on 4 ranks and train as
-the model does on the whole batch — through the jobs and through `tensoropt run --check
---backend dist` as torchrun starts it; one process refuses such a plan, naming the backend."""
+the model does on the whole batch — through the jobs, and a frontier-made plan through `tensoropt
+run --check --backend dist` as torchrun starts it; one process refuses such a plan, naming the
+backend."""
 
 import os
 import subprocess
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import torch
+from conftest import run_cli
 
 from tensoropt import NodeConfig, Plan, capture
 from tensoropt.distributed import launch
@@ -74,23 +76,12 @@ def _run(plan_path, world: int, *extra: str, model: str = SMALL) -> list[tuple[i
     return [(p.returncode, *out) for p, out in zip(procs, outs)]
 
 
-def test_tensoropt_run_checks_a_two_host_plan_on_four_ranks(tmp_path):
-    graph = half_batch_graph(float64=False)     # the plan is made for the float32 capture
-    plan = replicated(graph, lambda n: "batch" if n.split.batch is not None else "R")
-    plan.save(tmp_path / "plan.json")
-    outs = _run(tmp_path / "plan.json", 4, "--check", "--backend", "dist")
-    assert [rc for rc, _, _ in outs] == [0, 0, 0, 0], outs
-    text = outs[0][1]
-    assert "PASSED" in text and "float64" in text, text
-
-
-def test_one_process_refuses_a_plan_with_replicas_naming_the_distributed_backend(tmp_path):
+def test_one_process_refuses_a_plan_with_replicas_naming_the_distributed_backend(tmp_path, capsys):
     graph = half_batch_graph(float64=False)
     replicated(graph, lambda n: "R", mesh=HOST0[:1], groups=(HOST0[:1], HOST1[:1])).save(tmp_path / "plan.json")
-    proc = subprocess.run([sys.executable, "-m", "tensoropt.cli", "run", SMALL, "--plan", str(tmp_path / "plan.json"),
-                           "--steps", "1"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    assert "2 replicas" in proc.stderr and "--backend dist" in proc.stderr and "Traceback" not in proc.stderr
+    code, _, err = run_cli(capsys, "run", SMALL, "--plan", str(tmp_path / "plan.json"), "--steps", "1")
+    assert code == 2, err
+    assert "2 replicas" in err and "--backend dist" in err and "Traceback" not in err
 
 
 def test_a_two_host_plan_from_the_frontier_passes_the_check_on_four_ranks(tmp_path):
