@@ -641,9 +641,11 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
 def plan_commands(store: ResultStore, key: str, plan_id: str) -> str:
     """The commands that check and run a plan of a result (:func:`~.commands.run_commands`), as shown."""
     plan = store.plan(key, plan_id)
-    cmds, note = run_commands(store.summary(key).get("request") or {}, plan_id, len(plan.devices))
-    lines = [f"# the plan downloads as {plan_filename(plan_id)}; check it, run it on {len(plan.devices)} device(s), "
-             f"or export it as a directory torchrun runs:", *cmds]
+    cmds, note = run_commands(store.summary(key).get("request") or {}, plan_id, len(plan.devices), plan.num_replicas)
+    where = (f"{plan.num_replicas} hosts of {len(plan.devices)} device(s)" if plan.replicas
+             else f"{len(plan.devices)} device(s)")
+    lines = [f"# the plan downloads as {plan_filename(plan_id)}; check it, run it on {where}"
+             + ("" if plan.replicas else ", or export it as a directory torchrun runs") + ":", *cmds]
     return "\n".join(lines + ([f"# {note}"] if note else []))
 
 

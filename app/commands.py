@@ -33,10 +33,13 @@ def export_dir(plan_id: str) -> str:
     return f"{plan_id}-torchrun"
 
 
-def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int) -> tuple[list[str], str]:
+def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int,
+                 replicas: int = 1) -> tuple[list[str], str]:
     """``(commands, note)``: the check-and-run command, the distributed one and the export for the
     plan ``plan_id`` on ``num_devices`` devices of the result of ``request`` (a request dict), and a
-    note (empty, or why the model cannot be rebuilt by ``tensoropt run`` and ``export``).
+    note (empty, or why the model cannot be rebuilt by ``tensoropt run`` and ``export``).  A 2-D
+    plan (``replicas`` > 1 hosts of ``num_devices`` each) runs only on the distributed backend,
+    one process per device of every host: its check is the distributed run's, and it has no export.
 
     >>> cmds, note = run_commands({"model": "zoo:gpt2?layers=2", "batch": None, "precision": None,
     ...                            "cluster": "preset:v100-8-nvlink"}, "p003", 8)
@@ -46,6 +49,9 @@ def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int) -> 
     torchrun --nproc-per-node 8 -m tensoropt.cli run 'zoo:gpt2?layers=2' --plan p003.json --backend dist
     >>> print(cmds[2])
     tensoropt export p003.json 'zoo:gpt2?layers=2' --to torchrun -o p003-torchrun --cluster preset:v100-8-nvlink
+    >>> cmds, note = run_commands({"model": "zoo:gpt2?layers=2"}, "p9", 8, replicas=2)
+    >>> print(cmds[1])
+    torchrun --nnodes 2 --nproc-per-node 8 -m tensoropt.cli run 'zoo:gpt2?layers=2' --plan p9.json --backend dist
     """
     model = str(request.get("model") or "")
     extra = []
@@ -54,9 +60,15 @@ def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int) -> 
     if request.get("precision") and request["precision"] != "fp32":
         extra += ["--precision", str(request["precision"])]
     args = [shlex.quote(model), "--plan", shlex.quote(plan_filename(plan_id)), *extra]
+    nodes = ["--nnodes", str(int(replicas))] if replicas > 1 else []
+    dist = " ".join(["torchrun", *nodes, "--nproc-per-node", str(int(num_devices)), "-m", "tensoropt.cli", "run",
+                     *args, "--backend", "dist"])
+    if replicas > 1:
+        return [dist + " --check", dist], (f"a 2-D plan: data parallel across {int(replicas)} hosts of "
+                                           f"{int(num_devices)} devices — run it on the distributed backend, the "
+                                           "torchrun line on every host (with its --node-rank and "
+                                           "--rdzv-endpoint); tensoropt export does not write it yet")
     check = " ".join(["tensoropt", "run", *args, "--check"])
-    dist = " ".join(["torchrun", "--nproc-per-node", str(int(num_devices)), "-m", "tensoropt.cli", "run", *args,
-                     "--backend", "dist"])
     cluster = str(request.get("cluster") or "")
     export = " ".join(["tensoropt", "export", shlex.quote(plan_filename(plan_id)), shlex.quote(model), "--to",
                        "torchrun", "-o", shlex.quote(export_dir(plan_id)), *extra,
