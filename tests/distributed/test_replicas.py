@@ -42,15 +42,13 @@ def test_two_hosts_of_a_split_plan_train_like_the_model_on_the_whole_batch():
     batch = replicated(graph, lambda n: "batch" if n.split.batch is not None else "R")
     channel = replicated(graph, lambda n: "channel" if n.split.channel is not None and block_of(n.module_path)
                          else "R")
+    # (the channel plan's cut weights are pieces: summed across replicas one by one, over each rank's
+    # counterparts; the batch plan's in buckets, hierarchically)
     results = launch(check_plans, 4, {"cases": [{"model": SMALL, "plan": p.to_dict()} for p in (batch, channel)]},
                      timeout_s=120)[0]
     for r in results:
         assert r["passed"], r["failures"]
         assert r["params_rel_diff"] < 1e-12    # one SGD step on every rank's parameters, as the model's
-    # one device per host, on 2 ranks
-    whole = replicated(graph, lambda n: "R", mesh=HOST0[:1], groups=(HOST0[:1], HOST1[:1]))
-    [r] = launch(check_plans, 2, {"cases": [{"model": SMALL, "plan": whole.to_dict()}]}, timeout_s=120)[0]
-    assert r["passed"], r["failures"]
 
 
 def test_the_replicas_mean_is_the_whole_batch_step_for_this_model():
