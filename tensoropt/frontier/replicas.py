@@ -78,13 +78,21 @@ def replicated(plan: Plan, groups: Sequence[Sequence[str]]) -> Plan:
 
 def replicate_frontier(host_frontier: Any, graph: OpGraph, costs: CostModel, cluster: Cluster,
                        groups: Sequence[Sequence[str]], *, optimizer: str | int,
-                       workers: int | None = None) -> list[tuple[str, Plan, Any]]:
+                       workers: int | None = None) -> list[tuple[Any, ...]]:
     """Every point of ``host_frontier`` (a :class:`~.track.Frontier` tracked on ``groups[0]``'s
     devices for ``graph``, the model at the replica's batch) as a plan replicated over ``groups``
-    and simulated (``(REPLICAS_SOURCE, plan, SimResult)`` each, for :meth:`~.track.Frontier.joined`),
+    and simulated (``(REPLICAS_SOURCE, plan, SimResult, parts)`` each, for :meth:`~.track.Frontier.joined`:
+    the simulator's step, and the host point's walked peaks and their parts),
     the simulations side by side in ``workers`` forked processes (:func:`~.forkmap.fork_map`:
     the same results whatever the number).  O(points × simulate)."""
-    plans = [replicated(point.plan, groups) for point in host_frontier.points]
-    sims = fork_map(lambda plan: simulate(plan, graph, costs, cluster, optimizer=optimizer), plans,
+    points = host_frontier.points
+    plans = [replicated(point.plan, groups) for point in points]
+    # the step only: every replica holds its counterpart's walked peak, which the host's point has
+    # (the compiled evaluator's, equal to the walk: tests/planmodel/test_meshplan.py)
+    sims = fork_map(lambda plan: simulate(plan, graph, costs, cluster, optimizer=optimizer, memory=False), plans,
                     workers=default_workers() if workers is None else workers)
-    return [(REPLICAS_SOURCE, plan, sim) for plan, sim in zip(plans, sims)]
+    out = []
+    for point, plan, sim in zip(points, plans, sims):
+        sim.memory_bytes = {d: int(point.device_memory[plan.replica_of(d)[1]]) for d in plan.all_devices}
+        out.append((REPLICAS_SOURCE, plan, sim, dict(point.parts)))
+    return out

@@ -356,22 +356,25 @@ class Frontier:
         return self.joined([(source, plan, simulate(plan, graph, costs, cluster, optimizer=self.optimizer))
                             for source, plan in plans])
 
-    def joined(self, simulated: Iterable[tuple[str, Plan, Any]],
+    def joined(self, simulated: Iterable[tuple[Any, ...]],
                inputs: Mapping[str, tuple[OpGraph, CostModel]] | None = None) -> Frontier:
         """:meth:`including` for plans already simulated on the frontier's cluster with its
-        optimizer: ``(source, plan, simulate(plan, …))`` each.  ``inputs``: the graphs and costs of
-        plans made for another capture (:attr:`inputs`)."""
+        optimizer: ``(source, plan, simulate(plan, …))`` each, or ``(source, plan, sim, parts)``
+        where the peak's parts come from elsewhere (``sim`` without its walk's breakdown: the 2-D
+        plans, :mod:`.replicas`).  ``inputs``: the graphs and costs of plans made for another
+        capture (:attr:`inputs`)."""
         if self.cluster is None:
             raise TensorOptError("including other plans needs the frontier's cluster (track_frontier sets it)")
         joined = list(self.points)
-        for source, plan, sim in simulated:
+        for source, plan, sim, *given in simulated:
             per_device = {d: int(sim.memory_bytes[d]) for d in plan.all_devices}
             top = max(plan.all_devices, key=lambda d: per_device[d])
+            parts = dict(given[0]) if given else sim.memory[top].parts()
             plan = sim.annotate(plan).with_estimate(Estimate("frontier", sim.time_s, per_device, self.times_from))
             joined.append(FrontierPoint("", max(per_device.values()), sim.time_s, plan.num_devices,
                                         tuple(plan.all_devices), plan,
                                         fits(per_device, self.cluster, budget=self.budget, reserve=self.reserve),
-                                        per_device, sim.memory[top].parts(), 0, -1, {}, source))
+                                        per_device, parts, 0, -1, {}, source))
         keep = point_sets.reduce(np.array([float(p.memory_bytes) for p in joined]),
                                  np.array([p.time_s for p in joined]), self.resolution)
         kept = [joined[int(i)] for i in keep]

@@ -323,13 +323,15 @@ def _describe(rs_layouts: tuple[TensorLayout, TensorLayout], src: Sequence[str],
 
 def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
              optimizer: str | int = DEFAULT_OPTIMIZER, overlap: bool = True, foreach: bool = False,
-             context_bytes: int = 0) -> SimResult:
+             context_bytes: int = 0, memory: bool = True) -> SimResult:
     """Simulate one training step of ``plan``; see the module docstring for every rule.
 
     ``optimizer`` (``sgd`` / ``momentum`` / ``adam`` or α) and ``foreach`` size the optimizer
     state and temporaries; ``overlap`` launches each gradient all-reduce as soon as its node's
     backward ends (else after the whole backward); ``context_bytes`` is a fixed per-device
-    allowance (CUDA context, allocator slack) added to every device's memory.  Raises
+    allowance (CUDA context, allocator slack) added to every device's memory; ``memory=False``
+    skips the memory walk (``memory_bytes`` and ``memory`` empty: the caller has the walk's
+    figures, as the frontier has them from the compiled evaluator).  Raises
     :class:`~tensoropt.plan.PlanError` for a plan that does not fit the graph / cluster, or asks
     for a shard the profile lacks.  O((V + E) log(V + E)) events, each checking the devices and
     the waiting transfers.
@@ -347,6 +349,8 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
     step.gradient_syncs(bwd_task, overlap)
     total = step.sched.run()
     timeline, compute_s, link_s = _timeline(step.sched, plan.devices)
+    if not memory:
+        return SimResult(total, {}, compute_s, link_s, timeline, {}, optimizer, overlap, costs_source(costs))
     mem = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=foreach,
                context_bytes=context_bytes)
     if plan.replicas:   # every replica holds what the first does, device for device
