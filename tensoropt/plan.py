@@ -418,11 +418,6 @@ class Plan:
             for p in n.inputs:
                 if p in pos and pos[p] > pos[n.name]:
                     raise PlanError(f"the plan's order runs {n.name!r} before its input {p!r}")
-        if self.replicas and any(c.shard for c in self.configs.values()):
-            first = next(n for n, c in self.configs.items() if c.shard)
-            raise PlanError(f"node {first!r} shards its parameters (level {int(self.configs[first].shard)}) in a plan "
-                            "with replicas: sharding levels are not combined with replicas yet; give every node "
-                            "shard 0, or drop the replicas")
         if cluster is not None:
             names = set(cluster.names)
             for name, cfg in self.configs.items():

@@ -389,10 +389,8 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
                     warmup=request.warmup, timed=timed)
     priced = price(costs, setup.cluster, groups[0], costs_from=request.costs_from, calibration=request.calibration)
     progress("frontier", 0, 1, f"tracking one host's frontier ({len(groups[0])} devices)")
-    # no sharding levels inside a replica: the executors do not combine them with replicas yet
     inner = track_frontier(part, priced.costs, setup.cluster, meshes=meshes, resolution=request.resolution,
-                           optimizer=request.optimizer, reserve=request.reserve, max_walks=request.max_walks,
-                           shard_levels=())
+                           optimizer=request.optimizer, reserve=request.reserve, max_walks=request.max_walks)
     plans = replicate_frontier(inner, part, priced.costs, setup.cluster, groups, optimizer=request.optimizer)
     progress("frontier", 1, 1, f"{len(plans)} plans data parallel across {hosts} hosts")
     return frontier.joined(plans, inputs={part.fingerprint: (part, priced.costs)})

@@ -576,9 +576,10 @@ def replica_syncs(graph: OpGraph, plan: Plan, cluster: Cluster) -> list[tuple[tu
       a ring reduce-scatter over ``S`` (each device then holds the sum of its ``⌈N / k⌉``), the
       ``k`` pieces all-reduced over the replicas at once (device ``S[i]`` with the devices playing
       its role, each on its own links), a ring all-gather over ``S``.
-    - Every other gradient — a parameter read on one device, or a device's piece of one cut the
-      same way by every reader — is all-reduced in place over its device and its counterparts,
-      one ring per parameter.
+    - Every other gradient — a parameter read on one device, a device's piece of one cut the
+      same way by every reader, or its piece of one a sharding level reduce-scatters (levels 2–3:
+      HSDP, sharded inside a replica and replicated across them) — is all-reduced in place over
+      its device and its counterparts, one ring per parameter.
 
     O(V + parameters)."""
     out: list[tuple[tuple[str, ...], tuple[Stage, ...]]] = []
@@ -599,12 +600,16 @@ def replica_syncs(graph: OpGraph, plan: Plan, cluster: Cluster) -> list[tuple[tu
             info = graph.params[q]
             if info.kind == "parameter" and info.requires_grad and q not in synced:
                 unsynced.setdefault(q, []).append(name)
+    # a parameter whose gradient a sharding level reduce-scatters (levels 2-3): each device's piece
+    scattered = {q: s.piece_nbytes for q, s in sharded_parameters(graph, plan).items() if s.level.shards("gradients")} \
+        if any(c.shard for c in plan.configs.values()) else {}
     for q, nodes in unsynced.items():
         holders: dict[str, int] = {}
         for name in nodes:
             cfg = plan.configs[name]
             for d in cfg.devices:
-                holders[d] = max(holders.get(d, 0), largest_piece(graph.params[q].nbytes, cfg.param_pieces))
+                held = scattered.get(q, largest_piece(graph.params[q].nbytes, cfg.param_pieces))
+                holders[d] = max(holders.get(d, 0), held)
         for d, nbytes in holders.items():
             ring = across_replicas(plan, (d,))
             step = Step("allreduce", ring, nbytes, ring_allreduce_time(cluster, ring, nbytes))

@@ -403,6 +403,8 @@ class _StepTasks:
         #: the parameters the plan's sharding levels keep in pieces, and those each node reads
         self.sharded = sharded_parameters(graph, plan) if any(c.shard for c in plan.configs.values()) else {}
         self.node_sharded = node_sharded(graph, self.sharded)
+        #: each node's reduce-scatter of its sharded gradients (a sum across replicas waits for it)
+        self.scattered: dict[str, int | None] = {}
 
     def compute(self, name: str, phase: str, seconds: float, deps: Sequence[int | None]) -> int:
         cfg = self.plan.configs[name]
@@ -489,9 +491,9 @@ class _StepTasks:
                 first = [rc]
             bwd_task[name] = self.compute(name, "bp", self.times[name][1], first)
             _, rs, _ = shard_steps(self.graph, name, cfg, self.cluster, self.node_sharded.get(name, ()))
-            if rs is not None:   # its gradients reduce-scattered (nothing in the step waits for them)
-                sched.chain((rs,), name, "allreduce", [bwd_task[name]],
-                            f"gradients reduce-scattered on {','.join(cfg.devices)}")
+            if rs is not None:   # its gradients reduce-scattered (only a sum across replicas waits for them)
+                self.scattered[name] = sched.chain((rs,), name, "allreduce", [bwd_task[name]],
+                                                   f"gradients reduce-scattered on {','.join(cfg.devices)}")
             stats = stat_sync(self.graph, node, cfg, self.cluster) if needs_grad.get(name) else None
             if stats is not None:
                 bwd_task[name] = _known(sched.chain((stats,), name, "transfer", [bwd_task[name]],
@@ -530,7 +532,8 @@ class _StepTasks:
         for readers, stages in syncs:
             last = min(readers, key=position.__getitem__)   # the last of their backwards to run
             where = ",".join(dict.fromkeys(d for stage in stages for st in stage.steps for d in st.devices))
-            summed.append(self.sched.chain(stages, last, "allreduce", [bwd_task[last] if overlap else sync],
+            after = [self.scattered[r] for r in readers if self.scattered.get(r) is not None]   # its pieces first
+            summed.append(self.sched.chain(stages, last, "allreduce", [bwd_task[last] if overlap else sync, *after],
                                            f"parameter gradients on {where}"))
         self._update_gathers([*bwd_task.values(), *summed])
 

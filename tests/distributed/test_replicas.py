@@ -51,6 +51,25 @@ def test_two_hosts_of_a_split_plan_train_like_the_model_on_the_whole_batch():
         assert r["params_rel_diff"] < 1e-12    # one SGD step on every rank's parameters, as the model's
 
 
+def test_sharded_inside_each_host_and_replicated_across_hosts_trains_like_the_model():
+    # HSDP: ZeRO-1 and ZeRO-3 (FSDP) inside each host's two devices, data parallel across the two
+    # hosts — the pieces' gradients reduce-scattered in the host, then summed across the hosts
+    graph = half_batch_graph()
+    plans = [replicated_sharded(graph, level) for level in (1, 3)]
+    results = launch(check_plans, 4, {"cases": [{"model": SMALL, "plan": p.to_dict()} for p in plans]},
+                     timeout_s=120)[0]
+    for r in results:
+        assert r["passed"], r["failures"]
+        assert r["sharded"] and r["params_rel_diff"] < 1e-12
+
+
+def replicated_sharded(graph, level: int) -> Plan:
+    return Plan({n.name: NodeConfig(HOST0, "batch" if n.split.batch is not None else "R",
+                                    shard=level if n.params and n.split.batch is not None else 0)
+                 for n in graph.ops}, graph_fingerprint=graph.fingerprint, batch_size=graph.batch_size,
+                replicas=(HOST0, HOST1))
+
+
 def test_the_replicas_mean_is_the_whole_batch_step_for_this_model():
     # what the check holds the replicas to (the mean of each replica's step on its slice) is the
     # unmodified model's step on the whole batch here: a mean loss over equal slices, no batch norm

@@ -437,3 +437,21 @@ def test_replicas_on_devices_of_another_speed_are_refused():
                 replicas=[("a",), ("b",)])
     with pytest.raises(PlanError, match="same kind and speed"):
         simulate(plan, graph, costs, cluster)
+
+
+def test_replicas_of_a_sharded_host_sum_each_piece_across_hosts_after_its_reduce_scatter():
+    # FSDP inside a host (level 3 over its two GPUs), data parallel across two hosts (HSDP): after
+    # the linear's backward its weight and bias are reduce-scattered over NVLink (1,024 B and 64 B
+    # pieces), then each piece all-reduced over its GPU's InfiniBand link, one ring per parameter:
+    # the step is longer by the two rings of the pieces, after the reduce-scatters
+    graph, costs, cluster = _linear_on_hosts("hosts=2&gpus=2")
+    one = Plan({n.name: NodeConfig(("h0g0", "h0g1"), "batch", shard=3) for n in graph.ops},
+               graph_fingerprint=graph.fingerprint, batch_size=4)
+    two = Plan.from_dict({**one.to_dict(), "replicas": [["h0g0", "h0g1"], ["h1g0", "h1g1"]]})
+    alone, both = simulate(one, graph, costs, cluster), simulate(two, graph, costs, cluster)
+    ib = LinkModel(5e-6, 400e9 / 8)
+    assert both.time_s - alone.time_s == pytest.approx(_ring(ib, 2, 1024) + _ring(ib, 2, 64), rel=1e-9)
+    scatter_end = max(e.end for e in both.timeline if e.kind == "link" and e.resource == "h0g0->h0g1")
+    first_ring = min(e.start for e in both.timeline if e.kind == "link" and e.resource == "h0g0->h1g0")
+    assert first_ring >= scatter_end
+    assert both.memory_bytes["h1g1"] == alone.memory_bytes["h0g1"]
