@@ -6,7 +6,7 @@ A plan gives every operator node a :class:`NodeConfig` — the ordered group of 
 on (its *mesh*; one device = plain placement), its layout on that mesh and whether its
 activations are recomputed — plus an execution order and the estimates made of it
 (:class:`Estimate`: iteration time and per-device peak memory, and which model made them).
-It is a JSON value (``"format": "tensoropt.plan/1"``) that carries the fingerprint of the graph
+It is a JSON value (``"format": "tensoropt.plan/3"``) that carries the fingerprint of the graph
 it belongs to, so a plan is never applied to another model (nnScaler #28: a plan silently reused
 after the batch size changed).
 
@@ -288,7 +288,7 @@ class Plan:
     runs).  Replica ``r`` runs the plan on its slice ``r`` of ``R`` of the step's batch — the
     graph is the model captured at that slice's batch (:attr:`batch_size` is the replica's,
     :attr:`global_batch_size` the step's) — and the gradients are averaged over the replicas, as
-    PyTorch's DDP averages them (:func:`tensoropt.planmodel.reshard.gradient_syncs` says which
+    PyTorch's DDP averages them (:func:`tensoropt.planmodel.reshard.replica_syncs` says which
     devices sum what).
     """
 
@@ -460,20 +460,16 @@ class Plan:
         if not isinstance(replicas, list) or not all(isinstance(g, list) and all(isinstance(x, str) for x in g)
                                                     for g in replicas):
             raise GraphFormatError(f"{where}.replicas must be a list of device-name lists (one per replica)")
+        estimates = [Estimate.from_dict(e, f"{where}.estimates[{i}]") for i, e in enumerate(est_in)]
         try:
-            return cls._from_parts(d, fp, configs, order, est_in, replicas, where)
-        except PlanError as e:
+            return cls(configs, graph_fingerprint=fp, graph_name=str(d.get("graph_name", "")),
+                       batch_size=d.get("batch_size"), cluster_name=str(d.get("cluster_name", "")),
+                       cluster_fingerprint=str(d.get("cluster_fingerprint", "")),
+                       algorithm=str(d.get("algorithm", "")), options=d.get("options") or {}, order=order,
+                       estimates=estimates, plan_id=str(d.get("plan_id", "")), notes=d.get("notes") or [],
+                       replicas=replicas)
+        except PlanError as e:   # the replica groups are the only part the constructor checks
             raise GraphFormatError(f"{where}.replicas: {e}") from None
-
-    @classmethod
-    def _from_parts(cls, d: Mapping[str, Any], fp: str, configs: dict[str, NodeConfig], order: list[str],
-                    est_in: list[Any], replicas: list[list[str]], where: str) -> Plan:
-        return cls(configs, graph_fingerprint=fp, graph_name=str(d.get("graph_name", "")),
-                   batch_size=d.get("batch_size"), cluster_name=str(d.get("cluster_name", "")),
-                   cluster_fingerprint=str(d.get("cluster_fingerprint", "")), algorithm=str(d.get("algorithm", "")),
-                   options=d.get("options") or {}, order=order,
-                   estimates=[Estimate.from_dict(e, f"{where}.estimates[{i}]") for i, e in enumerate(est_in)],
-                   plan_id=str(d.get("plan_id", "")), notes=d.get("notes") or [], replicas=replicas)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the plan as JSON, atomically."""

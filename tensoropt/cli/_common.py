@@ -17,11 +17,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..capture import capture
 from ..cluster import Cluster
 from ..cluster.units import parse_size
 from ..describe import fmt_bytes
 from ..devicemodel.price import COSTS_FROM, Priced, price, prices_by_model
 from ..errors import TensorOptError
+from ..execute.replicas import call_for_capture
 from ..graph import PRECISIONS, OpGraph
 from ..measure import profile
 from ..measure.profiler import profiling_device
@@ -182,11 +184,15 @@ def workflow_request(args: argparse.Namespace, **rest: Any) -> Request:
 
 # ---- model and costs -----------------------------------------------------------------------
 def capture_spec(spec: str, console: Console, *, batch: int | None = None, batch_dim: int = 0,
-                 precision: str | None = None) -> OpGraph:
+                 precision: str | None = None, plan: Plan | None = None) -> OpGraph:
     """Load a model spec (zoo:…, file.py:factory, .onnx, graph.json) and capture it in ``precision``
-    (``--precision``; ``None``: fp32, or a saved graph's own), with a status line."""
+    (``--precision``; ``None``: fp32, or a saved graph's own), with a status line — for a ``plan``
+    with replicas, its first replica's slice of the batch (:func:`~tensoropt.execute.replicas.call_for_capture`)."""
     loaded = load_model(spec, batch=batch)
     with console.status(f"capturing {escape(spec)} …"):
+        if plan is not None and plan.replicas and loaded.model is not None:
+            return capture(loaded.model, call_for_capture(loaded.call, plan, batch_dim), batch_dim=batch_dim,
+                           name=loaded.name, precision=precision or "fp32")
         return loaded.capture(batch_dim=batch_dim, precision=precision)
 
 
@@ -258,8 +264,9 @@ def print_simulation(console: Console, res: SimResult, plan: Plan, cluster: Clus
     return not over
 
 
-def simulation_line(res: SimResult, graph: OpGraph, fits: bool) -> str:
-    """``simulated iteration time … ms; … samples/s; max per-device peak …; fits yes|no``."""
-    rate = graph.batch_size / res.time_s if graph.batch_size and res.time_s > 0 else float("nan")
+def simulation_line(res: SimResult, graph: OpGraph, fits: bool, replicas: int = 1) -> str:
+    """``simulated iteration time … ms; … samples/s; max per-device peak …; fits yes|no`` (the
+    samples of every one of ``replicas``)."""
+    rate = graph.batch_size * replicas / res.time_s if graph.batch_size and res.time_s > 0 else float("nan")
     return (f"simulated iteration time {res.time_s * 1e3:.3f} ms; {rate:.1f} samples/s; "
             f"max per-device peak {fmt_bytes(res.max_memory_bytes)}; fits {'yes' if fits else 'no'}")

@@ -42,8 +42,8 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
     plan = Plan.load(args.plan)
     batch = args.batch
     if batch is None and args.model.startswith("zoo:") and plan.batch_size:
-        batch = plan.batch_size  # capture the model at the batch size the plan was made for
-    graph = capture_spec(args.model, console, batch=batch, precision=args.precision)
+        batch = plan.global_batch_size  # the step's batch the plan was made for (a replica's slice is captured)
+    graph = capture_spec(args.model, console, batch=batch, precision=args.precision, plan=plan)
     plan = Plan.load(args.plan, graph, cluster)   # refuses another graph's plan, or unknown devices
     if plan.cluster_fingerprint and plan.cluster_fingerprint != cluster.fingerprint:
         console.print(f"[yellow]warning:[/yellow] the plan was made for cluster {escape(plan.cluster_name)!s} "
@@ -57,7 +57,7 @@ def _cmd_simulate(args: argparse.Namespace, console: Console) -> int:
                             title=f"plan {escape(plan.plan_id or plan.algorithm)} for {escape(graph.name)} "
                                   f"(batch {graph.batch_size}) on {escape(cluster.name)}", budget=budget,
                             reserve=reserve)
-    console.print(simulation_line(res, graph, fits), highlight=False)
+    console.print(simulation_line(res, graph, fits, plan.num_replicas), highlight=False)
     for e in plan.estimates:
         if e.source != "simulator":
             console.print(f"  plan's {escape(e.source)} estimate: {e.time_s * 1e3:.3f} ms", highlight=False)

@@ -3,14 +3,15 @@
 On a cluster of ``H ≥ 2`` hosts of equal shape, a plan may run as ``H`` replicas
 (:attr:`tensoropt.plan.Plan.replicas`): each host runs one plan of the search on its slice
 ``B / H`` of the batch, and the gradients are summed across the hosts
-(:func:`tensoropt.planmodel.reshard.gradient_syncs`).  The plan space is thus
+(:func:`tensoropt.planmodel.reshard.replica_syncs`).  The plan space is thus
 ``{host plan} × {data parallel over the hosts}``; its frontier is found as
 
     F_2D = Pareto{ (peak(p), simulate(p × H)) : p ∈ F_host(B / H) }
 
 where ``F_host(B / H)`` is the frontier tracked on the first host's devices for the model
 captured at the replica's batch (every mesh inside a host: 1, 2, 4 … GPUs, so ``H × k`` devices
-for each), ``peak(p)`` is the walk of ``p`` (every replica holds what the first does: the
+for each, with its sharding levels: FSDP inside a host and data parallel across hosts is HSDP),
+``peak(p)`` is the walk of ``p`` (every replica holds what the first does: the
 gradient sums are in place) and the time is the simulator's step of the replicated plan — its
 gradient sums across hosts on the hosts' links.  The search inside a host does not see the
 sums across hosts: a host plan that trades more inner communication for fewer gradient bytes

@@ -371,3 +371,26 @@ def test_a_run_whose_first_stops_computes_it_itself(tmp_path):
     holder.join(30)
     assert seen[0][0] == "waiting" and store.complete(req.key)
     assert any(s[0] == "profile" for s in seen) and seen[-1] == ("done", 1, 1, "done")
+
+
+def test_a_two_host_result_keeps_the_replicas_capture_and_shows_their_plans(tmp_path):
+    # on two hosts the page's frontier holds 2-D plans, made for the model captured at one host's
+    # slice: the result folder keeps that capture, so each such plan loads, simulates to its
+    # point's figures, and its commands run it on both hosts
+    from tensoropt.dashboard.callbacks import plan_commands
+
+    from .conftest import TINY
+
+    store = ResultStore(tmp_path)
+    key = run_request(Request(model=TINY, cluster="preset:h100-hosts?hosts=2&gpus=2", repeats=1, warmup=0, algos=()),
+                      store)
+    rows = [r for r in csv.DictReader(io.StringIO((store.folder(key) / "frontier.csv").read_text()))]
+    hosts = [r for r in rows if r["source"] == "hosts"]
+    assert hosts, [r["source"] for r in rows]
+    for row in hosts:
+        plan = store.plan(key, row["plan_id"])
+        assert plan.num_replicas == 2 and plan.graph_fingerprint != store.graph(key).fingerprint
+        sim = store.simulation(key, row["plan_id"])
+        assert sim.time_s == float(row["time_s"]) and sim.max_memory_bytes == int(row["memory_bytes"])
+    text = plan_commands(store, key, hosts[0]["plan_id"])
+    assert "--nnodes 2" in text and "--backend dist --check" in text and "--to torchrun" not in text

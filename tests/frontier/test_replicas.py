@@ -6,6 +6,7 @@ host, or a batch the hosts do not divide, has none (a note says why)."""
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 import tensoropt
 from tensoropt import simulate
@@ -52,3 +53,14 @@ def test_no_replicas_on_one_host_or_a_batch_the_hosts_do_not_divide():
     odd = explore(Request(MLP, "preset:h100-hosts?hosts=3&gpus=1", algos=(), batch=1000))
     assert all(p.source != REPLICAS_SOURCE for p in odd.frontier)
     assert any("not a multiple of the 3 hosts" in n for n in odd.frontier.notes)
+
+
+def test_tensoropt_simulate_takes_a_2d_plan_of_a_factory_and_says_its_step(two_hosts, tmp_path, capsys):
+    # the factory builds the whole batch; the command captures one host's slice for the plan
+    point = next(p for p in two_hosts.frontier if p.source == REPLICAS_SOURCE)
+    point.plan.save(tmp_path / "plan.json")
+    code, out, err = run_cli(capsys, "simulate", str(tmp_path / "plan.json"), MLP, "--cluster",
+                             "preset:h100-hosts?hosts=2&gpus=2")
+    assert code == 0, err
+    assert f"simulated iteration time {point.time_s * 1e3:.3f} ms" in out
+    assert f"{1024 / point.time_s:.1f} samples/s" in out     # both hosts' 512 samples
