@@ -36,7 +36,7 @@ from ..cluster import Cluster
 from ..graph import OpGraph
 from ..measure.costmodel import CostModel
 from ..plan import Plan
-from ..planmodel.simulate import simulate
+from ..planmodel.simulate import simulate, unlike_replica
 from .forkmap import default_workers, fork_map
 
 __all__ = ["host_groups", "replicated", "replicate_frontier", "REPLICAS_SOURCE"]
@@ -54,13 +54,8 @@ def host_groups(cluster: Cluster, devices: Sequence[str] | None = None) -> tuple
     for d in names:
         by_host.setdefault(cluster.device(d).host, []).append(d)
     groups = tuple(tuple(g) for g in by_host.values())
-    if len(groups) < 2 or len({len(g) for g in groups}) != 1:
+    if len(groups) < 2 or len({len(g) for g in groups}) != 1 or unlike_replica(groups, cluster) is not None:
         return ()
-    for g in groups[1:]:
-        for a, b in zip(g, groups[0]):
-            da, db = cluster.device(a), cluster.device(b)
-            if (da.kind, da.speed) != (db.kind, db.speed):
-                return ()
     return groups
 
 

@@ -359,16 +359,27 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
                      optimizer, overlap, costs_source(costs))
 
 
-def check_replicas(plan: Plan, cluster: Cluster) -> None:
-    """Refuse replicas whose devices compute at another speed than the first group's: the
-    simulator runs the first replica's devices and takes the others to keep pace with them."""
-    for group in plan.replicas[1:]:
-        for d, first in zip(group, plan.replicas[0]):
+def unlike_replica(groups: Sequence[Sequence[str]], cluster: Cluster) -> tuple[str, str] | None:
+    """The first ``(device, its counterpart in groups[0])`` of another kind or speed, or ``None``:
+    the one rule of which groups may be replicas (the simulator runs the first group's devices and
+    takes the others to keep pace with them)."""
+    for group in groups[1:]:
+        for d, first in zip(group, groups[0]):
             a, b = cluster.device(d), cluster.device(first)
-            if a.speed != b.speed or a.kind != b.kind:
-                raise PlanError(f"replica device {d!r} ({a.kind or 'no kind'}, speed {a.speed}) plays the role of "
-                                f"{first!r} ({b.kind or 'no kind'}, speed {b.speed}): replicas must run on devices "
-                                "of the same kind and speed as the first group's")
+            if (a.kind, a.speed) != (b.kind, b.speed):
+                return d, first
+    return None
+
+
+def check_replicas(plan: Plan, cluster: Cluster) -> None:
+    """Refuse replicas whose devices are of another kind or speed than the first group's
+    (:func:`unlike_replica`)."""
+    unlike = unlike_replica(plan.replicas, cluster)
+    if unlike is not None:
+        (d, a), (first, b) = ((x, cluster.device(x)) for x in unlike)
+        raise PlanError(f"replica device {d!r} ({a.kind or 'no kind'}, speed {a.speed}) plays the role of "
+                        f"{first!r} ({b.kind or 'no kind'}, speed {b.speed}): replicas must run on devices "
+                        "of the same kind and speed as the first group's")
 
 
 def _node_times(plan: Plan, graph: OpGraph, costs: CostModel) -> dict[str, tuple[float, float]]:
@@ -532,7 +543,9 @@ class _StepTasks:
         for readers, stages in syncs:
             last = min(readers, key=position.__getitem__)   # the last of their backwards to run
             where = ",".join(dict.fromkeys(d for stage in stages for st in stage.steps for d in st.devices))
-            after = [self.scattered[r] for r in readers if self.scattered.get(r) is not None]   # its pieces first
+            # across replicas a reduce-scattered piece is summed once its reduce-scatter is done
+            after = [self.scattered[r] for r in readers if self.scattered.get(r) is not None] \
+                if self.plan.replicas else []
             summed.append(self.sched.chain(stages, last, "allreduce", [bwd_task[last] if overlap else sync, *after],
                                            f"parameter gradients on {where}"))
         self._update_gathers([*bwd_task.values(), *summed])
