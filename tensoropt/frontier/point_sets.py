@@ -32,7 +32,11 @@ Rules every kernel follows (and the tests check):
 
 Complexity: reduce is O(n log n) (one stable sort by memory, then one linear scan); product of
 frontiers of sizes ``|a|`` and ``|b|`` is O(|a| |b| log(|a| |b|)) (all pair sums, then reduce);
-union of frontiers with ``n`` points in all is O(n log n).
+union of frontiers with ``n`` points in all is O(n log n).  A batched product over many pairs
+(:func:`batched_product`, the tracker's workhorse) whose inputs are frontiers merges each
+output's pairs as sorted rows instead (a heap; a row jumps past every candidate a point already
+found dominates): O(k log R) for the ``k`` candidates it reads from ``R`` rows, the same result —
+on WRN-152-2's search it reads half the candidates and takes half the time.
 
 Two interchangeable back ends compute the same results bit for bit: ``"numba"`` (compiled with
 ``@njit(cache=True)``; the default) and ``"numpy"`` (vectorised NumPy, the reference).  Both sort
@@ -65,6 +69,10 @@ except Exception:  # pragma: no cover - exercised only without numba
     HAVE_NUMBA = False
 
 BACKENDS = ("numba", "numpy")
+#: a batched product of more candidates than this whose inputs are all frontiers is merged with
+#: pruning (:func:`_batched_pruned_nb`, compiled on first use) instead of enumerated and sorted:
+#: the same result; small products (a small model's whole search) never compile it
+PRUNE_MIN_CANDIDATES = 20_000
 DEFAULT_BACKEND = "numba" if HAVE_NUMBA else "numpy"
 
 #: a float64 / int64 array (the kernels' inputs and outputs)
@@ -288,6 +296,161 @@ if HAVE_NUMBA:
         return idx
 
     @_compiled
+    def _row_first_below(am: FloatArray, at: FloatArray, bm: FloatArray, bt: FloatArray, fixed: int,
+                         vary_b: bool, lo: int, hi: int, thr: float) -> int:  # pragma: no cover
+        """The first position in ``[lo, hi)`` of a row (``fixed`` + the varying side) whose time is
+        below ``thr`` (``hi`` when none): times never increase along a row, so a binary search."""
+        if lo >= hi:
+            return hi
+        if vary_b:
+            if at[fixed] + bt[lo] < thr:
+                return lo
+            if at[fixed] + bt[hi - 1] >= thr:
+                return hi
+        else:
+            if at[lo] + bt[fixed] < thr:
+                return lo
+            if at[hi - 1] + bt[fixed] >= thr:
+                return hi
+        lo += 1
+        hi -= 1   # answer in (lo - 1, hi]: position hi is below thr
+        while lo < hi:
+            mid = (lo + hi) // 2
+            tm = at[fixed] + bt[mid] if vary_b else at[mid] + bt[fixed]
+            if tm < thr:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    @_compiled
+    def _pruned_nb(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
+                   bstart: IntArray, pa: IntArray, pb: IntArray, q0: int, q1: int, ws_i: IntArray,
+                   ws_f: FloatArray, em: FloatArray, et: FloatArray, eia: IntArray,
+                   eib: IntArray) -> int:  # pragma: no cover
+        """The exact frontier of one output's candidates, its rows frontiers: what sorting every
+        candidate and scanning keeps (equal memory: the least time, first in candidate order),
+        found without enumerating the dominated ones.
+
+        The candidates of pair ``q`` form rows — one per point of its shorter side, each sorted by
+        memory with time non-increasing along it — merged by a binary heap on (memory, candidate
+        order ``(q, i, j)``), so equal memories come out in candidate order as the stable sort
+        puts them.  A row's head whose time is not below the best time of every smaller memory
+        (or of its own memory so far) can never be kept: the row jumps past all such candidates
+        at once (binary search).  ``O(k log R)`` for ``k`` heads taken from ``R`` rows instead of
+        ``O(c log c)`` for all ``c`` candidates.  ``ws_i`` / ``ws_f``: workspace of ``6 R`` / ``2 R``
+        entries; the frontier goes to ``em, et, eia, eib`` (room for every candidate), its size
+        returned."""
+        nrows = ws_f.size // 2
+        rq = ws_i[:nrows]
+        rfix = ws_i[nrows:2 * nrows]
+        rvb = ws_i[2 * nrows:3 * nrows]     # 1: the row varies B's point (A's is fixed)
+        rpos = ws_i[3 * nrows:4 * nrows]
+        rend = ws_i[4 * nrows:5 * nrows]
+        heap = ws_i[5 * nrows:6 * nrows]
+        rm = ws_f[:nrows]
+        rt = ws_f[nrows:]
+        hs = 0
+        r = 0
+        for q in range(q0, q1):
+            a0, a1 = astart[pa[q]], astart[pa[q] + 1]
+            b0, b1 = bstart[pb[q]], bstart[pb[q] + 1]
+            if a1 <= a0 or b1 <= b0:
+                continue
+            vary_b = (a1 - a0) <= (b1 - b0)
+            f0, f1 = (a0, a1) if vary_b else (b0, b1)
+            for fx in range(f0, f1):
+                rq[r] = q
+                rfix[r] = fx
+                rvb[r] = 1 if vary_b else 0
+                lo, hi = (b0, b1) if vary_b else (a0, a1)
+                p = _row_first_below(am, at, bm, bt, fx, vary_b, lo, hi, np.inf)
+                rend[r] = hi
+                rpos[r] = p
+                if p < hi:
+                    if vary_b:
+                        rm[r] = am[fx] + bm[p]
+                        rt[r] = at[fx] + bt[p]
+                    else:
+                        rm[r] = am[p] + bm[fx]
+                        rt[r] = at[p] + bt[fx]
+                    heap[hs] = r
+                    hs += 1
+                r += 1
+
+        def before(x: int, y: int) -> bool:   # x's head before y's: memory, then candidate order
+            if rm[x] != rm[y]:
+                return rm[x] < rm[y]
+            if rq[x] != rq[y]:
+                return rq[x] < rq[y]
+            xi = rfix[x] if rvb[x] else rpos[x]
+            yi = rfix[y] if rvb[y] else rpos[y]
+            if xi != yi:
+                return xi < yi
+            xj = rpos[x] if rvb[x] else rfix[x]
+            yj = rpos[y] if rvb[y] else rfix[y]
+            return xj < yj
+
+        def sift_down(k: int, n: int) -> None:
+            while True:
+                c = 2 * k + 1
+                if c >= n:
+                    return
+                if c + 1 < n and before(heap[c + 1], heap[c]):
+                    c += 1
+                if before(heap[c], heap[k]):
+                    heap[k], heap[c] = heap[c], heap[k]
+                    k = c
+                else:
+                    return
+
+        for k in range(hs // 2 - 1, -1, -1):
+            sift_down(k, hs)
+        ne = 0
+        prev = np.inf      # least time of every smaller memory
+        cur = np.nan       # the memory of the group being read
+        gmin = np.inf      # its least time so far, and that candidate
+        gi = -1
+        gj = -1
+        while hs > 0:
+            r = heap[0]
+            m, t = rm[r], rt[r]
+            if m != cur:
+                if gmin < prev:
+                    em[ne] = cur
+                    et[ne] = gmin
+                    eia[ne] = gi
+                    eib[ne] = gj
+                    ne += 1
+                    prev = gmin
+                cur = m
+                gmin = np.inf
+            if t < gmin and t < prev:
+                gmin = t
+                gi = rfix[r] if rvb[r] else rpos[r]
+                gj = rpos[r] if rvb[r] else rfix[r]
+            p = _row_first_below(am, at, bm, bt, rfix[r], rvb[r] == 1, rpos[r] + 1, rend[r], min(gmin, prev))
+            if p < rend[r]:
+                rpos[r] = p
+                if rvb[r]:
+                    rm[r] = am[rfix[r]] + bm[p]
+                    rt[r] = at[rfix[r]] + bt[p]
+                else:
+                    rm[r] = am[p] + bm[rfix[r]]
+                    rt[r] = at[p] + bt[rfix[r]]
+            else:
+                hs -= 1
+                heap[0] = heap[hs]
+            sift_down(0, hs)
+        if gmin < prev:
+            em[ne] = cur
+            et[ne] = gmin
+            eia[ne] = gi
+            eib[ne] = gj
+            ne += 1
+        return ne
+
+    @_compiled
     def _batched_nb(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
                     bstart: IntArray, out_ptr: IntArray, pa: IntArray, pb: IntArray,
                     res: float) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:  # pragma: no cover
@@ -348,6 +511,96 @@ if HAVE_NUMBA:
             n += nk
             ostart[o + 1] = n
         return om[:n].copy(), ot[:n].copy(), oia[:n].copy(), oib[:n].copy(), ostart, merged
+
+
+    @_compiled
+    def _batched_pruned_nb(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
+                           bstart: IntArray, out_ptr: IntArray, pa: IntArray, pb: IntArray,
+                           res: float) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:  # pragma: no cover
+        """:func:`_batched_nb`'s result when every frontier of A and B is one (:func:`_frontiers`):
+        each output's exact frontier merged with pruning (:func:`_pruned_nb`), then bucketed —
+        the last (fastest) exact point of every bucket is what the scan keeps from all the
+        candidates, and the others are what it counts as merged."""
+        n_out = out_ptr.size - 1
+        max_rows = 0    # one workspace for every pruned output
+        max_c = 0
+        for o in range(n_out):
+            nr = 0
+            c = 0
+            for q in range(out_ptr[o], out_ptr[o + 1]):
+                la = astart[pa[q] + 1] - astart[pa[q]]
+                lb = bstart[pb[q] + 1] - bstart[pb[q]]
+                nr += min(la, lb)
+                c += la * lb
+            max_rows = max(max_rows, nr)
+            max_c = max(max_c, c)
+        ws_i = np.empty(6 * max_rows, np.int64)
+        ws_f = np.empty(2 * max_rows, np.float64)
+        em = np.empty(max_c, np.float64)
+        et = np.empty(max_c, np.float64)
+        eia = np.empty(max_c, np.int64)
+        eib = np.empty(max_c, np.int64)
+        cap = 16
+        om = np.empty(cap, np.float64)
+        ot = np.empty(cap, np.float64)
+        oia = np.empty(cap, np.int64)
+        oib = np.empty(cap, np.int64)
+        ostart = np.zeros(n_out + 1, np.int64)
+        n = 0
+        merged = 0
+        for o in range(n_out):
+            nr = 0
+            for q in range(out_ptr[o], out_ptr[o + 1]):
+                nr += min(astart[pa[q] + 1] - astart[pa[q]], bstart[pb[q] + 1] - bstart[pb[q]])
+            ne = _pruned_nb(am, at, astart, bm, bt, bstart, pa, pb, out_ptr[o], out_ptr[o + 1],
+                            ws_i[:6 * nr], ws_f[:2 * nr], em, et, eia, eib)
+            # bucketing the exact frontier keeps the last (fastest) point of every bucket:
+            # what the scan keeps from all the candidates (module docstring)
+            if n + ne > cap:
+                while n + ne > cap:
+                    cap *= 2
+                om2 = np.empty(cap, np.float64)
+                ot2 = np.empty(cap, np.float64)
+                oia2 = np.empty(cap, np.int64)
+                oib2 = np.empty(cap, np.int64)
+                om2[:n] = om[:n]
+                ot2[:n] = ot[:n]
+                oia2[:n] = oia[:n]
+                oib2[:n] = oib[:n]
+                om, ot, oia, oib = om2, ot2, oia2, oib2
+            nk = 0
+            for x in range(ne):
+                if x + 1 < ne and res > 0.0:
+                    k0 = np.ceil(em[x] / res)
+                    k0 += 1.0 if k0 * res < em[x] else 0.0
+                    k1 = np.ceil(em[x + 1] / res)
+                    k1 += 1.0 if k1 * res < em[x + 1] else 0.0
+                    if k0 == k1:
+                        continue
+                om[n + nk] = em[x]
+                ot[n + nk] = et[x]
+                oia[n + nk] = eia[x]
+                oib[n + nk] = eib[x]
+                nk += 1
+            merged += ne - nk
+            n += nk
+            ostart[o + 1] = n
+        return om[:n].copy(), ot[:n].copy(), oia[:n].copy(), oib[:n].copy(), ostart, merged
+
+def _candidates(astart: IntArray, bstart: IntArray, pa: IntArray, pb: IntArray) -> int:
+    """The pairs a batched product sums: the work of enumerating them."""
+    return int(np.dot(astart[pa + 1] - astart[pa], bstart[pb + 1] - bstart[pb]))
+
+
+def _frontiers(m: FloatArray, t: FloatArray, start: IntArray) -> bool:
+    """Every segment ``start[f]:start[f+1]`` has memory non-decreasing and time non-increasing
+    (a frontier, or one whose neighbours rounding made equal): the rows the pruned merge needs."""
+    if m.size < 2:
+        return True
+    ok = (np.diff(m) >= 0) & (np.diff(t) <= 0)
+    inner = start[1:-1]
+    ok[inner[(inner > 0) & (inner < m.size)] - 1] = True    # a segment's first point follows another's last
+    return bool(ok.all())
 
 
 def _batched_np(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
@@ -455,7 +708,11 @@ def batched_product(a_mem: ArrayLike, a_time: ArrayLike, a_start: ArrayLike, b_m
     if ia.size and (ia.min() < 0 or ia.max() >= astart.size - 1 or ib.min() < 0 or ib.max() >= bstart.size - 1):
         raise ValueError("pa / pb name a frontier that A / B does not have")
     if _backend(backend) == "numba":
-        res = _batched_nb(am, at, astart, bm, bt, bstart, ptr, ia, ib, r)
+        kernel = _batched_nb
+        if ia.size and _candidates(astart, bstart, ia, ib) > PRUNE_MIN_CANDIDATES \
+                and _frontiers(am, at, astart) and _frontiers(bm, bt, bstart):
+            kernel = _batched_pruned_nb
+        res = kernel(am, at, astart, bm, bt, bstart, ptr, ia, ib, r)
         return res[0], res[1], res[2], res[3], res[4], int(res[5])
     return _batched_np(am, at, astart, bm, bt, bstart, ptr, ia, ib, r)
 

@@ -199,3 +199,63 @@ def test_is_frontier():
     assert not is_frontier([1, 1, 3], [3, 2, 1])
     assert not is_frontier([1, 2, 3], [3, 3, 1])
     assert is_frontier([], [])
+
+
+@st.composite
+def frontier_sets(draw, max_n=12):
+    """Frontiers (memory ascending, time strictly descending), or sorted runs whose neighbours
+    tie (what rounding can make of a frontier): the rows of the pruned merge."""
+    m, t = draw(point_sets(max_n, allow_inf=False))
+    if draw(st.booleans()):
+        keep = reduce(m, t)
+        return m[keep], t[keep]
+    return np.sort(m), np.sort(t)[::-1].copy()
+
+
+@SETTINGS
+@given(st.lists(frontier_sets(), min_size=1, max_size=4), st.lists(frontier_sets(), min_size=1, max_size=4),
+       st.integers(0, 2**31 - 1), st.sampled_from([0.0, 0.7, 1.0, 3.0]))
+def test_pruned_merge_equals_enumerating_every_candidate(A, B, seed, res):
+    # the pruned merge (a heap of rows, dominated runs jumped) keeps what sorting every pair keeps,
+    # bit for bit: the same points, the same parents on ties, the same merged count
+    rng = np.random.default_rng(seed)
+    pack = lambda fs: (np.concatenate([f[0] for f in fs]), np.concatenate([f[1] for f in fs]),  # noqa: E731
+                       np.concatenate(([0], np.cumsum([f[0].size for f in fs]))).astype(np.int64))
+    am, at, ast = pack(A)
+    bm, bt, bst = pack(B)
+    counts = rng.integers(0, 5, int(rng.integers(0, 5)))
+    out_ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    pa = rng.integers(0, len(A), out_ptr[-1]).astype(np.int64)
+    pb = rng.integers(0, len(B), out_ptr[-1]).astype(np.int64)
+    assert K._frontiers(am, at, ast) and K._frontiers(bm, bt, bst)
+    pruned = K._batched_pruned_nb(am, at, ast, bm, bt, bst, out_ptr, pa, pb, res)
+    reference = K._batched_np(am, at, ast, bm, bt, bst, out_ptr, pa, pb, res)
+    for x, y in zip(pruned[:5], reference[:5]):
+        assert np.array_equal(x, y)
+    assert pruned[5] == reference[5]
+
+
+def test_pruned_merge_by_hand(monkeypatch):
+    # A = {(0, 10)}, B = {(1, 5), (2, 4), (3, 1)} and A' = {(0.5, 2)} with B: candidates
+    # (1, 15) (2, 14) (3, 11) and (1.5, 7) (2.5, 6) (3.5, 3); the frontier is (1, 15), (1.5, 7),
+    # (2.5, 6), (3.5, 3) — (2, 14) and (3, 11) are dominated by (1.5, 7)
+    monkeypatch.setattr(K, "PRUNE_MIN_CANDIDATES", 0)   # the public call takes the pruned kernel
+    called = []
+    real = K._batched_pruned_nb
+    monkeypatch.setattr(K, "_batched_pruned_nb", lambda *a: called.append(1) or real(*a))
+    mem, time, ia, ib, start, merged = batched_product(
+        [0.0, 0.5], [10.0, 2.0], [0, 1, 2], [1.0, 2.0, 3.0], [5.0, 4.0, 1.0], [0, 3], [0, 2], [0, 1], [0, 0])
+    assert called and mem.tolist() == [1.0, 1.5, 2.5, 3.5] and time.tolist() == [15.0, 7.0, 6.0, 3.0]
+    assert ia.tolist() == [0, 1, 1, 1] and ib.tolist() == [0, 0, 1, 2] and start.tolist() == [0, 4] and merged == 0
+    # buckets of 2: {1, 1.5} → 1, {2.5} → 2, {3.5} → 2: the last (fastest) of each kept, two merged
+    mem, time, _, _, _, merged = batched_product(
+        [0.0, 0.5], [10.0, 2.0], [0, 1, 2], [1.0, 2.0, 3.0], [5.0, 4.0, 1.0], [0, 3], [0, 2], [0, 1], [0, 0], 2.0)
+    assert mem.tolist() == [1.5, 3.5] and time.tolist() == [7.0, 3.0] and merged == 2
+
+
+def test_frontiers_check():
+    # segments [1, 2] and [0, 5]: each a frontier though 2 → 0 falls at the boundary
+    assert K._frontiers(np.array([1.0, 2, 0, 5]), np.array([3.0, 2, 9, 1]), np.array([0, 2, 4]))
+    assert not K._frontiers(np.array([1.0, 2, 0, 5]), np.array([3.0, 2, 9, 1]), np.array([0, 4]))
+    assert not K._frontiers(np.array([1.0, 2]), np.array([3.0, 4]), np.array([0, 2]))    # time rises
+    assert K._frontiers(np.array([1.0, 1]), np.array([3.0, 3]), np.array([0, 0, 2, 2]))  # ties, empty segments
