@@ -374,13 +374,16 @@ SHARD_MIN_FRACTION = 1e-3
 
 
 def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str], *,
-                 alpha: int = 0, shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS) -> list[NodeConfig]:
+                 alpha: int = 0, shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS,
+                 trainable_bytes: int | None = None) -> list[NodeConfig]:
     """The configurations of op node ``name`` on ``mesh`` (module docstring): layouts in
     :data:`LAYOUT_ORDER` where legal, each without then with recompute (the latter only where it
     frees activations or saves an input: a recomputed segment drops those); ``batch`` also with
     each of ``shard_levels`` where the node reads trainable parameters, at least
     :data:`SHARD_MIN_FRACTION` of the model's (a tied weight's readers must then share the level:
-    :meth:`_MeshContext.tie_edges`)."""
+    :meth:`_MeshContext.tie_edges`).  ``trainable_bytes``: the model's (default
+    :attr:`~tensoropt.graph.OpGraph.trainable_bytes`, which checks the graph is unchanged — O(nodes)
+    a call: a caller configuring every node passes it once)."""
     mesh = tuple(mesh)
     k = len(mesh)
     node = graph.nodes[name]
@@ -399,8 +402,8 @@ def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str
     # data parallelism with sharded parameters (ZeRO-1, ZeRO-2, ZeRO-3 ≈ FSDP) where the node reads
     # trainable parameters (its own, or a tied weight whose readers then agree)
     reads = trainable_reads(graph, name) if k > 1 else ()
-    total = graph.trainable_bytes
-    big = sum(graph.params[q].nbytes for q in reads) >= SHARD_MIN_FRACTION * total
+    big = bool(reads) and sum(graph.params[q].nbytes for q in reads) >= SHARD_MIN_FRACTION * (
+        graph.trainable_bytes if trainable_bytes is None else trainable_bytes)
     levels = (Shard.NONE, *(Shard(x) for x in shard_levels if x)) if reads and big else (Shard.NONE,)
     for lay in layouts:
         # recomputing frees what the node keeps, or — inside a segment — the inputs it saves
@@ -488,8 +491,10 @@ def build_problem(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: Sequ
     configs: dict[str, tuple[NodeConfig, ...]] = {}
     transient: dict[str, np.ndarray] = {}
     nodes: list[NodeCosts] = []
+    trainable = graph.trainable_bytes
     for node in ctx.ops:
-        cfgs = tuple(node_configs(graph, costs, node.name, mesh, alpha=ctx.alpha, shard_levels=shard_levels))
+        cfgs = tuple(node_configs(graph, costs, node.name, mesh, alpha=ctx.alpha, shard_levels=shard_levels,
+                                  trainable_bytes=trainable))
         configs[node.name] = cfgs
         mem, tim, tr = zip(*(ctx.config_costs(node, cfg) for cfg in cfgs)) if cfgs else ((), (), ())
         transient[node.name] = np.array(tr, dtype=np.float64)
