@@ -12,14 +12,23 @@ project's, so importing this folder as ``app`` is refused.
 - :mod:`.layout`, :mod:`.callbacks`: the page and its callbacks;
 - :mod:`.uploads`: uploaded files, checked as data.
 
-This module only exports :func:`create_app` and refuses the ``app`` import name; it must not
-import anything else (``import tensoropt.dashboard`` should cost no more than the app itself).
+This module only exports :func:`create_app` (loading Dash on first use, so that
+``tensoropt app`` can start the default's run from :mod:`.startup` before Dash loads) and refuses
+the ``app`` import name; it must not import anything else.
 """
 
 if __name__ == "app":   # the folder found on sys.path (the repository root), not the installed package
     raise ImportError("the dashboard is tensoropt.dashboard (the app/ folder, installed under the tensoropt "
                       "name): import tensoropt.dashboard")
 
-from .main import create_app  # noqa: E402  (after the guard)
+from typing import Any  # noqa: E402  (after the guard)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "create_app":   # Dash and plotly load here, not with the package
+        from .main import create_app
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["create_app"]

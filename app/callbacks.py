@@ -34,15 +34,16 @@ from tensoropt import zoo
 from tensoropt.cluster import list_presets
 from tensoropt.describe import fmt_bytes
 from tensoropt.errors import TensorOptError
-from tensoropt.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
+from tensoropt.optimizers import OPTIMIZER_ALPHA
 from tensoropt.planmodel.fits import fits
 from tensoropt.workflow import read_cluster
 
 from . import figures, plangraph, prices
 from .clientside import VIEW_JS
 from .commands import plan_filename, run_commands
-from .layout import COSTS_CHOICES, DEFAULT_EPOCH, initial_controls, split_zoo_spec, zoo_default_params, zoo_spec
-from .pipeline import DETECTED, Request, ResultStore, run_request
+from .layout import DEFAULT_EPOCH
+from .pipeline import DETECTED, ResultStore, run_request
+from .requests import cluster_spec, request_from_controls, split_zoo_spec, zoo_default_params, zoo_spec
 from .uploads import accept_upload
 
 
@@ -50,51 +51,6 @@ def _explain(e: BaseException) -> str:
     if isinstance(e, TensorOptError):
         return f"error: {e}"
     return f"internal error: {type(e).__name__}: {e} (a bug in tensoropt; please report it)"
-
-
-def cluster_spec(source: str, preset: str | None, uploaded: str | None) -> str:
-    """The request's cluster string for the cluster controls' state."""
-    if source == "detected":
-        return DETECTED
-    if source == "upload":
-        if not uploaded:
-            raise TensorOptError("upload a cluster YAML first, or choose a preset")
-        return uploaded
-    if not preset:
-        raise TensorOptError("choose a cluster preset")
-    return f"preset:{preset}"
-
-
-def model_spec(source: str, zoo_name: str | None, zoo_params: str | None, spec: str | None,
-               onnx_path: str | None) -> str:
-    """The request's model spec for the model controls' state."""
-    if source == "onnx":
-        if not onnx_path:
-            raise TensorOptError("upload an ONNX file first, or choose a zoo model")
-        return onnx_path
-    if source == "spec":
-        text = (spec or "").strip()
-        if not text:
-            raise TensorOptError("write a model spec (zoo:NAME?k=v or file.py:factory)")
-        return text
-    if not zoo_name:
-        raise TensorOptError("choose a zoo model")
-    return zoo_spec(zoo_name, zoo_params)
-
-
-def costs_fields(choice: str | None, profile_path: str | None, calibration_path: str | None) -> dict[str, Any]:
-    """The request's ``costs_from``, ``profile`` and ``calibration`` for the ``costs-from`` control
-    (:data:`~.layout.COSTS_CHOICES`): an uploaded profile is used only when that is the choice (and
-    then priced as ``auto`` prices: as measured where its device is the cluster's kind); the
-    calibration goes wherever a device model may price, so not with ``measured``."""
-    choice = choice or "auto"
-    if choice not in COSTS_CHOICES:
-        raise TensorOptError(f"unknown choice of where the times come from: {choice!r}")
-    if choice == "profile" and not profile_path:
-        raise TensorOptError("upload a saved profile JSON first, or choose another source of the operator times")
-    return {"costs_from": "auto" if choice == "profile" else choice,
-            "profile": profile_path if choice == "profile" else None,
-            "calibration": calibration_path if choice != "measured" else None}
 
 
 def gib_bytes(value: float | str | None) -> float | None:
@@ -179,39 +135,6 @@ def plan_verdict(store: ResultStore, key: str, plan_id: str, budget: float | Non
 def shown_key(shown: Mapping[str, Any] | None) -> str | None:
     """The key of the result on show (the ``shown-key`` store: ``{"key": …, "done": …}``)."""
     return (shown or {}).get("key") or None
-
-
-def request_from_controls(source: str, zoo_name: str | None, zoo_params: str | None, spec: str | None,
-                          onnx_path: str | None, profile_path: str | None, batch: Any, csource: str,
-                          preset: str | None, cpath: str | None, devices: list[str] | None, optimizer: str | None,
-                          repeats: Any, warmup: int | None, costs: str | None = "auto",
-                          calibration_path: str | None = None, precision: str | None = None, *,
-                          algos: tuple[str, ...] | None) -> Request:
-    """The :class:`~.pipeline.Request` the run button asks for, from the controls' state (``costs``:
-    the ``costs-from`` choice, see :func:`costs_fields`; ``precision``: ``fp32`` — the request's
-    default, ``None`` — or ``bf16``); bad input is a :class:`~tensoropt.errors.TensorOptError`
-    saying what to fix."""
-    cluster = cluster_spec(csource, preset, cpath)
-    if not devices:
-        # the device list is filled from the cluster after the page loads: all of them
-        devices = list(read_cluster(cluster).names)
-    return Request(model=model_spec(source, zoo_name, zoo_params, spec, onnx_path), cluster=cluster,
-                   batch=int(batch) if batch not in (None, "") else None, devices=tuple(devices),
-                   optimizer=optimizer or DEFAULT_OPTIMIZER, repeats=int(repeats) if repeats else 5,
-                   warmup=int(warmup or 0), algos=algos,
-                   precision=None if precision in (None, "", "fp32") else precision,
-                   **costs_fields(costs, profile_path, calibration_path))
-
-
-def first_request(default_model: str, default_cluster: str, repeats: int, warmup: int, *,
-                  algos: tuple[str, ...] | None) -> Request:
-    """The request the page runs when it opens with no link (:func:`request_from_controls` of the
-    controls as :func:`~.layout.initial_controls` sets them: every device of the cluster, the default
-    optimizer, fp32, times from ``auto``): what ``tensoropt app`` starts computing with the server."""
-    c = initial_controls(default_model, default_cluster)
-    return request_from_controls(c["model_source"], c["zoo_name"], c["zoo_params"], c["model_spec"], None, None, None,
-                                 c["cluster_source"], c["cluster_preset"], c["cluster_path"], [], DEFAULT_OPTIMIZER,
-                                 repeats, warmup, "auto", None, "fp32", algos=algos)
 
 
 #: what the run button's background job reports: (done, total, text, the frontier's key once ready)
@@ -875,6 +798,6 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
     _register_url(app, store, (default_model,) if default_model else ())
 
 
-__all__ = ["register_callbacks", "cluster_spec", "model_spec", "costs_fields", "gib_bytes", "reserve_bytes",
-           "plan_verdict", "shown_key", "frontier_view", "summary_lines", "page_data", "request_from_controls",
-           "first_request", "run_controls", "source_banner", "url_state", "apply_url", "plan_commands", "URL_KEYS"]
+__all__ = ["register_callbacks", "gib_bytes", "reserve_bytes", "plan_verdict", "shown_key", "frontier_view",
+           "summary_lines", "page_data", "run_controls", "source_banner", "url_state", "apply_url", "plan_commands",
+           "URL_KEYS"]

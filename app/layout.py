@@ -12,7 +12,6 @@ values (the zoo's parameters, the preset names) nor register callbacks.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qsl
 
 from dash import dcc, html
 from dash.dash_table.DataTable import DataTable
@@ -20,9 +19,9 @@ from dash.dash_table.DataTable import DataTable
 from tensoropt import zoo
 from tensoropt.cluster import list_presets
 from tensoropt.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
-from tensoropt.workflow import DETECTED
 
 from .figures import GPU_PRESETS_GIB
+from .requests import COSTS_CHOICES, initial_controls
 
 #: the epoch size the page opens with (samples): the cost columns' "per epoch"
 DEFAULT_EPOCH = 1_000_000
@@ -36,45 +35,6 @@ _BOX = {"border": "1px solid #ddd", "borderRadius": "6px", "padding": "8px", "ma
 _LABEL = {"fontWeight": "bold", "marginTop": "6px", "display": "block"}
 _UPLOAD = {"border": "1px dashed #999", "borderRadius": "4px", "padding": "6px", "textAlign": "center",
            "cursor": "pointer", "fontSize": "90%", "marginTop": "4px"}
-
-
-def split_zoo_spec(spec: str) -> tuple[str, str]:
-    """``"zoo:gpt2?layers=2&batch=2"`` → ``("gpt2", "layers=2&batch=2")``."""
-    body = spec[len("zoo:"):] if spec.startswith("zoo:") else spec
-    name, _, query = body.partition("?")
-    return name, query
-
-
-def zoo_default_params(name: str) -> str:
-    """The zoo model's default parameters as ``k=v&…`` (what the parameters box shows)."""
-    try:
-        params = zoo.get(name).params()
-    except ValueError:
-        return ""
-    return "&".join(f"{k}={v}" for k, v in params.items())
-
-
-def zoo_spec(name: str, params: str | None) -> str:
-    """The model spec of a zoo name and a ``k=v&…`` string (blank parts dropped)."""
-    pairs = parse_qsl((params or "").strip(), keep_blank_values=True)
-    query = "&".join(f"{k}={v}" for k, v in pairs if k)
-    return f"zoo:{name}" + (f"?{query}" if query else "")
-
-
-def initial_controls(default_model: str, default_cluster: str) -> dict[str, Any]:
-    """The model and cluster controls' values when the page opens on ``default_model`` and
-    ``default_cluster`` (the server's defaults): ``model_source``, ``zoo_name``, ``zoo_params``,
-    ``model_spec``, ``cluster_source``, ``cluster_preset`` and ``cluster_path``.  A zoo model fills
-    the zoo controls, any other spec the spec box; a preset the preset list, ``detected`` the
-    machine's GPUs, any other cluster (a file) stands as the uploaded cluster."""
-    zoo_model = default_model.startswith("zoo:")
-    zoo_name, zoo_params = split_zoo_spec(default_model) if zoo_model else ("gpt2", "")
-    preset = default_cluster[len("preset:"):] if default_cluster.startswith("preset:") else list_presets()[0]
-    source = ("preset" if default_cluster.startswith("preset:") else "detected" if default_cluster == DETECTED
-              else "upload")
-    return {"model_source": "zoo" if zoo_model else "spec", "zoo_name": zoo_name, "zoo_params": zoo_params,
-            "model_spec": "" if zoo_model else default_model, "cluster_source": source, "cluster_preset": preset,
-            "cluster_path": default_cluster if source == "upload" else None}
 
 
 def _model_box(start: dict[str, Any]) -> html.Div:
@@ -128,16 +88,6 @@ def _cluster_box(start: dict[str, Any], repeats: int, warmup: int) -> html.Div:
         dcc.Input(id="repeats", type="number", min=1, step=1, value=repeats, style={"width": "100%"}),
         dcc.Store(id="warmup", data=warmup),
     ])
-
-
-#: where the operator times come from: the ``costs-from`` control's values and labels (the callbacks
-#: turn a value into the request's ``costs_from``, ``profile`` and ``calibration``)
-COSTS_CHOICES = {
-    "auto": "automatic: measured where this machine is the cluster's kind, else the GPUs' device model",
-    "measured": "measured on this machine",
-    "profile": "an uploaded profile",
-    "model": "a device model",
-}
 
 
 def _costs_box() -> html.Div:
@@ -318,5 +268,4 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
                     children=[controls, main])
 
 
-__all__ = ["COSTS_CHOICES", "DEFAULT_EPOCH", "GPUS_COLUMNS", "build_layout", "initial_controls", "split_zoo_spec",
-           "zoo_default_params", "zoo_spec"]
+__all__ = ["DEFAULT_EPOCH", "GPUS_COLUMNS", "build_layout"]

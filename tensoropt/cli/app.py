@@ -27,15 +27,15 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
         raise TensorOptError(f"--port must be between 1 and 65535, got {args.port}")
     check_repeats(args)
     try:
-        # lazy: Dash and plotly load only for this command (module docstring); an install without the
-        # app/ folder mapped to tensoropt.dashboard (pyproject package-dir) fails here.  mypy does not
-        # follow the editable install's import hook and may not find the module, hence the ignores
-        from tensoropt.dashboard import create_app  # type: ignore[import-not-found, unused-ignore]
-        from tensoropt.dashboard.main import precompute  # type: ignore[import-not-found, unused-ignore]
+        # lazy: Dash and plotly load only for this command (module docstring), and only after the default's run
+        # has started (startup imports neither); an install without the app/ folder mapped to
+        # tensoropt.dashboard (pyproject package-dir) fails here.  mypy does not follow the editable install's
+        # import hook and may not find the module, hence the ignores
         from tensoropt.dashboard.pipeline import (  # type: ignore[import-not-found, unused-ignore]
             DEFAULT_CLUSTER,
             DEFAULT_MODEL,
         )
+        from tensoropt.dashboard.startup import precompute  # type: ignore[import-not-found, unused-ignore]
     except ImportError as e:
         raise TensorOptError(f"the dashboard cannot start: {e}; install the project with "
                              "`pip install -e .` from the repository (it ships the app/ package)") from None
@@ -44,11 +44,13 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
     defaults = {"cache_dir": args.cache_dir, "default_model": args.model or DEFAULT_MODEL,
                 "default_cluster": args.cluster or DEFAULT_CLUSTER, "repeats": args.repeats,
                 "algos": args.algos.split(",") if args.algos else None}
-    dash_app = create_app(**defaults)   # imports what the default's model needs (forks inherit it)
     if not args.lazy:
-        # the page's first run, started now (a fork: before the server's threads): the page opened a few seconds
-        # later follows it instead of starting it
+        # the page's first run, started now — a fork, before the server's threads, and before Dash, plotly and the
+        # model's library load here (issue 40: its capture and profile overlap the server's start): the page
+        # opened a few seconds later follows it instead of starting it
         precompute(**defaults)
+    from tensoropt.dashboard import create_app  # type: ignore[import-not-found, unused-ignore]
+    dash_app = create_app(**defaults)   # imports what the default's model needs (the page's jobs, forks, inherit it)
     url = f"http://{'127.0.0.1' if args.host in ('127.0.0.1', 'localhost') else args.host}:{args.port}/"
     console.print(f"tensoropt dashboard on {escape(url)} (Ctrl+C to stop)", highlight=False)
     if args.host not in ("127.0.0.1", "localhost", "::1"):

@@ -380,16 +380,16 @@ if HAVE_NUMBA:
 
         def before(x: int, y: int) -> bool:   # x's head before y's: memory, then candidate order
             if rm[x] != rm[y]:
-                return rm[x] < rm[y]
+                return bool(rm[x] < rm[y])
             if rq[x] != rq[y]:
-                return rq[x] < rq[y]
+                return bool(rq[x] < rq[y])
             xi = rfix[x] if rvb[x] else rpos[x]
             yi = rfix[y] if rvb[y] else rpos[y]
             if xi != yi:
-                return xi < yi
+                return bool(xi < yi)
             xj = rpos[x] if rvb[x] else rfix[x]
             yj = rpos[y] if rvb[y] else rfix[y]
-            return xj < yj
+            return bool(xj < yj)
 
         def sift_down(k: int, n: int) -> None:
             while True:
@@ -515,8 +515,8 @@ if HAVE_NUMBA:
 
     @_compiled
     def _batched_pruned_nb(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
-                           bstart: IntArray, out_ptr: IntArray, pa: IntArray, pb: IntArray,
-                           res: float) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:  # pragma: no cover
+                           bstart: IntArray, out_ptr: IntArray, pa: IntArray, pb: IntArray, res: float
+                           ) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:  # pragma: no cover
         """:func:`_batched_nb`'s result when every frontier of A and B is one (:func:`_frontiers`):
         each output's exact frontier merged with pruning (:func:`_pruned_nb`), then bucketed —
         the last (fastest) exact point of every bucket is what the scan keeps from all the

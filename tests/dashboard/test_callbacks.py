@@ -16,21 +16,20 @@ from tensoropt.dashboard import figures as F
 from tensoropt.dashboard.callbacks import (
     URL_KEYS,
     apply_url,
-    first_request,
     frontier_view,
     gib_bytes,
     page_data,
     plan_commands,
     plan_verdict,
-    request_from_controls,
     reserve_bytes,
     run_controls,
     source_banner,
     url_state,
 )
 from tensoropt.dashboard.commands import run_commands
-from tensoropt.dashboard.layout import build_layout, initial_controls
+from tensoropt.dashboard.layout import build_layout
 from tensoropt.dashboard.pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL, Request, save_upload
+from tensoropt.dashboard.requests import first_request, initial_controls, request_from_controls
 from tensoropt.errors import TensorOptError
 from tensoropt.planmodel import simulate
 from tensoropt.planmodel.fits import fits
