@@ -536,6 +536,67 @@ def _additive_many(vecs: np.ndarray, mem: np.ndarray, tim: np.ndarray, tr: np.nd
     return est, out_t
 
 
+@_compiled
+def _single_moves(base: np.ndarray, ks: np.ndarray, mem: np.ndarray, tim: np.ndarray, tr: np.ndarray,
+                  e_src: np.ndarray, e_dst: np.ndarray, e_mem: np.ndarray, e_time: np.ndarray, inc_ptr: np.ndarray,
+                  inc_edge: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """:func:`_additive_many` of every plan one node's configuration away from ``base`` — node
+    ``v`` ascending, then configuration ``c`` ascending, ``base``'s own skipped — each re-costed
+    from ``base``'s sums by what the move touches: the node and its incident edges (``inc_ptr`` /
+    ``inc_edge``: each node's edges, CSR), the largest transient without it.  Returns (the nodes,
+    the configurations, the memory estimates, the times).  O(n + E + Σ_v k_v · deg v) instead of
+    O(Σ_v k_v · (n + E)); a move that changes no cost gets ``base``'s own figures exactly."""
+    n = base.size
+    m = 0.0
+    t = 0.0
+    top = 0.0
+    arg = -1
+    for v in range(n):   # base's sums, in _additive_many's order
+        c = base[v]
+        m += mem[v, c]
+        t += tim[v, c]
+        if tr[v, c] > top:
+            top = tr[v, c]
+            arg = v
+    for j in range(e_src.shape[0]):
+        a, b = base[e_src[j]], base[e_dst[j]]
+        m += e_mem[j, a, b]
+        t += e_time[j, a, b]
+    top2 = 0.0   # the largest transient but node arg's
+    for v in range(n):
+        if v != arg and tr[v, base[v]] > top2:
+            top2 = tr[v, base[v]]
+    total = 0
+    for v in range(n):
+        total += ks[v] - 1
+    mv = np.empty(total, np.int64)
+    mc = np.empty(total, np.int64)
+    est = np.empty(total)
+    out_t = np.empty(total)
+    r = 0
+    for v in range(n):
+        bv = base[v]
+        rest = top2 if v == arg else top
+        for c in range(ks[v]):
+            if c == bv:
+                continue
+            dm = mem[v, c] - mem[v, bv]
+            dt = tim[v, c] - tim[v, bv]
+            for q in range(inc_ptr[v], inc_ptr[v + 1]):
+                j = inc_edge[q]
+                a, b = base[e_src[j]], base[e_dst[j]]
+                a2 = c if e_src[j] == v else a
+                b2 = c if e_dst[j] == v else b
+                dm += e_mem[j, a2, b2] - e_mem[j, a, b]
+                dt += e_time[j, a2, b2] - e_time[j, a, b]
+            mv[r] = v
+            mc[r] = c
+            est[r] = (m + dm) + max(rest, tr[v, c])
+            out_t[r] = t + dt
+            r += 1
+    return mv, mc, est, out_t
+
+
 def repeated_nodes(graph: OpGraph, names: Sequence[str], labels: Sequence[Sequence[str]]) -> list[np.ndarray]:
     """Classes of repeated operators (indices into ``names``): the same op with the same output
     shapes, at the same place in modules whose paths differ only in their numbers (a transformer's
@@ -581,6 +642,11 @@ class _Evaluated:
             ka, kb = e.mem.shape
             self._e_mem[j, :ka, :kb] = np.where(np.isfinite(e.time), e.mem, np.inf)
             self._e_time[j, :ka, :kb] = e.time
+        # each node's incident edges (CSR), for re-costing a one-node move from its plan's sums
+        ends = np.concatenate([self._e_src, self._e_dst])
+        order = np.argsort(ends, kind="stable")
+        self._inc_edge = np.concatenate([np.arange(len(edges)), np.arange(len(edges))])[order].astype(np.int64)
+        self._inc_ptr = np.searchsorted(ends[order], np.arange(len(nodes) + 1)).astype(np.int64)
         self.classes = repeated_nodes(graph, [n.name for n in nodes], [n.labels for n in nodes])
         # each configuration's recomputing twin (same devices, layout and level; -1: none), and the
         # nodes of each repeated block: a block recomputed whole is one segment (a checkpoint per block)
@@ -657,8 +723,9 @@ class _Evaluated:
                                          return_merged=True)
         return [int(i) for i in keep], int(merged)
 
-    def neighbours(self, i: int, blocks_first: bool = False) -> np.ndarray:
-        """The plans around plan ``i``, most promising first: every plan one node's configuration
+    def neighbours(self, i: int, blocks_first: bool = False, limit: int | None = None) -> np.ndarray:
+        """The plans around plan ``i``, most promising first (the first ``limit``, default all):
+        every plan one node's configuration
         away, every plan that sets one configuration on a whole class of repeated nodes
         (:func:`repeated_nodes`: a transformer's twelve blocks move together), and the plans that
         recompute every repeated block, or one of them, whole (each a segment: the checkpoint per
@@ -666,25 +733,23 @@ class _Evaluated:
         (batch, parameters at level 3) — these first with ``blocks_first``
         (the polish's least-memory point), else last.  The rest ranked by the
         search's additive costs relative to plan ``i``'s: those that save memory or time first
-        (by the larger relative saving), then the rest by the smaller relative loss."""
+        (by the larger relative saving), then the rest by the smaller relative loss.  The one-node
+        moves are re-costed from plan ``i``'s sums (:func:`_single_moves`) and only the plans
+        returned are built."""
         base = self.vecs[i]
-        n = len(base)
-        total = int(self.ks.sum()) - n
-        moves = [np.repeat(base[None, :], total, axis=0)]
-        r = 0
-        for v in range(n):
-            for c in range(int(self.ks[v])):
-                if c != base[v]:
-                    moves[0][r, v] = c
-                    r += 1
+        mv, mc, est1, tim1 = _single_moves(np.ascontiguousarray(base, dtype=np.int64), self.ks, self._mem,
+                                           self._time, self._tr, self._e_src, self._e_dst, self._e_mem,
+                                           self._e_time, self._inc_ptr, self._inc_edge)
+        whole = []
         for members in self.classes:
             for c in range(int(self.ks[members[0]])):
                 if (base[members] != c).sum() > 1:    # one differing member is a single-node move
                     row = base.copy()
                     row[members] = c
-                    moves.append(row[None, :])
-        out = np.concatenate(moves)
-        est, tim = self.additive(out)
+                    whole.append(row)
+        rows = np.array(whole, dtype=np.int64).reshape(len(whole), len(base))
+        est2, tim2 = self.additive(rows)
+        est, tim = np.concatenate([est1, est2]), np.concatenate([tim1, tim2])
         (be,), (bt,) = self.additive(base[None, :])
         gain = np.maximum((be - est) / max(abs(be), 1.0), (bt - tim) / max(abs(bt), 1e-30))
         # every block, then each block, recomputed whole — first around the least-memory point,
@@ -696,9 +761,16 @@ class _Evaluated:
                 row = base.copy()
                 row[members[twin >= 0]] = twin[twin >= 0]
                 if (row != base).sum() > 1:
-                    blocks.append(row[None, :])
-        ranked = out[np.argsort(-gain, kind="stable")]
-        return np.concatenate([*blocks, ranked] if blocks_first else [ranked, *blocks])
+                    blocks.append(row)
+        n_ranked = gain.size if limit is None else max(0, min(gain.size, limit - (len(blocks) if blocks_first else 0)))
+        picked = np.argsort(-gain, kind="stable")[:n_ranked]
+        ranked = np.repeat(base[None, :], picked.size, axis=0)
+        one = picked < mv.size
+        ranked[np.flatnonzero(one), mv[picked[one]]] = mc[picked[one]]
+        ranked[~one] = rows[picked[~one] - mv.size]
+        block_rows = np.array(blocks, dtype=np.int64).reshape(len(blocks), len(base))
+        out = np.concatenate([block_rows, ranked] if blocks_first else [ranked, block_rows])
+        return out if limit is None else out[:limit]
 
     def polish(self, resolution: float, backend: str | None, max_evals: int) -> bool:
         """Local search around the frontier: evaluate the plans around each frontier point
@@ -719,7 +791,7 @@ class _Evaluated:
             share = max(1, room // len(todo))
             complete = True
             for k in todo:
-                around = self.neighbours(k, blocks_first=k == front[0])   # front: memory ascending
+                around = self.neighbours(k, blocks_first=k == front[0], limit=share + 1)   # front: memory ascending
                 if len(around) > share:
                     around, complete = around[:share], False
                 self.add(around)

@@ -264,3 +264,54 @@ def test_the_placers_plans_join_where_the_search_does_not_dominate_them(cnn, def
         assert sim.max_memory_bytes == p.memory_bytes and sim.time_s == pytest.approx(p.time_s, rel=1e-9)
     # and it is the Pareto set of the search's points and the placers' plans together
     assert all(seeded.dominating(p.memory_bytes, p.time_s) is not None for p in default)
+
+
+@pytest.mark.parametrize("fixture", ["tied", "cnn"])
+def test_one_node_moves_are_recosted_from_their_plan(fixture, request):
+    # the polish ranks every plan one node's configuration away by the search's additive costs;
+    # re-costed from the plan's sums (the node, its edges — a tied weight's parallel tie edge
+    # included — and the largest transient without it), each must be the plan summed anew, here
+    # summed by hand from the problem's node and edge costs
+    from tensoropt.frontier.graph_problem import build_problem
+    from tensoropt.frontier.track import _Evaluated, _single_moves
+    from tensoropt.planmodel.meshplan import MeshEvaluator
+
+    g, costs = request.getfixturevalue(fixture)
+    mp = build_problem(g, costs, TITAN, ("gpu0", "gpu1"))
+    pool = _Evaluated(mp, MeshEvaluator(g, costs, TITAN, mp.mesh, configs=mp.configs, optimizer=mp.optimizer), g)
+    nodes, edges = mp.problem.nodes, mp.problem.edges
+
+    def by_hand(row):
+        mem = sum(float(n.mem[row[v]]) for v, n in enumerate(nodes))
+        tim = sum(float(n.time[row[v]]) for v, n in enumerate(nodes))
+        for e in edges:
+            a, b = row[mp.problem.index(e.src)], row[mp.problem.index(e.dst)]
+            mem += float(e.mem[a, b])
+            tim += float(e.time[a, b])
+        return mem + max(0.0, *(float(mp.transient[n.name][row[v]]) for v, n in enumerate(nodes))), tim
+
+    rng = np.random.default_rng(0)
+    bases = [np.zeros(len(nodes), np.int64)] + [rng.integers(0, [n.k for n in nodes]) for _ in range(3)]
+    for base in bases:
+        be, bt = by_hand(base)
+        if not np.isfinite(be):
+            continue
+        mv, mc, est, tim = _single_moves(base, pool.ks, pool._mem, pool._time, pool._tr, pool._e_src, pool._e_dst,
+                                         pool._e_mem, pool._e_time, pool._inc_ptr, pool._inc_edge)
+        assert mv.size == sum(n.k - 1 for n in nodes)
+        for v, c, m, t in zip(mv, mc, est, tim):
+            row = base.copy()
+            row[v] = c
+            want_m, want_t = by_hand(row)
+            if not np.isfinite(want_m):
+                assert not np.isfinite(m)
+                continue
+            assert m == pytest.approx(want_m, rel=1e-12) and t == pytest.approx(want_t, rel=1e-12)
+        # the polish reads the first `limit` of the ranked plans: the same as the whole list's
+        pool.add(base[None, :])
+        k = pool.seen[base.tobytes()]
+        if k >= 0:
+            whole = pool.neighbours(k)
+            assert np.array_equal(pool.neighbours(k, limit=7), whole[:7])
+            assert np.array_equal(pool.neighbours(k, blocks_first=True, limit=5),
+                                  pool.neighbours(k, blocks_first=True)[:5])
