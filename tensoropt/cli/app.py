@@ -37,8 +37,7 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
         )
         from tensoropt.dashboard.startup import precompute  # type: ignore[import-not-found, unused-ignore]
     except ImportError as e:
-        raise TensorOptError(f"the dashboard cannot start: {e}; install the project with "
-                             "`pip install -e .` from the repository (it ships the app/ package)") from None
+        raise _cannot_start(e) from None
 
     _check_port_free(args.host, args.port)
     defaults = {"cache_dir": args.cache_dir, "default_model": args.model or DEFAULT_MODEL,
@@ -49,7 +48,10 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
         # model's library load here (issue 40: its capture and profile overlap the server's start): the page
         # opened a few seconds later follows it instead of starting it
         precompute(**defaults)
-    from tensoropt.dashboard import create_app  # type: ignore[import-not-found, unused-ignore]
+    try:
+        from tensoropt.dashboard import create_app  # type: ignore[import-not-found, unused-ignore]
+    except ImportError as e:   # Dash or plotly missing or broken
+        raise _cannot_start(e) from None
     dash_app = create_app(**defaults)   # imports what the default's model needs (the page's jobs, forks, inherit it)
     url = f"http://{'127.0.0.1' if args.host in ('127.0.0.1', 'localhost') else args.host}:{args.port}/"
     console.print(f"tensoropt dashboard on {escape(url)} (Ctrl+C to stop)", highlight=False)
@@ -58,6 +60,11 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
                       "upload files[/yellow]")
     dash_app.run(host=args.host, port=args.port, debug=args.debug_app, use_reloader=False)
     return 0
+
+
+def _cannot_start(e: ImportError) -> TensorOptError:
+    return TensorOptError(f"the dashboard cannot start: {e}; install the project with "
+                          "`pip install -e .` from the repository (it ships the app/ package)")
 
 
 def _check_port_free(host: str, port: int) -> None:
