@@ -12,8 +12,9 @@ Rules that keep it exact and safe:
 
 - **Same result as one process.**  Every task runs the same code on the same inputs; results
   come back in task order, so the frontier is identical whatever the number of workers.
-- **Tasks are dealt by their cost hint**: largest first, each to the worker with the least
-  hinted work so far (longest-processing-time first) — deterministic, no shared queue.
+- **Tasks are handed out by their cost hint**: largest first, each to the first worker free
+  (longest-processing-time first, on the workers' real times: a hint that is off costs no idle
+  worker).  Which worker ran a task never changes its result.
 - **A worker that fails leaves no gap**: an exception in a task is sent back and raised here
   (the first failing task's, itself where it pickles); a worker that dies without a word (killed, out of memory) has its
   tasks run again here, in this process.
@@ -38,6 +39,7 @@ import select
 import signal
 import struct
 import sys
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -65,18 +67,6 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def deal(hints: Sequence[float], workers: int) -> list[list[int]]:
-    """Task indices per worker: largest hint first, each to the least-loaded worker (ties to the
-    lower worker); each worker's tasks in ascending order.  O(n log n + n·workers)."""
-    load = [0.0] * workers
-    out: list[list[int]] = [[] for _ in range(workers)]
-    for i in sorted(range(len(hints)), key=lambda j: (-hints[j], j)):
-        w = min(range(workers), key=lambda k: (load[k], k))
-        out[w].append(i)
-        load[w] += float(hints[i])
-    return [sorted(ts) for ts in out if ts]
-
-
 def fork_map(fn: Callable[[T], R], tasks: Sequence[T], *, workers: int | None = None,
              hints: Sequence[float] | None = None,
              on_done: Callable[[int], None] | None = None) -> list[R]:
@@ -94,18 +84,22 @@ def fork_map(fn: Callable[[T], R], tasks: Sequence[T], *, workers: int | None = 
             if on_done is not None:
                 on_done(i)
         return results
-    groups = deal(list(hints) if hints is not None else [1.0] * n, min(workers, n))
+    cost = list(hints) if hints is not None else [1.0] * n
+    todo = deque(sorted(range(n), key=lambda j: (-float(cost[j]), j)))
     sys.stdout.flush()
     sys.stderr.flush()
-    children: dict[int, tuple[int, list[int]]] = {}    # read end -> (pid, its tasks)
-    for group in groups:
-        r, w = os.pipe()
+    children: dict[int, int] = {}          # result pipe's read end -> pid
+    orders: dict[int, int] = {}            # result pipe's read end -> the pipe its worker reads tasks from
+    for _ in range(min(workers, n)):
+        r, w = os.pipe()                   # results, worker -> here
+        tr, tw = os.pipe()                 # task indices, here -> worker (-1: stop)
         pid = os.fork()
-        if pid == 0:                                    # the child: run its tasks, send each result
+        if pid == 0:                                    # the child: run each task it is handed, send each result
             os.close(r)
+            os.close(tw)
             code = 0
             try:
-                for i in group:
+                while (i := _read_index(tr)) >= 0:
                     try:
                         payload = pickle.dumps((i, True, fn(tasks[i])), protocol=pickle.HIGHEST_PROTOCOL)
                     except BaseException as e:      # noqa: BLE001 — sent to the parent, raised there
@@ -116,7 +110,10 @@ def fork_map(fn: Callable[[T], R], tasks: Sequence[T], *, workers: int | None = 
             finally:
                 os._exit(code)
         os.close(w)
-        children[r] = (pid, group)
+        os.close(tr)
+        children[r] = pid
+        orders[r] = tw
+        _hand_out(orders, r, todo)
     got: dict[int, Any] = {}
     failure: tuple[int, BaseException] | None = None
     buffers = {r: bytearray() for r in children}
@@ -126,13 +123,16 @@ def fork_map(fn: Callable[[T], R], tasks: Sequence[T], *, workers: int | None = 
             ready, _, _ = select.select(sorted(open_fds), [], [])
             for fd in ready:
                 chunk = os.read(fd, 1 << 20)
-                if not chunk:
+                if not chunk:                       # the worker is gone (done, or died: its task runs here)
                     open_fds.discard(fd)
                     os.close(fd)
+                    if fd in orders:
+                        os.close(orders.pop(fd))
                     continue
                 buffers[fd] += chunk
                 while (frame := _take_frame(buffers, fd)) is not None:
                     i, ok, value = pickle.loads(frame)
+                    _hand_out(orders, fd, todo)     # the worker is free: the next task, or stop
                     if ok:
                         got[i] = value
                         if on_done is not None:
@@ -140,13 +140,15 @@ def fork_map(fn: Callable[[T], R], tasks: Sequence[T], *, workers: int | None = 
                     elif failure is None or i < failure[0]:
                         failure = (i, value)
     finally:
+        for tw in orders.values():
+            os.close(tw)
         if open_fds:            # stopped early (an exception here, ^C): end the workers, leave no zombie
             for fd in open_fds:
                 os.close(fd)
-            for pid, _ in children.values():
+            for pid in children.values():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        for pid, _ in children.values():
+        for pid in children.values():
             os.waitpid(pid, 0)
     if failure is not None:         # the first failing task's exception, as one process would raise it
         raise failure[1]
@@ -156,6 +158,34 @@ def fork_map(fn: Callable[[T], R], tasks: Sequence[T], *, workers: int | None = 
             if on_done is not None:
                 on_done(i)
     return [got[i] for i in range(n)]
+
+
+def _hand_out(orders: dict[int, int], fd: int, todo: deque[int]) -> None:
+    """Send the worker of result pipe ``fd`` the next task (largest hint first), or stop it (-1)
+    when none is left; a worker that is gone gives its task back to the queue."""
+    if fd not in orders:
+        return
+    i = todo.popleft() if todo else -1
+    try:
+        os.write(orders[fd], struct.pack("<q", i))
+    except OSError:             # it died: the task waits for another worker (or runs here)
+        if i >= 0:
+            todo.appendleft(i)
+        os.close(orders.pop(fd))
+        return
+    if i < 0:
+        os.close(orders.pop(fd))
+
+
+def _read_index(fd: int) -> int:
+    """The next task index a worker is handed (-1: stop; the parent gone: stop)."""
+    data = b""
+    while len(data) < 8:
+        chunk = os.read(fd, 8 - len(data))
+        if not chunk:
+            return -1
+        data += chunk
+    return int(struct.unpack("<q", data)[0])
 
 
 def _failure(i: int, e: BaseException) -> bytes:
@@ -185,4 +215,4 @@ def _take_frame(buffers: dict[int, bytearray], fd: int) -> bytes | None:
     return frame
 
 
-__all__ = ["WORKERS_ENV", "deal", "default_workers", "fork_map"]
+__all__ = ["WORKERS_ENV", "default_workers", "fork_map"]

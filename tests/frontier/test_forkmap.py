@@ -6,7 +6,7 @@ import os
 import pytest
 
 import tensoropt
-from tensoropt.frontier.forkmap import WORKERS_ENV, deal, default_workers, fork_map
+from tensoropt.frontier.forkmap import WORKERS_ENV, default_workers, fork_map
 
 
 def test_results_come_back_in_task_order_from_every_worker():
@@ -19,12 +19,21 @@ def test_one_worker_runs_here():
     assert fork_map(lambda i: os.getpid(), range(3), workers=1) == [os.getpid()] * 3
 
 
-def test_tasks_are_dealt_largest_first_to_the_least_loaded_worker():
-    # hints 5, 4, 3, 3, 1 on two workers, worked by hand: 5 -> w0, 4 -> w1, 3 -> w1 (4 < 5),
-    # 3 (task 3) -> w0 (5 < 7), 1 -> w1 (7 < 8)
-    assert deal([5, 4, 3, 3, 1], 2) == [[0, 3], [1, 2, 4]]
-    assert deal([2, 2, 2], 2) == [[0, 2], [1]]   # ties to the lower worker
-    assert deal([1, 1], 4) == [[0], [1]]   # no empty worker
+def test_each_task_goes_to_the_first_free_worker_largest_hint_first():
+    # task 0 is hinted as cheap as the others but takes half a second: while its worker is busy
+    # the other worker runs every other task (dealt in advance by the hints, two of them would
+    # have waited behind it); the largest hint starts first
+    import time
+
+    def fn(i):
+        if i == 0:
+            time.sleep(0.5)
+        return os.getpid(), time.monotonic()
+
+    got = fork_map(fn, range(5), workers=2)
+    assert len({pid for pid, _ in got[1:]}) == 1 and got[0][0] != got[1][0]
+    first = fork_map(lambda i: (os.getpid(), time.monotonic()), range(4), workers=2, hints=[1, 1, 9, 1])
+    assert first[2][1] <= min(t for pid, t in first if pid == first[2][0])   # its worker's first task
 
 
 def test_an_exception_in_a_worker_is_raised_here_as_itself():
