@@ -972,7 +972,7 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
                   steps: int, workers: int, beside: Callable[[], Any] | None = None) -> tuple[list[MeshResult], Any]:
     """Each mesh tracked (:func:`_track_mesh`), and ``beside()`` (other work independent of the
     meshes); returns the meshes' results and ``beside()``'s.  With several ``workers``, in forked
-    workers (:func:`~.forkmap.fork_map`: the same results in the same order), dealt by their size:
+    workers (:func:`~.forkmap.fork_map`: the same results in the same order), handed out largest first:
     a mesh is one task — its τ runs in one :class:`~.algorithm.Session` (a level shares much of its
     work with the one before), then its evaluation and polish — unless it has more than a worker's
     share of the work (configurations × levels): then its levels are cut into as many runs of
