@@ -81,7 +81,9 @@ def test_times(mlp_runs):
     for m in mlp_runs.values():
         assert len(m.times_s) == 5 and all(t > 0 for t in m.times_s)
         assert m.time_s > 0 and m.forward_s > 0 and m.backward_s > 0
-        assert m.forward_s + m.backward_s <= m.time_s * 1.5
+        # each phase is timed inside its step, so each phase's median is at most the steps' (order
+        # statistics keep a step-by-step bound); their sum against 1.5 steps failed under load
+        assert m.forward_s <= m.time_s and m.backward_s <= m.time_s
         assert m.device == "cpu" and m.threads == torch.get_num_threads()
         d = m.to_dict()
         assert json.loads(json.dumps(d)) == d
