@@ -451,15 +451,40 @@ if HAVE_NUMBA:
         return ne
 
     @_compiled
+    def _room_nb(om: FloatArray, ot: FloatArray, oia: IntArray, oib: IntArray, n: int,
+                 need: int) -> tuple[FloatArray, FloatArray, IntArray, IntArray]:  # pragma: no cover
+        """The output arrays with room for ``need`` points, their first ``n`` kept (doubled until
+        they fit; the same arrays when they already do)."""
+        cap = om.size
+        if need <= cap:
+            return om, ot, oia, oib
+        while need > cap:
+            cap *= 2
+        om2 = np.empty(cap, np.float64)
+        ot2 = np.empty(cap, np.float64)
+        oia2 = np.empty(cap, np.int64)
+        oib2 = np.empty(cap, np.int64)
+        om2[:n] = om[:n]
+        ot2[:n] = ot[:n]
+        oia2[:n] = oia[:n]
+        oib2[:n] = oib[:n]
+        return om2, ot2, oia2, oib2
+
+    @_compiled
+    def _bucket_nb(m: float, res: float) -> float:  # pragma: no cover
+        """:func:`bucket_key` of one memory at a resolution above 0."""
+        key = np.ceil(m / res)
+        return float(key + 1.0 if key * res < m else key)
+
+    @_compiled
     def _batched_nb(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
                     bstart: IntArray, out_ptr: IntArray, pa: IntArray, pb: IntArray,
                     res: float) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:  # pragma: no cover
         n_out = out_ptr.size - 1
-        cap = 16
-        om = np.empty(cap, np.float64)
-        ot = np.empty(cap, np.float64)
-        oia = np.empty(cap, np.int64)
-        oib = np.empty(cap, np.int64)
+        om = np.empty(16, np.float64)
+        ot = np.empty(16, np.float64)
+        oia = np.empty(16, np.int64)
+        oib = np.empty(16, np.int64)
         ostart = np.zeros(n_out + 1, np.int64)
         n = 0
         merged = 0
@@ -491,18 +516,7 @@ if HAVE_NUMBA:
             keep, mg = _scan_nb(cm, ct, key, order)
             merged += mg
             nk = keep.size
-            if n + nk > cap:
-                while n + nk > cap:
-                    cap *= 2
-                om2 = np.empty(cap, np.float64)
-                ot2 = np.empty(cap, np.float64)
-                oia2 = np.empty(cap, np.int64)
-                oib2 = np.empty(cap, np.int64)
-                om2[:n] = om[:n]
-                ot2[:n] = ot[:n]
-                oia2[:n] = oia[:n]
-                oib2[:n] = oib[:n]
-                om, ot, oia, oib = om2, ot2, oia2, oib2
+            om, ot, oia, oib = _room_nb(om, ot, oia, oib, n, n + nk)
             for x in range(nk):
                 om[n + x] = cm[keep[x]]
                 ot[n + x] = ct[keep[x]]
@@ -522,60 +536,44 @@ if HAVE_NUMBA:
         the last (fastest) exact point of every bucket is what the scan keeps from all the
         candidates, and the others are what it counts as merged."""
         n_out = out_ptr.size - 1
-        max_rows = 0    # one workspace for every pruned output
+        rows = np.zeros(n_out, np.int64)    # each output's rows; one workspace for them all
         max_c = 0
         for o in range(n_out):
-            nr = 0
             c = 0
             for q in range(out_ptr[o], out_ptr[o + 1]):
                 la = astart[pa[q] + 1] - astart[pa[q]]
                 lb = bstart[pb[q] + 1] - bstart[pb[q]]
-                nr += min(la, lb)
+                rows[o] += min(la, lb)
                 c += la * lb
-            max_rows = max(max_rows, nr)
             max_c = max(max_c, c)
+        max_rows = rows.max() if n_out else 0
         ws_i = np.empty(6 * max_rows, np.int64)
         ws_f = np.empty(2 * max_rows, np.float64)
         em = np.empty(max_c, np.float64)
         et = np.empty(max_c, np.float64)
         eia = np.empty(max_c, np.int64)
         eib = np.empty(max_c, np.int64)
-        cap = 16
-        om = np.empty(cap, np.float64)
-        ot = np.empty(cap, np.float64)
-        oia = np.empty(cap, np.int64)
-        oib = np.empty(cap, np.int64)
+        om = np.empty(16, np.float64)
+        ot = np.empty(16, np.float64)
+        oia = np.empty(16, np.int64)
+        oib = np.empty(16, np.int64)
         ostart = np.zeros(n_out + 1, np.int64)
         n = 0
         merged = 0
         for o in range(n_out):
-            nr = 0
-            for q in range(out_ptr[o], out_ptr[o + 1]):
-                nr += min(astart[pa[q] + 1] - astart[pa[q]], bstart[pb[q] + 1] - bstart[pb[q]])
+            nr = rows[o]
             ne = _pruned_nb(am, at, astart, bm, bt, bstart, pa, pb, out_ptr[o], out_ptr[o + 1],
                             ws_i[:6 * nr], ws_f[:2 * nr], em, et, eia, eib)
             # bucketing the exact frontier keeps the last (fastest) point of every bucket:
             # what the scan keeps from all the candidates (module docstring)
-            if n + ne > cap:
-                while n + ne > cap:
-                    cap *= 2
-                om2 = np.empty(cap, np.float64)
-                ot2 = np.empty(cap, np.float64)
-                oia2 = np.empty(cap, np.int64)
-                oib2 = np.empty(cap, np.int64)
-                om2[:n] = om[:n]
-                ot2[:n] = ot[:n]
-                oia2[:n] = oia[:n]
-                oib2[:n] = oib[:n]
-                om, ot, oia, oib = om2, ot2, oia2, oib2
+            om, ot, oia, oib = _room_nb(om, ot, oia, oib, n, n + ne)
             nk = 0
+            key = _bucket_nb(em[0], res) if ne and res > 0.0 else 0.0
             for x in range(ne):
                 if x + 1 < ne and res > 0.0:
-                    k0 = np.ceil(em[x] / res)
-                    k0 += 1.0 if k0 * res < em[x] else 0.0
-                    k1 = np.ceil(em[x + 1] / res)
-                    k1 += 1.0 if k1 * res < em[x + 1] else 0.0
-                    if k0 == k1:
+                    later = _bucket_nb(em[x + 1], res)
+                    same, key = later == key, later
+                    if same:
                         continue
                 om[n + nk] = em[x]
                 ot[n + nk] = et[x]
@@ -586,6 +584,7 @@ if HAVE_NUMBA:
             n += nk
             ostart[o + 1] = n
         return om[:n].copy(), ot[:n].copy(), oia[:n].copy(), oib[:n].copy(), ostart, merged
+
 
 def _candidates(astart: IntArray, bstart: IntArray, pa: IntArray, pb: IntArray) -> int:
     """The pairs a batched product sums: the work of enumerating them."""
