@@ -43,6 +43,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import _kernels as kernels
 from .capture import capture
 from .capture.precision import check_precision as check_precision_name
 from .cluster import detect_cluster, load_cluster
@@ -306,6 +307,8 @@ def explore(request: Request, progress: Progress = no_progress, *,
     """
     t0 = time.perf_counter()
     setup = prepare(request, progress)
+    if request.frontier:
+        kernels.start()   # a fresh install's search kernels compile beside the capture and profile
     graph, priced = measure(request, setup, progress)
     setup = dataclasses.replace(setup, cluster=priced.cluster)
     costs = priced.costs

@@ -81,6 +81,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _kernels as kernels
 from .._io import write_atomic
 from ..cluster import Cluster
 from ..describe import fmt_bytes
@@ -916,6 +917,8 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     """
     t0 = _time.perf_counter()
     budget = _check_arguments(graph, costs, optimizer, budget, max_levels, max_walks, reserve)
+    kernels.start()   # compiling, where a fresh install has not yet: in two processes, not in every worker
+    kernels.ready()
     allowed = cluster.select(devices)
     mesh_list = (candidate_meshes(cluster, devices=allowed) if meshes is None
                  else _check_meshes(cluster, meshes, allowed))

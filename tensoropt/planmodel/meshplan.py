@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from .. import _kernels as kernels
 from ..cluster import Cluster
 from ..cluster.collectives import allgather_time
 from ..graph import OpGraph, block_of, grad_nodes
@@ -92,6 +93,7 @@ class MeshEvaluator:
     def __init__(self, graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: Sequence[str], *,
                  configs: Mapping[str, Sequence[NodeConfig]] | None = None,
                  optimizer: str | int = DEFAULT_OPTIMIZER, context_bytes: int = 0):
+        kernels.ready()   # the kernels a job's start began compiling (tensoropt._kernels)
         self.graph, self.costs, self.cluster = graph, costs, cluster
         self.mesh = tuple(mesh)
         self.optimizer = optimizer

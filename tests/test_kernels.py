@@ -1,0 +1,103 @@
+"""The search's kernels compiled ahead (tensoropt._kernels): what the compiling processes build is
+what a search calls, and a warm cache or a forked worker starts and waits for nothing."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import tensoropt._kernels as kernels
+
+# A fresh install, as far as numba can tell (an empty cache folder): compile ahead, then run searches
+# and count the kernels numba had to compile again (a kernel loaded from the cache is no compile).
+FRESH_INSTALL = textwrap.dedent("""
+    import torch
+    from numba.core import event
+
+    import tensoropt
+    import tensoropt._kernels as kernels
+    from tensoropt.frontier import point_sets
+
+    assert not kernels.cached()
+    kernels.start()
+    kernels.ready()
+    assert kernels.cached()
+    ours = {id(d) for d in kernels.dispatchers()}
+    compiled = []
+
+    class Compiles(event.Listener):
+        def on_start(self, ev):
+            pass
+
+        def on_end(self, ev):
+            if id(ev.data["dispatcher"]) in ours:
+                compiled.append(ev.data["dispatcher"].py_func.__name__)
+
+    event.register("numba:compile", Compiles())
+
+    class Net(torch.nn.Module):   # a residual MLP whose head reuses the input layer's weight
+        def __init__(self):
+            super().__init__()
+            self.inp = torch.nn.Linear(12, 12)
+            self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.LayerNorm(12), torch.nn.Linear(12, 12),
+                                                                  torch.nn.GELU()) for _ in range(2))
+
+        def forward(self, x):
+            x = self.inp(x)
+            for b in self.blocks:
+                x = x + b(x)
+            return x @ self.inp.weight
+
+    graph = tensoropt.capture(Net(), (torch.randn(8, 12),))
+    cluster = tensoropt.load_cluster("preset:v100-8-nvlink")
+    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2, 4), repeats=1, timed=False), cluster,
+                            costs_from="model").costs
+    fr = tensoropt.track_frontier(graph, costs, cluster, devices=cluster.names[:4], workers=1)
+    point_sets.PRUNE_MIN_CANDIDATES = 0   # every product through the pruned kernel too
+    fr2 = tensoropt.track_frontier(graph, costs, cluster, devices=cluster.names[:4], workers=1)
+    assert [p.time_s for p in fr] == [p.time_s for p in fr2]
+    tensoropt.simulate(fr.min_time().plan, graph, costs, cluster)
+    print("compiled again:", sorted(set(compiled)))
+""")
+
+
+def test_compiled_ahead_is_what_the_search_calls(tmp_path):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    out = subprocess.run([sys.executable, "-c", FRESH_INSTALL], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "compiled again: []" in out.stdout, out.stdout[-2000:]
+
+
+def test_warm_cache_starts_nothing():
+    kernels.start()   # compiles here only if this is the first search of a fresh clone
+    kernels.ready()
+    assert kernels.cached()
+    kernels.start()
+    assert kernels._pending == []
+    kernels.ready()   # nothing to wait for
+
+
+def test_a_fork_waits_for_nothing_of_its_parent(monkeypatch):
+    # a worker forked while its parent's compiling processes ran copies their ids: it cannot wait for
+    # another process's children, and must not try (os.waitpid would raise)
+    monkeypatch.setattr(kernels, "_pending", [os.getpid() + 10_000_000])
+    monkeypatch.setattr(kernels, "_owner", os.getpid() + 1)
+    kernels.ready()
+    assert kernels._pending == []
+
+
+def test_a_compile_past_the_limit_is_stopped(monkeypatch):
+    pid = os.fork()
+    if pid == 0:   # a compiling process that never ends
+        import time
+        time.sleep(60)
+        os._exit(0)
+    monkeypatch.setattr(kernels, "_pending", [pid])
+    monkeypatch.setattr(kernels, "_owner", os.getpid())
+    kernels.ready(timeout_s=0.2)
+    assert kernels._pending == []
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return
+    raise AssertionError(f"process {pid} still there")
