@@ -8,9 +8,9 @@ when that is read-only).  On a fresh install the first search compiles them all:
 core on a 2-core machine, and every worker process of the search compiled them at once, each on
 its own, while a job's capture and profile had left the second core idle.
 
-:func:`start` forks two processes that compile them on tiny inputs — the frontier's kernels in
-one, the plan evaluator's in the other — so that they compile while the job imports, captures
-and profiles its model; :func:`ready` (called by :func:`~tensoropt.frontier.track_frontier` and
+:func:`start` forks three processes that compile them on tiny inputs (:data:`PARTS`: the
+frontier's kernels, the evaluator's walk, its simulator) so that they compile while the job
+captures and profiles its model; :func:`ready` (called by :func:`~tensoropt.frontier.track_frontier` and
 by :class:`~tensoropt.planmodel.meshplan.MeshEvaluator` before their first kernel call) waits
 for them, after which every process loads the kernels from the cache.  When every kernel is in
 the cache already (:func:`cached`: the index numba keeps per function is there and fresh) nothing
