@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1] / "tensoropt"
 
 #: the layers, lowest first; a module may import its own layer's modules and lower ones
 LAYERS = [
-    {"errors", "_io", "_malloc", "_procs", "optimizers", "graph", "plan", "layouts", "describe", "syncbn",
+    {"errors", "_io", "_kernels", "_malloc", "_procs", "optimizers", "graph", "plan", "layouts", "describe", "syncbn",
      "progress"},  # values
     {"capture", "modelspec", "zoo"},           # model → OpGraph
     {"measure", "cluster"},                    # what operators and links cost, measured

@@ -55,18 +55,14 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeVar, cast, overload
+from collections.abc import Sequence
+from typing import Any, Literal, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-try:  # numba is a dependency, but a broken install should degrade to NumPy, not fail imports
-    from numba import njit
-
-    HAVE_NUMBA = True
-except Exception:  # pragma: no cover - exercised only without numba
-    HAVE_NUMBA = False
+from .. import _kernels as kernels
+from .._kernels import HAVE_NUMBA, compiled
 
 BACKENDS = ("numba", "numpy")
 #: a batched product of more candidates than this whose inputs are all frontiers is merged with
@@ -180,15 +176,6 @@ def _scan_np(m: np.ndarray, t: np.ndarray, key: np.ndarray, order: np.ndarray) -
 
 # --------------------------------------------------------------------------------------------
 # the reduce scan: numba
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def compiled(fn: _F) -> _F:
-    """``numba.njit(cache=True)`` (the function as it is without numba), typed for mypy (which
-    sees the Python function)."""
-    return cast(_F, njit(cache=True)(fn)) if HAVE_NUMBA else fn
-
 
 if HAVE_NUMBA:
     _compiled = compiled
@@ -761,3 +748,22 @@ def union(frontiers: Sequence[Any], resolution: float = 0.0, *, backend: str | N
     keep, merged = _reduce_impl(m, t, _resolution(resolution), _backend(backend))
     out = (m[keep], t[keep], which_all[keep], idx_all[keep])
     return (*out, merged) if return_merged else out
+
+
+@kernels.ahead
+def _compile_ahead() -> None:
+    """This module's kernels on a tiny product, with the argument types the search passes
+    (:mod:`tensoropt._kernels`): the reduce scan, the enumerating product and the pruned one."""
+    global PRUNE_MIN_CANDIDATES
+    m = np.array([1.0, 2.0, 3.0])
+    t = np.array([3.0, 2.0, 1.0])
+    start = np.array([0, 3], dtype=np.int64)
+    ptr = np.array([0, 1], dtype=np.int64)
+    pair = np.zeros(1, dtype=np.int64)
+    reduce(m, t)
+    batched_product(m, t, start, m, t, start, ptr, pair, pair)
+    limit, PRUNE_MIN_CANDIDATES = PRUNE_MIN_CANDIDATES, 0   # the pruned kernel on the same product
+    try:
+        batched_product(m, t, start, m, t, start, ptr, pair, pair)
+    finally:
+        PRUNE_MIN_CANDIDATES = limit

@@ -83,6 +83,7 @@ import numpy as np
 
 from .. import _kernels as kernels
 from .._io import write_atomic
+from .._kernels import compiled as _compiled
 from ..cluster import Cluster
 from ..describe import fmt_bytes
 from ..devicemodel.price import check_costs_kind, costs_source
@@ -102,7 +103,6 @@ from . import point_sets
 from .algorithm import Session, track
 from .forkmap import default_workers, fork_map
 from .graph_problem import DEFAULT_SHARD_LEVELS, MeshProblem, build_problem, candidate_meshes
-from .point_sets import compiled as _compiled
 from .replicas import REPLICAS_SOURCE
 
 __all__ = ["track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "CSV_COLUMNS",
@@ -597,6 +597,19 @@ def _single_moves(base: np.ndarray, ks: np.ndarray, mem: np.ndarray, tim: np.nda
             r += 1
     return mv, mc, est, out_t
 
+
+
+@kernels.ahead
+def _compile_ahead() -> None:
+    """:func:`_additive_many` and :func:`_single_moves` on two nodes of two configurations and one
+    edge, with the argument types the polish passes (:mod:`tensoropt._kernels`)."""
+    vecs = np.zeros((1, 2), dtype=np.int64)
+    node = np.ones((2, 2))
+    src, dst = np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64)
+    edge = np.ones((1, 2, 2))
+    _additive_many(vecs, node, node, node, src, dst, edge, edge)
+    _single_moves(vecs[0], np.full(2, 2, dtype=np.int64), node, node, node, src, dst, edge, edge,
+                  np.array([0, 1, 2], dtype=np.int64), np.zeros(2, dtype=np.int64))
 
 def repeated_nodes(graph: OpGraph, names: Sequence[str], labels: Sequence[Sequence[str]]) -> list[np.ndarray]:
     """Classes of repeated operators (indices into ``names``): the same op with the same output

@@ -53,9 +53,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from .. import _kernels as kernels
+from .._kernels import compiled
 from ..cluster import Cluster
 from ..cluster.collectives import allgather_time
 from ..graph import OpGraph, block_of, grad_nodes
@@ -323,7 +323,7 @@ def _build_tables(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tupl
 # ---- shared: which parameters' gradients are summed across the mesh --------------------------
 
 
-@njit(cache=True)
+@compiled
 def _levels(a, q_read_ptr, q_readers, q_train, cut, shard, k):  # pragma: no cover - compiled
     """Trainable parameter → the sharding level that keeps it in pieces, 0 where none
     (:func:`tensoropt.plan.sharded_parameters` on one mesh: every reader has the same level ≥ 1
@@ -345,7 +345,7 @@ def _levels(a, q_read_ptr, q_readers, q_train, cut, shard, k):  # pragma: no cov
     return lvl
 
 
-@njit(cache=True)
+@compiled
 def _node_sharded(a, node_q_ptr, node_q, q_bytes, q_ag, lvl, n):  # pragma: no cover - compiled
     """Per node: how many of its parameters are sharded (of nonzero bytes), the seconds of their
     all-gathers one after the other (:func:`~.reshard.shard_steps`), and their whole bytes."""
@@ -362,7 +362,7 @@ def _node_sharded(a, node_q_ptr, node_q, q_bytes, q_ag, lvl, n):  # pragma: no c
     return cnt, secs, whole
 
 
-@njit(cache=True)
+@compiled
 def _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, lvl,
             k):  # pragma: no cover - compiled
     """Trainable parameter → whether its gradients are summed (:func:`~.reshard.synced_parameters`
@@ -390,7 +390,7 @@ def _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, lvl,
 # ---- time: the simulator's event loop on one mesh --------------------------------------------
 
 
-@njit(cache=True)
+@compiled
 def _heap_push(keys, ids, size, key, tid):  # pragma: no cover - compiled
     i = size
     keys[i] = key
@@ -405,7 +405,7 @@ def _heap_push(keys, ids, size, key, tid):  # pragma: no cover - compiled
     return size + 1
 
 
-@njit(cache=True)
+@compiled
 def _heap_pop(keys, ids, size):  # pragma: no cover - compiled
     key, tid = keys[0], ids[0]
     size -= 1
@@ -425,7 +425,7 @@ def _heap_pop(keys, ids, size):  # pragma: no cover - compiled
     return key, tid, size
 
 
-@njit(cache=True)
+@compiled
 def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur, bwd_dur, grad_l, speed, rate,
               ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, blk, keeps0, slot_ptr, slot_ids, slot_prod, read,
               recv, unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_ag,
@@ -731,7 +731,7 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
     return _run(kind[:nt], dur[:nt], dep_from[:nd], dep_to[:nd])
 
 
-@njit(cache=True)
+@compiled
 def _run(kind, dur, dep_from, dep_to):  # pragma: no cover - compiled
     """:meth:`~.simulate._Schedule.run` on one mesh: compute tasks in creation order, one at a
     time; comm tasks on one channel, first come first served by (ready, id); sync tasks end when
@@ -833,7 +833,7 @@ def _run(kind, dur, dep_from, dep_to):  # pragma: no cover - compiled
     return best
 
 
-@njit(cache=True)
+@compiled
 def _simulate_many(vecs, *tables):  # pragma: no cover - compiled
     out = np.zeros(vecs.shape[0])
     for r in range(vecs.shape[0]):
@@ -844,7 +844,7 @@ def _simulate_many(vecs, *tables):  # pragma: no cover - compiled
 # ---- memory: the walk of one device ----------------------------------------------------------
 
 
-@njit(cache=True)
+@compiled
 def _segments(a, rc, ng, blk, keeps0):  # pragma: no cover - compiled
     """:func:`~.walk.recompute_segments` of :func:`~.walk.fill_segments` on one mesh (what
     :meth:`MeshEvaluator.plan` gives): each node's segment (-1: none; a member is recomputed), and
@@ -884,14 +884,14 @@ def _segments(a, rc, ng, blk, keeps0):  # pragma: no cover - compiled
     return seg, lo[:nseg], hi[:nseg], anchor, regen_at
 
 
-@njit(cache=True)
+@compiled
 def _pair(pairs, npairs, saver, key, regenerated, nbytes):  # pragma: no cover - compiled
     """Append the row (saver, key, regenerated, bytes) to ``pairs``; returns the new count."""
     pairs[npairs, 0], pairs[npairs, 1], pairs[npairs, 2], pairs[npairs, 3] = saver, key, regenerated, nbytes
     return npairs + 1
 
 
-@njit(cache=True)
+@compiled
 def _kept(pairs, npairs, last_saver, savers, saver, key):  # pragma: no cover - compiled
     """``saver``'s backward keeps ``key`` from forward on (once per saver): one more saver of it."""
     if last_saver[key] == saver:
@@ -901,7 +901,7 @@ def _kept(pairs, npairs, last_saver, savers, saver, key):  # pragma: no cover - 
     return _pair(pairs, npairs, saver, key, 0, 0)
 
 
-@njit(cache=True)
+@compiled
 def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, nx,
           q_kind, alpha, adam, context_bytes, blk, keeps0, slot_ptr, slot_ids, slot_prod, read, recv, unread,
           node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_ag, q_piece,
@@ -1282,9 +1282,61 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
     return out
 
 
-@njit(cache=True)
+@compiled
 def _walk_many(vecs, *tables):  # pragma: no cover - compiled
     out = np.zeros(vecs.shape[0], dtype=np.int64)
     for r in range(vecs.shape[0]):
         out[r] = _walk(vecs[r], *tables)[0]
     return out
+
+
+# ---- compiled ahead ---------------------------------------------------------------------------
+
+
+def _tiny_evaluator() -> MeshEvaluator:
+    """A plan evaluator of a tiny captured model — an embedding whose weight the output reuses and
+    a residual block, priced through a device model (nothing timed) — on two devices (about 1 s)."""
+    import torch
+
+    from ..capture import capture
+    from ..cluster import load_cluster
+    from ..devicemodel import price
+    from ..measure import profile
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(16, 8)
+            self.norm = torch.nn.LayerNorm(8)
+            self.mlp = torch.nn.Linear(8, 8)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.embed(ids)
+            x = x + torch.relu(self.mlp(self.norm(x)))
+            logits: torch.Tensor = x @ self.embed.weight.t()
+            return logits
+
+    graph = capture(Tiny(), (torch.zeros(2, 4, dtype=torch.long),))
+    cluster = load_cluster("preset:v100-8-nvlink")
+    costs = price(profile(graph, shard_degrees=(1, 2), repeats=1, timed=False), cluster, costs_from="model").costs
+    return MeshEvaluator(graph, costs, cluster, cluster.names[:2])
+
+
+@kernels.ahead
+def _compile_walk() -> None:
+    """The memory walk, of one plan and of many, on :func:`_tiny_evaluator`'s tables (about 7 s to
+    compile; :mod:`tensoropt._kernels`)."""
+    ev = _tiny_evaluator()
+    vecs = np.zeros((2, len(ev.names)), dtype=np.int64)
+    _walk_many(vecs, *ev._tables["walk"])
+    _walk(vecs[0], *ev._tables["walk"])
+
+
+@kernels.ahead
+def _compile_simulate() -> None:
+    """The simulator, of one plan and of many, on :func:`_tiny_evaluator`'s tables (about 6 s to
+    compile; :mod:`tensoropt._kernels`)."""
+    ev = _tiny_evaluator()
+    vecs = np.zeros((2, len(ev.names)), dtype=np.int64)
+    _simulate_many(vecs, *ev._tables["time"])
+    _simulate(vecs[0], *ev._tables["time"])
