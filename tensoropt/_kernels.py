@@ -54,7 +54,7 @@ _pending: list[int] = []
 _owner = 0
 #: how long :func:`ready` waits for them (seconds) before it stops them: they take 15 s on two cores;
 #: a process forked from a threaded one can deadlock on a lock another thread held
-WAIT_LIMIT_S = 300.0
+WAIT_LIMIT_S = 120.0
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -90,6 +90,25 @@ def cached() -> bool:
     except Exception:  # noqa: BLE001 - numba's cache layout is not a public API: when it moves, compile
         return False
 
+
+
+def load() -> int:
+    """Load every kernel numba's cache holds, each signature it was compiled for, into this process;
+    how many.  A process that is about to fork workers calls it once (about 0.4 s on this kind of
+    machine): each worker would otherwise load the kernels it calls on its own, side by side, and
+    this process again after them.  Nothing is compiled; a kernel missing from the cache is left to
+    its first call.  (A thread does not hide it: loading holds the GIL.)"""
+    n = 0
+    for d in _DISPATCHERS:
+        try:
+            sigs = [key[0] for key in d._cache._cache_file._load_index()]
+        except Exception:  # noqa: BLE001 - numba's cache layout is not a public API: leave it to first calls
+            return n
+        for sig in sigs:
+            if sig not in d.overloads:
+                d.compile(sig)
+                n += 1
+    return n
 
 def _compile(part: Callable[[], None]) -> None:
     """The body of a compiling process: ``part``, silent, then exit (never return into the caller's

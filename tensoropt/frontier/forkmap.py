@@ -69,15 +69,20 @@ def default_workers() -> int:
 
 def fork_map(fn: Callable[[T], R], tasks: Sequence[T], *, workers: int | None = None,
              hints: Sequence[float] | None = None,
-             on_done: Callable[[int], None] | None = None) -> list[R]:
+             on_done: Callable[[int], None] | None = None,
+             meanwhile: Callable[[], object] | None = None) -> list[R]:
     """``[fn(t) for t in tasks]``, computed in up to ``workers`` forked processes (module
     docstring).  ``hints``: each task's expected cost (default: equal); ``on_done(i)`` is
-    called here as task ``i``'s result arrives (in arrival order)."""
+    called here as task ``i``'s result arrives (in arrival order); ``meanwhile()`` here once,
+    after the workers are forked and before their results are read (or before the first task,
+    when nothing is forked): work of this process's own that would otherwise wait."""
     n = len(tasks)
     workers = default_workers() if workers is None else int(workers)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if workers == 1 or n <= 1 or not hasattr(os, "fork"):
+        if meanwhile is not None:
+            meanwhile()
         results = []
         for i, t in enumerate(tasks):
             results.append(fn(t))
@@ -114,6 +119,8 @@ def fork_map(fn: Callable[[T], R], tasks: Sequence[T], *, workers: int | None = 
         children[r] = pid
         orders[r] = tw
         _hand_out(orders, r, todo)
+    if meanwhile is not None:
+        meanwhile()
     got: dict[int, Any] = {}
     failure: tuple[int, BaseException] | None = None
     buffers = {r: bytearray() for r in children}

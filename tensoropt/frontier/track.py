@@ -930,7 +930,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     """
     t0 = _time.perf_counter()
     budget = _check_arguments(graph, costs, optimizer, budget, max_levels, max_walks, reserve)
-    kernels.start()   # compiling, where a fresh install has not yet: in two processes, not in every worker
+    kernels.start()   # compiling, where a fresh install has not yet: beside this process, not in every worker
     kernels.ready()
     allowed = cluster.select(devices)
     mesh_list = (candidate_meshes(cluster, devices=allowed) if meshes is None
@@ -1101,9 +1101,11 @@ def _build_problems(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh_lis
         progress(done[0], steps, f"built the problem on {','.join(mesh_list[i])} ({done[0]} of {len(mesh_list)})")
 
     progress(0, steps, f"building {len(mesh_list)} problems in {workers} processes")
+    # while the workers build, this process loads every cached kernel: the tracking's workers, forked
+    # from it next, then start with them (each would load its own), and so does the rest of the search here
     return fork_map(lambda m: build_problem(graph, costs, cluster, m, optimizer=optimizer, shard_levels=shard_levels),
                     mesh_list,
-                    workers=workers, on_done=arrived)
+                    workers=workers, on_done=arrived, meanwhile=kernels.load)
 
 
 def _choose_resolution(resolution: float | None, problems: Sequence[MeshProblem],

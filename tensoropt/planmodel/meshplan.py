@@ -1316,6 +1316,9 @@ def _tiny_evaluator() -> MeshEvaluator:
             logits: torch.Tensor = x @ self.embed.weight.t()
             return logits
 
+    # a fork of a process whose torch ran threads: one thread here (as a DataLoader worker), or an op
+    # can wait forever on a thread pool the fork did not copy
+    torch.set_num_threads(1)
     graph = capture(Tiny(), (torch.zeros(2, 4, dtype=torch.long),))
     cluster = load_cluster("preset:v100-8-nvlink")
     costs = price(profile(graph, shard_degrees=(1, 2), repeats=1, timed=False), cluster, costs_from="model").costs

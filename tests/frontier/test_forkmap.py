@@ -36,6 +36,28 @@ def test_each_task_goes_to_the_first_free_worker_largest_hint_first():
     assert first[2][1] <= min(t for pid, t in first if pid == first[2][0])   # its worker's first task
 
 
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_meanwhile_runs_here_once_while_the_workers_work(tmp_path, workers):
+    # each task waits for a file that only meanwhile() writes: the workers must already be running
+    # (or, with one worker, the tasks not yet started) when it runs, and it runs in this process
+    import time
+    flag = tmp_path / "flag"
+    calls = []
+
+    def fn(i):
+        deadline = time.monotonic() + 10
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return flag.exists()
+
+    def meanwhile():
+        calls.append(os.getpid())
+        flag.write_text("here")
+
+    assert fork_map(fn, range(3), workers=workers, meanwhile=meanwhile) == [True] * 3
+    assert calls == [os.getpid()]
+
 def test_an_exception_in_a_worker_is_raised_here_as_itself():
     def fn(i):
         if i == 2:
