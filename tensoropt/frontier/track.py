@@ -598,7 +598,6 @@ def _single_moves(base: np.ndarray, ks: np.ndarray, mem: np.ndarray, tim: np.nda
     return mv, mc, est, out_t
 
 
-
 @kernels.ahead
 def _compile_ahead() -> None:
     """:func:`_additive_many` and :func:`_single_moves` on two nodes of two configurations and one
@@ -610,6 +609,7 @@ def _compile_ahead() -> None:
     _additive_many(vecs, node, node, node, src, dst, edge, edge)
     _single_moves(vecs[0], np.full(2, 2, dtype=np.int64), node, node, node, src, dst, edge, edge,
                   np.array([0, 1, 2], dtype=np.int64), np.zeros(2, dtype=np.int64))
+
 
 def repeated_nodes(graph: OpGraph, names: Sequence[str], labels: Sequence[Sequence[str]]) -> list[np.ndarray]:
     """Classes of repeated operators (indices into ``names``): the same op with the same output
