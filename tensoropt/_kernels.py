@@ -81,15 +81,23 @@ def dispatchers() -> list[Any]:
     return list(_DISPATCHERS)
 
 
+def _cached_signatures(kernel: Any) -> list[Any]:
+    """The signatures of ``kernel`` that numba's cache holds for this machine and this source: the
+    index numba keeps per function, each entry's key checked as numba checks it (the signature, the
+    CPU and its features, the function's bytecode); an index of an edited source or of another
+    numba reads as empty."""
+    codegen = kernel.targetctx.codegen()
+    cache = kernel._cache
+    return [key[0] for key in cache._cache_file._load_index() if key == cache._index_key(key[0], codegen)]
+
+
 def cached() -> bool:
-    """Whether every kernel has a fresh entry in numba's cache (read from the index files numba
-    keeps per function: a stale one, of an edited source or another numba, counts as missing).
-    O(kernels) small file reads."""
+    """Whether every kernel has an entry in numba's cache that this machine can load (not one of
+    another CPU, an edited source or another numba).  O(kernels) small file reads."""
     try:
-        return all(d._cache._cache_file._load_index() for d in _DISPATCHERS)
+        return all(_cached_signatures(d) for d in _DISPATCHERS)
     except Exception:  # noqa: BLE001 - numba's cache layout is not a public API: when it moves, compile
         return False
-
 
 
 def load() -> int:
@@ -101,7 +109,7 @@ def load() -> int:
     n = 0
     for d in _DISPATCHERS:
         try:
-            sigs = [key[0] for key in d._cache._cache_file._load_index()]
+            sigs = _cached_signatures(d)
         except Exception:  # noqa: BLE001 - numba's cache layout is not a public API: leave it to first calls
             return n
         for sig in sigs:

@@ -100,6 +100,19 @@ def test_load_brings_every_cached_kernel_into_this_process():
     kernels.ready()
     kernels.load()
     for d in kernels.dispatchers():   # each signature numba's cache holds, loaded (none compiled: it is cached)
-        cached = {key[0] for key in d._cache._cache_file._load_index()}
+        cached = {key[0] for key in d._cache._cache_file._load_index()}   # numba's index, read apart
         assert cached and cached <= set(d.overloads), d.py_func.__name__
     assert kernels.load() == 0   # all here already
+
+
+def test_an_entry_of_another_machine_is_not_cached(monkeypatch):
+    # an index entry whose key numba would not accept here (another CPU's, say) is not a cached
+    # kernel: cached() must not take it for one, and load() must not compile it in its place
+    kernels.start()
+    kernels.ready()
+    d = kernels.dispatchers()[0]
+    index = d._cache._cache_file._load_index()
+    elsewhere = {(sig, ("riscv64-unknown-linux-gnu", "generic", ""), code): v for (sig, _, code), v in index.items()}
+    monkeypatch.setattr(d._cache._cache_file, "_load_index", lambda: elsewhere)
+    assert not kernels.cached()
+    assert kernels._cached_signatures(d) == []
