@@ -118,6 +118,7 @@ def load() -> int:
                 n += 1
     return n
 
+
 def _compile(part: Callable[[], None]) -> None:
     """The body of a compiling process: ``part``, silent, then exit (never return into the caller's
     code: this is a fork of it)."""

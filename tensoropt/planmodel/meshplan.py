@@ -50,6 +50,7 @@ Example (a two-layer MLP on a preset's A100s)::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -1325,21 +1326,17 @@ def _tiny_evaluator() -> MeshEvaluator:
     return MeshEvaluator(graph, costs, cluster, cluster.names[:2])
 
 
-@kernels.ahead
-def _compile_walk() -> None:
-    """The memory walk, of one plan and of many, on :func:`_tiny_evaluator`'s tables (about 7 s to
-    compile; :mod:`tensoropt._kernels`)."""
+def _compile_ahead(table: str) -> None:
+    """The evaluator's kernel on ``table`` — ``"walk"``, the memory walk (about 7 s to compile), or
+    ``"time"``, the simulator (about 6 s) — of many plans and of one, on :func:`_tiny_evaluator`'s
+    tables (:mod:`tensoropt._kernels`: each in a process of its own)."""
+    kernel: dict[str, tuple[Any, Any]] = {"walk": (_walk_many, _walk), "time": (_simulate_many, _simulate)}
+    many, one = kernel[table]
     ev = _tiny_evaluator()
     vecs = np.zeros((2, len(ev.names)), dtype=np.int64)
-    _walk_many(vecs, *ev._tables["walk"])
-    _walk(vecs[0], *ev._tables["walk"])
+    many(vecs, *ev._tables[table])
+    one(vecs[0], *ev._tables[table])
 
 
-@kernels.ahead
-def _compile_simulate() -> None:
-    """The simulator, of one plan and of many, on :func:`_tiny_evaluator`'s tables (about 6 s to
-    compile; :mod:`tensoropt._kernels`)."""
-    ev = _tiny_evaluator()
-    vecs = np.zeros((2, len(ev.names)), dtype=np.int64)
-    _simulate_many(vecs, *ev._tables["time"])
-    _simulate(vecs[0], *ev._tables["time"])
+kernels.ahead(partial(_compile_ahead, "walk"))
+kernels.ahead(partial(_compile_ahead, "time"))
