@@ -69,7 +69,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import math
 import os
 import re
 import time as _time
@@ -101,8 +100,9 @@ from ..planmodel.walk import fill_segments
 from ..progress import Progress, no_progress
 from . import point_sets
 from .algorithm import Session, track
-from .forkmap import default_workers, fork_map
+from .forkmap import default_workers, fork_map, fork_serve
 from .graph_problem import DEFAULT_SHARD_LEVELS, MeshProblem, build_problem, candidate_meshes
+from .meshwork import MeshWork
 from .replicas import REPLICAS_SOURCE
 
 __all__ = ["track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "CSV_COLUMNS",
@@ -835,6 +835,9 @@ def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int
     t0 = _time.perf_counter()
     r = track(mp.masked(level), resolution=resolution, max_branches=max_branches, backend=backend, session=session)
     vecs = r.assignment_vectors() if len(r) else np.zeros((0, len(mp.problem.nodes)), dtype=np.int64)
+    # in the smallest integer type that holds every configuration index (int8 on every model of the
+    # suite): a run's points cross a pipe, and AmoebaNet-D-18's 32 levels on two devices hold 20,000
+    vecs = vecs.astype(np.min_scalar_type(-max(p.k for p in mp.problem.nodes)))
     return _TauRun(vecs, r.merged_by_resolution, tuple(f.node for f in r.fixed), float(r.mem_slack),
                    int(r.stats["candidates"]), int(r.stats["max_frontier"]), _time.perf_counter() - t0)
 
@@ -872,7 +875,7 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     pool = _Evaluated(mp, ev, graph)
     for r in runs:
         if len(r.vectors):
-            pool.add(r.vectors)
+            pool.add(np.ascontiguousarray(r.vectors, dtype=np.int64))
     searched = len(pool)
     report(f"mesh {','.join(mp.mesh)}: evaluated {searched} candidate plans; polishing")
     polished = pool.polish(resolution, backend, max(max_walks, searched))
@@ -923,7 +926,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     ``seed_placers``: placers whose plans on ``devices`` join the frontier where the search's
     do not dominate them (:meth:`Frontier.including`; default the ones that take milliseconds,
     :data:`DEFAULT_SEED_PLACERS`; ``()``: the search's plans only).  ``workers``: processes that
-    track the meshes side by side (:func:`~.forkmap.fork_map`; the same frontier whatever the
+    track the meshes side by side (:func:`~.forkmap.fork_serve`; the same frontier whatever the
     number); default :func:`~.forkmap.default_workers` on graphs of at least
     :data:`PARALLEL_MIN_OPS` operators, one below.  ``shard_levels``: the sharding levels the
     search offers (:func:`~.graph_problem.node_configs`; ``()``: none).
@@ -988,12 +991,10 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
                   steps: int, workers: int, beside: Callable[[], Any] | None = None) -> tuple[list[MeshResult], Any]:
     """Each mesh tracked (:func:`_track_mesh`), and ``beside()`` (other work independent of the
     meshes); returns the meshes' results and ``beside()``'s.  With several ``workers``, in forked
-    workers (:func:`~.forkmap.fork_map`: the same results in the same order), handed out largest first:
-    a mesh is one task — its τ runs in one :class:`~.algorithm.Session` (a level shares much of its
-    work with the one before), then its evaluation and polish — unless it has more than a worker's
-    share of the work (configurations × levels): then its levels are cut into as many runs of
-    consecutive levels, one task and one session each (each repeating its first level's work), and
-    its evaluation and polish follow once they are all done; ``beside()`` is one more task."""
+    workers (:func:`~.forkmap.fork_serve`), one task per τ level, per mesh's evaluation and polish,
+    and for ``beside()``, handed out as :class:`~.meshwork.MeshWork` decides: a worker keeps one
+    :class:`~.algorithm.Session`, for the mesh it is on; the same results whatever the number of
+    workers and whoever ran what."""
     n = len(problems)
     if workers == 1:
         results = [_track_mesh(mp, graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
@@ -1002,62 +1003,61 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
         return results, beside() if beside is not None else None
     levels = [_mesh_levels(mp, max_levels) for mp in problems]
     size = [float(sum(nd.k for nd in mp.problem.nodes)) for mp in problems]
-    work = [size[i] * levels[i][0].size for i in range(n)]
-    share = sum(work) / workers
-    pieces = [max(1, min(levels[i][0].size, math.ceil(work[i] / share - 1e-9))) for i in range(n)]
-    cut = [i for i in range(n) if pieces[i] > 1]
-    # (mesh, None): the whole mesh; (mesh, levels): a run of a cut mesh's levels; (-1, None): beside()
-    tasks: list[tuple[int, tuple[float, ...] | None]] = []
-    for i in range(n):
-        if i in cut:
-            tasks += [(i, tuple(float(x) for x in piece)) for piece in np.array_split(levels[i][0], pieces[i])]
-        else:
-            tasks.append((i, None))
-    hints = [size[i] * (levels[i][0].size if piece is None else len(piece)) for i, piece in tasks]
-    if beside is not None:
-        tasks.append((-1, None))
-        hints.append(min(size))
-    units = len(tasks) + len(cut)       # the progress bar: every task, then each cut mesh's polish
+    names = [",".join(mp.mesh) for mp in problems]
     done = [0]
 
-    def step(message: str) -> None:
+    def arrived(task: tuple[Any, ...]) -> None:
         done[0] += 1
-        progress("frontier", n + n * done[0] // units, steps, f"{message} ({done[0]} of {units}, {workers} processes)")
+        if task[0] == "level":
+            what = f"mesh {names[task[1]]}: τ level {task[2] + 1} of {len(levels[task[1]][0])}"
+        else:
+            what = f"mesh {names[task[1]]} evaluated and polished" if task[0] == "finish" else "the placers' plans"
+        progress("frontier", n + n * done[0] // work.units, steps,
+                 f"{what} ({done[0]} of {work.units} tasks, {workers} processes)")
 
-    def job(task: tuple[int, tuple[float, ...] | None]) -> Any:
-        i, piece = task
-        if i < 0 and beside is not None:
-            return beside()
-        if piece is None:
-            return _without_problem(_track_mesh(problems[i], graph, costs, cluster, res, max_levels, max_branches,
-                                                backend, max_walks, lambda _msg: None))
-        session = Session(res, backend)
-        return [_tau_run(problems[i], lv, res, max_branches, backend, session) for lv in piece]
+    work = MeshWork([lv.size for lv, _ in levels], [size[i] * levels[i][0].size for i in range(n)],
+                    beside is not None, on_done=arrived, pack=_first_seen)
+    sessions: dict[int, Session] = {}   # in a worker: the session of the mesh it is on
 
-    def arrived(t: int) -> None:
-        i, piece = tasks[t]
-        step("the placers' plans" if i < 0 else f"mesh {','.join(problems[i].mesh)}"
-             + (" tracked and polished" if piece is None else f": τ runs of {len(piece)} levels"))
-
-    progress("frontier", n, steps, (f"τ runs of {n} meshes" if cut else f"tracking {n} meshes")
-             + f": {len(tasks)} tasks in {workers} processes")
-    out = fork_map(job, tasks, workers=workers, hints=hints, on_done=arrived)
-    fields: dict[int, dict[str, Any]] = {i: got for (i, piece), got in zip(tasks, out) if i >= 0 and piece is None}
-    if cut:
-        runs: dict[int, list[_TauRun]] = {i: [] for i in cut}
-        for (i, piece), got in zip(tasks, out):
-            if piece is not None:
-                runs[i].extend(got)
-
-        def finish(i: int) -> dict[str, Any]:
+    def job(task: tuple[Any, ...]) -> Any:
+        if task[0] == "level":
+            _, i, j = task
+            if i not in sessions:
+                sessions.clear()
+                sessions[i] = Session(res, backend)
+            return _tau_run(problems[i], float(levels[i][0][j]), res, max_branches, backend, sessions[i])
+        sessions.clear()                # every group of every run: gone before the polish
+        if task[0] == "finish":
+            _, i, runs = task
             return _without_problem(_finish_mesh(problems[i], graph, costs, cluster, levels[i][0], levels[i][1],
-                                                 runs[i], res, backend, max_walks, lambda _msg: None))
+                                                 runs, res, backend, max_walks, lambda _msg: None))
+        assert beside is not None
+        return beside()
 
-        finished = fork_map(finish, cut, workers=workers, hints=[size[i] for i in cut],
-                            on_done=lambda k: step(f"mesh {','.join(problems[cut[k]].mesh)} evaluated and polished"))
-        fields.update(zip(cut, finished))
-    return ([MeshResult(problem=problems[i], **fields[i]) for i in range(n)],
-            out[-1] if beside is not None else None)
+    progress("frontier", n, steps, f"tracking {n} meshes: {work.units} tasks (τ levels, evaluations"
+             + (", the placers' plans" if beside is not None else "") + f") in {workers} processes")
+    fork_serve(job, work, workers=workers)
+    if work.failure is not None:
+        raise work.failure[1]
+    return ([MeshResult(problem=problems[i], **work.finishes[i]) for i in range(n)], work.beside)
+
+
+def _first_seen(runs: Sequence[_TauRun]) -> tuple[tuple[_TauRun, ...], float]:
+    """``runs`` with every point an earlier run (or the same run, earlier) already has left out —
+    what :func:`_finish_mesh` evaluates is the same (it takes each plan once, at its first
+    appearance), and what is sent to the worker that runs it is several times smaller — and how
+    many plans remain (each is evaluated: the finish's cost)."""
+    seen: set[bytes] = set()
+    out = []
+    for r in runs:
+        keep = []
+        for k in range(len(r.vectors)):
+            key = r.vectors[k].tobytes()
+            if key not in seen:
+                seen.add(key)
+                keep.append(k)
+        out.append(dataclasses.replace(r, vectors=r.vectors[keep]))
+    return tuple(out), float(len(seen))
 
 
 def _without_problem(r: MeshResult) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import os
 import pytest
 
 import tensoropt
-from tensoropt.frontier.forkmap import WORKERS_ENV, default_workers, fork_map
+from tensoropt.frontier.forkmap import WORKERS_ENV, default_workers, fork_map, fork_serve
 
 
 def test_results_come_back_in_task_order_from_every_worker():
@@ -93,11 +93,8 @@ def test_the_environment_sets_the_default(monkeypatch):
         default_workers()
 
 
-@pytest.mark.parametrize("meshes, way", [
-    (None, "τ runs of 4 meshes"),     # the 4-device mesh has more than half the work: its levels are cut
-    ([("gpu0", "gpu1"), ("gpu2", "gpu3")], "tracking 2 meshes"),   # two equal meshes: one task each
-])
-def test_the_frontier_is_the_same_tracked_side_by_side(meshes, way):
+@pytest.mark.parametrize("meshes", [None, [("gpu0", "gpu1"), ("gpu2", "gpu3")]])
+def test_the_frontier_is_the_same_tracked_side_by_side(meshes):
     graph = tensoropt.load_model("zoo:gpt2?tiny=1").capture()
     cluster = tensoropt.load_cluster("preset:titan-rtx-5")
     costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2, 4), timed=False, repeats=1), cluster).costs
@@ -105,10 +102,13 @@ def test_the_frontier_is_the_same_tracked_side_by_side(meshes, way):
     seen = []
     two = tensoropt.track_frontier(graph, costs, cluster, workers=2, meshes=meshes,
                                    progress=lambda *a: seen.append(a))
-    assert any(way in m for *_, m in seen)
+    n = len(one.meshes)
+    assert any(f"tracking {n} meshes" in m for *_, m in seen)
+    levels = sum(len(m.levels) for m in one.meshes)
+    assert sum(": τ level " in m for *_, m in seen) == levels     # each level once, as its own task
     counts = [done for stage, done, total, _ in seen]
     assert counts == sorted(counts) and all(done <= total for _, done, total, _ in seen)   # the bar never goes back
-    assert any("tasks in 2 processes" in m for *_, m in seen)
+    assert any("tasks, 2 processes" in m for *_, m in seen)
     assert len(one.meshes) > 1
     assert one.rows() == two.rows()
     # the plans whole but their notes (a placer's LP reports its own solve time there)
@@ -159,3 +159,57 @@ def test_stopping_early_ends_the_workers(tmp_path):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+class _Chain:
+    """A source whose tasks come from results: task i + 1 exists only once task i's result is
+    back, so the second worker waits; each result says which process ran it and what that
+    process had cached from its earlier tasks."""
+
+    def __init__(self, n):
+        self.n, self.handed, self.got = n, 0, []
+
+    def next(self, worker):
+        if self.handed > len(self.got) or self.handed == self.n:
+            return None                 # the next task depends on a result not back yet
+        self.handed += 1
+        return self.handed - 1
+
+    def done(self, worker, task, ok, value, seconds):
+        assert ok and seconds >= 0
+        self.got.append((task, *value))
+
+    @property
+    def finished(self):
+        return len(self.got) == self.n
+
+
+def test_serve_waits_for_results_and_a_worker_keeps_its_process():
+    cache = []                          # in each worker: the tasks this process ran before
+
+    def fn(i):
+        before = list(cache)
+        cache.append(i)
+        return os.getpid(), before
+
+    chain = _Chain(5)
+    fork_serve(fn, chain, workers=2)
+    assert [t for t, *_ in chain.got] == list(range(5))
+    pids = {pid for _, pid, _ in chain.got}
+    assert os.getpid() not in pids and cache == []
+    for task, pid, before in chain.got:      # each process saw exactly its own earlier tasks
+        assert before == [t for t, p, _ in chain.got if p == pid and t < task]
+
+
+def test_serve_refuses_a_source_that_hands_nothing_out_and_never_finishes():
+    class Stuck:
+        finished = False
+
+        def next(self, worker):
+            return None
+
+        def done(self, *a):
+            raise AssertionError("nothing ran")
+
+    with pytest.raises(RuntimeError, match="handed nothing out"):
+        fork_serve(lambda t: t, Stuck(), workers=2)
