@@ -551,6 +551,8 @@ class _MeshContext:
     #: nodes whose every trainable parameter is tied: a level of theirs shards something only where
     #: their tied weights' readers agree
     only_tied: frozenset[str] = frozenset()
+    #: node -> whether its output lives until the backward (:func:`~tensoropt.planmodel.memory.output_kept`)
+    kept: Mapping[str, bool] = field(default_factory=dict)
 
     @classmethod
     def of(cls, graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tuple[str, ...],
@@ -574,14 +576,15 @@ class _MeshContext:
                               and all(len(users[q]) > 1 for q in qs))
         return cls(graph, costs, cluster, mesh, optimizer_alpha(optimizer),
                    min(cluster.device(d).speed for d in mesh), grad_nodes(graph), outputs, ops, users, not_last,
-                   only_tied)
+                   only_tied, {n.name: output_kept(graph, costs, n.name) for n in ops})
 
     def config_costs(self, node: OpNode, cfg: NodeConfig) -> tuple[float, float, float]:
         """(resident bytes, seconds, transient bytes) of ``node`` run as ``cfg`` on the mesh."""
         graph, costs, cluster, mesh, speed = self.graph, self.costs, self.cluster, self.mesh, self.speed
         name, k = node.name, len(mesh)
         lay = Layout.of(cfg)
-        nm = node_memory(graph, costs, name, layout=lay, degree=k, alpha=self.alpha, recompute=cfg.recompute)
+        nm = node_memory(graph, costs, name, layout=lay, degree=k, alpha=self.alpha, recompute=cfg.recompute,
+                         kept_output=self.kept[name])
         resident = nm.resident
         for p, nbytes in zip(node.inputs, node.input_bytes):
             prod = graph.nodes[p]
@@ -650,7 +653,7 @@ class _MeshContext:
                 cp, cc = configs[p], configs[c]
                 grad = bool(self.needs_grad.get(p)) and bool(self.needs_grad.get(c))
                 p_cost = costs.get(p)
-                p_kept = p_cost is not None and output_kept(graph, costs, p)   # p's node memory counts its output
+                p_kept = p_cost is not None and self.kept[p]   # p's node memory counts its output
                 c_keeps = keeps_input(graph, costs, c, p)
                 same_block = segment_block(graph.nodes[p]) == segment_block(node)
                 # p's configurations that put it in a recomputed consumer's segment (recomputed,

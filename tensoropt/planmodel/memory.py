@@ -78,7 +78,7 @@ class NodeMemory:
 
 
 def node_memory(graph: OpGraph, costs: CostModel, name: str, *, layout: str = "R", degree: int = 1,
-                alpha: int = 0, recompute: bool = False) -> NodeMemory:
+                alpha: int = 0, recompute: bool = False, kept_output: bool | None = None) -> NodeMemory:
     """Per-device memory of node ``name`` run in ``layout`` over ``degree`` devices.
 
     Parameters (and their gradients and optimizer state) are split by ``channel`` / ``reduce``
@@ -86,7 +86,9 @@ def node_memory(graph: OpGraph, costs: CostModel, name: str, *, layout: str = "R
     responsible for keeping: its extra saved tensors, and its output if the node, a consumer or a
     view of it keeps it (:func:`output_kept`; a view's own output is its base's storage, 0
     bytes); with ``recompute`` none are kept and the saved bytes become transient (the forward
-    runs again inside backward).  O(consumers of the node, along view chains).
+    runs again inside backward).  ``kept_output``: :func:`output_kept` of the node, where the caller
+    has it (a search asks for every configuration of every node).  O(consumers of the node, along
+    view chains), O(1) given ``kept_output``.
     """
     node = graph.nodes[name]
     cost = costs.get(name)
@@ -98,7 +100,9 @@ def node_memory(graph: OpGraph, costs: CostModel, name: str, *, layout: str = "R
         return NodeMemory(largest_piece(held, split), largest_piece(trainable, split),
                           alpha * largest_piece(trainable, split), 0, 0)
     shard = cost.at(layout, degree)
-    kept = shard.extra_saved_bytes + (shard.output_bytes if output_kept(graph, costs, name) else 0)
+    if kept_output is None:
+        kept_output = output_kept(graph, costs, name)
+    kept = shard.extra_saved_bytes + (shard.output_bytes if kept_output else 0)
     grads_in = sum(b for b in node.input_bytes) // (degree if layout == Layout.BATCH and degree > 1 else 1)
     transient = shard.output_bytes + grads_in + cost.workspace_bytes
     if recompute:

@@ -228,27 +228,55 @@ def _build_tables(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tupl
     bwd_dur = np.full((ns, cmax, cmax), -1.0)
     grad_l = np.zeros((ns, cmax, cmax), dtype=np.int64)
     recv = np.zeros((ns, cmax, cmax), dtype=np.int64)
+    # what an edge reads and moves depends on the two configurations' layouts alone (one mesh:
+    # the same devices; recomputing or sharding parameters moves no activation): each layout
+    # pair is costed once, then spread over the configurations that share it
+    by_layout: dict[str, tuple[list[NodeConfig], np.ndarray]] = {}
+    for x in names:
+        first: dict[str, int] = {}
+        reps: list[NodeConfig] = []
+        which = []
+        for cfg in configs[x]:
+            if cfg.layout not in first:
+                first[cfg.layout] = len(reps)
+                reps.append(cfg)
+            which.append(first[cfg.layout])
+        by_layout[x] = (reps, np.array(which, dtype=np.int64))
     for s, (prod, i, _) in enumerate(slot_info):
         node = ops[i]
         pname = names[prod] if prod >= 0 else inputs[-1 - prod]
         nbytes = node.input_bytes[node.inputs.index(pname)]
-        for c, cfg in enumerate(configs[node.name]):
-            lay = read_layout(graph, node, pname, cfg)
-            read[s, c] = _TENSOR_ID[lay]
-            if prod < 0:
-                batch_piece[s, c] = piece_bytes(lay, cfg.degree, nbytes)
-                continue
-            for a, pcfg in enumerate(configs[pname]):
+        creps, cwhich = by_layout[node.name]
+        nc = cwhich.size
+        lays = [read_layout(graph, node, pname, cfg) for cfg in creps]
+        read[s, :nc] = np.array([_TENSOR_ID[lay] for lay in lays], dtype=np.int64)[cwhich]
+        if prod < 0:
+            batch_piece[s, :nc] = np.array([piece_bytes(lay, cfg.degree, nbytes) for lay, cfg in zip(lays, creps)],
+                                           dtype=np.int64)[cwhich]
+            continue
+        preps, pwhich = by_layout[pname]
+        fw = np.full((len(preps), len(creps)), -1.0)
+        bw = np.full((len(preps), len(creps)), -1.0)
+        gl = np.zeros((len(preps), len(creps)), dtype=np.int64)
+        rv = np.zeros((len(preps), len(creps)), dtype=np.int64)
+        for a, pcfg in enumerate(preps):
+            for c, cfg in enumerate(creps):
                 rs = edge_reshard(graph, pname, node.name, pcfg, cfg, cluster)
                 assert len(rs.forward) <= 1 and len(rs.backward) <= 1, "one mesh: at most one collective"
                 if rs.forward:
-                    fwd_dur[s, a, c] = rs.forward[0].time_s
+                    fw[a, c] = rs.forward[0].time_s
                 if rs.backward:
-                    bwd_dur[s, a, c] = rs.backward[0].time_s
-                grad_l[s, a, c] = _TENSOR_ID[rs.grad_layout]
+                    bw[a, c] = rs.backward[0].time_s
+                gl[a, c] = _TENSOR_ID[rs.grad_layout]
                 vals = set(rs.recv_bytes.values())
                 assert len(vals) <= 1, "one mesh: every device receives the same piece"
-                recv[s, a, c] = rs.recv_bytes.get(d0, 0)
+                rv[a, c] = rs.recv_bytes.get(d0, 0)
+        pairs = np.ix_(pwhich, cwhich)
+        na = pwhich.size
+        fwd_dur[s, :na, :nc] = fw[pairs]
+        bwd_dur[s, :na, :nc] = bw[pairs]
+        grad_l[s, :na, :nc] = gl[pairs]
+        recv[s, :na, :nc] = rv[pairs]
     unread = np.array([reads_nothing(node) for node in ops], dtype=np.bool_)
 
     # parameters: who reads them, their bytes
