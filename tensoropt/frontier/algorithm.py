@@ -189,10 +189,13 @@ class _Store:
         """Output frontier o = reduce(∪_q A[pa_q] ⊗ B[pb_q]) over q in out_ptr[o]:out_ptr[o+1]."""
         A, B = self.groups[ga], self.groups[gb]
         ia_, ib_ = np.asarray(pa, np.int64), np.asarray(pb, np.int64)
-        self.candidates += int(np.dot(A.start[ia_ + 1] - A.start[ia_], B.start[ib_ + 1] - B.start[ib_]))
-        mem, time, ia, ib, start, merged = point_sets.batched_product(
-            A.mem, A.time, A.start, B.mem, B.time, B.start, out_ptr, ia_, ib_, self.resolution,
-            backend=self.backend)
+        candidates = int(np.dot(A.start[ia_ + 1] - A.start[ia_], B.start[ib_ + 1] - B.start[ib_]))
+        self.candidates += candidates
+        # every group here holds frontiers (a leaf's single points, a product's or a union's
+        # reduced ones) from the kernels' own arrays: checked once, by construction
+        mem, time, ia, ib, start, merged = point_sets.checked_product(
+            A.mem, A.time, A.start, B.mem, B.time, B.start, np.asarray(out_ptr, np.int64), ia_, ib_,
+            self.resolution, self.backend, candidates > point_sets.PRUNE_MIN_CANDIDATES)
         self.merged += merged
         return self._add(_Group(mem, time, start, np.array([ga, gb], np.int32),
                                 np.stack([ia, ib], axis=1).astype(np.int32), nred=1 + A.nred + B.nred))

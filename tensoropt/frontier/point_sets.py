@@ -693,14 +693,24 @@ def batched_product(a_mem: ArrayLike, a_time: ArrayLike, a_start: ArrayLike, b_m
         raise ValueError("out_ptr must start at 0, not decrease, and end at len(pa) == len(pb)")
     if ia.size and (ia.min() < 0 or ia.max() >= astart.size - 1 or ib.min() < 0 or ib.max() >= bstart.size - 1):
         raise ValueError("pa / pb name a frontier that A / B does not have")
-    if _backend(backend) == "numba":
-        kernel = _batched_nb
-        if ia.size and _candidates(astart, bstart, ia, ib) > PRUNE_MIN_CANDIDATES \
-                and _frontiers(am, at, astart) and _frontiers(bm, bt, bstart):
-            kernel = _batched_pruned_nb
-        res = kernel(am, at, astart, bm, bt, bstart, ptr, ia, ib, r)
+    pruned = bool(ia.size) and _candidates(astart, bstart, ia, ib) > PRUNE_MIN_CANDIDATES \
+        and _frontiers(am, at, astart) and _frontiers(bm, bt, bstart)
+    return checked_product(am, at, astart, bm, bt, bstart, ptr, ia, ib, r, _backend(backend), pruned)
+
+
+def checked_product(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
+                    bstart: IntArray, out_ptr: IntArray, pa: IntArray, pb: IntArray, resolution: float,
+                    backend: str, pruned: bool) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:
+    """:func:`batched_product` on arguments already as it checks them (contiguous float64 costs
+    without NaN, int64 pointers that hold, a resolution ≥ 0, a backend's name) — frontier
+    tracking's own groups, thousands of products a run — with ``pruned``: every frontier of A
+    and B is one (:func:`_frontiers`) and there are enough candidates for the pruned merge to
+    pay (``PRUNE_MIN_CANDIDATES``); the result is the same either way."""
+    if backend == "numba":
+        kernel = _batched_pruned_nb if pruned else _batched_nb
+        res = kernel(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, resolution)
         return res[0], res[1], res[2], res[3], res[4], int(res[5])
-    return _batched_np(am, at, astart, bm, bt, bstart, ptr, ia, ib, r)
+    return _batched_np(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, resolution)
 
 
 @overload
