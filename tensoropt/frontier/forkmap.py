@@ -83,6 +83,10 @@ class TaskSource(Protocol):
     def done(self, worker: int, task: Any, ok: bool, value: Any, seconds: float) -> None:
         """``task``, run by ``worker`` in ``seconds``, gave ``value`` (``ok``) or raised it."""
 
+    def gone(self, worker: int) -> None:
+        """``worker`` died (its running task, if any, was run here and given to :meth:`done` first);
+        it is never asked again."""
+
     @property
     def finished(self) -> bool:
         """True once nothing is left to hand out or wait for: the workers are stopped."""
@@ -192,6 +196,7 @@ def _serve_forked(fn: Callable[[Any], object], source: TaskSource, workers: int,
                         except Exception as e:   # noqa: BLE001 — the source decides what a failure means
                             ok, value = False, e
                         source.done(w, task, ok, value, time.perf_counter() - t0)
+                    source.gone(w)
                 else:
                     buffers[fd] += chunk
                     while (frame := _take_frame(buffers, fd)) is not None:
@@ -250,6 +255,9 @@ class _InOrder:
 
     def next(self, worker: int) -> int | None:
         return self.todo.popleft() if self.todo else None
+
+    def gone(self, worker: int) -> None:
+        pass
 
     def done(self, worker: int, task: int, ok: bool, value: Any, seconds: float) -> None:
         if ok:

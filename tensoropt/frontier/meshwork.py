@@ -3,9 +3,9 @@ as the results arrive — how :func:`~.track.track_frontier` shares a search amo
 
 Each mesh's τ levels are run one at a time, in a :class:`~.algorithm.Session` kept by the
 worker process: a level reuses every elimination that process's earlier levels of the mesh
-made, so the first level a process runs on a mesh (cold) costs more than the next ones (warm:
-1.45 s against 0.38 s for all eight levels of GPT-2-12L on eight V100s; 0.74 s against 0.29 s
-per level of AmoebaNet-D-18 on two).  A level's result does not depend on the session (the
+made, so the first level a process runs on a mesh (cold) costs more than the next ones (all
+eight levels of GPT-2-12L on eight V100s: 1.45 s run apart, 0.38 s in one session; a level of
+AmoebaNet-D-18 on two: 0.74 s cold, 0.29 s warm).  A level's result does not depend on the session (the
 search's rule), so whichever worker runs it, the frontier is the same.
 
 The rule, each time a worker is free (:meth:`MeshWork.next`):
@@ -17,7 +17,8 @@ The rule, each time a worker is free (:meth:`MeshWork.next`):
    its owner goes on from below: only where that work, at the owner's measured seconds per warm
    level, is more than ``STEAL_MARGIN`` × that mesh's measured cold start (what the second
    worker pays to join); the two meet in the middle.  This comes before the finishes: a mesh's
-   levels, then its finish, are a chain, and the longest chain ends the search;
+   levels, then its finish, are a chain, and the longest chain ends the search.  A mesh whose
+   worker died (:meth:`MeshWork.gone`) is taken up from its lowest level left, whatever the cost;
 4. else the work ``beside`` the meshes (the placers' plans);
 5. else a mesh whose levels are all done: its evaluation and polish (``finish``), the costliest
    first (by ``pack``'s measure: for the search, the plans its τ runs found, each evaluated);
@@ -101,6 +102,9 @@ class MeshWork:
         self.on.pop(worker, None)
         if self.unstarted:
             return self._level(worker, self.unstarted.pop(0), +1, cold=True)
+        for i in range(len(self.front)):   # levels no worker will come back for
+            if self.front[i] < self.back[i] and not any(m == i for m, _ in self.on.values()):
+                return self._level(worker, i, +1, cold=True)
         best, best_left = -1, 0.0
         for i in range(len(self.front)):
             todo = self.back[i] - self.front[i]
@@ -159,6 +163,10 @@ class MeshWork:
             self.beside, self.beside_pending = value, False
         if self.on_done is not None:
             self.on_done(task)
+
+    def gone(self, worker: int) -> None:
+        """``worker`` died: the levels of its mesh are left to the others (:meth:`next`, rule 3)."""
+        self.on.pop(worker, None)
 
     @property
     def finished(self) -> bool:

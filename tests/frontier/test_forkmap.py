@@ -179,6 +179,9 @@ class _Chain:
         assert ok and seconds >= 0
         self.got.append((task, *value))
 
+    def gone(self, worker):
+        raise AssertionError("no worker dies here")
+
     @property
     def finished(self):
         return len(self.got) == self.n
@@ -210,6 +213,9 @@ def test_serve_refuses_a_source_that_hands_nothing_out_and_never_finishes():
 
         def done(self, *a):
             raise AssertionError("nothing ran")
+
+        def gone(self, worker):
+            raise AssertionError("no worker dies here")
 
     with pytest.raises(RuntimeError, match="handed nothing out"):
         fork_serve(lambda t: t, Stuck(), workers=2)

@@ -10,9 +10,11 @@ import pytest
 from tensoropt.frontier.meshwork import MeshWork
 
 
-def run(work, workers, cold, warm, finish=1.0, beside=1.0, fail=None):
+def run(work, workers, cold, warm, finish=1.0, beside=1.0, fail=None, dies=None):
     """Drive ``work`` with ``workers`` simulated workers; returns (makespan, every task as
-    (worker, start, end, task)).  ``cold[i]`` / ``warm[i]``: mesh i's level seconds."""
+    (worker, start, end, task)).  ``cold[i]`` / ``warm[i]``: mesh i's level seconds; worker
+    ``dies`` is never handed anything after its first task (its result still arrives, as
+    fork_serve runs a dead worker's task itself)."""
     now, log, busy, last = 0.0, [], [], {}
     idle = list(range(workers))
     while not work.finished:
@@ -37,7 +39,10 @@ def run(work, workers, cold, warm, finish=1.0, beside=1.0, fail=None):
         value = f"r{task[1]}.{task[2]}" if task[0] == "level" else task
         ok = fail is None or task[:3] != fail
         work.done(w, task, ok, value if ok else KeyError(str(task)), secs)
-        idle.append(w)
+        if w == dies:
+            work.gone(w)
+        else:
+            idle.insert(0, w)           # asked first, as fork_serve asks the worker whose result came
     return now, log
 
 
@@ -90,6 +95,15 @@ def test_a_failure_ends_the_work_with_the_first_failure():
     run(work, 2, cold=[1, 1], warm=[1, 1], fail=("level", 1, 1))
     assert work.finished and isinstance(work.failure[1], KeyError)
     assert work.next(0) is None and not work.finishes
+
+
+def test_the_levels_of_a_worker_that_died_are_taken_up():
+    # worker 1 dies after its first level of mesh 1, whose nine other levels would cost too little
+    # to join (0.1 s warm against a 5 s cold start): worker 0 takes them up all the same
+    work = MeshWork([3, 10], hints=[5, 4])
+    makespan, log = run(work, 2, cold=[5, 5], warm=[0.1, 0.1], dies=1)
+    assert sorted(work.finishes) == [0, 1] and work.finishes[1][2] == tuple(f"r1.{j}" for j in range(10))
+    assert {w for w, *_ in log[2:]} == {0}
 
 
 def test_every_mesh_has_a_level():
