@@ -115,11 +115,20 @@ def fork_serve(fn: Callable[[Any], object], source: TaskSource, *, workers: int 
     # a worker would otherwise write into the header of every object it inherited, copying the
     # whole heap page by page, and one here would walk it all as results arrive (on GPT-2-12L
     # after a search: 0.2 s for each problem pickled in a worker, and its next task 0.2 s late)
-    gc.freeze()
+    # (the outermost call only: a worker that serves workers of its own keeps its parent's freeze)
+    if not _FROZEN[0]:
+        gc.freeze()
+    _FROZEN[0] += 1
     try:
         _serve_forked(fn, source, workers, meanwhile)
     finally:
-        gc.unfreeze()
+        _FROZEN[0] -= 1
+        if not _FROZEN[0]:
+            gc.unfreeze()
+
+
+#: how many fork_serve calls in this process (or the parent it was forked from) hold the heap frozen
+_FROZEN = [0]
 
 
 def _serve_forked(fn: Callable[[Any], object], source: TaskSource, workers: int,

@@ -837,7 +837,7 @@ def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int
     vecs = r.assignment_vectors() if len(r) else np.zeros((0, len(mp.problem.nodes)), dtype=np.int64)
     # in the smallest integer type that holds every configuration index (int8 on every model of the
     # suite): a run's points cross a pipe, and AmoebaNet-D-18's 32 levels on two devices hold 20,000
-    vecs = vecs.astype(np.min_scalar_type(-max(p.k for p in mp.problem.nodes)))
+    vecs = vecs.astype(np.min_scalar_type(-max((p.k for p in mp.problem.nodes), default=1)))
     return _TauRun(vecs, r.merged_by_resolution, tuple(f.node for f in r.fixed), float(r.mem_slack),
                    int(r.stats["candidates"]), int(r.stats["max_frontier"]), _time.perf_counter() - t0)
 

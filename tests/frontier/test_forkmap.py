@@ -219,3 +219,17 @@ def test_serve_refuses_a_source_that_hands_nothing_out_and_never_finishes():
 
     with pytest.raises(RuntimeError, match="handed nothing out"):
         fork_serve(lambda t: t, Stuck(), workers=2)
+
+
+def test_the_heap_is_frozen_while_workers_run_and_as_before_after():
+    # frozen so that no collection copies the inherited heap; a worker serving workers of its own
+    # keeps its parent's freeze when they are done, and the caller's state comes back after
+    import gc
+    before = gc.get_freeze_count()
+
+    def fn(i):
+        inner = fork_map(lambda j: j + i, range(2), workers=2)
+        return inner, gc.get_freeze_count() > 0
+
+    assert fork_map(fn, range(2), workers=2) == [([0, 1], True), ([1, 2], True)]
+    assert gc.get_freeze_count() == before
