@@ -2,14 +2,14 @@
 
 import pytest
 
-from tensoropt.cluster import LinkModel
+from tensoropt.cluster import Cluster, Device, LinkModel
 from tensoropt.errors import TensorOptError
 from tensoropt.placers import m_etf, m_sct, place
 from tensoropt.placers._common import setup
 from tensoropt.plan import NodeConfig, Plan, PlanError
 from tensoropt.planmodel.simulate import simulate
 
-from . import build, cluster, placement
+from . import LINK, GiB, build, cluster, placement
 
 # 1000 bytes take exactly 2 s on this link
 SLOW = LinkModel(0.0, 500.0)
@@ -41,6 +41,18 @@ def test_the_lp_marks_the_heavy_branch_as_favourite(solver):
     assert m_sct.edge_costs(prob) == {("a", "b"): 2.0, ("a", "c"): 2.0, ("b", "d"): 2.0, ("c", "d"): 2.0}
     with pytest.raises(TensorOptError, match="'mean' or 'max'"):
         m_sct.edge_costs(prob, "median")
+
+
+def test_edge_costs_average_every_ordered_pair_of_a_cluster_of_two_link_kinds():
+    # three devices, g0-g1 on a fast link (1000 B in 0.5 + 1 = 1.5 s: LINK) and every other pair on
+    # SLOW (1000 B in 2 s): of the six ordered pairs two are fast, so the mean is
+    # (2 × 1.5 + 4 × 2) / 6 = 11/6 s and the slowest 2 s
+    g, costs = fork_join()
+    two_kinds = Cluster("two kinds", [Device(f"g{i}", GiB) for i in range(3)],
+                        {("g0", "g1"): LINK, ("g1", "g0"): LINK}, default=SLOW)
+    prob = setup(g, costs, two_kinds, "m-sct", optimizer="sgd")
+    assert m_sct.edge_costs(prob) == dict.fromkeys([("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], 11 / 6)
+    assert m_sct.edge_costs(prob, "max") == dict.fromkeys([("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], 2.0)
 
 
 def test_rounding_threshold_and_baechis_conflict_rule():
