@@ -198,13 +198,7 @@ def _serve_forked(fn: Callable[[Any], object], source: TaskSource, workers: int,
                     open_fds.discard(fd)
                     _stop(orders, w)
                     if w in running:
-                        task = running.pop(w)
-                        t0 = time.perf_counter()
-                        try:
-                            ok, value = True, fn(task)
-                        except Exception as e:   # noqa: BLE001 — the source decides what a failure means
-                            ok, value = False, e
-                        source.done(w, task, ok, value, time.perf_counter() - t0)
+                        _run_here(fn, source, w, running.pop(w))
                     source.gone(w)
                 else:
                     buffers[fd] += chunk
@@ -235,12 +229,17 @@ def _serve_here(fn: Callable[[Any], object], source: TaskSource, worker: int) ->
         task = source.next(worker)
         if task is None:
             raise RuntimeError("the task source handed nothing out, and nothing runs, before it finished")
-        t0 = time.perf_counter()
-        try:
-            ok, value = True, fn(task)
-        except Exception as e:     # noqa: BLE001 — the source decides what a failure means
-            ok, value = False, e
-        source.done(worker, task, ok, value, time.perf_counter() - t0)
+        _run_here(fn, source, worker, task)
+
+
+def _run_here(fn: Callable[[Any], object], source: TaskSource, worker: int, task: Any) -> None:
+    """``task`` run in this process as ``worker``'s, its result (or exception) and seconds to ``source``."""
+    t0 = time.perf_counter()
+    try:
+        ok, value = True, fn(task)
+    except Exception as e:     # noqa: BLE001 — the source decides what a failure means
+        ok, value = False, e
+    source.done(worker, task, ok, value, time.perf_counter() - t0)
 
 
 def _stop(orders: dict[int, int], w: int) -> None:
