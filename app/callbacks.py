@@ -42,7 +42,7 @@ from . import figures, plangraph, prices
 from .clientside import VIEW_JS
 from .commands import plan_filename, run_commands
 from .layout import DEFAULT_EPOCH
-from .pipeline import DETECTED, ResultStore, run_request
+from .pipeline import DETECTED, ResultStore, behind_the_page, run_request
 from .requests import cluster_spec, request_from_controls, split_zoo_spec, zoo_default_params, zoo_spec
 from .uploads import accept_upload
 
@@ -142,12 +142,14 @@ ProgressUpdate = tuple[str, str, str, str | None]
 
 
 def run_controls(store: ResultStore, set_progress: Callable[[ProgressUpdate], None], controls: tuple[Any, ...],
-                 algos: tuple[str, ...] | None) -> tuple[Any, str]:
+                 algos: tuple[str, ...] | None, *, own_process: bool = False) -> tuple[Any, str]:
     """The run button's work: the request of ``controls`` (in :func:`request_from_controls`' order)
     computed into ``store``, its progress through ``set_progress``.  Returns ``(key, "")``, or
     ``(no_update, message)`` when it failed: bad input — a cluster of another kind than the costs'
     included — is the library's message; anything else is an internal error, its traceback printed
-    on the server's console, never on the page."""
+    on the server's console, never on the page.  ``own_process``: this is a job's process (a
+    background callback's), whose baselines run behind the page once its frontier is written
+    (:func:`~.pipeline.behind_the_page`)."""
     partial: list[str | None] = [None]
 
     def progress(stage: str, done: int, total: int, message: str) -> None:
@@ -157,6 +159,8 @@ def run_controls(store: ResultStore, set_progress: Callable[[ProgressUpdate], No
     def frontier_ready(key: str) -> None:
         partial[0] = key
         set_progress(("1", "1", "frontier ready; running the baseline placers", key))
+        if own_process:
+            behind_the_page()
 
     try:
         req = request_from_controls(*controls, algos=algos)
@@ -451,7 +455,8 @@ def _register_run(app: dash.Dash, store: ResultStore, algos: tuple[str, ...] | N
                 computed = False
             if not computed:
                 return no_update, " ".join((ready or {}).get("messages", []))
-        return run_controls(store, set_progress, controls, algos)   # the States above: request_from_controls' order
+        return run_controls(store, set_progress, controls, algos,   # the States: request_from_controls' order
+                            own_process=True)
 
     @app.callback(Output("progress-text", "children", allow_duplicate=True),
                   Output("run-message", "children", allow_duplicate=True),

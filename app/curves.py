@@ -84,7 +84,7 @@ def _renamed(plan: Plan, pid: str, k: int, i: int, count: int) -> Plan:
     note = (f"point {i} of {count} on the curve of {k} device{'s' if k > 1 else ''} (the frontier of that device "
             "count; the frontier over every count does not hold it)")
     notes = [note] + [n for n in plan.notes if not n.startswith("frontier point ")]
-    return Plan.from_dict({**plan.to_dict(), "plan_id": pid, "notes": notes})
+    return plan.renamed(pid, notes)
 
 
 def device_curves(frontier: Frontier, graph: OpGraph, costs: CostModel,

@@ -24,7 +24,15 @@ from pathlib import Path
 from tensoropt import zoo
 from tensoropt.errors import TensorOptError
 
-from .pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL, Request, ResultStore, default_cache_dir, run_request
+from .pipeline import (
+    DEFAULT_CLUSTER,
+    DEFAULT_MODEL,
+    Request,
+    ResultStore,
+    behind_the_page,
+    default_cache_dir,
+    run_request,
+)
 from .requests import first_request, split_zoo_spec
 
 
@@ -62,7 +70,7 @@ def _precompute(req: Request, root: str) -> None:
 
     threading.Thread(target=watch, daemon=True).start()
     try:
-        run_request(req, ResultStore(root))
+        run_request(req, ResultStore(root), on_frontier=lambda _key: behind_the_page())
     except TensorOptError:
         pass   # bad input: the page's run says so, in the CLI's words
     except Exception:  # noqa: BLE001 - the server goes on; the page's run meets it again

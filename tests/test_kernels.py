@@ -1,12 +1,23 @@
-"""The search's kernels compiled ahead (tensoropt._kernels): what the compiling processes build is
-what a search calls, and a warm cache or a forked worker starts and waits for nothing."""
+"""The search's kernels compiled ahead (tensoropt._kernels): what an install and the compiling
+processes build is what a search calls, an install builds it without torch, and a warm cache or a
+forked worker starts and waits for nothing."""
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import numba
+import numpy as np
+
+import tensoropt
 import tensoropt._kernels as kernels
+from tensoropt.planmodel.meshkernels import tiny_tables
+from tensoropt.planmodel.meshplan import _tiny_evaluator
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # A fresh install, as far as numba can tell (an empty cache folder), in a test of its own (pytest
 # in a subprocess): a model captured and profiled first (torch has run threads in this process),
@@ -58,6 +69,91 @@ def test_compiled_ahead_is_what_the_search_calls(tmp_path):
                           "--rootdir", str(tmp_path), str(tmp_path / "test_fresh_install.py")],
                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:]
+
+
+# What the search does after an install compiled its kernels (setup.py): nothing compiled again.
+AFTER_INSTALL = textwrap.dedent("""
+    from numba.core import event
+
+    import tensoropt
+    import tensoropt._kernels as kernels
+    from tensoropt.frontier import point_sets
+
+    def test_after_install():
+        assert kernels.cached(), "the install left a kernel out of the cache"
+        ours = {id(d) for d in kernels.dispatchers()}
+        compiled = []
+
+        class Compiles(event.Listener):
+            def on_start(self, ev):
+                pass
+
+            def on_end(self, ev):
+                if id(ev.data["dispatcher"]) in ours:
+                    compiled.append(ev.data["dispatcher"].py_func.__name__)
+
+        event.register("numba:compile", Compiles())
+        graph = tensoropt.load_model("zoo:gpt2?tiny=1").capture()
+        cluster = tensoropt.load_cluster("preset:v100-8-nvlink")
+        costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2, 4), repeats=1, timed=False), cluster,
+                                costs_from="model").costs
+        kernels.start()
+        assert kernels._pending == [], "a job started compiling after the install"
+        fr = tensoropt.track_frontier(graph, costs, cluster, devices=cluster.names[:4], workers=1)
+        point_sets.PRUNE_MIN_CANDIDATES = 0   # every product through the pruned kernel too
+        tensoropt.track_frontier(graph, costs, cluster, devices=cluster.names[:4], workers=1)
+        tensoropt.simulate(fr.min_time().plan, graph, costs, cluster)
+        assert compiled == [], f"compiled again: {sorted(set(compiled))}"
+""")
+
+
+def _setup_module():
+    """setup.py as a module (it calls setuptools only when run as a script)."""
+    spec = importlib.util.spec_from_file_location("tensoropt_setup", ROOT / "setup.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_install_compiles_what_the_search_calls_without_torch(tmp_path):
+    # the install's step (setup.py) in a process that refuses torch, into an empty cache; then a
+    # search in a process of its own compiles nothing
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    build = subprocess.run([sys.executable, "-c", _setup_module().BUILD], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (tmp_path / "test_after_install.py").write_text(AFTER_INSTALL)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-o", "addopts=",
+                          "--rootdir", str(tmp_path), str(tmp_path / "test_after_install.py")],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:]
+
+
+def test_an_install_that_cannot_compile_goes_on(tmp_path, monkeypatch, capsys):
+    # the step never fails the install: a build it cannot run says so, and the kernels compile at a job's start
+    setup = _setup_module()
+    monkeypatch.setattr(setup.sys, "executable", str(tmp_path / "no-such-python"))
+    assert setup.compile_kernels(tmp_path) is False
+    assert "a job's start compiles them" in capsys.readouterr().out
+
+
+def test_the_kernels_modules_are_the_declared_ones():
+    # build() imports MODULES only: a kernel declared elsewhere would be left to a job's start
+    assert tensoropt.__name__ == "tensoropt"   # the whole package imported: every kernel declared
+    declared = {d.py_func.__module__ for d in kernels.dispatchers()} | {
+        getattr(p, "func", p).__module__ for p in kernels.PARTS}
+    assert declared == set(kernels.MODULES)
+
+
+def test_the_saved_tiny_tables_have_the_evaluators_types():
+    # the install compiles the evaluator's kernels on tiny_tables.npz: its entries must have the
+    # argument types a real evaluator passes (else the search compiles anew); when this fails,
+    # run tensoropt.planmodel.meshplan.write_tiny_tables()
+    saved, now = tiny_tables(), _tiny_evaluator()._tables
+    for table in ("walk", "time"):
+        assert [numba.typeof(x) for x in saved[table]] == [numba.typeof(x) for x in now[table]], table
+        assert all(isinstance(x, np.ndarray) == isinstance(y, np.ndarray) for x, y in zip(saved[table], now[table]))
 
 
 def test_warm_cache_starts_nothing():

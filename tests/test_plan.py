@@ -102,3 +102,17 @@ def test_malformed_files_name_the_field(graph, tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(d))
     with pytest.raises(GraphFormatError, match=r"estimates\[0\]\.time_s must be a non-negative number"):
         Plan.load(tmp_path / "bad.json")
+
+
+def test_renamed_is_the_plan_under_a_new_id(graph, tmp_path):
+    # the same plan as written back from its JSON with another id and notes (what renaming did before)
+    plan = split_plan(graph)
+    plan.options["mesh"] = ["gpu0", "gpu1"]
+    renamed = plan.renamed("p001-2dev", ["point 1 of 3"])
+    by_json = Plan.from_dict({**plan.to_dict(), "plan_id": "p001-2dev", "notes": ["point 1 of 3"]})
+    assert renamed.to_dict() == by_json.to_dict()
+    assert plan.renamed("x").notes == plan.notes == []
+    renamed.options["mesh"].append("gpu2")   # its options are its own
+    assert plan.options["mesh"] == ["gpu0", "gpu1"]
+    renamed.save(tmp_path / "p.json")
+    assert json.loads((tmp_path / "p.json").read_text())["plan_id"] == "p001-2dev"

@@ -82,7 +82,6 @@ import numpy as np
 
 from .. import _kernels as kernels
 from .._io import write_atomic
-from .._kernels import compiled as _compiled
 from ..cluster import Cluster
 from ..describe import fmt_bytes
 from ..devicemodel.price import check_costs_kind, costs_source
@@ -103,6 +102,7 @@ from .algorithm import Session, track
 from .forkmap import default_workers, fork_map, fork_serve
 from .graph_problem import DEFAULT_SHARD_LEVELS, MeshProblem, build_problem, candidate_meshes
 from .meshwork import MeshWork
+from .polish_kernels import _additive_many, _single_moves
 from .replicas import REPLICAS_SOURCE
 
 __all__ = ["track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "CSV_COLUMNS",
@@ -508,107 +508,6 @@ def _thin(levels: np.ndarray, k: int) -> np.ndarray:
         return levels[-1:]
     idx = np.unique(np.round(np.linspace(0, levels.size - 1, k)).astype(np.int64))   # both ends included
     return levels[idx]
-
-
-@_compiled
-def _additive_many(vecs: np.ndarray, mem: np.ndarray, tim: np.ndarray, tr: np.ndarray, e_src: np.ndarray,
-                   e_dst: np.ndarray, e_mem: np.ndarray,
-                   e_time: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
-    """Each row's additive (Σ node + Σ edge memory + max transient, Σ node + Σ edge time)."""
-    rows, n = vecs.shape
-    est = np.zeros(rows)
-    out_t = np.zeros(rows)
-    for r in range(rows):
-        m = 0.0
-        t = 0.0
-        top = 0.0
-        for v in range(n):
-            c = vecs[r, v]
-            m += mem[v, c]
-            t += tim[v, c]
-            if tr[v, c] > top:
-                top = tr[v, c]
-        for j in range(e_src.shape[0]):
-            a, b = vecs[r, e_src[j]], vecs[r, e_dst[j]]
-            m += e_mem[j, a, b]
-            t += e_time[j, a, b]
-        est[r] = m + top
-        out_t[r] = t
-    return est, out_t
-
-
-@_compiled
-def _single_moves(base: np.ndarray, ks: np.ndarray, mem: np.ndarray, tim: np.ndarray, tr: np.ndarray,
-                  e_src: np.ndarray, e_dst: np.ndarray, e_mem: np.ndarray, e_time: np.ndarray, inc_ptr: np.ndarray,
-                  inc_edge: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
-    """:func:`_additive_many` of every plan one node's configuration away from ``base`` — node
-    ``v`` ascending, then configuration ``c`` ascending, ``base``'s own skipped — each re-costed
-    from ``base``'s sums by what the move touches: the node and its incident edges (``inc_ptr`` /
-    ``inc_edge``: each node's edges, CSR), the largest transient without it.  Returns (the nodes,
-    the configurations, the memory estimates, the times).  O(n + E + Σ_v k_v · deg v) instead of
-    O(Σ_v k_v · (n + E)); a move that changes no cost gets ``base``'s own figures exactly."""
-    n = base.size
-    m = 0.0
-    t = 0.0
-    top = 0.0
-    arg = -1
-    for v in range(n):   # base's sums, in _additive_many's order
-        c = base[v]
-        m += mem[v, c]
-        t += tim[v, c]
-        if tr[v, c] > top:
-            top = tr[v, c]
-            arg = v
-    for j in range(e_src.shape[0]):
-        a, b = base[e_src[j]], base[e_dst[j]]
-        m += e_mem[j, a, b]
-        t += e_time[j, a, b]
-    top2 = 0.0   # the largest transient but node arg's
-    for v in range(n):
-        if v != arg and tr[v, base[v]] > top2:
-            top2 = tr[v, base[v]]
-    total = 0
-    for v in range(n):
-        total += ks[v] - 1
-    mv = np.empty(total, np.int64)
-    mc = np.empty(total, np.int64)
-    est = np.empty(total)
-    out_t = np.empty(total)
-    r = 0
-    for v in range(n):
-        bv = base[v]
-        rest = top2 if v == arg else top
-        for c in range(ks[v]):
-            if c == bv:
-                continue
-            dm = mem[v, c] - mem[v, bv]
-            dt = tim[v, c] - tim[v, bv]
-            for q in range(inc_ptr[v], inc_ptr[v + 1]):
-                j = inc_edge[q]
-                a, b = base[e_src[j]], base[e_dst[j]]
-                a2 = c if e_src[j] == v else a
-                b2 = c if e_dst[j] == v else b
-                dm += e_mem[j, a2, b2] - e_mem[j, a, b]
-                dt += e_time[j, a2, b2] - e_time[j, a, b]
-            mv[r] = v
-            mc[r] = c
-            est[r] = (m + dm) + max(rest, tr[v, c])
-            out_t[r] = t + dt
-            r += 1
-    return mv, mc, est, out_t
-
-
-@kernels.ahead
-def _compile_ahead() -> None:
-    """:func:`_additive_many` and :func:`_single_moves` on two nodes of two configurations and one
-    edge, with the argument types the polish passes (:mod:`tensoropt._kernels`)."""
-    vecs = np.zeros((1, 2), dtype=np.int64)
-    node = np.ones((2, 2))
-    src, dst = np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64)
-    edge = np.ones((1, 2, 2))
-    _additive_many(vecs, node, node, node, src, dst, edge, edge)
-    _single_moves(vecs[0], np.full(2, 2, dtype=np.int64), node, node, node, src, dst, edge, edge,
-                  np.array([0, 1, 2], dtype=np.int64), np.zeros(2, dtype=np.int64))
 
 
 def repeated_nodes(graph: OpGraph, names: Sequence[str], labels: Sequence[Sequence[str]]) -> list[np.ndarray]:
@@ -1161,7 +1060,7 @@ def _renumbered(p: FrontierPoint, i: int, count: int) -> FrontierPoint:
     note = (f"frontier point {i} of {count} (found by {what}): per-device peak {fmt_bytes(p.memory_bytes)}, "
             f"simulated step {p.time_s * 1e3:.4g} ms")
     notes = [note] + [n for n in p.plan.notes if not n.startswith("frontier point ")]
-    plan = Plan.from_dict({**p.plan.to_dict(), "plan_id": pid, "notes": notes})
+    plan = p.plan.renamed(pid, notes)
     return dataclasses.replace(p, plan_id=pid, plan=plan)
 
 
