@@ -445,7 +445,7 @@ def _register_run(app: dash.Dash, store: ResultStore, algos: tuple[str, ...] | N
                   Output("partial-key", "data")],
         running=[(Output("run", "disabled"), True, False), (Output("cancel", "disabled"), False, True)],
         cancel=[Input("cancel", "n_clicks")],
-        interval=500,
+        interval=250,   # how often the page asks for progress: the frontier is drawn up to this much after it is ready
     )
     def _run(set_progress: Callable[[ProgressUpdate], None], _n: int, ready: Any, *controls: Any) -> tuple[Any, str]:
         if ctx.triggered_id == "url-ready" and not (ready or {}).get("run", True):
@@ -558,10 +558,12 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
         ids: set[str] = set()
         if key and store.frontier_ready(key):
             ids = {p["plan_id"] for p in figures.drawn_plans(store.curves(key), store.baselines(key))}
-        if wanted:
-            return (wanted, None) if wanted in ids else (None, no_update)   # the link's plan, once it is there
-        if selected in ids:
-            return no_update, no_update   # still a plan of the result on show (its baselines came): kept
+        if wanted and wanted in ids:
+            return wanted, None   # the link's plan, once it is there
+        if selected in ids or selected is None:
+            # still a plan of the result on show (its baselines came), or none: kept — writing None again would
+            # draw the frontier a second time (every reader of selected-plan runs again: 0.5 s on the default)
+            return no_update, no_update
         return None, no_update
 
 

@@ -312,7 +312,7 @@ def _explore(req: Request, report: workflow.Progress, folder: Path,
 
 
 def run_request(req: Request, store: ResultStore, progress: workflow.Progress | None = None,
-                on_frontier: Callable[[str], None] | None = None, *, poll_s: float = 0.2) -> str:
+                on_frontier: Callable[[str], None] | None = None, *, poll_s: float = 0.1) -> str:
     """Compute everything for ``req`` into its folder of ``store`` and return the key; a
     complete folder is reused as is.  The work is :func:`tensoropt.workflow.explore`'s (the same
     as ``tensoropt compare``'s for the same request: the same shard degrees, the same frontier,

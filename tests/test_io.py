@@ -1,6 +1,7 @@
 """The file helpers: JSON text a person reads a line per entry, and that json reads back unchanged."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +35,17 @@ def test_an_object_has_an_entry_per_line():
     text = json_text({"configs": {"n1": {"layout": "R"}, "n2": {"layout": "batch"}}, "order": ["n1", "n2"]})
     assert text.splitlines() == ['{', ' "configs": {', '  "n1": {"layout": "R"},', '  "n2": {"layout": "batch"}',
                                  ' },', ' "order": ["n1", "n2"]', '}']
+
+
+def test_load_yaml_reads_what_safe_load_reads():
+    import yaml
+
+    from tensoropt._io import load_yaml
+
+    text = (Path(__file__).resolve().parents[1] / "tensoropt" / "devicemodel" / "kinds.yaml").read_text()
+    assert load_yaml(text) == yaml.safe_load(text)
+    for bad in ("a: [1, 2", "a: b: c", "!!python/object:os.system {}"):
+        with pytest.raises(yaml.YAMLError):
+            yaml.safe_load(bad)
+        with pytest.raises(yaml.YAMLError):
+            load_yaml(bad)

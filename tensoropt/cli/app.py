@@ -13,6 +13,7 @@ loads this module to build the parser, and Dash + plotly (about half a second) s
 from __future__ import annotations
 
 import argparse
+import gc
 import socket
 
 from rich.console import Console
@@ -53,12 +54,16 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
         # both: imported after the fork, the server's copy competed with the run's capture for the two cores
         # (command to frontier drawn in headless Chromium 12.1 s before, 11.5 s after, medians of 3)
         preload(defaults["default_model"])
+        # what is loaded now lives as long as the server: out of the collector's sight (its full collections walked
+        # torch's and transformers' objects, 0.1 - 0.15 s each, in the run and in the page's first answers)
+        gc.freeze()
         precompute(**defaults)
     try:
         from tensoropt.dashboard import create_app  # type: ignore[import-not-found, unused-ignore]
     except ImportError as e:   # Dash or plotly missing or broken
         raise _cannot_start(e) from None
     dash_app = create_app(**defaults)   # imports what the default's model needs (the page's jobs, forks, inherit it)
+    gc.freeze()   # the app and Dash too (above); a first draw's page data took 0.15 s of collection before
     url = f"http://{'127.0.0.1' if args.host in ('127.0.0.1', 'localhost') else args.host}:{args.port}/"
     console.print(f"tensoropt dashboard on {escape(url)} (Ctrl+C to stop)", highlight=False)
     if args.host not in ("127.0.0.1", "localhost", "::1"):

@@ -49,7 +49,7 @@ from typing import Any
 import networkx as nx
 import yaml
 
-from .._io import write_atomic
+from .._io import load_yaml, write_atomic
 from ..errors import ClusterSpecError
 from .units import fmt_rate, fmt_size, fmt_time, parse_rate, parse_size, parse_time
 
@@ -551,7 +551,7 @@ class Cluster:
         text = path.read_text(encoding="utf-8")
         if suffix in (".yaml", ".yml"):
             try:
-                data = yaml.safe_load(text)
+                data = load_yaml(text)
             except yaml.YAMLError as e:
                 mark = getattr(e, "problem_mark", None)
                 at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

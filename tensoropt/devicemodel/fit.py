@@ -35,7 +35,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
 
 from ..errors import TensorOptError
 from ..measure.costmodel import CostModel, Work
@@ -85,6 +84,8 @@ def _solve(rows: list[Sample], model: DeviceModel, weight: float) -> ClassFit:
         a[i] = [0.0 if s.backward else 1.0, 1.0 if s.backward else 0.0, s.flops / peak, s.nbytes / model.memory_Bps]
         a[i] /= scale
         y[i] = s.seconds / scale
+    from scipy.optimize import nnls  # here: scipy's import is 0.26 s of every job's start, and only a fit needs it
+
     x, _ = nnls(a, y)
     return ClassFit(1.0 / x[2] if x[2] > 0 else None, 1.0 / x[3] if x[3] > 0 else None,
                     float(x[0]), float(x[1]), len(rows))

@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from .._io import load_yaml
 from ..errors import TensorOptError
 
 __all__ = ["DTYPES", "DeviceKind", "find_kind", "kind_from_dict", "load_kinds", "normalise_name", "same_kind"]
@@ -275,7 +276,7 @@ def _load(path: Path) -> dict[str, DeviceKind]:
     except OSError as e:
         raise TensorOptError(f"cannot read the device-kind catalogue {path}: {e.strerror or e}") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text)
     except yaml.YAMLError as e:
         raise TensorOptError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(doc, Mapping) or not isinstance(doc.get("kinds"), list):

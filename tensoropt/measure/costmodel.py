@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .._io import graph_file_header, read_json, write_json_atomic
@@ -140,7 +140,9 @@ class NodeCost:
         return self.shards[(layout, degree)]
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        # field by field, not asdict(self): that converted every shard too (deep copies), only to be replaced below
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["work"] = None if self.work is None else asdict(self.work)
         d["saved_inputs"] = list(self.saved_inputs)
         d["shards"] = [{"layout": lay, "degree": k, **asdict(s)} for (lay, k), s in self.shards.items()]
         d["estimated"] = self.estimated

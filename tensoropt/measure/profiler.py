@@ -614,7 +614,10 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
     bp_s, workspace, bp_flops, bp_bytes = 0.0, 0, 0, 0
     diff = [t for t in out_tensors if t.requires_grad and t.grad_fn is not None]
     if enable and diff:
-        gouts = [torch.randn_like(t) for t in diff]
+        # random output gradients where the backward is timed (as a training step's); untimed, only
+        # shapes count (FLOPs, bytes: the same work, tests/measure/test_work.py) and zeros cost a memset
+        # where drawing normals cost a third of the dashboard default's profile (0.38 of 1.13 s)
+        gouts = [torch.randn_like(t) if timed else torch.zeros_like(t) for t in diff]
 
         def backward() -> Any:
             return torch.autograd.grad(diff, grad_inputs, gouts, retain_graph=True, allow_unused=True)
