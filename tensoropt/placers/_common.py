@@ -7,9 +7,11 @@ a placement into a Plan.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 from ..cluster import Cluster
@@ -81,6 +83,32 @@ class Problem:
 
     def link_time(self, src: str, dst: str, nbytes: int) -> float:
         return 0.0 if src == dst else self.cluster.link(src, dst).time(nbytes)
+
+    @cached_property
+    def _pair_links(self) -> Counter[tuple[Any, Any]]:
+        """Every ordered pair of distinct devices ``(a, b)`` counted by its links ``(a → b, b → a)``."""
+        link = self.cluster.link
+        return Counter((link(a, b), link(b, a)) for a in self.devices for b in self.devices if a != b)
+
+    def pair_cost(self, nbytes: int, how: str = "mean", there_and_back: bool = False) -> float:
+        """The ``how`` (``"mean"`` or ``"max"``) over every ordered pair of distinct devices
+        ``(a, b)`` of the seconds ``nbytes`` take from ``a`` to ``b`` (and back from ``b`` to
+        ``a`` with ``there_and_back``): an edge's cost to placers that do not yet know where its
+        ends go (m-SCT's ``c_ij``, DPOS's ranks).  0.0 with one device or no bytes.
+
+        The pairs are grouped by their links (a cluster has a few kinds: NVLink within a host, the
+        network between hosts), so a cost is O(kinds), not O(devices²) — 65,280 pairs on 256 GPUs.
+        The mean is :func:`statistics.mean`'s to the last bit: each pair's time an exact fraction
+        (the there-and-back sum added in floating point first, as per pair), summed, divided by
+        the pairs, rounded once."""
+        pairs = self._pair_links
+        if not pairs or not nbytes:
+            return 0.0
+        times: dict[tuple[Any, Any], float] = {
+            (ab, ba): ab.time(nbytes) + (ba.time(nbytes) if there_and_back else 0.0) for ab, ba in pairs}
+        if how == "max":
+            return max(times.values())
+        return float(sum(count * Fraction(times[k]) for k, count in pairs.items()) / sum(pairs.values()))
 
 
 def setup(graph: OpGraph, costs: CostModel, cluster: Cluster, algo: str, *, devices: Sequence[str] | str | None = None,

@@ -157,16 +157,12 @@ def upward_ranks(prob: Problem, splits: Mapping[str, Split] | None = None, *, ra
     splits = splits or {}
     agg = max if rank_cost == "max" else mean
     speeds = [prob.speed[d] for d in prob.devices]
-    pairs = [(a, b) for a in prob.devices for b in prob.devices if a != b]
     cache: dict[tuple[int, bool], float] = {}
     back = gradient_edges(prob)
 
     def c(nbytes: int, grad: bool) -> float:
-        if not pairs or nbytes == 0:
-            return 0.0
         if (nbytes, grad) not in cache:
-            cache[(nbytes, grad)] = agg(prob.link_time(a, b, nbytes) + (prob.link_time(b, a, nbytes) if grad else 0.0)
-                                        for a, b in pairs)
+            cache[(nbytes, grad)] = prob.pair_cost(nbytes, rank_cost, there_and_back=grad)
         return cache[(nbytes, grad)]
 
     out_bytes: dict[tuple[str, str], int] = {}

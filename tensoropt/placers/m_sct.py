@@ -33,10 +33,8 @@ behaves as in m-ETF.  The Plan carries ``Estimate(source="m-sct")``: the schedul
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from statistics import mean
 
 import numpy as np
@@ -72,22 +70,7 @@ def edge_costs(prob: Problem, link: str = "mean") -> dict[tuple[str, str], float
     link time of the edge's bytes; 0 with a single device."""
     if link not in ("mean", "max"):
         raise TensorOptError(f"m-sct link must be 'mean' or 'max', got {link!r}")
-    # the pairs grouped by their link (a cluster has a few kinds: NVLink within a host, the network
-    # between hosts), so that an edge costs O(kinds) instead of O(devices²) — 41 M link times on 256
-    # GPUs; the mean taken exactly as statistics.mean takes it (each time as an exact fraction,
-    # summed, divided, rounded once), so the costs are the same to the last bit
-    kinds = Counter(prob.cluster.link(a, b) for a in prob.devices for b in prob.devices if a != b)
-    n_pairs = sum(kinds.values())
-    out = {}
-    for j in prob.order:
-        for i, nbytes in prob.preds[j]:
-            if not kinds or not nbytes:
-                out[(i, j)] = 0.0
-            elif link == "mean":
-                out[(i, j)] = float(sum(count * Fraction(lk.time(nbytes)) for lk, count in kinds.items()) / n_pairs)
-            else:
-                out[(i, j)] = max(lk.time(nbytes) for lk in kinds)
-    return out
+    return {(i, j): prob.pair_cost(nbytes, link) for j in prob.order for i, nbytes in prob.preds[j]}
 
 
 def favourite_children(prob: Problem, *, threshold: float = THRESHOLD, link: str = "mean",
