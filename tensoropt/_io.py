@@ -56,9 +56,9 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
 def json_text(data: Any) -> str:
     """``data`` as JSON text a person can read and a program writes fast: an object's or a list's
     entries one per line, each entry on its line in compact form (a plan's operator and its
-    configuration per line).  The entries go through the json module's C encoder: ``indent``
-    would send the whole document through its pure-Python one, four times slower (a plan of 300
-    operators: 1.5 ms against 0.36).
+    configuration per line).  The entries go through the json module's C encoder, where ``indent``
+    sends the whole document through its pure-Python one: a plan of 300 operators takes 1.0 ms
+    here, 1.5 ms with ``indent=1`` (0.36 ms all on one line, unreadable).
 
     >>> print(json_text({"format": "x/1", "configs": {"a": {"layout": "R"}, "b": {"layout": "B"}}}))
     {
