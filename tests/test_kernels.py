@@ -19,28 +19,24 @@ from tensoropt.planmodel.meshplan import _tiny_evaluator
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A fresh install, as far as numba can tell (an empty cache folder), in a test of its own (pytest
-# in a subprocess): a model captured and profiled first (torch has run threads in this process),
-# then the kernels compiled ahead, then searches, counting the kernels numba had to compile again
-# (a kernel loaded from the cache is no compile).  What a test of the suite did when the torch
-# threads were found: the compiling processes' own tiny model's first operator waited forever
-# (on a thread pool the fork did not copy) until ready() stopped them.
-FRESH_INSTALL = textwrap.dedent("""
+# What both tests in a process of their own (pytest in a subprocess) share: a tiny GPT-2 priced on
+# V100s, a count of the kernels numba compiles (a kernel loaded from the cache is no compile), and
+# searches that call every kernel.
+SEARCHES = textwrap.dedent("""
     from numba.core import event
 
     import tensoropt
     import tensoropt._kernels as kernels
     from tensoropt.frontier import point_sets
 
-    def test_fresh_install():
+    def tiny_gpt2():
         graph = tensoropt.load_model("zoo:gpt2?tiny=1").capture()
         cluster = tensoropt.load_cluster("preset:v100-8-nvlink")
         costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2, 4), repeats=1, timed=False), cluster,
                                 costs_from="model").costs
-        assert not kernels.cached()
-        kernels.start()
-        kernels.ready(timeout_s=100)   # they take 15-30 s; a stuck one is stopped at the limit
-        assert kernels.cached(), "a compiling process was stopped, or its part misses a kernel"
+        return graph, costs, cluster
+
+    def count_compiles():
         ours = {id(d) for d in kernels.dispatchers()}
         compiled = []
 
@@ -53,58 +49,59 @@ FRESH_INSTALL = textwrap.dedent("""
                     compiled.append(ev.data["dispatcher"].py_func.__name__)
 
         event.register("numba:compile", Compiles())
+        return compiled
+
+    def search_everything(graph, costs, cluster):
         fr = tensoropt.track_frontier(graph, costs, cluster, devices=cluster.names[:4], workers=1)
         point_sets.PRUNE_MIN_CANDIDATES = 0   # every product through the pruned kernel too
         fr2 = tensoropt.track_frontier(graph, costs, cluster, devices=cluster.names[:4], workers=1)
         assert [p.time_s for p in fr] == [p.time_s for p in fr2]
         tensoropt.simulate(fr.min_time().plan, graph, costs, cluster)
+""")
+
+# A fresh install, as far as numba can tell (an empty cache folder): a model captured and profiled
+# first (torch has run threads in this process), then the kernels compiled ahead, then searches.
+# What a test of the suite did when the torch threads were found: the compiling processes' own tiny
+# model's first operator waited forever (on a thread pool the fork did not copy) until ready()
+# stopped them.
+FRESH_INSTALL = SEARCHES + textwrap.dedent("""
+    def test_fresh_install():
+        graph, costs, cluster = tiny_gpt2()
+        assert not kernels.cached()
+        kernels.start()
+        kernels.ready(timeout_s=100)   # they take 15-30 s; a stuck one is stopped at the limit
+        assert kernels.cached(), "a compiling process was stopped, or its part misses a kernel"
+        compiled = count_compiles()
+        search_everything(graph, costs, cluster)
+        assert compiled == [], f"compiled again: {sorted(set(compiled))}"
+""")
+
+# What the search does after an install compiled its kernels (setup.py): nothing compiled again,
+# from the capture on.
+AFTER_INSTALL = SEARCHES + textwrap.dedent("""
+    def test_after_install():
+        assert kernels.cached(), "the install left a kernel out of the cache"
+        compiled = count_compiles()
+        graph, costs, cluster = tiny_gpt2()
+        kernels.start()
+        assert kernels._pending == [], "a job started compiling after the install"
+        search_everything(graph, costs, cluster)
         assert compiled == [], f"compiled again: {sorted(set(compiled))}"
 """)
 
 
-def test_compiled_ahead_is_what_the_search_calls(tmp_path):
-    (tmp_path / "test_fresh_install.py").write_text(FRESH_INSTALL)
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+def _pytest_alone(tmp_path, name, source, env):
+    """``source`` as ``tmp_path/name``, run by pytest in a process of its own with ``env``; asserts it passes."""
+    (tmp_path / name).write_text(source)
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-o", "addopts=",
-                          "--rootdir", str(tmp_path), str(tmp_path / "test_fresh_install.py")],
+                          "--rootdir", str(tmp_path), str(tmp_path / name)],
                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:]
 
 
-# What the search does after an install compiled its kernels (setup.py): nothing compiled again.
-AFTER_INSTALL = textwrap.dedent("""
-    from numba.core import event
-
-    import tensoropt
-    import tensoropt._kernels as kernels
-    from tensoropt.frontier import point_sets
-
-    def test_after_install():
-        assert kernels.cached(), "the install left a kernel out of the cache"
-        ours = {id(d) for d in kernels.dispatchers()}
-        compiled = []
-
-        class Compiles(event.Listener):
-            def on_start(self, ev):
-                pass
-
-            def on_end(self, ev):
-                if id(ev.data["dispatcher"]) in ours:
-                    compiled.append(ev.data["dispatcher"].py_func.__name__)
-
-        event.register("numba:compile", Compiles())
-        graph = tensoropt.load_model("zoo:gpt2?tiny=1").capture()
-        cluster = tensoropt.load_cluster("preset:v100-8-nvlink")
-        costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2, 4), repeats=1, timed=False), cluster,
-                                costs_from="model").costs
-        kernels.start()
-        assert kernels._pending == [], "a job started compiling after the install"
-        fr = tensoropt.track_frontier(graph, costs, cluster, devices=cluster.names[:4], workers=1)
-        point_sets.PRUNE_MIN_CANDIDATES = 0   # every product through the pruned kernel too
-        tensoropt.track_frontier(graph, costs, cluster, devices=cluster.names[:4], workers=1)
-        tensoropt.simulate(fr.min_time().plan, graph, costs, cluster)
-        assert compiled == [], f"compiled again: {sorted(set(compiled))}"
-""")
+def test_compiled_ahead_is_what_the_search_calls(tmp_path):
+    _pytest_alone(tmp_path, "test_fresh_install.py", FRESH_INSTALL,
+                  {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")})
 
 
 def _setup_module():
@@ -123,11 +120,7 @@ def test_the_install_compiles_what_the_search_calls_without_torch(tmp_path):
     build = subprocess.run([sys.executable, "-c", _setup_module().BUILD], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
-    (tmp_path / "test_after_install.py").write_text(AFTER_INSTALL)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-o", "addopts=",
-                          "--rootdir", str(tmp_path), str(tmp_path / "test_after_install.py")],
-                         env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-3000:]
+    _pytest_alone(tmp_path, "test_after_install.py", AFTER_INSTALL, env)
 
 
 def test_an_install_that_cannot_compile_goes_on(tmp_path, monkeypatch, capsys):
