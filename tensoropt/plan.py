@@ -376,20 +376,24 @@ class Plan:
         """The latest estimate from ``source`` (``"frontier"``, ``"simulator"``, …), if any."""
         return next((e for e in reversed(self.estimates) if e.source == source), None)
 
+    def _copy(self, **changes: Any) -> Plan:
+        """A copy with the constructor's arguments in ``changes`` replaced; the configurations and
+        estimates are shared (:class:`NodeConfig` and :class:`Estimate` are immutable), the options
+        copied.  O(operators), no JSON."""
+        fields: dict[str, Any] = {
+            "graph_fingerprint": self.graph_fingerprint, "graph_name": self.graph_name, "batch_size": self.batch_size,
+            "cluster_name": self.cluster_name, "cluster_fingerprint": self.cluster_fingerprint,
+            "algorithm": self.algorithm, "options": copy.deepcopy(self.options), "order": self.order,
+            "estimates": self.estimates, "plan_id": self.plan_id, "notes": self.notes, "replicas": self.replicas}
+        return Plan(self.configs, **{**fields, **changes})
+
     def renamed(self, plan_id: str, notes: Iterable[str] | None = None) -> Plan:
-        """A copy under ``plan_id`` (and with ``notes`` in place of its notes, when given); the
-        configurations are shared (a :class:`NodeConfig` is immutable).  O(operators), no JSON."""
-        return Plan(self.configs, graph_fingerprint=self.graph_fingerprint, graph_name=self.graph_name,
-                    batch_size=self.batch_size, cluster_name=self.cluster_name,
-                    cluster_fingerprint=self.cluster_fingerprint, algorithm=self.algorithm,
-                    options=copy.deepcopy(self.options), order=self.order, estimates=self.estimates,
-                    plan_id=plan_id, notes=self.notes if notes is None else notes, replicas=self.replicas)
+        """A copy under ``plan_id`` (and with ``notes`` in place of its notes, when given)."""
+        return self._copy(plan_id=plan_id, **({} if notes is None else {"notes": notes}))
 
     def with_estimate(self, est: Estimate) -> Plan:
         """A copy with ``est`` replacing any earlier estimate from the same source."""
-        d = self.to_dict()
-        d["estimates"] = [e for e in d["estimates"] if e["source"] != est.source] + [est.to_dict()]
-        return Plan.from_dict(d)
+        return self._copy(estimates=[e for e in self.estimates if e.source != est.source] + [est])
 
     # ---- checks ------------------------------------------------------------------------------
     def check(self, graph: OpGraph, cluster: Cluster | None = None) -> None:

@@ -116,3 +116,14 @@ def test_renamed_is_the_plan_under_a_new_id(graph, tmp_path):
     assert plan.options["mesh"] == ["gpu0", "gpu1"]
     renamed.save(tmp_path / "p.json")
     assert json.loads((tmp_path / "p.json").read_text())["plan_id"] == "p001-2dev"
+
+
+def test_with_estimate_is_the_plan_with_that_estimate_in_place_of_its_sources(graph):
+    # what the JSON round trip it replaces gave
+    plan = split_plan(graph)
+    est = Estimate("frontier", 0.5, {"gpu0": 1, "gpu1": 2}, "device model")
+    by_json = plan.to_dict()
+    by_json["estimates"] = [e for e in by_json["estimates"] if e["source"] != "frontier"] + [est.to_dict()]
+    assert plan.with_estimate(est).to_dict() == Plan.from_dict(by_json).to_dict()
+    sim = plan.with_estimate(Estimate("simulator", 0.02, {"gpu0": 11}))
+    assert [e.source for e in sim.estimates] == ["frontier", "simulator"] and len(plan.estimates) == 1
