@@ -49,12 +49,13 @@ from .capture.precision import check_precision as check_precision_name
 from .cluster import detect_cluster, load_cluster
 from .compare import CompareRow, compare, frontier_failures, frontier_rows, joined, mark_dominated, solver_options
 from .devicemodel.price import COSTS_FROM, Priced, check_measured_fits, price, prices_by_model
-from .errors import TensorOptError
+from .errors import ProfileError, TensorOptError
 from .execute.replicas import replica_call
 from .frontier import Frontier, candidate_meshes, host_groups, replicate_frontier, track_frontier
 from .frontier.track import DEFAULT_MAX_WALKS
 from .measure import CostModel, profile
-from .measure.profiler import check_precision, profiling_device
+from .measure.feed import on_meta
+from .measure.profiler import check_precision, profiling_device, unmeasurable
 from .measure.timing import device_name
 from .modelspec import load_model
 from .optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
@@ -271,17 +272,20 @@ def measure(request: Request, setup: Setup, progress: Progress = no_progress) ->
     (:func:`~tensoropt.devicemodel.price`).  A profile only a device model will price is made
     with timing off: each call runs once, for its memory and work."""
     on = profiling_device(request.device)
+    timed = not needs_device_model(request, setup, device_name(on), on.type)
     if not request.profile:   # a refusal before capturing and a whole profile
         check_measured_fits(request.costs_from, setup.cluster, setup.devices, device_name(on), on.type)
+    loaded = load_model(request.model, batch=request.batch)
+    if timed and not request.profile and loaded.model is not None and on_meta(loaded.model):
+        raise ProfileError(unmeasurable(loaded.name))
     progress("capture", 0, 1, f"capturing {request.model}")
-    graph = load_model(request.model, batch=request.batch).capture(precision=request.precision)
+    graph = loaded.capture(precision=request.precision)
     progress("capture", 1, 1, f"{graph.name}: {len(graph.ops)} operators")
     if request.profile:
         progress("profile", 0, 1, f"reading the profile {request.profile}")
         costs = read_profile(request.profile, graph)
         progress("profile", 1, 1, "profile read")
     else:
-        timed = not needs_device_model(request, setup, device_name(on), on.type)
         n_ops = len(graph.ops)
         what = "profiling" if timed else "recording memory and work (a device model prices the times)"
         progress("profile", 0, n_ops, f"{what} at shard degrees {', '.join(map(str, setup.degrees))}")

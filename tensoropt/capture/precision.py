@@ -56,7 +56,12 @@ def precision_of(graph_or_precision: Any) -> str:
 
 def device_types(where: Any) -> list[str]:
     """The torch device types of ``where``: a device type or device (``"cpu"``, ``"cuda:1"``,
-    ``torch.device``), tensors, or an iterable of any of these; sorted, ``["cpu"]`` when none."""
+    ``torch.device``), tensors, or an iterable of any of these; sorted, ``["cpu"]`` when none;
+    ``meta`` (a model that holds no values) counts as ``cpu``.
+
+    >>> device_types([torch.empty(1, device="meta"), "cuda:1"])
+    ['cpu', 'cuda']
+    """
     found: set[str] = set()
 
     def add(x: Any) -> None:
@@ -71,6 +76,9 @@ def device_types(where: Any) -> list[str]:
                 add(y)
 
     add(where)
+    # a model on the meta device holds no values and runs nowhere; autocast has no meta policy, so
+    # its graph is captured and walked (on FakeTensors) under the CPU's (tensoropt.measure.feed)
+    found = {"cpu" if kind == "meta" else kind for kind in found}
     return sorted(found) or ["cpu"]
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.export.graph_signature import InputKind
 from torch.utils._pytree import tree_flatten
 
@@ -32,20 +33,26 @@ from ..graph import OpGraph
 
 
 def placeholder_values(graph: OpGraph, module: fx.GraphModule, dev: torch.device,
-                       inputs: tuple | None) -> tuple[list[Any], dict[str, str]]:
+                       inputs: tuple | None, fake: FakeTensorMode | None = None) -> tuple[list[Any], dict[str, str]]:
     """(values by placeholder, placeholder name → parameter / buffer / constant name).
 
     A torch.export capture's placeholders are its lifted parameters, buffers and constants and
     the user inputs; a torch.fx capture's are the user inputs only (its module holds the rest).
     Missing user inputs (``inputs=None``) are synthesized from the graph's metadata
-    (:func:`synthesize_input`); too few given is a :class:`ProfileError`."""
+    (:func:`synthesize_input`); too few given is a :class:`ProfileError`.  With ``fake`` (a
+    ``FakeTensorMode``), every value is a FakeTensor of that mode on ``dev`` (:func:`fake_on`):
+    shapes, dtypes and gradient flags without data, for a model on the meta device."""
     user = list(tree_flatten(tuple(inputs))[0]) if inputs is not None else None
     phs = [n for n in module.graph.nodes if n.op == "placeholder"]
     ep = graph.exported
+
+    def to(v: Any) -> Any:
+        return fake_on(fake, v, dev) if fake is not None else _to(v, dev)
+
     if ep is None:
         if user is None:
             user = [synthesize_input(graph, n.name) for n in phs]
-        return [_to(v, dev) for v in user], {}
+        return [to(v) for v in user], {}
 
     values, owners, user_iter = [], {}, iter(user or [])
     for spec, ph in zip(ep.graph_signature.input_specs, phs):
@@ -56,7 +63,7 @@ def placeholder_values(graph: OpGraph, module: fx.GraphModule, dev: torch.device
                                    "model was captured with")
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
             v = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
-            if spec.kind == InputKind.BUFFER:
+            if spec.kind == InputKind.BUFFER and fake is None:
                 v = v.clone()  # batch norm updates running statistics in place
             owners[ph.name] = spec.target
         elif spec.kind == InputKind.CONSTANT_TENSOR:
@@ -64,8 +71,59 @@ def placeholder_values(graph: OpGraph, module: fx.GraphModule, dev: torch.device
             owners[ph.name] = spec.target
         else:
             v = None
-        values.append(_to(v, dev))
+        values.append(to(v))
     return values, owners
+
+
+def holds_no_data(graph: OpGraph) -> bool:
+    """Whether ``graph``'s model lives on the meta device — its parameters, buffers or example
+    inputs hold shapes but no values (a model too large to materialise, built under
+    ``torch.device("meta")``): such a graph is walked on FakeTensors only (:func:`fake_on`).
+
+    >>> from tensoropt import capture
+    >>> with torch.device("meta"):
+    ...     graph = capture(torch.nn.Linear(16, 4), (torch.randn(8, 16),))
+    >>> holds_no_data(graph)
+    True
+    """
+    tensors = list(tree_flatten(tuple(graph.example_inputs or ()))[0])
+    if graph.exported is not None:
+        tensors += [*graph.exported.state_dict.values(), *graph.exported.constants.values()]
+    meta = any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors)
+    return meta or (graph.module is not None and on_meta(graph.module))
+
+
+def on_meta(module: torch.nn.Module) -> bool:
+    """Whether any parameter or buffer of ``module`` is on the meta device (holds no values)."""
+    return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+
+
+def fake_on(mode: FakeTensorMode, v: Any, dev: torch.device) -> Any:
+    """``v`` as a FakeTensor of ``mode`` on ``dev`` (anything else as it is): a meta tensor
+    becomes an empty fake one of the same size, strides, dtype and gradient flag (a FakeTensor
+    made from a meta tensor would stay on the meta device, where autocast and the device
+    arguments the capture baked in do not follow); a real one is converted by the mode."""
+    if not isinstance(v, torch.Tensor):
+        return v
+    if isinstance(v, FakeTensor) and v.fake_mode is mode and v.device == dev:
+        return v
+    if v.is_meta:
+        with mode:
+            t = torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device=dev)
+        return t.requires_grad_(v.requires_grad) if v.requires_grad else t
+    t = mode.from_tensor(v)
+    return t if t.device == dev else _to(t, dev)
+
+
+def fake_module(module: fx.GraphModule, mode: FakeTensorMode, dev: torch.device) -> fx.GraphModule:
+    """``module`` itself when it holds no meta parameters or buffers, else a copy whose
+    parameters and buffers are empty FakeTensors of ``mode`` on ``dev`` (a torch.fx capture of a
+    meta model keeps the model's own, which cannot be copied to a device)."""
+    if not on_meta(module):
+        return module
+    module = copy.deepcopy(module)
+    with mode:
+        return module.to_empty(device=dev)
 
 
 def devices_named(module: fx.GraphModule) -> set[torch.device]:

@@ -62,7 +62,7 @@ from typing import Any, cast
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -76,7 +76,7 @@ from ..graph import OpGraph, OpNode, TensorMeta, grad_nodes, split_fits
 from ..layouts import SPLIT_LAYOUTS, Layout
 from ..progress import Progress, no_progress
 from .costmodel import CostModel, NodeCost, ShardCost, Work
-from .feed import module_on, placeholder_values
+from .feed import fake_module, holds_no_data, module_on, placeholder_values
 from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
 from .shards import TensorArg, shard_args, shard_size
 from .timing import device_info, device_key, time_callable
@@ -140,6 +140,8 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
         raise ProfileError(f"graph {graph.name!r} has no captured module (it was loaded from "
                            f"{graph.source or 'a file'}); profile the model itself, e.g. "
                            "tensoropt profile zoo:NAME or tensoropt.profile(tensoropt.capture(model, inputs))")
+    if timed and holds_no_data(graph):
+        raise ProfileError(unmeasurable(graph.name))
     dev = profiling_device(device)
     steady_malloc()   # one allocator regime for the profile and the executors (why: tensoropt._malloc)
     degrees = sorted({int(k) for k in shard_degrees if int(k) > 1})
@@ -170,11 +172,17 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
 def _measure_ops(graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
                  store: _DiskCache, inputs: Any, report: Callable[[int, int, str], None],
                  timed: bool = True) -> _Runner:
-    """Every node measured alone, at full shape and each shard: when the cache holds entries, a
-    dry run on FakeTensors first (no compute) — enough if every call is cached — else a real run
-    (the device measured, its info stored)."""
+    """Every node measured alone, at full shape and each shard: a model on the meta device on
+    FakeTensors only (:func:`~.feed.holds_no_data`: it has no values to run); otherwise, when the
+    cache holds entries, a dry run on FakeTensors first (no compute) — enough if every call is
+    cached — else a real run (the device measured, its info stored)."""
     runner = None
     with quiet_torch_logs():  # a failing fake-tensor op logs its traceback before we handle it
+        if holds_no_data(graph):
+            runner = _Runner(graph, dev, degrees, repeats, warmup, store, device_info(dev, measure=False),
+                             timed=timed, fake=True)
+            runner.run(inputs, report)
+            return runner
         if store.entries and store.info:  # everything cached? find out on FakeTensors, no compute
             runner = _Runner(graph, dev, degrees, repeats, warmup, store, store.info, dry=True, timed=timed)
             if not runner.run_dry(inputs, report):
@@ -329,16 +337,29 @@ class _DiskCache:
                                           "sequences": {k: t.to_dict() for k, t in self.sequences.items()}})
 
 
+def unmeasurable(name: str) -> str:
+    """Why a model on the meta device cannot be profiled with timing, and what to do instead."""
+    return (f"model {name!r} is on the meta device: its weights hold no values, so none of its operators can be "
+            "timed; let a GPU kind's device model price them (tensoropt frontier / compare with a cluster of GPUs, "
+            "or --costs-from model), or materialise a smaller variant (fewer layers) to measure that")
+
+
 class _Runner(fx.Interpreter):
-    """Runs the captured module once, measuring each node alone as it goes."""
+    """Runs the captured module once, measuring each node alone as it goes.  ``fake``: every
+    value is a FakeTensor (a model on the meta device: shapes, memory and work, no values)."""
 
     def __init__(self, graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
-                 store: _DiskCache, info: dict[str, Any], dry: bool = False, timed: bool = True):
+                 store: _DiskCache, info: dict[str, Any], dry: bool = False, timed: bool = True,
+                 fake: bool = False):
         gm = graph.module
         self.exported = graph.exported
-        if self.exported is None:  # torch.fx capture: the module holds the user's own parameters and
-            gm = copy.deepcopy(gm)  # buffers; batch norm would update their running statistics
-        super().__init__(module_on(gm, dev).to(dev), garbage_collect_values=True)
+        if self.exported is None and not fake:  # torch.fx capture: the module holds the user's own
+            gm = copy.deepcopy(gm)  # parameters and buffers; batch norm would update their running statistics
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+        gm = module_on(gm, dev)
+        super().__init__(fake_module(gm, self.mode, dev) if self.mode is not None else gm.to(dev),
+                         garbage_collect_values=True)
+        self.fake = fake
         self.graph_ = graph
         self.dev = dev
         self.precision = precision_of(graph)   # every call runs under the graph's autocast
@@ -358,6 +379,9 @@ class _Runner(fx.Interpreter):
     # ---- driving -----------------------------------------------------------------------------
     def run(self, inputs: tuple | None, report: Callable) -> None:  # type: ignore[override]
         self.report = report
+        if self.mode is not None:
+            self._run_fake(inputs, self.mode)
+            return
         args = self._placeholder_values(inputs)
         with torch.no_grad(), precision_context(self.precision, self.dev):
             super().run(*args)
@@ -367,24 +391,31 @@ class _Runner(fx.Interpreter):
         costs) as soon as one call is missing or anything cannot run on FakeTensors."""
         self.report = report
         try:
-            args = self._placeholder_values(inputs)
-            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-                fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-                with torch.no_grad(), precision_context(self.precision, self.dev):
-                    super().run(*fake)
+            self._run_fake(inputs, FakeTensorMode(allow_non_fake_inputs=True))
             return True
         except Exception:  # noqa: BLE001 - a miss, or an op FakeTensors cannot run: measure for real
             self.costs.clear()
             self.cached_calls = 0
             return False
 
-    def _placeholder_values(self, inputs: tuple | None) -> list[Any]:
-        values, owners = placeholder_values(self.graph_, cast(fx.GraphModule, self.module), self.dev, inputs)
+    def _run_fake(self, inputs: tuple | None, mode: FakeTensorMode) -> None:
+        with mode:
+            args = self._placeholder_values(inputs, mode)
+            with torch.no_grad(), precision_context(self.precision, self.dev):
+                super().run(*args)
+
+    def _placeholder_values(self, inputs: tuple | None, fake: FakeTensorMode | None = None) -> list[Any]:
+        values, owners = placeholder_values(self.graph_, cast(fx.GraphModule, self.module), self.dev, inputs, fake)
         self.param_of_placeholder.update(owners)
         return values
 
     def run_node(self, n: fx.Node) -> Any:
-        result = super().run_node(n)
+        try:
+            result = super().run_node(n)
+        except Exception as e:
+            if not self.fake:
+                raise
+            raise ProfileError(_no_fake_run(self.graph_, n, e)) from e
         op = self.graph_.nodes.get(n.name)
         if op is not None and op.kind == "op":
             self.costs[n.name] = self._cost(n, op)
@@ -699,13 +730,30 @@ def _cuda_workspace(forward: Callable, backward: Callable, dev: torch.device) ->
     return max(scratch(forward), scratch(backward))
 
 
+def _no_fake_run(graph: OpGraph, n: fx.Node, e: Exception) -> str:
+    """Why node ``n`` of a meta model's graph cannot run on FakeTensors, naming its op and module."""
+    op = graph.nodes.get(n.name)
+    where = f"module {op.module_path or '(root)'} ({op.module_type})" if op is not None and op.module_type else \
+        f"module {op.module_path or '(root)'}" if op is not None else "the model"
+    what = f"{n.target}" if n.op == "call_function" else f"{n.op} {n.target}"
+    name = type(e).__name__
+    if "DataDependent" in name or "DynamicOutputShape" in name or "data-dependent" in str(e):
+        why = ("its output depends on the values of its inputs, which a model on the meta device does not have; "
+               "materialise the model (build it outside torch.device('meta'), a smaller variant if it does not fit) "
+               "or compute that value without reading tensor data")
+    else:
+        why = f"{first_line(e)}; materialise the model (a smaller variant if it does not fit) to profile it"
+    return f"operator {what} of {where} cannot run on fake tensors: {why}"
+
+
 def _fake_run(fn: Callable, args: tuple, kwargs: dict, precision: str = "fp32") -> tuple[int, int]:
     """Forward FLOPs and output bytes of one call, on FakeTensors (no real compute), in
     ``precision``; (0, 0) when the op has no fake implementation."""
     if isinstance(fn, torch.nn.Module):
         return 0, 0  # a module's own parameters are real tensors; FLOPs are informative only
+    given = next((t.fake_mode for t in _tensors((args, kwargs)) if isinstance(t, FakeTensor)), None)
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        with given or FakeTensorMode(allow_non_fake_inputs=True) as mode:
             fargs, fkwargs = _map(lambda t: mode.from_tensor(t), (args, kwargs))
             with torch.no_grad(), precision_context(precision, _tensors((args, kwargs))), \
                     FlopCounterMode(display=False) as fc:
@@ -812,7 +860,9 @@ def _basename(opname: str) -> str:
 
 
 def _ptr(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+    """The identity of ``t``'s storage: the same for every view of it, on real tensors and on
+    FakeTensors alike (a FakeTensor's data pointer is 0 for every storage)."""
+    return t.untyped_storage()._cdata
 
 
 def _unique_bytes(ts: Iterable[torch.Tensor]) -> int:
@@ -827,7 +877,7 @@ def _touched_bytes(ts: Iterable[torch.Tensor]) -> int:
     kernel reading or writing them moves."""
     seen: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int] = {}
     for t in ts:
-        seen[(t.data_ptr(), tuple(t.shape), tuple(t.stride()))] = t.numel() * t.element_size()
+        seen[(_ptr(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()))] = t.numel() * t.element_size()
     return sum(seen.values())
 
 
