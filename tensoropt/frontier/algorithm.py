@@ -88,8 +88,10 @@ Example::
 from __future__ import annotations
 
 import heapq
+import itertools
+import math
 import time as _time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +100,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from . import point_sets
 from .problem import Problem
+from .repeats import Repeats, check
 
 __all__ = ["track", "Session", "FrontierResult", "FixedChoice", "BRANCH_RULE", "FIX_RULE"]
 
@@ -125,6 +128,10 @@ class _Group:
     node: int = -1
     cfg: np.ndarray | None = None
     nred: int = 0  # reduces along a derivation (upper bound), for mem_slack
+    #: per slot, how many blocks later the parent in that slot sits than where it was solved (a
+    #: composed chain of a repeated block refers to one block's frontiers for every copy: the
+    #: unroll moves what it finds there to the copy's own nodes, :meth:`_Store.relocate`)
+    shift: np.ndarray | None = None
 
     def min_time(self) -> np.ndarray:
         """Lowest time of each frontier (the last point: time decreases), +inf if empty."""
@@ -157,6 +164,9 @@ class _Store:
         #: (one reference held) so that its costs stay readable.
         self.memo: dict[tuple[Any, ...], int] | None = None
         self.memo_hits = 0
+        #: where a repeated block's copies are (:mod:`.repeats`): per node its position in the
+        #: block solved for all (-1 elsewhere), and every block's nodes by position
+        self.reloc: tuple[np.ndarray, np.ndarray] | None = None
         self.unit = self._add(_Group(np.zeros(1), np.zeros(1), np.array([0, 1], np.int64),
                                      np.empty(0, np.int32), np.empty((1, 0), np.int32)))
 
@@ -220,6 +230,33 @@ class _Store:
         return self._add(_Group(m[keep], t[keep], np.array([0, keep.size], np.int64),
                                 np.concatenate(gids)[keep][:, None], np.concatenate(idxs)[keep][:, None],
                                 nred=nred))
+
+    def union_each(self, gids: list[int]) -> int:
+        """Frontier by frontier: ``o = reduce(∪ frontier o of each group in gids)`` (the groups
+        hold the same number of frontiers); each point refers back to its group and point."""
+        groups = [self.groups[g] for g in gids]
+        n = groups[0].start.size - 1
+        mems, times, ref_g, ref_i, start = [], [], [], [], [0]
+        merged, nred = 0, 1 + max(G.nred for G in groups)
+        for o in range(n):
+            ms, ts, gs, ii = [], [], [], []
+            for g, G in zip(gids, groups):
+                lo, hi = int(G.start[o]), int(G.start[o + 1])
+                ms.append(G.mem[lo:hi])
+                ts.append(G.time[lo:hi])
+                gs.append(np.full(hi - lo, g, np.int32))
+                ii.append(np.arange(lo, hi, dtype=np.int32))
+            m, t = np.concatenate(ms), np.concatenate(ts)
+            keep, dropped = point_sets.reduce(m, t, self.resolution, backend=self.backend, return_merged=True)
+            merged += dropped
+            mems.append(m[keep])
+            times.append(t[keep])
+            ref_g.append(np.concatenate(gs)[keep])
+            ref_i.append(np.concatenate(ii)[keep])
+            start.append(start[-1] + keep.size)
+        self.merged += merged
+        return self._add(_Group(np.concatenate(mems), np.concatenate(times), np.array(start, np.int64),
+                                np.concatenate(ref_g)[:, None], np.concatenate(ref_i)[:, None], nred=nred))
 
     def consumed(self, gx: int, gy: int, slot: int) -> None:
         """Intermediate group ``gx`` is read by group ``gy`` (its parent in ``slot``) and nothing
@@ -322,28 +359,40 @@ class _Store:
                    else self.remember(key, self.bprod(acc[0], nxt[0], [0, 1], [acc[1]], [nxt[1]])), 0)
         return acc
 
+    def relocate(self, node: int, offset: int) -> int:
+        """The node ``offset`` blocks after ``node`` (a node of the block solved for all copies)."""
+        if not offset:
+            return node
+        if self.reloc is None or self.reloc[0][node] < 0:
+            raise RuntimeError(f"frontier unroll moved node {node}, outside the repeated block (internal error)")
+        pos, blocks = self.reloc
+        return int(blocks[1 + offset, pos[node]])
+
     def unroll_many(self, gid: int, points: np.ndarray, n_nodes: int) -> np.ndarray:
-        """:meth:`unroll` of many points of group ``gid`` at once: one visit per group, the
-        points that pass through it as an index array (rows × nodes).  O(groups + points × nodes)."""
+        """:meth:`unroll` of many points of group ``gid`` at once: one visit per group and block
+        offset, the points that pass through it as an index array (rows × nodes).
+        O(groups + points × nodes)."""
         cfg = np.full((len(points), n_nodes), -1, np.int64)
-        stack: list[tuple[int, np.ndarray, np.ndarray]] = [(gid, np.arange(len(points)), np.asarray(points))]
+        stack: list[tuple[int, np.ndarray, np.ndarray, int]] = [(gid, np.arange(len(points)), np.asarray(points), 0)]
         while stack:
-            g, rows, ii = stack.pop()
+            g, rows, ii, off = stack.pop()
             G = self.groups[g]
             if G.node >= 0:
-                if (cfg[rows, G.node] >= 0).any():
-                    raise RuntimeError(f"frontier unroll reached node {G.node} twice (internal error)")
+                node = self.relocate(G.node, off)
+                if (cfg[rows, node] >= 0).any():
+                    raise RuntimeError(f"frontier unroll reached node {node} twice (internal error)")
                 assert G.cfg is not None   # a node's leaf group records its configurations
-                cfg[rows, G.node] = G.cfg[ii]
+                cfg[rows, node] = G.cfg[ii]
             if G.ref_gid.ndim == 1:
                 for slot in range(G.ref_gid.size):
-                    stack.append((int(G.ref_gid[slot]), rows, G.ref_idx[ii, slot]))
+                    moved = off + (int(G.shift[slot]) if G.shift is not None else 0)
+                    stack.append((int(G.ref_gid[slot]), rows, G.ref_idx[ii, slot], moved))
             else:
                 for slot in range(G.ref_gid.shape[1]):
                     gids = G.ref_gid[ii, slot]
                     for u in np.unique(gids):
                         sel = gids == u
-                        stack.append((int(u), rows[sel], G.ref_idx[ii[sel], slot]))
+                        stack.append((int(u), rows[sel], G.ref_idx[ii[sel], slot], off))
         if (cfg < 0).any():
             raise RuntimeError(f"frontier unroll left nodes {np.flatnonzero((cfg < 0).any(axis=0))[:5].tolist()} "
                                "without a configuration (internal error)")
@@ -351,21 +400,23 @@ class _Store:
 
     def unroll(self, gid: int, i: int, n_nodes: int) -> np.ndarray:
         cfg = np.full(n_nodes, -1, np.int64)
-        stack = [(gid, i)]
+        stack = [(gid, i, 0)]
         while stack:
-            g, i = stack.pop()
+            g, i, off = stack.pop()
             G = self.groups[g]
             if G.node >= 0:
-                if cfg[G.node] >= 0:
-                    raise RuntimeError(f"frontier unroll reached node {G.node} twice (internal error)")
+                node = self.relocate(G.node, off)
+                if cfg[node] >= 0:
+                    raise RuntimeError(f"frontier unroll reached node {node} twice (internal error)")
                 assert G.cfg is not None   # a node's leaf group records its configurations
-                cfg[G.node] = G.cfg[i]
+                cfg[node] = G.cfg[i]
             if G.ref_gid.ndim == 1:
                 for slot in range(G.ref_gid.size):
-                    stack.append((int(G.ref_gid[slot]), int(G.ref_idx[i, slot])))
+                    moved = off + (int(G.shift[slot]) if G.shift is not None else 0)
+                    stack.append((int(G.ref_gid[slot]), int(G.ref_idx[i, slot]), moved))
             else:
                 for slot in range(G.ref_gid.shape[1]):
-                    stack.append((int(G.ref_gid[i, slot]), int(G.ref_idx[i, slot])))
+                    stack.append((int(G.ref_gid[i, slot]), int(G.ref_idx[i, slot]), off))
         if (cfg < 0).any():
             raise RuntimeError(f"frontier unroll left nodes {np.flatnonzero(cfg < 0)[:5].tolist()} "
                                "without a configuration (internal error)")
@@ -602,7 +653,7 @@ class _Tracker:
     def __init__(self, problem: Problem, store: _Store):
         self.p = problem
         self.s = store
-        self.count = {"edge": 0, "node": 0, "leaf": 0, "ldp": 0, "branch": 0, "fix": 0}
+        self.count = {"edge": 0, "node": 0, "leaf": 0, "ldp": 0, "branch": 0, "fix": 0, "blocks": 0}
         self.fixed: list[FixedChoice] = []
         self.branched: list[str] = []
         self.k = [n.k for n in problem.nodes]
@@ -837,6 +888,210 @@ class _Tracker:
         return out
 
 
+    # ---- repeated blocks
+    def solve_repeated(self, g: _Graph, budget: int, rep: Repeats) -> tuple[int, int] | None:
+        """Frontier of the connected graph ``g`` whose blocks repeat as ``rep`` says (checked by
+        the caller), solving one block for all: branch on every combination of the hubs'
+        configurations (exact), then per combination reduce the chain of blocks to one edge
+        entry–last boundary (:meth:`_chain`) and solve what is left.  ``None`` — and ``g`` left
+        as it is — when the hubs' combinations exceed ``budget`` or a block does not reduce to
+        an edge between its boundaries (frontier tracking then solves ``g`` as it is)."""
+        feasible = [[s for s in range(self.k[h]) if self.s.groups[g.ngid[h]].size(s) > 0] for h in rep.hubs]
+        if math.prod(len(f) for f in feasible) > budget:
+            return None
+        if self.s.memo is None and MEMO:   # the combinations repeat each other's eliminations
+            self.s.memo = {}
+        later = {v for blk in rep.blocks[2:] for v in blk}   # the copies the block solved stands for
+        results = []
+        for combo in itertools.product(*feasible):
+            h = g.copy()
+            consts = [self._condition_dropping(h, hub, s, later) for hub, s in zip(rep.hubs, combo)]
+            if not self._chain(h, rep, budget):
+                h.release()
+                for gid, _ in consts:
+                    self.s.ref(gid, -1)
+                for gid, _ in results:
+                    self.s.ref(gid, -1)
+                return None
+            self.count["blocks"] += len(rep.blocks)
+            out = self.s.product_all(consts + [self.solve(h, budget)])
+            self.s.ref(out[0], +1)
+            results.append(out)
+            for gid, _ in consts:
+                self.s.ref(gid, -1)
+        self.branched.extend(self.p.nodes[hub].name for hub in rep.hubs)
+        g.release()
+        out = self.s.union(results), 0
+        for gid, _ in results:
+            self.s.ref(gid, -1)
+        return out
+
+    def _condition_dropping(self, g: _Graph, c: int, s: int, drop: set[int]) -> tuple[int, int]:
+        """:meth:`condition` of hub ``c`` on ``s``, but its edges to ``drop`` (the later copies of
+        the block, which the block solved for all stands for) are removed unfolded."""
+        for n in [n for n in g.adj[c] if n in drop]:
+            g.unlink(c, n)
+        return self.condition(g, c, s)
+
+    def _transfer(self, g: _Graph, inner: Sequence[int], t_in: int, t_out: int, budget: int) -> int | None:
+        """``T(s_in, s_out)`` (index ``s_in * k_out + s_out``): the frontier of the nodes
+        ``inner`` (the block, ``t_out`` its boundary among them) given node ``t_in`` — the block's
+        node and edge costs and its edges from ``t_in``, not ``t_in``'s own cost — on a graph of
+        the block alone (:meth:`_between`).  One reference held; ``None`` where the block does not
+        reduce to the edge ``t_in``–``t_out`` within ``budget`` branches."""
+        members = set(inner) | {t_in}
+        h = _Graph(self.k, self.s)
+        h.add_node(t_in, self._unit(self.k[t_in]))
+        for v in inner:
+            h.add_node(v, g.ngid[v])
+        for v in inner:
+            for n, e in g.adj[v].items():
+                if n in members and (n == t_in or v == e.a):
+                    h._link(e)
+        return self._between(h, set(inner) - {t_out}, t_in, t_out, budget)
+
+    def _between(self, h: _Graph, todo: set[int], t_in: int, t_out: int, budget: int) -> int | None:
+        """Eliminate the nodes ``todo`` of ``h`` (consumed), which leaves ``t_in`` and ``t_out``:
+        leaf folds and node eliminations while one applies (exact, as :meth:`eliminate`), else a
+        branch on every feasible configuration of the node of ``todo`` with the most edges (then
+        fewest configurations), its results united frontier by frontier; then
+        ``T(s_in, s_out) = F(t_in, s_in) ⊗ F(e, s_in, s_out) ⊗ F(t_out, s_out)`` — ``t_in``'s node
+        frontier holds only what was folded into it here.  One reference held on the result."""
+        while todo:
+            v = min(todo, key=lambda x: (len(h.adj[x]), x))
+            if len(h.adj[v]) == 1:
+                self.fold_leaf(h, v)
+                self.count["leaf"] += 1
+                todo.discard(v)
+                continue
+            if len(h.adj[v]) == 2:
+                self.eliminate_node(h, v)
+                todo.discard(v)
+                continue
+            c = min(todo, key=lambda x: (-len(h.adj[x]), self.k[x], x))
+            node_group = self.s.groups[h.ngid[c]]
+            feasible = [s for s in range(self.k[c]) if node_group.size(s) > 0]
+            if not feasible or len(feasible) > budget:
+                h.release()
+                return None
+            self.count["branch"] += 1
+            ki, ko = self.k[t_in], self.k[t_out]
+            parts = []
+            for s in feasible:
+                hh = h.copy()
+                const = self.condition(hh, c, s)
+                t = self._between(hh, todo - {c}, t_in, t_out, budget // len(feasible))
+                if t is None:
+                    self.s.ref(const[0], -1)
+                    for gid in parts:
+                        self.s.ref(gid, -1)
+                    h.release()
+                    return None
+                key = ("times const", t, *const)
+                got = self.s.recall(key)
+                if got is None:
+                    ar = np.arange(ki * ko, dtype=np.int64)
+                    got = self.s.remember(key, self.s.bprod(t, const[0], np.arange(ki * ko + 1), ar,
+                                                            np.full_like(ar, const[1])))
+                self.s.ref(got, +1)
+                self.s.ref(t, -1)
+                self.s.ref(const[0], -1)
+                parts.append(got)
+            h.release()
+            out = self.s.union_each(parts)
+            for gid in parts:
+                self.s.ref(gid, -1)
+            self.s.ref(out, +1)
+            return out
+        e = h.adj[t_out].get(t_in)
+        if e is None or len(h.adj[t_out]) != 1 or len(h.adj[t_in]) != 1:
+            h.release()
+            return None
+        ki, ko = self.k[t_in], self.k[t_out]
+        key = ("transfer", e.a, e.gid, h.ngid[t_in], h.ngid[t_out])
+        gid = self.s.recall(key)
+        if gid is None:
+            si, so = np.divmod(np.arange(ki * ko, dtype=np.int64), ko)
+            inner = self.s.bprod(e.gid, h.ngid[t_out], np.arange(ki * ko + 1), h.eidx(e, t_in, si, t_out, so), so)
+            gid = self.s.remember(key, self.s.bprod(h.ngid[t_in], inner, np.arange(ki * ko + 1), si,
+                                                    np.arange(ki * ko)))
+            self.s.consumed(inner, gid, 1)
+        self.s.ref(gid, +1)
+        h.release()
+        return gid
+
+    def _unit(self, k: int) -> int:
+        """A node frontier of ``k`` configurations, each the single point (0, 0), recording none."""
+        key = ("unit", k)
+        unit = self.s.recall(key)
+        return unit if unit is not None else self.s.remember(key, self.s.leaf(np.zeros(k), np.zeros(k)))
+
+    def _compose(self, a: int, b: int, ki: int, km: int, ko: int, shift: int) -> int:
+        """``C(s_i, s_o) = reduce(∪_{s_m} A(s_i, s_m) ⊗ B(s_m, s_o))`` of two transfers (``B``'s
+        blocks ``shift`` blocks after where it was solved).  One reference held."""
+        key = ("compose", a, b, shift)
+        gid = self.s.recall(key)
+        if gid is None:
+            grid = np.arange(ki * ko * km, dtype=np.int64)
+            oi, rest = np.divmod(grid, ko * km)
+            oo, om = np.divmod(rest, km)
+            gid = self.s.bprod(a, b, np.arange(0, ki * ko * km + 1, km), oi * km + om, om * ko + oo)
+            self.s.groups[gid].shift = np.array([0, shift], np.int64)
+            self.s.remember(key, gid)
+        self.s.ref(gid, +1)
+        return gid
+
+    def _chain(self, g: _Graph, rep: Repeats, budget: int) -> bool:
+        """Replace the blocks of ``g`` (hubs conditioned) by one edge entry–last boundary whose
+        frontiers are the whole chain's: block 0's transfer from the entry, then block 1's —
+        solved once — composed with itself by repeated squaring for blocks 1 … N−1 (each copy
+        placed by its block shift).  The last boundary stays a node of cost zero (the chain counts
+        it).  ``False``, ``g`` unchanged, where a block does not reduce (:meth:`_transfer`)."""
+        bounds = rep.boundaries()
+        t1 = self._transfer(g, rep.blocks[1], bounds[0], bounds[1], budget)
+        if t1 is None:
+            return False
+        t0 = self._transfer(g, rep.blocks[0], rep.entry, bounds[0], budget)
+        if t0 is None:
+            self.s.ref(t1, -1)
+            return False
+        kb, ke = self.k[bounds[0]], self.k[rep.entry]
+        held = [t0, t1]
+        power, covered, acc = t1, 1, None   # power: T^covered, solved at block 1
+        left = len(rep.blocks) - 1
+        placed = 0                          # blocks acc covers, from block 1
+        while left:
+            if left & 1:
+                if acc is None:
+                    acc = power
+                    self.s.ref(acc, +1)
+                else:
+                    acc = self._compose(acc, power, kb, kb, kb, placed)
+                held.append(acc)
+                placed += covered
+            left >>= 1
+            if left:
+                power = self._compose(power, power, kb, kb, kb, covered)
+                held.append(power)
+                covered *= 2
+        assert acc is not None
+        chain = self._compose(t0, acc, ke, kb, kb, 0)
+        for gid in held:
+            self.s.ref(gid, -1)
+        last = bounds[-1]
+        for blk in rep.blocks:
+            for v in blk:
+                if v == last:
+                    continue
+                for n in list(g.adj[v]):
+                    g.unlink(v, n)
+                g.remove_node(v)
+        g.set_node(last, self._unit(self.k[last]))
+        self.add_edge(g, _Edge(rep.entry, last, chain))
+        self.s.ref(chain, -1)
+        return True
+
+
 class Session:
     """Frontier tracking runs that share their work: problems with the same nodes and edges
     that differ in some costs (the τ runs of one mesh: each makes more configurations infeasible
@@ -863,7 +1118,8 @@ class Session:
 
 
 def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024,
-          backend: str | None = None, session: Session | None = None) -> FrontierResult:
+          backend: str | None = None, session: Session | None = None,
+          repeats: Repeats | None = None) -> FrontierResult:
     """The (memory, time) Pareto frontier of ``problem`` by frontier tracking (module docstring).
 
     ``resolution``: bytes (0 = exact) — memory is compared in buckets of this size at every
@@ -872,7 +1128,9 @@ def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024
     docstring); nodes it could not branch on are listed in ``result.fixed``.
     ``backend``: ``"numba"`` (default) or ``"numpy"``; both give identical results.
     ``session``: a :class:`Session` whose earlier runs this one may reuse (the same resolution
-    and backend); the result is the same as without.
+    and backend); the result is the same as without.  ``repeats``: the problem's repeated
+    blocks (:class:`~.repeats.Repeats`, checked against its costs): solved once and composed
+    (module docstring, "Repeated blocks"); ``stats["repeats"]`` says whether they were, or why not.
     """
     if not isinstance(problem, Problem):
         raise TypeError(f"track() needs a Problem, got {type(problem).__name__}")
@@ -887,7 +1145,17 @@ def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024
     merged0, candidates0, points0, hits0 = store.merged, store.candidates, store.points, store.memo_hits
     tr = _Tracker(problem, store)
     g = tr.initial_graph()
-    gid, f = tr.solve(g, int(max_branches))
+    solved, why = None, "none given"
+    if repeats is not None:
+        why = check(problem, repeats) or ""
+        if not why and len(g.components()) > 1:
+            why = "the problem is not connected"
+        if not why:
+            store.reloc = _relocation(problem, repeats)
+            solved = tr.solve_repeated(g, int(max_branches), repeats)
+            why = "" if solved is not None else "a block does not reduce to an edge between its boundaries, or " \
+                "its hubs' configurations exceed max_branches"
+    gid, f = solved if solved is not None else tr.solve(g, int(max_branches))
     if f != 0 or store.groups[gid].start.size != 2:
         gid, f = store.union([(gid, f)]), 0
     if session is None:
@@ -909,6 +1177,16 @@ def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024
         "branch_rule": BRANCH_RULE,
         "backend": store.backend,
         "seconds": _time.perf_counter() - t0,
+        "repeats": (f"{len(repeats.blocks)} blocks of {repeats.size} nodes solved once" if solved is not None
+                    else f"not composed: {why}" if repeats is not None else "none"),
     }
     return FrontierResult(problem, mem, time, res, store.merged - merged0,
                           G.nred * res, tuple(tr.fixed), tuple(tr.branched), stats, store, gid)
+
+
+def _relocation(problem: Problem, rep: Repeats) -> tuple[np.ndarray, np.ndarray]:
+    """:attr:`_Store.reloc` for ``rep``: block 1's nodes' positions, every block's nodes."""
+    pos = np.full(len(problem.nodes), -1, np.int64)
+    pos[list(rep.blocks[1])] = np.arange(rep.size)
+    return pos, np.array(rep.blocks, np.int64)
+

@@ -142,7 +142,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..cluster.collectives import ring_allreduce_bytes_time, ring_allreduce_time
 from ..errors import ClusterSpecError, TensorOptError
-from ..graph import OpGraph, OpNode, grad_nodes
+from ..graph import OpGraph, OpNode, block_of, grad_nodes
 from ..layouts import LAYOUTS, Layout, Shard, largest_piece
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
@@ -161,9 +161,10 @@ from ..planmodel.reshard import (
 )
 from ..planmodel.walk import keeps_nothing, segment_block
 from .problem import EdgeCosts, NodeCosts, Problem
+from .repeats import MIN_BLOCKS, Repeats, blocks_of, check
 
 __all__ = ["REFERENCE_BYTES", "EXACT_MESH_LIMIT", "LAYOUT_ORDER", "candidate_meshes", "ring_bottleneck",
-           "node_configs", "MeshProblem", "build_problem", "default_sizes"]
+           "node_configs", "MeshProblem", "build_problem", "default_sizes", "find_repeats"]
 
 #: the message size at which link speeds are compared when choosing meshes (64 MiB: a large
 #: gradient bucket, where bandwidth rather than latency decides)
@@ -437,6 +438,8 @@ class MeshProblem:
     optimizer: str | int = DEFAULT_OPTIMIZER
     notes: tuple[str, ...] = ()
     stats: Mapping[str, Any] = field(default_factory=dict)
+    #: the model's repeated blocks as a claim on ``problem`` (:func:`find_repeats`), or ``None``
+    repeats: Repeats | None = None
 
     @property
     def num_devices(self) -> int:
@@ -506,8 +509,99 @@ def build_problem(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: Sequ
     stats = {"nodes": len(nodes), "edges": len(edges), "configs": sum(len(c) for c in configs.values()),
              "max_configs": max((len(c) for c in configs.values()), default=0), "reshards": n_reshard,
              "tie_edges": len(ties)}
-    return MeshProblem(mesh, Problem(tuple(nodes), tuple(edges)), configs, transient, optimizer,
-                       _notes(ctx, configs), stats)
+    problem = Problem(tuple(nodes), tuple(edges))
+    return MeshProblem(mesh, problem, configs, transient, optimizer, _notes(ctx, configs), stats,
+                       find_repeats(problem, graph))
+
+
+def find_repeats(problem: Problem, graph: OpGraph) -> Repeats | None:
+    """The model's longest run of repeated blocks as a claim on ``problem`` (its op nodes, in
+    graph order), or ``None``: blocks are the modules of one list (``…layers.0`` …
+    ``…layers.N-1``, :func:`~tensoropt.graph.block_of`) whose operators are the same ops with the
+    same output shapes in the same order, consecutive, at least :data:`~.repeats.MIN_BLOCKS`; the
+    boundary is the one node of a block the next block reads; the hubs, the nodes outside the run
+    that its blocks read but the entry, the node the first block reads in its place.  Frontier
+    tracking checks the claim against the costs (:func:`~.repeats.check`) before it relies on it.
+    O(nodes + edges).
+
+    >>> import torch
+    >>> from tensoropt import capture, load_cluster, price, profile
+    >>> blocks = [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()) for _ in range(4)]
+    >>> graph = capture(torch.nn.Sequential(torch.nn.Linear(4, 8), *blocks), (torch.randn(4, 4),))
+    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
+    >>> mp = build_problem(graph, priced.costs, priced.cluster, ("gpu0", "gpu1"))
+    >>> [[mp.problem.node_names[v] for v in blk] for blk in mp.repeats.blocks], mp.repeats.boundary
+    ([['linear_1', 'relu'], ['linear_2', 'relu_1'], ['linear_3', 'relu_2'], ['linear_4', 'relu_3']], 1)
+    >>> mp.problem.node_names[mp.repeats.entry]     # the first Linear's output, which the first block reads
+    'linear'
+    """
+    names = problem.node_names
+    members: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        blk = block_of(graph.nodes[name].module_path)
+        if blk is not None:
+            members.setdefault(blk, []).append(i)
+
+    def signature(ids: list[int]) -> tuple[Any, ...]:
+        return tuple((graph.nodes[names[i]].op, tuple(tuple(t.shape) for t in graph.nodes[names[i]].outputs))
+                     for i in ids)
+
+    families: dict[str, dict[int, list[int]]] = {}
+    for blk, ids in members.items():
+        head, _, idx = blk.rpartition(".")
+        families.setdefault(head, {})[int(idx)] = ids
+    best: list[list[int]] = []
+    for family in families.values():
+        run: list[list[int]] = []
+        last = -2
+        for idx in sorted(family):
+            ids = family[idx]
+            run = [*run, ids] if run and idx == last + 1 and signature(ids) == signature(run[-1]) else [ids]
+            last = idx
+            if len(run) > len(best):
+                best = run
+    if len(best) < MIN_BLOCKS:
+        return None
+    plain = _claim(problem, best)
+    if plain is None:
+        return None
+    # composing costs k³ frontier products per step for k configurations of the boundary: cut the
+    # blocks instead at the node with the fewest configurations through which all that one block
+    # passes to the next flows (a Llama block's residual stream cast to float32 for its norm: 3
+    # configurations where the residual add has 6), if the blocks so cut repeat
+    ks = [problem.nodes[v].k for v in best[0]]
+    for p in sorted(range(len(ks)), key=lambda j: (ks[j], j)):
+        if ks[p] >= ks[plain.boundary]:
+            break
+        rotated = [best[i][p + 1:] + best[i + 1][:p + 1] for i in range(len(best) - 1)]
+        claim = _claim(problem, rotated) if len(rotated) >= MIN_BLOCKS else None
+        if claim is not None and claim.boundary == len(best[0]) - 1 and check(problem, claim) is None:
+            return claim
+    return plain
+
+
+def _claim(problem: Problem, blocks: Sequence[Sequence[int]]) -> Repeats | None:
+    """:class:`~.repeats.Repeats` for ``blocks`` (node indices by position) as the edges show it:
+    the one node of block 0 that block 1 reads, the one node outside that block 0 alone reads (the
+    entry) and the other outside nodes the blocks read (the hubs); ``None`` where not one each."""
+    where = {v: b for b, ids in enumerate(blocks) for v in ids}
+    readers: dict[int, set[int]] = {}   # node outside the run -> the blocks reading it
+    crossing: set[int] = set()          # nodes of block 0 that block 1 reads
+    for e in problem.edges:
+        u, v = problem.index(e.src), problem.index(e.dst)
+        bu, bv = where.get(u), where.get(v)
+        if bv is None:
+            continue
+        if bu is None:
+            readers.setdefault(u, set()).add(bv)
+        elif bu == 0 and bv == 1:
+            crossing.add(u)
+    entries = [u for u, bs in readers.items() if bs == {0}]
+    if len(crossing) != 1 or len(entries) != 1:
+        return None
+    (boundary_node,) = crossing
+    hubs = tuple(sorted(u for u, bs in readers.items() if bs != {0}))
+    return Repeats(blocks_of(blocks), list(blocks[0]).index(boundary_node), entries[0], hubs)
 
 
 def _check_mesh(cluster: Cluster, mesh: Sequence[str]) -> tuple[str, ...]:

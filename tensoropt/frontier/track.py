@@ -725,6 +725,8 @@ class _TauRun:
     candidates: int
     max_frontier: int
     seconds: float
+    #: what became of the problem's repeated blocks (:func:`~.algorithm.track`'s ``stats["repeats"]``)
+    repeats: str = "none"
 
 
 def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int, backend: str | None,
@@ -732,13 +734,15 @@ def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int
     """Frontier tracking on ``mp`` with every configuration of transient above ``level`` made
     infeasible, reusing what the ``session``'s earlier τ runs computed from the same costs."""
     t0 = _time.perf_counter()
-    r = track(mp.masked(level), resolution=resolution, max_branches=max_branches, backend=backend, session=session)
+    r = track(mp.masked(level), resolution=resolution, max_branches=max_branches, backend=backend, session=session,
+              repeats=mp.repeats)
     vecs = r.assignment_vectors() if len(r) else np.zeros((0, len(mp.problem.nodes)), dtype=np.int64)
     # in the smallest integer type that holds every configuration index (int8 on every model of the
     # suite): a run's points cross a pipe, and AmoebaNet-D-18's 32 levels on two devices hold 20,000
     vecs = vecs.astype(np.min_scalar_type(-max((p.k for p in mp.problem.nodes), default=1)))
     return _TauRun(vecs, r.merged_by_resolution, tuple(f.node for f in r.fixed), float(r.mem_slack),
-                   int(r.stats["candidates"]), int(r.stats["max_frontier"]), _time.perf_counter() - t0)
+                   int(r.stats["candidates"]), int(r.stats["max_frontier"]), _time.perf_counter() - t0,
+                   str(r.stats["repeats"]))
 
 
 def _mesh_levels(mp: MeshProblem, max_levels: int) -> tuple[np.ndarray, int]:
@@ -783,6 +787,7 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     exact_search = not fixed and merged == 0 and levels.size == n_levels
     stats = {"tau_runs": int(levels.size), "candidates": int(sum(r.candidates for r in runs)),
              "searched": searched, "walked": len(pool), "polished": polished,
+             "repeats": sorted({r.repeats for r in runs}),
              "max_frontier": int(max((r.max_frontier for r in runs), default=0)), **dict(mp.stats)}
     costs_arr = np.column_stack([pool.est, pool.peak, pool.time]).astype(np.float64).reshape(-1, 3)
     seconds = sum(r.seconds for r in runs) + _time.perf_counter() - t0
@@ -1105,6 +1110,10 @@ def _frontier_notes(results: Sequence[MeshResult], res: float, res_rule: str, me
 def _mesh_notes(r: MeshResult) -> list[str]:
     """One mesh's notes: its problem's, then what may make its frontier miss plans."""
     notes = list(r.problem.notes)
+    composed = [x for x in r.stats.get("repeats", ()) if x != "none"]
+    if composed:
+        notes.append(f"mesh {','.join(r.mesh)}: repeated blocks: " + "; ".join(composed) +
+                     " (a block's frontier composed with itself: the same Pareto set as tracking every block)")
     if len(r.levels) < r.all_levels:
         lv = np.array(r.levels)
         al = r.problem.transient_levels()
