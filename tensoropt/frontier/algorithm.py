@@ -971,11 +971,16 @@ class _Tracker:
             c = min(todo, key=lambda x: (-len(h.adj[x]), self.k[x], x))
             node_group = self.s.groups[h.ngid[c]]
             feasible = [s for s in range(self.k[c]) if node_group.size(s) > 0]
-            if not feasible or len(feasible) > budget:
+            ki, ko = self.k[t_in], self.k[t_out]
+            if not feasible:   # no plan at all: every frontier empty
+                h.release()
+                empty = self.s.leaf(np.full(ki * ko, np.inf), np.full(ki * ko, np.inf))
+                self.s.ref(empty, +1)
+                return empty
+            if len(feasible) > budget:
                 h.release()
                 return None
             self.count["branch"] += 1
-            ki, ko = self.k[t_in], self.k[t_out]
             parts = []
             for s in feasible:
                 hh = h.copy()
@@ -1004,18 +1009,21 @@ class _Tracker:
             self.s.ref(out, +1)
             return out
         e = h.adj[t_out].get(t_in)
-        if e is None or len(h.adj[t_out]) != 1 or len(h.adj[t_in]) != 1:
-            h.release()
-            return None
         ki, ko = self.k[t_in], self.k[t_out]
-        key = ("transfer", e.a, e.gid, h.ngid[t_in], h.ngid[t_out])
-        gid = self.s.recall(key)
-        if gid is None:
-            si, so = np.divmod(np.arange(ki * ko, dtype=np.int64), ko)
-            inner = self.s.bprod(e.gid, h.ngid[t_out], np.arange(ki * ko + 1), h.eidx(e, t_in, si, t_out, so), so)
-            gid = self.s.remember(key, self.s.bprod(h.ngid[t_in], inner, np.arange(ki * ko + 1), si,
-                                                    np.arange(ki * ko)))
-            self.s.consumed(inner, gid, 1)
+        si, so = np.divmod(np.arange(ki * ko, dtype=np.int64), ko)
+        if e is None:   # what the block takes from t_in was folded into t_in's frontier (a conditioning)
+            key = ("transfer", -1, -1, h.ngid[t_in], h.ngid[t_out])
+            gid = self.s.recall(key)
+            if gid is None:
+                gid = self.s.remember(key, self.s.bprod(h.ngid[t_in], h.ngid[t_out], np.arange(ki * ko + 1), si, so))
+        else:
+            key = ("transfer", e.a, e.gid, h.ngid[t_in], h.ngid[t_out])
+            gid = self.s.recall(key)
+            if gid is None:
+                inner = self.s.bprod(e.gid, h.ngid[t_out], np.arange(ki * ko + 1), h.eidx(e, t_in, si, t_out, so), so)
+                gid = self.s.remember(key, self.s.bprod(h.ngid[t_in], inner, np.arange(ki * ko + 1), si,
+                                                        np.arange(ki * ko)))
+                self.s.consumed(inner, gid, 1)
         self.s.ref(gid, +1)
         h.release()
         return gid
