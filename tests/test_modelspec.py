@@ -126,8 +126,14 @@ def test_hf_spec_builds_the_config_on_meta(tmp_path):
     assert [n.outputs[0].shape for n in g.ops if n.module_path.endswith("lm_head")][-1] == (2, 16, 256)
 
 
-def test_hf_spec_vision_and_moe(tmp_path):
+def test_hf_spec_vision_masked_lm_and_moe(tmp_path):
     pytest.importorskip("transformers", reason="the zoo extra (transformers) is not installed")
+    bert = write_config(tmp_path, {"architectures": ["BertForMaskedLM"], "model_type": "bert", "vocab_size": 64,
+                                   "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                   "intermediate_size": 64}, "bert.json")
+    m = load_model(f"hf:{bert}?batch=2&seq_len=16")
+    assert type(m.model.model).__name__ == "BertForMaskedLM" and m.example_inputs[0].shape == (2, 16)
+    assert m.capture().batch_size == 2
     vit = write_config(tmp_path, {"model_type": "vit", "image_size": 32, "patch_size": 8, "hidden_size": 32,
                                   "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
                                   "num_labels": 10}, "vit.json")

@@ -75,23 +75,19 @@ _TEXT_TASKS = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_MASKED_LM_MAPPING
 _VISION_TASKS = ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",)
 
 
-def _classes(tasks: tuple[str, ...]) -> dict[str, str]:
-    """``{model_type: class name}`` of transformers' auto classes for ``tasks`` (first class of each)."""
+def _auto_classes(task: str) -> dict[str, tuple[str, ...]]:
+    """``{model_type: class names}`` of one of transformers' auto-class tables."""
     from transformers.models.auto import modeling_auto
 
-    found: dict[str, str] = {}
-    for task in tasks:
-        for model_type, names in getattr(modeling_auto, task, {}).items():
-            found.setdefault(model_type, names if isinstance(names, str) else names[0])
-    return found
+    table = getattr(modeling_auto, task, {})
+    return {model_type: (names,) if isinstance(names, str) else tuple(names) for model_type, names in table.items()}
 
 
 def _input_kind(architecture: str) -> str | None:
     """``"text"``, ``"vision"`` or None (inputs :func:`from_config` does not know) for a class name."""
-    if architecture in _classes(_TEXT_TASKS).values():
-        return "text"
-    if architecture in _classes(_VISION_TASKS).values():
-        return "vision"
+    for kind, tasks in (("text", _TEXT_TASKS), ("vision", _VISION_TASKS)):
+        if any(architecture in names for task in tasks for names in _auto_classes(task).values()):
+            return kind
     return None
 
 
@@ -109,7 +105,8 @@ def _architecture(config: Mapping[str, Any], model_type: str) -> str:
         check(isinstance(listed, list) and isinstance(listed[0], str),
               f"architectures must be a list of class names, got {listed!r}")
         return listed[0]
-    found = _classes(_TEXT_TASKS[:1]).get(model_type) or _classes(_VISION_TASKS).get(model_type)
+    found = next((names[0] for task in (*_TEXT_TASKS[:1], *_VISION_TASKS)
+                  for mt, names in _auto_classes(task).items() if mt == model_type), None)
     if found is None:
         raise ZooParamError(f"model_type {model_type!r} has no causal language model or image classifier in "
                             "transformers, and config.json names no architectures: add \"architectures\": "
@@ -188,7 +185,7 @@ def from_config(config: Mapping[str, Any], *, batch: int, seq_len: int | None = 
             else:
                 assert isinstance(size, int)
                 inputs = images(batch, size, getattr(cfg, "num_channels", 3))
-    except ZooParamError:
+    except (ZooParamError, ZooDependencyError):
         raise
     except Exception as exc:  # noqa: BLE001 - a config transformers accepts but cannot build
         raise ZooParamError(f"transformers cannot build {architecture} from config.json: {_one_line(exc)}") from None
