@@ -1,6 +1,12 @@
 """Model specs: the one way every surface (CLI, API, dashboard) names a model.
 
 - ``zoo:NAME`` with optional ``?key=value&…`` (``zoo:gpt2?layers=12&batch=8``, ``zoo:vgg16?tiny=1``);
+- ``hf:path/to/config.json?batch=N&seq_len=N&layers=N``: the Hugging Face model a local
+  ``config.json`` describes (or a directory holding one), built on the meta device — never
+  materialised, nothing downloaded (:func:`tensoropt.zoo.hf.from_config`); ``batch`` (or
+  ``--batch``) is required, ``seq_len`` too for a text model (no config states the length a
+  model trains at, and ``max_position_embeddings`` — 131,072 for Llama 3.1 — is rarely it);
+  ``layers`` shortens the stack;
 - ``path/to/file.py:factory`` where ``factory()`` returns ``(model, example_inputs)`` or
   ``(model, example_inputs, output)``: ``example_inputs`` a tensor, a tuple of positional
   inputs or a dict of keyword inputs; ``output`` the key or index of the output the loss reads
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import sys
 from dataclasses import dataclass, field
 from importlib.abc import Loader
@@ -81,12 +88,15 @@ def load_model(spec: str, *, batch: int | None = None) -> LoadedModel:
     Raises :class:`~tensoropt.errors.ModelSpecError` with the cause and the fix.
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ModelSpecError("empty model spec; use zoo:NAME, path/to/file.py:factory or path/to/model.onnx")
+        raise ModelSpecError("empty model spec; use zoo:NAME, hf:path/to/config.json, path/to/file.py:factory or "
+                             "path/to/model.onnx")
     spec = spec.strip()
     if batch is not None and (not isinstance(batch, int) or batch < 1):
         raise ModelSpecError(f"batch must be a positive integer, got {batch!r}")
     if spec.startswith("zoo:"):
         return _load_zoo(spec, batch)
+    if spec.startswith("hf:"):
+        return _load_hf(spec, batch)
     if spec.endswith(".onnx"):
         path = _existing(spec)
         return LoadedModel(spec, path.stem, path=path, params={"batch": batch} if batch else {})
@@ -98,7 +108,8 @@ def load_model(spec: str, *, batch: int | None = None) -> LoadedModel:
     if ".py:" in spec or spec.endswith(".py"):
         return _load_factory(spec, batch)
     raise ModelSpecError(f"cannot read model spec {spec!r}: use zoo:NAME (see `tensoropt zoo`), "
-                         "path/to/file.py:factory, path/to/model.onnx or path/to/graph.json")
+                         "hf:path/to/config.json?batch=N&seq_len=N, path/to/file.py:factory, path/to/model.onnx or "
+                         "path/to/graph.json")
 
 
 def load_graph(spec: str, *, batch: int | None = None, batch_dim: int = 0, precision: str | None = None) -> OpGraph:
@@ -113,19 +124,24 @@ def _existing(p: str) -> Path:
     return path
 
 
-def _load_zoo(spec: str, batch: int | None) -> LoadedModel:
-
-    body = spec[len("zoo:"):]
-    name, _, query = body.partition("?")
+def _query(spec: str, query: str, form: str) -> dict[str, str]:
+    """The ``key=value&…`` of a spec as a dict; a malformed query or a key given twice is a
+    :class:`ModelSpecError` (``form`` shows how to write one)."""
     try:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError:
-        raise ModelSpecError(f"cannot parse the parameters of {spec!r}: write zoo:NAME?key=value&key=value") from None
-    params: dict[str, Any] = {}
+        raise ModelSpecError(f"cannot parse the parameters of {spec!r}: write {form}") from None
+    params: dict[str, str] = {}
     for k, v in pairs:
         if k in params:
             raise ModelSpecError(f"parameter {k!r} given twice in {spec!r}")
         params[k] = v
+    return params
+
+
+def _load_zoo(spec: str, batch: int | None) -> LoadedModel:
+    name, _, query = spec[len("zoo:"):].partition("?")
+    params: dict[str, Any] = dict(_query(spec, query, "zoo:NAME?key=value&key=value"))
     tiny = _truthy(params.pop("tiny", "0"), "tiny", spec)
     if batch is not None:
         params["batch"] = batch
@@ -136,6 +152,53 @@ def _load_zoo(spec: str, batch: int | None) -> LoadedModel:
         raise ModelSpecError(str(e)) from None
     return LoadedModel(spec, name + ("-tiny" if tiny else ""), model=model, example_inputs=_as_tuple(inputs),
                        params=merged)
+
+
+#: The keys of an ``hf:`` spec (precision is the separate ``--precision`` option).
+HF_KEYS = ("batch", "seq_len", "layers")
+
+
+def _load_hf(spec: str, batch: int | None) -> LoadedModel:
+    target, _, query = spec[len("hf:"):].partition("?")
+    form = "hf:path/to/config.json?batch=N&seq_len=N"
+    params: dict[str, int] = {}
+    for key, value in _query(spec, query, form).items():
+        if key not in HF_KEYS:
+            raise ModelSpecError(f"{spec}: unknown key {key!r}; an hf: spec takes {', '.join(HF_KEYS)} "
+                                 "(precision is the --precision option)")
+        try:
+            params[key] = int(value)
+        except ValueError:
+            params[key] = 0
+        if params[key] < 1:
+            raise ModelSpecError(f"{spec}: {key} must be a positive integer, got {value!r}")
+    if batch is not None:
+        params["batch"] = batch
+    if "batch" not in params:
+        raise ModelSpecError(f"{spec}: give the batch size: {form} (or --batch N)")
+    if not target:
+        raise ModelSpecError(f"{spec!r} names no file: write {form}")
+    path = Path(target)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ModelSpecError(f"{spec}: file not found: {path} (hf: reads a local config.json; nothing is "
+                             "downloaded)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelSpecError(f"{spec}: cannot read {path} as JSON ({e}): give the config.json of a Hugging Face "
+                             "model") from None
+    if not isinstance(config, dict):
+        raise ModelSpecError(f"{spec}: {path} holds a JSON {type(config).__name__}, not the object of a Hugging "
+                             "Face config.json")
+    try:
+        model, inputs = zoo.hf.from_config(config, batch=params["batch"], seq_len=params.get("seq_len"),
+                                           layers=params.get("layers"))
+    except (ValueError, ImportError) as e:
+        raise ModelSpecError(f"{spec}: {e}") from None
+    name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    return LoadedModel(spec, name, model=model, example_inputs=_as_tuple(inputs), params=dict(params))
 
 
 def _truthy(v: str, key: str, spec: str) -> bool:

@@ -16,7 +16,8 @@ def test_zoo_lists_models(capsys):
     code, out, _ = run(capsys, "zoo")
     assert code == 0
     for name in ("vgg16", "wide_resnet152", "unet", "inception_v3", "deeplab_v3", "amoebanet_d",
-                 "rnnlm", "transformer", "gpt2", "bert"):
+                 "rnnlm", "transformer", "gpt2", "bert", "llama3-8b", "llama3-70b", "llama3-405b",
+                 "mixtral-8x7b", "vit-h-14"):
         assert name in out
 
 

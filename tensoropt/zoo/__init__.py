@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from . import amoebanet, deeplab, gnmt, hf, inception, rnnlm, transformer, unet, vgg, wide_resnet
+from . import amoebanet, deeplab, gnmt, hf, inception, llm, rnnlm, transformer, unet, vgg, vit, wide_resnet
 from ._base import UnknownModelError, ZooDependencyError, ZooModel, ZooParamError
 
 __all__ = ["ZOO", "UnknownModelError", "ZooDependencyError", "ZooModel", "ZooParamError",
@@ -27,8 +27,8 @@ __all__ = ["ZOO", "UnknownModelError", "ZooDependencyError", "ZooModel", "ZooPar
 ZOO: Mapping[str, ZooModel] = types.MappingProxyType({
     entry.name: entry
     for entry in sorted(
-        (entry for family in (amoebanet, deeplab, gnmt, hf, inception, rnnlm, transformer, unet,
-                              vgg, wide_resnet)
+        (entry for family in (amoebanet, deeplab, gnmt, hf, inception, llm, rnnlm, transformer, unet,
+                              vgg, vit, wide_resnet)
          for entry in family.ENTRIES),
         key=lambda entry: entry.name,
     )

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -77,3 +78,10 @@ def tokens(batch: int, seq_len: int, vocab: int, count: int = 1) -> tuple[torch.
 def scaled(channels: int, width: float) -> int:
     """``channels`` times a width multiplier, at least 1."""
     return max(1, int(channels * width))
+
+
+def on_meta(meta: bool) -> contextlib.AbstractContextManager:
+    """``torch.device("meta")`` when ``meta``, else nothing: what a builder builds under it, weights
+    and example inputs alike, has shapes and dtypes but no storage (an 8B model costs no memory).
+    Random draws made under it (:func:`tokens`, :func:`images`) are meta tensors too."""
+    return torch.device("meta") if meta else contextlib.nullcontext()

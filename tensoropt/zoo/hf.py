@@ -5,13 +5,20 @@
 ``BertForMaskedLM``.  Both are wrapped so that ``forward(input_ids)`` returns the logits tensor.
 ``transformers`` is imported only when a model is built (pip extra ``zoo``); nothing is
 downloaded.
+
+:func:`from_config` builds any causal / masked language model or image classifier transformers
+knows from the fields of a ``config.json`` (the ``hf:PATH`` model spec), on the meta device.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from torch import nn
 
-from ._base import ZooDependencyError, ZooModel, check, tokens
+from ._base import ZooDependencyError, ZooModel, ZooParamError, check, images, on_meta, tokens
+from .moe import dispatch_by_capacity
 
 
 def _transformers():
@@ -61,6 +68,128 @@ def build_bert(*, batch: int = 32, seq_len: int = 128, layers: int = 12, hidden:
                            num_attention_heads=heads, intermediate_size=4 * hidden,
                            max_position_embeddings=max(512, seq_len), pad_token_id=0)
     return Logits(tf.BertForMaskedLM(config), use_cache=None), tokens(batch, seq_len, vocab)
+
+
+#: What :func:`from_config` feeds a model: token ids for these auto classes' models, images for those.
+_TEXT_TASKS = ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_MASKED_LM_MAPPING_NAMES")
+_VISION_TASKS = ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",)
+
+
+def _auto_classes(task: str) -> dict[str, tuple[str, ...]]:
+    """``{model_type: class names}`` of one of transformers' auto-class tables."""
+    from transformers.models.auto import modeling_auto
+
+    table = getattr(modeling_auto, task, {})
+    return {model_type: (names,) if isinstance(names, str) else tuple(names) for model_type, names in table.items()}
+
+
+def _input_kind(architecture: str) -> str | None:
+    """``"text"``, ``"vision"`` or None (inputs :func:`from_config` does not know) for a class name."""
+    for kind, tasks in (("text", _TEXT_TASKS), ("vision", _VISION_TASKS)):
+        if any(architecture in names for task in tasks for names in _auto_classes(task).values()):
+            return kind
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc`` as one line: its type and its message's lines joined."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _architecture(config: Mapping[str, Any], model_type: str) -> str:
+    """The class to build: config.json's ``architectures[0]``, else the causal LM or image
+    classifier transformers maps ``model_type`` to."""
+    listed = config.get("architectures")
+    if listed:
+        check(isinstance(listed, list) and isinstance(listed[0], str),
+              f"architectures must be a list of class names, got {listed!r}")
+        return listed[0]
+    found = next((names[0] for task in (*_TEXT_TASKS[:1], *_VISION_TASKS)
+                  for mt, names in _auto_classes(task).items() if mt == model_type), None)
+    if found is None:
+        raise ZooParamError(f"model_type {model_type!r} has no causal language model or image classifier in "
+                            "transformers, and config.json names no architectures: add \"architectures\": "
+                            "[\"…ForCausalLM\"], or write a file.py:factory that builds the model and its inputs")
+    return found
+
+
+def from_config(config: Mapping[str, Any], *, batch: int, seq_len: int | None = None, layers: int | None = None,
+                meta: bool = True) -> tuple[nn.Module, tuple]:
+    """The Hugging Face model a ``config.json``'s fields describe, with example inputs, both on
+    the meta device unless ``meta=False``: ``(batch, seq_len)`` token ids for a causal or masked
+    language model, ``(batch, channels, image_size, image_size)`` pixel values (the config's own
+    size) for an image classifier.  ``layers`` replaces ``num_hidden_layers``.  The model is
+    wrapped so that ``forward(inputs)`` returns the logits, without a KV cache; the experts of a
+    mixture-of-experts model (transformers' experts interface: Mixtral, Qwen-MoE, OLMoE, …) are
+    dispatched by capacity (:mod:`tensoropt.zoo.moe`, capacity factor 1).
+    Bad fields raise :class:`ZooParamError` naming the cause and the fix; nothing is downloaded.
+
+    >>> model, (ids,) = from_config({"model_type": "gpt2", "n_layer": 12}, batch=2, seq_len=128, layers=1)
+    >>> ids.shape, len(model.model.transformer.h)
+    (torch.Size([2, 128]), 1)
+    """
+    tf = _transformers()
+    model_type = config.get("model_type")
+    check(isinstance(model_type, str) and bool(model_type),
+          "config.json has no model_type: a Hugging Face config names it (\"model_type\": \"llama\")")
+    assert isinstance(model_type, str)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise ZooParamError(f"model_type {model_type!r} is not known to transformers {tf.__version__}: fix "
+                            "config.json's model_type, or upgrade transformers")
+    architecture = _architecture(config, model_type)
+    cls = getattr(tf, architecture, None)
+    if not isinstance(cls, type):
+        raise ZooParamError(f"architecture {architecture!r} (config.json's architectures) is not a class of "
+                            f"transformers {tf.__version__}: upgrade transformers, or fix architectures")
+    kind = _input_kind(architecture)
+    if kind is None:
+        raise ZooParamError(f"architecture {architecture!r} takes inputs hf: specs do not make (token ids for a "
+                            "causal or masked language model, pixel values for an image classifier): write a "
+                            "file.py:factory that returns the model and its inputs")
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "auto_map")}
+    try:
+        cfg = tf.AutoConfig.for_model(**fields)
+    except Exception as exc:  # noqa: BLE001 - transformers' validators raise several kinds
+        raise ZooParamError(f"transformers {tf.__version__} rejects config.json: {_one_line(exc)}") from None
+    if layers is not None:
+        check(hasattr(cfg, "num_hidden_layers"), f"layers: a {model_type} config has no num_hidden_layers to set")
+        cfg.num_hidden_layers = layers
+        if isinstance(getattr(cfg, "layer_types", None), list):   # one entry per layer (sliding / full …)
+            cfg.layer_types = cfg.layer_types[:layers]
+    if hasattr(cfg, "use_cache"):
+        cfg.use_cache = False
+    if kind == "text":
+        check(seq_len is not None, f"{architecture} reads token ids: give seq_len=N, the sequence length it "
+                                   "trains at (8192 for Llama 3)")
+        assert seq_len is not None
+        limit = getattr(cfg, "max_position_embeddings", None)
+        check(not isinstance(limit, int) or seq_len <= limit,
+              f"seq_len {seq_len} exceeds the config's max_position_embeddings ({limit}): lower seq_len, or raise "
+              "max_position_embeddings in the file")
+        check(isinstance(getattr(cfg, "vocab_size", None), int), "config.json has no vocab_size")
+    else:
+        check(seq_len is None, f"seq_len is for text models; {architecture} takes images of the config's "
+                               "image_size: drop seq_len (edit image_size in the file to change it)")
+        size = getattr(cfg, "image_size", None)
+        size = size[0] if isinstance(size, (list, tuple)) else size     # (height, width): square inputs
+        check(isinstance(size, int), f"config.json gives {architecture} no image_size")
+    try:
+        with on_meta(meta):
+            model = cls(cfg)
+            if kind == "text":
+                assert seq_len is not None
+                dispatch_by_capacity(model, seq_len)
+                inputs = tokens(batch, seq_len, cfg.vocab_size)
+            else:
+                assert isinstance(size, int)
+                inputs = images(batch, size, getattr(cfg, "num_channels", 3))
+    except (ZooParamError, ZooDependencyError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a config transformers accepts but cannot build
+        raise ZooParamError(f"transformers cannot build {architecture} from config.json: {_one_line(exc)}") from None
+    return Logits(model, use_cache=None), inputs
 
 
 ENTRIES = (
