@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _kernels as kernels
 from .capture import capture
+from .capture.fake import on_meta
 from .capture.precision import check_precision as check_precision_name
 from .cluster import detect_cluster, load_cluster
 from .compare import CompareRow, compare, frontier_failures, frontier_rows, joined, mark_dominated, solver_options
@@ -54,7 +55,6 @@ from .execute.replicas import replica_call
 from .frontier import Frontier, candidate_meshes, host_groups, replicate_frontier, track_frontier
 from .frontier.track import DEFAULT_MAX_WALKS
 from .measure import CostModel, profile
-from .measure.feed import on_meta
 from .measure.profiler import check_precision, profiling_device, unmeasurable
 from .measure.timing import device_name
 from .modelspec import load_model

@@ -31,6 +31,7 @@ from .build import PlaceholderInfo, build_opgraph, flatten_nodes
 from .call import ModelCall
 from .canonical import canonicalize, update_signature
 from .diagnose import describe_failure, failing_op, first_line, inputs_run_model, locate
+from .fake import FakeTensorMode, fake_on, fake_twin, holds_no_data, on_meta
 from .functionalize import functionalize
 from .onnx import load_onnx
 from .precision import PRECISIONS, check_precision, device_types, precision_context
@@ -54,6 +55,10 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
     came through and anything it had to assume.  In-place ops on activations are rewritten out
     of place (:mod:`tensoropt.capture.functionalize`).
 
+    A model on the meta device (or holding FakeTensors) is captured as its fake twin on the CPU
+    (:mod:`tensoropt.capture.fake`): the graph of the model as the CPU would run it, nothing
+    allocated; its example inputs are FakeTensors.
+
     ``precision``: ``"fp32"``, or ``"bf16"`` — mixed precision: the model is captured under
     ``torch.autocast(device_type=<the inputs' device type>, dtype=torch.bfloat16)``
     (:func:`precision_context`), so the activations autocast computes in bfloat16 are bfloat16
@@ -69,6 +74,13 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
     if method not in ("auto", "export", "fx"):
         raise CaptureError(f"method must be 'auto', 'export' or 'fx', got {method!r}")
     precision = check_precision(precision, CaptureError)
+    if on_meta(model) or any(holds_no_data(t) for t in (*call.args, *call.kwargs.values())):
+        # a model that holds no data is captured as its fake twin on the CPU (tensoropt.capture.fake):
+        # the CPU's kernels and autocast policy, no values, no memory
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        model = fake_twin(model, mode)
+        call = ModelCall(tuple(fake_on(mode, a) for a in call.args),
+                         {k: fake_on(mode, v) for k, v in call.kwargs.items()}, call.output)
     with quiet_torch_logs(), precision_context(precision, _input_devices(model, call)):
         graph = _capture(model, call, batch_dim, name, method)
     graph.example_inputs = call.tensors_for(model)

@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export.graph_signature import InputKind
 from torch.utils._pytree import tree_flatten
 
+from ..capture.fake import fake_on, holds_no_data, on_meta
 from ..errors import ProfileError
 from ..graph import OpGraph
 
@@ -75,44 +76,22 @@ def placeholder_values(graph: OpGraph, module: fx.GraphModule, dev: torch.device
     return values, owners
 
 
-def holds_no_data(graph: OpGraph) -> bool:
-    """Whether ``graph``'s model lives on the meta device — its parameters, buffers or example
-    inputs hold shapes but no values (a model too large to materialise, built under
-    ``torch.device("meta")``): such a graph is walked on FakeTensors only (:func:`fake_on`).
+def runs_on_fake(graph: OpGraph) -> bool:
+    """Whether ``graph``'s model holds no data — its parameters, buffers or example inputs have
+    shapes but no values (a model too large to materialise, built under ``torch.device("meta")``,
+    captured on FakeTensors: :mod:`tensoropt.capture.fake`): such a graph is walked on
+    FakeTensors only (:func:`~tensoropt.capture.fake.fake_on`).
 
     >>> from tensoropt import capture
     >>> with torch.device("meta"):
     ...     graph = capture(torch.nn.Linear(16, 4), (torch.randn(8, 16),))
-    >>> holds_no_data(graph)
+    >>> runs_on_fake(graph)
     True
     """
     tensors = list(tree_flatten(tuple(graph.example_inputs or ()))[0])
     if graph.exported is not None:
         tensors += [*graph.exported.state_dict.values(), *graph.exported.constants.values()]
-    meta = any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors)
-    return meta or (graph.module is not None and on_meta(graph.module))
-
-
-def on_meta(module: torch.nn.Module) -> bool:
-    """Whether any parameter or buffer of ``module`` is on the meta device (holds no values)."""
-    return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
-
-
-def fake_on(mode: FakeTensorMode, v: Any, dev: torch.device) -> Any:
-    """``v`` as a FakeTensor of ``mode`` on ``dev`` (anything else as it is): a meta tensor
-    becomes an empty fake one of the same size, strides, dtype and gradient flag (a FakeTensor
-    made from a meta tensor would stay on the meta device, where autocast and the device
-    arguments the capture baked in do not follow); a real one is converted by the mode."""
-    if not isinstance(v, torch.Tensor):
-        return v
-    if isinstance(v, FakeTensor) and v.fake_mode is mode and v.device == dev:
-        return v
-    if v.is_meta:
-        with mode:
-            t = torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device=dev)
-        return t.requires_grad_(v.requires_grad) if v.requires_grad else t
-    t = mode.from_tensor(v)
-    return t if t.device == dev else _to(t, dev)
+    return any(holds_no_data(t) for t in tensors) or (graph.module is not None and on_meta(graph.module))
 
 
 def fake_module(module: fx.GraphModule, mode: FakeTensorMode, dev: torch.device) -> fx.GraphModule:

@@ -76,7 +76,7 @@ from ..graph import OpGraph, OpNode, TensorMeta, grad_nodes, split_fits
 from ..layouts import SPLIT_LAYOUTS, Layout
 from ..progress import Progress, no_progress
 from .costmodel import CostModel, NodeCost, ShardCost, Work
-from .feed import fake_module, holds_no_data, module_on, placeholder_values
+from .feed import fake_module, module_on, placeholder_values, runs_on_fake
 from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
 from .shards import TensorArg, shard_args, shard_size
 from .timing import device_info, device_key, time_callable
@@ -140,7 +140,7 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
         raise ProfileError(f"graph {graph.name!r} has no captured module (it was loaded from "
                            f"{graph.source or 'a file'}); profile the model itself, e.g. "
                            "tensoropt profile zoo:NAME or tensoropt.profile(tensoropt.capture(model, inputs))")
-    if timed and holds_no_data(graph):
+    if timed and runs_on_fake(graph):
         raise ProfileError(unmeasurable(graph.name))
     dev = profiling_device(device)
     steady_malloc()   # one allocator regime for the profile and the executors (why: tensoropt._malloc)
@@ -173,12 +173,12 @@ def _measure_ops(graph: OpGraph, dev: torch.device, degrees: list[int], repeats:
                  store: _DiskCache, inputs: Any, report: Callable[[int, int, str], None],
                  timed: bool = True) -> _Runner:
     """Every node measured alone, at full shape and each shard: a model on the meta device on
-    FakeTensors only (:func:`~.feed.holds_no_data`: it has no values to run); otherwise, when the
+    FakeTensors only (:func:`~.feed.runs_on_fake`: it has no values to run); otherwise, when the
     cache holds entries, a dry run on FakeTensors first (no compute) — enough if every call is
     cached — else a real run (the device measured, its info stored)."""
     runner = None
     with quiet_torch_logs():  # a failing fake-tensor op logs its traceback before we handle it
-        if holds_no_data(graph):
+        if runs_on_fake(graph):
             runner = _Runner(graph, dev, degrees, repeats, warmup, store, device_info(dev, measure=False),
                              timed=timed, fake=True)
             runner.run(inputs, report)
