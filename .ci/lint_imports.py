@@ -53,6 +53,8 @@ def lay_out(dest: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if shutil.which("lint-imports") is None:
+        sys.exit("lint-imports not found: pip install -e '.[dev]' (or import-linter) first")
     with tempfile.TemporaryDirectory(prefix="tensoropt-imports-") as tmp:
         lay_out(Path(tmp))
         # lint-imports finds the package from its working folder (first on sys.path), never the checkout's
