@@ -1,4 +1,12 @@
-"""The package's build: pyproject.toml declares it; this file adds two steps to an editable install.
+"""The package's build: pyproject.toml declares it; this file finds its packages and adds two steps
+to an editable install.
+
+The packages are found, not listed (:func:`packages`): every folder with an ``__init__.py`` under
+``tensoropt/``, and the dashboard, whose code lives in the top-level ``app/`` folder but installs as
+``tensoropt.dashboard`` (a package named ``app`` in site-packages would clash with any other
+project's).  pyproject.toml's ``packages.find`` cannot say that: a directory scan never finds a
+mapped package, and a table cannot both find and add one.  ``.ci/wheel`` builds the wheel and checks
+that it holds every file under ``tensoropt/`` and ``app/``.
 
 ``pip install -e .`` byte-compiles the sources (as pip does for the files of any other install:
 an editable one skips it, and the first import then compiled them, 1 s of the first ``tensoropt
@@ -22,10 +30,13 @@ import sys
 import time
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
+#: the installed package whose sources are the top-level app/ folder, and that mapping
+DASHBOARD = "tensoropt.dashboard"
+PACKAGE_DIR = {DASHBOARD: "app"}
 
 # the kernels' modules as the only parts of tensoropt, torch refused (a stray import fails here, in
 # CI, not in a user's install hours later)
@@ -56,6 +67,13 @@ def compile_kernels(root: Path = ROOT) -> bool:
     return done
 
 
+def packages(root: Path = ROOT) -> list[str]:
+    """Every package the install holds: those under ``tensoropt/``, and ``app/``'s as
+    ``tensoropt.dashboard`` (with its subpackages, if it grows any)."""
+    return [*find_packages(str(root), include=["tensoropt", "tensoropt.*"]),
+            DASHBOARD, *(f"{DASHBOARD}.{sub}" for sub in find_packages(str(root / "app")))]
+
+
 class BuildPy(build_py):
     """``build_py``, and for an editable install the sources byte-compiled and the kernels compiled
     beside them."""
@@ -69,4 +87,4 @@ class BuildPy(build_py):
 
 
 if __name__ == "__main__":   # setuptools runs this file as __main__; tests import compile_kernels
-    setup(cmdclass={"build_py": BuildPy})
+    setup(packages=packages(), package_dir=PACKAGE_DIR, cmdclass={"build_py": BuildPy})

@@ -1,8 +1,9 @@
 """The README's two commands, as CI runs them: read from the README, never copied.
 
 ``python .ci/readme_commands.py setup`` prints the first command (set up and run the dashboard)
-without its last step ``tensoropt app``; ``serve`` prints that last step; ``test`` prints the
-second command (set up and run the tests).  ``.ci/run`` runs each in a new virtual environment
+without its last step ``tensoropt app``; ``serve`` prints that last step; ``torch`` prints its
+first step, the pinned torch install (``.ci/wheel`` installs torch so before the wheel); ``test``
+prints the second command (set up and run the tests).  ``.ci/run`` runs each in a new virtual environment
 (its ``bin`` first on PATH), so a step the README forgets, or a dependency ``pyproject.toml``
 forgets, fails CI the way it fails a newcomer.
 
@@ -70,6 +71,12 @@ def main(argv: list[str]) -> int:
         if not sep or not tail.startswith("tensoropt app"):
             sys.exit(f"README.md: the first command must end with `&& tensoropt app`, got: {setup}")
         print(head.strip() if argv[0] == "setup" else tail.strip())
+        return 0
+    if argv[:1] == ["torch"]:
+        first = setup.split("&&")[0].strip()
+        if not first.startswith("pip install torch=="):
+            sys.exit(f"README.md: the first command must begin with `pip install torch==VERSION &&`, got: {setup}")
+        print(first)
         return 0
     if argv[:1] == ["test"]:
         print(test)

@@ -35,7 +35,7 @@ from ..graph import OpGraph
 from ..measure.costmodel import CostModel
 from ..plan import Plan
 from . import dp, dpos, m_etf, m_sct, m_topo, netsplit, os_dpos, pesto, zero
-from .coarsen import Grouping, UnionFind, colocate, group_memory, heavy_edge_groups
+from .coarsen import Grouping, colocate, group_memory, heavy_edge_groups
 
 PLACERS: dict[str, Callable[..., Plan]] = {
     "dp": dp.place,
@@ -75,5 +75,5 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, algo: str, **optio
     return plan
 
 
-__all__ = ["PLACERS", "place", "check_options", "Grouping", "UnionFind", "colocate", "heavy_edge_groups",
+__all__ = ["PLACERS", "place", "check_options", "Grouping", "colocate", "heavy_edge_groups",
            "group_memory"]

@@ -3,8 +3,8 @@
 A :class:`Grouping` partitions the operator nodes of an :class:`~tensoropt.graph.OpGraph` into
 groups whose members must share a device.  A placer decides where each *group* goes and
 :meth:`Grouping.expand` turns that back into a device per node.  Two passes build groupings,
-both on union-find (disjoint sets with path compression and union by rank, the structure
-TensorFlow's Placer keeps its colocation groups in):
+both on union-find (networkx's ``UnionFind``: disjoint sets with path compression and union by
+size, the structure TensorFlow's Placer keeps its colocation groups in):
 
 - :func:`colocate` — TensorFlow Placer's colocation heuristics:
 
@@ -32,11 +32,12 @@ Both take and return plain values; neither looks at devices beyond their memory 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import networkx as nx
+from networkx.utils import UnionFind
 
 from ..cluster import Cluster
 from ..describe import fmt_bytes
@@ -48,47 +49,8 @@ from ..plan import PlanError
 from ..planmodel.memory import node_memory
 
 T = TypeVar("T")
-K = TypeVar("K", bound=Hashable)
 
 RULES = "ABC"
-
-
-class UnionFind(Generic[K]):
-    """Disjoint sets over hashable items: :meth:`find` with path halving, :meth:`union` by rank.
-    Near-constant time per operation."""
-
-    def __init__(self, items: Iterable[K] = ()):
-        self.parent: dict[K, K] = {}
-        self.rank: dict[K, int] = {}
-        for x in items:
-            self.add(x)
-
-    def add(self, x: K) -> None:
-        if x not in self.parent:
-            self.parent[x] = x
-            self.rank[x] = 0
-
-    def find(self, x: K) -> K:
-        parent = self.parent
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    def union(self, a: K, b: K) -> K:
-        """Merge the sets of ``a`` and ``b``; returns the root of the merged set."""
-        ra, rb = self.find(a), self.find(b)
-        if ra == rb:
-            return ra
-        if self.rank[ra] < self.rank[rb]:
-            ra, rb = rb, ra
-        self.parent[rb] = ra
-        if self.rank[ra] == self.rank[rb]:
-            self.rank[ra] += 1
-        return ra
-
-    def same(self, a: K, b: K) -> bool:
-        return self.find(a) == self.find(b)
 
 
 @dataclass(frozen=True)
@@ -117,23 +79,25 @@ class Grouping:
     def from_sets(cls, graph: OpGraph, sets: Iterable[Iterable[str]], method: str = "given") -> Grouping:
         """Groups from sets of node names; operators in no set are alone.  A name that is not an
         operator of ``graph`` raises :class:`TensorOptError`."""
-        uf = UnionFind(n.name for n in graph.ops)
+        ops = [n.name for n in graph.ops]
+        uf = UnionFind(ops)
+        known = set(ops)
         for s in sets:
             s = list(s)
             for x in s:
-                if x not in uf.parent:
+                if x not in known:
                     raise TensorOptError(f"group member {x!r} is not an operator of graph {graph.name!r}")
-            for x in s[1:]:
-                uf.union(s[0], x)
+            uf.union(*s)
         return cls._from_uf(graph, uf, method)
 
     @classmethod
-    def _from_uf(cls, graph: OpGraph, uf: UnionFind[str], method: str) -> Grouping:
+    def _from_uf(cls, graph: OpGraph, uf: UnionFind, method: str) -> Grouping:
+        # groups numbered by their first member in graph order, whichever member names the set
         gid: dict[str, int] = {}
         group_of: dict[str, int] = {}
         members: list[list[str]] = []
         for n in graph.ops:
-            r = uf.find(n.name)
+            r = uf[n.name]
             if r not in gid:
                 gid[r] = len(members)
                 members.append([])
@@ -141,12 +105,11 @@ class Grouping:
             members[gid[r]].append(n.name)
         return cls(group_of, tuple(tuple(m) for m in members), method)
 
-    def union_find(self) -> UnionFind[str]:
+    def union_find(self) -> UnionFind:
         """A union-find holding these groups (to refine them further)."""
         uf = UnionFind(self.group_of)
         for m in self.members:
-            for x in m[1:]:
-                uf.union(m[0], x)
+            uf.union(*m)
         return uf
 
     def expand(self, group_placement: Mapping[int, T] | Sequence[T]) -> dict[str, T]:
@@ -255,9 +218,7 @@ def colocate(graph: OpGraph, rules: str | None = "ABC", *, base: Grouping | None
                 uf.union(n.name, n.inputs[0])
     if "C" in rules:
         for p in graph.params.values():
-            users = [u for u in (p.owner, *p.readers) if u in ops]
-            for u in users[1:]:
-                uf.union(users[0], u)
+            uf.union(*(u for u in (p.owner, *p.readers) if u in ops))
     prefix = f"{base.method} + " if base is not None and base.method not in ("", "none") else ""
     return Grouping._from_uf(graph, uf, f"{prefix}colocation {rules or 'none'}")
 
@@ -296,8 +257,9 @@ def heavy_edge_groups(graph: OpGraph, costs: CostModel, cluster: Cluster, *, dev
     start = base if base is not None else Grouping.singletons(graph)
     uf = start.union_find()
     q = start.quotient(graph)
-    # quotient nodes are labelled by the union-find root of their group
-    label = {g: uf.find(m[0]) for g, m in enumerate(start.members)}
+    # quotient nodes are labelled by the union-find root of their group (which member is the root
+    # changes no decision below: the merges read only sizes, bytes and paths)
+    label: dict[int, str] = {g: uf[m[0]] for g, m in enumerate(start.members)}
     q = nx.relabel_nodes(q, label)
     group = {label[g]: list(m) for g, m in enumerate(start.members)}
     reads = {r: any(graph.nodes[n].param_reads for n in m) for r, m in group.items()}
@@ -310,7 +272,8 @@ def heavy_edge_groups(graph: OpGraph, costs: CostModel, cluster: Cluster, *, dev
     for e in edges:
         if count <= target:
             break
-        a, b = uf.find(e.src), uf.find(e.dst)
+        a: str = uf[e.src]
+        b: str = uf[e.dst]
         if a == b:
             continue
         if reads[a] or reads[b]:  # a parameter read on one side may be owned on the other: count it once
@@ -321,7 +284,8 @@ def heavy_edge_groups(graph: OpGraph, costs: CostModel, cluster: Cluster, *, dev
             continue
         if acyclic and _closes_cycle(q, a, b):
             continue
-        r = uf.union(a, b)
+        uf.union(a, b)
+        r: str = uf[a]
         other = b if r == a else a
         _contract(q, r, other)
         group[r] = group[r] + group.pop(other)

@@ -4,7 +4,7 @@ import networkx as nx
 import pytest
 
 from tensoropt.errors import TensorOptError
-from tensoropt.placers.coarsen import Grouping, UnionFind, colocate, group_memory, heavy_edge_groups
+from tensoropt.placers.coarsen import Grouping, colocate, group_memory, heavy_edge_groups
 from tensoropt.plan import PlanError
 
 from . import GiB, build, cluster
@@ -24,15 +24,6 @@ def heuristics_graph():
         dict(name="w", inputs=["x"], meta=True),
         dict(name="c", inputs=["w", "b"], reads=["a.w"], op="aten.linear.default"),
     ])
-
-
-def test_union_find():
-    uf = UnionFind("abcde")
-    uf.union("a", "b")
-    uf.union("c", "d")
-    assert uf.same("a", "b") and not uf.same("a", "c")
-    uf.union("b", "d")
-    assert uf.same("a", "c") and not uf.same("a", "e")
 
 
 def test_each_heuristic_alone_and_together():
