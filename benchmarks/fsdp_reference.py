@@ -90,21 +90,12 @@ def llama_config(**fields: Any) -> Any:
 
 
 def _causal_sdpa() -> str:
-    """The name of transformers' SDPA attention registered without a mask builder, so every layer calls
-    ``scaled_dot_product_attention(..., is_causal=True)`` with the KV heads unrepeated (``enable_gqa``).
+    """transformers' SDPA attention as a training step on an unpadded batch calls it, on real and
+    fake tensors alike (:func:`tensoropt.zoo.hf.causal_attention`: +1 MiB of mask and repeated KV
+    heads on the short model without it, measured against real gloo ranks)."""
+    from tensoropt.zoo.hf import causal_attention
 
-    That is what transformers' own ``"sdpa"`` does on a real unpadded batch, but on fake tensors it
-    cannot read the position ids to see the batch is unpadded (``find_packed_sequence_indices``
-    gives up on a FakeTensor), so it builds a boolean ``seq × seq`` mask and repeats the KV heads —
-    tensors a real run never holds (+1 MiB on the short model, measured against real gloo ranks).
-    Registering the attention function under a name with no mask function makes
-    ``create_causal_mask`` return ``None`` for real and fake tensors alike."""
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    name = "sdpa_causal_unpadded"
-    AttentionInterface.register(name, sdpa_attention_forward)
-    return name
+    return causal_attention()
 
 
 def _selective_context() -> Any:

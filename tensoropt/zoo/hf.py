@@ -43,6 +43,27 @@ class Logits(nn.Module):
         return self.model(input_ids, **self.kwargs).logits
 
 
+#: transformers' SDPA attention registered under a name of its own, with no mask builder
+#: (:func:`causal_attention`)
+CAUSAL_ATTENTION = "sdpa_causal_unpadded"
+
+
+def causal_attention() -> str:
+    """The attention implementation a causal language model of the zoo is built with, registered
+    with transformers: its own SDPA attention, called as a training step on an unpadded batch
+    calls it — ``scaled_dot_product_attention(..., is_causal=True)``, the KV heads not repeated
+    (``enable_gqa``).  transformers' ``"sdpa"`` does that on real tensors, but on fake ones it
+    cannot read the position ids to see the batch is unpadded, so it builds a boolean
+    ``seq × seq`` mask and repeats the KV heads: tensors a real step never holds (1 GiB of mask
+    for Llama-3-8B at 16 × 8192), and a mask every layer reads.  Registered under this name, no
+    mask function is called, for real and fake tensors alike."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(CAUSAL_ATTENTION, sdpa_attention_forward)
+    return CAUSAL_ATTENTION
+
+
 def _check_heads(hidden: int, heads: int) -> None:
     check(hidden % heads == 0, f"hidden ({hidden}) must be divisible by heads ({heads})")
 
@@ -160,6 +181,9 @@ def from_config(config: Mapping[str, Any], *, batch: int, seq_len: int | None = 
             cfg.layer_types = cfg.layer_types[:layers]
     if hasattr(cfg, "use_cache"):
         cfg.use_cache = False
+    if architecture in {name for names in _auto_classes("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES").values()
+                        for name in names}:
+        cfg._attn_implementation = causal_attention()
     if kind == "text":
         check(seq_len is not None, f"{architecture} reads token ids: give seq_len=N, the sequence length it "
                                    "trains at (8192 for Llama 3)")

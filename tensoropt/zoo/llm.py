@@ -2,7 +2,8 @@
 
 ``llama3-8b`` / ``llama3-70b`` / ``llama3-405b`` are Llama 3.1 (Dubey et al. 2024, "The Llama 3
 Herd of Models", Table 3; the configs Meta published with the weights) as Hugging Face's
-``LlamaForCausalLM``: grouped-query attention, SwiGLU, RMSNorm (eps 1e-5), RoPE (theta 500,000,
+``LlamaForCausalLM``: grouped-query attention (causal SDPA as a training step on an unpadded batch
+runs it: :func:`~tensoropt.zoo.hf.causal_attention`), SwiGLU, RMSNorm (eps 1e-5), RoPE (theta 500,000,
 with 3.1's "llama3" frequency scaling, which changes the rotary buffer, not the graph), 128,256
 tokens, untied embeddings.  ``mixtral-8x7b`` is Mixtral 8x7B (Jiang et al. 2024, "Mixtral of
 Experts"; Mistral AI's config) as ``MixtralForCausalLM`` with each sparse MoE block dispatched by
@@ -27,7 +28,7 @@ from __future__ import annotations
 from torch import nn
 
 from ._base import ZooDependencyError, ZooModel, check, on_meta, tokens
-from .hf import Logits, _transformers
+from .hf import Logits, _transformers, causal_attention
 from .moe import dispatch_by_capacity
 
 #: Llama 3.1's rotary scaling (all three sizes): the published configs' ``rope_scaling``.
@@ -47,7 +48,8 @@ def _llama(batch: int, seq_len: int, layers: int, hidden: int, ffn: int, heads: 
     config = tf.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
                             num_attention_heads=heads, num_key_value_heads=kv_heads, rms_norm_eps=1e-5,
                             rope_theta=500000.0, rope_scaling=dict(LLAMA31_ROPE),
-                            max_position_embeddings=max(131072, seq_len), tie_word_embeddings=False)
+                            max_position_embeddings=max(131072, seq_len), tie_word_embeddings=False,
+                            attn_implementation=causal_attention())
     with on_meta(meta):
         return Logits(tf.LlamaForCausalLM(config), use_cache=False), tokens(batch, seq_len, vocab)
 
@@ -83,7 +85,8 @@ def build_mixtral_8x7b(*, batch: int = 512, seq_len: int = 8192, layers: int = 3
     config = tf.MixtralConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
                               num_attention_heads=heads, num_key_value_heads=kv_heads, num_local_experts=experts,
                               num_experts_per_tok=top_k, rms_norm_eps=1e-5, rope_theta=1e6, sliding_window=None,
-                              max_position_embeddings=max(32768, seq_len), tie_word_embeddings=False)
+                              max_position_embeddings=max(32768, seq_len), tie_word_embeddings=False,
+                              attn_implementation=causal_attention())
     with on_meta(meta):
         model = tf.MixtralForCausalLM(config)
         if dispatch_by_capacity(model, seq_len, capacity_factor) != layers:
