@@ -60,6 +60,7 @@ from .measure.timing import device_name
 from .modelspec import load_model
 from .optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from .placers import PLACERS
+from .placers.zero import RECIPES
 from .planmodel.fits import check_budget_value
 from .progress import Progress, no_progress
 
@@ -221,8 +222,8 @@ def profile_degrees(meshes: list[tuple[str, ...]], devices: tuple[str, ...], pla
                     frontier: bool) -> tuple[int, ...]:
     """The shard degrees a request needs profiled — the one place they are decided.
 
-    Whole operators (degree 1) for every placer; data parallel splits every operator over all
-    the ``devices``; OS-DPOS may split an operator any number of ways up to that; the other
+    Whole operators (degree 1) for every placer; data parallel (``dp``, and the ZeRO / FSDP
+    recipes) splits every operator over all the ``devices``; OS-DPOS may split an operator any number of ways up to that; the other
     placers place whole operators; the frontier splits over each candidate mesh.
 
     >>> profile_degrees([("a",), ("a", "b")], ("a", "b", "c"), ("dp",), True)
@@ -230,7 +231,7 @@ def profile_degrees(meshes: list[tuple[str, ...]], devices: tuple[str, ...], pla
     """
     n = len(devices)
     degrees = {1}
-    if "dp" in placers:
+    if "dp" in placers or any(p in RECIPES for p in placers):   # data parallel, sharded or not: over all
         degrees.add(n)
     if "os-dpos" in placers:
         degrees |= set(range(2, n + 1))

@@ -112,8 +112,8 @@ def test_hf_spec_builds_the_config_on_meta(tmp_path):
     pytest.importorskip("transformers", reason="the zoo extra (transformers) is not installed")
     p = write_config(tmp_path, SMALL_LLAMA)
     m = load_model(f"hf:{p}?batch=3&seq_len=128")
-    (ids,) = m.example_inputs
-    assert ids.shape == (3, 128) and ids.dtype == torch.int64 and ids.device.type == "meta"
+    ids, labels = m.example_inputs        # a causal LM trains on its tokens' cross-entropy (zoo.hf.TokenLoss)
+    assert ids.shape == labels.shape == (3, 128) and ids.dtype == torch.int64 and ids.device.type == "meta"
     params = list(m.model.parameters())
     assert sum(q.numel() for q in params) == small_llama_params(4)
     assert all(q.device.type == "meta" and q.dtype == torch.float32 for q in params)   # not the file's bf16
@@ -124,6 +124,7 @@ def test_hf_spec_builds_the_config_on_meta(tmp_path):
     g = short.capture()
     assert g.source == "torch.export" and g.batch_size == 2
     assert [n.outputs[0].shape for n in g.ops if n.module_path.endswith("lm_head")][-1] == (2, 16, 256)
+    assert g.nodes[g.nodes["output"].inputs[0]].outputs[0].shape == (2, 16)     # every token's loss
 
 
 def test_hf_spec_vision_masked_lm_and_moe(tmp_path):

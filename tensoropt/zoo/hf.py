@@ -43,6 +43,25 @@ class Logits(nn.Module):
         return self.model(input_ids, **self.kwargs).logits
 
 
+class TokenLoss(nn.Module):
+    """``forward(input_ids, labels)`` -> every token's cross-entropy, ``(batch, seq_len)`` in
+    float32: the logits upcast to float32 and cross-entropy against the next tokens, as
+    torchtitan's training step computes its loss; their mean — what tensoropt trains on
+    (:func:`~tensoropt.measure.step.training_loss`) — is that loss.  Part of the graph because a
+    language model's loss is a large part of its step: at 128,256 tokens of vocabulary the
+    float32 logits and their log-softmax outweigh a decoder layer's activations many times.
+    Per token, not averaged, so that the loss splits with the batch like every layer before it."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        logits = self.model(input_ids, use_cache=False).logits
+        per_token = nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1), reduction="none")
+        return per_token.view(labels.shape)
+
+
 #: transformers' SDPA attention registered under a name of its own, with no mask builder
 #: (:func:`causal_attention`)
 CAUSAL_ATTENTION = "sdpa_causal_unpadded"
@@ -140,8 +159,10 @@ def from_config(config: Mapping[str, Any], *, batch: int, seq_len: int | None = 
     """The Hugging Face model a ``config.json``'s fields describe, with example inputs, both on
     the meta device unless ``meta=False``: ``(batch, seq_len)`` token ids for a causal or masked
     language model, ``(batch, channels, image_size, image_size)`` pixel values (the config's own
-    size) for an image classifier.  ``layers`` replaces ``num_hidden_layers``.  The model is
-    wrapped so that ``forward(inputs)`` returns the logits, without a KV cache; the experts of a
+    size) for an image classifier.  ``layers`` replaces ``num_hidden_layers``.  A causal language
+    model takes ``(input_ids, labels)`` and returns every token's cross-entropy (:class:`TokenLoss`:
+    the loss is part of its step); any other is wrapped so that ``forward(inputs)`` returns the
+    logits; none keeps a KV cache; the experts of a
     mixture-of-experts model (transformers' experts interface: Mixtral, Qwen-MoE, OLMoE, …) are
     dispatched by capacity (:mod:`tensoropt.zoo.moe`, capacity factor 1).
     Bad fields raise :class:`ZooParamError` naming the cause and the fix; nothing is downloaded.
@@ -181,8 +202,7 @@ def from_config(config: Mapping[str, Any], *, batch: int, seq_len: int | None = 
             cfg.layer_types = cfg.layer_types[:layers]
     if hasattr(cfg, "use_cache"):
         cfg.use_cache = False
-    if architecture in {name for names in _auto_classes("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES").values()
-                        for name in names}:
+    if architecture in _causal_classes():
         cfg._attn_implementation = causal_attention()
     if kind == "text":
         check(seq_len is not None, f"{architecture} reads token ids: give seq_len=N, the sequence length it "
@@ -199,13 +219,14 @@ def from_config(config: Mapping[str, Any], *, batch: int, seq_len: int | None = 
         size = getattr(cfg, "image_size", None)
         size = size[0] if isinstance(size, (list, tuple)) else size     # (height, width): square inputs
         check(isinstance(size, int), f"config.json gives {architecture} no image_size")
+    causal = architecture in _causal_classes()
     try:
         with on_meta(meta):
             model = cls(cfg)
             if kind == "text":
                 assert seq_len is not None
                 dispatch_by_capacity(model, seq_len)
-                inputs = tokens(batch, seq_len, cfg.vocab_size)
+                inputs = tokens(batch, seq_len, cfg.vocab_size, count=2 if causal else 1)
             else:
                 assert isinstance(size, int)
                 inputs = images(batch, size, getattr(cfg, "num_channels", 3))
@@ -213,7 +234,11 @@ def from_config(config: Mapping[str, Any], *, batch: int, seq_len: int | None = 
         raise
     except Exception as exc:  # noqa: BLE001 - a config transformers accepts but cannot build
         raise ZooParamError(f"transformers cannot build {architecture} from config.json: {_one_line(exc)}") from None
-    return Logits(model, use_cache=None), inputs
+    return (TokenLoss(model) if causal else Logits(model, use_cache=None)), inputs
+
+
+def _causal_classes() -> set[str]:
+    return {name for names in _auto_classes("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES").values() for name in names}
 
 
 ENTRIES = (

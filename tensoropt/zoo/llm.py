@@ -14,13 +14,14 @@ By default a model and its inputs live on the meta device (``meta=True``): shape
 parameter counts without storage — the 8B's fp32 weights alone would take 32 GB — and every
 stage that runs on fake tensors takes them as they are.  ``layers`` shortens the stack of decoder
 blocks (CI-sized variants); ``?tiny=1`` is a small model with real weights (fixed seed).
-``forward(input_ids)`` returns the logits, without a KV cache.
+``forward(input_ids, labels)`` returns every token's cross-entropy, the loss in float32 as
+torchtitan computes it (:class:`~tensoropt.zoo.hf.TokenLoss`), without a KV cache.
 
 Example::
 
-    >>> model, (ids,) = build_llama3_8b(layers=2)
-    >>> ids.shape, ids.device.type, next(model.parameters()).device.type
-    (torch.Size([16, 8192]), 'meta', 'meta')
+    >>> model, (ids, labels) = build_llama3_8b(layers=2)
+    >>> ids.shape, labels.shape, ids.device.type, next(model.parameters()).device.type
+    (torch.Size([16, 8192]), torch.Size([16, 8192]), 'meta', 'meta')
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 from torch import nn
 
 from ._base import ZooDependencyError, ZooModel, check, on_meta, tokens
-from .hf import Logits, _transformers, causal_attention
+from .hf import TokenLoss, _transformers, causal_attention
 from .moe import dispatch_by_capacity
 
 #: Llama 3.1's rotary scaling (all three sizes): the published configs' ``rope_scaling``.
@@ -51,7 +52,7 @@ def _llama(batch: int, seq_len: int, layers: int, hidden: int, ffn: int, heads: 
                             max_position_embeddings=max(131072, seq_len), tie_word_embeddings=False,
                             attn_implementation=causal_attention())
     with on_meta(meta):
-        return Logits(tf.LlamaForCausalLM(config), use_cache=False), tokens(batch, seq_len, vocab)
+        return TokenLoss(tf.LlamaForCausalLM(config)), tokens(batch, seq_len, vocab, count=2)
 
 
 def build_llama3_8b(*, batch: int = 16, seq_len: int = 8192, layers: int = 32, hidden: int = 4096,
@@ -92,7 +93,7 @@ def build_mixtral_8x7b(*, batch: int = 512, seq_len: int = 8192, layers: int = 3
         if dispatch_by_capacity(model, seq_len, capacity_factor) != layers:
             raise ZooDependencyError(f"mixtral-8x7b needs transformers >= 5 (stacked experts), found "
                                      f"{tf.__version__}: pip install -U 'transformers>=5'")
-        return Logits(model, use_cache=False), tokens(batch, seq_len, vocab)
+        return TokenLoss(model), tokens(batch, seq_len, vocab, count=2)
 
 
 _TINY_TEXT = {"batch": 2, "seq_len": 16, "layers": 2, "hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 2,
