@@ -119,7 +119,7 @@ PARALLEL_MIN_OPS = 100
 DEFAULT_MAX_WALKS = 500
 #: placers whose plans join every frontier by default (:func:`track_frontier`): those that take
 #: milliseconds; the MILPs (netsplit, pesto) and OS-DPOS join where a comparison runs them
-DEFAULT_SEED_PLACERS = ("dp", "m-topo", "m-etf", "m-sct", "dpos")
+DEFAULT_SEED_PLACERS = ("dp", "m-topo", "m-etf", "m-sct", "dpos", "zero1", "zero2", "fsdp", "fsdp+ac")
 #: what a device's peak is made of (:meth:`~tensoropt.planmodel.walk.StepMemory.parts`)
 MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "transient", "reserve")
 CSV_COLUMNS = ("plan_id", "num_devices", "devices", "memory_bytes", "time_s", "samples_per_s", "fits_budget",
@@ -776,9 +776,8 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     names = [n.name for n in mp.problem.nodes]
     ev = MeshEvaluator(graph, costs, cluster, mp.mesh, configs=mp.configs, optimizer=mp.optimizer)
     pool = _Evaluated(mp, ev, graph)
-    for r in runs:
-        if len(r.vectors):
-            pool.add(np.ascontiguousarray(r.vectors, dtype=np.int64))
+    offered, vectors = _candidates(pool, runs, max(1, max_walks // 2))
+    pool.add(vectors)
     searched = len(pool)
     report(f"mesh {','.join(mp.mesh)}: evaluated {searched} candidate plans; polishing")
     polished = pool.polish(resolution, backend, max(max_walks, searched))
@@ -786,7 +785,7 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     merged += m2
     exact_search = not fixed and merged == 0 and levels.size == n_levels
     stats = {"tau_runs": int(levels.size), "candidates": int(sum(r.candidates for r in runs)),
-             "searched": searched, "walked": len(pool), "polished": polished,
+             "offered": offered, "searched": searched, "walked": len(pool), "polished": polished,
              "repeats": sorted({r.repeats for r in runs}),
              "max_frontier": int(max((r.max_frontier for r in runs), default=0)), **dict(mp.stats)}
     costs_arr = np.column_stack([pool.est, pool.peak, pool.time]).astype(np.float64).reshape(-1, 3)
@@ -800,6 +799,31 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
                       np.array([pool.est[k] for k in front], dtype=np.float64),
                       tuple(map(tuple, np.array(pool.vecs, dtype=np.int64).reshape(len(pool), -1).tolist())),
                       costs_arr)
+
+
+def _candidates(pool: _Evaluated, runs: Sequence[_TauRun], limit: int) -> tuple[int, np.ndarray]:
+    """The τ runs' plans to walk: every distinct one where they are at most ``limit``; else
+    ``limit`` of them spread evenly, by the search's estimate of their memory, over the range they
+    cover — both ends kept (each run's least-memory and fastest plans) — so that half of the
+    walks are left to the polish, which corrects what the estimate gets wrong (the walk is the
+    truth; on a language model the estimate is off by tens of percent and its every run offers a
+    thousand plans).  Returns how many distinct plans the runs offered, and the rows to walk."""
+    rows = [np.ascontiguousarray(r.vectors, dtype=np.int64) for r in runs if len(r.vectors)]
+    if not rows:
+        return 0, np.zeros((0, len(pool.ks)), dtype=np.int64)
+    every = np.concatenate(rows)
+    first: dict[bytes, int] = {}
+    for i in range(len(every)):
+        first.setdefault(every[i].tobytes(), i)
+    distinct = every[sorted(first.values())]               # in the runs' order: the walk's order as before
+    if len(distinct) <= limit:
+        return len(distinct), distinct
+    ends = {r[i].tobytes() for r in rows for i in (0, len(r) - 1)}
+    est, _ = pool.additive(distinct)
+    order = np.argsort(est, kind="stable")
+    picked = set(order[np.unique(np.round(np.linspace(0, len(order) - 1, limit)).astype(np.int64))].tolist())
+    picked |= {i for i in range(len(distinct)) if distinct[i].tobytes() in ends}
+    return len(distinct), distinct[sorted(picked)]
 
 
 def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes: Iterable[Sequence[str]] | None = None,
@@ -1121,6 +1145,11 @@ def _mesh_notes(r: MeshResult) -> list[str]:
         notes.append(f"mesh {','.join(r.mesh)}: {r.all_levels} transient levels thinned to {len(r.levels)} "
                      f"τ runs (max_levels); a plan may be found only at a level up to {fmt_bytes(int(over))} "
                      "above its largest transient, so the frontier may miss plans (all reported costs are exact)")
+    offered, searched = r.stats.get("offered", r.stats.get("searched", 0)), r.stats.get("searched", 0)
+    if offered > searched:
+        notes.append(f"mesh {','.join(r.mesh)}: the search offered {offered} plans; {searched} of them, spread over "
+                     "its estimate of their memory, were walked (half of max_walks), the rest of the walks went to "
+                     "the polish")
     if not r.stats.get("polished", True):
         notes.append(f"mesh {','.join(r.mesh)}: the polish stopped at {r.stats['walked']} walked plans "
                      f"(max_walks; the search offered {r.stats['searched']}): plans near the frontier may "
