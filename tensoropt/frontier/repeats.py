@@ -31,7 +31,6 @@ Example (three blocks of two nodes ``x_b → y_b``, the boundary ``y_b`` read by
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -128,25 +127,20 @@ def check(problem: Problem, rep: Repeats) -> str | None:
         else:
             return f"block {b} reads node {names[u]} of block {wu[0]}, which is not its boundary"
         inside[b].append((key, e.mem, e.time))
-
-    def signature(b: int, first: bool) -> list[tuple[tuple[str, int, int], bytes, bytes]]:
-        out = []
-        for key, m, t in inside[b]:
-            kind = "previous" if key[0] == "entry" else key[0]
-            keep_costs = not (first and key[0] == "entry")   # the entry's matrices are its own
-            out.append(((kind, *key[1:]), m.tobytes() if keep_costs else b"", t.tobytes() if keep_costs else b""))
-        return sorted(out)
-
-    want = Counter(signature(1, False))
-    for b in range(2, len(blocks)):
-        if Counter(signature(b, False)) != want:
-            return f"block {b} is not wired or costed as block 1"
-    positions = Counter((k, j) for (k, _, j), _, _ in signature(1, False) if k == "previous")
-    entry_positions = Counter((k, j) for (k, _, j), _, _ in signature(0, True) if k == "previous")
-    rest0 = Counter(s for s in signature(0, True) if s[0][0] != "previous")
-    rest1 = Counter(s for s in signature(1, False) if s[0][0] != "previous")
-    if positions != entry_positions or rest0 != rest1:
-        return "block 0 is not wired or costed as block 1"
+    # every block's edges, in the order of their keys (a block's parallel edges in problem order),
+    # compared with block 1's matrix by matrix; block 0's edges from the entry only by where they go
+    want = sorted(inside[1], key=lambda x: x[0])
+    for b in range(len(blocks)):
+        got = sorted(inside[b], key=lambda x: ("previous", *x[0][1:]) if x[0][0] == "entry" else x[0])
+        if len(got) != len(want):
+            return f"block {b} is not wired as block 1"
+        for (kg, mg, tg), (kw, mw, tw) in zip(got, want):
+            if kg[0] == "entry" and b == 0:
+                if kw[0] != "previous" or kg[1:] != kw[1:]:
+                    return "block 0 is not wired as block 1"
+                continue
+            if kg != kw or not (_same(mg, mw) and _same(tg, tw)):
+                return f"block {b} is not wired or costed as block 1"
     return None
 
 
