@@ -564,11 +564,14 @@ class _Evaluated:
         # each configuration's recomputing twin (same devices, layout and level; -1: none), and the
         # nodes of each repeated block: a block recomputed whole is one segment (a checkpoint per block)
         self._recomputed = np.full((len(nodes), cmax), -1, dtype=np.int64)
+        self._kept = np.full((len(nodes), cmax), -1, dtype=np.int64)    # and its keeping twin
         for v, n in enumerate(nodes):
             cfgs = mp.configs[n.name]
             twin = {(c.devices, c.layout, int(c.shard)): i for i, c in enumerate(cfgs) if c.recompute}
+            plain = {(c.devices, c.layout, int(c.shard)): i for i, c in enumerate(cfgs) if not c.recompute}
             for i, c in enumerate(cfgs):
                 self._recomputed[v, i] = twin.get((c.devices, c.layout, int(c.shard)), -1)
+                self._kept[v, i] = plain.get((c.devices, c.layout, int(c.shard)), -1)
         # each node's FSDP-with-checkpointing configuration: batch, recomputed, its parameters at
         # level 3 where it may shard them (-1: none), for the move that makes a block that recipe
         self._fsdp_ac = np.full(len(nodes), -1, dtype=np.int64)
@@ -584,6 +587,7 @@ class _Evaluated:
                 by_block.setdefault(b, []).append(v)
         members = [np.array(m, dtype=np.int64) for m in by_block.values()]
         self.blocks = ([np.concatenate(members)] if len(members) > 1 else []) + members
+        self._in_block = {v for m in members for v in m.tolist()}
         self.seen: dict[bytes, int] = {}
         self.vecs: list[np.ndarray] = []
         self.peak: list[float] = []
@@ -592,6 +596,28 @@ class _Evaluated:
 
     def __len__(self) -> int:
         return len(self.vecs)
+
+    def recipes(self) -> np.ndarray:
+        """The hand recipes on this mesh, in the search's terms (one row each): data parallel —
+        every operator ``batch`` where it may, ``R`` where not — then with ZeRO-1, ZeRO-2 and
+        ZeRO-3 (FSDP) where a node's parameters may shard, then FSDP with every repeated block
+        recomputed (torchtitan's recipe).  Walked beside the search's own plans, so the polish
+        starts from them too (the search's estimate can miss what a whole recomputed block holds)."""
+        nodes = self.mp.problem.nodes
+        rows = []
+        for level, recompute in ((Shard.NONE, False), (Shard.OPTIMIZER, False), (Shard.GRADIENTS, False),
+                                 (Shard.PARAMETERS, False), (Shard.PARAMETERS, True)):
+            row = np.zeros(len(nodes), dtype=np.int64)
+            for v, n in enumerate(nodes):
+                cfgs = self.mp.configs[n.name]
+
+                def rank(i: int, cfgs: tuple[Any, ...] = cfgs) -> tuple[bool, bool, bool]:
+                    c = cfgs[i]
+                    return (c.layout == Layout.BATCH, int(c.shard) == int(level),
+                            bool(c.recompute) == (recompute and v in self._in_block))
+                row[v] = max(range(len(cfgs)), key=rank)
+            rows.append(row)
+        return np.array(rows, dtype=np.int64).reshape(len(rows), len(nodes))
 
     def estimate(self, vecs: np.ndarray) -> np.ndarray:
         """The search's additive estimate of each row's memory (inf where a choice is infeasible)."""
@@ -643,7 +669,10 @@ class _Evaluated:
         (:func:`repeated_nodes`: a transformer's twelve blocks move together), and the plans that
         recompute every repeated block, or one of them, whole (each a segment: the checkpoint per
         block that a node-by-node search rarely assembles), as it is or as FSDP with checkpointing
-        (batch, parameters at level 3) — these first with ``blocks_first``
+        (batch, parameters at level 3), and those that keep every block, or one, instead (from
+        FSDP with every block recomputed, the plans between it and FSDP) — with ``blocks_first``
+        (the polish's least-memory point) every one of these, then the ``limit`` best ranked, and
+        the ladders from it (the last k blocks kept, the first k recomputed) — these first with ``blocks_first``
         (the polish's least-memory point), else last.  The rest ranked by the
         search's additive costs relative to plan ``i``'s: those that save memory or time first
         (by the larger relative saving), then the rest by the smaller relative loss.  The one-node
@@ -670,19 +699,33 @@ class _Evaluated:
         # elsewhere, where the budget goes to the ranked moves
         blocks = []
         for members in self.blocks:
-            for twin in (self._recomputed[members, base[members]], self._fsdp_ac[members]):
+            for twin in (self._recomputed[members, base[members]], self._fsdp_ac[members],
+                         self._kept[members, base[members]]):
                 row = base.copy()
                 row[members[twin >= 0]] = twin[twin >= 0]
                 if (row != base).sum() > 1:
                     blocks.append(row)
-        n_ranked = gain.size if limit is None else max(0, min(gain.size, limit - (len(blocks) if blocks_first else 0)))
+        if blocks_first and len(self.blocks) > 2:
+            # the ladder between every block recomputed and none: the last k blocks kept (their
+            # activations are the first backward frees), k = 1 … N−1, and the first k recomputed —
+            # the plans between FSDP with checkpointing and FSDP, one block of memory apart
+            for twins in (self._kept, self._recomputed):
+                row = base.copy()
+                for members in self.blocks[:0:-1]:
+                    twin = twins[members, row[members]]
+                    row[members[twin >= 0]] = twin[twin >= 0]
+                    if (row != base).sum() > 1:
+                        blocks.append(row.copy())
+        n_ranked = gain.size if limit is None else max(0, min(gain.size, limit))
         picked = np.argsort(-gain, kind="stable")[:n_ranked]
         ranked = np.repeat(base[None, :], picked.size, axis=0)
         one = picked < mv.size
         ranked[np.flatnonzero(one), mv[picked[one]]] = mc[picked[one]]
         ranked[~one] = rows[picked[~one] - mv.size]
         block_rows = np.array(blocks, dtype=np.int64).reshape(len(blocks), len(base))
-        out = np.concatenate([block_rows, ranked] if blocks_first else [ranked, block_rows])
+        if blocks_first:    # every block move, then the ``limit`` best ranked
+            return np.concatenate([block_rows, ranked])
+        out = np.concatenate([ranked, block_rows])
         return out if limit is None else out[:limit]
 
     def polish(self, resolution: float, backend: str | None, max_evals: int) -> bool:
@@ -704,8 +747,13 @@ class _Evaluated:
             share = max(1, room // len(todo))
             complete = True
             for k in todo:
-                around = self.neighbours(k, blocks_first=k == front[0], limit=share + 1)   # front: memory ascending
-                if len(around) > share:
+                # front: memory ascending.  Around the least-memory point, every block move (the
+                # plans between recomputing every block and none, which the estimate misjudges:
+                # a Llama's FSDP with checkpointing is estimated at twice its walked peak), then
+                # its share; around the others, their share of the most promising moves
+                least = k == front[0]
+                around = self.neighbours(k, blocks_first=least, limit=share + 1)
+                if len(around) > share and not least:
                     around, complete = around[:share], False
                 self.add(around)
                 done.add(k)
@@ -778,6 +826,7 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     pool = _Evaluated(mp, ev, graph)
     offered, vectors = _candidates(pool, runs, max(1, max_walks // 2))
     pool.add(vectors)
+    pool.add(pool.recipes())
     searched = len(pool)
     report(f"mesh {','.join(mp.mesh)}: evaluated {searched} candidate plans; polishing")
     polished = pool.polish(resolution, backend, max(max_walks, searched))
