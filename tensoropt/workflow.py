@@ -223,8 +223,9 @@ def profile_degrees(meshes: list[tuple[str, ...]], devices: tuple[str, ...], pla
     """The shard degrees a request needs profiled — the one place they are decided.
 
     Whole operators (degree 1) for every placer; data parallel (``dp``, and the ZeRO / FSDP
-    recipes) splits every operator over all the ``devices``; OS-DPOS may split an operator any number of ways up to that; the other
-    placers place whole operators; the frontier splits over each candidate mesh.
+    recipes) splits every operator over all the ``devices``; OS-DPOS may split an operator any
+    number of ways up to that; the other placers place whole operators; the frontier splits over
+    each candidate mesh.
 
     >>> profile_degrees([("a",), ("a", "b")], ("a", "b", "c"), ("dp",), True)
     (1, 2, 3)

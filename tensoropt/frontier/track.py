@@ -610,12 +610,10 @@ class _Evaluated:
             row = np.zeros(len(nodes), dtype=np.int64)
             for v, n in enumerate(nodes):
                 cfgs = self.mp.configs[n.name]
-
-                def rank(i: int, cfgs: tuple[Any, ...] = cfgs) -> tuple[bool, bool, bool]:
-                    c = cfgs[i]
-                    return (c.layout == Layout.BATCH, int(c.shard) == int(level),
-                            bool(c.recompute) == (recompute and v in self._in_block))
-                row[v] = max(range(len(cfgs)), key=rank)
+                want = recompute and v in self._in_block
+                ranks = [(c.layout == Layout.BATCH, int(c.shard) == int(level), bool(c.recompute) == want)
+                         for c in cfgs]
+                row[v] = max(range(len(cfgs)), key=ranks.__getitem__)
             rows.append(row)
         return np.array(rows, dtype=np.int64).reshape(len(rows), len(nodes))
 
