@@ -932,7 +932,7 @@ class _Tracker:
         if self.s.memo is None and MEMO:   # the combinations repeat each other's eliminations
             self.s.memo = {}
         later = {v for blk in rep.blocks[2:] for v in blk}   # the copies the block solved stands for
-        results = []
+        results: list[tuple[int, int]] = []
         for combo in itertools.product(*feasible):
             h = g.copy()
             consts = [self._condition_dropping(h, hub, s, later) for hub, s in zip(rep.hubs, combo)]
@@ -1011,7 +1011,7 @@ class _Tracker:
                 h.release()
                 return None
             self.count["branch"] += 1
-            parts = []
+            parts: list[int] = []
             for s in feasible:
                 hh = h.copy()
                 const = self.condition(hh, c, s)
@@ -1022,16 +1022,16 @@ class _Tracker:
                         self.s.ref(gid, -1)
                     h.release()
                     return None
-                key = ("times const", t, *const)
-                got = self.s.recall(key)
-                if got is None:
+                times_const = ("times const", t, *const)
+                made = self.s.recall(times_const)
+                if made is None:
                     ar = np.arange(ki * ko, dtype=np.int64)
-                    got = self.s.remember(key, self.s.bprod(t, const[0], np.arange(ki * ko + 1), ar,
-                                                            np.full_like(ar, const[1])))
-                self.s.ref(got, +1)
+                    made = self.s.remember(times_const, self.s.bprod(t, const[0], np.arange(ki * ko + 1), ar,
+                                                                     np.full_like(ar, const[1])))
+                self.s.ref(made, +1)
                 self.s.ref(t, -1)
                 self.s.ref(const[0], -1)
-                parts.append(got)
+                parts.append(made)
             h.release()
             out = self.s.union_each(parts)
             for gid in parts:
@@ -1041,15 +1041,18 @@ class _Tracker:
         e = h.adj[t_out].get(t_in)
         ki, ko = self.k[t_in], self.k[t_out]
         si, so = np.divmod(np.arange(ki * ko, dtype=np.int64), ko)
+        key: tuple[Any, ...]
         if e is None:   # what the block takes from t_in was folded into t_in's frontier (a conditioning)
             key = ("transfer", -1, -1, h.ngid[t_in], h.ngid[t_out])
-            gid = self.s.recall(key)
-            if gid is None:
-                gid = self.s.remember(key, self.s.bprod(h.ngid[t_in], h.ngid[t_out], np.arange(ki * ko + 1), si, so))
+            got = self.s.recall(key)
+            gid = got if got is not None else self.s.remember(
+                key, self.s.bprod(h.ngid[t_in], h.ngid[t_out], np.arange(ki * ko + 1), si, so))
         else:
             key = ("transfer", e.a, e.gid, h.ngid[t_in], h.ngid[t_out])
-            gid = self.s.recall(key)
-            if gid is None:
+            got = self.s.recall(key)
+            if got is not None:
+                gid = got
+            else:
                 inner = self.s.bprod(e.gid, h.ngid[t_out], np.arange(ki * ko + 1), h.eidx(e, t_in, si, t_out, so), so)
                 gid = self.s.remember(key, self.s.bprod(h.ngid[t_in], inner, np.arange(ki * ko + 1), si,
                                                         np.arange(ki * ko)))
@@ -1222,8 +1225,8 @@ def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024
         "branch_rule": BRANCH_RULE,
         "backend": store.backend,
         "seconds": _time.perf_counter() - t0,
-        "repeats": (f"{len(repeats.blocks)} blocks of {repeats.size} nodes solved once" if solved is not None
-                    else f"not composed: {why}" if repeats is not None else "none"),
+        "repeats": ("none" if repeats is None else f"not composed: {why}" if solved is None
+                    else f"{len(repeats.blocks)} blocks of {repeats.size} nodes solved once"),
     }
     return FrontierResult(problem, mem, time, res, store.merged - merged0,
                           G.nred * res, tuple(tr.fixed), tuple(tr.branched), stats, store, gid)

@@ -548,16 +548,16 @@ def find_repeats(problem: Problem, graph: OpGraph) -> Repeats | None:
 
     families: dict[str, dict[int, list[int]]] = {}
     for blk, ids in members.items():
-        head, _, idx = blk.rpartition(".")
-        families.setdefault(head, {})[int(idx)] = ids
+        head, _, index = blk.rpartition(".")
+        families.setdefault(head, {})[int(index)] = ids
     best: list[list[int]] = []
     for family in families.values():
         run: list[list[int]] = []
         last = -2
-        for idx in sorted(family):
-            ids = family[idx]
-            run = [*run, ids] if run and idx == last + 1 and signature(ids) == signature(run[-1]) else [ids]
-            last = idx
+        for number in sorted(family):
+            ids = family[number]
+            run = [*run, ids] if run and number == last + 1 and signature(ids) == signature(run[-1]) else [ids]
+            last = number
             if len(run) > len(best):
                 best = run
     if len(best) < MIN_BLOCKS:

@@ -875,9 +875,9 @@ def _unique_bytes(ts: Iterable[torch.Tensor]) -> int:
 def _touched_bytes(ts: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct tensors (a view counts its own elements, not its storage's): what a
     kernel reading or writing them moves."""
-    seen: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int] = {}
+    seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], int] = {}
     for t in ts:
-        seen[(_ptr(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()))] = t.numel() * t.element_size()
+        seen[(_ptr(t), int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))] = t.numel() * t.element_size()
     return sum(seen.values())
 
 
