@@ -61,7 +61,7 @@ from .modelspec import load_model
 from .optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from .placers import PLACERS
 from .placers.zero import RECIPES
-from .planmodel.fits import check_budget_value
+from .planmodel.fits import cannot_fit, check_budget_value
 from .progress import Progress, no_progress
 
 if TYPE_CHECKING:
@@ -377,8 +377,11 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     if not groups:
         return frontier
     hosts, batch = len(groups), graph.batch_size
+    full = cannot_fit(graph, setup.cluster, groups[0], request.optimizer, budget=check_budget_value(request.budget),
+                      reserve=request.reserve)
     why = ("a saved profile is of the whole batch (profile the model again without --profile)" if request.profile
            else f"the batch ({batch}) is not a multiple of the {hosts} hosts" if not batch or batch % hosts
+           else f"no plan within one host can fit ({full})" if full
            else "")
     loaded = load_model(request.model, batch=request.batch) if not why else None
     if loaded is not None and loaded.model is None:

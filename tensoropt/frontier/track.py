@@ -92,7 +92,7 @@ from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..placers import place
 from ..plan import Estimate, Plan
-from ..planmodel.fits import check_budget_value, fits, over_by
+from ..planmodel.fits import cannot_fit, check_budget_value, fits, over_by
 from ..planmodel.meshplan import MeshEvaluator
 from ..planmodel.simulate import simulate
 from ..planmodel.walk import fill_segments
@@ -848,6 +848,23 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
                       costs_arr)
 
 
+def _meshes_that_may_fit(graph: OpGraph, cluster: Cluster, meshes: Sequence[tuple[str, ...]], optimizer: str | int,
+                         budget: int | float | None, reserve: int) -> tuple[list[tuple[str, ...]], list[str]]:
+    """``meshes`` but those on which no plan can fit (:func:`~tensoropt.planmodel.fits.cannot_fit`:
+    the model's state alone, fully sharded, is more than a device holds), and a note for each
+    left out; the largest mesh is always kept — its frontier says how much memory a plan needs
+    when none fits.  A 70B model on 64 H100s is not searched on 1 to 8 of them."""
+    largest = max(meshes, key=len)
+    kept, notes = [], []
+    for m in meshes:
+        why = None if m == largest else cannot_fit(graph, cluster, m, optimizer, budget=budget, reserve=reserve)
+        if why is None:
+            kept.append(m)
+        else:
+            notes.append(f"mesh {','.join(m)} not searched: no plan on it can fit ({why})")
+    return kept, notes
+
+
 def _candidates(pool: _Evaluated, runs: Sequence[_TauRun], limit: int) -> tuple[int, np.ndarray]:
     """The τ runs' plans to walk: every distinct one where they are at most ``limit``; else
     ``limit`` of them spread evenly, by the search's estimate of their memory, over the range they
@@ -915,6 +932,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                  else _check_meshes(cluster, meshes, allowed))
 
     check_costs_kind(costs, cluster, sorted({d for m in mesh_list for d in m}))   # never one kind priced as another
+    mesh_list, pruned = _meshes_that_may_fit(graph, cluster, mesh_list, optimizer, budget, reserve)
     steps = 2 * len(mesh_list) + 1   # build each mesh's problem, track each, then the union
     if workers is None:
         workers = default_workers() if len(graph.ops) >= PARALLEL_MIN_OPS else 1
@@ -942,7 +960,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
               for i, (w, j) in enumerate(zip(which.tolist(), idx.tolist()))]
 
     exact = all(r.exact for r in results) and m_union == 0
-    notes = _frontier_notes(results, res, res_rule, merged, exact)
+    notes = _frontier_notes(results, res, res_rule, merged, exact) + pruned
     fr = Frontier(points, meshes=results, resolution=res, merged_by_resolution=merged, exact=exact,
                   budget=budget, optimizer=optimizer, notes=notes, graph_name=graph.name,
                   batch_size=graph.batch_size, cluster_name=cluster.name, seconds=_time.perf_counter() - t0,

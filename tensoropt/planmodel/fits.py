@@ -24,14 +24,16 @@ one does not fit, whatever its largest peak is compared against.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..cluster import Cluster
 from ..cluster.units import parse_size
 from ..errors import TensorOptError
+from ..graph import OpGraph
+from ..optimizers import optimizer_alpha
 
-__all__ = ["usable_bytes", "fits", "over_by", "check_budget_value"]
+__all__ = ["usable_bytes", "fits", "over_by", "check_budget_value", "least_state_bytes", "cannot_fit"]
 
 
 def check_budget_value(budget: Any, what: str = "budget") -> int | float | None:
@@ -69,3 +71,31 @@ def over_by(peaks: Mapping[str, int], cluster: Cluster, *, budget: int | float |
 def fits(peaks: Mapping[str, int], cluster: Cluster, *, budget: int | float | None = None, reserve: int = 0) -> bool:
     """Whether every device's peak is within its usable memory (module docstring).  O(devices)."""
     return not over_by(peaks, cluster, budget=budget, reserve=reserve)
+
+
+def least_state_bytes(graph: OpGraph, devices: int, optimizer: str | int) -> int:
+    """What every plan of ``graph`` on ``devices`` devices holds on one of them at every moment
+    of its step, at the least: the trainable parameters and their optimizer state (α bytes per
+    parameter byte), sharded over every device (ZeRO-3 / FSDP: a device holds at least its
+    ``1/devices`` of each).  Gradients, activations and the batch come on top; so this is a
+    lower bound of every plan's peak.
+
+    >>> import torch, tensoropt
+    >>> graph = tensoropt.capture(torch.nn.Linear(1024, 1024), (torch.randn(8, 1024),))
+    >>> graph.trainable_bytes, least_state_bytes(graph, 4, "adamw")     # (1 + 2) x 4,198,400 / 4
+    (4198400, 3148800)
+    """
+    total = graph.trainable_bytes * (1 + optimizer_alpha(optimizer))
+    return -(-total // devices)
+
+
+def cannot_fit(graph: OpGraph, cluster: Cluster, devices: Sequence[str], optimizer: str | int, *,
+               budget: int | float | None = None, reserve: int = 0) -> str | None:
+    """Why no plan of ``graph`` on ``devices`` can fit (:func:`least_state_bytes` above the
+    smallest device's usable memory), or ``None`` when one might."""
+    least = least_state_bytes(graph, len(devices), optimizer)
+    room = min(usable_bytes(cluster, d, budget=budget, reserve=reserve) for d in devices)
+    if least <= room:
+        return None
+    return (f"its parameters and optimizer state, sharded over all {len(devices)} devices, already hold "
+            f"{least} bytes on each, more than the {int(room)} usable")

@@ -12,7 +12,7 @@ from tensoropt.cluster import Cluster, Device, LinkModel, load_cluster
 from tensoropt.compare import compare
 from tensoropt.errors import TensorOptError
 from tensoropt.frontier import BudgetError, track_frontier
-from tensoropt.planmodel.fits import check_budget_value, fits, over_by, usable_bytes
+from tensoropt.planmodel.fits import cannot_fit, check_budget_value, fits, least_state_bytes, over_by, usable_bytes
 
 GiB = 2**30
 PAIR = Cluster("pair", [Device("big", 24 * GiB), Device("small", 8 * GiB)], {}, default=LinkModel(1e-5, 1e10))
@@ -80,3 +80,28 @@ def test_no_plan_fitting_the_devices_says_which_device_is_too_small(cnn):
         track_frontier(g, costs, tight, budget=10 * need, resolution=0)
     msg = str(info.value)
     assert "within the budget, but over the memory of small by 100 B" in msg and info.value.exit_code == 2
+
+
+def test_no_plan_holds_less_than_its_state_sharded_over_every_device():
+    """Linear(1024, 1024): 1,048,576 + 1,024 float32 parameters = 4,198,400 bytes; AdamW keeps two
+    more of each (α = 2): 12,595,200 bytes, a quarter of it on each of four devices."""
+    graph = tensoropt.capture(torch.nn.Linear(1024, 1024), (torch.randn(8, 1024),))
+    assert least_state_bytes(graph, 4, "adamw") == 3_148_800
+    assert least_state_bytes(graph, 3, "sgd") == 1_399_467             # ⌈4,198,400 / 3⌉
+    c = Cluster("c", [Device(f"g{i}", 4 << 20) for i in range(4)], {}, default=LinkModel(0, 1e9))  # 4 MiB each
+    assert cannot_fit(graph, c, ["g0", "g1", "g2", "g3"], "adamw") is None      # 3.0 MiB a device
+    why = cannot_fit(graph, c, ["g0", "g1", "g2"], "adamw")                     # 4.0 MiB
+    assert why is not None and "4198400 bytes on each, more than the 4194304 usable" in why
+    assert cannot_fit(graph, c, ["g0", "g1", "g2", "g3"], "adamw", reserve=1 << 20) is not None
+
+
+def test_the_search_leaves_out_the_meshes_no_plan_can_fit_but_the_largest():
+    """On four 4 MiB devices the 12 MiB of state fits only over all four: the meshes of one and
+    two devices are not searched (and say why); the four-device mesh is."""
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU())
+    graph = tensoropt.capture(model, (torch.randn(8, 1024),))
+    c = Cluster("c", [Device(f"g{i}", 4 << 20) for i in range(4)], {}, default=LinkModel(1e-6, 1e10))
+    costs = tensoropt.profile(graph, shard_degrees=(1, 2, 4), repeats=1)     # devices of no kind: as measured
+    fr = track_frontier(graph, costs, c, seed_placers=(), workers=1)
+    assert [len(m.mesh) for m in fr.meshes] == [4]
+    assert sum("not searched: no plan on it can fit" in n for n in fr.notes) == 2
