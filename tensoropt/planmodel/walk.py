@@ -38,7 +38,7 @@ Every device walks its own program (its forward in plan order, its backward in r
 
 A plan that runs as PyTorch's FSDP2 (:attr:`Plan.runtime <tensoropt.plan.Plan.runtime>`
 ``"fsdp2"``: ``fully_shard`` on every repeated block, then on the model, what ``tensoropt
-export`` writes for it) holds its level-3 parameters per *unit* (:class:`_Fsdp2Units`), as
+export`` writes for it) holds its level-3 parameters per *unit* (:class:`Fsdp2Units`), as
 ``torch.distributed.fsdp`` (2.13) allocates them, instead of per operator:
 
 - a unit is a repeated block (:func:`~tensoropt.graph.block_of`) or the root (everything else:
@@ -354,7 +354,7 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     out_node = next((n for n in graph if n.kind == "output"), None)
     model_outputs = [p for p in (out_node.inputs if out_node is not None else ()) if p in plan.configs]
     segments = recompute_segments(plan.order, plan.configs, graph)
-    units = _Fsdp2Units.of(plan, graph, params, needs_grad) if plan.runtime == "fsdp2" else None
+    units = Fsdp2Units.of(plan, graph, needs_grad) if plan.runtime == "fsdp2" else None
     result: dict[str, StepMemory] = {}
     for d in devices:
         dw = _DeviceWalk(d, mem[d], plan, graph, costs, storage, params, synced, needs_grad, model_outputs,
@@ -427,9 +427,10 @@ class _ParamHolding:
 
 
 @dataclass
-class _Fsdp2Units:
+class Fsdp2Units:
     """FSDP2's units of a plan that runs as ``fully_shard`` per repeated block and on the model
-    (module docstring): which parameters each gathers and reduces, and when."""
+    (module docstring): which parameters each gathers and reduces, and when — for the walk and
+    for the simulator's collectives (:mod:`.simulate`)."""
 
     unit_of_node: dict[str, int]      # operator -> its unit (its block's, else the root's)
     params: list[list[str]]           # unit -> its level-3 parameters
@@ -443,7 +444,10 @@ class _Fsdp2Units:
     last_backward: dict[int, str]     # unit -> its operator whose backward runs last (post-backward)
 
     @classmethod
-    def of(cls, plan: Plan, graph: OpGraph, params: _ParamHolding, needs_grad: Mapping[str, bool]) -> _Fsdp2Units:
+    def of(cls, plan: Plan, graph: OpGraph, needs_grad: Mapping[str, bool]) -> Fsdp2Units:
+        """The units of ``plan`` (:attr:`~tensoropt.plan.Plan.runtime` ``"fsdp2"``); a
+        :class:`PlanError` where some operator does not run on every device reading its
+        parameters whole (FSDP2 is data parallelism)."""
         devices = set(plan.devices)
         bad = next((n for n in plan.order if set(plan.configs[n].devices) != devices
                     or Layout.of(plan.configs[n]).cuts_params), None)
@@ -460,9 +464,9 @@ class _Fsdp2Units:
             unit_of_node[name] = index.setdefault(block, len(index))
         n = len(index)
         members: list[list[str]] = [[] for _ in range(n)]
-        for q, (level, _, _) in params.sharded.items():
+        for q, sp in sharded_parameters(graph, plan).items():
             owner = graph.params[q].owner
-            if level.shards("parameters") and owner in unit_of_node:
+            if sp.level.shards("parameters") and owner in unit_of_node:
                 members[unit_of_node[owner]].append(q)
 
         def padded(q: str, nbytes: int) -> int:   # FSDP2 pads dimension 0 to a multiple of the degree
@@ -552,7 +556,7 @@ class _DeviceWalk:
     def __init__(self, d: str, m: StepMemory, plan: Plan, graph: OpGraph, costs: CostModel, storage: _Storage,
                  params: _ParamHolding, synced: Mapping[str, tuple[str, ...]], needs_grad: Mapping[str, bool],
                  model_outputs: list[str], context_bytes: int, segments: list[tuple[str, ...]],
-                 units: _Fsdp2Units | None = None) -> None:
+                 units: Fsdp2Units | None = None) -> None:
         self.d, self.m, self.graph, self.costs, self.configs = d, m, graph, costs, plan.configs
         # FSDP2's units (runtime fsdp2): what each has gathered, its whole gradients so far, which
         # have run their pre-backward, the all-gather output kept in forward
