@@ -476,10 +476,10 @@ class _StepTasks:
         ``after`` and the compute each device has queued so far."""
         if u is None or (direction, u) in self.unit_ag:
             return
+        assert self.units is not None
         before = [self.last_on.get(d) for d in self.plan.devices]
         self.unit_ag[(direction, u)] = self._unit_collective(
-            "allgather", u, [after, *before], f"{direction} parameters of unit {self.units.first[u] if self.units else u} "
-                                              "gathered")
+            "allgather", u, [after, *before], f"{direction} parameters of {self.units.first[u]}'s unit gathered")
 
     def forward(self) -> dict[str, int]:
         """Each node's forward after its inputs arrive (one transfer per edge key); a batch-split

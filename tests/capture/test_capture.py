@@ -222,7 +222,8 @@ def test_bf16_params_computes_on_bf16_copies_of_float32_masters():
     assert gp.precision == "bf16-params" and gp.fingerprint != g32.fingerprint
     assert {n.outputs[0].dtype for n in gp.ops if n.outputs and n.outputs[0].dtype.startswith(("float", "bfloat"))} \
         == {"bfloat16"}
-    assert {q: (p.dtype, p.nbytes) for q, p in gp.params.items()} == {q: (p.dtype, p.nbytes) for q, p in g32.params.items()}
+    assert {q: (p.dtype, p.nbytes) for q, p in gp.params.items()} == \
+        {q: (p.dtype, p.nbytes) for q, p in g32.params.items()}
     assert gp.param_bytes() == model_param_bytes(model)                     # float32 masters, the tie once
     assert gp.params["emb.weight"].readers and gp.compute_bytes("emb.weight") == 16 * 8 * 2
     assert g32.compute_bytes("emb.weight") == 16 * 8 * 4
