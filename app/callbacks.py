@@ -34,6 +34,7 @@ from tensoropt import zoo
 from tensoropt.cluster import list_presets
 from tensoropt.describe import fmt_bytes
 from tensoropt.errors import TensorOptError
+from tensoropt.graph import PRECISIONS
 from tensoropt.optimizers import OPTIMIZER_ALPHA
 from tensoropt.planmodel.fits import fits
 from tensoropt.workflow import read_cluster
@@ -317,7 +318,7 @@ def apply_url(search: str | None, store: ResultStore, trusted: Collection[str] =
         out["batch"] = _number(params.get("batch"), int)
     if params.get("optimizer") in OPTIMIZER_ALPHA:
         out["optimizer"] = params["optimizer"]
-    if params.get("precision") in ("fp32", "bf16"):
+    if params.get("precision") in PRECISIONS:
         out["precision"] = params["precision"]
     if params.get("costs") in ("auto", "measured", "model"):
         out["costs"] = params["costs"]

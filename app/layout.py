@@ -60,7 +60,8 @@ def _model_box(start: dict[str, Any]) -> html.Div:
                   style={"width": "100%"}),
         html.Span("Precision", style=_LABEL),
         dcc.RadioItems(id="precision", value="fp32", inline=True,
-                       options=[{"label": " fp32", "value": "fp32"}, {"label": " bf16 (mixed)", "value": "bf16"}]),
+                       options=[{"label": " fp32", "value": "fp32"}, {"label": " bf16 (mixed)", "value": "bf16"},
+                                {"label": " bf16 params (FSDP2)", "value": "bf16-params"}]),
         dcc.Store(id="zoo-params-for", data=zoo_name),
     ])
 

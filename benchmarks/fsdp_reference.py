@@ -322,6 +322,8 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "8b-sac-2024-128": (LLAMA3_8B, {**_8B, "ranks": 128, "checkpoint": "selective", "layout": "blocks"}),
     "8b-zero2": (LLAMA3_8B, {**_8B, "checkpoint": False, "reshard_after_forward": False}),
     "8b-blocks": (LLAMA3_8B, {**_8B, "checkpoint": False, "layout": "blocks"}),
+    # tensoropt's fsdp+ac row (benchmarks/fsdp_truth.py)
+    "8b-blocks-ac": (LLAMA3_8B, {**_8B, "checkpoint": True, "layout": "blocks"}),
     "8b-fused": (LLAMA3_8B, {**_8B, "checkpoint": False, "optimizer_impl": "fused"}),
     "short": (SHORT, {**_SHORT, "checkpoint": False}),
     "short-ac": (SHORT, {**_SHORT, "checkpoint": True}),

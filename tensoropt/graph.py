@@ -7,10 +7,15 @@ constants are not nodes: each is a :class:`ParamInfo` in :attr:`OpGraph.params`,
 first operator that computes with it and *read* by the others (a tied embedding is owned by the
 embedding and read by the LM head), so memory counts it once.
 
-:attr:`OpGraph.precision` is what the graph trains in: ``fp32``, or ``bf16`` — mixed precision,
-captured and run under ``torch.autocast(dtype=torch.bfloat16)`` (:mod:`tensoropt.capture.precision`):
-activations where autocast computes in bfloat16 are bfloat16 in their :class:`TensorMeta`,
-parameters stay float32 (master weights).
+:attr:`OpGraph.precision` is what the graph trains in (:data:`PRECISIONS`,
+:mod:`tensoropt.capture.precision`): ``fp32``; ``bf16`` — mixed precision, captured and run under
+``torch.autocast(dtype=torch.bfloat16)``: activations where autocast computes in bfloat16 are
+bfloat16 in their :class:`TensorMeta`, parameters stay float32 (master weights); or
+``bf16-params`` — FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: every
+operator computes on bfloat16 copies of the parameters, so the activations are bfloat16 wherever
+the model does not upcast them itself, while the parameters as training keeps them — the
+:class:`ParamInfo` — are the float32 master weights (their gradients reduced and kept in float32,
+the optimizer state float32); :meth:`OpGraph.compute_bytes` is a parameter's bfloat16 copy.
 
 Everything here is a plain value that round-trips through JSON losslessly
 (:meth:`OpGraph.save` / :meth:`OpGraph.load`).  The captured ``torch.fx.GraphModule`` (and the
@@ -46,8 +51,11 @@ DTYPE_BYTES = {
 }
 
 NODE_KINDS = ("input", "op", "output")
-#: what a graph trains in: ``fp32``, or ``bf16`` (mixed precision under autocast, fp32 weights)
-PRECISIONS = ("fp32", "bf16")
+#: what a graph trains in: ``fp32``; ``bf16`` (mixed precision under autocast, fp32 weights);
+#: ``bf16-params`` (FSDP2's mixed precision: parameters cast to bf16, fp32 master weights and reduction)
+PRECISIONS = ("fp32", "bf16", "bf16-params")
+#: precision → the dtype its matrix operations compute in (what prices them on a device)
+COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "bf16-params": "bfloat16"}
 PARAM_KINDS = ("parameter", "buffer", "constant")
 
 
@@ -154,7 +162,7 @@ class ParamInfo:
 
     name: str                      # the module's own name, e.g. "transformer.h.0.attn.c_attn.weight"
     shape: tuple[int, ...]
-    dtype: str
+    dtype: str                     # as training keeps it (a bf16-params graph: the float32 master)
     kind: str                      # "parameter" | "buffer" | "constant"
     requires_grad: bool
     owner: str | None              # node that owns it; None when no operator uses it
@@ -262,7 +270,8 @@ class OpGraph:
         self.batch_size = batch_size
         self.batch_dim = batch_dim
         self.notes = list(notes or [])  # what capture had to assume, shown to the user
-        #: "fp32", or "bf16": captured, profiled and run under autocast (tensoropt.capture.precision)
+        #: "fp32"; "bf16": captured, profiled and run under autocast; "bf16-params": computed on
+        #: bfloat16 copies of float32 master parameters (tensoropt.capture.precision)
         self.precision = precision
         self.nodes: dict[str, OpNode] = {}
         for n in nodes:
@@ -326,6 +335,15 @@ class OpGraph:
     def param_bytes(self, kind: str = "parameter") -> int:
         """Total bytes of the parameters (or buffers / constants) of the given kind, each counted once."""
         return sum(p.nbytes for p in self.params.values() if p.kind == kind)
+
+    def compute_bytes(self, name: str) -> int:
+        """Bytes of parameter ``name`` as the graph's operators read it: in a ``bf16-params`` graph
+        the bfloat16 copy of a floating-point master weight (what FSDP2 all-gathers and computes
+        on: half a float32 master), else the parameter itself."""
+        info = self.params[name]
+        if self.precision == "bf16-params" and info.kind == "parameter" and info.dtype in ("float32", "float64"):
+            return TensorMeta(info.shape, "bfloat16").nbytes
+        return info.nbytes
 
     def op_histogram(self) -> Counter:
         return Counter(n.op for n in self.ops)

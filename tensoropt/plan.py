@@ -51,6 +51,16 @@ PLAN_FORMAT = "tensoropt.plan/3"
 #: versions 1 and 2 no replicas (every plan runs on the devices its configurations name)
 PLAN_FORMATS = ("tensoropt.plan/1", "tensoropt.plan/2", PLAN_FORMAT)
 
+#: what runs a plan, and so what its memory and time are priced as (:attr:`Plan.runtime`, kept in
+#: ``options["runtime"]``): ``executor`` — tensoropt's own executor (:mod:`tensoropt.execute`,
+#: :mod:`tensoropt.distributed`: every operator's parameters gathered, freed and reduced on its own);
+#: ``fsdp2`` — PyTorch's FSDP2 as ``tensoropt export`` writes it for a data-parallel plan whose
+#: parameters are sharded at level 3: ``fully_shard`` on every repeated block, then on the model
+#: (its root unit holds the rest), the last block kept gathered after forward, a
+#: ``MixedPrecisionPolicy`` for a ``bf16-params`` graph (:mod:`tensoropt.planmodel.walk` says what
+#: each holds)
+RUNTIMES = ("executor", "fsdp2")
+
 
 class PlanError(TensorOptError):
     """A plan does not fit the graph or cluster it is used with; the message says which node and why."""
@@ -372,6 +382,12 @@ class Plan:
         raise PlanError(f"device {device!r} runs no part of this plan (it runs on {', '.join(self.all_devices)})")
 
 
+    @property
+    def runtime(self) -> str:
+        """What runs the plan and so what it is priced as (:data:`RUNTIMES`): ``options["runtime"]``,
+        ``"executor"`` when not set."""
+        return str(self.options.get("runtime", "executor"))
+
     def estimate(self, source: str) -> Estimate | None:
         """The latest estimate from ``source`` (``"frontier"``, ``"simulator"``, …), if any."""
         return next((e for e in reversed(self.estimates) if e.source == source), None)
@@ -425,6 +441,8 @@ class Plan:
         for name, cfg in self.configs.items():
             if cfg.shard:
                 _check_shard(graph, name, cfg, sharded, self.configs)
+        if self.runtime not in RUNTIMES:
+            raise PlanError(f"options.runtime must be one of {', '.join(RUNTIMES)}, got {self.runtime!r}")
         if sorted(self.order) != sorted(ops):
             raise PlanError("the plan's order must list every operator exactly once")
         pos = {n: i for i, n in enumerate(self.order)}

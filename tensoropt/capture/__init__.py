@@ -5,12 +5,14 @@
 When every door fails the error names the first unsupported op or Python construct, the module
 path it came from and what to try.  ``precision="bf16"`` captures under autocast
 (:mod:`tensoropt.capture.precision`: :func:`precision_context` is the one place that decides what
-runs under autocast, for the capture, the profiler and the executors alike).
+runs under autocast, for the capture, the profiler and the executors alike);
+``precision="bf16-params"`` captures a copy whose parameters are bfloat16 (FSDP2's mixed precision).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -34,7 +36,7 @@ from .diagnose import describe_failure, failing_op, first_line, inputs_run_model
 from .fake import FakeTensorMode, fake_on, fake_twin, holds_no_data, on_meta
 from .functionalize import functionalize
 from .onnx import load_onnx
-from .precision import PRECISIONS, check_precision, device_types, precision_context
+from .precision import PRECISIONS, bf16_parameters, check_precision, device_types, precision_context
 from .symbolic import capture_fx
 
 __all__ = ["capture", "capture_export", "capture_fx", "load_onnx", "quiet_torch_logs", "ModelCall",
@@ -63,7 +65,11 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
     ``torch.autocast(device_type=<the inputs' device type>, dtype=torch.bfloat16)``
     (:func:`precision_context`), so the activations autocast computes in bfloat16 are bfloat16
     in the graph (half the bytes) while the parameters stay float32; ``graph.precision`` says so
-    and every later stage runs the graph under the same autocast.
+    and every later stage runs the graph under the same autocast.  ``"bf16-params"`` — FSDP2's
+    mixed precision: a copy of the model whose floating-point parameters are bfloat16 (and its
+    floating-point inputs) is captured, so every operator computes in bfloat16 where the model
+    does not upcast; the graph's parameters record their float32 master dtype
+    (:func:`~tensoropt.capture.precision.bf16_parameters`).
 
     Raises :class:`~tensoropt.errors.CaptureError` explaining the first failure.
     """
@@ -74,6 +80,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
     if method not in ("auto", "export", "fx"):
         raise CaptureError(f"method must be 'auto', 'export' or 'fx', got {method!r}")
     precision = check_precision(precision, CaptureError)
+    copied = False
     if on_meta(model) or any(holds_no_data(t) for t in (*call.args, *call.kwargs.values())):
         # a model that holds no data is captured as its fake twin on the CPU (tensoropt.capture.fake):
         # the CPU's kernels and autocast policy, no values, no memory
@@ -81,12 +88,24 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
         model = fake_twin(model, mode)
         call = ModelCall(tuple(fake_on(mode, a) for a in call.args),
                          {k: fake_on(mode, v) for k, v in call.kwargs.items()}, call.output)
+        copied = True
+    masters: dict[str, str] = {}
+    if precision == "bf16-params":
+        model, cast, masters = bf16_parameters(model, [*call.args, *call.kwargs.values()], copy_model=not copied)
+        call = ModelCall(tuple(cast[:len(call.args)]), dict(zip(call.kwargs, cast[len(call.args):])), call.output)
     with quiet_torch_logs(), precision_context(precision, _input_devices(model, call)):
         graph = _capture(model, call, batch_dim, name, method)
     graph.example_inputs = call.tensors_for(model)
     graph.call = call
     graph.precision = precision
-    if precision != "fp32":
+    if masters:
+        # the parameters as training keeps them: float32 masters, computed on as bfloat16 copies
+        graph.params.update({q: dataclasses.replace(info, dtype=masters[q]) for q, info in graph.params.items()
+                             if info.kind == "parameter" and q in masters})
+        graph.notes.append("bf16-params: every operator computes on bfloat16 copies of the parameters (FSDP2's "
+                           "MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)); float32 master "
+                           "weights, gradients and optimizer state")
+    elif precision != "fp32":
         graph.notes.append(f"{precision}: captured under torch.autocast (parameters float32); profiled and run "
                            "under the same autocast")
     return graph

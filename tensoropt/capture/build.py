@@ -18,6 +18,7 @@ import torch.fx as fx
 
 from ..graph import OpGraph, OpNode, ParamInfo, TensorMeta
 from . import semantics
+from .functionalize import TO_OPS, to_returns_its_input
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,9 @@ def _op_fields(n: fx.Node, target: Any, producers: list[str], used_params: list[
     with their channel dimension, split dimensions, input bytes, module, metadata-only / generator."""
     in_metas = [m for p in producers for m in _read_metas(metas[p], n, p)]
     has_tensor_input = bool(in_metas) or bool(used_params)
-    metadata_only = semantics.is_metadata_only(target)
+    # ``to`` is a view only when it converts nothing; a conversion is a new tensor (a bf16 model's
+    # float32 logits for its loss: 8 GiB at Llama-3-8B's 2 x 8,192 tokens)
+    metadata_only = semantics.is_metadata_only(target) and not (target in TO_OPS and not to_returns_its_input(n))
     generator = semantics.is_generator(target, has_tensor_input)
     first = tensors_of(n.meta.get("val"))
     out0 = None

@@ -75,7 +75,7 @@ def _view_writeback(view: fx.Node) -> tuple[Any, tuple, dict] | None:
         return aten.diagonal_scatter.default, tuple(view.args[1:]), {}
     if t == aten.as_strided.default:
         return aten.as_strided_scatter.default, tuple(view.args[1:]), {}
-    if t in (aten.alias.default, aten.detach.default, aten.contiguous.default) or t in _TO_OPS:
+    if t in (aten.alias.default, aten.detach.default, aten.contiguous.default) or t in TO_OPS:
         return _identity, (), {}
     if base_val is None:
         return None
@@ -116,16 +116,16 @@ def is_view_of_input(n: fx.Node) -> bool:
     if t in (aten.contiguous.default, aten.reshape.default):
         base = n.args[0].meta.get("val")
         return isinstance(base, torch.Tensor) and base.is_contiguous()
-    if t in _TO_OPS:
-        return _to_returns_its_input(n)
+    if t in TO_OPS:
+        return to_returns_its_input(n)
     return True
 
 
 # ``Tensor.to`` in every form: its input itself when there is nothing to convert, a copy otherwise
-_TO_OPS = frozenset(getattr(aten.to, o) for o in aten.to.overloads())
+TO_OPS = frozenset(getattr(aten.to, o) for o in aten.to.overloads())
 
 
-def _to_returns_its_input(n: fx.Node) -> bool:
+def to_returns_its_input(n: fx.Node) -> bool:
     """Whether the ``to`` call ``n`` converts nothing (same dtype, device, layout and strides, no
     ``copy=True``): torch returns the input tensor itself, so a write into it is a write into
     the input (``y = h.to(h.device); y.detach_()`` detaches ``h``)."""

@@ -145,11 +145,14 @@ def print_times_from(console: Console, source: str, notes: Iterable[str] = ()) -
 
 
 def add_precision_argument(p: argparse.ArgumentParser) -> None:
-    """``--precision {fp32,bf16}``: what the model trains in (:mod:`tensoropt.capture.precision`),
-    the same on every command; read it with ``capture_spec(…, precision=args.precision)``."""
+    """``--precision {fp32,bf16,bf16-params}``: what the model trains in
+    (:mod:`tensoropt.capture.precision`), the same on every command; read it with
+    ``capture_spec(…, precision=args.precision)``."""
     p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="what the model trains in: fp32 (default; a saved graph.json keeps its own) or bf16 "
-                        "(mixed precision: captured, profiled and run under torch.autocast, float32 weights)")
+                   help="what the model trains in: fp32 (default; a saved graph.json keeps its own), bf16 "
+                        "(mixed precision: captured, profiled and run under torch.autocast, float32 weights) or "
+                        "bf16-params (FSDP2's MixedPrecisionPolicy: every operator on bfloat16 copies of float32 "
+                        "master weights, gradients reduced in float32; run through tensoropt export)")
 
 
 def add_fit_arguments(p: argparse.ArgumentParser, *, budget: bool = True) -> None:

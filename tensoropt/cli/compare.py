@@ -44,23 +44,28 @@ def _algos(text: str | None) -> tuple[str, ...] | None:
     return algos
 
 
+#: what a row's memory and time are priced as, by its plan's runtime (:data:`tensoropt.plan.RUNTIMES`)
+PRICED_AS = {"executor": "executor", "fsdp2": "FSDP2"}
+
+
 def _print_table(console: Console, result: Exploration, optimizer: str) -> None:
-    """One row per algorithm: devices used, time, samples/s, peak, fits, time to place, own estimate."""
+    """One row per algorithm: devices used, time, samples/s, peak, fits, what it is priced as (what
+    runs it: :attr:`Plan.runtime <tensoropt.plan.Plan.runtime>`), time to place, own estimate."""
     graph: OpGraph = result.graph
     t = Table(title=f"{escape(graph.name)} (batch {graph.batch_size}) on {escape(result.cluster.name)}: "
                     f"{', '.join(result.devices)}; optimizer {optimizer}; every plan simulated",
               title_justify="left")
-    for col in ("algo", "devices used", "iteration time", "samples/s", "max peak / device", "fits",
+    for col in ("algo", "devices used", "iteration time", "samples/s", "max peak / device", "fits", "priced as",
                 "time to place", "own estimate", "frontier"):
-        t.add_column(col, justify="left" if col in ("algo", "devices used", "frontier") else "right")
+        t.add_column(col, justify="left" if col in ("algo", "devices used", "priced as", "frontier") else "right")
     for r in result.rows:
         if r.error is not None or r.peak_memory_bytes is None:
-            t.add_row(escape(r.algo), "-", "-", "-", "-", "[red]no plan[/red]", f"{r.place_s:.3f} s", "-", "-")
+            t.add_row(escape(r.algo), "-", "-", "-", "-", "[red]no plan[/red]", "-", f"{r.place_s:.3f} s", "-", "-")
             continue
         t.add_row(escape(r.algo), str(len(r.devices)), _ms(r.time_s),
                   "-" if r.samples_per_s is None else f"{r.samples_per_s:.1f}", fmt_bytes(r.peak_memory_bytes),
-                  "yes" if r.fits else "[red]no[/red]", f"{r.place_s:.3f} s", _ms(r.own_time_s),
-                  _frontier_cell(r, result))
+                  "yes" if r.fits else "[red]no[/red]", PRICED_AS.get(r.plan.runtime if r.plan else "", "-"),
+                  f"{r.place_s:.3f} s", _ms(r.own_time_s), _frontier_cell(r, result))
     console.print(t)
 
 

@@ -44,6 +44,7 @@ from typing import Any
 
 from .._io import read_json, write_json_atomic
 from ..errors import TensorOptError
+from ..graph import COMPUTE_DTYPES
 from ..measure.costmodel import Work
 from .kinds import DeviceKind, find_kind, load_kinds, same_kind
 from .opclass import COMPUTE_CLASSES, OP_CLASSES, op_class
@@ -212,9 +213,10 @@ class DeviceModel:
 
     def dtype(self, cls: str, precision: str) -> str:
         """The dtype whose peak prices class ``cls`` in ``precision``: bf16 for the matrix
-        classes of a bf16 graph; TF32 for a float32 convolution on a GPU (cuDNN's default in
-        PyTorch; matmuls stay float32, ``allow_tf32`` is off for them by default); else fp32."""
-        if cls in COMPUTE_CLASSES and precision == "bf16":
+        classes of a graph that computes in bfloat16 (``bf16``, ``bf16-params``:
+        :data:`~tensoropt.graph.COMPUTE_DTYPES`); TF32 for a float32 convolution on a GPU (cuDNN's
+        default in PyTorch; matmuls stay float32, ``allow_tf32`` is off for them by default); else fp32."""
+        if cls in COMPUTE_CLASSES and COMPUTE_DTYPES.get(precision) == "bfloat16":
             return "bf16"
         if cls == "conv" and self.gpu:
             return "tf32"

@@ -334,7 +334,8 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     its piece of the batch, as the placers' plans cut it), timed and measured as
     :func:`measure_plan` does a plan: ``ddp`` — ``DistributedDataParallel`` (its default, a flat
     gradient bucket beside ``.grad``); ``zero1`` — that and ``ZeroRedundancyOptimizer``; ``fsdp`` —
-    ``fully_shard`` on every repeated block (:func:`~tensoropt.graph.block_of`), then on the model;
+    ``fully_shard`` on every repeated block (:func:`~tensoropt.graph.block_of`; the last kept gathered
+    after forward, as ``tensoropt export`` writes the recipe and torchtitan runs it), then on the model;
     ``fsdp+ac`` — the same with ``checkpoint_wrapper`` around every block first (torchtitan's
     recipe).  A step = forward + loss + backward (gradient all-reduce / reduce-scatter inside);
     the optimizer step apart (ZeRO-1's broadcast of the updated parameters is in it).  Peak: one
@@ -357,7 +358,9 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     # each rank its piece of the batch (dimension 0), as the plans' S(batch) cuts it
     mine = tuple(torch.tensor_split(x, rt.world_size, 0)[rt.rank].to(dev) if isinstance(x, torch.Tensor) else x
                  for x in inputs)
-    blocks = {model.get_submodule(b) for b in {block_of(n.module_path) for n in graph.ops} if b is not None}
+    # in forward order: the last block is kept gathered after forward
+    blocks = [model.get_submodule(b) for b in dict.fromkeys(block_of(n.module_path) for n in graph.ops)
+              if b is not None]
     opt_class = type(make_optimizer(optimizer, [nn.Parameter(torch.zeros(1))]))
     wrapped: nn.Module
     if recipe in ("ddp", "zero1"):
@@ -367,11 +370,12 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
                                       else make_optimizer(optimizer, params))
     else:
         if recipe == "fsdp+ac":
-            apply_activation_checkpointing(model, check_fn=lambda m: m in blocks)
-            blocks = {m for m in model.modules() if getattr(m, "_checkpoint_wrapped_module", None) in blocks}
+            apply_activation_checkpointing(model, check_fn=lambda m: any(m is b for b in blocks))
+            wrapper = {id(getattr(m, "_checkpoint_wrapped_module", None)): m for m in model.modules()}
+            blocks = [wrapper[id(b)] for b in blocks]
         mesh = init_device_mesh(dev.type, (rt.world_size,))
-        for b in blocks:
-            fully_shard(b, mesh=mesh)
+        for i, b in enumerate(blocks):
+            fully_shard(b, mesh=mesh, reshard_after_forward=i < len(blocks) - 1)
         fully_shard(model, mesh=mesh)
         wrapped = model
         opt = make_optimizer(optimizer, list(model.parameters()))

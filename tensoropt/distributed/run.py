@@ -59,7 +59,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..capture import capture
 from ..capture.call import ModelCall
-from ..capture.precision import device_types, precision_context, precision_of
+from ..capture.precision import check_executable, device_types, precision_context, precision_of
 from ..errors import DistributedError
 from ..execute.check import (
     Comparison,
@@ -133,6 +133,7 @@ class DistributedExecutor:
         #: "train": the training loss (each output's mean, float32); "check": the check's weighted
         #: loss (tensoropt.execute.check.check_loss, float64), for compare_distributed
         self.loss = loss
+        check_executable(graph, DistributedError)
         self.plan = plan
         #: False: dropout nodes run as the identity
         self.dropout = True

@@ -36,7 +36,7 @@ from torch import nn
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from ..capture import ModelCall, capture
-from ..capture.precision import precision_context, precision_of
+from ..capture.precision import check_executable, precision_context, precision_of
 from ..errors import ExecutionError
 from ..graph import OpGraph
 from ..plan import Plan
@@ -246,6 +246,7 @@ def apply_plan(model: nn.Module, example_inputs: Any, plan: Plan, *, device_map:
         raise ExecutionError(f"apply_plan needs a tensoropt.Plan, got {type(plan).__name__} (load one with Plan.load)")
     if graph is None:
         graph = capture(model, example_inputs, method="export", precision=precision)
+    check_executable(graph, ExecutionError)
     plan.check(graph)
     dmap = resolve_device_map(plan, device_map)
     check_memory(plan, dmap)

@@ -42,6 +42,7 @@ from torch import nn
 
 from .._malloc import steady_malloc
 from ..capture import ModelCall, capture
+from ..capture.precision import check_executable
 from ..describe import fmt_bytes
 from ..errors import TensorOptError
 from ..graph import OpGraph
@@ -142,8 +143,13 @@ def run_plan(model_spec: str, plan_path: str, backend: Backend, options: RunOpti
                              "(data parallel across its groups): run it on the distributed backend, one process per "
                              f"device (tensoropt run --backend dist, or torchrun --nproc-per-node "
                              f"{replicated.num_devices} -m tensoropt.cli run …)")
+    check_executable(options.precision, TensorOptError)
     model, call, graph = load_for_run(model_spec, backend, options.batch, options.precision, replicated)
+    check_executable(graph, TensorOptError)   # a saved graph's own precision
     plan = load_plan(plan_path, graph)
+    if plan.runtime == "fsdp2":
+        report("note: the plan's estimates are FSDP2's (tensoropt export runs it so); tensoropt's executor gathers "
+               "and reduces each operator's parameters on its own, so its memory and time differ from them")
     if options.check:   # on copies in the check's dtype, before the training executor takes the model
         cmp = check_on(backend, model, call, plan, graph, options.check_dtype, report)
         for line in check_lines(cmp):

@@ -53,7 +53,7 @@ from ..errors import ModelSpecError, TensorOptError
 from ..execute.runplan import LocalBackend, load_for_run, load_plan
 from ..measure.step import plan_optimizer
 from ..plan import Plan
-from .expressible import Expression, LaunchShape, express, launch_shape
+from .expressible import PATH_TITLES, Expression, LaunchShape, express, launch_shape
 from .render import LOSS_LINE, OPTIMIZER_CODE, readme, train_script
 
 #: what ``--to`` may name
@@ -145,10 +145,17 @@ def export_plan(plan_path: str | os.PathLike, spec: str, out: str | os.PathLike,
     expr = express(plan, graph, model, call, shape.devices)
     label = plan.plan_id or plan.algorithm or Path(plan_path).stem
     precision = graph.precision
+    if precision == "bf16-params" and (expr.path != "fsdp" or expr.replicated_params):
+        why = (f"it takes the {PATH_TITLES[expr.path]} path" if expr.path != "fsdp" else
+               f"it keeps {len(expr.replicated_params)} parameter(s) whole outside fully_shard")
+        raise TensorOptError(f"a bf16-params plan runs on bfloat16 copies of float32 master parameters, which only "
+                             f"FSDP2's MixedPrecisionPolicy gives every module; this plan cannot ({why}): export a "
+                             "plan that shards every parameter (tensoropt place --algo fsdp), or capture the model "
+                             "in bf16 (--precision bf16, autocast)")
     files = {"train.py": train_script(expr, shape, spec=spec, batch=batch, precision=precision, steps=steps, lr=lr,
                                       seed=seed, optimizer=optimizer, label=label),
              "README.md": readme(expr, shape, plan, spec=spec, steps=steps, label=label, graph_name=graph.name,
-                                 batch=graph.batch_size, optimizer=optimizer)}
+                                 batch=graph.batch_size, optimizer=optimizer, precision=precision)}
     _write_directory(out, files, plan)
     return Exported(out, expr, shape)
 

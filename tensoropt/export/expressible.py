@@ -14,7 +14,12 @@ and whether it is recomputed.  PyTorch's wrappers say it per *module* and for th
   (parameters gathered again for the backward), ``False`` for level 2 (kept gathered from the
   forward to the backward: ZeRO-2-like); a level-1 module there is expressed the level-2 way
   (its gradients sharded too, a note says so); parameters the plan does not shard stay whole on
-  every rank and their gradients are averaged by one ``all_reduce`` of a flat buffer;
+  every rank and their gradients are averaged by one ``all_reduce`` of a flat buffer.  A plan
+  priced as FSDP2 runs it (:attr:`Plan.runtime <tensoropt.plan.Plan.runtime>` ``"fsdp2"``, the
+  ``fsdp`` / ``fsdp+ac`` recipes) gets the units it was priced with: ``fully_shard`` on every
+  repeated block (the last one ``reshard_after_forward=False``: the backward needs it first, as
+  torchtitan), then on the model (its root unit: the rest).  A ``bf16-params`` graph runs there
+  only (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``, :mod:`.render`);
 - recomputation → ``torch.distributed._composable.checkpoint`` on the largest modules whose every
   operator the plan recomputes (exactly the plan's set, or it is not expressible);
 - anything else — an operator that cuts its weights or features (``channel`` / ``reduce``), an
@@ -44,7 +49,7 @@ from torch.utils._pytree import tree_flatten
 from ..capture.call import ModelCall
 from ..cluster import Cluster
 from ..errors import TensorOptError
-from ..graph import OpGraph
+from ..graph import OpGraph, block_of
 from ..layouts import Layout, Shard
 from ..plan import Plan, shardable
 from ..planmodel.reshard import op_basename
@@ -267,6 +272,11 @@ def express(plan: Plan, graph: OpGraph, model: nn.Module, call: ModelCall,
             reasons.append(f"{len(ops)} operator(s) cannot be expressed with DDP / FSDP2 / checkpoint (listed below)")
         return Expression("executor", order, batch, executor_ops=tuple(ops), reasons=tuple(reasons),
                           notes=tuple(notes))
+    if path == "fsdp" and plan.runtime == "fsdp2":
+        # the units it was priced with (tensoropt.planmodel.walk.Fsdp2Units): every repeated block, the last
+        # kept gathered after forward, then the model itself
+        blocks = list(dict.fromkeys(b for n in plan.order if (b := block_of(graph.nodes[n].module_path)) is not None))
+        fsdp = {**{b: i < len(blocks) - 1 for i, b in enumerate(blocks)}, "": True}
     kept_whole = path == "fsdp" and "" not in fsdp
     replicated = tuple(p for p, level in levels.items() if not level and p in used) if kept_whole else ()
     if path == "ddp":

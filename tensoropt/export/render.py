@@ -34,7 +34,8 @@ def _constants(expr: Expression, *, spec: str, batch: int | None, precision: str
     cls, kw = OPTIMIZER_CODE[optimizer]
     lines = [f"MODEL_SPEC = {spec!r}   # the model: tensoropt's model spec (zoo:NAME?k=v or file.py:factory)",
              f"BATCH = {batch!r}   # the batch size the plan was made for (None: the factory's own)",
-             f"PRECISION = {precision!r}   # fp32, or bf16 (the forward under torch.autocast)",
+             f"PRECISION = {precision!r}   # fp32, bf16 (the forward under torch.autocast) or bf16-params "
+             "(FSDP2's MixedPrecisionPolicy: bf16 parameters, fp32 reduction)",
              f"WORLD_SIZE = {expr.world_size}   # ranks: the plan's devices {', '.join(expr.devices)}",
              f"STEPS, LR, SEED = {steps!r}, {lr!r}, {seed!r}   # defaults of --steps, --lr, --seed",
              f"PLAN = {label!r}"]
@@ -163,14 +164,17 @@ def parallelize(model, device, world):
     averaged by one all_reduce after the backward."""
     from torch.distributed._composable import checkpoint
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (world,))
     for name in CHECKPOINT_MODULES:
         checkpoint(model.get_submodule(name))
+    # bf16-params: every unit computes on bf16 copies of its float32 shards, gradients reduced in float32
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if PRECISION == "bf16-params"
+          else MixedPrecisionPolicy())
     # innermost first: a module's fully_shard takes the parameters its sharded children do not
     for name in sorted(FSDP_MODULES, key=lambda m: -m.count(".") - (m != "")):
-        fully_shard(model.get_submodule(name), mesh=mesh, reshard_after_forward=FSDP_MODULES[name])
+        fully_shard(model.get_submodule(name), mesh=mesh, reshard_after_forward=FSDP_MODULES[name], mp_policy=mp)
     # every trainable parameter fully_shard did not take (REPLICATED, tied ones under either name)
     from torch.distributed.tensor import DTensor
 
@@ -306,7 +310,8 @@ def _estimate_lines(plan: Plan) -> list[str]:
 
 
 def readme(expr: Expression, shape: LaunchShape, plan: Plan, *, spec: str, steps: int, label: str,
-           graph_name: str, batch: int | None, optimizer: str, notes: Sequence[str] = ()) -> str:
+           graph_name: str, batch: int | None, optimizer: str, notes: Sequence[str] = (),
+           precision: str = "fp32") -> str:
     """The text of ``README.md``: the torchrun line, the prediction, the path and why."""
     run = shape.torchrun("train.py", f"--steps {steps}")
     lines = [f"# {label}: {graph_name} on {expr.world_size} device(s)", "",
@@ -338,11 +343,21 @@ def readme(expr: Expression, shape: LaunchShape, plan: Plan, *, spec: str, steps
         if expr.replicated_params:
             lines.append(f"- kept whole on every rank (gradients averaged by one `all_reduce`): "
                          f"{len(expr.replicated_params)} parameter(s)")
-        lines.append("- the prediction is tensoropt's executor's (`tensoropt run --backend dist`), which FSDP2 "
-                     "exceeds: its model-level unit keeps its parameters (embeddings, output layer) gathered from "
-                     "the forward through the backward, and it holds reduce-scatter buffers. On GPT-2 2 × 256 "
-                     "(batch 4 × 128, AdamW, 2 gloo ranks) FSDP2 + per-block checkpointing measured 62.6 MiB "
-                     "per rank where tensoropt's executor of the same plan measured 50.8 MiB (predicted 52.6).")
+        if plan.runtime == "fsdp2":
+            lines.append("- the prediction is FSDP2's as this script runs it (the plan is priced as FSDP2 runs it: "
+                         "its units gathered, prefetched and reduce-scattered as `fully_shard` allocates them, the "
+                         "root unit's parameters kept gathered from the forward through the backward)")
+        else:
+            lines.append("- the prediction is tensoropt's executor's (`tensoropt run --backend dist`), which FSDP2 "
+                         "exceeds: its model-level unit keeps its parameters (embeddings, output layer) gathered "
+                         "from the forward through the backward, and it holds reduce-scatter buffers. On GPT-2 "
+                         "2 × 256 (batch 4 × 128, AdamW, 2 gloo ranks) FSDP2 + per-block checkpointing measured "
+                         "62.6 MiB per rank where tensoropt's executor of the same plan measured 50.8 MiB "
+                         "(predicted 52.6).")
+        if precision == "bf16-params":
+            lines.append("- mixed precision: `MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+                         "reduce_dtype=torch.float32)` on every unit (float32 master weights, gradients and "
+                         "optimizer state)")
     if expr.checkpoint_modules:
         lines.append("- activation checkpointing (`torch.distributed._composable.checkpoint`) on: "
                      + ", ".join(f"`{m}`" for m in expr.checkpoint_modules))

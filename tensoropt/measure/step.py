@@ -473,7 +473,12 @@ def _checked_step_options(optimizer: str, repeats: int, warmup: int, precision: 
         raise ProfileError(f"repeats must be a positive integer, got {repeats!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise ProfileError(f"warmup must be a non-negative integer, got {warmup!r}")
-    return opt_name, check_precision(precision, ProfileError)
+    precision = check_precision(precision, ProfileError)
+    if precision == "bf16-params":
+        raise ProfileError("a measured step runs the model as it is, under autocast for bf16; bf16-params (bfloat16 "
+                           "copies of float32 masters) is FSDP2's, measured by running the exported plan: measure "
+                           "in fp32 or bf16")
+    return opt_name, precision
 
 
 def _training_step(model: nn.Module, example_inputs: tuple | list, dev: torch.device, opt_name: str, lr: float,

@@ -19,6 +19,14 @@ over the devices:
   input and runs the block again at its first backward — ``torch.utils.checkpoint`` around every
   block, as the executors run it.
 
+``fsdp`` and ``fsdp+ac`` are priced as PyTorch's FSDP2 runs them (:attr:`Plan.runtime
+<tensoropt.plan.Plan.runtime>` ``"fsdp2"``: ``fully_shard`` per repeated block and on the model,
+``checkpoint`` per block — what ``tensoropt export`` writes for them; the memory walk holds each
+unit's parameters, gradients and collective buffers as FSDP2 does,
+:mod:`tensoropt.planmodel.walk`), in the order PyTorch runs a model's modules: every operator
+outside the blocks as soon as its inputs exist, so that each block's operators are consecutive
+(:func:`blocks_in_turn`).  ``zero1`` and ``zero2`` are priced as tensoropt's executor runs them.
+
 A tied weight (GPT-2's embedding and LM head) is sharded where all its readers agree, which
 they do here (every reader gets the level): :func:`tensoropt.plan.sharded_parameters`, the one
 rule the plan model and the executors share.  The plan's memory is its walked peak
@@ -39,6 +47,7 @@ Example (a two-layer MLP on two A100s: ZeRO-2 keeps half of each gradient and op
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 
 from ..cluster import Cluster
@@ -50,6 +59,9 @@ from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan, PlanError, sharded_parameters
 from ..planmodel.walk import plan_memory
 from .dp import data_parallel_configs
+
+#: the recipes priced as PyTorch's FSDP2 runs them (:data:`tensoropt.plan.RUNTIMES`)
+FSDP2_RECIPES = ("fsdp", "fsdp+ac")
 
 #: placer name -> (sharding level, recompute inside repeated blocks)
 RECIPES: dict[str, tuple[Shard, bool]] = {
@@ -98,10 +110,18 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
     if checkpoint:
         notes.append(f"{len(recomputed)} operators recomputed inside "
                      f"{len({block_of(graph.nodes[n].module_path) for n in recomputed})} repeated blocks")
+    options: dict[str, object] = {"devices": list(names), "optimizer": optimizer}
+    order = [n.name for n in graph.ops]
+    if level in FSDP2_RECIPES:
+        options["runtime"] = "fsdp2"
+        order = blocks_in_turn(graph)
+        notes.append("priced as PyTorch's FSDP2 runs it: fully_shard on every repeated block and on the model"
+                     + (", checkpoint on every block" if checkpoint else "")
+                     + (" (MixedPrecisionPolicy: bf16 parameters, fp32 reduction)" if graph.precision == "bf16-params"
+                        else "") + " — tensoropt export writes it so")
     plan = Plan(configs, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
                 cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=level,
-                options={"devices": list(names), "optimizer": optimizer}, order=[n.name for n in graph.ops],
-                plan_id=level, notes=notes)
+                options=options, order=order, plan_id=level, notes=notes)
     peaks = {d: m.peak for d, m in plan_memory(plan, graph, costs, cluster, optimizer=optimizer).items()}
     worst = max(peaks, key=lambda d: peaks[d] - cluster.device(d).memory_bytes)
     cap = cluster.device(worst).memory_bytes
@@ -130,3 +150,39 @@ def _checkpointed(graph: OpGraph) -> set[str]:
     """The operators a checkpoint around every repeated block recomputes: every operator inside
     a block (:func:`~tensoropt.graph.block_of`)."""
     return {node.name for node in graph.ops if block_of(node.module_path) is not None}
+
+
+def blocks_in_turn(graph: OpGraph) -> list[str]:
+    """The operators in the order eager PyTorch runs a model of repeated blocks: the graph's order,
+    except that every operator outside the blocks (:func:`~tensoropt.graph.block_of`) runs as soon
+    as its inputs exist and each block runs after the blocks before it.  A captured graph may
+    interleave them (Llama's rotary embedding, computed once before the layers, lies among layer
+    0's operators), which would cut a block's checkpoint and its FSDP2 unit in pieces.  O(V log V).
+
+    >>> import torch
+    >>> from tensoropt import capture
+    >>> block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())          # block "1"
+    >>> graph = capture(torch.nn.Sequential(torch.nn.Linear(4, 4), block), (torch.randn(2, 4),))
+    >>> [(n, graph.nodes[n].module_path) for n in blocks_in_turn(graph)]
+    [('linear', '0'), ('linear_1', '1.0'), ('relu', '1.1')]
+    """
+    ops = graph.ops
+    rank: dict[str | None, int] = {}
+    key: dict[str, tuple[int, int, int]] = {}
+    for i, node in enumerate(ops):
+        block = block_of(node.module_path)
+        key[node.name] = (0, 0, i) if block is None else (1, rank.setdefault(block, len(rank)), i)
+    names = set(key)
+    waiting = {n.name: sum(1 for p in dict.fromkeys(n.inputs) if p in names) for n in ops}
+    ready = [key[n] + (n,) for n, w in waiting.items() if w == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        *_, name = heapq.heappop(ready)
+        order.append(name)
+        for c in dict.fromkeys(graph.successors(name)):
+            if c in waiting:
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    heapq.heappush(ready, key[c] + (c,))
+    return order

@@ -42,6 +42,16 @@ peak memory of every device and a timeline (for a Gantt chart).
   once, all-gathered back; every other gradient over its device and the counterparts, one ring
   per parameter) on the links between them; every device's memory is its counterpart's in the
   first replica.
+- *FSDP2* (a plan whose :attr:`~tensoropt.plan.Plan.runtime` is ``"fsdp2"``): one all-gather
+  per unit (:class:`~tensoropt.planmodel.walk.Fsdp2Units`: every repeated block, and the root) of
+  its parameters whole in the operators' dtype, instead of one per operator and parameter.  In
+  forward the root's is issued first and each unit's next one when the unit's compute begins (after
+  the previous all-gather: FSDP2's all-gather stream, its copy-in waiting for the previous
+  copy-out), so it overlaps the unit's compute; the unit's first operator waits for its own.  In
+  backward the root and the last block are still gathered; each block's pre-backward prefetches
+  the block before it the same way.  After a block's backward its gradients are reduce-scattered
+  in the masters' dtype, one reduce-scatter per unit after the previous one (the root's after the
+  whole backward), overlapping the next block's backward.
 - The optimizer step's time is not modelled (the CostModel has none).  The iteration time is
   when the last device or link finishes.
 
@@ -81,6 +91,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cluster import Cluster
+from ..cluster.collectives import allgather_time, reduce_scatter_time
 from ..devicemodel.price import check_costs_kind, costs_source
 from ..graph import OpGraph, OpNode, grad_nodes
 from ..layouts import TensorLayout
@@ -91,6 +102,7 @@ from .reshard import (
     P,
     R,
     Stage,
+    Step,
     gradient_syncs,
     move,
     node_sharded,
@@ -101,7 +113,7 @@ from .reshard import (
     synced_parameters,
     update_steps,
 )
-from .walk import PlanEdges, StepMemory, plan_edges, plan_memory, shard_cost, walk
+from .walk import Fsdp2Units, PlanEdges, StepMemory, plan_edges, plan_memory, shard_cost, walk
 
 # plan_memory is the simulator's memory model without the timing; it lives with the cost model
 __all__ = ["simulate", "SimResult", "TimelineEvent", "plan_memory", "PHASES"]
@@ -416,6 +428,12 @@ class _StepTasks:
         self.node_sharded = node_sharded(graph, self.sharded)
         #: each node's reduce-scatter of its sharded gradients (a sum across replicas waits for it)
         self.scattered: dict[str, int | None] = {}
+        #: FSDP2's units (runtime fsdp2), each unit's all-gather task by direction, the last reduce-scatter
+        self.units = Fsdp2Units.of(plan, graph, needs_grad) if plan.runtime == "fsdp2" else None
+        if self.units is not None and plan.replicas:
+            raise PlanError("a plan that runs as FSDP2 has no replicas: make it over every device")
+        self.unit_ag: dict[tuple[str, int], int | None] = {}
+        self.last_rs: int | None = None
 
     def compute(self, name: str, phase: str, seconds: float, deps: Sequence[int | None]) -> int:
         cfg = self.plan.configs[name]
@@ -429,6 +447,8 @@ class _StepTasks:
         """A node's parameters all-gathered before it runs (level ``PARAMETERS``), issued when the
         devices of its mesh have finished the compute before it (no prefetch); ``None`` otherwise."""
         cfg = self.plan.configs[name]
+        if self.units is not None:
+            return self.unit_ag.get((direction, self.units.unit_of_node[name]))
         ag, _, _ = shard_steps(self.graph, name, cfg, self.cluster, self.node_sharded.get(name, ()))
         if ag is None:
             return None
@@ -436,14 +456,47 @@ class _StepTasks:
         return self.sched.chain((ag,), name, "transfer", before,
                                 f"{direction} parameters gathered on {','.join(cfg.devices)}")
 
+    def _unit_collective(self, kind: str, u: int, deps: Sequence[int | None], detail: str) -> int | None:
+        """One FSDP2 unit's all-gather (its parameters whole, the operators' dtype) or
+        reduce-scatter (its gradients, the masters' dtype) over the plan's devices, after ``deps``;
+        ``None`` for a unit with no parameters."""
+        assert self.units is not None
+        nbytes = (self.units.gathered if kind == "allgather" else self.units.reduce)[u]
+        if not nbytes:
+            return None
+        mesh = tuple(self.plan.devices)
+        seconds = (allgather_time if kind == "allgather" else reduce_scatter_time)(self.cluster, mesh, nbytes)
+        step = Step(kind, mesh, nbytes, seconds)
+        return self.sched.chain((Stage((step,), seconds),), self.units.first[u],
+                                "transfer" if kind == "allgather" else "allreduce", list(deps),
+                                f"{detail} on {','.join(mesh)}")
+
+    def _prefetch(self, direction: str, u: int | None, after: int | None) -> None:
+        """Issue unit ``u``'s all-gather now (once per direction): after the previous all-gather
+        ``after`` and the compute each device has queued so far."""
+        if u is None or (direction, u) in self.unit_ag:
+            return
+        assert self.units is not None
+        before = [self.last_on.get(d) for d in self.plan.devices]
+        self.unit_ag[(direction, u)] = self._unit_collective(
+            "allgather", u, [after, *before], f"{direction} parameters of {self.units.first[u]}'s unit gathered")
+
     def forward(self) -> dict[str, int]:
         """Each node's forward after its inputs arrive (one transfer per edge key); a batch-split
         batch norm's consumers also wait for its statistics.  Returns node -> its last task."""
-        plan, sched, edges = self.plan, self.sched, self.edges
+        plan, sched, edges, units = self.plan, self.sched, self.edges, self.units
         fwd_task: dict[str, int] = {}
         arrived: dict[tuple[Any, ...], int | None] = {}
+        seq = ([units.root] if units is not None and units.root >= 0 else []) + (units.blocks if units else [])
+        after = dict(zip(seq, seq[1:]))
+        if seq:
+            self._prefetch("forward", seq[0], None)
         for name in plan.order:
             node, cfg = self.graph.nodes[name], plan.configs[name]
+            if units is not None:
+                u = units.unit_of_node[name]
+                if name == (plan.order[0] if u == units.root else units.first[u]):   # its pre-forward
+                    self._prefetch("forward", after.get(u), self.unit_ag.get(("forward", u)))
             deps: list[int | None] = []
             for p in node.inputs:
                 key = edges.key_of.get((name, p))
@@ -487,11 +540,18 @@ class _StepTasks:
     def backward(self, loss: int, outputs: set[str]) -> dict[str, int]:
         """Each node's backward (after its recomputation) once its output's gradients are back;
         then the gradients it sends its producers.  Returns node -> its last task."""
-        plan, sched, needs_grad = self.plan, self.sched, self.needs_grad
+        plan, sched, needs_grad, units = self.plan, self.sched, self.needs_grad, self.units
         bwd_task: dict[str, int] = {}
         grads_back: dict[str, list[int | None]] = {}   # producer -> tasks after which a gradient has arrived
+        pre_backward: set[int] = set()
         for name in reversed(plan.order):
             node, cfg = self.graph.nodes[name], plan.configs[name]
+            if units is not None and needs_grad.get(name):
+                u = units.unit_of_node[name]
+                if u not in pre_backward and u in units.blocks:   # its pre-backward prefetches the block before it
+                    pre_backward.add(u)
+                    v = units.previous_block(u)
+                    self._prefetch("backward", v, self.unit_ag.get(("backward", u)))
             deps = list(grads_back.get(name, []))
             if name in outputs and needs_grad.get(name):
                 deps.append(loss)
@@ -501,7 +561,14 @@ class _StepTasks:
                 rc = self.compute(name, "recompute", self.times[name][0], deps)
                 first = [rc]
             bwd_task[name] = self.compute(name, "bp", self.times[name][1], first)
-            _, rs, _ = shard_steps(self.graph, name, cfg, self.cluster, self.node_sharded.get(name, ()))
+            if units is not None:
+                u = units.unit_of_node[name]
+                if u != units.root and units.last_backward.get(u) == name:   # its post-backward
+                    self.last_rs = self._unit_collective("reduce_scatter", u, [bwd_task[name], self.last_rs],
+                                                         "gradients reduce-scattered") or self.last_rs
+                rs = None
+            else:
+                _, rs, _ = shard_steps(self.graph, name, cfg, self.cluster, self.node_sharded.get(name, ()))
             if rs is not None:   # its gradients reduce-scattered (only a sum across replicas waits for them)
                 self.scattered[name] = sched.chain((rs,), name, "allreduce", [bwd_task[name]],
                                                    f"gradients reduce-scattered on {','.join(cfg.devices)}")
@@ -510,6 +577,9 @@ class _StepTasks:
                 bwd_task[name] = _known(sched.chain((stats,), name, "transfer", [bwd_task[name]],
                                                     f"backward batch-norm statistics on {','.join(cfg.devices)}"))
             self._send_gradients(name, node, bwd_task, grads_back)
+        if units is not None and units.root >= 0:   # the root's, in the final callback
+            self._unit_collective("reduce_scatter", units.root, [*bwd_task.values(), self.last_rs],
+                                  "gradients reduce-scattered")
         return bwd_task
 
     def _send_gradients(self, name: str, node: OpNode, bwd_task: Mapping[str, int],

@@ -36,6 +36,33 @@ Every device walks its own program (its forward in plan order, its backward in r
   arrives from another device: during its producer's backward), workspace where measured;
 - the optimizer step: parameters + gradients + state + :func:`optimizer_temp_bytes`.
 
+A plan that runs as PyTorch's FSDP2 (:attr:`Plan.runtime <tensoropt.plan.Plan.runtime>`
+``"fsdp2"``: ``fully_shard`` on every repeated block, then on the model, what ``tensoropt
+export`` writes for it) holds its level-3 parameters per *unit* (:class:`Fsdp2Units`), as
+``torch.distributed.fsdp`` (2.13) allocates them, instead of per operator:
+
+- a unit is a repeated block (:func:`~tensoropt.graph.block_of`) or the root (everything else:
+  embeddings, final norm, output layer); its parameters are gathered whole in the dtype the
+  operators read (:meth:`OpGraph.compute_bytes <tensoropt.graph.OpGraph.compute_bytes>`: bf16
+  copies in a ``bf16-params`` graph), each dimension 0 padded to a multiple of the degree;
+- forward: the root is gathered before the first operator and stays gathered until the end of
+  the backward (FSDP2 never reshards the root after forward); a block is gathered before its
+  first operator and freed after its last, except the last block, kept to its backward (what
+  torchtitan asks for: ``reshard_after_forward=False``, the first thing backward needs).  Each
+  all-gather's output buffer (the unit's size) lives beside the gathered copy until the next
+  unit's all-gather (FSDP2's ``all_gather_state``: the copy-out overlaps the next all-gather)
+  and the last one until the end of the forward;
+- backward: when the gradient reaches a unit, the unit is gathered again (its all-gather buffer
+  freed after the copy-out) and the next unit of the backward is prefetched (its all-gather
+  buffer allocated; gathered at its own turn).  The parameter gradients are made whole in the
+  operators' dtype and kept until the unit's backward is done (the root's until the end of the
+  backward: its inputs carry no gradient, so it reduces in the final callback); then the unit is
+  freed, the previous unit's reduce-scatter input is freed, the unit's is allocated (float32,
+  the masters' dtype: ``reduce_dtype``) and filled, the whole gradients freed and the unit's
+  sharded gradients (float32 pieces) kept; that reduce-scatter input lives until the next unit's
+  (``reduce_scatter_max_input_buffers=1``) or the end of the backward;
+- a recomputed block recomputes inside its backward, on the parameters gathered for it.
+
 :func:`~tensoropt.planmodel.memory.step_memory` is this walk for a plan that puts every node whole
 on one device, in graph order (a memory-only cluster stands in for the links: only the bytes a
 reshard delivers matter here, not its time).  Not counted: communication buffers (collectives'
@@ -111,15 +138,18 @@ class StepMemory:
     grads_at_peak: int = 0     # parameter gradients alive at the peak (all of them in the optimizer step)
     transient_at_peak: int = 0  # of activations_at_peak: activation gradients, workspace, temporaries
     context: int = 0           # what the framework holds apart from the model (reserve), in the peak
+    gathered_at_peak: int = 0  # of activations_at_peak: FSDP2 units' parameters gathered whole (runtime fsdp2)
 
     def parts(self) -> dict[str, int]:
         """The peak split into what holds it, adding up to :attr:`peak`: ``parameters`` (with
-        buffers), ``gradients`` (parameter gradients alive then), ``optimizer`` (state),
-        ``activations`` (tensors kept for backward or for a later consumer, and the batch),
-        ``transient`` (activation gradients, workspace, gradient accumulation, recomputed
-        tensors, the optimizer step's temporaries) and ``reserve`` (framework context)."""
-        return {"parameters": self.params + self.buffers, "gradients": self.grads_at_peak,
-                "optimizer": self.optimizer, "activations": self.activations_at_peak - self.transient_at_peak,
+        buffers, and the parameters an FSDP2 unit holds gathered then), ``gradients`` (parameter
+        gradients alive then), ``optimizer`` (state), ``activations`` (tensors kept for backward or
+        for a later consumer, and the batch), ``transient`` (activation gradients, workspace,
+        gradient accumulation, recomputed tensors, collective buffers, the optimizer step's
+        temporaries) and ``reserve`` (framework context)."""
+        return {"parameters": self.params + self.buffers + self.gathered_at_peak, "gradients": self.grads_at_peak,
+                "optimizer": self.optimizer,
+                "activations": self.activations_at_peak - self.transient_at_peak - self.gathered_at_peak,
                 "transient": self.transient_at_peak, "reserve": self.context}
 
     def to_dict(self) -> dict[str, Any]:
@@ -324,10 +354,11 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     out_node = next((n for n in graph if n.kind == "output"), None)
     model_outputs = [p for p in (out_node.inputs if out_node is not None else ()) if p in plan.configs]
     segments = recompute_segments(plan.order, plan.configs, graph)
+    units = Fsdp2Units.of(plan, graph, needs_grad) if plan.runtime == "fsdp2" else None
     result: dict[str, StepMemory] = {}
     for d in devices:
         dw = _DeviceWalk(d, mem[d], plan, graph, costs, storage, params, synced, needs_grad, model_outputs,
-                         context_bytes, [sg for sg in segments if d in plan.configs[sg[0]].devices])
+                         context_bytes, [sg for sg in segments if d in plan.configs[sg[0]].devices], units)
         dw.forward(edges.batch)
         dw.backward()
         dw.optimizer_step(optimizer, trainable_sizes[d], foreach=foreach)
@@ -396,6 +427,78 @@ class _ParamHolding:
 
 
 @dataclass
+class Fsdp2Units:
+    """FSDP2's units of a plan that runs as ``fully_shard`` per repeated block and on the model
+    (module docstring): which parameters each gathers and reduces, and when — for the walk and
+    for the simulator's collectives (:mod:`.simulate`)."""
+
+    unit_of_node: dict[str, int]      # operator -> its unit (its block's, else the root's)
+    params: list[list[str]]           # unit -> its level-3 parameters
+    gathered: list[int]               # unit -> bytes gathered: every parameter whole, operators' dtype, dim 0 padded
+    reduce: list[int]                 # unit -> its reduce-scatter input: the same in the masters' dtype
+    grad_bytes: dict[str, int]        # parameter -> its whole gradient's bytes (operators' dtype)
+    root: int                         # the root unit (-1: every level-3 parameter lies in a block)
+    blocks: list[int]                 # the block units in forward order
+    first: dict[int, str]             # unit -> its first operator in plan order (pre-forward)
+    last: dict[int, str]              # unit -> its last operator in plan order (post-forward)
+    last_backward: dict[int, str]     # unit -> its operator whose backward runs last (post-backward)
+
+    @classmethod
+    def of(cls, plan: Plan, graph: OpGraph, needs_grad: Mapping[str, bool]) -> Fsdp2Units:
+        """The units of ``plan`` (:attr:`~tensoropt.plan.Plan.runtime` ``"fsdp2"``); a
+        :class:`PlanError` where some operator does not run on every device reading its
+        parameters whole (FSDP2 is data parallelism)."""
+        devices = set(plan.devices)
+        bad = next((n for n in plan.order if set(plan.configs[n].devices) != devices
+                    or Layout.of(plan.configs[n]).cuts_params), None)
+        if bad is not None:
+            raise PlanError(f"a plan that runs as FSDP2 runs every operator on all of its devices reading its "
+                            f"parameters whole; {bad!r} does not ({plan.configs[bad].layout} on "
+                            f"{', '.join(plan.configs[bad].devices)}): price it as tensoropt's executor runs it "
+                            "(options.runtime 'executor')")
+        k = len(devices)
+        index: dict[str | None, int] = {}
+        unit_of_node: dict[str, int] = {}
+        for name in plan.order:
+            block = block_of(graph.nodes[name].module_path)
+            unit_of_node[name] = index.setdefault(block, len(index))
+        n = len(index)
+        members: list[list[str]] = [[] for _ in range(n)]
+        for q, sp in sharded_parameters(graph, plan).items():
+            owner = graph.params[q].owner
+            if sp.level.shards("parameters") and owner in unit_of_node:
+                members[unit_of_node[owner]].append(q)
+
+        def padded(q: str, nbytes: int) -> int:   # FSDP2 pads dimension 0 to a multiple of the degree
+            shape = graph.params[q].shape
+            rows = shape[0] if shape else 1
+            return -(-rows // k) * k * (nbytes // max(rows, 1)) if rows else nbytes
+
+        gathered = [sum(padded(q, graph.compute_bytes(q)) for q in m) for m in members]
+        reduce = [sum(padded(q, graph.params[q].nbytes) for q in m) for m in members]
+        first: dict[int, str] = {}
+        last: dict[int, str] = {}
+        last_backward: dict[int, str] = {}
+        for name in plan.order:
+            u = unit_of_node[name]
+            first.setdefault(u, name)
+            last[u] = name
+            if needs_grad.get(name) and u not in last_backward:
+                last_backward[u] = name
+        root = index.get(None, -1)
+        return cls(unit_of_node, members, gathered, reduce, {q: graph.compute_bytes(q) for m in members for q in m},
+                   root, [u for b, u in index.items() if b is not None], first, last, last_backward)
+
+    def previous_block(self, u: int) -> int | None:
+        """The block the backward reaches after ``u`` (the one before it in forward order): the
+        unit ``u``'s pre-backward prefetches."""
+        if u == self.root or u not in self.blocks:
+            return self.blocks[-1] if u == self.root and self.blocks else None
+        i = self.blocks.index(u)
+        return self.blocks[i - 1] if i > 0 else None
+
+
+@dataclass
 class _Storage:
     """Storage of every tensor as each device sees it."""
 
@@ -452,8 +555,16 @@ class _DeviceWalk:
 
     def __init__(self, d: str, m: StepMemory, plan: Plan, graph: OpGraph, costs: CostModel, storage: _Storage,
                  params: _ParamHolding, synced: Mapping[str, tuple[str, ...]], needs_grad: Mapping[str, bool],
-                 model_outputs: list[str], context_bytes: int, segments: list[tuple[str, ...]]) -> None:
+                 model_outputs: list[str], context_bytes: int, segments: list[tuple[str, ...]],
+                 units: Fsdp2Units | None = None) -> None:
         self.d, self.m, self.graph, self.costs, self.configs = d, m, graph, costs, plan.configs
+        # FSDP2's units (runtime fsdp2): what each has gathered, its whole gradients so far, which
+        # have run their pre-backward, the all-gather output kept in forward
+        self.units = units
+        self.unit_of_param = {q: u for u, qs in enumerate(units.params) for q in qs} if units else {}
+        self.unit_grads: dict[int, int] = {}
+        self.pre_backward_done: set[int] = set()
+        self.all_gather_kept: int | None = None
         self.st, self.params, self.synced, self.needs_grad = storage, params, synced, needs_grad
         self.model_outputs, self.context_bytes = model_outputs, context_bytes
         self.prog = storage.program[d]
@@ -533,7 +644,7 @@ class _DeviceWalk:
             sh = self.st.shard[name]
             if seg is not None and sh is not None and sh.extra_saved_bytes:
                 self._regenerate(seg, (name, "saved"), name, sh.extra_saved_bytes)
-            gathered = self.params.gathered(self.graph.nodes[name])
+            gathered = self._op_gathered(self.graph.nodes[name])
             if seg is not None and gathered:   # gathered again by the recomputation, kept for its backward
                 self._regenerate(seg, (name, "#gathered"), name, gathered)
         for p in self.model_outputs:
@@ -556,12 +667,18 @@ class _DeviceWalk:
                 live[(x, "batch")] = b
                 self.m.inputs += b
         self.note("forward", "inputs")
+        units = self.units
+        if units is not None and units.root >= 0:
+            self._unit_gather(units.root, "forward", "inputs")   # the root's pre-forward, before any operator
         free_after: dict[int, list[Key]] = {}
         for k, u in self.last_use.items():
             if u < self.end and not self.savers.get(k) and k not in st.batch_keys:
                 free_after.setdefault(u, []).append(k)
         for name in self.prog:
             cfg, sh = self.configs[name], st.shard[name]
+            unit = units.unit_of_node[name] if units is not None else -1
+            if units is not None and unit != units.root and units.first[unit] == name:
+                self._unit_gather(unit, "forward", name)          # the block's pre-forward
             for _, rk in st.reads[(name, d)]:
                 if rk is not None and rk not in live:
                     live[rk] = st.size[rk]
@@ -576,7 +693,7 @@ class _DeviceWalk:
             ws = _workspace(self._cost(name), cfg)
             if ws:
                 live[("#workspace",)] = ws
-            gathered = self.params.gathered(self.graph.nodes[name])
+            gathered = self._op_gathered(self.graph.nodes[name])
             if gathered:   # its parameters all-gathered whole to run it, freed after (FSDP)
                 live[("#gathered",)] = gathered
             self.note("forward", name)
@@ -586,8 +703,13 @@ class _DeviceWalk:
                 live.pop(extra, None)
             for k in free_after.get(self.pos[name], ()):
                 live.pop(k, None)
+            if units is not None and unit in units.blocks and units.last[unit] == name and unit != units.blocks[-1]:
+                live.pop(("#unit", unit), None)                   # resharded after forward (not the last block)
         for k in [k for k in live if self.last_use.get(k, -1) >= self.end and not self.savers.get(k)]:
             del live[k]
+        if self.all_gather_kept is not None:                      # freed at the root's post-forward
+            live.pop(("#allgather", self.all_gather_kept), None)
+            self.all_gather_kept = None
 
     def backward(self) -> None:
         """The loss's gradients, then every node's backward in reverse plan order, then the
@@ -596,9 +718,21 @@ class _DeviceWalk:
         recv_users = self._received_grad_users()
         self._loss_gradients(grad_keys)
         param_done: set[str] = set(self.summed)
+        units = self.units
+        if units is not None and units.root >= 0:
+            self._pre_backward(units.root, "loss")
         for name in reversed(self.prog):
             if self.needs_grad.get(name):
+                unit = units.unit_of_node[name] if units is not None else -1
+                if units is not None and unit not in self.pre_backward_done:
+                    self._pre_backward(unit, name)
                 self._node_backward(name, grad_keys, recv_users, param_done)
+                if units is not None and unit != units.root and units.last_backward.get(unit) == name:
+                    self._post_backward(unit, name)
+        if units is not None:
+            if units.root >= 0:   # the root reduces in the final callback (its inputs carry no gradient)
+                self._post_backward(units.root, "end of backward")
+            self.live.pop(("#reduce",), None)   # the final callback frees the last reduce-scatter input
         if self.summed:
             # summed in place; the all-reduce's staging is bounded (transport.PeerLink.all_reduce)
             self.note("backward", "gradient sync")
@@ -654,7 +788,7 @@ class _DeviceWalk:
         ws = _workspace(self._cost(name), cfg)
         if ws:
             live[("#workspace",)] = ws
-        gathered = self.params.gathered(node)
+        gathered = self._op_gathered(node)
         if gathered and ("#regen", (name, "#gathered")) not in live:   # gathered again for the backward
             live[("#gathered",)] = gathered                             # (FSDP's reshard after forward)
         self.note("backward", name)
@@ -697,6 +831,18 @@ class _DeviceWalk:
         accumulating = 0
         for p in (*node.params, *node.param_reads):
             info = self.graph.params[p]
+            if p in self.unit_of_param and self.units is not None:
+                # FSDP2: made whole in the operators' dtype, kept until the unit's post-backward; a tied
+                # weight's later reader makes its contribution apart and adds it in
+                b = self.units.grad_bytes[p]
+                if p not in param_done:
+                    param_done.add(p)
+                    self.grads_now += b
+                    u = self.unit_of_param[p]
+                    self.unit_grads[u] = self.unit_grads.get(u, 0) + b
+                else:
+                    accumulating += b
+                continue
             if info.kind == "parameter" and info.requires_grad:
                 b = self.params.held[(p, self.d)]
                 level, piece, whole = self.params.sharded.get(p, (Shard.NONE, 0, 0))
@@ -732,7 +878,58 @@ class _DeviceWalk:
         m.optimizer_temp = optimizer_temp_bytes(optimizer, trainable_sizes, foreach=foreach)
         self.live[("#optimizer",)] = m.optimizer_temp
         self.note("optimizer", "step")
-        m.transient_at_peak = sum(v for k, v in self.at_peak.items() if _transient_key(k))
+        m.gathered_at_peak = sum(v for k, v in self.at_peak.items() if k[0] == "#unit")
+        m.transient_at_peak = sum(v for k, v in self.at_peak.items() if _transient_key(k) and k[0] != "#unit")
+
+    # ---- FSDP2's units (runtime fsdp2; module docstring) -------------------------------------------
+
+    def _op_gathered(self, node: OpNode) -> int:
+        """The parameters ``node`` gathers whole for itself (tensoropt's executor); none where
+        FSDP2's units gather them."""
+        return 0 if self.units is not None else self.params.gathered(node)
+
+    def _unit_gather(self, u: int, phase: str, at: str) -> None:
+        """Unit ``u``'s forward all-gather: its output buffer beside the previous unit's (kept until
+        this copy-out), then the gathered parameters; this buffer is kept until the next one."""
+        assert self.units is not None
+        live, b = self.live, self.units.gathered[u]
+        live[("#allgather", u)] = b
+        self.note(phase, f"{at} (all-gather)")
+        if self.all_gather_kept is not None:
+            live.pop(("#allgather", self.all_gather_kept), None)
+        live[("#unit", u)] = b
+        self.note(phase, f"{at} (all-gather)")
+        self.all_gather_kept = u
+
+    def _pre_backward(self, u: int, at: str) -> None:
+        """Unit ``u``'s pre-backward: gathered again where it was freed (its all-gather buffer,
+        prefetched or not, freed after the copy-out), and the next block of the backward prefetched
+        (its all-gather buffer allocated now)."""
+        assert self.units is not None
+        self.pre_backward_done.add(u)
+        live, b = self.live, self.units.gathered[u]
+        if ("#unit", u) not in live:
+            live.setdefault(("#allgather", u), b)
+            live[("#unit", u)] = b
+            self.note("backward", f"{at} (all-gather)")
+            live.pop(("#allgather", u), None)
+        v = self.units.previous_block(u)
+        if v is not None and ("#unit", v) not in live:
+            live[("#allgather", v)] = self.units.gathered[v]
+
+    def _post_backward(self, u: int, at: str) -> None:
+        """Unit ``u``'s post-backward: resharded; the previous reduce-scatter input freed, this
+        unit's allocated (the masters' dtype) beside its whole gradients, which then give way to
+        its sharded ones (pieces of the masters' dtype)."""
+        assert self.units is not None
+        live = self.live
+        live.pop(("#unit", u), None)
+        live.pop(("#reduce",), None)
+        live[("#reduce",)] = self.units.reduce[u]
+        self.note("backward", f"{at} (reduce-scatter)")
+        self.grads_now -= self.unit_grads.pop(u, 0)
+        self.grads_now += sum(self.params.sharded[q][1] for q in self.units.params[u]
+                              if self.graph.params[q].requires_grad)
 
 
 def _transient_key(k: Key) -> bool:

@@ -200,6 +200,49 @@ def test_bf16_is_captured_under_autocast(small_cnn, method):
         capture(model, inputs, precision="fp16")
 
 
+class TiedLM(torch.nn.Module):
+    """An embedding whose weight the output layer reads too (tied), a layer norm, a float input."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.norm, self.mix = torch.nn.Embedding(16, 8), torch.nn.LayerNorm(8), torch.nn.Linear(3, 8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids, extra):
+        return self.head(self.norm(self.emb(ids) + self.mix(extra)))
+
+
+def test_bf16_params_computes_on_bf16_copies_of_float32_masters():
+    # FSDP2's MixedPrecisionPolicy(param_dtype=bf16): every operator on bf16 parameters (and the float
+    # input cast, as FSDP2's root casts it); the graph keeps the float32 masters, the tie kept
+    model = TiedLM()
+    inputs = (torch.randint(0, 16, (2, 5)), torch.randn(2, 5, 3))
+    g32, gp = capture(model, inputs), capture(model, inputs, precision="bf16-params")
+    assert gp.precision == "bf16-params" and gp.fingerprint != g32.fingerprint
+    assert {n.outputs[0].dtype for n in gp.ops if n.outputs and n.outputs[0].dtype.startswith(("float", "bfloat"))} \
+        == {"bfloat16"}
+    assert {q: (p.dtype, p.nbytes) for q, p in gp.params.items()} == \
+        {q: (p.dtype, p.nbytes) for q, p in g32.params.items()}
+    assert gp.param_bytes() == model_param_bytes(model)                     # float32 masters, the tie once
+    assert gp.params["emb.weight"].readers and gp.compute_bytes("emb.weight") == 16 * 8 * 2
+    assert g32.compute_bytes("emb.weight") == 16 * 8 * 4
+    assert all(p.dtype == torch.float32 for p in model.parameters())       # the model itself untouched
+    assert model.head.weight is model.emb.weight
+    assert any("bf16-params" in note for note in gp.notes)
+
+
+def test_a_dtype_conversion_is_a_copy_and_a_same_dtype_to_a_view():
+    class Casts(torch.nn.Module):
+        def forward(self, x):
+            return x.to(torch.float32) * 2, x.to(torch.bfloat16) * 2
+
+    g = capture(Casts(), (torch.randn(4, 6),))
+    same, conv = (next(n for n in g.ops if n.op.startswith("aten.to") and n.outputs[0].dtype == dt)
+                  for dt in ("float32", "bfloat16"))
+    assert same.metadata_only and not conv.metadata_only     # a new bf16 tensor: its bytes are memory
+
+
 class Sampler(torch.nn.Module):
     """Reparameterised sampling as diffusers' ``randn_tensor`` writes it: noise of an activation's
     shape (the batch in it), drawn with ``generator=`` passed through (``None`` unless given)."""

@@ -95,3 +95,75 @@ def test_the_recipes_register_with_their_options_and_need_two_devices(mlp):
         check_options("fsdp", {"level": "zero1"})
     with pytest.raises(PlanError, match="at least 2 devices"):
         place(graph, costs, cluster, "zero2", devices=["gpu0"])
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.blocks, self.out = nn.Linear(4, 8), nn.ModuleList([_Block(), _Block()]), nn.Linear(8, 2)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x)
+
+
+def test_fsdp_recipes_are_priced_as_fsdp2_units():
+    # FSDP2's units worked by hand: each block's two 8 x 8 linears (+ biases of 8), the root's
+    # input (8 x 4 + 8) and output (2 x 8 + 2) layers; on 3 devices every dimension 0 padded to a
+    # multiple of 3 (8 rows -> 9, 2 -> 3), float32 (an fp32 graph computes on its parameters)
+    from tensoropt.graph import grad_nodes
+    from tensoropt.planmodel.walk import Fsdp2Units
+
+    torch.manual_seed(0)
+    graph = capture(_Net(), (torch.randn(6, 4),))
+    priced = price(profile(graph, shard_degrees=(1, 3), timed=False, cache=False),
+                   load_cluster("preset:a100-4-nvlink"))
+    mesh = ["gpu0", "gpu1", "gpu2"]
+    for algo in ("fsdp", "fsdp+ac", "zero2"):
+        plan = place(graph, priced.costs, priced.cluster, algo, devices=mesh)
+        assert plan.runtime == ("executor" if algo == "zero2" else "fsdp2")
+    units = Fsdp2Units.of(plan := place(graph, priced.costs, priced.cluster, "fsdp", devices=mesh), graph,
+                          grad_nodes(graph))
+    block = 2 * (9 * 8 + 9) * 4
+    root = (9 * 4 + 9) * 4 + (3 * 8 + 3) * 4
+    assert [units.gathered[u] for u in units.blocks] == [block, block]
+    assert units.gathered[units.root] == root and units.reduce == units.gathered   # float32 masters
+    # each block's pre-forward at its first linear (fc1): the second and fourth of the six
+    assert [units.first[u] for u in units.blocks] == ["linear_1", "linear_3"]
+
+
+def test_blocks_run_in_turn_as_eager_pytorch_runs_them():
+    # the captured Llama graph lays the rotary embedding's operators (computed once, before the layers)
+    # among layer 0's; the recipes' order runs them first, so each layer's operators are consecutive
+    from tensoropt import load_model
+    from tensoropt.placers.zero import blocks_in_turn
+
+    graph = load_model("zoo:llama3-8b?tiny=1").capture(precision="bf16-params")
+    names = [n.name for n in graph.ops]
+    order = blocks_in_turn(graph)
+    assert sorted(order) == sorted(names)
+    pos = {n: i for i, n in enumerate(order)}
+    assert all(pos[p] < pos[n.name] for n in graph.ops for p in n.inputs if p in pos)   # topological
+
+    def spans(seq):
+        blocks = [block_of(graph.nodes[n].module_path) for n in seq]
+        return {b: (blocks.index(b), len(blocks) - blocks[::-1].index(b)) for b in set(blocks) if b is not None}
+
+    def contiguous(seq):
+        return all(all(block_of(graph.nodes[n].module_path) == b for n in seq[lo:hi]) for b, (lo, hi) in
+                   spans(seq).items())
+
+    assert not contiguous(names) and contiguous(order)
+    rotary = [n.name for n in graph.ops if n.module_path.endswith("rotary_emb")]
+    assert rotary and max(pos[n] for n in rotary) < spans(order)["model.model.layers.0"][0]
