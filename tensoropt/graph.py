@@ -285,6 +285,9 @@ class OpGraph:
         self.exported = exported    # torch.export.ExportedProgram when torch.export captured it
         self.example_inputs = example_inputs  # the inputs it was captured with (the profiler runs them)
         self.call: Any = None       # tensoropt.capture.ModelCall: how the eager model is called (not serialised)
+        #: tensoropt.capture.expand.Expansion where the graph was synthesised from a short capture (its
+        #: ``template`` holds the module and inputs; ``module`` and ``exported`` are then None), else None
+        self.expansion: Any = None
 
     # ---- views -------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -40,12 +40,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _kernels as kernels
-from .capture import capture
-from .capture.fake import on_meta
+from .capture.call import ModelCall
 from .capture.precision import check_precision as check_precision_name
 from .cluster import detect_cluster, load_cluster
 from .compare import CompareRow, compare, frontier_failures, frontier_rows, joined, mark_dominated, solver_options
@@ -55,9 +56,9 @@ from .execute.replicas import replica_call
 from .frontier import Frontier, candidate_meshes, host_groups, replicate_frontier, track_frontier
 from .frontier.track import DEFAULT_MAX_WALKS
 from .measure import CostModel, profile
-from .measure.profiler import check_precision, profiling_device, unmeasurable
+from .measure.profiler import check_precision, kept_profile, profiling_device, unmeasurable
 from .measure.timing import device_name
-from .modelspec import load_model
+from .modelspec import LoadedModel, load_model
 from .optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from .placers import PLACERS
 from .placers.zero import RECIPES
@@ -102,7 +103,9 @@ class Request:
     (:mod:`tensoropt.devicemodel`); ``replicas``: on a cluster of several hosts of one shape,
     also the 2-D plans — data parallel across the hosts, the search's plans inside each
     (:mod:`tensoropt.frontier.replicas`: the model captured and profiled again at one host's
-    slice of the batch).
+    slice of the batch); ``cache``: read and keep captures and untimed profiles in the cache folder
+    (``cache_dir``, else :func:`tensoropt._cache.cache_root`'s), so that a second request for the
+    same model costs the search only — ``False``: capture and profile afresh (measured calls too).
     """
 
     model: str
@@ -126,6 +129,8 @@ class Request:
     costs_from: str = "auto"
     calibration: str | None = None
     replicas: bool = True
+    cache: bool = True
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.batch is not None and (isinstance(self.batch, bool) or int(self.batch) != self.batch or self.batch < 1):
@@ -149,6 +154,13 @@ class Request:
         solver_options(self.placers, self.time_limit)   # a non-positive limit is refused here
         if self.costs_from not in COSTS_FROM:
             raise TensorOptError(f"costs_from must be one of {', '.join(COSTS_FROM)}, got {self.costs_from!r}")
+
+    @property
+    def cache_folder(self) -> bool | str:
+        """Where captures and profiles are kept, as :meth:`LoadedModel.capture
+        <tensoropt.modelspec.LoadedModel.capture>` and :func:`~tensoropt.measure.profile` take it:
+        ``False`` (no cache), ``True`` (the default folder) or a folder."""
+        return False if not self.cache else self.cache_dir or True
 
     @property
     def placers(self) -> tuple[str, ...]:
@@ -223,8 +235,9 @@ def profile_degrees(meshes: list[tuple[str, ...]], devices: tuple[str, ...], pla
     """The shard degrees a request needs profiled — the one place they are decided.
 
     Whole operators (degree 1) for every placer; data parallel (``dp``, and the ZeRO / FSDP
-    recipes) splits every operator over all the ``devices``; OS-DPOS may split an operator any number of ways up to that; the other
-    placers place whole operators; the frontier splits over each candidate mesh.
+    recipes) splits every operator over all the ``devices``; OS-DPOS may split an operator any
+    number of ways up to that; the other placers place whole operators; the frontier splits over
+    each candidate mesh.
 
     >>> profile_degrees([("a",), ("a", "b")], ("a", "b", "c"), ("dp",), True)
     (1, 2, 3)
@@ -271,30 +284,52 @@ def measure(request: Request, setup: Setup, progress: Progress = no_progress) ->
     """Capture the model in the request's precision, profile it at the setup's degrees (or read
     the request's saved profile) and price it for the setup's devices
     (:func:`~tensoropt.devicemodel.price`).  A profile only a device model will price is made
-    with timing off: each call runs once, for its memory and work."""
+    with timing off: each call runs once, for its memory and work; such a profile and the
+    capture are read from the cache where the same were made before (:func:`captured_and_profiled`)."""
     on = profiling_device(request.device)
     timed = not needs_device_model(request, setup, device_name(on), on.type)
     if not request.profile:   # a refusal before capturing and a whole profile
         check_measured_fits(request.costs_from, setup.cluster, setup.devices, device_name(on), on.type)
-    loaded = load_model(request.model, batch=request.batch)
-    if timed and not request.profile and loaded.model is not None and on_meta(loaded.model):
+    loaded = load_model(request.model, batch=request.batch, lazy=True)
+    if timed and not request.profile and not loaded.is_file and loaded.holds_no_data():
         raise ProfileError(unmeasurable(loaded.name))
+    graph, costs = captured_and_profiled(request, loaded, setup.degrees, timed, progress)
+    return graph, price(costs, setup.cluster, setup.devices, costs_from=request.costs_from,
+                        calibration=request.calibration)
+
+
+def captured_and_profiled(request: Request, loaded: LoadedModel, degrees: tuple[int, ...], timed: bool,
+                          progress: Progress = no_progress, *, batch_dim: int = 0,
+                          call: Callable[[ModelCall], ModelCall] | None = None,
+                          call_key: str | None = None) -> tuple[OpGraph, CostModel]:
+    """``loaded``'s graph in the request's precision (``call`` / ``call_key``: a change of its
+    call, :meth:`LoadedModel.capture <tensoropt.modelspec.LoadedModel.capture>`) and its profile at
+    ``degrees`` (timed or not), or the request's saved profile.  With the request's cache, an
+    untimed profile and its graph are read from it where made before — the model is then never
+    built — and kept otherwise; a timed one needs the module, so its graph is captured afresh."""
+    cache = request.cache_folder
     progress("capture", 0, 1, f"capturing {request.model}")
-    graph = loaded.capture(precision=request.precision)
+    reads = cache if not timed or request.profile else False
+    graph = loaded.capture(batch_dim=batch_dim, precision=request.precision, cache=reads, call=call,
+                           call_key=call_key)
     progress("capture", 1, 1, f"{graph.name}: {len(graph.ops)} operators")
     if request.profile:
         progress("profile", 0, 1, f"reading the profile {request.profile}")
         costs = read_profile(request.profile, graph)
         progress("profile", 1, 1, "profile read")
-    else:
-        n_ops = len(graph.ops)
-        what = "profiling" if timed else "recording memory and work (a device model prices the times)"
-        progress("profile", 0, n_ops, f"{what} at shard degrees {', '.join(map(str, setup.degrees))}")
-        costs = profile(graph, device=request.device, shard_degrees=setup.degrees, repeats=request.repeats,
-                        warmup=request.warmup, progress=progress, timed=timed)
-        progress("profile", n_ops, n_ops, "profiled")
-    return graph, price(costs, setup.cluster, setup.devices, costs_from=request.costs_from,
-                        calibration=request.calibration)
+        return graph, costs
+    n_ops = len(graph.ops)
+    what = "profiling" if timed else "recording memory and work (a device model prices the times)"
+    progress("profile", 0, n_ops, f"{what} at shard degrees {', '.join(map(str, degrees))}")
+    options = dict(device=request.device, shard_degrees=degrees, repeats=request.repeats, warmup=request.warmup,
+                   cache=cache, timed=timed)
+    kept = kept_profile(graph, **options) if graph.module is None and graph.expansion is None else None
+    if kept is None and graph.module is None and graph.expansion is None and not loaded.is_file:
+        # the graph came from the cache without its profile: the profiler needs the model's module
+        graph = loaded.capture(batch_dim=batch_dim, precision=request.precision, call=call)
+    costs = kept if kept is not None else profile(graph, progress=progress, **options)
+    progress("profile", n_ops, n_ops, "profiled")
+    return graph, costs
 
 
 def explore(request: Request, progress: Progress = no_progress, *,
@@ -379,22 +414,21 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     why = ("a saved profile is of the whole batch (profile the model again without --profile)" if request.profile
            else f"the batch ({batch}) is not a multiple of the {hosts} hosts" if not batch or batch % hosts
            else "")
-    loaded = load_model(request.model, batch=request.batch) if not why else None
-    if loaded is not None and loaded.model is None:
+    loaded = load_model(request.model, batch=request.batch, lazy=True) if not why else None
+    if loaded is not None and loaded.is_file:
         why = "a saved graph or ONNX file cannot be captured at another batch"
-    if why or loaded is None or loaded.model is None or not batch:
+    if why or loaded is None or not batch:
         frontier.notes.append(f"data parallel across the {hosts} hosts not tried: {why}")
         return frontier
     progress("frontier", 0, 1, f"capturing and profiling one host's slice of the batch ({batch // hosts} of {batch})")
-    call = replica_call(loaded.call, 0, hosts, batch // hosts, graph.batch_dim)
-    part = capture(loaded.model, call, batch_dim=graph.batch_dim, name=loaded.name,
-                   precision=request.precision or "fp32")
     meshes = [tuple(m) for m in candidate_meshes(setup.cluster, devices=list(groups[0]))]
     on = profiling_device(request.device)
     timed = not needs_device_model(request, setup, device_name(on), on.type)
     degrees = tuple(sorted({1} | {len(m) for m in meshes}))
-    costs = profile(part, device=request.device, shard_degrees=degrees, repeats=request.repeats,
-                    warmup=request.warmup, timed=timed)
+    part, costs = captured_and_profiled(
+        request, loaded, degrees, timed, batch_dim=graph.batch_dim,
+        call=partial(replica_call, replica=0, replicas=hosts, batch=batch // hosts, batch_dim=graph.batch_dim),
+        call_key=f"replica 0 of {hosts}: batch {batch // hosts} of {batch} along dimension {graph.batch_dim}")
     priced = price(costs, setup.cluster, groups[0], costs_from=request.costs_from, calibration=request.calibration)
     progress("frontier", 0, 1, f"tracking one host's frontier ({len(groups[0])} devices)")
     inner = track_frontier(part, priced.costs, setup.cluster, meshes=meshes, resolution=request.resolution,
@@ -404,5 +438,6 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     return frontier.joined(plans, inputs={part.fingerprint: (part, priced.costs)})
 
 
-__all__ = ["DETECTED", "STAGES", "Exploration", "Progress", "Request", "Setup", "explore", "join_replicas", "measure",
+__all__ = ["DETECTED", "STAGES", "Exploration", "Progress", "Request", "Setup", "captured_and_profiled", "explore",
+           "join_replicas", "measure",
            "needs_device_model", "no_progress", "prepare", "profile_degrees", "read_cluster", "read_profile"]

@@ -67,11 +67,12 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from .. import syncbn
+from .._cache import ContentCache, cache_root, code_digest
 from .._io import write_json_atomic
 from .._malloc import steady_malloc
 from ..capture import first_line, quiet_torch_logs
 from ..capture.precision import precision_context, precision_of
-from ..errors import ProfileError
+from ..errors import GraphFormatError, ProfileError
 from ..graph import OpGraph, OpNode, TensorMeta, grad_nodes, split_fits
 from ..layouts import SPLIT_LAYOUTS, Layout
 from ..progress import Progress, no_progress
@@ -121,30 +122,72 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     """Measure every node of ``graph`` alone, then (``in_sequence``) inside whole training steps;
     see the module docstring.
 
-    ``graph`` must come from :func:`tensoropt.capture` (it needs the captured module);
-    ``inputs`` overrides the example inputs it was captured with.  ``shard_degrees``: the
-    degrees ``k > 1`` measured per legal layout.  ``cache``: ``True`` for the default folder, a
-    path, or ``False``.  ``progress``: told ``("profile", done, total, node_name)`` as nodes are
-    measured (:class:`~tensoropt.progress.Progress`).  ``in_sequence``: replace the isolated times by what each
-    node costs inside a training step (:mod:`.sequence`; off, or when a whole step does not fit
-    in memory, the isolated times stay and ``settings["in_sequence"]`` says why).  ``timed=False``:
-    run every call once for its memory figures and its work, time nothing (every time is 0, no
-    in-sequence run, ``settings["timed"]`` false) — for a device model to price
-    (:func:`tensoropt.devicemodel.convert`); such a profile is refused anywhere else.  Everything
-    runs in ``graph.precision`` (a bf16 graph under its autocast; module docstring, 6.), recorded
-    in ``settings["precision"]``.  Runs the
-    model's forward once plus, per distinct op call, ``warmup + repeats`` forward and backward
-    calls, plus ``2 + repeats`` training steps at the full batch and at each batch shard.
+    ``graph`` must come from :func:`tensoropt.capture` (it needs the captured module), or be a
+    graph expanded from a short capture (:mod:`tensoropt.capture.expand`; untimed only): the short
+    graph is profiled and every copy of its repeated block takes its operators' costs — identical
+    calls, which the profiler measures once anyway (:func:`expanded_costs`).  ``inputs`` overrides
+    the example inputs it was captured with.  ``shard_degrees``: the degrees ``k > 1`` measured
+    per legal layout.  ``cache``: ``True`` for the default folder
+    (:func:`tensoropt._cache.cache_root`), a folder, or ``False``: the measured calls are kept
+    there, and a whole untimed profile by what it depends on (the graph's fingerprint, the
+    degrees, repeats and warm-up, the device, torch's version and the profiler's code) — found
+    there, it is returned without running anything (the graph needs no module then).
+    ``progress``: told ``("profile", done, total, node_name)`` as nodes are measured
+    (:class:`~tensoropt.progress.Progress`).  ``in_sequence``: replace the isolated times by what
+    each node costs inside a training step (:mod:`.sequence`; off, or when a whole step does not
+    fit in memory, the isolated times stay and ``settings["in_sequence"]`` says why).
+    ``timed=False``: run every call once for its memory figures and its work, time nothing
+    (every time is 0, no in-sequence run, ``settings["timed"]`` false) — for a device model to
+    price (:func:`tensoropt.devicemodel.convert`); such a profile is refused anywhere else.
+    Everything runs in ``graph.precision`` (a bf16 graph under its autocast; module docstring,
+    6.), recorded in ``settings["precision"]``.  Runs the model's forward once plus, per distinct
+    op call, ``warmup + repeats`` forward and backward calls, plus ``2 + repeats`` training steps
+    at the full batch and at each batch shard.
     """
+    degrees = sorted({int(k) for k in shard_degrees if int(k) > 1})
+    dev = profiling_device(device)
+    kept = _whole_profiles(cache, graph, dev, degrees, repeats, warmup) if not timed and inputs is None else None
+    if kept is not None:
+        hit = kept.get()
+        if hit is not None:
+            progress("profile", len(graph.ops), len(graph.ops), "read from the profile cache")
+            return hit
+    if graph.expansion is not None:
+        if timed:
+            raise ProfileError(unmeasurable(graph.name))
+        costs, calls = _profile(graph.expansion.template, dev, degrees, repeats, warmup, cache, progress, inputs,
+                                in_sequence, timed)
+        costs = expanded_costs(costs, calls, graph)
+    else:
+        costs, _ = _profile(graph, dev, degrees, repeats, warmup, cache, progress, inputs, in_sequence, timed)
+    if kept is not None:
+        kept.put(costs)
+    return costs
+
+
+def kept_profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int] = (1, 2, 4, 8),
+                 repeats: int = 5, warmup: int = 1, cache: bool | str | os.PathLike = True,
+                 timed: bool = False) -> CostModel | None:
+    """The untimed profile :func:`profile` would read from the cache for these arguments, without
+    profiling anything (``graph`` needs no module); ``None`` where none is kept, or ``timed``."""
+    if timed:
+        return None
+    degrees = sorted({int(k) for k in shard_degrees if int(k) > 1})
+    kept = _whole_profiles(cache, graph, profiling_device(device), degrees, repeats, warmup)
+    return kept.get() if kept is not None else None
+
+
+def _profile(graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
+             cache: bool | str | os.PathLike, progress: Progress, inputs: tuple | None, in_sequence: bool,
+             timed: bool) -> tuple[CostModel, dict[str, int]]:
+    """:func:`profile` of a captured graph, and the calls (measured or cached) each node made."""
     if graph.module is None:
         raise ProfileError(f"graph {graph.name!r} has no captured module (it was loaded from "
                            f"{graph.source or 'a file'}); profile the model itself, e.g. "
                            "tensoropt profile zoo:NAME or tensoropt.profile(tensoropt.capture(model, inputs))")
     if timed and runs_on_fake(graph):
         raise ProfileError(unmeasurable(graph.name))
-    dev = profiling_device(device)
     steady_malloc()   # one allocator regime for the profile and the executors (why: tensoropt._malloc)
-    degrees = sorted({int(k) for k in shard_degrees if int(k) > 1})
     t0 = time.perf_counter()
     load0 = _loadavg()
     basic = device_info(dev, measure=False)
@@ -166,7 +209,64 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     settings["timed"] = timed
     return CostModel(costs, graph_fingerprint=graph.fingerprint, graph_name=graph.name,
                      batch_size=graph.batch_size, device=info, settings=settings,
-                     profile_s=time.perf_counter() - t0)
+                     profile_s=time.perf_counter() - t0), runner.calls
+
+
+def expanded_costs(costs: CostModel, calls: dict[str, int], graph: OpGraph) -> CostModel:
+    """The profile of ``graph``, expanded from a short capture (:attr:`OpGraph.expansion`), from
+    ``costs``, the profile of that capture: every node takes the costs of the node it copies (its
+    saved inputs named as the copy's), and the calls of every extra copy count as cached — they
+    are the calls of the copied node, which a whole run would find measured (``calls``: each
+    template node's calls, :attr:`_Runner.calls`).  What profiling the whole graph would give."""
+    exp = graph.expansion
+    template = exp.template.nodes
+    nodes: dict[str, NodeCost] = {}
+    extra = -sum(calls.get(n.name, 0) for n in exp.template.ops)
+    for e in graph.ops:
+        t = exp.origin[e.name]
+        c = costs.nodes[t]
+        renamed = dict(zip(template[t].inputs, e.inputs))
+        nodes[e.name] = dataclasses.replace(c, name=e.name, saved_inputs=tuple(renamed[s] for s in c.saved_inputs))
+        extra += calls.get(t, 0)
+    settings = {**costs.settings, "cached_calls": costs.settings.get("cached_calls", 0) + extra}
+    return CostModel(nodes, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
+                     device=costs.device, settings=settings, profile_s=costs.profile_s)
+
+
+#: what decides an untimed profile besides the graph and its settings: the profiler's own code
+_PROFILER_CODE = ("measure", "capture", "graph.py", "layouts.py", "syncbn.py", "_malloc.py")
+
+
+class _KeptProfile:
+    """A whole untimed profile in the cache folder, by what it depends on (:func:`profile`)."""
+
+    def __init__(self, store: ContentCache, identity: dict[str, Any], fingerprint: str):
+        self.store, self.identity, self.fingerprint = store, identity, fingerprint
+
+    def get(self) -> CostModel | None:
+        value = self.store.get(self.identity)
+        if value is None:
+            return None
+        try:
+            costs = CostModel.from_dict(value, "cached profile")
+        except GraphFormatError:
+            return None      # an entry of an older profile format: profile again and overwrite it
+        return costs if costs.graph_fingerprint == self.fingerprint else None
+
+    def put(self, costs: CostModel) -> None:
+        self.store.put(self.identity, costs.to_dict())
+
+
+def _whole_profiles(cache: bool | str | os.PathLike, graph: OpGraph, dev: torch.device, degrees: list[int],
+                    repeats: int, warmup: int) -> _KeptProfile | None:
+    """Where an untimed profile of ``graph`` is kept (``None``: no cache)."""
+    if cache is False:
+        return None
+    root = cache_root(None if cache is True else cache)
+    identity = {"what": "untimed profile", "graph": graph.fingerprint, "degrees": [1, *degrees], "repeats": repeats,
+                "warmup": warmup, "device": device_key(device_info(dev, measure=False)),
+                "torch": torch.__version__, "code": code_digest(*_PROFILER_CODE), "version": CACHE_VERSION}
+    return _KeptProfile(ContentCache(root, "profiles"), identity, graph.fingerprint)
 
 
 def _measure_ops(graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
@@ -305,8 +405,7 @@ class _DiskCache:
         self.key = key
         if cache is False:
             return
-        folder = Path(cache) if not isinstance(cache, bool) else \
-            Path(os.environ.get("TENSOROPT_CACHE_DIR") or Path.home() / ".cache" / "tensoropt")
+        folder = cache_root(None if isinstance(cache, bool) else cache)
         slug = re.sub(r"[^A-Za-z0-9]+", "-", key).strip("-")[:120]
         self.path = folder / f"profile-cache-{slug}.json"
         try:
@@ -372,6 +471,8 @@ class _Runner(fx.Interpreter):
         self.costs: dict[str, NodeCost] = {}
         self.seen: dict[str, Measurement] = {}
         self.measured_calls = self.cached_calls = 0
+        #: the calls (measured or cached) each node made, by node name
+        self.calls: dict[str, int] = {}
         self.report: Callable = lambda *a: None
         self.dry = dry  # only look calls up in the cache, on FakeTensors (raises _CacheMiss)
         self.timed = timed  # False: run each call once for memory and work, time nothing
@@ -395,6 +496,7 @@ class _Runner(fx.Interpreter):
             return True
         except Exception:  # noqa: BLE001 - a miss, or an op FakeTensors cannot run: measure for real
             self.costs.clear()
+            self.calls.clear()
             self.cached_calls = 0
             return False
 
@@ -418,7 +520,9 @@ class _Runner(fx.Interpreter):
             raise ProfileError(_no_fake_run(self.graph_, n, e)) from e
         op = self.graph_.nodes.get(n.name)
         if op is not None and op.kind == "op":
+            before = self.measured_calls + self.cached_calls
             self.costs[n.name] = self._cost(n, op)
+            self.calls[n.name] = self.measured_calls + self.cached_calls - before
             self.report(len(self.costs), len(self.graph_.ops), n.name)
         return result
 
