@@ -210,7 +210,7 @@ class LoadedModel:
         why = None
         if depth is not None and depth > SHORT and method in ("auto", "export") and self._build is not None:
             if self.meta:
-                build = cast(Callable[[int | None], Built], self._build)
+                build = self._build
 
                 def at(layers: int) -> tuple[torch.nn.Module, ModelCall]:
                     b = build(layers)
@@ -327,7 +327,7 @@ def _load_zoo(spec: str, batch: int | None) -> LoadedModel:
     return LoadedModel(spec, label, params=merged, build=build,
                        identity={"zoo": name, "tiny": tiny, "params": merged, "name": label},
                        depth=(lambda: depth) if isinstance(depth, int) and not isinstance(depth, bool) else None,
-                       meta=merged["meta"] if isinstance(merged.get("meta"), bool) else None)
+                       meta=cast(bool, merged["meta"]) if isinstance(merged.get("meta"), bool) else None)
 
 
 #: The keys of an ``hf:`` spec (precision is the separate ``--precision`` option).

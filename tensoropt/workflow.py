@@ -321,13 +321,16 @@ def captured_and_profiled(request: Request, loaded: LoadedModel, degrees: tuple[
     n_ops = len(graph.ops)
     what = "profiling" if timed else "recording memory and work (a device model prices the times)"
     progress("profile", 0, n_ops, f"{what} at shard degrees {', '.join(map(str, degrees))}")
-    options = dict(device=request.device, shard_degrees=degrees, repeats=request.repeats, warmup=request.warmup,
-                   cache=cache, timed=timed)
-    kept = kept_profile(graph, **options) if graph.module is None and graph.expansion is None else None
-    if kept is None and graph.module is None and graph.expansion is None and not loaded.is_file:
-        # the graph came from the cache without its profile: the profiler needs the model's module
-        graph = loaded.capture(batch_dim=batch_dim, precision=request.precision, call=call)
-    costs = kept if kept is not None else profile(graph, progress=progress, **options)
+    kept = None
+    if graph.module is None and graph.expansion is None:
+        kept = kept_profile(graph, device=request.device, shard_degrees=degrees, repeats=request.repeats,
+                            warmup=request.warmup, cache=cache, timed=timed)
+        if kept is None and not loaded.is_file:
+            # the graph came from the cache without its profile: the profiler needs the model's module
+            graph = loaded.capture(batch_dim=batch_dim, precision=request.precision, call=call)
+    costs = kept if kept is not None else profile(graph, device=request.device, shard_degrees=degrees,
+                                                  repeats=request.repeats, warmup=request.warmup, cache=cache,
+                                                  timed=timed, progress=progress)
     progress("profile", n_ops, n_ops, "profiled")
     return graph, costs
 

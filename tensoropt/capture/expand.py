@@ -51,7 +51,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -123,14 +123,14 @@ def check_alike(whole: nn.Module, short: nn.Module, stack: str) -> None:
     attributes: a sliding window, an expert count), its own index (``layer_idx``) aside — what a
     config that varies its blocks (Gemma 3's sliding / full attention every sixth layer, DeepSeek's
     first dense layers) builds, which four blocks may not show."""
-    blocks = list(whole.get_submodule(stack))
+    blocks = list(cast(nn.ModuleList, whole.get_submodule(stack)))
     if len(blocks) < SHORT:
         raise NotExpandable(f"{stack} holds {len(blocks)} blocks at full depth")
     first = _form(blocks[0], 0)
     for i, b in enumerate(blocks[1:], 1):
         if _form(b, i) != first:
             raise NotExpandable(f"block {i} of {stack} is not built as block 0 ({_first_unlike(_form(b, i), first)})")
-    if _form(short.get_submodule(stack)[2], 2) != first:
+    if _form(cast(nn.ModuleList, short.get_submodule(stack))[2], 2) != first:
         raise NotExpandable(f"the blocks of {stack} are built otherwise at {SHORT} blocks than at {len(blocks)}")
 
 
@@ -184,6 +184,9 @@ class _Parts:
 
 
 def _parts(template: OpGraph, stack: str) -> _Parts:
+    """The template's parts.  A block's part is its operators (one run) and the operators outside
+    the stack that follow it before the next block (a residual sum the loop over the blocks
+    computes itself): as many after block 3 as follow blocks 1 and 2."""
     nodes = list(template.nodes.values())
     block = {n.name: block_index(n.module_path, stack) for n in nodes}
     at: dict[int, list[int]] = {}
@@ -198,14 +201,19 @@ def _parts(template: OpGraph, stack: str) -> _Parts:
         if at[b][-1] - at[b][0] + 1 != len(at[b]):
             raise NotExpandable(f"block {b} of {stack} is not one run of operators (the model computes something "
                                 "between them)")
-        if b > 1 and at[b][0] != at[b - 1][-1] + 1:
-            raise NotExpandable(f"operators outside {stack} lie between its blocks {b - 1} and {b}")
-    first, last = at[1][0], at[SHORT - 1][-1]
-    if at[0][-1] > first:
+    if at[0][-1] > at[1][0]:
         raise NotExpandable(f"block 0 of {stack} has operators after block 1's")
-    blocks = {b: nodes[at[b][0]:at[b][-1] + 1] for b in range(1, SHORT)}
-    a, s = nodes[:first], nodes[last + 1:]
-    part: dict[str, str | int] = {n.name: _A for n in a} | {n.name: _S for n in s}
+    after = [at[b + 1][0] - at[b][-1] - 1 for b in (1, 2)]    # operators outside the stack after blocks 1, 2
+    if after[0] != after[1]:
+        raise NotExpandable(f"{after[0]} and {after[1]} operators outside {stack} follow its blocks 1 and 2")
+    end = at[SHORT - 1][-1] + 1 + after[1]
+    if end > len(nodes) or any(block[n.name] is not None for n in nodes[at[SHORT - 1][-1] + 1:end]):
+        raise NotExpandable(f"the operators after block {SHORT - 1} of {stack} are not those after the others")
+    bounds = {1: (at[1][0], at[2][0]), 2: (at[2][0], at[3][0]), SHORT - 1: (at[SHORT - 1][0], end)}
+    blocks = {b: nodes[lo:hi] for b, (lo, hi) in bounds.items()}
+    a, s = nodes[:at[1][0]], nodes[end:]
+    part: dict[str, str | int] = {n.name: _A for n in a}
+    part.update((n.name, _S) for n in s)
     for b, ns in blocks.items():
         part.update((n.name, b) for n in ns)
     return _Parts(a, blocks, s, part, block)
@@ -325,12 +333,12 @@ def _params(template: OpGraph, stack: str, depth: int, nodes: list[OpNode]) -> d
     owner: dict[str, str] = {}
     readers: dict[str, list[str]] = {}
     for n in nodes:
-        for p in n.params:
-            if owner.setdefault(p, n.name) != n.name:
-                raise NotExpandable(f"parameter {p} would be owned by {owner[p]} and {n.name}: a value shared across "
+        for q in n.params:
+            if owner.setdefault(q, n.name) != n.name:
+                raise NotExpandable(f"parameter {q} would be owned by {owner[q]} and {n.name}: a value shared across "
                                     "blocks is first used inside a repeated block")
-        for p in n.param_reads:
-            readers.setdefault(p, []).append(n.name)
+        for q in n.param_reads:
+            readers.setdefault(q, []).append(n.name)
     ordered: list[tuple[str, ParamInfo]] = []
     run: list[ParamInfo] = []
 

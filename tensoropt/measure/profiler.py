@@ -183,8 +183,8 @@ def _profile(graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int
     """:func:`profile` of a captured graph, and the calls (measured or cached) each node made."""
     if graph.module is None:
         raise ProfileError(f"graph {graph.name!r} has no captured module (it was loaded from "
-                           f"{graph.source or 'a file'}); profile the model itself, e.g. "
-                           "tensoropt profile zoo:NAME or tensoropt.profile(tensoropt.capture(model, inputs))")
+                           f"{graph.source or 'a file'}, or read from the capture cache); profile the model itself, "
+                           "e.g. tensoropt profile zoo:NAME or tensoropt.profile(tensoropt.capture(model, inputs))")
     if timed and runs_on_fake(graph):
         raise ProfileError(unmeasurable(graph.name))
     steady_malloc()   # one allocator regime for the profile and the executors (why: tensoropt._malloc)
@@ -979,7 +979,7 @@ def _unique_bytes(ts: Iterable[torch.Tensor]) -> int:
 def _touched_bytes(ts: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct tensors (a view counts its own elements, not its storage's): what a
     kernel reading or writing them moves."""
-    seen: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int] = {}
+    seen: dict[tuple[Any, ...], int] = {}
     for t in ts:
         seen[(_ptr(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()))] = t.numel() * t.element_size()
     return sum(seen.values())
