@@ -19,7 +19,7 @@ folder that cannot be written never fails the work (the value is computed again 
 
 Example::
 
-    >>> cache = ContentCache(cache_root("/tmp/cache"), "captures")
+    >>> cache = ContentCache(cache_root("cache"), "captures")
     >>> cache.get({"model": "zoo:gpt2", "batch": 8}) is None
     True
     >>> cache.put({"model": "zoo:gpt2", "batch": 8}, {"nodes": []})

@@ -35,14 +35,19 @@ the 4-block capture (module, example inputs) and which of its nodes every node c
 (``origin``), so an untimed profile is the short graph's with each copy's costs
 (:func:`tensoropt.measure.profile`).
 
-Example (a Llama shortened to 8 layers, on the meta device)::
+Example (Llama 3 at a tiny width, its 32 layers on the meta device)::
 
     >>> from tensoropt import zoo
-    >>> build = lambda k: zoo.build("llama3-8b", {"layers": k, "hidden": 64, "ffn": 128, "heads": 4,
-    ...                                           "kv_heads": 2, "vocab": 256, "batch": 2, "seq_len": 16})
-    >>> graph = capture_by_expansion(lambda k: _as_call(build(k)), 8, capture)      # doctest: +SKIP
-    >>> graph.expansion.depth, len(graph.ops)                                        # doctest: +SKIP
-    (8, 455)
+    >>> from tensoropt.capture import capture
+    >>> def build(layers):
+    ...     model, inputs = zoo.build("llama3-8b", {"layers": layers, "hidden": 64, "ffn": 128, "heads": 4,
+    ...                                             "kv_heads": 2, "vocab": 256, "batch": 2, "seq_len": 16})
+    ...     return model, ModelCall(inputs)
+    >>> graph = capture_by_expansion(build, 32, capture)
+    >>> graph.expansion.depth, len(graph.ops), graph.module is None
+    (32, 1727, True)
+    >>> graph.nodes["linear_222"].module_path, graph.nodes["linear_222"].params
+    ('model.model.layers.31.mlp.up_proj', ('model.model.layers.31.mlp.up_proj.weight',))
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
@@ -409,10 +414,4 @@ def first_difference(a: OpGraph, b: OpGraph) -> str | None:
         if len(xs) != len(ys):
             return f"{len(xs)} / {len(ys)} {what}"
     return None
-
-
-def _as_call(built: tuple[nn.Module, Any]) -> tuple[nn.Module, ModelCall]:
-    """A zoo builder's ``(model, inputs)`` as ``(model, ModelCall)``."""
-    model, inputs = built
-    return model, ModelCall.of(tuple(inputs) if isinstance(inputs, (tuple, list)) else inputs)
 
