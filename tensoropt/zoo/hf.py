@@ -167,9 +167,9 @@ def from_config(config: Mapping[str, Any], *, batch: int, seq_len: int | None = 
     dispatched by capacity (:mod:`tensoropt.zoo.moe`, capacity factor 1).
     Bad fields raise :class:`ZooParamError` naming the cause and the fix; nothing is downloaded.
 
-    >>> model, (ids,) = from_config({"model_type": "gpt2", "n_layer": 12}, batch=2, seq_len=128, layers=1)
-    >>> ids.shape, len(model.model.transformer.h)
-    (torch.Size([2, 128]), 1)
+    >>> model, (ids, labels) = from_config({"model_type": "gpt2", "n_layer": 12}, batch=2, seq_len=128, layers=1)
+    >>> ids.shape, labels.shape, len(model.model.transformer.h)
+    (torch.Size([2, 128]), torch.Size([2, 128]), 1)
     """
     tf = _transformers()
     model_type = config.get("model_type")
