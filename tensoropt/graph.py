@@ -33,7 +33,7 @@ from typing import Any
 import networkx as nx
 
 from ._io import read_json, write_json_atomic
-from .errors import GraphFormatError
+from .errors import GraphFormatError, TensorOptError
 from .layouts import Layout
 
 GRAPH_FORMAT = "tensoropt.graph/1"
@@ -49,6 +49,16 @@ NODE_KINDS = ("input", "op", "output")
 #: what a graph trains in: ``fp32``, or ``bf16`` (mixed precision under autocast, fp32 weights)
 PRECISIONS = ("fp32", "bf16")
 PARAM_KINDS = ("parameter", "buffer", "constant")
+
+
+def check_precision(precision: Any, error: type[Exception] = TensorOptError) -> str:
+    """``precision`` if it is one of :data:`PRECISIONS` (``None``: ``fp32``), else ``error``
+    naming the choices."""
+    if precision is None:
+        return "fp32"
+    if precision not in PRECISIONS:
+        raise error(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return str(precision)
 
 
 def split_fits(layout: str, degree: int, batch_size: int | None) -> bool:

@@ -32,20 +32,20 @@ from dataclasses import dataclass
 from importlib.abc import Loader
 from importlib.machinery import ModuleSpec
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl
 
-import torch
-
-from . import zoo
 from ._cache import ContentCache, cache_root, code_digest, package_version
-from .capture import capture, load_onnx
-from .capture.call import ModelCall
-from .capture.expand import SHORT, NotExpandable, capture_by_expansion
-from .capture.fake import on_meta
-from .capture.precision import check_precision
 from .errors import GraphFormatError, ModelSpecError, TensorOptError
-from .graph import OpGraph
+from .graph import OpGraph, check_precision
+
+if TYPE_CHECKING:
+    import torch
+
+    from .capture.call import ModelCall
+
+# torch, the zoo and the capture are imported where a model is built or captured: a spec whose
+# graph is read from the capture cache needs none of them (tensoropt/__init__.py)
 
 #: what decides a captured graph besides the model and its inputs: tensoropt's code that builds and captures it
 _CAPTURE_CODE = ("capture", "zoo", "modelspec.py", "graph.py", "layouts.py")
@@ -63,6 +63,8 @@ class Built:
 
     @property
     def call(self) -> ModelCall:
+        from .capture.call import ModelCall
+
         return ModelCall(tuple(self.args), dict(self.kwargs or {}), self.output)
 
 
@@ -82,17 +84,32 @@ class LoadedModel:
                  path: Path | None = None, params: dict[str, Any] | None = None,
                  example_kwargs: dict[str, Any] | None = None, output: str | int | None = None, *,
                  build: Callable[[int | None], Built] | None = None, identity: dict[str, Any] | None = None,
-                 depth: Callable[[], int | None] | None = None, meta: bool | None = None):
+                 resolve: Callable[[], dict[str, Any]] | None = None, depth: Callable[[], int | None] | None = None,
+                 meta: Callable[[], bool | None] | None = None):
         self.spec = spec
         self.name = name
         self.path = path                       # ONNX or graph JSON
-        self.params: dict[str, Any] = dict(params or {})
+        self._params = dict(params) if params is not None else None
+        self._resolve = resolve
         self.identity = identity
-        self.meta = meta
+        self._meta = meta
         self._build = build
         self._depth = depth
         self._built = Built(model, tuple(example_inputs), dict(example_kwargs or {}), output) \
             if model is not None else None
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The spec's parameters (a zoo model's resolved: its defaults, tiny variant and query)."""
+        if self._params is None:
+            self._params = self._resolve() if self._resolve is not None else {}
+        return self._params
+
+    @property
+    def meta(self) -> bool | None:
+        """Whether the model holds no data (built on the meta device), where the spec says without
+        building it (the zoo's ``meta``; ``hf:``: always); ``None`` where it does not."""
+        return self._meta() if self._meta is not None else None
 
     # ---- the model, built when first asked for ---------------------------------------------------
     def built(self) -> Built | None:
@@ -127,6 +144,8 @@ class LoadedModel:
     @property
     def call(self) -> ModelCall:
         """How the model is called and which output the loss reads."""
+        from .capture.call import ModelCall
+
         built = self.built()
         return built.call if built is not None else ModelCall()
 
@@ -138,8 +157,11 @@ class LoadedModel:
     def holds_no_data(self) -> bool:
         """Whether the model is built on the meta device (no weights to run: untimed profiles
         only), known without building it where the spec says (the zoo's ``meta``, ``hf:``)."""
-        if self.meta is not None:
-            return self.meta
+        meta = self.meta
+        if meta is not None:
+            return meta
+        from .capture.fake import on_meta
+
         model = self.model
         return model is not None and on_meta(model)
 
@@ -188,7 +210,7 @@ class LoadedModel:
         if self.identity is None:
             return None
         return {"what": "capture", "model": self.identity, "precision": precision, "batch_dim": batch_dim,
-                "method": method, "call": call_key, "torch": torch.__version__,
+                "method": method, "call": call_key, "torch": package_version("torch"),
                 "transformers": package_version("transformers"), "code": code_digest(*_CAPTURE_CODE)}
 
     def _kept(self, cache: bool | str | os.PathLike[str], batch_dim: int, method: str, precision: str,
@@ -203,6 +225,9 @@ class LoadedModel:
 
     def _capture(self, batch_dim: int, method: str, precision: str,
                  call: Callable[[ModelCall], ModelCall] | None) -> OpGraph:
+        from .capture import capture
+        from .capture.expand import SHORT, NotExpandable, capture_by_expansion
+
         def capture_one(model: torch.nn.Module, c: ModelCall) -> OpGraph:
             return capture(model, c, batch_dim=batch_dim, name=self.name, method=method, precision=precision)
 
@@ -230,6 +255,8 @@ class LoadedModel:
     def _read_file(self, batch_dim: int, precision: str | None) -> OpGraph:
         assert self.path is not None
         if self.path.suffix == ".onnx":
+            from .capture import load_onnx
+
             if precision not in (None, "fp32"):
                 raise ModelSpecError(f"{self.spec}: an ONNX file is read as it is (fp32); --precision {precision} "
                                      "needs the torch model (zoo:NAME or file.py:factory)")
@@ -310,24 +337,39 @@ def _load_zoo(spec: str, batch: int | None) -> LoadedModel:
     tiny = _truthy(params.pop("tiny", "0"), "tiny", spec)
     if batch is not None:
         params["batch"] = batch
-    try:
-        merged = zoo.resolve_params(name, params, tiny=tiny)
-    except (ValueError, ImportError) as e:
-        raise ModelSpecError(str(e)) from None
+
+    def resolve() -> dict[str, Any]:
+        from . import zoo
+
+        try:
+            return zoo.resolve_params(name, params, tiny=tiny)
+        except (ValueError, ImportError) as e:
+            raise ModelSpecError(str(e)) from None
 
     def build(layers: int | None) -> Built:
+        from . import zoo
+
+        resolve()       # an unknown name or parameter says so before anything is built
         try:
             model, inputs = zoo.build(name, {**params, "layers": layers} if layers is not None else params, tiny=tiny)
         except (ValueError, ImportError) as e:
             raise ModelSpecError(str(e)) from None
         return Built(model, _as_tuple(inputs))
 
+    def depth() -> int | None:
+        layers = loaded.params.get("layers")
+        return layers if isinstance(layers, int) and not isinstance(layers, bool) else None
+
+    def meta() -> bool | None:
+        on = loaded.params.get("meta")
+        return on if isinstance(on, bool) else None
+
     label = name + ("-tiny" if tiny else "")
-    depth = merged.get("layers")
-    return LoadedModel(spec, label, params=merged, build=build,
-                       identity={"zoo": name, "tiny": tiny, "params": merged, "name": label},
-                       depth=(lambda: depth) if isinstance(depth, int) and not isinstance(depth, bool) else None,
-                       meta=cast(bool, merged["meta"]) if isinstance(merged.get("meta"), bool) else None)
+    # what the model is, for the capture cache, without importing the zoo (torch): its name and
+    # query as given — the zoo's code, which turns them into a model, is in the capture's identity
+    loaded = LoadedModel(spec, label, build=build, resolve=resolve, depth=depth, meta=meta,
+                         identity={"zoo": name, "tiny": tiny, "query": params, "name": label})
+    return loaded
 
 
 #: The keys of an ``hf:`` spec (precision is the separate ``--precision`` option).
@@ -371,21 +413,26 @@ def _load_hf(spec: str, batch: int | None) -> LoadedModel:
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
 
     def build(layers: int | None) -> Built:
+        from .zoo import hf
+
         try:
-            model, inputs = zoo.hf.from_config(config, batch=params["batch"], seq_len=params.get("seq_len"),
+            model, inputs = hf.from_config(config, batch=params["batch"], seq_len=params.get("seq_len"),
                                                layers=layers if layers is not None else params.get("layers"))
         except (ValueError, ImportError) as e:
             raise ModelSpecError(f"{spec}: {e}") from None
         return Built(model, _as_tuple(inputs))
 
     def depth() -> int | None:
+        from .zoo import hf
+
         try:
-            return params.get("layers") or zoo.hf.layers_of(config)
+            return params.get("layers") or hf.layers_of(config)
         except (ValueError, ImportError) as e:
             raise ModelSpecError(f"{spec}: {e}") from None
 
     identity = {"hf": hashlib.sha256(path.read_bytes()).hexdigest(), "params": dict(params), "name": name}
-    return LoadedModel(spec, name, params=dict(params), build=build, identity=identity, depth=depth, meta=True)
+    return LoadedModel(spec, name, params=dict(params), build=build, identity=identity, depth=depth,
+                       meta=lambda: True)
 
 
 def _truthy(v: str, key: str, spec: str) -> bool:
@@ -416,6 +463,8 @@ def _load_factory(spec: str, batch: int | None) -> LoadedModel:
 
 
 def _run_factory(spec: str, path: Path, func: str, batch: int | None) -> Built:
+    import torch
+
     mod_name = f"_tensoropt_factory_{abs(hash(str(path.resolve())))}"
     try:
         # None (not a Python file): the AttributeError below is reported as a failed import

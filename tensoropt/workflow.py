@@ -46,18 +46,15 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _kernels as kernels
-from .capture.call import ModelCall
-from .capture.precision import check_precision as check_precision_name
 from .cluster import detect_cluster, load_cluster
 from .compare import CompareRow, compare, frontier_failures, frontier_rows, joined, mark_dominated, solver_options
 from .devicemodel.price import COSTS_FROM, Priced, check_measured_fits, price, prices_by_model
 from .errors import ProfileError, TensorOptError
-from .execute.replicas import replica_call
 from .frontier import Frontier, candidate_meshes, host_groups, replicate_frontier, track_frontier
 from .frontier.track import DEFAULT_MAX_WALKS
-from .measure import CostModel, profile
-from .measure.profiler import check_precision, kept_profile, profiling_device, unmeasurable
-from .measure.timing import device_name
+from .graph import check_precision as check_precision_name
+from .measure.costmodel import CostModel
+from .measure.kept import kept_profile, profiling_on
 from .modelspec import LoadedModel, load_model
 from .optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from .placers import PLACERS
@@ -66,9 +63,13 @@ from .planmodel.fits import check_budget_value
 from .progress import Progress, no_progress
 
 if TYPE_CHECKING:
+    from .capture.call import ModelCall
     from .cluster import Cluster
     from .frontier import Frontier
     from .graph import OpGraph
+
+# torch is imported where a stage needs it (capturing, profiling), not here: a request whose graph
+# and profile are cached runs without it (tensoropt/__init__.py)
 
 #: a :class:`Request` or a subclass of it (the dashboard's): what :meth:`Request.from_dict` returns
 #: (``typing.Self`` needs Python 3.11; the package supports 3.10)
@@ -268,6 +269,8 @@ def prepare(request: Request, progress: Progress = no_progress) -> Setup:
 def read_profile(path: str, graph: OpGraph) -> CostModel:
     """A saved profile, refused (with the fix) if it was measured in another precision or for
     another graph."""
+    from .measure.profiler import check_precision
+
     costs = CostModel.load(path)
     check_precision(costs, graph)
     costs.check_graph(graph)
@@ -286,12 +289,14 @@ def measure(request: Request, setup: Setup, progress: Progress = no_progress) ->
     (:func:`~tensoropt.devicemodel.price`).  A profile only a device model will price is made
     with timing off: each call runs once, for its memory and work; such a profile and the
     capture are read from the cache where the same were made before (:func:`captured_and_profiled`)."""
-    on = profiling_device(request.device)
-    timed = not needs_device_model(request, setup, device_name(on), on.type)
+    kind, name = profiling_on(request.device)
+    timed = not needs_device_model(request, setup, name, kind)
     if not request.profile:   # a refusal before capturing and a whole profile
-        check_measured_fits(request.costs_from, setup.cluster, setup.devices, device_name(on), on.type)
+        check_measured_fits(request.costs_from, setup.cluster, setup.devices, name, kind)
     loaded = load_model(request.model, batch=request.batch, lazy=True)
     if timed and not request.profile and not loaded.is_file and loaded.holds_no_data():
+        from .measure.profiler import unmeasurable
+
         raise ProfileError(unmeasurable(loaded.name))
     graph, costs = captured_and_profiled(request, loaded, setup.degrees, timed, progress)
     return graph, price(costs, setup.cluster, setup.devices, costs_from=request.costs_from,
@@ -328,9 +333,12 @@ def captured_and_profiled(request: Request, loaded: LoadedModel, degrees: tuple[
         if kept is None and not loaded.is_file:
             # the graph came from the cache without its profile: the profiler needs the model's module
             graph = loaded.capture(batch_dim=batch_dim, precision=request.precision, call=call)
-    costs = kept if kept is not None else profile(graph, device=request.device, shard_degrees=degrees,
-                                                  repeats=request.repeats, warmup=request.warmup, cache=cache,
-                                                  timed=timed, progress=progress)
+    if kept is None:
+        from .measure.profiler import profile
+
+        kept = profile(graph, device=request.device, shard_degrees=degrees, repeats=request.repeats,
+                       warmup=request.warmup, cache=cache, timed=timed, progress=progress)
+    costs = kept
     progress("profile", n_ops, n_ops, "profiled")
     return graph, costs
 
@@ -425,12 +433,12 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
         return frontier
     progress("frontier", 0, 1, f"capturing and profiling one host's slice of the batch ({batch // hosts} of {batch})")
     meshes = [tuple(m) for m in candidate_meshes(setup.cluster, devices=list(groups[0]))]
-    on = profiling_device(request.device)
-    timed = not needs_device_model(request, setup, device_name(on), on.type)
+    kind, name = profiling_on(request.device)
+    timed = not needs_device_model(request, setup, name, kind)
     degrees = tuple(sorted({1} | {len(m) for m in meshes}))
     part, costs = captured_and_profiled(
         request, loaded, degrees, timed, batch_dim=graph.batch_dim,
-        call=partial(replica_call, replica=0, replicas=hosts, batch=batch // hosts, batch_dim=graph.batch_dim),
+        call=partial(_first_replica, replicas=hosts, batch=batch // hosts, batch_dim=graph.batch_dim),
         call_key=f"replica 0 of {hosts}: batch {batch // hosts} of {batch} along dimension {graph.batch_dim}")
     priced = price(costs, setup.cluster, groups[0], costs_from=request.costs_from, calibration=request.calibration)
     progress("frontier", 0, 1, f"tracking one host's frontier ({len(groups[0])} devices)")
@@ -439,6 +447,13 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     plans = replicate_frontier(inner, part, priced.costs, setup.cluster, groups, optimizer=request.optimizer)
     progress("frontier", 1, 1, f"{len(plans)} plans data parallel across {hosts} hosts")
     return frontier.joined(plans, inputs={part.fingerprint: (part, priced.costs)})
+
+
+def _first_replica(call: ModelCall, replicas: int, batch: int, batch_dim: int) -> ModelCall:
+    """The first of ``replicas`` slices of ``call``'s batch (:func:`~tensoropt.execute.replicas.replica_call`)."""
+    from .execute.replicas import replica_call
+
+    return replica_call(call, 0, replicas, batch, batch_dim)
 
 
 __all__ = ["DETECTED", "STAGES", "Exploration", "Progress", "Request", "Setup", "captured_and_profiled", "explore",

@@ -22,11 +22,8 @@ from ..cluster.units import parse_size
 from ..describe import fmt_bytes
 from ..devicemodel.price import COSTS_FROM, Priced, price, prices_by_model
 from ..errors import TensorOptError
-from ..execute.replicas import call_for_capture
 from ..graph import PRECISIONS, OpGraph
-from ..measure import profile
-from ..measure.profiler import profiling_device
-from ..measure.timing import device_name
+from ..measure.kept import profiling_on
 from ..modelspec import load_model
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 from ..plan import Plan
@@ -215,6 +212,8 @@ def capture_spec(spec: str, console: Console, *, batch: int | None = None, batch
     with replicas, its first replica's slice of the batch (:func:`~tensoropt.execute.replicas.call_for_capture`).
     ``cache`` (:func:`cache_of`): read the graph from the capture cache where kept (it then has no
     module: not for a timed profile), else keep it there."""
+    from ..execute.replicas import call_for_capture
+
     loaded = load_model(spec, batch=batch, lazy=True)
     with console.status(f"capturing {escape(spec)} …"):
         if plan is not None and plan.replicas and not loaded.is_file:
@@ -235,8 +234,10 @@ def costs_for(graph: OpGraph, shard_degrees: Iterable[int], args: argparse.Names
     if getattr(args, "profile", None):
         costs = read_profile(args.profile, graph)
     else:
-        on = profiling_device("cpu")
-        timed = not prices_by_model(costs_from, cluster, devices, device_name(on), on.type)
+        from ..measure.profiler import profile
+
+        kind, name = profiling_on("cpu")
+        timed = not prices_by_model(costs_from, cluster, devices, name, kind)
         with ProgressBars(console or Console(stderr=True)) as progress:
             costs = profile(graph, shard_degrees=tuple(sorted(set(shard_degrees))), repeats=args.repeats,
                             warmup=getattr(args, "warmup", 1), progress=progress, timed=timed, cache=cache_of(args))

@@ -67,17 +67,18 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from .. import syncbn
-from .._cache import ContentCache, cache_root, code_digest
+from .._cache import cache_root
 from .._io import write_json_atomic
 from .._malloc import steady_malloc
 from ..capture import first_line, quiet_torch_logs
 from ..capture.precision import precision_context, precision_of
-from ..errors import GraphFormatError, ProfileError
+from ..errors import ProfileError
 from ..graph import OpGraph, OpNode, TensorMeta, grad_nodes, split_fits
 from ..layouts import SPLIT_LAYOUTS, Layout
 from ..progress import Progress, no_progress
 from .costmodel import CostModel, NodeCost, ShardCost, Work
 from .feed import fake_module, module_on, placeholder_values, runs_on_fake
+from .kept import keep_profile, kept_profile
 from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
 from .shards import TensorArg, shard_args, shard_size
 from .timing import device_info, device_key, time_callable
@@ -146,9 +147,9 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     """
     degrees = sorted({int(k) for k in shard_degrees if int(k) > 1})
     dev = profiling_device(device)
-    kept = _whole_profiles(cache, graph, dev, degrees, repeats, warmup) if not timed and inputs is None else None
-    if kept is not None:
-        hit = kept.get()
+    keeps = not timed and inputs is None
+    if keeps:
+        hit = kept_profile(graph, device=device, shard_degrees=degrees, repeats=repeats, warmup=warmup, cache=cache)
         if hit is not None:
             progress("profile", len(graph.ops), len(graph.ops), "read from the profile cache")
             return hit
@@ -160,21 +161,9 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
         costs = expanded_costs(costs, calls, graph)
     else:
         costs, _ = _profile(graph, dev, degrees, repeats, warmup, cache, progress, inputs, in_sequence, timed)
-    if kept is not None:
-        kept.put(costs)
+    if keeps:
+        keep_profile(costs, graph, device=device, shard_degrees=degrees, repeats=repeats, warmup=warmup, cache=cache)
     return costs
-
-
-def kept_profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int] = (1, 2, 4, 8),
-                 repeats: int = 5, warmup: int = 1, cache: bool | str | os.PathLike = True,
-                 timed: bool = False) -> CostModel | None:
-    """The untimed profile :func:`profile` would read from the cache for these arguments, without
-    profiling anything (``graph`` needs no module); ``None`` where none is kept, or ``timed``."""
-    if timed:
-        return None
-    degrees = sorted({int(k) for k in shard_degrees if int(k) > 1})
-    kept = _whole_profiles(cache, graph, profiling_device(device), degrees, repeats, warmup)
-    return kept.get() if kept is not None else None
 
 
 def _profile(graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
@@ -231,42 +220,6 @@ def expanded_costs(costs: CostModel, calls: dict[str, int], graph: OpGraph) -> C
     settings = {**costs.settings, "cached_calls": costs.settings.get("cached_calls", 0) + extra}
     return CostModel(nodes, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
                      device=costs.device, settings=settings, profile_s=costs.profile_s)
-
-
-#: what decides an untimed profile besides the graph and its settings: the profiler's own code
-_PROFILER_CODE = ("measure", "capture", "graph.py", "layouts.py", "syncbn.py", "_malloc.py")
-
-
-class _KeptProfile:
-    """A whole untimed profile in the cache folder, by what it depends on (:func:`profile`)."""
-
-    def __init__(self, store: ContentCache, identity: dict[str, Any], fingerprint: str):
-        self.store, self.identity, self.fingerprint = store, identity, fingerprint
-
-    def get(self) -> CostModel | None:
-        value = self.store.get(self.identity)
-        if value is None:
-            return None
-        try:
-            costs = CostModel.from_dict(value, "cached profile")
-        except GraphFormatError:
-            return None      # an entry of an older profile format: profile again and overwrite it
-        return costs if costs.graph_fingerprint == self.fingerprint else None
-
-    def put(self, costs: CostModel) -> None:
-        self.store.put(self.identity, costs.to_dict())
-
-
-def _whole_profiles(cache: bool | str | os.PathLike, graph: OpGraph, dev: torch.device, degrees: list[int],
-                    repeats: int, warmup: int) -> _KeptProfile | None:
-    """Where an untimed profile of ``graph`` is kept (``None``: no cache)."""
-    if cache is False:
-        return None
-    root = cache_root(None if cache is True else cache)
-    identity = {"what": "untimed profile", "graph": graph.fingerprint, "degrees": [1, *degrees], "repeats": repeats,
-                "warmup": warmup, "device": device_key(device_info(dev, measure=False)),
-                "torch": torch.__version__, "code": code_digest(*_PROFILER_CODE), "version": CACHE_VERSION}
-    return _KeptProfile(ContentCache(root, "profiles"), identity, graph.fingerprint)
 
 
 def _measure_ops(graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
