@@ -334,8 +334,6 @@ def captured_and_profiled(request: Request, loaded: LoadedModel, degrees: tuple[
             # the graph came from the cache without its profile: the profiler needs the model's module
             graph = loaded.capture(batch_dim=batch_dim, precision=request.precision, call=call)
     if kept is None:
-        from .measure.profiler import profile
-
         kept = profile(graph, device=request.device, shard_degrees=degrees, repeats=request.repeats,
                        warmup=request.warmup, cache=cache, timed=timed, progress=progress)
     costs = kept
@@ -447,6 +445,13 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     plans = replicate_frontier(inner, part, priced.costs, setup.cluster, groups, optimizer=request.optimizer)
     progress("frontier", 1, 1, f"{len(plans)} plans data parallel across {hosts} hosts")
     return frontier.joined(plans, inputs={part.fingerprint: (part, priced.costs)})
+
+
+def profile(graph: OpGraph, **options: Any) -> CostModel:
+    """:func:`tensoropt.measure.profile` (imported when first called: it needs torch)."""
+    from .measure.profiler import profile as measure
+
+    return measure(graph, **options)
 
 
 def _first_replica(call: ModelCall, replicas: int, batch: int, batch_dim: int) -> ModelCall:
