@@ -55,6 +55,7 @@ from typing import Any, TypeVar
 import torch
 
 from tensoropt import workflow
+from tensoropt._cache import cache_root
 from tensoropt._io import write_json_atomic
 from tensoropt.cluster import Cluster
 from tensoropt.compare import CompareRow
@@ -96,8 +97,7 @@ def default_cache_dir() -> Path:
     env = os.environ.get("TENSOROPT_APP_CACHE_DIR")
     if env:
         return Path(env)
-    base = os.environ.get("TENSOROPT_CACHE_DIR") or Path.home() / ".cache" / "tensoropt"
-    return Path(base) / "app"
+    return cache_root() / "app"
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,8 @@ class Request(workflow.Request):
     @property
     def key(self) -> str:
         """A short hash of the request: the name of its result folder."""
-        blob = json.dumps({"v": RESULT_VERSION, **self.to_dict()}, sort_keys=True)
+        fields = {k: v for k, v in self.to_dict().items() if k not in ("cache", "cache_dir")}   # where, not what
+        blob = json.dumps({"v": RESULT_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 

@@ -38,7 +38,7 @@ from typing import Any
 import networkx as nx
 
 from ._io import read_json, write_json_atomic
-from .errors import GraphFormatError
+from .errors import GraphFormatError, TensorOptError
 from .layouts import Layout
 
 GRAPH_FORMAT = "tensoropt.graph/1"
@@ -57,6 +57,16 @@ PRECISIONS = ("fp32", "bf16", "bf16-params")
 #: precision → the dtype its matrix operations compute in (what prices them on a device)
 COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "bf16-params": "bfloat16"}
 PARAM_KINDS = ("parameter", "buffer", "constant")
+
+
+def check_precision(precision: Any, error: type[Exception] = TensorOptError) -> str:
+    """``precision`` if it is one of :data:`PRECISIONS` (``None``: ``fp32``), else ``error``
+    naming the choices."""
+    if precision is None:
+        return "fp32"
+    if precision not in PRECISIONS:
+        raise error(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return str(precision)
 
 
 def split_fits(layout: str, degree: int, batch_size: int | None) -> bool:
@@ -294,6 +304,9 @@ class OpGraph:
         self.exported = exported    # torch.export.ExportedProgram when torch.export captured it
         self.example_inputs = example_inputs  # the inputs it was captured with (the profiler runs them)
         self.call: Any = None       # tensoropt.capture.ModelCall: how the eager model is called (not serialised)
+        #: tensoropt.capture.expand.Expansion where the graph was synthesised from a short capture (its
+        #: ``template`` holds the module and inputs; ``module`` and ``exported`` are then None), else None
+        self.expansion: Any = None
 
     # ---- views -------------------------------------------------------------------------------
     def __len__(self) -> int:

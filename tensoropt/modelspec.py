@@ -21,56 +21,242 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
 import json
+import os
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.abc import Loader
 from importlib.machinery import ModuleSpec
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl
 
-import torch
+from ._cache import ContentCache, cache_root, code_digest, package_version
+from .errors import GraphFormatError, ModelSpecError, TensorOptError
+from .graph import OpGraph, check_precision
 
-from . import zoo
-from .capture import capture, load_onnx
-from .capture.call import ModelCall
-from .capture.precision import check_precision
-from .errors import ModelSpecError, TensorOptError
-from .graph import OpGraph
+if TYPE_CHECKING:
+    import torch
+
+    from .capture.call import ModelCall
+
+# torch, the zoo and the capture are imported where a model is built or captured: a spec whose
+# graph is read from the capture cache needs none of them (tensoropt/__init__.py)
+
+#: what decides a captured graph besides the model and its inputs: tensoropt's code that builds and captures it
+_CAPTURE_CODE = ("capture", "zoo", "modelspec.py", "graph.py", "layouts.py")
 
 
-@dataclass
+@dataclass(frozen=True)
+class Built:
+    """A model built from a spec: the module, its example inputs (positional and keyword) and the
+    output the loss reads (:mod:`tensoropt.capture.call`)."""
+
+    model: torch.nn.Module
+    args: tuple = ()
+    kwargs: dict[str, Any] | None = None
+    output: str | int | None = None
+
+    @property
+    def call(self) -> ModelCall:
+        from .capture.call import ModelCall
+
+        return ModelCall(tuple(self.args), dict(self.kwargs or {}), self.output)
+
+
 class LoadedModel:
-    """A resolved spec: a torch model with example inputs, or a file to read a graph from."""
-    spec: str
-    name: str
-    model: torch.nn.Module | None = None
-    example_inputs: tuple = ()           # positional inputs
-    path: Path | None = None             # ONNX or graph JSON
-    params: dict[str, Any] = field(default_factory=dict)
-    example_kwargs: dict[str, Any] = field(default_factory=dict)   # keyword inputs
-    output: str | int | None = None      # the output the loss reads (tensoropt.capture.call)
+    """A resolved spec: a torch model with example inputs, or a file to read a graph from.
+
+    The model is built when first asked for (:attr:`model`, :attr:`example_inputs`, …) where the
+    spec was loaded ``lazy`` — a capture read from the cache never builds it.  ``identity`` is
+    what the model and its inputs are, known without building it (the zoo name and its resolved
+    parameters; an ``hf:`` file's content and query; a factory file's content, function and
+    arguments), for the capture cache (``None``: not cached); ``depth`` the blocks of its stack
+    where ``build(layers)`` builds it at another depth (the zoo's and ``hf:``'s ``layers``), and
+    ``meta`` whether it holds no data (built on the meta device), where known without building.
+    """
+
+    def __init__(self, spec: str, name: str, model: torch.nn.Module | None = None, example_inputs: tuple = (),
+                 path: Path | None = None, params: dict[str, Any] | None = None,
+                 example_kwargs: dict[str, Any] | None = None, output: str | int | None = None, *,
+                 build: Callable[[int | None], Built] | None = None, identity: dict[str, Any] | None = None,
+                 resolve: Callable[[], dict[str, Any]] | None = None, depth: Callable[[], int | None] | None = None,
+                 meta: Callable[[], bool | None] | None = None):
+        self.spec = spec
+        self.name = name
+        self.path = path                       # ONNX or graph JSON
+        self._params = dict(params) if params is not None else None
+        self._resolve = resolve
+        self.identity = identity
+        self._meta = meta
+        self._build = build
+        self._depth = depth
+        self._built = Built(model, tuple(example_inputs), dict(example_kwargs or {}), output) \
+            if model is not None else None
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The spec's parameters (a zoo model's resolved: its defaults, tiny variant and query)."""
+        if self._params is None:
+            self._params = self._resolve() if self._resolve is not None else {}
+        return self._params
+
+    @property
+    def meta(self) -> bool | None:
+        """Whether the model holds no data (built on the meta device), where the spec says without
+        building it (the zoo's ``meta``; ``hf:``: always); ``None`` where it does not."""
+        return self._meta() if self._meta is not None else None
+
+    # ---- the model, built when first asked for ---------------------------------------------------
+    def built(self) -> Built | None:
+        """The model and its inputs (built now if not yet); ``None`` for a file."""
+        if self._built is None and self._build is not None:
+            self._built = self._build(None)
+        return self._built
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        built = self.built()
+        return built.model if built is not None else None
+
+    @property
+    def example_inputs(self) -> tuple:
+        """The positional inputs."""
+        built = self.built()
+        return built.args if built is not None else ()
+
+    @property
+    def example_kwargs(self) -> dict[str, Any]:
+        """The keyword inputs."""
+        built = self.built()
+        return dict(built.kwargs or {}) if built is not None else {}
+
+    @property
+    def output(self) -> str | int | None:
+        """The output the loss reads (:mod:`tensoropt.capture.call`)."""
+        built = self.built()
+        return built.output if built is not None else None
 
     @property
     def call(self) -> ModelCall:
         """How the model is called and which output the loss reads."""
-        return ModelCall(tuple(self.example_inputs), dict(self.example_kwargs), self.output)
+        from .capture.call import ModelCall
 
-    def capture(self, *, batch_dim: int = 0, method: str = "auto", precision: str | None = None) -> OpGraph:
+        built = self.built()
+        return built.call if built is not None else ModelCall()
+
+    @property
+    def is_file(self) -> bool:
+        """Whether the spec names a file to read a graph from (ONNX, graph JSON), not a model."""
+        return self.path is not None
+
+    def holds_no_data(self) -> bool:
+        """Whether the model is built on the meta device (no weights to run: untimed profiles
+        only), known without building it where the spec says (the zoo's ``meta``, ``hf:``)."""
+        meta = self.meta
+        if meta is not None:
+            return meta
+        from .capture.fake import on_meta
+
+        model = self.model
+        return model is not None and on_meta(model)
+
+    # ---- its graph ----------------------------------------------------------------------------
+    def capture(self, *, batch_dim: int = 0, method: str = "auto", precision: str | None = None,
+                cache: bool | str | os.PathLike[str] = False, call: Callable[[ModelCall], ModelCall] | None = None,
+                call_key: str | None = None) -> OpGraph:
         """The model's OpGraph (captured, or read from the ONNX / JSON file).  ``precision``:
         ``fp32`` / ``bf16`` (:func:`tensoropt.capture`); ``None``: fp32 for a model, the saved
         graph's own for a JSON file.  A precision a file cannot give (bf16 of an ONNX file or of
-        a graph saved in fp32) is a :class:`~tensoropt.errors.ModelSpecError`."""
+        a graph saved in fp32) is a :class:`~tensoropt.errors.ModelSpecError`.
+
+        ``call`` changes the call before it is captured (one host's slice of the batch), which
+        ``call_key`` names for the cache.  A model on the meta device whose spec gives its depth
+        is captured at 4 and 3 blocks and expanded (:mod:`tensoropt.capture.expand`: no module at
+        full depth); where that does not fit, whole, the notes saying why.  ``cache``: ``True``
+        (the default folder, :func:`tensoropt._cache.cache_root`) or a folder: the graph is read
+        from the capture cache where one of the same model, inputs, precision and versions is
+        there (then it has no module and the model is not built), else captured and kept;
+        ``False``: captured."""
         if precision is not None:
             check_precision(precision, ModelSpecError)
-        if self.model is not None:
-            return capture(self.model, self.call, batch_dim=batch_dim, name=self.name, method=method,
-                           precision=precision or "fp32")
+        if self.path is not None:
+            return self._read_file(batch_dim, precision)
+        precision = precision or "fp32"
+        kept = self._kept(cache, batch_dim, method, precision, call, call_key)
+        if kept is not None:
+            found = kept[0].get(kept[1])
+            if found is not None:
+                try:
+                    graph = OpGraph.from_dict(found, "cached graph")
+                    graph.notes.append("read from the capture cache")
+                    return graph
+                except GraphFormatError:
+                    pass        # an older format: capture again, and overwrite it
+        graph = self._capture(batch_dim, method, precision, call)
+        if kept is not None:
+            kept[0].put(kept[1], graph.to_dict())
+        return graph
+
+    def capture_identity(self, *, batch_dim: int = 0, method: str = "auto", precision: str = "fp32",
+                         call_key: str | None = None) -> dict[str, Any] | None:
+        """What a capture of this spec depends on — the model's identity, the precision, the batch
+        dimension, the capture door, the call's change, the versions of torch and transformers,
+        tensoropt's capture code — computed without building it; ``None`` where not known."""
+        if self.identity is None:
+            return None
+        return {"what": "capture", "model": self.identity, "precision": precision, "batch_dim": batch_dim,
+                "method": method, "call": call_key, "torch": package_version("torch"),
+                "transformers": package_version("transformers"), "code": code_digest(*_CAPTURE_CODE)}
+
+    def _kept(self, cache: bool | str | os.PathLike[str], batch_dim: int, method: str, precision: str,
+              call: Callable[[ModelCall], ModelCall] | None,
+              call_key: str | None) -> tuple[ContentCache, dict[str, Any]] | None:
+        if cache is False or (call is not None and call_key is None):
+            return None
+        identity = self.capture_identity(batch_dim=batch_dim, method=method, precision=precision, call_key=call_key)
+        if identity is None:
+            return None
+        return ContentCache(cache_root(None if cache is True else cache), "captures"), identity
+
+    def _capture(self, batch_dim: int, method: str, precision: str,
+                 call: Callable[[ModelCall], ModelCall] | None) -> OpGraph:
+        from .capture import capture
+        from .capture.expand import SHORT, NotExpandable, capture_by_expansion
+
+        def capture_one(model: torch.nn.Module, c: ModelCall) -> OpGraph:
+            return capture(model, c, batch_dim=batch_dim, name=self.name, method=method, precision=precision)
+
+        depth = self._depth() if self._depth is not None else None
+        why = None
+        if depth is not None and depth > SHORT and method in ("auto", "export") and self._build is not None:
+            if self.meta:
+                build = self._build
+
+                def at(layers: int) -> tuple[torch.nn.Module, ModelCall]:
+                    b = build(layers)
+                    return b.model, call(b.call) if call is not None else b.call
+                try:
+                    return capture_by_expansion(at, depth, capture_one)
+                except NotExpandable as e:
+                    why = str(e)
+            else:
+                why = "the model holds weights: a timed profile and a run need its module at full depth"
+        built = cast(Built, self.built())
+        graph = capture_one(built.model, call(built.call) if call is not None else built.call)
+        if why is not None:
+            graph.notes.append(f"captured whole ({depth} blocks), not expanded from {SHORT}: {why}")
+        return graph
+
+    def _read_file(self, batch_dim: int, precision: str | None) -> OpGraph:
         assert self.path is not None
         if self.path.suffix == ".onnx":
+            from .capture import load_onnx
+
             if precision not in (None, "fp32"):
                 raise ModelSpecError(f"{self.spec}: an ONNX file is read as it is (fp32); --precision {precision} "
                                      "needs the torch model (zoo:NAME or file.py:factory)")
@@ -82,8 +268,10 @@ class LoadedModel:
         return graph
 
 
-def load_model(spec: str, *, batch: int | None = None) -> LoadedModel:
+def load_model(spec: str, *, batch: int | None = None, lazy: bool = False) -> LoadedModel:
     """Resolve a model spec (see the module docstring); ``batch`` overrides the batch size.
+    ``lazy``: build the model when first asked for (a capture read from the cache never does);
+    errors the build finds (a config transformers rejects, a factory that raises) come then.
 
     Raises :class:`~tensoropt.errors.ModelSpecError` with the cause and the fix.
     """
@@ -94,22 +282,26 @@ def load_model(spec: str, *, batch: int | None = None) -> LoadedModel:
     if batch is not None and (not isinstance(batch, int) or batch < 1):
         raise ModelSpecError(f"batch must be a positive integer, got {batch!r}")
     if spec.startswith("zoo:"):
-        return _load_zoo(spec, batch)
-    if spec.startswith("hf:"):
-        return _load_hf(spec, batch)
-    if spec.endswith(".onnx"):
+        loaded = _load_zoo(spec, batch)
+    elif spec.startswith("hf:"):
+        loaded = _load_hf(spec, batch)
+    elif spec.endswith(".onnx"):
         path = _existing(spec)
         return LoadedModel(spec, path.stem, path=path, params={"batch": batch} if batch else {})
-    if spec.endswith(".json"):
+    elif spec.endswith(".json"):
         if batch is not None:
             raise ModelSpecError(f"{spec} is a saved graph with a fixed batch size; --batch cannot change it")
         path = _existing(spec)
         return LoadedModel(spec, path.stem, path=path)
-    if ".py:" in spec or spec.endswith(".py"):
-        return _load_factory(spec, batch)
-    raise ModelSpecError(f"cannot read model spec {spec!r}: use zoo:NAME (see `tensoropt zoo`), "
-                         "hf:path/to/config.json?batch=N&seq_len=N, path/to/file.py:factory, path/to/model.onnx or "
-                         "path/to/graph.json")
+    elif ".py:" in spec or spec.endswith(".py"):
+        loaded = _load_factory(spec, batch)
+    else:
+        raise ModelSpecError(f"cannot read model spec {spec!r}: use zoo:NAME (see `tensoropt zoo`), "
+                             "hf:path/to/config.json?batch=N&seq_len=N, path/to/file.py:factory, path/to/model.onnx or "
+                             "path/to/graph.json")
+    if not lazy:
+        loaded.built()
+    return loaded
 
 
 def load_graph(spec: str, *, batch: int | None = None, batch_dim: int = 0, precision: str | None = None) -> OpGraph:
@@ -145,13 +337,39 @@ def _load_zoo(spec: str, batch: int | None) -> LoadedModel:
     tiny = _truthy(params.pop("tiny", "0"), "tiny", spec)
     if batch is not None:
         params["batch"] = batch
-    try:
-        merged = zoo.resolve_params(name, params, tiny=tiny)
-        model, inputs = zoo.build(name, params, tiny=tiny)
-    except (ValueError, ImportError) as e:
-        raise ModelSpecError(str(e)) from None
-    return LoadedModel(spec, name + ("-tiny" if tiny else ""), model=model, example_inputs=_as_tuple(inputs),
-                       params=merged)
+
+    def resolve() -> dict[str, Any]:
+        from . import zoo
+
+        try:
+            return zoo.resolve_params(name, params, tiny=tiny)
+        except (ValueError, ImportError) as e:
+            raise ModelSpecError(str(e)) from None
+
+    def build(layers: int | None) -> Built:
+        from . import zoo
+
+        resolve()       # an unknown name or parameter says so before anything is built
+        try:
+            model, inputs = zoo.build(name, {**params, "layers": layers} if layers is not None else params, tiny=tiny)
+        except (ValueError, ImportError) as e:
+            raise ModelSpecError(str(e)) from None
+        return Built(model, _as_tuple(inputs))
+
+    def depth() -> int | None:
+        layers = loaded.params.get("layers")
+        return layers if isinstance(layers, int) and not isinstance(layers, bool) else None
+
+    def meta() -> bool | None:
+        on = loaded.params.get("meta")
+        return on if isinstance(on, bool) else None
+
+    label = name + ("-tiny" if tiny else "")
+    # what the model is, for the capture cache, without importing the zoo (torch): its name and
+    # query as given — the zoo's code, which turns them into a model, is in the capture's identity
+    loaded = LoadedModel(spec, label, build=build, resolve=resolve, depth=depth, meta=meta,
+                         identity={"zoo": name, "tiny": tiny, "query": params, "name": label})
+    return loaded
 
 
 #: The keys of an ``hf:`` spec (precision is the separate ``--precision`` option).
@@ -192,13 +410,29 @@ def _load_hf(spec: str, batch: int | None) -> LoadedModel:
     if not isinstance(config, dict):
         raise ModelSpecError(f"{spec}: {path} holds a JSON {type(config).__name__}, not the object of a Hugging "
                              "Face config.json")
-    try:
-        model, inputs = zoo.hf.from_config(config, batch=params["batch"], seq_len=params.get("seq_len"),
-                                           layers=params.get("layers"))
-    except (ValueError, ImportError) as e:
-        raise ModelSpecError(f"{spec}: {e}") from None
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-    return LoadedModel(spec, name, model=model, example_inputs=_as_tuple(inputs), params=dict(params))
+
+    def build(layers: int | None) -> Built:
+        from .zoo import hf
+
+        try:
+            model, inputs = hf.from_config(config, batch=params["batch"], seq_len=params.get("seq_len"),
+                                               layers=layers if layers is not None else params.get("layers"))
+        except (ValueError, ImportError) as e:
+            raise ModelSpecError(f"{spec}: {e}") from None
+        return Built(model, _as_tuple(inputs))
+
+    def depth() -> int | None:
+        from .zoo import hf
+
+        try:
+            return params.get("layers") or hf.layers_of(config)
+        except (ValueError, ImportError) as e:
+            raise ModelSpecError(f"{spec}: {e}") from None
+
+    identity = {"hf": hashlib.sha256(path.read_bytes()).hexdigest(), "params": dict(params), "name": name}
+    return LoadedModel(spec, name, params=dict(params), build=build, identity=identity, depth=depth,
+                       meta=lambda: True)
 
 
 def _truthy(v: str, key: str, spec: str) -> bool:
@@ -220,6 +454,17 @@ def _load_factory(spec: str, batch: int | None) -> LoadedModel:
         raise ModelSpecError(f"{spec!r} names no factory: write {file}:FUNCTION, where FUNCTION() "
                              "returns (model, example_inputs)")
     path = _existing(file)
+    kwargs = {} if batch is None else {"batch": batch}
+    # what the factory builds, for the capture cache: its file's content (not the helpers it imports)
+    identity = {"factory": func, "file": hashlib.sha256(path.read_bytes()).hexdigest(), "kwargs": kwargs,
+                "name": func}
+    return LoadedModel(spec, func, params=kwargs, identity=identity,
+                       build=lambda layers: _run_factory(spec, path, func, batch))
+
+
+def _run_factory(spec: str, path: Path, func: str, batch: int | None) -> Built:
+    import torch
+
     mod_name = f"_tensoropt_factory_{abs(hash(str(path.resolve())))}"
     try:
         # None (not a Python file): the AttributeError below is reported as a failed import
@@ -269,5 +514,4 @@ def _load_factory(spec: str, batch: int | None) -> LoadedModel:
         raise ModelSpecError(f"{spec}: example_inputs must be a tensor, a tuple of inputs or a dict of keyword "
                              "inputs, with at least one tensor, got "
                              f"({', '.join(type(a).__name__ for a in values) or 'nothing'})")
-    return LoadedModel(spec, func, model=model, example_inputs=inputs, params=kwargs, example_kwargs=kw_inputs,
-                       output=output)
+    return Built(model, inputs, kw_inputs, output)

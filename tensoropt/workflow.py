@@ -40,24 +40,22 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _kernels as kernels
-from .capture import capture
-from .capture.fake import on_meta
-from .capture.precision import check_precision as check_precision_name
 from .cluster import detect_cluster, load_cluster
 from .compare import CompareRow, compare, frontier_failures, frontier_rows, joined, mark_dominated, solver_options
 from .devicemodel.price import COSTS_FROM, Priced, check_measured_fits, price, prices_by_model
 from .errors import ProfileError, TensorOptError
-from .execute.replicas import replica_call
 from .frontier import Frontier, candidate_meshes, host_groups, replicate_frontier, track_frontier
 from .frontier.track import DEFAULT_MAX_WALKS
-from .measure import CostModel, profile
-from .measure.profiler import check_precision, profiling_device, unmeasurable
-from .measure.timing import device_name
-from .modelspec import load_model
+from .graph import check_precision as check_precision_name
+from .measure.costmodel import CostModel
+from .measure.kept import kept_profile, profiling_on
+from .modelspec import LoadedModel, load_model
 from .optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from .placers import PLACERS
 from .placers.zero import RECIPES
@@ -65,9 +63,13 @@ from .planmodel.fits import cannot_fit, check_budget_value
 from .progress import Progress, no_progress
 
 if TYPE_CHECKING:
+    from .capture.call import ModelCall
     from .cluster import Cluster
     from .frontier import Frontier
     from .graph import OpGraph
+
+# torch is imported where a stage needs it (capturing, profiling), not here: a request whose graph
+# and profile are cached runs without it (tensoropt/__init__.py)
 
 #: a :class:`Request` or a subclass of it (the dashboard's): what :meth:`Request.from_dict` returns
 #: (``typing.Self`` needs Python 3.11; the package supports 3.10)
@@ -102,7 +104,9 @@ class Request:
     (:mod:`tensoropt.devicemodel`); ``replicas``: on a cluster of several hosts of one shape,
     also the 2-D plans — data parallel across the hosts, the search's plans inside each
     (:mod:`tensoropt.frontier.replicas`: the model captured and profiled again at one host's
-    slice of the batch).
+    slice of the batch); ``cache``: read and keep captures and untimed profiles in the cache folder
+    (``cache_dir``, else :func:`tensoropt._cache.cache_root`'s), so that a second request for the
+    same model costs the search only — ``False``: capture and profile afresh (measured calls too).
     """
 
     model: str
@@ -126,6 +130,8 @@ class Request:
     costs_from: str = "auto"
     calibration: str | None = None
     replicas: bool = True
+    cache: bool = True
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.batch is not None and (isinstance(self.batch, bool) or int(self.batch) != self.batch or self.batch < 1):
@@ -149,6 +155,13 @@ class Request:
         solver_options(self.placers, self.time_limit)   # a non-positive limit is refused here
         if self.costs_from not in COSTS_FROM:
             raise TensorOptError(f"costs_from must be one of {', '.join(COSTS_FROM)}, got {self.costs_from!r}")
+
+    @property
+    def cache_folder(self) -> bool | str:
+        """Where captures and profiles are kept, as :meth:`LoadedModel.capture
+        <tensoropt.modelspec.LoadedModel.capture>` and :func:`~tensoropt.measure.profile` take it:
+        ``False`` (no cache), ``True`` (the default folder) or a folder."""
+        return False if not self.cache else self.cache_dir or True
 
     @property
     def placers(self) -> tuple[str, ...]:
@@ -256,6 +269,8 @@ def prepare(request: Request, progress: Progress = no_progress) -> Setup:
 def read_profile(path: str, graph: OpGraph) -> CostModel:
     """A saved profile, refused (with the fix) if it was measured in another precision or for
     another graph."""
+    from .measure.profiler import check_precision
+
     costs = CostModel.load(path)
     check_precision(costs, graph)
     costs.check_graph(graph)
@@ -272,30 +287,58 @@ def measure(request: Request, setup: Setup, progress: Progress = no_progress) ->
     """Capture the model in the request's precision, profile it at the setup's degrees (or read
     the request's saved profile) and price it for the setup's devices
     (:func:`~tensoropt.devicemodel.price`).  A profile only a device model will price is made
-    with timing off: each call runs once, for its memory and work."""
-    on = profiling_device(request.device)
-    timed = not needs_device_model(request, setup, device_name(on), on.type)
+    with timing off: each call runs once, for its memory and work; such a profile and the
+    capture are read from the cache where the same were made before (:func:`captured_and_profiled`)."""
+    kind, name = profiling_on(request.device)
+    timed = not needs_device_model(request, setup, name, kind)
     if not request.profile:   # a refusal before capturing and a whole profile
-        check_measured_fits(request.costs_from, setup.cluster, setup.devices, device_name(on), on.type)
-    loaded = load_model(request.model, batch=request.batch)
-    if timed and not request.profile and loaded.model is not None and on_meta(loaded.model):
+        check_measured_fits(request.costs_from, setup.cluster, setup.devices, name, kind)
+    loaded = load_model(request.model, batch=request.batch, lazy=True)
+    if timed and not request.profile and not loaded.is_file and loaded.holds_no_data():
+        from .measure.profiler import unmeasurable
+
         raise ProfileError(unmeasurable(loaded.name))
+    graph, costs = captured_and_profiled(request, loaded, setup.degrees, timed, progress)
+    return graph, price(costs, setup.cluster, setup.devices, costs_from=request.costs_from,
+                        calibration=request.calibration)
+
+
+def captured_and_profiled(request: Request, loaded: LoadedModel, degrees: tuple[int, ...], timed: bool,
+                          progress: Progress = no_progress, *, batch_dim: int = 0,
+                          call: Callable[[ModelCall], ModelCall] | None = None,
+                          call_key: str | None = None) -> tuple[OpGraph, CostModel]:
+    """``loaded``'s graph in the request's precision (``call`` / ``call_key``: a change of its
+    call, :meth:`LoadedModel.capture <tensoropt.modelspec.LoadedModel.capture>`) and its profile at
+    ``degrees`` (timed or not), or the request's saved profile.  With the request's cache, an
+    untimed profile and its graph are read from it where made before — the model is then never
+    built — and kept otherwise; a timed one needs the module, so its graph is captured afresh."""
+    cache = request.cache_folder
     progress("capture", 0, 1, f"capturing {request.model}")
-    graph = loaded.capture(precision=request.precision)
+    reads = cache if not timed or request.profile else False
+    graph = loaded.capture(batch_dim=batch_dim, precision=request.precision, cache=reads, call=call,
+                           call_key=call_key)
     progress("capture", 1, 1, f"{graph.name}: {len(graph.ops)} operators")
     if request.profile:
         progress("profile", 0, 1, f"reading the profile {request.profile}")
         costs = read_profile(request.profile, graph)
         progress("profile", 1, 1, "profile read")
-    else:
-        n_ops = len(graph.ops)
-        what = "profiling" if timed else "recording memory and work (a device model prices the times)"
-        progress("profile", 0, n_ops, f"{what} at shard degrees {', '.join(map(str, setup.degrees))}")
-        costs = profile(graph, device=request.device, shard_degrees=setup.degrees, repeats=request.repeats,
-                        warmup=request.warmup, progress=progress, timed=timed)
-        progress("profile", n_ops, n_ops, "profiled")
-    return graph, price(costs, setup.cluster, setup.devices, costs_from=request.costs_from,
-                        calibration=request.calibration)
+        return graph, costs
+    n_ops = len(graph.ops)
+    what = "profiling" if timed else "recording memory and work (a device model prices the times)"
+    progress("profile", 0, n_ops, f"{what} at shard degrees {', '.join(map(str, degrees))}")
+    kept = None
+    if graph.module is None and graph.expansion is None:
+        kept = kept_profile(graph, device=request.device, shard_degrees=degrees, repeats=request.repeats,
+                            warmup=request.warmup, cache=cache, timed=timed)
+        if kept is None and not loaded.is_file:
+            # the graph came from the cache without its profile: the profiler needs the model's module
+            graph = loaded.capture(batch_dim=batch_dim, precision=request.precision, call=call)
+    if kept is None:
+        kept = profile(graph, device=request.device, shard_degrees=degrees, repeats=request.repeats,
+                       warmup=request.warmup, cache=cache, timed=timed, progress=progress)
+    costs = kept
+    progress("profile", n_ops, n_ops, "profiled")
+    return graph, costs
 
 
 def explore(request: Request, progress: Progress = no_progress, *,
@@ -383,22 +426,21 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
            else f"the batch ({batch}) is not a multiple of the {hosts} hosts" if not batch or batch % hosts
            else f"no plan within one host can fit ({full})" if full
            else "")
-    loaded = load_model(request.model, batch=request.batch) if not why else None
-    if loaded is not None and loaded.model is None:
+    loaded = load_model(request.model, batch=request.batch, lazy=True) if not why else None
+    if loaded is not None and loaded.is_file:
         why = "a saved graph or ONNX file cannot be captured at another batch"
-    if why or loaded is None or loaded.model is None or not batch:
+    if why or loaded is None or not batch:
         frontier.notes.append(f"data parallel across the {hosts} hosts not tried: {why}")
         return frontier
     progress("frontier", 0, 1, f"capturing and profiling one host's slice of the batch ({batch // hosts} of {batch})")
-    call = replica_call(loaded.call, 0, hosts, batch // hosts, graph.batch_dim)
-    part = capture(loaded.model, call, batch_dim=graph.batch_dim, name=loaded.name,
-                   precision=request.precision or "fp32")
     meshes = [tuple(m) for m in candidate_meshes(setup.cluster, devices=list(groups[0]))]
-    on = profiling_device(request.device)
-    timed = not needs_device_model(request, setup, device_name(on), on.type)
+    kind, name = profiling_on(request.device)
+    timed = not needs_device_model(request, setup, name, kind)
     degrees = tuple(sorted({1} | {len(m) for m in meshes}))
-    costs = profile(part, device=request.device, shard_degrees=degrees, repeats=request.repeats,
-                    warmup=request.warmup, timed=timed)
+    part, costs = captured_and_profiled(
+        request, loaded, degrees, timed, batch_dim=graph.batch_dim,
+        call=partial(_first_replica, replicas=hosts, batch=batch // hosts, batch_dim=graph.batch_dim),
+        call_key=f"replica 0 of {hosts}: batch {batch // hosts} of {batch} along dimension {graph.batch_dim}")
     priced = price(costs, setup.cluster, groups[0], costs_from=request.costs_from, calibration=request.calibration)
     progress("frontier", 0, 1, f"tracking one host's frontier ({len(groups[0])} devices)")
     inner = track_frontier(part, priced.costs, setup.cluster, meshes=meshes, resolution=request.resolution,
@@ -408,5 +450,20 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     return frontier.joined(plans, inputs={part.fingerprint: (part, priced.costs)})
 
 
-__all__ = ["DETECTED", "STAGES", "Exploration", "Progress", "Request", "Setup", "explore", "join_replicas", "measure",
+def profile(graph: OpGraph, **options: Any) -> CostModel:
+    """:func:`tensoropt.measure.profile` (imported when first called: it needs torch)."""
+    from .measure.profiler import profile as measure
+
+    return measure(graph, **options)
+
+
+def _first_replica(call: ModelCall, replicas: int, batch: int, batch_dim: int) -> ModelCall:
+    """The first of ``replicas`` slices of ``call``'s batch (:func:`~tensoropt.execute.replicas.replica_call`)."""
+    from .execute.replicas import replica_call
+
+    return replica_call(call, 0, replicas, batch, batch_dim)
+
+
+__all__ = ["DETECTED", "STAGES", "Exploration", "Progress", "Request", "Setup", "captured_and_profiled", "explore",
+           "join_replicas", "measure",
            "needs_device_model", "no_progress", "prepare", "profile_degrees", "read_cluster", "read_profile"]

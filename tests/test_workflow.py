@@ -31,14 +31,22 @@ def test_profile_degrees_worked_by_hand():
 
 @pytest.fixture
 def profiled_degrees(monkeypatch):
-    """Every call of the profiler through the workflow, by the shard degrees it was asked for."""
+    """Every profile the workflow made or read from the cache (made before with the same degrees),
+    by the shard degrees it was asked for."""
     seen = []
-    real = workflow.profile
+    real, kept = workflow.profile, workflow.kept_profile
 
     def spy(graph, *, shard_degrees, **kw):
         seen.append(tuple(shard_degrees))
         return real(graph, shard_degrees=shard_degrees, **kw)
+
+    def kept_spy(graph, *, shard_degrees, **kw):
+        found = kept(graph, shard_degrees=shard_degrees, **kw)
+        if found is not None:
+            seen.append(tuple(shard_degrees))
+        return found
     monkeypatch.setattr(workflow, "profile", spy)
+    monkeypatch.setattr(workflow, "kept_profile", kept_spy)
     return seen
 
 
@@ -104,7 +112,8 @@ def test_a_gpu_preset_is_priced_through_its_device_model_and_says_so(monkeypatch
     timed_flags = []
     real = workflow.profile
     monkeypatch.setattr(workflow, "profile", lambda g, **kw: timed_flags.append(kw["timed"]) or real(g, **kw))
-    result = explore(Request(TINY, "preset:v100-8-nvlink", devices=("gpu0", "gpu1"), algos=("dp",), repeats=1))
+    result = explore(Request(TINY, "preset:v100-8-nvlink", devices=("gpu0", "gpu1"), algos=("dp",), repeats=1,
+                             cache=False))      # profiled here, not read from another test's cached profile
     assert timed_flags == [False]
     assert "Tesla V100-SXM2-16GB device model" in result.source
     assert {n.method for n in result.costs.nodes.values()} <= {"modelled", "free"}

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from ..errors import TensorOptError
-from ..graph import PRECISIONS
+from ..graph import PRECISIONS, check_precision
 
 __all__ = ["PRECISIONS", "AUTOCAST_DTYPES", "PARAM_DTYPES", "check_precision", "precision_of", "precision_context",
            "device_types", "bf16_parameters", "check_executable"]
@@ -51,16 +51,6 @@ __all__ = ["PRECISIONS", "AUTOCAST_DTYPES", "PARAM_DTYPES", "check_precision", "
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16}
 #: precision → the dtype the operators read the parameters in, where not their own (FSDP2's ``param_dtype``)
 PARAM_DTYPES: dict[str, torch.dtype] = {"bf16-params": torch.bfloat16}
-
-
-def check_precision(precision: Any, error: type[Exception] = TensorOptError) -> str:
-    """``precision`` if it is one of :data:`PRECISIONS` (``None``: ``fp32``), else ``error``
-    naming the choices."""
-    if precision is None:
-        return "fp32"
-    if precision not in PRECISIONS:
-        raise error(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    return precision
 
 
 def precision_of(graph_or_precision: Any) -> str:

@@ -26,9 +26,13 @@ from ..errors import TensorOptError
 # one module per command group, each with ``register(subparsers)``; listed in help order
 COMMAND_MODULES = ("zoo", "graph", "profile", "cluster", "bench_links", "calibrate", "frontier", "place", "simulate",
                    "compare", "app", "run", "export")
+#: the commands each module registers, where not its own name
+COMMANDS_OF = {"bench_links": ("bench-links",), "calibrate": ("calibrate", "kinds")}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or (``command``) of the module that registers that one only:
+    a command imports what it runs and no more (a frontier read from the cache needs no torch)."""
     p = argparse.ArgumentParser(prog="tensoropt", description="Pareto-optimal multi-GPU training plans "
                                 "for PyTorch models.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -36,12 +40,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     for name in COMMAND_MODULES:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+        if command is None or command in COMMANDS_OF.get(name, (name,)):
+            importlib.import_module(f"{__name__}.{name}").register(sub)
     return p
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (its first word: the global options take no value), where one is known."""
+    words = [a for a in argv if not a.startswith("-")]
+    known = {c for name in COMMAND_MODULES for c in COMMANDS_OF.get(name, (name,))}
+    return words[0] if words and words[0] in known else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     # wide tables when piped (rich assumes 80 columns without a terminal)
     console = Console(width=None if sys.stdout.isatty() else 160)

@@ -17,17 +17,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..capture import capture
 from ..cluster import Cluster
 from ..cluster.units import parse_size
 from ..describe import fmt_bytes
 from ..devicemodel.price import COSTS_FROM, Priced, price, prices_by_model
 from ..errors import TensorOptError
-from ..execute.replicas import call_for_capture
 from ..graph import PRECISIONS, OpGraph
-from ..measure import profile
-from ..measure.profiler import profiling_device
-from ..measure.timing import device_name
+from ..measure.kept import profiling_on
 from ..modelspec import load_model
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 from ..plan import Plan
@@ -72,12 +68,34 @@ def add_batch_argument(p: argparse.ArgumentParser, help: str = BATCH_HELP) -> No
 
 
 def add_capture_arguments(p: argparse.ArgumentParser, model_help: str) -> None:
-    """MODEL and how to capture it (``--batch``, ``--batch-dim``, ``--precision``): read them with
-    :func:`capture_spec`."""
+    """MODEL and how to capture it (``--batch``, ``--batch-dim``, ``--precision``, ``--no-cache`` /
+    ``--cache-dir``): read them with :func:`capture_spec`."""
     p.add_argument("model", help=model_help)
     add_batch_argument(p)
     p.add_argument("--batch-dim", type=int, default=0, help="batch dimension of the inputs (default 0)")
     add_precision_argument(p)
+    add_cache_arguments(p)
+
+
+def add_cache_arguments(p: argparse.ArgumentParser) -> None:
+    """``--no-cache`` and ``--cache-dir DIR``: whether captures, untimed profiles and measured calls
+    are read from and kept in the cache folder (:mod:`tensoropt._cache`), and which; read them with
+    :func:`cache_of`."""
+    p.add_argument("--no-cache", action="store_true",
+                   help="capture and profile afresh: read nothing from the cache folder and keep nothing there "
+                        "(captures, untimed profiles, measured operator calls)")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="the cache folder (default $TENSOROPT_CACHE_DIR, else ~/.cache/tensoropt). A model is "
+                        "known by its zoo name and parameters, an hf: config's content and query, or a factory "
+                        "file's content (not the files it imports: edit those, and pass --no-cache)")
+
+
+def cache_of(args: argparse.Namespace) -> bool | str:
+    """The cache :func:`add_cache_arguments`' options name: ``False`` (``--no-cache``), the
+    ``--cache-dir`` folder, or ``True`` (the default folder)."""
+    if getattr(args, "no_cache", False):
+        return False
+    return getattr(args, "cache_dir", None) or True
 
 
 def add_devices_argument(p: argparse.ArgumentParser, help: str) -> None:
@@ -111,8 +129,8 @@ def add_request_arguments(p: argparse.ArgumentParser, *, devices_help: str, opti
                           repeats: int = 3) -> None:
     """The options :func:`workflow_request` reads, the same on every command that explores:
     ``--cluster``, ``--batch``, ``--devices``, ``--budget`` / ``--reserve``, ``--precision``,
-    ``--optimizer``, ``--profile``, ``--costs-from`` / ``--calibration`` and ``--repeats``
-    (default ``repeats``)."""
+    ``--optimizer``, ``--profile``, ``--costs-from`` / ``--calibration``, ``--repeats``
+    (default ``repeats``) and ``--no-cache`` / ``--cache-dir``."""
     add_cluster_argument(p)
     add_batch_argument(p)
     add_devices_argument(p, devices_help)
@@ -122,6 +140,7 @@ def add_request_arguments(p: argparse.ArgumentParser, *, devices_help: str, opti
     add_profile_argument(p, profile_help)
     add_costs_from_arguments(p)
     add_repeats_argument(p, default=repeats)
+    add_cache_arguments(p)
 
 
 def add_costs_from_arguments(p: argparse.ArgumentParser) -> None:
@@ -179,24 +198,32 @@ def fit_options(args: argparse.Namespace) -> tuple[int | None, int]:
 def workflow_request(args: argparse.Namespace, **rest: Any) -> Request:
     """The workflow's :class:`~tensoropt.workflow.Request` from the options every exploring
     command has (MODEL, ``--cluster``, ``--batch``, ``--optimizer``, ``--precision``,
-    ``--devices``, ``--profile``, ``--repeats``) and the command's own fields ``rest``."""
+    ``--devices``, ``--profile``, ``--repeats``, ``--no-cache`` / ``--cache-dir``) and the
+    command's own fields ``rest``."""
     return Request(args.model, args.cluster, batch=args.batch, optimizer=args.optimizer, precision=args.precision,
                    devices=tuple(args.devices) if args.devices is not None else None, profile=args.profile,
-                   repeats=args.repeats, costs_from=args.costs_from, calibration=args.calibration, **rest)
+                   repeats=args.repeats, costs_from=args.costs_from, calibration=args.calibration,
+                   cache=not args.no_cache, cache_dir=args.cache_dir, **rest)
 
 
 # ---- model and costs -----------------------------------------------------------------------
 def capture_spec(spec: str, console: Console, *, batch: int | None = None, batch_dim: int = 0,
-                 precision: str | None = None, plan: Plan | None = None) -> OpGraph:
+                 precision: str | None = None, plan: Plan | None = None, method: str = "auto",
+                 cache: bool | str = False) -> OpGraph:
     """Load a model spec (zoo:…, file.py:factory, .onnx, graph.json) and capture it in ``precision``
     (``--precision``; ``None``: fp32, or a saved graph's own), with a status line — for a ``plan``
-    with replicas, its first replica's slice of the batch (:func:`~tensoropt.execute.replicas.call_for_capture`)."""
-    loaded = load_model(spec, batch=batch)
+    with replicas, its first replica's slice of the batch (:func:`~tensoropt.execute.replicas.call_for_capture`).
+    ``cache`` (:func:`cache_of`): read the graph from the capture cache where kept (it then has no
+    module: not for a timed profile), else keep it there."""
+    from ..execute.replicas import call_for_capture
+
+    loaded = load_model(spec, batch=batch, lazy=True)
     with console.status(f"capturing {escape(spec)} …"):
-        if plan is not None and plan.replicas and loaded.model is not None:
-            return capture(loaded.model, call_for_capture(loaded.call, plan, batch_dim), batch_dim=batch_dim,
-                           name=loaded.name, precision=precision or "fp32")
-        return loaded.capture(batch_dim=batch_dim, precision=precision)
+        if plan is not None and plan.replicas and not loaded.is_file:
+            return loaded.capture(batch_dim=batch_dim, precision=precision, method=method, cache=cache,
+                                  call=lambda call: call_for_capture(call, plan, batch_dim),
+                                  call_key=f"plan replica: batch {plan.batch_size} of {plan.global_batch_size}")
+        return loaded.capture(batch_dim=batch_dim, precision=precision, method=method, cache=cache)
 
 
 def costs_for(graph: OpGraph, shard_degrees: Iterable[int], args: argparse.Namespace, cluster: Cluster,
@@ -210,11 +237,13 @@ def costs_for(graph: OpGraph, shard_degrees: Iterable[int], args: argparse.Names
     if getattr(args, "profile", None):
         costs = read_profile(args.profile, graph)
     else:
-        on = profiling_device("cpu")
-        timed = not prices_by_model(costs_from, cluster, devices, device_name(on), on.type)
+        from ..measure.profiler import profile
+
+        kind, name = profiling_on("cpu")
+        timed = not prices_by_model(costs_from, cluster, devices, name, kind)
         with ProgressBars(console or Console(stderr=True)) as progress:
             costs = profile(graph, shard_degrees=tuple(sorted(set(shard_degrees))), repeats=args.repeats,
-                            warmup=getattr(args, "warmup", 1), progress=progress, timed=timed)
+                            warmup=getattr(args, "warmup", 1), progress=progress, timed=timed, cache=cache_of(args))
     return price(costs, cluster, devices, costs_from=costs_from, calibration=calibration)
 
 

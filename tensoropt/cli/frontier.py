@@ -30,6 +30,8 @@ from ._progress import ProgressBars
 def _rows_to_show(n: int, limit: int) -> list[int]:
     if limit <= 0 or n <= limit:
         return list(range(n))
+    if limit == 1:
+        return [0]
     step = (n - 1) / (limit - 1)
     return sorted({round(i * step) for i in range(limit)})
 

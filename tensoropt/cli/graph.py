@@ -12,20 +12,21 @@ from rich.console import Console
 
 from ..describe import print_graph
 from ..modelspec import load_model
-from ._common import add_capture_arguments, save_output
+from ._common import add_capture_arguments, cache_of, save_output
 
 
 def _cmd_graph(args: argparse.Namespace, console: Console) -> int:
     t0 = time.perf_counter()
-    loaded = load_model(args.model, batch=args.batch)
-    t1 = time.perf_counter()
+    loaded = load_model(args.model, batch=args.batch, lazy=True)     # built where the capture is not cached
     with console.status(f"capturing {args.model} …"):
-        graph = loaded.capture(batch_dim=args.batch_dim, method=args.method, precision=args.precision)
-    t2 = time.perf_counter()
+        graph = loaded.capture(batch_dim=args.batch_dim, method=args.method, precision=args.precision,
+                               cache=cache_of(args))
+    t1 = time.perf_counter()
     print_graph(graph, console, top=args.top, limit=0 if args.all else args.limit)
     if graph.precision != "fp32":
         console.print(f"precision {graph.precision}: activations as torch.autocast computes them, parameters float32")
-    console.print(f"built in {t1 - t0:.2f} s, captured in {t2 - t1:.2f} s")
+    console.print(f"built and captured in {t1 - t0:.2f} s" if "read from the capture cache" not in graph.notes
+                  else f"read from the capture cache in {t1 - t0:.2f} s")
     save_output(console, graph, args.json)
     return 0
 

@@ -19,7 +19,7 @@ from ..errors import ProfileError
 from ..graph import OpGraph
 from ..measure import CostModel, profile
 from ..measure.profiler import busy_warning
-from ._common import add_capture_arguments, add_repeats_argument, capture_spec, save_output
+from ._common import add_capture_arguments, add_repeats_argument, cache_of, capture_spec, save_output
 from ._common import degrees as degrees_arg
 from ._progress import ProgressBars
 
@@ -66,11 +66,12 @@ def _print_totals(console: Console, costs: CostModel, took: float) -> None:
 def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
     if args.repeats < 1 or args.warmup < 0:
         raise ProfileError("--repeats must be ≥ 1 and --warmup ≥ 0")
+    # captured afresh: a timed profile runs the model's module, which a cached graph has not
     graph = capture_spec(args.model, console, batch=args.batch, batch_dim=args.batch_dim, precision=args.precision)
     t0 = time.perf_counter()
     with ProgressBars(console) as progress:
         costs = profile(graph, device=args.device, shard_degrees=args.degrees, repeats=args.repeats,
-                        warmup=args.warmup, cache=not args.no_cache, progress=progress, in_sequence=not args.isolated)
+                        warmup=args.warmup, cache=cache_of(args), progress=progress, in_sequence=not args.isolated)
     took = time.perf_counter() - t0
     _print_top(console, graph, costs, args.top)
     _print_totals(console, costs, took)
@@ -86,7 +87,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="shard degrees to measure, comma-separated (default 1,2,4,8)")
     add_repeats_argument(p, default=5)
     p.add_argument("--warmup", type=int, default=1, help="untimed calls first (default 1)")
-    p.add_argument("--no-cache", action="store_true", help="measure everything again (ignore the on-disk cache)")
     p.add_argument("--isolated", action="store_true",
                    help="keep every operator's time alone (skip timing them inside whole training steps)")
     p.add_argument("--top", type=int, default=15, help="rows in the top-ops table (default 15)")

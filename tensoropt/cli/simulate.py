@@ -17,6 +17,7 @@ from ..plan import Plan
 from ..planmodel.simulate import simulate
 from ._common import (
     add_batch_argument,
+    add_cache_arguments,
     add_cluster_argument,
     add_costs_from_arguments,
     add_fit_arguments,
@@ -81,5 +82,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-overlap", action="store_true",
                    help="all-reduce parameter gradients after the whole backward, not as each node's ends")
     add_repeats_argument(p)
+    add_cache_arguments(p)
     p.add_argument("-o", "--output", metavar="PLAN_JSON", help="write the plan with the simulator's estimate")
     p.set_defaults(func=_cmd_simulate)

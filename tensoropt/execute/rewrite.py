@@ -175,6 +175,10 @@ def rewrite(graph: OpGraph, plan: Plan, device_of: Callable[[str], str], *,
     operators plain calls named in :attr:`Rewritten.segments` (the distributed backend, whose
     ranks run the graph node by node, runs them)."""
     ep, gm = graph.exported, graph.module
+    if graph.expansion is not None:
+        raise ExecutionError(f"graph {graph.name!r} was expanded to {graph.expansion.depth} blocks from a short "
+                             "capture (a model on the meta device): it has no module at full depth, and a model "
+                             "without weights cannot run; run a materialised model (fewer layers) captured whole")
     if ep is None or gm is None:
         raise ExecutionError(f"graph {graph.name!r} was not captured with torch.export (source {graph.source!r}); "
                              "the executor rewrites torch.export graphs: capture with method='export'")

@@ -22,8 +22,27 @@ Example::
     ([('batch', 2), ('channel', 2), ('reduce', 2)], True)
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .costmodel import CostModel, NodeCost, ShardCost
-from .profiler import profile
-from .step import StepMeasurement, measure_step, training_loss
+
+if TYPE_CHECKING:
+    from .profiler import profile
+    from .step import StepMeasurement, measure_step, training_loss
+
+#: the names that need torch, imported when first read (PEP 562): reading a profile needs only
+#: :mod:`.costmodel`
+_LAZY = {"profile": ".profiler", "StepMeasurement": ".step", "measure_step": ".step", "training_loss": ".step"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
 
 __all__ = ["CostModel", "NodeCost", "ShardCost", "StepMeasurement", "measure_step", "profile", "training_loss"]

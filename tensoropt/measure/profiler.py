@@ -67,6 +67,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from .. import syncbn
+from .._cache import cache_root
 from .._io import write_json_atomic
 from .._malloc import steady_malloc
 from ..capture import first_line, quiet_torch_logs
@@ -77,6 +78,7 @@ from ..layouts import SPLIT_LAYOUTS, Layout
 from ..progress import Progress, no_progress
 from .costmodel import CostModel, NodeCost, ShardCost, Work
 from .feed import fake_module, module_on, placeholder_values, runs_on_fake
+from .kept import keep_profile, kept_profile
 from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
 from .shards import TensorArg, shard_args, shard_size
 from .timing import device_info, device_key, time_callable
@@ -121,30 +123,60 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     """Measure every node of ``graph`` alone, then (``in_sequence``) inside whole training steps;
     see the module docstring.
 
-    ``graph`` must come from :func:`tensoropt.capture` (it needs the captured module);
-    ``inputs`` overrides the example inputs it was captured with.  ``shard_degrees``: the
-    degrees ``k > 1`` measured per legal layout.  ``cache``: ``True`` for the default folder, a
-    path, or ``False``.  ``progress``: told ``("profile", done, total, node_name)`` as nodes are
-    measured (:class:`~tensoropt.progress.Progress`).  ``in_sequence``: replace the isolated times by what each
-    node costs inside a training step (:mod:`.sequence`; off, or when a whole step does not fit
-    in memory, the isolated times stay and ``settings["in_sequence"]`` says why).  ``timed=False``:
-    run every call once for its memory figures and its work, time nothing (every time is 0, no
-    in-sequence run, ``settings["timed"]`` false) — for a device model to price
-    (:func:`tensoropt.devicemodel.convert`); such a profile is refused anywhere else.  Everything
-    runs in ``graph.precision`` (a bf16 graph under its autocast; module docstring, 6.), recorded
-    in ``settings["precision"]``.  Runs the
-    model's forward once plus, per distinct op call, ``warmup + repeats`` forward and backward
-    calls, plus ``2 + repeats`` training steps at the full batch and at each batch shard.
+    ``graph`` must come from :func:`tensoropt.capture` (it needs the captured module), or be a
+    graph expanded from a short capture (:mod:`tensoropt.capture.expand`; untimed only): the short
+    graph is profiled and every copy of its repeated block takes its operators' costs — identical
+    calls, which the profiler measures once anyway (:func:`expanded_costs`).  ``inputs`` overrides
+    the example inputs it was captured with.  ``shard_degrees``: the degrees ``k > 1`` measured
+    per legal layout.  ``cache``: ``True`` for the default folder
+    (:func:`tensoropt._cache.cache_root`), a folder, or ``False``: the measured calls are kept
+    there, and a whole untimed profile by what it depends on (the graph's fingerprint, the
+    degrees, repeats and warm-up, the device, torch's version and the profiler's code) — found
+    there, it is returned without running anything (the graph needs no module then).
+    ``progress``: told ``("profile", done, total, node_name)`` as nodes are measured
+    (:class:`~tensoropt.progress.Progress`).  ``in_sequence``: replace the isolated times by what
+    each node costs inside a training step (:mod:`.sequence`; off, or when a whole step does not
+    fit in memory, the isolated times stay and ``settings["in_sequence"]`` says why).
+    ``timed=False``: run every call once for its memory figures and its work, time nothing
+    (every time is 0, no in-sequence run, ``settings["timed"]`` false) — for a device model to
+    price (:func:`tensoropt.devicemodel.convert`); such a profile is refused anywhere else.
+    Everything runs in ``graph.precision`` (a bf16 graph under its autocast; module docstring,
+    6.), recorded in ``settings["precision"]``.  Runs the model's forward once plus, per distinct
+    op call, ``warmup + repeats`` forward and backward calls, plus ``2 + repeats`` training steps
+    at the full batch and at each batch shard.
     """
+    degrees = sorted({int(k) for k in shard_degrees if int(k) > 1})
+    dev = profiling_device(device)
+    keeps = not timed and inputs is None
+    if keeps:
+        hit = kept_profile(graph, device=device, shard_degrees=degrees, repeats=repeats, warmup=warmup, cache=cache)
+        if hit is not None:
+            progress("profile", len(graph.ops), len(graph.ops), "read from the profile cache")
+            return hit
+    if graph.expansion is not None:
+        if timed:
+            raise ProfileError(unmeasurable(graph.name))
+        costs, calls = _profile(graph.expansion.template, dev, degrees, repeats, warmup, cache, progress, inputs,
+                                in_sequence, timed)
+        costs = expanded_costs(costs, calls, graph)
+    else:
+        costs, _ = _profile(graph, dev, degrees, repeats, warmup, cache, progress, inputs, in_sequence, timed)
+    if keeps:
+        keep_profile(costs, graph, device=device, shard_degrees=degrees, repeats=repeats, warmup=warmup, cache=cache)
+    return costs
+
+
+def _profile(graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
+             cache: bool | str | os.PathLike, progress: Progress, inputs: tuple | None, in_sequence: bool,
+             timed: bool) -> tuple[CostModel, dict[str, int]]:
+    """:func:`profile` of a captured graph, and the calls (measured or cached) each node made."""
     if graph.module is None:
         raise ProfileError(f"graph {graph.name!r} has no captured module (it was loaded from "
-                           f"{graph.source or 'a file'}); profile the model itself, e.g. "
-                           "tensoropt profile zoo:NAME or tensoropt.profile(tensoropt.capture(model, inputs))")
+                           f"{graph.source or 'a file'}, or read from the capture cache); profile the model itself, "
+                           "e.g. tensoropt profile zoo:NAME or tensoropt.profile(tensoropt.capture(model, inputs))")
     if timed and runs_on_fake(graph):
         raise ProfileError(unmeasurable(graph.name))
-    dev = profiling_device(device)
     steady_malloc()   # one allocator regime for the profile and the executors (why: tensoropt._malloc)
-    degrees = sorted({int(k) for k in shard_degrees if int(k) > 1})
     t0 = time.perf_counter()
     load0 = _loadavg()
     basic = device_info(dev, measure=False)
@@ -166,7 +198,28 @@ def profile(graph: OpGraph, *, device: str = "cpu", shard_degrees: Sequence[int]
     settings["timed"] = timed
     return CostModel(costs, graph_fingerprint=graph.fingerprint, graph_name=graph.name,
                      batch_size=graph.batch_size, device=info, settings=settings,
-                     profile_s=time.perf_counter() - t0)
+                     profile_s=time.perf_counter() - t0), runner.calls
+
+
+def expanded_costs(costs: CostModel, calls: dict[str, int], graph: OpGraph) -> CostModel:
+    """The profile of ``graph``, expanded from a short capture (:attr:`OpGraph.expansion`), from
+    ``costs``, the profile of that capture: every node takes the costs of the node it copies (its
+    saved inputs named as the copy's), and the calls of every extra copy count as cached — they
+    are the calls of the copied node, which a whole run would find measured (``calls``: each
+    template node's calls, :attr:`_Runner.calls`).  What profiling the whole graph would give."""
+    exp = graph.expansion
+    template = exp.template.nodes
+    nodes: dict[str, NodeCost] = {}
+    extra = -sum(calls.get(n.name, 0) for n in exp.template.ops)
+    for e in graph.ops:
+        t = exp.origin[e.name]
+        c = costs.nodes[t]
+        renamed = dict(zip(template[t].inputs, e.inputs))
+        nodes[e.name] = dataclasses.replace(c, name=e.name, saved_inputs=tuple(renamed[s] for s in c.saved_inputs))
+        extra += calls.get(t, 0)
+    settings = {**costs.settings, "cached_calls": costs.settings.get("cached_calls", 0) + extra}
+    return CostModel(nodes, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
+                     device=costs.device, settings=settings, profile_s=costs.profile_s)
 
 
 def _measure_ops(graph: OpGraph, dev: torch.device, degrees: list[int], repeats: int, warmup: int,
@@ -305,8 +358,7 @@ class _DiskCache:
         self.key = key
         if cache is False:
             return
-        folder = Path(cache) if not isinstance(cache, bool) else \
-            Path(os.environ.get("TENSOROPT_CACHE_DIR") or Path.home() / ".cache" / "tensoropt")
+        folder = cache_root(None if isinstance(cache, bool) else cache)
         slug = re.sub(r"[^A-Za-z0-9]+", "-", key).strip("-")[:120]
         self.path = folder / f"profile-cache-{slug}.json"
         try:
@@ -372,6 +424,8 @@ class _Runner(fx.Interpreter):
         self.costs: dict[str, NodeCost] = {}
         self.seen: dict[str, Measurement] = {}
         self.measured_calls = self.cached_calls = 0
+        #: the calls (measured or cached) each node made, by node name
+        self.calls: dict[str, int] = {}
         self.report: Callable = lambda *a: None
         self.dry = dry  # only look calls up in the cache, on FakeTensors (raises _CacheMiss)
         self.timed = timed  # False: run each call once for memory and work, time nothing
@@ -395,6 +449,7 @@ class _Runner(fx.Interpreter):
             return True
         except Exception:  # noqa: BLE001 - a miss, or an op FakeTensors cannot run: measure for real
             self.costs.clear()
+            self.calls.clear()
             self.cached_calls = 0
             return False
 
@@ -418,7 +473,9 @@ class _Runner(fx.Interpreter):
             raise ProfileError(_no_fake_run(self.graph_, n, e)) from e
         op = self.graph_.nodes.get(n.name)
         if op is not None and op.kind == "op":
+            before = self.measured_calls + self.cached_calls
             self.costs[n.name] = self._cost(n, op)
+            self.calls[n.name] = self.measured_calls + self.cached_calls - before
             self.report(len(self.costs), len(self.graph_.ops), n.name)
         return result
 
@@ -875,7 +932,7 @@ def _unique_bytes(ts: Iterable[torch.Tensor]) -> int:
 def _touched_bytes(ts: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct tensors (a view counts its own elements, not its storage's): what a
     kernel reading or writing them moves."""
-    seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], int] = {}
+    seen: dict[tuple[Any, ...], int] = {}
     for t in ts:
         seen[(_ptr(t), int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))] = t.numel() * t.element_size()
     return sum(seen.values())

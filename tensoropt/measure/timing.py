@@ -19,13 +19,14 @@ Example::
 from __future__ import annotations
 
 import math
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from .kept import cpu_name
 
 MIN_SAMPLE_S = 2e-4      # shorter calls are repeated inside one sample
 MAX_INNER = 200
@@ -72,14 +73,7 @@ def _one(fn: Callable[[], Any], cuda: bool, inner: int) -> float:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_name()
 
 
 def device_info(device: torch.device, *, measure: bool = True) -> dict[str, Any]:

@@ -241,6 +241,23 @@ def from_config(config: Mapping[str, Any], *, batch: int, seq_len: int | None = 
     return (TokenLoss(model) if causal else Logits(model, use_cache=None)), inputs
 
 
+def layers_of(config: Mapping[str, Any]) -> int | None:
+    """The blocks the model of a ``config.json`` stacks (its ``num_hidden_layers``, whatever the
+    file calls it: GPT-2's ``n_layer``), ``None`` where transformers reads none from it.
+
+    >>> layers_of({"model_type": "gpt2", "n_layer": 12})
+    12
+    """
+    tf = _transformers()
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "auto_map")}
+    try:
+        cfg = tf.AutoConfig.for_model(**fields)
+    except Exception:  # noqa: BLE001 - from_config says what is wrong with the file when it builds the model
+        return None
+    n = getattr(cfg, "num_hidden_layers", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
 def _causal_classes() -> set[str]:
     return {name for names in _auto_classes("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES").values() for name in names}
 
