@@ -158,7 +158,7 @@ def test_default_resolution_is_the_documented_rule(default, exact):
         assert q is not None and q.time_s <= p.time_s * (1 + 1e-12)
 
 
-def test_budget_marks_points_and_too_small_a_budget_is_an_error(cnn, default):
+def test_budget_marks_points_and_too_small_a_budget_is_an_error(cnn, default, exact):
     g, costs = cnn
     mid = default[len(default) // 2].memory_bytes
     fr = track_frontier(g, costs, TITAN, devices=FOUR, budget=mid)
@@ -167,14 +167,20 @@ def test_budget_marks_points_and_too_small_a_budget_is_an_error(cnn, default):
     assert fr.best_under(mid).memory_bytes <= mid
     assert all(p.fits_budget for p in default)                  # no budget: the devices' 24 GiB
     with pytest.raises(BudgetError) as info:
-        track_frontier(g, costs, TITAN, devices=FOUR, budget="1KiB")
+        track_frontier(g, costs, TITAN, devices=FOUR, budget="1KiB", resolution=0, seed_placers=())
     msg = str(info.value)
-    least = default.min_memory()
+    least = exact.min_memory()
     assert "no plan fits a memory budget" in msg and "smallest memory on the frontier" in msg \
         and str(least.memory_bytes) in msg
     assert f"fewest devices that reach it: {least.num_devices}" in msg
     assert isinstance(info.value, TensorOptError) and info.value.exit_code == 2
-    assert len(info.value.frontier) == len(default)
+    # no mesh of 1 or 2 devices holds the parameters and optimizer state in 1 KiB: only the largest
+    # is searched (the notes say why), and its plans are the exact frontier's on 4 devices and more
+    got = info.value.frontier
+    assert [len(m.mesh) for m in got.meshes] == [4]
+    assert sum("not searched: no plan on it can fit" in n for n in got.notes) == 2
+    assert {(p.memory_bytes, p.time_s) for p in exact if p.num_devices == 4} <= \
+        {(p.memory_bytes, p.time_s) for p in got}
 
 
 def test_csv_columns_and_order(default, tmp_path):
