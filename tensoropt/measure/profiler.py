@@ -64,7 +64,6 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
-from torch.utils.flop_counter import FlopCounterMode
 
 from .. import syncbn
 from .._cache import cache_root
@@ -78,6 +77,7 @@ from ..layouts import SPLIT_LAYOUTS, Layout
 from ..progress import Progress, no_progress
 from .costmodel import CostModel, NodeCost, ShardCost, Work
 from .feed import fake_module, module_on, placeholder_values, runs_on_fake
+from .flops import counting_flops
 from .kept import keep_profile, kept_profile
 from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
 from .shards import TensorArg, shard_args, shard_size
@@ -90,7 +90,8 @@ from .timing import device_info, device_key, time_callable
 #: first layer's backward with an input gradient training never computes)
 #: 6: every call records its work (forward and backward FLOPs and bytes, :class:`.costmodel.Work`)
 #: 7: fused recurrent layers (LSTM, GRU) record their FLOPs (FlopCounterMode counts none for them)
-CACHE_VERSION = 7
+#: 8: fused attention on the CPU records its FLOPs, causal attention the pairs it computes (:mod:`.flops`)
+CACHE_VERSION = 8
 
 
 @dataclass(frozen=True)
@@ -688,7 +689,7 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
         saved.append(t)
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False) as count:
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), counting_flops() as count:
         outs = forward()
     out_tensors = [t for t in tree_flatten(outs)[0] if isinstance(t, torch.Tensor)]
     out_ptrs = {_ptr(t) for t in out_tensors}
@@ -709,7 +710,7 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
 
         def backward() -> Any:
             return torch.autograd.grad(diff, grad_inputs, gouts, retain_graph=True, allow_unused=True)
-        with FlopCounterMode(display=False) as count:
+        with counting_flops() as count:
             grads = backward()
         bp_flops = int(count.get_total_flops())
         bp_bytes = _touched_bytes([*gouts, *saved]) + _touched_bytes(g for g in grads if g is not None)
@@ -813,7 +814,7 @@ def _fake_run(fn: Callable, args: tuple, kwargs: dict, precision: str = "fp32") 
         with given or FakeTensorMode(allow_non_fake_inputs=True) as mode:
             fargs, fkwargs = _map(lambda t: mode.from_tensor(t), (args, kwargs))
             with torch.no_grad(), precision_context(precision, _tensors((args, kwargs))), \
-                    FlopCounterMode(display=False) as fc:
+                    counting_flops() as fc:
                 out = fn(*fargs, **fkwargs)
             out_bytes = sum(t.numel() * t.element_size() for t in _tensors(out))
         return int(fc.get_total_flops()), out_bytes

@@ -139,3 +139,28 @@ def test_a_fused_lstm_records_the_flops_of_its_matrix_products():
     (lstm,) = [n for n in costs.nodes.values() if "lstm" in n.op.lower()]
     assert lstm.work.fp_flops == 2 * 15 * 128 * (16 + 32 + 32 + 32)
     assert lstm.work.bp_flops == 2 * lstm.work.fp_flops
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attention_records_the_flops_of_its_products(causal):
+    """FlopCounterMode counts nothing for the CPU's fused attention; the profiler counts as PyTorch
+    does the CUDA kernels: forward Q·Kᵀ and P·V, 2·b·h·s²·d each; backward five such products (the
+    scores recomputed, dV, dP, dQ, dK).  Batch 3, 4 heads, 16 tokens, head size 8.  Causal: a flash
+    kernel computes 16·17/2 of the 16² query-key pairs."""
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(32, 96)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(3, 16, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    graph = tensoropt.capture(Attention(), (torch.randn(3, 16, 32),))
+    costs = tensoropt.profile(graph, shard_degrees=(1,), timed=False, cache=False)
+    (attention,) = [n for n in costs.nodes.values() if "attention" in n.op]
+    product = 2 * 3 * 4 * 16 * 16 * 8
+    pairs = (16 * 17 // 2) / 16**2 if causal else 1
+    assert attention.work.fp_flops == 2 * product * pairs
+    assert attention.work.bp_flops == 5 * product * pairs
