@@ -194,10 +194,6 @@ class _Store:
         #: (one reference held) so that its costs stay readable.
         self.memo: dict[tuple[Any, ...], int] | None = None
         self.memo_hits = 0
-        #: memory above which no point is kept (``None``: none): with every cost non-negative a sum
-        #: only grows, so no plan at or below it is lost (:func:`track`'s ``ceiling``)
-        self.ceiling: float | None = None
-        self.capped = 0
         #: where a repeated block's copies are (:mod:`.repeats`): per node its position in the
         #: block solved for all (-1 elsewhere), and every block's nodes by position
         self.reloc: tuple[np.ndarray, np.ndarray] | None = None
@@ -212,27 +208,12 @@ class _Store:
             self.groups[gid].strip()
 
     def _add(self, g: _Group) -> int:
-        if self.ceiling is not None and g.mem.size and g.mem.max() > self.ceiling:
-            g = self._capped(g)
         self.groups.append(g)
         self.refs.append(0)
         self.points += g.mem.size
         if g.start.size > 1:
             self.max_frontier = max(self.max_frontier, int(np.diff(g.start).max()))
         return len(self.groups) - 1
-
-    def _capped(self, g: _Group) -> _Group:
-        """``g`` without its points above :attr:`ceiling` (a new group; nothing refers to ``g``'s
-        points yet)."""
-        assert self.ceiling is not None
-        keep = g.mem <= self.ceiling
-        self.capped += int(keep.size - keep.sum())
-        counts = np.zeros(g.start.size - 1, np.int64)
-        which = np.repeat(np.arange(g.start.size - 1), np.diff(g.start))
-        np.add.at(counts, which[keep], 1)
-        start = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        return _Group(g.mem[keep], g.time[keep], start, g.ref_gid[keep] if g.ref_gid.ndim == 2 else g.ref_gid,
-                      g.ref_idx[keep], g.node, None if g.cfg is None else g.cfg[keep], g.nred, g.shift)
 
     def leaf(self, mem: np.ndarray, time: np.ndarray, node: int = -1) -> int:
         """One single-point frontier per entry of ``mem`` / ``time`` (flattened); infeasible
@@ -1186,7 +1167,7 @@ class Session:
 
 def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024,
           backend: str | None = None, session: Session | None = None,
-          repeats: Repeats | None = None, ceiling: float | None = None) -> FrontierResult:
+          repeats: Repeats | None = None) -> FrontierResult:
     """The (memory, time) Pareto frontier of ``problem`` by frontier tracking (module docstring).
 
     ``resolution``: bytes (0 = exact) — memory is compared in buckets of this size at every
@@ -1198,9 +1179,6 @@ def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024
     and backend); the result is the same as without.  ``repeats``: the problem's repeated
     blocks (:class:`~.repeats.Repeats`, checked against its costs): solved once and composed
     (module docstring, "Repeated blocks"); ``stats["repeats"]`` says whether they were, or why not.
-    ``ceiling``: memory above which no point is kept — the frontier of the plans at or below it,
-    exact as the rest (every cost must be non-negative: a sum then only grows); a session's runs
-    share one (``stats["capped"]``: points dropped).
     """
     if not isinstance(problem, Problem):
         raise TypeError(f"track() needs a Problem, got {type(problem).__name__}")
@@ -1212,14 +1190,7 @@ def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024
                                 or session.store.backend != point_sets._backend(backend)):
         raise ValueError("a session's runs share its resolution and backend")
     store = session.store if session is not None else _Store(res, point_sets._backend(backend))
-    if ceiling is not None:
-        if session is not None and session.store.groups[1:] and store.ceiling != ceiling:
-            raise ValueError("a session's runs share one ceiling")
-        if any((n.mem < 0).any() for n in problem.nodes) or any((e.mem < 0).any() for e in problem.edges):
-            raise ValueError("a ceiling needs non-negative memory costs")
-        store.ceiling = float(ceiling)
     merged0, candidates0, points0, hits0 = store.merged, store.candidates, store.points, store.memo_hits
-    capped0 = store.capped
     tr = _Tracker(problem, store)
     g = tr.initial_graph()
     solved, why = None, "none given"
@@ -1254,7 +1225,6 @@ def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024
         "branch_rule": BRANCH_RULE,
         "backend": store.backend,
         "seconds": _time.perf_counter() - t0,
-        "capped": store.capped - capped0,
         "repeats": ("none" if repeats is None else f"not composed: {why}" if solved is None
                     else f"{len(repeats.blocks)} blocks of {repeats.size} nodes solved once"),
     }

@@ -440,14 +440,6 @@ class MeshProblem:
     stats: Mapping[str, Any] = field(default_factory=dict)
     #: the model's repeated blocks as a claim on ``problem`` (:func:`find_repeats`), or ``None``
     repeats: Repeats | None = None
-    #: resident memory above which the search keeps no point (``None``: none; set by the search,
-    #: :data:`~.track.CEILING`)
-    ceiling: float | None = None
-
-    def nonnegative(self) -> bool:
-        """Whether every memory cost is non-negative (a ceiling then loses no plan below it)."""
-        return all(bool((n.mem >= 0).all()) for n in self.problem.nodes) and \
-            all(bool((e.mem >= 0).all()) for e in self.problem.edges)
 
     @property
     def num_devices(self) -> int:

@@ -92,7 +92,7 @@ from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..placers import place
 from ..plan import Estimate, Plan
-from ..planmodel.fits import cannot_fit, check_budget_value, fits, over_by, usable_bytes
+from ..planmodel.fits import cannot_fit, check_budget_value, fits, over_by
 from ..planmodel.meshplan import MeshEvaluator
 from ..planmodel.simulate import simulate
 from ..planmodel.walk import fill_segments
@@ -115,12 +115,6 @@ DEFAULT_MAX_LEVELS = 64
 #: the graphs from which the meshes are tracked in forked workers by default (smaller ones take
 #: less than forking costs: tens of milliseconds)
 PARALLEL_MIN_OPS = 100
-#: the search keeps no partial plan whose estimated resident memory exceeds this many times the
-#: devices' usable memory (:func:`~.algorithm.track`'s ``ceiling``: memory only adds up, so nothing
-#: below is lost): the estimate can put a plan at twice its walked peak (Llama-3-8B's FSDP with every
-#: block recomputed: 73 vs 37 GiB), never yet four times; above, no plan could fit.  Where no mesh
-#: has a plan within it, the largest is searched again without one, to say how much a plan needs
-CEILING = 4.0
 #: plans evaluated per mesh (the search's candidates, then the polish) before the polish stops
 DEFAULT_MAX_WALKS = 500
 #: placers whose plans join every frontier by default (:func:`track_frontier`): those that take
@@ -779,8 +773,6 @@ class _TauRun:
     seconds: float
     #: what became of the problem's repeated blocks (:func:`~.algorithm.track`'s ``stats["repeats"]``)
     repeats: str = "none"
-    #: partial plans left out above the mesh's ceiling (``stats["capped"]``)
-    capped: int = 0
 
 
 def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int, backend: str | None,
@@ -789,14 +781,14 @@ def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int
     infeasible, reusing what the ``session``'s earlier τ runs computed from the same costs."""
     t0 = _time.perf_counter()
     r = track(mp.masked(level), resolution=resolution, max_branches=max_branches, backend=backend, session=session,
-              repeats=mp.repeats, ceiling=mp.ceiling)
+              repeats=mp.repeats)
     vecs = r.assignment_vectors() if len(r) else np.zeros((0, len(mp.problem.nodes)), dtype=np.int64)
     # in the smallest integer type that holds every configuration index (int8 on every model of the
     # suite): a run's points cross a pipe, and AmoebaNet-D-18's 32 levels on two devices hold 20,000
     vecs = vecs.astype(np.min_scalar_type(-max((p.k for p in mp.problem.nodes), default=1)))
     return _TauRun(vecs, r.merged_by_resolution, tuple(f.node for f in r.fixed), float(r.mem_slack),
                    int(r.stats["candidates"]), int(r.stats["max_frontier"]), _time.perf_counter() - t0,
-                   str(r.stats["repeats"]), int(r.stats["capped"]))
+                   str(r.stats["repeats"]))
 
 
 def _mesh_levels(mp: MeshProblem, max_levels: int) -> tuple[np.ndarray, int]:
@@ -842,7 +834,6 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     stats = {"tau_runs": int(levels.size), "candidates": int(sum(r.candidates for r in runs)),
              "offered": offered, "searched": searched, "walked": len(pool), "polished": polished,
              "repeats": sorted({r.repeats for r in runs}),
-             "capped": int(sum(r.capped for r in runs)), "ceiling": mp.ceiling,
              "max_frontier": int(max((r.max_frontier for r in runs), default=0)), **dict(mp.stats)}
     costs_arr = np.column_stack([pool.est, pool.peak, pool.time]).astype(np.float64).reshape(-1, 3)
     seconds = sum(r.seconds for r in runs) + _time.perf_counter() - t0
@@ -855,15 +846,6 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
                       np.array([pool.est[k] for k in front], dtype=np.float64),
                       tuple(map(tuple, np.array(pool.vecs, dtype=np.int64).reshape(len(pool), -1).tolist())),
                       costs_arr)
-
-
-def _ceiling(mp: MeshProblem, cluster: Cluster, reserve: int) -> float | None:
-    """:data:`CEILING` times the least usable memory of ``mp``'s devices, whatever the budget (a
-    budget marks plans, it hides none; ``None`` where a memory cost is negative: a sum could
-    shrink)."""
-    if not mp.nonnegative():
-        return None
-    return CEILING * min(usable_bytes(cluster, d, budget=None, reserve=reserve) for d in mp.mesh)
 
 
 def _meshes_that_may_fit(graph: OpGraph, cluster: Cluster, meshes: Sequence[tuple[str, ...]], optimizer: str | int,
@@ -959,7 +941,6 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     workers = min(int(workers), len(mesh_list))
     problems = _build_problems(graph, costs, cluster, mesh_list, optimizer, shard_levels,
                                partial(progress, "frontier"), steps, workers)
-    problems = [dataclasses.replace(mp, ceiling=_ceiling(mp, cluster, reserve)) for mp in problems]
     res, res_rule = _choose_resolution(resolution, problems, cluster)
     on = [d for d in allowed if d in {d for m in mesh_list for d in m}]   # given meshes bound the placers too
 
@@ -969,12 +950,6 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
 
     results, seeded = _track_meshes(problems, graph, costs, cluster, res, int(max_levels), max_branches, backend,
                                     int(max_walks), progress, steps, workers, seeds if seed_placers else None)
-    if not any(r.mem.size for r in results):   # nothing within the ceiling: how much the largest mesh needs
-        i = max(range(len(problems)), key=lambda k: len(problems[k].mesh))
-        if problems[i].ceiling is not None:
-            problems[i] = dataclasses.replace(problems[i], ceiling=None)
-            results[i] = _track_mesh(problems[i], graph, costs, cluster, res, int(max_levels), max_branches, backend,
-                                     int(max_walks), lambda _msg: None)
 
     progress("frontier", steps - 1, steps, "union across meshes")
     _, _, which, idx, m_union = point_sets.union([(r.mem, r.time) for r in results], res, backend=backend,
@@ -1224,10 +1199,6 @@ def _frontier_notes(results: Sequence[MeshResult], res: float, res_rule: str, me
 def _mesh_notes(r: MeshResult) -> list[str]:
     """One mesh's notes: its problem's, then what may make its frontier miss plans."""
     notes = list(r.problem.notes)
-    if r.stats.get("capped"):
-        notes.append(f"mesh {','.join(r.mesh)}: plans whose estimated memory exceeds "
-                     f"{fmt_bytes(int(r.stats['ceiling']))} ({CEILING:g} x the devices' usable memory) were left out "
-                     "of the search (no such plan can fit)")
     composed = [x for x in r.stats.get("repeats", ()) if x != "none"]
     if composed:
         notes.append(f"mesh {','.join(r.mesh)}: repeated blocks: " + "; ".join(composed) +
