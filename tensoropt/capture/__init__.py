@@ -36,6 +36,7 @@ from .diagnose import describe_failure, failing_op, first_line, inputs_run_model
 from .fake import FakeTensorMode, fake_on, fake_twin, holds_no_data, on_meta
 from .functionalize import functionalize
 from .onnx import load_onnx
+from .outside_torch import DrawsOutsideTorch, RandomOutsideTorchError
 from .precision import PRECISIONS, bf16_parameters, check_precision, device_types, precision_context
 from .symbolic import capture_fx
 
@@ -178,7 +179,7 @@ def _data_dependent(e: BaseException) -> bool:
 
 def _fx_may_help(e: CaptureError) -> bool:
     """A CaptureError from the export door that another tracer would not meet again."""
-    return "in place" not in str(e)
+    return "in place" not in str(e) and not isinstance(e, RandomOutsideTorchError)
 
 
 def _batch_size(args: Sequence[Any], batch_dim: int) -> int | None:
@@ -201,7 +202,9 @@ def capture_export(model: torch.nn.Module, example_inputs: Any, *, batch_dim: in
     batch size, or calls an op that needs concrete sizes where they come from the batch
     (:func:`_export_dynamic_batch`), the export still succeeds and the graph's notes say batch
     splits are unknown (and which op of which module fixed the batch).  A draw from a
-    ``torch.Generator`` the model owns is a :class:`CaptureError` naming the module and the op.
+    ``torch.Generator`` the model owns is a :class:`CaptureError` naming the module and the op;
+    so is one with numpy or Python's ``random`` in ``forward`` (:mod:`.outside_torch`: the graph
+    would keep one draw as a constant).
     """
     call = ModelCall.of(example_inputs)
     wrapper, args = call.capturable(model)
@@ -239,7 +242,7 @@ def _export_dynamic_batch(wrapper: torch.nn.Module, args: tuple[Any, ...], batch
                     and a.shape[batch_dim] >= 2 else None for a in args)
     t0 = time.perf_counter()
     static_reason = None
-    with _DefaultGeneratorOmitted(), _module_conversions_traced():
+    with _DefaultGeneratorOmitted(), _module_conversions_traced(), DrawsOutsideTorch(model) as draws:
         try:
             ep = export(wrapper, args, dynamic_shapes=dynamic, strict=False)
         except Exception as e:
@@ -251,6 +254,7 @@ def _export_dynamic_batch(wrapper: torch.nn.Module, args: tuple[Any, ...], batch
             fresh = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
                           for a in args)
             ep = export(wrapper, fresh, strict=False)
+    draws.refuse()
     return ep, time.perf_counter() - t0, static_reason
 
 
