@@ -47,8 +47,8 @@ class RandomOutsideTorchError(CaptureError):
 
 def _states() -> tuple[Any, ...]:
     """What changes when numpy's legacy global generator or Python's ``random`` draws."""
-    kind, key, pos, has_gauss, gauss = np.random.get_state()
-    return key.tobytes(), pos, has_gauss, gauss, random.getstate()
+    _, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    return np.asarray(key).tobytes(), pos, has_gauss, gauss, random.getstate()
 
 
 class DrawsOutsideTorch:

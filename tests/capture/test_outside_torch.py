@@ -23,10 +23,7 @@ class SpecAugment(torch.nn.Module):
     def forward(self, x):
         if self.mask_time_prob > 0:
             steps = x.shape[1]
-            if self.how == "legacy":
-                drawn = np.random.rand(steps)
-            else:
-                drawn = np.random.default_rng().random(steps)
+            drawn = np.random.rand(steps) if self.how == "legacy" else np.random.default_rng().random(steps)
             mask = torch.from_numpy(drawn < self.mask_time_prob)
             x = x.masked_fill(mask[None, :, None], 0.0)
         return x
