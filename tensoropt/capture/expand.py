@@ -45,7 +45,7 @@ Example (Llama 3 at a tiny width, its 32 layers on the meta device)::
     ...     return model, ModelCall(inputs)
     >>> graph = capture_by_expansion(build, 32, capture)
     >>> graph.expansion.depth, len(graph.ops), graph.module is None
-    (32, 1727, True)
+    (32, 1728, True)
     >>> graph.nodes["linear_222"].module_path, graph.nodes["linear_222"].params
     ('model.model.layers.31.mlp.up_proj', ('model.model.layers.31.mlp.up_proj.weight',))
 """
