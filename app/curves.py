@@ -25,11 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tensoropt.cluster import Cluster
-from tensoropt.frontier import Frontier
-
-# the union's own point builder, so that a curve point's plan is built exactly as a frontier point's is (a
-# public Frontier helper for the curves of every device count would be better: asked for, track.py is not ours)
-from tensoropt.frontier.track import FrontierPoint, _frontier_point
+from tensoropt.frontier import Frontier, FrontierPoint
 from tensoropt.graph import OpGraph
 from tensoropt.measure.costmodel import CostModel
 from tensoropt.plan import Plan
@@ -128,9 +124,8 @@ def device_curves(frontier: Frontier, graph: OpGraph, costs: CostModel,
             assert where is not None
             w, j = where
             new = f"{k}dev-{i:03d}"
-            fp = _frontier_point(j, len(kept), frontier.meshes[w], w, j, graph, costs, cluster,
-                                 res=frontier.resolution, optimizer=frontier.optimizer, budget=frontier.budget,
-                                 reserve=frontier.reserve, times_from=frontier.times_from)
+            # built as the frontier's own points are, so that a curve point's plan is a frontier point's
+            fp = frontier.mesh_point(w, j, graph, costs, cluster=cluster, index=j, count=len(kept))
             plan = _renamed(fp.plan, new, k, i, len(kept))
             points.append(_point(new, fp, False))
             plans.append(plan)

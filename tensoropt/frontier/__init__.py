@@ -14,9 +14,14 @@
 * :mod:`.graph_problem` — the concrete problem of a graph on one mesh: configurations (layouts ×
   recompute) and their costs from the CostModel, edge costs from the resharding collectives,
   :func:`candidate_meshes` (link-aware device groups in ring order).
-* :mod:`.track` — :func:`track_frontier`: per mesh, frontier tracking with the non-additive peak
-  (``Σ resident + max transient``) handled exactly by τ runs, then the union across meshes, as a
-  :class:`Frontier` of plans (CSV, plan JSON, budget queries).
+* :mod:`.track` — :func:`track_frontier`, the search's driver: per mesh, frontier tracking with the
+  non-additive peak (``Σ resident + max transient``) handled exactly by τ runs, every candidate
+  walked and the frontier polished (:mod:`.polish`), the meshes in forked workers (:mod:`.forkmap`,
+  :mod:`.meshwork`), then the union across meshes.
+* :mod:`.result` — what it returns: :class:`Frontier` of :class:`FrontierPoint` plans (CSV, plan
+  JSON, budget queries), each mesh's :class:`MeshResult`, :class:`BudgetError`, and
+  :func:`frontier_point` (a mesh's point as a plan: :meth:`Frontier.mesh_point`); :mod:`.notes` —
+  the notes a frontier carries.
 
 The package owns the search for the Pareto set; it must not cost anything itself — every cost
 comes from :mod:`tensoropt.planmodel` (resharding, memory, the walk) and :mod:`tensoropt.measure`
@@ -41,24 +46,18 @@ work here, untimed, and the A100's device model prices the times)::
 # isort: off
 # .track before .algorithm: loading the submodule .track binds the package's attribute `track` to
 # it, and the function algorithm.track must be bound after it (tensoropt.frontier.track is the function)
-from .track import (
-    DEFAULT_SEED_PLACERS,
-    BudgetError,
-    Frontier,
-    FrontierPoint,
-    MeshResult,
-    default_resolution,
-    track_frontier,
-)
+from .track import DEFAULT_SEED_PLACERS, default_resolution, track_frontier
 from .algorithm import BRANCH_RULE, FIX_RULE, FixedChoice, FrontierResult, Session, track
 # isort: on
 from .graph_problem import MeshProblem, build_problem, candidate_meshes, node_configs, ring_bottleneck
 from .point_sets import batched_product, bucket_key, is_frontier, product, reduce, union
 from .problem import EdgeCosts, NodeCosts, Problem, ProblemError, brute_force, min_scalarized
 from .replicas import REPLICAS_SOURCE, host_groups, replicate_frontier, replicated
+from .result import BudgetError, Frontier, FrontierPoint, MeshResult, frontier_point
 
 __all__ = [
-    "track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "default_resolution",
+    "track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "frontier_point",
+    "default_resolution",
     "DEFAULT_SEED_PLACERS",
     "candidate_meshes", "ring_bottleneck", "node_configs", "build_problem", "MeshProblem",
     "track", "Session", "FrontierResult", "FixedChoice", "BRANCH_RULE", "FIX_RULE",

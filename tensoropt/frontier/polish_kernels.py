@@ -5,7 +5,7 @@ A plan of one mesh is a vector of configuration indices, one per operator; its a
 is (Σ node memory + Σ edge memory + the largest transient, Σ node time + Σ edge time), the
 search's own measure (:mod:`.problem`).  :func:`_additive_many` gives it for every row of a matrix
 of plans, :func:`_single_moves` for every single-operator move from one plan, re-costing each move
-from the plan's sums (:class:`~.track._Evaluated` uses both).
+from the plan's sums (:class:`~.polish.Evaluated` uses both).
 
 They import nothing but NumPy and numba, so that a package install compiles them without torch
 (:func:`tensoropt._kernels.build`).

@@ -41,7 +41,7 @@ from .forkmap import default_workers, fork_map
 
 __all__ = ["host_groups", "replicated", "replicate_frontier", "REPLICAS_SOURCE"]
 
-#: the source of a replicated plan on the frontier (:attr:`~.track.FrontierPoint.source`)
+#: the source of a replicated plan on the frontier (:attr:`~.result.FrontierPoint.source`)
 REPLICAS_SOURCE = "hosts"
 
 
@@ -75,9 +75,9 @@ def replicated(plan: Plan, groups: Sequence[Sequence[str]]) -> Plan:
 def replicate_frontier(host_frontier: Any, graph: OpGraph, costs: CostModel, cluster: Cluster,
                        groups: Sequence[Sequence[str]], *, optimizer: str | int,
                        workers: int | None = None) -> list[tuple[Any, ...]]:
-    """Every point of ``host_frontier`` (a :class:`~.track.Frontier` tracked on ``groups[0]``'s
+    """Every point of ``host_frontier`` (a :class:`~.result.Frontier` tracked on ``groups[0]``'s
     devices for ``graph``, the model at the replica's batch) as a plan replicated over ``groups``
-    and simulated (``(REPLICAS_SOURCE, plan, SimResult, parts)`` each, for :meth:`~.track.Frontier.joined`:
+    and simulated (``(REPLICAS_SOURCE, plan, SimResult, parts)`` each, for :meth:`~.result.Frontier.joined`:
     the simulator's step, and the host point's walked peaks and their parts),
     the simulations side by side in ``workers`` forked processes (:func:`~.forkmap.fork_map`:
     the same results whatever the number).  O(points × simulate)."""

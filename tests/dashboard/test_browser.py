@@ -35,7 +35,7 @@ from tensoropt.dashboard import prices as P
 from tensoropt.dashboard.callbacks import plan_commands
 from tensoropt.dashboard.pipeline import DEFAULT_MODEL, ResultStore
 from tensoropt.dashboard.requests import first_request
-from tensoropt.frontier.track import CSV_COLUMNS
+from tensoropt.frontier.result import CSV_COLUMNS
 from tensoropt.optimizers import DEFAULT_OPTIMIZER
 from tensoropt.planmodel.fits import fits
 

@@ -6,7 +6,7 @@ import pytest
 from tensoropt import load_cluster
 from tensoropt.cluster import Cluster, Device, LinkModel
 from tensoropt.dashboard import figures as F
-from tensoropt.frontier.track import MEMORY_PARTS
+from tensoropt.frontier.result import MEMORY_PARTS
 from tensoropt.planmodel import simulate
 from tensoropt.planmodel.memory import StepMemory
 from tensoropt.planmodel.simulate import SimResult, TimelineEvent

@@ -15,7 +15,7 @@ from tensoropt.dashboard.uploads import UploadError, accept_upload, decode
 from tensoropt.devicemodel import UNCALIBRATED_GPU, Calibration, CostsKindError
 from tensoropt.errors import ClusterSpecError, TensorOptError
 from tensoropt.frontier.graph_problem import candidate_meshes
-from tensoropt.frontier.track import CSV_COLUMNS
+from tensoropt.frontier.result import CSV_COLUMNS
 from tensoropt.planmodel import simulate
 from tensoropt.planmodel.fits import fits
 

@@ -10,7 +10,7 @@ import tensoropt
 from tensoropt.cluster import load_cluster
 from tensoropt.errors import ClusterSpecError, ProfileError, TensorOptError
 from tensoropt.frontier import BudgetError, Frontier, default_resolution, min_scalarized, point_sets, track_frontier
-from tensoropt.frontier.track import CSV_COLUMNS
+from tensoropt.frontier.result import CSV_COLUMNS
 from tensoropt.plan import Plan
 
 TITAN = load_cluster("preset:titan-rtx-5").without_kinds()   # priced as the CPU that profiled
@@ -86,6 +86,33 @@ def test_every_point_costs_what_the_simulator_says(default, cnn):
         assert sim.memory_bytes == p.device_memory and sim.max_memory_bytes == p.memory_bytes
         assert sim.time_s == pytest.approx(p.time_s, rel=1e-9, abs=0)   # and its step the point's time
         assert sum(p.parts.values()) == p.memory_bytes and p.parts == sim.memory[p.devices[0]].parts()
+
+
+
+def test_every_point_of_every_mesh_is_a_plan_that_costs_what_the_simulator_says(default, cnn):
+    # Frontier.mesh_point (the dashboard's curve of each device count): a mesh's own point, which
+    # the union may have left out, as a plan; the simulator gives its peak and step
+    g, costs = cnn
+    on_frontier = {(p.mesh_index, tuple(sorted(p.assignment.items()))): p for p in default}
+    matched = 0
+    for w, r in enumerate(default.meshes):
+        for j in range(int(r.mem.size)):
+            p = default.mesh_point(w, j, g, costs, index=7, count=9)
+            assert p.plan_id == f"p007-{len(r.mesh)}dev" and p.devices == r.mesh and p.mesh_index == w
+            assert r.problem.plan_configs(p.assignment) == p.plan.configs
+            sim = tensoropt.simulate(p.plan, g, costs, TITAN)
+            assert sim.memory_bytes == p.device_memory and sim.max_memory_bytes == p.memory_bytes
+            assert sim.time_s == pytest.approx(p.time_s, rel=1e-9, abs=0)
+            same = on_frontier.get((w, tuple(sorted(p.assignment.items()))))
+            if same is not None:                                  # built as the union's point, but its name
+                matched += 1
+                assert (same.memory_bytes, same.time_s, same.plan.configs) == (p.memory_bytes, p.time_s,
+                                                                              p.plan.configs)
+    assert matched == len(default)                                # every point of the union is a mesh's point
+    hand_built = Frontier([], meshes=default.meshes, resolution=0, merged_by_resolution=0, exact=True, budget=None,
+                          optimizer="adamw", notes=[])
+    with pytest.raises(TensorOptError, match="cluster"):            # a frontier built by hand has no cluster
+        hand_built.mesh_point(0, 0, g, costs)
 
 
 def candidates_frontier(r):
@@ -279,12 +306,13 @@ def test_one_node_moves_are_recosted_from_their_plan(fixture, request):
     # included — and the largest transient without it), each must be the plan summed anew, here
     # summed by hand from the problem's node and edge costs
     from tensoropt.frontier.graph_problem import build_problem
-    from tensoropt.frontier.track import _Evaluated, _single_moves
+    from tensoropt.frontier.polish import Evaluated
+    from tensoropt.frontier.polish_kernels import _single_moves
     from tensoropt.planmodel.meshplan import MeshEvaluator
 
     g, costs = request.getfixturevalue(fixture)
     mp = build_problem(g, costs, TITAN, ("gpu0", "gpu1"))
-    pool = _Evaluated(mp, MeshEvaluator(g, costs, TITAN, mp.mesh, configs=mp.configs, optimizer=mp.optimizer), g)
+    pool = Evaluated(mp, MeshEvaluator(g, costs, TITAN, mp.mesh, configs=mp.configs, optimizer=mp.optimizer), g)
     nodes, edges = mp.problem.nodes, mp.problem.edges
 
     def by_hand(row):

@@ -1,0 +1,84 @@
+"""The notes a frontier carries: what its figures count and leave out (:data:`APPROXIMATIONS`),
+what the memory resolution merged, each mesh's own notes (levels thinned, plans left to the
+polish, a polish stopped by ``max_walks``, nodes fixed instead of branched on, repeated blocks
+composed) and how far the search's additive estimate was from the walked peaks — so that a
+frontier says where it may miss plans.
+
+It words what the driver (:func:`~.track.track_frontier`) found; it decides nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..describe import fmt_bytes
+from .result import MeshResult
+
+__all__ = ["APPROXIMATIONS", "frontier_notes", "mesh_notes"]
+
+APPROXIMATIONS = (
+    "memory is the per-device peak of each plan's schedule (the memory walk the simulator uses: parameters, "
+    "gradients as backward makes them, optimizer state, activations from their producer to their last use, the "
+    "batch, transient buffers); not counted: communication buffers (collectives' staging)",
+    "time is the simulated step of each plan (the simulator's event schedule: the mesh computes one node at a "
+    "time, forward then backward with recomputation; transfers, batch-norm statistics, the loss's all-reduce "
+    "and the gradients' all-reduce (with its latencies) run on the mesh's links while the devices compute, first "
+    "come first served)",)
+
+
+def frontier_notes(results: Sequence[MeshResult], res: float, res_rule: str, merged: int, exact: bool) -> list[str]:
+    """The frontier's notes: the approximations, what the resolution merged, each mesh's own notes
+    (thinned levels, a stopped polish, fixed nodes), the estimate's error on the walked plans, exactness."""
+    notes = list(APPROXIMATIONS)
+    res_s = f"resolution {res:.0f} B = {fmt_bytes(res)} ({res_rule})"
+    if merged:
+        slack = max((r.mem_slack for r in results), default=0.0)
+        notes.append(f"{res_s}: {merged} plan(s) dropped at a reduce because a faster one lay within the same "
+                     f"resolution step of memory (each such step costs less than one resolution of memory; "
+                     f"chained over every reduce the worst case is {fmt_bytes(slack)})")
+    else:
+        notes.append(f"{res_s}: nothing merged")
+    for r in results:
+        notes.extend(mesh_notes(r))
+    cand = np.concatenate([r.candidate_costs for r in results if r.candidate_costs.size]) if any(
+        r.candidate_costs.size for r in results) else np.zeros((0, 3))
+    if cand.size:
+        ratio = cand[:, 0] / np.maximum(cand[:, 1], 1.0)
+        notes.append(f"{len(cand)} plans walked (the search's candidates and the polish's neighbours); the "
+                     f"search's additive memory estimate was {(ratio.min() - 1) * 100:+.0f} % to "
+                     f"{(ratio.max() - 1) * 100:+.0f} % of their walked peaks: it only chooses what is walked")
+    notes.append("exact search: every candidate set is the exact frontier of the search's estimate" if exact else
+                 "not exact: see the notes above for what was merged, thinned or fixed")
+    return notes
+
+
+def mesh_notes(r: MeshResult) -> list[str]:
+    """One mesh's notes: its problem's, then what may make its frontier miss plans."""
+    notes = list(r.problem.notes)
+    composed = [x for x in r.stats.get("repeats", ()) if x != "none"]
+    if composed:
+        notes.append(f"mesh {','.join(r.mesh)}: repeated blocks: " + "; ".join(composed) +
+                     " (a block's frontier composed with itself: the same Pareto set as tracking every block)")
+    if len(r.levels) < r.all_levels:
+        lv = np.array(r.levels)
+        al = r.problem.transient_levels()
+        over = max(float(lv[np.searchsorted(lv, x)] - x) for x in al)
+        notes.append(f"mesh {','.join(r.mesh)}: {r.all_levels} transient levels thinned to {len(r.levels)} "
+                     f"τ runs (max_levels); a plan may be found only at a level up to {fmt_bytes(int(over))} "
+                     "above its largest transient, so the frontier may miss plans (all reported costs are exact)")
+    offered, searched = r.stats.get("offered", r.stats.get("searched", 0)), r.stats.get("searched", 0)
+    if offered > searched:
+        notes.append(f"mesh {','.join(r.mesh)}: the search offered {offered} plans; {searched} of them, spread over "
+                     "its estimate of their memory, were walked (half of max_walks), the rest of the walks went to "
+                     "the polish")
+    if not r.stats.get("polished", True):
+        notes.append(f"mesh {','.join(r.mesh)}: the polish stopped at {r.stats['walked']} walked plans "
+                     f"(max_walks; the search offered {r.stats['searched']}): plans near the frontier may "
+                     "be missing")
+    if r.fixed:
+        notes.append(f"mesh {','.join(r.mesh)}: the heuristic elimination fixed {len(r.fixed)} node(s) "
+                     f"({', '.join(r.fixed[:5])}{'…' if len(r.fixed) > 5 else ''}) instead of branching: "
+                     "the frontier may miss plans")
+    return notes

@@ -1,0 +1,276 @@
+"""The polish: every plan of one mesh evaluated so far (:class:`Evaluated`, keyed by its
+configuration vector, so that no plan is walked twice), its Pareto set by walked peak and
+simulated step, the plans around a plan (:meth:`Evaluated.neighbours`: one-node moves, moves of a
+whole class of repeated operators (:func:`repeated_nodes`), blocks recomputed or kept whole) and
+the local search around the frontier (:meth:`Evaluated.polish`).
+
+The search's additive estimate only chooses which plans are walked; every figure kept is the
+compiled evaluator's (:class:`~tensoropt.planmodel.meshplan.MeshEvaluator`: the simulator's).  The
+hot sums are :mod:`.polish_kernels`'s.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..graph import OpGraph, block_of
+from ..layouts import Layout, Shard
+from ..planmodel.meshplan import MeshEvaluator
+from . import point_sets
+from .graph_problem import MeshProblem
+from .polish_kernels import _additive_many, _single_moves
+
+__all__ = ["Evaluated", "repeated_nodes"]
+
+
+def repeated_nodes(graph: OpGraph, names: Sequence[str], labels: Sequence[Sequence[str]]) -> list[np.ndarray]:
+    """Classes of repeated operators (indices into ``names``): the same op with the same output
+    shapes, at the same place in modules whose paths differ only in their numbers (a transformer's
+    ``h.0.attn`` and ``h.7.attn``, a ResNet's ``layer1.0`` and ``layer1.2``), with the same
+    configurations; classes of one node are left out.  O(V)."""
+    seen: dict[tuple[Any, ...], int] = {}
+    classes: dict[tuple[Any, ...], list[int]] = {}
+    for i, name in enumerate(names):
+        node = graph.nodes[name]
+        shapes = tuple(tuple(t.shape) for t in node.outputs)
+        here = (node.module_path, node.op, shapes)
+        nth = seen[here] = seen.get(here, -1) + 1
+        key = (re.sub(r"\.\d+(?=\.|$)", ".#", node.module_path), node.op, shapes, nth, tuple(labels[i]))
+        classes.setdefault(key, []).append(i)
+    return [np.array(m, dtype=np.int64) for m in classes.values() if len(m) > 1]
+
+
+class Evaluated:
+    """Every plan of one mesh evaluated so far by the compiled evaluator
+    (:class:`~tensoropt.planmodel.meshplan.MeshEvaluator`: its simulated step and its walked peak,
+    the figures :func:`~tensoropt.simulate` gives), with the search's additive estimate of it.
+    Plans are configuration vectors (index per node, problem order), kept as rows."""
+
+    def __init__(self, mp: MeshProblem, ev: MeshEvaluator, graph: OpGraph):
+        self.mp, self.ev = mp, ev
+        nodes = mp.problem.nodes
+        self.ks = np.array([n.k for n in nodes], dtype=np.int64)
+        cmax = int(self.ks.max()) if len(nodes) else 1
+        # the search's additive costs, vectorised: Σ node + Σ edge (+ max transient for memory; inf: infeasible)
+        self._mem = np.full((len(nodes), cmax), np.inf)
+        self._time = np.full((len(nodes), cmax), np.inf)
+        self._tr = np.zeros((len(nodes), cmax))
+        for v, n in enumerate(nodes):
+            self._mem[v, :n.k] = np.where(np.isfinite(n.time), n.mem, np.inf)
+            self._time[v, :n.k] = n.time
+            self._tr[v, :n.k] = mp.transient[n.name]
+        edges = mp.problem.edges
+        self._e_src = np.array([mp.problem.index(e.src) for e in edges], dtype=np.int64)
+        self._e_dst = np.array([mp.problem.index(e.dst) for e in edges], dtype=np.int64)
+        self._e_mem = np.full((len(edges), cmax, cmax), np.inf)
+        self._e_time = np.full((len(edges), cmax, cmax), np.inf)
+        for j, e in enumerate(edges):
+            ka, kb = e.mem.shape
+            self._e_mem[j, :ka, :kb] = np.where(np.isfinite(e.time), e.mem, np.inf)
+            self._e_time[j, :ka, :kb] = e.time
+        # each node's incident edges (CSR), for re-costing a one-node move from its plan's sums
+        ends = np.concatenate([self._e_src, self._e_dst])
+        order = np.argsort(ends, kind="stable")
+        self._inc_edge = np.concatenate([np.arange(len(edges)), np.arange(len(edges))])[order].astype(np.int64)
+        self._inc_ptr = np.searchsorted(ends[order], np.arange(len(nodes) + 1)).astype(np.int64)
+        self.classes = repeated_nodes(graph, [n.name for n in nodes], [n.labels for n in nodes])
+        # each configuration's recomputing twin (same devices, layout and level; -1: none), and the
+        # nodes of each repeated block: a block recomputed whole is one segment (a checkpoint per block)
+        self._recomputed = np.full((len(nodes), cmax), -1, dtype=np.int64)
+        self._kept = np.full((len(nodes), cmax), -1, dtype=np.int64)    # and its keeping twin
+        for v, n in enumerate(nodes):
+            cfgs = mp.configs[n.name]
+            twin = {(c.devices, c.layout, int(c.shard)): i for i, c in enumerate(cfgs) if c.recompute}
+            plain = {(c.devices, c.layout, int(c.shard)): i for i, c in enumerate(cfgs) if not c.recompute}
+            for i, c in enumerate(cfgs):
+                self._recomputed[v, i] = twin.get((c.devices, c.layout, int(c.shard)), -1)
+                self._kept[v, i] = plain.get((c.devices, c.layout, int(c.shard)), -1)
+        # each node's FSDP-with-checkpointing configuration: batch, recomputed, its parameters at
+        # level 3 where it may shard them (-1: none), for the move that makes a block that recipe
+        self._fsdp_ac = np.full(len(nodes), -1, dtype=np.int64)
+        for v, n in enumerate(nodes):
+            cfgs = mp.configs[n.name]
+            pick = [i for i, c in enumerate(cfgs) if c.layout == Layout.BATCH and c.recompute]
+            if pick:
+                self._fsdp_ac[v] = max(pick, key=lambda i: int(cfgs[i].shard) == int(Shard.PARAMETERS))
+        by_block: dict[str, list[int]] = {}
+        for v, n in enumerate(nodes):
+            b = block_of(graph.nodes[n.name].module_path)
+            if b is not None:
+                by_block.setdefault(b, []).append(v)
+        members = [np.array(m, dtype=np.int64) for m in by_block.values()]
+        self.blocks = ([np.concatenate(members)] if len(members) > 1 else []) + members
+        self._in_block = {v for m in members for v in m.tolist()}
+        self.seen: dict[bytes, int] = {}
+        self.vecs: list[np.ndarray] = []
+        self.peak: list[float] = []
+        self.time: list[float] = []
+        self.est: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self.vecs)
+
+    def recipes(self) -> np.ndarray:
+        """The hand recipes on this mesh, in the search's terms (one row each): data parallel —
+        every operator ``batch`` where it may, ``R`` where not — then with ZeRO-1, ZeRO-2 and
+        ZeRO-3 (FSDP) where a node's parameters may shard, then FSDP with every repeated block
+        recomputed (torchtitan's recipe).  Walked beside the search's own plans, so the polish
+        starts from them too (the search's estimate can miss what a whole recomputed block holds)."""
+        nodes = self.mp.problem.nodes
+        rows = []
+        for level, recompute in ((Shard.NONE, False), (Shard.OPTIMIZER, False), (Shard.GRADIENTS, False),
+                                 (Shard.PARAMETERS, False), (Shard.PARAMETERS, True)):
+            row = np.zeros(len(nodes), dtype=np.int64)
+            for v, n in enumerate(nodes):
+                cfgs = self.mp.configs[n.name]
+                want = recompute and v in self._in_block
+                ranks = [(c.layout == Layout.BATCH, int(c.shard) == int(level), bool(c.recompute) == want)
+                         for c in cfgs]
+                row[v] = max(range(len(cfgs)), key=ranks.__getitem__)
+            rows.append(row)
+        return np.array(rows, dtype=np.int64).reshape(len(rows), len(nodes))
+
+    def estimate(self, vecs: np.ndarray) -> np.ndarray:
+        """The search's additive estimate of each row's memory (inf where a choice is infeasible)."""
+        return self.additive(vecs)[0]
+
+    def additive(self, vecs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The search's additive (memory estimate, time) of each row (inf where infeasible)."""
+        return _additive_many(np.ascontiguousarray(vecs, dtype=np.int64), self._mem, self._time, self._tr,
+                              self._e_src, self._e_dst, self._e_mem, self._e_time)
+
+    def add(self, vecs: np.ndarray) -> int:
+        """Evaluate the rows not seen before and feasible; returns how many were new."""
+        if not len(vecs):
+            return 0
+        fresh, keys = [], []
+        for r in range(len(vecs)):
+            key = vecs[r].tobytes()
+            if key not in self.seen:
+                self.seen[key] = -1
+                fresh.append(r)
+                keys.append(key)
+        if not fresh:
+            return 0
+        rows = np.ascontiguousarray(vecs[fresh])
+        est = self.estimate(rows)
+        ok = np.isfinite(est)
+        rows, est = rows[ok], est[ok]
+        keys = [k for k, good in zip(keys, ok) if good]
+        peaks, times = self.ev.evaluate_many(rows)
+        for r, key in enumerate(keys):
+            self.seen[key] = len(self.vecs)
+            self.vecs.append(rows[r])
+        self.peak.extend(peaks.astype(np.float64).tolist())
+        self.time.extend(times.tolist())
+        self.est.extend(est.tolist())
+        return len(keys)
+
+    def frontier(self, resolution: float, backend: str | None) -> tuple[list[int], int]:
+        """The evaluated plans' Pareto set by (peak, simulated time), memory ascending, and how
+        many the resolution merged."""
+        keep, merged = point_sets.reduce(np.array(self.peak), np.array(self.time), resolution, backend=backend,
+                                         return_merged=True)
+        return [int(i) for i in keep], int(merged)
+
+    def neighbours(self, i: int, blocks_first: bool = False, limit: int | None = None) -> np.ndarray:
+        """The plans around plan ``i``, most promising first (the first ``limit``, default all):
+        every plan one node's configuration
+        away, every plan that sets one configuration on a whole class of repeated nodes
+        (:func:`repeated_nodes`: a transformer's twelve blocks move together), and the plans that
+        recompute every repeated block, or one of them, whole (each a segment: the checkpoint per
+        block that a node-by-node search rarely assembles), as it is or as FSDP with checkpointing
+        (batch, parameters at level 3), and those that keep every block, or one, instead (from
+        FSDP with every block recomputed, the plans between it and FSDP) — with ``blocks_first``
+        (the polish's least-memory point) every one of these, then the ``limit`` best ranked, and
+        the ladders from it (the last k blocks kept, the first k recomputed) — these first with ``blocks_first``
+        (the polish's least-memory point), else last.  The rest ranked by the
+        search's additive costs relative to plan ``i``'s: those that save memory or time first
+        (by the larger relative saving), then the rest by the smaller relative loss.  The one-node
+        moves are re-costed from plan ``i``'s sums (:func:`_single_moves`) and only the plans
+        returned are built."""
+        base = self.vecs[i]
+        mv, mc, est1, tim1 = _single_moves(np.ascontiguousarray(base, dtype=np.int64), self.ks, self._mem,
+                                           self._time, self._tr, self._e_src, self._e_dst, self._e_mem,
+                                           self._e_time, self._inc_ptr, self._inc_edge)
+        whole = []
+        for members in self.classes:
+            for c in range(int(self.ks[members[0]])):
+                if (base[members] != c).sum() > 1:    # one differing member is a single-node move
+                    row = base.copy()
+                    row[members] = c
+                    whole.append(row)
+        rows = np.array(whole, dtype=np.int64).reshape(len(whole), len(base))
+        est2, tim2 = self.additive(rows)
+        est, tim = np.concatenate([est1, est2]), np.concatenate([tim1, tim2])
+        (be,), (bt,) = self.additive(base[None, :])
+        gain = np.maximum((be - est) / max(abs(be), 1.0), (bt - tim) / max(abs(bt), 1e-30))
+        # every block, then each block, recomputed whole — first around the least-memory point,
+        # whatever the additive estimate says of them (it sees a segment only edge by edge); last
+        # elsewhere, where the budget goes to the ranked moves
+        blocks = []
+        for members in self.blocks:
+            for twin in (self._recomputed[members, base[members]], self._fsdp_ac[members],
+                         self._kept[members, base[members]]):
+                row = base.copy()
+                row[members[twin >= 0]] = twin[twin >= 0]
+                if (row != base).sum() > 1:
+                    blocks.append(row)
+        if blocks_first and len(self.blocks) > 2:
+            # the ladder between every block recomputed and none: the last k blocks kept (their
+            # activations are the first backward frees), k = 1 … N−1, and the first k recomputed —
+            # the plans between FSDP with checkpointing and FSDP, one block of memory apart
+            for twins in (self._kept, self._recomputed):
+                row = base.copy()
+                for members in self.blocks[:0:-1]:
+                    twin = twins[members, row[members]]
+                    row[members[twin >= 0]] = twin[twin >= 0]
+                    if (row != base).sum() > 1:
+                        blocks.append(row.copy())
+        n_ranked = gain.size if limit is None else max(0, min(gain.size, limit))
+        picked = np.argsort(-gain, kind="stable")[:n_ranked]
+        ranked = np.repeat(base[None, :], picked.size, axis=0)
+        one = picked < mv.size
+        ranked[np.flatnonzero(one), mv[picked[one]]] = mc[picked[one]]
+        ranked[~one] = rows[picked[~one] - mv.size]
+        block_rows = np.array(blocks, dtype=np.int64).reshape(len(blocks), len(base))
+        if blocks_first:    # every block move, then the ``limit`` best ranked
+            return np.concatenate([block_rows, ranked])
+        out = np.concatenate([ranked, block_rows])
+        return out if limit is None else out[:limit]
+
+    def polish(self, resolution: float, backend: str | None, max_evals: int) -> bool:
+        """Local search around the frontier: evaluate the plans around each frontier point
+        (:meth:`neighbours`), again around every new frontier point, until the frontier stops
+        changing.  True when it finished — every frontier point's neighbours evaluated — within
+        ``max_evals`` plans evaluated on the mesh in all; else the budget was spread over the
+        frontier points, each getting its most promising neighbours first.
+        O(points × (Σ configs + classes × configs)) evaluations."""
+        done: set[int] = set()
+        while True:
+            front, _ = self.frontier(resolution, backend)
+            todo = [k for k in front if k not in done]
+            if not todo:
+                return True
+            room = max_evals - len(self)
+            if room <= 0:
+                return False
+            share = max(1, room // len(todo))
+            complete = True
+            for k in todo:
+                # front: memory ascending.  Around the least-memory point, every block move (the
+                # plans between recomputing every block and none, which the estimate misjudges:
+                # a Llama's FSDP with checkpointing is estimated at twice its walked peak), then
+                # its share; around the others, their share of the most promising moves
+                least = k == front[0]
+                around = self.neighbours(k, blocks_first=least, limit=share + 1)
+                if len(around) > share and not least:
+                    around, complete = around[:share], False
+                self.add(around)
+                done.add(k)
+            if not complete:
+                return False
