@@ -27,6 +27,7 @@ from tensoropt.errors import TensorOptError
 from .pipeline import (
     DEFAULT_CLUSTER,
     DEFAULT_MODEL,
+    DEFAULT_PRECISION,
     Request,
     ResultStore,
     behind_the_page,
@@ -79,8 +80,8 @@ def _precompute(req: Request, root: str) -> None:
 
 
 def precompute(*, cache_dir: str | os.PathLike[str] | None = None, default_model: str = DEFAULT_MODEL,
-               default_cluster: str = DEFAULT_CLUSTER, repeats: int = 3, warmup: int = 1,
-               algos: Sequence[str] | None = None) -> BaseProcess:
+               default_cluster: str = DEFAULT_CLUSTER, default_precision: str | None = DEFAULT_PRECISION,
+               repeats: int = 3, warmup: int = 1, algos: Sequence[str] | None = None) -> BaseProcess:
     """Start computing, in a process of its own (a fork of this one), the request the page runs when
     it opens with no link (:func:`~.requests.first_request` of the same arguments as
     :func:`~.main.create_app`'s) into the same store; returns the process (a daemon: it ends with the
@@ -89,7 +90,7 @@ def precompute(*, cache_dir: str | os.PathLike[str] | None = None, default_model
     thread)."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     req = first_request(default_model, default_cluster, repeats, warmup,
-                        algos=tuple(algos) if algos is not None else None)
+                        algos=tuple(algos) if algos is not None else None, default_precision=default_precision)
     proc = multiprocessing.get_context("fork").Process(target=_precompute, args=(req, str(root)), daemon=True,
                                                        name="tensoropt-app-default")
     proc.start()
