@@ -39,7 +39,7 @@ from .requests import first_request, split_zoo_spec
 
 def preload(model: str) -> bool:
     """Import what building ``model`` imports when that is Hugging Face's ``transformers`` (a zoo
-    GPT-2 or BERT: about 2.5 s on a 2-core machine), so that the page's background jobs — forks of
+    GPT-2, BERT, Llama or Mixtral: about 2.5 s on a 2-core machine), so that the page's background jobs — forks of
     the server process — start with it loaded; whether it did.  Nothing is built or computed."""
     if not model.startswith("zoo:"):
         return False
@@ -47,14 +47,15 @@ def preload(model: str) -> bool:
         entry = zoo.get(split_zoo_spec(model)[0])
     except ValueError:
         return False
-    if getattr(entry.build, "__module__", "") != "tensoropt.zoo.hf":
+    if getattr(entry.build, "__module__", "") not in ("tensoropt.zoo.hf", "tensoropt.zoo.llm"):
         return False
     try:
         import transformers
     except ImportError:
         return False
     # transformers loads a model's modules on first access: these are the zoo's
-    _ = (transformers.GPT2Config, transformers.GPT2LMHeadModel, transformers.BertConfig, transformers.BertForMaskedLM)
+    _ = (transformers.GPT2Config, transformers.GPT2LMHeadModel, transformers.BertConfig, transformers.BertForMaskedLM,
+         transformers.LlamaConfig, transformers.LlamaForCausalLM)
     return True
 
 

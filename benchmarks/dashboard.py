@@ -262,7 +262,11 @@ def browser_runs(runs: int, redraws: int, shots: Path | None, lazy: bool = False
                   f"opening it again (load average {os.getloadavg()[0]:.1f})", flush=True)
             if len(procs) < runs:
                 _stop(proc)
-        _wait(lambda: drv.find_element(By.ID, "progress-text").text == "done", 300, "the baselines")
+        print(f"server start to its first answer: {_stats(starts)}")
+        print(f"page opened (at once) to the frontier drawn (cold caches): {_stats(firsts)}")
+        print(f"`tensoropt app` started to the frontier drawn: {_stats([a + b for a, b in zip(starts, firsts)])}")
+        print(f"page opened again (its result computed) to the frontier drawn: {_stats(warms)}", flush=True)
+        _wait(lambda: drv.find_element(By.ID, "progress-text").text == "done", 900, "the baselines")
         peaks = sorted({p for p in drv.execute_script(
             f"return {GD}.data.filter(t => t.meta && t.meta.role === 'curve').flatMap(t => t.x)")})
         unit = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2}[drv.execute_script(f"return {GD}.layout.meta.unit")]
@@ -276,10 +280,6 @@ def browser_runs(runs: int, redraws: int, shots: Path | None, lazy: bool = False
         how = "--lazy" if lazy else "computing the first request with themselves"
         print(f"{DEFAULT_MODEL} on {DEFAULT_CLUSTER}, {DEFAULT_PRECISION}: {plans} plans drawn; servers {how}; "
               f"load average {os.getloadavg()[0]:.1f}")
-        print(f"server start to its first answer: {_stats(starts)}")
-        print(f"page opened (at once) to the frontier drawn (cold caches): {_stats(firsts)}")
-        print(f"`tensoropt app` started to the frontier drawn: {_stats([a + b for a, b in zip(starts, firsts)])}")
-        print(f"page opened again (its result computed) to the frontier drawn: {_stats(warms)}")
         print(f"budget change to the chart and table redrawn: {_stats(ms_budget, 'ms', 0)}")
         print(f"price change to the chart and table redrawn: {_stats(ms_price, 'ms', 0)}")
         if shots is not None:
