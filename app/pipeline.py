@@ -108,7 +108,8 @@ def default_cache_dir() -> Path:
 @dataclass(frozen=True)
 class Request(workflow.Request):
     """The dashboard's :class:`tensoropt.workflow.Request`: the page's defaults (the built-in
-    model, cluster and precision, every baseline placer, the MILPs limited to :data:`MILP_TIME_LIMIT_S`), and
+    model and cluster, every baseline placer, the MILPs limited to :data:`MILP_TIME_LIMIT_S`; the
+    precision is the workflow's, fp32, unless asked: the page asks for :data:`DEFAULT_PRECISION`), and
     a :attr:`key` naming its result folder.  ``model`` may be the path of an uploaded ``.onnx``
     file, ``cluster`` :data:`DETECTED` or an uploaded cluster file, ``profile`` an uploaded
     profile, ``calibration`` an uploaded device-model calibration; uploaded paths are named by the
@@ -116,7 +117,6 @@ class Request(workflow.Request):
 
     model: str = DEFAULT_MODEL
     cluster: str = DEFAULT_CLUSTER
-    precision: str | None = DEFAULT_PRECISION
     algos: tuple[str, ...] | None = None
     time_limit: float | None = MILP_TIME_LIMIT_S
 

@@ -71,7 +71,7 @@ def _cold_run(repeats: int) -> tuple[float, float, float]:
         os.environ["TENSOROPT_CACHE_DIR"] = cache    # cold: nothing measured before
         t0, c0 = time.perf_counter(), time.process_time()
         at: list[tuple[float, float]] = []
-        run_request(Request(repeats=repeats), ResultStore(results),
+        run_request(Request(precision=DEFAULT_PRECISION, repeats=repeats), ResultStore(results),
                     on_frontier=lambda key: at.append((time.perf_counter() - t0, time.process_time() - c0)))
         return at[0][0], time.perf_counter() - t0, at[0][1]
 
