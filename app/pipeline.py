@@ -74,12 +74,13 @@ from .curves import CurvePoint, device_curves, place_baselines
 
 #: the built-in default: the README's main command.  Llama 3.1 8B at the zoo's size (16 sequences of 8,192
 #: tokens: torchtitan's 8-H100 benchmark) trained as it is trained — FSDP2's mixed precision, bf16 copies of fp32
-#: master parameters — with AdamW on one host of eight H100 80 GB: curves for 1, 2, 4 and 8 GPUs, its times priced
-#: through the H100 device model (built on the meta device, captured on fake tensors, profiled untimed: no GPU
-#: and no 32 GB of weights needed).  Chosen so that the memory budget binds: its fp32 parameters, gradients and
-#: AdamW state alone take 8.03e9 x 16 B = 128 GB, so data parallelism (all of it on every GPU) does not fit in
-#: 80 GB and the page shows which plans do.  Its first frontier takes tens of seconds on a cold 2-core machine,
-#: a second or two once computed (docs/measurements.md, "The dashboard's default request")
+#: master parameters — with AdamW on one host of eight H100 80 GB: curves for 2, 4 and 8 GPUs (one cannot hold
+#: it), its times priced through the H100 device model (built on the meta device, captured on fake tensors,
+#: profiled untimed: no GPU and no 32 GB of weights needed).  Chosen so that the memory budget binds: its fp32
+#: parameters, gradients and AdamW state alone take 8.03e9 x 16 B = 120 GiB, so data parallelism (all of it on
+#: every GPU) does not fit in 80 GiB and the page shows which plans do.  Its first frontier takes over a minute
+#: on a cold 2-core machine (the search most of it), 2 - 3 s once computed (docs/measurements.md, "The dashboard's
+#: default request")
 DEFAULT_MODEL = "zoo:llama3-8b"
 DEFAULT_CLUSTER = "preset:h100-hosts?hosts=1"
 #: the default's precision (:data:`tensoropt.graph.PRECISIONS`): how Llama is trained
