@@ -788,7 +788,8 @@ def _register_url(app: dash.Dash, store: ResultStore, trusted: Collection[str]) 
             price = dict(pending_prices or {})   # no result yet, no price inputs: keep the link's
         return url_state(store, source=source, zoo_name=zoo_name, zoo_params=zoo_params, spec=spec,
                          onnx_path=onnx_path, csource=csource, preset=preset, cpath=cpath, devices=devices,
-                         batch=batch, optimizer=optimizer, precision=None if precision == "fp32" else precision,
+                         # the precision always, fp32 too: a server's default may be another (bf16-params)
+                         batch=batch, optimizer=optimizer, precision=precision,
                          costs=None if costs == "auto" else costs, budget=budget,
                          reserve=reserve, price=price, epoch=None if epoch == DEFAULT_EPOCH else epoch,
                          plan=pending or selected)

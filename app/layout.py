@@ -21,6 +21,7 @@ from tensoropt.cluster import list_presets
 from tensoropt.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 
 from .figures import GPU_PRESETS_GIB
+from .pipeline import DEFAULT_PRECISION
 from .requests import COSTS_CHOICES, initial_controls
 
 #: the epoch size the page opens with (samples): the cost columns' "per epoch"
@@ -59,7 +60,7 @@ def _model_box(start: dict[str, Any]) -> html.Div:
         dcc.Input(id="batch", type="number", min=1, step=1, placeholder="the model's own",
                   style={"width": "100%"}),
         html.Span("Precision", style=_LABEL),
-        dcc.RadioItems(id="precision", value="fp32", inline=True,
+        dcc.RadioItems(id="precision", value=start["precision"], inline=True,
                        options=[{"label": " fp32", "value": "fp32"}, {"label": " bf16 (mixed)", "value": "bf16"},
                                 {"label": " bf16 params (FSDP2)", "value": "bf16-params"}]),
         dcc.Store(id="zoo-params-for", data=zoo_name),
@@ -76,7 +77,8 @@ def _cluster_box(start: dict[str, Any], repeats: int, warmup: int) -> html.Div:
                        options=[{"label": " preset", "value": "preset"},
                                 {"label": " uploaded YAML", "value": "upload"},
                                 {"label": " this machine's GPUs", "value": "detected"}]),
-        dcc.Dropdown(id="cluster-preset", options=list_presets(), value=preset, clearable=False),
+        # a preset with parameters (h100-hosts?hosts=1) is a choice of its own beside the list's names
+        dcc.Dropdown(id="cluster-preset", options=sorted({*list_presets(), preset}), value=preset, clearable=False),
         dcc.Upload(id="cluster-upload", children=html.Div("drop or click: a cluster YAML"), style=_UPLOAD,
                    accept=".yaml,.yml,.json"),
         html.Span("Devices to use", style=_LABEL),
@@ -242,9 +244,10 @@ def _plan_panel() -> html.Div:
     ])
 
 
-def build_layout(*, default_model: str, default_cluster: str, repeats: int, warmup: int) -> html.Div:
+def build_layout(*, default_model: str, default_cluster: str, repeats: int, warmup: int,
+                 default_precision: str | None = DEFAULT_PRECISION) -> html.Div:
     """The whole page: the controls column and the results column."""
-    start = initial_controls(default_model, default_cluster)
+    start = initial_controls(default_model, default_cluster, default_precision)
     controls = html.Div(style={"width": "330px", "flex": "0 0 330px", "fontSize": "14px"}, children=[
         html.H3("tensoropt", style={"margin": "4px 0"}),
         _model_box(start),

@@ -20,20 +20,20 @@ import diskcache
 
 from .callbacks import register_callbacks
 from .layout import build_layout
-from .pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL, ResultStore, default_cache_dir
+from .pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_PRECISION, ResultStore, default_cache_dir
 from .startup import preload
 from .uploads import UPLOAD_KINDS
 
 
 def create_app(*, cache_dir: str | os.PathLike[str] | None = None, default_model: str = DEFAULT_MODEL,
-               default_cluster: str = DEFAULT_CLUSTER, repeats: int = 3, warmup: int = 1,
-               algos: Sequence[str] | None = None) -> dash.Dash:
+               default_cluster: str = DEFAULT_CLUSTER, default_precision: str | None = DEFAULT_PRECISION,
+               repeats: int = 3, warmup: int = 1, algos: Sequence[str] | None = None) -> dash.Dash:
     """The dashboard.  ``cache_dir``: where results, uploads and the background-job cache live
     (default :func:`~tensoropt.dashboard.pipeline.default_cache_dir`, per user); ``default_model`` /
-    ``default_cluster``: what the page computes when it opens (the README's main command by
-    default); ``repeats`` / ``warmup``: the profiling defaults; ``algos``: the baseline placers
-    (default: all of :data:`tensoropt.placers.PLACERS`).  Building the app computes nothing: the
-    page's first load starts the default run (background job, progress bar), and a request
+    ``default_cluster`` / ``default_precision`` (``None``: fp32): what the page computes when it
+    opens (the README's main command by default); ``repeats`` / ``warmup``: the profiling defaults;
+    ``algos``: the baseline placers (default: all of :data:`tensoropt.placers.PLACERS`).  Building
+    the app computes nothing: the page's first load starts the default run (background job, progress bar), and a request
     already computed is read back from ``cache_dir`` at once.  The modules the default's model
     needs are imported here (:func:`preload`)."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -45,7 +45,7 @@ def create_app(*, cache_dir: str | os.PathLike[str] | None = None, default_model
     largest = max(limit for _, limit in UPLOAD_KINDS.values())
     app.server.config["MAX_CONTENT_LENGTH"] = largest * 4 // 3 + 2 ** 20
     app.layout = build_layout(default_model=default_model, default_cluster=default_cluster, repeats=repeats,
-                              warmup=warmup)
+                              warmup=warmup, default_precision=default_precision)
     register_callbacks(app, store, algos=tuple(algos) if algos is not None else None, default_model=default_model)
     preload(default_model)
     return app

@@ -72,13 +72,19 @@ from tensoropt.workflow import DETECTED
 
 from .curves import CurvePoint, device_curves, place_baselines
 
-#: the built-in default: the README's main command.  GPT-2 made deeper and narrower (6 blocks of width 256, a
-#: vocabulary of 8,192 — GPT-2's own 50,257 makes the output layer most of the profiling time — batch 8 of 128
-#: tokens) with AdamW on a DGX-1's eight 16 GiB V100s: curves for 1, 2, 4 and 8 GPUs, its times priced through the
-#: V100 device model (no GPU needed: profiling records memory and work only).  Chosen so that the first frontier is
-#: on the page within seconds of a cold start (docs/measurements.md, "The dashboard's default request")
-DEFAULT_MODEL = "zoo:gpt2?layers=6&hidden=256&heads=4&vocab=8192&batch=8&seq_len=128"
-DEFAULT_CLUSTER = "preset:v100-8-nvlink"
+#: the built-in default: the README's main command.  Llama 3.1 8B at the zoo's size (16 sequences of 8,192
+#: tokens: torchtitan's 8-H100 benchmark) trained as it is trained — FSDP2's mixed precision, bf16 copies of fp32
+#: master parameters — with AdamW on one host of eight H100 80 GB: curves for 2, 4 and 8 GPUs (one cannot hold
+#: it), its times priced through the H100 device model (built on the meta device, captured on fake tensors,
+#: profiled untimed: no GPU and no 32 GB of weights needed).  Chosen so that the memory budget binds: its fp32
+#: parameters, gradients and AdamW state alone take 8.03e9 x 16 B = 120 GiB, so data parallelism (all of it on
+#: every GPU) does not fit in 80 GiB and the page shows which plans do.  Its first frontier takes over a minute
+#: on a cold 2-core machine (the search most of it), 2 - 3 s once computed (docs/measurements.md, "The dashboard's
+#: default request")
+DEFAULT_MODEL = "zoo:llama3-8b"
+DEFAULT_CLUSTER = "preset:h100-hosts?hosts=1"
+#: the default's precision (:data:`tensoropt.graph.PRECISIONS`): how Llama is trained
+DEFAULT_PRECISION = "bf16-params"
 #: 2: frontier CSV with per-device peaks and their parts; baselines with per-device peaks;
 #: 3: the request is the workflow's (precision, budget, degrees …), profiled at the baselines' degrees too;
 #: 4: costs priced for the cluster's device kind (``costs_from``, ``calibration``), the summary says where the
@@ -103,7 +109,8 @@ def default_cache_dir() -> Path:
 @dataclass(frozen=True)
 class Request(workflow.Request):
     """The dashboard's :class:`tensoropt.workflow.Request`: the page's defaults (the built-in
-    model and cluster, every baseline placer, the MILPs limited to :data:`MILP_TIME_LIMIT_S`), and
+    model and cluster, every baseline placer, the MILPs limited to :data:`MILP_TIME_LIMIT_S`; the
+    precision is the workflow's, fp32, unless asked: the page asks for :data:`DEFAULT_PRECISION`), and
     a :attr:`key` naming its result folder.  ``model`` may be the path of an uploaded ``.onnx``
     file, ``cluster`` :data:`DETECTED` or an uploaded cluster file, ``profile`` an uploaded
     profile, ``calibration`` an uploaded device-model calibration; uploaded paths are named by the
@@ -606,4 +613,5 @@ def save_upload(store: ResultStore, data: bytes, suffix: str) -> Path:
 
 __all__ = ["Request", "ResultStore", "BaselineRow", "FolderLock", "PROGRESS", "run_request", "split_request",
            "same_costs", "profiled_untimed", "one_torch_thread", "write_frontier", "times_source", "baseline_row",
-           "save_upload", "default_cache_dir", "baseline_plan_id", "DEFAULT_MODEL", "DEFAULT_CLUSTER", "DETECTED"]
+           "save_upload", "default_cache_dir", "baseline_plan_id", "DEFAULT_MODEL", "DEFAULT_CLUSTER",
+           "DEFAULT_PRECISION", "DETECTED"]

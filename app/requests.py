@@ -23,7 +23,7 @@ from tensoropt.errors import TensorOptError
 from tensoropt.optimizers import DEFAULT_OPTIMIZER
 from tensoropt.workflow import DETECTED, read_cluster
 
-from .pipeline import Request
+from .pipeline import DEFAULT_PRECISION, Request
 
 #: where the operator times come from: the ``costs-from`` control's values and labels (the callbacks
 #: turn a value into the request's ``costs_from``, ``profile`` and ``calibration``)
@@ -58,10 +58,12 @@ def zoo_spec(name: str, params: str | None) -> str:
     return f"zoo:{name}" + (f"?{query}" if query else "")
 
 
-def initial_controls(default_model: str, default_cluster: str) -> dict[str, Any]:
-    """The model and cluster controls' values when the page opens on ``default_model`` and
-    ``default_cluster`` (the server's defaults): ``model_source``, ``zoo_name``, ``zoo_params``,
-    ``model_spec``, ``cluster_source``, ``cluster_preset`` and ``cluster_path``.  A zoo model fills
+def initial_controls(default_model: str, default_cluster: str,
+                     default_precision: str | None = DEFAULT_PRECISION) -> dict[str, Any]:
+    """The model and cluster controls' values when the page opens on ``default_model``,
+    ``default_cluster`` and ``default_precision`` (the server's defaults; ``None``: fp32):
+    ``model_source``, ``zoo_name``, ``zoo_params``, ``model_spec``, ``precision``, ``cluster_source``,
+    ``cluster_preset`` and ``cluster_path``.  A zoo model fills
     the zoo controls, any other spec the spec box; a preset the preset list, ``detected`` the
     machine's GPUs, any other cluster (a file) stands as the uploaded cluster."""
     zoo_model = default_model.startswith("zoo:")
@@ -70,7 +72,8 @@ def initial_controls(default_model: str, default_cluster: str) -> dict[str, Any]
     source = ("preset" if default_cluster.startswith("preset:") else "detected" if default_cluster == DETECTED
               else "upload")
     return {"model_source": "zoo" if zoo_model else "spec", "zoo_name": zoo_name, "zoo_params": zoo_params,
-            "model_spec": "" if zoo_model else default_model, "cluster_source": source, "cluster_preset": preset,
+            "model_spec": "" if zoo_model else default_model, "precision": default_precision or "fp32",
+            "cluster_source": source, "cluster_preset": preset,
             "cluster_path": default_cluster if source == "upload" else None}
 
 
@@ -126,8 +129,8 @@ def request_from_controls(source: str, zoo_name: str | None, zoo_params: str | N
                           calibration_path: str | None = None, precision: str | None = None, *,
                           algos: tuple[str, ...] | None) -> Request:
     """The :class:`~.pipeline.Request` the run button asks for, from the controls' state (``costs``:
-    the ``costs-from`` choice, see :func:`costs_fields`; ``precision``: ``fp32`` — the request's
-    default, ``None`` — or ``bf16``); bad input is a :class:`~tensoropt.errors.TensorOptError`
+    the ``costs-from`` choice, see :func:`costs_fields`; ``precision``: ``fp32`` — ``None`` in the
+    request —, ``bf16`` or ``bf16-params``); bad input is a :class:`~tensoropt.errors.TensorOptError`
     saying what to fix."""
     cluster = cluster_spec(csource, preset, cpath)
     if not devices:
@@ -142,14 +145,15 @@ def request_from_controls(source: str, zoo_name: str | None, zoo_params: str | N
 
 
 def first_request(default_model: str, default_cluster: str, repeats: int, warmup: int, *,
-                  algos: tuple[str, ...] | None) -> Request:
+                  algos: tuple[str, ...] | None, default_precision: str | None = DEFAULT_PRECISION) -> Request:
     """The request the page runs when it opens with no link (:func:`request_from_controls` of the
     controls as :func:`initial_controls` sets them: every device of the cluster, the default
-    optimizer, fp32, times from ``auto``): what ``tensoropt app`` starts computing with the server."""
-    c = initial_controls(default_model, default_cluster)
+    optimizer, ``default_precision``, times from ``auto``): what ``tensoropt app`` starts computing
+    with the server."""
+    c = initial_controls(default_model, default_cluster, default_precision)
     return request_from_controls(c["model_source"], c["zoo_name"], c["zoo_params"], c["model_spec"], None, None, None,
                                  c["cluster_source"], c["cluster_preset"], c["cluster_path"], [], DEFAULT_OPTIMIZER,
-                                 repeats, warmup, "auto", None, "fp32", algos=algos)
+                                 repeats, warmup, "auto", None, c["precision"], algos=algos)
 
 
 __all__ = ["COSTS_CHOICES", "cluster_spec", "costs_fields", "first_request", "initial_controls", "model_spec",

@@ -27,6 +27,7 @@ from tensoropt.errors import TensorOptError
 from .pipeline import (
     DEFAULT_CLUSTER,
     DEFAULT_MODEL,
+    DEFAULT_PRECISION,
     Request,
     ResultStore,
     behind_the_page,
@@ -38,7 +39,7 @@ from .requests import first_request, split_zoo_spec
 
 def preload(model: str) -> bool:
     """Import what building ``model`` imports when that is Hugging Face's ``transformers`` (a zoo
-    GPT-2 or BERT: about 2.5 s on a 2-core machine), so that the page's background jobs — forks of
+    GPT-2, BERT, Llama or Mixtral: about 2.5 s on a 2-core machine), so that the page's background jobs — forks of
     the server process — start with it loaded; whether it did.  Nothing is built or computed."""
     if not model.startswith("zoo:"):
         return False
@@ -46,14 +47,15 @@ def preload(model: str) -> bool:
         entry = zoo.get(split_zoo_spec(model)[0])
     except ValueError:
         return False
-    if getattr(entry.build, "__module__", "") != "tensoropt.zoo.hf":
+    if getattr(entry.build, "__module__", "") not in ("tensoropt.zoo.hf", "tensoropt.zoo.llm"):
         return False
     try:
         import transformers
     except ImportError:
         return False
     # transformers loads a model's modules on first access: these are the zoo's
-    _ = (transformers.GPT2Config, transformers.GPT2LMHeadModel, transformers.BertConfig, transformers.BertForMaskedLM)
+    _ = (transformers.GPT2Config, transformers.GPT2LMHeadModel, transformers.BertConfig, transformers.BertForMaskedLM,
+         transformers.LlamaConfig, transformers.LlamaForCausalLM)
     return True
 
 
@@ -79,8 +81,8 @@ def _precompute(req: Request, root: str) -> None:
 
 
 def precompute(*, cache_dir: str | os.PathLike[str] | None = None, default_model: str = DEFAULT_MODEL,
-               default_cluster: str = DEFAULT_CLUSTER, repeats: int = 3, warmup: int = 1,
-               algos: Sequence[str] | None = None) -> BaseProcess:
+               default_cluster: str = DEFAULT_CLUSTER, default_precision: str | None = DEFAULT_PRECISION,
+               repeats: int = 3, warmup: int = 1, algos: Sequence[str] | None = None) -> BaseProcess:
     """Start computing, in a process of its own (a fork of this one), the request the page runs when
     it opens with no link (:func:`~.requests.first_request` of the same arguments as
     :func:`~.main.create_app`'s) into the same store; returns the process (a daemon: it ends with the
@@ -89,7 +91,7 @@ def precompute(*, cache_dir: str | os.PathLike[str] | None = None, default_model
     thread)."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     req = first_request(default_model, default_cluster, repeats, warmup,
-                        algos=tuple(algos) if algos is not None else None)
+                        algos=tuple(algos) if algos is not None else None, default_precision=default_precision)
     proc = multiprocessing.get_context("fork").Process(target=_precompute, args=(req, str(root)), daemon=True,
                                                        name="tensoropt-app-default")
     proc.start()

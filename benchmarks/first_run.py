@@ -5,8 +5,9 @@ own: the checkout's files (``git ls-files``: tracked, and untracked but not igno
 new folder; ``python -m venv``; ``pip install torch==2.13.0`` (not timed: a wheel on this disk);
 ``pip install -e ".[zoo]"`` (timed: *install*; it byte-compiles the sources and compiles the
 search's kernels, ``setup.py``); then the README's terminal command — the dashboard's default
-model on ``preset:v100-8-nvlink`` — twice, each with an empty profile cache: the fresh install's
-*first run* and its *second run*.  Prints the median wall seconds of each over ``--runs`` runs.
+(Llama-3-8B in bf16-params on ``preset:h100-hosts?hosts=1``) — twice, each with an empty profile
+cache: the fresh install's *first run* and its *second run*.  Prints the median wall seconds of
+each over ``--runs`` runs.
 
     python benchmarks/first_run.py [--runs 1] [--keep DIR]
 
@@ -29,8 +30,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODEL = "zoo:gpt2?layers=6&hidden=256&heads=4&vocab=8192&batch=8&seq_len=128"
-CLUSTER = "preset:v100-8-nvlink"
+MODEL = "zoo:llama3-8b"
+CLUSTER = "preset:h100-hosts?hosts=1"
+PRECISION = "bf16-params"
 
 
 def _copy_checkout(dest: Path) -> None:
@@ -63,7 +65,8 @@ def fresh_install(root: Path) -> tuple[float, float, float]:
     runs = []
     for _ in range(2):
         with tempfile.TemporaryDirectory() as profiles:   # no operator measured before
-            runs.append(_timed([str(venv / "bin" / "tensoropt"), "frontier", MODEL, "--cluster", CLUSTER],
+            runs.append(_timed([str(venv / "bin" / "tensoropt"), "frontier", MODEL, "--cluster", CLUSTER,
+                                 "--precision", PRECISION],
                                root, {**env, "TENSOROPT_CACHE_DIR": profiles}))
     return install, runs[0], runs[1]
 
@@ -85,7 +88,8 @@ def main() -> int:
         finally:
             if not keep:
                 shutil.rmtree(root, ignore_errors=True)
-    print(f"| step | runs | median s | each s |   ({MODEL} on {CLUSTER}; load average {os.getloadavg()[0]:.1f})")
+    print(f"| step | runs | median s | each s |   ({MODEL} on {CLUSTER}, {PRECISION}; "
+          f"load average {os.getloadavg()[0]:.1f})")
     print("|---|---:|---:|---|")
     for j, name in enumerate(("pip install -e .[zoo] (after torch)", "first `tensoropt frontier`",
                               "second `tensoropt frontier`")):

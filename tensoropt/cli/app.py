@@ -1,8 +1,8 @@
 """``tensoropt app``: the dashboard (``tensoropt.dashboard``, the ``app/`` folder) on http://127.0.0.1:8050.
 
 Binds 127.0.0.1 unless ``--host`` says otherwise (the page runs models and reads uploads: do not
-expose it to a network you do not trust).  ``--model`` / ``--cluster`` set what the page computes
-when it opens (default: the README's main command, no GPU needed); that request starts computing
+expose it to a network you do not trust).  ``--model`` / ``--cluster`` / ``--precision`` set what the page
+computes when it opens (default: the README's main command, no GPU needed); that request starts computing
 with the server (``--lazy``: not before a page asks).
 
 It owns the ``app`` command's options and the checks before the server starts; the page is
@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import TensorOptError
+from ..graph import PRECISIONS
 from ._common import add_repeats_argument, check_repeats
 
 
@@ -35,6 +36,7 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
         from tensoropt.dashboard.pipeline import (  # type: ignore[import-not-found, unused-ignore]
             DEFAULT_CLUSTER,
             DEFAULT_MODEL,
+            DEFAULT_PRECISION,
         )
         from tensoropt.dashboard.startup import (  # type: ignore[import-not-found, unused-ignore]
             precompute,
@@ -45,7 +47,8 @@ def _cmd_app(args: argparse.Namespace, console: Console) -> int:
 
     _check_port_free(args.host, args.port)
     defaults = {"cache_dir": args.cache_dir, "default_model": args.model or DEFAULT_MODEL,
-                "default_cluster": args.cluster or DEFAULT_CLUSTER, "repeats": args.repeats,
+                "default_cluster": args.cluster or DEFAULT_CLUSTER,
+                "default_precision": args.precision or DEFAULT_PRECISION, "repeats": args.repeats,
                 "algos": args.algos.split(",") if args.algos else None}
     if not args.lazy:
         # the page's first run, started now — a fork, before the server's threads and before Dash and plotly load
@@ -98,9 +101,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8050, help="port (default 8050)")
     # defaults live in tensoropt.dashboard.pipeline; importing it here would load Dash for every command
-    p.add_argument("--model", help="model computed when the page opens (default "
-                                   "zoo:gpt2?layers=6&hidden=256&heads=4&vocab=8192&batch=8&seq_len=128)")
-    p.add_argument("--cluster", help="cluster of that first run (default preset:v100-8-nvlink)")
+    p.add_argument("--model", help="model computed when the page opens (default zoo:llama3-8b)")
+    p.add_argument("--cluster", help="cluster of that first run (default preset:h100-hosts?hosts=1: 8 H100 80 GB)")
+    p.add_argument("--precision", choices=PRECISIONS, help="precision of that first run (default bf16-params: "
+                                                           "FSDP2's bf16 copies of fp32 master weights)")
     add_repeats_argument(p)
     p.add_argument("--algos", help="comma-separated baseline placers to compare (default: all)")
     p.add_argument("--cache-dir", help="results, uploads and job state (default: ~/.cache/tensoropt/app, or "

@@ -33,13 +33,13 @@ from tensoropt import OpGraph, Plan
 from tensoropt.dashboard import figures as F
 from tensoropt.dashboard import prices as P
 from tensoropt.dashboard.callbacks import plan_commands
-from tensoropt.dashboard.pipeline import DEFAULT_MODEL, ResultStore
+from tensoropt.dashboard.pipeline import ResultStore
 from tensoropt.dashboard.requests import first_request
 from tensoropt.frontier.result import CSV_COLUMNS
 from tensoropt.optimizers import DEFAULT_OPTIMIZER
 from tensoropt.planmodel.fits import fits
 
-from .conftest import TINY
+from .conftest import GPT2, TINY, V100S
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -62,13 +62,14 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """``tensoropt app`` on the tiny model (default cluster: v100-8-nvlink), in its own process, with
-    fresh caches; (url, folder, its result store)."""
+    """``tensoropt app`` on the tiny model in fp32 over v100-8-nvlink (not the page's default: Llama-3-8B
+    takes a minute), in its own process, with fresh caches; (url, folder, its result store)."""
     tmp = tmp_path_factory.mktemp("app-server")
     port = _free_port()
     env = {**os.environ, "TENSOROPT_CACHE_DIR": str(tmp / "profiles")}
     with open(tmp / "server.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "tensoropt.cli", "app", "--port", str(port), "--model", TINY,
+                                 "--cluster", V100S, "--precision", "fp32",
                                  "--repeats", "1", "--algos", "dp,m-etf", "--cache-dir", str(tmp / "app")],
                                 env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
         url = f"http://127.0.0.1:{port}/"
@@ -257,7 +258,7 @@ def _frontier_budget_and_gpus_needed(server, browser):
     assert banner.startswith("Operator times: Tesla V100-SXM2-16GB device model") and "estimates" in banner
     key = _key(store)
     # the request the server started computing with itself is the page's: one result, computed once
-    assert key == first_request(TINY, "preset:v100-8-nvlink", 1, 1, algos=("dp", "m-etf")).key
+    assert key == first_request(TINY, V100S, 1, 1, algos=("dp", "m-etf"), default_precision=None).key
     assert [p.name for p in (store.root / "results").iterdir()] == [key]
     # one curve per device count, every plan once, the legend names them (no text on the chart)
     curves = _traces(drv, "curve")
@@ -457,7 +458,7 @@ def _errors_and_cancel(server, browser):
     assert "Pareto-optimal plans" in _by_id(drv, "frontier-graph").text   # the last result stays
     drv.find_element(By.CSS_SELECTOR, "#costs-from input[value=auto]").click()
 
-    # a run that takes a while (the built-in default GPT-2, nothing cached: seconds of capture and profiling, where
+    # a run that takes a while (the small GPT-2, nothing cached: seconds of capture and profiling, where
     # the tiny model's run may end before the click) is cancelled by the button
     from selenium.webdriver.common.keys import Keys
 
@@ -465,8 +466,8 @@ def _errors_and_cancel(server, browser):
     spec = _by_id(drv, "model-spec")
     spec.send_keys(Keys.CONTROL, "a")
     spec.send_keys(Keys.BACKSPACE)
-    spec.send_keys(DEFAULT_MODEL + Keys.ENTER)
-    _wait(lambda: dict(parse_qsl(urlsplit(drv.current_url).query)).get("model") == DEFAULT_MODEL, 20,
+    spec.send_keys(GPT2 + Keys.ENTER)
+    _wait(lambda: dict(parse_qsl(urlsplit(drv.current_url).query)).get("model") == GPT2, 20,
           "the spec taken (the link says it)")
     _by_id(drv, "run").click()
     _wait(lambda: _by_id(drv, "cancel").is_enabled(), 20, "the cancel button")

@@ -144,9 +144,9 @@ def test_costs_from_control_maps_to_the_request():
         request_from_controls(*_controls("profile"), algos=())
 
 
-def test_banner_of_the_default_names_the_v100_device_model(default_result):
-    """Above the default's frontier: its times are the V100 device model's, said as such."""
-    store, _, key, _ = default_result
+def test_banner_of_a_v100_result_names_the_v100_device_model(gpt2_result):
+    """Above a small GPT-2 on V100s: its times are the V100 device model's, said as such."""
+    store, _, key, _ = gpt2_result
     banner = source_banner(store.summary(key))
     text = _text(banner)
     assert text.startswith("Operator times: Tesla V100-SXM2-16GB device model (calibration ")
@@ -248,18 +248,43 @@ def test_the_plan_commands_name_the_model_the_file_and_the_devices(tiny_result):
     assert cmds[2] == "tensoropt export p1.json /up/abc.onnx --to torchrun -o p1-torchrun --batch 4 --precision bf16"
 
 
-def test_the_first_request_is_the_default_on_every_device():
+@pytest.mark.filterwarnings(r"ignore:\s*The dash_table.DataTable will be removed:DeprecationWarning")   # Dash's
+def test_the_first_request_is_llama3_8b_where_data_parallelism_does_not_fit():
     """What ``tensoropt app`` starts computing with the server is the request the page makes when it
-    opens: the default model and cluster, every one of v100-8-nvlink's eight GPUs, AdamW, fp32, times
-    from ``auto``, the server's profiling repeats and placers (written out here, not derived)."""
-    want = Request(model="zoo:gpt2?layers=6&hidden=256&heads=4&vocab=8192&batch=8&seq_len=128",
-                   cluster="preset:v100-8-nvlink", devices=tuple(f"gpu{i}" for i in range(8)), optimizer="adamw",
+    opens: Llama 3.1 8B in FSDP2's mixed precision (bf16 copies of fp32 master weights: how it is
+    trained), AdamW, on every GPU of one host of eight H100 80 GB, times from ``auto``, the server's
+    profiling repeats and placers (written out here, not derived) — and the page's budget is each
+    device's own memory, at which data parallelism does not fit.
+
+    By hand: Llama 3.1 8B has 8,030,261,248 parameters (Meta's published count: embeddings and output
+    128,256 x 4,096 each, 32 blocks of attention 4,096 x (4,096 + 2 x 1,024 + 4,096), SwiGLU
+    3 x 4,096 x 14,336 and two RMSNorms of 4,096, a final RMSNorm: 2 x 525,336,576 + 32 x 218,112,000 + 4,096).
+    Data parallelism keeps all of it on every GPU: fp32 parameters (4 B), their gradients (4 B) and
+    AdamW's two moments (8 B) — 16 B each, 128,484,179,968 B = 119.7 GiB, more than the 80 GiB
+    (85,899,345,920 B) of an H100 80 GB before a single activation or bf16 copy."""
+    from tensoropt import load_cluster
+
+    want = Request(model="zoo:llama3-8b", cluster="preset:h100-hosts?hosts=1",
+                   devices=tuple(f"h0g{i}" for i in range(8)), optimizer="adamw", precision="bf16-params",
                    repeats=3, warmup=1, algos=None, costs_from="auto")
     assert first_request(DEFAULT_MODEL, DEFAULT_CLUSTER, 3, 1, algos=None) == want
     assert first_request(DEFAULT_MODEL, DEFAULT_CLUSTER, 3, 1, algos=None).key == want.key
+    params = 2 * 128256 * 4096 + 32 * (4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336 + 2 * 4096) + 4096
+    assert params == 8_030_261_248
+    cluster = load_cluster(DEFAULT_CLUSTER)
+    assert [cluster.device(d).memory_bytes for d in want.devices] == [80 * GiB] * 8
+    assert 16 * params == 128_484_179_968 > 80 * GiB
+    # the page opens with no budget of its own (each device's memory) and the precision it trains in
+    layout = build_layout(default_model=DEFAULT_MODEL, default_cluster=DEFAULT_CLUSTER, repeats=3, warmup=1)
+    assert "value" not in _component(layout, "budget").to_plotly_json()["props"]   # none set: each device's own
+    assert _component(layout, "precision").value == "bf16-params"
+    assert _component(layout, "cluster-preset").value == "h100-hosts?hosts=1"
+    assert "h100-hosts?hosts=1" in _component(layout, "cluster-preset").options
+    # not a property of one default: another model and cluster keep theirs
     tiny = first_request(TINY, "preset:titan-rtx-5", 1, 0, algos=("dp",))
     assert (tiny.model, tiny.devices, tiny.algos, tiny.repeats) == (TINY, tuple(f"gpu{i}" for i in range(5)),
                                                                   ("dp",), 1)
+    assert first_request(TINY, "preset:titan-rtx-5", 1, 0, algos=(), default_precision=None).precision is None
 
 
 def test_a_default_cluster_file_stands_as_the_uploaded_cluster(tmp_path):
@@ -274,7 +299,7 @@ def test_a_default_cluster_file_stands_as_the_uploaded_cluster(tmp_path):
         ("spec", TINY, "upload", str(path))
     assert first_request(TINY, str(path), 1, 0, algos=()).cluster == str(path)
     assert initial_controls(DEFAULT_MODEL, "detected")["cluster_source"] == "detected"
-    assert initial_controls(DEFAULT_MODEL, DEFAULT_CLUSTER)["cluster_preset"] == "v100-8-nvlink"
+    assert initial_controls(DEFAULT_MODEL, DEFAULT_CLUSTER)["cluster_preset"] == "h100-hosts?hosts=1"
 
 
 def test_nothing_waits_for_the_run_but_the_whole_result(tmp_path):

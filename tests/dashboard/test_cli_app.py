@@ -38,7 +38,7 @@ def test_the_dashboard_installs_as_tensoropt_dashboard_and_app_is_no_package(tmp
 def test_the_app_help_names_the_page_defaults(capsys, monkeypatch):
     """``tensoropt app --help`` says what the page computes when it opens (the CLI cannot import the
     dashboard to ask: the defaults are written twice, and this holds them equal)."""
-    from tensoropt.dashboard.pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL
+    from tensoropt.dashboard.pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_PRECISION
 
     monkeypatch.setenv("COLUMNS", "300")   # argparse cuts a long spec at its width
 
@@ -46,4 +46,5 @@ def test_the_app_help_names_the_page_defaults(capsys, monkeypatch):
         run(capsys, "app", "--help")
     assert done.value.code == 0
     flat = " ".join(capsys.readouterr().out.split())
-    assert DEFAULT_MODEL in flat and DEFAULT_CLUSTER in flat
+    assert f"default {DEFAULT_MODEL})" in flat and f"default {DEFAULT_CLUSTER}:" in flat
+    assert f"default {DEFAULT_PRECISION}:" in flat

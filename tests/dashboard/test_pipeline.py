@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tensoropt import Cluster, CostModel, Plan, load_cluster, track_frontier, workflow
-from tensoropt.dashboard.pipeline import DEFAULT_MODEL, Request, ResultStore, run_request
+from tensoropt.dashboard.pipeline import Request, ResultStore, run_request
 from tensoropt.dashboard.uploads import UploadError, accept_upload, decode
 from tensoropt.devicemodel import UNCALIBRATED_GPU, Calibration, CostsKindError
 from tensoropt.errors import ClusterSpecError, TensorOptError
@@ -178,14 +178,16 @@ def test_no_result_folder_is_complete_without_a_frontier(tmp_path):
     assert not store.complete(req.key) and not store.frontier_ready(req.key)
 
 
-def test_the_default_is_priced_through_the_v100_device_model(default_result):
-    """The page's built-in default (the README's): v100-8-nvlink's devices are V100s and the profile
+def test_a_small_gpt2_is_priced_through_the_v100_device_model(gpt2_result):
+    """The page's default before Llama-3-8B (GPT-2, 6 narrow blocks): v100-8-nvlink's devices are V100s and the profile
     is made on this CPU, so ``auto`` prices the times through the V100 device model and profiling runs
     untimed (memory and work only); the summary says where the times come from, and a cached result
     (read back by a fresh store) still says so.  It has a curve for 1, 2, 4 and 8 GPUs, each a
     trade-off: more memory buys a shorter step."""
-    store, req, key, seen = default_result
-    assert (req.model, req.cluster, req.costs_from) == (DEFAULT_MODEL, "preset:v100-8-nvlink", "auto")
+    from .conftest import GPT2
+
+    store, req, key, seen = gpt2_result
+    assert (req.model, req.cluster, req.costs_from) == (GPT2, "preset:v100-8-nvlink", "auto")
     assert store.complete(key) and seen[-1] == ("done", "done")
     profiling = [m for stage, m in seen if stage == "profile"]
     assert profiling[0].startswith("recording memory and work") and not any(m.startswith("profiling")

@@ -1,4 +1,4 @@
-"""A plan as a readable graph, on the page's default (GPT-2, 6 blocks, on eight V100s): blocks
+"""A plan as a readable graph, on a small GPT-2 (6 blocks, on eight V100s: the page's old default): blocks
 collapsed into one node each until expanded, layers left to right along every edge, nodes coloured by
 their devices and layout, edges carrying the reshard cost the simulator charges; two plans compared
 operator by operator."""
@@ -10,9 +10,9 @@ from tensoropt.planmodel.reshard import edge_reshard
 
 
 @pytest.fixture(scope="module")
-def default_plans(default_result):
+def default_plans(gpt2_result):
     """(store, key, graph, the 8-GPU curve's least-memory and fastest plans)."""
-    store, _, key, _ = default_result
+    store, _, key, _ = gpt2_result
     eight = [p["plan_id"] for p in store.curves(key) if p["num_devices"] == 8]
     return store, key, store.graph(key), store.plan(key, eight[0]), store.plan(key, eight[-1])
 
