@@ -176,8 +176,9 @@ def _s(v: float, limit_s: float) -> str:
     return f"> {limit_s:.0f}" if v == float("inf") else f"{v:.2f}"
 
 
-def end_to_end(cases: list[str], repeats: int, limit_s: float) -> None:
-    """The table of ``--end-to-end`` (module docstring): per case, first runs and cached runs."""
+def end_to_end(cases: list[str], repeats: int, limit_s: float, cached_runs: bool = True) -> None:
+    """The table of ``--end-to-end`` (module docstring): per case, first runs and cached runs
+    (``cached_runs=False``: first runs only, for a case whose search alone reaches the limit)."""
     print("| case | model | cluster | run | wall s | " + " | ".join(f"{s} s" for s in STAGES) +
           " | peak RSS MiB | runs (wall s) |")
     print("|---|---|---|---|---:|" + "---:|" * len(STAGES) + "---:|---|")
@@ -185,8 +186,10 @@ def end_to_end(cases: list[str], repeats: int, limit_s: float) -> None:
         spec, cluster, _ = E2E[case]
         with tempfile.TemporaryDirectory() as tmp:
             firsts = [e2e_run(case, Path(tmp) / f"first-{i}", limit_s) for i in range(repeats)]
-            cached = [e2e_run(case, Path(tmp) / "first-0", limit_s) for _ in range(repeats)]
+            cached = [e2e_run(case, Path(tmp) / "first-0", limit_s) for _ in range(repeats if cached_runs else 0)]
         for label, runs in (("first", firsts), ("cached", cached)):
+            if not runs:
+                continue
             stages = [_s(statistics.median(r.seconds.get(k, 0.0) for r in runs), limit_s) for k in STAGES]
             walls = ", ".join("stopped" if r.stopped else f"{r.wall:.1f}" for r in runs)
             print(f"| {case} | {spec} | {cluster} | {label} | {_s(statistics.median(r.wall for r in runs), limit_s)} | "
@@ -210,6 +213,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--end-to-end", action="store_true", help="the whole command in fresh processes, per stage")
     ap.add_argument("--e2e-cases", default=",".join(E2E))
+    ap.add_argument("--first-only", action="store_true", help="--end-to-end: no cached runs")
     ap.add_argument("--cases", default="gpt2-12,wrn,amoebanet,scale")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--limit-s", type=float, default=600.0, help="skip repeats of a case slower than this")
@@ -221,7 +225,7 @@ def main() -> int:
                     help="comma-separated worker counts, each a row (default: the library's default)")
     args = ap.parse_args()
     if args.end_to_end:
-        end_to_end(args.e2e_cases.split(","), args.repeats, args.limit_s)
+        end_to_end(args.e2e_cases.split(","), args.repeats, args.limit_s, cached_runs=not args.first_only)
         return 0
     import tensoropt  # here, not at the top: an --end-to-end run imports it in its own processes
     worker_counts: list[int | None] = ([int(w) for w in args.workers.split(",")] if args.workers else [None])

@@ -148,12 +148,13 @@ def test_a_captured_llama_composes_its_blocks_cut_anywhere_to_the_same_frontier(
     import tensoropt
     from tensoropt.frontier.graph_problem import _claim, build_problem
     from tensoropt.graph import block_of
+    from tensoropt.zoo.hf import Logits
 
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                    use_cache=False)
     torch.manual_seed(0)
-    model = tensoropt.zoo.hf.Logits(transformers.LlamaForCausalLM(cfg), use_cache=False)
+    model = Logits(transformers.LlamaForCausalLM(cfg), use_cache=False)
     graph = tensoropt.capture(model, (torch.zeros(4, 16, dtype=torch.long),))
     priced = tensoropt.price(tensoropt.profile(graph, timed=False, shard_degrees=(2,)),
                              tensoropt.load_cluster("preset:a100-4-nvlink"))

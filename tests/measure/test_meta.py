@@ -8,8 +8,9 @@ import torch
 
 import tensoropt
 from tensoropt.errors import CaptureError, ProfileError
-from tensoropt.measure import profile
+from tensoropt.measure import profile, profiler
 from tensoropt.measure.feed import runs_on_fake
+from tensoropt.zoo.hf import Logits
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,7 +25,7 @@ def llama(meta: bool) -> tuple[torch.nn.Module, torch.Tensor]:
     with torch.device("meta" if meta else "cpu"):
         model = transformers.LlamaForCausalLM(cfg)
         ids = torch.zeros(4, 32, dtype=torch.long)
-    return tensoropt.zoo.hf.Logits(model, use_cache=False), ids
+    return Logits(model, use_cache=False), ids
 
 
 class ConvNet(torch.nn.Module):
@@ -49,7 +50,7 @@ def convnet(meta: bool) -> tuple[torch.nn.Module, torch.Tensor]:
 
 @pytest.mark.parametrize("build", [llama, convnet], ids=["llama", "convnet"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_a_meta_model_is_the_same_graph_and_profile_as_the_model_with_real_weights(build, precision):
+def test_a_meta_model_is_the_same_graph_and_profile_as_the_model_with_real_weights(build, precision, monkeypatch):
     """Captured as its fake twin on the CPU (tensoropt.capture.fake), a model built on the meta
     device is the very graph of the same model with real weights — same fingerprint, so a plan
     made for one applies to the other — and its untimed profile, on FakeTensors only, gives every
@@ -61,8 +62,11 @@ def test_a_meta_model_is_the_same_graph_and_profile_as_the_model_with_real_weigh
     meta = tensoropt.capture(*build(True), precision=precision)
     assert not runs_on_fake(real) and runs_on_fake(meta)
     assert meta.fingerprint == real.fingerprint
-    want = profile(real, timed=False, cache=False, shard_degrees=(2, 4))
     got = profile(meta, timed=False, cache=False, shard_degrees=(2, 4))
+    # the model with weights, as fast: on FakeTensors too (profiler.UNTIMED_ON_FAKE), the same figures
+    assert profile(real, timed=False, cache=False, shard_degrees=(2, 4)).to_dict()["nodes"] == got.to_dict()["nodes"]
+    monkeypatch.setattr(profiler, "UNTIMED_ON_FAKE", False)      # and on real tensors, every operator computed
+    want = profile(real, timed=False, cache=False, shard_degrees=(2, 4))
     assert list(got.nodes) == list(want.nodes)
     differ = [n for n in want.nodes if got.nodes[n].to_dict() != want.nodes[n].to_dict()]
     if build is convnet and precision == "bf16":
