@@ -402,17 +402,20 @@ class _Store:
         """:meth:`unroll` of many points of group ``gid`` at once: one visit per group and block
         offset, the points that pass through it as an index array (rows × nodes).
         O(groups + points × nodes)."""
-        cfg = np.full((len(points), n_nodes), -1, np.int64)
+        # nodes × points while it is filled: a node's configurations for the points are one row, not
+        # a strided column (Llama-3-8B's 33 τ runs unrolled 1,700 nodes for thousands of points each)
+        cfg = np.full((n_nodes, len(points)), -1, np.int64)
         stack: list[tuple[int, np.ndarray, np.ndarray, int]] = [(gid, np.arange(len(points)), np.asarray(points), 0)]
         while stack:
             g, rows, ii, off = stack.pop()
             G = self.groups[g]
             if G.node >= 0:
                 node = self.relocate(G.node, off)
-                if (cfg[rows, node] >= 0).any():
+                line = cfg[node]
+                if (line[rows] >= 0).any():
                     raise RuntimeError(f"frontier unroll reached node {node} twice (internal error)")
                 assert G.cfg is not None   # a node's leaf group records its configurations
-                cfg[rows, node] = G.cfg[ii]
+                line[rows] = G.cfg[ii]
             if G.ref_gid.ndim == 1:
                 for slot in range(G.ref_gid.size):
                     moved = off + (int(G.shift[slot]) if G.shift is not None else 0)
@@ -424,9 +427,9 @@ class _Store:
                         sel = gids == u
                         stack.append((int(u), rows[sel], G.ref_idx[ii[sel], slot], off))
         if (cfg < 0).any():
-            raise RuntimeError(f"frontier unroll left nodes {np.flatnonzero((cfg < 0).any(axis=0))[:5].tolist()} "
+            raise RuntimeError(f"frontier unroll left nodes {np.flatnonzero((cfg < 0).any(axis=1))[:5].tolist()} "
                                "without a configuration (internal error)")
-        return cfg
+        return np.ascontiguousarray(cfg.T)
 
     def unroll(self, gid: int, i: int, n_nodes: int) -> np.ndarray:
         cfg = np.full(n_nodes, -1, np.int64)
