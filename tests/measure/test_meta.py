@@ -63,7 +63,9 @@ def test_a_meta_model_is_the_same_graph_and_profile_as_the_model_with_real_weigh
     assert not runs_on_fake(real) and runs_on_fake(meta)
     assert meta.fingerprint == real.fingerprint
     got = profile(meta, timed=False, cache=False, shard_degrees=(2, 4))
-    # the model with weights, as fast: on FakeTensors too (profiler.UNTIMED_ON_FAKE), the same figures
+    # the model with weights, as a large one is profiled: on FakeTensors too (profiler.UNTIMED_ON_FAKE;
+    # from 1 GiB of outputs, forced here), the same figures
+    monkeypatch.setattr(profiler, "FAKE_MIN_OUTPUT_BYTES", 0)
     assert profile(real, timed=False, cache=False, shard_degrees=(2, 4)).to_dict()["nodes"] == got.to_dict()["nodes"]
     monkeypatch.setattr(profiler, "UNTIMED_ON_FAKE", False)      # and on real tensors, every operator computed
     want = profile(real, timed=False, cache=False, shard_degrees=(2, 4))
@@ -112,3 +114,18 @@ def test_a_data_dependent_size_in_a_meta_model_names_the_operator_and_its_module
         model, x = Outer(), torch.randn(4, 8)
     with pytest.raises(CaptureError, match=r"picks \(Picks\).*aten\.nonzero.*data-dependent"):
         tensoropt.capture(model, (x,))
+
+
+def test_a_fused_lstm_is_profiled_on_real_tensors_whatever_its_size(monkeypatch):
+    """PyTorch's fake LSTM kernel saves other tensors than the CPU's: a model with one is never
+    profiled on FakeTensors (profiler._fake_pays), so its figures are the real run's."""
+    lstm = torch.nn.LSTM(8, 16, batch_first=True)
+    graph = tensoropt.capture(lstm, (torch.randn(4, 5, 8),))
+    monkeypatch.setattr(profiler, "FAKE_MIN_OUTPUT_BYTES", 0)
+    got = profile(graph, timed=False, cache=False, shard_degrees=(2,))
+    monkeypatch.setattr(profiler, "UNTIMED_ON_FAKE", False)
+    want = profile(graph, timed=False, cache=False, shard_degrees=(2,))
+    assert got.to_dict()["nodes"] == want.to_dict()["nodes"]
+    monkeypatch.setattr(profiler, "UNTIMED_ON_FAKE", True)      # and forced onto FakeTensors, it would differ
+    monkeypatch.setattr(profiler, "_fake_pays", lambda graph: True)
+    assert profile(graph, timed=False, cache=False, shard_degrees=(2,)).to_dict()["nodes"] != want.to_dict()["nodes"]
