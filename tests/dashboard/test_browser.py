@@ -467,7 +467,7 @@ def _errors_and_cancel(server, browser):
     spec.send_keys(Keys.CONTROL, "a")
     spec.send_keys(Keys.BACKSPACE)
     spec.send_keys(GPT2 + Keys.ENTER)
-    _wait(lambda: dict(parse_qsl(urlsplit(drv.current_url).query)).get("model") == GPT2, 20,
+    _wait(lambda: dict(parse_qsl(urlsplit(drv.current_url).query)).get("model") == GPT2, 60,
           "the spec taken (the link says it)")
     _by_id(drv, "run").click()
     _wait(lambda: _by_id(drv, "cancel").is_enabled(), 20, "the cancel button")
