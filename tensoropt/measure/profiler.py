@@ -275,7 +275,7 @@ def _fake_pays(graph: OpGraph) -> bool:
     operators write at least :data:`FAKE_MIN_OUTPUT_BYTES`, and none is a fused recurrent layer."""
     if any(_basename(op.op) in _RECURRENT for op in graph.ops):
         return False
-    return sum(t.nbytes for op in graph.ops for t in op.outputs) >= FAKE_MIN_OUTPUT_BYTES
+    return sum(op.output_bytes for op in graph.ops) >= FAKE_MIN_OUTPUT_BYTES
 
 
 def _profile_settings(graph: OpGraph, runner: _Runner, repeats: int, warmup: int, degrees: list[int],
