@@ -10,6 +10,7 @@ import tensoropt
 from tensoropt.cluster import LinkModel
 from tensoropt.compare import FRONTIER_MIN_MEMORY, FRONTIER_MIN_TIME, compare
 from tensoropt.errors import TensorOptError
+from tensoropt.frontier import DEFAULT_SEED_PLACERS
 from tensoropt.placers import PLACERS
 from tensoropt.plan import Plan
 from tensoropt.planmodel.simulate import simulate
@@ -70,7 +71,10 @@ def test_the_frontier_adds_its_two_extreme_points(vgg):
     fast, small = by[FRONTIER_MIN_TIME], by[FRONTIER_MIN_MEMORY]
     # the frontier's own (additive) estimates order the two points; both are simulated too
     assert fast.own_time_s <= small.own_time_s and fast.own_memory_bytes >= small.own_memory_bytes
-    assert fast.plan.algorithm == "frontier" and fast.time_s == fast.plan.estimate("simulator").time_s
+    # the fastest point is a searched plan or a seed placer's plan that joined the frontier (with the
+    # CPU's measured times, fsdp's plan on two devices is sometimes the fastest)
+    assert fast.plan.algorithm in ("frontier", *DEFAULT_SEED_PLACERS)
+    assert fast.time_s == fast.plan.estimate("simulator").time_s
     assert set(fast.devices) <= {"gpu0", "gpu1"} and set(by["dp"].devices) == {"gpu0", "gpu1"}
     # a frontier tracked once can be reused
     fr = tensoropt.track_frontier(graph, costs, titan, devices=["gpu0", "gpu1"])
