@@ -65,8 +65,15 @@ def mesh_notes(r: MeshResult) -> list[str]:
         lv = np.array(r.levels)
         al = r.problem.transient_levels()
         over = max(float(lv[np.searchsorted(lv, x)] - x) for x in al)
+        over_memory, run = r.stats.get("levels_over_memory", (0, 0))
+        why = "max_levels"
+        if over_memory > run:
+            why = (f"levels_above_memory: {run} of the {over_memory} levels above the {fmt_bytes(r.stats['memory'])} "
+                   "of the mesh's smallest device, where no plan's estimate fits it")
+            if len(r.levels) < r.all_levels - over_memory + run:
+                why += ", then max_levels"
         notes.append(f"mesh {','.join(r.mesh)}: {r.all_levels} transient levels thinned to {len(r.levels)} "
-                     f"τ runs (max_levels); a plan may be found only at a level up to {fmt_bytes(int(over))} "
+                     f"τ runs ({why}); a plan may be found only at a level up to {fmt_bytes(int(over))} "
                      "above its largest transient, so the frontier may miss plans (all reported costs are exact)")
     offered, searched = r.stats.get("offered", r.stats.get("searched", 0)), r.stats.get("searched", 0)
     if offered > searched:

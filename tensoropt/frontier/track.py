@@ -17,7 +17,13 @@ How
    which configurations are infeasible, so they run in one :class:`~.algorithm.Session`: a run
    reuses every elimination an earlier run made from the same costs.  When there are more than
    ``max_levels`` levels, ``max_levels`` of them are used (evenly spaced, always including the
-   largest) and the notes say so.
+   largest) and the notes say so.  Levels above the memory of the mesh's smallest device are
+   first thinned to ``levels_above_memory`` (default the least and the largest: the smallest
+   plans that do not fit and the fastest): their points hold more than any of the mesh's
+   devices, and where a model does not fit they are most of the levels and the costliest — 68
+   of Llama-3-70B's 72 on 64 H100s, and all of them on 16 and 32.  Not a bound (a walked peak
+   can be below the largest transient the estimate counts: 0.85 × on GPT-2), so the notes say
+   the frontier may miss plans there.
 4. **Price by the walk.**  Every point of every τ run is a candidate; each candidate's memory is
    the **per-device peak of its schedule** — the memory walk of :func:`~tensoropt.planmodel.walk.plan_memory`,
    the figure :func:`~tensoropt.simulate` reports for the same plan — and the mesh's frontier is
@@ -106,12 +112,16 @@ from .result import Frontier, MeshResult, frontier_point
 from .result import FrontierPoint as FrontierPoint
 
 __all__ = ["track_frontier", "default_resolution", "RESOLUTION_FRACTION", "DEFAULT_MAX_LEVELS",
+           "DEFAULT_LEVELS_ABOVE_MEMORY",
            "DEFAULT_MAX_WALKS", "DEFAULT_SEED_PLACERS", "PARALLEL_MIN_OPS"]
 
 #: the default resolution is this fraction of min(smallest device memory, largest plan memory)
 RESOLUTION_FRACTION = 1 / 1000
 #: τ runs per mesh before levels are thinned (see the module docstring)
 DEFAULT_MAX_LEVELS = 64
+#: τ runs per mesh above the memory of its smallest device, before :data:`DEFAULT_MAX_LEVELS` thins
+#: them all (module docstring)
+DEFAULT_LEVELS_ABOVE_MEMORY = 2
 #: the graphs from which the meshes are tracked in forked workers by default (smaller ones take
 #: less than forking costs: tens of milliseconds)
 PARALLEL_MIN_OPS = 100
@@ -205,15 +215,25 @@ def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int
                    str(r.stats["repeats"]))
 
 
-def _mesh_levels(mp: MeshProblem, max_levels: int) -> tuple[np.ndarray, int]:
-    """The τ levels run on ``mp`` (thinned to ``max_levels``) and how many there were."""
+def _smallest_memory(mp: MeshProblem, cluster: Cluster) -> int:
+    """The memory of the mesh's smallest device, in bytes."""
+    return min(cluster.device(d).memory_bytes for d in mp.mesh)
+
+
+def _mesh_levels(mp: MeshProblem, cluster: Cluster, max_levels: int,
+                 levels_above_memory: int) -> tuple[np.ndarray, int]:
+    """The τ levels run on ``mp`` and how many there were: those above the memory of the mesh's
+    smallest device thinned to ``levels_above_memory``, then all to ``max_levels``."""
     all_levels = mp.transient_levels()
-    return _thin(all_levels, max_levels), int(all_levels.size)
+    over = all_levels > _smallest_memory(mp, cluster)
+    kept = np.concatenate([all_levels[~over], _thin(all_levels[over], levels_above_memory)])
+    return _thin(kept, max_levels), int(all_levels.size)
 
 
-def _track_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Cluster, resolution: float, max_levels: int,
-                max_branches: int, backend: str | None, max_walks: int, report: Callable[[str], None]) -> MeshResult:
-    levels, n_levels = _mesh_levels(mp, max_levels)
+def _track_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Cluster, resolution: float,
+                levels_run: tuple[np.ndarray, int], max_branches: int, backend: str | None, max_walks: int,
+                report: Callable[[str], None]) -> MeshResult:
+    levels, n_levels = levels_run
     runs = []
     session = Session(resolution, backend)    # a τ run differs from the last in a few nodes' costs
     for i, lv in enumerate(levels):
@@ -234,6 +254,7 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     # every τ run's points are candidates: each is Pareto-optimal for the search's estimate under its
     # transient cap; the compiled evaluator gives each its simulated step and its walked peak
     names = [n.name for n in mp.problem.nodes]
+    memory = _smallest_memory(mp, cluster)
     ev = MeshEvaluator(graph, costs, cluster, mp.mesh, configs=mp.configs, optimizer=mp.optimizer)
     pool = Evaluated(mp, ev, graph)
     offered, vectors = _candidates(pool, runs, max(1, max_walks // 2))
@@ -248,7 +269,10 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     stats = {"tau_runs": int(levels.size), "candidates": int(sum(r.candidates for r in runs)),
              "offered": offered, "searched": searched, "walked": len(pool), "polished": polished,
              "repeats": sorted({r.repeats for r in runs}),
-             "max_frontier": int(max((r.max_frontier for r in runs), default=0)), **dict(mp.stats)}
+             "max_frontier": int(max((r.max_frontier for r in runs), default=0)),
+             # (levels above the smallest device's memory, of them run): what the notes say was thinned
+             "levels_over_memory": (int((mp.transient_levels() > memory).sum()), int((levels > memory).sum())),
+             "memory": memory, **dict(mp.stats)}
     costs_arr = np.column_stack([pool.est, pool.peak, pool.time]).astype(np.float64).reshape(-1, 3)
     seconds = sum(r.seconds for r in runs) + _time.perf_counter() - t0
     return MeshResult(mp, tuple(float(x) for x in levels), n_levels,
@@ -311,7 +335,8 @@ def _candidates(pool: Evaluated, runs: Sequence[_TauRun], limit: int) -> tuple[i
 def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes: Iterable[Sequence[str]] | None = None,
                    budget: int | float | str | None = None, resolution: float | None = None,
                    optimizer: str | int = DEFAULT_OPTIMIZER, devices: Sequence[str] | None = None,
-                   max_levels: int = DEFAULT_MAX_LEVELS, max_branches: int = 1024, backend: str | None = None,
+                   max_levels: int = DEFAULT_MAX_LEVELS, levels_above_memory: int = DEFAULT_LEVELS_ABOVE_MEMORY,
+                   max_branches: int = 1024, backend: str | None = None,
                    progress: Progress = no_progress, reserve: int = 0,
                    max_walks: int = DEFAULT_MAX_WALKS,
                    seed_placers: Sequence[str] = DEFAULT_SEED_PLACERS, workers: int | None = None,
@@ -329,7 +354,8 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     the smallest memory and the fewest devices reaching it).
     ``resolution``: bytes (0 = exact; default: see the module docstring).  ``optimizer``:
     ``adamw`` (default) / ``adam`` / ``momentum`` / ``sgd`` or α (state bytes per parameter byte).
-    ``max_levels``: τ runs per mesh before levels are thinned; ``max_branches``:
+    ``max_levels``: τ runs per mesh before levels are thinned, ``levels_above_memory``: of them,
+    above the memory of the mesh's smallest device (module docstring); ``max_branches``:
     :func:`~.algorithm.track`'s; ``max_walks``: plans walked per mesh before the polish stops.
     ``progress``: told ``("frontier", done, total, message)`` as work proceeds
     (:class:`~tensoropt.progress.Progress`: each mesh's problem built, then each mesh tracked).
@@ -343,6 +369,9 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     """
     t0 = _time.perf_counter()
     budget = _check_arguments(graph, costs, optimizer, budget, max_levels, max_walks, reserve)
+    if isinstance(levels_above_memory, bool) or int(levels_above_memory) != levels_above_memory \
+            or levels_above_memory < 1:
+        raise ValueError(f"levels_above_memory must be an integer >= 1, got {levels_above_memory!r}")
     kernels.start()   # compiling, where a fresh install has not yet: beside this process, not in every worker
     kernels.ready()
     allowed = cluster.select(devices)
@@ -366,7 +395,8 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
         plans, failed = _seed_plans(graph, costs, cluster, on, optimizer, seed_placers)
         return [(src, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer)) for src, plan in plans], failed
 
-    results, seeded = _track_meshes(problems, graph, costs, cluster, res, int(max_levels), max_branches, backend,
+    levels = [_mesh_levels(mp, cluster, int(max_levels), int(levels_above_memory)) for mp in problems]
+    results, seeded = _track_meshes(problems, graph, costs, cluster, res, levels, max_branches, backend,
                                     int(max_walks), progress, steps, workers, seeds if seed_placers else None)
 
     progress("frontier", steps - 1, steps, "union across meshes")
@@ -398,21 +428,21 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
 
 
 def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostModel, cluster: Cluster, res: float,
-                  max_levels: int, max_branches: int, backend: str | None, max_walks: int, progress: Progress,
-                  steps: int, workers: int, beside: Callable[[], Any] | None = None) -> tuple[list[MeshResult], Any]:
-    """Each mesh tracked (:func:`_track_mesh`), and ``beside()`` (other work independent of the
-    meshes); returns the meshes' results and ``beside()``'s.  With several ``workers``, in forked
-    workers (:func:`~.forkmap.fork_serve`), one task per τ level, per mesh's evaluation and polish,
-    and for ``beside()``, handed out as :class:`~.meshwork.MeshWork` decides: a worker keeps one
-    :class:`~.algorithm.Session`, for the mesh it is on; the same results whatever the number of
-    workers and whoever ran what."""
+                  levels: Sequence[tuple[np.ndarray, int]], max_branches: int, backend: str | None, max_walks: int,
+                  progress: Progress, steps: int, workers: int,
+                  beside: Callable[[], Any] | None = None) -> tuple[list[MeshResult], Any]:
+    """Each mesh tracked (:func:`_track_mesh`) at its τ ``levels`` (:func:`_mesh_levels`), and
+    ``beside()`` (other work independent of the meshes); returns the meshes' results and
+    ``beside()``'s.  With several ``workers``, in forked workers (:func:`~.forkmap.fork_serve`),
+    one task per τ level, per mesh's evaluation and polish, and for ``beside()``, handed out as
+    :class:`~.meshwork.MeshWork` decides: a worker keeps one :class:`~.algorithm.Session`, for the
+    mesh it is on; the same results whatever the number of workers and whoever ran what."""
     n = len(problems)
     if workers == 1:
-        results = [_track_mesh(mp, graph, costs, cluster, res, max_levels, max_branches, backend, max_walks,
+        results = [_track_mesh(mp, graph, costs, cluster, res, levels[i], max_branches, backend, max_walks,
                                partial(progress, "frontier", n + i, steps))
                    for i, mp in enumerate(problems)]
         return results, beside() if beside is not None else None
-    levels = [_mesh_levels(mp, max_levels) for mp in problems]
     size = [float(sum(nd.k for nd in mp.problem.nodes)) for mp in problems]
     names = [",".join(mp.mesh) for mp in problems]
     done = [0]

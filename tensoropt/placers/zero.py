@@ -122,9 +122,12 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
     plan = Plan(configs, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
                 cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=level,
                 options=options, order=order, plan_id=level, notes=notes)
-    peaks = {d: m.peak for d, m in plan_memory(plan, graph, costs, cluster, optimizer=optimizer).items()}
-    worst = max(peaks, key=lambda d: peaks[d] - cluster.device(d).memory_bytes)
-    cap = cluster.device(worst).memory_bytes
+    # the walk stops at the first device over its memory: the plan is refused on that one's figure
+    caps = {d: cluster.device(d).memory_bytes for d in names}
+    peaks = {d: m.peak for d, m in plan_memory(plan, graph, costs, cluster, optimizer=optimizer,
+                                               stop_over=caps).items()}
+    worst = max(peaks, key=lambda d: peaks[d] - caps[d])
+    cap = caps[worst]
     if peaks[worst] > cap:
         raise PlanError(f"{level}: {worst} needs {fmt_bytes(peaks[worst])} ({peaks[worst]} bytes, the walked peak of "
                         f"one step) but has {fmt_bytes(cap)} ({cap} bytes); use more devices, devices with more "

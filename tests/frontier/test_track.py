@@ -278,6 +278,40 @@ def test_thinned_levels_are_stated_and_costs_stay_exact(tied):
         assert any(q.memory_bytes <= p.memory_bytes and q.time_s <= p.time_s * (1 + 1e-12) for q in full)
 
 
+def with_memory(cluster, nbytes):
+    """``cluster`` with every device's memory set to ``nbytes``."""
+    d = cluster.to_dict()
+    for dev in d["devices"]:
+        dev["memory"] = int(nbytes)
+    return type(cluster).from_dict(d)
+
+
+def test_levels_above_the_devices_memory_are_thinned_to_the_least_and_the_largest(tied):
+    g, costs = tied
+    full = track_frontier(g, costs, TITAN, devices=FOUR, resolution=0, seed_placers=())
+    mesh = max(full.meshes, key=lambda r: r.all_levels)
+    levels = sorted(mesh.problem.transient_levels())
+    assert len(levels) >= 4, "the test needs a mesh with levels on both sides of the memory"
+    # devices whose memory lies between the second and the third level: two levels below it
+    memory = (levels[1] + levels[2]) / 2
+    small = with_memory(TITAN, memory)
+    thin = track_frontier(g, costs, small, meshes=[mesh.mesh], resolution=0, seed_placers=())
+    (r,) = thin.meshes
+    assert list(r.levels) == [levels[0], levels[1], levels[2], levels[-1]]
+    assert not thin.exact and any("levels_above_memory: 2 of the" in n for n in thin.notes)
+    # every level above the memory run again: the mesh's frontier as on the devices' whole memory
+    every = track_frontier(g, costs, small, meshes=[mesh.mesh], resolution=0, seed_placers=(),
+                           levels_above_memory=len(levels))
+    assert list(every.meshes[0].levels) == levels
+    assert every.meshes[0].mem.tolist() == mesh.mem.tolist() and every.meshes[0].time.tolist() == mesh.time.tolist()
+    # the fastest plan is kept (the largest level runs), and every thinned point is a real plan
+    assert thin.min_time().time_s == pytest.approx(every.min_time().time_s, rel=1e-12)
+    for p in thin:
+        assert any(q.memory_bytes <= p.memory_bytes and q.time_s <= p.time_s * (1 + 1e-12) for q in every)
+    with pytest.raises(ValueError, match="levels_above_memory"):
+        track_frontier(g, costs, small, meshes=[mesh.mesh], levels_above_memory=0)
+
+
 def test_the_placers_plans_join_where_the_search_does_not_dominate_them(cnn, default):
     # by default the fast placers' plans (which may run operators on different devices at once,
     # outside the search's one-mesh plans) join the frontier; the result weakly dominates every one

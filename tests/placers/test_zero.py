@@ -167,3 +167,23 @@ def test_blocks_run_in_turn_as_eager_pytorch_runs_them():
     assert not contiguous(names) and contiguous(order)
     rotary = [n.name for n in graph.ops if n.module_path.endswith("rotary_emb")]
     assert rotary and max(pos[n] for n in rotary) < spans(order)["model.model.layers.0"][0]
+
+
+def test_a_recipe_that_does_not_fit_is_refused_on_the_first_device_over_its_memory(mlp):
+    graph, costs, cluster = mlp
+    plan = place(graph, costs, cluster, "zero1", devices=MESH, optimizer="adamw")
+    peaks = {d: m.peak for d, m in plan_memory(plan, graph, costs, cluster, optimizer="adamw").items()}
+    assert set(peaks) == set(MESH)
+    # the walk stops after the first device over its figure, with that device's whole walk
+    short = dict.fromkeys(MESH, peaks["gpu0"] - 1)
+    first = plan_memory(plan, graph, costs, cluster, optimizer="adamw", stop_over=short)
+    assert list(first) == ["gpu0"] and first["gpu0"].peak == peaks["gpu0"]
+    both = plan_memory(plan, graph, costs, cluster, optimizer="adamw", stop_over={"gpu0": peaks["gpu0"], "gpu1": 0})
+    assert list(both) == MESH
+    # devices one byte short of gpu0's peak: the recipe is refused on gpu0's walked figure
+    spec = cluster.to_dict()
+    for dev in spec["devices"]:
+        dev["memory"] = peaks["gpu0"] - 1
+    small = type(cluster).from_dict(spec)
+    with pytest.raises(PlanError, match=rf"zero1: gpu0 needs .* \({peaks['gpu0']} bytes, the walked peak"):
+        place(graph, costs, small, "zero1", devices=MESH, optimizer="adamw")
