@@ -289,7 +289,7 @@ def test_greedy_rings_are_the_insertions_the_rule_picks(seed):
     # twelve devices of two speeds and two memories, links from a few latencies and bandwidths (so
     # that many rings tie on the slowest link and on the sum): the vectorised greedy insertion
     # against pricing every candidate ring in turn
-    from tensoropt.frontier.graph_problem import _greedy_ring
+    from tensoropt.frontier.graph_problem import _greedy_rings
 
     rng = np.random.default_rng(seed)
     names = [f"g{i}" for i in range(12)]
@@ -299,5 +299,8 @@ def test_greedy_rings_are_the_insertions_the_rule_picks(seed):
     cl = Cluster(f"random{seed}", devices, links)
     pos = {d: i for i, d in enumerate(cl.names)}
     for subset in (names, names[2:9]):
+        # every size at once (one growth, recorded as it passes) and each size alone
+        every = _greedy_rings(cl, subset, range(2, len(subset) + 1), pos)
         for k in range(2, len(subset) + 1):
-            assert _greedy_ring(cl, subset, k, pos) == _insertion_rings_by_definition(cl, subset, k), (subset, k)
+            expected = _insertion_rings_by_definition(cl, subset, k)
+            assert every[k] == expected and _greedy_rings(cl, subset, [k], pos) == {k: expected}, (subset, k)
