@@ -650,9 +650,11 @@ class FrontierResult:
         i %= n
         return self._store.unroll(self._gid, i, len(self.problem.nodes))
 
-    def assignment_vectors(self) -> np.ndarray:
-        """Every point's :meth:`assignment_vector`, one row each (points × nodes)."""
-        return self._store.unroll_many(self._gid, np.arange(len(self)), len(self.problem.nodes))
+    def assignment_vectors(self, points: np.ndarray | None = None) -> np.ndarray:
+        """Every point's :meth:`assignment_vector` (or those of the indices ``points``), one row
+        each (points × nodes)."""
+        rows = np.arange(len(self)) if points is None else np.asarray(points, dtype=np.int64)
+        return self._store.unroll_many(self._gid, rows, len(self.problem.nodes))
 
     def assignment(self, i: int) -> dict[str, int]:
         """Node name → configuration index for frontier point ``i``."""

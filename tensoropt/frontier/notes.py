@@ -77,9 +77,11 @@ def mesh_notes(r: MeshResult) -> list[str]:
                      "above its largest transient, so the frontier may miss plans (all reported costs are exact)")
     offered, searched = r.stats.get("offered", r.stats.get("searched", 0)), r.stats.get("searched", 0)
     if offered > searched:
-        notes.append(f"mesh {','.join(r.mesh)}: the search offered {offered} plans; {searched} of them, spread over "
-                     "its estimate of their memory, were walked (half of max_walks), the rest of the walks went to "
-                     "the polish")
+        counted = (" (its τ runs' points, a plan found by several runs counted in each)"
+                   if r.stats.get("offered_counts_each_run") else "")
+        notes.append(f"mesh {','.join(r.mesh)}: the search offered {offered} plans{counted}; {searched} of them, "
+                     "spread over its estimate of their memory, were walked (half of max_walks), the rest of the "
+                     "walks went to the polish")
     if not r.stats.get("polished", True):
         notes.append(f"mesh {','.join(r.mesh)}: the polish stopped at {r.stats['walked']} walked plans "
                      f"(max_walks; the search offered {r.stats['searched']}): plans near the frontier may "
