@@ -212,9 +212,15 @@ def _budget_line(fig: go.Figure, budget_bytes: float, reserve_bytes: int, mems: 
                            text=f"{label}: line off scale →", font={"color": "red"})
 
 
-#: marker symbols of the baseline placers, in order of appearance
-BASELINE_SYMBOLS = ("diamond", "square", "triangle-up", "cross", "x", "triangle-down", "pentagon", "hexagram",
-                    "star-triangle-up", "hourglass")
+#: each baseline placer's marker, fixed (the same placer looks the same in every result) and its
+#: own (none shared with another placer, a curve's circles or the rings of :data:`MARKS`)
+PLACER_SYMBOLS = {"dp": "diamond", "m-topo": "square", "m-etf": "triangle-up", "m-sct": "cross", "dpos": "x",
+                  "os-dpos": "triangle-down", "netsplit": "pentagon", "pesto": "hexagram", "zero1": "star-triangle-up",
+                  "zero2": "hourglass", "fsdp": "bowtie", "fsdp+ac": "star-diamond"}
+#: the marker of a baseline no placer of :data:`PLACER_SYMBOLS` names (a plan file's algorithm)
+OTHER_BASELINE_SYMBOL = "asterisk-open"
+#: every baseline marker, placers first (the names this module exported before the fixed table)
+BASELINE_SYMBOLS = (*PLACER_SYMBOLS.values(), OTHER_BASELINE_SYMBOL)
 #: the rings that mark plans (drawn over their point, never a second point: no hover, same click id)
 MARKS = {"min-time": ("fastest plan", "circle-open", 22, "#111"),
          "min-memory": ("least memory", "square-open", 22, "#111"),
@@ -278,7 +284,6 @@ def frontier_figure(points: Sequence[FrontierRow], baselines: Sequence[BaselineD
                     "line": {"width": [1.5 if p["on_frontier"] else 0 for p in pts], "color": "black"}},
             hovertemplate=[hover_text(h, over[p]) for h, p in zip(heads, ids)],
             meta={"role": "curve", "colour": colour, "heads": heads}))
-    symbols = iter(BASELINE_SYMBOLS * 2)
     first = True
     for p in (p for p in plans if p["role"] == "baseline"):
         head = hover_head(p, batch)
@@ -286,7 +291,8 @@ def frontier_figure(points: Sequence[FrontierRow], baselines: Sequence[BaselineD
             x=[p["memory_bytes"] / scale], y=[p["time_s"] * 1e3], mode="markers", name=p["label"],
             legendgroup="baselines", legendgrouptitle={"text": "baseline placers"} if first else None,
             customdata=[p["plan_id"]],
-            marker={"symbol": next(symbols), "size": 11, "color": ["black" if fit[p["plan_id"]] else GREY]},
+            marker={"symbol": PLACER_SYMBOLS.get(p["label"], OTHER_BASELINE_SYMBOL), "size": 11,
+                    "color": ["black" if fit[p["plan_id"]] else GREY]},
             hovertemplate=[hover_text(head, over[p["plan_id"]])],
             meta={"role": "baseline", "colour": "black", "heads": [head]}))
         first = False
@@ -449,4 +455,5 @@ def plan_summary(plan: Plan, sim: SimResult, verdict: str = "") -> list[str]:
 
 __all__ = ["frontier_figure", "memory_figure", "gantt_figure", "plan_table_rows", "plan_summary", "drawn_plans",
            "hover_head", "hover_text", "fit_summary", "row_peaks", "baseline_peaks", "plan_peaks", "fit_flags",
-           "limit_text", "over_text", "GPU_PRESETS_GIB", "GREY", "MEMORY_PARTS", "MARKS", "BASELINE_SYMBOLS"]
+           "limit_text", "over_text", "GPU_PRESETS_GIB", "GREY", "MEMORY_PARTS", "MARKS", "BASELINE_SYMBOLS",
+           "PLACER_SYMBOLS", "OTHER_BASELINE_SYMBOL"]

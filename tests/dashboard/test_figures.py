@@ -252,3 +252,26 @@ def test_plan_table_covers_every_operator(tiny_result):
     rows = F.plan_table_rows(plan, graph)
     assert [r["node"] for r in rows] == plan.order
     assert all(r["devices"] == ",".join(plan.configs[r["node"]].devices) for r in rows)
+
+
+def test_each_placer_keeps_its_own_marker_whatever_else_the_result_holds():
+    from tensoropt.placers import PLACERS
+
+    # every placer has a symbol, none shared, none a curve's circle or a mark's ring
+    assert set(F.PLACER_SYMBOLS) == set(PLACERS)
+    symbols = list(F.PLACER_SYMBOLS.values()) + [F.OTHER_BASELINE_SYMBOL]
+    assert len(set(symbols)) == len(symbols)
+    assert not set(symbols) & ({"circle"} | {mark[1] for mark in F.MARKS.values()})
+
+    def baseline(algo, ms):
+        return {"algo": algo, "time_s": ms / 1e3, "peak_memory_bytes": MiB, "plan_id": f"baseline-{algo}",
+                "memory_bytes": {"gpu0": MiB, "gpu1": MiB}, "same_as": "", "dominated_by": ""}
+
+    # m-sct alone, then after two other placers: the same cross both times (it took the first
+    # symbol of a list in order of appearance before: a diamond, like dp's)
+    alone = _role(F.frontier_figure(ROWS, [baseline("m-sct", 40)], cluster=UNIFORM), "baseline")
+    many = _role(F.frontier_figure(ROWS, [baseline("dp", 40), baseline("fsdp", 41), baseline("m-sct", 42),
+                                          baseline("from-a-file", 43)], cluster=UNIFORM), "baseline")
+    assert [t.marker.symbol for t in alone] == ["cross"]
+    assert [(t.name, t.marker.symbol) for t in many] == [("dp", "diamond"), ("fsdp", "bowtie"), ("m-sct", "cross"),
+                                                         ("from-a-file", "asterisk-open")]
