@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 
-from tensoropt.describe import fmt_bytes
+from tensoropt.describe import fmt_bytes, fmt_devices
 from tensoropt.planmodel.fits import fits, over_by
 
 if TYPE_CHECKING:
@@ -127,11 +127,6 @@ def _peaks_text(peaks: Mapping[str, int]) -> str:
     return ", ".join(f"{d} {fmt_bytes(b)}" for d, b in peaks.items())
 
 
-def _devices_text(devices: Sequence[str]) -> str:
-    """``"gpu0, gpu1"``; eight or more as ``"gpu0 … gpu7 (8)"``."""
-    return ", ".join(devices) if len(devices) < 5 else f"{devices[0]} … {devices[-1]} ({len(devices)})"
-
-
 def _gpus(k: int) -> str:
     return f"{k} GPU{'s' if k != 1 else ''}"
 
@@ -183,7 +178,7 @@ def hover_head(p: Mapping[str, Any], batch: int | None = None) -> str:
         if p.get("also"):
             where += f"; also the plan of {', '.join(p['also'])}"
     sps = f" · {batch / p['time_s']:,.0f} samples/s" if batch and p["time_s"] > 0 else ""
-    lines = [head, where, f"{_gpus(p['num_devices'])}: {_devices_text(p['devices'])}",
+    lines = [head, where, f"{_gpus(p['num_devices'])}: {fmt_devices(p['devices'])}",
              f"peak {fmt_bytes(p['memory_bytes'])} per device (simulated): {_peaks_text(p['peaks'])}",
              f"step {p['time_s'] * 1e3:.3f} ms (simulated){sps}"]
     if p.get("layouts"):

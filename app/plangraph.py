@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import networkx as nx
 import plotly.graph_objects as go
 
-from tensoropt.describe import fmt_bytes
+from tensoropt.describe import fmt_bytes, fmt_devices
 from tensoropt.graph import block_of
 from tensoropt.planmodel.reshard import edge_reshard
 
@@ -62,8 +62,8 @@ def short_path(path: str) -> str:
 
 
 def mesh_text(devices: Sequence[str]) -> str:
-    """``"gpu0,gpu1"``; five or more as ``"gpu0…gpu7 (8)"``."""
-    return ",".join(devices) if len(devices) < 5 else f"{devices[0]}…{devices[-1]} ({len(devices)})"
+    """``"gpu0,gpu1"``; five or more as ``"gpu0…gpu7 (8)"`` (:func:`~tensoropt.describe.fmt_devices`)."""
+    return fmt_devices(devices, sep=",")
 
 
 def config_label(cfg: NodeConfig | None) -> str:

@@ -20,6 +20,8 @@ Example::
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -35,6 +37,22 @@ def fmt_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def fmt_devices(devices: Sequence[str], sep: str = ", ") -> str:
+    """Devices in a line: ``"gpu0, gpu1"``; five or more as the first and the last by name, numbers
+    in order, and how many — a ring's last device would read as a count (``gpu0 … gpu4 (8)``).
+
+    >>> fmt_devices(["gpu0", "gpu1"]), fmt_devices(["gpu0", "gpu5", "gpu1", "gpu6", "gpu2", "gpu7", "gpu3", "gpu4"])
+    ('gpu0, gpu1', 'gpu0 … gpu7 (8)')
+    >>> fmt_devices([f"h{h}g{g}" for g in range(8) for h in range(10)], sep=",")
+    'h0g0…h9g7 (80)'
+    """
+    if len(devices) < 5:
+        return sep.join(devices)
+    by_name = sorted(devices, key=lambda d: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", d)])
+    gap = " … " if " " in sep else "…"     # spaced as the list would be
+    return f"{by_name[0]}{gap}{by_name[-1]} ({len(devices)})"
 
 
 def fmt_count(n: int) -> str:
