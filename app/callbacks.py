@@ -691,13 +691,18 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
             mem = figures.memory_figure(sim, capacity, budget_bytes=budget)
             mem.update_layout(title=f"{pid}: simulated peak per device")
             gantt = figures.gantt_figure(sim)
-            gantt.update_layout(title=f"{pid}: {gantt.layout.title.text}")
+            # both timelines on one scale: the longer step spans the axis in each
+            gantt.update_layout(title=f"{pid}: {gantt.layout.title.text}",
+                                xaxis_range=[0, max(sa.time_s, sb.time_s) * 1e3])
             figs += [mem, gantt]
         ratio = sb.time_s / sa.time_s if sa.time_s else float("nan")
         summary = (f"{plan_id}: {fmt_bytes(sa.max_memory_bytes)} peak, {sa.time_s * 1e3:.3f} ms on "
                    f"{len(a.devices)} device(s); {other}: {fmt_bytes(sb.max_memory_bytes)} peak, "
                    f"{sb.time_s * 1e3:.3f} ms on {len(b.devices)} device(s) ({ratio:.2f}× the step); "
-                   f"{len(rows)} of {len(graph.ops)} operators configured differently")
+                   f"{len(rows)} of {len(graph.ops)} operators configured differently"
+                   + ("" if set(a.devices) == set(b.devices) else
+                      " (on different GPUs: compared by layout, recompute, sharding and place among each plan's"
+                      " devices)"))
         return ({"display": "block"}, summary, *figs, rows)
 
     @app.callback(Output("download-plan", "data"), Input("download-plan-button", "n_clicks"),

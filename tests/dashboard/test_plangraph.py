@@ -125,3 +125,22 @@ def test_a_click_shows_a_node_configuration_and_two_plans_differ_where_they_do(d
     assert [r["node"] for r in rows] == [o.name for o in graph.ops if small.configs[o.name] != fast.configs[o.name]]
     assert rows and all(r["a"] != r["b"] for r in rows)
     assert G.differing(small, small, graph) == []
+
+
+def test_the_same_plan_on_other_devices_differs_nowhere_and_one_changed_operator_is_named(default_plans):
+    import copy
+    import dataclasses
+
+    store, key, graph, small, _ = default_plans
+    # the plan moved to devices it did not use, each renamed in place: another GPU count's plan
+    # with the same layouts (every operator named "differently" before)
+    rename = {d: f"other{i}" for i, d in enumerate(small.devices)}
+    moved = copy.copy(small)
+    moved.configs = {n: dataclasses.replace(c, devices=tuple(rename[d] for d in c.devices))
+                     for n, c in small.configs.items()}
+    assert G.differing(small, moved, graph) == []
+    op = next(n for n in small.order if small.configs[n].degree > 1)
+    changed = copy.copy(moved)
+    changed.configs = {**moved.configs, op: dataclasses.replace(moved.configs[op],
+                                                              recompute=not moved.configs[op].recompute)}
+    assert [r["node"] for r in G.differing(small, changed, graph)] == [op]
