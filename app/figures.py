@@ -10,6 +10,7 @@ touch Dash (the callbacks hand it plain values).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -292,10 +293,9 @@ def frontier_figure(points: Sequence[FrontierRow], baselines: Sequence[BaselineD
             meta={"role": "baseline", "colour": "black", "heads": [head]}))
         first = False
     by_id = {p["plan_id"]: p for p in plans}
-    fitting = [p for p in plans if fit.get(p["plan_id"])]
     _mark(fig, "min-time", min(plans, key=lambda p: (p["time_s"], p["memory_bytes"])) if plans else None, scale)
     _mark(fig, "min-memory", min(plans, key=lambda p: (p["memory_bytes"], p["time_s"])) if plans else None, scale)
-    _mark(fig, "best-fit", min(fitting, key=lambda p: (p["time_s"], p["memory_bytes"])) if fitting else None, scale)
+    _mark(fig, "best-fit", fastest_that_fits(plans, fit), scale)
     _mark(fig, "selected", by_id.get(selected or ""), scale)
     _mark(fig, "compare", by_id.get(compare or ""), scale)
     if budget_bytes is not None:
@@ -307,13 +307,21 @@ def frontier_figure(points: Sequence[FrontierRow], baselines: Sequence[BaselineD
     return fig
 
 
+def fastest_that_fits(plans: Sequence[Mapping[str, Any]], fit: Mapping[str, bool]) -> Mapping[str, Any] | None:
+    """The plan the page recommends: the fastest that fits, its step to the microsecond (as the
+    page shows it) — ties to fewer GPUs, then less memory: one GPU at the same step is half the
+    price of two.  The page's script (:mod:`.clientside`) applies the same rule."""
+    ok = [p for p in plans if fit.get(p["plan_id"])]
+    return min(ok, key=lambda p: (math.floor(p["time_s"] * 1e6 + 0.5), len(p["devices"]), p["memory_bytes"])) \
+        if ok else None
+
+
 def fit_summary(plans: Sequence[Mapping[str, Any]], fit: Mapping[str, bool], budget_bytes: float | None = None,
                 reserve_bytes: int = 0) -> str:
     """The line under the frontier (the page's script writes the same): how many curve plans fit, and
     the fastest plan that fits.  ``plans``: :func:`drawn_plans`; ``fit``: plan id → fits."""
     curve = [p for p in plans if p["role"] == "curve"]
-    ok = [p for p in plans if fit.get(p["plan_id"])]
-    best = min(ok, key=lambda p: (p["time_s"], p["memory_bytes"])) if ok else None
+    best = fastest_that_fits(plans, fit)
     line = f"{sum(1 for p in curve if fit.get(p['plan_id']))} of {len(curve)} plans on the curves fit " \
            f"{limit_text(budget_bytes, reserve_bytes)}"
     if best is not None:
@@ -451,4 +459,4 @@ def plan_summary(plan: Plan, sim: SimResult, verdict: str = "") -> list[str]:
 __all__ = ["frontier_figure", "memory_figure", "gantt_figure", "plan_table_rows", "plan_summary", "drawn_plans",
            "hover_head", "hover_text", "fit_summary", "row_peaks", "baseline_peaks", "plan_peaks", "fit_flags",
            "limit_text", "over_text", "GPU_PRESETS_GIB", "GREY", "MEMORY_PARTS", "MARKS", "BASELINE_SYMBOLS",
-           "PLACER_SYMBOLS", "OTHER_BASELINE_SYMBOL"]
+           "PLACER_SYMBOLS", "OTHER_BASELINE_SYMBOL", "fastest_that_fits"]

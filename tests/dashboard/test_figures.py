@@ -275,3 +275,26 @@ def test_each_placer_keeps_its_own_marker_whatever_else_the_result_holds():
     assert [t.marker.symbol for t in alone] == ["cross"]
     assert [(t.name, t.marker.symbol) for t in many] == [("dp", "diamond"), ("fsdp", "bowtie"), ("m-sct", "cross"),
                                                          ("from-a-file", "asterisk-open")]
+
+
+def test_the_fastest_plan_that_fits_ties_to_fewer_gpus_at_the_same_step():
+    # transformer-tiny's case: a 2-GPU plan at the 1-GPU plan's step (to the microsecond shown)
+    # with less memory per GPU was recommended, at twice the price
+    rows = [{"plan_id": "p000-1dev", "num_devices": 1, "devices": ["gpu0"], "memory_bytes": 4 * MiB,
+             "time_s": 0.0006512, "device_memory": {"gpu0": 4 * MiB}, "source": "frontier", "on_frontier": True},
+            {"plan_id": "p001-2dev", "num_devices": 2, "devices": ["gpu0", "gpu1"], "memory_bytes": 3 * MiB,
+             "time_s": 0.00065115, "device_memory": {"gpu0": 3 * MiB, "gpu1": 3 * MiB}, "source": "frontier",
+             "on_frontier": True},
+            {"plan_id": "p002-2dev", "num_devices": 2, "devices": ["gpu0", "gpu1"], "memory_bytes": 6 * MiB,
+             "time_s": 0.0005, "device_memory": {"gpu0": 6 * MiB, "gpu1": 6 * MiB}, "source": "frontier",
+             "on_frontier": True}]
+    fig = F.frontier_figure(rows, cluster=UNIFORM, budget_bytes=5 * MiB)
+    (best,) = [t for t in fig.data if (t.meta or {}).get("role") == "best-fit"]
+    assert list(best.customdata) == ["p000-1dev"]
+    plans = F.drawn_plans(rows)
+    fit = {p["plan_id"]: p["memory_bytes"] <= 5 * MiB for p in plans}
+    assert F.fit_summary(plans, fit, 5 * MiB).endswith("the fastest that fits: p000-1dev on 1 GPU, 0.651 ms")
+    # a step one microsecond shorter wins on more GPUs; with the budget raised, the fastest of all
+    faster = [rows[0], {**rows[1], "time_s": 0.0006502}]
+    assert F.fastest_that_fits(F.drawn_plans(faster), {"p000-1dev": True, "p001-2dev": True})["plan_id"] == "p001-2dev"
+    assert F.fastest_that_fits(plans, dict.fromkeys(fit, True))["plan_id"] == "p002-2dev"
