@@ -119,6 +119,13 @@ window.tensoropt = (function () {
       if (base === null) base = [k, best.time_s];
       row.efficiency = (base[1] / best.time_s) / (k / base[0]);
       row.efficiency_vs = base[0];
+      const us = t => Math.floor(t * 1e6 + 0.5);
+      let use = null;
+      for (const r of rows) {
+        if (r.plan_id !== null && us(r.time_s) <= us(best.time_s) &&
+            (use === null || us(r.time_s) < us(use.time_s))) use = r;
+      }
+      if (use !== null) row.use_k = use.k;
       rows.push(row);
     }
     return rows;
@@ -130,7 +137,9 @@ window.tensoropt = (function () {
       efficiency: "", memory: r.least_memory_bytes === null ? "" : "least " + fmtBytes(r.least_memory_bytes),
       gpuh_1k: "", usd_1k: "", gpuh_epoch: "", usd_epoch: ""
     } : {
-      gpus: r.k, plan: r.label === r.plan_id ? r.plan_id : r.label + " (" + r.plan_id + ")",
+      gpus: r.k, plan: (r.label === r.plan_id ? r.plan_id : r.label + " (" + r.plan_id + ")") +
+                       (r.use_k === undefined ? "" : ": no faster than " + r.use_k + " GPU" +
+                        (r.use_k > 1 ? "s" : "") + ", use the " + r.use_k + "-GPU plan"),
       step_ms: num(r.time_s * 1e3, 3),
       samples_s: r.samples_per_s === null ? "" : Math.round(r.samples_per_s).toLocaleString("en-US"),
       efficiency: (r.efficiency * 100).toFixed(0) + " % (vs " + r.efficiency_vs + ")",

@@ -142,7 +142,10 @@ def gpus_needed(plans: Sequence[Mapping[str, Any]], fit: Mapping[str, bool], kin
     ``(sps_k / sps_k0) / (k / k0)``.  A ``k`` where nothing fits has ``plan_id`` ``None`` and its
     least memory in ``least_memory_bytes``; one with no plan at all (no mesh of the search, no
     placer used that many devices) has ``least_memory_bytes`` ``None`` too.  ``plans``: dicts with
-    ``plan_id``, ``devices``, ``memory_bytes``, ``time_s``.  O(plans + counts)."""
+    ``plan_id``, ``devices``, ``memory_bytes``, ``time_s``.  A row whose plan a smaller count
+    matches or beats (its step to the microsecond, as the page shows it) has ``use_k``: that count
+    (the fastest such, ties to fewer) — more GPUs for no faster step is only dearer; the page folds
+    it ("use the 4-GPU plan").  O(plans + counts)."""
     by_k: dict[int, list[Mapping[str, Any]]] = {int(k): [] for k in counts}
     for p in plans:
         by_k.setdefault(len(p["devices"]), []).append(p)
@@ -166,8 +169,16 @@ def gpus_needed(plans: Sequence[Mapping[str, Any]], fit: Mapping[str, bool], kin
         k0, t0 = base
         row["efficiency"] = (t0 / best["time_s"]) / (k / k0)
         row["efficiency_vs"] = k0
+        better = [r for r in rows if r["plan_id"] is not None and _us(r["time_s"]) <= _us(best["time_s"])]
+        if better:
+            row["use_k"] = min(better, key=lambda r: (_us(r["time_s"]), r["k"]))["k"]
         rows.append(row)
     return rows
+
+
+def _us(time_s: float) -> int:
+    """A step in whole microseconds, as the page shows it (the page's script rounds the same way)."""
+    return math.floor(time_s * 1e6 + 0.5)
 
 
 __all__ = ["ListPrice", "LIST_PRICES", "price_key", "default_prices", "parse_prices", "format_prices",

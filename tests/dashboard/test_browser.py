@@ -300,6 +300,9 @@ def _frontier_budget_and_gpus_needed(server, browser):
                 assert shown_row[1] == ("no plan" if want["least_memory_bytes"] is None else "none fits")
             else:
                 assert want["plan_id"] in shown_row[1] and shown_row[2] == f"{want['time_s'] * 1e3:.3f}"
+                # a count no faster than a smaller one is folded into it, as the reference says
+                assert ("use the" in shown_row[1]) == ("use_k" in want)
+                assert "use_k" not in want or f"use the {want['use_k']}-GPU plan" in shown_row[1]
                 assert shown_row[4].startswith(f"{want['efficiency'] * 100:.0f} %")
                 assert shown_row[7] == f"${want['usd_per_1k_steps']:.4f}"
         assert _by_id(drv, "fit-summary").text.startswith(f"{sum(fit[p['plan_id']] for p in store.curves(key))} of "
@@ -319,7 +322,7 @@ def _frontier_budget_and_gpus_needed(server, browser):
     shown = drv.execute_script("return window.tensoropt.last.rows")
     assert len(shown) == len(rows)
     for got, want in zip(shown, rows):
-        assert got["plan_id"] == want["plan_id"]
+        assert got["plan_id"] == want["plan_id"] and got.get("use_k") == want.get("use_k")
         if want["plan_id"] is None:
             continue
         for k in ("usd_per_1k_steps", "usd_per_epoch", "gpu_hours_per_epoch", "samples_per_s", "efficiency"):

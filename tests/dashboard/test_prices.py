@@ -77,3 +77,12 @@ def test_every_default_price_is_a_catalogue_kind_and_in_the_docs():
         assert key in kinds and p.kind == key and p.usd_per_gpu_hour > 0 and p.source and p.as_of
         row = next(line for line in doc.splitlines() if line.startswith("|") and f"`{key}`" in line)
         assert re.search(rf"\$ ?{p.usd_per_gpu_hour:.2f}\b", row), row
+
+
+def test_a_count_no_faster_than_a_smaller_one_says_to_use_the_smaller():
+    # 1 GPU 10 s; 2 GPUs 6 s; 3 GPUs 6 s to the microsecond (a hair slower); 4 GPUs 7 s; 5 GPUs 5 s
+    plans = [{"plan_id": f"k{k}", "devices": list("abcde"[:k]), "memory_bytes": 100, "time_s": t}
+             for k, t in ((1, 10.0), (2, 6.0), (3, 6.0000004), (4, 7.0), (5, 5.0))]
+    kinds = dict.fromkeys("abcde", "Tesla V100-SXM2-16GB")
+    rows = P.gpus_needed(plans, {p["plan_id"]: True for p in plans}, kinds, {}, batch=8, epoch_samples=None)
+    assert [(r["k"], r.get("use_k")) for r in rows] == [(1, None), (2, None), (3, 2), (4, 2), (5, None)]
