@@ -540,9 +540,9 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
             try:
                 gpus = rows[cell["row"]]["gpus"] if rows and cell else None
                 plans = [p for p in (data or {}).get("plans", []) if len(p["devices"]) == gpus]
-                label = rows[cell["row"]]["plan"] if rows and cell else ""
-                hit = next((p["plan_id"] for p in plans if label in (p["plan_id"], f"{p['label']} ({p['plan_id']})")),
-                           None)
+                # the row's plan id (a column the table does not show: the plan cell may say more)
+                wanted = rows[cell["row"]].get("plan_id") if rows and cell else None
+                hit = next((p["plan_id"] for p in plans if p["plan_id"] == wanted), None)
             except (TypeError, KeyError, IndexError):
                 return no_update
             return hit or no_update

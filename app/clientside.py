@@ -137,7 +137,7 @@ window.tensoropt = (function () {
       efficiency: "", memory: r.least_memory_bytes === null ? "" : "least " + fmtBytes(r.least_memory_bytes),
       gpuh_1k: "", usd_1k: "", gpuh_epoch: "", usd_epoch: ""
     } : {
-      gpus: r.k, plan: (r.label === r.plan_id ? r.plan_id : r.label + " (" + r.plan_id + ")") +
+      gpus: r.k, plan_id: r.plan_id, plan: (r.label === r.plan_id ? r.plan_id : r.label + " (" + r.plan_id + ")") +
                        (r.use_k === undefined ? "" : ": no faster than " + r.use_k + " GPU" +
                         (r.use_k > 1 ? "s" : "") + ", use the " + r.use_k + "-GPU plan"),
       step_ms: num(r.time_s * 1e3, 3),
