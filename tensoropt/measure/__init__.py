@@ -24,9 +24,9 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_exports
 from .costmodel import CostModel, NodeCost, ShardCost
 
 if TYPE_CHECKING:
@@ -38,11 +38,6 @@ if TYPE_CHECKING:
 _LAZY = {"profile": ".profiler", "StepMeasurement": ".step", "measure_step": ".step", "training_loss": ".step"}
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 __all__ = ["CostModel", "NodeCost", "ShardCost", "StepMeasurement", "measure_step", "profile", "training_loss"]
