@@ -311,23 +311,23 @@ def differing(a: Plan, b: Plan, graph: OpGraph) -> list[dict[str, str]]:
     GPU counts) are compared by what each operator does on its plan's devices — its layout,
     recompute and sharding level, and which of the plan's devices it uses by their place in the
     plan — so that the same plan on 4 and on 8 GPUs differs nowhere."""
-    same_devices = set(a.devices) == set(b.devices)
+    at_a, at_b = ({d: i for i, d in enumerate(p.devices)} for p in (a, b))   # Plan.devices walks every node
+    same_devices = at_a.keys() == at_b.keys()
     rows = []
     for op in graph.ops:
         ca, cb = a.configs.get(op.name), b.configs.get(op.name)
-        if ca == cb or not same_devices and _placed(ca, a) == _placed(cb, b):
+        if ca == cb or not same_devices and _placed(ca, at_a) == _placed(cb, at_b):
             continue
         rows.append({"node": op.name, "op": op.op, "module": op.module_path,
                      "a": config_label(ca), "b": config_label(cb)})
     return rows
 
 
-def _placed(cfg: NodeConfig | None, plan: Plan) -> tuple[Any, ...] | None:
+def _placed(cfg: NodeConfig | None, at: Mapping[str, int]) -> tuple[Any, ...] | None:
     """What a configuration does apart from which devices it names: the places of its devices
-    among the plan's, its layout, recompute and sharding level."""
+    among its plan's (``at``: device → place), its layout, recompute and sharding level."""
     if cfg is None:
         return None
-    at = {d: i for i, d in enumerate(plan.devices)}
     return tuple(at[d] for d in cfg.devices), cfg.layout, cfg.recompute, int(cfg.shard)
 
 
