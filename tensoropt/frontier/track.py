@@ -174,13 +174,19 @@ def default_resolution(problems: Sequence[MeshProblem], cluster: Cluster) -> flo
     return float(scale * RESOLUTION_FRACTION)
 
 
+def _spread(n: int, k: int) -> np.ndarray:
+    """``k`` indices of ``range(n)`` evenly spaced, both ends included (fewer where two round to
+    one): how levels are thinned, a τ run's points picked and the candidates spread."""
+    return np.asarray(np.unique(np.round(np.linspace(0, n - 1, k))), dtype=np.int64)
+
+
 def _thin(levels: np.ndarray, k: int) -> np.ndarray:
     if levels.size <= k:
         return levels
     if k == 1:
         return levels[-1:]
-    idx = np.unique(np.round(np.linspace(0, levels.size - 1, k)).astype(np.int64))   # both ends included
-    return levels[idx]
+    thinned: np.ndarray = levels[_spread(levels.size, k)]
+    return thinned
 
 
 @dataclass(frozen=True)
@@ -212,7 +218,7 @@ def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int
     r = track(mp.masked(level), resolution=resolution, max_branches=max_branches, backend=backend, session=session,
               repeats=mp.repeats)
     # the points come in memory order: evenly spaced indices spread them over the run's memory
-    picked = np.unique(np.round(np.linspace(0, len(r) - 1, limit)).astype(np.int64)) if len(r) > limit else None
+    picked = _spread(len(r), limit) if len(r) > limit else None
     vecs = r.assignment_vectors(picked) if len(r) else np.zeros((0, len(mp.problem.nodes)), dtype=np.int64)
     # in the smallest integer type that holds every configuration index (int8 on every model of the
     # suite): a run's points cross a pipe, and AmoebaNet-D-18's 32 levels on two devices hold 20,000
@@ -345,7 +351,7 @@ def _candidates(pool: Evaluated, runs: Sequence[_TauRun], limit: int) -> tuple[i
     ends = [at[first[every[j].tobytes()]] for j in (*starts[:-1], *(starts[1:] - 1))]   # each run's both ends
     est, _ = pool.additive(distinct)
     order = np.argsort(est, kind="stable")
-    picked = np.union1d(order[np.unique(np.round(np.linspace(0, len(order) - 1, limit)).astype(np.int64))], ends)
+    picked = np.union1d(order[_spread(len(order), limit)], ends)
     return len(distinct), distinct[picked]
 
 
@@ -385,10 +391,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     search offers (:func:`~.graph_problem.node_configs`; ``()``: none).
     """
     t0 = _time.perf_counter()
-    budget = _check_arguments(graph, costs, optimizer, budget, max_levels, max_walks, reserve)
-    if isinstance(levels_above_memory, bool) or int(levels_above_memory) != levels_above_memory \
-            or levels_above_memory < 1:
-        raise ValueError(f"levels_above_memory must be an integer >= 1, got {levels_above_memory!r}")
+    budget = _check_arguments(graph, costs, optimizer, budget, max_levels, levels_above_memory, max_walks, reserve)
     kernels.start()   # compiling, where a fresh install has not yet: beside this process, not in every worker
     kernels.ready()
     allowed = cluster.select(devices)
@@ -525,13 +528,16 @@ def _without_problem(r: MeshResult) -> dict[str, Any]:
 
 
 def _check_arguments(graph: OpGraph, costs: CostModel, optimizer: str | int, budget: int | float | str | None,
-                     max_levels: int, max_walks: int, reserve: int) -> int | float | None:
+                     max_levels: int, levels_above_memory: int, max_walks: int, reserve: int) -> int | float | None:
     """Refuse bad arguments before any work (another graph's profile first); the budget in bytes."""
     costs.check_graph(graph)
     optimizer_alpha(optimizer)  # an unknown optimizer is an error before any work
     checked = check_budget_value(budget)
     if int(max_levels) != max_levels or max_levels < 1:
         raise ValueError(f"max_levels must be an integer >= 1, got {max_levels!r}")
+    if isinstance(levels_above_memory, bool) or int(levels_above_memory) != levels_above_memory \
+            or levels_above_memory < 1:
+        raise ValueError(f"levels_above_memory must be an integer >= 1, got {levels_above_memory!r}")
     if isinstance(max_walks, bool) or int(max_walks) != max_walks or max_walks < 0:
         raise TensorOptError(f"max_walks must be an integer >= 0, got {max_walks!r}")
     if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
