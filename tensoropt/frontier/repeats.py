@@ -67,7 +67,13 @@ class Repeats:
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and bool(np.array_equal(a, b))
+    """Equal shapes and values.  Equal bytes answer at memory speed (a problem's arrays are
+    float64, C-ordered, frozen); unequal bytes are compared by value, where ``-0.0 == 0.0``."""
+    if a.shape != b.shape:
+        return False
+    if a.dtype == b.dtype and a.tobytes() == b.tobytes():
+        return True
+    return bool(np.array_equal(a, b))
 
 
 def check(problem: Problem, rep: Repeats) -> str | None:

@@ -505,56 +505,79 @@ class Fsdp2Units:
         return self.blocks[i - 1] if i > 0 else None
 
 
+#: one node as :class:`_Storage` keeps it: its name, its devices, its inputs (each: the producer,
+#: and either its batch key or the bytes each device receives of it and the key of what is
+#: received) and whether its output is a view of its first input
+_NodeReads = tuple[str, frozenset[str], list[tuple[str, "Key | None", Mapping[str, int], "Key"]], bool]
+
+
 @dataclass
 class _Storage:
-    """Storage of every tensor as each device sees it."""
+    """Storage of every tensor as each device sees it.  What one device sees (its program, the
+    keys its nodes read and own) is laid out when that device is walked (:meth:`device`): a walk
+    that stops at the first device over its memory lays out one device, not every one."""
 
     shard: dict[str, ShardCost | None]                 # node -> its cost at its configuration
     size: dict[Key, int]                               # storage key -> bytes (same on every device that has it)
-    owner_on: dict[tuple[str, str], Key | None]        # (node, device) -> storage key of its output there
-    reads: dict[tuple[str, str], list[tuple[str, Key | None]]]  # (node, device) -> [(producer, storage key)]
-    program: dict[str, list[str]]                      # device -> the nodes it runs, in plan order
+    nodes: list[_NodeReads]                            # plan order
     batch_keys: set[Key]
+    owner_on: dict[tuple[str, str], Key | None] = field(default_factory=dict)  # (node, device) -> output key
+    reads: dict[tuple[str, str], list[tuple[str, Key | None]]] = field(default_factory=dict)  # -> [(producer, key)]
+    program: dict[str, list[str]] = field(default_factory=dict)   # device -> the nodes it runs, in plan order
 
     @classmethod
     def of(cls, plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges) -> _Storage:
         configs = plan.configs
         shard = {n: shard_cost(costs, graph.nodes[n], configs[n]) for n in plan.order}
         size: dict[Key, int] = {}
-        owner_on: dict[tuple[str, str], Key | None] = {}
-        reads: dict[tuple[str, str], list[tuple[str, Key | None]]] = {}
-        program: dict[str, list[str]] = {d: [] for d in plan.devices}
+        nodes: list[_NodeReads] = []
         for name in plan.order:
             node, cfg = graph.nodes[name], configs[name]
             alias = aliases_input(node, costs)
             sh = shard[name]
-            out_bytes = sh.output_bytes if sh is not None else piece_bytes(
-                output_layout(cfg), cfg.degree, sum(t.nbytes for t in node.outputs))
-            for d in cfg.devices:
-                program[d].append(name)
-                keys: list[tuple[str, Key | None]] = []
-                for p in node.inputs:
-                    if graph.nodes[p].kind != "op":
-                        keys.append((p, (p, "batch")))
-                        size[(p, "batch")] = 0
-                        continue
-                    fk = edges.key_of[(name, p)]
-                    recv = edges.fwd[fk].recv_bytes.get(d, 0)
-                    k: Key | None
-                    if recv:
-                        k = (p, "recv", fk[2], fk[1])
-                        size[k] = recv
-                    else:
-                        k = owner_on.get((p, d))
-                    keys.append((p, k))
-                reads[(name, d)] = keys
-                if alias:
-                    owner_on[(name, d)] = keys[0][1]
-                else:
-                    owner_on[(name, d)] = (name, "out")
-                    size[(name, "out")] = out_bytes
+            ins: list[tuple[str, Key | None, Mapping[str, int], Key]] = []
+            for p in node.inputs:
+                if graph.nodes[p].kind != "op":
+                    size[(p, "batch")] = 0
+                    ins.append((p, (p, "batch"), {}, (p, "batch")))
+                    continue
+                fk = edges.key_of[(name, p)]
+                recv_bytes, recv_key = edges.fwd[fk].recv_bytes, (p, "recv", fk[2], fk[1])
+                ins.append((p, None, recv_bytes, recv_key))
+                if recv_bytes:   # the size of what is received: the last of the node's devices that receives
+                    for d in cfg.devices:
+                        if recv_bytes.get(d, 0):
+                            size[recv_key] = recv_bytes[d]
+            if not alias and cfg.devices:
+                size[(name, "out")] = sh.output_bytes if sh is not None else piece_bytes(
+                    output_layout(cfg), cfg.degree, sum(t.nbytes for t in node.outputs))
+            nodes.append((name, frozenset(cfg.devices), ins, alias))
         batch_keys: set[Key] = {(p, "batch") for (p, _) in edges.batch}
-        return cls(shard, size, owner_on, reads, program, batch_keys)
+        return cls(shard, size, nodes, batch_keys)
+
+    def device(self, d: str) -> list[str]:
+        """Lay out what device ``d`` sees (once): its program, returned, and the keys its nodes
+        read and own (:attr:`reads`, :attr:`owner_on`)."""
+        if d in self.program:
+            return self.program[d]
+        prog: list[str] = []
+        owner_on, reads = self.owner_on, self.reads
+        for name, devices, ins, alias in self.nodes:
+            if d not in devices:
+                continue
+            prog.append(name)
+            keys: list[tuple[str, Key | None]] = []
+            for p, batch_key, recv_bytes, recv_key in ins:
+                if batch_key is not None:
+                    keys.append((p, batch_key))
+                elif recv_bytes.get(d, 0):
+                    keys.append((p, recv_key))
+                else:
+                    keys.append((p, owner_on.get((p, d))))
+            reads[(name, d)] = keys
+            owner_on[(name, d)] = keys[0][1] if alias else (name, "out")
+        self.program[d] = prog
+        return prog
 
 
 class _DeviceWalk:
@@ -574,7 +597,7 @@ class _DeviceWalk:
         self.all_gather_kept: int | None = None
         self.st, self.params, self.synced, self.needs_grad = storage, params, synced, needs_grad
         self.model_outputs, self.context_bytes = model_outputs, context_bytes
-        self.prog = storage.program[d]
+        self.prog = storage.device(d)
         self.pos = {n: i for i, n in enumerate(self.prog)}
         self.end = len(plan.order) + 1
         self.live: dict[Key, int] = {}
