@@ -420,7 +420,9 @@ class _StepTasks:
         self.plan, self.graph, self.cluster, self.edges = plan, graph, cluster, edges
         self.needs_grad, self.times = needs_grad, times
         self.sched = _Schedule()
-        self.speed = {d: cluster.device(d).speed for d in plan.devices}
+        #: the plan's devices, once (``Plan.devices`` walks every node: FSDP2's units asked it twice a unit)
+        self.mesh = tuple(plan.devices)
+        self.speed = {d: cluster.device(d).speed for d in self.mesh}
         #: each device's last compute task so far (a sharded node's gather waits for it: no prefetch)
         self.last_on: dict[str, int] = {}
         #: the parameters the plan's sharding levels keep in pieces, and those each node reads
@@ -464,7 +466,7 @@ class _StepTasks:
         nbytes = (self.units.gathered if kind == "allgather" else self.units.reduce)[u]
         if not nbytes:
             return None
-        mesh = tuple(self.plan.devices)
+        mesh = self.mesh
         seconds = (allgather_time if kind == "allgather" else reduce_scatter_time)(self.cluster, mesh, nbytes)
         step = Step(kind, mesh, nbytes, seconds)
         return self.sched.chain((Stage((step,), seconds),), self.units.first[u],
@@ -477,7 +479,7 @@ class _StepTasks:
         if u is None or (direction, u) in self.unit_ag:
             return
         assert self.units is not None
-        before = [self.last_on.get(d) for d in self.plan.devices]
+        before = [self.last_on.get(d) for d in self.mesh]
         self.unit_ag[(direction, u)] = self._unit_collective(
             "allgather", u, [after, *before], f"{direction} parameters of {self.units.first[u]}'s unit gathered")
 

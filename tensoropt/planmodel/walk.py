@@ -94,7 +94,7 @@ work here, untimed, and the A100's device model prices the times)::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field, replace
 from typing import Any
 
 from ..cluster import Cluster
@@ -360,17 +360,44 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     model_outputs = [p for p in (out_node.inputs if out_node is not None else ()) if p in plan.configs]
     segments = recompute_segments(plan.order, plan.configs, graph)
     units = Fsdp2Units.of(plan, graph, needs_grad) if plan.runtime == "fsdp2" else None
+    twin = _twins(plan, devices, storage, params, synced, mem, trainable_sizes)
     result: dict[str, StepMemory] = {}
     for d in devices:
-        dw = _DeviceWalk(d, mem[d], plan, graph, costs, storage, params, synced, needs_grad, model_outputs,
-                         context_bytes, [sg for sg in segments if d in plan.configs[sg[0]].devices], units)
-        dw.forward(edges.batch)
-        dw.backward()
-        dw.optimizer_step(optimizer, trainable_sizes[d], foreach=foreach)
+        if twin[d] in result:   # its walk is an earlier device's, input for input
+            mem[d] = replace(result[twin[d]])
+        else:
+            dw = _DeviceWalk(d, mem[d], plan, graph, costs, storage, params, synced, needs_grad, model_outputs,
+                             context_bytes, [sg for sg in segments if d in plan.configs[sg[0]].devices], units)
+            dw.forward(edges.batch)
+            dw.backward()
+            dw.optimizer_step(optimizer, trainable_sizes[d], foreach=foreach)
         result[d] = mem[d]
         if stop_over is not None and mem[d].peak > stop_over[d]:
             break
     return result
+
+
+def _twins(plan: Plan, devices: Sequence[str], storage: _Storage, params: _ParamHolding,
+           synced: Mapping[str, tuple[str, ...]], mem: Mapping[str, StepMemory],
+           trainable_sizes: Mapping[str, list[int]]) -> dict[str, str]:
+    """Each device → the first device whose walk is its own, input for input (itself if none): where
+    every operator runs on every device of the plan (data parallelism, ZeRO, FSDP), two devices
+    that receive the same inputs, hold the same bytes of every parameter, sum the same gradients and
+    start from the same resident memory walk alike — :class:`_DeviceWalk` reads nothing else of its
+    device — so one walk serves all of them (a 64-GPU FSDP plan walks one device, not 64).  Any
+    operator on only some devices: every device its own.  O(devices × (parameters + received edges))."""
+    every = set(devices)
+    if any(set(plan.configs[n].devices) != every for n in plan.order):
+        return {d: d for d in devices}
+    received = [rb for _, _, ins, _ in storage.nodes for _, batch_key, rb, _ in ins if batch_key is None and rb]
+    qs = sorted({q for q, _ in params.held})
+    first: dict[tuple[Any, ...], str] = {}
+    out: dict[str, str] = {}
+    for d in devices:
+        key = (tuple(bool(rb.get(d, 0)) for rb in received), tuple(params.held.get((q, d)) for q in qs),
+               tuple(d in devs for devs in synced.values()), astuple(mem[d]), tuple(trainable_sizes[d]))
+        out[d] = first.setdefault(key, d)
+    return out
 
 
 @dataclass

@@ -1,0 +1,56 @@
+"""The memory walk walks once for every set of devices that would walk alike (data parallelism,
+ZeRO, FSDP: every device the same), and gives what walking every device by itself gives."""
+
+import pytest
+
+import tensoropt
+import tensoropt.planmodel.walk as walk
+from tensoropt.placers import place
+from tensoropt.plan import NodeConfig
+
+
+@pytest.fixture(scope="module")
+def gpt2_on_v100s():
+    """A two-layer GPT-2 on four V100s, profiled untimed and priced by the V100's device model."""
+    cluster = tensoropt.load_cluster("preset:v100-8-nvlink")
+    graph = tensoropt.load_model("zoo:gpt2?layers=2&batch=8&seq_len=32&hidden=64&heads=4&vocab=512").capture()
+    costs = tensoropt.profile(graph, shard_degrees=(1, 2, 4), timed=False, cache=False)
+    return graph, tensoropt.price(costs, cluster, costs_from="model").costs, cluster
+
+
+def every_device_by_itself(monkeypatch, plan, graph, costs, cluster, optimizer):
+    """The brute force: the walk with every device walked by itself, none taken as another's twin."""
+    with monkeypatch.context() as m:
+        m.setattr(walk, "_twins", lambda plan, devices, *rest: {d: d for d in devices})
+        return walk.plan_memory(plan, graph, costs, cluster, optimizer=optimizer)
+
+
+@pytest.mark.parametrize("algo", ["dp", "zero1", "zero2", "fsdp", "fsdp+ac", "m-topo", "m-etf"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_the_walk_is_every_device_walked_by_itself(gpt2_on_v100s, monkeypatch, algo, optimizer):
+    graph, costs, cluster = gpt2_on_v100s
+    plan = place(graph, costs, cluster, algo, devices=cluster.names[:4], optimizer=optimizer)
+    got = walk.plan_memory(plan, graph, costs, cluster, optimizer=optimizer)
+    assert got == every_device_by_itself(monkeypatch, plan, graph, costs, cluster, optimizer)
+
+
+def _twins_of(plan, graph, costs, cluster):
+    """``_twins`` as :func:`walk.walk` calls it, for ``plan``."""
+    edges = walk.plan_edges(plan, graph, cluster)
+    mem = {d: walk.StepMemory() for d in plan.devices}
+    synced = walk.synced_parameters(graph, plan)
+    params = walk._ParamHolding.of(plan, graph, synced)
+    sizes = params.count_resident(graph, mem, 2)
+    return walk._twins(plan, plan.devices, walk._Storage.of(plan, graph, costs, edges), params, synced, mem, sizes)
+
+
+def test_data_parallel_devices_walk_as_one_and_a_pipeline_s_each_alone(gpt2_on_v100s):
+    graph, costs, cluster = gpt2_on_v100s
+    four = cluster.names[:4]
+    fsdp = place(graph, costs, cluster, "fsdp", devices=four)
+    assert _twins_of(fsdp, graph, costs, cluster) == dict.fromkeys(four, four[0])
+    # every operator on the first device but one on the second: nothing runs on every device
+    names = [n.name for n in graph.ops]
+    split = tensoropt.Plan({n: NodeConfig((four[1],) if i == len(names) // 2 else (four[0],))
+                            for i, n in enumerate(names)}, graph_fingerprint=graph.fingerprint, order=names)
+    assert _twins_of(split, graph, costs, cluster) == {d: d for d in split.devices}
