@@ -22,7 +22,7 @@ from ..layouts import Layout, Shard
 from ..planmodel.meshplan import MeshEvaluator
 from . import point_sets
 from .graph_problem import MeshProblem
-from .polish_kernels import _additive_many, _single_moves
+from .polish_kernels import _additive_many, _class_moves, _single_moves
 
 __all__ = ["Evaluated", "repeated_nodes"]
 
@@ -78,6 +78,8 @@ class Evaluated:
         self._inc_edge = np.concatenate([np.arange(len(edges)), np.arange(len(edges))])[order].astype(np.int64)
         self._inc_ptr = np.searchsorted(ends[order], np.arange(len(nodes) + 1)).astype(np.int64)
         self.classes = repeated_nodes(graph, [n.name for n in nodes], [n.labels for n in nodes])
+        self._cls_ptr = np.cumsum([0] + [len(m) for m in self.classes]).astype(np.int64)   # the classes, CSR
+        self._cls_idx = (np.concatenate(self.classes) if self.classes else np.zeros(0)).astype(np.int64)
         # each configuration's recomputing twin (same devices, layout and level; -1: none), and the
         # nodes of each repeated block: a block recomputed whole is one segment (a checkpoint per block)
         self._recomputed = np.full((len(nodes), cmax), -1, dtype=np.int64)
@@ -191,21 +193,17 @@ class Evaluated:
         (the polish's least-memory point), else last.  The rest ranked by the
         search's additive costs relative to plan ``i``'s: those that save memory or time first
         (by the larger relative saving), then the rest by the smaller relative loss.  The one-node
-        moves are re-costed from plan ``i``'s sums (:func:`_single_moves`) and only the plans
-        returned are built."""
+        and the class moves are re-costed from plan ``i``'s sums (:func:`_single_moves`,
+        :func:`_class_moves`) and only the plans returned are built."""
         base = self.vecs[i]
         mv, mc, est1, tim1 = _single_moves(np.ascontiguousarray(base, dtype=np.int64), self.ks, self._mem,
                                            self._time, self._tr, self._e_src, self._e_dst, self._e_mem,
                                            self._e_time, self._inc_ptr, self._inc_edge)
-        whole = []
-        for members in self.classes:
-            for c in range(int(self.ks[members[0]])):
-                if (base[members] != c).sum() > 1:    # one differing member is a single-node move
-                    row = base.copy()
-                    row[members] = c
-                    whole.append(row)
-        rows = np.array(whole, dtype=np.int64).reshape(len(whole), len(base))
-        est2, tim2 = self.additive(rows)
+        # every class set to one configuration where more than one member differs (one differing
+        # member is a single-node move), re-costed from plan i's sums; its row is built if picked
+        ck, cc, est2, tim2 = _class_moves(np.ascontiguousarray(base, dtype=np.int64), self._cls_ptr, self._cls_idx,
+                                          self.ks, self._mem, self._time, self._tr, self._e_src, self._e_dst,
+                                          self._e_mem, self._e_time, self._inc_ptr, self._inc_edge)
         est, tim = np.concatenate([est1, est2]), np.concatenate([tim1, tim2])
         (be,), (bt,) = self.additive(base[None, :])
         gain = np.maximum((be - est) / max(abs(be), 1.0), (bt - tim) / max(abs(bt), 1e-30))
@@ -236,7 +234,8 @@ class Evaluated:
         ranked = np.repeat(base[None, :], picked.size, axis=0)
         one = picked < mv.size
         ranked[np.flatnonzero(one), mv[picked[one]]] = mc[picked[one]]
-        ranked[~one] = rows[picked[~one] - mv.size]
+        for r, w in zip(np.flatnonzero(~one).tolist(), (picked[~one] - mv.size).tolist()):
+            ranked[r, self.classes[ck[w]]] = cc[w]
         block_rows = np.array(blocks, dtype=np.int64).reshape(len(blocks), len(base))
         if blocks_first:    # every block move, then the ``limit`` best ranked
             return np.concatenate([block_rows, ranked])

@@ -120,9 +120,95 @@ def _single_moves(base: np.ndarray, ks: np.ndarray, mem: np.ndarray, tim: np.nda
     return mv, mc, est, out_t
 
 
+@compiled
+def _class_moves(base: np.ndarray, cls_ptr: np.ndarray, cls_idx: np.ndarray, ks: np.ndarray, mem: np.ndarray,
+                 tim: np.ndarray, tr: np.ndarray, e_src: np.ndarray, e_dst: np.ndarray, e_mem: np.ndarray,
+                 e_time: np.ndarray, inc_ptr: np.ndarray,
+                 inc_edge: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """:func:`_additive_many` of every plan that sets one configuration ``c`` on every member of a
+    class (class ``k``'s members: ``cls_idx[cls_ptr[k]:cls_ptr[k + 1]]``) where more than one
+    member differs from ``base`` (one differing member is a single-node move) — class ascending,
+    then ``c`` ascending — each re-costed from ``base``'s sums by what the move touches: its
+    members and their edges (each edge once), the largest transient of the other nodes (all of
+    them scanned only where the class holds ``base``'s largest).  Returns (the classes, the
+    configurations, the memory estimates, the times).  O(n + E + Σ_k k_k · (members + their edges)),
+    not O(Σ_k k_k · (n + E)); the sums agree with :func:`_additive_many`'s to rounding."""
+    n = base.size
+    m = 0.0
+    t = 0.0
+    top = 0.0
+    arg = -1
+    for v in range(n):   # base's sums, in _additive_many's order
+        c = base[v]
+        m += mem[v, c]
+        t += tim[v, c]
+        if tr[v, c] > top:
+            top = tr[v, c]
+            arg = v
+    for j in range(e_src.shape[0]):
+        a, b = base[e_src[j]], base[e_dst[j]]
+        m += e_mem[j, a, b]
+        t += e_time[j, a, b]
+    n_cls = cls_ptr.size - 1
+    total = 0
+    for k in range(n_cls):
+        total += ks[cls_idx[cls_ptr[k]]]
+    mk = np.empty(total, np.int64)
+    mc = np.empty(total, np.int64)
+    est = np.empty(total)
+    out_t = np.empty(total)
+    in_s = np.zeros(n, np.bool_)
+    r = 0
+    for k in range(n_cls):
+        lo, hi = cls_ptr[k], cls_ptr[k + 1]
+        for q in range(lo, hi):
+            in_s[cls_idx[q]] = True
+        rest = top
+        if arg >= 0 and in_s[arg]:   # the largest transient is the class's: the others' largest
+            rest = 0.0
+            for v in range(n):
+                if not in_s[v] and tr[v, base[v]] > rest:
+                    rest = tr[v, base[v]]
+        for c in range(ks[cls_idx[lo]]):
+            differ = 0
+            for q in range(lo, hi):
+                if base[cls_idx[q]] != c:
+                    differ += 1
+            if differ <= 1:
+                continue
+            dm = 0.0
+            dt = 0.0
+            high = rest
+            for q in range(lo, hi):
+                v = cls_idx[q]
+                bv = base[v]
+                dm += mem[v, c] - mem[v, bv]
+                dt += tim[v, c] - tim[v, bv]
+                if tr[v, c] > high:
+                    high = tr[v, c]
+                for i in range(inc_ptr[v], inc_ptr[v + 1]):
+                    j = inc_edge[i]
+                    other = e_dst[j] if e_src[j] == v else e_src[j]
+                    if in_s[other] and other < v:
+                        continue   # an edge inside the class: counted at its smaller end
+                    a, b = base[e_src[j]], base[e_dst[j]]
+                    a2 = c if in_s[e_src[j]] else a
+                    b2 = c if in_s[e_dst[j]] else b
+                    dm += e_mem[j, a2, b2] - e_mem[j, a, b]
+                    dt += e_time[j, a2, b2] - e_time[j, a, b]
+            mk[r] = k
+            mc[r] = c
+            est[r] = (m + dm) + high
+            out_t[r] = t + dt
+            r += 1
+        for q in range(lo, hi):
+            in_s[cls_idx[q]] = False
+    return mk[:r], mc[:r], est[:r], out_t[:r]
+
+
 @kernels.ahead
 def _compile_ahead() -> None:
-    """:func:`_additive_many` and :func:`_single_moves` on two nodes of two configurations and one
+    """:func:`_additive_many`, :func:`_single_moves` and :func:`_class_moves` on two nodes of two configurations and one
     edge, with the argument types the polish passes (:mod:`tensoropt._kernels`)."""
     vecs = np.zeros((1, 2), dtype=np.int64)
     node = np.ones((2, 2))
@@ -131,3 +217,6 @@ def _compile_ahead() -> None:
     _additive_many(vecs, node, node, node, src, dst, edge, edge)
     _single_moves(vecs[0], np.full(2, 2, dtype=np.int64), node, node, node, src, dst, edge, edge,
                   np.array([0, 1, 2], dtype=np.int64), np.zeros(2, dtype=np.int64))
+    _class_moves(vecs[0], np.array([0, 2], dtype=np.int64), np.array([0, 1], dtype=np.int64),
+                 np.full(2, 2, dtype=np.int64), node, node, node, src, dst, edge, edge,
+                 np.array([0, 1, 2], dtype=np.int64), np.zeros(2, dtype=np.int64))

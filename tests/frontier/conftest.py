@@ -4,7 +4,7 @@ profiled untimed (memory and work, each call once) and priced through the TITAN 
 
 import pytest
 import torch
-from conftest import SmallCNN, TiedLM
+from conftest import ResidualMLP, SmallCNN, TiedLM
 
 import tensoropt
 
@@ -28,4 +28,12 @@ def cnn():
 def tied():
     torch.manual_seed(0)
     g = tensoropt.capture(TiedLM(), (torch.randint(0, 50, (4, 7)),))
+    return g, priced(g)
+
+
+@pytest.fixture(scope="package")
+def residual():
+    """Four repeated residual blocks: classes of repeated nodes for the polish's class moves."""
+    torch.manual_seed(0)
+    g = tensoropt.capture(ResidualMLP(), (torch.randn(16, 32),))
     return g, priced(g)

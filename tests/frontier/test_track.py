@@ -333,15 +333,15 @@ def test_the_placers_plans_join_where_the_search_does_not_dominate_them(cnn, def
     assert all(seeded.dominating(p.memory_bytes, p.time_s) is not None for p in default)
 
 
-@pytest.mark.parametrize("fixture", ["tied", "cnn"])
-def test_one_node_moves_are_recosted_from_their_plan(fixture, request):
+@pytest.mark.parametrize("fixture", ["tied", "cnn", "residual"])
+def test_one_node_and_class_moves_are_recosted_from_their_plan(fixture, request):
     # the polish ranks every plan one node's configuration away by the search's additive costs;
     # re-costed from the plan's sums (the node, its edges — a tied weight's parallel tie edge
     # included — and the largest transient without it), each must be the plan summed anew, here
     # summed by hand from the problem's node and edge costs
     from tensoropt.frontier.graph_problem import build_problem
     from tensoropt.frontier.polish import Evaluated
-    from tensoropt.frontier.polish_kernels import _single_moves
+    from tensoropt.frontier.polish_kernels import _class_moves, _single_moves
     from tensoropt.planmodel.meshplan import MeshEvaluator
 
     g, costs = request.getfixturevalue(fixture)
@@ -375,11 +375,28 @@ def test_one_node_moves_are_recosted_from_their_plan(fixture, request):
                 assert not np.isfinite(m)
                 continue
             assert m == pytest.approx(want_m, rel=1e-12) and t == pytest.approx(want_t, rel=1e-12)
+        # and every class of repeated nodes set to one configuration (more than one member moved)
+        ck, cc, est, tim = _class_moves(base, pool._cls_ptr, pool._cls_idx, pool.ks, pool._mem, pool._time,
+                                        pool._tr, pool._e_src, pool._e_dst, pool._e_mem, pool._e_time,
+                                        pool._inc_ptr, pool._inc_edge)
+        want = [(k, c) for k, members in enumerate(pool.classes) for c in range(nodes[members[0]].k)
+                if (base[members] != c).sum() > 1]
+        assert list(zip(ck.tolist(), cc.tolist())) == want
+        for k, c, m, t in zip(ck, cc, est, tim):
+            row = base.copy()
+            row[pool.classes[k]] = c
+            want_m, want_t = by_hand(row)
+            if not np.isfinite(want_m):
+                assert not np.isfinite(m)
+                continue
+            assert m == pytest.approx(want_m, rel=1e-12) and t == pytest.approx(want_t, rel=1e-12)
         # the polish reads the first `limit` of the ranked plans: the same as the whole list's
         pool.add(base[None, :])
         k = pool.seen[base.tobytes()]
         if k >= 0:
             whole = pool.neighbours(k)
             assert np.array_equal(pool.neighbours(k, limit=7), whole[:7])
-            assert np.array_equal(pool.neighbours(k, blocks_first=True, limit=5),
-                                  pool.neighbours(k, blocks_first=True)[:5])
+            # around the least-memory point every block move comes first, then the `limit` best ranked
+            firsts = pool.neighbours(k, blocks_first=True)
+            limited = pool.neighbours(k, blocks_first=True, limit=5)
+            assert len(limited) <= len(firsts) and np.array_equal(limited, firsts[:len(limited)])
