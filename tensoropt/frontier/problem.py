@@ -219,12 +219,15 @@ class Problem:
 
     def _as_vector(self, assignment: Mapping[str, int] | Sequence[int]) -> list[int]:
         if isinstance(assignment, Mapping):
-            missing = [n.name for n in self.nodes if n.name not in assignment]
-            extra = [k for k in assignment if k not in self._index]  # type: ignore[attr-defined]
-            if missing or extra:
+            try:   # every node given and no more (then nothing else is in it): one pass, no search
+                vec = [int(assignment[n.name]) for n in self.nodes]
+            except KeyError:
+                vec = []
+            if len(vec) != len(self.nodes) or len(assignment) != len(self.nodes):
+                missing = [n.name for n in self.nodes if n.name not in assignment]
+                extra = [k for k in assignment if k not in self._index]  # type: ignore[attr-defined]
                 raise ProblemError(f"assignment must give every node a configuration; missing {missing[:5]}, "
                                    f"unknown {extra[:5]}")
-            vec = [int(assignment[n.name]) for n in self.nodes]
         else:
             vec = [int(x) for x in assignment]
             if len(vec) != len(self.nodes):

@@ -312,16 +312,17 @@ def fill_segments(order: Sequence[str], configs: Mapping[str, NodeConfig], graph
     run_key: tuple[Any, ...] | None = None
     for name in order:
         cfg = configs[name]
-        key = _segment_key(graph, name, cfg)
         if cfg.recompute:
+            key = _segment_key(graph, name, cfg)
             if key == run_key:
                 for x in gap:
                     c = out[x]
                     out[x] = NodeConfig(c.devices, c.layout, True, c.shard)
             gap, run_key = [], key
-        elif run_key is not None and key == run_key and keeps_nothing(costs, graph.nodes[name], cfg):
+        elif run_key is not None and _segment_key(graph, name, cfg) == run_key \
+                and keeps_nothing(costs, graph.nodes[name], cfg):
             gap.append(name)
-        else:
+        elif run_key is not None:   # outside a run the key is not needed
             gap, run_key = [], None
     return out
 
