@@ -33,27 +33,38 @@ from .._kernels import compiled
 
 
 @compiled
+def _sums(vec: np.ndarray, mem: np.ndarray, tim: np.ndarray, tr: np.ndarray, e_src: np.ndarray, e_dst: np.ndarray,
+          e_mem: np.ndarray, e_time: np.ndarray) -> tuple[float, float, float, int]:  # pragma: no cover - compiled
+    """One plan's (Σ node + Σ edge memory, Σ node + Σ edge time, largest transient, the first node
+    holding it or -1), nodes then edges in order: the sums every kernel here starts from."""
+    m = 0.0
+    t = 0.0
+    top = 0.0
+    arg = -1
+    for v in range(vec.size):
+        c = vec[v]
+        m += mem[v, c]
+        t += tim[v, c]
+        if tr[v, c] > top:
+            top = tr[v, c]
+            arg = v
+    for j in range(e_src.shape[0]):
+        a, b = vec[e_src[j]], vec[e_dst[j]]
+        m += e_mem[j, a, b]
+        t += e_time[j, a, b]
+    return m, t, top, arg
+
+
+@compiled
 def _additive_many(vecs: np.ndarray, mem: np.ndarray, tim: np.ndarray, tr: np.ndarray, e_src: np.ndarray,
                    e_dst: np.ndarray, e_mem: np.ndarray,
                    e_time: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
     """Each row's additive (Σ node + Σ edge memory + max transient, Σ node + Σ edge time)."""
-    rows, n = vecs.shape
+    rows = vecs.shape[0]
     est = np.zeros(rows)
     out_t = np.zeros(rows)
     for r in range(rows):
-        m = 0.0
-        t = 0.0
-        top = 0.0
-        for v in range(n):
-            c = vecs[r, v]
-            m += mem[v, c]
-            t += tim[v, c]
-            if tr[v, c] > top:
-                top = tr[v, c]
-        for j in range(e_src.shape[0]):
-            a, b = vecs[r, e_src[j]], vecs[r, e_dst[j]]
-            m += e_mem[j, a, b]
-            t += e_time[j, a, b]
+        m, t, top, _ = _sums(vecs[r], mem, tim, tr, e_src, e_dst, e_mem, e_time)
         est[r] = m + top
         out_t[r] = t
     return est, out_t
@@ -70,21 +81,7 @@ def _single_moves(base: np.ndarray, ks: np.ndarray, mem: np.ndarray, tim: np.nda
     the configurations, the memory estimates, the times).  O(n + E + Σ_v k_v · deg v) instead of
     O(Σ_v k_v · (n + E)); a move that changes no cost gets ``base``'s own figures exactly."""
     n = base.size
-    m = 0.0
-    t = 0.0
-    top = 0.0
-    arg = -1
-    for v in range(n):   # base's sums, in _additive_many's order
-        c = base[v]
-        m += mem[v, c]
-        t += tim[v, c]
-        if tr[v, c] > top:
-            top = tr[v, c]
-            arg = v
-    for j in range(e_src.shape[0]):
-        a, b = base[e_src[j]], base[e_dst[j]]
-        m += e_mem[j, a, b]
-        t += e_time[j, a, b]
+    m, t, top, arg = _sums(base, mem, tim, tr, e_src, e_dst, e_mem, e_time)   # base's, in _additive_many's order
     top2 = 0.0   # the largest transient but node arg's
     for v in range(n):
         if v != arg and tr[v, base[v]] > top2:
@@ -134,21 +131,7 @@ def _class_moves(base: np.ndarray, cls_ptr: np.ndarray, cls_idx: np.ndarray, ks:
     configurations, the memory estimates, the times).  O(n + E + Σ_k k_k · (members + their edges)),
     not O(Σ_k k_k · (n + E)); the sums agree with :func:`_additive_many`'s to rounding."""
     n = base.size
-    m = 0.0
-    t = 0.0
-    top = 0.0
-    arg = -1
-    for v in range(n):   # base's sums, in _additive_many's order
-        c = base[v]
-        m += mem[v, c]
-        t += tim[v, c]
-        if tr[v, c] > top:
-            top = tr[v, c]
-            arg = v
-    for j in range(e_src.shape[0]):
-        a, b = base[e_src[j]], base[e_dst[j]]
-        m += e_mem[j, a, b]
-        t += e_time[j, a, b]
+    m, t, top, arg = _sums(base, mem, tim, tr, e_src, e_dst, e_mem, e_time)   # base's, in _additive_many's order
     n_cls = cls_ptr.size - 1
     total = 0
     for k in range(n_cls):
@@ -208,12 +191,14 @@ def _class_moves(base: np.ndarray, cls_ptr: np.ndarray, cls_idx: np.ndarray, ks:
 
 @kernels.ahead
 def _compile_ahead() -> None:
-    """:func:`_additive_many`, :func:`_single_moves` and :func:`_class_moves` on two nodes of two configurations and one
-    edge, with the argument types the polish passes (:mod:`tensoropt._kernels`)."""
+    """:func:`_sums`, :func:`_additive_many`, :func:`_single_moves` and :func:`_class_moves` on two
+    nodes of two configurations and one edge, with the argument types the polish passes
+    (:mod:`tensoropt._kernels`)."""
     vecs = np.zeros((1, 2), dtype=np.int64)
     node = np.ones((2, 2))
     src, dst = np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64)
     edge = np.ones((1, 2, 2))
+    _sums(vecs[0], node, node, node, src, dst, edge, edge)
     _additive_many(vecs, node, node, node, src, dst, edge, edge)
     _single_moves(vecs[0], np.full(2, 2, dtype=np.int64), node, node, node, src, dst, edge, edge,
                   np.array([0, 1, 2], dtype=np.int64), np.zeros(2, dtype=np.int64))
