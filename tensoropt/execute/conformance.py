@@ -14,7 +14,9 @@ For one call of an operator — a callable with its arguments, e.g. one OpInfo s
    whose first dimension has the first argument's size, are the module's inputs (activations,
    their first dimension the batch), the rest its parameters (floating point) or buffers;
 2. captures it through the normal path (:func:`tensoropt.capture`, torch.export) and profiles it
-   at degrees 1, 2 and 3 (3: uneven shards where the sizes allow) — the profile's
+   untimed at degrees 1, 2 and 3 (3: uneven shards where the sizes allow; every call run once for
+   its memory and work, nothing timed: a split's legality never depends on its time, and timing
+   measured the machine's matmul peak and copy bandwidth for each op, half of a check) — the profile's
    :meth:`~tensoropt.measure.costmodel.CostModel.legal` is the one predicate the frontier, the placers and
    the executor read;
 3. for every op node and every (layout, degree) that node is offered, runs the plan that splits
@@ -387,7 +389,8 @@ def _capture_and_profile(module: OneOp, inputs: tuple[torch.Tensor, ...], name: 
                                    n.outputs[0].batch_dim is not None and n.split.batch is None))
     result = CallResult("checked", ops=tuple(n.op for n in graph.ops), declared=declared)
     try:
-        costs = profile(graph, shard_degrees=(1, *degrees), repeats=1, warmup=0, cache=False, in_sequence=False)
+        costs = profile(graph, shard_degrees=(1, *degrees), repeats=1, warmup=0, cache=False, in_sequence=False,
+                        timed=False)
     except Exception as e:  # noqa: BLE001 - a captured graph the profiler cannot run fails the op
         return CallResult("failed", reason=f"profile: {_first_line(e)}", ops=result.ops)
     return graph, costs, result
