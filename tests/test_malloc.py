@@ -46,9 +46,13 @@ def test_freed_blocks_are_reused_instead_of_mapped_afresh():
     # add their faults to a run — 2 × 4,096 over 40 blocks = 204.8 a block, seen in CI in all three
     # runs of one session — but it never removes faults.  So the bound: at most that one re-map in
     # 20 cycles, where mapping afresh every cycle is 4,096 a block
-    steady = min(_faults_per_block(False) for _ in range(3))
+    # (the steady regime's best of three is within both bounds as soon as one run is: the runs
+    # after the first passing one could only lower it, so they are not made)
     default = min(_faults_per_block(True) for _ in range(3))
-    assert steady <= 2 * 4096 / 40 and steady <= default, (steady, default)
+    steady = []
+    while len(steady) < 3 and not (steady and min(steady) <= min(2 * 4096 / 40, default)):
+        steady.append(_faults_per_block(False))
+    assert min(steady) <= 2 * 4096 / 40 and min(steady) <= default, (steady, default)
 
 
 def test_it_can_be_turned_off(monkeypatch):
