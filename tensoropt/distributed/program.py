@@ -7,8 +7,10 @@ devices and the rank map.  Output: a :class:`Program` — the same on every rank
 rank and the cross-rank :class:`Move` list in execution order (the order that also makes the
 backward's gradient messages deadlock-free: :mod:`.transport`).
 
-How a node's plan device is read back: a ``.to(marker)`` move runs on its target; a node with a
-``device=`` marker (generators) on that device; every other node on the device of its tensor
+What the executor's transport emitted is read from its records
+(:func:`tensoropt.execute.layouts.emitted`: moves, joins, sums, cuts and their blocks), never
+guessed from a node's form.  How a node's plan device is read back: a move runs on its target
+plan device; a node with a ``device=`` marker (generators) on that device; every other node on the device of its tensor
 inputs (the executor moves every input to the node's device first); a node fed only by
 placeholders (none in practice) runs on every rank.  A ``.to`` whose input lives on another
 rank is a :class:`Move`.  The model's outputs are gathered on the rank of the first one, which
@@ -34,7 +36,6 @@ program from the same graph.
 
 from __future__ import annotations
 
-import operator
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import DistributedError
-from ..execute.layouts import split_pieces
+from ..execute.layouts import Block, Cut, Joined, Moved, Summed, emitted
 
 
 def marker(index: int) -> str:
@@ -60,15 +61,15 @@ def _marker_index(value: Any) -> int | None:
 
 
 def is_move(n: fx.Node) -> bool:
-    """Whether ``n`` is the executor's move of a value to a plan device (``.to(marker)``)."""
-    return n.op == "call_method" and n.target == "to" and len(n.args) == 2 and _marker_index(n.args[1]) is not None
+    """Whether ``n`` is the executor's move of a value to a plan device (recorded :class:`Moved`)."""
+    return isinstance(emitted(n), Moved)
 
 
-def _move_target(n: fx.Node) -> int:
-    """The plan device index a move (:func:`is_move`) sends its value to."""
-    index = _marker_index(n.args[1])
-    assert index is not None, f"{n.name} is not a move to a plan device"
-    return index
+def _move_target(n: fx.Node) -> str:
+    """The plan device a move (:func:`is_move`) sends its value to."""
+    record = emitted(n)
+    assert isinstance(record, Moved), f"{n.name} is not a move to a plan device"
+    return record.device
 
 
 def node_arg(n: fx.Node, i: int) -> fx.Node:
@@ -174,6 +175,7 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
     terms (no output moves).  Raises :class:`DistributedError` if a node reads tensors from two
     ranks (a rewrite the backend does not understand)."""
     rank_by_marker = {i: rank_of[d] for i, d in enumerate(devices)}
+    names = {n.name: n for n in graph.nodes}
     rank: dict[str, int | None] = {}
     moves: list[tuple[str, str, int, int]] = []   # (node, source, src, dst)
     placeholders: dict[str, set[int]] = {}
@@ -191,12 +193,16 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
         inputs = n.all_input_nodes
         r: int | None
         if is_move(n):
-            r = rank_by_marker[_move_target(n)]
+            r = rank_of[_move_target(n)]
             value = node_arg(n, 0)
             src = rank[value.name]
             if src is not None and src != r:
                 moves.append((n.name, value.name, src, r))
         else:
+            if n.op == "call_method" and n.target == "to" and any(_marker_index(a) is not None for a in n.args[1:]):
+                raise DistributedError(f"node {n.name} of the rewritten graph moves a value to a plan device but "
+                                       "carries no transport record (node.meta[tensoropt.execute.layouts.TRANSPORT]): "
+                                       "it was not emitted by tensoropt.execute.rewrite, or a pass dropped its meta")
             device = _marker_index(n.kwargs.get("device"))
             if device is not None:
                 r = rank_by_marker[device]
@@ -217,7 +223,7 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
     for i, (a, r) in enumerate(zip(outs, output_ranks)):
         if gather_outputs and r is not None and r != loss_rank:
             moves.append((f"__output{i}", a.name, r, loss_rank))
-    collectives = find_collectives(graph, rank, {m[0] for m in moves})
+    collectives = find_collectives(graph, rank, {m[0] for m in moves}, names)
     absorbed = {a for c in collectives for a in c.absorbed}
     kept = [Move(i, *m) for i, m in enumerate(m for m in moves if m[0] not in absorbed)]
     return Program(rank, kept, loss_rank, output_ranks, {k: frozenset(v) for k, v in placeholders.items()},
@@ -231,53 +237,41 @@ def _origin(n: fx.Node) -> fx.Node:
     return n
 
 
-def _gathered(n: fx.Node) -> tuple[str, list[fx.Node], int | None, list[fx.Node]] | None:
-    """``(kind, items, dim, partial sums)`` when ``n`` is the executor's gather of ``S`` pieces
-    (``torch.cat(list, dim)``) or the last of its sums of ``P`` parts (``operator.add`` chains,
-    :class:`tensoropt.execute.layouts.Transport`); else ``None``."""
-    if n.op != "call_function":
-        return None
-    pieces, dim = (n.args + (None, None))[:2]
-    if n.target is torch.cat and len(n.args) == 2 and isinstance(pieces, (list, tuple)) \
-            and isinstance(dim, int) and not n.kwargs and all(isinstance(a, fx.Node) for a in pieces):
-        return "all_gather", [a for a in pieces if isinstance(a, fx.Node)], dim, []
-    if n.target is operator.add and all(isinstance(a, fx.Node) for a in n.args):
-        if len(n.users) == 1 and next(iter(n.users)).target is operator.add and next(iter(n.users)).args[0] is n:
-            return None   # inside a chain: the last add stands for it
-        # Transport.reduce's chain: add(add(add(p0, p1), p2), p3), every argument a node
-        items, inner, left = [node_arg(n, 1)], [], node_arg(n, 0)
-        while left.op == "call_function" and left.target is operator.add and len(left.users) == 1:
-            inner.append(left)
-            items.append(node_arg(left, 1))
-            left = node_arg(left, 0)
-        items.append(left)
-        return "all_reduce", items[::-1], None, inner
+def _gathered(n: fx.Node, names: Mapping[str, fx.Node]) -> tuple[str, list[fx.Node], int | None, list[fx.Node]] | None:
+    """``(kind, items, dim, inner adds)`` when ``n`` is the executor's join of ``S`` pieces
+    (recorded :class:`Joined`: ``torch.cat(pieces, dim)``) or the last add of its sum of ``P``
+    parts (recorded :class:`Summed`); else ``None``.  ``names``: the graph's nodes by name."""
+    record = emitted(n)
+    if isinstance(record, Joined):
+        return "all_gather", [a for a in n.args[0] if isinstance(a, fx.Node)], record.dim, []   # type: ignore[union-attr]
+    if isinstance(record, Summed):
+        return "all_reduce", [names[p] for p in record.parts], None, [names[a] for a in record.inner]
     return None
 
 
 def _block_of(n: fx.Node) -> tuple[fx.Node, int, int, int] | None:
-    """``(value, k, dim, j)`` when ``n`` is block ``j`` of ``split_pieces(value, k, dim)``."""
-    if not (n.op == "call_function" and n.target is operator.getitem):
+    """``(value, k, dim, j)`` when ``n`` is block ``j`` of ``split_pieces(value, k, dim)``
+    (recorded :class:`Block` of a :class:`Cut`)."""
+    block = emitted(n)
+    if not isinstance(block, Block):
         return None
-    split, j = n.args[0], n.args[1]
-    if not (isinstance(j, int) and isinstance(split, fx.Node) and split.op == "call_function"
-            and split.target is split_pieces and len(split.args) == 3):
-        return None
-    k, dim = split.args[1], split.args[2]
-    if not (isinstance(k, int) and isinstance(dim, int)):
-        return None
-    return node_arg(split, 0), k, dim, j
+    split = node_arg(n, 0)
+    cut = emitted(split)
+    assert isinstance(cut, Cut), f"{n.name} is a block of {split.name}, which is not a cut"
+    return node_arg(split, 0), cut.k, cut.dim, block.index
 
 
-def find_collectives(graph: fx.Graph, rank: Mapping[str, int | None], moved: set[str]) -> list[Collective]:
+def find_collectives(graph: fx.Graph, rank: Mapping[str, int | None], moved: set[str],
+                     names: Mapping[str, fx.Node] | None = None) -> list[Collective]:
     """The gathers of a rewritten plan graph that are collectives (see the module docstring):
     groups of gathers (or sums) of the same pieces along the same dimension, one on each rank
     that holds a piece, each reading its own piece where it lies and the others through moves
     (``moved``: the ``.to`` nodes that cross ranks) nothing else reads.  O(V + E)."""
     order = {n.name: i for i, n in enumerate(graph.nodes)}
+    names = names if names is not None else {n.name: n for n in graph.nodes}
     groups: dict[tuple, list[tuple[fx.Node, list[str], int | None]]] = {}
     for n in graph.nodes:
-        found = _gathered(n)
+        found = _gathered(n, names)
         if found is None:
             continue
         kind, items, dim, inner = found
@@ -362,20 +356,20 @@ def parameter_pieces(graph: fx.Graph, program: Program, placeholder: str) -> dic
                 return None
             frontier.extend((u, chain + (n.name,)) for u in n.users)
             continue
-        if not (n.op == "call_function" and n.target is split_pieces and len(n.args) == 3
-                and isinstance(n.args[1], int) and isinstance(n.args[2], int)):
+        cut = emitted(n)
+        if not isinstance(cut, Cut):
             return None
-        k, dim = n.args[1], n.args[2]
+        k, dim = cut.k, cut.dim
         cuts.add((dim, k))
         for u in n.users:
-            if not (u.op == "call_function" and getattr(u.target, "__name__", None) == "getitem"
-                    and isinstance(u.args[1], int)):
+            block = emitted(u)
+            if not isinstance(block, Block):
                 return None
             r = rank_of(u)
             if r is None:
                 return None
-            entry = found.setdefault(r, {"index": u.args[1], "values": [], "cut": []})
-            if entry["index"] != u.args[1]:
+            entry = found.setdefault(r, {"index": block.index, "values": [], "cut": []})
+            if entry["index"] != block.index:
                 return None
             entry["values"].append(u.name)
             entry["cut"].extend(chain + (n.name,))

@@ -20,9 +20,16 @@ sent there again (Baechi's transfer model) and one slice is cut once.  It is the
 ``torch.distributed`` backend (issue 8) replaces: there, a move becomes a p2p send / receive and
 a gather / reduce a DTensor collective.
 
-Owns: the R / S / P placement of one value and the nodes that change it.  Must not: know
-about operators, plans or ranks; it only emits ``.to`` / ``cat`` / add / :func:`split_pieces`
-nodes, which :mod:`tensoropt.distributed.program` recognises by exactly those forms.
+Every node it emits records what it is, in ``node.meta[TRANSPORT]`` (:func:`emitted`): a
+:class:`Moved` (to which plan device), a :class:`Joined` (the ``S`` pieces joined along which
+dimension), a :class:`Summed` (the last add of a sum of ``P`` parts: which parts, through which
+adds), a :class:`Cut` (``split_pieces`` into how many, along which dimension) or a
+:class:`Block` (which piece of a cut).  :mod:`tensoropt.distributed.program` reads those records
+to find the moves and the collectives; a node without one is not the Transport's, whatever its
+form (a model's own ``add`` or ``cat`` is never taken for a sum or a gather).
+
+Owns: the R / S / P placement of one value, the nodes that change it and their records.  Must
+not: know about operators, plans or ranks.
 """
 
 from __future__ import annotations
@@ -37,6 +44,58 @@ import torch.fx as fx
 from ..layouts import Kind, piece_sizes
 
 R, S, P = Kind.R, Kind.S, Kind.P
+
+
+#: the ``node.meta`` key of what a Transport node is (:func:`emitted`)
+TRANSPORT = "tensoropt_transport"
+
+
+@dataclass(frozen=True)
+class Moved:
+    """A ``.to`` of its one argument to plan device ``device``."""
+
+    device: str
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A ``torch.cat`` of ``S`` pieces (its first argument, in mesh order) along ``dim``."""
+
+    dim: int
+
+
+@dataclass(frozen=True)
+class Summed:
+    """The last add of a sum of ``P`` parts: the ``parts`` (node names, in mesh order) and the
+    ``inner`` adds before this one (node names; none for two parts)."""
+
+    parts: tuple[str, ...]
+    inner: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Cut:
+    """``split_pieces(value, k, dim)`` of its first argument."""
+
+    k: int
+    dim: int
+
+
+@dataclass(frozen=True)
+class Block:
+    """Piece ``index`` of a :class:`Cut` (a getitem of it)."""
+
+    index: int
+
+
+#: what a node the Transport emitted is
+Emitted = Moved | Joined | Summed | Cut | Block
+
+
+def emitted(node: fx.Node) -> Emitted | None:
+    """What ``node`` is, as the :class:`Transport` that emitted it recorded; ``None`` for a node
+    it did not emit (an inner add of a sum records nothing: its :class:`Summed` names it)."""
+    return node.meta.get(TRANSPORT)
 
 
 def split_pieces(x: torch.Tensor, k: int, dim: int) -> tuple[torch.Tensor, ...]:
@@ -91,23 +150,30 @@ class Transport:
         sends the gradient back the same way)."""
         key = ("to", node, device)
         if key not in self._cache:
-            self._cache[key] = self.graph.call_method("to", (node, self.device_of(device)), {"non_blocking": True})
+            moved = self.graph.call_method("to", (node, self.device_of(device)), {"non_blocking": True})
+            moved.meta[TRANSPORT] = Moved(device)
+            self._cache[key] = moved
         return self._cache[key]
 
     def gather(self, nodes: tuple[fx.Node, ...], dim: int) -> fx.Node:
         """The ``S`` pieces ``nodes`` (already on one device) joined along ``dim``."""
         key = ("cat", nodes, dim)
         if key not in self._cache:
-            self._cache[key] = self.graph.call_function(torch.cat, (list(nodes), dim))
+            joined = self.graph.call_function(torch.cat, (list(nodes), dim))
+            joined.meta[TRANSPORT] = Joined(dim)
+            self._cache[key] = joined
         return self._cache[key]
 
     def reduce(self, nodes: tuple[fx.Node, ...]) -> fx.Node:
         """The sum of the ``P`` parts ``nodes`` (already on one device)."""
         key = ("sum", nodes)
         if key not in self._cache:
-            total = nodes[0]
+            total, adds = nodes[0], []
             for n in nodes[1:]:
                 total = self.graph.call_function(operator.add, (total, n))
+                adds.append(total)
+            if adds:
+                total.meta[TRANSPORT] = Summed(tuple(n.name for n in nodes), tuple(a.name for a in adds[:-1]))
             self._cache[key] = total
         return self._cache[key]
 
@@ -120,12 +186,16 @@ class Transport:
         key = ("split", node, dim, k)
         if key not in self._cache:
             with self.graph.inserting_after(node):
-                self._cache[key] = self.graph.call_function(split_pieces, (node, k, dim))
+                cut = self.graph.call_function(split_pieces, (node, k, dim))
+            cut.meta[TRANSPORT] = Cut(k, dim)
+            self._cache[key] = cut
         split = self._cache[key]
         key_i = ("item", split, index)
         if key_i not in self._cache:
             with self.graph.inserting_after(split):
-                self._cache[key_i] = self.graph.call_function(operator.getitem, (split, index))
+                block = self.graph.call_function(operator.getitem, (split, index))
+            block.meta[TRANSPORT] = Block(index)
+            self._cache[key_i] = block
         return self._cache[key_i]
 
     # ---- the question ------------------------------------------------------------------------

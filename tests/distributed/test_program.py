@@ -1,8 +1,12 @@
 """Static facts of a plan across ranks: which rank runs what, which values cross, and which
 weights each rank can keep in pieces."""
 
+import pytest
+
 from tensoropt.distributed.calibrate import LAYERS, exchange_plan, hop_plan
-from tensoropt.distributed.program import parameter_pieces
+from tensoropt.distributed.program import build_program, parameter_pieces
+from tensoropt.errors import DistributedError
+from tensoropt.execute.layouts import TRANSPORT, Cut, Moved, emitted, split_pieces
 from tensoropt.plan import NodeConfig, Plan
 
 from .conftest import program_of
@@ -57,3 +61,22 @@ def test_a_piece_that_crosses_ranks_is_cut_right_after_its_producer(chain):
         producer = split.args[0]
         between = nodes[at[producer.name] + 1: at[m.source]]
         assert all(n.target.__name__ in ("split_pieces", "getitem") for n in between), between
+
+
+def test_the_program_reads_what_the_transport_recorded_not_node_forms(chain):
+    # every move, join, sum, cut and block the rewrite emitted carries its record, and the
+    # program's moves and collectives come from those records: the same graph with its records
+    # taken away is refused, not read by the forms of its nodes
+    fx_graph, program = program_of(chain, exchange_plan(chain))
+    records = {n.name: emitted(n) for n in fx_graph.nodes}
+    tos = [n for n in fx_graph.nodes if n.op == "call_method" and n.target == "to"]
+    assert tos and all(isinstance(records[n.name], Moved) for n in tos)
+    assert all(isinstance(records[n.name], Cut) for n in fx_graph.nodes if n.target is split_pieces)
+    assert {records[n.name].device for n in tos} == {"cpu0", "cpu1"}
+    # the exchange plan splits each layer's output features over the two ranks: every layer
+    # after the first reads its input whole on both, an all-gather of the two pieces
+    assert [c.kind for c in program.collectives] == ["all_gather"] * (LAYERS - 1)
+    for n in fx_graph.nodes:
+        n.meta.pop(TRANSPORT, None)
+    with pytest.raises(DistributedError, match="moves a value to a plan device but carries no transport record"):
+        build_program(fx_graph, ("cpu0", "cpu1"), {"cpu0": 0, "cpu1": 1}, 2)
