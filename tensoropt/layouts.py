@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .plan import NodeConfig
 
-__all__ = ["StrValueEnum", "Layout", "LAYOUTS", "SPLIT_LAYOUTS", "TensorLayout", "Kind", "Shard", "param_pieces",
-           "piece_sizes", "piece_range", "largest_piece", "effective_layout"]
+__all__ = ["StrValueEnum", "Collective", "P2P", "Layout", "LAYOUTS", "SPLIT_LAYOUTS", "TensorLayout", "Kind", "Shard",
+           "param_pieces", "piece_sizes", "piece_range", "largest_piece", "effective_layout"]
 
 
 class StrValueEnum(str, enum.Enum):
@@ -59,6 +59,23 @@ class StrValueEnum(str, enum.Enum):
 
     def __repr__(self) -> str:
         return repr(self.value)
+
+
+class Collective(StrValueEnum):
+    """A collective over a mesh, spelled once for every stage — the plan model's reshards and
+    sharding stages (:mod:`tensoropt.planmodel.reshard`), the simulator, the distributed
+    executor's collectives (:mod:`tensoropt.distributed.program`) and the link benchmark — as
+    ``torch.distributed`` names them.  A reshard's point-to-point send is :data:`P2P`."""
+
+    ALL_GATHER = "all_gather"
+    ALL_REDUCE = "all_reduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    BROADCAST = "broadcast"
+
+
+#: a reshard step that is one message between two devices, not a collective
+P2P = "p2p"
 
 
 class Layout(StrValueEnum):

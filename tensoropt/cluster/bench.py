@@ -60,6 +60,7 @@ import torch.distributed as dist
 
 from .._malloc import steady_malloc
 from .._procs import WorkerDied, next_message, single_threaded_env, stop_workers
+from ..layouts import Collective
 from ..progress import Progress, no_progress
 from .linkfit import BenchError, LinkFit, Pair, fit_pairs, fmt_bytes
 from .spec import Cluster, Device
@@ -81,7 +82,8 @@ MiB = 1 << 20
 DEFAULT_SIZES: tuple[int, ...] = tuple(4 * KiB * 4 ** k for k in range(8))
 #: the simultaneous exchange (duplex) is timed at this many of the largest sizes of the sweep
 EXCHANGE_SIZES = 3
-COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+COLLECTIVES: tuple[Collective, ...] = (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER,
+                                       Collective.ALL_TO_ALL, Collective.BROADCAST)
 
 # ------------------------------------------------------------------------------------------ result
 

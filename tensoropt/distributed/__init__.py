@@ -22,11 +22,12 @@ decides which rank runs which of its nodes and how values cross ranks.
 
 from .backend import DistributedBackend, run_distributed
 from .launch import launch
-from .program import Collective, Move, Program, build_program
+from .program import CollectiveCall, Move, Program, build_program
 from .run import DistributedExecutor, apply_plan_distributed, compare_distributed
 from .runtime import DEFAULT_TIMEOUT_S, Runtime, init_runtime, parse_rank_map, resolve_rank_map, shutdown
 
 __all__ = ["DistributedBackend", "run_distributed",
-           "launch", "Collective", "Move", "Program", "build_program", "DistributedExecutor", "apply_plan_distributed",
+           "launch", "CollectiveCall", "Move", "Program", "build_program", "DistributedExecutor",
+           "apply_plan_distributed",
            "compare_distributed", "DEFAULT_TIMEOUT_S", "Runtime", "init_runtime", "parse_rank_map",
            "resolve_rank_map", "shutdown"]

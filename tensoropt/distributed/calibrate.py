@@ -13,7 +13,7 @@ same operators either way):
   messages`` is what a one-way message adds to a step;
 - *exchanges*: every layer split along its channels over both devices — the ranks compute
   their halves at once, then swap them (an all-gather forward, a reduce-scatter backward:
-  :class:`~.program.Collective`);
+  :class:`~.program.CollectiveCall`);
   ``(two-rank step − one-rank step / 2) / exchanges`` is what an exchange adds.
 
 :func:`calibrate_links` makes a cluster's links pay them: a link's latency becomes the hop cost
@@ -45,6 +45,7 @@ from tensoropt.distributed.jobs import measure_plan
 from tensoropt.distributed.launch import launch
 from tensoropt.errors import DistributedError
 from tensoropt.graph import OpGraph
+from tensoropt.layouts import Collective
 from tensoropt.plan import NodeConfig, Plan
 
 #: the calibration model's shape: each layer's forward about a millisecond on one CPU core, as
@@ -130,7 +131,7 @@ def message_cost(*, steps: int = 15, warmup: int = 3, rounds: int = 3, timeout_s
     # critical path
     ex = out["exchanges"]
     ex["messages"] = 2 * (LAYERS - 1)
-    expected = {"all_gather": LAYERS - 1}
+    expected = {Collective.ALL_GATHER: LAYERS - 1}
     if hop["moves"] != LAYERS - 1 or ex["moves"] != 0 or ex["collectives"] != expected:  # pragma: no cover
         raise DistributedError(f"the calibration plans moved {hop['moves']} / {ex['moves']} values between ranks "
                                f"and ran collectives {ex['collectives']}, not {LAYERS - 1} / 0 and "

@@ -22,7 +22,7 @@ Where every device of a split node's mesh (one per rank) needs the whole of a va
 that same mesh — moves + ``torch.cat`` (``S`` → ``R``) or moves + sum (``P`` → ``R``) on each
 device — or its own block of a partial value (``P`` → ``S``: each part cut where it lies, the
 blocks moved and summed), those moves and gathers are one collective instead
-(:class:`Collective`: an all-gather, all-reduce or reduce-scatter over those ranks, as
+(:class:`CollectiveCall`: an all-gather, all-reduce or reduce-scatter over those ranks, as
 :mod:`tensoropt.planmodel.reshard` costs them and as DTensor's ``Shard → Replicate``,
 ``Partial → Replicate`` and ``Partial → Shard`` redistributions do): those moves are not
 messages and no rank runs those gathers.  A gather wanted on only some of the mesh's ranks (or
@@ -46,6 +46,7 @@ import torch.fx as fx
 
 from ..errors import DistributedError
 from ..execute.layouts import Block, Cut, Joined, Moved, Summed, emitted
+from ..layouts import Collective
 
 
 def marker(index: int) -> str:
@@ -101,17 +102,18 @@ class Move:
 
 
 @dataclass(frozen=True)
-class Collective:
-    """One collective over ``ranks`` (mesh order; ``ranks[i]`` holds node ``sources[i]``):
-    ``kind`` ``"all_gather"`` (the pieces joined along ``dim``), ``"all_reduce"`` (the partial
-    sums added) or ``"reduce_scatter"`` (the partial sums added, rank ``ranks[j]`` getting block
+class CollectiveCall:
+    """One call of a collective over ``ranks`` in a step (mesh order; ``ranks[i]`` holds node
+    ``sources[i]``): ``kind`` :class:`~tensoropt.layouts.Collective` ``ALL_GATHER`` (the pieces
+    joined along ``dim``), ``ALL_REDUCE`` (the partial sums added) or ``REDUCE_SCATTER`` (the
+    partial sums added, rank ``ranks[j]`` getting block
     ``j`` of ``len(ranks)`` along ``dim``); rank ``r`` gets the result as node ``results[r]``.  Every rank of ``ranks``
     runs it where node ``at`` (the first result in the graph's order) is, so all of them call
     their collectives in the same order; ``absorbed`` are the moves and partial sums it replaces
     (run by no rank).  ``index``: its place among the step's collectives."""
 
     index: int
-    kind: str
+    kind: Collective
     ranks: tuple[int, ...]
     sources: tuple[str, ...]
     results: tuple[tuple[int, str], ...]
@@ -139,10 +141,10 @@ class Program:
     output_ranks: list[int | None]
     placeholder_ranks: dict[str, frozenset[int]]
     world_size: int
-    collectives: list[Collective] = field(default_factory=list)
+    collectives: list[CollectiveCall] = field(default_factory=list)
     moves_by_node: dict[str, Move] = field(default_factory=dict)
     #: node -> the collective that runs at its place
-    collective_at: dict[str, Collective] = field(default_factory=dict)
+    collective_at: dict[str, CollectiveCall] = field(default_factory=dict)
     #: nodes a collective stands for: no rank runs them
     absorbed: frozenset[str] = frozenset()
 
@@ -237,15 +239,16 @@ def _origin(n: fx.Node) -> fx.Node:
     return n
 
 
-def _gathered(n: fx.Node, names: Mapping[str, fx.Node]) -> tuple[str, list[fx.Node], int | None, list[fx.Node]] | None:
+def _gathered(n: fx.Node, names: Mapping[str, fx.Node]
+              ) -> tuple[Collective, list[fx.Node], int | None, list[fx.Node]] | None:
     """``(kind, items, dim, inner adds)`` when ``n`` is the executor's join of ``S`` pieces
     (recorded :class:`Joined`: ``torch.cat(pieces, dim)``) or the last add of its sum of ``P``
     parts (recorded :class:`Summed`); else ``None``.  ``names``: the graph's nodes by name."""
     record = emitted(n)
     if isinstance(record, Joined):
-        return "all_gather", [a for a in n.args[0] if isinstance(a, fx.Node)], record.dim, []   # type: ignore[union-attr]
+        return Collective.ALL_GATHER, [a for a in n.args[0] if isinstance(a, fx.Node)], record.dim, []   # type: ignore[union-attr]
     if isinstance(record, Summed):
-        return "all_reduce", [names[p] for p in record.parts], None, [names[a] for a in record.inner]
+        return Collective.ALL_REDUCE, [names[p] for p in record.parts], None, [names[a] for a in record.inner]
     return None
 
 
@@ -262,7 +265,7 @@ def _block_of(n: fx.Node) -> tuple[fx.Node, int, int, int] | None:
 
 
 def find_collectives(graph: fx.Graph, rank: Mapping[str, int | None], moved: set[str],
-                     names: Mapping[str, fx.Node] | None = None) -> list[Collective]:
+                     names: Mapping[str, fx.Node] | None = None) -> list[CollectiveCall]:
     """The gathers of a rewritten plan graph that are collectives (see the module docstring):
     groups of gathers (or sums) of the same pieces along the same dimension, one on each rank
     that holds a piece, each reading its own piece where it lies and the others through moves
@@ -279,9 +282,9 @@ def find_collectives(graph: fx.Graph, rank: Mapping[str, int | None], moved: set
         moved_from = tuple(_origin(a) for a in items)
         blocks = [b for b in (_block_of(m) for m in moved_from) if b is not None]
         block = None
-        if kind == "all_reduce" and len(blocks) == len(moved_from) and len({b[1:] for b in blocks}) == 1:
+        if kind == Collective.ALL_REDUCE and len(blocks) == len(moved_from) and len({b[1:] for b in blocks}) == 1:
             # the same block of every partial sum: this device's share of a reduce-scatter
-            kind, dim, block = "reduce_scatter", blocks[0][2], blocks[0][3]
+            kind, dim, block = Collective.REDUCE_SCATTER, blocks[0][2], blocks[0][3]
             if blocks[0][1] != len(items):
                 continue
             sources = tuple(b[0] for b in blocks)
@@ -301,7 +304,7 @@ def find_collectives(graph: fx.Graph, rank: Mapping[str, int | None], moved: set
             absorbed.append(item.name)
         if ok:
             groups.setdefault((kind, tuple(s.name for s in sources), dim), []).append((n, absorbed, block))
-    out: list[Collective] = []
+    out: list[CollectiveCall] = []
     for (kind, sources, dim), members in sorted(groups.items(), key=lambda kv: order[kv[1][0][0].name]):
         # a group's sources and gathers all run on one rank each (checked when it was formed)
         mesh = tuple(_placed_rank(rank, s) for s in sources)
@@ -309,10 +312,10 @@ def find_collectives(graph: fx.Graph, rank: Mapping[str, int | None], moved: set
         if len(by_rank) != len(members) or set(by_rank) != set(mesh):
             continue   # not every rank of the mesh wants it whole: the moves stay
         # (a reduce-scatter's members each name their block)
-        if kind == "reduce_scatter" and any(b is None or rank[n.name] != mesh[b] for n, _, b in members):
+        if kind == Collective.REDUCE_SCATTER and any(b is None or rank[n.name] != mesh[b] for n, _, b in members):
             continue   # block j wanted elsewhere than on the rank of piece j (meshes in another order)
         first = min((n for n, _, _ in members), key=lambda n: order[n.name])
-        out.append(Collective(len(out), kind, mesh, sources, tuple((r, by_rank[r].name) for r in mesh), dim,
+        out.append(CollectiveCall(len(out), kind, mesh, sources, tuple((r, by_rank[r].name) for r in mesh), dim,
                               first.name, tuple(a for _, ab, _ in members for a in ab)))
     return out
 

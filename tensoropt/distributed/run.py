@@ -12,7 +12,7 @@ runs one forward + :func:`~tensoropt.measure.step.training_loss` + backward on t
   pieces — except a value split over a mesh that every rank of the mesh needs whole: one
   all-gather (``S``) or all-reduce (``P``) over those ranks, or its own block of (``P`` → ``S``):
   one reduce-scatter; their backward is a reduce-scatter / all-reduce / all-gather of the gradients
-  (:class:`.program.Collective`);
+  (:class:`.program.CollectiveCall`);
 - after backward, a parameter read on several ranks (replicated / batch-split nodes, tied
   weights) has its gradient summed over those ranks (one in-place all-reduce of a flat buffer
   per group of ranks, the ``.grad`` being views into it), so every rank holding it sees the
@@ -81,10 +81,10 @@ from ..execute.rewrite import OP_META, rewrite, write_back, writes_buffer
 from ..execute.segments import ByReference, by_reference, run_checkpointed
 from ..execute.sharding import ShardedParameter, flat_piece, sharded_parameters
 from ..graph import OpGraph
-from ..layouts import Shard, piece_sizes
+from ..layouts import Collective, Shard, piece_sizes
 from ..measure.step import _float_tensors, training_loss
 from ..plan import Plan
-from .program import Collective, Move, Piece, Program, build_program, is_move, marker, node_arg, parameter_pieces
+from .program import CollectiveCall, Move, Piece, Program, build_program, is_move, marker, node_arg, parameter_pieces
 from .runtime import Runtime, resolve_rank_map
 from .transport import (
     DTYPES,
@@ -665,7 +665,7 @@ class DistributedExecutor:
             return run_checkpointed(target, *args, **kwargs)
         return target(*args, **kwargs)
 
-    def _collective(self, coll: Collective, x: torch.Tensor) -> torch.Tensor:
+    def _collective(self, coll: CollectiveCall, x: torch.Tensor) -> torch.Tensor:
         """Run collective ``coll`` with this rank's piece ``x``; returns the whole value."""
         members = tuple(sorted(coll.ranks))
         group = Channel(self._process_groups[frozenset(coll.ranks)], members, _COLLECTIVE_TAG + 4 * coll.index)
@@ -679,16 +679,16 @@ class DistributedExecutor:
             heads = self.link.gather_pieces(header, 0, [1] * k, Channel(group.handle, members, group.tag + 2),
                                             f"the header of {what}")
             mesh = [decode_header(heads[s].view(-1).cpu()) for s in slots]
-            if coll.kind == "reduce_scatter":   # whole-sized parts, cut as the executor cuts them
+            if coll.kind == Collective.REDUCE_SCATTER:   # whole-sized parts, cut as the executor cuts them
                 sizes = tuple(b.shape[coll.cut_dim] for b in torch.tensor_split(x, k, coll.cut_dim))
             else:
                 sizes = tuple(shape[coll.dim] for shape, _, _ in mesh) if coll.dim is not None else ()
             self._collective_headers[coll.index] = (sizes, any(grad for _, _, grad in mesh))
         sizes, grad = self._collective_headers[coll.index]
         anchor = self._anchor if grad and torch.is_grad_enabled() else None
-        if coll.kind == "all_gather":
+        if coll.kind == Collective.ALL_GATHER:
             out, root = all_gather_with_grad(self.link, anchor, x, group, coll.cut_dim, sizes, slots, at, what)
-        elif coll.kind == "reduce_scatter":
+        elif coll.kind == Collective.REDUCE_SCATTER:
             out, root = reduce_scatter_with_grad(self.link, anchor, x, group, coll.cut_dim, sizes, slots, at, what)
         else:
             out, root = all_reduce_with_grad(self.link, anchor, x, group, what)

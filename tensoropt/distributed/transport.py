@@ -9,7 +9,7 @@ becomes :meth:`PeerLink.send` on the producer's rank and :meth:`PeerLink.recv` o
 on the rank that holds the pieces — except where every rank of a mesh gathers the same pieces,
 or each rank its block of the same partial sums, which is one all-gather / all-reduce /
 reduce-scatter (:func:`all_gather_with_grad`, :func:`all_reduce_with_grad`,
-:func:`reduce_scatter_with_grad`; :class:`~.program.Collective`).  A receiver must know the shape,
+:func:`reduce_scatter_with_grad`; :class:`~.program.CollectiveCall`).  A receiver must know the shape,
 dtype and whether autograd wants a gradient before the data arrives: the first time a move happens a
 small header is sent ahead of it (:func:`encode_header`), and it is reused on later steps (shapes do not change
 between steps of one plan).

@@ -87,7 +87,7 @@ Example::
     >>> cluster = load_cluster("preset:a100-4-nvlink")
     >>> rs = reshard(NodeConfig(("gpu0", "gpu1"), "batch"), NodeConfig(("gpu0", "gpu1")), 2**20, cluster)
     >>> rs.src_layout, rs.dst_layout, [s.kind for s in rs.steps], rs.recv_bytes
-    ('S(batch)', 'R', ['allgather'], {'gpu0': 1048576, 'gpu1': 1048576})
+    ('S(batch)', 'R', ['all_gather'], {'gpu0': 1048576, 'gpu1': 1048576})
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ from ..cluster.collectives import (
     ring_allreduce_time,
 )
 from ..graph import OpGraph, OpNode
-from ..layouts import Layout, Shard, TensorLayout, largest_piece
+from ..layouts import P2P, Collective, Layout, Shard, TensorLayout, largest_piece
 from ..plan import NodeConfig, Plan, ShardedParameter, shardable, sharded_parameters
 
 R, SB, SC, P = TensorLayout.R, TensorLayout.SB, TensorLayout.SC, TensorLayout.P
@@ -197,13 +197,14 @@ def needed_grad_layout(config: NodeConfig) -> TensorLayout:
 
 
 class Step(NamedTuple):
-    """One communication of a reshard: ``kind`` (``p2p``, ``allgather``, ``all_to_all``,
-    ``allreduce``, ``reduce_scatter``), the ``devices`` involved (``(src, dst)`` for ``p2p``, the
-    mesh in ring order for a collective), ``nbytes`` as the collective's function takes it (the
-    full tensor for all-gather / all-reduce / reduce-scatter, each device's buffer for all-to-all,
-    the bytes sent for p2p) and its own ``time_s``."""
+    """One communication of a reshard: ``kind`` (:data:`~tensoropt.layouts.P2P`, or a
+    :class:`~tensoropt.layouts.Collective`: all-gather, all-to-all, all-reduce, reduce-scatter),
+    the ``devices`` involved (``(src, dst)`` for ``p2p``, the mesh in ring order for a
+    collective), ``nbytes`` as the collective's function takes it (the full tensor for
+    all-gather / all-reduce / reduce-scatter, each device's buffer for all-to-all, the bytes sent
+    for p2p) and its own ``time_s``."""
 
-    kind: str
+    kind: Collective | str
     devices: tuple[str, ...]
     nbytes: float
     time_s: float
@@ -213,12 +214,12 @@ def step_links(step: Step) -> list[tuple[str, str]]:
     """The directed links a step occupies: its pair for ``p2p``; the ring ``d0 → d1 → … → d0``
     for all-gather / all-reduce / reduce-scatter; every ordered pair for all-to-all."""
     d = step.devices
-    if step.kind == "p2p":
+    if step.kind == P2P:
         return [(d[0], d[1])] if d[0] != d[1] else []
     n = len(d)
     if n < 2:
         return []
-    if step.kind == "all_to_all":
+    if step.kind == Collective.ALL_TO_ALL:
         return [(a, b) for a in d for b in d if a != b]
     return list(dict.fromkeys((d[i], d[(i + 1) % n]) for i in range(n)))
 
@@ -421,7 +422,7 @@ def param_sync(graph: OpGraph, node: OpNode | str, config: NodeConfig, cluster: 
         return None
     mesh = tuple(config.devices)
     time_of = ring_allreduce_bytes_time if bucketed else ring_allreduce_time
-    return Step("allreduce", mesh, nbytes, time_of(cluster, mesh, nbytes))
+    return Step(Collective.ALL_REDUCE, mesh, nbytes, time_of(cluster, mesh, nbytes))
 
 
 def param_cut(node: OpNode, config: NodeConfig) -> tuple[str, tuple[str, ...], str] | None:
@@ -491,16 +492,17 @@ def shard_steps(graph: OpGraph, node: OpNode | str, config: NodeConfig, cluster:
     if not qs or not any(graph.params[q].nbytes for q in qs):
         return None, None, None
     mesh = tuple(config.devices)
-    ag = _per_parameter("allgather", graph, qs, mesh, cluster)
-    rs = _per_parameter("reduce_scatter", graph, qs, mesh, cluster)
+    ag = _per_parameter(Collective.ALL_GATHER, graph, qs, mesh, cluster)
+    rs = _per_parameter(Collective.REDUCE_SCATTER, graph, qs, mesh, cluster)
     return (ag if level.shards("parameters") else None, rs if level.shards("gradients") else None,
             None if level.shards("parameters") else ag)
 
 
-def _per_parameter(kind: str, graph: OpGraph, qs: Iterable[str], mesh: tuple[str, ...], cluster: Cluster) -> Stage:
+def _per_parameter(kind: Collective, graph: OpGraph, qs: Iterable[str], mesh: tuple[str, ...],
+                   cluster: Cluster) -> Stage:
     """One ring ``kind`` per parameter of ``qs`` over ``mesh``, one after the other (as one stage:
     its time is their sum)."""
-    time_of = allgather_time if kind == "allgather" else reduce_scatter_time
+    time_of = allgather_time if kind == Collective.ALL_GATHER else reduce_scatter_time
     steps = tuple(Step(kind, mesh, graph.params[q].nbytes, time_of(cluster, mesh, graph.params[q].nbytes))
                   for q in qs if graph.params[q].nbytes)
     return Stage(steps, math.fsum(s.time_s for s in steps))
@@ -528,7 +530,7 @@ def update_steps(graph: OpGraph, sharded: Mapping[str, ShardedParameter],
         if s.level.shards("optimizer") and not s.level.shards("parameters") and graph.params[q].nbytes:
             first, qs = by_mesh.setdefault(s.devices, (s.readers[0], []))
             qs.append(q)
-    return [(mesh, first, _per_parameter("allgather", graph, qs, mesh, cluster))
+    return [(mesh, first, _per_parameter(Collective.ALL_GATHER, graph, qs, mesh, cluster))
             for mesh, (first, qs) in by_mesh.items()]
 
 
@@ -553,7 +555,8 @@ def gradient_syncs(graph: OpGraph, plan: Plan, cluster: Cluster) -> list[tuple[t
     for q, mesh in synced.items():
         nodes, nbytes = groups.get(mesh, ([], 0))
         groups[mesh] = (nodes + readers[q], nbytes + graph.params[q].nbytes)
-    return [(tuple(dict.fromkeys(nodes)), Step("allreduce", mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes)))
+    return [(tuple(dict.fromkeys(nodes)),
+             Step(Collective.ALL_REDUCE, mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes)))
             for mesh, (nodes, nbytes) in groups.items()]
 
 
@@ -587,9 +590,10 @@ def replica_syncs(graph: OpGraph, plan: Plan, cluster: Cluster) -> list[tuple[tu
         mesh, nbytes, k = st.devices, st.nbytes, len(st.devices)
         piece = math.ceil(nbytes / k)
         rings = [across_replicas(plan, (d,)) for d in mesh]
-        across = tuple(Step("allreduce", ring, piece, ring_allreduce_time(cluster, ring, piece)) for ring in rings)
-        rs = Step("reduce_scatter", mesh, nbytes, reduce_scatter_time(cluster, mesh, nbytes))
-        ag = Step("allgather", mesh, nbytes, allgather_time(cluster, mesh, nbytes))
+        across = tuple(Step(Collective.ALL_REDUCE, ring, piece, ring_allreduce_time(cluster, ring, piece))
+                       for ring in rings)
+        rs = Step(Collective.REDUCE_SCATTER, mesh, nbytes, reduce_scatter_time(cluster, mesh, nbytes))
+        ag = Step(Collective.ALL_GATHER, mesh, nbytes, allgather_time(cluster, mesh, nbytes))
         out.append((readers, (Stage((rs,), rs.time_s), Stage(across, max(a.time_s for a in across)),
                               Stage((ag,), ag.time_s))))
     synced = synced_parameters(graph, plan)
@@ -612,7 +616,7 @@ def replica_syncs(graph: OpGraph, plan: Plan, cluster: Cluster) -> list[tuple[tu
                 holders[d] = max(holders.get(d, 0), held)
         for d, nbytes in holders.items():
             ring = across_replicas(plan, (d,))
-            step = Step("allreduce", ring, nbytes, ring_allreduce_time(cluster, ring, nbytes))
+            step = Step(Collective.ALL_REDUCE, ring, nbytes, ring_allreduce_time(cluster, ring, nbytes))
             out.append((tuple(nodes), (Stage((step,), step.time_s),)))
     return out
 
@@ -676,7 +680,7 @@ def move(src_layout: TensorLayout, src_devices: Sequence[str], dst_layout: Tenso
     stages: list[Stage] = []
     if src_layout == P:
         slice_dim = dst_layout if dst_layout != R else SB
-        st = Step("reduce_scatter", ms, nbytes, reduce_scatter_time(cluster, ms, nbytes))
+        st = Step(Collective.REDUCE_SCATTER, ms, nbytes, reduce_scatter_time(cluster, ms, nbytes))
         stages.append(Stage((st,), st.time_s))
         src_layout = slice_dim
     if src_layout == R:
@@ -696,11 +700,11 @@ def _collective_on_mesh(src_layout: TensorLayout, dst_layout: TensorLayout, mesh
     n = len(mesh)
     if src_layout == P:
         if dst_layout == R:
-            return Step("allreduce", mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes))
-        return Step("reduce_scatter", mesh, nbytes, reduce_scatter_time(cluster, mesh, nbytes))
+            return Step(Collective.ALL_REDUCE, mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes))
+        return Step(Collective.REDUCE_SCATTER, mesh, nbytes, reduce_scatter_time(cluster, mesh, nbytes))
     if dst_layout == R:
-        return Step("allgather", mesh, nbytes, allgather_time(cluster, mesh, nbytes))
-    return Step("all_to_all", mesh, nbytes / n, all_to_all_time(cluster, mesh, nbytes / n))
+        return Step(Collective.ALL_GATHER, mesh, nbytes, allgather_time(cluster, mesh, nbytes))
+    return Step(Collective.ALL_TO_ALL, mesh, nbytes / n, all_to_all_time(cluster, mesh, nbytes / n))
 
 
 def _sends_from_replicas(ms: tuple[str, ...], md: tuple[str, ...], dst_layout: TensorLayout, nbytes: int | float,
@@ -761,7 +765,7 @@ def _p2p_stage(sends: list[tuple[str, str, float]], cluster: Cluster) -> Stage:
         link = cluster.link(s, d)
         both = s in receivers or d in senders
         t = getattr(link, "time_both_ways", link.time)(b) if both else link.time(b)
-        steps.append(Step("p2p", (s, d), b, t))
+        steps.append(Step(P2P, (s, d), b, t))
         out_t[s] = out_t.get(s, 0.0) + t
         in_t[d] = in_t.get(d, 0.0) + t
     return Stage(tuple(steps), max(max(out_t.values()), max(in_t.values())))

@@ -94,7 +94,7 @@ from ..cluster import Cluster
 from ..cluster.collectives import allgather_time, reduce_scatter_time
 from ..devicemodel.price import check_costs_kind, costs_source
 from ..graph import OpGraph, OpNode, grad_nodes
-from ..layouts import TensorLayout
+from ..layouts import Collective, TensorLayout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Estimate, Plan, PlanError, sharded_parameters
@@ -128,7 +128,7 @@ class TimelineEvent:
     ``resource`` is a device name, or ``"src->dst"`` for a directed link (``kind`` says which);
     ``node`` the node computed, or whose tensor / gradient / parameter gradients move; ``phase``
     one of ``fp``, ``bp``, ``recompute``, ``transfer``, ``allreduce``; ``detail`` says what moves
-    (``"forward allgather S(batch) on a,b -> R on a,b"``).
+    (``"forward all_gather S(batch) on a,b -> R on a,b"``).
     """
 
     resource: str
@@ -458,19 +458,19 @@ class _StepTasks:
         return self.sched.chain((ag,), name, "transfer", before,
                                 f"{direction} parameters gathered on {','.join(cfg.devices)}")
 
-    def _unit_collective(self, kind: str, u: int, deps: Sequence[int | None], detail: str) -> int | None:
+    def _unit_collective(self, kind: Collective, u: int, deps: Sequence[int | None], detail: str) -> int | None:
         """One FSDP2 unit's all-gather (its parameters whole, the operators' dtype) or
         reduce-scatter (its gradients, the masters' dtype) over the plan's devices, after ``deps``;
         ``None`` for a unit with no parameters."""
         assert self.units is not None
-        nbytes = (self.units.gathered if kind == "allgather" else self.units.reduce)[u]
+        nbytes = (self.units.gathered if kind == Collective.ALL_GATHER else self.units.reduce)[u]
         if not nbytes:
             return None
         mesh = self.mesh
-        seconds = (allgather_time if kind == "allgather" else reduce_scatter_time)(self.cluster, mesh, nbytes)
+        seconds = (allgather_time if kind == Collective.ALL_GATHER else reduce_scatter_time)(self.cluster, mesh, nbytes)
         step = Step(kind, mesh, nbytes, seconds)
         return self.sched.chain((Stage((step,), seconds),), self.units.first[u],
-                                "transfer" if kind == "allgather" else "allreduce", list(deps),
+                                "transfer" if kind == Collective.ALL_GATHER else "allreduce", list(deps),
                                 f"{detail} on {','.join(mesh)}")
 
     def _prefetch(self, direction: str, u: int | None, after: int | None) -> None:
@@ -481,7 +481,8 @@ class _StepTasks:
         assert self.units is not None
         before = [self.last_on.get(d) for d in self.mesh]
         self.unit_ag[(direction, u)] = self._unit_collective(
-            "allgather", u, [after, *before], f"{direction} parameters of {self.units.first[u]}'s unit gathered")
+            Collective.ALL_GATHER, u, [after, *before],
+            f"{direction} parameters of {self.units.first[u]}'s unit gathered")
 
     def forward(self) -> dict[str, int]:
         """Each node's forward after its inputs arrive (one transfer per edge key); a batch-split
@@ -566,7 +567,7 @@ class _StepTasks:
             if units is not None:
                 u = units.unit_of_node[name]
                 if u != units.root and units.last_backward.get(u) == name:   # its post-backward
-                    self.last_rs = self._unit_collective("reduce_scatter", u, [bwd_task[name], self.last_rs],
+                    self.last_rs = self._unit_collective(Collective.REDUCE_SCATTER, u, [bwd_task[name], self.last_rs],
                                                          "gradients reduce-scattered") or self.last_rs
                 rs = None
             else:
@@ -580,7 +581,7 @@ class _StepTasks:
                                                     f"backward batch-norm statistics on {','.join(cfg.devices)}"))
             self._send_gradients(name, node, bwd_task, grads_back)
         if units is not None and units.root >= 0:   # the root's, in the final callback
-            self._unit_collective("reduce_scatter", units.root, [*bwd_task.values(), self.last_rs],
+            self._unit_collective(Collective.REDUCE_SCATTER, units.root, [*bwd_task.values(), self.last_rs],
                                   "gradients reduce-scattered")
         return bwd_task
 

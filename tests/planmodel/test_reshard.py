@@ -75,7 +75,7 @@ def test_same_mesh_collectives_equal_the_collective_formulas():
     rs = reshard(C(AB, "batch"), C(AB, "R"), N, c)
     assert rs.time_s == allgather_time(c, AB, N) > 0
     assert rs.backward_time_s == 0
-    assert [s.kind for s in rs.steps] == ["allgather"] and rs.recv_bytes == {"a": N, "b": N}
+    assert [s.kind for s in rs.steps] == ["all_gather"] and rs.recv_bytes == {"a": N, "b": N}
     # ... but a channel-split linear reading it hands back partial sums: reduce-scatter (Megatron's dual)
     rs = reshard(C(AB, "batch"), C(AB, "channel"), N, c, consumer="aten.linear.default")
     assert rs.time_s == allgather_time(c, AB, N)
@@ -204,7 +204,7 @@ def test_graph_edges_and_parameter_sync():
     with pytest.raises(ValueError, match="does not read"):
         edge_reshard(g, "x", "act", ch, ch, c)
     st = param_sync(g, "fc", dp, c)
-    assert st.kind == "allreduce" and st.nbytes == 256 and st.time_s == ring_allreduce_time(c, AB, 256)
+    assert st.kind == "all_reduce" and st.nbytes == 256 and st.time_s == ring_allreduce_time(c, AB, 256)
     assert param_sync(g, "fc", ch, c) is None and param_sync(g, "fc", C("a"), c) is None
     # bucketed (frontier tracking's share of one all-reduce): the bytes' time, no latency
     share = param_sync(g, "fc", dp, c, bucketed=True)
@@ -337,5 +337,5 @@ def test_a_metadata_assert_or_size_query_reads_nothing():
                 order=["relu", "check", "size", "sum"])
     sim = simulate(plan, g, costs, c, optimizer="sgd")
     moved = {(e.node, e.detail) for e in sim.timeline if e.phase == "transfer"}
-    assert moved == {("relu", "forward S(batch) on a,b -> R on a,b: allgather")}, moved
+    assert moved == {("relu", "forward S(batch) on a,b -> R on a,b: all_gather")}, moved
     assert all(m.peak > 0 for m in plan_memory(plan, g, costs, c, optimizer="sgd").values())

@@ -364,7 +364,7 @@ def test_small_cnn_split_over_devices(cnn):
     mp[next(n.name for n in graph.ops if n.op == "aten.linear.default")] = NodeConfig(mesh, "reduce")
     res = simulate(plan_of(graph, mp), graph, costs, cl, optimizer="sgd")
     kinds = {e.detail.split(": ")[-1] for e in res.timeline if e.phase == "transfer"}
-    assert "allreduce" in kinds and res.time_s > 0
+    assert "all_reduce" in kinds and res.time_s > 0
 
 
 def test_a_reader_that_cuts_a_weight_held_whole_writes_its_gradient_twice(tied_lm):
