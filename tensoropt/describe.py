@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from .graph import OpGraph
+from .graph import OpGraph, ParamKind
 
 
 def fmt_bytes(n: float) -> str:
@@ -82,7 +82,7 @@ def summarize(g: OpGraph) -> GraphSummary:
         metadata_only=sum(n.metadata_only for n in ops),
         generators=sum(n.generator for n in ops),
         edges=len(g.edges),
-        params=sum(p.numel for p in g.params.values() if p.kind == "parameter"),
+        params=sum(p.numel for p in g.params.values() if p.kind == ParamKind.PARAMETER),
         param_bytes=g.param_bytes("parameter"),
         buffer_bytes=g.param_bytes("buffer"),
         constant_bytes=g.param_bytes("constant"),

@@ -40,7 +40,7 @@ import networkx as nx
 
 from ._io import read_json, write_json_atomic
 from .errors import GraphFormatError, TensorOptError
-from .layouts import Layout
+from .layouts import Layout, StrValueEnum
 
 GRAPH_FORMAT = "tensoropt.graph/1"
 
@@ -57,7 +57,6 @@ NODE_KINDS = ("input", "op", "output")
 PRECISIONS = ("fp32", "bf16", "bf16-params")
 #: precision → the dtype its matrix operations compute in (what prices them on a device)
 COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "bf16-params": "bfloat16"}
-PARAM_KINDS = ("parameter", "buffer", "constant")
 
 
 def check_precision(precision: Any, error: type[Exception] = TensorOptError) -> str:
@@ -174,6 +173,20 @@ class SplitDims:
     rule: str | None = None
 
 
+class ParamKind(StrValueEnum):
+    """What a tensor of the model that no operator makes is: a ``parameter`` (trained when it
+    requires a gradient: :attr:`ParamInfo.is_trainable`), a ``buffer`` (batch-norm statistics,
+    written in place) or a ``constant`` the capture lifted."""
+
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    CONSTANT = "constant"
+
+
+#: every kind a graph file's parameter may have
+PARAM_KINDS = tuple(ParamKind)
+
+
 @dataclass(frozen=True)
 class ParamInfo:
     """A parameter, buffer or lifted constant tensor, and which nodes use it."""
@@ -181,10 +194,19 @@ class ParamInfo:
     name: str                      # the module's own name, e.g. "transformer.h.0.attn.c_attn.weight"
     shape: tuple[int, ...]
     dtype: str                     # as training keeps it (a bf16-params graph: the float32 master)
-    kind: str                      # "parameter" | "buffer" | "constant"
+    kind: ParamKind                # a plain string given is made the member ("parameter" | "buffer" | "constant")
     requires_grad: bool
     owner: str | None              # node that owns it; None when no operator uses it
     readers: tuple[str, ...] = ()  # other nodes that read it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ParamKind(self.kind))
+
+    @property
+    def is_trainable(self) -> bool:
+        """A parameter that requires a gradient: what the optimizer updates, whose gradient the
+        step makes (the one statement of "trainable parameter")."""
+        return self.kind == ParamKind.PARAMETER and self.requires_grad
 
     @property
     def numel(self) -> int:
@@ -362,7 +384,8 @@ class OpGraph:
         the bfloat16 copy of a floating-point master weight (what FSDP2 all-gathers and computes
         on: half a float32 master), else the parameter itself."""
         info = self.params[name]
-        if self.precision == "bf16-params" and info.kind == "parameter" and info.dtype in ("float32", "float64"):
+        if (self.precision == "bf16-params" and info.kind == ParamKind.PARAMETER
+                and info.dtype in ("float32", "float64")):
             return TensorMeta(info.shape, "bfloat16").nbytes
         return info.nbytes
 
@@ -373,7 +396,7 @@ class OpGraph:
     def trainable_bytes(self) -> int:
         """Bytes of the trainable parameters, each counted once (remembered, as :attr:`fingerprint`)."""
         return self._remembered("trainable_bytes", lambda: sum(
-            p.nbytes for p in self.params.values() if p.kind == "parameter" and p.requires_grad))
+            p.nbytes for p in self.params.values() if p.is_trainable))
 
     def _remembered(self, what: str, compute: Any) -> Any:
         """``compute()``, remembered while the graph holds the same node and parameter objects
@@ -504,7 +527,7 @@ def _str_list(d: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
 
 def grad_nodes(graph: OpGraph) -> dict[str, bool]:
     """Which nodes' outputs carry a gradient in training (downstream of a trainable parameter)."""
-    trainable = {p.name for p in graph.params.values() if p.requires_grad and p.kind == "parameter"}
+    trainable = {p.name for p in graph.params.values() if p.is_trainable}
     out: dict[str, bool] = {}
     for n in graph:
         float_out = any(t.dtype.startswith(("float", "bfloat", "complex")) for t in n.outputs)

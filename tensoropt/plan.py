@@ -119,7 +119,7 @@ def shardable(graph: OpGraph, name: str) -> tuple[str, ...]:
     (:func:`sharded_parameters`, the rule)."""
     node = graph.nodes[name]
     qs = [q for q in (*node.params, *node.param_reads)
-          if graph.params[q].kind == "parameter" and graph.params[q].requires_grad]
+          if graph.params[q].is_trainable]
     if any(graph.params[q].readers or graph.params[q].owner != name for q in qs):
         return ()
     return tuple(qs)
@@ -130,7 +130,7 @@ def trainable_reads(graph: OpGraph, name: str) -> tuple[str, ...]:
     may shard (:func:`sharded_parameters` says which it does)."""
     node = graph.nodes[name]
     return tuple(q for q in (*node.params, *node.param_reads)
-                 if graph.params[q].kind == "parameter" and graph.params[q].requires_grad)
+                 if graph.params[q].is_trainable)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tensoropt import GraphFormatError, OpGraph, capture
+from tensoropt.graph import ParamKind
 from tests.conftest import SmallCNN
 
 
@@ -105,3 +106,21 @@ def test_the_remembered_fingerprint_follows_every_change_of_the_graph():
     name = g.ops[0].name
     g.nodes[name] = dataclasses.replace(g.nodes[name], op="aten.other.default")
     assert g.fingerprint != first
+
+
+def test_a_trainable_parameter_is_a_parameter_that_requires_a_gradient(tmp_path):
+    # a Linear whose bias is frozen, then a BatchNorm: the weight alone is trained (the bias is a
+    # frozen parameter, the running statistics buffers), read back the same from a graph file
+    lin, bn = torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)
+    lin.bias.requires_grad_(False)
+    g = capture(torch.nn.Sequential(lin, bn), (torch.randn(3, 4),))
+    kinds = {q: (p.kind, p.is_trainable) for q, p in g.params.items()}
+    assert kinds == {"0.weight": ("parameter", True), "0.bias": ("parameter", False),
+                     "1.weight": ("parameter", True), "1.bias": ("parameter", True),
+                     "1.running_mean": ("buffer", False), "1.running_var": ("buffer", False),
+                     "1.num_batches_tracked": ("buffer", False)}
+    assert all(isinstance(p.kind, ParamKind) for p in g.params.values())
+    g.save(tmp_path / "g.json")
+    back = OpGraph.load(tmp_path / "g.json")
+    assert {q: (p.kind, p.is_trainable) for q, p in back.params.items()} == kinds
+    assert g.trainable_bytes == back.trainable_bytes == (16 + 4 + 4) * 4

@@ -28,7 +28,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.overrides import TorchFunctionMode
 
 from ..errors import CaptureError
-from ..graph import OpGraph
+from ..graph import OpGraph, ParamKind
 from .build import PlaceholderInfo, build_opgraph, flatten_nodes
 from .call import ModelCall
 from .canonical import canonicalize, update_signature
@@ -102,7 +102,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
     if masters:
         # the parameters as training keeps them: float32 masters, computed on as bfloat16 copies
         graph.params.update({q: dataclasses.replace(info, dtype=masters[q]) for q, info in graph.params.items()
-                             if info.kind == "parameter" and q in masters})
+                             if info.kind == ParamKind.PARAMETER and q in masters})
         graph.notes.append("bf16-params: every operator computes on bfloat16 copies of the parameters (FSDP2's "
                            "MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)); float32 master "
                            "weights, gradients and optimizer state")

@@ -16,7 +16,7 @@ from typing import Any, cast
 import torch
 import torch.fx as fx
 
-from ..graph import OpGraph, OpNode, ParamInfo, TensorMeta
+from ..graph import OpGraph, OpNode, ParamInfo, ParamKind, TensorMeta
 from . import semantics
 from .functionalize import TO_OPS, to_returns_its_input
 
@@ -214,7 +214,7 @@ def _param_infos(gm: fx.GraphModule, placeholders: Mapping[str, PlaceholderInfo]
         t = _placeholder_tensor(gm, ph_name)
         readers = tuple(u for u, _ in param_users.get(info.name, []) if u != owners.get(info.name))
         params[info.name] = ParamInfo(name=info.name, shape=tuple(int(s) for s in t.shape),
-                                      dtype=dtype_name(t.dtype), kind=info.kind,
+                                      dtype=dtype_name(t.dtype), kind=ParamKind(info.kind),
                                       requires_grad=info.requires_grad, owner=owners.get(info.name),
                                       readers=tuple(dict.fromkeys(readers)))
     for p, extra in _module_param_infos(gm, param_users, owners).items():
@@ -266,7 +266,7 @@ def _module_param_infos(gm: fx.GraphModule, users: dict, owners: dict) -> dict[s
             mod_path, _, attr = p.rpartition(".")
             mod = gm.get_submodule(mod_path) if mod_path else gm
             t = getattr(mod, attr)
-            kind = "parameter" if isinstance(t, torch.nn.Parameter) else "buffer"
+            kind = ParamKind.PARAMETER if isinstance(t, torch.nn.Parameter) else ParamKind.BUFFER
             out[p] = ParamInfo(name=p, shape=tuple(t.shape), dtype=dtype_name(t.dtype), kind=kind,
                                requires_grad=bool(t.requires_grad), owner=owners.get(p),
                                readers=tuple(u for u, _ in users.get(p, []) if u != owners.get(p)))

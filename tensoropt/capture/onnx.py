@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import CaptureError
-from ..graph import OpGraph, OpNode, ParamInfo, TensorMeta
+from ..graph import OpGraph, OpNode, ParamInfo, ParamKind, TensorMeta
 from . import semantics
 
 aten = torch.ops.aten
@@ -263,10 +263,11 @@ def _params(g: Any, inits: Mapping[str, Any], param_users: Mapping[str, list[str
     for name, t in inits.items():
         arr = numpy_helper.to_array(t)
         dtype = _ONNX_DTYPES.get(t.data_type, "float32")
-        kind = "buffer" if name in bn_stats else ("parameter" if dtype in _FLOAT else "constant")
+        kind = (ParamKind.BUFFER if name in bn_stats
+                else ParamKind.PARAMETER if dtype in _FLOAT else ParamKind.CONSTANT)
         users = param_users.get(name, [])
         params[name] = ParamInfo(name=name, shape=tuple(int(s) for s in arr.shape), dtype=dtype, kind=kind,
-                                 requires_grad=kind == "parameter", owner=users[0] if users else None,
+                                 requires_grad=kind == ParamKind.PARAMETER, owner=users[0] if users else None,
                                  readers=tuple(dict.fromkeys(users[1:])))
     return params
 

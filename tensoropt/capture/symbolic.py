@@ -20,7 +20,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
-from ..graph import OpGraph, ParamInfo
+from ..graph import OpGraph, ParamInfo, ParamKind
 from .build import PlaceholderInfo, build_opgraph, dtype_name, getattr_path, tensors_of
 
 aten = torch.ops.aten
@@ -105,7 +105,7 @@ def capture_fx(model: torch.nn.Module, args: tuple, *, batch_dim: int = 0, name:
     if unused:
         for p in unused:
             t = named_params[p]
-            g.params[p] = ParamInfo(p, tuple(t.shape), dtype_name(t.dtype), "parameter", t.requires_grad, None)
+            g.params[p] = ParamInfo(p, tuple(t.shape), dtype_name(t.dtype), ParamKind.PARAMETER, t.requires_grad, None)
     return g
 
 

@@ -157,7 +157,7 @@ def _param_levels(graph: OpGraph, plan: Plan) -> dict[str, Shard]:
     """Every trainable parameter's sharding level: its owner's, where the owner may shard it."""
     levels: dict[str, Shard] = {}
     for name, info in graph.params.items():
-        if info.kind != "parameter" or not info.requires_grad:
+        if not info.is_trainable:
             continue
         owner = info.owner
         level = Shard(plan.configs[owner].shard) if owner in plan.configs else Shard.NONE

@@ -142,7 +142,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..cluster.collectives import ring_allreduce_bytes_time, ring_allreduce_time
 from ..errors import ClusterSpecError, TensorOptError
-from ..graph import OpGraph, OpNode, block_of, grad_nodes
+from ..graph import OpGraph, OpNode, ParamKind, block_of, grad_nodes
 from ..layouts import LAYOUTS, Layout, Shard, largest_piece
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
@@ -674,7 +674,7 @@ class _MeshContext:
         not_last: dict[str, list[str]] = {}
         for q, us in users.items():
             info = graph.params[q]
-            if info.kind == "parameter" and info.requires_grad:
+            if info.is_trainable:
                 for u in us[:-1]:
                     not_last.setdefault(u, []).append(q)
         only_tied = frozenset(n.name for n in ops if (qs := trainable_reads(graph, n.name))
@@ -734,7 +734,7 @@ class _MeshContext:
             # (tie edges): the cut's backward pads the piece's gradient to the whole (as the
             # walk), a whole-sized write more (as the simulator's time)
             padded = sum(graph.params[q].nbytes for q in (*node.params, *node.param_reads)
-                         if len(self.users[q]) > 1 and graph.params[q].kind == "parameter"
+                         if len(self.users[q]) > 1 and graph.params[q].kind == ParamKind.PARAMETER
                          and graph.params[q].requires_grad)
             accumulate += padded
             t += costs.grad_copy_s(padded) / speed
@@ -800,7 +800,7 @@ class _MeshContext:
         for q, us in self.users.items():
             info = graph.params[q]
             owner = info.owner if info.owner is not None and info.owner in configs else us[0]
-            per_byte = 1 + ((1 + self.alpha) if info.kind == "parameter" and info.requires_grad else 0)
+            per_byte = 1 + ((1 + self.alpha) if info.is_trainable else 0)
             for r in us:
                 if r == owner:
                     continue

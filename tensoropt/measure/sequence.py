@@ -389,7 +389,7 @@ def training_feed(graph: OpGraph, module: fx.GraphModule, dev: torch.device, inp
     to ``batch`` samples — and ``id(leaf) → the graph node that owns it``.  O(placeholders)."""
     values, owners = placeholder_values(graph, module, dev, inputs)
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
-    trainable = {name for name, p in graph.params.items() if p.requires_grad and p.kind == "parameter"}
+    trainable = {name for name, p in graph.params.items() if p.is_trainable}
     param_owner = {id(p): owner for name, p in module.named_parameters()
                    if name in graph.params and (owner := graph.params[name].owner)}     # a torch.fx capture's own
     canonical = _canonical_names(graph)

@@ -177,7 +177,7 @@ def param_held_bytes(graph: OpGraph, name: str, alpha: int) -> int:
     """Bytes a device holds for one parameter: itself, plus its gradient and α × itself of
     optimizer state when it is trainable."""
     info = graph.params[name]
-    if info.kind == "parameter" and info.requires_grad:
+    if info.is_trainable:
         return (2 + alpha) * info.nbytes
     return info.nbytes
 

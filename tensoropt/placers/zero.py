@@ -87,7 +87,7 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
     if len(names) < 2:
         raise PlanError(f"{level}: sharding needs at least 2 devices, got {len(names)} ({', '.join(names)})")
     configs, replicated, _ = data_parallel_configs(graph, costs, names, level)
-    trainable = {q for q, p in graph.params.items() if p.kind == "parameter" and p.requires_grad}
+    trainable = {q for q, p in graph.params.items() if p.is_trainable}
     for node in graph.ops:
         cfg = configs[node.name]
         reads = [q for q in (*node.params, *node.param_reads) if q in trainable]

@@ -94,7 +94,7 @@ def node_memory(graph: OpGraph, costs: CostModel, name: str, *, layout: str = "R
     cost = costs.get(name)
     split = param_pieces(layout, degree)
     trainable = sum(graph.params[p].nbytes for p in node.params
-                    if graph.params[p].requires_grad and graph.params[p].kind == "parameter")
+                    if graph.params[p].is_trainable)
     held = sum(graph.params[p].nbytes for p in node.params)
     if cost is None:
         return NodeMemory(largest_piece(held, split), largest_piece(trainable, split),

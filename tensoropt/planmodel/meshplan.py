@@ -58,7 +58,7 @@ import numpy as np
 from .. import _kernels as kernels
 from ..cluster import Cluster
 from ..cluster.collectives import allgather_time
-from ..graph import OpGraph, block_of, grad_nodes
+from ..graph import OpGraph, ParamKind, block_of, grad_nodes
 from ..layouts import Layout, TensorLayout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
@@ -283,8 +283,8 @@ def _build_tables(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tupl
     params = [q for q in graph.params]
     qindex = {q: j for j, q in enumerate(params)}
     q_bytes = np.array([graph.params[q].nbytes for q in params], dtype=np.int64)
-    q_kind = np.array([0 if graph.params[q].kind == "parameter" else 1 for q in params], dtype=np.int64)
-    q_train = np.array([graph.params[q].kind == "parameter" and graph.params[q].requires_grad for q in params],
+    q_kind = np.array([0 if graph.params[q].kind == ParamKind.PARAMETER else 1 for q in params], dtype=np.int64)
+    q_train = np.array([graph.params[q].is_trainable for q in params],
                        dtype=np.bool_)
     node_q_ptr, node_q = _csr([[qindex[q] for q in (*node.params, *node.param_reads)] for node in ops])
     readers: list[list[int]] = [[] for _ in params]

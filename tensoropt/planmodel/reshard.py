@@ -417,7 +417,7 @@ def param_sync(graph: OpGraph, node: OpNode | str, config: NodeConfig, cluster: 
         return None   # ... or reduce-scattered by the node's sharding level (shard_steps)
     node = graph.nodes[node] if isinstance(node, str) else node
     nbytes = sum(graph.params[p].nbytes for p in (*node.params, *node.param_reads)
-                 if graph.params[p].kind == "parameter" and graph.params[p].requires_grad)
+                 if graph.params[p].is_trainable)
     if nbytes == 0:
         return None
     mesh = tuple(config.devices)
@@ -456,7 +456,7 @@ def synced_parameters(graph: OpGraph, plan: Plan) -> dict[str, tuple[str, ...]]:
         node = graph.nodes[name]
         for q in (*node.params, *node.param_reads):
             info = graph.params[q]
-            if info.kind == "parameter" and info.requires_grad and q not in scattered:
+            if info.is_trainable and q not in scattered:
                 where.setdefault(q, set()).update(cfg.devices)
                 cuts.setdefault(q, set()).add(param_cut(node, cfg))
     out = {}
@@ -602,7 +602,7 @@ def replica_syncs(graph: OpGraph, plan: Plan, cluster: Cluster) -> list[tuple[tu
         node = graph.nodes[name]
         for q in (*node.params, *node.param_reads):
             info = graph.params[q]
-            if info.kind == "parameter" and info.requires_grad and q not in synced:
+            if info.is_trainable and q not in synced:
                 unsynced.setdefault(q, []).append(name)
     # a parameter whose gradient a sharding level reduce-scatters (levels 2-3): each device's piece
     scattered = {q: s.piece_nbytes for q, s in sharded_parameters(graph, plan).items() if s.level.shards("gradients")} \

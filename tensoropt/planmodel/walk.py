@@ -98,7 +98,7 @@ from dataclasses import asdict, astuple, dataclass, field, replace
 from typing import Any
 
 from ..cluster import Cluster
-from ..graph import OpGraph, OpNode, block_of, grad_nodes
+from ..graph import OpGraph, OpNode, ParamKind, block_of, grad_nodes
 from ..layouts import Layout, Shard, largest_piece
 from ..measure.costmodel import CostModel, NodeCost, ShardCost
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha, optimizer_temp_bytes
@@ -443,7 +443,7 @@ class _ParamHolding:
         trainable_sizes: dict[str, list[int]] = {d: [] for d in mem}
         for (p, d), b in self.held.items():
             info = graph.params[p]
-            if info.kind == "parameter":
+            if info.kind == ParamKind.PARAMETER:
                 mem[d].params += b
                 if info.requires_grad:
                     level, piece, _ = self.sharded.get(p, (Shard.NONE, b, b))
@@ -901,7 +901,7 @@ class _DeviceWalk:
                 else:
                     accumulating += b
                 continue
-            if info.kind == "parameter" and info.requires_grad:
+            if info.is_trainable:
                 b = self.params.held[(p, self.d)]
                 level, piece, whole = self.params.sharded.get(p, (Shard.NONE, 0, 0))
                 if level.shards("gradients"):
