@@ -52,21 +52,33 @@ DTYPE_BYTES = {
 }
 
 NODE_KINDS = ("input", "op", "output")
-#: what a graph trains in: ``fp32``; ``bf16`` (mixed precision under autocast, fp32 weights);
-#: ``bf16-params`` (FSDP2's mixed precision: parameters cast to bf16, fp32 master weights and reduction)
-PRECISIONS = ("fp32", "bf16", "bf16-params")
+
+
+class Precision(StrValueEnum):
+    """What a graph trains in: ``fp32``; ``bf16`` (mixed precision under autocast, fp32 weights);
+    ``bf16-params`` (FSDP2's mixed precision: parameters cast to bf16, fp32 master weights and
+    reduction) — :mod:`tensoropt.capture.precision`."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    BF16_PARAMS = "bf16-params"
+
+
+#: every precision a graph may train in
+PRECISIONS = tuple(Precision)
 #: precision → the dtype its matrix operations compute in (what prices them on a device)
-COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "bf16-params": "bfloat16"}
+COMPUTE_DTYPES: dict[str, str] = {Precision.FP32: "float32", Precision.BF16: "bfloat16",
+                                  Precision.BF16_PARAMS: "bfloat16"}
 
 
-def check_precision(precision: Any, error: type[Exception] = TensorOptError) -> str:
-    """``precision`` if it is one of :data:`PRECISIONS` (``None``: ``fp32``), else ``error``
+def check_precision(precision: Any, error: type[Exception] = TensorOptError) -> Precision:
+    """``precision`` as a :class:`Precision` if it is one (``None``: ``fp32``), else ``error``
     naming the choices."""
     if precision is None:
-        return "fp32"
+        return Precision.FP32
     if precision not in PRECISIONS:
         raise error(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    return str(precision)
+    return Precision(precision)
 
 
 def split_fits(layout: str, degree: int, batch_size: int | None) -> bool:
@@ -312,7 +324,7 @@ class OpGraph:
         self.notes = list(notes or [])  # what capture had to assume, shown to the user
         #: "fp32"; "bf16": captured, profiled and run under autocast; "bf16-params": computed on
         #: bfloat16 copies of float32 master parameters (tensoropt.capture.precision)
-        self.precision = precision
+        self.precision = Precision(precision)
         self.nodes: dict[str, OpNode] = {}
         for n in nodes:
             if n.name in self.nodes:
@@ -384,7 +396,7 @@ class OpGraph:
         the bfloat16 copy of a floating-point master weight (what FSDP2 all-gathers and computes
         on: half a float32 master), else the parameter itself."""
         info = self.params[name]
-        if (self.precision == "bf16-params" and info.kind == ParamKind.PARAMETER
+        if (self.precision == Precision.BF16_PARAMS and info.kind == ParamKind.PARAMETER
                 and info.dtype in ("float32", "float64")):
             return TensorMeta(info.shape, "bfloat16").nbytes
         return info.nbytes
@@ -435,7 +447,7 @@ class OpGraph:
                       for n in self.nodes.values()],
             "params": [[p.name, list(p.shape), p.dtype, p.kind] for p in self.params.values()],
         }
-        if self.precision != "fp32":
+        if self.precision != Precision.FP32:
             canon["precision"] = self.precision
         return hashlib.sha256(json.dumps(canon, separators=(",", ":")).encode()).hexdigest()
 
@@ -503,7 +515,8 @@ class OpGraph:
 
     def __repr__(self) -> str:
         return (f"OpGraph({self.name!r}, {len(self.ops)} ops, {len(self.params)} params, "
-                f"source={self.source!r}, " + (f"precision={self.precision!r}, " if self.precision != "fp32" else "")
+                f"source={self.source!r}, "
+                + (f"precision={self.precision!r}, " if self.precision != Precision.FP32 else "")
                 + f"fingerprint={self.fingerprint[:12]})")
 
 

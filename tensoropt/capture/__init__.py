@@ -28,7 +28,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.overrides import TorchFunctionMode
 
 from ..errors import CaptureError
-from ..graph import OpGraph, ParamKind
+from ..graph import OpGraph, ParamKind, Precision
 from .build import PlaceholderInfo, build_opgraph, flatten_nodes
 from .call import ModelCall
 from .canonical import canonicalize, update_signature
@@ -91,7 +91,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
                          {k: fake_on(mode, v) for k, v in call.kwargs.items()}, call.output)
         copied = True
     masters: dict[str, str] = {}
-    if precision == "bf16-params":
+    if precision == Precision.BF16_PARAMS:
         model, cast, masters = bf16_parameters(model, [*call.args, *call.kwargs.values()], copy_model=not copied)
         call = ModelCall(tuple(cast[:len(call.args)]), dict(zip(call.kwargs, cast[len(call.args):])), call.output)
     with quiet_torch_logs(), precision_context(precision, _input_devices(model, call)):
@@ -106,7 +106,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
         graph.notes.append("bf16-params: every operator computes on bfloat16 copies of the parameters (FSDP2's "
                            "MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)); float32 master "
                            "weights, gradients and optimizer state")
-    elif precision != "fp32":
+    elif precision != Precision.FP32:
         graph.notes.append(f"{precision}: captured under torch.autocast (parameters float32); profiled and run "
                            "under the same autocast")
     return graph

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from ..errors import TensorOptError
-from ..graph import PRECISIONS, check_precision
+from ..graph import PRECISIONS, Precision, check_precision
 
 __all__ = ["PRECISIONS", "AUTOCAST_DTYPES", "PARAM_DTYPES", "check_precision", "precision_of", "precision_context",
            "device_types", "bf16_parameters", "check_executable"]
@@ -53,7 +53,7 @@ AUTOCAST_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16}
 PARAM_DTYPES: dict[str, torch.dtype] = {"bf16-params": torch.bfloat16}
 
 
-def precision_of(graph_or_precision: Any) -> str:
+def precision_of(graph_or_precision: Any) -> Precision:
     """The precision of an :class:`~tensoropt.graph.OpGraph` (anything with ``.precision``; a
     graph made before precisions existed: ``fp32``), or the precision string itself."""
     if graph_or_precision is None or isinstance(graph_or_precision, str):
@@ -141,7 +141,7 @@ def check_executable(precision: Any, error: type[Exception] = TensorOptError) ->
     captured graph on the model's own parameters, not on bfloat16 copies of float32 masters.
     PyTorch's FSDP2 runs it (``tensoropt export --to torchrun`` writes ``fully_shard`` with its
     ``MixedPrecisionPolicy``)."""
-    if precision_of(precision) == "bf16-params":
+    if precision_of(precision) == Precision.BF16_PARAMS:
         raise error("tensoropt's executor does not run bf16-params (bfloat16 copies of float32 master parameters): "
                     "export the plan (tensoropt export PLAN MODEL -o DIR: FSDP2 with MixedPrecisionPolicy), or "
                     "capture the model in bf16 (autocast) to run it here")

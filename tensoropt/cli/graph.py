@@ -11,6 +11,7 @@ import time
 from rich.console import Console
 
 from ..describe import print_graph
+from ..graph import Precision
 from ..modelspec import load_model
 from ._common import add_capture_arguments, cache_of, save_output
 
@@ -23,7 +24,7 @@ def _cmd_graph(args: argparse.Namespace, console: Console) -> int:
                                cache=cache_of(args))
     t1 = time.perf_counter()
     print_graph(graph, console, top=args.top, limit=0 if args.all else args.limit)
-    if graph.precision != "fp32":
+    if graph.precision != Precision.FP32:
         console.print(f"precision {graph.precision}: activations as torch.autocast computes them, parameters float32")
     console.print(f"built and captured in {t1 - t0:.2f} s" if "read from the capture cache" not in graph.notes
                   else f"read from the capture cache in {t1 - t0:.2f} s")

@@ -80,7 +80,7 @@ from ..execute.replicas import call_for_capture, replica_call, replica_slice
 from ..execute.rewrite import OP_META, rewrite, write_back, writes_buffer
 from ..execute.segments import ByReference, by_reference, run_checkpointed
 from ..execute.sharding import ShardedParameter, flat_piece, sharded_parameters
-from ..graph import OpGraph
+from ..graph import OpGraph, Precision
 from ..layouts import Collective, Shard, piece_sizes
 from ..measure.step import _float_tensors, training_loss
 from ..plan import Plan
@@ -990,7 +990,7 @@ def compare_distributed(executor: DistributedExecutor, reference: nn.Module, exa
     for k in sorted(set(ref.grads) - held):   # a gradient no rank holds
         checks.append(check_tensor("grad", k, None, ref.grads[k]))
     dtype = next((str(p.dtype).removeprefix("torch.") for p in reference.parameters()), "")
-    if executor.precision != "fp32":
+    if executor.precision != Precision.FP32:
         dtype += f" under {executor.precision} autocast"
     return Comparison(tuple(checks), dtype, "weighted" if executor.loss == "check" else "training_loss")
 

@@ -88,7 +88,7 @@ from ..capture import capture
 from ..capture.call import ModelCall
 from ..capture.precision import AUTOCAST_DTYPES, device_types, precision_context, precision_of
 from ..errors import ExecutionError
-from ..graph import OpGraph
+from ..graph import OpGraph, Precision
 from ..measure.step import _float_tensors
 from ..plan import NodeConfig, Plan
 from .randomness import KeyedRandomMode
@@ -532,7 +532,7 @@ def compare_with_model(reference: nn.Module, planned: nn.Module, example_inputs:
         raise ExecutionError(f"a check compares at least one step, got steps={steps}")
     call = _call(example_inputs, getattr(planned, "_call", None))
     mixed = precision_of(getattr(planned, "precision", None))
-    if precision is None and mixed != "fp32":
+    if precision is None and mixed != Precision.FP32:
         precision = AUTOCAST_DTYPES[mixed]
     checks: list[TensorCheck] = []
     dtype = ""
@@ -644,7 +644,7 @@ def prepare_check(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph | No
     if graph is None:
         graph = capture(model, call_for_capture(call, plan), method="export")
     plan.check(graph)
-    if check_dtype == "float64" and precision_of(graph) != "fp32":
+    if check_dtype == "float64" and precision_of(graph) != Precision.FP32:
         raise CheckDtypeError(f"the graph trains in {precision_of(graph)} under autocast, which leaves float64 alone: "
                               "a float64 copy would not compute what the plan computes")
     m, x = to_check_dtype(model, call, check_dtype)
@@ -680,7 +680,7 @@ def check_plan(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph | None 
     precision = tolerance_precision(g)
     cmp = compare_with_model(reference, planned, x, loss_fn=loss_fn, steps=steps, lr=lr, precision=precision)
     dtype = check_dtype if check_dtype != "float32" else cmp.dtype
-    if precision_of(g) != "fp32":
+    if precision_of(g) != Precision.FP32:
         dtype += f" under {precision_of(g)} autocast ({str(precision).removeprefix('torch.')} tolerance)"
     elif precision is not None and str(precision).removeprefix("torch.") != dtype:
         dtype += f" (the model computes in {str(precision).removeprefix('torch.')} in places: its tolerance)"
@@ -733,7 +733,7 @@ def tolerance_precision(graph: OpGraph) -> torch.dtype | None:
     parts in float32 on both sides; a ``bf16`` graph computes in bfloat16 (autocast)."""
     lowest, own = graph_precision(graph), _parameter_dtype(graph)
     mixed = precision_of(graph)
-    if mixed != "fp32":
+    if mixed != Precision.FP32:
         lowest = max((d for d in (lowest, AUTOCAST_DTYPES[mixed]) if d is not None), key=lambda d: torch.finfo(d).eps)
     return lowest if lowest is not None and own is not None and \
         torch.finfo(lowest).eps > torch.finfo(own).eps else None

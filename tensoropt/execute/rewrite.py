@@ -65,7 +65,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from .. import syncbn
 from ..errors import ExecutionError
-from ..graph import OpGraph, OpNode, split_fits
+from ..graph import OpGraph, OpNode, Precision, split_fits
 from ..layouts import Layout, largest_piece, piece_sizes
 from ..measure.shards import VIEWS, TensorArg, shard_args
 from ..plan import Plan
@@ -545,7 +545,7 @@ class _Emitter:
         # a bf16 graph's ops mix dtypes that only autocast reconciles (a conv of a bfloat16
         # activation with a float32 weight), and autocast does not run on meta tensors: the
         # shapes are what is checked, so every floating argument is float32 here
-        mixed = getattr(self.graph, "precision", "fp32") != "fp32"
+        mixed = getattr(self.graph, "precision", Precision.FP32) != Precision.FP32
 
         def concrete(obj: Any) -> Any:
             if isinstance(obj, fx.Node):

@@ -51,6 +51,7 @@ from pathlib import Path
 from ..cluster import Cluster, load_cluster
 from ..errors import ModelSpecError, TensorOptError
 from ..execute.runplan import LocalBackend, load_for_run, load_plan
+from ..graph import Precision
 from ..measure.step import plan_optimizer
 from ..plan import Plan
 from .expressible import PATH_TITLES, Expression, LaunchShape, express, launch_shape
@@ -145,7 +146,7 @@ def export_plan(plan_path: str | os.PathLike, spec: str, out: str | os.PathLike,
     expr = express(plan, graph, model, call, shape.devices)
     label = plan.plan_id or plan.algorithm or Path(plan_path).stem
     precision = graph.precision
-    if precision == "bf16-params" and (expr.path != "fsdp" or expr.replicated_params):
+    if precision == Precision.BF16_PARAMS and (expr.path != "fsdp" or expr.replicated_params):
         why = (f"it takes the {PATH_TITLES[expr.path]} path" if expr.path != "fsdp" else
                f"it keeps {len(expr.replicated_params)} parameter(s) whole outside fully_shard")
         raise TensorOptError(f"a bf16-params plan runs on bfloat16 copies of float32 master parameters, which only "

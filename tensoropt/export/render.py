@@ -17,6 +17,7 @@ import re
 from collections.abc import Sequence
 
 from ..describe import fmt_bytes
+from ..graph import Precision
 from ..plan import Plan
 from .expressible import PATH_TITLES, Expression, LaunchShape
 
@@ -354,7 +355,7 @@ def readme(expr: Expression, shape: LaunchShape, plan: Plan, *, spec: str, steps
                          "2 × 256 (batch 4 × 128, AdamW, 2 gloo ranks) FSDP2 + per-block checkpointing measured "
                          "62.6 MiB per rank where tensoropt's executor of the same plan measured 50.8 MiB "
                          "(predicted 52.6).")
-        if precision == "bf16-params":
+        if precision == Precision.BF16_PARAMS:
             lines.append("- mixed precision: `MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
                          "reduce_dtype=torch.float32)` on every unit (float32 master weights, gradients and "
                          "optimizer state)")

@@ -72,7 +72,7 @@ from .._malloc import steady_malloc
 from ..capture import first_line, quiet_torch_logs
 from ..capture.precision import precision_context, precision_of
 from ..errors import ProfileError
-from ..graph import OpGraph, OpNode, TensorMeta, grad_nodes, split_fits
+from ..graph import OpGraph, OpNode, Precision, TensorMeta, grad_nodes, split_fits
 from ..layouts import SPLIT_LAYOUTS, Layout
 from ..progress import Progress, no_progress
 from .costmodel import CostModel, NodeCost, ShardCost, Work
@@ -929,7 +929,7 @@ def _call_key(opname: str, fn: Callable, args: tuple, kwargs: dict, grad_flags: 
         if isinstance(v, dict):
             return {k: enc(x) for k, x in v.items()}
         return repr(v)
-    target = opname if precision == "fp32" else f"{opname}@{precision}"
+    target = opname if precision == Precision.FP32 else f"{opname}@{precision}"
     if isinstance(fn, torch.nn.Module):
         target += ":" + repr(fn) + str([tuple(p.shape) for p in extra_params])
     return json.dumps([target, enc(list(args)), enc(kwargs)], separators=(",", ":"))

@@ -92,6 +92,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from .._malloc import steady_malloc
 from ..capture.precision import check_precision, precision_context
 from ..errors import ProfileError
+from ..graph import Precision
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Plan
 
@@ -474,7 +475,7 @@ def _checked_step_options(optimizer: str, repeats: int, warmup: int, precision: 
     if not isinstance(warmup, int) or warmup < 0:
         raise ProfileError(f"warmup must be a non-negative integer, got {warmup!r}")
     precision = check_precision(precision, ProfileError)
-    if precision == "bf16-params":
+    if precision == Precision.BF16_PARAMS:
         raise ProfileError("a measured step runs the model as it is, under autocast for bf16; bf16-params (bfloat16 "
                            "copies of float32 masters) is FSDP2's, measured by running the exported plan: measure "
                            "in fp32 or bf16")

@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 
 from ..cluster import Cluster
 from ..describe import fmt_bytes
-from ..graph import OpGraph, block_of
+from ..graph import OpGraph, Precision, block_of
 from ..layouts import Layout, Shard
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
@@ -117,8 +117,8 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
         order = blocks_in_turn(graph)
         notes.append("priced as PyTorch's FSDP2 runs it: fully_shard on every repeated block and on the model"
                      + (", checkpoint on every block" if checkpoint else "")
-                     + (" (MixedPrecisionPolicy: bf16 parameters, fp32 reduction)" if graph.precision == "bf16-params"
-                        else "") + " — tensoropt export writes it so")
+                     + (" (MixedPrecisionPolicy: bf16 parameters, fp32 reduction)"
+                        if graph.precision == Precision.BF16_PARAMS else "") + " — tensoropt export writes it so")
     plan = Plan(configs, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
                 cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=level,
                 options=options, order=order, plan_id=level, notes=notes)
