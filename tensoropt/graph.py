@@ -450,7 +450,7 @@ class OpGraph:
             "params": [[p.name, list(p.shape), p.dtype, p.kind] for p in self.params.values()],
         }
         if self.precision != Precision.FP32:
-            canon["precision"] = self.precision
+            canon["precision"] = str(self.precision)
         return hashlib.sha256(json.dumps(canon, separators=(",", ":")).encode()).hexdigest()
 
     # ---- JSON --------------------------------------------------------------------------------
@@ -462,10 +462,10 @@ class OpGraph:
             "fingerprint": self.fingerprint,
             "batch_size": self.batch_size,
             "batch_dim": self.batch_dim,
-            "precision": self.precision,
+            "precision": str(self.precision),
             "notes": self.notes,
             "nodes": [n.to_dict() for n in self.nodes.values()],
-            "params": [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "kind": p.kind,
+            "params": [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "kind": p.kind.value,
                         "requires_grad": p.requires_grad, "owner": p.owner, "readers": list(p.readers)}
                        for p in self.params.values()],
         }

@@ -94,7 +94,7 @@ class Layout(StrValueEnum):
     @classmethod
     def of(cls, config: NodeConfig) -> Layout:
         """The layout ``config`` really runs in: its own over several devices, ``R`` on one."""
-        return cls(config.layout) if config.degree > 1 else cls.R
+        return config.layout if config.degree > 1 else cls.R
 
     @property
     def is_split(self) -> bool:
@@ -111,6 +111,10 @@ class Layout(StrValueEnum):
     is_channel_or_reduce = cuts_params
 
 
+#: the layouts that cut the parameters their node reads (:attr:`Layout.cuts_params`), for
+#: :func:`param_pieces`, which the walk asks hundreds of thousands of times (a set lookup, where
+#: making a member of the string took as long again)
+_CUTTING = frozenset(lay for lay in Layout if lay.cuts_params)
 #: every layout, as its string (what a plan file holds)
 LAYOUTS: tuple[str, ...] = tuple(lay.value for lay in Layout)
 #: the layouts that split a node (a profile's shard layouts)
@@ -123,7 +127,7 @@ def param_pieces(layout: str, degree: int) -> int:
     devices (each holds a slice, its gradient and its optimizer state), else 1 (``R`` and
     ``batch`` read them whole).  The one statement of this rule: memory, the walk, the simulator,
     resharding and the frontier's problem all ask here."""
-    return degree if degree > 1 and Layout(layout).cuts_params else 1
+    return degree if degree > 1 and layout in _CUTTING else 1
 
 
 class Kind(StrValueEnum):

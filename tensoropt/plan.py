@@ -13,9 +13,10 @@ after the batch size changed).
 Layouts (:class:`Layout`): ``R`` replicate (every device runs the whole op), ``batch``
 (``S(batch)``: each device a slice of the batch), ``channel`` (``S(channel)``: each device a slice
 of the output channels, weights split too), ``reduce`` (``P``: each device a slice of the input
-features, partial sums added afterwards).  A configuration keeps its layout as the plain string
-(``"batch"``), so plan JSON is unchanged; :class:`Layout` compares equal to it and carries the
-predicates (``Layout(cfg.layout).cuts_params``).  The layouts of *tensors* between nodes
+features, partial sums added afterwards).  A configuration holds its layout as a :class:`Layout`
+(given as the plain string ``"batch"`` or as the member: the same configuration), which equals,
+hashes and serialises as the string, so plan JSON is unchanged, and carries the predicates
+(``cfg.layout.cuts_params``).  The layouts of *tensors* between nodes
 (``S(batch)``, ``P`` …) are :class:`tensoropt.layouts.TensorLayout`; both live in
 :mod:`tensoropt.layouts`, the layout vocabulary (re-exported here).
 
@@ -25,7 +26,7 @@ never imports torch-facing code, so every package may import it.
 Example::
 
     >>> cfg = NodeConfig(("gpu0", "gpu1"), "channel")
-    >>> cfg.param_pieces, Layout(cfg.layout).cuts_params, cfg.to_dict()["layout"]
+    >>> cfg.param_pieces, cfg.layout.cuts_params, cfg.to_dict()["layout"]
     (2, True, 'channel')
 """
 
@@ -73,9 +74,13 @@ class NodeConfig:
     ZeRO's stages; ``NONE`` unless the node reads its parameters whole over several devices)."""
 
     devices: tuple[str, ...]
-    layout: str = "R"
+    layout: Layout = Layout.R      # a string given is made the member (a bad one: ValueError)
     recompute: bool = False
     shard: int = Shard.NONE
+
+    def __post_init__(self) -> None:
+        if type(self.layout) is not Layout:
+            object.__setattr__(self, "layout", Layout(self.layout))
 
     @property
     def degree(self) -> int:
@@ -87,7 +92,7 @@ class NodeConfig:
         return param_pieces(self.layout, self.degree)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"devices": list(self.devices), "layout": self.layout, "recompute": self.recompute,
+        return {"devices": list(self.devices), "layout": self.layout.value, "recompute": self.recompute,
                 "shard": int(self.shard)}
 
     @classmethod
@@ -109,7 +114,7 @@ class NodeConfig:
         if isinstance(shard, bool) or shard not in tuple(Shard):
             raise GraphFormatError(f"{where}.shard must be a sharding level 0-3 (none, optimizer state, + "
                                    f"gradients, + parameters), got {shard!r}")
-        return cls(tuple(devices), layout, recompute, Shard(shard))
+        return cls(tuple(devices), Layout(layout), recompute, Shard(shard))
 
 
 def shardable(graph: OpGraph, name: str) -> tuple[str, ...]:

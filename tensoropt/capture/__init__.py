@@ -98,7 +98,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, batch_dim: int = 0, 
         graph = _capture(model, call, batch_dim, name, method)
     graph.example_inputs = call.tensors_for(model)
     graph.call = call
-    graph.precision = precision
+    graph.precision = Precision(precision)
     if masters:
         # the parameters as training keeps them: float32 masters, computed on as bfloat16 copies
         graph.params.update({q: dataclasses.replace(info, dtype=masters[q]) for q, info in graph.params.items()

@@ -45,7 +45,7 @@ from tensoropt.distributed.jobs import measure_plan
 from tensoropt.distributed.launch import launch
 from tensoropt.errors import DistributedError
 from tensoropt.graph import OpGraph
-from tensoropt.layouts import Collective
+from tensoropt.layouts import Collective, Layout
 from tensoropt.plan import NodeConfig, Plan
 
 #: the calibration model's shape: each layer's forward about a millisecond on one CPU core, as
@@ -99,7 +99,7 @@ def hop_plan(graph: OpGraph) -> Plan:
 
 def exchange_plan(graph: OpGraph) -> Plan:
     """Every operator of :func:`chain_model` split along its channels over both devices."""
-    return Plan({n.name: NodeConfig(DEVICES, "channel") for n in graph.ops}, graph_fingerprint=graph.fingerprint,
+    return Plan({n.name: NodeConfig(DEVICES, Layout.CHANNEL) for n in graph.ops}, graph_fingerprint=graph.fingerprint,
                 order=[n.name for n in graph.ops], algorithm="exchanges")
 
 

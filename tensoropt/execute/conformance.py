@@ -58,6 +58,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..capture import capture
 from ..graph import OpGraph, OpNode
+from ..layouts import Layout
 from ..measure import CostModel, profile
 from ..plan import NodeConfig, Plan
 from . import PlannedModule, apply_plan
@@ -410,7 +411,7 @@ def _check_offered(module: OneOp, inputs: tuple[torch.Tensor, ...], graph: OpGra
         for layout, k in costs.legal(node.name):
             if layout not in layouts or k not in degrees:
                 continue
-            configs = {n.name: NodeConfig(tuple(f"d{i}" for i in range(k)), layout) if n.name == node.name
+            configs = {n.name: NodeConfig(tuple(f"d{i}" for i in range(k)), Layout(layout)) if n.name == node.name
                        else NodeConfig(first) for n in graph.ops}
             plan = Plan(configs, graph_fingerprint=graph.fingerprint)
             checks.append(_check_split(module, inputs, graph, costs, plan, node, layout, k, grad, seed,

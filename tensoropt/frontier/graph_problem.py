@@ -417,7 +417,7 @@ def node_configs(graph: OpGraph, costs: CostModel, name: str, mesh: Sequence[str
     big = bool(reads) and sum(graph.params[q].nbytes for q in reads) >= SHARD_MIN_FRACTION * (
         graph.trainable_bytes if trainable_bytes is None else trainable_bytes)
     levels = (Shard.NONE, *(Shard(x) for x in shard_levels if x)) if reads and big else (Shard.NONE,)
-    for lay in layouts:
+    for lay in map(Layout, layouts):
         # recomputing frees what the node keeps, or — inside a segment — the inputs it saves
         frees = name in costs and (bool(costs[name].saved_inputs) or node_memory(
             graph, costs, name, layout=lay, degree=k, alpha=alpha).activations > 0)
@@ -630,7 +630,7 @@ def _check_mesh(cluster: Cluster, mesh: Sequence[str]) -> tuple[str, ...]:
 def _notes(ctx: _MeshContext, configs: Mapping[str, tuple[NodeConfig, ...]]) -> tuple[str, ...]:
     """A note when a mesh of several devices has no shard costs at all (everything replicated)."""
     k = len(ctx.mesh)
-    if k > 1 and not any(Layout(cfg.layout).is_split for n in ctx.ops for cfg in configs[n.name]):
+    if k > 1 and not any(cfg.layout.is_split for n in ctx.ops for cfg in configs[n.name]):
         return (f"mesh {','.join(ctx.mesh)}: the profile has no shard costs at degree {k} (every node "
                 f"is replicated here); profile with shard degrees including {k}",)
     return ()

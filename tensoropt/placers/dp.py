@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from ..cluster import Cluster
 from ..describe import fmt_bytes
 from ..graph import OpGraph, grad_nodes
+from ..layouts import Layout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..plan import NodeConfig, Plan, PlanError
@@ -90,15 +91,15 @@ def data_parallel_configs(graph: OpGraph, costs: CostModel, names: Sequence[str]
         cost = costs.get(node.name)
         has = cost is None or ("batch", n) in costs.legal(node.name)
         if node.split.batch is not None and has:
-            configs[node.name] = NodeConfig(names, "batch")
+            configs[node.name] = NodeConfig(names, Layout.BATCH)
         else:
-            configs[node.name] = NodeConfig(names, "R")
+            configs[node.name] = NodeConfig(names, Layout.R)
             replicated.append(node.name)
             if node.split.batch is not None:
                 unmeasured.add(node.name)
     whole = _read_whole_without_gradient(graph, configs) if n > 1 else set()
     for name in whole:
-        configs[name] = NodeConfig(names, "R")
+        configs[name] = NodeConfig(names, Layout.R)
     replicated += sorted(whole)
     # views are free and get a batch shard whatever the batch size: judge by the operators that compute
     computing = [nd for nd in graph.ops if nd.name not in costs or costs[nd.name].method != "free"]

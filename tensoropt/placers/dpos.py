@@ -70,6 +70,7 @@ from ..cluster import Cluster
 from ..describe import fmt_bytes
 from ..errors import TensorOptError
 from ..graph import OpGraph, grad_nodes
+from ..layouts import Layout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Estimate, NodeConfig, Plan, PlanError
@@ -390,7 +391,7 @@ class _Run:
             meshes = [tuple(sorted(sorted(fits, key=alone)[:s.degree], key=self.index.__getitem__))]
         best: tuple[float, int, float, NodeConfig] | None = None
         for i, mesh in enumerate(meshes):
-            cfg = NodeConfig(mesh, s.layout)
+            cfg = NodeConfig(mesh, Layout(s.layout))
             durs = [self.duration(op, d) for d in mesh]
             est = gang_start([self.timeline[d] for d in mesh], self.ready(op, cfg), durs)
             key = (est + max(durs), i, est, cfg)

@@ -53,7 +53,7 @@ from collections.abc import Callable, Sequence
 from ..cluster import Cluster
 from ..describe import fmt_bytes
 from ..graph import OpGraph, Precision, block_of
-from ..layouts import Layout, Shard
+from ..layouts import Shard
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan, PlanError, sharded_parameters
@@ -91,7 +91,7 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
     for node in graph.ops:
         cfg = configs[node.name]
         reads = [q for q in (*node.params, *node.param_reads) if q in trainable]
-        if reads and not Layout(cfg.layout).cuts_params:
+        if reads and not cfg.layout.cuts_params:
             configs[node.name] = NodeConfig(cfg.devices, cfg.layout, cfg.recompute, shard)
     recomputed = _checkpointed(graph) if checkpoint else set()
     for name in recomputed:

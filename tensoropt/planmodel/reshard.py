@@ -184,7 +184,7 @@ def grad_layout(config: NodeConfig, read: TensorLayout) -> TensorLayout:
     every device (each shard of the computation contributes to every element)."""
     if config.degree == 1:
         return R
-    if read == R and Layout(config.layout).is_split:
+    if read == R and config.layout.is_split:
         return P
     return read
 
@@ -413,7 +413,7 @@ def param_sync(graph: OpGraph, node: OpNode | str, config: NodeConfig, cluster: 
     ``reduce`` nodes hold a slice of each parameter and its gradient: nothing to sum.
     ``node`` is the :class:`~tensoropt.graph.OpNode` (or its name) in ``graph``.
     """
-    if config.degree < 2 or Layout(config.layout).cuts_params or Shard(config.shard).shards("gradients"):
+    if config.degree < 2 or config.layout.cuts_params or Shard(config.shard).shards("gradients"):
         return None   # ... or reduce-scattered by the node's sharding level (shard_steps)
     node = graph.nodes[node] if isinstance(node, str) else node
     nbytes = sum(graph.params[p].nbytes for p in (*node.params, *node.param_reads)
