@@ -177,7 +177,6 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
     terms (no output moves).  Raises :class:`DistributedError` if a node reads tensors from two
     ranks (a rewrite the backend does not understand)."""
     rank_by_marker = {i: rank_of[d] for i, d in enumerate(devices)}
-    names = {n.name: n for n in graph.nodes}
     rank: dict[str, int | None] = {}
     moves: list[tuple[str, str, int, int]] = []   # (node, source, src, dst)
     placeholders: dict[str, set[int]] = {}
@@ -225,7 +224,7 @@ def build_program(graph: fx.Graph, devices: list[str] | tuple[str, ...], rank_of
     for i, (a, r) in enumerate(zip(outs, output_ranks)):
         if gather_outputs and r is not None and r != loss_rank:
             moves.append((f"__output{i}", a.name, r, loss_rank))
-    collectives = find_collectives(graph, rank, {m[0] for m in moves}, names)
+    collectives = find_collectives(graph, rank, {m[0] for m in moves})
     absorbed = {a for c in collectives for a in c.absorbed}
     kept = [Move(i, *m) for i, m in enumerate(m for m in moves if m[0] not in absorbed)]
     return Program(rank, kept, loss_rank, output_ranks, {k: frozenset(v) for k, v in placeholders.items()},
@@ -264,14 +263,13 @@ def _block_of(n: fx.Node) -> tuple[fx.Node, int, int, int] | None:
     return node_arg(split, 0), cut.k, cut.dim, block.index
 
 
-def find_collectives(graph: fx.Graph, rank: Mapping[str, int | None], moved: set[str],
-                     names: Mapping[str, fx.Node] | None = None) -> list[CollectiveCall]:
+def find_collectives(graph: fx.Graph, rank: Mapping[str, int | None], moved: set[str]) -> list[CollectiveCall]:
     """The gathers of a rewritten plan graph that are collectives (see the module docstring):
     groups of gathers (or sums) of the same pieces along the same dimension, one on each rank
     that holds a piece, each reading its own piece where it lies and the others through moves
     (``moved``: the ``.to`` nodes that cross ranks) nothing else reads.  O(V + E)."""
     order = {n.name: i for i, n in enumerate(graph.nodes)}
-    names = names if names is not None else {n.name: n for n in graph.nodes}
+    names = {n.name: n for n in graph.nodes}   # a sum's record names its parts
     groups: dict[tuple, list[tuple[fx.Node, list[str], int | None]]] = {}
     for n in graph.nodes:
         found = _gathered(n, names)
