@@ -18,6 +18,8 @@ from pathlib import Path
 import dash
 import diskcache
 
+from tensoropt.request import default_of
+
 from .callbacks import register_callbacks
 from .layout import build_layout
 from .pipeline import DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_PRECISION, ResultStore, default_cache_dir
@@ -27,7 +29,8 @@ from .uploads import UPLOAD_KINDS
 
 def create_app(*, cache_dir: str | os.PathLike[str] | None = None, default_model: str = DEFAULT_MODEL,
                default_cluster: str = DEFAULT_CLUSTER, default_precision: str | None = DEFAULT_PRECISION,
-               repeats: int = 3, warmup: int = 1, algos: Sequence[str] | None = None) -> dash.Dash:
+               repeats: int = default_of("repeats"), warmup: int = default_of("warmup"),
+               algos: Sequence[str] | None = None) -> dash.Dash:
     """The dashboard.  ``cache_dir``: where results, uploads and the background-job cache live
     (default :func:`~tensoropt.dashboard.pipeline.default_cache_dir`, per user); ``default_model`` /
     ``default_cluster`` / ``default_precision`` (``None``: fp32): what the page computes when it

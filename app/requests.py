@@ -21,7 +21,8 @@ from tensoropt import zoo
 from tensoropt.cluster import list_presets
 from tensoropt.errors import TensorOptError
 from tensoropt.optimizers import DEFAULT_OPTIMIZER
-from tensoropt.workflow import DETECTED, read_cluster
+from tensoropt.request import DETECTED, default_of
+from tensoropt.workflow import read_cluster
 
 from .pipeline import DEFAULT_PRECISION, Request
 
@@ -138,8 +139,9 @@ def request_from_controls(source: str, zoo_name: str | None, zoo_params: str | N
         devices = list(read_cluster(cluster).names)
     return Request(model=model_spec(source, zoo_name, zoo_params, spec, onnx_path), cluster=cluster,
                    batch=int(batch) if batch not in (None, "") else None, devices=tuple(devices),
-                   optimizer=optimizer or DEFAULT_OPTIMIZER, repeats=int(repeats) if repeats else 5,
-                   warmup=int(warmup or 0), algos=algos,
+                   optimizer=optimizer or default_of("optimizer"),
+                   repeats=int(repeats) if repeats else default_of("repeats"),
+                   warmup=int(warmup) if warmup is not None else default_of("warmup"), algos=algos,
                    precision=None if precision in (None, "", "fp32") else precision,
                    **costs_fields(costs, profile_path, calibration_path))
 

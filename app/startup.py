@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tensoropt import zoo
 from tensoropt.errors import TensorOptError
+from tensoropt.request import default_of
 
 from .pipeline import (
     DEFAULT_CLUSTER,
@@ -82,7 +83,8 @@ def _precompute(req: Request, root: str) -> None:
 
 def precompute(*, cache_dir: str | os.PathLike[str] | None = None, default_model: str = DEFAULT_MODEL,
                default_cluster: str = DEFAULT_CLUSTER, default_precision: str | None = DEFAULT_PRECISION,
-               repeats: int = 3, warmup: int = 1, algos: Sequence[str] | None = None) -> BaseProcess:
+               repeats: int = default_of("repeats"), warmup: int = default_of("warmup"),
+               algos: Sequence[str] | None = None) -> BaseProcess:
     """Start computing, in a process of its own (a fork of this one), the request the page runs when
     it opens with no link (:func:`~.requests.first_request` of the same arguments as
     :func:`~.main.create_app`'s) into the same store; returns the process (a daemon: it ends with the

@@ -41,26 +41,23 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from . import _kernels as kernels
 from .cluster import detect_cluster, load_cluster
 from .compare import CompareRow, compare, frontier_failures, frontier_rows, joined, mark_dominated, solver_options
-from .devicemodel.price import COSTS_FROM, Priced, check_measured_fits, price, prices_by_model
+from .devicemodel.price import Priced, check_measured_fits, price, prices_by_model
 from .errors import ProfileError, TensorOptError
 from .frontier import Frontier, candidate_meshes, host_groups, replicate_frontier, track_frontier
-from .frontier.track import DEFAULT_MAX_WALKS
-from .graph import check_precision as check_precision_name
 from .measure.costmodel import CostModel
 from .measure.kept import kept_profile, profiling_on
 from .modelspec import LoadedModel, load_model
-from .optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
-from .placers import PLACERS
 from .placers.zero import RECIPES
 from .planmodel.fits import cannot_fit, check_budget_value
 from .progress import Progress, no_progress
+from .request import DETECTED, Request
 
 if TYPE_CHECKING:
     from .capture.call import ModelCall
@@ -71,118 +68,8 @@ if TYPE_CHECKING:
 # torch is imported where a stage needs it (capturing, profiling), not here: a request whose graph
 # and profile are cached runs without it (tensoropt/__init__.py)
 
-#: a :class:`Request` or a subclass of it (the dashboard's): what :meth:`Request.from_dict` returns
-#: (``typing.Self`` needs Python 3.11; the package supports 3.10)
-_RequestT = TypeVar("_RequestT", bound="Request")
-
 #: the stages :func:`explore` reports, in order
 STAGES = ("cluster", "capture", "profile", "frontier", "baselines")
-#: the cluster source that means "this machine's GPUs, through NVML"
-DETECTED = "detected"
-
-
-@dataclass(frozen=True)
-class Request:
-    """What to explore.
-
-    ``model``: a model spec (``zoo:NAME?k=v``, ``file.py:factory``, an ``.onnx`` file or a saved
-    ``graph.json``); ``cluster``: ``preset:NAME``, a cluster file, or :data:`DETECTED`;
-    ``batch``: overrides the model's batch size; ``devices``: the devices plans may use (``None``:
-    all); ``optimizer`` and ``precision`` (``fp32`` / ``bf16``; ``None``: fp32, or a saved graph's
-    own) are what training runs with; ``budget`` (bytes per device, ``None``: each device's own
-    memory) and ``reserve`` (bytes the framework keeps on every device) decide what fits;
-    ``profile``: a saved profile of the model to use instead of measuring; ``degrees``: shard
-    degrees to profile instead of :func:`profile_degrees`' (ignored with ``profile``);
-    ``device``: where to profile (``cpu`` or ``cuda[:N]``); ``repeats`` / ``warmup``:
-    profiling's timed and untimed calls per operator; ``frontier``:
-    whether to track the frontier; ``algos``: the baseline placers to run (``None``: all, ``()``:
-    none); ``time_limit``: the MILP placers' solver limit in seconds; ``resolution`` and
-    ``max_walks``: frontier tracking's memory resolution in bytes and walk limit;
-    ``costs_from``: ``auto`` (measured where the profiled device is the cluster's kind, else the
-    cluster kind's device model), ``measured`` (refuse another kind) or ``model`` (always the
-    device model); ``calibration``: a calibration file for the device model
-    (:mod:`tensoropt.devicemodel`); ``replicas``: on a cluster of several hosts of one shape,
-    also the 2-D plans — data parallel across the hosts, the search's plans inside each
-    (:mod:`tensoropt.frontier.replicas`: the model captured and profiled again at one host's
-    slice of the batch); ``cache``: read and keep captures and untimed profiles in the cache folder
-    (``cache_dir``, else :func:`tensoropt._cache.cache_root`'s), so that a second request for the
-    same model costs the search only — ``False``: capture and profile afresh (measured calls too).
-    """
-
-    model: str
-    cluster: str
-    batch: int | None = None
-    devices: tuple[str, ...] | None = None
-    optimizer: str = DEFAULT_OPTIMIZER
-    precision: str | None = None
-    budget: int | None = None
-    reserve: int = 0
-    profile: str | None = None
-    degrees: tuple[int, ...] | None = None
-    device: str = "cpu"
-    repeats: int = 5
-    warmup: int = 1
-    frontier: bool = True
-    algos: tuple[str, ...] | None = ()
-    time_limit: float | None = None
-    resolution: int | None = None
-    max_walks: int = DEFAULT_MAX_WALKS
-    costs_from: str = "auto"
-    calibration: str | None = None
-    replicas: bool = True
-    cache: bool = True
-    cache_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.batch is not None and (isinstance(self.batch, bool) or int(self.batch) != self.batch or self.batch < 1):
-            raise TensorOptError(f"batch size must be a positive integer, got {self.batch!r}")
-        if self.repeats < 1 or self.warmup < 0:
-            raise TensorOptError("profiling repeats must be ≥ 1 and warm-up calls ≥ 0")
-        if self.devices is not None and not self.devices:
-            raise TensorOptError("choose at least one device")
-        if self.degrees is not None and (not self.degrees or any(k < 1 for k in self.degrees)):
-            raise TensorOptError(f"shard degrees must be positive integers, got {self.degrees!r}")
-        if self.reserve < 0:
-            raise TensorOptError(f"the reserve must be ≥ 0 bytes, got {self.reserve}")
-        if self.max_walks < 0:
-            raise TensorOptError(f"max_walks must be ≥ 0, got {self.max_walks}")
-        optimizer_alpha(self.optimizer)          # an unknown optimizer names the choices
-        check_precision_name(self.precision)     # so does an unknown precision
-        check_budget_value(self.budget)
-        unknown = [a for a in self.algos or () if a not in PLACERS]
-        if unknown:
-            raise TensorOptError(f"unknown placer {unknown[0]!r}; known: {', '.join(PLACERS)}")
-        solver_options(self.placers, self.time_limit)   # a non-positive limit is refused here
-        if self.costs_from not in COSTS_FROM:
-            raise TensorOptError(f"costs_from must be one of {', '.join(COSTS_FROM)}, got {self.costs_from!r}")
-
-    @property
-    def cache_folder(self) -> bool | str:
-        """Where captures and profiles are kept, as :meth:`LoadedModel.capture
-        <tensoropt.modelspec.LoadedModel.capture>` and :func:`~tensoropt.measure.profile` take it:
-        ``False`` (no cache), ``True`` (the default folder) or a folder."""
-        return False if not self.cache else self.cache_dir or True
-
-    @property
-    def placers(self) -> tuple[str, ...]:
-        """The baseline placers to run, in :data:`~tensoropt.placers.PLACERS` order when all."""
-        return tuple(PLACERS) if self.algos is None else tuple(self.algos)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON value (tuples as lists); :meth:`from_dict` reads it back."""
-        d = asdict(self)
-        for k in ("devices", "degrees", "algos"):
-            d[k] = list(d[k]) if d[k] is not None else None
-        return d
-
-    @classmethod
-    def from_dict(cls: type[_RequestT], d: dict[str, Any]) -> _RequestT:
-        """The request (of this class: the dashboard's subclass reads its own) :meth:`to_dict` wrote."""
-        d = dict(d)
-        for k in ("devices", "degrees", "algos"):
-            if d.get(k) is not None:
-                d[k] = tuple(d[k])
-        return cls(**d)
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""What several ``tensoropt`` commands share: the options more than one command takes (one
-``add_*`` helper per option, so a flag means the same everywhere), their argument types and
-checks, capturing a model spec, getting its costs, and printing a simulated plan.
+"""What several ``tensoropt`` commands share: the options more than one command takes (built from
+the :class:`~tensoropt.request.Request` field each sets, so a flag means the same everywhere and
+its help and default are written once, in :mod:`tensoropt.request`), their checks, capturing a
+model spec, getting its costs, and printing a simulated plan.
 
 It owns no command: nothing here registers a subcommand or reads an option only one command
 has; a command module imports these pieces and keeps its own options and output.
@@ -9,7 +10,8 @@ has; a command module imports these pieces and keeps its own options and output.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from os import PathLike
 from typing import Any, Protocol
 
@@ -18,141 +20,97 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..cluster import Cluster
-from ..cluster.units import parse_size
 from ..describe import fmt_bytes
-from ..devicemodel.price import COSTS_FROM, Priced, price, prices_by_model
+from ..devicemodel.price import Priced, price, prices_by_model
 from ..errors import TensorOptError
-from ..graph import PRECISIONS, OpGraph
+from ..graph import OpGraph
 from ..measure.kept import profiling_on
 from ..modelspec import load_model
-from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
 from ..plan import Plan
 from ..planmodel.fits import check_budget_value, over_by, usable_bytes
 from ..planmodel.simulate import SimResult
-from ..workflow import Request, read_profile
+from ..request import EXPLORING, Request, default_of, help_of, option_of
+from ..workflow import read_profile
 from ._progress import ProgressBars
 
-CLUSTER_HELP = "preset:NAME or a cluster YAML / JSON file"
-BATCH_HELP = "batch size (overrides the model's default)"
+#: ``--batch``'s help where a saved plan gives the default
+PLAN_BATCH_HELP = "batch size (default: the plan's, for zoo models)"
 
 
-# ---- argument types ------------------------------------------------------------------------
-def degrees(text: str) -> tuple[int, ...]:
-    """``--degrees 1,2,4`` → ``(1, 2, 4)``; argparse reports a bad value."""
-    try:
-        ks = tuple(int(k) for k in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--degrees must be comma-separated integers, got {text!r}") from None
-    if not ks or any(k < 1 for k in ks):
-        raise argparse.ArgumentTypeError("--degrees must be positive integers")
-    return ks
+# ---- options: a Request field's flag, declared with the field (tensoropt.request) ---------
+def add_request_options(p: argparse.ArgumentParser, *names: str, help: Mapping[str, str] | None = None,
+                        default: Mapping[str, Any] | None = None) -> None:
+    """The options of :class:`~tensoropt.request.Request`'s fields ``names``, as each field declares
+    it (:class:`~tensoropt.request.Option`: flag, help, type, choices) with the field's default;
+    ``help`` / ``default``: a command's own wording or default where the field means something
+    narrower there (``simulate``'s batch defaults to the plan's).  Read them back with
+    :func:`request_fields`."""
+    for name in names:
+        option = option_of(name)
+        text = (help or {}).get(name) or help_of(name)
+        if option.negated:
+            p.add_argument(option.flag, action="store_true", help=text)
+            continue
+        kwargs: dict[str, Any] = {"help": text}
+        if option.required:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = (default or {}).get(name, default_of(name))
+        for key in ("type", "metavar", "choices"):
+            if getattr(option, key) is not None:
+                kwargs[key] = getattr(option, key)
+        p.add_argument(option.flag, **kwargs)
 
 
-def device_names(text: str) -> list[str]:
-    """``--devices gpu0,gpu1`` → ``["gpu0", "gpu1"]`` (blanks dropped); argparse reports none."""
-    names = [d.strip() for d in text.split(",") if d.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError("--devices must name devices, e.g. gpu0,gpu1")
-    return names
+def request_fields(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The :class:`~tensoropt.request.Request` fields ``names`` (default: every field whose option
+    the command has) from the parsed options: a negated flag turned back (``--no-cache`` →
+    ``cache=False``), a size read in bytes (a bad one names its option)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(Request):
+        option = f.metadata.get("option")
+        if option is None or (names and f.name not in names) or not hasattr(args, option.dest):
+            continue
+        value = getattr(args, option.dest)
+        if option.negated:
+            value = not value
+        elif option.read is not None and isinstance(value, str):
+            value = option.read(value, option.flag)
+        out[f.name] = value
+    return out
 
 
-# ---- options several commands take ---------------------------------------------------------
-def add_cluster_argument(p: argparse.ArgumentParser) -> None:
-    """``--cluster`` (required): the cluster plans run on."""
-    p.add_argument("--cluster", required=True, help=CLUSTER_HELP)
-
-
-def add_batch_argument(p: argparse.ArgumentParser, help: str = BATCH_HELP) -> None:
-    """``--batch``: the batch size the model is captured at."""
-    p.add_argument("--batch", type=int, help=help)
+def add_request_arguments(p: argparse.ArgumentParser, *extra: str) -> None:
+    """The options every exploring command has (:data:`~tensoropt.request.EXPLORING`: ``--cluster``,
+    ``--batch``, ``--devices``, ``--budget`` / ``--reserve``, ``--precision``, ``--optimizer``,
+    ``--profile``, ``--costs-from`` / ``--calibration``, ``--repeats``, ``--no-cache`` /
+    ``--cache-dir``) and the command's ``extra`` fields' (``"max_walks"``, …)."""
+    add_request_options(p, *EXPLORING, *extra)
 
 
 def add_capture_arguments(p: argparse.ArgumentParser, model_help: str) -> None:
     """MODEL and how to capture it (``--batch``, ``--batch-dim``, ``--precision``, ``--no-cache`` /
-    ``--cache-dir``): read them with :func:`capture_spec`."""
+    ``--cache-dir``): read them with :func:`capture_spec` and :func:`cache_of`."""
     p.add_argument("model", help=model_help)
-    add_batch_argument(p)
+    add_request_options(p, "batch")
     p.add_argument("--batch-dim", type=int, default=0, help="batch dimension of the inputs (default 0)")
-    add_precision_argument(p)
-    add_cache_arguments(p)
-
-
-def add_cache_arguments(p: argparse.ArgumentParser) -> None:
-    """``--no-cache`` and ``--cache-dir DIR``: whether captures, untimed profiles and measured calls
-    are read from and kept in the cache folder (:mod:`tensoropt._cache`), and which; read them with
-    :func:`cache_of`."""
-    p.add_argument("--no-cache", action="store_true",
-                   help="capture and profile afresh: read nothing from the cache folder and keep nothing there "
-                        "(captures, untimed profiles, measured operator calls)")
-    p.add_argument("--cache-dir", metavar="DIR",
-                   help="the cache folder (default $TENSOROPT_CACHE_DIR, else ~/.cache/tensoropt). A model is "
-                        "known by its zoo name and parameters, an hf: config's content and query, or a factory "
-                        "file's content (not the files it imports: edit those, and pass --no-cache)")
+    add_request_options(p, "precision", "cache", "cache_dir")
 
 
 def cache_of(args: argparse.Namespace) -> bool | str:
-    """The cache :func:`add_cache_arguments`' options name: ``False`` (``--no-cache``), the
+    """The cache the ``--no-cache`` / ``--cache-dir`` options name: ``False`` (``--no-cache``), the
     ``--cache-dir`` folder, or ``True`` (the default folder)."""
     if getattr(args, "no_cache", False):
         return False
     return getattr(args, "cache_dir", None) or True
 
 
-def add_devices_argument(p: argparse.ArgumentParser, help: str) -> None:
-    """``--devices gpu0,gpu1``: the devices plans may use (read as :func:`device_names`)."""
-    p.add_argument("--devices", type=device_names, metavar="NAMES", help=help)
-
-
-def add_optimizer_argument(p: argparse.ArgumentParser, help: str) -> None:
-    """``--optimizer``: what sizes the optimizer state (default adamw)."""
-    p.add_argument("--optimizer", choices=tuple(OPTIMIZER_ALPHA), default=DEFAULT_OPTIMIZER, help=help)
-
-
-def add_profile_argument(p: argparse.ArgumentParser, help: str) -> None:
-    """``--profile PROFILE_JSON``: a saved profile used instead of measuring."""
-    p.add_argument("--profile", metavar="PROFILE_JSON", help=help)
-
-
-def add_repeats_argument(p: argparse.ArgumentParser, *, default: int = 3) -> None:
-    """``--repeats``: profiling's timed calls per operator (checked by :func:`check_repeats`)."""
-    p.add_argument("--repeats", type=int, default=default,
-                   help=f"profiling: timed repeats per op call (median; default {default})")
-
-
 def check_repeats(args: argparse.Namespace) -> None:
-    """Refuse ``--repeats`` below 1 before any work."""
+    """Refuse ``--repeats`` below 1 (and ``--warmup`` below 0, where the command has it) before any work."""
     if args.repeats < 1:
         raise TensorOptError("--repeats must be ≥ 1")
-
-
-def add_request_arguments(p: argparse.ArgumentParser, *, devices_help: str, optimizer_help: str, profile_help: str,
-                          repeats: int = 3) -> None:
-    """The options :func:`workflow_request` reads, the same on every command that explores:
-    ``--cluster``, ``--batch``, ``--devices``, ``--budget`` / ``--reserve``, ``--precision``,
-    ``--optimizer``, ``--profile``, ``--costs-from`` / ``--calibration``, ``--repeats``
-    (default ``repeats``) and ``--no-cache`` / ``--cache-dir``."""
-    add_cluster_argument(p)
-    add_batch_argument(p)
-    add_devices_argument(p, devices_help)
-    add_fit_arguments(p)
-    add_precision_argument(p)
-    add_optimizer_argument(p, optimizer_help)
-    add_profile_argument(p, profile_help)
-    add_costs_from_arguments(p)
-    add_repeats_argument(p, default=repeats)
-    add_cache_arguments(p)
-
-
-def add_costs_from_arguments(p: argparse.ArgumentParser) -> None:
-    """``--costs-from`` and ``--calibration``: where operator times come from
-    (:func:`tensoropt.devicemodel.price`)."""
-    p.add_argument("--costs-from", choices=COSTS_FROM, default="auto",
-                   help="operator times: auto (measured where the profile's device is the cluster's kind, else the "
-                        "cluster kind's device model), measured (refuse another kind), model (always the device "
-                        "model; default auto)")
-    p.add_argument("--calibration", metavar="CALIBRATION_JSON",
-                   help="the device model's calibration (made by `tensoropt calibrate`; default: the one shipped for "
-                        "the kind, else the uncalibrated datasheet model)")
+    if getattr(args, "warmup", 0) < 0:
+        raise TensorOptError("--warmup must be ≥ 0")
 
 
 def print_times_from(console: Console, source: str, notes: Iterable[str] = ()) -> None:
@@ -163,47 +121,19 @@ def print_times_from(console: Console, source: str, notes: Iterable[str] = ()) -
         console.print(f"[dim]  {escape(n)}[/dim]", highlight=False)
 
 
-def add_precision_argument(p: argparse.ArgumentParser) -> None:
-    """``--precision {fp32,bf16,bf16-params}``: what the model trains in
-    (:mod:`tensoropt.capture.precision`), the same on every command; read it with
-    ``capture_spec(…, precision=args.precision)``."""
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="what the model trains in: fp32 (default; a saved graph.json keeps its own), bf16 "
-                        "(mixed precision: captured, profiled and run under torch.autocast, float32 weights) or "
-                        "bf16-params (FSDP2's MixedPrecisionPolicy: every operator on bfloat16 copies of float32 "
-                        "master weights, gradients reduced in float32; run through tensoropt export)")
-
-
-def add_fit_arguments(p: argparse.ArgumentParser, *, budget: bool = True) -> None:
-    """``--budget`` (a uniform cap per device) and ``--reserve`` (what the framework keeps on every
-    device): the inputs of :func:`tensoropt.planmodel.fits.fits`, the same on every command."""
-    if budget:
-        p.add_argument("--budget", metavar="SIZE",
-                       help="memory per device, e.g. 16GiB: a plan fits when every device's peak is within "
-                            "min(its memory, budget) − reserve")
-    p.add_argument("--reserve", metavar="SIZE", default="0",
-                   help="memory the framework keeps on every device beside the model (CUDA context, allocator "
-                        "slack), e.g. 600MiB (default 0)")
-
-
 def fit_options(args: argparse.Namespace) -> tuple[int | None, int]:
-    """``(budget, reserve)`` in bytes from :func:`add_fit_arguments`' options (a bad size names its option)."""
-    text = getattr(args, "budget", None)
-    budget = parse_size(text, "--budget") if text is not None else None
+    """``(budget, reserve)`` in bytes from the ``--budget`` / ``--reserve`` options (a bad size
+    names its option)."""
+    fields = request_fields(args, "budget", "reserve")
+    budget = fields.get("budget")
     check_budget_value(budget, "--budget")
-    reserve = int(parse_size(args.reserve, "--reserve", allow_zero=True))
-    return budget, reserve
+    return budget, fields["reserve"]
 
 
 def workflow_request(args: argparse.Namespace, **rest: Any) -> Request:
-    """The workflow's :class:`~tensoropt.workflow.Request` from the options every exploring
-    command has (MODEL, ``--cluster``, ``--batch``, ``--optimizer``, ``--precision``,
-    ``--devices``, ``--profile``, ``--repeats``, ``--no-cache`` / ``--cache-dir``) and the
-    command's own fields ``rest``."""
-    return Request(args.model, args.cluster, batch=args.batch, optimizer=args.optimizer, precision=args.precision,
-                   devices=tuple(args.devices) if args.devices is not None else None, profile=args.profile,
-                   repeats=args.repeats, costs_from=args.costs_from, calibration=args.calibration,
-                   cache=not args.no_cache, cache_dir=args.cache_dir, **rest)
+    """The workflow's :class:`~tensoropt.request.Request` of MODEL, the options the command has
+    (:func:`request_fields`) and the command's own fields ``rest`` (which win)."""
+    return Request(args.model, **{**request_fields(args), **rest})
 
 
 # ---- model and costs -----------------------------------------------------------------------

@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from ..errors import TensorOptError
 from ..graph import PRECISIONS
-from ._common import add_repeats_argument, check_repeats
+from ._common import add_request_options, check_repeats
 
 
 def _cmd_app(args: argparse.Namespace, console: Console) -> int:
@@ -105,7 +105,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--cluster", help="cluster of that first run (default preset:h100-hosts?hosts=1: 8 H100 80 GB)")
     p.add_argument("--precision", choices=PRECISIONS, help="precision of that first run (default bf16-params: "
                                                            "FSDP2's bf16 copies of fp32 master weights)")
-    add_repeats_argument(p)
+    add_request_options(p, "repeats")
     p.add_argument("--algos", help="comma-separated baseline placers to compare (default: all)")
     p.add_argument("--cache-dir", help="results, uploads and job state (default: ~/.cache/tensoropt/app, or "
                                        "$TENSOROPT_APP_CACHE_DIR)")

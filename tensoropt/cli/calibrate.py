@@ -26,8 +26,8 @@ from ..devicemodel.kinds import load_kinds
 from ..devicemodel.opclass import OP_CLASSES
 from ..errors import TensorOptError
 from ..measure import CostModel
+from ..request import shard_degrees
 from ._common import check_repeats, print_wrote
-from ._common import degrees as degrees_arg
 from ._progress import ProgressBars
 
 
@@ -115,7 +115,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--from-profile", nargs="+", metavar="PROFILE_JSON",
                    help="fit these saved profiles (measured on one device, with timing on) instead of profiling")
     p.add_argument("--repeats", type=int, default=3, help="profiling: timed repeats per op call (default 3)")
-    p.add_argument("--degrees", type=degrees_arg, default=(1, 2),
+    p.add_argument("--degrees", type=shard_degrees, default=(1, 2),
                    help="shard degrees to profile: more shapes per op (default 1,2)")
     p.add_argument("--threads", type=int, metavar="N",
                    help="CPU: profile with N threads (the shipped CPU calibration used 1: on a busy machine a second "

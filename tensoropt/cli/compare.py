@@ -25,7 +25,7 @@ from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..placers import PLACERS
 from ..workflow import Exploration, explore
-from ._common import add_request_arguments, check_repeats, fit_options, print_times_from, print_wrote, workflow_request
+from ._common import add_request_arguments, check_repeats, print_times_from, print_wrote, workflow_request
 from ._progress import ProgressBars
 
 
@@ -122,9 +122,7 @@ def _cmd_compare(args: argparse.Namespace, console: Console) -> int:
     check_repeats(args)
     if args.time_limit is not None:
         solver_options(PLACERS, args.time_limit)   # a bad limit names itself before any work
-    budget, reserve = fit_options(args)
-    request = workflow_request(args, budget=budget, reserve=reserve, frontier=not args.no_frontier,
-                               algos=tuple(PLACERS) if algos is None else algos, time_limit=args.time_limit)
+    request = workflow_request(args, algos=tuple(PLACERS) if algos is None else algos)
     with ProgressBars(console) as progress:
         result = explore(request, progress)
     print_times_from(console, result.source, result.notes)
@@ -141,15 +139,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "memory per device, whether it fits, and the time each algorithm took.")
     p.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory or graph.json (with --profile)")
     p.add_argument("--algos", metavar="NAMES", help="placers to run, comma-separated (default: all)")
-    p.add_argument("--no-frontier", action="store_true", help="leave out the frontier's rows")
-    add_request_arguments(p, devices_help="devices every algorithm may use, comma-separated (default: all of the "
-                                          "cluster's)",
-                          optimizer_help="sizes the optimizer state in the memory limits and the simulator "
-                                         "(default adamw)",
-                          profile_help="use this profile instead of measuring (it must have the shard degrees the "
-                                       "devices need)")
-    p.add_argument("--time-limit", type=float, metavar="SECONDS",
-                   help="time limit of each MILP placer's solver (default: the placer's own)")
+    add_request_arguments(p, "frontier", "time_limit")
     p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list (keys algo, time_s, "
                                                   "peak_memory_bytes, fits, place_s, …)")
     p.add_argument("--plans", metavar="DIR", help="write every algorithm's plan to DIR/<algo>.json")

@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from ..export import TARGETS, export_plan
 from ..export.expressible import PATH_TITLES
-from ._common import add_batch_argument, add_precision_argument
+from ._common import PLAN_BATCH_HELP, add_request_options
 
 
 def _cmd_export(args: argparse.Namespace, console: Console) -> int:
@@ -47,6 +47,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed set before the factory builds the model (default 0)")
     p.add_argument("--cluster", help="the cluster the plan was made for (preset:NAME or YAML): its hosts give "
                                      "torchrun's --nnodes (default: the preset the plan names, else one host)")
-    add_batch_argument(p, "batch size (default: the plan's, for zoo models)")
-    add_precision_argument(p)
+    add_request_options(p, "batch", "precision", help={"batch": PLAN_BATCH_HELP})
     p.set_defaults(func=_cmd_export)

@@ -17,13 +17,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..cluster.units import parse_size
 from ..describe import fmt_bytes
 from ..frontier import Frontier
-from ..frontier.track import DEFAULT_MAX_WALKS
 from ..workflow import Exploration, explore
-from ._common import add_request_arguments, fit_options, print_times_from, print_wrote, workflow_request
-from ._common import degrees as degrees_arg
+from ._common import add_request_arguments, print_times_from, print_wrote, workflow_request
 from ._progress import ProgressBars
 
 
@@ -77,17 +74,14 @@ def _print_summary(console: Console, frontier: Frontier, budget: int | None, too
 
 
 def _cmd_frontier(args: argparse.Namespace, console: Console) -> int:
-    budget, reserve = fit_options(args)
-    resolution = parse_size(args.resolution, "--resolution", allow_zero=True) if args.resolution is not None else None
-    request = workflow_request(args, budget=budget, reserve=reserve, degrees=args.degrees, warmup=args.warmup,
-                               frontier=True, algos=(), resolution=resolution, max_walks=args.max_walks)
+    request = workflow_request(args, frontier=True, algos=())
     with ProgressBars(console) as progress:
         result = explore(request, progress)
     frontier = result.frontier
     assert frontier is not None   # asked for
     print_times_from(console, result.source, result.notes)
     _print_points(console, result, frontier, args.optimizer, args.rows)
-    _print_summary(console, frontier, budget, result.seconds["frontier"])
+    _print_summary(console, frontier, request.budget, result.seconds["frontier"])
     if args.csv:
         frontier.to_csv(args.csv)
         print_wrote(console, args.csv)
@@ -103,21 +97,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "of MODEL on CLUSTER; with --profile, reuse a saved profile of MODEL.")
     p.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory, or a graph.json "
                                  "(needed with --profile too: a profile has no graph)")
-    add_request_arguments(p, devices_help="comma-separated devices the meshes may use (default: all)",
-                          optimizer_help="sizes optimizer state: adamw / adam 2 ×, momentum 1 ×, sgd 0 × the "
-                                         "parameters (default adamw)",
-                          profile_help="reuse this profile of MODEL (made by `tensoropt profile MODEL -o P`) "
-                                       "instead of profiling", repeats=5)
-    p.add_argument("--max-walks", type=int, default=DEFAULT_MAX_WALKS, metavar="N",
-                   help="plans walked per mesh (the search's candidates, then the polish around the frontier) "
-                        f"before the polish stops (default {DEFAULT_MAX_WALKS}; 0: the search's candidates only)")
-    p.add_argument("--resolution", metavar="SIZE",
-                   help="memory resolution of the frontier (0 = exact; default: 1/1000 of min(smallest device "
-                        "memory, the largest memory a plan can need))")
+    add_request_arguments(p, "max_walks", "resolution", "degrees", "warmup")
     p.add_argument("--csv", metavar="PATH", help="write the frontier as CSV (one row per plan, by memory)")
     p.add_argument("--plans", metavar="DIR", help="write one plan JSON per point, DIR/<plan_id>.json")
-    p.add_argument("--degrees", type=degrees_arg,
-                   help="shard degrees to profile (default: the mesh sizes); ignored with --profile")
-    p.add_argument("--warmup", type=int, default=1, help="profiling: untimed calls first (default 1)")
     p.add_argument("--rows", type=int, default=40, help="table rows to print, evenly spread (0 = all; default 40)")
     p.set_defaults(func=_cmd_frontier)

@@ -87,14 +87,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory or graph.json (with --profile)")
     p.add_argument("--algo", required=True,
                    help="dp, zero1, zero2, fsdp, fsdp+ac, m-topo, m-etf, m-sct, dpos, os-dpos, netsplit or pesto")
-    add_request_arguments(p, devices_help="devices to use, comma-separated (default: all of the cluster's)",
-                          optimizer_help="sizes the optimizer state in the memory model (default adamw)",
-                          profile_help="use this profile instead of measuring")
+    add_request_arguments(p, "time_limit")
     p.add_argument("--colocation", default="ABC",
                    help="TF Placer colocation rules for m-topo / m-etf / m-sct: any of A, B, C, or none (default ABC)")
     p.add_argument("--heavy-edge-groups", type=int, metavar="K",
                    help="also merge groups along the heaviest edges down to K groups (NetSplit Alg. 3)")
-    p.add_argument("--time-limit", type=float, metavar="SECONDS",
-                   help="solver time limit of the MILP placers (netsplit, pesto; default: the placer's own)")
     p.add_argument("-o", "--output", metavar="PLAN_JSON", help="write the plan (with the simulator's estimate)")
     p.set_defaults(func=_cmd_place)

@@ -15,13 +15,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..describe import fmt_bytes
-from ..errors import ProfileError
 from ..graph import OpGraph
 from ..measure import CostModel, profile
 from ..measure.profiler import busy_warning
-from ._common import add_capture_arguments, add_repeats_argument, cache_of, capture_spec, save_output
-from ._common import degrees as degrees_arg
+from ._common import add_capture_arguments, add_request_options, cache_of, capture_spec, check_repeats, save_output
 from ._progress import ProgressBars
+
+#: the shard degrees `tensoropt profile` measures unless told (no cluster names its meshes here)
+PROFILED_DEGREES = (1, 2, 4, 8)
 
 
 def _print_top(console: Console, graph: OpGraph, costs: CostModel, top: int) -> None:
@@ -64,8 +65,7 @@ def _print_totals(console: Console, costs: CostModel, took: float) -> None:
 
 
 def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
-    if args.repeats < 1 or args.warmup < 0:
-        raise ProfileError("--repeats must be ≥ 1 and --warmup ≥ 0")
+    check_repeats(args)
     # captured afresh: a timed profile runs the model's module, which a cached graph has not
     graph = capture_spec(args.model, console, batch=args.batch, batch_dim=args.batch_dim, precision=args.precision)
     t0 = time.perf_counter()
@@ -82,11 +82,9 @@ def _cmd_profile(args: argparse.Namespace, console: Console) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("profile", help="measure every operator (forward, backward, memory) at every shard shape")
     add_capture_arguments(p, "zoo:NAME[?k=v&…] or path/to/file.py:factory")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
-    p.add_argument("--degrees", type=degrees_arg, default=(1, 2, 4, 8),
-                   help="shard degrees to measure, comma-separated (default 1,2,4,8)")
-    add_repeats_argument(p, default=5)
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls first (default 1)")
+    add_request_options(p, "device", "degrees", "repeats", "warmup", default={"degrees": PROFILED_DEGREES},
+                        help={"degrees": "shard degrees to measure, comma-separated (default "
+                                         f"{','.join(map(str, PROFILED_DEGREES))})"})
     p.add_argument("--isolated", action="store_true",
                    help="keep every operator's time alone (skip timing them inside whole training steps)")
     p.add_argument("--top", type=int, default=15, help="rows in the top-ops table (default 15)")

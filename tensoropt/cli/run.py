@@ -19,7 +19,7 @@ from ..distributed.runtime import DEFAULT_TIMEOUT_S
 from ..distributed.transport import COLLECTIVES, COLLECTIVES_HELP
 from ..execute import parse_device_map
 from ..execute.runplan import LocalBackend, RunOptions, run_plan
-from ._common import add_precision_argument
+from ._common import add_request_options
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--rank", type=int, help="with --backend dist, without torchrun: this process's rank")
     p.add_argument("--world-size", type=int, help="with --backend dist, without torchrun: the number of ranks")
     p.add_argument("--batch", type=int, help="batch size (must be the plan's)")
-    add_precision_argument(p)
+    add_request_options(p, "precision")
     p.add_argument("--lr", type=float, default=1e-3,
                    help="learning rate of the plan's optimizer (its options' `optimizer`, default adamw) "
                         "(default 1e-3)")

@@ -16,15 +16,8 @@ from ..cluster import load_cluster
 from ..plan import Plan
 from ..planmodel.simulate import simulate
 from ._common import (
-    add_batch_argument,
-    add_cache_arguments,
-    add_cluster_argument,
-    add_costs_from_arguments,
-    add_fit_arguments,
-    add_optimizer_argument,
-    add_precision_argument,
-    add_profile_argument,
-    add_repeats_argument,
+    PLAN_BATCH_HELP,
+    add_request_options,
     capture_spec,
     check_repeats,
     costs_for,
@@ -72,16 +65,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("plan", help="a plan JSON (tensoropt place -o, frontier)")
     p.add_argument("model", help="the model the plan was made for: zoo:NAME[?k=v&…], file.py:factory or graph.json "
                                  "(a graph.json needs --profile)")
-    add_cluster_argument(p)
-    add_batch_argument(p, "batch size (default: the plan's, for zoo models)")
-    add_profile_argument(p, "use this profile (checked against the graph) instead of measuring")
-    add_costs_from_arguments(p)
-    add_fit_arguments(p)
-    add_precision_argument(p)
-    add_optimizer_argument(p, "sizes the optimizer state and temporaries (default adamw)")
+    add_request_options(p, "cluster", "batch", "profile", "costs_from", "calibration", "budget", "reserve",
+                        "precision", "optimizer", help={"batch": PLAN_BATCH_HELP})
     p.add_argument("--no-overlap", action="store_true",
                    help="all-reduce parameter gradients after the whole backward, not as each node's ends")
-    add_repeats_argument(p)
-    add_cache_arguments(p)
+    add_request_options(p, "repeats", "cache", "cache_dir")
     p.add_argument("-o", "--output", metavar="PLAN_JSON", help="write the plan with the simulator's estimate")
     p.set_defaults(func=_cmd_simulate)
