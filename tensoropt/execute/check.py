@@ -622,8 +622,8 @@ def _sides(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph,
            device_map: Mapping[str, Any] | None) -> tuple[nn.Module, nn.Module]:
     """(reference, planned) for a check: an unmodified copy of ``model`` and the plan applied to
     ``model`` itself, random ops on in both (drawn keyed: the module docstring)."""
-    # local: tensoropt.execute imports this module (a cycle at import time)
-    from . import apply_plan
+    # local: planned → rewrite → check (a cycle at import time)
+    from .planned import apply_plan
 
     reference = copy.deepcopy(model)
     planned = apply_plan(model, _call(inputs).args, plan, device_map=device_map, graph=graph)
@@ -699,7 +699,7 @@ def first_difference(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph,
     of the check's tolerance (:func:`check_tensor`), named with its op and module, or a sentence
     saying every forward output agrees (the difference is in the backward or the gradient
     sums).  ``model`` is used as it is: pass a copy.  Two forwards, O(V) comparisons."""
-    from . import apply_plan, resolve_device_map  # local: tensoropt.execute imports this module
+    from .planned import apply_plan, resolve_device_map  # local: planned → rewrite → check (a cycle at import time)
 
     call = _call(inputs, getattr(graph, "call", None))
     first = plan.devices[0]

@@ -61,8 +61,8 @@ from ..graph import OpGraph, OpNode
 from ..layouts import Layout
 from ..measure import CostModel, profile
 from ..plan import NodeConfig, Plan
-from . import PlannedModule, apply_plan
 from .check import check_tensor, check_weights, group_scale
+from .planned import PlannedModule, apply_plan
 from .randomness import KeyedRandomMode
 
 __all__ = ["OneOp", "RuleCheck", "CallResult", "check_call", "DEGREES"]

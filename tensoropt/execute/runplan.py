@@ -49,8 +49,8 @@ from ..graph import OpGraph
 from ..measure.step import make_optimizer, plan_optimizer, training_loss
 from ..modelspec import load_model
 from ..plan import Plan, PlanError
-from . import PlannedModule, apply_plan
 from .check import CheckDtypeError, Comparison, check_plan
+from .planned import PlannedModule, apply_plan
 from .replicas import call_for_capture
 
 #: prints one line of the run's report
