@@ -32,7 +32,6 @@ import dash
 from dash import ALL, Input, Output, State, ctx, html, no_update
 
 from tensoropt.cluster import list_presets
-from tensoropt.describe import fmt_bytes
 from tensoropt.errors import TensorOptError
 from tensoropt.workflow import read_cluster
 
@@ -45,8 +44,11 @@ from .requests import cluster_spec, request_from_controls, zoo_default_params
 from .uploads import accept_upload
 from .urlstate import apply_url, url_state
 from .views import (
+    compare_summary,
+    device_options,
     frontier_view,
     gib_bytes,
+    graph_hint,
     page_data,
     plan_commands,
     plan_options,
@@ -158,8 +160,7 @@ def _register_controls(app: dash.Dash, store: ResultStore) -> None:
             cluster = read_cluster(spec)
         except Exception as e:  # noqa: BLE001
             return [], [], None, _explain(e)
-        opts = [{"label": f"{d.name} ({fmt_bytes(d.memory_bytes)})", "value": d.name}
-                for d in (cluster.device(n) for n in cluster.names)]
+        opts = device_options(cluster)
         if chosen and chosen_for == spec and set(chosen) <= set(cluster.names):
             return opts, no_update, no_update, ""   # a selection made for this cluster (by a link, say) stays
         return opts, list(cluster.names), spec, ""
@@ -357,10 +358,7 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
             if not isinstance(e, TensorOptError):
                 traceback.print_exc()
             return no_update, _explain(e)
-        mixed = plangraph.mixed_groups(plan, graph)
-        hint = (f"groups whose operators run differently: {', '.join(plangraph.short_path(g) for g in mixed[:8])}"
-                + (" …" if len(mixed) > 8 else "") if mixed else "every group's operators run alike")
-        return fig, "click a group (a square) to draw its operators, an operator for its configuration; " + hint
+        return fig, graph_hint(plangraph.mixed_groups(plan, graph))
 
     @app.callback(Output("expanded-groups", "data"), Output("graph-node", "data"), Output("node-details", "children"),
                   Input("plan-graph", "clickData"), Input("expand-all", "n_clicks"), Input("collapse-all", "n_clicks"),
@@ -424,14 +422,7 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
             gantt.update_layout(title=f"{pid}: {gantt.layout.title.text}",
                                 xaxis_range=[0, max(sa.time_s, sb.time_s) * 1e3])
             figs += [mem, gantt]
-        ratio = sb.time_s / sa.time_s if sa.time_s else float("nan")
-        summary = (f"{plan_id}: {fmt_bytes(sa.max_memory_bytes)} peak, {sa.time_s * 1e3:.3f} ms on "
-                   f"{len(a.devices)} device(s); {other}: {fmt_bytes(sb.max_memory_bytes)} peak, "
-                   f"{sb.time_s * 1e3:.3f} ms on {len(b.devices)} device(s) ({ratio:.2f}× the step); "
-                   f"{len(rows)} of {len(graph.ops)} operators configured differently"
-                   + ("" if set(a.devices) == set(b.devices) else
-                      " (on different GPUs: compared by layout, recompute, sharding and place among each plan's"
-                      " devices)"))
+        summary = compare_summary((plan_id, a, sa), (other, b, sb), len(rows), len(graph.ops))
         return ({"display": "block"}, summary, *figs, rows)
 
     @app.callback(Output("download-plan", "data"), Input("download-plan-button", "n_clicks"),

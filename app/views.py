@@ -15,8 +15,8 @@ compute (:mod:`.pipeline` does) nor draw (:mod:`.figures` does).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 from dash import dcc, html
@@ -24,9 +24,12 @@ from dash import dcc, html
 from tensoropt.describe import fmt_bytes
 from tensoropt.planmodel.fits import fits
 
-from . import figures, prices
+from . import figures, plangraph, prices
 from .commands import plan_filename, run_commands
 from .pipeline import ResultStore
+
+if TYPE_CHECKING:
+    from tensoropt import Cluster, Plan, SimResult
 
 
 def gib_bytes(value: float | str | None) -> float | None:
@@ -166,5 +169,36 @@ def plan_commands(store: ResultStore, key: str, plan_id: str) -> str:
     return "\n".join(lines + ([f"# {note}"] if note else []))
 
 
+def device_options(cluster: Cluster) -> list[dict[str, str]]:
+    """The devices dropdown's choices: each device of ``cluster``, its name and memory."""
+    return [{"label": f"{d.name} ({fmt_bytes(d.memory_bytes)})", "value": d.name}
+            for d in (cluster.device(n) for n in cluster.names)]
+
+
+def graph_hint(mixed: Sequence[str]) -> str:
+    """The line under the plan graph: how to use it, and the groups whose operators run differently
+    (:func:`~.plangraph.mixed_groups`; the first eight)."""
+    hint = (f"groups whose operators run differently: {', '.join(plangraph.short_path(g) for g in mixed[:8])}"
+            + (" …" if len(mixed) > 8 else "") if mixed else "every group's operators run alike")
+    return "click a group (a square) to draw its operators, an operator for its configuration; " + hint
+
+
+def compare_summary(first: tuple[str, Plan, SimResult], second: tuple[str, Plan, SimResult], differing: int,
+                    ops: int) -> str:
+    """The line above two compared plans, each ``(plan id, plan, its simulation)``: each one's peak, step
+    and device count, the second's step as a multiple of the first's, and how many of the graph's ``ops``
+    operators are configured differently (:func:`~.plangraph.differing`: ``differing``)."""
+    (plan_id, a, sa), (other, b, sb) = first, second
+    ratio = sb.time_s / sa.time_s if sa.time_s else float("nan")
+    return (f"{plan_id}: {fmt_bytes(sa.max_memory_bytes)} peak, {sa.time_s * 1e3:.3f} ms on "
+            f"{len(a.devices)} device(s); {other}: {fmt_bytes(sb.max_memory_bytes)} peak, "
+            f"{sb.time_s * 1e3:.3f} ms on {len(b.devices)} device(s) ({ratio:.2f}× the step); "
+            f"{differing} of {ops} operators configured differently"
+            + ("" if set(a.devices) == set(b.devices) else
+               " (on different GPUs: compared by layout, recompute, sharding and place among each plan's"
+               " devices)"))
+
+
 __all__ = ["gib_bytes", "reserve_bytes", "summary_lines", "frontier_view", "page_data", "plan_verdict",
-           "shown_key", "source_banner", "price_inputs", "plan_options", "plan_commands"]
+           "shown_key", "source_banner", "price_inputs", "plan_options", "plan_commands", "device_options",
+           "graph_hint", "compare_summary"]
