@@ -10,6 +10,7 @@ project's, so importing this folder as ``app`` is refused.
 - :mod:`.pipeline`: the work, without Dash (requests, the per-user result cache);
 - :mod:`.figures`: the plotly figures, pure functions;
 - :mod:`.layout`, :mod:`.callbacks`: the page and its callbacks;
+- :mod:`.views`, :mod:`.urlstate`: what the page shows of a result, its state in the URL;
 - :mod:`.uploads`: uploaded files, checked as data.
 
 This module only exports :func:`create_app` (loading Dash on first use, so that

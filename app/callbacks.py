@@ -1,19 +1,23 @@
 """The dashboard's callbacks: :func:`register_callbacks` wires the layout of :mod:`.layout` to
-the work of :mod:`.pipeline` and the figures of :mod:`.figures` and :mod:`.plangraph`.
+the work of :mod:`.pipeline`, what :mod:`.views` says of a result, the URL's state of
+:mod:`.urlstate` and the figures of :mod:`.figures` and :mod:`.plangraph`.
 
 Long work (capture, profiling, frontier tracking, baselines) runs as a Dash *background* callback
-(its own process, a progress bar, a cancel button); it receives and returns JSON values only (the
-request as a dict, the result's key), never torch objects.  Every callback turns bad input into a
-message on the page — a :class:`~tensoropt.errors.TensorOptError`'s text after ``error:``, the
-words the CLI prints — and leaves the rest of the page working.
+(its own process, a progress bar, a cancel button; :func:`run_controls` is its work); it receives
+and returns JSON values only (the request as a dict, the result's key), never torch objects.
+Every callback turns bad input into a message on the page — a
+:class:`~tensoropt.errors.TensorOptError`'s text after ``error:``, the words the CLI prints — and
+leaves the rest of the page working.
 
 What a budget, reserve, price or epoch size changes is redrawn in the browser
-(:mod:`.clientside`, fed once per result by :func:`page_data`); the URL's query string holds the
-page's state (:func:`url_state` writes it, :func:`apply_url` reads it back on load).
+(:mod:`.clientside`, fed once per result by :func:`~.views.page_data`); the URL's query string holds
+the page's state (:func:`~.urlstate.url_state` writes it, :func:`~.urlstate.apply_url` reads it back
+on load).
 
-It owns the wiring (which input updates which output) and turning controls into a request; it
-must not compute (:mod:`.pipeline` does) nor draw (:mod:`.figures` does), and it must not hand
-torch objects to a background callback.
+It owns the wiring (which input updates which output) and the run button's job; it must not
+compute (:mod:`.pipeline` does), word what the page shows of a result (:mod:`.views` does), encode
+the URL (:mod:`.urlstate` does) nor draw (:mod:`.figures` does), and it must not hand torch objects
+to a background callback.
 """
 
 from __future__ import annotations
@@ -21,121 +25,46 @@ from __future__ import annotations
 import json
 import math
 import traceback
-from collections.abc import Callable, Collection, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
 
 import dash
-import plotly.graph_objects as go
-from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
+from dash import ALL, Input, Output, State, ctx, html, no_update
 
-from tensoropt import zoo
 from tensoropt.cluster import list_presets
-from tensoropt.describe import fmt_bytes
 from tensoropt.errors import TensorOptError
-from tensoropt.graph import PRECISIONS
-from tensoropt.optimizers import OPTIMIZER_ALPHA
-from tensoropt.planmodel.fits import fits
 from tensoropt.workflow import read_cluster
 
-from . import figures, plangraph, prices
+from . import figures, plangraph
 from .clientside import VIEW_JS
-from .commands import plan_filename, run_commands
+from .commands import plan_filename
 from .layout import DEFAULT_EPOCH
-from .pipeline import DETECTED, ResultStore, behind_the_page, run_request
-from .requests import cluster_spec, request_from_controls, split_zoo_spec, zoo_default_params, zoo_spec
+from .pipeline import ResultStore, behind_the_page, run_request
+from .requests import cluster_spec, request_from_controls, zoo_default_params
 from .uploads import accept_upload
+from .urlstate import apply_url, url_state
+from .views import (
+    compare_summary,
+    device_options,
+    frontier_view,
+    gib_bytes,
+    graph_hint,
+    page_data,
+    plan_commands,
+    plan_options,
+    plan_verdict,
+    price_inputs,
+    reserve_bytes,
+    shown_key,
+    source_banner,
+    summary_lines,
+)
 
 
 def _explain(e: BaseException) -> str:
     if isinstance(e, TensorOptError):
         return f"error: {e}"
     return f"internal error: {type(e).__name__}: {e} (a bug in tensoropt; please report it)"
-
-
-def gib_bytes(value: float | str | None) -> float | None:
-    """A GiB input in bytes; empty, non-numeric, infinite or not positive: ``None``."""
-    try:
-        gib = float(value) if value not in (None, "") else 0.0
-    except (TypeError, ValueError):
-        return None
-    return gib * figures.GiB if math.isfinite(gib) and gib > 0 else None
-
-
-def reserve_bytes(value: float | str | None) -> int:
-    """The reserve input (GiB per device) in whole bytes; empty, non-numeric or not positive: 0."""
-    return int(gib_bytes(value) or 0)
-
-
-def summary_lines(store: ResultStore, key: str) -> list[str]:
-    """The lines above the frontier: what was computed and how long it took, the curves drawn,
-    whether the baselines still run, and the placers' errors."""
-    s = store.summary(key)
-    counts = ", ".join(str(k) for k in s.get("device_counts", []))
-    lines = [f"{s['ops']} operators; devices {', '.join(s['devices'])}; profiled/captured in {s['profile_s']:.1f} s, "
-             f"tracked in {s['tracking_s']:.1f} s; {'exact' if s['exact'] else 'not exact (see the frontier notes)'}; "
-             f"{s['points']} plans on the frontier, {s.get('curve_points', s['points'])} on the curves of "
-             f"{counts} GPUs"]
-    if not store.complete(key):
-        lines.append("the baseline placers are still running: their markers appear when they are done")
-    # the placers' messages already name the placer
-    lines += [b["error"] if b["error"].startswith(b["algo"]) else f"{b['algo']}: {b['error']}"
-              for b in store.baselines(key) if b.get("error")]
-    return lines
-
-
-def frontier_view(store: ResultStore, key: str, budget: float | None, reserve: int, selected: str | None = None,
-                  compare: str | None = None) -> tuple[go.Figure, list[str]]:
-    """The frontier figure of a result (:func:`figures.frontier_figure`: every curve point and
-    baseline, greyed where it does not fit — :func:`tensoropt.planmodel.fits.fits` of each plan's
-    per-device peaks with ``budget``, ``None``: each device's own memory, and ``reserve``) and the
-    lines above and under it (:func:`summary_lines`, then :func:`figures.fit_summary`).  The page
-    draws it once without a budget; its script restyles it for the budget (:mod:`.clientside`)."""
-    s = store.summary(key)
-    points, base, cluster = store.curves(key), store.baselines(key), store.cluster(key)
-    counts = ", ".join(str(k) for k in s.get("device_counts", []))
-    title = (f"{s['graph_name']} (batch {s['batch_size']}) on {s['cluster_name']}: {s['points']} Pareto-optimal plans, "
-             f"curves for {counts} GPUs")
-    fig = figures.frontier_figure(points, base, cluster=cluster, budget_bytes=budget, reserve_bytes=reserve,
-                                  selected=selected, compare=compare, batch=s["batch_size"], title=title)
-    plans = figures.drawn_plans(points, base)
-    fit = {p["plan_id"]: fits(p["peaks"], cluster, budget=budget, reserve=reserve) for p in plans}
-    return fig, [*summary_lines(store, key), figures.fit_summary(plans, fit, budget, reserve)]
-
-
-def page_data(store: ResultStore, key: str) -> dict[str, Any]:
-    """What the page's script needs of a result (:mod:`.clientside`): every drawn plan
-    (:func:`figures.drawn_plans`: id, label, role, devices, per-device peaks, memory, step), each
-    device's memory and price key, the device kinds by price key, the batch, and the device counts
-    the GPUs-needed table lists (1 … the devices chosen)."""
-    s = store.summary(key)
-    plans = figures.drawn_plans(store.curves(key), store.baselines(key))
-    kinds = s.get("device_kinds") or {}
-    return {"key": key, "batch": s["batch_size"], "capacity": s["device_memory"],
-            "counts": list(range(1, len(s["devices"]) + 1)),
-            "price_keys": {d: prices.price_key(kinds.get(d, "")) for d in s["devices"]},
-            "kinds": {prices.price_key(k): k for k in kinds.values()},
-            "plans": [{k: p[k] for k in ("plan_id", "label", "role", "devices", "memory_bytes", "time_s", "peaks")}
-                      for p in plans]}
-
-
-def plan_verdict(store: ResultStore, key: str, plan_id: str, budget: float | None, reserve: int) -> str:
-    """Whether one plan of a result fits, in words (``fits …`` / ``does not fit …: gpu1 over by
-    …``): :func:`tensoropt.planmodel.fits.fits` of its per-device peaks, as the frontier's markers judge it."""
-    peaks = figures.plan_peaks(store.curves(key), store.baselines(key)).get(plan_id)
-    if peaks is None:
-        return ""
-    cluster = store.cluster(key)
-    limit = figures.limit_text(budget, reserve)
-    if fits(peaks, cluster, budget=budget, reserve=reserve):
-        return f"fits {limit}"
-    return f"does not fit {limit}: {figures.over_text(peaks, cluster, budget_bytes=budget, reserve_bytes=reserve)}"
-
-
-def shown_key(shown: Mapping[str, Any] | None) -> str | None:
-    """The key of the result on show (the ``shown-key`` store: ``{"key": …, "done": …}``)."""
-    return (shown or {}).get("key") or None
 
 
 #: what the run button's background job reports: (done, total, text, the frontier's key once ready)
@@ -171,167 +100,6 @@ def run_controls(store: ResultStore, set_progress: Callable[[ProgressUpdate], No
             traceback.print_exc()
         return no_update, _explain(e)
     return key, ""
-
-
-def source_banner(summary: dict[str, Any]) -> html.Div:
-    """The banner above the frontier: where the result's operator times come from (measured on a
-    device, or a device model's estimate, :func:`~.pipeline.times_source`) and what pricing decided."""
-    source = summary.get("times_from") or "not recorded"
-    modelled = bool(summary.get("times_modelled"))
-    look = ({"background": "#fff4d6", "border": "1px solid #e0b040"} if modelled
-            else {"background": "#eef4ee", "border": "1px solid #9c9"})
-    hint = (" — estimates, not measurements: upload a profile measured on that GPU, or a calibration, to sharpen "
-            "them" if modelled else "")
-    notes = summary.get("times_notes") or []
-    return html.Div(id="times-source", className="times-modelled" if modelled else "times-measured",
-                    style={**look, "borderRadius": "4px", "padding": "4px 8px", "margin": "2px 0"},
-                    children=[html.Span("Operator times: ", style={"fontWeight": "bold"}), source, hint,
-                              *([html.Ul([html.Li(n) for n in notes], style={"margin": "2px 0"})] if notes else [])])
-
-
-# ---- the URL: the page's state, shareable -------------------------------------------------------
-#: the URL's keys, in the order they are written
-URL_KEYS = ("model", "cluster", "devices", "batch", "optimizer", "precision", "costs", "budget", "reserve", "price",
-            "epoch", "plan")
-#: an uploaded file as a link names it (its content hash and suffix under the store's uploads)
-UPLOAD_PREFIX = "upload:"
-
-
-def _upload_token(path: str | None, store: ResultStore) -> str | None:
-    """``upload:NAME`` for a file under the store's uploads, else ``None``."""
-    if not path:
-        return None
-    p = Path(path)
-    return UPLOAD_PREFIX + p.name if p.parent == store.uploads() else None
-
-
-def _upload_path(token: str, store: ResultStore, suffixes: tuple[str, ...]) -> str | None:
-    """The uploaded file ``upload:NAME`` names, when it is one (a plain name with one of ``suffixes``) and
-    is still there; else ``None``."""
-    name = token[len(UPLOAD_PREFIX):]
-    stem, dot, suffix = name.rpartition(".")
-    if not stem or not all(c in "0123456789abcdef" for c in stem) or f".{suffix}" not in suffixes:
-        return None
-    path = store.uploads() / name
-    return str(path) if path.is_file() else None
-
-
-def url_state(store: ResultStore, *, source: str | None, zoo_name: str | None, zoo_params: str | None,
-              spec: str | None, onnx_path: str | None, csource: str | None, preset: str | None, cpath: str | None,
-              devices: Sequence[str] | None, batch: Any = None, optimizer: str | None = None,
-              precision: str | None = None, costs: str | None = None, budget: Any = None, reserve: Any = None,
-              price: Mapping[str, float | None] | None = None, epoch: Any = None, plan: str | None = None) -> str:
-    """The query string that holds the page's state (``?model=…&cluster=…``; :data:`URL_KEYS`):
-    the model spec (an uploaded ONNX file as ``upload:NAME``), the cluster (``preset:NAME``,
-    ``detected`` or ``upload:NAME``), the devices, batch, optimizer, precision, where the times
-    come from, the budget and reserve (GiB), the prices (``key:usd,…``), the epoch size and the
-    selected plan.  :func:`apply_url` reads it back.  Values that cannot be said are left out."""
-    q: list[tuple[str, str]] = []
-    model = None
-    if source == "onnx":
-        model = _upload_token(onnx_path, store)
-    elif source == "spec":
-        model = (spec or "").strip() or None
-    elif zoo_name:
-        model = zoo_spec(zoo_name, zoo_params)
-    if model:
-        q.append(("model", model))
-    cluster = (DETECTED if csource == "detected" else _upload_token(cpath, store) if csource == "upload"
-               else f"preset:{preset}" if preset else None)
-    if cluster:
-        q.append(("cluster", cluster))
-    if devices:
-        q.append(("devices", ",".join(devices)))
-    for k, v in (("batch", batch), ("optimizer", optimizer), ("precision", precision), ("costs", costs)):
-        if v not in (None, ""):
-            q.append((k, str(v)))
-    for k, v in (("budget", budget), ("reserve", reserve)):
-        if gib_bytes(v) is not None:
-            q.append((k, f"{float(v):g}"))
-    text = prices.format_prices(price or {})
-    if text:
-        q.append(("price", text))
-    if epoch not in (None, ""):
-        q.append(("epoch", str(epoch)))
-    if plan:
-        q.append(("plan", plan))
-    return "?" + urlencode(q, safe=":,;")
-
-
-def _number(text: str | None, kind: type = float) -> Any:
-    """A positive finite number of ``kind`` from a URL value, else ``None``."""
-    try:
-        v = kind(text) if text not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
-    return v if v is not None and math.isfinite(v) and v > 0 else None
-
-
-def apply_url(search: str | None, store: ResultStore, trusted: Collection[str] = ()) -> dict[str, Any]:
-    """What a URL's query string (:func:`url_state`) sets on the page: a dict with the controls' new
-    values (absent: leave it), ``run`` (whether the page computes it at once) and ``messages`` (what
-    it could not take, in words).  A link runs a zoo model, an uploaded file or a model of
-    ``trusted`` (the one the server was started with) at once; any other model spec
-    (``file.py:factory`` runs code of this machine) is filled in, and runs only when its result is
-    already computed (reading it back runs nothing) or the run button is pressed."""
-    params = dict(parse_qsl((search or "").lstrip("?"), keep_blank_values=False))
-    out: dict[str, Any] = {"run": True, "messages": []}
-    model = params.get("model", "").strip()
-    if model.startswith(UPLOAD_PREFIX):
-        path = _upload_path(model, store, (".onnx",))
-        if path is None:
-            out["messages"].append(f"the link's model {model} is not an uploaded ONNX file of this server: upload it "
-                                   "again")
-            out["run"] = False
-        else:
-            out.update(model_source="onnx", onnx_path=path)
-    elif model.startswith("zoo:") and split_zoo_spec(model)[0] in zoo.ZOO:
-        name, query = split_zoo_spec(model)
-        out.update(model_source="zoo", zoo_name=name, zoo_params=query)
-    elif model in trusted:
-        out.update(model_source="spec", model_spec=model)
-    elif model:
-        out.update(model_source="spec", model_spec=model)
-        out["run"] = False
-        out["messages"].append(f"the link names the model {model}: press run to compute it (a link never runs a "
-                               "file of this machine by itself)")
-    cluster = params.get("cluster", "").strip()
-    if cluster == DETECTED:
-        out.update(cluster_source="detected")
-    elif cluster.startswith("preset:"):
-        out.update(cluster_source="preset", cluster_preset=cluster[len("preset:"):])
-    elif cluster.startswith(UPLOAD_PREFIX):
-        path = _upload_path(cluster, store, (".yaml", ".yml", ".json"))
-        if path is None:
-            out["messages"].append(f"the link's cluster {cluster} is not an uploaded cluster file of this server: "
-                                   "upload it again")
-            out["run"] = False
-        else:
-            out.update(cluster_source="upload", cluster_path=path)
-    elif cluster:
-        out["messages"].append(f"the link's cluster {cluster!r} is not a preset, an upload or 'detected'; "
-                               "choose one")
-        out["run"] = False
-    if params.get("devices"):
-        out["devices"] = [d for d in params["devices"].split(",") if d]
-    if _number(params.get("batch"), int):
-        out["batch"] = _number(params.get("batch"), int)
-    if params.get("optimizer") in OPTIMIZER_ALPHA:
-        out["optimizer"] = params["optimizer"]
-    if params.get("precision") in PRECISIONS:
-        out["precision"] = params["precision"]
-    if params.get("costs") in ("auto", "measured", "model"):
-        out["costs"] = params["costs"]
-    for k in ("budget", "reserve"):
-        if _number(params.get(k)) is not None:
-            out[k] = _number(params.get(k))
-    if _number(params.get("epoch"), int):
-        out["epoch"] = _number(params.get("epoch"), int)
-    if params.get("price"):
-        out["prices"] = prices.parse_prices(params["price"])
-    if params.get("plan"):
-        out["plan"] = params["plan"]
-    return out
 
 
 # ---- the controls ------------------------------------------------------------------------------
@@ -392,8 +160,7 @@ def _register_controls(app: dash.Dash, store: ResultStore) -> None:
             cluster = read_cluster(spec)
         except Exception as e:  # noqa: BLE001
             return [], [], None, _explain(e)
-        opts = [{"label": f"{d.name} ({fmt_bytes(d.memory_bytes)})", "value": d.name}
-                for d in (cluster.device(n) for n in cluster.names)]
+        opts = device_options(cluster)
         if chosen and chosen_for == spec and set(chosen) <= set(cluster.names):
             return opts, no_update, no_update, ""   # a selection made for this cluster (by a link, say) stays
         return opts, list(cluster.names), spec, ""
@@ -404,24 +171,6 @@ def _register_controls(app: dash.Dash, store: ResultStore) -> None:
     def _budget_preset(*_clicks: int) -> float | None:
         which = ctx.triggered_id
         return None if which == "budget-none" else float(which.split("-")[1])
-
-
-def _price_inputs(kinds: Mapping[str, str], current: Mapping[str, Any], wanted: Mapping[str, float]) -> list[Any]:
-    """One price input per device kind (price key → kind name): its value the one on show, else the
-    link's, else the default (:data:`~.prices.LIST_PRICES`), else empty."""
-    rows: list[Any] = []
-    defaults = prices.default_prices(kinds.values())
-    for key, name in kinds.items():
-        value = current.get(key, wanted.get(key, wanted.get("*", defaults.get(key))))
-        listed = prices.LIST_PRICES.get(key)
-        hint = (f"default: {listed.derivation} ({listed.as_of})" if listed else
-                "no list price for this kind (docs/dashboard.md): enter one")
-        rows.append(html.Div(title=hint, style={"display": "flex", "gap": "4px", "alignItems": "center"}, children=[
-            html.Span(name, style={"flex": "1", "fontSize": "90%"}),
-            dcc.Input(id={"type": "price", "kind": key}, type="number", min=0, step="any", value=value,
-                      debounce=True, placeholder="USD/GPU-h", style={"width": "90px"}),
-        ]))
-    return rows
 
 
 # ---- the run -------------------------------------------------------------------------------------
@@ -467,14 +216,6 @@ def _register_run(app: dash.Dash, store: ResultStore, algos: tuple[str, ...] | N
 
 
 # ---- the frontier, the GPUs-needed table, the selection -------------------------------------------
-def _plan_options(store: ResultStore, key: str) -> list[dict[str, str]]:
-    """The compare dropdown's choices: every drawn plan, labelled with its devices, peak and step."""
-    plans = figures.drawn_plans(store.curves(key), store.baselines(key))
-    return [{"label": f"{p['label']}{'' if p['label'] == p['plan_id'] else ' (' + p['plan_id'] + ')'}: "
-                      f"{p['num_devices']} GPU(s), {fmt_bytes(p['memory_bytes'])}, {p['time_s'] * 1e3:.3f} ms",
-             "value": p["plan_id"]} for p in sorted(plans, key=lambda p: (p["num_devices"], p["memory_bytes"]))]
-
-
 def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
     """The frontier figure (drawn on the server once per result and selection, restyled in the
     browser for the budget), the summary above it, the GPUs-needed table, which plan is selected."""
@@ -511,7 +252,7 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
                 traceback.print_exc()
             return no_update, no_update, html.Div(_explain(e), style={"color": "#a00"}), no_update
         summary = [source_banner(store.summary(key)), html.Ul([html.Li(x) for x in lines], style={"margin": "2px 0"})]
-        return fig.to_plotly_json(), data, summary, _plan_options(store, key)
+        return fig.to_plotly_json(), data, summary, plan_options(store, key)
 
     app.clientside_callback(
         VIEW_JS,
@@ -530,7 +271,7 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
         current = {i["kind"]: v for i, v in zip(ids, values)}
         if set(current) == set(data["kinds"]):
             return no_update   # the same kinds: keep what the user typed
-        return _price_inputs(data["kinds"], current, wanted or {})
+        return price_inputs(data["kinds"], current, wanted or {})
 
     @app.callback(Output("selected-plan", "data"), Input("frontier-graph", "clickData"),
                   Input("gpus-table", "active_cell"), State("gpus-table", "data"), State("page-data", "data"),
@@ -569,17 +310,6 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
 
 
 # ---- the selected plan ---------------------------------------------------------------------------
-def plan_commands(store: ResultStore, key: str, plan_id: str) -> str:
-    """The commands that check and run a plan of a result (:func:`~.commands.run_commands`), as shown."""
-    plan = store.plan(key, plan_id)
-    cmds, note = run_commands(store.summary(key).get("request") or {}, plan_id, len(plan.devices), plan.num_replicas)
-    where = (f"{plan.num_replicas} hosts of {len(plan.devices)} device(s)" if plan.replicas
-             else f"{len(plan.devices)} device(s)")
-    lines = [f"# the plan downloads as {plan_filename(plan_id)}; check it, run it on {where}"
-             + ("" if plan.replicas else ", or export it as a directory torchrun runs") + ":", *cmds]
-    return "\n".join(lines + ([f"# {note}"] if note else []))
-
-
 def _register_plan(app: dash.Dash, store: ResultStore) -> None:
     """The selected plan's panel (summary, commands, memory, timeline, graph, table), the plan graph's
     groups and node details, the compared plan, and the downloads."""
@@ -628,10 +358,7 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
             if not isinstance(e, TensorOptError):
                 traceback.print_exc()
             return no_update, _explain(e)
-        mixed = plangraph.mixed_groups(plan, graph)
-        hint = (f"groups whose operators run differently: {', '.join(plangraph.short_path(g) for g in mixed[:8])}"
-                + (" …" if len(mixed) > 8 else "") if mixed else "every group's operators run alike")
-        return fig, "click a group (a square) to draw its operators, an operator for its configuration; " + hint
+        return fig, graph_hint(plangraph.mixed_groups(plan, graph))
 
     @app.callback(Output("expanded-groups", "data"), Output("graph-node", "data"), Output("node-details", "children"),
                   Input("plan-graph", "clickData"), Input("expand-all", "n_clicks"), Input("collapse-all", "n_clicks"),
@@ -695,14 +422,7 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
             gantt.update_layout(title=f"{pid}: {gantt.layout.title.text}",
                                 xaxis_range=[0, max(sa.time_s, sb.time_s) * 1e3])
             figs += [mem, gantt]
-        ratio = sb.time_s / sa.time_s if sa.time_s else float("nan")
-        summary = (f"{plan_id}: {fmt_bytes(sa.max_memory_bytes)} peak, {sa.time_s * 1e3:.3f} ms on "
-                   f"{len(a.devices)} device(s); {other}: {fmt_bytes(sb.max_memory_bytes)} peak, "
-                   f"{sb.time_s * 1e3:.3f} ms on {len(b.devices)} device(s) ({ratio:.2f}× the step); "
-                   f"{len(rows)} of {len(graph.ops)} operators configured differently"
-                   + ("" if set(a.devices) == set(b.devices) else
-                      " (on different GPUs: compared by layout, recompute, sharding and place among each plan's"
-                      " devices)"))
+        summary = compare_summary((plan_id, a, sa), (other, b, sb), len(rows), len(graph.ops))
         return ({"display": "block"}, summary, *figs, rows)
 
     @app.callback(Output("download-plan", "data"), Input("download-plan-button", "n_clicks"),
@@ -812,6 +532,4 @@ def register_callbacks(app: dash.Dash, store: ResultStore, *, algos: tuple[str, 
     _register_url(app, store, (default_model,) if default_model else ())
 
 
-__all__ = ["register_callbacks", "gib_bytes", "reserve_bytes", "plan_verdict", "shown_key", "frontier_view",
-           "summary_lines", "page_data", "run_controls", "source_banner", "url_state", "apply_url", "plan_commands",
-           "URL_KEYS"]
+__all__ = ["register_callbacks", "run_controls"]

@@ -3,7 +3,7 @@ no request to the server (issue 40: a redraw within 200 ms, nothing recomputed).
 
 :data:`VIEW_JS` is a Dash clientside callback.  It takes the frontier figure the server drew once
 per result (:func:`~.figures.frontier_figure` without a budget; every trace's ``meta`` says what
-it is), the page data (:func:`~.callbacks.page_data`: every drawn plan's per-device peaks, each
+it is), the page data (:func:`~.views.page_data`: every drawn plan's per-device peaks, each
 device's memory and price key, the batch) and the controls, and returns:
 
 - the figure with each plan grey where it does not fit (the rule of
@@ -38,7 +38,7 @@ window.tensoropt = (function () {
       n /= 1024;
     }
   }
-  function gibBytes(v) {       // callbacks.gib_bytes
+  function gibBytes(v) {       // views.gib_bytes
     if (v === null || v === undefined || v === "") return null;
     const g = Number(v);
     return (isFinite(g) && g > 0) ? g * GiB : null;

@@ -32,9 +32,9 @@ import pytest
 from tensoropt import OpGraph, Plan
 from tensoropt.dashboard import figures as F
 from tensoropt.dashboard import prices as P
-from tensoropt.dashboard.callbacks import plan_commands
 from tensoropt.dashboard.pipeline import ResultStore
 from tensoropt.dashboard.requests import first_request
+from tensoropt.dashboard.views import plan_commands
 from tensoropt.frontier.result import CSV_COLUMNS
 from tensoropt.optimizers import DEFAULT_OPTIMIZER
 from tensoropt.planmodel.fits import fits

@@ -379,7 +379,7 @@ def test_a_two_host_result_keeps_the_replicas_capture_and_shows_their_plans(tmp_
     # on two hosts the page's frontier holds 2-D plans, made for the model captured at one host's
     # slice: the result folder keeps that capture, so each such plan loads, simulates to its
     # point's figures, and its commands run it on both hosts
-    from tensoropt.dashboard.callbacks import plan_commands
+    from tensoropt.dashboard.views import plan_commands
 
     from .conftest import TINY
 

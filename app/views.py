@@ -1,0 +1,204 @@
+"""What the dashboard shows of a stored result, as values the callbacks hand to the page: the
+page's GiB inputs in bytes, the lines above the frontier and its figure, what the page's script
+redraws from (:func:`page_data`, for :mod:`.clientside`), whether a plan fits in words, the banner
+saying where the operator times come from, the price inputs, the compare dropdown's choices and a
+plan's commands.
+
+Each is a function of a :class:`~.pipeline.ResultStore` and a result's key, or of plain values:
+testable without a browser or a Dash server.  Where the page wants components (the banner, the
+price inputs) they are returned as components; everything else is a plain value.
+
+It owns what the page says of a result; it must not wire callbacks (:mod:`.callbacks` does),
+compute (:mod:`.pipeline` does) nor draw (:mod:`.figures` does).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import plotly.graph_objects as go
+from dash import dcc, html
+
+from tensoropt.describe import fmt_bytes
+from tensoropt.planmodel.fits import fits
+
+from . import figures, plangraph, prices
+from .commands import plan_filename, run_commands
+from .pipeline import ResultStore
+
+if TYPE_CHECKING:
+    from tensoropt import Cluster, Plan, SimResult
+
+
+def gib_bytes(value: float | str | None) -> float | None:
+    """A GiB input in bytes; empty, non-numeric, infinite or not positive: ``None``."""
+    try:
+        gib = float(value) if value not in (None, "") else 0.0
+    except (TypeError, ValueError):
+        return None
+    return gib * figures.GiB if math.isfinite(gib) and gib > 0 else None
+
+
+def reserve_bytes(value: float | str | None) -> int:
+    """The reserve input (GiB per device) in whole bytes; empty, non-numeric or not positive: 0."""
+    return int(gib_bytes(value) or 0)
+
+
+def summary_lines(store: ResultStore, key: str) -> list[str]:
+    """The lines above the frontier: what was computed and how long it took, the curves drawn,
+    whether the baselines still run, and the placers' errors."""
+    s = store.summary(key)
+    counts = ", ".join(str(k) for k in s.get("device_counts", []))
+    lines = [f"{s['ops']} operators; devices {', '.join(s['devices'])}; profiled/captured in {s['profile_s']:.1f} s, "
+             f"tracked in {s['tracking_s']:.1f} s; {'exact' if s['exact'] else 'not exact (see the frontier notes)'}; "
+             f"{s['points']} plans on the frontier, {s.get('curve_points', s['points'])} on the curves of "
+             f"{counts} GPUs"]
+    if not store.complete(key):
+        lines.append("the baseline placers are still running: their markers appear when they are done")
+    # the placers' messages already name the placer
+    lines += [b["error"] if b["error"].startswith(b["algo"]) else f"{b['algo']}: {b['error']}"
+              for b in store.baselines(key) if b.get("error")]
+    return lines
+
+
+def frontier_view(store: ResultStore, key: str, budget: float | None, reserve: int, selected: str | None = None,
+                  compare: str | None = None) -> tuple[go.Figure, list[str]]:
+    """The frontier figure of a result (:func:`figures.frontier_figure`: every curve point and
+    baseline, greyed where it does not fit — :func:`tensoropt.planmodel.fits.fits` of each plan's
+    per-device peaks with ``budget``, ``None``: each device's own memory, and ``reserve``) and the
+    lines above and under it (:func:`summary_lines`, then :func:`figures.fit_summary`).  The page
+    draws it once without a budget; its script restyles it for the budget (:mod:`.clientside`)."""
+    s = store.summary(key)
+    points, base, cluster = store.curves(key), store.baselines(key), store.cluster(key)
+    counts = ", ".join(str(k) for k in s.get("device_counts", []))
+    title = (f"{s['graph_name']} (batch {s['batch_size']}) on {s['cluster_name']}: {s['points']} Pareto-optimal plans, "
+             f"curves for {counts} GPUs")
+    fig = figures.frontier_figure(points, base, cluster=cluster, budget_bytes=budget, reserve_bytes=reserve,
+                                  selected=selected, compare=compare, batch=s["batch_size"], title=title)
+    plans = figures.drawn_plans(points, base)
+    fit = {p["plan_id"]: fits(p["peaks"], cluster, budget=budget, reserve=reserve) for p in plans}
+    return fig, [*summary_lines(store, key), figures.fit_summary(plans, fit, budget, reserve)]
+
+
+def page_data(store: ResultStore, key: str) -> dict[str, Any]:
+    """What the page's script needs of a result (:mod:`.clientside`): every drawn plan
+    (:func:`figures.drawn_plans`: id, label, role, devices, per-device peaks, memory, step), each
+    device's memory and price key, the device kinds by price key, the batch, and the device counts
+    the GPUs-needed table lists (1 … the devices chosen)."""
+    s = store.summary(key)
+    plans = figures.drawn_plans(store.curves(key), store.baselines(key))
+    kinds = s.get("device_kinds") or {}
+    return {"key": key, "batch": s["batch_size"], "capacity": s["device_memory"],
+            "counts": list(range(1, len(s["devices"]) + 1)),
+            "price_keys": {d: prices.price_key(kinds.get(d, "")) for d in s["devices"]},
+            "kinds": {prices.price_key(k): k for k in kinds.values()},
+            "plans": [{k: p[k] for k in ("plan_id", "label", "role", "devices", "memory_bytes", "time_s", "peaks")}
+                      for p in plans]}
+
+
+def plan_verdict(store: ResultStore, key: str, plan_id: str, budget: float | None, reserve: int) -> str:
+    """Whether one plan of a result fits, in words (``fits …`` / ``does not fit …: gpu1 over by
+    …``): :func:`tensoropt.planmodel.fits.fits` of its per-device peaks, as the frontier's markers judge it."""
+    peaks = figures.plan_peaks(store.curves(key), store.baselines(key)).get(plan_id)
+    if peaks is None:
+        return ""
+    cluster = store.cluster(key)
+    limit = figures.limit_text(budget, reserve)
+    if fits(peaks, cluster, budget=budget, reserve=reserve):
+        return f"fits {limit}"
+    return f"does not fit {limit}: {figures.over_text(peaks, cluster, budget_bytes=budget, reserve_bytes=reserve)}"
+
+
+def shown_key(shown: Mapping[str, Any] | None) -> str | None:
+    """The key of the result on show (the ``shown-key`` store: ``{"key": …, "done": …}``)."""
+    return (shown or {}).get("key") or None
+
+
+def source_banner(summary: dict[str, Any]) -> html.Div:
+    """The banner above the frontier: where the result's operator times come from (measured on a
+    device, or a device model's estimate, :func:`~.pipeline.times_source`) and what pricing decided."""
+    source = summary.get("times_from") or "not recorded"
+    modelled = bool(summary.get("times_modelled"))
+    look = ({"background": "#fff4d6", "border": "1px solid #e0b040"} if modelled
+            else {"background": "#eef4ee", "border": "1px solid #9c9"})
+    hint = (" — estimates, not measurements: upload a profile measured on that GPU, or a calibration, to sharpen "
+            "them" if modelled else "")
+    notes = summary.get("times_notes") or []
+    return html.Div(id="times-source", className="times-modelled" if modelled else "times-measured",
+                    style={**look, "borderRadius": "4px", "padding": "4px 8px", "margin": "2px 0"},
+                    children=[html.Span("Operator times: ", style={"fontWeight": "bold"}), source, hint,
+                              *([html.Ul([html.Li(n) for n in notes], style={"margin": "2px 0"})] if notes else [])])
+
+
+def price_inputs(kinds: Mapping[str, str], current: Mapping[str, Any], wanted: Mapping[str, float]) -> list[Any]:
+    """One price input per device kind (price key → kind name): its value the one on show, else the
+    link's, else the default (:data:`~.prices.LIST_PRICES`), else empty."""
+    rows: list[Any] = []
+    defaults = prices.default_prices(kinds.values())
+    for key, name in kinds.items():
+        value = current.get(key, wanted.get(key, wanted.get("*", defaults.get(key))))
+        listed = prices.LIST_PRICES.get(key)
+        hint = (f"default: {listed.derivation} ({listed.as_of})" if listed else
+                "no list price for this kind (docs/dashboard.md): enter one")
+        rows.append(html.Div(title=hint, style={"display": "flex", "gap": "4px", "alignItems": "center"}, children=[
+            html.Span(name, style={"flex": "1", "fontSize": "90%"}),
+            dcc.Input(id={"type": "price", "kind": key}, type="number", min=0, step="any", value=value,
+                      debounce=True, placeholder="USD/GPU-h", style={"width": "90px"}),
+        ]))
+    return rows
+
+
+def plan_options(store: ResultStore, key: str) -> list[dict[str, str]]:
+    """The compare dropdown's choices: every drawn plan, labelled with its devices, peak and step."""
+    plans = figures.drawn_plans(store.curves(key), store.baselines(key))
+    return [{"label": f"{p['label']}{'' if p['label'] == p['plan_id'] else ' (' + p['plan_id'] + ')'}: "
+                      f"{p['num_devices']} GPU(s), {fmt_bytes(p['memory_bytes'])}, {p['time_s'] * 1e3:.3f} ms",
+             "value": p["plan_id"]} for p in sorted(plans, key=lambda p: (p["num_devices"], p["memory_bytes"]))]
+
+
+def plan_commands(store: ResultStore, key: str, plan_id: str) -> str:
+    """The commands that check and run a plan of a result (:func:`~.commands.run_commands`), as shown."""
+    plan = store.plan(key, plan_id)
+    cmds, note = run_commands(store.summary(key).get("request") or {}, plan_id, len(plan.devices), plan.num_replicas)
+    where = (f"{plan.num_replicas} hosts of {len(plan.devices)} device(s)" if plan.replicas
+             else f"{len(plan.devices)} device(s)")
+    lines = [f"# the plan downloads as {plan_filename(plan_id)}; check it, run it on {where}"
+             + ("" if plan.replicas else ", or export it as a directory torchrun runs") + ":", *cmds]
+    return "\n".join(lines + ([f"# {note}"] if note else []))
+
+
+def device_options(cluster: Cluster) -> list[dict[str, str]]:
+    """The devices dropdown's choices: each device of ``cluster``, its name and memory."""
+    return [{"label": f"{d.name} ({fmt_bytes(d.memory_bytes)})", "value": d.name}
+            for d in (cluster.device(n) for n in cluster.names)]
+
+
+def graph_hint(mixed: Sequence[str]) -> str:
+    """The line under the plan graph: how to use it, and the groups whose operators run differently
+    (:func:`~.plangraph.mixed_groups`; the first eight)."""
+    hint = (f"groups whose operators run differently: {', '.join(plangraph.short_path(g) for g in mixed[:8])}"
+            + (" …" if len(mixed) > 8 else "") if mixed else "every group's operators run alike")
+    return "click a group (a square) to draw its operators, an operator for its configuration; " + hint
+
+
+def compare_summary(first: tuple[str, Plan, SimResult], second: tuple[str, Plan, SimResult], differing: int,
+                    ops: int) -> str:
+    """The line above two compared plans, each ``(plan id, plan, its simulation)``: each one's peak, step
+    and device count, the second's step as a multiple of the first's, and how many of the graph's ``ops``
+    operators are configured differently (:func:`~.plangraph.differing`: ``differing``)."""
+    (plan_id, a, sa), (other, b, sb) = first, second
+    ratio = sb.time_s / sa.time_s if sa.time_s else float("nan")
+    return (f"{plan_id}: {fmt_bytes(sa.max_memory_bytes)} peak, {sa.time_s * 1e3:.3f} ms on "
+            f"{len(a.devices)} device(s); {other}: {fmt_bytes(sb.max_memory_bytes)} peak, "
+            f"{sb.time_s * 1e3:.3f} ms on {len(b.devices)} device(s) ({ratio:.2f}× the step); "
+            f"{differing} of {ops} operators configured differently"
+            + ("" if set(a.devices) == set(b.devices) else
+               " (on different GPUs: compared by layout, recompute, sharding and place among each plan's"
+               " devices)"))
+
+
+__all__ = ["gib_bytes", "reserve_bytes", "summary_lines", "frontier_view", "page_data", "plan_verdict",
+           "shown_key", "source_banner", "price_inputs", "plan_options", "plan_commands", "device_options",
+           "graph_hint", "compare_summary"]

@@ -1,0 +1,142 @@
+"""What the dashboard shows of a result, without a browser: the page's inputs in bytes; on a cluster
+of unequal GPUs the page's decision of which plans fit equals :func:`tensoropt.planmodel.fits.fits` of
+the simulator's per-device peaks — the rule of the CLI, the CSV and ``tensoropt compare``; the banner
+saying where the operator times come from; what the page's script is handed; the commands of a plan."""
+
+import json
+import math
+import shlex
+
+import pytest
+from dash import html
+
+from tensoropt.dashboard import figures as F
+from tensoropt.dashboard.commands import run_commands
+from tensoropt.dashboard.views import (
+    frontier_view,
+    gib_bytes,
+    page_data,
+    plan_commands,
+    plan_verdict,
+    reserve_bytes,
+    source_banner,
+)
+from tensoropt.planmodel import simulate
+from tensoropt.planmodel.fits import fits
+
+from .conftest import SMALL_BYTES
+
+GiB = 2 ** 30
+
+
+def test_inputs_in_bytes():
+    assert [gib_bytes(v) for v in (None, "", 0, -1, "abc", math.inf, math.nan)] == [None] * 7
+    assert gib_bytes(16) == 16 * GiB and gib_bytes("0.5") == GiB / 2
+    assert reserve_bytes(None) == 0 and reserve_bytes(-2) == 0 and reserve_bytes(0.5) == GiB // 2
+
+
+def _plans(store, key):
+    """Plan id → the simulator's per-device peaks, for every plan the frontier chart draws (each curve
+    point, each baseline that is not one)."""
+    ids = [p["plan_id"] for p in F.drawn_plans(store.curves(key), store.baselines(key))]
+    return {pid: simulate(store.plan(key, pid), store.graph(key), store.costs(key), store.cluster(key)).memory_bytes
+            for pid in ids}
+
+
+@pytest.mark.parametrize("budget", [None, 9000, 17200, 2 ** 20])
+@pytest.mark.parametrize("reserve", [0, 500])
+def test_page_fits_equal_the_library_on_unequal_gpus(hetero_result, budget, reserve):
+    store, key = hetero_result
+    cluster = store.cluster(key)
+    peaks = _plans(store, key)
+    expected = {pid: fits(p, cluster, budget=budget, reserve=reserve) for pid, p in peaks.items()}
+    drawn_plans = F.drawn_plans(store.curves(key), store.baselines(key))
+    got = {p["plan_id"]: fits(p["peaks"], cluster, budget=budget, reserve=reserve) for p in drawn_plans}
+    assert got == expected
+    # every curve point's peaks are the simulator's, device by device
+    assert {p["plan_id"]: F.row_peaks(p) for p in store.curves(key)} == \
+        {p["plan_id"]: peaks[p["plan_id"]] for p in store.curves(key)}
+    # the figure greys exactly what does not fit; the line under it counts the curves' plans that fit
+    fig, lines = frontier_view(store, key, budget, reserve)
+    drawn = {pid: colour != F.GREY for t in fig.data if t.meta["role"] in ("curve", "baseline")
+             for pid, colour in zip(t.customdata, t.marker.color)}
+    assert drawn == expected
+    curve = [p["plan_id"] for p in store.curves(key)]
+    assert lines[-1].startswith(f"{sum(expected[p] for p in curve)} of {len(curve)} plans on the curves fit")
+    for pid, ok in expected.items():
+        assert plan_verdict(store, key, pid, budget, reserve).startswith("fits" if ok else "does not fit")
+
+
+def test_a_peak_above_the_small_gpu_fits_on_the_large_one(hetero_result):
+    """m-topo's plan peaks above the small device's memory, but on the 1 GiB device only: it fits
+    (a cap at the smallest device's memory would refuse it); dp's plan is on both, and the small
+    device cannot hold it."""
+    store, key = hetero_result
+    base = {b["algo"]: b for b in store.baselines(key)}
+    assert base["m-topo"]["peak_memory_bytes"] > SMALL_BYTES and list(base["m-topo"]["memory_bytes"]) == ["big"]
+    fit = F.fit_flags([], [base["dp"], base["m-topo"]], store.cluster(key))
+    assert fit == {"baseline-dp": False, "baseline-m-topo": True}
+    verdict = plan_verdict(store, key, "baseline-dp", None, 0)
+    assert verdict.startswith("does not fit each device's memory: small over by")
+    # the CSV's own fits column (the library's, no budget) says the same of the frontier's points
+    assert all(F.fit_flags([r], [], store.cluster(key))[r["plan_id"]] == (r["fits_budget"] == "true")
+               for r in store.frontier_rows(key))
+    # m-topo's plan is not drawn twice: it is a point of the one-device curve, found by m-topo
+    assert base["m-topo"]["same_as"] and base["m-topo"]["same_as"] in {p["plan_id"] for p in store.curves(key)}
+
+
+def _text(component) -> str:
+    """The text a Dash component shows (its children's strings, in order)."""
+    if isinstance(component, str):
+        return component
+    children = getattr(component, "children", None)
+    return "".join(_text(c) for c in (children if isinstance(children, list) else [children]) if c is not None)
+
+
+def test_banner_of_a_v100_result_names_the_v100_device_model(gpt2_result):
+    """Above a small GPT-2 on V100s: its times are the V100 device model's, said as such."""
+    store, _, key, _ = gpt2_result
+    banner = source_banner(store.summary(key))
+    text = _text(banner)
+    assert text.startswith("Operator times: Tesla V100-SXM2-16GB device model (calibration ")
+    assert "device model" in text and "estimates, not measurements" in text
+    assert banner.className == "times-modelled"
+
+
+def test_banner_of_measured_times_and_notes():
+    notes = ["gpu0: speed 2 as the cluster gives it", "gpu1: no kind stated, taken as the profiled device"]
+    banner = source_banner({"times_from": "measured on AMD EPYC 7B13", "times_notes": notes, "times_modelled": False})
+    *line, listed = banner.children
+    assert _text(html.Div(line)) == "Operator times: measured on AMD EPYC 7B13"
+    assert [_text(li) for li in listed.children] == notes and banner.className == "times-measured"
+    assert _text(source_banner({})) == "Operator times: not recorded"   # a summary from before sources were kept
+
+
+def test_page_data_is_what_the_script_needs(tiny_result):
+    """The page's script gets every drawn plan once, each device's memory and price key: the same
+    plans, peaks and fits the Python side computes (the browser test holds the script to them)."""
+    store, _, key, _ = tiny_result
+    data = page_data(store, key)
+    drawn = F.drawn_plans(store.curves(key), store.baselines(key))
+    assert [p["plan_id"] for p in data["plans"]] == [p["plan_id"] for p in drawn]
+    assert len({p["plan_id"] for p in data["plans"]}) == len(data["plans"])            # one point per plan
+    assert data["price_keys"] == {"gpu0": "titan-rtx", "gpu1": "titan-rtx"}
+    assert data["kinds"] == {"titan-rtx": "TITAN RTX"}
+    assert data["capacity"] == {d: store.cluster(key).device(d).memory_bytes for d in ("gpu0", "gpu1")}
+    assert data["batch"] == store.graph(key).batch_size and json.dumps(data)        # plain JSON
+    assert data["counts"] == [1, 2]                                                 # the rows of the table
+
+
+def test_the_plan_commands_name_the_model_the_file_and_the_devices(tiny_result):
+    store, req, key, _ = tiny_result
+    two = next(p for p in store.curves(key) if p["num_devices"] == 2)
+    text = plan_commands(store, key, two["plan_id"])
+    lines = text.splitlines()
+    assert lines[1] == f"tensoropt run {shlex.quote(req.model)} --plan {two['plan_id']}.json --check"
+    assert lines[2] == (f"torchrun --nproc-per-node 2 -m tensoropt.cli run {shlex.quote(req.model)} --plan "
+                        f"{two['plan_id']}.json --backend dist")
+    assert lines[3] == (f"tensoropt export {two['plan_id']}.json {shlex.quote(req.model)} --to torchrun -o "
+                        f"{two['plan_id']}-torchrun --cluster preset:titan-rtx-5")
+    cmds, note = run_commands({"model": "/up/abc.onnx", "batch": 4, "precision": "bf16"}, "p1", 3)
+    assert cmds[0].endswith("--plan p1.json --batch 4 --precision bf16 --check") and "ONNX" in note
+    assert cmds[2] == "tensoropt export p1.json /up/abc.onnx --to torchrun -o p1-torchrun --batch 4 --precision bf16"
