@@ -1,0 +1,103 @@
+"""Pipeline schedules simulated event by event agree with the papers' step times and memory.
+
+Expected values are the literature's closed forms, worked by hand for each case — GPipe's bubble
+(Huang et al., GPipe), PipeDream-Flush's 1F1B holding ``p − i`` micro-batches on stage ``i``
+(Narayanan et al., Memory-Efficient Pipeline-Parallel DNN Training), interleaved 1F1B's bubble
+divided by the virtual stages (Narayanan et al., Efficient Large-Scale Language Model Training on
+GPU Clusters Using Megatron-LM), the zero-bubble schedules' smaller bubble at 1F1B's memory (Qi et
+al., Zero Bubble Pipeline Parallelism) — and the order 1F1B's runtime in PyTorch runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tensoropt.planmodel.pipeline import (
+    Action,
+    PipelineError,
+    PipelineOrder,
+    _check,
+    pipeline_order,
+    simulate_pipeline,
+)
+
+
+@pytest.mark.parametrize("p, m", [(4, 8), (2, 5), (8, 8)])
+def test_gpipe_and_1f1b_take_m_plus_p_minus_1_slots(p: int, m: int) -> None:
+    f, b = 1.0, 2.0
+    for name in ("gpipe", "1f1b"):
+        run = simulate_pipeline(pipeline_order(name, ranks=p, microbatches=m), forward_s=f, backward_s=b)
+        assert run.step_s == pytest.approx((m + p - 1) * (f + b))
+        # each rank works m (f + b) of it, idle the rest: the bubble fraction (p − 1) / (m + p − 1)
+        assert run.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+
+
+def test_1f1b_holds_p_minus_i_micro_batches_where_gpipe_holds_all() -> None:
+    gpipe = simulate_pipeline(pipeline_order("gpipe", ranks=4, microbatches=8), forward_s=1, backward_s=2,
+                              activation_bytes=100)
+    one_f_one_b = simulate_pipeline(pipeline_order("1f1b", ranks=4, microbatches=8), forward_s=1, backward_s=2,
+                                    activation_bytes=100)
+    assert gpipe.peak_in_flight == (8, 8, 8, 8) and gpipe.peak_bytes == (800, 800, 800, 800)
+    assert one_f_one_b.peak_in_flight == (4, 3, 2, 1) and one_f_one_b.peak_bytes == (400, 300, 200, 100)
+
+
+def test_1f1b_runs_in_the_order_of_pytorchs_runtime() -> None:
+    """``Schedule1F1B._step_microbatches``: stage i runs min(m, p − i) forwards, then a backward and
+    a forward in turn (PyTorch's visualiser writes the last rank as F1 … F8 of 8: not read)."""
+    order = pipeline_order("1f1b", ranks=3, microbatches=4)
+    assert [str(s[0]) for s in order.ranks[0]] == ["0F0", "0F1", "0F2", "0B0", "0F3", "0B1", "0B2", "0B3"]
+    assert [str(s[0]) for s in order.ranks[2]] == ["2F0", "2B0", "2F1", "2B1", "2F2", "2B2", "2F3", "2B3"]
+
+
+def test_a_link_adds_its_time_twice_per_stage_boundary_on_gpipes_critical_path() -> None:
+    # by hand: the last micro-batch reaches the last stage after (p − 1)(f + L) + m f, the last stage runs
+    # its m backwards, and the last gradient crosses p − 1 boundaries back: m(f + b) + (p − 1)(f + b + 2L)
+    p, m, f, b, link = 4, 8, 1.0, 2.0, 0.25
+    run = simulate_pipeline(pipeline_order("gpipe", ranks=p, microbatches=m), forward_s=f, backward_s=b, link_s=link)
+    assert run.step_s == pytest.approx(m * (f + b) + (p - 1) * (f + b + 2 * link))
+
+
+@pytest.mark.parametrize("p, m", [(4, 8), (2, 4), (4, 4)])
+def test_interleaved_1f1b_divides_the_bubble_by_the_virtual_stages(p: int, m: int) -> None:
+    """Megatron-LM's interleaved schedule: the model's forward F and backward B cut into v·p stages
+    of F / (v p) and B / (v p) each; the step is m (F + B) / p + (p − 1)(F + B) / (v p)."""
+    v, F, B = 2, 4.0, 8.0
+    per_stage_f, per_stage_b = F / (v * p), B / (v * p)
+    run = simulate_pipeline(pipeline_order("interleaved-1f1b", ranks=p, microbatches=m, stages_per_rank=v),
+                            forward_s=per_stage_f, backward_s=per_stage_b)
+    assert run.step_s == pytest.approx(m * (F + B) / p + (p - 1) * (F + B) / (v * p))
+    one_f_one_b = simulate_pipeline(pipeline_order("1f1b", ranks=p, microbatches=m), forward_s=F / p,
+                                    backward_s=B / p)
+    assert run.step_s < one_f_one_b.step_s
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "interleaved-zb"])
+def test_zero_bubble_schedules_idle_less_than_1f1b_at_no_more_memory(schedule: str) -> None:
+    p, m, F, B = 4, 8, 4.0, 8.0
+    one_f_one_b = simulate_pipeline(pipeline_order("1f1b", ranks=p, microbatches=m), forward_s=F / p,
+                                    backward_s=B / p, activation_bytes=1.0)
+    zb = simulate_pipeline(pipeline_order(schedule, ranks=p, microbatches=m, stages_per_rank=2),
+                           forward_s=F / (2 * p), backward_s=B / (2 * p), activation_bytes=0.5)
+    # every rank does the same work, m (F + B) / p, in both: the difference is idle time
+    assert sum(zb.busy_s) == pytest.approx(sum(one_f_one_b.busy_s))
+    assert zb.bubble_fraction < one_f_one_b.bubble_fraction / 2
+    if schedule == "zbv":   # the ZB-V paper: 1F1B's peak activation memory
+        assert max(zb.peak_bytes) <= max(one_f_one_b.peak_bytes)
+
+
+def test_bad_schedules_say_what_is_wrong() -> None:
+    with pytest.raises(PipelineError, match="unknown pipeline schedule 'pipedream'; known: gpipe, 1f1b"):
+        pipeline_order("pipedream", ranks=2, microbatches=4)
+    with pytest.raises(PipelineError, match="1F1B needs at least as many micro-batches as stages"):
+        pipeline_order("1f1b", ranks=4, microbatches=2)
+    twice = PipelineOrder("hand", 1, 1, (((Action(0, "F", 0),), (Action(0, "F", 0),), (Action(0, "B", 0),)),))
+    with pytest.raises(PipelineError, match="exactly once"):
+        _check(twice)
+
+
+def test_an_order_whose_ranks_wait_on_each_other_is_a_deadlock() -> None:
+    # rank 0 wants stage 1's gradient before it runs its forward; rank 1 waits for that forward
+    stuck = PipelineOrder("hand", 2, 1, (((Action(0, "B", 0),), (Action(0, "F", 0),)),
+                                         ((Action(1, "F", 0),), (Action(1, "B", 0),))))
+    with pytest.raises(PipelineError, match="deadlocks: ranks wait at 0B0, 1F0"):
+        simulate_pipeline(stuck, forward_s=1, backward_s=1)
