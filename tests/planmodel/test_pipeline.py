@@ -1,4 +1,5 @@
-"""Pipeline schedules simulated event by event agree with the papers' step times and memory.
+"""Pipeline schedules simulated event by event agree with the papers' step times and memory; a
+model is cut into the stages that balance them.
 
 Expected values are the literature's closed forms, worked by hand for each case — GPipe's bubble
 (Huang et al., GPipe), PipeDream-Flush's 1F1B holding ``p − i`` micro-batches on stage ``i``
@@ -10,8 +11,14 @@ al., Zero Bubble Pipeline Parallelism) — and the order 1F1B's runtime in PyTor
 
 from __future__ import annotations
 
-import pytest
+import itertools
+import random
 
+import pytest
+import torch
+
+import tensoropt
+from tensoropt.errors import TensorOptError
 from tensoropt.planmodel.pipeline import (
     Action,
     PipelineError,
@@ -20,6 +27,7 @@ from tensoropt.planmodel.pipeline import (
     pipeline_order,
     simulate_pipeline,
 )
+from tensoropt.planmodel.stages import _cut, cut_stages
 
 
 @pytest.mark.parametrize("p, m", [(4, 8), (2, 5), (8, 8)])
@@ -101,3 +109,45 @@ def test_an_order_whose_ranks_wait_on_each_other_is_a_deadlock() -> None:
                                          ((Action(1, "F", 0),), (Action(1, "B", 0),))))
     with pytest.raises(PipelineError, match="deadlocks: ranks wait at 0B0, 1F0"):
         simulate_pipeline(stuck, forward_s=1, backward_s=1)
+
+
+# ---------------------------------------------------------------------------------- stages
+
+
+def _brute_force_cut(times: list[float], stages: int) -> float:
+    """The least slowest-stage time over every way to cut ``times`` into ``stages`` contiguous runs."""
+    n = len(times)
+    return min(max(sum(times[a:b]) for a, b in zip((0, *cuts), (*cuts, n)))
+               for cuts in itertools.combinations(range(1, n), stages - 1))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_cut_is_the_least_slowest_stage_of_every_contiguous_cut(seed: int) -> None:
+    rng = random.Random(seed)
+    times = [rng.choice([0.0, 1.0, rng.uniform(0.1, 5.0)]) for _ in range(rng.randint(3, 9))]
+    stages = rng.randint(1, len(times))
+    starts = [0, *_cut(times, stages), len(times)]
+    assert len(starts) == stages + 1 and starts == sorted(starts) and len(set(starts)) == stages + 1
+    got = max(sum(times[a:b]) for a, b in zip(starts, starts[1:]))
+    assert got == pytest.approx(_brute_force_cut(times, stages))
+
+
+def test_a_model_is_cut_between_its_blocks_and_each_stage_holds_what_it_receives() -> None:
+    # three layers and one 16× as wide (16× the FLOPs, large enough for FLOPs to set the A100's
+    # times): two stages put the wide one alone
+    widths = [512, 512, 512, 8192]
+    with torch.device("meta"):   # shapes are all the device model needs
+        layers = [torch.nn.Sequential(torch.nn.Linear(512, w), torch.nn.ReLU(), torch.nn.Linear(w, 512))
+                  for w in widths]
+        graph = tensoropt.capture(torch.nn.Sequential(*layers), (torch.randn(2048, 512),))
+    profiled = tensoropt.profile(graph, shard_degrees=(1,), timed=False)
+    costs = tensoropt.price(profiled, tensoropt.load_cluster("preset:a100-4-nvlink")).costs
+    stages = cut_stages(graph, costs, 2)
+    assert [s.blocks for s in stages] == [("0", "1", "2"), ("3",)]
+    assert [n for s in stages for n in s.ops] == [n.name for n in graph.ops]
+    # by hand: block 3 receives block 2's 2048 × 512 float32 output, which stage 0 sends
+    assert stages[0].send_bytes == 2048 * 512 * 4 and stages[1].send_bytes == 0
+    # its own parameters: 512·8192 + 8192 + 8192·512 + 512 floats
+    assert stages[1].param_bytes == (512 * 8192 + 8192 + 8192 * 512 + 512) * 4
+    with pytest.raises(TensorOptError, match="can be cut into 1 to 4 pipeline stages, not 5"):
+        cut_stages(graph, costs, 5)

@@ -1,0 +1,143 @@
+r"""A model cut into pipeline stages: contiguous runs of its blocks, balanced by time.
+
+The units are the graph's operators in order, grouped into maximal runs of one block
+(:func:`~tensoropt.graph.block_of`: a transformer layer, a ResNet stage's entry) or of operators
+outside every block (the embedding, the final norm and head).  A cut into ``S`` stages is
+``S − 1`` boundaries between units; the one chosen minimises the slowest stage's forward +
+backward time (uneven stages allowed: a stage with the embedding may take fewer layers), by
+dynamic programming over the ``U`` units:
+
+.. math::
+
+    T(k, u) = \min_{u' < u} \max\bigl(T(k - 1, u'),\ t(u' .. u)\bigr), \qquad O(S\,U^2)
+
+the first optimum in unit order on ties (deterministic).  Each :class:`Stage` carries its
+operators, its times at the costs' shape (profile the model at the micro-batch size to price a
+micro-batch), its parameters' bytes, the activations it keeps per micro-batch in flight
+(:func:`~.memory.node_memory`, whole, on one device, and the inputs it receives from earlier
+stages, which PyTorch's ``PipelineStage`` keeps for the backward) and the bytes it sends on.
+
+Example — a four-layer MLP cut into two stages of two layers::
+
+    >>> import torch
+    >>> from tensoropt import capture, load_cluster, price, profile
+    >>> from tensoropt.planmodel.stages import cut_stages
+    >>> layers = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()) for _ in range(4)]
+    >>> graph = capture(torch.nn.Sequential(*layers), (torch.randn(8, 64),))
+    >>> costs = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink")).costs
+    >>> [s.blocks for s in cut_stages(graph, costs, 2)]
+    [('0', '1'), ('2', '3')]
+
+It owns where the stages are cut and what each holds; it must not order the micro-batches
+(:mod:`.pipeline` does) nor place a stage's operators on devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import TensorOptError
+from ..graph import OpGraph, block_of
+from ..measure.costmodel import CostModel
+from .memory import node_memory
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: its ``ops`` in order, the ``blocks`` they belong to (``None`` runs of
+    operators outside blocks are left out of the names), ``forward_s`` / ``backward_s``,
+    ``param_bytes`` (trainable and not), ``trainable_bytes``, ``activation_bytes`` kept per
+    micro-batch and ``send_bytes``: its outputs read by a later stage, per micro-batch."""
+
+    ops: tuple[str, ...]
+    blocks: tuple[str, ...]
+    forward_s: float
+    backward_s: float
+    param_bytes: int
+    trainable_bytes: int
+    activation_bytes: int
+    send_bytes: int
+
+
+def _units(graph: OpGraph) -> list[list[str]]:
+    units: list[list[str]] = []
+    last: object = object()
+    for node in graph.ops:
+        key = block_of(node.module_path)
+        if units and key == last:
+            units[-1].append(node.name)
+        else:
+            units.append([node.name])
+        last = key
+    return units
+
+
+def _cut(times: list[float], stages: int) -> list[int]:
+    """The start index of each stage after the first: the min-max partition of ``times``."""
+    n = len(times)
+    prefix = [0.0]
+    for t in times:
+        prefix.append(prefix[-1] + t)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    back = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for u in range(k, n - (stages - k) + 1):
+            for v in range(k - 1, u):
+                cost = max(best[k - 1][v], prefix[u] - prefix[v])
+                if cost < best[k][u]:
+                    best[k][u], back[k][u] = cost, v
+    starts, u = [], n
+    for k in range(stages, 0, -1):
+        u = back[k][u]
+        starts.append(u)
+    return sorted(starts)[1:]
+
+
+def cut_stages(graph: OpGraph, costs: CostModel, stages: int) -> list[Stage]:
+    """``graph`` cut into ``stages`` contiguous stages (module docstring); more stages than units
+    is a :class:`~tensoropt.errors.TensorOptError` naming how many there are."""
+    units = _units(graph)
+    if stages < 1 or stages > len(units):
+        raise TensorOptError(f"{graph.name or 'the model'} has {len(units)} runs of blocks and other operators: "
+                             f"it can be cut into 1 to {len(units)} pipeline stages, not {stages}")
+    times = [sum(sum(costs.time(name)) for name in unit if name in costs) for unit in units]
+    starts = [0, *_cut(times, stages), len(units)]
+    where = {}
+    groups = []
+    for i in range(stages):
+        ops = [name for unit in units[starts[i]:starts[i + 1]] for name in unit]
+        groups.append(ops)
+        where.update(dict.fromkeys(ops, i))
+    out = []
+    for i, ops in enumerate(groups):
+        fwd = bwd = 0.0
+        act = send = 0
+        params: set[str] = set()
+        seen_inputs: set[str] = set()
+        blocks: list[str] = []
+        for name in ops:
+            node = graph.nodes[name]
+            if name in costs:
+                f, b = costs.time(name)
+                fwd, bwd = fwd + f, bwd + b
+                act += node_memory(graph, costs, name).activations
+                if any(where.get(c, i) > i for c in graph.successors(name)):
+                    send += costs[name].at().output_bytes
+                # an input received from an earlier stage: PipelineStage keeps it for the backward
+                for src, nbytes in zip(node.inputs, node.input_bytes):
+                    if where.get(src, i) < i and src not in seen_inputs:
+                        seen_inputs.add(src)
+                        act += nbytes
+            params.update(node.params)
+            key = block_of(node.module_path)
+            if key is not None and (not blocks or blocks[-1] != key):
+                blocks.append(key)
+        held = sum(graph.params[p].nbytes for p in params)
+        trainable = sum(graph.params[p].nbytes for p in params if graph.params[p].is_trainable)
+        out.append(Stage(tuple(ops), tuple(blocks), fwd, bwd, held, trainable, act, send))
+    return out
+
+
+__all__ = ["Stage", "cut_stages"]
