@@ -42,8 +42,9 @@ from ..execute.replicas import call_for_capture
 from ..execute.runplan import RunOptions, Say, run_plan, step_summary
 from ..graph import OpGraph
 from ..plan import Plan
-from .run import DistributedExecutor, apply_plan_distributed, compare_distributed, same_as_rank0
+from .run import DistributedExecutor, apply_plan_distributed, same_as_rank0
 from .runtime import DEFAULT_TIMEOUT_S, Runtime, init_runtime, parse_rank_map, shutdown
+from .verify import compare_distributed
 
 
 class DistributedBackend:
@@ -64,7 +65,7 @@ class DistributedBackend:
     def check(self, model: nn.Module, call: ModelCall, plan: Plan, graph: OpGraph, check_dtype: str) -> Comparison:
         """An executor of its own over a copy of the model in ``check_dtype``
         (:func:`~tensoropt.execute.check.prepare_check`), against an unmodified copy, random ops
-        on and drawn keyed on both sides (:func:`.run.compare_distributed`)."""
+        on and drawn keyed on both sides (:func:`.verify.compare_distributed`)."""
         m, x, p, g = prepare_check(model, call, plan, graph, check_dtype)
         reference = copy.deepcopy(m)
         ex = apply_plan_distributed(m, g.example_inputs, p, self.rt, rank_map=self.rank_map, graph=g,

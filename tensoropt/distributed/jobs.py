@@ -29,9 +29,10 @@ from ..measure.step import make_optimizer, training_loss
 from ..modelspec import load_model
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Plan
-from .run import DistributedExecutor, apply_plan_distributed, compare_distributed, same_as_rank0
+from .run import DistributedExecutor, apply_plan_distributed, same_as_rank0
 from .runtime import Runtime
 from .transport import SEGMENT_BYTES, Channel, PeerLink
+from .verify import compare_distributed
 
 
 def load_case(model_spec: str, *, float64: bool = False, dropout: bool = True,

@@ -160,6 +160,11 @@ class Program:
             return frozenset(range(self.world_size))
         return frozenset(r for r in self.output_ranks if r is not None)
 
+    def runs_on(self, node: str, rank: int) -> bool:
+        """Whether ``rank`` runs node ``node`` (a node fed only by placeholders runs on every rank)."""
+        r = self.rank_of_node.get(node)
+        return r is None or r == rank
+
     def collective_counts(self) -> dict[str, int]:
         """Collective kind → how many a step runs (forward; as many again in backward)."""
         return dict(Counter(c.kind for c in self.collectives))

@@ -10,7 +10,7 @@ rewritten graph):
 
 - **1 — optimizer state** (``Shard.OPTIMIZER``): the parameter is held whole and read as at
   level 0; its gradient is summed whole with the other shared gradients (the flat buffer's
-  all-reduce, :meth:`~.run.DistributedExecutor.sync_gradients`).  The optimizer gets
+  all-reduce, :meth:`~.gradients.GradientSync.sync`).  The optimizer gets
   :attr:`Held.piece` — a 1-D view of the rank's piece of the whole parameter, its gradient the
   same piece of the summed gradient — so its state is the piece's; stepping it updates that
   piece of the whole in place, and :meth:`Zero.gather_updated` all-gathers the other pieces into

@@ -5,7 +5,7 @@ floating inputs copied in the check's dtype (float64 by default), the plan appli
 and :func:`compare_with_model` — one forward + backward of each side on the same inputs, then
 the loss, every parameter gradient (by name) and every floating buffer after the step (batch
 norm's running statistics) compared elementwise.  :func:`check_tensor` is the one tolerance
-rule, shared by the distributed backend (:func:`tensoropt.distributed.run.compare_distributed`).
+rule, shared by the distributed backend (:func:`tensoropt.distributed.verify.compare_distributed`).
 
 **The check loss** (:func:`check_loss`) is ``Σ over floating outputs of (output.double() * W).sum()``
 with ``W`` a fixed random tensor of the output's shape (``N(0, 1) / sqrt(numel)``, drawn from a
