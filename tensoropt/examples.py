@@ -28,7 +28,8 @@ from .measure.profiler import profile
 def mlp_on(cluster: str = "preset:a100-4-nvlink", *,
            shard_degrees: Sequence[int] = (1, 2, 4, 8)) -> tuple[OpGraph, CostModel, Cluster]:
     """A two-layer MLP (16 → 32 → ReLU → 4, batch 8) captured, profiled untimed with
-    ``shard_degrees`` and priced on ``cluster`` (a spec :func:`tensoropt.load_cluster` reads):
+    ``shard_degrees`` (each operator's memory and work, recorded here) and priced on ``cluster``
+    (a spec :func:`tensoropt.load_cluster` reads; its GPUs' device model prices the times):
     ``(graph, costs, cluster)``, ready for :func:`tensoropt.simulate`, :func:`tensoropt.place`
     or :func:`tensoropt.track_frontier`.  The model's weights and input come from torch's global
     random generator, drawn as below.
