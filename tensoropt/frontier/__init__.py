@@ -27,15 +27,10 @@ The package owns the search for the Pareto set; it must not cost anything itself
 comes from :mod:`tensoropt.planmodel` (resharding, memory, the walk) and :mod:`tensoropt.measure`
 — so the frontier and the simulator cannot disagree about a plan's rules.
 
-Example (a two-layer MLP on a preset's A100s: the profile records each operator's memory and
-work here, untimed, and the A100's device model prices the times)::
+Example (a two-layer MLP on a preset's A100s, :func:`tensoropt.examples.mlp_on`)::
 
-    >>> import torch
-    >>> from tensoropt import capture, load_cluster, price, profile
-    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    >>> graph = capture(model, (torch.randn(8, 16),))
-    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
-    >>> costs, cluster = priced.costs, priced.cluster
+    >>> from tensoropt.examples import mlp_on
+    >>> graph, costs, cluster = mlp_on()
     >>> fr = track_frontier(graph, costs, cluster)
     >>> fr
     Frontier(6 points over 3 meshes, 4.1 KiB/0.075 ms … 15.1 KiB/0.063 ms)

@@ -109,15 +109,10 @@ This module owns the translation of a graph on a mesh into a :class:`~.problem.P
 not state a cost rule of its own — each cost is the plan model's (:mod:`tensoropt.planmodel`),
 the same rule the simulator applies.
 
-Example (a two-layer MLP on a preset's A100s: the profile records each operator's memory and
-work here, untimed, and the A100's device model prices the times)::
+Example (a two-layer MLP on a preset's A100s, :func:`tensoropt.examples.mlp_on`)::
 
-    >>> import torch
-    >>> from tensoropt import capture, load_cluster, price, profile
-    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    >>> graph = capture(model, (torch.randn(8, 16),))
-    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
-    >>> costs, cluster = priced.costs, priced.cluster
+    >>> from tensoropt.examples import mlp_on
+    >>> graph, costs, cluster = mlp_on()
     >>> candidate_meshes(cluster)
     [('gpu0',), ('gpu0', 'gpu1'), ('gpu0', 'gpu1', 'gpu2', 'gpu3')]
     >>> mp = build_problem(graph, costs, cluster, candidate_meshes(cluster)[1])

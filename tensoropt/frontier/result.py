@@ -8,16 +8,12 @@ This module owns the frontier of plans as a value and its files; it searches not
 :func:`~.track.track_frontier`, does) and invents no costs (every figure is a walked peak or a
 simulated step).
 
-Example (a two-layer MLP on a preset's A100s: the profile records each operator's memory and
-work here, untimed, and the A100's device model prices the times)::
+Example (a two-layer MLP on a preset's A100s, :func:`tensoropt.examples.mlp_on`)::
 
-    >>> import torch
-    >>> from tensoropt import capture, load_cluster, price, profile
+    >>> from tensoropt.examples import mlp_on
     >>> from tensoropt.frontier import track_frontier
-    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    >>> graph = capture(model, (torch.randn(8, 16),))
-    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
-    >>> fr = track_frontier(graph, priced.costs, priced.cluster, optimizer="adam")
+    >>> graph, costs, cluster = mlp_on()
+    >>> fr = track_frontier(graph, costs, cluster, optimizer="adam")
     >>> fr.to_csv("frontier.csv").name, [p.name for p in fr.save_plans("plans/")][:2]
     ('frontier.csv', ['p000-4dev.json', 'p001-4dev.json'])
     >>> fr.best_under(8 * 2**10).plan_id
@@ -328,15 +324,12 @@ class Frontier:
         the frontier's; ``index`` of ``count``: its place in the caller's list, naming the plan
         ``p{index:03d}-{k}dev`` (default ``j`` of the mesh's points).
 
-        >>> import torch
-        >>> from tensoropt import capture, load_cluster, price, profile
+        >>> from tensoropt.examples import mlp_on
         >>> from tensoropt.frontier import track_frontier
-        >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-        >>> graph = capture(model, (torch.randn(8, 16),))
-        >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
-        >>> fr = track_frontier(graph, priced.costs, priced.cluster, seed_placers=())
+        >>> graph, costs, cluster = mlp_on()
+        >>> fr = track_frontier(graph, costs, cluster, seed_placers=())
         >>> one = [w for w, m in enumerate(fr.meshes) if m.problem.num_devices == 1][0]
-        >>> p = fr.mesh_point(one, 0, graph, priced.costs)
+        >>> p = fr.mesh_point(one, 0, graph, costs)
         >>> p.plan_id, p.devices, p.memory_bytes == int(fr.meshes[one].mem[0])
         ('p000-1dev', ('gpu0',), True)
         """

@@ -56,15 +56,10 @@ This module is the search's driver: the meshes, the τ runs, the candidates, the
 and :mod:`.graph_problem` give them).  What it returns — :class:`~.result.Frontier`, its points, its
 files and budget queries — is :mod:`.result`'s; the notes a frontier carries are :mod:`.notes`'s.
 
-Example (a two-layer MLP on a preset's A100s: the profile records each operator's memory and
-work here, untimed, and the A100's device model prices the times)::
+Example (a two-layer MLP on a preset's A100s, :func:`tensoropt.examples.mlp_on`)::
 
-    >>> import torch
-    >>> from tensoropt import capture, load_cluster, price, profile
-    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    >>> graph = capture(model, (torch.randn(8, 16),))
-    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
-    >>> costs, cluster = priced.costs, priced.cluster
+    >>> from tensoropt.examples import mlp_on
+    >>> graph, costs, cluster = mlp_on()
     >>> fr = track_frontier(graph, costs, cluster, optimizer="adam")
     >>> [(p.plan_id, p.memory_bytes) for p in fr][:3]
     [('p000-4dev', 4240), ('p001-4dev', 7216), ('p002-2dev', 7968)]

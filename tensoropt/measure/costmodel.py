@@ -23,15 +23,12 @@ timed alone, times the node's in-sequence / alone ratio).
 It owns the profile's data and file format; it must not measure (the profiler does) nor cost a
 plan (:mod:`tensoropt.planmodel` does).
 
-Example (a two-layer MLP on a preset's A100s: the profile records each operator's memory and
-work here, untimed, and the A100's device model prices the times)::
+Example (a two-layer MLP on a preset's A100s, :func:`tensoropt.examples.mlp_on`: the profile
+records each operator's memory and work here, untimed, and the A100's device model prices the
+times)::
 
-    >>> import torch
-    >>> from tensoropt import capture, load_cluster, price, profile
-    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    >>> graph = capture(model, (torch.randn(8, 16),))
-    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
-    >>> costs, cluster = priced.costs, priced.cluster
+    >>> from tensoropt.examples import mlp_on
+    >>> graph, costs, cluster = mlp_on()
     >>> costs.save("profile.json")
     >>> costs = CostModel.load("profile.json", graph)
     >>> [round(t * 1e6, 2) for t in costs.time("linear", "batch", 2)], costs.legal("linear")[:3]

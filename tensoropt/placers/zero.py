@@ -35,12 +35,9 @@ a :class:`~tensoropt.plan.PlanError` giving the peak, the device and its memory.
 
 Example (a two-layer MLP on two A100s: ZeRO-2 keeps half of each gradient and optimizer state)::
 
-    >>> import torch
-    >>> from tensoropt import capture, load_cluster, price, profile
-    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    >>> graph = capture(model, (torch.randn(8, 16),))
-    >>> priced = price(profile(graph, shard_degrees=(1, 2), timed=False), load_cluster("preset:a100-4-nvlink"))
-    >>> plan = place(graph, priced.costs, priced.cluster, devices=["gpu0", "gpu1"], level="zero2")
+    >>> from tensoropt.examples import mlp_on
+    >>> graph, costs, cluster = mlp_on(shard_degrees=(1, 2))
+    >>> plan = place(graph, costs, cluster, devices=["gpu0", "gpu1"], level="zero2")
     >>> sorted({int(c.shard) for c in plan.configs.values()})
     [0, 2]
 """

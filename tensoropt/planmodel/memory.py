@@ -29,13 +29,10 @@ another device counts on both.
 This module owns the per-node figures and the whole-step entry point; it never walks a plan
 itself (:mod:`.walk` does, and never imports this module) and never measures.
 
-Example (a two-layer MLP; memory needs no times, so its profile is untimed)::
+Example (a two-layer MLP, :func:`tensoropt.examples.mlp_on`; memory reads none of its times)::
 
-    >>> import torch
-    >>> from tensoropt import capture, load_cluster, price, profile
-    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    >>> graph = capture(model, (torch.randn(8, 16),))
-    >>> costs = profile(graph, timed=False)
+    >>> from tensoropt.examples import mlp_on
+    >>> graph, costs, _ = mlp_on()
     >>> node_memory(graph, costs, "linear", layout="channel", degree=2, alpha=2)
     NodeMemory(params=1088, grads=1088, optimizer=2176, activations=0, transient=1024)
     >>> step_memory(graph, costs, optimizer="adam")["dev0"].peak

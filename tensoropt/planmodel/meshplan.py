@@ -32,17 +32,15 @@ Owns: the compiled twin of the simulator and the walk for one-mesh plans.  Must 
 rule of its own (a new rule goes into :mod:`.simulate` / :mod:`.walk` / :mod:`.reshard` first,
 then here, and the equality test says whether the two agree).
 
-Example (a two-layer MLP on a preset's A100s)::
+Example (a two-layer MLP on a preset's A100s, :func:`tensoropt.examples.mlp_on`)::
 
-    >>> import torch
-    >>> from tensoropt import capture, load_cluster, price, profile, simulate
-    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    >>> graph = capture(model, (torch.randn(8, 16),))
-    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
-    >>> ev = MeshEvaluator(graph, priced.costs, priced.cluster, ("gpu0", "gpu1"), optimizer="adam")
+    >>> from tensoropt import simulate
+    >>> from tensoropt.examples import mlp_on
+    >>> graph, costs, cluster = mlp_on()
+    >>> ev = MeshEvaluator(graph, costs, cluster, ("gpu0", "gpu1"), optimizer="adam")
     >>> vec = [0] * len(ev.names)            # every operator replicated (configuration 0: R)
     >>> peak, seconds = ev.evaluate(vec)
-    >>> sim = simulate(ev.plan(vec), graph, priced.costs, priced.cluster, optimizer="adam")
+    >>> sim = simulate(ev.plan(vec), graph, costs, cluster, optimizer="adam")
     >>> (peak, seconds) == (sim.max_memory_bytes, sim.time_s)
     True
 """

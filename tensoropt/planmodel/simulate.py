@@ -63,15 +63,10 @@ The simulator owns time (the event schedule); memory is :mod:`.walk`'s, edges ar
 :mod:`.reshard`'s.  It must not decide anything about a plan (it evaluates what it is given) and
 never measures.
 
-Example (a two-layer MLP on a preset's A100s: the profile records each operator's memory and
-work here, untimed, and the A100's device model prices the times)::
+Example (a two-layer MLP on a preset's A100s, :func:`tensoropt.examples.mlp_on`)::
 
-    >>> import torch
-    >>> from tensoropt import capture, load_cluster, price, profile
-    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    >>> graph = capture(model, (torch.randn(8, 16),))
-    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
-    >>> costs, cluster = priced.costs, priced.cluster
+    >>> from tensoropt.examples import mlp_on
+    >>> graph, costs, cluster = mlp_on()
     >>> from tensoropt import place
     >>> plan = place(graph, costs, cluster, "dp", devices=["gpu0", "gpu1"])
     >>> r = simulate(plan, graph, costs, cluster, optimizer="adam")

@@ -72,15 +72,10 @@ This module owns the walk and its result type (:class:`StepMemory`, and :func:`a
 which both it and :mod:`.memory` ask); it costs no time (that is :mod:`.simulate`, which shares
 :func:`plan_edges`) and never imports :mod:`.memory` (which imports it).
 
-Example (a two-layer MLP on a preset's A100s: the profile records each operator's memory and
-work here, untimed, and the A100's device model prices the times)::
+Example (a two-layer MLP on a preset's A100s, :func:`tensoropt.examples.mlp_on`)::
 
-    >>> import torch
-    >>> from tensoropt import capture, load_cluster, price, profile
-    >>> model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    >>> graph = capture(model, (torch.randn(8, 16),))
-    >>> priced = price(profile(graph, timed=False), load_cluster("preset:a100-4-nvlink"))
-    >>> costs, cluster = priced.costs, priced.cluster
+    >>> from tensoropt.examples import mlp_on
+    >>> graph, costs, cluster = mlp_on()
     >>> from tensoropt import place
     >>> plan = place(graph, costs, cluster, "dp", devices=["gpu0", "gpu1"])
     >>> mem = plan_memory(plan, graph, costs, cluster, optimizer="adam")
