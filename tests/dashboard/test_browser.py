@@ -294,6 +294,8 @@ def _frontier_budget_and_gpus_needed(server, browser):
         shown = {pid: colour != F.GREY for role in ("curve", "baseline") for _, ids, cols, _v in _traces(drv, role)
                  for pid, colour in zip(ids, cols)}
         assert shown == fit
+        # the decision line at the top: the reference's words on the same rows
+        assert _by_id(drv, "decision").text == decision_text(rows)
         table = _table(drv)
         assert [int(r[0]) for r in table] == [r["k"] for r in rows]
         for shown_row, want in zip(table, rows):
@@ -308,8 +310,6 @@ def _frontier_budget_and_gpus_needed(server, browser):
                 assert want["plan_id"] in shown_row[1] and shown_row[2] == f"{want['time_s'] * 1e3:.3f}"
                 assert shown_row[4].startswith(f"{want['efficiency'] * 100:.0f} %")
                 assert shown_row[7] == f"${want['usd_per_1k_steps']:.4f}"
-        # the decision line at the top: the reference's words on the same rows
-        assert _by_id(drv, "decision").text == decision_text(rows)
         assert _by_id(drv, "fit-summary").text.startswith(f"{sum(fit[p['plan_id']] for p in store.curves(key))} of "
                                                           f"{len(store.curves(key))} plans on the curves fit")
         # drawn by the page's script from the data it already had: its last run saw this budget

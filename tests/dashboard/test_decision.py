@@ -121,7 +121,7 @@ _NODE = r"""
 globalThis.window = {};
 const view = (%s);
 view(null, null);
-const cases = JSON.parse(require("fs").readFileSync(0, "utf8"));
+const cases = JSON.parse(require("fs").readFileSync(process.argv[2], "utf8"));
 console.log(JSON.stringify(cases.map(c => {
   const rows = window.tensoropt.gpusNeeded(c.data, c.fit, c.prices, c.epoch);
   return {use_k: rows.map(r => r.use_k === undefined ? null : r.use_k), text: window.tensoropt.decisionText(rows),
@@ -140,11 +140,14 @@ def _js_input(case):
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="no Node.js on this machine (apt-get install nodejs)")
-def test_the_page_script_decides_the_same():
+def test_the_page_script_decides_the_same(tmp_path):
     names = list(CASES)
-    got = json.loads(subprocess.run(["node", "-e", _NODE % VIEW_JS], input=json.dumps([_js_input(CASES[n][0])
-                                                                                        for n in names]),
-                                    capture_output=True, text=True, check=True, timeout=60).stdout)
+    (tmp_path / "decide.js").write_text(_NODE % VIEW_JS)
+    (tmp_path / "cases.json").write_text(json.dumps([_js_input(CASES[n][0]) for n in names]))
+    done = subprocess.run(["node", "decide.js", "cases.json"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout)
     for name, js in zip(names, got):
         _case, use_k, _c, _f, text = CASES[name]
         assert js["use_k"] == use_k, name
