@@ -257,8 +257,9 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
     app.clientside_callback(
         VIEW_JS,
         Output("frontier-graph", "figure"), Output("gpus-table", "data"), Output("fit-summary", "children"),
-        Input("frontier-base", "data"), Input("page-data", "data"), Input("budget", "value"),
-        Input("reserve", "value"), Input({"type": "price", "kind": ALL}, "value"), Input("epoch", "value"),
+        Output("decision", "children"),
+        Input("frontier-base", "data"), Input("page-data", "data"), Input("budget", "value"), Input("reserve", "value"),
+        Input({"type": "price", "kind": ALL}, "value"), Input("epoch", "value"),
         State({"type": "price", "kind": ALL}, "id"))
 
     @app.callback(Output("price-inputs", "children"), Input("page-data", "data"), State("url-prices", "data"),
@@ -279,11 +280,10 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
     def _select(click: Any, cell: Any, rows: list[dict[str, Any]] | None, data: Mapping[str, Any] | None) -> Any:
         if ctx.triggered_id == "gpus-table":
             try:
-                gpus = rows[cell["row"]]["gpus"] if rows and cell else None
-                plans = [p for p in (data or {}).get("plans", []) if len(p["devices"]) == gpus]
-                # the row's plan id (a column the table does not show: the plan cell may say more)
+                # the row's plan id (a column the table does not show: the plan cell may say more; a folded
+                # row's is the plan of the smaller count it names)
                 wanted = rows[cell["row"]].get("plan_id") if rows and cell else None
-                hit = next((p["plan_id"] for p in plans if p["plan_id"] == wanted), None)
+                hit = next((p["plan_id"] for p in (data or {}).get("plans", []) if p["plan_id"] == wanted), None)
             except (TypeError, KeyError, IndexError):
                 return no_update
             return hit or no_update

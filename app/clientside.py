@@ -12,8 +12,11 @@ device's memory and price key, the batch) and the controls, and returns:
   the budget line at budget − reserve, and the "fastest that fits" ring moved;
 - the GPUs-needed table (:func:`~.prices.gpus_needed`: per device count — every one from 1 to the
   devices chosen — the fastest plan that fits, samples/s, scaling efficiency, GPU-hours and dollars
-  per 1,000 steps and per epoch);
-- the line saying how many plans fit.
+  per 1,000 steps and per epoch; a count dominated by a smaller one — no faster, no cheaper,
+  :func:`~.prices.dominated` — folded into "use the 4-GPU plan");
+- the line saying how many plans fit;
+- the decision line at the top of the page (:func:`~.views.decision_text` of
+  :func:`~.prices.decide`: the cheapest and the fastest plan that fits).
 
 The Python functions named above are the reference: the browser tests hold this script to them
 on the same data.  It is a Python string so that it ships inside the package (the dashboard's
@@ -87,6 +90,7 @@ window.tensoropt = (function () {
       usd = (v === null || usd === null) ? null : usd + v;
     }
     return {samples_per_s: (batch && p.time_s > 0) ? batch / p.time_s : null,
+            hours_per_1k_steps: hours * 1000, hours_per_epoch: steps ? hours * steps : null,
             gpu_hours_per_1k_steps: k * hours * 1000,
             gpu_hours_per_epoch: steps ? k * hours * steps : null,
             usd_per_1k_steps: usd === null ? null : usd * hours * 1000,
@@ -112,34 +116,94 @@ window.tensoropt = (function () {
         rows.push({k: k, plan_id: null, least_memory_bytes: Math.min(...all.map(p => p.memory_bytes))});
         continue;
       }
-      ok.sort((a, b) => (a.time_s - b.time_s) || (a.memory_bytes - b.memory_bytes));
+      ok.sort((a, b) => (us(a.time_s) - us(b.time_s)) || (a.memory_bytes - b.memory_bytes));
       const best = ok[0];
       const row = Object.assign({k: k, plan_id: best.plan_id, label: best.label, time_s: best.time_s,
                                  memory_bytes: best.memory_bytes}, costs(best, data, prices, epoch));
       if (base === null) base = [k, best.time_s];
       row.efficiency = (base[1] / best.time_s) / (k / base[0]);
       row.efficiency_vs = base[0];
-      const us = t => Math.floor(t * 1e6 + 0.5);
-      let use = null;
-      for (const r of rows) {
-        if (r.plan_id !== null && us(r.time_s) <= us(best.time_s) &&
-            (use === null || us(r.time_s) < us(use.time_s))) use = r;
+      const over = rows.filter(r => r.plan_id !== null && dominated(row, r));
+      if (over.length) {
+        const use = first(over, faster);
+        row.use_k = use.k;
+        row.use_plan_id = use.plan_id;
       }
-      if (use !== null) row.use_k = use.k;
       rows.push(row);
     }
     return rows;
   }
+  // The decision: prices.py's _us, COST_TIE, cost_column, _cost_order, dominated, _faster, _cheaper, _first
+  // and decide, line for line (the rule is written there; tests/dashboard/test_decision.py holds the two
+  // to the same answers), and views.decision_text's words.
+  const COST_TIE = 1e-9;
+  function us(t) { return Math.floor(t * 1e6 + 0.5); }
+  function costColumn(rows) {
+    return rows.every(r => r.usd_per_1k_steps !== null) ? "usd_per_1k_steps" : "gpu_hours_per_1k_steps";
+  }
+  function costOrder(a, b, column) {
+    const x = a[column], y = b[column];
+    if (Math.abs(x - y) <= COST_TIE * Math.max(Math.abs(x), Math.abs(y))) return 0;
+    return x < y ? -1 : 1;
+  }
+  function dominated(row, by) {
+    return by.k < row.k && us(by.time_s) <= us(row.time_s) && costOrder(by, row, costColumn([by, row])) <= 0;
+  }
+  function faster(a, b, column) {
+    if (us(a.time_s) !== us(b.time_s)) return us(a.time_s) < us(b.time_s);
+    if (a.k !== b.k) return a.k < b.k;
+    return costOrder(a, b, column) < 0;
+  }
+  function cheaper(a, b, column) {
+    const order = costOrder(a, b, column);
+    if (order) return order < 0;
+    if (a.k !== b.k) return a.k < b.k;
+    return us(a.time_s) < us(b.time_s);
+  }
+  function first(rows, before) {
+    const column = costColumn(rows);
+    let best = rows[0];
+    for (const r of rows.slice(1)) if (before(r, best, column)) best = r;
+    return best;
+  }
+  function decide(rows) {
+    const ok = rows.filter(r => r.plan_id !== null && r.plan_id !== undefined);
+    if (!ok.length) return {cheapest: null, fastest: null, cost: null};
+    return {cheapest: first(ok, cheaper), fastest: first(ok, faster), cost: costColumn(ok)};
+  }
+  function hoursText(h) {   // views._hours
+    return h.toFixed(h > 0 ? Math.min(9, Math.max(0, 2 - Math.floor(Math.log10(h)))) : 0);
+  }
+  function decided(row, cost) {   // views._decided
+    const epoch = row.hours_per_epoch !== null, per = epoch ? "epoch" : "1k_steps", unit = epoch ? "epoch" : "1k steps";
+    const money = cost === "usd_per_1k_steps" ? "$" + row["usd_per_" + per].toFixed(epoch ? 2 : 4)
+                                              : row["gpu_hours_per_" + per].toFixed(epoch ? 3 : 4) + " GPU-h";
+    return row.k + " GPU" + (row.k !== 1 ? "s" : "") + ", " + (row.time_s * 1e3).toFixed(3) + " ms a step, " +
+           money + " per " + unit + ", " + hoursText(row["hours_per_" + per]) + " h per " + unit;
+  }
+  function decisionText(rows) {   // views.decision_text
+    const d = decide(rows);
+    if (d.cheapest === null || d.fastest === null)
+      return "no plan fits on any number of GPUs: raise the budget, lower the reserve or choose more devices";
+    const tail = d.cost === "usd_per_1k_steps" ? "" : " (GPU-hours: set a price per GPU-hour for dollars)";
+    if (d.cheapest === d.fastest) return "cheapest and fastest that fits: " + decided(d.fastest, d.cost) + tail;
+    return "cheapest that fits: " + decided(d.cheapest, d.cost) + "; fastest that fits: " +
+           decided(d.fastest, d.cost) + tail;
+  }
   function num(v, digits) { return (v === null || v === undefined) ? "" : v.toFixed(digits); }
   function tableRows(rows) {
-    return rows.map(r => r.plan_id === null ? {
+    const FOLDED = {step_ms: "", samples_s: "", efficiency: "", memory: "", gpuh_1k: "", usd_1k: "", gpuh_epoch: "",
+                    usd_epoch: ""};
+    return rows.map(r => r.use_k !== undefined ? Object.assign({
+      // dominated by a smaller count (no faster, no cheaper): its plan not listed; a click opens the smaller count's
+      gpus: r.k, plan_id: r.use_plan_id,
+      plan: "use the " + r.use_k + "-GPU plan: no slower, no dearer"}, FOLDED)
+    : r.plan_id === null ? {
       gpus: r.k, plan: r.least_memory_bytes === null ? "no plan" : "none fits", step_ms: "", samples_s: "",
       efficiency: "", memory: r.least_memory_bytes === null ? "" : "least " + fmtBytes(r.least_memory_bytes),
       gpuh_1k: "", usd_1k: "", gpuh_epoch: "", usd_epoch: ""
     } : {
-      gpus: r.k, plan_id: r.plan_id, plan: (r.label === r.plan_id ? r.plan_id : r.label + " (" + r.plan_id + ")") +
-                       (r.use_k === undefined ? "" : ": no faster than " + r.use_k + " GPU" +
-                        (r.use_k > 1 ? "s" : "") + ", use the " + r.use_k + "-GPU plan"),
+      gpus: r.k, plan_id: r.plan_id, plan: r.label === r.plan_id ? r.plan_id : r.label + " (" + r.plan_id + ")",
       step_ms: num(r.time_s * 1e3, 3),
       samples_s: r.samples_per_s === null ? "" : Math.round(r.samples_per_s).toLocaleString("en-US"),
       efficiency: (r.efficiency * 100).toFixed(0) + " % (vs " + r.efficiency_vs + ")",
@@ -159,11 +223,10 @@ window.tensoropt = (function () {
     const byId = {};
     for (const p of data.plans) byId[p.plan_id] = p;
     // figures.fastest_that_fits: the step to the microsecond, ties to fewer GPUs, then less memory
-    const us = p => Math.floor(p.time_s * 1e6 + 0.5);
     let best = null;
     for (const p of data.plans) {
-      if (fit[p.plan_id] && (best === null || us(p) < us(best) ||
-                             (us(p) === us(best) && (p.devices.length < best.devices.length ||
+      if (fit[p.plan_id] && (best === null || us(p.time_s) < us(best.time_s) ||
+                             (us(p.time_s) === us(best.time_s) && (p.devices.length < best.devices.length ||
                               (p.devices.length === best.devices.length && p.memory_bytes < best.memory_bytes)))))
         best = p;
     }
@@ -202,7 +265,7 @@ window.tensoropt = (function () {
   }
   function view(base, data, budgetGiB, reserveGiB, priceValues, priceIds, epoch) {
     const t0 = performance.now();
-    if (!base || !data) return [base || {}, [], ""];
+    if (!base || !data) return [base || {}, [], "", ""];
     const budget = gibBytes(budgetGiB);
     const reserve = Math.floor(gibBytes(reserveGiB) || 0);
     const [fit, over] = fitFlags(data, budget, reserve);
@@ -221,9 +284,10 @@ window.tensoropt = (function () {
               (best.devices.length > 1 ? "s" : "") + ", " + (best.time_s * 1e3).toFixed(3) + " ms" : "");
     window.tensoropt.last = {ms: performance.now() - t0, budget: budget, reserve: reserve, fit: fit,
                              rows: rows, prices: prices};
-    return [fig, tableRows(rows), line];
+    return [fig, tableRows(rows), line, decisionText(rows)];
   }
-  return {view: view, fitFlags: fitFlags, gpusNeeded: gpusNeeded, fmtBytes: fmtBytes, overText: overText};
+  return {view: view, fitFlags: fitFlags, gpusNeeded: gpusNeeded, fmtBytes: fmtBytes, overText: overText,
+          dominated: dominated, decide: decide, decisionText: decisionText, tableRows: tableRows};
 })();
 """
 

@@ -1,6 +1,7 @@
 """The page: controls on the left (model, cluster, devices, batch, precision, where the operator times
 come from, run and cancel with a progress bar, the memory budget and reserve per device, the price
-of a GPU-hour per device kind and the epoch size), the frontier — one curve per device count, under
+of a GPU-hour per device kind and the epoch size), the decision line (the cheapest and the fastest
+plan that fits), the frontier — one curve per device count, under
 a banner saying where its times come from — the GPUs-needed table, and the chosen plan on the right
 (its commands, memory, timeline, graph, table, and a second plan beside it).  Component ids are the
 contract with :mod:`.callbacks`, :mod:`.clientside` and the browser tests.
@@ -181,6 +182,7 @@ def _gpus_box() -> html.Div:
         DataTable(id="gpus-table", columns=[{"name": h, "id": c} for c, h in GPUS_COLUMNS], data=[],
                   style_cell=_TABLE_STYLE, style_header={"fontWeight": "bold"},
                   style_data_conditional=[{"if": {"filter_query": '{plan} = "none fits"'}, "color": "#999"},
+                                          {"if": {"filter_query": '{plan} contains "use the"'}, "color": "#999"},
                                           {"if": {"filter_query": '{plan} = "no plan"'}, "color": "#999"}]),
         html.Div("Scaling efficiency: samples/s per GPU against the fewest GPUs with a plan that fits. Costs: "
                  "GPU-hours × the price per GPU-hour of each device's kind; an epoch is ⌈epoch size / batch⌉ "
@@ -259,6 +261,9 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
         *_stores(start["cluster_path"]),
     ])
     main = html.Div(style={"flex": "1", "minWidth": "0"}, children=[
+        # the answer first, above the fold on a laptop: which plan to take (filled by the page's script)
+        html.Div(id="decision", style={"fontWeight": "bold", "fontSize": "105%", "padding": "4px 8px",
+                                       "margin": "2px 0", "background": "#eef2fb", "borderRadius": "4px"}),
         html.Div(id="result-summary", style={"fontSize": "90%"}),
         dcc.Graph(id="frontier-graph", style={"height": "500px"}, config={"displaylogo": False}),
         html.Div([html.Button("Download frontier CSV", id="download-csv-button", n_clicks=0),

@@ -1,5 +1,6 @@
 """What a plan costs to run: GPU-hours and dollars per 1,000 steps and per epoch, at a price per
-GPU-hour for each device kind, and the fastest plan on every number of GPUs under a budget.
+GPU-hour for each device kind, the fastest plan on every number of GPUs under a budget, and which of
+those to take (:func:`decide`: the cheapest and the fastest, a count no better than a smaller one folded).
 
 The page computes the same in the browser (:mod:`.clientside`) so that a new budget or price
 redraws without a request to the server; the functions here are the reference the tests hold
@@ -18,7 +19,7 @@ or touch Dash.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,10 +112,10 @@ def steps_per_epoch(epoch_samples: float | None, batch: int | None) -> int | Non
 
 def plan_costs(time_s: float, devices: Sequence[str], kinds: Mapping[str, str], prices: Mapping[str, float | None],
                *, batch: int | None, epoch_samples: float | None) -> dict[str, float | None]:
-    """What one plan costs: ``samples_per_s``, ``gpu_hours_per_1k_steps`` (its devices × 1,000
-    steps), ``gpu_hours_per_epoch``, and ``usd_per_1k_steps`` / ``usd_per_epoch`` at ``prices``
-    (price key → USD per GPU-hour; ``None`` when a device's kind has no price).  ``kinds``:
-    device → kind name."""
+    """What one plan costs: ``samples_per_s``, the wall-clock ``hours_per_1k_steps`` and
+    ``hours_per_epoch``, ``gpu_hours_per_1k_steps`` (its devices × 1,000 steps),
+    ``gpu_hours_per_epoch``, and ``usd_per_1k_steps`` / ``usd_per_epoch`` at ``prices`` (price key →
+    USD per GPU-hour; ``None`` when a device's kind has no price).  ``kinds``: device → kind name."""
     k = len(devices)
     per_step_h = time_s / HOUR
     steps = steps_per_epoch(epoch_samples, batch)
@@ -124,6 +125,8 @@ def plan_costs(time_s: float, devices: Sequence[str], kinds: Mapping[str, str], 
         usd_h = None if p is None or usd_h is None else usd_h + p
     out: dict[str, float | None] = {
         "samples_per_s": batch / time_s if batch and time_s > 0 else None,
+        "hours_per_1k_steps": per_step_h * 1000,
+        "hours_per_epoch": per_step_h * steps if steps else None,
         "gpu_hours_per_1k_steps": k * per_step_h * 1000,
         "gpu_hours_per_epoch": k * per_step_h * steps if steps else None,
     }
@@ -142,10 +145,11 @@ def gpus_needed(plans: Sequence[Mapping[str, Any]], fit: Mapping[str, bool], kin
     ``(sps_k / sps_k0) / (k / k0)``.  A ``k`` where nothing fits has ``plan_id`` ``None`` and its
     least memory in ``least_memory_bytes``; one with no plan at all (no mesh of the search, no
     placer used that many devices) has ``least_memory_bytes`` ``None`` too.  ``plans``: dicts with
-    ``plan_id``, ``devices``, ``memory_bytes``, ``time_s``.  A row whose plan a smaller count
-    matches or beats (its step to the microsecond, as the page shows it) has ``use_k``: that count
-    (the fastest such, ties to fewer) — more GPUs for no faster step is only dearer; the page folds
-    it ("use the 4-GPU plan").  O(plans + counts)."""
+    ``plan_id``, ``devices``, ``memory_bytes``, ``time_s``; on one count the fastest to the
+    microsecond, then the least memory.  A row :func:`dominated` by a smaller count's (no faster, no
+    cheaper) has ``use_k`` and ``use_plan_id``: that count and its plan (the first of them by
+    :func:`decide`'s "fastest" order, never one folded itself) — the page folds the row into "use the
+    4-GPU plan".  O(plans + counts²)."""
     by_k: dict[int, list[Mapping[str, Any]]] = {int(k): [] for k in counts}
     for p in plans:
         by_k.setdefault(len(p["devices"]), []).append(p)
@@ -159,7 +163,7 @@ def gpus_needed(plans: Sequence[Mapping[str, Any]], fit: Mapping[str, bool], kin
         if not ok:
             rows.append({"k": k, "plan_id": None, "least_memory_bytes": min(p["memory_bytes"] for p in by_k[k])})
             continue
-        best = min(ok, key=lambda p: (p["time_s"], p["memory_bytes"]))
+        best = min(ok, key=lambda p: (_us(p["time_s"]), p["memory_bytes"]))
         row: dict[str, Any] = {"k": k, "plan_id": best["plan_id"], "time_s": best["time_s"],
                                "memory_bytes": best["memory_bytes"],
                                **plan_costs(best["time_s"], best["devices"], kinds, prices, batch=batch,
@@ -169,17 +173,106 @@ def gpus_needed(plans: Sequence[Mapping[str, Any]], fit: Mapping[str, bool], kin
         k0, t0 = base
         row["efficiency"] = (t0 / best["time_s"]) / (k / k0)
         row["efficiency_vs"] = k0
-        better = [r for r in rows if r["plan_id"] is not None and _us(r["time_s"]) <= _us(best["time_s"])]
-        if better:
-            row["use_k"] = min(better, key=lambda r: (_us(r["time_s"]), r["k"]))["k"]
+        over = [r for r in rows if r["plan_id"] is not None and dominated(row, r)]
+        if over:
+            use = _first(over, _faster)
+            row["use_k"], row["use_plan_id"] = use["k"], use["plan_id"]
         rows.append(row)
     return rows
 
 
+# ---- the decision: which row of gpus_needed to take --------------------------------------------
+# One rule, here; the page's script (.clientside: dominated, faster, cheaper, decide) mirrors it
+# line for line, and tests/dashboard/test_decision.py holds the two to the same answers.
+#: two costs this close (relative) are the same cost (float sums of the same prices differ in the last bits)
+COST_TIE = 1e-9
+
+
 def _us(time_s: float) -> int:
-    """A step in whole microseconds, as the page shows it (the page's script rounds the same way)."""
+    """A step in whole microseconds, as the page shows it: two steps are a tie when these are equal."""
     return math.floor(time_s * 1e6 + 0.5)
 
 
+def cost_column(rows: Iterable[Mapping[str, Any]]) -> str:
+    """The cost rows are compared by: ``usd_per_1k_steps`` when every one of ``rows`` has a price,
+    else ``gpu_hours_per_1k_steps`` (per 1,000 steps: an epoch is the same steps on every row).
+
+    >>> cost_column([{"usd_per_1k_steps": 1.0}, {"usd_per_1k_steps": None}])
+    'gpu_hours_per_1k_steps'
+    """
+    return "usd_per_1k_steps" if all(r["usd_per_1k_steps"] is not None for r in rows) else "gpu_hours_per_1k_steps"
+
+
+def _cost_order(a: Mapping[str, Any], b: Mapping[str, Any], column: str) -> int:
+    """-1, 0 or 1: ``a`` cheaper than, as cheap as (:data:`COST_TIE`), or dearer than ``b``."""
+    x, y = a[column], b[column]
+    if abs(x - y) <= COST_TIE * max(abs(x), abs(y)):
+        return 0
+    return -1 if x < y else 1
+
+
+def dominated(row: Mapping[str, Any], by: Mapping[str, Any]) -> bool:
+    """Whether the GPUs-needed row ``row`` is dominated by ``by``: ``by`` on fewer GPUs, its step no
+    slower (to the microsecond) and no dearer (:func:`cost_column` of the two) — more GPUs for nothing.
+
+    >>> one = {"k": 1, "time_s": 0.000651, "usd_per_1k_steps": 1.0, "gpu_hours_per_1k_steps": 1.0}
+    >>> two = {"k": 2, "time_s": 0.0006512, "usd_per_1k_steps": 2.0, "gpu_hours_per_1k_steps": 2.0}
+    >>> dominated(two, one), dominated(one, two)
+    (True, False)
+    """
+    return (by["k"] < row["k"] and _us(by["time_s"]) <= _us(row["time_s"])
+            and _cost_order(by, row, cost_column((by, row))) <= 0)
+
+
+def _faster(a: Mapping[str, Any], b: Mapping[str, Any], column: str) -> bool:
+    """Whether ``a`` goes before ``b`` as the fastest: a shorter step (to the microsecond), then fewer
+    GPUs, then cheaper."""
+    if _us(a["time_s"]) != _us(b["time_s"]):
+        return _us(a["time_s"]) < _us(b["time_s"])
+    if a["k"] != b["k"]:
+        return a["k"] < b["k"]
+    return _cost_order(a, b, column) < 0
+
+
+def _cheaper(a: Mapping[str, Any], b: Mapping[str, Any], column: str) -> bool:
+    """Whether ``a`` goes before ``b`` as the cheapest: cheaper (:data:`COST_TIE`), then fewer GPUs,
+    then a shorter step."""
+    order = _cost_order(a, b, column)
+    if order:
+        return order < 0
+    if a["k"] != b["k"]:
+        return a["k"] < b["k"]
+    return _us(a["time_s"]) < _us(b["time_s"])
+
+
+def _first(rows: Sequence[Mapping[str, Any]],
+           before: Callable[[Mapping[str, Any], Mapping[str, Any], str], bool]) -> Mapping[str, Any]:
+    """The row of ``rows`` that goes before every other by ``before`` (:func:`_faster` or
+    :func:`_cheaper`), costs by :func:`cost_column` of ``rows``."""
+    column = cost_column(rows)
+    best = rows[0]
+    for r in rows[1:]:
+        if before(r, best, column):
+            best = r
+    return best
+
+
+def decide(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The decision line's two plans among :func:`gpus_needed`'s ``rows`` that have a plan that fits:
+    ``cheapest`` (cheapest per step, ties to fewer GPUs, then the shorter step) and ``fastest``
+    (shortest step to the microsecond, ties to fewer GPUs, then the cheaper), both ``None`` when
+    nothing fits, and ``cost``: the column they were compared by (:func:`cost_column`).
+
+    >>> rows = [{"k": 1, "plan_id": "a", "time_s": 0.000651, "usd_per_1k_steps": 1.0, "gpu_hours_per_1k_steps": 1.0},
+    ...         {"k": 2, "plan_id": "b", "time_s": 0.000651, "usd_per_1k_steps": 2.0, "gpu_hours_per_1k_steps": 2.0}]
+    >>> d = decide(rows); d["cheapest"]["k"], d["fastest"]["k"], d["cost"]
+    (1, 1, 'usd_per_1k_steps')
+    """
+    ok = [r for r in rows if r.get("plan_id") is not None]
+    if not ok:
+        return {"cheapest": None, "fastest": None, "cost": None}
+    return {"cheapest": _first(ok, _cheaper), "fastest": _first(ok, _faster), "cost": cost_column(ok)}
+
+
 __all__ = ["ListPrice", "LIST_PRICES", "price_key", "default_prices", "parse_prices", "format_prices",
-           "steps_per_epoch", "plan_costs", "gpus_needed"]
+           "steps_per_epoch", "plan_costs", "gpus_needed", "COST_TIE", "cost_column", "dominated", "decide"]

@@ -1,8 +1,8 @@
 """What the dashboard shows of a stored result, as values the callbacks hand to the page: the
 page's GiB inputs in bytes, the lines above the frontier and its figure, what the page's script
-redraws from (:func:`page_data`, for :mod:`.clientside`), whether a plan fits in words, the banner
-saying where the operator times come from, the price inputs, the compare dropdown's choices and a
-plan's commands.
+redraws from (:func:`page_data`, for :mod:`.clientside`), the decision line's words
+(:func:`decision_text`), whether a plan fits in words, the banner saying where the operator times
+come from, the price inputs, the compare dropdown's choices and a plan's commands.
 
 Each is a function of a :class:`~.pipeline.ResultStore` and a result's key, or of plain values:
 testable without a browser or a Dash server.  Where the page wants components (the banner, the
@@ -80,6 +80,49 @@ def frontier_view(store: ResultStore, key: str, budget: float | None, reserve: i
     plans = figures.drawn_plans(points, base)
     fit = {p["plan_id"]: fits(p["peaks"], cluster, budget=budget, reserve=reserve) for p in plans}
     return fig, [*summary_lines(store, key), figures.fit_summary(plans, fit, budget, reserve)]
+
+
+def _hours(h: float) -> str:
+    """Wall-clock hours as the decision line writes them: three significant digits, no exponent.
+
+    >>> _hours(0.022604), _hours(0.000181), _hours(12.34), _hours(1234.4)
+    ('0.0226', '0.000181', '12.3', '1234')
+    """
+    digits = min(9, max(0, 2 - math.floor(math.log10(h)))) if h > 0 else 0
+    return f"{h:.{digits}f}"
+
+
+def _decided(row: Mapping[str, Any], cost: str) -> str:
+    """One plan of the decision line: its GPUs, step, cost and wall-clock hours, per epoch when the
+    page has an epoch size, else per 1,000 steps (``cost``: :func:`~.prices.cost_column`)."""
+    per, unit = ("epoch", "epoch") if row["hours_per_epoch"] is not None else ("1k_steps", "1k steps")
+    if cost == "usd_per_1k_steps":
+        money = f"${row['usd_per_' + per]:.{2 if per == 'epoch' else 4}f}"
+    else:
+        money = f"{row['gpu_hours_per_' + per]:.{3 if per == 'epoch' else 4}f} GPU-h"
+    k = row["k"]
+    return (f"{k} GPU{'s' if k != 1 else ''}, {row['time_s'] * 1e3:.3f} ms a step, {money} per {unit}, "
+            f"{_hours(row['hours_per_' + per])} h per {unit}")
+
+
+def decision_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The line at the top of the page: the cheapest and the fastest plan that fits among the
+    GPUs-needed rows (:func:`~.prices.gpus_needed`, :func:`~.prices.decide`), one clause when they
+    are the same.  The page's script (:mod:`.clientside`, ``decisionText``) writes the same words.
+
+    >>> row = {"k": 1, "plan_id": "a", "time_s": 0.000651, "usd_per_1k_steps": 0.5, "gpu_hours_per_1k_steps": 0.2,
+    ...        "usd_per_epoch": 0.07, "hours_per_epoch": 0.0226, "gpu_hours_per_epoch": 0.0226}
+    >>> decision_text([row])
+    'cheapest and fastest that fits: 1 GPU, 0.651 ms a step, $0.07 per epoch, 0.0226 h per epoch'
+    """
+    d = prices.decide(rows)
+    cheapest, fastest, cost = d["cheapest"], d["fastest"], d["cost"]
+    if cheapest is None or fastest is None:
+        return "no plan fits on any number of GPUs: raise the budget, lower the reserve or choose more devices"
+    tail = "" if cost == "usd_per_1k_steps" else " (GPU-hours: set a price per GPU-hour for dollars)"
+    if cheapest is fastest:
+        return f"cheapest and fastest that fits: {_decided(fastest, cost)}{tail}"
+    return f"cheapest that fits: {_decided(cheapest, cost)}; fastest that fits: {_decided(fastest, cost)}{tail}"
 
 
 def page_data(store: ResultStore, key: str) -> dict[str, Any]:
@@ -201,4 +244,4 @@ def compare_summary(first: tuple[str, Plan, SimResult], second: tuple[str, Plan,
 
 __all__ = ["gib_bytes", "reserve_bytes", "summary_lines", "frontier_view", "page_data", "plan_verdict",
            "shown_key", "source_banner", "price_inputs", "plan_options", "plan_commands", "device_options",
-           "graph_hint", "compare_summary"]
+           "graph_hint", "compare_summary", "decision_text"]

@@ -1,8 +1,9 @@
 """The dashboard in real headless Chromium, on the tiny model over v100-8-nvlink's eight GPUs: the
 page opens on its frontier (a curve per device count, toggled from the legend), a budget greys what
-does not fit and redraws the GPUs-needed table in the browser (the page's script held to the Python
-reference on the same data; each redraw timed and printed — docs/measurements.md has the figures of
-``benchmarks/dashboard.py``, this test asserts no clock), a price changes the costs, a click shows a plan with
+does not fit and redraws the GPUs-needed table and the decision line above the chart in the browser
+(the page's script held to the Python reference on the same data; each redraw timed and printed —
+docs/measurements.md has the figures of ``benchmarks/dashboard.py``, this test asserts no clock), a
+price changes the costs and the decision, a click shows a plan with
 the commands that run it (the check and export commands run for real on the downloaded plan), a second plan
 compares beside it, the downloads land and load, the URL brings the page back, a bad upload and a
 refused run show their errors in the CLI's words, and a running job is cancelled.  Screenshots:
@@ -34,7 +35,7 @@ from tensoropt.dashboard import figures as F
 from tensoropt.dashboard import prices as P
 from tensoropt.dashboard.pipeline import ResultStore
 from tensoropt.dashboard.requests import first_request
-from tensoropt.dashboard.views import plan_commands
+from tensoropt.dashboard.views import decision_text, plan_commands
 from tensoropt.frontier.result import CSV_COLUMNS
 from tensoropt.optimizers import DEFAULT_OPTIMIZER
 from tensoropt.planmodel.fits import fits
@@ -293,16 +294,20 @@ def _frontier_budget_and_gpus_needed(server, browser):
         shown = {pid: colour != F.GREY for role in ("curve", "baseline") for _, ids, cols, _v in _traces(drv, role)
                  for pid, colour in zip(ids, cols)}
         assert shown == fit
+        # the decision line at the top: the reference's words on the same rows
+        assert _by_id(drv, "decision").text == decision_text(rows)
         table = _table(drv)
         assert [int(r[0]) for r in table] == [r["k"] for r in rows]
         for shown_row, want in zip(table, rows):
             if want["plan_id"] is None:
                 assert shown_row[1] == ("no plan" if want["least_memory_bytes"] is None else "none fits")
+            elif "use_k" in want:
+                # a count dominated by a smaller one (no faster, no cheaper) is folded into it, as the reference
+                # says: its plan and numbers not listed
+                assert shown_row[1] == f"use the {want['use_k']}-GPU plan: no slower, no dearer"
+                assert not any(shown_row[2:])
             else:
                 assert want["plan_id"] in shown_row[1] and shown_row[2] == f"{want['time_s'] * 1e3:.3f}"
-                # a count no faster than a smaller one is folded into it, as the reference says
-                assert ("use the" in shown_row[1]) == ("use_k" in want)
-                assert "use_k" not in want or f"use the {want['use_k']}-GPU plan" in shown_row[1]
                 assert shown_row[4].startswith(f"{want['efficiency'] * 100:.0f} %")
                 assert shown_row[7] == f"${want['usd_per_1k_steps']:.4f}"
         assert _by_id(drv, "fit-summary").text.startswith(f"{sum(fit[p['plan_id']] for p in store.curves(key))} of "
@@ -329,13 +334,20 @@ def _frontier_budget_and_gpus_needed(server, browser):
             assert got.get(k) == pytest.approx(want.get(k), rel=1e-9), k
     fitting = next(r for r in rows if r["plan_id"] is not None)
     assert fitting["usd_per_1k_steps"] == pytest.approx(6.12 * fitting["gpu_hours_per_1k_steps"])
+    _wait(lambda: _by_id(drv, "decision").text == decision_text(rows), 5, "the decision at the new price")
+    # above the chart, in view on opening a 1366 × 768 laptop's window
+    top = drv.execute_script("return [document.getElementById('decision').getBoundingClientRect().bottom + "
+                             "window.scrollY, document.getElementById('frontier-graph').getBoundingClientRect().top"
+                             " + window.scrollY]")
+    assert top[0] <= top[1] and top[0] < 700, top
     # a click on a row of the GPUs-needed table opens that row's plan (the reference's fastest plan on that many GPUs)
     last = rows[-1] if rows[-1]["plan_id"] is not None else fitting
     row = next(r for r in drv.find_elements(By.CSS_SELECTOR, "#gpus-table tbody tr")
                if r.find_elements(By.CSS_SELECTOR, "td") and r.find_elements(By.CSS_SELECTOR, "td")[0].text
                == str(last["k"]))
     row.find_elements(By.CSS_SELECTOR, "td")[1].click()
-    _wait(lambda: _by_id(drv, "plan-title").text == f"plan {last['plan_id']}", 20, "the row's plan")
+    want = last.get("use_plan_id") or last["plan_id"]   # a folded row opens the plan it points to
+    _wait(lambda: _by_id(drv, "plan-title").text == f"plan {want}", 20, "the row's plan")
     assert not _severe(drv)
 
 

@@ -15,7 +15,9 @@ KINDS = {"a": "Tesla V100-SXM2-16GB", "b": "Tesla V100-SXM2-16GB", "c": "NVIDIA 
 def test_costs_by_hand():
     # 2 V100s at $3 each, a 0.36 s step, batch 8, an epoch of 100 samples = 13 steps
     got = P.plan_costs(0.36, ["a", "b"], KINDS, {"v100-sxm2-16gb": 3.0}, batch=8, epoch_samples=100)
-    assert got == pytest.approx({"samples_per_s": 8 / 0.36, "gpu_hours_per_1k_steps": 0.2,
+    # wall-clock: 0.36 s × 1,000 = 0.1 h; 0.36 s × 13 steps
+    assert got == pytest.approx({"samples_per_s": 8 / 0.36, "hours_per_1k_steps": 0.1,
+                                 "hours_per_epoch": 0.36 * 13 / 3600, "gpu_hours_per_1k_steps": 0.2,
                                  "gpu_hours_per_epoch": 2 * 0.36 * 13 / 3600, "usd_per_1k_steps": 0.6,
                                  "usd_per_epoch": 6 * 0.36 * 13 / 3600})
     # a kind without a price: GPU-hours, no dollars; a bare number prices every kind
