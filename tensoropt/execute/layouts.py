@@ -181,7 +181,7 @@ class Transport:
         """Piece ``index`` of ``k`` of ``node`` along ``dim`` (a view, on ``node``'s device), cut
         right after ``node`` in the graph, not where the consumer asks for it: a piece that
         crosses ranks can then be sent as soon as ``node`` exists
-        (:class:`~tensoropt.distributed.run.DistributedExecutor` sends early), while its
+        (the distributed executor sends it early: :func:`~tensoropt.distributed.schedule.plan_schedule`), while its
         consumer, and the receive, stay where the plan put them."""
         key = ("split", node, dim, k)
         if key not in self._cache:
