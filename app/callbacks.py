@@ -38,9 +38,9 @@ from tensoropt.workflow import read_cluster
 from . import figures, plangraph
 from .clientside import VIEW_JS
 from .commands import plan_filename
-from .layout import DEFAULT_EPOCH
+from .layout import DEFAULT_EPOCH, STALE_BANNER_STYLE
 from .pipeline import ResultStore, behind_the_page, run_request
-from .requests import cluster_spec, request_from_controls, zoo_default_params
+from .requests import chosen_source, cluster_spec, request_from_controls, zoo_default_params
 from .uploads import accept_upload
 from .urlstate import apply_url, url_state
 from .views import (
@@ -57,6 +57,7 @@ from .views import (
     reserve_bytes,
     shown_key,
     source_banner,
+    stale_text,
     summary_lines,
 )
 
@@ -112,6 +113,26 @@ def _register_controls(app: dash.Dash, store: ResultStore) -> None:
         if not name or name == params_for:   # the parameters on show are this model's (a link set them)
             return no_update, no_update
         return zoo_default_params(name), name
+
+    @app.callback(Output("model-source", "value", allow_duplicate=True), Output("model-spec", "value",
+                                                                                 allow_duplicate=True),
+                  Input("model-source", "value"), Input("model-spec", "value"), Input("zoo-name", "value"),
+                  Input("zoo-params", "value"), prevent_initial_call=True)
+    def _model_choice(source: str, spec: str | None, zoo_name: str | None, zoo_params: str | None) -> tuple[Any, Any]:
+        # the radio follows the request (requests.chosen_source: a spec typed while the zoo is chosen wins, whether or
+        # not this has run when the run button reads the controls); choosing another source, a zoo model or its
+        # parameters empties the spec box, which would otherwise win over them.  A link sets these all at once, and
+        # consistently (apply_url): nothing changes then.
+        which = {t["prop_id"].split(".")[0] for t in ctx.triggered}
+        typed = (spec or "").strip()
+        if which & {"zoo-name", "zoo-params"} and not which & {"model-source", "model-spec"}:
+            return ("zoo" if source != "zoo" else no_update), ("" if typed else no_update)
+        if "model-spec" in which and typed:
+            meant = "spec" if source == "onnx" else chosen_source(source, zoo_name, zoo_params, spec)
+            return (meant if meant != source else no_update), no_update
+        if "model-source" in which and source != "spec" and typed:
+            return no_update, ""
+        return no_update, no_update
 
     @app.callback(Output("model-source", "value"), Input("onnx-path", "data"), prevent_initial_call=True)
     def _onnx_chosen(path: str | None) -> Any:
@@ -183,21 +204,25 @@ _RUN_STATES = (State("model-source", "value"), State("zoo-name", "value"), State
 
 
 def _register_run(app: dash.Dash, store: ResultStore, algos: tuple[str, ...] | None) -> None:
-    """The run button: :func:`~.pipeline.run_request` as a background job with a progress bar and a
-    cancel button; the frontier's key arrives as progress (``partial-key``) before the baselines are
-    done.  The page's first run starts once the URL's state is applied (``url-ready``)."""
+    """The run button (and the stale-result banner's): :func:`~.pipeline.run_request` as a background
+    job with a progress bar and a cancel button; the frontier's key arrives as progress (``partial-key``)
+    before the baselines are done.  The page's first run starts once the URL's state is applied
+    (``url-ready``).  Each run clears the lines of the last; the banner says when the result on show is
+    not the one the controls ask for (:func:`~.views.stale_text`)."""
 
     @app.callback(
         Output("result-key", "data"), Output("run-message", "children"),
-        Input("run", "n_clicks"), Input("url-ready", "data"), *_RUN_STATES,
+        Input("run", "n_clicks"), Input("stale-run", "n_clicks"), Input("url-ready", "data"), *_RUN_STATES,
         background=True, prevent_initial_call=True,
         progress=[Output("progress", "value"), Output("progress", "max"), Output("progress-text", "children"),
                   Output("partial-key", "data")],
-        running=[(Output("run", "disabled"), True, False), (Output("cancel", "disabled"), False, True)],
+        running=[(Output("run", "disabled"), True, False), (Output("stale-run", "disabled"), True, False),
+                 (Output("cancel", "disabled"), False, True)],
         cancel=[Input("cancel", "n_clicks")],
         interval=250,   # how often the page asks for progress: the frontier is drawn up to this much after it is ready
     )
-    def _run(set_progress: Callable[[ProgressUpdate], None], _n: int, ready: Any, *controls: Any) -> tuple[Any, str]:
+    def _run(set_progress: Callable[[ProgressUpdate], None], _n: int, _stale: int, ready: Any,
+             *controls: Any) -> tuple[Any, str]:
         if ctx.triggered_id == "url-ready" and not (ready or {}).get("run", True):
             try:   # a link's model that is not run by itself: its result, when computed already, is only read back
                 computed = store.complete(request_from_controls(*controls, algos=algos).key)
@@ -207,6 +232,28 @@ def _register_run(app: dash.Dash, store: ResultStore, algos: tuple[str, ...] | N
                 return no_update, " ".join((ready or {}).get("messages", []))
         return run_controls(store, set_progress, controls, algos,   # the States: request_from_controls' order
                             own_process=True)
+
+    # each run starts on a clean slate: no status or error line of an earlier run (or upload) stays under the
+    # buttons.  In the browser, so that it lands before the run's own lines, whatever the server's pace
+    app.clientside_callback(
+        "function(a, b) { return ['', '', '']; }",
+        Output("progress-text", "children", allow_duplicate=True),
+        Output("run-message", "children", allow_duplicate=True),
+        Output("upload-message", "children", allow_duplicate=True),
+        Input("run", "n_clicks"), Input("stale-run", "n_clicks"), prevent_initial_call=True)
+
+    @app.callback(Output("stale-banner", "style"), Output("stale-text", "children"),
+                  Input("shown-key", "data"), *[Input(s.component_id, s.component_property) for s in _RUN_STATES])
+    def _stale(shown: Mapping[str, Any] | None, *controls: Any) -> tuple[Any, str]:
+        key = shown_key(shown)
+        if not key or not store.frontier_ready(key):
+            return {"display": "none"}, ""
+        try:
+            wanted: Any = request_from_controls(*controls, algos=algos)
+        except Exception as e:  # noqa: BLE001 - controls that make no request differ from any result
+            wanted = str(e)
+        text = stale_text(key, store.summary(key).get("request") or {}, wanted)
+        return ({"display": "none"}, "") if text is None else (STALE_BANNER_STYLE, text)
 
     @app.callback(Output("progress-text", "children", allow_duplicate=True),
                   Output("run-message", "children", allow_duplicate=True),

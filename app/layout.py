@@ -35,6 +35,9 @@ GPUS_COLUMNS = (("gpus", "GPUs"), ("plan", "fastest plan that fits"), ("step_ms"
 
 _BOX = {"border": "1px solid #ddd", "borderRadius": "6px", "padding": "8px", "marginBottom": "8px"}
 _LABEL = {"fontWeight": "bold", "marginTop": "6px", "display": "block"}
+#: the stale-result banner's look when shown (hidden: ``display: none``)
+STALE_BANNER_STYLE = {"display": "block", "background": "#fde8d0", "border": "1px solid #d9822b", "borderRadius": "4px",
+                      "padding": "4px 8px", "margin": "2px 0", "fontWeight": "bold"}
 _UPLOAD = {"border": "1px dashed #999", "borderRadius": "4px", "padding": "6px", "textAlign": "center",
            "cursor": "pointer", "fontSize": "90%", "marginTop": "4px"}
 
@@ -261,6 +264,12 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
         *_stores(start["cluster_path"]),
     ])
     main = html.Div(style={"flex": "1", "minWidth": "0"}, children=[
+        # over everything else: a result the controls no longer ask for says so (views.stale_text), with a run button
+        html.Div(id="stale-banner", style={"display": "none"}, children=[
+            html.Span(id="stale-text"),
+            html.Button("Run", id="stale-run", n_clicks=0, style={"marginLeft": "8px", "fontWeight": "bold"},
+                        title="run what the controls ask for (the same as the run button)"),
+        ]),
         # the answer first, above the fold on a laptop: which plan to take (filled by the page's script)
         html.Div(id="decision", style={"fontWeight": "bold", "fontSize": "105%", "padding": "4px 8px",
                                        "margin": "2px 0", "background": "#eef2fb", "borderRadius": "4px"}),
@@ -277,4 +286,4 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
                     children=[controls, main])
 
 
-__all__ = ["DEFAULT_EPOCH", "GPUS_COLUMNS", "build_layout"]
+__all__ = ["DEFAULT_EPOCH", "GPUS_COLUMNS", "STALE_BANNER_STYLE", "build_layout"]

@@ -91,9 +91,28 @@ def cluster_spec(source: str, preset: str | None, uploaded: str | None) -> str:
     return f"preset:{preset}"
 
 
+def chosen_source(source: str, zoo_name: str | None, zoo_params: str | None, spec: str | None) -> str:
+    """Which model source the controls mean: the radio's, except that a spec typed while ``zoo`` is
+    chosen wins — a non-empty spec box that says something other than the zoo fields' spec.  The
+    request decides this rather than a callback on the box alone, since the link also fills the box,
+    and a blur or Enter races the run button's read of the radio; the radio then follows the request
+    (and choosing the zoo empties the box, :mod:`.callbacks`).
+
+    >>> chosen_source("zoo", "gpt2", "layers=2", "zoo:bert"), chosen_source("zoo", "gpt2", "layers=2", " ")
+    ('spec', 'zoo')
+    >>> chosen_source("zoo", "gpt2", "layers=2", "zoo:gpt2?layers=2"), chosen_source("onnx", "gpt2", "", "zoo:bert")
+    ('zoo', 'onnx')
+    """
+    text = (spec or "").strip()
+    if source == "zoo" and text and text != (zoo_spec(zoo_name, zoo_params) if zoo_name else None):
+        return "spec"
+    return source
+
+
 def model_spec(source: str, zoo_name: str | None, zoo_params: str | None, spec: str | None,
                onnx_path: str | None) -> str:
-    """The request's model spec for the model controls' state."""
+    """The request's model spec for the model controls' state (the source :func:`chosen_source` says)."""
+    source = chosen_source(source, zoo_name, zoo_params, spec)
     if source == "onnx":
         if not onnx_path:
             raise TensorOptError("upload an ONNX file first, or choose a zoo model")
@@ -158,5 +177,5 @@ def first_request(default_model: str, default_cluster: str, repeats: int, warmup
                                  repeats, warmup, "auto", None, c["precision"], algos=algos)
 
 
-__all__ = ["COSTS_CHOICES", "cluster_spec", "costs_fields", "first_request", "initial_controls", "model_spec",
-           "request_from_controls", "split_zoo_spec", "zoo_default_params", "zoo_spec"]
+__all__ = ["COSTS_CHOICES", "chosen_source", "cluster_spec", "costs_fields", "first_request", "initial_controls",
+           "model_spec", "request_from_controls", "split_zoo_spec", "zoo_default_params", "zoo_spec"]

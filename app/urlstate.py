@@ -23,7 +23,7 @@ from tensoropt.optimizers import OPTIMIZER_ALPHA
 
 from . import prices
 from .pipeline import DETECTED, ResultStore
-from .requests import split_zoo_spec, zoo_spec
+from .requests import chosen_source, split_zoo_spec, zoo_spec
 
 #: the URL's keys, in the order they are written
 URL_KEYS = ("model", "cluster", "devices", "batch", "optimizer", "precision", "costs", "budget", "reserve", "price",
@@ -72,6 +72,7 @@ def url_state(store: ResultStore, *, source: str | None, zoo_name: str | None, z
     selected plan.  :func:`apply_url` reads it back.  Values that cannot be said are left out."""
     q: list[tuple[str, str]] = []
     model = None
+    source = chosen_source(source or "", zoo_name, zoo_params, spec)   # the model the run button would ask for
     if source == "onnx":
         model = _upload_token(onnx_path, store)
     elif source == "spec":
@@ -119,10 +120,10 @@ def apply_url(search: str | None, store: ResultStore, trusted: Collection[str] =
                                    "again")
             out["run"] = False
         else:
-            out.update(model_source="onnx", onnx_path=path)
+            out.update(model_source="onnx", onnx_path=path, model_spec="")   # an old spec in the box would win
     elif model.startswith("zoo:") and split_zoo_spec(model)[0] in zoo.ZOO:
         name, query = split_zoo_spec(model)
-        out.update(model_source="zoo", zoo_name=name, zoo_params=query)
+        out.update(model_source="zoo", zoo_name=name, zoo_params=query, model_spec="")   # else a spec would win
     elif model in trusted:
         out.update(model_source="spec", model_spec=model)
     elif model:

@@ -1,8 +1,9 @@
 """What the dashboard shows of a stored result, as values the callbacks hand to the page: the
 page's GiB inputs in bytes, the lines above the frontier and its figure, what the page's script
 redraws from (:func:`page_data`, for :mod:`.clientside`), the decision line's words
-(:func:`decision_text`), whether a plan fits in words, the banner saying where the operator times
-come from, the price inputs, the compare dropdown's choices and a plan's commands.
+(:func:`decision_text`), the banner over a result the controls no longer ask for
+(:func:`stale_text`), whether a plan fits in words, the banner saying where the operator times come
+from, the price inputs, the compare dropdown's choices and a plan's commands.
 
 Each is a function of a :class:`~.pipeline.ResultStore` and a result's key, or of plain values:
 testable without a browser or a Dash server.  Where the page wants components (the banner, the
@@ -15,18 +16,18 @@ compute (:mod:`.pipeline` does) nor draw (:mod:`.figures` does).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 from dash import dcc, html
 
-from tensoropt.describe import fmt_bytes
+from tensoropt.describe import fmt_bytes, fmt_devices
 from tensoropt.planmodel.fits import fits
 
 from . import figures, plangraph, prices
 from .commands import plan_filename, run_commands
-from .pipeline import ResultStore
+from .pipeline import Request, ResultStore
 
 if TYPE_CHECKING:
     from tensoropt import Cluster, Plan, SimResult
@@ -159,6 +160,81 @@ def shown_key(shown: Mapping[str, Any] | None) -> str | None:
     return (shown or {}).get("key") or None
 
 
+def _short_path(spec: str) -> str:
+    """A model or cluster spec as the banner names it: a file's name without its folder (uploads are
+    named by their content's hash; a ``file.py:factory`` spec by its file), a preset without ``preset:``.
+
+    >>> _short_path("/tmp/x/tiny_model.py:build"), _short_path("preset:v100-8-nvlink"), _short_path("zoo:gpt2?layers=2")
+    ('tiny_model.py:build', 'v100-8-nvlink', 'zoo:gpt2?layers=2')
+    """
+    if spec.startswith("preset:"):
+        return spec[len("preset:"):]
+    if spec.startswith("zoo:") or "/" not in spec:
+        return spec
+    return spec.rsplit("/", 1)[1]
+
+
+#: how the stale-result banner words a request's field (the model and the cluster lead its sentence;
+#: a field not named here is written ``name value``)
+_FIELD_WORDS: dict[str, Callable[[Any], str]] = {
+    "batch": lambda v: "the model's batch" if v is None else f"batch {v}",
+    "optimizer": lambda v: f"optimizer {v}",
+    "precision": lambda v: "fp32" if v is None else str(v),
+    "costs_from": lambda v: f"times from {v}",
+    "profile": lambda v: "no uploaded profile" if v is None else f"profile {_short_path(v)}",
+    "calibration": lambda v: "no calibration" if v is None else f"calibration {_short_path(v)}",
+    "repeats": lambda v: f"{v} profiling repeat{'s' if v != 1 else ''}",
+    "warmup": lambda v: f"{v} warm-up call{'s' if v != 1 else ''}",
+}
+
+
+def _field_words(name: str, value: Any) -> str:
+    return _FIELD_WORDS[name](value) if name in _FIELD_WORDS else f"{name} {value}"
+
+
+def stale_text(shown_key: str, shown: Mapping[str, Any], wanted: Request | str) -> str | None:
+    """The banner over a result the controls no longer ask for, or ``None`` when they ask for it.
+
+    ``shown_key`` and ``shown`` are the result's key and request (its summary's ``request``, a
+    :meth:`~tensoropt.workflow.Request.to_dict`); ``wanted`` is the request the controls make now
+    (:func:`~.requests.request_from_controls`), or the message saying why they make none — which
+    counts as differing.  The same request is the same key (:attr:`~.pipeline.Request.key`: the
+    result's folder), the rule the pipeline keys results by; the words name the fields that differ.
+
+    >>> import dataclasses
+    >>> shown = Request(model="zoo:gpt2", cluster="preset:titan-rtx-5", devices=("gpu0", "gpu1"))
+    >>> stale_text(shown.key, shown.to_dict(), shown) is None
+    True
+    >>> print(stale_text(shown.key, shown.to_dict(), dataclasses.replace(shown, devices=("gpu0",))))
+    these results are for zoo:gpt2 on titan-rtx-5 (devices gpu0, gpu1); the controls now ask for ... — Run to update
+    """
+    if isinstance(wanted, Request) and wanted.key == shown_key:
+        return None
+    model, cluster = _short_path(str(shown.get("model"))), _short_path(str(shown.get("cluster")))
+    if not isinstance(wanted, Request):
+        return f"these results are for {model} on {cluster}; the controls make no request: {wanted} — then Run"
+    now = wanted.to_dict()
+    differing = [k for k in shown if k not in ("model", "cluster", "cache", "cache_dir") and shown[k] != now.get(k)]
+    was: list[str] = []
+    asks: list[str] = []
+    for k in differing:
+        if k == "devices":
+            old, new = list(shown[k] or []), list(now[k] or [])
+            was.append(f"devices {fmt_devices(old)}")
+            change = []
+            if shown.get("cluster") == now["cluster"]:
+                change = [f"without {fmt_devices([d for d in old if d not in new])}" if set(old) - set(new) else "",
+                          f"adding {fmt_devices([d for d in new if d not in old])}" if set(new) - set(old) else ""]
+            asks.append("; ".join([f"devices {fmt_devices(new)}", *(c for c in change if c)]))
+        else:
+            was.append(_field_words(k, shown[k]))
+            asks.append(_field_words(k, now.get(k)))
+    was_words = f" ({'; '.join(was)})" if was else ""
+    ask_words = f" ({'; '.join(asks)})" if asks else ""
+    return (f"these results are for {model} on {cluster}{was_words}; the controls now ask for "
+            f"{_short_path(wanted.model)} on {_short_path(wanted.cluster)}{ask_words} — Run to update")
+
+
 def source_banner(summary: dict[str, Any]) -> html.Div:
     """The banner above the frontier: where the result's operator times come from (measured on a
     device, or a device model's estimate, :func:`~.pipeline.times_source`) and what pricing decided."""
@@ -244,4 +320,4 @@ def compare_summary(first: tuple[str, Plan, SimResult], second: tuple[str, Plan,
 
 __all__ = ["gib_bytes", "reserve_bytes", "summary_lines", "frontier_view", "page_data", "plan_verdict",
            "shown_key", "source_banner", "price_inputs", "plan_options", "plan_commands", "device_options",
-           "graph_hint", "compare_summary", "decision_text"]
+           "graph_hint", "compare_summary", "decision_text", "stale_text"]

@@ -6,7 +6,8 @@ docs/measurements.md has the figures of ``benchmarks/dashboard.py``, this test a
 price changes the costs and the decision, a click shows a plan with
 the commands that run it (the check and export commands run for real on the downloaded plan), a second plan
 compares beside it, the downloads land and load, the URL brings the page back, a bad upload and a
-refused run show their errors in the CLI's words, and a running job is cancelled.  Screenshots:
+refused run show their errors in the CLI's words (each run clearing the last one's), a result the
+controls no longer ask for is marked by a banner, and a running job is cancelled.  Screenshots:
 ``out/app-screenshots/`` (git-ignored; docs/dashboard.md's come from ``benchmarks/dashboard.py
 --screenshots docs``).
 
@@ -447,6 +448,37 @@ def _url_brings_the_page_back(server, browser):
     drv.save_screenshot(str(SHOTS / "5-restored.png"))
 
 
+def _stale_banner(server, browser):
+    """A result the controls no longer ask for says so (the issue's "unchecking GPUs leaves the 8-GPU result"),
+    and says nothing once they ask for it again; a spec typed while the zoo is chosen selects the spec."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    url, tmp, store = server
+    drv = browser
+    banner = _by_id(drv, "stale-banner")
+    assert not banner.is_displayed()   # the restored page's controls ask for the result on show
+    drv.find_element(By.CSS_SELECTOR, "#devices input[value=gpu7]").click()
+    _wait(banner.is_displayed, 10, "the stale banner")
+    text = _by_id(drv, "stale-text").text
+    assert text.startswith("these results are for tiny_model.py:build on v100-8-nvlink (devices gpu0 … gpu7 (8)); "
+                           "the controls now ask for tiny_model.py:build on v100-8-nvlink (devices gpu0 … gpu6 (7); "
+                           "without gpu7)"), text
+    assert _by_id(drv, "stale-run").is_enabled()
+    drv.find_element(By.CSS_SELECTOR, "#devices input[value=gpu7]").click()
+    _wait(lambda: not banner.is_displayed(), 10, "the banner gone")
+    # the zoo chosen: another model asked for (the spec box emptied); the spec typed again: the radio follows it
+    drv.find_element(By.CSS_SELECTOR, "#model-source input[value=zoo]").click()
+    _wait(banner.is_displayed, 10, "the stale banner for a zoo model")
+    assert _by_id(drv, "model-spec").get_attribute("value") == ""
+    spec = _by_id(drv, "model-spec")
+    spec.send_keys(TINY + Keys.ENTER)
+    _wait(lambda: drv.find_element(By.CSS_SELECTOR, "#model-source input[value=spec]").is_selected(), 10,
+          "the spec source selected")
+    _wait(lambda: not banner.is_displayed(), 10, "the banner gone")
+    assert not _severe(drv)
+
+
 def _errors_and_cancel(server, browser):
     from selenium.webdriver.common.by import By
 
@@ -489,10 +521,15 @@ def _errors_and_cancel(server, browser):
     # cancelled once the job reports (a click within the first few hundred ms can reach Dash before the job's id
     # does, and the job runs on: Dash's race, not a person's)
     _wait(lambda: _by_id(drv, "progress-text").text.startswith(("capture:", "profile:")), 60, "the job under way")
+    assert _by_id(drv, "run-message").text == ""   # the refused run's error went with the new run
     _by_id(drv, "cancel").click()
     _wait(lambda: _by_id(drv, "progress-text").text == "cancelled", 20, "the job cancelled")
     _wait(lambda: _by_id(drv, "run").is_enabled() and not _by_id(drv, "cancel").is_enabled(), 20, "the buttons back")
     assert "cancelled" in _by_id(drv, "run-message").text
+    # the tiny model's result stays on show, marked as not what the controls ask for
+    _wait(lambda: _by_id(drv, "stale-banner").is_displayed(), 10, "the stale banner")
+    assert _by_id(drv, "stale-text").text.startswith("these results are for tiny_model.py:build on v100-8-nvlink; "
+                                                      f"the controls now ask for {GPT2} on v100-8-nvlink")
     assert sum(1 for p in (store.root / "results").iterdir() if (p / "summary.json").is_file()) == 1
     assert "Pareto-optimal plans" in _by_id(drv, "frontier-graph").text
     assert not _severe(drv)
@@ -501,8 +538,9 @@ def _errors_and_cancel(server, browser):
 def test_dashboard_end_to_end(server, browser):
     """One page session, in order (each stage leaves the page as the next one expects): the frontier,
     a budget and the GPUs-needed table, a price; a plan, its commands run, a comparison, the downloads;
-    the URL reloaded; the errors and a cancelled run."""
+    the URL reloaded; the stale-result banner; the errors and a cancelled run."""
     _frontier_budget_and_gpus_needed(server, browser)
     _plan_commands_comparison_downloads(server, browser)
     _url_brings_the_page_back(server, browser)
+    _stale_banner(server, browser)
     _errors_and_cancel(server, browser)

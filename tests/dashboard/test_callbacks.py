@@ -58,6 +58,20 @@ def test_costs_from_control_maps_to_the_request():
         request_from_controls(*_controls("profile"), algos=())
 
 
+def test_a_spec_typed_while_the_zoo_is_chosen_is_the_run_s_model():
+    """The issue's third case: a spec typed with "zoo" still selected ran the zoo model ("cached result").
+    The typed spec wins; a blank box, or one saying the zoo fields' own spec, leaves the zoo model."""
+    def model(source, spec, params="layers=2"):
+        return request_from_controls(source, "gpt2", params, spec, None, None, None, "preset", "titan-rtx-5", None,
+                                     ["gpu0"], None, 1, 0, algos=()).model
+
+    assert model("zoo", TINY) == TINY
+    assert model("zoo", "  ") == "zoo:gpt2?layers=2"
+    assert model("zoo", "zoo:gpt2?layers=2") == "zoo:gpt2?layers=2"
+    assert model("zoo", "zoo:gpt2") == "zoo:gpt2"   # the zoo model with other parameters: what was typed
+    assert model("spec", TINY) == TINY
+
+
 def test_measured_on_the_default_preset_is_a_message_on_the_page(tiny_result):
     """``measured on this machine`` on titan-rtx-5 without a profile: the run's message on the page
     is the library's (both kinds and the ways out), not a traceback, and no result is shown."""

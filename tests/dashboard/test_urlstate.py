@@ -19,7 +19,8 @@ def test_the_url_holds_the_page_state_and_reads_back(tiny_result, tmp_path):
                              "&devices=gpu0,gpu1")
     got = apply_url(search, store)
     assert got == {"run": True, "messages": [], "model_source": "zoo", "zoo_name": "gpt2",
-                   "zoo_params": "layers=6&hidden=256", "cluster_source": "preset", "cluster_preset": "v100-8-nvlink",
+                   "zoo_params": "layers=6&hidden=256", "model_spec": "", "cluster_source": "preset",
+                   "cluster_preset": "v100-8-nvlink",
                    "devices": ["gpu0", "gpu1"], "batch": 16, "optimizer": "sgd", "precision": "bf16", "costs": "model",
                    "budget": 2.5, "reserve": 0.5, "epoch": 5000, "prices": {"v100-sxm2-16gb": 2.0}, "plan": "p003-2dev"}
     assert set(URL_KEYS) == {k for k, _ in parse_qsl(search[1:])}
@@ -47,3 +48,17 @@ def test_a_link_never_runs_a_file_of_this_machine(tiny_result):
     assert got["run"] is False and "model_source" not in got and "budget" not in got and "batch" not in got
     assert got["prices"] == {} and len(got["messages"]) == 2
     assert apply_url("?model=upload:../../etc/passwd.onnx", store)["run"] is False   # no path out of the uploads
+
+
+def test_the_url_names_the_model_the_run_asks_for(tiny_result):
+    """A spec typed while the zoo is chosen is the run's model (requests.chosen_source), and the link's; a
+    zoo link empties the spec box, which would otherwise win over the zoo model it names."""
+    store = tiny_result[0]
+    search = url_state(store, source="zoo", zoo_name="gpt2", zoo_params="layers=2", spec="zoo:bert?layers=1",
+                       onnx_path=None, csource="preset", preset="titan-rtx-5", cpath=None, devices=None)
+    assert dict(parse_qsl(search[1:]))["model"] == "zoo:bert?layers=1"
+    # the box saying the zoo fields' own spec: the zoo model, as before
+    search = url_state(store, source="zoo", zoo_name="gpt2", zoo_params="layers=2", spec="zoo:gpt2?layers=2",
+                       onnx_path=None, csource="preset", preset="titan-rtx-5", cpath=None, devices=None)
+    assert dict(parse_qsl(search[1:]))["model"] == "zoo:gpt2?layers=2"
+    assert apply_url("?model=zoo:gpt2%3Flayers%3D2", store)["model_spec"] == ""

@@ -1,8 +1,10 @@
 """What the dashboard shows of a result, without a browser: the page's inputs in bytes; on a cluster
 of unequal GPUs the page's decision of which plans fit equals :func:`tensoropt.planmodel.fits.fits` of
 the simulator's per-device peaks — the rule of the CLI, the CSV and ``tensoropt compare``; the banner
-saying where the operator times come from; what the page's script is handed; the commands of a plan."""
+saying where the operator times come from; what the page's script is handed; the commands of a plan;
+the banner over a result the controls no longer ask for."""
 
+import dataclasses
 import json
 import math
 import shlex
@@ -12,6 +14,8 @@ from dash import html
 
 from tensoropt.dashboard import figures as F
 from tensoropt.dashboard.commands import run_commands
+from tensoropt.dashboard.pipeline import Request
+from tensoropt.dashboard.requests import request_from_controls
 from tensoropt.dashboard.views import (
     frontier_view,
     gib_bytes,
@@ -20,6 +24,7 @@ from tensoropt.dashboard.views import (
     plan_verdict,
     reserve_bytes,
     source_banner,
+    stale_text,
 )
 from tensoropt.planmodel import simulate
 from tensoropt.planmodel.fits import fits
@@ -140,3 +145,55 @@ def test_the_plan_commands_name_the_model_the_file_and_the_devices(tiny_result):
     cmds, note = run_commands({"model": "/up/abc.onnx", "batch": 4, "precision": "bf16"}, "p1", 3)
     assert cmds[0].endswith("--plan p1.json --batch 4 --precision bf16 --check") and "ONNX" in note
     assert cmds[2] == "tensoropt export p1.json /up/abc.onnx --to torchrun -o p1-torchrun --batch 4 --precision bf16"
+
+
+EIGHT = tuple(f"gpu{i}" for i in range(8))
+
+
+def test_no_banner_when_the_controls_ask_for_the_result_on_show():
+    shown = Request(model="/w/tiny_model.py:build", cluster="preset:v100-8-nvlink", devices=EIGHT, precision=None)
+    # the request the page's controls make for that result: written out, not copied
+    again = request_from_controls("spec", "gpt2", "", "/w/tiny_model.py:build", None, None, None, "preset",
+                                  "v100-8-nvlink", None, list(EIGHT), None, None, None, "auto", None, "fp32",
+                                  algos=None)
+    assert stale_text(shown.key, shown.to_dict(), again) is None
+
+
+def test_banner_when_gpus_are_unchecked():
+    """The issue's first case: the 8-GPU result stays on show while four GPUs are checked."""
+    shown = Request(model="/w/tiny_model.py:build", cluster="preset:v100-8-nvlink", devices=EIGHT)
+    four = dataclasses.replace(shown, devices=EIGHT[:4])
+    assert stale_text(shown.key, shown.to_dict(), four) == (
+        "these results are for tiny_model.py:build on v100-8-nvlink (devices gpu0 … gpu7 (8)); the controls now ask "
+        "for tiny_model.py:build on v100-8-nvlink (devices gpu0, gpu1, gpu2, gpu3; without gpu4, gpu5, gpu6, gpu7) "
+        "— Run to update")
+    # a device added back and one more unchecked: both said
+    other = dataclasses.replace(shown, devices=("gpu0", "gpu1", "gpu2", "gpu4"))
+    assert stale_text(four.key, four.to_dict(), other).endswith(
+        "(devices gpu0, gpu1, gpu2, gpu4; without gpu3; adding gpu4) — Run to update")
+
+
+def test_banner_after_a_cancelled_run_of_another_model_and_cluster():
+    """The issue's second case: transformer-tiny on a100-4-nvlink on show, gpt2 on titan-rtx-5 asked for
+    (the controls' devices: every one of titan-rtx-5's five)."""
+    shown = Request(model="zoo:transformer-tiny", cluster="preset:a100-4-nvlink", devices=EIGHT[:4])
+    wanted = request_from_controls("zoo", "gpt2", "", "", None, None, None, "preset", "titan-rtx-5", None, [], None,
+                                   None, None, "auto", None, None, algos=None)
+    assert stale_text(shown.key, shown.to_dict(), wanted) == (
+        "these results are for zoo:transformer-tiny on a100-4-nvlink (devices gpu0, gpu1, gpu2, gpu3); the controls "
+        "now ask for zoo:gpt2 on titan-rtx-5 (devices gpu0 … gpu4 (5)) — Run to update")
+
+
+def test_banner_names_every_field_that_differs():
+    shown = Request(model="zoo:gpt2", cluster="preset:titan-rtx-5", devices=("gpu0",))
+    wanted = dataclasses.replace(shown, batch=4, precision="bf16", repeats=1)
+    assert stale_text(shown.key, shown.to_dict(), wanted) == (
+        "these results are for zoo:gpt2 on titan-rtx-5 (the model's batch; fp32; 5 profiling repeats); the controls "
+        "now ask for zoo:gpt2 on titan-rtx-5 (batch 4; bf16; 1 profiling repeat) — Run to update")
+
+
+def test_controls_that_make_no_request_differ_from_any_result():
+    shown = Request(model="zoo:gpt2", cluster="preset:titan-rtx-5")
+    assert stale_text(shown.key, shown.to_dict(), "choose a cluster preset") == (
+        "these results are for zoo:gpt2 on titan-rtx-5; the controls make no request: choose a cluster preset — "
+        "then Run")
