@@ -82,11 +82,11 @@ def _cmd_place(args: argparse.Namespace, console: Console) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("place", help="place a model with a baseline placer (dp, zero1, zero2, fsdp, fsdp+ac, m-topo, "
-                                     "m-etf, m-sct, dpos, os-dpos, netsplit, pesto) and simulate it")
+    p = sub.add_parser("place", help="place a model with a baseline placer (dp, zero1, zero2, fsdp, fsdp+ac, tp, "
+                                     "m-topo, m-etf, m-sct, dpos, os-dpos, netsplit, pesto) and simulate it")
     p.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory or graph.json (with --profile)")
     p.add_argument("--algo", required=True,
-                   help="dp, zero1, zero2, fsdp, fsdp+ac, m-topo, m-etf, m-sct, dpos, os-dpos, netsplit or pesto")
+                   help="dp, zero1, zero2, fsdp, fsdp+ac, tp, m-topo, m-etf, m-sct, dpos, os-dpos, netsplit or pesto")
     add_request_arguments(p, "time_limit")
     p.add_argument("--colocation", default="ABC",
                    help="TF Placer colocation rules for m-topo / m-etf / m-sct: any of A, B, C, or none (default ABC)")
