@@ -123,16 +123,17 @@ def profile_degrees(meshes: list[tuple[str, ...]], devices: tuple[str, ...], pla
     """The shard degrees a request needs profiled — the one place they are decided.
 
     Whole operators (degree 1) for every placer; data parallel (``dp``, and the ZeRO / FSDP
-    recipes) splits every operator over all the ``devices``; OS-DPOS may split an operator any
-    number of ways up to that; the other placers place whole operators; the frontier splits over
-    each candidate mesh.
+    recipes) and tensor parallelism (``tp``) split operators over all the ``devices``; OS-DPOS
+    may split an operator any number of ways up to that; the other placers place whole
+    operators; the frontier splits over each candidate mesh.
 
     >>> profile_degrees([("a",), ("a", "b")], ("a", "b", "c"), ("dp",), True)
     (1, 2, 3)
     """
     n = len(devices)
     degrees = {1}
-    if "dp" in placers or any(p in RECIPES for p in placers):   # data parallel, sharded or not: over all
+    # data parallel, sharded or not, and tensor parallel: over all
+    if "dp" in placers or "tp" in placers or any(p in RECIPES for p in placers):
         degrees.add(n)
     if "os-dpos" in placers:
         degrees |= set(range(2, n + 1))

@@ -8,6 +8,7 @@ from :mod:`tensoropt.workflow` (it must not measure or price anything itself).
 from __future__ import annotations
 
 import argparse
+import inspect
 import time
 from typing import Any
 
@@ -17,7 +18,6 @@ from rich.markup import escape
 from ..compare import solver_options
 from ..errors import TensorOptError
 from ..placers import PLACERS, place
-from ..placers.zero import RECIPES
 from ..planmodel.simulate import simulate
 from ..workflow import measure, prepare
 from ._common import (
@@ -35,10 +35,11 @@ from ._progress import ProgressBars
 
 def _placer_options(args: argparse.Namespace, devices: list[str]) -> dict[str, Any]:
     """What :func:`tensoropt.placers.place` gets: the devices, the optimizer, the solver's time
-    limit, and for the grouping placers (all but dp and the ZeRO / FSDP recipes) the colocation rules."""
+    limit, and for the grouping placers (those that take ``colocation``: all but dp, the ZeRO / FSDP
+    recipes and tp) the colocation rules."""
     options: dict[str, Any] = {"devices": devices, "optimizer": args.optimizer,
                                **solver_options([args.algo], args.time_limit).get(args.algo, {})}
-    if args.algo != "dp" and args.algo not in RECIPES:
+    if "colocation" in inspect.signature(PLACERS[args.algo]).parameters:
         options["colocation"] = args.colocation
         if args.heavy_edge_groups is not None:
             options["heavy_edge_groups"] = args.heavy_edge_groups
@@ -82,11 +83,11 @@ def _cmd_place(args: argparse.Namespace, console: Console) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("place", help="place a model with a baseline placer (dp, zero1, zero2, fsdp, fsdp+ac, m-topo, "
-                                     "m-etf, m-sct, dpos, os-dpos, netsplit, pesto) and simulate it")
+    p = sub.add_parser("place", help="place a model with a baseline placer (dp, zero1, zero2, fsdp, fsdp+ac, tp, "
+                                     "m-topo, m-etf, m-sct, dpos, os-dpos, netsplit, pesto) and simulate it")
     p.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory or graph.json (with --profile)")
     p.add_argument("--algo", required=True,
-                   help="dp, zero1, zero2, fsdp, fsdp+ac, m-topo, m-etf, m-sct, dpos, os-dpos, netsplit or pesto")
+                   help="dp, zero1, zero2, fsdp, fsdp+ac, tp, m-topo, m-etf, m-sct, dpos, os-dpos, netsplit or pesto")
     add_request_arguments(p, "time_limit")
     p.add_argument("--colocation", default="ABC",
                    help="TF Placer colocation rules for m-topo / m-etf / m-sct: any of A, B, C, or none (default ABC)")

@@ -13,7 +13,10 @@ and returns a :class:`~tensoropt.plan.Plan` for the same simulator as everything
 - ``pesto`` (:mod:`.pesto`): Pesto's MILP (forward only), HiGHS;
 - ``zero1``, ``zero2``, ``fsdp``, ``fsdp+ac`` (:mod:`.zero`): data parallelism with ZeRO's
   sharding levels (optimizer state; + gradients; + parameters, FSDP) and FSDP with a checkpoint
-  around every repeated block (torchtitan's recipe).
+  around every repeated block (torchtitan's recipe);
+- ``tp`` (:mod:`.tp`): Megatron tensor parallelism over one host's devices — in each repeated block
+  the layers that read replicated activations column-parallel, those that read their split output
+  row-parallel, the operators between them split along the channels, the rest replicated.
 
 m-topo / m-etf / m-sct place operators whole on one device each, with TensorFlow Placer's
 colocation groups (heuristics A, B, C; :mod:`.coarsen`) by default, and respect every device's
@@ -34,7 +37,7 @@ from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..measure.costmodel import CostModel
 from ..plan import Plan
-from . import dp, dpos, m_etf, m_sct, m_topo, netsplit, os_dpos, pesto, zero
+from . import dp, dpos, m_etf, m_sct, m_topo, netsplit, os_dpos, pesto, tp, zero
 from .coarsen import Grouping, colocate, group_memory, heavy_edge_groups
 
 PLACERS: dict[str, Callable[..., Plan]] = {
@@ -47,6 +50,7 @@ PLACERS: dict[str, Callable[..., Plan]] = {
     "netsplit": netsplit.place,
     "pesto": pesto.place,
     **zero.PLACERS,
+    tp.NAME: tp.place,
 }
 
 
