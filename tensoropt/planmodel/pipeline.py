@@ -286,23 +286,28 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
         for r in range(n):
             while nxt[r] < len(order.ranks[r]):
                 step = order.ranks[r][nxt[r]]
+                # a composed step runs whole or not yet: its parts are timed tentatively and
+                # taken back if a later part's inputs do not exist yet
                 t = free[r]
-                ok = True
+                timed: list[tuple[Action, float, float]] = []
                 for a in step:
                     when = ready(a)
                     if when is None:
-                        ok = False
                         break
                     start = max(t, when)
                     t = start + duration[a.kind](a.stage)
                     end[(a.stage, a.kind, a.microbatch)] = t
-                    busy[r] += t - start
-                    if a.kind == FORWARD:
-                        per_rank_events[r].append((t, 1, a.stage, act[a.stage]))
-                    elif a.kind in (BACKWARD, WEIGHT_GRAD):
-                        per_rank_events[r].append((t, 0, a.stage, -act[a.stage]))
-                if not ok:
+                    timed.append((a, start, t))
+                if len(timed) < len(step):
+                    for a, _, _ in timed:
+                        del end[(a.stage, a.kind, a.microbatch)]
                     break
+                for a, start, finish in timed:
+                    busy[r] += finish - start
+                    if a.kind == FORWARD:
+                        per_rank_events[r].append((finish, 1, a.stage, act[a.stage]))
+                    elif a.kind in (BACKWARD, WEIGHT_GRAD):
+                        per_rank_events[r].append((finish, 0, a.stage, -act[a.stage]))
                 free[r] = t
                 nxt[r] += 1
                 remaining -= 1

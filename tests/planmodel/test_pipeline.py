@@ -151,3 +151,17 @@ def test_a_model_is_cut_between_its_blocks_and_each_stage_holds_what_it_receives
     assert stages[1].param_bytes == (512 * 8192 + 8192 + 8192 * 512 + 512) * 4
     with pytest.raises(TensorOptError, match="can be cut into 1 to 4 pipeline stages, not 5"):
         cut_stages(graph, costs, 5)
+
+
+def test_a_composed_step_runs_whole_once_its_parts_can() -> None:
+    # rank 0's step (0F0; 0B0) waits for stage 1's gradient of micro-batch 0, which needs the
+    # forward half of that same step first — so it can never run whole: a deadlock, not a
+    # half-run step counted twice.  Split into two steps it runs: by hand F0 1, F1 1, B1 2, B0 2 = 6 s.
+    composed = PipelineOrder("hand", 2, 1, (((Action(0, "F", 0), Action(0, "B", 0)),),
+                                            ((Action(1, "F", 0),), (Action(1, "B", 0),))))
+    with pytest.raises(PipelineError, match="deadlocks"):
+        simulate_pipeline(composed, forward_s=1, backward_s=2)
+    apart = PipelineOrder("hand", 2, 1, (((Action(0, "F", 0),), (Action(0, "B", 0),)),
+                                         ((Action(1, "F", 0),), (Action(1, "B", 0),))))
+    run = simulate_pipeline(apart, forward_s=1, backward_s=2)
+    assert run.step_s == 6.0 and run.busy_s == (3.0, 3.0)
