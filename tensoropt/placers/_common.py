@@ -23,6 +23,7 @@ from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..plan import Estimate, NodeConfig, Plan, PlanError
 from ..planmodel.memory import node_memory
+from ..planmodel.walk import plan_memory
 from .coarsen import Grouping, colocate, group_memory, heavy_edge_groups, parse_rules
 
 
@@ -214,3 +215,19 @@ def make_plan(prob: Problem, algo: str, placement: Mapping[str, str], order: Seq
                 cluster_name=prob.cluster.name, cluster_fingerprint=prob.cluster.fingerprint, algorithm=algo,
                 options=dict(options), order=list(order), estimates=estimates, plan_id=algo,
                 notes=[*prob.notes, *notes])
+
+
+def refuse_unless_walked_fits(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, devices: Sequence[str],
+                              optimizer: str | int, algo: str, instead: str) -> None:
+    """Walk ``plan`` on ``devices`` (stopping at the first device over its memory) and raise
+    :class:`~tensoropt.plan.PlanError` naming the device furthest over, its walked peak and its
+    memory, then ``instead`` (what to do); where every device fits, note the walked peak on the
+    plan.  The recipe placers' one fits rule (``zero``, ``tp``): their plans are priced whole."""
+    caps = {d: cluster.device(d).memory_bytes for d in devices}
+    peaks = {d: m.peak for d, m in plan_memory(plan, graph, costs, cluster, optimizer=optimizer,
+                                               stop_over=caps).items()}
+    worst = max(peaks, key=lambda d: peaks[d] - caps[d])
+    if peaks[worst] > caps[worst]:
+        raise PlanError(f"{algo}: {worst} needs {fmt_bytes(peaks[worst])} ({peaks[worst]} bytes, the walked peak of "
+                        f"one step) but has {fmt_bytes(caps[worst])} ({caps[worst]} bytes); {instead}")
+    plan.notes.append(f"walked peak per device: {fmt_bytes(max(peaks.values()))}")

@@ -54,14 +54,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..cluster import Cluster
-from ..describe import fmt_bytes
 from ..graph import OpGraph, OpNode, block_of
 from ..layouts import Layout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan, PlanError
 from ..planmodel.reshard import is_weighted, op_basename, reads_nothing
-from ..planmodel.walk import plan_memory
+from ._common import refuse_unless_walked_fits
 
 NAME = "tp"
 
@@ -120,15 +119,8 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
                 cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=NAME,
                 options={"devices": list(names), "optimizer": optimizer}, order=[nd.name for nd in graph.ops],
                 plan_id=NAME, notes=notes)
-    caps = {d: cluster.device(d).memory_bytes for d in names}
-    peaks = {d: m.peak for d, m in plan_memory(plan, graph, costs, cluster, optimizer=optimizer,
-                                               stop_over=caps).items()}
-    worst = max(peaks, key=lambda d: peaks[d] - caps[d])
-    if peaks[worst] > caps[worst]:
-        raise PlanError(f"{NAME}: {worst} needs {fmt_bytes(peaks[worst])} ({peaks[worst]} bytes, the walked peak of "
-                        f"one step) but has {fmt_bytes(caps[worst])} ({caps[worst]} bytes); use more devices, "
-                        "devices with more memory, a smaller batch, or frontier tracking")
-    plan.notes.append(f"walked peak per device: {fmt_bytes(max(peaks.values()))}")
+    refuse_unless_walked_fits(plan, graph, costs, cluster, names, optimizer, NAME,
+                              "use more devices, devices with more memory, a smaller batch, or frontier tracking")
     return plan
 
 

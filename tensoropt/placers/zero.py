@@ -48,13 +48,12 @@ import heapq
 from collections.abc import Callable, Sequence
 
 from ..cluster import Cluster
-from ..describe import fmt_bytes
 from ..graph import OpGraph, Precision, block_of
 from ..layouts import Shard
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan, PlanError, sharded_parameters
-from ..planmodel.walk import plan_memory
+from ._common import refuse_unless_walked_fits
 from .dp import data_parallel_configs
 
 #: the recipes priced as PyTorch's FSDP2 runs them (:data:`tensoropt.plan.RUNTIMES`)
@@ -120,16 +119,9 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
                 cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=level,
                 options=options, order=order, plan_id=level, notes=notes)
     # the walk stops at the first device over its memory: the plan is refused on that one's figure
-    caps = {d: cluster.device(d).memory_bytes for d in names}
-    peaks = {d: m.peak for d, m in plan_memory(plan, graph, costs, cluster, optimizer=optimizer,
-                                               stop_over=caps).items()}
-    worst = max(peaks, key=lambda d: peaks[d] - caps[d])
-    cap = caps[worst]
-    if peaks[worst] > cap:
-        raise PlanError(f"{level}: {worst} needs {fmt_bytes(peaks[worst])} ({peaks[worst]} bytes, the walked peak of "
-                        f"one step) but has {fmt_bytes(cap)} ({cap} bytes); use more devices, devices with more "
-                        "memory, a smaller batch, or a plan that splits the model (frontier tracking)")
-    plan.notes.append(f"walked peak per device: {fmt_bytes(max(peaks.values()))}")
+    refuse_unless_walked_fits(plan, graph, costs, cluster, names, optimizer, level,
+                              "use more devices, devices with more memory, a smaller batch, or a plan that splits "
+                              "the model (frontier tracking)")
     return plan
 
 
