@@ -197,11 +197,13 @@ class Request:
                                  "--no-cache)", metavar="DIR")
 
     def __post_init__(self) -> None:
-        # sizes given as text are kept in bytes (a frozen dataclass sets its own fields through object's)
-        for name, read in (("budget", _size), ("reserve", _size_or_zero), ("resolution", _size_or_zero)):
-            value = getattr(self, name)
-            if isinstance(value, str):
-                object.__setattr__(self, name, read(value, name))
+        # sizes given as text are read as their option reads them and kept in bytes (a frozen
+        # dataclass sets its own fields through object's)
+        for f in dataclasses.fields(self):
+            option = f.metadata.get("option")
+            value = getattr(self, f.name)
+            if option is not None and option.read is not None and isinstance(value, str):
+                object.__setattr__(self, f.name, option.read(value, f.name))
         if self.batch is not None and (isinstance(self.batch, bool) or int(self.batch) != self.batch or self.batch < 1):
             raise TensorOptError(f"batch size must be a positive integer, got {self.batch!r}")
         if self.repeats < 1 or self.warmup < 0:
