@@ -179,9 +179,11 @@ class _Group:
 
 
 class _Store:
-    def __init__(self, resolution: float, backend: str):
+    def __init__(self, resolution: float, backend: str, widen_above: float = np.inf):
         self.resolution = resolution
         self.backend = backend
+        #: memory from whose double on the buckets widen (:mod:`.point_sets`; ``inf``: never)
+        self.widen_above = widen_above
         self.groups: list[_Group] = []
         self.refs: list[int] = []
         self.merged = 0
@@ -235,7 +237,7 @@ class _Store:
         # reduced ones) from the kernels' own arrays: checked once, by construction
         mem, time, ia, ib, start, merged = point_sets.checked_product(
             A.mem, A.time, A.start, B.mem, B.time, B.start, np.asarray(out_ptr, np.int64), ia_, ib_,
-            self.resolution, self.backend, candidates > point_sets.PRUNE_MIN_CANDIDATES)
+            self.resolution, self.backend, candidates > point_sets.PRUNE_MIN_CANDIDATES, self.widen_above)
         self.merged += merged
         return self._add(_Group(mem, time, start, np.array([ga, gb], np.int32),
                                 np.stack([ia, ib], axis=1).astype(np.int32), nred=1 + A.nred + B.nred))
@@ -254,7 +256,8 @@ class _Store:
             gids.append(np.full(hi - lo, g, np.int32))
             idxs.append(np.arange(lo, hi, dtype=np.int32))
         m, t = np.concatenate(mems), np.concatenate(times)
-        keep, merged = point_sets.reduce(m, t, self.resolution, backend=self.backend, return_merged=True)
+        keep, merged = point_sets.reduce(m, t, self.resolution, backend=self.backend, return_merged=True,
+                                         widen_above=self.widen_above)
         self.merged += merged
         nred = 1 + max(self.groups[g].nred for g, _ in parts)
         return self._add(_Group(m[keep], t[keep], np.array([0, keep.size], np.int64),
@@ -277,7 +280,8 @@ class _Store:
                 gs.append(np.full(hi - lo, g, np.int32))
                 ii.append(np.arange(lo, hi, dtype=np.int32))
             m, t = np.concatenate(ms), np.concatenate(ts)
-            keep, dropped = point_sets.reduce(m, t, self.resolution, backend=self.backend, return_merged=True)
+            keep, dropped = point_sets.reduce(m, t, self.resolution, backend=self.backend, return_merged=True,
+                                              widen_above=self.widen_above)
             merged += dropped
             mems.append(m[keep])
             times.append(t[keep])
@@ -641,6 +645,18 @@ class FrontierResult:
     def exact(self) -> bool:
         """True when the frontier is provably the exact Pareto set (no node fixed, nothing merged)."""
         return not self.fixed and self.merged_by_resolution == 0
+
+    @property
+    def mem_slack_factor(self) -> float:
+        """What the widened buckets (``widen_above``, :mod:`.point_sets`) may cost on top of
+        ``mem_slack``: an exact frontier point ``(m, t)`` is matched by a reported point of time
+        ``<= t`` and memory ``< (m + mem_slack) × mem_slack_factor`` — each of a derivation's
+        reduces costs less than ``resolution / widen_above`` of the memory where it widens;
+        1.0 where nothing widens."""
+        wide = self._store.widen_above
+        if not np.isfinite(wide) or self.resolution == 0.0:
+            return 1.0
+        return float((1.0 + self.resolution / wide) ** round(self.mem_slack / self.resolution))
 
     def assignment_vector(self, i: int) -> np.ndarray:
         """Configuration index of every node (problem order) for frontier point ``i``."""
@@ -1165,23 +1181,33 @@ class Session:
         [True, True]
     """
 
-    def __init__(self, resolution: float = 0.0, backend: str | None = None):
-        self.store = _Store(point_sets._resolution(resolution), point_sets._backend(backend))
+    def __init__(self, resolution: float = 0.0, backend: str | None = None, widen_above: float = np.inf):
+        self.store = _Store(point_sets._resolution(resolution), point_sets._backend(backend),
+                            point_sets._widen_above(widen_above))
         self.store.memo = {}
+
+    @property
+    def widen_above(self) -> float:
+        """The session's widening (:func:`track`'s ``widen_above``)."""
+        return self.store.widen_above
 
 
 def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024,
           backend: str | None = None, session: Session | None = None,
-          repeats: Repeats | None = None) -> FrontierResult:
+          repeats: Repeats | None = None, widen_above: float = np.inf) -> FrontierResult:
     """The (memory, time) Pareto frontier of ``problem`` by frontier tracking (module docstring).
 
     ``resolution``: bytes (0 = exact) — memory is compared in buckets of this size at every
     reduce (:mod:`.point_sets`), bounding frontier sizes; what it merged is reported.
+    ``widen_above``: bytes (default ``inf``, never) — from twice this memory on, the buckets
+    widen in proportion to the memory (:mod:`.point_sets`; what it may cost:
+    :attr:`FrontierResult.mem_slack_factor`): a device holds no plan up there, and the search of
+    a 405B model would otherwise keep a point every resolution up to terabytes.
     ``max_branches``: bound on nested branching of the heuristic elimination (≥ 1; see the module
     docstring); nodes it could not branch on are listed in ``result.fixed``.
     ``backend``: ``"numba"`` (default) or ``"numpy"``; both give identical results.
-    ``session``: a :class:`Session` whose earlier runs this one may reuse (the same resolution
-    and backend); the result is the same as without.  ``repeats``: the problem's repeated
+    ``session``: a :class:`Session` whose earlier runs this one may reuse (the same resolution,
+    widening and backend); the result is the same as without.  ``repeats``: the problem's repeated
     blocks (:class:`~.repeats.Repeats`, checked against its costs): solved once and composed
     (module docstring, "Repeated blocks"); ``stats["repeats"]`` says whether they were, or why not.
     """
@@ -1190,11 +1216,12 @@ def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024
     if int(max_branches) != max_branches or max_branches < 1:
         raise ValueError(f"max_branches must be an integer >= 1, got {max_branches!r}")
     res = point_sets._resolution(resolution)
+    wide = point_sets._widen_above(widen_above)
     t0 = _time.perf_counter()
-    if session is not None and (session.store.resolution != res
+    if session is not None and (session.store.resolution != res or session.store.widen_above != wide
                                 or session.store.backend != point_sets._backend(backend)):
-        raise ValueError("a session's runs share its resolution and backend")
-    store = session.store if session is not None else _Store(res, point_sets._backend(backend))
+        raise ValueError("a session's runs share its resolution, widening and backend")
+    store = session.store if session is not None else _Store(res, point_sets._backend(backend), wide)
     merged0, candidates0, points0, hits0 = store.merged, store.candidates, store.points, store.memo_hits
     tr = _Tracker(problem, store)
     g = tr.initial_graph()

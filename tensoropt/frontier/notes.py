@@ -38,6 +38,12 @@ def frontier_notes(results: Sequence[MeshResult], res: float, res_rule: str, mer
         notes.append(f"{res_s}: {merged} plan(s) dropped at a reduce because a faster one lay within the same "
                      f"resolution step of memory (each such step costs less than one resolution of memory; "
                      f"chained over every reduce the worst case is {fmt_bytes(slack)})")
+        factor = max((float(r.stats.get("mem_slack_factor", 1.0)) for r in results), default=1.0)
+        widest = max((float(r.stats.get("memory_largest", 0)) for r in results), default=0.0)
+        if factor > 1.0:
+            notes.append(f"above twice a mesh's largest device memory ({fmt_bytes(2 * widest)} at most), where no "
+                         f"device holds a plan, the search's steps widen with the memory (each less than "
+                         f"{res / widest * 100:.2g} % of it; chained, the worst case is × {factor:.3g} on top)")
     else:
         notes.append(f"{res_s}: nothing merged")
     for r in results:

@@ -28,6 +28,14 @@ Rules every kernel follows (and the tests check):
   frontier points dropped because they shared a bucket with a better one is counted and returned
   as ``merged``.  What the merge can cost: a dropped point ``(m, t)`` is replaced by a kept one
   ``(m', t')`` with ``t' <= t`` and ``m' < m + resolution``.
+* **Widening** (``widen_above`` = ``A`` bytes; ``inf``, the default, never): memory far above
+  what any device holds is bucketed coarser, in proportion to itself.  Below ``2 A`` the buckets
+  are as above; from ``2^k A`` to ``2^(k+1) A`` (``k >= 1``) they are ``2^k × resolution`` wide,
+  ``ceil(A / resolution)`` of them an octave — so a merge there costs less than
+  ``resolution / A`` of the memory: ``m' < m (1 + resolution / A)``.  A frontier search of a
+  405B model covers 0.1–6 TiB per device: uniform buckets of 82 MiB are 75,000 possible points,
+  widened above 160 GiB about 6,000.  Every bound is exact arithmetic (a power of two times ``A``
+  and a difference within one octave), the same in both back ends.
 * **Determinism**: the output depends only on the input arrays and their order.
 
 Complexity: reduce is O(n log n) (one stable sort by memory, then one linear scan); product of
@@ -55,6 +63,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Literal, overload
 
@@ -76,6 +85,10 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 #: ``(mem, time, ia, ib)``: a product's points and their parents
 Product = tuple[FloatArray, FloatArray, IntArray, IntArray]
+#: a product's or a union's points, their parents, and how many points bucketing merged
+MergedProduct = tuple[FloatArray, FloatArray, IntArray, IntArray, int]
+#: ``(mem, time, ia, ib, start, merged)``: a batched product's frontiers back to back
+Batched = tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]
 
 __all__ = [
     "BACKENDS", "DEFAULT_BACKEND", "HAVE_NUMBA", "as_frontier", "bucket_key", "is_frontier",
@@ -121,10 +134,22 @@ def as_frontier(f: Any) -> tuple[FloatArray, FloatArray]:
     return _costs(mem, time, "frontier")
 
 
-def bucket_key(mem: ArrayLike, resolution: float) -> FloatArray:
+def _widen_above(widen_above: float) -> float:
+    a = float(widen_above)
+    if np.isnan(a) or a <= 0:
+        raise ValueError(f"widen_above must be a number of bytes > 0 (inf = never), got {widen_above!r}")
+    return a
+
+
+def bucket_key(mem: ArrayLike, resolution: float, widen_above: float = np.inf) -> FloatArray:
     """The memory used to compare points: ``mem`` itself at resolution 0, else the bucket number
     ``ceil(mem / resolution)`` (memory rounded up to a multiple of the resolution, in units of
-    the resolution).  Monotone in ``mem``, so sorting by ``mem`` also sorts by bucket."""
+    the resolution), the buckets widened from ``2 × widen_above`` on (module docstring).
+    Monotone in ``mem``, so sorting by ``mem`` also sorts by bucket.
+
+        >>> bucket_key([1.0, 10.0, 20.0, 39.0, 41.0, 80.0], 1.0, widen_above=10.0).tolist()
+        [1.0, 10.0, 20.0, 30.0, 31.0, 40.0]
+    """
     m: FloatArray = np.asarray(mem, dtype=np.float64)
     r = _resolution(resolution)
     if r == 0.0:
@@ -133,7 +158,19 @@ def bucket_key(mem: ArrayLike, resolution: float) -> FloatArray:
     key: FloatArray = np.ceil(m / r)
     # m / r can round (or underflow, for subnormal m) below the true quotient: keep the key an
     # upper bound, key * r >= m, so bucketing never under-states memory
-    return key + (key * r < m)
+    key = key + (key * r < m)
+    a = _widen_above(widen_above)
+    wide = np.isfinite(m) & (m >= 2.0 * a)
+    if np.isfinite(a) and wide.any():
+        mw = m[wide]
+        k = np.frexp(mw / a)[1].astype(np.int64) - 1      # 2^k a <= mw < 2^(k+1) a, corrected exactly:
+        k -= mw < np.ldexp(a, k)                          # the quotient may round across a power of two
+        k += mw >= np.ldexp(a, k + 1)
+        low, width = np.ldexp(a, k), np.ldexp(r, k)
+        j = np.ceil((mw - low) / width)                   # the difference is exact within one octave
+        j += j * width < mw - low
+        key[wide] = (k + 1) * math.ceil(a / r) + j
+    return key
 
 
 def is_frontier(mem: ArrayLike, time: ArrayLike) -> bool:
@@ -314,7 +351,7 @@ if HAVE_NUMBA:
     def _pruned_nb(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
                    bstart: IntArray, pa: IntArray, pb: IntArray, q0: int, q1: int, ws_i: IntArray,
                    ws_f: FloatArray, em: FloatArray, et: FloatArray, eia: IntArray,
-                   eib: IntArray, res: float) -> tuple[int, int]:  # pragma: no cover
+                   eib: IntArray, res: float, wide: float) -> tuple[int, int]:  # pragma: no cover
         """The exact frontier of one output's candidates, its rows frontiers: what sorting every
         candidate and scanning keeps (equal memory: the least time, first in candidate order),
         found without enumerating the dominated ones.
@@ -408,7 +445,7 @@ if HAVE_NUMBA:
             m, t = rm[r], rt[r]
             if m != cur:
                 if gmin < prev:
-                    key = _bucket_nb(cur, res) if res > 0.0 else np.nan
+                    key = _bucket_nb(cur, res, wide) if res > 0.0 else np.nan
                     if ne and key == pend_key:    # the same bucket: the faster point replaces the pending one
                         ne -= 1
                         dropped += 1
@@ -439,7 +476,7 @@ if HAVE_NUMBA:
                 heap[0] = heap[hs]
             sift_down(0, hs)
         if gmin < prev:
-            key = _bucket_nb(cur, res) if res > 0.0 else np.nan
+            key = _bucket_nb(cur, res, wide) if res > 0.0 else np.nan
             if ne and key == pend_key:
                 ne -= 1
                 dropped += 1
@@ -471,15 +508,27 @@ if HAVE_NUMBA:
         return om2, ot2, oia2, oib2
 
     @_compiled
-    def _bucket_nb(m: float, res: float) -> float:  # pragma: no cover
-        """:func:`bucket_key` of one memory at a resolution above 0."""
-        key = np.ceil(m / res)
-        return float(key + 1.0 if key * res < m else key)
+    def _bucket_nb(m: float, res: float, wide: float) -> float:  # pragma: no cover
+        """:func:`bucket_key` of one memory at a resolution above 0, widened above ``wide``."""
+        if not (m >= 2.0 * wide) or not np.isfinite(m):
+            key = np.ceil(m / res)
+            return float(key + 1.0 if key * res < m else key)
+        k = 1
+        low = 2.0 * wide
+        while m >= 2.0 * low:
+            low *= 2.0
+            k += 1
+        width = res * (low / wide)
+        j = np.ceil((m - low) / width)
+        if j * width < m - low:
+            j += 1.0
+        return float((k + 1) * np.ceil(wide / res) + j)
 
     @_compiled
     def _batched_nb(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
                     bstart: IntArray, out_ptr: IntArray, pa: IntArray, pb: IntArray,
-                    res: float) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:  # pragma: no cover
+                    res: float, wide: float
+                    ) -> Batched:  # pragma: no cover
         n_out = out_ptr.size - 1
         om = np.empty(16, np.float64)
         ot = np.empty(16, np.float64)
@@ -507,10 +556,9 @@ if HAVE_NUMBA:
                         c += 1
             order = _stable_argsort_nb(cm)
             if res > 0.0:
-                key = np.ceil(cm / res)
-                for q in range(key.size):  # the same upper-bound rule as bucket_key
-                    if key[q] * res < cm[q]:
-                        key[q] += 1.0
+                key = np.empty(cm.size, np.float64)
+                for q in range(cm.size):   # bucket_key's rule, point by point
+                    key[q] = _bucket_nb(cm[q], res, wide)
             else:
                 key = cm
             keep, mg = _scan_nb(cm, ct, key, order)
@@ -529,8 +577,8 @@ if HAVE_NUMBA:
 
     @_compiled
     def _batched_pruned_nb(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
-                           bstart: IntArray, out_ptr: IntArray, pa: IntArray, pb: IntArray, res: float
-                           ) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:  # pragma: no cover
+                           bstart: IntArray, out_ptr: IntArray, pa: IntArray, pb: IntArray, res: float,
+                           wide: float) -> Batched:  # pragma: no cover
         """:func:`_batched_nb`'s result when every frontier of A and B is one (:func:`_frontiers`):
         each output's exact frontier merged with pruning (:func:`_pruned_nb`), bucketed as it is
         made — the last (fastest) exact point of every bucket is what the scan keeps from all the
@@ -553,7 +601,7 @@ if HAVE_NUMBA:
                     lo = min(lo, am[a0] + bm[b0])
                     hi = max(hi, am[a1 - 1] + bm[b1 - 1])
             if res > 0.0 and c:   # bucketed as it is made: one point a bucket it can reach
-                c = min(c, int(_bucket_nb(hi, res) - _bucket_nb(lo, res)) + 2)
+                c = min(c, int(_bucket_nb(hi, res, wide) - _bucket_nb(lo, res, wide)) + 2)
             max_c = max(max_c, c)
         max_rows = rows.max() if n_out else 0
         ws_i = np.empty(6 * max_rows, np.int64)
@@ -572,7 +620,7 @@ if HAVE_NUMBA:
         for o in range(n_out):
             nr = rows[o]
             nk, dropped = _pruned_nb(am, at, astart, bm, bt, bstart, pa, pb, out_ptr[o], out_ptr[o + 1],
-                                     ws_i[:6 * nr], ws_f[:2 * nr], em, et, eia, eib, res)
+                                     ws_i[:6 * nr], ws_f[:2 * nr], em, et, eia, eib, res, wide)
             om, ot, oia, oib = _room_nb(om, ot, oia, oib, n, n + nk)
             for x in range(nk):
                 om[n + x] = em[x]
@@ -603,7 +651,7 @@ def _frontiers(m: FloatArray, t: FloatArray, start: IntArray) -> bool:
 
 def _batched_np(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
                 bstart: IntArray, out_ptr: IntArray, pa: IntArray, pb: IntArray,
-                res: float) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:
+                res: float, wide: float) -> Batched:
     n_out = out_ptr.size - 1
     oms: list[FloatArray] = []
     ots: list[FloatArray] = []
@@ -631,7 +679,7 @@ def _batched_np(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray
             cm = ct = np.empty(0)
             cia = cib = np.empty(0, np.int64)
         order = np.argsort(cm, kind="stable")
-        key = bucket_key(cm, res)
+        key = bucket_key(cm, res, wide)
         keep, mg = _scan_np(cm, ct, key, order)
         merged += mg
         oms.append(cm[keep])
@@ -650,9 +698,10 @@ def _batched_np(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray
 # --------------------------------------------------------------------------------------------
 # public kernels
 
-def _reduce_impl(m: FloatArray, t: FloatArray, r: float, backend: str) -> tuple[IntArray, int]:
+def _reduce_impl(m: FloatArray, t: FloatArray, r: float, backend: str,
+                 wide: float = np.inf) -> tuple[IntArray, int]:
     order = np.argsort(m, kind="stable")
-    key = bucket_key(m, r)
+    key = bucket_key(m, r, wide)
     if backend == "numba":
         keep, merged = _scan_nb(m, t, key, order.astype(np.int64))  # sort: NumPy's (timsort)
         return keep, int(merged)
@@ -661,27 +710,28 @@ def _reduce_impl(m: FloatArray, t: FloatArray, r: float, backend: str) -> tuple[
 
 @overload
 def reduce(mem: ArrayLike, time: ArrayLike, resolution: float = 0.0, *, backend: str | None = None,
-           return_merged: Literal[False] = False) -> IntArray: ...
+           return_merged: Literal[False] = False, widen_above: float = np.inf) -> IntArray: ...
 @overload
 def reduce(mem: ArrayLike, time: ArrayLike, resolution: float = 0.0, *, backend: str | None = None,
-           return_merged: Literal[True]) -> tuple[IntArray, int]: ...
+           return_merged: Literal[True], widen_above: float = np.inf) -> tuple[IntArray, int]: ...
 def reduce(mem: ArrayLike, time: ArrayLike, resolution: float = 0.0, *, backend: str | None = None,
-           return_merged: bool = False) -> IntArray | tuple[IntArray, int]:
+           return_merged: bool = False, widen_above: float = np.inf) -> IntArray | tuple[IntArray, int]:
     """Indices of the Pareto-minimal points of ``(mem, time)`` (TensorOpt's Algorithm 1), ordered by
     memory ascending (so ``mem[idx]`` increases and ``time[idx]`` strictly decreases).
 
-    ``resolution`` (bytes, 0 = exact) buckets memory as the module docstring says; with
+    ``resolution`` (bytes, 0 = exact) buckets memory as the module docstring says (widened from
+    ``2 × widen_above`` on); with
     ``return_merged=True`` the result is ``(idx, merged)``, ``merged`` the number of exact-frontier
     points dropped by the bucketing (0 at resolution 0).  O(n log n).
     """
     m, t = _costs(mem, time)
-    idx, merged = _reduce_impl(m, t, _resolution(resolution), _backend(backend))
+    idx, merged = _reduce_impl(m, t, _resolution(resolution), _backend(backend), _widen_above(widen_above))
     return (idx, merged) if return_merged else idx
 
 
 def batched_product(a_mem: ArrayLike, a_time: ArrayLike, a_start: ArrayLike, b_mem: ArrayLike, b_time: ArrayLike,
                     b_start: ArrayLike, out_ptr: ArrayLike, pa: ArrayLike, pb: ArrayLike, resolution: float = 0.0, *,
-                    backend: str | None = None) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:
+                    backend: str | None = None, widen_above: float = np.inf) -> Batched:
     """Many products-with-union at once: the workhorse of frontier tracking.
 
     ``a_*`` hold many frontiers back to back: frontier ``f`` of A is
@@ -690,7 +740,8 @@ def batched_product(a_mem: ArrayLike, a_time: ArrayLike, a_start: ArrayLike, b_m
     Returns ``(mem, time, ia, ib, start, merged)``: output frontier ``o`` is
     ``mem[start[o]:start[o+1]]``; ``ia`` / ``ib`` are the flat indices (into ``a_mem`` /
     ``b_mem``) of each point's two parents.  Candidate order, which breaks exact ties, is
-    ``q`` ascending, then A's point, then B's point.
+    ``q`` ascending, then A's point, then B's point.  Memory is bucketed at ``resolution``, widened
+    from ``2 × widen_above`` on (module docstring).
     """
     am, at = _costs(a_mem, a_time, "A")
     bm, bt = _costs(b_mem, b_time, "B")
@@ -707,32 +758,34 @@ def batched_product(a_mem: ArrayLike, a_time: ArrayLike, a_start: ArrayLike, b_m
         raise ValueError("pa / pb name a frontier that A / B does not have")
     pruned = bool(ia.size) and _candidates(astart, bstart, ia, ib) > PRUNE_MIN_CANDIDATES \
         and _frontiers(am, at, astart) and _frontiers(bm, bt, bstart)
-    return checked_product(am, at, astart, bm, bt, bstart, ptr, ia, ib, r, _backend(backend), pruned)
+    return checked_product(am, at, astart, bm, bt, bstart, ptr, ia, ib, r, _backend(backend), pruned,
+                           _widen_above(widen_above))
 
 
 def checked_product(am: FloatArray, at: FloatArray, astart: IntArray, bm: FloatArray, bt: FloatArray,
                     bstart: IntArray, out_ptr: IntArray, pa: IntArray, pb: IntArray, resolution: float,
-                    backend: str, pruned: bool) -> tuple[FloatArray, FloatArray, IntArray, IntArray, IntArray, int]:
+                    backend: str, pruned: bool,
+                    widen_above: float = np.inf) -> Batched:
     """:func:`batched_product` on arguments already as it checks them (contiguous float64 costs
-    without NaN, int64 pointers that hold, a resolution ≥ 0, a backend's name) — frontier
+    without NaN, int64 pointers that hold, a resolution ≥ 0, a backend's name, ``widen_above`` > 0) — frontier
     tracking's own groups, thousands of products a run — with ``pruned``: every frontier of A
     and B is one (:func:`_frontiers`) and there are enough candidates for the pruned merge to
     pay (``PRUNE_MIN_CANDIDATES``); the result is the same either way."""
     if backend == "numba":
         kernel = _batched_pruned_nb if pruned else _batched_nb
-        res = kernel(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, resolution)
+        res = kernel(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, resolution, float(widen_above))
         return res[0], res[1], res[2], res[3], res[4], int(res[5])
-    return _batched_np(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, resolution)
+    return _batched_np(am, at, astart, bm, bt, bstart, out_ptr, pa, pb, resolution, float(widen_above))
 
 
 @overload
 def product(a: Any, b: Any, resolution: float = 0.0, *, backend: str | None = None,
-            return_merged: Literal[False] = False) -> Product: ...
+            return_merged: Literal[False] = False, widen_above: float = np.inf) -> Product: ...
 @overload
 def product(a: Any, b: Any, resolution: float = 0.0, *, backend: str | None = None,
-            return_merged: Literal[True]) -> tuple[FloatArray, FloatArray, IntArray, IntArray, int]: ...
+            return_merged: Literal[True], widen_above: float = np.inf) -> MergedProduct: ...
 def product(a: Any, b: Any, resolution: float = 0.0, *, backend: str | None = None,
-            return_merged: bool = False) -> Product | tuple[FloatArray, FloatArray, IntArray, IntArray, int]:
+            return_merged: bool = False, widen_above: float = np.inf) -> Product | MergedProduct:
     """``reduce(a ⊗ b)``: every pair of a point of ``a`` and a point of ``b``, costs added.
 
     ``a`` and ``b`` are ``(mem, time)`` pairs (frontiers or any point sets).  Returns
@@ -742,18 +795,19 @@ def product(a: Any, b: Any, resolution: float = 0.0, *, backend: str | None = No
     am, at = as_frontier(a)
     bm, bt = as_frontier(b)
     mem, time, ia, ib, _, merged = batched_product(
-        am, at, [0, am.size], bm, bt, [0, bm.size], [0, 1], [0], [0], resolution, backend=backend)
+        am, at, [0, am.size], bm, bt, [0, bm.size], [0, 1], [0], [0], resolution, backend=backend,
+        widen_above=widen_above)
     return (mem, time, ia, ib, merged) if return_merged else (mem, time, ia, ib)
 
 
 @overload
 def union(frontiers: Sequence[Any], resolution: float = 0.0, *, backend: str | None = None,
-          return_merged: Literal[False] = False) -> Product: ...
+          return_merged: Literal[False] = False, widen_above: float = np.inf) -> Product: ...
 @overload
 def union(frontiers: Sequence[Any], resolution: float = 0.0, *, backend: str | None = None,
-          return_merged: Literal[True]) -> tuple[FloatArray, FloatArray, IntArray, IntArray, int]: ...
+          return_merged: Literal[True], widen_above: float = np.inf) -> MergedProduct: ...
 def union(frontiers: Sequence[Any], resolution: float = 0.0, *, backend: str | None = None,
-          return_merged: bool = False) -> Product | tuple[FloatArray, FloatArray, IntArray, IntArray, int]:
+          return_merged: bool = False, widen_above: float = np.inf) -> Product | MergedProduct:
     """``reduce(F_0 ∪ F_1 ∪ …)``.  Returns ``(mem, time, which, idx)``: point ``i`` is point
     ``idx[i]`` of ``frontiers[which[i]]`` (plus ``merged`` with ``return_merged=True``).
     Ties between frontiers go to the earlier one in the list.  O(n log n), n the points in all.
@@ -767,7 +821,7 @@ def union(frontiers: Sequence[Any], resolution: float = 0.0, *, backend: str | N
     else:
         m = t = np.empty(0)
         which_all = idx_all = np.empty(0, np.int64)
-    keep, merged = _reduce_impl(m, t, _resolution(resolution), _backend(backend))
+    keep, merged = _reduce_impl(m, t, _resolution(resolution), _backend(backend), _widen_above(widen_above))
     out = (m[keep], t[keep], which_all[keep], idx_all[keep])
     return (*out, merged) if return_merged else out
 

@@ -49,7 +49,11 @@ model can need) / 1000`` (the latter bound: Σ over nodes of the largest residen
 the largest received + the largest transient, the largest over meshes) — 0.1 % of what matters,
 so that tiny models keep a detailed frontier and big ones stay bounded.  ``resolution=0`` is exact.
 What bucketing dropped is counted (``merged_by_resolution``), never silently truncated; every
-reported memory and time is the exact cost of a real plan.
+reported memory and time is the exact cost of a real plan.  The τ runs' buckets widen from twice
+the memory of the mesh's largest device on (``widen``, :mod:`.point_sets`: from ``2^k`` times that
+memory, ``2^k`` resolutions wide): no device holds such a plan, and a uniform resolution kept a
+point every 82 MiB up to the terabytes of Llama-3-405B's plans on 128 H100s.  What it may cost is in
+the notes (:attr:`~.algorithm.FrontierResult.mem_slack_factor`).
 
 This module is the search's driver: the meshes, the τ runs, the candidates, the polish
 (:mod:`.polish`), the workers (:mod:`.forkmap`), the union; it must not invent costs (the walk
@@ -193,6 +197,8 @@ class _TauRun:
     merged: int
     fixed: tuple[str, ...]
     mem_slack: float
+    #: :attr:`~.algorithm.FrontierResult.mem_slack_factor`: what widened buckets may cost
+    mem_slack_factor: float
     candidates: int
     max_frontier: int
     seconds: float
@@ -211,7 +217,7 @@ def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int
     6,710 operators a run, 5.2 s of its 8.8 s unrolling them)."""
     t0 = _time.perf_counter()
     r = track(mp.masked(level), resolution=resolution, max_branches=max_branches, backend=backend, session=session,
-              repeats=mp.repeats)
+              repeats=mp.repeats, widen_above=session.widen_above)
     # the points come in memory order: evenly spaced indices spread them over the run's memory
     picked = _spread(len(r), limit) if len(r) > limit else None
     vecs = r.assignment_vectors(picked) if len(r) else np.zeros((0, len(mp.problem.nodes)), dtype=np.int64)
@@ -219,6 +225,7 @@ def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int
     # suite): a run's points cross a pipe, and AmoebaNet-D-18's 32 levels on two devices hold 20,000
     vecs = vecs.astype(np.min_scalar_type(-max((p.k for p in mp.problem.nodes), default=1)))
     return _TauRun(vecs, r.merged_by_resolution, tuple(f.node for f in r.fixed), float(r.mem_slack),
+                   r.mem_slack_factor,
                    int(r.stats["candidates"]), int(r.stats["max_frontier"]), _time.perf_counter() - t0,
                    str(r.stats["repeats"]), len(r))
 
@@ -226,6 +233,13 @@ def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int
 def _smallest_memory(mp: MeshProblem, cluster: Cluster) -> int:
     """The memory of the mesh's smallest device, in bytes."""
     return min(cluster.device(d).memory_bytes for d in mp.mesh)
+
+
+def _session(mp: MeshProblem, cluster: Cluster, resolution: float, backend: str | None, widen: bool) -> Session:
+    """The session of ``mp``'s τ runs: its buckets widen from twice the memory of the mesh's largest
+    device on (module docstring), where ``widen``."""
+    wide = max(cluster.device(d).memory_bytes for d in mp.mesh) if widen and resolution > 0 else np.inf
+    return Session(resolution, backend, widen_above=wide)
 
 
 def _mesh_levels(mp: MeshProblem, cluster: Cluster, max_levels: int,
@@ -240,10 +254,10 @@ def _mesh_levels(mp: MeshProblem, cluster: Cluster, max_levels: int,
 
 def _track_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Cluster, resolution: float,
                 levels_run: tuple[np.ndarray, int], max_branches: int, backend: str | None, max_walks: int,
-                report: Callable[[str], None]) -> MeshResult:
+                report: Callable[[str], None], widen: bool = True) -> MeshResult:
     levels, n_levels = levels_run
     runs = []
-    session = Session(resolution, backend)    # a τ run differs from the last in a few nodes' costs
+    session = _session(mp, cluster, resolution, backend, widen)   # a τ run differs from the last in a few nodes' costs
     for i, lv in enumerate(levels):
         report(f"mesh {','.join(mp.mesh)}: τ run {i + 1}/{len(levels)}")
         runs.append(_tau_run(mp, float(lv), resolution, max_branches, backend, session, _walk_limit(max_walks)))
@@ -259,6 +273,7 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     merged = sum(r.merged for r in runs)
     fixed = [name for r in runs for name in r.fixed]
     slack = max((r.mem_slack for r in runs), default=0.0)
+    slack_factor = max((r.mem_slack_factor for r in runs), default=1.0)
     # every τ run's points are candidates: each is Pareto-optimal for the search's estimate under its
     # transient cap; the compiled evaluator gives each its simulated step and its walked peak
     names = [n.name for n in mp.problem.nodes]
@@ -284,7 +299,8 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
              "max_frontier": int(max((r.max_frontier for r in runs), default=0)),
              # (levels above the smallest device's memory, of them run): what the notes say was thinned
              "levels_over_memory": (int((mp.transient_levels() > memory).sum()), int((levels > memory).sum())),
-             "memory": memory, **dict(mp.stats)}
+             "memory": memory, "memory_largest": max(cluster.device(d).memory_bytes for d in mp.mesh),
+             "mem_slack_factor": slack_factor, **dict(mp.stats)}
     costs_arr = np.column_stack([pool.est, pool.peak, pool.time]).astype(np.float64).reshape(-1, 3)
     seconds = sum(r.seconds for r in runs) + _time.perf_counter() - t0
     return MeshResult(mp, tuple(float(x) for x in levels), n_levels,
@@ -358,7 +374,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                    progress: Progress = no_progress, reserve: int = 0,
                    max_walks: int = DEFAULT_MAX_WALKS,
                    seed_placers: Sequence[str] = DEFAULT_SEED_PLACERS, workers: int | None = None,
-                   shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS) -> Frontier:
+                   shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS, widen: bool = True) -> Frontier:
     """The Pareto frontier of (per-device peak memory, iteration time) plans of ``graph`` on
     ``cluster`` (module docstring).
 
@@ -383,7 +399,9 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     track the meshes side by side (:func:`~.forkmap.fork_serve`; the same frontier whatever the
     number); default :func:`~.forkmap.default_workers` on graphs of at least
     :data:`PARALLEL_MIN_OPS` operators, one below.  ``shard_levels``: the sharding levels the
-    search offers (:func:`~.graph_problem.node_configs`; ``()``: none).
+    search offers (:func:`~.graph_problem.node_configs`; ``()``: none).  ``widen``: the τ runs'
+    buckets widen from twice the memory of a mesh's largest device on (module docstring; at a
+    resolution above 0); ``False``: the resolution's buckets everywhere.
     """
     t0 = _time.perf_counter()
     budget = _check_arguments(graph, costs, optimizer, budget, max_levels, levels_above_memory, max_walks, reserve)
@@ -412,7 +430,8 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
 
     levels = [_mesh_levels(mp, cluster, int(max_levels), int(levels_above_memory)) for mp in problems]
     results, seeded = _track_meshes(problems, graph, costs, cluster, res, levels, max_branches, backend,
-                                    int(max_walks), progress, steps, workers, seeds if seed_placers else None)
+                                    int(max_walks), progress, steps, workers, seeds if seed_placers else None,
+                                    widen=widen)
 
     progress("frontier", steps - 1, steps, "union across meshes")
     _, _, which, idx, m_union = point_sets.union([(r.mem, r.time) for r in results], res, backend=backend,
@@ -445,7 +464,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
 def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostModel, cluster: Cluster, res: float,
                   levels: Sequence[tuple[np.ndarray, int]], max_branches: int, backend: str | None, max_walks: int,
                   progress: Progress, steps: int, workers: int,
-                  beside: Callable[[], Any] | None = None) -> tuple[list[MeshResult], Any]:
+                  beside: Callable[[], Any] | None = None, widen: bool = True) -> tuple[list[MeshResult], Any]:
     """Each mesh tracked (:func:`_track_mesh`) at its τ ``levels`` (:func:`_mesh_levels`), and
     ``beside()`` (other work independent of the meshes); returns the meshes' results and
     ``beside()``'s.  With several ``workers``, in forked workers (:func:`~.forkmap.fork_serve`),
@@ -455,7 +474,7 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
     n = len(problems)
     if workers == 1:
         results = [_track_mesh(mp, graph, costs, cluster, res, levels[i], max_branches, backend, max_walks,
-                               partial(progress, "frontier", n + i, steps))
+                               partial(progress, "frontier", n + i, steps), widen)
                    for i, mp in enumerate(problems)]
         return results, beside() if beside is not None else None
     size = [float(sum(nd.k for nd in mp.problem.nodes)) for mp in problems]
@@ -480,7 +499,7 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
             _, i, j = task
             if i not in sessions:
                 sessions.clear()
-                sessions[i] = Session(res, backend)
+                sessions[i] = _session(problems[i], cluster, res, backend, widen)
             return _tau_run(problems[i], float(levels[i][0][j]), res, max_branches, backend, sessions[i],
                             _walk_limit(max_walks))
         sessions.clear()                # every group of every run: gone before the polish

@@ -107,12 +107,14 @@ def test_union_equals_brute_force(fs):
 
 
 @SETTINGS
-@given(point_sets(30), st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0]))
-def test_numba_and_numpy_paths_identical(pts, res):
+@given(point_sets(30), st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0]), st.sampled_from([math.inf, 0.3, 3.0, 100.0]))
+def test_numba_and_numpy_paths_identical(pts, res, wide):
     m, t = pts
-    a = reduce(m, t, res, backend="numba", return_merged=True)
-    b = reduce(m, t, res, backend="numpy", return_merged=True)
+    a = reduce(m, t, res, backend="numba", return_merged=True, widen_above=wide)
+    b = reduce(m, t, res, backend="numpy", return_merged=True, widen_above=wide)
     assert np.array_equal(a[0], b[0]) and a[1] == b[1]
+    if res > 0:   # the compiled bucket of one memory is the vectorised one, bit for bit
+        assert [K._bucket_nb(float(x), res, wide) for x in m] == bucket_key(m, res, wide).tolist()
     x = np.sort(m)
     assert np.array_equal(K._stable_argsort_nb(m), np.argsort(m, kind="stable"))
     assert np.array_equal(K._stable_argsort_nb(x), np.argsort(x, kind="stable"))
@@ -121,8 +123,8 @@ def test_numba_and_numpy_paths_identical(pts, res):
 @SETTINGS
 @given(st.lists(point_sets(8, allow_inf=False), min_size=1, max_size=4),
        st.lists(point_sets(5, allow_inf=False), min_size=1, max_size=3),
-       st.integers(0, 2**31 - 1), st.sampled_from([0.0, 1.0, 3.0]))
-def test_batched_product_paths_identical_and_match_unions(A, B, seed, res):
+       st.integers(0, 2**31 - 1), st.sampled_from([0.0, 1.0, 3.0]), st.sampled_from([math.inf, 1.0, 20.0]))
+def test_batched_product_paths_identical_and_match_unions(A, B, seed, res, wide):
     rng = np.random.default_rng(seed)
     pack = lambda fs: (np.concatenate([f[0] for f in fs]), np.concatenate([f[1] for f in fs]),  # noqa: E731
                        np.concatenate(([0], np.cumsum([f[0].size for f in fs]))))
@@ -133,8 +135,8 @@ def test_batched_product_paths_identical_and_match_unions(A, B, seed, res):
     out_ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     pa = rng.integers(0, len(A), out_ptr[-1])
     pb = rng.integers(0, len(B), out_ptr[-1])
-    r1 = batched_product(am, at, ast, bm, bt, bst, out_ptr, pa, pb, res, backend="numba")
-    r2 = batched_product(am, at, ast, bm, bt, bst, out_ptr, pa, pb, res, backend="numpy")
+    r1 = batched_product(am, at, ast, bm, bt, bst, out_ptr, pa, pb, res, backend="numba", widen_above=wide)
+    r2 = batched_product(am, at, ast, bm, bt, bst, out_ptr, pa, pb, res, backend="numpy", widen_above=wide)
     for x, y in zip(r1[:5], r2[:5]):
         assert np.array_equal(x, y)
     assert r1[5] == r2[5]
@@ -143,7 +145,8 @@ def test_batched_product_paths_identical_and_match_unions(A, B, seed, res):
     for o in range(n_out):
         # output o = reduce of the union of its products, done one kernel at a time
         parts = [product(A[pa[q]], B[pb[q]]) for q in range(out_ptr[o], out_ptr[o + 1])]
-        um, ut, _, _, mg = union([(p[0], p[1]) for p in parts], res, return_merged=True) if parts else \
+        um, ut, _, _, mg = union([(p[0], p[1]) for p in parts], res, return_merged=True, widen_above=wide) \
+            if parts else \
             (np.empty(0), np.empty(0), None, None, 0)
         sl = slice(start[o], start[o + 1])
         if res == 0.0:
@@ -185,6 +188,38 @@ def test_resolution_rounds_up_and_reports_merges(pts, res):
     assert idx.tolist() == best
 
 
+def test_widened_buckets_by_hand():
+    # resolution 1, widen above 10: buckets of 1 below 20; from 20 to 40 of 2 (keys 20 + 1 …),
+    # from 40 to 80 of 4, from 80 of 8 — ceil(10 / 1) = 10 buckets an octave
+    m = np.array([0.5, 19.5, 20.0, 20.5, 22.0, np.nextafter(40.0, 0.0), 40.0, 41.0, 79.0, 80.0, 81.0, math.inf])
+    want = [1, 20, 20, 21, 21, 30, 30, 31, 40, 40, 41, math.inf]
+    assert bucket_key(m, 1.0, widen_above=10.0).tolist() == want
+    assert [K._bucket_nb(float(x), 1.0, 10.0) for x in m] == want
+    assert bucket_key(m, 1.0).tolist() == [1, 20, 20, 21, 22, 40, 40, 41, 79, 80, 81, math.inf]   # never widened
+    with pytest.raises(ValueError, match="widen_above"):
+        bucket_key(m, 1.0, widen_above=0.0)
+
+
+@SETTINGS
+@given(st.lists(st.floats(0.0, 1e6, allow_nan=False), min_size=1, max_size=40),
+       st.sampled_from([0.5, 1.0, 3.0]), st.sampled_from([1.0, 7.0, 250.0]))
+def test_widened_buckets_rise_with_memory_and_cost_a_share_of_it(mems, res, wide):
+    # keys never fall as memory rises; two memories share a key only within one bucket's width:
+    # the resolution below 2 × wide, res / wide of the memory above — checked pair by pair
+    m = np.sort(np.array(mems))
+    key = bucket_key(m, res, widen_above=wide)
+    assert np.all(np.diff(key) >= 0)
+    for i in range(m.size):
+        for j in range(i + 1, m.size):
+            if key[i] == key[j]:
+                assert m[j] - m[i] < max(res, m[j] * res / wide)
+    # a reduce so bucketed loses at most that: every exact frontier point is matched by a kept one
+    t = np.linspace(m.size, 1.0, m.size)             # time falls as memory rises: all are Pareto
+    idx = reduce(m, t, res, widen_above=wide)
+    for i in reduce(m, t):
+        assert any(t[k] <= t[i] and m[k] - m[i] < max(res, m[k] * res / wide) for k in idx)
+
+
 def test_resolution_merge_count_example():
     # buckets of 1.0: 1.0 → 1, 1.4 → 2, {2.5, 2.6, 2.9} → 3; all five points are exact Pareto points
     m = np.array([1.0, 1.4, 2.5, 2.6, 2.9])
@@ -216,8 +251,8 @@ def frontier_sets(draw, max_n=12):
 
 @SETTINGS
 @given(st.lists(frontier_sets(), min_size=1, max_size=4), st.lists(frontier_sets(), min_size=1, max_size=4),
-       st.integers(0, 2**31 - 1), st.sampled_from([0.0, 0.7, 1.0, 3.0]))
-def test_pruned_merge_equals_enumerating_every_candidate(A, B, seed, res):
+       st.integers(0, 2**31 - 1), st.sampled_from([0.0, 0.7, 1.0, 3.0]), st.sampled_from([math.inf, 0.5, 2.0]))
+def test_pruned_merge_equals_enumerating_every_candidate(A, B, seed, res, wide):
     # the pruned merge (a heap of rows, dominated runs jumped) keeps what sorting every pair keeps,
     # bit for bit: the same points, the same parents on ties, the same merged count
     rng = np.random.default_rng(seed)
@@ -230,8 +265,8 @@ def test_pruned_merge_equals_enumerating_every_candidate(A, B, seed, res):
     pa = rng.integers(0, len(A), out_ptr[-1]).astype(np.int64)
     pb = rng.integers(0, len(B), out_ptr[-1]).astype(np.int64)
     assert K._frontiers(am, at, ast) and K._frontiers(bm, bt, bst)
-    pruned = K._batched_pruned_nb(am, at, ast, bm, bt, bst, out_ptr, pa, pb, res)
-    reference = K._batched_np(am, at, ast, bm, bt, bst, out_ptr, pa, pb, res)
+    pruned = K._batched_pruned_nb(am, at, ast, bm, bt, bst, out_ptr, pa, pb, res, wide)
+    reference = K._batched_np(am, at, ast, bm, bt, bst, out_ptr, pa, pb, res, wide)
     for x, y in zip(pruned[:5], reference[:5]):
         assert np.array_equal(x, y)
     assert pruned[5] == reference[5]
