@@ -276,6 +276,16 @@ def test_each_placer_keeps_its_own_marker_whatever_else_the_result_holds():
     assert [(t.name, t.marker.symbol) for t in many] == [("dp", "diamond"), ("fsdp", "bowtie"), ("m-sct", "cross"),
                                                          ("from-a-file", "asterisk-open")]
 
+    # every placer the registry holds, in its order and reversed: each drawn with a symbol of its own,
+    # the same in both, and named in the legend by its registered name
+    def drawn(order):
+        fig = F.frontier_figure(ROWS, [baseline(a, 40 + i) for i, a in enumerate(order)], cluster=UNIFORM)
+        return {t.name: t.marker.symbol for t in _role(fig, "baseline")}
+
+    forward, backward = drawn(list(PLACERS)), drawn(list(PLACERS)[::-1])
+    assert forward == backward and set(forward) == set(PLACERS)
+    assert len(set(forward.values())) == len(PLACERS)
+
 
 def test_the_fastest_plan_that_fits_ties_to_fewer_gpus_at_the_same_step():
     # transformer-tiny's case: a 2-GPU plan at the 1-GPU plan's step (to the microsecond shown)
