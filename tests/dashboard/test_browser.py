@@ -461,8 +461,8 @@ def _stale_banner(server, browser):
     drv.find_element(By.CSS_SELECTOR, "#devices input[value=gpu7]").click()
     _wait(banner.is_displayed, 10, "the stale banner")
     text = _by_id(drv, "stale-text").text
-    assert text.startswith("these results are for tiny_model.py:build on v100-8-nvlink (devices gpu0 … gpu7 (8)); "
-                           "the controls now ask for tiny_model.py:build on v100-8-nvlink (devices gpu0 … gpu6 (7); "
+    assert text.startswith("these results are for tiny_model.py:build on v100-8-nvlink (devices gpu0–gpu7); "
+                           "the controls now ask for tiny_model.py:build on v100-8-nvlink (devices gpu0–gpu6; "
                            "without gpu7)"), text
     assert _by_id(drv, "stale-run").is_enabled()
     drv.find_element(By.CSS_SELECTOR, "#devices input[value=gpu7]").click()

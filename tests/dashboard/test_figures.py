@@ -308,3 +308,14 @@ def test_the_fastest_plan_that_fits_ties_to_fewer_gpus_at_the_same_step():
     faster = [rows[0], {**rows[1], "time_s": 0.0006502}]
     assert F.fastest_that_fits(F.drawn_plans(faster), {"p000-1dev": True, "p001-2dev": True})["plan_id"] == "p001-2dev"
     assert F.fastest_that_fits(plans, dict.fromkeys(fit, True))["plan_id"] == "p002-2dev"
+
+
+def test_device_lists_are_ranges_that_count_right():
+    # the issue: "8 GPUs: gpu0 … gpu4 (8)" (a ring's order, its last device gpu4) read as five devices
+    ring = ["gpu0", "gpu5", "gpu1", "gpu6", "gpu2", "gpu7", "gpu3", "gpu4"]
+    p = {"plan_id": "p", "role": "curve", "source": "frontier", "on_frontier": True, "devices": ring, "num_devices": 8,
+         "memory_bytes": MiB, "time_s": 0.001, "peaks": dict.fromkeys(ring, MiB)}
+    assert "<br>8 GPUs: gpu0–gpu7<br>" in F.hover_head(p)
+    # gaps split the range; short runs are listed by name
+    assert "<br>6 GPUs: gpu0–gpu3, gpu6, gpu7<br>" in F.hover_head(
+        {**p, "devices": ["gpu7", "gpu0", "gpu1", "gpu2", "gpu3", "gpu6"], "num_devices": 6})

@@ -164,7 +164,7 @@ def test_banner_when_gpus_are_unchecked():
     shown = Request(model="/w/tiny_model.py:build", cluster="preset:v100-8-nvlink", devices=EIGHT)
     four = dataclasses.replace(shown, devices=EIGHT[:4])
     assert stale_text(shown.key, shown.to_dict(), four) == (
-        "these results are for tiny_model.py:build on v100-8-nvlink (devices gpu0 … gpu7 (8)); the controls now ask "
+        "these results are for tiny_model.py:build on v100-8-nvlink (devices gpu0–gpu7); the controls now ask "
         "for tiny_model.py:build on v100-8-nvlink (devices gpu0, gpu1, gpu2, gpu3; without gpu4, gpu5, gpu6, gpu7) "
         "— Run to update")
     # a device added back and one more unchecked: both said
@@ -181,7 +181,7 @@ def test_banner_after_a_cancelled_run_of_another_model_and_cluster():
                                    None, None, "auto", None, None, algos=None)
     assert stale_text(shown.key, shown.to_dict(), wanted) == (
         "these results are for zoo:transformer-tiny on a100-4-nvlink (devices gpu0, gpu1, gpu2, gpu3); the controls "
-        "now ask for zoo:gpt2 on titan-rtx-5 (devices gpu0 … gpu4 (5)) — Run to update")
+        "now ask for zoo:gpt2 on titan-rtx-5 (devices gpu0–gpu4) — Run to update")
 
 
 def test_banner_names_every_field_that_differs():
