@@ -564,12 +564,24 @@ def _hand_result():
 
 
 def _marks(server, browser):
-    """Every placer on the page's own chart at a laptop's 1366 × 768: one symbol each, the legend in view
-    whole (not scrolled) above the plot, the plans at one point named in one hover as the page's script
-    redraws it, a slow baseline at the top edge (the issue: 43 ms squashed the curves)."""
+    """The search's notes on the page; every placer on the page's own chart at a laptop's 1366 × 768: one
+    symbol each, the legend in view whole (not scrolled) above the plot, the plans at one point named in
+    one hover as the page's script redraws it, a slow baseline at the top edge (the issue: 43 ms squashed
+    the curves)."""
     import json
 
+    from selenium.webdriver.common.by import By
+
+    url, tmp, store = server
     drv = browser
+    # the search's notes, which the line above the chart points to, are on the page: every one of the result's
+    written = json.loads((store.folder(_key(store)) / "frontier.json").read_text())
+    notes = _by_id(drv, "search-notes")
+    assert notes.find_element(By.TAG_NAME, "summary").text.startswith(f"the search's notes ({len(written['notes'])})")
+    if not notes.get_attribute("open"):
+        notes.find_element(By.TAG_NAME, "summary").click()
+    assert [li.text for li in notes.find_elements(By.CSS_SELECTOR, "li")] == written["notes"]
+
     fig, data, cluster = _hand_result()
     drv.set_window_size(1366, 768)
     try:
