@@ -258,6 +258,7 @@ def _frontier_budget_and_gpus_needed(server, browser):
     assert "Pareto-optimal plans" in _by_id(drv, "frontier-graph").text
     banner = _by_id(drv, "times-source").text
     assert banner.startswith("Operator times: Tesla V100-SXM2-16GB device model") and "estimates" in banner
+    assert "not checked on a Tesla V100-SXM2-16GB: checked only on 3 measured H100 steps" in banner   # not a V100's
     key = _key(store)
     # the request the server started computing with itself is the page's: one result, computed once
     assert key == first_request(TINY, V100S, 1, 1, algos=("dp", "m-etf"), default_precision=None).key

@@ -107,6 +107,8 @@ def test_banner_of_a_v100_result_names_the_v100_device_model(gpt2_result):
     text = _text(banner)
     assert text.startswith("Operator times: Tesla V100-SXM2-16GB device model (calibration ")
     assert "device model" in text and "estimates, not measurements" in text
+    # what the model was checked on: H100 steps, not a V100 (it said "checked … on 3 measured H100 steps")
+    assert "not checked on a Tesla V100-SXM2-16GB: checked only on 3 measured H100 steps" in text
     assert banner.className == "times-modelled"
 
 
