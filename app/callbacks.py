@@ -55,6 +55,7 @@ from .views import (
     plan_verdict,
     price_inputs,
     reserve_bytes,
+    search_notes,
     shown_key,
     source_banner,
     stale_text,
@@ -293,12 +294,14 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
         try:
             fig, _lines = frontier_view(store, key, None, 0, selected, compare)
             lines = summary_lines(store, key)
+            notes = search_notes(store, key)
             data = page_data(store, key)
         except Exception as e:  # noqa: BLE001 - a result that cannot be read is a message
             if not isinstance(e, TensorOptError):
                 traceback.print_exc()
             return no_update, no_update, html.Div(_explain(e), style={"color": "#a00"}), no_update
-        summary = [source_banner(store.summary(key)), html.Ul([html.Li(x) for x in lines], style={"margin": "2px 0"})]
+        summary = [source_banner(store.summary(key)), html.Ul([html.Li(x) for x in lines], style={"margin": "2px 0"}),
+                   notes]
         return fig.to_plotly_json(), data, summary, plan_options(store, key)
 
     app.clientside_callback(

@@ -8,7 +8,8 @@ device's memory and price key, the batch) and the controls, and returns:
 
 - the figure with each plan grey where it does not fit (the rule of
   :func:`tensoropt.planmodel.fits.fits`: every device's peak ≤ min(its memory, budget) − reserve),
-  its hover saying which device is over and by how much (:func:`~.figures.over_text`'s words),
+  its hover saying which device is over and by how much (:func:`~.figures.over_text`'s words) and
+  naming the other plans at its point (:func:`~.figures.coinciding`),
   the budget line at budget − reserve, and the "fastest that fits" ring moved;
 - the GPUs-needed table (:func:`~.prices.gpus_needed`: per device count — every one from 1 to the
   devices chosen — the fastest plan that fits, samples/s, scaling efficiency, GPU-hours and dollars
@@ -235,11 +236,14 @@ window.tensoropt = (function () {
       if (role === "curve" || role === "baseline") {
         const ids = t.customdata;
         t.marker.color = ids.map(id => fit[id] ? t.meta.colour : GREY);
-        t.hovertemplate = ids.map((id, i) => t.meta.heads[i] +
-          (over[id] ? "<br><i>does not fit: " + over[id] + "</i>" : "") + "<extra></extra>");
+        // figures.hover_text: the plan, why it does not fit, then every other plan at its point (figures.coinciding)
+        const tail = id => over[id] ? "<br><i>does not fit: " + over[id] + "</i>" : "";
+        t.hovertemplate = ids.map((id, i) => t.meta.heads[i] + tail(id) +
+          ((t.meta.others || [])[i] || []).map(([o, line]) => "<br>" + line + tail(o)).join("") + "<extra></extra>");
       } else if (role === "best-fit") {
         t.x = best ? [best.memory_bytes / scale] : [];
-        t.y = best ? [best.time_s * 1e3] : [];
+        const edge = fig.layout.meta.y_edge;   // figures._drawn_y: an off-scale plan sits at the top edge
+        t.y = best ? [edge === null || edge === undefined ? best.time_s * 1e3 : Math.min(best.time_s * 1e3, edge)] : [];
         t.customdata = best ? [best.plan_id] : [];
       }
     }

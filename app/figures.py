@@ -164,16 +164,53 @@ def drawn_plans(points: Sequence[FrontierRow], baselines: Sequence[BaselineDict]
     return out
 
 
+#: a baseline whose step is more than this many times the slowest curve point's is drawn at the
+#: chart's top edge (its step in its hover and beside it), not on a scale that would squash the curves
+FRONTIER_OFF_SCALE = 2.0
+
+
+def step_range(plans: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
+    """The frontier's y-range in ms: every curve point and every baseline within
+    :data:`FRONTIER_OFF_SCALE` of the slowest curve point, padded by 6 % of the span (not below 0);
+    ``None`` (Plotly's own range) without a curve point.  Its top is the edge where slower
+    baselines are drawn.
+
+    >>> step_range([{"role": "curve", "time_s": 0.004}, {"role": "curve", "time_s": 0.009},
+    ...             {"role": "baseline", "time_s": 0.012}, {"role": "baseline", "time_s": 0.043}])
+    (3.52, 12.48)
+    """
+    curve = [p["time_s"] * 1e3 for p in plans if p["role"] == "curve"]
+    if not curve:
+        return None
+    limit = FRONTIER_OFF_SCALE * max(curve)
+    shown = [t for t in (p["time_s"] * 1e3 for p in plans) if t <= limit]
+    lo, hi = min(shown), max(shown)
+    pad = 0.06 * (hi - lo) if hi > lo else 0.05 * hi
+    return round(max(0.0, lo - pad), 9), round(hi + pad, 9)
+
+
+def _drawn_y(p: Mapping[str, Any], edge: float | None) -> float:
+    """Where a plan's point is drawn on the y-axis (ms): its step, or the top ``edge`` when slower."""
+    t = p["time_s"] * 1e3
+    return t if edge is None else min(t, edge)
+
+
+def _hover_title(p: Mapping[str, Any]) -> str:
+    """A drawn plan's first hover line: what it is and what found it."""
+    if p["role"] == "baseline":
+        return f"<b>{p['label']}</b> (baseline placer) · plan {p['plan_id']}"
+    what = "the search" if p["source"] == "frontier" else f"the placer {p['source']}"
+    return f"<b>{p['plan_id']}</b> · found by {what}"
+
+
 def hover_head(p: Mapping[str, Any], batch: int | None = None) -> str:
     """A drawn plan's hover summary (HTML, without the fits line): what it is and what found it, its
     devices, its simulated peak per device and step, samples/s, its layouts."""
+    head = _hover_title(p)
     if p["role"] == "baseline":
-        head = f"<b>{p['label']}</b> (baseline placer) · plan {p['plan_id']}"
         where = (f"dominated by {p['dominated_by']} (no more memory, no more time)" if p["dominated_by"]
                  else "not dominated by the frontier: as good as any plan found")
     else:
-        what = "the search" if p["source"] == "frontier" else f"the placer {p['source']}"
-        head = f"<b>{p['plan_id']}</b> · found by {what}"
         where = ("on the frontier over every device count" if p["on_frontier"]
                  else f"the best at this memory on {_gpus(p['num_devices'])} (beaten with more GPUs)")
         if p.get("also"):
@@ -188,10 +225,40 @@ def hover_head(p: Mapping[str, Any], batch: int | None = None) -> str:
     return "<br>".join(lines)
 
 
-def hover_text(head: str, over: str) -> str:
-    """``head`` and, when ``over`` is not empty, why the plan does not fit (the page's script does the same)."""
-    tail = f"<br><i>does not fit: {over}</i>" if over else ""
-    return f"{head}{tail}<extra></extra>"
+def _fit_tail(over: str) -> str:
+    return f"<br><i>does not fit: {over}</i>" if over else ""
+
+
+def hover_text(head: str, over: str, others: Sequence[tuple[str, str]] = ()) -> str:
+    """``head`` and, when ``over`` is not empty, why the plan does not fit; then each other plan drawn
+    at the same point (``others``: its :func:`coinciding` line and its ``over``), so that one hover
+    names every plan there (the page's script writes the same)."""
+    rest = "".join(f"<br>{line}{_fit_tail(o)}" for line, o in others)
+    return f"{head}{_fit_tail(over)}{rest}<extra></extra>"
+
+
+def _drawn_at(p: Mapping[str, Any], edge: float | None) -> tuple[str, int]:
+    """Where a plan's point is, as the page tells points apart: its peak as the hover writes it and
+    where its step is drawn (:func:`_drawn_y`), to the microsecond."""
+    return fmt_bytes(p["memory_bytes"]), math.floor(_drawn_y(p, edge) * 1e3 + 0.5)
+
+
+def coinciding(plans: Sequence[Mapping[str, Any]], edge: float | None = None) -> dict[str, list[tuple[str, str]]]:
+    """Plan id → the other plans drawn at its point (:func:`_drawn_at`; ``edge``: the top of the
+    chart, :func:`step_range`), as (plan id, a line naming it):
+    Plotly shows the hover of one of the points that lie on one another, so each one's hover lists the
+    rest (``[]`` for a plan alone at its point).  O(plans).
+
+    >>> a = {"plan_id": "baseline-m-topo", "label": "m-topo", "role": "baseline", "memory_bytes": 9, "time_s": 0.002,
+    ...      "num_devices": 1}
+    >>> coinciding([a, {**a, "plan_id": "baseline-m-etf", "label": "m-etf"}])["baseline-m-topo"]
+    [('baseline-m-etf', 'also at this point: <b>m-etf</b> (baseline placer) · plan baseline-m-etf · 1 GPU')]
+    """
+    at: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for p in plans:
+        at.setdefault(_drawn_at(p, edge), []).append(p)
+    return {p["plan_id"]: [(q["plan_id"], f"also at this point: {_hover_title(q)} · {_gpus(q['num_devices'])}")
+                           for q in at[_drawn_at(p, edge)] if q is not p] for p in plans}
 
 
 def _budget_line(fig: go.Figure, budget_bytes: float, reserve_bytes: int, mems: Sequence[float], scale: float) -> None:
@@ -226,15 +293,16 @@ MARKS = {"min-time": ("fastest plan", "circle-open", 22, "#111"),
          "compare": ("compared with", "circle-open-dot", 30, "#17becf")}
 
 
-def _mark(fig: go.Figure, role: str, p: Mapping[str, Any] | None, scale: float) -> None:
-    """A ring named in the legend (:data:`MARKS`) over plan ``p`` (empty when ``None``); the page's
-    script moves the budget's ring."""
+def _mark(fig: go.Figure, role: str, p: Mapping[str, Any] | None, scale: float, edge: float | None) -> None:
+    """A ring named in the legend (:data:`MARKS`) over plan ``p`` (empty when ``None``) where its point
+    is drawn (:func:`_drawn_y`); the page's script moves the budget's ring."""
     name, symbol, size, colour = MARKS[role]
     fig.add_trace(go.Scatter(
-        x=[p["memory_bytes"] / scale] if p else [], y=[p["time_s"] * 1e3] if p else [], mode="markers", name=name,
+        x=[p["memory_bytes"] / scale] if p else [], y=[_drawn_y(p, edge)] if p else [], mode="markers", name=name,
+        cliponaxis=False,
         customdata=[p["plan_id"]] if p else [], hoverinfo="skip", meta={"role": role},
         marker={"symbol": symbol, "size": size, "color": colour, "line": {"width": 2, "color": colour}},
-        legendgroup="marks", legendgrouptitle={"text": "marked"} if role == "min-time" else None))
+        legendgroup="marks"))
 
 
 def frontier_figure(points: Sequence[FrontierRow], baselines: Sequence[BaselineDict] = (), *,
@@ -261,6 +329,9 @@ def frontier_figure(points: Sequence[FrontierRow], baselines: Sequence[BaselineD
     over = {p["plan_id"]: "" if fit[p["plan_id"]] else over_text(p["peaks"], cluster, budget_bytes=budget_bytes,
                                                                 reserve_bytes=reserve_bytes)
             for p in plans} if cluster is not None else {}
+    y_range = step_range(plans)
+    edge = y_range[1] if y_range else None
+    others = coinciding(plans, edge)
     mems = [float(p["memory_bytes"]) for p in plans]
     scale, unit = _unit(max(mems, default=1.0))
     fig = go.Figure()
@@ -279,32 +350,46 @@ def frontier_figure(points: Sequence[FrontierRow], baselines: Sequence[BaselineD
             line={"shape": "hv", "color": colour, "width": 1.5}, customdata=ids,
             marker={"size": 9, "color": [colour if fit[p] else GREY for p in ids],
                     "line": {"width": [1.5 if p["on_frontier"] else 0 for p in pts], "color": "black"}},
-            hovertemplate=[hover_text(h, over[p]) for h, p in zip(heads, ids)],
-            meta={"role": "curve", "colour": colour, "heads": heads}))
-    first = True
+            hovertemplate=[hover_text(h, over[p], [(line, over[o]) for o, line in others[p]])
+                           for h, p in zip(heads, ids)],
+            meta={"role": "curve", "colour": colour, "heads": heads, "others": [others[p] for p in ids]}))
     for p in (p for p in plans if p["role"] == "baseline"):
         head = hover_head(p, batch)
+        y = _drawn_y(p, edge)
+        if y < p["time_s"] * 1e3:   # off scale: at the top edge, its step beside it and in its hover
+            head += "<br>off the scale: drawn at the chart's top edge"
+            fig.add_annotation(x=p["memory_bytes"] / scale, y=y, yanchor="top", yshift=-9, showarrow=False,
+                               text=f"↑ {p['time_s'] * 1e3:.1f} ms", font={"size": 10, "color": "#555"},
+                               name="off-scale")
         fig.add_trace(go.Scatter(
-            x=[p["memory_bytes"] / scale], y=[p["time_s"] * 1e3], mode="markers", name=p["label"],
-            legendgroup="baselines", legendgrouptitle={"text": "baseline placers"} if first else None,
+            x=[p["memory_bytes"] / scale], y=[y], mode="markers", name=p["label"], cliponaxis=False,
+            legendgroup="baselines",
             customdata=[p["plan_id"]],
             marker={"symbol": PLACER_SYMBOLS.get(p["label"], OTHER_BASELINE_SYMBOL), "size": 11,
                     "color": ["black" if fit[p["plan_id"]] else GREY]},
-            hovertemplate=[hover_text(head, over[p["plan_id"]])],
-            meta={"role": "baseline", "colour": "black", "heads": [head]}))
-        first = False
+            hovertemplate=[hover_text(head, over[p["plan_id"]],
+                                      [(line, over[o]) for o, line in others[p["plan_id"]]])],
+            meta={"role": "baseline", "colour": "black", "heads": [head], "others": [others[p["plan_id"]]]}))
     by_id = {p["plan_id"]: p for p in plans}
-    _mark(fig, "min-time", min(plans, key=lambda p: (p["time_s"], p["memory_bytes"])) if plans else None, scale)
-    _mark(fig, "min-memory", min(plans, key=lambda p: (p["memory_bytes"], p["time_s"])) if plans else None, scale)
-    _mark(fig, "best-fit", fastest_that_fits(plans, fit), scale)
-    _mark(fig, "selected", by_id.get(selected or ""), scale)
-    _mark(fig, "compare", by_id.get(compare or ""), scale)
+    _mark(fig, "min-time", min(plans, key=lambda p: (p["time_s"], p["memory_bytes"])) if plans else None, scale, edge)
+    _mark(fig, "min-memory", min(plans, key=lambda p: (p["memory_bytes"], p["time_s"])) if plans else None, scale, edge)
+    _mark(fig, "best-fit", fastest_that_fits(plans, fit), scale, edge)
+    _mark(fig, "selected", by_id.get(selected or ""), scale, edge)
+    _mark(fig, "compare", by_id.get(compare or ""), scale, edge)
     if budget_bytes is not None:
         _budget_line(fig, budget_bytes, reserve_bytes, mems, scale)
-    fig.update_layout(title=title, xaxis_title=f"peak memory per device ({unit})",
+    fig.update_layout(xaxis_title=f"peak memory per device ({unit})",
                       yaxis_title="simulated step (ms)", clickmode="event", hovermode="closest",
-                      legend={"groupclick": "toggleitem"}, meta={"scale": scale, "unit": unit},
-                      margin={"l": 60, "r": 20, "t": 60, "b": 40}, template="plotly_white", uirevision="frontier")
+                      yaxis={"range": list(y_range)} if y_range else {},
+                      # above the plot, across it: every entry in view, never a legend that scrolls; the
+                      # chart's title heads it (a figure title would lie under it or over the plot)
+                      legend={"groupclick": "toggleitem", "orientation": "h", "x": 0, "xanchor": "left", "y": 1.03,
+                              "yanchor": "bottom", "traceorder": "normal",
+                              "title": {"text": title, "side": "top", "font": {"size": 15}}},
+                      meta={"scale": scale, "unit": unit, "y_edge": edge},
+                      margin={"l": 60, "r": 20, "t": 40, "b": 40}, template="plotly_white", uirevision="frontier")
+    if not plans:   # no legend to head: the title stands alone
+        fig.update_layout(title=title)
     return fig
 
 
@@ -458,6 +543,6 @@ def plan_summary(plan: Plan, sim: SimResult, verdict: str = "") -> list[str]:
 
 
 __all__ = ["frontier_figure", "memory_figure", "gantt_figure", "plan_table_rows", "plan_summary", "drawn_plans",
-           "hover_head", "hover_text", "fit_summary", "row_peaks", "baseline_peaks", "plan_peaks", "fit_flags",
-           "limit_text", "over_text", "GPU_PRESETS_GIB", "GREY", "MEMORY_PARTS", "MARKS", "BASELINE_SYMBOLS",
-           "PLACER_SYMBOLS", "OTHER_BASELINE_SYMBOL", "fastest_that_fits"]
+           "hover_head", "hover_text", "coinciding", "fit_summary", "row_peaks", "baseline_peaks", "plan_peaks",
+           "fit_flags", "limit_text", "over_text", "step_range", "FRONTIER_OFF_SCALE", "GPU_PRESETS_GIB", "GREY",
+           "MEMORY_PARTS", "MARKS", "BASELINE_SYMBOLS", "PLACER_SYMBOLS", "OTHER_BASELINE_SYMBOL", "fastest_that_fits"]

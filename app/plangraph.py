@@ -62,7 +62,8 @@ def short_path(path: str) -> str:
 
 
 def mesh_text(devices: Sequence[str]) -> str:
-    """``"gpu0,gpu1"``; five or more as ``"gpu0…gpu7 (8)"`` (:func:`~tensoropt.describe.fmt_devices`)."""
+    """``"gpu0,gpu1"``; five or more by name, runs as ranges: ``"gpu0–gpu7"``
+    (:func:`~tensoropt.describe.fmt_devices`)."""
     return fmt_devices(devices, sep=",")
 
 

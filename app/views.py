@@ -1,13 +1,14 @@
 """What the dashboard shows of a stored result, as values the callbacks hand to the page: the
-page's GiB inputs in bytes, the lines above the frontier and its figure, what the page's script
-redraws from (:func:`page_data`, for :mod:`.clientside`), the decision line's words
-(:func:`decision_text`), the banner over a result the controls no longer ask for
-(:func:`stale_text`), whether a plan fits in words, the banner saying where the operator times come
-from, the price inputs, the compare dropdown's choices and a plan's commands.
+page's GiB inputs in bytes, the lines above the frontier and its figure, the search's notes
+(:func:`search_notes`), what the page's script redraws from (:func:`page_data`, for
+:mod:`.clientside`), the decision line's words (:func:`decision_text`), the banner over a result
+the controls no longer ask for (:func:`stale_text`), whether a plan fits in words, the banner saying
+where the operator times come from, the price inputs, the compare dropdown's choices and a plan's
+commands.
 
 Each is a function of a :class:`~.pipeline.ResultStore` and a result's key, or of plain values:
 testable without a browser or a Dash server.  Where the page wants components (the banner, the
-price inputs) they are returned as components; everything else is a plain value.
+notes, the price inputs) they are returned as components; everything else is a plain value.
 
 It owns what the page says of a result; it must not wire callbacks (:mod:`.callbacks` does),
 compute (:mod:`.pipeline` does) nor draw (:mod:`.figures` does).
@@ -53,7 +54,8 @@ def summary_lines(store: ResultStore, key: str) -> list[str]:
     s = store.summary(key)
     counts = ", ".join(str(k) for k in s.get("device_counts", []))
     lines = [f"{s['ops']} operators; devices {', '.join(s['devices'])}; profiled/captured in {s['profile_s']:.1f} s, "
-             f"tracked in {s['tracking_s']:.1f} s; {'exact' if s['exact'] else 'not exact (see the frontier notes)'}; "
+             f"tracked in {s['tracking_s']:.1f} s; "
+             f"{'exact' if s['exact'] else 'not exact (see the search notes below)'}; "
              f"{s['points']} plans on the frontier, {s.get('curve_points', s['points'])} on the curves of "
              f"{counts} GPUs"]
     if not store.complete(key):
@@ -62,6 +64,19 @@ def summary_lines(store: ResultStore, key: str) -> list[str]:
     lines += [b["error"] if b["error"].startswith(b["algo"]) else f"{b['algo']}: {b['error']}"
               for b in store.baselines(key) if b.get("error")]
     return lines
+
+
+def search_notes(store: ResultStore, key: str) -> html.Details:
+    """The search's notes on the page (``frontier.json``'s: what memory and time are, the resolution,
+    how many plans were walked, whether the search was exact and why, the placers whose plans did not
+    join), folded under a line that says how many; open when the search was not exact, as the
+    summary line above it points here."""
+    info = store.frontier_info(key)
+    notes = [str(n) for n in info.get("notes") or []]
+    exact = bool(info.get("exact"))
+    return html.Details(id="search-notes", open=not exact, style={"margin": "2px 0"}, children=[
+        html.Summary(f"the search's notes ({len(notes)}): {'exact' if exact else 'not exact'}"),
+        html.Ul([html.Li(n) for n in notes], style={"margin": "2px 0"})])
 
 
 def frontier_view(store: ResultStore, key: str, budget: float | None, reserve: int, selected: str | None = None,

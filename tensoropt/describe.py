@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -39,20 +40,44 @@ def fmt_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _natural(name: str) -> list[Any]:
+    """Sort key: the numbers in a name compared as numbers (``gpu2`` before ``gpu10``)."""
+    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", name)]
+
+
+#: more runs than this are written as the first two, an ellipsis, the last and the count
+_MAX_RUNS = 4
+
+
 def fmt_devices(devices: Sequence[str], sep: str = ", ") -> str:
-    """Devices in a line: ``"gpu0, gpu1"``; five or more as the first and the last by name, numbers
-    in order, and how many — a ring's last device would read as a count (``gpu0 … gpu4 (8)``).
+    """Devices in a line: fewer than five as given (``"gpu0, gpu1"``); five or more by name, each run
+    of three or more consecutive numbers as a range that counts right (``gpu0–gpu7`` is eight) — the
+    first and last name with a count read as five devices where there were eight (``gpu0 … gpu4 (8)``).
+    More than four runs: the first two, ``…``, the last and how many devices.
 
     >>> fmt_devices(["gpu0", "gpu1"]), fmt_devices(["gpu0", "gpu5", "gpu1", "gpu6", "gpu2", "gpu7", "gpu3", "gpu4"])
-    ('gpu0, gpu1', 'gpu0 … gpu7 (8)')
+    ('gpu0, gpu1', 'gpu0–gpu7')
+    >>> fmt_devices(["gpu0", "gpu1", "gpu2", "gpu3", "gpu5", "gpu6", "gpu10"])
+    'gpu0–gpu3, gpu5, gpu6, gpu10'
     >>> fmt_devices([f"h{h}g{g}" for g in range(8) for h in range(10)], sep=",")
-    'h0g0…h9g7 (80)'
+    'h0g0–h0g7,h1g0–h1g7,…,h9g0–h9g7 (80 devices)'
     """
     if len(devices) < 5:
         return sep.join(devices)
-    by_name = sorted(devices, key=lambda d: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", d)])
-    gap = " … " if " " in sep else "…"     # spaced as the list would be
-    return f"{by_name[0]}{gap}{by_name[-1]} ({len(devices)})"
+    runs: list[list[str]] = []
+    last: tuple[str, int] | None = None
+    for d in sorted(devices, key=_natural):
+        m = re.fullmatch(r"(.*?)(\d+)", d)
+        at = (m.group(1), int(m.group(2))) if m else None
+        if runs and at and last and at[0] == last[0] and at[1] == last[1] + 1:
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+        last = at
+    pieces = [f"{r[0]}–{r[-1]}" if len(r) >= 3 else sep.join(r) for r in runs]
+    if len(pieces) > _MAX_RUNS:
+        return f"{sep.join(pieces[:2])}{sep}…{sep}{pieces[-1]} ({len(devices)} devices)"
+    return sep.join(pieces)
 
 
 def fmt_count(n: int) -> str:

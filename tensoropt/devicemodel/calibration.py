@@ -97,16 +97,29 @@ class Calibration:
     def fit_for(self, cls: str) -> ClassFit:
         return self.classes.get(cls) or self.classes["all"]
 
-    def error_text(self) -> str:
+    def error_text(self, device: str | None = None) -> str:
         """``step time within ±N % on M models …`` (the largest step error seen; held out where
-        the fit was cross-checked, :mod:`.calibrate`), or ``error unknown``."""
+        the fit was cross-checked, :mod:`.calibrate`), or ``error unknown``.  A calibration only
+        checked (not fitted) on one kind of device (``checked_kind``) that prices ``device``, another
+        kind, says it was not checked there: its error on the checked kind is no error bar on this one.
+
+        >>> UNCALIBRATED_GPU.error_text("H100")
+        'checked: step time -36.9 … +2.5 % on 3 measured H100 steps'
+        >>> UNCALIBRATED_GPU.error_text("V100")
+        'not checked on a Tesla V100-SXM2-16GB: checked only on 3 measured H100 steps (step time -36.9 … +2.5 %)'
+        """
         held = self.error.get("holdout_step_pct") or {}
         steps = held or self.error.get("step_pct") or {}
         checked = self.error.get("checked_step_pct") or {}
         if not steps and checked:
             lo, hi = min(checked.values()), max(checked.values())
-            return (f"checked: step time {lo:+.1f} … {hi:+.1f} % on {len(checked)} measured "
-                    f"{self.error.get('checked_on', 'step(s)')}")
+            on = f"{len(checked)} measured {self.error.get('checked_on', 'step(s)')}"
+            kind = self.error.get("checked_kind")
+            if device and kind and not same_kind(device, kind):
+                known = find_kind(device)
+                return (f"not checked on a {known.name if known else device}: checked only on {on} "
+                        f"(step time {lo:+.1f} … {hi:+.1f} %)")
+            return f"checked: step time {lo:+.1f} … {hi:+.1f} % on {on}"
         if not steps:
             return "error unknown: never checked against a measurement"
         worst = max(abs(v) for v in steps.values())
@@ -173,7 +186,8 @@ def _uncalibrated_gpu() -> Calibration:
     # models, CUDA events); a check, not fitted in: the convolution networks are priced fast
     checked = {"VGG-16 b32": -36.9, "GPT-2 6x768 b8 512 tokens": 2.5, "WRN-50-2 b32": -31.1}
     return Calibration("uncalibrated-gpu", "", True, {"fp32": 1.0}, 1.0, classes,
-                       error={"checked_step_pct": checked, "checked_on": "H100 steps"},
+                       error={"checked_step_pct": checked, "checked_on": "H100 steps",
+                              "checked_kind": "NVIDIA H100 80GB HBM3"},
                        source="literature defaults, not fitted: 70 % of peak FLOP/s and 7 us per call (Meta's "
                               "autoparallel), 80 % of peak bandwidth, backward floor twice the forward's")
 
@@ -247,11 +261,13 @@ class DeviceModel:
         return self.memory_Bps * fraction / 2 if fraction else 0.0
 
     def describe(self) -> str:
-        """Where its times come from, for every output: ``"Tesla V100-SXM2-16GB device model
-        (calibration uncalibrated-gpu: …; error unknown …)"``."""
+        """Where its times come from, for every output, and what its calibration was checked on
+        (:meth:`Calibration.error_text` for this device): ``"Tesla V100-SXM2-16GB device model
+        (calibration uncalibrated-gpu, literature defaults, not fitted; not checked on a Tesla
+        V100-SXM2-16GB: checked only on 3 measured H100 steps (…))"``."""
         cal = self.calibration
         made = f"fitted on {cal.device}" if cal.device else cal.source.split(":")[0]
-        return f"{self.name} device model (calibration {cal.name}, {made}; {cal.error_text()})"
+        return f"{self.name} device model (calibration {cal.name}, {made}; {cal.error_text(self.name)})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "model", "name": self.name, "kind": self.kind.key if self.kind else "",

@@ -258,6 +258,7 @@ def _frontier_budget_and_gpus_needed(server, browser):
     assert "Pareto-optimal plans" in _by_id(drv, "frontier-graph").text
     banner = _by_id(drv, "times-source").text
     assert banner.startswith("Operator times: Tesla V100-SXM2-16GB device model") and "estimates" in banner
+    assert "not checked on a Tesla V100-SXM2-16GB: checked only on 3 measured H100 steps" in banner   # not a V100's
     key = _key(store)
     # the request the server started computing with itself is the page's: one result, computed once
     assert key == first_request(TINY, V100S, 1, 1, algos=("dp", "m-etf"), default_precision=None).key
@@ -461,8 +462,8 @@ def _stale_banner(server, browser):
     drv.find_element(By.CSS_SELECTOR, "#devices input[value=gpu7]").click()
     _wait(banner.is_displayed, 10, "the stale banner")
     text = _by_id(drv, "stale-text").text
-    assert text.startswith("these results are for tiny_model.py:build on v100-8-nvlink (devices gpu0 … gpu7 (8)); "
-                           "the controls now ask for tiny_model.py:build on v100-8-nvlink (devices gpu0 … gpu6 (7); "
+    assert text.startswith("these results are for tiny_model.py:build on v100-8-nvlink (devices gpu0–gpu7); "
+                           "the controls now ask for tiny_model.py:build on v100-8-nvlink (devices gpu0–gpu6; "
                            "without gpu7)"), text
     assert _by_id(drv, "stale-run").is_enabled()
     drv.find_element(By.CSS_SELECTOR, "#devices input[value=gpu7]").click()
@@ -535,12 +536,103 @@ def _errors_and_cancel(server, browser):
     assert not _severe(drv)
 
 
+#: four placers' plans on one point (m-topo's over gpu0's memory), pesto far slower than the curve
+_SAME = [("m-topo", 3), ("m-etf", 1), ("m-sct", 1), ("dpos", 1)]
+
+
+def _hand_result():
+    """Hand-made plans of every registered placer on a 2-device cluster (gpu0 2 MiB, gpu1 4 MiB): the
+    curve at 10 … 30 ms, four plans on one point at 20 ms, pesto at 430 ms; (figure, page data, cluster)."""
+    from tensoropt.cluster import Cluster, Device, LinkModel
+    from tensoropt.placers import PLACERS
+
+    MiB = 2 ** 20
+    cluster = Cluster("hand", [Device("gpu0", 2 * MiB), Device("gpu1", 4 * MiB)], {}, default=LinkModel(0.0, 1e9))
+    rows = [{"plan_id": f"p00{i}-2dev", "num_devices": 2, "devices": ["gpu0", "gpu1"], "memory_bytes": m * MiB // 2,
+             "time_s": t, "device_memory": {"gpu0": m * MiB // 2, "gpu1": m * MiB // 2}, "source": "frontier",
+             "on_frontier": True} for i, (m, t) in enumerate([(1, 0.030), (3, 0.010)])]
+    same = dict(_SAME)
+    base = [{"algo": a, "time_s": 0.020 if a in same else 0.430 if a == "pesto" else 0.012 + 0.001 * i,
+             "peak_memory_bytes": 3 * MiB, "plan_id": f"baseline-{a}", "same_as": "", "dominated_by": "",
+             "memory_bytes": {"gpu0": same.get(a, 1) * MiB, "gpu1": 3 * MiB}} for i, a in enumerate(PLACERS)]
+    fig = F.frontier_figure(rows, base, cluster=cluster, title="every placer, by hand")
+    plans = F.drawn_plans(rows, base)
+    data = {"key": "hand", "batch": 8, "capacity": {"gpu0": 2 * MiB, "gpu1": 4 * MiB}, "counts": [1, 2],
+            "price_keys": {"gpu0": "", "gpu1": ""}, "kinds": {},
+            "plans": [{k: p[k] for k in ("plan_id", "label", "role", "devices", "memory_bytes", "time_s", "peaks")}
+                      for p in plans]}
+    return fig, data, cluster
+
+
+def _marks(server, browser):
+    """The search's notes on the page; every placer on the page's own chart at a laptop's 1366 × 768: one
+    symbol each, the legend in view whole (not scrolled) above the plot, the plans at one point named in
+    one hover as the page's script redraws it, a slow baseline at the top edge (the issue: 43 ms squashed
+    the curves)."""
+    import json
+
+    from selenium.webdriver.common.by import By
+
+    url, tmp, store = server
+    drv = browser
+    # the search's notes, which the line above the chart points to, are on the page: every one of the result's
+    written = json.loads((store.folder(_key(store)) / "frontier.json").read_text())
+    notes = _by_id(drv, "search-notes")
+    assert notes.find_element(By.TAG_NAME, "summary").text.startswith(f"the search's notes ({len(written['notes'])})")
+    if not notes.get_attribute("open"):
+        notes.find_element(By.TAG_NAME, "summary").click()
+    assert [li.text for li in notes.find_elements(By.CSS_SELECTOR, "li")] == written["notes"]
+
+    fig, data, cluster = _hand_result()
+    drv.set_window_size(1366, 768)
+    try:
+        drv.execute_script("document.getElementById('frontier-graph').scrollIntoView()")
+        got = drv.execute_script(f"""
+            const g = {_GD}, fig = arguments[0];
+            const [drawn] = window.tensoropt.view(fig, arguments[1], null, null, [], [], null);
+            return Plotly.Plots.resize(g).then(() => Plotly.react(g, drawn.data, drawn.layout)).then(() => {{
+                const box = e => {{ const r = e.getBoundingClientRect(); return [r.top, r.bottom, r.left, r.right]; }};
+                const sb = g.querySelector('.legend .scrollbar');
+                return {{legend: box(g.querySelector('.legend')), plot: box(g.querySelector('.nsewdrag')),
+                        items: Array.from(g.querySelectorAll('.legend .traces')).map(e => [e.textContent, box(e)]),
+                        scrollbar: sb ? sb.getBoundingClientRect().height : 0, graph: box(g),
+                        hovers: drawn.data.filter(t => t.meta && ['baseline', 'curve'].includes(t.meta.role))
+                                   .map(t => [t.name, t.customdata, t.hovertemplate, t.y]),
+                        range: g._fullLayout.yaxis.range, width: document.documentElement.clientWidth}};
+            }});""", json.loads(fig.to_json()), data)
+        drv.save_screenshot(str(SHOTS / "7-marks-1366x768.png"))
+    finally:
+        drv.set_window_size(1500, 1300)
+    # the legend: above the plot area, inside the chart and the window, every entry within it, no scrollbar
+    top, bottom, left, right = got["legend"]
+    assert bottom <= got["plot"][0] + 1 and top >= got["graph"][0] - 1 and top >= 0 and right <= got["width"], got
+    assert got["scrollbar"] == 0
+    names = [t.name for t in fig.data if t.showlegend is not False and t.name and len(t.x or []) > 0]
+    assert sorted(n for n, _ in got["items"] if n != "frontier on") == sorted(names)   # less the curves' title
+    assert all(top - 1 <= b[0] and b[1] <= bottom + 1 and left - 1 <= b[2] and b[3] <= right + 1
+               for _, b in got["items"])
+    # the page's script names the plans at one point in each one's hover, with m-topo's excess
+    hovers = {name: (hover[0], y[0]) for name, _, hover, y in got["hovers"]}
+    for name, _ in _SAME:
+        others = [a for a, _ in _SAME if a != name]
+        assert all(hovers[name][0].count(f"also at this point: <b>{a}</b>") == 1 for a in others), hovers[name]
+    assert "<br>also at this point: <b>m-topo</b> (baseline placer) · plan baseline-m-topo · 2 GPUs<br><i>does not " \
+           "fit: gpu0 over by 1.0 MiB</i>" in hovers["dpos"][0]
+    # as the Python reference writes them
+    ref = {t.name: t.hovertemplate[0] for t in fig.data if (t.meta or {}).get("role") == "baseline"}
+    assert {n: h for n, (h, _) in hovers.items() if n in ref} == ref
+    # pesto's 430 ms at the top edge of a range fitted to the curves' 10 … 30 ms (and the baselines under 60)
+    assert hovers["pesto"][1] == pytest.approx(got["range"][1]) and got["range"][1] < 40
+    assert "step 430.000 ms" in hovers["pesto"][0]
+
+
 def test_dashboard_end_to_end(server, browser):
     """One page session, in order (each stage leaves the page as the next one expects): the frontier,
     a budget and the GPUs-needed table, a price; a plan, its commands run, a comparison, the downloads;
-    the URL reloaded; the stale-result banner; the errors and a cancelled run."""
+    the URL reloaded; the stale-result banner; the errors and a cancelled run; the marks of every placer."""
     _frontier_budget_and_gpus_needed(server, browser)
     _plan_commands_comparison_downloads(server, browser)
     _url_brings_the_page_back(server, browser)
     _stale_banner(server, browser)
     _errors_and_cancel(server, browser)
+    _marks(server, browser)

@@ -276,6 +276,16 @@ def test_each_placer_keeps_its_own_marker_whatever_else_the_result_holds():
     assert [(t.name, t.marker.symbol) for t in many] == [("dp", "diamond"), ("fsdp", "bowtie"), ("m-sct", "cross"),
                                                          ("from-a-file", "asterisk-open")]
 
+    # every placer the registry holds, in its order and reversed: each drawn with a symbol of its own,
+    # the same in both, and named in the legend by its registered name
+    def drawn(order):
+        fig = F.frontier_figure(ROWS, [baseline(a, 40 + i) for i, a in enumerate(order)], cluster=UNIFORM)
+        return {t.name: t.marker.symbol for t in _role(fig, "baseline")}
+
+    forward, backward = drawn(list(PLACERS)), drawn(list(PLACERS)[::-1])
+    assert forward == backward and set(forward) == set(PLACERS)
+    assert len(set(forward.values())) == len(PLACERS)
+
 
 def test_the_fastest_plan_that_fits_ties_to_fewer_gpus_at_the_same_step():
     # transformer-tiny's case: a 2-GPU plan at the 1-GPU plan's step (to the microsecond shown)
@@ -298,3 +308,70 @@ def test_the_fastest_plan_that_fits_ties_to_fewer_gpus_at_the_same_step():
     faster = [rows[0], {**rows[1], "time_s": 0.0006502}]
     assert F.fastest_that_fits(F.drawn_plans(faster), {"p000-1dev": True, "p001-2dev": True})["plan_id"] == "p001-2dev"
     assert F.fastest_that_fits(plans, dict.fromkeys(fit, True))["plan_id"] == "p002-2dev"
+
+
+def test_plans_at_one_point_share_one_hover_that_names_them_all():
+    # four placers' plans on one point (the issue: one hover shown, three hidden under it), a fifth elsewhere;
+    # gpu1 of a 2 MiB budget: m-topo's 3 MiB on gpu0 is over, the others (1 MiB each on gpu0) fit
+    def baseline(algo, gpu0, ms=20.0):
+        return {"algo": algo, "time_s": ms / 1e3, "peak_memory_bytes": 3 * MiB, "plan_id": f"baseline-{algo}",
+                "memory_bytes": {"gpu0": gpu0, "gpu1": 3 * MiB}, "same_as": "", "dominated_by": ""}
+
+    same = [baseline("m-topo", 3 * MiB), baseline("m-etf", MiB), baseline("m-sct", MiB), baseline("dpos", MiB)]
+    cluster = _cluster(gpu0=2 * MiB, gpu1=4 * MiB)
+    fig = F.frontier_figure(ROWS[:1], [*same, baseline("dp", MiB, ms=21.0)], cluster=cluster)
+    hovers = {t.name: t.hovertemplate[0] for t in _role(fig, "baseline")}
+    for name in ("m-topo", "m-etf", "m-sct", "dpos"):
+        # its own summary first, then the three others, each named once, with whether it fits
+        assert hovers[name].startswith(f"<b>{name}</b> (baseline placer) · plan baseline-{name}<br>")
+        for other in {"m-topo", "m-etf", "m-sct", "dpos"} - {name}:
+            line = f"<br>also at this point: <b>{other}</b> (baseline placer) · plan baseline-{other} · 2 GPUs"
+            assert hovers[name].count(line) == 1
+            if other == "m-topo":
+                assert line + "<br><i>does not fit: gpu0 over by 1.0 MiB</i>" in hovers[name]
+        assert hovers[name].count("also at this point") == 3
+    assert "also at this point" not in hovers["dp"]              # 21 ms: a point of its own
+    # the page's script redraws the hovers from the same pieces
+    m_etf = next(t for t in _role(fig, "baseline") if t.name == "m-etf")
+    assert [o for o, _ in m_etf.meta["others"][0]] == ["baseline-m-topo", "baseline-m-sct", "baseline-dpos"]
+
+
+def test_a_slow_baseline_is_drawn_at_the_top_edge_and_the_range_fits_the_curves():
+    # curves at 30, 20 and 10 ms; dp at 25 ms (on scale), pesto at 430 ms: more than twice the slowest
+    # curve point, drawn at the top edge with its step beside it and in its hover, the range fitted
+    # to 10 … 30 ms padded by 6 % of the span (1.2 ms), by hand
+    slow = {"algo": "pesto", "time_s": 0.430, "peak_memory_bytes": MiB, "plan_id": "baseline-pesto",
+            "memory_bytes": {"gpu0": MiB, "gpu1": MiB}, "same_as": "", "dominated_by": ""}
+    fig = F.frontier_figure(ROWS, [*BASE, slow], cluster=UNIFORM)
+    assert list(fig.layout.yaxis.range) == pytest.approx([8.8, 31.2])
+    bases = {t.name: t for t in _role(fig, "baseline")}
+    assert list(bases["dp"].y) == [25.0] and list(bases["pesto"].y) == pytest.approx([31.2])
+    assert "step 430.000 ms (simulated)" in bases["pesto"].hovertemplate[0]
+    assert "off the scale: drawn at the chart's top edge" in bases["pesto"].hovertemplate[0]
+    assert [a.text for a in fig.layout.annotations] == ["↑ 430.0 ms"]
+    assert fig.layout.annotations[0].x == 1.0 and fig.layout.annotations[0].y == pytest.approx(31.2)
+    # the least memory is pesto's 1 MiB: its ring sits on the point where it is drawn
+    ring = _role(fig, "min-memory")[0]
+    assert list(ring.x) == [1.0] and list(ring.y) == pytest.approx([31.2])
+    assert fig.layout.meta["y_edge"] == pytest.approx(31.2)
+    # without a slow baseline nothing is off scale: the range takes every point (dp's 25 ms within 10 … 30)
+    fig = F.frontier_figure(ROWS, BASE, cluster=UNIFORM)
+    assert list(fig.layout.yaxis.range) == pytest.approx([8.8, 31.2]) and not fig.layout.annotations
+
+
+def test_the_legend_lies_across_the_top_of_the_chart():
+    # above the plot, every entry in one horizontal legend (a vertical one scrolled: its last group,
+    # the marks, out of view in a 500 px chart)
+    legend = F.frontier_figure(ROWS, BASE, cluster=UNIFORM).layout.legend
+    assert legend.orientation == "h" and legend.y >= 1 and legend.yanchor == "bottom"
+
+
+def test_device_lists_are_ranges_that_count_right():
+    # the issue: "8 GPUs: gpu0 … gpu4 (8)" (a ring's order, its last device gpu4) read as five devices
+    ring = ["gpu0", "gpu5", "gpu1", "gpu6", "gpu2", "gpu7", "gpu3", "gpu4"]
+    p = {"plan_id": "p", "role": "curve", "source": "frontier", "on_frontier": True, "devices": ring, "num_devices": 8,
+         "memory_bytes": MiB, "time_s": 0.001, "peaks": dict.fromkeys(ring, MiB)}
+    assert "<br>8 GPUs: gpu0–gpu7<br>" in F.hover_head(p)
+    # gaps split the range; short runs are listed by name
+    assert "<br>6 GPUs: gpu0–gpu3, gpu6, gpu7<br>" in F.hover_head(
+        {**p, "devices": ["gpu7", "gpu0", "gpu1", "gpu2", "gpu3", "gpu6"], "num_devices": 6})

@@ -14,7 +14,7 @@ from dash import html
 
 from tensoropt.dashboard import figures as F
 from tensoropt.dashboard.commands import run_commands
-from tensoropt.dashboard.pipeline import Request
+from tensoropt.dashboard.pipeline import Request, ResultStore
 from tensoropt.dashboard.requests import request_from_controls
 from tensoropt.dashboard.views import (
     frontier_view,
@@ -23,8 +23,10 @@ from tensoropt.dashboard.views import (
     plan_commands,
     plan_verdict,
     reserve_bytes,
+    search_notes,
     source_banner,
     stale_text,
+    summary_lines,
 )
 from tensoropt.planmodel import simulate
 from tensoropt.planmodel.fits import fits
@@ -105,6 +107,8 @@ def test_banner_of_a_v100_result_names_the_v100_device_model(gpt2_result):
     text = _text(banner)
     assert text.startswith("Operator times: Tesla V100-SXM2-16GB device model (calibration ")
     assert "device model" in text and "estimates, not measurements" in text
+    # what the model was checked on: H100 steps, not a V100 (it said "checked … on 3 measured H100 steps")
+    assert "not checked on a Tesla V100-SXM2-16GB: checked only on 3 measured H100 steps" in text
     assert banner.className == "times-modelled"
 
 
@@ -115,6 +119,25 @@ def test_banner_of_measured_times_and_notes():
     assert _text(html.Div(line)) == "Operator times: measured on AMD EPYC 7B13"
     assert [_text(li) for li in listed.children] == notes and banner.className == "times-measured"
     assert _text(source_banner({})) == "Operator times: not recorded"   # a summary from before sources were kept
+
+
+def test_the_search_notes_are_on_the_page(tiny_result, tmp_path):
+    """The line above the frontier says whether the search was exact; the notes it points to are the
+    frontier file's, every one, folded under a line that counts them (open when not exact)."""
+    store, _, key, _ = tiny_result
+    written = json.loads((store.folder(key) / "frontier.json").read_text())
+    details = search_notes(store, key)
+    summary, listed = details.children
+    assert [_text(li) for li in listed.children] == written["notes"] and len(written["notes"]) > 2
+    assert _text(summary) == f"the search's notes ({len(written['notes'])}): " + \
+        ("exact" if written["exact"] else "not exact")
+    assert details.open is (not written["exact"])
+    assert ("; exact; " if written["exact"] else "; not exact (see the search notes below); ") in \
+        summary_lines(store, key)[0]
+    # a search that was not exact (the same file in a store of its own): the notes open under the line
+    other = ResultStore(tmp_path)
+    (other.folder(key) / "frontier.json").write_text(json.dumps({**written, "exact": False}))
+    assert search_notes(other, key).open is True
 
 
 def test_page_data_is_what_the_script_needs(tiny_result):
@@ -164,7 +187,7 @@ def test_banner_when_gpus_are_unchecked():
     shown = Request(model="/w/tiny_model.py:build", cluster="preset:v100-8-nvlink", devices=EIGHT)
     four = dataclasses.replace(shown, devices=EIGHT[:4])
     assert stale_text(shown.key, shown.to_dict(), four) == (
-        "these results are for tiny_model.py:build on v100-8-nvlink (devices gpu0 … gpu7 (8)); the controls now ask "
+        "these results are for tiny_model.py:build on v100-8-nvlink (devices gpu0–gpu7); the controls now ask "
         "for tiny_model.py:build on v100-8-nvlink (devices gpu0, gpu1, gpu2, gpu3; without gpu4, gpu5, gpu6, gpu7) "
         "— Run to update")
     # a device added back and one more unchecked: both said
@@ -181,7 +204,7 @@ def test_banner_after_a_cancelled_run_of_another_model_and_cluster():
                                    None, None, "auto", None, None, algos=None)
     assert stale_text(shown.key, shown.to_dict(), wanted) == (
         "these results are for zoo:transformer-tiny on a100-4-nvlink (devices gpu0, gpu1, gpu2, gpu3); the controls "
-        "now ask for zoo:gpt2 on titan-rtx-5 (devices gpu0 … gpu4 (5)) — Run to update")
+        "now ask for zoo:gpt2 on titan-rtx-5 (devices gpu0–gpu4) — Run to update")
 
 
 def test_banner_names_every_field_that_differs():
