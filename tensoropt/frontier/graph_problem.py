@@ -481,13 +481,12 @@ class MeshProblem:
 
     def masked(self, level: float) -> Problem:
         """The problem with every configuration whose transient exceeds ``level`` infeasible."""
-        nodes = []
-        for n in self.problem.nodes:
+        infeasible = {}
+        for i, n in enumerate(self.problem.nodes):
             bad = self.transient[n.name] > level
             if bad.any():
-                n = NodeCosts(n.name, np.where(bad, np.inf, n.mem), np.where(bad, np.inf, n.time), n.labels)
-            nodes.append(n)
-        return Problem(tuple(nodes), self.problem.edges)
+                infeasible[i] = bad
+        return self.problem.masked(infeasible)
 
 
 def build_problem(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: Sequence[str], *,

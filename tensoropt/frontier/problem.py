@@ -167,6 +167,34 @@ class Problem:
             raise ProblemError(f"the problem graph has a cycle through {cyc[:5]}{'…' if len(cyc) > 5 else ''}")
 
     # ---- construction helpers -----------------------------------------------------------
+    def masked(self, infeasible: Mapping[int, np.ndarray]) -> Problem:
+        """This problem with the configurations ``infeasible[i]`` (a boolean mask over node ``i``'s
+        configurations) made infeasible (``+inf`` memory and time) — built without checking again
+        what a mask cannot change (names, edges, shapes, acyclicity): Llama-3-405B's τ runs made
+        6,710 nodes anew, 0.3 s a run, to rule out a few configurations of some.
+
+            >>> p = Problem.build({"a": [(1, 2), (2, 1)], "b": [(0, 1)]}, [("a", "b", [[0], [1]], [[0], [0]])])
+            >>> p.masked({0: np.array([False, True])}).nodes[0].mem.tolist()
+            [1.0, inf]
+        """
+        nodes = list(self.nodes)
+        for i, bad in infeasible.items():
+            n = nodes[i]
+            if bad.shape != n.mem.shape:
+                raise ProblemError(f"node {n.name!r}: a mask of {bad.shape} over {n.k} configurations")
+            masked = object.__new__(NodeCosts)
+            for name, value in (("name", n.name), ("labels", n.labels),
+                                ("mem", np.where(bad, np.inf, n.mem)), ("time", np.where(bad, np.inf, n.time))):
+                if isinstance(value, np.ndarray):
+                    value.setflags(write=False)
+                object.__setattr__(masked, name, value)
+            nodes[i] = masked
+        out = object.__new__(Problem)
+        object.__setattr__(out, "nodes", tuple(nodes))
+        object.__setattr__(out, "edges", self.edges)
+        object.__setattr__(out, "_index", self._index)  # type: ignore[attr-defined]
+        return out
+
     @classmethod
     def build(cls, nodes: Mapping[str, Sequence[Sequence[float]]] | Sequence[tuple[str, Sequence[Sequence[float]]]],
               edges: Iterable[tuple[str, str, Any, Any]] = ()) -> Problem:

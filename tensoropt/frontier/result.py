@@ -130,9 +130,10 @@ class MeshResult:
     #: the search's own memory estimate of each point (Σ resident + max transient)
     estimates: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: every plan evaluated (the search's candidates, then the polish's): its configuration vector
-    #: (index per node, problem order), and in ``candidate_costs`` the search's estimate, the
-    #: walked peak and the simulated time
-    candidates: tuple[tuple[int, ...], ...] = ()
+    #: (a row, index per node in problem order, in the smallest integer type that holds them: a
+    #: worker sends it back, and Llama-3-405B's meshes walk a thousand plans of 6,710 operators
+    #: each), and in ``candidate_costs`` the search's estimate, the walked peak and the simulated time
+    candidates: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int8))
     candidate_costs: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
 
     @property

@@ -221,13 +221,18 @@ def _tau_run(mp: MeshProblem, level: float, resolution: float, max_branches: int
     # the points come in memory order: evenly spaced indices spread them over the run's memory
     picked = _spread(len(r), limit) if len(r) > limit else None
     vecs = r.assignment_vectors(picked) if len(r) else np.zeros((0, len(mp.problem.nodes)), dtype=np.int64)
-    # in the smallest integer type that holds every configuration index (int8 on every model of the
-    # suite): a run's points cross a pipe, and AmoebaNet-D-18's 32 levels on two devices hold 20,000
-    vecs = vecs.astype(np.min_scalar_type(-max((p.k for p in mp.problem.nodes), default=1)))
+    # a run's points cross a pipe: AmoebaNet-D-18's 32 levels on two devices hold 20,000
+    vecs = vecs.astype(_config_dtype(mp))
     return _TauRun(vecs, r.merged_by_resolution, tuple(f.node for f in r.fixed), float(r.mem_slack),
                    r.mem_slack_factor,
                    int(r.stats["candidates"]), int(r.stats["max_frontier"]), _time.perf_counter() - t0,
                    str(r.stats["repeats"]), len(r))
+
+
+def _config_dtype(mp: MeshProblem) -> np.dtype[Any]:
+    """The smallest integer type that holds every configuration index of ``mp`` (int8 on every model
+    of the suite): plans' configuration vectors cross pipes by the thousand."""
+    return np.min_scalar_type(-max((p.k for p in mp.problem.nodes), default=1))
 
 
 def _smallest_memory(mp: MeshProblem, cluster: Cluster) -> int:
@@ -310,7 +315,7 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
                       slack + 2 * resolution, exact_search, tuple(dict.fromkeys(fixed)), seconds,
                       stats, tuple(ev.memory_parts(pool.vecs[k]) for k in front),
                       np.array([pool.est[k] for k in front], dtype=np.float64),
-                      tuple(map(tuple, np.array(pool.vecs, dtype=np.int64).reshape(len(pool), -1).tolist())),
+                      np.array(pool.vecs, dtype=np.int64).reshape(len(pool), -1).astype(_config_dtype(mp)),
                       costs_arr)
 
 

@@ -205,19 +205,25 @@ def test_widened_buckets_by_hand():
        st.sampled_from([0.5, 1.0, 3.0]), st.sampled_from([1.0, 7.0, 250.0]))
 def test_widened_buckets_rise_with_memory_and_cost_a_share_of_it(mems, res, wide):
     # keys never fall as memory rises; two memories share a key only within one bucket's width:
-    # the resolution below 2 × wide, res / wide of the memory above — checked pair by pair
+    # the resolution below 2 × wide, res / wide of the memory above — checked pair by pair, in exact
+    # arithmetic (1.0 - 1e-133 rounds to 1.0)
     m = np.sort(np.array(mems))
     key = bucket_key(m, res, widen_above=wide)
     assert np.all(np.diff(key) >= 0)
+
+    def within(lo: float, hi: float) -> bool:
+        width = max(Fraction(res), Fraction(float(hi)) * Fraction(res) / Fraction(wide))
+        return Fraction(float(hi)) - Fraction(float(lo)) < width
+
     for i in range(m.size):
         for j in range(i + 1, m.size):
             if key[i] == key[j]:
-                assert m[j] - m[i] < max(res, m[j] * res / wide)
+                assert within(m[i], m[j])
     # a reduce so bucketed loses at most that: every exact frontier point is matched by a kept one
     t = np.linspace(m.size, 1.0, m.size)             # time falls as memory rises: all are Pareto
     idx = reduce(m, t, res, widen_above=wide)
     for i in reduce(m, t):
-        assert any(t[k] <= t[i] and m[k] - m[i] < max(res, m[k] * res / wide) for k in idx)
+        assert any(t[k] <= t[i] and (m[k] <= m[i] or within(m[i], m[k])) for k in idx)
 
 
 def test_resolution_merge_count_example():
