@@ -34,23 +34,17 @@ from collections.abc import Sequence
 from .spec import Cluster, LinkModel
 
 
-def _group(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> list[str]:
-    devices = list(devices)
+def _group(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> tuple[str, ...]:
+    devices = tuple(devices)
     if not devices:
         raise ValueError("a collective needs at least one device")
-    if len(set(devices)) != len(devices):
-        raise ValueError(f"a collective's devices must be distinct, got {devices}")
-    for d in devices:
-        cluster.device(d)  # unknown names → ClusterSpecError naming the cluster's devices
+    if len(devices) > 1:
+        cluster.ring_bottlenecks(devices)   # checked there once a ring: distinct, the cluster's
+    else:
+        cluster.device(devices[0])          # unknown names → ClusterSpecError naming the cluster's devices
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes}")
     return devices
-
-
-def _ring_links(cluster: Cluster, devices: Sequence[str]) -> list[LinkModel]:
-    """The n links of the ring ``d0 → d1 → … → d(n-1) → d0``."""
-    n = len(devices)
-    return [cluster.link(devices[i], devices[(i + 1) % n]) for i in range(n)]
 
 
 def _ring_step(links: Sequence[LinkModel], chunk: float) -> float:
@@ -80,7 +74,7 @@ def ring_allreduce_bytes_time(cluster: Cluster, devices: Sequence[str], nbytes: 
     if n == 1 or nbytes == 0:
         return 0.0
     return 2 * (n - 1) * max((nbytes / n) / (link.bandwidth_Bps * link.duplex)
-                             for link in _ring_links(cluster, devices))
+                             for link in cluster.ring_bottlenecks(devices))
 
 
 def ring_allreduce_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> float:
@@ -98,7 +92,7 @@ def ring_allreduce_time(cluster: Cluster, devices: Sequence[str], nbytes: int | 
     n = len(devices)
     if n == 1:
         return 0.0
-    return 2 * (n - 1) * _ring_step(_ring_links(cluster, devices), nbytes / n)
+    return 2 * (n - 1) * _ring_step(cluster.ring_bottlenecks(devices), nbytes / n)
 
 
 def allgather_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> float:
@@ -111,7 +105,7 @@ def allgather_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float
     n = len(devices)
     if n == 1:
         return 0.0
-    return (n - 1) * _ring_step(_ring_links(cluster, devices), nbytes / n)
+    return (n - 1) * _ring_step(cluster.ring_bottlenecks(devices), nbytes / n)
 
 
 def reduce_scatter_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> float:

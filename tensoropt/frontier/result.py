@@ -39,7 +39,7 @@ from ..describe import fmt_bytes
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..measure.costmodel import CostModel
-from ..plan import Estimate, Plan
+from ..plan import Estimate, NodeConfig, Plan
 from ..planmodel.fits import fits, over_by
 from ..planmodel.simulate import simulate
 from ..planmodel.walk import fill_segments
@@ -413,7 +413,8 @@ class Frontier:
 def frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: OpGraph, costs: CostModel,
                    cluster: Cluster, *,
                    res: float, optimizer: str | int, budget: int | float | None, reserve: int,
-                   times_from: str) -> FrontierPoint:
+                   times_from: str,
+                   segments_memo: dict[tuple[str, NodeConfig], bool] | None = None) -> FrontierPoint:
     """Point ``j`` of mesh ``w``'s own frontier ``r`` as point ``i`` of ``count`` in a list of plans
     (the union over meshes, a device count's curve): plan ``p{i:03d}-{k}dev`` (``k``: the mesh's
     devices) with the mesh's configuration of every operator, its walked per-device peak, its
@@ -421,7 +422,8 @@ def frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: OpG
     ``optimizer`` and ``budget``, and the point fits when :func:`tensoropt.planmodel.fits.fits`
     says so under ``budget`` and ``reserve``.  ``times_from``: where the operator times came from
     (:func:`~tensoropt.devicemodel.costs_source`).  Builds no cost: every figure is ``r``'s.
-    O(operators)."""
+    ``segments_memo``: :func:`~tensoropt.planmodel.walk.fill_segments`'s, shared by the points of
+    one graph and costs.  O(operators)."""
     mp = r.problem
     a = r.assignments[j]
     t = float(r.time[j])
@@ -431,7 +433,8 @@ def frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: OpG
     k = mp.num_devices
     pid = f"p{i:03d}-{k}dev"
     order = [n.name for n in graph.ops]
-    plan = Plan(fill_segments(order, mp.plan_configs(a), graph, costs), graph_fingerprint=graph.fingerprint,
+    plan = Plan(fill_segments(order, mp.plan_configs(a), graph, costs, segments_memo),
+                graph_fingerprint=graph.fingerprint,
                 graph_name=graph.name,
                 batch_size=graph.batch_size, cluster_name=cluster.name,
                 cluster_fingerprint=cluster.fingerprint, algorithm="frontier",

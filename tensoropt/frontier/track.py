@@ -89,7 +89,7 @@ from ..layouts import Shard
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..placers import place
-from ..plan import Plan
+from ..plan import NodeConfig, Plan
 from ..planmodel.fits import cannot_fit, check_budget_value
 from ..planmodel.meshplan import MeshEvaluator
 from ..planmodel.simulate import simulate
@@ -442,8 +442,9 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     _, _, which, idx, m_union = point_sets.union([(r.mem, r.time) for r in results], res, backend=backend,
                                              return_merged=True)
     merged = sum(r.merged_by_resolution for r in results) + m_union
+    memo: dict[tuple[str, NodeConfig], bool] = {}
     points = [frontier_point(i, len(which), results[w], w, j, graph, costs, cluster, res=res, optimizer=optimizer,
-                              budget=budget, reserve=reserve, times_from=costs_source(costs))
+                              budget=budget, reserve=reserve, times_from=costs_source(costs), segments_memo=memo)
               for i, (w, j) in enumerate(zip(which.tolist(), idx.tolist()))]
 
     exact = all(r.exact for r in results) and m_union == 0

@@ -171,3 +171,29 @@ def test_a_collective_is_at_least_its_slowest_chunk_transfer(cg, nbytes):
         full = c.with_links({p: LinkModel(ln.latency_s, ln.bandwidth_Bps) for p, ln in c.links.items()})
         for fn in COLLECTIVES:
             assert fn(c, order, nbytes) >= fn(full, order, nbytes) * (1 - 1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 7), st.randoms(use_true_random=False), st.lists(st.floats(1.0, 1e10), min_size=1, max_size=5))
+def test_a_ring_step_is_its_slowest_link_whatever_the_size(n, rnd, chunks):
+    # links of random latency, exchange latency, bandwidth and duplex (few distinct values: ties);
+    # the ring's bottlenecks give, at every size, the slowest link found by going round every one
+    names = [f"d{i}" for i in range(n)]
+    pick = lambda xs: xs[rnd.randrange(len(xs))]   # noqa: E731
+    links = {(a, b): LinkModel(pick([1e-6, 5e-6, 2e-5]), pick([1e9, 5e9, 2.5e10]), pick([0.5, 1.0]),
+                               pick([None, 3e-5]))
+             for a in names for b in names if a != b}
+    c = Cluster("random", [Device(x, 2**30) for x in names], links)
+    ring = names[:]
+    rnd.shuffle(ring)
+    ring = ring[:rnd.randrange(2, n + 1)]
+    around = [c.link(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
+    kept = c.ring_bottlenecks(ring)
+    assert set(kept) <= set(around) and kept[0].bandwidth_Bps * kept[0].duplex == min(
+        x.bandwidth_Bps * x.duplex for x in around)
+    for chunk in chunks:
+        assert max(x.time_both_ways(chunk) for x in kept) == max(x.time_both_ways(chunk) for x in around)
+    with pytest.raises(ValueError, match="distinct"):
+        c.ring_bottlenecks([names[0], names[1], names[0]])
+    with pytest.raises(ClusterSpecError):
+        c.ring_bottlenecks([names[0], "nowhere"])
