@@ -414,7 +414,7 @@ def frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: OpG
                    cluster: Cluster, *,
                    res: float, optimizer: str | int, budget: int | float | None, reserve: int,
                    times_from: str,
-                   segments_memo: dict[tuple[str, NodeConfig], bool] | None = None) -> FrontierPoint:
+                   segments_memo: dict[tuple[str, int], tuple[NodeConfig, bool]] | None = None) -> FrontierPoint:
     """Point ``j`` of mesh ``w``'s own frontier ``r`` as point ``i`` of ``count`` in a list of plans
     (the union over meshes, a device count's curve): plan ``p{i:03d}-{k}dev`` (``k``: the mesh's
     devices) with the mesh's configuration of every operator, its walked per-device peak, its

@@ -442,7 +442,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     _, _, which, idx, m_union = point_sets.union([(r.mem, r.time) for r in results], res, backend=backend,
                                              return_merged=True)
     merged = sum(r.merged_by_resolution for r in results) + m_union
-    memo: dict[tuple[str, NodeConfig], bool] = {}
+    memo: dict[tuple[str, int], tuple[NodeConfig, bool]] = {}
     points = [frontier_point(i, len(which), results[w], w, j, graph, costs, cluster, res=res, optimizer=optimizer,
                               budget=budget, reserve=reserve, times_from=costs_source(costs), segments_memo=memo)
               for i, (w, j) in enumerate(zip(which.tolist(), idx.tolist()))]

@@ -296,22 +296,24 @@ def keeps_nothing(costs: CostModel, node: OpNode, cfg: NodeConfig) -> bool:
 
 
 def fill_segments(order: Sequence[str], configs: Mapping[str, NodeConfig], graph: OpGraph,
-                  costs: CostModel, memo: dict[tuple[str, NodeConfig], bool] | None = None) -> dict[str, NodeConfig]:
+                  costs: CostModel, memo: dict[tuple[str, int], tuple[NodeConfig, bool]] | None = None
+                  ) -> dict[str, NodeConfig]:
     """``configs`` with every operator that keeps nothing (:func:`keeps_nothing`) and lies between
     two ``recompute`` operators of one segment (same devices, same block, nothing else between)
     recomputed too, so that the two are one segment (:func:`recompute_segments`): frontier
     tracking offers ``recompute`` only where it frees something, and a view or an addition in the
     middle of a block must not cut the block's checkpoint in two.  ``memo``: answers of
     :func:`keeps_nothing` kept across calls on the same graph and costs (a frontier's points:
-    Llama-3-405B's 283 asked it 807,000 times).  O(V)."""
+    Llama-3-405B's 283 asked it 807,000 times), by the configuration's identity — hashing one
+    hashes its devices, 512 names — which the memo holds so that no other takes its id.  O(V)."""
     if memo is None:
         memo = {}
 
     def keeps(name: str, cfg: NodeConfig) -> bool:
-        found = memo.get((name, cfg))
+        found = memo.get((name, id(cfg)))
         if found is None:
-            found = memo[(name, cfg)] = keeps_nothing(costs, graph.nodes[name], cfg)
-        return found
+            found = memo[(name, id(cfg))] = (cfg, keeps_nothing(costs, graph.nodes[name], cfg))
+        return found[1]
 
     out = dict(configs)
     gap: list[str] = []
