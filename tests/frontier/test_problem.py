@@ -46,6 +46,23 @@ def test_brute_force_is_the_pareto_set_of_all_assignments():
         assert tuple(a.values()) == costs[(m, t)]   # the first assignment in lexicographic order
 
 
+def test_a_masked_problem_prices_its_ruled_out_configurations_infeasible():
+    # a=1 and c=0 ruled out: every assignment using them costs inf, the others what they cost
+    # before; the same Pareto set as the problem built again with those costs +inf
+    p = small()
+    m = p.masked({0: np.array([False, True]), 2: np.array([True, False, False])})
+    for vec in itertools.product(range(2), range(1), range(3)):
+        ruled_out = vec[0] == 1 or vec[2] == 0
+        assert m.cost_of(vec) == ((math.inf, math.inf) if ruled_out else p.cost_of(vec))
+    again = Problem.build({"a": [(1, 5), (math.inf, math.inf)], "b": [(2, 2)],
+                           "c": [(math.inf, math.inf), (4, 0), (9, 9)]},
+                          [(e.src, e.dst, e.mem, e.time) for e in p.edges])
+    assert [(x, y) for x, y, _ in brute_force(m)] == [(x, y) for x, y, _ in brute_force(again)]
+    assert m.index("c") == 2 and p.nodes[0].mem.tolist() == [1.0, 3.0]     # the original untouched
+    with pytest.raises(ProblemError, match="mask"):
+        p.masked({1: np.array([True, False])})
+
+
 def test_min_scalarized_matches_enumeration():
     p = small()
     feasible = [p.cost_of(v) for v in itertools.product(range(2), range(1), range(3))]
