@@ -150,6 +150,9 @@ def run_plan(model_spec: str, plan_path: str, backend: Backend, options: RunOpti
     if plan.runtime == "fsdp2":
         report("note: the plan's estimates are FSDP2's (tensoropt export runs it so); tensoropt's executor gathers "
                "and reduces each operator's parameters on its own, so its memory and time differ from them")
+    elif plan.runtime != "executor":
+        report(f"note: the plan's estimates are PyTorch's DistributedDataParallel's (runtime {plan.runtime}: "
+               "tensoropt export runs it so, with its gradient buckets); tensoropt's executor holds other amounts")
     if options.check:   # on copies in the check's dtype, before the training executor takes the model
         cmp = check_on(backend, model, call, plan, graph, options.check_dtype, report)
         for line in check_lines(cmp):
