@@ -61,7 +61,17 @@ export`` writes for it) holds its level-3 parameters per *unit* (:class:`Fsdp2Un
   the masters' dtype: ``reduce_dtype``) and filled, the whole gradients freed and the unit's
   sharded gradients (float32 pieces) kept; that reduce-scatter input lives until the next unit's
   (``reduce_scatter_max_input_buffers=1``) or the end of the backward;
-- a recomputed block recomputes inside its backward, on the parameters gathered for it.
+- a recomputed block recomputes inside its backward, on the parameters gathered for it;
+- a tied weight's later contribution is summed by autograd out of place (it and the sum, 2 × the
+  gradient transiently).
+
+A plan that runs as PyTorch's ``DistributedDataParallel`` (runtime ``"ddp"``; ``"zero1"`` with
+``ZeroRedundancyOptimizer``; :mod:`.wrappers`) holds no flat buffer of summed gradients: each
+gradient is autograd's ``.grad``, made at its first backward (a later contribution summed out of
+place) and kept to the optimizer step, and DDP's buckets — a flat copy of every gradient it
+averages — are held all step (:attr:`StepMemory.buckets`).  Under ``zero1`` each rank keeps the
+optimizer state of the whole parameters ZeroRedundancyOptimizer gives it
+(:func:`~.wrappers.zero_redundancy_ranks`) and steps those (its temporaries follow them).
 
 :func:`~tensoropt.planmodel.memory.step_memory` is this walk for a plan that puts every node whole
 on one device, in graph order (a memory-only cluster stands in for the links: only the bytes a
@@ -79,10 +89,12 @@ Example (a two-layer MLP on a preset's A100s, :func:`tensoropt.examples.mlp_on`)
     >>> from tensoropt import place
     >>> plan = place(graph, costs, cluster, "dp", devices=["gpu0", "gpu1"])
     >>> mem = plan_memory(plan, graph, costs, cluster, optimizer="adam")
+    >>> plan.runtime      # priced as PyTorch's DDP runs it: its buckets (2,704 B) beside the gradients
+    'ddp'
     >>> mem["gpu0"].peak
-    15168
+    17872
     >>> mem["gpu0"].parts()        # doctest: +NORMALIZE_WHITESPACE
-    {'parameters': 2704, 'gradients': 2704, 'optimizer': 5408, 'activations': 256, 'transient': 4096,
+    {'parameters': 2704, 'gradients': 5408, 'optimizer': 5408, 'activations': 256, 'transient': 4096,
      'reserve': 0}
 """
 
