@@ -134,9 +134,9 @@ def price_as_wrapper(plan: Plan, graph: OpGraph, runtime: str) -> Plan:
     (``"ddp"`` or ``"zero1"``) where ``tensoropt export`` runs it on that wrapper — more than one
     device, nothing in :func:`wrapper_obstacles` — else left to the executor; a note says which.
     Changes and returns ``plan``."""
-    ops, whole = wrapper_obstacles(graph, plan)
-    if len(plan.devices) < 2:
+    if len(plan.devices) < 2:   # one device: export runs the model as it is, no wrapper
         return plan
+    ops, whole = wrapper_obstacles(graph, plan)
     if ops or whole:
         why = whole or f"{ops[0][0]} ({ops[0][1]}) {ops[0][2]}"
         plan.notes.append(f"priced as tensoropt's executor runs it: tensoropt export runs it there, not on "
