@@ -85,3 +85,17 @@ def test_ddp_keeps_a_bucket_copy_of_every_gradient_and_zero1_each_rank_its_whole
     zero1.options["runtime"] = "executor"
     held = plan_memory(zero1, graph, costs, cluster, optimizer="adamw")
     assert [(m.buckets, m.optimizer) for m in held.values()] == [(0, 2 * 1352), (0, 2 * 1352)]
+
+
+def test_a_plan_export_runs_on_tensoropt_s_executor_stays_priced_as_the_executor():
+    # a batch norm needs the whole batch's statistics: DDP cannot run the data-parallel plan, tensoropt export
+    # runs it on the executor, and the placer prices it so, saying why
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    graph = tensoropt.capture(model, (torch.randn(4, 8),))
+    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
+    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
+    plan = tensoropt.place(graph, costs, cluster, "dp", devices=MESH)
+    assert plan.runtime == "executor"
+    assert any("not on DistributedDataParallel" in n and "batch norm" in n for n in plan.notes), plan.notes
+    # on one device there is no wrapper to price
+    assert tensoropt.place(graph, costs, cluster, "dp", devices=MESH[:1]).runtime == "executor"
