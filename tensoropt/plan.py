@@ -59,8 +59,12 @@ PLAN_FORMATS = ("tensoropt.plan/1", "tensoropt.plan/2", PLAN_FORMAT)
 #: parameters are sharded at level 3: ``fully_shard`` on every repeated block, then on the model
 #: (its root unit holds the rest), the last block kept gathered after forward, a
 #: ``MixedPrecisionPolicy`` for a ``bf16-params`` graph (:mod:`tensoropt.planmodel.walk` says what
-#: each holds)
-RUNTIMES = ("executor", "fsdp2")
+#: each holds); ``ddp`` — PyTorch's ``DistributedDataParallel`` as ``tensoropt export`` writes it
+#: for a data-parallel plan without sharding (default buckets: a flat copy of the gradients, beside
+#: each ``.grad``); ``zero1`` — the same with ``ZeroRedundancyOptimizer`` (each rank the optimizer
+#: state of the whole parameters it steps) for a plan sharded at level 1
+#: (:mod:`tensoropt.planmodel.wrappers` says what the wrappers hold)
+RUNTIMES = ("executor", "fsdp2", "ddp", "zero1")
 
 
 class PlanError(TensorOptError):

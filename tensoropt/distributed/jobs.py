@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..capture import ModelCall, capture
 from ..errors import DistributedError
@@ -338,10 +339,15 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     ``fully_shard`` on every repeated block (:func:`~tensoropt.graph.block_of`; the last kept gathered
     after forward, as ``tensoropt export`` writes the recipe and torchtitan runs it), then on the model;
     ``fsdp+ac`` — the same with ``checkpoint_wrapper`` around every block first (torchtitan's
-    recipe).  A step = forward + loss + backward (gradient all-reduce / reduce-scatter inside);
-    the optimizer step apart (ZeRO-1's broadcast of the updated parameters is in it).  Peak: one
-    more step under MemTracker (FSDPMemTracker for FSDP2) on the CPU.  Returns ``step_s``,
-    ``optimizer_s``, ``peak_bytes`` (per rank)."""
+    recipe).  A step is the exported ``train.py``'s: forward, the loss, the output dropped (as
+    torchtitan drops its logits), backward (gradient all-reduce / reduce-scatter inside); the
+    optimizer step timed apart (ZeRO-1's broadcast of the updated parameters is in it).  Peak: one
+    more step under MemTracker (FSDPMemTracker for FSDP2) on the CPU, with what exists before it
+    registered as held from the start — the model, the optimizer's state (ZeRO's inner optimizer's),
+    the batch, and DDP's gradient buckets (MemTracker sees a storage at its first write otherwise:
+    a bucket only once the backward fills it, after a peak that may lie before).  Returns
+    ``step_s``, ``optimizer_s``, ``peak_bytes`` and ``breakdown`` (MemTracker's categories at the
+    peak) per rank."""
     # local: PyTorch's wrappers and private tools, for this measurement only
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -383,28 +389,61 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
 
     def step() -> tuple[float, float]:
         t0 = time.perf_counter()
-        out = wrapped(*mine)
-        training_loss(out).backward()
+        loss = training_loss(wrapped(*mine))   # the output dropped before the backward, as train.py does
+        loss.backward()
         t1 = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return t1 - t0, time.perf_counter() - t1
 
     times = []
+    buckets: list[torch.Tensor] = []
     for i in range(warmup + steps):
         dist.barrier()
-        t = step()
+        if i == warmup and recipe in ("ddp", "zero1"):   # DDP's buckets are rebuilt after the first step
+            with _DdpBuckets(model) as found:
+                t = step()
+            buckets = found.buckets
+        else:
+            t = step()
         if i >= warmup:
             times.append(t)
     tracker = FSDPMemTracker(model, opt) if recipe.startswith("fsdp") else MemTracker()
     if not recipe.startswith("fsdp"):
-        tracker.track_external(wrapped, opt, *[x for x in mine if isinstance(x, torch.Tensor)])
+        inner = [opt.optim] if isinstance(opt, ZeroRedundancyOptimizer) else [opt]   # the state lies there
+        tracker.track_external(wrapped, *inner, *[x for x in mine if isinstance(x, torch.Tensor)], *buckets)
     dist.barrier()
     with tracker:
         step()
-    peak = int(tracker.get_tracker_snapshot("peak").get(dev, {}).get("Total", 0))
+    snapshot = tracker.get_tracker_snapshot("peak").get(dev, {})
+    peak = int(snapshot.get("Total", 0))
+    breakdown = {str(k).rpartition(".")[2]: int(v) for k, v in snapshot.items() if k != "Total"}
     every: list[Any] = [None] * rt.world_size
-    dist.all_gather_object(every, {"times": times, "peak": peak})
+    dist.all_gather_object(every, {"times": times, "peak": peak, "breakdown": breakdown})
     return {"step_s": statistics.median(max(r["times"][i][0] for r in every) for i in range(steps)),
             "optimizer_s": statistics.median(max(r["times"][i][1] for r in every) for i in range(steps)),
-            "peak_bytes": [r["peak"] for r in every]}
+            "peak_bytes": [r["peak"] for r in every], "breakdown": [r["breakdown"] for r in every]}
+
+
+class _DdpBuckets(TorchDispatchMode):
+    """Finds DistributedDataParallel's gradient buckets while a step runs: the flat tensors whose
+    views the reducer writes each gradient into (``mul.out`` / ``copy_``), other than the model's
+    parameters and gradients.  DDP keeps them between steps; a measurement registers them as held."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.found: dict[int, torch.Tensor] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = kwargs.get("out") if func is torch.ops.aten.mul.out else args[0] if func is torch.ops.aten.copy_.default \
+            else None
+        if isinstance(out, torch.Tensor) and out._base is not None:
+            self.found.setdefault(id(out._base.untyped_storage()), out._base)
+        return func(*args, **kwargs)
+
+    @property
+    def buckets(self) -> list[torch.Tensor]:
+        own = {id(t.untyped_storage()) for p in self.model.parameters() for t in (p, p.grad) if t is not None}
+        return [b for k, b in self.found.items() if k not in own]

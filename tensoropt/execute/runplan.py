@@ -20,6 +20,7 @@ Example (one process, the model's plan from a placer; both of its devices are th
     >>> place(graph, priced.costs, priced.cluster, "dp", devices=["gpu0", "gpu1"]).save("plan.json")
     >>> run_plan("zoo:rnnlm?tiny=1", "plan.json", LocalBackend({"gpu0": "cpu", "gpu1": "cpu"}),
     ...          RunOptions(steps=2, check=True), say=print)
+    note: the plan's estimates are PyTorch's DistributedDataParallel's (runtime ddp: ...)...
     check against the unmodified model (...): PASSED: ...
     plan dp: 6 operators on 2 device(s): gpu0→cpu, gpu1→cpu
     2 training steps (adamw, fp32, lr 0.001): median step ... ms (min ..., max ...); last loss ...
@@ -150,6 +151,9 @@ def run_plan(model_spec: str, plan_path: str, backend: Backend, options: RunOpti
     if plan.runtime == "fsdp2":
         report("note: the plan's estimates are FSDP2's (tensoropt export runs it so); tensoropt's executor gathers "
                "and reduces each operator's parameters on its own, so its memory and time differ from them")
+    elif plan.runtime != "executor":
+        report(f"note: the plan's estimates are PyTorch's DistributedDataParallel's (runtime {plan.runtime}: "
+               "tensoropt export runs it so, with its gradient buckets); tensoropt's executor holds other amounts")
     if options.check:   # on copies in the check's dtype, before the training executor takes the model
         cmp = check_on(backend, model, call, plan, graph, options.check_dtype, report)
         for line in check_lines(cmp):

@@ -50,9 +50,10 @@ from ..capture.call import ModelCall
 from ..cluster import Cluster
 from ..errors import TensorOptError
 from ..graph import OpGraph, block_of
-from ..layouts import Layout, Shard
+from ..layouts import Shard
 from ..plan import Plan, shardable
 from ..planmodel.reshard import op_basename
+from ..planmodel.wrappers import wrapper_obstacles
 
 #: the paths a plan can take, in the order they are tried
 PATHS = ("ddp", "zero1", "fsdp", "executor")
@@ -101,11 +102,6 @@ class Expression:
         return self.path != "executor"
 
 
-def _carries_batch(graph: OpGraph, names: Sequence[str]) -> bool:
-    """Whether any output of the nodes ``names`` has a batch dimension."""
-    return any(o.batch_dim is not None for p in names for o in graph.nodes[p].outputs)
-
-
 def _module_of(param: str) -> str:
     """``"a.b.weight"`` → ``"a.b"``; a parameter of the root module → ``""``."""
     return param.rpartition(".")[0]
@@ -113,44 +109,6 @@ def _module_of(param: str) -> str:
 
 def _under(path: str, module: str) -> bool:
     return module == "" or path == module or path.startswith(module + ".")
-
-
-def _op_reasons(graph: OpGraph, plan: Plan, devices: tuple[str, ...]) -> list[tuple[str, str, str]]:
-    """``(operator, op, why)`` of each operator DDP / FSDP cannot run as the plan says."""
-    out = []
-    whole = set(devices)
-    for node in graph.ops:
-        cfg = plan.configs[node.name]
-        layout = Layout.of(cfg)
-        # a size query (sym_size) reads no values: on a rank's part it gives the part's size, as it must
-        reads_batch = _carries_batch(graph, node.inputs) and not (node.metadata_only and not node.outputs)
-        why = ""
-        if set(cfg.devices) != whole:
-            why = f"placed on {', '.join(cfg.devices)}, not on every device of the plan"
-        elif layout.cuts_params:
-            by = "output channels" if layout is Layout.CHANNEL else "input features, partial sums added"
-            why = f"cut over {cfg.degree} devices by its {by} ({cfg.layout})"
-        elif len(devices) > 1 and reads_batch and not node.split.batch_exact:
-            why = "needs the statistics of the whole batch (a batch norm in training): each rank holds part of it"
-        elif len(devices) > 1 and reads_batch and node.split.batch is None:
-            why = "mixes the samples of the batch: each rank would compute it on its part only"
-        if why:
-            out.append((node.name, node.op, why))
-    return out
-
-
-def _loss_outputs_reason(graph: OpGraph) -> str:
-    """Why the loss cannot be averaged over the ranks' parts ('' when it can): an output the
-    loss reads that has no batch dimension."""
-    for node in graph.nodes.values():
-        if node.kind != "output":
-            continue
-        for p in node.inputs:
-            for o in graph.nodes[p].outputs:
-                if o.dtype.startswith(("float", "bfloat")) and o.batch_dim is None:
-                    return (f"the loss reads output {p!r} {list(o.shape)}, which has no batch dimension: the ranks' "
-                            "losses would not add up to the whole batch's")
-    return ""
 
 
 def _param_levels(graph: OpGraph, plan: Plan) -> dict[str, Shard]:
@@ -227,14 +185,11 @@ def express(plan: Plan, graph: OpGraph, model: nn.Module, call: ModelCall,
     if random_ops and n > 1:
         notes.append(f"the model draws random numbers ({', '.join(random_ops)}): every rank draws its own, so a "
                      "run matches the unsplit model's losses only with those draws off (e.g. dropout p=0)")
-    ops = _op_reasons(graph, plan, order)
+    ops, whole = wrapper_obstacles(graph, plan, order)
     ckpt, ckpt_left = _checkpoint_modules(graph, plan, model)
     ops += ckpt_left
     reasons: list[str] = []
-    whole = _loss_outputs_reason(graph) if n > 1 else ""
     batch = graph.batch_size
-    if n > 1 and batch is not None and batch < n:
-        whole = whole or f"the batch ({batch}) is smaller than the {n} ranks: some would get no sample"
     levels = _param_levels(graph, plan)
     fsdp: dict[str, bool] = {}
     used = {p for p, info in graph.params.items() if info.owner is not None or info.readers}

@@ -232,6 +232,7 @@ def train(rank, world):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=PRECISION == "bf16"):
             output = call.run(net, args, kwargs)
         loss = training_loss(output)
+        del output   # the output (logits) freed before the backward, as torchtitan does: what was predicted
         (loss if weight == 1 else loss * weight).backward()
         after_backward()
         opt.step()
@@ -334,9 +335,19 @@ def readme(expr: Expression, shape: LaunchShape, plan: Plan, *, spec: str, steps
     lines += _estimate_lines(plan)
     lines += ["", f"## How: {PATH_TITLES[expr.path]}", ""]
     lines += [f"- {r}" for r in expr.reasons]
-    if expr.path == "ddp" and expr.world_size > 1:
+    if expr.path in ("ddp", "zero1") and expr.world_size > 1:
         lines.append("- DDP is PyTorch's default `DistributedDataParallel` (25 MiB gradient buckets): it keeps a "
                      "flat copy of the gradients in its buckets, +4 B per parameter beside `.grad`.")
+        title = PATH_TITLES[expr.path].split(" (")[0]
+        if plan.runtime == expr.path:
+            lines.append(f"- the prediction is {title}'s as this script runs it (the plan is priced so: its "
+                         "buckets, each `.grad` from its backward"
+                         + (", each rank the optimizer state of the whole parameters ZeroRedundancyOptimizer gives "
+                            "it" if expr.path == "zero1" else "") + ")")
+        else:
+            lines.append("- the prediction is tensoropt's executor's (`tensoropt run --backend dist`): DDP holds more "
+                         "(its gradient buckets beside `.grad`); `tensoropt place --algo "
+                         + ("dp" if expr.path == "ddp" else "zero1") + "` prices the plan as DDP runs it")
     if expr.path == "fsdp":
         lines.append("- `fully_shard` on: " + ", ".join(
             f"`{m or '(the model)'}` ({'ZeRO-3, reshard after forward' if r else 'ZeRO-2-like, kept gathered'})"

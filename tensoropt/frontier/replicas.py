@@ -82,8 +82,9 @@ def replicate_frontier(host_frontier: Any, graph: OpGraph, costs: CostModel, clu
     the simulations side by side in ``workers`` forked processes (:func:`~.forkmap.fork_map`:
     the same results whatever the number).  O(points × simulate)."""
     # a plan FSDP2 runs shards over every device it is on; across hosts that is HSDP (a shard group per
-    # host, replicas between them), which the plan model does not price yet: those host points stay 1-D
-    points = [p for p in host_frontier.points if p.plan.runtime != "fsdp2"]
+    # host, replicas between them), which the plan model does not price yet; a plan priced as DDP runs on
+    # PyTorch's wrappers, which export does not replicate: those host points stay 1-D
+    points = [p for p in host_frontier.points if p.plan.runtime == "executor"]
     plans = [replicated(point.plan, groups) for point in points]
     # the step only: every replica holds its counterpart's walked peak, which the host's point has
     # (the compiled evaluator's, equal to the walk: tests/planmodel/test_meshplan.py)

@@ -54,7 +54,7 @@ __all__ = ["Frontier", "FrontierPoint", "MeshResult", "BudgetError", "frontier_p
 MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "transient", "reserve")
 CSV_COLUMNS = ("plan_id", "num_devices", "devices", "memory_bytes", "time_s", "samples_per_s", "fits_budget",
                "device_memory_bytes", *(f"{part}_bytes" for part in MEMORY_PARTS), "search_estimate_bytes",
-               "recomputed_nodes", "layouts", "times_from", "source")
+               "recomputed_nodes", "layouts", "times_from", "source", "priced_as")
 
 #: the note of a frontier holding 2-D plans (:mod:`.replicas`)
 REPLICAS_NOTE = ("plans of source 'hosts' run data parallel across the hosts, each host one plan of the search "
@@ -365,7 +365,10 @@ class Frontier:
                         "search_estimate_bytes": p.search_estimate_bytes,
                         "recomputed_nodes": sum(1 for c in p.plan.configs.values() if c.recompute),
                         "layouts": ";".join(f"{k}={v}" for k, v in sorted(lay.items())),
-                        "times_from": self.times_from, "source": p.source})
+                        "times_from": self.times_from, "source": p.source,
+                        # what runs the plan, as its memory and time are priced (tensoropt.plan.RUNTIMES):
+                        # the search's plans tensoropt's executor, a placer's maybe a PyTorch wrapper
+                        "priced_as": p.plan.runtime})
         return out
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:

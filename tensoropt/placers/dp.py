@@ -31,6 +31,7 @@ from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..plan import NodeConfig, Plan, PlanError
 from ..planmodel.memory import node_memory
 from ..planmodel.reshard import R, read_layout, reads_nothing
+from ..planmodel.wrappers import price_as_wrapper
 from .coarsen import param_held_bytes
 
 NAME = "dp"
@@ -66,10 +67,11 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
              f"{len(replicated)} replicated (R: no batch split"
              + (f"; {len(unmeasured)} of them lack a ('batch', {n}) shard in the profile" if unmeasured else "") + ")",
              f"bytes per device: {per_device}"]
-    return Plan(configs, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
+    plan = Plan(configs, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
                 cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=NAME,
                 options={"devices": names, "optimizer": optimizer}, order=[n.name for n in graph.ops],
                 plan_id=NAME, notes=notes)
+    return price_as_wrapper(plan, graph, "ddp")
 
 
 def data_parallel_configs(graph: OpGraph, costs: CostModel, names: Sequence[str],

@@ -25,7 +25,10 @@ over the devices:
 unit's parameters, gradients and collective buffers as FSDP2 does,
 :mod:`tensoropt.planmodel.walk`), in the order PyTorch runs a model's modules: every operator
 outside the blocks as soon as its inputs exist, so that each block's operators are consecutive
-(:func:`blocks_in_turn`).  ``zero1`` and ``zero2`` are priced as tensoropt's executor runs them.
+(:func:`blocks_in_turn`).  ``zero1`` is priced as PyTorch's ``DistributedDataParallel`` +
+``ZeroRedundancyOptimizer`` runs it (runtime ``"zero1"``: DDP's buckets, each rank the optimizer
+state of the whole parameters it steps, :mod:`tensoropt.planmodel.wrappers`) where ``tensoropt
+export`` runs it so; ``zero2`` as tensoropt's executor runs it.
 
 A tied weight (GPT-2's embedding and LM head) is sharded where all its readers agree, which
 they do here (every reader gets the level): :func:`tensoropt.plan.sharded_parameters`, the one
@@ -53,6 +56,7 @@ from ..layouts import Shard
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan, PlanError, sharded_parameters
+from ..planmodel.wrappers import price_as_wrapper
 from ._common import refuse_unless_walked_fits
 from .dp import data_parallel_configs
 
@@ -118,6 +122,8 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
     plan = Plan(configs, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
                 cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=level,
                 options=options, order=order, plan_id=level, notes=notes)
+    if level == "zero1":
+        price_as_wrapper(plan, graph, "zero1")
     # the walk stops at the first device over its memory: the plan is refused on that one's figure
     refuse_unless_walked_fits(plan, graph, costs, cluster, names, optimizer, level,
                               "use more devices, devices with more memory, a smaller batch, or a plan that splits "

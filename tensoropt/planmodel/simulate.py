@@ -71,7 +71,7 @@ Example (a two-layer MLP on a preset's A100s, :func:`tensoropt.examples.mlp_on`)
     >>> plan = place(graph, costs, cluster, "dp", devices=["gpu0", "gpu1"])
     >>> r = simulate(plan, graph, costs, cluster, optimizer="adam")
     >>> round(r.time_s * 1e6, 1), r.max_memory_bytes
-    (67.0, 15168)
+    (67.0, 17872)
     >>> [(e.resource, e.node, e.phase) for e in r.timeline if e.kind == "link"]
     [('gpu0->gpu1', 'linear', 'allreduce'), ('gpu1->gpu0', 'linear', 'allreduce')]
 """

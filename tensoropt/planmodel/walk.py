@@ -61,7 +61,17 @@ export`` writes for it) holds its level-3 parameters per *unit* (:class:`Fsdp2Un
   the masters' dtype: ``reduce_dtype``) and filled, the whole gradients freed and the unit's
   sharded gradients (float32 pieces) kept; that reduce-scatter input lives until the next unit's
   (``reduce_scatter_max_input_buffers=1``) or the end of the backward;
-- a recomputed block recomputes inside its backward, on the parameters gathered for it.
+- a recomputed block recomputes inside its backward, on the parameters gathered for it;
+- a tied weight's later contribution is summed by autograd out of place (it and the sum, 2 × the
+  gradient transiently).
+
+A plan that runs as PyTorch's ``DistributedDataParallel`` (runtime ``"ddp"``; ``"zero1"`` with
+``ZeroRedundancyOptimizer``; :mod:`.wrappers`) holds no flat buffer of summed gradients: each
+gradient is autograd's ``.grad``, made at its first backward (a later contribution summed out of
+place) and kept to the optimizer step, and DDP's buckets — a flat copy of every gradient it
+averages — are held all step (:attr:`StepMemory.buckets`).  Under ``zero1`` each rank keeps the
+optimizer state of the whole parameters ZeroRedundancyOptimizer gives it
+(:func:`~.wrappers.zero_redundancy_ranks`) and steps those (its temporaries follow them).
 
 :func:`~tensoropt.planmodel.memory.step_memory` is this walk for a plan that puts every node whole
 on one device, in graph order (a memory-only cluster stands in for the links: only the bytes a
@@ -79,10 +89,12 @@ Example (a two-layer MLP on a preset's A100s, :func:`tensoropt.examples.mlp_on`)
     >>> from tensoropt import place
     >>> plan = place(graph, costs, cluster, "dp", devices=["gpu0", "gpu1"])
     >>> mem = plan_memory(plan, graph, costs, cluster, optimizer="adam")
+    >>> plan.runtime      # priced as PyTorch's DDP runs it: its buckets (2,704 B) beside the gradients
+    'ddp'
     >>> mem["gpu0"].peak
-    15168
+    17872
     >>> mem["gpu0"].parts()        # doctest: +NORMALIZE_WHITESPACE
-    {'parameters': 2704, 'gradients': 2704, 'optimizer': 5408, 'activations': 256, 'transient': 4096,
+    {'parameters': 2704, 'gradients': 5408, 'optimizer': 5408, 'activations': 256, 'transient': 4096,
      'reserve': 0}
 """
 
@@ -107,6 +119,7 @@ from .reshard import (
     reads_nothing,
     synced_parameters,
 )
+from .wrappers import DDP_RUNTIMES, require_data_parallel, zero_redundancy_ranks
 
 #: a storage key of the walk's live set: ``(node, "out")``, ``(input, "batch")``, ``(producer, "recv",
 #: layout, devices)``, ``(node, "saved")``, ``(key, "#grad")`` or a ``("#scratch",)`` entry
@@ -134,15 +147,17 @@ class StepMemory:
     transient_at_peak: int = 0  # of activations_at_peak: activation gradients, workspace, temporaries
     context: int = 0           # what the framework holds apart from the model (reserve), in the peak
     gathered_at_peak: int = 0  # of activations_at_peak: FSDP2 units' parameters gathered whole (runtime fsdp2)
+    buckets: int = 0           # DDP's gradient buckets, held all step (runtimes ddp, zero1)
 
     def parts(self) -> dict[str, int]:
         """The peak split into what holds it, adding up to :attr:`peak`: ``parameters`` (with
         buffers, and the parameters an FSDP2 unit holds gathered then), ``gradients`` (parameter
-        gradients alive then), ``optimizer`` (state), ``activations`` (tensors kept for backward or
+        gradients alive then, and DDP's buckets), ``optimizer`` (state), ``activations`` (tensors kept for backward or
         for a later consumer, and the batch), ``transient`` (activation gradients, workspace,
         gradient accumulation, recomputed tensors, collective buffers, the optimizer step's
         temporaries) and ``reserve`` (framework context)."""
-        return {"parameters": self.params + self.buffers + self.gathered_at_peak, "gradients": self.grads_at_peak,
+        return {"parameters": self.params + self.buffers + self.gathered_at_peak,
+                "gradients": self.grads_at_peak + self.buckets,
                 "optimizer": self.optimizer,
                 "activations": self.activations_at_peak - self.transient_at_peak - self.gathered_at_peak,
                 "transient": self.transient_at_peak, "reserve": self.context}
@@ -364,6 +379,8 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     synced = synced_parameters(graph, plan)
     params = _ParamHolding.of(plan, graph, synced)
     trainable_sizes = params.count_resident(graph, mem, alpha)
+    if plan.runtime in DDP_RUNTIMES:
+        _ddp_holdings(plan, graph, params, synced, mem, trainable_sizes, alpha)
     storage = _Storage.of(plan, graph, costs, edges)
     out_node = next((n for n in graph if n.kind == "output"), None)
     model_outputs = [p for p in (out_node.inputs if out_node is not None else ()) if p in plan.configs]
@@ -384,6 +401,23 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
         if stop_over is not None and mem[d].peak > stop_over[d]:
             break
     return result
+
+
+def _ddp_holdings(plan: Plan, graph: OpGraph, params: _ParamHolding, synced: Mapping[str, tuple[str, ...]],
+                  mem: Mapping[str, StepMemory], trainable_sizes: Mapping[str, list[int]], alpha: int) -> None:
+    """What ``DistributedDataParallel`` holds beside the model (runtimes ``ddp``, ``zero1``;
+    :mod:`.wrappers`): its buckets, a flat copy of every gradient it averages, on each device; with
+    ``ZeroRedundancyOptimizer``, each rank's optimizer state is that of the whole parameters it
+    steps, and its step's temporaries follow them (a rank in the plan's device order).  O(P × devices)."""
+    require_data_parallel(plan)
+    for d in plan.devices:
+        mem[d].buckets = sum(params.held[(q, d)] for q, devs in synced.items() if d in devs)
+    if plan.runtime == "zero1":
+        ranks = zero_redundancy_ranks(graph, len(plan.devices))
+        for i, d in enumerate(plan.devices):
+            mine = [graph.params[q].nbytes for q, r in ranks.items() if r == i]
+            mem[d].optimizer = alpha * sum(mine)
+            trainable_sizes[d][:] = mine
 
 
 def _twins(plan: Plan, devices: Sequence[str], storage: _Storage, params: _ParamHolding,
@@ -491,15 +525,8 @@ class Fsdp2Units:
         """The units of ``plan`` (:attr:`~tensoropt.plan.Plan.runtime` ``"fsdp2"``); a
         :class:`PlanError` where some operator does not run on every device reading its
         parameters whole (FSDP2 is data parallelism)."""
-        devices = set(plan.devices)
-        bad = next((n for n in plan.order if set(plan.configs[n].devices) != devices
-                    or Layout.of(plan.configs[n]).cuts_params), None)
-        if bad is not None:
-            raise PlanError(f"a plan that runs as FSDP2 runs every operator on all of its devices reading its "
-                            f"parameters whole; {bad!r} does not ({plan.configs[bad].layout} on "
-                            f"{', '.join(plan.configs[bad].devices)}): price it as tensoropt's executor runs it "
-                            "(options.runtime 'executor')")
-        k = len(devices)
+        require_data_parallel(plan)
+        k = len(plan.devices)
         index: dict[str | None, int] = {}
         unit_of_node: dict[str, int] = {}
         for name in plan.order:
@@ -657,10 +684,12 @@ class _DeviceWalk:
                 self.anchor[i], self.regen_at[i] = grads[0], grads[-1]
         self.regen_point = {x: i for i, x in self.regen_at.items()}
         self._collect_uses()
-        self.base = m.params + m.buffers + m.optimizer + context_bytes
+        self.base = m.params + m.buffers + m.optimizer + context_bytes + m.buckets
         # gradients the executors sum across devices live in one flat buffer per group, kept
-        # between steps; each contribution is computed, then copied or added in
-        self.summed = [q for q, devs in synced.items() if d in devs]
+        # between steps; each contribution is computed, then copied or added in.  Under DDP
+        # (runtimes ddp, zero1) each is autograd's .grad, made at its backward; the buckets, in base
+        self.ddp = plan.runtime in DDP_RUNTIMES
+        self.summed = [] if self.ddp else [q for q, devs in synced.items() if d in devs]
         self.grads_now = sum(params.held[(q, d)] for q in self.summed)
 
     def _cost(self, name: str) -> NodeCost | None:
@@ -899,7 +928,7 @@ class _DeviceWalk:
             info = self.graph.params[p]
             if p in self.unit_of_param and self.units is not None:
                 # FSDP2: made whole in the operators' dtype, kept until the unit's post-backward; a tied
-                # weight's later reader makes its contribution apart and adds it in
+                # weight's later contribution is summed by autograd out of place (it and the sum)
                 b = self.units.grad_bytes[p]
                 if p not in param_done:
                     param_done.add(p)
@@ -907,7 +936,7 @@ class _DeviceWalk:
                     u = self.unit_of_param[p]
                     self.unit_grads[u] = self.unit_grads.get(u, 0) + b
                 else:
-                    accumulating += b
+                    accumulating += 2 * b
                 continue
             if info.is_trainable:
                 b = self.params.held[(p, self.d)]
@@ -925,12 +954,12 @@ class _DeviceWalk:
                 if p not in param_done:
                     param_done.add(p)
                     self.grads_now += b
-                elif p in self.synced:
+                elif p in self.synced and not self.ddp:
                     # a piece of a parameter held whole (read whole elsewhere, or cut two
                     # ways): the cut's backward makes a whole-sized gradient of it
                     piece = self.params.piece_of[(name, p)]
                     accumulating += piece + (b if piece < b else 0)
-                else:
+                else:   # autograd sums a later contribution out of place: it and the sum
                     accumulating += 2 * self.params.piece_of[(name, p)]
         return accumulating
 

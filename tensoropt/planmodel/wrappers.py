@@ -1,0 +1,149 @@
+"""What PyTorch's own data-parallel wrappers hold, for the plans priced as they run them
+(:attr:`Plan.runtime <tensoropt.plan.Plan.runtime>` ``"ddp"``, ``"zero1"``, ``"fsdp2"``: what
+``tensoropt export`` writes, :mod:`tensoropt.export.expressible`).  The walk
+(:mod:`.walk`) reads these rules; this module only states them, as torch 2.13 runs the wrappers
+(measured with MemTracker / FSDPMemTracker, ``tests/planmodel/test_wrappers.py``):
+
+- *every wrapper is data parallelism*: each operator runs on all of the plan's devices reading its
+  parameters whole (:func:`require_data_parallel`);
+- ``DistributedDataParallel`` (its defaults, as the export writes it: 25 MiB buckets, the first
+  1 MiB, ``gradient_as_bucket_view=False``) keeps a flat copy of every gradient it averages in its
+  buckets, between steps, beside the ``.grad`` autograd makes for each parameter at its backward
+  and keeps to the optimizer step (a parameter read twice — a tied weight — has its contributions
+  summed out of place: the new one and the sum beside the first, as under FSDP2);
+- ``ZeroRedundancyOptimizer`` steps whole parameters, each on one rank: the largest first, each to
+  the rank that holds the fewest elements so far (:func:`zero_redundancy_ranks`); that rank keeps
+  its optimizer state and its step's temporaries, every rank keeps every parameter and gradient.
+
+Example (a two-layer MLP: its first weight, 512 elements, outweighs the other three together)::
+
+    >>> from tensoropt.examples import mlp_on
+    >>> graph, _, _ = mlp_on()
+    >>> zero_redundancy_ranks(graph, 2)
+    {'0.weight': 0, '2.weight': 1, '0.bias': 1, '2.bias': 1}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..graph import OpGraph
+from ..layouts import Layout
+from ..plan import Plan, PlanError
+
+#: the runtimes that run a plan through ``DistributedDataParallel`` (:data:`tensoropt.plan.RUNTIMES`)
+DDP_RUNTIMES = ("ddp", "zero1")
+
+#: what each runtime is, for messages
+RUNTIME_TITLES = {"ddp": "DistributedDataParallel", "zero1": "DistributedDataParallel + ZeroRedundancyOptimizer",
+                  "fsdp2": "FSDP2"}
+
+
+def require_data_parallel(plan: Plan) -> None:
+    """Refuse (:class:`~tensoropt.plan.PlanError`) a plan priced as a PyTorch wrapper runs it
+    where some operator does not run on every device of the plan reading its parameters whole:
+    the wrappers are data parallelism."""
+    devices = set(plan.devices)
+    bad = next((n for n in plan.order if set(plan.configs[n].devices) != devices
+                or Layout.of(plan.configs[n]).cuts_params), None)
+    if bad is not None:
+        raise PlanError(f"a plan that runs as {RUNTIME_TITLES.get(plan.runtime, plan.runtime)} runs every operator on "
+                        f"all of its devices reading its parameters whole; {bad!r} does not "
+                        f"({plan.configs[bad].layout} on {', '.join(plan.configs[bad].devices)}): price it as "
+                        "tensoropt's executor runs it (options.runtime 'executor')")
+
+
+def zero_redundancy_ranks(graph: OpGraph, world: int) -> dict[str, int]:
+    """Trainable parameter → the rank whose ``ZeroRedundancyOptimizer`` steps it, as torch 2.13's
+    ``_partition_parameters`` assigns them: by element count, largest first (a stable sort, in the
+    model's order), each to the rank with the fewest elements so far, the lowest such rank on a tie.
+    O(P log P + P × world)."""
+    trainable = [q for q, info in graph.params.items() if info.is_trainable]
+    sizes = [0] * world
+    out: dict[str, int] = {}
+    for q in sorted(trainable, key=lambda q: graph.params[q].numel, reverse=True):
+        rank = sizes.index(min(sizes))
+        out[q] = rank
+        sizes[rank] += graph.params[q].numel
+    return out
+
+
+def wrapper_obstacles(graph: OpGraph, plan: Plan,
+                      devices: Sequence[str] | None = None) -> tuple[list[tuple[str, str, str]], str]:
+    """What keeps PyTorch's wrappers (DDP, FSDP2) from running ``plan`` over ``devices`` (its
+    devices in rank order; default the plan's): ``(operators, whole)`` — ``(operator, op, why)`` of
+    every operator they cannot run as the plan says (cut over devices, placed on some of them, mixing
+    the batch's samples), and why the whole plan cannot run so ("" where it can: the loss reads an
+    output without a batch dimension, the batch is smaller than the ranks).  Empty both: the plan
+    runs on the wrappers (:func:`tensoropt.export.expressible.express`, which adds what needs the
+    model: per-module checkpoints).  O(V + E)."""
+    order = tuple(devices) if devices is not None else tuple(plan.devices)
+    n = len(order)
+    whole = _loss_obstacle(graph) if n > 1 else ""
+    batch = graph.batch_size
+    if n > 1 and batch is not None and batch < n:
+        whole = whole or f"the batch ({batch}) is smaller than the {n} ranks: some would get no sample"
+    return _op_obstacles(graph, plan, order), whole
+
+
+def _carries_batch(graph: OpGraph, names: Sequence[str]) -> bool:
+    """Whether any output of the nodes ``names`` has a batch dimension."""
+    return any(o.batch_dim is not None for p in names for o in graph.nodes[p].outputs)
+
+
+def _op_obstacles(graph: OpGraph, plan: Plan, devices: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """``(operator, op, why)`` of each operator DDP / FSDP cannot run as the plan says."""
+    out = []
+    whole = set(devices)
+    for node in graph.ops:
+        cfg = plan.configs[node.name]
+        layout = Layout.of(cfg)
+        # a size query (sym_size) reads no values: on a rank's part it gives the part's size, as it must
+        reads_batch = _carries_batch(graph, node.inputs) and not (node.metadata_only and not node.outputs)
+        why = ""
+        if set(cfg.devices) != whole:
+            why = f"placed on {', '.join(cfg.devices)}, not on every device of the plan"
+        elif layout.cuts_params:
+            by = "output channels" if layout is Layout.CHANNEL else "input features, partial sums added"
+            why = f"cut over {cfg.degree} devices by its {by} ({cfg.layout})"
+        elif len(devices) > 1 and reads_batch and not node.split.batch_exact:
+            why = "needs the statistics of the whole batch (a batch norm in training): each rank holds part of it"
+        elif len(devices) > 1 and reads_batch and node.split.batch is None:
+            why = "mixes the samples of the batch: each rank would compute it on its part only"
+        if why:
+            out.append((node.name, node.op, why))
+    return out
+
+
+def _loss_obstacle(graph: OpGraph) -> str:
+    """Why the loss cannot be averaged over the ranks' parts ('' when it can): an output the
+    loss reads that has no batch dimension."""
+    for node in graph.nodes.values():
+        if node.kind != "output":
+            continue
+        for p in node.inputs:
+            for o in graph.nodes[p].outputs:
+                if o.dtype.startswith(("float", "bfloat")) and o.batch_dim is None:
+                    return (f"the loss reads output {p!r} {list(o.shape)}, which has no batch dimension: the ranks' "
+                            "losses would not add up to the whole batch's")
+    return ""
+
+
+def price_as_wrapper(plan: Plan, graph: OpGraph, runtime: str) -> Plan:
+    """``plan`` (a placer's, priced as tensoropt's executor runs it so far) priced as ``runtime``
+    (``"ddp"`` or ``"zero1"``) where ``tensoropt export`` runs it on that wrapper — more than one
+    device, nothing in :func:`wrapper_obstacles` — else left to the executor; a note says which.
+    Changes and returns ``plan``."""
+    if len(plan.devices) < 2:   # one device: export runs the model as it is, no wrapper
+        return plan
+    ops, whole = wrapper_obstacles(graph, plan)
+    if ops or whole:
+        why = whole or f"{ops[0][0]} ({ops[0][1]}) {ops[0][2]}"
+        plan.notes.append(f"priced as tensoropt's executor runs it: tensoropt export runs it there, not on "
+                          f"{RUNTIME_TITLES[runtime]} ({why})")
+        return plan
+    plan.options["runtime"] = runtime
+    plan.notes.append(f"priced as PyTorch's {RUNTIME_TITLES[runtime]} runs it (default buckets: a flat copy of the "
+                      "gradients beside .grad" + ("; each rank the optimizer state of the whole parameters it steps"
+                                                  if runtime == "zero1" else "") + ") — tensoropt export writes it so")
+    return plan

@@ -1,0 +1,101 @@
+"""The plans ``tensoropt export`` runs on PyTorch's own wrappers, priced as the wrappers run them
+(runtimes ``ddp``, ``zero1``, ``fsdp2``), against PyTorch's own count of the same recipe on 2 gloo
+ranks: MemTracker / FSDPMemTracker over a step of ``DistributedDataParallel``, + ``ZeroRedundancyOptimizer``,
+``fully_shard`` per block then on the model, the same with ``checkpoint_wrapper`` per block
+(:func:`tensoropt.distributed.jobs.measure_torch_recipe`, the step the exported ``train.py`` runs).
+The reference is measured here, in PyTorch's processes; nothing of it feeds tensoropt's figures.
+The table over the same recipes is ``benchmarks/truth_wrappers.py`` (docs/measurements.md)."""
+
+import pytest
+import torch
+from torch import nn
+
+import tensoropt
+from tensoropt.distributed import launch
+from tensoropt.distributed.jobs import TORCH_RECIPES, measure_torch_recipe
+from tensoropt.planmodel.walk import plan_memory
+from tensoropt.planmodel.wrappers import zero_redundancy_ranks
+
+#: GPT-2, 2 blocks of width 256, a tied embedding of 8,192 × 256, batch 4 × 128 (2 × 128 per rank):
+#: the peaks fall in the output layer's backward (DDP, ZeRO-1, FSDP2: DDP's buckets, every
+#: parameter's state or the root unit gathered beside the logits' gradient) and in the tied
+#: embedding's backward (FSDP2 + checkpointing: its two contributions and their sum)
+SPEC = "zoo:gpt2?layers=2&hidden=256&heads=4&vocab=8192&batch=4&seq_len=128"
+MESH = ["gpu0", "gpu1"]
+#: placer -> the runtime its plan is priced as
+RUNTIME = {"dp": "ddp", "zero1": "zero1", "fsdp": "fsdp2", "fsdp+ac": "fsdp2"}
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    graph = tensoropt.load_model(SPEC).capture(method="export")
+    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")   # memory only: the kind does not matter
+    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False), cluster).costs
+    return graph, costs, cluster
+
+
+@pytest.mark.parametrize("recipe", list(TORCH_RECIPES))
+def test_each_rank_holds_what_the_wrapper_holds_within_3_percent(gpt2, recipe):
+    graph, costs, cluster = gpt2
+    placer = TORCH_RECIPES[recipe]
+    plan = tensoropt.place(graph, costs, cluster, placer, devices=MESH, optimizer="adamw")
+    assert plan.runtime == RUNTIME[placer]
+    walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
+    theirs = launch(measure_torch_recipe, 2, {"model_spec": SPEC, "recipe": recipe, "steps": 1, "warmup": 2},
+                    timeout_s=300)[0]
+    for rank, device in enumerate(MESH):   # ZeRO-1's ranks hold different optimizer states
+        ours, measured = walked[device].peak, theirs["peak_bytes"][rank]
+        assert abs(ours - measured) <= 0.03 * measured, (recipe, rank, ours, measured, walked[device].parts(),
+                                                         theirs["breakdown"][rank])
+
+
+def test_zero_redundancy_optimizer_gives_the_largest_parameter_first_to_the_least_held_rank():
+    class Sizes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = nn.ParameterList([nn.Parameter(torch.ones(n)) for n in (3, 5, 1, 4, 3, 2)])
+
+        def forward(self, x):
+            return x * sum(p.sum() for p in self.p)
+
+    graph = tensoropt.capture(Sizes(), (torch.ones(2, 2),))
+    ranks = zero_redundancy_ranks(graph, 2)
+    # by hand (elements held so far in brackets): 5 → rank 0 (0, 0); 4 → rank 1 (5, 0); 3 → rank 1 (5, 4);
+    # the other 3 → rank 0 (5, 7); 2 → rank 1 (8, 7); 1 → rank 0 (8, 9)
+    sizes = [sorted((graph.params[q].numel for q, r in ranks.items() if r == rank), reverse=True) for rank in (0, 1)]
+    assert sizes == [[5, 3, 1], [4, 3, 2]]
+
+
+def test_ddp_keeps_a_bucket_copy_of_every_gradient_and_zero1_each_rank_its_whole_parameters():
+    # a two-layer MLP (weights 512 and 128 elements, biases 32 and 4): on 2 devices DDP keeps 2,704 B
+    # of buckets beside the parameters' gradients; ZeroRedundancyOptimizer gives rank 0 the first
+    # weight (512 elements = 2,048 B), rank 1 the rest (164 = 656 B): AdamW's 2 states each
+    from tensoropt.examples import mlp_on
+
+    graph, costs, cluster = mlp_on(shard_degrees=(1, 2))
+    dp = tensoropt.place(graph, costs, cluster, "dp", devices=MESH, optimizer="adamw")
+    zero1 = tensoropt.place(graph, costs, cluster, "zero1", devices=MESH, optimizer="adamw")
+    assert (dp.runtime, zero1.runtime) == ("ddp", "zero1")
+    held = plan_memory(dp, graph, costs, cluster, optimizer="adamw")
+    assert [(m.buckets, m.grads, m.optimizer) for m in held.values()] == [(2704, 2704, 2 * 2704)] * 2
+    held = plan_memory(zero1, graph, costs, cluster, optimizer="adamw")
+    assert [(m.buckets, m.optimizer) for m in held.values()] == [(2704, 2 * 2048), (2704, 2 * 656)]
+    # priced as tensoropt's executor runs it, the same plan holds no buckets (its flat gradient buffer is
+    # the gradients) and every rank half of each state
+    zero1.options["runtime"] = "executor"
+    held = plan_memory(zero1, graph, costs, cluster, optimizer="adamw")
+    assert [(m.buckets, m.optimizer) for m in held.values()] == [(0, 2 * 1352), (0, 2 * 1352)]
+
+
+def test_a_plan_export_runs_on_tensoropt_s_executor_stays_priced_as_the_executor():
+    # a batch norm needs the whole batch's statistics: DDP cannot run the data-parallel plan, tensoropt export
+    # runs it on the executor, and the placer prices it so, saying why
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    graph = tensoropt.capture(model, (torch.randn(4, 8),))
+    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
+    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
+    plan = tensoropt.place(graph, costs, cluster, "dp", devices=MESH)
+    assert plan.runtime == "executor"
+    assert any("not on DistributedDataParallel" in n and "batch norm" in n for n in plan.notes), plan.notes
+    # on one device there is no wrapper to price
+    assert tensoropt.place(graph, costs, cluster, "dp", devices=MESH[:1]).runtime == "executor"
