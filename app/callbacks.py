@@ -442,8 +442,7 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
         return no_update, name, [html.Li(x) for x in plangraph.node_details(name, plan, graph, costs)]
 
     @app.callback(Output("compare-panel", "style"), Output("compare-summary", "children"), Output("memory-a", "figure"),
-                  Output("gantt-a", "figure"), Output("memory-b", "figure"), Output("gantt-b", "figure"),
-                  Output("diff-table", "data"),
+                  Output("memory-b", "figure"), Output("gantt-compare", "figure"), Output("diff-table", "data"),
                   Input("compare-plan", "value"), Input("selected-plan", "data"), State("budget", "value"),
                   State("reserve", "value"), State("shown-key", "data"),
                   prevent_initial_call=True)
@@ -451,7 +450,7 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
                  shown: Mapping[str, Any] | None) -> tuple[Any, ...]:
         key = shown_key(shown)
         if not other or not plan_id or not key:
-            return ({"display": "none"}, "", no_update, no_update, no_update, no_update, [])
+            return ({"display": "none"}, "", no_update, no_update, no_update, [])
         budget, reserve = gib_bytes(budget_gib), reserve_bytes(reserve_gib)
         try:
             a, b = store.plan(key, plan_id), store.plan(key, other)
@@ -460,20 +459,18 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
         except Exception as e:  # noqa: BLE001
             if not isinstance(e, TensorOptError):
                 traceback.print_exc()
-            return ({"display": "block"}, _explain(e), no_update, no_update, no_update, no_update, [])
+            return ({"display": "block"}, _explain(e), no_update, no_update, no_update, [])
         rows = plangraph.differing(a, b, graph)
-        figs = []
+        mems = []
         for pid, sim in ((plan_id, sa), (other, sb)):
             capacity = {d: cluster.device(d).memory_bytes for d in sim.memory}
             mem = figures.memory_figure(sim, capacity, budget_bytes=budget)
             mem.update_layout(title=f"{pid}: simulated peak per device")
-            gantt = figures.gantt_figure(sim)
-            # both timelines on one scale: the longer step spans the axis in each
-            gantt.update_layout(title=f"{pid}: {gantt.layout.title.text}",
-                                xaxis_range=[0, max(sa.time_s, sb.time_s) * 1e3])
-            figs += [mem, gantt]
+            mems.append(mem)
+        # both timelines on one time axis, one above the other
+        gantt = figures.compare_gantt_figure((plan_id, sa), (other, sb))
         summary = compare_summary((plan_id, a, sa), (other, b, sb), len(rows), len(graph.ops))
-        return ({"display": "block"}, summary, *figs, rows)
+        return ({"display": "block"}, summary, *mems, gantt, rows)
 
     @app.callback(Output("download-plan", "data"), Input("download-plan-button", "n_clicks"),
                   State("selected-plan", "data"), State("shown-key", "data"),

@@ -477,33 +477,71 @@ def memory_figure(sim: SimResult, capacity: Mapping[str, int] | None = None, *,
     return fig
 
 
-def gantt_figure(sim: SimResult, max_events: int = 5000) -> go.Figure:
-    """The simulated timeline: one row per device and per link, one bar per event, coloured by
-    phase (forward, backward, recompute, transfer, all-reduce).  Beyond ``max_events`` the longest
-    events are kept (the title says how many).  O(events log events)."""
+def _gantt_bars(sim: SimResult, max_events: int) -> tuple[list[go.Bar], list[str], int]:
+    """The timeline's bars, one trace per phase (at most ``max_events`` events, the longest), its rows
+    (devices first, then links), and how many events were left out."""
     events = list(sim.timeline)
     dropped = 0
     if len(events) > max_events:
         events = sorted(events, key=lambda e: e.end - e.start, reverse=True)[:max_events]
         dropped = len(sim.timeline) - max_events
-    fig = go.Figure()
     order = list(dict.fromkeys([e.resource for e in sorted(events, key=lambda e: (e.kind != "device", e.resource))]))
+    bars = []
     for phase, colour in PHASE_COLOURS.items():
         ev = [e for e in events if e.phase == phase]
         if not ev:
             continue
-        fig.add_trace(go.Bar(
+        bars.append(go.Bar(
             y=[e.resource for e in ev], x=[(e.end - e.start) * 1e3 for e in ev], base=[e.start * 1e3 for e in ev],
-            orientation="h", name=phase, marker_color=colour,
+            orientation="h", name=phase, marker_color=colour, legendgroup=phase,
             customdata=[[e.node, e.detail] for e in ev],
             hovertemplate="%{customdata[0]} " + phase + "<br>%{base:.3f} ms + %{x:.3f} ms<br>%{customdata[1]}"
                           "<extra>%{y}</extra>"))
-    title = f"simulated timeline: {sim.time_s * 1e3:.3f} ms"
-    if dropped:
-        title += f" ({dropped} shortest events not drawn)"
-    fig.update_layout(barmode="overlay", title=title, xaxis_title="ms", template="plotly_white",
+    return bars, order, dropped
+
+
+def _gantt_title(sim: SimResult, dropped: int) -> str:
+    return f"simulated timeline: {sim.time_s * 1e3:.3f} ms" + (f" ({dropped} shortest events not drawn)"
+                                                                 if dropped else "")
+
+
+def gantt_figure(sim: SimResult, max_events: int = 5000) -> go.Figure:
+    """The simulated timeline: one row per device and per link, one bar per event, coloured by
+    phase (forward, backward, recompute, transfer, all-reduce).  Beyond ``max_events`` the longest
+    events are kept (the title says how many).  O(events log events)."""
+    bars, order, dropped = _gantt_bars(sim, max_events)
+    fig = go.Figure(bars)
+    fig.update_layout(barmode="overlay", title=_gantt_title(sim, dropped), xaxis_title="ms", template="plotly_white",
                       yaxis={"categoryorder": "array", "categoryarray": order[::-1]},
                       margin={"l": 90, "r": 10, "t": 40, "b": 30}, height=max(260, 40 + 26 * len(order)))
+    return fig
+
+
+def compare_gantt_figure(first: tuple[str, SimResult], second: tuple[str, SimResult],
+                         max_events: int = 2500) -> go.Figure:
+    """Two plans' timelines, each ``(plan id, its simulation)``, one above the other on one time
+    axis (zooming one zooms both; the axis spans the longer step), each titled with its plan and
+    step: how long each device and link is busy, and when, side by side in the same milliseconds.
+    The phases' legend is shared (a click hides a phase in both).  ``max_events`` per plan
+    (:func:`gantt_figure`)."""
+    from plotly.subplots import make_subplots
+
+    drawn = [(pid, sim, *_gantt_bars(sim, max_events)) for pid, sim in (first, second)]
+    rows = [max(len(order), 1) for *_, order, _ in drawn]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, row_heights=rows,
+                        subplot_titles=[f"{pid}: {_gantt_title(sim, dropped)}" for pid, sim, _, _, dropped in drawn])
+    seen: set[str] = set()
+    for r, (_, _, bars, order, _) in enumerate(drawn, start=1):
+        for bar in bars:
+            bar.showlegend = bar.name not in seen
+            seen.add(bar.name)
+            fig.add_trace(bar, row=r, col=1)
+        fig.update_yaxes(categoryorder="array", categoryarray=order[::-1], row=r, col=1)
+    longest = max(first[1].time_s, second[1].time_s) * 1e3
+    fig.update_xaxes(range=[0, longest])
+    fig.update_xaxes(title_text="ms", row=2, col=1)
+    fig.update_layout(barmode="overlay", template="plotly_white", margin={"l": 90, "r": 10, "t": 40, "b": 30},
+                      height=max(360, 110 + 26 * sum(rows)))
     return fig
 
 
@@ -542,7 +580,8 @@ def plan_summary(plan: Plan, sim: SimResult, verdict: str = "") -> list[str]:
     return out + ([verdict] if verdict else [])
 
 
-__all__ = ["frontier_figure", "memory_figure", "gantt_figure", "plan_table_rows", "plan_summary", "drawn_plans",
+__all__ = ["frontier_figure", "memory_figure", "gantt_figure", "compare_gantt_figure", "plan_table_rows",
+           "plan_summary", "drawn_plans",
            "hover_head", "hover_text", "coinciding", "fit_summary", "row_peaks", "baseline_peaks", "plan_peaks",
            "fit_flags", "limit_text", "over_text", "step_range", "FRONTIER_OFF_SCALE", "GPU_PRESETS_GIB", "GREY",
            "MEMORY_PARTS", "MARKS", "BASELINE_SYMBOLS", "PLACER_SYMBOLS", "OTHER_BASELINE_SYMBOL", "fastest_that_fits"]

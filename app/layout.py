@@ -238,9 +238,11 @@ def _plan_panel() -> html.Div:
         html.Div(id="compare-panel", style={"display": "none"}, children=[
             html.Div(id="compare-summary", style={"fontSize": "90%", "margin": "4px 0"}),
             html.Div(style={"display": "flex", "gap": "8px"}, children=[
-                html.Div([dcc.Graph(id="memory-a"), dcc.Graph(id="gantt-a")], style={"flex": "1 1 0", "minWidth": "0"}),
-                html.Div([dcc.Graph(id="memory-b"), dcc.Graph(id="gantt-b")], style={"flex": "1 1 0", "minWidth": "0"}),
+                html.Div(dcc.Graph(id="memory-a"), style={"flex": "1 1 0", "minWidth": "0"}),
+                html.Div(dcc.Graph(id="memory-b"), style={"flex": "1 1 0", "minWidth": "0"}),
             ]),
+            # the two timelines on one time axis (figures.compare_gantt_figure)
+            dcc.Graph(id="gantt-compare"),
             DataTable(id="diff-table", page_size=15, sort_action="native", filter_action="native",
                       style_cell=_TABLE_STYLE,
                       columns=[{"name": h, "id": c} for c, h in (("node", "node"), ("op", "op"), ("module", "module"),

@@ -307,29 +307,63 @@ def node_details(key: str, plan: Plan, graph: OpGraph, costs: CostModel | None =
 
 
 def differing(a: Plan, b: Plan, graph: OpGraph) -> list[dict[str, str]]:
-    """The operators whose configuration differs between plans ``a`` and ``b``, graph order: node,
-    op, module, and each plan's devices, layout and recompute.  Plans on different devices (two
-    GPU counts) are compared by what each operator does on its plan's devices — its layout,
-    recompute and sharding level, and which of the plan's devices it uses by their place in the
-    plan — so that the same plan on 4 and on 8 GPUs differs nowhere."""
-    at_a, at_b = ({d: i for i, d in enumerate(p.devices)} for p in (a, b))   # Plan.devices walks every node
-    same_devices = at_a.keys() == at_b.keys()
+    """The operators configured differently in plans ``a`` and ``b``, graph order: node, op, module,
+    and each plan's devices, layout, sharding level and recompute as written (:func:`config_label`).
+
+    Which devices, and how many, are set aside: an operator is configured alike when its two
+    configurations are equal, or when they do the same on their plans' devices (:func:`placement`):
+    the same layout, sharding level and recompute, on the same mesh of each plan (the first mesh
+    its plan uses, the second …), a mesh of all its plan's devices in both or in neither.  So a plan
+    on gpu0–gpu3 and the same layouts on gpu0–gpu7 at twice the degree differ nowhere, nor do one
+    pipeline's stages on 2 + 2 and on 4 + 4 GPUs; an operator split over all 8 GPUs and one split
+    over the first stage's 4 differ.
+
+    >>> from types import SimpleNamespace as NS
+    >>> from tensoropt.plan import NodeConfig, Plan
+    >>> g = NS(ops=[NS(name="mm", op="aten.mm", module_path="fc")])
+    >>> on = lambda k: Plan({"mm": NodeConfig(tuple(f"gpu{i}" for i in range(k)), "batch")}, graph_fingerprint="")
+    >>> differing(on(4), on(8), g), len(differing(on(1), on(8), g))
+    ([], 1)
+    """
+    meshes_a, meshes_b = meshes(a), meshes(b)
     rows = []
     for op in graph.ops:
         ca, cb = a.configs.get(op.name), b.configs.get(op.name)
-        if ca == cb or not same_devices and _placed(ca, at_a) == _placed(cb, at_b):
+        if ca == cb or placement(ca, meshes_a) == placement(cb, meshes_b):
             continue
         rows.append({"node": op.name, "op": op.op, "module": op.module_path,
                      "a": config_label(ca), "b": config_label(cb)})
     return rows
 
 
-def _placed(cfg: NodeConfig | None, at: Mapping[str, int]) -> tuple[Any, ...] | None:
-    """What a configuration does apart from which devices it names: the places of its devices
-    among its plan's (``at``: device → place), its layout, recompute and sharding level."""
+def meshes(plan: Plan) -> dict[frozenset[str], int]:
+    """The device groups ``plan``'s operators run on (each a set: its order aside), numbered in the
+    order of first use along the plan's order."""
+    out: dict[frozenset[str], int] = {}
+    for name in plan.order:
+        out.setdefault(frozenset(plan.configs[name].devices), len(out))
+    return out
+
+
+def placement(cfg: NodeConfig | None, plan_meshes: Mapping[frozenset[str], int]) -> tuple[Any, ...] | None:
+    """What a configuration does with no device named and no degree counted (:func:`differing`'s
+    rule): which of its plan's meshes it runs on (``plan_meshes``: :func:`meshes`), whether that
+    mesh is all the plan's devices, its layout (``R`` on one device: a one-device split is no split),
+    recompute and sharding level.
+
+    >>> from tensoropt.plan import NodeConfig
+    >>> halves = lambda k: {frozenset(f"gpu{i}" for i in range(k // 2)): 0,
+    ...                     frozenset(f"gpu{i}" for i in range(k // 2, k)): 1}
+    >>> placement(NodeConfig(("gpu2", "gpu3"), "channel"), halves(4)) == placement(NodeConfig(
+    ...     ("gpu4", "gpu5", "gpu6", "gpu7"), "channel"), halves(8))      # the second stage, split by channel
+    True
+    """
     if cfg is None:
         return None
-    return tuple(at[d] for d in cfg.devices), cfg.layout, cfg.recompute, int(cfg.shard)
+    mesh = frozenset(cfg.devices)
+    whole = mesh == frozenset().union(*plan_meshes)
+    layout = cfg.layout.value if cfg.degree > 1 else "R"
+    return plan_meshes[mesh], whole, layout, cfg.recompute, int(cfg.shard)
 
 
 def mixed_groups(plan: Plan, graph: OpGraph) -> list[str]:
@@ -348,4 +382,4 @@ def layer_of(fig: go.Figure) -> Mapping[str, Any]:
 
 
 __all__ = ["group_of", "groups", "plan_graph_figure", "node_details", "differing", "edge_costs", "config_label",
-           "mixed_groups", "layer_of", "short_path", "mesh_text", "spaced"]
+           "placement", "meshes", "mixed_groups", "layer_of", "short_path", "mesh_text", "spaced"]

@@ -329,8 +329,8 @@ def compare_summary(first: tuple[str, Plan, SimResult], second: tuple[str, Plan,
             f"{sb.time_s * 1e3:.3f} ms on {len(b.devices)} device(s) ({ratio:.2f}× the step); "
             f"{differing} of {ops} operators configured differently"
             + ("" if set(a.devices) == set(b.devices) else
-               " (on different GPUs: compared by layout, recompute, sharding and place among each plan's"
-               " devices)"))
+               " (on different GPUs: compared by layout, sharding, recompute and the share of each plan's GPUs"
+               " they run on, whichever GPUs and however many)"))
 
 
 __all__ = ["gib_bytes", "reserve_bytes", "summary_lines", "frontier_view", "page_data", "plan_verdict",

@@ -33,6 +33,7 @@ import pytest
 
 from tensoropt import OpGraph, Plan
 from tensoropt.dashboard import figures as F
+from tensoropt.dashboard import plangraph as G
 from tensoropt.dashboard import prices as P
 from tensoropt.dashboard.pipeline import ResultStore
 from tensoropt.dashboard.requests import first_request
@@ -388,18 +389,25 @@ def _plan_commands_comparison_downloads(server, browser):
     assert "runs on gpu" in _by_id(drv, "node-details").text
     drv.save_screenshot(str(SHOTS / "3-plan.png"))
 
-    # a second plan beside it: memory, timelines, the operators configured differently
-    other = next(p for p in reversed(eight) if p != plan_id)
+    # a second plan beside it, on fewer GPUs: memory, the two timelines on one time axis, the operators
+    # configured differently (by layout and mesh, not by device ids: plangraph.differing, tested by hand)
+    other = next(p["plan_id"] for p in reversed(store.curves(key)) if p["num_devices"] < 8)
     _by_id(drv, "compare-plan").find_element(By.CSS_SELECTOR, ".dash-dropdown-trigger, button").click()
     option = _wait(lambda: next((o for o in drv.find_elements(By.CSS_SELECTOR, ".dash-dropdown-option")
                                  if o.text.startswith(f"{other}:")), None), 10, "the compare choices")
     option.click()
     _wait(lambda: _by_id(drv, "compare-panel").is_displayed() and f"{other}:" in _by_id(drv, "compare-summary").text,
           20, "the comparison")
-    _wait(lambda: drv.find_elements(By.CSS_SELECTOR, "#gantt-b .bars path"), 20, "the second timeline")
-    n_diff = int(_by_id(drv, "compare-summary").text.split(" operators configured differently")[0].split()[-3])
+    _wait(lambda: len(drv.find_elements(By.CSS_SELECTOR, "#gantt-compare .bars path")) > 1, 20, "the timelines")
+    summary = _by_id(drv, "compare-summary").text
+    n_diff = int(summary.split(" operators configured differently")[0].split()[-3])
     a, b = store.plan(key, plan_id), store.plan(key, other)
-    assert n_diff == sum(1 for n, c in a.configs.items() if b.configs[n] != c)
+    assert n_diff == len(G.differing(a, b, store.graph(key))) and "(on different GPUs: " in summary
+    # one time axis: the top timeline's range is the bottom one's, spanning the slower step
+    ranges = drv.execute_script("const l = document.querySelector('#gantt-compare .js-plotly-plot')._fullLayout;"
+                                "return [l.xaxis.range, l.xaxis2.range];")
+    slower = max(store.simulation(key, p, 0).time_s for p in (plan_id, other)) * 1e3
+    assert ranges[0] == ranges[1] and ranges[0][1] == pytest.approx(slower)
     drv.save_screenshot(str(SHOTS / "4-compare.png"))
 
     # the downloads land and load; the page's check command runs the downloaded plan for real

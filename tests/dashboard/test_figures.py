@@ -375,3 +375,27 @@ def test_device_lists_are_ranges_that_count_right():
     # gaps split the range; short runs are listed by name
     assert "<br>6 GPUs: gpu0–gpu3, gpu6, gpu7<br>" in F.hover_head(
         {**p, "devices": ["gpu7", "gpu0", "gpu1", "gpu2", "gpu3", "gpu6"], "num_devices": 6})
+
+
+def test_two_timelines_share_one_time_axis():
+    """The issue: two compared plans' timelines were drawn on different time scales.  One figure, one
+    plan above the other, the x axes linked and spanning the longer step (6 ms); the bars as simulated."""
+    short = SimResult(0.003, {"gpu0": 1}, {}, {}, [TimelineEvent("gpu0", "device", "mm", "fp", 0.0, 0.001),
+                                                   TimelineEvent("gpu0", "device", "mm", "bp", 0.001, 0.003)],
+                      {"gpu0": StepMemory(peak=1)})
+    fig = F.compare_gantt_figure(("p-long", _sim()), ("p-short", short))
+    # the first plan's bars on the top axes, the second's on the bottom ones, each phase named once in the legend
+    by_axes = {(t.xaxis, t.yaxis, t.name): (list(t.base), list(t.x)) for t in fig.data}
+    assert by_axes == {("x", "y", "fp"): ([0.0, 3.0], [2.0, 1.0]), ("x", "y", "bp"): ([4.0], [2.0]),
+                       ("x", "y", "transfer"): ([2.0], [1.0]), ("x2", "y2", "fp"): ([0.0], [1.0]),
+                       ("x2", "y2", "bp"): ([1.0], [2.0])}
+    assert sorted(t.name for t in fig.data if t.showlegend) == ["bp", "fp", "transfer"]
+    assert len({t.legendgroup for t in fig.data}) == 3
+    # one time axis: the top one follows the bottom one, both over 0 … 6 ms
+    assert fig.layout.xaxis.matches == "x2" and fig.layout.xaxis2.matches is None
+    assert list(fig.layout.xaxis.range) == list(fig.layout.xaxis2.range) == [0, 6.0]
+    assert fig.layout.xaxis2.title.text == "ms"
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == ["p-long: simulated timeline: 6.000 ms", "p-short: simulated timeline: 3.000 ms"]
+    assert list(fig.layout.yaxis.categoryarray) == ["gpu0->gpu1", "gpu1", "gpu0"]
+    assert list(fig.layout.yaxis2.categoryarray) == ["gpu0"]
