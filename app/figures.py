@@ -41,6 +41,21 @@ _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#
 FrontierRow = Mapping[str, Any]
 #: a :class:`~tensoropt.dashboard.pipeline.BaselineRow` as a JSON dict (values of several types, ``None`` included)
 BaselineDict = Mapping[str, Any]
+#: the band at a chart's top that Plotly's toolbar (its modebar, top right, about 26 px high) takes on
+#: hover: a chart's title is drawn under it (:func:`titled`) — over it, the toolbar hid the title
+TOOLBAR_PX = 30
+
+
+def titled(text: str, **more: Any) -> dict[str, Any]:
+    """A chart's title as layout keys: ``title`` at the plot's left edge, just under the toolbar's
+    band (:data:`TOOLBAR_PX`), and a top margin that holds both; ``more``: the other margins.
+
+    >>> titled("memory", l=50)["margin"]
+    {'t': 58, 'l': 50}
+    """
+    return {"title": {"text": text, "x": 0, "xref": "paper", "xanchor": "left", "y": 1, "yref": "container",
+                      "yanchor": "top", "pad": {"t": TOOLBAR_PX}},
+            "margin": {"t": TOOLBAR_PX + 28, **more}}
 
 
 def _unit(max_bytes: float) -> tuple[float, str]:
@@ -472,8 +487,8 @@ def memory_figure(sim: SimResult, capacity: Mapping[str, int] | None = None, *,
         fig.add_trace(go.Bar(x=devs, y=[parts[d][part] / scale for d in devs], name=part, marker_color=colour,
                              hovertemplate=f"{part}: %{{y:.3f}} {unit}<extra>%{{x}}</extra>"))
     _memory_references(fig, devs, capacity or {}, budget_bytes, top, scale, unit)
-    fig.update_layout(barmode="stack", title="simulated peak memory per device", yaxis_title=unit,
-                      template="plotly_white", margin={"l": 50, "r": 10, "t": 40, "b": 30}, height=320)
+    fig.update_layout(barmode="stack", yaxis_title=unit, template="plotly_white", height=320,
+                      **titled("simulated peak memory per device", l=50, r=10, b=30))
     return fig
 
 
@@ -511,9 +526,9 @@ def gantt_figure(sim: SimResult, max_events: int = 5000) -> go.Figure:
     events are kept (the title says how many).  O(events log events)."""
     bars, order, dropped = _gantt_bars(sim, max_events)
     fig = go.Figure(bars)
-    fig.update_layout(barmode="overlay", title=_gantt_title(sim, dropped), xaxis_title="ms", template="plotly_white",
+    fig.update_layout(barmode="overlay", xaxis_title="ms", template="plotly_white",
                       yaxis={"categoryorder": "array", "categoryarray": order[::-1]},
-                      margin={"l": 90, "r": 10, "t": 40, "b": 30}, height=max(260, 40 + 26 * len(order)))
+                      height=max(260, 58 + 26 * len(order)), **titled(_gantt_title(sim, dropped), l=90, r=10, b=30))
     return fig
 
 
@@ -540,8 +555,9 @@ def compare_gantt_figure(first: tuple[str, SimResult], second: tuple[str, SimRes
     longest = max(first[1].time_s, second[1].time_s) * 1e3
     fig.update_xaxes(range=[0, longest])
     fig.update_xaxes(title_text="ms", row=2, col=1)
-    fig.update_layout(barmode="overlay", template="plotly_white", margin={"l": 90, "r": 10, "t": 40, "b": 30},
-                      height=max(360, 110 + 26 * sum(rows)))
+    # the top plot's title (an annotation just above it) under the toolbar's band
+    fig.update_layout(barmode="overlay", template="plotly_white", height=max(360, 130 + 26 * sum(rows)),
+                      margin={"l": 90, "r": 10, "t": TOOLBAR_PX + 30, "b": 30})
     return fig
 
 
@@ -583,5 +599,6 @@ def plan_summary(plan: Plan, sim: SimResult, verdict: str = "") -> list[str]:
 __all__ = ["frontier_figure", "memory_figure", "gantt_figure", "compare_gantt_figure", "plan_table_rows",
            "plan_summary", "drawn_plans",
            "hover_head", "hover_text", "coinciding", "fit_summary", "row_peaks", "baseline_peaks", "plan_peaks",
-           "fit_flags", "limit_text", "over_text", "step_range", "FRONTIER_OFF_SCALE", "GPU_PRESETS_GIB", "GREY",
+           "fit_flags", "titled", "TOOLBAR_PX", "limit_text", "over_text", "step_range", "FRONTIER_OFF_SCALE",
+           "GPU_PRESETS_GIB", "GREY",
            "MEMORY_PARTS", "MARKS", "BASELINE_SYMBOLS", "PLACER_SYMBOLS", "OTHER_BASELINE_SYMBOL", "fastest_that_fits"]

@@ -27,6 +27,8 @@ from tensoropt.describe import fmt_bytes, fmt_devices
 from tensoropt.graph import block_of
 from tensoropt.planmodel.reshard import edge_reshard
 
+from .figures import titled
+
 if TYPE_CHECKING:
     from tensoropt import Cluster, CostModel, OpGraph, Plan
     from tensoropt.plan import NodeConfig
@@ -265,10 +267,11 @@ def plan_graph_figure(plan: Plan, graph: OpGraph, cluster: Cluster, *, costs: Co
     n_groups = sum(1 for s in nodes if s.kind == "group")
     width = max((s.x for s in nodes), default=0) + 1
     fig.update_layout(
-        title=f"operators by depth: {len(graph.ops)} operators, {n_groups} collapsed group(s)",
         template="plotly_white", showlegend=True, legend={"title": {"text": "devices · layout"}},
-        xaxis={"visible": False}, yaxis={"visible": False}, height=420, clickmode="event",
-        margin={"l": 10, "r": 10, "t": 40, "b": 10}, meta={"layers": width})
+        # the plot exactly PLOT_PX high: the title's band (58 px) and the bottom margin added
+        xaxis={"visible": False}, yaxis={"visible": False}, height=PLOT_PX[1] + 68, clickmode="event",
+        meta={"layers": width},
+        **titled(f"operators by depth: {len(graph.ops)} operators, {n_groups} collapsed group(s)", l=10, r=10, b=10))
     return fig
 
 

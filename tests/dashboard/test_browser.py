@@ -434,6 +434,51 @@ def _plan_commands_comparison_downloads(server, browser):
     assert not _severe(drv)
 
 
+def _laptop_fit(server, browser):
+    """At a 1366 × 768 laptop's viewport, a plan and a comparison on show (the issue: the page scrolled
+    sideways, the GPUs-needed table wider than the window; commands wrapped mid-flag; Plotly's toolbars
+    covered the charts' titles): nothing wider than the window, the decision line and the GPUs-needed
+    table's top in the first screen, each command on one line, no toolbar over a title."""
+    url, tmp, store = server
+    drv = browser
+    drv.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 1366, "height": 768, "deviceScaleFactor": 1,
+                                                               "mobile": False})
+    try:
+        drv.execute_script("window.scrollTo(0, 0)")
+        time.sleep(1.0)   # the charts follow the window's new size
+        got = drv.execute_script("""
+            const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+            const top = id => document.getElementById(id).getBoundingClientRect().top + window.scrollY;
+            const cross = (a, b) => a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3];
+            const covered = [];
+            document.querySelectorAll('.js-plotly-plot').forEach(g => {
+                const bar = g.querySelector('.modebar');
+                if (!bar || !g.offsetParent) return;
+                g.querySelectorAll('.gtitle, .annotation-text, .legendtitletext').forEach(t => {
+                    if (t.textContent && cross(box(bar), box(t))) covered.push([g.parentNode.id, t.textContent]);
+                });
+            });
+            const pre = document.getElementById('run-commands'), range = document.createRange();
+            range.selectNodeContents(pre);
+            const tops = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0)
+                                      .map(r => Math.round(r.top)));
+            return {scroll: document.documentElement.scrollWidth, width: window.innerWidth,
+                    height: window.innerHeight, decision: top('decision'), table: top('gpus-table'),
+                    covered: covered, line_boxes: tops.size, lines: pre.textContent.split('\\n').length,
+                    charts: document.querySelectorAll('.js-plotly-plot .modebar').length};
+        """)
+        drv.save_screenshot(str(SHOTS / "8-laptop-1366x768.png"))
+    finally:
+        drv.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    assert got["width"] == 1366 and got["height"] == 768, got
+    assert got["scroll"] <= got["width"], got                      # no sideways scrolling
+    assert got["decision"] < got["table"] < 768, got              # the answer and the table's top on the first screen
+    assert got["covered"] == [], got                               # no toolbar over a title
+    assert got["charts"] == 7, got                                  # frontier, plan (3) and comparison (3) charts
+    assert got["line_boxes"] == got["lines"], got                  # each command one line, never broken
+    assert not _severe(drv)
+
+
 def _url_brings_the_page_back(server, browser):
     url, tmp, store = server
     drv = browser
@@ -637,9 +682,11 @@ def _marks(server, browser):
 def test_dashboard_end_to_end(server, browser):
     """One page session, in order (each stage leaves the page as the next one expects): the frontier,
     a budget and the GPUs-needed table, a price; a plan, its commands run, a comparison, the downloads;
-    the URL reloaded; the stale-result banner; the errors and a cancelled run; the marks of every placer."""
+    the page at a laptop's 1366 × 768; the URL reloaded; the stale-result banner; the errors and a cancelled
+    run; the marks of every placer."""
     _frontier_budget_and_gpus_needed(server, browser)
     _plan_commands_comparison_downloads(server, browser)
+    _laptop_fit(server, browser)
     _url_brings_the_page_back(server, browser)
     _stale_banner(server, browser)
     _errors_and_cancel(server, browser)
