@@ -255,7 +255,8 @@ def _frontier_budget_and_gpus_needed(server, browser):
     print(f"frontier shown {time.time() - t0:.1f} s after the page opened (cold)")
     # "done", or "cached result" when the server's own start of this request finished before the page asked
     _wait(lambda: _by_id(drv, "progress-text").text in ("done", "cached result"), 60, "the baselines")
-    _wait(lambda: _traces(drv, "baseline") or "dp:" in _by_id(drv, "result-summary").text, 20, "the baselines drawn")
+    _wait(lambda: _traces(drv, "baseline") or "without a plan (1)" in _by_id(drv, "placer-errors").text, 20,
+          "the baselines drawn")   # dp's error folded under its line
     assert "Pareto-optimal plans" in _by_id(drv, "frontier-graph").text
     banner = _by_id(drv, "times-source").text
     assert banner.startswith("Operator times: Tesla V100-SXM2-16GB device model") and "estimates" in banner
@@ -351,6 +352,15 @@ def _frontier_budget_and_gpus_needed(server, browser):
     row.find_elements(By.CSS_SELECTOR, "td")[1].click()
     want = last.get("use_plan_id") or last["plan_id"]   # a folded row opens the plan it points to
     _wait(lambda: _by_id(drv, "plan-title").text == f"plan {want}", 20, "the row's plan")
+    # another plan from the chart, then the same row again: its plan again (the cell stayed active: nothing opened)
+    point = next(p["plan_id"] for p in store.curves(key) if p["plan_id"] != want)
+    _click_plan(drv, point)
+    _wait(lambda: _by_id(drv, "plan-title").text == f"plan {point}", 20, "the point's plan")
+    row = next(r for r in drv.find_elements(By.CSS_SELECTOR, "#gpus-table tbody tr")
+               if r.find_elements(By.CSS_SELECTOR, "td") and r.find_elements(By.CSS_SELECTOR, "td")[0].text
+               == str(last["k"]))
+    row.find_elements(By.CSS_SELECTOR, "td")[1].click()
+    _wait(lambda: _by_id(drv, "plan-title").text == f"plan {want}", 20, "the row's plan again")
     assert not _severe(drv)
 
 
@@ -635,6 +645,13 @@ def _marks(server, browser):
     if not notes.get_attribute("open"):
         notes.find_element(By.TAG_NAME, "summary").click()
     assert [li.text for li in notes.find_elements(By.CSS_SELECTOR, "li")] == written["notes"]
+    # and the placers' errors, folded the same way (dp makes no plan of the tiny model's batch of 4 on 8 GPUs)
+    failed = [b for b in json.loads((store.folder(_key(store)) / "baselines.json").read_text()) if b.get("error")]
+    errors = _by_id(drv, "placer-errors")
+    assert errors.find_element(By.TAG_NAME, "summary").text == f"baseline placers without a plan ({len(failed)})"
+    errors.find_element(By.TAG_NAME, "summary").click()
+    assert [li.text.split(":")[0] for li in errors.find_elements(By.CSS_SELECTOR, "li")] == \
+        [b["algo"] for b in failed] and failed
 
     fig, data, cluster = _hand_result()
     drv.set_window_size(1366, 768)
