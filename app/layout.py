@@ -235,8 +235,9 @@ def _plan_panel() -> html.Div:
             html.Span(id="graph-hint", style={"fontSize": "85%", "color": "#555"}),
         ]),
         html.Div(style={"display": "flex", "gap": "8px"}, children=[
+            # a graph of many layers (every group expanded) is drawn wider than the box, which scrolls
             html.Div(dcc.Graph(id="plan-graph", config=GRAPH_CONFIG),
-                     style={"flex": "3 1 0", "minWidth": "0"}),
+                     style={"flex": "3 1 0", "minWidth": "0", "overflowX": "auto"}),
             html.Ul(id="node-details", style={"flex": "1 1 0", "minWidth": "0", "fontSize": "85%"}),
         ]),
         DataTable(id="plan-table", page_size=15, sort_action="native", filter_action="native",

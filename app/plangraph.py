@@ -16,6 +16,7 @@ Dash (the callbacks hand it the plan, graph, costs and cluster).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,12 @@ EDGE_LABELS = 12
 #: where it would overlap a costlier one's (the page's plan graph is about this wide and exactly this high)
 PLOT_PX = (560, 370)
 LABEL_PX = (52, 16)
+#: the least room a layer and a node within a layer get (px): a graph with more layers than fit in
+#: :data:`PLOT_PX` is drawn wider (its box scrolls sideways), one with more nodes in a layer taller —
+#: every group expanded, GPT-2's 216 layers were 2.6 px apart, its nodes drawn over one another
+LAYER_PX, NODE_PX = 14, 14
+#: the legend's column right of the plot (px) when the figure's width is set
+LEGEND_PX = 280
 
 
 def group_of(module_path: str) -> str | None:
@@ -192,12 +199,13 @@ def edge_costs(plan: Plan, graph: OpGraph, cluster: Cluster, owner: Mapping[str,
     return out
 
 
-def spaced(points: Sequence[tuple[float, float]], span: tuple[float, float], limit: int = EDGE_LABELS) -> list[int]:
+def spaced(points: Sequence[tuple[float, float]], span: tuple[float, float], limit: int = EDGE_LABELS,
+           plot_px: tuple[int, int] = PLOT_PX) -> list[int]:
     """The indices of ``points`` (in order of priority) whose labels are drawn: at most ``limit``,
-    each one's :data:`LABEL_PX` box clear of every one drawn before it, in a plot of :data:`PLOT_PX`
+    each one's :data:`LABEL_PX` box clear of every one drawn before it, in a plot of ``plot_px``
     spanning ``span`` (x, y) data units."""
-    sx = PLOT_PX[0] / max(span[0], 1.0)
-    sy = PLOT_PX[1] / max(span[1], 1.0)
+    sx = plot_px[0] / max(span[0], 1.0)
+    sy = plot_px[1] / max(span[1], 1.0)
     kept: list[int] = []
     for i, (x, y) in enumerate(points):
         if len(kept) == limit:
@@ -217,6 +225,9 @@ def plan_graph_figure(plan: Plan, graph: OpGraph, cluster: Cluster, *, costs: Co
     costs_by_edge = edge_costs(plan, graph, cluster, owner)
     _layers(nodes, list(costs_by_edge))
     pos = {s.key: (s.x, s.y) for s in nodes}
+    layers = max((s.x for s in nodes), default=0) + 1
+    tallest = max(Counter(s.x for s in nodes).values(), default=1)
+    plot_px = (max(PLOT_PX[0], LAYER_PX * layers), max(PLOT_PX[1], NODE_PX * tallest))
     fig = go.Figure()
     ex: list[float | None] = []
     ey: list[float | None] = []
@@ -229,7 +240,7 @@ def plan_graph_figure(plan: Plan, graph: OpGraph, cluster: Cluster, *, costs: Co
     if costly:
         mids = [((pos[a][0] + pos[b][0]) / 2, (pos[a][1] + pos[b][1]) / 2) for _, (a, b) in costly]
         xs, ys = [s.x for s in nodes], [s.y for s in nodes]
-        top = {costly[i][1] for i in spaced(mids, (max(xs) - min(xs), max(ys) - min(ys)))}
+        top = {costly[i][1] for i in spaced(mids, (max(xs) - min(xs), max(ys) - min(ys)), plot_px=plot_px)}
         fig.add_trace(go.Scatter(
             x=[m[0] for m in mids], y=[m[1] for m in mids], mode="markers+text", name="reshard cost",
             text=[f"{c * 1e3:.2f} ms" if ab in top else "" for c, ab in costly], textposition="top center",
@@ -265,13 +276,14 @@ def plan_graph_figure(plan: Plan, graph: OpGraph, cluster: Cluster, *, costs: Co
                     "line": {"width": [3 if s.key == selected else 0 for s in members], "color": "black"}},
             customdata=[[s.kind, s.key] for s in members], hovertemplate=hover, meta={"role": "nodes"}))
     n_groups = sum(1 for s in nodes if s.kind == "group")
-    width = max((s.x for s in nodes), default=0) + 1
     fig.update_layout(
         template="plotly_white", showlegend=True, legend={"title": {"text": "devices · layout"}},
-        # the plot exactly PLOT_PX high: the title's band (58 px) and the bottom margin added
-        xaxis={"visible": False}, yaxis={"visible": False}, height=PLOT_PX[1] + 68, clickmode="event",
-        meta={"layers": width},
+        # the plot exactly plot_px high: the title's band (58 px) and the bottom margin added
+        xaxis={"visible": False}, yaxis={"visible": False}, height=plot_px[1] + 68, clickmode="event",
+        meta={"layers": layers, "plot_px": list(plot_px)},
         **titled(f"operators by depth: {len(graph.ops)} operators, {n_groups} collapsed group(s)", l=10, r=10, b=10))
+    if plot_px[0] > PLOT_PX[0]:   # wider than the page's box: drawn at its width, the box scrolls
+        fig.update_layout(width=plot_px[0] + 20 + LEGEND_PX)
     return fig
 
 

@@ -203,3 +203,18 @@ def test_plans_on_two_gpu_counts_compare_by_layout_and_mesh_not_device_ids():
     # one device: whatever layout it names, no split (a 1-GPU plan's "batch" is its "R")
     assert G.differing(_hand_plan(emb=(_gpus(0), "R"), mm=(_gpus(0), "R"), head=(_gpus(0), "R")),
                        _hand_plan(emb=(_gpus(3), "batch"), mm=(_gpus(3), "R"), head=(_gpus(3), "R")), graph) == []
+
+
+def test_an_expanded_graph_is_drawn_wide_enough_for_its_layers(default_plans):
+    """Every block expanded, GPT-2's layers were squeezed into the page's 560 px (2.6 px apart: nodes
+    drawn over one another); now the figure is as wide as its layers need, 14 px each, and its box
+    scrolls; collapsed, it fits the box and follows its width."""
+    store, key, graph, plan, _ = default_plans
+    fig = G.plan_graph_figure(plan, graph, store.cluster(key))
+    assert fig.layout.width is None and G.LAYER_PX * fig.layout.meta["layers"] <= G.PLOT_PX[0]
+    wide = G.plan_graph_figure(plan, graph, store.cluster(key), expanded=sorted(G.groups(graph)))
+    xs = sorted({x for x, _ in G.layer_of(wide).values()})
+    assert len(xs) == wide.layout.meta["layers"] > G.PLOT_PX[0] / G.LAYER_PX
+    plot_w = wide.layout.width - wide.layout.margin.l - wide.layout.margin.r - G.LEGEND_PX
+    px_per_layer = plot_w / (xs[-1] - xs[0])   # the x axis spans the layers (autorange adds a little)
+    assert px_per_layer >= G.LAYER_PX * 0.95
