@@ -5,7 +5,9 @@ does not fit and redraws the GPUs-needed table and the decision line above the c
 docs/measurements.md has the figures of ``benchmarks/dashboard.py``, this test asserts no clock), a
 price changes the costs and the decision, a click shows a plan with
 the commands that run it (the check and export commands run for real on the downloaded plan), a second plan
-compares beside it, the downloads land and load, the URL brings the page back, a bad upload and a
+compares beside it (on fewer GPUs, one time axis), at a 1366 × 768 laptop's viewport nothing is wider
+than the window, the answer and the table's top are on the first screen, each command is one line and
+no chart's toolbar covers its title, the downloads land and load, the URL brings the page back, a bad upload and a
 refused run show their errors in the CLI's words (each run clearing the last one's), a result the
 controls no longer ask for is marked by a banner, and a running job is cancelled.  Screenshots:
 ``out/app-screenshots/`` (git-ignored; docs/dashboard.md's come from ``benchmarks/dashboard.py
