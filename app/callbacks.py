@@ -49,7 +49,9 @@ from .views import (
     frontier_view,
     gib_bytes,
     graph_hint,
+    likely_plans,
     page_data,
+    placer_notes,
     plan_commands,
     plan_options,
     plan_verdict,
@@ -283,26 +285,42 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
     def _show_result(done_key: str | None) -> Any:
         return {"key": done_key, "done": True} if done_key and store.complete(done_key) else no_update
 
-    @app.callback(Output("frontier-base", "data"), Output("page-data", "data"), Output("result-summary", "children"),
-                  Output("compare-plan", "options"),
-                  Input("shown-key", "data"), Input("selected-plan", "data"), Input("compare-plan", "value"))
-    def _frontier(shown: Mapping[str, Any] | None, selected: str | None, compare: str | None) -> tuple[Any, ...]:
+    # the result's data, lines and plan choices: once per result shown (not on each selection: a click on a plan
+    # redrew all of them, 0.3 s of the server's and the page's time on Llama-3-8B, to move one ring)
+    @app.callback(Output("page-data", "data"), Output("result-summary", "children"), Output("compare-plan", "options"),
+                  Input("shown-key", "data"))
+    def _result(shown: Mapping[str, Any] | None) -> tuple[Any, ...]:
         key = shown_key(shown)
         if not key or not store.frontier_ready(key):
-            empty = figures.frontier_figure([], title="no result yet: run profiling + frontier")
-            return empty.to_plotly_json(), None, "", []
+            return None, "", []
         try:
-            fig, _lines = frontier_view(store, key, None, 0, selected, compare)
-            lines = summary_lines(store, key)
+            lines = summary_lines(store, key, errors=False)
+            errors = placer_notes(store, key)
             notes = search_notes(store, key)
             data = page_data(store, key)
         except Exception as e:  # noqa: BLE001 - a result that cannot be read is a message
             if not isinstance(e, TensorOptError):
                 traceback.print_exc()
-            return no_update, no_update, html.Div(_explain(e), style={"color": "#a00"}), no_update
+            return no_update, html.Div(_explain(e), style={"color": "#a00"}), no_update
         summary = [source_banner(store.summary(key)), html.Ul([html.Li(x) for x in lines], style={"margin": "2px 0"}),
-                   notes]
-        return fig.to_plotly_json(), data, summary, plan_options(store, key)
+                   errors, notes]
+        if store.complete(key):   # every plan there: simulate those a click most likely opens, ahead of it
+            store.warm(key, likely_plans(store, key))
+        return data, summary, plan_options(store, key)
+
+    # the frontier as the server draws it, the selected and compared plans marked (the page's script greys and
+    # redraws it in the browser)
+    @app.callback(Output("frontier-base", "data"), Input("shown-key", "data"), Input("selected-plan", "data"),
+                  Input("compare-plan", "value"))
+    def _frontier(shown: Mapping[str, Any] | None, selected: str | None, compare: str | None) -> Any:
+        key = shown_key(shown)
+        if not key or not store.frontier_ready(key):
+            return figures.frontier_figure([], title="no result yet: run profiling + frontier").to_plotly_json()
+        try:
+            fig, _lines = frontier_view(store, key, None, 0, selected, compare)
+        except Exception:  # noqa: BLE001 - _result says why the result cannot be read
+            return no_update
+        return fig.to_plotly_json()
 
     app.clientside_callback(
         VIEW_JS,
@@ -324,23 +342,28 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
             return no_update   # the same kinds: keep what the user typed
         return price_inputs(data["kinds"], current, wanted or {})
 
-    @app.callback(Output("selected-plan", "data"), Input("frontier-graph", "clickData"),
-                  Input("gpus-table", "active_cell"), State("gpus-table", "data"), State("page-data", "data"),
-                  prevent_initial_call=True)
-    def _select(click: Any, cell: Any, rows: list[dict[str, Any]] | None, data: Mapping[str, Any] | None) -> Any:
+    # a table click's cell is let go at once: a second click on the same row (after a point was clicked) is a new
+    # active cell, else Dash sees no change and the row's plan does not open again
+    @app.callback(Output("selected-plan", "data"), Output("gpus-table", "active_cell"),
+                  Input("frontier-graph", "clickData"), Input("gpus-table", "active_cell"),
+                  State("gpus-table", "data"), State("page-data", "data"), prevent_initial_call=True)
+    def _select(click: Any, cell: Any, rows: list[dict[str, Any]] | None,
+                data: Mapping[str, Any] | None) -> tuple[Any, Any]:
         if ctx.triggered_id == "gpus-table":
+            if not cell:
+                return no_update, no_update
             try:
                 # the row's plan id (a column the table does not show: the plan cell may say more; a folded
                 # row's is the plan of the smaller count it names)
-                wanted = rows[cell["row"]].get("plan_id") if rows and cell else None
+                wanted = rows[cell["row"]].get("plan_id") if rows else None
                 hit = next((p["plan_id"] for p in (data or {}).get("plans", []) if p["plan_id"] == wanted), None)
             except (TypeError, KeyError, IndexError):
-                return no_update
-            return hit or no_update
+                return no_update, None
+            return hit or no_update, None
         try:
-            return str(click["points"][0]["customdata"])
+            return str(click["points"][0]["customdata"]), no_update
         except (TypeError, KeyError, IndexError):
-            return no_update
+            return no_update, no_update
 
     @app.callback(Output("selected-plan", "data", allow_duplicate=True), Output("url-plan", "data"),
                   Input("shown-key", "data"), State("url-plan", "data"), State("selected-plan", "data"),
@@ -442,8 +465,7 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
         return no_update, name, [html.Li(x) for x in plangraph.node_details(name, plan, graph, costs)]
 
     @app.callback(Output("compare-panel", "style"), Output("compare-summary", "children"), Output("memory-a", "figure"),
-                  Output("gantt-a", "figure"), Output("memory-b", "figure"), Output("gantt-b", "figure"),
-                  Output("diff-table", "data"),
+                  Output("memory-b", "figure"), Output("gantt-compare", "figure"), Output("diff-table", "data"),
                   Input("compare-plan", "value"), Input("selected-plan", "data"), State("budget", "value"),
                   State("reserve", "value"), State("shown-key", "data"),
                   prevent_initial_call=True)
@@ -451,7 +473,7 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
                  shown: Mapping[str, Any] | None) -> tuple[Any, ...]:
         key = shown_key(shown)
         if not other or not plan_id or not key:
-            return ({"display": "none"}, "", no_update, no_update, no_update, no_update, [])
+            return ({"display": "none"}, "", no_update, no_update, no_update, [])
         budget, reserve = gib_bytes(budget_gib), reserve_bytes(reserve_gib)
         try:
             a, b = store.plan(key, plan_id), store.plan(key, other)
@@ -460,20 +482,18 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
         except Exception as e:  # noqa: BLE001
             if not isinstance(e, TensorOptError):
                 traceback.print_exc()
-            return ({"display": "block"}, _explain(e), no_update, no_update, no_update, no_update, [])
+            return ({"display": "block"}, _explain(e), no_update, no_update, no_update, [])
         rows = plangraph.differing(a, b, graph)
-        figs = []
+        mems = []
         for pid, sim in ((plan_id, sa), (other, sb)):
             capacity = {d: cluster.device(d).memory_bytes for d in sim.memory}
             mem = figures.memory_figure(sim, capacity, budget_bytes=budget)
             mem.update_layout(title=f"{pid}: simulated peak per device")
-            gantt = figures.gantt_figure(sim)
-            # both timelines on one scale: the longer step spans the axis in each
-            gantt.update_layout(title=f"{pid}: {gantt.layout.title.text}",
-                                xaxis_range=[0, max(sa.time_s, sb.time_s) * 1e3])
-            figs += [mem, gantt]
+            mems.append(mem)
+        # both timelines on one time axis, one above the other
+        gantt = figures.compare_gantt_figure((plan_id, sa), (other, sb))
         summary = compare_summary((plan_id, a, sa), (other, b, sb), len(rows), len(graph.ops))
-        return ({"display": "block"}, summary, *figs, rows)
+        return ({"display": "block"}, summary, *mems, gantt, rows)
 
     @app.callback(Output("download-plan", "data"), Input("download-plan-button", "n_clicks"),
                   State("selected-plan", "data"), State("shown-key", "data"),

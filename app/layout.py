@@ -174,6 +174,12 @@ def _stores(cluster_path: str | None) -> list[Any]:
 
 _TABLE_STYLE = {"fontSize": "12px", "textAlign": "left", "maxWidth": "320px", "overflow": "hidden",
                 "textOverflow": "ellipsis"}
+#: a table wider than its column scrolls inside it, never the page (1366 px wide: the issue's laptop)
+_TABLE_BOX = {"overflowX": "auto", "maxWidth": "100%"}
+#: every chart's toolbar: the buttons a person uses here (a picture, zoom, pan, reset), no logo — the
+#: toolbar is short, and each chart's title lies under its band (figures.titled)
+GRAPH_CONFIG: Any = {"displaylogo": False,
+                "modeBarButtonsToRemove": ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d"]}
 
 
 def _gpus_box() -> html.Div:
@@ -183,7 +189,11 @@ def _gpus_box() -> html.Div:
         html.H4("GPUs needed: the fastest plan that fits on each number of GPUs", style={"margin": "6px 0"}),
         html.Div(id="fit-summary", style={"fontSize": "90%", "color": "#333"}),
         DataTable(id="gpus-table", columns=[{"name": h, "id": c} for c, h in GPUS_COLUMNS], data=[],
-                  style_cell=_TABLE_STYLE, style_header={"fontWeight": "bold"},
+                  # cells and headings wrap at spaces (ten columns in a laptop's width), in the page's font
+                  style_cell={**_TABLE_STYLE, "whiteSpace": "normal", "height": "auto", "maxWidth": "200px",
+                              "fontFamily": "sans-serif", "padding": "2px 4px"},
+                  style_header={"fontWeight": "bold", "whiteSpace": "normal", "height": "auto"},
+                  style_table=_TABLE_BOX,
                   style_data_conditional=[{"if": {"filter_query": '{plan} = "none fits"'}, "color": "#999"},
                                           {"if": {"filter_query": '{plan} contains "use the"'}, "color": "#999"},
                                           {"if": {"filter_query": '{plan} = "no plan"'}, "color": "#999"}]),
@@ -206,17 +216,18 @@ def _plan_panel() -> html.Div:
                       dcc.Download(id="download-plan")]),
             html.Div(style={"flex": "1", "minWidth": "0"}, children=[
                 html.Div(style={"display": "flex", "gap": "4px"}, children=[
-                    html.Pre(id="run-commands", style={"flex": "1", "margin": "0", "padding": "6px",
+                    # one command a line, never broken inside a flag or path: a long one scrolls in its box
+                    html.Pre(id="run-commands", style={"flex": "1", "minWidth": "0", "margin": "0", "padding": "6px",
                                                        "background": "#f6f6f6", "fontSize": "12px",
-                                                       "whiteSpace": "pre-wrap", "wordBreak": "break-all"}),
+                                                       "whiteSpace": "pre", "overflowX": "auto"}),
                     dcc.Clipboard(target_id="run-commands", title="copy the commands",
                                   style={"fontSize": "18px", "cursor": "pointer"}),
                 ]),
             ]),
         ]),
         html.Div(style={"display": "flex", "gap": "8px"}, children=[
-            html.Div(dcc.Graph(id="memory-graph"), style={"flex": "2 1 0", "minWidth": "0"}),
-            html.Div(dcc.Graph(id="gantt-graph"), style={"flex": "3 1 0", "minWidth": "0"}),
+            html.Div(dcc.Graph(id="memory-graph", config=GRAPH_CONFIG), style={"flex": "2 1 0", "minWidth": "0"}),
+            html.Div(dcc.Graph(id="gantt-graph", config=GRAPH_CONFIG), style={"flex": "3 1 0", "minWidth": "0"}),
         ]),
         html.Div(style={"display": "flex", "gap": "8px", "alignItems": "center"}, children=[
             html.Button("expand every group", id="expand-all", n_clicks=0),
@@ -224,12 +235,13 @@ def _plan_panel() -> html.Div:
             html.Span(id="graph-hint", style={"fontSize": "85%", "color": "#555"}),
         ]),
         html.Div(style={"display": "flex", "gap": "8px"}, children=[
-            html.Div(dcc.Graph(id="plan-graph", config={"displaylogo": False}),
-                     style={"flex": "3 1 0", "minWidth": "0"}),
+            # a graph of many layers (every group expanded) is drawn wider than the box, which scrolls
+            html.Div(dcc.Graph(id="plan-graph", config=GRAPH_CONFIG),
+                     style={"flex": "3 1 0", "minWidth": "0", "overflowX": "auto"}),
             html.Ul(id="node-details", style={"flex": "1 1 0", "minWidth": "0", "fontSize": "85%"}),
         ]),
         DataTable(id="plan-table", page_size=15, sort_action="native", filter_action="native",
-                  style_cell=_TABLE_STYLE,
+                  style_cell=_TABLE_STYLE, style_table=_TABLE_BOX,
                   columns=[{"name": c, "id": c} for c in ("node", "op", "module", "devices", "layout", "shard",
                                                           "recompute")]),
         html.H4("Compare with another plan", style={"margin": "10px 0 4px"}),
@@ -238,11 +250,13 @@ def _plan_panel() -> html.Div:
         html.Div(id="compare-panel", style={"display": "none"}, children=[
             html.Div(id="compare-summary", style={"fontSize": "90%", "margin": "4px 0"}),
             html.Div(style={"display": "flex", "gap": "8px"}, children=[
-                html.Div([dcc.Graph(id="memory-a"), dcc.Graph(id="gantt-a")], style={"flex": "1 1 0", "minWidth": "0"}),
-                html.Div([dcc.Graph(id="memory-b"), dcc.Graph(id="gantt-b")], style={"flex": "1 1 0", "minWidth": "0"}),
+                html.Div(dcc.Graph(id="memory-a", config=GRAPH_CONFIG), style={"flex": "1 1 0", "minWidth": "0"}),
+                html.Div(dcc.Graph(id="memory-b", config=GRAPH_CONFIG), style={"flex": "1 1 0", "minWidth": "0"}),
             ]),
+            # the two timelines on one time axis (figures.compare_gantt_figure)
+            dcc.Graph(id="gantt-compare", config=GRAPH_CONFIG),
             DataTable(id="diff-table", page_size=15, sort_action="native", filter_action="native",
-                      style_cell=_TABLE_STYLE,
+                      style_cell=_TABLE_STYLE, style_table=_TABLE_BOX,
                       columns=[{"name": h, "id": c} for c, h in (("node", "node"), ("op", "op"), ("module", "module"),
                                                                  ("a", "selected plan"), ("b", "compared plan"))]),
         ]),
@@ -274,7 +288,9 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
         html.Div(id="decision", style={"fontWeight": "bold", "fontSize": "105%", "padding": "4px 8px",
                                        "margin": "2px 0", "background": "#eef2fb", "borderRadius": "4px"}),
         html.Div(id="result-summary", style={"fontSize": "90%"}),
-        dcc.Graph(id="frontier-graph", style={"height": "500px"}, config={"displaylogo": False}),
+        # 500 px, less in a low window (the GPUs-needed table's top in a 1366 × 768 laptop's first screen)
+        dcc.Graph(id="frontier-graph", style={"height": "clamp(380px, calc(100vh - 300px), 500px)"},
+                  config=GRAPH_CONFIG),
         html.Div([html.Button("Download frontier CSV", id="download-csv-button", n_clicks=0),
                   dcc.Download(id="download-csv"),
                   html.Span(" click a point (or a row below) to see its plan; click a legend entry to hide a curve",
@@ -286,4 +302,4 @@ def build_layout(*, default_model: str, default_cluster: str, repeats: int, warm
                     children=[controls, main])
 
 
-__all__ = ["DEFAULT_EPOCH", "GPUS_COLUMNS", "STALE_BANNER_STYLE", "build_layout"]
+__all__ = ["DEFAULT_EPOCH", "GPUS_COLUMNS", "GRAPH_CONFIG", "STALE_BANNER_STYLE", "build_layout"]

@@ -16,6 +16,7 @@ Dash (the callbacks hand it the plan, graph, costs and cluster).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,8 @@ import plotly.graph_objects as go
 from tensoropt.describe import fmt_bytes, fmt_devices
 from tensoropt.graph import block_of
 from tensoropt.planmodel.reshard import edge_reshard
+
+from .figures import titled
 
 if TYPE_CHECKING:
     from tensoropt import Cluster, CostModel, OpGraph, Plan
@@ -42,6 +45,12 @@ EDGE_LABELS = 12
 #: where it would overlap a costlier one's (the page's plan graph is about this wide and exactly this high)
 PLOT_PX = (560, 370)
 LABEL_PX = (52, 16)
+#: the least room a layer and a node within a layer get (px): a graph with more layers than fit in
+#: :data:`PLOT_PX` is drawn wider (its box scrolls sideways), one with more nodes in a layer taller —
+#: every group expanded, GPT-2's 216 layers were 2.6 px apart, its nodes drawn over one another
+LAYER_PX, NODE_PX = 14, 14
+#: the legend's column right of the plot (px) when the figure's width is set
+LEGEND_PX = 280
 
 
 def group_of(module_path: str) -> str | None:
@@ -190,12 +199,13 @@ def edge_costs(plan: Plan, graph: OpGraph, cluster: Cluster, owner: Mapping[str,
     return out
 
 
-def spaced(points: Sequence[tuple[float, float]], span: tuple[float, float], limit: int = EDGE_LABELS) -> list[int]:
+def spaced(points: Sequence[tuple[float, float]], span: tuple[float, float], limit: int = EDGE_LABELS,
+           plot_px: tuple[int, int] = PLOT_PX) -> list[int]:
     """The indices of ``points`` (in order of priority) whose labels are drawn: at most ``limit``,
-    each one's :data:`LABEL_PX` box clear of every one drawn before it, in a plot of :data:`PLOT_PX`
+    each one's :data:`LABEL_PX` box clear of every one drawn before it, in a plot of ``plot_px``
     spanning ``span`` (x, y) data units."""
-    sx = PLOT_PX[0] / max(span[0], 1.0)
-    sy = PLOT_PX[1] / max(span[1], 1.0)
+    sx = plot_px[0] / max(span[0], 1.0)
+    sy = plot_px[1] / max(span[1], 1.0)
     kept: list[int] = []
     for i, (x, y) in enumerate(points):
         if len(kept) == limit:
@@ -215,6 +225,9 @@ def plan_graph_figure(plan: Plan, graph: OpGraph, cluster: Cluster, *, costs: Co
     costs_by_edge = edge_costs(plan, graph, cluster, owner)
     _layers(nodes, list(costs_by_edge))
     pos = {s.key: (s.x, s.y) for s in nodes}
+    layers = max((s.x for s in nodes), default=0) + 1
+    tallest = max(Counter(s.x for s in nodes).values(), default=1)
+    plot_px = (max(PLOT_PX[0], LAYER_PX * layers), max(PLOT_PX[1], NODE_PX * tallest))
     fig = go.Figure()
     ex: list[float | None] = []
     ey: list[float | None] = []
@@ -227,7 +240,7 @@ def plan_graph_figure(plan: Plan, graph: OpGraph, cluster: Cluster, *, costs: Co
     if costly:
         mids = [((pos[a][0] + pos[b][0]) / 2, (pos[a][1] + pos[b][1]) / 2) for _, (a, b) in costly]
         xs, ys = [s.x for s in nodes], [s.y for s in nodes]
-        top = {costly[i][1] for i in spaced(mids, (max(xs) - min(xs), max(ys) - min(ys)))}
+        top = {costly[i][1] for i in spaced(mids, (max(xs) - min(xs), max(ys) - min(ys)), plot_px=plot_px)}
         fig.add_trace(go.Scatter(
             x=[m[0] for m in mids], y=[m[1] for m in mids], mode="markers+text", name="reshard cost",
             text=[f"{c * 1e3:.2f} ms" if ab in top else "" for c, ab in costly], textposition="top center",
@@ -263,12 +276,14 @@ def plan_graph_figure(plan: Plan, graph: OpGraph, cluster: Cluster, *, costs: Co
                     "line": {"width": [3 if s.key == selected else 0 for s in members], "color": "black"}},
             customdata=[[s.kind, s.key] for s in members], hovertemplate=hover, meta={"role": "nodes"}))
     n_groups = sum(1 for s in nodes if s.kind == "group")
-    width = max((s.x for s in nodes), default=0) + 1
     fig.update_layout(
-        title=f"operators by depth: {len(graph.ops)} operators, {n_groups} collapsed group(s)",
         template="plotly_white", showlegend=True, legend={"title": {"text": "devices · layout"}},
-        xaxis={"visible": False}, yaxis={"visible": False}, height=420, clickmode="event",
-        margin={"l": 10, "r": 10, "t": 40, "b": 10}, meta={"layers": width})
+        # the plot exactly plot_px high: the title's band (58 px) and the bottom margin added
+        xaxis={"visible": False}, yaxis={"visible": False}, height=plot_px[1] + 68, clickmode="event",
+        meta={"layers": layers, "plot_px": list(plot_px)},
+        **titled(f"operators by depth: {len(graph.ops)} operators, {n_groups} collapsed group(s)", l=10, r=10, b=10))
+    if plot_px[0] > PLOT_PX[0]:   # wider than the page's box: drawn at its width, the box scrolls
+        fig.update_layout(width=plot_px[0] + 20 + LEGEND_PX)
     return fig
 
 
@@ -307,29 +322,63 @@ def node_details(key: str, plan: Plan, graph: OpGraph, costs: CostModel | None =
 
 
 def differing(a: Plan, b: Plan, graph: OpGraph) -> list[dict[str, str]]:
-    """The operators whose configuration differs between plans ``a`` and ``b``, graph order: node,
-    op, module, and each plan's devices, layout and recompute.  Plans on different devices (two
-    GPU counts) are compared by what each operator does on its plan's devices — its layout,
-    recompute and sharding level, and which of the plan's devices it uses by their place in the
-    plan — so that the same plan on 4 and on 8 GPUs differs nowhere."""
-    at_a, at_b = ({d: i for i, d in enumerate(p.devices)} for p in (a, b))   # Plan.devices walks every node
-    same_devices = at_a.keys() == at_b.keys()
+    """The operators configured differently in plans ``a`` and ``b``, graph order: node, op, module,
+    and each plan's devices, layout, sharding level and recompute as written (:func:`config_label`).
+
+    Which devices, and how many, are set aside: an operator is configured alike when its two
+    configurations are equal, or when they do the same on their plans' devices (:func:`placement`):
+    the same layout, sharding level and recompute, on the same mesh of each plan (the first mesh
+    its plan uses, the second …), a mesh of all its plan's devices in both or in neither.  So a plan
+    on gpu0–gpu3 and the same layouts on gpu0–gpu7 at twice the degree differ nowhere, nor do one
+    pipeline's stages on 2 + 2 and on 4 + 4 GPUs; an operator split over all 8 GPUs and one split
+    over the first stage's 4 differ.
+
+    >>> from types import SimpleNamespace as NS
+    >>> from tensoropt.plan import NodeConfig, Plan
+    >>> g = NS(ops=[NS(name="mm", op="aten.mm", module_path="fc")])
+    >>> on = lambda k: Plan({"mm": NodeConfig(tuple(f"gpu{i}" for i in range(k)), "batch")}, graph_fingerprint="")
+    >>> differing(on(4), on(8), g), len(differing(on(1), on(8), g))
+    ([], 1)
+    """
+    meshes_a, meshes_b = meshes(a), meshes(b)
     rows = []
     for op in graph.ops:
         ca, cb = a.configs.get(op.name), b.configs.get(op.name)
-        if ca == cb or not same_devices and _placed(ca, at_a) == _placed(cb, at_b):
+        if ca == cb or placement(ca, meshes_a) == placement(cb, meshes_b):
             continue
         rows.append({"node": op.name, "op": op.op, "module": op.module_path,
                      "a": config_label(ca), "b": config_label(cb)})
     return rows
 
 
-def _placed(cfg: NodeConfig | None, at: Mapping[str, int]) -> tuple[Any, ...] | None:
-    """What a configuration does apart from which devices it names: the places of its devices
-    among its plan's (``at``: device → place), its layout, recompute and sharding level."""
+def meshes(plan: Plan) -> dict[frozenset[str], int]:
+    """The device groups ``plan``'s operators run on (each a set: its order aside), numbered in the
+    order of first use along the plan's order."""
+    out: dict[frozenset[str], int] = {}
+    for name in plan.order:
+        out.setdefault(frozenset(plan.configs[name].devices), len(out))
+    return out
+
+
+def placement(cfg: NodeConfig | None, plan_meshes: Mapping[frozenset[str], int]) -> tuple[Any, ...] | None:
+    """What a configuration does with no device named and no degree counted (:func:`differing`'s
+    rule): which of its plan's meshes it runs on (``plan_meshes``: :func:`meshes`), whether that
+    mesh is all the plan's devices, its layout (``R`` on one device: a one-device split is no split),
+    recompute and sharding level.
+
+    >>> from tensoropt.plan import NodeConfig
+    >>> halves = lambda k: {frozenset(f"gpu{i}" for i in range(k // 2)): 0,
+    ...                     frozenset(f"gpu{i}" for i in range(k // 2, k)): 1}
+    >>> placement(NodeConfig(("gpu2", "gpu3"), "channel"), halves(4)) == placement(NodeConfig(
+    ...     ("gpu4", "gpu5", "gpu6", "gpu7"), "channel"), halves(8))      # the second stage, split by channel
+    True
+    """
     if cfg is None:
         return None
-    return tuple(at[d] for d in cfg.devices), cfg.layout, cfg.recompute, int(cfg.shard)
+    mesh = frozenset(cfg.devices)
+    whole = mesh == frozenset().union(*plan_meshes)
+    layout = cfg.layout.value if cfg.degree > 1 else "R"
+    return plan_meshes[mesh], whole, layout, cfg.recompute, int(cfg.shard)
 
 
 def mixed_groups(plan: Plan, graph: OpGraph) -> list[str]:
@@ -348,4 +397,4 @@ def layer_of(fig: go.Figure) -> Mapping[str, Any]:
 
 
 __all__ = ["group_of", "groups", "plan_graph_figure", "node_details", "differing", "edge_costs", "config_label",
-           "mixed_groups", "layer_of", "short_path", "mesh_text", "spaced"]
+           "placement", "meshes", "mixed_groups", "layer_of", "short_path", "mesh_text", "spaced"]

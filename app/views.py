@@ -48,9 +48,9 @@ def reserve_bytes(value: float | str | None) -> int:
     return int(gib_bytes(value) or 0)
 
 
-def summary_lines(store: ResultStore, key: str) -> list[str]:
+def summary_lines(store: ResultStore, key: str, *, errors: bool = True) -> list[str]:
     """The lines above the frontier: what was computed and how long it took, the curves drawn,
-    whether the baselines still run, and the placers' errors."""
+    whether the baselines still run, and (``errors``) the placers' errors (:func:`placer_errors`)."""
     s = store.summary(key)
     counts = ", ".join(str(k) for k in s.get("device_counts", []))
     lines = [f"{s['ops']} operators; devices {', '.join(s['devices'])}; profiled/captured in {s['profile_s']:.1f} s, "
@@ -60,23 +60,39 @@ def summary_lines(store: ResultStore, key: str) -> list[str]:
              f"{counts} GPUs"]
     if not store.complete(key):
         lines.append("the baseline placers are still running: their markers appear when they are done")
+    return lines + (placer_errors(store, key) if errors else [])
+
+
+def placer_errors(store: ResultStore, key: str) -> list[str]:
+    """Why each baseline placer that made no plan made none, in its words (naming the placer)."""
     # the placers' messages already name the placer
-    lines += [b["error"] if b["error"].startswith(b["algo"]) else f"{b['algo']}: {b['error']}"
-              for b in store.baselines(key) if b.get("error")]
-    return lines
+    return [b["error"] if b["error"].startswith(b["algo"]) else f"{b['algo']}: {b['error']}"
+            for b in store.baselines(key) if b.get("error")]
+
+
+def folded(element_id: str, title: str, lines: Sequence[str]) -> html.Details:
+    """``lines`` folded under the one line ``title``, closed: on Llama-3-8B's default the twelve placers'
+    errors and the 28 search notes, open, pushed the chart and the GPUs-needed table below a 1366 × 768
+    laptop's first screen (the decision line above them says what to do)."""
+    return html.Details(id=element_id, open=False, style={"margin": "2px 0"}, children=[
+        html.Summary(title), html.Ul([html.Li(n) for n in lines], style={"margin": "2px 0"})])
+
+
+def placer_notes(store: ResultStore, key: str) -> html.Details:
+    """Why the baseline placers without a plan made none (:func:`placer_errors`), :func:`folded`."""
+    errors = placer_errors(store, key)
+    return folded("placer-errors", f"baseline placers without a plan ({len(errors)})", errors)
 
 
 def search_notes(store: ResultStore, key: str) -> html.Details:
     """The search's notes on the page (``frontier.json``'s: what memory and time are, the resolution,
     how many plans were walked, whether the search was exact and why, the placers whose plans did not
-    join), folded under a line that says how many; open when the search was not exact, as the
-    summary line above it points here."""
+    join), :func:`folded` under a line that says how many and whether the search was exact (the summary
+    line above it points here)."""
     info = store.frontier_info(key)
     notes = [str(n) for n in info.get("notes") or []]
-    exact = bool(info.get("exact"))
-    return html.Details(id="search-notes", open=not exact, style={"margin": "2px 0"}, children=[
-        html.Summary(f"the search's notes ({len(notes)}): {'exact' if exact else 'not exact'}"),
-        html.Ul([html.Li(n) for n in notes], style={"margin": "2px 0"})])
+    return folded("search-notes", f"the search's notes ({len(notes)}): {'exact' if info.get('exact') else 'not exact'}",
+                  notes)
 
 
 def frontier_view(store: ResultStore, key: str, budget: float | None, reserve: int, selected: str | None = None,
@@ -155,6 +171,21 @@ def page_data(store: ResultStore, key: str) -> dict[str, Any]:
             "kinds": {prices.price_key(k): k for k in kinds.values()},
             "plans": [{k: p[k] for k in ("plan_id", "label", "role", "devices", "memory_bytes", "time_s", "peaks")}
                       for p in plans]}
+
+
+def likely_plans(store: ResultStore, key: str) -> list[str]:
+    """The plans a person most likely opens first: the GPUs-needed table's with no budget — on each
+    GPU count the fastest plan that fits every device's own memory (:func:`figures.fastest_that_fits`) —
+    the fastest of them first (the decision line's).  What :meth:`~.pipeline.ResultStore.warm` simulates
+    ahead of a click."""
+    plans = figures.drawn_plans(store.curves(key), store.baselines(key))
+    cluster = store.cluster(key)
+    fit = {p["plan_id"]: fits(p["peaks"], cluster) for p in plans}
+    best = [figures.fastest_that_fits([p for p in plans if p["num_devices"] == k], fit)
+            for k in sorted({p["num_devices"] for p in plans})]
+    chosen = [b for b in best if b is not None]
+    chosen.sort(key=lambda p: (p["time_s"], p["num_devices"]))
+    return [p["plan_id"] for p in chosen]
 
 
 def plan_verdict(store: ResultStore, key: str, plan_id: str, budget: float | None, reserve: int) -> str:
@@ -329,10 +360,11 @@ def compare_summary(first: tuple[str, Plan, SimResult], second: tuple[str, Plan,
             f"{sb.time_s * 1e3:.3f} ms on {len(b.devices)} device(s) ({ratio:.2f}× the step); "
             f"{differing} of {ops} operators configured differently"
             + ("" if set(a.devices) == set(b.devices) else
-               " (on different GPUs: compared by layout, recompute, sharding and place among each plan's"
-               " devices)"))
+               " (on different GPUs: compared by layout, sharding, recompute and the share of each plan's GPUs"
+               " they run on, whichever GPUs and however many)"))
 
 
-__all__ = ["gib_bytes", "reserve_bytes", "summary_lines", "frontier_view", "page_data", "plan_verdict",
+__all__ = ["gib_bytes", "reserve_bytes", "summary_lines", "placer_errors", "placer_notes", "folded", "frontier_view",
+           "page_data", "likely_plans", "plan_verdict",
            "shown_key", "source_banner", "price_inputs", "plan_options", "plan_commands", "device_options",
            "graph_hint", "compare_summary", "decision_text", "stale_text"]

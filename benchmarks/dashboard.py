@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -131,6 +132,55 @@ def _timed_enter(drv, el, text: str) -> float:
                        30, "the redraw"))
 
 
+_PANEL = ("memory-graph", "gantt-graph", "plan-graph")
+
+
+def _timed_plan_click(drv, how: str, plan_id: str) -> float:
+    """Open ``plan_id``'s panel — ``how``: ``"row"``, a click on its row of the GPUs-needed table (the
+    row naming it); ``"point"``, a click on its frontier point (Plotly's click event) — and return the
+    ms from the click to every chart of the panel drawn (each one's first ``afterplot`` after it, the
+    title naming the plan)."""
+    from selenium.webdriver.common.by import By
+
+    time.sleep(1.0)   # the page settled after the last click (the table and chart redrawn)
+    drv.execute_script("""
+        window.__t0 = null; window.__drawn = {};
+        for (const id of arguments[0]) {
+            const g = document.querySelector('#' + id + ' .js-plotly-plot');
+            if (g && !g.__timed) { g.__timed = true; g.on('plotly_afterplot', () => {
+                if (window.__t0 !== null && !(id in window.__drawn)) window.__drawn[id] = performance.now(); }); }
+        }
+        const table = document.getElementById('gpus-table');
+        if (!table.__timed) { table.__timed = true;
+            table.addEventListener('click', () => { window.__t0 = performance.now(); window.__drawn = {}; }, true); }
+        """, list(_PANEL))
+    if how == "row":
+        row = next(r for r in drv.find_elements(By.CSS_SELECTOR, "#gpus-table tbody tr")
+                   if plan_id in " ".join(c.text for c in r.find_elements(By.CSS_SELECTOR, "td")[1:2]))
+        row.find_elements(By.CSS_SELECTOR, "td")[1].click()
+    else:
+        drv.execute_script(f"""
+            const g = {GD};
+            for (let c = 0; c < g.data.length; c++) {{
+                const t = g.data[c];
+                if (!t.meta || (t.meta.role !== 'curve' && t.meta.role !== 'baseline')) continue;
+                const i = t.customdata.indexOf(arguments[0]);
+                if (i < 0) continue;
+                window.__t0 = performance.now(); window.__drawn = {{}};
+                g.emit('plotly_click', {{points: [{{curveNumber: c, pointNumber: i, pointIndex: i,
+                    customdata: arguments[0], x: t.x[i], y: t.y[i], data: t, fullData: g._fullData[c]}}]}});
+                return;
+            }}""", plan_id)
+
+    def drawn() -> float | None:
+        if drv.find_element(By.ID, "plan-title").text != f"plan {plan_id}":
+            return None
+        return drv.execute_script("const d = window.__drawn, ids = arguments[0];"
+                                  "return ids.every(i => i in d) ? Math.max(...ids.map(i => d[i])) - window.__t0 "
+                                  ": null;", list(_PANEL))
+    return float(_wait(drawn, 60, f"{plan_id}'s panel"))
+
+
 def _serve(tmp: Path, lazy: bool = False, python: str = sys.executable) -> tuple[subprocess.Popen, str, float]:
     port = _free_port()
     env = {**os.environ, "TENSOROPT_CACHE_DIR": str(tmp / "profiles")}
@@ -169,15 +219,27 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _screenshots(drv, folder: Path) -> list[Path]:
-    """The page on the default: the frontier and the GPUs-needed table under an 80 GiB budget (the
-    default's H100s: where data parallelism does not fit and the page says which plans do); the
-    fastest plan that fits, with one block of its graph expanded; two plans compared."""
+    """The page on the default in a 1366 × 768 window: the decision, the frontier and the GPUs-needed
+    table's top under an 80 GiB budget (the default's H100s: where data parallelism does not fit and
+    the page says which plans do); the fastest plan that fits, with one block of its graph expanded;
+    two plans compared (each PNG about 100 to 200 KB)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = [folder / "dashboard.png", folder / "dashboard-plan.png", folder / "dashboard-compare.png"]
+    # a 1366 × 768 laptop's window (the issue's): what a person sees on opening the page there
+    drv.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 1366, "height": 768, "deviceScaleFactor": 1,
+                                                               "mobile": False})
+    try:
+        _shoot(drv, out)
+    finally:
+        drv.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    return out
+
+
+def _shoot(drv, out: list[Path]) -> None:
     from selenium.webdriver.common.by import By
 
     from tensoropt.dashboard.prices import LIST_PRICES
 
-    folder.mkdir(parents=True, exist_ok=True)
-    out = [folder / "dashboard.png", folder / "dashboard-plan.png", folder / "dashboard-compare.png"]
     price = drv.find_element(By.CSS_SELECTOR, "#price-inputs input")   # back to its list price (the redraws moved it)
     listed = LIST_PRICES.get(json.loads(price.get_attribute("id"))["kind"])
     if listed is not None:
@@ -228,11 +290,52 @@ def _screenshots(drv, folder: Path) -> list[Path]:
     time.sleep(2.0)
     drv.execute_script("document.getElementById('compare-plan').scrollIntoView()")
     drv.save_screenshot(str(out[2]))
-    return out
+
+
+def page_timings(drv, redraws: int, clicks: int, shots: Path | None, how: str) -> None:
+    """On the page ``drv`` shows (its result coming): ``redraws`` budget and price changes timed, then
+    ``clicks`` times a click on a frontier point whose plan was not opened yet, and one on the
+    GPUs-needed table's row of the fastest plan that fits, each to the plan's panel drawn
+    (:func:`_timed_plan_click`); the screenshots into ``shots``."""
+    from selenium.webdriver.common.by import By
+
+    _wait(lambda: drv.find_element(By.ID, "progress-text").text in ("done", "cached result"), 900, "the baselines")
+    _wait(lambda: drv.find_elements(By.CSS_SELECTOR, "#gpus-table tbody tr td"), 60, "the GPUs-needed table")
+    peaks = sorted({p for p in drv.execute_script(
+        f"return {GD}.data.filter(t => t.meta && t.meta.role === 'curve').flatMap(t => t.x)")})
+    unit = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2}[drv.execute_script(f"return {GD}.layout.meta.unit")]
+    budget = drv.find_element(By.ID, "budget")
+    ms_budget = [_timed_enter(drv, budget, repr(peaks[i * (len(peaks) - 1) // max(redraws - 1, 1)] * unit))
+                 for i in range(redraws)]
+    price = drv.find_element(By.CSS_SELECTOR, "#price-inputs input")
+    ms_price = [_timed_enter(drv, price, f"{2 + i / 10:.2f}") for i in range(redraws)]
+    plans = drv.execute_script(f"return {GD}.data.filter(t => t.meta && (t.meta.role === 'curve' || "
+                               "t.meta.role === 'baseline')).reduce((n, t) => n + t.x.length, 0)")
+    print(f"{DEFAULT_MODEL} on {DEFAULT_CLUSTER}, {DEFAULT_PRECISION}: {plans} plans drawn; {how}; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"budget change to the chart and table redrawn: {_stats(ms_budget, 'ms', 0)}")
+    print(f"price change to the chart and table redrawn: {_stats(ms_price, 'ms', 0)}", flush=True)
+    if clicks:
+        rows = drv.execute_script("return window.tensoropt.last.rows")
+        row_plan = next(r["plan_id"] for r in sorted(rows, key=lambda r: r.get("time_s") or math.inf)
+                        if r.get("plan_id") and "use_k" not in r)
+        others = [pid for pid in drv.execute_script(
+            f"return {GD}.data.filter(t => t.meta && t.meta.role === 'curve').flatMap(t => t.customdata)")
+            if pid != row_plan]
+        ms_point, ms_row = [], []
+        for i in range(clicks):
+            ms_point.append(_timed_plan_click(drv, "point", others[(i * 7) % len(others)]))
+            ms_row.append(_timed_plan_click(drv, "row", row_plan))
+        print(f"frontier point (a plan not opened before) to its plan panel drawn: {_stats(ms_point, 'ms', 0)}")
+        print(f"GPUs-needed row ({row_plan}) to its plan panel drawn: {_stats(ms_row, 'ms', 0)} "
+              f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+    if shots is not None:
+        for p in _screenshots(drv, shots):
+            print(f"screenshot {p} ({p.stat().st_size / 1024:.0f} KiB)")
 
 
 def browser_runs(runs: int, redraws: int, shots: Path | None, lazy: bool = False,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, clicks: int = 0) -> None:
     from selenium.webdriver.common.by import By
 
     starts, firsts, warms = [], [], []
@@ -267,25 +370,8 @@ def browser_runs(runs: int, redraws: int, shots: Path | None, lazy: bool = False
         print(f"page opened (at once) to the frontier drawn (cold caches): {_stats(firsts)}")
         print(f"`tensoropt app` started to the frontier drawn: {_stats([a + b for a, b in zip(starts, firsts)])}")
         print(f"page opened again (its result computed) to the frontier drawn: {_stats(warms)}", flush=True)
-        _wait(lambda: drv.find_element(By.ID, "progress-text").text == "done", 900, "the baselines")
-        peaks = sorted({p for p in drv.execute_script(
-            f"return {GD}.data.filter(t => t.meta && t.meta.role === 'curve').flatMap(t => t.x)")})
-        unit = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024 ** 2}[drv.execute_script(f"return {GD}.layout.meta.unit")]
-        budget = drv.find_element(By.ID, "budget")
-        ms_budget = [_timed_enter(drv, budget, repr(peaks[i * (len(peaks) - 1) // max(redraws - 1, 1)] * unit))
-                     for i in range(redraws)]
-        price = drv.find_element(By.CSS_SELECTOR, "#price-inputs input")
-        ms_price = [_timed_enter(drv, price, f"{2 + i / 10:.2f}") for i in range(redraws)]
-        plans = drv.execute_script(f"return {GD}.data.filter(t => t.meta && (t.meta.role === 'curve' || "
-                                   "t.meta.role === 'baseline')).reduce((n, t) => n + t.x.length, 0)")
         how = "--lazy" if lazy else "computing the first request with themselves"
-        print(f"{DEFAULT_MODEL} on {DEFAULT_CLUSTER}, {DEFAULT_PRECISION}: {plans} plans drawn; servers {how}; "
-              f"load average {os.getloadavg()[0]:.1f}")
-        print(f"budget change to the chart and table redrawn: {_stats(ms_budget, 'ms', 0)}")
-        print(f"price change to the chart and table redrawn: {_stats(ms_price, 'ms', 0)}")
-        if shots is not None:
-            for p in _screenshots(drv, shots):
-                print(f"screenshot {p}")
+        page_timings(drv, redraws, clicks, shots, f"servers {how}")
     finally:
         drv.quit()
         for proc, tmp in procs:
@@ -300,14 +386,26 @@ def main() -> None:
                                                              "profile runs each call once whatever it is)")
     ap.add_argument("--browser", action="store_true", help="time the page in headless Chromium (module docstring)")
     ap.add_argument("--redraws", type=int, default=10, help="with --browser: budget and price changes timed")
+    ap.add_argument("--clicks", type=int, default=5, help="with --browser or --url: plan panels opened and timed "
+                                                           "(from a frontier point, from a GPUs-needed row)")
+    ap.add_argument("--url", help="time the page of a server already running there (its result computed or "
+                                  "coming): the redraws, clicks and screenshots only, no cold start")
     ap.add_argument("--screenshots", type=Path, help="with --browser: save the page's screenshots in this folder")
     ap.add_argument("--lazy", action="store_true", help="with --browser: start the servers with --lazy (the page "
                                                         "starts the work when it opens)")
     ap.add_argument("--python", default=sys.executable, help="with --browser: the interpreter that runs the servers "
                                                               "(a fresh install's: benchmarks/first_run.py --keep)")
     args = ap.parse_args()
+    if args.url:
+        drv = _browser()
+        try:
+            drv.get(args.url)
+            page_timings(drv, args.redraws, args.clicks, args.screenshots, f"the server at {args.url}")
+        finally:
+            drv.quit()
+        return
     if args.browser:
-        browser_runs(args.runs, args.redraws, args.screenshots, args.lazy, args.python)
+        browser_runs(args.runs, args.redraws, args.screenshots, args.lazy, args.python, args.clicks)
         return
     preload(DEFAULT_MODEL)
     ready, done, cpu = [], [], []

@@ -375,3 +375,56 @@ def test_device_lists_are_ranges_that_count_right():
     # gaps split the range; short runs are listed by name
     assert "<br>6 GPUs: gpu0–gpu3, gpu6, gpu7<br>" in F.hover_head(
         {**p, "devices": ["gpu7", "gpu0", "gpu1", "gpu2", "gpu3", "gpu6"], "num_devices": 6})
+
+
+def test_two_timelines_share_one_time_axis():
+    """The issue: two compared plans' timelines were drawn on different time scales.  One figure, one
+    plan above the other, the x axes linked and spanning the longer step (6 ms); the bars as simulated."""
+    short = SimResult(0.003, {"gpu0": 1}, {}, {}, [TimelineEvent("gpu0", "device", "mm", "fp", 0.0, 0.001),
+                                                   TimelineEvent("gpu0", "device", "mm", "bp", 0.001, 0.003)],
+                      {"gpu0": StepMemory(peak=1)})
+    fig = F.compare_gantt_figure(("p-long", _sim()), ("p-short", short))
+    # the first plan's bars on the top axes, the second's on the bottom ones, each phase named once in the legend
+    by_axes = {(t.xaxis, t.yaxis, t.name): (list(t.base), list(t.x)) for t in fig.data}
+    assert by_axes == {("x", "y", "fp"): ([0.0, 3.0], [2.0, 1.0]), ("x", "y", "bp"): ([4.0], [2.0]),
+                       ("x", "y", "transfer"): ([2.0], [1.0]), ("x2", "y2", "fp"): ([0.0], [1.0]),
+                       ("x2", "y2", "bp"): ([1.0], [2.0])}
+    assert sorted(t.name for t in fig.data if t.showlegend) == ["bp", "fp", "transfer"]
+    assert len({t.legendgroup for t in fig.data}) == 3
+    # one time axis: the top one follows the bottom one, both over 0 … 6 ms
+    assert fig.layout.xaxis.matches == "x2" and fig.layout.xaxis2.matches is None
+    assert list(fig.layout.xaxis.range) == list(fig.layout.xaxis2.range) == [0, 6.0]
+    assert fig.layout.xaxis2.title.text == "ms"
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == ["p-long: simulated timeline: 6.000 ms", "p-short: simulated timeline: 3.000 ms"]
+    assert list(fig.layout.yaxis.categoryarray) == ["gpu0->gpu1", "gpu1", "gpu0"]
+    assert list(fig.layout.yaxis2.categoryarray) == ["gpu0"]
+
+
+def test_devices_that_run_alike_share_a_timeline_row_and_tiny_events_one_bar():
+    """A data-parallel step's devices do the same at the same times: one row for them all (an 8-GPU
+    Llama-3-8B step drew 64 rows, 30,000 events, capped at 5,000 bars: half a second in the browser);
+    a run of events each under a thousandth of the step is one bar, the longer ones their own."""
+    def step(dev, shift=0.0):
+        return [TimelineEvent(dev, "device", "mm", "fp", 0.0 + shift, 0.4 + shift),
+                TimelineEvent(dev, "device", "add", "fp", 0.4 + shift, 0.4002 + shift),
+                TimelineEvent(dev, "device", "relu", "fp", 0.4002 + shift, 0.4004 + shift),
+                TimelineEvent(dev, "device", "mm", "bp", 0.4004 + shift, 0.9 + shift)]
+    links = [TimelineEvent(f"gpu{a}->gpu{b}", "link", "mm", "allreduce", 0.9, 1.0, "grads") for a, b in
+             ((0, 1), (1, 2), (2, 0))]
+    events = step("gpu2") + step("gpu0") + step("gpu1") + step("gpu3", shift=0.05) + links
+    rows = F.timeline_rows(events)
+    assert [(label, rs) for label, rs, _ in rows] == [
+        ("gpu0,gpu1,gpu2", ["gpu0", "gpu1", "gpu2"]), ("gpu3", ["gpu3"]),
+        ("gpu0->gpu1 (+2 alike)", ["gpu0->gpu1", "gpu1->gpu2", "gpu2->gpu0"])]
+    assert [e.node for e in rows[0][2]] == ["mm", "add", "relu", "mm"]
+    # a 1.0 s step: add and relu (0.2 ms each, under 1 ms) are one bar, from add's start to relu's end
+    assert F.timeline_bars(rows[0][2], 1.0) == [("mm", "fp", 0.0, 0.4, ""),
+                                                ("add … relu (2 operators)", "fp", 0.4, 0.4004,
+                                                 "each under 0.1% of the step: one bar"),
+                                                ("mm", "bp", 0.4004, 0.9, "")]
+    # a 0.1 s step: 0.2 ms is over a thousandth: each its own bar
+    assert [b[0] for b in F.timeline_bars(rows[0][2], 0.1)] == ["mm", "add", "relu", "mm"]
+    fig = F.gantt_figure(SimResult(1.05, {}, {}, {}, events, {}))
+    assert list(fig.layout.yaxis.categoryarray) == ["gpu0->gpu1 (+2 alike)", "gpu3", "gpu0,gpu1,gpu2"]
+    assert sum(len(t.x) for t in fig.data) == 3 + 3 + 1   # 7 bars for the 19 events

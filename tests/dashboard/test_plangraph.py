@@ -144,3 +144,77 @@ def test_the_same_plan_on_other_devices_differs_nowhere_and_one_changed_operator
     changed.configs = {**moved.configs, op: dataclasses.replace(moved.configs[op],
                                                               recompute=not moved.configs[op].recompute)}
     assert [r["node"] for r in G.differing(small, changed, graph)] == [op]
+
+
+def _hand_graph(*names):
+    """What :func:`~tensoropt.dashboard.plangraph.differing` reads of a graph: its operators in order."""
+    from types import SimpleNamespace
+    return SimpleNamespace(ops=[SimpleNamespace(name=n, op="aten.mm", module_path=f"m.{n}") for n in names])
+
+
+def _hand_plan(**configs):
+    """A plan from ``node=(devices, layout[, shard])`` by hand, the nodes run in the order given."""
+    from tensoropt.plan import NodeConfig, Plan
+    return Plan({n: NodeConfig(tuple(c[0]), c[1], False, c[2] if len(c) > 2 else 0) for n, c in configs.items()},
+                graph_fingerprint="hand")
+
+
+def _gpus(*ids):
+    return [f"gpu{i}" for i in ids]
+
+
+def test_plans_on_two_gpu_counts_compare_by_layout_and_mesh_not_device_ids():
+    """The issue's "295 of 295 operators configured differently": the same layouts on 4 and on 8 GPUs
+    differ nowhere; what differs is named (expected values worked by hand)."""
+    graph = _hand_graph("emb", "mm", "head")
+    # data parallel, parameters sharded (ZeRO-3) — on gpu0–gpu3 and on gpu0–gpu7
+    four = _hand_plan(emb=(_gpus(0, 1, 2, 3), "batch", 3), mm=(_gpus(0, 1, 2, 3), "batch", 3),
+                      head=(_gpus(0, 1, 2, 3), "batch", 3))
+    eight = _hand_plan(emb=(_gpus(*range(8)), "batch", 3), mm=(_gpus(*range(8)), "batch", 3),
+                       head=(_gpus(*range(8)), "batch", 3))
+    assert G.differing(four, eight, graph) == []
+    # on other GPUs of a bigger cluster (gpu4–gpu7): the same
+    assert G.differing(four, _hand_plan(emb=(_gpus(4, 5, 6, 7), "batch", 3), mm=(_gpus(4, 5, 6, 7), "batch", 3),
+                                        head=(_gpus(4, 5, 6, 7), "batch", 3)), graph) == []
+    # two stages: emb and mm on the first half, head split by channel on the second — on 2 + 2 and on 4 + 4
+    staged4 = _hand_plan(emb=(_gpus(0, 1), "batch"), mm=(_gpus(0, 1), "batch"), head=(_gpus(2, 3), "channel"))
+    staged8 = _hand_plan(emb=(_gpus(0, 1, 2, 3), "batch"), mm=(_gpus(0, 1, 2, 3), "batch"),
+                         head=(_gpus(4, 5, 6, 7), "channel"))
+    assert G.differing(staged4, staged8, graph) == []
+    # the 8-GPU one with head by batch instead, and mm's parameters sharded: those two named, as written
+    other8 = _hand_plan(emb=(_gpus(0, 1, 2, 3), "batch"), mm=(_gpus(0, 1, 2, 3), "batch", 3),
+                        head=(_gpus(4, 5, 6, 7), "batch"))
+    rows = G.differing(staged4, other8, graph)
+    assert rows == [{"node": "mm", "op": "aten.mm", "module": "m.mm", "a": "gpu0,gpu1 · batch",
+                     "b": "gpu0,gpu1,gpu2,gpu3 · batch · ZeRO-3"},
+                    {"node": "head", "op": "aten.mm", "module": "m.head", "a": "gpu2,gpu3 · channel",
+                     "b": "gpu4,gpu5,gpu6,gpu7 · batch"}]
+    # data parallel over all 8 against two stages of 4: every operator on another mesh (all the GPUs against a half)
+    dp8 = _hand_plan(emb=(_gpus(*range(8)), "batch"), mm=(_gpus(*range(8)), "batch"), head=(_gpus(*range(8)), "batch"))
+    assert [r["node"] for r in G.differing(dp8, staged8, graph)] == ["emb", "mm", "head"]
+    # emb alone on a GPU, the rest split by batch over the others — on 4 and on 8: the same at another degree
+    one4 = _hand_plan(emb=(_gpus(0), "R"), mm=(_gpus(1, 2, 3), "batch"), head=(_gpus(1, 2, 3), "batch"))
+    one8 = _hand_plan(emb=(_gpus(0), "R"), mm=(_gpus(*range(1, 8)), "batch"), head=(_gpus(*range(1, 8)), "batch"))
+    assert G.differing(one4, one8, graph) == []
+    # all on one GPU against two stages on one GPU each: head moved to a second GPU
+    assert [r["node"] for r in G.differing(
+        _hand_plan(emb=(_gpus(0), "R"), mm=(_gpus(0), "R"), head=(_gpus(0), "R")),
+        _hand_plan(emb=(_gpus(0), "R"), mm=(_gpus(0), "R"), head=(_gpus(1), "R")), graph)] == ["head"]
+    # one device: whatever layout it names, no split (a 1-GPU plan's "batch" is its "R")
+    assert G.differing(_hand_plan(emb=(_gpus(0), "R"), mm=(_gpus(0), "R"), head=(_gpus(0), "R")),
+                       _hand_plan(emb=(_gpus(3), "batch"), mm=(_gpus(3), "R"), head=(_gpus(3), "R")), graph) == []
+
+
+def test_an_expanded_graph_is_drawn_wide_enough_for_its_layers(default_plans):
+    """Every block expanded, GPT-2's layers were squeezed into the page's 560 px (2.6 px apart: nodes
+    drawn over one another); now the figure is as wide as its layers need, 14 px each, and its box
+    scrolls; collapsed, it fits the box and follows its width."""
+    store, key, graph, plan, _ = default_plans
+    fig = G.plan_graph_figure(plan, graph, store.cluster(key))
+    assert fig.layout.width is None and G.LAYER_PX * fig.layout.meta["layers"] <= G.PLOT_PX[0]
+    wide = G.plan_graph_figure(plan, graph, store.cluster(key), expanded=sorted(G.groups(graph)))
+    xs = sorted({x for x, _ in G.layer_of(wide).values()})
+    assert len(xs) == wide.layout.meta["layers"] > G.PLOT_PX[0] / G.LAYER_PX
+    plot_w = wide.layout.width - wide.layout.margin.l - wide.layout.margin.r - G.LEGEND_PX
+    px_per_layer = plot_w / (xs[-1] - xs[0])   # the x axis spans the layers (autorange adds a little)
+    assert px_per_layer >= G.LAYER_PX * 0.95
