@@ -657,7 +657,8 @@ class FrontierResult:
         wide = self._store.widen_above
         if not np.isfinite(wide) or self.resolution == 0.0:
             return 1.0
-        return float((1.0 + self.resolution / wide) ** round(self.mem_slack / self.resolution))
+        # in logarithms: a long derivation's power overflows a float (1.001 ** 710,000)
+        return math.exp(min(700.0, round(self.mem_slack / self.resolution) * math.log1p(self.resolution / wide)))
 
     def assignment_vector(self, i: int) -> np.ndarray:
         """Configuration index of every node (problem order) for frontier point ``i``."""

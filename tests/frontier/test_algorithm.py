@@ -90,6 +90,21 @@ def test_frontier_equals_brute_force_on_random_dags(p):
     assert is_frontier(r.mem, r.time)
 
 
+@SETTINGS
+@given(dag_problems(), st.sampled_from([0.5, 1.0, 2.0]), st.sampled_from([1.0, 3.0, 8.0]))
+def test_widened_buckets_cost_what_the_result_says_against_brute_force(p, res, wide):
+    # every exact frontier point (m, t) is matched by a reported plan of time <= t and memory
+    # < (m + mem_slack) × mem_slack_factor; every reported point is a real plan at its true costs
+    r = track(p, resolution=res, widen_above=wide)
+    assert r.mem_slack_factor == pytest.approx((1 + res / wide) ** round(r.mem_slack / res), rel=1e-9)
+    assert track(p, resolution=res).mem_slack_factor == 1.0
+    eps = 0.0 if integer_costs(p) else 1e-9   # float sums in another order than brute force's
+    for m, t, _ in brute_force(p):
+        assert any(r.time[i] <= t + eps and r.mem[i] < (m + r.mem_slack) * r.mem_slack_factor + eps
+                   for i in range(len(r)))
+    assert_unrolls(r, p, integer_costs(p))
+
+
 def complete_dag(n):
     return [(i, j) for i in range(n) for j in range(i + 1, n)]
 
