@@ -372,8 +372,8 @@ class Cluster:
         largest :meth:`LinkModel.time_both_ways` at some size): every other link has no more
         latency and no less bandwidth than one of these, so it is never slower — the max over
         these is the max over the ring, exactly.  The slowest-bandwidth link is first.  Remembered
-        per ring: a search of
-        Llama-3-405B on 512 GPUs priced 50,000 collectives, each going round up to 512 links.
+        per ring: a search of Llama-3-405B on 512 GPUs priced 50,000 collectives, each going round
+        up to 512 links.
         Devices named twice are a ``ValueError``, unknown ones a :class:`ClusterSpecError`.
 
             >>> fast, slow = LinkModel(1e-6, 1e11), LinkModel(5e-6, 1e10)
