@@ -41,8 +41,10 @@ def test_each_rank_holds_what_the_wrapper_holds_within_3_percent(gpt2, recipe):
     plan = tensoropt.place(graph, costs, cluster, placer, devices=MESH, optimizer="adamw")
     assert plan.runtime == RUNTIME[placer]
     walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
-    theirs = launch(measure_torch_recipe, 2, {"model_spec": SPEC, "recipe": recipe, "steps": 1, "warmup": 2},
-                    timeout_s=300)[0]
+    # the least of 3 measured steps: on a loaded machine (CI's) gloo can finish a reduce-scatter late,
+    # its buffer then alive at the peak (measure_torch_recipe's ``tracked``)
+    theirs = launch(measure_torch_recipe, 2, {"model_spec": SPEC, "recipe": recipe, "steps": 1, "warmup": 2,
+                                              "tracked": 3}, timeout_s=300)[0]
     for rank, device in enumerate(MESH):   # ZeRO-1's ranks hold different optimizer states
         ours, measured = walked[device].peak, theirs["peak_bytes"][rank]
         assert abs(ours - measured) <= 0.03 * measured, (recipe, rank, ours, measured, walked[device].parts(),
