@@ -135,6 +135,23 @@ def _timed_enter(drv, el, text: str) -> float:
 _PANEL = ("memory-graph", "gantt-graph", "plan-graph")
 
 
+def _click_point(drv, plan_id: str, before: str = "") -> None:
+    """Emit plotly_click on the frontier's point of ``plan_id`` (what a mouse click does), running the
+    script ``before`` just before it (a timer's start)."""
+    drv.execute_script(f"""
+        const g = {GD};
+        for (let c = 0; c < g.data.length; c++) {{
+            const t = g.data[c];
+            if (!t.meta || (t.meta.role !== 'curve' && t.meta.role !== 'baseline')) continue;
+            const i = t.customdata.indexOf(arguments[0]);
+            if (i < 0) continue;
+            {before}
+            g.emit('plotly_click', {{points: [{{curveNumber: c, pointNumber: i, pointIndex: i,
+                customdata: arguments[0], x: t.x[i], y: t.y[i], data: t, fullData: g._fullData[c]}}]}});
+            return;
+        }}""", plan_id)
+
+
 def _timed_plan_click(drv, how: str, plan_id: str) -> float:
     """Open ``plan_id``'s panel — ``how``: ``"row"``, a click on its row of the GPUs-needed table (the
     row naming it); ``"point"``, a click on its frontier point (Plotly's click event) — and return the
@@ -159,18 +176,7 @@ def _timed_plan_click(drv, how: str, plan_id: str) -> float:
                    if plan_id in " ".join(c.text for c in r.find_elements(By.CSS_SELECTOR, "td")[1:2]))
         row.find_elements(By.CSS_SELECTOR, "td")[1].click()
     else:
-        drv.execute_script(f"""
-            const g = {GD};
-            for (let c = 0; c < g.data.length; c++) {{
-                const t = g.data[c];
-                if (!t.meta || (t.meta.role !== 'curve' && t.meta.role !== 'baseline')) continue;
-                const i = t.customdata.indexOf(arguments[0]);
-                if (i < 0) continue;
-                window.__t0 = performance.now(); window.__drawn = {{}};
-                g.emit('plotly_click', {{points: [{{curveNumber: c, pointNumber: i, pointIndex: i,
-                    customdata: arguments[0], x: t.x[i], y: t.y[i], data: t, fullData: g._fullData[c]}}]}});
-                return;
-            }}""", plan_id)
+        _click_point(drv, plan_id, "window.__t0 = performance.now(); window.__drawn = {};")
 
     def drawn() -> float | None:
         if drv.find_element(By.ID, "plan-title").text != f"plan {plan_id}":
@@ -249,15 +255,7 @@ def _shoot(drv, out: list[Path]) -> None:
     drv.execute_script("window.scrollTo(0, 0)")
     drv.save_screenshot(str(out[0]))
     best = drv.execute_script(f"return {GD}.data.find(t => t.meta && t.meta.role === 'best-fit').customdata[0]")
-    drv.execute_script(f"""
-        const g = {GD};
-        for (let c = 0; c < g.data.length; c++) {{
-            const t = g.data[c];
-            if (!t.meta || (t.meta.role !== 'curve' && t.meta.role !== 'baseline')) continue;
-            const i = t.customdata.indexOf(arguments[0]);
-            if (i >= 0) {{ g.emit('plotly_click', {{points: [{{curveNumber: c, pointNumber: i, customdata: arguments[0],
-                x: t.x[i], y: t.y[i], data: t}}]}}); return; }}
-        }}""", best)
+    _click_point(drv, best)
     _wait(lambda: drv.find_element(By.ID, "plan-title").text == f"plan {best}", 60, "the plan panel")
     _wait(lambda: drv.execute_script("const g = document.querySelector('#plan-graph .js-plotly-plot');"
                                      "return g && g.data && g.data.some(t => t.meta && t.meta.role === 'nodes');"),
