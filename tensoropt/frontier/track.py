@@ -240,10 +240,15 @@ def _smallest_memory(mp: MeshProblem, cluster: Cluster) -> int:
     return min(cluster.device(d).memory_bytes for d in mp.mesh)
 
 
+def _largest_memory(mp: MeshProblem, cluster: Cluster) -> int:
+    """The memory of the mesh's largest device, in bytes: no plan above twice it fits anywhere."""
+    return max(cluster.device(d).memory_bytes for d in mp.mesh)
+
+
 def _session(mp: MeshProblem, cluster: Cluster, resolution: float, backend: str | None, widen: bool) -> Session:
     """The session of ``mp``'s τ runs: its buckets widen from twice the memory of the mesh's largest
     device on (module docstring), where ``widen``."""
-    wide = max(cluster.device(d).memory_bytes for d in mp.mesh) if widen and resolution > 0 else np.inf
+    wide = _largest_memory(mp, cluster) if widen and resolution > 0 else np.inf
     return Session(resolution, backend, widen_above=wide)
 
 
@@ -304,7 +309,7 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
              "max_frontier": int(max((r.max_frontier for r in runs), default=0)),
              # (levels above the smallest device's memory, of them run): what the notes say was thinned
              "levels_over_memory": (int((mp.transient_levels() > memory).sum()), int((levels > memory).sum())),
-             "memory": memory, "memory_largest": max(cluster.device(d).memory_bytes for d in mp.mesh),
+             "memory": memory, "memory_largest": _largest_memory(mp, cluster),
              "mem_slack_factor": slack_factor, **dict(mp.stats)}
     costs_arr = np.column_stack([pool.est, pool.peak, pool.time]).astype(np.float64).reshape(-1, 3)
     seconds = sum(r.seconds for r in runs) + _time.perf_counter() - t0
