@@ -25,10 +25,11 @@ time.  ``--workers``: the frontier's worker processes, each a row, run in turn w
 run), then with the folder the first run filled (the capture and the untimed profile read back) —
 the median of ``--repeats`` runs of each, with the wall seconds of each stage: ``import``
 (``tensoropt.cli`` and the command), ``build`` (the model, on the meta device: the zoo's builder,
-transformers' import the first time), ``capture`` (torch.export, expansion, or reading the capture
-cache), ``profile`` (untimed, or reading the cache), ``search`` (the rest of the workflow:
+transformers' import the first time), ``capture`` (torch's import where the command needs torch,
+torch.export, expansion, or reading the capture cache: a cached run imports no torch), ``profile`` (untimed, or reading the cache), ``search`` (the rest of the workflow:
 reading the cluster, pricing, frontier tracking and the 2-D plans), ``rest`` (the process's wall
-time less all that: the interpreter, argument parsing, printing, exit); and the process's peak
+time less all that: the interpreter, argument parsing, printing, exit as the console script
+exits); and the process's peak
 resident memory (``ru_maxrss``, the command's own process; the search's forked workers apart).
 A run past ``--limit-s`` is stopped: its stages done so far are printed, the search as ``>``.
 
@@ -52,6 +53,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from types import ModuleType
+
     import tensoropt
 
 T0 = time.perf_counter()    # the child's import time is counted from here (--child)
@@ -93,8 +97,6 @@ def child(out: str, argv: list[str]) -> int:
     seconds["import"] = time.perf_counter() - T0
     import tensoropt.modelspec as modelspec
     import tensoropt.workflow as workflow
-    import tensoropt.zoo as zoo
-    import tensoropt.zoo.hf as hf
 
     def write() -> None:
         rss = {"self_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -115,8 +117,9 @@ def child(out: str, argv: list[str]) -> int:
                 write()
         setattr(owner, name, timed)
 
-    timing(zoo, "build", "build")
-    timing(hf, "from_config", "build")
+    # the builders where the command imports them: a cached run never does (nor torch, which they import)
+    _after_import("tensoropt.zoo", lambda zoo: timing(zoo, "build", "build"))
+    _after_import("tensoropt.zoo.hf", lambda hf: timing(hf, "from_config", "build"))
     timing(modelspec.LoadedModel, "capture", "capture+build")
     timing(workflow, "profile", "profile")
     timing(workflow, "kept_profile", "profile")
@@ -126,7 +129,38 @@ def child(out: str, argv: list[str]) -> int:
     seconds["search"] = seconds.pop("explore", 0.0) - seconds["build"] - seconds["capture"] - seconds["profile"]
     seconds["python"] = time.perf_counter() - T0
     write()
+    tensoropt.cli.exit_now(code)    # as the console script ends
     return code
+
+
+def _after_import(name: str, then: Callable[[ModuleType], None]) -> None:
+    """``then(module)`` once module ``name`` is imported: now if it already is, else right after
+    whoever imports it first has (a finder ahead of Python's that hooks the module's loading)."""
+    import importlib.abc
+    import importlib.machinery
+
+    if name in sys.modules:
+        then(sys.modules[name])
+        return
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+                      ) -> importlib.machinery.ModuleSpec | None:
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+            if spec is None or spec.loader is None:
+                return spec
+            load = spec.loader.exec_module
+
+            def exec_module(module: ModuleType) -> None:
+                load(module)
+                then(module)
+            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, Finder())
 
 
 @dataclass

@@ -3,6 +3,7 @@
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,6 +61,25 @@ def test_console_script_is_installed():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "aten.scaled_dot_product_attention" in r.stdout or "aten.linear.default" in r.stdout
+
+
+def test_the_command_ends_with_its_output_its_code_and_its_exit_handlers():
+    # the console script skips the interpreter's teardown (exit_now): what a command printed, its
+    # exit code and what atexit would run (logging's flush, temporary folders) must all survive that
+    script = ("import atexit, sys, tempfile\n"
+              "from tensoropt.cli import exit_now\n"
+              "atexit.register(lambda: print('handler ran', file=sys.stderr))\n"
+              "d = tempfile.TemporaryDirectory()\n"
+              "print(d.name)\n"
+              "print('x' * 100000, end='')\n"
+              "exit_now(3)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    folder, text = r.stdout.split("\n", 1)
+    assert (r.returncode, text, r.stderr) == (3, "x" * 100000, "handler ran\n")
+    assert not Path(folder).exists()     # the TemporaryDirectory's finalizer ran at exit
+    r = subprocess.run([sys.executable, "-m", "tensoropt.cli", "graph", "zoo:nosuchmodel"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "vgg16" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_profile_prints_top_ops_and_writes_a_profile(capsys, tmp_path):

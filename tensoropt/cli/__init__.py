@@ -13,7 +13,9 @@ several share in :mod:`._common`.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -78,5 +80,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def exit_now(code: int) -> None:
+    """End the process with ``code`` once its output is flushed and its ``atexit`` handlers have run
+    (logging's flush, finalizers, temporary folders), skipping the interpreter's teardown: freeing
+    every object of a captured model one by one took 2.2 s after Llama-3-8B's first ``frontier``
+    (0.4 s after a cached one), where ``os._exit`` takes 0.2 — the command's output was already
+    complete.  For the console script and ``python -m``, never for a caller of :func:`main`."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):   # a closed pipe (``| head``) or stream: nothing more to write
+            pass
+    os._exit(code)
+
+
+def run() -> None:
+    """The ``tensoropt`` console script: :func:`main` on ``sys.argv``, then :func:`exit_now`."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

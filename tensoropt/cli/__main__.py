@@ -1,7 +1,5 @@
 """``python -m tensoropt.cli``: the same as the ``tensoropt`` command (nothing else lives here)."""
 
-import sys
+from . import run
 
-from . import main
-
-sys.exit(main())
+run()
