@@ -26,11 +26,11 @@ run), then with the folder the first run filled (the capture and the untimed pro
 the median of ``--repeats`` runs of each, with the wall seconds of each stage: ``import``
 (``tensoropt.cli`` and the command), ``build`` (the model, on the meta device: the zoo's builder,
 transformers' import the first time), ``capture`` (torch's import where the command needs torch,
-torch.export, expansion, or reading the capture cache: a cached run imports no torch), ``profile`` (untimed, or reading the cache), ``search`` (the rest of the workflow:
-reading the cluster, pricing, frontier tracking and the 2-D plans), ``rest`` (the process's wall
-time less all that: the interpreter, argument parsing, printing, exit as the console script
-exits); and the process's peak
-resident memory (``ru_maxrss``, the command's own process; the search's forked workers apart).
+torch.export, expansion, or reading the capture cache: a cached run imports no torch), ``profile``
+(untimed, or reading the cache), ``search`` (the rest of the workflow: reading the cluster,
+pricing, frontier tracking and the 2-D plans), ``rest`` (the process's wall time less all that:
+the interpreter, argument parsing, printing, exit as the console script exits); and the process's
+peak resident memory (``ru_maxrss``, the command's own process; the search's forked workers apart).
 A run past ``--limit-s`` is stopped: its stages done so far are printed, the search as ``>``.
 
     python benchmarks/planning_speed.py --end-to-end [--e2e-cases gpt2-12,llama3-8b,llama3-70b,llama3-405b]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import importlib
 import os
 import sys
@@ -88,10 +89,8 @@ def exit_now(code: int) -> None:
     complete.  For the console script and ``python -m``, never for a caller of :func:`main`."""
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):   # a closed pipe (``| head``): nothing more to write
             stream.flush()
-        except (OSError, ValueError):   # a closed pipe (``| head``) or stream: nothing more to write
-            pass
     os._exit(code)
 
 
