@@ -126,6 +126,7 @@ Example (a two-layer MLP on a preset's A100s, :func:`tensoropt.examples.mlp_on`)
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -451,10 +452,20 @@ class MeshProblem:
     def num_devices(self) -> int:
         return len(self.mesh)
 
-    def plan_configs(self, assignment: Mapping[str, int] | Sequence[int]) -> dict[str, NodeConfig]:
-        """Node name → :class:`NodeConfig` for an assignment (name → index, or a list in node order)."""
+    def plan_configs(self, assignment: Mapping[str, int] | Sequence[int] | np.ndarray) -> dict[str, NodeConfig]:
+        """Node name → :class:`NodeConfig` for an assignment (name → index, or a list or an integer
+        array in node order)."""
         vec = self.problem._as_vector(assignment)
-        return {n.name: self.configs[n.name][s] for n, s in zip(self.problem.nodes, vec)}
+        return dict(zip(self._names, map(tuple.__getitem__, self._config_rows, vec)))
+
+    @functools.cached_property
+    def _names(self) -> tuple[str, ...]:
+        return self.problem.node_names
+
+    @functools.cached_property
+    def _config_rows(self) -> tuple[tuple[NodeConfig, ...], ...]:
+        """Each node's configurations, in node order: what :meth:`plan_configs` indexes."""
+        return tuple(tuple(self.configs[name]) for name in self._names)
 
     def max_transient(self, assignment: Mapping[str, int] | Sequence[int]) -> float:
         vec = self.problem._as_vector(assignment)

@@ -35,7 +35,7 @@ import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import networkx as nx
 import numpy as np
@@ -245,7 +245,9 @@ class Problem:
     def n_assignments(self) -> int:
         return math.prod(n.k for n in self.nodes)
 
-    def _as_vector(self, assignment: Mapping[str, int] | Sequence[int]) -> list[int]:
+    def _as_vector(self, assignment: Mapping[str, int] | Sequence[int] | np.ndarray) -> list[int]:
+        if isinstance(assignment, np.ndarray):   # a configuration vector (a frontier's row): checked at once
+            return self._checked_vector(assignment)
         if isinstance(assignment, Mapping):
             try:   # every node given and no more (then nothing else is in it): one pass, no search
                 vec = [int(assignment[n.name]) for n in self.nodes]
@@ -264,6 +266,22 @@ class Problem:
             if not 0 <= s < n.k:
                 raise ProblemError(f"node {n.name!r} has configurations 0..{n.k - 1}, got {s}")
         return vec
+
+    def _checked_vector(self, vec: np.ndarray) -> list[int]:
+        """:meth:`_as_vector` of an integer array, its range checked in one pass (a frontier's
+        points: Llama-3-405B's 283 of 6,710 nodes each took 9 ms node by node)."""
+        if vec.shape != (len(self.nodes),) or not np.issubdtype(vec.dtype, np.integer):
+            raise ProblemError(f"assignment has shape {vec.shape} ({vec.dtype}) for {len(self.nodes)} nodes: "
+                               "one integer per node")
+        ks = self.__dict__.get("_ks")
+        if ks is None:
+            ks = np.fromiter((n.k for n in self.nodes), dtype=np.int64, count=len(self.nodes))
+            object.__setattr__(self, "_ks", ks)
+        bad = np.flatnonzero((vec < 0) | (vec >= ks))
+        if bad.size:
+            n = self.nodes[int(bad[0])]
+            raise ProblemError(f"node {n.name!r} has configurations 0..{n.k - 1}, got {int(vec[bad[0]])}")
+        return cast("list[int]", vec.tolist())
 
     def cost_of(self, assignment: Mapping[str, int] | Sequence[int]) -> tuple[float, float]:
         """(mem, time) of an assignment (node name → configuration index, or a list in node

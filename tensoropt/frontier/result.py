@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import io
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -39,10 +40,10 @@ from ..describe import fmt_bytes
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..measure.costmodel import CostModel
-from ..plan import Estimate, NodeConfig, Plan
+from ..plan import Estimate, Plan
 from ..planmodel.fits import fits, over_by
 from ..planmodel.simulate import simulate
-from ..planmodel.walk import fill_segments
+from ..planmodel.walk import SegmentsMemo, fill_segments
 from . import point_sets
 from .graph_problem import MeshProblem
 from .replicas import REPLICAS_SOURCE
@@ -117,7 +118,9 @@ class MeshResult:
     all_levels: int
     mem: np.ndarray
     time: np.ndarray
-    assignments: tuple[dict[str, int], ...]
+    #: each point's configuration vector (a row: index per node in problem order; :attr:`assignments`
+    #: the same as dicts, built where asked: a worker sends rows back)
+    vectors: np.ndarray
     merged_by_resolution: int
     mem_slack: float
     exact: bool
@@ -139,6 +142,12 @@ class MeshResult:
     @property
     def mesh(self) -> tuple[str, ...]:
         return self.problem.mesh
+
+    @functools.cached_property
+    def assignments(self) -> tuple[dict[str, int], ...]:
+        """Each point's assignment, node name → configuration index (:attr:`vectors` as dicts)."""
+        names = self.problem.problem.node_names
+        return tuple(dict(zip(names, row)) for row in self.vectors.tolist())
 
 
 class Frontier:
@@ -413,11 +422,21 @@ class Frontier:
 
 
 
+class PointsMemo:
+    """What :func:`frontier_point` computes of one graph and costs, kept across the points of one
+    list: the operators' order, the graph's fingerprint and :func:`~tensoropt.planmodel.walk.fill_segments`'
+    answers (Llama-3-405B's 283 points of 6,710 operators took 26 ms each without it)."""
+
+    def __init__(self, graph: OpGraph):
+        self.order = [n.name for n in graph.ops]
+        self.fingerprint = graph.fingerprint
+        self.segments = SegmentsMemo()
+
+
 def frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: OpGraph, costs: CostModel,
                    cluster: Cluster, *,
                    res: float, optimizer: str | int, budget: int | float | None, reserve: int,
-                   times_from: str,
-                   segments_memo: dict[tuple[str, int], tuple[NodeConfig, bool]] | None = None) -> FrontierPoint:
+                   times_from: str, memo: PointsMemo | None = None) -> FrontierPoint:
     """Point ``j`` of mesh ``w``'s own frontier ``r`` as point ``i`` of ``count`` in a list of plans
     (the union over meshes, a device count's curve): plan ``p{i:03d}-{k}dev`` (``k``: the mesh's
     devices) with the mesh's configuration of every operator, its walked per-device peak, its
@@ -425,19 +444,19 @@ def frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: OpG
     ``optimizer`` and ``budget``, and the point fits when :func:`tensoropt.planmodel.fits.fits`
     says so under ``budget`` and ``reserve``.  ``times_from``: where the operator times came from
     (:func:`~tensoropt.devicemodel.costs_source`).  Builds no cost: every figure is ``r``'s.
-    ``segments_memo``: :func:`~tensoropt.planmodel.walk.fill_segments`'s, shared by the points of
-    one graph and costs.  O(operators)."""
+    ``memo``: what the points of one graph and costs share (:class:`PointsMemo`).  O(operators)."""
     mp = r.problem
-    a = r.assignments[j]
+    vec = r.vectors[j]
     t = float(r.time[j])
     mem_i = int(r.mem[j])
     per_device = dict.fromkeys(mp.mesh, mem_i)
     estimate = int(round(float(r.estimates[j])))
     k = mp.num_devices
     pid = f"p{i:03d}-{k}dev"
-    order = [n.name for n in graph.ops]
-    plan = Plan(fill_segments(order, mp.plan_configs(a), graph, costs, segments_memo),
-                graph_fingerprint=graph.fingerprint,
+    memo = PointsMemo(graph) if memo is None else memo
+    order = memo.order
+    plan = Plan(fill_segments(order, mp.plan_configs(vec), graph, costs, memo.segments),
+                graph_fingerprint=memo.fingerprint,
                 graph_name=graph.name,
                 batch_size=graph.batch_size, cluster_name=cluster.name,
                 cluster_fingerprint=cluster.fingerprint, algorithm="frontier",
@@ -450,7 +469,7 @@ def frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: OpG
     return FrontierPoint(pid, mem_i, t, k, tuple(mp.mesh), plan,
                          fits(per_device, cluster, budget=budget, reserve=reserve), per_device,
                          dict(r.parts[j]), estimate,
-                         w, dict(a))
+                         w, dict(zip(mp.problem.node_names, vec.tolist())))
 
 
 def _renumbered(p: FrontierPoint, i: int, count: int) -> FrontierPoint:

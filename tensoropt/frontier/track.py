@@ -89,7 +89,7 @@ from ..layouts import Shard
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..placers import place
-from ..plan import NodeConfig, Plan
+from ..plan import Plan
 from ..planmodel.fits import cannot_fit, check_budget_value
 from ..planmodel.meshplan import MeshEvaluator
 from ..planmodel.simulate import simulate
@@ -107,7 +107,7 @@ from .polish import Evaluated
 from .result import CSV_COLUMNS as CSV_COLUMNS
 from .result import MEMORY_PARTS as MEMORY_PARTS
 from .result import BudgetError as BudgetError
-from .result import Frontier, MeshResult, frontier_point
+from .result import Frontier, MeshResult, PointsMemo, frontier_point
 from .result import FrontierPoint as FrontierPoint
 
 __all__ = ["track_frontier", "default_resolution", "RESOLUTION_FRACTION", "DEFAULT_MAX_LEVELS",
@@ -286,7 +286,6 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     slack_factor = max((r.mem_slack_factor for r in runs), default=1.0)
     # every τ run's points are candidates: each is Pareto-optimal for the search's estimate under its
     # transient cap; the compiled evaluator gives each its simulated step and its walked peak
-    names = [n.name for n in mp.problem.nodes]
     memory = _smallest_memory(mp, cluster)
     ev = MeshEvaluator(graph, costs, cluster, mp.mesh, configs=mp.configs, optimizer=mp.optimizer)
     pool = Evaluated(mp, ev, graph)
@@ -316,7 +315,8 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     return MeshResult(mp, tuple(float(x) for x in levels), n_levels,
                       np.array([pool.peak[k] for k in front], dtype=np.float64),
                       np.array([pool.time[k] for k in front], dtype=np.float64),
-                      tuple(dict(zip(names, (int(x) for x in pool.vecs[k]))) for k in front), merged,
+                      np.array([pool.vecs[k] for k in front], dtype=np.int64).reshape(len(front), -1).astype(
+                          _config_dtype(mp)), merged,
                       slack + 2 * resolution, exact_search, tuple(dict.fromkeys(fixed)), seconds,
                       stats, tuple(ev.memory_parts(pool.vecs[k]) for k in front),
                       np.array([pool.est[k] for k in front], dtype=np.float64),
@@ -447,9 +447,9 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     _, _, which, idx, m_union = point_sets.union([(r.mem, r.time) for r in results], res, backend=backend,
                                              return_merged=True)
     merged = sum(r.merged_by_resolution for r in results) + m_union
-    memo: dict[tuple[str, int], tuple[NodeConfig, bool]] = {}
+    memo = PointsMemo(graph)
     points = [frontier_point(i, len(which), results[w], w, j, graph, costs, cluster, res=res, optimizer=optimizer,
-                              budget=budget, reserve=reserve, times_from=costs_source(costs), segments_memo=memo)
+                              budget=budget, reserve=reserve, times_from=costs_source(costs), memo=memo)
               for i, (w, j) in enumerate(zip(which.tolist(), idx.tolist()))]
 
     exact = all(r.exact for r in results) and m_union == 0

@@ -310,43 +310,62 @@ def keeps_nothing(costs: CostModel, node: OpNode, cfg: NodeConfig) -> bool:
     return sh is None or not sh.extra_saved_bytes
 
 
+class SegmentsMemo:
+    """:func:`fill_segments`' answers of one graph and costs, kept across its calls (a frontier's
+    points: Llama-3-405B's 283 asked :func:`keeps_nothing` 807,000 times and an operator's block
+    1.2 million): ``keeps`` — :func:`keeps_nothing` by operator and the configuration's identity
+    (hashing one hashes its devices, 512 names; the entry holds the configuration, so that no
+    other takes its id) — and ``blocks``, each operator's :func:`segment_block`."""
+
+    def __init__(self) -> None:
+        self.keeps: dict[tuple[str, int], tuple[NodeConfig, bool]] = {}
+        self.blocks: dict[str, str] = {}
+
+
 def fill_segments(order: Sequence[str], configs: Mapping[str, NodeConfig], graph: OpGraph,
-                  costs: CostModel, memo: dict[tuple[str, int], tuple[NodeConfig, bool]] | None = None
-                  ) -> dict[str, NodeConfig]:
+                  costs: CostModel, memo: SegmentsMemo | None = None) -> dict[str, NodeConfig]:
     """``configs`` with every operator that keeps nothing (:func:`keeps_nothing`) and lies between
     two ``recompute`` operators of one segment (same devices, same block, nothing else between)
     recomputed too, so that the two are one segment (:func:`recompute_segments`): frontier
     tracking offers ``recompute`` only where it frees something, and a view or an addition in the
-    middle of a block must not cut the block's checkpoint in two.  ``memo``: answers of
-    :func:`keeps_nothing` kept across calls on the same graph and costs (a frontier's points:
-    Llama-3-405B's 283 asked it 807,000 times), by the configuration's identity — hashing one
-    hashes its devices, 512 names — which the memo holds so that no other takes its id.  O(V)."""
-    if memo is None:
-        memo = {}
+    middle of a block must not cut the block's checkpoint in two.  ``memo``: what calls on the
+    same graph and costs share (:class:`SegmentsMemo`).  O(V)."""
+    memo = SegmentsMemo() if memo is None else memo
+    kept, blocks, nodes = memo.keeps, memo.blocks, graph.nodes
+
+    def block(name: str) -> str:
+        found = blocks.get(name)
+        if found is None:
+            found = blocks[name] = segment_block(nodes[name])
+        return found
 
     def keeps(name: str, cfg: NodeConfig) -> bool:
-        found = memo.get((name, id(cfg)))
+        found = kept.get((name, id(cfg)))
         if found is None:
-            found = memo[(name, id(cfg))] = (cfg, keeps_nothing(costs, graph.nodes[name], cfg))
+            found = kept[(name, id(cfg))] = (cfg, keeps_nothing(costs, nodes[name], cfg))
         return found[1]
 
     out = dict(configs)
     gap: list[str] = []
-    run_key: tuple[Any, ...] | None = None
+    # the open segment's block and devices (_segment_key's parts; a mesh's configurations share one
+    # devices tuple, so identity answers first): None where no segment is open
+    run_block: str | None = None
+    run_devices: tuple[str, ...] = ()
     for name in order:
         cfg = configs[name]
         if cfg.recompute:
-            key = _segment_key(graph, name, cfg)
-            if key == run_key:
+            b = block(name)
+            if b == run_block and (cfg.devices is run_devices or cfg.devices == run_devices):
                 for x in gap:
                     c = out[x]
                     out[x] = NodeConfig(c.devices, c.layout, True, c.shard)
-            gap, run_key = [], key
-        elif run_key is not None and _segment_key(graph, name, cfg) == run_key \
-                and keeps(name, cfg):
-            gap.append(name)
-        elif run_key is not None:   # outside a run the key is not needed
-            gap, run_key = [], None
+            gap, run_block, run_devices = [], b, cfg.devices
+        elif run_block is not None:
+            if block(name) == run_block and (cfg.devices is run_devices or cfg.devices == run_devices) \
+                    and keeps(name, cfg):
+                gap.append(name)
+            else:            # outside a run the key is not needed
+                gap, run_block = [], None
     return out
 
 
