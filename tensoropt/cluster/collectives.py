@@ -137,8 +137,8 @@ def all_to_all_time(cluster: Cluster, devices: Sequence[str], nbytes: int | floa
     if n == 1:
         return 0.0
     chunk = nbytes / n
-    return sum(max(cluster.link(devices[i], devices[(i + r) % n]).time_both_ways(chunk) for i in range(n))
-               for r in range(1, n))
+    # each round's slowest among the links that can be (Cluster.exchange_rounds): the same max
+    return sum(_ring_step(links, chunk) for links in cluster.exchange_rounds(devices))
 
 
 def broadcast_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> float:

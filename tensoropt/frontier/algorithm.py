@@ -410,30 +410,38 @@ class _Store:
         # nodes × points while it is filled: a node's configurations for the points are one row, not
         # a strided column (Llama-3-8B's 33 τ runs unrolled 1,700 nodes for thousands of points each)
         cfg = np.full((n_nodes, len(points)), -1, np.int64)
+        # every cell written once: as many writes as cells and none left unwritten (a cell written
+        # twice leaves another unwritten) — counted, not checked at each visit (Llama-3-405B's τ runs
+        # visited their unroll trees a million times)
+        written = 0
+        groups = self.groups
         stack: list[tuple[int, np.ndarray, np.ndarray, int]] = [(gid, np.arange(len(points)), np.asarray(points), 0)]
         while stack:
             g, rows, ii, off = stack.pop()
-            G = self.groups[g]
+            G = groups[g]
             if G.node >= 0:
-                node = self.relocate(G.node, off)
-                line = cfg[node]
-                if (line[rows] >= 0).any():
-                    raise RuntimeError(f"frontier unroll reached node {node} twice (internal error)")
                 assert G.cfg is not None   # a node's leaf group records its configurations
-                line[rows] = G.cfg[ii]
-            if G.ref_gid.ndim == 1:
-                for slot in range(G.ref_gid.size):
-                    moved = off + (int(G.shift[slot]) if G.shift is not None else 0)
-                    stack.append((int(G.ref_gid[slot]), rows, G.ref_idx[ii, slot], moved))
+                cfg[self.relocate(G.node, off) if off else G.node, rows] = G.cfg[ii]
+                written += rows.size
+            ref_gid, ref_idx = G.ref_gid, G.ref_idx
+            if ref_gid.ndim == 1:
+                shift = G.shift
+                for slot in range(ref_gid.size):
+                    moved = off + int(shift[slot]) if shift is not None else off
+                    stack.append((int(ref_gid[slot]), rows, ref_idx[ii, slot], moved))
             else:
-                for slot in range(G.ref_gid.shape[1]):
-                    gids = G.ref_gid[ii, slot]
+                for slot in range(ref_gid.shape[1]):
+                    gids = ref_gid[ii, slot]
+                    if gids.size and (gids == gids[0]).all():   # one parent for all (the usual case)
+                        stack.append((int(gids[0]), rows, ref_idx[ii, slot], off))
+                        continue
                     for u in np.unique(gids):
                         sel = gids == u
-                        stack.append((int(u), rows[sel], G.ref_idx[ii[sel], slot], off))
-        if (cfg < 0).any():
-            raise RuntimeError(f"frontier unroll left nodes {np.flatnonzero((cfg < 0).any(axis=1))[:5].tolist()} "
-                               "without a configuration (internal error)")
+                        stack.append((int(u), rows[sel], ref_idx[ii[sel], slot], off))
+        if written != cfg.size or (cfg < 0).any():
+            what = ("reached a node twice" if written > cfg.size
+                    else f"left nodes {np.flatnonzero((cfg < 0).any(axis=1))[:5].tolist()} without a configuration")
+            raise RuntimeError(f"frontier unroll {what} (internal error)")
         return np.ascontiguousarray(cfg.T)
 
     def unroll(self, gid: int, i: int, n_nodes: int) -> np.ndarray:

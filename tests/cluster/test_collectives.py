@@ -197,3 +197,11 @@ def test_a_ring_step_is_its_slowest_link_whatever_the_size(n, rnd, chunks):
         c.ring_bottlenecks([names[0], names[1], names[0]])
     with pytest.raises(ClusterSpecError):
         c.ring_bottlenecks([names[0], "nowhere"])
+    # an all-to-all's rounds, the same way: its time is the formula's sum over every link of each round
+    for chunk in chunks:
+        m = len(ring)
+        formula = sum(max(c.link(ring[i], ring[(i + r) % m]).time_both_ways(chunk / m) for i in range(m))
+                      for r in range(1, m))
+        assert all_to_all_time(c, ring, chunk) == formula
+    with pytest.raises(ValueError, match="distinct"):
+        c.exchange_rounds([names[0], names[1], names[0]])
