@@ -80,6 +80,19 @@ def test_no_one_joins_a_mesh_where_the_cold_start_costs_more_than_it_saves():
     assert [t for *_, t in log if t[0] == "beside"] == [("beside",)]
 
 
+def test_a_worker_with_nothing_else_to_do_joins_where_its_cold_start_ends_first():
+    # mesh 0: one 1 s level; mesh 1: five levels, 3 s cold, 2.5 s warm; 1 s finishes.  By hand:
+    # worker 1 ends mesh 0's level (1 s) and finish (2 s), then waits for a warm level of mesh 1 to
+    # be measured (5.5 s, worker 0's level 1).  Levels 3 and 4 are then not handed out (5 s at the
+    # owner's pace), less than twice the 3 s cold start, so with the finishes done worker 1 joins
+    # anyway: level 4 from 5.5 to 8.5 s, before worker 0 (level 2 to 8 s, level 3 to 10.5 s) would
+    # have ended it at 13 s; mesh 1's finish 10.5 – 11.5 s.  Waiting instead: 14 s
+    work = MeshWork([1, 5], hints=[1, 5])
+    makespan, log = run(work, 2, cold=[1, 3], warm=[1, 2.5])
+    assert makespan == pytest.approx(11.5)
+    assert [(w, s, e) for w, s, e, t in log if t == ("level", 1, 4)] == [(1, 5.5, 8.5)]
+
+
 def test_meshes_start_largest_hint_first_then_the_placers_then_the_costliest_finish():
     order = []
     work = MeshWork([1, 1, 1], hints=[1, 5, 3], beside=True,
