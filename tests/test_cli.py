@@ -66,16 +66,17 @@ def test_console_script_is_installed():
 def test_the_command_ends_with_its_output_its_code_and_its_exit_handlers():
     # the console script skips the interpreter's teardown (exit_now): what a command printed, its
     # exit code and what atexit would run (logging's flush, temporary folders) must all survive that
-    script = ("import atexit, sys, tempfile\n"
+    script = ("import atexit, sys, tempfile, threading, time\n"
               "from tensoropt.cli import exit_now\n"
               "atexit.register(lambda: print('handler ran', file=sys.stderr))\n"
               "d = tempfile.TemporaryDirectory()\n"
               "print(d.name)\n"
               "print('x' * 100000, end='')\n"
+              "threading.Thread(target=lambda: (time.sleep(0.5), print('thread ended', file=sys.stderr))).start()\n"
               "exit_now(3)\n")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     folder, text = r.stdout.split("\n", 1)
-    assert (r.returncode, text, r.stderr) == (3, "x" * 100000, "handler ran\n")
+    assert (r.returncode, text, r.stderr) == (3, "x" * 100000, "thread ended\nhandler ran\n")
     assert not Path(folder).exists()     # the TemporaryDirectory's finalizer ran at exit
     r = subprocess.run([sys.executable, "-m", "tensoropt.cli", "graph", "zoo:nosuchmodel"],
                        capture_output=True, text=True, timeout=300)

@@ -18,6 +18,7 @@ import contextlib
 import importlib
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 
@@ -86,7 +87,11 @@ def exit_now(code: int) -> None:
     (logging's flush, finalizers, temporary folders), skipping the interpreter's teardown: freeing
     every object of a captured model one by one took 2.2 s after Llama-3-8B's first ``frontier``
     (0.4 s after a cached one), where ``os._exit`` takes 0.2 — the command's output was already
-    complete.  For the console script and ``python -m``, never for a caller of :func:`main`."""
+    complete.  As the interpreter would, it first waits for the threads that are not daemons.  For
+    the console script and ``python -m``, never for a caller of :func:`main`."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):   # a closed pipe (``| head``): nothing more to write
