@@ -14,7 +14,8 @@ hooks, which non-strict export runs), and every generator ``np.random.default_rn
 noted with the module that made it.  The innermost module that drew is named in one
 :class:`RandomOutsideTorchError`.  Not seen: a generator made before capture and kept by the
 model (``self.rng = np.random.default_rng(0)`` in ``__init__``) and names imported before
-capture (``from numpy.random import default_rng``).
+capture (``from numpy.random import default_rng``); such a draw is a captured constant, and a
+plan's failed check then names it (:func:`tensoropt.execute.check.first_difference`).
 
 >>> import numpy as np, torch
 >>> class Mask(torch.nn.Module):

@@ -37,7 +37,7 @@ from torch import nn
 
 from ..capture import ModelCall
 from ..errors import TensorOptError
-from ..execute.check import Comparison, first_difference, prepare_check
+from ..execute.check import Comparison, first_difference, frozen_clause, prepare_check
 from ..execute.replicas import call_for_capture
 from ..execute.runplan import RunOptions, Say, run_plan, step_summary
 from ..graph import OpGraph
@@ -80,7 +80,7 @@ class DistributedBackend:
                                  precision=ex.check_precision)
         if where.startswith("every operator"):
             where = ("in one process every operator's forward output agrees with the model's: the difference "
-                     "arises across the ranks (their moves, collectives or gradient sums)")
+                     "arises across the ranks (their moves, collectives or gradient sums)" + frozen_clause(g))
         return dataclasses.replace(cmp, first_difference=where)
 
     def apply(self, model: nn.Module, call: ModelCall, plan: Plan, graph: OpGraph) -> RankTrainer:

@@ -88,7 +88,7 @@ from ..capture import capture
 from ..capture.call import ModelCall
 from ..capture.precision import AUTOCAST_DTYPES, device_types, precision_context, precision_of
 from ..errors import ExecutionError
-from ..graph import OpGraph, Precision
+from ..graph import OpGraph, ParamKind, Precision
 from ..measure.step import _float_tensors
 from ..plan import NodeConfig, Plan
 from .randomness import KeyedRandomMode
@@ -718,12 +718,50 @@ def first_difference(model: nn.Module, inputs: Any, plan: Plan, graph: OpGraph,
         c = check_tensor("output", name, got.probed[name], ref.probed[name], precision=precision)
         if not c.passed:
             node = graph.nodes[name]
-            where = f"module {node.module_path} ({node.module_type})" if node.module_path else "the model's forward"
             cfg = plan.configs[name]
-            return (f"first operator whose output differs: {name} ({node.op}, in {where}; planned {cfg.layout} "
-                    f"over {cfg.degree} device(s)) — {c.describe()}")
-    return (f"every operator's forward output agrees with the model's ({len(got.probes)} compared): the difference "
-            "arises in the backward or in the gradients' sums")
+            frozen = constants_upstream(graph, name)
+            return (f"first operator whose output differs: {name} ({node.op}, in {_where(graph, name)}; planned "
+                    f"{cfg.layout} over {cfg.degree} device(s)) — {c.describe()}"
+                    + (f"; it is downstream of {_frozen(graph, frozen)}" if frozen else ""))
+    return (f"every operator's forward output agrees with the model's captured graph ({len(got.probes)} compared): "
+            "the difference arises in the backward or in the gradients' sums" + frozen_clause(graph))
+
+
+def frozen_clause(graph: OpGraph) -> str:
+    """What a check whose planned forward agrees with the capture adds where the graph reads
+    constants the capture froze (:func:`constants_upstream`): the model may compute them anew;
+    ``""`` where it reads none."""
+    frozen = constants_upstream(graph)
+    return (f" — or in the model itself computing anew what its capture froze: its forward reads "
+            f"{_frozen(graph, frozen)}" if frozen else "")
+
+
+def constants_upstream(graph: OpGraph, name: str | None = None) -> list[str]:
+    """The constants the capture lifted (:attr:`~tensoropt.graph.ParamKind.CONSTANT`) that
+    operator ``name`` reads, or one before it reads (``None``: that any operator reads): values
+    frozen at capture, which every step replays.  O(V + E)."""
+    import networkx as nx
+
+    upstream = None if name is None else {name, *nx.ancestors(graph.nx, name)}
+    return [p.name for p in graph.params.values() if p.kind == ParamKind.CONSTANT
+            and any(r is not None and (upstream is None or r in upstream) for r in (p.owner, *p.readers))]
+
+
+def _where(graph: OpGraph, name: str) -> str:
+    node = graph.nodes[name]
+    return f"module {node.module_path} ({node.module_type})" if node.module_path else "the model's forward"
+
+
+def _frozen(graph: OpGraph, constants: Sequence[str]) -> str:
+    """The sentence of :func:`first_difference` for ``constants`` (:func:`constants_upstream`)."""
+    first = graph.params[constants[0]]
+    reader = first.owner or (first.readers[0] if first.readers else None)
+    by = f", read by {reader} ({graph.nodes[reader].op}, in {_where(graph, reader)})" if reader else ""
+    more = f" and {len(constants) - 1} more" if len(constants) > 1 else ""
+    return (f"the captured constant {first.name}{by}{more}: a value frozen at capture, which every step of a plan "
+            "replays — where the model makes it anew in each forward (a draw with numpy or Python's random, "
+            "from a generator it keeps), the plan cannot compute what the model does; make it a buffer, draw it "
+            "with torch, or turn the draw off")
 
 
 def tolerance_precision(graph: OpGraph) -> torch.dtype | None:

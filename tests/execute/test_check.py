@@ -344,3 +344,38 @@ def test_a_failed_check_names_the_first_operator_whose_output_differs(monkeypatc
     assert cmp.first_difference.startswith(f"first operator whose output differs: {first_split} (")
     assert "in module conv (torch.nn.modules.conv.Conv2d)" in cmp.first_difference
     assert cmp.describe().splitlines()[1].strip() == cmp.first_difference
+
+
+class _KeptGenerator(nn.Module):
+    """SpecAugment's pattern the capture cannot see: a time mask drawn with numpy in every forward,
+    from a generator the model made in ``__init__`` (capture/outside_torch.py's "Not seen")."""
+
+    def __init__(self):
+        super().__init__()
+        import numpy as np
+
+        self.lin = nn.Linear(16, 4)
+        self.rng = np.random.default_rng(0)
+
+    def forward(self, x):
+        mask = torch.from_numpy(self.rng.random(x.shape[-1]) < 0.5).to(x.dtype)
+        return self.lin(x * mask)
+
+
+def test_a_failed_check_names_the_captured_constant_its_model_draws_anew():
+    torch.manual_seed(0)
+    model, x = _KeptGenerator(), (torch.randn(4, 16),)
+    graph = tensoropt.capture(model, x)
+    frozen = [p.name for p in graph.params.values() if p.kind == "constant"]
+    assert len(frozen) == 1         # the mask, lifted as the capture's constant
+    plan = Plan({n.name: NodeConfig(("gpu0", "gpu1"), "batch" if n.split.batch is not None else "R")
+                 for n in graph.ops}, graph_fingerprint=graph.fingerprint)
+    cmp = check_plan(model, x, plan, graph)
+    assert not cmp.passed           # the model drew another mask
+    # the plan agrees with the capture at every operator: the model itself is what differs
+    assert cmp.first_difference.startswith("every operator's forward output agrees with the model's captured graph")
+    assert f"the captured constant {frozen[0]}, read by " in cmp.first_difference
+    assert "from a generator it keeps" in cmp.describe()
+    # a model without constants keeps the plain sentence
+    plain = chk.constants_upstream(tensoropt.capture(nn.Linear(16, 4), x))
+    assert plain == []
