@@ -315,8 +315,8 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     return MeshResult(mp, tuple(float(x) for x in levels), n_levels,
                       np.array([pool.peak[k] for k in front], dtype=np.float64),
                       np.array([pool.time[k] for k in front], dtype=np.float64),
-                      np.array([pool.vecs[k] for k in front], dtype=np.int64).reshape(len(front), -1).astype(
-                          _config_dtype(mp)), merged,
+                      np.array([pool.vecs[k] for k in front], dtype=np.int64).reshape(
+                          len(front), len(mp.problem.nodes)).astype(_config_dtype(mp)), merged,
                       slack + 2 * resolution, exact_search, tuple(dict.fromkeys(fixed)), seconds,
                       stats, tuple(ev.memory_parts(pool.vecs[k]) for k in front),
                       np.array([pool.est[k] for k in front], dtype=np.float64),

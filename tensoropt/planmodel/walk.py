@@ -364,7 +364,7 @@ def fill_segments(order: Sequence[str], configs: Mapping[str, NodeConfig], graph
             if block(name) == run_block and (cfg.devices is run_devices or cfg.devices == run_devices) \
                     and keeps(name, cfg):
                 gap.append(name)
-            else:            # outside a run the key is not needed
+            else:            # an operator that keeps something, or of another block or devices, ends it
                 gap, run_block = [], None
     return out
 
