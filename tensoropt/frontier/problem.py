@@ -193,7 +193,18 @@ class Problem:
         object.__setattr__(out, "nodes", tuple(nodes))
         object.__setattr__(out, "edges", self.edges)
         object.__setattr__(out, "_index", self._index)  # type: ignore[attr-defined]
+        object.__setattr__(out, "_shared", self.shared_memo())
         return out
+
+    def shared_memo(self) -> dict[Any, Any]:
+        """Answers about this problem's nodes' names and its edges — what :meth:`masked` keeps —
+        shared with every problem masked from it (:func:`~.repeats.check`'s verdict on the
+        edges)."""
+        memo = self.__dict__.get("_shared")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_shared", memo)
+        return memo
 
     @classmethod
     def build(cls, nodes: Mapping[str, Sequence[Sequence[float]]] | Sequence[tuple[str, Sequence[Sequence[float]]]],

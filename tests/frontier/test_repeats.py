@@ -135,6 +135,22 @@ def test_blocks_that_differ_in_one_cost_are_not_composed():
     assert track(changed, repeats=rep).stats["repeats"].startswith("not composed")
 
 
+def test_a_masked_problem_is_checked_node_by_node_and_its_shared_edges_once():
+    # a τ run masks configurations of its mesh's problem: the edges' verdict, kept for the problem
+    # and every mask of it, is not asked again; the nodes are, so a mask that treats one block's
+    # node unlike its copies breaks the claim, and one that treats every copy alike keeps it
+    rng = np.random.default_rng(7)
+    p, rep = repeated_problem(rng, 4, [(0, 1), (1, 2)], [2, 2, 2], 2, 2)
+    assert check(p, rep) is None
+    one = p.masked({p.index("b2_1"): np.array([True, False])})
+    assert check(one, rep) == "nodes b0_1 and b2_1 differ in cost"
+    alike = p.masked({p.index(f"b{i}_1"): np.array([True, False]) for i in range(4)})
+    assert check(alike, rep) is None
+    assert list(alike.shared_memo()) == [("repeats: edges", rep)] and alike.shared_memo() is p.shared_memo()
+    wrong = Repeats(rep.blocks, boundary=0, entry=rep.entry, hubs=rep.hubs)   # its own verdict, not rep's
+    assert check(alike, wrong).startswith("block 1 reads node b0_2 of block 0")
+
+
 def test_a_captured_llama_composes_its_blocks_cut_anywhere_to_the_same_frontier():
     """Four Llama decoder layers on two devices: the blocks are found (read through the rotary
     tables' hubs) and cut where the fewest configurations pass (the residual stream's cast for the
