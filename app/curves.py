@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tensoropt.cluster import Cluster
-from tensoropt.frontier import Frontier, FrontierPoint
+from tensoropt.frontier import Frontier, FrontierPoint, PointsMemo
 from tensoropt.graph import OpGraph
 from tensoropt.measure.costmodel import CostModel
 from tensoropt.plan import Plan
@@ -107,6 +107,7 @@ def device_curves(frontier: Frontier, graph: OpGraph, costs: CostModel,
             cands.setdefault(p.num_devices, []).append((p.memory_bytes, p.time_s, p.plan_id, None))
     points: list[CurvePoint] = []
     plans: list[Plan] = []
+    memo = PointsMemo(graph)     # the curves' plans share what the frontier's points share
     for k in sorted(cands):
         rows = sorted(cands[k], key=lambda c: (c[0], c[1], c[2] is None))
         kept: list[tuple[int, float, str | None, tuple[int, int] | None]] = []
@@ -125,7 +126,7 @@ def device_curves(frontier: Frontier, graph: OpGraph, costs: CostModel,
             w, j = where
             new = f"{k}dev-{i:03d}"
             # built as the frontier's own points are, so that a curve point's plan is a frontier point's
-            fp = frontier.mesh_point(w, j, graph, costs, cluster=cluster, index=j, count=len(kept))
+            fp = frontier.mesh_point(w, j, graph, costs, cluster=cluster, index=j, count=len(kept), memo=memo)
             plan = _renamed(fp.plan, new, k, i, len(kept))
             points.append(_point(new, fp, False))
             plans.append(plan)

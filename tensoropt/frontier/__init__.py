@@ -48,10 +48,10 @@ from .graph_problem import MeshProblem, build_problem, candidate_meshes, node_co
 from .point_sets import batched_product, bucket_key, is_frontier, product, reduce, union
 from .problem import EdgeCosts, NodeCosts, Problem, ProblemError, brute_force, min_scalarized
 from .replicas import REPLICAS_SOURCE, host_groups, replicate_frontier, replicated
-from .result import BudgetError, Frontier, FrontierPoint, MeshResult, frontier_point
+from .result import BudgetError, Frontier, FrontierPoint, MeshResult, PointsMemo, frontier_point
 
 __all__ = [
-    "track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "frontier_point",
+    "track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "frontier_point", "PointsMemo",
     "default_resolution",
     "DEFAULT_SEED_PLACERS",
     "candidate_meshes", "ring_bottleneck", "node_configs", "build_problem", "MeshProblem",

@@ -48,8 +48,8 @@ from . import point_sets
 from .graph_problem import MeshProblem
 from .replicas import REPLICAS_SOURCE
 
-__all__ = ["Frontier", "FrontierPoint", "MeshResult", "BudgetError", "frontier_point", "CSV_COLUMNS",
-           "MEMORY_PARTS", "REPLICAS_NOTE"]
+__all__ = ["Frontier", "FrontierPoint", "MeshResult", "BudgetError", "frontier_point", "PointsMemo",
+           "CSV_COLUMNS", "MEMORY_PARTS", "REPLICAS_NOTE"]
 
 #: what a device's peak is made of (:meth:`~tensoropt.planmodel.walk.StepMemory.parts`)
 MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "transient", "reserve")
@@ -325,14 +325,15 @@ class Frontier:
 
     def mesh_point(self, mesh_index: int, j: int, graph: OpGraph, costs: CostModel, *,
                    cluster: Cluster | None = None, index: int | None = None,
-                   count: int | None = None) -> FrontierPoint:
+                   count: int | None = None, memo: PointsMemo | None = None) -> FrontierPoint:
         """Point ``j`` of mesh ``mesh_index``'s own frontier (``self.meshes[mesh_index]``, whose
         points the union over meshes may have left out) as a :class:`FrontierPoint` with its plan,
         built as the frontier's own points are (:func:`frontier_point`, with this frontier's
         resolution, optimizer, budget, reserve and times' source): what the dashboard's curve of
         each device count draws.  ``graph``, ``costs``: the frontier's model; ``cluster``: default
         the frontier's; ``index`` of ``count``: its place in the caller's list, naming the plan
-        ``p{index:03d}-{k}dev`` (default ``j`` of the mesh's points).
+        ``p{index:03d}-{k}dev`` (default ``j`` of the mesh's points).  ``memo``: shared by the
+        points built of one graph and costs (:class:`PointsMemo`), as the frontier's own are.
 
         >>> from tensoropt.examples import mlp_on
         >>> from tensoropt.frontier import track_frontier
@@ -349,7 +350,7 @@ class Frontier:
         r = self.meshes[mesh_index]
         return frontier_point(j if index is None else index, int(r.mem.size) if count is None else count, r,
                               mesh_index, j, graph, costs, cluster, res=self.resolution, optimizer=self.optimizer,
-                              budget=self.budget, reserve=self.reserve, times_from=self.times_from)
+                              budget=self.budget, reserve=self.reserve, times_from=self.times_from, memo=memo)
 
     def dominating(self, memory_bytes: int, time_s: float) -> FrontierPoint | None:
         """The point with the least memory among those that weakly dominate ``(memory_bytes,

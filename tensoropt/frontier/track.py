@@ -311,17 +311,16 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
              "memory": memory, "memory_largest": _largest_memory(mp, cluster),
              "mem_slack_factor": slack_factor, **dict(mp.stats)}
     costs_arr = np.column_stack([pool.est, pool.peak, pool.time]).astype(np.float64).reshape(-1, 3)
+    walked = np.array(pool.vecs, dtype=np.int64).reshape(len(pool), len(mp.problem.nodes)).astype(_config_dtype(mp))
     seconds = sum(r.seconds for r in runs) + _time.perf_counter() - t0
     return MeshResult(mp, tuple(float(x) for x in levels), n_levels,
                       np.array([pool.peak[k] for k in front], dtype=np.float64),
                       np.array([pool.time[k] for k in front], dtype=np.float64),
-                      np.array([pool.vecs[k] for k in front], dtype=np.int64).reshape(
-                          len(front), len(mp.problem.nodes)).astype(_config_dtype(mp)), merged,
+                      walked[np.asarray(front, dtype=np.int64)], merged,
                       slack + 2 * resolution, exact_search, tuple(dict.fromkeys(fixed)), seconds,
                       stats, tuple(ev.memory_parts(pool.vecs[k]) for k in front),
                       np.array([pool.est[k] for k in front], dtype=np.float64),
-                      np.array(pool.vecs, dtype=np.int64).reshape(len(pool), -1).astype(_config_dtype(mp)),
-                      costs_arr)
+                      walked, costs_arr)
 
 
 def _meshes_that_may_fit(graph: OpGraph, cluster: Cluster, meshes: Sequence[tuple[str, ...]], optimizer: str | int,
