@@ -41,6 +41,7 @@ from .commands import plan_filename
 from .layout import DEFAULT_EPOCH, STALE_BANNER_STYLE
 from .pipeline import ResultStore, behind_the_page, run_request
 from .requests import chosen_source, cluster_spec, request_from_controls, zoo_default_params
+from .tables import table_page
 from .uploads import accept_upload
 from .urlstate import apply_url, url_state
 from .views import (
@@ -308,16 +309,15 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
             store.warm(key, likely_plans(store, key))
         return data, summary, plan_options(store, key)
 
-    # the frontier as the server draws it, the selected and compared plans marked (the page's script greys and
-    # redraws it in the browser)
-    @app.callback(Output("frontier-base", "data"), Input("shown-key", "data"), Input("selected-plan", "data"),
-                  Input("compare-plan", "value"))
-    def _frontier(shown: Mapping[str, Any] | None, selected: str | None, compare: str | None) -> Any:
+    # the frontier as the server draws it, once per result (the page's script greys it for the budget and rings
+    # the selected and compared plans in the browser: a click sends no figure)
+    @app.callback(Output("frontier-base", "data"), Input("shown-key", "data"))
+    def _frontier(shown: Mapping[str, Any] | None) -> Any:
         key = shown_key(shown)
         if not key or not store.frontier_ready(key):
             return figures.frontier_figure([], title="no result yet: run profiling + frontier").to_plotly_json()
         try:
-            fig, _lines = frontier_view(store, key, None, 0, selected, compare)
+            fig, _lines = frontier_view(store, key, None, 0)
         except Exception:  # noqa: BLE001 - _result says why the result cannot be read
             return no_update
         return fig.to_plotly_json()
@@ -327,8 +327,8 @@ def _register_frontier(app: dash.Dash, store: ResultStore) -> None:
         Output("frontier-graph", "figure"), Output("gpus-table", "data"), Output("fit-summary", "children"),
         Output("decision", "children"),
         Input("frontier-base", "data"), Input("page-data", "data"), Input("budget", "value"), Input("reserve", "value"),
-        Input({"type": "price", "kind": ALL}, "value"), Input("epoch", "value"),
-        State({"type": "price", "kind": ALL}, "id"))
+        Input({"type": "price", "kind": ALL}, "value"), Input("epoch", "value"), Input("selected-plan", "data"),
+        Input("compare-plan", "value"), State({"type": "price", "kind": ALL}, "id"))
 
     @app.callback(Output("price-inputs", "children"), Input("page-data", "data"), State("url-prices", "data"),
                   State({"type": "price", "kind": ALL}, "value"), State({"type": "price", "kind": ALL}, "id"),
@@ -388,31 +388,62 @@ def _register_plan(app: dash.Dash, store: ResultStore) -> None:
     groups and node details, the compared plan, and the downloads."""
 
     @app.callback(Output("plan-panel", "style"), Output("plan-title", "children"), Output("plan-summary", "children"),
-                  Output("memory-graph", "figure"), Output("gantt-graph", "figure"), Output("plan-table", "data"),
-                  Output("run-commands", "children"),
+                  Output("memory-graph", "figure"), Output("run-commands", "children"),
                   Input("selected-plan", "data"), Input("budget", "value"), Input("reserve", "value"),
                   State("shown-key", "data"), prevent_initial_call=True)
     def _plan(plan_id: str | None, budget_gib: float | None, reserve_gib: float | None,
               shown: Mapping[str, Any] | None) -> tuple[Any, ...]:
         key = shown_key(shown)
         if not plan_id or not key:
-            return ({"display": "none"}, "", [], no_update, no_update, [], "")
+            return ({"display": "none"}, "", [], no_update, "")
         budget, reserve = gib_bytes(budget_gib), reserve_bytes(reserve_gib)
         try:
             plan, cluster = store.plan(key, plan_id), store.cluster(key)
-            graph = store.inputs(key, plan.graph_fingerprint)[0]
             sim = store.simulation(key, plan_id, reserve)
             verdict = plan_verdict(store, key, plan_id, budget, reserve)
             commands = plan_commands(store, key, plan_id)
         except Exception as e:  # noqa: BLE001
             if not isinstance(e, TensorOptError):
                 traceback.print_exc()
-            return ({"display": "block"}, _explain(e), [], no_update, no_update, [], "")
+            return ({"display": "block"}, _explain(e), [], no_update, "")
         capacity = {d: cluster.device(d).memory_bytes for d in sim.memory}
         summary = [html.Li(x) for x in figures.plan_summary(plan, sim, verdict)]
         return ({"display": "block"}, f"plan {plan_id}", summary,
-                figures.memory_figure(sim, capacity, budget_bytes=budget), figures.gantt_figure(sim),
-                figures.plan_table_rows(plan, graph), commands)
+                figures.memory_figure(sim, capacity, budget_bytes=budget), commands)
+
+    # the timeline apart: a budget changes the memory chart and the verdict, never the timeline (its thousand bars
+    # were sent and drawn again on every budget typed while a plan was open)
+    @app.callback(Output("gantt-graph", "figure"), Input("selected-plan", "data"), Input("reserve", "value"),
+                  State("shown-key", "data"), prevent_initial_call=True)
+    def _timeline(plan_id: str | None, reserve_gib: float | None, shown: Mapping[str, Any] | None) -> Any:
+        key = shown_key(shown)
+        if not plan_id or not key:
+            return no_update
+        try:
+            return figures.gantt_figure(store.simulation(key, plan_id, reserve_bytes(reserve_gib)))
+        except Exception:  # noqa: BLE001 - the panel's title says why (the same simulation failed there)
+            return no_update
+
+    @app.callback(Output("plan-table", "data"), Output("plan-table", "page_count"),
+                  Output("plan-table", "page_current"),
+                  Input("selected-plan", "data"), Input("plan-table", "page_current"), Input("plan-table", "sort_by"),
+                  Input("plan-table", "filter_query"), State("plan-table", "page_size"), State("shown-key", "data"),
+                  prevent_initial_call=True)
+    def _plan_table(plan_id: str | None, page: int | None, sort_by: list[dict[str, str]] | None, query: str | None,
+                    size: int | None, shown: Mapping[str, Any] | None) -> tuple[Any, ...]:
+        key = shown_key(shown)
+        if not plan_id or not key:
+            return [], 1, 0
+        if ctx.triggered_id in ("selected-plan", None) or "plan-table.filter_query" in ctx.triggered_prop_ids:
+            page = 0   # another plan, or another filter: its first page
+        try:
+            plan = store.plan(key, plan_id)
+            graph = store.inputs(key, plan.graph_fingerprint)[0]
+        except TensorOptError:
+            return [], 1, 0   # the panel's title says what went wrong
+        rows, pages = table_page(figures.plan_table_rows(plan, graph), page=page, size=size or 15, sort_by=sort_by,
+                                 query=query)
+        return rows, pages, min(page or 0, pages - 1)
 
     @app.callback(Output("plan-graph", "figure"), Output("graph-hint", "children"),
                   Input("selected-plan", "data"), Input("expanded-groups", "data"), Input("graph-node", "data"),

@@ -1,5 +1,5 @@
-"""The page's script: what a new budget, reserve, price or epoch size redraws in the browser, with
-no request to the server (issue 40: a redraw within 200 ms, nothing recomputed).
+"""The page's script: what a new budget, reserve, price, epoch size or selected plan redraws in the
+browser, with no request to the server (issue 40: a redraw within 200 ms, nothing recomputed).
 
 :data:`VIEW_JS` is a Dash clientside callback.  It takes the frontier figure the server drew once
 per result (:func:`~.figures.frontier_figure` without a budget; every trace's ``meta`` says what
@@ -10,7 +10,8 @@ device's memory and price key, the batch) and the controls, and returns:
   :func:`tensoropt.planmodel.fits.fits`: every device's peak ≤ min(its memory, budget) − reserve),
   its hover saying which device is over and by how much (:func:`~.figures.over_text`'s words) and
   naming the other plans at its point (:func:`~.figures.coinciding`),
-  the budget line at budget − reserve, and the "fastest that fits" ring moved;
+  the budget line at budget − reserve, and the rings of the fastest plan that fits, the selected
+  plan and the compared one moved (:func:`~.figures.frontier_figure`'s ``selected`` / ``compare``);
 - the GPUs-needed table (:func:`~.prices.gpus_needed`: per device count — every one from 1 to the
   devices chosen — the fastest plan that fits, samples/s, scaling efficiency, GPU-hours and dollars
   per 1,000 steps and per epoch; a count dominated by a smaller one — no faster, no cheaper,
@@ -218,7 +219,7 @@ window.tensoropt = (function () {
     const t = budget === null ? "each device's memory" : "a budget of " + fmtBytes(budget) + " per device";
     return t + (reserve ? ", less a reserve of " + fmtBytes(reserve) : "");
   }
-  function restyle(base, data, fit, over, budget, reserve) {
+  function restyle(base, data, fit, over, budget, reserve, selected, compare) {
     const fig = JSON.parse(JSON.stringify(base));
     const scale = fig.layout.meta.scale;
     const byId = {};
@@ -240,11 +241,14 @@ window.tensoropt = (function () {
         const tail = id => over[id] ? "<br><i>does not fit: " + over[id] + "</i>" : "";
         t.hovertemplate = ids.map((id, i) => t.meta.heads[i] + tail(id) +
           ((t.meta.others || [])[i] || []).map(([o, line]) => "<br>" + line + tail(o)).join("") + "<extra></extra>");
-      } else if (role === "best-fit") {
-        t.x = best ? [best.memory_bytes / scale] : [];
+      } else if (role === "best-fit" || role === "selected" || role === "compare") {
+        // figures._mark's ring, here: the fastest that fits moves with the budget, the selected and compared
+        // plans with a click (the server's figure stays the same: 126 KB not sent again on each click)
+        const p = role === "best-fit" ? best : (byId[role === "selected" ? selected : compare] || null);
+        t.x = p ? [p.memory_bytes / scale] : [];
         const edge = fig.layout.meta.y_edge;   // figures._drawn_y: an off-scale plan sits at the top edge
-        t.y = best ? [edge === null || edge === undefined ? best.time_s * 1e3 : Math.min(best.time_s * 1e3, edge)] : [];
-        t.customdata = best ? [best.plan_id] : [];
+        t.y = p ? [edge === null || edge === undefined ? p.time_s * 1e3 : Math.min(p.time_s * 1e3, edge)] : [];
+        t.customdata = p ? [p.plan_id] : [];
       }
     }
     fig.layout.shapes = [];
@@ -267,7 +271,7 @@ window.tensoropt = (function () {
     }
     return [fig, best];
   }
-  function view(base, data, budgetGiB, reserveGiB, priceValues, priceIds, epoch) {
+  function view(base, data, budgetGiB, reserveGiB, priceValues, priceIds, epoch, selected, compare) {
     const t0 = performance.now();
     if (!base || !data) return [base || {}, [], "", ""];
     const budget = gibBytes(budgetGiB);
@@ -278,7 +282,7 @@ window.tensoropt = (function () {
       const v = Number(priceValues[i]);
       prices[id.kind] = (priceValues[i] === null || priceValues[i] === "" || !isFinite(v) || v < 0) ? null : v;
     });
-    const [fig, best] = restyle(base, data, fit, over, budget, reserve);
+    const [fig, best] = restyle(base, data, fit, over, budget, reserve, selected, compare);
     const epochN = Number(epoch);
     const rows = gpusNeeded(data, fit, prices, isFinite(epochN) && epochN > 0 ? epochN : null);
     const curvePlans = data.plans.filter(p => p.role === "curve");
@@ -296,8 +300,9 @@ window.tensoropt = (function () {
 """
 
 #: the clientside callback (Dash wraps it in its own call): defines the functions on first use
-VIEW_JS = ("function(base, data, budget, reserve, priceValues, epoch, priceIds) {\n"
+VIEW_JS = ("function(base, data, budget, reserve, priceValues, epoch, selected, compare, priceIds) {\n"
            "  if (!window.tensoropt) {" + _LIB + "}\n"
-           "  return window.tensoropt.view(base, data, budget, reserve, priceValues, priceIds, epoch);\n}")
+           "  return window.tensoropt.view(base, data, budget, reserve, priceValues, priceIds, epoch, selected,"
+           " compare);\n}")
 
 __all__ = ["VIEW_JS"]

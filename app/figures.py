@@ -528,10 +528,13 @@ GANTT_TINY = 1 / 1000
 
 def timeline_bars(events: Sequence[TimelineEvent], step_s: float) -> list[tuple[str, str, float, float, str]]:
     """One row's bars, ``(what, phase, start, end, detail)`` in seconds: each event, but a run of events
-    each shorter than :data:`GANTT_TINY` of ``step_s``, in one phase, one starting where the last ended
-    (within that width), is one bar naming its first and last operator and how many — at the chart's
-    full width the same picture in a fraction of the bars (Llama-3-8B's 3,456 a device: most operators
-    are element-wise, microseconds between the matrix products), each bar a hover away.
+    each shorter than :data:`GANTT_TINY` of ``step_s``, one starting where the last ended (within that
+    width), is one bar naming its first and last operator and how many — at the chart's full width the
+    same picture in a fraction of the bars (Llama-3-8B's 3,456 a device: most operators are element-wise,
+    microseconds between the matrix products), each bar a hover away.  A run may mix phases (a
+    recomputed block's backward alternates recompute and backward operators a few microseconds each:
+    2dev-000 of the dashboard's default drew 3,300 such bars, 0.35 s of the browser's time): its bar is
+    coloured by the phase that holds most of its time, and its detail says how many of each.
 
     >>> from tensoropt.planmodel.simulate import TimelineEvent as E
     >>> ev = [E("gpu0", "device", "mm", "fp", 0.0, 0.5), E("gpu0", "device", "add", "fp", 0.5, 0.5001),
@@ -548,18 +551,31 @@ def timeline_bars(events: Sequence[TimelineEvent], step_s: float) -> list[tuple[
             e = run[0]
             out.append((e.node, e.phase, e.start, e.end, e.detail))
         elif run:
-            out.append((f"{run[0].node} … {run[-1].node} ({len(run)} operators)", run[0].phase, run[0].start,
-                        max(e.end for e in run), f"each under {GANTT_TINY:.1%} of the step: one bar"))
+            held: dict[str, float] = {}
+            for e in run:
+                held[e.phase] = held.get(e.phase, 0.0) + (e.end - e.start)
+            # the phase holding most of the run's time; on a tie the first in the legend's order
+            phase = max(held, key=lambda p: (held[p], -_PHASE_ORDER.get(p, len(_PHASE_ORDER))))
+            detail = f"each under {GANTT_TINY:.1%} of the step: one bar"
+            if len(held) > 1:
+                counts: dict[str, int] = {}
+                for e in run:
+                    counts[e.phase] = counts.get(e.phase, 0) + 1
+                detail += " (" + ", ".join(f"{n} {p}" for p, n in counts.items()) + f"; coloured {phase})"
+            out.append((f"{run[0].node} … {run[-1].node} ({len(run)} operators)", phase, run[0].start,
+                        max(e.end for e in run), detail))
         run.clear()
 
     for e in events:
         short = e.end - e.start < tiny
-        if not (short and run and run[-1].phase == e.phase and e.start - run[-1].end <= tiny
-                and run[-1].end - run[-1].start < tiny):
+        if not (short and run and e.start - run[-1].end <= tiny and run[-1].end - run[-1].start < tiny):
             flush()
         run.append(e)
     flush()
     return out
+
+
+_PHASE_ORDER = {p: i for i, p in enumerate(PHASE_COLOURS)}
 
 
 def _gantt_bars(sim: SimResult, max_events: int) -> tuple[list[go.Bar], list[str], int]:

@@ -240,7 +240,9 @@ def _plan_panel() -> html.Div:
                      style={"flex": "3 1 0", "minWidth": "0", "overflowX": "auto"}),
             html.Ul(id="node-details", style={"flex": "1 1 0", "minWidth": "0", "fontSize": "85%"}),
         ]),
-        DataTable(id="plan-table", page_size=15, sort_action="native", filter_action="native",
+        # one page crosses the wire (tables.table_page): a plan has a row per operator, Llama-3-8B's 1,728
+        DataTable(id="plan-table", page_size=15, page_current=0, page_action="custom", sort_action="custom",
+                  sort_mode="single", sort_by=[], filter_action="custom", filter_query="",
                   style_cell=_TABLE_STYLE, style_table=_TABLE_BOX,
                   columns=[{"name": c, "id": c} for c in ("node", "op", "module", "devices", "layout", "shard",
                                                           "recompute")]),

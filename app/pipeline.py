@@ -470,12 +470,16 @@ class ResultStore:
     """The result folders under ``<cache_dir>/results`` and what the page reads from them.
 
     Loaded graphs, profiles, clusters and simulations are kept in a small LRU (``memo`` entries)
-    so that clicking through the points of one result does not re-read its files."""
+    so that clicking through the points of one result does not re-read its files.  One value is
+    loaded once however many threads ask for it at once (a click's panel, timeline and table
+    callbacks, and the warm-up thread, all want the same plan's simulation: each waits for the first)."""
 
     def __init__(self, cache_dir: str | os.PathLike[str] | None = None, *, memo: int = 64):
         self.root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self._memo: OrderedDict[MemoKey, Any] = OrderedDict()
         self._memo_size = memo
+        self._memo_lock = threading.Lock()
+        self._loading: dict[MemoKey, threading.Lock] = {}   # a value being loaded: its gate
 
     def folder(self, key: str) -> Path:
         if not key or not all(c in "0123456789abcdef" for c in key):
@@ -498,14 +502,27 @@ class ResultStore:
         return self.complete(key) or (self.root / "results" / key / "frontier-summary.json").is_file()
 
     def _cached(self, what: MemoKey, load: Callable[[], T]) -> T:
-        if what in self._memo:
-            self._memo.move_to_end(what)
-            value: T = self._memo[what]
-            return value
-        value = load()
-        self._memo[what] = value
-        while len(self._memo) > self._memo_size:
-            self._memo.popitem(last=False)
+        with self._memo_lock:
+            if what in self._memo:
+                self._memo.move_to_end(what)
+                return self._memo[what]
+            gate = self._loading.setdefault(what, threading.Lock())
+        with gate:   # the first asker loads; the others wait here and find it kept
+            with self._memo_lock:
+                if what in self._memo:
+                    self._memo.move_to_end(what)
+                    return self._memo[what]
+            try:
+                value = load()   # outside the memo's lock: a load reads other kept values
+            except BaseException:
+                with self._memo_lock:
+                    self._loading.pop(what, None)
+                raise
+            with self._memo_lock:
+                self._memo[what] = value
+                while len(self._memo) > self._memo_size:
+                    self._memo.popitem(last=False)
+                self._loading.pop(what, None)
         return value
 
     def _json(self, key: str, name: str) -> Any:

@@ -16,6 +16,7 @@ controls no longer ask for is marked by a banner, and a running job is cancelled
 Skips only where no Chromium / chromedriver can be had (``.ci/run`` installs them with apt-get).
 """
 
+import collections
 import contextlib
 import csv
 import os
@@ -145,6 +146,15 @@ def _traces(drv, role):
     return drv.execute_script(f"""
         return {_GD}.data.filter(t => t.meta && t.meta.role === arguments[0])
             .map(t => [t.name, t.customdata, t.marker.color, t.visible === undefined ? true : t.visible]);""", role)
+
+
+def _plan_table(drv):
+    """The operator table's rows on show, cell texts."""
+    from selenium.webdriver.common.by import By
+
+    rows = drv.find_elements(By.CSS_SELECTOR, "#plan-table tbody tr")
+    return [[c.text for c in r.find_elements(By.CSS_SELECTOR, "td")] for r in rows
+            if r.find_elements(By.CSS_SELECTOR, "td")]
 
 
 def _click_plan(drv, plan_id: str) -> None:
@@ -368,6 +378,7 @@ def _frontier_budget_and_gpus_needed(server, browser):
 
 def _plan_commands_comparison_downloads(server, browser):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
 
     url, tmp, store = server
     drv = browser
@@ -379,7 +390,22 @@ def _plan_commands_comparison_downloads(server, browser):
     _wait(lambda: drv.find_elements(By.CSS_SELECTOR, "#gantt-graph .bars path"), 20, "the Gantt chart")
     assert drv.find_elements(By.CSS_SELECTOR, "#memory-graph .bars path")
     assert "simulator:" in _by_id(drv, "plan-summary").text
-    assert len(drv.find_elements(By.CSS_SELECTOR, "#plan-table tbody tr")) > 1
+    # the selected plan ringed on the chart (the page's script moves the ring: the server's figure is not sent again)
+    _wait(lambda: [t[1] for t in _traces(drv, "selected")] == [[plan_id]], 20, "the selected plan's ring")
+    # the operator table: one page of the plan's operators crosses the wire; the filter and the sort run over all
+    # of them on the server (tables.table_page, by hand in tests/dashboard/test_tables.py)
+    plan = store.plan(key, plan_id)
+    _wait(lambda: [r[0] for r in _plan_table(drv)] == list(plan.order[:15]), 20, "the operator table's first page")
+    graph = store.graph(key)
+    common = collections.Counter(graph[n].op for n in plan.order).most_common(1)[0][0]   # aten.add.Tensor, …
+    wanted = sorted(n for n in plan.order if common in graph[n].op)
+    assert 1 < len(wanted) < len(plan.order)
+    drv.find_elements(By.CSS_SELECTOR, "#plan-table th.dash-filter input[type=text]")[1].click()   # the op column
+    drv.switch_to.active_element.send_keys(common + Keys.ENTER)
+    _wait(lambda: [r[0] for r in _plan_table(drv)] == [n for n in plan.order if common in graph[n].op][:15], 20,
+          "the filtered table")
+    drv.find_elements(By.CSS_SELECTOR, "#plan-table .column-header--sort")[0].click()   # by node, ascending
+    _wait(lambda: [r[0] for r in _plan_table(drv)] == wanted[:15], 20, "the sorted table")
     # the commands beside the download are the plan's, word for word
     commands = _by_id(drv, "run-commands").text
     assert commands == plan_commands(store, key, plan_id)
@@ -411,6 +437,8 @@ def _plan_commands_comparison_downloads(server, browser):
     _wait(lambda: _by_id(drv, "compare-panel").is_displayed() and f"{other}:" in _by_id(drv, "compare-summary").text,
           20, "the comparison")
     _wait(lambda: len(drv.find_elements(By.CSS_SELECTOR, "#gantt-compare .bars path")) > 1, 20, "the timelines")
+    assert [t[1] for t in _traces(drv, "compare")] == [[other]] and [t[1] for t in _traces(drv, "selected")] == \
+        [[plan_id]]
     summary = _by_id(drv, "compare-summary").text
     n_diff = int(summary.split(" operators configured differently")[0].split()[-3])
     a, b = store.plan(key, plan_id), store.plan(key, other)

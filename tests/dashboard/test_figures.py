@@ -425,6 +425,15 @@ def test_devices_that_run_alike_share_a_timeline_row_and_tiny_events_one_bar():
                                                 ("mm", "bp", 0.4004, 0.9, "")]
     # a 0.1 s step: 0.2 ms is over a thousandth: each its own bar
     assert [b[0] for b in F.timeline_bars(rows[0][2], 0.1)] == ["mm", "add", "relu", "mm"]
+    # a recomputed block's backward: recompute and backward operators alternate, each 0.3 ms of a 1 s step,
+    # then a 0.5 s matrix product: one bar for the six tiny ones, coloured recompute (0.9 ms of the 1.5 ms busy)
+    mixed = [TimelineEvent("gpu0", "device", f"op{i}", ("recompute", "bp")[i % 2], 0.3e-3 * i,
+                           0.3e-3 * (i + 1) - (0.1e-3 if i % 2 else 0.0)) for i in range(6)]
+    mixed.append(TimelineEvent("gpu0", "device", "mm", "bp", 1.8e-3, 0.5))
+    assert F.timeline_bars(mixed, 1.0) == [
+        ("op0 … op5 (6 operators)", "recompute", 0.0, 0.3e-3 * 6 - 0.1e-3,
+         "each under 0.1% of the step: one bar (3 recompute, 3 bp; coloured recompute)"),
+        ("mm", "bp", 1.8e-3, 0.5, "")]
     fig = F.gantt_figure(SimResult(1.05, {}, {}, {}, events, {}))
     assert list(fig.layout.yaxis.categoryarray) == ["gpu0->gpu1 (+2 alike)", "gpu3", "gpu0,gpu1,gpu2"]
     assert sum(len(t.x) for t in fig.data) == 3 + 3 + 1   # 7 bars for the 19 events

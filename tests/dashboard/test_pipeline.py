@@ -396,3 +396,35 @@ def test_a_two_host_result_keeps_the_replicas_capture_and_shows_their_plans(tmp_
         assert sim.time_s == float(row["time_s"]) and sim.max_memory_bytes == int(row["memory_bytes"])
     text = plan_commands(store, key, hosts[0]["plan_id"])
     assert "--nnodes 2" in text and "--backend dist --check" in text and "--to torchrun" not in text
+
+
+def test_a_value_asked_by_several_threads_at_once_is_loaded_once(tmp_path):
+    """A click asks for one plan's simulation from three callbacks at once, and the warm-up thread may be at
+    it: the first loads it, the others wait and get the same object.  A load that fails is not kept: the next
+    asker loads again (and each waiting asker tries in turn)."""
+    import threading
+    import time
+
+    store = ResultStore(tmp_path)
+    calls, got = [], []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.2)
+        return object()
+
+    threads = [threading.Thread(target=lambda: got.append(store._cached(("k", "sim"), slow))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(got) == 4 and all(g is got[0] for g in got)
+
+    def fails():
+        calls.append(1)
+        raise TensorOptError("no")
+
+    for _ in range(2):
+        with pytest.raises(TensorOptError):
+            store._cached(("k", "other"), fails)
+    assert len(calls) == 3 and store._cached(("k", "other"), slow) is not None and len(calls) == 4
