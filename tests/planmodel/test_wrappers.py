@@ -21,33 +21,41 @@ from tensoropt.planmodel.wrappers import zero_redundancy_ranks
 #: parameter's state or the root unit gathered beside the logits' gradient) and in the tied
 #: embedding's backward (FSDP2 + checkpointing: its two contributions and their sum)
 SPEC = "zoo:gpt2?layers=2&hidden=256&heads=4&vocab=8192&batch=4&seq_len=128"
+#: the same at width 128: FSDP2 + checkpointing peaks in the recomputed MLP's backward, where the MLP's
+#: output reaches c_proj through a reshape — its gradient, made fresh there, was counted 0 B (−3.1 %)
+NARROW = "zoo:gpt2?layers=2&hidden=128&heads=4&vocab=4096&batch=4&seq_len=128"
 MESH = ["gpu0", "gpu1"]
 #: placer -> the runtime its plan is priced as
 RUNTIME = {"dp": "ddp", "zero1": "zero1", "fsdp": "fsdp2", "fsdp+ac": "fsdp2"}
 
 
-@pytest.fixture(scope="module")
-def gpt2():
-    graph = tensoropt.load_model(SPEC).capture(method="export")
+def _priced(spec):
+    graph = tensoropt.load_model(spec).capture(method="export")
     cluster = tensoropt.load_cluster("preset:a100-4-nvlink")   # memory only: the kind does not matter
     costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False), cluster).costs
     return graph, costs, cluster
 
 
-@pytest.mark.parametrize("recipe", list(TORCH_RECIPES))
-def test_each_rank_holds_what_the_wrapper_holds_within_3_percent(gpt2, recipe):
-    graph, costs, cluster = gpt2
+@pytest.fixture(scope="module")
+def gpt2():
+    return _priced(SPEC)
+
+
+@pytest.mark.parametrize(("spec", "recipe"), [(SPEC, r) for r in TORCH_RECIPES] + [(NARROW, "fsdp+ac")])
+def test_each_rank_holds_what_the_wrapper_holds_within_1_5_percent(gpt2, spec, recipe):
+    # every row of benchmarks/truth_wrappers.py is within 1.0 % on both models (docs/measurements.md)
+    graph, costs, cluster = gpt2 if spec == SPEC else _priced(spec)
     placer = TORCH_RECIPES[recipe]
     plan = tensoropt.place(graph, costs, cluster, placer, devices=MESH, optimizer="adamw")
     assert plan.runtime == RUNTIME[placer]
     walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
     # the least of 3 measured steps: on a loaded machine (CI's) gloo can finish a reduce-scatter late,
     # its buffer then alive at the peak (measure_torch_recipe's ``tracked``)
-    theirs = launch(measure_torch_recipe, 2, {"model_spec": SPEC, "recipe": recipe, "steps": 1, "warmup": 2,
+    theirs = launch(measure_torch_recipe, 2, {"model_spec": spec, "recipe": recipe, "steps": 1, "warmup": 2,
                                               "tracked": 3}, timeout_s=300)[0]
     for rank, device in enumerate(MESH):   # ZeRO-1's ranks hold different optimizer states
         ours, measured = walked[device].peak, theirs["peak_bytes"][rank]
-        assert abs(ours - measured) <= 0.03 * measured, (recipe, rank, ours, measured, walked[device].parts(),
+        assert abs(ours - measured) <= 0.015 * measured, (recipe, rank, ours, measured, walked[device].parts(),
                                                          theirs["breakdown"][rank])
 
 
