@@ -936,18 +936,21 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             held_now += b
             gsum += b
         acc = 0
+        rs = 0                            # alive in the reduce-scatter after the backward (walk.py's rule)
+        rs_pieces = 0
         for j in range(node_q_ptr[i], node_q_ptr[i + 1]):
             q = node_q[j]
             if not q_train[q]:
                 continue
             b = held[q]
-            if lvl[q] >= 2:               # made whole, reduce-scattered: its piece stays
+            if lvl[q] >= 2:               # made whole, reduce-scattered after the backward: its piece stays
                 acc += q_bytes[q]
+                rs += q_bytes[q]
                 if not done[q]:
                     done[q] = True
-                    grads_now += shp[q]
+                    rs_pieces += shp[q]
                 else:                     # a tied weight's later reader: its block added in
-                    acc += shp[q]
+                    rs += shp[q]
                 continue
             if not done[q]:
                 done[q] = True
@@ -957,7 +960,8 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
                 acc += piece + (b if piece < b else 0)
             else:
                 acc += 2 * (-(-q_bytes[q] // pieces[i, c]))
-        extra_now = scratch + acc + ws[i, c] + (gath[i] if shard[i, c] >= 3 and not rlive[kg + i] else 0)
+        regath = gath[i] if shard[i, c] >= 3 and not rlive[kg + i] else 0
+        extra_now = scratch + acc + ws[i, c] + regath
         t = base + grads_now + held_now + extra_now
         if t > peak:
             peak, p_grads, p_act, p_tr = t, grads_now, held_now + extra_now, gsum + rsum + extra_now
@@ -989,6 +993,11 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
                     glive[kk] = False
                     held_now -= glive_b[kk]
                     gsum -= glive_b[kk]
+        if rs:   # the sharding gate's backward: the wholes reduce-scattered, the regathered whole dropped then
+            grads_now += rs_pieces
+            t = base + grads_now + held_now + rs + regath
+            if t > peak:
+                peak, p_grads, p_act, p_tr = t, grads_now, held_now + rs + regath, gsum + rsum + rs + regath
     if any_summed:
         t = base + grads_now + held_now
         if t > peak:

@@ -14,7 +14,12 @@ Every device walks its own program (its forward in plan order, its backward in r
   parameter transiently; a contribution of a piece — the parameter held whole, this reader
   cutting it — the piece and then the whole: the cut's backward pads it to the whole), and
   after the backward each group's buffer is summed in place (the all-reduce's staging, a few
-  MiB in gloo's ring or in segments as messages, is not counted);
+  MiB in gloo's ring or in segments as messages, is not counted); a gradient a sharding level
+  cuts (level ≥ 2) is made whole by its reader's backward and reduce-scattered right after it
+  (tensoropt's executor: the sharding gate's backward, the reader's output gradient and saved
+  tensors freed by then, a regathered level-3 whole dropped only after it): the whole and the
+  piece it makes — a tied weight's later reader, its block added into the piece — are held
+  together there, the piece kept from then on;
 - activations at shard size (:meth:`NodeCost.at` output and extra saved bytes): a node's output
   from when it runs until its last consumer on the device, or until the last backward that saved
   it; what a node receives from another configuration (:attr:`Reshard.recv_bytes`) from its first
@@ -903,15 +908,16 @@ class _DeviceWalk:
             # tensoropt's executor, measured to the byte, it is a view of its base's (nothing new)
             grad_keys[k] = st.size[k] if owned or self.fresh_view_grads else 0
             live[(k, "#grad")] = grad_keys[k]
-        accumulating = self._param_gradients(name, node, param_done)
+        accumulating, scattered, pieces = self._param_gradients(name, node, param_done)
         if accumulating:
             live[("#accumulate",)] = accumulating
         ws = _workspace(self._cost(name), cfg)
         if ws:
             live[("#workspace",)] = ws
         gathered = self._op_gathered(node)
+        regathered = 0
         if gathered and ("#regen", (name, "#gathered")) not in live:   # gathered again for the backward
-            live[("#gathered",)] = gathered                             # (FSDP's reshard after forward)
+            live[("#gathered",)] = regathered = gathered                # (FSDP's reshard after forward)
         self.note("backward", name)
         for k in (("#workspace",), ("#accumulate",), ("#gathered",)):
             live.pop(k, None)
@@ -928,6 +934,14 @@ class _DeviceWalk:
                 users.discard(name)
                 if not users:
                     live.pop((rk, "#grad"), None)   # summed here, sent back
+        if scattered:
+            # the sharding gate's backward, after the reader's (its output's gradient and saved tensors freed):
+            # each whole gradient reduce-scattered into its block — the first reader's block is the piece kept
+            # all step, a later reader's is added into it — with the regathered whole dropped only then
+            self.grads_now += pieces
+            live[("#reduce-scatter",)] = scattered + regathered
+            self.note("backward", f"{name} (reduce-scatter)")
+            live.pop(("#reduce-scatter",))
 
     def _recompute(self, seg: int) -> None:
         """Segment ``seg``'s forward runs again, all of it: every tensor its nodes save comes back
@@ -946,10 +960,12 @@ class _DeviceWalk:
         self.note("backward", f"{self.regen_at[seg]} (recomputing)")
         live.pop(("#recompute",), None)
 
-    def _param_gradients(self, name: str, node: OpNode, param_done: set[str]) -> int:
+    def _param_gradients(self, name: str, node: OpNode, param_done: set[str]) -> tuple[int, int, int]:
         """Count the parameter gradients ``name``'s backward creates (into ``grads_now``) and
-        return the bytes its accumulation into existing ones holds transiently."""
-        accumulating = 0
+        return the bytes its accumulation into existing ones holds transiently during it; of the
+        gradients a sharding level reduce-scatters (level ≥ 2), the bytes alive in the reduce-scatter
+        right after it (each whole gradient and a later reader's block) and the pieces it makes kept."""
+        accumulating = scattered = pieces = 0
         for p in (*node.params, *node.param_reads):
             info = self.graph.params[p]
             if p in self.unit_of_param and self.units is not None:
@@ -968,14 +984,15 @@ class _DeviceWalk:
                 b = self.params.held[(p, self.d)]
                 level, piece, whole = self.params.sharded.get(p, (Shard.NONE, 0, 0))
                 if level.shards("gradients"):
-                    # made whole by the backward, reduce-scattered: the piece stays; a tied weight's
-                    # later reader adds its reduce-scattered block into the piece (its block, transiently)
+                    # made whole by the backward, reduce-scattered after it (_node_backward): the piece
+                    # stays; a tied weight's later reader adds its block into the piece (transiently)
                     accumulating += whole
+                    scattered += whole
                     if p not in param_done:
                         param_done.add(p)
-                        self.grads_now += piece
+                        pieces += piece
                     else:
-                        accumulating += piece
+                        scattered += piece
                     continue
                 if p not in param_done:
                     param_done.add(p)
@@ -987,7 +1004,7 @@ class _DeviceWalk:
                     accumulating += piece + (b if piece < b else 0)
                 else:   # autograd sums a later contribution out of place: it and the sum
                     accumulating += 2 * self.params.piece_of[(name, p)]
-        return accumulating
+        return accumulating, scattered, pieces
 
     def optimizer_step(self, optimizer: str | int, trainable_sizes: list[int], *, foreach: bool) -> None:
         """Parameters + gradients + state + the optimizer's temporaries, and the batch; then the

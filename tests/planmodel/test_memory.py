@@ -225,17 +225,23 @@ def test_sharding_levels_hold_what_zero_and_fsdp_hold_worked_by_hand():
     assert (m.peak, m.peak_at, m.optimizer, m.optimizer_temp) == (11_056, "linear", 2_704, 2_048)
     assert sorted(d for _, d in links) == ["parameter gradients on gpu0,gpu1",
                                            "updated parameters gathered on gpu0,gpu1"]
-    # + gradients (ZeRO-2): no summed buffer; each gradient made whole, reduce-scattered, its piece
-    # kept: 2,704 + 2,704 + 1,352 (pieces so far) + 256 + 2,176 + 512 = 9,704 B
+    # + gradients (ZeRO-2): no summed buffer; each gradient made whole by its reader's backward, then
+    # reduce-scattered (the executor's gate, after that backward: the reader's output gradient freed),
+    # its piece kept.  During the first linear's backward: 2,704 + 2,704 + 264 (linear_1's piece) + 256 +
+    # 2,176 (its gradients whole) + 512 (its output's gradient) = 8,616 B; in its reduce-scatter right
+    # after: 2,704 + 2,704 + 1,352 (both pieces) + 256 + 2,176 = 9,192 B, the peak (the piece was counted
+    # during the backward before: 9,704 B; on GPT-2 2 × 256 the walk was one piece, 4 MiB, over the executor)
     m, links = walked(2)
-    assert (m.peak, m.peak_at, m.grads) == (9_704, "linear", 1_352)
+    assert (m.peak, m.peak_at, m.grads) == (9_192, "linear (reduce-scatter)", 1_352)
     assert sorted(d for _, d in links) == ["gradients reduce-scattered on gpu0,gpu1"] * 2 + \
         ["updated parameters gathered on gpu0,gpu1"]
     # + parameters (FSDP): pieces of everything, the layer's parameters gathered whole to run it,
-    # forward and again backward: 1,352 + 2,704 + 1,352 + 256 + 2,176 (gathered) + 2,176 (its
-    # gradients whole) + 512 = 10,528 B — more than ZeRO-2 on a model this small
+    # forward and again backward, dropped by the gate after its reduce-scatter: during the first
+    # linear's backward 1,352 + 2,704 + 264 + 256 + 2,176 (gathered) + 2,176 (its gradients whole) + 512
+    # = 9,440 B; in the reduce-scatter 1,352 + 2,704 + 1,352 + 256 + 2,176 + 2,176 = 10,016 B, the
+    # peak — more than ZeRO-2 on a model this small
     m, links = walked(3)
-    assert (m.peak, m.peak_at, m.params) == (10_528, "linear", 1_352)
+    assert (m.peak, m.peak_at, m.params) == (10_016, "linear (reduce-scatter)", 1_352)
     assert links == sorted([("linear", "forward parameters gathered on gpu0,gpu1"),
                                     ("linear_1", "forward parameters gathered on gpu0,gpu1"),
                                     ("linear_1", "backward parameters gathered on gpu0,gpu1"),
