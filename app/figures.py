@@ -552,15 +552,14 @@ def timeline_bars(events: Sequence[TimelineEvent], step_s: float) -> list[tuple[
             out.append((e.node, e.phase, e.start, e.end, e.detail))
         elif run:
             held: dict[str, float] = {}
+            counts: dict[str, int] = {}
             for e in run:
                 held[e.phase] = held.get(e.phase, 0.0) + (e.end - e.start)
+                counts[e.phase] = counts.get(e.phase, 0) + 1
             # the phase holding most of the run's time; on a tie the first in the legend's order
             phase = max(held, key=lambda p: (held[p], -_PHASE_ORDER.get(p, len(_PHASE_ORDER))))
             detail = f"each under {GANTT_TINY:.1%} of the step: one bar"
             if len(held) > 1:
-                counts: dict[str, int] = {}
-                for e in run:
-                    counts[e.phase] = counts.get(e.phase, 0) + 1
                 detail += " (" + ", ".join(f"{n} {p}" for p, n in counts.items()) + f"; coloured {phase})"
             out.append((f"{run[0].node} … {run[-1].node} ({len(run)} operators)", phase, run[0].start,
                         max(e.end for e in run), detail))

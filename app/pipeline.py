@@ -501,28 +501,33 @@ class ResultStore:
         """The frontier's files are there (the baselines may still be running)."""
         return self.complete(key) or (self.root / "results" / key / "frontier-summary.json").is_file()
 
+    def _kept(self, what: MemoKey) -> tuple[bool, Any]:
+        """Whether ``what`` is kept, and its value (the memo's lock held by the caller)."""
+        if what in self._memo:
+            self._memo.move_to_end(what)
+            return True, self._memo[what]
+        return False, None
+
     def _cached(self, what: MemoKey, load: Callable[[], T]) -> T:
         with self._memo_lock:
-            if what in self._memo:
-                self._memo.move_to_end(what)
-                return self._memo[what]
+            found, value = self._kept(what)
+            if found:
+                return value
             gate = self._loading.setdefault(what, threading.Lock())
         with gate:   # the first asker loads; the others wait here and find it kept
             with self._memo_lock:
-                if what in self._memo:
-                    self._memo.move_to_end(what)
-                    return self._memo[what]
+                found, value = self._kept(what)
+            if found:
+                return value
             try:
                 value = load()   # outside the memo's lock: a load reads other kept values
-            except BaseException:
+                with self._memo_lock:
+                    self._memo[what] = value
+                    while len(self._memo) > self._memo_size:
+                        self._memo.popitem(last=False)
+            finally:   # kept or failed (a failure is not kept: the next asker loads again)
                 with self._memo_lock:
                     self._loading.pop(what, None)
-                raise
-            with self._memo_lock:
-                self._memo[what] = value
-                while len(self._memo) > self._memo_size:
-                    self._memo.popitem(last=False)
-                self._loading.pop(what, None)
         return value
 
     def _json(self, key: str, name: str) -> Any:
