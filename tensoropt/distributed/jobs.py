@@ -36,11 +36,11 @@ from .transport import SEGMENT_BYTES, Channel, PeerLink
 from .verify import compare_distributed
 
 
-def load_case(model_spec: str, *, float64: bool = False, dropout: bool = True,
-              rt: Runtime | None = None) -> tuple[nn.Module, tuple[Any, ...], OpGraph]:
-    """(model, inputs, graph): ``model_spec`` built, optionally in float64 and without dropout,
-    and captured with torch.export.  On a rank (``rt``), the weights, buffers and inputs are rank
-    0's (:func:`.run.same_as_rank0`): a factory without a fixed seed builds one model."""
+def load_model_case(model_spec: str, *, float64: bool = False, dropout: bool = True,
+                    rt: Runtime | None = None) -> tuple[nn.Module, tuple[Any, ...], str]:
+    """(model, inputs, name): ``model_spec`` built, optionally in float64 and without dropout.  On a rank
+    (``rt``), the weights, buffers and inputs are rank 0's (:func:`.run.same_as_rank0`): a factory
+    without a fixed seed builds one model."""
     loaded = load_model(model_spec)
     if loaded.model is None:
         raise DistributedError(f"{model_spec} is a saved graph or ONNX file: a job needs the torch model "
@@ -53,7 +53,14 @@ def load_case(model_spec: str, *, float64: bool = False, dropout: bool = True,
     if float64:
         model = model.double()
         inputs = tuple(t.double() if t.is_floating_point() else t for t in inputs)
-    return model, inputs, capture(model, inputs, name=loaded.name, method="export")
+    return model, inputs, loaded.name
+
+
+def load_case(model_spec: str, *, float64: bool = False, dropout: bool = True,
+              rt: Runtime | None = None) -> tuple[nn.Module, tuple[Any, ...], OpGraph]:
+    """(model, inputs, graph): :func:`load_model_case`, and the model captured with torch.export."""
+    model, inputs, name = load_model_case(model_spec, float64=float64, dropout=dropout, rt=rt)
+    return model, inputs, capture(model, inputs, name=name, method="export")
 
 
 def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1) -> list[dict[str, Any]]:

@@ -1,0 +1,211 @@
+"""A pipeline-parallel plan run through PyTorch's own pipelining: the stages, the schedule, the step.
+
+:func:`train_pipeline` is a job (:func:`~.launch.launch` or torchrun): every rank builds the model,
+takes rank 0's weights and batch, and :func:`torch.distributed.pipelining.pipeline` cuts it at the
+plan's split points (:func:`tensoropt.planmodel.pipelined.split_points`: ``SplitPoint.BEGINNING``
+of a block, or ``END``); rank ``r`` builds stages ``r, r + p, …`` (PyTorch's loop placement) and
+runs the schedule's class (:data:`~tensoropt.planmodel.pipeline.SCHEDULES`) with tensoropt's
+training loss on each micro-batch (PyTorch scales the gradients by ``1 / m``: the whole batch's
+mean), then the optimizer on its stages' parameters.  :func:`train_one_process` is the same
+training on the unmodified model, whole batch, one process — what a pipeline's losses are held to.
+
+Tied weights (an embedding read again by the head) in two stages are refused where the pipeline
+is priced (:func:`tensoropt.planmodel.pipelined.price_pipeline`): PyTorch's pipelining gives each
+stage its own copy and would train the copies apart (GPT-2 cut in two: the second step's loss
+−0.046525 against the model's −0.046205).
+
+Owns: what every rank runs for a pipeline.  Must not: price a pipeline nor choose its cut
+(:mod:`tensoropt.planmodel.pipelined` does).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ..errors import DistributedError
+from ..measure.step import make_optimizer, training_loss
+from ..planmodel.pipeline import SCHEDULES
+from .jobs import load_model_case
+from .runtime import Runtime
+
+
+class InputsThroughFirstStage(nn.Module):
+    """``model`` with every input tensor copied before it runs, so that the copy is made in the first
+    stage.  PyTorch's pipeline runtime feeds the batch to the first stage only, while its tracer
+    hands an input a later stage reads (a language model's labels, read by the loss) straight to
+    that stage, which then never gets it; copied first, it travels from stage to stage like an
+    activation (a micro-batch's labels: a few KiB).  The model's modules sit under ``model.``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: Any) -> Any:
+        return self.model(*(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs))
+
+
+def _microbatch_call(inputs: Sequence[Any], microbatches: int) -> tuple[Any, ...]:
+    """The first micro-batch's inputs (dimension 0 cut in ``microbatches``), as ``pipeline`` traces."""
+    return tuple(torch.tensor_split(x, microbatches, 0)[0] if isinstance(x, torch.Tensor) else x for x in inputs)
+
+
+def train_one_process(model_spec: str, *, steps: int = 2, lr: float = 0.1, optimizer: str = "sgd",
+                      float64: bool = True) -> list[float]:
+    """The losses of ``steps`` steps of the unmodified model on its whole batch (dropout off, as a
+    pipeline check runs): what :func:`train_pipeline`'s losses must equal."""
+    model, inputs, _ = load_model_case(model_spec, float64=float64, dropout=False)
+    opt = make_optimizer(optimizer, list(model.parameters()), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = training_loss(model(*inputs))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    return losses
+
+
+def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches: int, stages_per_rank: int,
+                   split_points: Sequence[Sequence[str]], steps: int = 2, lr: float = 0.1, optimizer: str = "sgd",
+                   float64: bool = True, dropout: bool = False, measure: bool = False,
+                   warmup: int = 1) -> dict[str, Any]:
+    """Train ``model_spec`` ``steps`` steps as the pipeline ``schedule`` (module docstring).
+
+    Returns, the same on every rank: ``losses`` (each step's mean of the micro-batches' losses, from
+    the last stage), ``stages`` (each rank's stage indices) and, with ``measure`` (after ``warmup``
+    more steps), ``step_s`` (each rank's median step: schedule and optimizer) and ``peak_bytes``
+    (each rank's peak over one more step under MemTracker, with its stages, optimizer state and
+    the batch held from the start)."""
+    # local: PyTorch's pipelining, for this job only
+    from torch.distributed.pipelining import SplitPoint, pipeline, schedules
+
+    if schedule not in SCHEDULES:
+        raise DistributedError(f"unknown pipeline schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
+    class_name, multi = SCHEDULES[schedule]
+    p = rt.world_size
+    model, inputs, _ = load_model_case(model_spec, float64=float64, dropout=dropout, rt=rt)
+    dev = torch.device(rt.device)
+    points = {f"model.{module}": SplitPoint.BEGINNING if where == "beginning" else SplitPoint.END
+              for module, where in split_points}
+    pipe = pipeline(InputsThroughFirstStage(model), mb_args=_microbatch_call(inputs, microbatches), split_spec=points)
+    if pipe.num_stages != p * stages_per_rank:
+        raise DistributedError(f"{len(points)} split points made {pipe.num_stages} stages; {schedule} on {p} ranks "
+                               f"× {stages_per_rank} needs {p * stages_per_rank}")
+    mine = [s for s in range(pipe.num_stages) if s % p == rt.rank]
+    stages = [pipe.build_stage(s, dev) for s in mine]
+    cls = getattr(schedules, class_name)
+
+    def loss_fn(output: Any, _target: Any) -> torch.Tensor:
+        return training_loss(output)
+
+    runner = cls(stages if multi else stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
+    params = [q for st in stages for q in st.submod.parameters()]
+    opt = make_optimizer(optimizer, params, lr=lr)
+    batch = next(x for x in inputs if isinstance(x, torch.Tensor)).shape[0]
+    target = torch.zeros(batch)
+    first, last = 0 in mine, pipe.num_stages - 1 in mine
+
+    def step() -> float:
+        losses: list[torch.Tensor] = []
+        kwargs: dict[str, Any] = {"target": target, "losses": losses} if last else {}
+        runner.step(*(inputs if first else ()), **kwargs)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(torch.stack(losses).mean()) if losses else 0.0
+
+    losses = []
+    for _ in range(steps):
+        box = [step()]
+        dist.broadcast_object_list(box, src=(pipe.num_stages - 1) % p)   # the last stage's rank has the loss
+        losses.append(float(box[0]))
+    out: dict[str, Any] = {"losses": losses}
+    ranks_stages: list[Any] = [None] * p
+    dist.all_gather_object(ranks_stages, mine)
+    out["stages"] = ranks_stages
+    if measure:
+        times = []
+        for _ in range(warmup + 3):
+            dist.barrier()
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        peak = _tracked_peak([st.submod for st in stages], opt, inputs, step)
+        gathered: list[Any] = [None] * p
+        dist.all_gather_object(gathered, (statistics.median(times[warmup:]), peak))
+        out["step_s"] = [g[0] for g in gathered]
+        out["peak_bytes"] = [g[1] for g in gathered]
+    return out
+
+
+class StoragePeak(TorchDispatchMode):
+    """The most bytes of tensor storage alive at once while the mode is on: every storage an
+    operator returns counts from its first sight until it is freed, beside ``held`` (storages alive
+    before, counted once).  What MemTracker counts, without its module hooks: MemTracker refuses a
+    module called again at the top level, as a pipeline stage is once per micro-batch.
+
+    Example::
+
+        >>> import torch
+        >>> with StoragePeak() as peak:
+        ...     a = torch.ones(256)          # 1 KiB
+        ...     b = a * 2                    # 2 KiB alive
+        ...     del a, b
+        ...     c = torch.ones(128)          # 0.5 KiB
+        >>> peak.peak_bytes, peak.alive_bytes
+        (2048, 512)
+    """
+
+    def __init__(self, held: Sequence[torch.Tensor] = ()):
+        super().__init__()
+        self._seen: set[int] = set()
+        self.alive_bytes = 0
+        for t in held:
+            self._count(t)
+        self.peak_bytes = self.alive_bytes
+
+    def _count(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self._seen or st.nbytes() == 0:
+            return
+        self._seen.add(key)
+        self.alive_bytes += st.nbytes()
+        weakref.finalize(st, self._freed, key, st.nbytes())
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        self._seen.discard(key)
+        self.alive_bytes -= nbytes
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self._count(t)
+        self.peak_bytes = max(self.peak_bytes, self.alive_bytes)
+        return out
+
+
+def _tracked_peak(modules: Sequence[nn.Module], opt: torch.optim.Optimizer, inputs: Sequence[Any],
+                  step: Callable[[], Any]) -> int:
+    """One step's peak bytes of tensor storage on this rank (:class:`StoragePeak`), the stages'
+    parameters and buffers, the optimizer's state and the batch held from the start."""
+    held = [t for m in modules for t in (*m.parameters(), *m.buffers())]
+    held += [v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    held += [x for x in inputs if isinstance(x, torch.Tensor)]
+    dist.barrier()
+    with StoragePeak(held) as peak:
+        step()
+    return peak.peak_bytes
+
+
+__all__ = ["InputsThroughFirstStage", "StoragePeak", "train_one_process", "train_pipeline"]

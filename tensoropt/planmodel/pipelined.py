@@ -1,0 +1,222 @@
+r"""A pipeline-parallel plan priced: the model cut into stages, one schedule's step and each rank's peak.
+
+A :class:`PipelineRecipe` is what a person asks for — a schedule of
+:data:`~.pipeline.SCHEDULES`, ``ranks`` devices, ``microbatches`` and (for the multi-stage
+schedules) ``stages_per_rank`` — and :func:`price_pipeline` prices it on a graph captured **at the
+micro-batch's size** (one micro-batch's operators: their times, saved tensors and messages are
+exactly one micro-batch's, with no scaling rule to trust):
+
+- the stages are :func:`~.stages.cut_stages`' min-max cut of the blocks into ``S = v·p`` stages,
+  stage ``s`` on rank ``s mod p`` (PyTorch's loop placement for the interleaved and zero-bubble
+  schedules; the V schedules' own placement is not modelled, so they are refused here);
+- the step is :func:`~.pipeline.simulate_pipeline` of PyTorch's order with each stage's forward and
+  backward, and the slowest stage-to-stage link's time for a micro-batch's activations;
+- a trainable parameter two stages read (tied weights) is refused: PyTorch's pipelining would
+  train the two copies apart;
+- rank ``r``'s peak is what its stages keep for the whole step — parameters, their gradients and
+  the optimizer's state (:data:`~tensoropt.optimizers.OPTIMIZER_ALPHA`) — plus the most
+  micro-batches' activations the schedule keeps in flight on it at once (the simulation's
+  ``peak_bytes``) and the largest transient of its operators (the gradient of an activation, a
+  workspace), or, if larger, the optimizer step's temporaries once the activations are gone:
+
+.. math::
+
+    M_r = \sum_{s \in r} (P_s + G_s + \alpha G_s) + \max\bigl(A_r^{\max} + T_r,\ \mathrm{opt}_r\bigr)
+
+  — the first backward starts while the forwards' activations are all held (GPipe holds ``m``,
+  1F1B ``p − r``), so the gradients, the in-flight activations and a transient coexist.
+
+The step leaves out the optimizer's update (the same on every schedule) and a data axis (a
+pipeline here runs the whole batch over its ``p`` ranks).
+
+Example — a four-block MLP on two A100s, four micro-batches of 8: GPipe keeps all four
+micro-batches in flight on both ranks, 1F1B two on the first and one on the last, in the same
+time::
+
+    >>> import torch
+    >>> from tensoropt import capture, load_cluster, price, profile
+    >>> blocks = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()) for _ in range(4)]
+    >>> graph = capture(torch.nn.Sequential(*blocks), (torch.randn(8, 64),))
+    >>> cluster = load_cluster("preset:a100-4-nvlink")
+    >>> costs = price(profile(graph, timed=False), cluster).costs
+    >>> for schedule in ("gpipe", "1f1b"):
+    ...     est = price_pipeline(graph, costs, cluster, PipelineRecipe(schedule, ranks=2, microbatches=4))
+    ...     print(schedule, est.in_flight, est.split_points)
+    gpipe (4, 4) (('2', 'beginning'),)
+    1f1b (2, 1) (('2', 'beginning'),)
+
+It owns how a recipe becomes stages, a step and peaks; it must not order the micro-batches
+(:mod:`.pipeline` does), cut the stages (:mod:`.stages` does) nor run them
+(:mod:`tensoropt.distributed.pipelined` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..cluster import Cluster
+from ..graph import OpGraph, block_of
+from ..measure.costmodel import CostModel
+from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha, optimizer_temp_bytes
+from .memory import node_memory
+from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
+from .stages import Stage, cut_stages
+
+#: schedules whose stage ``s`` runs on rank ``s mod p`` (PyTorch's loop placement); the V
+#: schedules fold the stages back (rank r runs r and 2p − 1 − r) and are not priced here
+LOOPED = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb")
+
+
+@dataclass(frozen=True)
+class PipelineRecipe:
+    """A pipeline a person asks for: ``schedule`` (a key of :data:`LOOPED`) over ``ranks`` devices,
+    ``microbatches`` per step, ``stages_per_rank`` (``None``: 1 for GPipe and 1F1B, 2 for the
+    others)."""
+
+    schedule: str
+    ranks: int
+    microbatches: int
+    stages_per_rank: int | None = None
+
+    @property
+    def virtual(self) -> int:
+        """The stages each rank runs."""
+        if self.stages_per_rank is not None:
+            return self.stages_per_rank
+        return 2 if SCHEDULES.get(self.schedule, ("", False))[1] else 1
+
+    def __str__(self) -> str:
+        v = f" × {self.virtual} stages a rank" if self.virtual > 1 else ""
+        return f"{self.schedule}, {self.ranks} ranks{v}, {self.microbatches} micro-batches"
+
+
+@dataclass(frozen=True)
+class PipelineEstimate:
+    """A priced :class:`PipelineRecipe`: its ``stages`` (stage ``s`` on ``devices[s mod p]``),
+    ``split_points`` (where each stage after the first begins, as
+    :func:`torch.distributed.pipelining.pipeline` takes them: ``(module, "beginning" | "end")``),
+    ``step_s`` (the schedule's step, no optimizer update), ``bubble_fraction``, ``in_flight``
+    (each rank's most micro-batches held at once), ``memory_bytes`` (device → peak) and ``link_s``
+    (a micro-batch's activations over the slowest stage-to-stage link)."""
+
+    recipe: PipelineRecipe
+    devices: tuple[str, ...]
+    stages: tuple[Stage, ...]
+    split_points: tuple[tuple[str, str], ...]
+    step_s: float
+    bubble_fraction: float
+    in_flight: tuple[int, ...]
+    memory_bytes: dict[str, int]
+    link_s: float
+    #: why PyTorch's pipeline runtime cannot run this cut as :mod:`tensoropt.distributed.pipelined`
+    #: builds it ("" where it can): :func:`skip_read`
+    unrunnable: str = ""
+
+    @property
+    def max_memory_bytes(self) -> int:
+        return max(self.memory_bytes.values(), default=0)
+
+
+def split_points(graph: OpGraph, stages: Sequence[Stage]) -> tuple[tuple[str, str], ...]:
+    """Where each stage after the first begins, as a module of the model: the block it starts
+    with (``"beginning"``), else the block the stage before ends with (``"end"``)."""
+    out = []
+    for before, stage in zip(stages, stages[1:]):
+        first = block_of(graph.nodes[stage.ops[0]].module_path)
+        last = block_of(graph.nodes[before.ops[-1]].module_path)
+        if first is not None:
+            out.append((first, "beginning"))
+        elif last is not None:
+            out.append((last, "end"))
+        else:   # two runs outside blocks are one unit (stages.py): a cut always touches a block
+            raise PipelineError(f"stage boundary before {stage.ops[0]} touches no block")
+    return tuple(out)
+
+
+def skip_read(graph: OpGraph, stages: Sequence[Stage]) -> str:
+    """The first value a stage reads from a stage other than the one just before it (or a model
+    input read after the second stage: the run copies inputs in the first stage), worded; "" if
+    none.  PyTorch's pipeline runtime passes values between neighbouring stages only (a skip is
+    refused: "Backward of skip connections not supported yet"), so such a cut does not run through
+    :func:`torch.distributed.pipelining.pipeline` — Llama's rotary position embeddings, computed
+    once before the first layer and read by every layer, make one at every cut past the second
+    stage (torchtitan builds each stage's module by hand instead)."""
+    where = {name: s for s, stage in enumerate(stages) for name in stage.ops}
+    for s, stage in enumerate(stages):
+        for name in stage.ops:
+            node = graph.nodes[name]
+            for src, nbytes in zip(node.inputs, node.input_bytes):
+                made = where.get(src, 0)      # a model input: copied in the first stage
+                if made < s - 1 and nbytes and not graph.nodes[src].metadata_only:   # a size is traced as a constant
+                    return (f"stage {s} reads {src} from stage {made} (operator {name}, module "
+                            f"{graph.nodes[name].module_path or 'the model'}): PyTorch's pipeline runtime passes "
+                            "values between neighbouring stages only")
+    return ""
+
+
+def _link_s(cluster: Cluster, devices: Sequence[str], stages: Sequence[Stage]) -> float:
+    """The slowest hop's time for one micro-batch's activations (and, backwards, their gradients)."""
+    p = len(devices)
+    worst = 0.0
+    for s, stage in enumerate(stages[:-1]):
+        src, dst = devices[s % p], devices[(s + 1) % p]
+        if src != dst and stage.send_bytes:
+            worst = max(worst, cluster.link(src, dst).time(stage.send_bytes))
+    return worst
+
+
+def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: PipelineRecipe, *,
+                   devices: Sequence[str] | None = None, optimizer: str | int = DEFAULT_OPTIMIZER) -> PipelineEstimate:
+    """``recipe`` on ``graph`` (captured at the micro-batch's size) over ``devices`` (default: the
+    cluster's first ``recipe.ranks``), priced as the module docstring says.  A schedule not in
+    :data:`LOOPED`, too few devices or blocks, or an order PyTorch cannot run is a
+    :class:`~.pipeline.PipelineError` naming it.  O(S·U² + A log A) for U units and A actions."""
+    if recipe.schedule not in LOOPED:
+        raise PipelineError(f"pipeline schedule {recipe.schedule!r} is not priced: the schedules with PyTorch's "
+                            f"loop placement are {', '.join(LOOPED)}")
+    used = list(cluster.select(devices))[:recipe.ranks] if devices is None else list(cluster.select(devices))
+    if len(used) != recipe.ranks:
+        raise PipelineError(f"a pipeline over {recipe.ranks} ranks needs {recipe.ranks} devices; "
+                            f"{'the cluster has' if devices is None else 'given'} {len(used)}")
+    order = pipeline_order(recipe.schedule, ranks=recipe.ranks, microbatches=recipe.microbatches,
+                           stages_per_rank=recipe.virtual)
+    stages = tuple(cut_stages(graph, costs, order.stages))
+    _refuse_tied(graph, stages)
+    link = _link_s(cluster, used, stages)
+    run = simulate_pipeline(order, forward_s=[s.forward_s for s in stages], backward_s=[s.backward_s for s in stages],
+                            link_s=link, activation_bytes=[s.activation_bytes for s in stages])
+    alpha = optimizer_alpha(optimizer)
+    p = recipe.ranks
+    memory: dict[str, int] = {}
+    for r, dev in enumerate(used):
+        mine = [s for i, s in enumerate(stages) if i % p == r]
+        kept = sum(s.param_bytes + (1 + alpha) * s.trainable_bytes for s in mine)
+        transient = max((node_memory(graph, costs, name).transient for s in mine for name in s.ops if name in costs),
+                        default=0)
+        trainable = [graph.params[q].nbytes for s in mine for q in _stage_params(graph, s)
+                     if graph.params[q].is_trainable]
+        update = optimizer_temp_bytes(optimizer, trainable)
+        memory[dev] = int(kept + max(run.peak_bytes[r] + transient, update))
+    return PipelineEstimate(recipe, tuple(used), stages, split_points(graph, stages), run.step_s,
+                            run.bubble_fraction, run.peak_in_flight, memory, link, skip_read(graph, stages))
+
+
+def _refuse_tied(graph: OpGraph, stages: Sequence[Stage]) -> None:
+    """A trainable parameter two stages read (a tied embedding and head) is a
+    :class:`~.pipeline.PipelineError`: PyTorch's pipelining copies it into each stage and would
+    train the copies apart (Megatron-LM sums their gradients; PyTorch does not)."""
+    where = {name: s for s, stage in enumerate(stages) for name in stage.ops}
+    for q, info in graph.params.items():
+        readers = sorted({where[n] for n in (info.owner, *info.readers) if n in where})
+        if info.is_trainable and len(readers) > 1:
+            raise PipelineError(f"parameter {q} is read by pipeline stages {readers[0]} and {readers[-1]} (tied "
+                                "weights): PyTorch's pipelining keeps a copy per stage and would train them apart; "
+                                "untie them (e.g. tie_word_embeddings=False in the model's config)")
+
+
+def _stage_params(graph: OpGraph, stage: Stage) -> list[str]:
+    return list(dict.fromkeys(q for name in stage.ops for q in graph.nodes[name].params))
+
+
+__all__ = ["LOOPED", "PipelineEstimate", "PipelineRecipe", "price_pipeline", "skip_read", "split_points"]
