@@ -102,13 +102,17 @@ class PipelineOrder:
 class PipelineRun:
     """A simulated step: ``step_s``, each rank's ``busy_s`` and ``bubble_s`` (step − busy), each
     rank's ``peak_in_flight`` (micro-batches' activations held at once, summed over its stages) and
-    ``peak_bytes`` (the same weighted by the stages' activation bytes, where given)."""
+    ``peak_bytes`` (the same weighted by the stages' activation bytes, where given) and
+    ``held_at_backward``: per rank, each backward's (or input gradient's) ``(stage, bytes held)`` as
+    it starts, in time order — the bytes of every micro-batch in flight on the rank then, its own
+    included."""
 
     step_s: float
     busy_s: tuple[float, ...]
     bubble_s: tuple[float, ...]
     peak_in_flight: tuple[int, ...]
     peak_bytes: tuple[float, ...]
+    held_at_backward: tuple[tuple[tuple[int, float], ...], ...] = ()
 
     @property
     def bubble_fraction(self) -> float:
@@ -280,6 +284,7 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
     busy = [0.0] * n
     # per rank: (time, 1 take / 0 free, stage, bytes) for the peaks
     per_rank_events: list[list[tuple[float, int, int, float]]] = [[] for _ in range(n)]
+    backward_starts: list[list[tuple[float, int]]] = [[] for _ in range(n)]
     remaining = sum(len(s) for s in order.ranks)
     while remaining:
         progressed = False
@@ -304,6 +309,8 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
                     break
                 for a, start, finish in timed:
                     busy[r] += finish - start
+                    if a.kind in (BACKWARD, INPUT_GRAD):
+                        backward_starts[r].append((start, a.stage))
                     if a.kind == FORWARD:
                         per_rank_events[r].append((finish, 1, a.stage, act[a.stage]))
                     elif a.kind in (BACKWARD, WEIGHT_GRAD):
@@ -327,7 +334,13 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
             peak_n, peak_b = max(peak_n, count), max(peak_b, held_b)
         peaks_n.append(peak_n)
         peaks_b.append(peak_b)
-    return PipelineRun(step_s, tuple(busy), tuple(step_s - x for x in busy), tuple(peaks_n), tuple(peaks_b))
+    held: list[tuple[tuple[int, float], ...]] = []
+    for evs, starts in zip(per_rank_events, backward_starts):
+        # what was taken or freed by the instant a backward starts (its own forward's take included)
+        held.append(tuple((stage, sum(e[3] for e in evs if e[0] <= t))
+                          for t, stage in sorted(starts)))
+    return PipelineRun(step_s, tuple(busy), tuple(step_s - x for x in busy), tuple(peaks_n), tuple(peaks_b),
+                       tuple(held))
 
 
 __all__ = ["Action", "PipelineError", "PipelineOrder", "PipelineRun", "SCHEDULES", "pipeline_order",

@@ -47,6 +47,12 @@ def test_1f1b_holds_p_minus_i_micro_batches_where_gpipe_holds_all() -> None:
                                     activation_bytes=100)
     assert gpipe.peak_in_flight == (8, 8, 8, 8) and gpipe.peak_bytes == (800, 800, 800, 800)
     assert one_f_one_b.peak_in_flight == (4, 3, 2, 1) and one_f_one_b.peak_bytes == (400, 300, 200, 100)
+    # as each backward starts: GPipe's first stage still holds all 8, then one fewer each time;
+    # 1F1B's holds 4 (its warm-up) through the steady state — a forward refills what a backward
+    # freed — and drains 3, 2, 1 in the cool-down; its last stage holds only the one it works on
+    assert gpipe.held_at_backward[0] == tuple((0, 100.0 * k) for k in range(8, 0, -1))
+    assert one_f_one_b.held_at_backward[0] == tuple((0, x) for x in (400.0,) * 5 + (300.0, 200.0, 100.0))
+    assert one_f_one_b.held_at_backward[3] == ((3, 100.0),) * 8
 
 
 def test_1f1b_runs_in_the_order_of_pytorchs_runtime() -> None:

@@ -1,0 +1,106 @@
+"""A pipeline recipe priced on a model captured at its micro-batch's size
+(:func:`tensoropt.planmodel.pipelined.price_pipeline`): where PyTorch's pipelining cuts it, what it
+refuses, and each rank's peak against the walk's parts worked by hand.  Measured peaks on gloo
+ranks: ``tests/distributed/test_pipelined.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import tensoropt
+from tensoropt.planmodel.pipeline import PipelineError
+from tensoropt.planmodel.pipelined import PipelineRecipe, price_pipeline
+from tensoropt.planmodel.walk import plan_memory
+
+CLUSTER = "preset:a100-4-nvlink"
+
+
+def _priced(model: nn.Module, *inputs: torch.Tensor):
+    graph = tensoropt.capture(model, inputs)
+    cluster = tensoropt.load_cluster(CLUSTER)
+    return graph, tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs, cluster
+
+
+def _mlp(blocks: int = 4) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(blocks)])
+
+
+def test_a_gpipe_rank_holds_one_walked_micro_batch_and_the_others_in_flight() -> None:
+    graph, costs, cluster = _priced(_mlp(), torch.randn(8, 64))
+    est = price_pipeline(graph, costs, cluster, PipelineRecipe("gpipe", ranks=2, microbatches=4), optimizer="sgd")
+    assert est.split_points == (("2", "beginning"),) and est.in_flight == (4, 4) and not est.unrunnable
+    # two equal stages of two blocks (64 × 64 + 64 parameters each): the same operators on each rank
+    assert [s.blocks for s in est.stages] == [("0", "1"), ("2", "3")]
+    assert est.stages[0].param_bytes == est.stages[1].param_bytes == 2 * (64 * 64 + 64) * 4
+    one = plan_memory(tensoropt.place(graph, costs, cluster, "m-topo", devices=["gpu0"]), graph, costs, cluster,
+                      optimizer="sgd")
+    # the second stage keeps, a micro-batch: the input it received (8 × 64 floats, 2,048 B, its first
+    # linear saves it) and each ReLU's output (which the next linear saves too: one tensor); GPipe's
+    # first backward starts with the three other micro-batches in flight, and by its end the
+    # stage's gradients all exist
+    kept = 3 * 8 * 64 * 4
+    assert est.stages[1].activation_bytes == kept
+    assert est.memory_bytes["gpu1"] >= 3 * kept + 2 * est.stages[1].param_bytes
+    assert est.memory_bytes["gpu1"] < one["gpu0"].peak   # half the model, four micro-batches of 8 rows
+    # 1F1B keeps fewer in flight on the first rank
+    f1b = price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=4), optimizer="sgd")
+    assert f1b.in_flight == (2, 1)
+    assert f1b.memory_bytes["gpu0"] == est.memory_bytes["gpu0"] - 2 * est.stages[0].activation_bytes
+    # the slower stage works m (f + b); the schedule adds at most p − 1 slots and a link each way a slot
+    slot = max(s.forward_s + s.backward_s for s in est.stages)
+    for run in (est, f1b):
+        assert 4 * slot <= run.step_s <= (4 + 2 - 1) * (slot + 2 * run.link_s)
+
+
+class _Tied(nn.Module):
+    """An embedding whose weight the head reads again (GPT-2's tie)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(32, 16)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(2))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for b in self.blocks:
+            x = b(x)
+        return x @ self.embed.weight.t()
+
+
+def test_tied_weights_across_stages_are_refused_naming_the_parameter() -> None:
+    graph, costs, cluster = _priced(_Tied(), torch.randint(0, 32, (4, 8)))
+    with pytest.raises(PipelineError, match=r"embed\.weight is read by pipeline stages 0 and 1 .*untie"):
+        price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=2))
+
+
+class _Skip(nn.Module):
+    """Three blocks; the last reads the first's output again (a skip over the second)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.blocks[0](x)
+        b = self.blocks[1](a)
+        return self.blocks[2](b) * a
+
+
+def test_a_value_read_two_stages_on_is_named_as_not_runnable_by_pytorch() -> None:
+    graph, costs, cluster = _priced(_Skip(), torch.randn(4, 16))
+    two = price_pipeline(graph, costs, cluster, PipelineRecipe("gpipe", ranks=2, microbatches=2))
+    assert two.unrunnable == ""     # two stages: every value goes to the next
+    three = price_pipeline(graph, costs, cluster, PipelineRecipe("gpipe", ranks=3, microbatches=2))
+    assert [s.blocks for s in three.stages] == [("blocks.0",), ("blocks.1",), ("blocks.2",)]
+    assert three.unrunnable.startswith("stage 2 reads linear from stage 0")
+
+
+def test_a_v_schedule_and_too_few_devices_are_refused() -> None:
+    graph, costs, cluster = _priced(_mlp(), torch.randn(8, 64))
+    with pytest.raises(PipelineError, match="not priced"):
+        price_pipeline(graph, costs, cluster, PipelineRecipe("zbv", ranks=2, microbatches=4))
+    with pytest.raises(PipelineError, match="needs 8 devices"):
+        price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=8, microbatches=8))
