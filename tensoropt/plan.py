@@ -63,8 +63,10 @@ PLAN_FORMATS = ("tensoropt.plan/1", "tensoropt.plan/2", PLAN_FORMAT)
 #: for a data-parallel plan without sharding (default buckets: a flat copy of the gradients, beside
 #: each ``.grad``); ``zero1`` — the same with ``ZeroRedundancyOptimizer`` (each rank the optimizer
 #: state of the whole parameters it steps) for a plan sharded at level 1
-#: (:mod:`tensoropt.planmodel.wrappers` says what the wrappers hold)
-RUNTIMES = ("executor", "fsdp2", "ddp", "zero1")
+#: (:mod:`tensoropt.planmodel.wrappers` says what the wrappers hold); ``pipelining`` — PyTorch's
+#: :mod:`torch.distributed.pipelining` running each stage's operators on its rank under PyTorch's
+#: own autograd (one micro-batch's step, :mod:`tensoropt.planmodel.pipelined`)
+RUNTIMES = ("executor", "fsdp2", "ddp", "zero1", "pipelining")
 
 
 class PlanError(TensorOptError):

@@ -47,7 +47,7 @@ def test_a_two_stage_pipeline_trains_as_the_model_and_holds_what_it_is_priced(mi
                       timeout_s=300)[0]["peak_bytes"]
     priced = [est.memory_bytes[d] for d in est.devices]
     print(schedule, priced, measured, [f"{p / m - 1:+.1%}" for p, m in zip(priced, measured)])
-    # measured (docs/measurements.md): the first stage −1.1 % (GPipe) and −3.1 % (1F1B); the last
-    # stage −9.6 % and −8.9 %, some 84 KB a micro-batch in flight that the walk does not count (not found)
+    # measured (docs/measurements.md): the first stage −0.6 % (GPipe) and −2.5 % (1F1B); the last
+    # stage −6.9 % and −4.3 %, some 84 KB a micro-batch in flight that the walk does not count (not found)
     for ours, theirs in zip(priced, measured):
-        assert abs(ours - theirs) <= 0.10 * theirs, (schedule, priced, measured)
+        assert abs(ours - theirs) <= 0.075 * theirs, (schedule, priced, measured)
