@@ -29,7 +29,7 @@ from ..errors import TensorOptError
 
 # one module per command group, each with ``register(subparsers)``; listed in help order
 COMMAND_MODULES = ("zoo", "graph", "profile", "cluster", "bench_links", "calibrate", "frontier", "place", "simulate",
-                   "compare", "app", "run", "export")
+                   "compare", "pipeline", "app", "run", "export")
 #: the commands each module registers, where not its own name
 COMMANDS_OF = {"bench_links": ("bench-links",), "calibrate": ("calibrate", "kinds")}
 

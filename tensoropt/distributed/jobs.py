@@ -36,12 +36,13 @@ from .transport import SEGMENT_BYTES, Channel, PeerLink
 from .verify import compare_distributed
 
 
-def load_model_case(model_spec: str, *, float64: bool = False, dropout: bool = True,
-                    rt: Runtime | None = None) -> tuple[nn.Module, tuple[Any, ...], str]:
-    """(model, inputs, name): ``model_spec`` built, optionally in float64 and without dropout.  On a rank
+def load_model_case(model_spec: str, *, float64: bool = False, dropout: bool = True, rt: Runtime | None = None,
+                    batch: int | None = None) -> tuple[nn.Module, tuple[Any, ...], str]:
+    """(model, inputs, name): ``model_spec`` built (at ``batch``: default the spec's own), optionally
+    in float64 and without dropout.  On a rank
     (``rt``), the weights, buffers and inputs are rank 0's (:func:`.run.same_as_rank0`): a factory
     without a fixed seed builds one model."""
-    loaded = load_model(model_spec)
+    loaded = load_model(model_spec, batch=batch)
     if loaded.model is None:
         raise DistributedError(f"{model_spec} is a saved graph or ONNX file: a job needs the torch model "
                                "(zoo:NAME or file.py:factory)")

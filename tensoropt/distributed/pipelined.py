@@ -59,11 +59,11 @@ def _microbatch_call(inputs: Sequence[Any], microbatches: int) -> tuple[Any, ...
     return tuple(torch.tensor_split(x, microbatches, 0)[0] if isinstance(x, torch.Tensor) else x for x in inputs)
 
 
-def train_one_process(model_spec: str, *, steps: int = 2, lr: float = 0.1, optimizer: str = "sgd",
-                      float64: bool = True) -> list[float]:
+def train_one_process(model_spec: str, *, batch: int | None = None, steps: int = 2, lr: float = 0.1,
+                      optimizer: str = "sgd", float64: bool = True) -> list[float]:
     """The losses of ``steps`` steps of the unmodified model on its whole batch (dropout off, as a
     pipeline check runs): what :func:`train_pipeline`'s losses must equal."""
-    model, inputs, _ = load_model_case(model_spec, float64=float64, dropout=False)
+    model, inputs, _ = load_model_case(model_spec, float64=float64, dropout=False, batch=batch)
     opt = make_optimizer(optimizer, list(model.parameters()), lr=lr)
     losses = []
     for _ in range(steps):
@@ -71,15 +71,17 @@ def train_one_process(model_spec: str, *, steps: int = 2, lr: float = 0.1, optim
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
 def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches: int, stages_per_rank: int,
-                   split_points: Sequence[Sequence[str]], steps: int = 2, lr: float = 0.1, optimizer: str = "sgd",
+                   split_points: Sequence[Sequence[str]], batch: int | None = None, steps: int = 2,
+                   lr: float = 0.1, optimizer: str = "sgd",
                    float64: bool = True, dropout: bool = False, measure: bool = False,
                    warmup: int = 1) -> dict[str, Any]:
-    """Train ``model_spec`` ``steps`` steps as the pipeline ``schedule`` (module docstring).
+    """Train ``model_spec`` (at ``batch``: default its own) ``steps`` steps as the pipeline ``schedule``
+    (module docstring).
 
     Returns, the same on every rank: ``losses`` (each step's mean of the micro-batches' losses, from
     the last stage), ``stages`` (each rank's stage indices) and, with ``measure`` (after ``warmup``
@@ -93,7 +95,7 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
         raise DistributedError(f"unknown pipeline schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
     class_name, multi = SCHEDULES[schedule]
     p = rt.world_size
-    model, inputs, _ = load_model_case(model_spec, float64=float64, dropout=dropout, rt=rt)
+    model, inputs, _ = load_model_case(model_spec, float64=float64, dropout=dropout, rt=rt, batch=batch)
     dev = torch.device(rt.device)
     points = {f"model.{module}": SplitPoint.BEGINNING if where == "beginning" else SplitPoint.END
               for module, where in split_points}
@@ -121,7 +123,7 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
         runner.step(*(inputs if first else ()), **kwargs)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(torch.stack(losses).mean()) if losses else 0.0
+        return float(torch.stack(losses).detach().mean()) if losses else 0.0
 
     losses = []
     for _ in range(steps):

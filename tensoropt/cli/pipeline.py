@@ -1,0 +1,190 @@
+"""``tensoropt pipeline``: which pipeline schedule, with how many micro-batches, for a model on a cluster.
+
+Every schedule of ``--schedules`` at every count of ``--microbatches`` over ``--ranks`` devices,
+priced by :func:`tensoropt.planmodel.pipelined.price_pipeline` on the model captured at the
+micro-batch's size (one capture and profile per count, cached as every command's): the step, the
+bubble, each rank's peak, whether it fits, where PyTorch cuts the model, and whether PyTorch's
+pipeline runtime can run the cut.  ``--check`` runs the fastest plan that fits and runs through
+:mod:`torch.distributed.pipelining` on gloo ranks (:func:`tensoropt.distributed.pipelined.train_pipeline`)
+and holds its losses to the unmodified model's.
+
+It owns the command's options and table; it must not price (``planmodel.pipelined``) nor run a
+pipeline (``distributed.pipelined``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..describe import fmt_bytes
+from ..errors import TensorOptError
+from ..modelspec import load_model
+from ..planmodel.fits import fits
+from ..planmodel.pipeline import SCHEDULES
+from ..planmodel.pipelined import LOOPED, PipelineEstimate, PipelineRecipe, price_pipeline
+from ..workflow import measure, prepare
+from ._common import add_request_arguments, check_repeats, fit_options, print_times_from, workflow_request
+from ._progress import ProgressBars
+
+#: what ``--check`` holds the pipeline's losses to: the unmodified model's in float64, two float32
+#: ulps of a loss near 6 (a language model's loss is cast to float32 inside the model)
+CHECK_ABS = 1e-6
+
+
+@dataclass(frozen=True)
+class Row:
+    """One priced recipe, and whether it fits every rank's memory."""
+
+    estimate: PipelineEstimate
+    fits: bool
+    batch: int
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TensorOptError(f"{flag} takes whole numbers separated by commas, e.g. 4,8; got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise TensorOptError(f"{flag} takes whole numbers ≥ 1, got {text!r}")
+    return values
+
+
+def _schedules(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in LOOPED]
+    if unknown or not names:
+        other = [n for n in SCHEDULES if n not in LOOPED]
+        raise TensorOptError(f"--schedules names {unknown[0] if unknown else 'none'!r}; priced: {', '.join(LOOPED)} "
+                             f"(not yet: {', '.join(other)}, whose stages fold back onto the ranks)")
+    return names
+
+
+def _batch(args: argparse.Namespace) -> int:
+    if args.batch is not None:
+        return int(args.batch)
+    batch = load_model(args.model, lazy=True).params.get("batch")
+    if not isinstance(batch, int):
+        raise TensorOptError(f"{args.model} names no batch size: give --batch (the step's, cut into micro-batches)")
+    return batch
+
+
+def _rows(args: argparse.Namespace, console: Console) -> list[Row]:
+    budget, reserve = fit_options(args)
+    batch = _batch(args)
+    counts = _ints(args.microbatches, "--microbatches")
+    schedules = _schedules(args.schedules)
+    rows: list[Row] = []
+    for m in counts:
+        if batch % m:
+            raise TensorOptError(f"--microbatches {m} does not divide the batch ({batch}): PyTorch's pipelining cuts "
+                                 "the batch in equal micro-batches; pick a divisor or set --batch")
+        request = workflow_request(args, batch=batch // m, frontier=False, algos=())
+        with ProgressBars(console) as progress:
+            setup = prepare(request, progress)
+            graph, priced = measure(request, setup, progress)
+        if m == counts[0]:
+            print_times_from(console, priced.source, priced.notes)
+        devices = list(setup.devices)[:args.ranks] if args.ranks else list(setup.devices)
+        for name in schedules:
+            recipe = PipelineRecipe(name, ranks=len(devices), microbatches=m)
+            try:
+                est = price_pipeline(graph, priced.costs, priced.cluster, recipe, devices=devices,
+                                     optimizer=args.optimizer)
+            except TensorOptError as e:
+                console.print(f"[yellow]{escape(str(recipe))}:[/yellow] {escape(str(e))}", highlight=False)
+                continue
+            ok = fits(est.memory_bytes, priced.cluster, budget=budget, reserve=reserve)
+            rows.append(Row(est, ok, batch))
+    if not rows:
+        raise TensorOptError("no pipeline recipe could be priced (each said why above)")
+    return sorted(rows, key=lambda r: (not r.fits, r.estimate.step_s))
+
+
+def _print(console: Console, rows: list[Row], title: str) -> None:
+    table = Table(title=title)
+    for col in ("schedule", "stages", "micro-batches", "step ms", "samples/s", "bubble", "peak / rank (max)", "fits",
+                "runs on PyTorch"):
+        table.add_column(col, justify="left" if col in ("schedule", "runs on PyTorch") else "right")
+    for r in rows:
+        e = r.estimate
+        table.add_row(e.recipe.schedule, f"{len(e.stages)} on {e.recipe.ranks}", str(e.recipe.microbatches),
+                      f"{e.step_s * 1e3:.3f}", f"{r.batch / e.step_s:,.1f}" if e.step_s > 0 else "-",
+                      f"{e.bubble_fraction:.1%}", fmt_bytes(e.max_memory_bytes), "yes" if r.fits else "no",
+                      "yes" if not e.unrunnable else "no: a skip connection")
+    console.print(table)
+
+
+def _check(console: Console, args: argparse.Namespace, row: Row) -> int:
+    from ..distributed import launch
+    from ..distributed.pipelined import train_one_process, train_pipeline
+
+    e = row.estimate
+    console.print(f"checking {escape(str(e.recipe))} on {e.recipe.ranks} gloo ranks (float64, dropout off) against "
+                  "the unmodified model …", highlight=False)
+    ran = launch(train_pipeline, e.recipe.ranks,
+                 {"model_spec": args.model, "batch": row.batch, "schedule": e.recipe.schedule,
+                  "microbatches": e.recipe.microbatches, "stages_per_rank": e.recipe.virtual,
+                  "split_points": [list(p) for p in e.split_points], "steps": args.check_steps},
+                 timeout_s=600)[0]
+    alone = train_one_process(args.model, batch=row.batch, steps=args.check_steps)
+    worst = max(abs(a - b) for a, b in zip(ran["losses"], alone))
+    ok = worst <= CHECK_ABS
+    for k, (a, b) in enumerate(zip(ran["losses"], alone)):
+        console.print(f"  step {k}: pipeline {a!r}, model {b!r}", highlight=False)
+    console.print(("[green]check passed[/green]" if ok else "[red]check failed[/red]")
+                  + f": largest loss difference {worst:.3g} (allowed {CHECK_ABS:g})", highlight=False)
+    return 0 if ok else 1
+
+
+def _cmd_pipeline(args: argparse.Namespace, console: Console) -> int:
+    check_repeats(args)
+    if args.ranks is not None and args.ranks < 2:
+        raise TensorOptError("--ranks must be ≥ 2: a pipeline of one rank is the model")
+    rows = _rows(args, console)
+    _print(console, rows, f"pipelines of {escape(args.model)} (batch {rows[0].batch}) on {rows[0].estimate.recipe.ranks} of "
+                          f"{escape(args.cluster)}'s devices")
+    cuts = {len(r.estimate.stages): r.estimate for r in reversed(rows)}
+    for n, est in sorted(cuts.items()):
+        console.print(f"{n} stages cut at (PyTorch's SplitPoint): "
+                      f"{', '.join(f'{m} {w}' for m, w in est.split_points)}", highlight=False)
+        if est.unrunnable:
+            console.print(f"[dim]  not run by PyTorch's pipeline runtime: {escape(est.unrunnable)}[/dim]",
+                          highlight=False)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{"schedule": r.estimate.recipe.schedule, "ranks": r.estimate.recipe.ranks,
+                        "stages": len(r.estimate.stages), "microbatches": r.estimate.recipe.microbatches,
+                        "step_s": r.estimate.step_s, "bubble_fraction": r.estimate.bubble_fraction,
+                        "memory_bytes": r.estimate.memory_bytes, "fits": r.fits,
+                        "split_points": [list(p) for p in r.estimate.split_points],
+                        "unrunnable": r.estimate.unrunnable} for r in rows], f, indent=1)
+        console.print(f"wrote {escape(args.json)}", highlight=False)
+    if not args.check:
+        return 0
+    runnable = [r for r in rows if r.fits and not r.estimate.unrunnable]
+    if not runnable:
+        raise TensorOptError("--check: no plan both fits and runs on PyTorch's pipeline runtime")
+    return _check(console, args, runnable[0])
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("pipeline", help="price pipeline schedules (GPipe, 1F1B, interleaved, zero-bubble) and "
+                                        "micro-batch counts for a model; --check runs one through PyTorch")
+    p.add_argument("model", help="zoo:NAME[?k=v&…] or path/to/file.py:factory")
+    add_request_arguments(p)
+    p.add_argument("--ranks", type=int, help="pipeline ranks (default: every device --devices / the cluster has)")
+    p.add_argument("--microbatches", default="4,8", help="micro-batch counts to price, comma-separated (default 4,8)")
+    p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b",
+                   help=f"schedules, comma-separated, of {', '.join(LOOPED)} (default gpipe,1f1b,interleaved-1f1b)")
+    p.add_argument("--check", action="store_true",
+                   help="run the fastest plan that fits on gloo ranks and hold its losses to the model's")
+    p.add_argument("--check-steps", type=int, default=2, help="steps --check trains (default 2)")
+    p.add_argument("--json", metavar="FILE", help="write every row as JSON")
+    p.set_defaults(func=_cmd_pipeline)

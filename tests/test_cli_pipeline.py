@@ -1,0 +1,38 @@
+"""``tensoropt pipeline``: schedules and micro-batch counts priced side by side, and ``--check``
+running the fastest that fits through PyTorch's pipelining on gloo ranks."""
+
+import json
+
+from conftest import run_cli as run
+
+#: Llama 3 shape shortened to 4 layers of width 64 (untied embeddings), built with weights
+LLAMA = "zoo:llama3-8b?layers=4&hidden=64&heads=4&kv_heads=2&ffn=128&vocab=512&seq_len=32&meta=False"
+ARGS = ("--batch", "8", "--cluster", "preset:a100-4-nvlink", "--ranks", "2")
+
+
+def test_every_schedule_and_count_is_priced_and_the_fastest_runnable_checked(capsys, tmp_path):
+    out_json = tmp_path / "rows.json"
+    code, out, err = run(capsys, "pipeline", LLAMA, *ARGS, "--microbatches", "2,4", "--check", "--json",
+                         str(out_json))
+    assert code == 0, err
+    rows = json.loads(out_json.read_text())
+    assert {(r["schedule"], r["microbatches"]) for r in rows} == {
+        (s, m) for s in ("gpipe", "1f1b", "interleaved-1f1b") for m in (2, 4)}
+    # GPipe keeps every micro-batch in flight where 1F1B keeps p − i: more memory on the first rank
+    peak = {(r["schedule"], r["microbatches"]): r["memory_bytes"]["gpu0"] for r in rows}
+    assert peak[("gpipe", 4)] > peak[("1f1b", 4)]
+    # interleaved-1f1b's 4 stages on 2 ranks pass the labels two stages on: PyTorch's runtime refuses that
+    assert all(bool(r["unrunnable"]) == (r["schedule"] == "interleaved-1f1b") for r in rows)
+    assert "2 stages cut at (PyTorch's SplitPoint): model.model.layers.2 beginning" in out
+    assert "check passed" in out and "step 1: pipeline" in out
+
+
+def test_a_count_that_does_not_divide_the_batch_is_one_line(capsys):
+    code, out, err = run(capsys, "pipeline", LLAMA, *ARGS, "--microbatches", "3")
+    assert code == 2
+    assert "--microbatches 3 does not divide the batch (8)" in err and "Traceback" not in err
+
+
+def test_a_v_schedule_is_refused_naming_those_priced(capsys):
+    code, out, err = run(capsys, "pipeline", LLAMA, *ARGS, "--schedules", "zbv")
+    assert code == 2 and "priced: gpipe, 1f1b" in err and "zbv" in err
