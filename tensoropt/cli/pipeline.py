@@ -148,7 +148,8 @@ def _cmd_pipeline(args: argparse.Namespace, console: Console) -> int:
     if args.ranks is not None and args.ranks < 2:
         raise TensorOptError("--ranks must be ≥ 2: a pipeline of one rank is the model")
     rows = _rows(args, console)
-    _print(console, rows, f"pipelines of {escape(args.model)} (batch {rows[0].batch}) on {rows[0].estimate.recipe.ranks} of "
+    ranks = rows[0].estimate.recipe.ranks
+    _print(console, rows, f"pipelines of {escape(args.model)} (batch {rows[0].batch}) on {ranks} of "
                           f"{escape(args.cluster)}'s devices")
     cuts = {len(r.estimate.stages): r.estimate for r in reversed(rows)}
     for n, est in sorted(cuts.items()):
