@@ -3,9 +3,8 @@
 Every schedule of ``--schedules`` at every count of ``--microbatches`` over ``--ranks`` devices,
 priced by :func:`tensoropt.planmodel.pipelined.price_pipeline` on the model captured at the
 micro-batch's size (one capture and profile per count, cached as every command's): the step, the
-bubble, each rank's peak, whether it fits, where PyTorch cuts the model, and whether PyTorch's
-pipeline runtime can run the cut.  ``--check`` runs the fastest plan that fits and runs through
-:mod:`torch.distributed.pipelining` on gloo ranks (:func:`tensoropt.distributed.pipelined.train_pipeline`)
+bubble, each rank's peak, whether it fits and where PyTorch cuts the model.  ``--check`` runs the
+fastest plan that fits through :mod:`torch.distributed.pipelining` on gloo ranks (:func:`tensoropt.distributed.pipelined.train_pipeline`)
 and holds its losses to the unmodified model's.
 
 It owns the command's options and table; it must not price (``planmodel.pipelined``) nor run a
@@ -62,7 +61,8 @@ def _schedules(text: str) -> list[str]:
     if unknown or not names:
         other = [n for n in SCHEDULES if n not in LOOPED]
         raise TensorOptError(f"--schedules names {unknown[0] if unknown else 'none'!r}; priced: {', '.join(LOOPED)} "
-                             f"(not yet: {', '.join(other)}, whose stages fold back onto the ranks)")
+                             f"(not yet: {', '.join(other)}: the V schedules' folded stages and the zero-bubble ones' "
+                             "deferred weight gradients are not modelled)")
     return names
 
 
@@ -109,15 +109,13 @@ def _rows(args: argparse.Namespace, console: Console) -> list[Row]:
 
 def _print(console: Console, rows: list[Row], title: str) -> None:
     table = Table(title=title)
-    for col in ("schedule", "stages", "micro-batches", "step ms", "samples/s", "bubble", "peak / rank (max)", "fits",
-                "runs on PyTorch"):
-        table.add_column(col, justify="left" if col in ("schedule", "runs on PyTorch") else "right")
+    for col in ("schedule", "stages", "micro-batches", "step ms", "samples/s", "bubble", "peak / rank (max)", "fits"):
+        table.add_column(col, justify="left" if col == "schedule" else "right")
     for r in rows:
         e = r.estimate
         table.add_row(e.recipe.schedule, f"{len(e.stages)} on {e.recipe.ranks}", str(e.recipe.microbatches),
                       f"{e.step_s * 1e3:.3f}", f"{r.batch / e.step_s:,.1f}" if e.step_s > 0 else "-",
-                      f"{e.bubble_fraction:.1%}", fmt_bytes(e.max_memory_bytes), "yes" if r.fits else "no",
-                      "yes" if not e.unrunnable else "no: a skip connection")
+                      f"{e.bubble_fraction:.1%}", fmt_bytes(e.max_memory_bytes), "yes" if r.fits else "no")
     console.print(table)
 
 
@@ -155,28 +153,25 @@ def _cmd_pipeline(args: argparse.Namespace, console: Console) -> int:
     for n, est in sorted(cuts.items()):
         console.print(f"{n} stages cut at (PyTorch's SplitPoint): "
                       f"{', '.join(f'{m} {w}' for m, w in est.split_points)}", highlight=False)
-        if est.unrunnable:
-            console.print(f"[dim]  not run by PyTorch's pipeline runtime: {escape(est.unrunnable)}[/dim]",
-                          highlight=False)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{"schedule": r.estimate.recipe.schedule, "ranks": r.estimate.recipe.ranks,
                         "stages": len(r.estimate.stages), "microbatches": r.estimate.recipe.microbatches,
                         "step_s": r.estimate.step_s, "bubble_fraction": r.estimate.bubble_fraction,
                         "memory_bytes": r.estimate.memory_bytes, "fits": r.fits,
-                        "split_points": [list(p) for p in r.estimate.split_points],
-                        "unrunnable": r.estimate.unrunnable} for r in rows], f, indent=1)
+                        "split_points": [list(p) for p in r.estimate.split_points]} for r in rows], f, indent=1)
         console.print(f"wrote {escape(args.json)}", highlight=False)
     if not args.check:
         return 0
-    runnable = [r for r in rows if r.fits and not r.estimate.unrunnable]
-    if not runnable:
-        raise TensorOptError("--check: no plan both fits and runs on PyTorch's pipeline runtime")
-    return _check(console, args, runnable[0])
+    fitting = [r for r in rows if r.fits]
+    if not fitting:
+        raise TensorOptError("--check: no pipeline plan fits the devices' memory (see the table); raise --budget or "
+                             "add micro-batches")
+    return _check(console, args, fitting[0])
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("pipeline", help="price pipeline schedules (GPipe, 1F1B, interleaved, zero-bubble) and "
+    p = sub.add_parser("pipeline", help="price pipeline schedules (GPipe, 1F1B, interleaved 1F1B, looped BFS) and "
                                         "micro-batch counts for a model; --check runs one through PyTorch")
     p.add_argument("model", help="zoo:NAME[?k=v&…] or path/to/file.py:factory")
     add_request_arguments(p)

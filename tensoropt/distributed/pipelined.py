@@ -20,6 +20,7 @@ Owns: what every rank runs for a pipeline.  Must not: price a pipeline nor choos
 
 from __future__ import annotations
 
+import operator
 import statistics
 import time
 import weakref
@@ -52,6 +53,77 @@ class InputsThroughFirstStage(nn.Module):
 
     def forward(self, *inputs: Any) -> Any:
         return self.model(*(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs))
+
+
+def thread_skips(split: torch.fx.GraphModule) -> int:
+    """Make every value a stage reads come from the stage just before it: a value made by stage
+    ``s`` (or a model input) and read by stage ``j > s + 1`` passes through stages ``s + 1 … j − 1``
+    as an extra input and output of each (the identity: its gradient flows back the same way).
+    PyTorch's pipeline runtime sends between neighbouring stages only ("Backward of skip
+    connections not supported yet"); a language model's rotary embeddings and labels, made before
+    the first layer and read by the last ones, are such values.  ``split`` is
+    :func:`torch.distributed.pipelining.pipeline`'s ``split_gm``, changed in place (the same on every
+    rank: the graph is the same).  Returns the number of hops added."""
+    graph = split.graph
+    calls = [n for n in graph.nodes if n.op == "call_module" and str(n.target).startswith("submod_")]
+    index = {n: i for i, n in enumerate(calls)}
+
+    def made_by(node: torch.fx.Node) -> int:
+        while node.target is operator.getitem:
+            node = node.args[0]   # type: ignore[assignment]
+        return index.get(node, -1)
+
+    def placeholders(sub: torch.fx.GraphModule) -> list[torch.fx.Node]:
+        return [n for n in sub.graph.nodes if n.op == "placeholder"]
+
+    passed: dict[tuple[int, torch.fx.Node], torch.fx.Node] = {}
+    itemised: dict[torch.fx.Node, torch.fx.Node] = {}   # a one-output stage's call → its item 0
+
+    def pass_through(k: int, value: torch.fx.Node, meta: dict[str, Any]) -> torch.fx.Node:
+        """``value`` as an extra output of stage ``k`` (which gets it as an extra input)."""
+        if (k, value) in passed:
+            return passed[(k, value)]
+        call = calls[k]
+        sub = split.get_submodule(str(call.target))
+        assert isinstance(sub, torch.fx.GraphModule)
+        if value in call.args:   # the stage reads it itself: its own input goes on
+            ph = placeholders(sub)[call.args.index(value)]
+        else:
+            with sub.graph.inserting_after(placeholders(sub)[-1]):
+                ph = sub.graph.placeholder(f"passed_{len(passed)}")
+            ph.meta = dict(meta)
+            call.args = (*call.args, value)
+        out = next(n for n in sub.graph.nodes if n.op == "output")
+        old = out.args[0]
+        if not isinstance(old, (tuple, list)):   # one output: every reader takes item 0 from now on
+            with graph.inserting_after(call):
+                first = graph.call_function(operator.getitem, (call, 0))
+            first.meta = dict(call.meta)
+            call.replace_all_uses_with(first, delete_user_cb=lambda user: user is not first)
+            itemised[call] = first
+            old = (old,)
+        out.args = ((*old, ph),)
+        sub.recompile()
+        last = max((u for u in call.users if u.target is operator.getitem), key=lambda u: u.args[1])
+        with graph.inserting_after(last):
+            item = graph.call_function(operator.getitem, (call, len(old)))
+        passed[(k, value)] = item
+        return item
+
+    for j, call in enumerate(calls):
+        sub = split.get_submodule(str(call.target))
+        assert isinstance(sub, torch.fx.GraphModule)
+        metas = [ph.meta for ph in placeholders(sub)]
+        args = []
+        for i, arg in enumerate(call.args):
+            if isinstance(arg, torch.fx.Node) and j > 0 and made_by(arg) < j - 1:
+                for k in range(made_by(arg) + 1, j):
+                    arg = pass_through(k, arg, metas[i])
+            args.append(arg)
+        # an argument read before its stage became a tuple takes item 0 of it
+        call.args = tuple(itemised.get(a, a) if isinstance(a, torch.fx.Node) else a for a in args)
+    split.recompile()
+    return len(passed)
 
 
 def _microbatch_call(inputs: Sequence[Any], microbatches: int) -> tuple[Any, ...]:
@@ -100,6 +172,7 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
     points = {f"model.{module}": SplitPoint.BEGINNING if where == "beginning" else SplitPoint.END
               for module, where in split_points}
     pipe = pipeline(InputsThroughFirstStage(model), mb_args=_microbatch_call(inputs, microbatches), split_spec=points)
+    thread_skips(pipe.split_gm)
     if pipe.num_stages != p * stages_per_rank:
         raise DistributedError(f"{len(points)} split points made {pipe.num_stages} stages; {schedule} on {p} ranks "
                                f"× {stages_per_rank} needs {p * stages_per_rank}")

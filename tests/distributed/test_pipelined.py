@@ -4,11 +4,15 @@ and each rank holds what :func:`tensoropt.planmodel.pipelined.price_pipeline` sa
 are measured here — the one-process losses of the unmodified model, each rank's peak of tensor
 storage over a step — and nothing of them feeds the price."""
 
+import operator
+
 import pytest
+import torch
+from torch import nn
 
 import tensoropt
 from tensoropt.distributed import launch
-from tensoropt.distributed.pipelined import train_one_process, train_pipeline
+from tensoropt.distributed.pipelined import thread_skips, train_one_process, train_pipeline
 from tensoropt.planmodel.pipelined import PipelineRecipe, price_pipeline
 
 #: Llama 3 shape, shortened: 4 layers of width 64, untied embeddings; batch 8 × 32 tokens in 4
@@ -30,7 +34,7 @@ def test_a_two_stage_pipeline_trains_as_the_model_and_holds_what_it_is_priced(mi
     graph, costs, cluster = microbatch_graph
     est = price_pipeline(graph, costs, cluster, PipelineRecipe(schedule, ranks=2, microbatches=MICROBATCHES),
                          optimizer="adamw")
-    assert est.split_points == (("model.model.layers.2", "beginning"),) and not est.unrunnable
+    assert est.split_points == (("model.model.layers.2", "beginning"),)
     spec = f"{LLAMA}&batch={BATCH}"
     # float64 and no dropout: the micro-batches' mean losses average to the batch's up to rounding
     ran = launch(train_pipeline, 2, {"model_spec": spec, "schedule": schedule, "microbatches": MICROBATCHES,
@@ -51,3 +55,55 @@ def test_a_two_stage_pipeline_trains_as_the_model_and_holds_what_it_is_priced(mi
     # stage −6.9 % and −4.3 %, some 84 KB a micro-batch in flight that the walk does not count (not found)
     for ours, theirs in zip(priced, measured):
         assert abs(ours - theirs) <= 0.075 * theirs, (schedule, priced, measured)
+
+
+@pytest.mark.parametrize(("schedule", "ranks"), [("interleaved-1f1b", 2), ("1f1b", 4)])
+def test_more_stages_than_two_train_as_the_model(microbatch_graph, schedule, ranks):
+    # four stages: the rotary embeddings and the labels, made before the first layer, reach the
+    # last ones through every stage between (thread_skips); PyTorch's runtime refuses them otherwise
+    graph, costs, cluster = microbatch_graph
+    est = price_pipeline(graph, costs, cluster, PipelineRecipe(schedule, ranks=ranks, microbatches=MICROBATCHES))
+    assert len(est.stages) == 4
+    spec = f"{LLAMA}&batch={BATCH}"
+    ran = launch(train_pipeline, ranks, {"model_spec": spec, "schedule": schedule, "microbatches": MICROBATCHES,
+                                         "stages_per_rank": est.recipe.virtual,
+                                         "split_points": [list(p) for p in est.split_points], "steps": 2},
+                 timeout_s=300)[0]
+    assert ran["stages"] == ([[0, 2], [1, 3]] if ranks == 2 else [[0], [1], [2], [3]])
+    assert ran["losses"] == pytest.approx(train_one_process(spec, steps=2), abs=1e-6)
+
+
+class _Skip(nn.Module):
+    """Three linears; the last output multiplies the first's (a skip over the second)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.blocks[0](x)
+        return self.blocks[2](self.blocks[1](a)) * a
+
+
+def test_a_skip_over_a_stage_passes_through_it_and_computes_the_same():
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    x = torch.randn(4, 16)
+    model = _Skip()
+    pipe = pipeline(model, mb_args=(x,), split_spec={"blocks.1": SplitPoint.BEGINNING,
+                                                    "blocks.2": SplitPoint.BEGINNING})
+    calls = [n for n in pipe.split_gm.graph.nodes if n.op == "call_module"]
+
+    def sources(call):
+        out = set()
+        for a in call.args:
+            while a.target is operator.getitem:
+                a = a.args[0]
+            out.add(calls.index(a) if a in calls else -1)
+        return out
+
+    assert sources(calls[2]) == {0, 1}          # the skip: stage 2 reads stage 0's output
+    assert thread_skips(pipe.split_gm) == 1     # one hop: through stage 1
+    assert [sources(c) for c in calls] == [{-1}, {0}, {1}]
+    torch.testing.assert_close(pipe(x)[0], model(x), rtol=0, atol=0)

@@ -31,7 +31,7 @@ def _mlp(blocks: int = 4) -> nn.Module:
 def test_a_gpipe_rank_holds_one_walked_micro_batch_and_the_others_in_flight() -> None:
     graph, costs, cluster = _priced(_mlp(), torch.randn(8, 64))
     est = price_pipeline(graph, costs, cluster, PipelineRecipe("gpipe", ranks=2, microbatches=4), optimizer="sgd")
-    assert est.split_points == (("2", "beginning"),) and est.in_flight == (4, 4) and not est.unrunnable
+    assert est.split_points == (("2", "beginning"),) and est.in_flight == (4, 4)
     # two equal stages of two blocks (64 × 64 + 64 parameters each): the same operators on each rank
     assert [s.blocks for s in est.stages] == [("0", "1"), ("2", "3")]
     assert est.stages[0].param_bytes == est.stages[1].param_bytes == 2 * (64 * 64 + 64) * 4
@@ -74,28 +74,6 @@ def test_tied_weights_across_stages_are_refused_naming_the_parameter() -> None:
     graph, costs, cluster = _priced(_Tied(), torch.randint(0, 32, (4, 8)))
     with pytest.raises(PipelineError, match=r"embed\.weight is read by pipeline stages 0 and 1 .*untie"):
         price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=2))
-
-
-class _Skip(nn.Module):
-    """Three blocks; the last reads the first's output again (a skip over the second)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = self.blocks[0](x)
-        b = self.blocks[1](a)
-        return self.blocks[2](b) * a
-
-
-def test_a_value_read_two_stages_on_is_named_as_not_runnable_by_pytorch() -> None:
-    graph, costs, cluster = _priced(_Skip(), torch.randn(4, 16))
-    two = price_pipeline(graph, costs, cluster, PipelineRecipe("gpipe", ranks=2, microbatches=2))
-    assert two.unrunnable == ""     # two stages: every value goes to the next
-    three = price_pipeline(graph, costs, cluster, PipelineRecipe("gpipe", ranks=3, microbatches=2))
-    assert [s.blocks for s in three.stages] == [("blocks.0",), ("blocks.1",), ("blocks.2",)]
-    assert three.unrunnable.startswith("stage 2 reads linear from stage 0")
 
 
 def test_a_v_schedule_and_too_few_devices_are_refused() -> None:
