@@ -4,8 +4,9 @@ Every schedule of ``--schedules`` at every count of ``--microbatches`` over ``--
 priced by :func:`tensoropt.planmodel.pipelined.price_pipeline` on the model captured at the
 micro-batch's size (one capture and profile per count, cached as every command's): the step, the
 bubble, each rank's peak, whether it fits and where PyTorch cuts the model.  ``--check`` runs the
-fastest plan that fits through :mod:`torch.distributed.pipelining` on gloo ranks (:func:`tensoropt.distributed.pipelined.train_pipeline`)
-and holds its losses to the unmodified model's.
+fastest plan that fits through :mod:`torch.distributed.pipelining` on gloo ranks
+(:func:`tensoropt.distributed.pipelined.train_pipeline`) and holds its losses to the unmodified
+model's.
 
 It owns the command's options and table; it must not price (``planmodel.pipelined``) nor run a
 pipeline (``distributed.pipelined``).
