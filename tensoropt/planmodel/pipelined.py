@@ -27,11 +27,15 @@ exactly one micro-batch's, with no scaling rule to trust):
   with :math:`W_r` the walk's peak without the optimizer's update (plus its state), :math:`H^{(j)}`
   the bytes of the other micro-batches in flight at backward ``j``, :math:`G_r` the rank's
   gradients and :math:`G^W_r` those alive at the walk's peak, :math:`W^{\mathrm{opt}}_r` the walk's
-  peak with the update's temporaries.  Measured on 2 gloo ranks (``tests/distributed/test_pipelined.py``):
-  the first stage within 2.5 %, the last 4.3–6.9 % under (docs/measurements.md).  The walk is
-  PyTorch's autograd's (runtime ``pipelining``: a view's gradient made fresh), byte-exact on the
-  whole model (Llama shortened, one process); the last stage holds some 84 KB more for each
-  micro-batch in flight there, not found.
+  peak with the update's temporaries.  The walk is PyTorch's autograd's (runtime ``pipelining``: a
+  view's gradient made fresh; byte-exact on the shortened Llama whole, one process);
+- to it, PyTorch's receive buffers, held all step: for every micro-batch, one for each value a
+  stage receives and one for the gradient of each floating-point value it sends
+  (:func:`boundary_buffers`).
+
+Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md): GPipe and
+1F1B on 2 and 4 ranks within 2.3 % on every rank but GPipe's last of two (−5.5 %); the schedules
+with two stages a rank 4–10 % above.
 
 The step leaves out the optimizer's update (the same on every schedule) and a data axis (a
 pipeline here runs the whole batch over its ``p`` ranks).
@@ -142,6 +146,31 @@ def split_points(graph: OpGraph, stages: Sequence[Stage]) -> tuple[tuple[str, st
     return tuple(out)
 
 
+def boundary_buffers(graph: OpGraph, stages: Sequence[Stage]) -> list[int]:
+    """Bytes each stage keeps in PyTorch's receive buffers for one micro-batch: a tensor for every
+    value that crosses into it (from any earlier stage: :mod:`tensoropt.distributed.pipelined`
+    passes a value read further on through the stages between) and one for the gradient of every
+    floating-point value that crosses out of it.  PyTorch's ``PipelineStage`` makes these for every
+    micro-batch of the step before the first runs (``_prepare_forward_infra`` /
+    ``_prepare_backward_infra``): they are held all step."""
+    where = {name: s for s, stage in enumerate(stages) for name in stage.ops}
+    last_reader: dict[str, int] = {}
+    for name, s in where.items():
+        for src in graph.nodes[name].inputs:
+            last_reader[src] = max(last_reader.get(src, 0), s)
+    out = [0] * len(stages)
+    for src, last in last_reader.items():
+        node = graph.nodes[src]
+        if node.metadata_only or not node.outputs:
+            continue
+        made = where.get(src, 0)     # a model input: copied in the first stage
+        floating = sum(t.nbytes for t in node.outputs if t.dtype.startswith(("float", "bfloat")))
+        for b in range(made, last):  # crosses boundary b → b + 1
+            out[b + 1] += node.output_bytes
+            out[b] += floating
+    return out
+
+
 def _link_s(cluster: Cluster, devices: Sequence[str], stages: Sequence[Stage]) -> float:
     """The slowest hop's time for one micro-batch's activations (and, backwards, their gradients)."""
     p = len(devices)
@@ -182,6 +211,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     # backward's, or the gradients' at the end) and with it (its update's temporaries)
     bare = plan_memory(plan, graph, costs, cluster, optimizer="sgd")
     whole = plan_memory(plan, graph, costs, cluster, optimizer=optimizer)
+    buffers = boundary_buffers(graph, stages)
     memory: dict[str, int] = {}
     for r, dev in enumerate(used):
         walked, state = bare[dev], whole[dev].optimizer
@@ -193,7 +223,8 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
         peak = walked.peak + state + first
         if later is not None:
             peak = max(peak, walked.peak + state + later + walked.grads - walked.grads_at_peak)
-        memory[dev] = int(max(peak, whole[dev].peak))
+        step_buffers = recipe.microbatches * sum(b for s, b in enumerate(buffers) if s % p == r)
+        memory[dev] = int(max(peak, whole[dev].peak) + step_buffers)
     return PipelineEstimate(recipe, tuple(used), stages, split_points(graph, stages), run.step_s,
                             run.bubble_fraction, run.peak_in_flight, memory, link)
 
@@ -215,4 +246,4 @@ def _stage_params(graph: OpGraph, stage: Stage) -> list[str]:
     return list(dict.fromkeys(q for name in stage.ops for q in graph.nodes[name].params))
 
 
-__all__ = ["LOOPED", "PipelineEstimate", "PipelineRecipe", "price_pipeline", "split_points"]
+__all__ = ["LOOPED", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "price_pipeline", "split_points"]

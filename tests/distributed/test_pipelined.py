@@ -51,10 +51,9 @@ def test_a_two_stage_pipeline_trains_as_the_model_and_holds_what_it_is_priced(mi
                       timeout_s=300)[0]["peak_bytes"]
     priced = [est.memory_bytes[d] for d in est.devices]
     print(schedule, priced, measured, [f"{p / m - 1:+.1%}" for p, m in zip(priced, measured)])
-    # measured (docs/measurements.md): the first stage −0.6 % (GPipe) and −2.5 % (1F1B); the last
-    # stage −6.9 % and −4.3 %, some 84 KB a micro-batch in flight that the walk does not count (not found)
+    # measured (docs/measurements.md): GPipe +1.1 / −5.5 %, 1F1B −0.3 / −1.9 %
     for ours, theirs in zip(priced, measured):
-        assert abs(ours - theirs) <= 0.075 * theirs, (schedule, priced, measured)
+        assert abs(ours - theirs) <= 0.06 * theirs, (schedule, priced, measured)
 
 
 @pytest.mark.parametrize(("schedule", "ranks"), [("interleaved-1f1b", 2), ("1f1b", 4)])

@@ -11,7 +11,7 @@ from torch import nn
 
 import tensoropt
 from tensoropt.planmodel.pipeline import PipelineError
-from tensoropt.planmodel.pipelined import PipelineRecipe, price_pipeline
+from tensoropt.planmodel.pipelined import PipelineRecipe, boundary_buffers, price_pipeline
 from tensoropt.planmodel.walk import plan_memory
 
 CLUSTER = "preset:a100-4-nvlink"
@@ -45,6 +45,9 @@ def test_a_gpipe_rank_holds_one_walked_micro_batch_and_the_others_in_flight() ->
     assert est.stages[1].activation_bytes == kept
     assert est.memory_bytes["gpu1"] >= 3 * kept + 2 * est.stages[1].param_bytes
     assert est.memory_bytes["gpu1"] < one["gpu0"].peak   # half the model, four micro-batches of 8 rows
+    # PyTorch's receive buffers, one set a micro-batch: the first stage's for the gradient of the
+    # activation it sends (8 × 64 floats), the second's for that activation
+    assert boundary_buffers(graph, est.stages) == [2048, 2048]
     # 1F1B keeps fewer in flight on the first rank
     f1b = price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=4), optimizer="sgd")
     assert f1b.in_flight == (2, 1)
