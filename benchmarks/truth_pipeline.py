@@ -37,7 +37,7 @@ def main() -> None:
     cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
     costs = tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
     alone = train_one_process(args.model, batch=args.batch, steps=2)
-    print(f"{args.model}, batch {args.batch} in {m} micro-batches, AdamW, float32; priced peak / measured peak per rank")
+    print(f"{args.model}, batch {args.batch} in {m} micro-batches, AdamW, float32: priced / measured peak a rank")
     print("| schedule | stages on ranks | losses as the model's | rank | priced KiB | measured KiB | error |")
     print("|---|---|---|---:|---:|---:|---:|")
     for schedule, ranks in CASES:
