@@ -1,9 +1,17 @@
-"""``tensoropt pipeline``: schedules and micro-batch counts priced side by side, and ``--check``
-running the fastest that fits through PyTorch's pipelining on gloo ranks."""
+"""``tensoropt pipeline``: schedules and micro-batch counts priced side by side, ``--check``
+running the fastest that fits through PyTorch's pipelining on gloo ranks, ``--export`` writing it
+for torchrun."""
 
 import json
+import os
+import subprocess
+import sys
 
+import pytest
 from conftest import run_cli as run
+
+from tensoropt.distributed.pipelined import train_one_process
+from tensoropt.export import LOSS_LINE
 
 #: Llama 3 shape shortened to 4 layers of width 64 (untied embeddings), built with weights
 LLAMA = "zoo:llama3-8b?layers=4&hidden=64&heads=4&kv_heads=2&ffn=128&vocab=512&seq_len=32&meta=False"
@@ -37,3 +45,21 @@ def test_a_count_that_does_not_divide_the_batch_is_one_line(capsys):
 def test_a_v_schedule_is_refused_naming_those_priced(capsys):
     code, out, err = run(capsys, "pipeline", LLAMA, *ARGS, "--schedules", "zbv")
     assert code == 2 and "priced: gpipe, 1f1b" in err and "zbv" in err and "not yet" in err
+
+
+def test_the_exported_pipeline_trains_under_torchrun_as_the_model(capsys, tmp_path):
+    out = tmp_path / "pp"
+    code, stdout, err = run(capsys, "pipeline", LLAMA, *ARGS, "--microbatches", "4", "--schedules", "1f1b",
+                            "--optimizer", "sgd", "--export", str(out))
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "train.py"]
+    assert "torchrun --standalone --nproc-per-node 2 train.py" in (out / "README.md").read_text()
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "train.py", "--steps", "2", "--lr", "0.1"], cwd=out, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = [(int(k), float(x)) for k, x in LOSS_LINE.findall(done.stdout)]
+    # float32 as a user trains, SGD at 0.1: the model's own losses, one process, float32
+    want = train_one_process(LLAMA, batch=8, steps=2, lr=0.1, float64=False)
+    assert [k for k, _ in got] == [1, 2]
+    assert [x for _, x in got] == pytest.approx(want, abs=1e-6)

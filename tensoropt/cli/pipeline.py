@@ -6,7 +6,7 @@ micro-batch's size (one capture and profile per count, cached as every command's
 bubble, each rank's peak, whether it fits and where PyTorch cuts the model.  ``--check`` runs the
 fastest plan that fits through :mod:`torch.distributed.pipelining` on gloo ranks
 (:func:`tensoropt.distributed.pipelined.train_pipeline`) and holds its losses to the unmodified
-model's.
+model's; ``--export DIR`` writes it as a directory torchrun runs (:func:`tensoropt.export.export_pipeline`).
 
 It owns the command's options and table; it must not price (``planmodel.pipelined``) nor run a
 pipeline (``distributed.pipelined``).
@@ -76,12 +76,13 @@ def _batch(args: argparse.Namespace) -> int:
     return batch
 
 
-def _rows(args: argparse.Namespace, console: Console) -> list[Row]:
+def _rows(args: argparse.Namespace, console: Console) -> tuple[list[Row], str]:
     budget, reserve = fit_options(args)
     batch = _batch(args)
     counts = _ints(args.microbatches, "--microbatches")
     schedules = _schedules(args.schedules)
     rows: list[Row] = []
+    times_from = ""
     for m in counts:
         if batch % m:
             raise TensorOptError(f"--microbatches {m} does not divide the batch ({batch}): PyTorch's pipelining cuts "
@@ -92,6 +93,7 @@ def _rows(args: argparse.Namespace, console: Console) -> list[Row]:
             graph, priced = measure(request, setup, progress)
         if m == counts[0]:
             print_times_from(console, priced.source, priced.notes)
+            times_from = priced.source
         devices = list(setup.devices)[:args.ranks] if args.ranks else list(setup.devices)
         for name in schedules:
             recipe = PipelineRecipe(name, ranks=len(devices), microbatches=m)
@@ -105,7 +107,7 @@ def _rows(args: argparse.Namespace, console: Console) -> list[Row]:
             rows.append(Row(est, ok, batch))
     if not rows:
         raise TensorOptError("no pipeline recipe could be priced (each said why above)")
-    return sorted(rows, key=lambda r: (not r.fits, r.estimate.step_s))
+    return sorted(rows, key=lambda r: (not r.fits, r.estimate.step_s)), times_from
 
 
 def _print(console: Console, rows: list[Row], title: str) -> None:
@@ -146,7 +148,7 @@ def _cmd_pipeline(args: argparse.Namespace, console: Console) -> int:
     check_repeats(args)
     if args.ranks is not None and args.ranks < 2:
         raise TensorOptError("--ranks must be ≥ 2: a pipeline of one rank is the model")
-    rows = _rows(args, console)
+    rows, times_from = _rows(args, console)
     ranks = rows[0].estimate.recipe.ranks
     _print(console, rows, f"pipelines of {escape(args.model)} (batch {rows[0].batch}) on {ranks} of "
                           f"{escape(args.cluster)}'s devices")
@@ -162,13 +164,22 @@ def _cmd_pipeline(args: argparse.Namespace, console: Console) -> int:
                         "memory_bytes": r.estimate.memory_bytes, "fits": r.fits,
                         "split_points": [list(p) for p in r.estimate.split_points]} for r in rows], f, indent=1)
         console.print(f"wrote {escape(args.json)}", highlight=False)
-    if not args.check:
+    if not args.check and not args.export:
         return 0
     fitting = [r for r in rows if r.fits]
     if not fitting:
-        raise TensorOptError("--check: no pipeline plan fits the devices' memory (see the table); raise --budget or "
-                             "add micro-batches")
-    return _check(console, args, fitting[0])
+        raise TensorOptError(f"{'--check' if args.check else '--export'}: no pipeline plan fits the devices' memory "
+                             "(see the table); raise --budget or add micro-batches")
+    if args.export:
+        from ..export import export_pipeline
+
+        best = fitting[0]
+        out = export_pipeline(best.estimate, args.model, args.export, batch=best.batch, steps=args.check_steps,
+                              optimizer=args.optimizer, times_from=times_from)
+        console.print(f"wrote {escape(str(out))}/ (train.py, README.md): {escape(str(best.estimate.recipe))}; run it: "
+                      f"cd {escape(str(out))} && torchrun --standalone --nproc-per-node "
+                      f"{best.estimate.recipe.ranks} train.py", highlight=False, soft_wrap=True)
+    return _check(console, args, fitting[0]) if args.check else 0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -182,6 +193,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help=f"schedules, comma-separated, of {', '.join(LOOPED)} (default gpipe,1f1b,interleaved-1f1b)")
     p.add_argument("--check", action="store_true",
                    help="run the fastest plan that fits on gloo ranks and hold its losses to the model's")
-    p.add_argument("--check-steps", type=int, default=2, help="steps --check trains (default 2)")
+    p.add_argument("--check-steps", type=int, default=2, help="steps --check trains, and --export's default (2)")
     p.add_argument("--json", metavar="FILE", help="write every row as JSON")
+    p.add_argument("--export", metavar="DIR", help="write the fastest plan that fits as a directory torchrun runs "
+                                                   "(train.py through torch.distributed.pipelining, README.md)")
     p.set_defaults(func=_cmd_pipeline)

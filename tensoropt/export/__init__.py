@@ -54,13 +54,16 @@ from ..execute.runplan import LocalBackend, load_for_run, load_plan
 from ..graph import Precision
 from ..measure.step import plan_optimizer
 from ..plan import Plan
+from ..planmodel.pipelined import PipelineEstimate
 from .expressible import PATH_TITLES, Expression, LaunchShape, express, launch_shape
+from .pipelined import pipeline_readme, pipeline_train_script
 from .render import LOSS_LINE, OPTIMIZER_CODE, readme, train_script
 
 #: what ``--to`` may name
 TARGETS = ("torchrun",)
 
-__all__ = ["TARGETS", "LOSS_LINE", "Exported", "Expression", "LaunchShape", "export_plan", "express", "launch_shape"]
+__all__ = ["TARGETS", "LOSS_LINE", "Exported", "Expression", "LaunchShape", "export_pipeline", "export_plan", "express",
+           "launch_shape"]
 
 
 @dataclass(frozen=True)
@@ -161,14 +164,32 @@ def export_plan(plan_path: str | os.PathLike, spec: str, out: str | os.PathLike,
     return Exported(out, expr, shape)
 
 
-def _write_directory(out: Path, files: dict[str, str], plan: Plan) -> None:
-    """``files`` and ``plan.json`` in ``out``, which appears whole or not at all."""
+def export_pipeline(est: PipelineEstimate, spec: str, out: str | os.PathLike, *, batch: int, steps: int = 3,
+                    lr: float = 1e-3, optimizer: str = "adamw", times_from: str = "") -> Path:
+    """A pipeline plan (:func:`tensoropt.planmodel.pipelined.price_pipeline`) as a directory torchrun
+    runs: ``train.py`` and ``README.md`` (:mod:`.pipelined`), written whole or not at all; returns it."""
+    directory = Path(out)
+    _check_output(directory)
+    if optimizer not in OPTIMIZER_CODE:
+        raise TensorOptError(f"the optimizer {optimizer!r} has no PyTorch counterpart here; use one of "
+                             f"{', '.join(OPTIMIZER_CODE)}")
+    spec = absolute_spec(spec)
+    files = {"train.py": pipeline_train_script(est, spec=spec, batch=batch, steps=steps, lr=lr, optimizer=optimizer),
+             "README.md": pipeline_readme(est, spec=spec, batch=batch, steps=steps, optimizer=optimizer,
+                                          times_from=times_from)}
+    _write_directory(directory, files, None)
+    return directory
+
+
+def _write_directory(out: Path, files: dict[str, str], plan: Plan | None) -> None:
+    """``files`` and ``plan.json`` (where there is a plan) in ``out``, which appears whole or not at all."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
         (tmp / "train.py").chmod(0o755)
-        plan.save(tmp / "plan.json")
+        if plan is not None:
+            plan.save(tmp / "plan.json")
         if out.exists():
             out.rmdir()     # empty (checked): the rename takes its place
         tmp.rename(out)
