@@ -67,6 +67,10 @@ def _schedules(text: str) -> list[str]:
     return names
 
 
+def _checkpointing(choice: str) -> tuple[bool, ...]:
+    return {"no": (False,), "yes": (True,), "both": (False, True)}[choice]
+
+
 def _batch(args: argparse.Namespace) -> int:
     if args.batch is not None:
         return int(args.batch)
@@ -95,8 +99,8 @@ def _rows(args: argparse.Namespace, console: Console) -> tuple[list[Row], str]:
             print_times_from(console, priced.source, priced.notes)
             times_from = priced.source
         devices = list(setup.devices)[:args.ranks] if args.ranks else list(setup.devices)
-        for name in schedules:
-            recipe = PipelineRecipe(name, ranks=len(devices), microbatches=m)
+        for name, checkpoint in ((n, c) for n in schedules for c in _checkpointing(args.checkpoint)):
+            recipe = PipelineRecipe(name, ranks=len(devices), microbatches=m, checkpoint=checkpoint)
             try:
                 est = price_pipeline(graph, priced.costs, priced.cluster, recipe, devices=devices,
                                      optimizer=args.optimizer)
@@ -112,11 +116,13 @@ def _rows(args: argparse.Namespace, console: Console) -> tuple[list[Row], str]:
 
 def _print(console: Console, rows: list[Row], title: str) -> None:
     table = Table(title=title)
-    for col in ("schedule", "stages", "micro-batches", "step ms", "samples/s", "bubble", "peak / rank (max)", "fits"):
-        table.add_column(col, justify="left" if col == "schedule" else "right")
+    for col in ("schedule", "stages", "micro-batches", "blocks", "step ms", "samples/s", "bubble", "peak / rank (max)",
+                "fits"):
+        table.add_column(col, justify="left" if col in ("schedule", "blocks") else "right")
     for r in rows:
         e = r.estimate
         table.add_row(e.recipe.schedule, f"{len(e.stages)} on {e.recipe.ranks}", str(e.recipe.microbatches),
+                      "recomputed" if e.recipe.checkpoint else "kept",
                       f"{e.step_s * 1e3:.3f}", f"{r.batch / e.step_s:,.1f}" if e.step_s > 0 else "-",
                       f"{e.bubble_fraction:.1%}", fmt_bytes(e.max_memory_bytes), "yes" if r.fits else "no")
     console.print(table)
@@ -132,7 +138,8 @@ def _check(console: Console, args: argparse.Namespace, row: Row) -> int:
     ran = launch(train_pipeline, e.recipe.ranks,
                  {"model_spec": args.model, "batch": row.batch, "schedule": e.recipe.schedule,
                   "microbatches": e.recipe.microbatches, "stages_per_rank": e.recipe.virtual,
-                  "split_points": [list(p) for p in e.split_points], "steps": args.check_steps},
+                  "split_points": [list(p) for p in e.split_points], "steps": args.check_steps,
+                  "checkpoint_blocks": list(e.checkpointed)},
                  timeout_s=600)[0]
     alone = train_one_process(args.model, batch=row.batch, steps=args.check_steps)
     worst = max(abs(a - b) for a, b in zip(ran["losses"], alone))
@@ -160,6 +167,7 @@ def _cmd_pipeline(args: argparse.Namespace, console: Console) -> int:
         with open(args.json, "w") as f:
             json.dump([{"schedule": r.estimate.recipe.schedule, "ranks": r.estimate.recipe.ranks,
                         "stages": len(r.estimate.stages), "microbatches": r.estimate.recipe.microbatches,
+                        "checkpoint": r.estimate.recipe.checkpoint,
                         "step_s": r.estimate.step_s, "bubble_fraction": r.estimate.bubble_fraction,
                         "memory_bytes": r.estimate.memory_bytes, "fits": r.fits,
                         "split_points": [list(p) for p in r.estimate.split_points]} for r in rows], f, indent=1)
@@ -191,6 +199,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--microbatches", default="4,8", help="micro-batch counts to price, comma-separated (default 4,8)")
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b",
                    help=f"schedules, comma-separated, of {', '.join(LOOPED)} (default gpipe,1f1b,interleaved-1f1b)")
+    p.add_argument("--checkpoint", choices=("no", "yes", "both"), default="both",
+                   help="recompute every repeated block in its backward (checkpoint_wrapper): no, yes, or price both "
+                        "(default)")
     p.add_argument("--check", action="store_true",
                    help="run the fastest plan that fits on gloo ranks and hold its losses to the model's")
     p.add_argument("--check-steps", type=int, default=2, help="steps --check trains, and --export's default (2)")

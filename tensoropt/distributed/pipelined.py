@@ -131,6 +131,33 @@ def _microbatch_call(inputs: Sequence[Any], microbatches: int) -> tuple[Any, ...
     return tuple(torch.tensor_split(x, microbatches, 0)[0] if isinstance(x, torch.Tensor) else x for x in inputs)
 
 
+def checkpoint_stage_blocks(split: nn.Module, stages: int, blocks: Sequence[str]) -> int:
+    """Wrap each of ``blocks`` (the model's module names) where a stage's module holds it in
+    ``checkpoint_wrapper``: its forward runs again in its backward and it keeps only its inputs.
+    The split keeps the model's module tree inside each stage (under ``model.``, as
+    :class:`InputsThroughFirstStage` adds it), so a block is found by its name.  Returns how many
+    were wrapped; a block no stage holds is a :class:`DistributedError`."""
+    # local: PyTorch's wrapper, for a checkpointed pipeline only
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    wrapped = set()
+    for s in range(stages):
+        sub = split.get_submodule(f"submod_pp_{s}")
+        for block in blocks:
+            parent_name, _, leaf = f"model.{block}".rpartition(".")
+            try:
+                parent = sub.get_submodule(parent_name)
+                module = parent.get_submodule(leaf)
+            except AttributeError:
+                continue
+            setattr(parent, leaf, checkpoint_wrapper(module))
+            wrapped.add(block)
+    missing = [b for b in blocks if b not in wrapped]
+    if missing:
+        raise DistributedError(f"no pipeline stage holds block {missing[0]} to checkpoint")
+    return len(wrapped)
+
+
 def train_one_process(model_spec: str, *, batch: int | None = None, steps: int = 2, lr: float = 0.1,
                       optimizer: str = "sgd", float64: bool = True) -> list[float]:
     """The losses of ``steps`` steps of the unmodified model on its whole batch (dropout off, as a
@@ -151,15 +178,17 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
                    split_points: Sequence[Sequence[str]], batch: int | None = None, steps: int = 2,
                    lr: float = 0.1, optimizer: str = "sgd",
                    float64: bool = True, dropout: bool = False, measure: bool = False,
-                   warmup: int = 1) -> dict[str, Any]:
+                   warmup: int = 1, checkpoint_blocks: Sequence[str] = ()) -> dict[str, Any]:
     """Train ``model_spec`` (at ``batch``: default its own) ``steps`` steps as the pipeline ``schedule``
     (module docstring).
 
-    Returns, the same on every rank: ``losses`` (each step's mean of the micro-batches' losses, from
-    the last stage), ``stages`` (each rank's stage indices) and, with ``measure`` (after ``warmup``
-    more steps), ``step_s`` (each rank's median step: schedule and optimizer) and ``peak_bytes``
-    (each rank's peak over one more step under MemTracker, with its stages, optimizer state and
-    the batch held from the start)."""
+    ``checkpoint_blocks``: the model's blocks (module names) each stage recomputes in its backward
+    (:func:`checkpoint_stage_blocks`).  Returns, the same on every rank: ``losses`` (each step's
+    mean of the micro-batches' losses, from the last stage), ``stages`` (each rank's stage indices)
+    and, with ``measure`` (after ``warmup`` more steps), ``step_s`` (each rank's median step:
+    schedule and optimizer) and ``peak_bytes`` (each rank's peak of tensor storage over one more
+    step, :class:`StoragePeak`, with its stages, optimizer state and the batch held from the start).
+    """
     # local: PyTorch's pipelining, for this job only
     from torch.distributed.pipelining import SplitPoint, pipeline, schedules
 
@@ -176,6 +205,8 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
     if pipe.num_stages != p * stages_per_rank:
         raise DistributedError(f"{len(points)} split points made {pipe.num_stages} stages; {schedule} on {p} ranks "
                                f"× {stages_per_rank} needs {p * stages_per_rank}")
+    if checkpoint_blocks:
+        checkpoint_stage_blocks(pipe.split_gm, pipe.num_stages, checkpoint_blocks)
     mine = [s for s in range(pipe.num_stages) if s % p == rt.rank]
     stages = [pipe.build_stage(s, dev) for s in mine]
     cls = getattr(schedules, class_name)
@@ -283,4 +314,5 @@ def _tracked_peak(modules: Sequence[nn.Module], opt: torch.optim.Optimizer, inpu
     return peak.peak_bytes
 
 
-__all__ = ["InputsThroughFirstStage", "StoragePeak", "train_one_process", "train_pipeline"]
+__all__ = ["InputsThroughFirstStage", "StoragePeak", "checkpoint_stage_blocks", "thread_skips", "train_one_process",
+           "train_pipeline"]

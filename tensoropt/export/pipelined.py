@@ -37,6 +37,7 @@ SCHEDULE = {schedule!r}   # torch.distributed.pipelining.{cls}
 MICROBATCHES, STAGES_PER_RANK, WORLD_SIZE = {microbatches!r}, {virtual!r}, {ranks!r}
 # where each stage after the first begins (torch.distributed.pipelining.SplitPoint.BEGINNING / END)
 SPLIT_POINTS = {points!r}
+CHECKPOINT_BLOCKS = {checkpointed!r}   # recomputed in the backward (checkpoint_wrapper on each)
 OPTIMIZER = {optimizer!r}
 STEPS, LR = {steps!r}, {lr!r}   # defaults of --steps, --lr
 
@@ -57,7 +58,8 @@ def main(argv=None):
             return 2
         out = train_pipeline(rt, MODEL_SPEC, batch=BATCH, schedule=SCHEDULE, microbatches=MICROBATCHES,
                              stages_per_rank=STAGES_PER_RANK, split_points=SPLIT_POINTS, steps=args.steps,
-                             lr=args.lr, optimizer=OPTIMIZER, float64=False, dropout=True)
+                             lr=args.lr, optimizer=OPTIMIZER, float64=False, dropout=True,
+                             checkpoint_blocks=CHECKPOINT_BLOCKS)
         if rt.rank == 0:
             for k, loss in enumerate(out["losses"], 1):
                 print(f"step {{k}} loss {{loss!r}}", flush=True)
@@ -77,7 +79,8 @@ def pipeline_train_script(est: PipelineEstimate, *, spec: str, batch: int, steps
     r = est.recipe
     return _TRAIN.format(title=f"{r} of {spec}, batch {batch}", spec=spec, batch=batch, schedule=r.schedule,
                          cls=SCHEDULES[r.schedule][0], microbatches=r.microbatches, virtual=r.virtual, ranks=r.ranks,
-                         points=[list(p) for p in est.split_points], optimizer=optimizer, steps=steps, lr=lr)
+                         points=[list(p) for p in est.split_points], optimizer=optimizer, steps=steps, lr=lr,
+                         checkpointed=list(est.checkpointed))
 
 
 def pipeline_readme(est: PipelineEstimate, *, spec: str, batch: int, steps: int, optimizer: str,

@@ -29,6 +29,10 @@ exactly one micro-batch's, with no scaling rule to trust):
   gradients and :math:`G^W_r` those alive at the walk's peak, :math:`W^{\mathrm{opt}}_r` the walk's
   peak with the update's temporaries.  The walk is PyTorch's autograd's (runtime ``pipelining``: a
   view's gradient made fresh; byte-exact on the shortened Llama whole, one process);
+- with ``checkpoint`` (every repeated block recomputed, ``checkpoint_wrapper`` around each), the
+  walk recomputes each block in its backward, a micro-batch in flight keeps only what its blocks
+  read from outside them (:func:`kept_bytes`), and a stage's backward takes its blocks' forward
+  again;
 - to it, PyTorch's receive buffers, held all step: for every micro-batch, one for each value a
   stage receives and one for the gradient of each floating-point value it sends
   (:func:`boundary_buffers`).
@@ -71,6 +75,7 @@ from ..graph import OpGraph, block_of
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan
+from .memory import node_memory
 from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
 from .stages import Stage, cut_stages
 from .walk import plan_memory
@@ -87,12 +92,14 @@ LOOPED = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs")
 class PipelineRecipe:
     """A pipeline a person asks for: ``schedule`` (a key of :data:`LOOPED`) over ``ranks`` devices,
     ``microbatches`` per step, ``stages_per_rank`` (``None``: 1 for GPipe and 1F1B, 2 for the
-    others)."""
+    others); ``checkpoint``: every repeated block recomputed in its backward (``checkpoint_wrapper``
+    around each, torchtitan's full activation checkpointing)."""
 
     schedule: str
     ranks: int
     microbatches: int
     stages_per_rank: int | None = None
+    checkpoint: bool = False
 
     @property
     def virtual(self) -> int:
@@ -103,7 +110,8 @@ class PipelineRecipe:
 
     def __str__(self) -> str:
         v = f" × {self.virtual} stages a rank" if self.virtual > 1 else ""
-        return f"{self.schedule}, {self.ranks} ranks{v}, {self.microbatches} micro-batches"
+        ac = ", blocks checkpointed" if self.checkpoint else ""
+        return f"{self.schedule}, {self.ranks} ranks{v}, {self.microbatches} micro-batches{ac}"
 
 
 @dataclass(frozen=True)
@@ -124,6 +132,8 @@ class PipelineEstimate:
     in_flight: tuple[int, ...]
     memory_bytes: dict[str, int]
     link_s: float
+    #: the blocks recomputed in the backward (module names, in order): ``checkpoint_wrapper`` on each
+    checkpointed: tuple[str, ...] = ()
 
     @property
     def max_memory_bytes(self) -> int:
@@ -144,6 +154,34 @@ def split_points(graph: OpGraph, stages: Sequence[Stage]) -> tuple[tuple[str, st
         else:   # two runs outside blocks are one unit (stages.py): a cut always touches a block
             raise PipelineError(f"stage boundary before {stage.ops[0]} touches no block")
     return tuple(out)
+
+
+def kept_bytes(graph: OpGraph, costs: CostModel, stage: Stage, recomputed: set[str] | frozenset[str] = frozenset()
+               ) -> int:
+    """What ``stage`` keeps for one micro-batch's backward: its :attr:`~.stages.Stage.activation_bytes`;
+    with the operators ``recomputed`` (whole blocks checkpointed), those keep nothing but what
+    their block reads from outside it (the checkpoint's inputs), each tensor once."""
+    if not recomputed.intersection(stage.ops):
+        return stage.activation_bytes
+    where = set(stage.ops)
+    kept = 0
+    held: set[str] = set()
+    for name in stage.ops:
+        node = graph.nodes[name]
+        block = block_of(node.module_path)
+        if name not in recomputed:
+            if name in costs:
+                kept += node_memory(graph, costs, name).activations
+            outside = [(src, b) for src, b in zip(node.inputs, node.input_bytes) if src not in where]
+        else:
+            outside = [(src, b) for src, b in zip(node.inputs, node.input_bytes)
+                       if src not in where or block_of(graph.nodes[src].module_path) != block]
+        for src, nbytes in outside:
+            # a model input is the batch, held apart (as cut_stages counts)
+            if src not in held and graph.nodes[src].kind == "op" and not graph.nodes[src].metadata_only:
+                held.add(src)
+                kept += nbytes
+    return kept
 
 
 def boundary_buffers(graph: OpGraph, stages: Sequence[Stage]) -> list[int]:
@@ -199,12 +237,20 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
                            stages_per_rank=recipe.virtual)
     stages = tuple(cut_stages(graph, costs, order.stages))
     _refuse_tied(graph, stages)
-    link = _link_s(cluster, used, stages)
-    run = simulate_pipeline(order, forward_s=[s.forward_s for s in stages], backward_s=[s.backward_s for s in stages],
-                            link_s=link, activation_bytes=[s.activation_bytes for s in stages])
     p = recipe.ranks
     on = {name: used[i % p] for i, stage in enumerate(stages) for name in stage.ops}
-    plan = Plan({name: NodeConfig((on[name],)) for name in on}, graph_fingerprint=graph.fingerprint,
+    recomputed = {name for name in on if recipe.checkpoint and block_of(graph.nodes[name].module_path) is not None}
+    if recipe.checkpoint and not recomputed:
+        raise PipelineError(f"{graph.name or 'the model'} has no repeated blocks to checkpoint")
+    link = _link_s(cluster, used, stages)
+    kept = [kept_bytes(graph, costs, stage, recomputed) for stage in stages]
+    # a checkpointed block runs its forward again in its backward
+    again = [sum(costs.time(n)[0] for n in stage.ops if n in recomputed and n in costs) for stage in stages]
+    run = simulate_pipeline(order, forward_s=[s.forward_s for s in stages],
+                            backward_s=[s.backward_s + a for s, a in zip(stages, again)],
+                            link_s=link, activation_bytes=kept)
+    plan = Plan({name: NodeConfig((on[name],), recompute=name in recomputed) for name in on},
+                graph_fingerprint=graph.fingerprint,
                 graph_name=graph.name, batch_size=graph.batch_size, algorithm="pipeline",
                 options={"runtime": "pipelining"})   # PyTorch's autograd: a view's gradient made fresh
     # one micro-batch walked twice: without an optimizer (its peak is the forward's or the
@@ -218,15 +264,17 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
         held = run.held_at_backward[r]
         # the others in flight beside the one whose backward runs: at the first backward no gradient
         # exists yet (the walk makes them); at each later one all of them do
-        first = held[0][1] - stages[held[0][0]].activation_bytes if held else 0.0
-        later = max((h - stages[s].activation_bytes for s, h in held[1:]), default=None)
+        first = held[0][1] - kept[held[0][0]] if held else 0.0
+        later = max((h - kept[s] for s, h in held[1:]), default=None)
         peak = walked.peak + state + first
         if later is not None:
             peak = max(peak, walked.peak + state + later + walked.grads - walked.grads_at_peak)
         step_buffers = recipe.microbatches * sum(b for s, b in enumerate(buffers) if s % p == r)
         memory[dev] = int(max(peak, whole[dev].peak) + step_buffers)
     return PipelineEstimate(recipe, tuple(used), stages, split_points(graph, stages), run.step_s,
-                            run.bubble_fraction, run.peak_in_flight, memory, link)
+                            run.bubble_fraction, run.peak_in_flight, memory, link,
+                            tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops
+                                                if n.name in recomputed)))
 
 
 def _refuse_tied(graph: OpGraph, stages: Sequence[Stage]) -> None:
@@ -246,4 +294,5 @@ def _stage_params(graph: OpGraph, stage: Stage) -> list[str]:
     return list(dict.fromkeys(q for name in stage.ops for q in graph.nodes[name].params))
 
 
-__all__ = ["LOOPED", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "price_pipeline", "split_points"]
+__all__ = ["LOOPED", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "kept_bytes", "price_pipeline",
+           "split_points"]

@@ -56,6 +56,24 @@ def test_a_two_stage_pipeline_trains_as_the_model_and_holds_what_it_is_priced(mi
         assert abs(ours - theirs) <= 0.06 * theirs, (schedule, priced, measured)
 
 
+def test_checkpointed_blocks_train_as_the_model_and_hold_what_they_are_priced(microbatch_graph):
+    graph, costs, cluster = microbatch_graph
+    est = price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=MICROBATCHES,
+                                                               checkpoint=True), optimizer="adamw")
+    assert est.checkpointed == tuple(f"model.model.layers.{i}" for i in range(4))
+    spec = f"{LLAMA}&batch={BATCH}"
+    job = {"model_spec": spec, "schedule": "1f1b", "microbatches": MICROBATCHES, "stages_per_rank": 1,
+           "split_points": [list(p) for p in est.split_points], "checkpoint_blocks": list(est.checkpointed)}
+    ran = launch(train_pipeline, 2, {**job, "steps": 2, "optimizer": "adamw", "lr": 1e-2}, timeout_s=300)[0]
+    assert ran["losses"] == pytest.approx(train_one_process(spec, steps=2, optimizer="adamw", lr=1e-2), abs=1e-6)
+    measured = launch(train_pipeline, 2, {**job, "steps": 1, "optimizer": "adamw", "float64": False,
+                                          "measure": True}, timeout_s=300)[0]["peak_bytes"]
+    priced = [est.memory_bytes[d] for d in est.devices]
+    # measured (docs/measurements.md): +0.3 / −5.2 %; without the checkpoints the ranks hold 35 % / 23 % more
+    for ours, theirs in zip(priced, measured):
+        assert abs(ours - theirs) <= 0.06 * theirs, (priced, measured)
+
+
 @pytest.mark.parametrize(("schedule", "ranks"), [("interleaved-1f1b", 2), ("1f1b", 4)])
 def test_more_stages_than_two_train_as_the_model(microbatch_graph, schedule, ranks):
     # four stages: the rotary embeddings and the labels, made before the first layer, reach the
