@@ -9,14 +9,19 @@ case with its blocks kept and with every block checkpointed.
 error = (priced − measured) / measured.
 
     python benchmarks/truth_pipeline.py [--model SPEC] [--batch 8] [--microbatches 4]
+    python benchmarks/truth_pipeline.py --time      # step times instead, on a wider model
 
-It measures and compares: nothing measured here feeds the price.  Times are not compared: the
-price is a device model's (an A100's), the run this CPU's.
+It measures and compares: nothing measured here feeds the price.  Memory is priced through an
+A100's device model (memory does not depend on it).  With ``--time`` the price is this CPU's: the
+micro-batch's operators timed here (one thread, as each rank runs), the links between two gloo
+processes measured and fitted (``bench_links``, as ``benchmarks/truth.py``), SGD; each rank's
+median step (schedule and optimizer) after two warm-up steps beside the priced step.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 
 import tensoropt
 from tensoropt.distributed import launch
@@ -27,6 +32,37 @@ DEFAULT_MODEL = "zoo:llama3-8b?layers=4&hidden=64&heads=4&kv_heads=2&ffn=128&voc
 CASES = (("gpipe", 2), ("1f1b", 2), ("interleaved-1f1b", 2), ("looped-bfs", 2), ("gpipe", 4), ("1f1b", 4))
 #: each case with its blocks kept, then recomputed (checkpoint_wrapper on each)
 CHECKPOINT = (False, True)
+#: --time: a model wide enough that its operators, not Python, take the step
+TIME_MODEL = "zoo:llama3-8b?layers=4&hidden=256&heads=4&kv_heads=2&ffn=512&vocab=2048&seq_len=128&meta=False"
+
+
+def step_times(batch: int = 16) -> None:
+    """Priced against measured step times of 2-rank GPipe and 1F1B (module docstring)."""
+    import torch
+    from truth import calibrate_links, message_cost  # benchmarks/truth.py: the gloo links, fitted
+
+    from tensoropt.cluster.bench import bench_links
+
+    torch.set_num_threads(1)
+    links = bench_links(backend="gloo", world_size=2, repeats=5)
+    cluster = calibrate_links(links.cluster("loopback-2", memory_bytes=8 * 2**30), message_cost())
+    print(f"{TIME_MODEL}, batch {batch}, SGD, float32, 2 gloo ranks; priced with this CPU's operator times")
+    print("| schedule | micro-batches | priced step ms | measured ms (rank 0, rank 1) | error (slowest rank) |")
+    print("|---|---:|---:|---:|---:|")
+    for m in (4, 8):
+        graph = tensoropt.load_model(TIME_MODEL, batch=batch // m).capture(method="export")
+        with tempfile.TemporaryDirectory() as fresh:     # measured now, not an older cache's
+            costs = tensoropt.profile(graph, shard_degrees=(1,), repeats=5, cache=fresh)
+        for schedule in ("gpipe", "1f1b"):
+            est = price_pipeline(graph, costs, cluster, PipelineRecipe(schedule, 2, m), optimizer="sgd")
+            out = launch(train_pipeline, 2, {"model_spec": TIME_MODEL, "batch": batch, "schedule": schedule,
+                                             "microbatches": m, "stages_per_rank": 1,
+                                             "split_points": [list(p) for p in est.split_points], "steps": 1,
+                                             "optimizer": "sgd", "float64": False, "measure": True, "warmup": 2},
+                         timeout_s=600)[0]
+            measured = out["step_s"]
+            print(f"| {schedule} | {m} | {est.step_s * 1e3:.1f} | {measured[0] * 1e3:.1f}, {measured[1] * 1e3:.1f} | "
+                  f"{est.step_s / max(measured) - 1:+.1%} |", flush=True)
 
 
 def main() -> None:
@@ -34,7 +70,11 @@ def main() -> None:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--time", action="store_true", help="step times (module docstring) instead of memory")
     args = ap.parse_args()
+    if args.time:
+        step_times()
+        return
     m = args.microbatches
     graph = tensoropt.load_model(args.model, batch=args.batch // m).capture(method="export")
     cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
