@@ -64,3 +64,10 @@ def test_the_exported_pipeline_trains_under_torchrun_as_the_model(capsys, tmp_pa
     want = train_one_process(LLAMA, batch=8, steps=2, lr=0.1, float64=False)
     assert [k for k, _ in got] == [1, 2]
     assert [x for _, x in got] == pytest.approx(want, abs=1e-6)
+
+
+def test_a_meta_model_is_priced_but_not_checked(capsys):
+    meta = LLAMA.replace("&meta=False", "")
+    code, out, err = run(capsys, "pipeline", meta, *ARGS, "--microbatches", "4", "--schedules", "1f1b", "--check")
+    assert code == 2 and "1f1b" in out      # the table is printed, then the check refused
+    assert "built on the meta device" in err and "meta=False" in err

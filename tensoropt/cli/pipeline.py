@@ -174,6 +174,10 @@ def _cmd_pipeline(args: argparse.Namespace, console: Console) -> int:
         console.print(f"wrote {escape(args.json)}", highlight=False)
     if not args.check and not args.export:
         return 0
+    if load_model(args.model, lazy=True).meta:
+        flag = "--check" if args.check else "--export"
+        raise TensorOptError(f"{args.model} is built on the meta device (no weights): {flag} needs a model that runs; "
+                             "give its spec meta=False (a shortened variant, e.g. layers=2, to check it here)")
     fitting = [r for r in rows if r.fits]
     if not fitting:
         raise TensorOptError(f"{'--check' if args.check else '--export'}: no pipeline plan fits the devices' memory "
