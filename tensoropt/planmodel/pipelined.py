@@ -37,16 +37,18 @@ exactly one micro-batch's, with no scaling rule to trust):
   stage receives and one for the gradient of each floating-point value it sends
   (:func:`boundary_buffers`).
 
-Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md): GPipe and
-1F1B on 2 and 4 ranks within 2.3 % on every rank but GPipe's last of two (−5.5 %); the schedules
-with two stages a rank 4–10 % above.
+Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md): with the
+blocks kept, GPipe and 1F1B on 2 and 4 ranks within 2.3 % on every rank but GPipe's last of two
+(−5.5 %), the schedules with two stages a rank 4–10 % above; with them checkpointed, from +3.7 to
+−10.2 % (GPipe's middle stages of 4).  Steps (``--time``, this CPU's operator times) 15–19 % under:
+the runtime's own cost per micro-batch is not priced.
 
 The step leaves out the optimizer's update (the same on every schedule) and a data axis (a
 pipeline here runs the whole batch over its ``p`` ranks).
 
-Example — a four-block MLP on two A100s, four micro-batches of 8: GPipe keeps all four
-micro-batches in flight on both ranks, 1F1B two on the first and one on the last, in the same
-time::
+Example — a four-block MLP on two A100s, four micro-batches of 8, cut in two after its second
+block: GPipe keeps all four micro-batches in flight on both ranks, 1F1B two on the first and one
+on the last::
 
     >>> import torch
     >>> from tensoropt import capture, load_cluster, price, profile
