@@ -49,6 +49,7 @@ torchvision factories; the other factories need only torch and transformers.
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import sys
 import types
@@ -114,14 +115,27 @@ def torchvision_models() -> types.ModuleType:
         stub = types.ModuleType("torchvision")
         stub.__path__ = [pkg]
         stub.__file__ = os.path.join(pkg, "__init__.py")
+        # a spec, as every imported module has one: importlib.util.find_spec("torchvision") (how
+        # transformers asks whether torchvision is there) raises on a module without it
+        stub.__spec__ = importlib.machinery.ModuleSpec("torchvision", None, is_package=True)
+        stub.__spec__.submodule_search_locations = [pkg]
         stub.__version__ = "0.28.0 (model definitions only)"
         sys.modules["torchvision"] = stub
         for name in [n for n in sys.modules if n.startswith("torchvision.")]:
             del sys.modules[name]
-    if folder not in sys.path:
-        sys.path.append(folder)   # torchvision.utils imports PIL, installed beside it
-    import torchvision.models
-
+    # torchvision.utils imports PIL, installed beside it: the folder is on the path for that import
+    # only.  Left there, it reached every process started afterwards (multiprocessing hands a child
+    # its parent's sys.path) without the stub, where transformers then found the real torchvision
+    # package and failed importing its compiled ops (LlamaConfig: "operator torchvision::nms does
+    # not exist").
+    added = folder not in sys.path
+    if added:
+        sys.path.append(folder)
+    try:
+        import torchvision.models
+    finally:
+        if added:
+            sys.path.remove(folder)
     return torchvision.models
 
 
