@@ -25,7 +25,7 @@ import tempfile
 
 import tensoropt
 from tensoropt.distributed import launch
-from tensoropt.distributed.pipelined import train_one_process, train_pipeline
+from tensoropt.distributed.pipelined import pipeline_job, train_one_process, train_pipeline
 from tensoropt.planmodel.pipelined import PipelineRecipe, price_pipeline
 
 DEFAULT_MODEL = "zoo:llama3-8b?layers=4&hidden=64&heads=4&kv_heads=2&ffn=128&vocab=512&seq_len=32&meta=False"
@@ -55,9 +55,7 @@ def step_times(batch: int = 16) -> None:
             costs = tensoropt.profile(graph, shard_degrees=(1,), repeats=5, cache=fresh)
         for schedule in ("gpipe", "1f1b"):
             est = price_pipeline(graph, costs, cluster, PipelineRecipe(schedule, 2, m), optimizer="sgd")
-            out = launch(train_pipeline, 2, {"model_spec": TIME_MODEL, "batch": batch, "schedule": schedule,
-                                             "microbatches": m, "stages_per_rank": 1,
-                                             "split_points": [list(p) for p in est.split_points], "steps": 1,
+            out = launch(train_pipeline, 2, {**pipeline_job(est, TIME_MODEL, batch=batch), "steps": 1,
                                              "optimizer": "sgd", "float64": False, "measure": True, "warmup": 2},
                          timeout_s=600)[0]
             measured = out["step_s"]
@@ -86,9 +84,7 @@ def main() -> None:
     for (schedule, ranks), checkpoint in ((c, k) for c in CASES for k in CHECKPOINT):
         recipe = PipelineRecipe(schedule, ranks=ranks, microbatches=m, checkpoint=checkpoint)
         est = price_pipeline(graph, costs, cluster, recipe, optimizer="adamw")
-        job = {"model_spec": args.model, "batch": args.batch, "schedule": schedule, "microbatches": m,
-               "stages_per_rank": est.recipe.virtual, "split_points": [list(p) for p in est.split_points],
-               "checkpoint_blocks": list(est.checkpointed)}
+        job = pipeline_job(est, args.model, batch=args.batch)
         losses = launch(train_pipeline, ranks, {**job, "steps": 2}, timeout_s=600)[0]["losses"]
         same = max(abs(a - b) for a, b in zip(losses, alone))
         peaks = launch(train_pipeline, ranks, {**job, "steps": 1, "optimizer": "adamw", "float64": False,

@@ -130,17 +130,13 @@ def _print(console: Console, rows: list[Row], title: str) -> None:
 
 def _check(console: Console, args: argparse.Namespace, row: Row) -> int:
     from ..distributed import launch
-    from ..distributed.pipelined import train_one_process, train_pipeline
+    from ..distributed.pipelined import pipeline_job, train_one_process, train_pipeline
 
     e = row.estimate
     console.print(f"checking {escape(str(e.recipe))} on {e.recipe.ranks} gloo ranks (float64, dropout off) against "
                   "the unmodified model …", highlight=False)
     ran = launch(train_pipeline, e.recipe.ranks,
-                 {"model_spec": args.model, "batch": row.batch, "schedule": e.recipe.schedule,
-                  "microbatches": e.recipe.microbatches, "stages_per_rank": e.recipe.virtual,
-                  "split_points": [list(p) for p in e.split_points], "steps": args.check_steps,
-                  "checkpoint_blocks": list(e.checkpointed)},
-                 timeout_s=600)[0]
+                 {**pipeline_job(e, args.model, batch=row.batch), "steps": args.check_steps}, timeout_s=600)[0]
     alone = train_one_process(args.model, batch=row.batch, steps=args.check_steps)
     worst = max(abs(a - b) for a, b in zip(ran["losses"], alone))
     ok = worst <= CHECK_ABS

@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_flatten
 from ..errors import DistributedError
 from ..measure.step import make_optimizer, training_loss
 from ..planmodel.pipeline import SCHEDULES
+from ..planmodel.pipelined import PipelineEstimate
 from .jobs import load_model_case
 from .runtime import Runtime
 
@@ -124,6 +125,16 @@ def thread_skips(split: torch.fx.GraphModule) -> int:
         call.args = tuple(itemised.get(a, a) if isinstance(a, torch.fx.Node) else a for a in args)
     split.recompile()
     return len(passed)
+
+
+def pipeline_job(est: PipelineEstimate, model_spec: str, *, batch: int | None = None) -> dict[str, Any]:
+    """The keywords of :func:`train_pipeline` that run the plan ``est`` prices — its schedule,
+    micro-batches, stages a rank, cut and checkpointed blocks — on ``model_spec`` at ``batch``
+    (plain values: they go to every rank)."""
+    r = est.recipe
+    return {"model_spec": model_spec, "batch": batch, "schedule": r.schedule, "microbatches": r.microbatches,
+            "stages_per_rank": r.virtual, "split_points": [list(p) for p in est.split_points],
+            "checkpoint_blocks": list(est.checkpointed)}
 
 
 def _microbatch_call(inputs: Sequence[Any], microbatches: int) -> tuple[Any, ...]:
@@ -314,5 +325,5 @@ def _tracked_peak(modules: Sequence[nn.Module], opt: torch.optim.Optimizer, inpu
     return peak.peak_bytes
 
 
-__all__ = ["InputsThroughFirstStage", "StoragePeak", "checkpoint_stage_blocks", "thread_skips", "train_one_process",
-           "train_pipeline"]
+__all__ = ["InputsThroughFirstStage", "StoragePeak", "checkpoint_stage_blocks", "pipeline_job", "thread_skips",
+           "train_one_process", "train_pipeline"]

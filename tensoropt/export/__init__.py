@@ -101,6 +101,13 @@ def _check_output(out: Path) -> None:
         raise TensorOptError(f"{out.parent} does not exist: create it, or give -o a directory in an existing one")
 
 
+def _check_optimizer(optimizer: str, what: str) -> None:
+    """An optimizer ``train.py`` cannot build (:data:`~.render.OPTIMIZER_CODE`) is refused, naming those it can."""
+    if optimizer not in OPTIMIZER_CODE:
+        raise TensorOptError(f"{what} {optimizer!r} has no PyTorch counterpart here; use one of "
+                             f"{', '.join(OPTIMIZER_CODE)}")
+
+
 def _cluster_for(plan: Plan, cluster: str | Cluster | None) -> Cluster | None:
     """The cluster given, else the preset the plan names where its fingerprint is the plan's."""
     if cluster is not None:
@@ -142,9 +149,7 @@ def export_plan(plan_path: str | os.PathLike, spec: str, out: str | os.PathLike,
     model, call, graph = load_for_run(spec, LocalBackend(), batch, precision)
     plan = load_plan(str(plan_path), graph)
     optimizer = plan_optimizer(plan)
-    if optimizer not in OPTIMIZER_CODE:
-        raise TensorOptError(f"the plan's optimizer {optimizer!r} has no PyTorch counterpart here; use one of "
-                             f"{', '.join(OPTIMIZER_CODE)}")
+    _check_optimizer(optimizer, "the plan's optimizer")
     shape = launch_shape(plan, _cluster_for(plan, cluster))
     expr = express(plan, graph, model, call, shape.devices)
     label = plan.plan_id or plan.algorithm or Path(plan_path).stem
@@ -170,9 +175,7 @@ def export_pipeline(est: PipelineEstimate, spec: str, out: str | os.PathLike, *,
     runs: ``train.py`` and ``README.md`` (:mod:`.pipelined`), written whole or not at all; returns it."""
     directory = Path(out)
     _check_output(directory)
-    if optimizer not in OPTIMIZER_CODE:
-        raise TensorOptError(f"the optimizer {optimizer!r} has no PyTorch counterpart here; use one of "
-                             f"{', '.join(OPTIMIZER_CODE)}")
+    _check_optimizer(optimizer, "the optimizer")
     spec = absolute_spec(spec)
     files = {"train.py": pipeline_train_script(est, spec=spec, batch=batch, steps=steps, lr=lr, optimizer=optimizer),
              "README.md": pipeline_readme(est, spec=spec, batch=batch, steps=steps, optimizer=optimizer,

@@ -292,9 +292,5 @@ def _refuse_tied(graph: OpGraph, stages: Sequence[Stage]) -> None:
                                 "untie them (e.g. tie_word_embeddings=False in the model's config)")
 
 
-def _stage_params(graph: OpGraph, stage: Stage) -> list[str]:
-    return list(dict.fromkeys(q for name in stage.ops for q in graph.nodes[name].params))
-
-
 __all__ = ["LOOPED", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "kept_bytes", "price_pipeline",
            "split_points"]

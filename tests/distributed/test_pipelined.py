@@ -12,7 +12,7 @@ from torch import nn
 
 import tensoropt
 from tensoropt.distributed import launch
-from tensoropt.distributed.pipelined import thread_skips, train_one_process, train_pipeline
+from tensoropt.distributed.pipelined import pipeline_job, thread_skips, train_one_process, train_pipeline
 from tensoropt.planmodel.pipelined import PipelineRecipe, price_pipeline
 
 #: Llama 3 shape, shortened: 4 layers of width 64, untied embeddings; batch 8 × 32 tokens in 4
@@ -37,18 +37,16 @@ def test_a_two_stage_pipeline_trains_as_the_model_and_holds_what_it_is_priced(mi
     assert est.split_points == (("model.model.layers.2", "beginning"),)
     spec = f"{LLAMA}&batch={BATCH}"
     # float64 and no dropout: the micro-batches' mean losses average to the batch's up to rounding
-    ran = launch(train_pipeline, 2, {"model_spec": spec, "schedule": schedule, "microbatches": MICROBATCHES,
-                                     "stages_per_rank": 1, "split_points": [list(p) for p in est.split_points],
-                                     "steps": 3, "optimizer": "adamw", "lr": 1e-2}, timeout_s=300)[0]
+    job = pipeline_job(est, spec)
+    assert job["stages_per_rank"] == 1 and job["checkpoint_blocks"] == []
+    ran = launch(train_pipeline, 2, {**job, "steps": 3, "optimizer": "adamw", "lr": 1e-2}, timeout_s=300)[0]
     alone = train_one_process(spec, steps=3, optimizer="adamw", lr=1e-2)
     assert ran["stages"] == [[0], [1]]
     # the model's loss is float32 (its logits cast up to float32, as torchtitan's): two ulps at 6
     assert ran["losses"] == pytest.approx(alone, abs=1e-6)
     # fp32 as a user trains, each rank's peak over one step after two
-    measured = launch(train_pipeline, 2, {"model_spec": spec, "schedule": schedule, "microbatches": MICROBATCHES,
-                                          "stages_per_rank": 1, "split_points": [list(p) for p in est.split_points],
-                                          "steps": 1, "optimizer": "adamw", "float64": False, "measure": True},
-                      timeout_s=300)[0]["peak_bytes"]
+    measured = launch(train_pipeline, 2, {**job, "steps": 1, "optimizer": "adamw", "float64": False,
+                                          "measure": True}, timeout_s=300)[0]["peak_bytes"]
     priced = [est.memory_bytes[d] for d in est.devices]
     print(schedule, priced, measured, [f"{p / m - 1:+.1%}" for p, m in zip(priced, measured)])
     # measured (docs/measurements.md): GPipe +1.1 / −5.5 %, 1F1B −0.3 / −1.9 %
@@ -62,8 +60,7 @@ def test_checkpointed_blocks_train_as_the_model_and_hold_what_they_are_priced(mi
                                                                checkpoint=True), optimizer="adamw")
     assert est.checkpointed == tuple(f"model.model.layers.{i}" for i in range(4))
     spec = f"{LLAMA}&batch={BATCH}"
-    job = {"model_spec": spec, "schedule": "1f1b", "microbatches": MICROBATCHES, "stages_per_rank": 1,
-           "split_points": [list(p) for p in est.split_points], "checkpoint_blocks": list(est.checkpointed)}
+    job = pipeline_job(est, spec)
     ran = launch(train_pipeline, 2, {**job, "steps": 2, "optimizer": "adamw", "lr": 1e-2}, timeout_s=300)[0]
     assert ran["losses"] == pytest.approx(train_one_process(spec, steps=2, optimizer="adamw", lr=1e-2), abs=1e-6)
     measured = launch(train_pipeline, 2, {**job, "steps": 1, "optimizer": "adamw", "float64": False,
@@ -82,10 +79,7 @@ def test_more_stages_than_two_train_as_the_model(microbatch_graph, schedule, ran
     est = price_pipeline(graph, costs, cluster, PipelineRecipe(schedule, ranks=ranks, microbatches=MICROBATCHES))
     assert len(est.stages) == 4
     spec = f"{LLAMA}&batch={BATCH}"
-    ran = launch(train_pipeline, ranks, {"model_spec": spec, "schedule": schedule, "microbatches": MICROBATCHES,
-                                         "stages_per_rank": est.recipe.virtual,
-                                         "split_points": [list(p) for p in est.split_points], "steps": 2},
-                 timeout_s=300)[0]
+    ran = launch(train_pipeline, ranks, {**pipeline_job(est, spec), "steps": 2}, timeout_s=300)[0]
     assert ran["stages"] == ([[0, 2], [1, 3]] if ranks == 2 else [[0], [1], [2], [3]])
     assert ran["losses"] == pytest.approx(train_one_process(spec, steps=2), abs=1e-6)
 
