@@ -15,7 +15,7 @@ It measures and compares: nothing measured here feeds the price.  Memory is pric
 A100's device model (memory does not depend on it).  With ``--time`` the price is this CPU's: the
 micro-batch's operators timed here (one thread, as each rank runs), the links between two gloo
 processes measured and fitted (``bench_links``, as ``benchmarks/truth.py``), SGD; each rank's
-median step (schedule and optimizer) after two warm-up steps beside the priced step.
+median of 7 steps (schedule and optimizer) after two warm-up steps beside the priced step.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def step_times(batch: int = 16) -> None:
         for schedule in ("gpipe", "1f1b"):
             est = price_pipeline(graph, costs, cluster, PipelineRecipe(schedule, 2, m), optimizer="sgd")
             out = launch(train_pipeline, 2, {**pipeline_job(est, TIME_MODEL, batch=batch), "steps": 1,
-                                             "optimizer": "sgd", "float64": False, "measure": True, "warmup": 2},
-                         timeout_s=600)[0]
+                                             "optimizer": "sgd", "float64": False, "measure": True, "warmup": 2,
+                                             "rounds": 7}, timeout_s=600)[0]
             measured = out["step_s"]
             print(f"| {schedule} | {m} | {est.step_s * 1e3:.1f} | {measured[0] * 1e3:.1f}, {measured[1] * 1e3:.1f} | "
                   f"{est.step_s / max(measured) - 1:+.1%} |", flush=True)

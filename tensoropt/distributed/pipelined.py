@@ -9,6 +9,13 @@ training loss on each micro-batch (PyTorch scales the gradients by ``1 / m``: th
 mean), then the optimizer on its stages' parameters.  :func:`train_one_process` is the same
 training on the unmodified model, whole batch, one process — what a pipeline's losses are held to.
 
+The stages run their generated code, not :class:`torch.fx.Interpreter` (:func:`run_generated_code`):
+``pipeline()`` unflattens the traced model into ``InterpreterModule`` s that interpret every
+operator in Python by default — on the 4-layer Llama of width 256 (``python
+benchmarks/truth_pipeline.py --time``) a stage's forward took 15–45 % longer than the same
+operators in the eager model, the whole gap between the priced and the measured step.  torchtitan
+builds its stages from the eager model's own modules, which run as fast as the model.
+
 Tied weights (an embedding read again by the head) in two stages are refused where the pipeline
 is priced (:func:`tensoropt.planmodel.pipelined.price_pipeline`): PyTorch's pipelining gives each
 stage its own copy and would train the copies apart (GPT-2 cut in two: the second step's loss
@@ -54,6 +61,34 @@ class InputsThroughFirstStage(nn.Module):
 
     def forward(self, *inputs: Any) -> Any:
         return self.model(*(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs))
+
+
+def run_generated_code(split: nn.Module) -> int:
+    """Make every ``InterpreterModule`` under ``split`` (what :func:`~torch.distributed.pipelining.pipeline`
+    unflattens the traced model into) run its generated Python code instead of interpreting its
+    graph node by node (module docstring); returns how many.  The values are the same — the
+    code is the graph's, as :meth:`torch.fx.GraphModule.forward` runs it (PyTorch's own switch:
+    ``torch.export.unflatten``'s ``_run_with_interpreter``, which it turns off under Dynamo).
+
+    Example::
+
+        >>> import torch
+        >>> from torch.distributed.pipelining import pipeline
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        >>> pipe = pipeline(net, mb_args=(torch.ones(2, 4),))
+        >>> run_generated_code(pipe.split_gm) > 0
+        True
+        >>> torch.equal(pipe.split_gm.submod_pp_0(torch.ones(2, 4)), net(torch.ones(2, 4)))
+        True
+    """
+    from torch.export.unflatten import InterpreterModule
+
+    flipped = 0
+    for module in split.modules():
+        if isinstance(module, InterpreterModule) and module._run_with_interpreter:
+            module._run_with_interpreter = False
+            flipped += 1
+    return flipped
 
 
 def thread_skips(split: torch.fx.GraphModule) -> int:
@@ -189,14 +224,14 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
                    split_points: Sequence[Sequence[str]], batch: int | None = None, steps: int = 2,
                    lr: float = 0.1, optimizer: str = "sgd",
                    float64: bool = True, dropout: bool = False, measure: bool = False,
-                   warmup: int = 1, checkpoint_blocks: Sequence[str] = ()) -> dict[str, Any]:
+                   warmup: int = 1, rounds: int = 3, checkpoint_blocks: Sequence[str] = ()) -> dict[str, Any]:
     """Train ``model_spec`` (at ``batch``: default its own) ``steps`` steps as the pipeline ``schedule``
     (module docstring).
 
     ``checkpoint_blocks``: the model's blocks (module names) each stage recomputes in its backward
     (:func:`checkpoint_stage_blocks`).  Returns, the same on every rank: ``losses`` (each step's
     mean of the micro-batches' losses, from the last stage), ``stages`` (each rank's stage indices)
-    and, with ``measure`` (after ``warmup`` more steps), ``step_s`` (each rank's median step:
+    and, with ``measure`` (after ``warmup`` more steps), ``step_s`` (each rank's median of ``rounds`` steps:
     schedule and optimizer) and ``peak_bytes`` (each rank's peak of tensor storage over one more
     step, :class:`StoragePeak`, with its stages, optimizer state and the batch held from the start).
     """
@@ -213,6 +248,7 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
               for module, where in split_points}
     pipe = pipeline(InputsThroughFirstStage(model), mb_args=_microbatch_call(inputs, microbatches), split_spec=points)
     thread_skips(pipe.split_gm)
+    run_generated_code(pipe.split_gm)
     if pipe.num_stages != p * stages_per_rank:
         raise DistributedError(f"{len(points)} split points made {pipe.num_stages} stages; {schedule} on {p} ranks "
                                f"× {stages_per_rank} needs {p * stages_per_rank}")
@@ -251,7 +287,7 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
     out["stages"] = ranks_stages
     if measure:
         times = []
-        for _ in range(warmup + 3):
+        for _ in range(warmup + rounds):
             dist.barrier()
             t0 = time.perf_counter()
             step()
@@ -325,5 +361,5 @@ def _tracked_peak(modules: Sequence[nn.Module], opt: torch.optim.Optimizer, inpu
     return peak.peak_bytes
 
 
-__all__ = ["InputsThroughFirstStage", "StoragePeak", "checkpoint_stage_blocks", "pipeline_job", "thread_skips",
-           "train_one_process", "train_pipeline"]
+__all__ = ["InputsThroughFirstStage", "StoragePeak", "checkpoint_stage_blocks", "pipeline_job", "run_generated_code",
+           "thread_skips", "train_one_process", "train_pipeline"]

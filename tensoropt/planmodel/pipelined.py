@@ -40,8 +40,9 @@ exactly one micro-batch's, with no scaling rule to trust):
 Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md): with the
 blocks kept, GPipe and 1F1B on 2 and 4 ranks within 2.3 % on every rank but GPipe's last of two
 (−5.5 %), the schedules with two stages a rank 4–10 % above; with them checkpointed, from +3.7 to
-−10.2 % (GPipe's middle stages of 4).  Steps (``--time``, this CPU's operator times) 15–19 % under:
-the runtime's own cost per micro-batch is not priced.
+−10.2 % (GPipe's middle stages of 4).  Steps (``--time``, this CPU's operator times, the stages
+running their generated code): 1–11 % under with 4 micro-batches, 12–26 % with 8 (each chunk's
+compute runs 5–13 % above the profile's sums in a rank; not found why).
 
 The step leaves out the optimizer's update (the same on every schedule) and a data axis (a
 pipeline here runs the whole batch over its ``p`` ranks).
