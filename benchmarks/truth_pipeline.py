@@ -5,7 +5,8 @@ captured at the micro-batch's size gives each rank's peak; :func:`tensoropt.dist
 runs the same cut and schedule through :mod:`torch.distributed.pipelining` — in float64 without
 dropout, its losses held to the unmodified model's (:func:`~tensoropt.distributed.pipelined.train_one_process`),
 then in float32 with AdamW, each rank's peak of tensor storage over one step after three; each
-case with its blocks kept and with every block checkpointed.
+case with its blocks kept and with every block checkpointed; the last two cases are two copies of a
+two-rank pipeline (data parallel × pipeline parallel on 4 ranks, each copy on half the batch).
 error = (priced − measured) / measured.
 
     python benchmarks/truth_pipeline.py [--model SPEC] [--batch 8] [--microbatches 4]
@@ -29,7 +30,9 @@ from tensoropt.distributed.pipelined import pipeline_job, train_one_process, tra
 from tensoropt.planmodel.pipelined import PipelineRecipe, price_pipeline
 
 DEFAULT_MODEL = "zoo:llama3-8b?layers=4&hidden=64&heads=4&kv_heads=2&ffn=128&vocab=512&seq_len=32&meta=False"
-CASES = (("gpipe", 2), ("1f1b", 2), ("interleaved-1f1b", 2), ("looped-bfs", 2), ("gpipe", 4), ("1f1b", 4))
+#: (schedule, pipeline ranks, copies of the pipeline: data parallel × pipeline parallel)
+CASES = (("gpipe", 2, 1), ("1f1b", 2, 1), ("interleaved-1f1b", 2, 1), ("looped-bfs", 2, 1), ("gpipe", 4, 1),
+         ("1f1b", 4, 1), ("gpipe", 2, 2), ("1f1b", 2, 2))
 #: each case with its blocks kept, then recomputed (checkpoint_wrapper on each)
 CHECKPOINT = (False, True)
 #: --time: a model wide enough that its operators, not Python, take the step
@@ -74,26 +77,32 @@ def main() -> None:
         step_times()
         return
     m = args.microbatches
-    graph = tensoropt.load_model(args.model, batch=args.batch // m).capture(method="export")
     cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
-    costs = tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
+    graphs = {}   # copies → the graph at a copy's micro-batch and its costs
+    for data in sorted({c[2] for c in CASES}):
+        graph = tensoropt.load_model(args.model, batch=args.batch // (m * data)).capture(method="export")
+        graphs[data] = graph, tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
     alone = train_one_process(args.model, batch=args.batch, steps=2)
-    print(f"{args.model}, batch {args.batch} in {m} micro-batches, AdamW, float32: priced / measured peak a rank")
+    print(f"{args.model}, batch {args.batch} in {m} micro-batches (a copy's batch in {m} with copies), AdamW, "
+          "float32: priced / measured peak a rank")
     print("| schedule | stages on ranks | blocks | losses as the model's | rank | priced KiB | measured KiB | error |")
     print("|---|---|---|---|---:|---:|---:|---:|")
-    for (schedule, ranks), checkpoint in ((c, k) for c in CASES for k in CHECKPOINT):
-        recipe = PipelineRecipe(schedule, ranks=ranks, microbatches=m, checkpoint=checkpoint)
+    for (schedule, ranks, data), checkpoint in ((c, k) for c in CASES for k in CHECKPOINT):
+        recipe = PipelineRecipe(schedule, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data)
+        graph, costs = graphs[data]
         est = price_pipeline(graph, costs, cluster, recipe, optimizer="adamw")
         job = pipeline_job(est, args.model, batch=args.batch)
-        losses = launch(train_pipeline, ranks, {**job, "steps": 2}, timeout_s=600)[0]["losses"]
+        losses = launch(train_pipeline, recipe.world, {**job, "steps": 2}, timeout_s=600)[0]["losses"]
         same = max(abs(a - b) for a, b in zip(losses, alone))
-        peaks = launch(train_pipeline, ranks, {**job, "steps": 1, "optimizer": "adamw", "float64": False,
-                                               "measure": True, "warmup": 2}, timeout_s=600)[0]["peak_bytes"]
+        peaks = launch(train_pipeline, recipe.world, {**job, "steps": 1, "optimizer": "adamw", "float64": False,
+                                                      "measure": True, "warmup": 2}, timeout_s=600)[0]["peak_bytes"]
         for r, (dev, measured) in enumerate(zip(est.devices, peaks)):
             priced = est.memory_bytes[dev]
             blocks = "recomputed" if checkpoint else "kept"
-            head = (f"| {schedule} | {len(est.stages)} on {ranks} | {blocks} | {'yes' if same <= 1e-6 else 'NO'} "
-                    f"({same:.1g}) " if r == 0 else "| | | | ")
+            copies = f" × {data} copies" if data > 1 else ""
+            agrees = "yes" if same <= 1e-6 else "NO"
+            head = (f"| {schedule} | {len(est.stages)} on {ranks}{copies} | {blocks} | {agrees} ({same:.1g}) "
+                    if r == 0 else "| | | | ")
             print(f"{head}| {r} | {priced / 1024:,.1f} | {measured / 1024:,.1f} | {priced / measured - 1:+.1%} |")
 
 

@@ -41,6 +41,9 @@ def test_a_count_that_does_not_divide_the_batch_is_one_line(capsys):
     code, out, err = run(capsys, "pipeline", LLAMA, *ARGS, "--microbatches", "3")
     assert code == 2
     assert "--microbatches 3 does not divide the batch (8)" in err and "Traceback" not in err
+    code, out, err = run(capsys, "pipeline", LLAMA, *ARGS, "--microbatches", "4", "--data", "3")
+    assert code == 2
+    assert "--microbatches 4 × --data 3 does not divide the batch (8)" in err and "Traceback" not in err
 
 
 def test_a_v_schedule_is_refused_naming_those_priced(capsys):
@@ -49,18 +52,21 @@ def test_a_v_schedule_is_refused_naming_those_priced(capsys):
 
 
 def test_the_exported_pipeline_trains_under_torchrun_as_the_model(capsys, tmp_path):
+    """Two copies of a two-rank 1F1B (pp 2 × dp 2): four torchrun ranks, each copy on half the batch."""
     out = tmp_path / "pp"
-    code, stdout, err = run(capsys, "pipeline", LLAMA, *ARGS, "--microbatches", "4", "--schedules", "1f1b",
-                            "--optimizer", "sgd", "--export", str(out))
+    code, stdout, err = run(capsys, "pipeline", LLAMA, *ARGS, "--data", "2", "--microbatches", "2",
+                            "--schedules", "1f1b", "--optimizer", "sgd", "--export", str(out))
     assert code == 0, err
+    assert "2 on 2 × 2 copies" in stdout
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "train.py"]
-    assert "torchrun --standalone --nproc-per-node 2 train.py" in (out / "README.md").read_text()
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    assert "torchrun --standalone --nproc-per-node 4 train.py" in (out / "README.md").read_text()
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
                            "train.py", "--steps", "2", "--lr", "0.1"], cwd=out, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     got = [(int(k), float(x)) for k, x in LOSS_LINE.findall(done.stdout)]
-    # float32 as a user trains, SGD at 0.1: the model's own losses, one process, float32
+    # float32 as a user trains, SGD at 0.1: the model's own losses, one process, float32 (the copies'
+    # mean losses and gradients averaged: rounding apart, the whole batch's)
     want = train_one_process(LLAMA, batch=8, steps=2, lr=0.1, float64=False)
     assert [k for k, _ in got] == [1, 2]
     assert [x for _, x in got] == pytest.approx(want, abs=1e-6)

@@ -1,12 +1,14 @@
 """``tensoropt pipeline``: which pipeline schedule, with how many micro-batches, for a model on a cluster.
 
-Every schedule of ``--schedules`` at every count of ``--microbatches`` over ``--ranks`` devices,
-priced by :func:`tensoropt.planmodel.pipelined.price_pipeline` on the model captured at the
-micro-batch's size (one capture and profile per count, cached as every command's): the step, the
-bubble, each rank's peak, whether it fits and where PyTorch cuts the model.  ``--check`` runs the
-fastest plan that fits through :mod:`torch.distributed.pipelining` on gloo ranks
-(:func:`tensoropt.distributed.pipelined.train_pipeline`) and holds its losses to the unmodified
-model's; ``--export DIR`` writes it as a directory torchrun runs (:func:`tensoropt.export.export_pipeline`).
+Every schedule of ``--schedules`` at every count of ``--microbatches`` over ``--ranks`` devices —
+and, with ``--data``, over copies of the pipeline each on its slice of the batch (data parallel ×
+pipeline parallel: ``ranks × data`` devices) — priced by
+:func:`tensoropt.planmodel.pipelined.price_pipeline` on the model captured at the micro-batch's size
+(one capture and profile per count, cached as every command's): the step, the bubble, each rank's
+peak, whether it fits and where PyTorch cuts the model.  ``--check`` runs the fastest plan that fits
+through :mod:`torch.distributed.pipelining` on gloo ranks (:func:`tensoropt.distributed.pipelined.train_pipeline`)
+and holds its losses to the unmodified model's; ``--export DIR`` writes it as a directory torchrun runs
+(:func:`tensoropt.export.export_pipeline`).
 
 It owns the command's options and table; it must not price (``planmodel.pipelined``) nor run a
 pipeline (``distributed.pipelined``).
@@ -84,23 +86,30 @@ def _rows(args: argparse.Namespace, console: Console) -> tuple[list[Row], str]:
     budget, reserve = fit_options(args)
     batch = _batch(args)
     counts = _ints(args.microbatches, "--microbatches")
+    copies = _ints(args.data, "--data")
     schedules = _schedules(args.schedules)
     rows: list[Row] = []
     times_from = ""
-    for m in counts:
-        if batch % m:
-            raise TensorOptError(f"--microbatches {m} does not divide the batch ({batch}): PyTorch's pipelining cuts "
-                                 "the batch in equal micro-batches; pick a divisor or set --batch")
-        request = workflow_request(args, batch=batch // m, frontier=False, algos=())
+    for data, m in ((d, m) for d in copies for m in counts):
+        if batch % (m * data):
+            what = f"--microbatches {m}" + (f" × --data {data}" if data > 1 else "")
+            raise TensorOptError(f"{what} does not divide the batch ({batch}): PyTorch's pipelining cuts each "
+                                 "copy's batch in equal micro-batches; pick a divisor or set --batch")
+        request = workflow_request(args, batch=batch // (m * data), frontier=False, algos=())
         with ProgressBars(console) as progress:
             setup = prepare(request, progress)
             graph, priced = measure(request, setup, progress)
-        if m == counts[0]:
+        if not times_from:
             print_times_from(console, priced.source, priced.notes)
             times_from = priced.source
-        devices = list(setup.devices)[:args.ranks] if args.ranks else list(setup.devices)
+        ranks = args.ranks or len(setup.devices) // data
+        devices = list(setup.devices)[:ranks * data]
+        if ranks < 2 or len(devices) < ranks * data:
+            console.print(f"[yellow]--data {data}:[/yellow] {len(setup.devices)} devices hold no pipeline of "
+                          f"{max(ranks, 2)} ranks × {data} copies", highlight=False)
+            continue
         for name, checkpoint in ((n, c) for n in schedules for c in _checkpointing(args.checkpoint)):
-            recipe = PipelineRecipe(name, ranks=len(devices), microbatches=m, checkpoint=checkpoint)
+            recipe = PipelineRecipe(name, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data)
             try:
                 est = price_pipeline(graph, priced.costs, priced.cluster, recipe, devices=devices,
                                      optimizer=args.optimizer)
@@ -121,7 +130,8 @@ def _print(console: Console, rows: list[Row], title: str) -> None:
         table.add_column(col, justify="left" if col in ("schedule", "blocks") else "right")
     for r in rows:
         e = r.estimate
-        table.add_row(e.recipe.schedule, f"{len(e.stages)} on {e.recipe.ranks}", str(e.recipe.microbatches),
+        copies = f" × {e.recipe.data} copies" if e.recipe.data > 1 else ""
+        table.add_row(e.recipe.schedule, f"{len(e.stages)} on {e.recipe.ranks}{copies}", str(e.recipe.microbatches),
                       "recomputed" if e.recipe.checkpoint else "kept",
                       f"{e.step_s * 1e3:.3f}", f"{r.batch / e.step_s:,.1f}" if e.step_s > 0 else "-",
                       f"{e.bubble_fraction:.1%}", fmt_bytes(e.max_memory_bytes), "yes" if r.fits else "no")
@@ -133,9 +143,9 @@ def _check(console: Console, args: argparse.Namespace, row: Row) -> int:
     from ..distributed.pipelined import pipeline_job, train_one_process, train_pipeline
 
     e = row.estimate
-    console.print(f"checking {escape(str(e.recipe))} on {e.recipe.ranks} gloo ranks (float64, dropout off) against "
+    console.print(f"checking {escape(str(e.recipe))} on {e.recipe.world} gloo ranks (float64, dropout off) against "
                   "the unmodified model …", highlight=False)
-    ran = launch(train_pipeline, e.recipe.ranks,
+    ran = launch(train_pipeline, e.recipe.world,
                  {**pipeline_job(e, args.model, batch=row.batch), "steps": args.check_steps}, timeout_s=600)[0]
     alone = train_one_process(args.model, batch=row.batch, steps=args.check_steps)
     worst = max(abs(a - b) for a, b in zip(ran["losses"], alone))
@@ -152,8 +162,8 @@ def _cmd_pipeline(args: argparse.Namespace, console: Console) -> int:
     if args.ranks is not None and args.ranks < 2:
         raise TensorOptError("--ranks must be ≥ 2: a pipeline of one rank is the model")
     rows, times_from = _rows(args, console)
-    ranks = rows[0].estimate.recipe.ranks
-    _print(console, rows, f"pipelines of {escape(args.model)} (batch {rows[0].batch}) on {ranks} of "
+    world = max(r.estimate.recipe.world for r in rows)
+    _print(console, rows, f"pipelines of {escape(args.model)} (batch {rows[0].batch}) on {world} of "
                           f"{escape(args.cluster)}'s devices")
     cuts = {len(r.estimate.stages): r.estimate for r in reversed(rows)}
     for n, est in sorted(cuts.items()):
@@ -162,6 +172,7 @@ def _cmd_pipeline(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{"schedule": r.estimate.recipe.schedule, "ranks": r.estimate.recipe.ranks,
+                        "data": r.estimate.recipe.data, "sync_s": r.estimate.sync_s,
                         "stages": len(r.estimate.stages), "microbatches": r.estimate.recipe.microbatches,
                         "checkpoint": r.estimate.recipe.checkpoint,
                         "step_s": r.estimate.step_s, "bubble_fraction": r.estimate.bubble_fraction,
@@ -186,7 +197,7 @@ def _cmd_pipeline(args: argparse.Namespace, console: Console) -> int:
                               optimizer=args.optimizer, times_from=times_from)
         console.print(f"wrote {escape(str(out))}/ (train.py, README.md): {escape(str(best.estimate.recipe))}; run it: "
                       f"cd {escape(str(out))} && torchrun --standalone --nproc-per-node "
-                      f"{best.estimate.recipe.ranks} train.py", highlight=False, soft_wrap=True)
+                      f"{best.estimate.recipe.world} train.py", highlight=False, soft_wrap=True)
     return _check(console, args, fitting[0]) if args.check else 0
 
 
@@ -196,6 +207,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("model", help="zoo:NAME[?k=v&…] or path/to/file.py:factory")
     add_request_arguments(p)
     p.add_argument("--ranks", type=int, help="pipeline ranks (default: every device --devices / the cluster has)")
+    p.add_argument("--data", default="1",
+                   help="copies of the pipeline, comma-separated counts (default 1): each on its slice of the batch "
+                        "over ranks × copies devices (pipeline rank r of copy d on device r·copies + d), gradients "
+                        "averaged over the copies; --ranks then defaults to the devices / copies")
     p.add_argument("--microbatches", default="4,8", help="micro-batch counts to price, comma-separated (default 4,8)")
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b",
                    help=f"schedules, comma-separated, of {', '.join(LOOPED)} (default gpipe,1f1b,interleaved-1f1b)")

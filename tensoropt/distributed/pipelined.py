@@ -8,6 +8,10 @@ runs the schedule's class (:data:`~tensoropt.planmodel.pipeline.SCHEDULES`) with
 training loss on each micro-batch (PyTorch scales the gradients by ``1 / m``: the whole batch's
 mean), then the optimizer on its stages' parameters.  :func:`train_one_process` is the same
 training on the unmodified model, whole batch, one process — what a pipeline's losses are held to.
+With ``data`` copies (data parallel × pipeline parallel), rank ``r · data + d`` is pipeline rank
+``r`` of copy ``d`` (torchtitan's ``(pp, dp)`` mesh order); each copy's stages talk over its own
+process group, each runs on its slice of the batch, and every gradient is all-reduced over a
+pipeline rank's copies (its own group) and averaged after the schedule's step.
 
 The stages run their generated code, not :class:`torch.fx.Interpreter` (:func:`run_generated_code`):
 ``pipeline()`` unflattens the traced model into ``InterpreterModule`` s that interpret every
@@ -169,7 +173,7 @@ def pipeline_job(est: PipelineEstimate, model_spec: str, *, batch: int | None = 
     r = est.recipe
     return {"model_spec": model_spec, "batch": batch, "schedule": r.schedule, "microbatches": r.microbatches,
             "stages_per_rank": r.virtual, "split_points": [list(p) for p in est.split_points],
-            "checkpoint_blocks": list(est.checkpointed)}
+            "checkpoint_blocks": list(est.checkpointed), "data": r.data}
 
 
 def _microbatch_call(inputs: Sequence[Any], microbatches: int) -> tuple[Any, ...]:
@@ -224,13 +228,18 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
                    split_points: Sequence[Sequence[str]], batch: int | None = None, steps: int = 2,
                    lr: float = 0.1, optimizer: str = "sgd",
                    float64: bool = True, dropout: bool = False, measure: bool = False,
-                   warmup: int = 1, rounds: int = 3, checkpoint_blocks: Sequence[str] = ()) -> dict[str, Any]:
+                   warmup: int = 1, rounds: int = 3, checkpoint_blocks: Sequence[str] = (),
+                   data: int = 1) -> dict[str, Any]:
     """Train ``model_spec`` (at ``batch``: default its own) ``steps`` steps as the pipeline ``schedule``
     (module docstring).
 
     ``checkpoint_blocks``: the model's blocks (module names) each stage recomputes in its backward
-    (:func:`checkpoint_stage_blocks`).  Returns, the same on every rank: ``losses`` (each step's
-    mean of the micro-batches' losses, from the last stage), ``stages`` (each rank's stage indices)
+    (:func:`checkpoint_stage_blocks`).  ``data``: copies of the pipeline (the world is ``p × data``
+    ranks, rank ``r · data + d`` the pipeline rank ``r`` of copy ``d``, as torchtitan's ``(pp, dp)``
+    mesh), each on its slice of the batch (dimension 0), every gradient all-reduced in place over a
+    pipeline rank's copies and averaged after the schedule's step.  Returns, the same on every rank:
+    ``losses`` (each step's mean of the micro-batches' losses, from the last stage, averaged over
+    the copies), ``stages`` (each rank's stage indices)
     and, with ``measure`` (after ``warmup`` more steps), ``step_s`` (each rank's median of ``rounds`` steps:
     schedule and optimizer) and ``peak_bytes`` (each rank's peak of tensor storage over one more
     step, :class:`StoragePeak`, with its stages, optimizer state and the batch held from the start).
@@ -241,8 +250,16 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
     if schedule not in SCHEDULES:
         raise DistributedError(f"unknown pipeline schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
     class_name, multi = SCHEDULES[schedule]
-    p = rt.world_size
+    if data < 1 or rt.world_size % data:
+        raise DistributedError(f"{rt.world_size} ranks cannot hold {data} copies of a pipeline: give ranks × copies")
+    p = rt.world_size // data
+    r, d = divmod(rt.rank, data)
     model, inputs, _ = load_model_case(model_spec, float64=float64, dropout=dropout, rt=rt, batch=batch)
+    if data > 1:   # this copy's slice of the batch
+        inputs = tuple(torch.tensor_split(x, data, 0)[d] if isinstance(x, torch.Tensor) else x for x in inputs)
+    # every rank makes every group, in one order (new_group is collective)
+    pp_groups = [dist.new_group([k * data + c for k in range(p)]) for c in range(data)] if data > 1 else [None]
+    dp_groups = [dist.new_group([k * data + c for c in range(data)]) for k in range(p)] if data > 1 else [None]
     dev = torch.device(rt.device)
     points = {f"model.{module}": SplitPoint.BEGINNING if where == "beginning" else SplitPoint.END
               for module, where in split_points}
@@ -254,8 +271,8 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
                                f"× {stages_per_rank} needs {p * stages_per_rank}")
     if checkpoint_blocks:
         checkpoint_stage_blocks(pipe.split_gm, pipe.num_stages, checkpoint_blocks)
-    mine = [s for s in range(pipe.num_stages) if s % p == rt.rank]
-    stages = [pipe.build_stage(s, dev) for s in mine]
+    mine = [s for s in range(pipe.num_stages) if s % p == r]
+    stages = [pipe.build_stage(s, dev, group=pp_groups[d]) for s in mine]
     cls = getattr(schedules, class_name)
 
     def loss_fn(output: Any, _target: Any) -> torch.Tensor:
@@ -272,17 +289,23 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
         losses: list[torch.Tensor] = []
         kwargs: dict[str, Any] = {"target": target, "losses": losses} if last else {}
         runner.step(*(inputs if first else ()), **kwargs)
+        if data > 1:   # the copies' mean gradient: the whole batch's
+            for q in params:
+                if q.grad is not None:
+                    dist.all_reduce(q.grad, group=dp_groups[r])
+                    q.grad /= data
         opt.step()
         opt.zero_grad(set_to_none=True)
         return float(torch.stack(losses).detach().mean()) if losses else 0.0
 
     losses = []
     for _ in range(steps):
-        box = [step()]
-        dist.broadcast_object_list(box, src=(pipe.num_stages - 1) % p)   # the last stage's rank has the loss
-        losses.append(float(box[0]))
+        # the last stage's ranks have their copies' losses, the others 0: the sum over the world / data
+        box = torch.tensor([step()], dtype=torch.float64)
+        dist.all_reduce(box)
+        losses.append(float(box[0]) / data)
     out: dict[str, Any] = {"losses": losses}
-    ranks_stages: list[Any] = [None] * p
+    ranks_stages: list[Any] = [None] * rt.world_size
     dist.all_gather_object(ranks_stages, mine)
     out["stages"] = ranks_stages
     if measure:
@@ -293,7 +316,7 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
             step()
             times.append(time.perf_counter() - t0)
         peak = _tracked_peak([st.submod for st in stages], opt, inputs, step)
-        gathered: list[Any] = [None] * p
+        gathered: list[Any] = [None] * rt.world_size
         dist.all_gather_object(gathered, (statistics.median(times[warmup:]), peak))
         out["step_s"] = [g[0] for g in gathered]
         out["peak_bytes"] = [g[1] for g in gathered]

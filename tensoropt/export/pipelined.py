@@ -35,6 +35,7 @@ MODEL_SPEC = {spec!r}   # the model: tensoropt's model spec (zoo:NAME?k=v or fil
 BATCH = {batch!r}   # the step's batch, cut into MICROBATCHES micro-batches
 SCHEDULE = {schedule!r}   # torch.distributed.pipelining.{cls}
 MICROBATCHES, STAGES_PER_RANK, WORLD_SIZE = {microbatches!r}, {virtual!r}, {ranks!r}
+DATA = {data!r}   # copies of the pipeline, each on its slice of the batch (rank r·DATA + d: pipeline rank r of copy d)
 # where each stage after the first begins (torch.distributed.pipelining.SplitPoint.BEGINNING / END)
 SPLIT_POINTS = {points!r}
 CHECKPOINT_BLOCKS = {checkpointed!r}   # recomputed in the backward (checkpoint_wrapper on each)
@@ -59,7 +60,7 @@ def main(argv=None):
         out = train_pipeline(rt, MODEL_SPEC, batch=BATCH, schedule=SCHEDULE, microbatches=MICROBATCHES,
                              stages_per_rank=STAGES_PER_RANK, split_points=SPLIT_POINTS, steps=args.steps,
                              lr=args.lr, optimizer=OPTIMIZER, float64=False, dropout=True,
-                             checkpoint_blocks=CHECKPOINT_BLOCKS)
+                             checkpoint_blocks=CHECKPOINT_BLOCKS, data=DATA)
         if rt.rank == 0:
             for k, loss in enumerate(out["losses"], 1):
                 print(f"step {{k}} loss {{loss!r}}", flush=True)
@@ -78,30 +79,38 @@ def pipeline_train_script(est: PipelineEstimate, *, spec: str, batch: int, steps
     """``train.py`` for ``est`` (module docstring)."""
     r = est.recipe
     return _TRAIN.format(title=f"{r} of {spec}, batch {batch}", spec=spec, batch=batch, schedule=r.schedule,
-                         cls=SCHEDULES[r.schedule][0], microbatches=r.microbatches, virtual=r.virtual, ranks=r.ranks,
-                         points=[list(p) for p in est.split_points], optimizer=optimizer, steps=steps, lr=lr,
-                         checkpointed=list(est.checkpointed))
+                         cls=SCHEDULES[r.schedule][0], microbatches=r.microbatches, virtual=r.virtual, ranks=r.world,
+                         data=r.data, points=[list(p) for p in est.split_points], optimizer=optimizer, steps=steps,
+                         lr=lr, checkpointed=list(est.checkpointed))
 
 
 def pipeline_readme(est: PipelineEstimate, *, spec: str, batch: int, steps: int, optimizer: str,
                     times_from: str) -> str:
     """``README.md`` for ``est``: what runs, the torchrun line, the price per rank."""
     r = est.recipe
+    copies = (f" {r.data} copies of the pipeline (rank *r*·{r.data} + *d* is pipeline rank *r* of copy *d*), "
+              f"each on {batch // r.data} of the batch, their gradients averaged after each step;"
+              if r.data > 1 else "")
+    each = batch // (r.data * r.microbatches)
     lines = [f"# {r} — {spec}", "",
              f"A pipeline plan made by `tensoropt pipeline`: the model cut into {len(est.stages)} stages, stage *s* "
-             f"on rank *s* mod {r.ranks}, run by PyTorch's `torch.distributed.pipelining.{SCHEDULES[r.schedule][0]}` "
-             f"on {r.microbatches} micro-batches of {batch // r.microbatches} (batch {batch}), {optimizer}.", "",
-             "    torchrun --standalone --nproc-per-node " + f"{r.ranks} train.py --steps {steps}", "",
+             f"on pipeline rank *s* mod {r.ranks},{copies} run by PyTorch's "
+             f"`torch.distributed.pipelining.{SCHEDULES[r.schedule][0]}` on {r.microbatches} micro-batches of {each} "
+             f"(batch {batch}), {optimizer}.", "",
+             "    torchrun --standalone --nproc-per-node " + f"{r.world} train.py --steps {steps}", "",
              "Every rank builds the model from its spec and takes rank 0's weights and batch; each step prints "
              "`step K loss X` on rank 0.", "", "## Where it is cut", ""]
     lines += [f"- stage {s + 1} begins at the {where} of `{module}`"
               for s, (module, where) in enumerate(est.split_points)]
     lines += ["", f"## Priced (times from {times_from})", "",
-              f"Step {est.step_s * 1e3:.3f} ms (the optimizer's update apart), bubble {est.bubble_fraction:.1%}.", "",
+              f"Step {est.step_s * 1e3:.3f} ms (the optimizer's update apart; of it the copies' gradient sums "
+              f"{est.sync_s * 1e3:.3f} ms), bubble {est.bubble_fraction:.1%}.", "",
               "| rank | device | stages | micro-batches in flight (most) | peak |", "|---:|---|---|---:|---:|"]
     for k, dev in enumerate(est.devices):
-        mine = [str(s) for s in range(len(est.stages)) if s % r.ranks == k]
-        lines.append(f"| {k} | {dev} | {', '.join(mine)} | {est.in_flight[k]} | {fmt_bytes(est.memory_bytes[dev])} |")
+        rank = k // r.data
+        mine = [str(s) for s in range(len(est.stages)) if s % r.ranks == rank]
+        lines.append(f"| {k} | {dev} | {', '.join(mine)} | {est.in_flight[rank]} | "
+                     f"{fmt_bytes(est.memory_bytes[dev])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -85,3 +85,31 @@ def test_a_v_schedule_and_too_few_devices_are_refused() -> None:
         price_pipeline(graph, costs, cluster, PipelineRecipe("zbv", ranks=2, microbatches=4))
     with pytest.raises(PipelineError, match="needs 8 devices"):
         price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=8, microbatches=8))
+
+
+def test_copies_of_a_pipeline_hold_what_the_first_does_and_add_their_gradient_sums() -> None:
+    """Two copies of a two-rank 1F1B (data parallel × pipeline parallel on four A100s), each copy's
+    micro-batches of 2 rows: the copies of pipeline rank r sit on devices 2r and 2r + 1 (torchtitan's
+    (pp, dp) mesh), hold what one copy alone holds, and the step adds every gradient's all-reduce
+    over the two copies, worked here from the cluster's links."""
+    graph, costs, cluster = _priced(_mlp(), torch.randn(2, 64))
+    one = price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=4), optimizer="adamw")
+    two = price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=4, data=2),
+                         optimizer="adamw")
+    assert two.devices == ("gpu0", "gpu1", "gpu2", "gpu3") and two.recipe.world == 4
+    first, last = one.memory_bytes["gpu0"], one.memory_bytes["gpu1"]
+    assert two.memory_bytes == {"gpu0": first, "gpu1": first, "gpu2": last, "gpu3": last}
+    # each rank's two linears: weights of 64 × 64 floats and biases of 64, all-reduced one by one in
+    # a ring of two (2 steps of latency + half the tensor over the link, both ways at once)
+    link = cluster.link("gpu0", "gpu1")
+    assert cluster.link("gpu0", "gpu2").bandwidth_Bps == link.bandwidth_Bps   # the copies' links alike
+
+    def ring_of_two(nbytes: int) -> float:
+        return 2 * (link.latency_s + nbytes / 2 / (link.bandwidth_Bps * link.duplex))
+
+    by_hand = 2 * ring_of_two(64 * 64 * 4) + 2 * ring_of_two(64 * 4)
+    assert two.sync_s == pytest.approx(by_hand, rel=1e-12)
+    assert two.step_s == pytest.approx(one.step_s + by_hand, rel=1e-12)
+    assert one.sync_s == 0.0
+    with pytest.raises(PipelineError, match="2 ranks × 3 copies needs 6 devices"):
+        price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=4, data=3))
