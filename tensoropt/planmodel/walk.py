@@ -382,24 +382,31 @@ def fill_segments(order: Sequence[str], configs: Mapping[str, NodeConfig], graph
 
 def plan_memory(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
                 optimizer: str | int = DEFAULT_OPTIMIZER, foreach: bool = False,
-                context_bytes: int = 0, stop_over: Mapping[str, int] | None = None) -> dict[str, StepMemory]:
+                context_bytes: int = 0, stop_over: Mapping[str, int] | None = None,
+                accumulate: bool = False) -> dict[str, StepMemory]:
     """Peak memory per device of one training step of ``plan`` (the simulator's memory model,
     without the timing; see the module docstring).  ``stop_over``: bytes per device; the walk
     stops after the first device whose peak exceeds its figure, and returns the devices walked
     (a placer that refuses a plan that does not fit needs no more: Llama-3-70B's FSDP on 64
-    devices, 13 s walked whole).  O(V + E) per device."""
+    devices, 13 s walked whole).  ``accumulate``: a later micro-batch of a step that accumulates
+    gradients (a pipeline's): every parameter gradient exists from the start, and each backward's
+    contribution is made, then added in place (autograd's ``AccumulateGrad``) — alive only during
+    that backward; plans without sharding levels or FSDP2 units only.  O(V + E) per device."""
     plan.check(graph, cluster)
     costs.check_graph(graph)
+    if accumulate and (plan.runtime == "fsdp2" or any(c.shard for c in plan.configs.values())):
+        raise ValueError("accumulate: plans without sharding levels only (a sharded gradient is reduce-scattered "
+                         "at every backward)")
     return walk(plan, graph, costs, plan_edges(plan, graph, cluster), grad_nodes(graph), optimizer=optimizer,
-                foreach=foreach, context_bytes=context_bytes, stop_over=stop_over)
+                foreach=foreach, context_bytes=context_bytes, stop_over=stop_over, accumulate=accumulate)
 
 
 def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_grad: Mapping[str, bool], *,
          optimizer: str | int, foreach: bool, context_bytes: int,
-         stop_over: Mapping[str, int] | None = None) -> dict[str, StepMemory]:
+         stop_over: Mapping[str, int] | None = None, accumulate: bool = False) -> dict[str, StepMemory]:
     """The walk of every device (the module docstring says what it counts), over the reshards
     ``edges`` and the nodes that compute a gradient ``needs_grad``; with ``stop_over``, up to the
-    first device whose peak exceeds its figure (:func:`plan_memory`)."""
+    first device whose peak exceeds its figure (:func:`plan_memory`, which says ``accumulate``)."""
     alpha = optimizer_alpha(optimizer)
     devices = plan.devices
     mem = {d: StepMemory() for d in devices}
@@ -420,7 +427,8 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
             mem[d] = replace(result[twin[d]])
         else:
             dw = _DeviceWalk(d, mem[d], plan, graph, costs, storage, params, synced, needs_grad, model_outputs,
-                             context_bytes, [sg for sg in segments if d in plan.configs[sg[0]].devices], units)
+                             context_bytes, [sg for sg in segments if d in plan.configs[sg[0]].devices], units,
+                             accumulate=accumulate)
             dw.forward(edges.batch)
             dw.backward()
             dw.optimizer_step(optimizer, trainable_sizes[d], foreach=foreach)
@@ -676,7 +684,7 @@ class _DeviceWalk:
     def __init__(self, d: str, m: StepMemory, plan: Plan, graph: OpGraph, costs: CostModel, storage: _Storage,
                  params: _ParamHolding, synced: Mapping[str, tuple[str, ...]], needs_grad: Mapping[str, bool],
                  model_outputs: list[str], context_bytes: int, segments: list[tuple[str, ...]],
-                 units: Fsdp2Units | None = None) -> None:
+                 units: Fsdp2Units | None = None, accumulate: bool = False) -> None:
         self.d, self.m, self.graph, self.costs, self.configs = d, m, graph, costs, plan.configs
         # FSDP2's units (runtime fsdp2): what each has gathered, its whole gradients so far, which
         # have run their pre-backward, the all-gather output kept in forward
@@ -719,6 +727,10 @@ class _DeviceWalk:
         self.fresh_view_grads = plan.runtime != "executor"   # _node_backward: a view's gradient
         self.summed = [] if self.ddp else [q for q, devs in synced.items() if d in devs]
         self.grads_now = sum(params.held[(q, d)] for q in self.summed)
+        # a later micro-batch (plan_memory's accumulate): every gradient already there
+        self.accumulate = accumulate
+        if accumulate:
+            self.grads_now = m.grads
 
     def _cost(self, name: str) -> NodeCost | None:
         return self.costs.get(name)
@@ -996,7 +1008,10 @@ class _DeviceWalk:
                     continue
                 if p not in param_done:
                     param_done.add(p)
-                    self.grads_now += b
+                    if self.accumulate:   # made, then added into the gradient already there
+                        accumulating += b
+                    else:
+                        self.grads_now += b
                 elif p in self.synced and not self.ddp:
                     # a piece of a parameter held whole (read whole elsewhere, or cut two
                     # ways): the cut's backward makes a whole-sized gradient of it

@@ -89,12 +89,15 @@ def test_more_stages_than_two_train_as_the_model(microbatch_graph, schedule, ran
 
 
 def test_two_copies_of_a_pipeline_train_as_the_model_and_hold_what_they_are_priced():
-    """pp 2 × dp 2 on 4 gloo ranks: each copy runs 1F1B on its half of the batch (2 micro-batches of
-    2), its gradients averaged with the other copy's after the step — the unmodified model's losses;
-    each rank's peak as one copy of the pipeline priced at its micro-batch."""
-    graph, costs, cluster = microbatch_graph_at(BATCH // (2 * 2))
-    est = price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=2, data=2),
-                         optimizer="adamw")
+    """pp 2 × dp 2 on 4 gloo ranks: each copy runs 1F1B on its half of the batch (4 micro-batches of
+    one row), its gradients averaged with the other copy's after the step — the unmodified model's
+    losses; each rank's peak as one copy of the pipeline priced at its micro-batch.  With rows of
+    one the parameters' gradients and state outweigh the activations: the peak is a later
+    backward's, every gradient already there (the old price, which added only those missing at the
+    walk's peak, was 14.4 % under on the first rank)."""
+    graph, costs, cluster = microbatch_graph_at(BATCH // (2 * MICROBATCHES))
+    est = price_pipeline(graph, costs, cluster,
+                         PipelineRecipe("1f1b", ranks=2, microbatches=MICROBATCHES, data=2), optimizer="adamw")
     spec = f"{LLAMA}&batch={BATCH}"
     job = pipeline_job(est, spec)
     assert job["data"] == 2
@@ -104,9 +107,9 @@ def test_two_copies_of_a_pipeline_train_as_the_model_and_hold_what_they_are_pric
     measured = launch(train_pipeline, 4, {**job, "steps": 1, "optimizer": "adamw", "float64": False,
                                           "measure": True}, timeout_s=300)[0]["peak_bytes"]
     priced = [est.memory_bytes[d] for d in est.devices]
-    # measured (docs/measurements.md): +0.4, +0.4, −2.8, −2.8 %
+    # measured (docs/measurements.md): +0.0, +0.0, −1.5, −1.5 %
     for ours, theirs in zip(priced, measured):
-        assert abs(ours - theirs) <= 0.04 * theirs, (priced, measured)
+        assert abs(ours - theirs) <= 0.03 * theirs, (priced, measured)
 
 
 class _Skip(nn.Module):

@@ -51,7 +51,11 @@ def test_a_gpipe_rank_holds_one_walked_micro_batch_and_the_others_in_flight() ->
     # 1F1B keeps fewer in flight on the first rank
     f1b = price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=4), optimizer="sgd")
     assert f1b.in_flight == (2, 1)
-    assert f1b.memory_bytes["gpu0"] == est.memory_bytes["gpu0"] - 2 * est.stages[0].activation_bytes
+    # two micro-batches fewer in flight at its first backward; its later backwards run with every
+    # gradient already there, each contribution made before it is added in place (autograd's
+    # AccumulateGrad): more than GPipe's price less two micro-batches, less than GPipe's
+    two = 2 * est.stages[0].activation_bytes
+    assert est.memory_bytes["gpu0"] - two < f1b.memory_bytes["gpu0"] < est.memory_bytes["gpu0"]
     # the slower stage works m (f + b); the schedule adds at most p − 1 slots and a link each way a slot
     slot = max(s.forward_s + s.backward_s for s in est.stages)
     for run in (est, f1b):

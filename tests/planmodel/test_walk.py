@@ -54,3 +54,28 @@ def test_data_parallel_devices_walk_as_one_and_a_pipeline_s_each_alone(gpt2_on_v
     split = tensoropt.Plan({n: NodeConfig((four[1],) if i == len(names) // 2 else (four[0],))
                             for i, n in enumerate(names)}, graph_fingerprint=graph.fingerprint, order=names)
     assert _twins_of(split, graph, costs, cluster) == {d: d for d in split.devices}
+
+
+def test_a_later_micro_batch_holds_every_gradient_and_its_contribution_beside_it():
+    """plan_memory(accumulate=True): one linear of 64 × 64 floats (16,384 B, no bias) on one device.
+    A later micro-batch of a step that accumulates gradients holds the weight's gradient throughout
+    and, during the linear's backward, its new contribution beside it before autograd adds it in
+    place: 16,384 B above the first micro-batch's walk, whose backward makes the gradient itself."""
+    import torch
+
+    from tensoropt.plan import Plan
+
+    graph = tensoropt.capture(torch.nn.Linear(64, 64, bias=False), (torch.randn(8, 64),))
+    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
+    costs = tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
+    plan = Plan({n.name: NodeConfig(("gpu0",)) for n in graph.ops}, graph_fingerprint=graph.fingerprint,
+                graph_name=graph.name, batch_size=graph.batch_size, options={"runtime": "pipelining"})
+    first = walk.plan_memory(plan, graph, costs, cluster, optimizer="sgd")["gpu0"]
+    later = walk.plan_memory(plan, graph, costs, cluster, optimizer="sgd", accumulate=True)["gpu0"]
+    assert first.grads == later.grads == 64 * 64 * 4
+    assert first.peak_phase == later.peak_phase == "backward"
+    assert later.peak - first.peak == 64 * 64 * 4
+    zero = Plan({n.name: NodeConfig(("gpu0", "gpu1"), shard=2) for n in graph.ops},
+                graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size)
+    with pytest.raises(ValueError, match="without sharding levels"):
+        walk.plan_memory(zero, graph, costs, cluster, accumulate=True)
