@@ -90,11 +90,16 @@ def _rows(args: argparse.Namespace, console: Console) -> tuple[list[Row], str]:
     schedules = _schedules(args.schedules)
     rows: list[Row] = []
     times_from = ""
-    for data, m in ((d, m) for d in copies for m in counts):
+    pairs = [(d, m) for d in copies for m in counts]
+    for data, m in pairs:
         if batch % (m * data):
             what = f"--microbatches {m}" + (f" × --data {data}" if data > 1 else "")
-            raise TensorOptError(f"{what} does not divide the batch ({batch}): PyTorch's pipelining cuts each "
-                                 "copy's batch in equal micro-batches; pick a divisor or set --batch")
+            why = f"{what} does not divide the batch ({batch})"
+            if not any(batch % (mm * dd) == 0 for dd, mm in pairs):
+                raise TensorOptError(f"{why}: PyTorch's pipelining cuts each copy's batch in equal micro-batches; "
+                                     "pick a divisor or set --batch")
+            console.print(f"[yellow]{escape(why)}:[/yellow] not priced", highlight=False)
+    for data, m in ((d, m) for d, m in pairs if batch % (m * d) == 0):
         request = workflow_request(args, batch=batch // (m * data), frontier=False, algos=())
         with ProgressBars(console) as progress:
             setup = prepare(request, progress)
