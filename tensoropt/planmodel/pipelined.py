@@ -50,8 +50,9 @@ exactly one micro-batch's, with no scaling rule to trust):
 
 Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md): with the
 blocks kept, GPipe and 1F1B on 2 and 4 ranks within 2.3 % on every rank but GPipe's last of two
-(−5.5 %), the schedules with two stages a rank 4–10 % above; with them checkpointed, from +3.7 to
-−10.2 % (GPipe's middle stages of 4).  Steps (``--time``, this CPU's operator times, the stages
+(−5.5 %), the schedules with two stages a rank 4–11 % above; with them checkpointed, from +11.1
+(looped BFS's second rank) to −8.8 % (GPipe's middle stages of 4); two copies of a two-rank pipeline
+(micro-batches of one row) within 3.6 %.  Steps (``--time``, this CPU's operator times, the stages
 running their generated code): 1–11 % under with 4 micro-batches, 12–26 % with 8 (each chunk's
 compute runs 5–13 % above the profile's sums in a rank; not found why).
 
@@ -283,10 +284,10 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
                 graph_fingerprint=graph.fingerprint,
                 graph_name=graph.name, batch_size=graph.batch_size, algorithm="pipeline",
                 options={"runtime": "pipelining"})   # PyTorch's autograd: a view's gradient made fresh
-    # one micro-batch walked twice: without an optimizer (its peak is the forward's or the
-    # backward's, or the gradients' at the end) and with it (its update's temporaries)
+    # one micro-batch walked three times: the first without an optimizer (its peak is the forward's or
+    # the backward's, or the gradients' at the end), a later one (every gradient there from the start,
+    # each contribution added in place), and with the optimizer (its update's temporaries)
     bare = plan_memory(plan, graph, costs, cluster, optimizer="sgd")
-    # a later micro-batch: every gradient there from the start, each contribution added in place
     accumulating = plan_memory(plan, graph, costs, cluster, optimizer="sgd", accumulate=True)
     whole = plan_memory(plan, graph, costs, cluster, optimizer=optimizer)
     buffers = boundary_buffers(graph, stages)

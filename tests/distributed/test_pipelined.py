@@ -33,27 +33,35 @@ def microbatch_graph():
     return microbatch_graph_at(BATCH // MICROBATCHES)
 
 
+def run_priced(est, *, steps=2):
+    """``est`` run on its gloo ranks: its float64 losses (dropout off, AdamW at 1e-2) beside the
+    unmodified model's in one process, then each rank's peak in float32 (as a user trains, over one
+    step after two) beside its price.  Returns (the run, the model's losses, priced, measured)."""
+    spec = f"{LLAMA}&batch={BATCH}"
+    job = pipeline_job(est, spec)
+    ran = launch(train_pipeline, est.recipe.world, {**job, "steps": steps, "optimizer": "adamw", "lr": 1e-2},
+                 timeout_s=300)[0]
+    alone = train_one_process(spec, steps=steps, optimizer="adamw", lr=1e-2)
+    measured = launch(train_pipeline, est.recipe.world, {**job, "steps": 1, "optimizer": "adamw", "float64": False,
+                                                         "measure": True}, timeout_s=300)[0]["peak_bytes"]
+    return ran, alone, [est.memory_bytes[d] for d in est.devices], measured
+
+
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_a_two_stage_pipeline_trains_as_the_model_and_holds_what_it_is_priced(microbatch_graph, schedule):
     graph, costs, cluster = microbatch_graph
     est = price_pipeline(graph, costs, cluster, PipelineRecipe(schedule, ranks=2, microbatches=MICROBATCHES),
                          optimizer="adamw")
     assert est.split_points == (("model.model.layers.2", "beginning"),)
-    spec = f"{LLAMA}&batch={BATCH}"
-    # float64 and no dropout: the micro-batches' mean losses average to the batch's up to rounding
-    job = pipeline_job(est, spec)
-    assert job["stages_per_rank"] == 1 and job["checkpoint_blocks"] == []
-    ran = launch(train_pipeline, 2, {**job, "steps": 3, "optimizer": "adamw", "lr": 1e-2}, timeout_s=300)[0]
-    alone = train_one_process(spec, steps=3, optimizer="adamw", lr=1e-2)
+    job = pipeline_job(est, f"{LLAMA}&batch={BATCH}")
+    assert job["stages_per_rank"] == 1 and job["checkpoint_blocks"] == [] and job["data"] == 1
+    ran, alone, priced, measured = run_priced(est, steps=3)
     assert ran["stages"] == [[0], [1]]
+    # float64 and no dropout: the micro-batches' mean losses average to the batch's up to rounding;
     # the model's loss is float32 (its logits cast up to float32, as torchtitan's): two ulps at 6
     assert ran["losses"] == pytest.approx(alone, abs=1e-6)
-    # fp32 as a user trains, each rank's peak over one step after two
-    measured = launch(train_pipeline, 2, {**job, "steps": 1, "optimizer": "adamw", "float64": False,
-                                          "measure": True}, timeout_s=300)[0]["peak_bytes"]
-    priced = [est.memory_bytes[d] for d in est.devices]
     print(schedule, priced, measured, [f"{p / m - 1:+.1%}" for p, m in zip(priced, measured)])
-    # measured (docs/measurements.md): GPipe +1.1 / −5.5 %, 1F1B −0.3 / −1.9 %
+    # measured (docs/measurements.md): GPipe +1.1 / −5.5 %, 1F1B +0.2 / −1.9 %
     for ours, theirs in zip(priced, measured):
         assert abs(ours - theirs) <= 0.06 * theirs, (schedule, priced, measured)
 
@@ -63,14 +71,9 @@ def test_checkpointed_blocks_train_as_the_model_and_hold_what_they_are_priced(mi
     est = price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=MICROBATCHES,
                                                                checkpoint=True), optimizer="adamw")
     assert est.checkpointed == tuple(f"model.model.layers.{i}" for i in range(4))
-    spec = f"{LLAMA}&batch={BATCH}"
-    job = pipeline_job(est, spec)
-    ran = launch(train_pipeline, 2, {**job, "steps": 2, "optimizer": "adamw", "lr": 1e-2}, timeout_s=300)[0]
-    assert ran["losses"] == pytest.approx(train_one_process(spec, steps=2, optimizer="adamw", lr=1e-2), abs=1e-6)
-    measured = launch(train_pipeline, 2, {**job, "steps": 1, "optimizer": "adamw", "float64": False,
-                                          "measure": True}, timeout_s=300)[0]["peak_bytes"]
-    priced = [est.memory_bytes[d] for d in est.devices]
-    # measured (docs/measurements.md): +0.3 / −5.2 %; without the checkpoints the ranks hold 35 % / 23 % more
+    ran, alone, priced, measured = run_priced(est)
+    assert ran["losses"] == pytest.approx(alone, abs=1e-6)
+    # measured (docs/measurements.md): +3.2 / −0.2 %; without the checkpoints the ranks hold 35 % / 23 % more
     for ours, theirs in zip(priced, measured):
         assert abs(ours - theirs) <= 0.06 * theirs, (priced, measured)
 
@@ -98,15 +101,10 @@ def test_two_copies_of_a_pipeline_train_as_the_model_and_hold_what_they_are_pric
     graph, costs, cluster = microbatch_graph_at(BATCH // (2 * MICROBATCHES))
     est = price_pipeline(graph, costs, cluster,
                          PipelineRecipe("1f1b", ranks=2, microbatches=MICROBATCHES, data=2), optimizer="adamw")
-    spec = f"{LLAMA}&batch={BATCH}"
-    job = pipeline_job(est, spec)
-    assert job["data"] == 2
-    ran = launch(train_pipeline, 4, {**job, "steps": 2, "optimizer": "adamw", "lr": 1e-2}, timeout_s=300)[0]
+    assert pipeline_job(est, f"{LLAMA}&batch={BATCH}")["data"] == 2
+    ran, alone, priced, measured = run_priced(est)
     assert ran["stages"] == [[0], [0], [1], [1]]   # rank r·2 + d: pipeline rank r of copy d
-    assert ran["losses"] == pytest.approx(train_one_process(spec, steps=2, optimizer="adamw", lr=1e-2), abs=1e-6)
-    measured = launch(train_pipeline, 4, {**job, "steps": 1, "optimizer": "adamw", "float64": False,
-                                          "measure": True}, timeout_s=300)[0]["peak_bytes"]
-    priced = [est.memory_bytes[d] for d in est.devices]
+    assert ran["losses"] == pytest.approx(alone, abs=1e-6)
     # measured (docs/measurements.md): +0.0, +0.0, −1.5, −1.5 %
     for ours, theirs in zip(priced, measured):
         assert abs(ours - theirs) <= 0.03 * theirs, (priced, measured)
