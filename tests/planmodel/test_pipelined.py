@@ -106,7 +106,8 @@ def test_copies_of_a_pipeline_hold_what_the_first_does_and_add_their_gradient_su
     # each rank's two linears: weights of 64 × 64 floats and biases of 64, all-reduced one by one in
     # a ring of two (2 steps of latency + half the tensor over the link, both ways at once)
     link = cluster.link("gpu0", "gpu1")
-    assert cluster.link("gpu0", "gpu2").bandwidth_Bps == link.bandwidth_Bps   # the copies' links alike
+    other = cluster.link("gpu0", "gpu2")   # the first copy's pipeline link: alike, so the schedules' steps are
+    assert (other.bandwidth_Bps, other.latency_s) == (link.bandwidth_Bps, link.latency_s)
 
     def ring_of_two(nbytes: int) -> float:
         return 2 * (link.latency_s + nbytes / 2 / (link.bandwidth_Bps * link.duplex))
