@@ -50,8 +50,8 @@ exactly one micro-batch's, with no scaling rule to trust):
 
 Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md): with the
 blocks kept, GPipe and 1F1B on 2 and 4 ranks within 2.3 % on every rank but GPipe's last of two
-(−5.5 %), the schedules with two stages a rank 4–11 % above; with them checkpointed, from +11.1
-(looped BFS's second rank) to −8.8 % (GPipe's middle stages of 4); two copies of a two-rank pipeline
+(−5.5 %), the schedules with two stages a rank 4–11 % above; with them checkpointed, from +14.6
+(looped BFS's second rank) to −5.6 % (GPipe's middle stages of 4); two copies of a two-rank pipeline
 (micro-batches of one row) within 3.6 %.  Steps (``--time``, this CPU's operator times, the stages
 running their generated code): 1–11 % under with 4 micro-batches, 12–26 % with 8 (each chunk's
 compute runs 5–13 % above the profile's sums in a rank; not found why).
@@ -188,28 +188,50 @@ def kept_bytes(graph: OpGraph, costs: CostModel, stage: Stage, recomputed: set[s
                ) -> int:
     """What ``stage`` keeps for one micro-batch's backward: its :attr:`~.stages.Stage.activation_bytes`;
     with the operators ``recomputed`` (whole blocks checkpointed), those keep nothing but what
-    their block reads from outside it (the checkpoint's inputs), each tensor once."""
+    their block reads from outside it (the checkpoint's inputs), the others what they keep
+    (:func:`~.memory.node_memory`), and the stage what it sends on to a later stage's operators
+    (PyTorch's ``PipelineStage`` holds each micro-batch's outputs until its backward) — each storage
+    once: a view or no-op (a ``to`` of the same dtype) is its base's storage."""
     if not recomputed.intersection(stage.ops):
         return stage.activation_bytes
     where = set(stage.ops)
-    kept = 0
-    held: set[str] = set()
+    storages: dict[str, int] = {}   # base node → its output's bytes
+    extra = 0
+
+    def hold(src: str, nbytes: int) -> None:
+        base = _storage_of(graph, src)
+        # a model input is the batch, held apart (as cut_stages counts)
+        if graph.nodes[base].kind == "op" and not graph.nodes[base].metadata_only:
+            storages.setdefault(base, nbytes)
+
     for name in stage.ops:
         node = graph.nodes[name]
         block = block_of(node.module_path)
         if name not in recomputed:
             if name in costs:
-                kept += node_memory(graph, costs, name).activations
+                kept = node_memory(graph, costs, name)
+                saved = costs.get(name)
+                out = node.output_bytes if saved is not None and kept.activations > saved.extra_saved_bytes else 0
+                extra += kept.activations - out   # its extra saved tensors; its output, a storage, below
+                if out:
+                    hold(name, out)
             outside = [(src, b) for src, b in zip(node.inputs, node.input_bytes) if src not in where]
         else:
             outside = [(src, b) for src, b in zip(node.inputs, node.input_bytes)
                        if src not in where or block_of(graph.nodes[src].module_path) != block]
         for src, nbytes in outside:
-            # a model input is the batch, held apart (as cut_stages counts)
-            if src not in held and graph.nodes[src].kind == "op" and not graph.nodes[src].metadata_only:
-                held.add(src)
-                kept += nbytes
-    return kept
+            hold(src, nbytes)
+        if name in recomputed and any(u not in where and graph.nodes[u].kind == "op" for u in graph.successors(name)):
+            hold(name, node.output_bytes)   # sent on
+    return extra + sum(storages.values())
+
+
+def _storage_of(graph: OpGraph, name: str) -> str:
+    """The node whose output ``name``'s output is (itself unless metadata-only: a view, a no-op)."""
+    node = graph.nodes[name]
+    while node.metadata_only and node.inputs:
+        node = graph.nodes[node.inputs[0]]
+    return node.name
 
 
 def boundary_buffers(graph: OpGraph, stages: Sequence[Stage]) -> list[int]:

@@ -11,7 +11,7 @@ from torch import nn
 
 import tensoropt
 from tensoropt.planmodel.pipeline import PipelineError
-from tensoropt.planmodel.pipelined import PipelineRecipe, boundary_buffers, price_pipeline
+from tensoropt.planmodel.pipelined import PipelineRecipe, boundary_buffers, kept_bytes, price_pipeline
 from tensoropt.planmodel.walk import plan_memory
 
 CLUSTER = "preset:a100-4-nvlink"
@@ -118,3 +118,24 @@ def test_copies_of_a_pipeline_hold_what_the_first_does_and_add_their_gradient_su
     assert one.sync_s == 0.0
     with pytest.raises(PipelineError, match="2 ranks × 3 copies needs 6 devices"):
         price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=4, data=3))
+
+
+def test_a_checkpointed_stage_keeps_its_blocks_inputs_and_what_it_sends_on_each_storage_once() -> None:
+    """Llama 3 shortened to 4 layers of width 64, micro-batches of 2 × 32 tokens, GPipe over 4 ranks
+    with every block checkpointed.  The second stage (layer 1) keeps, a micro-batch in flight, the
+    hidden state it received (2 × 32 × 64 floats, 16,384 B) and the rotary cos and sin its attention
+    reads (1 × 32 × 16 floats each, 2,048 B, read through a no-op ``to``: their storage) — the
+    checkpoint's inputs — and the hidden state it sends on (16,384 B: PyTorch's PipelineStage holds
+    each micro-batch's outputs until its backward).  The first stage keeps the same sizes: the
+    embedding's output (kept by the embedding's reader and by the checkpoint: one storage), cos and
+    sin, and its block's output."""
+    spec = "zoo:llama3-8b?layers=4&hidden=64&heads=4&kv_heads=2&ffn=128&vocab=512&seq_len=32&batch=2"
+    graph = tensoropt.load_model(spec).capture(method="export")
+    cluster = tensoropt.load_cluster(CLUSTER)
+    costs = tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
+    est = price_pipeline(graph, costs, cluster, PipelineRecipe("gpipe", ranks=4, microbatches=4, checkpoint=True))
+    assert [s.blocks for s in est.stages[:2]] == [("model.model.layers.0",), ("model.model.layers.1",)]
+    recomputed = {n.name for n in graph.ops if ".layers." in n.module_path}
+    hidden, rotary = 2 * 32 * 64 * 4, 2 * (32 * 16 * 4)
+    assert kept_bytes(graph, costs, est.stages[1], recomputed) == hidden + rotary + hidden
+    assert kept_bytes(graph, costs, est.stages[0], recomputed) == hidden + rotary + hidden
