@@ -91,15 +91,15 @@ def _rows(args: argparse.Namespace, console: Console) -> tuple[list[Row], str]:
     rows: list[Row] = []
     times_from = ""
     pairs = [(d, m) for d in copies for m in counts]
-    for data, m in pairs:
-        if batch % (m * data):
-            what = f"--microbatches {m}" + (f" × --data {data}" if data > 1 else "")
-            why = f"{what} does not divide the batch ({batch})"
-            if not any(batch % (mm * dd) == 0 for dd, mm in pairs):
-                raise TensorOptError(f"{why}: PyTorch's pipelining cuts each copy's batch in equal micro-batches; "
-                                     "pick a divisor or set --batch")
-            console.print(f"[yellow]{escape(why)}:[/yellow] not priced", highlight=False)
-    for data, m in ((d, m) for d, m in pairs if batch % (m * d) == 0):
+    divides = [(d, m) for d, m in pairs if batch % (m * d) == 0]
+    for data, m in (pair for pair in pairs if pair not in divides):
+        copies_of = f" × --data {data}" if data > 1 else ""
+        why = f"--microbatches {m}{copies_of} does not divide the batch ({batch})"
+        if not divides:
+            raise TensorOptError(f"{why}: PyTorch's pipelining cuts each copy's batch in equal micro-batches; "
+                                 "pick a divisor or set --batch")
+        console.print(f"[yellow]{escape(why)}:[/yellow] not priced", highlight=False)
+    for data, m in divides:
         request = workflow_request(args, batch=batch // (m * data), frontier=False, algos=())
         with ProgressBars(console) as progress:
             setup = prepare(request, progress)

@@ -91,7 +91,7 @@ from ..graph import OpGraph, block_of
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan
-from .memory import node_memory
+from .memory import output_kept
 from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
 from .stages import Stage, cut_stages
 from .walk import plan_memory
@@ -189,9 +189,10 @@ def kept_bytes(graph: OpGraph, costs: CostModel, stage: Stage, recomputed: set[s
     """What ``stage`` keeps for one micro-batch's backward: its :attr:`~.stages.Stage.activation_bytes`;
     with the operators ``recomputed`` (whole blocks checkpointed), those keep nothing but what
     their block reads from outside it (the checkpoint's inputs), the others what they keep
-    (:func:`~.memory.node_memory`), and the stage what it sends on to a later stage's operators
+    (:func:`~.memory.node_memory`'s rule: their extra saved tensors, their output where
+    :func:`~.memory.output_kept`), and the stage what it sends on to a later stage's operators
     (PyTorch's ``PipelineStage`` holds each micro-batch's outputs until its backward) — each storage
-    once: a view or no-op (a ``to`` of the same dtype) is its base's storage."""
+    once, at its largest: a view or no-op (a ``to`` of the same dtype) is its base's storage."""
     if not recomputed.intersection(stage.ops):
         return stage.activation_bytes
     where = set(stage.ops)
@@ -202,19 +203,17 @@ def kept_bytes(graph: OpGraph, costs: CostModel, stage: Stage, recomputed: set[s
         base = _storage_of(graph, src)
         # a model input is the batch, held apart (as cut_stages counts)
         if graph.nodes[base].kind == "op" and not graph.nodes[base].metadata_only:
-            storages.setdefault(base, nbytes)
+            storages[base] = max(storages.get(base, 0), nbytes)
 
     for name in stage.ops:
         node = graph.nodes[name]
         block = block_of(node.module_path)
         if name not in recomputed:
-            if name in costs:
-                kept = node_memory(graph, costs, name)
-                saved = costs.get(name)
-                out = node.output_bytes if saved is not None and kept.activations > saved.extra_saved_bytes else 0
-                extra += kept.activations - out   # its extra saved tensors; its output, a storage, below
-                if out:
-                    hold(name, out)
+            cost = costs.get(name)
+            if cost is not None:   # what node_memory keeps: its extra saved tensors, and its output (a storage)
+                extra += cost.extra_saved_bytes
+                if output_kept(graph, costs, name):
+                    hold(name, cost.output_bytes)
             outside = [(src, b) for src, b in zip(node.inputs, node.input_bytes) if src not in where]
         else:
             outside = [(src, b) for src, b in zip(node.inputs, node.input_bytes)
