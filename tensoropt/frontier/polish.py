@@ -1,8 +1,14 @@
 """The polish: every plan of one mesh evaluated so far (:class:`Evaluated`, keyed by its
 configuration vector, so that no plan is walked twice), its Pareto set by walked peak and
 simulated step, the plans around a plan (:meth:`Evaluated.neighbours`: one-node moves, moves of a
-whole class of repeated operators (:func:`repeated_nodes`), blocks recomputed or kept whole) and
-the local search around the frontier (:meth:`Evaluated.polish`).
+whole class of repeated operators (:func:`repeated_nodes`), blocks recomputed or kept whole;
+:meth:`Evaluated.joint_moves`: one sharding level on a tied weight's readers, or on every node at
+another level) and the local search around the frontier (:meth:`Evaluated.polish`: in rounds, each
+around the frontier points not yet looked around, each round spending half of the walks left).
+
+The polish is a local search bounded by ``max_walks``: on large graphs it stops before it
+converges.  What that leaves out is measured, not bounded (``benchmarks/polish_reach.py``: each
+frontier against one found with forty times the walks).
 
 The search's additive estimate only chooses which plans are walked; every figure kept is the
 compiled evaluator's (:class:`~tensoropt.planmodel.meshplan.MeshEvaluator`: the simulator's).  The
@@ -299,8 +305,9 @@ class Evaluated:
         """Local search around the frontier: evaluate the plans around each frontier point
         (:meth:`neighbours`), again around every new frontier point, until the frontier stops
         changing.  True when it finished — every frontier point's neighbours evaluated — within
-        ``max_evals`` plans evaluated on the mesh in all; else the budget was spread over the
-        frontier points, each getting its most promising neighbours first.
+        ``max_evals`` plans evaluated on the mesh in all; else each round gave half of the walks
+        left to the points not yet looked around (each its joint moves, then its most promising
+        neighbours), and the next round the rest to the points that round found.
         O(points × (Σ configs + classes × configs)) evaluations."""
         done: set[int] = set()
         complete = True
