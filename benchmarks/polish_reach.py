@@ -1,10 +1,11 @@
 """How far the frontier at the default walk budget is from the frontier a much longer search finds.
 
-The polish (``tensoropt/frontier/polish.py``) is a local search bounded by ``max_walks`` plans walked
-per mesh; on large graphs it stops before it converges, and the notes say "plans near the frontier
-may be missing".  This measures what is missing: the same command at several ``--max-walks``, each
-frontier against the reference — the Pareto set of every plan all the runs found together (the
-longest run's, in practice) — by the time it needs at each reference plan's memory::
+The polish (``tensoropt/frontier/polish.py``) is a local search bounded by ``max_walks`` plans
+walked per mesh; on large graphs it stops before it converges, and the notes say so with what its
+last round still found (a plan so much faster at the same memory). This measures what is missing:
+the same command at several ``--max-walks``, each frontier against the reference — the Pareto set of
+every plan all the runs found together (the longest run's, in practice) — by the time it needs at
+each reference plan's memory::
 
     python benchmarks/polish_reach.py [--cases gpt2-12,llama3-8b] [--walks 500,2000,20000]
         [--cache-dir DIR] [--keep DIR] [--reference CSV ...]

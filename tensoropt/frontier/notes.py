@@ -89,9 +89,17 @@ def mesh_notes(r: MeshResult) -> list[str]:
                      "spread over its estimate of their memory, were walked (half of max_walks), the rest of the "
                      "walks went to the polish")
     if not r.stats.get("polished", True):
+        faster, smaller = r.stats.get("last_round_gain", (0.0, 0.0))
+        rounds = r.stats.get("polish_rounds", 0)
+        if faster > 0 or smaller > 0:
+            moved = (f"its last round still found plans up to {faster:.1%} faster at the same memory"
+                     + (f" and {smaller:.1%} less memory" if smaller > 0 else "")
+                     + ": more walks (--max-walks) may find more")
+        else:
+            moved = ("its last round found no faster plan at any memory (the frontier had stopped moving); "
+                     "plans more than one move away may still be missing")
         notes.append(f"mesh {','.join(r.mesh)}: the polish stopped at {r.stats['walked']} walked plans "
-                     f"(max_walks; the search offered {r.stats['searched']}): plans near the frontier may "
-                     "be missing")
+                     f"(max_walks; the search offered {r.stats['searched']}) after {rounds} round(s); {moved}")
     if r.fixed:
         notes.append(f"mesh {','.join(r.mesh)}: the heuristic elimination fixed {len(r.fixed)} node(s) "
                      f"({', '.join(r.fixed[:5])}{'…' if len(r.fixed) > 5 else ''}) instead of branching: "

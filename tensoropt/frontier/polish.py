@@ -131,6 +131,10 @@ class Evaluated:
         members = [np.array(m, dtype=np.int64) for m in by_block.values()]
         self.blocks = ([np.concatenate(members)] if len(members) > 1 else []) + members
         self._in_block = {v for m in members for v in m.tolist()}
+        #: rounds of the polish done, and what its last one saved (:meth:`_gain`: time at equal
+        #: memory, least memory; fractions)
+        self.rounds = 0
+        self.last_gain = (0.0, 0.0)
         self.seen: dict[bytes, int] = {}
         self.vecs: list[np.ndarray] = []
         self.peak: list[float] = []
@@ -268,6 +272,21 @@ class Evaluated:
         out = np.concatenate([ranked, block_rows])
         return out if limit is None else out[:limit]
 
+    def _gain(self, before: Sequence[int], after: Sequence[int]) -> tuple[float, float]:
+        """What a round of the polish moved the frontier (plans ``before`` it, ``after`` it): the
+        largest fraction of time a plan after saves against the fastest plan before within its
+        memory, and the fraction of the least memory saved."""
+        peak, time = np.array(self.peak), np.array(self.time)
+        old_m, old_t = peak[list(before)], time[list(before)]
+        faster = 0.0
+        for k in after:
+            within = old_t[old_m <= peak[k]]
+            if within.size:
+                faster = max(faster, 1.0 - time[k] / float(within.min()))
+        least = float(old_m.min())
+        smaller = max(0.0, 1.0 - float(peak[list(after)].min()) / least) if least > 0 else 0.0
+        return faster, smaller
+
     def joint_moves(self, i: int) -> np.ndarray:
         """The plans around plan ``i`` that change one sharding level on several nodes at once, each
         node keeping its layout and recomputation: every reader of a tied weight set to one level
@@ -311,14 +330,19 @@ class Evaluated:
         O(points × (Σ configs + classes × configs)) evaluations."""
         done: set[int] = set()
         complete = True
+        before: list[int] | None = None
         while True:
             front, _ = self.frontier(resolution, backend)
+            if before is not None:
+                self.rounds += 1
+                self.last_gain = self._gain(before, front)
             todo = [k for k in front if k not in done]
             if not todo:
                 return complete
             room = max_evals - len(self)
             if room <= 0:
                 return False
+            before = front
             # half of what is left goes to this round's points, so that the points it finds get
             # rounds of their own (spending it all at once ended the polish with GPT-2-12L's
             # least-memory point, found in the first round, never looked around)
@@ -330,8 +354,8 @@ class Evaluated:
                 # its share; around every point, the joint moves of sharding levels, then its share
                 # of the most promising moves
                 least = k == front[0]
-                self.add(self.joint_moves(k))
-                around = self.neighbours(k, blocks_first=least, limit=share + 1)
+                around = np.concatenate([self.joint_moves(k),
+                                         self.neighbours(k, blocks_first=least, limit=share + 1)])
                 if len(around) > share and not least:
                     around, complete = around[:share], False
                 self.add(around)

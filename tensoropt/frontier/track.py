@@ -303,7 +303,7 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     exact_search = not fixed and merged == 0 and levels.size == n_levels
     stats = {"tau_runs": int(levels.size), "candidates": int(sum(r.candidates for r in runs)),
              "offered": offered, "offered_counts_each_run": each_run, "searched": searched, "walked": len(pool),
-             "polished": polished,
+             "polished": polished, "polish_rounds": pool.rounds, "last_round_gain": pool.last_gain,
              "repeats": sorted({r.repeats for r in runs}),
              "max_frontier": int(max((r.max_frontier for r in runs), default=0)),
              # (levels above the smallest device's memory, of them run): what the notes say was thinned

@@ -49,3 +49,14 @@ def test_a_tied_weights_readers_move_to_one_level_together(tied):
         assert int(mp.configs["linear"][r[proj]].shard) == int(mp.configs["embedding"][r[emb]].shard)
         assert (np.flatnonzero(r != base) == sorted((emb, proj))).all()
     assert all((r != base).sum() > 1 for r in rows)   # a one-node change is a neighbour's, not a joint move
+
+
+def test_a_rounds_gain_is_worked_from_the_frontiers_before_and_after(tied):
+    # before: (memory 10, 5.0 s), (20, 4.0 s); after, a plan of (15, 3.0 s): within 15 the fastest
+    # before took 5.0 s, so it saves 40 %; and (8, 6.0 s): 20 % less than the least memory before
+    graph, costs = tied
+    _, pool = _pool(graph, costs)
+    pool.peak, pool.time = [10.0, 20.0, 15.0, 8.0], [5.0, 4.0, 3.0, 6.0]
+    faster, smaller = pool._gain([0, 1], [3, 2, 1])
+    assert abs(faster - 0.4) < 1e-12 and abs(smaller - 0.2) < 1e-12
+    assert pool._gain([0, 1], [0, 1]) == (0.0, 0.0)
