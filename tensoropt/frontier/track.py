@@ -323,16 +323,20 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
                       walked, costs_arr)
 
 
-def _meshes_that_may_fit(graph: OpGraph, cluster: Cluster, meshes: Sequence[tuple[str, ...]], optimizer: str | int,
-                         budget: int | float | None, reserve: int) -> tuple[list[tuple[str, ...]], list[str]]:
+def _meshes_that_may_fit(graph: OpGraph, costs: CostModel, cluster: Cluster, meshes: Sequence[tuple[str, ...]],
+                         optimizer: str | int, budget: int | float | None,
+                         reserve: int) -> tuple[list[tuple[str, ...]], list[str]]:
     """``meshes`` but those on which no plan can fit (:func:`~tensoropt.planmodel.fits.cannot_fit`:
-    the model's state alone, fully sharded, is more than a device holds), and a note for each
-    left out; the largest mesh is always kept — its frontier says how much memory a plan needs
-    when none fits.  A 70B model on 64 H100s is not searched on 1 to 8 of them."""
+    the model's state, fully sharded, with what its largest operator reads and writes, split as far
+    as it can be, is more than a device holds), and a note for each left out; the largest mesh is
+    always kept — its frontier says how much memory a plan needs when none fits.  A 70B model on 64
+    H100s is not searched on 1 to 8 of them; Llama-3-8B at 16 × 8,192 tokens not on 2 of 8 H100s
+    (the loss's 62.6 GiB of float32 logits in and as much out)."""
     largest = max(meshes, key=len)
     kept, notes = [], []
     for m in meshes:
-        why = None if m == largest else cannot_fit(graph, cluster, m, optimizer, budget=budget, reserve=reserve)
+        why = None if m == largest else cannot_fit(graph, cluster, m, optimizer, budget=budget, reserve=reserve,
+                                                    costs=costs)
         if why is None:
             kept.append(m)
         else:
@@ -421,7 +425,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                  else _check_meshes(cluster, meshes, allowed))
 
     check_costs_kind(costs, cluster, sorted({d for m in mesh_list for d in m}))   # never one kind priced as another
-    mesh_list, pruned = _meshes_that_may_fit(graph, cluster, mesh_list, optimizer, budget, reserve)
+    mesh_list, pruned = _meshes_that_may_fit(graph, costs, cluster, mesh_list, optimizer, budget, reserve)
     steps = 2 * len(mesh_list) + 1   # build each mesh's problem, track each, then the union
     if workers is None:
         workers = default_workers() if len(graph.ops) >= PARALLEL_MIN_OPS else 1

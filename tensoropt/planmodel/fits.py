@@ -31,9 +31,12 @@ from ..cluster import Cluster
 from ..cluster.units import parse_size
 from ..errors import TensorOptError
 from ..graph import OpGraph
+from ..measure.costmodel import CostModel
 from ..optimizers import optimizer_alpha
+from .walk import aliases_input
 
-__all__ = ["usable_bytes", "fits", "over_by", "check_budget_value", "least_state_bytes", "cannot_fit"]
+__all__ = ["usable_bytes", "fits", "over_by", "check_budget_value", "least_state_bytes", "least_live_bytes",
+           "cannot_fit"]
 
 
 def check_budget_value(budget: Any, what: str = "budget") -> int | float | None:
@@ -89,13 +92,68 @@ def least_state_bytes(graph: OpGraph, devices: int, optimizer: str | int) -> int
     return -(-total // devices)
 
 
+def least_live_bytes(graph: OpGraph, costs: CostModel, devices: int) -> tuple[int, str | None]:
+    """What every plan of ``graph`` on ``devices`` devices holds on one of them, at the least, beside
+    :func:`least_state_bytes`, while the operator that needs the most runs its forward: its output
+    and every input it reads from another operator — each storage once (a view's is its base's) and
+    each in the smallest piece the walk can give it on that many devices (the whole, a profiled
+    shard's output, a received slice ``⌈bytes/devices⌉``).  Returns the bytes and the operator (None:
+    no operator has costs).  The batch, gradients and every other activation come on top.
+
+    The walk (:mod:`tensoropt.planmodel.walk`) holds an operator's inputs from their producers to their
+    last reader and its output from its forward on, so both are live while it runs; with the model's
+    state, this is a lower bound of every plan's peak — checked against every plan of small models
+    enumerated and walked (``tests/planmodel/test_fits.py``).  An LM's loss is where it matters:
+    Llama-3-8B at 16 × 8,192 tokens reads 62.6 GiB of float32 logits into ``log_softmax`` and writes
+    as much, so no plan on two 80 GB GPUs fits, whatever its layouts.
+
+    >>> import torch, tensoropt
+    >>> graph = tensoropt.capture(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU()),
+    ...                           (torch.randn(64, 256),))
+    >>> costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1, timed=False)
+    >>> least_live_bytes(graph, costs, 2)    # relu: the linear's output and its own, half each
+    (65536, 'relu')
+    """
+    def storage(name: str) -> str:
+        node = graph.nodes[name]
+        while aliases_input(node, costs):
+            node = graph.nodes[node.inputs[0]]
+        return node.name
+
+    def least_piece(name: str) -> int:
+        c = costs.get(name)
+        if c is None:
+            return 0
+        pieces = [c.output_bytes, -(-c.output_bytes // devices)]
+        pieces += [sh.output_bytes for (_, k), sh in c.shards.items() if k == devices]
+        return int(min(pieces))
+
+    best, where = 0, None
+    for node in graph.ops:
+        held = {storage(p) for p in node.inputs if graph.nodes[p].kind == "op"}
+        if not aliases_input(node, costs):
+            held.add(node.name)
+        total = sum(least_piece(n) for n in held if graph.nodes[n].kind == "op")
+        if total > best:
+            best, where = total, node.name
+    return best, where
+
+
 def cannot_fit(graph: OpGraph, cluster: Cluster, devices: Sequence[str], optimizer: str | int, *,
-               budget: int | float | None = None, reserve: int = 0) -> str | None:
-    """Why no plan of ``graph`` on ``devices`` can fit (:func:`least_state_bytes` above the
-    smallest device's usable memory), or ``None`` when one might."""
-    least = least_state_bytes(graph, len(devices), optimizer)
+               budget: int | float | None = None, reserve: int = 0, costs: CostModel | None = None) -> str | None:
+    """Why no plan of ``graph`` on ``devices`` can fit (:func:`least_state_bytes`, with ``costs``
+    plus :func:`least_live_bytes`, above the smallest device's usable memory), or ``None`` when one
+    might."""
+    state = least_state_bytes(graph, len(devices), optimizer)
+    live, where = least_live_bytes(graph, costs, len(devices)) if costs is not None else (0, None)
     room = min(usable_bytes(cluster, d, budget=budget, reserve=reserve) for d in devices)
-    if least <= room:
+    if state + live <= room:
         return None
-    return (f"its parameters and optimizer state, sharded over all {len(devices)} devices, already hold "
-            f"{least} bytes on each, more than the {int(room)} usable")
+    if state > room or where is None:
+        return (f"its parameters and optimizer state, sharded over all {len(devices)} devices, already hold "
+                f"{state} bytes on each, more than the {int(room)} usable")
+    node = graph.nodes[where]
+    return (f"its parameters and optimizer state, sharded over all {len(devices)} devices ({state} bytes on each), "
+            f"and what {where} ({node.op}{' in ' + node.module_path if node.module_path else ''}) reads and "
+            f"writes, split as far as it can be ({live} bytes on each), already hold {state + live} bytes, "
+            f"more than the {int(room)} usable")

@@ -3,6 +3,7 @@ and the frontier's CSV, compare and the CLI all apply it."""
 
 import csv
 
+import numpy as np
 import pytest
 import torch
 from conftest import SmallCNN
@@ -105,3 +106,45 @@ def test_the_search_leaves_out_the_meshes_no_plan_can_fit_but_the_largest():
     fr = track_frontier(graph, costs, c, seed_placers=(), workers=1)
     assert [len(m.mesh) for m in fr.meshes] == [4]
     assert sum("not searched: no plan on it can fit" in n for n in fr.notes) == 2
+
+
+class TinyLM(torch.nn.Module):
+    """An output layer, the loss's float32 log-softmax over it, read through a view: the live bytes
+    of :func:`least_live_bytes` are the log-softmax's input and output."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = torch.nn.Linear(8, 16), torch.nn.Linear(16, 64)
+
+    def forward(self, x):
+        return torch.log_softmax(self.head(torch.relu(self.body(x))).view(-1, 64).float(), dim=-1)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_no_plan_holds_less_than_its_state_and_its_largest_operators_tensors(optimizer):
+    """Every plan of TinyLM on two and four devices enumerated and simulated: its walked peak is
+    never below the model's state sharded over every device plus what the log-softmax reads and
+    writes in the smallest pieces (batch 32: its input and output 32 × 64 × 4 = 8,192 bytes each)."""
+    import itertools
+
+    from tensoropt.frontier.graph_problem import build_problem
+    from tensoropt.planmodel.fits import least_live_bytes
+    from tensoropt.planmodel.meshplan import MeshEvaluator
+
+    torch.manual_seed(0)
+    graph = tensoropt.capture(TinyLM(), (torch.randn(32, 8),))
+    costs = tensoropt.profile(graph, shard_degrees=(1, 2, 4), repeats=1)   # the times do not matter here
+    titan = load_cluster("preset:titan-rtx-5").without_kinds()
+    for k in (2, 4):
+        live, where = least_live_bytes(graph, costs, k)
+        assert graph.nodes[where].op == "aten.log_softmax.int" and live == 2 * 8_192 // k
+        mp = build_problem(graph, costs, titan, [f"gpu{i}" for i in range(k)], optimizer=optimizer)
+        names = [n.name for n in mp.problem.nodes]
+        every = np.array(list(itertools.product(*(range(len(mp.configs[n])) for n in names))), dtype=np.int64)
+        # the compiled walk (the simulator's figures: tests/planmodel/test_meshplan.py) over every plan
+        ev = MeshEvaluator(graph, costs, titan, mp.mesh, configs=mp.configs, optimizer=optimizer)
+        least = int(ev.evaluate_many(every)[0].min())
+        assert len(every) > 1000
+        bound = least_state_bytes(graph, k, optimizer) + live
+        assert bound <= least, (k, bound, least)
+        assert bound > least_state_bytes(graph, k, optimizer)
