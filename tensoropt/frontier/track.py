@@ -437,13 +437,16 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     res, res_rule = _choose_resolution(resolution, problems, cluster)
     on = [d for d in allowed if d in {d for m in mesh_list for d in m}]   # given meshes bound the placers too
 
-    def seeds() -> tuple[list[tuple[str, Plan, Any]], list[str]]:
-        plans, failed = _seed_plans(graph, costs, cluster, on, optimizer, seed_placers)
-        return [(src, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer)) for src, plan in plans], failed
+    def seed(algo: str) -> Callable[[], tuple[list[tuple[str, Plan, Any]], list[str]]]:
+        def placed() -> tuple[list[tuple[str, Plan, Any]], list[str]]:
+            plans, failed = _seed_plans(graph, costs, cluster, on, optimizer, [algo])
+            return [(src, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer))
+                    for src, plan in plans], failed
+        return placed
 
     levels = [_mesh_levels(mp, cluster, int(max_levels), int(levels_above_memory)) for mp in problems]
     results, seeded = _track_meshes(problems, graph, costs, cluster, res, levels, max_branches, backend,
-                                    int(max_walks), progress, steps, workers, seeds if seed_placers else None,
+                                    int(max_walks), progress, steps, workers, [seed(a) for a in seed_placers],
                                     widen=widen)
 
     progress("frontier", steps - 1, steps, "union across meshes")
@@ -461,9 +464,10 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                   budget=budget, optimizer=optimizer, notes=notes, graph_name=graph.name,
                   batch_size=graph.batch_size, cluster_name=cluster.name, seconds=_time.perf_counter() - t0,
                   cluster=cluster, reserve=reserve, times_from=costs_source(costs))
-    if seeded is not None:
+    if seed_placers:
         progress("frontier", steps - 1, steps, f"joining the plans of {', '.join(seed_placers)}")
-        simulated, failed = seeded
+        simulated = [x for placed, _ in seeded for x in placed]
+        failed = [note for _, notes in seeded for note in notes]
         fr = fr.joined(simulated)
         fr.notes.extend(failed)
         fr.seconds = _time.perf_counter() - t0
@@ -478,11 +482,12 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
 def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostModel, cluster: Cluster, res: float,
                   levels: Sequence[tuple[np.ndarray, int]], max_branches: int, backend: str | None, max_walks: int,
                   progress: Progress, steps: int, workers: int,
-                  beside: Callable[[], Any] | None = None, widen: bool = True) -> tuple[list[MeshResult], Any]:
+                  beside: Sequence[Callable[[], Any]] = (), widen: bool = True) -> tuple[list[MeshResult], list[Any]]:
     """Each mesh tracked (:func:`_track_mesh`) at its τ ``levels`` (:func:`_mesh_levels`), and
-    ``beside()`` (other work independent of the meshes); returns the meshes' results and
-    ``beside()``'s.  With several ``workers``, in forked workers (:func:`~.forkmap.fork_serve`),
-    one task per τ level, per mesh's evaluation and polish, and for ``beside()``, handed out as
+    each of ``beside`` called (other work independent of the meshes: a placer's plans); returns the
+    meshes' results and ``beside``'s, in order.  With several ``workers``, in forked workers
+    (:func:`~.forkmap.fork_serve`), one task per τ level, per mesh's evaluation and polish, and per
+    callable of ``beside``, handed out as
     :class:`~.meshwork.MeshWork` decides: a worker keeps one :class:`~.algorithm.Session`, for the
     mesh it is on; the same results whatever the number of workers and whoever ran what."""
     n = len(problems)
@@ -490,7 +495,7 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
         results = [_track_mesh(mp, graph, costs, cluster, res, levels[i], max_branches, backend, max_walks,
                                partial(progress, "frontier", n + i, steps), widen)
                    for i, mp in enumerate(problems)]
-        return results, beside() if beside is not None else None
+        return results, [b() for b in beside]
     size = [float(sum(nd.k for nd in mp.problem.nodes)) for mp in problems]
     names = [",".join(mp.mesh) for mp in problems]
     done = [0]
@@ -505,7 +510,7 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
                  f"{what} ({done[0]} of {work.units} tasks, {workers} processes)")
 
     work = MeshWork([lv.size for lv, _ in levels], [size[i] * levels[i][0].size for i in range(n)],
-                    beside is not None, on_done=arrived, pack=_first_seen)
+                    len(beside), on_done=arrived, pack=_first_seen)
     sessions: dict[int, Session] = {}   # in a worker: the session of the mesh it is on
 
     def job(task: tuple[Any, ...]) -> Any:
@@ -521,11 +526,10 @@ def _track_meshes(problems: Sequence[MeshProblem], graph: OpGraph, costs: CostMo
             _, i, runs = task
             return _without_problem(_finish_mesh(problems[i], graph, costs, cluster, levels[i][0], levels[i][1],
                                                  runs, res, backend, max_walks, lambda _msg: None))
-        assert beside is not None
-        return beside()
+        return beside[task[1]]()
 
     progress("frontier", n, steps, f"tracking {n} meshes: {work.units} tasks (τ levels, evaluations"
-             + (", the placers' plans" if beside is not None else "") + f") in {workers} processes")
+             + (", the placers' plans" if beside else "") + f") in {workers} processes")
     fork_serve(job, work, workers=workers)
     if work.failure is not None:
         raise work.failure[1]

@@ -77,7 +77,7 @@ def test_no_one_joins_a_mesh_where_the_cold_start_costs_more_than_it_saves():
     _, log = run(work, 2, cold=[0.3, 0.3, 0.2, 0.1], warm=[0.01] * 4, finish=0.2, beside=0.3)
     for i in range(4):
         assert len({w for w, _, _, t in log if t[0] == "level" and t[1] == i}) == 1
-    assert [t for *_, t in log if t[0] == "beside"] == [("beside",)]
+    assert [t for *_, t in log if t[0] == "beside"] == [("beside", 0)]
 
 
 def test_a_worker_with_nothing_else_to_do_joins_where_its_cold_start_ends_first():
@@ -99,7 +99,7 @@ def test_meshes_start_largest_hint_first_then_the_placers_then_the_costliest_fin
                     pack=lambda results: (tuple(results), {"r0.0": 1, "r1.0": 2, "r2.0": 9}[results[0]]),
                     on_done=order.append)
     run(work, 1, cold=[1, 1, 1], warm=[1, 1, 1])
-    assert order == [("level", 1, 0), ("level", 2, 0), ("level", 0, 0), ("beside",),
+    assert order == [("level", 1, 0), ("level", 2, 0), ("level", 0, 0), ("beside", 0),
                      ("finish", 2, ("r2.0",)), ("finish", 1, ("r1.0",)), ("finish", 0, ("r0.0",))]
 
 
