@@ -400,3 +400,19 @@ def test_one_node_and_class_moves_are_recosted_from_their_plan(fixture, request)
             firsts = pool.neighbours(k, blocks_first=True)
             limited = pool.neighbours(k, blocks_first=True, limit=5)
             assert len(limited) <= len(firsts) and np.array_equal(limited, firsts[:len(limited)])
+
+
+def test_a_polish_stopped_by_max_walks_says_what_its_last_round_still_gained(cnn):
+    # SmallCNN on four devices at 40 walks a mesh: the polish stops; each such mesh's note gives its
+    # rounds and either the last round's gain in time (a percentage) or that it found no faster plan
+    g, costs = cnn
+    fr = track_frontier(g, costs, TITAN, devices=FOUR, seed_placers=(), max_walks=40)
+    stopped = [r for r in fr.meshes if not r.stats["polished"]]
+    assert stopped
+    for r in stopped:
+        faster, smaller = r.stats["last_round_gain"]
+        assert 0.0 <= faster < 1.0 and 0.0 <= smaller < 1.0 and r.stats["polish_rounds"] >= 1
+        (note,) = [n for n in fr.notes if n.startswith(f"mesh {','.join(r.mesh)}: the polish stopped")]
+        assert f"after {r.stats['polish_rounds']} round(s)" in note
+        assert (f"up to {faster:.1%} faster" in note) if faster > 0 else ("found no faster plan" in note)
+    assert not any("may be missing" in n for n in fr.notes)
