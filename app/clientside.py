@@ -98,7 +98,7 @@ window.tensoropt = (function () {
             usd_per_1k_steps: usd === null ? null : usd * hours * 1000,
             usd_per_epoch: (usd === null || !steps) ? null : usd * hours * steps};
   }
-  function gpusNeeded(data, fit, prices, epoch) {   // prices.gpus_needed
+  function gpusNeeded(data, fit, prices, epoch, room) {   // prices.gpus_needed
     const byK = new Map();
     for (const k of (data.counts || [])) byK.set(k, []);
     for (const p of data.plans) {
@@ -111,7 +111,10 @@ window.tensoropt = (function () {
     for (const k of Array.from(byK.keys()).sort((a, b) => a - b)) {
       const all = byK.get(k), ok = all.filter(p => fit[p.plan_id]);
       if (!all.length) {
-        rows.push({k: k, plan_id: null, least_memory_bytes: null});
+        const bound = (data.least || {})[k];
+        if (bound !== undefined && room !== undefined && room !== null && bound > room)
+          rows.push({k: k, plan_id: null, least_memory_bytes: bound, at_least: true});
+        else rows.push({k: k, plan_id: null, least_memory_bytes: null});
         continue;
       }
       if (!ok.length) {
@@ -202,7 +205,8 @@ window.tensoropt = (function () {
       plan: "use the " + r.use_k + "-GPU plan: no slower, no dearer"}, FOLDED)
     : r.plan_id === null ? {
       gpus: r.k, plan: r.least_memory_bytes === null ? "no plan" : "none fits", step_ms: "", samples_s: "",
-      efficiency: "", memory: r.least_memory_bytes === null ? "" : "least " + fmtBytes(r.least_memory_bytes),
+      efficiency: "", memory: r.least_memory_bytes === null ? "" :
+                              (r.at_least ? "at least " : "least ") + fmtBytes(r.least_memory_bytes),
       gpuh_1k: "", usd_1k: "", gpuh_epoch: "", usd_epoch: ""
     } : {
       gpus: r.k, plan_id: r.plan_id, plan: r.label === r.plan_id ? r.plan_id : r.label + " (" + r.plan_id + ")",
@@ -284,7 +288,10 @@ window.tensoropt = (function () {
     });
     const [fig, best] = restyle(base, data, fit, over, budget, reserve, selected, compare);
     const epochN = Number(epoch);
-    const rows = gpusNeeded(data, fit, prices, isFinite(epochN) && epochN > 0 ? epochN : null);
+    // the most any device may hold under the budget: a count whose every plan needs more fits nowhere
+    const room = Math.max(...Object.values(data.capacity).map(c => (budget === null ? c : Math.min(c, budget))
+                                                                   - reserve));
+    const rows = gpusNeeded(data, fit, prices, isFinite(epochN) && epochN > 0 ? epochN : null, room);
     const curvePlans = data.plans.filter(p => p.role === "curve");
     const nFit = curvePlans.filter(p => fit[p.plan_id]).length;
     const line = nFit + " of " + curvePlans.length + " plans on the curves fit " + limitText(budget, reserve) +

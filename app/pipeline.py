@@ -68,6 +68,7 @@ from tensoropt.measure.profiler import profiling_device
 from tensoropt.measure.timing import device_name
 from tensoropt.optimizers import DEFAULT_OPTIMIZER
 from tensoropt.plan import Plan
+from tensoropt.planmodel.fits import least_live_bytes, least_state_bytes
 from tensoropt.planmodel.simulate import SimResult, simulate
 from tensoropt.workflow import DETECTED
 
@@ -205,6 +206,11 @@ def write_frontier(folder: Path, result: workflow.Exploration,
                "device_kinds": {d: cluster.device(d).kind for d in devices}, "request": req.to_dict(),
                "degrees": list(result.setup.degrees), "points": len(frontier), "exact": frontier.exact,
                "curve_points": len(points), "device_counts": sorted({p.num_devices for p in points}),
+               # what any plan on k devices holds on one of them at the least: where that is more than a
+               # device may hold, the GPUs-needed table says "none fits" for k with no plan (a mesh the
+               # search left out because of it: Llama-3-8B's 2 H100s)
+               "least_bytes": {str(k): least_state_bytes(graph, k, req.optimizer)
+                               + least_live_bytes(graph, result.costs, k)[0] for k in range(1, len(devices) + 1)},
                "profile_s": result.seconds["measure"], "tracking_s": frontier.seconds,
                "total_s": result.seconds["measure"] + result.seconds["frontier"], "optimizer": req.optimizer,
                **times_source(result)}

@@ -137,14 +137,19 @@ def plan_costs(time_s: float, devices: Sequence[str], kinds: Mapping[str, str], 
 
 def gpus_needed(plans: Sequence[Mapping[str, Any]], fit: Mapping[str, bool], kinds: Mapping[str, str],
                 prices: Mapping[str, float | None], *, batch: int | None,
-                epoch_samples: float | None, counts: Iterable[int] = ()) -> list[dict[str, Any]]:
+                epoch_samples: float | None, counts: Iterable[int] = (), least: Mapping[int, int] | None = None,
+                room: float | None = None) -> list[dict[str, Any]]:
     """One row per device count ``k`` that has a plan, and per ``k`` of ``counts`` (the page: 1 … the
     devices chosen): the fastest plan on ``k`` devices that fits (``fit``: plan id → whether it fits
     the page's budget), its step, samples/s, scaling efficiency and costs (:func:`plan_costs`).
     Scaling efficiency is throughput per GPU against the smallest ``k`` with a plan that fits:
     ``(sps_k / sps_k0) / (k / k0)``.  A ``k`` where nothing fits has ``plan_id`` ``None`` and its
     least memory in ``least_memory_bytes``; one with no plan at all (no mesh of the search, no
-    placer used that many devices) has ``least_memory_bytes`` ``None`` too.  ``plans``: dicts with
+    placer used that many devices) has ``least_memory_bytes`` ``None`` too — unless ``least[k]``, what
+    every plan on ``k`` devices holds at the least on one of them
+    (:func:`tensoropt.planmodel.fits.least_state_bytes` + :func:`~tensoropt.planmodel.fits.least_live_bytes`),
+    is more than ``room``, the most any device may hold under the page's budget: then nothing fits
+    there either, and the row has that bound as ``least_memory_bytes`` with ``at_least``.  ``plans``: dicts with
     ``plan_id``, ``devices``, ``memory_bytes``, ``time_s``; on one count the fastest to the
     microsecond, then the least memory.  A row :func:`dominated` by a smaller count's (no faster, no
     cheaper) has ``use_k`` and ``use_plan_id``: that count and its plan (the first of them by
@@ -157,7 +162,11 @@ def gpus_needed(plans: Sequence[Mapping[str, Any]], fit: Mapping[str, bool], kin
     base: tuple[int, float] | None = None
     for k in sorted(by_k):
         if not by_k[k]:
-            rows.append({"k": k, "plan_id": None, "least_memory_bytes": None})
+            bound = (least or {}).get(k)
+            if bound is not None and room is not None and bound > room:
+                rows.append({"k": k, "plan_id": None, "least_memory_bytes": bound, "at_least": True})
+            else:
+                rows.append({"k": k, "plan_id": None, "least_memory_bytes": None})
             continue
         ok = [p for p in by_k[k] if fit.get(p["plan_id"], False)]
         if not ok:

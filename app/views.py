@@ -160,13 +160,15 @@ def decision_text(rows: Sequence[Mapping[str, Any]]) -> str:
 def page_data(store: ResultStore, key: str) -> dict[str, Any]:
     """What the page's script needs of a result (:mod:`.clientside`): every drawn plan
     (:func:`figures.drawn_plans`: id, label, role, devices, per-device peaks, memory, step), each
-    device's memory and price key, the device kinds by price key, the batch, and the device counts
-    the GPUs-needed table lists (1 … the devices chosen)."""
+    device's memory and price key, the device kinds by price key, the batch, the device counts
+    the GPUs-needed table lists (1 … the devices chosen) and what any plan on each count holds at the
+    least on one device (``least``; a result made before it has none)."""
     s = store.summary(key)
     plans = figures.drawn_plans(store.curves(key), store.baselines(key))
     kinds = s.get("device_kinds") or {}
     return {"key": key, "batch": s["batch_size"], "capacity": s["device_memory"],
             "counts": list(range(1, len(s["devices"]) + 1)),
+            "least": {int(k): v for k, v in (s.get("least_bytes") or {}).items()},
             "price_keys": {d: prices.price_key(kinds.get(d, "")) for d in s["devices"]},
             "kinds": {prices.price_key(k): k for k in kinds.values()},
             "plans": [{k: p[k] for k in ("plan_id", "label", "role", "devices", "memory_bytes", "time_s", "peaks")}

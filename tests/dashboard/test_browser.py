@@ -43,7 +43,7 @@ from tensoropt.dashboard.requests import first_request
 from tensoropt.dashboard.views import decision_text, plan_commands
 from tensoropt.frontier.result import CSV_COLUMNS
 from tensoropt.optimizers import DEFAULT_OPTIMIZER
-from tensoropt.planmodel.fits import fits
+from tensoropt.planmodel.fits import fits, usable_bytes
 
 from .conftest import GPT2, TINY, V100S
 
@@ -251,8 +251,11 @@ def _python_view(store, key, budget, reserve, prices, epoch):
     cluster = store.cluster(key)
     fit = {p["plan_id"]: fits(p["peaks"], cluster, budget=budget, reserve=reserve) for p in data_plans}
     kinds = store.summary(key)["device_kinds"]
-    rows = P.gpus_needed(data_plans, fit, kinds, prices, batch=store.summary(key)["batch_size"],
-                         epoch_samples=epoch, counts=range(1, len(store.summary(key)["devices"]) + 1))
+    summary = store.summary(key)
+    room = max(usable_bytes(cluster, d, budget=budget, reserve=reserve) for d in summary["devices"])
+    rows = P.gpus_needed(data_plans, fit, kinds, prices, batch=summary["batch_size"],
+                         epoch_samples=epoch, counts=range(1, len(summary["devices"]) + 1),
+                         least={int(k): v for k, v in summary.get("least_bytes", {}).items()}, room=room)
     return fit, rows
 
 

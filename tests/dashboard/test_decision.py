@@ -159,3 +159,29 @@ def test_the_page_script_decides_the_same(tmp_path):
                                  ""], name
             elif row["plan_id"] is not None:
                 assert shown == [row["k"], row["plan_id"], row["plan_id"], f"{row['time_s'] * 1e3:.3f}"], name
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="no Node.js on this machine (apt-get install nodejs)")
+def test_the_page_script_rules_out_a_count_by_its_bound(tmp_path):
+    # one plan on 1 GPU; 2 GPUs unsearched with every plan there at least 20 GiB a device against a room
+    # of 16 GiB: "none fits, at least 20.0 GiB" (prices.gpus_needed's row); 3 GPUs at least 8 GiB: "no plan"
+    plans, kinds, prices, batch, epoch, counts, fit = CASES["no price: GPU-hours"][0]
+    one = [p for p in plans if len(p["devices"]) == 1]
+    case = _js_input((one, kinds, prices, batch, epoch, range(1, 4), None))
+    case["data"]["least"] = {"2": 20 << 30, "3": 8 << 30}
+    case["room"] = 16 << 30
+    script = _NODE.replace("gpusNeeded(c.data, c.fit, c.prices, c.epoch)",
+                           "gpusNeeded(c.data, c.fit, c.prices, c.epoch, c.room)")
+    script = script.replace("r.step_ms])", "r.step_ms, r.memory])")
+    (tmp_path / "decide.js").write_text(script % VIEW_JS)
+    (tmp_path / "cases.json").write_text(json.dumps([case]))
+    done = subprocess.run(["node", "decide.js", "cases.json"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (got,) = json.loads(done.stdout)
+    assert [row[:2] + row[4:] for row in got["table"][1:]] == [[2, "none fits", "at least 20.0 GiB"],
+                                                               [3, "no plan", ""]]
+    rows = P.gpus_needed(one, {p["plan_id"]: True for p in one}, kinds, prices, batch=batch, epoch_samples=epoch,
+                         counts=range(1, 4), least={2: 20 << 30, 3: 8 << 30}, room=16 << 30)
+    assert [(r["k"], r["least_memory_bytes"], r.get("at_least")) for r in rows[1:]] == [(2, 20 << 30, True),
+                                                                                      (3, None, None)]

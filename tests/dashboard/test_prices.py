@@ -88,3 +88,18 @@ def test_a_count_no_faster_than_a_smaller_one_says_to_use_the_smaller():
     kinds = dict.fromkeys("abcde", "Tesla V100-SXM2-16GB")
     rows = P.gpus_needed(plans, {p["plan_id"]: True for p in plans}, kinds, {}, batch=8, epoch_samples=None)
     assert [(r["k"], r.get("use_k")) for r in rows] == [(1, None), (2, None), (3, 2), (4, 2), (5, None)]
+
+
+def test_a_count_no_plan_can_fit_says_so_with_its_bound():
+    """Counts 5 and 6 have no plan; every plan on 5 would hold at least 20 GiB on a device, on 6 at
+    least 10 GiB. With 16 GiB the most a device may hold, 5 cannot fit (its bound said), 6 is only
+    not searched; with 24 GiB neither is ruled out."""
+    GiB = 1 << 30
+    least = {5: 20 * GiB, 6: 10 * GiB}
+    rows = P.gpus_needed(PLANS, FIT, KINDS, {}, batch=8, epoch_samples=None, counts=range(1, 7), least=least,
+                         room=16 * GiB)
+    assert [(r["k"], r["least_memory_bytes"], r.get("at_least")) for r in rows if r["k"] >= 5] == \
+        [(5, 20 * GiB, True), (6, None, None)]
+    rows = P.gpus_needed(PLANS, FIT, KINDS, {}, batch=8, epoch_samples=None, counts=range(1, 7), least=least,
+                         room=24 * GiB)
+    assert [r["least_memory_bytes"] for r in rows if r["k"] >= 5] == [None, None]
