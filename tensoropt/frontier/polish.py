@@ -262,7 +262,7 @@ class Evaluated:
                         blocks.append(row.copy())
         if blocks_first and limit is not None:
             # the least-memory point, where memory binds: as many of the best ranked moves again as
-            # it has block moves (Llama-3-8B's least plan on 8 H100s, 48.7 → 47.1 GiB: two classes of
+            # it has block moves (Llama-3-8B's least plan on 8 H100s, 48.7 → 45.1 GiB: two classes of
             # 32 linears cut along their reduction dimension, which the block moves crowded out)
             n_ranked = min(gain.size, n_ranked + len(blocks))
         picked = np.argsort(-gain, kind="stable")[:n_ranked]
