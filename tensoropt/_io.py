@@ -82,11 +82,18 @@ def _key(k: Any) -> str:
     return json.dumps(k if isinstance(k, str) else json.dumps(k))
 
 
+class RawJSON(str):
+    """Text that is already JSON, which :func:`json_text` writes as it is where it is an entry of an
+    object of several entries: a plan's operator configurations, each encoded once and reused by
+    every plan (Llama-3-8B's 130 plans of 1,728 operators: 1.1 s encoded entry by entry)."""
+
+
 def _entries(value: Any) -> str:
     """A top-level value of :func:`json_text`: an object or list of more than one entry one entry
     per line (indented two), anything else compact."""
     if isinstance(value, dict) and len(value) > 1:
-        return "{\n" + ",\n".join(f"  {_key(k)}: {json.dumps(v)}" for k, v in value.items()) + "\n }"
+        return "{\n" + ",\n".join(f"  {_key(k)}: {v if isinstance(v, RawJSON) else json.dumps(v)}"
+                                   for k, v in value.items()) + "\n }"
     if isinstance(value, list) and len(value) > 1 and any(isinstance(v, (dict, list)) for v in value):
         return "[\n" + ",\n".join(f"  {json.dumps(v)}" for v in value) + "\n ]"
     return json.dumps(value)

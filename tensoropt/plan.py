@@ -33,12 +33,14 @@ Example::
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._io import graph_file_header, read_json, write_json_atomic
+from ._io import RawJSON, graph_file_header, read_json, write_json_atomic
 from .errors import GraphFormatError, TensorOptError
 from .layouts import LAYOUTS, Layout, Shard, largest_piece, param_pieces, piece_range, piece_sizes
 
@@ -296,6 +298,12 @@ class Estimate:
         return cls(d["source"], float(t), dict(mem), times_from)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _config_json(config: NodeConfig) -> RawJSON:
+    """``config`` as the JSON text :meth:`Plan.save` writes for it, encoded once per configuration."""
+    return RawJSON(json.dumps(config.to_dict()))
+
+
 class Plan:
     """A configuration for every operator node, an execution order, and estimates.
 
@@ -475,12 +483,15 @@ class Plan:
 
     # ---- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        return self._as_dict({n: c.to_dict() for n, c in self.configs.items()})
+
+    def _as_dict(self, configs: Mapping[str, Any]) -> dict[str, Any]:
         return {"format": PLAN_FORMAT, "plan_id": self.plan_id, "graph_name": self.graph_name,
                 "graph_fingerprint": self.graph_fingerprint, "batch_size": self.batch_size,
                 "cluster_name": self.cluster_name, "cluster_fingerprint": self.cluster_fingerprint,
                 "algorithm": self.algorithm, "options": self.options, "devices": self.devices,
                 "estimates": [e.to_dict() for e in self.estimates], "notes": self.notes,
-                "order": self.order, "configs": {n: c.to_dict() for n, c in self.configs.items()},
+                "order": self.order, "configs": configs,
                 "replicas": [list(g) for g in self.replicas]}
 
     @classmethod
@@ -515,8 +526,13 @@ class Plan:
             raise GraphFormatError(f"{where}.replicas: {e}") from None
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the plan as JSON, atomically."""
-        write_json_atomic(path, self.to_dict())
+        """Write the plan as JSON (:func:`~tensoropt._io.json_text` of :meth:`to_dict`), atomically;
+        each distinct configuration encoded once (:func:`_config_json`: a mesh plan's operators
+        share a few dozen)."""
+        if len(self.configs) > 1:
+            write_json_atomic(path, self._as_dict({n: _config_json(c) for n, c in self.configs.items()}))
+        else:
+            write_json_atomic(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike, graph: OpGraph | None = None, cluster: Cluster | None = None) -> Plan:

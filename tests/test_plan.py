@@ -39,6 +39,22 @@ def test_round_trip_and_views(graph, tmp_path):
     assert json.loads((tmp_path / "p.json").read_text())["format"] == "tensoropt.plan/3"
 
 
+def test_a_saved_plan_is_the_json_text_of_its_dict(graph, tmp_path):
+    # save encodes each distinct configuration once and reuses its text: the file is the same text as
+    # json_text of to_dict, a line per operator, for a plan of many operators and for one of one
+    from tensoropt._io import json_text
+
+    plan = split_plan(graph)
+    plan.save(tmp_path / "p.json")
+    text = (tmp_path / "p.json").read_text()
+    assert text == json_text(plan.to_dict()) + "\n"
+    assert '  "conv2d": {"devices": ["gpu0", "gpu1"], "layout": "batch", "recompute": false, "shard": 0},' in text
+    first = graph.ops[0].name
+    one = Plan({first: NodeConfig(("gpu0",))}, graph_fingerprint=graph.fingerprint, order=[first])
+    one.save(tmp_path / "one.json")
+    assert (tmp_path / "one.json").read_text() == json_text(one.to_dict()) + "\n"
+
+
 def test_replicas_name_every_device_once_and_follow_the_first_group(graph, tmp_path):
     inner = split_plan(graph)    # on gpu0, gpu1
     d = inner.to_dict()
