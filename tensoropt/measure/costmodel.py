@@ -104,6 +104,17 @@ class ShardCost:
         return self.method in ESTIMATED
 
 
+def _shard_dict(s: ShardCost) -> dict[str, Any]:
+    """``asdict(s)`` field by field (its one nested value, the work, by ``asdict``): a profile of
+    Llama-3-8B holds 10,000 shards, and ``asdict``'s deep copy of each took 0.5 s of its save."""
+    d = {f.name: getattr(s, f.name) for f in _SHARD_FIELDS}
+    d["work"] = None if s.work is None else asdict(s.work)
+    return d
+
+
+_SHARD_FIELDS = fields(ShardCost)
+
+
 @dataclass(frozen=True)
 class NodeCost:
     """Cost of one node at its full shape on one device, and at every shard shape measured."""
@@ -141,7 +152,7 @@ class NodeCost:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["work"] = None if self.work is None else asdict(self.work)
         d["saved_inputs"] = list(self.saved_inputs)
-        d["shards"] = [{"layout": lay, "degree": k, **asdict(s)} for (lay, k), s in self.shards.items()]
+        d["shards"] = [{"layout": lay, "degree": k, **_shard_dict(s)} for (lay, k), s in self.shards.items()]
         d["estimated"] = self.estimated
         return d
 

@@ -120,6 +120,19 @@ def test_work_survives_the_profile_file(graph, untimed, tmp_path):
         assert {k: s.work for k, s in back[name].shards.items()} == {k: s.work for k, s in n.shards.items()}
 
 
+def test_a_shards_entry_in_the_file_is_every_field_of_the_shard(untimed):
+    """The profile file's shard entries are ``dataclasses.asdict`` of each shard, in field order
+    (written field by field for speed: the same dict)."""
+    import dataclasses
+
+    for n in untimed.nodes.values():
+        assert n.to_dict()["shards"] == [{"layout": lay, "degree": k, **dataclasses.asdict(s)}
+                                         for (lay, k), s in n.shards.items()]
+        assert [list(e) for e in n.to_dict()["shards"]] == [["layout", "degree", *(f.name for f in
+                                                              dataclasses.fields(s))] for s in n.shards.values()]
+    assert any(n.shards for n in untimed.nodes.values())
+
+
 def test_a_fused_lstm_records_the_flops_of_its_matrix_products():
     """FlopCounterMode counts nothing for a fused LSTM kernel; the profiler counts its GEMMs: each
     of the 2 layers has W_ih (4·32 × 16 for the first, 4·32 × 32 for the second) and W_hh
