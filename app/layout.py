@@ -200,8 +200,9 @@ def _gpus_box() -> html.Div:
         html.Div("Scaling efficiency: samples/s per GPU against the fewest GPUs with a plan that fits. Costs: "
                  "GPU-hours × the price per GPU-hour of each device's kind; an epoch is ⌈epoch size / batch⌉ "
                  "steps. \"no plan\": the search's meshes skip that many GPUs and no baseline placer used "
-                 "them; \"none fits, at least …\": no plan on that many GPUs can hold less (the model's state "
-                 "sharded over all of them and its largest operator's tensors), so none was searched.",
+                 "them; \"none fits, at least …\": no plan running every operator over that many GPUs (the "
+                 "search's) holds less on a GPU — the model's state sharded over all of them and what its "
+                 "largest operator reads and writes — so none was searched.",
                  style={"fontSize": "80%", "color": "#666"}),
     ])
 

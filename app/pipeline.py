@@ -206,7 +206,8 @@ def write_frontier(folder: Path, result: workflow.Exploration,
                "device_kinds": {d: cluster.device(d).kind for d in devices}, "request": req.to_dict(),
                "degrees": list(result.setup.degrees), "points": len(frontier), "exact": frontier.exact,
                "curve_points": len(points), "device_counts": sorted({p.num_devices for p in points}),
-               # what any plan on k devices holds on one of them at the least: where that is more than a
+               # what any plan running every operator over k devices holds on each at the least (the
+               # search's plans; tensoropt.planmodel.fits): where that is more than a
                # device may hold, the GPUs-needed table says "none fits" for k with no plan (a mesh the
                # search left out because of it: Llama-3-8B's 2 H100s)
                "least_bytes": {str(k): least_state_bytes(graph, k, req.optimizer)

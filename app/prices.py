@@ -146,7 +146,7 @@ def gpus_needed(plans: Sequence[Mapping[str, Any]], fit: Mapping[str, bool], kin
     ``(sps_k / sps_k0) / (k / k0)``.  A ``k`` where nothing fits has ``plan_id`` ``None`` and its
     least memory in ``least_memory_bytes``; one with no plan at all (no mesh of the search, no
     placer used that many devices) has ``least_memory_bytes`` ``None`` too — unless ``least[k]``, what
-    every plan on ``k`` devices holds at the least on one of them
+    every plan running each operator over ``k`` devices (the search's) holds at the least on each
     (:func:`tensoropt.planmodel.fits.least_state_bytes` + :func:`~tensoropt.planmodel.fits.least_live_bytes`),
     is more than ``room``, the most any device may hold under the page's budget: then nothing fits
     there either, and the row has that bound as ``least_memory_bytes`` with ``at_least``.  ``plans``: dicts with

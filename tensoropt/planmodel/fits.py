@@ -93,7 +93,8 @@ def least_state_bytes(graph: OpGraph, devices: int, optimizer: str | int) -> int
 
 
 def least_live_bytes(graph: OpGraph, costs: CostModel, devices: int) -> tuple[int, str | None]:
-    """What every plan of ``graph`` on ``devices`` devices holds on one of them, at the least, beside
+    """What every plan of ``graph`` that runs each operator over all ``devices`` devices (the plans
+    of a mesh the search tracks) holds on each of them, at the least, beside
     :func:`least_state_bytes`, while the operator that needs the most runs its forward: its output
     and every input it reads from another operator — each storage once (a view's is its base's) and
     each in the smallest piece the walk can give it on that many devices (the whole, a profiled
@@ -101,8 +102,9 @@ def least_live_bytes(graph: OpGraph, costs: CostModel, devices: int) -> tuple[in
     no operator has costs).  The batch, gradients and every other activation come on top.
 
     The walk (:mod:`tensoropt.planmodel.walk`) holds an operator's inputs from their producers to their
-    last reader and its output from its forward on, so both are live while it runs; with the model's
-    state, this is a lower bound of every plan's peak — checked against every plan of small models
+    last reader and its output from its forward on, so both are live while it runs, on every device
+    of the mesh; with the model's state (each device's share of it), this is a lower bound of every
+    such plan's peak — checked against every plan of small models
     enumerated and walked (``tests/planmodel/test_fits.py``).  An LM's loss is where it matters:
     Llama-3-8B at 16 × 8,192 tokens reads 62.6 GiB of float32 logits into ``log_softmax`` and writes
     as much, so no plan on two 80 GB GPUs fits, whatever its layouts.
@@ -142,8 +144,8 @@ def least_live_bytes(graph: OpGraph, costs: CostModel, devices: int) -> tuple[in
 def cannot_fit(graph: OpGraph, cluster: Cluster, devices: Sequence[str], optimizer: str | int, *,
                budget: int | float | None = None, reserve: int = 0, costs: CostModel | None = None) -> str | None:
     """Why no plan of ``graph`` on ``devices`` can fit (:func:`least_state_bytes`, with ``costs``
-    plus :func:`least_live_bytes`, above the smallest device's usable memory), or ``None`` when one
-    might."""
+    plus :func:`least_live_bytes` — then of the plans that run every operator over all of them, as
+    the search's do — above the smallest device's usable memory), or ``None`` when one might."""
     state = least_state_bytes(graph, len(devices), optimizer)
     live, where = least_live_bytes(graph, costs, len(devices)) if costs is not None else (0, None)
     room = min(usable_bytes(cluster, d, budget=budget, reserve=reserve) for d in devices)
