@@ -68,7 +68,7 @@ from tensoropt.measure.profiler import profiling_device
 from tensoropt.measure.timing import device_name
 from tensoropt.optimizers import DEFAULT_OPTIMIZER
 from tensoropt.plan import Plan
-from tensoropt.planmodel.fits import least_live_bytes, least_state_bytes
+from tensoropt.planmodel.fits import least_live_by_count, least_state_bytes
 from tensoropt.planmodel.simulate import SimResult, simulate
 from tensoropt.workflow import DETECTED
 
@@ -210,8 +210,9 @@ def write_frontier(folder: Path, result: workflow.Exploration,
                # search's plans; tensoropt.planmodel.fits): where that is more than a
                # device may hold, the GPUs-needed table says "none fits" for k with no plan (a mesh the
                # search left out because of it: Llama-3-8B's 2 H100s)
-               "least_bytes": {str(k): least_state_bytes(graph, k, req.optimizer)
-                               + least_live_bytes(graph, result.costs, k)[0] for k in range(1, len(devices) + 1)},
+               "least_bytes": {str(k): least_state_bytes(graph, k, req.optimizer) + live
+                               for k, (live, _) in least_live_by_count(graph, result.costs,
+                                                                       range(1, len(devices) + 1)).items()},
                "profile_s": result.seconds["measure"], "tracking_s": frontier.seconds,
                "total_s": result.seconds["measure"] + result.seconds["frontier"], "optimizer": req.optimizer,
                **times_source(result)}

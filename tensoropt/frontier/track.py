@@ -90,7 +90,7 @@ from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha
 from ..placers import place
 from ..plan import Plan
-from ..planmodel.fits import cannot_fit, check_budget_value
+from ..planmodel.fits import cannot_fit, check_budget_value, least_live_by_count
 from ..planmodel.meshplan import MeshEvaluator
 from ..planmodel.simulate import simulate
 from ..progress import Progress, no_progress
@@ -333,10 +333,11 @@ def _meshes_that_may_fit(graph: OpGraph, costs: CostModel, cluster: Cluster, mes
     H100s is not searched on 1 to 8 of them; Llama-3-8B at 16 × 8,192 tokens not on 2 of 8 H100s
     (the loss's 62.6 GiB of float32 logits in and as much out)."""
     largest = max(meshes, key=len)
+    live = least_live_by_count(graph, costs, {len(m) for m in meshes if m != largest})
     kept, notes = [], []
     for m in meshes:
         why = None if m == largest else cannot_fit(graph, cluster, m, optimizer, budget=budget, reserve=reserve,
-                                                    costs=costs)
+                                                    costs=costs, live=live[len(m)])
         if why is None:
             kept.append(m)
         else:

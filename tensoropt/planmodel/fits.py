@@ -24,8 +24,10 @@ one does not fit, whatever its largest peak is compared against.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from ..cluster import Cluster
 from ..cluster.units import parse_size
@@ -36,7 +38,7 @@ from ..optimizers import optimizer_alpha
 from .walk import aliases_input
 
 __all__ = ["usable_bytes", "fits", "over_by", "check_budget_value", "least_state_bytes", "least_live_bytes",
-           "cannot_fit"]
+           "least_live_by_count", "cannot_fit"]
 
 
 def check_budget_value(budget: Any, what: str = "budget") -> int | float | None:
@@ -116,40 +118,65 @@ def least_live_bytes(graph: OpGraph, costs: CostModel, devices: int) -> tuple[in
     >>> least_live_bytes(graph, costs, 2)    # relu: the linear's output and its own, half each
     (65536, 'relu')
     """
+    return least_live_by_count(graph, costs, (devices,))[devices]
+
+
+def least_live_by_count(graph: OpGraph, costs: CostModel,
+                        counts: Iterable[int]) -> dict[int, tuple[int, str | None]]:
+    """:func:`least_live_bytes` on each of ``counts`` devices, what each operator holds found once
+    (the dashboard asks for every count up to a cluster's GPUs: Llama-3-405B's 512, one by one, took
+    15 s).  O(operators + counts × what they hold)."""
     def storage(name: str) -> str:
         node = graph.nodes[name]
         while aliases_input(node, costs):
             node = graph.nodes[node.inputs[0]]
         return node.name
 
-    def least_piece(name: str) -> int:
-        c = costs.get(name)
-        if c is None:
-            return 0
-        pieces = [c.output_bytes, -(-c.output_bytes // devices)]
-        pieces += [sh.output_bytes for (_, k), sh in c.shards.items() if k == devices]
-        return int(min(pieces))
-
-    best, where = 0, None
-    for node in graph.ops:
+    ops = graph.ops
+    column: dict[str, int] = {}          # a storage (an operator with costs) → its column
+    rows: list[int] = []
+    cols: list[int] = []
+    for r, node in enumerate(ops):
         held = {storage(p) for p in node.inputs if graph.nodes[p].kind == "op"}
         if not aliases_input(node, costs):
             held.add(node.name)
-        total = sum(least_piece(n) for n in held if graph.nodes[n].kind == "op")
-        if total > best:
-            best, where = total, node.name
-    return best, where
+        for n in held:
+            if graph.nodes[n].kind == "op" and costs.get(n) is not None:
+                rows.append(r)
+                cols.append(column.setdefault(n, len(column)))
+    whole = np.array([costs[n].output_bytes for n in column], dtype=np.int64)
+    # a profiled shard's output on k devices, where it is smaller: (column, bytes) by k
+    shards: dict[int, list[tuple[int, int]]] = {}
+    for n, j in column.items():
+        for (_, k), sh in costs[n].shards.items():
+            shards.setdefault(k, []).append((j, sh.output_bytes))
+    row, col = np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64)
+    out: dict[int, tuple[int, str | None]] = {}
+    for k in counts:
+        piece = np.minimum(whole, -(-whole // k))
+        for j, b in shards.get(k, ()):
+            piece[j] = min(piece[j], b)
+        total = np.zeros(len(ops), dtype=np.int64)
+        np.add.at(total, row, piece[col])
+        best = int(total.max()) if len(ops) else 0
+        out[k] = (best, ops[int(total.argmax())].name) if best > 0 else (0, None)   # the first that holds most
+    return out
 
 
 def cannot_fit(graph: OpGraph, cluster: Cluster, devices: Sequence[str], optimizer: str | int, *,
-               budget: int | float | None = None, reserve: int = 0, costs: CostModel | None = None) -> str | None:
+               budget: int | float | None = None, reserve: int = 0, costs: CostModel | None = None,
+               live: tuple[int, str | None] | None = None) -> str | None:
     """Why no plan of ``graph`` on ``devices`` can fit (:func:`least_state_bytes`, with ``costs``
     plus :func:`least_live_bytes` — then of the plans that run every operator over all of them, as
-    the search's do — above the smallest device's usable memory), or ``None`` when one might."""
+    the search's do — above the smallest device's usable memory), or ``None`` when one might.
+    ``live``: :func:`least_live_bytes` for these devices where the caller has it (from
+    :func:`least_live_by_count`, for several meshes at once)."""
     state = least_state_bytes(graph, len(devices), optimizer)
-    live, where = least_live_bytes(graph, costs, len(devices)) if costs is not None else (0, None)
+    if live is None:
+        live = least_live_bytes(graph, costs, len(devices)) if costs is not None else (0, None)
+    held, where = live
     room = min(usable_bytes(cluster, d, budget=budget, reserve=reserve) for d in devices)
-    if state + live <= room:
+    if state + held <= room:
         return None
     if state > room or where is None:
         return (f"its parameters and optimizer state, sharded over all {len(devices)} devices, already hold "
@@ -157,5 +184,5 @@ def cannot_fit(graph: OpGraph, cluster: Cluster, devices: Sequence[str], optimiz
     node = graph.nodes[where]
     return (f"its parameters and optimizer state, sharded over all {len(devices)} devices ({state} bytes on each), "
             f"and what {where} ({node.op}{' in ' + node.module_path if node.module_path else ''}) reads and "
-            f"writes, split as far as it can be ({live} bytes on each), already hold {state + live} bytes, "
+            f"writes, split as far as it can be ({held} bytes on each), already hold {state + held} bytes, "
             f"more than the {int(room)} usable")

@@ -128,13 +128,16 @@ def test_no_plan_holds_less_than_its_state_and_its_largest_operators_tensors(opt
     import itertools
 
     from tensoropt.frontier.graph_problem import build_problem
-    from tensoropt.planmodel.fits import least_live_bytes
+    from tensoropt.planmodel.fits import least_live_by_count, least_live_bytes
     from tensoropt.planmodel.meshplan import MeshEvaluator
 
     torch.manual_seed(0)
     graph = tensoropt.capture(TinyLM(), (torch.randn(32, 8),))
     costs = tensoropt.profile(graph, shard_degrees=(1, 2, 4), repeats=1)   # the times do not matter here
     titan = load_cluster("preset:titan-rtx-5").without_kinds()
+    # on each count at once (the dashboard's every count): the same, by hand
+    assert {k: live for k, (live, _) in least_live_by_count(graph, costs, (1, 2, 4)).items()} == \
+        {1: 16_384, 2: 8_192, 4: 4_096}
     for k in (2, 4):
         live, where = least_live_bytes(graph, costs, k)
         assert graph.nodes[where].op == "aten.log_softmax.int" and live == 2 * 8_192 // k
