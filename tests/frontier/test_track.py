@@ -416,3 +416,34 @@ def test_a_polish_stopped_by_max_walks_says_what_its_last_round_still_gained(cnn
         assert f"after {r.stats['polish_rounds']} round(s)" in note
         assert (f"up to {faster:.1%} faster" in note) if faster > 0 else ("found no faster plan" in note)
     assert not any("may be missing" in n for n in fr.notes)
+
+
+def test_runs_packed_for_a_worker_leave_the_same_plans_to_walk():
+    """A worker evaluates a mesh's τ runs with every plan an earlier run had left out (_first_seen:
+    what crosses the pipe); what it walks is what one process walks from the runs whole — each
+    distinct plan, and where the walk limit spreads them, each run's both ends.  Three runs of
+    plans as rows of digits, sharing their ends with each other (as τ runs at neighbouring levels
+    do); the search's estimate stands in as the row's sum."""
+    from tensoropt.frontier.track import _candidates, _first_seen, _TauRun
+
+    class Estimate:
+        ks = [10] * 3
+
+        def additive(self, rows):
+            return rows.sum(axis=1).astype(float), None
+
+    def run(*rows):
+        return _TauRun(np.array(rows, dtype=np.int8), 0, (), 0.0, 1.0, 0, 0, 0.0)
+
+    runs = [run((0, 0, 1), (1, 2, 3), (4, 4, 4), (9, 9, 9)),
+            run((0, 0, 1), (5, 0, 0), (7, 7, 7), (9, 9, 9)),      # both ends the first run's
+            run((5, 0, 0), (2, 2, 2), (0, 0, 1))]                  # its first the second run's middle
+    packed, distinct = _first_seen(runs)
+    assert distinct == 7
+    for limit in (2, 4, 7):
+        whole = _candidates(Estimate(), runs, limit)
+        sent = _candidates(Estimate(), packed, limit)
+        assert whole[0] == sent[0] == 7 and np.array_equal(whole[1], sent[1]), limit
+    # the third run's ends, (5, 0, 0) and (0, 0, 1), are walked though the limit spreads 2 plans
+    walked = {tuple(r) for r in _candidates(Estimate(), packed, 2)[1].tolist()}
+    assert {(5, 0, 0), (0, 0, 1), (9, 9, 9)} <= walked
