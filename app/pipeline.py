@@ -209,9 +209,9 @@ def write_frontier(folder: Path, result: workflow.Exploration,
                # what any plan running every operator over k devices holds on each at the least (the
                # search's plans; tensoropt.planmodel.fits): where that is more than a
                # device may hold, the GPUs-needed table says "none fits" for k with no plan (a mesh the
-               # search left out because of it: Llama-3-8B's 2 H100s)
-               "least_bytes": {str(k): least_state_bytes(graph, k, req.optimizer) + live
-                               for k, (live, _) in least_live_by_count(graph, result.costs,
+               # search left out because of it: Llama-3-8B's 2 and 4 H100s)
+               "least_bytes": {str(k): least_state_bytes(graph, k, req.optimizer) + live.bytes
+                               for k, live in least_live_by_count(graph, result.costs,
                                                                        range(1, len(devices) + 1)).items()},
                "profile_s": result.seconds["measure"], "tracking_s": frontier.seconds,
                "total_s": result.seconds["measure"] + result.seconds["frontier"], "optimizer": req.optimizer,

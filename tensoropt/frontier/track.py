@@ -327,11 +327,12 @@ def _meshes_that_may_fit(graph: OpGraph, costs: CostModel, cluster: Cluster, mes
                          optimizer: str | int, budget: int | float | None,
                          reserve: int) -> tuple[list[tuple[str, ...]], list[str]]:
     """``meshes`` but those on which no plan can fit (:func:`~tensoropt.planmodel.fits.cannot_fit`:
-    the model's state, fully sharded, with what its largest operator reads and writes, split as far
-    as it can be, is more than a device holds), and a note for each left out; the largest mesh is
-    always kept — its frontier says how much memory a plan needs when none fits.  A 70B model on 64
-    H100s is not searched on 1 to 8 of them; Llama-3-8B at 16 × 8,192 tokens not on 2 of 8 H100s
-    (the loss's 62.6 GiB of float32 logits in and as much out)."""
+    the model's state, fully sharded, with what one operator's forward or backward holds beside what
+    earlier operators keep for their backward then, split as far as it can be, is more than a device
+    holds), and a note for each left out; the largest mesh is always kept — its frontier says how much
+    memory a plan needs when none fits.  A 70B model on 64 H100s is not searched on 1 to 32 of them;
+    Llama-3-8B at 16 × 8,192 tokens not on 2 or 4 of 8 H100s (the loss's backward: float32 logits, their
+    gradient and their input's, 62.6 GiB each whole, beside the 32 blocks' inputs)."""
     largest = max(meshes, key=len)
     live = least_live_by_count(graph, costs, {len(m) for m in meshes if m != largest})
     kept, notes = [], []
@@ -625,6 +626,17 @@ def _choose_resolution(resolution: float | None, problems: Sequence[MeshProblem]
     return res, res_rule
 
 
+def _why_no_plan(e: TensorOptError) -> str:
+    """A placer's refusal as a note's clause: its first line up to the fix it suggests (the note is
+    about the frontier, whose own notes say what to change), whole — cut at a fixed length it had
+    ended "… but h0g0 has)".
+
+    >>> _why_no_plan(TensorOptError("dp: h0g0 needs 9 GiB but has 8 GiB; use more devices\\nmore"))
+    'dp: h0g0 needs 9 GiB but has 8 GiB'
+    """
+    return str(e).splitlines()[0].split("; ")[0] if str(e) else type(e).__name__
+
+
 def _seed_plans(graph: OpGraph, costs: CostModel, cluster: Cluster, devices: Sequence[str], optimizer: str | int,
                 placers: Sequence[str]) -> tuple[list[tuple[str, Plan]], list[str]]:
     """Each placer's plan on ``devices`` (``(name, plan)``), and a note per placer that made none."""
@@ -633,5 +645,5 @@ def _seed_plans(graph: OpGraph, costs: CostModel, cluster: Cluster, devices: Seq
         try:
             plans.append((algo, place(graph, costs, cluster, algo, devices=list(devices), optimizer=optimizer)))
         except TensorOptError as e:
-            notes.append(f"{algo} made no plan to join the frontier ({str(e).splitlines()[0][:160]})")
+            notes.append(f"{algo} made no plan to join the frontier ({_why_no_plan(e)})")
     return plans, notes

@@ -25,20 +25,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..cluster import Cluster
 from ..cluster.units import parse_size
+from ..describe import fmt_bytes
 from ..errors import TensorOptError
-from ..graph import OpGraph
+from ..graph import OpGraph, grad_nodes
 from ..measure.costmodel import CostModel
 from ..optimizers import optimizer_alpha
-from .walk import aliases_input
+from .walk import aliases_input, segment_block
 
-__all__ = ["usable_bytes", "fits", "over_by", "check_budget_value", "least_state_bytes", "least_live_bytes",
-           "least_live_by_count", "cannot_fit"]
+__all__ = ["usable_bytes", "fits", "over_by", "check_budget_value", "least_state_bytes", "LeastLive",
+           "least_live_bytes", "least_live_by_count", "cannot_fit", "held_at"]
 
 
 def check_budget_value(budget: Any, what: str = "budget") -> int | float | None:
@@ -94,78 +95,165 @@ def least_state_bytes(graph: OpGraph, devices: int, optimizer: str | int) -> int
     return -(-total // devices)
 
 
-def least_live_bytes(graph: OpGraph, costs: CostModel, devices: int) -> tuple[int, str | None]:
+class LeastLive(NamedTuple):
+    """What every plan that runs each operator over all of some devices holds on each of them, at
+    the least, beside its state (:func:`least_live_bytes`): ``bytes``, the operator at whose
+    ``moment`` (``"forward"`` / ``"backward"``) it holds them (``None``: no operator has costs), and
+    how many tensors of that are kept for an earlier operator's backward (``kept``)."""
+
+    bytes: int
+    op: str | None
+    moment: str = "forward"
+    kept: int = 0
+
+
+def least_live_bytes(graph: OpGraph, costs: CostModel, devices: int) -> LeastLive:
     """What every plan of ``graph`` that runs each operator over all ``devices`` devices (the plans
     of a mesh the search tracks) holds on each of them, at the least, beside
-    :func:`least_state_bytes`, while the operator that needs the most runs its forward: its output
-    and every input it reads from another operator — each storage once (a view's is its base's) and
-    each in the smallest piece the walk can give it on that many devices (the whole, a profiled
-    shard's output, a received slice ``⌈bytes/devices⌉``).  Returns the bytes and the operator (None:
-    no operator has costs).  The batch, gradients and every other activation come on top.
+    :func:`least_state_bytes`, at one moment of its step — each storage once (a view's is its
+    base's) and each in the smallest piece the walk can give it on that many devices (the whole, a
+    profiled shard's output, a received slice ``⌈bytes/devices⌉``).  The largest of, over operators X:
 
-    The walk (:mod:`tensoropt.planmodel.walk`) holds an operator's inputs from their producers to their
-    last reader and its output from its forward on, so both are live while it runs, on every device
-    of the mesh; with the model's state (each device's share of it), this is a lower bound of every
-    such plan's peak — checked against every plan of small models
-    enumerated and walked (``tests/planmodel/test_fits.py``).  An LM's loss is where it matters:
-    Llama-3-8B at 16 × 8,192 tokens reads 62.6 GiB of float32 logits into ``log_softmax`` and writes
-    as much, so no plan on two 80 GB GPUs fits, whatever its layouts.
+    - X's **forward**: its output and every input it reads from another operator;
+    - X's **backward** (X computes a gradient): what X saved (inputs, output), its output's
+      gradient and its inputs' gradients (those the walk makes whole: a tensor no view reads);
+
+    each with what **earlier operators keep for their backward** then: a tensor ``t`` made in one
+    block (:func:`~tensoropt.planmodel.walk.segment_block`) and saved by an ancestor of X in another
+    block that computes a gradient.  No plan frees ``t`` before that reader's backward: unrecomputed,
+    the reader saves it; recomputed, its segment — inside one block — keeps what it reads from
+    outside, and ``t`` is (a transformer's residual stream, one tensor a block).
+
+    The walk (:mod:`tensoropt.planmodel.walk`) holds all of these together then, on every device of
+    the mesh; with the model's state, this is a lower bound of every such plan's peak — checked against
+    every plan of small models enumerated and walked (``tests/planmodel/test_fits.py``).  An LM's loss
+    is where it matters: Llama-3-8B at 16 × 8,192 tokens reads 62.6 GiB of float32 logits into
+    ``log_softmax`` and writes as much, so no plan on two 80 GiB GPUs fits, whatever its layouts; on
+    four, its backward (its output, that output's gradient and its input's, 15.7 GiB each) with the 35
+    tensors earlier operators keep then (the 32 blocks' inputs among them, 0.5 GiB each) is 63.5 GiB a
+    device, 85.9 GiB with the state: none fits there either (the least plan the search walked there
+    holds 89.1 GiB).
 
     >>> import torch, tensoropt
     >>> graph = tensoropt.capture(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU()),
     ...                           (torch.randn(64, 256),))
     >>> costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1, timed=False)
-    >>> least_live_bytes(graph, costs, 2)    # relu: the linear's output and its own, half each
-    (65536, 'relu')
+    >>> least_live_bytes(graph, costs, 2)    # relu's backward: its output, its gradient, the linear's output's
+    LeastLive(bytes=98304, op='relu', moment='backward', kept=0)
     """
     return least_live_by_count(graph, costs, (devices,))[devices]
 
 
-def least_live_by_count(graph: OpGraph, costs: CostModel,
-                        counts: Iterable[int]) -> dict[int, tuple[int, str | None]]:
+#: operators whose moments with what earlier ones keep are priced on each count (the largest by
+#: what they hold themselves): what the earlier ones keep only grows along the graph, and the
+#: largest operator (an LM's loss) comes last
+_CANDIDATES = 8
+
+
+def least_live_by_count(graph: OpGraph, costs: CostModel, counts: Iterable[int]) -> dict[int, LeastLive]:
     """:func:`least_live_bytes` on each of ``counts`` devices, what each operator holds found once
     (the dashboard asks for every count up to a cluster's GPUs: Llama-3-405B's 512, one by one, took
     15 s).  O(operators + counts × what they hold)."""
-    def storage(name: str) -> str:
-        node = graph.nodes[name]
-        while aliases_input(node, costs):
-            node = graph.nodes[node.inputs[0]]
-        return node.name
+    nodes, ops = graph.nodes, graph.ops
+    needs = grad_nodes(graph)
 
-    ops = graph.ops
+    def alias(name: str) -> bool:
+        return aliases_input(nodes[name], costs)
+
+    def storage(name: str) -> str:
+        while alias(name):
+            name = nodes[name].inputs[0]
+        return name
+
+    def is_op(name: str) -> bool:
+        return nodes[name].kind == "op"
+
     column: dict[str, int] = {}          # a storage (an operator with costs) → its column
-    rows: list[int] = []
-    cols: list[int] = []
-    for r, node in enumerate(ops):
-        held = {storage(p) for p in node.inputs if graph.nodes[p].kind == "op"}
-        if not aliases_input(node, costs):
-            held.add(node.name)
-        for n in held:
-            if graph.nodes[n].kind == "op" and costs.get(n) is not None:
-                rows.append(r)
-                cols.append(column.setdefault(n, len(column)))
+
+    def col(name: str) -> int | None:
+        return column.setdefault(name, len(column)) if is_op(name) and costs.get(name) is not None else None
+
+    # a gradient the walk makes whole for each of these storages: the loss's, for the model's
+    # outputs; an operator's backward's, for a tensor no view reads (one read through a view may get
+    # a view of it: tensoropt's executor makes none)
+    out_node = next((n for n in graph if n.kind == "output"), None)
+    loss = {storage(p) for p in (out_node.inputs if out_node is not None else ()) if is_op(p) and needs.get(p)}
+    viewed = {nodes[n.inputs[0]].name for n in ops if alias(n.name)} - loss
+    moments: list[tuple[int, str, list[int], list[int]]] = []   # (op, moment, storages, gradients)
+    keeps = [0] * len(ops)        # of each operator: the storages it saves from another block (bits)
+    kept = [0] * len(ops)         # what each operator's ancestors keep so, while it runs (bits)
+    index = {n.name: i for i, n in enumerate(ops)}
+    for i, node in enumerate(ops):
+        name, c = node.name, costs.get(node.name)
+        ins = [p for p in dict.fromkeys(node.inputs) if is_op(p)]
+        held = {col(storage(p)) for p in ins}
+        if not alias(name):
+            held.add(col(name))
+        moments.append((i, "forward", [j for j in held if j is not None], []))
+        for p in ins:
+            kept[i] |= kept[index[p]] | keeps[index[p]]
+        if c is None or not needs.get(name):
+            continue
+        block = segment_block(node)
+        for p in c.saved_inputs:
+            if p in nodes and is_op(p):
+                s = storage(p)
+                j = col(s)
+                if j is not None and segment_block(nodes[s]) != block:
+                    keeps[i] |= 1 << j
+        saved = {col(storage(p)) for p in c.saved_inputs if p in nodes and is_op(p)}
+        own = not alias(name)
+        if c.saves_output and own:
+            saved.add(col(name))
+        grads = []
+        gets_grad = name in loss or any(needs.get(u) and is_op(u) for u in graph.successors(name))
+        if own and name not in viewed and gets_grad:
+            grads.append(col(name))
+        grads += [col(p) for p in ins if needs.get(p) and not alias(p) and p not in viewed]
+        moments.append((i, "backward", [j for j in saved if j is not None], [j for j in grads if j is not None]))
+
     whole = np.array([costs[n].output_bytes for n in column], dtype=np.int64)
     # a profiled shard's output on k devices, where it is smaller: (column, bytes) by k
     shards: dict[int, list[tuple[int, int]]] = {}
     for n, j in column.items():
         for (_, k), sh in costs[n].shards.items():
             shards.setdefault(k, []).append((j, sh.output_bytes))
-    row, col = np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64)
-    out: dict[int, tuple[int, str | None]] = {}
+    rows = np.array([r for r, m in enumerate(moments) for _ in (*m[2], *m[3])], dtype=np.int64)
+    cols = np.array([j for m in moments for j in (*m[2], *m[3])], dtype=np.int64)
+    bits: dict[int, list[int]] = {}      # an operator's kept bits as columns, where asked
+    out: dict[int, LeastLive] = {}
     for k in counts:
         piece = np.minimum(whole, -(-whole // k))
         for j, b in shards.get(k, ()):
             piece[j] = min(piece[j], b)
-        total = np.zeros(len(ops), dtype=np.int64)
-        np.add.at(total, row, piece[col])
-        best = int(total.max()) if len(ops) else 0
-        out[k] = (best, ops[int(total.argmax())].name) if best > 0 else (0, None)   # the first that holds most
+        own_total = np.zeros(len(moments), dtype=np.int64)
+        np.add.at(own_total, rows, piece[cols])
+        best = LeastLive(0, None)
+        for r in np.argsort(-own_total, kind="stable")[:_CANDIDATES].tolist():
+            i, moment, storages, grads = moments[r]
+            if i not in bits:
+                bits[i] = _columns(kept[i])
+            extra = [j for j in bits[i] if j not in storages]
+            total = int(own_total[r]) + int(piece[extra].sum())
+            if total > best.bytes:
+                best = LeastLive(total, ops[i].name, moment, len(extra))
+        out[k] = best
+    return out
+
+
+def _columns(bits: int) -> list[int]:
+    """The set bits of ``bits``, lowest first."""
+    out = []
+    while bits:
+        low = bits & -bits
+        out.append(low.bit_length() - 1)
+        bits ^= low
     return out
 
 
 def cannot_fit(graph: OpGraph, cluster: Cluster, devices: Sequence[str], optimizer: str | int, *,
                budget: int | float | None = None, reserve: int = 0, costs: CostModel | None = None,
-               live: tuple[int, str | None] | None = None) -> str | None:
+               live: LeastLive | None = None) -> str | None:
     """Why no plan of ``graph`` on ``devices`` can fit (:func:`least_state_bytes`, with ``costs``
     plus :func:`least_live_bytes` — then of the plans that run every operator over all of them, as
     the search's do — above the smallest device's usable memory), or ``None`` when one might.
@@ -173,16 +261,27 @@ def cannot_fit(graph: OpGraph, cluster: Cluster, devices: Sequence[str], optimiz
     :func:`least_live_by_count`, for several meshes at once)."""
     state = least_state_bytes(graph, len(devices), optimizer)
     if live is None:
-        live = least_live_bytes(graph, costs, len(devices)) if costs is not None else (0, None)
-    held, where = live
+        live = least_live_bytes(graph, costs, len(devices)) if costs is not None else LeastLive(0, None)
     room = min(usable_bytes(cluster, d, budget=budget, reserve=reserve) for d in devices)
-    if state + held <= room:
+    if state + live.bytes <= room:
         return None
-    if state > room or where is None:
+    usable = f"more than the {fmt_bytes(room)} ({int(room)} bytes) usable"
+    if state > room or live.op is None:
         return (f"its parameters and optimizer state, sharded over all {len(devices)} devices, already hold "
-                f"{state} bytes on each, more than the {int(room)} usable")
-    node = graph.nodes[where]
-    return (f"its parameters and optimizer state, sharded over all {len(devices)} devices ({state} bytes on each), "
-            f"and what {where} ({node.op}{' in ' + node.module_path if node.module_path else ''}) reads and "
-            f"writes, split as far as it can be ({held} bytes on each), already hold {state + held} bytes, "
-            f"more than the {int(room)} usable")
+                f"{fmt_bytes(state)} ({state} bytes) on each, {usable}")
+    return (f"its parameters and optimizer state, sharded over all {len(devices)} devices ({fmt_bytes(state)} on "
+            f"each), and {held_at(graph, live)}, split as far as it can be ({fmt_bytes(live.bytes)} on each), "
+            f"already hold {fmt_bytes(state + live.bytes)} ({state + live.bytes} bytes), {usable}")
+
+
+def held_at(graph: OpGraph, live: LeastLive) -> str:
+    """What a :class:`LeastLive` holds, in words: "what log_softmax (aten.log_softmax.int) reads and
+    writes" at a forward, "what the backward of … holds" at a backward, and the kept tensors."""
+    assert live.op is not None
+    node = graph.nodes[live.op]
+    named = f"{live.op} ({node.op}{' in ' + node.module_path if node.module_path else ''})"
+    what = f"what {named} reads and writes" if live.moment == "forward" else \
+        f"what the backward of {named} holds (what it saved, its output's and its inputs' gradients)"
+    if live.kept:
+        what += f" with the {live.kept} tensor(s) earlier operators keep for their backward then"
+    return what
