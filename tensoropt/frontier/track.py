@@ -408,14 +408,13 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     :func:`~.algorithm.track`'s; ``max_walks``: plans walked per mesh before the polish stops.
     ``progress``: told ``("frontier", done, total, message)`` as work proceeds
     (:class:`~tensoropt.progress.Progress`: each mesh's problem built, then each mesh tracked).
-    ``seed_placers``: placers whose plans on ``devices`` join the frontier where the search's
-    do not dominate them (:meth:`~.result.Frontier.including`; default the ones that take milliseconds,
-    :data:`DEFAULT_SEED_PLACERS`; ``()``: the search's plans only).  ``workers``: processes that
-    track the meshes side by side (:func:`~.forkmap.fork_serve`; the same frontier whatever the
-    number); default :func:`~.forkmap.default_workers` on graphs of at least
-    :data:`PARALLEL_MIN_OPS` operators, one below.  ``shard_levels``: the sharding levels the
-    search offers (:func:`~.graph_problem.node_configs`; ``()``: none).  ``widen``: the τ runs'
-    buckets widen from twice the memory of a mesh's largest device on (module docstring; at a
+    ``seed_placers``: placers whose plans on ``devices`` join the frontier where the search's do not dominate them
+    (:meth:`~.result.Frontier.including`; default the ones that take milliseconds, :data:`DEFAULT_SEED_PLACERS`; ``()``:
+    the search's plans only).  ``workers``: processes that track the meshes side by side, a mesh's τ levels and the
+    placers' plans each a task of its own (:func:`~.forkmap.fork_serve`; the same frontier whatever the number); default
+    :func:`~.forkmap.default_workers` on graphs of at least :data:`PARALLEL_MIN_OPS` operators, one below.
+    ``shard_levels``: the sharding levels the search offers (:func:`~.graph_problem.node_configs`; ``()``: none).
+    ``widen``: the τ runs' buckets widen from twice the memory of a mesh's largest device on (module docstring; at a
     resolution above 0); ``False``: the resolution's buckets everywhere.
     """
     t0 = _time.perf_counter()
@@ -433,7 +432,9 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
         workers = default_workers() if len(graph.ops) >= PARALLEL_MIN_OPS else 1
     if isinstance(workers, bool) or int(workers) != workers or workers < 1:
         raise TensorOptError(f"workers must be an integer >= 1, got {workers!r}")
-    workers = min(int(workers), len(mesh_list))
+    # not capped by the meshes: one mesh's τ levels and the placers' plans are tasks of their own (a cap
+    # by the meshes left Llama-3-8B's one mesh on 8 H100s to one process, 4.3 s where two take 2.5)
+    workers = int(workers)
     problems = _build_problems(graph, costs, cluster, mesh_list, optimizer, shard_levels,
                                partial(progress, "frontier"), steps, workers)
     res, res_rule = _choose_resolution(resolution, problems, cluster)
