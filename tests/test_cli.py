@@ -45,6 +45,20 @@ def test_bad_input_exits_2_without_traceback(capsys, argv, message):
     assert "Traceback" not in err + out
 
 
+def test_running_out_of_memory_is_one_line_not_an_internal_error(capsys, monkeypatch):
+    """A search that outgrows the machine (Mixtral-8x7B on 64 GPUs in 16 GB) says so and what needs less."""
+    import tensoropt.cli.frontier as frontier_cli
+
+    def no_memory(args, console):
+        raise MemoryError("Allocation failed (probably too large).")
+
+    monkeypatch.setattr(frontier_cli, "_cmd_frontier", no_memory)
+    code, _, err = run(capsys, "frontier", "zoo:mlp", "--cluster", "preset:v100-8-nvlink")
+    assert code == 1
+    assert "out of memory" in err and "--devices" in err and "--batch" in err
+    assert "internal error" not in err and "Traceback" not in err
+
+
 def test_inputs_that_do_not_run(capsys, tmp_path):
     f = tmp_path / "f.py"
     f.write_text("import torch\ndef make():\n    return torch.nn.Linear(8, 2), (torch.randn(4, 3),)\n")

@@ -73,6 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130
+    except MemoryError:   # a limit of this machine, not a bug: say which, and what needs less
+        if args.debug:
+            traceback.print_exc()
+        err.print("[red]error:[/red] out of memory: this command on this model needs more memory than this machine "
+                  "gave it; try fewer devices (--devices), a smaller batch (--batch) or a machine with more memory",
+                  highlight=False, soft_wrap=True)
+        return 1
     except Exception as e:  # noqa: BLE001 - a bug of ours: say so, briefly, unless --debug
         if args.debug:
             traceback.print_exc()
