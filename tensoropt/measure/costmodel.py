@@ -104,15 +104,20 @@ class ShardCost:
         return self.method in ESTIMATED
 
 
-def _shard_dict(s: ShardCost) -> dict[str, Any]:
-    """``asdict(s)`` field by field (its one nested value, the work, by ``asdict``): a profile of
-    Llama-3-8B holds 10,000 shards, and ``asdict``'s deep copy of each took 0.5 s of its save."""
-    d = {f.name: getattr(s, f.name) for f in _SHARD_FIELDS}
-    d["work"] = None if s.work is None else asdict(s.work)
+def _flat_dict(cost: ShardCost | NodeCost) -> dict[str, Any]:
+    """``asdict(cost)`` field by field (its work by ``asdict``; a node's shards are left as they are,
+    for :meth:`NodeCost.to_dict` to write): a profile of Llama-3-8B holds 10,000 shards, and
+    ``asdict``'s deep copy of each took 0.5 s of its save."""
+    cls = type(cost)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:   # dataclasses.fields, found once a class: it is asked once a shard
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cost))
+    d = {n: getattr(cost, n) for n in names}
+    d["work"] = None if cost.work is None else asdict(cost.work)
     return d
 
 
-_SHARD_FIELDS = fields(ShardCost)
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 @dataclass(frozen=True)
@@ -149,10 +154,9 @@ class NodeCost:
 
     def to_dict(self) -> dict[str, Any]:
         # field by field, not asdict(self): that converted every shard too (deep copies), only to be replaced below
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["work"] = None if self.work is None else asdict(self.work)
+        d = _flat_dict(self)
         d["saved_inputs"] = list(self.saved_inputs)
-        d["shards"] = [{"layout": lay, "degree": k, **_shard_dict(s)} for (lay, k), s in self.shards.items()]
+        d["shards"] = [{"layout": lay, "degree": k, **_flat_dict(s)} for (lay, k), s in self.shards.items()]
         d["estimated"] = self.estimated
         return d
 

@@ -178,7 +178,7 @@ def least_live_by_count(graph: OpGraph, costs: CostModel, counts: Iterable[int])
     # a view of it: tensoropt's executor makes none)
     out_node = next((n for n in graph if n.kind == "output"), None)
     loss = {storage(p) for p in (out_node.inputs if out_node is not None else ()) if is_op(p) and needs.get(p)}
-    viewed = {nodes[n.inputs[0]].name for n in ops if alias(n.name)} - loss
+    viewed = {n.inputs[0] for n in ops if alias(n.name)} - loss
     moments: list[tuple[int, str, list[int], list[int]]] = []   # (op, moment, storages, gradients)
     keeps = [0] * len(ops)        # of each operator: the storages it saves from another block (bits)
     kept = [0] * len(ops)         # what each operator's ancestors keep so, while it runs (bits)
@@ -195,13 +195,14 @@ def least_live_by_count(graph: OpGraph, costs: CostModel, counts: Iterable[int])
         if c is None or not needs.get(name):
             continue
         block = segment_block(node)
+        saved: set[int | None] = set()
         for p in c.saved_inputs:
             if p in nodes and is_op(p):
                 s = storage(p)
                 j = col(s)
+                saved.add(j)
                 if j is not None and segment_block(nodes[s]) != block:
                     keeps[i] |= 1 << j
-        saved = {col(storage(p)) for p in c.saved_inputs if p in nodes and is_op(p)}
         own = not alias(name)
         if c.saves_output and own:
             saved.add(col(name))
