@@ -141,6 +141,10 @@ MEMO = True
 #: memory of their union +0.7 % (the walk prices every candidate exactly)
 CHAIN_RESOLUTION = 4
 
+#: points a session makes between two compactions (:meth:`_Store.forget_unused`): about 50 MB of
+#: back-pointers at most, where Mixtral-8x7B's τ runs on a host of H100s make tens of millions a run
+COMPACT_MIN_POINTS = 1 << 22
+
 
 # --------------------------------------------------------------------------------------------
 # storage of frontiers and back-pointers
@@ -197,6 +201,13 @@ class _Store:
         #: (one reference held) so that its costs stay readable.
         self.memo: dict[tuple[Any, ...], int] | None = None
         self.memo_hits = 0
+        #: the groups remembered or recalled since the last :meth:`forget_unused`
+        self.memo_used: set[int] = set()
+        #: what the last :meth:`compact` left: the groups it kept, and the groups there were then
+        self._kept: list[int] = []
+        self._swept = 0
+        #: :attr:`points` at the last compaction of a session (:meth:`forget_unused`)
+        self._swept_points = 0
         #: where a repeated block's copies are (:mod:`.repeats`): per node its position in the
         #: block solved for all (-1 elsewhere), and every block's nodes by position
         self.reloc: tuple[np.ndarray, np.ndarray] | None = None
@@ -310,13 +321,19 @@ class _Store:
             X.cfg = X.cfg[used]
         X.strip()
 
-    def compact(self, final: int) -> None:
-        """Keep only what the unroll of group ``final`` can reach: every other group shrinks to the
-        points some reachable point refers to (back-pointers renumbered) and loses its costs.
-        Groups only refer to earlier groups, so one sweep from ``final`` down suffices."""
+    def compact(self, roots: Sequence[int]) -> None:
+        """Keep only what the unroll of the groups ``roots`` can reach: the roots keep every point
+        and their costs, every other group shrinks to the points some reachable point refers to
+        (back-pointers renumbered) and loses its costs.  Groups only refer to earlier groups, so
+        one sweep from the last root down suffices; it visits only the groups the last compaction
+        kept and those made since (a group it emptied is never referred to again: a new group is
+        made from groups with costs, which that compaction kept)."""
         n = len(self.groups)
-        masks: list[np.ndarray | None] = [None] * n
-        masks[final] = np.ones(self.groups[final].ref_idx.shape[0], bool)
+        visit = sorted({*self._kept, *range(self._swept, n)}, reverse=True)
+        masks: dict[int, np.ndarray] = {}
+        for root in roots:
+            masks[root] = np.ones(self.groups[root].ref_idx.shape[0], bool)
+        keep_costs = set(roots)
 
         def parents(G: _Group, m: np.ndarray | None) -> Iterator[tuple[int, int, np.ndarray | None]]:
             """(slot, parent gid, rows of the kept points that refer to it) per parent."""
@@ -329,41 +346,50 @@ class _Store:
                     for pg in np.unique(P[:, slot]).tolist():
                         yield slot, pg, P[:, slot] == pg
 
-        for gid in range(final, -1, -1):
-            m = masks[gid]
+        # a root keeps every point, so its parents' rows need no marking and refer to it unchanged
+        for gid in visit:
+            m = masks.get(gid)
             if m is None:
                 continue
             G = self.groups[gid]
-            R = G.ref_idx[m]
-            for slot, pg, rows in parents(G, m):
-                mk = masks[pg]
+            whole = gid in keep_costs
+            R = G.ref_idx if whole else G.ref_idx[m]
+            for slot, pg, rows in parents(G, None if whole else m):
+                if pg in keep_costs:
+                    continue
+                mk = masks.get(pg)
                 if mk is None:
                     mk = masks[pg] = np.zeros(self.groups[pg].ref_idx.shape[0], bool)
                 mk[R[:, slot] if rows is None else R[rows, slot]] = True
-        remap = [None if m is None else (np.cumsum(m) - 1).astype(np.int32) for m in masks]
-        for gid, G in enumerate(self.groups):
-            m = masks[gid]
+        remap = {gid: (np.cumsum(m) - 1).astype(np.int32) for gid, m in masks.items() if gid not in keep_costs}
+        for gid in visit:
+            G = self.groups[gid]
+            m = masks.get(gid)
             if m is None:
                 G.ref_idx = np.empty((0, G.ref_idx.shape[1]), np.int32)
                 G.ref_gid = np.empty((0,) + G.ref_gid.shape[1:], np.int32) if G.ref_gid.ndim == 2 else G.ref_gid
                 G.cfg = None if G.cfg is None else G.cfg[:0]
                 G.strip()
                 continue
-            refs = G.ref_idx[m]
-            for slot, pg, rows in parents(G, m):
-                rp = remap[pg]
-                assert rp is not None   # a kept point's parent was marked kept above
+            whole = gid in keep_costs
+            renumber = [(slot, remap[pg], rows) for slot, pg, rows in parents(G, None if whole else m)
+                        if pg not in keep_costs]    # a kept point's parent was marked kept above
+            if whole:
+                refs = G.ref_idx           # every point stays: renumbered in place, if at all
+            else:
+                refs = G.ref_idx[m]
+                if G.ref_gid.ndim == 2:
+                    G.ref_gid = G.ref_gid[m]
+                if G.cfg is not None:
+                    G.cfg = G.cfg[m]
+                G.strip()
+            for slot, rp, rows in renumber:
                 if rows is None:
                     refs[:, slot] = rp[refs[:, slot]]
                 else:
                     refs[rows, slot] = rp[refs[rows, slot]]
             G.ref_idx = refs
-            if G.ref_gid.ndim == 2:
-                G.ref_gid = G.ref_gid[m]
-            if G.cfg is not None:
-                G.cfg = G.cfg[m]
-            if gid != final:
-                G.strip()
+        self._kept, self._swept = sorted(masks), n
 
     def recall(self, key: tuple[Any, ...]) -> int | None:
         """The group an elimination with inputs ``key`` made before, or ``None`` (also when the
@@ -373,14 +399,39 @@ class _Store:
         gid = self.memo.get(key)
         if gid is not None:
             self.memo_hits += 1
+            self.memo_used.add(gid)
         return gid
 
     def remember(self, key: tuple[Any, ...], gid: int) -> int:
         """Remember (and pin) ``gid`` as the result of the elimination with inputs ``key``; returns it."""
         if self.memo is not None:
             self.memo[key] = gid
+            self.memo_used.add(gid)
             self.ref(gid, +1)
         return gid
+
+    def forget_unused(self) -> None:
+        """Between two runs of a session: forget (and unpin) every remembered group that no run
+        since the last call made or recalled, then :meth:`compact` the store to what the groups
+        still pinned can reach.  A τ run makes configurations feasible that the run before left
+        infeasible, never the other way, so an elimination one run did not ask for has inputs that
+        changed for good: no later run asks for it either (asked, it would be made again — the
+        same result, more time).  Without this a session held every group of every run: Mixtral-
+        8x7B's 21 runs on a host of H100s grew 0.5–1.15 GB each."""
+        if self.memo is None:
+            return
+        kept: dict[tuple[Any, ...], int] = {}
+        for key, gid in self.memo.items():
+            if gid in self.memo_used:
+                kept[key] = gid
+            else:
+                self.ref(gid, -1)
+        self.memo, self.memo_used = kept, set()
+        # unpinned, a group lost its costs; its back-pointers go at a compaction, once enough are
+        # held to pay for one (GPT-2-12L's 16 τ runs on eight V100s: 0.35 s compacting after each)
+        if self.points - self._swept_points >= COMPACT_MIN_POINTS:
+            self.compact([self.unit, *(gid for gid, n in enumerate(self.refs) if n > 0)])
+            self._swept_points = self.points
 
     def product_all(self, parts: list[tuple[int, int]]) -> tuple[int, int]:
         """reduce(⊗ of the frontiers ``parts``) as (group, 0); the unit frontier {(0, 0)} if none."""
@@ -674,13 +725,19 @@ class FrontierResult:
         if not -n <= i < n:
             raise IndexError(f"frontier point {i} out of range (the frontier has {n} points)")
         i %= n
-        return self._store.unroll(self._gid, i, len(self.problem.nodes))
+        return self._store.unroll(self._live_gid(), i, len(self.problem.nodes))
+
+    def _live_gid(self) -> int:
+        if self._gid < 0:
+            raise RuntimeError("this result was released from its session (Session.release): read its "
+                               "assignments before releasing it")
+        return self._gid
 
     def assignment_vectors(self, points: np.ndarray | None = None) -> np.ndarray:
         """Every point's :meth:`assignment_vector` (or those of the indices ``points``), one row
         each (points × nodes)."""
         rows = np.arange(len(self)) if points is None else np.asarray(points, dtype=np.int64)
-        return self._store.unroll_many(self._gid, rows, len(self.problem.nodes))
+        return self._store.unroll_many(self._live_gid(), rows, len(self.problem.nodes))
 
     def assignment(self, i: int) -> dict[str, int]:
         """Node name → configuration index for frontier point ``i``."""
@@ -1188,7 +1245,8 @@ class Session:
     that differ in some costs (the τ runs of one mesh: each makes more configurations infeasible
     than the next).  Every elimination is remembered by its input groups from the first run on,
     and a node's or an edge's initial frontier by its costs, so a run repeats nothing an earlier
-    run computed from the same costs.  Holds every group of every run until it is dropped.
+    run computed from the same costs.  Holds every group of every run until the run is
+    :meth:`released <release>`: then only what a later run can still reuse.
 
     A run's :attr:`FrontierResult.merged_by_resolution` counts the points *it* merged: a result
     built on a group an earlier run reduced is only exact if that run merged nothing, so read
@@ -1212,6 +1270,31 @@ class Session:
     def widen_above(self) -> float:
         """The session's widening (:func:`track`'s ``widen_above``)."""
         return self.store.widen_above
+
+    def release(self, result: FrontierResult) -> None:
+        """Done with ``result`` (a run of this session, its assignments read): unpin it and drop
+        what no later run can reuse (:meth:`_Store.forget_unused`).  Its points stay; its
+        assignments cannot be read any more.  A session whose runs are released holds about one
+        run's groups instead of every run's.
+
+        Example::
+
+            >>> p = Problem.build({"a": [(1, 2), (2, 1)], "b": [(0, 1)]}, [("a", "b", [[0], [1]], [[0], [0]])])
+            >>> s = Session()
+            >>> r = track(p, session=s)
+            >>> r.assignments()
+            [{'a': 0, 'b': 0}, {'a': 1, 'b': 0}]
+            >>> s.release(r)
+            >>> r.points(), track(p, session=s).assignments()
+            ([(1.0, 3.0), (3.0, 2.0)], [{'a': 0, 'b': 0}, {'a': 1, 'b': 0}])
+        """
+        if result._store is not self.store:
+            raise ValueError("release() takes a result of this session's own runs")
+        if result._gid < 0:
+            raise ValueError("this result was already released")
+        self.store.ref(result._gid, -1)
+        object.__setattr__(result, "_gid", -1)
+        self.store.forget_unused()
 
 
 def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024,
@@ -1261,7 +1344,7 @@ def track(problem: Problem, *, resolution: float = 0.0, max_branches: int = 1024
     if f != 0 or store.groups[gid].start.size != 2:
         gid, f = store.union([(gid, f)]), 0
     if session is None:
-        store.compact(gid)
+        store.compact([gid])
     else:
         store.ref(gid, +1)      # the result's costs stay readable while the session lives
     G = store.groups[gid]

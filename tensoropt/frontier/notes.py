@@ -72,12 +72,18 @@ def mesh_notes(r: MeshResult) -> list[str]:
         al = r.problem.transient_levels()
         over = max(float(lv[np.searchsorted(lv, x)] - x) for x in al)
         over_memory, run = r.stats.get("levels_over_memory", (0, 0))
-        why = "max_levels"
+        close = int(r.stats.get("levels_within_resolution", 0))
+        whys = []
+        if close:
+            res = fmt_bytes(int(r.stats["resolution"]))
+            whys.append(f"{close} less than the resolution ({res}) below another run as one")
         if over_memory > run:
-            why = (f"levels_above_memory: {run} of the {over_memory} levels above the {fmt_bytes(r.stats['memory'])} "
-                   "of the mesh's smallest device, where no plan's estimate fits it")
-            if len(r.levels) < r.all_levels - over_memory + run:
-                why += ", then max_levels"
+            whys.append(f"levels_above_memory: {run} of the {over_memory} levels above the "
+                        f"{fmt_bytes(r.stats['memory'])} of the mesh's smallest device, where no plan's estimate "
+                        "fits it")
+        if len(r.levels) < r.all_levels - close - over_memory + run:
+            whys.append("max_levels")
+        why = ", then ".join(whys)
         notes.append(f"mesh {','.join(r.mesh)}: {r.all_levels} transient levels thinned to {len(r.levels)} "
                      f"τ runs ({why}); a plan may be found only at a level up to {fmt_bytes(int(over))} "
                      "above its largest transient, so the frontier may miss plans (all reported costs are exact)")

@@ -447,3 +447,34 @@ def test_runs_packed_for_a_worker_leave_the_same_plans_to_walk():
     # the third run's ends, (5, 0, 0) and (0, 0, 1), are walked though the limit spreads 2 plans
     walked = {tuple(r) for r in _candidates(Estimate(), packed, 2)[1].tolist()}
     assert {(5, 0, 0), (0, 0, 1), (9, 9, 9)} <= walked
+
+
+def test_levels_closer_than_the_resolution_run_as_one():
+    # from the top down, a level less than one resolution below the last one kept is left to it
+    from tensoropt.frontier.track import _apart
+
+    levels = np.array([1.0, 1.5, 2.0, 10.0, 10.2, 11.0])
+    assert _apart(levels, 1.0).tolist() == [1.0, 2.0, 10.0, 11.0]
+    assert _apart(levels, 0.0).tolist() == levels.tolist()          # exact: every level runs
+    assert _apart(levels, 100.0).tolist() == [11.0]
+
+
+def test_a_merged_level_runs_as_the_next_and_the_notes_say_so(tied):
+    g, costs = tied
+    full = track_frontier(g, costs, TITAN, devices=FOUR, resolution=0, seed_placers=())
+    mesh = max(full.meshes, key=lambda r: r.all_levels)
+    levels = np.sort(mesh.problem.transient_levels())
+    gaps = np.diff(levels)
+    assert gaps.size >= 2, "the test needs a mesh with three levels or more"
+    # a resolution just above the smallest gap between two levels: those two run as one
+    res = float(gaps.min()) * 1.01
+    merged = track_frontier(g, costs, TITAN, meshes=[mesh.mesh], resolution=res, seed_placers=())
+    (r,) = merged.meshes
+    assert len(r.levels) < len(levels) and set(r.levels) <= set(levels.tolist()) and r.levels[-1] == levels[-1]
+    assert not merged.exact and any("less than the resolution" in n for n in merged.notes)
+    exact = track_frontier(g, costs, TITAN, meshes=[mesh.mesh], resolution=0, seed_placers=())
+    assert merged.min_time().time_s == pytest.approx(exact.min_time().time_s, rel=1e-12)
+    for p in merged:
+        assert r.problem.cost(p.assignment)[0] == p.search_estimate_bytes
+        # every point is a real plan: the exact frontier has one at least as good
+        assert any(q.memory_bytes <= p.memory_bytes and q.time_s <= p.time_s * (1 + 1e-12) for q in exact)
