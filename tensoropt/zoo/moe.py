@@ -24,7 +24,13 @@ them, so a plan may still split the batch.
 Only the experts' computation changes: :func:`dispatch_by_capacity` registers
 :func:`capacity_experts_forward` with transformers' ``ExpertsInterface`` (the hook its
 ``@use_experts_implementation`` experts dispatch through) and selects it, so each model keeps
-its own router, shared experts and parameter names (Mixtral, Qwen-MoE, OLMoE, …).
+its own router, shared experts and parameter names (Mixtral, Qwen-MoE, OLMoE, …).  The stacked
+expert weights are kept transposed, ``(experts, in, out)`` (transformers' own ``is_transposed``
+layout, GPT-OSS's), so that the batched matmul reads each weight itself: a plan shards a
+parameter for the operator that reads it (ZeRO levels with the batch split, the channel split),
+and read through a ``transpose`` — a view with no batch to split — Mixtral-8x7B's experts, 96 %
+of its parameters, could not be sharded by any plan.  (A checkpoint in transformers' usual
+``(experts, out, in)`` layout loads into the model before the call, not after.)
 
 Example::
 
@@ -132,6 +138,19 @@ def experts_modules(model: nn.Module) -> list[nn.Module]:
             if hasattr(m, "has_gate") and hasattr(m, "num_experts") and hasattr(m, "down_proj")]
 
 
+def _store_transposed(experts: Any) -> None:
+    """Keep ``experts``' stacked weights as ``(experts, in, out)`` (module docstring): the same
+    values transposed, the same names, ``is_transposed`` set for every implementation."""
+    if experts.is_transposed:
+        return
+    for name in ("gate_up_proj", "up_proj", "down_proj"):
+        weight = getattr(experts, name, None)
+        if isinstance(weight, nn.Parameter):
+            setattr(experts, name, nn.Parameter(weight.detach().transpose(1, 2).contiguous(),
+                                                requires_grad=weight.requires_grad))
+    experts.is_transposed = True
+
+
 def dispatch_by_capacity(model: Any, seq_len: int, capacity_factor: float = 1.0) -> int:
     """Make every experts module of ``model`` (a transformers ``PreTrainedModel``) dispatch by capacity
     (module docstring) for sequences of ``seq_len`` tokens; returns how many there are (0: not a
@@ -148,5 +167,6 @@ def dispatch_by_capacity(model: Any, seq_len: int, capacity_factor: float = 1.0)
     ExpertsInterface.register(IMPLEMENTATION, capacity_experts_forward)
     for m in modules:
         setattr(m, GROUPING, (seq_len, capacity_factor))
+        _store_transposed(m)
     model.set_experts_implementation(IMPLEMENTATION)
     return len(modules)

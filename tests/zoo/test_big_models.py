@@ -184,6 +184,10 @@ def test_mixtral_expert_matmuls_keep_the_batch():
     bmms = [n for n in graph.ops if n.op == "aten.bmm.default" and ".mlp" in n.module_path]
     assert len(bmms) == 2
     assert all(n.outputs[0].batch_dim == 1 and n.split.batch == 1 for n in bmms)
+    # and they read the stacked weights themselves (stored transposed), not through a transpose:
+    # the operator a plan shards a weight for is its reader, and a view of a weight has no batch
+    assert sorted(q for n in bmms for q in n.params) == ["model.model.layers.0.mlp.experts.down_proj",
+                                                         "model.model.layers.0.mlp.experts.gate_up_proj"]
 
 
 def reference_moe(x, gate_weight, gate_up, down, k, cap):
