@@ -55,7 +55,7 @@ from .measure.costmodel import CostModel
 from .measure.kept import kept_profile, profiling_on
 from .modelspec import LoadedModel, load_model
 from .placers.zero import RECIPES
-from .planmodel.fits import cannot_fit, check_budget_value
+from .planmodel.fits import cannot_fit, check_budget_value, least_live_by_count
 from .progress import Progress, no_progress
 from .request import DETECTED, Request
 
@@ -303,7 +303,9 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     dominates them (:mod:`tensoropt.frontier.replicas`): the model captured at one host's slice
     of the batch, profiled and priced for the first host's devices, its frontier tracked there
     and every point run as one replica per host.  Where the cluster or the request cannot have
-    them, ``frontier`` with a note saying why."""
+    them — or no plan within one host can fit (:func:`~tensoropt.planmodel.fits.cannot_fit`: the
+    model's state on the whole batch's capture, then with what the host's slice holds at once on its
+    own) — ``frontier`` with a note saying why."""
     groups = host_groups(setup.cluster, setup.devices)
     if not groups:
         return frontier
@@ -330,6 +332,16 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
         call=partial(_first_replica, replicas=hosts, batch=batch // hosts, batch_dim=graph.batch_dim),
         call_key=f"replica 0 of {hosts}: batch {batch // hosts} of {batch} along dimension {graph.batch_dim}")
     priced = price(costs, setup.cluster, groups[0], costs_from=request.costs_from, calibration=request.calibration)
+    # the bound again, on the host's slice with what its operators hold: a host's plans that cannot
+    # fit make 2-D plans that cannot either (Mixtral-8x7B: 121.7 GiB at least on a host's 8 H100s,
+    # whose search took 16 of the command's 18 minutes)
+    slice_full = cannot_fit(part, setup.cluster, groups[0], request.optimizer,
+                            budget=check_budget_value(request.budget), reserve=request.reserve, costs=priced.costs,
+                            live=least_live_by_count(part, priced.costs, {len(groups[0])})[len(groups[0])])
+    if slice_full:
+        frontier.notes.append(f"data parallel across the {hosts} hosts not tried: no plan within one host can "
+                              f"fit its slice of the batch ({batch // hosts} of {batch}: {slice_full})")
+        return frontier
     progress("frontier", 0, 1, f"tracking one host's frontier ({len(groups[0])} devices)")
     inner = track_frontier(part, priced.costs, setup.cluster, meshes=meshes, resolution=request.resolution,
                            optimizer=request.optimizer, reserve=request.reserve, max_walks=request.max_walks)

@@ -68,3 +68,24 @@ def test_tensoropt_simulate_takes_a_2d_plan_of_a_factory_and_says_its_step(two_h
     assert code == 0, err
     assert f"simulated iteration time {point.time_s * 1e3:.3f} ms" in out
     assert f"{1024 / point.time_s:.1f} samples/s" in out     # both hosts' 512 samples
+
+
+def test_no_replicas_where_a_hosts_slice_cannot_fit(two_hosts):
+    # a budget some plan of the whole batch on all four GPUs fits, but not the model's state beside
+    # what one host's slice of the batch must hold at once (the bound of planmodel/fits on the
+    # slice's own capture): the 2-D plans are not searched, and the note says why
+    from tensoropt.planmodel.fits import least_live_by_count, least_state_bytes
+
+    fr = two_hosts.frontier
+    point = next(p for p in fr if p.source == REPLICAS_SOURCE)
+    part, costs = fr.inputs_for(point.plan, two_hosts.graph, two_hosts.costs)
+    assert part.batch_size == 512
+    request = Request(MLP, "preset:h100-hosts?hosts=2&gpus=2", algos=())
+    bound = least_state_bytes(part, 2, "adamw") + request.reserve + least_live_by_count(part, costs, {2})[2].bytes
+    least = min(p.memory_bytes for p in fr if p.source != REPLICAS_SOURCE)
+    assert least < bound <= min(p.memory_bytes for p in fr if p.source == REPLICAS_SOURCE)
+    budget = (least + bound) // 2
+    tight = explore(Request(MLP, "preset:h100-hosts?hosts=2&gpus=2", algos=(), budget=budget)).frontier
+    assert all(p.source != REPLICAS_SOURCE for p in tight) and any(p.memory_bytes <= budget for p in tight)
+    assert any("not tried: no plan within one host can fit its slice of the batch (512 of 1024" in n
+               for n in tight.notes)
