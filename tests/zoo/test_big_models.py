@@ -305,3 +305,17 @@ def test_zoo_llama_and_the_example_config_agree():
     assert (fields["hidden_size"], fields["intermediate_size"], fields["num_hidden_layers"],
             fields["num_attention_heads"], fields["num_key_value_heads"], fields["vocab_size"]) == \
         tuple(zoo_defaults[k] for k in ("hidden", "ffn", "layers", "heads", "kv_heads", "vocab"))
+
+
+def test_zoo_mixtral_and_the_example_config_agree():
+    # Mistral AI's config.json of Mixtral-8x7B-v0.1, read as a user's file: the published parameter
+    # count, the experts dispatched by capacity with their weights read by the batched matmuls
+    # themselves, and at two layers the same graph as the zoo's (the same operators, in order)
+    spec = load_model("hf:examples/configs/mixtral-8x7b.json?batch=512&seq_len=8192")
+    assert n_params(spec.model) == PUBLISHED["mixtral-8x7b"][0]
+    assert spec.example_inputs[0].shape == (512, 8192) and spec.example_inputs[0].device.type == "meta"
+    short = load_model("hf:examples/configs/mixtral-8x7b.json?batch=2&seq_len=64&layers=2")
+    zoo = build("mixtral-8x7b", {"layers": 2, "batch": 2, "seq_len": 64})
+    from_file, from_zoo = capture(short.model, short.example_inputs), capture(*zoo)
+    assert [n.op for n in from_file.ops] == [n.op for n in from_zoo.ops]
+    assert {q: p.shape for q, p in from_file.params.items()} == {q: p.shape for q, p in from_zoo.params.items()}
