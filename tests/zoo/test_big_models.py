@@ -319,3 +319,18 @@ def test_zoo_mixtral_and_the_example_config_agree():
     from_file, from_zoo = capture(short.model, short.example_inputs), capture(*zoo)
     assert [n.op for n in from_file.ops] == [n.op for n in from_zoo.ops]
     assert {q: p.shape for q, p in from_file.params.items()} == {q: p.shape for q, p in from_zoo.params.items()}
+
+
+@pytest.mark.parametrize("name, config", [("mixtral-8x7b", "mixtral-8x7b.json"), ("llama3-8b", "llama3-8b.json")])
+def test_a_shortened_big_model_plans_from_the_zoo_and_from_its_config_file_alike(name, config):
+    # the published models shortened to two layers and a short batch, on the meta device: planned end
+    # to end (capture, untimed profile, the device model's prices, the search) from the zoo's entry
+    # and from the config file, the same frontier
+    from tensoropt.workflow import Request, explore
+
+    shape = "layers=2&batch=4&seq_len=128"
+    fronts = [explore(Request(spec, "preset:h100-hosts?hosts=1&gpus=2", precision="bf16", algos=(),
+                              cache=False)).frontier
+              for spec in (f"zoo:{name}?{shape}", f"hf:examples/configs/{config}?{shape}")]
+    assert len(fronts[0]) >= 1
+    assert [(p.memory_bytes, p.time_s) for p in fronts[0]] == [(p.memory_bytes, p.time_s) for p in fronts[1]]
