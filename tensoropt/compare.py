@@ -96,7 +96,7 @@ def evaluate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *, 
     plan = res.annotate(plan)
     est = plan.estimate(own or plan.algorithm)
     ok = fits({d: res.memory_bytes.get(d, 0) for d in plan.all_devices}, cluster, budget=budget, reserve=reserve)
-    batch = plan.global_batch_size if plan.replicas else graph.batch_size
+    batch = plan.global_batch_size if plan.replicas or plan.microbatches > 1 else graph.batch_size
     sps = batch / res.time_s if batch and res.time_s > 0 else None
     return CompareRow(algo, res.time_s, sps, res.max_memory_bytes, ok, place_s, tuple(plan.all_devices),
                       est.time_s if est is not None else None,

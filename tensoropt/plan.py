@@ -386,9 +386,28 @@ class Plan:
         return len(self.all_devices)
 
     @property
+    def microbatches(self) -> int:
+        """How many micro-batches a step runs (gradient accumulation; 1: none): ``options["microbatches"]``.
+        Each is the graph's batch (:attr:`batch_size`, the model captured at one micro-batch); a step
+        runs them one after the other, each forward and backward, every gradient accumulated, and
+        steps the optimizer once (:mod:`tensoropt.execute.replicas` cuts the batch)."""
+        return int(self.options.get("microbatches", 1))
+
+    @property
     def global_batch_size(self) -> int | None:
-        """The step's batch: the replica's :attr:`batch_size` times the replicas."""
-        return None if self.batch_size is None else self.batch_size * self.num_replicas
+        """The step's batch: the micro-batch (:attr:`batch_size`) times the micro-batches times the
+        replicas."""
+        return None if self.batch_size is None else self.batch_size * self.microbatches * self.num_replicas
+
+    def with_microbatches(self, k: int) -> Plan:
+        """A copy that runs each step as ``k`` micro-batches of :attr:`batch_size` (its estimates
+        dropped: they priced another step)."""
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise PlanError(f"micro-batches must be a whole number ≥ 1, got {k!r}")
+        options = {key: v for key, v in self.options.items() if key != "microbatches"}
+        if k > 1:
+            options["microbatches"] = k
+        return self._copy(options=options, estimates=[])
 
     def replica_of(self, device: str) -> tuple[int, str]:
         """``(r, d0)``: the replica ``device`` runs and the device of the first group whose role it
@@ -462,6 +481,9 @@ class Plan:
                 _check_shard(graph, name, cfg, sharded, self.configs)
         if self.runtime not in RUNTIMES:
             raise PlanError(f"options.runtime must be one of {', '.join(RUNTIMES)}, got {self.runtime!r}")
+        k = self.options.get("microbatches", 1)
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise PlanError(f"options.microbatches must be a whole number ≥ 1, got {k!r}")
         if sorted(self.order) != sorted(ops):
             raise PlanError("the plan's order must list every operator exactly once")
         pos = {n: i for i, n in enumerate(self.order)}

@@ -87,9 +87,10 @@ class DistributedBackend:
         assert graph.example_inputs is not None   # a torch.export capture keeps its inputs
         ex = apply_plan_distributed(model, graph.example_inputs, plan, self.rt, rank_map=self.rank_map, graph=graph,
                                     collectives=self.collectives)
-        # the graph's inputs, keyword ones included, in its order (with replicas the step's
-        # whole batch: each replica takes its slice)
-        inputs = tuple(call.tensors_for(model)) if plan.replicas else tuple(graph.example_inputs)
+        # the graph's inputs, keyword ones included, in its order (with replicas or micro-batches the
+        # step's whole batch: each replica takes its slice, each micro-batch its part of it)
+        whole = plan.replicas or plan.microbatches > 1
+        inputs = tuple(call.tensors_for(model)) if whole else tuple(graph.example_inputs)
         return RankTrainer(ex, self.rt, inputs)
 
 
@@ -104,6 +105,8 @@ class RankTrainer:
     def describe(self, label: str) -> list[str]:
         ex, plan, rt = self.ex, self.ex.plan, self.rt
         replicas = f" × {plan.num_replicas} replicas (this rank runs replica {ex.replica})" if plan.replicas else ""
+        if plan.microbatches > 1:
+            replicas += f", each step {plan.microbatches} micro-batches of {plan.batch_size}"
         return [f"plan {label}: {len(plan.configs)} operators on {len(plan.devices)} device(s){replicas} over "
                 f"{rt.world_size} rank(s) ({rt.backend}): " + ", ".join(f"{d}→rank {r}" for d, r in ex.rank_of.items())
                 + f"; {len(ex.program.moves)} cross-rank moves, {len(ex.program.collectives)} collectives, "

@@ -80,9 +80,10 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
         model, inputs, graph = load_case(case["model"], float64=True, dropout=False, rt=rt)
         plan = Plan.from_dict(case["plan"])
         reference = copy.deepcopy(model)
-        # a plan with replicas was made for the capture of one replica's slice: captured there
+        # a plan with replicas or micro-batches was made for the capture of one slice: captured there
+        sliced = plan.replicas or plan.microbatches > 1
         ex = apply_plan_distributed(model, inputs, plan, rt, rank_map=case.get("rank_map"),
-                                    graph=None if plan.replicas else graph, collectives=case.get("collectives", "auto"))
+                                    graph=None if sliced else graph, collectives=case.get("collectives", "auto"))
         cmp = compare_distributed(ex, reference, inputs)
         torch.optim.SGD(reference.parameters(), lr=lr).step()
         if ex.local_parameters:

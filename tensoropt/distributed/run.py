@@ -121,6 +121,8 @@ class DistributedExecutor:
         #: derived per step from a base seed rank 0 broadcast at set-up
         self.seed: int | None = None
         self._steps = 0
+        #: the micro-batch this forward runs (:meth:`step`; 0 of 1 for a plan without micro-batches)
+        self.micro = 0
         self.rank_of, self.replica_ranks = replica_ranks(plan, runtime, rank_map)
         #: which replica this rank runs (0 for a plan without replicas)
         self.replica = next((r for r, ranks in enumerate(self.replica_ranks) if runtime.rank in ranks.values()), 0)
@@ -251,8 +253,9 @@ class DistributedExecutor:
         part = terms[0]
         for t in terms[1:]:
             part = part + t
-        if len(self.replica_ranks) > 1:   # the replicas' mean (execute.replicas)
-            part = part * (1.0 / len(self.replica_ranks))
+        slices = len(self.replica_ranks) * self.plan.microbatches
+        if slices > 1:   # the mean over the replicas' micro-batches (execute.replicas)
+            part = part * (1.0 / slices)
         return part
 
     def _placeholder_value(self, kind: str, what: Any, leaves: list[torch.Tensor], params: Mapping[str, torch.Tensor],
@@ -271,8 +274,10 @@ class DistributedExecutor:
             raise DistributedError(f"the planned model takes more tensor inputs than the {len(leaves)} "
                                    "given: pass the inputs it was captured with")
         x = leaves[what]
-        if len(self.replica_ranks) > 1:   # this replica's slice of the step's batch
-            x = replica_slice(x, self.replica, len(self.replica_ranks), self.plan.batch_size or 0, self.batch_dim)
+        k = self.plan.microbatches
+        if len(self.replica_ranks) * k > 1:   # this replica's micro-batch of the step's batch
+            x = replica_slice(x, self.replica * k + self.micro, len(self.replica_ranks) * k,
+                              self.plan.batch_size or 0, self.batch_dim)
         return x.to(dev)
 
     def _step_node(self, n: fx.Node, env: dict[str, Any], params: Mapping[str, torch.Tensor], dev: torch.device,
@@ -441,23 +446,30 @@ class DistributedExecutor:
             return buf
         return self.link.recv(shape, dtype, mv.src, mv.index, mv.source)
 
-    def backward(self, loss: torch.Tensor | None) -> None:
+    def backward(self, loss: torch.Tensor | None, *, first: bool = True, last: bool = True) -> None:
         """Back-propagate ``loss`` (this rank's part, what :meth:`forward` returned; None where
         it returned None) through every rank — one ``torch.autograd.backward`` per rank whose
         messages exchange the gradients of the values that crossed ranks (:mod:`.transport`) —
-        then sum the gradients of shared parameters (see the module docstring)."""
+        then sum the gradients of shared parameters (see the module docstring).  Of a step of
+        micro-batches (:meth:`step`), ``first``: the step's first backward (a ZeRO-1 piece cleared
+        by the optimizer starts without a whole gradient); ``last``: its last — only then are the
+        shared parameters' gradients, accumulated over the micro-batches in their buckets, summed
+        (DDP's ``no_sync`` before it); a sharded gradient (level ≥ 2) is reduce-scattered into its
+        piece by every backward, as one step's."""
         me = self.rt.rank
         if me in self.program.loss_ranks and loss is None:
             raise DistributedError(f"rank {me} computes part of the loss: pass the loss forward() returned")
         roots, self._roots = self._roots, []
-        self.zero.before_backward()
+        if first:
+            self.zero.before_backward()
         self.gradients.attach()
         tensors = ([loss] if loss is not None else []) + roots
         grads = ([None] if loss is not None else []) + [torch.empty(0, device=r.device) for r in roots]
         if tensors:
             torch.autograd.backward(tensors, grads)
         self.link.wait_sends()
-        self.sync_gradients()
+        if last:
+            self.sync_gradients()
 
     @property
     def gradient_buffers(self) -> list[torch.Tensor]:
@@ -480,10 +492,23 @@ class DistributedExecutor:
 
     def step(self, *inputs: Any) -> torch.Tensor:
         """forward + backward (+ gradient sums); returns the whole loss (detached) on every rank:
-        the parts summed over the ranks (one scalar all-reduce, for the report)."""
-        loss = self.forward(*inputs)
-        self.backward(loss)
-        return self.total_loss(loss)
+        the parts summed over the ranks (one scalar all-reduce, for the report).  A plan of ``k``
+        micro-batches (:attr:`Plan.microbatches <tensoropt.plan.Plan.microbatches>`) takes the
+        step's whole batch and runs ``k`` forwards and backwards on its slices, each loss taken
+        ``1/k`` (the step's loss is their mean), every gradient accumulated, summed after the last."""
+        k = self.plan.microbatches
+        total: torch.Tensor | None = None
+        try:
+            for j in range(k):
+                self.micro = j
+                loss = self.forward(*inputs)
+                self.backward(loss, first=j == 0, last=j == k - 1)
+                part = self.total_loss(loss)
+                total = part if total is None else total + part
+        finally:
+            self.micro = 0
+        assert total is not None
+        return total
 
     def total_loss(self, part: torch.Tensor | None) -> torch.Tensor:
         """The loss from every rank's part (:meth:`forward`), on every rank (detached; float32 as

@@ -104,29 +104,32 @@ def _reference_step(executor: DistributedExecutor, reference: nn.Module, call: M
     keyed by ``seed``, as the plan's, under the plan's autocast.  A plan with replicas: the mean
     of the steps of ``R`` copies of ``reference``, each on its replica's slice of the batch
     (:mod:`tensoropt.execute.replicas`: what data parallelism computes), the buffers those of
-    this rank's replica's copy."""
+    this rank's replica's copy; with ``k`` micro-batches, each copy runs its slice's ``k`` one
+    after the other, every loss taken ``1/(R·k)``, the gradients accumulated."""
     reference.zero_grad(set_to_none=True)
-    replicas = executor.plan.num_replicas
+    replicas, k = executor.plan.num_replicas, executor.plan.microbatches
+    slices = replicas * k
     copies = [reference] + [copy.deepcopy(reference) for _ in range(replicas - 1)]
     losses, scales = [], []
     loss_tolerance = None
     for r, model in enumerate(copies):
-        part = call if replicas == 1 else replica_call(call, r, replicas, executor.plan.batch_size or 0,
-                                                       executor.batch_dim)
-        where = device_types([*model.parameters(), *args])
-        with KeyedRandomMode(seed), precision_context(executor.precision, where):
-            ref_out = part.run(model)
-        if executor.loss == "check":
-            one, scale, loss_tolerance = loss_of(ref_out, None)
-        else:
-            one = training_loss(ref_out)
-            scale = sum(float(t.detach().float().abs().mean()) for t in _float_tensors(ref_out) if t.numel())
-            loss_tolerance = tolerance_for(one.dtype)
-        (one / replicas if replicas > 1 else one).backward()
-        losses.append(one.detach())
-        scales.append(scale)
-    ref_loss = losses[0] if replicas == 1 else torch.stack(losses).mean()
-    loss_scale = sum(scales) / replicas
+        for j in range(k):   # replica r's micro-batches one after the other, on its copy
+            part = call if slices == 1 else replica_call(call, r * k + j, slices, executor.plan.batch_size or 0,
+                                                         executor.batch_dim)
+            where = device_types([*model.parameters(), *args])
+            with KeyedRandomMode(seed), precision_context(executor.precision, where):
+                ref_out = part.run(model)
+            if executor.loss == "check":
+                one, scale, loss_tolerance = loss_of(ref_out, None)
+            else:
+                one = training_loss(ref_out)
+                scale = sum(float(t.detach().float().abs().mean()) for t in _float_tensors(ref_out) if t.numel())
+                loss_tolerance = tolerance_for(one.dtype)
+            (one / slices if slices > 1 else one).backward()
+            losses.append(one.detach())
+            scales.append(scale)
+    ref_loss = losses[0] if slices == 1 else torch.stack(losses).mean()
+    loss_scale = sum(scales) / slices
     assert loss_tolerance is not None
     if replicas > 1:   # the copies' gradients into the reference's: their mean
         for p, *others in zip(reference.parameters(), *(m.parameters() for m in copies[1:])):

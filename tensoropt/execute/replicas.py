@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..capture.call import ModelCall
 from ..errors import TensorOptError
 
-__all__ = ["replica_slice", "replica_call", "call_for_capture"]
+__all__ = ["replica_slice", "replica_call", "call_for_capture", "microbatch_call"]
 
 
 def replica_slice(value: Any, replica: int, replicas: int, batch: int, batch_dim: int = 0) -> Any:
@@ -57,18 +57,28 @@ def replica_call(call: ModelCall, replica: int, replicas: int, batch: int, batch
 
 def call_for_capture(call: ModelCall, plan: Any, batch_dim: int = 0) -> ModelCall:
     """The inputs the graph of ``plan`` (a :class:`~tensoropt.plan.Plan`) was captured with:
-    ``call`` itself, or for a plan with replicas the first replica's slice of it (the step's
-    batch must be the replicas' times the plan's: :class:`~tensoropt.errors.TensorOptError`
-    naming the batch to pass otherwise)."""
-    if not plan.replicas:
+    ``call`` itself, or for a plan with replicas or micro-batches the first slice of it — replica
+    ``r``'s micro-batch ``j`` is slice ``r·k + j`` of ``R·k`` (:func:`microbatch_call`) — the step's
+    batch must be ``R·k`` times the plan's (:class:`~tensoropt.errors.TensorOptError` naming the
+    batch to pass otherwise)."""
+    n = plan.num_replicas * plan.microbatches
+    if n == 1:
         return call
-    r, b = plan.num_replicas, plan.batch_size
+    b = plan.batch_size
     sizes = {int(t.shape[batch_dim]) for t in _tensors((call.args, call.kwargs)) if t.dim() > batch_dim}
-    if b is None or r * b not in sizes:
-        raise TensorOptError(f"the plan runs {r} replicas of batch {b} (a step of {r * (b or 0)}), but the model's "
+    if b is None or n * b not in sizes:
+        runs = " × ".join(x for x in (f"{plan.num_replicas} replicas" if plan.replicas else "",
+                                      f"{plan.microbatches} micro-batches" if plan.microbatches > 1 else "") if x)
+        raise TensorOptError(f"the plan runs {runs} of batch {b} (a step of {n * (b or 0)}), but the model's "
                              f"inputs have batch {'/'.join(map(str, sorted(sizes))) or 'none'}: build the model with "
-                             f"batch {r * (b or 0)} (--batch {r * (b or 0)})")
-    return replica_call(call, 0, r, b, batch_dim)
+                             f"batch {n * (b or 0)} (--batch {n * (b or 0)})")
+    return replica_call(call, 0, n, b, batch_dim)
+
+
+def microbatch_call(call: ModelCall, j: int, k: int, batch: int, batch_dim: int = 0) -> ModelCall:
+    """Micro-batch ``j`` of ``k`` of one replica's step (``call``, ``k × batch`` rows): its ``j``-th
+    slice of ``batch`` (:func:`replica_slice`'s rule)."""
+    return replica_call(call, j, k, batch, batch_dim)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

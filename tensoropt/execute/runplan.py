@@ -139,9 +139,11 @@ def run_plan(model_spec: str, plan_path: str, backend: Backend, options: RunOpti
     report: Say = say if backend.reports else (lambda _text: None)
     steady_malloc()   # the profile's allocator regime (tensoropt._malloc)
     replicated = Plan.load(plan_path)
-    if replicated.replicas and not getattr(backend, "runs_replicas", False):
-        raise TensorOptError(f"the plan runs {replicated.num_replicas} replicas on {replicated.num_devices} devices "
-                             "(data parallel across its groups): run it on the distributed backend, one process per "
+    if (replicated.replicas or replicated.microbatches > 1) and not getattr(backend, "runs_replicas", False):
+        what = (f"{replicated.num_replicas} replicas on {replicated.num_devices} devices (data parallel across its "
+                "groups)" if replicated.replicas else
+                f"each step as {replicated.microbatches} micro-batches (gradient accumulation)")
+        raise TensorOptError(f"the plan runs {what}: run it on the distributed backend, one process per "
                              f"device (tensoropt run --backend dist, or torchrun --nproc-per-node "
                              f"{replicated.num_devices} -m tensoropt.cli run …)")
     check_executable(options.precision, TensorOptError)
