@@ -64,6 +64,12 @@ def load_case(model_spec: str, *, float64: bool = False, dropout: bool = True,
     return model, inputs, capture(model, inputs, name=name, method="export")
 
 
+def _graph_for(plan: Plan, graph: OpGraph) -> OpGraph | None:
+    """``graph`` (the capture of the step's batch) where ``plan`` was made for it; None — capture
+    here — for a plan of replicas or micro-batches, made for the capture of one slice."""
+    return None if plan.replicas or plan.microbatches > 1 else graph
+
+
 def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1) -> list[dict[str, Any]]:
     """For each case ``{"model": spec, "plan": plan dict, "rank_map": …, "collectives": …}`` (the
     last two optional: :func:`apply_plan_distributed`), in float64
@@ -80,10 +86,8 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
         model, inputs, graph = load_case(case["model"], float64=True, dropout=False, rt=rt)
         plan = Plan.from_dict(case["plan"])
         reference = copy.deepcopy(model)
-        # a plan with replicas or micro-batches was made for the capture of one slice: captured there
-        sliced = plan.replicas or plan.microbatches > 1
         ex = apply_plan_distributed(model, inputs, plan, rt, rank_map=case.get("rank_map"),
-                                    graph=None if sliced else graph, collectives=case.get("collectives", "auto"))
+                                    graph=_graph_for(plan, graph), collectives=case.get("collectives", "auto"))
         cmp = compare_distributed(ex, reference, inputs)
         torch.optim.SGD(reference.parameters(), lr=lr).step()
         if ex.local_parameters:
@@ -119,7 +123,8 @@ def train_like_model(rt: Runtime, cases: Sequence[Mapping[str, Any]], steps: int
     for case in cases:
         model, inputs, graph = load_case(case["model"], float64=True, dropout=False, rt=rt)
         reference = copy.deepcopy(model)
-        ex = apply_plan_distributed(model, inputs, Plan.from_dict(case["plan"]), rt, graph=graph)
+        plan = Plan.from_dict(case["plan"])
+        ex = apply_plan_distributed(model, inputs, plan, rt, graph=_graph_for(plan, graph))
         call = ModelCall.of(inputs)
         args = call.tensors_for(reference)     # the executor takes the graph's inputs in the graph's order
         opt = make_optimizer(optimizer, list(ex.local_parameters.values()), lr=lr) if ex.local_parameters else None
@@ -164,7 +169,8 @@ def held_bytes(rt: Runtime, model_spec: str, plan: Mapping[str, Any], optimizer:
     with ``memory``, ``peak`` — the MemTracker peak of a second step (:func:`measure_plan`'s).
     Returns them by rank."""
     model, inputs, graph = load_case(model_spec, rt=rt)
-    ex = apply_plan_distributed(model, inputs, Plan.from_dict(plan), rt, graph=graph)
+    made = Plan.from_dict(plan)
+    ex = apply_plan_distributed(model, inputs, made, rt, graph=_graph_for(made, graph))
     params = list(ex.local_parameters.values())
     opt = make_optimizer(optimizer, params) if params else None
     ex.step(*inputs)
@@ -225,7 +231,8 @@ def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps
     (per rank, medians), ``peak_bytes`` (per rank), ``moves``, ``collectives`` (kind → count).
     ``fail_rank``: that rank exits abruptly in the middle of the first step (to test what its peers do)."""
     model, inputs, graph = load_case(model_spec, rt=rt)
-    ex = apply_plan_distributed(model, inputs, Plan.from_dict(plan), rt, rank_map=rank_map, graph=graph,
+    made = Plan.from_dict(plan)
+    ex = apply_plan_distributed(model, inputs, made, rt, rank_map=rank_map, graph=_graph_for(made, graph),
                                 collectives=collectives)
     params = list(ex.local_parameters.values())
     opt = make_optimizer(optimizer, params) if params else None
@@ -240,10 +247,10 @@ def measure_plan(rt: Runtime, model_spec: str, plan: Mapping[str, Any], *, steps
         ex.link.barrier()
         sync()
         t0 = time.perf_counter()
-        loss = ex.forward(*inputs)
         if fail_rank == rt.rank:
+            ex.forward(*inputs)
             os._exit(3)   # die mid-step, without a word (what a crash or an OOM kill looks like)
-        ex.backward(loss)
+        ex.forward_backward(*inputs)
         sync()
         t1 = time.perf_counter()
         if opt is not None:
@@ -290,8 +297,7 @@ def _tracked_peak(ex: DistributedExecutor, model: nn.Module, opt: torch.optim.Op
 
 
 def _one_step(ex: DistributedExecutor, opt: torch.optim.Optimizer | None, inputs: tuple[Any, ...]) -> None:
-    loss = ex.forward(*inputs)
-    ex.backward(loss)
+    ex.forward_backward(*inputs)
     if opt is not None:
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -492,23 +492,28 @@ class DistributedExecutor:
 
     def step(self, *inputs: Any) -> torch.Tensor:
         """forward + backward (+ gradient sums); returns the whole loss (detached) on every rank:
-        the parts summed over the ranks (one scalar all-reduce, for the report).  A plan of ``k``
-        micro-batches (:attr:`Plan.microbatches <tensoropt.plan.Plan.microbatches>`) takes the
-        step's whole batch and runs ``k`` forwards and backwards on its slices, each loss taken
-        ``1/k`` (the step's loss is their mean), every gradient accumulated, summed after the last."""
+        the parts summed over the ranks (one scalar all-reduce, for the report).  A plan of
+        micro-batches: :meth:`forward_backward`'s, the loss their mean."""
+        parts = [self.total_loss(loss) for loss in self.forward_backward(*inputs)]
+        return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
+
+    def forward_backward(self, *inputs: Any) -> list[torch.Tensor | None]:
+        """One step's forwards and backwards (+ gradient sums): this rank's loss part of each.  A
+        plan of ``k`` micro-batches (:attr:`Plan.microbatches <tensoropt.plan.Plan.microbatches>`)
+        takes the step's whole batch and runs ``k`` forwards and backwards on its slices, each loss
+        taken ``1/k`` (the step's loss is their mean), every gradient accumulated, summed after the
+        last."""
         k = self.plan.microbatches
-        total: torch.Tensor | None = None
+        losses: list[torch.Tensor | None] = []
         try:
             for j in range(k):
                 self.micro = j
                 loss = self.forward(*inputs)
                 self.backward(loss, first=j == 0, last=j == k - 1)
-                part = self.total_loss(loss)
-                total = part if total is None else total + part
+                losses.append(loss)
         finally:
             self.micro = 0
-        assert total is not None
-        return total
+        return losses
 
     def total_loss(self, part: torch.Tensor | None) -> torch.Tensor:
         """The loss from every rank's part (:meth:`forward`), on every rank (detached; float32 as
