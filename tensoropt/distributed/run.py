@@ -498,7 +498,7 @@ class DistributedExecutor:
         return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
 
     def forward_backward(self, *inputs: Any) -> list[torch.Tensor | None]:
-        """One step's forwards and backwards (+ gradient sums): this rank's loss part of each.  A
+        """One step's forwards and backwards (+ gradient sums): this rank's loss part of each (detached).  A
         plan of ``k`` micro-batches (:attr:`Plan.microbatches <tensoropt.plan.Plan.microbatches>`)
         takes the step's whole batch and runs ``k`` forwards and backwards on its slices, each loss
         taken ``1/k`` (the step's loss is their mean), every gradient accumulated, summed after the
@@ -510,7 +510,9 @@ class DistributedExecutor:
                 self.micro = j
                 loss = self.forward(*inputs)
                 self.backward(loss, first=j == 0, last=j == k - 1)
-                losses.append(loss)
+                # detached: the loss's graph (what its custom functions keep) must not outlive its backward
+                losses.append(None if loss is None else loss.detach())
+                del loss
         finally:
             self.micro = 0
         return losses

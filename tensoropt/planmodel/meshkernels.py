@@ -882,9 +882,14 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             peak, p_grads, p_act, p_tr = t, grads_now, held_now + wide, gsum + wide
     done = synced.copy()
     any_summed = False
+    # a summed gradient read by several operators (a tied weight): autograd sums the contributions before
+    # the flat buffer gets them — the first waits for the others (walk.py's rule)
+    left = np.zeros(nq, dtype=np.int64)
+    waiting = np.zeros(nq, dtype=np.int64)
     for q in range(nq):
         if synced[q] and q_read_ptr[q] < q_read_ptr[q + 1]:
             any_summed = True
+            left[q] = q_read_ptr[q + 1] - q_read_ptr[q]
     for i in range(n - 1, -1, -1):
         if not ng[i]:
             continue
@@ -936,6 +941,8 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             held_now += b
             gsum += b
         acc = 0
+        summing = 0
+        held_after = 0
         rs = 0                            # alive in the reduce-scatter after the backward (walk.py's rule)
         rs_pieces = 0
         for j in range(node_q_ptr[i], node_q_ptr[i + 1]):
@@ -958,6 +965,15 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             elif synced[q]:
                 piece = -(-q_bytes[q] // pieces[i, c])
                 acc += piece + (b if piece < b else 0)
+                left[q] -= 1
+                if waiting[q] > 0:    # summed after this backward with the waiting one: it (padded) and the sum
+                    summing += b + b
+                    if left[q] == 0:
+                        held_after -= waiting[q]
+                        waiting[q] = 0
+                elif left[q] > 0:
+                    waiting[q] = b
+                    held_after += b
             else:
                 acc += 2 * (-(-q_bytes[q] // pieces[i, c]))
         regath = gath[i] if shard[i, c] >= 3 and not rlive[kg + i] else 0
@@ -969,6 +985,11 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             glive[own] = False
             held_now -= glive_b[own]
             gsum -= glive_b[own]
+        if summing:
+            t = base + grads_now + held_now + summing
+            if t > peak:
+                peak, p_grads, p_act, p_tr = t, grads_now, held_now + summing, gsum + rsum + summing
+        grads_now += held_after
         for j in range(saved_ptr[i], saved_ptr[i + 1]):
             kk = saved_keys[j]
             if saved_regen[j]:

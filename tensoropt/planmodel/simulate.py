@@ -52,6 +52,10 @@ peak memory of every device and a timeline (for a Gantt chart).
   the block before it the same way.  After a block's backward its gradients are reduce-scattered
   in the masters' dtype, one reduce-scatter per unit after the previous one (the root's after the
   whole backward), overlapping the next block's backward.
+- *Micro-batches* (:attr:`~tensoropt.plan.Plan.microbatches`, gradient accumulation): the step
+  runs ``k`` micro-batches one after the other, the first ``k − 1`` without the gradient sums and
+  the gathers of updated parameters (a sharded gradient's reduce-scatter is in every backward):
+  ``(k − 1) · T_early + T_last``; the timeline is the last micro-batch's, after the others.
 - The optimizer step's time is not modelled (the CostModel has none).  The iteration time is
   when the last device or link finishes.
 
@@ -82,7 +86,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..cluster import Cluster
@@ -349,13 +353,28 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
     check_costs_kind(costs, cluster, plan.all_devices)   # never one device kind's times priced as another's
     needs_grad = grad_nodes(graph)
     edges = plan_edges(plan, graph, cluster)
-    step = _StepTasks(plan, graph, cluster, edges, needs_grad, _node_times(plan, graph, costs))
+    times = _node_times(plan, graph, costs)
+    step = _StepTasks(plan, graph, cluster, edges, needs_grad, times)
     fwd_task = step.forward()
     loss, outputs = step.loss(fwd_task)
     bwd_task = step.backward(loss, outputs)
     step.gradient_syncs(bwd_task, overlap)
     total = step.sched.run()
     timeline, compute_s, link_s = _timeline(step.sched, plan.devices)
+    k = plan.microbatches
+    if k > 1:
+        # the micro-batches before the last: the same forward and backward (a sharded gradient's
+        # reduce-scatter in it), without the gradient sums and the updated parameters' gathers, which
+        # only the last runs; one after the other.  The timeline is the last one's, after them
+        early = _StepTasks(plan, graph, cluster, edges, needs_grad, times)
+        early.backward(*early.loss(early.forward()))
+        each = early.sched.run()
+        _, compute_early, link_early = _timeline(early.sched, plan.devices)
+        shift = (k - 1) * each
+        total += shift
+        timeline = [replace(e, start=e.start + shift, end=e.end + shift) for e in timeline]
+        compute_s = {d: v + (k - 1) * compute_early.get(d, 0.0) for d, v in compute_s.items()}
+        link_s = {r: link_s.get(r, 0.0) + (k - 1) * link_early.get(r, 0.0) for r in {*link_s, *link_early}}
     if not memory:
         return SimResult(total, {}, compute_s, link_s, timeline, {}, optimizer, overlap, costs_source(costs))
     mem = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=foreach,

@@ -391,12 +391,14 @@ def plan_memory(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, 
     devices, 13 s walked whole).  ``accumulate``: a later micro-batch of a step that accumulates
     gradients (a pipeline's): every parameter gradient exists from the start, and each backward's
     contribution is made, then added in place (autograd's ``AccumulateGrad``) — alive only during
-    that backward; plans without sharding levels or FSDP2 units only.  O(V + E) per device."""
+    that backward; a sharded one's block added into its piece, there from the start.  A plan of
+    micro-batches (:attr:`Plan.microbatches <tensoropt.plan.Plan.microbatches>`) is walked both
+    ways, the first micro-batch and a later one, and each device keeps the larger.  Micro-batches
+    and ``accumulate`` are priced as tensoropt's executor runs them (runtime ``executor``; a
+    :class:`~tensoropt.plan.PlanError` for PyTorch's wrappers).  O(V + E) per device (twice with
+    micro-batches)."""
     plan.check(graph, cluster)
     costs.check_graph(graph)
-    if accumulate and (plan.runtime == "fsdp2" or any(c.shard for c in plan.configs.values())):
-        raise ValueError("accumulate: plans without sharding levels only (a sharded gradient is reduce-scattered "
-                         "at every backward)")
     return walk(plan, graph, costs, plan_edges(plan, graph, cluster), grad_nodes(graph), optimizer=optimizer,
                 foreach=foreach, context_bytes=context_bytes, stop_over=stop_over, accumulate=accumulate)
 
@@ -407,6 +409,10 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     """The walk of every device (the module docstring says what it counts), over the reshards
     ``edges`` and the nodes that compute a gradient ``needs_grad``; with ``stop_over``, up to the
     first device whose peak exceeds its figure (:func:`plan_memory`, which says ``accumulate``)."""
+    if (accumulate or plan.microbatches > 1) and plan.runtime not in ("executor", "pipelining"):
+        raise PlanError(f"micro-batches are priced as tensoropt's executor runs them, not as {plan.runtime} "
+                        "(PyTorch's wrappers accumulate gradients their own ways): price the plan with runtime "
+                        "'executor'")
     alpha = optimizer_alpha(optimizer)
     devices = plan.devices
     mem = {d: StepMemory() for d in devices}
@@ -426,12 +432,20 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
         if twin[d] in result:   # its walk is an earlier device's, input for input
             mem[d] = replace(result[twin[d]])
         else:
-            dw = _DeviceWalk(d, mem[d], plan, graph, costs, storage, params, synced, needs_grad, model_outputs,
-                             context_bytes, [sg for sg in segments if d in plan.configs[sg[0]].devices], units,
-                             accumulate=accumulate)
-            dw.forward(edges.batch)
-            dw.backward()
-            dw.optimizer_step(optimizer, trainable_sizes[d], foreach=foreach)
+            own = [sg for sg in segments if d in plan.configs[sg[0]].devices]
+            # a step of micro-batches: the first (no gradient yet but the flat buffers) and a later one
+            # (every gradient there from the start), each with the update after the last; the larger
+            walks = [accumulate] if accumulate or plan.microbatches == 1 else [False, True]
+            first = replace(mem[d])
+            for later in walks:
+                m = replace(first)
+                dw = _DeviceWalk(d, m, plan, graph, costs, storage, params, synced, needs_grad, model_outputs,
+                                 context_bytes, own, units, accumulate=later)
+                dw.forward(edges.batch)
+                dw.backward()
+                dw.optimizer_step(optimizer, trainable_sizes[d], foreach=foreach)
+                if m.peak > mem[d].peak or not later:
+                    mem[d] = m
         result[d] = mem[d]
         if stop_over is not None and mem[d].peak > stop_over[d]:
             break
@@ -686,6 +700,7 @@ class _DeviceWalk:
                  model_outputs: list[str], context_bytes: int, segments: list[tuple[str, ...]],
                  units: Fsdp2Units | None = None, accumulate: bool = False) -> None:
         self.d, self.m, self.graph, self.costs, self.configs = d, m, graph, costs, plan.configs
+        self.microbatches = plan.microbatches
         # FSDP2's units (runtime fsdp2): what each has gathered, its whole gradients so far, which
         # have run their pre-backward, the all-gather output kept in forward
         self.units = units
@@ -729,6 +744,23 @@ class _DeviceWalk:
         self.grads_now = sum(params.held[(q, d)] for q in self.summed)
         # a later micro-batch (plan_memory's accumulate): every gradient already there
         self.accumulate = accumulate
+        #: a sharded gradient's readers here still to run their backward (a later micro-batch): autograd sums
+        #: a tied weight's blocks before adding them into the piece, so the first reader's block waits for the
+        #: last reader's (in ``waiting``), freed once it joins
+        self.readers_left: dict[str, int] = {}
+        self.waiting: dict[str, int] = {}
+        self.released = 0
+        #: bytes that join ``grads_now`` right after the current backward's moment (a summed gradient's
+        #: first contribution, waiting in autograd's buffer for the other readers')
+        self.held_after = 0
+        #: bytes alive while autograd sums a later contribution into the waiting one (it and the sum)
+        self.summing = 0
+        summed = set(self.summed)
+        for name in self.prog:
+            node = graph.nodes[name]
+            for q in (*node.params, *node.param_reads):
+                if q in summed or (accumulate and q in params.sharded and params.sharded[q][0].shards("gradients")):
+                    self.readers_left[q] = self.readers_left.get(q, 0) + 1
         if accumulate:
             self.grads_now = m.grads
 
@@ -798,9 +830,9 @@ class _DeviceWalk:
         after its last reader (savers do not change in forward)."""
         live, st, d = self.live, self.st, self.d
         for (x, dd), b in batch.items():
-            if dd == d:
-                live[(x, "batch")] = b
-                self.m.inputs += b
+            if dd == d:   # the caller holds the step's batch: every micro-batch of it
+                live[(x, "batch")] = b * self.microbatches
+                self.m.inputs += b * self.microbatches
         self.note("forward", "inputs")
         units = self.units
         if units is not None and units.root >= 0:
@@ -935,6 +967,14 @@ class _DeviceWalk:
             live.pop(k, None)
         if own == (name, "out"):
             live.pop((own, "#grad"), None)
+        if self.summing:
+            live[("#sum",)] = self.summing
+            self.note("backward", f"{name} (gradients summed)")
+            live.pop(("#sum",))
+            self.summing = 0
+        # a summed gradient's first contribution kept waiting; the last sum's waiting one freed
+        self.grads_now += self.held_after
+        self.held_after = 0
         for k in self.saved_by.get(name, ()):
             s = self.savers[k]
             s.discard(name)
@@ -954,6 +994,8 @@ class _DeviceWalk:
             live[("#reduce-scatter",)] = scattered + regathered
             self.note("backward", f"{name} (reduce-scatter)")
             live.pop(("#reduce-scatter",))
+            self.grads_now -= self.released   # the waiting blocks added into their pieces
+            self.released = 0
 
     def _recompute(self, seg: int) -> None:
         """Segment ``seg``'s forward runs again, all of it: every tensor its nodes save comes back
@@ -997,10 +1039,21 @@ class _DeviceWalk:
                 level, piece, whole = self.params.sharded.get(p, (Shard.NONE, 0, 0))
                 if level.shards("gradients"):
                     # made whole by the backward, reduce-scattered after it (_node_backward): the piece
-                    # stays; a tied weight's later reader adds its block into the piece (transiently)
+                    # stays; a tied weight's later reader — and, in a later micro-batch, every reader: the
+                    # piece is there from the start — adds its block into the piece (transiently)
                     accumulating += whole
                     scattered += whole
-                    if p not in param_done:
+                    if self.accumulate:
+                        left = self.readers_left[p] = self.readers_left.get(p, 1) - 1
+                        if p not in param_done and left > 0:   # its block waits for the others'
+                            param_done.add(p)
+                            pieces += piece
+                            self.waiting[p] = piece
+                        else:
+                            scattered += piece
+                            if left == 0:
+                                self.released += self.waiting.pop(p, 0)
+                    elif p not in param_done:
                         param_done.add(p)
                         pieces += piece
                     else:
@@ -1014,9 +1067,20 @@ class _DeviceWalk:
                         self.grads_now += b
                 elif p in self.synced and not self.ddp:
                     # a piece of a parameter held whole (read whole elsewhere, or cut two
-                    # ways): the cut's backward makes a whole-sized gradient of it
+                    # ways): the cut's backward makes a whole-sized gradient of it.  Read by several
+                    # operators here (a tied weight), autograd sums the contributions before the flat
+                    # buffer gets them: the first waits (whole) for the others, each later one is made
+                    # beside it with their sum (out of place), the last sum goes into the buffer
                     piece = self.params.piece_of[(name, p)]
                     accumulating += piece + (b if piece < b else 0)
+                    left = self.readers_left[p] = self.readers_left.get(p, 1) - 1
+                    if p in self.waiting:   # summed after this backward (the piece padded, then freed)
+                        self.summing += b + b
+                        if left == 0:
+                            self.held_after -= self.waiting.pop(p)
+                    elif left > 0:
+                        self.waiting[p] = b
+                        self.held_after += b
                 else:   # autograd sums a later contribution out of place: it and the sum
                     accumulating += 2 * self.params.piece_of[(name, p)]
         return accumulating, scattered, pieces

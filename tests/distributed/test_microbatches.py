@@ -1,15 +1,21 @@
 """Micro-batches (gradient accumulation) on gloo ranks: a plan whose step runs as three micro-batches of
 two rows trains as the unmodified model does on its six — the same loss, every gradient, one SGD step
 — at every sharding level (the shared gradients summed once, after the last micro-batch; a sharded one
-reduce-scattered into its piece by every backward), split by channels, and with replicas across hosts."""
+reduce-scattered into its piece by every backward), split by channels, and with replicas across hosts;
+and each rank holds what the walk prices for the step (its first micro-batch or a later one, whichever
+holds more), a tied weight's gradients summed as autograd sums them."""
 
 from pathlib import Path
 
+import pytest
+
+import tensoropt
 from tensoropt import NodeConfig, Plan, capture
 from tensoropt.distributed import launch
-from tensoropt.distributed.jobs import check_plans, load_case, train_like_model
+from tensoropt.distributed.jobs import check_plans, load_case, measure_plan, train_like_model
 from tensoropt.execute.replicas import replica_slice
 from tensoropt.graph import block_of
+from tensoropt.planmodel.walk import plan_memory
 
 SMALL = f"{Path(__file__).with_name('segment_models.py')}:small_residual_mlp"   # batch 6
 MESH = ("h0g0", "h0g1")
@@ -64,3 +70,28 @@ def test_micro_batches_train_for_three_adamw_steps_as_the_model_on_the_whole_bat
     for r in results:
         # the parameters in float64; the loss is reported in float32 (training_loss): two ulps of it
         assert r["params_rel_diff"] < 1e-12 and r["loss_rel_diff"] < 2.5e-7
+
+
+#: GPT-2 narrow and short (its embedding tied to the output layer), a step of 4 sequences
+GPT2 = "zoo:gpt2?layers=2&hidden=128&heads=4&vocab=4096&seq_len=64"
+
+
+@pytest.mark.parametrize(("placer", "k"), [("dp", 1), ("dp", 2), ("zero1", 2), ("fsdp+ac", 2)])
+def test_each_rank_holds_what_the_walk_prices_for_a_step_of_micro_batches(placer, k):
+    # measured: PyTorch's MemTracker over one step after one (measure_plan); the step's batch of 4 is cut
+    # into k micro-batches, one or two rows a rank.  What moved the walk onto these (each found in the
+    # tensors alive at the measured peak): the tied embedding's gradient — the output layer's contribution
+    # waits in autograd's buffer for the embedding's, the two summed out of place (dp at one row a rank
+    # was 3.3 % under); a later micro-batch's sharded piece there from the start, the first reader's block
+    # waiting for the tied reader's (fsdp+ac 6.0 % under); the caller's whole batch
+    graph = tensoropt.load_model(f"{GPT2}&batch={4 // k}").capture(method="export")
+    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")    # memory only: the kind does not matter
+    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
+    plan = tensoropt.place(graph, costs, cluster, placer, devices=["gpu0", "gpu1"], optimizer="adamw")
+    plan = Plan.from_dict({**plan.to_dict(), "options": {**plan.options, "runtime": "executor"}}).with_microbatches(k)
+    walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
+    got = launch(measure_plan, 2, {"model_spec": f"{GPT2}&batch=4", "plan": plan.to_dict(), "steps": 1, "warmup": 1,
+                                   "optimizer": "adamw"}, timeout_s=300)[0]
+    for rank, device in enumerate(("gpu0", "gpu1")):
+        measured = got["peak_bytes"][rank]
+        assert abs(walked[device].peak - measured) <= 1e-4 * measured, (rank, walked[device].peak, measured)

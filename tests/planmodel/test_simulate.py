@@ -170,6 +170,24 @@ def test_data_parallel_linear_halves_compute_and_all_reduces_the_weight():
     assert one.memory_bytes["g0"] == step_memory(g, costs, optimizer="sgd")["dev0"].peak
 
 
+def test_micro_batches_run_one_after_the_other_and_sum_the_gradients_once():
+    # the data-parallel linear above (forward 2 s, backward 4 s a device, the all-reduce ar) as three
+    # micro-batches: the first two forward and backward without the sum, the last with it —
+    # 3 · 6 + ar; each device computes three times as long; the timeline is the last micro-batch's.
+    # Memory: the later micro-batches hold what the first does here (the buffer is there from the start
+    # of each), but the caller holds the step's three micro-batches of input: 216 + 2 · 64
+    g, costs = build([linear("lin", "x")], outputs=["lin"], inputs=(("x", 128),))
+    c = two()
+    plan = plan_of(g, {"lin": NodeConfig(("g0", "g1"), "batch")}).with_microbatches(3)
+    res = simulate(plan, g, costs, c, optimizer="sgd")
+    ar = ring_allreduce_time(c, ["g0", "g1"], 40)
+    assert res.time_s == 3 * 6.0 + ar
+    assert res.compute_s == {"g0": 18.0, "g1": 18.0}
+    assert events(res, "allreduce") == [("g0->g1", "lin", 18.0, 18.0 + ar), ("g1->g0", "lin", 18.0, 18.0 + ar)]
+    assert events(res, "fp") == [("g0", "lin", 12.0, 14.0), ("g1", "lin", 12.0, 14.0)]
+    assert res.memory_bytes == {"g0": 216 + 2 * 64, "g1": 216 + 2 * 64}
+
+
 def test_parameters_read_by_the_same_devices_are_summed_in_one_all_reduce():
     g, costs = build([linear("l1", "x"), linear("l2", "l1")], outputs=["l2"], inputs=(("x", 128),))
     c = two()

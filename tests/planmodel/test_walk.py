@@ -63,7 +63,7 @@ def test_a_later_micro_batch_holds_every_gradient_and_its_contribution_beside_it
     place: 16,384 B above the first micro-batch's walk, whose backward makes the gradient itself."""
     import torch
 
-    from tensoropt.plan import Plan
+    from tensoropt.plan import Plan, PlanError
 
     graph = tensoropt.capture(torch.nn.Linear(64, 64, bias=False), (torch.randn(8, 64),))
     cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
@@ -75,7 +75,19 @@ def test_a_later_micro_batch_holds_every_gradient_and_its_contribution_beside_it
     assert first.grads == later.grads == 64 * 64 * 4
     assert first.peak_phase == later.peak_phase == "backward"
     assert later.peak - first.peak == 64 * 64 * 4
-    zero = Plan({n.name: NodeConfig(("gpu0", "gpu1"), shard=2) for n in graph.ops},
+    # ZeRO-2 over two devices: the weight's gradient piece (8,192 B) is there from the start of a later
+    # micro-batch, and the reduce-scatter's block is added into it (8,192 B beside it): 8,192 B above
+    # the first micro-batch, whose reduce-scatter makes the piece
+    zero = Plan({n.name: NodeConfig(("gpu0", "gpu1"), "batch", shard=2) for n in graph.ops},
                 graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size)
-    with pytest.raises(ValueError, match="without sharding levels"):
-        walk.plan_memory(zero, graph, costs, cluster, accumulate=True)
+    first = walk.plan_memory(zero, graph, costs, cluster, optimizer="sgd")["gpu0"]
+    later = walk.plan_memory(zero, graph, costs, cluster, optimizer="sgd", accumulate=True)["gpu0"]
+    assert first.grads == later.grads == 64 * 64 * 4 // 2
+    assert later.peak - first.peak == 64 * 64 * 4 // 2
+    # a plan of micro-batches is walked both ways: the larger
+    assert walk.plan_memory(zero.with_microbatches(2), graph, costs, cluster, optimizer="sgd")["gpu0"].peak == \
+        later.peak + 8 * 64 * 4 // 2    # and the caller holds the step's batch: two micro-batches' rows
+    # PyTorch's wrappers accumulate their own ways: not priced
+    fsdp2 = Plan.from_dict({**zero.to_dict(), "options": {"runtime": "fsdp2"}})
+    with pytest.raises(PlanError, match="wrappers accumulate"):
+        walk.plan_memory(fsdp2.with_microbatches(2), graph, costs, cluster)
