@@ -34,12 +34,13 @@ def export_dir(plan_id: str) -> str:
 
 
 def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int,
-                 replicas: int = 1) -> tuple[list[str], str]:
+                 replicas: int = 1, microbatches: int = 1) -> tuple[list[str], str]:
     """``(commands, note)``: the check-and-run command, the distributed one and the export for the
     plan ``plan_id`` on ``num_devices`` devices of the result of ``request`` (a request dict), and a
     note (empty, or why the model cannot be rebuilt by ``tensoropt run`` and ``export``).  A 2-D
     plan (``replicas`` > 1 hosts of ``num_devices`` each) runs only on the distributed backend,
-    one process per device of every host: its check is the distributed run's, and it has no export.
+    one process per device of every host: its check is the distributed run's, and it has no export;
+    so does a plan that steps several micro-batches (``microbatches`` > 1, gradient accumulation).
 
     >>> cmds, note = run_commands({"model": "zoo:gpt2?layers=2", "batch": None, "precision": None,
     ...                            "cluster": "preset:v100-8-nvlink"}, "p003", 8)
@@ -68,6 +69,10 @@ def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int,
                                            f"{int(num_devices)} devices — run it on the distributed backend, the "
                                            "torchrun line on every host (with its --node-rank and "
                                            "--rdzv-endpoint); tensoropt export does not write it yet")
+    if microbatches > 1:
+        return [dist + " --check", dist], (f"a step of {int(microbatches)} micro-batches (gradient accumulation) — "
+                                           "run it on the distributed backend, one process per device; tensoropt "
+                                           "export does not write it yet")
     check = " ".join(["tensoropt", "run", *args, "--check"])
     cluster = str(request.get("cluster") or "")
     export = " ".join(["tensoropt", "export", shlex.quote(plan_filename(plan_id)), shlex.quote(model), "--to",

@@ -328,11 +328,15 @@ def plan_options(store: ResultStore, key: str) -> list[dict[str, str]]:
 def plan_commands(store: ResultStore, key: str, plan_id: str) -> str:
     """The commands that check and run a plan of a result (:func:`~.commands.run_commands`), as shown."""
     plan = store.plan(key, plan_id)
-    cmds, note = run_commands(store.summary(key).get("request") or {}, plan_id, len(plan.devices), plan.num_replicas)
+    cmds, note = run_commands(store.summary(key).get("request") or {}, plan_id, len(plan.devices), plan.num_replicas,
+                              plan.microbatches)
     where = (f"{plan.num_replicas} hosts of {len(plan.devices)} device(s)" if plan.replicas
              else f"{len(plan.devices)} device(s)")
+    if plan.microbatches > 1:
+        where += f", each step {plan.microbatches} micro-batches"
+    exports = not plan.replicas and plan.microbatches == 1
     lines = [f"# the plan downloads as {plan_filename(plan_id)}; check it, run it on {where}"
-             + ("" if plan.replicas else ", or export it as a directory torchrun runs") + ":", *cmds]
+             + (", or export it as a directory torchrun runs" if exports else "") + ":", *cmds]
     return "\n".join(lines + ([f"# {note}"] if note else []))
 
 

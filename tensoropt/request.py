@@ -90,6 +90,20 @@ def shard_degrees(text: str) -> tuple[int, ...]:
     return ks
 
 
+def microbatch_counts(text: str) -> tuple[int, ...] | None:
+    """``--microbatches 2,4`` → ``(2, 4)``; ``auto`` → ``None``; argparse reports a bad value."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        ks = tuple(int(k) for k in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--microbatches takes auto or comma-separated counts, e.g. 2,4; got "
+                                         f"{text!r}") from None
+    if not ks or any(k < 1 for k in ks):
+        raise argparse.ArgumentTypeError("--microbatches counts must be whole numbers ≥ 1")
+    return ks
+
+
 def _size(text: str, flag: str) -> int:
     return parse_size(text, flag)
 
@@ -126,7 +140,9 @@ class Request:
     (:mod:`tensoropt.devicemodel`); ``replicas``: on a cluster of several hosts of one shape,
     also the 2-D plans — data parallel across the hosts, the search's plans inside each
     (:mod:`tensoropt.frontier.replicas`: the model captured and profiled again at one host's
-    slice of the batch); ``cache``: read and keep captures and untimed profiles in the cache folder
+    slice of the batch); ``microbatches``: the counts of micro-batches a step may be cut into
+    (gradient accumulation: :func:`tensoropt.workflow.join_microbatches`; ``None``: only where no
+    plan of whole steps fits); ``cache``: read and keep captures and untimed profiles in the cache folder
     (``cache_dir``, else :func:`tensoropt._cache.cache_root`'s), so that a second request for the
     same model costs the search only — ``False``: capture and profile afresh (measured calls too).
 
@@ -187,6 +203,12 @@ class Request:
                                    "shipped for the kind, else the uncalibrated datasheet model)",
                                    metavar="CALIBRATION_JSON")
     replicas: bool = True
+    microbatches: tuple[int, ...] | None = _opt(
+        None, "--microbatches",
+        "steps cut into micro-batches (gradient accumulation), comma-separated counts, e.g. 2,4: the search runs "
+        "again on the model captured at each micro-batch and those plans join the frontier; auto (default): only "
+        "where no plan of whole steps fits, the fewest of 2, 4, 8, … micro-batches whose plans fit; 1: whole steps "
+        "only", type=microbatch_counts, metavar="K,…|auto")
     cache: bool = _opt(True, "--no-cache",
                        "capture and profile afresh: read nothing from the cache folder and keep nothing there "
                        "(captures, untimed profiles, measured operator calls)", negated=True)
@@ -216,6 +238,9 @@ class Request:
             raise TensorOptError(f"the reserve must be ≥ 0 bytes, got {self.reserve}")
         if self.max_walks < 0:
             raise TensorOptError(f"max_walks must be ≥ 0, got {self.max_walks}")
+        if self.microbatches is not None and (not self.microbatches or any(
+                isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.microbatches)):
+            raise TensorOptError(f"micro-batch counts must be whole numbers ≥ 1, got {self.microbatches!r}")
         optimizer_alpha(self.optimizer)          # an unknown optimizer names the choices
         check_precision_name(self.precision)     # so does an unknown precision
         check_budget_value(self.budget)
@@ -241,7 +266,7 @@ class Request:
     def to_dict(self) -> dict[str, Any]:
         """A JSON value (tuples as lists); :meth:`from_dict` reads it back."""
         d = asdict(self)
-        for k in ("devices", "degrees", "algos"):
+        for k in ("devices", "degrees", "algos", "microbatches"):
             d[k] = list(d[k]) if d[k] is not None else None
         return d
 
@@ -249,7 +274,7 @@ class Request:
     def from_dict(cls: type[_RequestT], d: dict[str, Any]) -> _RequestT:
         """The request (of this class: the dashboard's subclass reads its own) :meth:`to_dict` wrote."""
         d = dict(d)
-        for k in ("devices", "degrees", "algos"):
+        for k in ("devices", "degrees", "algos", "microbatches"):
             if d.get(k) is not None:
                 d[k] = tuple(d[k])
         return cls(**d)

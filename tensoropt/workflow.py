@@ -50,12 +50,21 @@ from .cluster import detect_cluster, load_cluster
 from .compare import CompareRow, compare, frontier_failures, frontier_rows, joined, mark_dominated, solver_options
 from .devicemodel.price import Priced, check_measured_fits, price, prices_by_model
 from .errors import ProfileError, TensorOptError
-from .frontier import Frontier, candidate_meshes, host_groups, replicate_frontier, track_frontier
+from .frontier import (
+    MICROBATCHES_SOURCE,
+    BudgetError,
+    Frontier,
+    candidate_meshes,
+    host_groups,
+    replicate_frontier,
+    track_frontier,
+)
 from .measure.costmodel import CostModel
 from .measure.kept import kept_profile, profiling_on
 from .modelspec import LoadedModel, load_model
 from .placers.zero import RECIPES
-from .planmodel.fits import cannot_fit, check_budget_value, least_live_by_count
+from .planmodel.fits import cannot_fit, check_budget_value, fits, least_live_by_count
+from .planmodel.simulate import SimResult
 from .progress import Progress, no_progress
 from .request import DETECTED, Request
 
@@ -254,18 +263,30 @@ def explore(request: Request, progress: Progress = no_progress, *,
     if request.frontier:
         t1 = time.perf_counter()
         progress("frontier", 0, 1, "tracking the frontier")
+        over_budget = False
         try:
-            result.frontier = track_frontier(graph, costs, setup.cluster, meshes=setup.meshes, budget=request.budget,
-                                             resolution=request.resolution, optimizer=request.optimizer,
-                                             reserve=request.reserve, max_walks=request.max_walks,
-                                             progress=progress)
+            try:
+                result.frontier = track_frontier(graph, costs, setup.cluster, meshes=setup.meshes,
+                                                 budget=request.budget, resolution=request.resolution,
+                                                 optimizer=request.optimizer, reserve=request.reserve,
+                                                 max_walks=request.max_walks, progress=progress)
+            except BudgetError as e:
+                if e.frontier is None or request.microbatches == (1,):
+                    raise
+                # no plan of whole steps fits: the 2-D plans and the micro-batches may, and are asked first
+                result.frontier, over_budget = e.frontier, True
+            result.seconds["frontier"] = time.perf_counter() - t1
+            if request.replicas:
+                result.frontier = join_replicas(request, setup, graph, result.frontier, progress)
+            result.frontier = join_microbatches(request, setup, graph, result.frontier, progress)
+            if over_budget and request.budget is not None:
+                result.frontier.check_budget(request.budget)
         except TensorOptError as e:
             if not request.placers:
                 raise
+            result.frontier = None
             result.frontier_error = e   # beside the baselines, a failed frontier is two rows saying why
         result.seconds["frontier"] = time.perf_counter() - t1
-        if result.frontier is not None and request.replicas:
-            result.frontier = join_replicas(request, setup, graph, result.frontier, progress)
         if result.frontier is not None:
             progress("frontier", 1, 1, f"{len(result.frontier)} plans on the frontier")
             if on_frontier is not None:
@@ -350,6 +371,90 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     return frontier.joined(plans, inputs={part.fingerprint: (part, priced.costs)})
 
 
+#: the counts ``auto`` tries, fewest first, where no plan of whole steps fits
+AUTO_MICROBATCHES = (2, 4, 8, 16, 32, 64)
+
+
+def join_microbatches(request: Request, setup: Setup, graph: OpGraph, frontier: Frontier,
+                      progress: Progress = no_progress) -> Frontier:
+    """``frontier`` with plans that step the batch as ``k`` micro-batches (gradient accumulation,
+    :attr:`Plan.microbatches <tensoropt.plan.Plan.microbatches>`) joined where no point dominates
+    them: for each count of the request's ``microbatches`` above one, the model captured at one
+    micro-batch (``batch / k``), profiled and priced, and the frontier tracked for steps of ``k`` of
+    them (:func:`~tensoropt.frontier.track_frontier`'s ``microbatches``: every point walked and
+    simulated as the step runs).  ``microbatches`` ``None`` (auto): only where no point of
+    ``frontier`` fits, the counts of :data:`AUTO_MICROBATCHES` that divide the batch, fewest first,
+    up to the first whose frontier has a plan that fits (fewer micro-batches step faster), leaving out
+    those the walk's lower bound rules out (:func:`~tensoropt.planmodel.fits.cannot_fit`).  Where the
+    request cannot have them, ``frontier`` with a note saying why."""
+    batch = graph.batch_size
+    auto = request.microbatches is None
+    if auto and (not frontier.points or any(p.fits_budget for p in frontier.points)):
+        return frontier
+    # (a budget below every plan of whole steps: the caller asks again once these have joined)
+    counts = [k for k in (AUTO_MICROBATCHES if auto else dict.fromkeys(request.microbatches or ())) if k > 1]
+    if not counts:
+        return frontier
+    odd = [k for k in counts if not batch or batch % k]
+    counts = [k for k in counts if k not in odd]
+    why = ("a saved profile is of the whole batch (profile the model again without --profile)" if request.profile
+           else "the model names no batch size" if not batch else "")
+    loaded = load_model(request.model, batch=request.batch, lazy=True) if not why else None
+    if loaded is not None and loaded.is_file:
+        why = "a saved graph or ONNX file cannot be captured at another batch"
+    if odd and not auto:
+        frontier.notes.append(f"{', '.join(map(str, odd))} micro-batches not tried: the batch ({batch}) is not a "
+                              "multiple of them")
+    if why or loaded is None or not batch:
+        frontier.notes.append(f"micro-batches not tried: {why}")
+        return frontier
+    kind, name = profiling_on(request.device)
+    timed = not needs_device_model(request, setup, name, kind)
+    degrees = setup.degrees
+    budget = check_budget_value(request.budget)
+    plans: list[tuple[Any, ...]] = []
+    inputs: dict[str, tuple[OpGraph, CostModel]] = {}
+    tried, ruled_out = [], []
+    for k in counts:
+        progress("frontier", 0, 1, f"capturing and profiling one micro-batch ({batch // k} of {batch})")
+        part, costs = captured_and_profiled(
+            request, loaded, degrees, timed, batch_dim=graph.batch_dim,
+            call=partial(_first_replica, replicas=k, batch=batch // k, batch_dim=graph.batch_dim),
+            call_key=f"micro-batch 0 of {k}: batch {batch // k} of {batch} along dimension {graph.batch_dim}")
+        priced = price(costs, setup.cluster, setup.devices, costs_from=request.costs_from,
+                       calibration=request.calibration)
+        if auto:
+            full = cannot_fit(part, setup.cluster, setup.devices, request.optimizer, budget=budget,
+                              reserve=request.reserve, costs=priced.costs,
+                              live=least_live_by_count(part, priced.costs, {len(setup.devices)})[len(setup.devices)])
+            if full:
+                ruled_out.append(f"{k} ({full})")
+                continue
+        progress("frontier", 0, 1, f"tracking the frontier of steps of {k} micro-batches")
+        inner = track_frontier(part, priced.costs, setup.cluster, meshes=setup.meshes,
+                               resolution=request.resolution, optimizer=request.optimizer, reserve=request.reserve,
+                               max_walks=request.max_walks, microbatches=k)
+        tried.append(k)
+        inputs[part.fingerprint] = (part, priced.costs)
+        plans += [(MICROBATCHES_SOURCE, p.plan, _point_result(p, inner.times_from), dict(p.parts))
+                  for p in inner.points]
+        if auto and any(fits(p.device_memory, setup.cluster, budget=budget, reserve=request.reserve)
+                        for p in inner.points):
+            break
+    if ruled_out:
+        frontier.notes.append(f"micro-batches not tried where no plan can fit: {'; '.join(ruled_out)}")
+    if not tried:
+        return frontier
+    progress("frontier", 1, 1, f"{len(plans)} plans of {', '.join(map(str, tried))} micro-batches")
+    return frontier.joined(plans, inputs=inputs)
+
+
+def _point_result(point: Any, times_from: str) -> SimResult:
+    """A frontier point's figures as the :class:`~tensoropt.planmodel.simulate.SimResult` that
+    :meth:`~tensoropt.frontier.result.Frontier.joined` takes (its walked peaks, its step)."""
+    return SimResult(point.time_s, dict(point.device_memory), {}, {}, [], times_from=times_from)
+
+
 def profile(graph: OpGraph, **options: Any) -> CostModel:
     """:func:`tensoropt.measure.profile` (imported when first called: it needs torch)."""
     from .measure.profiler import profile as measure
@@ -365,5 +470,5 @@ def _first_replica(call: ModelCall, replicas: int, batch: int, batch_dim: int) -
 
 
 __all__ = ["DETECTED", "STAGES", "Exploration", "Progress", "Request", "Setup", "captured_and_profiled", "explore",
-           "join_replicas", "measure",
+           "join_replicas", "join_microbatches", "measure",
            "needs_device_model", "no_progress", "prepare", "profile_degrees", "read_cluster", "read_profile"]

@@ -142,17 +142,17 @@ def capture_spec(spec: str, console: Console, *, batch: int | None = None, batch
                  cache: bool | str = False) -> OpGraph:
     """Load a model spec (zoo:…, file.py:factory, .onnx, graph.json) and capture it in ``precision``
     (``--precision``; ``None``: fp32, or a saved graph's own), with a status line — for a ``plan``
-    with replicas, its first replica's slice of the batch (:func:`~tensoropt.execute.replicas.call_for_capture`).
+    with replicas or micro-batches, its first slice of the batch (:func:`~tensoropt.execute.replicas.call_for_capture`).
     ``cache`` (:func:`cache_of`): read the graph from the capture cache where kept (it then has no
     module: not for a timed profile), else keep it there."""
     from ..execute.replicas import call_for_capture
 
     loaded = load_model(spec, batch=batch, lazy=True)
     with console.status(f"capturing {escape(spec)} …"):
-        if plan is not None and plan.replicas and not loaded.is_file:
+        if plan is not None and (plan.replicas or plan.microbatches > 1) and not loaded.is_file:
             return loaded.capture(batch_dim=batch_dim, precision=precision, method=method, cache=cache,
                                   call=lambda call: call_for_capture(call, plan, batch_dim),
-                                  call_key=f"plan replica: batch {plan.batch_size} of {plan.global_batch_size}")
+                                  call_key=f"plan slice: batch {plan.batch_size} of {plan.global_batch_size}")
         return loaded.capture(batch_dim=batch_dim, precision=precision, method=method, cache=cache)
 
 

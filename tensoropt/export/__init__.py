@@ -144,6 +144,11 @@ def export_plan(plan_path: str | os.PathLike, spec: str, out: str | os.PathLike,
                              "export does not write yet: run it with tensoropt's executor, one process per device "
                              f"(torchrun --nproc-per-node … -m tensoropt.cli run MODEL --plan {plan_path} "
                              f"--backend dist, over {saved.num_devices} processes in all)")
+    if saved.microbatches > 1:
+        raise TensorOptError(f"{plan_path} steps {saved.microbatches} micro-batches (gradient accumulation), which "
+                             "export does not write yet: run it with tensoropt's executor, one process per device "
+                             f"(torchrun --nproc-per-node {saved.num_devices} -m tensoropt.cli run MODEL --plan "
+                             f"{plan_path} --backend dist)")
     if batch is None and spec.startswith("zoo:") and saved.batch_size:
         batch = saved.batch_size     # the batch the plan was made for, as `tensoropt simulate` takes it
     model, call, graph = load_for_run(spec, LocalBackend(), batch, precision)

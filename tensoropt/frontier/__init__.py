@@ -48,7 +48,7 @@ from .graph_problem import MeshProblem, build_problem, candidate_meshes, node_co
 from .point_sets import batched_product, bucket_key, is_frontier, product, reduce, union
 from .problem import EdgeCosts, NodeCosts, Problem, ProblemError, brute_force, min_scalarized
 from .replicas import REPLICAS_SOURCE, host_groups, replicate_frontier, replicated
-from .result import BudgetError, Frontier, FrontierPoint, MeshResult, PointsMemo, frontier_point
+from .result import MICROBATCHES_SOURCE, BudgetError, Frontier, FrontierPoint, MeshResult, PointsMemo, frontier_point
 
 __all__ = [
     "track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "frontier_point", "PointsMemo",
@@ -58,5 +58,5 @@ __all__ = [
     "track", "Session", "FrontierResult", "FixedChoice", "BRANCH_RULE", "FIX_RULE",
     "reduce", "product", "union", "batched_product", "bucket_key", "is_frontier",
     "Problem", "NodeCosts", "EdgeCosts", "ProblemError", "brute_force", "min_scalarized",
-    "host_groups", "replicated", "replicate_frontier", "REPLICAS_SOURCE",
+    "host_groups", "replicated", "replicate_frontier", "REPLICAS_SOURCE", "MICROBATCHES_SOURCE",
 ]

@@ -447,6 +447,10 @@ class MeshProblem:
     stats: Mapping[str, Any] = field(default_factory=dict)
     #: the model's repeated blocks as a claim on ``problem`` (:func:`find_repeats`), or ``None``
     repeats: Repeats | None = None
+    #: the micro-batches a step of every plan runs (the graph is the model at one micro-batch): its plans
+    #: are evaluated, walked and simulated so (:class:`~tensoropt.planmodel.meshplan.MeshEvaluator`); the
+    #: problem's own costs are one micro-batch's, the search's estimate
+    microbatches: int = 1
 
     @property
     def num_devices(self) -> int:
@@ -502,9 +506,10 @@ class MeshProblem:
 
 def build_problem(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: Sequence[str], *,
                   optimizer: str | int = DEFAULT_OPTIMIZER,
-                  shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS) -> MeshProblem:
-    """The :class:`MeshProblem` of ``graph`` on ``mesh`` (module docstring for every cost).
-    O(V·c + E·c²) reshard evaluations for c configurations per node."""
+                  shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS, microbatches: int = 1) -> MeshProblem:
+    """The :class:`MeshProblem` of ``graph`` on ``mesh`` (module docstring for every cost), its plans
+    stepping ``microbatches`` micro-batches of ``graph``'s batch.  O(V·c + E·c²) reshard evaluations
+    for c configurations per node."""
     mesh = _check_mesh(cluster, mesh)
     ctx = _MeshContext.of(graph, costs, cluster, mesh, optimizer)
     configs: dict[str, tuple[NodeConfig, ...]] = {}
@@ -527,7 +532,7 @@ def build_problem(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: Sequ
              "tie_edges": len(ties)}
     problem = Problem(tuple(nodes), tuple(edges))
     return MeshProblem(mesh, problem, configs, transient, optimizer, _notes(ctx, configs), stats,
-                       find_repeats(problem, graph))
+                       find_repeats(problem, graph), microbatches)
 
 
 def find_repeats(problem: Problem, graph: OpGraph) -> Repeats | None:

@@ -49,13 +49,21 @@ from .graph_problem import MeshProblem
 from .replicas import REPLICAS_SOURCE
 
 __all__ = ["Frontier", "FrontierPoint", "MeshResult", "BudgetError", "frontier_point", "PointsMemo",
-           "CSV_COLUMNS", "MEMORY_PARTS", "REPLICAS_NOTE"]
+           "CSV_COLUMNS", "MEMORY_PARTS", "REPLICAS_NOTE", "MICROBATCHES_SOURCE", "MICROBATCHES_NOTE"]
 
 #: what a device's peak is made of (:meth:`~tensoropt.planmodel.walk.StepMemory.parts`)
 MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "transient", "reserve")
 CSV_COLUMNS = ("plan_id", "num_devices", "devices", "memory_bytes", "time_s", "samples_per_s", "fits_budget",
                "device_memory_bytes", *(f"{part}_bytes" for part in MEMORY_PARTS), "search_estimate_bytes",
-               "recomputed_nodes", "layouts", "times_from", "source", "priced_as")
+               "recomputed_nodes", "layouts", "times_from", "source", "priced_as", "microbatches")
+
+#: the source of a point the search found for a step of several micro-batches (gradient accumulation:
+#: :attr:`~tensoropt.plan.Plan.microbatches`), the model captured at one micro-batch
+MICROBATCHES_SOURCE = "micro-batches"
+#: the note of a frontier holding such points
+MICROBATCHES_NOTE = ("plans of source 'micro-batches' step their batch as several micro-batches one after the "
+                     "other (gradient accumulation: the CSV's microbatches column), found by the search on the model "
+                     "captured at one micro-batch; the gradients summed once, after the last")
 
 #: the note of a frontier holding 2-D plans (:mod:`.replicas`)
 REPLICAS_NOTE = ("plans of source 'hosts' run data parallel across the hosts, each host one plan of the search "
@@ -310,12 +318,14 @@ class Frontier:
                                  np.array([p.time_s for p in joined]), self.resolution)
         kept = [joined[int(i)] for i in keep]
         points = [_renumbered(p, i, len(kept)) for i, p in enumerate(kept)]
-        came = sorted({p.source for p in points if p.source not in ("frontier", REPLICAS_SOURCE)})
+        came = sorted({p.source for p in points if p.source not in ("frontier", REPLICAS_SOURCE, MICROBATCHES_SOURCE)})
         note = (f"plans of {', '.join(came)} joined the frontier where no point of the search dominated them (the "
                 "search's plans run every operator on one mesh; theirs run operators on different devices at once)")
         notes = [n for n in self.notes if not n.startswith("plans of ")] + ([note] if came else [])
         if any(p.source == REPLICAS_SOURCE for p in points) and not any(REPLICAS_NOTE in n for n in notes):
             notes.append(REPLICAS_NOTE)
+        if any(p.source == MICROBATCHES_SOURCE for p in points) and MICROBATCHES_NOTE not in notes:
+            notes.append(MICROBATCHES_NOTE)
         return Frontier(points, meshes=self.meshes, resolution=self.resolution,
                         merged_by_resolution=self.merged_by_resolution, exact=self.exact, budget=self.budget,
                         optimizer=self.optimizer, notes=notes, graph_name=self.graph_name,
@@ -378,7 +388,9 @@ class Frontier:
                         "times_from": self.times_from, "source": p.source,
                         # what runs the plan, as its memory and time are priced (tensoropt.plan.RUNTIMES):
                         # the search's plans tensoropt's executor, a placer's maybe a PyTorch wrapper
-                        "priced_as": p.plan.runtime})
+                        "priced_as": p.plan.runtime,
+                        # a step of several micro-batches (gradient accumulation) of the step's batch
+                        "microbatches": p.plan.microbatches})
         return out
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
@@ -462,7 +474,8 @@ def frontier_point(i: int, count: int, r: MeshResult, w: int, j: int, graph: OpG
                 batch_size=graph.batch_size, cluster_name=cluster.name,
                 cluster_fingerprint=cluster.fingerprint, algorithm="frontier",
                 options={"mesh": list(mp.mesh), "resolution": res, "optimizer": optimizer,
-                         "budget": budget, "search_estimate_bytes": estimate},
+                         "budget": budget, "search_estimate_bytes": estimate,
+                         **({"microbatches": mp.microbatches} if mp.microbatches > 1 else {})},
                 order=order, estimates=[Estimate("frontier", t, per_device, times_from)], plan_id=pid,
                 notes=[f"frontier point {i} of {count}: per-device peak {fmt_bytes(mem_i)} (the memory walk "
                        f"of its schedule; the search's additive estimate was {fmt_bytes(estimate)}), "

@@ -309,7 +309,8 @@ def _finish_mesh(mp: MeshProblem, graph: OpGraph, costs: CostModel, cluster: Clu
     # every τ run's points are candidates: each is Pareto-optimal for the search's estimate under its
     # transient cap; the compiled evaluator gives each its simulated step and its walked peak
     memory = _smallest_memory(mp, cluster)
-    ev = MeshEvaluator(graph, costs, cluster, mp.mesh, configs=mp.configs, optimizer=mp.optimizer)
+    ev = MeshEvaluator(graph, costs, cluster, mp.mesh, configs=mp.configs, optimizer=mp.optimizer,
+                       microbatches=mp.microbatches)
     pool = Evaluated(mp, ev, graph)
     offered, vectors = _candidates(pool, runs, _walk_limit(max_walks))
     each_run = any(r.points > len(r.vectors) for r in runs)   # a run unrolled only its spread of points
@@ -414,7 +415,8 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
                    progress: Progress = no_progress, reserve: int = 0,
                    max_walks: int = DEFAULT_MAX_WALKS,
                    seed_placers: Sequence[str] = DEFAULT_SEED_PLACERS, workers: int | None = None,
-                   shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS, widen: bool = True) -> Frontier:
+                   shard_levels: Sequence[Shard] = DEFAULT_SHARD_LEVELS, widen: bool = True,
+                   microbatches: int = 1) -> Frontier:
     """The Pareto frontier of (per-device peak memory, iteration time) plans of ``graph`` on
     ``cluster`` (module docstring).
 
@@ -440,10 +442,18 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     :func:`~.forkmap.default_workers` on graphs of at least :data:`PARALLEL_MIN_OPS` operators, one below.
     ``shard_levels``: the sharding levels the search offers (:func:`~.graph_problem.node_configs`; ``()``: none).
     ``widen``: the τ runs' buckets widen from twice the memory of a mesh's largest device on (module docstring; at a
-    resolution above 0); ``False``: the resolution's buckets everywhere.
+    resolution above 0); ``False``: the resolution's buckets everywhere.  ``microbatches``: every plan steps that
+    many micro-batches of ``graph``'s batch (gradient accumulation: the graph is the model at one micro-batch), each
+    point walked and simulated so (:attr:`Plan.microbatches <tensoropt.plan.Plan.microbatches>`); the search's
+    estimate stays one micro-batch's, and the placers' plans join only the search of whole steps (their wrappers
+    accumulate gradients their own ways).
     """
     t0 = _time.perf_counter()
     budget = _check_arguments(graph, costs, optimizer, budget, max_levels, levels_above_memory, max_walks, reserve)
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise TensorOptError(f"microbatches must be a whole number ≥ 1, got {microbatches!r}")
+    if microbatches > 1:
+        seed_placers = ()
     kernels.start()   # compiling, where a fresh install has not yet: beside this process, not in every worker
     kernels.ready()
     allowed = cluster.select(devices)
@@ -461,7 +471,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     # by the meshes left Llama-3-8B's one mesh on 8 H100s to one process, 4.3 s where two take 2.5)
     workers = int(workers)
     problems = _build_problems(graph, costs, cluster, mesh_list, optimizer, shard_levels,
-                               partial(progress, "frontier"), steps, workers)
+                               partial(progress, "frontier"), steps, workers, microbatches)
     res, res_rule = _choose_resolution(resolution, problems, cluster)
     on = [d for d in allowed if d in {d for m in mesh_list for d in m}]   # given meshes bound the placers too
 
@@ -615,7 +625,7 @@ def _check_arguments(graph: OpGraph, costs: CostModel, optimizer: str | int, bud
 
 def _build_problems(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh_list: Sequence[tuple[str, ...]],
                     optimizer: str | int, shard_levels: Sequence[Shard], progress: Callable[[int, int, str], None],
-                    steps: int, workers: int = 1) -> list[MeshProblem]:
+                    steps: int, workers: int = 1, microbatches: int = 1) -> list[MeshProblem]:
     """Each mesh's problem (:func:`~.graph_problem.build_problem`), progress step ``i`` for mesh ``i``;
     in ``workers`` forked workers when more than one (each problem sent back pickled: a few
     hundred KiB)."""
@@ -623,7 +633,8 @@ def _build_problems(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh_lis
         problems = []
         for i, m in enumerate(mesh_list):
             progress(i, steps, f"building the problem on {','.join(m)}")
-            problems.append(build_problem(graph, costs, cluster, m, optimizer=optimizer, shard_levels=shard_levels))
+            problems.append(build_problem(graph, costs, cluster, m, optimizer=optimizer, shard_levels=shard_levels,
+                                          microbatches=microbatches))
         return problems
     done = [0]
 
@@ -634,7 +645,8 @@ def _build_problems(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh_lis
     progress(0, steps, f"building {len(mesh_list)} problems in {workers} processes")
     # while the workers build, this process loads every cached kernel: the tracking's workers, forked
     # from it next, then start with them (each would load its own), and so does the rest of the search here
-    return fork_map(lambda m: build_problem(graph, costs, cluster, m, optimizer=optimizer, shard_levels=shard_levels),
+    return fork_map(lambda m: build_problem(graph, costs, cluster, m, optimizer=optimizer, shard_levels=shard_levels,
+                                            microbatches=microbatches),
                     mesh_list,
                     workers=workers, on_done=arrived, meanwhile=kernels.load)
 

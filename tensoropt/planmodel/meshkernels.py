@@ -154,8 +154,29 @@ def _heap_pop(keys, ids, size):  # pragma: no cover - compiled
 def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur, bwd_dur, grad_l, speed, rate,
               ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, blk, keeps0, slot_ptr, slot_ids, slot_prod, read,
               recv, unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_ag,
-              q_piece, k):  # pragma: no cover - compiled
-    """The simulated step time of plan ``a`` (:func:`~.simulate.simulate`'s tasks and event loop)."""
+              q_piece, k, micro):  # pragma: no cover - compiled
+    """The simulated step time of plan ``a`` (:func:`~.simulate.simulate`'s tasks and event loop): with
+    ``micro`` micro-batches, the first ``micro − 1`` without the gradient sums and update gathers."""
+    t = _simulate_once(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur, bwd_dur, grad_l, speed,
+                       rate, ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, blk, keeps0, slot_ptr, slot_ids,
+                       slot_prod, read, recv, unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train,
+                       pieces, cut, shard, q_ag, q_piece, k, False)
+    if micro > 1:
+        t += (micro - 1) * _simulate_once(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
+                                          bwd_dur, grad_l, speed, rate, ring_lat, ring_bw, slot_node, prod_ptr,
+                                          prod_slots, blk, keeps0, slot_ptr, slot_ids, slot_prod, read, recv, unread,
+                                          node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut,
+                                          shard, q_ag, q_piece, k, True)
+    return t
+
+
+@compiled
+def _simulate_once(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur, bwd_dur, grad_l, speed, rate,
+                   ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, blk, keeps0, slot_ptr, slot_ids, slot_prod,
+                   read, recv, unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard,
+                   q_ag, q_piece, k, early):  # pragma: no cover - compiled
+    """One micro-batch's step of plan ``a``; ``early``: one before the last (no gradient sums, no
+    gathers of updated parameters)."""
     n = a.shape[0]
     lvl = _levels(a, q_read_ptr, q_readers, q_train, cut, shard, k)
     synced = _synced(a, node_q_ptr, node_q, q_read_ptr, q_readers, q_train, cut, lvl, k)
@@ -409,7 +430,7 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
     total = 0
     last = -1
     for q in range(q_bytes.shape[0]):
-        if synced[q]:
+        if synced[q] and not early:
             total += q_bytes[q]
             r0 = q_readers[q_read_ptr[q]]
             for r in range(q_read_ptr[q], q_read_ptr[q + 1]):
@@ -436,7 +457,7 @@ def _simulate(a, ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur,
     upd = 0.0
     nupd = 0
     for q in range(q_bytes.shape[0]):
-        if (lvl[q] == 1 or lvl[q] == 2) and q_bytes[q] > 0:   # one all-gather per parameter
+        if (lvl[q] == 1 or lvl[q] == 2) and q_bytes[q] > 0 and not early:   # one all-gather per parameter
             upd += q_ag[q]
             nupd += 1
     if nupd > 0:
@@ -630,10 +651,32 @@ def _kept(pairs, npairs, last_saver, savers, saver, key):  # pragma: no cover - 
 def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, nx,
           q_kind, alpha, adam, context_bytes, blk, keeps0, slot_ptr, slot_ids, slot_prod, read, recv, unread,
           node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_ag, q_piece,
-          k):  # pragma: no cover - compiled
+          k, micro):  # pragma: no cover - compiled
     """One device's walk (every device's: they hold the same) of plan ``a``, :func:`~.walk.walk`:
     ``[peak, parameters + buffers, gradients, optimizer state, activations, transient, reserve]``
-    at the peak (:meth:`~.walk.StepMemory.parts`)."""
+    at the peak (:meth:`~.walk.StepMemory.parts`); with ``micro`` micro-batches the larger of the
+    first micro-batch's walk and a later one's."""
+    out = _walk_once(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved,
+                     batch_piece, nx, q_kind, alpha, adam, context_bytes, blk, keeps0, slot_ptr, slot_ids, slot_prod,
+                     read, recv, unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut,
+                     shard, q_ag, q_piece, k, micro, False)
+    if micro > 1:
+        later = _walk_once(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved,
+                           batch_piece, nx, q_kind, alpha, adam, context_bytes, blk, keeps0, slot_ptr, slot_ids,
+                           slot_prod, read, recv, unread, node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train,
+                           pieces, cut, shard, q_ag, q_piece, k, micro, True)
+        if later[0] > out[0]:
+            return later
+    return out
+
+
+@compiled
+def _walk_once(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, nx,
+               q_kind, alpha, adam, context_bytes, blk, keeps0, slot_ptr, slot_ids, slot_prod, read, recv, unread,
+               node_q_ptr, node_q, q_read_ptr, q_readers, q_bytes, q_train, pieces, cut, shard, q_ag, q_piece,
+               k, micro, later):  # pragma: no cover - compiled
+    """One micro-batch's walk: the first (``later`` False: no gradient but the flat buffers yet) or a
+    later one (every gradient there from the start), the caller holding ``micro`` micro-batches."""
     n = a.shape[0]
     nq = q_bytes.shape[0]
     lvl = _levels(a, q_read_ptr, q_readers, q_train, cut, shard, k)   # a parameter's sharding level
@@ -792,15 +835,17 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
     gsum = 0
     p_grads = p_act = p_tr = 0
     for x in range(nx):
-        if has_batch[x]:
+        if has_batch[x]:   # the caller holds the step's batch: every micro-batch of it
             live[kb + x] = True
-            live_b[kb + x] = batch[x]
-            held_now += batch[x]
-    # the gradients summed across devices live in one flat buffer all step
+            live_b[kb + x] = batch[x] * micro
+            held_now += batch[x] * micro
+    # the gradients summed across devices live in one flat buffer all step; a later micro-batch has every one
     grads_now = 0
     for q in range(nq):
         if synced[q] and q_read_ptr[q] < q_read_ptr[q + 1]:
             grads_now += held[q]
+    if later:
+        grads_now = grads
     t = base + grads_now + held_now
     if t > peak:
         peak, p_grads, p_act, p_tr = t, grads_now, held_now, gsum
@@ -890,6 +935,8 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
         if synced[q] and q_read_ptr[q] < q_read_ptr[q + 1]:
             any_summed = True
             left[q] = q_read_ptr[q + 1] - q_read_ptr[q]
+        elif later and lvl[q] >= 2:   # a later micro-batch's tied sharded weight: its first block waits too
+            left[q] = q_read_ptr[q + 1] - q_read_ptr[q]
     for i in range(n - 1, -1, -1):
         if not ng[i]:
             continue
@@ -945,6 +992,7 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
         held_after = 0
         rs = 0                            # alive in the reduce-scatter after the backward (walk.py's rule)
         rs_pieces = 0
+        rs_freed = 0
         for j in range(node_q_ptr[i], node_q_ptr[i + 1]):
             q = node_q[j]
             if not q_train[q]:
@@ -953,7 +1001,18 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             if lvl[q] >= 2:               # made whole, reduce-scattered after the backward: its piece stays
                 acc += q_bytes[q]
                 rs += q_bytes[q]
-                if not done[q]:
+                if later:                 # the piece is there: each block added in, a tied one's first waiting
+                    left[q] -= 1
+                    if not done[q] and left[q] > 0:
+                        done[q] = True
+                        rs_pieces += shp[q]
+                        waiting[q] = shp[q]
+                    else:
+                        rs += shp[q]
+                        if left[q] == 0:
+                            rs_freed += waiting[q]
+                            waiting[q] = 0
+                elif not done[q]:
                     done[q] = True
                     rs_pieces += shp[q]
                 else:                     # a tied weight's later reader: its block added in
@@ -961,7 +1020,10 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
                 continue
             if not done[q]:
                 done[q] = True
-                grads_now += b
+                if later:                 # made, then added into the gradient already there
+                    acc += b
+                else:
+                    grads_now += b
             elif synced[q]:
                 piece = -(-q_bytes[q] // pieces[i, c])
                 acc += piece + (b if piece < b else 0)
@@ -1019,6 +1081,7 @@ def _walk(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list
             t = base + grads_now + held_now + rs + regath
             if t > peak:
                 peak, p_grads, p_act, p_tr = t, grads_now, held_now + rs + regath, gsum + rsum + rs + regath
+            grads_now -= rs_freed         # the waiting blocks added into their pieces
     if any_summed:
         t = base + grads_now + held_now
         if t > peak:

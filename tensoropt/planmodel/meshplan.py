@@ -91,23 +91,27 @@ class MeshEvaluator:
 
     def __init__(self, graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: Sequence[str], *,
                  configs: Mapping[str, Sequence[NodeConfig]] | None = None,
-                 optimizer: str | int = DEFAULT_OPTIMIZER, context_bytes: int = 0):
+                 optimizer: str | int = DEFAULT_OPTIMIZER, context_bytes: int = 0, microbatches: int = 1):
         kernels.ready()   # the kernels a job's start began compiling (tensoropt._kernels)
         self.graph, self.costs, self.cluster = graph, costs, cluster
         self.mesh = tuple(mesh)
         self.optimizer = optimizer
+        #: the micro-batches a step of every plan runs (:attr:`Plan.microbatches <tensoropt.plan.Plan.microbatches>`;
+        #: ``graph`` is the model at one micro-batch)
+        self.microbatches = microbatches
         ops = graph.ops
         self.names = [n.name for n in ops]
         self.configs: dict[str, tuple[NodeConfig, ...]] = {
             n: tuple(configs[n]) if configs is not None else (NodeConfig(self.mesh),) for n in self.names}
         self._tables = _build_tables(graph, costs, cluster, self.mesh, self.names, self.configs, optimizer,
-                                     context_bytes)
+                                     context_bytes, microbatches)
 
     def plan(self, vec: Sequence[int] | np.ndarray) -> Plan:
         """The :class:`~tensoropt.plan.Plan` of configuration vector ``vec`` (what keeps nothing
         between two recomputed operators of a block recomputed with them: :func:`~.walk.fill_segments`)."""
-        return Plan(self.plan_configs(vec), graph_fingerprint=self.graph.fingerprint, graph_name=self.graph.name,
+        plan = Plan(self.plan_configs(vec), graph_fingerprint=self.graph.fingerprint, graph_name=self.graph.name,
                     order=list(self.names))
+        return plan.with_microbatches(self.microbatches) if self.microbatches > 1 else plan
 
     def plan_configs(self, vec: Sequence[int] | np.ndarray) -> dict[str, NodeConfig]:
         """The configurations of :meth:`plan`."""
@@ -147,7 +151,7 @@ def _csr(rows: Sequence[Sequence[Any]], dtype: Any = np.int64) -> tuple[np.ndarr
 
 def _build_tables(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tuple[str, ...], names: list[str],
                   configs: Mapping[str, tuple[NodeConfig, ...]], optimizer: str | int,
-                  context_bytes: int) -> dict[str, tuple[Any, ...]]:
+                  context_bytes: int, microbatches: int = 1) -> dict[str, tuple[Any, ...]]:
     """The arrays both kernels read (module docstring): every figure from the plan model's rules."""
     n, k = len(names), len(mesh)
     index = {name: i for i, name in enumerate(names)}
@@ -341,9 +345,9 @@ def _build_tables(graph: OpGraph, costs: CostModel, cluster: Cluster, mesh: tupl
         for c, cfg in enumerate(configs[node.name]):
             keeps0[i, c] = keeps_nothing(costs, node, cfg)
     time = (ncfg, fp, bp, rc, stat, loss_ar, ng, is_out, out_list, fwd_dur, bwd_dur, grad_l, float(speed),
-            float(rate), ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, blk, keeps0, *common)
+            float(rate), ring_lat, ring_bw, slot_node, prod_ptr, prod_slots, blk, keeps0, *common, microbatches)
     walk = (out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out_list, slot_saved, batch_piece, len(inputs),
-            q_kind, alpha, adam, context_bytes, blk, keeps0, *common)
+            q_kind, alpha, adam, context_bytes, blk, keeps0, *common, microbatches)
     return {"time": time, "walk": walk}
 
 

@@ -8,14 +8,19 @@ holds more), a tied weight's gradients summed as autograd sums them."""
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 import tensoropt
 from tensoropt import NodeConfig, Plan, capture
 from tensoropt.distributed import launch
 from tensoropt.distributed.jobs import check_plans, load_case, measure_plan, train_like_model
 from tensoropt.execute.replicas import replica_slice
+from tensoropt.frontier import MICROBATCHES_SOURCE
 from tensoropt.graph import block_of
 from tensoropt.planmodel.walk import plan_memory
+from tensoropt.workflow import Request, explore
+
+from .test_replicas import _run
 
 SMALL = f"{Path(__file__).with_name('segment_models.py')}:small_residual_mlp"   # batch 6
 MESH = ("h0g0", "h0g1")
@@ -95,3 +100,22 @@ def test_each_rank_holds_what_the_walk_prices_for_a_step_of_micro_batches(placer
     for rank, device in enumerate(("gpu0", "gpu1")):
         measured = got["peak_bytes"][rank]
         assert abs(walked[device].peak - measured) <= 1e-4 * measured, (rank, walked[device].peak, measured)
+
+
+def test_a_frontier_plan_of_micro_batches_passes_the_check_as_a_user_runs_it(tmp_path, capsys):
+    # the frontier of a narrow GPT-2 on long sequences (activations hold its memory) with steps cut in two;
+    # its least-memory plan of two micro-batches, run as torchrun starts it (tensoropt run --backend dist)
+    spec = "zoo:gpt2?layers=2&hidden=64&heads=2&vocab=512&seq_len=256&batch=8"
+    fr = explore(Request(spec, "preset:a100-4-nvlink", devices=("gpu0", "gpu1"), algos=(), microbatches=(2,))).frontier
+    point = min((p for p in fr if p.source == MICROBATCHES_SOURCE and p.num_devices == 2), key=lambda p: p.memory_bytes)
+    assert point.plan.microbatches == 2 and point.plan.batch_size == 4
+    point.plan.save(tmp_path / "plan.json")
+    outs = _run(tmp_path / "plan.json", 2, "--check", "--backend", "dist", model=spec)
+    assert [rc for rc, _, _ in outs] == [0, 0], outs
+    assert "PASSED" in outs[0][1] and "each step 2 micro-batches of 4" in outs[0][1], outs[0][1]
+    # one process refuses it, and so does export, each naming the way that runs it
+    code, _, err = run_cli(capsys, "run", spec, "--plan", str(tmp_path / "plan.json"), "--steps", "1")
+    assert code == 2 and "2 micro-batches" in err and "--backend dist" in err and "Traceback" not in err
+    code, _, err = run_cli(capsys, "export", str(tmp_path / "plan.json"), spec, "--to", "torchrun",
+                           "-o", str(tmp_path / "out"))
+    assert code == 2 and "micro-batches" in err and "--backend dist" in err and not (tmp_path / "out").exists()

@@ -67,6 +67,39 @@ def test_random_plans_cost_what_the_simulator_says(graphs, spec, preset, mesh):
         assert all(ev.memory_parts(vec) == m.parts() for m in sim.memory.values()), vec
 
 
+@pytest.mark.parametrize("spec", ["zoo:gpt2?tiny=1", "zoo:wide_resnet?tiny=1"])
+@pytest.mark.parametrize("preset,mesh", MESHES[1:3])
+def test_random_plans_of_three_micro_batches_cost_what_the_simulator_says(graphs, spec, preset, mesh):
+    # the evaluator of a step of three micro-batches: the later micro-batches' walk (every gradient there,
+    # a tied weight's blocks waiting) and the first two steps without the gradient sums, as simulate prices
+    # them, plan by plan (GPT-2's embedding is tied to its output layer)
+    graph, untimed = graphs[spec]
+    priced = tensoropt.price(untimed, tensoropt.load_cluster(f"preset:{preset}"), costs_from="model")
+    costs, cluster = priced.costs, priced.cluster
+    mp = build_problem(graph, costs, cluster, mesh, optimizer="adamw")
+    ev = MeshEvaluator(graph, costs, cluster, mesh, configs=mp.configs, optimizer="adamw", microbatches=3)
+    one = MeshEvaluator(graph, costs, cluster, mesh, configs=mp.configs, optimizer="adamw")
+    rng = random.Random(f"{spec}{preset}{len(mesh)}micro")
+    vecs = []
+    for level in (0, 1, 2, 3):
+        vec = []
+        for n in ev.names:
+            at = [c for c, cfg in enumerate(mp.configs[n]) if cfg.shard == level]
+            vec.append(rng.choice(at) if at else rng.randrange(len(mp.configs[n])))
+        vecs.append(vec)
+    for vec in vecs:
+        plan = ev.plan(vec)
+        assert plan.microbatches == 3
+        sim = tensoropt.simulate(plan, graph, costs, cluster, optimizer="adamw")
+        peak, seconds = ev.evaluate(vec)
+        assert set(sim.memory_bytes.values()) == {peak}, (vec, sim.memory_bytes, peak)
+        assert seconds == pytest.approx(sim.time_s, rel=1e-9, abs=0), vec
+        assert all(ev.memory_parts(vec) == m.parts() for m in sim.memory.values()), vec
+        # three micro-batches take longer than one step and at most three (less where the gradients are
+        # summed once, not every micro-batch: a sharded one is reduce-scattered in every backward)
+        assert one.evaluate(vec)[1] < seconds <= 3 * one.evaluate(vec)[1] * (1 + 1e-12)
+
+
 def test_a_mesh_of_unequal_gpus_runs_each_node_as_long_as_its_slowest_device():
     # a TITAN RTX and an RTX 2080 Ti (speed 0.82) run a replicated MLP in lockstep: each forward
     # and backward ends when the 2080 Ti does (t / 0.82), one after the other; the first linear's

@@ -1,0 +1,67 @@
+"""Micro-batches on the frontier (gradient accumulation): a request may cut its step into ``k``
+micro-batches; the search runs again on the model captured at one micro-batch and its plans — each
+walked and simulated as a step of ``k`` of them — join where no plan of whole steps dominates them
+(source ``micro-batches``).  By default (``auto``) only where no plan of whole steps fits, the fewest
+micro-batches whose plans fit."""
+
+import pytest
+from conftest import run_cli
+
+import tensoropt
+from tensoropt.frontier import MICROBATCHES_SOURCE
+from tensoropt.request import microbatch_counts
+from tensoropt.workflow import Request, explore
+
+#: a narrow GPT-2 on long sequences: activations, not parameters, hold its memory — what micro-batches cut
+LM = "zoo:gpt2?layers=2&hidden=64&heads=2&vocab=512&seq_len=256&batch=8"
+PAIR = ("gpu0", "gpu1")
+
+
+@pytest.fixture(scope="module")
+def whole_and_cut():
+    whole = explore(Request(LM, "preset:a100-4-nvlink", devices=PAIR, algos=(), microbatches=(1,)))
+    cut = explore(Request(LM, "preset:a100-4-nvlink", devices=PAIR, algos=(), microbatches=(2, 4)))
+    return whole.frontier, cut.frontier
+
+
+def test_plans_of_micro_batches_join_and_cost_what_the_simulator_says_of_their_step(whole_and_cut):
+    whole, cut = whole_and_cut
+    assert all(p.plan.microbatches == 1 for p in whole)
+    micro = [p for p in cut if p.source == MICROBATCHES_SOURCE]
+    assert {p.plan.microbatches for p in micro} == {2, 4}
+    # they reach below the least memory of whole steps: four micro-batches of two sequences hold a quarter
+    # of the activations
+    assert min(p.memory_bytes for p in micro) < 0.8 * min(p.memory_bytes for p in whole)
+    for p in micro[:6]:
+        graph, costs = cut.inputs[p.plan.graph_fingerprint]
+        assert graph.batch_size * p.plan.microbatches == 8 and p.plan.global_batch_size == 8
+        sim = tensoropt.simulate(p.plan, graph, costs, cut.cluster, optimizer="adamw")
+        assert sim.memory_bytes == dict(p.device_memory) and sim.time_s == pytest.approx(p.time_s, rel=1e-9)
+    # the union stays a Pareto set, and the micro-batches' note says what they are
+    pts = sorted((p.memory_bytes, p.time_s) for p in cut)
+    assert all(b[1] < a[1] for a, b in zip(pts, pts[1:]))
+    assert any("micro-batches" in n and "gradient accumulation" in n for n in cut.notes)
+
+
+def test_auto_cuts_the_step_only_where_no_whole_step_fits(whole_and_cut):
+    whole, cut = whole_and_cut
+    least = min(p.memory_bytes for p in whole)
+    assert not [p for p in explore(Request(LM, "preset:a100-4-nvlink", devices=PAIR, algos=())).frontier
+                if p.source == MICROBATCHES_SOURCE]     # the devices hold whole steps: nothing to cut
+    budget = (least + min(p.memory_bytes for p in cut)) // 2
+    fr = explore(Request(LM, "preset:a100-4-nvlink", devices=PAIR, algos=(), budget=budget)).frontier
+    fitting = [p for p in fr if p.fits_budget]
+    assert fitting and all(p.source == MICROBATCHES_SOURCE for p in fitting)
+    # the fewest micro-batches whose plans fit: two, if any of two fit, else four
+    twos = [p for p in cut if p.plan.microbatches == 2 and p.memory_bytes <= budget]
+    assert {p.plan.microbatches for p in fitting} == ({2} if twos else {4})
+
+
+def test_the_option_reads_counts_or_auto_and_refuses_the_rest(capsys):
+    assert microbatch_counts("auto") is None and microbatch_counts("2,4") == (2, 4)
+    with pytest.raises(SystemExit) as stop:      # argparse's one line, exit code 2
+        run_cli(capsys, "frontier", LM, "--cluster", "preset:a100-4-nvlink", "--microbatches", "two")
+    assert stop.value.code == 2
+    assert "--microbatches takes auto or comma-separated counts" in capsys.readouterr().err
+    with pytest.raises(tensoropt.TensorOptError, match="whole numbers"):
+        Request(LM, "preset:a100-4-nvlink", microbatches=(0,))
