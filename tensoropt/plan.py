@@ -399,6 +399,14 @@ class Plan:
         replicas."""
         return None if self.batch_size is None else self.batch_size * self.microbatches * self.num_replicas
 
+    def with_options(self, **changes: Any) -> Plan:
+        """A copy whose options have ``changes`` (``runtime="executor"``: priced and run as tensoropt's
+        executor runs it), its estimates dropped: they priced the plan as it was."""
+        plan = self._copy(options={**self.options, **changes}, estimates=[])
+        if plan.runtime not in RUNTIMES:
+            raise PlanError(f"options.runtime must be one of {', '.join(RUNTIMES)}, got {plan.runtime!r}")
+        return plan
+
     def with_microbatches(self, k: int) -> Plan:
         """A copy that runs each step as ``k`` micro-batches of :attr:`batch_size` (its estimates
         dropped: they priced another step)."""

@@ -445,15 +445,13 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     resolution above 0); ``False``: the resolution's buckets everywhere.  ``microbatches``: every plan steps that
     many micro-batches of ``graph``'s batch (gradient accumulation: the graph is the model at one micro-batch), each
     point walked and simulated so (:attr:`Plan.microbatches <tensoropt.plan.Plan.microbatches>`); the search's
-    estimate stays one micro-batch's, and the placers' plans join only the search of whole steps (their wrappers
-    accumulate gradients their own ways).
+    estimate stays one micro-batch's, and the placers' plans join as tensoropt's executor runs them (PyTorch's
+    wrappers accumulate gradients their own ways, not priced).
     """
     t0 = _time.perf_counter()
     budget = _check_arguments(graph, costs, optimizer, budget, max_levels, levels_above_memory, max_walks, reserve)
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise TensorOptError(f"microbatches must be a whole number ≥ 1, got {microbatches!r}")
-    if microbatches > 1:
-        seed_placers = ()
     kernels.start()   # compiling, where a fresh install has not yet: beside this process, not in every worker
     kernels.ready()
     allowed = cluster.select(devices)
@@ -478,6 +476,9 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     def seed(algo: str) -> Callable[[], tuple[list[tuple[str, Plan, Any]], list[str]]]:
         def placed() -> tuple[list[tuple[str, Plan, Any]], list[str]]:
             plans, failed = _seed_plans(graph, costs, cluster, on, optimizer, [algo])
+            if microbatches > 1:   # run by tensoropt's executor, which accumulates (PyTorch's wrappers are not priced so)
+                plans = [(src, plan.with_options(runtime="executor").with_microbatches(microbatches))
+                         for src, plan in plans]
             return [(src, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer))
                     for src, plan in plans], failed
         return placed
