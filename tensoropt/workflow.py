@@ -62,9 +62,11 @@ from .frontier import (
 from .measure.costmodel import CostModel
 from .measure.kept import kept_profile, profiling_on
 from .modelspec import LoadedModel, load_model
+from .placers import place
 from .placers.zero import RECIPES
+from .plan import Plan
 from .planmodel.fits import cannot_fit, check_budget_value, fits, least_live_by_count
-from .planmodel.simulate import SimResult
+from .planmodel.simulate import SimResult, simulate
 from .progress import Progress, no_progress
 from .request import DETECTED, Request
 
@@ -373,6 +375,9 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
 
 #: the counts ``auto`` tries, fewest first, where no plan of whole steps fits
 AUTO_MICROBATCHES = (2, 4, 8, 16, 32, 64)
+#: the recipes ``auto`` prices at each count (data parallel and its ZeRO / FSDP levels, with and without a
+#: checkpoint per block: what torchtitan runs)
+AUTO_RECIPES = ("dp", "zero1", "zero2", "fsdp", "fsdp+ac")
 
 
 def join_microbatches(request: Request, setup: Setup, graph: OpGraph, frontier: Frontier,
@@ -384,8 +389,9 @@ def join_microbatches(request: Request, setup: Setup, graph: OpGraph, frontier: 
     them (:func:`~tensoropt.frontier.track_frontier`'s ``microbatches``: every point walked and
     simulated as the step runs).  ``microbatches`` ``None`` (auto): only where no point of
     ``frontier`` fits, the counts of :data:`AUTO_MICROBATCHES` that divide the batch, fewest first,
-    up to the first whose frontier has a plan that fits (fewer micro-batches step faster), leaving out
-    those the walk's lower bound rules out (:func:`~tensoropt.planmodel.fits.cannot_fit`).  Where the
+    leaving out those the walk's lower bound rules out (:func:`~tensoropt.planmodel.fits.cannot_fit`),
+    each priced for the recipes of :data:`AUTO_RECIPES` (seconds, where the search at a count can
+    take minutes), up to the first count with a plan that fits (fewer micro-batches step faster).  Where the
     request cannot have them, ``frontier`` with a note saying why."""
     batch = graph.batch_size
     auto = request.microbatches is None
@@ -430,23 +436,47 @@ def join_microbatches(request: Request, setup: Setup, graph: OpGraph, frontier: 
             if full:
                 ruled_out.append(f"{k} ({full})")
                 continue
+        tried.append(k)
+        inputs[part.fingerprint] = (part, priced.costs)
+        if auto:   # the recipes, seconds: the search at k micro-batches can take minutes (Mixtral-8x7B: 7)
+            progress("frontier", 0, 1, f"the recipes at steps of {k} micro-batches")
+            found = _recipes_at(part, priced.costs, setup.cluster, setup.devices, request.optimizer, k)
+            plans += found
+            if any(fits(sim.memory_bytes, setup.cluster, budget=budget, reserve=request.reserve)
+                   for _, _, sim in found):
+                break
+            continue
         progress("frontier", 0, 1, f"tracking the frontier of steps of {k} micro-batches")
         inner = track_frontier(part, priced.costs, setup.cluster, meshes=setup.meshes,
                                resolution=request.resolution, optimizer=request.optimizer, reserve=request.reserve,
                                max_walks=request.max_walks, microbatches=k)
-        tried.append(k)
-        inputs[part.fingerprint] = (part, priced.costs)
         plans += [(MICROBATCHES_SOURCE, p.plan, _point_result(p, inner.times_from), dict(p.parts))
                   for p in inner.points]
-        if auto and any(fits(p.device_memory, setup.cluster, budget=budget, reserve=request.reserve)
-                        for p in inner.points):
-            break
     if ruled_out:
         frontier.notes.append(f"micro-batches not tried where no plan can fit: {'; '.join(ruled_out)}")
     if not tried:
         return frontier
+    if auto:
+        frontier.notes.append(f"no plan of whole steps fits: steps of {', '.join(map(str, tried))} micro-batches "
+                              f"priced for the recipes {', '.join(AUTO_RECIPES)} as tensoropt's executor runs them "
+                              f"(the search itself at k micro-batches: --microbatches k)")
     progress("frontier", 1, 1, f"{len(plans)} plans of {', '.join(map(str, tried))} micro-batches")
     return frontier.joined(plans, inputs=inputs)
+
+
+def _recipes_at(graph: OpGraph, costs: CostModel, cluster: Cluster, devices: tuple[str, ...], optimizer: str,
+                k: int) -> list[tuple[str, Plan, SimResult]]:
+    """Each recipe of :data:`AUTO_RECIPES` that makes a plan on ``devices`` for ``graph`` (the model
+    at one micro-batch), run by tensoropt's executor as steps of ``k`` micro-batches and simulated."""
+    out = []
+    for algo in AUTO_RECIPES:
+        try:
+            plan = place(graph, costs, cluster, algo, devices=list(devices), optimizer=optimizer)
+        except TensorOptError:   # it cannot place or fit even one micro-batch
+            continue
+        plan = plan.with_options(runtime="executor").with_microbatches(k)
+        out.append((MICROBATCHES_SOURCE, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer)))
+    return out
 
 
 def _point_result(point: Any, times_from: str) -> SimResult:

@@ -62,8 +62,9 @@ CSV_COLUMNS = ("plan_id", "num_devices", "devices", "memory_bytes", "time_s", "s
 MICROBATCHES_SOURCE = "micro-batches"
 #: the note of a frontier holding such points
 MICROBATCHES_NOTE = ("plans of source 'micro-batches' step their batch as several micro-batches one after the "
-                     "other (gradient accumulation: the CSV's microbatches column), found by the search on the model "
-                     "captured at one micro-batch; the gradients summed once, after the last")
+                     "other (gradient accumulation: the CSV's microbatches column), made for the model captured at "
+                     "one micro-batch (by the search, or a recipe: the plan's algorithm) and priced as the whole "
+                     "step; the gradients summed once, after the last")
 
 #: the note of a frontier holding 2-D plans (:mod:`.replicas`)
 REPLICAS_NOTE = ("plans of source 'hosts' run data parallel across the hosts, each host one plan of the search "

@@ -476,7 +476,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
     def seed(algo: str) -> Callable[[], tuple[list[tuple[str, Plan, Any]], list[str]]]:
         def placed() -> tuple[list[tuple[str, Plan, Any]], list[str]]:
             plans, failed = _seed_plans(graph, costs, cluster, on, optimizer, [algo])
-            if microbatches > 1:   # run by tensoropt's executor, which accumulates (PyTorch's wrappers are not priced so)
+            if microbatches > 1:   # run by tensoropt's executor (PyTorch's wrappers' accumulation is not priced)
                 plans = [(src, plan.with_options(runtime="executor").with_microbatches(microbatches))
                          for src, plan in plans]
             return [(src, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer))

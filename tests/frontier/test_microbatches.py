@@ -8,6 +8,7 @@ import pytest
 from conftest import run_cli
 
 import tensoropt
+import tensoropt.workflow as workflow
 from tensoropt.frontier import MICROBATCHES_SOURCE
 from tensoropt.request import microbatch_counts
 from tensoropt.workflow import Request, explore
@@ -48,13 +49,21 @@ def test_auto_cuts_the_step_only_where_no_whole_step_fits(whole_and_cut):
     least = min(p.memory_bytes for p in whole)
     assert not [p for p in explore(Request(LM, "preset:a100-4-nvlink", devices=PAIR, algos=())).frontier
                 if p.source == MICROBATCHES_SOURCE]     # the devices hold whole steps: nothing to cut
-    budget = (least + min(p.memory_bytes for p in cut)) // 2
+    # a budget no plan of whole steps fits: auto prices the recipes at 2, then 4, … micro-batches, and stops at
+    # the first count where one fits
+    budget = int(0.9 * least)
     fr = explore(Request(LM, "preset:a100-4-nvlink", devices=PAIR, algos=(), budget=budget)).frontier
     fitting = [p for p in fr if p.fits_budget]
     assert fitting and all(p.source == MICROBATCHES_SOURCE for p in fitting)
-    # the fewest micro-batches whose plans fit: two, if any of two fit, else four
-    twos = [p for p in cut if p.plan.microbatches == 2 and p.memory_bytes <= budget]
-    assert {p.plan.microbatches for p in fitting} == ({2} if twos else {4})
+    assert {p.plan.algorithm for p in fitting} <= set(workflow.AUTO_RECIPES)
+    counts = {p.plan.microbatches for p in fr if p.source == MICROBATCHES_SOURCE}
+    assert {p.plan.microbatches for p in fitting} == {max(counts)}    # the last count priced, the first that fit
+    for p in fitting:    # each as the executor runs it, its whole step simulated
+        graph, costs = fr.inputs[p.plan.graph_fingerprint]
+        assert p.plan.runtime == "executor"
+        assert tensoropt.simulate(p.plan, graph, costs, fr.cluster, optimizer="adamw").memory_bytes == \
+            dict(p.device_memory)
+    assert any("--microbatches k" in n for n in fr.notes)
 
 
 def test_the_option_reads_counts_or_auto_and_refuses_the_rest(capsys):
