@@ -403,6 +403,13 @@ def join_microbatches(request: Request, setup: Setup, graph: OpGraph, frontier: 
         return frontier
     odd = [k for k in counts if not batch or batch % k]
     counts = [k for k in counts if k not in odd]
+    if auto and batch:   # the recipes split each micro-batch over every device: one row a device at least
+        thin = [k for k in counts if batch // k < len(setup.devices)]
+        counts = [k for k in counts if k not in thin]
+        if thin:
+            frontier.notes.append(f"{', '.join(map(str, thin))} micro-batches not tried: the recipes split a "
+                                  f"micro-batch over every device, and {batch // thin[0]} rows or fewer do not cover "
+                                  f"the {len(setup.devices)} devices")
     why = ("a saved profile is of the whole batch (profile the model again without --profile)" if request.profile
            else "the model names no batch size" if not batch else "")
     loaded = load_model(request.model, batch=request.batch, lazy=True) if not why else None
