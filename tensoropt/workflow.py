@@ -277,7 +277,6 @@ def explore(request: Request, progress: Progress = no_progress, *,
                     raise
                 # no plan of whole steps fits: the 2-D plans and the micro-batches may, and are asked first
                 result.frontier, over_budget = e.frontier, True
-            result.seconds["frontier"] = time.perf_counter() - t1
             if request.replicas:
                 result.frontier = join_replicas(request, setup, graph, result.frontier, progress)
             result.frontier = join_microbatches(request, setup, graph, result.frontier, progress)

@@ -100,7 +100,8 @@ def _rows(args: argparse.Namespace, console: Console) -> tuple[list[Row], str]:
                                  "pick a divisor or set --batch")
         console.print(f"[yellow]{escape(why)}:[/yellow] not priced", highlight=False)
     for data, m in divides:
-        request = workflow_request(args, batch=batch // (m * data), frontier=False, algos=())
+        # (its own --microbatches are the pipeline's, not the frontier's gradient accumulation)
+        request = workflow_request(args, batch=batch // (m * data), frontier=False, algos=(), microbatches=(1,))
         with ProgressBars(console) as progress:
             setup = prepare(request, progress)
             graph, priced = measure(request, setup, progress)

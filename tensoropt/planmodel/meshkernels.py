@@ -934,9 +934,10 @@ def _walk_once(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out
     for q in range(nq):
         if synced[q] and q_read_ptr[q] < q_read_ptr[q + 1]:
             any_summed = True
-            left[q] = q_read_ptr[q + 1] - q_read_ptr[q]
-        elif later and lvl[q] >= 2:   # a later micro-batch's tied sharded weight: its first block waits too
-            left[q] = q_read_ptr[q + 1] - q_read_ptr[q]
+        if synced[q] or (later and lvl[q] >= 2):   # a later micro-batch's tied sharded weight: its block waits too
+            for r in range(q_read_ptr[q], q_read_ptr[q + 1]):
+                if ng[q_readers[r]]:              # a reader without a backward adds nothing
+                    left[q] += 1
     for i in range(n - 1, -1, -1):
         if not ng[i]:
             continue

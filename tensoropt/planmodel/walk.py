@@ -14,7 +14,10 @@ Every device walks its own program (its forward in plan order, its backward in r
   parameter transiently; a contribution of a piece — the parameter held whole, this reader
   cutting it — the piece and then the whole: the cut's backward pads it to the whole), and
   after the backward each group's buffer is summed in place (the all-reduce's staging, a few
-  MiB in gloo's ring or in segments as messages, is not counted); a gradient a sharding level
+  MiB in gloo's ring or in segments as messages, is not counted); a parameter several operators
+  on the device read (a tied weight) gets their contributions summed by autograd before the
+  buffer does: the first waits, whole, for the others, each later one is made beside it with
+  their sum (out of place), and the last sum is added in; a gradient a sharding level
   cuts (level ≥ 2) is made whole by its reader's backward and reduce-scattered right after it
   (tensoropt's executor: the sharding gate's backward, the reader's output gradient and saved
   tensors freed by then, a regathered level-3 whole dropped only after it): the whole and the
@@ -24,7 +27,8 @@ Every device walks its own program (its forward in plan order, its backward in r
   from when it runs until its last consumer on the device, or until the last backward that saved
   it; what a node receives from another configuration (:attr:`Reshard.recv_bytes`) from its first
   consumer on the device; views share their base's storage (also across devices: the base's copy
-  there); the batch on every device that reads it, for the whole step;
+  there); the batch on every device that reads it, for the whole step (the step's: every
+  micro-batch of a plan of micro-batches, :func:`plan_memory`);
 - recomputation, by segments (:func:`recompute_segments`: one ``torch.utils.checkpoint`` region
   each, e.g. a transformer block): a segment keeps nothing of its own in forward (no saved
   output, no extra saved tensor, no tensor made inside it that its nodes save) but keeps what it
@@ -758,6 +762,8 @@ class _DeviceWalk:
         summed = set(self.summed)
         for name in self.prog:
             node = graph.nodes[name]
+            if not needs_grad.get(name):   # no backward: it adds no contribution
+                continue
             for q in (*node.params, *node.param_reads):
                 if q in summed or (accumulate and q in params.sharded and params.sharded[q][0].shards("gradients")):
                     self.readers_left[q] = self.readers_left.get(q, 0) + 1
