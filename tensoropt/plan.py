@@ -545,11 +545,16 @@ class Plan:
                                                     for g in replicas):
             raise GraphFormatError(f"{where}.replicas must be a list of device-name lists (one per replica)")
         estimates = [Estimate.from_dict(e, f"{where}.estimates[{i}]") for i, e in enumerate(est_in)]
+        options = d.get("options") or {}
+        k = options.get("microbatches", 1) if isinstance(options, Mapping) else 1
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise GraphFormatError(f"{where}.options.microbatches must be a whole number ≥ 1 (the micro-batches a "
+                                   f"step runs), got {k!r}")
         try:
             return cls(configs, graph_fingerprint=fp, graph_name=str(d.get("graph_name", "")),
                        batch_size=d.get("batch_size"), cluster_name=str(d.get("cluster_name", "")),
                        cluster_fingerprint=str(d.get("cluster_fingerprint", "")),
-                       algorithm=str(d.get("algorithm", "")), options=d.get("options") or {}, order=order,
+                       algorithm=str(d.get("algorithm", "")), options=options, order=order,
                        estimates=estimates, plan_id=str(d.get("plan_id", "")), notes=d.get("notes") or [],
                        replicas=replicas)
         except PlanError as e:   # the replica groups are the only part the constructor checks

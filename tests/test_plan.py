@@ -76,6 +76,22 @@ def test_replicas_name_every_device_once_and_follow_the_first_group(graph, tmp_p
             graph, tensoropt.load_cluster("preset:titan-rtx-5"))
 
 
+def test_micro_batches_multiply_the_step_s_batch_and_a_bad_count_names_its_field(graph, tmp_path):
+    plan = split_plan(graph).with_microbatches(3)
+    assert plan.microbatches == 3 and plan.global_batch_size == 3 * graph.batch_size and not plan.estimates
+    plan.save(tmp_path / "p.json")
+    assert Plan.load(tmp_path / "p.json", graph).microbatches == 3
+    assert plan.with_microbatches(1).options.get("microbatches") is None
+    d = plan.to_dict()
+    for bad in ("3", 0, 2.5, True):
+        with pytest.raises(GraphFormatError, match=r"options\.microbatches must be a whole number"):
+            Plan.from_dict({**d, "options": {**d["options"], "microbatches": bad}})
+    with pytest.raises(PlanError, match="whole number"):
+        plan.with_microbatches(0)
+    with pytest.raises(PlanError, match="runtime must be one of"):
+        plan.with_options(runtime="deepspeed")
+
+
 def test_a_plan_for_another_graph_is_refused(graph, tied_lm, tmp_path):
     split_plan(graph).save(tmp_path / "p.json")
     other = tensoropt.capture(*tied_lm)
