@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..capture.call import ModelCall
 from ..errors import TensorOptError
 
-__all__ = ["replica_slice", "replica_call", "call_for_capture", "microbatch_call"]
+__all__ = ["replica_slice", "replica_call", "call_for_capture"]
 
 
 def replica_slice(value: Any, replica: int, replicas: int, batch: int, batch_dim: int = 0) -> Any:
@@ -58,7 +58,7 @@ def replica_call(call: ModelCall, replica: int, replicas: int, batch: int, batch
 def call_for_capture(call: ModelCall, plan: Any, batch_dim: int = 0) -> ModelCall:
     """The inputs the graph of ``plan`` (a :class:`~tensoropt.plan.Plan`) was captured with:
     ``call`` itself, or for a plan with replicas or micro-batches the first slice of it — replica
-    ``r``'s micro-batch ``j`` is slice ``r·k + j`` of ``R·k`` (:func:`microbatch_call`) — the step's
+    ``r``'s micro-batch ``j`` is slice ``r·k + j`` of ``R·k`` (:func:`replica_call`'s rule) — the step's
     batch must be ``R·k`` times the plan's (:class:`~tensoropt.errors.TensorOptError` naming the
     batch to pass otherwise)."""
     n = plan.num_replicas * plan.microbatches
@@ -73,12 +73,6 @@ def call_for_capture(call: ModelCall, plan: Any, batch_dim: int = 0) -> ModelCal
                              f"inputs have batch {'/'.join(map(str, sorted(sizes))) or 'none'}: build the model with "
                              f"batch {n * (b or 0)} (--batch {n * (b or 0)})")
     return replica_call(call, 0, n, b, batch_dim)
-
-
-def microbatch_call(call: ModelCall, j: int, k: int, batch: int, batch_dim: int = 0) -> ModelCall:
-    """Micro-batch ``j`` of ``k`` of one replica's step (``call``, ``k × batch`` rows): its ``j``-th
-    slice of ``batch`` (:func:`replica_slice`'s rule)."""
-    return replica_call(call, j, k, batch, batch_dim)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
