@@ -298,6 +298,35 @@ class Estimate:
         return cls(d["source"], float(t), dict(mem), times_from)
 
 
+def pipeline_problem(options: Mapping[str, Any]) -> str | None:
+    """What is wrong with a plan's ``options["pipeline"]`` (:attr:`Plan.pipeline`), naming the field,
+    or ``None`` (no pipeline, or a well-formed one)."""
+    spec = options.get("pipeline")
+    if spec is None:
+        return None
+    if not isinstance(spec, Mapping):
+        return "options.pipeline must be an object (schedule, stages_per_rank, checkpoint, starts, split_points)"
+    if options.get("runtime") != "pipelining":
+        return f"options.pipeline needs options.runtime 'pipelining', got {options.get('runtime')!r}"
+
+    def names(v: Any) -> bool:
+        return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+    checks = {"schedule": lambda v: isinstance(v, str) and bool(v),
+              "stages_per_rank": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+              "checkpoint": lambda v: isinstance(v, bool), "starts": names, "checkpointed": names,
+              "split_points": lambda v: isinstance(v, list) and all(
+                  isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and p[1] in ("beginning", "end")
+                  for p in v)}
+    wants = {"schedule": "a schedule's name", "stages_per_rank": "a whole number ≥ 1", "checkpoint": "true or false",
+             "starts": "a list of operator names", "checkpointed": "a list of module names",
+             "split_points": 'a list of [module, "beginning" | "end"] pairs'}
+    for key, ok in checks.items():
+        if not ok(spec.get(key)):
+            return f"options.pipeline.{key} must be {wants[key]}, got {spec.get(key)!r}"
+    return None
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _config_json(config: NodeConfig) -> RawJSON:
     """``config`` as the JSON text :meth:`Plan.save` writes for it, encoded once per configuration."""
@@ -392,6 +421,17 @@ class Plan:
         runs them one after the other, each forward and backward, every gradient accumulated, and
         steps the optimizer once (:mod:`tensoropt.execute.replicas` cuts the batch)."""
         return int(self.options.get("microbatches", 1))
+
+    @property
+    def pipeline(self) -> dict[str, Any] | None:
+        """The pipeline a plan of runtime ``pipelining`` runs (``options["pipeline"]``, ``None`` for
+        any other plan): ``schedule``, ``stages_per_rank``, ``checkpoint`` (every block recomputed),
+        ``starts`` (each later stage's first operator), ``split_points`` (where PyTorch's
+        ``pipeline`` cuts the module) and ``checkpointed`` (the blocks recomputed); its ranks are
+        :attr:`devices` (stage ``s`` on ``devices[s mod ranks]``), its copies the :attr:`replicas`
+        and its micro-batches :attr:`microbatches` (:mod:`tensoropt.planmodel.pipelined`)."""
+        spec = self.options.get("pipeline")
+        return dict(spec) if isinstance(spec, Mapping) else None
 
     @property
     def global_batch_size(self) -> int | None:
@@ -492,6 +532,9 @@ class Plan:
         k = self.options.get("microbatches", 1)
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise PlanError(f"options.microbatches must be a whole number ≥ 1, got {k!r}")
+        problem = pipeline_problem(self.options)
+        if problem:
+            raise PlanError(problem)
         if sorted(self.order) != sorted(ops):
             raise PlanError("the plan's order must list every operator exactly once")
         pos = {n: i for i, n in enumerate(self.order)}
@@ -550,6 +593,9 @@ class Plan:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise GraphFormatError(f"{where}.options.microbatches must be a whole number ≥ 1 (the micro-batches a "
                                    f"step runs), got {k!r}")
+        bad = pipeline_problem(options) if isinstance(options, Mapping) else None
+        if bad:
+            raise GraphFormatError(f"{where}.{bad}")
         try:
             return cls(configs, graph_fingerprint=fp, graph_name=str(d.get("graph_name", "")),
                        batch_size=d.get("batch_size"), cluster_name=str(d.get("cluster_name", "")),

@@ -37,6 +37,7 @@ from .graph import check_precision as check_precision_name
 from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA, optimizer_alpha
 from .placers import PLACERS
 from .planmodel.fits import check_budget_value
+from .planmodel.pipelined import LOOPED
 
 #: a :class:`Request` or a subclass of it (the dashboard's): what :meth:`Request.from_dict` returns
 #: (``typing.Self`` needs Python 3.11; the package supports 3.10)
@@ -104,6 +105,22 @@ def microbatch_counts(text: str) -> tuple[int, ...] | None:
     return ks
 
 
+def pipeline_schedules(text: str) -> tuple[str, ...]:
+    """``--pipelines 1f1b,gpipe`` → ``("1f1b", "gpipe")``; ``all`` → every schedule priced
+    (:data:`~tensoropt.planmodel.pipelined.LOOPED`); ``none`` → ``()``; argparse reports a bad name."""
+    word = text.strip().lower()
+    if word in ("none", ""):
+        return ()
+    if word == "all":
+        return LOOPED
+    names = tuple(dict.fromkeys(s.strip() for s in word.split(",") if s.strip()))
+    bad = [s for s in names if s not in LOOPED]
+    if bad:
+        raise argparse.ArgumentTypeError(f"--pipelines: schedule {bad[0]!r} is not priced; the priced ones are "
+                                         f"{', '.join(LOOPED)} (or all, none)")
+    return names
+
+
 def _size(text: str, flag: str) -> int:
     return parse_size(text, flag)
 
@@ -142,7 +159,9 @@ class Request:
     (:mod:`tensoropt.frontier.replicas`: the model captured and profiled again at one host's
     slice of the batch); ``microbatches``: the counts of micro-batches a step may be cut into
     (gradient accumulation: :func:`tensoropt.workflow.join_microbatches`; ``None``: only where no
-    plan of whole steps fits); ``cache``: read and keep captures and untimed profiles in the cache folder
+    plan of whole steps fits); ``pipelines``: the pipeline schedules whose plans join the frontier
+    (:func:`tensoropt.workflow.join_pipelines`; ``()``: none); ``cache``: read and keep captures and
+    untimed profiles in the cache folder
     (``cache_dir``, else :func:`tensoropt._cache.cache_root`'s), so that a second request for the
     same model costs the search only — ``False``: capture and profile afresh (measured calls too).
 
@@ -209,6 +228,12 @@ class Request:
         "again on the model captured at each micro-batch and those plans join the frontier; auto (default): only "
         "where no plan of whole steps fits, the fewest of 2, 4, 8, … micro-batches whose plans fit; 1: whole steps "
         "only", type=microbatch_counts, metavar="K,…|auto")
+    pipelines: tuple[str, ...] = _opt(
+        (), "--pipelines",
+        "pipeline plans on the frontier: the schedules to price, comma-separated (gpipe, 1f1b, interleaved-1f1b, "
+        "looped-bfs), or all: every pipeline over the devices (2, 4, … ranks, data-parallel copies of it over the "
+        "rest) at ranks × 1, 2, 4 micro-batches, blocks kept and checkpointed, each on the model captured at its "
+        "micro-batch (default none)", type=pipeline_schedules, metavar="SCHEDULES|all|none")
     cache: bool = _opt(True, "--no-cache",
                        "capture and profile afresh: read nothing from the cache folder and keep nothing there "
                        "(captures, untimed profiles, measured operator calls)", negated=True)

@@ -48,14 +48,18 @@ from typing import TYPE_CHECKING, Any
 from . import _kernels as kernels
 from .cluster import detect_cluster, load_cluster
 from .compare import CompareRow, compare, frontier_failures, frontier_rows, joined, mark_dominated, solver_options
+from .describe import fmt_bytes
 from .devicemodel.price import Priced, check_measured_fits, price, prices_by_model
 from .errors import ProfileError, TensorOptError
 from .frontier import (
     MICROBATCHES_SOURCE,
+    PIPELINE_SOURCE,
     BudgetError,
     Frontier,
     candidate_meshes,
     host_groups,
+    pipeline_recipes,
+    price_recipes,
     replicate_frontier,
     track_frontier,
 )
@@ -280,6 +284,7 @@ def explore(request: Request, progress: Progress = no_progress, *,
             if request.replicas:
                 result.frontier = join_replicas(request, setup, graph, result.frontier, progress)
             result.frontier = join_microbatches(request, setup, graph, result.frontier, progress)
+            result.frontier = join_pipelines(request, setup, graph, result.frontier, progress)
             if over_budget and request.budget is not None:
                 result.frontier.check_budget(request.budget)
         except TensorOptError as e:
@@ -331,45 +336,128 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     groups = host_groups(setup.cluster, setup.devices)
     if not groups:
         return frontier
-    hosts, batch = len(groups), graph.batch_size
+    hosts, batch = len(groups), graph.batch_size or 0
     full = cannot_fit(graph, setup.cluster, groups[0], request.optimizer, budget=check_budget_value(request.budget),
                       reserve=request.reserve)
-    why = ("a saved profile is of the whole batch (profile the model again without --profile)" if request.profile
-           else f"the batch ({batch}) is not a multiple of the {hosts} hosts" if not batch or batch % hosts
-           else f"no plan within one host can fit ({full})" if full
-           else "")
-    loaded = load_model(request.model, batch=request.batch, lazy=True) if not why else None
-    if loaded is not None and loaded.is_file:
-        why = "a saved graph or ONNX file cannot be captured at another batch"
-    if why or loaded is None or not batch:
+    loaded, why = _loaded_for_slices(request, graph)
+    why = (why or (f"the batch ({batch}) is not a multiple of the {hosts} hosts" if batch % hosts else "")
+           or (f"no plan within one host can fit ({full})" if full else ""))
+    if why or loaded is None:
         frontier.notes.append(f"data parallel across the {hosts} hosts not tried: {why}")
         return frontier
     progress("frontier", 0, 1, f"capturing and profiling one host's slice of the batch ({batch // hosts} of {batch})")
     meshes = [tuple(m) for m in candidate_meshes(setup.cluster, devices=list(groups[0]))]
-    kind, name = profiling_on(request.device)
-    timed = not needs_device_model(request, setup, name, kind)
     degrees = tuple(sorted({1} | {len(m) for m in meshes}))
-    part, costs = captured_and_profiled(
-        request, loaded, degrees, timed, batch_dim=graph.batch_dim,
-        call=partial(_first_replica, replicas=hosts, batch=batch // hosts, batch_dim=graph.batch_dim),
-        call_key=f"replica 0 of {hosts}: batch {batch // hosts} of {batch} along dimension {graph.batch_dim}")
-    priced = price(costs, setup.cluster, groups[0], costs_from=request.costs_from, calibration=request.calibration)
+    part, part_costs = _captured_slice(request, setup, loaded, graph, hosts, groups[0], degrees)
     # the bound again, on the host's slice with what its operators hold: a host's plans that cannot
     # fit make 2-D plans that cannot either (Mixtral-8x7B: 121.7 GiB at least on a host's 8 H100s,
     # whose search took 16 of the command's 18 minutes)
-    slice_full = cannot_fit(part, setup.cluster, groups[0], request.optimizer,
-                            budget=check_budget_value(request.budget), reserve=request.reserve, costs=priced.costs,
-                            live=least_live_by_count(part, priced.costs, {len(groups[0])})[len(groups[0])])
+    slice_full = _slice_cannot_fit(request, setup.cluster, part, part_costs, groups[0])
     if slice_full:
         frontier.notes.append(f"data parallel across the {hosts} hosts not tried: no plan within one host can "
                               f"fit its slice of the batch ({batch // hosts} of {batch}: {slice_full})")
         return frontier
     progress("frontier", 0, 1, f"tracking one host's frontier ({len(groups[0])} devices)")
-    inner = track_frontier(part, priced.costs, setup.cluster, meshes=meshes, resolution=request.resolution,
+    inner = track_frontier(part, part_costs, setup.cluster, meshes=meshes, resolution=request.resolution,
                            optimizer=request.optimizer, reserve=request.reserve, max_walks=request.max_walks)
-    plans = replicate_frontier(inner, part, priced.costs, setup.cluster, groups, optimizer=request.optimizer)
+    plans = replicate_frontier(inner, part, part_costs, setup.cluster, groups, optimizer=request.optimizer)
     progress("frontier", 1, 1, f"{len(plans)} plans data parallel across {hosts} hosts")
-    return frontier.joined(plans, inputs={part.fingerprint: (part, priced.costs)})
+    return frontier.joined(plans, inputs={part.fingerprint: (part, part_costs)})
+
+
+def join_pipelines(request: Request, setup: Setup, graph: OpGraph, frontier: Frontier,
+                   progress: Progress = no_progress) -> Frontier:
+    """``frontier`` with the pipeline plans of the request's schedules (``pipelines``) joined where no
+    point dominates them (:mod:`tensoropt.frontier.pipelines`): every pipeline over the request's
+    devices (:func:`~tensoropt.frontier.pipelines.pipeline_recipes`), the model captured, profiled
+    (whole operators: degree 1) and priced at each recipe's micro-batch, each recipe priced
+    (:func:`~tensoropt.planmodel.pipelined.price_pipeline`).  Where the request cannot have them,
+    or a recipe cannot be priced, ``frontier`` with a note saying why."""
+    if not request.pipelines:
+        return frontier
+    batch, n = graph.batch_size or 0, len(setup.devices)
+    loaded, why = _loaded_for_slices(request, graph)
+    recipes = pipeline_recipes(n, batch, request.pipelines) if batch else []
+    if not why and not recipes:
+        why = (f"no pipeline of 2 or more ranks over the {n} devices cuts the batch ({batch}) into ranks × 1, 2 or 4 "
+               "micro-batches a copy" if n > 1 else "one device holds no pipeline")
+    if why or loaded is None:
+        frontier.notes.append(f"pipelines not tried: {why}")
+        return frontier
+    plans: list[tuple[Any, ...]] = []
+    failed: list[str] = []
+    inputs: dict[str, tuple[OpGraph, CostModel]] = {}
+    slices = sorted({r.data * r.microbatches for r in recipes})
+    for k in slices:   # one capture a micro-batch size, fewest slices first
+        progress("frontier", 0, 1, f"pipelines on micro-batches of {batch // k} of {batch}")
+        part, part_costs = _captured_slice(request, setup, loaded, graph, k, setup.devices, (1,))
+        found, bad = price_recipes(part, part_costs, setup.cluster,
+                                   [r for r in recipes if r.data * r.microbatches == k], setup.devices,
+                                   optimizer=request.optimizer)
+        plans += found
+        failed += bad
+        inputs[part.fingerprint] = (part, part_costs)
+    if failed:
+        frontier.notes.append(f"{len(failed)} of {len(recipes)} pipeline recipes not priced, e.g. {failed[0]}")
+    progress("frontier", 1, 1, f"{len(plans)} pipeline plans priced")
+    if not plans:
+        return frontier
+    out = frontier.joined(plans, inputs=inputs)
+    on = sum(p.source == PIPELINE_SOURCE for p in out.points)
+    fastest = min(plans, key=lambda t: (t[2].time_s, t[2].max_memory_bytes))
+    least = min(plans, key=lambda t: (t[2].max_memory_bytes, t[2].time_s))
+    best = "; ".join(dict.fromkeys(f"{what} {_priced_pipeline(plan, sim, out)}"
+                                   for what, (_, plan, sim) in (("the fastest", fastest), ("the least memory", least))))
+    out.notes.append(f"pipelines: {len(plans)} plans priced ({', '.join(request.pipelines)}), {on} on the frontier; "
+                     f"{best}")
+    return out
+
+
+def _priced_pipeline(plan: Plan, sim: SimResult, frontier: Frontier) -> str:
+    """``<recipe>: <peak>, <step>`` and the point that dominates it, if one does."""
+    what = next((n.removeprefix("pipeline: ") for n in plan.notes if n.startswith("pipeline: ")), "a pipeline")
+    over = frontier.dominating(sim.max_memory_bytes, sim.time_s)
+    by = f", dominated by {over.plan_id} ({fmt_bytes(over.memory_bytes)}, {over.time_s * 1e3:.4g} ms)" \
+        if over is not None and over.source != PIPELINE_SOURCE else ""
+    return f"{what}: {fmt_bytes(sim.max_memory_bytes)}, {sim.time_s * 1e3:.4g} ms{by}"
+
+
+def _loaded_for_slices(request: Request, graph: OpGraph) -> tuple[LoadedModel | None, str]:
+    """The request's model, to capture at a slice of the batch (a replica's, a micro-batch's), or
+    why it cannot be: a saved profile (of the whole batch), no batch size, a saved graph or ONNX file."""
+    if request.profile:
+        return None, "a saved profile is of the whole batch (profile the model again without --profile)"
+    if not graph.batch_size:
+        return None, "the model names no batch size"
+    loaded = load_model(request.model, batch=request.batch, lazy=True)
+    if loaded.is_file:
+        return None, "a saved graph or ONNX file cannot be captured at another batch"
+    return loaded, ""
+
+
+def _captured_slice(request: Request, setup: Setup, loaded: LoadedModel, graph: OpGraph, n: int,
+                    devices: tuple[str, ...], degrees: tuple[int, ...]) -> tuple[OpGraph, CostModel]:
+    """The model captured at the first of ``n`` slices of ``graph``'s batch (a replica's, a
+    micro-batch's: one capture and profile serve both, cached under one key), profiled at ``degrees``
+    (timed where the profiling device is the cluster's kind) and priced for ``devices``."""
+    batch, dim = graph.batch_size or 0, graph.batch_dim
+    kind, name = profiling_on(request.device)
+    timed = not needs_device_model(request, setup, name, kind)
+    part, costs = captured_and_profiled(
+        request, loaded, degrees, timed, batch_dim=dim,
+        call=partial(_first_replica, replicas=n, batch=batch // n, batch_dim=dim),
+        call_key=f"slice 0 of {n}: batch {batch // n} of {batch} along dimension {dim}")
+    priced = price(costs, setup.cluster, devices, costs_from=request.costs_from, calibration=request.calibration)
+    return part, priced.costs
+
+
+def _slice_cannot_fit(request: Request, cluster: Cluster, part: OpGraph, costs: CostModel,
+                      devices: tuple[str, ...]) -> str:
+    """:func:`~tensoropt.planmodel.fits.cannot_fit` of a slice's capture on ``devices``, with what its
+    operators hold at once split over all of them: why no plan of it can fit, or ``""``."""
+    return cannot_fit(part, cluster, devices, request.optimizer, budget=check_budget_value(request.budget),
+                      reserve=request.reserve, costs=costs,
+                      live=least_live_by_count(part, costs, {len(devices)})[len(devices)]) or ""
 
 
 #: the counts ``auto`` tries, fewest first, where no plan of whole steps fits
@@ -392,7 +480,7 @@ def join_microbatches(request: Request, setup: Setup, graph: OpGraph, frontier: 
     each priced for the recipes of :data:`AUTO_RECIPES` (seconds, where the search at a count can
     take minutes), up to the first count with a plan that fits (fewer micro-batches step faster).  Where the
     request cannot have them, ``frontier`` with a note saying why."""
-    batch = graph.batch_size
+    batch = graph.batch_size or 0
     auto = request.microbatches is None
     if auto and (not frontier.points or any(p.fits_budget for p in frontier.points)):
         return frontier
@@ -409,51 +497,37 @@ def join_microbatches(request: Request, setup: Setup, graph: OpGraph, frontier: 
             frontier.notes.append(f"{', '.join(map(str, thin))} micro-batches not tried: the recipes split a "
                                   f"micro-batch over every device, and {batch // thin[0]} rows or fewer do not cover "
                                   f"the {len(setup.devices)} devices")
-    why = ("a saved profile is of the whole batch (profile the model again without --profile)" if request.profile
-           else "the model names no batch size" if not batch else "")
-    loaded = load_model(request.model, batch=request.batch, lazy=True) if not why else None
-    if loaded is not None and loaded.is_file:
-        why = "a saved graph or ONNX file cannot be captured at another batch"
+    loaded, why = _loaded_for_slices(request, graph)
     if odd and not auto:
         frontier.notes.append(f"{', '.join(map(str, odd))} micro-batches not tried: the batch ({batch}) is not a "
                               "multiple of them")
-    if why or loaded is None or not batch:
+    if why or loaded is None:
         frontier.notes.append(f"micro-batches not tried: {why}")
         return frontier
-    kind, name = profiling_on(request.device)
-    timed = not needs_device_model(request, setup, name, kind)
-    degrees = setup.degrees
     budget = check_budget_value(request.budget)
     plans: list[tuple[Any, ...]] = []
     inputs: dict[str, tuple[OpGraph, CostModel]] = {}
     tried, ruled_out = [], []
     for k in counts:
         progress("frontier", 0, 1, f"capturing and profiling one micro-batch ({batch // k} of {batch})")
-        part, costs = captured_and_profiled(
-            request, loaded, degrees, timed, batch_dim=graph.batch_dim,
-            call=partial(_first_replica, replicas=k, batch=batch // k, batch_dim=graph.batch_dim),
-            call_key=f"micro-batch 0 of {k}: batch {batch // k} of {batch} along dimension {graph.batch_dim}")
-        priced = price(costs, setup.cluster, setup.devices, costs_from=request.costs_from,
-                       calibration=request.calibration)
+        part, part_costs = _captured_slice(request, setup, loaded, graph, k, setup.devices, setup.degrees)
         if auto:
-            full = cannot_fit(part, setup.cluster, setup.devices, request.optimizer, budget=budget,
-                              reserve=request.reserve, costs=priced.costs,
-                              live=least_live_by_count(part, priced.costs, {len(setup.devices)})[len(setup.devices)])
+            full = _slice_cannot_fit(request, setup.cluster, part, part_costs, setup.devices)
             if full:
                 ruled_out.append(f"{k} ({full})")
                 continue
         tried.append(k)
-        inputs[part.fingerprint] = (part, priced.costs)
+        inputs[part.fingerprint] = (part, part_costs)
         if auto:   # the recipes, seconds: the search at k micro-batches can take minutes (Mixtral-8x7B: 7)
             progress("frontier", 0, 1, f"the recipes at steps of {k} micro-batches")
-            found = _recipes_at(part, priced.costs, setup.cluster, setup.devices, request.optimizer, k)
+            found = _recipes_at(part, part_costs, setup.cluster, setup.devices, request.optimizer, k)
             plans += found
             if any(fits(sim.memory_bytes, setup.cluster, budget=budget, reserve=request.reserve)
                    for _, _, sim in found):
                 break
             continue
         progress("frontier", 0, 1, f"tracking the frontier of steps of {k} micro-batches")
-        inner = track_frontier(part, priced.costs, setup.cluster, meshes=setup.meshes,
+        inner = track_frontier(part, part_costs, setup.cluster, meshes=setup.meshes,
                                resolution=request.resolution, optimizer=request.optimizer, reserve=request.reserve,
                                max_walks=request.max_walks, microbatches=k)
         plans += [(MICROBATCHES_SOURCE, p.plan, _point_result(p, inner.times_from), dict(p.parts))
@@ -506,5 +580,5 @@ def _first_replica(call: ModelCall, replicas: int, batch: int, batch_dim: int) -
 
 
 __all__ = ["DETECTED", "STAGES", "Exploration", "Progress", "Request", "Setup", "captured_and_profiled", "explore",
-           "join_replicas", "join_microbatches", "measure",
+           "join_replicas", "join_microbatches", "join_pipelines", "measure",
            "needs_device_model", "no_progress", "prepare", "profile_degrees", "read_cluster", "read_profile"]

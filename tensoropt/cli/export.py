@@ -12,12 +12,22 @@ import argparse
 from rich.console import Console
 from rich.markup import escape
 
-from ..export import TARGETS, export_plan
+from ..export import TARGETS, export_pipeline_plan, export_plan
 from ..export.expressible import PATH_TITLES
+from ..plan import Plan
 from ._common import PLAN_BATCH_HELP, add_request_options
 
 
 def _cmd_export(args: argparse.Namespace, console: Console) -> int:
+    if Plan.load(args.plan).pipeline is not None:   # PyTorch's pipelining runs it
+        with console.status(f"capturing {escape(args.model)} …"):
+            directory, est = export_pipeline_plan(args.plan, args.model, args.output, steps=args.steps, lr=args.lr,
+                                                  cluster=args.cluster, precision=args.precision)
+        console.print(f"wrote {escape(str(directory))}/ (train.py, README.md): {escape(str(est.recipe))}, run by "
+                      "torch.distributed.pipelining", highlight=False, soft_wrap=True)
+        console.print(f"run it: cd {escape(str(directory))} && torchrun --standalone --nproc-per-node "
+                      f"{est.recipe.world} train.py", highlight=False, soft_wrap=True)
+        return 0
     with console.status(f"capturing {escape(args.model)} …"):
         done = export_plan(args.plan, args.model, args.output, to=args.to, steps=args.steps, lr=args.lr,
                            seed=args.seed, batch=args.batch, precision=args.precision, cluster=args.cluster)

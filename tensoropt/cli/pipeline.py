@@ -34,10 +34,6 @@ from ..workflow import measure, prepare
 from ._common import add_request_arguments, check_repeats, fit_options, print_times_from, workflow_request
 from ._progress import ProgressBars
 
-#: what ``--check`` holds the pipeline's losses to: the unmodified model's in float64, two float32
-#: ulps of a loss near 6 (a language model's loss is cast to float32 inside the model)
-CHECK_ABS = 1e-6
-
 
 @dataclass(frozen=True)
 class Row:
@@ -146,7 +142,7 @@ def _print(console: Console, rows: list[Row], title: str) -> None:
 
 def _check(console: Console, args: argparse.Namespace, row: Row) -> int:
     from ..distributed import launch
-    from ..distributed.pipelined import pipeline_job, train_one_process, train_pipeline
+    from ..distributed.pipelined import CHECK_ABS, pipeline_job, train_one_process, train_pipeline
 
     e = row.estimate
     console.print(f"checking {escape(str(e.recipe))} on {e.recipe.world} gloo ranks (float64, dropout off) against "

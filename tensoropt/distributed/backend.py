@@ -42,6 +42,7 @@ from ..execute.replicas import call_for_capture
 from ..execute.runplan import RunOptions, Say, run_plan, step_summary
 from ..graph import OpGraph
 from ..plan import Plan
+from .pipelined import run_pipeline_plan
 from .run import DistributedExecutor, apply_plan_distributed, same_as_rank0
 from .runtime import DEFAULT_TIMEOUT_S, Runtime, init_runtime, parse_rank_map, shutdown
 from .verify import compare_distributed
@@ -152,6 +153,10 @@ def run_distributed(model_spec: str, plan_path: str, options: RunOptions, say: S
         rt = init_runtime(rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port,
                           backend=backend, timeout_s=timeout)
         torch.set_num_threads(max(1, torch.get_num_threads()))
+        plan = Plan.load(plan_path)
+        if plan.pipeline is not None:   # PyTorch's pipelining runs it, not tensoropt's executor
+            return run_pipeline_plan(rt, model_spec, plan, steps=options.steps, lr=options.lr, check=options.check,
+                                     batch=options.batch, say=say)
         return run_plan(model_spec, plan_path, DistributedBackend(rt, rank_map, collectives), options, say)
     except TensorOptError as e:
         where = f"rank {rt.rank}: " if rt is not None and not str(e).startswith("rank ") else ""

@@ -46,6 +46,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import DistributedError
 from ..measure.step import make_optimizer, training_loss
+from ..plan import Plan
 from ..planmodel.pipeline import SCHEDULES
 from ..planmodel.pipelined import PipelineEstimate
 from .jobs import load_model_case
@@ -166,14 +167,80 @@ def thread_skips(split: torch.fx.GraphModule) -> int:
     return len(passed)
 
 
+#: what a pipeline's check holds its losses to: the unmodified model's in float64, two float32
+#: ulps of a loss near 6 (a language model's loss is cast to float32 inside the model)
+CHECK_ABS = 1e-6
+
+
 def pipeline_job(est: PipelineEstimate, model_spec: str, *, batch: int | None = None) -> dict[str, Any]:
-    """The keywords of :func:`train_pipeline` that run the plan ``est`` prices — its schedule,
-    micro-batches, stages a rank, cut and checkpointed blocks — on ``model_spec`` at ``batch``
-    (plain values: they go to every rank)."""
-    r = est.recipe
-    return {"model_spec": model_spec, "batch": batch, "schedule": r.schedule, "microbatches": r.microbatches,
-            "stages_per_rank": r.virtual, "split_points": [list(p) for p in est.split_points],
-            "checkpoint_blocks": list(est.checkpointed), "data": r.data}
+    """The keywords of :func:`train_pipeline` that run the plan ``est`` prices on ``model_spec`` at
+    ``batch`` (:func:`plan_job` of its plan)."""
+    if est.plan is None:
+        raise DistributedError("the pipeline estimate carries no plan (price_pipeline makes one)")
+    return {**plan_job(est.plan, model_spec), "batch": batch}
+
+
+def plan_job(plan: Plan, model_spec: str) -> dict[str, Any]:
+    """The keywords of :func:`train_pipeline` that run a pipeline ``plan``
+    (:func:`~tensoropt.planmodel.pipelined.pipeline_plan`) — its schedule, micro-batches, stages a
+    rank, cut, checkpointed blocks and copies — on ``model_spec`` at the plan's step batch (plain
+    values: they go to every rank)."""
+    spec = plan.pipeline
+    if spec is None:
+        raise DistributedError("the plan is not a pipeline (its options have no 'pipeline')")
+    return {"model_spec": model_spec, "batch": plan.global_batch_size, "schedule": spec["schedule"],
+            "microbatches": plan.microbatches, "stages_per_rank": spec["stages_per_rank"],
+            "split_points": [list(p) for p in spec["split_points"]], "checkpoint_blocks": list(spec["checkpointed"]),
+            "data": plan.num_replicas}
+
+
+def run_pipeline_plan(rt: Runtime, model_spec: str, plan: Plan, *, steps: int, lr: float, check: bool,
+                      batch: int | None, say: Callable[[str], object]) -> int:
+    """``tensoropt run --backend dist`` for a pipeline plan on this rank: with ``check``, two steps
+    in float64 without dropout held to the unmodified model's losses (within :data:`CHECK_ABS`;
+    exit 1 and no timing when not), then ``steps`` steps timed (each rank's median) with every
+    rank's peak of tensor storage over one more, beside the plan's estimate.  ``say`` prints on
+    rank 0.  The world must be the plan's devices (rank ``r · data + d``: pipeline rank ``r`` of
+    copy ``d``)."""
+    if rt.world_size != plan.num_devices:
+        raise DistributedError(f"the pipeline plan runs on {plan.num_devices} ranks ({plan.num_replicas} copies of "
+                               f"{len(plan.devices)} pipeline ranks); this world has {rt.world_size}: torchrun "
+                               f"--nproc-per-node {plan.num_devices}")
+    job = plan_job(plan, model_spec)
+    if batch is not None and batch != job["batch"]:
+        raise DistributedError(f"the pipeline plan steps a batch of {job['batch']}, not --batch {batch}: make the plan "
+                               "again at that batch")
+    report = say if rt.rank == 0 else (lambda _text: None)
+    copies = f" × {job['data']} copies" if job["data"] > 1 else ""
+    report(f"pipeline: {len(plan.devices) * job['stages_per_rank']} stages of {job['schedule']} on "
+           f"{len(plan.devices)} ranks{copies}, {job['microbatches']} micro-batches a step, batch {job['batch']}")
+    if check:
+        ran = train_pipeline(rt, **job, steps=2)
+        alone = train_one_process(model_spec, batch=job["batch"], steps=2) if rt.rank == 0 else list(ran["losses"])
+        worst = max(abs(a - b) for a, b in zip(ran["losses"], alone))
+        for k, (a, b) in enumerate(zip(ran["losses"], alone)):
+            report(f"  step {k}: pipeline {a!r}, model {b!r}")
+        verdict = torch.tensor([1.0 if worst <= CHECK_ABS else 0.0])
+        dist.broadcast(verdict, 0)
+        report(f"check {'passed' if verdict.item() else 'failed'}: largest loss difference {worst:.3g} "
+               f"(allowed {CHECK_ABS:g}, float64, dropout off)")
+        if not verdict.item():
+            report("the plan does not train as the model does: not timing it (exit 1)")
+            return 1
+    if steps < 1:
+        return 0
+    optimizer = str(plan.options.get("optimizer", "sgd"))
+    out = train_pipeline(rt, **job, steps=1, lr=lr, optimizer=optimizer, float64=False, dropout=True,
+                         measure=True, warmup=1, rounds=steps)
+    est = plan.estimate("frontier") or plan.estimate("simulator")
+    slowest = max(out["step_s"])
+    report(f"{steps} training steps ({optimizer}, lr {lr}): median step of the slowest rank {slowest * 1e3:.3f} ms"
+           + (f" (priced {est.time_s * 1e3:.3f} ms, times from {est.times_from or 'the profile'})" if est else ""))
+    world = [g[k] for k in range(len(plan.devices)) for g in (plan.replicas or (tuple(plan.devices),))]
+    for k, (dev, peak) in enumerate(zip(world, out["peak_bytes"])):
+        priced = f", priced {est.memory_bytes[dev]:,} B" if est and dev in est.memory_bytes else ""
+        report(f"  rank {k} ({dev}): peak of tensor storage {peak:,} B{priced}")
+    return 0
 
 
 def _microbatch_call(inputs: Sequence[Any], microbatches: int) -> tuple[Any, ...]:
@@ -384,5 +451,5 @@ def _tracked_peak(modules: Sequence[nn.Module], opt: torch.optim.Optimizer, inpu
     return peak.peak_bytes
 
 
-__all__ = ["InputsThroughFirstStage", "StoragePeak", "checkpoint_stage_blocks", "pipeline_job", "run_generated_code",
-           "thread_skips", "train_one_process", "train_pipeline"]
+__all__ = ["CHECK_ABS", "InputsThroughFirstStage", "StoragePeak", "checkpoint_stage_blocks", "pipeline_job", "plan_job",
+           "run_generated_code", "run_pipeline_plan", "thread_skips", "train_one_process", "train_pipeline"]

@@ -139,6 +139,10 @@ def run_plan(model_spec: str, plan_path: str, backend: Backend, options: RunOpti
     report: Say = say if backend.reports else (lambda _text: None)
     steady_malloc()   # the profile's allocator regime (tensoropt._malloc)
     replicated = Plan.load(plan_path)
+    if replicated.pipeline is not None:
+        raise TensorOptError(f"the plan is a pipeline ({replicated.pipeline['schedule']} over {replicated.num_devices} "
+                             "devices) that PyTorch's pipelining runs, one process per device: tensoropt run --backend "
+                             f"dist under torchrun --nproc-per-node {replicated.num_devices}")
     if (replicated.replicas or replicated.microbatches > 1) and not getattr(backend, "runs_replicas", False):
         what = (f"{replicated.num_replicas} replicas on {replicated.num_devices} devices (data parallel across its "
                 "groups)" if replicated.replicas else

@@ -49,12 +49,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cluster import Cluster, load_cluster
+from ..devicemodel import costs_source, price
 from ..errors import ModelSpecError, TensorOptError
 from ..execute.runplan import LocalBackend, load_for_run, load_plan
 from ..graph import Precision
+from ..measure.profiler import profile
 from ..measure.step import plan_optimizer
 from ..plan import Plan
-from ..planmodel.pipelined import PipelineEstimate
+from ..planmodel.pipelined import PipelineEstimate, price_plan
 from .expressible import PATH_TITLES, Expression, LaunchShape, express, launch_shape
 from .pipelined import pipeline_readme, pipeline_train_script
 from .render import LOSS_LINE, OPTIMIZER_CODE, readme, train_script
@@ -62,8 +64,8 @@ from .render import LOSS_LINE, OPTIMIZER_CODE, readme, train_script
 #: what ``--to`` may name
 TARGETS = ("torchrun",)
 
-__all__ = ["TARGETS", "LOSS_LINE", "Exported", "Expression", "LaunchShape", "export_pipeline", "export_plan", "express",
-           "launch_shape"]
+__all__ = ["TARGETS", "LOSS_LINE", "Exported", "Expression", "LaunchShape", "export_pipeline", "export_pipeline_plan",
+           "export_plan", "express", "launch_shape"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,9 @@ def export_plan(plan_path: str | os.PathLike, spec: str, out: str | os.PathLike,
     _check_output(out)
     spec = absolute_spec(spec)
     saved = Plan.load(plan_path)
+    if saved.pipeline is not None:
+        raise TensorOptError(f"{plan_path} is a pipeline plan: export it with export_pipeline_plan (the CLI's "
+                             "tensoropt export does)")
     if saved.replicas:
         raise TensorOptError(f"{plan_path} runs {saved.num_replicas} replicas (data parallel across hosts), which "
                              "export does not write yet: run it with tensoropt's executor, one process per device "
@@ -187,6 +192,35 @@ def export_pipeline(est: PipelineEstimate, spec: str, out: str | os.PathLike, *,
                                           times_from=times_from)}
     _write_directory(directory, files, None)
     return directory
+
+
+def export_pipeline_plan(plan_path: str | os.PathLike, spec: str, out: str | os.PathLike, *, steps: int = 3,
+                         lr: float = 1e-3, cluster: str | Cluster | None = None,
+                         precision: str | None = None) -> tuple[Path, PipelineEstimate]:
+    """A pipeline plan (a frontier's point of source ``pipeline``,
+    :func:`~tensoropt.planmodel.pipelined.pipeline_plan`) as :func:`export_pipeline` writes it: the
+    model captured at the plan's micro-batch, priced on ``cluster`` (default: the preset the plan
+    names) through its kind's device model with the plan's own cut
+    (:func:`~tensoropt.planmodel.pipelined.price_plan`) for the README's figures.  Returns the
+    directory and that estimate; bad input is a :class:`~tensoropt.errors.TensorOptError`, with
+    nothing written."""
+    directory = Path(out)
+    _check_output(directory)
+    saved = Plan.load(plan_path)
+    if saved.pipeline is None:
+        raise TensorOptError(f"{plan_path} is not a pipeline plan (its options have no 'pipeline')")
+    found = _cluster_for(saved, cluster)
+    if found is None:
+        raise TensorOptError(f"{plan_path} names no preset cluster: give --cluster, the cluster the plan was made for "
+                             "(the README prices the pipeline on it)")
+    optimizer = plan_optimizer(saved)
+    _check_optimizer(optimizer, "the plan's optimizer")
+    _, _, graph = load_for_run(spec, LocalBackend(), saved.global_batch_size, precision, saved)
+    plan = load_plan(str(plan_path), graph)
+    costs = price(profile(graph, timed=False), found, plan.all_devices).costs
+    est = price_plan(plan, graph, costs, found, optimizer=optimizer)
+    return export_pipeline(est, spec, directory, batch=plan.global_batch_size or 0, steps=steps, lr=lr,
+                           optimizer=optimizer, times_from=costs_source(costs)), est
 
 
 def _write_directory(out: Path, files: dict[str, str], plan: Plan | None) -> None:

@@ -83,17 +83,17 @@ It owns how a recipe becomes stages, a step and peaks; it must not order the mic
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..cluster import Cluster
 from ..cluster.collectives import ring_allreduce_time
 from ..graph import OpGraph, block_of
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
-from ..plan import NodeConfig, Plan
+from ..plan import NodeConfig, Plan, PlanError
 from .memory import output_kept
 from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
-from .stages import Stage, cut_stages
+from .stages import Stage, cut_stages, stage_starts
 from .walk import plan_memory
 
 #: the schedules priced: stage ``s`` on rank ``s mod p`` (PyTorch's loop placement), each
@@ -162,6 +162,9 @@ class PipelineEstimate:
     #: the blocks recomputed in the backward (module names, in order): ``checkpoint_wrapper`` on each
     checkpointed: tuple[str, ...] = ()
     sync_s: float = 0.0
+    #: the recipe as a :class:`~tensoropt.plan.Plan` (:func:`pipeline_plan`): what the frontier
+    #: offers, ``tensoropt run`` and ``tensoropt export`` run
+    plan: Plan | None = None
 
     @property
     def max_memory_bytes(self) -> int:
@@ -270,9 +273,11 @@ def _link_s(cluster: Cluster, devices: Sequence[str], stages: Sequence[Stage]) -
 
 
 def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: PipelineRecipe, *,
-                   devices: Sequence[str] | None = None, optimizer: str | int = DEFAULT_OPTIMIZER) -> PipelineEstimate:
+                   devices: Sequence[str] | None = None, optimizer: str | int = DEFAULT_OPTIMIZER,
+                   starts: Sequence[str] | None = None) -> PipelineEstimate:
     """``recipe`` on ``graph`` (captured at the micro-batch's size) over ``devices`` (default: the
-    cluster's first ``recipe.ranks``), priced as the module docstring says.  A schedule not in
+    cluster's first ``recipe.ranks``), priced as the module docstring says; ``starts``: a cut made
+    before (:func:`~.stages.stage_starts`), kept rather than balanced again.  A schedule not in
     :data:`LOOPED`, too few devices or blocks, or an order PyTorch cannot run is a
     :class:`~.pipeline.PipelineError` naming it.  O(S·U² + A log A) for U units and A actions."""
     if recipe.schedule not in LOOPED:
@@ -287,7 +292,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     used = world[::recipe.data]
     order = pipeline_order(recipe.schedule, ranks=recipe.ranks, microbatches=recipe.microbatches,
                            stages_per_rank=recipe.virtual)
-    stages = tuple(cut_stages(graph, costs, order.stages))
+    stages = tuple(cut_stages(graph, costs, order.stages, starts=starts))
     _refuse_tied(graph, stages)
     p = recipe.ranks
     on = {name: used[i % p] for i, stage in enumerate(stages) for name in stage.ops}
@@ -327,10 +332,56 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
         for d in range(recipe.data):   # every copy holds what the first does
             memory[world[r * recipe.data + d]] = int(max(peak, whole[dev].peak) + step_buffers)
     sync = _sync_s(graph, cluster, world, stages, recipe)
-    return PipelineEstimate(recipe, tuple(world), stages, split_points(graph, stages), run.step_s + sync,
-                            run.bubble_fraction, run.peak_in_flight, memory, link,
-                            tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops
-                                                if n.name in recomputed)), sync)
+    est = PipelineEstimate(recipe, tuple(world), stages, split_points(graph, stages), run.step_s + sync,
+                           run.bubble_fraction, run.peak_in_flight, memory, link,
+                           tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops
+                                               if n.name in recomputed)), sync)
+    offered = pipeline_plan(est, plan, optimizer)
+    offered.cluster_name, offered.cluster_fingerprint = cluster.name, cluster.fingerprint
+    return replace(est, plan=offered)
+
+
+def pipeline_plan(est: PipelineEstimate, stage_plan: Plan, optimizer: str | int = DEFAULT_OPTIMIZER) -> Plan:
+    """``est`` as a plan: ``stage_plan``'s configurations (each stage's operators whole on its
+    pipeline rank, blocks recomputed where checkpointed), the copies as replicas (copy ``d``'s
+    ranks, :attr:`Plan.replicas <tensoropt.plan.Plan.replicas>`), ``options["microbatches"]`` the
+    schedule's micro-batches, ``options["optimizer"]`` the one it was priced for and
+    ``options["pipeline"]`` the rest of the recipe and its cut — what
+    :func:`recipe_of` and :func:`price_plan` read back, and what runs it
+    (:func:`tensoropt.distributed.pipelined.pipeline_job`)."""
+    r = est.recipe
+    pipeline = {"schedule": r.schedule, "stages_per_rank": r.virtual, "checkpoint": r.checkpoint,
+                "starts": list(stage_starts(est.stages)), "split_points": [list(p) for p in est.split_points],
+                "checkpointed": list(est.checkpointed)}
+    replicas = [[est.devices[k * r.data + d] for k in range(r.ranks)] for d in range(r.data)] if r.data > 1 else []
+    plan = Plan(stage_plan.configs, graph_fingerprint=stage_plan.graph_fingerprint, graph_name=stage_plan.graph_name,
+                batch_size=stage_plan.batch_size, algorithm="pipeline", order=stage_plan.order,
+                options={"runtime": "pipelining", "pipeline": pipeline, "optimizer": optimizer}, replicas=replicas,
+                notes=[f"pipeline: {r}"])
+    return plan.with_microbatches(r.microbatches)
+
+
+def recipe_of(plan: Plan) -> PipelineRecipe:
+    """The :class:`PipelineRecipe` a pipeline plan (:func:`pipeline_plan`) runs; a plan that is not
+    one is a :class:`~tensoropt.plan.PlanError`."""
+    spec = plan.pipeline
+    if spec is None:
+        raise PlanError("the plan is not a pipeline (its options have no 'pipeline')")
+    return PipelineRecipe(spec["schedule"], ranks=len(plan.devices), microbatches=plan.microbatches,
+                          stages_per_rank=spec["stages_per_rank"], checkpoint=spec["checkpoint"],
+                          data=plan.num_replicas)
+
+
+def price_plan(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
+               optimizer: str | int = DEFAULT_OPTIMIZER) -> PipelineEstimate:
+    """A pipeline plan priced again — on ``costs`` and ``cluster`` — with its own cut and devices
+    (what :func:`~.simulate.simulate` returns for it).  O(price_pipeline)."""
+    plan.check(graph, cluster)
+    recipe = recipe_of(plan)
+    groups = plan.replicas or (tuple(plan.devices),)
+    world = [groups[d][k] for k in range(recipe.ranks) for d in range(recipe.data)]
+    return price_pipeline(graph, costs, cluster, recipe, devices=world, optimizer=optimizer,
+                          starts=plan.pipeline["starts"] if plan.pipeline else None)
 
 
 def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequence[Stage],
@@ -363,5 +414,5 @@ def _refuse_tied(graph: OpGraph, stages: Sequence[Stage]) -> None:
                                 "untie them (e.g. tie_word_embeddings=False in the model's config)")
 
 
-__all__ = ["LOOPED", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "kept_bytes", "price_pipeline",
-           "split_points"]
+__all__ = ["LOOPED", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "kept_bytes", "pipeline_plan",
+           "price_pipeline", "price_plan", "recipe_of", "split_points"]

@@ -56,6 +56,10 @@ peak memory of every device and a timeline (for a Gantt chart).
   runs ``k`` micro-batches one after the other, the first ``k − 1`` without the gradient sums and
   the gathers of updated parameters (a sharded gradient's reduce-scatter is in every backward):
   ``(k − 1) · T_early + T_last``; the timeline is the last micro-batch's, after the others.
+- *Pipelines* (a plan whose :attr:`~tensoropt.plan.Plan.pipeline` is set: runtime ``"pipelining"``):
+  priced as :func:`tensoropt.planmodel.pipelined.price_plan` prices its recipe — the schedule's
+  micro-batches event by event, each rank's peak with what it holds in flight — without a
+  timeline or per-device breakdown.
 - The optimizer step's time is not modelled (the CostModel has none).  The iteration time is
   when the last device or link finishes.
 
@@ -97,6 +101,7 @@ from ..layouts import Collective, TensorLayout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import Estimate, Plan, PlanError, sharded_parameters
+from .pipelined import PipelineEstimate, price_plan
 from .reshard import (
     P,
     R,
@@ -115,7 +120,7 @@ from .reshard import (
 from .walk import Fsdp2Units, PlanEdges, StepMemory, plan_edges, plan_memory, shard_cost, walk
 
 # plan_memory is the simulator's memory model without the timing; it lives with the cost model
-__all__ = ["simulate", "SimResult", "TimelineEvent", "plan_memory", "PHASES"]
+__all__ = ["simulate", "SimResult", "TimelineEvent", "plan_memory", "pipeline_result", "PHASES"]
 
 PHASES = ("fp", "bp", "recompute", "transfer", "allreduce")
 
@@ -351,6 +356,11 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
     check_replicas(plan, cluster)
     costs.check_graph(graph)
     check_costs_kind(costs, cluster, plan.all_devices)   # never one device kind's times priced as another's
+    if plan.pipeline is not None:
+        # a pipeline's step is its schedule's, event by event, and its ranks' peaks the in-flight
+        # micro-batches' (one rule: planmodel/pipelined)
+        est = price_plan(plan, graph, costs, cluster, optimizer=optimizer)
+        return pipeline_result(est, costs, optimizer=optimizer, context_bytes=context_bytes, memory=memory)
     needs_grad = grad_nodes(graph)
     edges = plan_edges(plan, graph, cluster)
     times = _node_times(plan, graph, costs)
@@ -383,6 +393,15 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
         mem = {d: mem[plan.replica_of(d)[1]] for d in plan.all_devices}
     return SimResult(total, {d: m.peak for d, m in mem.items()}, compute_s, link_s, timeline, mem,
                      optimizer, overlap, costs_source(costs))
+
+
+def pipeline_result(est: PipelineEstimate, costs: CostModel, *, optimizer: str | int = DEFAULT_OPTIMIZER,
+                    context_bytes: int = 0, memory: bool = True) -> SimResult:
+    """A priced pipeline (:func:`~tensoropt.planmodel.pipelined.price_pipeline`) as the
+    :class:`SimResult` of its plan: the schedule's step and each rank's peak (no timeline, no
+    per-device breakdown: the schedule is simulated by :mod:`.pipeline`)."""
+    peaks = {d: b + context_bytes for d, b in est.memory_bytes.items()} if memory else {}
+    return SimResult(est.step_s, peaks, {}, {}, [], {}, optimizer, True, costs_source(costs))
 
 
 def unlike_replica(groups: Sequence[Sequence[str]], cluster: Cluster) -> tuple[str, str] | None:

@@ -34,6 +34,7 @@ It owns where the stages are cut and what each holds; it must not order the micr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import TensorOptError
@@ -95,19 +96,33 @@ def _cut(times: list[float], stages: int) -> list[int]:
     return sorted(starts)[1:]
 
 
-def cut_stages(graph: OpGraph, costs: CostModel, stages: int) -> list[Stage]:
+def cut_stages(graph: OpGraph, costs: CostModel, stages: int, *,
+               starts: Sequence[str] | None = None) -> list[Stage]:
     """``graph`` cut into ``stages`` contiguous stages (module docstring); more stages than units
-    is a :class:`~tensoropt.errors.TensorOptError` naming how many there are."""
+    is a :class:`~tensoropt.errors.TensorOptError` naming how many there are.  ``starts``: the cut
+    a plan already made (the first operator of each stage after the first, :func:`stage_starts`),
+    kept as it is rather than balanced again on these costs — an operator that begins no unit, or
+    a count that is not ``stages − 1``, is a :class:`~tensoropt.errors.TensorOptError`."""
     units = _units(graph)
     if stages < 1 or stages > len(units):
         raise TensorOptError(f"{graph.name or 'the model'} has {len(units)} runs of blocks and other operators: "
                              f"it can be cut into 1 to {len(units)} pipeline stages, not {stages}")
-    times = [sum(sum(costs.time(name)) for name in unit if name in costs) for unit in units]
-    starts = [0, *_cut(times, stages), len(units)]
+    if starts is None:
+        times = [sum(sum(costs.time(name)) for name in unit if name in costs) for unit in units]
+        cuts = _cut(times, stages)
+    else:
+        first = {unit[0]: u for u, unit in enumerate(units)}
+        bad = [name for name in starts if name not in first]
+        if bad or len(starts) != stages - 1:
+            why = (f"operator {bad[0]!r} begins no run of blocks" if bad
+                   else f"{len(starts)} cuts make {len(starts) + 1} stages, not {stages}")
+            raise TensorOptError(f"the pipeline's cut does not fit {graph.name or 'the model'}: {why}")
+        cuts = sorted(first[name] for name in starts)
+    starts_at = [0, *cuts, len(units)]
     where = {}
     groups = []
     for i in range(stages):
-        ops = [name for unit in units[starts[i]:starts[i + 1]] for name in unit]
+        ops = [name for unit in units[starts_at[i]:starts_at[i + 1]] for name in unit]
         groups.append(ops)
         where.update(dict.fromkeys(ops, i))
     out = []
@@ -140,4 +155,9 @@ def cut_stages(graph: OpGraph, costs: CostModel, stages: int) -> list[Stage]:
     return out
 
 
-__all__ = ["Stage", "cut_stages"]
+def stage_starts(stages: Sequence[Stage]) -> tuple[str, ...]:
+    """The first operator of each stage after the first: the cut as :func:`cut_stages` takes it back."""
+    return tuple(stage.ops[0] for stage in stages[1:])
+
+
+__all__ = ["Stage", "cut_stages", "stage_starts"]

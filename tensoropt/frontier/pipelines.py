@@ -1,0 +1,88 @@
+r"""Pipeline plans on the frontier: every pipeline of the devices, priced and joined.
+
+A pipeline plan (:mod:`tensoropt.planmodel.pipelined`) cuts the model into contiguous stages of
+its blocks, one rank each (or ``v`` a rank for the interleaved schedules), runs a step as ``m``
+micro-batches in a schedule's order, and — with ``data`` copies of the pipeline over the rest of
+the devices (torchtitan's ``(pp, dp)`` mesh) — averages the copies' gradients after the step.
+The recipes tried on ``D`` devices (:func:`pipeline_recipes`) are
+
+.. math::
+
+    \{(s, p, m, c) : p \mid D,\ p \ge 2,\ m \in p \cdot \{1, 2, 4\},\ (D / p) \cdot m \mid B,\
+    s \in S,\ c \in \{\text{kept}, \text{checkpointed}\}\}
+
+for the schedules ``S`` asked for and the step's batch ``B``: every pipeline over all the
+devices, each with as many micro-batches as ranks (PyTorch's least for the interleaved
+schedules) and two and four times as many (1F1B's bubble :math:`(p-1)/(m+p-1)`: from one half
+down to one fifth at two ranks), with and without a checkpoint per block.  Each is priced on the
+model captured at its micro-batch (``B / (data · m)`` rows) — exact per micro-batch, no scaling
+rule — and the points join the frontier where none dominates them (source ``pipeline``).  A
+recipe PyTorch cannot run or the model cannot take (tied weights across stages, fewer blocks
+than stages) is left out with the reason.
+
+Example (a four-block MLP on four A100s, batch 8: pipelines of 2 and 4 ranks)::
+
+    >>> recipes = pipeline_recipes(4, 8, ("1f1b",))
+    >>> sorted({(r.ranks, r.data, r.microbatches) for r in recipes})
+    [(2, 2, 2), (2, 2, 4), (4, 1, 4), (4, 1, 8)]
+
+It owns which recipes the frontier tries and pricing them side by side; it must not price one
+(:mod:`tensoropt.planmodel.pipelined` does) nor capture a model (the workflow does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..cluster import Cluster
+from ..errors import TensorOptError
+from ..graph import OpGraph
+from ..measure.costmodel import CostModel
+from ..planmodel.pipelined import PipelineRecipe, price_pipeline
+from ..planmodel.simulate import pipeline_result
+from .forkmap import default_workers, fork_map
+
+__all__ = ["PIPELINE_SOURCE", "MICROBATCHES_PER_RANK", "pipeline_recipes", "price_recipes"]
+
+#: the source of a pipeline plan on the frontier (:attr:`~.result.FrontierPoint.source`)
+PIPELINE_SOURCE = "pipeline"
+#: the micro-batches a pipeline of ``p`` ranks tries, as multiples of ``p``
+MICROBATCHES_PER_RANK = (1, 2, 4)
+
+
+def pipeline_recipes(num_devices: int, batch: int, schedules: Sequence[str], *,
+                     checkpoint: Sequence[bool] = (False, True)) -> list[PipelineRecipe]:
+    """The recipes the frontier prices on ``num_devices`` devices for a step of ``batch`` rows
+    (module docstring), in a fixed order: ranks, micro-batches, schedule, checkpoint."""
+    out = []
+    for p in range(2, num_devices + 1):
+        if num_devices % p:
+            continue
+        data = num_devices // p
+        for m in (f * p for f in MICROBATCHES_PER_RANK):
+            if batch % (data * m):
+                continue
+            out += [PipelineRecipe(s, ranks=p, microbatches=m, checkpoint=c, data=data)
+                    for s in schedules for c in checkpoint]
+    return out
+
+
+def price_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, recipes: Sequence[PipelineRecipe],
+                  devices: Sequence[str], *, optimizer: str | int,
+                  workers: int | None = None) -> tuple[list[tuple[Any, ...]], list[str]]:
+    """Each of ``recipes`` over ``devices`` priced on ``graph`` (the model at their micro-batch):
+    ``(PIPELINE_SOURCE, plan, SimResult)`` for :meth:`~.result.Frontier.joined`, and for each
+    recipe that cannot be priced, ``"<recipe>: <why>"``.  Side by side in ``workers`` forked
+    processes (:func:`~.forkmap.fork_map`: the same results whatever the number).
+    O(recipes × price_pipeline)."""
+    def priced(recipe: PipelineRecipe) -> Any:
+        try:
+            return price_pipeline(graph, costs, cluster, recipe, devices=devices[:recipe.world], optimizer=optimizer)
+        except TensorOptError as e:
+            return f"{recipe}: {e}"
+
+    done = fork_map(priced, list(recipes), workers=default_workers() if workers is None else workers)
+    plans = [(PIPELINE_SOURCE, est.plan, pipeline_result(est, costs, optimizer=optimizer))
+             for est in done if not isinstance(est, str)]
+    return plans, [e for e in done if isinstance(e, str)]

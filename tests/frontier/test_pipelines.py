@@ -1,0 +1,87 @@
+"""Pipeline plans on the frontier (:mod:`tensoropt.frontier.pipelines`,
+:func:`tensoropt.workflow.join_pipelines`): which recipes are tried, a pipeline joining the frontier
+where the links between two hosts make every plan of one mesh slower, and the plan it offers —
+its recipe in the plan file, priced again as its recipe by the simulator.  That it trains as the
+model does on gloo ranks: ``tests/distributed/test_pipelined.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from tensoropt import simulate
+from tensoropt.errors import GraphFormatError
+from tensoropt.frontier import PIPELINE_SOURCE, pipeline_recipes
+from tensoropt.plan import Plan
+from tensoropt.planmodel.pipelined import PipelineRecipe, price_pipeline
+from tensoropt.workflow import Request, explore
+
+#: two Llama-3 layers of width 512 (untied embeddings), batch 4 × 16 tokens, on one V100 of each of
+#: two hosts joined by 25 Gb/s Ethernet: a step's gradient sums (16 MiB of weights a layer) cross the
+#: slow link, a pipeline's activations (2 rows × 16 × 512 floats) hardly
+SPEC = "zoo:llama3-8b?layers=2&hidden=512&heads=4&kv_heads=2&ffn=1024&vocab=256&seq_len=16&batch=4&meta=False"
+CLUSTER, DEVICES = "preset:2x4-ethernet", ("a0", "b0")
+
+
+def test_the_recipes_are_every_pipeline_over_all_the_devices_whose_micro_batches_cut_the_batch():
+    # 8 devices, batch 16: ranks 2 (4 copies), 4 (2 copies) and 8 (1); micro-batches ranks × 1, 2, 4
+    # where copies × micro-batches divides 16 — worked by hand
+    got = {(r.ranks, r.data, r.microbatches) for r in pipeline_recipes(8, 16, ("1f1b",), checkpoint=(False,))}
+    assert got == {(2, 4, 2), (2, 4, 4), (4, 2, 4), (4, 2, 8), (8, 1, 8), (8, 1, 16)}
+    both = pipeline_recipes(2, 4, ("gpipe", "1f1b"))
+    assert [(r.schedule, r.microbatches, r.checkpoint) for r in both] == [
+        ("gpipe", 2, False), ("gpipe", 2, True), ("1f1b", 2, False), ("1f1b", 2, True),
+        ("gpipe", 4, False), ("gpipe", 4, True), ("1f1b", 4, False), ("1f1b", 4, True)]
+    assert pipeline_recipes(1, 8, ("1f1b",)) == [] and pipeline_recipes(4, 2, ("1f1b",)) == []
+
+
+@pytest.fixture(scope="module")
+def across_ethernet():
+    return explore(Request(SPEC, CLUSTER, devices=DEVICES, algos=(), pipelines=("1f1b",), microbatches=(1,)))
+
+
+def test_a_pipeline_across_a_slow_link_joins_the_frontier_as_a_plan_that_names_its_recipe(across_ethernet):
+    fr = across_ethernet.frontier
+    piped = [p for p in fr.points if p.source == PIPELINE_SOURCE]
+    assert piped, fr.notes
+    point = piped[0]
+    plan = point.plan
+    # the plan: each stage on its own device, PyTorch's pipelining runs it, the step's batch in micro-batches
+    assert plan.runtime == "pipelining" and plan.pipeline is not None
+    assert set(plan.devices) == set(DEVICES) and {c.devices for c in plan.configs.values()} == {("a0",), ("b0",)}
+    assert plan.pipeline["schedule"] == "1f1b" and plan.global_batch_size == 4
+    assert plan.batch_size * plan.microbatches == 4
+    # the frontier's figures are the recipe's price on the model captured at the micro-batch
+    graph, costs = fr.inputs[plan.graph_fingerprint]
+    recipe = PipelineRecipe("1f1b", ranks=2, microbatches=plan.microbatches,
+                            checkpoint=plan.pipeline["checkpoint"])
+    est = price_pipeline(graph, costs, fr.cluster, recipe, devices=list(DEVICES), optimizer="adamw")
+    assert point.time_s == est.step_s and point.device_memory == est.memory_bytes
+    # and the simulator prices the plan as that recipe (a plan file read back, too)
+    again = simulate(Plan.from_dict(plan.to_dict()), graph, costs, fr.cluster, optimizer="adamw")
+    assert again.time_s == est.step_s and again.memory_bytes == est.memory_bytes
+    # the note says how many were priced and how many joined
+    note = next(n for n in fr.notes if n.startswith("pipelines: "))
+    assert f"{len(piped)} on the frontier" in note
+    row = next(r for r in fr.rows() if r["plan_id"] == point.plan_id)
+    assert (row["source"], row["priced_as"], row["microbatches"]) == ("pipeline", "pipelining", plan.microbatches)
+
+
+def test_a_plan_file_with_a_bad_pipeline_field_is_refused_naming_it(across_ethernet):
+    plan = next(p for p in across_ethernet.frontier.points if p.source == PIPELINE_SOURCE).plan
+    d = plan.to_dict()
+    d["options"] = {**d["options"], "pipeline": {**d["options"]["pipeline"], "stages_per_rank": 0}}
+    with pytest.raises(GraphFormatError, match=r"plan\.options\.pipeline\.stages_per_rank must be a whole number"):
+        Plan.from_dict(d)
+    d["options"] = {**plan.options, "runtime": "executor"}
+    with pytest.raises(GraphFormatError, match="options.pipeline needs options.runtime 'pipelining'"):
+        Plan.from_dict(d)
+
+
+def test_pipelines_are_not_tried_on_one_device_or_from_a_saved_graph_and_the_note_says_why(tmp_path):
+    one = explore(Request(SPEC, CLUSTER, devices=("a0",), algos=(), pipelines=("1f1b",), microbatches=(1,)))
+    assert "pipelines not tried: one device holds no pipeline" in one.frontier.notes
+    one.graph.save(tmp_path / "graph.json")
+    saved = explore(Request(str(tmp_path / "graph.json"), CLUSTER, devices=DEVICES, algos=(), pipelines=("1f1b",),
+                            microbatches=(1,)))
+    assert ("pipelines not tried: a saved graph or ONNX file cannot be captured at another batch"
+            in saved.frontier.notes)
