@@ -10,8 +10,8 @@ the placers and frontier tracking):
 
 Example::
 
-    >>> optimizer_alpha("adamw"), optimizer_temp_bytes("adam", [400, 100])
-    (2, 800)
+    >>> optimizer_alpha("adamw"), optimizer_temp_bytes("adam", [400, 100]), optimizer_temp_bytes("adam", [400, 400])
+    (2, 800, 1200)
 """
 
 from __future__ import annotations
@@ -37,13 +37,19 @@ def optimizer_alpha(optimizer: str | int) -> int:
 def optimizer_temp_bytes(optimizer: str | int, param_bytes: list[int], *, foreach: bool = False) -> int:
     """Temporaries of one optimizer step over parameters of the given sizes.
 
-    SGD and momentum update in place (none).  Adam and AdamW compute ``exp_avg_sq.sqrt() / c``
-    before the in-place ``addcdiv_`` (AdamW's decoupled weight decay is an in-place ``mul_``):
-    two parameter-sized temporaries alive at once for the per-tensor implementation (CPU
-    default), one list the size of every parameter with ``foreach`` (CUDA default).  An integer
-    α > 1 is treated as Adam-like.
+    SGD and momentum update in place (none).  Adam and AdamW compute
+    ``denom = (exp_avg_sq.sqrt() / c).add_(eps)`` before the in-place ``addcdiv_`` (AdamW's
+    decoupled weight decay is an in-place ``mul_``).  The per-tensor implementation (CPU default)
+    loops over the parameters in ``param_bytes``' order (the optimizer's): while parameter ``i``'s
+    ``sqrt`` and its quotient exist, the previous parameter's ``denom`` still does (the loop's
+    variable is rebound only after them) — the largest of ``bytes[i − 1] + 2 · bytes[i]``,
+    measured on a Llama layer's three equal MLP weights (three of their size at once, not two).
+    With ``foreach`` (CUDA default): one list the size of every parameter.  An integer α > 1 is
+    treated as Adam-like.
     """
     name = optimizer if isinstance(optimizer, str) else ("adam" if optimizer >= 2 else "sgd")
     if name.lower() not in ("adam", "adamw") or not param_bytes:
         return 0
-    return sum(param_bytes) if foreach else 2 * max(param_bytes)
+    if foreach:
+        return sum(param_bytes)
+    return max(prev + 2 * b for prev, b in zip([0, *param_bytes], param_bytes))

@@ -707,7 +707,8 @@ def _walk_once(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out
     buffers = 0
     grads = 0
     optim = 0
-    biggest = 0
+    opt_temp = 0
+    prev = 0                   # the per-tensor Adam step: the previous parameter's denom beside two of this one's
     for q in range(nq):
         if q_read_ptr[q] == q_read_ptr[q + 1]:
             continue
@@ -717,11 +718,13 @@ def _walk_once(a, out_b, extra, ws, rc, alias, ng, gets, saves_out, widened, out
                 grads += shp[q] if lvl[q] >= 2 else held[q]
                 state = shp[q] if lvl[q] >= 1 else held[q]
                 optim += alpha * state
-                if state > biggest:
-                    biggest = state
+                if prev + 2 * state > opt_temp:
+                    opt_temp = prev + 2 * state
+                prev = state
         else:
             buffers += held[q]
-    opt_temp = 2 * biggest if adam else 0
+    if not adam:
+        opt_temp = 0
     # storage keys: outputs [0, n), batch [n, n + nx), received copies [n + nx, n + nx + 3n) by
     # (producer, read layout), extra saved tensors [.., + n)
     kb, kr, ke = n, n + nx, n + nx + 3 * n

@@ -536,7 +536,8 @@ class _ParamHolding:
         return each device's trainable parameter sizes as the optimizer updates them (pieces where
         a level shards the optimizer state: its temporaries follow them)."""
         trainable_sizes: dict[str, list[int]] = {d: [] for d in mem}
-        for (p, d), b in self.held.items():
+        order = {p: i for i, p in enumerate(graph.params)}   # the optimizer's: the model's parameters in order
+        for (p, d), b in sorted(self.held.items(), key=lambda kv: order[kv[0][0]]):
             info = graph.params[p]
             if info.kind == ParamKind.PARAMETER:
                 mem[d].params += b

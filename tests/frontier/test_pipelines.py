@@ -77,11 +77,11 @@ def test_a_plan_file_with_a_bad_pipeline_field_is_refused_naming_it(across_ether
         Plan.from_dict(d)
 
 
-def test_pipelines_are_not_tried_on_one_device_or_from_a_saved_graph_and_the_note_says_why(tmp_path):
+def test_pipelines_are_not_tried_on_one_device_or_a_batch_no_schedule_cuts_and_the_note_says_why():
     one = explore(Request(SPEC, CLUSTER, devices=("a0",), algos=(), pipelines=("1f1b",), microbatches=(1,)))
     assert "pipelines not tried: one device holds no pipeline" in one.frontier.notes
-    one.graph.save(tmp_path / "graph.json")
-    saved = explore(Request(str(tmp_path / "graph.json"), CLUSTER, devices=DEVICES, algos=(), pipelines=("1f1b",),
-                            microbatches=(1,)))
-    assert ("pipelines not tried: a saved graph or ONNX file cannot be captured at another batch"
-            in saved.frontier.notes)
+    # batch 1: two ranks take 2, 4 or 8 micro-batches, none of which cuts one row
+    row = explore(Request(SPEC.replace("batch=4", "batch=1"), CLUSTER, devices=DEVICES, algos=(), pipelines=("1f1b",),
+                          microbatches=(1,)))
+    assert ("pipelines not tried: no pipeline of 2 or more ranks over the 2 devices cuts the batch (1) into ranks × "
+            "1, 2 or 4 micro-batches a copy") in row.frontier.notes

@@ -128,9 +128,34 @@ def test_optimizer_settings():
     assert [optimizer_alpha(o) for o in ("sgd", "momentum", "adam", 3)] == [0, 1, 2, 3]
     with pytest.raises(ProfileError, match="unknown optimizer 'lamb'"):
         optimizer_alpha("lamb")
-    assert optimizer_temp_bytes("adam", [10, 30]) == 60
+    # per tensor, in the optimizer's order: 30's sqrt and quotient beside 10's denom (10 + 2 × 30);
+    # the other way round the first's two (2 × 30) outlast the second's with the first's denom
+    assert optimizer_temp_bytes("adam", [10, 30]) == 70
+    assert optimizer_temp_bytes("adam", [30, 10]) == 60
     assert optimizer_temp_bytes("adam", [10, 30], foreach=True) == 40
     assert optimizer_temp_bytes("momentum", [10, 30]) == 0
+
+
+def test_a_per_tensor_adamw_step_holds_the_previous_denominator_beside_two_temporaries_measured():
+    """PyTorch's own AdamW step (CPU: the per-tensor loop) on three equal 64 × 32 weights and a bias,
+    its storage measured op by op (StoragePeak, what the pipeline's ranks are measured with): beyond
+    the parameters, gradients and state, three weights' worth at once — the rule's, not two."""
+    from tensoropt.distributed.pipelined import StoragePeak
+    from tensoropt.measure.step import make_optimizer
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64, 32)) for _ in range(3)] + [torch.nn.Parameter(torch.randn(32))]
+    opt = make_optimizer("adamw", params, lr=1e-3)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()   # the state exists from here
+    held = [*params, *(p.grad for p in params), *(v for st in opt.state.values() for v in st.values())]
+    with StoragePeak(held) as peak:
+        opt.step()
+    resident = sum(t.untyped_storage().nbytes() for t in held)
+    weight = 64 * 32 * 4
+    assert peak.peak_bytes - resident == 3 * weight
+    assert optimizer_temp_bytes("adamw", [p.numel() * 4 for p in params]) == 3 * weight
 
 
 def test_the_peak_splits_into_what_holds_it_worked_by_hand():
