@@ -34,13 +34,15 @@ def export_dir(plan_id: str) -> str:
 
 
 def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int,
-                 replicas: int = 1, microbatches: int = 1) -> tuple[list[str], str]:
+                 replicas: int = 1, microbatches: int = 1, pipeline: str = "") -> tuple[list[str], str]:
     """``(commands, note)``: the check-and-run command, the distributed one and the export for the
     plan ``plan_id`` on ``num_devices`` devices of the result of ``request`` (a request dict), and a
     note (empty, or why the model cannot be rebuilt by ``tensoropt run`` and ``export``).  A 2-D
     plan (``replicas`` > 1 hosts of ``num_devices`` each) runs only on the distributed backend,
     one process per device of every host: its check is the distributed run's, and it has no export;
-    so does a plan that steps several micro-batches (``microbatches`` > 1, gradient accumulation).
+    so does a plan that steps several micro-batches (``microbatches`` > 1, gradient accumulation).  A
+    pipeline (``pipeline``: its recipe in words; ``num_devices`` all its ranks) runs on the distributed
+    backend through PyTorch's pipelining, and exports.
 
     >>> cmds, note = run_commands({"model": "zoo:gpt2?layers=2", "batch": None, "precision": None,
     ...                            "cluster": "preset:v100-8-nvlink"}, "p003", 8)
@@ -61,9 +63,17 @@ def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int,
     if request.get("precision") and request["precision"] != "fp32":
         extra += ["--precision", str(request["precision"])]
     args = [shlex.quote(model), "--plan", shlex.quote(plan_filename(plan_id)), *extra]
-    nodes = ["--nnodes", str(int(replicas))] if replicas > 1 else []
+    # (a pipeline's replicas are its data-parallel copies, not hosts)
+    nodes = ["--nnodes", str(int(replicas))] if replicas > 1 and not pipeline else []
     dist = " ".join(["torchrun", *nodes, "--nproc-per-node", str(int(num_devices)), "-m", "tensoropt.cli", "run",
                      *args, "--backend", "dist"])
+    cluster = str(request.get("cluster") or "")
+    export = " ".join(["tensoropt", "export", shlex.quote(plan_filename(plan_id)), shlex.quote(model), "--to",
+                       "torchrun", "-o", shlex.quote(export_dir(plan_id)), *extra,
+                       *(["--cluster", shlex.quote(cluster)] if cluster.startswith("preset:") else [])])
+    if pipeline:
+        return [dist + " --check", dist, export], (f"a pipeline ({pipeline}) — PyTorch's pipelining runs it, one "
+                                                   "process per device: tensoropt run --backend dist, or the export")
     if replicas > 1:
         return [dist + " --check", dist], (f"a 2-D plan: data parallel across {int(replicas)} hosts of "
                                            f"{int(num_devices)} devices — run it on the distributed backend, the "
@@ -74,10 +84,6 @@ def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int,
                                            "run it on the distributed backend, one process per device; tensoropt "
                                            "export does not write it yet")
     check = " ".join(["tensoropt", "run", *args, "--check"])
-    cluster = str(request.get("cluster") or "")
-    export = " ".join(["tensoropt", "export", shlex.quote(plan_filename(plan_id)), shlex.quote(model), "--to",
-                       "torchrun", "-o", shlex.quote(export_dir(plan_id)), *extra,
-                       *(["--cluster", shlex.quote(cluster)] if cluster.startswith("preset:") else [])])
     note = ""
     if model.endswith((".onnx", ".json")):
         note = ("tensoropt run and export rebuild the model from its spec (zoo:NAME?k=v or file.py:factory); an ONNX "

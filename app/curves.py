@@ -29,6 +29,7 @@ from tensoropt.frontier import Frontier, FrontierPoint, PointsMemo
 from tensoropt.graph import OpGraph
 from tensoropt.measure.costmodel import CostModel
 from tensoropt.plan import Plan
+from tensoropt.planmodel.pipelined import pipeline_text
 
 #: two times within this relative tolerance are the same plan's time (the simulator is deterministic)
 SAME_TIME = 1e-9
@@ -40,7 +41,7 @@ class CurvePoint:
     of ``device_memory``); ``time_s``: its simulated step; ``source``: what found it (``frontier``:
     the search; else the placer whose plan joined the frontier); ``on_frontier``: whether it is a
     point of the frontier over every device count; ``layouts``: how many operators run in each
-    layout; ``recomputed``: how many are recomputed."""
+    layout; ``recomputed``: how many are recomputed; ``pipeline``: a pipeline's schedule and shape."""
 
     plan_id: str
     num_devices: int
@@ -53,6 +54,8 @@ class CurvePoint:
     on_frontier: bool = False
     layouts: dict[str, int] = field(default_factory=dict)
     recomputed: int = 0
+    #: a pipeline's recipe in words (:func:`~tensoropt.planmodel.pipelined.pipeline_text`); empty otherwise
+    pipeline: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,7 +76,8 @@ def _point(pid: str, p: FrontierPoint, on_frontier: bool) -> CurvePoint:
     lay, rec = plan_tally(p.plan)
     return CurvePoint(pid, p.num_devices, list(p.devices), int(p.memory_bytes), float(p.time_s),
                       {d: int(b) for d, b in (p.device_memory or dict.fromkeys(p.devices, p.memory_bytes)).items()},
-                      {k: int(v) for k, v in p.parts.items()}, p.source, on_frontier, lay, rec)
+                      {k: int(v) for k, v in p.parts.items()}, p.source, on_frontier, lay, rec,
+                      pipeline_text(p.plan))
 
 
 def _renamed(plan: Plan, pid: str, k: int, i: int, count: int) -> Plan:

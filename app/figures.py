@@ -153,8 +153,9 @@ def drawn_plans(points: Sequence[FrontierRow], baselines: Sequence[BaselineDict]
     """Every plan the frontier chart draws, once: each curve point (``role`` ``curve``) and each
     baseline with a plan that is not a curve point already (``role`` ``baseline``: its ``same_as``
     is empty; see :func:`~.curves.place_baselines`), as dicts with ``plan_id``, ``label``, ``devices``,
-    ``num_devices``, ``memory_bytes``, ``time_s``, ``peaks``, ``source``, ``on_frontier`` and, for a
-    baseline, ``dominated_by``.  A curve point that is also a baseline's plan names it in ``also``."""
+    ``num_devices``, ``memory_bytes``, ``time_s``, ``peaks``, ``source``, ``on_frontier``, ``pipeline``
+    (a pipeline's recipe in words, else empty) and, for a baseline, ``dominated_by``.  A curve point
+    that is also a baseline's plan names it in ``also``."""
     also: dict[str, list[str]] = {}
     for b in baselines:
         if b.get("same_as"):
@@ -168,7 +169,7 @@ def drawn_plans(points: Sequence[FrontierRow], baselines: Sequence[BaselineDict]
                     "source": str(r.get("source") or "frontier"),
                     "on_frontier": str(r.get("on_frontier", True)).lower() in ("true", "1"),
                     "layouts": dict(r.get("layouts") or {}), "recomputed": int(r.get("recomputed") or 0),
-                    "also": also.get(pid, []), "dominated_by": ""})
+                    "also": also.get(pid, []), "dominated_by": "", "pipeline": str(r.get("pipeline") or "")})
     for b in baselines:
         if not b.get("plan_id") or b.get("peak_memory_bytes") is None or b.get("same_as"):
             continue
@@ -177,7 +178,7 @@ def drawn_plans(points: Sequence[FrontierRow], baselines: Sequence[BaselineDict]
                     "num_devices": len(peaks), "memory_bytes": int(b["peak_memory_bytes"]),
                     "time_s": float(b["time_s"]), "peaks": peaks, "source": b["algo"],
                     "on_frontier": not b.get("dominated_by"), "layouts": {}, "recomputed": 0, "also": [],
-                    "dominated_by": b.get("dominated_by") or ""})
+                    "dominated_by": b.get("dominated_by") or "", "pipeline": ""})
     return out
 
 
@@ -216,6 +217,8 @@ def _hover_title(p: Mapping[str, Any]) -> str:
     """A drawn plan's first hover line: what it is and what found it."""
     if p["role"] == "baseline":
         return f"<b>{p['label']}</b> (baseline placer) · plan {p['plan_id']}"
+    if p.get("pipeline"):   # its schedule and mesh named on the point
+        return f"<b>{p['plan_id']}</b> · a pipeline: {p['pipeline']} (torch.distributed.pipelining)"
     what = "the search" if p["source"] == "frontier" else f"the placer {p['source']}"
     return f"<b>{p['plan_id']}</b> · found by {what}"
 

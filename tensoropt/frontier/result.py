@@ -42,6 +42,7 @@ from ..graph import OpGraph
 from ..measure.costmodel import CostModel
 from ..plan import Estimate, Plan
 from ..planmodel.fits import fits, over_by
+from ..planmodel.pipelined import pipeline_text
 from ..planmodel.simulate import simulate
 from ..planmodel.walk import SegmentsMemo, fill_segments
 from . import point_sets
@@ -55,7 +56,8 @@ __all__ = ["Frontier", "FrontierPoint", "MeshResult", "BudgetError", "frontier_p
 MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "transient", "reserve")
 CSV_COLUMNS = ("plan_id", "num_devices", "devices", "memory_bytes", "time_s", "samples_per_s", "fits_budget",
                "device_memory_bytes", *(f"{part}_bytes" for part in MEMORY_PARTS), "search_estimate_bytes",
-               "recomputed_nodes", "layouts", "times_from", "source", "priced_as", "microbatches")
+               "recomputed_nodes", "layouts", "times_from", "source", "priced_as", "microbatches",
+               "pipeline")
 
 #: the source of a point the search found for a step of several micro-batches (gradient accumulation:
 #: :attr:`~tensoropt.plan.Plan.microbatches`), the model captured at one micro-batch
@@ -392,7 +394,9 @@ class Frontier:
                         # the search's plans tensoropt's executor, a placer's maybe a PyTorch wrapper
                         "priced_as": p.plan.runtime,
                         # a step of several micro-batches (gradient accumulation) of the step's batch
-                        "microbatches": p.plan.microbatches})
+                        "microbatches": p.plan.microbatches,
+                        # a pipeline's recipe in words (schedule, ranks, copies, micro-batches); empty for the others
+                        "pipeline": pipeline_text(p.plan)})
         return out
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:

@@ -372,6 +372,12 @@ def recipe_of(plan: Plan) -> PipelineRecipe:
                           data=plan.num_replicas)
 
 
+def pipeline_text(plan: Plan) -> str:
+    """What a pipeline plan runs, in words (``"1f1b, 2 ranks × 2 data-parallel copies, 4
+    micro-batches"``: its :class:`PipelineRecipe`), or ``""`` for a plan that is not one."""
+    return str(recipe_of(plan)) if plan.pipeline is not None else ""
+
+
 def price_plan(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
                optimizer: str | int = DEFAULT_OPTIMIZER) -> PipelineEstimate:
     """A pipeline plan priced again — on ``costs`` and ``cluster`` — with its own cut and devices
@@ -415,4 +421,4 @@ def _refuse_tied(graph: OpGraph, stages: Sequence[Stage]) -> None:
 
 
 __all__ = ["LOOPED", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "kept_bytes", "pipeline_plan",
-           "price_pipeline", "price_plan", "recipe_of", "split_points"]
+           "pipeline_text", "price_pipeline", "price_plan", "recipe_of", "split_points"]

@@ -377,6 +377,18 @@ def test_device_lists_are_ranges_that_count_right():
         {**p, "devices": ["gpu7", "gpu0", "gpu1", "gpu2", "gpu3", "gpu6"], "num_devices": 6})
 
 
+def test_a_pipeline_point_names_its_schedule_and_mesh_in_its_hover():
+    devs = ["gpu0", "gpu1", "gpu2", "gpu3"]
+    row = {"plan_id": "p004-4dev", "devices": ";".join(devs), "memory_bytes": MiB, "time_s": 0.002,
+           "device_memory_bytes": ";".join(f"{d}={MiB}" for d in devs), "source": "pipeline",
+           "pipeline": "interleaved-1f1b, 2 ranks × 2 stages a rank × 2 data-parallel copies, 4 micro-batches"}
+    p = F.drawn_plans([row])[0]
+    assert F.hover_head(p).startswith("<b>p004-4dev</b> · a pipeline: interleaved-1f1b, 2 ranks × 2 stages a rank × 2 "
+                                      "data-parallel copies, 4 micro-batches (torch.distributed.pipelining)<br>")
+    # any other point says what found it
+    assert F.hover_head({**p, "pipeline": "", "source": "frontier"}).startswith("<b>p004-4dev</b> · found by the search")
+
+
 def test_two_timelines_share_one_time_axis():
     """The issue: two compared plans' timelines were drawn on different time scales.  One figure, one
     plan above the other, the x axes linked and spanning the longer step (6 ms); the bars as simulated."""

@@ -184,6 +184,16 @@ def test_the_plan_commands_name_the_model_the_file_and_the_devices(tiny_result):
     cmds, note = run_commands({"model": "/up/abc.onnx", "batch": 4, "precision": "bf16"}, "p1", 3)
     assert cmds[0].endswith("--plan p1.json --batch 4 --precision bf16 --check") and "ONNX" in note
     assert cmds[2] == "tensoropt export p1.json /up/abc.onnx --to torchrun -o p1-torchrun --batch 4 --precision bf16"
+    # a pipeline over two copies of two ranks: four processes, PyTorch's pipelining; it exports too
+    cmds, note = run_commands({"model": "zoo:llama3-8b?layers=2", "cluster": "preset:a100-4-nvlink"}, "p2", 4,
+                              replicas=2, microbatches=4, pipeline="1f1b, 2 ranks × 2 data-parallel copies")
+    assert cmds == ["torchrun --nproc-per-node 4 -m tensoropt.cli run 'zoo:llama3-8b?layers=2' --plan p2.json "
+                    "--backend dist --check",
+                    "torchrun --nproc-per-node 4 -m tensoropt.cli run 'zoo:llama3-8b?layers=2' --plan p2.json "
+                    "--backend dist",
+                    "tensoropt export p2.json 'zoo:llama3-8b?layers=2' --to torchrun -o p2-torchrun --cluster "
+                    "preset:a100-4-nvlink"]
+    assert note.startswith("a pipeline (1f1b, 2 ranks × 2 data-parallel copies) — PyTorch's pipelining runs it")
 
 
 EIGHT = tuple(f"gpu{i}" for i in range(8))
