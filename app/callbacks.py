@@ -204,7 +204,7 @@ _RUN_STATES = (State("model-source", "value"), State("zoo-name", "value"), State
                State("batch", "value"), State("cluster-source", "value"), State("cluster-preset", "value"),
                State("cluster-path", "data"), State("devices", "value"), State("optimizer", "value"),
                State("repeats", "value"), State("warmup", "data"), State("costs-from", "value"),
-               State("calibration-path", "data"), State("precision", "value"))
+               State("calibration-path", "data"), State("precision", "value"), State("pipelines", "value"))
 
 
 def _register_run(app: dash.Dash, store: ResultStore, algos: tuple[str, ...] | None) -> None:
@@ -561,7 +561,8 @@ def _register_url(app: dash.Dash, store: ResultStore, trusted: Collection[str]) 
                   Output("cluster-preset", "options"), Output("cluster-path", "data", allow_duplicate=True),
                   Output("devices", "value", allow_duplicate=True), Output("devices-for", "data", allow_duplicate=True),
                   Output("batch", "value"), Output("optimizer", "value"), Output("precision", "value"),
-                  Output("costs-from", "value", allow_duplicate=True), Output("budget", "value", allow_duplicate=True),
+                  Output("pipelines", "value"), Output("costs-from", "value", allow_duplicate=True),
+                  Output("budget", "value", allow_duplicate=True),
                   Output("reserve", "value"), Output("epoch", "value"),
                   Output("url-plan", "data", allow_duplicate=True), Output("url-prices", "data"),
                   Output("url-ready", "data"),
@@ -587,7 +588,8 @@ def _register_url(app: dash.Dash, store: ResultStore, trusted: Collection[str]) 
                 take("zoo_name"), take("model_spec"), take("onnx_path"),
                 take("cluster_source"), take("cluster_preset"), options, take("cluster_path"),
                 take("devices"), spec if spec is not None else keep,
-                take("batch"), take("optimizer"), take("precision"), take("costs"), take("budget"), take("reserve"),
+                take("batch"), take("optimizer"), take("precision"), take("pipelines"), take("costs"), take("budget"),
+                take("reserve"),
                 take("epoch"), take("plan"), got.get("prices", {}),
                 {"run": got["run"], "messages": got["messages"], "search": search or ""})
 
@@ -596,6 +598,7 @@ def _register_url(app: dash.Dash, store: ResultStore, trusted: Collection[str]) 
                   Input("model-spec", "value"), Input("onnx-path", "data"), Input("cluster-source", "value"),
                   Input("cluster-preset", "value"), Input("cluster-path", "data"), Input("devices", "value"),
                   Input("batch", "value"), Input("optimizer", "value"), Input("precision", "value"),
+                  Input("pipelines", "value"),
                   Input("costs-from", "value"), Input("budget", "value"), Input("reserve", "value"),
                   Input({"type": "price", "kind": ALL}, "value"), Input("epoch", "value"),
                   Input("selected-plan", "data"), State({"type": "price", "kind": ALL}, "id"),
@@ -603,7 +606,8 @@ def _register_url(app: dash.Dash, store: ResultStore, trusted: Collection[str]) 
                   prevent_initial_call=True)
     def _write(source: str, zoo_name: str, zoo_params: str, spec: str, onnx_path: str | None, csource: str,
                preset: str, cpath: str | None, devices: list[str], batch: Any, optimizer: str, precision: str,
-               costs: str, budget: Any, reserve: Any, price_values: list[Any], epoch: Any, selected: str | None,
+               pipelines: list[str] | None, costs: str, budget: Any, reserve: Any, price_values: list[Any], epoch: Any,
+               selected: str | None,
                price_ids: list[Mapping[str, str]], pending: str | None, pending_prices: Mapping[str, float] | None,
                ready: Any) -> Any:
         if ready is None:
@@ -615,7 +619,7 @@ def _register_url(app: dash.Dash, store: ResultStore, trusted: Collection[str]) 
         return url_state(store, source=source, zoo_name=zoo_name, zoo_params=zoo_params, spec=spec,
                          onnx_path=onnx_path, csource=csource, preset=preset, cpath=cpath, devices=devices,
                          # the precision always, fp32 too: a server's default may be another (bf16-params)
-                         batch=batch, optimizer=optimizer, precision=precision,
+                         batch=batch, optimizer=optimizer, precision=precision, pipelines=pipelines,
                          costs=None if costs == "auto" else costs, budget=budget,
                          reserve=reserve, price=price, epoch=None if epoch == DEFAULT_EPOCH else epoch,
                          plan=pending or selected)

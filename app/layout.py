@@ -20,6 +20,7 @@ from dash.dash_table.DataTable import DataTable
 from tensoropt import zoo
 from tensoropt.cluster import list_presets
 from tensoropt.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_ALPHA
+from tensoropt.planmodel.pipelined import LOOPED
 
 from .figures import GPU_PRESETS_GIB
 from .pipeline import DEFAULT_PRECISION
@@ -72,7 +73,8 @@ def _model_box(start: dict[str, Any]) -> html.Div:
 
 
 def _cluster_box(start: dict[str, Any], repeats: int, warmup: int) -> html.Div:
-    """Cluster: preset / uploaded / detected, the devices to use, the optimizer, profiling repeats
+    """Cluster: preset / uploaded / detected, the devices to use, the optimizer, the pipeline
+    schedules to price, profiling repeats
     (``start``: :func:`initial_controls`)."""
     preset = start["cluster_preset"]
     return html.Div(style=_BOX, children=[
@@ -91,6 +93,11 @@ def _cluster_box(start: dict[str, Any], repeats: int, warmup: int) -> html.Div:
         dcc.Store(id="devices-for"),
         html.Span("Optimizer", style=_LABEL),
         dcc.Dropdown(id="optimizer", options=list(OPTIMIZER_ALPHA), value=DEFAULT_OPTIMIZER, clearable=False),
+        html.Span("Pipelines on the frontier (schedules)", style=_LABEL,
+                  title="every pipeline over the devices at these schedules, priced and joined where no plan "
+                        "dominates it (tensoropt frontier --pipelines)"),
+        dcc.Checklist(id="pipelines", options=[{"label": f" {s}", "value": s} for s in LOOPED], value=[],
+                      inline=True, inputStyle={"marginRight": "3px", "marginLeft": "8px"}),
         html.Span("Profiling repeats", style=_LABEL),
         dcc.Input(id="repeats", type="number", min=1, step=1, value=repeats, style={"width": "100%"}),
         dcc.Store(id="warmup", data=warmup),

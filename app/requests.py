@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -21,6 +22,7 @@ from tensoropt import zoo
 from tensoropt.cluster import list_presets
 from tensoropt.errors import TensorOptError
 from tensoropt.optimizers import DEFAULT_OPTIMIZER
+from tensoropt.planmodel.pipelined import LOOPED
 from tensoropt.request import DETECTED, default_of
 from tensoropt.workflow import read_cluster
 
@@ -146,11 +148,12 @@ def request_from_controls(source: str, zoo_name: str | None, zoo_params: str | N
                           onnx_path: str | None, profile_path: str | None, batch: Any, csource: str,
                           preset: str | None, cpath: str | None, devices: list[str] | None, optimizer: str | None,
                           repeats: Any, warmup: int | None, costs: str | None = "auto",
-                          calibration_path: str | None = None, precision: str | None = None, *,
-                          algos: tuple[str, ...] | None) -> Request:
+                          calibration_path: str | None = None, precision: str | None = None,
+                          pipelines: Sequence[str] | None = None, *, algos: tuple[str, ...] | None) -> Request:
     """The :class:`~.pipeline.Request` the run button asks for, from the controls' state (``costs``:
     the ``costs-from`` choice, see :func:`costs_fields`; ``precision``: ``fp32`` — ``None`` in the
-    request —, ``bf16`` or ``bf16-params``); bad input is a :class:`~tensoropt.errors.TensorOptError`
+    request —, ``bf16`` or ``bf16-params``; ``pipelines``: the schedules ticked, kept in
+    :data:`~tensoropt.planmodel.pipelined.LOOPED`'s order); bad input is a :class:`~tensoropt.errors.TensorOptError`
     saying what to fix."""
     cluster = cluster_spec(csource, preset, cpath)
     if not devices:
@@ -162,6 +165,7 @@ def request_from_controls(source: str, zoo_name: str | None, zoo_params: str | N
                    repeats=int(repeats) if repeats else default_of("repeats"),
                    warmup=int(warmup) if warmup is not None else default_of("warmup"), algos=algos,
                    precision=None if precision in (None, "", "fp32") else precision,
+                   pipelines=tuple(s for s in LOOPED if s in (pipelines or ())),
                    **costs_fields(costs, profile_path, calibration_path))
 
 

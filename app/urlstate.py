@@ -20,14 +20,15 @@ from urllib.parse import parse_qsl, urlencode
 from tensoropt import zoo
 from tensoropt.graph import PRECISIONS
 from tensoropt.optimizers import OPTIMIZER_ALPHA
+from tensoropt.planmodel.pipelined import LOOPED
 
 from . import prices
 from .pipeline import DETECTED, ResultStore
 from .requests import chosen_source, split_zoo_spec, zoo_spec
 
 #: the URL's keys, in the order they are written
-URL_KEYS = ("model", "cluster", "devices", "batch", "optimizer", "precision", "costs", "budget", "reserve", "price",
-            "epoch", "plan")
+URL_KEYS = ("model", "cluster", "devices", "batch", "optimizer", "precision", "pipelines", "costs", "budget", "reserve",
+            "price", "epoch", "plan")
 #: an uploaded file as a link names it (its content hash and suffix under the store's uploads)
 UPLOAD_PREFIX = "upload:"
 
@@ -64,10 +65,12 @@ def url_state(store: ResultStore, *, source: str | None, zoo_name: str | None, z
               spec: str | None, onnx_path: str | None, csource: str | None, preset: str | None, cpath: str | None,
               devices: Sequence[str] | None, batch: Any = None, optimizer: str | None = None,
               precision: str | None = None, costs: str | None = None, budget: Any = None, reserve: Any = None,
-              price: Mapping[str, float | None] | None = None, epoch: Any = None, plan: str | None = None) -> str:
+              price: Mapping[str, float | None] | None = None, epoch: Any = None, plan: str | None = None,
+              pipelines: Sequence[str] | None = None) -> str:
     """The query string that holds the page's state (``?model=…&cluster=…``; :data:`URL_KEYS`):
     the model spec (an uploaded ONNX file as ``upload:NAME``), the cluster (``preset:NAME``,
-    ``detected`` or ``upload:NAME``), the devices, batch, optimizer, precision, where the times
+    ``detected`` or ``upload:NAME``), the devices, batch, optimizer, precision, the pipeline
+    schedules priced (``1f1b,gpipe``), where the times
     come from, the budget and reserve (GiB), the prices (``key:usd,…``), the epoch size and the
     selected plan.  :func:`apply_url` reads it back.  Values that cannot be said are left out."""
     q: list[tuple[str, str]] = []
@@ -87,7 +90,8 @@ def url_state(store: ResultStore, *, source: str | None, zoo_name: str | None, z
         q.append(("cluster", cluster))
     if devices:
         q.append(("devices", ",".join(devices)))
-    for k, v in (("batch", batch), ("optimizer", optimizer), ("precision", precision), ("costs", costs)):
+    for k, v in (("batch", batch), ("optimizer", optimizer), ("precision", precision),
+                 ("pipelines", ",".join(pipelines or ())), ("costs", costs)):
         if v not in (None, ""):
             q.append((k, str(v)))
     for k, v in (("budget", budget), ("reserve", reserve)):
@@ -156,6 +160,9 @@ def apply_url(search: str | None, store: ResultStore, trusted: Collection[str] =
         out["optimizer"] = params["optimizer"]
     if params.get("precision") in PRECISIONS:
         out["precision"] = params["precision"]
+    if params.get("pipelines"):
+        wanted = params["pipelines"].split(",")
+        out["pipelines"] = [s for s in LOOPED if s in wanted]
     if params.get("costs") in ("auto", "measured", "model"):
         out["costs"] = params["costs"]
     for k in ("budget", "reserve"):

@@ -58,6 +58,22 @@ def test_costs_from_control_maps_to_the_request():
         request_from_controls(*_controls("profile"), algos=())
 
 
+@pytest.mark.filterwarnings(r"ignore:\s*The dash_table.DataTable will be removed:DeprecationWarning")   # Dash's
+def test_the_pipeline_schedules_ticked_are_the_request_s_pipelines():
+    """The page opens with no schedule ticked (no pipeline priced: the CLI's default); those ticked are
+    the request's ``pipelines``, in the priced order whatever the order of the ticks."""
+    box = _component(build_layout(default_model=DEFAULT_MODEL, default_cluster=DEFAULT_CLUSTER, repeats=1,
+                                  warmup=0), "pipelines")
+    assert box.value == [] and [o["value"] for o in box.options] == ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"]
+
+    def pipelines(ticked):
+        return request_from_controls("zoo", "gpt2", "layers=2", "", None, None, None, "preset", "titan-rtx-5", None,
+                                     ["gpu0"], None, 1, 0, "auto", None, None, ticked, algos=()).pipelines
+
+    assert pipelines(None) == () and pipelines([]) == ()
+    assert pipelines(["interleaved-1f1b", "gpipe"]) == ("gpipe", "interleaved-1f1b")
+
+
 def test_a_spec_typed_while_the_zoo_is_chosen_is_the_run_s_model():
     """The issue's third case: a spec typed with "zoo" still selected ran the zoo model ("cached result").
     The typed spec wins; a blank box, or one saying the zoo fields' own spec, leaves the zoo model."""

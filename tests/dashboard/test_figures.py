@@ -386,7 +386,8 @@ def test_a_pipeline_point_names_its_schedule_and_mesh_in_its_hover():
     assert F.hover_head(p).startswith("<b>p004-4dev</b> · a pipeline: interleaved-1f1b, 2 ranks × 2 stages a rank × 2 "
                                       "data-parallel copies, 4 micro-batches (torch.distributed.pipelining)<br>")
     # any other point says what found it
-    assert F.hover_head({**p, "pipeline": "", "source": "frontier"}).startswith("<b>p004-4dev</b> · found by the search")
+    other = F.hover_head({**p, "pipeline": "", "source": "frontier"})
+    assert other.startswith("<b>p004-4dev</b> · found by the search")
 
 
 def test_two_timelines_share_one_time_axis():

@@ -14,14 +14,16 @@ def test_the_url_holds_the_page_state_and_reads_back(tiny_result, tmp_path):
     search = url_state(store, source="zoo", zoo_name="gpt2", zoo_params="layers=6&hidden=256", spec="", onnx_path=None,
                        csource="preset", preset="v100-8-nvlink", cpath=None, devices=["gpu0", "gpu1"], batch=16,
                        optimizer="sgd", precision="bf16", costs="model", budget=2.5, reserve=0.5,
-                       price={"v100-sxm2-16gb": 2.0, "l4": None}, epoch=5000, plan="p003-2dev")
+                       price={"v100-sxm2-16gb": 2.0, "l4": None}, epoch=5000, plan="p003-2dev",
+                       pipelines=["gpipe", "1f1b"])
     assert search.startswith("?model=zoo:gpt2%3Flayers%3D6%26hidden%3D256&cluster=preset:v100-8-nvlink"
                              "&devices=gpu0,gpu1")
     got = apply_url(search, store)
     assert got == {"run": True, "messages": [], "model_source": "zoo", "zoo_name": "gpt2",
                    "zoo_params": "layers=6&hidden=256", "model_spec": "", "cluster_source": "preset",
                    "cluster_preset": "v100-8-nvlink",
-                   "devices": ["gpu0", "gpu1"], "batch": 16, "optimizer": "sgd", "precision": "bf16", "costs": "model",
+                   "devices": ["gpu0", "gpu1"], "batch": 16, "optimizer": "sgd", "precision": "bf16",
+                   "pipelines": ["gpipe", "1f1b"], "costs": "model",
                    "budget": 2.5, "reserve": 0.5, "epoch": 5000, "prices": {"v100-sxm2-16gb": 2.0}, "plan": "p003-2dev"}
     assert set(URL_KEYS) == {k for k, _ in parse_qsl(search[1:])}
     # nothing set, nothing said: the page's defaults stay
@@ -48,6 +50,8 @@ def test_a_link_never_runs_a_file_of_this_machine(tiny_result):
     assert got["run"] is False and "model_source" not in got and "budget" not in got and "batch" not in got
     assert got["prices"] == {} and len(got["messages"]) == 2
     assert apply_url("?model=upload:../../etc/passwd.onnx", store)["run"] is False   # no path out of the uploads
+    # schedules that are not priced are dropped; those that are keep the priced order
+    assert apply_url("?pipelines=zbv,1f1b,gpipe", store)["pipelines"] == ["gpipe", "1f1b"]
 
 
 def test_the_url_names_the_model_the_run_asks_for(tiny_result):
