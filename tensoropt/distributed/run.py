@@ -253,9 +253,8 @@ class DistributedExecutor:
         part = terms[0]
         for t in terms[1:]:
             part = part + t
-        slices = len(self.replica_ranks) * self.plan.microbatches
-        if slices > 1:   # the mean over the replicas' micro-batches (execute.replicas)
-            part = part * (1.0 / slices)
+        if self.slices > 1:   # the mean over the replicas' micro-batches (execute.replicas)
+            part = part * (1.0 / self.slices)
         return part
 
     def _placeholder_value(self, kind: str, what: Any, leaves: list[torch.Tensor], params: Mapping[str, torch.Tensor],
@@ -274,9 +273,8 @@ class DistributedExecutor:
             raise DistributedError(f"the planned model takes more tensor inputs than the {len(leaves)} "
                                    "given: pass the inputs it was captured with")
         x = leaves[what]
-        k = self.plan.microbatches
-        if len(self.replica_ranks) * k > 1:   # this replica's micro-batch of the step's batch
-            x = replica_slice(x, self.replica * k + self.micro, len(self.replica_ranks) * k,
+        if self.slices > 1:   # this replica's micro-batch of the step's batch
+            x = replica_slice(x, self.replica * self.plan.microbatches + self.micro, self.slices,
                               self.plan.batch_size or 0, self.batch_dim)
         return x.to(dev)
 
@@ -496,6 +494,12 @@ class DistributedExecutor:
         micro-batches: :meth:`forward_backward`'s, the loss their mean."""
         parts = [self.total_loss(loss) for loss in self.forward_backward(*inputs)]
         return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
+
+    @property
+    def slices(self) -> int:
+        """Into how many slices a step cuts the batch: the replicas' micro-batches (replica ``r``'s
+        micro-batch ``j`` is slice ``r · k + j``, :mod:`tensoropt.execute.replicas`)."""
+        return len(self.replica_ranks) * self.plan.microbatches
 
     def forward_backward(self, *inputs: Any) -> list[torch.Tensor | None]:
         """One step's forwards and backwards (+ gradient sums): this rank's loss part of each (detached).  A
