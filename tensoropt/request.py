@@ -291,7 +291,7 @@ class Request:
     def to_dict(self) -> dict[str, Any]:
         """A JSON value (tuples as lists); :meth:`from_dict` reads it back."""
         d = asdict(self)
-        for k in ("devices", "degrees", "algos", "microbatches"):
+        for k in _TUPLE_FIELDS:
             d[k] = list(d[k]) if d[k] is not None else None
         return d
 
@@ -299,13 +299,15 @@ class Request:
     def from_dict(cls: type[_RequestT], d: dict[str, Any]) -> _RequestT:
         """The request (of this class: the dashboard's subclass reads its own) :meth:`to_dict` wrote."""
         d = dict(d)
-        for k in ("devices", "degrees", "algos", "microbatches"):
+        for k in _TUPLE_FIELDS:
             if d.get(k) is not None:
                 d[k] = tuple(d[k])
         return cls(**d)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Request)}
+#: the fields that hold tuples: lists in JSON (:meth:`Request.to_dict`), tuples again when read back
+_TUPLE_FIELDS = ("devices", "degrees", "algos", "microbatches", "pipelines")
 
 
 def option_of(name: str) -> Option:
