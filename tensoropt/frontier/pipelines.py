@@ -8,13 +8,14 @@ The recipes tried on ``D`` devices (:func:`pipeline_recipes`) are
 
 .. math::
 
-    \{(s, p, m, c) : p \mid D,\ p \ge 2,\ m \in p \cdot \{1, 2, 4\},\ (D / p) \cdot m \mid B,\
-    s \in S,\ c \in \{\text{kept}, \text{checkpointed}\}\}
+    \{(s, p, m, c) : p \mid D,\ p \ge 2,\ m \in p \cdot \{1, 2, 4\} \cup \{B p / D\},\
+    (D / p) \cdot m \mid B,\ s \in S,\ c \in \{\text{kept}, \text{checkpointed}\}\}
 
 for the schedules ``S`` asked for and the step's batch ``B``: every pipeline over all the
 devices, each with as many micro-batches as ranks (PyTorch's least for the interleaved
-schedules) and two and four times as many (1F1B's bubble :math:`(p-1)/(m+p-1)`: from one half
-down to one fifth at two ranks), with and without a checkpoint per block.  Each is priced on the
+schedules), two and four times as many (1F1B's bubble :math:`(p-1)/(m+p-1)`: from one half
+down to one fifth at two ranks), and micro-batches of one row (torchtitan's default: the least
+activations in flight, the smallest bubble), with and without a checkpoint per block.  Each is priced on the
 model captured at its micro-batch (``B / (data · m)`` rows) — exact per micro-batch, no scaling
 rule — and the points join the frontier where none dominates them (source ``pipeline``).  A
 recipe PyTorch cannot run or the model cannot take (tied weights across stages, fewer blocks
@@ -47,7 +48,7 @@ __all__ = ["PIPELINE_SOURCE", "MICROBATCHES_PER_RANK", "pipeline_recipes", "pric
 
 #: the source of a pipeline plan on the frontier (:attr:`~.result.FrontierPoint.source`)
 PIPELINE_SOURCE = "pipeline"
-#: the micro-batches a pipeline of ``p`` ranks tries, as multiples of ``p``
+#: the micro-batches a pipeline of ``p`` ranks tries, as multiples of ``p`` (and micro-batches of one row)
 MICROBATCHES_PER_RANK = (1, 2, 4)
 
 
@@ -60,7 +61,8 @@ def pipeline_recipes(num_devices: int, batch: int, schedules: Sequence[str], *,
         if num_devices % p:
             continue
         data = num_devices // p
-        for m in (f * p for f in MICROBATCHES_PER_RANK):
+        one_row = [batch // data] if batch % data == 0 else []
+        for m in dict.fromkeys([*(f * p for f in MICROBATCHES_PER_RANK), *one_row]):
             if batch % (data * m):
                 continue
             out += [PipelineRecipe(s, ranks=p, microbatches=m, checkpoint=c, data=data)
