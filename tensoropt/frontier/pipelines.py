@@ -8,7 +8,7 @@ The recipes tried on ``D`` devices (:func:`pipeline_recipes`) are
 
 .. math::
 
-    \{(s, p, m, c) : p \mid D,\ p \ge 2,\ m \in p \cdot \{1, 2, 4\} \cup \{B p / D\},\
+    \{(s, p, m, c) : p \mid D,\ p \ge 2,\ m \in p \cdot \{1, 2, 4\} \cup \{B p / D : B p / D > p\},\
     (D / p) \cdot m \mid B,\ s \in S,\ c \in \{\text{kept}, \text{checkpointed}\}\}
 
 for the schedules ``S`` asked for and the step's batch ``B``: every pipeline over all the
@@ -61,7 +61,8 @@ def pipeline_recipes(num_devices: int, batch: int, schedules: Sequence[str], *,
         if num_devices % p:
             continue
         data = num_devices // p
-        one_row = [batch // data] if batch % data == 0 else []
+        # (fewer micro-batches than ranks leave a rank idle most of the step: none tried)
+        one_row = [batch // data] if batch % data == 0 and batch // data > p else []
         for m in dict.fromkeys([*(f * p for f in MICROBATCHES_PER_RANK), *one_row]):
             if batch % (data * m):
                 continue

@@ -32,6 +32,9 @@ def test_the_recipes_are_every_pipeline_over_all_the_devices_whose_micro_batches
         ("gpipe", 2, False), ("gpipe", 2, True), ("1f1b", 2, False), ("1f1b", 2, True),
         ("gpipe", 4, False), ("gpipe", 4, True), ("1f1b", 4, False), ("1f1b", 4, True)]
     assert pipeline_recipes(1, 8, ("1f1b",)) == [] and pipeline_recipes(4, 2, ("1f1b",)) == []
+    # a batch of 32 on 4 devices: micro-batches of one row too (16 a copy of 2 ranks, 32 on 4 ranks)
+    got = {(r.ranks, r.data, r.microbatches) for r in pipeline_recipes(4, 32, ("1f1b",), checkpoint=(False,))}
+    assert got == {(2, 2, 2), (2, 2, 4), (2, 2, 8), (2, 2, 16), (4, 1, 4), (4, 1, 8), (4, 1, 16), (4, 1, 32)}
 
 
 @pytest.fixture(scope="module")
