@@ -116,7 +116,7 @@ def pipeline_schedules(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(s.strip() for s in word.split(",") if s.strip()))
     bad = [s for s in names if s not in LOOPED]
     if bad:
-        raise argparse.ArgumentTypeError(f"--pipelines: schedule {bad[0]!r} is not priced; the priced ones are "
+        raise argparse.ArgumentTypeError(f"schedule {bad[0]!r} is not priced; the priced ones are "
                                          f"{', '.join(LOOPED)} (or all, none)")
     return names
 

@@ -112,3 +112,23 @@ def test_a_graph_file_without_profile_says_what_to_do(capsys, saved):
     d, _ = saved
     code, out, err = run(capsys, "frontier", str(d / "graph.json"), "--cluster", "preset:titan-rtx-5")
     assert code == 2 and "no captured module" in err
+
+
+def test_a_pipeline_on_the_frontier_is_named_in_the_table_the_csv_and_its_plan_file(capsys, tmp_path):
+    # two Llama layers of width 512 on one V100 of each of two hosts over 25 Gb/s Ethernet: a 1F1B
+    # pipeline of two micro-batches joins the frontier (tests/frontier/test_pipelines.py)
+    spec = "zoo:llama3-8b?layers=2&hidden=512&heads=4&kv_heads=2&ffn=1024&vocab=256&seq_len=16&batch=4"
+    code, out, err = run(capsys, "frontier", spec, "--cluster", "preset:2x4-ethernet", "--devices", "a0,b0",
+                         "--pipelines", "1f1b", "--microbatches", "1", "--csv", str(tmp_path / "f.csv"),
+                         "--plans", str(tmp_path / "plans"))
+    assert code == 0, err
+    assert "2 devices: pipeline 1f1b, 2 ranks, 2 micro-batches" in out
+    with open(tmp_path / "f.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["source"] == "pipeline"]
+    assert [r["pipeline"] for r in rows] == ["1f1b, 2 ranks, 2 micro-batches"]
+    plan = Plan.load(tmp_path / "plans" / f"{rows[0]['plan_id']}.json")
+    assert plan.runtime == "pipelining" and plan.pipeline["schedule"] == "1f1b" and plan.microbatches == 2
+    with pytest.raises(SystemExit) as bad:   # argparse's one line, exit 2
+        run(capsys, "frontier", spec, "--cluster", "preset:2x4-ethernet", "--pipelines", "zbv")
+    err = capsys.readouterr().err
+    assert bad.value.code == 2 and "argument --pipelines: schedule 'zbv' is not priced" in err and "1f1b" in err

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from ..describe import fmt_bytes
 from ..frontier import Frontier
+from ..planmodel.pipelined import pipeline_text
 from ..workflow import Exploration, explore
 from ._common import add_request_arguments, print_times_from, print_wrote, workflow_request
 from ._progress import ProgressBars
@@ -47,8 +48,12 @@ def _print_points(console: Console, result: Exploration, frontier: Frontier, opt
     for i in show:
         p = pts[i]
         sps = p.samples_per_s(graph.batch_size)
-        where = (f"{','.join(p.plan.devices)} × {p.plan.num_replicas} hosts" if p.plan.replicas
+        piped = pipeline_text(p.plan)   # a pipeline's copies are replicas too, not hosts
+        where = (f"{p.num_devices} devices: pipeline {piped}" if piped
+                 else f"{','.join(p.plan.devices)} × {p.plan.num_replicas} hosts" if p.plan.replicas
                  else ",".join(p.devices))
+        if p.plan.microbatches > 1 and not piped:
+            where += f", {p.plan.microbatches} micro-batches"
         t.add_row(p.plan_id, escape(where), fmt_bytes(p.memory_bytes), f"{p.time_s * 1e3:.3f} ms",
                   "-" if sps is None else f"{sps:.1f}", "yes" if p.fits_budget else "[red]no[/red]")
     console.print(t)
