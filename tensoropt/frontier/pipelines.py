@@ -40,6 +40,7 @@ from ..cluster import Cluster
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..measure.costmodel import CostModel
+from ..planmodel.pipeline import SCHEDULES, pytorch_schedules
 from ..planmodel.pipelined import PipelineRecipe, price_pipeline
 from ..planmodel.simulate import pipeline_result
 from .forkmap import default_workers, fork_map
@@ -85,6 +86,8 @@ def price_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, recipes: S
         except TensorOptError as e:
             return f"{recipe}: {e}"
 
+    if any(SCHEDULES[r.schedule][1] for r in recipes):
+        pytorch_schedules()   # once here, not in every forked worker (3 s of torch's import each)
     done = fork_map(priced, list(recipes), workers=default_workers() if workers is None else workers)
     plans = [(PIPELINE_SOURCE, est.plan, pipeline_result(est, costs, optimizer=optimizer))
              for est in done if not isinstance(est, str)]

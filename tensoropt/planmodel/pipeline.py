@@ -44,8 +44,10 @@ stages nor price a stage (the walk and the simulator do).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import TensorOptError
 
@@ -139,14 +141,21 @@ def _single_stage(schedule: str, ranks: int, microbatches: int) -> list[list[tup
     return out
 
 
+def pytorch_schedules() -> tuple[Any, Any]:
+    """PyTorch's ``schedules`` module and its visualiser's ``get_schedule_ops`` — imported here only
+    (the plan model is priced without torch otherwise; a caller about to fork workers imports them
+    once first, rather than in every worker)."""
+    from torch.distributed.pipelining import schedules
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    return schedules, get_schedule_ops
+
+
 def _from_pytorch(class_name: str, ranks: int, microbatches: int,
                   stages_per_rank: int) -> list[list[tuple[Action, ...]]]:
     """The ``pipeline_order`` PyTorch's multi-stage schedule runs, read with its visualiser (no
     process group: a mocked stage)."""
-    # torch is imported here only: the plan model is priced without it
-    from torch.distributed.pipelining import schedules
-    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
-
+    schedules, get_schedule_ops = pytorch_schedules()
     kinds = {schedules._ComputationType.FORWARD: FORWARD, schedules._ComputationType.FULL_BACKWARD: BACKWARD,
              schedules._ComputationType.BACKWARD_INPUT: INPUT_GRAD,
              schedules._ComputationType.BACKWARD_WEIGHT: WEIGHT_GRAD}
@@ -171,6 +180,7 @@ def _from_pytorch(class_name: str, ranks: int, microbatches: int,
     return out
 
 
+@functools.lru_cache(maxsize=256)   # the same order for a recipe with its blocks kept and checkpointed
 def pipeline_order(schedule: str, *, ranks: int, microbatches: int,
                    stages_per_rank: int | None = None) -> PipelineOrder:
     """The order ``schedule`` (a key of :data:`SCHEDULES`) runs ``microbatches`` in on ``ranks``
@@ -344,4 +354,4 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
 
 
 __all__ = ["Action", "PipelineError", "PipelineOrder", "PipelineRun", "SCHEDULES", "pipeline_order",
-           "simulate_pipeline"]
+           "pytorch_schedules", "simulate_pipeline"]
