@@ -311,8 +311,7 @@ class Frontier:
         for source, plan, sim, *given in simulated:
             per_device = {d: int(sim.memory_bytes[d]) for d in plan.all_devices}
             top = max(plan.all_devices, key=lambda d: per_device[d])
-            # (a pipeline's peak has no breakdown: its ranks hold micro-batches in flight beside the walk)
-            parts = dict(given[0]) if given else sim.memory[top].parts() if top in sim.memory else {}
+            parts = dict(given[0]) if given else sim.memory[top].parts()
             plan = sim.annotate(plan).with_estimate(Estimate("frontier", sim.time_s, per_device, self.times_from))
             joined.append(FrontierPoint("", max(per_device.values()), sim.time_s, plan.num_devices,
                                         tuple(plan.all_devices), plan,

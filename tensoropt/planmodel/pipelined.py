@@ -83,7 +83,7 @@ It owns how a recipe becomes stages, a step and peaks; it must not order the mic
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..cluster import Cluster
 from ..cluster.collectives import ring_allreduce_time
@@ -94,7 +94,7 @@ from ..plan import NodeConfig, Plan, PlanError
 from .memory import output_kept
 from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
 from .stages import Stage, cut_stages, stage_starts
-from .walk import plan_memory
+from .walk import StepMemory, plan_memory
 
 #: the schedules priced: stage ``s`` on rank ``s mod p`` (PyTorch's loop placement), each
 #: micro-batch's activations freed by its whole backward.  Not yet: the V schedules (they fold the
@@ -165,6 +165,9 @@ class PipelineEstimate:
     #: the recipe as a :class:`~tensoropt.plan.Plan` (:func:`pipeline_plan`): what the frontier
     #: offers, ``tensoropt run`` and ``tensoropt export`` run
     plan: Plan | None = None
+    #: each device's peak split into what holds it (:meth:`~.walk.StepMemory.parts`): the walk whose
+    #: moment is the peak, the micro-batches in flight and the receive buffers as activations
+    breakdown: dict[str, StepMemory] = field(default_factory=dict)
 
     @property
     def max_memory_bytes(self) -> int:
@@ -318,6 +321,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     whole = plan_memory(plan, graph, costs, cluster, optimizer=optimizer)
     buffers = boundary_buffers(graph, stages)
     memory: dict[str, int] = {}
+    breakdown: dict[str, StepMemory] = {}
     for r, dev in enumerate(used):
         walked, state = bare[dev], whole[dev].optimizer
         held = run.held_at_backward[r]
@@ -325,20 +329,30 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
         # exists yet (the walk makes them); at each later one all of them do (the accumulating walk)
         first = held[0][1] - kept[held[0][0]] if held else 0.0
         later = max((h - kept[s] for s, h in held[1:]), default=None)
-        peak = walked.peak + state + first
+        terms = [_held_beside(walked, state, first), _held_beside(whole[dev], state, 0.0)]
         if later is not None:
-            peak = max(peak, accumulating[dev].peak + state + later)
+            terms.insert(1, _held_beside(accumulating[dev], state, later))
         step_buffers = recipe.microbatches * sum(b for s, b in enumerate(buffers) if s % p == r)
+        top = _held_beside(max(terms, key=lambda m: m.peak), state, step_buffers)
         for d in range(recipe.data):   # every copy holds what the first does
-            memory[world[r * recipe.data + d]] = int(max(peak, whole[dev].peak) + step_buffers)
+            memory[world[r * recipe.data + d]] = top.peak
+            breakdown[world[r * recipe.data + d]] = top
     sync = _sync_s(graph, cluster, world, stages, recipe)
     est = PipelineEstimate(recipe, tuple(world), stages, split_points(graph, stages), run.step_s + sync,
                            run.bubble_fraction, run.peak_in_flight, memory, link,
                            tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops
-                                               if n.name in recomputed)), sync)
+                                               if n.name in recomputed)), sync, breakdown=breakdown)
     offered = pipeline_plan(est, plan, optimizer)
     offered.cluster_name, offered.cluster_fingerprint = cluster.name, cluster.fingerprint
     return replace(est, plan=offered)
+
+
+def _held_beside(m: StepMemory, state: int, extra: float) -> StepMemory:
+    """A walk's step with the optimizer's ``state`` resident (a walk without an optimizer has none)
+    and ``extra`` bytes held beside its peak — the other micro-batches in flight, PyTorch's receive
+    buffers — counted with the activations, so that its parts still add up to its peak."""
+    return replace(m, optimizer=state, peak=int(m.peak + state - m.optimizer + extra),
+                   activations_at_peak=int(m.activations_at_peak + extra))
 
 
 def pipeline_plan(est: PipelineEstimate, stage_plan: Plan, optimizer: str | int = DEFAULT_OPTIMIZER) -> Plan:

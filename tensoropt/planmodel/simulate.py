@@ -398,10 +398,14 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
 def pipeline_result(est: PipelineEstimate, costs: CostModel, *, optimizer: str | int = DEFAULT_OPTIMIZER,
                     context_bytes: int = 0, memory: bool = True) -> SimResult:
     """A priced pipeline (:func:`~tensoropt.planmodel.pipelined.price_pipeline`) as the
-    :class:`SimResult` of its plan: the schedule's step and each rank's peak (no timeline, no
-    per-device breakdown: the schedule is simulated by :mod:`.pipeline`)."""
-    peaks = {d: b + context_bytes for d, b in est.memory_bytes.items()} if memory else {}
-    return SimResult(est.step_s, peaks, {}, {}, [], {}, optimizer, True, costs_source(costs))
+    :class:`SimResult` of its plan: the schedule's step, each rank's peak and what holds it (no
+    timeline: the schedule is simulated by :mod:`.pipeline`)."""
+    if not memory:
+        return SimResult(est.step_s, {}, {}, {}, [], {}, optimizer, True, costs_source(costs))
+    held = {d: replace(m, peak=m.peak + context_bytes, context=m.context + context_bytes)
+            for d, m in est.breakdown.items()}
+    return SimResult(est.step_s, {d: m.peak for d, m in held.items()}, {}, {}, [], held, optimizer, True,
+                     costs_source(costs))
 
 
 def unlike_replica(groups: Sequence[Sequence[str]], cluster: Cluster) -> tuple[str, str] | None:

@@ -62,6 +62,11 @@ def test_a_pipeline_across_a_slow_link_joins_the_frontier_as_a_plan_that_names_i
     # and the simulator prices the plan as that recipe (a plan file read back, too)
     again = simulate(Plan.from_dict(plan.to_dict()), graph, costs, fr.cluster, optimizer="adamw")
     assert again.time_s == est.step_s and again.memory_bytes == est.memory_bytes
+    # its peak split into what holds it: the parts add up, and the parameters are the stage's own
+    assert sum(point.parts.values()) == point.memory_bytes
+    top = max(point.device_memory, key=point.device_memory.get)
+    mine = {q for name, c in plan.configs.items() if c.devices == (top,) for q in graph.nodes[name].params}
+    assert point.parts["parameters"] == sum(graph.params[q].nbytes for q in mine)
     # the note says how many were priced and how many joined
     note = next(n for n in fr.notes if n.startswith("pipelines: "))
     assert f"{len(piped)} on the frontier" in note
