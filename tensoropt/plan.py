@@ -36,7 +36,7 @@ import copy
 import functools
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -298,9 +298,33 @@ class Estimate:
         return cls(d["source"], float(t), dict(mem), times_from)
 
 
-def pipeline_problem(options: Mapping[str, Any]) -> str | None:
-    """What is wrong with a plan's ``options["pipeline"]`` (:attr:`Plan.pipeline`), naming the field,
-    or ``None`` (no pipeline, or a well-formed one)."""
+def _whole_at_least_one(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _names(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+#: each field of ``options["pipeline"]``: what it must be, and the test of it
+_PIPELINE_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "schedule": ("a schedule's name", lambda v: isinstance(v, str) and bool(v)),
+    "stages_per_rank": ("a whole number ≥ 1", _whole_at_least_one),
+    "checkpoint": ("true or false", lambda v: isinstance(v, bool)),
+    "starts": ("a list of operator names", _names),
+    "checkpointed": ("a list of module names", _names),
+    "split_points": ('a list of [module, "beginning" | "end"] pairs', lambda v: isinstance(v, list) and all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and p[1] in ("beginning", "end") for p in v)),
+}
+
+
+def options_problem(options: Mapping[str, Any]) -> str | None:
+    """What is wrong with a plan's ``options`` — its ``microbatches`` (:attr:`Plan.microbatches`), its
+    ``pipeline`` (:attr:`Plan.pipeline`) — naming the field, or ``None``: the one check of
+    :meth:`Plan.check` and :meth:`Plan.from_dict`."""
+    k = options.get("microbatches", 1)
+    if not _whole_at_least_one(k):
+        return f"options.microbatches must be a whole number ≥ 1 (the micro-batches a step runs), got {k!r}"
     spec = options.get("pipeline")
     if spec is None:
         return None
@@ -308,22 +332,9 @@ def pipeline_problem(options: Mapping[str, Any]) -> str | None:
         return "options.pipeline must be an object (schedule, stages_per_rank, checkpoint, starts, split_points)"
     if options.get("runtime") != "pipelining":
         return f"options.pipeline needs options.runtime 'pipelining', got {options.get('runtime')!r}"
-
-    def names(v: Any) -> bool:
-        return isinstance(v, list) and all(isinstance(x, str) for x in v)
-
-    checks = {"schedule": lambda v: isinstance(v, str) and bool(v),
-              "stages_per_rank": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-              "checkpoint": lambda v: isinstance(v, bool), "starts": names, "checkpointed": names,
-              "split_points": lambda v: isinstance(v, list) and all(
-                  isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and p[1] in ("beginning", "end")
-                  for p in v)}
-    wants = {"schedule": "a schedule's name", "stages_per_rank": "a whole number ≥ 1", "checkpoint": "true or false",
-             "starts": "a list of operator names", "checkpointed": "a list of module names",
-             "split_points": 'a list of [module, "beginning" | "end"] pairs'}
-    for key, ok in checks.items():
+    for key, (want, ok) in _PIPELINE_FIELDS.items():
         if not ok(spec.get(key)):
-            return f"options.pipeline.{key} must be {wants[key]}, got {spec.get(key)!r}"
+            return f"options.pipeline.{key} must be {want}, got {spec.get(key)!r}"
     return None
 
 
@@ -450,7 +461,7 @@ class Plan:
     def with_microbatches(self, k: int) -> Plan:
         """A copy that runs each step as ``k`` micro-batches of :attr:`batch_size` (its estimates
         dropped: they priced another step)."""
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        if not _whole_at_least_one(k):
             raise PlanError(f"micro-batches must be a whole number ≥ 1, got {k!r}")
         options = {key: v for key, v in self.options.items() if key != "microbatches"}
         if k > 1:
@@ -529,10 +540,7 @@ class Plan:
                 _check_shard(graph, name, cfg, sharded, self.configs)
         if self.runtime not in RUNTIMES:
             raise PlanError(f"options.runtime must be one of {', '.join(RUNTIMES)}, got {self.runtime!r}")
-        k = self.options.get("microbatches", 1)
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise PlanError(f"options.microbatches must be a whole number ≥ 1, got {k!r}")
-        problem = pipeline_problem(self.options)
+        problem = options_problem(self.options)
         if problem:
             raise PlanError(problem)
         if sorted(self.order) != sorted(ops):
@@ -589,11 +597,7 @@ class Plan:
             raise GraphFormatError(f"{where}.replicas must be a list of device-name lists (one per replica)")
         estimates = [Estimate.from_dict(e, f"{where}.estimates[{i}]") for i, e in enumerate(est_in)]
         options = d.get("options") or {}
-        k = options.get("microbatches", 1) if isinstance(options, Mapping) else 1
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise GraphFormatError(f"{where}.options.microbatches must be a whole number ≥ 1 (the micro-batches a "
-                                   f"step runs), got {k!r}")
-        bad = pipeline_problem(options) if isinstance(options, Mapping) else None
+        bad = options_problem(options) if isinstance(options, Mapping) else None
         if bad:
             raise GraphFormatError(f"{where}.{bad}")
         try:
