@@ -70,6 +70,7 @@ from .placers import place
 from .placers.zero import RECIPES
 from .plan import Plan
 from .planmodel.fits import cannot_fit, check_budget_value, fits, least_live_by_count
+from .planmodel.pipelined import pipeline_text
 from .planmodel.simulate import SimResult, simulate
 from .progress import Progress, no_progress
 from .request import DETECTED, Request
@@ -415,7 +416,7 @@ def join_pipelines(request: Request, setup: Setup, graph: OpGraph, frontier: Fro
 
 def _priced_pipeline(plan: Plan, sim: SimResult, frontier: Frontier) -> str:
     """``<recipe>: <peak>, <step>`` and the point that dominates it, if one does."""
-    what = next((n.removeprefix("pipeline: ") for n in plan.notes if n.startswith("pipeline: ")), "a pipeline")
+    what = pipeline_text(plan)
     over = frontier.dominating(sim.max_memory_bytes, sim.time_s)
     by = f", dominated by {over.plan_id} ({fmt_bytes(over.memory_bytes)}, {over.time_s * 1e3:.4g} ms)" \
         if over is not None and over.source != PIPELINE_SOURCE else ""

@@ -48,7 +48,7 @@ from ..errors import DistributedError
 from ..measure.step import make_optimizer, training_loss
 from ..plan import Plan
 from ..planmodel.pipeline import SCHEDULES
-from ..planmodel.pipelined import PipelineEstimate
+from ..planmodel.pipelined import PipelineEstimate, rank_order, recipe_of
 from .jobs import load_model_case
 from .runtime import Runtime
 
@@ -188,10 +188,11 @@ def plan_job(plan: Plan, model_spec: str) -> dict[str, Any]:
     spec = plan.pipeline
     if spec is None:
         raise DistributedError("the plan is not a pipeline (its options have no 'pipeline')")
-    return {"model_spec": model_spec, "batch": plan.global_batch_size, "schedule": spec["schedule"],
-            "microbatches": plan.microbatches, "stages_per_rank": spec["stages_per_rank"],
+    r = recipe_of(plan)
+    return {"model_spec": model_spec, "batch": plan.global_batch_size, "schedule": r.schedule,
+            "microbatches": r.microbatches, "stages_per_rank": r.virtual,
             "split_points": [list(p) for p in spec["split_points"]], "checkpoint_blocks": list(spec["checkpointed"]),
-            "data": plan.num_replicas}
+            "data": r.data}
 
 
 def run_pipeline_plan(rt: Runtime, model_spec: str, plan: Plan, *, steps: int, lr: float, check: bool,
@@ -236,8 +237,7 @@ def run_pipeline_plan(rt: Runtime, model_spec: str, plan: Plan, *, steps: int, l
     slowest = max(out["step_s"])
     report(f"{steps} training steps ({optimizer}, lr {lr}): median step of the slowest rank {slowest * 1e3:.3f} ms"
            + (f" (priced {est.time_s * 1e3:.3f} ms, times from {est.times_from or 'the profile'})" if est else ""))
-    world = [g[k] for k in range(len(plan.devices)) for g in (plan.replicas or (tuple(plan.devices),))]
-    for k, (dev, peak) in enumerate(zip(world, out["peak_bytes"])):
+    for k, (dev, peak) in enumerate(zip(rank_order(plan), out["peak_bytes"])):
         priced = f", priced {est.memory_bytes[dev]:,} B" if est and dev in est.memory_bytes else ""
         report(f"  rank {k} ({dev}): peak of tensor storage {peak:,} B{priced}")
     return 0

@@ -397,11 +397,15 @@ def price_plan(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *
     """A pipeline plan priced again — on ``costs`` and ``cluster`` — with its own cut and devices
     (what :func:`~.simulate.simulate` returns for it).  O(price_pipeline)."""
     plan.check(graph, cluster)
-    recipe = recipe_of(plan)
-    groups = plan.replicas or (tuple(plan.devices),)
-    world = [groups[d][k] for k in range(recipe.ranks) for d in range(recipe.data)]
-    return price_pipeline(graph, costs, cluster, recipe, devices=world, optimizer=optimizer,
+    return price_pipeline(graph, costs, cluster, recipe_of(plan), devices=rank_order(plan), optimizer=optimizer,
                           starts=plan.pipeline["starts"] if plan.pipeline else None)
+
+
+def rank_order(plan: Plan) -> list[str]:
+    """A pipeline plan's devices in rank order — rank ``r · data + d`` is pipeline rank ``r`` of copy
+    ``d`` (torchtitan's ``(pp, dp)`` mesh), what :func:`pipeline_plan` made its replicas from."""
+    groups = plan.replicas or (tuple(plan.devices),)
+    return [g[k] for k in range(len(plan.devices)) for g in groups]
 
 
 def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequence[Stage],
@@ -435,4 +439,4 @@ def _refuse_tied(graph: OpGraph, stages: Sequence[Stage]) -> None:
 
 
 __all__ = ["LOOPED", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "kept_bytes", "pipeline_plan",
-           "pipeline_text", "price_pipeline", "price_plan", "recipe_of", "split_points"]
+           "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of", "split_points"]
