@@ -87,14 +87,14 @@ from dataclasses import dataclass, field, replace
 
 from ..cluster import Cluster
 from ..cluster.collectives import ring_allreduce_time
-from ..graph import OpGraph, block_of
+from ..graph import OpGraph, block_of, grad_nodes
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan, PlanError
 from .memory import output_kept
 from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
 from .stages import Stage, cut_stages, stage_starts
-from .walk import StepMemory, plan_memory
+from .walk import StepMemory, plan_edges, walk
 
 #: the schedules priced: stage ``s`` on rank ``s mod p`` (PyTorch's loop placement), each
 #: micro-batch's activations freed by its whole backward.  Not yet: the V schedules (they fold the
@@ -313,12 +313,19 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
                 graph_fingerprint=graph.fingerprint,
                 graph_name=graph.name, batch_size=graph.batch_size, algorithm="pipeline",
                 options={"runtime": "pipelining"})   # PyTorch's autograd: a view's gradient made fresh
-    # one micro-batch walked three times: the first without an optimizer (its peak is the forward's or
-    # the backward's, or the gradients' at the end), a later one (every gradient there from the start,
-    # each contribution added in place), and with the optimizer (its update's temporaries)
-    bare = plan_memory(plan, graph, costs, cluster, optimizer="sgd")
-    accumulating = plan_memory(plan, graph, costs, cluster, optimizer="sgd", accumulate=True)
-    whole = plan_memory(plan, graph, costs, cluster, optimizer=optimizer)
+    # one micro-batch walked twice: the first (up to the update its peak is the forward's or the
+    # backward's, or the gradients' at the end; then the update's temporaries) and a later one (every
+    # gradient there from the start, each contribution added in place; up to the update)
+    # (plan_memory's walk twice over one set of edges: the edges are as long as a walk)
+    plan.check(graph, cluster)
+    costs.check_graph(graph)
+    edges, needs_grad = plan_edges(plan, graph, cluster), grad_nodes(graph)
+    bare: dict[str, StepMemory] = {}
+    accumulating: dict[str, StepMemory] = {}
+    whole = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=False, context_bytes=0,
+                 before_update=bare)
+    walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=False, context_bytes=0, accumulate=True,
+         before_update=accumulating)
     buffers = boundary_buffers(graph, stages)
     memory: dict[str, int] = {}
     breakdown: dict[str, StepMemory] = {}

@@ -387,7 +387,8 @@ def fill_segments(order: Sequence[str], configs: Mapping[str, NodeConfig], graph
 def plan_memory(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
                 optimizer: str | int = DEFAULT_OPTIMIZER, foreach: bool = False,
                 context_bytes: int = 0, stop_over: Mapping[str, int] | None = None,
-                accumulate: bool = False) -> dict[str, StepMemory]:
+                accumulate: bool = False, before_update: dict[str, StepMemory] | None = None
+                ) -> dict[str, StepMemory]:
     """Peak memory per device of one training step of ``plan`` (the simulator's memory model,
     without the timing; see the module docstring).  ``stop_over``: bytes per device; the walk
     stops after the first device whose peak exceeds its figure, and returns the devices walked
@@ -399,20 +400,26 @@ def plan_memory(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, 
     micro-batches (:attr:`Plan.microbatches <tensoropt.plan.Plan.microbatches>`) is walked both
     ways, the first micro-batch and a later one, and each device keeps the larger.  Micro-batches
     and ``accumulate`` are priced as tensoropt's executor runs them (runtime ``executor``; a
-    :class:`~tensoropt.plan.PlanError` for PyTorch's wrappers).  O(V + E) per device (twice with
-    micro-batches)."""
+    :class:`~tensoropt.plan.PlanError` for PyTorch's wrappers).  ``before_update``: filled with
+    each device's step up to the optimizer's update — the peak of the forward and the backward
+    alone, the optimizer's state resident (what a pipeline adds its other micro-batches to,
+    :mod:`.pipelined`; the same walk, not a second one without the optimizer).  O(V + E) per
+    device (twice with micro-batches)."""
     plan.check(graph, cluster)
     costs.check_graph(graph)
     return walk(plan, graph, costs, plan_edges(plan, graph, cluster), grad_nodes(graph), optimizer=optimizer,
-                foreach=foreach, context_bytes=context_bytes, stop_over=stop_over, accumulate=accumulate)
+                foreach=foreach, context_bytes=context_bytes, stop_over=stop_over, accumulate=accumulate,
+                before_update=before_update)
 
 
 def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_grad: Mapping[str, bool], *,
          optimizer: str | int, foreach: bool, context_bytes: int,
-         stop_over: Mapping[str, int] | None = None, accumulate: bool = False) -> dict[str, StepMemory]:
+         stop_over: Mapping[str, int] | None = None, accumulate: bool = False,
+         before_update: dict[str, StepMemory] | None = None) -> dict[str, StepMemory]:
     """The walk of every device (the module docstring says what it counts), over the reshards
     ``edges`` and the nodes that compute a gradient ``needs_grad``; with ``stop_over``, up to the
-    first device whose peak exceeds its figure (:func:`plan_memory`, which says ``accumulate``)."""
+    first device whose peak exceeds its figure (:func:`plan_memory`, which says ``accumulate`` and
+    ``before_update``)."""
     if (accumulate or plan.microbatches > 1) and plan.runtime not in ("executor", "pipelining"):
         raise PlanError(f"micro-batches are priced as tensoropt's executor runs them, not as {plan.runtime} "
                         "(PyTorch's wrappers accumulate gradients their own ways): price the plan with runtime "
@@ -432,9 +439,11 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     units = Fsdp2Units.of(plan, graph, needs_grad) if plan.runtime == "fsdp2" else None
     twin = _twins(plan, devices, storage, params, synced, mem, trainable_sizes)
     result: dict[str, StepMemory] = {}
+    before: dict[str, StepMemory] = {}
     for d in devices:
         if twin[d] in result:   # its walk is an earlier device's, input for input
             mem[d] = replace(result[twin[d]])
+            before[d] = replace(before[twin[d]])
         else:
             own = [sg for sg in segments if d in plan.configs[sg[0]].devices]
             # a step of micro-batches: the first (no gradient yet but the flat buffers) and a later one
@@ -447,10 +456,13 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
                                  context_bytes, own, units, accumulate=later)
                 dw.forward(edges.batch)
                 dw.backward()
+                up_to_update = dw.split_peak(replace(m))
                 dw.optimizer_step(optimizer, trainable_sizes[d], foreach=foreach)
                 if m.peak > mem[d].peak or not later:
-                    mem[d] = m
+                    mem[d], before[d] = m, up_to_update
         result[d] = mem[d]
+        if before_update is not None:
+            before_update[d] = before[d]
         if stop_over is not None and mem[d].peak > stop_over[d]:
             break
     return result
@@ -1102,8 +1114,14 @@ class _DeviceWalk:
         m.optimizer_temp = optimizer_temp_bytes(optimizer, trainable_sizes, foreach=foreach)
         self.live[("#optimizer",)] = m.optimizer_temp
         self.note("optimizer", "step")
+        self.split_peak(m)
+
+    def split_peak(self, m: StepMemory) -> StepMemory:
+        """``m`` (this walk's step, or a copy of it so far) with the tensors alive at its peak split
+        into FSDP2's gathered units and the transient part."""
         m.gathered_at_peak = sum(v for k, v in self.at_peak.items() if k[0] == "#unit")
         m.transient_at_peak = sum(v for k, v in self.at_peak.items() if _transient_key(k) and k[0] != "#unit")
+        return m
 
     # ---- FSDP2's units (runtime fsdp2; module docstring) -------------------------------------------
 
