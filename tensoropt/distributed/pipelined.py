@@ -45,7 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import DistributedError
-from ..measure.step import make_optimizer, training_loss
+from ..measure.step import make_optimizer, plan_optimizer, training_loss
 from ..plan import Plan
 from ..planmodel.pipeline import SCHEDULES
 from ..planmodel.pipelined import PipelineEstimate, rank_order, recipe_of
@@ -198,11 +198,11 @@ def plan_job(plan: Plan, model_spec: str) -> dict[str, Any]:
 def run_pipeline_plan(rt: Runtime, model_spec: str, plan: Plan, *, steps: int, lr: float, check: bool,
                       batch: int | None, say: Callable[[str], object]) -> int:
     """``tensoropt run --backend dist`` for a pipeline plan on this rank: with ``check``, two steps
-    in float64 without dropout held to the unmodified model's losses (within :data:`CHECK_ABS`;
-    exit 1 and no timing when not), then ``steps`` steps timed (each rank's median) with every
-    rank's peak of tensor storage over one more, beside the plan's estimate.  ``say`` prints on
-    rank 0.  The world must be the plan's devices (rank ``r · data + d``: pipeline rank ``r`` of
-    copy ``d``)."""
+    in float64 without dropout (the plan's optimizer at ``lr``) held to the unmodified model's
+    losses (within :data:`CHECK_ABS`; exit 1 and no timing when not), then ``steps`` steps timed
+    (each rank's median) with every rank's peak of tensor storage over one more, beside the plan's
+    estimate.  ``say`` prints on rank 0.  The world must be the plan's devices (rank
+    ``r · data + d``: pipeline rank ``r`` of copy ``d``)."""
     if rt.world_size != plan.num_devices:
         raise DistributedError(f"the pipeline plan runs on {plan.num_devices} ranks ({plan.num_replicas} copies of "
                                f"{len(plan.devices)} pipeline ranks); this world has {rt.world_size}: torchrun "
@@ -215,22 +215,25 @@ def run_pipeline_plan(rt: Runtime, model_spec: str, plan: Plan, *, steps: int, l
     copies = f" × {job['data']} copies" if job["data"] > 1 else ""
     report(f"pipeline: {len(plan.devices) * job['stages_per_rank']} stages of {job['schedule']} on "
            f"{len(plan.devices)} ranks{copies}, {job['microbatches']} micro-batches a step, batch {job['batch']}")
+    # the plan's optimizer at the run's rate, in the check as in the timed steps: the check holds
+    # what the user trains (each stage's optimizer over its own parameters) to the model's
+    optimizer = plan_optimizer(plan)
     if check:
-        ran = train_pipeline(rt, **job, steps=2)
-        alone = train_one_process(model_spec, batch=job["batch"], steps=2) if rt.rank == 0 else list(ran["losses"])
+        ran = train_pipeline(rt, **job, steps=2, lr=lr, optimizer=optimizer)
+        alone = train_one_process(model_spec, batch=job["batch"], steps=2, lr=lr, optimizer=optimizer) \
+            if rt.rank == 0 else list(ran["losses"])
         worst = max(abs(a - b) for a, b in zip(ran["losses"], alone))
         for k, (a, b) in enumerate(zip(ran["losses"], alone)):
             report(f"  step {k}: pipeline {a!r}, model {b!r}")
         verdict = torch.tensor([1.0 if worst <= CHECK_ABS else 0.0])
         dist.broadcast(verdict, 0)
         report(f"check {'passed' if verdict.item() else 'failed'}: largest loss difference {worst:.3g} "
-               f"(allowed {CHECK_ABS:g}, float64, dropout off)")
+               f"(allowed {CHECK_ABS:g}, float64, dropout off, {optimizer} at lr {lr:g})")
         if not verdict.item():
             report("the plan does not train as the model does: not timing it (exit 1)")
             return 1
     if steps < 1:
         return 0
-    optimizer = str(plan.options.get("optimizer", "sgd"))
     out = train_pipeline(rt, **job, steps=1, lr=lr, optimizer=optimizer, float64=False, dropout=True,
                          measure=True, warmup=1, rounds=steps)
     est = plan.estimate("frontier") or plan.estimate("simulator")

@@ -206,12 +206,13 @@ def test_a_frontier_pipeline_plan_runs_checks_and_exports_as_a_user_runs_it(tmp_
     assert [rc for rc, _, _ in outs] == [0, 0], outs
     out = outs[0][1]
     assert "check passed" in out and "pipeline: 2 stages of 1f1b on 2 ranks" in out, out
+    assert "adamw at lr 0.001)" in out, out   # the check trains with the plan's optimizer, as the timed steps do
     peaks = re.findall(r"peak of tensor storage ([\d,]+) B, priced ([\d,]+) B", out)
     assert len(peaks) == 2, out
     for measured, priced in ((int(m.replace(",", "")), int(p.replace(",", ""))) for m, p in peaks):
-        # measured here: −4.6 and −4.3 % (the price leaves out what AdamW's first step allocates
-        # beside the pipeline's buffers; docs/measurements.md)
-        assert abs(priced - measured) <= 0.06 * measured, (priced, measured)
+        # measured here: −0.00 and +0.21 % (docs/measurements.md; −4.6 / −4.3 % before AdamW's
+        # temporaries were priced as PyTorch's per-tensor loop keeps them)
+        assert abs(priced - measured) <= 0.01 * measured, (priced, measured)
     code, _, err = run_cli(capsys, "run", spec, "--plan", str(tmp_path / "plan.json"), "--steps", "1")
     assert code == 2 and "pipeline" in err and "--backend dist" in err and "Traceback" not in err
     code, stdout, err = run_cli(capsys, "export", str(tmp_path / "plan.json"), spec, "-o", str(tmp_path / "out"))
