@@ -16,23 +16,26 @@ exactly one micro-batch's, with no scaling rule to trust):
 - rank ``r``'s peak is one micro-batch's step walked (:func:`~.walk.plan_memory` of the plan that
   runs each stage's operators whole on its rank: parameters, the optimizer's state, the
   activations, their gradients and transients, the parameters' gradients as the backward makes
-  them) plus what the other micro-batches in flight hold as each backward starts (the simulation's
-  ``held_at_backward``).  At the first backward no parameter's gradient exists yet; at each later
-  one all of them do:
+  them) beside what the other micro-batches in flight hold as each backward starts (the
+  simulation's ``held_at_backward``):
 
 .. math::
 
-    M_r = \max\Bigl(W_r + H_r^{(1)},\ A_r + \max_{j > 1} H_r^{(j)},\ W_r^{\mathrm{opt}}\Bigr)
+    M_r = \max\Bigl(\max_j \bigl(W_{G_j}(s_j) + H_r^{(j)} - O_r(s_j)\bigr),\ W_r^{\mathrm{opt}}\Bigr)
 
-  with :math:`W_r` the walk's peak without the optimizer's update (plus its state), :math:`H^{(j)}`
-  the bytes of the other micro-batches in flight at backward ``j``, :math:`A_r` the same walk of a
-  later micro-batch (``plan_memory(accumulate=True)``: every gradient there from the start, each
-  contribution made and added in place), :math:`W^{\mathrm{opt}}_r` the walk's peak with the
-  update's temporaries.  (Before :math:`A_r`, a later backward added the gradients missing at
-  :math:`W_r`'s peak to it: right while activations dominate the peak, 14 % under on micro-batches
-  of one row, where the peak is the end of the backward and the micro-batch's own activations
-  were left out.)  The walk is PyTorch's autograd's (runtime ``pipelining``: a
-  view's gradient made fresh; byte-exact on the shortened Llama whole, one process);
+  over the rank's backwards ``j`` (of stage :math:`s_j`): :math:`W_G(s)` the walk's largest moment
+  while stage ``s`` runs (its forward or backward: the walk's ``regions``) with the gradients of
+  the rank's stages :math:`G_j` that ran a backward before ``j`` there from the start
+  (``accumulate``: each contribution made and added in place; none at the first backward; at a
+  looped schedule's later backwards only those of the stages done, not all), :math:`H^{(j)}` the
+  bytes of every micro-batch in flight on the rank then, :math:`O_r(s)` the walked micro-batch's
+  own share of them — its activations of the rank's stages up to ``s`` (the later stages'
+  backwards are done) — and :math:`W^{\mathrm{opt}}_r` the walk's peak with the update's
+  temporaries.  (Before, the walk's peak anywhere plus the largest :math:`H` at any backward,
+  every gradient there at the later ones and the micro-batch's other stages counted twice: looped
+  BFS +6.6 / +7.1 % over on a weight-heavy Llama, now +0.2 %; ``docs/measurements.md``.)  The walk
+  is PyTorch's autograd's (runtime ``pipelining``: a view's gradient made fresh; byte-exact on the
+  shortened Llama whole, one process);
 - with ``checkpoint`` (every repeated block recomputed, ``checkpoint_wrapper`` around each), the
   walk recomputes each block in its backward, a micro-batch in flight keeps only what its blocks
   read from outside them (:func:`kept_bytes`), and a stage's backward takes its blocks' forward
@@ -82,7 +85,7 @@ It owns how a recipe becomes stages, a step and peaks; it must not order the mic
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..cluster import Cluster
@@ -94,7 +97,7 @@ from ..plan import NodeConfig, Plan, PlanError
 from .memory import output_kept
 from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
 from .stages import Stage, cut_stages, stage_starts
-from .walk import StepMemory, plan_edges, walk
+from .walk import PlanEdges, StepMemory, plan_edges, walk
 
 #: the schedules priced: stage ``s`` on rank ``s mod p`` (PyTorch's loop placement), each
 #: micro-batch's activations freed by its whole backward.  Not yet: the V schedules (they fold the
@@ -313,32 +316,20 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
                 graph_fingerprint=graph.fingerprint,
                 graph_name=graph.name, batch_size=graph.batch_size, algorithm="pipeline",
                 options={"runtime": "pipelining"})   # PyTorch's autograd: a view's gradient made fresh
-    # one micro-batch walked twice: the first (up to the update its peak is the forward's or the
-    # backward's, or the gradients' at the end; then the update's temporaries) and a later one (every
-    # gradient there from the start, each contribution added in place; up to the update)
-    # (plan_memory's walk twice over one set of edges: the edges are as long as a walk)
+    # the step's largest moment on each rank is one micro-batch's stage running (the walk of one
+    # micro-batch, per stage: plan_memory's regions) beside what the other micro-batches hold then
     plan.check(graph, cluster)
     costs.check_graph(graph)
     edges, needs_grad = plan_edges(plan, graph, cluster), grad_nodes(graph)
-    bare: dict[str, StepMemory] = {}
-    accumulating: dict[str, StepMemory] = {}
-    whole = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=False, context_bytes=0,
-                 before_update=bare)
-    walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=False, context_bytes=0, accumulate=True,
-         before_update=accumulating)
+    at_backward = _at_backward(plan, graph, costs, edges, needs_grad, optimizer, stages, run.held_at_backward,
+                               kept, used)
+    whole = at_backward.whole
     buffers = boundary_buffers(graph, stages)
     memory: dict[str, int] = {}
     breakdown: dict[str, StepMemory] = {}
     for r, dev in enumerate(used):
-        walked, state = bare[dev], whole[dev].optimizer
-        held = run.held_at_backward[r]
-        # the others in flight beside the one whose backward runs: at the first backward no gradient
-        # exists yet (the walk makes them); at each later one all of them do (the accumulating walk)
-        first = held[0][1] - kept[held[0][0]] if held else 0.0
-        later = max((h - kept[s] for s, h in held[1:]), default=None)
-        terms = [_held_beside(walked, state, first), _held_beside(whole[dev], state, 0.0)]
-        if later is not None:
-            terms.insert(1, _held_beside(accumulating[dev], state, later))
+        state = whole[dev].optimizer
+        terms = [_held_beside(m, state, extra) for m, extra in at_backward.terms[r]] + [whole[dev]]
         step_buffers = recipe.microbatches * sum(b for s, b in enumerate(buffers) if s % p == r)
         top = _held_beside(max(terms, key=lambda m: m.peak), state, step_buffers)
         for d in range(recipe.data):   # every copy holds what the first does
@@ -352,6 +343,60 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     offered = pipeline_plan(est, plan, optimizer)
     offered.cluster_name, offered.cluster_fingerprint = cluster.name, cluster.fingerprint
     return replace(est, plan=offered)
+
+
+@dataclass
+class _AtBackward:
+    """What :func:`price_pipeline` adds up per rank: the step walked whole (with the update), and
+    for each backward of the schedule the walk's largest moment in that stage with the bytes the
+    other micro-batches hold as it starts."""
+
+    whole: dict[str, StepMemory]
+    terms: list[list[tuple[StepMemory, float]]]
+
+
+def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_grad: Mapping[str, bool],
+                 optimizer: str | int, stages: Sequence[Stage], held_at_backward: Sequence[Sequence[tuple[int, float]]],
+                 kept: Sequence[float], used: Sequence[str]) -> _AtBackward:
+    """Rank ``r``'s backward ``j`` of stage ``s``, with ``H_j`` bytes in flight as it starts (the
+    simulation's ``held_at_backward``), holds
+
+    .. math::  W_{G_j}(s) + H_j - \\sum_{s' \\le s,\\ s' \\equiv r} k_{s'}
+
+    :math:`W_G(s)`: the walk of one micro-batch, its largest moment while stage ``s`` runs (forward
+    or backward; plan_memory's regions) with the gradients of the rank's stages ``G_j`` that ran a
+    backward before ``j`` there from the start (``accumulate``: each contribution added in place;
+    none at the first backward); less that micro-batch's own bytes in flight, which the walk holds
+    — its activations of the rank's stages up to ``s`` (the later ones' backwards are done), ``k``
+    kept per stage.  The ranks' ``k``-th sets share the ``k``-th walk (the ranks hold disjoint
+    parameters): two walks for 1F1B, one more for each more stage a rank (looped schedules, whose
+    later micro-batches run backwards before the rank's other stages have)."""
+    p = len(used)
+    regions = {name: i for i, stage in enumerate(stages) for name in stage.ops}
+    params_of = [frozenset(q for n in st.ops for q in (*graph.nodes[n].params, *graph.nodes[n].param_reads))
+                 for st in stages]
+    keys: list[list[frozenset[int]]] = []   # per rank: its sets of stages done, in order of first use
+    at: list[list[tuple[int, int, float]]] = []   # per rank: (its set's index, stage, bytes beside)
+    for r, held in enumerate(held_at_backward[:p]):
+        keys.append([frozenset()])
+        at.append([])
+        done: set[int] = set()
+        for s, h in held:
+            key = frozenset(done)
+            if key not in keys[r]:
+                keys[r].append(key)
+            at[r].append((keys[r].index(key), s, h - sum(kept[x] for x in range(r, s + 1, p))))
+            done.add(s)
+    walks: list[dict[str, dict[int, StepMemory]]] = []
+    whole: dict[str, StepMemory] = {}
+    for k in range(max(len(ks) for ks in keys)):
+        there = frozenset().union(*(params_of[s] for ks in keys if len(ks) > k for s in ks[k]))
+        by_stage: dict[str, dict[int, StepMemory]] = {}
+        step = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=False, context_bytes=0,
+                    accumulate=there, regions=regions, region_peaks=by_stage)
+        whole = whole or step
+        walks.append(by_stage)
+    return _AtBackward(whole, [[(walks[k][dev][s], extra) for k, s, extra in at[r]] for r, dev in enumerate(used)])
 
 
 def _held_beside(m: StepMemory, state: int, extra: float) -> StepMemory:

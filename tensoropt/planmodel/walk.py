@@ -387,8 +387,8 @@ def fill_segments(order: Sequence[str], configs: Mapping[str, NodeConfig], graph
 def plan_memory(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
                 optimizer: str | int = DEFAULT_OPTIMIZER, foreach: bool = False,
                 context_bytes: int = 0, stop_over: Mapping[str, int] | None = None,
-                accumulate: bool = False, before_update: dict[str, StepMemory] | None = None
-                ) -> dict[str, StepMemory]:
+                accumulate: bool | frozenset[str] = False, regions: Mapping[str, int] | None = None,
+                region_peaks: dict[str, dict[int, StepMemory]] | None = None) -> dict[str, StepMemory]:
     """Peak memory per device of one training step of ``plan`` (the simulator's memory model,
     without the timing; see the module docstring).  ``stop_over``: bytes per device; the walk
     stops after the first device whose peak exceeds its figure, and returns the devices walked
@@ -396,30 +396,34 @@ def plan_memory(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, 
     devices, 13 s walked whole).  ``accumulate``: a later micro-batch of a step that accumulates
     gradients (a pipeline's): every parameter gradient exists from the start, and each backward's
     contribution is made, then added in place (autograd's ``AccumulateGrad``) — alive only during
-    that backward; a sharded one's block added into its piece, there from the start.  A plan of
+    that backward; a sharded one's block added into its piece, there from the start.  A set of
+    parameter names: those gradients only are there from the start (a pipeline rank's later
+    micro-batch whose other stages have not yet run a backward this step, :mod:`.pipelined`).  A plan of
     micro-batches (:attr:`Plan.microbatches <tensoropt.plan.Plan.microbatches>`) is walked both
     ways, the first micro-batch and a later one, and each device keeps the larger.  Micro-batches
     and ``accumulate`` are priced as tensoropt's executor runs them (runtime ``executor``; a
-    :class:`~tensoropt.plan.PlanError` for PyTorch's wrappers).  ``before_update``: filled with
-    each device's step up to the optimizer's update — the peak of the forward and the backward
-    alone, the optimizer's state resident (what a pipeline adds its other micro-batches to,
-    :mod:`.pipelined`; the same walk, not a second one without the optimizer).  O(V + E) per
-    device (twice with micro-batches)."""
+    :class:`~tensoropt.plan.PlanError` for PyTorch's wrappers).  ``regions`` (operator → a
+    region's number) and ``region_peaks``: filled with each device's largest moment while an
+    operator of each region runs (its forward, its backward), the optimizer's state resident — what
+    a pipeline adds its other micro-batches to as each stage's backward starts (:mod:`.pipelined`;
+    the same walk, not another without the optimizer).  O(V + E) per device (twice with
+    micro-batches)."""
     plan.check(graph, cluster)
     costs.check_graph(graph)
     return walk(plan, graph, costs, plan_edges(plan, graph, cluster), grad_nodes(graph), optimizer=optimizer,
                 foreach=foreach, context_bytes=context_bytes, stop_over=stop_over, accumulate=accumulate,
-                before_update=before_update)
+                regions=regions, region_peaks=region_peaks)
 
 
 def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_grad: Mapping[str, bool], *,
          optimizer: str | int, foreach: bool, context_bytes: int,
-         stop_over: Mapping[str, int] | None = None, accumulate: bool = False,
-         before_update: dict[str, StepMemory] | None = None) -> dict[str, StepMemory]:
+         stop_over: Mapping[str, int] | None = None, accumulate: bool | frozenset[str] = False,
+         regions: Mapping[str, int] | None = None,
+         region_peaks: dict[str, dict[int, StepMemory]] | None = None) -> dict[str, StepMemory]:
     """The walk of every device (the module docstring says what it counts), over the reshards
     ``edges`` and the nodes that compute a gradient ``needs_grad``; with ``stop_over``, up to the
     first device whose peak exceeds its figure (:func:`plan_memory`, which says ``accumulate`` and
-    ``before_update``)."""
+    ``regions``)."""
     if (accumulate or plan.microbatches > 1) and plan.runtime not in ("executor", "pipelining"):
         raise PlanError(f"micro-batches are priced as tensoropt's executor runs them, not as {plan.runtime} "
                         "(PyTorch's wrappers accumulate gradients their own ways): price the plan with runtime "
@@ -439,11 +443,11 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     units = Fsdp2Units.of(plan, graph, needs_grad) if plan.runtime == "fsdp2" else None
     twin = _twins(plan, devices, storage, params, synced, mem, trainable_sizes)
     result: dict[str, StepMemory] = {}
-    before: dict[str, StepMemory] = {}
+    by_region: dict[str, dict[int, StepMemory]] = {}
     for d in devices:
         if twin[d] in result:   # its walk is an earlier device's, input for input
             mem[d] = replace(result[twin[d]])
-            before[d] = replace(before[twin[d]])
+            by_region[d] = {k: replace(v) for k, v in by_region[twin[d]].items()}
         else:
             own = [sg for sg in segments if d in plan.configs[sg[0]].devices]
             # a step of micro-batches: the first (no gradient yet but the flat buffers) and a later one
@@ -453,16 +457,16 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
             for later in walks:
                 m = replace(first)
                 dw = _DeviceWalk(d, m, plan, graph, costs, storage, params, synced, needs_grad, model_outputs,
-                                 context_bytes, own, units, accumulate=later)
+                                 context_bytes, own, units, accumulate=later, regions=regions)
                 dw.forward(edges.batch)
                 dw.backward()
-                up_to_update = dw.split_peak(replace(m))
+                regional = dw.region_memory()
                 dw.optimizer_step(optimizer, trainable_sizes[d], foreach=foreach)
                 if m.peak > mem[d].peak or not later:
-                    mem[d], before[d] = m, up_to_update
+                    mem[d], by_region[d] = m, regional
         result[d] = mem[d]
-        if before_update is not None:
-            before_update[d] = before[d]
+        if region_peaks is not None:
+            region_peaks[d] = by_region[d]
         if stop_over is not None and mem[d].peak > stop_over[d]:
             break
     return result
@@ -715,7 +719,8 @@ class _DeviceWalk:
     def __init__(self, d: str, m: StepMemory, plan: Plan, graph: OpGraph, costs: CostModel, storage: _Storage,
                  params: _ParamHolding, synced: Mapping[str, tuple[str, ...]], needs_grad: Mapping[str, bool],
                  model_outputs: list[str], context_bytes: int, segments: list[tuple[str, ...]],
-                 units: Fsdp2Units | None = None, accumulate: bool = False) -> None:
+                 units: Fsdp2Units | None = None, accumulate: bool | frozenset[str] = False,
+                 regions: Mapping[str, int] | None = None) -> None:
         self.d, self.m, self.graph, self.costs, self.configs = d, m, graph, costs, plan.configs
         self.microbatches = plan.microbatches
         # FSDP2's units (runtime fsdp2): what each has gathered, its whole gradients so far, which
@@ -759,8 +764,13 @@ class _DeviceWalk:
         self.fresh_view_grads = plan.runtime != "executor"   # _node_backward: a view's gradient
         self.summed = [] if self.ddp else [q for q, devs in synced.items() if d in devs]
         self.grads_now = sum(params.held[(q, d)] for q in self.summed)
-        # a later micro-batch (plan_memory's accumulate): every gradient already there
+        # a later micro-batch (plan_memory's accumulate): every gradient already there, or those named
         self.accumulate = accumulate
+        #: plan_memory's regions: the one the running operator is in, and each region's largest moment
+        #: (bytes, phase, operator, live bytes, gradients, the live set)
+        self.regions = regions
+        self.region: int | None = None
+        self.region_top: dict[int, tuple[int, str, str, int, int, dict[Key, int]]] = {}
         #: a sharded gradient's readers here still to run their backward (a later micro-batch): autograd sums
         #: a tied weight's blocks before adding them into the piece, so the first reader's block waits for the
         #: last reader's (in ``waiting``), freed once it joins
@@ -778,10 +788,19 @@ class _DeviceWalk:
             if not needs_grad.get(name):   # no backward: it adds no contribution
                 continue
             for q in (*node.params, *node.param_reads):
-                if q in summed or (accumulate and q in params.sharded and params.sharded[q][0].shards("gradients")):
+                if q in summed or (self.there(q) and q in params.sharded and params.sharded[q][0].shards("gradients")):
                     self.readers_left[q] = self.readers_left.get(q, 0) + 1
-        if accumulate:
+        if accumulate is True:
             self.grads_now = m.grads
+        elif accumulate:
+            self.grads_now += sum(params.grad_bytes(q, d) for q in accumulate
+                                  if (q, d) in params.held and q not in summed and graph.params[q].is_trainable)
+
+    def there(self, q: str) -> bool:
+        """Whether parameter ``q``'s gradient is there before this micro-batch's backward
+        (``accumulate``): its contribution is added into it."""
+        acc = self.accumulate
+        return acc is True or (not isinstance(acc, bool) and q in acc)
 
     def _cost(self, name: str) -> NodeCost | None:
         return self.costs.get(name)
@@ -795,6 +814,8 @@ class _DeviceWalk:
         m = self.m
         held = sum(self.live.values())
         t = self.base + self.grads_now + held
+        if self.region is not None and t > self.region_top.get(self.region, (-1,))[0]:
+            self.region_top[self.region] = (t, phase, at, held, self.grads_now, self.live.copy())
         if t > m.peak:
             m.peak, m.peak_phase, m.peak_at = t, phase, at
             m.activations_at_peak = held
@@ -860,7 +881,10 @@ class _DeviceWalk:
         for k, u in self.last_use.items():
             if u < self.end and not self.savers.get(k) and k not in st.batch_keys:
                 free_after.setdefault(u, []).append(k)
+        regions = self.regions
         for name in self.prog:
+            if regions is not None:
+                self.region = regions.get(name)
             cfg, sh = self.configs[name], st.shard[name]
             unit = units.unit_of_node[name] if units is not None else -1
             if units is not None and unit != units.root and units.first[unit] == name:
@@ -909,6 +933,8 @@ class _DeviceWalk:
             self._pre_backward(units.root, "loss")
         for name in reversed(self.prog):
             if self.needs_grad.get(name):
+                if self.regions is not None:
+                    self.region = self.regions.get(name)
                 unit = units.unit_of_node[name] if units is not None else -1
                 if units is not None and unit not in self.pre_backward_done:
                     self._pre_backward(unit, name)
@@ -1062,7 +1088,7 @@ class _DeviceWalk:
                     # piece is there from the start — adds its block into the piece (transiently)
                     accumulating += whole
                     scattered += whole
-                    if self.accumulate:
+                    if self.there(p):
                         left = self.readers_left[p] = self.readers_left.get(p, 1) - 1
                         if p not in param_done and left > 0:   # its block waits for the others'
                             param_done.add(p)
@@ -1080,7 +1106,7 @@ class _DeviceWalk:
                     continue
                 if p not in param_done:
                     param_done.add(p)
-                    if self.accumulate:   # made, then added into the gradient already there
+                    if self.there(p):   # made, then added into the gradient already there
                         accumulating += b
                     else:
                         self.grads_now += b
@@ -1116,12 +1142,19 @@ class _DeviceWalk:
         self.note("optimizer", "step")
         self.split_peak(m)
 
-    def split_peak(self, m: StepMemory) -> StepMemory:
-        """``m`` (this walk's step, or a copy of it so far) with the tensors alive at its peak split
-        into FSDP2's gathered units and the transient part."""
-        m.gathered_at_peak = sum(v for k, v in self.at_peak.items() if k[0] == "#unit")
-        m.transient_at_peak = sum(v for k, v in self.at_peak.items() if _transient_key(k) and k[0] != "#unit")
+    def split_peak(self, m: StepMemory, at_peak: Mapping[Key, int] | None = None) -> StepMemory:
+        """``m`` with the tensors alive at its peak (``at_peak``, default the walk's) split into
+        FSDP2's gathered units and the transient part."""
+        at_peak = self.at_peak if at_peak is None else at_peak
+        m.gathered_at_peak = sum(v for k, v in at_peak.items() if k[0] == "#unit")
+        m.transient_at_peak = sum(v for k, v in at_peak.items() if _transient_key(k) and k[0] != "#unit")
         return m
+
+    def region_memory(self) -> dict[int, StepMemory]:
+        """Each region's largest moment so far as a step of its own (plan_memory's ``regions``)."""
+        return {r: self.split_peak(replace(self.m, peak=t, peak_phase=phase, peak_at=at, activations_at_peak=held,
+                                           grads_at_peak=grads, context=self.context_bytes), live)
+                for r, (t, phase, at, held, grads, live) in self.region_top.items()}
 
     # ---- FSDP2's units (runtime fsdp2; module docstring) -------------------------------------------
 

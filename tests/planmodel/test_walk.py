@@ -91,3 +91,51 @@ def test_a_later_micro_batch_holds_every_gradient_and_its_contribution_beside_it
     fsdp2 = Plan.from_dict({**zero.to_dict(), "options": {"runtime": "fsdp2"}})
     with pytest.raises(PlanError, match="wrappers accumulate"):
         walk.plan_memory(fsdp2.with_microbatches(2), graph, costs, cluster)
+
+
+def test_a_later_micro_batch_may_hold_only_some_gradients_and_each_region_its_own_moment():
+    """plan_memory(accumulate={names}, regions=…): two linears of 64 × 64 floats (16,384 B each, no
+    bias) on one device, the first in region 0, the second in region 1 (a looped pipeline's rank
+    holding two stages).  With only the second's gradient there from the start (its stage ran a
+    backward before; the first's has not), the later micro-batch holds 16,384 B more than the first
+    micro-batch's walk while the second linear's backward runs (its contribution beside the gradient
+    already there) — and 16,384 B less than a walk with every gradient there.  Each region's largest
+    moment is its own: the first linear's backward (region 0) has the second's gradient made."""
+    import torch
+
+    from tensoropt.plan import Plan
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 64, bias=False))
+    graph = tensoropt.capture(model, (torch.randn(8, 64),))
+    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
+    costs = tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
+    plan = Plan({n.name: NodeConfig(("gpu0",)) for n in graph.ops}, graph_fingerprint=graph.fingerprint,
+                graph_name=graph.name, batch_size=graph.batch_size, options={"runtime": "pipelining"})
+    linears = [n for n in graph.ops if n.params]
+    assert len(linears) == 2
+    second_w = linears[1].params[0]
+    order = [n.name for n in graph.ops]
+    regions = {name: 0 if i <= order.index(linears[0].name) else 1 for i, name in enumerate(order)}
+    w = 64 * 64 * 4
+
+    def walked(accumulate):
+        by_region: dict = {}
+        m = walk.plan_memory(plan, graph, costs, cluster, optimizer="sgd", accumulate=accumulate, regions=regions,
+                             region_peaks=by_region)["gpu0"]
+        return m, by_region["gpu0"]
+
+    first, first_regions = walked(False)
+    some, some_regions = walked(frozenset({second_w}))
+    every, every_regions = walked(True)
+    assert walked(frozenset())[0] == first   # an empty set: the first micro-batch
+    # the second linear's backward (region 1): its new contribution beside the gradient there
+    assert some_regions[1].peak - first_regions[1].peak == w
+    assert every_regions[1].peak - some_regions[1].peak == w   # and the first's gradient, there too
+    # the second linear's backward makes its gradient in the first micro-batch; by the first linear's
+    # backward (region 0) both are alive in every walk
+    assert first_regions[1].grads_at_peak == w and some_regions[1].grads_at_peak == w
+    assert first_regions[0].grads_at_peak == every_regions[0].grads_at_peak == 2 * w
+    # a region's moment is no larger than the whole walk's peak, and the largest of them is it (SGD:
+    # no state; the update adds nothing but the gradients, there already)
+    for m, by in ((first, first_regions), (some, some_regions), (every, every_regions)):
+        assert max(r.peak for r in by.values()) == m.peak
