@@ -42,7 +42,9 @@ exactly one micro-batch's, with no scaling rule to trust):
   again;
 - to it, PyTorch's receive buffers, held all step: for every micro-batch, one for each value a
   stage receives and one for the gradient of each floating-point value it sends
-  (:func:`boundary_buffers`).
+  (:func:`boundary_buffers`); and among the bytes in flight, what each backward sent that PyTorch
+  waits for only at the end of the step (:func:`retained_sends`: the looped schedules' sends both
+  ways, GPipe's backward ones).
 - with ``data`` copies of the pipeline (data parallel × pipeline parallel, torchtitan's ``(pp, dp)``
   mesh: pipeline rank ``r`` of copy ``d`` on device ``r · data + d``), each copy runs the schedule
   on its slice of the batch (the graph is captured at a copy's micro-batch) and holds what one
@@ -249,22 +251,48 @@ def boundary_buffers(graph: OpGraph, stages: Sequence[Stage]) -> list[int]:
     floating-point value that crosses out of it.  PyTorch's ``PipelineStage`` makes these for every
     micro-batch of the step before the first runs (``_prepare_forward_infra`` /
     ``_prepare_backward_infra``): they are held all step."""
+    out = [0] * len(stages)
+    for b, nbytes, floating in _crossings(graph, stages):
+        out[b + 1] += nbytes
+        out[b] += floating
+    return out
+
+
+def _crossings(graph: OpGraph, stages: Sequence[Stage]) -> list[tuple[int, int, int]]:
+    """Every value crossing a stage boundary, once a boundary: ``(b, bytes, floating-point bytes)``
+    for boundary ``b → b + 1`` (from any earlier stage: :mod:`tensoropt.distributed.pipelined`
+    passes a value read further on through the stages between)."""
     where = {name: s for s, stage in enumerate(stages) for name in stage.ops}
     last_reader: dict[str, int] = {}
     for name, s in where.items():
         for src in graph.nodes[name].inputs:
             last_reader[src] = max(last_reader.get(src, 0), s)
-    out = [0] * len(stages)
+    out = []
     for src, last in last_reader.items():
         node = graph.nodes[src]
         if node.metadata_only or not node.outputs:
             continue
         made = where.get(src, 0)     # a model input: copied in the first stage
         floating = sum(t.nbytes for t in node.outputs if t.dtype.startswith(("float", "bfloat")))
-        for b in range(made, last):  # crosses boundary b → b + 1
-            out[b + 1] += node.output_bytes
-            out[b] += floating
+        out += [(b, node.output_bytes, floating) for b in range(made, last)]
     return out
+
+
+def retained_sends(schedule: str, graph: OpGraph, stages: Sequence[Stage]) -> list[int]:
+    """Bytes a backward of each stage leaves held until the end of the schedule's step: what the
+    stage sent for that micro-batch, which the send's ``Work`` keeps alive until PyTorch waits for
+    it.  The looped schedules (PyTorch's ``_PipelineScheduleRuntime``) wait for every send only at
+    the end of the step: the stage's output sent forward (else freed at its backward) and the
+    gradients it sent back; GPipe waits for the backward's sends after the last backward (its
+    forward's, after the last forward, are held by the backward anyway); 1F1B waits for each at the
+    next exchange (none left over)."""
+    sent_forward, sent_back = [0] * len(stages), [0] * len(stages)
+    for b, nbytes, floating in _crossings(graph, stages):
+        sent_forward[b] += nbytes
+        sent_back[b + 1] += floating
+    if SCHEDULES[schedule][1]:
+        return [f + g for f, g in zip(sent_forward, sent_back)]
+    return sent_back if schedule == "gpipe" else [0] * len(stages)
 
 
 def _link_s(cluster: Cluster, devices: Sequence[str], stages: Sequence[Stage]) -> float:
@@ -311,7 +339,8 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     again = [sum(costs.time(n)[0] for n in stage.ops if n in recomputed and n in costs) for stage in stages]
     run = simulate_pipeline(order, forward_s=[s.forward_s for s in stages],
                             backward_s=[s.backward_s + a for s, a in zip(stages, again)],
-                            link_s=link, activation_bytes=kept)
+                            link_s=link, activation_bytes=kept,
+                            retained_bytes=retained_sends(recipe.schedule, graph, stages))
     plan = Plan({name: NodeConfig((on[name],), recompute=name in recomputed) for name in on},
                 graph_fingerprint=graph.fingerprint,
                 graph_name=graph.name, batch_size=graph.batch_size, algorithm="pipeline",
@@ -491,4 +520,4 @@ def _refuse_tied(graph: OpGraph, stages: Sequence[Stage]) -> None:
 
 
 __all__ = ["LOOPED", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "kept_bytes", "pipeline_plan",
-           "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of", "split_points"]
+           "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of", "retained_sends", "split_points"]

@@ -92,17 +92,19 @@ def test_checkpointed_blocks_train_as_the_model_and_hold_what_they_are_priced(mi
 def test_two_stages_a_rank_hold_what_they_are_priced(microbatch_graph, schedule):
     """A looped schedule's rank runs a later micro-batch's backward of one stage before its other
     stage has run any: only the gradients of the stages done are there, and the walked micro-batch's
-    activations of its other stage are the walk's, not also the schedule's in-flight bytes."""
+    activations of its other stage are the walk's, not also the schedule's in-flight bytes; what each
+    backward sent stays alive to the end of the step (PyTorch waits for the sends only then)."""
     graph, costs, cluster = microbatch_graph
     est = price_pipeline(graph, costs, cluster, PipelineRecipe(schedule, ranks=2, microbatches=MICROBATCHES),
                          optimizer="adamw")
     ran, alone, priced, measured = run_priced(est)
     assert ran["stages"] == [[0, 2], [1, 3]]
     assert ran["losses"] == pytest.approx(alone, abs=1e-6)
-    # measured (docs/measurements.md): interleaved −0.8 / −3.5 %, looped BFS +0.5 / −1.9 % (before the
-    # walk's stages and gradients were timed: +7.2 / +5.6 %, +10.9 / +4.3 %)
+    # measured (docs/measurements.md): interleaved +1.6 / +0.0 %, looped BFS +0.5 / −1.9 % (before the
+    # walk's stages and gradients were timed and the sends held to the step's end: +7.2 / +5.6 %,
+    # +10.9 / +4.3 %)
     for ours, theirs in zip(priced, measured):
-        assert abs(ours - theirs) <= 0.04 * theirs, (schedule, priced, measured)
+        assert abs(ours - theirs) <= 0.03 * theirs, (schedule, priced, measured)
 
 
 @pytest.mark.parametrize(("schedule", "ranks"), [("interleaved-1f1b", 2), ("1f1b", 4)])

@@ -55,6 +55,23 @@ def test_1f1b_holds_p_minus_i_micro_batches_where_gpipe_holds_all() -> None:
     assert one_f_one_b.held_at_backward[3] == ((3, 100.0),) * 8
 
 
+def test_what_a_backward_leaves_until_the_step_ends_adds_up_backward_by_backward() -> None:
+    # GPipe on 4 ranks, 8 micro-batches: PyTorch waits for a backward's sends only after the last
+    # backward; with 10 B left by each, the first stage's k-th backward starts beside 10 (k − 1) B of
+    # its own earlier backwards (and its 100 B a micro-batch in flight, as before)
+    run = simulate_pipeline(pipeline_order("gpipe", ranks=4, microbatches=8), forward_s=1, backward_s=2,
+                            activation_bytes=100, retained_bytes=10)
+    assert run.held_at_backward[0] == tuple((0, 100.0 * k + 10.0 * (8 - k)) for k in range(8, 0, -1))
+    assert run.peak_in_flight == (8, 8, 8, 8)   # micro-batches, not bytes: unchanged
+    # the most held is the last backward's end: the 8 backwards' 80 B (the 800 B of activations before)
+    assert run.peak_bytes == (800, 800, 800, 800)
+    # looped BFS, 2 ranks × 2 stages: rank 0 runs stage 2's four backwards, then stage 0's; only the
+    # bytes stage 2 left (7 B each) are there as stage 0's first backward starts
+    looped = simulate_pipeline(pipeline_order("looped-bfs", ranks=2, microbatches=4, stages_per_rank=2),
+                               forward_s=1, backward_s=2, retained_bytes=[1000, 0, 7, 0])
+    assert [h for _, h in looped.held_at_backward[0]] == [0, 7, 14, 21, 28, 1028, 2028, 3028]
+
+
 def test_1f1b_runs_in_the_order_of_pytorchs_runtime() -> None:
     """``Schedule1F1B._step_microbatches``: stage i runs min(m, p − i) forwards, then a backward and
     a forward in turn (PyTorch's visualiser writes the last rank as F1 … F8 of 8: not read)."""
