@@ -231,9 +231,10 @@ class Request:
     pipelines: tuple[str, ...] = _opt(
         (), "--pipelines",
         "pipeline plans on the frontier: the schedules to price, comma-separated (gpipe, 1f1b, interleaved-1f1b, "
-        "looped-bfs), or all: every pipeline over the devices (2, 4, … ranks, data-parallel copies of it over the "
-        "rest) at ranks × 1, 2, 4 micro-batches and micro-batches of one row, blocks kept and checkpointed, each on "
-        "the model captured at its micro-batch (default none)", type=pipeline_schedules, metavar="SCHEDULES|all|none")
+        "looped-bfs, interleaved-zb), or all: every pipeline over the devices (2, 4, … ranks, data-parallel copies of "
+        "it over the rest) at ranks × 1, 2, 4 micro-batches and micro-batches of one row, blocks kept and "
+        "checkpointed (kept only for interleaved-zb), each on the model captured at its micro-batch (default none)",
+        type=pipeline_schedules, metavar="SCHEDULES|all|none")
     cache: bool = _opt(True, "--no-cache",
                        "capture and profile afresh: read nothing from the cache folder and keep nothing there "
                        "(captures, untimed profiles, measured operator calls)", negated=True)

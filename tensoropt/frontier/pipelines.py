@@ -15,7 +15,8 @@ for the schedules ``S`` asked for and the step's batch ``B``: every pipeline ove
 devices, each with as many micro-batches as ranks (PyTorch's least for the interleaved
 schedules), two and four times as many (1F1B's bubble :math:`(p-1)/(m+p-1)`: from one half
 down to one fifth at two ranks), and micro-batches of one row (torchtitan's default: the least
-activations in flight, the smallest bubble), with and without a checkpoint per block.  Each is priced on the
+activations in flight, the smallest bubble), with and without a checkpoint per block (without only
+for the zero-bubble schedule, whose split backward PyTorch cannot run over checkpointed blocks).  Each is priced on the
 model captured at its micro-batch (``B / (data · m)`` rows) — exact per micro-batch, no scaling
 rule — and the points join the frontier where none dominates them (source ``pipeline``).  A
 recipe PyTorch cannot run or the model cannot take (tied weights across stages, fewer blocks
@@ -41,7 +42,7 @@ from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..measure.costmodel import CostModel
 from ..planmodel.pipeline import SCHEDULES, pytorch_schedules
-from ..planmodel.pipelined import PipelineRecipe, price_pipeline
+from ..planmodel.pipelined import SPLIT_BACKWARD, PipelineRecipe, price_pipeline
 from ..planmodel.simulate import pipeline_result
 from .forkmap import default_workers, fork_map
 
@@ -68,7 +69,7 @@ def pipeline_recipes(num_devices: int, batch: int, schedules: Sequence[str], *,
             if batch % (data * m):
                 continue
             out += [PipelineRecipe(s, ranks=p, microbatches=m, checkpoint=c, data=data)
-                    for s in schedules for c in checkpoint]
+                    for s in schedules for c in checkpoint if not (c and s in SPLIT_BACKWARD)]
     return out
 
 

@@ -242,19 +242,23 @@ def _per_stage(value: float | Sequence[float], stages: int, what: str) -> list[f
 def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float], backward_s: float | Sequence[float],
                       weight_share: float = 0.5, link_s: float = 0.0,
                       activation_bytes: float | Sequence[float] = 0.0,
-                      retained_bytes: float | Sequence[float] = 0.0) -> PipelineRun:
+                      retained_bytes: float | Sequence[float] = 0.0,
+                      deferred_bytes: float | Sequence[float] = 0.0) -> PipelineRun:
     """The step of ``order`` (module docstring) with each stage's forward and whole-backward times
     (one value for all, or one a stage); a split backward gives ``weight_share`` of it to the weight
     gradient ``W`` and the rest to the input gradient ``I``; ``link_s`` per activation or gradient
     sent between ranks; ``activation_bytes`` a stage holds per micro-batch in flight;
     ``retained_bytes`` a stage's backward leaves held to the end of the schedule's step (what it
     sent, until PyTorch waits for the sends: counted in ``held_at_backward`` and ``peak_bytes``,
-    not in ``peak_in_flight``).  O(A log A) for A actions."""
+    not in ``peak_in_flight``); ``deferred_bytes`` a stage's input-gradient step ``I`` leaves held
+    until its weight-gradient step ``W`` (the gradients PyTorch stashes for ``W``).  O(A log A) for A
+    actions."""
     S = order.stages
     f = _per_stage(forward_s, S, "forward_s")
     b = _per_stage(backward_s, S, "backward_s")
     act = _per_stage(activation_bytes, S, "activation_bytes")
     kept = _per_stage(retained_bytes, S, "retained_bytes")
+    stash = _per_stage(deferred_bytes, S, "deferred_bytes")
     if not 0.0 <= weight_share <= 1.0:
         raise PipelineError(f"weight_share must be within [0, 1], got {weight_share}")
     duration = {FORWARD: lambda s: f[s], BACKWARD: lambda s: b[s], INPUT_GRAD: lambda s: b[s] * (1 - weight_share),
@@ -331,6 +335,9 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
                         per_rank_events[r].append((finish, 0, a.stage, -act[a.stage]))
                     if a.kind in (BACKWARD, INPUT_GRAD) and kept[a.stage]:
                         per_rank_events[r].append((finish, 2, a.stage, kept[a.stage]))
+                    if stash[a.stage] and a.kind in (INPUT_GRAD, WEIGHT_GRAD):
+                        per_rank_events[r].append((finish, 2, a.stage,
+                                                   stash[a.stage] if a.kind == INPUT_GRAD else -stash[a.stage]))
                 free[r] = t
                 nxt[r] += 1
                 remaining -= 1

@@ -97,16 +97,18 @@ from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan, PlanError
 from .memory import output_kept
-from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
+from .pipeline import INPUT_GRAD, SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
 from .stages import Stage, cut_stages, stage_starts
 from .walk import PlanEdges, StepMemory, plan_edges, walk
 
-#: the schedules priced: stage ``s`` on rank ``s mod p`` (PyTorch's loop placement), each
-#: micro-batch's activations freed by its whole backward.  Not yet: the V schedules (they fold the
-#: stages back: rank r runs r and 2p − 1 − r) and the zero-bubble ones, whose deferred weight
-#: gradients keep the activations' gradients to the ``W`` step — interleaved-zb's last rank measured
-#: 31 % above this model's price on 2 gloo ranks
-LOOPED = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs")
+#: the schedules priced: stage ``s`` on rank ``s mod p`` (PyTorch's loop placement).  The
+#: zero-bubble one splits a backward in two: the input gradient ``I`` keeps the micro-batch's graph
+#: and stashes the gradients its weights need until the weight gradient ``W``
+#: (:func:`stashed_bytes`).  Not yet: the V schedules (they fold the stages back: rank r runs r and
+#: 2p − 1 − r)
+LOOPED = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb")
+#: of them, the schedules whose backward is split into ``I`` and ``W`` (no checkpointed blocks)
+SPLIT_BACKWARD = ("interleaved-zb",)
 
 
 @dataclass(frozen=True)
@@ -278,6 +280,19 @@ def _crossings(graph: OpGraph, stages: Sequence[Stage]) -> list[tuple[int, int, 
     return out
 
 
+def stashed_bytes(graph: OpGraph, stage: Stage) -> int:
+    """Bytes a zero-bubble schedule's input-gradient step ``I`` of ``stage`` stashes for its
+    weight-gradient step ``W``: PyTorch's ``stage_backward_input`` keeps, for every operator that
+    reads a trainable parameter, the gradient of that operator's output (where the weight's path
+    meets the input's), until ``stage_backward_weight`` uses it."""
+    out = 0
+    for name in stage.ops:
+        node = graph.nodes[name]
+        if any(graph.params[q].is_trainable for q in (*node.params, *node.param_reads)):
+            out += sum(t.nbytes for t in node.outputs if t.dtype.startswith(("float", "bfloat")))
+    return out
+
+
 def retained_sends(schedule: str, graph: OpGraph, stages: Sequence[Stage]) -> list[int]:
     """Bytes a backward of each stage leaves held until the end of the schedule's step: what the
     stage sent for that micro-batch, which the send's ``Work`` keeps alive until PyTorch waits for
@@ -317,6 +332,10 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     if recipe.schedule not in LOOPED:
         raise PipelineError(f"pipeline schedule {recipe.schedule!r} is not priced: the schedules with PyTorch's "
                             f"loop placement are {', '.join(LOOPED)}")
+    if recipe.checkpoint and recipe.schedule in SPLIT_BACKWARD:
+        raise PipelineError(f"{recipe.schedule} cannot run checkpointed blocks: PyTorch's weight-gradient step "
+                            "runs a checkpointed block's graph again after its recomputation freed it "
+                            "(CheckpointError); keep the blocks")
     world = list(cluster.select(devices))[:recipe.world] if devices is None else list(cluster.select(devices))
     if len(world) != recipe.world:
         copies = f" × {recipe.data} copies" if recipe.data > 1 else ""
@@ -337,10 +356,12 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     kept = [kept_bytes(graph, costs, stage, recomputed) for stage in stages]
     # a checkpointed block runs its forward again in its backward
     again = [sum(costs.time(n)[0] for n in stage.ops if n in recomputed and n in costs) for stage in stages]
+    zero_bubble = any(a.kind == INPUT_GRAD for steps in order.ranks for step in steps for a in step)
     run = simulate_pipeline(order, forward_s=[s.forward_s for s in stages],
                             backward_s=[s.backward_s + a for s, a in zip(stages, again)],
                             link_s=link, activation_bytes=kept,
-                            retained_bytes=retained_sends(recipe.schedule, graph, stages))
+                            retained_bytes=retained_sends(recipe.schedule, graph, stages),
+                            deferred_bytes=[stashed_bytes(graph, stage) for stage in stages] if zero_bubble else 0.0)
     plan = Plan({name: NodeConfig((on[name],), recompute=name in recomputed) for name in on},
                 graph_fingerprint=graph.fingerprint,
                 graph_name=graph.name, batch_size=graph.batch_size, algorithm="pipeline",
@@ -350,8 +371,11 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     plan.check(graph, cluster)
     costs.check_graph(graph)
     edges, needs_grad = plan_edges(plan, graph, cluster), grad_nodes(graph)
+    # a zero-bubble schedule's input-gradient step keeps its micro-batch's graph whole (retain_graph)
+    # while it stashes the gradients its weights need: at its end the stage's kept bytes and the stash
+    split = [kept[s] + stashed_bytes(graph, stage) for s, stage in enumerate(stages)] if zero_bubble else None
     at_backward = _at_backward(plan, graph, costs, edges, needs_grad, optimizer, stages, run.held_at_backward,
-                               kept, used)
+                               kept, used, split)
     whole = at_backward.whole
     buffers = boundary_buffers(graph, stages)
     memory: dict[str, int] = {}
@@ -386,7 +410,8 @@ class _AtBackward:
 
 def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_grad: Mapping[str, bool],
                  optimizer: str | int, stages: Sequence[Stage], held_at_backward: Sequence[Sequence[tuple[int, float]]],
-                 kept: Sequence[float], used: Sequence[str]) -> _AtBackward:
+                 kept: Sequence[float], used: Sequence[str],
+                 input_grad_extra: Sequence[float] | None = None) -> _AtBackward:
     """Rank ``r``'s backward ``j`` of stage ``s``, with ``H_j`` bytes in flight as it starts (the
     simulation's ``held_at_backward``), holds
 
@@ -414,7 +439,8 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
             key = frozenset(done)
             if key not in keys[r]:
                 keys[r].append(key)
-            at[r].append((keys[r].index(key), s, h - sum(kept[x] for x in range(r, s + 1, p))))
+            extra = input_grad_extra[s] if input_grad_extra is not None else 0.0
+            at[r].append((keys[r].index(key), s, h - sum(kept[x] for x in range(r, s + 1, p)) + extra))
             done.add(s)
     walks: list[dict[str, dict[int, StepMemory]]] = []
     whole: dict[str, StepMemory] = {}
@@ -519,5 +545,6 @@ def _refuse_tied(graph: OpGraph, stages: Sequence[Stage]) -> None:
                                 "untie them (e.g. tie_word_embeddings=False in the model's config)")
 
 
-__all__ = ["LOOPED", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "kept_bytes", "pipeline_plan",
-           "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of", "retained_sends", "split_points"]
+__all__ = ["LOOPED", "SPLIT_BACKWARD", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "kept_bytes",
+           "pipeline_plan", "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of",
+           "retained_sends", "split_points", "stashed_bytes"]

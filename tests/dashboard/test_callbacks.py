@@ -64,7 +64,8 @@ def test_the_pipeline_schedules_ticked_are_the_request_s_pipelines():
     the request's ``pipelines``, in the priced order whatever the order of the ticks."""
     box = _component(build_layout(default_model=DEFAULT_MODEL, default_cluster=DEFAULT_CLUSTER, repeats=1,
                                   warmup=0), "pipelines")
-    assert box.value == [] and [o["value"] for o in box.options] == ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"]
+    assert box.value == [] and [o["value"] for o in box.options] == [
+        "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb"]
 
     def pipelines(ticked):
         return request_from_controls("zoo", "gpt2", "layers=2", "", None, None, None, "preset", "titan-rtx-5", None,

@@ -88,8 +88,9 @@ def test_checkpointed_blocks_train_as_the_model_and_hold_what_they_are_priced(mi
         assert abs(ours - theirs) <= 0.06 * theirs, (priced, measured)
 
 
-@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "looped-bfs"])
-def test_two_stages_a_rank_hold_what_they_are_priced(microbatch_graph, schedule):
+@pytest.mark.parametrize(("schedule", "within"), [("interleaved-1f1b", 0.03), ("looped-bfs", 0.03),
+                                                  ("interleaved-zb", 0.085)])
+def test_two_stages_a_rank_hold_what_they_are_priced(microbatch_graph, schedule, within):
     """A looped schedule's rank runs a later micro-batch's backward of one stage before its other
     stage has run any: only the gradients of the stages done are there, and the walked micro-batch's
     activations of its other stage are the walk's, not also the schedule's in-flight bytes; what each
@@ -102,9 +103,9 @@ def test_two_stages_a_rank_hold_what_they_are_priced(microbatch_graph, schedule)
     assert ran["losses"] == pytest.approx(alone, abs=1e-6)
     # measured (docs/measurements.md): interleaved +1.6 / +0.0 %, looped BFS +0.5 / −1.9 % (before the
     # walk's stages and gradients were timed and the sends held to the step's end: +7.2 / +5.6 %,
-    # +10.9 / +4.3 %)
+    # +10.9 / +4.3 %); the zero-bubble schedule's split backward, priced coarsely: +8.2 / −4.1 %
     for ours, theirs in zip(priced, measured):
-        assert abs(ours - theirs) <= 0.03 * theirs, (schedule, priced, measured)
+        assert abs(ours - theirs) <= within * theirs, (schedule, priced, measured)
 
 
 @pytest.mark.parametrize(("schedule", "ranks"), [("interleaved-1f1b", 2), ("1f1b", 4)])

@@ -72,6 +72,19 @@ def test_what_a_backward_leaves_until_the_step_ends_adds_up_backward_by_backward
     assert [h for _, h in looped.held_at_backward[0]] == [0, 7, 14, 21, 28, 1028, 2028, 3028]
 
 
+def test_a_zero_bubble_input_gradient_holds_its_stash_until_its_weight_gradient() -> None:
+    # PyTorch's interleaved zero-bubble order on 2 ranks × 2 stages, 4 micro-batches; rank 1 runs
+    # 1F0 1F1 3F0 3I0 3F1 3I1 3W0 1F2 1I0 3W1 1F3 1I1 1W0 3F2 3I2 1W1 3F3 3I3 3W2 1I2 3W3 1I3 1W2 1W3:
+    # with 10 B stashed by each I of stage 3 until its W, each input-gradient step starts beside the
+    # stage-3 stashes whose W has not run
+    order = pipeline_order("interleaved-zb", ranks=2, microbatches=4, stages_per_rank=2)
+    rank1 = " ".join("+".join(f"{a.stage}{a.kind}{a.microbatch}" for a in step) for step in order.ranks[1])
+    assert rank1 == "1F0 1F1 3F0 3I0 3F1 3I1 3W0 1F2 1I0 3W1 1F3 1I1 1W0 3F2 3I2 1W1 3F3 3I3 3W2 1I2 3W3 1I3 1W2 1W3"
+    run = simulate_pipeline(order, forward_s=1, backward_s=2, deferred_bytes=[0, 0, 0, 10])
+    assert run.held_at_backward[1] == ((3, 0.0), (3, 10.0), (1, 10.0), (1, 0.0), (3, 0.0), (3, 10.0), (1, 10.0),
+                                       (1, 0.0))
+
+
 def test_1f1b_runs_in_the_order_of_pytorchs_runtime() -> None:
     """``Schedule1F1B._step_microbatches``: stage i runs min(m, p − i) forwards, then a backward and
     a forward in turn (PyTorch's visualiser writes the last rank as F1 … F8 of 8: not read)."""

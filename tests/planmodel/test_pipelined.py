@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import tensoropt
+from tensoropt.frontier.pipelines import pipeline_recipes
 from tensoropt.planmodel.pipeline import PipelineError
 from tensoropt.planmodel.pipelined import PipelineRecipe, boundary_buffers, kept_bytes, price_pipeline
 from tensoropt.planmodel.walk import plan_memory
@@ -89,6 +90,12 @@ def test_a_v_schedule_and_too_few_devices_are_refused() -> None:
         price_pipeline(graph, costs, cluster, PipelineRecipe("zbv", ranks=2, microbatches=4))
     with pytest.raises(PipelineError, match="needs 8 devices"):
         price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=8, microbatches=8))
+    # the zero-bubble schedule's weight step cannot run over checkpointed blocks (PyTorch's CheckpointError)
+    with pytest.raises(PipelineError, match="cannot run checkpointed blocks"):
+        price_pipeline(graph, costs, cluster,
+                       PipelineRecipe("interleaved-zb", ranks=2, microbatches=4, checkpoint=True))
+    assert {r.checkpoint for r in pipeline_recipes(4, 8, ("interleaved-zb",))} == {False}
+    assert {r.checkpoint for r in pipeline_recipes(4, 8, ("1f1b",))} == {False, True}
 
 
 def test_copies_of_a_pipeline_hold_what_the_first_does_and_add_their_gradient_sums() -> None:
