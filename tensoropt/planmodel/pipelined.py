@@ -33,7 +33,7 @@ exactly one micro-batch's, with no scaling rule to trust):
   backwards are done) — and :math:`W^{\mathrm{opt}}_r` the walk's peak with the update's
   temporaries.  (Before, the walk's peak anywhere plus the largest :math:`H` at any backward,
   every gradient there at the later ones and the micro-batch's other stages counted twice: looped
-  BFS +6.6 / +7.1 % over on a weight-heavy Llama, now +0.2 %; ``docs/measurements.md``.)  The walk
+  BFS +6.6 / +7.1 % over on a weight-heavy Llama, now +0.4 / +0.2 %; ``docs/measurements.md``.)  The walk
   is PyTorch's autograd's (runtime ``pipelining``: a view's gradient made fresh; byte-exact on the
   shortened Llama whole, one process);
 - with ``checkpoint`` (every repeated block recomputed, ``checkpoint_wrapper`` around each), the
@@ -356,12 +356,13 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     kept = [kept_bytes(graph, costs, stage, recomputed) for stage in stages]
     # a checkpointed block runs its forward again in its backward
     again = [sum(costs.time(n)[0] for n in stage.ops if n in recomputed and n in costs) for stage in stages]
+    # a zero-bubble schedule's input-gradient steps stash what its weight-gradient steps need
     zero_bubble = any(a.kind == INPUT_GRAD for steps in order.ranks for step in steps for a in step)
+    stash = [stashed_bytes(graph, stage) for stage in stages] if zero_bubble else [0] * len(stages)
     run = simulate_pipeline(order, forward_s=[s.forward_s for s in stages],
                             backward_s=[s.backward_s + a for s, a in zip(stages, again)],
                             link_s=link, activation_bytes=kept,
-                            retained_bytes=retained_sends(recipe.schedule, graph, stages),
-                            deferred_bytes=[stashed_bytes(graph, stage) for stage in stages] if zero_bubble else 0.0)
+                            retained_bytes=retained_sends(recipe.schedule, graph, stages), deferred_bytes=stash)
     plan = Plan({name: NodeConfig((on[name],), recompute=name in recomputed) for name in on},
                 graph_fingerprint=graph.fingerprint,
                 graph_name=graph.name, batch_size=graph.batch_size, algorithm="pipeline",
@@ -373,7 +374,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     edges, needs_grad = plan_edges(plan, graph, cluster), grad_nodes(graph)
     # a zero-bubble schedule's input-gradient step keeps its micro-batch's graph whole (retain_graph)
     # while it stashes the gradients its weights need: at its end the stage's kept bytes and the stash
-    split = [kept[s] + stashed_bytes(graph, stage) for s, stage in enumerate(stages)] if zero_bubble else None
+    split = [k + x for k, x in zip(kept, stash)] if zero_bubble else None
     at_backward = _at_backward(plan, graph, costs, edges, needs_grad, optimizer, stages, run.held_at_backward,
                                kept, used, split)
     whole = at_backward.whole
@@ -424,7 +425,10 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
     — its activations of the rank's stages up to ``s`` (the later ones' backwards are done), ``k``
     kept per stage.  The ranks' ``k``-th sets share the ``k``-th walk (the ranks hold disjoint
     parameters): two walks for 1F1B, one more for each more stage a rank (looped schedules, whose
-    later micro-batches run backwards before the rank's other stages have)."""
+    later micro-batches run backwards before the rank's other stages have).  ``input_grad_extra``
+    (a zero-bubble schedule): per stage, what its input-gradient step holds beyond the walk's whole
+    backward — the micro-batch's graph kept whole and the stash for the weight step (coarse: the
+    walk frees what it has used and makes the weights' gradients, neither of which ``I`` does)."""
     p = len(used)
     regions = {name: i for i, stage in enumerate(stages) for name in stage.ops}
     params_of = [frozenset(q for n in st.ops for q in (*graph.nodes[n].params, *graph.nodes[n].param_reads))
