@@ -63,7 +63,8 @@ def test_what_a_backward_leaves_until_the_step_ends_adds_up_backward_by_backward
                             activation_bytes=100, retained_bytes=10)
     assert run.held_at_backward[0] == tuple((0, 100.0 * k + 10.0 * (8 - k)) for k in range(8, 0, -1))
     assert run.peak_in_flight == (8, 8, 8, 8)   # micro-batches, not bytes: unchanged
-    # the most held is the last backward's end: the 8 backwards' 80 B (the 800 B of activations before)
+    # the most held is still the 800 B of activations as the backwards begin: the sends left behind,
+    # 80 B at the last backward's end, never come to that
     assert run.peak_bytes == (800, 800, 800, 800)
     # looped BFS, 2 ranks × 2 stages: rank 0 runs stage 2's four backwards, then stage 0's; only the
     # bytes stage 2 left (7 B each) are there as stage 0's first backward starts
