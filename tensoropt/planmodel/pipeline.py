@@ -248,11 +248,11 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
     (one value for all, or one a stage); a split backward gives ``weight_share`` of it to the weight
     gradient ``W`` and the rest to the input gradient ``I``; ``link_s`` per activation or gradient
     sent between ranks; ``activation_bytes`` a stage holds per micro-batch in flight;
-    ``retained_bytes`` a stage's backward leaves held to the end of the schedule's step (what it
-    sent, until PyTorch waits for the sends: counted in ``held_at_backward`` and ``peak_bytes``,
-    not in ``peak_in_flight``); ``deferred_bytes`` a stage's input-gradient step ``I`` leaves held
-    until its weight-gradient step ``W`` (the gradients PyTorch stashes for ``W``).  O(A log A) for A
-    actions."""
+    ``retained_bytes`` a stage's backward leaves held from its end (its ``W`` where it is split) to
+    the end of the schedule's step (what it sent, until PyTorch waits for the sends: counted in
+    ``held_at_backward`` and ``peak_bytes``, not in ``peak_in_flight``); ``deferred_bytes`` a
+    stage's input-gradient step ``I`` leaves held until its weight-gradient step ``W`` (the
+    gradients PyTorch stashes for ``W``).  O(A log A) for A actions."""
     S = order.stages
     f = _per_stage(forward_s, S, "forward_s")
     b = _per_stage(backward_s, S, "backward_s")
@@ -333,7 +333,7 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
                         per_rank_events[r].append((finish, 1, a.stage, act[a.stage]))
                     elif a.kind in (BACKWARD, WEIGHT_GRAD):
                         per_rank_events[r].append((finish, 0, a.stage, -act[a.stage]))
-                    if a.kind in (BACKWARD, INPUT_GRAD) and kept[a.stage]:
+                    if a.kind in (BACKWARD, WEIGHT_GRAD) and kept[a.stage]:
                         per_rank_events[r].append((finish, 2, a.stage, kept[a.stage]))
                     if stash[a.stage] and a.kind in (INPUT_GRAD, WEIGHT_GRAD):
                         per_rank_events[r].append((finish, 2, a.stage,

@@ -293,6 +293,24 @@ def stashed_bytes(graph: OpGraph, stage: Stage) -> int:
     return out
 
 
+def graph_kept_bytes(graph: OpGraph, costs: CostModel, stage: Stage, kept: int) -> int:
+    """What a zero-bubble schedule's last stage keeps of a micro-batch from its weight step to the
+    end of the step: its ``kept`` bytes less the inputs its weights' gradients read (the weight step
+    frees those, each storage once).  Its input step keeps the graph (``retain_graph``), the weight
+    step runs only from the weights' intermediates back, and PyTorch keeps the stage's output
+    (``return_outputs``), which holds the rest of the graph, until the step ends."""
+    freed: dict[str, int] = {}
+    for name in stage.ops:
+        node = graph.nodes[name]
+        if not any(graph.params[q].is_trainable for q in (*node.params, *node.param_reads)):
+            continue
+        for src, nbytes in zip(node.inputs, node.input_bytes):
+            if src in graph.nodes and graph.nodes[src].kind == "op":
+                base = _storage_of(graph, src)
+                freed[base] = max(freed.get(base, 0), nbytes)
+    return max(0, kept - sum(freed.values()))
+
+
 def retained_sends(schedule: str, graph: OpGraph, stages: Sequence[Stage]) -> list[int]:
     """Bytes a backward of each stage leaves held until the end of the schedule's step: what the
     stage sent for that micro-batch, which the send's ``Work`` keeps alive until PyTorch waits for
@@ -359,10 +377,13 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     # a zero-bubble schedule's input-gradient steps stash what its weight-gradient steps need
     zero_bubble = any(a.kind == INPUT_GRAD for steps in order.ranks for step in steps for a in step)
     stash = [stashed_bytes(graph, stage) for stage in stages] if zero_bubble else [0] * len(stages)
+    retained = retained_sends(recipe.schedule, graph, stages)
+    if zero_bubble:   # and the last stage's graph, which its output holds to the step's end
+        retained[-1] += graph_kept_bytes(graph, costs, stages[-1], kept[-1])
     run = simulate_pipeline(order, forward_s=[s.forward_s for s in stages],
                             backward_s=[s.backward_s + a for s, a in zip(stages, again)],
                             link_s=link, activation_bytes=kept,
-                            retained_bytes=retained_sends(recipe.schedule, graph, stages), deferred_bytes=stash)
+                            retained_bytes=retained, deferred_bytes=stash)
     plan = Plan({name: NodeConfig((on[name],), recompute=name in recomputed) for name in on},
                 graph_fingerprint=graph.fingerprint,
                 graph_name=graph.name, batch_size=graph.batch_size, algorithm="pipeline",
@@ -372,11 +393,8 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     plan.check(graph, cluster)
     costs.check_graph(graph)
     edges, needs_grad = plan_edges(plan, graph, cluster), grad_nodes(graph)
-    # a zero-bubble schedule's input-gradient step keeps its micro-batch's graph whole (retain_graph)
-    # while it stashes the gradients its weights need: at its end the stage's kept bytes and the stash
-    split = [k + x for k, x in zip(kept, stash)] if zero_bubble else None
     at_backward = _at_backward(plan, graph, costs, edges, needs_grad, optimizer, stages, run.held_at_backward,
-                               kept, used, split)
+                               kept, used, stash if zero_bubble else None)
     whole = at_backward.whole
     buffers = boundary_buffers(graph, stages)
     memory: dict[str, int] = {}
@@ -412,7 +430,7 @@ class _AtBackward:
 def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_grad: Mapping[str, bool],
                  optimizer: str | int, stages: Sequence[Stage], held_at_backward: Sequence[Sequence[tuple[int, float]]],
                  kept: Sequence[float], used: Sequence[str],
-                 input_grad_extra: Sequence[float] | None = None) -> _AtBackward:
+                 stash: Sequence[float] | None = None) -> _AtBackward:
     """Rank ``r``'s backward ``j`` of stage ``s``, with ``H_j`` bytes in flight as it starts (the
     simulation's ``held_at_backward``), holds
 
@@ -425,10 +443,12 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
     — its activations of the rank's stages up to ``s`` (the later ones' backwards are done), ``k``
     kept per stage.  The ranks' ``k``-th sets share the ``k``-th walk (the ranks hold disjoint
     parameters): two walks for 1F1B, one more for each more stage a rank (looped schedules, whose
-    later micro-batches run backwards before the rank's other stages have).  ``input_grad_extra``
-    (a zero-bubble schedule): per stage, what its input-gradient step holds beyond the walk's whole
-    backward — the micro-batch's graph kept whole and the stash for the weight step (coarse: the
-    walk frees what it has used and makes the weights' gradients, neither of which ``I`` does)."""
+    later micro-batches run backwards before the rank's other stages have).  With ``stash`` (a
+    zero-bubble schedule's, per stage), a backward is an input-gradient step, which frees nothing
+    of the micro-batch's graph (``retain_graph``) and stashes what its weight step needs: to the
+    walk's moment, the stage's kept bytes it had already freed (``k_s`` less its live kept bytes
+    then) and the stash (coarse: the walk also makes the weights' gradients there, which ``I`` does
+    not)."""
     p = len(used)
     regions = {name: i for i, stage in enumerate(stages) for name in stage.ops}
     params_of = [frozenset(q for n in st.ops for q in (*graph.nodes[n].params, *graph.nodes[n].param_reads))
@@ -443,8 +463,7 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
             key = frozenset(done)
             if key not in keys[r]:
                 keys[r].append(key)
-            extra = input_grad_extra[s] if input_grad_extra is not None else 0.0
-            at[r].append((keys[r].index(key), s, h - sum(kept[x] for x in range(r, s + 1, p)) + extra))
+            at[r].append((keys[r].index(key), s, h - sum(kept[x] for x in range(r, s + 1, p))))
             done.add(s)
     walks: list[dict[str, dict[int, StepMemory]]] = []
     whole: dict[str, StepMemory] = {}
@@ -455,7 +474,15 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
                     accumulate=there, regions=regions, region_peaks=by_stage)
         whole = whole or step
         walks.append(by_stage)
-    return _AtBackward(whole, [[(walks[k][dev][s], extra) for k, s, extra in at[r]] for r, dev in enumerate(used)])
+    def beside(r: int, m: StepMemory, s: int, extra: float) -> float:
+        if stash is None:
+            return extra
+        # the walk's kept bytes alive then (not transient, not the batch), less the rank's earlier stages'
+        alive = m.activations_at_peak - m.transient_at_peak - m.inputs - sum(kept[x] for x in range(r, s, p))
+        return extra + kept[s] - min(kept[s], max(0, alive)) + stash[s]
+
+    return _AtBackward(whole, [[(walks[k][dev][s], beside(r, walks[k][dev][s], s, extra)) for k, s, extra in at[r]]
+                               for r, dev in enumerate(used)])
 
 
 def _held_beside(m: StepMemory, state: int, extra: float) -> StepMemory:
@@ -551,4 +578,4 @@ def _refuse_tied(graph: OpGraph, stages: Sequence[Stage]) -> None:
 
 __all__ = ["LOOPED", "SPLIT_BACKWARD", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "kept_bytes",
            "pipeline_plan", "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of",
-           "retained_sends", "split_points", "stashed_bytes"]
+           "graph_kept_bytes", "retained_sends", "split_points", "stashed_bytes"]
