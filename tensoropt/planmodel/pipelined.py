@@ -293,7 +293,7 @@ def stashed_bytes(graph: OpGraph, stage: Stage) -> int:
     return out
 
 
-def graph_kept_bytes(graph: OpGraph, costs: CostModel, stage: Stage, kept: int) -> int:
+def graph_kept_bytes(graph: OpGraph, stage: Stage, kept: int) -> int:
     """What a zero-bubble schedule's last stage keeps of a micro-batch from its weight step to the
     end of the step: its ``kept`` bytes less the inputs its weights' gradients read (the weight step
     frees those, each storage once).  Its input step keeps the graph (``retain_graph``), the weight
@@ -379,7 +379,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     stash = [stashed_bytes(graph, stage) for stage in stages] if zero_bubble else [0] * len(stages)
     retained = retained_sends(recipe.schedule, graph, stages)
     if zero_bubble:   # and the last stage's graph, which its output holds to the step's end
-        retained[-1] += graph_kept_bytes(graph, costs, stages[-1], kept[-1])
+        retained[-1] += graph_kept_bytes(graph, stages[-1], kept[-1])
     run = simulate_pipeline(order, forward_s=[s.forward_s for s in stages],
                             backward_s=[s.backward_s + a for s, a in zip(stages, again)],
                             link_s=link, activation_bytes=kept,
