@@ -95,9 +95,9 @@ from ..cluster.collectives import ring_allreduce_time
 from ..graph import OpGraph, block_of, grad_nodes
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
-from ..plan import NodeConfig, Plan, PlanError
+from ..plan import NodeConfig, Plan, PlanError, trainable_reads
 from .memory import output_kept
-from .pipeline import INPUT_GRAD, SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
+from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
 from .stages import Stage, cut_stages, stage_starts
 from .walk import PlanEdges, StepMemory, plan_edges, walk
 
@@ -285,12 +285,8 @@ def stashed_bytes(graph: OpGraph, stage: Stage) -> int:
     weight-gradient step ``W``: PyTorch's ``stage_backward_input`` keeps, for every operator that
     reads a trainable parameter, the gradient of that operator's output (where the weight's path
     meets the input's), until ``stage_backward_weight`` uses it."""
-    out = 0
-    for name in stage.ops:
-        node = graph.nodes[name]
-        if any(graph.params[q].is_trainable for q in (*node.params, *node.param_reads)):
-            out += sum(t.nbytes for t in node.outputs if t.dtype.startswith(("float", "bfloat")))
-    return out
+    return sum(t.nbytes for name in stage.ops if trainable_reads(graph, name)
+               for t in graph.nodes[name].outputs if t.dtype.startswith(("float", "bfloat")))
 
 
 def graph_kept_bytes(graph: OpGraph, stage: Stage, kept: int) -> int:
@@ -301,9 +297,9 @@ def graph_kept_bytes(graph: OpGraph, stage: Stage, kept: int) -> int:
     (``return_outputs``), which holds the rest of the graph, until the step ends."""
     freed: dict[str, int] = {}
     for name in stage.ops:
-        node = graph.nodes[name]
-        if not any(graph.params[q].is_trainable for q in (*node.params, *node.param_reads)):
+        if not trainable_reads(graph, name):
             continue
+        node = graph.nodes[name]
         for src, nbytes in zip(node.inputs, node.input_bytes):
             if src in graph.nodes and graph.nodes[src].kind == "op":
                 base = _storage_of(graph, src)
@@ -375,7 +371,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     # a checkpointed block runs its forward again in its backward
     again = [sum(costs.time(n)[0] for n in stage.ops if n in recomputed and n in costs) for stage in stages]
     # a zero-bubble schedule's input-gradient steps stash what its weight-gradient steps need
-    zero_bubble = any(a.kind == INPUT_GRAD for steps in order.ranks for step in steps for a in step)
+    zero_bubble = recipe.schedule in SPLIT_BACKWARD
     stash = [stashed_bytes(graph, stage) for stage in stages] if zero_bubble else [0] * len(stages)
     retained = retained_sends(recipe.schedule, graph, stages)
     if zero_bubble:   # and the last stage's graph, which its output holds to the step's end

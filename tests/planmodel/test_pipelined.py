@@ -11,8 +11,15 @@ from torch import nn
 
 import tensoropt
 from tensoropt.frontier.pipelines import pipeline_recipes
-from tensoropt.planmodel.pipeline import PipelineError
-from tensoropt.planmodel.pipelined import PipelineRecipe, boundary_buffers, kept_bytes, price_pipeline
+from tensoropt.planmodel.pipeline import INPUT_GRAD, PipelineError, pipeline_order
+from tensoropt.planmodel.pipelined import (
+    LOOPED,
+    SPLIT_BACKWARD,
+    PipelineRecipe,
+    boundary_buffers,
+    kept_bytes,
+    price_pipeline,
+)
 from tensoropt.planmodel.walk import plan_memory
 
 CLUSTER = "preset:a100-4-nvlink"
@@ -96,6 +103,11 @@ def test_a_v_schedule_and_too_few_devices_are_refused() -> None:
                        PipelineRecipe("interleaved-zb", ranks=2, microbatches=4, checkpoint=True))
     assert {r.checkpoint for r in pipeline_recipes(4, 8, ("interleaved-zb",))} == {False}
     assert {r.checkpoint for r in pipeline_recipes(4, 8, ("1f1b",))} == {False, True}
+    # the schedules named as splitting the backward are those whose PyTorch order has input-gradient steps
+    for name in LOOPED:
+        order = pipeline_order(name, ranks=2, microbatches=4, stages_per_rank=1 if name in ("gpipe", "1f1b") else 2)
+        split = any(a.kind == INPUT_GRAD for steps in order.ranks for step in steps for a in step)
+        assert split == (name in SPLIT_BACKWARD), name
 
 
 def test_copies_of_a_pipeline_hold_what_the_first_does_and_add_their_gradient_sums() -> None:
