@@ -117,7 +117,7 @@ def test_a_graph_file_without_profile_says_what_to_do(capsys, saved):
 def test_a_pipeline_on_the_frontier_is_named_in_the_table_the_csv_and_its_plan_file(capsys, tmp_path):
     # two Llama layers of width 512 on one V100 of each of two hosts over 25 Gb/s Ethernet: a 1F1B
     # pipeline of two micro-batches joins the frontier (tests/frontier/test_pipelines.py)
-    spec = "zoo:llama3-8b?layers=2&hidden=512&heads=4&kv_heads=2&ffn=1024&vocab=256&seq_len=16&batch=4"
+    spec = "zoo:llama3-8b?layers=2&hidden=512&heads=4&kv_heads=2&ffn=1024&vocab=256&seq_len=64&batch=4"
     code, out, err = run(capsys, "frontier", spec, "--cluster", "preset:2x4-ethernet", "--devices", "a0,b0",
                          "--pipelines", "1f1b", "--microbatches", "1", "--csv", str(tmp_path / "f.csv"),
                          "--plans", str(tmp_path / "plans"))

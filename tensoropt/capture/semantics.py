@@ -238,13 +238,36 @@ def _prefix(shape: Sequence[int], dim: int | None) -> int:
 
 
 def _map_through_reshape(src: TensorMeta, dim: int, out: TensorMeta) -> int | None:
-    """Where dimension ``dim`` of ``src`` lands in ``out`` after a reshape, if it survives whole:
-    same number of elements before it and the same size."""
-    pre = _prefix(src.shape, dim)
-    for j, s in enumerate(out.shape):
-        if s == src.shape[dim] and _prefix(out.shape, j) == pre:
+    """Where dimension ``dim`` of ``src`` lands in ``out`` after a reshape: the dimension with as
+    many elements before it that is ``dim`` whole, else the outermost factor of ``dim`` split
+    (a head split ``(B, T, C) → (B, T, H, D)``: ``H``), else the dimension ``dim`` is the outermost
+    factor of, merged (``(B, T, H, D) → (B, T, C)``: ``C``) — a contiguous piece of ``dim`` is a
+    contiguous piece of the outermost factor and back, for a degree that divides it (what
+    :func:`tensoropt.measure.shards.shard_args` checks before it cuts a view)."""
+    pre, size = _prefix(src.shape, dim), src.shape[dim]
+    starts = [j for j in range(len(out.shape)) if _prefix(out.shape, j) == pre]
+    for j in starts:
+        if out.shape[j] == size:
+            return j
+    for j in starts:
+        if out.shape[j] > 1 and _spans(out.shape, j, size):     # split: out[j], out[j+1] … make ``dim``
+            return j
+    for j in starts:
+        if size > 1 and _spans(src.shape, dim, out.shape[j]):   # merged: src[dim], src[dim+1] … make out[j]
             return j
     return None
+
+
+def _spans(shape: Sequence[int], start: int, n: int) -> bool:
+    """Whether ``shape[start] · shape[start + 1] · …`` reaches exactly ``n`` for some end."""
+    p = 1
+    for s in shape[start:]:
+        p *= s
+        if p == n:
+            return True
+        if p > n or p == 0:
+            return False
+    return False
 
 
 def output_channel_dim(target: Any, args: Sequence[Any], kwargs: dict,

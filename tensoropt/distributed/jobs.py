@@ -71,11 +71,13 @@ def _graph_for(plan: Plan, graph: OpGraph) -> OpGraph | None:
 
 
 def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1) -> list[dict[str, Any]]:
-    """For each case ``{"model": spec, "plan": plan dict, "rank_map": …, "collectives": …}`` (the
-    last two optional: :func:`apply_plan_distributed`), in float64
-    with dropout off: one distributed step against the unmodified model (loss, every gradient,
-    written buffers: :func:`compare_distributed`), then one SGD step of ``lr`` on both — the
-    largest relative difference of any parameter any rank holds (replicas included).  Returns per
+    """For each case ``{"model": spec, "plan": plan dict, "rank_map": …, "collectives": …,
+    "float64": …}`` (the last three optional: :func:`apply_plan_distributed`; ``float64`` False for a
+    model whose float64 capture differs from its float32 one, a plan of the float32 capture), in
+    float64 (float32 where ``float64`` is False) with dropout off: one distributed step against the
+    unmodified model (loss, every gradient, written buffers: :func:`compare_distributed`), then one
+    SGD step of ``lr`` on both — the largest relative difference of any parameter any rank holds
+    (replicas included).  Returns per
     case ``passed`` (every tensor within the check's tolerance: :mod:`tensoropt.execute.check`),
     ``failures`` (one line per tensor out of it), ``loss`` (its relative difference: float32, as
     :func:`~tensoropt.measure.step.training_loss`, summed from each rank's part), ``max_rel_diff``,
@@ -83,7 +85,7 @@ def check_plans(rt: Runtime, cases: Sequence[Mapping[str, Any]], lr: float = 0.1
     ``collectives`` (kind → count), ``loss_rank``."""
     out = []
     for case in cases:
-        model, inputs, graph = load_case(case["model"], float64=True, dropout=False, rt=rt)
+        model, inputs, graph = load_case(case["model"], float64=case.get("float64", True), dropout=False, rt=rt)
         plan = Plan.from_dict(case["plan"])
         reference = copy.deepcopy(model)
         ex = apply_plan_distributed(model, inputs, plan, rt, rank_map=case.get("rank_map"),
@@ -343,10 +345,14 @@ def compare_collectives(rt: Runtime, numel: int = 1000) -> dict[str, Any]:
 #: PyTorch's own data-parallel recipes :func:`measure_torch_recipe` runs, and the placer of
 #: :mod:`tensoropt.placers` that models each
 TORCH_RECIPES = {"ddp": "dp", "zero1": "zero1", "fsdp": "fsdp", "fsdp+ac": "fsdp+ac"}
+#: PyTorch's tensor parallelism (``parallelize_module``), which :func:`measure_torch_recipe` runs with
+#: the module plan of a ``tp`` plan (:func:`~tensoropt.export.expressible.tensor_parallel_modules`)
+TENSOR_PARALLEL = "tp"
 
 
 def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: int = 5, warmup: int = 2,
-                         optimizer: str = DEFAULT_OPTIMIZER, tracked: int = 1) -> dict[str, Any]:
+                         optimizer: str = DEFAULT_OPTIMIZER, tracked: int = 1,
+                         tensor_parallel: Mapping[str, str] | None = None) -> dict[str, Any]:
     """One recipe of :data:`TORCH_RECIPES` run with PyTorch's own wrappers on every rank (each rank
     its piece of the batch, as the placers' plans cut it), timed and measured as
     :func:`measure_plan` does a plan: ``ddp`` — ``DistributedDataParallel`` (its default, a flat
@@ -354,7 +360,9 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     ``fully_shard`` on every repeated block (:func:`~tensoropt.graph.block_of`; the last kept gathered
     after forward, as ``tensoropt export`` writes the recipe and torchtitan runs it), then on the model;
     ``fsdp+ac`` — the same with ``checkpoint_wrapper`` around every block first (torchtitan's
-    recipe).  A step is the exported ``train.py``'s: forward, the loss, the output dropped (as
+    recipe).  Or :data:`TENSOR_PARALLEL`: ``parallelize_module`` on a 1-D ``DeviceMesh`` of every
+    rank with ``tensor_parallel`` (module path → ``"colwise"`` / ``"rowwise"``), the whole batch on
+    every rank.  A step is the exported ``train.py``'s: forward, the loss, the output dropped (as
     torchtitan drops its logits), backward (gradient all-reduce / reduce-scatter inside); the
     optimizer step timed apart (ZeRO-1's broadcast of the updated parameters is in it).  Peak: one
     more step under MemTracker (FSDPMemTracker for FSDP2) on the CPU, with what exists before it
@@ -373,25 +381,36 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from torch.nn.parallel import DistributedDataParallel
 
-    if recipe not in TORCH_RECIPES:
-        raise DistributedError(f"unknown recipe {recipe!r}; known: {', '.join(TORCH_RECIPES)}")
+    if recipe not in (*TORCH_RECIPES, TENSOR_PARALLEL) or (recipe == TENSOR_PARALLEL) != bool(tensor_parallel):
+        raise DistributedError(f"unknown recipe {recipe!r} (known: {', '.join(TORCH_RECIPES)}, or "
+                               f"{TENSOR_PARALLEL!r} with its modules' styles)")
     model, inputs, graph = load_case(model_spec, rt=rt)
     dev = torch.device(rt.device)
     model.to(dev)
-    # each rank its piece of the batch (dimension 0), as the plans' S(batch) cuts it
-    mine = tuple(torch.tensor_split(x, rt.world_size, 0)[rt.rank].to(dev) if isinstance(x, torch.Tensor) else x
+    # each rank its piece of the batch (dimension 0), as the plans' S(batch) cuts it; under tensor
+    # parallelism every rank the whole batch
+    parts = 1 if recipe == TENSOR_PARALLEL else rt.world_size
+    mine = tuple(torch.tensor_split(x, parts, 0)[rt.rank % parts].to(dev) if isinstance(x, torch.Tensor) else x
                  for x in inputs)
     # in forward order: the last block is kept gathered after forward
     blocks = [model.get_submodule(b) for b in dict.fromkeys(block_of(n.module_path) for n in graph.ops)
               if b is not None]
     opt_class = type(make_optimizer(optimizer, [nn.Parameter(torch.zeros(1))]))
     wrapped: nn.Module
-    if recipe in ("ddp", "zero1"):
+    opt: torch.optim.Optimizer
+    if recipe == TENSOR_PARALLEL:
+        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        parallelize_module(model, init_device_mesh(dev.type, (rt.world_size,)),
+                           {m: styles[style]() for m, style in (tensor_parallel or {}).items()})
+        wrapped = model
+        opt = make_optimizer(optimizer, list(model.parameters()))
+    elif recipe in ("ddp", "zero1"):
         wrapped = DistributedDataParallel(model)
         params = list(model.parameters())
-        opt: torch.optim.Optimizer = (ZeroRedundancyOptimizer(params, optimizer_class=opt_class) if recipe == "zero1"
+        opt = (ZeroRedundancyOptimizer(params, optimizer_class=opt_class) if recipe == "zero1"
                                       else make_optimizer(optimizer, params))
     else:
         if recipe == "fsdp+ac":

@@ -56,12 +56,14 @@ from ..planmodel.reshard import op_basename
 from ..planmodel.wrappers import wrapper_obstacles
 
 #: the paths a plan can take, in the order they are tried
-PATHS = ("ddp", "zero1", "fsdp", "executor")
+PATHS = ("ddp", "zero1", "fsdp", "tp", "executor")
 
 #: what each path is, for the README
 PATH_TITLES = {"ddp": "DDP (torch.nn.parallel.DistributedDataParallel)",
                "zero1": "DDP + ZeRO-1 (torch.distributed.optim.ZeroRedundancyOptimizer)",
                "fsdp": "FSDP2 (torch.distributed.fsdp.fully_shard on a 1-D DeviceMesh)",
+               "tp": "tensor parallelism (torch.distributed.tensor.parallel.parallelize_module: ColwiseParallel / "
+                     "RowwiseParallel on a 1-D DeviceMesh)",
                "executor": "tensoropt's executor (tensoropt.distributed, one process per rank)"}
 
 #: ops whose draws differ per rank (each rank draws its own masks)
@@ -72,7 +74,8 @@ _RANDOM_OPS = ("dropout", "native_dropout", "feature_dropout", "alpha_dropout", 
 @dataclass(frozen=True)
 class Expression:
     """How a plan is expressed.  ``path``: one of :data:`PATHS`; ``devices``: the plan's devices
-    in rank order; ``fsdp_modules``: module name → ``reshard_after_forward`` (FSDP2);
+    in rank order; ``fsdp_modules``: module name → ``reshard_after_forward`` (FSDP2); ``tp_modules``:
+    module name → ``"colwise"`` / ``"rowwise"`` (tensor parallelism, :func:`tensor_parallel_modules`);
     ``replicated_params``: with FSDP2, the parameters kept whole and all-reduced by hand;
     ``checkpoint_modules``: modules recomputed in the backward; ``input_batch_dims``: per leaf of
     ``tree_flatten((args, kwargs))`` of the model's call, the dimension cut over the ranks
@@ -84,6 +87,7 @@ class Expression:
     devices: tuple[str, ...]
     batch_size: int | None = None
     fsdp_modules: dict[str, bool] = field(default_factory=dict)
+    tp_modules: dict[str, str] = field(default_factory=dict)
     replicated_params: tuple[str, ...] = ()
     checkpoint_modules: tuple[str, ...] = ()
     input_batch_dims: tuple[int | None, ...] = ()
@@ -221,6 +225,23 @@ def express(plan: Plan, graph: OpGraph, model: nn.Module, call: ModelCall,
                 if rest:
                     notes.append(f"fully_shard on the model itself also shards the {len(rest)} parameter(s) the plan "
                                  f"keeps whole, e.g. {rest[0]!r}: less memory, more gathers than the plan says")
+    if ops and not whole and any(str(c.layout) in TP_STYLES for c in plan.configs.values()):
+        try:
+            tp = tensor_parallel_modules(graph, plan)
+        except TensorOptError as e:
+            whole = str(e)
+        else:
+            cols = sum(style == "colwise" for style in tp.values())
+            reasons = [f"every operator runs on the same {n} devices, the whole batch on each; {cols} linear layer(s) "
+                       f"cut their output features (ColwiseParallel), {len(tp) - cols} their input features "
+                       "(RowwiseParallel, partial sums all-reduced), the operators between them on each rank's "
+                       "piece: Megatron-LM's tensor parallelism"]
+            if ckpt:
+                reasons.append(f"the plan recomputes exactly the operators of {len(ckpt)} module(s): activation "
+                               "checkpointing")
+            return Expression("tp", order, batch, tp_modules=tp, checkpoint_modules=ckpt,
+                              input_batch_dims=tuple(None for _ in _input_batch_dims(graph, model, call)),
+                              reasons=tuple(reasons), notes=tuple(notes))
     if ops or whole:
         reasons = [whole] if whole else []
         if ops:
@@ -250,6 +271,95 @@ def express(plan: Plan, graph: OpGraph, model: nn.Module, call: ModelCall,
                       checkpoint_modules=ckpt, input_batch_dims=_input_batch_dims(graph, model, call),
                       find_unused_parameters=unused and path in ("ddp", "zero1"), reasons=tuple(reasons),
                       notes=tuple(notes))
+
+
+#: PyTorch's tensor-parallel styles (``torch.distributed.tensor.parallel``) by the layout of a linear
+TP_STYLES = {"channel": "colwise", "reduce": "rowwise"}
+
+
+def tensor_parallel_modules(graph: OpGraph, plan: Plan) -> dict[str, str]:
+    """The ``parallelize_module`` plan that runs ``plan`` — Megatron's tensor parallelism over all
+    its devices — as PyTorch's DTensor runs it: module path → ``"colwise"`` (``ColwiseParallel``:
+    a linear cutting its output features, layout ``channel``) or ``"rowwise"`` (``RowwiseParallel``:
+    cutting its input features, ``reduce``; its partial sums all-reduced).  Every other operator
+    runs as the model wrote it, on whatever its module gets: whole where the plan keeps it whole
+    (``R``), on the rank's piece where it follows a column layer (``channel``, reading no weight).
+
+    Expressible when every operator runs on all the plan's devices, whole batch (no ``batch``), no
+    sharding level, no replicas, micro-batches or stages; each cut operator with a weight is a
+    ``linear`` of its own module, read once; a column layer reads a whole input, a cut value
+    flows from it only to followers and to row layers (never to a whole reader: PyTorch hands the
+    local piece on, where the plan would gather it), and a row layer reads it split along its last
+    dimension.  Else a :class:`~tensoropt.errors.TensorOptError` naming the first operator that is
+    not and why.  O(V + E).
+
+    Example (a block of two linears on two devices: the first column, the ReLU split, the second row)::
+
+        >>> import torch
+        >>> from tensoropt import capture, load_cluster, price, profile, place
+        >>> block = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+        >>> graph = capture(torch.nn.Sequential(block), (torch.randn(4, 8),))
+        >>> priced = price(profile(graph, shard_degrees=(1, 2), timed=False, cache=False),
+        ...                load_cluster("preset:a100-4-nvlink"))
+        >>> tensor_parallel_modules(graph, place(graph, priced.costs, priced.cluster, "tp", devices=["gpu0", "gpu1"]))
+        {'0.0': 'colwise', '0.2': 'rowwise'}
+    """
+    devices = tuple(plan.devices)
+    whole_plan = (f"{plan.num_replicas} replicas" if plan.replicas else
+                  f"{plan.microbatches} micro-batches" if plan.microbatches > 1 else
+                  "pipeline stages" if plan.pipeline is not None else "one device" if len(devices) < 2 else None)
+    if whole_plan:
+        raise TensorOptError(f"the plan runs {whole_plan}: PyTorch's tensor parallelism expresses a plan whose every "
+                             "operator runs on all its devices")
+
+    def refuse(name: str, why: str) -> TensorOptError:
+        node = graph.nodes[name]
+        return TensorOptError(f"operator {name!r} ({node.op} in {node.module_path or 'the model'!r}) {why}: "
+                              "PyTorch's ColwiseParallel / RowwiseParallel do not express it (tensoropt's executor "
+                              "runs it)")
+
+    layout = {n: str(c.layout) for n, c in plan.configs.items()}
+
+    def last_dim_cut(name: str) -> bool:   # its output's channels are its last dimension
+        out = graph.nodes[name].outputs
+        return bool(out) and out[0].channel_dim == len(out[0].shape) - 1
+
+    def has_channels(name: str) -> bool:
+        out = graph.nodes[name].outputs
+        return bool(out) and out[0].channel_dim is not None
+
+    modules: dict[str, str] = {}
+    for name in plan.order:
+        cfg, node = plan.configs[name], graph.nodes[name]
+        if tuple(cfg.devices) != devices:
+            raise refuse(name, f"runs on {', '.join(cfg.devices)}, not on every device of the plan")
+        if cfg.shard:
+            raise refuse(name, f"shards its parameters (level {int(cfg.shard)})")
+        if layout[name] == "batch":
+            raise refuse(name, "splits the batch (tensor parallelism alone runs the whole batch on every rank)")
+        weights = [q for q in (*node.params, *node.param_reads) if graph.params[q].is_trainable]
+        if layout[name] == "R" or (not weights and layout[name] == "channel"):
+            continue
+        if op_basename(node.op) != "linear" or weights[:1] != [f"{node.module_path}.weight"]:
+            raise refuse(name, f"cuts its weights ({layout[name]}) but is not a linear layer of its own module")
+        if node.module_path in modules:
+            raise refuse(name, f"is a second call of module {node.module_path!r}")
+        modules[node.module_path] = TP_STYLES[layout[name]]
+    for name in plan.order:
+        node = graph.nodes[name]
+        style = modules.get(node.module_path) if op_basename(node.op) == "linear" else None
+        ins = [i for i in node.inputs if i in layout]
+        if style == "colwise" and any(layout[i] != "R" for i in ins):
+            raise refuse(name, "is column parallel but reads a value already cut")
+        if style == "rowwise" and any(layout[i] != "channel" or not last_dim_cut(i) for i in ins):
+            raise refuse(name, "is row parallel but reads a value not cut along its last dimension")
+        if layout[name] == "channel":
+            for j in graph.successors(name):
+                if j in layout and layout[j] == "R":
+                    raise refuse(j, f"reads {name!r} whole where the plan cuts it (PyTorch would hand it the piece)")
+            if style is None and any(layout[i] == "R" and has_channels(i) for i in ins):
+                raise refuse(name, "reads a whole value the plan cuts for it")
+    return modules
 
 
 @dataclass(frozen=True)

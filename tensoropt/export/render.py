@@ -52,6 +52,10 @@ def _constants(expr: Expression, *, spec: str, batch: int | None, precision: str
         lines.append(f"FSDP_MODULES = {dict(expr.fsdp_modules)!r}")
         lines.append(f"REPLICATED = {list(expr.replicated_params)!r}   # kept whole: gradients all-reduced by hand "
                      "(parallelize() finds them: every parameter fully_shard did not take)")
+    if expr.path == "tp":
+        lines.append("# module → its tensor-parallel style: colwise = output features cut, rowwise = input features "
+                     "cut (partial sums all-reduced)")
+        lines.append(f"TP_MODULES = {dict(expr.tp_modules)!r}")
     return "\n".join(lines)
 
 
@@ -195,6 +199,23 @@ def parallelize(model, device, world):
     return model, OPTIMIZER(model.parameters(), lr=ARGS.lr, **OPTIMIZER_OPTIONS), average_whole_gradients
 '''
 
+_TP = '''
+
+def parallelize(model, device, world):
+    """The plan with PyTorch's APIs: tensor parallelism (parallelize_module) on a 1-D DeviceMesh of
+    every rank, each linear of TP_MODULES column or row parallel; every rank runs the whole batch."""
+    from torch.distributed._composable import checkpoint
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    parallelize_module(model, init_device_mesh(device.type, (world,)),
+                       {name: styles[style]() for name, style in TP_MODULES.items()})
+    for name in CHECKPOINT_MODULES:
+        checkpoint(model.get_submodule(name))
+    return model, OPTIMIZER(model.parameters(), lr=ARGS.lr, **OPTIMIZER_OPTIONS), lambda: None
+'''
+
 _MAIN_TORCH = '''
 
 def main():
@@ -286,7 +307,7 @@ def train_script(expr: Expression, shape: LaunchShape, *, spec: str, batch: int 
         rank_map = {d: i for i, d in enumerate(shape.devices)}
         consts += f"\nRANK_MAP = {rank_map!r}   # plan device → rank (torchrun numbers ranks host by host)"
         return head + consts + "\n" + _MAIN_EXECUTOR + _TAIL
-    body = {"ddp": _DDP, "zero1": _ZERO1, "fsdp": _FSDP}[expr.path].replace(
+    body = {"ddp": _DDP, "zero1": _ZERO1, "fsdp": _FSDP, "tp": _TP}[expr.path].replace(
         "{find_unused}", str(expr.find_unused_parameters))
     return head + consts + "\n" + _COMMON + body + _MAIN_TORCH + _TAIL
 
@@ -373,7 +394,14 @@ def readme(expr: Expression, shape: LaunchShape, plan: Plan, *, spec: str, steps
     if expr.checkpoint_modules:
         lines.append("- activation checkpointing (`torch.distributed._composable.checkpoint`) on: "
                      + ", ".join(f"`{m}`" for m in expr.checkpoint_modules))
-    if expr.uses_torch and expr.world_size > 1:
+    if expr.path == "tp":
+        lines.append("- `ColwiseParallel` on: " + ", ".join(f"`{m}`" for m, st in expr.tp_modules.items()
+                                                          if st == "colwise"))
+        lines.append("- `RowwiseParallel` on: " + ", ".join(f"`{m}`" for m, st in expr.tp_modules.items()
+                                                          if st == "rowwise"))
+        lines.append("- every other module runs as the model wrote it, on the whole activations or, between a column "
+                     "and a row layer, on the rank's piece (the attention on the rank's heads)")
+    elif expr.uses_torch and expr.world_size > 1:
         lines.append("- the batch is cut over the ranks along each input's batch dimension (`torch.tensor_split`)"
                      "; with unequal parts each rank's loss is weighted by its share")
     for n in (*expr.notes, *notes):

@@ -192,9 +192,13 @@ def _channel(base: str, args: list, kwargs: dict, info: dict[int, TensorArg], k:
         return _channel_view(args, kwargs, info, k, out)
     if base in _ATTENTION:
         # heads are dimension 1 of q, k and v only in the 4-D form ([B, H, L, E]; a 3-D call's
-        # dimension 1 is the sequence, which k and v must keep whole), and only where k and v have
-        # as many heads as q (grouped-query attention shares a k / v head among several q heads)
-        if any(not isinstance(t, torch.Tensor) or t.dim() != 4 or t.shape[1] != size for t in args[:3]):
+        # dimension 1 is the sequence, which k and v must keep whole); grouped-query attention
+        # (``enable_gqa``: k / v with H_kv heads, each shared by H / H_kv heads of q) is cut where
+        # k divides H_kv — piece i of q's heads then reads exactly piece i of k's and v's
+        if any(not isinstance(t, torch.Tensor) or t.dim() != 4 for t in args[:3]) or args[0].shape[1] != size:
+            return None
+        kv = args[1].shape[1]
+        if args[2].shape[1] != kv or (kv != size and (not kwargs.get("enable_gqa") or size % kv or kv % k)):
             return None
         for i in range(3):
             args[i] = _cut(args[i], 1, k)

@@ -26,11 +26,13 @@ GPT-2 under the current split rules: the MLP is Megatron's exactly (``c_fc`` col
 split cuts ``[q | k | v]`` in contiguous pieces, not by heads, and the ``split`` into q, k, v has no
 channel split, so it reads the projection whole (an all-gather per block); the attention core
 (``scaled_dot_product_attention``) then runs split by heads, reading q, k, v whole (a local slice),
-and the merge of the heads (a reshape with no channel split) gathers its output again before the
-row-parallel ``c_proj``.  The plan is correct and checkable; the notes say which operators went
-which way and what fraction of the step's FLOPs runs split (tiny GPT-2: 86.7 %).  Llama's
-projections, separate linears, pair exactly as Megatron's: q, k, v, gate and up column, o and
-down row.  The rule reads no transformer vocabulary, so a block of convolutions is paired the same
+and its output stays split through the merge of the heads into the row-parallel ``c_proj``.  The
+plan is correct and checkable; the notes say which operators went which way and what fraction of
+the step's FLOPs runs split (tiny GPT-2: 86.7 %).  Llama is Megatron's exactly: q, k, v, gate and
+up column, o and down row, and everything between on each device's heads — the head split, RoPE,
+grouped-query attention (where the degree divides the key / value heads), the merge — so a block
+communicates only in the all-reduce after each row layer, as PyTorch's ``ColwiseParallel`` /
+``RowwiseParallel`` run it (:func:`tensoropt.export.expressible.tensor_parallel_modules`).  The rule reads no transformer vocabulary, so a block of convolutions is paired the same
 way (its first convolution column, the next row, …), and a model whose repeated block is a single
 module (VGG's ``features.0``, ``features.2``, …) gets its layers column parallel alone, each
 output gathered.

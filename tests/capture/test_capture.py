@@ -105,6 +105,35 @@ def test_batch_dims_are_symbolic_not_size_based():
     assert t.outputs[0].batch_dim == 1 and t.outputs[0].channel_dim == 0
 
 
+class Heads(torch.nn.Module):
+    """Attention's shapes around its core: a projection to 12 features, split into 3 heads of 4,
+    heads to dimension 1, merged back; the heads folded into the time axis after it, and before it."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(6, 12)
+
+    def forward(self, x):                                    # x: (B, T, 6)
+        b, t = x.shape[0], x.shape[1]
+        heads = self.proj(x).view(b, t, 3, 4).transpose(1, 2)          # (B, 3, T, 4)
+        merged = heads.transpose(1, 2).reshape(b, t, 12)                # (B, T, 12)
+        outer = heads.reshape(b, 3 * t, 4)                              # (heads, time) in one dimension
+        inner = heads.transpose(1, 2).reshape(b, t * 3, 4)             # (time, heads) in one dimension
+        return merged.sum() + outer.sum() + inner.sum()
+
+
+def test_a_head_split_and_merge_keep_the_channels():
+    # worked by hand: a contiguous piece of 12 features is a contiguous piece of the 3 heads (the
+    # split's outermost factor) and back; folded with time, the heads stay the channels only as the
+    # outer factor (a third of 15 rows is one head's 5 steps; with time outside, it is no set of heads)
+    g = capture(Heads(), (torch.randn(2, 5, 6),))
+    views = [n for n in g.ops if n.op in ("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")]
+    channels = [(n.outputs[0].shape, n.outputs[0].channel_dim) for n in views]
+    assert ((2, 5, 3, 4), 2) in channels       # the split: the heads
+    assert ((2, 5, 12), 2) in channels         # the merge: the features again
+    assert ((2, 15, 4), 1) in channels and ((2, 15, 4), None) in channels
+
+
 class Gate(torch.nn.Module):
     def forward(self, x):
         if x.sum() > 0:           # Python branch on a tensor value

@@ -218,7 +218,7 @@ def test_a_frontier_pipeline_plan_runs_checks_and_exports_as_a_user_runs_it(tmp_
     run as torchrun starts ``tensoropt run --backend dist``: its losses the model's, each rank's peak
     beside its price; one process refuses it naming the way; ``tensoropt export`` writes it for
     torchrun, whose losses are the model's too."""
-    spec = "zoo:llama3-8b?layers=2&hidden=512&heads=4&kv_heads=2&ffn=1024&vocab=256&seq_len=16&batch=4&meta=False"
+    spec = "zoo:llama3-8b?layers=2&hidden=512&heads=4&kv_heads=2&ffn=1024&vocab=256&seq_len=64&batch=4&meta=False"
     fr = explore(Request(spec, "preset:2x4-ethernet", devices=("a0", "b0"), algos=(), pipelines=("1f1b",),
                          microbatches=(1,))).frontier
     point = next(p for p in fr.points if p.source == PIPELINE_SOURCE)

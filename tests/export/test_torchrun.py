@@ -76,3 +76,36 @@ def test_exported_directories_train_as_the_unsplit_model(tmp_path):
         want = reference_losses(CASES[name][0])
         assert [k for k, _ in got] == [1, 2, 3], (name, stdout)
         assert [x for _, x in got] == pytest.approx(want, rel=1e-5), name
+
+
+def test_a_tensor_parallel_plan_trains_through_parallelize_module_as_the_unsplit_model(tmp_path):
+    # the tp placer's plan of a small Llama (q, k, v, gate, up column parallel; o, down row parallel;
+    # the attention on each rank's heads) exports as PyTorch's own tensor parallelism and trains as the
+    # unsplit model trained here (the same seed before the factory, AdamW at lr 1e-3, the mean token loss)
+    import tensoropt
+    from tensoropt.modelspec import load_model
+
+    spec = "zoo:llama3-8b?tiny=1"
+    graph = tensoropt.load_model(spec).capture()
+    priced = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False),
+                             tensoropt.load_cluster("preset:a100-4-nvlink"))
+    tensoropt.place(graph, priced.costs, priced.cluster, "tp", devices=["gpu0", "gpu1"]).save(tmp_path / "tp.json")
+    done = export_plan(tmp_path / "tp.json", spec, tmp_path / "tp", steps=STEPS)
+    assert done.expression.path == "tp"
+    assert sorted(done.expression.tp_modules.values()).count("rowwise") == 2 * 2   # o_proj, down_proj per block
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "train.py"], cwd=tmp_path / "tp", capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [float(x) for _, x in LOSS_LINE.findall(proc.stdout)]
+    torch.manual_seed(0)
+    loaded = load_model(spec)
+    opt = torch.optim.AdamW(loaded.model.parameters(), lr=1e-3)
+    want = []
+    for _ in range(STEPS):
+        loss = loaded.call.run(loaded.model).float().mean()     # the per-token losses' mean
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        want.append(loss.item())
+    assert got == pytest.approx(want, rel=1e-5)

@@ -18,7 +18,7 @@ from tensoropt.workflow import Request, explore
 #: two Llama-3 layers of width 512 (untied embeddings), batch 4 × 16 tokens, on one V100 of each of
 #: two hosts joined by 25 Gb/s Ethernet: a step's gradient sums (16 MiB of weights a layer) cross the
 #: slow link, a pipeline's activations (2 rows × 16 × 512 floats) hardly
-SPEC = "zoo:llama3-8b?layers=2&hidden=512&heads=4&kv_heads=2&ffn=1024&vocab=256&seq_len=16&batch=4&meta=False"
+SPEC = "zoo:llama3-8b?layers=2&hidden=512&heads=4&kv_heads=2&ffn=1024&vocab=256&seq_len=64&batch=4&meta=False"
 CLUSTER, DEVICES = "preset:2x4-ethernet", ("a0", "b0")
 
 

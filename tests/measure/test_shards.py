@@ -54,3 +54,21 @@ def test_matmul_family_and_non_applicable_layouts():
     assert a.shape == (6, 3) and b.shape == (3, 12)
     assert shard_args("relu", (x,), {}, info, "reduce", 2, out) is None
     assert shard_size(10, 4) == 3
+
+
+def test_grouped_query_attention_is_cut_by_heads_where_the_degree_divides_the_shared_heads():
+    # 4 query heads share 2 key / value heads (heads 0, 1 read kv head 0): cut 2 ways, device 0
+    # has q heads 0, 1 and kv head 0 — its output is the first two heads of the whole attention
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 8, 16), torch.randn(2, 2, 8, 16), torch.randn(2, 2, 8, 16)
+    info = {id(t): TensorArg("activation", TensorMeta(t.shape, "float32", 0, 1)) for t in (q, k, v)}
+    out = TensorMeta((2, 4, 8, 16), "float32", 0, 1)
+    kwargs = {"is_causal": True, "enable_gqa": True}
+    (q2, k2, v2), kw = shard_args("scaled_dot_product_attention", (q, k, v), dict(kwargs), info, "channel", 2, out)
+    assert (q2.shape, k2.shape, v2.shape) == ((2, 2, 8, 16), (2, 1, 8, 16), (2, 1, 8, 16))
+    whole = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+    piece = torch.nn.functional.scaled_dot_product_attention(q2, k2, v2, **kw)
+    torch.testing.assert_close(piece, whole[:, :2])
+    # 4 ways would split a shared kv head between two devices; without enable_gqa the heads must match
+    assert shard_args("scaled_dot_product_attention", (q, k, v), dict(kwargs), info, "channel", 4, out) is None
+    assert shard_args("scaled_dot_product_attention", (q, k, v), {"is_causal": True}, info, "channel", 2, out) is None

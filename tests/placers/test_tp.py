@@ -181,3 +181,24 @@ def test_llama_projections_pair_as_megatrons_and_the_plan_checks():
                        **{k: ["reduce"] * 2 for k in ("o_proj", "down_proj")}, "lm_head": ["R"]}
     # its float64 capture has a cast the float32 one lacks (check_plan refuses float64 so): checked in float32
     assert check_plan(loaded.model, loaded.call, plan, graph, check_dtype="float32").passed
+
+
+def test_llama_attention_runs_split_by_heads_with_one_all_reduce_per_row_layer():
+    # Megatron's attention: q, k, v column parallel, and everything from them to o_proj — the head
+    # split, RoPE, grouped-query attention (4 q heads over 2 kv heads here), the merge — on each
+    # device's heads, so the step's only communication is the all-reduce after each row layer
+    # (o_proj, down_proj: 2 a block), no move between the ranks
+    spec = "zoo:llama3-8b?tiny=1"
+    loaded = tensoropt.load_model(spec)
+    graph = loaded.capture()
+    priced = price(profile(graph, shard_degrees=(1, 2), timed=False, cache=False),
+                   load_cluster("preset:a100-4-nvlink"))
+    plan = place(graph, priced.costs, priced.cluster, "tp", devices=MESH)
+    attention = [n for n in graph.ops if n.module_path.endswith("self_attn") or ".self_attn." in n.module_path]
+    whole = {n.op for n in attention if str(plan.configs[n.name].layout) == "R"}
+    assert whole == {"aten.unsqueeze.default"}      # only RoPE's cos / sin tables, read by every head
+    assert sum(n.op == "aten.scaled_dot_product_attention.default" for n in attention) == 2
+    r = launch(check_plans, 2, {"cases": [{"model": spec, "plan": plan.to_dict(), "float64": False}]},
+               timeout_s=120)[0][0]
+    assert r["passed"], r["failures"]
+    assert r["moves"] == 0 and r["collectives"] == {"all_reduce": 2 * 2}

@@ -129,3 +129,27 @@ def test_a_zero_3_plan_on_tensoropt_s_executor_holds_what_its_walk_says(gpt2, pl
     for rank, device in enumerate(MESH):
         assert abs(walked[device].peak - ours["peak_bytes"][rank]) <= 1e-4 * ours["peak_bytes"][rank], \
             (placer, rank, walked[device].peak, ours["peak_bytes"][rank], walked[device].parts())
+
+
+#: Llama, 2 blocks of width 256 (4 query heads over 2 key / value heads), vocabulary 2,048, batch 4 × 128
+LLAMA = "zoo:llama3-8b?layers=2&hidden=256&heads=4&kv_heads=2&ffn=512&vocab=2048&seq_len=128&batch=4&meta=False"
+
+
+def test_megatron_tensor_parallelism_holds_what_pytorchs_dtensor_holds():
+    # the tp placer's plan run by PyTorch's own tensor parallelism (parallelize_module with the
+    # ColwiseParallel / RowwiseParallel its layouts name, the attention on each rank's heads): each
+    # rank's MemTracker peak against the walk of the plan (measured: 45,983,068 B against 45,990,020)
+    from tensoropt.distributed.jobs import TENSOR_PARALLEL
+    from tensoropt.export.expressible import tensor_parallel_modules
+
+    graph, costs, cluster = _priced(LLAMA)
+    plan = tensoropt.place(graph, costs, cluster, "tp", devices=MESH, optimizer="adamw")
+    styles = tensor_parallel_modules(graph, plan)
+    assert sorted(set(styles.values())) == ["colwise", "rowwise"] and len(styles) == 7 * 2
+    walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
+    theirs = launch(measure_torch_recipe, 2, {"model_spec": LLAMA, "recipe": TENSOR_PARALLEL, "steps": 1,
+                                              "warmup": 2, "tensor_parallel": styles}, timeout_s=300)[0]
+    for rank, device in enumerate(MESH):
+        ours, measured = walked[device].peak, theirs["peak_bytes"][rank]
+        assert abs(ours - measured) <= 0.001 * measured, (rank, ours, measured, walked[device].parts(),
+                                                         theirs["breakdown"][rank])
