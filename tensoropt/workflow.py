@@ -57,6 +57,7 @@ from .frontier import (
     BudgetError,
     Frontier,
     candidate_meshes,
+    fsdp_tp_recipes,
     host_groups,
     pipeline_recipes,
     price_recipes,
@@ -338,11 +339,16 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     if not groups:
         return frontier
     hosts, batch = len(groups), graph.batch_size or 0
-    full = cannot_fit(graph, setup.cluster, groups[0], request.optimizer, budget=check_budget_value(request.budget),
-                      reserve=request.reserve)
+    budget = check_budget_value(request.budget)
+    full = cannot_fit(graph, setup.cluster, groups[0], request.optimizer, budget=budget, reserve=request.reserve)
+    # FSDP over the hosts shards the state over every device: only a model that no sharding over all of
+    # them holds is out of reach
+    everywhere = [d for g in groups for d in g]
+    over_all = cannot_fit(graph, setup.cluster, everywhere, request.optimizer, budget=budget, reserve=request.reserve) \
+        if full else None
     loaded, why = _loaded_for_slices(request, graph)
     why = (why or (f"the batch ({batch}) is not a multiple of the {hosts} hosts" if batch % hosts else "")
-           or (f"no plan within one host can fit ({full})" if full else ""))
+           or (f"no plan can fit even sharded over all {len(everywhere)} devices ({over_all})" if over_all else ""))
     if why or loaded is None:
         frontier.notes.append(f"data parallel across the {hosts} hosts not tried: {why}")
         return frontier
@@ -353,15 +359,20 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     # the bound again, on the host's slice with what its operators hold: a host's plans that cannot
     # fit make 2-D plans that cannot either (Mixtral-8x7B: 121.7 GiB at least on a host's 8 H100s,
     # whose search took 16 of the command's 18 minutes)
-    slice_full = _slice_cannot_fit(request, setup.cluster, part, part_costs, groups[0])
+    slice_full = f"no plan within one host can fit ({full})" if full else \
+        _slice_cannot_fit(request, setup.cluster, part, part_costs, groups[0])
+    plans: list[tuple[Any, ...]] = []
     if slice_full:
-        frontier.notes.append(f"data parallel across the {hosts} hosts not tried: no plan within one host can "
-                              f"fit its slice of the batch ({batch // hosts} of {batch}: {slice_full})")
-        return frontier
-    progress("frontier", 0, 1, f"tracking one host's frontier ({len(groups[0])} devices)")
-    inner = track_frontier(part, part_costs, setup.cluster, meshes=meshes, resolution=request.resolution,
-                           optimizer=request.optimizer, reserve=request.reserve, max_walks=request.max_walks)
-    plans = replicate_frontier(inner, part, part_costs, setup.cluster, groups, optimizer=request.optimizer)
+        frontier.notes.append(f"data parallel across the {hosts} hosts with a plan of the search inside each not "
+                              f"tried: no plan within one host can fit its slice of the batch ({batch // hosts} of "
+                              f"{batch}: {slice_full.removeprefix('no plan within one host can fit ')})")
+    else:
+        progress("frontier", 0, 1, f"tracking one host's frontier ({len(groups[0])} devices)")
+        inner = track_frontier(part, part_costs, setup.cluster, meshes=meshes, resolution=request.resolution,
+                               optimizer=request.optimizer, reserve=request.reserve, max_walks=request.max_walks)
+        plans = replicate_frontier(inner, part, part_costs, setup.cluster, groups, optimizer=request.optimizer)
+    progress("frontier", 0, 1, f"FSDP over {hosts} hosts × tensor parallelism inside each (torchtitan's recipe)")
+    plans += fsdp_tp_recipes(part, part_costs, setup.cluster, groups, optimizer=request.optimizer)
     progress("frontier", 1, 1, f"{len(plans)} plans data parallel across {hosts} hosts")
     return frontier.joined(plans, inputs={part.fingerprint: (part, part_costs)})
 

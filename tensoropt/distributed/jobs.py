@@ -352,7 +352,7 @@ TENSOR_PARALLEL = "tp"
 
 def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: int = 5, warmup: int = 2,
                          optimizer: str = DEFAULT_OPTIMIZER, tracked: int = 1,
-                         tensor_parallel: Mapping[str, str] | None = None) -> dict[str, Any]:
+                         tensor_parallel: Mapping[str, str] | None = None, tp_size: int = 1) -> dict[str, Any]:
     """One recipe of :data:`TORCH_RECIPES` run with PyTorch's own wrappers on every rank (each rank
     its piece of the batch, as the placers' plans cut it), timed and measured as
     :func:`measure_plan` does a plan: ``ddp`` — ``DistributedDataParallel`` (its default, a flat
@@ -362,9 +362,12 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     ``fsdp+ac`` — the same with ``checkpoint_wrapper`` around every block first (torchtitan's
     recipe).  Or :data:`TENSOR_PARALLEL`: ``parallelize_module`` on a 1-D ``DeviceMesh`` of every
     rank with ``tensor_parallel`` (module path → ``"colwise"`` / ``"rowwise"``), the whole batch on
-    every rank.  A step is the exported ``train.py``'s: forward, the loss, the output dropped (as
-    torchtitan drops its logits), backward (gradient all-reduce / reduce-scatter inside); the
-    optimizer step timed apart (ZeRO-1's broadcast of the updated parameters is in it).  Peak: one
+    every rank; or ``fsdp`` / ``fsdp+ac`` over a 2-D ``DeviceMesh`` ``(dp, tp)`` of ``tp_size`` ranks
+    a row (torchtitan's FSDP × TP): ``parallelize_module`` on ``tp``, then ``fully_shard`` on ``dp``,
+    each row of ranks its piece of the batch.  A step is the exported ``train.py``'s: forward, the
+    loss, the output dropped (as torchtitan drops its logits), backward (gradient all-reduce /
+    reduce-scatter inside); the optimizer step timed apart (ZeRO-1's broadcast of the updated
+    parameters is in it).  Peak: one
     more step under MemTracker (FSDPMemTracker for FSDP2) on the CPU, with what exists before it
     registered as held from the start — the model, the optimizer's state (ZeRO's inner optimizer's),
     the batch, and DDP's gradient buckets (MemTracker sees a storage at its first write otherwise:
@@ -384,17 +387,24 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from torch.nn.parallel import DistributedDataParallel
 
-    if recipe not in (*TORCH_RECIPES, TENSOR_PARALLEL) or (recipe == TENSOR_PARALLEL) != bool(tensor_parallel):
+    tp = rt.world_size if recipe == TENSOR_PARALLEL else int(tp_size)
+    if recipe not in (*TORCH_RECIPES, TENSOR_PARALLEL) or (recipe == TENSOR_PARALLEL) and not tensor_parallel \
+            or (tp > 1) != bool(tensor_parallel) or (tp > 1 and recipe in ("ddp", "zero1")) or rt.world_size % tp:
         raise DistributedError(f"unknown recipe {recipe!r} (known: {', '.join(TORCH_RECIPES)}, or "
-                               f"{TENSOR_PARALLEL!r} with its modules' styles)")
+                               f"{TENSOR_PARALLEL!r}; fsdp / fsdp+ac with tensor_parallel and a tp_size dividing the "
+                               "ranks)")
     model, inputs, graph = load_case(model_spec, rt=rt)
     dev = torch.device(rt.device)
     model.to(dev)
-    # each rank its piece of the batch (dimension 0), as the plans' S(batch) cuts it; under tensor
-    # parallelism every rank the whole batch
-    parts = 1 if recipe == TENSOR_PARALLEL else rt.world_size
-    mine = tuple(torch.tensor_split(x, parts, 0)[rt.rank % parts].to(dev) if isinstance(x, torch.Tensor) else x
+    # each rank its piece of the batch (dimension 0), as the plans' S(batch) cuts it: one piece per
+    # data-parallel index (rank // tp: ranks are numbered tp-fastest, as init_device_mesh's (dp, tp))
+    dp = rt.world_size // tp
+    mine = tuple(torch.tensor_split(x, dp, 0)[rt.rank // tp].to(dev) if isinstance(x, torch.Tensor) else x
                  for x in inputs)
+    mesh2 = init_device_mesh(dev.type, (dp, tp), mesh_dim_names=("dp", "tp")) if tp > 1 else None
+    if mesh2 is not None:
+        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        parallelize_module(model, mesh2["tp"], {m: styles[style]() for m, style in (tensor_parallel or {}).items()})
     # in forward order: the last block is kept gathered after forward
     blocks = [model.get_submodule(b) for b in dict.fromkeys(block_of(n.module_path) for n in graph.ops)
               if b is not None]
@@ -402,9 +412,6 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     wrapped: nn.Module
     opt: torch.optim.Optimizer
     if recipe == TENSOR_PARALLEL:
-        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-        parallelize_module(model, init_device_mesh(dev.type, (rt.world_size,)),
-                           {m: styles[style]() for m, style in (tensor_parallel or {}).items()})
         wrapped = model
         opt = make_optimizer(optimizer, list(model.parameters()))
     elif recipe in ("ddp", "zero1"):
@@ -417,7 +424,7 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
             apply_activation_checkpointing(model, check_fn=lambda m: any(m is b for b in blocks))
             wrapper = {id(getattr(m, "_checkpoint_wrapped_module", None)): m for m in model.modules()}
             blocks = [wrapper[id(b)] for b in blocks]
-        mesh = init_device_mesh(dev.type, (rt.world_size,))
+        mesh = mesh2["dp"] if mesh2 is not None else init_device_mesh(dev.type, (rt.world_size,))
         for i, b in enumerate(blocks):
             fully_shard(b, mesh=mesh, reshard_after_forward=i < len(blocks) - 1)
         fully_shard(model, mesh=mesh)

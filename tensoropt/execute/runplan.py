@@ -154,7 +154,11 @@ def run_plan(model_spec: str, plan_path: str, backend: Backend, options: RunOpti
     model, call, graph = load_for_run(model_spec, backend, options.batch, options.precision, replicated)
     check_executable(graph, TensorOptError)   # a saved graph's own precision
     plan = load_plan(plan_path, graph)
-    if plan.runtime == "fsdp2":
+    if plan.runtime == "fsdp2" and plan.replicas:
+        report("note: the plan's estimates are FSDP2's over its replicas with PyTorch's tensor parallelism inside "
+               "each (tensoropt export runs it so); tensoropt's executor keeps each replica's parameters whole and "
+               "sums the gradients across the replicas, so its memory and time differ from them (the same losses)")
+    elif plan.runtime == "fsdp2":
         report("note: the plan's estimates are FSDP2's (tensoropt export runs it so); tensoropt's executor gathers "
                "and reduces each operator's parameters on its own, so its memory and time differ from them")
     elif plan.runtime != "executor":

@@ -57,6 +57,7 @@ from ..measure.profiler import profile
 from ..measure.step import plan_optimizer
 from ..plan import Plan
 from ..planmodel.pipelined import PipelineEstimate, price_plan
+from ..planmodel.wrappers import fsdp_across_replicas
 from .expressible import PATH_TITLES, Expression, LaunchShape, express, launch_shape
 from .pipelined import pipeline_readme, pipeline_train_script
 from .render import LOSS_LINE, OPTIMIZER_CODE, readme, train_script
@@ -144,7 +145,7 @@ def export_plan(plan_path: str | os.PathLike, spec: str, out: str | os.PathLike,
     if saved.pipeline is not None:
         raise TensorOptError(f"{plan_path} is a pipeline plan: export it with export_pipeline_plan (the CLI's "
                              "tensoropt export does)")
-    if saved.replicas:
+    if saved.replicas and not fsdp_across_replicas(saved):
         raise TensorOptError(f"{plan_path} runs {saved.num_replicas} replicas (data parallel across hosts), which "
                              "export does not write yet: run it with tensoropt's executor, one process per device "
                              f"(torchrun --nproc-per-node … -m tensoropt.cli run MODEL --plan {plan_path} "
@@ -155,8 +156,9 @@ def export_plan(plan_path: str | os.PathLike, spec: str, out: str | os.PathLike,
                              f"(torchrun --nproc-per-node {saved.num_devices} -m tensoropt.cli run MODEL --plan "
                              f"{plan_path} --backend dist)")
     if batch is None and spec.startswith("zoo:") and saved.batch_size:
-        batch = saved.batch_size     # the batch the plan was made for, as `tensoropt simulate` takes it
-    model, call, graph = load_for_run(spec, LocalBackend(), batch, precision)
+        # the batch the plan was made for, as `tensoropt simulate` takes it (every replica's slice of it)
+        batch = saved.global_batch_size
+    model, call, graph = load_for_run(spec, LocalBackend(), batch, precision, saved if saved.replicas else None)
     plan = load_plan(str(plan_path), graph)
     optimizer = plan_optimizer(plan)
     _check_optimizer(optimizer, "the plan's optimizer")

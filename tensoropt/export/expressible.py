@@ -53,10 +53,10 @@ from ..graph import OpGraph, block_of
 from ..layouts import Shard
 from ..plan import Plan, shardable
 from ..planmodel.reshard import op_basename
-from ..planmodel.wrappers import wrapper_obstacles
+from ..planmodel.wrappers import fsdp_across_replicas, wrapper_obstacles
 
 #: the paths a plan can take, in the order they are tried
-PATHS = ("ddp", "zero1", "fsdp", "tp", "executor")
+PATHS = ("ddp", "zero1", "fsdp", "tp", "fsdp+tp", "executor")
 
 #: what each path is, for the README
 PATH_TITLES = {"ddp": "DDP (torch.nn.parallel.DistributedDataParallel)",
@@ -64,6 +64,8 @@ PATH_TITLES = {"ddp": "DDP (torch.nn.parallel.DistributedDataParallel)",
                "fsdp": "FSDP2 (torch.distributed.fsdp.fully_shard on a 1-D DeviceMesh)",
                "tp": "tensor parallelism (torch.distributed.tensor.parallel.parallelize_module: ColwiseParallel / "
                      "RowwiseParallel on a 1-D DeviceMesh)",
+               "fsdp+tp": "FSDP2 × tensor parallelism (fully_shard on the dp axis of a 2-D DeviceMesh, "
+                          "parallelize_module on its tp axis: torchtitan's recipe)",
                "executor": "tensoropt's executor (tensoropt.distributed, one process per rank)"}
 
 #: ops whose draws differ per rank (each rank draws its own masks)
@@ -75,7 +77,8 @@ _RANDOM_OPS = ("dropout", "native_dropout", "feature_dropout", "alpha_dropout", 
 class Expression:
     """How a plan is expressed.  ``path``: one of :data:`PATHS`; ``devices``: the plan's devices
     in rank order; ``fsdp_modules``: module name → ``reshard_after_forward`` (FSDP2); ``tp_modules``:
-    module name → ``"colwise"`` / ``"rowwise"`` (tensor parallelism, :func:`tensor_parallel_modules`);
+    module name → ``"colwise"`` / ``"rowwise"`` (tensor parallelism, :func:`tensor_parallel_modules`),
+    ``tp_size`` the ranks of its axis (the batch is cut over ``world_size / tp_size`` rows of ranks);
     ``replicated_params``: with FSDP2, the parameters kept whole and all-reduced by hand;
     ``checkpoint_modules``: modules recomputed in the backward; ``input_batch_dims``: per leaf of
     ``tree_flatten((args, kwargs))`` of the model's call, the dimension cut over the ranks
@@ -88,6 +91,7 @@ class Expression:
     batch_size: int | None = None
     fsdp_modules: dict[str, bool] = field(default_factory=dict)
     tp_modules: dict[str, str] = field(default_factory=dict)
+    tp_size: int = 1
     replicated_params: tuple[str, ...] = ()
     checkpoint_modules: tuple[str, ...] = ()
     input_batch_dims: tuple[int | None, ...] = ()
@@ -225,6 +229,8 @@ def express(plan: Plan, graph: OpGraph, model: nn.Module, call: ModelCall,
                 if rest:
                     notes.append(f"fully_shard on the model itself also shards the {len(rest)} parameter(s) the plan "
                                  f"keeps whole, e.g. {rest[0]!r}: less memory, more gathers than the plan says")
+    if fsdp_across_replicas(plan):
+        return _fsdp_tensor_parallel(plan, graph, model, call, devices, ckpt, notes)
     if ops and not whole and any(str(c.layout) in TP_STYLES for c in plan.configs.values()):
         try:
             tp = tensor_parallel_modules(graph, plan)
@@ -239,7 +245,7 @@ def express(plan: Plan, graph: OpGraph, model: nn.Module, call: ModelCall,
             if ckpt:
                 reasons.append(f"the plan recomputes exactly the operators of {len(ckpt)} module(s): activation "
                                "checkpointing")
-            return Expression("tp", order, batch, tp_modules=tp, checkpoint_modules=ckpt,
+            return Expression("tp", order, batch, tp_modules=tp, tp_size=n, checkpoint_modules=ckpt,
                               input_batch_dims=tuple(None for _ in _input_batch_dims(graph, model, call)),
                               reasons=tuple(reasons), notes=tuple(notes))
     if ops or whole:
@@ -286,7 +292,8 @@ def tensor_parallel_modules(graph: OpGraph, plan: Plan) -> dict[str, str]:
     (``R``), on the rank's piece where it follows a column layer (``channel``, reading no weight).
 
     Expressible when every operator runs on all the plan's devices, whole batch (no ``batch``), no
-    sharding level, no replicas, micro-batches or stages; each cut operator with a weight is a
+    sharding level, no micro-batches or stages, no replicas but FSDP2's over them (runtime ``fsdp2``:
+    this is the plan of each replica's tp axis); each cut operator with a weight is a
     ``linear`` of its own module, read once; a column layer reads a whole input, a cut value
     flows from it only to followers and to row layers (never to a whole reader: PyTorch hands the
     local piece on, where the plan would gather it), and a row layer reads it split along its last
@@ -305,7 +312,7 @@ def tensor_parallel_modules(graph: OpGraph, plan: Plan) -> dict[str, str]:
         {'0.0': 'colwise', '0.2': 'rowwise'}
     """
     devices = tuple(plan.devices)
-    whole_plan = (f"{plan.num_replicas} replicas" if plan.replicas else
+    whole_plan = (f"{plan.num_replicas} replicas" if plan.replicas and not fsdp_across_replicas(plan) else
                   f"{plan.microbatches} micro-batches" if plan.microbatches > 1 else
                   "pipeline stages" if plan.pipeline is not None else "one device" if len(devices) < 2 else None)
     if whole_plan:
@@ -362,6 +369,36 @@ def tensor_parallel_modules(graph: OpGraph, plan: Plan) -> dict[str, str]:
     return modules
 
 
+def _fsdp_tensor_parallel(plan: Plan, graph: OpGraph, model: nn.Module, call: ModelCall,
+                          devices: Sequence[str] | None, ckpt: tuple[str, ...], notes: list[str]) -> Expression:
+    """A plan that runs as FSDP2 over its replicas with tensor parallelism inside each: the units it
+    was priced with (:class:`~tensoropt.planmodel.walk.Fsdp2Units`, every repeated block, then the
+    model) on the ``dp`` axis, the host plan's column / row layers on the ``tp`` axis; ranks numbered
+    tp-fastest (``init_device_mesh``'s ``(dp, tp)``), so replica ``r``'s ``i``-th device is rank
+    ``r · tp + i``."""
+    order = tuple(devices) if devices is not None else tuple(plan.all_devices)
+    if order != tuple(plan.all_devices):
+        raise TensorOptError("a plan of FSDP2 over replicas runs replica r's i-th device as rank r × "
+                             f"{len(plan.devices)} + i; torchrun numbers these devices otherwise "
+                             f"({', '.join(order)} against the replicas' {', '.join(plan.all_devices)}): give the "
+                             "cluster the plan was made for, each replica one host")
+    tp = tensor_parallel_modules(graph, plan) if len(plan.devices) > 1 else {}
+    blocks = list(dict.fromkeys(b for n in plan.order if (b := block_of(graph.nodes[n].module_path)) is not None))
+    fsdp = {**{b: i < len(blocks) - 1 for i, b in enumerate(blocks)}, "": True}
+    cols = sum(style == "colwise" for style in tp.values())
+    reasons = [f"{plan.num_replicas} replicas of {len(plan.devices)} device(s), sharded over the replicas as FSDP2 "
+               f"runs it: fully_shard on {len(blocks)} block(s), then the model, on the dp axis"]
+    if tp:
+        reasons.append(f"inside each replica tensor parallelism on the tp axis: {cols} linear layer(s) column "
+                       f"parallel, {len(tp) - cols} row parallel, the operators between them on each rank's piece")
+    if ckpt:
+        reasons.append(f"the plan recomputes exactly the operators of {len(ckpt)} module(s): activation checkpointing")
+    dims = _input_batch_dims(graph, model, call)
+    return Expression("fsdp+tp", order, plan.global_batch_size, fsdp_modules=fsdp, tp_modules=tp,
+                      tp_size=len(plan.devices), checkpoint_modules=ckpt, input_batch_dims=dims,
+                      reasons=tuple(reasons), notes=tuple(notes))
+
+
 @dataclass(frozen=True)
 class LaunchShape:
     """How torchrun starts the plan: ``nnodes`` hosts of ``nproc_per_node`` ranks each;
@@ -384,7 +421,7 @@ class LaunchShape:
 def launch_shape(plan: Plan, cluster: Cluster | None = None) -> LaunchShape:
     """The plan's devices grouped by the ``cluster``'s hosts (one host without a cluster, or when
     the cluster names none): torchrun needs the same number of ranks on every host."""
-    devices = list(plan.devices)
+    devices = list(plan.all_devices)
     if cluster is None:
         return LaunchShape(1, len(devices), tuple(devices))
     missing = [d for d in devices if d not in cluster.names]

@@ -46,13 +46,15 @@ def _constants(expr: Expression, *, spec: str, batch: int | None, precision: str
         lines.append(f"INPUT_BATCH_DIMS = {list(expr.input_batch_dims)!r}   # per input leaf (args, kwargs): the "
                      "dimension cut over the ranks, None = whole")
         lines.append(f"CHECKPOINT_MODULES = {list(expr.checkpoint_modules)!r}   # recomputed in the backward")
-    if expr.path == "fsdp":
+        lines.append(f"TP_SIZE = {expr.tp_size}   # ranks of the tensor-parallel axis: the batch is cut over "
+                     "WORLD_SIZE // TP_SIZE rows of ranks (rank r in row r // TP_SIZE)")
+    if expr.path in ("fsdp", "fsdp+tp"):
         lines.append("# module → reshard_after_forward: True = ZeRO-3 (gathered again for the backward), "
                      "False = ZeRO-2-like")
         lines.append(f"FSDP_MODULES = {dict(expr.fsdp_modules)!r}")
         lines.append(f"REPLICATED = {list(expr.replicated_params)!r}   # kept whole: gradients all-reduced by hand "
                      "(parallelize() finds them: every parameter fully_shard did not take)")
-    if expr.path == "tp":
+    if expr.path in ("tp", "fsdp+tp"):
         lines.append("# module → its tensor-parallel style: colwise = output features cut, rowwise = input features "
                      "cut (partial sums all-reduced)")
         lines.append(f"TP_MODULES = {dict(expr.tp_modules)!r}")
@@ -216,6 +218,30 @@ def parallelize(model, device, world):
     return model, OPTIMIZER(model.parameters(), lr=ARGS.lr, **OPTIMIZER_OPTIONS), lambda: None
 '''
 
+_FSDP_TP = '''
+
+def parallelize(model, device, world):
+    """The plan with PyTorch's APIs on a 2-D DeviceMesh (dp, tp) — torchtitan's FSDP × TP: tensor
+    parallelism (parallelize_module) on the tp axis, then fully_shard (FSDP2) on the dp axis on each
+    module of FSDP_MODULES, innermost first; activation checkpointing where the plan recomputes."""
+    from torch.distributed._composable import checkpoint
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh(device.type, (world // TP_SIZE, TP_SIZE), mesh_dim_names=("dp", "tp"))
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    if TP_MODULES:
+        parallelize_module(model, mesh["tp"], {name: styles[style]() for name, style in TP_MODULES.items()})
+    for name in CHECKPOINT_MODULES:
+        checkpoint(model.get_submodule(name))
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if PRECISION == "bf16-params"
+          else MixedPrecisionPolicy())
+    for name in sorted(FSDP_MODULES, key=lambda m: -m.count(".") - (m != "")):
+        fully_shard(model.get_submodule(name), mesh=mesh["dp"], reshard_after_forward=FSDP_MODULES[name], mp_policy=mp)
+    return model, OPTIMIZER(model.parameters(), lr=ARGS.lr, **OPTIMIZER_OPTIONS), lambda: None
+'''
+
 _MAIN_TORCH = '''
 
 def main():
@@ -246,9 +272,10 @@ def train(rank, world):
     from torch.utils._pytree import tree_flatten
 
     same_as_rank0(model, [t for t in tree_flatten((call.args, call.kwargs))[0] if isinstance(t, torch.Tensor)])
-    args, kwargs, share = my_part_of_the_batch(call, rank, world)
+    rows = world // TP_SIZE   # each row of TP_SIZE ranks runs one piece of the batch
+    args, kwargs, share = my_part_of_the_batch(call, rank // TP_SIZE, rows)
     net, opt, after_backward = parallelize(model, device, world)
-    weight = share * world   # 1 on equal parts: the averaged gradients are the whole batch's
+    weight = share * rows   # 1 on equal parts: the averaged gradients are the whole batch's
     for step in range(1, ARGS.steps + 1):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=PRECISION == "bf16"):
             output = call.run(net, args, kwargs)
@@ -258,7 +285,7 @@ def train(rank, world):
         after_backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        whole = loss.detach().float().reshape(1) * share
+        whole = loss.detach().float().reshape(1) * share / TP_SIZE   # a row's ranks have the same loss
         dist.all_reduce(whole)
         if rank == 0:
             print(f"step {step} loss {whole.item()!r}", flush=True)
@@ -307,7 +334,7 @@ def train_script(expr: Expression, shape: LaunchShape, *, spec: str, batch: int 
         rank_map = {d: i for i, d in enumerate(shape.devices)}
         consts += f"\nRANK_MAP = {rank_map!r}   # plan device → rank (torchrun numbers ranks host by host)"
         return head + consts + "\n" + _MAIN_EXECUTOR + _TAIL
-    body = {"ddp": _DDP, "zero1": _ZERO1, "fsdp": _FSDP, "tp": _TP}[expr.path].replace(
+    body = {"ddp": _DDP, "zero1": _ZERO1, "fsdp": _FSDP, "tp": _TP, "fsdp+tp": _FSDP_TP}[expr.path].replace(
         "{find_unused}", str(expr.find_unused_parameters))
     return head + consts + "\n" + _COMMON + body + _MAIN_TORCH + _TAIL
 
@@ -394,15 +421,22 @@ def readme(expr: Expression, shape: LaunchShape, plan: Plan, *, spec: str, steps
     if expr.checkpoint_modules:
         lines.append("- activation checkpointing (`torch.distributed._composable.checkpoint`) on: "
                      + ", ".join(f"`{m}`" for m in expr.checkpoint_modules))
-    if expr.path == "tp":
+    if expr.path == "fsdp+tp":
+        lines.append(f"- a 2-D `DeviceMesh` (dp {expr.world_size // expr.tp_size}, tp {expr.tp_size}); `fully_shard` "
+                     "on the dp axis on: " + ", ".join(f"`{m or '(the model)'}`" for m in expr.fsdp_modules))
+        lines.append("- the prediction is FSDP2's over the dp axis with the tensor parallelism inside as this script "
+                     "runs it (its units gathered, prefetched and reduce-scattered over the dp axis, each rank's "
+                     "pieces of the tp axis)")
+    if expr.tp_modules:
         lines.append("- `ColwiseParallel` on: " + ", ".join(f"`{m}`" for m, st in expr.tp_modules.items()
                                                           if st == "colwise"))
         lines.append("- `RowwiseParallel` on: " + ", ".join(f"`{m}`" for m, st in expr.tp_modules.items()
                                                           if st == "rowwise"))
         lines.append("- every other module runs as the model wrote it, on the whole activations or, between a column "
                      "and a row layer, on the rank's piece (the attention on the rank's heads)")
-    elif expr.uses_torch and expr.world_size > 1:
-        lines.append("- the batch is cut over the ranks along each input's batch dimension (`torch.tensor_split`)"
+    if expr.uses_torch and expr.world_size > expr.tp_size:
+        rows = "the ranks" if expr.tp_size == 1 else f"the {expr.world_size // expr.tp_size} rows of the dp axis"
+        lines.append(f"- the batch is cut over {rows} along each input's batch dimension (`torch.tensor_split`)"
                      "; with unequal parts each rank's loss is weighted by its share")
     for n in (*expr.notes, *notes):
         lines.append(f"- note: {n}")

@@ -48,7 +48,7 @@ from .graph_problem import MeshProblem, build_problem, candidate_meshes, node_co
 from .pipelines import PIPELINE_SOURCE, pipeline_recipes, price_recipes
 from .point_sets import batched_product, bucket_key, is_frontier, product, reduce, union
 from .problem import EdgeCosts, NodeCosts, Problem, ProblemError, brute_force, min_scalarized
-from .replicas import REPLICAS_SOURCE, host_groups, replicate_frontier, replicated
+from .replicas import FSDP_TP_SOURCES, REPLICAS_SOURCE, fsdp_tp_recipes, host_groups, replicate_frontier, replicated
 from .result import MICROBATCHES_SOURCE, BudgetError, Frontier, FrontierPoint, MeshResult, PointsMemo, frontier_point
 
 __all__ = [
@@ -60,5 +60,6 @@ __all__ = [
     "track", "Session", "FrontierResult", "FixedChoice", "BRANCH_RULE", "FIX_RULE",
     "reduce", "product", "union", "batched_product", "bucket_key", "is_frontier",
     "Problem", "NodeCosts", "EdgeCosts", "ProblemError", "brute_force", "min_scalarized",
-    "host_groups", "replicated", "replicate_frontier", "REPLICAS_SOURCE", "MICROBATCHES_SOURCE",
+    "host_groups", "replicated", "replicate_frontier", "fsdp_tp_recipes", "REPLICAS_SOURCE", "FSDP_TP_SOURCES",
+    "MICROBATCHES_SOURCE",
 ]

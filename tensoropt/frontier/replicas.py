@@ -20,6 +20,13 @@ crossing hosts is found only if it is on ``F_host`` already (``docs/cost-model.m
 Which devices form the replicas (:func:`host_groups`): every host's devices in cluster order,
 hosts of the same size whose ``i``-th devices are of one kind and speed; else none.
 
+Beside them, torchtitan's recipe for models no host holds (:func:`fsdp_tp_recipes`): Megatron's
+tensor parallelism inside each host (the ``tp`` placer's plan of the first host) and FSDP2 over the
+hosts — every parameter's host piece sharded over the replicas, gathered per repeated block
+(:attr:`Plan.runtime <tensoropt.plan.Plan.runtime>` ``fsdp2`` with replicas: one 2-D
+``DeviceMesh`` ``(dp, tp)``), with and without a checkpoint per block; each walked and simulated
+whole, as ``tensoropt export`` writes and PyTorch runs it.
+
 Example (the groups of two hosts of two H100s)::
 
     >>> from tensoropt.cluster import load_cluster
@@ -33,16 +40,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..cluster import Cluster
-from ..graph import OpGraph
+from ..graph import OpGraph, block_of
 from ..measure.costmodel import CostModel
-from ..plan import Plan
+from ..placers.tp import tensor_parallel_plan
+from ..plan import Plan, PlanError
 from ..planmodel.simulate import simulate, unlike_replica
 from .forkmap import default_workers, fork_map
 
-__all__ = ["host_groups", "replicated", "replicate_frontier", "REPLICAS_SOURCE"]
+__all__ = ["host_groups", "replicated", "replicate_frontier", "fsdp_tp_recipes", "REPLICAS_SOURCE",
+           "FSDP_TP_SOURCES"]
 
 #: the source of a replicated plan on the frontier (:attr:`~.result.FrontierPoint.source`)
 REPLICAS_SOURCE = "hosts"
+#: the sources of torchtitan's FSDP × TP recipes on the frontier: blocks kept, blocks checkpointed
+FSDP_TP_SOURCES = ("fsdp+tp", "fsdp+tp+ac")
 
 
 def host_groups(cluster: Cluster, devices: Sequence[str] | None = None) -> tuple[tuple[str, ...], ...]:
@@ -95,3 +106,28 @@ def replicate_frontier(host_frontier: Any, graph: OpGraph, costs: CostModel, clu
         sim.memory_bytes = {d: int(point.device_memory[plan.replica_of(d)[1]]) for d in plan.all_devices}
         out.append((REPLICAS_SOURCE, plan, sim, dict(point.parts)))
     return out
+
+
+def fsdp_tp_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, groups: Sequence[Sequence[str]], *,
+                    optimizer: str | int, workers: int | None = None) -> list[tuple[Any, ...]]:
+    """torchtitan's FSDP × TP over ``groups`` (module docstring) for ``graph``, the model at one
+    replica's batch: the ``tp`` placer's plan of ``groups[0]`` (whether or not one host holds it)
+    replicated over the groups with runtime ``fsdp2``, then the same with every operator of a
+    repeated block recomputed (a checkpoint per block); each ``(source, plan, SimResult)``
+    simulated and walked whole (:meth:`~.result.Frontier.joined`).  None where the tp placer finds
+    nothing to split (one device a host, no column layer of that degree).  O(2 × simulate)."""
+    try:
+        host = tensor_parallel_plan(graph, costs, cluster, devices=list(groups[0]), optimizer=optimizer)
+    except PlanError:
+        return []
+    kept = replicated(host, groups).with_options(runtime="fsdp2")
+    d = kept.to_dict()
+    for name, cfg in d["configs"].items():
+        if block_of(graph.nodes[name].module_path) is not None:
+            cfg["recompute"] = True
+    d["notes"] = list(d.get("notes", [])) + ["every operator of a repeated block recomputed (a checkpoint per block)"]
+    recomputed = Plan.from_dict(d)
+    plans = [kept.renamed(FSDP_TP_SOURCES[0]), recomputed.renamed(FSDP_TP_SOURCES[1])]
+    sims = fork_map(lambda plan: simulate(plan, graph, costs, cluster, optimizer=optimizer), plans,
+                    workers=default_workers() if workers is None else workers)
+    return [(source, plan, sim) for source, plan, sim in zip(FSDP_TP_SOURCES, plans, sims)]

@@ -32,10 +32,11 @@ the step's FLOPs runs split (tiny GPT-2: 86.7 %).  Llama is Megatron's exactly: 
 up column, o and down row, and everything between on each device's heads — the head split, RoPE,
 grouped-query attention (where the degree divides the key / value heads), the merge — so a block
 communicates only in the all-reduce after each row layer, as PyTorch's ``ColwiseParallel`` /
-``RowwiseParallel`` run it (:func:`tensoropt.export.expressible.tensor_parallel_modules`).  The rule reads no transformer vocabulary, so a block of convolutions is paired the same
-way (its first convolution column, the next row, …), and a model whose repeated block is a single
-module (VGG's ``features.0``, ``features.2``, …) gets its layers column parallel alone, each
-output gathered.
+``RowwiseParallel`` run it (:func:`tensoropt.export.expressible.tensor_parallel_modules`).  The
+rule reads no transformer vocabulary, so a block of convolutions is paired the same way (its
+first convolution column, the next row, …), and a model whose repeated block is a single module
+(VGG's ``features.0``, ``features.2``, …) gets its layers column parallel alone, each output
+gathered.
 
 Example (a block of two linears on two A100s: the first column, the ReLU split, the second row)::
 
@@ -92,6 +93,17 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
     docstring).  Raises :class:`~tensoropt.plan.PlanError` on one device, when no layer of a
     repeated block has a column split of that degree in the profile, or when the walked peak does
     not fit the smallest device.  O(V + E) per block and one memory walk."""
+    plan = tensor_parallel_plan(graph, costs, cluster, devices=devices, optimizer=optimizer)
+    refuse_unless_walked_fits(plan, graph, costs, cluster, plan.devices, optimizer, NAME,
+                              "use more devices, devices with more memory, a smaller batch, or frontier tracking")
+    return plan
+
+
+def tensor_parallel_plan(graph: OpGraph, costs: CostModel, cluster: Cluster, *,
+                         devices: Sequence[str] | str | None = None,
+                         optimizer: str | int = DEFAULT_OPTIMIZER) -> Plan:
+    """:func:`place`'s plan, whether it fits or not (what FSDP over hosts runs inside each host:
+    :mod:`tensoropt.frontier.replicas`).  O(V + E) per block."""
     costs.check_graph(graph)
     names = tuple(cluster.select(devices))
     n = len(names)
@@ -121,8 +133,6 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
                 cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=NAME,
                 options={"devices": list(names), "optimizer": optimizer}, order=[nd.name for nd in graph.ops],
                 plan_id=NAME, notes=notes)
-    refuse_unless_walked_fits(plan, graph, costs, cluster, names, optimizer, NAME,
-                              "use more devices, devices with more memory, a smaller batch, or frontier tracking")
     return plan
 
 

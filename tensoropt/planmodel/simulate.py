@@ -107,6 +107,7 @@ from .reshard import (
     R,
     Stage,
     Step,
+    across_replicas,
     gradient_syncs,
     move,
     node_sharded,
@@ -118,6 +119,7 @@ from .reshard import (
     update_steps,
 )
 from .walk import Fsdp2Units, PlanEdges, StepMemory, plan_edges, plan_memory, shard_cost, walk
+from .wrappers import fsdp_across_replicas
 
 # plan_memory is the simulator's memory model without the timing; it lives with the cost model
 __all__ = ["simulate", "SimResult", "TimelineEvent", "plan_memory", "pipeline_result", "PHASES"]
@@ -469,8 +471,8 @@ class _StepTasks:
         self.scattered: dict[str, int | None] = {}
         #: FSDP2's units (runtime fsdp2), each unit's all-gather task by direction, the last reduce-scatter
         self.units = Fsdp2Units.of(plan, graph, needs_grad) if plan.runtime == "fsdp2" else None
-        if self.units is not None and plan.replicas:
-            raise PlanError("a plan that runs as FSDP2 has no replicas: make it over every device")
+        #: FSDP2 over the replicas: each unit's collectives run on every device's ring of counterparts
+        self.rings = tuple(across_replicas(plan, (d,)) for d in self.mesh) if fsdp_across_replicas(plan) else ()
         self.unit_ag: dict[tuple[str, int], int | None] = {}
         self.last_rs: int | None = None
 
@@ -503,12 +505,12 @@ class _StepTasks:
         nbytes = (self.units.gathered if kind == Collective.ALL_GATHER else self.units.reduce)[u]
         if not nbytes:
             return None
-        mesh = self.mesh
-        seconds = (allgather_time if kind == Collective.ALL_GATHER else reduce_scatter_time)(self.cluster, mesh, nbytes)
-        step = Step(kind, mesh, nbytes, seconds)
-        return self.sched.chain((Stage((step,), seconds),), self.units.first[u],
+        time = allgather_time if kind == Collective.ALL_GATHER else reduce_scatter_time
+        # over the plan's devices, or (across replicas) on each device's ring at once
+        steps = tuple(Step(kind, ring, nbytes, time(self.cluster, ring, nbytes)) for ring in self.rings or (self.mesh,))
+        return self.sched.chain((Stage(steps, max(st.time_s for st in steps)),), self.units.first[u],
                                 "transfer" if kind == Collective.ALL_GATHER else "allreduce", list(deps),
-                                f"{detail} on {','.join(mesh)}")
+                                f"{detail} on {' | '.join(','.join(st.devices) for st in steps)}")
 
     def _prefetch(self, direction: str, u: int | None, after: int | None) -> None:
         """Issue unit ``u``'s all-gather now (once per direction): after the previous all-gather
@@ -647,6 +649,8 @@ class _StepTasks:
         position = {name: i for i, name in enumerate(self.plan.order)}
         sync = None if overlap else self.sched.add("sync", "backward", "sync", list(bwd_task.values()))
         summed: list[int | None] = []
+        if self.rings:   # FSDP2 over the replicas: every gradient reduce-scattered by its unit
+            return
         syncs = replica_syncs(self.graph, self.plan, self.cluster) if self.plan.replicas else \
             [(readers, (Stage((st,), st.time_s),))
              for readers, st in gradient_syncs(self.graph, self.plan, self.cluster)]

@@ -131,7 +131,13 @@ from .reshard import (
     reads_nothing,
     synced_parameters,
 )
-from .wrappers import DDP_RUNTIMES, require_data_parallel, zero_redundancy_ranks
+from .wrappers import (
+    DDP_RUNTIMES,
+    fsdp_across_replicas,
+    require_data_parallel,
+    require_tensor_parallel,
+    zero_redundancy_ranks,
+)
 
 #: a storage key of the walk's live set: ``(node, "out")``, ``(input, "batch")``, ``(producer, "recv",
 #: layout, devices)``, ``(node, "saved")``, ``(key, "#grad")`` or a ``("#scratch",)`` entry
@@ -431,7 +437,8 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     alpha = optimizer_alpha(optimizer)
     devices = plan.devices
     mem = {d: StepMemory() for d in devices}
-    synced = synced_parameters(graph, plan)
+    # FSDP2 across the replicas reduce-scatters every gradient over them: nothing summed in the host
+    synced = {} if fsdp_across_replicas(plan) else synced_parameters(graph, plan)
     params = _ParamHolding.of(plan, graph, synced)
     trainable_sizes = params.count_resident(graph, mem, alpha)
     if plan.runtime in DDP_RUNTIMES:
@@ -529,6 +536,10 @@ class _ParamHolding:
         held: dict[tuple[str, str], int] = {}
         piece_of: dict[tuple[str, str], int] = {}
         sharded = {q: (s.level, s.piece_nbytes, s.nbytes) for q, s in sharded_parameters(graph, plan).items()}
+        if fsdp_across_replicas(plan):   # every trainable parameter: the host's piece cut over the replicas
+            k = plan.num_replicas
+            sharded = {q: (Shard.PARAMETERS, largest_piece(local.numel, k) * local.itemsize, local.nbytes)
+                       for q, local in host_pieces(plan, graph).items()}
         for name in plan.order:
             node, cfg = graph.nodes[name], plan.configs[name]
             split = cfg.param_pieces
@@ -573,6 +584,45 @@ class _ParamHolding:
                    if q in self.sharded and self.sharded[q][0].shards("parameters"))
 
 
+@dataclass(frozen=True)
+class HostPiece:
+    """What each device of a replica holds of a trainable parameter before FSDP2 shards it over the
+    replicas: ``numel`` elements of ``itemsize`` bytes in ``rows`` rows (dimension 0: a column
+    layer's weight has its rows cut, a row layer's its columns), ``compute_bytes`` in the operators'
+    dtype."""
+
+    numel: int
+    itemsize: int
+    rows: int
+    compute_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+
+def host_pieces(plan: Plan, graph: OpGraph) -> dict[str, HostPiece]:
+    """Every trainable parameter the plan's operators read → each host device's piece of it (the
+    largest: every reader on the host cuts it alike in a tensor-parallel host plan): whole under
+    ``R``, ``1/k`` under ``channel`` (dimension 0) or ``reduce`` (dimension 1) over ``k`` devices."""
+    out: dict[str, HostPiece] = {}
+    for name in plan.order:
+        node, cfg = graph.nodes[name], plan.configs[name]
+        for q in (*node.params, *node.param_reads):
+            info = graph.params[q]
+            if not info.is_trainable:
+                continue
+            k = cfg.param_pieces
+            rows = info.shape[0] if info.shape else 1
+            itemsize = info.nbytes // max(info.numel, 1)
+            piece = HostPiece(largest_piece(info.numel, k), itemsize,
+                              largest_piece(rows, k) if k > 1 and cfg.layout == Layout.CHANNEL else rows,
+                              largest_piece(graph.compute_bytes(q), k))
+            if q not in out or piece.numel > out[q].numel:
+                out[q] = piece
+    return out
+
+
 @dataclass
 class Fsdp2Units:
     """FSDP2's units of a plan that runs as ``fully_shard`` per repeated block and on the model
@@ -594,9 +644,12 @@ class Fsdp2Units:
     def of(cls, plan: Plan, graph: OpGraph, needs_grad: Mapping[str, bool]) -> Fsdp2Units:
         """The units of ``plan`` (:attr:`~tensoropt.plan.Plan.runtime` ``"fsdp2"``); a
         :class:`PlanError` where some operator does not run on every device reading its
-        parameters whole (FSDP2 is data parallelism)."""
-        require_data_parallel(plan)
-        k = len(plan.devices)
+        parameters whole (FSDP2 is data parallelism) — or, over replicas, where the host plan is
+        not tensor parallelism alone: each unit then gathers the host devices' pieces over the
+        replicas."""
+        across = fsdp_across_replicas(plan)
+        (require_tensor_parallel if across else require_data_parallel)(plan)
+        k = plan.num_replicas if across else len(plan.devices)
         index: dict[str | None, int] = {}
         unit_of_node: dict[str, int] = {}
         for name in plan.order:
@@ -604,18 +657,26 @@ class Fsdp2Units:
             unit_of_node[name] = index.setdefault(block, len(index))
         n = len(index)
         members: list[list[str]] = [[] for _ in range(n)]
-        for q, sp in sharded_parameters(graph, plan).items():
+        local = host_pieces(plan, graph) if across else {}
+        levels = {q: Shard.PARAMETERS for q in local} if across else \
+            {q: sp.level for q, sp in sharded_parameters(graph, plan).items()}
+        for q, level in levels.items():
             owner = graph.params[q].owner
-            if sp.level.shards("parameters") and owner in unit_of_node:
+            if level.shards("parameters") and owner in unit_of_node:
                 members[unit_of_node[owner]].append(q)
 
-        def padded(q: str, nbytes: int) -> int:   # FSDP2 pads dimension 0 to a multiple of the degree
+        def whole(q: str, compute: bool) -> tuple[int, int]:   # (bytes, rows) a device holds gathered
+            if across:
+                return (local[q].compute_bytes if compute else local[q].nbytes), local[q].rows
             shape = graph.params[q].shape
-            rows = shape[0] if shape else 1
+            return (graph.compute_bytes(q) if compute else graph.params[q].nbytes), (shape[0] if shape else 1)
+
+        def padded(q: str, compute: bool) -> int:   # FSDP2 pads dimension 0 to a multiple of the degree
+            nbytes, rows = whole(q, compute)
             return -(-rows // k) * k * (nbytes // max(rows, 1)) if rows else nbytes
 
-        gathered = [sum(padded(q, graph.compute_bytes(q)) for q in m) for m in members]
-        reduce = [sum(padded(q, graph.params[q].nbytes) for q in m) for m in members]
+        gathered = [sum(padded(q, True) for q in m) for m in members]
+        reduce = [sum(padded(q, False) for q in m) for m in members]
         first: dict[int, str] = {}
         last: dict[int, str] = {}
         last_backward: dict[int, str] = {}
@@ -626,7 +687,7 @@ class Fsdp2Units:
             if needs_grad.get(name) and u not in last_backward:
                 last_backward[u] = name
         root = index.get(None, -1)
-        return cls(unit_of_node, members, gathered, reduce, {q: graph.compute_bytes(q) for m in members for q in m},
+        return cls(unit_of_node, members, gathered, reduce, {q: whole(q, True)[0] for m in members for q in m},
                    root, [u for b, u in index.items() if b is not None], first, last, last_backward)
 
     def previous_block(self, u: int) -> int | None:

@@ -53,6 +53,29 @@ def require_data_parallel(plan: Plan) -> None:
                         "tensoropt's executor runs it (options.runtime 'executor')")
 
 
+def fsdp_across_replicas(plan: Plan) -> bool:
+    """Whether ``plan`` runs as FSDP2 over its replicas with tensor parallelism inside each
+    (runtime ``fsdp2`` with :attr:`~tensoropt.plan.Plan.replicas`: torchtitan's FSDP × TP — one
+    2-D ``DeviceMesh`` ``(dp, tp)``, ``fully_shard`` on ``dp`` over the replicas, the host plan's
+    column / row layers on ``tp``)."""
+    return plan.runtime == "fsdp2" and bool(plan.replicas)
+
+
+def require_tensor_parallel(plan: Plan) -> None:
+    """Refuse (:class:`~tensoropt.plan.PlanError`) a plan priced as FSDP2 over its replicas whose
+    host plan is not tensor parallelism alone: every operator on all of the host's devices, the
+    whole batch on each (no ``batch`` layout), no sharding level inside the host."""
+    devices = set(plan.devices)
+    bad = next((n for n in plan.order if set(plan.configs[n].devices) != devices
+                or plan.configs[n].layout == Layout.BATCH or plan.configs[n].shard), None)
+    if bad is not None:
+        cfg = plan.configs[bad]
+        raise PlanError(f"a plan that runs as FSDP2 over its replicas runs tensor parallelism inside each: every "
+                        f"operator on all of the replica's devices, the whole batch, no sharding level; {bad!r} "
+                        f"does not ({cfg.layout} on {', '.join(cfg.devices)}, level {int(cfg.shard)}): give it "
+                        "replicas without runtime 'fsdp2' (data parallel across them, options.runtime 'executor')")
+
+
 def zero_redundancy_ranks(graph: OpGraph, world: int) -> dict[str, int]:
     """Trainable parameter → the rank whose ``ZeroRedundancyOptimizer`` steps it, as torch 2.13's
     ``_partition_parameters`` assigns them: by element count, largest first (a stable sort, in the

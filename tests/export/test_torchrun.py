@@ -109,3 +109,37 @@ def test_a_tensor_parallel_plan_trains_through_parallelize_module_as_the_unsplit
         opt.zero_grad()
         want.append(loss.item())
     assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_fsdp_over_hosts_with_tensor_parallelism_trains_as_the_unsplit_model(tmp_path):
+    # torchtitan's FSDP × TP as the frontier offers it (tensoropt.frontier.replicas.fsdp_tp_recipes):
+    # the tp plan of one host of two, replicated over two hosts and sharded over them by FSDP2 —
+    # exported on a 2-D DeviceMesh (dp 2, tp 2), 4 gloo ranks, each dp row half the batch of 4
+    import tensoropt
+    from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
+    from tensoropt.modelspec import load_model
+
+    spec = "zoo:llama3-8b?tiny=1"     # batch 2: one replica's slice of the step's 4
+    graph = tensoropt.load_model(spec).capture()
+    cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
+    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
+    (_, plan, _), _ = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1)
+    plan.save(tmp_path / "fsdp_tp.json")
+    done = export_plan(tmp_path / "fsdp_tp.json", spec, tmp_path / "fsdp_tp", steps=STEPS, cluster=cluster)
+    assert done.expression.path == "fsdp+tp" and done.expression.tp_size == 2 and done.shape.nnodes == 2
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                           "train.py"], cwd=tmp_path / "fsdp_tp", capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [float(x) for _, x in LOSS_LINE.findall(proc.stdout)]
+    torch.manual_seed(0)
+    loaded = load_model(spec, batch=4)
+    opt = torch.optim.AdamW(loaded.model.parameters(), lr=1e-3)
+    want = []
+    for _ in range(STEPS):
+        loss = loaded.call.run(loaded.model).float().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        want.append(loss.item())
+    assert got == pytest.approx(want, rel=1e-5)
