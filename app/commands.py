@@ -34,7 +34,8 @@ def export_dir(plan_id: str) -> str:
 
 
 def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int,
-                 replicas: int = 1, microbatches: int = 1, pipeline: str = "") -> tuple[list[str], str]:
+                 replicas: int = 1, microbatches: int = 1, pipeline: str = "",
+                 mesh: str = "") -> tuple[list[str], str]:
     """``(commands, note)``: the check-and-run command, the distributed one and the export for the
     plan ``plan_id`` on ``num_devices`` devices of the result of ``request`` (a request dict), and a
     note (empty, or why the model cannot be rebuilt by ``tensoropt run`` and ``export``).  A 2-D
@@ -42,7 +43,8 @@ def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int,
     one process per device of every host: its check is the distributed run's, and it has no export;
     so does a plan that steps several micro-batches (``microbatches`` > 1, gradient accumulation).  A
     pipeline (``pipeline``: its recipe in words; ``num_devices`` all its ranks) runs on the distributed
-    backend through PyTorch's pipelining, and exports.
+    backend through PyTorch's pipelining, and exports.  A 2-D plan whose ``mesh`` is FSDP2's over the
+    hosts with tensor parallelism inside (:func:`~tensoropt.planmodel.wrappers.mesh_text`) exports too.
 
     >>> cmds, note = run_commands({"model": "zoo:gpt2?layers=2", "batch": None, "precision": None,
     ...                            "cluster": "preset:v100-8-nvlink"}, "p003", 8)
@@ -74,6 +76,12 @@ def run_commands(request: Mapping[str, Any], plan_id: str, num_devices: int,
     if pipeline:
         return [dist + " --check", dist, export], (f"a pipeline ({pipeline}) — PyTorch's pipelining runs it, one "
                                                    "process per device: tensoropt run --backend dist, or the export")
+    if replicas > 1 and "FSDP2" in mesh:
+        return [dist + " --check", dist, export], (f"a 2-D plan, mesh {mesh} (torchtitan's FSDP × TP): tensoropt's "
+                                                   "executor checks and runs it with each host's parameters whole; "
+                                                   "the export runs it as priced, through PyTorch's fully_shard and "
+                                                   "parallelize_module on a 2-D DeviceMesh (the torchrun line on "
+                                                   "every host)")
     if replicas > 1:
         return [dist + " --check", dist], (f"a 2-D plan: data parallel across {int(replicas)} hosts of "
                                            f"{int(num_devices)} devices — run it on the distributed backend, the "

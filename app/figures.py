@@ -154,7 +154,8 @@ def drawn_plans(points: Sequence[FrontierRow], baselines: Sequence[BaselineDict]
     baseline with a plan that is not a curve point already (``role`` ``baseline``: its ``same_as``
     is empty; see :func:`~.curves.place_baselines`), as dicts with ``plan_id``, ``label``, ``devices``,
     ``num_devices``, ``memory_bytes``, ``time_s``, ``peaks``, ``source``, ``on_frontier``, ``pipeline``
-    (a pipeline's recipe in words, else empty) and, for a baseline, ``dominated_by``.  A curve point
+    (a pipeline's recipe in words, else empty), ``mesh`` (a plan across hosts: its 2-D mesh in words,
+    else empty) and, for a baseline, ``dominated_by``.  A curve point
     that is also a baseline's plan names it in ``also``."""
     also: dict[str, list[str]] = {}
     for b in baselines:
@@ -169,7 +170,8 @@ def drawn_plans(points: Sequence[FrontierRow], baselines: Sequence[BaselineDict]
                     "source": str(r.get("source") or "frontier"),
                     "on_frontier": str(r.get("on_frontier", True)).lower() in ("true", "1"),
                     "layouts": dict(r.get("layouts") or {}), "recomputed": int(r.get("recomputed") or 0),
-                    "also": also.get(pid, []), "dominated_by": "", "pipeline": str(r.get("pipeline") or "")})
+                    "also": also.get(pid, []), "dominated_by": "", "pipeline": str(r.get("pipeline") or ""),
+                    "mesh": str(r.get("mesh") or "")})
     for b in baselines:
         if not b.get("plan_id") or b.get("peak_memory_bytes") is None or b.get("same_as"):
             continue
@@ -178,7 +180,7 @@ def drawn_plans(points: Sequence[FrontierRow], baselines: Sequence[BaselineDict]
                     "num_devices": len(peaks), "memory_bytes": int(b["peak_memory_bytes"]),
                     "time_s": float(b["time_s"]), "peaks": peaks, "source": b["algo"],
                     "on_frontier": not b.get("dominated_by"), "layouts": {}, "recomputed": 0, "also": [],
-                    "dominated_by": b.get("dominated_by") or "", "pipeline": ""})
+                    "dominated_by": b.get("dominated_by") or "", "pipeline": "", "mesh": ""})
     return out
 
 
@@ -219,6 +221,10 @@ def _hover_title(p: Mapping[str, Any]) -> str:
         return f"<b>{p['label']}</b> (baseline placer) · plan {p['plan_id']}"
     if p.get("pipeline"):   # its schedule and mesh named on the point
         return f"<b>{p['plan_id']}</b> · a pipeline: {p['pipeline']} (torch.distributed.pipelining)"
+    if p.get("mesh"):       # a plan across hosts: its 2-D mesh named on the point
+        how = ("torchtitan's FSDP × TP" + (", a checkpoint per block" if p["source"].endswith("+ac") else "")
+               if "FSDP2" in p["mesh"] else "one host's plan of the search on each host's slice of the batch")
+        return f"<b>{p['plan_id']}</b> · mesh {p['mesh']}: {how}"
     what = "the search" if p["source"] == "frontier" else f"the placer {p['source']}"
     return f"<b>{p['plan_id']}</b> · found by {what}"
 

@@ -26,6 +26,7 @@ from dash import dcc, html
 from tensoropt.describe import fmt_bytes, fmt_devices
 from tensoropt.planmodel.fits import fits
 from tensoropt.planmodel.pipelined import pipeline_text
+from tensoropt.planmodel.wrappers import fsdp_across_replicas, mesh_text
 
 from . import figures, plangraph, prices
 from .commands import plan_filename, run_commands
@@ -329,16 +330,16 @@ def plan_options(store: ResultStore, key: str) -> list[dict[str, str]]:
 def plan_commands(store: ResultStore, key: str, plan_id: str) -> str:
     """The commands that check and run a plan of a result (:func:`~.commands.run_commands`), as shown."""
     plan = store.plan(key, plan_id)
-    piped = pipeline_text(plan)
+    piped, mesh = pipeline_text(plan), mesh_text(plan)
     cmds, note = run_commands(store.summary(key).get("request") or {}, plan_id,
                               plan.num_devices if piped else len(plan.devices), plan.num_replicas, plan.microbatches,
-                              piped)
+                              piped, mesh)
     where = (f"{plan.num_devices} device(s) as a pipeline: {piped}" if piped
-             else f"{plan.num_replicas} hosts of {len(plan.devices)} device(s)" if plan.replicas
+             else f"{plan.num_replicas} hosts of {len(plan.devices)} device(s), mesh {mesh}" if plan.replicas
              else f"{len(plan.devices)} device(s)")
     if plan.microbatches > 1 and not piped:
         where += f", each step {plan.microbatches} micro-batches"
-    exports = bool(piped) or (not plan.replicas and plan.microbatches == 1)
+    exports = bool(piped) or (not plan.replicas and plan.microbatches == 1) or fsdp_across_replicas(plan)
     lines = [f"# the plan downloads as {plan_filename(plan_id)}; check it, run it on {where}"
              + (", or export it as a directory torchrun runs" if exports else "") + ":", *cmds]
     return "\n".join(lines + ([f"# {note}"] if note else []))

@@ -45,6 +45,7 @@ from ..planmodel.fits import fits, over_by
 from ..planmodel.pipelined import pipeline_text
 from ..planmodel.simulate import simulate
 from ..planmodel.walk import SegmentsMemo, fill_segments
+from ..planmodel.wrappers import mesh_text
 from . import point_sets
 from .graph_problem import MeshProblem
 from .replicas import REPLICAS_SOURCE
@@ -57,7 +58,7 @@ MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "transien
 CSV_COLUMNS = ("plan_id", "num_devices", "devices", "memory_bytes", "time_s", "samples_per_s", "fits_budget",
                "device_memory_bytes", *(f"{part}_bytes" for part in MEMORY_PARTS), "search_estimate_bytes",
                "recomputed_nodes", "layouts", "times_from", "source", "priced_as", "microbatches",
-               "pipeline")
+               "pipeline", "mesh")
 
 #: the source of a point the search found for a step of several micro-batches (gradient accumulation:
 #: :attr:`~tensoropt.plan.Plan.microbatches`), the model captured at one micro-batch
@@ -395,7 +396,9 @@ class Frontier:
                         # a step of several micro-batches (gradient accumulation) of the step's batch
                         "microbatches": p.plan.microbatches,
                         # a pipeline's recipe in words (schedule, ranks, copies, micro-batches); empty for the others
-                        "pipeline": pipeline_text(p.plan)})
+                        "pipeline": pipeline_text(p.plan),
+                        # a plan across replicas: its 2-D mesh in words (dp × tp, FSDP2 or data parallel)
+                        "mesh": mesh_text(p.plan)})
         return out
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:

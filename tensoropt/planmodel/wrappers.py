@@ -61,6 +61,18 @@ def fsdp_across_replicas(plan: Plan) -> bool:
     return plan.runtime == "fsdp2" and bool(plan.replicas)
 
 
+def mesh_text(plan: Plan) -> str:
+    """A plan's device mesh across replicas in words — ``"dp 8 (FSDP2) × tp 8"`` for FSDP over the
+    replicas with tensor parallelism inside (:func:`fsdp_across_replicas`), ``"dp 8 (replicas) × 8
+    devices"`` for data parallelism across them — or ``""`` for a plan without replicas."""
+    if not plan.replicas:
+        return ""
+    r, t = plan.num_replicas, len(plan.devices)
+    if fsdp_across_replicas(plan):
+        return f"dp {r} (FSDP2) × tp {t}" if t > 1 else f"dp {r} (FSDP2)"
+    return f"dp {r} (replicas) × {t} device{'s' if t > 1 else ''}"
+
+
 def require_tensor_parallel(plan: Plan) -> None:
     """Refuse (:class:`~tensoropt.plan.PlanError`) a plan priced as FSDP2 over its replicas whose
     host plan is not tensor parallelism alone: every operator on all of the host's devices, the

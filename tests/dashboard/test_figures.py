@@ -390,6 +390,18 @@ def test_a_pipeline_point_names_its_schedule_and_mesh_in_its_hover():
     assert other.startswith("<b>p004-4dev</b> · found by the search")
 
 
+def test_a_plan_across_hosts_names_its_2d_mesh_in_its_hover():
+    devs = ["h0g0", "h0g1", "h1g0", "h1g1"]
+    row = {"plan_id": "p002-4dev", "devices": ";".join(devs), "memory_bytes": MiB, "time_s": 0.002,
+           "device_memory_bytes": ";".join(f"{d}={MiB}" for d in devs), "source": "fsdp+tp+ac",
+           "mesh": "dp 2 (FSDP2) × tp 2"}
+    p = F.drawn_plans([row])[0]
+    assert F.hover_head(p).startswith("<b>p002-4dev</b> · mesh dp 2 (FSDP2) × tp 2: torchtitan's FSDP × TP, a "
+                                      "checkpoint per block<br>")
+    hosts = F.hover_head({**p, "source": "hosts", "mesh": "dp 2 (replicas) × 2 devices"})
+    assert hosts.startswith("<b>p002-4dev</b> · mesh dp 2 (replicas) × 2 devices: one host's plan of the search")
+
+
 def test_two_timelines_share_one_time_axis():
     """The issue: two compared plans' timelines were drawn on different time scales.  One figure, one
     plan above the other, the x axes linked and spanning the longer step (6 ms); the bars as simulated."""

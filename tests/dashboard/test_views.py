@@ -194,6 +194,14 @@ def test_the_plan_commands_name_the_model_the_file_and_the_devices(tiny_result):
                     "tensoropt export p2.json 'zoo:llama3-8b?layers=2' --to torchrun -o p2-torchrun --cluster "
                     "preset:a100-4-nvlink"]
     assert note.startswith("a pipeline (1f1b, 2 ranks × 2 data-parallel copies) — PyTorch's pipelining runs it")
+    # torchtitan's FSDP × TP over two hosts of two: the distributed run, and the export on a 2-D mesh
+    cmds, note = run_commands({"model": "zoo:llama3-8b?layers=2", "cluster": "preset:h100-hosts?hosts=2&gpus=2"},
+                              "p3", 2, replicas=2, mesh="dp 2 (FSDP2) × tp 2")
+    assert cmds[1] == ("torchrun --nnodes 2 --nproc-per-node 2 -m tensoropt.cli run 'zoo:llama3-8b?layers=2' --plan "
+                       "p3.json --backend dist")
+    assert cmds[2] == ("tensoropt export p3.json 'zoo:llama3-8b?layers=2' --to torchrun -o p3-torchrun --cluster "
+                       "'preset:h100-hosts?hosts=2&gpus=2'")
+    assert "torchtitan's FSDP × TP" in note
 
 
 EIGHT = tuple(f"gpu{i}" for i in range(8))

@@ -189,3 +189,15 @@ def test_fsdp_over_hosts_with_tensor_parallelism_holds_what_torchtitans_recipe_h
         ours, measured = walked[first].peak, theirs["peak_bytes"][rank]
         assert abs(ours - measured) <= tolerance * measured, (rank, ours, measured, walked[first].parts(),
                                                              theirs["breakdown"][rank])
+
+
+def test_a_plan_across_hosts_says_its_mesh_in_words():
+    from tensoropt.frontier.replicas import replicated
+    from tensoropt.planmodel.wrappers import mesh_text
+
+    graph, costs, cluster = _priced(NARROW)
+    host = tensoropt.place(graph, costs, cluster, "dp", devices=MESH)
+    groups = [MESH, ["gpu2", "gpu3"]]
+    assert mesh_text(host) == ""
+    assert mesh_text(replicated(host, groups)) == "dp 2 (replicas) × 2 devices"
+    assert mesh_text(replicated(host, groups).with_options(runtime="fsdp2")) == "dp 2 (FSDP2) × tp 2"
