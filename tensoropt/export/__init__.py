@@ -166,8 +166,8 @@ def export_plan(plan_path: str | os.PathLike, spec: str, out: str | os.PathLike,
     expr = express(plan, graph, model, call, shape.devices)
     label = plan.plan_id or plan.algorithm or Path(plan_path).stem
     precision = graph.precision
-    if precision == Precision.BF16_PARAMS and (expr.path != "fsdp" or expr.replicated_params):
-        why = (f"it takes the {PATH_TITLES[expr.path]} path" if expr.path != "fsdp" else
+    if precision == Precision.BF16_PARAMS and (expr.path not in ("fsdp", "fsdp+tp") or expr.replicated_params):
+        why = (f"it takes the {PATH_TITLES[expr.path]} path" if expr.path not in ("fsdp", "fsdp+tp") else
                f"it keeps {len(expr.replicated_params)} parameter(s) whole outside fully_shard")
         raise TensorOptError(f"a bf16-params plan runs on bfloat16 copies of float32 master parameters, which only "
                              f"FSDP2's MixedPrecisionPolicy gives every module; this plan cannot ({why}): export a "
