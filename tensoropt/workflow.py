@@ -359,13 +359,12 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     # the bound again, on the host's slice with what its operators hold: a host's plans that cannot
     # fit make 2-D plans that cannot either (Mixtral-8x7B: 121.7 GiB at least on a host's 8 H100s,
     # whose search took 16 of the command's 18 minutes)
-    slice_full = f"no plan within one host can fit ({full})" if full else \
-        _slice_cannot_fit(request, setup.cluster, part, part_costs, groups[0])
+    slice_full = "" if full else _slice_cannot_fit(request, setup.cluster, part, part_costs, groups[0])
     plans: list[tuple[Any, ...]] = []
-    if slice_full:
+    if full or slice_full:
+        why = f"({full})" if full else f"its slice of the batch ({batch // hosts} of {batch}: {slice_full})"
         frontier.notes.append(f"data parallel across the {hosts} hosts with a plan of the search inside each not "
-                              f"tried: no plan within one host can fit its slice of the batch ({batch // hosts} of "
-                              f"{batch}: {slice_full.removeprefix('no plan within one host can fit ')})")
+                              f"tried: no plan within one host can fit {why}")
     else:
         progress("frontier", 0, 1, f"tracking one host's frontier ({len(groups[0])} devices)")
         inner = track_frontier(part, part_costs, setup.cluster, meshes=meshes, resolution=request.resolution,

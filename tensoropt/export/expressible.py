@@ -20,11 +20,19 @@ and whether it is recomputed.  PyTorch's wrappers say it per *module* and for th
   repeated block (the last one ``reshard_after_forward=False``: the backward needs it first, as
   torchtitan), then on the model (its root unit: the rest).  A ``bf16-params`` graph runs there
   only (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``, :mod:`.render`);
+- Megatron's tensor parallelism over all N devices (the whole batch on each, each cut operator with
+  a weight a linear of its own module, the operators between a column and a row layer on the
+  rank's piece) → ``parallelize_module`` on a 1-D ``DeviceMesh`` with ``ColwiseParallel`` /
+  ``RowwiseParallel`` (:func:`tensor_parallel_modules`; path ``tp``);
+- replicas priced as FSDP2 over them (runtime ``fsdp2`` with replicas, each replica's plan tensor
+  parallelism as above) → a 2-D ``DeviceMesh`` ``(dp, tp)``: ``parallelize_module`` on tp, then
+  ``fully_shard`` on dp per repeated block and on the model (path ``fsdp+tp``, torchtitan's recipe);
 - recomputation → ``torch.distributed._composable.checkpoint`` on the largest modules whose every
   operator the plan recomputes (exactly the plan's set, or it is not expressible);
-- anything else — an operator that cuts its weights or features (``channel`` / ``reduce``), an
-  operator placed on some of the devices only, one that mixes the samples of the batch (a batch
-  norm needs the whole batch's statistics, a reduction over the batch), a loss over an output
+- anything else — an operator that cuts its weights or features (``channel`` / ``reduce``) other
+  than as Megatron's pairs above, an operator placed on some of the devices only, one that mixes
+  the samples of the batch (a batch norm needs the whole batch's statistics, a reduction over the
+  batch), a loss over an output
   without a batch dimension, recomputation or sharding that does not follow module boundaries —
   runs through tensoropt's own executor (:mod:`tensoropt.distributed`), and
   :attr:`Expression.executor_ops` names each operator that needs it and why.

@@ -125,6 +125,7 @@ from ..plan import NodeConfig, Plan, PlanError, sharded_parameters
 from .reshard import (
     Reshard,
     edge_reshard,
+    op_basename,
     output_layout,
     piece_bytes,
     read_layout,
@@ -604,7 +605,8 @@ class HostPiece:
 def host_pieces(plan: Plan, graph: OpGraph) -> dict[str, HostPiece]:
     """Every trainable parameter the plan's operators read → each host device's piece of it (the
     largest: every reader on the host cuts it alike in a tensor-parallel host plan): whole under
-    ``R``, ``1/k`` under ``channel`` (dimension 0) or ``reduce`` (dimension 1) over ``k`` devices."""
+    ``R``, ``1/k`` under ``channel`` (the output features: dimension 0, an embedding's 1) or ``reduce``
+    (the input features: dimension 1) over ``k`` devices."""
     out: dict[str, HostPiece] = {}
     for name in plan.order:
         node, cfg = graph.nodes[name], plan.configs[name]
@@ -615,8 +617,8 @@ def host_pieces(plan: Plan, graph: OpGraph) -> dict[str, HostPiece]:
             k = cfg.param_pieces
             rows = info.shape[0] if info.shape else 1
             itemsize = info.nbytes // max(info.numel, 1)
-            piece = HostPiece(largest_piece(info.numel, k), itemsize,
-                              largest_piece(rows, k) if k > 1 and cfg.layout == Layout.CHANNEL else rows,
+            rows_cut = k > 1 and cfg.layout == Layout.CHANNEL and op_basename(node.op) != "embedding"
+            piece = HostPiece(largest_piece(info.numel, k), itemsize, largest_piece(rows, k) if rows_cut else rows,
                               largest_piece(graph.compute_bytes(q), k))
             if q not in out or piece.numel > out[q].numel:
                 out[q] = piece

@@ -100,3 +100,23 @@ def test_the_optimizer_in_train_py_is_the_one_tensoropt_trains_with(name):
     ours = make_optimizer(name, p, lr=0.1)
     theirs = eval(cls)(p, lr=0.1, **options)      # noqa: S307 - the class path written into train.py
     assert type(ours) is type(theirs) and ours.defaults == theirs.defaults
+
+
+def test_megatron_pairs_need_no_cut_value_read_whole(loaded):
+    # the stem column parallel, its ReLU on each rank's piece, the first block's linear row parallel:
+    # a Megatron pair — but the residual add reads the ReLU's output whole, which PyTorch's
+    # ColwiseParallel would hand it as the rank's piece: not expressible, the executor runs it, and
+    # the README's reason names the add
+    from tensoropt.export.expressible import tensor_parallel_modules
+
+    model, call, graph = loaded
+    layouts = {n.name: "R" for n in graph.ops} | {"linear": "channel", "relu": "channel", "linear_1": "reduce"}
+    plan = make_plan(graph, layouts=layouts)
+    plan.check(graph)
+    with pytest.raises(TensorOptError, match=r"operator 'add' .* reads 'relu' whole where the plan cuts it"):
+        tensor_parallel_modules(graph, plan)
+    e = express(plan, graph, model, call)
+    assert e.path == "executor" and any("reads 'relu' whole" in r for r in e.reasons)
+    # a plan that splits the batch is no tensor parallelism at all
+    with pytest.raises(TensorOptError, match="splits the batch"):
+        tensor_parallel_modules(graph, make_plan(graph))
