@@ -162,7 +162,8 @@ def test_fsdp_over_hosts_with_tensor_parallelism_holds_what_torchtitans_recipe_h
     # model on dp, each dp row half the batch — against the frontier's recipe (the tp plan of one
     # host replicated over two with runtime fsdp2, fsdp_tp_recipes) walked.  Measured: 28,401,500 B
     # a rank against 28,401,280 walked; with the blocks checkpointed 23,609,692 against 23,549,568
-    # (−0.25 %: the recomputed block's backward, not looked into)
+    # (−0.25 %: PyTorch's peak is the root's reduce-scatter at the end of the backward, with 6 MiB of
+    # temporaries; the walk's the last block's recomputed backward, docs/measurements.md)
     from tensoropt.export.expressible import tensor_parallel_modules
     from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
 
