@@ -380,6 +380,7 @@ def test_a_two_host_result_keeps_the_replicas_capture_and_shows_their_plans(tmp_
     # slice: the result folder keeps that capture, so each such plan loads, simulates to its
     # point's figures, and its commands run it on both hosts
     from tensoropt.dashboard.views import plan_commands
+    from tensoropt.frontier import FSDP_TP_SOURCES, REPLICAS_SOURCE
 
     from .conftest import TINY
 
@@ -387,15 +388,19 @@ def test_a_two_host_result_keeps_the_replicas_capture_and_shows_their_plans(tmp_
     key = run_request(Request(model=TINY, cluster="preset:h100-hosts?hosts=2&gpus=2", repeats=1, warmup=0, algos=()),
                       store)
     rows = [r for r in csv.DictReader(io.StringIO((store.folder(key) / "frontier.csv").read_text()))]
-    hosts = [r for r in rows if r["source"] == "hosts"]
-    assert hosts, [r["source"] for r in rows]
-    for row in hosts:
+    # data parallel across the hosts (source hosts) or FSDP over them with TP inside (fsdp+tp…)
+    across = [r for r in rows if r["source"] in (REPLICAS_SOURCE, *FSDP_TP_SOURCES)]
+    assert across, [r["source"] for r in rows]
+    for row in across:
         plan = store.plan(key, row["plan_id"])
         assert plan.num_replicas == 2 and plan.graph_fingerprint != store.graph(key).fingerprint
+        assert row["mesh"].startswith("dp 2 ")
         sim = store.simulation(key, row["plan_id"])
         assert sim.time_s == float(row["time_s"]) and sim.max_memory_bytes == int(row["memory_bytes"])
-    text = plan_commands(store, key, hosts[0]["plan_id"])
-    assert "--nnodes 2" in text and "--backend dist --check" in text and "--to torchrun" not in text
+        text = plan_commands(store, key, row["plan_id"])
+        assert "--nnodes 2" in text and "--backend dist --check" in text
+        # only FSDP over the hosts exports (PyTorch's fully_shard on the dp axis of a 2-D mesh)
+        assert ("--to torchrun" in text) == (row["source"] in FSDP_TP_SOURCES)
 
 
 def test_a_value_asked_by_several_threads_at_once_is_loaded_once(tmp_path):
