@@ -40,9 +40,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..cluster import Cluster
-from ..graph import OpGraph, block_of
+from ..graph import OpGraph
 from ..measure.costmodel import CostModel
 from ..placers.tp import tensor_parallel_plan
+from ..placers.zero import block_operators
 from ..plan import Plan, PlanError
 from ..planmodel.simulate import simulate, unlike_replica
 from .forkmap import default_workers, fork_map
@@ -122,9 +123,8 @@ def fsdp_tp_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, groups: 
         return []
     kept = replicated(host, groups).with_options(runtime="fsdp2")
     d = kept.to_dict()
-    for name, cfg in d["configs"].items():
-        if block_of(graph.nodes[name].module_path) is not None:
-            cfg["recompute"] = True
+    for name in block_operators(graph):   # what a checkpoint around every block recomputes (fsdp+ac's rule)
+        d["configs"][name]["recompute"] = True
     d["notes"] = list(d.get("notes", [])) + ["every operator of a repeated block recomputed (a checkpoint per block)"]
     recomputed = Plan.from_dict(d)
     plans = [kept.renamed(FSDP_TP_SOURCES[0]), recomputed.renamed(FSDP_TP_SOURCES[1])]

@@ -93,7 +93,7 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
         reads = [q for q in (*node.params, *node.param_reads) if q in trainable]
         if reads and not cfg.layout.cuts_params:
             configs[node.name] = NodeConfig(cfg.devices, cfg.layout, cfg.recompute, shard)
-    recomputed = _checkpointed(graph) if checkpoint else set()
+    recomputed = block_operators(graph) if checkpoint else set()
     for name in recomputed:
         cfg = configs[name]
         configs[name] = NodeConfig(cfg.devices, cfg.layout, True, cfg.shard)
@@ -144,7 +144,7 @@ def _recipe(level: str) -> Callable[..., Plan]:
 PLACERS: dict[str, Callable[..., Plan]] = {level: _recipe(level) for level in RECIPES}
 
 
-def _checkpointed(graph: OpGraph) -> set[str]:
+def block_operators(graph: OpGraph) -> set[str]:
     """The operators a checkpoint around every repeated block recomputes: every operator inside
     a block (:func:`~tensoropt.graph.block_of`)."""
     return {node.name for node in graph.ops if block_of(node.module_path) is not None}

@@ -536,11 +536,12 @@ class _ParamHolding:
     def of(cls, plan: Plan, graph: OpGraph, synced: Mapping[str, tuple[str, ...]]) -> _ParamHolding:
         held: dict[tuple[str, str], int] = {}
         piece_of: dict[tuple[str, str], int] = {}
-        sharded = {q: (s.level, s.piece_nbytes, s.nbytes) for q, s in sharded_parameters(graph, plan).items()}
         if fsdp_across_replicas(plan):   # every trainable parameter: the host's piece cut over the replicas
             k = plan.num_replicas
             sharded = {q: (Shard.PARAMETERS, largest_piece(local.numel, k) * local.itemsize, local.nbytes)
                        for q, local in host_pieces(plan, graph).items()}
+        else:
+            sharded = {q: (s.level, s.piece_nbytes, s.nbytes) for q, s in sharded_parameters(graph, plan).items()}
         for name in plan.order:
             node, cfg = graph.nodes[name], plan.configs[name]
             split = cfg.param_pieces

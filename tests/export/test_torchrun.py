@@ -78,12 +78,34 @@ def test_exported_directories_train_as_the_unsplit_model(tmp_path):
         assert [x for _, x in got] == pytest.approx(want, rel=1e-5), name
 
 
+def zoo_run_and_reference(directory, ranks, spec, batch=None):
+    """The losses ``train.py`` in ``directory`` prints under torchrun on ``ranks`` gloo ranks, and the
+    unsplit zoo model's trained here as train.py builds it (the same seed before the factory, AdamW at
+    lr 1e-3, the mean of its per-token losses)."""
+    from tensoropt.modelspec import load_model
+
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(ranks), "train.py"], cwd=directory, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    torch.manual_seed(0)
+    loaded = load_model(spec, batch=batch)
+    opt = torch.optim.AdamW(loaded.model.parameters(), lr=1e-3)
+    want = []
+    for _ in range(STEPS):
+        loss = loaded.call.run(loaded.model).float().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        want.append(loss.item())
+    return [float(x) for _, x in LOSS_LINE.findall(proc.stdout)], want
+
+
 def test_a_tensor_parallel_plan_trains_through_parallelize_module_as_the_unsplit_model(tmp_path):
     # the tp placer's plan of a small Llama (q, k, v, gate, up column parallel; o, down row parallel;
     # the attention on each rank's heads) exports as PyTorch's own tensor parallelism and trains as the
     # unsplit model trained here (the same seed before the factory, AdamW at lr 1e-3, the mean token loss)
     import tensoropt
-    from tensoropt.modelspec import load_model
 
     spec = "zoo:llama3-8b?tiny=1"
     graph = tensoropt.load_model(spec).capture()
@@ -93,21 +115,7 @@ def test_a_tensor_parallel_plan_trains_through_parallelize_module_as_the_unsplit
     done = export_plan(tmp_path / "tp.json", spec, tmp_path / "tp", steps=STEPS)
     assert done.expression.path == "tp"
     assert sorted(done.expression.tp_modules.values()).count("rowwise") == 2 * 2   # o_proj, down_proj per block
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "train.py"], cwd=tmp_path / "tp", capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = [float(x) for _, x in LOSS_LINE.findall(proc.stdout)]
-    torch.manual_seed(0)
-    loaded = load_model(spec)
-    opt = torch.optim.AdamW(loaded.model.parameters(), lr=1e-3)
-    want = []
-    for _ in range(STEPS):
-        loss = loaded.call.run(loaded.model).float().mean()     # the per-token losses' mean
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        want.append(loss.item())
+    got, want = zoo_run_and_reference(tmp_path / "tp", 2, spec)
     assert got == pytest.approx(want, rel=1e-5)
 
 
@@ -117,7 +125,6 @@ def test_fsdp_over_hosts_with_tensor_parallelism_trains_as_the_unsplit_model(tmp
     # exported on a 2-D DeviceMesh (dp 2, tp 2), 4 gloo ranks, each dp row half the batch of 4
     import tensoropt
     from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
-    from tensoropt.modelspec import load_model
 
     spec = "zoo:llama3-8b?tiny=1"     # batch 2: one replica's slice of the step's 4
     graph = tensoropt.load_model(spec).capture()
@@ -127,19 +134,5 @@ def test_fsdp_over_hosts_with_tensor_parallelism_trains_as_the_unsplit_model(tmp
     plan.save(tmp_path / "fsdp_tp.json")
     done = export_plan(tmp_path / "fsdp_tp.json", spec, tmp_path / "fsdp_tp", steps=STEPS, cluster=cluster)
     assert done.expression.path == "fsdp+tp" and done.expression.tp_size == 2 and done.shape.nnodes == 2
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                           "train.py"], cwd=tmp_path / "fsdp_tp", capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = [float(x) for _, x in LOSS_LINE.findall(proc.stdout)]
-    torch.manual_seed(0)
-    loaded = load_model(spec, batch=4)
-    opt = torch.optim.AdamW(loaded.model.parameters(), lr=1e-3)
-    want = []
-    for _ in range(STEPS):
-        loss = loaded.call.run(loaded.model).float().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        want.append(loss.item())
+    got, want = zoo_run_and_reference(tmp_path / "fsdp_tp", 4, spec, batch=4)
     assert got == pytest.approx(want, rel=1e-5)
