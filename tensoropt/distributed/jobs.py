@@ -384,8 +384,9 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from torch.nn.parallel import DistributedDataParallel
+
+    from ..export.tpstyles import apply_styles
 
     tp = rt.world_size if recipe == TENSOR_PARALLEL else int(tp_size)
     if recipe not in (*TORCH_RECIPES, TENSOR_PARALLEL) or (recipe == TENSOR_PARALLEL) and not tensor_parallel \
@@ -403,8 +404,7 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
                  for x in inputs)
     mesh2 = init_device_mesh(dev.type, (dp, tp), mesh_dim_names=("dp", "tp")) if tp > 1 else None
     if mesh2 is not None:
-        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-        parallelize_module(model, mesh2["tp"], {m: styles[style]() for m, style in (tensor_parallel or {}).items()})
+        apply_styles(model, mesh2["tp"], dict(tensor_parallel or {}))
     # in forward order: the last block is kept gathered after forward
     blocks = [model.get_submodule(b) for b in dict.fromkeys(block_of(n.module_path) for n in graph.ops)
               if b is not None]

@@ -13,12 +13,14 @@ Owns: the text of both files.  Must not: decide the path (:mod:`.expressible`) o
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Sequence
 
 from ..describe import fmt_bytes
 from ..graph import Precision
 from ..plan import Plan
+from . import tpstyles
 from .expressible import PATH_TITLES, Expression, LaunchShape
 
 #: one step's line in a run's output: ``step 3 loss 0.0929938629269599``
@@ -55,8 +57,9 @@ def _constants(expr: Expression, *, spec: str, batch: int | None, precision: str
         lines.append(f"REPLICATED = {list(expr.replicated_params)!r}   # kept whole: gradients all-reduced by hand "
                      "(parallelize() finds them: every parameter fully_shard did not take)")
     if expr.path in ("tp", "fsdp+tp"):
-        lines.append("# module → its tensor-parallel style: colwise = output features cut, rowwise = input features "
-                     "cut (partial sums all-reduced)")
+        lines.append("# module → its tensor-parallel style (parallelize_styles below): colwise = output features cut, "
+                     "rowwise = input features cut (partial sums all-reduced), *sequence* = sequence parallelism over "
+                     "the batch rows")
         lines.append(f"TP_MODULES = {dict(expr.tp_modules)!r}")
     return "\n".join(lines)
 
@@ -208,11 +211,8 @@ def parallelize(model, device, world):
     every rank, each linear of TP_MODULES column or row parallel; every rank runs the whole batch."""
     from torch.distributed._composable import checkpoint
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    parallelize_module(model, init_device_mesh(device.type, (world,)),
-                       {name: styles[style]() for name, style in TP_MODULES.items()})
+    apply_styles(model, init_device_mesh(device.type, (world,)), TP_MODULES)
     for name in CHECKPOINT_MODULES:
         checkpoint(model.get_submodule(name))
     return model, OPTIMIZER(model.parameters(), lr=ARGS.lr, **OPTIMIZER_OPTIONS), lambda: None
@@ -227,12 +227,9 @@ def parallelize(model, device, world):
     from torch.distributed._composable import checkpoint
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh(device.type, (world // TP_SIZE, TP_SIZE), mesh_dim_names=("dp", "tp"))
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    if TP_MODULES:
-        parallelize_module(model, mesh["tp"], {name: styles[style]() for name, style in TP_MODULES.items()})
+    apply_styles(model, mesh["tp"], TP_MODULES)
     for name in CHECKPOINT_MODULES:
         checkpoint(model.get_submodule(name))
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if PRECISION == "bf16-params"
@@ -336,7 +333,16 @@ def train_script(expr: Expression, shape: LaunchShape, *, spec: str, batch: int 
         return head + consts + "\n" + _MAIN_EXECUTOR + _TAIL
     body = {"ddp": _DDP, "zero1": _ZERO1, "fsdp": _FSDP, "tp": _TP, "fsdp+tp": _FSDP_TP}[expr.path].replace(
         "{find_unused}", str(expr.find_unused_parameters))
+    if expr.path in ("tp", "fsdp+tp"):   # the styles' table, as the measurement job applies it
+        body = _styles_source() + body
     return head + consts + "\n" + _COMMON + body + _MAIN_TORCH + _TAIL
+
+
+def _styles_source() -> str:
+    """:mod:`.tpstyles`' two functions, copied: ``train.py`` builds each module's ``ParallelStyle`` by
+    the same table the measurement job does, in plain PyTorch."""
+    return ("\n\nfrom typing import Any\n\n\n" + inspect.getsource(tpstyles.parallelize_styles) + "\n\n"
+            + inspect.getsource(tpstyles.apply_styles))
 
 
 def _estimate_lines(plan: Plan) -> list[str]:

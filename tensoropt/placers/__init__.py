@@ -51,6 +51,7 @@ PLACERS: dict[str, Callable[..., Plan]] = {
     "pesto": pesto.place,
     **zero.PLACERS,
     tp.NAME: tp.place,
+    tp.SEQUENCE_PARALLEL_NAME: tp.place_sequence_parallel,
 }
 
 

@@ -66,6 +66,8 @@ from ..planmodel.reshard import is_weighted, op_basename, reads_nothing
 from ._common import refuse_unless_walked_fits
 
 NAME = "tp"
+#: the same with sequence parallelism (:func:`sequence_rows`)
+SEQUENCE_PARALLEL_NAME = "tp+sp"
 
 
 @dataclass
@@ -80,11 +82,12 @@ class Roles:
     follow: list[str] = field(default_factory=list)
     whole: list[str] = field(default_factory=list)
     unsplit_layers: list[str] = field(default_factory=list)
+    rows: list[str] = field(default_factory=list)
 
     def layouts(self) -> dict[str, Layout]:
         """Operator -> its layout, for the operators split (the others are ``R``)."""
         return {**dict.fromkeys(self.column, Layout.CHANNEL), **dict.fromkeys(self.follow, Layout.CHANNEL),
-                **dict.fromkeys(self.row, Layout.REDUCE)}
+                **dict.fromkeys(self.row, Layout.REDUCE), **dict.fromkeys(self.rows, Layout.BATCH)}
 
 
 def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequence[str] | str | None = None,
@@ -99,23 +102,42 @@ def place(graph: OpGraph, costs: CostModel, cluster: Cluster, *, devices: Sequen
     return plan
 
 
+def place_sequence_parallel(graph: OpGraph, costs: CostModel, cluster: Cluster, *,
+                            devices: Sequence[str] | str | None = None,
+                            optimizer: str | int = DEFAULT_OPTIMIZER) -> Plan:
+    """:func:`place` with sequence parallelism (:func:`sequence_rows`): the blocks' norms and
+    residual adds on each device's rows of tokens.  Raises as :func:`place` does, and when no
+    operator of the blocks may be cut by rows at that degree."""
+    plan = tensor_parallel_plan(graph, costs, cluster, devices=devices, optimizer=optimizer, sequence_parallel=True)
+    refuse_unless_walked_fits(plan, graph, costs, cluster, plan.devices, optimizer, SEQUENCE_PARALLEL_NAME,
+                              "use more devices, devices with more memory, a smaller batch, or frontier tracking")
+    return plan
+
+
 def tensor_parallel_plan(graph: OpGraph, costs: CostModel, cluster: Cluster, *,
                          devices: Sequence[str] | str | None = None,
-                         optimizer: str | int = DEFAULT_OPTIMIZER) -> Plan:
+                         optimizer: str | int = DEFAULT_OPTIMIZER, sequence_parallel: bool = False) -> Plan:
     """:func:`place`'s plan, whether it fits or not (what FSDP over hosts runs inside each host:
-    :mod:`tensoropt.frontier.replicas`).  O(V + E) per block."""
+    :mod:`tensoropt.frontier.replicas`); ``sequence_parallel``: :func:`place_sequence_parallel`'s.
+    O(V + E) per block."""
     costs.check_graph(graph)
+    name = SEQUENCE_PARALLEL_NAME if sequence_parallel else NAME
     names = tuple(cluster.select(devices))
     n = len(names)
     if n < 2:
-        raise PlanError(f"{NAME}: tensor parallelism needs at least 2 devices, got {n} ({', '.join(names)})")
+        raise PlanError(f"{name}: tensor parallelism needs at least 2 devices, got {n} ({', '.join(names)})")
     roles = megatron_roles(graph, costs, n)
     if not roles.column:
         why = ("the model has no repeated blocks (module paths with a numeric part)"
                if not any(block_of(nd.module_path) for nd in graph.ops) else
                f"no layer of its blocks has a ('channel', {n}) shard in the profile")
-        raise PlanError(f"{NAME}: nothing to split by columns: {why}; profile with that shard degree "
+        raise PlanError(f"{name}: nothing to split by columns: {why}; profile with that shard degree "
                         f"(tensoropt profile MODEL --degrees 1,{n}) or use a placer that splits the batch (dp, fsdp)")
+    if sequence_parallel:
+        roles.rows = sequence_rows(graph, costs, n, roles)
+        if not roles.rows:
+            raise PlanError(f"{name}: no operator of the blocks may run on a piece of the batch rows: none has a "
+                            f"('batch', {n}) shard in the profile (the batch must have at least {n} rows); use tp")
     split = roles.layouts()
     configs = {nd.name: NodeConfig(names, split.get(nd.name, Layout.R)) for nd in graph.ops}
     fraction = split_flops_fraction(costs, split)
@@ -126,13 +148,17 @@ def tensor_parallel_plan(graph: OpGraph, costs: CostModel, cluster: Cluster, *,
              f"their gather){': ' + _listed(roles.whole) if roles.whole else ''}; every other operator replicated "
              "(norms, residual adds, embeddings, the head, everything outside the blocks)",
              f"{fraction:.1%} of the step's FLOPs (forward and backward, where the profile records them) run split"]
+    if roles.rows:
+        notes.insert(2, f"sequence parallel: {len(roles.rows)} operators of the blocks between the row and the column "
+                        "layers (norms, residual adds) on each device's rows of tokens (batch), the row layers' "
+                        "partial sums reduce-scattered and gathered again before the column layers")
     if roles.unsplit_layers:
         notes.append(f"{len(roles.unsplit_layers)} layers of the blocks lack the shard they need and stay replicated: "
                      f"{_listed(roles.unsplit_layers)}")
     plan = Plan(configs, graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size,
-                cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=NAME,
+                cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=name,
                 options={"devices": list(names), "optimizer": optimizer}, order=[nd.name for nd in graph.ops],
-                plan_id=NAME, notes=notes)
+                plan_id=name, notes=notes)
     return plan
 
 
@@ -165,6 +191,36 @@ def megatron_roles(graph: OpGraph, costs: CostModel, n: int) -> Roles:
             decided.add(name)
             (roles.row if _has(costs, graph.nodes[name], "reduce", n) else roles.unsplit_layers).append(name)
     return roles
+
+
+def sequence_rows(graph: OpGraph, costs: CostModel, n: int, roles: Roles) -> list[str]:
+    """The operators sequence parallelism (Korthikanti et al. 2022, "Reducing Activation
+    Recomputation in Large Transformer Models") runs on each device's rows of tokens: the token
+    stream between the row and the column layers — an operator of a repeated block that
+    :func:`megatron_roles` keeps whole, has its ``('batch', n)`` shard in the profile, and lies on a
+    path of such operators from a row layer (the residual adds, the dropout after it, the next norm)
+    or to a column layer (the first block's norm).  Each works token by token, so a row layer's
+    partial sums are reduce-scattered to it (not all-reduced) and a column layer's input gathered
+    once from it: the same messages' bytes, the activations between them ÷ n.  What reads no such
+    path (rotary tables, masks) stays whole; the first block's stream is cut from the whole
+    embedding (no message), the last one's gathered for what follows.  O(V + E)."""
+    split = roles.layouts()
+    stream = {nd.name for nd in graph.ops
+              if block_of(nd.module_path) is not None and nd.name not in split and _has(costs, nd, "batch", n)}
+    chosen: set[str] = set()
+    ahead = list(roles.row)
+    while ahead:   # forward from the row layers
+        for c in graph.successors(ahead.pop()):
+            if c in stream and c not in chosen:
+                chosen.add(c)
+                ahead.append(c)
+    behind = list(roles.column)
+    while behind:  # back from the column layers
+        for p in graph.nodes[behind.pop()].inputs:
+            if p in stream and p not in chosen:
+                chosen.add(p)
+                behind.append(p)
+    return [nd.name for nd in graph.ops if nd.name in chosen]
 
 
 def _is_layer(node: OpNode, trainable: set[str]) -> bool:

@@ -118,5 +118,5 @@ def test_megatron_pairs_need_no_cut_value_read_whole(loaded):
     e = express(plan, graph, model, call)
     assert e.path == "executor" and any("reads 'relu' whole" in r for r in e.reasons)
     # a plan that splits the batch is no tensor parallelism at all
-    with pytest.raises(TensorOptError, match="splits the batch"):
+    with pytest.raises(TensorOptError, match="splits the batch only: data parallelism"):
         tensor_parallel_modules(graph, make_plan(graph))
