@@ -1,16 +1,18 @@
 """Tensor parallelism and FSDP × TP as tensoropt prices them and as PyTorch's DTensor runs them, on gloo.
 
-Three recipes of one Llama, each a plan tensoropt's frontier offers and the PyTorch program
+Six recipes of one Llama, each a plan tensoropt's frontier offers and the PyTorch program
 ``tensoropt export`` writes for it:
 
 - ``tp`` — the tp placer's plan over 2 ranks (Megatron's column / row pairs, the attention on each
   rank's heads), run by ``parallelize_module`` with the ``ColwiseParallel`` / ``RowwiseParallel``
   styles :func:`~tensoropt.export.expressible.tensor_parallel_modules` reads off the plan;
+- ``tp+sp`` — the same with sequence parallelism (the blocks' norms and residual adds on each
+  rank's batch rows: ``SequenceParallel``, the row layers' output reduce-scattered);
 - ``fsdp+tp`` / ``fsdp+tp+ac`` — torchtitan's recipe on 4 ranks, a 2-D ``DeviceMesh`` (dp 2, tp 2):
   :func:`~tensoropt.frontier.replicas.fsdp_tp_recipes`' plans (the tp plan of one host of two,
   replicated over two with runtime ``fsdp2``; blocks kept / checkpointed), run by
   ``parallelize_module`` on tp, (``checkpoint_wrapper`` per block,) ``fully_shard`` per block and on
-  the model on dp.
+  the model on dp; ``fsdp+tp+sp`` / ``fsdp+tp+sp+ac`` the same over the ``tp+sp`` host plan.
 
 Each rank's walked peak (the estimate) beside PyTorch's MemTracker / FSDPMemTracker peak of one step
 (:func:`~tensoropt.distributed.jobs.measure_torch_recipe`: forward, loss, the output dropped,
@@ -47,23 +49,25 @@ def main() -> None:
     batch = int(a.model.split("batch=")[1].split("&")[0])
     half = a.model.replace(f"batch={batch}", f"batch={batch // 2}")
     rows = []
-    # tp: 2 ranks, the whole batch
+    # tp, tp+sp: 2 ranks, the whole batch
     graph = tensoropt.load_model(a.model).capture(method="export")
     cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=1&gpus=2")   # memory only: the kind does not matter
     costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False), cluster).costs
-    plan = tensoropt.place(graph, costs, cluster, "tp", optimizer="adamw")
-    walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
-    styles = tensor_parallel_modules(graph, plan)
-    theirs = launch(measure_torch_recipe, 2, {"model_spec": a.model, "recipe": TENSOR_PARALLEL, "steps": a.steps,
-                                              "warmup": a.warmup, "tensor_parallel": styles}, timeout_s=600)[0]
-    rows.append(("tp", "2 (tp 2)", max(m.peak for m in walked.values()), max(theirs["peak_bytes"]), theirs["step_s"]))
-    print(f"tp: done ({time.time() - t0:.0f} s)", flush=True)
-    # fsdp+tp, fsdp+tp+ac: 4 ranks, each dp row half the batch
+    for algo in ("tp", "tp+sp"):
+        plan = tensoropt.place(graph, costs, cluster, algo, optimizer="adamw")
+        walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
+        styles = tensor_parallel_modules(graph, plan)
+        theirs = launch(measure_torch_recipe, 2, {"model_spec": a.model, "recipe": TENSOR_PARALLEL, "steps": a.steps,
+                                                  "warmup": a.warmup, "tensor_parallel": styles}, timeout_s=600)[0]
+        rows.append((algo, "2 (tp 2)", max(m.peak for m in walked.values()), max(theirs["peak_bytes"]),
+                     theirs["step_s"]))
+        print(f"{algo}: done ({time.time() - t0:.0f} s)", flush=True)
+    # fsdp+tp, fsdp+tp+ac, fsdp+tp+sp, fsdp+tp+sp+ac: 4 ranks, each dp row half the batch
     graph = tensoropt.load_model(half).capture(method="export")
     cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
     costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False), cluster).costs
-    for (source, plan, _), recipe in zip(fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster),
-                                                         optimizer="adamw", workers=1), ("fsdp", "fsdp+ac")):
+    for source, plan, _ in fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1):
+        recipe = "fsdp+ac" if source.endswith("+ac") else "fsdp"
         walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
         styles = tensor_parallel_modules(graph, plan)
         theirs = launch(measure_torch_recipe, 4, {"model_spec": a.model, "recipe": recipe, "steps": a.steps,

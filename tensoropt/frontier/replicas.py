@@ -24,8 +24,9 @@ Beside them, torchtitan's recipe for models no host holds (:func:`fsdp_tp_recipe
 tensor parallelism inside each host (the ``tp`` placer's plan of the first host) and FSDP2 over the
 hosts — every parameter's host piece sharded over the replicas, gathered per repeated block
 (:attr:`Plan.runtime <tensoropt.plan.Plan.runtime>` ``fsdp2`` with replicas: one 2-D
-``DeviceMesh`` ``(dp, tp)``), with and without a checkpoint per block; each walked and simulated
-whole, as ``tensoropt export`` writes and PyTorch runs it.
+``DeviceMesh`` ``(dp, tp)``), with and without a checkpoint per block, with and without sequence
+parallelism inside the host (the ``tp+sp`` placer's plan); each walked and simulated whole, as
+``tensoropt export`` writes and PyTorch runs it.
 
 Example (the groups of two hosts of two H100s)::
 
@@ -53,8 +54,9 @@ __all__ = ["host_groups", "replicated", "replicate_frontier", "fsdp_tp_recipes",
 
 #: the source of a replicated plan on the frontier (:attr:`~.result.FrontierPoint.source`)
 REPLICAS_SOURCE = "hosts"
-#: the sources of torchtitan's FSDP × TP recipes on the frontier: blocks kept, blocks checkpointed
-FSDP_TP_SOURCES = ("fsdp+tp", "fsdp+tp+ac")
+#: the sources of torchtitan's FSDP × TP recipes on the frontier: blocks kept, blocks checkpointed; then the
+#: same with sequence parallelism inside each host
+FSDP_TP_SOURCES = ("fsdp+tp", "fsdp+tp+ac", "fsdp+tp+sp", "fsdp+tp+sp+ac")
 
 
 def host_groups(cluster: Cluster, devices: Sequence[str] | None = None) -> tuple[tuple[str, ...], ...]:
@@ -114,20 +116,29 @@ def fsdp_tp_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, groups: 
     """torchtitan's FSDP × TP over ``groups`` (module docstring) for ``graph``, the model at one
     replica's batch: the ``tp`` placer's plan of ``groups[0]`` (whether or not one host holds it)
     replicated over the groups with runtime ``fsdp2``, then the same with every operator of a
-    repeated block recomputed (a checkpoint per block); each ``(source, plan, SimResult)``
-    simulated and walked whole (:meth:`~.result.Frontier.joined`).  None where the tp placer finds
-    nothing to split (one device a host, no column layer of that degree).  O(2 × simulate)."""
-    try:
-        host = tensor_parallel_plan(graph, costs, cluster, devices=list(groups[0]), optimizer=optimizer)
-    except PlanError:
-        return []
-    kept = replicated(host, groups).with_options(runtime="fsdp2")
-    d = kept.to_dict()
-    for name in block_operators(graph):   # what a checkpoint around every block recomputes (fsdp+ac's rule)
-        d["configs"][name]["recompute"] = True
-    d["notes"] = list(d.get("notes", [])) + ["every operator of a repeated block recomputed (a checkpoint per block)"]
-    recomputed = Plan.from_dict(d)
-    plans = [kept.renamed(FSDP_TP_SOURCES[0]), recomputed.renamed(FSDP_TP_SOURCES[1])]
+    repeated block recomputed (a checkpoint per block); then both with sequence parallelism inside
+    the host (the ``tp+sp`` placer's plan), where the replica's batch has a row for every device of
+    the host; each ``(source, plan, SimResult)`` (sources :data:`FSDP_TP_SOURCES`) simulated and
+    walked whole (:meth:`~.result.Frontier.joined`).  None where the tp placer finds nothing to split
+    (one device a host, no column layer of that degree).  The norms' weights under sequence
+    parallelism are summed over the tp axis before FSDP2 reduce-scatters them (PyTorch's DTensor);
+    neither the walk nor the simulator counts that all-reduce of a few kilobytes a block.
+    O(4 × simulate)."""
+    plans = []
+    for sequence_parallel in (False, True):
+        try:
+            host = tensor_parallel_plan(graph, costs, cluster, devices=list(groups[0]), optimizer=optimizer,
+                                        sequence_parallel=sequence_parallel)
+        except PlanError:
+            continue
+        kept = replicated(host, groups).with_options(runtime="fsdp2")
+        d = kept.to_dict()
+        for name in block_operators(graph):   # what a checkpoint around every block recomputes (fsdp+ac's rule)
+            d["configs"][name]["recompute"] = True
+        d["notes"] = list(d.get("notes", [])) + ["every operator of a repeated block recomputed (a checkpoint per "
+                                                 "block)"]
+        names = FSDP_TP_SOURCES[2:] if sequence_parallel else FSDP_TP_SOURCES[:2]
+        plans += [kept.renamed(names[0]), Plan.from_dict(d).renamed(names[1])]
     sims = fork_map(lambda plan: simulate(plan, graph, costs, cluster, optimizer=optimizer), plans,
                     workers=default_workers() if workers is None else workers)
-    return [(source, plan, sim) for source, plan, sim in zip(FSDP_TP_SOURCES, plans, sims)]
+    return [(plan.plan_id, plan, sim) for plan, sim in zip(plans, sims)]

@@ -171,8 +171,9 @@ def test_fsdp_over_hosts_with_tensor_parallelism_holds_what_torchtitans_recipe_h
     graph = tensoropt.load_model(half).capture(method="export")
     cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
     costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False), cluster).costs
-    kept, checkpointed = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1)
-    plan = (kept if recipe == "fsdp" else checkpointed)[1]
+    recipes = {source: plan for source, plan, _ in fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster),
+                                                                    optimizer="adamw", workers=1)}
+    plan = recipes["fsdp+tp" if recipe == "fsdp" else "fsdp+tp+ac"]
     walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
     # by hand from the config (hidden 256, ffn 512, 4 heads of 64 over 2 kv heads, vocabulary 2,048):
     # a block's pieces on a tp rank (q 128×256, k and v 64×256, o 256×128, gate and up 256×256, down
