@@ -120,3 +120,31 @@ def test_megatron_pairs_need_no_cut_value_read_whole(loaded):
     # a plan that splits the batch is no tensor parallelism at all
     with pytest.raises(TensorOptError, match="splits the batch only: data parallelism"):
         tensor_parallel_modules(graph, make_plan(graph))
+
+
+def test_sequence_parallel_rows_cross_modules_only_through_pytorchs_styles():
+    # the tp+sp plan of the tiny Llama reads as PyTorch's sequence parallelism, by hand: each block's
+    # norms SequenceParallel with their output gathered for the column layers, o / down reduce-scattered
+    # to the rows, the embedding's output cut to rows, the final norm's input gathered whole
+    from tensoropt.export.expressible import tensor_parallel_modules
+
+    spec = "zoo:llama3-8b?tiny=1"
+    graph = tensoropt.load_model(spec).capture()
+    priced = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False),
+                             tensoropt.load_cluster("preset:a100-4-nvlink"))
+    plan = tensoropt.place(graph, priced.costs, priced.cluster, "tp+sp", devices=["gpu0", "gpu1"])
+    styles = tensor_parallel_modules(graph, plan)
+    block = "model.model.layers.0."
+    assert {k[len(block):]: v for k, v in styles.items() if k.startswith(block)} == {
+        "input_layernorm": "sequence_gathered", "post_attention_layernorm": "sequence_gathered",
+        **dict.fromkeys(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"),
+                        "colwise"),
+        "self_attn.o_proj": "rowwise_sequence", "mlp.down_proj": "rowwise_sequence"}
+    assert styles["model.model.embed_tokens"] == "to_sequence" and styles["model.model.norm"] == "from_sequence"
+    # a norm half on rows: its weight's multiply on rows outside a module all on rows has no PyTorch style
+    # (SequenceParallel replicates a whole module's parameters and sums their gradients)
+    rsqrt = next(n.name for n in graph.ops if n.op == "aten.rsqrt.default")
+    d = plan.to_dict()
+    d["configs"][rsqrt]["layout"] = "R"
+    with pytest.raises(TensorOptError, match=r"runs on rows and reads a parameter outside a module all on rows"):
+        tensor_parallel_modules(graph, type(plan).from_dict(d))

@@ -101,25 +101,31 @@ def zoo_run_and_reference(directory, ranks, spec, batch=None):
     return [float(x) for _, x in LOSS_LINE.findall(proc.stdout)], want
 
 
-def test_a_tensor_parallel_plan_trains_through_parallelize_module_as_the_unsplit_model(tmp_path):
+@pytest.mark.parametrize("algo", ["tp", "tp+sp"])
+def test_a_tensor_parallel_plan_trains_through_parallelize_module_as_the_unsplit_model(tmp_path, algo):
     # the tp placer's plan of a small Llama (q, k, v, gate, up column parallel; o, down row parallel;
     # the attention on each rank's heads) exports as PyTorch's own tensor parallelism and trains as the
-    # unsplit model trained here (the same seed before the factory, AdamW at lr 1e-3, the mean token loss)
+    # unsplit model trained here (the same seed before the factory, AdamW at lr 1e-3, the mean token loss);
+    # with sequence parallelism (tp+sp) the norms run as SequenceParallel on each rank's batch rows
     import tensoropt
 
     spec = "zoo:llama3-8b?tiny=1"
     graph = tensoropt.load_model(spec).capture()
     priced = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False),
                              tensoropt.load_cluster("preset:a100-4-nvlink"))
-    tensoropt.place(graph, priced.costs, priced.cluster, "tp", devices=["gpu0", "gpu1"]).save(tmp_path / "tp.json")
+    tensoropt.place(graph, priced.costs, priced.cluster, algo, devices=["gpu0", "gpu1"]).save(tmp_path / "tp.json")
     done = export_plan(tmp_path / "tp.json", spec, tmp_path / "tp", steps=STEPS)
     assert done.expression.path == "tp"
-    assert sorted(done.expression.tp_modules.values()).count("rowwise") == 2 * 2   # o_proj, down_proj per block
+    styles = list(done.expression.tp_modules.values())
+    row = "rowwise" if algo == "tp" else "rowwise_sequence"
+    assert styles.count(row) == 2 * 2   # o_proj, down_proj per block
+    assert styles.count("sequence_gathered") == (0 if algo == "tp" else 2 * 2)   # the two norms per block
     got, want = zoo_run_and_reference(tmp_path / "tp", 2, spec)
     assert got == pytest.approx(want, rel=1e-5)
 
 
-def test_fsdp_over_hosts_with_tensor_parallelism_trains_as_the_unsplit_model(tmp_path):
+@pytest.mark.parametrize("source", ["fsdp+tp", "fsdp+tp+sp"])
+def test_fsdp_over_hosts_with_tensor_parallelism_trains_as_the_unsplit_model(tmp_path, source):
     # torchtitan's FSDP × TP as the frontier offers it (tensoropt.frontier.replicas.fsdp_tp_recipes):
     # the tp plan of one host of two, replicated over two hosts and sharded over them by FSDP2 —
     # exported on a 2-D DeviceMesh (dp 2, tp 2), 4 gloo ranks, each dp row half the batch of 4
@@ -130,7 +136,8 @@ def test_fsdp_over_hosts_with_tensor_parallelism_trains_as_the_unsplit_model(tmp
     graph = tensoropt.load_model(spec).capture()
     cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
     costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
-    (_, plan, _), *_ = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1)
+    plan = {src: plan for src, plan, _ in fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw",
+                                                          workers=1)}[source]
     plan.save(tmp_path / "fsdp_tp.json")
     done = export_plan(tmp_path / "fsdp_tp.json", spec, tmp_path / "fsdp_tp", steps=STEPS, cluster=cluster)
     assert done.expression.path == "fsdp+tp" and done.expression.tp_size == 2 and done.shape.nnodes == 2

@@ -202,3 +202,39 @@ def test_llama_attention_runs_split_by_heads_with_one_all_reduce_per_row_layer()
                timeout_s=120)[0][0]
     assert r["passed"], r["failures"]
     assert r["moves"] == 0 and r["collectives"] == {"all_reduce": 2 * 2}
+
+
+def test_sequence_parallelism_runs_the_norms_and_residual_adds_on_each_devices_rows():
+    # Korthikanti et al.'s sequence parallelism on the tiny Llama: the tp plan, and in each block its
+    # two RMSNorms (8 ATen operators each: to, pow, mean, add, rsqrt, mul, to, mul) and two residual
+    # adds on each device's rows of the batch — 2 × (2 × 8 + 2) = 36 operators; the final norm, the
+    # head and the embedding whole.  On two gloo ranks it trains as the model, and the row layers'
+    # all-reduces become reduce-scatters (o, down: 2 a block) with an all-gather before each pair of
+    # column layers (q/k/v, gate/up: 2 a block) and one for the final norm: 4 and 5, by hand
+    spec = "zoo:llama3-8b?tiny=1"
+    graph = tensoropt.load_model(spec).capture()
+    priced = price(profile(graph, shard_degrees=(1, 2), timed=False, cache=False),
+                   load_cluster("preset:a100-4-nvlink"))
+    tp = place(graph, priced.costs, priced.cluster, "tp", devices=MESH)
+    sp = place(graph, priced.costs, priced.cluster, "tp+sp", devices=MESH)
+    rows = [n for n in graph.ops if str(sp.configs[n.name].layout) == "batch"]
+    assert len(rows) == 2 * (2 * 8 + 2)
+    assert {n.module_path.rsplit(".", 1)[-1] for n in rows} == {"input_layernorm", "post_attention_layernorm", "0", "1"}
+    assert sum(n.op == "aten.add.Tensor" and block_of(n.module_path) == n.module_path for n in rows) == 2 * 2
+    # every other operator as the tp plan has it
+    assert all(sp.configs[n.name].layout == tp.configs[n.name].layout for n in graph.ops if n not in rows)
+    assert any("sequence parallel: 36 operators" in note for note in sp.notes)
+    r = launch(check_plans, 2, {"cases": [{"model": spec, "plan": sp.to_dict(), "float64": False}]},
+               timeout_s=120)[0][0]
+    assert r["passed"], r["failures"]
+    assert r["moves"] == 0 and r["collectives"] == {"all_gather": 2 * 2 + 1, "reduce_scatter": 2 * 2}
+
+
+def test_sequence_parallelism_needs_a_row_for_every_device():
+    # a batch of 2 on 4 devices: no operator has a ('batch', 4) shard, so there is nothing to cut by rows
+    graph = tensoropt.load_model("zoo:llama3-8b?tiny=1").capture()
+    assert graph.batch_size == 2
+    priced = price(profile(graph, shard_degrees=(1, 4), timed=False, cache=False),
+                   load_cluster("preset:a100-4-nvlink"))
+    with pytest.raises(PlanError, match=r"tp\+sp: no operator of the blocks may run on a piece of the batch rows"):
+        place(graph, priced.costs, priced.cluster, "tp+sp")

@@ -13,6 +13,7 @@ from torch import nn
 import tensoropt
 from tensoropt.distributed import launch
 from tensoropt.distributed.jobs import TORCH_RECIPES, measure_torch_recipe
+from tensoropt.plan import PlanError
 from tensoropt.planmodel.walk import plan_memory
 from tensoropt.planmodel.wrappers import zero_redundancy_ranks
 
@@ -135,35 +136,47 @@ def test_a_zero_3_plan_on_tensoropt_s_executor_holds_what_its_walk_says(gpt2, pl
 LLAMA = "zoo:llama3-8b?layers=2&hidden=256&heads=4&kv_heads=2&ffn=512&vocab=2048&seq_len=128&batch=4&meta=False"
 
 
-def test_megatron_tensor_parallelism_holds_what_pytorchs_dtensor_holds():
+@pytest.mark.parametrize(("algo", "tolerance"), [("tp", 0.001), ("tp+sp", 0.007)])
+def test_megatron_tensor_parallelism_holds_what_pytorchs_dtensor_holds(algo, tolerance):
     # the tp placer's plan run by PyTorch's own tensor parallelism (parallelize_module with the
     # ColwiseParallel / RowwiseParallel its layouts name, the attention on each rank's heads): each
-    # rank's MemTracker peak against the walk of the plan (measured: 45,983,068 B against 45,990,020)
+    # rank's MemTracker peak against the walk of the plan (measured: 45,983,068 B against 45,990,020).
+    # With sequence parallelism (tp+sp: SequenceParallel norms on each rank's batch rows, the row
+    # layers reduce-scattered to them): 43,881,820 B against 44,150,916, +0.61 % — PyTorch's
+    # PrepareModuleOutput cuts the embedding's output into a copy of the rank's rows and frees the
+    # whole, where tensoropt's executor (and so its walk) reads the rows as a view that keeps the
+    # whole alive: 262,144 B, half of one [4, 128, 256] float32 block input, and tp's own 6,952 B
     from tensoropt.distributed.jobs import TENSOR_PARALLEL
     from tensoropt.export.expressible import tensor_parallel_modules
 
     graph, costs, cluster = _priced(LLAMA)
-    plan = tensoropt.place(graph, costs, cluster, "tp", devices=MESH, optimizer="adamw")
+    plan = tensoropt.place(graph, costs, cluster, algo, devices=MESH, optimizer="adamw")
     styles = tensor_parallel_modules(graph, plan)
-    assert sorted(set(styles.values())) == ["colwise", "rowwise"] and len(styles) == 7 * 2
+    if algo == "tp":
+        assert sorted(set(styles.values())) == ["colwise", "rowwise"] and len(styles) == 7 * 2
+    else:   # 5 column and 2 row layers and 2 norms a block, the embedding cut to rows, the final norm gathered
+        assert sorted(styles.values()) == sorted(["colwise"] * 10 + ["rowwise_sequence"] * 4
+                                                 + ["sequence_gathered"] * 4 + ["to_sequence", "from_sequence"])
     walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
     theirs = launch(measure_torch_recipe, 2, {"model_spec": LLAMA, "recipe": TENSOR_PARALLEL, "steps": 1,
                                               "warmup": 2, "tensor_parallel": styles}, timeout_s=300)[0]
     for rank, device in enumerate(MESH):
         ours, measured = walked[device].peak, theirs["peak_bytes"][rank]
-        assert abs(ours - measured) <= 0.001 * measured, (rank, ours, measured, walked[device].parts(),
-                                                         theirs["breakdown"][rank])
+        assert abs(ours - measured) <= tolerance * measured, (rank, ours, measured, walked[device].parts(),
+                                                             theirs["breakdown"][rank])
 
 
-@pytest.mark.parametrize(("recipe", "tolerance"), [("fsdp", 0.001), ("fsdp+ac", 0.005)])
-def test_fsdp_over_hosts_with_tensor_parallelism_holds_what_torchtitans_recipe_holds(recipe, tolerance):
+@pytest.mark.parametrize(("source", "tolerance"), [("fsdp+tp", 0.001), ("fsdp+tp+ac", 0.005), ("fsdp+tp+sp", 0.006)])
+def test_fsdp_over_hosts_with_tensor_parallelism_holds_what_torchtitans_recipe_holds(source, tolerance):
     # torchtitan's FSDP × TP on 4 gloo ranks, a 2-D DeviceMesh (dp 2, tp 2): parallelize_module on
     # tp with the tp plan's styles, (checkpoint_wrapper per block,) fully_shard per block then on the
     # model on dp, each dp row half the batch — against the frontier's recipe (the tp plan of one
     # host replicated over two with runtime fsdp2, fsdp_tp_recipes) walked.  Measured: 28,401,500 B
     # a rank against 28,401,280 walked; with the blocks checkpointed 23,609,692 against 23,549,568
     # (−0.25 %: PyTorch's peak is the root's reduce-scatter at the end of the backward, with 6 MiB of
-    # temporaries; the walk's the last block's recomputed backward, docs/measurements.md)
+    # temporaries; the walk's the last block's recomputed backward, docs/measurements.md).  With
+    # sequence parallelism inside each replica: 27,350,876 against 27,481,728 (+0.48 %: half of one
+    # [2, 128, 256] float32 block input, the embedding's output kept whole, as for tp+sp above)
     from tensoropt.export.expressible import tensor_parallel_modules
     from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
 
@@ -173,7 +186,7 @@ def test_fsdp_over_hosts_with_tensor_parallelism_holds_what_torchtitans_recipe_h
     costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False), cluster).costs
     recipes = {source: plan for source, plan, _ in fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster),
                                                                     optimizer="adamw", workers=1)}
-    plan = recipes["fsdp+tp" if recipe == "fsdp" else "fsdp+tp+ac"]
+    plan = recipes[source]
     walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
     # by hand from the config (hidden 256, ffn 512, 4 heads of 64 over 2 kv heads, vocabulary 2,048):
     # a block's pieces on a tp rank (q 128×256, k and v 64×256, o 256×128, gate and up 256×256, down
@@ -184,6 +197,7 @@ def test_fsdp_over_hosts_with_tensor_parallelism_holds_what_torchtitans_recipe_h
     assert walked["h0g0"].params == (2 * block + root) * 4 // 2 == 3_279_360
     assert walked["h0g0"].optimizer == 2 * walked["h0g0"].params
     styles = tensor_parallel_modules(graph, plan)
+    recipe = "fsdp+ac" if source.endswith("+ac") else "fsdp"
     theirs = launch(measure_torch_recipe, 4, {"model_spec": LLAMA, "recipe": recipe, "steps": 1, "warmup": 2,
                                               "tensor_parallel": styles, "tp_size": 2}, timeout_s=300)[0]
     for rank, device in enumerate(plan.all_devices):   # every replica holds what the first does
@@ -203,3 +217,23 @@ def test_a_plan_across_hosts_says_its_mesh_in_words():
     assert mesh_text(host) == ""
     assert mesh_text(replicated(host, groups)) == "dp 2 (replicas) × 2 devices"
     assert mesh_text(replicated(host, groups).with_options(runtime="fsdp2")) == "dp 2 (FSDP2) × tp 2"
+
+
+def test_fsdp_over_replicas_takes_norms_on_rows_but_refuses_a_matrix_on_rows():
+    # FSDP2 over the replicas prices tensor parallelism inside each (with sequence parallelism's norms
+    # on the host's rows: their vector weights' sum over tp is not counted); a host plan that runs a
+    # linear on rows (data parallelism inside the host) would need its matrix's gradient summed over
+    # the host too, which the plan model does not price: refused, naming the parameter
+    from tensoropt.frontier.replicas import host_groups, replicated
+
+    graph = tensoropt.load_model("zoo:llama3-8b?tiny=1").capture()
+    cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
+    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
+    groups = host_groups(cluster)
+    sp = tensoropt.place(graph, costs, cluster, "tp+sp", devices=list(groups[0]), optimizer="adamw")
+    walked = plan_memory(replicated(sp, groups).with_options(runtime="fsdp2"), graph, costs, cluster, optimizer="adamw")
+    assert set(walked) == set(groups[0])   # the first replica's devices walked: the others hold the same
+    dp = tensoropt.place(graph, costs, cluster, "dp", devices=list(groups[0]), optimizer="adamw")
+    with pytest.raises(PlanError, match=r"reads parameter 'model\.model\.embed_tokens\.weight' \(a matrix\) on the "
+                                        r"replica's rows"):
+        plan_memory(replicated(dp, groups).with_options(runtime="fsdp2"), graph, costs, cluster, optimizer="adamw")
