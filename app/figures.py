@@ -222,7 +222,8 @@ def _hover_title(p: Mapping[str, Any]) -> str:
     if p.get("pipeline"):   # its schedule and mesh named on the point
         return f"<b>{p['plan_id']}</b> · a pipeline: {p['pipeline']} (torch.distributed.pipelining)"
     if p.get("mesh"):       # a plan across hosts: its 2-D mesh named on the point
-        how = ("torchtitan's FSDP × TP" + (", a checkpoint per block" if p["source"].endswith("+ac") else "")
+        how = ("torchtitan's FSDP × TP" + (" with sequence parallelism" if "+sp" in p["source"] else "")
+               + (", a checkpoint per block" if p["source"].endswith("+ac") else "")
                if "FSDP2" in p["mesh"] else "one host's plan of the search on each host's slice of the batch")
         return f"<b>{p['plan_id']}</b> · mesh {p['mesh']}: {how}"
     what = "the search" if p["source"] == "frontier" else f"the placer {p['source']}"

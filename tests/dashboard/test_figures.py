@@ -398,6 +398,9 @@ def test_a_plan_across_hosts_names_its_2d_mesh_in_its_hover():
     p = F.drawn_plans([row])[0]
     assert F.hover_head(p).startswith("<b>p002-4dev</b> · mesh dp 2 (FSDP2) × tp 2: torchtitan's FSDP × TP, a "
                                       "checkpoint per block<br>")
+    sp = F.hover_head({**p, "source": "fsdp+tp+sp+ac"})
+    assert sp.startswith("<b>p002-4dev</b> · mesh dp 2 (FSDP2) × tp 2: torchtitan's FSDP × TP with sequence "
+                         "parallelism, a checkpoint per block<br>")
     hosts = F.hover_head({**p, "source": "hosts", "mesh": "dp 2 (replicas) × 2 devices"})
     assert hosts.startswith("<b>p002-4dev</b> · mesh dp 2 (replicas) × 2 devices: one host's plan of the search")
 

@@ -136,8 +136,8 @@ def test_fsdp_over_hosts_with_tensor_parallelism_trains_as_the_unsplit_model(tmp
     graph = tensoropt.load_model(spec).capture()
     cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
     costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
-    plan = {src: plan for src, plan, _ in fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw",
-                                                          workers=1)}[source]
+    recipes = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1)
+    plan = {src: plan for src, plan, _ in recipes}[source]
     plan.save(tmp_path / "fsdp_tp.json")
     done = export_plan(tmp_path / "fsdp_tp.json", spec, tmp_path / "fsdp_tp", steps=STEPS, cluster=cluster)
     assert done.expression.path == "fsdp+tp" and done.expression.tp_size == 2 and done.shape.nnodes == 2
