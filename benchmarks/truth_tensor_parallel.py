@@ -32,7 +32,7 @@ import time
 import tensoropt
 from tensoropt.distributed import launch
 from tensoropt.distributed.jobs import TENSOR_PARALLEL, measure_torch_recipe
-from tensoropt.export.expressible import inputs_on_rows, tensor_parallel_modules
+from tensoropt.export.expressible import tensor_parallel_modules
 from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
 from tensoropt.planmodel.walk import plan_memory
 
@@ -58,7 +58,7 @@ def main() -> None:
         walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
         styles = tensor_parallel_modules(graph, plan)
         theirs = launch(measure_torch_recipe, 2, {"model_spec": a.model, "recipe": TENSOR_PARALLEL, "steps": a.steps,
-                                                  "warmup": a.warmup, "tensor_parallel": styles, "rows_inputs": inputs_on_rows(graph, plan)}, timeout_s=600)[0]
+                                                  "warmup": a.warmup, "tensor_parallel": styles}, timeout_s=600)[0]
         rows.append((algo, "2 (tp 2)", max(m.peak for m in walked.values()), max(theirs["peak_bytes"]),
                      theirs["step_s"]))
         print(f"{algo}: done ({time.time() - t0:.0f} s)", flush=True)
@@ -71,8 +71,7 @@ def main() -> None:
         walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
         styles = tensor_parallel_modules(graph, plan)
         theirs = launch(measure_torch_recipe, 4, {"model_spec": a.model, "recipe": recipe, "steps": a.steps,
-                                                  "warmup": a.warmup, "tensor_parallel": styles, "tp_size": 2,
-                                                  "rows_inputs": inputs_on_rows(graph, plan)},
+                                                  "warmup": a.warmup, "tensor_parallel": styles, "tp_size": 2},
                         timeout_s=600)[0]
         rows.append((source, "4 (dp 2 × tp 2)", max(m.peak for m in walked.values()), max(theirs["peak_bytes"]),
                      theirs["step_s"]))

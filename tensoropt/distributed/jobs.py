@@ -352,8 +352,7 @@ TENSOR_PARALLEL = "tp"
 
 def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: int = 5, warmup: int = 2,
                          optimizer: str = DEFAULT_OPTIMIZER, tracked: int = 1,
-                         tensor_parallel: Mapping[str, str] | None = None, tp_size: int = 1,
-                         rows_inputs: Sequence[int] = ()) -> dict[str, Any]:
+                         tensor_parallel: Mapping[str, str] | None = None, tp_size: int = 1) -> dict[str, Any]:
     """One recipe of :data:`TORCH_RECIPES` run with PyTorch's own wrappers on every rank (each rank
     its piece of the batch, as the placers' plans cut it), timed and measured as
     :func:`measure_plan` does a plan: ``ddp`` — ``DistributedDataParallel`` (its default, a flat
@@ -365,9 +364,7 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     rank with ``tensor_parallel`` (module path → ``"colwise"`` / ``"rowwise"``), the whole batch on
     every rank; or ``fsdp`` / ``fsdp+ac`` over a 2-D ``DeviceMesh`` ``(dp, tp)`` of ``tp_size`` ranks
     a row (torchtitan's FSDP × TP): ``parallelize_module`` on ``tp``, then ``fully_shard`` on ``dp``,
-    each row of ranks its piece of the batch; ``rows_inputs``: the inputs (by position) cut again over
-    the ranks of a row along dimension 0 — sequence parallelism's loss on each rank's rows (the plan's
-    labels), each rank's loss then its rows' mean, taken ``1 / tp_size`` (even rows).  A step is the exported ``train.py``'s: forward, the
+    each row of ranks its piece of the batch.  A step is the exported ``train.py``'s: forward, the
     loss, the output dropped (as torchtitan drops its logits), backward (gradient all-reduce /
     reduce-scatter inside); the optimizer step timed apart (ZeRO-1's broadcast of the updated
     parameters is in it).  Peak: one
@@ -405,8 +402,6 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     dp = rt.world_size // tp
     mine = tuple(torch.tensor_split(x, dp, 0)[rt.rank // tp].to(dev) if isinstance(x, torch.Tensor) else x
                  for x in inputs)
-    mine = tuple(torch.tensor_split(x, tp, 0)[rt.rank % tp] if i in rows_inputs else x for i, x in enumerate(mine))
-    scale = 1.0 / tp if rows_inputs else 1.0
     mesh2 = init_device_mesh(dev.type, (dp, tp), mesh_dim_names=("dp", "tp")) if tp > 1 else None
     if mesh2 is not None:
         apply_styles(model, mesh2["tp"], dict(tensor_parallel or {}))
@@ -439,7 +434,7 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     def step() -> tuple[float, float]:
         t0 = time.perf_counter()
         loss = training_loss(wrapped(*mine))   # the output dropped before the backward, as train.py does
-        (loss * scale if scale != 1.0 else loss).backward()
+        loss.backward()
         t1 = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -90,9 +90,7 @@ class Expression:
     ``replicated_params``: with FSDP2, the parameters kept whole and all-reduced by hand;
     ``checkpoint_modules``: modules recomputed in the backward; ``input_batch_dims``: per leaf of
     ``tree_flatten((args, kwargs))`` of the model's call, the dimension cut over the ranks
-    (``None``: passed whole); ``input_tp_dims``: the same, cut again over the ranks of the tp axis
-    (sequence parallelism's loss on each rank's rows: the model's output is then the rank's rows,
-    empty when none is); ``executor_ops``: ``(operator, op, why)`` of every operator that
+    (``None``: passed whole); ``executor_ops``: ``(operator, op, why)`` of every operator that
     needs tensoropt's executor; ``reasons``: why the path was taken; ``notes``: where the script
     differs from the plan's letter (approximations, per-rank random draws)."""
 
@@ -105,7 +103,6 @@ class Expression:
     replicated_params: tuple[str, ...] = ()
     checkpoint_modules: tuple[str, ...] = ()
     input_batch_dims: tuple[int | None, ...] = ()
-    input_tp_dims: tuple[int | None, ...] = ()
     find_unused_parameters: bool = False
     executor_ops: tuple[tuple[str, str, str], ...] = ()
     reasons: tuple[str, ...] = ()
@@ -179,13 +176,11 @@ def _checkpoint_modules(graph: OpGraph, plan: Plan,
     return tuple(chosen), left
 
 
-def _input_batch_dims(graph: OpGraph, model: nn.Module, call: ModelCall,
-                      only: set[str] | None = None) -> tuple[int | None, ...]:
+def _input_batch_dims(graph: OpGraph, model: nn.Module, call: ModelCall) -> tuple[int | None, ...]:
     """Per leaf of ``tree_flatten((call.args, call.kwargs))``, the batch dimension the graph
-    found for it (``None``: not a tensor, or no batch dimension; or not one of the graph inputs
-    ``only``, when given)."""
+    found for it (``None``: not a tensor, or no batch dimension)."""
     tensors = call.tensors_for(model)
-    dims = [n.outputs[0].batch_dim if n.outputs and (only is None or n.name in only) else None for n in graph.inputs]
+    dims = [n.outputs[0].batch_dim if n.outputs else None for n in graph.inputs]
     leaves, _ = tree_flatten((call.args, call.kwargs))
     out: list[int | None] = []
     for leaf in leaves:
@@ -255,14 +250,9 @@ def express(plan: Plan, graph: OpGraph, model: nn.Module, call: ModelCall,
             if ckpt:
                 reasons.append(f"the plan recomputes exactly the operators of {len(ckpt)} module(s): activation "
                                "checkpointing")
-            try:
-                tp_dims = _rows_of_inputs(graph, plan, model, call)
-            except TensorOptError as e:
-                whole = str(e)
-            else:
-                return Expression("tp", order, batch, tp_modules=tp, tp_size=n, checkpoint_modules=ckpt,
-                                  input_batch_dims=tuple(None for _ in _input_batch_dims(graph, model, call)),
-                                  input_tp_dims=tp_dims, reasons=tuple(reasons), notes=tuple(notes))
+            return Expression("tp", order, batch, tp_modules=tp, tp_size=n, checkpoint_modules=ckpt,
+                              input_batch_dims=tuple(None for _ in _input_batch_dims(graph, model, call)),
+                              reasons=tuple(reasons), notes=tuple(notes))
     if ops or whole:
         reasons = [whole] if whole else []
         if ops:
@@ -405,11 +395,8 @@ def tensor_parallel_modules(graph: OpGraph, plan: Plan) -> dict[str, str]:
             continue
         home = next((m for m in _outermost_first(node.module_path) if m in on_rows), None)
         weights = [q for q in (*node.params, *node.param_reads) if graph.params[q].is_trainable]
-        for p in node.inputs:
-            if p in graph.nodes and graph.nodes[p].kind == "input" and any(
-                    layout[j] != "batch" for j in graph.successors(p) if j in layout):
-                raise refuse(name, f"reads the model's input {p!r} on rows, which other operators read whole "
-                                   "(a rank is handed either its rows or the whole)")
+        if any(graph.nodes[p].kind == "input" for p in node.inputs if p in graph.nodes):
+            raise refuse(name, "reads the model's input on rows (every rank is handed the whole batch)")
         if weights and home is None:
             raise refuse(name, "runs on rows and reads a parameter outside a module all on rows (SequenceParallel "
                                "replicates a module's parameters and sums their gradients)")
@@ -450,8 +437,6 @@ def tensor_parallel_modules(graph: OpGraph, plan: Plan) -> dict[str, str]:
         elif style == "rowwise" and any(layout[j] == "batch" for j in readers(name)):
             raise refuse(name, "hands its partial sums both to rows and to whole readers")
         for i in ins:
-            if graph.nodes[i].metadata_only:   # a size read off a tensor: each rank reads its own tensor's
-                continue
             if layout[name] == "batch" and layout[i] == "R":
                 # a whole value cut to rows: the output of its module, read only on rows
                 src = graph.nodes[i].module_path
@@ -469,38 +454,6 @@ def tensor_parallel_modules(graph: OpGraph, plan: Plan) -> dict[str, str]:
             elif layout[name] == "batch" and layout[i] == "channel":
                 raise refuse(name, f"reads {i!r} on rows, which is cut by channels")
     return modules
-
-
-def inputs_on_rows(graph: OpGraph, plan: Plan) -> tuple[int, ...]:
-    """The positions (in ``graph.inputs``) of the model's inputs the plan reads on each device's rows
-    (``batch`` over a tp plan's devices: sequence parallelism's labels)."""
-    return tuple(k for k, i in enumerate(graph.inputs)
-                 if any(str(plan.configs[j].layout) == "batch" for j in graph.successors(i.name) if j in plan.configs))
-
-
-def _rows_of_inputs(graph: OpGraph, plan: Plan, model: nn.Module, call: ModelCall) -> tuple[int | None, ...]:
-    """Per leaf of the model's call, the dimension cut again over the tp axis: the model's inputs
-    the plan reads on rows (:func:`~tensoropt.placers.tp.sequence_rows`' labels), or ``()`` where it
-    reads none.  Then the model's output must be on rows too (each rank's loss its rows', weighted
-    by their share in ``train.py``), and the rows even (``SequenceParallel``'s ``DTensor`` assumes
-    equal pieces): else a :class:`~tensoropt.errors.TensorOptError` naming the cause."""
-    layout = {n: str(c.layout) for n, c in plan.configs.items()}
-    rows = {graph.inputs[k].name for k in inputs_on_rows(graph, plan)}
-    out = next((nd for nd in graph.nodes.values() if nd.kind == "output"), None)
-    outputs = [p for p in (out.inputs if out is not None else ()) if p in layout]
-    on_rows = [p for p in outputs if layout[p] == "batch"]
-    t, batch = len(plan.devices), plan.batch_size or graph.batch_size
-    if "batch" in layout.values() and (batch is None or batch % t):
-        raise TensorOptError(f"the plan cuts a batch of {batch} rows over {t} tp ranks unevenly: PyTorch's "
-                             f"SequenceParallel needs equal rows (a batch a multiple of {t}; tensoropt's executor "
-                             "runs it)")
-    if not rows and not on_rows:
-        return ()
-    if not rows or len(on_rows) != len(outputs):
-        raise TensorOptError("the plan computes the model's output on each rank's rows but not from its rows of the "
-                             "inputs (or the other way round): PyTorch's tensor parallelism needs both or neither "
-                             "(tensoropt's executor runs it)")
-    return _input_batch_dims(graph, model, call, only=rows)
 
 
 def _tensor_parallel_summary(tp: dict[str, str]) -> str:
@@ -556,9 +509,8 @@ def _fsdp_tensor_parallel(plan: Plan, graph: OpGraph, model: nn.Module, call: Mo
     if ckpt:
         reasons.append(f"the plan recomputes exactly the operators of {len(ckpt)} module(s): activation checkpointing")
     dims = _input_batch_dims(graph, model, call)
-    tp_dims = _rows_of_inputs(graph, plan, model, call) if tp else ()
     return Expression("fsdp+tp", order, plan.global_batch_size, fsdp_modules=fsdp, tp_modules=tp,
-                      tp_size=len(plan.devices), checkpoint_modules=ckpt, input_batch_dims=dims, input_tp_dims=tp_dims,
+                      tp_size=len(plan.devices), checkpoint_modules=ckpt, input_batch_dims=dims,
                       reasons=tuple(reasons), notes=tuple(notes))
 
 

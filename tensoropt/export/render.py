@@ -47,8 +47,6 @@ def _constants(expr: Expression, *, spec: str, batch: int | None, precision: str
         lines.append(f"OPTIMIZER_OPTIONS = {kw!r}")
         lines.append(f"INPUT_BATCH_DIMS = {list(expr.input_batch_dims)!r}   # per input leaf (args, kwargs): the "
                      "dimension cut over the ranks, None = whole")
-        lines.append(f"INPUT_TP_DIMS = {list(expr.input_tp_dims)!r}   # per input leaf: the dimension cut again over "
-                     "the TP_SIZE ranks of a row (the loss on each rank's rows), None = not; [] = no leaf")
         lines.append(f"CHECKPOINT_MODULES = {list(expr.checkpoint_modules)!r}   # recomputed in the backward")
         lines.append(f"TP_SIZE = {expr.tp_size}   # ranks of the tensor-parallel axis: the batch is cut over "
                      "WORLD_SIZE // TP_SIZE rows of ranks (rank r in row r // TP_SIZE)")
@@ -118,22 +116,21 @@ def same_as_rank0(model, tensors):
             dist.broadcast(t.data, src=0)
 
 
-def my_part_of_the_batch(args, kwargs, dims, rank, world):
-    """Piece ``rank`` of ``world`` of every input leaf with a dimension in ``dims``
-    (torch.tensor_split: the first B mod N pieces one larger) and its share of the batch (None
-    where no leaf is cut)."""
+def my_part_of_the_batch(call, rank, world):
+    """This rank's slice of every input that carries the batch (torch.tensor_split: the first
+    B mod N pieces one larger) and its share of the batch."""
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    leaves, spec = tree_flatten((args, kwargs))
+    leaves, spec = tree_flatten((call.args, call.kwargs))
     mine, share = [], None
-    for leaf, dim in zip(leaves, dims):
+    for leaf, dim in zip(leaves, INPUT_BATCH_DIMS):
         if dim is not None and isinstance(leaf, torch.Tensor):
             piece = torch.tensor_split(leaf, world, dim=dim)[rank]
             share = piece.shape[dim] / leaf.shape[dim]
             leaf = piece
         mine.append(leaf)
     args, kwargs = tree_unflatten(mine, spec)
-    return args, kwargs, share
+    return args, kwargs, (1.0 / world if share is None else share)
 '''
 
 _DDP = '''
@@ -273,13 +270,9 @@ def train(rank, world):
 
     same_as_rank0(model, [t for t in tree_flatten((call.args, call.kwargs))[0] if isinstance(t, torch.Tensor)])
     rows = world // TP_SIZE   # each row of TP_SIZE ranks runs one piece of the batch
-    args, kwargs, share = my_part_of_the_batch(call.args, call.kwargs, INPUT_BATCH_DIMS, rank // TP_SIZE, rows)
-    share = 1.0 / rows if share is None else share
-    # with the loss on each rank's rows (sequence parallelism), a rank's inputs are its rows of the row's
-    # piece; its loss is their mean, weighted by their share (the tp axis sums the gradients, not averages)
-    args, kwargs, tp_share = my_part_of_the_batch(args, kwargs, INPUT_TP_DIMS or [None], rank % TP_SIZE, TP_SIZE)
+    args, kwargs, share = my_part_of_the_batch(call, rank // TP_SIZE, rows)
     net, opt, after_backward = parallelize(model, device, world)
-    weight = share * rows * (tp_share or 1.0)   # 1 on equal parts: the averaged gradients are the whole batch's
+    weight = share * rows   # 1 on equal parts: the averaged gradients are the whole batch's
     for step in range(1, ARGS.steps + 1):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=PRECISION == "bf16"):
             output = call.run(net, args, kwargs)
@@ -289,8 +282,7 @@ def train(rank, world):
         after_backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        # a row's ranks have the same loss, or each its rows'
-        whole = loss.detach().float().reshape(1) * share * (tp_share or 1.0 / TP_SIZE)
+        whole = loss.detach().float().reshape(1) * share / TP_SIZE   # a row's ranks have the same loss
         dist.all_reduce(whole)
         if rank == 0:
             print(f"step {step} loss {whole.item()!r}", flush=True)

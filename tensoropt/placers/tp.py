@@ -199,15 +199,11 @@ def sequence_rows(graph: OpGraph, costs: CostModel, n: int, roles: Roles) -> lis
     stream between the row and the column layers — an operator of a repeated block that
     :func:`megatron_roles` keeps whole, has its ``('batch', n)`` shard in the profile, and lies on a
     path of such operators from a row layer (the residual adds, the dropout after it, the next norm)
-    or to a column layer (the first block's norm); and after the blocks, what the stream reaches
-    outside them with its ``('batch', n)`` shard — the final norm, the output layer and the loss,
-    token by token (their memory ÷ n as torchtitan's loss parallelism cuts the logits, the output
-    layer's weight whole on every device and its gradient summed over them), with the rows of the
-    model's inputs they read (the labels).  Each works token by
-    token, so a row layer's partial sums are reduce-scattered to it (not all-reduced) and a column
-    layer's input gathered once from it: the same messages' bytes, the activations between them ÷ n.
-    What reads no such path (rotary tables, masks) stays whole; the first block's stream is cut from
-    the whole embedding (no message).  O(V + E)."""
+    or to a column layer (the first block's norm).  Each works token by token, so a row layer's
+    partial sums are reduce-scattered to it (not all-reduced) and a column layer's input gathered
+    once from it: the same messages' bytes, the activations between them ÷ n.  What reads no such
+    path (rotary tables, masks) stays whole; the first block's stream is cut from the whole
+    embedding (no message), the last one's gathered for what follows.  O(V + E)."""
     split = roles.layouts()
     stream = {nd.name for nd in graph.ops
               if block_of(nd.module_path) is not None and nd.name not in split and _has(costs, nd, "batch", n)}
@@ -222,23 +218,6 @@ def sequence_rows(graph: OpGraph, costs: CostModel, n: int, roles: Roles) -> lis
     while behind:  # back from the column layers
         for p in graph.nodes[behind.pop()].inputs:
             if p in stream and p not in chosen:
-                chosen.add(p)
-                behind.append(p)
-    # past the last block: the final norm, the head and the loss, each token's own, on the same rows
-    tail = {nd.name for nd in graph.ops if block_of(nd.module_path) is None and _has(costs, nd, "batch", n)}
-    ahead = list(chosen)
-    while ahead:
-        for c in graph.successors(ahead.pop()):
-            if c in tail and c not in chosen:
-                chosen.add(c)
-                ahead.append(c)
-    # ... and what they read straight from the model's inputs (the labels, flattened): the same rows of them
-    behind = [name for name in chosen if name in tail]
-    while behind:
-        for p in graph.nodes[behind.pop()].inputs:
-            node = graph.nodes.get(p)
-            if p in tail and p not in chosen and node is not None and all(
-                    graph.nodes[i].kind == "input" or i in chosen for i in node.inputs if i in graph.nodes):
                 chosen.add(p)
                 behind.append(p)
     return [nd.name for nd in graph.ops if nd.name in chosen]

@@ -94,7 +94,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..cluster import Cluster
-from ..cluster.collectives import allgather_time, reduce_scatter_time, ring_allreduce_time
+from ..cluster.collectives import allgather_time, reduce_scatter_time
 from ..devicemodel.price import check_costs_kind, costs_source
 from ..graph import OpGraph, OpNode, grad_nodes
 from ..layouts import Collective, TensorLayout
@@ -438,8 +438,7 @@ def _node_times(plan: Plan, graph: OpGraph, costs: CostModel) -> dict[str, tuple
     copying its contribution to gradients summed across devices into the flat buffer — a piece
     of a parameter held whole (this node cuts it) first gets padded to the whole by the cut's
     backward: a whole-sized gradient written once more (GPT-2's tied embedding)."""
-    # FSDP2 over the replicas sums a gradient read on the host's rows in place (DTensor), no flat buffer
-    synced = {} if fsdp_across_replicas(plan) else synced_parameters(graph, plan)
+    synced = synced_parameters(graph, plan)
     times = {}
     for name in plan.order:
         node, cfg = graph.nodes[name], plan.configs[name]
@@ -450,25 +449,6 @@ def _node_times(plan: Plan, graph: OpGraph, costs: CostModel) -> dict[str, tuple
         bp += costs.grad_copy_s(summed * (2 if cut else 1))
         times[name] = (fp, bp)
     return times
-
-
-def _host_sums(graph: OpGraph, plan: Plan, cluster: Cluster) -> dict[str, list[tuple[str, Step]]]:
-    """Under FSDP2 over the replicas, the parameters the host plan reads on several devices' pieces
-    (:func:`~.reshard.synced_parameters`: on rows), by the reader whose backward runs last (the
-    first in the plan's order): each its ring all-reduce over the host's devices, one a parameter,
-    as DTensor sums a ``Partial`` gradient into the ``Replicate`` parameter."""
-    synced = synced_parameters(graph, plan)
-    out: dict[str, list[tuple[str, Step]]] = {}
-    seen: set[str] = set()
-    for name in plan.order:
-        node = graph.nodes[name]
-        for q in (*node.params, *node.param_reads):
-            if q in synced and q not in seen:
-                seen.add(q)
-                mesh, nbytes = synced[q], graph.params[q].nbytes
-                out.setdefault(name, []).append(
-                    (q, Step(Collective.ALL_REDUCE, mesh, nbytes, ring_allreduce_time(cluster, mesh, nbytes))))
-    return out
 
 
 class _StepTasks:
@@ -495,11 +475,6 @@ class _StepTasks:
         self.rings = tuple(across_replicas(plan, (d,)) for d in self.mesh) if fsdp_across_replicas(plan) else ()
         self.unit_ag: dict[tuple[str, int], int | None] = {}
         self.last_rs: int | None = None
-        #: FSDP2 over the replicas: the gradients of parameters read on the host's rows (sequence
-        #: parallelism's norms and output layer), each summed over the host (PyTorch's DTensor, a ring
-        #: all-reduce) after the backward of its last reader; its unit's reduce-scatter waits for the sum
-        self.host_sums = _host_sums(graph, plan, cluster) if self.rings else {}
-        self.summed: dict[int, list[int | None]] = {}
 
     def compute(self, name: str, phase: str, seconds: float, deps: Sequence[int | None]) -> int:
         cfg = self.plan.configs[name]
@@ -630,13 +605,8 @@ class _StepTasks:
             bwd_task[name] = self.compute(name, "bp", self.times[name][1], first)
             if units is not None:
                 u = units.unit_of_node[name]
-                for q, step in self.host_sums.get(name, ()):
-                    self.summed.setdefault(u, []).append(sched.chain(
-                        (Stage((step,), step.time_s),), name, "allreduce", [bwd_task[name]],
-                        f"gradient of {q} summed on {','.join(step.devices)}"))
                 if u != units.root and units.last_backward.get(u) == name:   # its post-backward
-                    self.last_rs = self._unit_collective(Collective.REDUCE_SCATTER, u,
-                                                         [bwd_task[name], self.last_rs, *self.summed.get(u, ())],
+                    self.last_rs = self._unit_collective(Collective.REDUCE_SCATTER, u, [bwd_task[name], self.last_rs],
                                                          "gradients reduce-scattered") or self.last_rs
                 rs = None
             else:
@@ -650,8 +620,7 @@ class _StepTasks:
                                                     f"backward batch-norm statistics on {','.join(cfg.devices)}"))
             self._send_gradients(name, node, bwd_task, grads_back)
         if units is not None and units.root >= 0:   # the root's, in the final callback
-            self._unit_collective(Collective.REDUCE_SCATTER, units.root,
-                                  [*bwd_task.values(), self.last_rs, *self.summed.get(units.root, ())],
+            self._unit_collective(Collective.REDUCE_SCATTER, units.root, [*bwd_task.values(), self.last_rs],
                                   "gradients reduce-scattered")
         return bwd_task
 

@@ -651,7 +651,7 @@ class Fsdp2Units:
         not tensor parallelism alone: each unit then gathers the host devices' pieces over the
         replicas."""
         across = fsdp_across_replicas(plan)
-        require_tensor_parallel(plan) if across else require_data_parallel(plan)
+        require_tensor_parallel(plan, graph) if across else require_data_parallel(plan)
         k = plan.num_replicas if across else len(plan.devices)
         index: dict[str | None, int] = {}
         unit_of_node: dict[str, int] = {}

@@ -73,21 +73,37 @@ def mesh_text(plan: Plan) -> str:
     return f"dp {r} (replicas) × {t} device{'s' if t > 1 else ''}"
 
 
-def require_tensor_parallel(plan: Plan) -> None:
+def require_tensor_parallel(plan: Plan, graph: OpGraph) -> None:
     """Refuse (:class:`~tensoropt.plan.PlanError`) a plan priced as FSDP2 over its replicas whose
     host plan is not tensor parallelism (with or without sequence parallelism): every operator on
-    all of the host's devices, no sharding level inside the host.  An operator on the host's rows
-    (``batch``: sequence parallelism's norms, output layer and loss) reads its parameters whole:
-    their gradients are summed over the host (PyTorch's DTensor; the simulator's ``_host_sums``)
-    before FSDP2 reduce-scatters them over the replicas."""
+    all of the host's devices, no sharding level inside the host, and an operator on the host's
+    rows of the batch (``batch``: sequence parallelism's norms and residual adds) reading no
+    parameter of more than one dimension.  Such a parameter's gradient is summed over the tp axis
+    (PyTorch's DTensor, under ``SequenceParallel``) before FSDP2 reduce-scatters it over the
+    replicas; neither the walk nor the simulator counts that sum — a vector a norm, where a matrix
+    (a linear on rows) would not be negligible."""
     devices = set(plan.devices)
-    bad = next((n for n in plan.order if set(plan.configs[n].devices) != devices or plan.configs[n].shard), None)
+
+    def wrong(name: str) -> str | None:
+        cfg = plan.configs[name]
+        if set(cfg.devices) != devices:
+            return f"runs on {', '.join(cfg.devices)}, not on every device of the replica"
+        if cfg.shard:
+            return f"shards its parameters inside the replica (level {int(cfg.shard)})"
+        if cfg.layout == Layout.BATCH:
+            node = graph.nodes[name]
+            matrix = next((q for q in (*node.params, *node.param_reads)
+                           if graph.params[q].is_trainable and len(graph.params[q].shape) > 1), None)
+            if matrix is not None:
+                return f"reads parameter {matrix!r} (a matrix) on the replica's rows of the batch"
+        return None
+
+    bad = next(((n, why) for n in plan.order if (why := wrong(n)) is not None), None)
     if bad is not None:
-        cfg = plan.configs[bad]
         raise PlanError(f"a plan that runs as FSDP2 over its replicas runs tensor parallelism inside each: every "
-                        f"operator on all of the replica's devices, no sharding level; {bad!r} does not ({cfg.layout} "
-                        f"on {', '.join(cfg.devices)}, level {int(cfg.shard)}): give it replicas without runtime "
-                        "'fsdp2' (data parallel across them, options.runtime 'executor')")
+                        f"operator on all of the replica's devices, no sharding level, only norms on the rows of the "
+                        f"batch; {bad[0]!r} {bad[1]}: give it replicas without runtime 'fsdp2' (data parallel "
+                        "across them, options.runtime 'executor')")
 
 
 def zero_redundancy_ranks(graph: OpGraph, world: int) -> dict[str, int]:

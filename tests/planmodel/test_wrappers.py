@@ -147,7 +147,7 @@ def test_megatron_tensor_parallelism_holds_what_pytorchs_dtensor_holds(algo, tol
     # whole, where tensoropt's executor (and so its walk) reads the rows as a view that keeps the
     # whole alive: 262,144 B, half of one [4, 128, 256] float32 block input, and tp's own 6,952 B
     from tensoropt.distributed.jobs import TENSOR_PARALLEL
-    from tensoropt.export.expressible import inputs_on_rows, tensor_parallel_modules
+    from tensoropt.export.expressible import tensor_parallel_modules
 
     graph, costs, cluster = _priced(LLAMA)
     plan = tensoropt.place(graph, costs, cluster, algo, devices=MESH, optimizer="adamw")
@@ -159,7 +159,7 @@ def test_megatron_tensor_parallelism_holds_what_pytorchs_dtensor_holds(algo, tol
                                                  + ["sequence_gathered"] * 4 + ["to_sequence", "from_sequence"])
     walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
     theirs = launch(measure_torch_recipe, 2, {"model_spec": LLAMA, "recipe": TENSOR_PARALLEL, "steps": 1,
-                                              "warmup": 2, "tensor_parallel": styles, "rows_inputs": inputs_on_rows(graph, plan)}, timeout_s=300)[0]
+                                              "warmup": 2, "tensor_parallel": styles}, timeout_s=300)[0]
     for rank, device in enumerate(MESH):
         ours, measured = walked[device].peak, theirs["peak_bytes"][rank]
         assert abs(ours - measured) <= tolerance * measured, (rank, ours, measured, walked[device].parts(),
@@ -177,7 +177,7 @@ def test_fsdp_over_hosts_with_tensor_parallelism_holds_what_torchtitans_recipe_h
     # temporaries; the walk's the last block's recomputed backward, docs/measurements.md).  With
     # sequence parallelism inside each replica: 27,350,876 against 27,481,728 (+0.48 %: half of one
     # [2, 128, 256] float32 block input, the embedding's output kept whole, as for tp+sp above)
-    from tensoropt.export.expressible import inputs_on_rows, tensor_parallel_modules
+    from tensoropt.export.expressible import tensor_parallel_modules
     from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
 
     half = LLAMA.replace("batch=4", "batch=2")   # one replica's slice of the batch of 4
@@ -199,8 +199,7 @@ def test_fsdp_over_hosts_with_tensor_parallelism_holds_what_torchtitans_recipe_h
     styles = tensor_parallel_modules(graph, plan)
     recipe = "fsdp+ac" if source.endswith("+ac") else "fsdp"
     theirs = launch(measure_torch_recipe, 4, {"model_spec": LLAMA, "recipe": recipe, "steps": 1, "warmup": 2,
-                                              "tensor_parallel": styles, "tp_size": 2,
-                                                  "rows_inputs": inputs_on_rows(graph, plan)}, timeout_s=300)[0]
+                                              "tensor_parallel": styles, "tp_size": 2}, timeout_s=300)[0]
     for rank, device in enumerate(plan.all_devices):   # every replica holds what the first does
         first = plan.replica_of(device)[1]
         ours, measured = walked[first].peak, theirs["peak_bytes"][rank]
