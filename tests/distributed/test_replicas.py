@@ -113,3 +113,25 @@ def test_a_two_host_plan_from_the_frontier_passes_the_check_on_four_ranks(tmp_pa
     outs = _run(tmp_path / "plan.json", 4, "--check", "--backend", "dist", model=spec)
     assert [rc for rc, _, _ in outs] == [0, 0, 0, 0], outs
     assert "PASSED" in outs[0][1] and "2 replicas" in outs[0][1], outs[0][1]
+
+
+def test_fsdp_over_hosts_with_sequence_parallelism_passes_the_check_on_four_ranks(tmp_path):
+    # the fsdp+tp+sp recipe of the tiny Llama on two hosts of two (FSDP2 over the hosts, each host's
+    # norms and residual adds on each device's row of its 2): tensoropt's executor runs it on 4 gloo
+    # ranks as the unsplit model trains (each replica's parameters whole there; the priced memory is
+    # PyTorch's, tests/planmodel/test_wrappers.py)
+    import tensoropt
+    from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
+
+    spec = "zoo:llama3-8b?tiny=1"
+    graph = tensoropt.load_model(spec).capture()
+    cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
+    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
+    recipes = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1)
+    plan = {source: plan for source, plan, _ in recipes}["fsdp+tp+sp"]
+    assert any(str(c.layout) == "batch" for c in plan.configs.values())
+    plan.save(tmp_path / "plan.json")
+    outs = _run(tmp_path / "plan.json", 4, "--check", "--check-dtype", "float32", "--backend", "dist", "--batch", "4",
+                model=spec)
+    assert [rc for rc, _, _ in outs] == [0, 0, 0, 0], outs
+    assert "PASSED" in outs[0][1] and "2 replicas" in outs[0][1], outs[0][1]
