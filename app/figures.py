@@ -307,7 +307,7 @@ def _budget_line(fig: go.Figure, budget_bytes: float, reserve_bytes: int, mems: 
 PLACER_SYMBOLS = {"dp": "diamond", "m-topo": "square", "m-etf": "triangle-up", "m-sct": "cross", "dpos": "x",
                   "os-dpos": "triangle-down", "netsplit": "pentagon", "pesto": "hexagram", "zero1": "star-triangle-up",
                   "zero2": "hourglass", "fsdp": "bowtie", "fsdp+ac": "star-diamond",
-                  "tp": "triangle-left"}
+                  "tp": "triangle-left", "tp+sp": "triangle-right"}
 #: the marker of a baseline no placer of :data:`PLACER_SYMBOLS` names (a plan file's algorithm)
 OTHER_BASELINE_SYMBOL = "asterisk-open"
 #: every baseline marker, placers first (the names this module exported before the fixed table)

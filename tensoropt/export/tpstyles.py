@@ -31,13 +31,10 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["STYLES", "parallelize_styles", "apply_styles"]
-
-#: every style name :func:`parallelize_styles` knows
-STYLES = ("colwise", "rowwise", "rowwise_sequence", "sequence", "sequence_gathered", "sequence_whole",
-          "to_sequence", "from_sequence")
+__all__ = ["parallelize_styles", "apply_styles"]
 
 
 def parallelize_styles(style: str) -> list[Any]:
@@ -52,23 +49,26 @@ def parallelize_styles(style: str) -> list[Any]:
     )
 
     rows, whole = Shard(0), Replicate()
-    if style == "colwise":
-        return [ColwiseParallel()]
-    if style == "rowwise":
-        return [RowwiseParallel()]
-    if style == "rowwise_sequence":
-        return [RowwiseParallel(output_layouts=rows)]
-    if style == "sequence":
-        return [SequenceParallel(sequence_dim=0, use_local_output=True)]
-    if style in ("sequence_gathered", "sequence_whole"):
+
+    def gathered(local: bool) -> list[Any]:
         return [SequenceParallel(sequence_dim=0),
-                PrepareModuleOutput(output_layouts=rows, desired_output_layouts=whole,
-                                    use_local_output=style == "sequence_whole")]
-    if style == "to_sequence":
-        return [PrepareModuleOutput(output_layouts=whole, desired_output_layouts=rows, use_local_output=True)]
-    if style == "from_sequence":
-        return [PrepareModuleInput(input_layouts=(rows,), desired_input_layouts=(whole,), use_local_output=True)]
-    raise ValueError(f"unknown tensor-parallel style {style!r} (known: {', '.join(STYLES)})")
+                PrepareModuleOutput(output_layouts=rows, desired_output_layouts=whole, use_local_output=local)]
+
+    table: dict[str, Callable[[], list[Any]]] = {
+        "colwise": lambda: [ColwiseParallel()],
+        "rowwise": lambda: [RowwiseParallel()],
+        "rowwise_sequence": lambda: [RowwiseParallel(output_layouts=rows)],
+        "sequence": lambda: [SequenceParallel(sequence_dim=0, use_local_output=True)],
+        "sequence_gathered": lambda: gathered(False),
+        "sequence_whole": lambda: gathered(True),
+        "to_sequence": lambda: [PrepareModuleOutput(output_layouts=whole, desired_output_layouts=rows,
+                                                    use_local_output=True)],
+        "from_sequence": lambda: [PrepareModuleInput(input_layouts=(rows,), desired_input_layouts=(whole,),
+                                                     use_local_output=True)],
+    }
+    if style not in table:
+        raise ValueError(f"unknown tensor-parallel style {style!r} (known: {', '.join(table)})")
+    return table[style]()
 
 
 def apply_styles(model: Any, mesh: Any, modules: dict[str, str]) -> None:
