@@ -360,6 +360,9 @@ def tensor_parallel_modules(graph: OpGraph, plan: Plan) -> dict[str, str]:
         inside = set(members[module])
         return [n for n in members[module] if any(j not in inside for j in readers(n)) and not _alias(graph, n)]
 
+    # each operator's trainable parameters, which both passes below ask
+    weights = {n: [q for q in (*graph.nodes[n].params, *graph.nodes[n].param_reads) if graph.params[q].is_trainable]
+               for n in plan.order}
     modules: dict[str, str] = {}
 
     def give(module: str, style: str, name: str) -> None:
@@ -373,12 +376,10 @@ def tensor_parallel_modules(graph: OpGraph, plan: Plan) -> dict[str, str]:
             raise refuse(name, f"runs on {', '.join(cfg.devices)}, not on every device of the plan")
         if cfg.shard:
             raise refuse(name, f"shards its parameters (level {int(cfg.shard)})")
-        weights = [q for q in (*node.params, *node.param_reads) if graph.params[q].is_trainable]
-        if layout[name] == "R" or (not weights and layout[name] in ("channel", "batch")):
+        # on rows, an operator reading a parameter must lie in a module all on rows (below)
+        if layout[name] in ("R", "batch") or (not weights[name] and layout[name] == "channel"):
             continue
-        if layout[name] == "batch":
-            continue   # on rows, reading a parameter: its module must be all on rows (below)
-        if op_basename(node.op) != "linear" or weights[:1] != [f"{node.module_path}.weight"]:
+        if op_basename(node.op) != "linear" or weights[name][:1] != [f"{node.module_path}.weight"]:
             raise refuse(name, f"cuts its weights ({layout[name]}) but is not a linear layer of its own module")
         if node.module_path in modules:
             raise refuse(name, f"is a second call of module {node.module_path!r}")
@@ -394,22 +395,21 @@ def tensor_parallel_modules(graph: OpGraph, plan: Plan) -> dict[str, str]:
         if layout[name] != "batch":
             continue
         home = next((m for m in _outermost_first(node.module_path) if m in on_rows), None)
-        weights = [q for q in (*node.params, *node.param_reads) if graph.params[q].is_trainable]
         if any(graph.nodes[p].kind == "input" for p in node.inputs if p in graph.nodes):
             raise refuse(name, "reads the model's input on rows (every rank is handed the whole batch)")
-        if weights and home is None:
+        if weights[name] and home is None:
             raise refuse(name, "runs on rows and reads a parameter outside a module all on rows (SequenceParallel "
                                "replicates a module's parameters and sums their gradients)")
         if home is not None and name == members[home][0]:
-            outside = {p for n in members[home] for p in graph.nodes[n].inputs
-                       if p in layout and p not in set(members[home])}
+            inside = set(members[home])
+            outside = {p for n in members[home] for p in graph.nodes[n].inputs if p in layout and p not in inside}
             if len(outside) > 1:
                 raise refuse(name, f"opens module {home!r} on rows, which reads {len(outside)} values from outside "
                                    "(SequenceParallel cuts its first input)")
             out = exits(home)
             if len(out) != 1:
                 raise refuse(name, f"opens module {home!r} on rows, whose output is not one value")
-            after = [j for j in readers(out[0]) if j not in set(members[home])]
+            after = [j for j in readers(out[0]) if j not in inside]
             kinds = {"rows" if layout[j] == "batch" else
                      "column" if modules.get(graph.nodes[j].module_path) == "colwise"
                      and op_basename(graph.nodes[j].op) == "linear" else "whole" for j in after}
