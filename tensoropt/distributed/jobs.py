@@ -14,12 +14,13 @@ import copy
 import os
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter   # FSDP2's comm hook (no public name)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..capture import ModelCall, capture
@@ -352,7 +353,8 @@ TENSOR_PARALLEL = "tp"
 
 def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: int = 5, warmup: int = 2,
                          optimizer: str = DEFAULT_OPTIMIZER, tracked: int = 1,
-                         tensor_parallel: Mapping[str, str] | None = None, tp_size: int = 1) -> dict[str, Any]:
+                         tensor_parallel: Mapping[str, str] | None = None, tp_size: int = 1,
+                         microbatches: int = 1) -> dict[str, Any]:
     """One recipe of :data:`TORCH_RECIPES` run with PyTorch's own wrappers on every rank (each rank
     its piece of the batch, as the placers' plans cut it), timed and measured as
     :func:`measure_plan` does a plan: ``ddp`` — ``DistributedDataParallel`` (its default, a flat
@@ -376,13 +378,17 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     peak) per rank.  ``tracked``: steps measured so, each rank's least peak kept — the step whose
     collectives finished before the next block's backward, as tensoropt prices it: on a loaded
     machine gloo can finish a reduce-scatter late, and its buffer is then alive at the peak (FSDP2 +
-    checkpointing on GPT-2 2 × 256: 3,159,040 B more on one rank, once, in a CI run)."""
+    checkpointing on GPT-2 2 × 256: 3,159,040 B more on one rank, once, in a CI run).
+    ``microbatches``: each rank's piece of the batch stepped as that many micro-batches (gradient
+    accumulation, as the exported ``train.py`` runs it: each micro-batch's loss divided by their
+    number, its backward run; FSDP2 reduce-scatters every micro-batch's gradients and adds them into
+    the sharded ones), the optimizer step after the last."""
     # local: PyTorch's wrappers and private tools, for this measurement only
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
@@ -402,6 +408,12 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     dp = rt.world_size // tp
     mine = tuple(torch.tensor_split(x, dp, 0)[rt.rank // tp].to(dev) if isinstance(x, torch.Tensor) else x
                  for x in inputs)
+    micro = int(microbatches)
+    if micro < 1 or any(isinstance(x, torch.Tensor) and x.shape[0] % micro for x in mine):
+        raise DistributedError(f"microbatches must be a whole number ≥ 1 dividing each rank's rows; got {microbatches!r}")
+    # views of the rank's piece: the step holds the whole piece, as tensoropt's walk counts the batch
+    parts = [tuple(torch.tensor_split(x, micro, 0)[i] if isinstance(x, torch.Tensor) else x for x in mine)
+             for i in range(micro)]
     mesh2 = init_device_mesh(dev.type, (dp, tp), mesh_dim_names=("dp", "tp")) if tp > 1 else None
     if mesh2 is not None:
         apply_styles(model, mesh2["tp"], dict(tensor_parallel or {}))
@@ -431,10 +443,14 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
         wrapped = model
         opt = make_optimizer(optimizer, list(model.parameters()))
 
-    def step() -> tuple[float, float]:
+    def step(between: Callable[[], None] | None = None) -> tuple[float, float]:
         t0 = time.perf_counter()
-        loss = training_loss(wrapped(*mine))   # the output dropped before the backward, as train.py does
-        loss.backward()
+        for i, part in enumerate(parts):
+            if i and between is not None:
+                between()
+            # the output dropped before the backward, as train.py does
+            loss = training_loss(wrapped(*part)) / micro if micro > 1 else training_loss(wrapped(*part))
+            loss.backward()
         t1 = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -452,6 +468,14 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
             t = step()
         if i >= warmup:
             times.append(t)
+    if recipe.startswith("fsdp") and dist.get_backend() == "gloo":
+        # gloo's reduce-scatter holds a copy of its input while it runs (NCCL's holds none in PyTorch's
+        # memory): the measured steps reduce-scatter as NCCL holds memory, an all-reduce in place and
+        # this rank's piece copied out (the same sums; only the timed steps above ran gloo's own)
+        in_place = _InPlaceReduceScatter()
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_custom_reduce_scatter(in_place)
     tracker = FSDPMemTracker(model, opt) if recipe.startswith("fsdp") else MemTracker()
     if not recipe.startswith("fsdp"):
         inner = [opt.optim] if isinstance(opt, ZeroRedundancyOptimizer) else [opt]   # the state lies there
@@ -461,8 +485,8 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
         if k:
             tracker.reset_mod_stats()         # (it refuses a second step's module stats otherwise)
         dist.barrier()
-        with tracker:
-            step()
+        with tracker:   # FSDPMemTracker takes a module's second forward only with its stats cleared
+            step(tracker.reset_mod_stats if micro > 1 else None)
         snapshot = tracker.get_tracker_snapshot("peak").get(dev, {})
         if peak < 0 or int(snapshot.get("Total", 0)) < peak:
             peak = int(snapshot.get("Total", 0))
@@ -472,6 +496,18 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     return {"step_s": statistics.median(max(r["times"][i][0] for r in every) for i in range(steps)),
             "optimizer_s": statistics.median(max(r["times"][i][1] for r in every) for i in range(steps)),
             "peak_bytes": [r["peak"] for r in every], "breakdown": [r["breakdown"] for r in every]}
+
+
+class _InPlaceReduceScatter(DefaultReduceScatter):
+    """FSDP2's reduce-scatter as an all-reduce of its input in place, this rank's piece copied out:
+    the same sums, holding no more than the input and the output — as NCCL's reduce-scatter holds
+    PyTorch's memory, where gloo's copies its input first (measured: a 4 MiB copy for a 4 MiB input
+    on two ranks).  For memory measurements on gloo only (it sends twice the bytes)."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 op: Any, async_op: bool = False) -> None:
+        dist.all_reduce(input_tensor, op=op, group=group)
+        output_tensor.copy_(input_tensor.view(-1).chunk(dist.get_world_size(group))[dist.get_rank(group)])
 
 
 class _DdpBuckets(TorchDispatchMode):

@@ -324,8 +324,8 @@ def tensor_parallel_modules(graph: OpGraph, plan: Plan) -> dict[str, str]:
         {'0.0': 'colwise', '0.2': 'rowwise'}
     """
     devices = tuple(plan.devices)
+    # (micro-batches are a loop around the step: they change no module's style)
     whole_plan = (f"{plan.num_replicas} replicas" if plan.replicas and not fsdp_across_replicas(plan) else
-                  f"{plan.microbatches} micro-batches" if plan.microbatches > 1 else
                   "pipeline stages" if plan.pipeline is not None else "one device" if len(devices) < 2 else None)
     if whole_plan:
         raise TensorOptError(f"the plan runs {whole_plan}: PyTorch's tensor parallelism expresses a plan whose every "

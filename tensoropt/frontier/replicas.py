@@ -44,7 +44,7 @@ from ..cluster import Cluster
 from ..graph import OpGraph
 from ..measure.costmodel import CostModel
 from ..placers.tp import tensor_parallel_plan
-from ..placers.zero import block_operators
+from ..placers.zero import block_operators, blocks_in_turn
 from ..plan import Plan, PlanError
 from ..planmodel.simulate import simulate, unlike_replica
 from .forkmap import default_workers, fork_map
@@ -131,7 +131,10 @@ def fsdp_tp_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, groups: 
                                         sequence_parallel=sequence_parallel)
         except PlanError:
             continue
-        kept = replicated(host, groups).with_options(runtime="fsdp2")
+        # FSDP2 runs the model eagerly: each block's operators in turn (its checkpoint and its unit whole)
+        d = replicated(host, groups).with_options(runtime="fsdp2").to_dict()
+        d["order"] = blocks_in_turn(graph)
+        kept = Plan.from_dict(d)
         d = kept.to_dict()
         for name in block_operators(graph):   # what a checkpoint around every block recomputes (fsdp+ac's rule)
             d["configs"][name]["recompute"] = True

@@ -431,9 +431,9 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     ``edges`` and the nodes that compute a gradient ``needs_grad``; with ``stop_over``, up to the
     first device whose peak exceeds its figure (:func:`plan_memory`, which says ``accumulate`` and
     ``regions``)."""
-    if (accumulate or plan.microbatches > 1) and plan.runtime not in ("executor", "pipelining"):
-        raise PlanError(f"micro-batches are priced as tensoropt's executor runs them, not as {plan.runtime} "
-                        "(PyTorch's wrappers accumulate gradients their own ways): price the plan with runtime "
+    if (accumulate or plan.microbatches > 1) and plan.runtime not in ("executor", "pipelining", "fsdp2"):
+        raise PlanError(f"micro-batches are priced as tensoropt's executor and FSDP2 run them, not as {plan.runtime} "
+                        "(DistributedDataParallel accumulates gradients its own way): price the plan with runtime "
                         "'executor'")
     alpha = optimizer_alpha(optimizer)
     devices = plan.devices
@@ -1259,7 +1259,9 @@ class _DeviceWalk:
     def _post_backward(self, u: int, at: str) -> None:
         """Unit ``u``'s post-backward: resharded; the previous reduce-scatter input freed, this
         unit's allocated (the masters' dtype) beside its whole gradients, which then give way to
-        its sharded ones (pieces of the masters' dtype)."""
+        its sharded ones (pieces of the masters' dtype).  In a later micro-batch the sharded ones
+        are there from the start: the reduce-scatter's output (the same pieces) is made beside them,
+        added into them, and freed (FSDP2's ``foreach_reduce``: ``grad._local_tensor += new``)."""
         assert self.units is not None
         live = self.live
         live.pop(("#unit", u), None)
@@ -1267,8 +1269,13 @@ class _DeviceWalk:
         live[("#reduce",)] = self.units.reduce[u]
         self.note("backward", f"{at} (reduce-scatter)")
         self.grads_now -= self.unit_grads.pop(u, 0)
-        self.grads_now += sum(self.params.sharded[q][1] for q in self.units.params[u]
-                              if self.graph.params[q].requires_grad)
+        pieces = sum(self.params.sharded[q][1] for q in self.units.params[u] if self.graph.params[q].requires_grad)
+        if self.accumulate is True:
+            live[("#reduced",)] = pieces
+            self.note("backward", f"{at} (sharded gradients accumulated)")
+            live.pop(("#reduced",), None)
+        else:
+            self.grads_now += pieces
 
 
 def _transient_key(k: Key) -> bool:
