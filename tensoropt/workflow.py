@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -371,9 +371,52 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
                                optimizer=request.optimizer, reserve=request.reserve, max_walks=request.max_walks)
         plans = replicate_frontier(inner, part, part_costs, setup.cluster, groups, optimizer=request.optimizer)
     progress("frontier", 0, 1, f"FSDP over {hosts} hosts × tensor parallelism inside each (torchtitan's recipe)")
-    plans += fsdp_tp_recipes(part, part_costs, setup.cluster, groups, optimizer=request.optimizer)
+    whole = fsdp_tp_recipes(part, part_costs, setup.cluster, groups, optimizer=request.optimizer)
+    inputs = {part.fingerprint: (part, part_costs)}
+    plans += whole + _fsdp_tp_microbatches(request, setup, loaded, graph, groups, whole, inputs, frontier.notes,
+                                            progress)
     progress("frontier", 1, 1, f"{len(plans)} plans data parallel across {hosts} hosts")
-    return frontier.joined(plans, inputs={part.fingerprint: (part, part_costs)})
+    return frontier.joined(plans, inputs=inputs)
+
+
+def _fsdp_tp_microbatches(request: Request, setup: Setup, loaded: LoadedModel, graph: OpGraph,
+                          groups: Sequence[Sequence[str]], whole: Sequence[tuple[Any, ...]],
+                          inputs: dict[str, tuple[OpGraph, CostModel]], notes: list[str],
+                          progress: Progress = no_progress) -> list[tuple[Any, ...]]:
+    """The FSDP × TP recipes stepping each replica's slice of the batch as ``k`` micro-batches
+    (:func:`~tensoropt.frontier.replicas.fsdp_tp_recipes`' ``microbatches``: gradient accumulation
+    under FSDP2), for each count of the request's ``microbatches`` dividing the slice — ``None``
+    (auto): only where none of the recipes of whole steps (``whole``) fits, the counts of
+    :data:`AUTO_MICROBATCHES`, fewest first, up to the first with a recipe that fits.  Each count is
+    the model captured at one micro-batch of a replica (added to ``inputs``), profiled whole and at the
+    host's degree.  A micro-batch needs a row only (a host's tensor parallelism splits the
+    operators, not the rows), so counts past the one-device-a-row limit of the recipes on every
+    device are tried here.  O(counts × (capture + 4 simulations))."""
+    rows = (graph.batch_size or 0) // len(groups)
+    auto = request.microbatches is None
+    budget = check_budget_value(request.budget)
+    if not whole or (auto and any(fits(sim.memory_bytes, setup.cluster, budget=budget, reserve=request.reserve)
+                                  for *_, sim in whole)):
+        return []
+    counts = [k for k in (AUTO_MICROBATCHES if auto else dict.fromkeys(request.microbatches or ()))
+              if 1 < k <= rows and rows % k == 0]
+    out: list[tuple[Any, ...]] = []
+    for k in counts:
+        progress("frontier", 0, 1, f"FSDP × tensor parallelism at steps of {k} micro-batches ({rows // k} of a "
+                                   f"replica's {rows} rows)")
+        part, costs = _captured_slice(request, setup, loaded, graph, len(groups) * k, tuple(groups[0]),
+                                      (1, len(groups[0])))
+        inputs[part.fingerprint] = (part, costs)
+        found = fsdp_tp_recipes(part, costs, setup.cluster, groups, optimizer=request.optimizer, microbatches=k)
+        out += found
+        if auto and any(fits(sim.memory_bytes, setup.cluster, budget=budget, reserve=request.reserve)
+                        for *_, sim in found):
+            break
+    if auto and out:
+        tried = ", ".join(str(k) for k in sorted({plan.microbatches for _, plan, _ in out}))
+        notes.append(f"no FSDP × TP recipe of whole steps fits: steps of {tried} micro-batches priced for them "
+                     "(gradient accumulation under FSDP2)")
+    return out
 
 
 def join_pipelines(request: Request, setup: Setup, graph: OpGraph, frontier: Frontier,
@@ -493,7 +536,8 @@ def join_microbatches(request: Request, setup: Setup, graph: OpGraph, frontier: 
     request cannot have them, ``frontier`` with a note saying why."""
     batch = graph.batch_size or 0
     auto = request.microbatches is None
-    if auto and (not frontier.points or any(p.fits_budget for p in frontier.points)):
+    # (the FSDP × TP recipes' micro-batches, joined with the 2-D plans, do not count: steps of whole batches)
+    if auto and (not frontier.points or any(p.fits_budget for p in frontier.points if p.plan.microbatches == 1)):
         return frontier
     # (a budget below every plan of whole steps: the caller asks again once these have joined)
     counts = [k for k in (AUTO_MICROBATCHES if auto else dict.fromkeys(request.microbatches or ())) if k > 1]

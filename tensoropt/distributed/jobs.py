@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter   # FSDP2's comm hook (no public name)
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter  # no public name
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..capture import ModelCall, capture
@@ -410,7 +410,8 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
                  for x in inputs)
     micro = int(microbatches)
     if micro < 1 or any(isinstance(x, torch.Tensor) and x.shape[0] % micro for x in mine):
-        raise DistributedError(f"microbatches must be a whole number ≥ 1 dividing each rank's rows; got {microbatches!r}")
+        raise DistributedError(f"microbatches must be a whole number ≥ 1 dividing each rank's rows; got "
+                               f"{microbatches!r}")
     # views of the rank's piece: the step holds the whole piece, as tensoropt's walk counts the batch
     parts = [tuple(torch.tensor_split(x, micro, 0)[i] if isinstance(x, torch.Tensor) else x for x in mine)
              for i in range(micro)]
@@ -505,9 +506,11 @@ class _InPlaceReduceScatter(DefaultReduceScatter):
     on two ranks).  For memory measurements on gloo only (it sends twice the bytes)."""
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
-                 op: Any, async_op: bool = False) -> None:
-        dist.all_reduce(input_tensor, op=op, group=group)
+                 op: Any, async_op: bool = False) -> dist.Work:
+        work = dist.all_reduce(input_tensor, op=op, group=group, async_op=True)
+        work.wait()
         output_tensor.copy_(input_tensor.view(-1).chunk(dist.get_world_size(group))[dist.get_rank(group)])
+        return work
 
 
 class _DdpBuckets(TorchDispatchMode):

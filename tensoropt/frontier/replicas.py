@@ -112,7 +112,7 @@ def replicate_frontier(host_frontier: Any, graph: OpGraph, costs: CostModel, clu
 
 
 def fsdp_tp_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, groups: Sequence[Sequence[str]], *,
-                    optimizer: str | int, workers: int | None = None) -> list[tuple[Any, ...]]:
+                    optimizer: str | int, workers: int | None = None, microbatches: int = 1) -> list[tuple[Any, ...]]:
     """torchtitan's FSDP × TP over ``groups`` (module docstring) for ``graph``, the model at one
     replica's batch: the ``tp`` placer's plan of ``groups[0]`` (whether or not one host holds it)
     replicated over the groups with runtime ``fsdp2``, then the same with every operator of a
@@ -120,10 +120,12 @@ def fsdp_tp_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, groups: 
     the host (the ``tp+sp`` placer's plan), where the replica's batch has a row for every device of
     the host; each ``(source, plan, SimResult)`` (sources :data:`FSDP_TP_SOURCES`) simulated and
     walked whole (:meth:`~.result.Frontier.joined`).  None where the tp placer finds nothing to split
-    (one device a host, no column layer of that degree).  The norms' weights under sequence
-    parallelism are summed over the tp axis before FSDP2 reduce-scatters them (PyTorch's DTensor);
-    neither the walk nor the simulator counts that all-reduce of a few kilobytes a block.
-    O(4 × simulate)."""
+    (one device a host, no column layer of that degree).  ``microbatches``: each step runs that many
+    micro-batches of ``graph``'s batch on every replica (gradient accumulation: FSDP2 reduce-scatters
+    each micro-batch's gradients into the sharded ones; ``graph`` is the model captured at one
+    micro-batch).  The norms' weights under sequence parallelism are summed over the tp axis before
+    FSDP2 reduce-scatters them (PyTorch's DTensor); neither the walk nor the simulator counts that
+    all-reduce of a few kilobytes a block.  O(4 × simulate)."""
     plans = []
     for sequence_parallel in (False, True):
         try:
@@ -141,7 +143,8 @@ def fsdp_tp_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, groups: 
         d["notes"] = list(d.get("notes", [])) + ["every operator of a repeated block recomputed (a checkpoint per "
                                                  "block)"]
         names = FSDP_TP_SOURCES[2:] if sequence_parallel else FSDP_TP_SOURCES[:2]
-        plans += [kept.renamed(names[0]), Plan.from_dict(d).renamed(names[1])]
+        plans += [plan.with_microbatches(microbatches)
+                  for plan in (kept.renamed(names[0]), Plan.from_dict(d).renamed(names[1]))]
     sims = fork_map(lambda plan: simulate(plan, graph, costs, cluster, optimizer=optimizer), plans,
                     workers=default_workers() if workers is None else workers)
     return [(plan.plan_id, plan, sim) for plan, sim in zip(plans, sims)]
