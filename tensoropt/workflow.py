@@ -610,7 +610,8 @@ def _recipes_at(graph: OpGraph, costs: CostModel, cluster: Cluster, devices: tup
         except TensorOptError:   # it cannot place or fit even one micro-batch
             continue
         plan = plan.with_options(runtime="executor").with_microbatches(k)
-        out.append((MICROBATCHES_SOURCE, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer)))
+        out.append((MICROBATCHES_SOURCE, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer,
+                                                        timeline=False)))
     return out
 
 

@@ -102,8 +102,9 @@ def replicate_frontier(host_frontier: Any, graph: OpGraph, costs: CostModel, clu
     plans = [replicated(point.plan, groups) for point in points]
     # the step only: every replica holds its counterpart's walked peak, which the host's point has
     # (the compiled evaluator's, equal to the walk: tests/planmodel/test_meshplan.py)
-    sims = fork_map(lambda plan: simulate(plan, graph, costs, cluster, optimizer=optimizer, memory=False), plans,
-                    workers=default_workers() if workers is None else workers)
+    sims = fork_map(lambda plan: simulate(plan, graph, costs, cluster, optimizer=optimizer, memory=False,
+                                          timeline=False),
+                    plans, workers=default_workers() if workers is None else workers)
     out = []
     for point, plan, sim in zip(points, plans, sims):
         sim.memory_bytes = {d: int(point.device_memory[plan.replica_of(d)[1]]) for d in plan.all_devices}
@@ -145,6 +146,6 @@ def fsdp_tp_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, groups: 
         names = FSDP_TP_SOURCES[2:] if sequence_parallel else FSDP_TP_SOURCES[:2]
         plans += [plan.with_microbatches(microbatches)
                   for plan in (kept.renamed(names[0]), Plan.from_dict(d).renamed(names[1]))]
-    sims = fork_map(lambda plan: simulate(plan, graph, costs, cluster, optimizer=optimizer), plans,
+    sims = fork_map(lambda plan: simulate(plan, graph, costs, cluster, optimizer=optimizer, timeline=False), plans,
                     workers=default_workers() if workers is None else workers)
     return [(plan.plan_id, plan, sim) for plan, sim in zip(plans, sims)]

@@ -479,7 +479,7 @@ def track_frontier(graph: OpGraph, costs: CostModel, cluster: Cluster, *, meshes
             if microbatches > 1:   # run by tensoropt's executor (PyTorch's wrappers' accumulation is not priced)
                 plans = [(src, plan.with_options(runtime="executor").with_microbatches(microbatches))
                          for src, plan in plans]
-            return [(src, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer))
+            return [(src, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer, timeline=False))
                     for src, plan in plans], failed
         return placed
 

@@ -341,7 +341,7 @@ def _describe(rs_layouts: tuple[TensorLayout, TensorLayout], src: Sequence[str],
 
 def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
              optimizer: str | int = DEFAULT_OPTIMIZER, overlap: bool = True, foreach: bool = False,
-             context_bytes: int = 0, memory: bool = True) -> SimResult:
+             context_bytes: int = 0, memory: bool = True, timeline: bool = True) -> SimResult:
     """Simulate one training step of ``plan``; see the module docstring for every rule.
 
     ``optimizer`` (``sgd`` / ``momentum`` / ``adam`` or α) and ``foreach`` size the optimizer
@@ -349,7 +349,9 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
     backward ends (else after the whole backward); ``context_bytes`` is a fixed per-device
     allowance (CUDA context, allocator slack) added to every device's memory; ``memory=False``
     skips the memory walk (``memory_bytes`` and ``memory`` empty: the caller has the walk's
-    figures, as the frontier has them from the compiled evaluator).  Raises
+    figures, as the frontier has them from the compiled evaluator); ``timeline=False`` leaves the Gantt
+    chart's bars out (``timeline`` empty: a frontier point needs the step and the peaks; 256 devices'
+    bars are millions of events).  Raises
     :class:`~tensoropt.plan.PlanError` for a plan that does not fit the graph / cluster, or asks
     for a shard the profile lacks.  O((V + E) log(V + E)) events, each checking the devices and
     the waiting transfers.
@@ -372,28 +374,29 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
     bwd_task = step.backward(loss, outputs)
     step.gradient_syncs(bwd_task, overlap)
     total = step.sched.run()
-    timeline, compute_s, link_s = _timeline(step.sched, plan.devices)
     k = plan.microbatches
-    if k > 1:
+    if k == 1:
+        bars, compute_s, link_s = _timeline(step.sched, plan.devices, bars=timeline)
+    else:
         # the micro-batches before the last: the same forward and backward (a sharded gradient's
         # reduce-scatter in it), without the gradient sums and the updated parameters' gathers, which
         # only the last runs; one after the other.  The timeline is the last one's, after them
         early = _StepTasks(plan, graph, cluster, edges, needs_grad, times)
         early.backward(*early.loss(early.forward()))
         each = early.sched.run()
-        _, compute_early, link_early = _timeline(early.sched, plan.devices)
+        _, compute_early, link_early = _timeline(early.sched, plan.devices, bars=False)
         shift = (k - 1) * each
         total += shift
-        timeline = [replace(e, start=e.start + shift, end=e.end + shift) for e in timeline]
+        bars, compute_s, link_s = _timeline(step.sched, plan.devices, shift=shift, bars=timeline)
         compute_s = {d: v + (k - 1) * compute_early.get(d, 0.0) for d, v in compute_s.items()}
         link_s = {r: link_s.get(r, 0.0) + (k - 1) * link_early.get(r, 0.0) for r in {*link_s, *link_early}}
     if not memory:
-        return SimResult(total, {}, compute_s, link_s, timeline, {}, optimizer, overlap, costs_source(costs))
+        return SimResult(total, {}, compute_s, link_s, bars, {}, optimizer, overlap, costs_source(costs))
     mem = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=foreach,
                context_bytes=context_bytes)
     if plan.replicas:   # every replica holds what the first does, device for device
         mem = {d: mem[plan.replica_of(d)[1]] for d in plan.all_devices}
-    return SimResult(total, {d: m.peak for d, m in mem.items()}, compute_s, link_s, timeline, mem,
+    return SimResult(total, {d: m.peak for d, m in mem.items()}, compute_s, link_s, bars, mem,
                      optimizer, overlap, costs_source(costs))
 
 
@@ -683,22 +686,26 @@ def _known(task: int | None) -> int:
     return task
 
 
-def _timeline(sched: _Schedule, devices: Sequence[str]) -> tuple[list[TimelineEvent], dict[str, float],
-                                                                   dict[str, float]]:
-    """The Gantt chart's bars (by start time), and the seconds each device computes and each
-    directed link is busy."""
+def _timeline(sched: _Schedule, devices: Sequence[str], *, shift: float = 0.0,
+              bars: bool = True) -> tuple[list[TimelineEvent], dict[str, float], dict[str, float]]:
+    """The Gantt chart's bars (by start time, ``shift`` seconds later; none without ``bars``), and
+    the seconds each device computes and each directed link is busy."""
     timeline: list[TimelineEvent] = []
     compute_s = {d: 0.0 for d in devices}
     link_s: dict[str, float] = {}
     for t in sched.tasks:
         if t.kind == "compute":
             for d in t.devices:
-                timeline.append(TimelineEvent(d, "device", t.node, t.phase, t.start, t.start + t.dur_on[d]))
+                if bars:
+                    timeline.append(TimelineEvent(d, "device", t.node, t.phase, t.start + shift,
+                                                  t.start + t.dur_on[d] + shift))
                 compute_s[d] += t.dur_on[d]
         elif t.kind == "comm":
             for a, b in t.links:
                 res = f"{a}->{b}"
-                timeline.append(TimelineEvent(res, "link", t.node, t.phase, t.start, t.end, t.detail))
+                if bars:
+                    timeline.append(TimelineEvent(res, "link", t.node, t.phase, t.start + shift, t.end + shift,
+                                                  t.detail))
                 link_s[res] = link_s.get(res, 0.0) + t.dur
     timeline.sort(key=lambda e: (e.start, e.end, e.resource))
     return timeline, compute_s, link_s
