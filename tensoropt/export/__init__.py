@@ -150,20 +150,22 @@ def export_plan(plan_path: str | os.PathLike, spec: str, out: str | os.PathLike,
                              "export does not write yet: run it with tensoropt's executor, one process per device "
                              f"(torchrun --nproc-per-node … -m tensoropt.cli run MODEL --plan {plan_path} "
                              f"--backend dist, over {saved.num_devices} processes in all)")
-    if saved.microbatches > 1:
-        raise TensorOptError(f"{plan_path} steps {saved.microbatches} micro-batches (gradient accumulation), which "
-                             "export does not write yet: run it with tensoropt's executor, one process per device "
-                             f"(torchrun --nproc-per-node {saved.num_devices} -m tensoropt.cli run MODEL --plan "
-                             f"{plan_path} --backend dist)")
     if batch is None and spec.startswith("zoo:") and saved.batch_size:
         # the batch the plan was made for, as `tensoropt simulate` takes it (every replica's slice of it)
         batch = saved.global_batch_size
-    model, call, graph = load_for_run(spec, LocalBackend(), batch, precision, saved if saved.replicas else None)
+    sliced = saved.replicas or saved.microbatches > 1   # captured at the first replica's micro-batch
+    model, call, graph = load_for_run(spec, LocalBackend(), batch, precision, saved if sliced else None)
     plan = load_plan(str(plan_path), graph)
     optimizer = plan_optimizer(plan)
     _check_optimizer(optimizer, "the plan's optimizer")
     shape = launch_shape(plan, _cluster_for(plan, cluster))
     expr = express(plan, graph, model, call, shape.devices)
+    if plan.microbatches > 1 and expr.path not in ("fsdp", "fsdp+tp"):
+        raise TensorOptError(f"{plan_path} steps {plan.microbatches} micro-batches (gradient accumulation) on the "
+                             f"{PATH_TITLES[expr.path]} path, which export writes for FSDP2 plans only (as they are "
+                             "priced): run it with tensoropt's executor, one process per device (torchrun "
+                             f"--nproc-per-node {saved.num_devices} -m tensoropt.cli run MODEL --plan {plan_path} "
+                             "--backend dist)")
     label = plan.plan_id or plan.algorithm or Path(plan_path).stem
     precision = graph.precision
     if precision == Precision.BF16_PARAMS and (expr.path not in ("fsdp", "fsdp+tp") or expr.replicated_params):

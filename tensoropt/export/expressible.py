@@ -48,7 +48,7 @@ write files (:mod:`.render`, :func:`tensoropt.export.export_plan`) or run anythi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -107,6 +107,8 @@ class Expression:
     executor_ops: tuple[tuple[str, str, str], ...] = ()
     reasons: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    #: each step's micro-batches (gradient accumulation; :attr:`Plan.microbatches <tensoropt.plan.Plan.microbatches>`)
+    microbatches: int = 1
 
     @property
     def world_size(self) -> int:
@@ -194,6 +196,11 @@ def express(plan: Plan, graph: OpGraph, model: nn.Module, call: ModelCall,
     """How ``plan`` (checked against ``graph``, the capture of ``model`` called as ``call``)
     runs: with PyTorch's wrappers where they express it, else with tensoropt's executor (module
     docstring).  ``devices``: the plan's devices in rank order (default the plan's order)."""
+    return replace(_express(plan, graph, model, call, devices), microbatches=plan.microbatches)
+
+
+def _express(plan: Plan, graph: OpGraph, model: nn.Module, call: ModelCall,
+             devices: Sequence[str] | None = None) -> Expression:
     order = tuple(devices) if devices is not None else tuple(plan.devices)
     n = len(order)
     random_ops = sorted({op_basename(nd.op) for nd in graph.ops if op_basename(nd.op) in _RANDOM_OPS})

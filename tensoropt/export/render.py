@@ -50,6 +50,8 @@ def _constants(expr: Expression, *, spec: str, batch: int | None, precision: str
         lines.append(f"CHECKPOINT_MODULES = {list(expr.checkpoint_modules)!r}   # recomputed in the backward")
         lines.append(f"TP_SIZE = {expr.tp_size}   # ranks of the tensor-parallel axis: the batch is cut over "
                      "WORLD_SIZE // TP_SIZE rows of ranks (rank r in row r // TP_SIZE)")
+        lines.append(f"MICROBATCHES = {expr.microbatches}   # each row's piece of the batch stepped as that many "
+                     "micro-batches (gradient accumulation), the optimizer stepped after the last")
     if expr.path in ("fsdp", "fsdp+tp"):
         lines.append("# module → reshard_after_forward: True = ZeRO-3 (gathered again for the backward), "
                      "False = ZeRO-2-like")
@@ -270,19 +272,23 @@ def train(rank, world):
 
     same_as_rank0(model, [t for t in tree_flatten((call.args, call.kwargs))[0] if isinstance(t, torch.Tensor)])
     rows = world // TP_SIZE   # each row of TP_SIZE ranks runs one piece of the batch
-    args, kwargs, share = my_part_of_the_batch(call, rank // TP_SIZE, rows)
+    # micro-batch j of row r: piece r * MICROBATCHES + j of rows * MICROBATCHES (the plan's slices)
+    parts = [my_part_of_the_batch(call, rank // TP_SIZE * MICROBATCHES + j, rows * MICROBATCHES)
+             for j in range(MICROBATCHES)]
     net, opt, after_backward = parallelize(model, device, world)
-    weight = share * rows   # 1 on equal parts: the averaged gradients are the whole batch's
     for step in range(1, ARGS.steps + 1):
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=PRECISION == "bf16"):
-            output = call.run(net, args, kwargs)
-        loss = training_loss(output)
-        del output   # the output (logits) freed before the backward, as torchtitan does: what was predicted
-        (loss if weight == 1 else loss * weight).backward()
+        whole = torch.zeros(1, device=device)
+        for args, kwargs, share in parts:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=PRECISION == "bf16"):
+                output = call.run(net, args, kwargs)
+            loss = training_loss(output)
+            del output   # the output (logits) freed before the backward, as torchtitan does: what was predicted
+            weight = share * rows   # 1 / MICROBATCHES on equal parts: the averaged gradients are the whole batch's
+            (loss if weight == 1 else loss * weight).backward()
+            whole += loss.detach().float().reshape(1) * share / TP_SIZE   # a row's ranks have the same loss
         after_backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        whole = loss.detach().float().reshape(1) * share / TP_SIZE   # a row's ranks have the same loss
         dist.all_reduce(whole)
         if rank == 0:
             print(f"step {step} loss {whole.item()!r}", flush=True)
@@ -444,6 +450,10 @@ def readme(expr: Expression, shape: LaunchShape, plan: Plan, *, spec: str, steps
         rows = "the ranks" if expr.tp_size == 1 else f"the {expr.world_size // expr.tp_size} rows of the dp axis"
         lines.append(f"- the batch is cut over {rows} along each input's batch dimension (`torch.tensor_split`)"
                      "; with unequal parts each rank's loss is weighted by its share")
+    if expr.microbatches > 1:
+        lines.append(f"- gradient accumulation: each rank's piece stepped as {expr.microbatches} micro-batches, each "
+                     "loss weighted by its share, FSDP2 reduce-scattering every micro-batch's gradients into the "
+                     "sharded ones; the optimizer steps after the last (the prediction prices this step)")
     for n in (*expr.notes, *notes):
         lines.append(f"- note: {n}")
     if expr.executor_ops:

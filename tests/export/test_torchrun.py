@@ -124,22 +124,26 @@ def test_a_tensor_parallel_plan_trains_through_parallelize_module_as_the_unsplit
     assert got == pytest.approx(want, rel=1e-5)
 
 
-@pytest.mark.parametrize("source", ["fsdp+tp", "fsdp+tp+sp"])
-def test_fsdp_over_hosts_with_tensor_parallelism_trains_as_the_unsplit_model(tmp_path, source):
+@pytest.mark.parametrize(("source", "microbatches"), [("fsdp+tp", 1), ("fsdp+tp+sp", 1), ("fsdp+tp+ac", 2)])
+def test_fsdp_over_hosts_with_tensor_parallelism_trains_as_the_unsplit_model(tmp_path, source, microbatches):
     # torchtitan's FSDP × TP as the frontier offers it (tensoropt.frontier.replicas.fsdp_tp_recipes):
     # the tp plan of one host of two, replicated over two hosts and sharded over them by FSDP2 —
-    # exported on a 2-D DeviceMesh (dp 2, tp 2), 4 gloo ranks, each dp row half the batch of 4
+    # exported on a 2-D DeviceMesh (dp 2, tp 2), 4 gloo ranks, each dp row half the batch of 4; with
+    # micro-batches, each dp row's 4 of the batch of 8 stepped as two of 2 (gradient accumulation)
     import tensoropt
     from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
 
-    spec = "zoo:llama3-8b?tiny=1"     # batch 2: one replica's slice of the step's 4
+    spec = "zoo:llama3-8b?tiny=1"     # batch 2: one replica's (micro-)batch
     graph = tensoropt.load_model(spec).capture()
     cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
     costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
-    recipes = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1)
+    recipes = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1,
+                              microbatches=microbatches)
     plan = {src: plan for src, plan, _ in recipes}[source]
+    assert plan.microbatches == microbatches and plan.global_batch_size == 4 * microbatches
     plan.save(tmp_path / "fsdp_tp.json")
     done = export_plan(tmp_path / "fsdp_tp.json", spec, tmp_path / "fsdp_tp", steps=STEPS, cluster=cluster)
     assert done.expression.path == "fsdp+tp" and done.expression.tp_size == 2 and done.shape.nnodes == 2
-    got, want = zoo_run_and_reference(tmp_path / "fsdp_tp", 4, spec, batch=4)
+    assert done.expression.microbatches == microbatches
+    got, want = zoo_run_and_reference(tmp_path / "fsdp_tp", 4, spec, batch=4 * microbatches)
     assert got == pytest.approx(want, rel=1e-5)
