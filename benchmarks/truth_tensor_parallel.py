@@ -14,12 +14,17 @@ Six recipes of one Llama, each a plan tensoropt's frontier offers and the PyTorc
   ``parallelize_module`` on tp, (``checkpoint_wrapper`` per block,) ``fully_shard`` per block and on
   the model on dp; ``fsdp+tp+sp`` / ``fsdp+tp+sp+ac`` the same over the ``tp+sp`` host plan.
 
+With ``--microbatches 1,2,4`` the four FSDP × TP recipes are also run stepping each dp row's piece as
+that many micro-batches (gradient accumulation: FSDP2 reduce-scatters each micro-batch's gradients into
+the sharded ones; the plan captured at one micro-batch) — a recipe whose micro-batch has fewer rows
+than tp ranks has no sequence parallelism and is left out.
+
 Each rank's walked peak (the estimate) beside PyTorch's MemTracker / FSDPMemTracker peak of one step
 (:func:`~tensoropt.distributed.jobs.measure_torch_recipe`: forward, loss, the output dropped,
 backward, AdamW step), and PyTorch's step time (median over ``--steps``, this machine's gloo: not
 what the simulator prices, an H100's).  error = (estimate − measured) / measured.
 
-    python benchmarks/truth_tensor_parallel.py [--model SPEC] [--steps 5] [--warmup 2]
+    python benchmarks/truth_tensor_parallel.py [--model SPEC] [--steps 5] [--warmup 2] [--microbatches 1,2,4]
 
 It measures and compares: nothing measured here feeds the estimates.
 """
@@ -44,10 +49,11 @@ def main() -> None:
     ap.add_argument("--model", default=DEFAULT_MODEL, help="a zoo spec with batch=B (B even: 2 dp rows)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--microbatches", default="1", help="comma-separated counts for the FSDP × TP rows (default 1)")
     a = ap.parse_args()
     t0 = time.time()
     batch = int(a.model.split("batch=")[1].split("&")[0])
-    half = a.model.replace(f"batch={batch}", f"batch={batch // 2}")
+    counts = [int(k) for k in a.microbatches.split(",")]
     rows = []
     # tp, tp+sp: 2 ranks, the whole batch
     graph = tensoropt.load_model(a.model).capture(method="export")
@@ -62,20 +68,24 @@ def main() -> None:
         rows.append((algo, "2 (tp 2)", max(m.peak for m in walked.values()), max(theirs["peak_bytes"]),
                      theirs["step_s"]))
         print(f"{algo}: done ({time.time() - t0:.0f} s)", flush=True)
-    # fsdp+tp, fsdp+tp+ac, fsdp+tp+sp, fsdp+tp+sp+ac: 4 ranks, each dp row half the batch
-    graph = tensoropt.load_model(half).capture(method="export")
+    # fsdp+tp, fsdp+tp+ac, fsdp+tp+sp, fsdp+tp+sp+ac: 4 ranks, each dp row half the batch (in k micro-batches)
     cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
-    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False), cluster).costs
-    for source, plan, _ in fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1):
-        recipe = "fsdp+ac" if source.endswith("+ac") else "fsdp"
-        walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
-        styles = tensor_parallel_modules(graph, plan)
-        theirs = launch(measure_torch_recipe, 4, {"model_spec": a.model, "recipe": recipe, "steps": a.steps,
-                                                  "warmup": a.warmup, "tensor_parallel": styles, "tp_size": 2},
-                        timeout_s=600)[0]
-        rows.append((source, "4 (dp 2 × tp 2)", max(m.peak for m in walked.values()), max(theirs["peak_bytes"]),
-                     theirs["step_s"]))
-        print(f"{source}: done ({time.time() - t0:.0f} s)", flush=True)
+    for k in counts:
+        part = a.model.replace(f"batch={batch}", f"batch={batch // 2 // k}")   # one replica's micro-batch
+        graph = tensoropt.load_model(part).capture(method="export")
+        costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False), cluster).costs
+        for source, plan, _ in fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw",
+                                               workers=1, microbatches=k):
+            recipe = "fsdp+ac" if source.endswith("+ac") else "fsdp"
+            walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
+            styles = tensor_parallel_modules(graph, plan)
+            theirs = launch(measure_torch_recipe, 4, {"model_spec": a.model, "recipe": recipe, "steps": a.steps,
+                                                      "warmup": a.warmup, "tensor_parallel": styles, "tp_size": 2,
+                                                      "microbatches": k}, timeout_s=600)[0]
+            name = source if k == 1 else f"{source} × {k} micro-batches"
+            rows.append((name, "4 (dp 2 × tp 2)", max(m.peak for m in walked.values()), max(theirs["peak_bytes"]),
+                         theirs["step_s"]))
+            print(f"{name}: done ({time.time() - t0:.0f} s)", flush=True)
     print()
     print(f"{a.model}, gloo ranks, AdamW")
     print()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import run_cli
 
@@ -115,11 +116,13 @@ def test_a_two_host_plan_from_the_frontier_passes_the_check_on_four_ranks(tmp_pa
     assert "PASSED" in outs[0][1] and "2 replicas" in outs[0][1], outs[0][1]
 
 
-def test_fsdp_over_hosts_with_sequence_parallelism_passes_the_check_on_four_ranks(tmp_path):
+@pytest.mark.parametrize(("source", "microbatches"), [("fsdp+tp+sp", 1), ("fsdp+tp+sp+ac", 2)])
+def test_fsdp_over_hosts_with_sequence_parallelism_passes_the_check_on_four_ranks(tmp_path, source, microbatches):
     # the fsdp+tp+sp recipe of the tiny Llama on two hosts of two (FSDP2 over the hosts, each host's
     # norms and residual adds on each device's row of its 2): tensoropt's executor runs it on 4 gloo
     # ranks as the unsplit model trains (each replica's parameters whole there; the priced memory is
-    # PyTorch's, tests/planmodel/test_wrappers.py)
+    # PyTorch's, tests/planmodel/test_wrappers.py); and checkpointed, each replica's 4 rows stepped as
+    # two micro-batches of 2 (gradient accumulation)
     import tensoropt
     from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
 
@@ -127,11 +130,12 @@ def test_fsdp_over_hosts_with_sequence_parallelism_passes_the_check_on_four_rank
     graph = tensoropt.load_model(spec).capture()
     cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
     costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
-    recipes = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1)
-    plan = {source: plan for source, plan, _ in recipes}["fsdp+tp+sp"]
+    recipes = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1,
+                              microbatches=microbatches)
+    plan = {source: plan for source, plan, _ in recipes}[source]
     assert any(str(c.layout) == "batch" for c in plan.configs.values())
     plan.save(tmp_path / "plan.json")
-    outs = _run(tmp_path / "plan.json", 4, "--check", "--check-dtype", "float32", "--backend", "dist", "--batch", "4",
-                model=spec)
+    outs = _run(tmp_path / "plan.json", 4, "--check", "--check-dtype", "float32", "--backend", "dist", "--batch",
+                str(4 * microbatches), model=spec)
     assert [rc for rc, _, _ in outs] == [0, 0, 0, 0], outs
     assert "PASSED" in outs[0][1] and "2 replicas" in outs[0][1], outs[0][1]

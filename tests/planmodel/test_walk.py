@@ -87,10 +87,10 @@ def test_a_later_micro_batch_holds_every_gradient_and_its_contribution_beside_it
     # a plan of micro-batches is walked both ways: the larger
     assert walk.plan_memory(zero.with_microbatches(2), graph, costs, cluster, optimizer="sgd")["gpu0"].peak == \
         later.peak + 8 * 64 * 4 // 2    # and the caller holds the step's batch: two micro-batches' rows
-    # PyTorch's wrappers accumulate their own ways: not priced
-    fsdp2 = Plan.from_dict({**zero.to_dict(), "options": {"runtime": "fsdp2"}})
-    with pytest.raises(PlanError, match="wrappers accumulate"):
-        walk.plan_memory(fsdp2.with_microbatches(2), graph, costs, cluster)
+    # DDP accumulates its own way (its buckets): not priced (FSDP2's is, tests/planmodel/test_wrappers.py)
+    ddp = Plan.from_dict({**zero.to_dict(), "options": {"runtime": "ddp"}})
+    with pytest.raises(PlanError, match="DistributedDataParallel accumulates"):
+        walk.plan_memory(ddp.with_microbatches(2), graph, costs, cluster)
 
 
 def test_a_later_micro_batch_may_hold_only_some_gradients_and_each_region_its_own_moment():
