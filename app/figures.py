@@ -171,7 +171,7 @@ def drawn_plans(points: Sequence[FrontierRow], baselines: Sequence[BaselineDict]
                     "on_frontier": str(r.get("on_frontier", True)).lower() in ("true", "1"),
                     "layouts": dict(r.get("layouts") or {}), "recomputed": int(r.get("recomputed") or 0),
                     "also": also.get(pid, []), "dominated_by": "", "pipeline": str(r.get("pipeline") or ""),
-                    "mesh": str(r.get("mesh") or "")})
+                    "mesh": str(r.get("mesh") or ""), "microbatches": int(r.get("microbatches") or 1)})
     for b in baselines:
         if not b.get("plan_id") or b.get("peak_memory_bytes") is None or b.get("same_as"):
             continue
@@ -180,7 +180,7 @@ def drawn_plans(points: Sequence[FrontierRow], baselines: Sequence[BaselineDict]
                     "num_devices": len(peaks), "memory_bytes": int(b["peak_memory_bytes"]),
                     "time_s": float(b["time_s"]), "peaks": peaks, "source": b["algo"],
                     "on_frontier": not b.get("dominated_by"), "layouts": {}, "recomputed": 0, "also": [],
-                    "dominated_by": b.get("dominated_by") or "", "pipeline": "", "mesh": ""})
+                    "dominated_by": b.get("dominated_by") or "", "pipeline": "", "mesh": "", "microbatches": 1})
     return out
 
 
@@ -221,13 +221,15 @@ def _hover_title(p: Mapping[str, Any]) -> str:
         return f"<b>{p['label']}</b> (baseline placer) · plan {p['plan_id']}"
     if p.get("pipeline"):   # its schedule and mesh named on the point
         return f"<b>{p['plan_id']}</b> · a pipeline: {p['pipeline']} (torch.distributed.pipelining)"
+    k = int(p.get("microbatches") or 1)
+    steps = f", each step {k} micro-batches (gradient accumulation)" if k > 1 else ""
     if p.get("mesh"):       # a plan across hosts: its 2-D mesh named on the point
         how = ("torchtitan's FSDP × TP" + (" with sequence parallelism" if "+sp" in p["source"] else "")
                + (", a checkpoint per block" if p["source"].endswith("+ac") else "")
                if "FSDP2" in p["mesh"] else "one host's plan of the search on each host's slice of the batch")
-        return f"<b>{p['plan_id']}</b> · mesh {p['mesh']}: {how}"
+        return f"<b>{p['plan_id']}</b> · mesh {p['mesh']}: {how}{steps}"
     what = "the search" if p["source"] == "frontier" else f"the placer {p['source']}"
-    return f"<b>{p['plan_id']}</b> · found by {what}"
+    return f"<b>{p['plan_id']}</b> · found by {what}{steps}"
 
 
 def hover_head(p: Mapping[str, Any], batch: int | None = None) -> str:

@@ -403,6 +403,10 @@ def test_a_plan_across_hosts_names_its_2d_mesh_in_its_hover():
                          "parallelism, a checkpoint per block<br>")
     hosts = F.hover_head({**p, "source": "hosts", "mesh": "dp 2 (replicas) × 2 devices"})
     assert hosts.startswith("<b>p002-4dev</b> · mesh dp 2 (replicas) × 2 devices: one host's plan of the search")
+    # a recipe stepping micro-batches (the CSV's microbatches column) says so on the point
+    accumulating = F.hover_head(F.drawn_plans([{**row, "microbatches": "8"}])[0])
+    assert accumulating.startswith("<b>p002-4dev</b> · mesh dp 2 (FSDP2) × tp 2: torchtitan's FSDP × TP, a "
+                                   "checkpoint per block, each step 8 micro-batches (gradient accumulation)<br>")
 
 
 def test_two_timelines_share_one_time_axis():
