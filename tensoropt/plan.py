@@ -67,8 +67,12 @@ PLAN_FORMATS = ("tensoropt.plan/1", "tensoropt.plan/2", PLAN_FORMAT)
 #: state of the whole parameters it steps) for a plan sharded at level 1
 #: (:mod:`tensoropt.planmodel.wrappers` says what the wrappers hold); ``pipelining`` — PyTorch's
 #: :mod:`torch.distributed.pipelining` running each stage's operators on its rank under PyTorch's
-#: own autograd (one micro-batch's step, :mod:`tensoropt.planmodel.pipelined`)
-RUNTIMES = ("executor", "fsdp2", "ddp", "zero1", "pipelining")
+#: own autograd (one micro-batch's step, :mod:`tensoropt.planmodel.pipelined`); ``dtensor`` — PyTorch's
+#: tensor parallelism as ``tensoropt export`` writes it for a plan its styles express
+#: (:func:`tensoropt.planmodel.tensorparallel.tensor_parallel_modules`): ``parallelize_module`` on
+#: the plan's devices, PyTorch's autograd, each parameter's ``.grad`` made at its backward (no flat
+#: buffer: a parameter every rank reads whole gets the same gradient on each)
+RUNTIMES = ("executor", "fsdp2", "ddp", "zero1", "pipelining", "dtensor")
 
 
 class PlanError(TensorOptError):

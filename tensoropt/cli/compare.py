@@ -46,7 +46,7 @@ def _algos(text: str | None) -> tuple[str, ...] | None:
 
 #: what a row's memory and time are priced as, by its plan's runtime (:data:`tensoropt.plan.RUNTIMES`)
 PRICED_AS = {"executor": "executor", "fsdp2": "FSDP2", "ddp": "DDP", "zero1": "DDP + ZeRO-1",
-             "pipelining": "PyTorch pipelining"}
+             "pipelining": "PyTorch pipelining", "dtensor": "DTensor"}
 
 
 def _print_table(console: Console, result: Exploration, optimizer: str) -> None:

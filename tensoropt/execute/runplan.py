@@ -161,7 +161,11 @@ def run_plan(model_spec: str, plan_path: str, backend: Backend, options: RunOpti
     elif plan.runtime == "fsdp2":
         report("note: the plan's estimates are FSDP2's (tensoropt export runs it so); tensoropt's executor gathers "
                "and reduces each operator's parameters on its own, so its memory and time differ from them")
-    elif plan.runtime != "executor":
+    elif plan.runtime == "dtensor":
+        report("note: the plan's estimates are PyTorch's tensor parallelism's (DTensor: tensoropt export runs it so); "
+               "tensoropt's executor sums the gradients of the parameters every device reads in flat buffers, so "
+               "its memory differs from them (the same losses)")
+    elif plan.runtime in ("ddp", "zero1"):
         report(f"note: the plan's estimates are PyTorch's DistributedDataParallel's (runtime {plan.runtime}: "
                "tensoropt export runs it so, with its gradient buckets); tensoropt's executor holds other amounts")
     if options.check:   # on copies in the check's dtype, before the training executor takes the model

@@ -446,6 +446,12 @@ def readme(expr: Expression, shape: LaunchShape, plan: Plan, *, spec: str, steps
                                                           if st == "rowwise"))
         lines.append("- every other module runs as the model wrote it, on the whole activations or, between a column "
                      "and a row layer, on the rank's piece (the attention on the rank's heads)")
+        if expr.path == "tp":
+            lines.append("- the prediction is PyTorch's tensor parallelism's as this script runs it (the plan is "
+                         "priced so: PyTorch's autograd, each parameter's `.grad` made at its backward)"
+                         if plan.runtime == "dtensor" else
+                         "- the prediction is tensoropt's executor's (`tensoropt run --backend dist`), which keeps a "
+                         "flat buffer for the gradients of the parameters every rank reads whole")
     if expr.uses_torch and expr.world_size > expr.tp_size:
         rows = "the ranks" if expr.tp_size == 1 else f"the {expr.world_size // expr.tp_size} rows of the dp axis"
         lines.append(f"- the batch is cut over {rows} along each input's batch dimension (`torch.tensor_split`)"

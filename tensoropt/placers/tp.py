@@ -32,7 +32,8 @@ the step's FLOPs runs split (tiny GPT-2: 86.7 %).  Llama is Megatron's exactly: 
 up column, o and down row, and everything between on each device's heads — the head split, RoPE,
 grouped-query attention (where the degree divides the key / value heads), the merge — so a block
 communicates only in the all-reduce after each row layer, as PyTorch's ``ColwiseParallel`` /
-``RowwiseParallel`` run it (:func:`tensoropt.export.expressible.tensor_parallel_modules`).  The
+``RowwiseParallel`` run it (:func:`tensoropt.planmodel.tensorparallel.tensor_parallel_modules`; the plan is
+priced so, runtime ``dtensor``, where those styles express it).  The
 rule reads no transformer vocabulary, so a block of convolutions is paired the same way (its
 first convolution column, the next row, …), and a model whose repeated block is a single module
 (VGG's ``features.0``, ``features.2``, …) gets its layers column parallel alone, each output
@@ -63,6 +64,7 @@ from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan, PlanError
 from ..planmodel.reshard import is_weighted, op_basename, reads_nothing
+from ..planmodel.tensorparallel import price_as_dtensor
 from ._common import refuse_unless_walked_fits
 
 NAME = "tp"
@@ -159,7 +161,7 @@ def tensor_parallel_plan(graph: OpGraph, costs: CostModel, cluster: Cluster, *,
                 cluster_name=cluster.name, cluster_fingerprint=cluster.fingerprint, algorithm=name,
                 options={"devices": list(names), "optimizer": optimizer}, order=[nd.name for nd in graph.ops],
                 plan_id=name, notes=notes)
-    return plan
+    return price_as_dtensor(plan, graph)
 
 
 def megatron_roles(graph: OpGraph, costs: CostModel, n: int) -> Roles:

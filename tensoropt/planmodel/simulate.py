@@ -652,7 +652,10 @@ class _StepTasks:
         position = {name: i for i, name in enumerate(self.plan.order)}
         sync = None if overlap else self.sched.add("sync", "backward", "sync", list(bwd_task.values()))
         summed: list[int | None] = []
-        if self.rings:   # FSDP2 over the replicas: every gradient reduce-scattered by its unit
+        # FSDP2 over the replicas: every gradient reduce-scattered by its unit; DTensor: a parameter every
+        # rank reads whole has the same gradient on each (the norms' few kilobytes under sequence
+        # parallelism, summed over tp, are not counted)
+        if self.rings or self.plan.runtime == "dtensor":
             return
         syncs = replica_syncs(self.graph, self.plan, self.cluster) if self.plan.replicas else \
             [(readers, (Stage((st,), st.time_s),))

@@ -431,15 +431,16 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     ``edges`` and the nodes that compute a gradient ``needs_grad``; with ``stop_over``, up to the
     first device whose peak exceeds its figure (:func:`plan_memory`, which says ``accumulate`` and
     ``regions``)."""
-    if (accumulate or plan.microbatches > 1) and plan.runtime not in ("executor", "pipelining", "fsdp2"):
+    if (accumulate or plan.microbatches > 1) and plan.runtime not in ("executor", "pipelining", "fsdp2", "dtensor"):
         raise PlanError(f"micro-batches are priced as tensoropt's executor and FSDP2 run them, not as {plan.runtime} "
                         "(DistributedDataParallel accumulates gradients its own way): price the plan with runtime "
                         "'executor'")
     alpha = optimizer_alpha(optimizer)
     devices = plan.devices
     mem = {d: StepMemory() for d in devices}
-    # FSDP2 across the replicas reduce-scatters every gradient over them: nothing summed in the host
-    synced = {} if fsdp_across_replicas(plan) else synced_parameters(graph, plan)
+    # FSDP2 across the replicas reduce-scatters every gradient over them: nothing summed in the host;
+    # under DTensor a parameter every rank reads whole gets the same gradient on each: nothing summed
+    synced = {} if fsdp_across_replicas(plan) or plan.runtime == "dtensor" else synced_parameters(graph, plan)
     params = _ParamHolding.of(plan, graph, synced)
     trainable_sizes = params.count_resident(graph, mem, alpha)
     if plan.runtime in DDP_RUNTIMES:

@@ -36,7 +36,7 @@ DDP_RUNTIMES = ("ddp", "zero1")
 
 #: what each runtime is, for messages
 RUNTIME_TITLES = {"ddp": "DistributedDataParallel", "zero1": "DistributedDataParallel + ZeroRedundancyOptimizer",
-                  "fsdp2": "FSDP2"}
+                  "fsdp2": "FSDP2", "dtensor": "tensor parallelism (DTensor)"}
 
 
 def require_data_parallel(plan: Plan) -> None:
