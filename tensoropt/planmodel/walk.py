@@ -118,7 +118,7 @@ from typing import Any
 
 from ..cluster import Cluster
 from ..graph import OpGraph, OpNode, ParamKind, block_of, grad_nodes
-from ..layouts import Layout, Shard, largest_piece
+from ..layouts import Layout, Shard, TensorLayout, largest_piece
 from ..measure.costmodel import CostModel, NodeCost, ShardCost
 from ..optimizers import DEFAULT_OPTIMIZER, optimizer_alpha, optimizer_temp_bytes
 from ..plan import NodeConfig, Plan, PlanError, sharded_parameters
@@ -729,6 +729,10 @@ class _Storage:
         shard = {n: shard_cost(costs, graph.nodes[n], configs[n]) for n in plan.order}
         size: dict[Key, int] = {}
         nodes: list[_NodeReads] = []
+        # PyTorch's DTensor cuts a whole value to each rank's rows into a copy (PrepareModuleOutput,
+        # SequenceParallel's input), the whole freed once nothing else holds it; tensoropt's executor
+        # reads the rows as a view of the whole
+        copies_rows = plan.runtime == "dtensor" or fsdp_across_replicas(plan)
         for name in plan.order:
             node, cfg = graph.nodes[name], configs[name]
             alias = aliases_input(node, costs)
@@ -740,7 +744,12 @@ class _Storage:
                     ins.append((p, (p, "batch"), {}, (p, "batch")))
                     continue
                 fk = edges.key_of[(name, p)]
-                recv_bytes, recv_key = edges.fwd[fk].recv_bytes, (p, "recv", fk[2], fk[1])
+                rs = edges.fwd[fk]
+                recv_bytes, recv_key = rs.recv_bytes, (p, "recv", fk[2], fk[1])
+                if copies_rows and rs.src_layout == TensorLayout.R and rs.dst_layout == TensorLayout.SB \
+                        and not any(recv_bytes.values()):
+                    piece = piece_bytes(TensorLayout.SB, cfg.degree, graph.nodes[p].output_bytes)
+                    recv_bytes = {d: piece for d in cfg.devices}
                 ins.append((p, None, recv_bytes, recv_key))
                 if recv_bytes:   # the size of what is received: the last of the node's devices that receives
                     for d in cfg.devices:
