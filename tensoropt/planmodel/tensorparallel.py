@@ -25,8 +25,8 @@ TP_STYLES = {"channel": "colwise", "reduce": "rowwise"}
 def tensor_parallel_modules(graph: OpGraph, plan: Plan) -> dict[str, str]:
     """The ``parallelize_module`` plan that runs ``plan`` — Megatron's tensor parallelism over all
     its devices, with or without sequence parallelism — as PyTorch's DTensor runs it: module path →
-    a style of :mod:`tensoropt.export.tpstyles`.  A linear cutting its output features (layout ``channel``) is
-    ``colwise``; one cutting its input features (``reduce``) ``rowwise``, or ``rowwise_sequence``
+    a style of :mod:`tensoropt.export.tpstyles`.  A linear cutting its output features (layout
+    ``channel``) is ``colwise``; one cutting its input features (``reduce``) ``rowwise``, or ``rowwise_sequence``
     where its partial sums go to operators on the rows of tokens (``batch``: reduce-scattered).  A
     module whose every operator runs on rows (a norm under sequence parallelism) is ``sequence``,
     ``sequence_gathered`` where column layers read its output, ``sequence_whole`` where whole
@@ -36,15 +36,16 @@ def tensor_parallel_modules(graph: OpGraph, plan: Plan) -> dict[str, str]:
     rank's piece where it follows a column layer (``channel``) or lies on the rows (``batch``: the
     residual adds).
 
-    Expressible when every operator runs on all the plan's devices, no sharding level, no
-    micro-batches or stages, no replicas but FSDP2's over them (runtime ``fsdp2``: this is the plan
-    of each replica's tp axis); each cut operator with a weight is a ``linear`` of its own module,
-    read once; a column layer reads a whole input (or a gathered module's), a cut value flows from
-    it only to followers and to row layers (never to a whole reader: PyTorch hands the local piece
-    on, where the plan would gather it), and a row layer reads it split along its last dimension;
-    an operator on rows that reads a parameter lies in a module all on rows, which reads one value
-    from outside; rows pass between modules only through the styles above.  Else a
-    :class:`~tensoropt.errors.TensorOptError` naming the first operator that is not and why.  O(V + E).
+    Expressible when every operator runs on all the plan's devices, no sharding level, no pipeline
+    stages (micro-batches are a loop around the step), no replicas but FSDP2's over them (runtime
+    ``fsdp2``: this is the plan of each replica's tp axis); each cut operator with a weight is a
+    ``linear`` of its own module, read once; a column layer reads a whole input (or a gathered
+    module's), a cut value flows from it only to followers and to row layers (never to a whole
+    reader: PyTorch hands the local piece on, where the plan would gather it), and a row layer reads
+    it split along its last dimension; an operator on rows that reads a parameter lies in a module
+    all on rows, which reads one value from outside; rows pass between modules only through the
+    styles above.  Else a :class:`~tensoropt.errors.TensorOptError` naming the first operator that
+    is not and why.  O(V + E).
 
     Example (a block of two linears on two devices: the first column, the ReLU split, the second row)::
 
