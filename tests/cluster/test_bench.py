@@ -184,7 +184,7 @@ def test_gloo_result_round_trips_through_yaml(gloo_result, tmp_path):
 
 
 def test_busy_ranks_before_each_round_trip_are_recorded():
-    r = bench_links(backend="gloo", world_size=2, sizes=[256 * KiB, 8 * MiB], repeats=5, warmup=1, busy_s=0.001)
+    r = bench_links(backend="gloo", world_size=2, sizes=[256 * KiB, 64 * MiB], repeats=5, warmup=1, busy_s=0.001)
     assert r.extra["busy_s"] == 0.001 and "busy 1 ms before each round trip" in r.method
     assert set(r.fits) == {("cpu0", "cpu1"), ("cpu1", "cpu0")}
 
