@@ -379,6 +379,12 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     return frontier.joined(plans, inputs=inputs)
 
 
+def _any_fits(found: Sequence[tuple[Any, ...]], setup: Setup, request: Request, budget: int | float | None) -> bool:
+    """Whether any of ``found`` (``(…, SimResult)`` each) fits the cluster's devices within ``budget``
+    and the request's reserve (:func:`~tensoropt.planmodel.fits.fits`)."""
+    return any(fits(sim.memory_bytes, setup.cluster, budget=budget, reserve=request.reserve) for *_, sim in found)
+
+
 def _fsdp_tp_microbatches(request: Request, setup: Setup, loaded: LoadedModel, graph: OpGraph,
                           groups: Sequence[Sequence[str]], whole: Sequence[tuple[Any, ...]],
                           inputs: dict[str, tuple[OpGraph, CostModel]], notes: list[str],
@@ -395,8 +401,7 @@ def _fsdp_tp_microbatches(request: Request, setup: Setup, loaded: LoadedModel, g
     rows = (graph.batch_size or 0) // len(groups)
     auto = request.microbatches is None
     budget = check_budget_value(request.budget)
-    if not whole or (auto and any(fits(sim.memory_bytes, setup.cluster, budget=budget, reserve=request.reserve)
-                                  for *_, sim in whole)):
+    if not whole or (auto and _any_fits(whole, setup, request, budget)):
         return []
     counts = [k for k in (AUTO_MICROBATCHES if auto else dict.fromkeys(request.microbatches or ()))
               if 1 < k <= rows and rows % k == 0]
@@ -409,8 +414,7 @@ def _fsdp_tp_microbatches(request: Request, setup: Setup, loaded: LoadedModel, g
         inputs[part.fingerprint] = (part, costs)
         found = fsdp_tp_recipes(part, costs, setup.cluster, groups, optimizer=request.optimizer, microbatches=k)
         out += found
-        if auto and any(fits(sim.memory_bytes, setup.cluster, budget=budget, reserve=request.reserve)
-                        for *_, sim in found):
+        if auto and _any_fits(found, setup, request, budget):
             break
     if auto and out:
         tried = ", ".join(str(k) for k in sorted({plan.microbatches for _, plan, _ in out}))
@@ -577,8 +581,7 @@ def join_microbatches(request: Request, setup: Setup, graph: OpGraph, frontier: 
             progress("frontier", 0, 1, f"the recipes at steps of {k} micro-batches")
             found = _recipes_at(part, part_costs, setup.cluster, setup.devices, request.optimizer, k)
             plans += found
-            if any(fits(sim.memory_bytes, setup.cluster, budget=budget, reserve=request.reserve)
-                   for _, _, sim in found):
+            if _any_fits(found, setup, request, budget):
                 break
             continue
         progress("frontier", 0, 1, f"tracking the frontier of steps of {k} micro-batches")

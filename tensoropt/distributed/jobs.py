@@ -450,8 +450,8 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
             if i and between is not None:
                 between()
             # the output dropped before the backward, as train.py does
-            loss = training_loss(wrapped(*part)) / micro if micro > 1 else training_loss(wrapped(*part))
-            loss.backward()
+            loss = training_loss(wrapped(*part))
+            (loss / micro if micro > 1 else loss).backward()
         t1 = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)

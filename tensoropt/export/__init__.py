@@ -153,8 +153,8 @@ def export_plan(plan_path: str | os.PathLike, spec: str, out: str | os.PathLike,
     if batch is None and spec.startswith("zoo:") and saved.batch_size:
         # the batch the plan was made for, as `tensoropt simulate` takes it (every replica's slice of it)
         batch = saved.global_batch_size
-    sliced = saved.replicas or saved.microbatches > 1   # captured at the first replica's micro-batch
-    model, call, graph = load_for_run(spec, LocalBackend(), batch, precision, saved if sliced else None)
+    # captured at the first replica's micro-batch (the whole batch for a plan of neither)
+    model, call, graph = load_for_run(spec, LocalBackend(), batch, precision, saved)
     plan = load_plan(str(plan_path), graph)
     optimizer = plan_optimizer(plan)
     _check_optimizer(optimizer, "the plan's optimizer")

@@ -128,18 +128,19 @@ def fsdp_tp_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, groups: 
     FSDP2 reduce-scatters them (PyTorch's DTensor); neither the walk nor the simulator counts that
     all-reduce of a few kilobytes a block.  O(4 × simulate)."""
     plans = []
+    # FSDP2 runs the model eagerly: each block's operators in turn (its checkpoint and its unit whole)
+    eager = blocks_in_turn(graph)
+    recomputed = block_operators(graph)   # what a checkpoint around every block recomputes (fsdp+ac's rule)
     for sequence_parallel in (False, True):
         try:
             host = tensor_parallel_plan(graph, costs, cluster, devices=list(groups[0]), optimizer=optimizer,
                                         sequence_parallel=sequence_parallel)
         except PlanError:
             continue
-        # FSDP2 runs the model eagerly: each block's operators in turn (its checkpoint and its unit whole)
         d = replicated(host, groups).with_options(runtime="fsdp2").to_dict()
-        d["order"] = blocks_in_turn(graph)
-        kept = Plan.from_dict(d)
-        d = kept.to_dict()
-        for name in block_operators(graph):   # what a checkpoint around every block recomputes (fsdp+ac's rule)
+        d["order"] = eager
+        kept = Plan.from_dict(d)   # its own configurations: d is changed into the checkpointed plan below
+        for name in recomputed:
             d["configs"][name]["recompute"] = True
         d["notes"] = list(d.get("notes", [])) + ["every operator of a repeated block recomputed (a checkpoint per "
                                                  "block)"]
