@@ -329,6 +329,12 @@ def options_problem(options: Mapping[str, Any]) -> str | None:
     k = options.get("microbatches", 1)
     if not _whole_at_least_one(k):
         return f"options.microbatches must be a whole number ≥ 1 (the micro-batches a step runs), got {k!r}"
+    r = options.get("dp_replicate", 1)
+    if not _whole_at_least_one(r):
+        return (f"options.dp_replicate must be a whole number ≥ 1 (the replicate groups of HSDP over the replicas), "
+                f"got {r!r}")
+    if r > 1 and options.get("runtime") != "fsdp2":
+        return f"options.dp_replicate needs options.runtime 'fsdp2' (HSDP), got {options.get('runtime')!r}"
     spec = options.get("pipeline")
     if spec is None:
         return None
@@ -436,6 +442,15 @@ class Plan:
         runs them one after the other, each forward and backward, every gradient accumulated, and
         steps the optimizer once (:mod:`tensoropt.execute.replicas` cuts the batch)."""
         return int(self.options.get("microbatches", 1))
+
+    @property
+    def dp_replicate(self) -> int:
+        """HSDP's replicate degree over the replicas of a plan FSDP2 runs across them
+        (``options["dp_replicate"]``, 1 when not set: every replica one shard of FSDP): the
+        :attr:`replicas` fall into ``dp_replicate`` groups of ``num_replicas / dp_replicate``
+        consecutive ones; FSDP2 shards over a group (``dp_shard``) and all-reduces each shard's
+        gradients over the groups (torchtitan's ``(dp_replicate, dp_shard)`` mesh axes)."""
+        return int(self.options.get("dp_replicate", 1))
 
     @property
     def pipeline(self) -> dict[str, Any] | None:
@@ -547,6 +562,9 @@ class Plan:
         problem = options_problem(self.options)
         if problem:
             raise PlanError(problem)
+        if self.dp_replicate > 1 and (not self.replicas or self.num_replicas % self.dp_replicate):
+            raise PlanError(f"options.dp_replicate ({self.dp_replicate}) must divide the plan's replicas "
+                            f"({len(self.replicas)}): HSDP's replicate groups are whole groups of replicas")
         if sorted(self.order) != sorted(ops):
             raise PlanError("the plan's order must list every operator exactly once")
         pos = {n: i for i, n in enumerate(self.order)}

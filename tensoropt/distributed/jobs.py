@@ -354,7 +354,7 @@ TENSOR_PARALLEL = "tp"
 def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: int = 5, warmup: int = 2,
                          optimizer: str = DEFAULT_OPTIMIZER, tracked: int = 1,
                          tensor_parallel: Mapping[str, str] | None = None, tp_size: int = 1,
-                         microbatches: int = 1) -> dict[str, Any]:
+                         microbatches: int = 1, dp_replicate: int = 1) -> dict[str, Any]:
     """One recipe of :data:`TORCH_RECIPES` run with PyTorch's own wrappers on every rank (each rank
     its piece of the batch, as the placers' plans cut it), timed and measured as
     :func:`measure_plan` does a plan: ``ddp`` — ``DistributedDataParallel`` (its default, a flat
@@ -382,7 +382,10 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     ``microbatches``: each rank's piece of the batch stepped as that many micro-batches (gradient
     accumulation, as the exported ``train.py`` runs it: each micro-batch's loss divided by their
     number, its backward run; FSDP2 reduce-scatters every micro-batch's gradients and adds them into
-    the sharded ones), the optimizer step after the last."""
+    the sharded ones), the optimizer step after the last.  ``dp_replicate`` (fsdp / fsdp+ac): HSDP —
+    the data-parallel ranks as torchtitan's ``(dp_replicate, dp_shard)`` axes of one mesh with ``tp``,
+    ``fully_shard`` on both (sharded over ``dp_shard``, each shard's gradients all-reduced over
+    ``dp_replicate``)."""
     # local: PyTorch's wrappers and private tools, for this measurement only
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -415,9 +418,15 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     # views of the rank's piece: the step holds the whole piece, as tensoropt's walk counts the batch
     parts = [tuple(torch.tensor_split(x, micro, 0)[i] if isinstance(x, torch.Tensor) else x for x in mine)
              for i in range(micro)]
-    mesh2 = init_device_mesh(dev.type, (dp, tp), mesh_dim_names=("dp", "tp")) if tp > 1 else None
-    if mesh2 is not None:
-        apply_styles(model, mesh2["tp"], dict(tensor_parallel or {}))
+    replicate = int(dp_replicate)
+    if replicate < 1 or dp % replicate or not recipe.startswith("fsdp") and replicate > 1:
+        raise DistributedError(f"dp_replicate ({dp_replicate!r}) must be a whole number ≥ 1 dividing the {dp} "
+                               "data-parallel ranks, and above 1 only for fsdp / fsdp+ac (HSDP)")
+    # torchtitan's mesh: (dp_replicate, dp_shard, tp), tp fastest; FSDP2 on the data axes (HSDP where replicated)
+    mesh3 = init_device_mesh(dev.type, (replicate, dp // replicate, tp),
+                             mesh_dim_names=("dp_replicate", "dp_shard", "tp")) if tp > 1 or replicate > 1 else None
+    if mesh3 is not None and tp > 1:
+        apply_styles(model, mesh3["tp"], dict(tensor_parallel or {}))
     # in forward order: the last block is kept gathered after forward
     blocks = [model.get_submodule(b) for b in dict.fromkeys(block_of(n.module_path) for n in graph.ops)
               if b is not None]
@@ -437,7 +446,8 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
             apply_activation_checkpointing(model, check_fn=lambda m: any(m is b for b in blocks))
             wrapper = {id(getattr(m, "_checkpoint_wrapped_module", None)): m for m in model.modules()}
             blocks = [wrapper[id(b)] for b in blocks]
-        mesh = mesh2["dp"] if mesh2 is not None else init_device_mesh(dev.type, (rt.world_size,))
+        mesh = (mesh3["dp_replicate", "dp_shard"] if replicate > 1 else mesh3["dp_shard"]) if mesh3 is not None \
+            else init_device_mesh(dev.type, (rt.world_size,))
         for i, b in enumerate(blocks):
             fully_shard(b, mesh=mesh, reshard_after_forward=i < len(blocks) - 1)
         fully_shard(model, mesh=mesh)

@@ -110,6 +110,9 @@ class Expression:
     notes: tuple[str, ...] = ()
     #: each step's micro-batches (gradient accumulation; :attr:`Plan.microbatches <tensoropt.plan.Plan.microbatches>`)
     microbatches: int = 1
+    #: HSDP's replicate degree of path ``fsdp+tp`` (:attr:`Plan.dp_replicate <tensoropt.plan.Plan.dp_replicate>`):
+    #: the data-parallel rows of ranks as ``(dp_replicate, dp_shard)``, FSDP2 sharding over ``dp_shard``
+    dp_replicate: int = 1
 
     @property
     def world_size(self) -> int:
@@ -312,8 +315,9 @@ def _fsdp_tensor_parallel(plan: Plan, graph: OpGraph, model: nn.Module, call: Mo
     """A plan that runs as FSDP2 over its replicas with tensor parallelism inside each: the units it
     was priced with (:class:`~tensoropt.planmodel.walk.Fsdp2Units`, every repeated block, then the
     model) on the ``dp`` axis, the host plan's column / row layers on the ``tp`` axis; ranks numbered
-    tp-fastest (``init_device_mesh``'s ``(dp, tp)``), so replica ``r``'s ``i``-th device is rank
-    ``r · tp + i``."""
+    tp-fastest (``init_device_mesh``'s ``(dp_replicate, dp_shard, tp)``), so replica ``r``'s ``i``-th
+    device is rank ``r · tp + i``; under HSDP replica ``g · S + j`` is shard ``j`` of replicate group ``g``
+    (:func:`~tensoropt.planmodel.wrappers.fsdp_rings`)."""
     order = tuple(devices) if devices is not None else tuple(plan.all_devices)
     if order != tuple(plan.all_devices):
         raise TensorOptError("a plan of FSDP2 over replicas runs replica r's i-th device as rank r × "
@@ -323,8 +327,11 @@ def _fsdp_tensor_parallel(plan: Plan, graph: OpGraph, model: nn.Module, call: Mo
     tp = tensor_parallel_modules(graph, plan) if len(plan.devices) > 1 else {}
     blocks = list(dict.fromkeys(b for n in plan.order if (b := block_of(graph.nodes[n].module_path)) is not None))
     fsdp = {**{b: i < len(blocks) - 1 for i, b in enumerate(blocks)}, "": True}
-    reasons = [f"{plan.num_replicas} replicas of {len(plan.devices)} device(s), sharded over the replicas as FSDP2 "
-               f"runs it: fully_shard on {len(blocks)} block(s), then the model, on the dp axis"]
+    r = plan.dp_replicate
+    over = "the replicas" if r == 1 else \
+        f"groups of {plan.num_replicas // r} replicas, replicated over the {r} groups (HSDP)"
+    reasons = [f"{plan.num_replicas} replicas of {len(plan.devices)} device(s), sharded over {over} as FSDP2 "
+               f"runs it: fully_shard on {len(blocks)} block(s), then the model, on the data-parallel axes"]
     if tp:
         reasons.append(f"inside each replica tensor parallelism on the tp axis: {_tensor_parallel_summary(tp)}")
     if ckpt:
@@ -332,7 +339,7 @@ def _fsdp_tensor_parallel(plan: Plan, graph: OpGraph, model: nn.Module, call: Mo
     dims = _input_batch_dims(graph, model, call)
     return Expression("fsdp+tp", order, plan.global_batch_size, fsdp_modules=fsdp, tp_modules=tp,
                       tp_size=len(plan.devices), checkpoint_modules=ckpt, input_batch_dims=dims,
-                      reasons=tuple(reasons), notes=tuple(notes))
+                      reasons=tuple(reasons), notes=tuple(notes), dp_replicate=r)
 
 
 @dataclass(frozen=True)

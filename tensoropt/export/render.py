@@ -58,6 +58,9 @@ def _constants(expr: Expression, *, spec: str, batch: int | None, precision: str
         lines.append(f"FSDP_MODULES = {dict(expr.fsdp_modules)!r}")
         lines.append(f"REPLICATED = {list(expr.replicated_params)!r}   # kept whole: gradients all-reduced by hand "
                      "(parallelize() finds them: every parameter fully_shard did not take)")
+    if expr.path == "fsdp+tp":
+        lines.append(f"DP_REPLICATE = {expr.dp_replicate}   # HSDP: the rows of ranks as (DP_REPLICATE, rows // "
+                     "DP_REPLICATE), fully_shard sharding over the second and all-reducing over the first (1: FSDP)")
     if expr.path in ("tp", "fsdp+tp"):
         lines.append("# module → its tensor-parallel style (parallelize_styles below): colwise = output features cut, "
                      "rowwise = input features cut (partial sums all-reduced), *sequence* = sequence parallelism over "
@@ -223,21 +226,25 @@ def parallelize(model, device, world):
 _FSDP_TP = '''
 
 def parallelize(model, device, world):
-    """The plan with PyTorch's APIs on a 2-D DeviceMesh (dp, tp) — torchtitan's FSDP × TP: tensor
-    parallelism (parallelize_module) on the tp axis, then fully_shard (FSDP2) on the dp axis on each
-    module of FSDP_MODULES, innermost first; activation checkpointing where the plan recomputes."""
+    """The plan with PyTorch's APIs on torchtitan's DeviceMesh (dp_replicate, dp_shard, tp) — FSDP × TP,
+    or HSDP × TP where DP_REPLICATE > 1: tensor parallelism (parallelize_module) on the tp axis, then
+    fully_shard (FSDP2) on the data-parallel axes on each module of FSDP_MODULES, innermost first;
+    activation checkpointing where the plan recomputes."""
     from torch.distributed._composable import checkpoint
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (world // TP_SIZE, TP_SIZE), mesh_dim_names=("dp", "tp"))
+    rows = world // TP_SIZE
+    mesh = init_device_mesh(device.type, (DP_REPLICATE, rows // DP_REPLICATE, TP_SIZE),
+                            mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    data = mesh["dp_replicate", "dp_shard"] if DP_REPLICATE > 1 else mesh["dp_shard"]
     apply_styles(model, mesh["tp"], TP_MODULES)
     for name in CHECKPOINT_MODULES:
         checkpoint(model.get_submodule(name))
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if PRECISION == "bf16-params"
           else MixedPrecisionPolicy())
     for name in sorted(FSDP_MODULES, key=lambda m: -m.count(".") - (m != "")):
-        fully_shard(model.get_submodule(name), mesh=mesh["dp"], reshard_after_forward=FSDP_MODULES[name], mp_policy=mp)
+        fully_shard(model.get_submodule(name), mesh=data, reshard_after_forward=FSDP_MODULES[name], mp_policy=mp)
     return model, OPTIMIZER(model.parameters(), lr=ARGS.lr, **OPTIMIZER_OPTIONS), lambda: None
 '''
 
@@ -434,11 +441,14 @@ def readme(expr: Expression, shape: LaunchShape, plan: Plan, *, spec: str, steps
         lines.append("- activation checkpointing (`torch.distributed._composable.checkpoint`) on: "
                      + ", ".join(f"`{m}`" for m in expr.checkpoint_modules))
     if expr.path == "fsdp+tp":
-        lines.append(f"- a 2-D `DeviceMesh` (dp {expr.world_size // expr.tp_size}, tp {expr.tp_size}); `fully_shard` "
-                     "on the dp axis on: " + ", ".join(f"`{m or '(the model)'}`" for m in expr.fsdp_modules))
-        lines.append("- the prediction is FSDP2's over the dp axis with the tensor parallelism inside as this script "
-                     "runs it (its units gathered, prefetched and reduce-scattered over the dp axis, each rank's "
-                     "pieces of the tp axis)")
+        dp, r = expr.world_size // expr.tp_size, expr.dp_replicate
+        axes = f"dp_shard {dp}" if r == 1 else f"dp_replicate {r} × dp_shard {dp // r} (HSDP)"
+        lines.append(f"- a `DeviceMesh` ({axes}, tp {expr.tp_size}); `fully_shard` on the data-parallel axes on: "
+                     + ", ".join(f"`{m or '(the model)'}`" for m in expr.fsdp_modules))
+        lines.append("- the prediction is FSDP2's over the data-parallel axes with the tensor parallelism inside as "
+                     "this script runs it (its units gathered, prefetched and reduce-scattered over dp_shard"
+                     + (", each shard's gradients all-reduced over dp_replicate" if r > 1 else "")
+                     + ", each rank's pieces of the tp axis)")
     if expr.tp_modules:
         lines.append("- `ColwiseParallel` on: " + ", ".join(f"`{m}`" for m, st in expr.tp_modules.items()
                                                           if st == "colwise"))
@@ -453,7 +463,8 @@ def readme(expr: Expression, shape: LaunchShape, plan: Plan, *, spec: str, steps
                          "- the prediction is tensoropt's executor's (`tensoropt run --backend dist`), which keeps a "
                          "flat buffer for the gradients of the parameters every rank reads whole")
     if expr.uses_torch and expr.world_size > expr.tp_size:
-        rows = "the ranks" if expr.tp_size == 1 else f"the {expr.world_size // expr.tp_size} rows of the dp axis"
+        rows = "the ranks" if expr.tp_size == 1 else \
+            f"the {expr.world_size // expr.tp_size} rows of the data-parallel axes"
         lines.append(f"- the batch is cut over {rows} along each input's batch dimension (`torch.tensor_split`)"
                      "; with unequal parts each rank's loss is weighted by its share")
     if expr.microbatches > 1:

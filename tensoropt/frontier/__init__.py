@@ -48,7 +48,15 @@ from .graph_problem import MeshProblem, build_problem, candidate_meshes, node_co
 from .pipelines import PIPELINE_SOURCE, pipeline_recipes, price_recipes
 from .point_sets import batched_product, bucket_key, is_frontier, product, reduce, union
 from .problem import EdgeCosts, NodeCosts, Problem, ProblemError, brute_force, min_scalarized
-from .replicas import FSDP_TP_SOURCES, REPLICAS_SOURCE, fsdp_tp_recipes, host_groups, replicate_frontier, replicated
+from .replicas import (
+    FSDP_TP_SOURCES,
+    HSDP_TP_SOURCES,
+    REPLICAS_SOURCE,
+    fsdp_tp_recipes,
+    host_groups,
+    replicate_frontier,
+    replicated,
+)
 from .result import MICROBATCHES_SOURCE, BudgetError, Frontier, FrontierPoint, MeshResult, PointsMemo, frontier_point
 
 __all__ = [
@@ -61,5 +69,6 @@ __all__ = [
     "reduce", "product", "union", "batched_product", "bucket_key", "is_frontier",
     "Problem", "NodeCosts", "EdgeCosts", "ProblemError", "brute_force", "min_scalarized",
     "host_groups", "replicated", "replicate_frontier", "fsdp_tp_recipes", "REPLICAS_SOURCE", "FSDP_TP_SOURCES",
+    "HSDP_TP_SOURCES",
     "MICROBATCHES_SOURCE",
 ]

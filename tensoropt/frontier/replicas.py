@@ -50,13 +50,15 @@ from ..planmodel.simulate import simulate, unlike_replica
 from .forkmap import default_workers, fork_map
 
 __all__ = ["host_groups", "replicated", "replicate_frontier", "fsdp_tp_recipes", "REPLICAS_SOURCE",
-           "FSDP_TP_SOURCES"]
+           "FSDP_TP_SOURCES", "HSDP_TP_SOURCES"]
 
 #: the source of a replicated plan on the frontier (:attr:`~.result.FrontierPoint.source`)
 REPLICAS_SOURCE = "hosts"
 #: the sources of torchtitan's FSDP × TP recipes on the frontier: blocks kept, blocks checkpointed; then the
 #: same with sequence parallelism inside each host
 FSDP_TP_SOURCES = ("fsdp+tp", "fsdp+tp+ac", "fsdp+tp+sp", "fsdp+tp+sp+ac")
+#: the same recipes as HSDP over the hosts (``dp_replicate`` groups of hosts, FSDP2 inside each group)
+HSDP_TP_SOURCES = tuple(s.replace("fsdp", "hsdp", 1) for s in FSDP_TP_SOURCES)
 
 
 def host_groups(cluster: Cluster, devices: Sequence[str] | None = None) -> tuple[tuple[str, ...], ...]:
@@ -113,7 +115,8 @@ def replicate_frontier(host_frontier: Any, graph: OpGraph, costs: CostModel, clu
 
 
 def fsdp_tp_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, groups: Sequence[Sequence[str]], *,
-                    optimizer: str | int, workers: int | None = None, microbatches: int = 1) -> list[tuple[Any, ...]]:
+                    optimizer: str | int, workers: int | None = None, microbatches: int = 1,
+                    dp_replicate: int = 1) -> list[tuple[Any, ...]]:
     """torchtitan's FSDP × TP over ``groups`` (module docstring) for ``graph``, the model at one
     replica's batch: the ``tp`` placer's plan of ``groups[0]`` (whether or not one host holds it)
     replicated over the groups with runtime ``fsdp2``, then the same with every operator of a
@@ -124,10 +127,16 @@ def fsdp_tp_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, groups: 
     (one device a host, no column layer of that degree).  ``microbatches``: each step runs that many
     micro-batches of ``graph``'s batch on every replica (gradient accumulation: FSDP2 reduce-scatters
     each micro-batch's gradients into the sharded ones; ``graph`` is the model captured at one
-    micro-batch).  The norms' weights under sequence parallelism are summed over the tp axis before
-    FSDP2 reduce-scatters them (PyTorch's DTensor); neither the walk nor the simulator counts that
-    all-reduce of a few kilobytes a block.  O(4 × simulate)."""
+    micro-batch). ``dp_replicate`` > 1: HSDP over the groups (sources :data:`HSDP_TP_SOURCES`): the groups fall into
+    ``dp_replicate`` sets of consecutive ones, FSDP2 shards over a set and all-reduces each shard's gradients over
+    the sets (:attr:`Plan.dp_replicate <tensoropt.plan.Plan.dp_replicate>`; a :class:`~tensoropt.plan.PlanError`
+    where it does not divide the groups). The norms' weights under sequence parallelism are summed over the tp axis
+    before FSDP2 reduce-scatters them (PyTorch's DTensor); neither the walk nor the simulator counts that all-reduce
+    of a few kilobytes a block. O(4 × simulate)."""
+    if dp_replicate < 1 or len(groups) % dp_replicate:
+        raise PlanError(f"HSDP's replicate degree ({dp_replicate}) must divide the {len(groups)} groups of devices")
     plans = []
+    options: dict[str, Any] = {"runtime": "fsdp2"} | ({"dp_replicate": dp_replicate} if dp_replicate > 1 else {})
     # FSDP2 runs the model eagerly: each block's operators in turn (its checkpoint and its unit whole)
     eager = blocks_in_turn(graph)
     recomputed = block_operators(graph)   # what a checkpoint around every block recomputes (fsdp+ac's rule)
@@ -137,14 +146,15 @@ def fsdp_tp_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, groups: 
                                         sequence_parallel=sequence_parallel)
         except PlanError:
             continue
-        d = replicated(host, groups).with_options(runtime="fsdp2").to_dict()
+        d = replicated(host, groups).with_options(**options).to_dict()
         d["order"] = eager
         kept = Plan.from_dict(d)   # its own configurations: d is changed into the checkpointed plan below
         for name in recomputed:
             d["configs"][name]["recompute"] = True
         d["notes"] = list(d.get("notes", [])) + ["every operator of a repeated block recomputed (a checkpoint per "
                                                  "block)"]
-        names = FSDP_TP_SOURCES[2:] if sequence_parallel else FSDP_TP_SOURCES[:2]
+        sources = HSDP_TP_SOURCES if dp_replicate > 1 else FSDP_TP_SOURCES
+        names = sources[2:] if sequence_parallel else sources[:2]
         plans += [plan.with_microbatches(microbatches)
                   for plan in (kept.renamed(names[0]), Plan.from_dict(d).renamed(names[1]))]
     sims = fork_map(lambda plan: simulate(plan, graph, costs, cluster, optimizer=optimizer, timeline=False), plans,

@@ -94,7 +94,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..cluster import Cluster
-from ..cluster.collectives import allgather_time, reduce_scatter_time
+from ..cluster.collectives import allgather_time, reduce_scatter_time, ring_allreduce_time
 from ..devicemodel.price import check_costs_kind, costs_source
 from ..graph import OpGraph, OpNode, grad_nodes
 from ..layouts import Collective, TensorLayout
@@ -107,7 +107,6 @@ from .reshard import (
     R,
     Stage,
     Step,
-    across_replicas,
     gradient_syncs,
     move,
     node_sharded,
@@ -119,7 +118,7 @@ from .reshard import (
     update_steps,
 )
 from .walk import Fsdp2Units, PlanEdges, StepMemory, plan_edges, plan_memory, shard_cost, walk
-from .wrappers import fsdp_across_replicas
+from .wrappers import fsdp_across_replicas, fsdp_rings
 
 # plan_memory is the simulator's memory model without the timing; it lives with the cost model
 __all__ = ["simulate", "SimResult", "TimelineEvent", "plan_memory", "pipeline_result", "PHASES"]
@@ -474,8 +473,9 @@ class _StepTasks:
         self.scattered: dict[str, int | None] = {}
         #: FSDP2's units (runtime fsdp2), each unit's all-gather task by direction, the last reduce-scatter
         self.units = Fsdp2Units.of(plan, graph, needs_grad) if plan.runtime == "fsdp2" else None
-        #: FSDP2 over the replicas: each unit's collectives run on every device's ring of counterparts
-        self.rings = tuple(across_replicas(plan, (d,)) for d in self.mesh) if fsdp_across_replicas(plan) else ()
+        #: FSDP2 over the replicas: each unit's all-gathers and reduce-scatters run on every shard ring at once,
+        #: and under HSDP each reduce-scattered shard is then all-reduced on every replicate ring
+        self.rings, self.replicate_rings = fsdp_rings(plan) if fsdp_across_replicas(plan) else ((), ())
         self.unit_ag: dict[tuple[str, int], int | None] = {}
         self.last_rs: int | None = None
 
@@ -509,11 +509,21 @@ class _StepTasks:
         if not nbytes:
             return None
         time = allgather_time if kind == Collective.ALL_GATHER else reduce_scatter_time
-        # over the plan's devices, or (across replicas) on each device's ring at once
+        # over the plan's devices, or (across replicas) on each shard ring at once
         steps = tuple(Step(kind, ring, nbytes, time(self.cluster, ring, nbytes)) for ring in self.rings or (self.mesh,))
-        return self.sched.chain((Stage(steps, max(st.time_s for st in steps)),), self.units.first[u],
+        stages = [Stage(steps, max(st.time_s for st in steps))]
+        if kind == Collective.REDUCE_SCATTER and self.replicate_rings:
+            # HSDP: each device's shard of the sum then all-reduced in place over its replicate ring
+            # (FSDP2's foreach_reduce, on its all-reduce stream after the reduce-scatter)
+            piece = nbytes // len(self.rings[0])
+            summed = tuple(Step(Collective.ALL_REDUCE, ring, piece, ring_allreduce_time(self.cluster, ring, piece))
+                           for ring in self.replicate_rings)
+            stages.append(Stage(summed, max(st.time_s for st in summed)))
+        where = " | ".join(",".join(st.devices) for st in steps)
+        return self.sched.chain(tuple(stages), self.units.first[u],
                                 "transfer" if kind == Collective.ALL_GATHER else "allreduce", list(deps),
-                                f"{detail} on {' | '.join(','.join(st.devices) for st in steps)}")
+                                f"{detail} on {where}" + (", then all-reduced over the replicate groups"
+                                                          if len(stages) > 1 else ""))
 
     def _prefetch(self, direction: str, u: int | None, after: int | None) -> None:
         """Issue unit ``u``'s all-gather now (once per direction): after the previous all-gather

@@ -135,6 +135,7 @@ from .reshard import (
 from .wrappers import (
     DDP_RUNTIMES,
     fsdp_across_replicas,
+    fsdp_shard_degree,
     require_data_parallel,
     require_tensor_parallel,
     zero_redundancy_ranks,
@@ -537,8 +538,8 @@ class _ParamHolding:
     def of(cls, plan: Plan, graph: OpGraph, synced: Mapping[str, tuple[str, ...]]) -> _ParamHolding:
         held: dict[tuple[str, str], int] = {}
         piece_of: dict[tuple[str, str], int] = {}
-        if fsdp_across_replicas(plan):   # every trainable parameter: the host's piece cut over the replicas
-            k = plan.num_replicas
+        if fsdp_across_replicas(plan):   # every trainable parameter: the host's piece cut over a shard group
+            k = fsdp_shard_degree(plan)
             sharded = {q: (Shard.PARAMETERS, largest_piece(local.numel, k) * local.itemsize, local.nbytes)
                        for q, local in host_pieces(plan, graph).items()}
         else:
@@ -653,7 +654,7 @@ class Fsdp2Units:
         replicas."""
         across = fsdp_across_replicas(plan)
         require_tensor_parallel(plan, graph) if across else require_data_parallel(plan)
-        k = plan.num_replicas if across else len(plan.devices)
+        k = fsdp_shard_degree(plan) if across else len(plan.devices)
         index: dict[str | None, int] = {}
         unit_of_node: dict[str, int] = {}
         for name in plan.order:

@@ -61,6 +61,37 @@ def fsdp_across_replicas(plan: Plan) -> bool:
     return plan.runtime == "fsdp2" and bool(plan.replicas)
 
 
+def fsdp_shard_degree(plan: Plan) -> int:
+    """The devices FSDP2 shards a parameter's piece over in a plan it runs across replicas
+    (:func:`fsdp_across_replicas`): the replicas of one replicate group, ``num_replicas /
+    dp_replicate`` (:attr:`~tensoropt.plan.Plan.dp_replicate`; all of them without HSDP)."""
+    return plan.num_replicas // plan.dp_replicate
+
+
+def fsdp_rings(plan: Plan) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]]:
+    """The rings FSDP2's collectives run on in a plan it runs across replicas: ``(shard, replicate)``.
+    Replica ``g · S + j`` is shard ``j`` of replicate group ``g`` (``S`` the shard degree, the
+    ``(dp_replicate, dp_shard)`` mesh, shard-fastest: a group's replicas are neighbours); each
+    all-gather and reduce-scatter runs at once on every shard ring (the devices playing one role in
+    the replicas of one group), and HSDP's all-reduce of the reduce-scattered shards on every
+    replicate ring (one role, one shard index, every group; none without HSDP).
+
+    Example (four replicas of one device, HSDP 2 × 2)::
+
+        >>> from tensoropt.plan import NodeConfig, Plan
+        >>> plan = Plan({"x": NodeConfig(("a",))}, graph_fingerprint="", replicas=[["a"], ["b"], ["c"], ["d"]],
+        ...             options={"runtime": "fsdp2", "dp_replicate": 2})
+        >>> fsdp_rings(plan)
+        ((('a', 'b'), ('c', 'd')), (('a', 'c'), ('b', 'd')))
+    """
+    groups, r = plan.replicas, plan.dp_replicate
+    s = len(groups) // r
+    places = range(len(groups[0]))
+    shard = tuple(tuple(groups[g * s + j][i] for j in range(s)) for i in places for g in range(r))
+    replicate = tuple(tuple(groups[g * s + j][i] for g in range(r)) for i in places for j in range(s)) if r > 1 else ()
+    return shard, replicate
+
+
 def mesh_text(plan: Plan) -> str:
     """A plan's device mesh across replicas in words — ``"dp 8 (FSDP2) × tp 8"`` for FSDP over the
     replicas with tensor parallelism inside (:func:`fsdp_across_replicas`), ``"dp 8 (replicas) × 8
@@ -69,7 +100,9 @@ def mesh_text(plan: Plan) -> str:
         return ""
     r, t = plan.num_replicas, len(plan.devices)
     if fsdp_across_replicas(plan):
-        return f"dp {r} (FSDP2) × tp {t}" if t > 1 else f"dp {r} (FSDP2)"
+        dp = f"dp {r} (FSDP2)" if plan.dp_replicate == 1 else \
+            f"dp_replicate {plan.dp_replicate} × dp_shard {fsdp_shard_degree(plan)} (HSDP)"
+        return f"{dp} × tp {t}" if t > 1 else dp
     return f"dp {r} (replicas) × {t} device{'s' if t > 1 else ''}"
 
 

@@ -147,3 +147,28 @@ def test_fsdp_over_hosts_with_tensor_parallelism_trains_as_the_unsplit_model(tmp
     assert done.expression.microbatches == microbatches
     got, want = zoo_run_and_reference(tmp_path / "fsdp_tp", 4, spec, batch=4 * microbatches)
     assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_hsdp_with_tensor_parallelism_on_a_3d_mesh_trains_as_the_unsplit_model(tmp_path):
+    # torchtitan's (dp_replicate, dp_shard, tp) mesh as 8 gloo ranks of 2 × 2 × 2: the tp plan of one host of
+    # two, replicated over four hosts, FSDP2 sharding over each pair of hosts and all-reducing each shard's
+    # gradients over the pairs (HSDP × TP, fsdp_tp_recipes' dp_replicate) — each host a quarter of the batch
+    # of 8; the losses those of the unsplit model on the whole batch
+    import tensoropt
+    from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
+
+    spec = "zoo:llama3-8b?tiny=1"     # batch 2: one replica's
+    graph = tensoropt.load_model(spec).capture()
+    cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=4&gpus=2")
+    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
+    recipes = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1,
+                              dp_replicate=2)
+    plan = {src: plan for src, plan, _ in recipes}["hsdp+tp+ac"]
+    assert plan.dp_replicate == 2 and plan.global_batch_size == 8
+    plan.save(tmp_path / "hsdp_tp.json")
+    done = export_plan(tmp_path / "hsdp_tp.json", spec, tmp_path / "hsdp_tp", steps=STEPS, cluster=cluster)
+    assert (done.expression.path, done.expression.tp_size, done.expression.dp_replicate) == ("fsdp+tp", 2, 2)
+    assert done.shape.nnodes == 4
+    assert "DP_REPLICATE = 2" in (tmp_path / "hsdp_tp" / "train.py").read_text()
+    got, want = zoo_run_and_reference(tmp_path / "hsdp_tp", 8, spec, batch=8)
+    assert got == pytest.approx(want, rel=1e-5)
