@@ -224,9 +224,10 @@ def _hover_title(p: Mapping[str, Any]) -> str:
     k = int(p.get("microbatches") or 1)
     steps = f", each step {k} micro-batches (gradient accumulation)" if k > 1 else ""
     if p.get("mesh"):       # a plan across hosts: its 2-D mesh named on the point
-        how = ("torchtitan's FSDP × TP" + (" with sequence parallelism" if "+sp" in p["source"] else "")
+        sharded = "HSDP" if "HSDP" in p["mesh"] else "FSDP" if "FSDP2" in p["mesh"] else ""
+        how = (f"torchtitan's {sharded} × TP" + (" with sequence parallelism" if "+sp" in p["source"] else "")
                + (", a checkpoint per block" if p["source"].endswith("+ac") else "")
-               if "FSDP2" in p["mesh"] else "one host's plan of the search on each host's slice of the batch")
+               if sharded else "one host's plan of the search on each host's slice of the batch")
         return f"<b>{p['plan_id']}</b> · mesh {p['mesh']}: {how}{steps}"
     what = "the search" if p["source"] == "frontier" else f"the placer {p['source']}"
     return f"<b>{p['plan_id']}</b> · found by {what}{steps}"

@@ -17,14 +17,16 @@ Six recipes of one Llama, each a plan tensoropt's frontier offers and the PyTorc
 With ``--microbatches 1,2,4`` the four FSDP × TP recipes are also run stepping each dp row's piece as
 that many micro-batches (gradient accumulation: FSDP2 reduce-scatters each micro-batch's gradients into
 the sharded ones; the plan captured at one micro-batch) — a recipe whose micro-batch has fewer rows
-than tp ranks has no sequence parallelism and is left out.
+than tp ranks has no sequence parallelism and is left out.  With ``--hsdp`` the four recipes also run as
+HSDP on 8 ranks, torchtitan's 3-D mesh (dp_replicate 2, dp_shard 2, tp 2): four replicas of the same
+slice (the batch doubled), ``fully_shard`` on (dp_replicate, dp_shard) — the walk that of FSDP over 2.
 
 Each rank's walked peak (the estimate) beside PyTorch's MemTracker / FSDPMemTracker peak of one step
 (:func:`~tensoropt.distributed.jobs.measure_torch_recipe`: forward, loss, the output dropped,
 backward, AdamW step), and PyTorch's step time (median over ``--steps``, this machine's gloo: not
 what the simulator prices, an H100's).  error = (estimate − measured) / measured.
 
-    python benchmarks/truth_tensor_parallel.py [--model SPEC] [--steps 5] [--warmup 2] [--microbatches 1,2,4]
+    python benchmarks/truth_tensor_parallel.py [--model SPEC] [--steps 5] [--warmup 2] [--microbatches 1,2,4] [--hsdp]
 
 It measures and compares: nothing measured here feeds the estimates.
 """
@@ -50,6 +52,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--microbatches", default="1", help="comma-separated counts for the FSDP × TP rows (default 1)")
+    ap.add_argument("--hsdp", action="store_true", help="also the HSDP × TP recipes on 8 ranks (2 × 2 × 2)")
     a = ap.parse_args()
     t0 = time.time()
     batch = int(a.model.split("batch=")[1].split("&")[0])
@@ -86,6 +89,24 @@ def main() -> None:
             rows.append((name, "4 (dp 2 × tp 2)", max(m.peak for m in walked.values()), max(theirs["peak_bytes"]),
                          theirs["step_s"]))
             print(f"{name}: done ({time.time() - t0:.0f} s)", flush=True)
+    if a.hsdp:   # four replicas of the same slice: the batch doubled, HSDP 2 × 2 over them, tp 2 inside
+        cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=4&gpus=2")
+        part = a.model.replace(f"batch={batch}", f"batch={batch // 2}")
+        doubled = a.model.replace(f"batch={batch}", f"batch={2 * batch}")
+        graph = tensoropt.load_model(part).capture(method="export")
+        costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False), cluster).costs
+        for source, plan, _ in fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw",
+                                               workers=1, dp_replicate=2):
+            recipe = "fsdp+ac" if source.endswith("+ac") else "fsdp"
+            walked = plan_memory(plan, graph, costs, cluster, optimizer="adamw")
+            styles = tensor_parallel_modules(graph, plan)
+            theirs = launch(measure_torch_recipe, 8, {"model_spec": doubled,
+                                                      "recipe": recipe, "steps": a.steps, "warmup": a.warmup,
+                                                      "tensor_parallel": styles, "tp_size": 2, "dp_replicate": 2},
+                            timeout_s=600)[0]
+            rows.append((source, "8 (dp_replicate 2 × dp_shard 2 × tp 2)", max(m.peak for m in walked.values()),
+                         max(theirs["peak_bytes"]), theirs["step_s"]))
+            print(f"{source}: done ({time.time() - t0:.0f} s)", flush=True)
     print()
     print(f"{a.model}, gloo ranks, AdamW")
     print()

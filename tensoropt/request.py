@@ -105,6 +105,20 @@ def microbatch_counts(text: str) -> tuple[int, ...] | None:
     return ks
 
 
+def replicate_degrees(text: str) -> tuple[int, ...]:
+    """``--dp-replicate 2,4`` → ``(2, 4)``; ``none`` → ``()``; argparse reports a bad value."""
+    if text.strip().lower() in ("none", ""):
+        return ()
+    try:
+        ks = tuple(dict.fromkeys(int(k) for k in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--dp-replicate takes comma-separated degrees, e.g. 2,4, or none; got "
+                                         f"{text!r}") from None
+    if any(k < 2 for k in ks):
+        raise argparse.ArgumentTypeError("--dp-replicate degrees must be whole numbers ≥ 2 (1 is FSDP, always priced)")
+    return ks
+
+
 def pipeline_schedules(text: str) -> tuple[str, ...]:
     """``--pipelines 1f1b,gpipe`` → ``("1f1b", "gpipe")``; ``all`` → every schedule priced
     (:data:`~tensoropt.planmodel.pipelined.LOOPED`); ``none`` → ``()``; argparse reports a bad name."""
@@ -160,7 +174,10 @@ class Request:
     slice of the batch); ``microbatches``: the counts of micro-batches a step may be cut into
     (gradient accumulation: :func:`tensoropt.workflow.join_microbatches`; ``None``: only where no
     plan of whole steps fits); ``pipelines``: the pipeline schedules whose plans join the frontier
-    (:func:`tensoropt.workflow.join_pipelines`; ``()``: none); ``cache``: read and keep captures and
+    (:func:`tensoropt.workflow.join_pipelines`; ``()``: none); ``dp_replicate``: HSDP's replicate
+    degrees for the FSDP × TP recipes across hosts (:func:`tensoropt.frontier.replicas.fsdp_tp_recipes`:
+    the hosts in that many replicate groups, FSDP2 sharding inside each; ``()``: FSDP over all hosts
+    only); ``cache``: read and keep captures and
     untimed profiles in the cache folder
     (``cache_dir``, else :func:`tensoropt._cache.cache_root`'s), so that a second request for the
     same model costs the search only — ``False``: capture and profile afresh (measured calls too).
@@ -235,6 +252,12 @@ class Request:
         "it over the rest) at ranks × 1, 2, 4 micro-batches and micro-batches of one row, blocks kept and "
         "checkpointed (kept only for interleaved-zb), each on the model captured at its micro-batch (default none)",
         type=pipeline_schedules, metavar="SCHEDULES|all|none")
+    dp_replicate: tuple[int, ...] = _opt(
+        (), "--dp-replicate",
+        "on a cluster of several hosts, torchtitan's HSDP × TP recipes beside FSDP × TP: the hosts in that many "
+        "replicate groups (comma-separated degrees dividing the hosts, e.g. 2,4), FSDP2 sharding over the hosts of a "
+        "group and all-reducing each shard's gradients over the groups (default none)",
+        type=replicate_degrees, metavar="R,…|none")
     cache: bool = _opt(True, "--no-cache",
                        "capture and profile afresh: read nothing from the cache folder and keep nothing there "
                        "(captures, untimed profiles, measured operator calls)", negated=True)
@@ -267,6 +290,8 @@ class Request:
         if self.microbatches is not None and (not self.microbatches or any(
                 isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.microbatches)):
             raise TensorOptError(f"micro-batch counts must be whole numbers ≥ 1, got {self.microbatches!r}")
+        if any(isinstance(k, bool) or not isinstance(k, int) or k < 2 for k in self.dp_replicate):
+            raise TensorOptError(f"HSDP's replicate degrees must be whole numbers ≥ 2, got {self.dp_replicate!r}")
         optimizer_alpha(self.optimizer)          # an unknown optimizer names the choices
         check_precision_name(self.precision)     # so does an unknown precision
         check_budget_value(self.budget)
@@ -308,7 +333,7 @@ class Request:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Request)}
 #: the fields that hold tuples: lists in JSON (:meth:`Request.to_dict`), tuples again when read back
-_TUPLE_FIELDS = ("devices", "degrees", "algos", "microbatches", "pipelines")
+_TUPLE_FIELDS = ("devices", "degrees", "algos", "microbatches", "pipelines", "dp_replicate")
 
 
 def option_of(name: str) -> Option:

@@ -372,6 +372,14 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
         plans = replicate_frontier(inner, part, part_costs, setup.cluster, groups, optimizer=request.optimizer)
     progress("frontier", 0, 1, f"FSDP over {hosts} hosts × tensor parallelism inside each (torchtitan's recipe)")
     whole = fsdp_tp_recipes(part, part_costs, setup.cluster, groups, optimizer=request.optimizer)
+    for r in request.dp_replicate:
+        if hosts % r or r == hosts:
+            why = "are not a multiple of it" if hosts % r else \
+                "would leave FSDP one host a group, nothing to shard over"
+            frontier.notes.append(f"HSDP with {r} replicate groups not tried: the {hosts} hosts {why}")
+            continue
+        progress("frontier", 0, 1, f"HSDP over {r} groups of {hosts // r} hosts × tensor parallelism inside each")
+        whole += fsdp_tp_recipes(part, part_costs, setup.cluster, groups, optimizer=request.optimizer, dp_replicate=r)
     inputs = {part.fingerprint: (part, part_costs)}
     plans += whole + _fsdp_tp_microbatches(request, setup, loaded, graph, groups, whole, inputs, frontier.notes,
                                             progress)

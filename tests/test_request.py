@@ -75,3 +75,18 @@ def test_every_flag_is_one_fields() -> None:
     assert option_of("cache").flag == "--no-cache" and default_of("cache") is True
     with pytest.raises(KeyError):
         option_of("algos")   # a command's own option (--algos, --algo), not the field's
+
+
+def test_hsdp_replicate_degrees_are_read_once_and_a_bad_one_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # --dp-replicate 2,4 (torchtitan's data_parallel_replicate_degree) on frontier and compare; 1 is FSDP itself,
+    # always priced, so it is refused as a degree, as is a word; none is no HSDP
+    base = ["zoo:gpt2", "--cluster", "preset:h100-hosts?hosts=8"]
+    assert request_fields(_parse("frontier", *base, "--dp-replicate", "2,4,2"))["dp_replicate"] == (2, 4)
+    assert request_fields(_parse("compare", *base, "--dp-replicate", "none"))["dp_replicate"] == ()
+    assert request_fields(_parse("frontier", *base))["dp_replicate"] == ()
+    for bad in ("1", "two"):
+        with pytest.raises(SystemExit) as stop:
+            _parse("frontier", *base, "--dp-replicate", bad)
+        assert stop.value.code == 2 and "--dp-replicate" in capsys.readouterr().err
+    with pytest.raises(TensorOptError, match="replicate degrees must be whole numbers ≥ 2"):
+        Request("zoo:gpt2", "preset:h100-hosts?hosts=8", dp_replicate=(1,))

@@ -140,7 +140,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "memory per device, whether it fits, and the time each algorithm took.")
     p.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory or graph.json (with --profile)")
     p.add_argument("--algos", metavar="NAMES", help="placers to run, comma-separated (default: all)")
-    add_request_arguments(p, "frontier", "time_limit", "microbatches", "pipelines")
+    add_request_arguments(p, "frontier", "time_limit", "microbatches", "pipelines", "dp_replicate")
     p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list (keys algo, time_s, "
                                                   "peak_memory_bytes, fits, place_s, …)")
     p.add_argument("--plans", metavar="DIR", help="write every algorithm's plan to DIR/<algo>.json")

@@ -102,7 +102,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "of MODEL on CLUSTER; with --profile, reuse a saved profile of MODEL.")
     p.add_argument("model", help="zoo:NAME[?k=v&…], path/to/file.py:factory, or a graph.json "
                                  "(needed with --profile too: a profile has no graph)")
-    add_request_arguments(p, "max_walks", "resolution", "degrees", "warmup", "microbatches", "pipelines")
+    add_request_arguments(p, "max_walks", "resolution", "degrees", "warmup", "microbatches", "pipelines",
+                          "dp_replicate")
     p.add_argument("--csv", metavar="PATH", help="write the frontier as CSV (one row per plan, by memory)")
     p.add_argument("--plans", metavar="DIR", help="write one plan JSON per point, DIR/<plan_id>.json")
     p.add_argument("--rows", type=int, default=40, help="table rows to print, evenly spread (0 = all; default 40)")

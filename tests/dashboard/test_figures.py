@@ -401,6 +401,9 @@ def test_a_plan_across_hosts_names_its_2d_mesh_in_its_hover():
     sp = F.hover_head({**p, "source": "fsdp+tp+sp+ac"})
     assert sp.startswith("<b>p002-4dev</b> · mesh dp 2 (FSDP2) × tp 2: torchtitan's FSDP × TP with sequence "
                          "parallelism, a checkpoint per block<br>")
+    hsdp = F.hover_head({**p, "source": "hsdp+tp", "mesh": "dp_replicate 2 × dp_shard 2 (HSDP) × tp 2"})
+    assert hsdp.startswith("<b>p002-4dev</b> · mesh dp_replicate 2 × dp_shard 2 (HSDP) × tp 2: torchtitan's HSDP × "
+                           "TP<br>")
     hosts = F.hover_head({**p, "source": "hosts", "mesh": "dp 2 (replicas) × 2 devices"})
     assert hosts.startswith("<b>p002-4dev</b> · mesh dp 2 (replicas) × 2 devices: one host's plan of the search")
     # a recipe stepping micro-batches (the CSV's microbatches column) says so on the point

@@ -89,3 +89,16 @@ def test_no_replicas_where_a_hosts_slice_cannot_fit(two_hosts):
     assert all(p.source != REPLICAS_SOURCE for p in tight) and any(p.memory_bytes <= budget for p in tight)
     assert any("not tried: no plan within one host can fit its slice of the batch (512 of 1024" in n
                for n in tight.notes)
+
+
+def test_hsdp_degrees_the_hosts_cannot_take_are_named_in_a_note():
+    # --dp-replicate 2,3 on four hosts: 2 groups of 2 hosts are priced (hsdp+tp, …: on this tiny Llama every
+    # one is dominated by FSDP × TP or the search, so none joins), 3 does not divide the hosts and 4 would leave
+    # FSDP one host a group: each refused degree named with its reason
+    found = explore(Request("zoo:llama3-8b?tiny=1", "preset:h100-hosts?hosts=4&gpus=2", batch=8, algos=(),
+                            dp_replicate=(2, 3, 4)))
+    notes = [n for n in found.frontier.notes if "HSDP" in n]
+    assert notes == ["HSDP with 3 replicate groups not tried: the 4 hosts are not a multiple of it",
+                     "HSDP with 4 replicate groups not tried: the 4 hosts would leave FSDP one host a group, "
+                     "nothing to shard over"]
+    assert all(p.plan.dp_replicate == 2 for p in found.frontier if p.source.startswith("hsdp"))
