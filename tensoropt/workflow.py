@@ -604,8 +604,9 @@ def join_microbatches(request: Request, setup: Setup, graph: OpGraph, frontier: 
         return frontier
     if auto:
         frontier.notes.append(f"no plan of whole steps fits: steps of {', '.join(map(str, tried))} micro-batches "
-                              f"priced for the recipes {', '.join(AUTO_RECIPES)} as tensoropt's executor runs them "
-                              f"(the search itself at k micro-batches: --microbatches k)")
+                              f"priced for the recipes {', '.join(AUTO_RECIPES)} (fsdp and fsdp+ac as PyTorch's FSDP2 "
+                              "runs them, the others as tensoropt's executor does; the search itself at k "
+                              "micro-batches: --microbatches k)")
     progress("frontier", 1, 1, f"{len(plans)} plans of {', '.join(map(str, tried))} micro-batches")
     return frontier.joined(plans, inputs=inputs)
 
@@ -613,14 +614,16 @@ def join_microbatches(request: Request, setup: Setup, graph: OpGraph, frontier: 
 def _recipes_at(graph: OpGraph, costs: CostModel, cluster: Cluster, devices: tuple[str, ...], optimizer: str,
                 k: int) -> list[tuple[str, Plan, SimResult]]:
     """Each recipe of :data:`AUTO_RECIPES` that makes a plan on ``devices`` for ``graph`` (the model
-    at one micro-batch), run by tensoropt's executor as steps of ``k`` micro-batches and simulated."""
+    at one micro-batch), stepping ``k`` micro-batches and simulated: ``fsdp`` and ``fsdp+ac`` as
+    PyTorch's FSDP2 runs them (its gradient accumulation: what ``tensoropt export`` writes), the
+    others as tensoropt's executor runs them (DDP would sum every micro-batch's gradients)."""
     out = []
     for algo in AUTO_RECIPES:
         try:
             plan = place(graph, costs, cluster, algo, devices=list(devices), optimizer=optimizer)
         except TensorOptError:   # it cannot place or fit even one micro-batch
             continue
-        plan = plan.with_options(runtime="executor").with_microbatches(k)
+        plan = (plan if plan.runtime == "fsdp2" else plan.with_options(runtime="executor")).with_microbatches(k)
         out.append((MICROBATCHES_SOURCE, plan, simulate(plan, graph, costs, cluster, optimizer=optimizer,
                                                         timeline=False)))
     return out
