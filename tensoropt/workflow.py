@@ -59,6 +59,7 @@ from .frontier import (
     candidate_meshes,
     fsdp_tp_recipes,
     host_groups,
+    hsdp_recipes,
     pipeline_recipes,
     price_recipes,
     replicate_frontier,
@@ -383,6 +384,10 @@ def join_replicas(request: Request, setup: Setup, graph: OpGraph, frontier: Fron
     inputs = {part.fingerprint: (part, part_costs)}
     plans += whole + _fsdp_tp_microbatches(request, setup, loaded, graph, groups, whole, inputs, frontier.notes,
                                             progress)
+    if full:
+        frontier.notes.append(f"HSDP inside the hosts not tried: the model cannot fit sharded over one host ({full})")
+    else:
+        plans += _hsdp_inside_hosts(request, setup, loaded, graph, groups, inputs, frontier.notes, progress)
     progress("frontier", 1, 1, f"{len(plans)} plans data parallel across {hosts} hosts")
     return frontier.joined(plans, inputs=inputs)
 
@@ -429,6 +434,25 @@ def _fsdp_tp_microbatches(request: Request, setup: Setup, loaded: LoadedModel, g
         notes.append(f"no FSDP × TP recipe of whole steps fits: steps of {tried} micro-batches priced for them "
                      "(gradient accumulation under FSDP2)")
     return out
+
+
+def _hsdp_inside_hosts(request: Request, setup: Setup, loaded: LoadedModel, graph: OpGraph,
+                       groups: Sequence[Sequence[str]], inputs: dict[str, tuple[OpGraph, CostModel]], notes: list[str],
+                       progress: Progress = no_progress) -> list[tuple[Any, ...]]:
+    """HSDP with the shards inside each host (:func:`~tensoropt.frontier.replicas.hsdp_recipes`), the
+    model captured at one device's slice of the batch (added to ``inputs``), where each host has two
+    devices or more and the batch a row for every device; else none, and a note why."""
+    n, batch = sum(len(g) for g in groups), graph.batch_size or 0
+    if len(groups[0]) < 2:
+        return []   # one device a host: nothing to shard inside it (that is data parallelism across the hosts)
+    if batch % n:
+        notes.append(f"HSDP inside the hosts not tried: the batch ({batch}) is not a multiple of the {n} devices "
+                     "(each runs its own rows)")
+        return []
+    progress("frontier", 0, 1, f"HSDP: FSDP2 inside each host, replicated across the {len(groups)} hosts")
+    part, costs = _captured_slice(request, setup, loaded, graph, n, (groups[0][0],), (1,))
+    inputs[part.fingerprint] = (part, costs)
+    return hsdp_recipes(part, costs, setup.cluster, groups, optimizer=request.optimizer)
 
 
 def join_pipelines(request: Request, setup: Setup, graph: OpGraph, frontier: Frontier,

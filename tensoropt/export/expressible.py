@@ -115,6 +115,16 @@ class Expression:
     dp_replicate: int = 1
 
     @property
+    def title(self) -> str:
+        """What the path runs, for the README and ``train.py``: :data:`PATH_TITLES`'s, HSDP named where
+        the data-parallel axes replicate."""
+        if self.path != "fsdp+tp" or self.dp_replicate == 1:
+            return PATH_TITLES[self.path]
+        tp = " × tensor parallelism" if self.tp_size > 1 else ""
+        return (f"HSDP{tp} (fully_shard on the (dp_replicate, dp_shard) axes of torchtitan's DeviceMesh"
+                + (", parallelize_module on its tp axis" if tp else "") + ")")
+
+    @property
     def world_size(self) -> int:
         return len(self.devices)
 

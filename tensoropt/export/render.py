@@ -336,7 +336,7 @@ if __name__ == "__main__":
 def train_script(expr: Expression, shape: LaunchShape, *, spec: str, batch: int | None, precision: str, steps: int,
                  lr: float, seed: int, optimizer: str, label: str) -> str:
     """The text of ``train.py`` for ``expr`` (module docstring)."""
-    title = f"Train {label} on {expr.world_size} rank(s) with {PATH_TITLES[expr.path]}."
+    title = f"Train {label} on {expr.world_size} rank(s) with {expr.title}."
     head = _HEAD.format(title=title, label=label, torchrun=shape.torchrun("train.py", f"--steps {steps}"))
     consts = _constants(expr, spec=spec, batch=batch, precision=precision, steps=steps, lr=lr, seed=seed,
                         optimizer=optimizer, label=label)
@@ -400,7 +400,7 @@ def readme(expr: Expression, shape: LaunchShape, plan: Plan, *, spec: str, steps
               "batch every step: put your data loader where `call` is used.", "",
               "## Prediction", ""]
     lines += _estimate_lines(plan)
-    lines += ["", f"## How: {PATH_TITLES[expr.path]}", ""]
+    lines += ["", f"## How: {expr.title}", ""]
     lines += [f"- {r}" for r in expr.reasons]
     if expr.path in ("ddp", "zero1") and expr.world_size > 1:
         lines.append("- DDP is PyTorch's default `DistributedDataParallel` (25 MiB gradient buckets): it keeps a "

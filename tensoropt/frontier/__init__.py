@@ -50,10 +50,12 @@ from .point_sets import batched_product, bucket_key, is_frontier, product, reduc
 from .problem import EdgeCosts, NodeCosts, Problem, ProblemError, brute_force, min_scalarized
 from .replicas import (
     FSDP_TP_SOURCES,
+    HSDP_SOURCES,
     HSDP_TP_SOURCES,
     REPLICAS_SOURCE,
     fsdp_tp_recipes,
     host_groups,
+    hsdp_recipes,
     replicate_frontier,
     replicated,
 )
@@ -69,6 +71,6 @@ __all__ = [
     "reduce", "product", "union", "batched_product", "bucket_key", "is_frontier",
     "Problem", "NodeCosts", "EdgeCosts", "ProblemError", "brute_force", "min_scalarized",
     "host_groups", "replicated", "replicate_frontier", "fsdp_tp_recipes", "REPLICAS_SOURCE", "FSDP_TP_SOURCES",
-    "HSDP_TP_SOURCES",
+    "HSDP_TP_SOURCES", "HSDP_SOURCES", "hsdp_recipes",
     "MICROBATCHES_SOURCE",
 ]

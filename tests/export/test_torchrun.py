@@ -172,3 +172,23 @@ def test_hsdp_with_tensor_parallelism_on_a_3d_mesh_trains_as_the_unsplit_model(t
     assert "DP_REPLICATE = 2" in (tmp_path / "hsdp_tp" / "train.py").read_text()
     got, want = zoo_run_and_reference(tmp_path / "hsdp_tp", 8, spec, batch=8)
     assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_hsdp_inside_the_hosts_trains_as_the_unsplit_model(tmp_path):
+    # HSDP with the shards inside each host (hsdp_recipes: the whole model a device, FSDP2 over a host's two
+    # devices, each shard's gradients all-reduced across the two hosts), exported on the mesh (dp_replicate 2,
+    # dp_shard 2, tp 1): 4 gloo ranks, each a quarter of the batch of 8
+    import tensoropt
+    from tensoropt.frontier.replicas import host_groups, hsdp_recipes
+
+    spec = "zoo:llama3-8b?tiny=1"     # batch 2: one device's
+    graph = tensoropt.load_model(spec).capture()
+    cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
+    costs = tensoropt.price(tensoropt.profile(graph, timed=False, cache=False), cluster).costs
+    plan = {src: plan for src, plan, _ in hsdp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw",
+                                                        workers=1)}["hsdp"]
+    plan.save(tmp_path / "hsdp.json")
+    done = export_plan(tmp_path / "hsdp.json", spec, tmp_path / "hsdp", steps=STEPS, cluster=cluster)
+    assert (done.expression.path, done.expression.tp_size, done.expression.dp_replicate) == ("fsdp+tp", 1, 2)
+    got, want = zoo_run_and_reference(tmp_path / "hsdp", 4, spec, batch=8)
+    assert got == pytest.approx(want, rel=1e-5)

@@ -36,10 +36,16 @@ def test_data_parallel_across_hosts_joins_where_it_dominates_and_costs_what_it_s
     # a large batch and few parameters: only gradients cross InfiniBand, so the fastest plans on
     # all four GPUs that tensoropt's executor runs are data parallel across the hosts (each host its
     # plan on 512 of the 1,024); FSDP2's recipe, priced as PyTorch runs it (its gathers prefetched
-    # under compute), is a point of its own and never replicated (HSDP is not priced)
+    # under compute), is a point of its own; so is HSDP (source hsdp: FSDP2 sharding over each host's two
+    # GPUs, its shards all-reduced across the hosts — the whole model a device, replicated over all four,
+    # each on 256 rows)
     executor = [p for p in fr if p.num_devices == 4 and p.plan.runtime == "executor"]
     assert hosts and min(executor, key=lambda p: p.time_s).source == REPLICAS_SOURCE
     assert all(p.plan.runtime == "executor" for p in hosts)
+    hsdp = [p for p in fr if p.source.startswith("hsdp")]
+    assert hsdp and all(p.plan.runtime == "fsdp2" and p.plan.dp_replicate == 2 and p.plan.batch_size == 256
+                        and [list(g) for g in p.plan.replicas] == [["h0g0"], ["h0g1"], ["h1g0"], ["h1g1"]]
+                        for p in hsdp)
     for p in hosts:
         assert p.plan.num_replicas == 2 and p.plan.batch_size == 512 and p.num_devices == 2 * len(p.plan.devices)
         assert p.plan.replicas[1] == tuple(d.replace("h0", "h1") for d in p.plan.devices)
