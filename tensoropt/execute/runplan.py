@@ -50,6 +50,7 @@ from ..graph import OpGraph
 from ..measure.step import make_optimizer, plan_optimizer, training_loss
 from ..modelspec import load_model
 from ..plan import Plan, PlanError
+from ..planmodel.wrappers import mesh_text
 from .check import CheckDtypeError, Comparison, check_plan
 from .planned import PlannedModule, apply_plan
 from .replicas import call_for_capture
@@ -155,9 +156,9 @@ def run_plan(model_spec: str, plan_path: str, backend: Backend, options: RunOpti
     check_executable(graph, TensorOptError)   # a saved graph's own precision
     plan = load_plan(plan_path, graph)
     if plan.runtime == "fsdp2" and plan.replicas:
-        report("note: the plan's estimates are FSDP2's over its replicas with PyTorch's tensor parallelism inside "
-               "each (tensoropt export runs it so); tensoropt's executor keeps each replica's parameters whole and "
-               "sums the gradients across the replicas, so its memory and time differ from them (the same losses)")
+        report(f"note: the plan's estimates are FSDP2's over its replicas ({mesh_text(plan)}: tensoropt export runs "
+               "it so); tensoropt's executor keeps each replica's parameters whole and sums the gradients across the "
+               "replicas, so its memory and time differ from them (the same losses)")
     elif plan.runtime == "fsdp2":
         report("note: the plan's estimates are FSDP2's (tensoropt export runs it so); tensoropt's executor gathers "
                "and reduces each operator's parameters on its own, so its memory and time differ from them")
