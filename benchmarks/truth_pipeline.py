@@ -5,8 +5,9 @@ captured at the micro-batch's size gives each rank's peak; :func:`tensoropt.dist
 runs the same cut and schedule through :mod:`torch.distributed.pipelining` — in float64 without
 dropout, its losses held to the unmodified model's (:func:`~tensoropt.distributed.pipelined.train_one_process`),
 then in float32 with AdamW, each rank's peak of tensor storage over one step after three; each
-case with its blocks kept and with every block checkpointed; the last two cases are two copies of a
-two-rank pipeline (data parallel × pipeline parallel on 4 ranks, each copy on half the batch).
+case with its blocks kept and with every block checkpointed; the last four cases are two copies of a
+two-rank pipeline (data parallel × pipeline parallel on 4 ranks, each copy on half the batch), replicated
+and then as FSDP2 shards (torchtitan's PP × FSDP).
 error = (priced − measured) / measured.
 
     python benchmarks/truth_pipeline.py [--model SPEC] [--batch 8] [--microbatches 4]
@@ -30,10 +31,10 @@ from tensoropt.distributed.pipelined import pipeline_job, train_one_process, tra
 from tensoropt.planmodel.pipelined import SPLIT_BACKWARD, PipelineRecipe, price_pipeline
 
 DEFAULT_MODEL = "zoo:llama3-8b?layers=4&hidden=64&heads=4&kv_heads=2&ffn=128&vocab=512&seq_len=32&meta=False"
-#: (schedule, pipeline ranks, copies of the pipeline: data parallel × pipeline parallel)
-CASES = (("gpipe", 2, 1), ("1f1b", 2, 1), ("interleaved-1f1b", 2, 1), ("looped-bfs", 2, 1), ("interleaved-zb", 2, 1),
-         ("gpipe", 4, 1),
-         ("1f1b", 4, 1), ("gpipe", 2, 2), ("1f1b", 2, 2))
+#: (schedule, pipeline ranks, copies of the pipeline: data parallel × pipeline parallel, the copies as FSDP2)
+CASES = (("gpipe", 2, 1, False), ("1f1b", 2, 1, False), ("interleaved-1f1b", 2, 1, False), ("looped-bfs", 2, 1, False),
+         ("interleaved-zb", 2, 1, False), ("gpipe", 4, 1, False), ("1f1b", 4, 1, False), ("gpipe", 2, 2, False),
+         ("1f1b", 2, 2, False), ("gpipe", 2, 2, True), ("1f1b", 2, 2, True))
 #: each case with its blocks kept, then recomputed (checkpoint_wrapper on each)
 CHECKPOINT = (False, True)
 #: --time: a model wide enough that its operators, not Python, take the step
@@ -92,8 +93,8 @@ def main() -> None:
     only = [x for x in args.schedules.split(",") if x]
     cases = [(c, k) for c in CASES for k in CHECKPOINT
              if (not only or c[0] in only) and not (k and c[0] in SPLIT_BACKWARD)]   # (PyTorch cannot run those)
-    for (schedule, ranks, data), checkpoint in cases:
-        recipe = PipelineRecipe(schedule, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data)
+    for (schedule, ranks, data, shard), checkpoint in cases:
+        recipe = PipelineRecipe(schedule, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data, shard=shard)
         graph, costs = graphs[data]
         est = price_pipeline(graph, costs, cluster, recipe, optimizer="adamw")
         job = pipeline_job(est, args.model, batch=args.batch)
@@ -104,7 +105,7 @@ def main() -> None:
         for r, (dev, measured) in enumerate(zip(est.devices, peaks)):
             priced = est.memory_bytes[dev]
             blocks = "recomputed" if checkpoint else "kept"
-            copies = f" × {data} copies" if data > 1 else ""
+            copies = f" × {data} {'FSDP2 shards' if shard else 'copies'}" if data > 1 else ""
             agrees = "yes" if same <= 1e-6 else "NO"
             head = (f"| {schedule} | {len(est.stages)} on {ranks}{copies} | {blocks} | {agrees} ({same:.1g}) "
                     if r == 0 else "| | | | ")

@@ -315,6 +315,7 @@ _PIPELINE_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "schedule": ("a schedule's name", lambda v: isinstance(v, str) and bool(v)),
     "stages_per_rank": ("a whole number ≥ 1", _whole_at_least_one),
     "checkpoint": ("true or false", lambda v: isinstance(v, bool)),
+    "shard": ("true or false (absent: false)", lambda v: v is None or isinstance(v, bool)),
     "starts": ("a list of operator names", _names),
     "checkpointed": ("a list of module names", _names),
     "split_points": ('a list of [module, "beginning" | "end"] pairs', lambda v: isinstance(v, list) and all(

@@ -110,8 +110,11 @@ def _rows(args: argparse.Namespace, console: Console) -> tuple[list[Row], str]:
             console.print(f"[yellow]--data {data}:[/yellow] {len(setup.devices)} devices hold no pipeline of "
                           f"{max(ranks, 2)} ranks × {data} copies", highlight=False)
             continue
-        for name, checkpoint in ((n, c) for n in schedules for c in _checkpointing(args.checkpoint)):
-            recipe = PipelineRecipe(name, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data)
+        sharding = {"no": (False,), "yes": (True,), "both": (False, True)}[args.shard] if data > 1 else (False,)
+        # (both: the looped schedules' copies replicated only, FSDP2 on them is not priced)
+        for name, checkpoint, shard in ((n, c, f) for n in schedules for c in _checkpointing(args.checkpoint)
+                                        for f in sharding if not (f and args.shard == "both" and SCHEDULES[n][1])):
+            recipe = PipelineRecipe(name, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data, shard=shard)
             try:
                 est = price_pipeline(graph, priced.costs, priced.cluster, recipe, devices=devices,
                                      optimizer=args.optimizer)
@@ -132,7 +135,7 @@ def _print(console: Console, rows: list[Row], title: str) -> None:
         table.add_column(col, justify="left" if col in ("schedule", "blocks") else "right")
     for r in rows:
         e = r.estimate
-        copies = f" × {e.recipe.data} copies" if e.recipe.data > 1 else ""
+        copies = f" × {e.recipe.data} {'FSDP2 shards' if e.recipe.shard else 'copies'}" if e.recipe.data > 1 else ""
         table.add_row(e.recipe.schedule, f"{len(e.stages)} on {e.recipe.ranks}{copies}", str(e.recipe.microbatches),
                       "recomputed" if e.recipe.checkpoint else "kept",
                       f"{e.step_s * 1e3:.3f}", f"{r.batch / e.step_s:,.1f}" if e.step_s > 0 else "-",
@@ -213,6 +216,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="copies of the pipeline, comma-separated counts (default 1): each on its slice of the batch "
                         "over ranks × copies devices (pipeline rank r of copy d on device r·copies + d), gradients "
                         "averaged over the copies; --ranks then defaults to the devices / copies")
+    p.add_argument("--shard", choices=("no", "yes", "both"), default="both",
+                   help="with copies, run them as FSDP2 (fully_shard per block and stage over a pipeline rank's "
+                        "copies: torchtitan's PP × FSDP; GPipe and 1F1B) instead of replicas: no, yes, or price both "
+                        "(default)")
     p.add_argument("--microbatches", default="4,8", help="micro-batch counts to price, comma-separated (default 4,8)")
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b",
                    help=f"schedules, comma-separated, of {', '.join(LOOPED)} (default gpipe,1f1b,interleaved-1f1b)")

@@ -391,7 +391,7 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
@@ -480,13 +480,7 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
         if i >= warmup:
             times.append(t)
     if recipe.startswith("fsdp") and dist.get_backend() == "gloo":
-        # gloo's reduce-scatter holds a copy of its input while it runs (NCCL's holds none in PyTorch's
-        # memory): the measured steps reduce-scatter as NCCL holds memory, an all-reduce in place and
-        # this rank's piece copied out (the same sums; only the timed steps above ran gloo's own)
-        in_place = _InPlaceReduceScatter()
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_custom_reduce_scatter(in_place)
+        in_place_reduce_scatters([model])   # (only the timed steps above ran gloo's own)
     tracker = FSDPMemTracker(model, opt) if recipe.startswith("fsdp") else MemTracker()
     if not recipe.startswith("fsdp"):
         inner = [opt.optim] if isinstance(opt, ZeroRedundancyOptimizer) else [opt]   # the state lies there
@@ -507,6 +501,19 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
     return {"step_s": statistics.median(max(r["times"][i][0] for r in every) for i in range(steps)),
             "optimizer_s": statistics.median(max(r["times"][i][1] for r in every) for i in range(steps)),
             "peak_bytes": [r["peak"] for r in every], "breakdown": [r["breakdown"] for r in every]}
+
+
+def in_place_reduce_scatters(modules: Sequence[nn.Module]) -> None:
+    """Every FSDP2 unit under ``modules`` reduce-scatters in place (:class:`_InPlaceReduceScatter`):
+    gloo's reduce-scatter holds a copy of its input while it runs, NCCL's none in PyTorch's memory, so
+    a memory measurement on gloo reduce-scatters as NCCL holds memory (the same sums)."""
+    from torch.distributed.fsdp import FSDPModule  # local: PyTorch's FSDP2, for measurements only
+
+    in_place = _InPlaceReduceScatter()
+    for root in modules:
+        for module in root.modules():
+            if isinstance(module, FSDPModule):
+                module.set_custom_reduce_scatter(in_place)
 
 
 class _InPlaceReduceScatter(DefaultReduceScatter):

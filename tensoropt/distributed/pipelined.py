@@ -34,6 +34,7 @@ from __future__ import annotations
 import operator
 import statistics
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,11 +46,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import DistributedError
+from ..graph import block_of
 from ..measure.step import make_optimizer, plan_optimizer, training_loss
 from ..plan import Plan
 from ..planmodel.pipeline import SCHEDULES
 from ..planmodel.pipelined import PipelineEstimate, rank_order, recipe_of
-from .jobs import load_model_case
+from .jobs import in_place_reduce_scatters, load_model_case
 from .runtime import Runtime
 
 
@@ -192,7 +194,7 @@ def plan_job(plan: Plan, model_spec: str) -> dict[str, Any]:
     return {"model_spec": model_spec, "batch": plan.global_batch_size, "schedule": r.schedule,
             "microbatches": r.microbatches, "stages_per_rank": r.virtual,
             "split_points": [list(p) for p in spec["split_points"]], "checkpoint_blocks": list(spec["checkpointed"]),
-            "data": r.data}
+            "data": r.data, "shard": r.shard}
 
 
 def run_pipeline_plan(rt: Runtime, model_spec: str, plan: Plan, *, steps: int, lr: float, check: bool,
@@ -299,7 +301,7 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
                    lr: float = 0.1, optimizer: str = "sgd",
                    float64: bool = True, dropout: bool = False, measure: bool = False,
                    warmup: int = 1, rounds: int = 3, checkpoint_blocks: Sequence[str] = (),
-                   data: int = 1) -> dict[str, Any]:
+                   data: int = 1, shard: bool = False) -> dict[str, Any]:
     """Train ``model_spec`` (at ``batch``: default its own) ``steps`` steps as the pipeline ``schedule``
     (module docstring).
 
@@ -307,7 +309,12 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
     (:func:`checkpoint_stage_blocks`).  ``data``: copies of the pipeline (the world is ``p × data``
     ranks, rank ``r · data + d`` the pipeline rank ``r`` of copy ``d``, as torchtitan's ``(pp, dp)``
     mesh), each on its slice of the batch (dimension 0), every gradient all-reduced in place over a
-    pipeline rank's copies and averaged after the schedule's step.  Returns, the same on every rank:
+    pipeline rank's copies and averaged after the schedule's step.  ``shard`` (with copies): FSDP2 on
+    the data axis instead, as torchtitan composes it with pipelining — ``fully_shard`` on every block
+    of a stage and on the stage's module over the pipeline rank's copies, each block kept gathered
+    after its forward (``reshard_after_forward=False``: torchtitan's choice under PP); PyTorch's stage
+    then accumulates the gradients unsharded over the micro-batches and reduce-scatters them after the
+    last backward (``perform_reduce_grad``), the optimizer stepping the shards.  Returns, the same on every rank:
     ``losses`` (each step's mean of the micro-batches' losses, from the last stage, averaged over
     the copies), ``stages`` (each rank's stage indices)
     and, with ``measure`` (after ``warmup`` more steps), ``step_s`` (each rank's median of ``rounds`` steps:
@@ -342,6 +349,8 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
     if checkpoint_blocks:
         checkpoint_stage_blocks(pipe.split_gm, pipe.num_stages, checkpoint_blocks)
     mine = [s for s in range(pipe.num_stages) if s % p == r]
+    if shard and data > 1:
+        _shard_stages(pipe.split_gm, mine, dp_groups[r], dev)
     stages = [pipe.build_stage(s, dev, group=pp_groups[d]) for s in mine]
     cls = getattr(schedules, class_name)
 
@@ -359,7 +368,7 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
         losses: list[torch.Tensor] = []
         kwargs: dict[str, Any] = {"target": target, "losses": losses} if last else {}
         runner.step(*(inputs if first else ()), **kwargs)
-        if data > 1:   # the copies' mean gradient: the whole batch's
+        if data > 1 and not shard:   # the copies' mean gradient: the whole batch's (FSDP2's reduce-scatter averages)
             for q in params:
                 if q.grad is not None:
                     dist.all_reduce(q.grad, group=dp_groups[r])
@@ -385,12 +394,36 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
             t0 = time.perf_counter()
             step()
             times.append(time.perf_counter() - t0)
-        peak = _tracked_peak([st.submod for st in stages], opt, inputs, step)
+        if shard and data > 1 and dist.get_backend() == "gloo":
+            in_place_reduce_scatters([st.submod for st in stages])
+        peak = _tracked_peak([st.submod for st in stages], opt, inputs, step, receive_buffers(stages))
         gathered: list[Any] = [None] * rt.world_size
         dist.all_gather_object(gathered, (statistics.median(times[warmup:]), peak))
         out["step_s"] = [g[0] for g in gathered]
         out["peak_bytes"] = [g[1] for g in gathered]
     return out
+
+
+def _shard_stages(split: nn.Module, stages: Sequence[int], group: Any, device: torch.device) -> None:
+    """FSDP2 over ``group`` (a pipeline rank's copies) on each of ``stages``' modules in ``split``:
+    ``fully_shard`` on every repeated block it holds (:func:`~tensoropt.graph.block_of`'s modules,
+    found by name under the stage), then on the stage's module, none resharded after forward."""
+    # local: PyTorch's FSDP2, for a sharded pipeline only
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    # a stage's outputs go to the next stage or the loss, never changed in place: FSDP2's warning about a
+    # view returned from a wrapped module says nothing here
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    mesh = DeviceMesh.from_group(group, device.type)
+    for s in stages:
+        sub = split.get_submodule(f"submod_pp_{s}")
+        # a block, or the checkpoint_wrapper around it (not the module it wraps)
+        blocks = [m for name, m in sub.named_modules() if (inner := name.removeprefix("model.")) and
+                  block_of(inner) == inner]
+        for block in blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=False)
+        fully_shard(sub, mesh=mesh, reshard_after_forward=False)
 
 
 class StoragePeak(TorchDispatchMode):
@@ -415,11 +448,14 @@ class StoragePeak(TorchDispatchMode):
         super().__init__()
         self._seen: set[int] = set()
         self.alive_bytes = 0
+        #: the operator whose output made the peak (``""``: the storages held from the start)
+        self.peak_op = ""
         for t in held:
             self._count(t)
         self.peak_bytes = self.alive_bytes
 
     def _count(self, t: torch.Tensor) -> None:
+        t = getattr(t, "_local_tensor", t)   # a DTensor (FSDP2's shards): its local tensor's storage
         st = t.untyped_storage()
         key = st._cdata
         if key in self._seen or st.nbytes() == 0:
@@ -437,15 +473,29 @@ class StoragePeak(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 self._count(t)
-        self.peak_bytes = max(self.peak_bytes, self.alive_bytes)
+        if self.alive_bytes > self.peak_bytes:
+            self.peak_bytes, self.peak_op = self.alive_bytes, str(func)
         return out
 
 
+def receive_buffers(stages: Sequence[Any]) -> list[torch.Tensor]:
+    """The tensors PyTorch's pipeline ``stages`` receive activations and gradients into: made for
+    every micro-batch at the first step and kept (``args_recv_info`` / ``grad_recv_info``), and read
+    in place by the stage's first operators — never an operator's output, which is all
+    :class:`StoragePeak` sees of a step, so they are held from the start."""
+    out = []
+    for st in stages:
+        for infos in (*st.args_recv_info.values(), *st.grad_recv_info.values()):
+            out += [b for info in infos if isinstance(b := getattr(info, "buffer", None), torch.Tensor)]
+    return out
+
+
 def _tracked_peak(modules: Sequence[nn.Module], opt: torch.optim.Optimizer, inputs: Sequence[Any],
-                  step: Callable[[], Any]) -> int:
+                  step: Callable[[], Any], buffers: Sequence[torch.Tensor] = ()) -> int:
     """One step's peak bytes of tensor storage on this rank (:class:`StoragePeak`), the stages'
-    parameters and buffers, the optimizer's state and the batch held from the start."""
-    held = [t for m in modules for t in (*m.parameters(), *m.buffers())]
+    parameters and buffers, the optimizer's state, the batch and the stages' receive ``buffers``
+    held from the start."""
+    held = [*buffers, *(t for m in modules for t in (*m.parameters(), *m.buffers()))]
     held += [v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
     held += [x for x in inputs if isinstance(x, torch.Tensor)]
     dist.barrier()

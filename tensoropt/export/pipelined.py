@@ -36,6 +36,7 @@ BATCH = {batch!r}   # the step's batch, cut into MICROBATCHES micro-batches
 SCHEDULE = {schedule!r}   # torch.distributed.pipelining.{cls}
 MICROBATCHES, STAGES_PER_RANK, WORLD_SIZE = {microbatches!r}, {virtual!r}, {ranks!r}
 DATA = {data!r}   # copies of the pipeline, each on its slice of the batch (rank r·DATA + d: pipeline rank r of copy d)
+SHARD = {shard!r}   # the copies as FSDP2 (fully_shard per block and stage over them), not replicas
 # where each stage after the first begins (torch.distributed.pipelining.SplitPoint.BEGINNING / END)
 SPLIT_POINTS = {points!r}
 CHECKPOINT_BLOCKS = {checkpointed!r}   # recomputed in the backward (checkpoint_wrapper on each)
@@ -60,7 +61,7 @@ def main(argv=None):
         out = train_pipeline(rt, MODEL_SPEC, batch=BATCH, schedule=SCHEDULE, microbatches=MICROBATCHES,
                              stages_per_rank=STAGES_PER_RANK, split_points=SPLIT_POINTS, steps=args.steps,
                              lr=args.lr, optimizer=OPTIMIZER, float64=False, dropout=True,
-                             checkpoint_blocks=CHECKPOINT_BLOCKS, data=DATA)
+                             checkpoint_blocks=CHECKPOINT_BLOCKS, data=DATA, shard=SHARD)
         if rt.rank == 0:
             for k, loss in enumerate(out["losses"], 1):
                 print(f"step {{k}} loss {{loss!r}}", flush=True)
@@ -80,7 +81,8 @@ def pipeline_train_script(est: PipelineEstimate, *, spec: str, batch: int, steps
     r = est.recipe
     return _TRAIN.format(title=f"{r} of {spec}, batch {batch}", spec=spec, batch=batch, schedule=r.schedule,
                          cls=SCHEDULES[r.schedule][0], microbatches=r.microbatches, virtual=r.virtual, ranks=r.world,
-                         data=r.data, points=[list(p) for p in est.split_points], optimizer=optimizer, steps=steps,
+                         data=r.data, shard=r.shard, points=[list(p) for p in est.split_points], optimizer=optimizer,
+                         steps=steps,
                          lr=lr, checkpointed=list(est.checkpointed))
 
 
@@ -88,9 +90,11 @@ def pipeline_readme(est: PipelineEstimate, *, spec: str, batch: int, steps: int,
                     times_from: str) -> str:
     """``README.md`` for ``est``: what runs, the torchrun line, the price per rank."""
     r = est.recipe
+    average = ("FSDP2 sharding each stage over them (`fully_shard` per block and on the stage, kept gathered "
+               "through the step), the gradients reduce-scattered after each step's last backward;" if r.shard else
+               "their gradients averaged after each step;")
     copies = (f" {r.data} copies of the pipeline (rank *r*·{r.data} + *d* is pipeline rank *r* of copy *d*), "
-              f"each on {batch // r.data} of the batch, their gradients averaged after each step;"
-              if r.data > 1 else "")
+              f"each on {batch // r.data} of the batch, {average}" if r.data > 1 else "")
     each = batch // (r.data * r.microbatches)
     lines = [f"# {r} — {spec}", "",
              f"A pipeline plan made by `tensoropt pipeline`: the model cut into {len(est.stages)} stages, stage *s* "
@@ -103,8 +107,9 @@ def pipeline_readme(est: PipelineEstimate, *, spec: str, batch: int, steps: int,
     lines += [f"- stage {s + 1} begins at the {where} of `{module}`"
               for s, (module, where) in enumerate(est.split_points)]
     lines += ["", f"## Priced (times from {times_from})", "",
-              f"Step {est.step_s * 1e3:.3f} ms (the optimizer's update apart; of it the copies' gradient sums "
-              f"{est.sync_s * 1e3:.3f} ms), bubble {est.bubble_fraction:.1%}.", "",
+              f"Step {est.step_s * 1e3:.3f} ms (the optimizer's update apart; of it the copies' "
+              + ("all-gathers and reduce-scatters" if r.shard else "gradient sums")
+              + f" {est.sync_s * 1e3:.3f} ms), bubble {est.bubble_fraction:.1%}.", "",
               "| rank | device | stages | micro-batches in flight (most) | peak |", "|---:|---|---|---:|---:|"]
     for k, dev in enumerate(est.devices):
         rank = k // r.data

@@ -16,7 +16,9 @@ devices, each with as many micro-batches as ranks (PyTorch's least for the inter
 schedules), two and four times as many (1F1B's bubble :math:`(p-1)/(m+p-1)`: from one half
 down to one fifth at two ranks), and micro-batches of one row (torchtitan's default: the least
 activations in flight, the smallest bubble), with and without a checkpoint per block (without only
-for the zero-bubble schedule, whose split backward PyTorch cannot run over checkpointed blocks).  Each is priced on the
+for the zero-bubble schedule, whose split backward PyTorch cannot run over checkpointed blocks), and —
+with copies, for the schedules of one stage a rank — the copies replicated and as FSDP2 shards
+(torchtitan's PP × FSDP: :mod:`tensoropt.planmodel.pipeline_fsdp`).  Each is priced on the
 model captured at its micro-batch (``B / (data · m)`` rows) — exact per micro-batch, no scaling
 rule — and the points join the frontier where none dominates them (source ``pipeline``).  A
 recipe PyTorch cannot run or the model cannot take (tied weights across stages, fewer blocks
@@ -68,8 +70,9 @@ def pipeline_recipes(num_devices: int, batch: int, schedules: Sequence[str], *,
         for m in dict.fromkeys([*(f * p for f in MICROBATCHES_PER_RANK), *one_row]):
             if batch % (data * m):
                 continue
-            out += [PipelineRecipe(s, ranks=p, microbatches=m, checkpoint=c, data=data)
-                    for s in schedules for c in checkpoint if not (c and s in SPLIT_BACKWARD)]
+            out += [PipelineRecipe(s, ranks=p, microbatches=m, checkpoint=c, data=data, shard=f)
+                    for s in schedules for c in checkpoint if not (c and s in SPLIT_BACKWARD)
+                    for f in ((False, True) if data > 1 and not SCHEDULES[s][1] else (False,))]
     return out
 
 

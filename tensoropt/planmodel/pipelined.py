@@ -98,6 +98,7 @@ from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan, PlanError, trainable_reads
 from .memory import output_kept
 from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
+from .pipeline_fsdp import check_shardable, sharded_rank, sharded_sync_s, stage_units
 from .stages import Stage, cut_stages, stage_starts
 from .walk import PlanEdges, StepMemory, plan_edges, walk
 
@@ -126,6 +127,8 @@ class PipelineRecipe:
     stages_per_rank: int | None = None
     checkpoint: bool = False
     data: int = 1
+    #: the data axis as FSDP2 (``fully_shard`` per block and stage over the copies: :mod:`.pipeline_fsdp`)
+    shard: bool = False
 
     @property
     def world(self) -> int:
@@ -142,7 +145,7 @@ class PipelineRecipe:
     def __str__(self) -> str:
         v = f" × {self.virtual} stages a rank" if self.virtual > 1 else ""
         ac = ", blocks checkpointed" if self.checkpoint else ""
-        dp = f" × {self.data} data-parallel copies" if self.data > 1 else ""
+        dp = f" × {self.data} {'FSDP2 shards' if self.shard else 'data-parallel copies'}" if self.data > 1 else ""
         return f"{self.schedule}, {self.ranks} ranks{v}{dp}, {self.microbatches} micro-batches{ac}"
 
 
@@ -350,6 +353,8 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
         raise PipelineError(f"{recipe.schedule} cannot run checkpointed blocks: PyTorch's weight-gradient step "
                             "runs a checkpointed block's graph again after its recomputation freed it "
                             "(CheckpointError); keep the blocks")
+    if recipe.shard:
+        check_shardable(recipe.virtual > 1, recipe.data)
     world = list(cluster.select(devices))[:recipe.world] if devices is None else list(cluster.select(devices))
     if len(world) != recipe.world:
         copies = f" × {recipe.data} copies" if recipe.data > 1 else ""
@@ -395,15 +400,21 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     buffers = boundary_buffers(graph, stages)
     memory: dict[str, int] = {}
     breakdown: dict[str, StepMemory] = {}
+    units = [stage_units(graph, stages[r], recipe.data) for r in range(p)] if recipe.shard else []
     for r, dev in enumerate(used):
         state = whole[dev].optimizer
-        terms = [_held_beside(m, state, extra) for m, extra in at_backward.terms[r]] + [whole[dev]]
         step_buffers = recipe.microbatches * sum(b for s, b in enumerate(buffers) if s % p == r)
-        top = _held_beside(max(terms, key=lambda m: m.peak), state, step_buffers)
+        if recipe.shard:   # FSDP2 on the data axis: the stage gathered, its shards and a shard's state beside
+            top = sharded_rank(units[r], recipe.data, [(m, extra + step_buffers) for m, extra in at_backward.terms[r]],
+                               whole[dev], step_buffers)
+        else:
+            terms = [_held_beside(m, state, extra) for m, extra in at_backward.terms[r]] + [whole[dev]]
+            top = _held_beside(max(terms, key=lambda m: m.peak), state, step_buffers)
         for d in range(recipe.data):   # every copy holds what the first does
             memory[world[r * recipe.data + d]] = top.peak
             breakdown[world[r * recipe.data + d]] = top
-    sync = _sync_s(graph, cluster, world, stages, recipe)
+    sync = sharded_sync_s(cluster, [world[r * recipe.data:(r + 1) * recipe.data] for r in range(p)], units) \
+        if recipe.shard else _sync_s(graph, cluster, world, stages, recipe)
     est = PipelineEstimate(recipe, tuple(world), stages, split_points(graph, stages), run.step_s + sync,
                            run.bubble_fraction, run.peak_in_flight, memory, link,
                            tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops
@@ -498,7 +509,7 @@ def pipeline_plan(est: PipelineEstimate, stage_plan: Plan, optimizer: str | int 
     :func:`recipe_of` and :func:`price_plan` read back, and what runs it
     (:func:`tensoropt.distributed.pipelined.pipeline_job`)."""
     r = est.recipe
-    pipeline = {"schedule": r.schedule, "stages_per_rank": r.virtual, "checkpoint": r.checkpoint,
+    pipeline = {"schedule": r.schedule, "stages_per_rank": r.virtual, "checkpoint": r.checkpoint, "shard": r.shard,
                 "starts": list(stage_starts(est.stages)), "split_points": [list(p) for p in est.split_points],
                 "checkpointed": list(est.checkpointed)}
     replicas = [[est.devices[k * r.data + d] for k in range(r.ranks)] for d in range(r.data)] if r.data > 1 else []
@@ -517,7 +528,7 @@ def recipe_of(plan: Plan) -> PipelineRecipe:
         raise PlanError("the plan is not a pipeline (its options have no 'pipeline')")
     return PipelineRecipe(spec["schedule"], ranks=len(plan.devices), microbatches=plan.microbatches,
                           stages_per_rank=spec["stages_per_rank"], checkpoint=spec["checkpoint"],
-                          data=plan.num_replicas)
+                          data=plan.num_replicas, shard=bool(spec.get("shard", False)))
 
 
 def pipeline_text(plan: Plan) -> str:

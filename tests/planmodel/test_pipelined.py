@@ -158,3 +158,38 @@ def test_a_checkpointed_stage_keeps_its_blocks_inputs_and_what_it_sends_on_each_
     hidden, rotary = 2 * 32 * 64 * 4, 2 * (32 * 16 * 4)
     assert kept_bytes(graph, costs, est.stages[1], recomputed) == hidden + rotary + hidden
     assert kept_bytes(graph, costs, est.stages[0], recomputed) == hidden + rotary + hidden
+
+
+def test_a_stage_s_fsdp2_units_are_its_module_then_its_blocks_padded_to_the_copies() -> None:
+    # the last stage of a 3-layer Llama of width 64 cut after layer 0, over 3 copies: its module's unit holds the
+    # final norm (64, padded to 66 rows) and the 512 × 64 head (512 rows, padded to 513); each block
+    # q, o (64 rows → 66), k, v (32 → 33), gate, up (128 → 129), down (64 → 66), two norms (64 → 66)
+    import tensoropt
+    from tensoropt.planmodel.pipeline_fsdp import stage_units
+
+    graph = tensoropt.load_model("zoo:llama3-8b?layers=3&hidden=64&heads=4&kv_heads=2&ffn=128&vocab=512&seq_len=32"
+                                 "&batch=2&meta=False").capture(method="export")
+    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
+    costs = tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
+    est = price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=2))
+    units = stage_units(graph, est.stages[1], 3)
+    assert [u.name for u in units][0] == "(the stage's module)"
+    assert [u.name for u in units][1:] == [f"model.model.layers.{i}" for i in range(4 - len(units), 3)]   # the last
+    root = units[0]
+    assert root.whole == (64 + 512 * 64) * 4 and root.padded == (66 + 513 * 64) * 4 and root.piece == root.padded // 3
+    block = units[-1]
+    assert block.whole == (2 * 64 * 64 + 2 * 32 * 64 + 2 * 128 * 64 + 64 * 128 + 2 * 64) * 4
+    assert block.padded == (2 * 66 * 64 + 2 * 33 * 64 + 2 * 129 * 64 + 66 * 128 + 2 * 66) * 4
+
+
+def test_fsdp2_on_a_pipeline_s_copies_needs_copies_and_one_stage_a_rank() -> None:
+    import tensoropt
+
+    graph = tensoropt.load_model("zoo:llama3-8b?tiny=1").capture()
+    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
+    costs = tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
+    with pytest.raises(PipelineError, match="needs two copies or more"):
+        price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=2, shard=True))
+    with pytest.raises(PipelineError, match="one stage a rank"):
+        price_pipeline(graph, costs, cluster, PipelineRecipe("interleaved-1f1b", ranks=2, microbatches=2, data=2,
+                                                             shard=True))
