@@ -97,8 +97,8 @@ def _padded(graph: OpGraph, q: str, data: int) -> int:
     return -(-rows // data) * data * (info.nbytes // max(rows, 1))
 
 
-def sharded_rank(units: Sequence[ShardedUnit], data: int, moments: Sequence[tuple[StepMemory, float]],
-                 whole: StepMemory, buffers: int) -> StepMemory:
+def sharded_rank(units: Sequence[ShardedUnit], moments: Sequence[tuple[StepMemory, float]], whole: StepMemory,
+                 buffers: int) -> StepMemory:
     """Rank's peak (module docstring) from the replicated pipeline's backward ``moments`` (each the
     walk's moment and the bytes held beside it) and ``whole`` (its walk with the optimizer's update),
     ``buffers`` the receive buffers held all step; a :class:`~.walk.StepMemory` whose parts add up

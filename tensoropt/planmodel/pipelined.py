@@ -51,7 +51,9 @@ exactly one micro-batch's, with no scaling rule to trust):
   pipeline holds; after the step each pipeline rank all-reduces every gradient of its stages in
   place over its copies (a ring a parameter, :func:`~tensoropt.cluster.collectives.ring_allreduce_time`;
   the ranks' rings at once), which the step adds (``sync_s``).  On four gloo ranks (2 × 2) each
-  rank's peak measured within 2.8 % of this price.
+  rank's peak measured within 3.0 % of this price.  With ``shard`` the copies are FSDP2 shards instead
+  (torchtitan's PP × FSDP; GPipe and 1F1B): what that changes on each rank and in the step is
+  :mod:`.pipeline_fsdp`'s.
 
 Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md): with the
 blocks kept, GPipe and 1F1B on 2 and 4 ranks within 2.3 % on every rank but GPipe's last of two
@@ -158,7 +160,8 @@ class PipelineEstimate:
     ``step_s`` (the schedule's step and the copies' gradient sums, no optimizer update),
     ``bubble_fraction``, ``in_flight`` (each pipeline rank's most micro-batches held at once),
     ``memory_bytes`` (device → peak), ``link_s`` (a micro-batch's activations over the slowest
-    stage-to-stage link) and ``sync_s`` (the slowest rank's gradient all-reduces over its copies)."""
+    stage-to-stage link) and ``sync_s`` (the slowest rank's gradient all-reduces over its copies; with
+    FSDP2 shards, the stages' all-gathers and the slowest reduce-scatter)."""
 
     recipe: PipelineRecipe
     devices: tuple[str, ...]
@@ -275,7 +278,9 @@ def _crossings(graph: OpGraph, stages: Sequence[Stage]) -> list[tuple[int, int, 
     out = []
     for src, last in last_reader.items():
         node = graph.nodes[src]
-        if node.metadata_only or not node.outputs:
+        # a view or no-op crosses as a tensor of its own (PyTorch sends every value a later stage reads:
+        # Llama's rotary cos / sin cross as the `to` of their computation)
+        if not node.outputs:
             continue
         made = where.get(src, 0)     # a model input: copied in the first stage
         floating = sum(t.nbytes for t in node.outputs if t.dtype.startswith(("float", "bfloat")))
@@ -405,8 +410,8 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
         state = whole[dev].optimizer
         step_buffers = recipe.microbatches * sum(b for s, b in enumerate(buffers) if s % p == r)
         if recipe.shard:   # FSDP2 on the data axis: the stage gathered, its shards and a shard's state beside
-            top = sharded_rank(units[r], recipe.data, [(m, extra + step_buffers) for m, extra in at_backward.terms[r]],
-                               whole[dev], step_buffers)
+            top = sharded_rank(units[r], [(m, extra + step_buffers) for m, extra in at_backward.terms[r]], whole[dev],
+                               step_buffers)
         else:
             terms = [_held_beside(m, state, extra) for m, extra in at_backward.terms[r]] + [whole[dev]]
             top = _held_beside(max(terms, key=lambda m: m.peak), state, step_buffers)

@@ -71,11 +71,12 @@ def test_a_two_stage_pipeline_trains_as_the_model_and_holds_what_it_is_priced(mi
     # the model's loss is float32 (its logits cast up to float32, as torchtitan's): two ulps at 6
     assert ran["losses"] == pytest.approx(alone, abs=1e-6)
     print(schedule, priced, measured, [f"{p / m - 1:+.1%}" for p, m in zip(priced, measured)])
-    # measured (docs/measurements.md): GPipe −0.6 / −6.8 %, 1F1B within 6 % — since PyTorch's receive
-    # buffers are counted (StoragePeak never saw them: the stage reads them in place); before, GPipe +1.1 /
-    # −5.5 %, 1F1B +0.2 / −1.9 %.  The last stage's shortfall: the rotary cos / sin it receives require
-    # grad there (PyTorch's stage makes every floating value it receives a leaf that does), so the rotary
-    # multiplications keep q, k and their rotate_half outputs, which the eager profile does not
+    # measured (docs/measurements.md): GPipe −0.2 / −6.4 %, 1F1B −0.3 / −3.5 % — since PyTorch's receive
+    # buffers are counted (StoragePeak never saw them: the stage reads them in place) and priced for every
+    # value crossing (views too: the rotary cos / sin); before, GPipe +1.1 / −5.5 %, 1F1B +0.2 / −1.9 %.  The
+    # last stage's shortfall: the rotary cos / sin it receives require grad there (PyTorch's stage makes every
+    # floating value it receives a leaf that does), so the rotary multiplications keep q, k and their
+    # rotate_half outputs, which the eager profile does not
     for ours, theirs in zip(priced, measured):
         assert abs(ours - theirs) <= 0.07 * theirs, (schedule, priced, measured)
 
@@ -87,12 +88,12 @@ def test_checkpointed_blocks_train_as_the_model_and_hold_what_they_are_priced(mi
     assert est.checkpointed == tuple(f"model.model.layers.{i}" for i in range(4))
     ran, alone, priced, measured = run_priced(est)
     assert ran["losses"] == pytest.approx(alone, abs=1e-6)
-    # measured (docs/measurements.md): +3.2 / −0.2 %; without the checkpoints the ranks hold 35 % / 23 % more
+    # measured (docs/measurements.md): +2.5 / −0.2 %; without the checkpoints the ranks hold 35 % / 23 % more
     for ours, theirs in zip(priced, measured):
         assert abs(ours - theirs) <= 0.06 * theirs, (priced, measured)
 
 
-@pytest.mark.parametrize(("schedule", "within"), [("interleaved-1f1b", 0.055), ("looped-bfs", 0.065),
+@pytest.mark.parametrize(("schedule", "within"), [("interleaved-1f1b", 0.035), ("looped-bfs", 0.055),
                                                   ("interleaved-zb", 0.03)])
 def test_two_stages_a_rank_hold_what_they_are_priced(microbatch_graph, schedule, within):
     """A looped schedule's rank runs a later micro-batch's backward of one stage before its other
@@ -105,11 +106,11 @@ def test_two_stages_a_rank_hold_what_they_are_priced(microbatch_graph, schedule,
     ran, alone, priced, measured = run_priced(est)
     assert ran["stages"] == [[0, 2], [1, 3]]
     assert ran["losses"] == pytest.approx(alone, abs=1e-6)
-    # measured (docs/measurements.md), PyTorch's receive buffers counted: interleaved −2.9 / −5.1 %, looped
-    # BFS −4.6 / −6.0 % (the received rotary cos / sin require grad in the later stages, see the test above);
-    # before they were counted +1.6 / +0.0 % and +0.5 / −1.9 % (and before the walk's stages and gradients
-    # were timed and the sends held to the step's end: +7.2 / +5.6 %, +10.9 / +4.3 %); the zero-bubble
-    # schedule's split backward within 3 % (as a whole backward each, −5.7 / −25.5 %)
+    # measured (docs/measurements.md), PyTorch's receive buffers counted: interleaved −1.0 / −2.9 %, looped
+    # BFS −3.4 / −5.0 %, the zero-bubble −0.7 / −0.9 % (the received rotary cos / sin require grad in the later
+    # stages, see the test above); before they were counted +1.6 / +0.0 % and +0.5 / −1.9 % (and before the
+    # walk's stages and gradients were timed and the sends held to the step's end: +7.2 / +5.6 %, +10.9 /
+    # +4.3 %); the zero-bubble schedule's split backward as a whole backward each: −5.7 / −25.5 %
     for ours, theirs in zip(priced, measured):
         assert abs(ours - theirs) <= within * theirs, (schedule, priced, measured)
 
@@ -141,11 +142,11 @@ def test_two_copies_of_a_pipeline_train_as_the_model_and_hold_what_they_are_pric
     ran, alone, priced, measured = run_priced(est)
     assert ran["stages"] == [[0], [0], [1], [1]]   # rank r·2 + d: pipeline rank r of copy d
     assert ran["losses"] == pytest.approx(alone, abs=1e-6)
-    # measured (docs/measurements.md), PyTorch's receive buffers counted: −1.1, −1.1, −3.0, −3.0 % (the last
+    # measured (docs/measurements.md), PyTorch's receive buffers counted: −0.4, −0.4, −2.3, −2.3 % (the last
     # stage's received rotary cos / sin require grad, as in the tests above; before they were counted +0.0,
     # +0.0, −1.5, −1.5 %)
     for ours, theirs in zip(priced, measured):
-        assert abs(ours - theirs) <= 0.035 * theirs, (priced, measured)
+        assert abs(ours - theirs) <= 0.03 * theirs, (priced, measured)
 
 
 def test_fsdp2_on_the_copies_saves_what_it_is_priced_to_save_and_trains_as_the_model():
@@ -268,9 +269,10 @@ def test_a_frontier_pipeline_plan_runs_checks_and_exports_as_a_user_runs_it(tmp_
     peaks = re.findall(r"peak of tensor storage ([\d,]+) B, priced ([\d,]+) B", out)
     assert len(peaks) == 2, out
     for measured, priced in ((int(m.replace(",", "")), int(p.replace(",", ""))) for m, p in peaks):
-        # measured here: −0.00 and +0.21 % (docs/measurements.md; −4.6 / −4.3 % before AdamW's
-        # temporaries were priced as PyTorch's per-tensor loop keeps them)
-        assert abs(priced - measured) <= 0.01 * measured, (priced, measured)
+        # measured here: +0.54 and −1.08 % (the receive buffers counted; the last stage's received rotary cos /
+        # sin require grad there — docs/measurements.md); before they were counted −0.00 and +0.21 % (and
+        # −4.6 / −4.3 % before AdamW's temporaries were priced as PyTorch's per-tensor loop keeps them)
+        assert abs(priced - measured) <= 0.015 * measured, (priced, measured)
     code, _, err = run_cli(capsys, "run", spec, "--plan", str(tmp_path / "plan.json"), "--steps", "1")
     assert code == 2 and "pipeline" in err and "--backend dist" in err and "Traceback" not in err
     code, stdout, err = run_cli(capsys, "export", str(tmp_path / "plan.json"), spec, "-o", str(tmp_path / "out"))
