@@ -131,6 +131,24 @@ def run_cli(capsys, *argv):
     return code, out, err
 
 
+#: the tiny Llama the FSDP × TP and HSDP tests share (batch 2: one replica's)
+TINY_LLAMA = "zoo:llama3-8b?tiny=1"
+
+
+def tiny_llama_recipes(hosts: int, **options):
+    """The tiny Llama captured, profiled untimed at degrees 1 and 2 (no cache) and priced on ``hosts``
+    hosts of two H100s, and :func:`~tensoropt.frontier.replicas.fsdp_tp_recipes` over those hosts with
+    ``options`` (``microbatches``, ``dp_replicate``): ``(graph, costs, cluster, {source: plan})``."""
+    import tensoropt
+    from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
+
+    graph = tensoropt.load_model(TINY_LLAMA).capture()
+    cluster = tensoropt.load_cluster(f"preset:h100-hosts?hosts={hosts}&gpus=2")
+    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
+    recipes = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1, **options)
+    return graph, costs, cluster, {source: plan for source, plan, _ in recipes}
+
+
 def model_param_bytes(model: torch.nn.Module) -> int:
     """What the model itself holds in parameters (shared ones once)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())

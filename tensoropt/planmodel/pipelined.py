@@ -407,12 +407,12 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     breakdown: dict[str, StepMemory] = {}
     units = [stage_units(graph, stages[r], recipe.data) for r in range(p)] if recipe.shard else []
     for r, dev in enumerate(used):
-        state = whole[dev].optimizer
         step_buffers = recipe.microbatches * sum(b for s, b in enumerate(buffers) if s % p == r)
         if recipe.shard:   # FSDP2 on the data axis: the stage gathered, its shards and a shard's state beside
             top = sharded_rank(units[r], [(m, extra + step_buffers) for m, extra in at_backward.terms[r]], whole[dev],
                                step_buffers)
         else:
+            state = whole[dev].optimizer
             terms = [_held_beside(m, state, extra) for m, extra in at_backward.terms[r]] + [whole[dev]]
             top = _held_beside(max(terms, key=lambda m: m.peak), state, step_buffers)
         for d in range(recipe.data):   # every copy holds what the first does

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import TINY_LLAMA, run_cli, tiny_llama_recipes
 
 from tensoropt import NodeConfig, Plan, capture
 from tensoropt.distributed import launch
@@ -123,20 +123,11 @@ def test_fsdp_over_hosts_with_sequence_parallelism_passes_the_check_on_four_rank
     # ranks as the unsplit model trains (each replica's parameters whole there; the priced memory is
     # PyTorch's, tests/planmodel/test_wrappers.py); and checkpointed, each replica's 4 rows stepped as
     # two micro-batches of 2 (gradient accumulation)
-    import tensoropt
-    from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
-
-    spec = "zoo:llama3-8b?tiny=1"
-    graph = tensoropt.load_model(spec).capture()
-    cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
-    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
-    recipes = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1,
-                              microbatches=microbatches)
-    plan = {source: plan for source, plan, _ in recipes}[source]
+    plan = tiny_llama_recipes(2, microbatches=microbatches)[3][source]
     assert any(str(c.layout) == "batch" for c in plan.configs.values())
     plan.save(tmp_path / "plan.json")
     outs = _run(tmp_path / "plan.json", 4, "--check", "--check-dtype", "float32", "--backend", "dist", "--batch",
-                str(4 * microbatches), model=spec)
+                str(4 * microbatches), model=TINY_LLAMA)
     assert [rc for rc, _, _ in outs] == [0, 0, 0, 0], outs
     assert "PASSED" in outs[0][1] and "2 replicas" in outs[0][1], outs[0][1]
 
@@ -145,18 +136,9 @@ def test_a_3d_plan_hsdp_by_tensor_parallelism_passes_the_check_on_eight_ranks(tm
     # torchtitan's 3-D mesh on 8 gloo ranks (dp_replicate 2 × dp_shard 2 × tp 2): the hsdp+tp+sp+ac recipe of
     # the tiny Llama on four hosts of two, each host's tp+sp plan on its 2 rows of the batch of 8 — run by
     # tensoropt's executor as `run --check --backend dist` starts it, against the unsplit model
-    import tensoropt
-    from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
-
-    spec = "zoo:llama3-8b?tiny=1"
-    graph = tensoropt.load_model(spec).capture()
-    cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=4&gpus=2")
-    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
-    recipes = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1,
-                              dp_replicate=2)
-    plan = {source: plan for source, plan, _ in recipes}["hsdp+tp+sp+ac"]
+    plan = tiny_llama_recipes(4, dp_replicate=2)[3]["hsdp+tp+sp+ac"]
     plan.save(tmp_path / "plan.json")
     outs = _run(tmp_path / "plan.json", 8, "--check", "--check-dtype", "float32", "--backend", "dist", "--batch", "8",
-                model=spec)
+                model=TINY_LLAMA)
     assert [rc for rc, _, _ in outs] == [0] * 8, outs
     assert "PASSED" in outs[0][1] and "4 replicas" in outs[0][1], outs[0][1]

@@ -22,6 +22,7 @@ import sys
 
 import pytest
 import torch
+from conftest import TINY_LLAMA, tiny_llama_recipes
 
 from tensoropt.export import LOSS_LINE, export_plan
 
@@ -130,16 +131,9 @@ def test_fsdp_over_hosts_with_tensor_parallelism_trains_as_the_unsplit_model(tmp
     # the tp plan of one host of two, replicated over two hosts and sharded over them by FSDP2 —
     # exported on a 2-D DeviceMesh (dp 2, tp 2), 4 gloo ranks, each dp row half the batch of 4; with
     # micro-batches, each dp row's 4 of the batch of 8 stepped as two of 2 (gradient accumulation)
-    import tensoropt
-    from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
-
-    spec = "zoo:llama3-8b?tiny=1"     # batch 2: one replica's (micro-)batch
-    graph = tensoropt.load_model(spec).capture()
-    cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=2&gpus=2")
-    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
-    recipes = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1,
-                              microbatches=microbatches)
-    plan = {src: plan for src, plan, _ in recipes}[source]
+    spec = TINY_LLAMA     # batch 2: one replica's (micro-)batch
+    _, _, cluster, recipes = tiny_llama_recipes(2, microbatches=microbatches)
+    plan = recipes[source]
     assert plan.microbatches == microbatches and plan.global_batch_size == 4 * microbatches
     plan.save(tmp_path / "fsdp_tp.json")
     done = export_plan(tmp_path / "fsdp_tp.json", spec, tmp_path / "fsdp_tp", steps=STEPS, cluster=cluster)
@@ -154,16 +148,9 @@ def test_hsdp_with_tensor_parallelism_on_a_3d_mesh_trains_as_the_unsplit_model(t
     # two, replicated over four hosts, FSDP2 sharding over each pair of hosts and all-reducing each shard's
     # gradients over the pairs (HSDP × TP, fsdp_tp_recipes' dp_replicate) — each host a quarter of the batch
     # of 8; the losses those of the unsplit model on the whole batch
-    import tensoropt
-    from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
-
-    spec = "zoo:llama3-8b?tiny=1"     # batch 2: one replica's
-    graph = tensoropt.load_model(spec).capture()
-    cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=4&gpus=2")
-    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
-    recipes = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1,
-                              dp_replicate=2)
-    plan = {src: plan for src, plan, _ in recipes}["hsdp+tp+ac"]
+    spec = TINY_LLAMA     # batch 2: one replica's
+    _, _, cluster, recipes = tiny_llama_recipes(4, dp_replicate=2)
+    plan = recipes["hsdp+tp+ac"]
     assert plan.dp_replicate == 2 and plan.global_batch_size == 8
     plan.save(tmp_path / "hsdp_tp.json")
     done = export_plan(tmp_path / "hsdp_tp.json", spec, tmp_path / "hsdp_tp", steps=STEPS, cluster=cluster)

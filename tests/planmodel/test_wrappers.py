@@ -8,6 +8,7 @@ The table over the same recipes is ``benchmarks/truth_wrappers.py`` (docs/measur
 
 import pytest
 import torch
+from conftest import tiny_llama_recipes
 from torch import nn
 
 import tensoropt
@@ -317,15 +318,11 @@ def test_hsdp_runs_each_collective_on_its_own_axis_of_the_mesh():
     # first pairs, the all-reduces of the shards only the second; a plan whose replicate degree does not
     # divide the replicas, or that FSDP2 does not run, is refused naming the option
     from tensoropt.errors import GraphFormatError
-    from tensoropt.frontier.replicas import fsdp_tp_recipes, host_groups
     from tensoropt.planmodel.simulate import simulate
     from tensoropt.planmodel.wrappers import mesh_text
 
-    graph = tensoropt.load_model("zoo:llama3-8b?tiny=1").capture()
-    cluster = tensoropt.load_cluster("preset:h100-hosts?hosts=4&gpus=2")
-    costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=(1, 2), timed=False, cache=False), cluster).costs
-    plan = fsdp_tp_recipes(graph, costs, cluster, host_groups(cluster), optimizer="adamw", workers=1,
-                           dp_replicate=2)[0][1]
+    graph, costs, cluster, recipes = tiny_llama_recipes(4, dp_replicate=2)
+    plan = recipes["hsdp+tp"]
     assert mesh_text(plan) == "dp_replicate 2 × dp_shard 2 (HSDP) × tp 2"
     events = simulate(plan, graph, costs, cluster, optimizer="adamw").timeline
     def host_pairs(word):   # the hosts each link of FSDP2's collectives of that kind joins
