@@ -13,6 +13,10 @@ With ``data`` copies (data parallel × pipeline parallel), rank ``r · data + d`
 process group, each runs on its slice of the batch, and every gradient is all-reduced over a
 pipeline rank's copies (its own group) and averaged after the schedule's step.
 
+Each stage detaches, at its start, the values it receives that the unmodified model computes without a
+gradient (:func:`detach_no_grad_inputs`: Llama's rotary cos / sin), which PyTorch's traced stage would
+make require grad — its operators then keep what the model's do, as the price has it.
+
 The stages run their generated code, not :class:`torch.fx.Interpreter` (:func:`run_generated_code`):
 ``pipeline()`` unflattens the traced model into ``InterpreterModule`` s that interpret every
 operator in Python by default — on the 4-layer Llama of width 256 (``python
@@ -167,6 +171,74 @@ def thread_skips(split: torch.fx.GraphModule) -> int:
         call.args = tuple(itemised.get(a, a) if isinstance(a, torch.fx.Node) else a for a in args)
     split.recompile()
     return len(passed)
+
+
+def detach_no_grad_inputs(split: torch.fx.GraphModule, args: Sequence[Any]) -> int:
+    """Detach, at the start of each stage, every floating input the unmodified model computes without
+    a gradient (Llama's rotary cos / sin, made from buffers; labels): PyTorch's traced stage makes
+    every floating tensor it receives require grad (``_create_act_recv_info``), so an operator
+    reading one saves its other inputs for a gradient nobody uses — the rotary ``mul`` s kept q, k
+    and their ``rotate_half`` outputs on every stage after the first (up to 6.4 % of a stage's peak on
+    the 4-layer Llama, ``benchmarks/truth_pipeline.py``) and computed gradients it sent back to be
+    dropped.  Detached, the stage saves and computes what the model does (the tensoropt walk's
+    prices); PyTorch still sends a zero gradient for the input (its protocol), which the stage before
+    discards.  Which inputs need no gradient comes from one forward of ``split`` on ``args`` (a
+    micro-batch) with autograd on, each stage's inputs seen by a pre-hook, the random-number state and
+    the buffers as they were before (a dropout draw, batch-norm statistics).  Each detached input's
+    node gets ``meta["detached_input"] = True``; returns how many.
+
+    Example::
+
+        >>> import torch
+        >>> from torch.distributed.pipelining import SplitPoint, pipeline
+        >>> class Net(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        ...         self.register_buffer("scale", torch.ones(4))
+        ...     def forward(self, x):
+        ...         s = self.scale * 2          # no gradient: made from a buffer
+        ...         return self.b(self.a(x) * s) * s
+        >>> pipe = pipeline(Net(), mb_args=(torch.ones(2, 4),), split_spec={"b": SplitPoint.BEGINNING})
+        >>> detach_no_grad_inputs(pipe.split_gm, (torch.ones(2, 4),))
+        1
+    """
+    calls = [n for n in split.graph.nodes if n.op == "call_module" and str(n.target).startswith("submod_")]
+    needs_grad: dict[str, list[bool]] = {}
+
+    def seen(name: str) -> Callable[..., None]:
+        def hook(_module: nn.Module, inputs: tuple[Any, ...]) -> None:
+            needs_grad[name] = [isinstance(x, torch.Tensor) and x.requires_grad for x in inputs]
+        return hook
+
+    handles = [split.get_submodule(str(c.target)).register_forward_pre_hook(seen(str(c.target))) for c in calls]
+    kept = {k: b.detach().clone() for k, b in split.named_buffers()}
+    devices = sorted({b.device for b in kept.values()} - {torch.device("cpu")}, key=str)
+    try:
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            torch.fx.Interpreter(split).run(*args)   # split's own forward refuses (PyTorch's Pipe runs it so)
+    finally:
+        for h in handles:
+            h.remove()
+        with torch.no_grad():
+            for k, b in split.named_buffers():
+                b.copy_(kept[k])
+    detached = 0
+    for call in calls[1:]:
+        sub = split.get_submodule(str(call.target))
+        assert isinstance(sub, torch.fx.GraphModule)
+        phs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        for ph, grad in zip(phs, needs_grad[str(call.target)], strict=True):
+            val = ph.meta.get("val")
+            if grad or not isinstance(val, torch.Tensor) or not val.is_floating_point() or not ph.users:
+                continue
+            with sub.graph.inserting_after(phs[-1]):
+                cut = sub.graph.call_method("detach", (ph,))
+            ph.replace_all_uses_with(cut, delete_user_cb=lambda user, cut=cut: user is not cut)
+            cut.meta = {**ph.meta, "detached_input": True}
+            detached += 1
+        sub.recompile()
+    return detached
 
 
 #: what a pipeline's check holds its losses to: the unmodified model's in float64, two float32
@@ -343,6 +415,7 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
     pipe = pipeline(InputsThroughFirstStage(model), mb_args=_microbatch_call(inputs, microbatches), split_spec=points)
     thread_skips(pipe.split_gm)
     run_generated_code(pipe.split_gm)
+    detach_no_grad_inputs(pipe.split_gm, _microbatch_call(inputs, microbatches))
     if pipe.num_stages != p * stages_per_rank:
         raise DistributedError(f"{len(points)} split points made {pipe.num_stages} stages; {schedule} on {p} ranks "
                                f"× {stages_per_rank} needs {p * stages_per_rank}")
@@ -504,5 +577,6 @@ def _tracked_peak(modules: Sequence[nn.Module], opt: torch.optim.Optimizer, inpu
     return peak.peak_bytes
 
 
-__all__ = ["CHECK_ABS", "InputsThroughFirstStage", "StoragePeak", "checkpoint_stage_blocks", "pipeline_job", "plan_job",
+__all__ = ["CHECK_ABS", "InputsThroughFirstStage", "StoragePeak", "checkpoint_stage_blocks", "detach_no_grad_inputs",
+           "pipeline_job", "plan_job",
            "run_generated_code", "run_pipeline_plan", "thread_skips", "train_one_process", "train_pipeline"]

@@ -42,9 +42,11 @@ exactly one micro-batch's, with no scaling rule to trust):
   again;
 - to it, PyTorch's receive buffers, held all step: for every micro-batch, one for each value a
   stage receives and one for the gradient of each floating-point value it sends
-  (:func:`boundary_buffers`); and among the bytes in flight, what each backward sent that PyTorch
-  waits for only at the end of the step (:func:`retained_sends`: the looped schedules' sends both
-  ways, GPipe's backward ones).
+  (:func:`boundary_buffers`) — what a stage receives is held there, so the bytes in flight leave
+  a stage's received inputs out (:attr:`~.stages.Stage.received_bytes`; the walk's micro-batch
+  holds them and :math:`O_r` takes them away with it); and among the bytes in flight, what each
+  backward sent that PyTorch waits for only at the end of the step (:func:`retained_sends`: the
+  looped schedules' sends both ways, GPipe's backward ones).
 - with ``data`` copies of the pipeline (data parallel × pipeline parallel, torchtitan's ``(pp, dp)``
   mesh: pipeline rank ``r`` of copy ``d`` on device ``r · data + d``), each copy runs the schedule
   on its slice of the batch (the graph is captured at a copy's micro-batch) and holds what one
@@ -55,11 +57,11 @@ exactly one micro-batch's, with no scaling rule to trust):
   (torchtitan's PP × FSDP; GPipe and 1F1B): what that changes on each rank and in the step is
   :mod:`.pipeline_fsdp`'s.
 
-Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md): with the
-blocks kept, GPipe and 1F1B on 2 and 4 ranks within 2.3 % on every rank but GPipe's last of two
-(−5.5 %), the schedules with two stages a rank 4–11 % above; with them checkpointed, from +14.6
-(looped BFS's second rank) to −5.6 % (GPipe's middle stages of 4); two copies of a two-rank pipeline
-(micro-batches of one row) within 3.6 %.  Steps (``--time``, this CPU's operator times, the stages
+Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md; the stages
+detach the received values no gradient needs, :func:`tensoropt.distributed.pipelined.detach_no_grad_inputs`):
+every rank of every case within 3.0 % — GPipe, 1F1B, interleaved 1F1B, looped BFS and the zero-bubble
+schedule on 2 ranks, GPipe and 1F1B on 4, two copies replicated and as FSDP2 shards, blocks kept (within
+2.7 %) and checkpointed.  Steps (``--time``, this CPU's operator times, the stages
 running their generated code): 1–11 % under with 4 micro-batches, 12–26 % with 8 (each chunk's
 compute runs 5–13 % above the profile's sums in a rank; not found why).
 
@@ -378,6 +380,8 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
         raise PipelineError(f"{graph.name or 'the model'} has no repeated blocks to checkpoint")
     link = _link_s(cluster, used, stages)
     kept = [kept_bytes(graph, costs, stage, recomputed) for stage in stages]
+    # in flight beside the receive buffers (held all step, priced below), which hold what a stage receives
+    in_flight = [max(0, k - stage.received_bytes) for k, stage in zip(kept, stages)]
     # a checkpointed block runs its forward again in its backward
     again = [sum(costs.time(n)[0] for n in stage.ops if n in recomputed and n in costs) for stage in stages]
     # a zero-bubble schedule's input-gradient steps stash what its weight-gradient steps need
@@ -385,10 +389,10 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     stash = [stashed_bytes(graph, stage) for stage in stages] if zero_bubble else [0] * len(stages)
     retained = retained_sends(recipe.schedule, graph, stages)
     if zero_bubble:   # and the last stage's graph, which its output holds to the step's end
-        retained[-1] += graph_kept_bytes(graph, stages[-1], kept[-1])
+        retained[-1] += graph_kept_bytes(graph, stages[-1], in_flight[-1])
     run = simulate_pipeline(order, forward_s=[s.forward_s for s in stages],
                             backward_s=[s.backward_s + a for s, a in zip(stages, again)],
-                            link_s=link, activation_bytes=kept,
+                            link_s=link, activation_bytes=in_flight,
                             retained_bytes=retained, deferred_bytes=stash)
     plan = Plan({name: NodeConfig((on[name],), recompute=name in recomputed) for name in on},
                 graph_fingerprint=graph.fingerprint,
@@ -453,9 +457,11 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
     backward before ``j`` there from the start (``accumulate``: each contribution added in place;
     none at the first backward); less that micro-batch's own bytes in flight, which the walk holds
     — its activations of the rank's stages up to ``s`` (the later ones' backwards are done), ``k``
-    kept per stage.  The ranks' ``k``-th sets share the ``k``-th walk (the ranks hold disjoint
-    parameters): two walks for 1F1B, one more for each more stage a rank (looped schedules, whose
-    later micro-batches run backwards before the rank's other stages have).  With ``stash`` (a
+    kept per stage (its received inputs with it: the walk holds them; ``H`` counts a micro-batch
+    without them, which PyTorch's receive buffers hold all step).  The ranks' ``k``-th sets share
+    the ``k``-th walk (the ranks hold disjoint parameters): two walks for 1F1B, one more for each
+    more stage a rank (looped schedules, whose later micro-batches run backwards before the rank's
+    other stages have).  With ``stash`` (a
     zero-bubble schedule's, per stage), a backward is an input-gradient step, which frees nothing
     of the micro-batch's graph (``retain_graph``) and stashes what its weight step needs: to the
     walk's moment, the stage's kept bytes it had already freed (``k_s`` less its live kept bytes

@@ -15,7 +15,8 @@ the first optimum in unit order on ties (deterministic).  Each :class:`Stage` ca
 operators, its times at the costs' shape (profile the model at the micro-batch size to price a
 micro-batch), its parameters' bytes, the activations it keeps per micro-batch in flight
 (:func:`~.memory.node_memory`, whole, on one device, and the inputs it receives from earlier
-stages, which PyTorch's ``PipelineStage`` keeps for the backward) and the bytes it sends on.
+stages, which PyTorch's ``PipelineStage`` keeps for the backward; those apart too: PyTorch keeps
+them in receive buffers made for every micro-batch of the step) and the bytes it sends on.
 
 Example — a four-layer MLP cut into two stages of two layers::
 
@@ -48,7 +49,10 @@ class Stage:
     """One pipeline stage: its ``ops`` in order, the ``blocks`` they belong to (``None`` runs of
     operators outside blocks are left out of the names), ``forward_s`` / ``backward_s``,
     ``param_bytes`` (trainable and not), ``trainable_bytes``, ``activation_bytes`` kept per
-    micro-batch and ``send_bytes``: its outputs read by a later stage, per micro-batch."""
+    micro-batch, ``send_bytes``: its outputs read by a later stage, per micro-batch, and
+    ``received_bytes``: the part of ``activation_bytes`` that is its inputs from earlier stages (the
+    tensors PyTorch receives them into, which it holds all step:
+    :func:`~.pipelined.boundary_buffers`)."""
 
     ops: tuple[str, ...]
     blocks: tuple[str, ...]
@@ -58,6 +62,7 @@ class Stage:
     trainable_bytes: int
     activation_bytes: int
     send_bytes: int
+    received_bytes: int = 0
 
 
 def _units(graph: OpGraph) -> list[list[str]]:
@@ -128,7 +133,7 @@ def cut_stages(graph: OpGraph, costs: CostModel, stages: int, *,
     out = []
     for i, ops in enumerate(groups):
         fwd = bwd = 0.0
-        act = send = 0
+        act = send = received = 0
         params: set[str] = set()
         seen_inputs: set[str] = set()
         blocks: list[str] = []
@@ -145,13 +150,14 @@ def cut_stages(graph: OpGraph, costs: CostModel, stages: int, *,
                     if where.get(src, i) < i and src not in seen_inputs:
                         seen_inputs.add(src)
                         act += nbytes
+                        received += nbytes
             params.update(node.params)
             key = block_of(node.module_path)
             if key is not None and (not blocks or blocks[-1] != key):
                 blocks.append(key)
         held = sum(graph.params[p].nbytes for p in params)
         trainable = sum(graph.params[p].nbytes for p in params if graph.params[p].is_trainable)
-        out.append(Stage(tuple(ops), tuple(blocks), fwd, bwd, held, trainable, act, send))
+        out.append(Stage(tuple(ops), tuple(blocks), fwd, bwd, held, trainable, act, send, received))
     return out
 
 
