@@ -175,7 +175,7 @@ def thread_skips(split: torch.fx.GraphModule) -> int:
 
 def detach_no_grad_inputs(split: torch.fx.GraphModule, args: Sequence[Any]) -> int:
     """Detach, at the start of each stage, every floating input the unmodified model computes without
-    a gradient (Llama's rotary cos / sin, made from buffers; labels): PyTorch's traced stage makes
+    a gradient (Llama's rotary cos / sin, made from buffers): PyTorch's traced stage makes
     every floating tensor it receives require grad (``_create_act_recv_info``), so an operator
     reading one saves its other inputs for a gradient nobody uses — the rotary ``mul`` s kept q, k
     and their ``rotate_half`` outputs on every stage after the first (up to 6.4 % of a stage's peak on

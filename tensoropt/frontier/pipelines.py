@@ -76,23 +76,45 @@ def pipeline_recipes(num_devices: int, batch: int, schedules: Sequence[str], *,
     return out
 
 
+def _walk_group(recipe: PipelineRecipe) -> tuple[int, ...]:
+    """What decides a recipe's cut and the devices its stages run on (the walks it prices): its ranks,
+    stages a rank, copies (the devices used: one in ``data``) and checkpointing — not its schedule nor
+    whether its copies are FSDP2 shards."""
+    return recipe.ranks, recipe.virtual, recipe.data, int(recipe.checkpoint)
+
+
 def price_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, recipes: Sequence[PipelineRecipe],
                   devices: Sequence[str], *, optimizer: str | int,
                   workers: int | None = None) -> tuple[list[tuple[Any, ...]], list[str]]:
     """Each of ``recipes`` over ``devices`` priced on ``graph`` (the model at their micro-batch):
     ``(PIPELINE_SOURCE, plan, SimResult)`` for :meth:`~.result.Frontier.joined`, and for each
     recipe that cannot be priced, ``"<recipe>: <why>"``.  Side by side in ``workers`` forked
-    processes (:func:`~.forkmap.fork_map`: the same results whatever the number).
-    O(recipes × price_pipeline)."""
-    def priced(recipe: PipelineRecipe) -> Any:
-        try:
-            return price_pipeline(graph, costs, cluster, recipe, devices=devices[:recipe.world], optimizer=optimizer)
-        except TensorOptError as e:
-            return f"{recipe}: {e}"
+    processes (:func:`~.forkmap.fork_map`: the same results whatever the number), the recipes of one
+    cut over one set of devices (:func:`_walk_group`: every schedule and both data axes) in one task,
+    sharing their walks (``price_pipeline``'s ``memo``).  O(recipes × price_pipeline)."""
+    def priced(group: Sequence[PipelineRecipe]) -> list[Any]:
+        memo: dict[Any, Any] = {}
+        out: list[Any] = []
+        for recipe in group:
+            try:
+                out.append(price_pipeline(graph, costs, cluster, recipe, devices=devices[:recipe.world],
+                                          optimizer=optimizer, memo=memo))
+            except TensorOptError as e:
+                out.append(f"{recipe}: {e}")
+        return out
 
     if any(SCHEDULES[r.schedule][1] for r in recipes):
         pytorch_schedules()   # once here, not in every forked worker (3 s of torch's import each)
-    done = fork_map(priced, list(recipes), workers=default_workers() if workers is None else workers)
+    groups: dict[tuple[int, ...], list[int]] = {}   # a group's recipes, by index
+    for i, recipe in enumerate(recipes):
+        groups.setdefault(_walk_group(recipe), []).append(i)
+    tasks = list(groups.values())
+    results = fork_map(priced, [[recipes[i] for i in t] for t in tasks],
+                       workers=default_workers() if workers is None else workers, hints=[float(len(t)) for t in tasks])
+    done: list[Any] = [None] * len(recipes)
+    for t, got in zip(tasks, results):   # back in the recipes' order
+        for i, est in zip(t, got):
+            done[i] = est
     plans = [(PIPELINE_SOURCE, est.plan, pipeline_result(est, costs, optimizer=optimizer))
              for est in done if not isinstance(est, str)]
     return plans, [e for e in done if isinstance(e, str)]

@@ -62,8 +62,8 @@ detach the received values no gradient needs, :func:`tensoropt.distributed.pipel
 every rank of every case within 3.0 % — GPipe, 1F1B, interleaved 1F1B, looped BFS and the zero-bubble
 schedule on 2 ranks, GPipe and 1F1B on 4, two copies replicated and as FSDP2 shards, blocks kept (within
 2.7 %) and checkpointed.  Steps (``--time``, this CPU's operator times, the stages
-running their generated code): 1–11 % under with 4 micro-batches, 12–26 % with 8 (each chunk's
-compute runs 5–13 % above the profile's sums in a rank; not found why).
+running their generated code, two runs): 4.7–6.3 % under with 4 micro-batches, 4.6–13.5 % with 8
+(each chunk's compute runs 5–13 % above the profile's sums in a rank; not found why).
 
 The step leaves out the optimizer's update (the same on every schedule); the copies' gradient sums
 do not overlap the last micro-batches' backward (as the runtime runs them: after the schedule).
@@ -93,6 +93,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..cluster import Cluster
 from ..cluster.collectives import ring_allreduce_time
@@ -347,12 +348,15 @@ def _link_s(cluster: Cluster, devices: Sequence[str], stages: Sequence[Stage]) -
 
 def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: PipelineRecipe, *,
                    devices: Sequence[str] | None = None, optimizer: str | int = DEFAULT_OPTIMIZER,
-                   starts: Sequence[str] | None = None) -> PipelineEstimate:
+                   starts: Sequence[str] | None = None, memo: dict[Any, Any] | None = None) -> PipelineEstimate:
     """``recipe`` on ``graph`` (captured at the micro-batch's size) over ``devices`` (default: the
     cluster's first ``recipe.ranks``), priced as the module docstring says; ``starts``: a cut made
     before (:func:`~.stages.stage_starts`), kept rather than balanced again.  A schedule not in
     :data:`LOOPED`, too few devices or blocks, or an order PyTorch cannot run is a
-    :class:`~.pipeline.PipelineError` naming it.  O(S·U² + A log A) for U units and A actions."""
+    :class:`~.pipeline.PipelineError` naming it.  ``memo``: a dict shared by calls on the same
+    ``graph``, ``costs`` and ``cluster`` — the cut and the walks a recipe shares with another (the same
+    stages on the same devices: schedules of one stage a rank, copies replicated or sharded) are
+    made once; the same estimates as without it.  O(S·U² + A log A) for U units and A actions."""
     if recipe.schedule not in LOOPED:
         raise PipelineError(f"pipeline schedule {recipe.schedule!r} is not priced: the schedules with PyTorch's "
                             f"loop placement are {', '.join(LOOPED)}")
@@ -369,9 +373,15 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
                             f"{'the cluster has' if devices is None else 'given'} {len(world)}")
     # torchtitan's mesh order (pp, dp): a pipeline rank's copies are neighbours, on the fast links
     used = world[::recipe.data]
+    # the cut first: a model with fewer blocks than stages is refused before PyTorch lays out the order,
+    # which takes seconds for a looped schedule of many ranks and micro-batches
+    memo = {} if memo is None else memo
+    cut_key = ("cut", recipe.ranks * recipe.virtual, tuple(starts) if starts is not None else None)
+    if cut_key not in memo:
+        memo[cut_key] = tuple(cut_stages(graph, costs, recipe.ranks * recipe.virtual, starts=starts))
+    stages = memo[cut_key]
     order = pipeline_order(recipe.schedule, ranks=recipe.ranks, microbatches=recipe.microbatches,
                            stages_per_rank=recipe.virtual)
-    stages = tuple(cut_stages(graph, costs, order.stages, starts=starts))
     _refuse_tied(graph, stages)
     p = recipe.ranks
     on = {name: used[i % p] for i, stage in enumerate(stages) for name in stage.ops}
@@ -402,9 +412,12 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     # micro-batch, per stage: plan_memory's regions) beside what the other micro-batches hold then
     plan.check(graph, cluster)
     costs.check_graph(graph)
-    edges, needs_grad = plan_edges(plan, graph, cluster), grad_nodes(graph)
+    plan_key = ("plan", cut_key, tuple(used), frozenset(recomputed))
+    if plan_key not in memo:
+        memo[plan_key] = plan_edges(plan, graph, cluster), grad_nodes(graph)
+    edges, needs_grad = memo[plan_key]
     at_backward = _at_backward(plan, graph, costs, edges, needs_grad, optimizer, stages, run.held_at_backward,
-                               kept, used, stash if zero_bubble else None)
+                               kept, used, stash if zero_bubble else None, memo=memo, memo_key=(plan_key, optimizer))
     whole = at_backward.whole
     buffers = boundary_buffers(graph, stages)
     memory: dict[str, int] = {}
@@ -446,7 +459,8 @@ class _AtBackward:
 def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_grad: Mapping[str, bool],
                  optimizer: str | int, stages: Sequence[Stage], held_at_backward: Sequence[Sequence[tuple[int, float]]],
                  kept: Sequence[float], used: Sequence[str],
-                 stash: Sequence[float] | None = None) -> _AtBackward:
+                 stash: Sequence[float] | None = None, memo: dict[Any, Any] | None = None,
+                 memo_key: Any = None) -> _AtBackward:
     """Rank ``r``'s backward ``j`` of stage ``s``, with ``H_j`` bytes in flight as it starts (the
     simulation's ``held_at_backward``), holds
 
@@ -461,12 +475,11 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
     without them, which PyTorch's receive buffers hold all step).  The ranks' ``k``-th sets share
     the ``k``-th walk (the ranks hold disjoint parameters): two walks for 1F1B, one more for each
     more stage a rank (looped schedules, whose later micro-batches run backwards before the rank's
-    other stages have).  With ``stash`` (a
-    zero-bubble schedule's, per stage), a backward is an input-gradient step, which frees nothing
-    of the micro-batch's graph (``retain_graph``) and stashes what its weight step needs: to the
-    walk's moment, the stage's kept bytes it had already freed (``k_s`` less its live kept bytes
-    then) and the stash (coarse: the walk also makes the weights' gradients there, which ``I`` does
-    not)."""
+    other stages have).  With ``stash`` (a zero-bubble schedule's, per stage), a backward is an
+    input-gradient step, which frees nothing of the micro-batch's graph (``retain_graph``) and
+    stashes what its weight step needs: to the walk's moment, the stage's kept bytes it had already
+    freed (``k_s`` less its live kept bytes then) and the stash (coarse: the walk also makes the
+    weights' gradients there, which ``I`` does not)."""
     p = len(used)
     regions = {name: i for i, stage in enumerate(stages) for name in stage.ops}
     params_of = [frozenset(q for n in st.ops for q in (*graph.nodes[n].params, *graph.nodes[n].param_reads))
@@ -483,15 +496,20 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
                 keys[r].append(key)
             at[r].append((keys[r].index(key), s, h - sum(kept[x] for x in range(r, s + 1, p))))
             done.add(s)
-    walks: list[dict[str, dict[int, StepMemory]]] = []
+    per_set: list[dict[str, dict[int, StepMemory]]] = []   # the k-th set's walk, by device and stage
     whole: dict[str, StepMemory] = {}
+    memo = {} if memo is None or memo_key is None else memo
     for k in range(max(len(ks) for ks in keys)):
         there = frozenset().union(*(params_of[s] for ks in keys if len(ks) > k for s in ks[k]))
-        by_stage: dict[str, dict[int, StepMemory]] = {}
-        step = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=False, context_bytes=0,
-                    accumulate=there, regions=regions, region_peaks=by_stage)
+        walk_key = ("walk", memo_key, there)
+        if walk_key not in memo:
+            by_stage: dict[str, dict[int, StepMemory]] = {}
+            step = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=False, context_bytes=0,
+                        accumulate=there, regions=regions, region_peaks=by_stage)
+            memo[walk_key] = step, by_stage
+        step, by_stage = memo[walk_key]
         whole = whole or step
-        walks.append(by_stage)
+        per_set.append(by_stage)
     def beside(r: int, m: StepMemory, s: int, extra: float) -> float:
         if stash is None:
             return extra
@@ -499,7 +517,7 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
         alive = m.activations_at_peak - m.transient_at_peak - m.inputs - sum(kept[x] for x in range(r, s, p))
         return extra + kept[s] - min(kept[s], max(0, alive)) + stash[s]
 
-    return _AtBackward(whole, [[(walks[k][dev][s], beside(r, walks[k][dev][s], s, extra)) for k, s, extra in at[r]]
+    return _AtBackward(whole, [[(per_set[k][dev][s], beside(r, per_set[k][dev][s], s, extra)) for k, s, extra in at[r]]
                                for r, dev in enumerate(used)])
 
 

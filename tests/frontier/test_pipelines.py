@@ -11,6 +11,7 @@ import pytest
 from tensoropt import simulate
 from tensoropt.errors import GraphFormatError
 from tensoropt.frontier import PIPELINE_SOURCE, pipeline_recipes
+from tensoropt.frontier.pipelines import price_recipes
 from tensoropt.plan import Plan
 from tensoropt.planmodel.pipelined import PipelineRecipe, price_pipeline
 from tensoropt.workflow import Request, explore
@@ -80,6 +81,36 @@ def test_a_pipeline_across_a_slow_link_joins_the_frontier_as_a_plan_that_names_i
     assert f"{len(piped)} on the frontier" in note
     row = next(r for r in fr.rows() if r["plan_id"] == point.plan_id)
     assert (row["source"], row["priced_as"], row["microbatches"]) == ("pipeline", "pipelining", plan.microbatches)
+
+
+def test_recipes_priced_together_cost_what_each_costs_alone_in_their_order():
+    """price_recipes prices the recipes that share a cut and devices in one task, their walks made once
+    (price_pipeline's memo): every estimate the same as the recipe priced alone, in the recipes' order,
+    with one worker or two; a recipe of more stages than the model has blocks is refused by its cut."""
+    import tensoropt
+
+    graph = tensoropt.load_model(SPEC).capture(method="export")
+    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
+    costs = tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
+    devices = cluster.names[:4]
+    recipes = [*pipeline_recipes(4, 4, ("gpipe", "1f1b", "interleaved-1f1b")),
+               PipelineRecipe("interleaved-1f1b", ranks=4, microbatches=4, stages_per_rank=4)]
+    alone = []
+    for r in recipes:
+        try:
+            est = price_pipeline(graph, costs, cluster, r, devices=devices[:r.world], optimizer="adamw")
+            alone.append((dict(est.memory_bytes), est.step_s))
+        except tensoropt.errors.TensorOptError as e:
+            alone.append(f"{r}: {e}")
+    # 4 ranks × 4 stages: more stages than the model's runs of blocks and other operators, refused by the cut
+    assert "runs of blocks and other operators" in alone[-1] and alone[-1].endswith("not 16")
+    for workers in (1, 2):
+        plans, failed = price_recipes(graph, costs, cluster, recipes, devices, optimizer="adamw", workers=workers)
+        assert failed == [a for a in alone if isinstance(a, str)]
+        priced = [(dict(sim.memory_bytes), sim.time_s) for _, _, sim in plans]
+        expected = [a for a in alone if not isinstance(a, str)]
+        assert [p[0] for p in priced] == [e[0] for e in expected]
+        assert [p[1] for p in priced] == pytest.approx([e[1] for e in expected], rel=1e-12)
 
 
 def test_a_plan_file_with_a_bad_pipeline_field_is_refused_naming_it(across_ethernet):
