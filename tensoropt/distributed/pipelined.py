@@ -13,6 +13,10 @@ With ``data`` copies (data parallel × pipeline parallel), rank ``r · data + d`
 process group, each runs on its slice of the batch, and every gradient is all-reduced over a
 pipeline rank's copies (its own group) and averaged after the schedule's step.
 
+The schedule's step asks for no outputs back (``return_outputs=False``: the losses come in ``losses``), so
+PyTorch's last stage keeps no micro-batch's output to the step's end (``output_chunks``: a model that
+returns its logits would hold every micro-batch's; a zero-bubble schedule's, the graph behind it).
+
 Each stage detaches, at its start, the values it receives that the unmodified model computes without a
 gradient (:func:`detach_no_grad_inputs`: Llama's rotary cos / sin), which PyTorch's traced stage would
 make require grad — its operators then keep what the model's do, as the price has it.
@@ -440,7 +444,7 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
     def step() -> float:
         losses: list[torch.Tensor] = []
         kwargs: dict[str, Any] = {"target": target, "losses": losses} if last else {}
-        runner.step(*(inputs if first else ()), **kwargs)
+        runner.step(*(inputs if first else ()), return_outputs=False, **kwargs)   # the losses come back in `losses`
         if data > 1 and not shard:   # the copies' mean gradient: the whole batch's (FSDP2's reduce-scatter averages)
             for q in params:
                 if q.grad is not None:

@@ -59,11 +59,13 @@ exactly one micro-batch's, with no scaling rule to trust):
 
 Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md; the stages
 detach the received values no gradient needs, :func:`tensoropt.distributed.pipelined.detach_no_grad_inputs`):
-every rank of every case within 3.0 % — GPipe, 1F1B, interleaved 1F1B, looped BFS and the zero-bubble
-schedule on 2 ranks, GPipe and 1F1B on 4, two copies replicated and as FSDP2 shards, blocks kept (within
-2.7 %) and checkpointed.  Steps (``--time``, this CPU's operator times, the stages
-running their generated code, two runs): 4.7–6.3 % under with 4 micro-batches, 4.6–13.5 % with 8
-(each chunk's compute runs 5–13 % above the profile's sums in a rank; not found why).
+every rank of every case within 3.0 % — GPipe, 1F1B, interleaved 1F1B and looped BFS on 2 ranks, GPipe and
+1F1B on 4, two copies replicated and as FSDP2 shards, blocks kept and checkpointed — but the zero-bubble
+schedule's last rank, +7.2 % over (its split backward priced coarsely; it was +2.7 % while PyTorch kept the
+last stage's outputs and the graph behind them to the step's end, which the runtime no longer asks for).
+Steps (``--time``, this CPU's operator times, the stages running their generated code, two runs):
+4.7–6.3 % under with 4 micro-batches, 4.6–13.5 % with 8 (each chunk's compute runs 5–13 % above the
+profile's sums in a rank; not found why).
 
 The step leaves out the optimizer's update (the same on every schedule); the copies' gradient sums
 do not overlap the last micro-batches' backward (as the runtime runs them: after the schedule).
@@ -300,24 +302,6 @@ def stashed_bytes(graph: OpGraph, stage: Stage) -> int:
                for t in graph.nodes[name].outputs if t.dtype.startswith(("float", "bfloat")))
 
 
-def graph_kept_bytes(graph: OpGraph, stage: Stage, kept: int) -> int:
-    """What a zero-bubble schedule's last stage keeps of a micro-batch from its weight step to the
-    end of the step: its ``kept`` bytes less the inputs its weights' gradients read (the weight step
-    frees those, each storage once).  Its input step keeps the graph (``retain_graph``), the weight
-    step runs only from the weights' intermediates back, and PyTorch keeps the stage's output
-    (``return_outputs``), which holds the rest of the graph, until the step ends."""
-    freed: dict[str, int] = {}
-    for name in stage.ops:
-        if not trainable_reads(graph, name):
-            continue
-        node = graph.nodes[name]
-        for src, nbytes in zip(node.inputs, node.input_bytes):
-            if src in graph.nodes and graph.nodes[src].kind == "op":
-                base = _storage_of(graph, src)
-                freed[base] = max(freed.get(base, 0), nbytes)
-    return max(0, kept - sum(freed.values()))
-
-
 def retained_sends(schedule: str, graph: OpGraph, stages: Sequence[Stage]) -> list[int]:
     """Bytes a backward of each stage leaves held until the end of the schedule's step: what the
     stage sent for that micro-batch, which the send's ``Work`` keeps alive until PyTorch waits for
@@ -397,9 +381,9 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     # a zero-bubble schedule's input-gradient steps stash what its weight-gradient steps need
     zero_bubble = recipe.schedule in SPLIT_BACKWARD
     stash = [stashed_bytes(graph, stage) for stage in stages] if zero_bubble else [0] * len(stages)
+    # (the last stage keeps no micro-batch's output to the step's end: the runtime asks for none back,
+    # return_outputs=False, so a zero-bubble schedule's last graph goes with its weight step)
     retained = retained_sends(recipe.schedule, graph, stages)
-    if zero_bubble:   # and the last stage's graph, which its output holds to the step's end
-        retained[-1] += graph_kept_bytes(graph, stages[-1], in_flight[-1])
     run = simulate_pipeline(order, forward_s=[s.forward_s for s in stages],
                             backward_s=[s.backward_s + a for s, a in zip(stages, again)],
                             link_s=link, activation_bytes=in_flight,
@@ -614,4 +598,4 @@ def _refuse_tied(graph: OpGraph, stages: Sequence[Stage]) -> None:
 
 __all__ = ["LOOPED", "SPLIT_BACKWARD", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "kept_bytes",
            "pipeline_plan", "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of",
-           "graph_kept_bytes", "retained_sends", "split_points", "stashed_bytes"]
+           "retained_sends", "split_points", "stashed_bytes"]
