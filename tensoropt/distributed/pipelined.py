@@ -45,7 +45,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -106,6 +106,16 @@ def run_generated_code(split: nn.Module) -> int:
     return flipped
 
 
+def _stage_calls(split: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The calls of ``split``'s stage modules (``submod_…``), in order."""
+    return [n for n in split.graph.nodes if n.op == "call_module" and str(n.target).startswith("submod_")]
+
+
+def _placeholders(sub: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """A stage module's inputs, in order."""
+    return [n for n in sub.graph.nodes if n.op == "placeholder"]
+
+
 def thread_skips(split: torch.fx.GraphModule) -> int:
     """Make every value a stage reads come from the stage just before it: a value made by stage
     ``s`` (or a model input) and read by stage ``j > s + 1`` passes through stages ``s + 1 … j − 1``
@@ -116,16 +126,13 @@ def thread_skips(split: torch.fx.GraphModule) -> int:
     :func:`torch.distributed.pipelining.pipeline`'s ``split_gm``, changed in place (the same on every
     rank: the graph is the same).  Returns the number of hops added."""
     graph = split.graph
-    calls = [n for n in graph.nodes if n.op == "call_module" and str(n.target).startswith("submod_")]
+    calls = _stage_calls(split)
     index = {n: i for i, n in enumerate(calls)}
 
     def made_by(node: torch.fx.Node) -> int:
         while node.target is operator.getitem:
             node = node.args[0]   # type: ignore[assignment]
         return index.get(node, -1)
-
-    def placeholders(sub: torch.fx.GraphModule) -> list[torch.fx.Node]:
-        return [n for n in sub.graph.nodes if n.op == "placeholder"]
 
     passed: dict[tuple[int, torch.fx.Node], torch.fx.Node] = {}
     itemised: dict[torch.fx.Node, torch.fx.Node] = {}   # a one-output stage's call → its item 0
@@ -138,9 +145,9 @@ def thread_skips(split: torch.fx.GraphModule) -> int:
         sub = split.get_submodule(str(call.target))
         assert isinstance(sub, torch.fx.GraphModule)
         if value in call.args:   # the stage reads it itself: its own input goes on
-            ph = placeholders(sub)[call.args.index(value)]
+            ph = _placeholders(sub)[call.args.index(value)]
         else:
-            with sub.graph.inserting_after(placeholders(sub)[-1]):
+            with sub.graph.inserting_after(_placeholders(sub)[-1]):
                 ph = sub.graph.placeholder(f"passed_{len(passed)}")
             ph.meta = dict(meta)
             call.args = (*call.args, value)
@@ -155,7 +162,7 @@ def thread_skips(split: torch.fx.GraphModule) -> int:
             old = (old,)
         out.args = ((*old, ph),)
         sub.recompile()
-        last = max((u for u in call.users if u.target is operator.getitem), key=lambda u: u.args[1])
+        last = max((u for u in call.users if u.target is operator.getitem), key=lambda u: cast(int, u.args[1]))
         with graph.inserting_after(last):
             item = graph.call_function(operator.getitem, (call, len(old)))
         passed[(k, value)] = item
@@ -164,7 +171,7 @@ def thread_skips(split: torch.fx.GraphModule) -> int:
     for j, call in enumerate(calls):
         sub = split.get_submodule(str(call.target))
         assert isinstance(sub, torch.fx.GraphModule)
-        metas = [ph.meta for ph in placeholders(sub)]
+        metas = [ph.meta for ph in _placeholders(sub)]
         args = []
         for i, arg in enumerate(call.args):
             if isinstance(arg, torch.fx.Node) and j > 0 and made_by(arg) < j - 1:
@@ -207,7 +214,7 @@ def detach_no_grad_inputs(split: torch.fx.GraphModule, args: Sequence[Any]) -> i
         >>> detach_no_grad_inputs(pipe.split_gm, (torch.ones(2, 4),))
         1
     """
-    calls = [n for n in split.graph.nodes if n.op == "call_module" and str(n.target).startswith("submod_")]
+    calls = _stage_calls(split)
     needs_grad: dict[str, list[bool]] = {}
 
     def seen(name: str) -> Callable[..., None]:
@@ -231,14 +238,15 @@ def detach_no_grad_inputs(split: torch.fx.GraphModule, args: Sequence[Any]) -> i
     for call in calls[1:]:
         sub = split.get_submodule(str(call.target))
         assert isinstance(sub, torch.fx.GraphModule)
-        phs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        phs = _placeholders(sub)
         for ph, grad in zip(phs, needs_grad[str(call.target)], strict=True):
             val = ph.meta.get("val")
             if grad or not isinstance(val, torch.Tensor) or not val.is_floating_point() or not ph.users:
                 continue
             with sub.graph.inserting_after(phs[-1]):
                 cut = sub.graph.call_method("detach", (ph,))
-            ph.replace_all_uses_with(cut, delete_user_cb=lambda user, cut=cut: user is not cut)
+            ph.replace_all_uses_with(cut)
+            cut.args = (ph,)   # the detach itself still reads the input
             cut.meta = {**ph.meta, "detached_input": True}
             detached += 1
         sub.recompile()
@@ -416,10 +424,11 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
     dev = torch.device(rt.device)
     points = {f"model.{module}": SplitPoint.BEGINNING if where == "beginning" else SplitPoint.END
               for module, where in split_points}
-    pipe = pipeline(InputsThroughFirstStage(model), mb_args=_microbatch_call(inputs, microbatches), split_spec=points)
+    first_microbatch = _microbatch_call(inputs, microbatches)
+    pipe = pipeline(InputsThroughFirstStage(model), mb_args=first_microbatch, split_spec=points)
     thread_skips(pipe.split_gm)
     run_generated_code(pipe.split_gm)
-    detach_no_grad_inputs(pipe.split_gm, _microbatch_call(inputs, microbatches))
+    detach_no_grad_inputs(pipe.split_gm, first_microbatch)
     if pipe.num_stages != p * stages_per_rank:
         raise DistributedError(f"{len(points)} split points made {pipe.num_stages} stages; {schedule} on {p} ranks "
                                f"× {stages_per_rank} needs {p * stages_per_rank}")

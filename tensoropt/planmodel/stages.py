@@ -62,7 +62,7 @@ class Stage:
     trainable_bytes: int
     activation_bytes: int
     send_bytes: int
-    received_bytes: int = 0
+    received_bytes: int
 
 
 def _units(graph: OpGraph) -> list[list[str]]:
