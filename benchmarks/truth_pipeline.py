@@ -4,7 +4,7 @@ For each (schedule, ranks): :func:`tensoropt.planmodel.pipelined.price_pipeline`
 captured at the micro-batch's size gives each rank's peak; :func:`tensoropt.distributed.pipelined.train_pipeline`
 runs the same cut and schedule through :mod:`torch.distributed.pipelining` — in float64 without
 dropout, its losses held to the unmodified model's (:func:`~tensoropt.distributed.pipelined.train_one_process`),
-then in float32 with AdamW, each rank's peak of tensor storage over one step after three; each
+then in float32 with AdamW and the model's dropout, each rank's peak of tensor storage over one step after three; each
 case with its blocks kept and with every block checkpointed; the last four cases are two copies of a
 two-rank pipeline (data parallel × pipeline parallel on 4 ranks, each copy on half the batch), replicated
 and then as FSDP2 shards (torchtitan's PP × FSDP).
@@ -28,6 +28,7 @@ import tempfile
 import tensoropt
 from tensoropt.distributed import launch
 from tensoropt.distributed.pipelined import pipeline_job, train_one_process, train_pipeline
+from tensoropt.planmodel.pipeline import PipelineError
 from tensoropt.planmodel.pipelined import SPLIT_BACKWARD, PipelineRecipe, price_pipeline
 
 DEFAULT_MODEL = "zoo:llama3-8b?layers=4&hidden=64&heads=4&kv_heads=2&ffn=128&vocab=512&seq_len=32&meta=False"
@@ -96,12 +97,18 @@ def main() -> None:
     for (schedule, ranks, data, shard), checkpoint in cases:
         recipe = PipelineRecipe(schedule, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data, shard=shard)
         graph, costs = graphs[data]
-        est = price_pipeline(graph, costs, cluster, recipe, optimizer="adamw")
+        try:
+            est = price_pipeline(graph, costs, cluster, recipe, optimizer="adamw")
+        except PipelineError as e:   # a recipe the model cannot take: said
+            print(f"| {schedule} | on {ranks} × {data} {'FSDP2 shards' if shard else 'copies'} | refused: {e} |")
+            continue
         job = pipeline_job(est, args.model, batch=args.batch)
         losses = launch(train_pipeline, recipe.world, {**job, "steps": 2}, timeout_s=600)[0]["losses"]
         same = max(abs(a - b) for a, b in zip(losses, alone))
-        peaks = launch(train_pipeline, recipe.world, {**job, "steps": 1, "optimizer": "adamw", "float64": False,
-                                                      "measure": True, "warmup": 2}, timeout_s=600)[0]["peak_bytes"]
+        # as a user trains: float32, dropout on (the model's own)
+        measure = {**job, "steps": 1, "optimizer": "adamw", "float64": False, "dropout": True, "measure": True,
+                   "warmup": 2}
+        peaks = launch(train_pipeline, recipe.world, measure, timeout_s=600)[0]["peak_bytes"]
         for r, (dev, measured) in enumerate(zip(est.devices, peaks)):
             priced = est.memory_bytes[dev]
             blocks = "recomputed" if checkpoint else "kept"

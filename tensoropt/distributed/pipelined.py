@@ -28,10 +28,13 @@ benchmarks/truth_pipeline.py --time``) a stage's forward took 15–45 % longer t
 operators in the eager model, the whole gap between the priced and the measured step.  torchtitan
 builds its stages from the eager model's own modules, which run as fast as the model.
 
-Tied weights (an embedding read again by the head) in two stages are refused where the pipeline
-is priced (:func:`tensoropt.planmodel.pipelined.price_pipeline`): PyTorch's pipelining gives each
-stage its own copy and would train the copies apart (GPT-2 cut in two: the second step's loss
-−0.046525 against the model's −0.046205).
+Tied weights (an embedding read again by the head) in two stages: PyTorch's pipelining gives each
+stage its own copy (its ``Pipe.replicated_params``), which would train apart (GPT-2 cut in two: the
+second step's loss −0.046525 against the model's −0.046205); :func:`train_pipeline` sums the copies'
+gradients after each step, all-reduced over the ranks holding one (:func:`tied_copies`, Megatron-LM's
+embedding group), so every copy steps as the model's one parameter does (as FSDP2 shards, each
+copy's shard: the copies are cut alike).  ``pipeline()`` also leaves the weight's other name in the
+stage that reads it by one, a copy nothing reads: removed (:func:`drop_unread_copies`).
 
 Owns: what every rank runs for a pipeline.  Must not: price a pipeline nor choose its cut
 (:mod:`tensoropt.planmodel.pipelined` does).
@@ -432,11 +435,24 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
     if pipe.num_stages != p * stages_per_rank:
         raise DistributedError(f"{len(points)} split points made {pipe.num_stages} stages; {schedule} on {p} ranks "
                                f"× {stages_per_rank} needs {p * stages_per_rank}")
+    mine = [s for s in range(pipe.num_stages) if s % p == r]
+    drop_unread_copies(pipe)
+    tied = tied_copies(pipe)
+    # each tied parameter's group: the ranks holding a copy, one group a copy of the pipeline (new_group is
+    # collective: every rank makes every group, in one order)
+    tied_groups = []
+    for stages_of in tied:
+        ranks = sorted({k % p for k in stages_of})
+        groups = [dist.new_group([k * data + c for k in ranks]) for c in range(data)] if len(ranks) > 1 else [None]
+        tied_groups.append(groups[d] if r in ranks and len(ranks) > 1 else None)
     if checkpoint_blocks:
         checkpoint_stage_blocks(pipe.split_gm, pipe.num_stages, checkpoint_blocks)
-    mine = [s for s in range(pipe.num_stages) if s % p == r]
     if shard and data > 1:
         _shard_stages(pipe.split_gm, mine, dp_groups[r], dev)
+    # this rank's copies of each tied parameter, as the wrappers left them (FSDP2 makes new parameters)
+    tied_here = [([_parameter(pipe.split_gm.get_submodule(f"submod_pp_{k}"), name) for k, name in stages_of.items()
+                   if k in mine], group) for stages_of, group in zip(tied, tied_groups)
+                 if any(k in mine for k in stages_of)]
     stages = [pipe.build_stage(s, dev, group=pp_groups[d]) for s in mine]
     cls = getattr(schedules, class_name)
 
@@ -454,6 +470,15 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
         losses: list[torch.Tensor] = []
         kwargs: dict[str, Any] = {"target": target, "losses": losses} if last else {}
         runner.step(*(inputs if first else ()), return_outputs=False, **kwargs)   # the losses come back in `losses`
+        for copies, group in tied_here:   # a tied parameter's copies: each gets the sum of their gradients
+            # (FSDP2's: the shards, reduce-scattered by the stage already; each copy's the same rows)
+            grads = [_local(q.grad) for q in copies if q.grad is not None]
+            total = torch.stack(grads).sum(0) if len(grads) > 1 else grads[0]
+            if group is not None:
+                dist.all_reduce(total, group=group)
+            if len(grads) > 1:
+                for g in grads:
+                    g.copy_(total)
         if data > 1 and not shard:   # the copies' mean gradient: the whole batch's (FSDP2's reduce-scatter averages)
             for q in params:
                 if q.grad is not None:
@@ -488,6 +513,58 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
         out["step_s"] = [g[0] for g in gathered]
         out["peak_bytes"] = [g[1] for g in gathered]
     return out
+
+
+def tied_copies(pipe: Any) -> list[dict[int, str]]:
+    """The trainable parameters two stages or more of ``pipe`` read (a tied embedding and head): for
+    each, its name in every stage that has a copy (stage index → the name in ``submod_pp_<stage>``),
+    from PyTorch's ``Pipe.replicated_params`` — PyTorch gives each stage its own copy (its
+    ``pipeline()`` deep-copies them apart), which would train apart; :func:`train_pipeline` sums their
+    gradients after each step (Megatron-LM's embedding group), so every copy steps the same."""
+    out = []
+    for mapping in getattr(pipe, "replicated_params", []):
+        copies = {int(str(submod).rsplit("_", 1)[-1]): qualname for submod, qualname in mapping.items()
+                  if pipe.split_gm.get_submodule(submod).get_parameter(qualname).requires_grad}
+        if len(copies) > 1:
+            out.append(copies)
+    return out
+
+
+def _parameter(module: nn.Module, qualname: str) -> nn.Parameter:
+    """``module``'s parameter ``qualname`` as named before a wrapper went around its module
+    (``checkpoint_wrapper`` adds a level to the names; FSDP2 keeps them)."""
+    for name, q in module.named_parameters():
+        if name.replace("_checkpoint_wrapped_module.", "") == qualname:
+            return q
+    raise DistributedError(f"no parameter {qualname} in the stage (a wrapper renamed it)")
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient's own tensor: an FSDP2 shard's local rows, else itself."""
+    return grad.to_local() if hasattr(grad, "to_local") else grad
+
+
+def drop_unread_copies(pipe: Any) -> list[str]:
+    """Remove from each stage of ``pipe`` the tied parameter's names it does not read: PyTorch's
+    ``pipeline()`` gives a stage its own copy under the name the stage reads it by
+    (``Pipe.replicated_params``) and leaves the model's other name for it there as well, a copy no
+    operator of the stage reads (GPT-2 cut in two: ``lm_head.weight`` in the first stage beside the
+    ``wte.weight`` it reads — the vocabulary × hidden bytes held and handed to the optimizer, never
+    given a gradient).  Returns what it removed, ``"submod_pp_<stage>.<name>"`` each."""
+    removed = []
+    for mapping in getattr(pipe, "replicated_params", []):
+        names = set(mapping.values())
+        for submod, stage in pipe.split_gm.named_children():
+            for qualname in sorted(names - {mapping.get(submod)}):
+                owner, _, attr = qualname.rpartition(".")
+                try:
+                    module = stage.get_submodule(owner)
+                except AttributeError:
+                    continue
+                if isinstance(module._parameters.get(attr), nn.Parameter):
+                    del module._parameters[attr]
+                    removed.append(f"{submod}.{qualname}")
+    return removed
 
 
 def _shard_stages(split: nn.Module, stages: Sequence[int], group: Any, device: torch.device) -> None:
@@ -591,5 +668,6 @@ def _tracked_peak(modules: Sequence[nn.Module], opt: torch.optim.Optimizer, inpu
 
 
 __all__ = ["CHECK_ABS", "InputsThroughFirstStage", "StoragePeak", "checkpoint_stage_blocks", "detach_no_grad_inputs",
-           "pipeline_job", "plan_job",
+           "drop_unread_copies",
+           "pipeline_job", "plan_job", "tied_copies",
            "run_generated_code", "run_pipeline_plan", "thread_skips", "train_one_process", "train_pipeline"]

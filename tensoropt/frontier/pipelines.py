@@ -21,8 +21,8 @@ with copies, for the schedules of one stage a rank — the copies replicated and
 (torchtitan's PP × FSDP: :mod:`tensoropt.planmodel.pipeline_fsdp`).  Each is priced on the
 model captured at its micro-batch (``B / (data · m)`` rows) — exact per micro-batch, no scaling
 rule — and the points join the frontier where none dominates them (source ``pipeline``).  A
-recipe PyTorch cannot run or the model cannot take (tied weights across stages, fewer blocks
-than stages) is left out with the reason.
+recipe PyTorch cannot run or the model cannot take (tied weights across stages as FSDP2 shards,
+fewer blocks than stages) is left out with the reason.
 
 Example (a four-block MLP on four A100s, batch 8: pipelines of 2 and 4 ranks)::
 

@@ -73,14 +73,16 @@ def stage_units(graph: OpGraph, stage: Stage, data: int) -> list[ShardedUnit]:
     for name in stage.ops:
         by_unit.setdefault(block_of(graph.nodes[name].module_path) or "", [])
     for q, info in graph.params.items():
-        if info.owner in where:
-            by_unit.setdefault(block_of(graph.nodes[info.owner].module_path) or "", []).append(q)
+        # a parameter the stage reads: its own, or a tied one's copy (PyTorch's pipelining makes one a stage)
+        reader = next((n for n in (info.owner, *info.readers) if n in where), None)
+        if reader is not None:
+            by_unit.setdefault(block_of(graph.nodes[reader].module_path) or "", []).append(q)
     out = []
     for unit in ["", *[u for u in by_unit if u]]:
         params = by_unit.get(unit, [])
         if not params:
             continue
-        sizes = [(_padded(graph, q, data), graph.params[q].nbytes, graph.params[q].is_trainable) for q in params]
+        sizes = [(padded_bytes(graph, q, data), graph.params[q].nbytes, graph.params[q].is_trainable) for q in params]
         whole = sum(n for _, n, _ in sizes)
         padded = sum(p for p, _, _ in sizes)
         grads = sum(n for _, n, t in sizes if t)
@@ -90,7 +92,7 @@ def stage_units(graph: OpGraph, stage: Stage, data: int) -> list[ShardedUnit]:
     return out
 
 
-def _padded(graph: OpGraph, q: str, data: int) -> int:
+def padded_bytes(graph: OpGraph, q: str, data: int) -> int:
     """Parameter ``q``'s bytes padded along dimension 0 to a multiple of ``data`` (FSDP2's padding)."""
     info = graph.params[q]
     rows = info.shape[0] if info.shape else 1
@@ -150,4 +152,4 @@ def check_shardable(schedule_multi: bool, data: int) -> None:
                             "schedule reduce-scatters a stage while the rank's other stages still hold micro-batches")
 
 
-__all__ = ["ShardedUnit", "check_shardable", "sharded_rank", "sharded_sync_s", "stage_units"]
+__all__ = ["ShardedUnit", "check_shardable", "padded_bytes", "sharded_rank", "sharded_sync_s", "stage_units"]

@@ -11,8 +11,11 @@ exactly one micro-batch's, with no scaling rule to trust):
   :data:`LOOPED` says which are priced and why not the others);
 - the step is :func:`~.pipeline.simulate_pipeline` of PyTorch's order with each stage's forward and
   backward, and the slowest stage-to-stage link's time for a micro-batch's activations;
-- a trainable parameter two stages read (tied weights) is refused: PyTorch's pipelining would
-  train the two copies apart;
+- a trainable parameter two stages read (tied weights: an embedding and the head) is a copy in each,
+  as PyTorch's pipelining makes it — its bytes, gradient and optimizer state on every rank that reads
+  it (the walk holds a parameter where it is read; FSDP2 shards each copy in its stage's units) — and
+  the step sums the copies' gradients across those ranks (an all-reduce, Megatron-LM's embedding
+  group);
 - rank ``r``'s peak is one micro-batch's step walked (:func:`~.walk.plan_memory` of the plan that
   runs each stage's operators whole on its rank: parameters, the optimizer's state, the
   activations, their gradients and transients, the parameters' gradients as the backward makes
@@ -46,7 +49,9 @@ exactly one micro-batch's, with no scaling rule to trust):
   a stage's received inputs out (:attr:`~.stages.Stage.received_bytes`; the walk's micro-batch
   holds them and :math:`O_r` takes them away with it); and among the bytes in flight, what each
   backward sent that PyTorch waits for only at the end of the step (:func:`retained_sends`: the
-  looped schedules' sends both ways, GPipe's backward ones).
+  looped schedules' sends both ways, GPipe's backward ones), and the outputs each stage holds to a
+  micro-batch's backward that the walk frees sooner (:func:`held_outputs`: the logits of a model
+  that returns them, on the last stage — the walked micro-batch's own as well);
 - with ``data`` copies of the pipeline (data parallel × pipeline parallel, torchtitan's ``(pp, dp)``
   mesh: pipeline rank ``r`` of copy ``d`` on device ``r · data + d``), each copy runs the schedule
   on its slice of the batch (the graph is captured at a copy's micro-batch) and holds what one
@@ -63,6 +68,8 @@ every rank of every case within 3.0 % — GPipe, 1F1B, interleaved 1F1B and loop
 1F1B on 4, two copies replicated and as FSDP2 shards, blocks kept and checkpointed — but the zero-bubble
 schedule's last rank, +7.2 % over (its split backward priced coarsely; it was +2.7 % while PyTorch kept the
 last stage's outputs and the graph behind them to the step's end, which the runtime no longer asks for).
+The same on a GPT-2 (its embedding tied to the head, its logits returned, its dropout on): every rank of
+every case within 3.0 % but the zero-bubble schedule's last, +3.3 %.
 Steps (``--time``, this CPU's operator times, the stages running their generated code, two runs):
 4.7–6.3 % under with 4 micro-batches, 4.6–13.5 % with 8 (each chunk's compute runs 5–13 % above the
 profile's sums in a rank; not found why).
@@ -105,7 +112,7 @@ from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan, PlanError, trainable_reads
 from .memory import output_kept
 from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
-from .pipeline_fsdp import check_shardable, sharded_rank, sharded_sync_s, stage_units
+from .pipeline_fsdp import ShardedUnit, check_shardable, padded_bytes, sharded_rank, sharded_sync_s, stage_units
 from .stages import Stage, cut_stages, stage_starts
 from .walk import PlanEdges, StepMemory, plan_edges, walk
 
@@ -194,17 +201,40 @@ class PipelineEstimate:
 
 def split_points(graph: OpGraph, stages: Sequence[Stage]) -> tuple[tuple[str, str], ...]:
     """Where each stage after the first begins, as a module of the model: the block it starts
-    with (``"beginning"``), else the block the stage before ends with (``"end"``)."""
-    out = []
+    with (``"beginning"``), else the block the stage before ends with (``"end"``), else — where that
+    module already holds a split point (PyTorch takes one a module: a stage of one block between two
+    stages outside blocks, GPT-2 cut into embeddings, block, block, head) — the module the stage's
+    first operator runs in, if that module's operators all lie from there on (``"beginning"``), or
+    the one the stage before ends in, if all of its lie before (``"end"``).
+
+    >>> from tensoropt.planmodel.stages import Stage
+    >>> from tensoropt.graph import OpGraph, OpNode
+    >>> nodes = [OpNode(name, "op", module_path=path) for name, path in
+    ...          [("wte", "wte"), ("h0", "h.0.mlp"), ("h1", "h.1.mlp"), ("norm", "ln_f"), ("head", "lm_head")]]
+    >>> cut = [Stage(ops, (), 0.0, 0.0, 0, 0, 0, 0, 0) for ops in [("wte",), ("h0",), ("h1",), ("norm", "head")]]
+    >>> split_points(OpGraph(nodes, {}), cut)
+    (('h.0', 'beginning'), ('h.1', 'beginning'), ('ln_f', 'beginning'))
+    """
+    order = [n.name for n in graph.ops]
+    position = {name: i for i, name in enumerate(order)}
+
+    def inside(name: str, module: str) -> bool:
+        path = graph.nodes[name].module_path
+        return bool(module) and (path == module or path.startswith(module + "."))
+
+    out: list[tuple[str, str]] = []
     for before, stage in zip(stages, stages[1:]):
-        first = block_of(graph.nodes[stage.ops[0]].module_path)
-        last = block_of(graph.nodes[before.ops[-1]].module_path)
-        if first is not None:
-            out.append((first, "beginning"))
-        elif last is not None:
-            out.append((last, "end"))
-        else:   # two runs outside blocks are one unit (stages.py): a cut always touches a block
-            raise PipelineError(f"stage boundary before {stage.ops[0]} touches no block")
+        at = position[stage.ops[0]]
+        first, last = graph.nodes[stage.ops[0]].module_path, graph.nodes[before.ops[-1]].module_path
+        candidates = [(block_of(first), "beginning"), (block_of(last), "end"),
+                      (first if not any(inside(n, first) for n in order[:at]) else None, "beginning"),
+                      (last if not any(inside(n, last) for n in order[at:]) else None, "end")]
+        taken = {module for module, _ in out}
+        point = next(((m, where) for m, where in candidates if m and m not in taken), None)
+        if point is None:
+            raise PipelineError(f"no module of {graph.name or 'the model'} begins the stage at {stage.ops[0]} "
+                                "(PyTorch's pipelining splits the model at modules)")
+        out.append(point)
     return tuple(out)
 
 
@@ -247,6 +277,29 @@ def kept_bytes(graph: OpGraph, costs: CostModel, stage: Stage, recomputed: set[s
         if name in recomputed and any(u not in where and graph.nodes[u].kind == "op" for u in graph.successors(name)):
             hold(name, node.output_bytes)   # sent on
     return extra + sum(storages.values())
+
+
+def held_outputs(graph: OpGraph, costs: CostModel, stages: Sequence[Stage],
+                 recomputed: set[str] | frozenset[str] = frozenset()) -> list[int]:
+    """Bytes of each stage's outputs that PyTorch's ``PipelineStage`` holds for a micro-batch until
+    that micro-batch's backward (its ``fwd_cache``) and that :func:`kept_bytes` leaves out: the
+    model's outputs on the last stage (logits, where the loss is taken outside the model — the walk
+    drops them at the end of the forward, as the exported ``train.py`` does) and any value sent to a
+    later stage that no operator keeps for its backward — each storage once.  (A recomputed
+    operator's sends :func:`kept_bytes` already holds.)"""
+    where = {name: s for s, stage in enumerate(stages) for name in stage.ops}
+    out_node = next((n for n in graph if n.kind == "output"), None)
+    model_outputs = set(out_node.inputs) if out_node is not None else set()
+    held: list[dict[str, int]] = [{} for _ in stages]
+    for name, s in where.items():
+        node = graph.nodes[name]
+        if name in recomputed or not node.outputs:
+            continue
+        leaves = name in model_outputs or any(where.get(u, s) > s for u in graph.successors(name))
+        base = _storage_of(graph, name)
+        if leaves and graph.nodes[base].kind == "op" and base in where and not output_kept(graph, costs, base):
+            held[s][base] = max(held[s].get(base, 0), node.output_bytes)
+    return [sum(h.values()) for h in held]
 
 
 def _storage_of(graph: OpGraph, name: str) -> str:
@@ -366,7 +419,6 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     stages = memo[cut_key]
     order = pipeline_order(recipe.schedule, ranks=recipe.ranks, microbatches=recipe.microbatches,
                            stages_per_rank=recipe.virtual)
-    _refuse_tied(graph, stages)
     p = recipe.ranks
     on = {name: used[i % p] for i, stage in enumerate(stages) for name in stage.ops}
     recomputed = {name for name in on if recipe.checkpoint and block_of(graph.nodes[name].module_path) is not None}
@@ -374,8 +426,11 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
         raise PipelineError(f"{graph.name or 'the model'} has no repeated blocks to checkpoint")
     link = _link_s(cluster, used, stages)
     kept = [kept_bytes(graph, costs, stage, recomputed) for stage in stages]
-    # in flight beside the receive buffers (held all step, priced below), which hold what a stage receives
-    in_flight = [max(0, k - stage.received_bytes) for k, stage in zip(kept, stages)]
+    # in flight beside the receive buffers (held all step, priced below), which hold what a stage receives,
+    # with the outputs the stage holds to the micro-batch's backward (the walk does not: _at_backward adds
+    # the walked micro-batch's own, as it takes away only its kept bytes)
+    outputs = held_outputs(graph, costs, stages, recomputed)
+    in_flight = [max(0, k + o - stage.received_bytes) for k, o, stage in zip(kept, outputs, stages)]
     # a checkpointed block runs its forward again in its backward
     again = [sum(costs.time(n)[0] for n in stage.ops if n in recomputed and n in costs) for stage in stages]
     # a zero-bubble schedule's input-gradient steps stash what its weight-gradient steps need
@@ -419,8 +474,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
         for d in range(recipe.data):   # every copy holds what the first does
             memory[world[r * recipe.data + d]] = top.peak
             breakdown[world[r * recipe.data + d]] = top
-    sync = sharded_sync_s(cluster, [world[r * recipe.data:(r + 1) * recipe.data] for r in range(p)], units) \
-        if recipe.shard else _sync_s(graph, cluster, world, stages, recipe)
+    sync = _sync_s(graph, cluster, world, stages, recipe, units)
     est = PipelineEstimate(recipe, tuple(world), stages, split_points(graph, stages), run.step_s + sync,
                            run.bubble_fraction, run.peak_in_flight, memory, link,
                            tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops
@@ -567,35 +621,38 @@ def rank_order(plan: Plan) -> list[str]:
 
 
 def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequence[Stage],
-            recipe: PipelineRecipe) -> float:
-    """The copies' gradient sums after the step: each pipeline rank all-reduces every gradient of its
-    stages in place over its ``data`` copies (one ring a parameter; the ranks' rings at once, each on
-    its own devices); the slowest rank's time.  0 with one copy."""
-    if recipe.data == 1:
-        return 0.0
-    p = recipe.ranks
-    rank_of = {name: s % p for s, stage in enumerate(stages) for name in stage.ops}
+            recipe: PipelineRecipe, units: Sequence[Sequence[ShardedUnit]] = ()) -> float:
+    """The gradient sums after the step, the slowest rank's time: each tied parameter's copies (a
+    parameter two stages read: PyTorch's pipelining gives each its own) all-reduced over the ranks
+    holding one, each copy's ring at once (:func:`tensoropt.distributed.pipelined.tied_copies`; with
+    FSDP2 shards a shard's rows, after the reduce-scatter), and the copies of the pipeline's: replicated,
+    each pipeline rank all-reduces every gradient of its stages, tied copies too, in place over its
+    ``data`` copies (one ring a parameter; the ranks' rings at once, each on its own devices); as FSDP2
+    shards, :func:`~.pipeline_fsdp.sharded_sync_s` (``units``: each rank's stage's), the tied sums after
+    the slowest rank's reduce-scatters."""
+    p, data = recipe.ranks, recipe.data
     grads: list[list[int]] = [[] for _ in range(p)]
-    for info in graph.params.values():
-        if info.is_trainable and info.owner in rank_of:
-            grads[rank_of[info.owner]].append(info.nbytes)
-    return max(sum(ring_allreduce_time(cluster, world[r * recipe.data:(r + 1) * recipe.data], n) for n in grads[r])
-               for r in range(p))
-
-
-def _refuse_tied(graph: OpGraph, stages: Sequence[Stage]) -> None:
-    """A trainable parameter two stages read (a tied embedding and head) is a
-    :class:`~.pipeline.PipelineError`: PyTorch's pipelining copies it into each stage and would
-    train the copies apart (Megatron-LM sums their gradients; PyTorch does not)."""
-    where = {name: s for s, stage in enumerate(stages) for name in stage.ops}
+    tied = [0.0] * p
+    stage_of = {name: s for s, stage in enumerate(stages) for name in stage.ops}
     for q, info in graph.params.items():
-        readers = sorted({where[n] for n in (info.owner, *info.readers) if n in where})
-        if info.is_trainable and len(readers) > 1:
-            raise PipelineError(f"parameter {q} is read by pipeline stages {readers[0]} and {readers[-1]} (tied "
-                                "weights): PyTorch's pipelining keeps a copy per stage and would train them apart; "
-                                "untie them (e.g. tie_word_embeddings=False in the model's config)")
+        held = sorted({stage_of[n] for n in (info.owner, *info.readers) if n in stage_of})   # a copy a stage
+        if not info.is_trainable or not held:
+            continue
+        for k in held:
+            grads[k % p].append(info.nbytes)
+        ranks = sorted({k % p for k in held})
+        if len(ranks) > 1:
+            nbytes = padded_bytes(graph, q, data) // data if recipe.shard else info.nbytes
+            t = ring_allreduce_time(cluster, [world[r * data] for r in ranks], nbytes)
+            for r in ranks:
+                tied[r] += t
+    if recipe.shard:
+        return sharded_sync_s(cluster, [world[r * data:(r + 1) * data] for r in range(p)], units) + max(tied)
+    copies = [sum(ring_allreduce_time(cluster, world[r * data:(r + 1) * data], n) for n in grads[r])
+              if data > 1 else 0.0 for r in range(p)]
+    return max(t + c for t, c in zip(tied, copies))
 
 
-__all__ = ["LOOPED", "SPLIT_BACKWARD", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "kept_bytes",
-           "pipeline_plan", "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of",
+__all__ = ["LOOPED", "SPLIT_BACKWARD", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "held_outputs",
+           "kept_bytes", "pipeline_plan", "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of",
            "retained_sends", "split_points", "stashed_bytes"]

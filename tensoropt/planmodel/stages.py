@@ -1,8 +1,9 @@
 r"""A model cut into pipeline stages: contiguous runs of its blocks, balanced by time.
 
-The units are the graph's operators in order, grouped into maximal runs of one block
-(:func:`~tensoropt.graph.block_of`: a transformer layer, a ResNet stage's entry) or of operators
-outside every block (the embedding, the final norm and head).  A cut into ``S`` stages is
+The units are the graph's operators in order, grouped into blocks
+(:func:`~tensoropt.graph.block_of`: a transformer layer, a ResNet stage's entry; each from its
+first operator to its last) and runs of operators outside every block (the embedding, the final
+norm and head).  A cut into ``S`` stages is
 ``S − 1`` boundaries between units; the one chosen minimises the slowest stage's forward +
 backward time (uneven stages allowed: a stage with the embedding may take fewer layers), by
 dynamic programming over the ``U`` units:
@@ -66,15 +67,29 @@ class Stage:
 
 
 def _units(graph: OpGraph) -> list[list[str]]:
+    """The graph's operators in order, in units a cut may not enter: each block from its first
+    operator to its last, with whatever the trace put between them (GPT-2's causal mask is made
+    among its first block's operators, under the model's own module: PyTorch's pipelining, which
+    splits at a block's beginning or end, keeps it inside), and the runs outside every block."""
+    ops = graph.ops
+    keys = [block_of(node.module_path) for node in ops]
+    last = {key: i for i, key in enumerate(keys) if key is not None}
     units: list[list[str]] = []
-    last: object = object()
-    for node in graph.ops:
-        key = block_of(node.module_path)
-        if units and key == last:
-            units[-1].append(node.name)
+    i = 0
+    while i < len(ops):
+        j = i + 1
+        key = keys[i]
+        if key is None:
+            while j < len(ops) and keys[j] is None:
+                j += 1
         else:
-            units.append([node.name])
-        last = key
+            end = last[key] + 1
+            while j < end:   # a block whose span overlaps this one's is in its unit
+                inner = keys[j]
+                end = max(end, last[inner] + 1) if inner is not None else end
+                j += 1
+        units.append([node.name for node in ops[i:j]])
+        i = j
     return units
 
 

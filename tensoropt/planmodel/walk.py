@@ -440,8 +440,10 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     devices = plan.devices
     mem = {d: StepMemory() for d in devices}
     # FSDP2 across the replicas reduce-scatters every gradient over them: nothing summed in the host;
-    # under DTensor a parameter every rank reads whole gets the same gradient on each: nothing summed
-    synced = {} if fsdp_across_replicas(plan) or plan.runtime == "dtensor" else synced_parameters(graph, plan)
+    # under DTensor a parameter every rank reads whole gets the same gradient on each: nothing summed;
+    # under PyTorch's pipelining each stage reads its own copy, its gradient autograd's (summed after the step)
+    synced = {} if fsdp_across_replicas(plan) or plan.runtime in ("dtensor", "pipelining") \
+        else synced_parameters(graph, plan)
     params = _ParamHolding.of(plan, graph, synced)
     trainable_sizes = params.count_resident(graph, mem, alpha)
     if plan.runtime in DDP_RUNTIMES:

@@ -10,16 +10,20 @@ import torch
 from torch import nn
 
 import tensoropt
+from tensoropt.cluster.collectives import ring_allreduce_time
 from tensoropt.frontier.pipelines import pipeline_recipes
 from tensoropt.planmodel.pipeline import INPUT_GRAD, PipelineError, pipeline_order
+from tensoropt.planmodel.pipeline_fsdp import sharded_sync_s, stage_units
 from tensoropt.planmodel.pipelined import (
     LOOPED,
     SPLIT_BACKWARD,
     PipelineRecipe,
     boundary_buffers,
+    held_outputs,
     kept_bytes,
     price_pipeline,
 )
+from tensoropt.planmodel.stages import cut_stages
 from tensoropt.planmodel.walk import plan_memory
 
 CLUSTER = "preset:a100-4-nvlink"
@@ -85,10 +89,38 @@ class _Tied(nn.Module):
         return x @ self.embed.weight.t()
 
 
-def test_tied_weights_across_stages_are_refused_naming_the_parameter() -> None:
+def test_tied_weights_across_stages_are_a_copy_a_stage_summed_in_the_step() -> None:
     graph, costs, cluster = _priced(_Tied(), torch.randint(0, 32, (4, 8)))
-    with pytest.raises(PipelineError, match=r"embed\.weight is read by pipeline stages 0 and 1 .*untie"):
-        price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=2))
+    est = price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=2))
+    # each stage steps its own copy (PyTorch's pipelining makes one a stage); the step sums their gradients:
+    # one all-reduce of the 32 × 16 floats over the two ranks (Megatron-LM's embedding group)
+    assert est.sync_s == pytest.approx(ring_allreduce_time(cluster, est.devices, 32 * 16 * 4))
+    # as FSDP2 shards over two copies, the last stage's module unit holds its copy of the embedding (32 × 16
+    # floats) beside its block (16 × 16 + 16), and the step sums the copies' shards, 16 rows each, after the
+    # reduce-scatters
+    sharded = price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=2, data=2, shard=True))
+    units = [stage_units(graph, stage, 2) for stage in sharded.stages]
+    assert [u.whole for u in units[1]] == [32 * 16 * 4, (16 * 16 + 16) * 4]
+    rings = [sharded.devices[0:2], sharded.devices[2:4]]
+    tied = ring_allreduce_time(cluster, [sharded.devices[0], sharded.devices[2]], 16 * 16 * 4)
+    assert sharded.sync_s == pytest.approx(sharded_sync_s(cluster, rings, units) + tied)
+
+
+def test_a_stage_holds_its_outputs_to_the_micro_batch_s_backward() -> None:
+    """PyTorch's ``PipelineStage`` keeps each micro-batch's outputs until its backward: the logits a
+    model returns (the loss taken outside it), and a value sent on that no operator keeps."""
+    spec = "zoo:gpt2?layers=2&hidden=64&heads=2&vocab=512&seq_len=32&batch=2"
+    graph = tensoropt.load_model(spec).capture(method="export")
+    cluster = tensoropt.load_cluster(CLUSTER)
+    costs = tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
+    # cut in two: the first stage sends the causal mask (2 × 1 × 32 × 32 booleans) that the second
+    # block's attention reads and no operator keeps; the last holds the logits, 2 × 32 × 512 floats
+    assert held_outputs(graph, costs, cut_stages(graph, costs, 2)) == [2 * 32 * 32, 2 * 32 * 512 * 4]
+    # cut in four (embeddings | block | block | head): the mask is made among the first block's
+    # operators (GPT-2 makes it where its first attention needs it), which stay in that block's stage
+    four = cut_stages(graph, costs, 4)
+    assert [s.blocks for s in four] == [(), ("model.transformer.h.0",), ("model.transformer.h.1",), ()]
+    assert held_outputs(graph, costs, four) == [0, 2 * 32 * 32, 0, 2 * 32 * 512 * 4]
 
 
 def test_a_v_schedule_and_too_few_devices_are_refused() -> None:
