@@ -30,7 +30,7 @@ GiB = 2 ** 30
 GPU_PRESETS_GIB = (16, 24, 40, 80)
 GREY = "#b8b8b8"
 PHASE_COLOURS = {"fp": "#1f77b4", "bp": "#ff7f0e", "recompute": "#9467bd", "transfer": "#2ca02c",
-                 "allreduce": "#d62728"}
+                 "allreduce": "#d62728", "update": "#8c564b"}
 #: the parts of a device's peak (:meth:`tensoropt.planmodel.walk.StepMemory.parts`), one colour each
 MEMORY_PARTS = (("parameters", "#1f77b4"), ("gradients", "#ff7f0e"), ("optimizer", "#2ca02c"),
                 ("activations", "#d62728"), ("transient", "#9467bd"), ("reserve", "#7f7f7f"))

@@ -12,6 +12,14 @@ time (forward + loss + backward, median over ``--steps``; the optimizer step apa
 error = (estimate − measured) / measured; peaks are the largest over the ranks.
 
     python benchmarks/truth_wrappers.py [--model SPEC] [--steps 5] [--warmup 2]
+    python benchmarks/truth_wrappers.py --time [--rounds 3]    # step times: simulated against measured
+
+With ``--time`` each plan's step is simulated (:func:`tensoropt.simulate`, its runtime the wrapper's)
+on this CPU's costs — the operators profiled here with one thread, as each rank runs, the links
+between two gloo processes measured and calibrated (``bench_links``, as ``benchmarks/truth.py``) — up
+to the optimizer step (ZeRO's gathers of the updated parameters run inside PyTorch's, timed apart),
+against the wrappers' step (forward + loss + backward with their collectives: the median over 15
+steps of the slowest rank, the median of ``--rounds`` launches, their range in brackets).
 
 It measures and compares: nothing measured here feeds the estimates.
 """
@@ -35,13 +43,51 @@ def err(est: float, meas: float) -> str:
     return f"{(est - meas) / meas * 100:+.1f} %"
 
 
+def step_times(model: str, rounds: int, optimizer: str) -> None:
+    """Simulated against measured step times of the wrappers (module docstring)."""
+    import statistics
+    import tempfile
+
+    import torch
+
+    from tensoropt.cluster.bench import bench_links
+    from tensoropt.distributed.calibrate import calibrate_links, message_cost
+
+    torch.set_num_threads(1)
+    links = bench_links(backend="gloo", world_size=2, repeats=5)
+    cluster = calibrate_links(links.cluster("loopback-2", memory_bytes=8 * 2**30), message_cost())
+    devices = [d.name for d in cluster.devices]
+    graph = tensoropt.load_model(model).capture(method="export")
+    with tempfile.TemporaryDirectory() as fresh:     # measured now, not an older cache's
+        costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=5, cache=fresh)
+    print(f"{model}, 2 gloo ranks, {optimizer}; simulated on this CPU's operator times and gloo links")
+    print("| recipe | priced as | simulated ms | PyTorch's wrappers ms (rounds) | error |")
+    print("|---|---|---:|---:|---:|")
+    for recipe, placer in TORCH_RECIPES.items():
+        plan = tensoropt.place(graph, costs, cluster, placer, devices=devices)
+        sim = tensoropt.simulate(plan, graph, costs, cluster, memory=False)
+        # up to the optimizer step: its gathers of the updated parameters run inside PyTorch's, timed apart
+        simulated = max((e.end for e in sim.timeline if e.phase != "update"), default=0.0)
+        measured = [launch(measure_torch_recipe, 2, {"model_spec": model, "recipe": recipe, "steps": 15, "warmup": 3,
+                                                      "optimizer": optimizer}, timeout_s=600)[0]["step_s"]
+                    for _ in range(rounds)]
+        mid = statistics.median(measured)
+        print(f"| {recipe} | {plan.runtime} | {simulated * 1e3:.1f} | {mid * 1e3:.1f} ({min(measured) * 1e3:.1f} – "
+              f"{max(measured) * 1e3:.1f}) | {err(simulated, mid)} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--optimizer", default="adamw")
+    ap.add_argument("--time", action="store_true", help="step times (module docstring) instead of memory")
+    ap.add_argument("--rounds", type=int, default=3, help="--time: launches of each recipe (median)")
     a = ap.parse_args()
+    if a.time:
+        step_times(a.model, a.rounds, a.optimizer)
+        return
     t0 = time.time()
     graph = tensoropt.load_model(a.model).capture(method="export")
     cluster = tensoropt.load_cluster("preset:a100-4-nvlink")    # memory only: the devices' kind does not matter

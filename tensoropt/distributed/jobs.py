@@ -468,17 +468,17 @@ def measure_torch_recipe(rt: Runtime, model_spec: str, recipe: str, *, steps: in
         return t1 - t0, time.perf_counter() - t1
 
     times = []
-    buckets: list[torch.Tensor] = []
     for i in range(warmup + steps):
         dist.barrier()
-        if i == warmup and recipe in ("ddp", "zero1"):   # DDP's buckets are rebuilt after the first step
-            with _DdpBuckets(model) as found:
-                t = step()
-            buckets = found.buckets
-        else:
-            t = step()
+        t = step()
         if i >= warmup:
             times.append(t)
+    buckets: list[torch.Tensor] = []
+    if recipe in ("ddp", "zero1"):   # DDP's buckets (rebuilt after the first step), found in a step not timed
+        dist.barrier()
+        with _DdpBuckets(model) as found:
+            step()
+        buckets = found.buckets
     if recipe.startswith("fsdp") and dist.get_backend() == "gloo":
         in_place_reduce_scatters([model])   # (only the timed steps above ran gloo's own)
     tracker = FSDPMemTracker(model, opt) if recipe.startswith("fsdp") else MemTracker()

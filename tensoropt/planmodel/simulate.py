@@ -132,7 +132,9 @@ class TimelineEvent:
 
     ``resource`` is a device name, or ``"src->dst"`` for a directed link (``kind`` says which);
     ``node`` the node computed, or whose tensor / gradient / parameter gradients move; ``phase``
-    one of ``fp``, ``bp``, ``recompute``, ``transfer``, ``allreduce``; ``detail`` says what moves
+    one of ``fp``, ``bp``, ``recompute``, ``transfer``, ``allreduce``, ``update`` (parameters
+    gathered after the optimizer step, which PyTorch's ZeroRedundancyOptimizer runs inside its
+    ``step``); ``detail`` says what moves
     (``"forward all_gather S(batch) on a,b -> R on a,b"``).
     """
 
@@ -690,7 +692,7 @@ class _StepTasks:
             return
         done = self.sched.add("sync", "step", "sync", before)
         for mesh, first, stage in ups:
-            self.sched.chain((stage,), first, "allreduce", [done], f"updated parameters gathered on {','.join(mesh)}")
+            self.sched.chain((stage,), first, "update", [done], f"updated parameters gathered on {','.join(mesh)}")
 
 
 def _known(task: int | None) -> int:
