@@ -6,7 +6,7 @@ the pipeline rank's ``d`` copies, no block resharded after forward (its choice u
 ``PipelineStage`` then runs every backward with gradient sync and resharding off, and after the last
 calls each unit's post-backward (``perform_reduce_grad``): the gradients, accumulated unsharded over
 the micro-batches, are reduce-scattered, the parameters resharded, and the optimizer steps the shards.
-So, for one stage a rank (GPipe, 1F1B), rank ``r`` holds
+So rank ``r`` holds
 
 .. math::
 
@@ -26,10 +26,16 @@ So, for one stage a rank (GPipe, 1F1B), rank ``r`` holds
 - :math:`O` the optimizer step on the shards (parameters, gradients and state a shard each, the
   step's temporaries scaled to the shard) with the receive buffers.
 
+With several stages a rank (the looped schedules) the units are every stage's, in the order PyTorch
+reduces them: its runtime reduce-scatters a stage right after its last backward (``REDUCE_GRAD``) while
+the rank's other stages still run theirs — so each later moment :math:`B_j` holds that stage's
+gradients as shards (:func:`reduced_before`), and its units' :math:`E_g` hold beside them the
+micro-batches the rank then keeps in flight.  The zero-bubble schedules are refused (their split
+backward under FSDP2 is not measured).
+
 The step adds each stage's all-gathers (at its first forward, on the first micro-batch's path: the
 sum over the stages, none overlapped) and the slowest rank's reduce-scatters after the last backward;
-the replicated pipeline's all-reduce of the gradients is not run.  Not priced: several stages a rank
-(a looped schedule reduce-scatters a stage while the rank's other stage still holds micro-batches).
+the replicated pipeline's all-reduce of the gradients is not run.
 
 It owns what FSDP2 changes on a pipeline's data axis; it must not price the pipeline itself
 (:mod:`.pipelined` does).
@@ -100,11 +106,12 @@ def padded_bytes(graph: OpGraph, q: str, data: int) -> int:
 
 
 def sharded_rank(units: Sequence[ShardedUnit], moments: Sequence[tuple[StepMemory, float]], whole: StepMemory,
-                 buffers: int) -> StepMemory:
+                 buffers: int, beside: Sequence[float] = ()) -> StepMemory:
     """Rank's peak (module docstring) from the replicated pipeline's backward ``moments`` (each the
     walk's moment and the bytes held beside it) and ``whole`` (its walk with the optimizer's update),
-    ``buffers`` the receive buffers held all step; a :class:`~.walk.StepMemory` whose parts add up
-    to it."""
+    ``buffers`` the receive buffers held all step, ``beside`` the bytes other micro-batches hold as
+    each unit reduces (a looped schedule's other stages'; none by default); a
+    :class:`~.walk.StepMemory` whose parts add up to it."""
     pieces = sum(u.piece for u in units)
     pad = sum(u.padded - u.whole for u in units)
     trainable = sum(u.grads for u in units)
@@ -119,10 +126,11 @@ def sharded_rank(units: Sequence[ShardedUnit], moments: Sequence[tuple[StepMemor
         gathered = sum(u.padded for u in units[g + 1:])
         grads = sum(u.grads for u in units[g:]) + sum(u.grads_piece for u in units[:g])
         transient = unit.grads_padded
+        held = int(beside[g]) if g < len(beside) else 0
         out.append(StepMemory(params=pieces + gathered, optimizer=state, grads=grads, grads_at_peak=grads,
-                              peak=pieces + gathered + state + grads + transient + buffers,
+                              peak=pieces + gathered + state + grads + transient + buffers + held,
                               peak_phase="backward", peak_at=f"{unit.name}: gradients reduce-scattered",
-                              activations_at_peak=transient + buffers, transient_at_peak=transient))
+                              activations_at_peak=transient + buffers + held, transient_at_peak=transient))
     temp = int(whole.optimizer_temp * share)
     grads = sum(u.grads_piece for u in units)
     out.append(StepMemory(params=pieces, optimizer=state, grads=grads, grads_at_peak=grads, optimizer_temp=temp,
@@ -130,6 +138,33 @@ def sharded_rank(units: Sequence[ShardedUnit], moments: Sequence[tuple[StepMemor
                           peak_at="optimizer step",
                           activations_at_peak=temp + buffers, transient_at_peak=temp))
     return max(out, key=lambda m: m.peak)
+
+
+def reduced_before(backwards: Sequence[tuple[int, float]], microbatches: int
+                   ) -> tuple[list[frozenset[int]], dict[int, float]]:
+    """A rank's backwards in the schedule's order (each ``(stage, bytes held as it starts)``): the
+    stages whose gradients are reduce-scattered before each — PyTorch's runtime reduces a stage right
+    after its last backward (``REDUCE_GRAD``), while a looped schedule's other stages on the rank still
+    run theirs — and for each stage the bytes the rank's micro-batches hold as it reduces (the next
+    backward's; none after the last).
+
+    >>> reduced_before([(2, 10.0), (2, 8.0), (0, 6.0), (0, 3.0)], 2)
+    ([frozenset(), frozenset(), frozenset({2}), frozenset({2})], {2: 6.0, 0: 0.0})
+    """
+    done: dict[int, int] = {}
+    before: list[frozenset[int]] = []
+    held: dict[int, float] = {}
+    waiting: list[int] = []
+    for stage, h in backwards:
+        for t in waiting:
+            held[t] = h
+        waiting = []
+        before.append(frozenset(t for t, n in done.items() if n == microbatches))
+        done[stage] = done.get(stage, 0) + 1
+        if done[stage] == microbatches:
+            waiting.append(stage)
+    held.update(dict.fromkeys(waiting, 0.0))
+    return before, held
 
 
 def sharded_sync_s(cluster: Cluster, rings: Sequence[Sequence[str]], units: Sequence[Sequence[ShardedUnit]]) -> float:
@@ -142,14 +177,17 @@ def sharded_sync_s(cluster: Cluster, rings: Sequence[Sequence[str]], units: Sequ
     return gathers + scatters
 
 
-def check_shardable(schedule_multi: bool, data: int) -> None:
+def check_shardable(split_backward: bool, data: int) -> None:
     """Refuse (:class:`~.pipeline.PipelineError`) what is not priced: FSDP2 on the data axis needs
-    copies, and one stage a rank."""
+    copies, and a schedule whose backward is whole (a zero-bubble schedule's weight steps under FSDP2
+    are not measured)."""
     if data < 2:
         raise PipelineError("FSDP2 on a pipeline's data axis needs two copies or more (data ≥ 2)")
-    if schedule_multi:
-        raise PipelineError("FSDP2 on a pipeline's data axis is priced for one stage a rank (gpipe, 1f1b): a looped "
-                            "schedule reduce-scatters a stage while the rank's other stages still hold micro-batches")
+    if split_backward:
+        raise PipelineError("FSDP2 on a pipeline's data axis is priced for the schedules with a whole backward "
+                            "(gpipe, 1f1b, interleaved-1f1b, looped-bfs): a zero-bubble schedule's split "
+                            "backward under FSDP2 is not measured")
 
 
-__all__ = ["ShardedUnit", "check_shardable", "padded_bytes", "sharded_rank", "sharded_sync_s", "stage_units"]
+__all__ = ["ShardedUnit", "check_shardable", "padded_bytes", "reduced_before", "sharded_rank", "sharded_sync_s",
+           "stage_units"]

@@ -59,7 +59,7 @@ exactly one micro-batch's, with no scaling rule to trust):
   place over its copies (a ring a parameter, :func:`~tensoropt.cluster.collectives.ring_allreduce_time`;
   the ranks' rings at once), which the step adds (``sync_s``).  On four gloo ranks (2 × 2) each
   rank's peak measured within 3.0 % of this price.  With ``shard`` the copies are FSDP2 shards instead
-  (torchtitan's PP × FSDP; GPipe and 1F1B): what that changes on each rank and in the step is
+  (torchtitan's PP × FSDP; every schedule whose backward is whole): what that changes on each rank and in the step is
   :mod:`.pipeline_fsdp`'s.
 
 Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md; the stages
@@ -112,7 +112,15 @@ from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan, PlanError, trainable_reads
 from .memory import output_kept
 from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
-from .pipeline_fsdp import ShardedUnit, check_shardable, padded_bytes, sharded_rank, sharded_sync_s, stage_units
+from .pipeline_fsdp import (
+    ShardedUnit,
+    check_shardable,
+    padded_bytes,
+    reduced_before,
+    sharded_rank,
+    sharded_sync_s,
+    stage_units,
+)
 from .stages import Stage, cut_stages, stage_starts
 from .walk import PlanEdges, StepMemory, plan_edges, walk
 
@@ -402,7 +410,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
                             "runs a checkpointed block's graph again after its recomputation freed it "
                             "(CheckpointError); keep the blocks")
     if recipe.shard:
-        check_shardable(recipe.virtual > 1, recipe.data)
+        check_shardable(recipe.schedule in SPLIT_BACKWARD, recipe.data)
     world = list(cluster.select(devices))[:recipe.world] if devices is None else list(cluster.select(devices))
     if len(world) != recipe.world:
         copies = f" × {recipe.data} copies" if recipe.data > 1 else ""
@@ -461,12 +469,23 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     buffers = boundary_buffers(graph, stages)
     memory: dict[str, int] = {}
     breakdown: dict[str, StepMemory] = {}
-    units = [stage_units(graph, stages[r], recipe.data) for r in range(p)] if recipe.shard else []
+    # each rank's stages' units in the order PyTorch reduces them: its later stage first (its last backward
+    # comes first), each stage's module and then its blocks
+    stage_unit = {s: stage_units(graph, stages[s], recipe.data) for s in range(len(stages))} if recipe.shard else {}
+    units = [[u for s in reversed(range(r, len(stages), p)) for u in stage_unit[s]] for r in range(p)] \
+        if recipe.shard else []
     for r, dev in enumerate(used):
         step_buffers = recipe.microbatches * sum(b for s, b in enumerate(buffers) if s % p == r)
-        if recipe.shard:   # FSDP2 on the data axis: the stage gathered, its shards and a shard's state beside
-            top = sharded_rank(units[r], [(m, extra + step_buffers) for m, extra in at_backward.terms[r]], whole[dev],
-                               step_buffers)
+        if recipe.shard:   # FSDP2 on the data axis: the stages gathered, their shards and a shard's state beside
+            # a stage reduced before a backward of the rank's other stage holds its gradients as shards there
+            reduced, held_then = reduced_before(run.held_at_backward[r], recipe.microbatches)
+            moments = []
+            for (m, extra), done in zip(at_backward.terms[r], reduced):
+                less = sum(u.grads - u.grads_piece for t in done for u in stage_unit[t])
+                moments.append((replace(m, grads=m.grads - less, grads_at_peak=m.grads_at_peak - less,
+                                        peak=m.peak - less), extra + step_buffers))
+            beside = [held_then.get(s, 0.0) for s in reversed(range(r, len(stages), p)) for _ in stage_unit[s]]
+            top = sharded_rank(units[r], moments, whole[dev], step_buffers, beside)
         else:
             state = whole[dev].optimizer
             terms = [_held_beside(m, state, extra) for m, extra in at_backward.terms[r]] + [whole[dev]]
