@@ -111,7 +111,7 @@ def _rows(args: argparse.Namespace, console: Console) -> tuple[list[Row], str]:
                           f"{max(ranks, 2)} ranks × {data} copies", highlight=False)
             continue
         sharding = {"no": (False,), "yes": (True,), "both": (False, True)}[args.shard] if data > 1 else (False,)
-        # (both: the looped schedules' copies replicated only, FSDP2 on them is not priced)
+        # (both: the zero-bubble schedules' copies replicated only, FSDP2 on them is not priced)
         for name, checkpoint, shard in ((n, c, f) for n in schedules for c in _checkpointing(args.checkpoint)
                                         for f in sharding if not (f and args.shard == "both" and n in SPLIT_BACKWARD)):
             recipe = PipelineRecipe(name, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data, shard=shard)

@@ -668,6 +668,5 @@ def _tracked_peak(modules: Sequence[nn.Module], opt: torch.optim.Optimizer, inpu
 
 
 __all__ = ["CHECK_ABS", "InputsThroughFirstStage", "StoragePeak", "checkpoint_stage_blocks", "detach_no_grad_inputs",
-           "drop_unread_copies",
-           "pipeline_job", "plan_job", "tied_copies",
-           "run_generated_code", "run_pipeline_plan", "thread_skips", "train_one_process", "train_pipeline"]
+           "drop_unread_copies", "pipeline_job", "plan_job", "run_generated_code", "run_pipeline_plan", "thread_skips",
+           "tied_copies", "train_one_process", "train_pipeline"]

@@ -21,8 +21,8 @@ with copies, for the schedules whose backward is whole — the copies replicated
 (torchtitan's PP × FSDP: :mod:`tensoropt.planmodel.pipeline_fsdp`).  Each is priced on the
 model captured at its micro-batch (``B / (data · m)`` rows) — exact per micro-batch, no scaling
 rule — and the points join the frontier where none dominates them (source ``pipeline``).  A
-recipe PyTorch cannot run or the model cannot take (tied weights across stages as FSDP2 shards,
-fewer blocks than stages) is left out with the reason.
+recipe PyTorch cannot run or the model cannot take (fewer blocks than stages, a split point on a
+module that begins no stage) is left out with the reason.
 
 Example (a four-block MLP on four A100s, batch 8: pipelines of 2 and 4 ranks)::
 

@@ -139,6 +139,26 @@ def test_more_stages_than_two_train_as_the_model(microbatch_graph, schedule, ran
 GPT2 = "zoo:gpt2?layers=2&hidden=64&heads=2&vocab=512&seq_len=32"
 
 
+def test_a_tied_weight_is_a_copy_in_each_stage_that_reads_it_and_none_elsewhere():
+    """PyTorch's ``pipeline()`` on GPT-2 cut in two: the first stage reads the embedding as ``wte``, the
+    last as ``lm_head`` — each its own copy (``tied_copies``) — and the first stage also kept the head's
+    name for a third copy that nothing reads, which ``drop_unread_copies`` removes."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    from tensoropt.distributed.jobs import load_model_case
+    from tensoropt.distributed.pipelined import InputsThroughFirstStage, drop_unread_copies, tied_copies
+
+    model, inputs, _ = load_model_case(GPT2, batch=2)
+    pipe = pipeline(InputsThroughFirstStage(model), mb_args=inputs,
+                    split_spec={"model.model.transformer.h.1": SplitPoint.BEGINNING})
+    first = pipe.split_gm.get_submodule("submod_pp_0")
+    names = {n for n, _ in first.named_parameters()}
+    assert {"model.model.transformer.wte.weight", "model.model.lm_head.weight"} <= names
+    assert drop_unread_copies(pipe) == ["submod_pp_0.model.model.lm_head.weight"]
+    assert {n for n, _ in first.named_parameters()} == names - {"model.model.lm_head.weight"}
+    assert tied_copies(pipe) == [{0: "model.model.transformer.wte.weight", 1: "model.model.lm_head.weight"}]
+
+
 @pytest.mark.parametrize(("schedule", "data", "shard", "within"),
                          [("gpipe", 1, False, 0.01), ("1f1b", 1, False, 0.015), ("interleaved-1f1b", 1, False, 0.01),
                           ("1f1b", 2, True, 0.01)])
