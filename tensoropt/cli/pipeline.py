@@ -29,7 +29,8 @@ from ..errors import TensorOptError
 from ..modelspec import load_model
 from ..planmodel.fits import fits
 from ..planmodel.pipeline import SCHEDULES
-from ..planmodel.pipelined import LOOPED, SPLIT_BACKWARD, PipelineEstimate, PipelineRecipe, price_pipeline
+from ..planmodel.pipeline_fsdp import SHARDED_SCHEDULES
+from ..planmodel.pipelined import LOOPED, PipelineEstimate, PipelineRecipe, price_pipeline
 from ..workflow import measure, prepare
 from ._common import add_request_arguments, check_repeats, fit_options, print_times_from, workflow_request
 from ._progress import ProgressBars
@@ -111,9 +112,10 @@ def _rows(args: argparse.Namespace, console: Console) -> tuple[list[Row], str]:
                           f"{max(ranks, 2)} ranks × {data} copies", highlight=False)
             continue
         sharding = {"no": (False,), "yes": (True,), "both": (False, True)}[args.shard] if data > 1 else (False,)
-        # (both: the zero-bubble schedules' copies replicated only, FSDP2 on them is not priced)
+        # (both: the other schedules' copies replicated only, FSDP2 on them is not priced)
         for name, checkpoint, shard in ((n, c, f) for n in schedules for c in _checkpointing(args.checkpoint)
-                                        for f in sharding if not (f and args.shard == "both" and n in SPLIT_BACKWARD)):
+                                        for f in sharding
+                                        if not (f and args.shard == "both" and n not in SHARDED_SCHEDULES)):
             recipe = PipelineRecipe(name, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data, shard=shard)
             try:
                 est = price_pipeline(graph, priced.costs, priced.cluster, recipe, devices=devices,

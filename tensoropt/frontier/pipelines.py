@@ -17,7 +17,7 @@ schedules), two and four times as many (1F1B's bubble :math:`(p-1)/(m+p-1)`: fro
 down to one fifth at two ranks), and micro-batches of one row (torchtitan's default: the least
 activations in flight, the smallest bubble), with and without a checkpoint per block (without only
 for the zero-bubble schedule, whose split backward PyTorch cannot run over checkpointed blocks), and —
-with copies, for the schedules whose backward is whole — the copies replicated and as FSDP2 shards
+with copies, for GPipe, 1F1B and interleaved 1F1B — the copies replicated and as FSDP2 shards
 (torchtitan's PP × FSDP: :mod:`tensoropt.planmodel.pipeline_fsdp`).  Each is priced on the
 model captured at its micro-batch (``B / (data · m)`` rows) — exact per micro-batch, no scaling
 rule — and the points join the frontier where none dominates them (source ``pipeline``).  A
@@ -44,6 +44,7 @@ from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..measure.costmodel import CostModel
 from ..planmodel.pipeline import SCHEDULES, pytorch_schedules
+from ..planmodel.pipeline_fsdp import SHARDED_SCHEDULES
 from ..planmodel.pipelined import SPLIT_BACKWARD, PipelineRecipe, price_pipeline
 from ..planmodel.simulate import pipeline_result
 from .forkmap import default_workers, fork_map
@@ -72,7 +73,7 @@ def pipeline_recipes(num_devices: int, batch: int, schedules: Sequence[str], *,
                 continue
             out += [PipelineRecipe(s, ranks=p, microbatches=m, checkpoint=c, data=data, shard=f)
                     for s in schedules for c in checkpoint if not (c and s in SPLIT_BACKWARD)
-                    for f in ((False, True) if data > 1 and s not in SPLIT_BACKWARD else (False,))]
+                    for f in ((False, True) if data > 1 and s in SHARDED_SCHEDULES else (False,))]
     return out
 
 

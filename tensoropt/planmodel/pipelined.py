@@ -59,7 +59,7 @@ exactly one micro-batch's, with no scaling rule to trust):
   place over its copies (a ring a parameter, :func:`~tensoropt.cluster.collectives.ring_allreduce_time`;
   the ranks' rings at once), which the step adds (``sync_s``).  On four gloo ranks (2 × 2) each
   rank's peak measured within 3.0 % of this price.  With ``shard`` the copies are FSDP2 shards instead
-  (torchtitan's PP × FSDP; every schedule whose backward is whole): what that changes on each rank and in the step is
+  (torchtitan's PP × FSDP; GPipe, 1F1B and interleaved 1F1B): what that changes on each rank and in the step is
   :mod:`.pipeline_fsdp`'s.
 
 Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md; the stages
@@ -410,7 +410,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
                             "runs a checkpointed block's graph again after its recomputation freed it "
                             "(CheckpointError); keep the blocks")
     if recipe.shard:
-        check_shardable(recipe.schedule in SPLIT_BACKWARD, recipe.data)
+        check_shardable(recipe.schedule, recipe.data)
     world = list(cluster.select(devices))[:recipe.world] if devices is None else list(cluster.select(devices))
     if len(world) != recipe.world:
         copies = f" × {recipe.data} copies" if recipe.data > 1 else ""

@@ -36,8 +36,8 @@ def test_the_recipes_are_every_pipeline_over_all_the_devices_whose_micro_batches
     # a batch of 32 on 4 devices: micro-batches of one row too (16 a copy of 2 ranks, 32 on 4 ranks)
     got = {(r.ranks, r.data, r.microbatches) for r in pipeline_recipes(4, 32, ("1f1b",), checkpoint=(False,))}
     assert got == {(2, 2, 2), (2, 2, 4), (2, 2, 8), (2, 2, 16), (4, 1, 4), (4, 1, 8), (4, 1, 16), (4, 1, 32)}
-    # with copies, a schedule whose backward is whole is tried with them replicated and as FSDP2 shards; a
-    # zero-bubble one replicated only (its split backward under FSDP2 is not measured)
+    # with copies, GPipe, 1F1B and interleaved 1F1B are tried with them replicated and as FSDP2 shards; the
+    # others replicated only (FSDP2 on theirs is not priced)
     mixed = pipeline_recipes(4, 8, ("1f1b", "interleaved-1f1b", "interleaved-zb"), checkpoint=(False,))
     assert [(r.schedule, r.ranks, r.microbatches, r.shard) for r in mixed if r.ranks == 2] == [
         ("1f1b", 2, 2, False), ("1f1b", 2, 2, True), ("interleaved-1f1b", 2, 2, False),

@@ -214,7 +214,7 @@ def test_a_stage_s_fsdp2_units_are_its_module_then_its_blocks_padded_to_the_copi
     assert block.padded == (2 * 66 * 64 + 2 * 33 * 64 + 2 * 129 * 64 + 66 * 128 + 2 * 66) * 4
 
 
-def test_fsdp2_on_a_pipeline_s_copies_needs_copies_and_a_whole_backward() -> None:
+def test_fsdp2_on_a_pipeline_s_copies_needs_copies_and_a_measured_schedule() -> None:
     import tensoropt
 
     graph = tensoropt.load_model("zoo:llama3-8b?tiny=1").capture()
@@ -222,6 +222,7 @@ def test_fsdp2_on_a_pipeline_s_copies_needs_copies_and_a_whole_backward() -> Non
     costs = tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
     with pytest.raises(PipelineError, match="needs two copies or more"):
         price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=2, shard=True))
-    with pytest.raises(PipelineError, match="split backward under FSDP2 is not measured"):
-        price_pipeline(graph, costs, cluster, PipelineRecipe("interleaved-zb", ranks=2, microbatches=2, data=2,
-                                                             shard=True))
+    for schedule in ("looped-bfs", "interleaved-zb"):
+        with pytest.raises(PipelineError, match=f"priced for gpipe, 1f1b, interleaved-1f1b, not {schedule}"):
+            price_pipeline(graph, costs, cluster, PipelineRecipe(schedule, ranks=2, microbatches=2, data=2,
+                                                                 shard=True))
