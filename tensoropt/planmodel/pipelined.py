@@ -100,7 +100,7 @@ It owns how a recipe becomes stages, a step and peaks; it must not order the mic
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -230,15 +230,19 @@ def split_points(graph: OpGraph, stages: Sequence[Stage]) -> tuple[tuple[str, st
         path = graph.nodes[name].module_path
         return bool(module) and (path == module or path.startswith(module + "."))
 
-    out: list[tuple[str, str]] = []
-    for before, stage in zip(stages, stages[1:]):
+    def candidates(before: Stage, stage: Stage) -> Iterator[tuple[str | None, str]]:
+        # in order of preference; the module fallbacks (a scan of the operators) only where needed
         at = position[stage.ops[0]]
         first, last = graph.nodes[stage.ops[0]].module_path, graph.nodes[before.ops[-1]].module_path
-        candidates = [(block_of(first), "beginning"), (block_of(last), "end"),
-                      (first if not any(inside(n, first) for n in order[:at]) else None, "beginning"),
-                      (last if not any(inside(n, last) for n in order[at:]) else None, "end")]
+        yield block_of(first), "beginning"
+        yield block_of(last), "end"
+        yield (first if not any(inside(n, first) for n in order[:at]) else None), "beginning"
+        yield (last if not any(inside(n, last) for n in order[at:]) else None), "end"
+
+    out: list[tuple[str, str]] = []
+    for before, stage in zip(stages, stages[1:]):
         taken = {module for module, _ in out}
-        point = next(((m, where) for m, where in candidates if m and m not in taken), None)
+        point = next(((m, where) for m, where in candidates(before, stage) if m and m not in taken), None)
         if point is None:
             raise PipelineError(f"no module of {graph.name or 'the model'} begins the stage at {stage.ops[0]} "
                                 "(PyTorch's pipelining splits the model at modules)")
@@ -305,7 +309,8 @@ def held_outputs(graph: OpGraph, costs: CostModel, stages: Sequence[Stage],
             continue
         leaves = name in model_outputs or any(where.get(u, s) > s for u in graph.successors(name))
         base = _storage_of(graph, name)
-        if leaves and graph.nodes[base].kind == "op" and base in where and not output_kept(graph, costs, base):
+        # (a view of what the stage received is the receive buffer's storage: held all step already)
+        if leaves and where.get(base) == s and not output_kept(graph, costs, base):
             held[s][base] = max(held[s].get(base, 0), node.output_bytes)
     return [sum(h.values()) for h in held]
 
