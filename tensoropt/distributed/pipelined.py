@@ -567,6 +567,30 @@ def drop_unread_copies(pipe: Any) -> list[str]:
     return removed
 
 
+def eager_linears(stage: nn.Module, names: Sequence[str]) -> None:
+    """Each module of ``names`` under a traced ``stage`` — an ``InterpreterModule`` that runs one
+    ``aten.linear`` — replaced by the ``nn.Linear`` holding its parameters, so that PyTorch's
+    tensor-parallel styles, which take ``nn.Linear`` modules, apply to a pipeline stage
+    (:func:`tensoropt.export.tpstyles.apply_styles`).  The traced views around them keep their
+    heads as ``-1`` (Hugging Face's attention), so a rank's local columns pass through them.  A
+    module that is not one linear is a :class:`~tensoropt.errors.DistributedError`."""
+    for name in names:
+        module = stage.get_submodule(name)
+        graph = getattr(module, "graph", None)
+        ops = [n.target for n in graph.nodes if n.op == "call_function"] if graph is not None else []
+        if ops != [torch.ops.aten.linear.default]:
+            raise DistributedError(f"module {name} of the pipeline stage is not one linear ({ops or type(module)})")
+        params = dict(module.named_parameters())
+        weight, bias = params["weight"], params.get("bias")
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device,
+                           dtype=weight.dtype)
+        linear.weight = weight
+        if bias is not None:
+            linear.bias = bias
+        parent, _, leaf = name.rpartition(".")
+        setattr(stage.get_submodule(parent) if parent else stage, leaf, linear)
+
+
 def _shard_stages(split: nn.Module, stages: Sequence[int], group: Any, device: torch.device) -> None:
     """FSDP2 over ``group`` (a pipeline rank's copies) on each of ``stages``' modules in ``split``:
     ``fully_shard`` on every repeated block it holds (:func:`~tensoropt.graph.block_of`'s modules,
@@ -668,5 +692,5 @@ def _tracked_peak(modules: Sequence[nn.Module], opt: torch.optim.Optimizer, inpu
 
 
 __all__ = ["CHECK_ABS", "InputsThroughFirstStage", "StoragePeak", "checkpoint_stage_blocks", "detach_no_grad_inputs",
-           "drop_unread_copies", "pipeline_job", "plan_job", "run_generated_code", "run_pipeline_plan", "thread_skips",
-           "tied_copies", "train_one_process", "train_pipeline"]
+           "drop_unread_copies", "eager_linears", "pipeline_job", "plan_job", "run_generated_code", "run_pipeline_plan",
+           "thread_skips", "tied_copies", "train_one_process", "train_pipeline"]
