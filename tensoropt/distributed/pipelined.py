@@ -582,8 +582,8 @@ def eager_linears(stage: nn.Module, names: Sequence[str]) -> None:
             raise DistributedError(f"module {name} of the pipeline stage is not one linear ({ops or type(module)})")
         params = dict(module.named_parameters())
         weight, bias = params["weight"], params.get("bias")
-        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device,
-                           dtype=weight.dtype)
+        # on the meta device: no weights of its own made only to be replaced
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta", dtype=weight.dtype)
         linear.weight = weight
         if bias is not None:
             linear.bias = bias

@@ -477,8 +477,8 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     # each rank's stages' units in the order PyTorch reduces them: its later stage first (its last backward
     # comes first), each stage's module and then its blocks
     stage_unit = {s: stage_units(graph, stages[s], recipe.data) for s in range(len(stages))} if recipe.shard else {}
-    units = [[u for s in reversed(range(r, len(stages), p)) for u in stage_unit[s]] for r in range(p)] \
-        if recipe.shard else []
+    reduce_order = [list(reversed(range(r, len(stages), p))) for r in range(p)]
+    units = [[u for s in reduce_order[r] for u in stage_unit[s]] for r in range(p)] if recipe.shard else []
     for r, dev in enumerate(used):
         step_buffers = recipe.microbatches * sum(b for s, b in enumerate(buffers) if s % p == r)
         if recipe.shard:   # FSDP2 on the data axis: the stages gathered, their shards and a shard's state beside
@@ -489,7 +489,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
                 less = sum(u.grads - u.grads_piece for t in done for u in stage_unit[t])
                 moments.append((replace(m, grads=m.grads - less, grads_at_peak=m.grads_at_peak - less,
                                         peak=m.peak - less), extra + step_buffers))
-            beside = [held_then.get(s, 0.0) for s in reversed(range(r, len(stages), p)) for _ in stage_unit[s]]
+            beside = [held_then.get(s, 0.0) for s in reduce_order[r] for _ in stage_unit[s]]
             top = sharded_rank(units[r], moments, whole[dev], step_buffers, beside)
         else:
             state = whole[dev].optimizer
