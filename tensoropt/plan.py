@@ -316,6 +316,10 @@ _PIPELINE_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "stages_per_rank": ("a whole number ≥ 1", _whole_at_least_one),
     "checkpoint": ("true or false", lambda v: isinstance(v, bool)),
     "shard": ("true or false (absent: false)", lambda v: v is None or isinstance(v, bool)),
+    "tp": ("a whole number ≥ 1 (absent: 1)", lambda v: v is None or _whole_at_least_one(v)),
+    "tp_modules": ("an object of module path → tensor-parallel style (absent: none)",
+                   lambda v: v is None or isinstance(v, Mapping) and all(isinstance(k, str) and isinstance(x, str)
+                                                                         for k, x in v.items())),
     "starts": ("a list of operator names", _names),
     "checkpointed": ("a list of module names", _names),
     "split_points": ('a list of [module, "beginning" | "end"] pairs', lambda v: isinstance(v, list) and all(

@@ -72,6 +72,27 @@ def test_the_exported_pipeline_trains_under_torchrun_as_the_model(capsys, tmp_pa
     assert [x for _, x in got] == pytest.approx(want, abs=1e-6)
 
 
+def test_a_three_dimensional_pipeline_exports_and_trains_under_torchrun_as_the_model(capsys, tmp_path):
+    """pp 2 × dp 2 × tp 2 on eight torchrun ranks: each pipeline rank's stages Megatron's pairs over two
+    ranks (PyTorch's ColwiseParallel / RowwiseParallel), two copies of it each on half the batch."""
+    out = tmp_path / "pp"
+    code, stdout, err = run(capsys, "pipeline", LLAMA, "--batch", "8", "--cluster", "preset:v100-8-nvlink",
+                            "--ranks", "2", "--data", "2", "--tp", "2", "--microbatches", "2", "--schedules", "1f1b",
+                            "--checkpoint", "no", "--optimizer", "sgd", "--export", str(out))
+    assert code == 0, err
+    assert "2 on 2 × 2 copies × tp 2" in stdout
+    train = (out / "train.py").read_text()
+    assert "TP, TP_MODULES = 2, {'model.model.layers.0.self_attn.q_proj': 'colwise'" in train
+    assert "torchrun --standalone --nproc-per-node 8 train.py" in (out / "README.md").read_text()
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
+                           "train.py", "--steps", "2", "--lr", "0.1"], cwd=out, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = [x for _, x in LOSS_LINE.findall(done.stdout)]
+    assert [float(x) for x in got] == pytest.approx(train_one_process(LLAMA, batch=8, steps=2, lr=0.1, float64=False),
+                                                    abs=1e-6)
+
+
 def test_a_meta_model_is_priced_but_not_checked(capsys):
     meta = LLAMA.replace("&meta=False", "")
     code, out, err = run(capsys, "pipeline", meta, *ARGS, "--microbatches", "4", "--schedules", "1f1b", "--check")

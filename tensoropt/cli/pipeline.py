@@ -25,8 +25,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..describe import fmt_bytes
+from ..devicemodel import Priced
 from ..errors import TensorOptError
+from ..graph import OpGraph
 from ..modelspec import load_model
+from ..placers.tp import megatron_layouts
 from ..planmodel.fits import fits
 from ..planmodel.pipeline import SCHEDULES
 from ..planmodel.pipeline_fsdp import SHARDED_SCHEDULES
@@ -84,6 +87,7 @@ def _rows(args: argparse.Namespace, console: Console) -> tuple[list[Row], str]:
     batch = _batch(args)
     counts = _ints(args.microbatches, "--microbatches")
     copies = _ints(args.data, "--data")
+    widths = _ints(args.tp, "--tp")
     schedules = _schedules(args.schedules)
     rows: list[Row] = []
     times_from = ""
@@ -98,36 +102,55 @@ def _rows(args: argparse.Namespace, console: Console) -> tuple[list[Row], str]:
         console.print(f"[yellow]{escape(why)}:[/yellow] not priced", highlight=False)
     for data, m in divides:
         # (its own --microbatches are the pipeline's, not the frontier's gradient accumulation)
-        request = workflow_request(args, batch=batch // (m * data), frontier=False, algos=(), microbatches=(1,))
+        request = workflow_request(args, batch=batch // (m * data), frontier=False, algos=(), microbatches=(1,),
+                                   degrees=tuple(sorted({1, *widths})))
         with ProgressBars(console) as progress:
             setup = prepare(request, progress)
             graph, priced = measure(request, setup, progress)
         if not times_from:
             print_times_from(console, priced.source, priced.notes)
             times_from = priced.source
-        ranks = args.ranks or len(setup.devices) // data
-        devices = list(setup.devices)[:ranks * data]
-        if ranks < 2 or len(devices) < ranks * data:
-            console.print(f"[yellow]--data {data}:[/yellow] {len(setup.devices)} devices hold no pipeline of "
-                          f"{max(ranks, 2)} ranks × {data} copies", highlight=False)
-            continue
-        sharding = {"no": (False,), "yes": (True,), "both": (False, True)}[args.shard] if data > 1 else (False,)
-        # (both: the other schedules' copies replicated only, FSDP2 on them is not priced)
-        for name, checkpoint, shard in ((n, c, f) for n in schedules for c in _checkpointing(args.checkpoint)
-                                        for f in sharding
-                                        if not (f and args.shard == "both" and n not in SHARDED_SCHEDULES)):
-            recipe = PipelineRecipe(name, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data, shard=shard)
-            try:
-                est = price_pipeline(graph, priced.costs, priced.cluster, recipe, devices=devices,
-                                     optimizer=args.optimizer)
-            except TensorOptError as e:
-                console.print(f"[yellow]{escape(str(recipe))}:[/yellow] {escape(str(e))}", highlight=False)
-                continue
-            ok = fits(est.memory_bytes, priced.cluster, budget=budget, reserve=reserve)
-            rows.append(Row(est, ok, batch))
+        for tp in widths:
+            rows += _priced_rows(args, console, graph, priced, list(setup.devices), data, m, tp, batch, schedules,
+                                 budget, reserve)
     if not rows:
         raise TensorOptError("no pipeline recipe could be priced (each said why above)")
     return sorted(rows, key=lambda r: (not r.fits, r.estimate.step_s)), times_from
+
+
+def _priced_rows(args: argparse.Namespace, console: Console, graph: OpGraph, priced: Priced, devices: list[str],
+                 data: int, m: int, tp: int, batch: int, schedules: list[str], budget: int | None,
+                 reserve: int) -> list[Row]:
+    """Every schedule and checkpointing of ``m`` micro-batches over ``data`` copies of a pipeline of
+    ``tp``-way tensor-parallel ranks (its stages in Megatron's layouts), priced on ``devices``; a recipe
+    that cannot be priced is printed with its reason."""
+    ranks = args.ranks or len(devices) // (data * tp)
+    devices = devices[:ranks * data * tp]
+    if ranks < 2 or len(devices) < ranks * data * tp:
+        each = f" of {tp} tensor-parallel devices" if tp > 1 else ""
+        console.print(f"[yellow]--data {data} --tp {tp}:[/yellow] the devices hold no pipeline of "
+                      f"{max(ranks, 2)} ranks{each} × {data} copies", highlight=False)
+        return []
+    try:
+        layouts = megatron_layouts(graph, priced.costs, tp) if tp > 1 else None
+    except TensorOptError as e:
+        console.print(f"[yellow]--tp {tp}:[/yellow] {escape(str(e))}", highlight=False)
+        return []
+    sharding = {"no": (False,), "yes": (True,), "both": (False, True)}[args.shard] if data > 1 else (False,)
+    rows = []
+    # (both: the other schedules' copies replicated only, FSDP2 on them is not priced; nor with tp yet)
+    for name, checkpoint, shard in ((n, c, f) for n in schedules for c in _checkpointing(args.checkpoint)
+                                    for f in sharding
+                                    if not (f and args.shard == "both" and (n not in SHARDED_SCHEDULES or tp > 1))):
+        recipe = PipelineRecipe(name, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data, shard=shard, tp=tp)
+        try:
+            est = price_pipeline(graph, priced.costs, priced.cluster, recipe, devices=devices,
+                                 optimizer=args.optimizer, layouts=layouts)
+        except TensorOptError as e:
+            console.print(f"[yellow]{escape(str(recipe))}:[/yellow] {escape(str(e))}", highlight=False)
+            continue
+        rows.append(Row(est, fits(est.memory_bytes, priced.cluster, budget=budget, reserve=reserve), batch))
+    return rows
 
 
 def _print(console: Console, rows: list[Row], title: str) -> None:
@@ -138,6 +161,7 @@ def _print(console: Console, rows: list[Row], title: str) -> None:
     for r in rows:
         e = r.estimate
         copies = f" × {e.recipe.data} {'FSDP2 shards' if e.recipe.shard else 'copies'}" if e.recipe.data > 1 else ""
+        copies += f" × tp {e.recipe.tp}" if e.recipe.tp > 1 else ""
         table.add_row(e.recipe.schedule, f"{len(e.stages)} on {e.recipe.ranks}{copies}", str(e.recipe.microbatches),
                       "recomputed" if e.recipe.checkpoint else "kept",
                       f"{e.step_s * 1e3:.3f}", f"{r.batch / e.step_s:,.1f}" if e.step_s > 0 else "-",
@@ -179,7 +203,7 @@ def _cmd_pipeline(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{"schedule": r.estimate.recipe.schedule, "ranks": r.estimate.recipe.ranks,
-                        "data": r.estimate.recipe.data, "sync_s": r.estimate.sync_s,
+                        "data": r.estimate.recipe.data, "tp": r.estimate.recipe.tp, "sync_s": r.estimate.sync_s,
                         "stages": len(r.estimate.stages), "microbatches": r.estimate.recipe.microbatches,
                         "checkpoint": r.estimate.recipe.checkpoint,
                         "step_s": r.estimate.step_s, "bubble_fraction": r.estimate.bubble_fraction,
@@ -218,6 +242,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="copies of the pipeline, comma-separated counts (default 1): each on its slice of the batch "
                         "over ranks × copies devices (pipeline rank r of copy d on device r·copies + d), gradients "
                         "averaged over the copies; --ranks then defaults to the devices / copies")
+    p.add_argument("--tp", default="1",
+                   help="tensor-parallel devices a pipeline rank, comma-separated counts (default 1): each stage's "
+                        "blocks as Megatron's column / row pairs over them (PyTorch's ColwiseParallel / "
+                        "RowwiseParallel), over ranks × copies × tp devices (torchtitan's (pp, dp, tp) mesh: a rank's "
+                        "tp devices neighbours); --ranks then defaults to the devices / (copies × tp)")
     p.add_argument("--shard", choices=("no", "yes", "both"), default="both",
                    help="with copies, run them as FSDP2 (fully_shard per block and stage over a pipeline rank's "
                         "copies: torchtitan's PP × FSDP; GPipe and 1F1B) instead of replicas: no, yes, or price both "

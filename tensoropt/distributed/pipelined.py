@@ -47,7 +47,7 @@ import statistics
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -272,7 +272,7 @@ def pipeline_job(est: PipelineEstimate, model_spec: str, *, batch: int | None = 
 def plan_job(plan: Plan, model_spec: str) -> dict[str, Any]:
     """The keywords of :func:`train_pipeline` that run a pipeline ``plan``
     (:func:`~tensoropt.planmodel.pipelined.pipeline_plan`) — its schedule, micro-batches, stages a
-    rank, cut, checkpointed blocks and copies — on ``model_spec`` at the plan's step batch (plain
+    rank, cut, checkpointed blocks, copies and tensor-parallel ranks — on ``model_spec`` at the plan's step batch (plain
     values: they go to every rank)."""
     spec = plan.pipeline
     if spec is None:
@@ -281,7 +281,7 @@ def plan_job(plan: Plan, model_spec: str) -> dict[str, Any]:
     return {"model_spec": model_spec, "batch": plan.global_batch_size, "schedule": r.schedule,
             "microbatches": r.microbatches, "stages_per_rank": r.virtual,
             "split_points": [list(p) for p in spec["split_points"]], "checkpoint_blocks": list(spec["checkpointed"]),
-            "data": r.data, "shard": r.shard}
+            "data": r.data, "shard": r.shard, "tp": r.tp, "tp_modules": dict(spec.get("tp_modules") or {})}
 
 
 def run_pipeline_plan(rt: Runtime, model_spec: str, plan: Plan, *, steps: int, lr: float, check: bool,
@@ -388,7 +388,8 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
                    lr: float = 0.1, optimizer: str = "sgd",
                    float64: bool = True, dropout: bool = False, measure: bool = False,
                    warmup: int = 1, rounds: int = 3, checkpoint_blocks: Sequence[str] = (),
-                   data: int = 1, shard: bool = False) -> dict[str, Any]:
+                   data: int = 1, shard: bool = False, tp: int = 1,
+                   tp_modules: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Train ``model_spec`` (at ``batch``: default its own) ``steps`` steps as the pipeline ``schedule``
     (module docstring).
 
@@ -401,7 +402,15 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
     of a stage and on the stage's module over the pipeline rank's copies, each block kept gathered
     after its forward (``reshard_after_forward=False``: torchtitan's choice under PP); PyTorch's stage
     then accumulates the gradients unsharded over the micro-batches and reduce-scatters them after the
-    last backward (``perform_reduce_grad``), the optimizer stepping the shards.  Returns, the same on every rank:
+    last backward (``perform_reduce_grad``), the optimizer stepping the shards.  ``tp``: each pipeline rank
+    of each copy is ``tp`` ranks running its stages as Megatron's tensor parallelism — the world is
+    torchtitan's ``(pp, dp, tp)`` mesh, rank ``(r · data + d) · tp + t`` — each module of ``tp_modules``
+    (the model's module path → a style of :mod:`tensoropt.export.tpstyles`, the tp placer's module plan:
+    :func:`~tensoropt.planmodel.tensorparallel.tensor_parallel_modules`) that a stage holds made
+    ``nn.Linear`` again (:func:`eager_linears`) and given its style over the ``tp`` axis before the
+    blocks are checkpointed and sharded (torchtitan's order: TP, activation checkpointing, FSDP);
+    every rank of a ``tp`` group gets the copy's whole micro-batches and hands its stage's whole
+    outputs on.  Returns, the same on every rank:
     ``losses`` (each step's mean of the micro-batches' losses, from the last stage, averaged over
     the copies), ``stages`` (each rank's stage indices)
     and, with ``measure`` (after ``warmup`` more steps), ``step_s`` (each rank's median of ``rounds`` steps:
@@ -414,17 +423,20 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
     if schedule not in SCHEDULES:
         raise DistributedError(f"unknown pipeline schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
     class_name, multi = SCHEDULES[schedule]
-    if data < 1 or rt.world_size % data:
-        raise DistributedError(f"{rt.world_size} ranks cannot hold {data} copies of a pipeline: give ranks × copies")
-    p = rt.world_size // data
-    r, d = divmod(rt.rank, data)
+    if data < 1 or tp < 1 or rt.world_size % (data * tp):
+        raise DistributedError(f"{rt.world_size} ranks cannot hold {data} copies of a pipeline of {tp}-way tensor-"
+                               "parallel ranks: give pipeline ranks × copies × tp ranks")
+    if tp > 1 and not tp_modules:
+        raise DistributedError("tp > 1 needs tp_modules: the model's modules and their tensor-parallel styles")
+    p = rt.world_size // (data * tp)
+    r, rest = divmod(rt.rank, data * tp)
+    d, t = divmod(rest, tp)
     model, inputs, _ = load_model_case(model_spec, float64=float64, dropout=dropout, rt=rt, batch=batch)
     if data > 1:   # this copy's slice of the batch
         inputs = tuple(torch.tensor_split(x, data, 0)[d] if isinstance(x, torch.Tensor) else x for x in inputs)
-    # every rank makes every group, in one order (new_group is collective)
-    pp_groups = [dist.new_group([k * data + c for k in range(p)]) for c in range(data)] if data > 1 else [None]
-    dp_groups = [dist.new_group([k * data + c for c in range(data)]) for k in range(p)] if data > 1 else [None]
     dev = torch.device(rt.device)
+    # torchtitan's mesh: every rank makes every group, in one order (new_group is collective)
+    mesh = _pipeline_mesh(dev.type, p, data, tp)
     points = {f"model.{module}": SplitPoint.BEGINNING if where == "beginning" else SplitPoint.END
               for module, where in split_points}
     first_microbatch = _microbatch_call(inputs, microbatches)
@@ -443,17 +455,20 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
     tied_groups = []
     for stages_of in tied:
         ranks = sorted({k % p for k in stages_of})
-        groups = [dist.new_group([k * data + c for k in ranks]) for c in range(data)] if len(ranks) > 1 else [None]
-        tied_groups.append(groups[d] if r in ranks and len(ranks) > 1 else None)
+        groups = [dist.new_group([(k * data + c) * tp + u for k in ranks]) for c in range(data) for u in range(tp)] \
+            if len(ranks) > 1 else [None]
+        tied_groups.append(groups[d * tp + t] if r in ranks and len(ranks) > 1 else None)
+    if tp > 1:
+        _tensor_parallel_stages(pipe.split_gm, mine, mesh["tp"], tp_modules or {})
     if checkpoint_blocks:
         checkpoint_stage_blocks(pipe.split_gm, pipe.num_stages, checkpoint_blocks)
     if shard and data > 1:
-        _shard_stages(pipe.split_gm, mine, dp_groups[r], dev)
+        _shard_stages(pipe.split_gm, mine, mesh["dp"])
     # this rank's copies of each tied parameter, as the wrappers left them (FSDP2 makes new parameters)
     tied_here = [([_parameter(pipe.split_gm.get_submodule(f"submod_pp_{k}"), name) for k, name in stages_of.items()
                    if k in mine], group) for stages_of, group in zip(tied, tied_groups)
                  if any(k in mine for k in stages_of)]
-    stages = [pipe.build_stage(s, dev, group=pp_groups[d]) for s in mine]
+    stages = [pipe.build_stage(s, dev, group=mesh["pp"].get_group()) for s in mine]
     cls = getattr(schedules, class_name)
 
     def loss_fn(output: Any, _target: Any) -> torch.Tensor:
@@ -482,18 +497,19 @@ def train_pipeline(rt: Runtime, model_spec: str, *, schedule: str, microbatches:
         if data > 1 and not shard:   # the copies' mean gradient: the whole batch's (FSDP2's reduce-scatter averages)
             for q in params:
                 if q.grad is not None:
-                    dist.all_reduce(q.grad, group=dp_groups[r])
-                    q.grad /= data
+                    g = _local(q.grad)   # a tensor-parallel weight's: this rank's piece
+                    dist.all_reduce(g, group=mesh["dp"].get_group())
+                    g /= data
         opt.step()
         opt.zero_grad(set_to_none=True)
         return float(torch.stack(losses).detach().mean()) if losses else 0.0
 
     losses = []
     for _ in range(steps):
-        # the last stage's ranks have their copies' losses, the others 0: the sum over the world / data
+        # the last stage's ranks have their copies' losses (each of its tp ranks the same), the others 0
         box = torch.tensor([step()], dtype=torch.float64)
         dist.all_reduce(box)
-        losses.append(float(box[0]) / data)
+        losses.append(float(box[0]) / (data * tp))
     out: dict[str, Any] = {"losses": losses}
     ranks_stages: list[Any] = [None] * rt.world_size
     dist.all_gather_object(ranks_stages, mine)
@@ -591,18 +607,51 @@ def eager_linears(stage: nn.Module, names: Sequence[str]) -> None:
         setattr(stage.get_submodule(parent) if parent else stage, leaf, linear)
 
 
-def _shard_stages(split: nn.Module, stages: Sequence[int], group: Any, device: torch.device) -> None:
-    """FSDP2 over ``group`` (a pipeline rank's copies) on each of ``stages``' modules in ``split``:
-    ``fully_shard`` on every repeated block it holds (:func:`~tensoropt.graph.block_of`'s modules,
-    found by name under the stage), then on the stage's module, none resharded after forward."""
+def _pipeline_mesh(device_type: str, p: int, data: int, tp: int) -> Any:
+    """torchtitan's ``(pp, dp, tp)`` device mesh over the world: rank ``(r · data + d) · tp + t`` is
+    tensor-parallel rank ``t`` of pipeline rank ``r`` of copy ``d`` — the tp ranks neighbours (a host's
+    fast links), a pipeline rank's copies next."""
+    # local: PyTorch's device mesh, for a pipeline job only
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (p, data, tp), mesh_dim_names=("pp", "dp", "tp"))
+
+
+def _tensor_parallel_stages(split: nn.Module, stages: Sequence[int], mesh: Any, modules: Mapping[str, str]) -> None:
+    """Each of ``stages``' modules in ``split`` tensor parallel over ``mesh``: every module of ``modules``
+    (the model's path → style) the stage holds made ``nn.Linear`` again (:func:`eager_linears`) and
+    given its style (:func:`tensoropt.export.tpstyles.apply_styles`).  A stage holding none of them
+    runs whole on every tp rank, as the plan's replicated operators do; a module of ``modules`` no stage
+    holds is a :class:`~tensoropt.errors.DistributedError` (the plan is of another model)."""
+    # local: PyTorch's tensor-parallel styles, for a tensor-parallel pipeline only
+    from ..export.tpstyles import apply_styles
+
+    # every stage's modules (each rank's split holds all of them), under InputsThroughFirstStage's ``model``
+    held = {int(k.removeprefix("submod_pp_")): {name for name, _ in sub.named_modules()}
+            for k, sub in split.named_children() if k.startswith("submod_pp_")}
+    missing = [path for path in modules if not any(f"model.{path}" in names for names in held.values())]
+    if missing:
+        raise DistributedError(f"no pipeline stage holds module {missing[0]} of the tensor-parallel plan "
+                               f"({len(missing)} such): the plan is of another model")
+    for s in stages:
+        sub = split.get_submodule(f"submod_pp_{s}")
+        here = {f"model.{path}": style for path, style in modules.items() if f"model.{path}" in held[s]}
+        eager_linears(sub, list(here))
+        apply_styles(sub, mesh, here)
+
+
+def _shard_stages(split: nn.Module, stages: Sequence[int], mesh: Any) -> None:
+    """FSDP2 over ``mesh`` (a pipeline rank's copies: the ``dp`` axis) on each of ``stages``' modules in
+    ``split``: ``fully_shard`` on every repeated block it holds (:func:`~tensoropt.graph.block_of`'s
+    modules, found by name under the stage), then on the stage's module, none resharded after
+    forward.  A tensor-parallel weight (a DTensor on the ``tp`` axis of the same mesh) is sharded
+    along the ``dp`` axis too: FSDP2's 2-D parameters."""
     # local: PyTorch's FSDP2, for a sharded pipeline only
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     # a stage's outputs go to the next stage or the loss, never changed in place: FSDP2's warning about a
     # view returned from a wrapped module says nothing here
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-    mesh = DeviceMesh.from_group(group, device.type)
     for s in stages:
         sub = split.get_submodule(f"submod_pp_{s}")
         # a block, or the checkpoint_wrapper around it (not the module it wraps)

@@ -56,7 +56,7 @@ from ..graph import Precision
 from ..measure.profiler import profile
 from ..measure.step import plan_optimizer
 from ..plan import Plan
-from ..planmodel.pipelined import PipelineEstimate, price_plan
+from ..planmodel.pipelined import PipelineEstimate, price_plan, recipe_of
 from ..planmodel.wrappers import fsdp_across_replicas
 from .expressible import PATH_TITLES, Expression, LaunchShape, express, launch_shape
 from .pipelined import pipeline_readme, pipeline_train_script
@@ -221,7 +221,9 @@ def export_pipeline_plan(plan_path: str | os.PathLike, spec: str, out: str | os.
     _check_optimizer(optimizer, "the plan's optimizer")
     _, _, graph = load_for_run(spec, LocalBackend(), saved.global_batch_size, precision, saved)
     plan = load_plan(str(plan_path), graph)
-    costs = price(profile(graph, timed=False), found, plan.all_devices).costs
+    # (a tensor-parallel pipeline's operators priced at their shards too)
+    costs = price(profile(graph, shard_degrees=sorted({1, recipe_of(plan).tp}), timed=False), found,
+                  plan.all_devices).costs
     est = price_plan(plan, graph, costs, found, optimizer=optimizer)
     return export_pipeline(est, spec, directory, batch=plan.global_batch_size or 0, steps=steps, lr=lr,
                            optimizer=optimizer, times_from=costs_source(costs)), est

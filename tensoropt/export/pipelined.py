@@ -37,6 +37,8 @@ SCHEDULE = {schedule!r}   # torch.distributed.pipelining.{cls}
 MICROBATCHES, STAGES_PER_RANK, WORLD_SIZE = {microbatches!r}, {virtual!r}, {ranks!r}
 DATA = {data!r}   # copies of the pipeline, each on its slice of the batch (rank r·DATA + d: pipeline rank r of copy d)
 SHARD = {shard!r}   # the copies as FSDP2 (fully_shard per block and stage over them), not replicas
+# tensor-parallel ranks of each pipeline rank (rank (r·DATA + d)·TP + t), and each module's PyTorch style on them
+TP, TP_MODULES = {tp!r}, {tp_modules!r}
 # where each stage after the first begins (torch.distributed.pipelining.SplitPoint.BEGINNING / END)
 SPLIT_POINTS = {points!r}
 CHECKPOINT_BLOCKS = {checkpointed!r}   # recomputed in the backward (checkpoint_wrapper on each)
@@ -61,7 +63,8 @@ def main(argv=None):
         out = train_pipeline(rt, MODEL_SPEC, batch=BATCH, schedule=SCHEDULE, microbatches=MICROBATCHES,
                              stages_per_rank=STAGES_PER_RANK, split_points=SPLIT_POINTS, steps=args.steps,
                              lr=args.lr, optimizer=OPTIMIZER, float64=False, dropout=True,
-                             checkpoint_blocks=CHECKPOINT_BLOCKS, data=DATA, shard=SHARD)
+                             checkpoint_blocks=CHECKPOINT_BLOCKS, data=DATA, shard=SHARD, tp=TP,
+                             tp_modules=TP_MODULES)
         if rt.rank == 0:
             for k, loss in enumerate(out["losses"], 1):
                 print(f"step {{k}} loss {{loss!r}}", flush=True)
@@ -81,7 +84,9 @@ def pipeline_train_script(est: PipelineEstimate, *, spec: str, batch: int, steps
     r = est.recipe
     return _TRAIN.format(title=f"{r} of {spec}, batch {batch}", spec=spec, batch=batch, schedule=r.schedule,
                          cls=SCHEDULES[r.schedule][0], microbatches=r.microbatches, virtual=r.virtual, ranks=r.world,
-                         data=r.data, shard=r.shard, points=[list(p) for p in est.split_points], optimizer=optimizer,
+                         data=r.data, shard=r.shard, tp=r.tp,
+                         tp_modules=dict((est.plan.pipeline or {}).get("tp_modules") or {}) if est.plan else {},
+                         points=[list(p) for p in est.split_points], optimizer=optimizer,
                          steps=steps,
                          lr=lr, checkpointed=list(est.checkpointed))
 
@@ -93,9 +98,14 @@ def pipeline_readme(est: PipelineEstimate, *, spec: str, batch: int, steps: int,
     average = ("FSDP2 sharding each stage over them (`fully_shard` per block and on the stage, kept gathered "
                "through the step), the gradients reduce-scattered after each step's last backward;" if r.shard else
                "their gradients averaged after each step;")
-    copies = (f" {r.data} copies of the pipeline (rank *r*·{r.data} + *d* is pipeline rank *r* of copy *d*), "
+    rank_of = f"(*r*·{r.data} + *d*)·{r.tp} + *t*" if r.tp > 1 else f"*r*·{r.data} + *d*"
+    copies = (f" {r.data} copies of the pipeline (rank {rank_of} is pipeline rank *r* of copy *d*), "
               f"each on {batch // r.data} of the batch, {average}" if r.data > 1 else "")
     each = batch // (r.data * r.microbatches)
+    if r.tp > 1:
+        copies += (f" each pipeline rank {r.tp} devices running its stages as Megatron's tensor parallelism "
+                   f"(PyTorch's `ColwiseParallel` / `RowwiseParallel` on its blocks' linears; rank {rank_of} is "
+                   "its tensor-parallel rank *t*),")
     lines = [f"# {r} — {spec}", "",
              f"A pipeline plan made by `tensoropt pipeline`: the model cut into {len(est.stages)} stages, stage *s* "
              f"on pipeline rank *s* mod {r.ranks},{copies} run by PyTorch's "
@@ -112,7 +122,7 @@ def pipeline_readme(est: PipelineEstimate, *, spec: str, batch: int, steps: int,
               + f" {est.sync_s * 1e3:.3f} ms), bubble {est.bubble_fraction:.1%}.", "",
               "| rank | device | stages | micro-batches in flight (most) | peak |", "|---:|---|---|---:|---:|"]
     for k, dev in enumerate(est.devices):
-        rank = k // r.data
+        rank = k // (r.data * r.tp)
         mine = [str(s) for s in range(len(est.stages)) if s % r.ranks == rank]
         lines.append(f"| {k} | {dev} | {', '.join(mine)} | {est.in_flight[rank]} | "
                      f"{fmt_bytes(est.memory_bytes[dev])} |")

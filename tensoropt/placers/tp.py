@@ -126,15 +126,7 @@ def tensor_parallel_plan(graph: OpGraph, costs: CostModel, cluster: Cluster, *,
     name = SEQUENCE_PARALLEL_NAME if sequence_parallel else NAME
     names = tuple(cluster.select(devices))
     n = len(names)
-    if n < 2:
-        raise PlanError(f"{name}: tensor parallelism needs at least 2 devices, got {n} ({', '.join(names)})")
-    roles = megatron_roles(graph, costs, n)
-    if not roles.column:
-        why = ("the model has no repeated blocks (module paths with a numeric part)"
-               if not any(block_of(nd.module_path) for nd in graph.ops) else
-               f"no layer of its blocks has a ('channel', {n}) shard in the profile")
-        raise PlanError(f"{name}: nothing to split by columns: {why}; profile with that shard degree "
-                        f"(tensoropt profile MODEL --degrees 1,{n}) or use a placer that splits the batch (dp, fsdp)")
+    roles = _split_roles(graph, costs, n, name)
     if sequence_parallel:
         roles.rows = sequence_rows(graph, costs, n, roles)
         if not roles.rows:
@@ -162,6 +154,30 @@ def tensor_parallel_plan(graph: OpGraph, costs: CostModel, cluster: Cluster, *,
                 options={"devices": list(names), "optimizer": optimizer}, order=[nd.name for nd in graph.ops],
                 plan_id=name, notes=notes)
     return price_as_dtensor(plan, graph)
+
+
+def megatron_layouts(graph: OpGraph, costs: CostModel, n: int) -> dict[str, Layout]:
+    """Each operator's layout under Megatron's tensor parallelism over ``n`` devices (the operators
+    replicated left out) — what a pipeline's stages run in on each pipeline rank's ``n`` tp devices
+    (:func:`tensoropt.planmodel.pipelined.price_pipeline`'s ``layouts``).  Nothing to split is a
+    :class:`~tensoropt.plan.PlanError` saying why.  O(V + E) per block."""
+    costs.check_graph(graph)
+    return _split_roles(graph, costs, n, NAME).layouts()
+
+
+def _split_roles(graph: OpGraph, costs: CostModel, n: int, name: str) -> Roles:
+    """:func:`megatron_roles` over ``n`` devices, or a :class:`~tensoropt.plan.PlanError` (placer
+    ``name``'s) where there are too few devices or no layer to split by columns."""
+    if n < 2:
+        raise PlanError(f"{name}: tensor parallelism needs at least 2 devices, got {n}")
+    roles = megatron_roles(graph, costs, n)
+    if not roles.column:
+        why = ("the model has no repeated blocks (module paths with a numeric part)"
+               if not any(block_of(nd.module_path) for nd in graph.ops) else
+               f"no layer of its blocks has a ('channel', {n}) shard in the profile")
+        raise PlanError(f"{name}: nothing to split by columns: {why}; profile with that shard degree "
+                        f"(tensoropt profile MODEL --degrees 1,{n}) or use a placer that splits the batch (dp, fsdp)")
+    return roles
 
 
 def megatron_roles(graph: OpGraph, costs: CostModel, n: int) -> Roles:

@@ -106,11 +106,13 @@ from typing import Any
 
 from ..cluster import Cluster
 from ..cluster.collectives import ring_allreduce_time
+from ..errors import TensorOptError
 from ..graph import OpGraph, block_of, grad_nodes
+from ..layouts import Layout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan, PlanError, trainable_reads
-from .memory import output_kept
+from .memory import node_memory, output_kept
 from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
 from .pipeline_fsdp import (
     ShardedUnit,
@@ -122,6 +124,7 @@ from .pipeline_fsdp import (
     stage_units,
 )
 from .stages import Stage, cut_stages, stage_starts
+from .tensorparallel import tensor_parallel_modules
 from .walk import PlanEdges, StepMemory, plan_edges, walk
 
 #: the schedules priced: stage ``s`` on rank ``s mod p`` (PyTorch's loop placement).  The
@@ -151,11 +154,13 @@ class PipelineRecipe:
     data: int = 1
     #: the data axis as FSDP2 (``fully_shard`` per block and stage over the copies: :mod:`.pipeline_fsdp`)
     shard: bool = False
+    #: each pipeline rank ``tp`` devices running its stages as Megatron's tensor parallelism
+    tp: int = 1
 
     @property
     def world(self) -> int:
-        """The devices the plan runs on: ``ranks × data``."""
-        return self.ranks * self.data
+        """The devices the plan runs on: ``ranks × data × tp``."""
+        return self.ranks * self.data * self.tp
 
     @property
     def virtual(self) -> int:
@@ -168,7 +173,8 @@ class PipelineRecipe:
         v = f" × {self.virtual} stages a rank" if self.virtual > 1 else ""
         ac = ", blocks checkpointed" if self.checkpoint else ""
         dp = f" × {self.data} {'FSDP2 shards' if self.shard else 'data-parallel copies'}" if self.data > 1 else ""
-        return f"{self.schedule}, {self.ranks} ranks{v}{dp}, {self.microbatches} micro-batches{ac}"
+        tp = f" × tensor parallel {self.tp}" if self.tp > 1 else ""
+        return f"{self.schedule}, {self.ranks} ranks{v}{dp}{tp}, {self.microbatches} micro-batches{ac}"
 
 
 @dataclass(frozen=True)
@@ -398,7 +404,8 @@ def _link_s(cluster: Cluster, devices: Sequence[str], stages: Sequence[Stage]) -
 
 def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: PipelineRecipe, *,
                    devices: Sequence[str] | None = None, optimizer: str | int = DEFAULT_OPTIMIZER,
-                   starts: Sequence[str] | None = None, memo: dict[Any, Any] | None = None) -> PipelineEstimate:
+                   starts: Sequence[str] | None = None, memo: dict[Any, Any] | None = None,
+                   layouts: Mapping[str, Layout] | None = None) -> PipelineEstimate:
     """``recipe`` on ``graph`` (captured at the micro-batch's size) over ``devices`` (default: the
     cluster's first ``recipe.ranks``), priced as the module docstring says; ``starts``: a cut made
     before (:func:`~.stages.stage_starts`), kept rather than balanced again.  A schedule not in
@@ -406,7 +413,11 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     :class:`~.pipeline.PipelineError` naming it.  ``memo``: a dict shared by calls on the same
     ``graph``, ``costs`` and ``cluster`` — the cut and the walks a recipe shares with another (the same
     stages on the same devices: schedules of one stage a rank, copies replicated or sharded) are
-    made once; the same estimates as without it.  O(S·U² + A log A) for U units and A actions."""
+    made once; the same estimates as without it.  ``layouts``: with ``recipe.tp > 1``, each operator's
+    layout on a pipeline rank's tp devices (the tp placer's Megatron pairs,
+    :func:`tensoropt.placers.tp.tensor_parallel_plan`; an operator not named runs whole), which PyTorch's
+    styles must express (:func:`~.tensorparallel.tensor_parallel_modules`).  O(S·U² + A log A) for U units
+    and A actions."""
     if recipe.schedule not in LOOPED:
         raise PipelineError(f"pipeline schedule {recipe.schedule!r} is not priced: the schedules with PyTorch's "
                             f"loop placement are {', '.join(LOOPED)}")
@@ -416,13 +427,23 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
                             "(CheckpointError); keep the blocks")
     if recipe.shard:
         check_shardable(recipe.schedule, recipe.data)
+    tp, data = recipe.tp, recipe.data
+    if tp > 1 and recipe.shard:
+        raise PipelineError("FSDP2 copies of a tensor-parallel pipeline are not priced yet (the runtime runs them: "
+                            "tensoropt.distributed.pipelined.train_pipeline); replicate the copies")
+    if tp > 1 and not layouts:
+        raise PipelineError("a pipeline of tensor-parallel ranks needs its operators' layouts (the tp placer's)")
     world = list(cluster.select(devices))[:recipe.world] if devices is None else list(cluster.select(devices))
     if len(world) != recipe.world:
-        copies = f" × {recipe.data} copies" if recipe.data > 1 else ""
-        raise PipelineError(f"a pipeline over {recipe.ranks} ranks{copies} needs {recipe.world} devices; "
+        copies = f" × {data} copies" if data > 1 else ""
+        each = f" of {tp} tensor-parallel devices" if tp > 1 else ""
+        raise PipelineError(f"a pipeline over {recipe.ranks} ranks{copies}{each} needs {recipe.world} devices; "
                             f"{'the cluster has' if devices is None else 'given'} {len(world)}")
-    # torchtitan's mesh order (pp, dp): a pipeline rank's copies are neighbours, on the fast links
-    used = world[::recipe.data]
+    # torchtitan's mesh order (pp, dp, tp): a pipeline rank's tp devices neighbours (a host's fast links), its
+    # copies next; copy 0's groups run the stages, the others hold what they hold
+    groups = [tuple(world[r * data * tp:r * data * tp + tp]) for r in range(recipe.ranks)]
+    used = [g[0] for g in groups]
+    lay = {n: Layout(x) for n, x in (layouts or {}).items()} if tp > 1 else {}
     # the cut first: a model with fewer blocks than stages is refused before PyTorch lays out the order,
     # which takes seconds for a looped schedule of many ranks and micro-batches
     memo = {} if memo is None else memo
@@ -433,10 +454,26 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     order = pipeline_order(recipe.schedule, ranks=recipe.ranks, microbatches=recipe.microbatches,
                            stages_per_rank=recipe.virtual)
     p = recipe.ranks
-    on = {name: used[i % p] for i, stage in enumerate(stages) for name in stage.ops}
+    on = {name: groups[i % p] for i, stage in enumerate(stages) for name in stage.ops}
     recomputed = {name for name in on if recipe.checkpoint and block_of(graph.nodes[name].module_path) is not None}
     if recipe.checkpoint and not recomputed:
         raise PipelineError(f"{graph.name or 'the model'} has no repeated blocks to checkpoint")
+    plan = Plan({name: NodeConfig(on[name], lay.get(name, Layout.R), recompute=name in recomputed) for name in on},
+                graph_fingerprint=graph.fingerprint,
+                graph_name=graph.name, batch_size=graph.batch_size, algorithm="pipeline",
+                options={"runtime": "pipelining"})   # PyTorch's autograd: a view's gradient made fresh
+    plan.check(graph, cluster)
+    costs.check_graph(graph)
+    plan_key = ("plan", cut_key, tuple(groups), frozenset(recomputed))
+    if plan_key not in memo:
+        memo[plan_key] = plan_edges(plan, graph, cluster), grad_nodes(graph)
+    edges, needs_grad = memo[plan_key]
+    tp_modules: dict[str, str] = {}
+    if tp > 1:   # each stage as its tp ranks run it
+        tp_modules = _styles(graph, lay, groups[0])
+        stages, again = _at_tensor_parallel(graph, costs, edges, stages, lay, tp, recomputed)
+    else:   # a checkpointed block runs its forward again in its backward
+        again = [sum(costs.time(n)[0] for n in stage.ops if n in recomputed and n in costs) for stage in stages]
     link = _link_s(cluster, used, stages)
     kept = [kept_bytes(graph, costs, stage, recomputed) for stage in stages]
     # in flight beside the receive buffers (held all step, priced below), which hold what a stage receives,
@@ -444,8 +481,6 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     # the walked micro-batch's own, as it takes away only its kept bytes)
     outputs = held_outputs(graph, costs, stages, recomputed)
     in_flight = [max(0, k + o - stage.received_bytes) for k, o, stage in zip(kept, outputs, stages)]
-    # a checkpointed block runs its forward again in its backward
-    again = [sum(costs.time(n)[0] for n in stage.ops if n in recomputed and n in costs) for stage in stages]
     # a zero-bubble schedule's input-gradient steps stash what its weight-gradient steps need
     zero_bubble = recipe.schedule in SPLIT_BACKWARD
     stash = [stashed_bytes(graph, stage) for stage in stages] if zero_bubble else [0] * len(stages)
@@ -456,18 +491,8 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
                             backward_s=[s.backward_s + a for s, a in zip(stages, again)],
                             link_s=link, activation_bytes=in_flight,
                             retained_bytes=retained, deferred_bytes=stash)
-    plan = Plan({name: NodeConfig((on[name],), recompute=name in recomputed) for name in on},
-                graph_fingerprint=graph.fingerprint,
-                graph_name=graph.name, batch_size=graph.batch_size, algorithm="pipeline",
-                options={"runtime": "pipelining"})   # PyTorch's autograd: a view's gradient made fresh
     # the step's largest moment on each rank is one micro-batch's stage running (the walk of one
     # micro-batch, per stage: plan_memory's regions) beside what the other micro-batches hold then
-    plan.check(graph, cluster)
-    costs.check_graph(graph)
-    plan_key = ("plan", cut_key, tuple(used), frozenset(recomputed))
-    if plan_key not in memo:
-        memo[plan_key] = plan_edges(plan, graph, cluster), grad_nodes(graph)
-    edges, needs_grad = memo[plan_key]
     at_backward = _at_backward(plan, graph, costs, edges, needs_grad, optimizer, stages, run.held_at_backward,
                                kept, used, stash if zero_bubble else None, memo=memo, memo_key=(plan_key, optimizer))
     whole = at_backward.whole
@@ -495,17 +520,71 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
             state = whole[dev].optimizer
             terms = [_held_beside(m, state, extra) for m, extra in at_backward.terms[r]] + [whole[dev]]
             top = _held_beside(max(terms, key=lambda m: m.peak), state, step_buffers)
-        for d in range(recipe.data):   # every copy holds what the first does
-            memory[world[r * recipe.data + d]] = top.peak
-            breakdown[world[r * recipe.data + d]] = top
-    sync = _sync_s(graph, cluster, world, stages, recipe, units)
+        for k in range(r * data * tp, (r + 1) * data * tp):   # every copy and tp rank holds what the first does
+            memory[world[k]] = top.peak
+            breakdown[world[k]] = top
+    sync = _sync_s(graph, cluster, world, stages, recipe, units, lay)
     est = PipelineEstimate(recipe, tuple(world), stages, split_points(graph, stages), run.step_s + sync,
                            run.bubble_fraction, run.peak_in_flight, memory, link,
                            tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops
                                                if n.name in recomputed)), sync, breakdown=breakdown)
-    offered = pipeline_plan(est, plan, optimizer)
+    offered = pipeline_plan(est, plan, optimizer, tp_modules)
     offered.cluster_name, offered.cluster_fingerprint = cluster.name, cluster.fingerprint
     return replace(est, plan=offered)
+
+
+def _styles(graph: OpGraph, layouts: Mapping[str, Layout], devices: tuple[str, ...]) -> dict[str, str]:
+    """The module plan PyTorch's tensor-parallel styles run ``layouts`` with on a pipeline rank's tp
+    ``devices`` (:func:`~.tensorparallel.tensor_parallel_modules` of the whole model so placed: each
+    stage takes the modules it holds), or a :class:`~.pipeline.PipelineError` naming why they do not."""
+    whole = Plan({n.name: NodeConfig(devices, layouts.get(n.name, Layout.R)) for n in graph.ops},
+                 graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size)
+    try:
+        return tensor_parallel_modules(graph, whole)
+    except TensorOptError as e:
+        raise PipelineError(f"the stages' tensor parallelism is not PyTorch's styles: {e}") from None
+
+
+def _at_tensor_parallel(graph: OpGraph, costs: CostModel, edges: PlanEdges, stages: Sequence[Stage],
+                        layouts: Mapping[str, Layout], tp: int, recomputed: set[str]
+                        ) -> tuple[tuple[Stage, ...], list[float]]:
+    """Each stage as its ``tp`` ranks run it: its forward and backward the operators' times at their
+    ``layouts``' shard over ``tp`` (an operator not named whole) and the reshards between its
+    operators (:func:`~.walk.plan_edges`': the all-reduce of a row layer's partial sums forward, of a
+    column layer's input gradient backward), the activations it keeps those of its operators at
+    their shards (:func:`~.memory.node_memory`); what it receives and sends is whole on every tp rank
+    (a block's input and output are replicated).  With it, each stage's recomputed forward (its
+    checkpointed operators' and their reshards': a block's all-reduces run again)."""
+    where = {name: s for s, stage in enumerate(stages) for name in stage.ops}
+    out: list[Stage] = []
+    again: list[float] = []
+    for s, stage in enumerate(stages):
+        fwd = bwd = redo = 0.0
+        act = stage.received_bytes
+        forward: dict[Any, float] = {}   # each reshard once (readers of one value share it)
+        backward: dict[Any, float] = {}
+        redone: set[Any] = set()
+        for name in stage.ops:
+            if name not in costs:
+                continue
+            layout = layouts.get(name, Layout.R)
+            f, b = costs.time(name, layout, tp)
+            fwd, bwd = fwd + f, bwd + b
+            redo += f if name in recomputed else 0.0
+            act += node_memory(graph, costs, name, layout=layout, degree=tp).activations
+            for src in graph.nodes[name].inputs:
+                key, bkey = edges.key_of.get((name, src)), edges.bkey_of.get((name, src))
+                if where.get(src) != s or key is None:
+                    continue
+                forward[key] = edges.fwd[key].time_s
+                if name in recomputed:
+                    redone.add(key)
+                if bkey is not None:
+                    backward[bkey] = edges.bwd[bkey][0].backward_time_s
+        out.append(replace(stage, forward_s=fwd + sum(forward.values()), backward_s=bwd + sum(backward.values()),
+                           activation_bytes=act))
+        again.append(redo + sum(forward[k] for k in redone))
+    return tuple(out), again
 
 
 @dataclass
@@ -591,19 +670,24 @@ def _held_beside(m: StepMemory, state: int, extra: float) -> StepMemory:
                    activations_at_peak=int(m.activations_at_peak + extra))
 
 
-def pipeline_plan(est: PipelineEstimate, stage_plan: Plan, optimizer: str | int = DEFAULT_OPTIMIZER) -> Plan:
-    """``est`` as a plan: ``stage_plan``'s configurations (each stage's operators whole on its
-    pipeline rank, blocks recomputed where checkpointed), the copies as replicas (copy ``d``'s
-    ranks, :attr:`Plan.replicas <tensoropt.plan.Plan.replicas>`), ``options["microbatches"]`` the
+def pipeline_plan(est: PipelineEstimate, stage_plan: Plan, optimizer: str | int = DEFAULT_OPTIMIZER,
+                  tp_modules: Mapping[str, str] | None = None) -> Plan:
+    """``est`` as a plan: ``stage_plan``'s configurations (each stage's operators on its pipeline
+    rank's devices — whole, or in their tensor-parallel layouts over its ``tp`` devices — blocks
+    recomputed where checkpointed), the copies as replicas (copy ``d``'s devices,
+    :attr:`Plan.replicas <tensoropt.plan.Plan.replicas>`), ``options["microbatches"]`` the
     schedule's micro-batches, ``options["optimizer"]`` the one it was priced for and
-    ``options["pipeline"]`` the rest of the recipe and its cut — what
-    :func:`recipe_of` and :func:`price_plan` read back, and what runs it
+    ``options["pipeline"]`` the rest of the recipe and its cut (with ``tp``, the modules' styles
+    ``tp_modules``) — what :func:`recipe_of` and :func:`price_plan` read back, and what runs it
     (:func:`tensoropt.distributed.pipelined.pipeline_job`)."""
     r = est.recipe
     pipeline = {"schedule": r.schedule, "stages_per_rank": r.virtual, "checkpoint": r.checkpoint, "shard": r.shard,
                 "starts": list(stage_starts(est.stages)), "split_points": [list(p) for p in est.split_points],
                 "checkpointed": list(est.checkpointed)}
-    replicas = [[est.devices[k * r.data + d] for k in range(r.ranks)] for d in range(r.data)] if r.data > 1 else []
+    if r.tp > 1:
+        pipeline |= {"tp": r.tp, "tp_modules": dict(tp_modules or {})}
+    replicas = [[est.devices[(k * r.data + d) * r.tp + t] for k in range(r.ranks) for t in range(r.tp)]
+                for d in range(r.data)] if r.data > 1 else []
     plan = Plan(stage_plan.configs, graph_fingerprint=stage_plan.graph_fingerprint, graph_name=stage_plan.graph_name,
                 batch_size=stage_plan.batch_size, algorithm="pipeline", order=stage_plan.order,
                 options={"runtime": "pipelining", "pipeline": pipeline, "optimizer": optimizer}, replicas=replicas,
@@ -617,9 +701,10 @@ def recipe_of(plan: Plan) -> PipelineRecipe:
     spec = plan.pipeline
     if spec is None:
         raise PlanError("the plan is not a pipeline (its options have no 'pipeline')")
-    return PipelineRecipe(spec["schedule"], ranks=len(plan.devices), microbatches=plan.microbatches,
+    tp = int(spec.get("tp") or 1)
+    return PipelineRecipe(spec["schedule"], ranks=len(plan.devices) // tp, microbatches=plan.microbatches,
                           stages_per_rank=spec["stages_per_rank"], checkpoint=spec["checkpoint"],
-                          data=plan.num_replicas, shard=bool(spec.get("shard", False)))
+                          data=plan.num_replicas, shard=bool(spec.get("shard", False)), tp=tp)
 
 
 def pipeline_text(plan: Plan) -> str:
@@ -634,18 +719,22 @@ def price_plan(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *
     (what :func:`~.simulate.simulate` returns for it).  O(price_pipeline)."""
     plan.check(graph, cluster)
     return price_pipeline(graph, costs, cluster, recipe_of(plan), devices=rank_order(plan), optimizer=optimizer,
-                          starts=plan.pipeline["starts"] if plan.pipeline else None)
+                          starts=plan.pipeline["starts"] if plan.pipeline else None,
+                          layouts={name: cfg.layout for name, cfg in plan.configs.items()})
 
 
 def rank_order(plan: Plan) -> list[str]:
-    """A pipeline plan's devices in rank order — rank ``r · data + d`` is pipeline rank ``r`` of copy
-    ``d`` (torchtitan's ``(pp, dp)`` mesh), what :func:`pipeline_plan` made its replicas from."""
+    """A pipeline plan's devices in rank order — rank ``(r · data + d) · tp + t`` is tensor-parallel
+    rank ``t`` of pipeline rank ``r`` of copy ``d`` (torchtitan's ``(pp, dp, tp)`` mesh), what
+    :func:`pipeline_plan` made its replicas from."""
     groups = plan.replicas or (tuple(plan.devices),)
-    return [g[k] for k in range(len(plan.devices)) for g in groups]
+    tp = int((plan.pipeline or {}).get("tp") or 1)
+    return [g[r * tp + t] for r in range(len(plan.devices) // tp) for g in groups for t in range(tp)]
 
 
 def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequence[Stage],
-            recipe: PipelineRecipe, units: Sequence[Sequence[ShardedUnit]] = ()) -> float:
+            recipe: PipelineRecipe, units: Sequence[Sequence[ShardedUnit]] = (),
+            layouts: Mapping[str, Layout] | None = None) -> float:
     """The gradient sums after the step, the slowest rank's time: each tied parameter's copies (a
     parameter two stages read: PyTorch's pipelining gives each its own) all-reduced over the ranks
     holding one, each copy's ring at once (:func:`tensoropt.distributed.pipelined.tied_copies`; with
@@ -653,26 +742,31 @@ def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequ
     each pipeline rank all-reduces every gradient of its stages, tied copies too, in place over its
     ``data`` copies (one ring a parameter; the ranks' rings at once, each on its own devices); as FSDP2
     shards, :func:`~.pipeline_fsdp.sharded_sync_s` (``units``: each rank's stage's), the tied sums after
-    the slowest rank's reduce-scatters."""
-    p, data = recipe.ranks, recipe.data
+    the slowest rank's reduce-scatters.  With tensor-parallel ranks (``layouts``: a parameter read by an
+    operator whose layout cuts it is a tp rank's piece), tp rank ``t`` of each pipeline rank sums with
+    the same of the others, every tp rank's rings at once."""
+    p, data, tp = recipe.ranks, recipe.data, recipe.tp
     grads: list[list[int]] = [[] for _ in range(p)]
     tied = [0.0] * p
     stage_of = {name: s for s, stage in enumerate(stages) for name in stage.ops}
+    cut = {n for n, x in (layouts or {}).items() if x in ("channel", "reduce")}
     for q, info in graph.params.items():
-        held = sorted({stage_of[n] for n in (info.owner, *info.readers) if n in stage_of})   # a copy a stage
+        readers = (info.owner, *info.readers)
+        held = sorted({stage_of[n] for n in readers if n in stage_of})   # a copy a stage
         if not info.is_trainable or not held:
             continue
+        piece = -(-info.nbytes // tp) if tp > 1 and cut.intersection(readers) else info.nbytes
         for k in held:
-            grads[k % p].append(info.nbytes)
+            grads[k % p].append(piece)
         ranks = sorted({k % p for k in held})
         if len(ranks) > 1:
-            nbytes = padded_bytes(graph, q, data) // data if recipe.shard else info.nbytes
-            t = ring_allreduce_time(cluster, [world[r * data] for r in ranks], nbytes)
+            nbytes = padded_bytes(graph, q, data) // data if recipe.shard else piece
+            t = ring_allreduce_time(cluster, [world[r * data * tp] for r in ranks], nbytes)
             for r in ranks:
                 tied[r] += t
     if recipe.shard:
         return sharded_sync_s(cluster, [world[r * data:(r + 1) * data] for r in range(p)], units) + max(tied)
-    copies = [sum(ring_allreduce_time(cluster, world[r * data:(r + 1) * data], n) for n in grads[r])
+    copies = [sum(ring_allreduce_time(cluster, world[r * data * tp:(r + 1) * data * tp:tp], n) for n in grads[r])
               if data > 1 else 0.0 for r in range(p)]
     return max(t + c for t, c in zip(tied, copies))
 
