@@ -138,10 +138,10 @@ def _priced_rows(args: argparse.Namespace, console: Console, graph: OpGraph, pri
         return []
     sharding = {"no": (False,), "yes": (True,), "both": (False, True)}[args.shard] if data > 1 else (False,)
     rows = []
-    # (both: the other schedules' copies replicated only, FSDP2 on them is not priced; nor with tp yet)
+    # (both: the other schedules' copies replicated only, FSDP2 on them is not priced)
     for name, checkpoint, shard in ((n, c, f) for n in schedules for c in _checkpointing(args.checkpoint)
                                     for f in sharding
-                                    if not (f and args.shard == "both" and (n not in SHARDED_SCHEDULES or tp > 1))):
+                                    if not (f and args.shard == "both" and n not in SHARDED_SCHEDULES)):
         recipe = PipelineRecipe(name, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data, shard=shard, tp=tp)
         try:
             est = price_pipeline(graph, priced.costs, priced.cluster, recipe, devices=devices,

@@ -122,6 +122,7 @@ from .pipeline_fsdp import (
     sharded_rank,
     sharded_sync_s,
     stage_units,
+    tp_piece_bytes,
 )
 from .stages import Stage, cut_stages, stage_starts
 from .tensorparallel import tensor_parallel_modules
@@ -428,9 +429,6 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     if recipe.shard:
         check_shardable(recipe.schedule, recipe.data)
     tp, data = recipe.tp, recipe.data
-    if tp > 1 and recipe.shard:
-        raise PipelineError("FSDP2 copies of a tensor-parallel pipeline are not priced yet (the runtime runs them: "
-                            "tensoropt.distributed.pipelined.train_pipeline); replicate the copies")
     if tp > 1 and not layouts:
         raise PipelineError("a pipeline of tensor-parallel ranks needs its operators' layouts (the tp placer's)")
     world = list(cluster.select(devices))[:recipe.world] if devices is None else list(cluster.select(devices))
@@ -501,7 +499,8 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     breakdown: dict[str, StepMemory] = {}
     # each rank's stages' units in the order PyTorch reduces them: its later stage first (its last backward
     # comes first), each stage's module and then its blocks
-    stage_unit = {s: stage_units(graph, stages[s], recipe.data) for s in range(len(stages))} if recipe.shard else {}
+    cuts = tp_cuts(graph, lay)
+    stage_unit = {s: stage_units(graph, stages[s], data, cuts, tp) for s in range(len(stages))} if recipe.shard else {}
     reduce_order = [list(reversed(range(r, len(stages), p))) for r in range(p)]
     units = [[u for s in reduce_order[r] for u in stage_unit[s]] for r in range(p)] if recipe.shard else []
     for r, dev in enumerate(used):
@@ -523,7 +522,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
         for k in range(r * data * tp, (r + 1) * data * tp):   # every copy and tp rank holds what the first does
             memory[world[k]] = top.peak
             breakdown[world[k]] = top
-    sync = _sync_s(graph, cluster, world, stages, recipe, units, lay)
+    sync = _sync_s(graph, cluster, world, stages, recipe, units, cuts)
     est = PipelineEstimate(recipe, tuple(world), stages, split_points(graph, stages), run.step_s + sync,
                            run.bubble_fraction, run.peak_in_flight, memory, link,
                            tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops
@@ -732,9 +731,26 @@ def rank_order(plan: Plan) -> list[str]:
     return [g[r * tp + t] for r in range(len(plan.devices) // tp) for g in groups for t in range(tp)]
 
 
+def tp_cuts(graph: OpGraph, layouts: Mapping[str, Layout]) -> dict[str, int]:
+    """The trainable parameters tensor parallelism cuts, each with the dimension its ranks' pieces are
+    cut along: a column layer's (``channel``: its output features, dimension 0 of a linear's weight and
+    bias), a row layer's weight (``reduce``: its input features, dimension 1; its bias whole, as
+    ``RowwiseParallel`` replicates it)."""
+    cuts: dict[str, int] = {}
+    for name, layout in layouts.items():
+        if layout not in (Layout.CHANNEL, Layout.REDUCE):
+            continue
+        node = graph.nodes[name]
+        for q in (*node.params, *node.param_reads):
+            info = graph.params[q]
+            if info.is_trainable and (layout == Layout.CHANNEL or len(info.shape) > 1):
+                cuts[q] = 0 if layout == Layout.CHANNEL else 1
+    return cuts
+
+
 def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequence[Stage],
             recipe: PipelineRecipe, units: Sequence[Sequence[ShardedUnit]] = (),
-            layouts: Mapping[str, Layout] | None = None) -> float:
+            cuts: Mapping[str, int] | None = None) -> float:
     """The gradient sums after the step, the slowest rank's time: each tied parameter's copies (a
     parameter two stages read: PyTorch's pipelining gives each its own) all-reduced over the ranks
     holding one, each copy's ring at once (:func:`tensoropt.distributed.pipelined.tied_copies`; with
@@ -742,30 +758,30 @@ def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequ
     each pipeline rank all-reduces every gradient of its stages, tied copies too, in place over its
     ``data`` copies (one ring a parameter; the ranks' rings at once, each on its own devices); as FSDP2
     shards, :func:`~.pipeline_fsdp.sharded_sync_s` (``units``: each rank's stage's), the tied sums after
-    the slowest rank's reduce-scatters.  With tensor-parallel ranks (``layouts``: a parameter read by an
-    operator whose layout cuts it is a tp rank's piece), tp rank ``t`` of each pipeline rank sums with
-    the same of the others, every tp rank's rings at once."""
+    the slowest rank's reduce-scatters.  With tensor-parallel ranks (``cuts``: :func:`tp_cuts`, a
+    parameter cut is a tp rank's piece), tp rank ``t`` of each pipeline rank sums with the same of the
+    others, every tp rank's rings at once."""
     p, data, tp = recipe.ranks, recipe.data, recipe.tp
     grads: list[list[int]] = [[] for _ in range(p)]
     tied = [0.0] * p
     stage_of = {name: s for s, stage in enumerate(stages) for name in stage.ops}
-    cut = {n for n, x in (layouts or {}).items() if x in ("channel", "reduce")}
+    cuts = cuts or {}
     for q, info in graph.params.items():
-        readers = (info.owner, *info.readers)
-        held = sorted({stage_of[n] for n in readers if n in stage_of})   # a copy a stage
+        held = sorted({stage_of[n] for n in (info.owner, *info.readers) if n in stage_of})   # a copy a stage
         if not info.is_trainable or not held:
             continue
-        piece = -(-info.nbytes // tp) if tp > 1 and cut.intersection(readers) else info.nbytes
+        piece = tp_piece_bytes(graph, q, cuts.get(q), tp)
         for k in held:
             grads[k % p].append(piece)
         ranks = sorted({k % p for k in held})
         if len(ranks) > 1:
-            nbytes = padded_bytes(graph, q, data) // data if recipe.shard else piece
+            nbytes = padded_bytes(graph, q, data, cuts.get(q), tp) // data if recipe.shard else piece
             t = ring_allreduce_time(cluster, [world[r * data * tp] for r in ranks], nbytes)
             for r in ranks:
                 tied[r] += t
     if recipe.shard:
-        return sharded_sync_s(cluster, [world[r * data:(r + 1) * data] for r in range(p)], units) + max(tied)
+        return sharded_sync_s(cluster, [world[r * data * tp:(r + 1) * data * tp:tp] for r in range(p)], units) \
+            + max(tied)
     copies = [sum(ring_allreduce_time(cluster, world[r * data * tp:(r + 1) * data * tp:tp], n) for n in grads[r])
               if data > 1 else 0.0 for r in range(p)]
     return max(t + c for t, c in zip(tied, copies))
@@ -773,4 +789,4 @@ def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequ
 
 __all__ = ["LOOPED", "SPLIT_BACKWARD", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "held_outputs",
            "kept_bytes", "pipeline_plan", "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of",
-           "retained_sends", "split_points", "stashed_bytes"]
+           "retained_sends", "split_points", "stashed_bytes", "tp_cuts"]
