@@ -7,10 +7,13 @@ dropout, its losses held to the unmodified model's (:func:`~tensoropt.distribute
 then in float32 with AdamW and the model's dropout, each rank's peak of tensor storage over one step after three; each
 case with its blocks kept and with every block checkpointed; the last four cases are two copies of a
 two-rank pipeline (data parallel × pipeline parallel on 4 ranks, each copy on half the batch), replicated
-and then as FSDP2 shards (torchtitan's PP × FSDP).
+and then as FSDP2 shards (torchtitan's PP × FSDP).  With ``--tp 2`` each pipeline rank is two ranks running
+its stages as Megatron's pairs (PyTorch's ColwiseParallel / RowwiseParallel; torchtitan's ``(pp, dp, tp)``
+mesh), priced in the tp placer's layouts over an 8-GPU host's devices: the :data:`TP_CASES`, up to
+pp 2 × FSDP2 2 × tp 2 on 8 ranks.
 error = (priced − measured) / measured.
 
-    python benchmarks/truth_pipeline.py [--model SPEC] [--batch 8] [--microbatches 4]
+    python benchmarks/truth_pipeline.py [--model SPEC] [--batch 8] [--microbatches 4] [--tp 2]
     python benchmarks/truth_pipeline.py --time      # step times instead, on a wider model
 
 It measures and compares: nothing measured here feeds the price.  Memory is priced through an
@@ -28,6 +31,7 @@ import tempfile
 import tensoropt
 from tensoropt.distributed import launch
 from tensoropt.distributed.pipelined import pipeline_job, train_one_process, train_pipeline
+from tensoropt.placers.tp import megatron_layouts
 from tensoropt.planmodel.pipeline import PipelineError
 from tensoropt.planmodel.pipelined import SPLIT_BACKWARD, PipelineRecipe, price_pipeline
 
@@ -36,6 +40,9 @@ DEFAULT_MODEL = "zoo:llama3-8b?layers=4&hidden=64&heads=4&kv_heads=2&ffn=128&voc
 CASES = (("gpipe", 2, 1, False), ("1f1b", 2, 1, False), ("interleaved-1f1b", 2, 1, False), ("looped-bfs", 2, 1, False),
          ("interleaved-zb", 2, 1, False), ("gpipe", 4, 1, False), ("1f1b", 4, 1, False), ("gpipe", 2, 2, False),
          ("1f1b", 2, 2, False), ("gpipe", 2, 2, True), ("1f1b", 2, 2, True), ("interleaved-1f1b", 2, 2, True))
+#: --tp: the cases run with tensor-parallel pipeline ranks (up to 8 gloo ranks)
+TP_CASES = (("gpipe", 2, 1, False), ("1f1b", 2, 1, False), ("interleaved-1f1b", 2, 1, False), ("1f1b", 2, 2, False),
+            ("1f1b", 2, 2, True))
 #: each case with its blocks kept, then recomputed (checkpoint_wrapper on each)
 CHECKPOINT = (False, True)
 #: --time: a model wide enough that its operators, not Python, take the step
@@ -76,29 +83,34 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--microbatches", type=int, default=4)
     ap.add_argument("--time", action="store_true", help="step times (module docstring) instead of memory")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks a pipeline rank (TP_CASES; default 1)")
     args = ap.parse_args()
     if args.time:
         step_times()
         return
-    m = args.microbatches
-    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
-    graphs = {}   # copies → the graph at a copy's micro-batch and its costs
-    for data in sorted({c[2] for c in CASES}):
+    m, tp = args.microbatches, args.tp
+    all_cases = TP_CASES if tp > 1 else CASES
+    cluster = tensoropt.load_cluster("preset:v100-8-nvlink" if tp > 1 else "preset:a100-4-nvlink")
+    graphs = {}   # copies → the graph at a copy's micro-batch, its costs and (tp) Megatron's layouts
+    for data in sorted({c[2] for c in all_cases}):
         graph = tensoropt.load_model(args.model, batch=args.batch // (m * data)).capture(method="export")
-        graphs[data] = graph, tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
+        costs = tensoropt.price(tensoropt.profile(graph, shard_degrees=sorted({1, tp}), timed=False), cluster).costs
+        graphs[data] = graph, costs, megatron_layouts(graph, costs, tp) if tp > 1 else None
     alone = train_one_process(args.model, batch=args.batch, steps=2)
-    print(f"{args.model}, batch {args.batch} in {m} micro-batches (a copy's batch in {m} with copies), AdamW, "
+    each = f", each pipeline rank {tp} tensor-parallel ranks" if tp > 1 else ""
+    print(f"{args.model}, batch {args.batch} in {m} micro-batches (a copy's batch in {m} with copies){each}, AdamW, "
           "float32: priced / measured peak a rank")
     print("| schedule | stages on ranks | blocks | losses as the model's | rank | priced KiB | measured KiB | error |")
     print("|---|---|---|---|---:|---:|---:|---:|")
     only = [x for x in args.schedules.split(",") if x]
-    cases = [(c, k) for c in CASES for k in CHECKPOINT
+    cases = [(c, k) for c in all_cases for k in CHECKPOINT
              if (not only or c[0] in only) and not (k and c[0] in SPLIT_BACKWARD)]   # (PyTorch cannot run those)
     for (schedule, ranks, data, shard), checkpoint in cases:
-        recipe = PipelineRecipe(schedule, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data, shard=shard)
-        graph, costs = graphs[data]
+        recipe = PipelineRecipe(schedule, ranks=ranks, microbatches=m, checkpoint=checkpoint, data=data, shard=shard,
+                                tp=tp)
+        graph, costs, layouts = graphs[data]
         try:
-            est = price_pipeline(graph, costs, cluster, recipe, optimizer="adamw")
+            est = price_pipeline(graph, costs, cluster, recipe, optimizer="adamw", layouts=layouts)
         except PipelineError as e:   # a recipe the model cannot take: said
             print(f"| {schedule} | on {ranks} × {data} {'FSDP2 shards' if shard else 'copies'} | refused: {e} |")
             continue
@@ -113,6 +125,7 @@ def main() -> None:
             priced = est.memory_bytes[dev]
             blocks = "recomputed" if checkpoint else "kept"
             copies = f" × {data} {'FSDP2 shards' if shard else 'copies'}" if data > 1 else ""
+            copies += f" × tp {tp}" if tp > 1 else ""
             agrees = "yes" if same <= 1e-6 else "NO"
             head = (f"| {schedule} | {len(est.stages)} on {ranks}{copies} | {blocks} | {agrees} ({same:.1g}) "
                     if r == 0 else "| | | | ")

@@ -63,6 +63,7 @@ from .frontier import (
     pipeline_recipes,
     price_recipes,
     replicate_frontier,
+    tensor_parallel_widths,
     track_frontier,
 )
 from .measure.costmodel import CostModel
@@ -467,7 +468,8 @@ def join_pipelines(request: Request, setup: Setup, graph: OpGraph, frontier: Fro
         return frontier
     batch, n = graph.batch_size or 0, len(setup.devices)
     loaded, why = _loaded_for_slices(request, graph)
-    recipes = pipeline_recipes(n, batch, request.pipelines) if batch else []
+    widths = tensor_parallel_widths(setup.cluster, setup.devices)
+    recipes = pipeline_recipes(n, batch, request.pipelines, tp_widths=widths) if batch else []
     if not why and not recipes:
         why = (f"no pipeline of 2 or more ranks over the {n} devices cuts the batch ({batch}) into ranks × 1, 2 or 4 "
                "micro-batches a copy" if n > 1 else "one device holds no pipeline")
@@ -480,7 +482,7 @@ def join_pipelines(request: Request, setup: Setup, graph: OpGraph, frontier: Fro
     slices = sorted({r.data * r.microbatches for r in recipes})
     for k in slices:   # one capture a micro-batch size, fewest slices first
         progress("frontier", 0, 1, f"pipelines on micro-batches of {batch // k} of {batch}")
-        part, part_costs = _captured_slice(request, setup, loaded, graph, k, setup.devices, (1,))
+        part, part_costs = _captured_slice(request, setup, loaded, graph, k, setup.devices, (1, *widths))
         found, bad = price_recipes(part, part_costs, setup.cluster,
                                    [r for r in recipes if r.data * r.microbatches == k], setup.devices,
                                    optimizer=request.optimizer)

@@ -2,7 +2,8 @@
 
 Every schedule of ``--schedules`` at every count of ``--microbatches`` over ``--ranks`` devices —
 and, with ``--data``, over copies of the pipeline each on its slice of the batch (data parallel ×
-pipeline parallel: ``ranks × data`` devices) — priced by
+pipeline parallel: ``ranks × data`` devices), and with ``--tp``, each pipeline rank ``tp`` devices running its
+stages as Megatron's tensor parallelism (``ranks × data × tp``) — priced by
 :func:`tensoropt.planmodel.pipelined.price_pipeline` on the model captured at the micro-batch's size
 (one capture and profile per count, cached as every command's): the step, the bubble, each rank's
 peak, whether it fits and where PyTorch cuts the model.  ``--check`` runs the fastest plan that fits

@@ -11,7 +11,11 @@ training on the unmodified model, whole batch, one process — what a pipeline's
 With ``data`` copies (data parallel × pipeline parallel), rank ``r · data + d`` is pipeline rank
 ``r`` of copy ``d`` (torchtitan's ``(pp, dp)`` mesh order); each copy's stages talk over its own
 process group, each runs on its slice of the batch, and every gradient is all-reduced over a
-pipeline rank's copies (its own group) and averaged after the schedule's step.
+pipeline rank's copies (its own group) and averaged after the schedule's step.  With ``tp`` tensor-parallel
+ranks a pipeline rank, the world is torchtitan's ``(pp, dp, tp)`` device mesh (rank ``(r · data + d) · tp
++ t``): each stage's linears of the plan's module plan are made ``nn.Linear`` again
+(:func:`eager_linears`) and given PyTorch's ``ColwiseParallel`` / ``RowwiseParallel`` over the ``tp`` axis,
+before the blocks are checkpointed and, as FSDP2, sharded over the ``dp`` axis (torchtitan's order).
 
 The schedule's step asks for no outputs back (``return_outputs=False``: the losses come in ``losses``), so
 PyTorch's last stage keeps no micro-batch's output to the step's end (``output_chunks``: a model that

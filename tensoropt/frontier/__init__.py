@@ -45,7 +45,7 @@ from .track import DEFAULT_SEED_PLACERS, default_resolution, track_frontier
 from .algorithm import BRANCH_RULE, FIX_RULE, FixedChoice, FrontierResult, Session, track
 # isort: on
 from .graph_problem import MeshProblem, build_problem, candidate_meshes, node_configs, ring_bottleneck
-from .pipelines import PIPELINE_SOURCE, pipeline_recipes, price_recipes
+from .pipelines import PIPELINE_SOURCE, pipeline_recipes, price_recipes, tensor_parallel_widths
 from .point_sets import batched_product, bucket_key, is_frontier, product, reduce, union
 from .problem import EdgeCosts, NodeCosts, Problem, ProblemError, brute_force, min_scalarized
 from .replicas import (
@@ -62,7 +62,7 @@ from .replicas import (
 from .result import MICROBATCHES_SOURCE, BudgetError, Frontier, FrontierPoint, MeshResult, PointsMemo, frontier_point
 
 __all__ = [
-    "PIPELINE_SOURCE", "pipeline_recipes", "price_recipes",
+    "PIPELINE_SOURCE", "pipeline_recipes", "price_recipes", "tensor_parallel_widths",
     "track_frontier", "Frontier", "FrontierPoint", "MeshResult", "BudgetError", "frontier_point", "PointsMemo",
     "default_resolution",
     "DEFAULT_SEED_PLACERS",

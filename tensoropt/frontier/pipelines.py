@@ -3,15 +3,19 @@ r"""Pipeline plans on the frontier: every pipeline of the devices, priced and jo
 A pipeline plan (:mod:`tensoropt.planmodel.pipelined`) cuts the model into contiguous stages of
 its blocks, one rank each (or ``v`` a rank for the interleaved schedules), runs a step as ``m``
 micro-batches in a schedule's order, and — with ``data`` copies of the pipeline over the rest of
-the devices (torchtitan's ``(pp, dp)`` mesh) — averages the copies' gradients after the step.
+the devices (torchtitan's ``(pp, dp, tp)`` mesh) — averages the copies' gradients after the step;
+each rank may be ``t`` devices of one host running its stages as Megatron's tensor parallelism.
 The recipes tried on ``D`` devices (:func:`pipeline_recipes`) are
 
 .. math::
 
-    \{(s, p, m, c) : p \mid D,\ p \ge 2,\ m \in p \cdot \{1, 2, 4\} \cup \{B p / D : B p / D > p\},\
-    (D / p) \cdot m \mid B,\ s \in S,\ c \in \{\text{kept}, \text{checkpointed}\}\}
+    \{(s, t, p, m, c) : t \in \{1\} \cup T,\ p\,t \mid D,\ p \ge 2,\
+    m \in p \cdot \{1, 2, 4\} \cup \{B p t / D : B p t / D > p\},\
+    (D / p t) \cdot m \mid B,\ s \in S,\ c \in \{\text{kept}, \text{checkpointed}\}\}
 
-for the schedules ``S`` asked for and the step's batch ``B``: every pipeline over all the
+for the schedules ``S`` asked for, the step's batch ``B`` and the widths ``T`` every host's devices take
+(:func:`tensor_parallel_widths`: 2, 4 and 8 on hosts of 8 GPUs; a width whose Megatron layouts PyTorch's
+styles do not express — GPT-2's fused ``Conv1D`` projections — is left out with the reason): every pipeline over all the
 devices, each with as many micro-batches as ranks (PyTorch's least for the interleaved
 schedules), two and four times as many (1F1B's bubble :math:`(p-1)/(m+p-1)`: from one half
 down to one fifth at two ranks), and micro-batches of one row (torchtitan's default: the least
@@ -43,13 +47,14 @@ from ..cluster import Cluster
 from ..errors import TensorOptError
 from ..graph import OpGraph
 from ..measure.costmodel import CostModel
+from ..placers.tp import megatron_layouts
 from ..planmodel.pipeline import SCHEDULES, pytorch_schedules
 from ..planmodel.pipeline_fsdp import SHARDED_SCHEDULES
-from ..planmodel.pipelined import SPLIT_BACKWARD, PipelineRecipe, price_pipeline
+from ..planmodel.pipelined import SPLIT_BACKWARD, PipelineRecipe, price_pipeline, tensor_parallel_styles
 from ..planmodel.simulate import pipeline_result
 from .forkmap import default_workers, fork_map
 
-__all__ = ["PIPELINE_SOURCE", "MICROBATCHES_PER_RANK", "pipeline_recipes", "price_recipes"]
+__all__ = ["PIPELINE_SOURCE", "MICROBATCHES_PER_RANK", "pipeline_recipes", "price_recipes", "tensor_parallel_widths"]
 
 #: the source of a pipeline plan on the frontier (:attr:`~.result.FrontierPoint.source`)
 PIPELINE_SOURCE = "pipeline"
@@ -58,48 +63,86 @@ MICROBATCHES_PER_RANK = (1, 2, 4)
 
 
 def pipeline_recipes(num_devices: int, batch: int, schedules: Sequence[str], *,
-                     checkpoint: Sequence[bool] = (False, True)) -> list[PipelineRecipe]:
+                     checkpoint: Sequence[bool] = (False, True), tp_widths: Sequence[int] = ()) -> list[PipelineRecipe]:
     """The recipes the frontier prices on ``num_devices`` devices for a step of ``batch`` rows
-    (module docstring), in a fixed order: ranks, micro-batches, schedule, checkpoint."""
+    (module docstring), in a fixed order: tensor-parallel width (1, then ``tp_widths``), ranks,
+    micro-batches, schedule, checkpoint."""
     out = []
-    for p in range(2, num_devices + 1):
-        if num_devices % p:
+    for tp in (1, *tp_widths):
+        if num_devices % tp:
             continue
-        data = num_devices // p
-        # (fewer micro-batches than ranks leave a rank idle most of the step: none tried)
-        one_row = [batch // data] if batch % data == 0 and batch // data > p else []
-        for m in dict.fromkeys([*(f * p for f in MICROBATCHES_PER_RANK), *one_row]):
-            if batch % (data * m):
+        for p in range(2, num_devices // tp + 1):
+            if (num_devices // tp) % p:
                 continue
-            out += [PipelineRecipe(s, ranks=p, microbatches=m, checkpoint=c, data=data, shard=f)
-                    for s in schedules for c in checkpoint if not (c and s in SPLIT_BACKWARD)
-                    for f in ((False, True) if data > 1 and s in SHARDED_SCHEDULES else (False,))]
+            data = num_devices // (p * tp)
+            # (fewer micro-batches than ranks leave a rank idle most of the step: none tried)
+            one_row = [batch // data] if batch % data == 0 and batch // data > p else []
+            for m in dict.fromkeys([*(f * p for f in MICROBATCHES_PER_RANK), *one_row]):
+                if batch % (data * m):
+                    continue
+                out += [PipelineRecipe(s, ranks=p, microbatches=m, checkpoint=c, data=data, shard=f, tp=tp)
+                        for s in schedules for c in checkpoint if not (c and s in SPLIT_BACKWARD)
+                        for f in ((False, True) if data > 1 and s in SHARDED_SCHEDULES else (False,))]
     return out
+
+
+def tensor_parallel_widths(cluster: Cluster, devices: Sequence[str]) -> tuple[int, ...]:
+    """The widths of tensor parallelism a pipeline rank of ``devices`` may take: every power of two from
+    2 that divides each host's devices among them (Megatron's all-reduces inside a host's fast links;
+    the mesh puts a rank's tp devices side by side) and leaves two pipeline ranks or more.
+
+    >>> from tensoropt import load_cluster
+    >>> cluster = load_cluster("preset:h100-hosts?hosts=2")
+    >>> tensor_parallel_widths(cluster, cluster.names)
+    (2, 4, 8)
+    """
+    per_host: dict[str, int] = {}
+    for d in devices:
+        host = cluster.device(d).host
+        per_host[host] = per_host.get(host, 0) + 1
+    widths = []
+    w = 2
+    while all(n % w == 0 for n in per_host.values()) and 2 * w <= len(devices):
+        widths.append(w)
+        w *= 2
+    return tuple(widths)
 
 
 def _walk_group(recipe: PipelineRecipe) -> tuple[int, ...]:
     """What decides a recipe's cut and the devices its stages run on (the walks it prices): its ranks,
     stages a rank, copies (the devices used: one in ``data``) and checkpointing — not its schedule nor
     whether its copies are FSDP2 shards."""
-    return recipe.ranks, recipe.virtual, recipe.data, int(recipe.checkpoint)
+    return recipe.ranks, recipe.virtual, recipe.data, int(recipe.checkpoint), recipe.tp
 
 
 def price_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, recipes: Sequence[PipelineRecipe],
                   devices: Sequence[str], *, optimizer: str | int,
                   workers: int | None = None) -> tuple[list[tuple[Any, ...]], list[str]]:
-    """Each of ``recipes`` over ``devices`` priced on ``graph`` (the model at their micro-batch):
+    """Each of ``recipes`` over ``devices`` priced on ``graph`` (the model at their micro-batch; a
+    tensor-parallel one in Megatron's layouts over its width, :func:`~tensoropt.placers.tp.megatron_layouts`):
     ``(PIPELINE_SOURCE, plan, SimResult)`` for :meth:`~.result.Frontier.joined`, and for each
     recipe that cannot be priced, ``"<recipe>: <why>"``.  Side by side in ``workers`` forked
     processes (:func:`~.forkmap.fork_map`: the same results whatever the number), the recipes of one
     cut over one set of devices (:func:`_walk_group`: every schedule and both data axes) in one task,
     sharing their walks (``price_pipeline``'s ``memo``).  O(recipes × price_pipeline)."""
+    layouts: dict[int, Any] = {}   # width → Megatron's layouts, or why there are none (one answer a width)
+    for tp in sorted({r.tp for r in recipes if r.tp > 1}):
+        try:
+            layouts[tp] = megatron_layouts(graph, costs, tp)
+            tensor_parallel_styles(graph, layouts[tp], devices[:tp])   # PyTorch's styles express them
+        except TensorOptError as e:
+            layouts[tp] = str(e)
+
     def priced(group: Sequence[PipelineRecipe]) -> list[Any]:
         memo: dict[Any, Any] = {}
         out: list[Any] = []
         for recipe in group:
+            lay = layouts.get(recipe.tp)
             try:
+                if isinstance(lay, str):
+                    raise TensorOptError(lay)
                 out.append(price_pipeline(graph, costs, cluster, recipe, devices=devices[:recipe.world],
-                                          optimizer=optimizer, memo=memo))
+                                          optimizer=optimizer, memo=memo, layouts=lay))
             except TensorOptError as e:
                 out.append(f"{recipe}: {e}")
         return out

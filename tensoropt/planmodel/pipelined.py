@@ -60,7 +60,16 @@ exactly one micro-batch's, with no scaling rule to trust):
   the ranks' rings at once), which the step adds (``sync_s``).  On four gloo ranks (2 × 2) each
   rank's peak measured within 3.0 % of this price.  With ``shard`` the copies are FSDP2 shards instead
   (torchtitan's PP × FSDP; GPipe, 1F1B and interleaved 1F1B): what that changes on each rank and in the step is
-  :mod:`.pipeline_fsdp`'s.
+  :mod:`.pipeline_fsdp`'s;
+- with ``tp`` tensor-parallel devices a pipeline rank (PP × TP, torchtitan's ``(pp, dp, tp)`` mesh: rank
+  ``(r · data + d) · tp + t``, a rank's tp devices side by side), each stage's operators run in the
+  ``layouts`` given — the tp placer's Megatron pairs, which PyTorch's ``ColwiseParallel`` /
+  ``RowwiseParallel`` must express (:func:`tensor_parallel_styles`, recorded in the plan for the runtime)
+  — over the rank's tp devices: the walk is of that plan (a rank's tp devices walk alike), a stage's
+  forward and backward its operators' times at their shards with the all-reduces between them and the
+  activations it keeps at theirs (:func:`_at_tensor_parallel`), what crosses between stages whole on
+  every tp rank; FSDP2 shards each tp rank's piece of a parameter (:func:`tp_cuts`).  On 4 and 8 gloo
+  ranks every rank within 2.0 % (pp 2 × tp 2, with 2 copies replicated and as FSDP2 shards).
 
 Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md; the stages
 detach the received values no gradient needs, :func:`tensoropt.distributed.pipelined.detach_no_grad_inputs`):
@@ -330,15 +339,17 @@ def _storage_of(graph: OpGraph, name: str) -> str:
     return node.name
 
 
-def boundary_buffers(graph: OpGraph, stages: Sequence[Stage]) -> list[int]:
+def boundary_buffers(graph: OpGraph, stages: Sequence[Stage],
+                     crossings: Sequence[tuple[int, int, int]] | None = None) -> list[int]:
     """Bytes each stage keeps in PyTorch's receive buffers for one micro-batch: a tensor for every
     value that crosses into it (from any earlier stage: :mod:`tensoropt.distributed.pipelined`
     passes a value read further on through the stages between) and one for the gradient of every
     floating-point value that crosses out of it.  PyTorch's ``PipelineStage`` makes these for every
     micro-batch of the step before the first runs (``_prepare_forward_infra`` /
-    ``_prepare_backward_infra``): they are held all step."""
+    ``_prepare_backward_infra``): they are held all step.  ``crossings``: :func:`_crossings` of the cut,
+    where the caller has them."""
     out = [0] * len(stages)
-    for b, nbytes, floating in _crossings(graph, stages):
+    for b, nbytes, floating in _crossings(graph, stages) if crossings is None else crossings:
         out[b + 1] += nbytes
         out[b] += floating
     return out
@@ -375,16 +386,17 @@ def stashed_bytes(graph: OpGraph, stage: Stage) -> int:
                for t in graph.nodes[name].outputs if t.dtype.startswith(("float", "bfloat")))
 
 
-def retained_sends(schedule: str, graph: OpGraph, stages: Sequence[Stage]) -> list[int]:
+def retained_sends(schedule: str, graph: OpGraph, stages: Sequence[Stage],
+                   crossings: Sequence[tuple[int, int, int]] | None = None) -> list[int]:
     """Bytes a backward of each stage leaves held until the end of the schedule's step: what the
     stage sent for that micro-batch, which the send's ``Work`` keeps alive until PyTorch waits for
     it.  The looped schedules (PyTorch's ``_PipelineScheduleRuntime``) wait for every send only at
     the end of the step: the stage's output sent forward (else freed at its backward) and the
     gradients it sent back; GPipe waits for the backward's sends after the last backward (its
     forward's, after the last forward, are held by the backward anyway); 1F1B waits for each at the
-    next exchange (none left over)."""
+    next exchange (none left over).  ``crossings``: :func:`_crossings` of the cut, where the caller has them."""
     sent_forward, sent_back = [0] * len(stages), [0] * len(stages)
-    for b, nbytes, floating in _crossings(graph, stages):
+    for b, nbytes, floating in _crossings(graph, stages) if crossings is None else crossings:
         sent_forward[b] += nbytes
         sent_back[b + 1] += floating
     if SCHEDULES[schedule][1]:
@@ -412,13 +424,13 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     before (:func:`~.stages.stage_starts`), kept rather than balanced again.  A schedule not in
     :data:`LOOPED`, too few devices or blocks, or an order PyTorch cannot run is a
     :class:`~.pipeline.PipelineError` naming it.  ``memo``: a dict shared by calls on the same
-    ``graph``, ``costs`` and ``cluster`` — the cut and the walks a recipe shares with another (the same
-    stages on the same devices: schedules of one stage a rank, copies replicated or sharded) are
-    made once; the same estimates as without it.  ``layouts``: with ``recipe.tp > 1``, each operator's
-    layout on a pipeline rank's tp devices (the tp placer's Megatron pairs,
-    :func:`tensoropt.placers.tp.tensor_parallel_plan`; an operator not named runs whole), which PyTorch's
-    styles must express (:func:`~.tensorparallel.tensor_parallel_modules`).  O(S·U² + A log A) for U units
-    and A actions."""
+    ``graph``, ``costs`` and ``cluster`` (and a width's same ``layouts``) — the cut and the walks a
+    recipe shares with another (the same stages on the same devices: schedules of one stage a rank,
+    copies replicated or sharded) are made once; the same estimates as without it.  ``layouts``: with
+    ``recipe.tp > 1``, each operator's layout on a pipeline rank's tp devices (the tp placer's Megatron
+    pairs, :func:`tensoropt.placers.tp.megatron_layouts`; an operator not named runs whole), which
+    PyTorch's styles must express (:func:`tensor_parallel_styles`).  O(S·U² + A log A) for U units and A
+    actions."""
     if recipe.schedule not in LOOPED:
         raise PipelineError(f"pipeline schedule {recipe.schedule!r} is not priced: the schedules with PyTorch's "
                             f"loop placement are {', '.join(LOOPED)}")
@@ -442,9 +454,12 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     groups = [tuple(world[r * data * tp:r * data * tp + tp]) for r in range(recipe.ranks)]
     used = [g[0] for g in groups]
     lay = {n: Layout(x) for n, x in (layouts or {}).items()} if tp > 1 else {}
+    memo = {} if memo is None else memo
+    if tp > 1 and ("styles", tp) not in memo:   # (the layouts are the graph's and the width's: one answer)
+        memo[("styles", tp)] = tensor_parallel_styles(graph, lay, groups[0])
+    tp_modules = memo.get(("styles", tp), {})
     # the cut first: a model with fewer blocks than stages is refused before PyTorch lays out the order,
     # which takes seconds for a looped schedule of many ranks and micro-batches
-    memo = {} if memo is None else memo
     cut_key = ("cut", recipe.ranks * recipe.virtual, tuple(starts) if starts is not None else None)
     if cut_key not in memo:
         memo[cut_key] = tuple(cut_stages(graph, costs, recipe.ranks * recipe.virtual, starts=starts))
@@ -466,10 +481,10 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     if plan_key not in memo:
         memo[plan_key] = plan_edges(plan, graph, cluster), grad_nodes(graph)
     edges, needs_grad = memo[plan_key]
-    tp_modules: dict[str, str] = {}
     if tp > 1:   # each stage as its tp ranks run it
-        tp_modules = _styles(graph, lay, groups[0])
-        stages, again = _at_tensor_parallel(graph, costs, edges, stages, lay, tp, recomputed)
+        if ("tp stages", plan_key) not in memo:
+            memo[("tp stages", plan_key)] = _at_tensor_parallel(graph, costs, edges, stages, lay, tp, recomputed)
+        stages, again = memo[("tp stages", plan_key)]
     else:   # a checkpointed block runs its forward again in its backward
         again = [sum(costs.time(n)[0] for n in stage.ops if n in recomputed and n in costs) for stage in stages]
     link = _link_s(cluster, used, stages)
@@ -484,7 +499,10 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     stash = [stashed_bytes(graph, stage) for stage in stages] if zero_bubble else [0] * len(stages)
     # (the last stage keeps no micro-batch's output to the step's end: the runtime asks for none back,
     # return_outputs=False, so a zero-bubble schedule's last graph goes with its weight step)
-    retained = retained_sends(recipe.schedule, graph, stages)
+    if ("crossings", cut_key) not in memo:   # the values crossing the cut: its recipes' receive buffers and sends
+        memo[("crossings", cut_key)] = _crossings(graph, stages)
+    crossings = memo[("crossings", cut_key)]
+    retained = retained_sends(recipe.schedule, graph, stages, crossings)
     run = simulate_pipeline(order, forward_s=[s.forward_s for s in stages],
                             backward_s=[s.backward_s + a for s, a in zip(stages, again)],
                             link_s=link, activation_bytes=in_flight,
@@ -494,7 +512,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     at_backward = _at_backward(plan, graph, costs, edges, needs_grad, optimizer, stages, run.held_at_backward,
                                kept, used, stash if zero_bubble else None, memo=memo, memo_key=(plan_key, optimizer))
     whole = at_backward.whole
-    buffers = boundary_buffers(graph, stages)
+    buffers = boundary_buffers(graph, stages, crossings)
     memory: dict[str, int] = {}
     breakdown: dict[str, StepMemory] = {}
     # each rank's stages' units in the order PyTorch reduces them: its later stage first (its last backward
@@ -532,11 +550,11 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     return replace(est, plan=offered)
 
 
-def _styles(graph: OpGraph, layouts: Mapping[str, Layout], devices: tuple[str, ...]) -> dict[str, str]:
+def tensor_parallel_styles(graph: OpGraph, layouts: Mapping[str, Layout], devices: Sequence[str]) -> dict[str, str]:
     """The module plan PyTorch's tensor-parallel styles run ``layouts`` with on a pipeline rank's tp
     ``devices`` (:func:`~.tensorparallel.tensor_parallel_modules` of the whole model so placed: each
     stage takes the modules it holds), or a :class:`~.pipeline.PipelineError` naming why they do not."""
-    whole = Plan({n.name: NodeConfig(devices, layouts.get(n.name, Layout.R)) for n in graph.ops},
+    whole = Plan({n.name: NodeConfig(tuple(devices), layouts.get(n.name, Layout.R)) for n in graph.ops},
                  graph_fingerprint=graph.fingerprint, graph_name=graph.name, batch_size=graph.batch_size)
     try:
         return tensor_parallel_modules(graph, whole)
@@ -639,13 +657,14 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
     per_set: list[dict[str, dict[int, StepMemory]]] = []   # the k-th set's walk, by device and stage
     whole: dict[str, StepMemory] = {}
     memo = {} if memo is None or memo_key is None else memo
+    layout = memo.setdefault(("layout", memo_key), {})   # the storage the walks of this plan share
     for k in range(max(len(ks) for ks in keys)):
         there = frozenset().union(*(params_of[s] for ks in keys if len(ks) > k for s in ks[k]))
         walk_key = ("walk", memo_key, there)
         if walk_key not in memo:
             by_stage: dict[str, dict[int, StepMemory]] = {}
             step = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=False, context_bytes=0,
-                        accumulate=there, regions=regions, region_peaks=by_stage)
+                        accumulate=there, regions=regions, region_peaks=by_stage, layout=layout)
             memo[walk_key] = step, by_stage
         step, by_stage = memo[walk_key]
         whole = whole or step
@@ -789,4 +808,4 @@ def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequ
 
 __all__ = ["LOOPED", "SPLIT_BACKWARD", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "held_outputs",
            "kept_bytes", "pipeline_plan", "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of",
-           "retained_sends", "split_points", "stashed_bytes", "tp_cuts"]
+           "retained_sends", "split_points", "stashed_bytes", "tensor_parallel_styles", "tp_cuts"]

@@ -427,11 +427,14 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
          optimizer: str | int, foreach: bool, context_bytes: int,
          stop_over: Mapping[str, int] | None = None, accumulate: bool | frozenset[str] = False,
          regions: Mapping[str, int] | None = None,
-         region_peaks: dict[str, dict[int, StepMemory]] | None = None) -> dict[str, StepMemory]:
+         region_peaks: dict[str, dict[int, StepMemory]] | None = None,
+         layout: dict[str, Any] | None = None) -> dict[str, StepMemory]:
     """The walk of every device (the module docstring says what it counts), over the reshards
     ``edges`` and the nodes that compute a gradient ``needs_grad``; with ``stop_over``, up to the
     first device whose peak exceeds its figure (:func:`plan_memory`, which says ``accumulate`` and
-    ``regions``)."""
+    ``regions``).  ``layout``: a dict kept by the caller across walks of one plan, ``graph``,
+    ``costs`` and ``edges`` (a pipeline's, with different ``accumulate``): the tensors' storage as each
+    device sees it, laid out once there."""
     if (accumulate or plan.microbatches > 1) and plan.runtime not in ("executor", "pipelining", "fsdp2", "dtensor"):
         raise PlanError(f"micro-batches are priced as tensoropt's executor and FSDP2 run them, not as {plan.runtime} "
                         "(DistributedDataParallel accumulates gradients its own way): price the plan with runtime "
@@ -448,7 +451,11 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     trainable_sizes = params.count_resident(graph, mem, alpha)
     if plan.runtime in DDP_RUNTIMES:
         _ddp_holdings(plan, graph, params, synced, mem, trainable_sizes, alpha)
-    storage = _Storage.of(plan, graph, costs, edges)
+    storage = layout.get("storage") if layout is not None else None
+    if storage is None:
+        storage = _Storage.of(plan, graph, costs, edges)
+        if layout is not None:
+            layout["storage"] = storage
     out_node = next((n for n in graph if n.kind == "output"), None)
     model_outputs = [p for p in (out_node.inputs if out_node is not None else ()) if p in plan.configs]
     segments = recompute_segments(plan.order, plan.configs, graph)
@@ -508,17 +515,18 @@ def _twins(plan: Plan, devices: Sequence[str], storage: _Storage, params: _Param
     every operator runs on every device of the plan (data parallelism, ZeRO, FSDP), two devices
     that receive the same inputs, hold the same bytes of every parameter, sum the same gradients and
     start from the same resident memory walk alike — :class:`_DeviceWalk` reads nothing else of its
-    device — so one walk serves all of them (a 64-GPU FSDP plan walks one device, not 64).  Any
-    operator on only some devices: every device its own.  O(devices × (parameters + received edges))."""
-    every = set(devices)
-    if any(set(plan.configs[n].devices) != every for n in plan.order):
-        return {d: d for d in devices}
+    device — so one walk serves all of them (a 64-GPU FSDP plan walks one device, not 64).  Operators on
+    only some devices: two devices twins only where each runs the same operators (a pipeline's stages
+    over tensor-parallel ranks: a rank's tp devices walk alike).  O(devices × (parameters + received
+    edges + the plan's sets of devices))."""
+    sets = list(dict.fromkeys(frozenset(plan.configs[n].devices) for n in plan.order))
     received = [rb for _, _, ins, _ in storage.nodes for _, batch_key, rb, _ in ins if batch_key is None and rb]
     qs = sorted({q for q, _ in params.held})
     first: dict[tuple[Any, ...], str] = {}
     out: dict[str, str] = {}
     for d in devices:
-        key = (tuple(bool(rb.get(d, 0)) for rb in received), tuple(params.held.get((q, d)) for q in qs),
+        key = (tuple(d in s for s in sets) if len(sets) > 1 else (),
+               tuple(bool(rb.get(d, 0)) for rb in received), tuple(params.held.get((q, d)) for q in qs),
                tuple(d in devs for devs in synced.values()), astuple(mem[d]), tuple(trainable_sizes[d]))
         out[d] = first.setdefault(key, d)
     return out
