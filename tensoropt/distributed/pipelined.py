@@ -305,9 +305,11 @@ def run_pipeline_plan(rt: Runtime, model_spec: str, plan: Plan, *, steps: int, l
         raise DistributedError(f"the pipeline plan steps a batch of {job['batch']}, not --batch {batch}: make the plan "
                                "again at that batch")
     report = say if rt.rank == 0 else (lambda _text: None)
-    copies = f" × {job['data']} copies" if job["data"] > 1 else ""
-    report(f"pipeline: {len(plan.devices) * job['stages_per_rank']} stages of {job['schedule']} on "
-           f"{len(plan.devices)} ranks{copies}, {job['microbatches']} micro-batches a step, batch {job['batch']}")
+    r = recipe_of(plan)
+    copies = f" × {r.data} copies" if r.data > 1 else ""
+    copies += f" × {r.tp} tensor-parallel ranks" if r.tp > 1 else ""
+    report(f"pipeline: {r.ranks * r.virtual} stages of {r.schedule} on {r.ranks} ranks{copies}, "
+           f"{r.microbatches} micro-batches a step, batch {job['batch']}")
     # the plan's optimizer at the run's rate, in the check as in the timed steps: the check holds
     # what the user trains (each stage's optimizer over its own parameters) to the model's
     optimizer = plan_optimizer(plan)
