@@ -462,9 +462,11 @@ class Plan:
         """The pipeline a plan of runtime ``pipelining`` runs (``options["pipeline"]``, ``None`` for
         any other plan): ``schedule``, ``stages_per_rank``, ``checkpoint`` (every block recomputed),
         ``starts`` (each later stage's first operator), ``split_points`` (where PyTorch's
-        ``pipeline`` cuts the module) and ``checkpointed`` (the blocks recomputed); its ranks are
-        :attr:`devices` (stage ``s`` on ``devices[s mod ranks]``), its copies the :attr:`replicas`
-        and its micro-batches :attr:`microbatches` (:mod:`tensoropt.planmodel.pipelined`)."""
+        ``pipeline`` cuts the module), ``checkpointed`` (the blocks recomputed) and, with tensor-parallel
+        ranks, ``tp`` (each pipeline rank's devices) and ``tp_modules`` (module path → PyTorch style);
+        its ranks' devices are :attr:`devices` (stage ``s`` on pipeline rank ``s mod ranks``, ``tp`` devices
+        a rank, side by side), its copies the :attr:`replicas` and its micro-batches :attr:`microbatches`
+        (:mod:`tensoropt.planmodel.pipelined`)."""
         spec = self.options.get("pipeline")
         return dict(spec) if isinstance(spec, Mapping) else None
 
