@@ -41,8 +41,8 @@ CASES = (("gpipe", 2, 1, False), ("1f1b", 2, 1, False), ("interleaved-1f1b", 2, 
          ("interleaved-zb", 2, 1, False), ("gpipe", 4, 1, False), ("1f1b", 4, 1, False), ("gpipe", 2, 2, False),
          ("1f1b", 2, 2, False), ("gpipe", 2, 2, True), ("1f1b", 2, 2, True), ("interleaved-1f1b", 2, 2, True))
 #: --tp: the cases run with tensor-parallel pipeline ranks (up to 8 gloo ranks)
-TP_CASES = (("gpipe", 2, 1, False), ("1f1b", 2, 1, False), ("interleaved-1f1b", 2, 1, False), ("1f1b", 2, 2, False),
-            ("1f1b", 2, 2, True))
+TP_CASES = (("gpipe", 2, 1, False), ("1f1b", 2, 1, False), ("interleaved-1f1b", 2, 1, False),
+            ("looped-bfs", 2, 1, False), ("interleaved-zb", 2, 1, False), ("1f1b", 2, 2, False), ("1f1b", 2, 2, True))
 #: each case with its blocks kept, then recomputed (checkpoint_wrapper on each)
 CHECKPOINT = (False, True)
 #: --time: a model wide enough that its operators, not Python, take the step

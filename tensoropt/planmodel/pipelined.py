@@ -377,12 +377,16 @@ def _crossings(graph: OpGraph, stages: Sequence[Stage]) -> list[tuple[int, int, 
     return out
 
 
-def stashed_bytes(graph: OpGraph, stage: Stage) -> int:
+def stashed_bytes(graph: OpGraph, stage: Stage, layouts: Mapping[str, Layout] | None = None, tp: int = 1) -> int:
     """Bytes a zero-bubble schedule's input-gradient step ``I`` of ``stage`` stashes for its
     weight-gradient step ``W``: PyTorch's ``stage_backward_input`` keeps, for every operator that
     reads a trainable parameter, the gradient of that operator's output (where the weight's path
-    meets the input's), until ``stage_backward_weight`` uses it."""
-    return sum(t.nbytes for name in stage.ops if trainable_reads(graph, name)
+    meets the input's), until ``stage_backward_weight`` uses it — on a tensor-parallel rank, a column
+    layer's (``layouts``: ``channel``) its piece of ``tp``."""
+    def piece(name: str, nbytes: int) -> int:
+        return -(-nbytes // tp) if layouts and layouts.get(name) == Layout.CHANNEL else nbytes
+
+    return sum(piece(name, t.nbytes) for name in stage.ops if trainable_reads(graph, name)
                for t in graph.nodes[name].outputs if t.dtype.startswith(("float", "bfloat")))
 
 
@@ -496,7 +500,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     in_flight = [max(0, k + o - stage.received_bytes) for k, o, stage in zip(kept, outputs, stages)]
     # a zero-bubble schedule's input-gradient steps stash what its weight-gradient steps need
     zero_bubble = recipe.schedule in SPLIT_BACKWARD
-    stash = [stashed_bytes(graph, stage) for stage in stages] if zero_bubble else [0] * len(stages)
+    stash = [stashed_bytes(graph, stage, lay, tp) for stage in stages] if zero_bubble else [0] * len(stages)
     # (the last stage keeps no micro-batch's output to the step's end: the runtime asks for none back,
     # return_outputs=False, so a zero-bubble schedule's last graph goes with its weight step)
     if ("crossings", cut_key) not in memo:   # the values crossing the cut: its recipes' receive buffers and sends
