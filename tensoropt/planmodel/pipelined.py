@@ -69,7 +69,8 @@ exactly one micro-batch's, with no scaling rule to trust):
   forward and backward its operators' times at their shards with the all-reduces between them and the
   activations it keeps at theirs (:func:`_at_tensor_parallel`), what crosses between stages whole on
   every tp rank; FSDP2 shards each tp rank's piece of a parameter (:func:`tp_cuts`).  On 4 and 8 gloo
-  ranks every rank within 2.0 % (pp 2 × tp 2, with 2 copies replicated and as FSDP2 shards).
+  ranks (pp 2 × tp 2, with 2 copies replicated and as FSDP2 shards; ``benchmarks/truth_pipeline.py --tp 2``)
+  every rank within 2.6 % but the zero-bubble schedule's last, +9.7 % over (+7.2 % without tp, below).
 
 Measured on gloo ranks (``python benchmarks/truth_pipeline.py``, docs/measurements.md; the stages
 detach the received values no gradient needs, :func:`tensoropt.distributed.pipelined.detach_no_grad_inputs`):
