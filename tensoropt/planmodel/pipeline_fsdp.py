@@ -50,7 +50,7 @@ from ..cluster.collectives import allgather_time, reduce_scatter_time
 from ..graph import OpGraph, block_of
 from .pipeline import PipelineError
 from .stages import Stage
-from .walk import StepMemory
+from .walk import HostPiece, StepMemory
 
 
 @dataclass(frozen=True)
@@ -69,12 +69,12 @@ class ShardedUnit:
     grads_piece: int
 
 
-def stage_units(graph: OpGraph, stage: Stage, data: int, cuts: Mapping[str, int] | None = None,
-                tp: int = 1) -> list[ShardedUnit]:
+def stage_units(graph: OpGraph, stage: Stage, data: int,
+                pieces: Mapping[str, HostPiece] | None = None) -> list[ShardedUnit]:
     """The units FSDP2 makes of ``stage`` over ``data`` copies, in the order its post-backward
     reduces them: the stage's module (every parameter outside a block) first, then each block in
-    forward order; a unit without parameters is left out.  ``cuts``: the parameters tensor parallelism
-    cuts over ``tp`` ranks, and along which dimension (:func:`padded_bytes`: a rank's piece is sharded)."""
+    forward order; a unit without parameters is left out.  ``pieces``: a tensor-parallel rank's piece of
+    each parameter its stages cut (:func:`~.walk.host_pieces`), which FSDP2 shards (:func:`padded_bytes`)."""
     where = set(stage.ops)
     by_unit: dict[str, list[str]] = {}
     for name in stage.ops:
@@ -89,9 +89,9 @@ def stage_units(graph: OpGraph, stage: Stage, data: int, cuts: Mapping[str, int]
         params = by_unit.get(unit, [])
         if not params:
             continue
-        cut = cuts or {}
-        sizes = [(padded_bytes(graph, q, data, cut.get(q), tp), tp_piece_bytes(graph, q, cut.get(q), tp),
-                  graph.params[q].is_trainable) for q in params]
+        local = {q: (pieces or {}).get(q) for q in params}
+        sizes = [(padded_bytes(graph, q, data, piece), piece.nbytes if piece else graph.params[q].nbytes,
+                  graph.params[q].is_trainable) for q, piece in local.items()]
         whole = sum(n for _, n, _ in sizes)
         padded = sum(p for p, _, _ in sizes)
         grads = sum(n for _, n, t in sizes if t)
@@ -101,31 +101,12 @@ def stage_units(graph: OpGraph, stage: Stage, data: int, cuts: Mapping[str, int]
     return out
 
 
-def _rows(graph: OpGraph, q: str, dim: int | None, tp: int) -> tuple[int, int]:
-    """Parameter ``q``'s rows (dimension 0) and bytes a row on a tensor-parallel rank: whole where
-    ``dim`` is ``None``, else cut in ``tp`` along ``dim`` (0: the rows, a ``ColwiseParallel`` weight;
-    1: each row, a ``RowwiseParallel`` one)."""
+def padded_bytes(graph: OpGraph, q: str, data: int, piece: HostPiece | None = None) -> int:
+    """Parameter ``q``'s bytes — with ``piece``, a tensor-parallel rank's (:func:`~.walk.host_pieces`) —
+    padded along dimension 0 to a multiple of ``data`` (FSDP2's padding: it shards a DTensor's local rows)."""
     info = graph.params[q]
-    rows = info.shape[0] if info.shape else 1
-    row_bytes = info.nbytes // max(rows, 1)
-    if dim == 0:
-        rows = -(-rows // tp)
-    elif dim is not None:
-        row_bytes //= tp
-    return rows, row_bytes
-
-
-def tp_piece_bytes(graph: OpGraph, q: str, dim: int | None = None, tp: int = 1) -> int:
-    """Parameter ``q``'s bytes on a tensor-parallel rank (:func:`_rows`)."""
-    rows, row_bytes = _rows(graph, q, dim, tp)
-    return rows * row_bytes
-
-
-def padded_bytes(graph: OpGraph, q: str, data: int, dim: int | None = None, tp: int = 1) -> int:
-    """Parameter ``q``'s bytes — a tensor-parallel rank's piece, cut along ``dim`` in ``tp`` — padded
-    along dimension 0 to a multiple of ``data`` (FSDP2's padding: it shards a DTensor's local rows)."""
-    rows, row_bytes = _rows(graph, q, dim, tp)
-    return -(-rows // data) * data * row_bytes
+    rows, nbytes = (piece.rows, piece.nbytes) if piece else (info.shape[0] if info.shape else 1, info.nbytes)
+    return -(-rows // data) * data * (nbytes // max(rows, 1))
 
 
 def sharded_rank(units: Sequence[ShardedUnit], moments: Sequence[tuple[StepMemory, float]], whole: StepMemory,
@@ -219,4 +200,4 @@ def check_shardable(schedule: str, data: int) -> None:
 
 
 __all__ = ["SHARDED_SCHEDULES", "ShardedUnit", "check_shardable", "padded_bytes", "reduced_before", "sharded_rank",
-           "sharded_sync_s", "stage_units", "tp_piece_bytes"]
+           "sharded_sync_s", "stage_units"]

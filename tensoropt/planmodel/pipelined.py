@@ -68,7 +68,7 @@ exactly one micro-batch's, with no scaling rule to trust):
   — over the rank's tp devices: the walk is of that plan (a rank's tp devices walk alike), a stage's
   forward and backward its operators' times at their shards with the all-reduces between them and the
   activations it keeps at theirs (:func:`_at_tensor_parallel`), what crosses between stages whole on
-  every tp rank; FSDP2 shards each tp rank's piece of a parameter (:func:`tp_cuts`).  On 4 and 8 gloo
+  every tp rank; FSDP2 shards each tp rank's piece of a parameter (:func:`~.walk.host_pieces`).  On 4 and 8 gloo
   ranks (pp 2 × tp 2, with 2 copies replicated and as FSDP2 shards; ``benchmarks/truth_pipeline.py --tp 2``)
   every rank within 2.6 % but the zero-bubble schedule's last, +9.7 % over (+7.2 % without tp, below).
 
@@ -132,11 +132,10 @@ from .pipeline_fsdp import (
     sharded_rank,
     sharded_sync_s,
     stage_units,
-    tp_piece_bytes,
 )
 from .stages import Stage, cut_stages, stage_starts
 from .tensorparallel import tensor_parallel_modules
-from .walk import PlanEdges, StepMemory, plan_edges, walk
+from .walk import HostPiece, PlanEdges, StepMemory, host_pieces, plan_edges, walk
 
 #: the schedules priced: stage ``s`` on rank ``s mod p`` (PyTorch's loop placement).  The
 #: zero-bubble one splits a backward in two: the input gradient ``I`` keeps the micro-batch's graph
@@ -522,8 +521,11 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     breakdown: dict[str, StepMemory] = {}
     # each rank's stages' units in the order PyTorch reduces them: its later stage first (its last backward
     # comes first), each stage's module and then its blocks
-    cuts = tp_cuts(graph, lay)
-    stage_unit = {s: stage_units(graph, stages[s], data, cuts, tp) for s in range(len(stages))} if recipe.shard else {}
+    # a tensor-parallel rank's piece of each parameter its stages cut: what FSDP2 shards, what the copies sum
+    if tp > 1 and ("pieces", plan_key) not in memo:
+        memo[("pieces", plan_key)] = host_pieces(plan, graph)
+    pieces = memo.get(("pieces", plan_key), {})
+    stage_unit = {s: stage_units(graph, stages[s], data, pieces) for s in range(len(stages))} if recipe.shard else {}
     reduce_order = [list(reversed(range(r, len(stages), p))) for r in range(p)]
     units = [[u for s in reduce_order[r] for u in stage_unit[s]] for r in range(p)] if recipe.shard else []
     for r, dev in enumerate(used):
@@ -545,7 +547,7 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
         for k in range(r * data * tp, (r + 1) * data * tp):   # every copy and tp rank holds what the first does
             memory[world[k]] = top.peak
             breakdown[world[k]] = top
-    sync = _sync_s(graph, cluster, world, stages, recipe, units, cuts)
+    sync = _sync_s(graph, cluster, world, stages, recipe, units, pieces)
     est = PipelineEstimate(recipe, tuple(world), stages, split_points(graph, stages), run.step_s + sync,
                            run.bubble_fraction, run.peak_in_flight, memory, link,
                            tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops
@@ -755,26 +757,9 @@ def rank_order(plan: Plan) -> list[str]:
     return [g[r * tp + t] for r in range(len(plan.devices) // tp) for g in groups for t in range(tp)]
 
 
-def tp_cuts(graph: OpGraph, layouts: Mapping[str, Layout]) -> dict[str, int]:
-    """The trainable parameters tensor parallelism cuts, each with the dimension its ranks' pieces are
-    cut along: a column layer's (``channel``: its output features, dimension 0 of a linear's weight and
-    bias), a row layer's weight (``reduce``: its input features, dimension 1; its bias whole, as
-    ``RowwiseParallel`` replicates it)."""
-    cuts: dict[str, int] = {}
-    for name, layout in layouts.items():
-        if layout not in (Layout.CHANNEL, Layout.REDUCE):
-            continue
-        node = graph.nodes[name]
-        for q in (*node.params, *node.param_reads):
-            info = graph.params[q]
-            if info.is_trainable and (layout == Layout.CHANNEL or len(info.shape) > 1):
-                cuts[q] = 0 if layout == Layout.CHANNEL else 1
-    return cuts
-
-
 def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequence[Stage],
             recipe: PipelineRecipe, units: Sequence[Sequence[ShardedUnit]] = (),
-            cuts: Mapping[str, int] | None = None) -> float:
+            pieces: Mapping[str, HostPiece] | None = None) -> float:
     """The gradient sums after the step, the slowest rank's time: each tied parameter's copies (a
     parameter two stages read: PyTorch's pipelining gives each its own) all-reduced over the ranks
     holding one, each copy's ring at once (:func:`tensoropt.distributed.pipelined.tied_copies`; with
@@ -782,24 +767,24 @@ def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequ
     each pipeline rank all-reduces every gradient of its stages, tied copies too, in place over its
     ``data`` copies (one ring a parameter; the ranks' rings at once, each on its own devices); as FSDP2
     shards, :func:`~.pipeline_fsdp.sharded_sync_s` (``units``: each rank's stage's), the tied sums after
-    the slowest rank's reduce-scatters.  With tensor-parallel ranks (``cuts``: :func:`tp_cuts`, a
-    parameter cut is a tp rank's piece), tp rank ``t`` of each pipeline rank sums with the same of the
-    others, every tp rank's rings at once."""
+    the slowest rank's reduce-scatters.  With tensor-parallel ranks (``pieces``: a tp rank's piece of a
+    parameter cut, :func:`~.walk.host_pieces`), tp rank ``t`` of each pipeline rank sums with the same of
+    the others, every tp rank's rings at once."""
     p, data, tp = recipe.ranks, recipe.data, recipe.tp
     grads: list[list[int]] = [[] for _ in range(p)]
     tied = [0.0] * p
     stage_of = {name: s for s, stage in enumerate(stages) for name in stage.ops}
-    cuts = cuts or {}
+    pieces = pieces or {}
     for q, info in graph.params.items():
         held = sorted({stage_of[n] for n in (info.owner, *info.readers) if n in stage_of})   # a copy a stage
         if not info.is_trainable or not held:
             continue
-        piece = tp_piece_bytes(graph, q, cuts.get(q), tp)
+        piece = pieces[q].nbytes if q in pieces else info.nbytes
         for k in held:
             grads[k % p].append(piece)
         ranks = sorted({k % p for k in held})
         if len(ranks) > 1:
-            nbytes = padded_bytes(graph, q, data, cuts.get(q), tp) // data if recipe.shard else piece
+            nbytes = padded_bytes(graph, q, data, pieces.get(q)) // data if recipe.shard else piece
             t = ring_allreduce_time(cluster, [world[r * data * tp] for r in ranks], nbytes)
             for r in ranks:
                 tied[r] += t
@@ -813,4 +798,4 @@ def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequ
 
 __all__ = ["LOOPED", "SPLIT_BACKWARD", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "held_outputs",
            "kept_bytes", "pipeline_plan", "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of",
-           "retained_sends", "split_points", "stashed_bytes", "tensor_parallel_styles", "tp_cuts"]
+           "retained_sends", "split_points", "stashed_bytes", "tensor_parallel_styles"]
