@@ -524,7 +524,13 @@ class Plan:
             "cluster_name": self.cluster_name, "cluster_fingerprint": self.cluster_fingerprint,
             "algorithm": self.algorithm, "options": copy.deepcopy(self.options), "order": self.order,
             "estimates": self.estimates, "plan_id": self.plan_id, "notes": self.notes, "replicas": self.replicas}
-        return Plan(self.configs, **{**fields, **changes})
+        if "replicas" in changes or "order" in changes:
+            return Plan(self.configs, **{**fields, **changes})
+        # the same configurations, order and replicas as this plan, checked when it was made (O(operators) a
+        # check: a thousand pipeline plans copied as the frontier joins them)
+        out = Plan(self.configs, **{**fields, **changes, "replicas": ()})
+        out.replicas = self.replicas
+        return out
 
     def renamed(self, plan_id: str, notes: Iterable[str] | None = None) -> Plan:
         """A copy under ``plan_id`` (and with ``notes`` in place of its notes, when given)."""

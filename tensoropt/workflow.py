@@ -476,19 +476,15 @@ def join_pipelines(request: Request, setup: Setup, graph: OpGraph, frontier: Fro
     if why or loaded is None:
         frontier.notes.append(f"pipelines not tried: {why}")
         return frontier
-    plans: list[tuple[Any, ...]] = []
-    failed: list[str] = []
     inputs: dict[str, tuple[OpGraph, CostModel]] = {}
-    slices = sorted({r.data * r.microbatches for r in recipes})
-    for k in slices:   # one capture a micro-batch size, fewest slices first
+    slices = []
+    for k in sorted({r.data * r.microbatches for r in recipes}):   # one capture a micro-batch size, fewest first
         progress("frontier", 0, 1, f"pipelines on micro-batches of {batch // k} of {batch}")
         part, part_costs = _captured_slice(request, setup, loaded, graph, k, setup.devices, (1, *widths))
-        found, bad = price_recipes(part, part_costs, setup.cluster,
-                                   [r for r in recipes if r.data * r.microbatches == k], setup.devices,
-                                   optimizer=request.optimizer)
-        plans += found
-        failed += bad
+        slices.append((part, part_costs, [r for r in recipes if r.data * r.microbatches == k]))
         inputs[part.fingerprint] = (part, part_costs)
+    progress("frontier", 0, 1, f"{len(recipes)} pipeline recipes on {len(slices)} micro-batch sizes")
+    plans, failed = price_recipes(slices, setup.cluster, setup.devices, optimizer=request.optimizer)
     if failed:
         frontier.notes.append(f"{len(failed)} of {len(recipes)} pipeline recipes not priced, e.g. {failed[0]}")
     progress("frontier", 1, 1, f"{len(plans)} pipeline plans priced")

@@ -40,6 +40,7 @@ It owns which recipes the frontier tries and pricing them side by side; it must 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -109,56 +110,79 @@ def tensor_parallel_widths(cluster: Cluster, devices: Sequence[str]) -> tuple[in
 
 
 def _walk_group(recipe: PipelineRecipe) -> tuple[int, ...]:
-    """What decides a recipe's cut and the devices its stages run on (the walks it prices): its ranks,
-    stages a rank, copies (the devices used: one in ``data``) and checkpointing — not its schedule nor
-    whether its copies are FSDP2 shards."""
-    return recipe.ranks, recipe.virtual, recipe.data, int(recipe.checkpoint), recipe.tp
+    """What decides a recipe's cut and the devices its stages run on: its ranks, stages a rank, copies
+    (the devices used: one in ``data``) and tensor-parallel width — not its schedule, whether its copies
+    are FSDP2 shards, nor whether its blocks are checkpointed (a walk each way; the cut, the crossings and
+    the schedule's order shared)."""
+    return recipe.ranks, recipe.virtual, recipe.data, recipe.tp
 
 
-def price_recipes(graph: OpGraph, costs: CostModel, cluster: Cluster, recipes: Sequence[PipelineRecipe],
+def price_recipes(slices: Sequence[tuple[OpGraph, CostModel, Sequence[PipelineRecipe]]], cluster: Cluster,
                   devices: Sequence[str], *, optimizer: str | int,
                   workers: int | None = None) -> tuple[list[tuple[Any, ...]], list[str]]:
-    """Each of ``recipes`` over ``devices`` priced on ``graph`` (the model at their micro-batch; a
+    """Each slice's recipes over ``devices`` priced on its graph (the model at their micro-batch; a
     tensor-parallel one in Megatron's layouts over its width, :func:`~tensoropt.placers.tp.megatron_layouts`):
     ``(PIPELINE_SOURCE, plan, SimResult)`` for :meth:`~.result.Frontier.joined`, and for each
-    recipe that cannot be priced, ``"<recipe>: <why>"``.  Side by side in ``workers`` forked
-    processes (:func:`~.forkmap.fork_map`: the same results whatever the number), the recipes of one
-    cut over one set of devices (:func:`_walk_group`: every schedule and both data axes) in one task,
-    sharing their walks (``price_pipeline``'s ``memo``).  O(recipes × price_pipeline)."""
-    layouts: dict[int, Any] = {}   # width → Megatron's layouts, or why there are none (one answer a width)
-    for tp in sorted({r.tp for r in recipes if r.tp > 1}):
-        try:
-            layouts[tp] = megatron_layouts(graph, costs, tp)
-            tensor_parallel_styles(graph, layouts[tp], devices[:tp])   # PyTorch's styles express them
-        except TensorOptError as e:
-            layouts[tp] = str(e)
+    recipe that cannot be priced, ``"<recipe>: <why>"`` — both in the slices' order, each slice's recipes in
+    theirs.  Side by side in ``workers`` forked processes (:func:`~.forkmap.fork_map`: the same results
+    whatever the number; every slice's tasks in one pool, the costliest first), the recipes of one cut over
+    one set of devices (:func:`_walk_group`: every schedule, both data axes, kept and checkpointed) in one
+    task, sharing their cut and walks (``price_pipeline``'s ``memo``).  O(recipes × price_pipeline)."""
+    # each slice's width → Megatron's layouts, or why there are none, and the modules' styles (one answer a
+    # width, as price_pipeline's memo keeps it; the same on any tp devices)
+    layouts: list[dict[int, Any]] = []
+    styles: list[dict[Any, Any]] = []
+    for graph, costs, recipes in slices:
+        layouts.append({})
+        styles.append({})
+        for tp in sorted({r.tp for r in recipes if r.tp > 1}):
+            try:
+                layouts[-1][tp] = megatron_layouts(graph, costs, tp)
+                styles[-1][("styles", tp)] = tensor_parallel_styles(graph, layouts[-1][tp], devices[:tp])
+            except TensorOptError as e:
+                layouts[-1][tp] = str(e)
 
-    def priced(group: Sequence[PipelineRecipe]) -> list[Any]:
-        memo: dict[Any, Any] = {}
+    def priced(task: tuple[int, Sequence[PipelineRecipe]]) -> list[Any]:
+        k, group = task
+        graph, costs, _ = slices[k]
+        memo: dict[Any, Any] = dict(styles[k])
         out: list[Any] = []
         for recipe in group:
-            lay = layouts.get(recipe.tp)
+            lay = layouts[k].get(recipe.tp)
             try:
                 if isinstance(lay, str):
                     raise TensorOptError(lay)
-                out.append(price_pipeline(graph, costs, cluster, recipe, devices=devices[:recipe.world],
-                                          optimizer=optimizer, memo=memo, layouts=lay))
+                est = price_pipeline(graph, costs, cluster, recipe, devices=devices[:recipe.world],
+                                     optimizer=optimizer, memo=memo, layouts=lay)
+                # (the plan and its result only back to the parent: not the estimate's stages)
+                out.append((est.plan, pipeline_result(est, costs, optimizer=optimizer)))
             except TensorOptError as e:
                 out.append(f"{recipe}: {e}")
         return out
 
-    if any(SCHEDULES[r.schedule][1] for r in recipes):
+    if any(SCHEDULES[r.schedule][1] for _, _, recipes in slices for r in recipes):
         pytorch_schedules()   # once here, not in every forked worker (3 s of torch's import each)
-    groups: dict[tuple[int, ...], list[int]] = {}   # a group's recipes, by index
-    for i, recipe in enumerate(recipes):
-        groups.setdefault(_walk_group(recipe), []).append(i)
+    groups: dict[tuple[int, ...], list[tuple[int, int]]] = {}   # a group's recipes, as (slice, index)
+    for k, (_, _, recipes) in enumerate(slices):
+        for i, recipe in enumerate(recipes):
+            groups.setdefault((k, *_walk_group(recipe)), []).append((k, i))
     tasks = list(groups.values())
-    results = fork_map(priced, [[recipes[i] for i in t] for t in tasks],
-                       workers=default_workers() if workers is None else workers, hints=[float(len(t)) for t in tasks])
-    done: list[Any] = [None] * len(recipes)
-    for t, got in zip(tasks, results):   # back in the recipes' order
-        for i, est in zip(t, got):
-            done[i] = est
-    plans = [(PIPELINE_SOURCE, est.plan, pipeline_result(est, costs, optimizer=optimizer))
-             for est in done if not isinstance(est, str)]
-    return plans, [e for e in done if isinstance(e, str)]
+    results = fork_map(priced, [(t[0][0], [slices[k][2][i] for k, i in t]) for t in tasks],
+                       workers=default_workers() if workers is None else workers,
+                       hints=[_task_cost([slices[k][2][i] for k, i in t]) for t in tasks])
+    done: dict[tuple[int, int], Any] = {}
+    for t, got in zip(tasks, results):
+        done.update(zip(t, got))
+    ordered = [done[(k, i)] for k, (_, _, recipes) in enumerate(slices) for i in range(len(recipes))]
+    return [(PIPELINE_SOURCE, *got) for got in ordered if not isinstance(got, str)], \
+        [e for e in ordered if isinstance(e, str)]
+
+
+def _task_cost(group: Sequence[PipelineRecipe]) -> float:
+    """A task's cost as :func:`~.forkmap.fork_map` orders them, in about seconds of Llama-3-70B's: half a second
+    a walk (one each way its blocks are: kept, checkpointed), each multi-stage schedule's order as PyTorch
+    lays it out — growing as the 1.5th power of ranks × micro-batches (measured: 5.8 s for interleaved
+    1F1B's 32 ranks × 512 micro-batches, 0.66 s at 16 × 256, 0.03 s at 8 × 64) — and a hundredth a recipe."""
+    walks = len({r.checkpoint for r in group})
+    orders = {(r.schedule, r.ranks, r.microbatches) for r in group if SCHEDULES[r.schedule][1]}
+    return 0.5 * walks + sum(2.8e-6 * math.pow(p * m, 1.5) for _, p, m in orders) + 0.01 * len(group)

@@ -44,7 +44,9 @@ stages nor price a stage (the walk and the simulator do).
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -359,9 +361,12 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
         peaks_b.append(peak_b)
     held: list[tuple[tuple[int, float], ...]] = []
     for evs, starts in zip(per_rank_events, backward_starts):
-        # what was taken or freed by the instant a backward starts (its own forward's take included)
-        held.append(tuple((stage, sum(e[3] for e in evs if e[0] <= t))
-                          for t, stage in sorted(starts)))
+        # what was taken or freed by the instant a backward starts (its own forward's take included):
+        # the events by time, summed as they come (whole bytes: the same sums in any order)
+        timeline = sorted(evs, key=lambda e: e[0])
+        times = [e[0] for e in timeline]
+        upto = list(itertools.accumulate((e[3] for e in timeline), initial=0.0))
+        held.append(tuple((stage, upto[bisect.bisect_right(times, t)]) for t, stage in sorted(starts)))
     return PipelineRun(step_s, tuple(busy), tuple(step_s - x for x in busy), tuple(peaks_n), tuple(peaks_b),
                        tuple(held))
 

@@ -471,65 +471,39 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     order = pipeline_order(recipe.schedule, ranks=recipe.ranks, microbatches=recipe.microbatches,
                            stages_per_rank=recipe.virtual)
     p = recipe.ranks
-    on = {name: groups[i % p] for i, stage in enumerate(stages) for name in stage.ops}
-    recomputed = {name for name in on if recipe.checkpoint and block_of(graph.nodes[name].module_path) is not None}
-    if recipe.checkpoint and not recomputed:
-        raise PipelineError(f"{graph.name or 'the model'} has no repeated blocks to checkpoint")
-    plan = Plan({name: NodeConfig(on[name], lay.get(name, Layout.R), recompute=name in recomputed) for name in on},
-                graph_fingerprint=graph.fingerprint,
-                graph_name=graph.name, batch_size=graph.batch_size, algorithm="pipeline",
-                options={"runtime": "pipelining"})   # PyTorch's autograd: a view's gradient made fresh
-    plan.check(graph, cluster)
-    costs.check_graph(graph)
-    plan_key = ("plan", cut_key, tuple(groups), frozenset(recomputed))
-    if plan_key not in memo:
-        memo[plan_key] = plan_edges(plan, graph, cluster), grad_nodes(graph)
-    edges, needs_grad = memo[plan_key]
-    if tp > 1:   # each stage as its tp ranks run it
-        if ("tp stages", plan_key) not in memo:
-            memo[("tp stages", plan_key)] = _at_tensor_parallel(graph, costs, edges, stages, lay, tp, recomputed)
-        stages, again = memo[("tp stages", plan_key)]
-    else:   # a checkpointed block runs its forward again in its backward
-        again = [sum(costs.time(n)[0] for n in stage.ops if n in recomputed and n in costs) for stage in stages]
-    link = _link_s(cluster, used, stages)
-    kept = [kept_bytes(graph, costs, stage, recomputed) for stage in stages]
-    # in flight beside the receive buffers (held all step, priced below), which hold what a stage receives,
-    # with the outputs the stage holds to the micro-batch's backward (the walk does not: _at_backward adds
-    # the walked micro-batch's own, as it takes away only its kept bytes)
-    outputs = held_outputs(graph, costs, stages, recomputed)
-    in_flight = [max(0, k + o - stage.received_bytes) for k, o, stage in zip(kept, outputs, stages)]
-    # a zero-bubble schedule's input-gradient steps stash what its weight-gradient steps need
     zero_bubble = recipe.schedule in SPLIT_BACKWARD
-    stash = [stashed_bytes(graph, stage, lay, tp) for stage in stages] if zero_bubble else [0] * len(stages)
-    # (the last stage keeps no micro-batch's output to the step's end: the runtime asks for none back,
-    # return_outputs=False, so a zero-bubble schedule's last graph goes with its weight step)
+    # what the cut on these devices, kept or checkpointed, is whatever the schedule and micro-batches: once
     if ("crossings", cut_key) not in memo:   # the values crossing the cut: its recipes' receive buffers and sends
         memo[("crossings", cut_key)] = _crossings(graph, stages)
-    crossings = memo[("crossings", cut_key)]
-    retained = retained_sends(recipe.schedule, graph, stages, crossings)
+    plan_key = ("plan", cut_key, tuple(groups), recipe.checkpoint)
+    if plan_key not in memo:
+        memo[plan_key] = _stage_plan(graph, costs, cluster, stages, groups, lay, tp, recipe.checkpoint,
+                                     memo[("crossings", cut_key)])
+    sp: _StagePlan = memo[plan_key]
+    plan, stages = sp.plan, sp.stages
+    stash = sp.stash if zero_bubble else [0] * len(stages)
+    retained = retained_sends(recipe.schedule, graph, stages, sp.crossings)
     run = simulate_pipeline(order, forward_s=[s.forward_s for s in stages],
-                            backward_s=[s.backward_s + a for s, a in zip(stages, again)],
-                            link_s=link, activation_bytes=in_flight,
+                            backward_s=[s.backward_s + a for s, a in zip(stages, sp.again)],
+                            link_s=sp.link_s, activation_bytes=sp.in_flight,
                             retained_bytes=retained, deferred_bytes=stash)
     # the step's largest moment on each rank is one micro-batch's stage running (the walk of one
     # micro-batch, per stage: plan_memory's regions) beside what the other micro-batches hold then
-    at_backward = _at_backward(plan, graph, costs, edges, needs_grad, optimizer, stages, run.held_at_backward,
-                               kept, used, stash if zero_bubble else None, memo=memo, memo_key=(plan_key, optimizer))
+    at_backward = _at_backward(plan, graph, costs, sp.edges, sp.needs_grad, optimizer, stages, run.held_at_backward,
+                               sp.kept, used, stash if zero_bubble else None, memo=memo, memo_key=(plan_key, optimizer))
     whole = at_backward.whole
-    buffers = boundary_buffers(graph, stages, crossings)
     memory: dict[str, int] = {}
     breakdown: dict[str, StepMemory] = {}
     # each rank's stages' units in the order PyTorch reduces them: its later stage first (its last backward
     # comes first), each stage's module and then its blocks
-    # a tensor-parallel rank's piece of each parameter its stages cut: what FSDP2 shards, what the copies sum
-    if tp > 1 and ("pieces", plan_key) not in memo:
-        memo[("pieces", plan_key)] = host_pieces(plan, graph)
-    pieces = memo.get(("pieces", plan_key), {})
-    stage_unit = {s: stage_units(graph, stages[s], data, pieces) for s in range(len(stages))} if recipe.shard else {}
+    pieces = sp.pieces
+    if recipe.shard and data not in sp.units:
+        sp.units[data] = {s: stage_units(graph, stages[s], data, pieces) for s in range(len(stages))}
+    stage_unit = sp.units[data] if recipe.shard else {}
     reduce_order = [list(reversed(range(r, len(stages), p))) for r in range(p)]
     units = [[u for s in reduce_order[r] for u in stage_unit[s]] for r in range(p)] if recipe.shard else []
     for r, dev in enumerate(used):
-        step_buffers = recipe.microbatches * sum(b for s, b in enumerate(buffers) if s % p == r)
+        step_buffers = recipe.microbatches * sum(b for s, b in enumerate(sp.buffers) if s % p == r)
         if recipe.shard:   # FSDP2 on the data axis: the stages gathered, their shards and a shard's state beside
             # a stage reduced before a backward of the rank's other stage holds its gradients as shards there
             reduced, held_then = reduced_before(run.held_at_backward[r], recipe.microbatches)
@@ -548,13 +522,80 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
             memory[world[k]] = top.peak
             breakdown[world[k]] = top
     sync = _sync_s(graph, cluster, world, stages, recipe, units, pieces)
-    est = PipelineEstimate(recipe, tuple(world), stages, split_points(graph, stages), run.step_s + sync,
-                           run.bubble_fraction, run.peak_in_flight, memory, link,
-                           tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops
-                                               if n.name in recomputed)), sync, breakdown=breakdown)
+    est = PipelineEstimate(recipe, tuple(world), stages, sp.split_points, run.step_s + sync,
+                           run.bubble_fraction, run.peak_in_flight, memory, sp.link_s, sp.checkpointed, sync,
+                           breakdown=breakdown)
     offered = pipeline_plan(est, plan, optimizer, tp_modules)
     offered.cluster_name, offered.cluster_fingerprint = cluster.name, cluster.fingerprint
     return replace(est, plan=offered)
+
+
+@dataclass
+class _StagePlan:
+    """What a cut over one set of devices, kept or checkpointed, costs whatever its schedule, micro-batches
+    and data axis (:func:`price_pipeline` makes it once a ``memo``): the ``plan`` running each stage's
+    operators on its pipeline rank's devices, its reshards ``edges`` and ``needs_grad``, the ``stages`` as
+    the ranks run them (at their tp shards) with the forward a checkpointed stage runs ``again`` in its
+    backward, each stage's bytes ``kept`` for a micro-batch's backward and ``in_flight`` beside the
+    receive buffers, its zero-bubble ``stash``, the cut's ``crossings`` and receive ``buffers``, its
+    ``split_points``, the blocks ``checkpointed``, a tp rank's ``pieces`` of each parameter, the slowest
+    stage-to-stage ``link_s``, and — once a sharded recipe asks — each stage's FSDP2 ``units`` over so many copies."""
+
+    plan: Plan
+    edges: PlanEdges
+    needs_grad: Mapping[str, bool]
+    stages: tuple[Stage, ...]
+    again: list[float]
+    kept: list[int]
+    in_flight: list[int]
+    stash: list[int]
+    crossings: list[tuple[int, int, int]]
+    buffers: list[int]
+    split_points: tuple[tuple[str, str], ...]
+    checkpointed: tuple[str, ...]
+    pieces: Mapping[str, HostPiece]
+    link_s: float
+    units: dict[int, dict[int, list[ShardedUnit]]] = field(default_factory=dict)
+
+
+def _stage_plan(graph: OpGraph, costs: CostModel, cluster: Cluster, stages: Sequence[Stage],
+                groups: Sequence[tuple[str, ...]], lay: Mapping[str, Layout], tp: int, checkpoint: bool,
+                crossings: list[tuple[int, int, int]]) -> _StagePlan:
+    """The :class:`_StagePlan` of the cut ``stages`` with stage ``s`` on pipeline rank ``s mod p``'s devices
+    ``groups[s mod p]`` (in layouts ``lay`` over them where ``tp > 1``), its blocks recomputed where
+    ``checkpoint``.  O(V + E)."""
+    p = len(groups)
+    on = {name: groups[i % p] for i, stage in enumerate(stages) for name in stage.ops}
+    recomputed = {name for name in on if checkpoint and block_of(graph.nodes[name].module_path) is not None}
+    if checkpoint and not recomputed:
+        raise PipelineError(f"{graph.name or 'the model'} has no repeated blocks to checkpoint")
+    plan = Plan({name: NodeConfig(on[name], lay.get(name, Layout.R), recompute=name in recomputed) for name in on},
+                graph_fingerprint=graph.fingerprint,
+                graph_name=graph.name, batch_size=graph.batch_size, algorithm="pipeline",
+                options={"runtime": "pipelining"})   # PyTorch's autograd: a view's gradient made fresh
+    plan.check(graph, cluster)
+    costs.check_graph(graph)
+    edges, needs_grad = plan_edges(plan, graph, cluster), grad_nodes(graph)
+    if tp > 1:   # each stage as its tp ranks run it
+        stages, again = _at_tensor_parallel(graph, costs, edges, stages, lay, tp, recomputed)
+    else:   # a checkpointed block runs its forward again in its backward
+        again = [sum(costs.time(n)[0] for n in stage.ops if n in recomputed and n in costs) for stage in stages]
+    kept = [kept_bytes(graph, costs, stage, recomputed) for stage in stages]
+    # in flight beside the receive buffers (held all step, priced below), which hold what a stage receives,
+    # with the outputs the stage holds to the micro-batch's backward (the walk does not: _at_backward adds
+    # the walked micro-batch's own, as it takes away only its kept bytes)
+    outputs = held_outputs(graph, costs, stages, recomputed)
+    in_flight = [max(0, k + o - stage.received_bytes) for k, o, stage in zip(kept, outputs, stages)]
+    # a zero-bubble schedule's input-gradient steps stash what its weight-gradient steps need
+    # (the last stage keeps no micro-batch's output to the step's end: the runtime asks for none back,
+    # return_outputs=False, so a zero-bubble schedule's last graph goes with its weight step)
+    stash = [stashed_bytes(graph, stage, lay, tp) for stage in stages]
+    checkpointed = tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops if n.name in recomputed))
+    # a tensor-parallel rank's piece of each parameter its stages cut: what FSDP2 shards, what the copies sum
+    pieces = host_pieces(plan, graph) if tp > 1 else {}
+    return _StagePlan(plan, edges, needs_grad, tuple(stages), again, kept, in_flight, stash, crossings,
+                      boundary_buffers(graph, stages, crossings), split_points(graph, stages), checkpointed,
+                      pieces, _link_s(cluster, [g[0] for g in groups], stages))
 
 
 def tensor_parallel_styles(graph: OpGraph, layouts: Mapping[str, Layout], devices: Sequence[str]) -> dict[str, str]:

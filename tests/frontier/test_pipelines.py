@@ -106,7 +106,7 @@ def test_recipes_priced_together_cost_what_each_costs_alone_in_their_order():
     # 4 ranks × 4 stages: more stages than the model's runs of blocks and other operators, refused by the cut
     assert "runs of blocks and other operators" in alone[-1] and alone[-1].endswith("not 16")
     for workers in (1, 2):
-        plans, failed = price_recipes(graph, costs, cluster, recipes, devices, optimizer="adamw", workers=workers)
+        plans, failed = price_recipes([(graph, costs, recipes)], cluster, devices, optimizer="adamw", workers=workers)
         assert failed == [a for a in alone if isinstance(a, str)]
         priced = [(dict(sim.memory_bytes), sim.time_s) for _, _, sim in plans]
         expected = [a for a in alone if not isinstance(a, str)]
