@@ -434,33 +434,26 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     first device whose peak exceeds its figure (:func:`plan_memory`, which says ``accumulate`` and
     ``regions``).  ``layout``: a dict kept by the caller across walks of one plan, ``graph``,
     ``costs`` and ``edges`` (a pipeline's, with different ``accumulate``): the tensors' storage as each
-    device sees it, laid out once there."""
+    device sees it and what each holds before the batch (:class:`_Holdings`), laid out once there."""
     if (accumulate or plan.microbatches > 1) and plan.runtime not in ("executor", "pipelining", "fsdp2", "dtensor"):
         raise PlanError(f"micro-batches are priced as tensoropt's executor and FSDP2 run them, not as {plan.runtime} "
                         "(DistributedDataParallel accumulates gradients its own way): price the plan with runtime "
                         "'executor'")
     alpha = optimizer_alpha(optimizer)
-    devices = plan.devices
-    mem = {d: StepMemory() for d in devices}
-    # FSDP2 across the replicas reduce-scatters every gradient over them: nothing summed in the host;
-    # under DTensor a parameter every rank reads whole gets the same gradient on each: nothing summed;
-    # under PyTorch's pipelining each stage reads its own copy, its gradient autograd's (summed after the step)
-    synced = {} if fsdp_across_replicas(plan) or plan.runtime in ("dtensor", "pipelining") \
-        else synced_parameters(graph, plan)
-    params = _ParamHolding.of(plan, graph, synced)
-    trainable_sizes = params.count_resident(graph, mem, alpha)
-    if plan.runtime in DDP_RUNTIMES:
-        _ddp_holdings(plan, graph, params, synced, mem, trainable_sizes, alpha)
-    storage = layout.get("storage") if layout is not None else None
-    if storage is None:
-        storage = _Storage.of(plan, graph, costs, edges)
+    # what a walk of this plan reads whatever it accumulates: laid out once where the caller keeps ``layout``
+    held = layout.get(f"held {alpha}") if layout is not None else None
+    if held is None:
+        held = _holdings(plan, graph, costs, edges, alpha, layout.get("storage") if layout is not None else None)
         if layout is not None:
-            layout["storage"] = storage
+            layout[f"held {alpha}"] = held
+            layout["storage"] = held.storage
+    devices, params, synced, storage, twin = held.devices, held.params, held.synced, held.storage, held.twin
+    mem = {d: replace(m) for d, m in held.resident.items()}
+    trainable_sizes = held.trainable_sizes
     out_node = next((n for n in graph if n.kind == "output"), None)
     model_outputs = [p for p in (out_node.inputs if out_node is not None else ()) if p in plan.configs]
-    segments = recompute_segments(plan.order, plan.configs, graph)
+    segments = held.segments
     units = Fsdp2Units.of(plan, graph, needs_grad) if plan.runtime == "fsdp2" else None
-    twin = _twins(plan, devices, storage, params, synced, mem, trainable_sizes)
     result: dict[str, StepMemory] = {}
     by_region: dict[str, dict[int, StepMemory]] = {}
     for d in devices:
@@ -489,6 +482,44 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
         if stop_over is not None and mem[d].peak > stop_over[d]:
             break
     return result
+
+
+@dataclass
+class _Holdings:
+    """What every walk of one plan starts from, whatever it accumulates (:func:`walk`): the plan's
+    ``devices``, each parameter's holding ``params`` and the gradients summed across devices ``synced``,
+    each device's ``resident`` bytes before the batch and its optimizer's ``trainable_sizes``, the tensors'
+    ``storage``, the recompute ``segments`` and each device's ``twin``."""
+
+    devices: list[str]
+    params: _ParamHolding
+    synced: Mapping[str, tuple[str, ...]]
+    resident: dict[str, StepMemory]
+    trainable_sizes: dict[str, list[int]]
+    storage: _Storage
+    segments: list[tuple[str, ...]]
+    twin: dict[str, str]
+
+
+def _holdings(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, alpha: int,
+              storage: _Storage | None) -> _Holdings:
+    """The :class:`_Holdings` of ``plan`` under an optimizer of ``alpha`` states a parameter (``storage``: its
+    layout where the caller has it).  O(V + E + devices × parameters)."""
+    devices = plan.devices
+    mem = {d: StepMemory() for d in devices}
+    # FSDP2 across the replicas reduce-scatters every gradient over them: nothing summed in the host;
+    # under DTensor a parameter every rank reads whole gets the same gradient on each: nothing summed;
+    # under PyTorch's pipelining each stage reads its own copy, its gradient autograd's (summed after the step)
+    synced = {} if fsdp_across_replicas(plan) or plan.runtime in ("dtensor", "pipelining") \
+        else synced_parameters(graph, plan)
+    params = _ParamHolding.of(plan, graph, synced)
+    trainable_sizes = params.count_resident(graph, mem, alpha)
+    if plan.runtime in DDP_RUNTIMES:
+        _ddp_holdings(plan, graph, params, synced, mem, trainable_sizes, alpha)
+    storage = storage if storage is not None else _Storage.of(plan, graph, costs, edges)
+    segments = recompute_segments(plan.order, plan.configs, graph)
+    twin = _twins(plan, devices, storage, params, synced, mem, trainable_sizes)
+    return _Holdings(devices, params, synced, mem, trainable_sizes, storage, segments, twin)
 
 
 def _ddp_holdings(plan: Plan, graph: OpGraph, params: _ParamHolding, synced: Mapping[str, tuple[str, ...]],
@@ -521,12 +552,24 @@ def _twins(plan: Plan, devices: Sequence[str], storage: _Storage, params: _Param
     edges + the plan's sets of devices))."""
     sets = list(dict.fromkeys(frozenset(plan.configs[n].devices) for n in plan.order))
     received = [rb for _, _, ins, _ in storage.nodes for _, batch_key, rb, _ in ins if batch_key is None and rb]
-    qs = sorted({q for q, _ in params.held})
+    # per device, in one pass each: the sets it is in, the edges it receives, the parameters it holds (and how
+    # much of each) — what a key of every set, edge and parameter says, without a look-up per device and each
+    in_sets: dict[str, list[int]] = {d: [] for d in devices}
+    for i, s in enumerate(sets if len(sets) > 1 else ()):
+        for d in s:
+            in_sets.setdefault(d, []).append(i)
+    receives: dict[str, list[int]] = {d: [] for d in devices}
+    for i, rb in enumerate(received):
+        for d, b in rb.items():
+            if b:
+                receives.setdefault(d, []).append(i)
+    holds: dict[str, list[tuple[str, int]]] = {d: [] for d in devices}
+    for (q, d), b in sorted(params.held.items()):
+        holds.setdefault(d, []).append((q, b))
     first: dict[tuple[Any, ...], str] = {}
     out: dict[str, str] = {}
     for d in devices:
-        key = (tuple(d in s for s in sets) if len(sets) > 1 else (),
-               tuple(bool(rb.get(d, 0)) for rb in received), tuple(params.held.get((q, d)) for q in qs),
+        key = (tuple(in_sets[d]), tuple(receives[d]), tuple(holds[d]),
                tuple(d in devs for devs in synced.values()), astuple(mem[d]), tuple(trainable_sizes[d]))
         out[d] = first.setdefault(key, d)
     return out
