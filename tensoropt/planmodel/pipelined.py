@@ -589,7 +589,9 @@ def _stage_plan(graph: OpGraph, costs: CostModel, cluster: Cluster, stages: Sequ
     # a zero-bubble schedule's input-gradient steps stash what its weight-gradient steps need
     # (the last stage keeps no micro-batch's output to the step's end: the runtime asks for none back,
     # return_outputs=False, so a zero-bubble schedule's last graph goes with its weight step)
-    stash = [stashed_bytes(graph, stage, lay, tp) for stage in stages]
+    # (PyTorch's first stage skips its input-gradient step, no input needing one: its weight step runs the whole
+    # backward, stashing nothing)
+    stash = [stashed_bytes(graph, stage, lay, tp) if s else 0 for s, stage in enumerate(stages)]
     checkpointed = tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops if n.name in recomputed))
     # a tensor-parallel rank's piece of each parameter its stages cut: what FSDP2 shards, what the copies sum
     pieces = host_pieces(plan, graph) if tp > 1 else {}
@@ -718,14 +720,14 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
         whole = whole or step
         per_set.append(by_stage)
     def beside(r: int, m: StepMemory, s: int, extra: float) -> float:
-        if stash is None:
+        if stash is None or s == 0:   # (the first stage's input step does nothing: its weight step is its backward)
             return extra
         # the walk's kept bytes alive then (not transient, not the batch), less the rank's earlier stages'
         alive = m.activations_at_peak - m.transient_at_peak - m.inputs - sum(kept[x] for x in range(r, s, p))
         return extra + kept[s] - min(kept[s], max(0, alive)) + stash[s]
 
-    return _AtBackward(whole, [[(per_set[k][dev][s], beside(r, per_set[k][dev][s], s, extra)) for k, s, extra in at[r]]
-                               for r, dev in enumerate(used)])
+    return _AtBackward(whole, [[(per_set[k][dev][s], beside(r, per_set[k][dev][s], s, extra))
+                                for k, s, extra in at[r]] for r, dev in enumerate(used)])
 
 
 def _held_beside(m: StepMemory, state: int, extra: float) -> StepMemory:
