@@ -202,3 +202,18 @@ def test_a_composed_step_runs_whole_once_its_parts_can() -> None:
                                          ((Action(1, "F", 0),), (Action(1, "B", 0),))))
     run = simulate_pipeline(apart, forward_s=1, backward_s=2)
     assert run.step_s == 6.0 and run.busy_s == (3.0, 3.0)
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "looped-bfs", "interleaved-zb"])
+def test_the_order_read_without_the_runtime_s_lowering_is_pytorch_s_order(schedule: str) -> None:
+    """pipeline_order reads a runtime schedule's order without PyTorch lowering it to sends and receives
+    (most of the making, and only the runtime's step reads it): every rank's actions those of PyTorch's own
+    schedule made whole, at sizes where the lowering takes from milliseconds to most of a second."""
+    from tensoropt.planmodel.pipeline import SCHEDULES, _order_only, pytorch_schedules
+
+    schedules, get_schedule_ops = pytorch_schedules()
+    made = getattr(schedules, SCHEDULES[schedule][0])
+    for ranks, microbatches, v in ((2, 4, 2), (4, 16, 3), (8, 64, 2), (16, 128, 2)):
+        whole = get_schedule_ops(made, ranks, microbatches, v)
+        read = get_schedule_ops(_order_only(made), ranks, microbatches, v)
+        assert [[str(a) for a in r] for r in read] == [[str(a) for a in r] for r in whole]
