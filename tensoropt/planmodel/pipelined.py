@@ -482,11 +482,14 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     sp: _StagePlan = memo[plan_key]
     plan, stages = sp.plan, sp.stages
     stash = sp.stash if zero_bubble else [0] * len(stages)
-    retained = retained_sends(recipe.schedule, graph, stages, sp.crossings)
-    run = simulate_pipeline(order, forward_s=[s.forward_s for s in stages],
-                            backward_s=[s.backward_s + a for s, a in zip(stages, sp.again)],
-                            link_s=sp.link_s, activation_bytes=sp.in_flight,
-                            retained_bytes=retained, deferred_bytes=stash)
+    run_key = ("run", plan_key, recipe.schedule, recipe.microbatches)   # (copies replicated or sharded: one run)
+    if run_key not in memo:
+        retained = retained_sends(recipe.schedule, graph, stages, sp.crossings)
+        memo[run_key] = simulate_pipeline(order, forward_s=[s.forward_s for s in stages],
+                                          backward_s=[s.backward_s + a for s, a in zip(stages, sp.again)],
+                                          link_s=sp.link_s, activation_bytes=sp.in_flight,
+                                          retained_bytes=retained, deferred_bytes=stash)
+    run = memo[run_key]
     # the step's largest moment on each rank is one micro-batch's stage running (the walk of one
     # micro-batch, per stage: plan_memory's regions) beside what the other micro-batches hold then
     at_backward = _at_backward(plan, graph, costs, sp.edges, sp.needs_grad, optimizer, stages, run.held_at_backward,
@@ -516,8 +519,13 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
             top = sharded_rank(units[r], moments, whole[dev], step_buffers, beside)
         else:
             state = whole[dev].optimizer
-            terms = [_held_beside(m, state, extra) for m, extra in at_backward.terms[r]] + [whole[dev]]
-            top = _held_beside(max(terms, key=lambda m: m.peak), state, step_buffers)
+            # the largest of the backwards' moments (each beside its micro-batches in flight) and the update's:
+            # their peaks first, the one chosen made whole (the first of the largest, as max takes it)
+            terms = at_backward.terms[r]
+            peaks = [int(m.peak + state - m.optimizer + extra) for m, extra in terms] + [whole[dev].peak]
+            i = max(range(len(peaks)), key=peaks.__getitem__)
+            best = _held_beside(terms[i][0], state, terms[i][1]) if i < len(terms) else whole[dev]
+            top = _held_beside(best, state, step_buffers)
         for k in range(r * data * tp, (r + 1) * data * tp):   # every copy and tp rank holds what the first does
             memory[world[k]] = top.peak
             breakdown[world[k]] = top
