@@ -472,9 +472,9 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
                            stages_per_rank=recipe.virtual)
     p = recipe.ranks
     zero_bubble = recipe.schedule in SPLIT_BACKWARD
-    # what the cut on these devices, kept or checkpointed, is whatever the schedule and micro-batches: once
     if ("crossings", cut_key) not in memo:   # the values crossing the cut: its recipes' receive buffers and sends
         memo[("crossings", cut_key)] = _crossings(graph, stages)
+    # what the cut on these devices, kept or checkpointed, is whatever the schedule and micro-batches: once
     plan_key = ("plan", cut_key, tuple(groups), recipe.checkpoint)
     if plan_key not in memo:
         memo[plan_key] = _stage_plan(graph, costs, cluster, stages, groups, lay, tp, recipe.checkpoint,

@@ -548,8 +548,8 @@ def _twins(plan: Plan, devices: Sequence[str], storage: _Storage, params: _Param
     start from the same resident memory walk alike — :class:`_DeviceWalk` reads nothing else of its
     device — so one walk serves all of them (a 64-GPU FSDP plan walks one device, not 64).  Operators on
     only some devices: two devices twins only where each runs the same operators (a pipeline's stages
-    over tensor-parallel ranks: a rank's tp devices walk alike).  O(devices × (parameters + received
-    edges + the plan's sets of devices))."""
+    over tensor-parallel ranks: a rank's tp devices walk alike).  O(held parameters + received edges'
+    devices + the plan's sets' devices + devices × its own keys)."""
     sets = list(dict.fromkeys(frozenset(plan.configs[n].devices) for n in plan.order))
     received = [rb for _, _, ins, _ in storage.nodes for _, batch_key, rb, _ in ins if batch_key is None and rb]
     # per device, in one pass each: the sets it is in, the edges it receives, the parameters it holds (and how
