@@ -154,8 +154,8 @@ def drawn_plans(points: Sequence[FrontierRow], baselines: Sequence[BaselineDict]
     baseline with a plan that is not a curve point already (``role`` ``baseline``: its ``same_as``
     is empty; see :func:`~.curves.place_baselines`), as dicts with ``plan_id``, ``label``, ``devices``,
     ``num_devices``, ``memory_bytes``, ``time_s``, ``peaks``, ``source``, ``on_frontier``, ``pipeline``
-    (a pipeline's recipe in words, else empty), ``mesh`` (a plan across hosts: its 2-D mesh in words,
-    else empty) and, for a baseline, ``dominated_by``.  A curve point
+    (a pipeline's recipe in words, else empty), ``mesh`` (a plan across hosts: its 2-D mesh in words; a
+    pipeline's (pp, dp, tp) mesh; else empty) and, for a baseline, ``dominated_by``.  A curve point
     that is also a baseline's plan names it in ``also``."""
     also: dict[str, list[str]] = {}
     for b in baselines:
@@ -220,7 +220,8 @@ def _hover_title(p: Mapping[str, Any]) -> str:
     if p["role"] == "baseline":
         return f"<b>{p['label']}</b> (baseline placer) · plan {p['plan_id']}"
     if p.get("pipeline"):   # its schedule and mesh named on the point
-        return f"<b>{p['plan_id']}</b> · a pipeline: {p['pipeline']} (torch.distributed.pipelining)"
+        mesh = f", mesh {p['mesh']}" if p.get("mesh") else ""
+        return f"<b>{p['plan_id']}</b> · a pipeline: {p['pipeline']}{mesh} (torch.distributed.pipelining)"
     k = int(p.get("microbatches") or 1)
     steps = f", each step {k} micro-batches (gradient accumulation)" if k > 1 else ""
     if p.get("mesh"):       # a plan across hosts: its 2-D mesh named on the point

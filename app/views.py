@@ -334,7 +334,7 @@ def plan_commands(store: ResultStore, key: str, plan_id: str) -> str:
     cmds, note = run_commands(store.summary(key).get("request") or {}, plan_id,
                               plan.num_devices if piped else len(plan.devices), plan.num_replicas, plan.microbatches,
                               piped, mesh)
-    where = (f"{plan.num_devices} device(s) as a pipeline: {piped}" if piped
+    where = (f"{plan.num_devices} device(s) as a pipeline: {piped} (mesh {mesh})" if piped
              else f"{plan.num_replicas} hosts of {len(plan.devices)} device(s), mesh {mesh}" if plan.replicas
              else f"{len(plan.devices)} device(s)")
     if plan.microbatches > 1 and not piped:

@@ -95,7 +95,14 @@ def fsdp_rings(plan: Plan) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[str
 def mesh_text(plan: Plan) -> str:
     """A plan's device mesh across replicas in words — ``"dp 8 (FSDP2) × tp 8"`` for FSDP over the
     replicas with tensor parallelism inside (:func:`fsdp_across_replicas`), ``"dp 8 (replicas) × 8
-    devices"`` for data parallelism across them — or ``""`` for a plan without replicas."""
+    devices"`` for data parallelism across them, a pipeline's as torchtitan's ``(pp, dp, tp)`` mesh names
+    its axes (``"pp 8 × dp_shard 8 (FSDP2) × tp 4"``, ``"pp 4 × dp_replicate 2"``, ``"pp 2"``) — or ``""``
+    for a plan of one mesh of devices."""
+    spec = plan.pipeline
+    if spec is not None:   # the pipeline's ranks, its copies (replicated or FSDP2 shards), each rank's tp devices
+        tp, r = int(spec.get("tp") or 1), plan.num_replicas
+        copies = (f"dp_shard {r} (FSDP2)" if spec.get("shard") else f"dp_replicate {r}") if r > 1 else ""
+        return " × ".join(x for x in (f"pp {len(plan.devices) // tp}", copies, f"tp {tp}" if tp > 1 else "") if x)
     if not plan.replicas:
         return ""
     r, t = plan.num_replicas, len(plan.devices)

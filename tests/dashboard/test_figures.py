@@ -381,12 +381,14 @@ def test_a_pipeline_point_names_its_schedule_and_mesh_in_its_hover():
     devs = ["gpu0", "gpu1", "gpu2", "gpu3"]
     row = {"plan_id": "p004-4dev", "devices": ";".join(devs), "memory_bytes": MiB, "time_s": 0.002,
            "device_memory_bytes": ";".join(f"{d}={MiB}" for d in devs), "source": "pipeline",
-           "pipeline": "interleaved-1f1b, 2 ranks × 2 stages a rank × 2 data-parallel copies, 4 micro-batches"}
+           "pipeline": "interleaved-1f1b, 2 ranks × 2 stages a rank × 2 data-parallel copies, 4 micro-batches",
+           "mesh": "pp 2 × dp_replicate 2"}
     p = F.drawn_plans([row])[0]
     assert F.hover_head(p).startswith("<b>p004-4dev</b> · a pipeline: interleaved-1f1b, 2 ranks × 2 stages a rank × 2 "
-                                      "data-parallel copies, 4 micro-batches (torch.distributed.pipelining)<br>")
+                                      "data-parallel copies, 4 micro-batches, mesh pp 2 × dp_replicate 2 "
+                                      "(torch.distributed.pipelining)<br>")
     # any other point says what found it
-    other = F.hover_head({**p, "pipeline": "", "source": "frontier"})
+    other = F.hover_head({**p, "pipeline": "", "mesh": "", "source": "frontier"})
     assert other.startswith("<b>p004-4dev</b> · found by the search")
 
 

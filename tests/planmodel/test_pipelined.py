@@ -25,6 +25,7 @@ from tensoropt.planmodel.pipelined import (
 )
 from tensoropt.planmodel.stages import cut_stages
 from tensoropt.planmodel.walk import plan_memory
+from tensoropt.planmodel.wrappers import mesh_text
 
 CLUSTER = "preset:a100-4-nvlink"
 
@@ -167,6 +168,10 @@ def test_copies_of_a_pipeline_hold_what_the_first_does_and_add_their_gradient_su
     assert two.sync_s == pytest.approx(by_hand, rel=1e-12)
     assert two.step_s == pytest.approx(one.step_s + by_hand, rel=1e-12)
     assert one.sync_s == 0.0
+    # the plans name their mesh as torchtitan's (pp, dp, tp) axes (the CSV's mesh column, the dashboard's point)
+    sharded = price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=4, data=2, shard=True))
+    assert [mesh_text(e.plan) for e in (one, two, sharded)] == ["pp 2", "pp 2 × dp_replicate 2",
+                                                                  "pp 2 × dp_shard 2 (FSDP2)"]
     with pytest.raises(PipelineError, match="2 ranks × 3 copies needs 6 devices"):
         price_pipeline(graph, costs, cluster, PipelineRecipe("1f1b", ranks=2, microbatches=4, data=3))
 
