@@ -572,7 +572,8 @@ def _stale_banner(server, browser):
     spec.send_keys(TINY + Keys.ENTER)
     _wait(lambda: drv.find_element(By.CSS_SELECTOR, "#model-source input[value=spec]").is_selected(), 10,
           "the spec source selected")
-    _wait(lambda: not banner.is_displayed(), 10, "the banner gone")
+    # (30 s: under the whole suite on two cores the typed spec's callbacks ran past 10 s once, fresh-clone CI)
+    _wait(lambda: not banner.is_displayed(), 30, "the banner gone")
     assert not _severe(drv)
 
 
