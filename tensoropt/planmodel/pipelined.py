@@ -179,6 +179,14 @@ class PipelineRecipe:
             return self.stages_per_rank
         return 2 if SCHEDULES.get(self.schedule, ("", False))[1] else 1
 
+    @property
+    def mesh(self) -> str:
+        """Its device mesh as torchtitan's ``(pp, dp, tp)`` axes name it: ``"pp 8 × dp_shard 8 (FSDP2) × tp 4"``,
+        ``"pp 4 × dp_replicate 2"``, ``"pp 2"``."""
+        copies = "" if self.data == 1 else \
+            f"dp_shard {self.data} (FSDP2)" if self.shard else f"dp_replicate {self.data}"
+        return " × ".join(x for x in (f"pp {self.ranks}", copies, f"tp {self.tp}" if self.tp > 1 else "") if x)
+
     def __str__(self) -> str:
         v = f" × {self.virtual} stages a rank" if self.virtual > 1 else ""
         ac = ", blocks checkpointed" if self.checkpoint else ""

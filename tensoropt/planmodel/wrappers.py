@@ -98,11 +98,10 @@ def mesh_text(plan: Plan) -> str:
     devices"`` for data parallelism across them, a pipeline's as torchtitan's ``(pp, dp, tp)`` mesh names
     its axes (``"pp 8 × dp_shard 8 (FSDP2) × tp 4"``, ``"pp 4 × dp_replicate 2"``, ``"pp 2"``) — or ``""``
     for a plan of one mesh of devices."""
-    spec = plan.pipeline
-    if spec is not None:   # the pipeline's ranks, its copies (replicated or FSDP2 shards), each rank's tp devices
-        tp, r = int(spec.get("tp") or 1), plan.num_replicas
-        copies = (f"dp_shard {r} (FSDP2)" if spec.get("shard") else f"dp_replicate {r}") if r > 1 else ""
-        return " × ".join(x for x in (f"pp {len(plan.devices) // tp}", copies, f"tp {tp}" if tp > 1 else "") if x)
+    if plan.pipeline is not None:   # the recipe it runs says its mesh (the walk, below this module, imports this one)
+        from .pipelined import recipe_of
+
+        return recipe_of(plan).mesh
     if not plan.replicas:
         return ""
     r, t = plan.num_replicas, len(plan.devices)
