@@ -22,6 +22,7 @@ they read.
 from .collectives import (
                           all_to_all_time,
                           allgather_time,
+                          backend_reduce_scatter_time,
                           broadcast_time,
                           p2p_time,
                           reduce_scatter_time,
@@ -30,13 +31,14 @@ from .collectives import (
 )
 from .detect import cluster_from_topology, detect_cluster
 from .presets import PRESETS, get_preset, list_presets, load_cluster
-from .spec import Cluster, Device, LinkModel
+from .spec import Cluster, Device, LinkModel, is_cpu_kind
 from .units import fmt_rate, fmt_size, fmt_time, parse_rate, parse_size, parse_time
 
 __all__ = [
-    "Device", "LinkModel", "Cluster", "load_cluster", "detect_cluster", "cluster_from_topology",
+    "Device", "LinkModel", "Cluster", "is_cpu_kind", "load_cluster", "detect_cluster", "cluster_from_topology",
     "list_presets", "get_preset", "PRESETS",
     "p2p_time", "ring_allreduce_time", "ring_allreduce_bytes_time", "allgather_time", "reduce_scatter_time",
+    "backend_reduce_scatter_time",
     "all_to_all_time", "broadcast_time",
     "parse_size", "parse_time", "parse_rate", "fmt_size", "fmt_time", "fmt_rate",
 ]

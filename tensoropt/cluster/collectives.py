@@ -116,10 +116,22 @@ def reduce_scatter_time(cluster: Cluster, devices: Sequence[str], nbytes: int | 
 
     (The reduction's arithmetic is not counted: it is memory-bound and overlaps the transfers.)
     This is the ring algorithm NCCL uses; gloo (torch's CPU backend) runs ``reduce_scatter_tensor``
-    as a full all-reduce plus a copy, which costs :func:`ring_allreduce_time` instead
-    (``benchmarks/links.py`` shows both).
+    as a full all-reduce plus a copy: :func:`backend_reduce_scatter_time` prices that.
     """
     return allgather_time(cluster, devices, nbytes)
+
+
+def backend_reduce_scatter_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> float:
+    """PyTorch's ``reduce_scatter_tensor`` (what FSDP2 calls) on the backend of the devices:
+    NCCL's ring on GPUs (:func:`reduce_scatter_time`); on CPU ranks (every device's
+    :attr:`~.spec.Device.is_cpu`) gloo's, which all-reduces the whole input and copies this rank's
+    piece out — :func:`ring_allreduce_time`, twice the ring's traffic.  Measured on two gloo ranks
+    over loopback (``benchmarks/links.py``, 16 MiB): 32.7 ms, the ring formula 72 % under it, the
+    all-reduce's 45 % (gloo's copies through temporaries are not counted)."""
+    devices = _group(cluster, devices, nbytes)
+    if all(cluster.device(d).is_cpu for d in devices):
+        return ring_allreduce_time(cluster, devices, nbytes)
+    return reduce_scatter_time(cluster, devices, nbytes)
 
 
 def all_to_all_time(cluster: Cluster, devices: Sequence[str], nbytes: int | float) -> float:

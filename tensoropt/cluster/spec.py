@@ -242,6 +242,12 @@ def _slowest_candidates(links: Iterable[LinkModel]) -> tuple[LinkModel, ...]:
     return tuple(kept)
 
 
+def is_cpu_kind(kind: str) -> bool:
+    """Whether a device ``kind`` names a CPU: ``cpu`` in any case (what ``tensoropt bench-links``
+    names gloo's ranks, and what costs profiled on a CPU match)."""
+    return kind.strip().lower() == "cpu"
+
+
 @dataclass(frozen=True)
 class Device:
     """One accelerator: its name in the cluster, memory capacity in bytes, what it is (``kind``,
@@ -268,6 +274,12 @@ class Device:
         if not _real(s) or not (math.isfinite(s) and s > 0):
             raise ClusterSpecError(f"device {self.name}: speed must be a positive number, got {s!r}")
         object.__setattr__(self, "speed", float(s))
+
+    @property
+    def is_cpu(self) -> bool:
+        """Whether this is a CPU rank (:func:`is_cpu_kind`): PyTorch runs its collectives on gloo,
+        with no streams to overlap them."""
+        return is_cpu_kind(self.kind)
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML entry: optional fields only when they differ from their defaults."""

@@ -35,7 +35,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..cluster import Cluster, Device
+from ..cluster import Cluster, Device, is_cpu_kind
 from ..errors import ProfileError, TensorOptError
 from ..measure.costmodel import CostModel, NodeCost, ShardCost
 from .calibration import Calibration, DeviceModel, device_model
@@ -73,7 +73,7 @@ def kind_matches(kind: str, measured_on: str, measured_type: str = "") -> bool:
     the same catalogue kind (:func:`~.kinds.same_kind`), or ``cpu`` for costs measured on a CPU."""
     if not kind or same_kind(kind, measured_on):
         return True
-    return kind.strip().lower() == "cpu" and measured_type == "cpu"
+    return is_cpu_kind(kind) and measured_type == "cpu"
 
 
 def prices_by_model(costs_from: str, cluster: Cluster, devices: Sequence[str] | None, measured_on: str,

@@ -51,7 +51,15 @@ peak memory of every device and a timeline (for a Gantt chart).
   backward the root and the last block are still gathered; each block's pre-backward prefetches
   the block before it the same way.  After a block's backward its gradients are reduce-scattered
   in the masters' dtype, one reduce-scatter per unit after the previous one (the root's after the
-  whole backward), overlapping the next block's backward.
+  whole backward), overlapping the next block's backward.  On CPU ranks (every device's kind
+  ``cpu``: gloo) FSDP2 has no streams — each collective runs with ``async_op=False`` — so each
+  unit's all-gather waits for the compute before it, at the unit's pre-forward, and the compute
+  after each collective waits for it; and gloo's reduce-scatter is an all-reduce of the whole
+  (:func:`~tensoropt.cluster.collectives.backend_reduce_scatter_time`).
+- *PyTorch's data-parallel wrappers* (runtimes ``ddp``, ``zero1``, ``fsdp2`` on one mesh:
+  :func:`~.wrappers.runs_data_parallel_wrapper`): every rank runs the whole model on its rows, so
+  no gradient moves between operators — a replicated operator's output gradient (the rows'
+  partial sums) stays on each rank, its parameters' gradient summed by the wrapper with the rest.
 - *Micro-batches* (:attr:`~tensoropt.plan.Plan.microbatches`, gradient accumulation): the step
   runs ``k`` micro-batches one after the other, the first ``k − 1`` without the gradient sums and
   the gathers of updated parameters (a sharded gradient's reduce-scatter is in every backward):
@@ -94,7 +102,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..cluster import Cluster
-from ..cluster.collectives import allgather_time, reduce_scatter_time, ring_allreduce_time
+from ..cluster.collectives import allgather_time, backend_reduce_scatter_time, ring_allreduce_time
 from ..devicemodel.price import check_costs_kind, costs_source
 from ..graph import OpGraph, OpNode, grad_nodes
 from ..layouts import Collective, TensorLayout
@@ -118,7 +126,7 @@ from .reshard import (
     update_steps,
 )
 from .walk import Fsdp2Units, PlanEdges, StepMemory, plan_edges, plan_memory, shard_cost, walk
-from .wrappers import fsdp_across_replicas, fsdp_rings
+from .wrappers import fsdp_across_replicas, fsdp_rings, runs_data_parallel_wrapper
 
 # plan_memory is the simulator's memory model without the timing; it lives with the cost model
 __all__ = ["simulate", "SimResult", "TimelineEvent", "plan_memory", "pipeline_result", "PHASES"]
@@ -480,9 +488,17 @@ class _StepTasks:
         self.rings, self.replicate_rings = fsdp_rings(plan) if fsdp_across_replicas(plan) else ((), ())
         self.unit_ag: dict[tuple[str, int], int | None] = {}
         self.last_rs: int | None = None
+        #: FSDP2 on CPU ranks has no streams: each collective runs with ``async_op=False`` and holds
+        #: its rank until done (nothing overlaps it); the last such collective, which compute waits for
+        self.blocking = self.units is not None and all(cluster.device(d).is_cpu for d in self.mesh)
+        self.barrier: int | None = None
+        #: a data-parallel wrapper's ranks keep their operators' gradients (no exchange between operators)
+        self.local_gradients = runs_data_parallel_wrapper(plan)
 
     def compute(self, name: str, phase: str, seconds: float, deps: Sequence[int | None]) -> int:
         cfg = self.plan.configs[name]
+        if self.barrier is not None:
+            deps = [*deps, self.barrier]
         tid = self.sched.add("compute", name, phase, deps, devices=tuple(cfg.devices),
                              dur_on={d: seconds / self.speed[d] for d in cfg.devices})
         for d in cfg.devices:
@@ -510,7 +526,7 @@ class _StepTasks:
         nbytes = (self.units.gathered if kind == Collective.ALL_GATHER else self.units.reduce)[u]
         if not nbytes:
             return None
-        time = allgather_time if kind == Collective.ALL_GATHER else reduce_scatter_time
+        time = allgather_time if kind == Collective.ALL_GATHER else backend_reduce_scatter_time
         # over the plan's devices, or (across replicas) on each shard ring at once
         steps = tuple(Step(kind, ring, nbytes, time(self.cluster, ring, nbytes)) for ring in self.rings or (self.mesh,))
         stages = [Stage(steps, max(st.time_s for st in steps))]
@@ -522,10 +538,15 @@ class _StepTasks:
                            for ring in self.replicate_rings)
             stages.append(Stage(summed, max(st.time_s for st in summed)))
         where = " | ".join(",".join(st.devices) for st in steps)
-        return self.sched.chain(tuple(stages), self.units.first[u],
+        if self.blocking:   # after the compute each rank has queued, and the compute after it waits
+            deps = [*deps, *(self.last_on.get(d) for d in self.mesh)]
+        task = self.sched.chain(tuple(stages), self.units.first[u],
                                 "transfer" if kind == Collective.ALL_GATHER else "allreduce", list(deps),
                                 f"{detail} on {where}" + (", then all-reduced over the replicate groups"
                                                           if len(stages) > 1 else ""))
+        if self.blocking:
+            self.barrier = task
+        return task
 
     def _prefetch(self, direction: str, u: int | None, after: int | None) -> None:
         """Issue unit ``u``'s all-gather now (once per direction): after the previous all-gather
@@ -553,7 +574,8 @@ class _StepTasks:
             if units is not None:
                 u = units.unit_of_node[name]
                 if name == (plan.order[0] if u == units.root else units.first[u]):   # its pre-forward
-                    self._prefetch("forward", after.get(u), self.unit_ag.get(("forward", u)))
+                    # prefetches the next unit — on CPU ranks it gathers its own then (no stream to run ahead)
+                    self._prefetch("forward", u if self.blocking else after.get(u), self.unit_ag.get(("forward", u)))
             deps: list[int | None] = []
             for p in node.inputs:
                 key = edges.key_of.get((name, p))
@@ -647,6 +669,9 @@ class _StepTasks:
         for p in node.inputs:
             key = edges.key_of.get((name, p))
             if key is None or not needs_grad.get(p) or not needs_grad.get(name):
+                continue
+            if self.local_gradients:   # on each rank, after this backward
+                grads_back.setdefault(p, []).append(bwd_task[name])
                 continue
             bkey = edges.bkey_of[(name, p)]
             rs, consumers = edges.bwd[bkey]

@@ -53,6 +53,16 @@ def require_data_parallel(plan: Plan) -> None:
                         "tensoropt's executor runs it (options.runtime 'executor')")
 
 
+def runs_data_parallel_wrapper(plan: Plan) -> bool:
+    """Whether ``plan`` runs through one of PyTorch's data-parallel wrappers on one mesh (runtimes
+    ``ddp``, ``zero1``, and ``fsdp2`` without replicas; :func:`require_data_parallel`): every rank
+    runs the whole model on its piece of the batch, so an operator's input gradient stays on its
+    rank — a replicated operator's (GPT-2's position embedding read by every row) is that rank's
+    part of its parameters' gradient, which the wrapper sums with the rest — and nothing crosses
+    ranks but the wrapper's own collectives."""
+    return plan.runtime in DDP_RUNTIMES or plan.runtime == "fsdp2" and not plan.replicas
+
+
 def fsdp_across_replicas(plan: Plan) -> bool:
     """Whether ``plan`` runs as FSDP2 over its replicas with tensor parallelism inside each
     (runtime ``fsdp2`` with :attr:`~tensoropt.plan.Plan.replicas`: torchtitan's FSDP × TP — one

@@ -12,6 +12,7 @@ from tensoropt.cluster import (
     LinkModel,
     all_to_all_time,
     allgather_time,
+    backend_reduce_scatter_time,
     broadcast_time,
     p2p_time,
     reduce_scatter_time,
@@ -76,6 +77,18 @@ def test_hand_computed_values_with_duplex():
     assert allgather_time(mixed, ring, N) == pytest.approx(2 * both(N / 3))
     full = Cluster("full", c.devices, {}, default=LinkModel(1e-4, 2e9))
     assert allgather_time(full, ring, N) == pytest.approx(2 * one(N / 3))
+
+
+def test_pytorch_s_reduce_scatter_on_cpu_ranks_is_gloo_s_all_reduce_and_nccl_s_ring_on_gpus():
+    # gloo's reduce_scatter_tensor all-reduces the whole input (ProcessGroupGloo): 2 (n-1) steps of
+    # N / n at 0.8 GB/s on three CPU ranks; NCCL's ring on GPUs is (n-1) of them
+    shared = LinkModel(1e-4, 2e9, 0.4)
+    step = 1e-4 + N / 3 / 0.8e9
+    cpus = Cluster("cpus", [Device(n, 2**30, kind="cpu") for n in "abc"], {}, default=shared)
+    gpus = Cluster("gpus", [Device(n, 2**30, kind="NVIDIA H100 80GB HBM3") for n in "abc"], {}, default=shared)
+    assert backend_reduce_scatter_time(cpus, ["a", "b", "c"], N) == pytest.approx(4 * step)
+    assert backend_reduce_scatter_time(gpus, ["a", "b", "c"], N) == pytest.approx(2 * step)
+    assert Device("x", 1, kind=" CPU ").is_cpu and not Device("x", 1).is_cpu
 
 
 def test_ring_direction_matters_on_an_asymmetric_link():

@@ -473,3 +473,62 @@ def test_replicas_of_a_sharded_host_sum_each_piece_across_hosts_after_its_reduce
     first_ring = min(e.start for e in both.timeline if e.kind == "link" and e.resource == "h0g0->h1g0")
     assert first_ring >= scatter_end
     assert both.memory_bytes["h1g1"] == alone.memory_bytes["h0g1"]
+
+
+def _fsdp_on(kind):
+    """Linear(16, 32) · ReLU · Linear(32, 8), each its own FSDP2 unit (``0``, ``1``, ``2``), on two
+    ranks of ``kind`` joined by 1 ms + bytes / (1 MB/s)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    graph = tensoropt.capture(model, (torch.randn(4, 16),))
+    costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1)
+    cluster = Cluster("two", [Device(n, 2**30, kind=kind) for n in ("r0", "r1")], {}, default=LinkModel(1e-3, 1e6))
+    plan = tensoropt.place(graph, costs, cluster, "fsdp", devices=["r0", "r1"])
+    assert plan.runtime == "fsdp2"
+    return graph, costs, cluster, plan
+
+
+def test_fsdp2_on_cpu_ranks_runs_every_collective_with_the_compute_waiting():
+    # PyTorch's FSDP2 on CPU has no streams: each all-gather and reduce-scatter runs with
+    # async_op=False, so the step is every operator's time plus every collective's, one after the
+    # other: the first unit gathered in forward (2,176 B: 1 ms + 1,088 B at 1 MB/s) and again in
+    # backward, the last unit (1,056 B) once (kept gathered); each unit's gradients reduce-scattered
+    # as gloo does it, an all-reduce of the whole (two steps of half)
+    graph, costs, cluster, plan = _fsdp_on("cpu")
+    compute = sum(sum(costs.time(n.name, "batch", 2)) for n in graph.ops)
+    gathers = 2 * (1e-3 + 1088e-6) + (1e-3 + 528e-6)
+    scatters = 2 * (1e-3 + 1088e-6) + 2 * (1e-3 + 528e-6)
+    cpu = simulate(plan, graph, costs, cluster, memory=False)
+    assert cpu.time_s == pytest.approx(compute + gathers + scatters, rel=1e-9)
+    # on GPU ranks the same plan overlaps its gathers with compute and reduce-scatters over NCCL's ring
+    graph, costs, gpus, plan = _fsdp_on("")
+    gpu = simulate(plan, graph, costs, gpus, memory=False)
+    assert gpu.time_s < cpu.time_s
+    first_unit = [e for e in gpu.timeline if e.resource == "r0->r1" and e.node == "linear" and e.phase == "allreduce"]
+    assert [e.end - e.start for e in first_unit] == pytest.approx([1e-3 + 1088e-6], rel=1e-9)
+
+
+def test_a_data_parallel_wrapper_keeps_a_replicated_operator_s_gradient_on_each_rank():
+    # a position embedding every row reads (replicated), added to the batch-split input: tensoropt's
+    # executor all-reduces its output's gradient before its backward (the rows' partial sums, 128 B);
+    # under DDP each rank runs the embedding's backward on its own part and the bucket sums it
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.lin = torch.nn.Embedding(4, 8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x + self.emb(torch.arange(4)))
+
+    torch.manual_seed(0)
+    graph = tensoropt.capture(Positions(), (torch.randn(2, 4, 8),))
+    costs = tensoropt.profile(graph, shard_degrees=(1, 2), repeats=1)
+    cluster = two(LinkModel(1e-3, 1e6))
+    ddp = tensoropt.place(graph, costs, cluster, "dp", devices=["g0", "g1"])
+    assert ddp.runtime == "ddp" and ddp.configs["embedding"].layout == "R"
+    executor = Plan.from_dict({**ddp.to_dict(), "options": {**ddp.options, "runtime": "executor"}})
+    on_ddp, on_executor = (simulate(p, graph, costs, cluster, memory=False) for p in (ddp, executor))
+    assert {(e.node, e.phase) for e in on_ddp.timeline if e.kind == "link"} == {("embedding", "allreduce")}
+    assert {(e.node, e.phase) for e in on_executor.timeline if e.kind == "link"} == \
+        {("embedding", "allreduce"), ("embedding", "transfer")}
+    assert on_executor.time_s - on_ddp.time_s == pytest.approx(2 * (1e-3 + 64e-6), rel=1e-9)
