@@ -305,11 +305,14 @@ class _Schedule:
 
     def _start_computes(self, queues: dict[str, deque[int]], dev_free: dict[str, float],
                         heap: list[tuple[float, int]], now: float) -> bool:
-        """Start every compute task at the head of all its devices' queues whose devices are free."""
+        """Start every compute task at the head of all its devices' queues whose devices are free
+        (each head looked at once a pass: a data-parallel operator heads all its devices' queues)."""
         progress = False
+        looked: set[int] = set()
         for q in queues.values():
-            if not q:
+            if not q or q[0] in looked:
                 continue
+            looked.add(q[0])
             t = self.tasks[q[0]]
             if t.pending or any(not queues[x] or queues[x][0] != t.id or dev_free[x] > now for x in t.devices):
                 continue
