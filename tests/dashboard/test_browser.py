@@ -608,12 +608,27 @@ def _errors_and_cancel(server, browser):
     from selenium.webdriver.common.keys import Keys
 
     drv.find_element(By.CSS_SELECTOR, "#model-source input[value=spec]").click()
-    spec = _by_id(drv, "model-spec")
-    spec.send_keys(Keys.CONTROL, "a")
-    spec.send_keys(Keys.BACKSPACE)
-    spec.send_keys(GPT2 + Keys.ENTER)
-    _wait(lambda: dict(parse_qsl(urlsplit(drv.current_url).query)).get("model") == GPT2, 60,
-          "the spec taken (the link says it)")
+
+    def type_spec():
+        spec = _by_id(drv, "model-spec")
+        spec.send_keys(Keys.CONTROL, "a")
+        spec.send_keys(Keys.BACKSPACE)
+        spec.send_keys(GPT2 + Keys.ENTER)
+
+    def taken():
+        return dict(parse_qsl(urlsplit(drv.current_url).query)).get("model") == GPT2
+
+    type_spec()
+    try:
+        _wait(taken, 30, "the spec taken")
+    except AssertionError:
+        # once under the whole suite (2026-11-30, CI) the link did not take it within 60 s; not seen alone.
+        # A box that lost the typing to a redraw is typed again, as a person would; the failure says which
+        box = _by_id(drv, "model-spec").get_attribute("value")
+        if box != GPT2:
+            type_spec()
+        _wait(taken, 60, f"the spec taken (the link says it; after 30 s the box held {box!r}, the link "
+                         f"{urlsplit(drv.current_url).query!r})")
     _by_id(drv, "run").click()
     _wait(lambda: _by_id(drv, "cancel").is_enabled(), 20, "the cancel button")
     # cancelled once the job reports (a click within the first few hundred ms can reach Dash before the job's id
