@@ -390,12 +390,36 @@ def stashed_bytes(graph: OpGraph, stage: Stage, layouts: Mapping[str, Layout] | 
     weight-gradient step ``W``: PyTorch's ``stage_backward_input`` keeps, for every operator that
     reads a trainable parameter, the gradient of that operator's output (where the weight's path
     meets the input's), until ``stage_backward_weight`` uses it — on a tensor-parallel rank, a column
-    layer's (``layouts``: ``channel``) its piece of ``tp``."""
+    layer's (``layouts``: ``channel``) its piece of ``tp`` (:func:`stashed_by_operator`, summed)."""
+    return sum(stashed_by_operator(graph, stage, layouts, tp).values())
+
+
+def stashed_by_operator(graph: OpGraph, stage: Stage, layouts: Mapping[str, Layout] | None = None,
+                        tp: int = 1) -> dict[str, int]:
+    """Each operator of ``stage`` that reads a trainable parameter → the bytes of its output's
+    gradient the input-gradient step stashes (:func:`stashed_bytes`), in the stage's order."""
     def piece(name: str, nbytes: int) -> int:
         return -(-nbytes // tp) if layouts and layouts.get(name) == Layout.CHANNEL else nbytes
 
-    return sum(piece(name, t.nbytes) for name in stage.ops if trainable_reads(graph, name)
-               for t in graph.nodes[name].outputs if t.dtype.startswith(("float", "bfloat")))
+    return {name: sum(piece(name, t.nbytes) for t in graph.nodes[name].outputs
+                      if t.dtype.startswith(("float", "bfloat")))
+            for name in stage.ops if trainable_reads(graph, name)}
+
+
+def stashed_before(graph: OpGraph, stages: Sequence[Stage], layouts: Mapping[str, Layout] | None = None,
+                   tp: int = 1) -> dict[str, int]:
+    """Each operator of a stage after the first → the bytes its stage's input-gradient step has
+    stashed when it reaches that operator's backward: the output gradients of the weight-reading
+    operators after it in the stage (their backwards ran first), which the walk would have freed.
+    The first stage has no input-gradient step (PyTorch runs its weight step as the whole backward)."""
+    out: dict[str, int] = {}
+    for stage in stages[1:]:
+        by_op = stashed_by_operator(graph, stage, layouts, tp)
+        made = 0
+        for name in reversed(stage.ops):
+            out[name] = made
+            made += by_op.get(name, 0)
+    return out
 
 
 def retained_sends(schedule: str, graph: OpGraph, stages: Sequence[Stage],
@@ -501,7 +525,8 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     # the step's largest moment on each rank is one micro-batch's stage running (the walk of one
     # micro-batch, per stage: plan_memory's regions) beside what the other micro-batches hold then
     at_backward = _at_backward(plan, graph, costs, sp.edges, sp.needs_grad, optimizer, stages, run.held_at_backward,
-                               sp.kept, used, stash if zero_bubble else None, memo=memo, memo_key=(plan_key, optimizer))
+                               sp.kept, used, memo=memo, memo_key=(plan_key, optimizer),
+                               stashed=sp.stashed_before if zero_bubble else None)
     whole = at_backward.whole
     memory: dict[str, int] = {}
     breakdown: dict[str, StepMemory] = {}
@@ -553,7 +578,8 @@ class _StagePlan:
     operators on its pipeline rank's devices, its reshards ``edges`` and ``needs_grad``, the ``stages`` as
     the ranks run them (at their tp shards) with the forward a checkpointed stage runs ``again`` in its
     backward, each stage's bytes ``kept`` for a micro-batch's backward and ``in_flight`` beside the
-    receive buffers, its zero-bubble ``stash``, the cut's ``crossings`` and receive ``buffers``, its
+    receive buffers, its zero-bubble ``stash`` (and what an input step has stashed at each operator's
+    backward, ``stashed_before``), the cut's ``crossings`` and receive ``buffers``, its
     ``split_points``, the blocks ``checkpointed``, a tp rank's ``pieces`` of each parameter, the slowest
     stage-to-stage ``link_s``, and — once a sharded recipe asks — each stage's FSDP2 ``units`` over so many copies."""
 
@@ -565,6 +591,7 @@ class _StagePlan:
     kept: list[int]
     in_flight: list[int]
     stash: list[int]
+    stashed_before: dict[str, int]
     crossings: list[tuple[int, int, int]]
     buffers: list[int]
     split_points: tuple[tuple[str, str], ...]
@@ -608,10 +635,11 @@ def _stage_plan(graph: OpGraph, costs: CostModel, cluster: Cluster, stages: Sequ
     # (PyTorch's first stage skips its input-gradient step, no input needing one: its weight step runs the whole
     # backward, stashing nothing)
     stash = [stashed_bytes(graph, stage, lay, tp) if s else 0 for s, stage in enumerate(stages)]
+    before = stashed_before(graph, stages, lay, tp)
     checkpointed = tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops if n.name in recomputed))
     # a tensor-parallel rank's piece of each parameter its stages cut: what FSDP2 shards, what the copies sum
     pieces = host_pieces(plan, graph) if tp > 1 else {}
-    return _StagePlan(plan, edges, needs_grad, tuple(stages), again, kept, in_flight, stash, crossings,
+    return _StagePlan(plan, edges, needs_grad, tuple(stages), again, kept, in_flight, stash, before, crossings,
                       boundary_buffers(graph, stages, crossings), split_points(graph, stages), checkpointed,
                       pieces, _link_s(cluster, [g[0] for g in groups], stages))
 
@@ -683,8 +711,8 @@ class _AtBackward:
 def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_grad: Mapping[str, bool],
                  optimizer: str | int, stages: Sequence[Stage], held_at_backward: Sequence[Sequence[tuple[int, float]]],
                  kept: Sequence[float], used: Sequence[str],
-                 stash: Sequence[float] | None = None, memo: dict[Any, Any] | None = None,
-                 memo_key: Any = None) -> _AtBackward:
+                 memo: dict[Any, Any] | None = None, memo_key: Any = None,
+                 stashed: Mapping[str, int] | None = None) -> _AtBackward:
     """Rank ``r``'s backward ``j`` of stage ``s``, with ``H_j`` bytes in flight as it starts (the
     simulation's ``held_at_backward``), holds
 
@@ -699,11 +727,12 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
     without them, which PyTorch's receive buffers hold all step).  The ranks' ``k``-th sets share
     the ``k``-th walk (the ranks hold disjoint parameters): two walks for 1F1B, one more for each
     more stage a rank (looped schedules, whose later micro-batches run backwards before the rank's
-    other stages have).  With ``stash`` (a zero-bubble schedule's, per stage), a backward is an
-    input-gradient step, which frees nothing of the micro-batch's graph (``retain_graph``) and
-    stashes what its weight step needs: to the walk's moment, the stage's kept bytes it had already
-    freed (``k_s`` less its live kept bytes then) and the stash (coarse: the walk also makes the
-    weights' gradients there, which ``I`` does not)."""
+    other stages have).  With ``stashed`` (a zero-bubble schedule's: :func:`stashed_before`), a
+    backward of a stage after the first is an input-gradient step, which frees nothing of the
+    micro-batch's graph (``retain_graph``) and stashes what its weight step needs: the walk keeps the
+    stage's saved tensors through its backward and holds at each operator's backward what the step
+    has stashed by then — the whole stash exists only at the step's end (coarse still: the walk
+    also makes the weights' gradients there, which ``I`` does not)."""
     p = len(used)
     regions = {name: i for i, stage in enumerate(stages) for name in stage.ops}
     params_of = [frozenset(q for n in st.ops for q in (*graph.nodes[n].params, *graph.nodes[n].param_reads))
@@ -726,24 +755,18 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
     layout = memo.setdefault(("layout", memo_key), {})   # the storage the walks of this plan share
     for k in range(max(len(ks) for ks in keys)):
         there = frozenset().union(*(params_of[s] for ks in keys if len(ks) > k for s in ks[k]))
-        walk_key = ("walk", memo_key, there)
+        walk_key = ("walk", memo_key, there, stashed is not None)
         if walk_key not in memo:
             by_stage: dict[str, dict[int, StepMemory]] = {}
             step = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=False, context_bytes=0,
-                        accumulate=there, regions=regions, region_peaks=by_stage, layout=layout)
+                        accumulate=there, regions=regions, region_peaks=by_stage, layout=layout,
+                        backward_beside=stashed,
+                        retained_regions=frozenset(range(1, len(stages))) if stashed is not None else None)
             memo[walk_key] = step, by_stage
         step, by_stage = memo[walk_key]
         whole = whole or step
         per_set.append(by_stage)
-    def beside(r: int, m: StepMemory, s: int, extra: float) -> float:
-        if stash is None or s == 0:   # (the first stage's input step does nothing: its weight step is its backward)
-            return extra
-        # the walk's kept bytes alive then (not transient, not the batch), less the rank's earlier stages'
-        alive = m.activations_at_peak - m.transient_at_peak - m.inputs - sum(kept[x] for x in range(r, s, p))
-        return extra + kept[s] - min(kept[s], max(0, alive)) + stash[s]
-
-    return _AtBackward(whole, [[(per_set[k][dev][s], beside(r, per_set[k][dev][s], s, extra))
-                                for k, s, extra in at[r]] for r, dev in enumerate(used)])
+    return _AtBackward(whole, [[(per_set[k][dev][s], extra) for k, s, extra in at[r]] for r, dev in enumerate(used)])
 
 
 def _held_beside(m: StepMemory, state: int, extra: float) -> StepMemory:
@@ -857,4 +880,5 @@ def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequ
 
 __all__ = ["LOOPED", "SPLIT_BACKWARD", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "held_outputs",
            "kept_bytes", "pipeline_plan", "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of",
-           "retained_sends", "split_points", "stashed_bytes", "tensor_parallel_styles"]
+           "retained_sends", "split_points", "stashed_before", "stashed_bytes", "stashed_by_operator",
+           "tensor_parallel_styles"]

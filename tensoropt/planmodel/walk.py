@@ -428,13 +428,19 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
          stop_over: Mapping[str, int] | None = None, accumulate: bool | frozenset[str] = False,
          regions: Mapping[str, int] | None = None,
          region_peaks: dict[str, dict[int, StepMemory]] | None = None,
-         layout: dict[str, Any] | None = None) -> dict[str, StepMemory]:
+         layout: dict[str, Any] | None = None,
+         backward_beside: Mapping[str, int] | None = None,
+         retained_regions: frozenset[int] | None = None) -> dict[str, StepMemory]:
     """The walk of every device (the module docstring says what it counts), over the reshards
     ``edges`` and the nodes that compute a gradient ``needs_grad``; with ``stop_over``, up to the
     first device whose peak exceeds its figure (:func:`plan_memory`, which says ``accumulate`` and
     ``regions``).  ``layout``: a dict kept by the caller across walks of one plan, ``graph``,
     ``costs`` and ``edges`` (a pipeline's, with different ``accumulate``): the tensors' storage as each
-    device sees it and what each holds before the batch (:class:`_Holdings`), laid out once there."""
+    device sees it and what each holds before the batch (:class:`_Holdings`), laid out once there.
+    ``backward_beside``: operator → bytes held beside the walk's moments during its backward (a
+    zero-bubble input step's stashed gradients: :func:`~.pipelined.stashed_before`);
+    ``retained_regions``: the regions whose backward is such an input step, which frees none of the
+    tensors saved for it (``retain_graph``) until the walk leaves the region."""
     if (accumulate or plan.microbatches > 1) and plan.runtime not in ("executor", "pipelining", "fsdp2", "dtensor"):
         raise PlanError(f"micro-batches are priced as tensoropt's executor and FSDP2 run them, not as {plan.runtime} "
                         "(DistributedDataParallel accumulates gradients its own way): price the plan with runtime "
@@ -469,7 +475,8 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
             for later in walks:
                 m = replace(first)
                 dw = _DeviceWalk(d, m, plan, graph, costs, storage, params, synced, needs_grad, model_outputs,
-                                 context_bytes, own, units, accumulate=later, regions=regions)
+                                 context_bytes, own, units, accumulate=later, regions=regions,
+                                 backward_beside=backward_beside, retained_regions=retained_regions)
                 dw.forward(edges.batch)
                 dw.backward()
                 regional = dw.region_memory()
@@ -848,7 +855,8 @@ class _DeviceWalk:
                  params: _ParamHolding, synced: Mapping[str, tuple[str, ...]], needs_grad: Mapping[str, bool],
                  model_outputs: list[str], context_bytes: int, segments: list[tuple[str, ...]],
                  units: Fsdp2Units | None = None, accumulate: bool | frozenset[str] = False,
-                 regions: Mapping[str, int] | None = None) -> None:
+                 regions: Mapping[str, int] | None = None, backward_beside: Mapping[str, int] | None = None,
+                 retained_regions: frozenset[int] | None = None) -> None:
         self.d, self.m, self.graph, self.costs, self.configs = d, m, graph, costs, plan.configs
         self.microbatches = plan.microbatches
         # FSDP2's units (runtime fsdp2): what each has gathered, its whole gradients so far, which
@@ -898,6 +906,11 @@ class _DeviceWalk:
         #: (bytes, phase, operator, live bytes, gradients, the live set)
         self.regions = regions
         self.region: int | None = None
+        #: walk()'s backward_beside: bytes held beside each operator's backward; the regions whose backward
+        #: is an input step, which frees none of its saved tensors until the region ends (``retained``)
+        self.backward_beside = backward_beside or {}
+        self.retained_regions = retained_regions or frozenset()
+        self.retained: list[Key] = []
         self.region_top: dict[int, tuple[int, str, str, int, int, dict[Key, int]]] = {}
         #: a sharded gradient's readers here still to run their backward (a later micro-batch): autograd sums
         #: a tied weight's blocks before adding them into the piece, so the first reader's block waits for the
@@ -1062,13 +1075,21 @@ class _DeviceWalk:
         for name in reversed(self.prog):
             if self.needs_grad.get(name):
                 if self.regions is not None:
-                    self.region = self.regions.get(name)
+                    region = self.regions.get(name)
+                    if region != self.region:
+                        self._release_retained()
+                    self.region = region
                 unit = units.unit_of_node[name] if units is not None else -1
                 if units is not None and unit not in self.pre_backward_done:
                     self._pre_backward(unit, name)
+                beside = self.backward_beside.get(name, 0)
+                if beside:
+                    self.live[("#stashed",)] = beside
                 self._node_backward(name, grad_keys, recv_users, param_done)
+                self.live.pop(("#stashed",), None)
                 if units is not None and unit != units.root and units.last_backward.get(unit) == name:
                     self._post_backward(unit, name)
+        self._release_retained()
         if units is not None:
             if units.root >= 0:   # the root reduces in the final callback (its inputs carry no gradient)
                 self._post_backward(units.root, "end of backward")
@@ -1076,6 +1097,13 @@ class _DeviceWalk:
         if self.summed:
             # summed in place; the all-reduce's staging is bounded (transport.PeerLink.all_reduce)
             self.note("backward", "gradient sync")
+
+    def _release_retained(self) -> None:
+        """An input step's region ends: the tensors its backwards kept are the caller's to count
+        (they wait for the weight step, which the pipeline's schedule prices)."""
+        for k in self.retained:
+            self.live.pop(k, None)
+        self.retained.clear()
 
     def _received_grad_users(self) -> dict[Key, set[str]]:
         """Received copy -> the consumers here still to run backward (its gradient is sent back
@@ -1152,7 +1180,10 @@ class _DeviceWalk:
             s = self.savers[k]
             s.discard(name)
             if not s and k not in st.batch_keys:   # the batch is held by the caller all step
-                live.pop(k, None)
+                if self.region is not None and self.region in self.retained_regions:
+                    self.retained.append(k)   # an input step keeps its graph (retain_graph) to the region's end
+                else:
+                    live.pop(k, None)
         for _, rk in st.reads[(name, d)]:
             users = recv_users.get(rk) if rk is not None else None
             if users is not None and name in users:

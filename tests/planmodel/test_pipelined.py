@@ -22,8 +22,10 @@ from tensoropt.planmodel.pipelined import (
     held_outputs,
     kept_bytes,
     price_pipeline,
+    stashed_before,
+    stashed_bytes,
 )
-from tensoropt.planmodel.stages import cut_stages
+from tensoropt.planmodel.stages import Stage, cut_stages
 from tensoropt.planmodel.walk import plan_memory
 from tensoropt.planmodel.wrappers import mesh_text
 
@@ -231,3 +233,18 @@ def test_fsdp2_on_a_pipeline_s_copies_needs_copies_and_a_measured_schedule() -> 
         with pytest.raises(PipelineError, match=f"priced for gpipe, 1f1b, interleaved-1f1b, not {schedule}"):
             price_pipeline(graph, costs, cluster, PipelineRecipe(schedule, ranks=2, microbatches=2, data=2,
                                                                  shard=True))
+
+
+def test_an_input_step_has_stashed_the_output_gradients_of_the_weight_readers_after_each_operator() -> None:
+    # two stages of Linear(8, 16) · ReLU · Linear(16, 4) each, batch 2 in float32: the second stage's input step
+    # runs its backward from the last linear (stashing its 2 × 4 × 4 B = 32 B output gradient for the weight
+    # step), through the ReLU (nothing), to the first linear (then 32 B stashed; its own 2 × 16 × 4 = 128 B after
+    # it); the first stage has no input step
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4 if i else 8)) for i in range(2)])
+    graph = tensoropt.capture(model, (torch.randn(2, 8),))
+    stages = [Stage(tuple(n.name for n in graph.ops if n.module_path.startswith(f"{i}.")), (str(i),), 0.0, 0.0,
+                    0, 0, 0, 0, 0) for i in range(2)]
+    assert [n.name for n in graph.ops] == ["linear", "relu", "linear_1", "linear_2", "relu_1", "linear_3"]
+    assert stashed_before(graph, stages) == {"linear_3": 0, "relu_1": 32, "linear_2": 32}
+    assert stashed_bytes(graph, stages[1]) == 32 + 128
