@@ -406,17 +406,24 @@ def stashed_by_operator(graph: OpGraph, stage: Stage, layouts: Mapping[str, Layo
             for name in stage.ops if trainable_reads(graph, name)}
 
 
+def input_step_stages(n: int) -> range:
+    """The stages (of ``n``) a zero-bubble schedule splits into an input-gradient and a weight-gradient
+    step: all but the first — PyTorch skips the first stage's input step (no input of it needs a
+    gradient; its weight step runs the whole backward, stashing nothing and freeing nothing early)."""
+    return range(1, n)
+
+
 def stashed_before(graph: OpGraph, stages: Sequence[Stage], layouts: Mapping[str, Layout] | None = None,
                    tp: int = 1) -> dict[str, int]:
-    """Each operator of a stage after the first → the bytes its stage's input-gradient step has
-    stashed when it reaches that operator's backward: the output gradients of the weight-reading
-    operators after it in the stage (their backwards ran first), which the walk would have freed.
-    The first stage has no input-gradient step (PyTorch runs its weight step as the whole backward)."""
+    """Each operator of a stage with an input-gradient step (:func:`input_step_stages`) → the bytes
+    that step has stashed when it reaches the operator's backward: the output gradients of the
+    weight-reading operators after it in the stage (their backwards ran first), which the walk would
+    have freed."""
     out: dict[str, int] = {}
-    for stage in stages[1:]:
-        by_op = stashed_by_operator(graph, stage, layouts, tp)
+    for s in input_step_stages(len(stages)):
+        by_op = stashed_by_operator(graph, stages[s], layouts, tp)
         made = 0
-        for name in reversed(stage.ops):
+        for name in reversed(stages[s].ops):
             out[name] = made
             made += by_op.get(name, 0)
     return out
@@ -632,9 +639,8 @@ def _stage_plan(graph: OpGraph, costs: CostModel, cluster: Cluster, stages: Sequ
     # a zero-bubble schedule's input-gradient steps stash what its weight-gradient steps need
     # (the last stage keeps no micro-batch's output to the step's end: the runtime asks for none back,
     # return_outputs=False, so a zero-bubble schedule's last graph goes with its weight step)
-    # (PyTorch's first stage skips its input-gradient step, no input needing one: its weight step runs the whole
-    # backward, stashing nothing)
-    stash = [stashed_bytes(graph, stage, lay, tp) if s else 0 for s, stage in enumerate(stages)]
+    split = input_step_stages(len(stages))
+    stash = [stashed_bytes(graph, stage, lay, tp) if s in split else 0 for s, stage in enumerate(stages)]
     before = stashed_before(graph, stages, lay, tp)
     checkpointed = tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops if n.name in recomputed))
     # a tensor-parallel rank's piece of each parameter its stages cut: what FSDP2 shards, what the copies sum
@@ -761,7 +767,7 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
             step = walk(plan, graph, costs, edges, needs_grad, optimizer=optimizer, foreach=False, context_bytes=0,
                         accumulate=there, regions=regions, region_peaks=by_stage, layout=layout,
                         backward_beside=stashed,
-                        retained_regions=frozenset(range(1, len(stages))) if stashed is not None else None)
+                        retained_regions=frozenset(input_step_stages(len(stages))) if stashed is not None else None)
             memo[walk_key] = step, by_stage
         step, by_stage = memo[walk_key]
         whole = whole or step
@@ -879,6 +885,6 @@ def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequ
 
 
 __all__ = ["LOOPED", "SPLIT_BACKWARD", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "held_outputs",
-           "kept_bytes", "pipeline_plan", "pipeline_text", "price_pipeline", "price_plan", "rank_order", "recipe_of",
-           "retained_sends", "split_points", "stashed_before", "stashed_bytes", "stashed_by_operator",
-           "tensor_parallel_styles"]
+           "input_step_stages", "kept_bytes", "pipeline_plan", "pipeline_text", "price_pipeline", "price_plan",
+           "rank_order", "recipe_of", "retained_sends", "split_points", "stashed_before", "stashed_bytes",
+           "stashed_by_operator", "tensor_parallel_styles"]
