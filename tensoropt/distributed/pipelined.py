@@ -50,19 +50,17 @@ import operator
 import statistics
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from ..errors import DistributedError
 from ..graph import block_of
 from ..measure.step import make_optimizer, plan_optimizer, training_loss
+from ..measure.storage import StoragePeak
 from ..plan import Plan
 from ..planmodel.pipeline import SCHEDULES
 from ..planmodel.pipelined import PipelineEstimate, rank_order, recipe_of
@@ -668,58 +666,6 @@ def _shard_stages(split: nn.Module, stages: Sequence[int], mesh: Any) -> None:
         fully_shard(sub, mesh=mesh, reshard_after_forward=False)
 
 
-class StoragePeak(TorchDispatchMode):
-    """The most bytes of tensor storage alive at once while the mode is on: every storage an
-    operator returns counts from its first sight until it is freed, beside ``held`` (storages alive
-    before, counted once).  What MemTracker counts, without its module hooks: MemTracker refuses a
-    module called again at the top level, as a pipeline stage is once per micro-batch.
-
-    Example::
-
-        >>> import torch
-        >>> with StoragePeak() as peak:
-        ...     a = torch.ones(256)          # 1 KiB
-        ...     b = a * 2                    # 2 KiB alive
-        ...     del a, b
-        ...     c = torch.ones(128)          # 0.5 KiB
-        >>> peak.peak_bytes, peak.alive_bytes
-        (2048, 512)
-    """
-
-    def __init__(self, held: Sequence[torch.Tensor] = ()):
-        super().__init__()
-        self._seen: set[int] = set()
-        self.alive_bytes = 0
-        #: the operator whose output made the peak (``""``: the storages held from the start)
-        self.peak_op = ""
-        for t in held:
-            self._count(t)
-        self.peak_bytes = self.alive_bytes
-
-    def _count(self, t: torch.Tensor) -> None:
-        t = getattr(t, "_local_tensor", t)   # a DTensor (FSDP2's shards): its local tensor's storage
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in self._seen or st.nbytes() == 0:
-            return
-        self._seen.add(key)
-        self.alive_bytes += st.nbytes()
-        weakref.finalize(st, self._freed, key, st.nbytes())
-
-    def _freed(self, key: int, nbytes: int) -> None:
-        self._seen.discard(key)
-        self.alive_bytes -= nbytes
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                self._count(t)
-        if self.alive_bytes > self.peak_bytes:
-            self.peak_bytes, self.peak_op = self.alive_bytes, str(func)
-        return out
-
-
 def receive_buffers(stages: Sequence[Any]) -> list[torch.Tensor]:
     """The tensors PyTorch's pipeline ``stages`` receive activations and gradients into: made for
     every micro-batch at the first step and kept (``args_recv_info`` / ``grad_recv_info``), and read
@@ -746,6 +692,6 @@ def _tracked_peak(modules: Sequence[nn.Module], opt: torch.optim.Optimizer, inpu
     return peak.peak_bytes
 
 
-__all__ = ["CHECK_ABS", "InputsThroughFirstStage", "StoragePeak", "checkpoint_stage_blocks", "detach_no_grad_inputs",
+__all__ = ["CHECK_ABS", "InputsThroughFirstStage", "checkpoint_stage_blocks", "detach_no_grad_inputs",
            "drop_unread_copies", "eager_linears", "pipeline_job", "plan_job", "run_generated_code", "run_pipeline_plan",
            "thread_skips", "tied_copies", "train_one_process", "train_pipeline"]

@@ -81,6 +81,7 @@ from .flops import counting_flops
 from .kept import keep_profile, kept_profile
 from .sequence import SEQUENCE_VERSION, SequenceTimes, in_sequence_costs, shard_batch, time_in_sequence
 from .shards import TensorArg, shard_args, shard_size
+from .storage import node_scratch_bytes, scratch_bytes
 from .timing import device_info, device_key, time_callable
 
 #: 2: measured in :func:`~tensoropt._malloc.steady_malloc`'s allocator regime (version 1's
@@ -91,7 +92,9 @@ from .timing import device_info, device_key, time_callable
 #: 6: every call records its work (forward and backward FLOPs and bytes, :class:`.costmodel.Work`)
 #: 7: fused recurrent layers (LSTM, GRU) record their FLOPs (FlopCounterMode counts none for them)
 #: 8: fused attention on the CPU records its FLOPs, causal attention the pairs it computes (:mod:`.flops`)
-CACHE_VERSION = 8
+#: 9: every call records its scratch on every device (:func:`.storage.scratch_bytes`; version 8's was
+#: the CUDA allocator's only, 0 on the CPU)
+CACHE_VERSION = 9
 #: an untimed profile of a large model with values runs on FakeTensors too (:func:`_fake_pays`):
 #: its memory and work are the same as on real tensors, without the compute — GPT-2-12L's untimed
 #: profile took 59.5 s on 2 cores computing what only shapes decide, 2.5 s on FakeTensors, every
@@ -718,7 +721,7 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), counting_flops() as count:
-        outs = forward()
+        outs, fp_scratch = scratch_bytes(forward)
     out_tensors = [t for t in tree_flatten(outs)[0] if isinstance(t, torch.Tensor)]
     out_ptrs = {_ptr(t) for t in out_tensors}
     out_bytes = _unique_bytes(t for t in out_tensors if _ptr(t) not in in_ptrs)
@@ -728,7 +731,7 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
     fp_bytes = _touched_bytes([*in_tensors, *extra_params, *out_tensors])
     fp_s = time_callable(forward, device=dev, repeats=repeats, warmup=warmup)[0] if timed else 0.0
 
-    bp_s, workspace, bp_flops, bp_bytes = 0.0, 0, 0, 0
+    bp_s, workspace, bp_flops, bp_bytes = 0.0, fp_scratch, 0, 0
     diff = [t for t in out_tensors if t.requires_grad and t.grad_fn is not None]
     if enable and diff:
         # random output gradients where the backward is timed (as a training step's); untimed, only
@@ -739,12 +742,16 @@ def _measure_call(fn: Callable, args: tuple, kwargs: dict, grad_flags: list[bool
         def backward() -> Any:
             return torch.autograd.grad(diff, grad_inputs, gouts, retain_graph=True, allow_unused=True)
         with counting_flops() as count:
-            grads = backward()
+            grads, bp_scratch = node_scratch_bytes(diff, backward)
         bp_flops = int(count.get_total_flops())
         bp_bytes = _touched_bytes([*gouts, *saved]) + _touched_bytes(g for g in grads if g is not None)
         del grads
+        # a composite backward's intermediate results (pow's: two tensors of its input's size), on
+        # every device; the CUDA allocator's peak, where it is read, adds the libraries' workspaces
+        workspace = max(fp_scratch, bp_scratch)
         if timed:
-            bp_s, workspace = _time_backward(forward, backward, dev, repeats, warmup)
+            bp_s, allocated = _time_backward(forward, backward, dev, repeats, warmup)
+            workspace = max(workspace, allocated)
     shape = tuple(out_tensors[0].shape) if out_tensors else ()
     return Measurement(fp_s, bp_s, out_bytes, saved_bytes, extra_bytes,
                        saved_args, saves_output, workspace, fp_flops, shape,

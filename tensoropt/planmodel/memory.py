@@ -13,10 +13,11 @@ Categories (the NetSplit thesis §4.3 Table 4-2):
   until the last backward that needs it (what the profiler's saved-tensor hooks recorded:
   inputs a node saves, its own output, extra tensors such as dropout masks), plus forward
   temporaries until their last consumer;
-- **transient**: gradients of activations during backward, measured op workspace (CUDA), and the
-  optimizer step's temporaries (:func:`~tensoropt.optimizers.optimizer_temp_bytes`: Adam's ``sqrt``
-  and division results, two tensors the size of the largest parameter per-tensor, or one set the
-  size of all parameters with ``foreach``).
+- **transient**: gradients of activations during backward, measured op workspace (a composite op's
+  temporaries; on CUDA the libraries' workspaces too), and the optimizer step's temporaries
+  (:func:`~tensoropt.optimizers.optimizer_temp_bytes`: Adam's ``sqrt`` and division results, two
+  tensors the size of the largest parameter per-tensor, or one set the size of all parameters with
+  ``foreach``).
 
 :func:`node_memory` gives the per-node, per-configuration figures frontier tracking adds up;
 :func:`step_memory` walks one step (forward in graph order, backward in reverse) tracking live

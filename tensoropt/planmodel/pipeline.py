@@ -109,7 +109,8 @@ class PipelineRun:
     ``peak_bytes`` (the same weighted by the stages' activation bytes, where given) and
     ``held_at_backward``: per rank, each backward's (or input gradient's) ``(stage, bytes held)`` as
     it starts, in time order — the bytes of every micro-batch in flight on the rank then, its own
-    included."""
+    included — and ``grads_at_backward``: for each of those, the rank's stages whose weights have
+    gradients by then (a backward, or a weight-gradient step, of theirs has finished)."""
 
     step_s: float
     busy_s: tuple[float, ...]
@@ -117,6 +118,7 @@ class PipelineRun:
     peak_in_flight: tuple[int, ...]
     peak_bytes: tuple[float, ...]
     held_at_backward: tuple[tuple[tuple[int, float], ...], ...] = ()
+    grads_at_backward: tuple[tuple[frozenset[int], ...], ...] = ()
 
     @property
     def bubble_fraction(self) -> float:
@@ -262,22 +264,30 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
                       weight_share: float = 0.5, link_s: float = 0.0,
                       activation_bytes: float | Sequence[float] = 0.0,
                       retained_bytes: float | Sequence[float] = 0.0,
-                      deferred_bytes: float | Sequence[float] = 0.0) -> PipelineRun:
+                      returned_bytes: float | Sequence[float] = 0.0,
+                      deferred_bytes: float | Sequence[float] = 0.0,
+                      dropped_bytes: float | Sequence[float] = 0.0) -> PipelineRun:
     """The step of ``order`` (module docstring) with each stage's forward and whole-backward times
     (one value for all, or one a stage); a split backward gives ``weight_share`` of it to the weight
     gradient ``W`` and the rest to the input gradient ``I``; ``link_s`` per activation or gradient
     sent between ranks; ``activation_bytes`` a stage holds per micro-batch in flight;
     ``retained_bytes`` a stage's backward leaves held from its end (its ``W`` where it is split) to
     the end of the schedule's step (what it sent, until PyTorch waits for the sends: counted in
-    ``held_at_backward`` and ``peak_bytes``, not in ``peak_in_flight``); ``deferred_bytes`` a
+    ``held_at_backward`` and ``peak_bytes``, not in ``peak_in_flight``); ``returned_bytes`` the
+    same from the step that makes them, the backward or the input-gradient step ``I`` (the gradient
+    a stage sends back); ``deferred_bytes`` a
     stage's input-gradient step ``I`` leaves held until its weight-gradient step ``W`` (the
-    gradients PyTorch stashes for ``W``).  O(A log A) for A actions."""
+    gradients PyTorch stashes for ``W``); ``dropped_bytes`` of a stage's ``activation_bytes`` its
+    ``I`` frees (the graph only its outputs held), the rest freed at its ``W``.  O(A log A) for A
+    actions."""
     S = order.stages
     f = _per_stage(forward_s, S, "forward_s")
     b = _per_stage(backward_s, S, "backward_s")
     act = _per_stage(activation_bytes, S, "activation_bytes")
     kept = _per_stage(retained_bytes, S, "retained_bytes")
+    returned = _per_stage(returned_bytes, S, "returned_bytes")
     stash = _per_stage(deferred_bytes, S, "deferred_bytes")
+    dropped = _per_stage(dropped_bytes, S, "dropped_bytes")
     if not 0.0 <= weight_share <= 1.0:
         raise PipelineError(f"weight_share must be within [0, 1], got {weight_share}")
     duration = {FORWARD: lambda s: f[s], BACKWARD: lambda s: b[s], INPUT_GRAD: lambda s: b[s] * (1 - weight_share),
@@ -322,6 +332,7 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
     # per rank: (time, 1 take / 0 free, stage, bytes) for the peaks
     per_rank_events: list[list[tuple[float, int, int, float]]] = [[] for _ in range(n)]
     backward_starts: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+    grads_made: list[list[tuple[float, int]]] = [[] for _ in range(n)]   # a stage's B or W finished
     remaining = sum(len(s) for s in order.ranks)
     while remaining:
         progressed = False
@@ -348,15 +359,22 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
                     busy[r] += finish - start
                     if a.kind in (BACKWARD, INPUT_GRAD):
                         backward_starts[r].append((start, a.stage))
+                    if a.kind in (BACKWARD, WEIGHT_GRAD):
+                        grads_made[r].append((finish, a.stage))
                     if a.kind == FORWARD:
                         per_rank_events[r].append((finish, 1, a.stage, act[a.stage]))
                     elif a.kind in (BACKWARD, WEIGHT_GRAD):
                         per_rank_events[r].append((finish, 0, a.stage, -act[a.stage]))
                     if a.kind in (BACKWARD, WEIGHT_GRAD) and kept[a.stage]:
                         per_rank_events[r].append((finish, 2, a.stage, kept[a.stage]))
+                    if a.kind in (BACKWARD, INPUT_GRAD) and returned[a.stage]:
+                        per_rank_events[r].append((finish, 2, a.stage, returned[a.stage]))
                     if stash[a.stage] and a.kind in (INPUT_GRAD, WEIGHT_GRAD):
                         per_rank_events[r].append((finish, 2, a.stage,
                                                    stash[a.stage] if a.kind == INPUT_GRAD else -stash[a.stage]))
+                    if dropped[a.stage] and a.kind in (INPUT_GRAD, WEIGHT_GRAD):
+                        per_rank_events[r].append((finish, 2, a.stage,
+                                                   -dropped[a.stage] if a.kind == INPUT_GRAD else dropped[a.stage]))
                 free[r] = t
                 nxt[r] += 1
                 remaining -= 1
@@ -377,15 +395,20 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
         peaks_n.append(peak_n)
         peaks_b.append(peak_b)
     held: list[tuple[tuple[int, float], ...]] = []
-    for evs, starts in zip(per_rank_events, backward_starts):
+    with_grads: list[tuple[frozenset[int], ...]] = []
+    for evs, starts, made in zip(per_rank_events, backward_starts, grads_made):
         # what was taken or freed by the instant a backward starts (its own forward's take included):
         # the events by time, summed as they come (whole bytes: the same sums in any order)
         timeline = sorted(evs, key=lambda e: e[0])
         times = [e[0] for e in timeline]
         upto = list(itertools.accumulate((e[3] for e in timeline), initial=0.0))
         held.append(tuple((stage, upto[bisect.bisect_right(times, t)]) for t, stage in sorted(starts)))
+        # a rank's steps run one after another: one that finished by the instant a backward starts ran before it
+        made.sort()
+        with_grads.append(tuple(frozenset(s for f, s in made[:bisect.bisect_right(made, (t, S))])
+                                for t, _ in sorted(starts)))
     return PipelineRun(step_s, tuple(busy), tuple(step_s - x for x in busy), tuple(peaks_n), tuple(peaks_b),
-                       tuple(held))
+                       tuple(held), tuple(with_grads))
 
 
 __all__ = ["Action", "PipelineError", "PipelineOrder", "PipelineRun", "SCHEDULES", "pipeline_order",

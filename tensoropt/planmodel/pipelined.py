@@ -122,8 +122,8 @@ from ..layouts import Layout
 from ..measure.costmodel import CostModel
 from ..optimizers import DEFAULT_OPTIMIZER
 from ..plan import NodeConfig, Plan, PlanError, trainable_reads
-from .memory import node_memory, output_kept
-from .pipeline import SCHEDULES, PipelineError, pipeline_order, simulate_pipeline
+from .memory import aliases_input, node_memory, output_kept
+from .pipeline import SCHEDULES, PipelineError, PipelineRun, pipeline_order, simulate_pipeline
 from .pipeline_fsdp import (
     ShardedUnit,
     check_shardable,
@@ -406,6 +406,48 @@ def stashed_by_operator(graph: OpGraph, stage: Stage, layouts: Mapping[str, Layo
             for name in stage.ops if trainable_reads(graph, name)}
 
 
+def dropped_at_input_step(graph: OpGraph, costs: CostModel, stage: Stage) -> int:
+    """Bytes of a micro-batch's saved tensors that ``stage``'s input-gradient step frees as it ends:
+    PyTorch's ``stage_backward_input`` detaches the stage's outputs (``detach_``), which drops the
+    part of the autograd graph only they held — the operators no weight-reading operator of the stage
+    reads from, downstream of the last of them (the loss's ``log_softmax`` on the last stage) — and
+    what those operators alone saved; the weight step holds the weight readers' nodes and, through
+    them, every node before them.  Each storage once (a view's is its base's), as :func:`kept_bytes`."""
+    ops = set(stage.ops)
+    weight_side: set[str] = set()   # the weight readers and every operator of the stage they read from
+    todo = [n for n in stage.ops if trainable_reads(graph, n)]
+    while todo:
+        n = todo.pop()
+        if n in ops and n not in weight_side:
+            weight_side.add(n)
+            todo += graph.nodes[n].inputs
+
+    def savers(name: str) -> set[str]:
+        """The operators keeping ``name``'s output storage for their backward (a kept view's, its base's)."""
+        cost = costs.get(name)
+        out = {name} if cost is not None and cost.saves_output else set()
+        for c in graph.successors(name):
+            kept_by = costs.get(c)
+            if kept_by is not None and name in kept_by.saved_inputs:
+                out.add(c)
+            elif aliases_input(graph.nodes[c], costs) and graph.nodes[c].inputs[0] == name:
+                out |= savers(c)
+        return out
+
+    dropped = 0
+    for name in stage.ops:
+        if name in weight_side:
+            continue
+        node, cost = graph.nodes[name], costs.get(name)
+        if cost is not None:
+            dropped += cost.extra_saved_bytes
+            # its output, where only operators of the dropped side keep it (one sent on is held apart)
+            keepers = savers(name) if not node.metadata_only else set()
+            if keepers and keepers <= ops - weight_side:
+                dropped += cost.output_bytes
+    return dropped
+
+
 def input_step_stages(n: int) -> range:
     """The stages (of ``n``) a zero-bubble schedule splits into an input-gradient and a weight-gradient
     step: all but the first — PyTorch skips the first stage's input step (no input of it needs a
@@ -430,21 +472,25 @@ def stashed_before(graph: OpGraph, stages: Sequence[Stage], layouts: Mapping[str
 
 
 def retained_sends(schedule: str, graph: OpGraph, stages: Sequence[Stage],
-                   crossings: Sequence[tuple[int, int, int]] | None = None) -> list[int]:
+                   crossings: Sequence[tuple[int, int, int]] | None = None) -> tuple[list[int], list[int]]:
     """Bytes a backward of each stage leaves held until the end of the schedule's step: what the
     stage sent for that micro-batch, which the send's ``Work`` keeps alive until PyTorch waits for
-    it.  The looped schedules (PyTorch's ``_PipelineScheduleRuntime``) wait for every send only at
-    the end of the step: the stage's output sent forward (else freed at its backward) and the
-    gradients it sent back; GPipe waits for the backward's sends after the last backward (its
-    forward's, after the last forward, are held by the backward anyway); 1F1B waits for each at the
-    next exchange (none left over).  ``crossings``: :func:`_crossings` of the cut, where the caller has them."""
+    it — ``(sent forward, sent back)``, the first held from the end of the stage's backward (its
+    weight step where split: the graph holds the output until then), the second from the step that
+    sends it (the input-gradient step where split).  The looped schedules (PyTorch's
+    ``_PipelineScheduleRuntime``) wait for every send only at the end of the step: the stage's output
+    sent forward (else freed at its backward) and the gradients it sent back; GPipe waits for the
+    backward's sends after the last backward (its forward's, after the last forward, are held by the
+    backward anyway); 1F1B waits for each at the next exchange (none left over).  ``crossings``:
+    :func:`_crossings` of the cut, where the caller has them."""
     sent_forward, sent_back = [0] * len(stages), [0] * len(stages)
     for b, nbytes, floating in _crossings(graph, stages) if crossings is None else crossings:
         sent_forward[b] += nbytes
         sent_back[b + 1] += floating
+    none = [0] * len(stages)
     if SCHEDULES[schedule][1]:
-        return [f + g for f, g in zip(sent_forward, sent_back)]
-    return sent_back if schedule == "gpipe" else [0] * len(stages)
+        return sent_forward, sent_back
+    return none, sent_back if schedule == "gpipe" else none
 
 
 def _link_s(cluster: Cluster, devices: Sequence[str], stages: Sequence[Stage]) -> float:
@@ -521,17 +567,19 @@ def price_pipeline(graph: OpGraph, costs: CostModel, cluster: Cluster, recipe: P
     sp: _StagePlan = memo[plan_key]
     plan, stages = sp.plan, sp.stages
     stash = sp.stash if zero_bubble else [0] * len(stages)
+    dropped = sp.dropped if zero_bubble else [0] * len(stages)
     run_key = ("run", plan_key, recipe.schedule, recipe.microbatches)   # (copies replicated or sharded: one run)
     if run_key not in memo:
-        retained = retained_sends(recipe.schedule, graph, stages, sp.crossings)
+        sent_forward, sent_back = retained_sends(recipe.schedule, graph, stages, sp.crossings)
         memo[run_key] = simulate_pipeline(order, forward_s=[s.forward_s for s in stages],
                                           backward_s=[s.backward_s + a for s, a in zip(stages, sp.again)],
                                           link_s=sp.link_s, activation_bytes=sp.in_flight,
-                                          retained_bytes=retained, deferred_bytes=stash)
+                                          retained_bytes=sent_forward, returned_bytes=sent_back,
+                                          deferred_bytes=stash, dropped_bytes=dropped)
     run = memo[run_key]
     # the step's largest moment on each rank is one micro-batch's stage running (the walk of one
     # micro-batch, per stage: plan_memory's regions) beside what the other micro-batches hold then
-    at_backward = _at_backward(plan, graph, costs, sp.edges, sp.needs_grad, optimizer, stages, run.held_at_backward,
+    at_backward = _at_backward(plan, graph, costs, sp.edges, sp.needs_grad, optimizer, stages, run,
                                sp.kept, used, memo=memo, memo_key=(plan_key, optimizer),
                                stashed=sp.stashed_before if zero_bubble else None)
     whole = at_backward.whole
@@ -598,6 +646,7 @@ class _StagePlan:
     kept: list[int]
     in_flight: list[int]
     stash: list[int]
+    dropped: list[int]
     stashed_before: dict[str, int]
     crossings: list[tuple[int, int, int]]
     buffers: list[int]
@@ -641,11 +690,13 @@ def _stage_plan(graph: OpGraph, costs: CostModel, cluster: Cluster, stages: Sequ
     # return_outputs=False, so a zero-bubble schedule's last graph goes with its weight step)
     split = input_step_stages(len(stages))
     stash = [stashed_bytes(graph, stage, lay, tp) if s in split else 0 for s, stage in enumerate(stages)]
+    # (priced whole: a tensor-parallel rank's loss reads whole logits)
+    dropped = [dropped_at_input_step(graph, costs, stage) if s in split else 0 for s, stage in enumerate(stages)]
     before = stashed_before(graph, stages, lay, tp)
     checkpointed = tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops if n.name in recomputed))
     # a tensor-parallel rank's piece of each parameter its stages cut: what FSDP2 shards, what the copies sum
     pieces = host_pieces(plan, graph) if tp > 1 else {}
-    return _StagePlan(plan, edges, needs_grad, tuple(stages), again, kept, in_flight, stash, before, crossings,
+    return _StagePlan(plan, edges, needs_grad, tuple(stages), again, kept, in_flight, stash, dropped, before, crossings,
                       boundary_buffers(graph, stages, crossings), split_points(graph, stages), checkpointed,
                       pieces, _link_s(cluster, [g[0] for g in groups], stages))
 
@@ -715,46 +766,44 @@ class _AtBackward:
 
 
 def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_grad: Mapping[str, bool],
-                 optimizer: str | int, stages: Sequence[Stage], held_at_backward: Sequence[Sequence[tuple[int, float]]],
-                 kept: Sequence[float], used: Sequence[str],
+                 optimizer: str | int, stages: Sequence[Stage], run: PipelineRun, kept: Sequence[float],
+                 used: Sequence[str],
                  memo: dict[Any, Any] | None = None, memo_key: Any = None,
                  stashed: Mapping[str, int] | None = None) -> _AtBackward:
     """Rank ``r``'s backward ``j`` of stage ``s``, with ``H_j`` bytes in flight as it starts (the
-    simulation's ``held_at_backward``), holds
+    simulation ``run``'s ``held_at_backward``), holds
 
     .. math::  W_{G_j}(s) + H_j - \\sum_{s' \\le s,\\ s' \\equiv r} k_{s'}
 
     :math:`W_G(s)`: the walk of one micro-batch, its largest moment while stage ``s`` runs (forward
-    or backward; plan_memory's regions) with the gradients of the rank's stages ``G_j`` that ran a
-    backward before ``j`` there from the start (``accumulate``: each contribution added in place;
-    none at the first backward); less that micro-batch's own bytes in flight, which the walk holds
-    — its activations of the rank's stages up to ``s`` (the later ones' backwards are done), ``k``
-    kept per stage (its received inputs with it: the walk holds them; ``H`` counts a micro-batch
-    without them, which PyTorch's receive buffers hold all step).  The ranks' ``k``-th sets share
+    or backward; plan_memory's regions) with the gradients of the rank's stages ``G_j`` that have
+    them by then (``run.grads_at_backward``: a backward or weight step of theirs finished) there from
+    the start (``accumulate``: each contribution added in place; none at the first backward); less
+    that micro-batch's own bytes in flight, which the walk holds — its activations of the rank's
+    stages up to ``s`` (the later ones' backwards are done), ``k`` kept per stage (its received
+    inputs with it: the walk holds them; ``H`` counts a micro-batch without them, which PyTorch's
+    receive buffers hold all step).  The ranks' ``k``-th sets share
     the ``k``-th walk (the ranks hold disjoint parameters): two walks for 1F1B, one more for each
     more stage a rank (looped schedules, whose later micro-batches run backwards before the rank's
     other stages have).  With ``stashed`` (a zero-bubble schedule's: :func:`stashed_before`), a
     backward of a stage after the first is an input-gradient step, which frees nothing of the
     micro-batch's graph (``retain_graph``) and stashes what its weight step needs: the walk keeps the
     stage's saved tensors through its backward and holds at each operator's backward what the step
-    has stashed by then — the whole stash exists only at the step's end (coarse still: the walk
-    also makes the weights' gradients there, which ``I`` does not)."""
+    has stashed by then — the whole stash exists only at the step's end — and makes no weight
+    gradient there (its ``W`` does: a stage has them once a ``W`` of its has run, ``G_j``)."""
     p = len(used)
     regions = {name: i for i, stage in enumerate(stages) for name in stage.ops}
     params_of = [frozenset(q for n in st.ops for q in (*graph.nodes[n].params, *graph.nodes[n].param_reads))
                  for st in stages]
     keys: list[list[frozenset[int]]] = []   # per rank: its sets of stages done, in order of first use
     at: list[list[tuple[int, int, float]]] = []   # per rank: (its set's index, stage, bytes beside)
-    for r, held in enumerate(held_at_backward[:p]):
+    for r, (held, with_grads) in enumerate(zip(run.held_at_backward[:p], run.grads_at_backward)):
         keys.append([frozenset()])
         at.append([])
-        done: set[int] = set()
-        for s, h in held:
-            key = frozenset(done)
+        for (s, h), key in zip(held, with_grads):
             if key not in keys[r]:
                 keys[r].append(key)
             at[r].append((keys[r].index(key), s, h - sum(kept[x] for x in range(r, s + 1, p))))
-            done.add(s)
     per_set: list[dict[str, dict[int, StepMemory]]] = []   # the k-th set's walk, by device and stage
     whole: dict[str, StepMemory] = {}
     memo = {} if memo is None or memo_key is None else memo
@@ -884,7 +933,7 @@ def _sync_s(graph: OpGraph, cluster: Cluster, world: Sequence[str], stages: Sequ
     return max(t + c for t, c in zip(tied, copies))
 
 
-__all__ = ["LOOPED", "SPLIT_BACKWARD", "PipelineEstimate", "PipelineRecipe", "boundary_buffers", "held_outputs",
-           "input_step_stages", "kept_bytes", "pipeline_plan", "pipeline_text", "price_pipeline", "price_plan",
-           "rank_order", "recipe_of", "retained_sends", "split_points", "stashed_before", "stashed_bytes",
-           "stashed_by_operator", "tensor_parallel_styles"]
+__all__ = ["LOOPED", "SPLIT_BACKWARD", "PipelineEstimate", "PipelineRecipe", "boundary_buffers",
+           "dropped_at_input_step", "held_outputs", "input_step_stages", "kept_bytes", "pipeline_plan", "pipeline_text",
+           "price_pipeline", "price_plan", "rank_order", "recipe_of", "retained_sends", "split_points",
+           "stashed_before", "stashed_bytes", "stashed_by_operator", "tensor_parallel_styles"]

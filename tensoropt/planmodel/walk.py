@@ -440,7 +440,8 @@ def walk(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges, needs_g
     ``backward_beside``: operator → bytes held beside the walk's moments during its backward (a
     zero-bubble input step's stashed gradients: :func:`~.pipelined.stashed_before`);
     ``retained_regions``: the regions whose backward is such an input step, which frees none of the
-    tensors saved for it (``retain_graph``) until the walk leaves the region."""
+    tensors saved for it (``retain_graph``) until the walk leaves the region, and makes no weight
+    gradient (the stage's weight step does)."""
     if (accumulate or plan.microbatches > 1) and plan.runtime not in ("executor", "pipelining", "fsdp2", "dtensor"):
         raise PlanError(f"micro-batches are priced as tensoropt's executor and FSDP2 run them, not as {plan.runtime} "
                         "(DistributedDataParallel accumulates gradients its own way): price the plan with runtime "
@@ -1153,7 +1154,10 @@ class _DeviceWalk:
             # tensoropt's executor, measured to the byte, it is a view of its base's (nothing new)
             grad_keys[k] = st.size[k] if owned or self.fresh_view_grads else 0
             live[(k, "#grad")] = grad_keys[k]
-        accumulating, scattered, pieces = self._param_gradients(name, node, param_done)
+        if self.region is not None and self.region in self.retained_regions:
+            accumulating = scattered = pieces = 0   # an input step makes no weight gradient: its W does
+        else:
+            accumulating, scattered, pieces = self._param_gradients(name, node, param_done)
         if accumulating:
             live[("#accumulate",)] = accumulating
         ws = _workspace(self._cost(name), cfg)

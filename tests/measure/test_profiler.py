@@ -78,6 +78,30 @@ def test_saved_tensors_are_attributed(cnn_profile):
     assert conv.output_bytes == 4 * 8 * 14 * 14 * 4
 
 
+def test_a_backward_s_intermediate_results_are_its_scratch_on_any_device():
+    # pow's backward is grad · (3 · x.pow(2)): x.pow(2) and 3 · that (64 × 32 float32, 8 KiB each) alive
+    # beside the gradient it returns — 16 KiB of scratch on the CPU as on a GPU; a linear's backward
+    # returns what it makes (none), and a float32 weight read in bfloat16 casts its bfloat16 gradient in
+    # a node of its own, after the matmul's node has returned (none either)
+    class Cube(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(32))
+            self.proj = torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            return self.proj((x * self.w).pow(3))
+
+    model, x = Cube(), torch.randn(64, 32)
+    for precision in ("fp32", "bf16"):
+        graph = tensoropt.capture(model, (x,), precision=precision)
+        costs = profile(graph, shard_degrees=(1,), repeats=1, cache=False, in_sequence=False, timed=False)
+        pow_op, = by_op(graph, costs, "aten.pow.Tensor_Scalar")
+        linear, = by_op(graph, costs, "aten.linear.default")
+        # (autocast leaves the pow in float32)
+        assert (pow_op.workspace_bytes, linear.workspace_bytes) == (2 * 64 * 32 * 4, 0), precision
+
+
 def test_shards_are_measured_at_their_shapes(cnn_profile):
     graph, costs = cnn_profile
     conv, = by_op(graph, costs, "aten.conv2d.default")

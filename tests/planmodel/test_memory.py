@@ -140,8 +140,8 @@ def test_a_per_tensor_adamw_step_holds_the_previous_denominator_beside_two_tempo
     """PyTorch's own AdamW step (CPU: the per-tensor loop) on three equal 64 × 32 weights and a bias,
     its storage measured op by op (StoragePeak, what the pipeline's ranks are measured with): beyond
     the parameters, gradients and state, three weights' worth at once — the rule's, not two."""
-    from tensoropt.distributed.pipelined import StoragePeak
     from tensoropt.measure.step import make_optimizer
+    from tensoropt.measure.storage import StoragePeak
 
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(64, 32)) for _ in range(3)] + [torch.nn.Parameter(torch.randn(32))]

@@ -84,6 +84,18 @@ def test_a_zero_bubble_input_gradient_holds_its_stash_until_its_weight_gradient(
     run = simulate_pipeline(order, forward_s=1, backward_s=2, deferred_bytes=[0, 0, 0, 10])
     assert run.held_at_backward[1] == ((3, 0.0), (3, 10.0), (1, 10.0), (1, 0.0), (3, 0.0), (3, 10.0), (1, 10.0),
                                        (1, 0.0))
+    # a stage's weights have gradients once a W of its has run: none at 3I0 and 3I1, stage 3's at 1I0 and 1I1
+    # (after 3W0; 1W0 comes after 1I1), both stages' from 3I2 on
+    assert run.grads_at_backward[1] == (frozenset(), frozenset(), {3}, {3}, {1, 3}, {1, 3}, {1, 3}, {1, 3})
+    # what stage 1 sends back (5 B a micro-batch) is held from its I on; what it sent forward, from its W on
+    back = simulate_pipeline(order, forward_s=1, backward_s=2, returned_bytes=[0, 5, 0, 0])
+    forward = simulate_pipeline(order, forward_s=1, backward_s=2, retained_bytes=[0, 5, 0, 0])
+    assert [h for _, h in back.held_at_backward[1]] == [0, 0, 0, 5, 10, 10, 10, 15]
+    assert [h for _, h in forward.held_at_backward[1]] == [0, 0, 0, 0, 5, 10, 10, 10]
+    # stage 3's 100 B a micro-batch, of which its I frees 40 B (the graph only its outputs held) and its W the rest
+    freed = simulate_pipeline(order, forward_s=1, backward_s=2, activation_bytes=[0, 0, 0, 100],
+                              dropped_bytes=[0, 0, 0, 40])
+    assert [h for _, h in freed.held_at_backward[1]] == [100, 160, 60, 0, 100, 160, 60, 0]
 
 
 def test_1f1b_runs_in_the_order_of_pytorchs_runtime() -> None:

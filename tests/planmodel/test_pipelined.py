@@ -19,6 +19,7 @@ from tensoropt.planmodel.pipelined import (
     SPLIT_BACKWARD,
     PipelineRecipe,
     boundary_buffers,
+    dropped_at_input_step,
     held_outputs,
     kept_bytes,
     price_pipeline,
@@ -233,6 +234,23 @@ def test_fsdp2_on_a_pipeline_s_copies_needs_copies_and_a_measured_schedule() -> 
         with pytest.raises(PipelineError, match=f"priced for gpipe, 1f1b, interleaved-1f1b, not {schedule}"):
             price_pipeline(graph, costs, cluster, PipelineRecipe(schedule, ranks=2, microbatches=2, data=2,
                                                                  shard=True))
+
+
+def test_an_input_step_frees_what_only_the_operators_after_the_last_weight_reader_saved() -> None:
+    # the second stage Linear(8, 16) · ReLU · LogSoftmax, batch 2 in float32: PyTorch's input step detaches the
+    # stage's output, dropping the ReLU's and the log-softmax's nodes (no weight reader reads from them) with
+    # the outputs they save, 2 × 16 × 4 = 128 B each; the linear keeps its input (the weight step needs it)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)),
+                          nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.LogSoftmax(-1)))
+    graph = tensoropt.capture(model, (torch.randn(2, 8),))
+    costs = tensoropt.profile(graph, shard_degrees=[1], timed=False)
+    stages = [Stage(tuple(n.name for n in graph.ops if n.module_path.startswith(f"{i}.")), (str(i),), 0.0, 0.0,
+                    0, 0, 0, 0, 0) for i in range(2)]
+    assert [graph.nodes[n].op for n in stages[1].ops] == ["aten.linear.default", "aten.relu.default",
+                                                          "aten.log_softmax.int"]
+    assert dropped_at_input_step(graph, costs, stages[1]) == 2 * 128
+    assert dropped_at_input_step(graph, costs, stages[0]) == 0   # its last operator reads a weight
 
 
 def test_an_input_step_has_stashed_the_output_gradients_of_the_weight_readers_after_each_operator() -> None:

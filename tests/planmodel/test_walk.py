@@ -139,3 +139,36 @@ def test_a_later_micro_batch_may_hold_only_some_gradients_and_each_region_its_ow
     # no state; the update adds nothing but the gradients, there already)
     for m, by in ((first, first_regions), (some, some_regions), (every, every_regions)):
         assert max(r.peak for r in by.values()) == m.peak
+
+
+def test_an_input_step_makes_no_weight_gradient():
+    """Two linears (64 × 64, no bias, batch 8, float32), the second one's backward a zero-bubble input
+    step (its region retained): it makes its input's gradient only — its weight's is the weight step's,
+    later — so while it runs no weight gradient exists, and by the first linear's whole backward only
+    the first one's (16,384 B) does; walked as one backward, the second's is made first and both are
+    there then."""
+    import torch
+
+    from tensoropt.graph import grad_nodes
+    from tensoropt.plan import Plan
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 64, bias=False))
+    graph = tensoropt.capture(model, (torch.randn(8, 64),))
+    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
+    costs = tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
+    plan = Plan({n.name: NodeConfig(("gpu0",)) for n in graph.ops}, graph_fingerprint=graph.fingerprint,
+                graph_name=graph.name, batch_size=graph.batch_size, options={"runtime": "pipelining"})
+    first_linear = next(n.name for n in graph.ops if n.params)
+    order = [n.name for n in graph.ops]
+    regions = {name: 0 if i <= order.index(first_linear) else 1 for i, name in enumerate(order)}
+    w = 64 * 64 * 4
+
+    def walked(retained):
+        by_region: dict = {}
+        walk.walk(plan, graph, costs, walk.plan_edges(plan, graph, cluster), grad_nodes(graph), optimizer="sgd",
+                  foreach=False, context_bytes=0, regions=regions, region_peaks=by_region, retained_regions=retained)
+        return by_region["gpu0"]
+
+    whole, split = walked(None), walked(frozenset({1}))
+    assert (whole[1].grads_at_peak, whole[0].grads_at_peak) == (w, 2 * w)
+    assert (split[1].grads_at_peak, split[0].grads_at_peak) == (0, w)
