@@ -54,8 +54,12 @@ peak memory of every device and a timeline (for a Gantt chart).
   whole backward), overlapping the next block's backward.  On CPU ranks (every device's kind
   ``cpu``: gloo) FSDP2 has no streams — each collective runs with ``async_op=False`` — so each
   unit's all-gather waits for the compute before it, at the unit's pre-forward, and the compute
-  after each collective waits for it; and gloo's reduce-scatter is an all-reduce of the whole
-  (:func:`~tensoropt.cluster.collectives.backend_reduce_scatter_time`).
+  after each collective waits for it; gloo's reduce-scatter is an all-reduce of the whole
+  (:func:`~tensoropt.cluster.collectives.backend_reduce_scatter_time`); and FSDP2's copies run on
+  the rank's one thread at the profile's copy rate (:meth:`CostModel.grad_copy_s
+  <tensoropt.measure.costmodel.CostModel.grad_copy_s>`): a gather's shard copied in before it and its
+  output copied out into the parameters after it, a reduce-scatter's gradients copied in whole before
+  it (on GPUs the copies in run on the collectives' streams and the copy out at HBM rates: not priced).
 - *PyTorch's data-parallel wrappers* (runtimes ``ddp``, ``zero1``, ``fsdp2`` on one mesh:
   :func:`~.wrappers.runs_data_parallel_wrapper`): every rank runs the whole model on its rows, so
   no gradient moves between operators — a replicated operator's output gradient (the rows'
@@ -97,7 +101,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -380,7 +384,7 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
     needs_grad = grad_nodes(graph)
     edges = plan_edges(plan, graph, cluster)
     times = _node_times(plan, graph, costs)
-    step = _StepTasks(plan, graph, cluster, edges, needs_grad, times)
+    step = _StepTasks(plan, graph, cluster, edges, needs_grad, times, costs.grad_copy_s)
     fwd_task = step.forward()
     loss, outputs = step.loss(fwd_task)
     bwd_task = step.backward(loss, outputs)
@@ -393,7 +397,7 @@ def simulate(plan: Plan, graph: OpGraph, costs: CostModel, cluster: Cluster, *,
         # the micro-batches before the last: the same forward and backward (a sharded gradient's
         # reduce-scatter in it), without the gradient sums and the updated parameters' gathers, which
         # only the last runs; one after the other.  The timeline is the last one's, after them
-        early = _StepTasks(plan, graph, cluster, edges, needs_grad, times)
+        early = _StepTasks(plan, graph, cluster, edges, needs_grad, times, costs.grad_copy_s)
         early.backward(*early.loss(early.forward()))
         each = early.sched.run()
         _, compute_early, link_early = _timeline(early.sched, plan.devices, bars=False)
@@ -470,9 +474,12 @@ class _StepTasks:
     """The tasks of one step in a :class:`_Schedule`: forward, the loss, backward, gradient syncs."""
 
     def __init__(self, plan: Plan, graph: OpGraph, cluster: Cluster, edges: PlanEdges,
-                 needs_grad: Mapping[str, bool], times: Mapping[str, tuple[float, float]]) -> None:
+                 needs_grad: Mapping[str, bool], times: Mapping[str, tuple[float, float]],
+                 copy_s: Callable[[float], float]) -> None:
         self.plan, self.graph, self.cluster, self.edges = plan, graph, cluster, edges
         self.needs_grad, self.times = needs_grad, times
+        #: seconds to copy so many bytes into a kept buffer (the profile's rate: FSDP2's copies on CPU ranks)
+        self.copy_s = copy_s
         self.sched = _Schedule()
         #: the plan's devices, once (``Plan.devices`` walks every node: FSDP2's units asked it twice a unit)
         self.mesh = tuple(plan.devices)
@@ -521,10 +528,11 @@ class _StepTasks:
         return self.sched.chain((ag,), name, "transfer", before,
                                 f"{direction} parameters gathered on {','.join(cfg.devices)}")
 
-    def _unit_collective(self, kind: Collective, u: int, deps: Sequence[int | None], detail: str) -> int | None:
+    def _unit_collective(self, kind: Collective, u: int, deps: Sequence[int | None], detail: str,
+                         phase: str = "bp") -> int | None:
         """One FSDP2 unit's all-gather (its parameters whole, the operators' dtype) or
-        reduce-scatter (its gradients, the masters' dtype) over the plan's devices, after ``deps``;
-        ``None`` for a unit with no parameters."""
+        reduce-scatter (its gradients, the masters' dtype) over the plan's devices, after ``deps``
+        (on CPU ranks, its copies in the step's ``phase``); ``None`` for a unit with no parameters."""
         assert self.units is not None
         nbytes = (self.units.gathered if kind == Collective.ALL_GATHER else self.units.reduce)[u]
         if not nbytes:
@@ -541,15 +549,31 @@ class _StepTasks:
                            for ring in self.replicate_rings)
             stages.append(Stage(summed, max(st.time_s for st in summed)))
         where = " | ".join(",".join(st.devices) for st in steps)
+        gathers = kind == Collective.ALL_GATHER
         if self.blocking:   # after the compute each rank has queued, and the compute after it waits
             deps = [*deps, *(self.last_on.get(d) for d in self.mesh)]
-        task = self.sched.chain(tuple(stages), self.units.first[u],
-                                "transfer" if kind == Collective.ALL_GATHER else "allreduce", list(deps),
-                                f"{detail} on {where}" + (", then all-reduced over the replicate groups"
-                                                          if len(stages) > 1 else ""))
+            # its input copied in on the rank's one thread first: a gather's shard (all_gather_copy_in), a
+            # reduce-scatter's every gradient whole (chunk_cat)
+            deps = [self._copy(u, phase, nbytes // len(steps[0].devices) if gathers else nbytes, deps,
+                               f"{detail}: input copied in")]
+        task = self.sched.chain(tuple(stages), self.units.first[u], "transfer" if gathers else "allreduce",
+                                list(deps), f"{detail} on {where}" + (", then all-reduced over the replicate groups"
+                                                                      if len(stages) > 1 else ""))
         if self.blocking:
-            self.barrier = task
+            # a gather's output copied out into the parameters (split_with_sizes_copy) before they are read
+            self.barrier = self._copy(u, phase, nbytes, [task], f"{detail}: output copied out") if gathers else task
         return task
+
+    def _copy(self, u: int, phase: str, nbytes: int, deps: Sequence[int | None], detail: str) -> int:
+        """FSDP2's copy of ``nbytes`` on every rank's compute, for unit ``u``'s collective (CPU ranks):
+        after ``deps`` and the collective before it, which holds the rank."""
+        assert self.units is not None
+        seconds = self.copy_s(nbytes)
+        tid = self.sched.add("compute", self.units.first[u], phase, [*deps, self.barrier], devices=self.mesh,
+                             dur_on={d: seconds / self.speed[d] for d in self.mesh}, detail=detail)
+        for d in self.mesh:
+            self.last_on[d] = tid
+        return tid
 
     def _prefetch(self, direction: str, u: int | None, after: int | None) -> None:
         """Issue unit ``u``'s all-gather now (once per direction): after the previous all-gather
@@ -560,7 +584,8 @@ class _StepTasks:
         before = [self.last_on.get(d) for d in self.mesh]
         self.unit_ag[(direction, u)] = self._unit_collective(
             Collective.ALL_GATHER, u, [after, *before],
-            f"{direction} parameters of {self.units.first[u]}'s unit gathered")
+            f"{direction} parameters of {self.units.first[u]}'s unit gathered",
+            "fp" if direction == "forward" else "bp")
 
     def forward(self) -> dict[str, int]:
         """Each node's forward after its inputs arrive (one transfer per edge key); a batch-split

@@ -493,13 +493,17 @@ def test_fsdp2_on_cpu_ranks_runs_every_collective_with_the_compute_waiting():
     # async_op=False, so the step is every operator's time plus every collective's, one after the
     # other: the first unit gathered in forward (2,176 B: 1 ms + 1,088 B at 1 MB/s) and again in
     # backward, the last unit (1,056 B) once (kept gathered); each unit's gradients reduce-scattered
-    # as gloo does it, an all-reduce of the whole (two steps of half)
+    # as gloo does it, an all-reduce of the whole (two steps of half); and FSDP2's copies on the rank's
+    # one thread, at the profile's copy rate (here 100 MB/s): each gather's shard copied in (1,088 B;
+    # 528 B) and its output copied out (2,176 B; 1,056 B), each reduce-scatter's gradients copied in whole
     graph, costs, cluster, plan = _fsdp_on("cpu")
+    costs.settings["grad_copy_Bps"] = 1e8
     compute = sum(sum(costs.time(n.name, "batch", 2)) for n in graph.ops)
     gathers = 2 * (1e-3 + 1088e-6) + (1e-3 + 528e-6)
     scatters = 2 * (1e-3 + 1088e-6) + 2 * (1e-3 + 528e-6)
+    copies = (2 * (1088 + 2176) + (528 + 1056) + (2176 + 1056)) / 1e8
     cpu = simulate(plan, graph, costs, cluster, memory=False)
-    assert cpu.time_s == pytest.approx(compute + gathers + scatters, rel=1e-9)
+    assert cpu.time_s == pytest.approx(compute + gathers + scatters + copies, rel=1e-9)
     # on GPU ranks the same plan overlaps its gathers with compute and reduce-scatters over NCCL's ring
     graph, costs, gpus, plan = _fsdp_on("")
     gpu = simulate(plan, graph, costs, gpus, memory=False)
