@@ -275,11 +275,10 @@ def simulate_pipeline(order: PipelineOrder, *, forward_s: float | Sequence[float
     the end of the schedule's step (what it sent, until PyTorch waits for the sends: counted in
     ``held_at_backward`` and ``peak_bytes``, not in ``peak_in_flight``); ``returned_bytes`` the
     same from the step that makes them, the backward or the input-gradient step ``I`` (the gradient
-    a stage sends back); ``deferred_bytes`` a
-    stage's input-gradient step ``I`` leaves held until its weight-gradient step ``W`` (the
-    gradients PyTorch stashes for ``W``); ``dropped_bytes`` of a stage's ``activation_bytes`` its
-    ``I`` frees (the graph only its outputs held), the rest freed at its ``W``.  O(A log A) for A
-    actions."""
+    a stage sends back); ``deferred_bytes`` a stage's ``I`` leaves held until its weight-gradient
+    step ``W`` (the gradients PyTorch stashes for ``W``); ``dropped_bytes`` of a stage's
+    ``activation_bytes`` its ``I`` frees (the graph only its outputs held), the rest freed at its
+    ``W``.  O(A log A) for A actions."""
     S = order.stages
     f = _per_stage(forward_s, S, "forward_s")
     b = _per_stage(backward_s, S, "backward_s")

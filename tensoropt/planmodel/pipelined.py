@@ -434,16 +434,17 @@ def dropped_at_input_step(graph: OpGraph, costs: CostModel, stage: Stage) -> int
                 out |= savers(c)
         return out
 
+    output_side = ops - weight_side
     dropped = 0
     for name in stage.ops:
-        if name in weight_side:
+        if name not in output_side:
             continue
         node, cost = graph.nodes[name], costs.get(name)
         if cost is not None:
             dropped += cost.extra_saved_bytes
-            # its output, where only operators of the dropped side keep it (one sent on is held apart)
+            # its output, where only operators of the output side keep it (one sent on is held apart)
             keepers = savers(name) if not node.metadata_only else set()
-            if keepers and keepers <= ops - weight_side:
+            if keepers and keepers <= output_side:
                 dropped += cost.output_bytes
     return dropped
 
@@ -690,7 +691,7 @@ def _stage_plan(graph: OpGraph, costs: CostModel, cluster: Cluster, stages: Sequ
     # return_outputs=False, so a zero-bubble schedule's last graph goes with its weight step)
     split = input_step_stages(len(stages))
     stash = [stashed_bytes(graph, stage, lay, tp) if s in split else 0 for s, stage in enumerate(stages)]
-    # (priced whole: a tensor-parallel rank's loss reads whole logits)
+    # (at whole operators: what follows a stage's last weight reader, the loss, Megatron's layouts keep whole)
     dropped = [dropped_at_input_step(graph, costs, stage) if s in split else 0 for s, stage in enumerate(stages)]
     before = stashed_before(graph, stages, lay, tp)
     checkpointed = tuple(dict.fromkeys(str(block_of(n.module_path)) for n in graph.ops if n.name in recomputed))
@@ -782,9 +783,8 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
     that micro-batch's own bytes in flight, which the walk holds — its activations of the rank's
     stages up to ``s`` (the later ones' backwards are done), ``k`` kept per stage (its received
     inputs with it: the walk holds them; ``H`` counts a micro-batch without them, which PyTorch's
-    receive buffers hold all step).  The ranks' ``k``-th sets share
-    the ``k``-th walk (the ranks hold disjoint parameters): two walks for 1F1B, one more for each
-    more stage a rank (looped schedules, whose later micro-batches run backwards before the rank's
+    receive buffers hold all step).  The ranks' ``k``-th sets share the ``k``-th walk (the ranks
+    hold disjoint parameters): two walks for 1F1B, one more for each more stage a rank (looped schedules, whose later micro-batches run backwards before the rank's
     other stages have).  With ``stashed`` (a zero-bubble schedule's: :func:`stashed_before`), a
     backward of a stage after the first is an input-gradient step, which frees nothing of the
     micro-batch's graph (``retain_graph``) and stashes what its weight step needs: the walk keeps the
@@ -795,7 +795,7 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
     regions = {name: i for i, stage in enumerate(stages) for name in stage.ops}
     params_of = [frozenset(q for n in st.ops for q in (*graph.nodes[n].params, *graph.nodes[n].param_reads))
                  for st in stages]
-    keys: list[list[frozenset[int]]] = []   # per rank: its sets of stages done, in order of first use
+    keys: list[list[frozenset[int]]] = []   # per rank: its sets of stages with gradients, in order of first use
     at: list[list[tuple[int, int, float]]] = []   # per rank: (its set's index, stage, bytes beside)
     for r, (held, with_grads) in enumerate(zip(run.held_at_backward[:p], run.grads_at_backward)):
         keys.append([frozenset()])
