@@ -784,8 +784,8 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
     stages up to ``s`` (the later ones' backwards are done), ``k`` kept per stage (its received
     inputs with it: the walk holds them; ``H`` counts a micro-batch without them, which PyTorch's
     receive buffers hold all step).  The ranks' ``k``-th sets share the ``k``-th walk (the ranks
-    hold disjoint parameters): two walks for 1F1B, one more for each more stage a rank (looped schedules, whose later micro-batches run backwards before the rank's
-    other stages have).  With ``stashed`` (a zero-bubble schedule's: :func:`stashed_before`), a
+    hold disjoint parameters): two walks for 1F1B, one more for each more stage a rank (looped
+    schedules, whose later micro-batches run backwards before the rank's other stages have).  With ``stashed`` (a zero-bubble schedule's: :func:`stashed_before`), a
     backward of a stage after the first is an input-gradient step, which frees nothing of the
     micro-batch's graph (``retain_graph``) and stashes what its weight step needs: the walk keeps the
     stage's saved tensors through its backward and holds at each operator's backward what the step
