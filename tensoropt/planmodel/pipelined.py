@@ -776,21 +776,21 @@ def _at_backward(plan: Plan, graph: OpGraph, costs: CostModel, edges: PlanEdges,
 
     .. math::  W_{G_j}(s) + H_j - \\sum_{s' \\le s,\\ s' \\equiv r} k_{s'}
 
-    :math:`W_G(s)`: the walk of one micro-batch, its largest moment while stage ``s`` runs (forward
-    or backward; plan_memory's regions) with the gradients of the rank's stages ``G_j`` that have
-    them by then (``run.grads_at_backward``: a backward or weight step of theirs finished) there from
-    the start (``accumulate``: each contribution added in place; none at the first backward); less
-    that micro-batch's own bytes in flight, which the walk holds — its activations of the rank's
-    stages up to ``s`` (the later ones' backwards are done), ``k`` kept per stage (its received
-    inputs with it: the walk holds them; ``H`` counts a micro-batch without them, which PyTorch's
-    receive buffers hold all step).  The ranks' ``k``-th sets share the ``k``-th walk (the ranks
-    hold disjoint parameters): two walks for 1F1B, one more for each more stage a rank (looped
-    schedules, whose later micro-batches run backwards before the rank's other stages have).  With ``stashed`` (a zero-bubble schedule's: :func:`stashed_before`), a
-    backward of a stage after the first is an input-gradient step, which frees nothing of the
-    micro-batch's graph (``retain_graph``) and stashes what its weight step needs: the walk keeps the
-    stage's saved tensors through its backward and holds at each operator's backward what the step
-    has stashed by then — the whole stash exists only at the step's end — and makes no weight
-    gradient there (its ``W`` does: a stage has them once a ``W`` of its has run, ``G_j``)."""
+    :math:`W_G(s)`: the walk of one micro-batch, its largest moment while stage ``s`` runs (forward or
+    backward; plan_memory's regions) with the gradients of the rank's stages ``G_j`` that have them by
+    then (``run.grads_at_backward``: a backward or weight step of theirs finished) there from the start
+    (``accumulate``: each contribution added in place; none at the first backward); less that
+    micro-batch's own bytes in flight, which the walk holds — its activations of the rank's stages up to
+    ``s`` (the later ones' backwards are done), ``k`` kept per stage (its received inputs with it: the
+    walk holds them; ``H`` counts a micro-batch without them, which PyTorch's receive buffers hold all
+    step). The ranks' ``k``-th sets share the ``k``-th walk (the ranks hold disjoint parameters): two
+    walks for 1F1B, one more for each more stage a rank (looped schedules, whose later micro-batches run
+    backwards before the rank's other stages have). With ``stashed`` (a zero-bubble schedule's:
+    :func:`stashed_before`), a backward of a stage after the first is an input-gradient step, which
+    frees nothing of the micro-batch's graph (``retain_graph``) and stashes what its weight step needs:
+    the walk keeps the stage's saved tensors through its backward and holds at each operator's backward
+    what the step has stashed by then — the whole stash exists only at the step's end — and makes no
+    weight gradient there (its ``W`` does: a stage has them once a ``W`` of its has run, ``G_j``)."""
     p = len(used)
     regions = {name: i for i, stage in enumerate(stages) for name in stage.ops}
     params_of = [frozenset(q for n in st.ops for q in (*graph.nodes[n].params, *graph.nodes[n].param_reads))
