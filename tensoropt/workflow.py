@@ -31,7 +31,7 @@ Example::
     >>> result.source          # this CPU is no A100: the A100's device model prices the operators
     'NVIDIA A100-SXM4-40GB device model (calibration uncalibrated-gpu, ...)'
     >>> result.frontier
-    Frontier(9 points over 3 meshes, 106.4 KiB/0.0952 ms … 205.4 KiB/0.0702 ms)
+    Frontier(10 points over 3 meshes, 106.5 KiB/0.0952 ms … 205.9 KiB/0.0702 ms)
     >>> [(r.algo, r.fits) for r in result.rows]
     [('dp', True), ('m-topo', True), ('frontier min-time', True), ('frontier min-memory', True)]
 """
