@@ -93,14 +93,10 @@ def test_a_later_micro_batch_holds_every_gradient_and_its_contribution_beside_it
         walk.plan_memory(ddp.with_microbatches(2), graph, costs, cluster)
 
 
-def test_a_later_micro_batch_may_hold_only_some_gradients_and_each_region_its_own_moment():
-    """plan_memory(accumulate={names}, regions=…): two linears of 64 × 64 floats (16,384 B each, no
-    bias) on one device, the first in region 0, the second in region 1 (a looped pipeline's rank
-    holding two stages).  With only the second's gradient there from the start (its stage ran a
-    backward before; the first's has not), the later micro-batch holds 16,384 B more than the first
-    micro-batch's walk while the second linear's backward runs (its contribution beside the gradient
-    already there) — and 16,384 B less than a walk with every gradient there.  Each region's largest
-    moment is its own: the first linear's backward (region 0) has the second's gradient made."""
+def _two_linears_in_two_regions():
+    """Two linears of 64 × 64 floats (no bias, batch 8) on one device of a pipeline's runtime, the
+    first linear and what comes before it region 0, the second region 1: (graph, costs, cluster, plan,
+    the two linears, the regions)."""
     import torch
 
     from tensoropt.plan import Plan
@@ -113,9 +109,21 @@ def test_a_later_micro_batch_may_hold_only_some_gradients_and_each_region_its_ow
                 graph_name=graph.name, batch_size=graph.batch_size, options={"runtime": "pipelining"})
     linears = [n for n in graph.ops if n.params]
     assert len(linears) == 2
-    second_w = linears[1].params[0]
     order = [n.name for n in graph.ops]
     regions = {name: 0 if i <= order.index(linears[0].name) else 1 for i, name in enumerate(order)}
+    return graph, costs, cluster, plan, linears, regions
+
+
+def test_a_later_micro_batch_may_hold_only_some_gradients_and_each_region_its_own_moment():
+    """plan_memory(accumulate={names}, regions=…): two linears of 64 × 64 floats (16,384 B each, no
+    bias) on one device, the first in region 0, the second in region 1 (a looped pipeline's rank
+    holding two stages).  With only the second's gradient there from the start (its stage ran a
+    backward before; the first's has not), the later micro-batch holds 16,384 B more than the first
+    micro-batch's walk while the second linear's backward runs (its contribution beside the gradient
+    already there) — and 16,384 B less than a walk with every gradient there.  Each region's largest
+    moment is its own: the first linear's backward (region 0) has the second's gradient made."""
+    graph, costs, cluster, plan, linears, regions = _two_linears_in_two_regions()
+    second_w = linears[1].params[0]
     w = 64 * 64 * 4
 
     def walked(accumulate):
@@ -147,20 +155,9 @@ def test_an_input_step_makes_no_weight_gradient():
     later — so while it runs no weight gradient exists, and by the first linear's whole backward only
     the first one's (16,384 B) does; walked as one backward, the second's is made first and both are
     there then."""
-    import torch
-
     from tensoropt.graph import grad_nodes
-    from tensoropt.plan import Plan
 
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 64, bias=False))
-    graph = tensoropt.capture(model, (torch.randn(8, 64),))
-    cluster = tensoropt.load_cluster("preset:a100-4-nvlink")
-    costs = tensoropt.price(tensoropt.profile(graph, timed=False), cluster).costs
-    plan = Plan({n.name: NodeConfig(("gpu0",)) for n in graph.ops}, graph_fingerprint=graph.fingerprint,
-                graph_name=graph.name, batch_size=graph.batch_size, options={"runtime": "pipelining"})
-    first_linear = next(n.name for n in graph.ops if n.params)
-    order = [n.name for n in graph.ops]
-    regions = {name: 0 if i <= order.index(first_linear) else 1 for i, name in enumerate(order)}
+    graph, costs, cluster, plan, _, regions = _two_linears_in_two_regions()
     w = 64 * 64 * 4
 
     def walked(retained):
