@@ -277,7 +277,7 @@ class _Schedule:
         candidates: list[int] = [q[0] for q in queues.values()]
         # a device of a task running on devices of unlike speeds falls free before the task ends: its queue's
         # head is looked at from the first instant after that (as when every queue was looked at each instant)
-        early: list[tuple[float, str]] = []
+        freed_early: list[tuple[float, str]] = []
         now = 0.0
 
         def became_ready(t: _Task, now: float) -> None:
@@ -296,7 +296,7 @@ class _Schedule:
         while True:
             progress = True
             while progress:
-                progress = self._start_computes(candidates, queues, dev_free, heap, early, now)
+                progress = self._start_computes(candidates, queues, dev_free, heap, freed_early, now)
                 progress = self._start_comms(comm_ready, link_free, heap, now) or progress
             if not heap:
                 break
@@ -312,8 +312,8 @@ class _Schedule:
                     st.ready = max(st.ready, now)
                     if st.pending == 0:
                         became_ready(st, now)
-            while early and early[0][0] <= now:
-                x = heapq.heappop(early)[1]
+            while freed_early and freed_early[0][0] <= now:
+                x = heapq.heappop(freed_early)[1]
                 if queues[x]:
                     candidates.append(queues[x][0])
         if finished != len(tasks):  # pragma: no cover - the order is topological, so this cannot happen
@@ -323,7 +323,7 @@ class _Schedule:
         return max((t.end for t in tasks), default=0.0)
 
     def _start_computes(self, candidates: list[int], queues: dict[str, deque[int]], dev_free: dict[str, float],
-                        heap: list[tuple[float, int]], early: list[tuple[float, str]], now: float) -> bool:
+                        heap: list[tuple[float, int]], freed_early: list[tuple[float, str]], now: float) -> bool:
         """Start every compute task of ``candidates`` (emptied) at the head of all its devices' queues
         whose devices are free, each once (a data-parallel operator heads all its devices' queues);
         the tasks heading its queues after it become candidates.  One that cannot start now becomes
@@ -345,7 +345,7 @@ class _Schedule:
             heapq.heappush(heap, (t.end, t.id))
             for x in t.devices:
                 if dev_free[x] < t.end:
-                    heapq.heappush(early, (dev_free[x], x))
+                    heapq.heappush(freed_early, (dev_free[x], x))
             progress = True
         return progress
 
